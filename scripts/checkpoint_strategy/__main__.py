@@ -1,0 +1,5 @@
+import sys
+
+from checkpoint_strategy.cli import main
+
+sys.exit(main())

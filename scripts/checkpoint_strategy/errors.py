@@ -1,0 +1,27 @@
+"""Errors that end a command with exit code 2 and one line on stderr."""
+
+from __future__ import annotations
+
+
+class UsageError(Exception):
+    """Bad input: arguments, files, logs, checkpoints or events.
+
+    The message is one line that names what is wrong and what is expected.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+def pydantic_message(exc: Exception, what: str = "input") -> str:
+    """Turn a pydantic ValidationError into one readable line."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return f"invalid {what}: {exc}"
+    parts = []
+    for err in errors()[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or what
+        parts.append(f"{loc}: {err.get('msg', 'invalid value')}")
+    return f"invalid {what}: " + "; ".join(parts)
