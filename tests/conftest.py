@@ -1,0 +1,69 @@
+"""The one shared fixture module: real checkpoints and logs, built once per test session.
+
+Builders live in tests/realruns.py. Tests that change a checkpoint take a copy
+(`copy_of`), so the session-wide originals stay pristine for every other test.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import realruns  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def skill_root() -> Path:
+    """The skill folder (the repository root)."""
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def hf_run(tmp_path_factory) -> realruns.HFRun:
+    """Tiny GPT-2 trained 200 steps by the real HF Trainer, checkpoint-N every 10 steps.
+
+    The weights are perturbed at the end of step 120, so the logged loss jumps from about 1
+    to about 10 at step 121 and has not recovered by step 200. checkpoint-120 is written
+    *after* the perturbation: it already holds the spiked weights.
+    """
+    return realruns.build_hf_run(tmp_path_factory.mktemp("hf"))
+
+
+@pytest.fixture(scope="session")
+def lightning_run(tmp_path_factory) -> realruns.LightningRun:
+    """Real Lightning ModelCheckpoint files epoch=0-step=10/20/30.ckpt."""
+    return realruns.build_lightning_run(tmp_path_factory.mktemp("pl"))
+
+
+@pytest.fixture(scope="session")
+def dcp_checkpoint(tmp_path_factory) -> Path:
+    """A real torch.distributed.checkpoint folder step-100/ (.metadata + __0_0.distcp)."""
+    return realruns.build_dcp_checkpoint(tmp_path_factory.mktemp("dcp"))
+
+
+@pytest.fixture(scope="session")
+def safetensors_file(tmp_path_factory) -> Path:
+    """A real model.safetensors written by safetensors.torch.save_file."""
+    return realruns.build_safetensors_file(tmp_path_factory.mktemp("st"))
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """copy_of(path) -> a private copy (file or folder) under this test's tmp_path."""
+
+    def _copy(path: Path, name: str | None = None) -> Path:
+        dest = tmp_path / (name or Path(path).name)
+        if Path(path).is_dir():
+            shutil.copytree(path, dest, symlinks=True)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dest)
+        return dest
+
+    return _copy
