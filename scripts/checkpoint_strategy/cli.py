@@ -37,7 +37,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message}")
+        raise UsageError(f"{self.prog}: error: {message}")
 
 
 def available_commands() -> list[str]:
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in ("-h", "--help", "help"):
             sys.stdout.write(_top_help())
             return 0
-        if args[0] == "--version":
+        if args and args[0] == "--version":
             sys.stdout.write(f"{PROG} {__version__}\n")
             return 0
         command = args[0] if args else "plan"
