@@ -1,0 +1,206 @@
+"""The plan command end to end: formats, golden files, schema, bad input, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.cli import main
+from checkpoint_strategy.resources import load_schema
+
+GOLDEN = Path(__file__).parent / "golden"
+SEED = ["100000", "2.5", "500", "--model_size_gb", "4"]
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_seed_example_text_has_spec_headings_in_order(capsys):
+    rc, out, err = run(SEED, capsys)
+    assert rc == 0 and err == ""
+    order = ["=== Checkpoint Strategy Report ===", "Total Steps:        100000", "Step Duration:",
+             "Total Training Time: 69.44 hours", "Storage Budget:     500 GB", "Model Size:         4 GB",
+             "Recommended Policy:", "  Frequency:        every ", "  Keep Last:        ", "  Milestone Steps:  ",
+             "  Total Storage:    ", "Risk Assessment:", "  Max Data Loss on Failure: ",
+             "  Recovery Options:         ", "Warnings:"]
+    pos = [out.index(h) for h in order]
+    assert pos == sorted(pos)
+
+
+@pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json"), ("yaml", "yaml")])
+def test_golden(fmt, suffix, capsys):
+    rc, out, _ = run(SEED + ["--format", fmt], capsys)
+    assert rc == 0
+    golden = GOLDEN / f"plan-seed.{suffix}"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(out, encoding="utf-8")
+    assert out == golden.read_text(encoding="utf-8")
+
+
+def test_plan_subcommand_is_the_default(capsys):
+    _, a, _ = run(SEED + ["--format", "json"], capsys)
+    _, b, _ = run(["plan"] + SEED + ["--format", "json"], capsys)
+    assert a == b
+
+
+def test_json_has_required_keys_and_validates(capsys):
+    rc, out, _ = run(SEED + ["--format", "json"], capsys)
+    data = json.loads(out)
+    jsonschema.validate(data, load_schema("plan.schema.json"))
+    for key in ["checkpoint_size_gb", "frequency_steps", "frequency_hours", "keep_last", "milestone_steps",
+                "rolling_storage_gb", "total_storage_gb", "storage_breakdown", "max_data_loss_hours",
+                "rollback_points", "expected_overhead_fraction", "optimal_interval_seconds", "policy", "warnings"]:
+        assert key in data
+    assert set(data["failure_model"]) >= {"mtbf_hours", "checkpoint_write_seconds", "restart_seconds"}
+    assert all(isinstance(w, str) for w in data["warnings"])
+
+
+def test_spec_storage_example_through_cli(capsys):
+    rc, out, _ = run(["50000", "10", "200", "--params", "1B", "--precision", "fp32", "--frequency", "500",
+                      "--keep-last", "10", "--formats", "full_state_dict", "--format", "json"], capsys)
+    d = json.loads(out)
+    assert (d["checkpoint_size_gb"], d["rolling_storage_gb"], d["total_storage_gb"]) == (12, 120, 180)
+    assert d["milestone_steps"] == [1000, 5000, 10000, 25000, 50000]
+
+
+@pytest.mark.parametrize("mtbf_h, eq37, exact", [("24", 116.69, 116.69), ("6", 56.71, 56.71), ("0.25", 9.14, 9.17)])
+def test_daly_vectors_through_cli(mtbf_h, eq37, exact, capsys):
+    rc, out, _ = run(["100000", "1", "1000", "--mtbf-hours", mtbf_h, "--checkpoint-write-seconds", "300",
+                      "--restart-seconds", "600", "--format", "json"], capsys)
+    fm = json.loads(out)["failure_model"]
+    assert fm["daly_interval_seconds"] / 60 == pytest.approx(eq37, abs=0.005)
+    assert fm["optimal_interval_seconds"] / 60 == pytest.approx(exact, abs=0.005)
+
+
+def test_yaml_is_the_spec_policy_mapping(capsys):
+    rc, out, _ = run(SEED + ["--format", "yaml", "--preset", "aggressive"], capsys)
+    policy = yaml.safe_load(out)["checkpoint_policy"]
+    assert set(policy) == {"frequency", "keep_last", "keep_milestone", "save_optimizer", "save_formats",
+                           "validate_on_save", "async_save", "emergency_save_on"}
+    assert policy["frequency"].startswith("every_") and policy["frequency"].endswith("_steps")
+    assert policy["emergency_save_on"] == ["loss_spike_detected", "gradient_norm_exceeded"]
+
+
+def test_both_spellings_of_the_seed_flag(capsys):
+    _, a, _ = run(["1000", "1", "50", "--model_size_gb", "2", "--format", "json"], capsys)
+    _, b, _ = run(["1000", "1", "50", "--model-size-gb", "2", "--format", "json"], capsys)
+    assert a == b
+
+
+BAD = [
+    ([], "TOTAL_STEPS"),
+    (["100"], "STEP_SECONDS"),
+    (["0", "1", "1"], "TOTAL_STEPS"),
+    (["-5", "1", "1"], "TOTAL_STEPS"),
+    (["1.5", "1", "1"], "TOTAL_STEPS"),
+    (["abc", "1", "1"], "TOTAL_STEPS"),
+    (["1e13", "1", "1"], "TOTAL_STEPS"),
+    (["10", "0", "1"], "STEP_SECONDS"),
+    (["10", "nan", "1"], "STEP_SECONDS"),
+    (["10", "1", "inf"], "BUDGET_GB"),
+    (["10", "1", "-inf"], "BUDGET_GB"),
+    (["10", "1", "1e30"], "BUDGET_GB"),
+    (["10", "1", "1", "--model_size_gb", "0"], "--model_size_gb"),
+    (["10", "1", "1", "--model_size_gb", "1e12"], "--model_size_gb"),
+    (["10", "1", "1", "--params", "7Q"], "--params"),
+    (["10", "1", "1", "--preset", "yolo"], "--preset"),
+    (["10", "1", "1", "--format", "xml"], "--format"),
+    (["10", "1", "1", "--bogus"], "--bogus"),
+    (["10", "1", "1", "--keep-last", "0"], "--keep-last"),
+    (["10", "1", "1", "--frequency", "-3"], "--frequency"),
+    (["10", "1", "1", "--milestones", "10,x"], "--milestones"),
+    (["10", "1", "1", "--formats", "pickle"], "--formats"),
+    (["10", "1", "1", "--gpus", "0"], "--gpus"),
+    (["10", "1", "1", "--mtbf-hours", "nan"], "--mtbf-hours"),
+    (["10", "1", "1", "--restart-seconds", "-1"], "--restart-seconds"),
+    (["10", "1", "1", "--write-gbps", "0"], "--write-gbps"),
+    (["10", "1", "1", "--max-loss-hours", "0"], "--max-loss-hours"),
+    (["10", "1", "1", "--params", "1B", "--model_size_gb", "4"], "--params"),
+]
+
+
+@pytest.mark.parametrize("argv, names", BAD)
+def test_bad_input_one_line_exit_2(argv, names, capsys):
+    rc, out, err = run(argv, capsys)
+    assert rc == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert names in lines[0]
+    assert "Traceback" not in err
+
+
+TOKENS = st.one_of(
+    st.sampled_from(["--model_size_gb", "--params", "--frequency", "--keep-last", "--milestones", "--formats",
+                     "--gpus", "--mtbf-hours", "--preset", "--format", "--precision", "--no-async", "--async",
+                     "--restart-seconds", "--write-gbps", "--checkpoint-write-seconds", "--max-loss-hours",
+                     "--weights-dtype", "--no-save-optimizer", "plan", "json", "auto", "pow2", "7B", "nan",
+                     "-1", "0", "1e308", "1,2,3", "full_state_dict"]),
+    st.text(max_size=8),
+    st.integers(-10**16, 10**16).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(argv=st.lists(TOKENS, max_size=8))
+def test_fuzz_arguments_never_crash(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(1, 10**9), secs=st.floats(1e-3, 1e4), budget=st.floats(1e-2, 1e7),
+       size=st.one_of(st.none(), st.floats(1e-3, 1e5)), gpus=st.integers(1, 10**6))
+def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpus, capsys):
+    argv = [str(steps), repr(secs), repr(budget), "--gpus", str(gpus), "--format", "json"]
+    if size is not None:
+        argv += ["--model_size_gb", repr(size)]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    data = json.loads(out)
+    jsonschema.validate(data, load_schema("plan.schema.json"))
+    assert 1 <= data["frequency_steps"] <= steps
+    assert data["keep_last"] >= 2 or any("keep_last" in w for w in data["warnings"])
+    if data["fits_budget"] is not None:
+        assert data["fits_budget"] == (data["total_storage_gb"] <= budget)
+
+
+def test_console_script_module_and_launcher_agree(skill_root):
+    env = dict(os.environ)
+    outs = []
+    for cmd in (["checkpoint-strategy"], [sys.executable, "-m", "checkpoint_strategy"],
+                [sys.executable, str(skill_root / "scripts" / "checkpoint-strategy")]):
+        proc = subprocess.run(cmd + SEED + ["--format", "json"], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_subprocess_bad_input_has_no_traceback(skill_root):
+    proc = subprocess.run([sys.executable, str(skill_root / "scripts" / "checkpoint-strategy"), "10", "x", "1"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_top_level_help_lists_commands(capsys):
+    rc, out, _ = run(["--help"], capsys)
+    assert rc == 0 and "plan" in out

@@ -1,0 +1,167 @@
+"""planning/planner.py and sizing.py: sizes, milestones, retention, risk and warnings."""
+
+import pytest
+
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.planning import PlanArguments, plan
+from checkpoint_strategy.planning import planner, sizing
+
+
+def mk(**kw):
+    base = dict(total_steps=50000, step_seconds=10, budget_gb=200)
+    base.update(kw)
+    return plan(PlanArguments(**base))
+
+
+def test_spec_storage_example():
+    p = mk(params=1e9, precision="fp32", frequency=500, keep_last=10, formats=["full_state_dict"])
+    assert p.checkpoint_size_gb == 12
+    assert p.rolling_storage_gb == 120
+    assert p.milestone_steps == [1000, 5000, 10000, 25000, 50000]
+    assert p.total_storage_gb == 180
+    b = p.storage_breakdown
+    assert (b.rolling_gb, b.in_flight_gb, b.milestones_gb, b.milestones_outside_window) == (120, 12, 48, 4)
+    assert p.fits_budget is True
+    assert p.rollback_points == 14
+
+
+@pytest.mark.parametrize("text, value", [("7B", 7e9), ("1.3e9", 1.3e9), ("350M", 3.5e8), ("125k", 1.25e5),
+                                         ("2t", 2e12), ("1000", 1000.0)])
+def test_parse_params(text, value):
+    assert sizing.parse_params(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["", "B", "7Q", "-1B", "nan", "inf", "1e400", "0"])
+def test_parse_params_rejects(text):
+    with pytest.raises(ValueError):
+        sizing.parse_params(text)
+
+
+def test_mixed_precision_is_14_bytes_per_param():
+    p = mk(params=7e9, precision="mixed", formats=["full_state_dict"])
+    assert p.checkpoint_size_gb == pytest.approx(98.0)
+    assert p.model_size_gb == pytest.approx(14.0)
+
+
+def test_model_size_gb_fp32_is_times_three():
+    assert mk(model_size_gb=4).checkpoint_size_gb == pytest.approx(12.0)
+
+
+def test_bf16_weights_default_to_mixed_precision():
+    p = mk(model_size_gb=2, weights_dtype="bf16")  # 1B params
+    assert p.precision == "mixed"
+    assert p.checkpoint_size_gb == pytest.approx(14.0)
+
+
+def test_without_optimizer_only_weights_and_a_warning():
+    p = mk(params=1e9, save_optimizer=False)
+    assert p.checkpoint_size_gb == pytest.approx(4.0)
+    assert any("optimizer state not saved" in w for w in p.warnings)
+
+
+def test_size_given_twice_is_a_usage_error():
+    with pytest.raises(UsageError):
+        mk(params=1e9, model_size_gb=4)
+
+
+@pytest.mark.parametrize(
+    "spec, total, expected",
+    [
+        ("seed", 50000, [1000, 5000, 10000, 25000, 50000]),
+        ("seed", 300000, [1000, 5000, 10000, 25000, 50000, 100000, 250000, 300000]),
+        ("seed", 800, [800]),
+        ("pow2", 10000, [1000, 2000, 4000, 8000, 10000]),
+        ("none", 10000, []),
+        ([3000, 700, 20000], 10000, [700, 3000]),
+    ],
+)
+def test_milestones(spec, total, expected):
+    assert planner.milestone_steps(spec, total) == expected
+
+
+@pytest.mark.parametrize("x, nice", [(1, 1), (3, 2), (4, 5), (2939, 2500), (6000, 5000), (7400, 10000), (0.2, 1)])
+def test_nice_steps(x, nice):
+    assert planner.nice_steps(x) == nice
+
+
+def test_frequency_is_failure_optimum_capped_by_max_loss():
+    # 8 GPUs -> job MTBF 6250 h: the optimum is hours apart, the 1 h default cap wins.
+    p = mk(model_size_gb=4, step_seconds=2.5, total_steps=100000, budget_gb=500)
+    assert p.frequency_steps * 2.5 <= 3600
+    assert any("--max-loss-hours" in w for w in p.warnings)
+
+
+def test_frequency_follows_mtbf_when_failures_are_frequent():
+    # 16k GPUs at 50k GPU-hours each -> MTBF ~3 h: the optimum is well under the 1 h cap.
+    p = mk(model_size_gb=4, step_seconds=1, total_steps=10**6, budget_gb=10**4, gpus=16384)
+    opt = p.optimal_interval_seconds
+    assert p.frequency_steps == planner.nice_steps(opt / 1.0)
+    assert not any("--max-loss-hours" in w for w in p.warnings)
+
+
+def test_conservative_preset_caps_frequency_at_500():
+    p = mk(model_size_gb=1, preset="conservative", max_loss_hours=100, gpus=1)
+    assert p.frequency_steps <= 500
+    assert any("conservative preset" in w for w in p.warnings)
+    assert p.policy.emergency_save_on == []
+
+
+def test_aggressive_preset_keeps_five_and_emergency_triggers():
+    p = mk(model_size_gb=1, preset="aggressive")
+    assert p.keep_last == 5
+    assert p.policy.emergency_save_on == ["loss_spike_detected", "gradient_norm_exceeded"]
+
+
+def test_keep_last_lowered_to_fit_budget():
+    p = mk(params=1e9, frequency=500, budget_gb=100, formats=["full_state_dict"], milestones="none")
+    assert p.total_storage_gb <= 100
+    assert p.keep_last == 7  # (7 + 1) x 12 = 96 GB
+    assert any("lowered" in w for w in p.warnings)
+
+
+def test_budget_too_small_warns_and_keeps_two():
+    p = mk(params=1e9, budget_gb=10)
+    assert p.keep_last == 2
+    assert p.fits_budget is False
+    assert any("budget too small" in w for w in p.warnings)
+
+
+def test_spike_horizon_warning_when_window_is_short():
+    p = mk(model_size_gb=1, frequency=10, keep_last=5)
+    assert any("spike horizon" in w for w in p.warnings)
+    auto = mk(model_size_gb=1, frequency=10)
+    assert auto.keep_last * 10 >= planner.SPIKE_HORIZON_STEPS  # auto widens the window
+    assert not any("spike horizon" in w for w in auto.warnings)
+
+
+def test_missing_model_size_still_plans_with_unknown_storage():
+    p = mk()
+    assert p.checkpoint_size_gb is None and p.total_storage_gb is None and p.fits_budget is None
+    assert any("model size missing" in w for w in p.warnings)
+    assert p.frequency_steps >= 1
+
+
+def test_total_steps_below_interval():
+    p = mk(total_steps=100, frequency=500, model_size_gb=1)
+    assert p.frequency_steps == 100
+    assert any("below the interval" in w for w in p.warnings)
+
+
+def test_async_max_loss_adds_persist_time():
+    a = mk(model_size_gb=10, frequency=100, async_save=True)
+    s = mk(model_size_gb=10, frequency=100, async_save=False)
+    assert a.max_data_loss_hours == pytest.approx(1000 / 3600 + 30 / 3600)
+    assert s.max_data_loss_hours == pytest.approx(1000 / 3600)
+    assert a.failure_model.checkpoint_write_seconds < s.failure_model.checkpoint_write_seconds
+
+
+def test_sharded_only_warns_hardware_specific():
+    p = mk(model_size_gb=1, formats=["sharded"])
+    assert any("hardware-specific" in w for w in p.warnings)
+
+
+def test_safetensors_exports_counted():
+    p = mk(params=1e9, frequency=500, keep_last=10, formats=["full_state_dict", "safetensors"])
+    assert p.storage_breakdown.safetensors_exports == 5
+    assert p.storage_breakdown.safetensors_exports_gb == pytest.approx(20.0)
+    assert p.total_storage_gb == pytest.approx(200.0)
