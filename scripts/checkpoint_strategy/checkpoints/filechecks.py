@@ -1,0 +1,405 @@
+"""Per-file integrity checks that never execute checkpoint content.
+
+Every function returns a list of reasons (empty = fine) and adds to a `Counter` the
+bytes it read. Quick checks read headers only (cost grows with the number of files);
+`full=True` also streams every byte in fixed-size chunks (flat memory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickletools
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
+    from isal.isal_zlib import crc32 as _crc32  # type: ignore
+    CRC32_IMPL = "isal"
+except Exception:  # noqa: BLE001 - stdlib fallback
+    _crc32 = zlib.crc32
+    CRC32_IMPL = "zlib"
+
+CHUNK = 4 << 20  # streaming chunk: memory stays flat whatever the file size
+
+# safetensors dtype -> bits per element
+ST_DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
+    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+
+
+@dataclass
+class Counter:
+    bytes_read: int = 0
+    files: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _oserror(exc: OSError) -> str:
+    return f"cannot read: {exc.strerror or type(exc).__name__}"
+
+
+def stream_file(path: str, counter: Counter, update=None) -> list[str]:
+    """Read every byte (full level, formats without their own checksum)."""
+    try:
+        buf = bytearray(CHUNK)
+        with open(path, "rb", buffering=0) as fh:
+            while True:
+                n = fh.readinto(buf)
+                if not n:
+                    break
+                counter.bytes_read += n
+                if update is not None:
+                    update(update_bytes=n)
+    except OSError as exc:
+        return [_oserror(exc)]
+    return []
+
+
+# --------------------------------------------------------------------------- safetensors
+
+def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[str]:
+    """8-byte length, JSON header, dtype x shape == offsets, offsets tile the buffer, file size."""
+    counter.files += 1
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return ["zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"]
+            if size < 8:
+                return [f"truncated: {size} bytes, shorter than the 8-byte header length"]
+            head = fh.read(8)
+            (hlen,) = struct.unpack("<Q", head)
+            if hlen > ST_MAX_HEADER or 8 + hlen > size:
+                return [f"broken header: header length {hlen} does not fit in a {size}-byte file"]
+            raw = fh.read(hlen)
+            counter.bytes_read += 8 + len(raw)
+    except OSError as exc:
+        return [_oserror(exc)]
+    reasons = _check_st_header(raw, size - 8 - hlen)
+    if not reasons and full:
+        reasons = stream_file(path, counter)
+    return reasons
+
+
+def _check_st_header(raw: bytes, data_size: int) -> list[str]:
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return [f"broken header: not valid JSON ({str(exc).splitlines()[0][:80]})"]
+    if not isinstance(header, dict):
+        return ["broken header: JSON header is not an object"]
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                return ["broken header: __metadata__ must map strings to strings"]
+            continue
+        if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
+            return [f"broken header: entry {name!r} is not {{dtype, shape, data_offsets}}"]
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in ST_DTYPE_BITS:
+            return [f"broken header: tensor {name!r} has unknown dtype {dtype!r}"]
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                   for d in shape)):
+            return [f"broken header: tensor {name!r} has an invalid shape {shape!r}"]
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            return [f"broken header: tensor {name!r} has invalid data_offsets {offsets!r}"]
+        numel = 1
+        for d in shape:
+            numel *= d
+        nbits = numel * ST_DTYPE_BITS[dtype]
+        expected = (nbits + 7) // 8
+        if offsets[1] - offsets[0] != expected:
+            return [f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
+                    f"data_offsets span {offsets[1] - offsets[0]}"]
+        spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    pos = 0
+    for begin, end, name in spans:
+        if begin != pos:
+            what = "overlaps the previous tensor" if begin < pos else f"leaves a gap at byte {pos}"
+            return [f"broken header: tensor {name!r} {what}"]
+        pos = end
+    if pos != data_size:
+        if pos > data_size:
+            return [f"truncated: header describes {pos} data bytes, file holds {data_size}"]
+        return [f"file size mismatch: header describes {pos} data bytes, file holds {data_size} "
+                "(trailing bytes)"]
+    return []
+
+
+def safetensors_header(path: str) -> dict | None:
+    """The parsed header, or None (used for index.json cross-checks)."""
+    try:
+        with open(path, "rb") as fh:
+            (hlen,) = struct.unpack("<Q", fh.read(8))
+            if hlen > ST_MAX_HEADER:
+                return None
+            data = json.loads(fh.read(hlen))
+            return data if isinstance(data, dict) else None
+    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+        return None
+
+
+# --------------------------------------------------------------------------- zip (torch.save)
+
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOC = b"PK\x06\x07"
+_EOCD64 = b"PK\x06\x06"
+_CDH = b"PK\x01\x02"
+_LFH = b"PK\x03\x04"
+
+
+@dataclass
+class ZipEntry:
+    name: str
+    method: int
+    crc: int
+    csize: int
+    usize: int
+    offset: int       # local header offset
+    data_start: int = 0
+
+
+def read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:
+    """Parse the end record and central directory. Returns (entries, cd_offset) or a reason."""
+    tail_len = min(size, 22 + 65535 + 20)
+    fh.seek(size - tail_len)
+    tail = fh.read(tail_len)
+    pos = tail.rfind(_EOCD)
+    if pos < 0 or len(tail) - pos < 22:
+        return "truncated or not a zip archive: no end-of-central-directory record"
+    (_sig, _disk, _cd_disk, _n_disk, n_entries, cd_size, cd_offset, comment_len) = struct.unpack(
+        "<4sHHHHIIH", tail[pos:pos + 22])
+    eocd_at = size - tail_len + pos
+    if pos + 22 + comment_len != len(tail):
+        return "trailing bytes after the zip end record (file changed after it was written?)"
+    if n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+        loc = tail[pos - 20:pos] if pos >= 20 else b""
+        if len(loc) != 20 or not loc.startswith(_EOCD64_LOC):
+            return "broken zip64 end record locator"
+        (_s, _d, eocd64_at, _t) = struct.unpack("<4sIQI", loc)
+        if eocd64_at + 56 > size:
+            return "broken zip64 end record offset"
+        fh.seek(eocd64_at)
+        rec = fh.read(56)
+        if not rec.startswith(_EOCD64):
+            return "broken zip64 end record"
+        (_s, _rs, _v1, _v2, _d1, _d2, _n1, n_entries, cd_size, cd_offset) = struct.unpack("<4sQHHIIQQQQ", rec)
+        eocd_at = eocd64_at
+    if cd_offset + cd_size > eocd_at:
+        return f"central directory ({cd_size} bytes at {cd_offset}) runs past its end record: truncated?"
+    fh.seek(cd_offset)
+    cd = fh.read(cd_size)
+    if len(cd) != cd_size:
+        return "truncated central directory"
+    entries: list[ZipEntry] = []
+    p = 0
+    for _ in range(n_entries):
+        if cd[p:p + 4] != _CDH or p + 46 > cd_size:
+            return f"broken central directory at entry {len(entries)}"
+        (method, _t, _dt, crc, csize, usize, nlen, xlen, clen) = struct.unpack("<HHHIIIHHH", cd[p + 10:p + 34])
+        (offset,) = struct.unpack("<I", cd[p + 42:p + 46])
+        name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
+        extra = cd[p + 46 + nlen:p + 46 + nlen + xlen]
+        if 0xFFFFFFFF in (csize, usize, offset):
+            csize, usize, offset = _zip64_extra(extra, csize, usize, offset)
+        entries.append(ZipEntry(name, method, crc, csize, usize, offset))
+        p += 46 + nlen + xlen + clen
+    if p != cd_size:
+        return f"central directory size mismatch ({p} parsed, {cd_size} declared)"
+    return entries, cd_offset
+
+
+def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
+    i = 0
+    while i + 4 <= len(extra):
+        tag, ln = struct.unpack("<HH", extra[i:i + 4])
+        if tag == 1:
+            vals = list(struct.unpack(f"<{ln // 8}Q", extra[i + 4:i + 4 + (ln // 8) * 8]))
+            if usize == 0xFFFFFFFF and vals:
+                usize = vals.pop(0)
+            if csize == 0xFFFFFFFF and vals:
+                csize = vals.pop(0)
+            if offset == 0xFFFFFFFF and vals:
+                offset = vals.pop(0)
+            break
+        i += 4 + ln
+    return csize, usize, offset
+
+
+def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,
+              update=None) -> tuple[list[str], list[str]]:
+    """torch.save zip archive: end record, central directory, every local header and entry size;
+    full: CRC-32 of every entry (streamed). Returns (reasons, strings from data.pkl if wanted)."""
+    counter.files += 1
+    strings: list[str] = []
+    try:
+        with open(path, "rb", buffering=0) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if size == 0:
+                return ["zero-byte file (expected a torch zip archive)"], strings
+            if size < 22:
+                return [f"truncated: {size} bytes, too short for a zip archive"], strings
+            parsed = read_zip_directory(fh, size)
+            counter.bytes_read += min(size, 65535 + 42)
+            if isinstance(parsed, str):
+                fh.seek(0)
+                magic = fh.read(2)
+                if magic[:1] == b"\x80" and not parsed.startswith("broken"):
+                    counter.notes.append(f"{os.path.basename(path)}: legacy (pre-1.6) torch serialization; "
+                                         "only readable, not structurally checked")
+                    return [], strings
+                return [parsed], strings
+            entries, cd_offset = parsed
+            if not entries:
+                return ["empty zip archive (no entries)"], strings
+            prefixes = {e.name.split("/", 1)[0] for e in entries}
+            if len(prefixes) == 1 and not any(e.name.endswith("/data.pkl") for e in entries):
+                return ["torch archive without data.pkl"], strings
+            for e in entries:
+                fh.seek(e.offset)
+                lh = fh.read(30)
+                counter.bytes_read += 30
+                if len(lh) != 30 or lh[:4] != _LFH:
+                    return [f"broken local header for entry {e.name!r} at offset {e.offset}"], strings
+                nlen, xlen = struct.unpack("<HH", lh[26:30])
+                name = fh.read(nlen).decode("utf-8", "replace")
+                if name != e.name:
+                    return [f"entry name mismatch: central directory {e.name!r}, local header {name!r}"], strings
+                e.data_start = e.offset + 30 + nlen + xlen
+                if e.data_start + e.csize > cd_offset:
+                    return [f"entry {e.name!r} ({e.csize} bytes) runs past the central directory: truncated"], strings
+                if e.method not in (0, 8):
+                    return [f"entry {e.name!r} uses unsupported compression method {e.method}"], strings
+                if e.method == 0 and e.csize != e.usize:
+                    return [f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})"], strings
+            if want_pickle:
+                pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
+                if pkl is not None and pkl.usize <= 256 << 20:
+                    strings = _pickle_strings_from_entry(fh, pkl, counter)
+            if full:
+                for e in entries:
+                    reason = _crc_entry(fh, e, counter, update)
+                    if reason:
+                        return [reason], strings
+    except OSError as exc:
+        return [_oserror(exc)], strings
+    return [], strings
+
+
+def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:
+    fh.seek(e.data_start)
+    remaining = e.csize
+    crc = 0
+    decomp = zlib.decompressobj(-15) if e.method == 8 else None
+    buf = bytearray(min(CHUNK, max(remaining, 1)))
+    view = memoryview(buf)
+    while remaining > 0:
+        n = fh.readinto(view[:min(len(buf), remaining)])
+        if not n:
+            return f"entry {e.name!r}: file ends inside its data (truncated)"
+        remaining -= n
+        counter.bytes_read += n
+        if update is not None:
+            update(update_bytes=n)
+        if decomp is None:
+            crc = _crc32(view[:n], crc)
+        else:
+            try:
+                crc = _crc32(decomp.decompress(view[:n]), crc)
+            except zlib.error as exc:
+                return f"entry {e.name!r}: corrupt compressed data ({exc})"
+    if decomp is not None:
+        crc = _crc32(decomp.flush(), crc)
+    if crc != e.crc:
+        return f"entry {e.name!r}: CRC-32 mismatch (stored {e.crc:08x}, computed {crc:08x}): data corrupted"
+    return None
+
+
+def _pickle_strings_from_entry(fh, e: ZipEntry, counter: Counter) -> list[str]:
+    fh.seek(e.data_start)
+    data = fh.read(e.csize)
+    counter.bytes_read += len(data)
+    if e.method == 8:
+        try:
+            data = zlib.decompress(data, -15)
+        except zlib.error:
+            return []
+    return pickle_strings(data)
+
+
+# --------------------------------------------------------------------------- pickles (opcodes only)
+
+def pickle_strings(data: bytes, limit: int = 200_000) -> list[str]:
+    """String constants of a pickle, read from its opcodes (pickletools.genops): nothing runs."""
+    out: list[str] = []
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            if isinstance(arg, str) and "UNICODE" in op.name or op.name in ("SHORT_BINSTRING", "BINSTRING"):
+                out.append(arg if isinstance(arg, str) else str(arg))
+                if len(out) >= limit:
+                    break
+    except Exception:  # noqa: BLE001 - a broken pickle just yields fewer strings
+        pass
+    return out
+
+
+_INT_OPS = {"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"}
+_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
+_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
+    """From a torch.distributed.checkpoint `.metadata` pickle, without unpickling it:
+    {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys.
+
+    A tiny symbolic walk over the opcodes: the memo is tracked for scalars only, which is
+    enough to follow `_StorageInfo(relative_path=..., offset=..., length=...)` entries.
+    """
+    _obj = object()
+    memo: dict[int, object] = {}
+    tokens: list[object] = []
+    last: object = _obj
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name == "MEMOIZE":
+                memo[len(memo)] = last
+                continue
+            if name in _PUT_OPS:
+                memo[arg] = last
+                continue
+            if name in _GET_OPS:
+                last = memo.get(arg, _obj)
+            elif isinstance(arg, str) and name not in ("GLOBAL", "INST"):
+                last = arg
+            elif name in _INT_OPS and isinstance(arg, int) and not isinstance(arg, bool):
+                last = arg
+            elif name == "STOP":
+                break
+            else:
+                last = _obj
+            tokens.append(last)
+        else:
+            return "broken .metadata: pickle ends without STOP (truncated)"
+    except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
+        return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
+    needed: dict[str, int] = {}
+    keys: set[str] = set()
+    n = len(tokens)
+    for i, tok in enumerate(tokens):
+        if tok == "relative_path" and i + 5 < n and tokens[i + 2] == "offset" and tokens[i + 4] == "length":
+            rel, off, ln = tokens[i + 1], tokens[i + 3], tokens[i + 5]
+            if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
+                needed[rel] = max(needed.get(rel, 0), off + ln)
+        elif tok == "fqn" and i + 1 < n and isinstance(tokens[i + 1], str):
+            keys.add(str(tokens[i + 1]).split(".", 1)[0])
+    return needed, keys

@@ -1,0 +1,183 @@
+"""Recognise checkpoints by layout (names and one folder listing; nothing is opened here).
+
+Recognised (documented names of each framework):
+  hf-trainer  checkpoint-N/ (or a folder with trainer_state.json / model*.safetensors + optimizer.pt)
+  lightning   *.ckpt file (torch zip) or *.ckpt/ folder (sharded strategies)
+  nemo        a checkpoint with a `<name>-unfinished` marker beside it, or a folder with weights/ + context/
+  torch       *.pt / *.pth / *.bin file (torch.save zip archive)
+  safetensors *.safetensors file
+  dcp         folder with .metadata and/or __R_N.distcp (torch.distributed.checkpoint)
+  torchtitan  step-N/ folder holding a DCP checkpoint
+  orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
+  deepspeed   global_stepN/ (with a `latest` file beside it)
+  megatron    iter_NNNNNNN/ (with latest_checkpointed_iteration.txt beside it)
+Names starting with '.deleting-' (a prune in progress) and other hidden names are ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+DELETING_PREFIX = ".deleting-"
+MANIFEST_NAME = "integrity.json"
+MANIFEST_SUFFIX = ".integrity.json"
+NEMO_UNFINISHED = "-unfinished"
+ORBAX_TMP = ".orbax-checkpoint-tmp"
+
+_HF = re.compile(r"^checkpoint-(\d+)$")
+_STEP = re.compile(r"^step[-_=]?(\d+)$")
+_DS = re.compile(r"^global_step(\d+)$")
+_MEG = re.compile(r"^iter_(\d+)$")
+_ORBAX = re.compile(r"^(?:.*?_)?(\d+)$")
+_ORBAX_TMP = re.compile(r"^(?:.*?_)?(\d+)?\.orbax-checkpoint-tmp(?:-\d+)?$")
+_NUM_IN_NAME = [re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I), re.compile(r"checkpoint-(\d+)"),
+                re.compile(r"global_step(\d+)"), re.compile(r"iter_(\d+)"), re.compile(r"(?:^|[^a-z])epoch[=_-]?(\d+)", re.I)]
+_HF_WEIGHTS = re.compile(r"^(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+_TORCH_EXT = (".pt", ".pth")
+
+
+@dataclass(frozen=True)
+class Found:
+    path: str
+    format: str
+    step: int | None
+    is_dir: bool
+
+
+def step_from_name(name: str) -> int | None:
+    for rx in (_HF, _STEP, _DS, _MEG):
+        m = rx.match(name)
+        if m:
+            return int(m.group(1))
+    for rx in _NUM_IN_NAME[:-1]:
+        m = rx.search(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def ignored(name: str) -> bool:
+    return name.startswith(".") or name.endswith(MANIFEST_SUFFIX) or name == MANIFEST_NAME
+
+
+def listdir(path: str) -> list[str] | None:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return None
+
+
+def identify(path: str, names: list[str] | None = None) -> Found | None:
+    """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing."""
+    base = os.path.basename(os.path.normpath(path))
+    if base.startswith(DELETING_PREFIX):
+        return None
+    if _ORBAX_TMP.match(base) or ORBAX_TMP in base:
+        m = re.match(r"^(?:.*?_)?(\d+)\.orbax", base)
+        return Found(path, "orbax", int(m.group(1)) if m else None, os.path.isdir(path))
+    try:
+        is_dir = os.path.isdir(path)
+        exists = os.path.lexists(path)
+    except OSError:
+        return None
+    if not exists:
+        return None
+    if not is_dir:
+        low = base.lower()
+        if low.endswith(".safetensors"):
+            return Found(path, "safetensors", step_from_name(base), False)
+        if low.endswith(".ckpt"):
+            fmt = "nemo" if os.path.lexists(unfinished_marker(path)) else "lightning"
+            return Found(path, fmt, step_from_name(base), False)
+        if low.endswith(_TORCH_EXT) and not _HF_WEIGHTS.match(base) and base not in (
+                "optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth"):
+            return Found(path, "torch", step_from_name(base), False)
+        if _HF.match(base) or _DS.match(base) or _MEG.match(base):
+            # a file where a checkpoint folder is expected: report it as that format
+            fmt = "hf-trainer" if _HF.match(base) else "deepspeed" if _DS.match(base) else "megatron"
+            return Found(path, fmt, step_from_name(base), False)
+        return None
+    if names is None:
+        names = listdir(path) or []
+    nameset = set(names)
+    if os.path.lexists(unfinished_marker(path)):
+        return Found(path, "nemo", step_from_name(base), True)
+    if base.lower().endswith(".ckpt"):
+        return Found(path, "lightning", step_from_name(base), True)
+    if "weights" in nameset and "context" in nameset:
+        return Found(path, "nemo", step_from_name(base), True)
+    if _HF.match(base) or "trainer_state.json" in nameset:
+        return Found(path, "hf-trainer", step_from_name(base), True)
+    if _DS.match(base):
+        return Found(path, "deepspeed", step_from_name(base), True)
+    if _MEG.match(base):
+        return Found(path, "megatron", step_from_name(base), True)
+    if "_CHECKPOINT_METADATA" in nameset or "commit_success.txt" in nameset:
+        m = _ORBAX.match(base)
+        return Found(path, "orbax", int(m.group(1)) if m else None, True)
+    if ".metadata" in nameset or any(n.endswith(".distcp") for n in names):
+        fmt = "torchtitan" if _STEP.match(base) else "dcp"
+        return Found(path, fmt, step_from_name(base), True)
+    if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset):
+        return Found(path, "hf-trainer", step_from_name(base), True)
+    if _STEP.match(base) or (_ORBAX.match(base) and base.isdigit()):
+        # an empty or unrecognisable step folder: in-flight or broken, still a checkpoint slot
+        if not names:
+            fmt = "orbax" if base.isdigit() else "torchtitan"
+            return Found(path, fmt, step_from_name(base) if not base.isdigit() else int(base), True)
+    return None
+
+
+def unfinished_marker(path: str) -> str:
+    """NeMo's marker path: checkpoint path minus .nemo/.ckpt/-EMA, plus '-unfinished'."""
+    p = os.path.normpath(path)
+    for suffix in (".nemo", ".ckpt", "-EMA"):
+        if p.endswith(suffix):
+            p = p[: -len(suffix)]
+    return p + NEMO_UNFINISHED
+
+
+def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
+    """Checkpoints at or under root (not following symlinked folders), plus unrecognised names
+    directly under root. Does not descend into recognised checkpoints."""
+    found = identify(root)
+    if found is not None:
+        return [found], []
+    results: list[Found] = []
+    unrecognised: list[str] = []
+    _walk(root, 0, max_depth, results, unrecognised)
+    results.sort(key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.path))
+    return results, unrecognised
+
+
+def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecognised: list[str]) -> None:
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return
+    for entry in entries:
+        name = entry.name
+        if name.startswith(DELETING_PREFIX):
+            continue
+        if (name.startswith(".") and ORBAX_TMP not in name) or name.endswith(MANIFEST_SUFFIX) \
+                or name == MANIFEST_NAME or name.endswith(NEMO_UNFINISHED):
+            continue
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            is_dir = False
+        names = listdir(entry.path) if is_dir else None
+        found = identify(entry.path, names)
+        if found is not None:
+            results.append(found)
+            continue
+        if is_dir and depth + 1 < max_depth and not entry.is_symlink():
+            before = len(results)
+            _walk(entry.path, depth + 1, max_depth, results, [])
+            if len(results) > before:
+                continue
+        if depth == 0:
+            unrecognised.append(name)

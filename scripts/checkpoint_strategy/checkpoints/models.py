@@ -1,0 +1,127 @@
+"""Pydantic models for `validate` and `prune` (inputs, results, reports).
+
+`CheckpointResult` is the stable result of `validate_checkpoint()`; other capabilities
+(release-gate, handoff) consume it, so fields are only ever added, never renamed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Status = Literal["valid", "invalid", "incomplete"]
+Level = Literal["quick", "full"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Problem(_Model):
+    """One thing wrong with a checkpoint: the file (relative to the checkpoint) and why."""
+
+    file: str = Field(description="file or folder, relative to the checkpoint ('.' = the checkpoint itself)")
+    reason: str = Field(description="what is wrong, in one line")
+    kind: Literal["invalid", "incomplete"] = Field(
+        "invalid", description="invalid = present but corrupt; incomplete = the save did not finish")
+
+
+class CheckpointResult(_Model):
+    """Verdict on one checkpoint (the result of `validate_checkpoint`)."""
+
+    path: str
+    format: str = Field(description="hf-trainer, lightning, torch, safetensors, dcp, torchtitan, orbax, "
+                                    "deepspeed, megatron, nemo, or unknown")
+    step: Optional[int] = None
+    status: Status
+    resumable: bool = Field(description="optimizer state present (training can resume), else weights-only")
+    sharded: bool = Field(description="hardware-specific shards (FSDP, DCP, ZeRO, TP/PP) instead of a full state dict")
+    portability: str = Field(description="what this layout means for resuming on other hardware, and what converts it")
+    level: Level
+    files_checked: int = 0
+    bytes_read: int = Field(0, description="bytes actually read (quick reads headers only)")
+    manifest: Optional[Literal["written", "verified"]] = None
+    problems: list[Problem] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class ValidationSummary(_Model):
+    checkpoints: int
+    valid: int
+    invalid: int
+    incomplete: int
+    seconds: float
+
+
+class ValidationReport(_Model):
+    level: Level
+    manifest: Optional[Literal["write", "verify"]] = None
+    hash_algorithm: Optional[str] = None
+    checkpoints: list[CheckpointResult]
+    summary: ValidationSummary
+
+
+_FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")
+
+
+class CheckpointPolicy(_Model):
+    """The `checkpoint_policy:` mapping printed by the plan (spec's policy templates)."""
+
+    frequency: Optional[str] = None
+    keep_last: Optional[int] = Field(None, ge=1)
+    keep_milestone: list[int] = Field(default_factory=list)
+    save_optimizer: Optional[bool] = None
+    save_formats: list[str] = Field(default_factory=list)
+    validate_on_save: Optional[bool] = None
+    async_save: Optional[bool] = None
+    emergency_save_on: list[str] = Field(default_factory=list)
+
+    @field_validator("frequency")
+    @classmethod
+    def _frequency(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _FREQ.match(value):
+            raise ValueError("expected every_<N>_steps, e.g. every_500_steps")
+        return value
+
+    @field_validator("keep_milestone")
+    @classmethod
+    def _milestones(cls, value: list[int]) -> list[int]:
+        if any(v < 0 for v in value):
+            raise ValueError("milestones are step numbers >= 0")
+        return value
+
+
+class PruneEntry(_Model):
+    path: str
+    name: str
+    format: str
+    step: Optional[int] = None
+    status: Optional[Status] = Field(None, description="validation status (None when not recognised)")
+    action: Literal["keep", "delete"]
+    reasons: list[str]
+    deleted: bool = False
+
+
+class PruneReport(_Model):
+    root: str
+    applied: bool
+    level: Level
+    keep_last: int
+    milestones: list[int]
+    best_checkpoint: Optional[str] = None
+    newest_valid: Optional[str] = None
+    keep: list[PruneEntry]
+    delete: list[PruneEntry]
+    leftovers: list[str] = Field(default_factory=list,
+                                 description="'.deleting-*' folders of an interrupted prune (finished by --apply)")
+    reasons: dict[str, list[str]] = Field(description="name -> reasons for its keep/delete decision")
+    freed_bytes: int = 0
+    errors: list[Problem] = Field(default_factory=list)
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "validation-report.schema.json": ValidationReport,
+    "prune-report.schema.json": PruneReport,
+}
