@@ -204,3 +204,11 @@ def test_subprocess_bad_input_has_no_traceback(skill_root):
 def test_top_level_help_lists_commands(capsys):
     rc, out, _ = run(["--help"], capsys)
     assert rc == 0 and "plan" in out
+
+
+@pytest.mark.parametrize("extra", [[], ["--preset", "conservative"], ["--milestones", "none"],
+                                   ["--formats", "sharded", "--no-async", "--no-save-optimizer"]])
+def test_yaml_template_round_trips_to_the_policy(extra, capsys):
+    _, out_yaml, _ = run(SEED + extra + ["--format", "yaml"], capsys)
+    _, out_json, _ = run(SEED + extra + ["--format", "json"], capsys)
+    assert yaml.safe_load(out_yaml) == {"checkpoint_policy": json.loads(out_json)["policy"]}

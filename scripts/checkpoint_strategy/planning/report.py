@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from checkpoint_strategy.planning.models import PlanReport
-from checkpoint_strategy.render import render_template, to_json, to_yaml
+from checkpoint_strategy.render import render_template, to_json
 
 
 def policy_yaml(report: PlanReport) -> str:
-    return to_yaml({"checkpoint_policy": report.policy.model_dump(mode="json")})
+    """The spec's `checkpoint_policy:` block (a template, so the text path needs no YAML library)."""
+    return render_template("policy.yaml.j2", policy=report.policy.model_dump(mode="json"))
 
 
 def render_plan(report: PlanReport, fmt: str) -> str:
