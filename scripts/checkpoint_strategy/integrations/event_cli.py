@@ -1,0 +1,39 @@
+"""`checkpoint-strategy on-event EVENT_FILE|- [--policy FILE] [--log LOG] [--checkpoints DIR]`."""
+
+from __future__ import annotations
+
+import sys
+
+HELP = "emergency-save decision for a stability event"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("event_file", metavar="EVENT_FILE",
+                        help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
+                             "or the monitor's text report; - reads stdin")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="the policy whose emergency_save_on applies: plan --format yaml/json output or "
+                             "checkpoint-strategy.json (default: both triggers, as the auto preset)")
+    parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery command")
+    parser.add_argument("--checkpoints", metavar="DIR", help="the checkpoint folder, filled into the recovery command")
+    parser.add_argument("--format", dest="format", choices=["text", "json"], default="text")
+
+
+def run(args) -> int:
+    from checkpoint_strategy.integrations._io import read_text
+    from checkpoint_strategy.integrations.events import decide_all, load_policy, parse_events
+    from checkpoint_strategy.render import render_template, to_json
+
+    policy = None
+    if args.policy:
+        text, name = read_text(args.policy, "policy file")
+        policy = load_policy(text, name)
+    text, name = read_text(args.event_file, "event file")
+    events, notes = parse_events(text, name)
+    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes)
+    data = result.model_dump(mode="json")
+    if args.format == "json":
+        sys.stdout.write(to_json(data))
+    else:
+        sys.stdout.write(render_template("on-event.txt.j2", d=data))
+    return 0

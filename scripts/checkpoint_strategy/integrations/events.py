@@ -1,0 +1,334 @@
+"""training-stability-monitor events -> emergency-save decisions. Pure functions.
+
+Input: one JSON event, a JSON list (or {"events": [...]}), JSON lines, or the monitor's text
+report (`=== Training Stability Report ===` with `[PASS|WARN|FAIL] <check>` lines).
+The decision follows the policy's `emergency_save_on` triggers and the spec's recovery
+playbook: save the pre-rollback state on a spike, wait 50-100 steps before acting unless the
+spike is confirmed, never save a NaN state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.integrations.models import (
+    EVENT_TYPES,
+    Decision,
+    EmergencyDecision,
+    StabilityEvent,
+)
+from checkpoint_strategy.planning.models import CheckpointPolicy
+
+TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
+EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
+# The spec's playbook: "wait 50-100 steps to see if it self-recovers". A spike still reported
+# this many steps after the first one has not recovered: it is confirmed.
+SPIKE_WAIT_STEPS = 50
+CONFIRMING_SEVERITIES = ("error", "critical")
+REPORT_HEADER = "=== Training Stability Report ==="
+_CHECK_LINE = re.compile(r"^\s*\[(PASS|WARN|FAIL)\]\s*(.+?)\s*$", re.IGNORECASE)
+_STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*(\d+)", re.IGNORECASE)
+_MAGNITUDE = re.compile(r"(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
+_REPORT_CHECKS = (  # (substring of the check name, event)
+    ("loss spike", "LOSS_SPIKE"),
+    ("gradient norm", "GRADIENT_NORM_EXCEEDED"),
+    ("plateau", "LOSS_PLATEAU"),
+    ("nan", "NAN_LOSS"),
+)
+
+PolicyLike = Union[CheckpointPolicy, dict, Sequence[str], None]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_events(text: str, source: str = "input") -> tuple[list[StabilityEvent], list[str]]:
+    """Parse events from any accepted form. Returns (events, notes); raises UsageError."""
+    stripped = text.strip().lstrip("\ufeff")
+    if not stripped:
+        raise UsageError(f"{source} is empty: expected JSON events or a training-stability report")
+    if REPORT_HEADER.lower() in stripped.lower() or (
+            stripped[0] not in "[{" and any(_CHECK_LINE.match(line) for line in stripped.splitlines())):
+        return parse_report(stripped)
+    try:
+        data = json.loads(stripped)
+    except ValueError:
+        data = _json_lines(stripped, source)
+    else:
+        if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
+            data = data["events"]
+        if not isinstance(data, list):
+            data = [data]
+    return [event_from(item, f"{source} event {i + 1}" if len(data) > 1 else source)
+            for i, item in enumerate(data)], []
+
+
+def _json_lines(text: str, source: str) -> list:
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except ValueError as exc:
+            what = "line 1" if n == 1 else f"line {n}"
+            raise UsageError(f"{source} {what} is not valid JSON ({exc.msg}): expected one JSON event, "
+                             "a JSON list, JSON lines or a training-stability report") from None
+    return items
+
+
+def event_from(item: Any, where: str = "event") -> StabilityEvent:
+    """One event from a mapping (or a StabilityEvent); raises UsageError naming what is wrong."""
+    if isinstance(item, StabilityEvent):
+        return item
+    if not isinstance(item, dict):
+        raise UsageError(f"{where} is a JSON {_json_kind(item)}: expected an object such as "
+                         '{"event": "LOSS_SPIKE", "step": 1200, "magnitude": 3.1}')
+    data = dict(item)
+    kind = data.get("event")
+    if kind is None:
+        raise UsageError(f"{where} has no \"event\" field: expected one of {', '.join(EVENT_TYPES)}")
+    if isinstance(kind, str) and kind.strip().upper() in EVENT_TYPES:
+        data["event"] = kind.strip().upper()
+    else:
+        raise UsageError(f"{where}: unknown event type {_short(kind)}; expected one of {', '.join(EVENT_TYPES)}")
+    try:
+        return StabilityEvent(**{str(k): v for k, v in data.items()})
+    except Exception as exc:  # pydantic.ValidationError
+        raise UsageError(pydantic_message(exc, where)) from None
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_report(text: str) -> tuple[list[StabilityEvent], list[str]]:
+    """The monitor's text report: WARN/FAIL check lines become events; others become notes."""
+    events: list[StabilityEvent] = []
+    notes: list[str] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = _CHECK_LINE.match(line)
+        if not m:
+            continue
+        verdict, name = m.group(1).upper(), m.group(2)
+        if verdict == "PASS":
+            continue
+        kind = next((ev for key, ev in _REPORT_CHECKS if key in name.lower()), None)
+        if kind is None:
+            notes.append(f"[{verdict}] {name}: not an emergency-save trigger (ignored)")
+            continue
+        detail = [name]  # the check line and the detail lines under it, up to the next check
+        for follow in lines[i + 1:]:
+            if _CHECK_LINE.match(follow) or not follow.strip() or not follow[:1].isspace():
+                break
+            detail.append(follow)
+        blob = " ".join(detail)
+        step = _STEP.search(blob)
+        magnitude = _MAGNITUDE.search(blob)
+        events.append(StabilityEvent(
+            event=kind,
+            step=int(step.group(1)) if step else None,
+            magnitude=float(magnitude.group(1)) if magnitude else None,
+            severity="critical" if verdict == "FAIL" else "warning",
+        ))
+    if not events and not notes and not any(_CHECK_LINE.match(line) for line in lines):
+        raise UsageError("the training-stability report has no [PASS|WARN|FAIL] check lines")
+    return events, notes
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def policy_triggers(policy: PolicyLike) -> list[str]:
+    """emergency_save_on of a policy (a CheckpointPolicy, a policy mapping, a plan or handoff
+    document with a `policy`, `{checkpoint_policy: ...}`, or a list of triggers).
+    None means the auto preset's triggers: both."""
+    if policy is None:
+        return list(TRIGGERS)
+    if isinstance(policy, CheckpointPolicy):
+        return list(policy.emergency_save_on)
+    if isinstance(policy, dict):
+        inner = policy.get("checkpoint_policy", policy.get("policy", policy))
+        if not isinstance(inner, dict):
+            raise UsageError("policy: expected a checkpoint_policy mapping")
+        raw = inner.get("emergency_save_on", [])
+        if raw is None:
+            raw = []
+    elif isinstance(policy, (list, tuple)):
+        raw = list(policy)
+    else:
+        raise UsageError("policy: expected a checkpoint_policy mapping or a list of triggers")
+    if not isinstance(raw, list) or any(t not in TRIGGERS for t in raw):
+        raise UsageError(f"policy emergency_save_on: expected a list of {', '.join(TRIGGERS)}, got {_short(raw)}")
+    return list(dict.fromkeys(raw))
+
+
+def load_policy(text: str, source: str) -> list[str]:
+    """Triggers from a policy file: plan YAML/JSON, checkpoint-strategy.json, or a bare mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UsageError(f"{source} is not valid YAML or JSON{where}: expected the plan's "
+                         "checkpoint_policy mapping") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: expected a mapping with checkpoint_policy (or policy), "
+                         f"got a {_json_kind(data)}")
+    return policy_triggers(data)
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
+    return (f"checkpoint-strategy recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
+            f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
+
+
+def verify_resume_command(log: Optional[str] = None) -> str:
+    return f"checkpoint-strategy verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
+
+
+def _at(event: StabilityEvent) -> str:
+    return f"step {event.step}" if event.step is not None else "an unknown step"
+
+
+def _size(event: StabilityEvent) -> str:
+    parts = []
+    if event.magnitude is not None and math.isfinite(event.magnitude):
+        parts.append(f"{event.magnitude:g}x baseline")
+    if event.value is not None and math.isfinite(event.value):
+        parts.append(f"value {event.value:g}")
+    if event.threshold is not None and math.isfinite(event.threshold):
+        parts.append(f"threshold {event.threshold:g}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, confirmed: bool = False,
+           log: Optional[str] = None, checkpoints: Optional[str] = None) -> Decision:
+    """The decision for one event, for a training loop::
+
+        d = decide({"event": "LOSS_SPIKE", "step": step, "magnitude": 3.2}, policy)
+        if d.should_save: save_checkpoint(tag=f"emergency-{step}")   # outside keep_last
+
+    `confirmed` marks a spike already known to persist (decide_all sets it for spikes still
+    reported SPIKE_WAIT_STEPS after the first). Raises UsageError on a bad event or policy.
+    """
+    ev = event_from(event)
+    triggers = policy_triggers(policy)
+    recover = recover_command(log, checkpoints)
+    kind = ev.event
+    if kind == "NAN_LOSS":
+        return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=True,
+                        reason=f"loss is NaN at {_at(ev)}: the weights or optimizer state are likely already "
+                               "non-finite, so an emergency save would only store them (and could rotate a good "
+                               "checkpoint out of keep_last); roll back to the last stable checkpoint instead",
+                        next_command=recover)
+    if kind == "LOSS_PLATEAU":
+        return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=False,
+                        reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
+                               "began right after a resume, check that the optimizer state was restored",
+                        next_command=verify_resume_command(log))
+    trigger = EVENT_TRIGGER[kind]
+    enabled = trigger in triggers
+    if kind == "GRADIENT_NORM_EXCEEDED":
+        below = (ev.value is not None and ev.threshold is not None and math.isfinite(ev.value)
+                 and math.isfinite(ev.threshold) and ev.value <= ev.threshold)
+        if below:
+            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                            reason=f"gradient norm at {_at(ev)}{_size(ev)} does not exceed its threshold",
+                            next_command=None)
+        if ev.severity == "info":
+            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                            reason=f"gradient norm event at {_at(ev)} has severity info: no action",
+                            next_command=None)
+        if not enabled:
+            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                            reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, but the policy's "
+                                   "emergency_save_on does not include gradient_norm_exceeded",
+                            next_command=None)
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=False,
+                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)} (gradient_norm_exceeded): save now, "
+                               "outside the keep_last rotation, so the state before any loss spike is kept; "
+                               "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
+                        next_command=None)
+    # LOSS_SPIKE
+    is_confirmed = confirmed or ev.severity in CONFIRMING_SEVERITIES
+    if ev.severity == "info" and not confirmed:
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                        reason=f"loss spike at {_at(ev)}{_size(ev)} has severity info: no action",
+                        next_command=None)
+    then = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
+            "(loss < spike x 1.1), halve the LR for 500 steps, skip the batch, clip at 0.5"
+            if is_confirmed else
+            f"keep training {SPIKE_WAIT_STEPS}-100 steps: most spikes recover on their own; run the recovery "
+            "adviser if the loss has not come back")
+    if not enabled:
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=is_confirmed,
+                        reason=f"loss spike at {_at(ev)}{_size(ev)}, but the policy's emergency_save_on does not "
+                               f"include loss_spike_detected; {then}",
+                        next_command=recover if is_confirmed else None)
+    return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=is_confirmed,
+                    reason=f"loss spike at {_at(ev)}{_size(ev)} (loss_spike_detected): save now, outside the "
+                           f"keep_last rotation, so the pre-rollback state is kept; {then}",
+                    next_command=recover if is_confirmed else None)
+
+
+def decide_all(events: Iterable[Union[StabilityEvent, dict]], policy: PolicyLike = None, *,
+               log: Optional[str] = None, checkpoints: Optional[str] = None,
+               notes: Sequence[str] = ()) -> EmergencyDecision:
+    """One decision over a batch of events (what `on-event` prints)."""
+    evs = [event_from(e, f"event {i + 1}") for i, e in enumerate(events)]
+    triggers = policy_triggers(policy)
+    spike_steps = [e.step for e in evs if e.event == "LOSS_SPIKE" and e.step is not None]
+    first_spike = min(spike_steps) if spike_steps else None
+    decisions = []
+    for e in evs:
+        persisted = (e.event == "LOSS_SPIKE" and first_spike is not None and e.step is not None
+                     and e.step - first_spike >= SPIKE_WAIT_STEPS)
+        decisions.append(decide(e, triggers, confirmed=persisted, log=log, checkpoints=checkpoints))
+    if persisted_any := any(d.confirmed_spike for d in decisions if d.event == "LOSS_SPIKE"):
+        # every spike of a confirmed episode leads to the adviser
+        decisions = [d.model_copy(update={"next_command": recover_command(log, checkpoints)})
+                     if d.event == "LOSS_SPIKE" and d.next_command is None else d for d in decisions]
+    saving = [d for d in decisions if d.should_save]
+    nan = [d for d in decisions if d.event == "NAN_LOSS"]
+    next_command = None
+    if persisted_any or nan:
+        next_command = recover_command(log, checkpoints)
+    else:
+        next_command = next((d.next_command for d in decisions if d.next_command), None)
+    if not decisions:
+        return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=None, save_at_step=None,
+                                 reason="no warning or failing stability event: nothing to do", decisions=[],
+                                 notes=list(notes))
+    if nan:  # the state is non-finite now: never save it
+        return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=next_command,
+                                 save_at_step=None, reason=nan[0].reason, decisions=decisions, notes=list(notes))
+    if saving:
+        steps = [d.step for d in saving if d.step is not None]
+        lead = min(saving, key=lambda d: (d.step is None, d.step or 0))
+        reason = lead.reason
+        if len(saving) > 1:
+            reason += f" ({len(saving)} events ask for an emergency save; one save is enough)"
+        return EmergencyDecision(policy_triggers=triggers, decision="emergency_save", next_command=next_command,
+                                 save_at_step=min(steps) if steps else None, reason=reason,
+                                 decisions=decisions, notes=list(notes))
+    lead = next((d for d in decisions if d.next_command), decisions[0])
+    return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=next_command, save_at_step=None,
+                             reason=lead.reason, decisions=decisions, notes=list(notes))

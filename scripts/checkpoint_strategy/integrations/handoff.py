@@ -1,0 +1,155 @@
+"""Handoff metadata for session-handoff: build the document, then write the state folder."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Optional
+
+from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.integrations import statefolder
+from checkpoint_strategy.integrations.checkpoints import now_iso, scan
+from checkpoint_strategy.integrations.models import PlanSummary, SessionHandoff
+from checkpoint_strategy.planning.models import PlanReport
+from checkpoint_strategy.render import render_template, to_json
+
+MAX_ROLLBACK_POINTS = 50
+
+
+def load_plan_file(text: str, source: str) -> PlanReport:
+    """The JSON `plan --format json` prints, checked against schemas/plan.schema.json."""
+    import jsonschema
+
+    from checkpoint_strategy.resources import load_schema
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"plan file {source} is not valid JSON ({getattr(exc, 'msg', exc)}): expected the "
+                         "output of `checkpoint-strategy plan ... --format json`") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"plan file {source} is not a JSON object: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`")
+    validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "top level"
+        message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
+        raise UsageError(f"plan file {source} does not match plan.schema.json at {where}: {message}")
+    try:
+        return PlanReport(**data)
+    except Exception as exc:  # pydantic.ValidationError
+        raise UsageError(pydantic_message(exc, f"plan file {source}")) from None
+
+
+def _q(path: str) -> str:
+    return shlex.quote(path)
+
+
+def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",
+          log: Optional[str] = None, now: Optional[str] = None) -> SessionHandoff:
+    """The checkpoint-strategy.json document (nothing is written here)."""
+    now = now or now_iso()
+    risks: list[str] = []
+    commands: list[str] = []
+    valid, bad, note = ([], [], None)
+    if root is not None:
+        valid, bad, note = scan(root, level)
+    if report is not None:
+        risks.extend(f"plan: {w}" for w in report.warnings)
+    if note:
+        risks.append(note)
+    for b in bad:
+        risks.append(f"{b.status} checkpoint {b.path}: {b.reason}")
+    latest = valid[0] if valid else None
+    if root is not None and latest is None and not note:
+        risks.append(f"no valid checkpoint under {root}: a failure now restarts training from scratch")
+    if latest is not None and not latest.resumable:
+        risks.append(f"latest valid checkpoint {latest.path} has no optimizer state: resuming from it "
+                     "restarts Adam's moments from zero")
+    if latest is not None and latest.sharded:
+        risks.append(f"latest valid checkpoint {latest.path} is sharded: resuming needs the same parallel "
+                     "layout (or a conversion to a full state dict)")
+    if bad and valid:
+        newer_bad = [b for b in bad if b.step is not None and latest.step is not None and b.step > latest.step]
+        if newer_bad:
+            risks.append(f"the newest checkpoint on disk ({newer_bad[0].path}) is not whole: resume from "
+                         f"{latest.path}, not from the newest folder")
+
+    if root is not None:
+        if bad:
+            commands.append(f"checkpoint-strategy validate {_q(root)} --level full")
+        if log:
+            commands.append(f"checkpoint-strategy recover {_q(log)} --checkpoints {_q(root)}")
+        else:
+            commands.append(f"checkpoint-strategy recover TRAIN_LOG --checkpoints {_q(root)}   # after a loss spike")
+        if latest is not None:
+            commands.append(f"checkpoint-strategy verify-resume {_q(log) if log else 'TRAIN_LOG'} "
+                            f"--resume-step {latest.step if latest.step is not None else 'STEP'}   # after resuming")
+    if report is None:
+        commands.append("checkpoint-strategy TOTAL_STEPS STEP_SECONDS BUDGET_GB --model_size_gb N   # plan a policy")
+
+    if latest is not None:
+        next_step = f"resume training from {latest.path}" + (f" (step {latest.step})" if latest.step is not None else "")
+        if not latest.resumable:
+            next_step += " (weights only: optimizer state restarts)"
+    elif root is not None:
+        next_step = f"check the checkpoints under {root}: none is valid yet"
+    elif report is not None:
+        next_step = (f"start training with the checkpoint policy: every {report.frequency_steps} steps, "
+                     f"keep_last {report.keep_last}")
+    else:  # pragma: no cover - the CLI requires a plan or --checkpoints
+        next_step = "plan a checkpoint policy"
+
+    plan = None
+    if report is not None:
+        plan = PlanSummary(frequency_steps=report.frequency_steps, keep_last=report.keep_last,
+                           milestone_steps=report.milestone_steps, max_data_loss_hours=report.max_data_loss_hours,
+                           total_storage_gb=report.total_storage_gb, fits_budget=report.fits_budget)
+    return SessionHandoff(
+        generated_at=now,
+        policy=report.policy if report is not None else None,
+        plan=plan,
+        checkpoints_root=root,
+        latest_valid_checkpoint=latest,
+        rollback_points=valid[:MAX_ROLLBACK_POINTS],
+        bad_checkpoints=bad,
+        recovery_commands=commands,
+        pending_risks=risks,
+        next_step=next_step,
+    )
+
+
+def markdown_block(doc: SessionHandoff) -> str:
+    return render_template("handoff.md.j2", h=doc.model_dump(mode="json"), begin=statefolder.BEGIN,
+                           end=statefolder.END, total_rollback=len(doc.rollback_points))
+
+
+def log_record(doc: SessionHandoff) -> dict:
+    latest = doc.latest_valid_checkpoint
+    if latest is not None:
+        detail = (f"latest valid checkpoint {latest.path}"
+                  + (f" (step {latest.step}" if latest.step is not None else " (step unknown")
+                  + (", resumable)" if latest.resumable else ", weights only)")
+                  + f"; {len(doc.rollback_points)} rollback points")
+    elif doc.checkpoints_root is not None:
+        detail = f"no valid checkpoint under {doc.checkpoints_root}"
+    else:
+        detail = "checkpoint policy recorded"
+    if doc.policy is not None:
+        detail += f"; policy {doc.policy.frequency}, keep_last {doc.policy.keep_last}"
+    if doc.pending_risks:
+        detail += f"; {len(doc.pending_risks)} pending risks"
+    status = "done" if (latest is not None or doc.checkpoints_root is None) else "warning"
+    return {"ts": doc.generated_at, "step": "checkpoint-strategy handoff", "status": status, "detail": detail}
+
+
+def write(state_dir: str, doc: SessionHandoff) -> list[str]:
+    return statefolder.write_state(state_dir, statefolder.StateWrite(
+        handoff_json=to_json(doc.model_dump(mode="json")),
+        risks=doc.pending_risks,
+        next_step=doc.next_step,
+        block=markdown_block(doc),
+        log_record=log_record(doc),
+        now=doc.generated_at,
+    ))

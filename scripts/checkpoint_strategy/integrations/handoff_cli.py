@@ -1,0 +1,73 @@
+"""`checkpoint-strategy handoff [TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] | --plan-file PLAN.json]
+[--checkpoints ROOT] [--state-dir DIR]`."""
+
+from __future__ import annotations
+
+import sys
+
+from checkpoint_strategy.planning.options import add_plan_options, positive_number, whole_number
+
+HELP = "write checkpoint metadata for session-handoff"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=whole_number, nargs="?",
+                        help="plan inputs, as for the plan command (or use --plan-file)")
+    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=positive_number, nargs="?")
+    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=positive_number, nargs="?")
+    parser.add_argument("--plan-file", "--plan_file", dest="plan_file", metavar="PLAN.json",
+                        help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
+    parser.add_argument("--checkpoints", metavar="ROOT", help="the run's checkpoint folder: validated, newest first")
+    parser.add_argument("--level", choices=["quick", "full"], default="quick",
+                        help="validation depth for --checkpoints (default quick: headers only)")
+    parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery commands")
+    parser.add_argument("--state-dir", "--state_dir", dest="state_dir", default=".claude/state", metavar="DIR",
+                        help="session-handoff state folder (default .claude/state)")
+    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+                        help="print only; write nothing")
+    parser.add_argument("--format", dest="format", choices=["markdown", "json"], default="markdown",
+                        help="markdown: the block for NEXT_ACTION.md (default); json: checkpoint-strategy.json")
+    add_plan_options(parser, positionals=False)
+
+
+_PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "preset", "frequency", "keep_last",
+                 "milestones", "formats", "save_optimizer", "gpus", "gpu_mtbf_hours", "mtbf_hours",
+                 "checkpoint_write_seconds", "write_gbps", "restart_seconds", "async_save", "max_loss_hours")
+
+
+def run(args) -> int:
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.integrations import handoff
+    from checkpoint_strategy.integrations._io import read_text
+    from checkpoint_strategy.render import to_json
+
+    positionals = [args.total_steps, args.step_seconds, args.budget_gb]
+    given = [p for p in positionals if p is not None]
+    options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
+    report = None
+    if args.plan_file:
+        if given or options:
+            raise UsageError("give either --plan-file or plan arguments (TOTAL_STEPS STEP_SECONDS BUDGET_GB ...), "
+                             "not both")
+        text, name = read_text(args.plan_file, "plan file")
+        report = handoff.load_plan_file(text, name)
+    elif given:
+        if len(given) != 3:
+            raise UsageError("plan arguments need all three of TOTAL_STEPS STEP_SECONDS BUDGET_GB")
+        from checkpoint_strategy.planning.options import plan_arguments
+        from checkpoint_strategy.planning.planner import plan
+
+        report = plan(plan_arguments(args))
+    elif options:
+        raise UsageError(f"plan options (--{options[0].replace('_', '-')}) need TOTAL_STEPS STEP_SECONDS BUDGET_GB")
+    if report is None and args.checkpoints is None:
+        raise UsageError("nothing to hand off: give plan arguments, --plan-file PLAN.json and/or --checkpoints ROOT")
+
+    doc = handoff.build(report, args.checkpoints, level=args.level, log=args.log)
+    if not args.dry_run:
+        handoff.write(args.state_dir, doc)
+    if args.format == "json":
+        sys.stdout.write(to_json(doc.model_dump(mode="json")))
+    else:
+        sys.stdout.write(handoff.markdown_block(doc))
+    return 0

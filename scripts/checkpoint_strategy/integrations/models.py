@@ -1,0 +1,216 @@
+"""Pydantic models of the integrations with sibling skills.
+
+Our own objects (the handoff document, the release gate record, the emergency decision) forbid
+unknown fields. The sibling's files are kept open: an agent-state.json may hold fields we do not
+know, and a stability event may carry extra keys a newer monitor adds; both are preserved or
+ignored, never rejected for that alone.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from checkpoint_strategy import __version__
+from checkpoint_strategy.planning.models import CheckpointPolicy, EmergencyTrigger
+
+SCHEMA_VERSION = "1.0"
+PRODUCER_NAME = "checkpoint-strategy"
+
+EventType = Literal["LOSS_SPIKE", "GRADIENT_NORM_EXCEEDED", "LOSS_PLATEAU", "NAN_LOSS"]
+EVENT_TYPES: tuple[str, ...] = ("LOSS_SPIKE", "GRADIENT_NORM_EXCEEDED", "LOSS_PLATEAU", "NAN_LOSS")
+Severity = Literal["info", "warning", "error", "critical"]
+RequireItem = Literal["safetensors", "full_state_dict", "sharded", "resumable"]
+FormatPresent = Literal["safetensors", "full_state_dict", "sharded"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Producer(_Strict):
+    name: Literal["checkpoint-strategy"] = PRODUCER_NAME
+    version: str = __version__
+
+
+# --------------------------------------------------------------------------- session-handoff
+
+
+class CheckpointRef(_Strict):
+    """One checkpoint that the validator found whole."""
+
+    path: str
+    step: Optional[int] = Field(description="optimizer step, when the layout names it")
+    layout: str = Field(description="the validator's format: hf-trainer, lightning, torch, safetensors, dcp, ...")
+    formats: list[FormatPresent] = Field(description="save formats present: safetensors, full_state_dict, sharded")
+    resumable: bool = Field(description="optimizer state present: training can resume from it")
+    sharded: bool
+    validated_at: str = Field(description="UTC ISO 8601 time of the validation")
+    level: Literal["quick", "full"]
+
+
+class BadCheckpoint(_Strict):
+    path: str
+    step: Optional[int]
+    status: Literal["invalid", "incomplete"]
+    reason: str = Field(description="the first problem the validator found")
+
+
+class PlanSummary(_Strict):
+    frequency_steps: int
+    keep_last: int
+    milestone_steps: list[int]
+    max_data_loss_hours: float
+    total_storage_gb: Optional[float]
+    fits_budget: Optional[bool]
+
+
+class SessionHandoff(_Strict):
+    """`checkpoint-strategy.json` in the session-handoff state folder."""
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    producer: Producer = Field(default_factory=Producer)
+    generated_at: str = Field(description="UTC ISO 8601")
+    policy: Optional[CheckpointPolicy] = Field(description="the checkpoint_policy mapping, when a plan was given")
+    plan: Optional[PlanSummary] = None
+    checkpoints_root: Optional[str] = None
+    latest_valid_checkpoint: Optional[CheckpointRef] = None
+    rollback_points: list[CheckpointRef] = Field(
+        default_factory=list, description="every valid checkpoint, newest first (the latest included)")
+    bad_checkpoints: list[BadCheckpoint] = Field(default_factory=list)
+    recovery_commands: list[str] = Field(default_factory=list, description="commands to run next, in order")
+    pending_risks: list[str] = Field(default_factory=list, description="warnings for the next session")
+    next_step: str
+
+
+class AgentState(BaseModel):
+    """session-handoff's `.claude/state/agent-state.json`. Unknown fields are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    schema_version: Union[int, str, None] = None
+    session_id: Optional[str] = None
+    status: Optional[str] = None
+    last_updated: Optional[str] = None
+    next_step: Union[str, dict, None] = None
+    completed_steps: Optional[list] = None
+    notes: Union[list, str, None] = None
+    pending_risks: Optional[list] = None
+
+
+class CheckpointLogLine(BaseModel):
+    """One line of session-handoff's `.claude/state/checkpoint.jsonl`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    ts: str
+    step: Union[str, int]
+    status: str
+    detail: str
+
+
+# --------------------------------------------------------------------------- release-readiness
+
+
+class FileChecksum(_Strict):
+    file: str = Field(description="relative to the checkpoint")
+    bytes: int
+    sha256: str
+
+
+class GateCheck(_Strict):
+    name: str
+    ok: bool
+    detail: str
+
+
+class ReleaseGate(_Strict):
+    """The release-readiness gate record for one checkpoint."""
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    producer: Producer = Field(default_factory=Producer)
+    checkpoint: str
+    layout: str
+    step: Optional[int]
+    level: Literal["quick", "full"]
+    validated_at: str
+    loads_ok: bool = Field(description="the validator found every file whole (nothing is unpickled or executed)")
+    status: Literal["valid", "invalid", "incomplete"]
+    formats_present: list[FormatPresent]
+    required: list[RequireItem]
+    resumable: bool
+    sharded: bool
+    integrity: Literal["manifest", "checksums"] = Field(
+        description="manifest: the checkpoint's own manifest was verified; checksums: sha256 of every file")
+    manifest: Optional[str] = Field(None, description="path of the verified manifest")
+    checksums: list[FileChecksum] = Field(default_factory=list)
+    checks: list[GateCheck]
+    gate: Literal["pass", "fail"]
+    reasons: list[str] = Field(description="why the gate failed (empty on pass)")
+
+
+# --------------------------------------------------------------------------- training-stability-monitor
+
+
+class StabilityEvent(BaseModel):
+    """An event from training-stability-monitor. Extra keys a newer monitor adds are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event: EventType
+    step: Optional[int] = Field(None, ge=0)
+    value: Optional[float] = Field(None, description="the observed loss or gradient norm")
+    magnitude: Optional[float] = Field(None, description="value / baseline (a spike of 3x has magnitude 3)")
+    threshold: Optional[float] = None
+    severity: Severity = "warning"
+    ts: Union[str, float, None] = Field(None, description="ISO 8601 or Unix seconds")
+
+    @field_validator("step", "value", "magnitude", "threshold", mode="before")
+    @classmethod
+    def _no_bool(cls, value):
+        if isinstance(value, bool):
+            raise ValueError("expected a number, not true/false")
+        return value
+
+
+class Decision(_Strict):
+    """What to do about one event."""
+
+    event: EventType
+    step: Optional[int]
+    trigger: Optional[EmergencyTrigger] = Field(description="the emergency_save_on trigger it maps to")
+    decision: Literal["emergency_save", "none"]
+    confirmed_spike: bool = Field(description="the spike is persistent or critical: roll back, do not wait")
+    reason: str
+    next_command: Optional[str] = Field(description="the command to run next, if any")
+
+    @property
+    def should_save(self) -> bool:
+        return self.decision == "emergency_save"
+
+
+class EmergencyDecision(_Strict):
+    """The answer of `on-event`: one decision over every event given, and the per-event decisions."""
+
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    producer: Producer = Field(default_factory=Producer)
+    policy_triggers: list[EmergencyTrigger] = Field(description="the policy's emergency_save_on")
+    decision: Literal["emergency_save", "none"]
+    reason: str
+    next_command: Optional[str]
+    save_at_step: Optional[int] = Field(description="the step to save at (the first triggering event's step)")
+    decisions: list[Decision]
+    notes: list[str] = Field(default_factory=list, description="input that was read but is not an event")
+
+    @property
+    def should_save(self) -> bool:
+        return self.decision == "emergency_save"
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "session-handoff.schema.json": SessionHandoff,
+    "release-readiness.schema.json": ReleaseGate,
+    "stability-event.schema.json": StabilityEvent,
+    "emergency-decision.schema.json": EmergencyDecision,
+}

@@ -1,0 +1,268 @@
+"""session-handoff's state folder (default `.claude/state`): merge, append, update, all locked.
+
+Files:
+  checkpoint-strategy.json  ours, replaced whole (atomic write)
+  agent-state.json          the sibling's: we set next_step, last_updated and our own entries of
+                            pending_risks (tagged "[checkpoint-strategy] "); every other field and
+                            every other risk is kept as it was, in its order (atomic write)
+  checkpoint.jsonl          the sibling's log: one line {ts, step, status, detail} appended
+  NEXT_ACTION.md            our block between markers under "## Context for Next Session";
+                            the rest of the file is kept byte for byte (atomic write)
+
+Writers of this package hold an exclusive fcntl.flock on `.checkpoint-strategy.lock` in the
+folder for the whole read-modify-write, so two handoffs at once both land. Every input is
+read and checked before the first write, so bad input leaves every file as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.errors import UsageError
+
+DEFAULT_STATE_DIR = ".claude/state"
+HANDOFF_FILE = "checkpoint-strategy.json"
+AGENT_STATE = "agent-state.json"
+CHECKPOINT_LOG = "checkpoint.jsonl"
+NEXT_ACTION = "NEXT_ACTION.md"
+LOCK_FILE = ".checkpoint-strategy.lock"
+RISK_TAG = "[checkpoint-strategy] "
+BEGIN = "<!-- checkpoint-strategy:begin -->"
+END = "<!-- checkpoint-strategy:end -->"
+CONTEXT_HEADING = "Context for Next Session"
+LOCK_TIMEOUT_SECONDS = 60.0
+_HEADING = re.compile(r"^(#{1,6})\s*(.*?)\s*#*\s*$")
+
+
+def _oserr(exc: OSError, action: str, path) -> UsageError:
+    return UsageError(f"cannot {action} {path}: {exc.strerror or type(exc).__name__}")
+
+
+def prepare_dir(state_dir: str | os.PathLike) -> Path:
+    """The state folder, created if missing. UsageError if it is a file or cannot be made."""
+    d = Path(state_dir)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"state folder {d} is a file: expected a folder (default {DEFAULT_STATE_DIR})")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"cannot create state folder {d}: a file is in the way") from None
+    except NotADirectoryError:
+        raise UsageError(f"cannot create state folder {d}: a parent of it is a file") from None
+    except OSError as exc:
+        raise _oserr(exc, "create state folder", d) from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UsageError(f"state folder {d} is not writable")
+    return d
+
+
+@contextlib.contextmanager
+def locked(state_dir: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:
+    """Exclusive lock on the state folder for the duration of the block (fcntl.flock)."""
+    import fcntl
+
+    path = state_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise _oserr(exc, "create lock file", path) from None
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise _oserr(exc, "lock", path) from None
+                if time.monotonic() > deadline:
+                    raise UsageError(f"state folder {state_dir} is locked by another checkpoint-strategy "
+                                     f"process for more than {timeout:g} s ({path})") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _read_existing(path: Path, what: str) -> Optional[str]:
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a folder: expected a file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{what} {path} is not UTF-8 text; fix or move it") from None
+    except OSError as exc:
+        raise _oserr(exc, f"read {what}", path) from None
+
+
+def _mode_of(path: Path) -> Optional[int]:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return None
+
+
+def _default_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_keep_mode(path: Path, text: str, old_mode: Optional[int]) -> None:
+    """atomic_write_text, then the file's previous permissions (a new file gets 0666 & ~umask)."""
+    atomic_write_text(path, text)
+    with contextlib.suppress(OSError):
+        os.chmod(path, old_mode if old_mode is not None else _default_mode())
+
+
+# --------------------------------------------------------------------------- agent-state.json
+
+
+def merge_agent_state(existing: Optional[str], risks: list[str], next_step: str, now: str,
+                      where: str = AGENT_STATE) -> str:
+    """The new agent-state.json text. Unknown fields and other writers' risks are kept in order."""
+    if existing is None or not existing.strip():
+        data: dict = {"schema_version": 1, "session_id": None, "status": "in_progress", "last_updated": now,
+                      "next_step": next_step, "completed_steps": [], "notes": [], "pending_risks": []}
+    else:
+        try:
+            data = json.loads(existing)
+        except ValueError as exc:
+            raise UsageError(f"{where} is not valid JSON ({getattr(exc, 'msg', exc)} at line "
+                             f"{getattr(exc, 'lineno', '?')}); fix or move it, nothing was written") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"{where} is not a JSON object; fix or move it, nothing was written")
+    old = data.get("pending_risks")
+    if old is None:
+        old = []
+    elif not isinstance(old, list):
+        old = [old]
+    kept = [r for r in old if not _ours(r)]
+    data["pending_risks"] = kept + [RISK_TAG + r for r in risks]
+    data["next_step"] = next_step
+    data["last_updated"] = now
+    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _ours(risk) -> bool:
+    if isinstance(risk, str):
+        return risk.startswith(RISK_TAG)
+    if isinstance(risk, dict):
+        return risk.get("source") == "checkpoint-strategy"
+    return False
+
+
+# --------------------------------------------------------------------------- NEXT_ACTION.md
+
+
+def update_next_action(existing: Optional[str], block: str, where: str = NEXT_ACTION) -> str:
+    """Put `block` (which carries the BEGIN/END markers) under "Context for Next Session"."""
+    block = block.rstrip("\n") + "\n"
+    if existing is None:
+        return f"# NEXT ACTION\n\n## {CONTEXT_HEADING}\n\n{block}"
+    begins, ends = existing.count(BEGIN), existing.count(END)
+    if begins or ends:
+        start, stop = existing.find(BEGIN), existing.find(END)
+        if begins != 1 or ends != 1 or stop < start:
+            raise UsageError(f"{where} has unmatched {BEGIN} / {END} markers; fix them, nothing was written")
+        stop += len(END)
+        if existing[stop:stop + 1] == "\n":
+            stop += 1
+        return existing[:start] + block + existing[stop:]
+    lines = existing.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        m = _HEADING.match(line.rstrip("\r\n"))
+        if m and m.group(2).strip().lower() == CONTEXT_HEADING.lower():
+            level = len(m.group(1))
+            end = len(lines)
+            for j in range(i + 1, len(lines)):
+                m2 = _HEADING.match(lines[j].rstrip("\r\n"))
+                if m2 and len(m2.group(1)) <= level:
+                    end = j
+                    break
+            before = "".join(lines[:end])
+            if not before.endswith("\n"):
+                before += "\n"
+            if not before.endswith("\n\n"):
+                before += "\n"
+            after = "".join(lines[end:])
+            return before + block + ("\n" + after if after else "")
+    text = existing if existing.endswith("\n") else existing + "\n"
+    return f"{text}\n## {CONTEXT_HEADING}\n\n{block}"
+
+
+# --------------------------------------------------------------------------- checkpoint.jsonl
+
+
+def append_line(path: Path, record: dict) -> None:
+    """Append one JSON line with a single write; a missing final newline is added first."""
+    line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o666)
+    except IsADirectoryError:
+        raise UsageError(f"{CHECKPOINT_LOG} {path} is a folder: expected a file") from None
+    except OSError as exc:
+        raise _oserr(exc, "open", path) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
+        data = line.encode("utf-8")
+        written = os.write(fd, data)
+        if written != len(data):
+            raise UsageError(f"short write to {path}: disk full?")
+        os.fsync(fd)
+    except OSError as exc:
+        raise _oserr(exc, "append to", path) from None
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- the whole handoff write
+
+
+@dataclass
+class StateWrite:
+    handoff_json: str
+    risks: list[str]
+    next_step: str
+    block: str
+    log_record: dict
+    now: str
+    written: list[str] = field(default_factory=list)
+
+
+def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
+    """Write the four files under the folder lock. Returns the paths written."""
+    d = prepare_dir(state_dir)
+    paths = {name: d / name for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)}
+    with locked(d):
+        for name in (HANDOFF_FILE, CHECKPOINT_LOG):
+            if paths[name].is_dir():
+                raise UsageError(f"{name} {paths[name]} is a folder: expected a file")
+        # read and check everything first: nothing is written if any input is bad
+        state_text = merge_agent_state(_read_existing(paths[AGENT_STATE], AGENT_STATE), w.risks, w.next_step,
+                                       w.now, where=str(paths[AGENT_STATE]))
+        next_text = update_next_action(_read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block,
+                                       where=str(paths[NEXT_ACTION]))
+        try:
+            write_keep_mode(paths[HANDOFF_FILE], w.handoff_json, _mode_of(paths[HANDOFF_FILE]))
+            write_keep_mode(paths[AGENT_STATE], state_text, _mode_of(paths[AGENT_STATE]))
+            write_keep_mode(paths[NEXT_ACTION], next_text, _mode_of(paths[NEXT_ACTION]))
+        except OSError as exc:
+            raise UsageError(f"cannot write to state folder {d}: {exc.strerror or type(exc).__name__}") from None
+        append_line(paths[CHECKPOINT_LOG], w.log_record)
+    w.written = [str(paths[n]) for n in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)]
+    return w.written
