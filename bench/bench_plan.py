@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PLAN = [sys.executable, str(ROOT / "scripts" / "checkpoint-strategy"), "100000", "2.5", "500", "--model_size_gb", "4"]
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
-    "import deps": [sys.executable, "-c", "import pydantic, jinja2, jsonschema, yaml"],
+    # what the plan path needs from its dependencies (pydantic imports BaseModel lazily)
+    "import deps": [sys.executable, "-c", "from pydantic import BaseModel, ConfigDict, Field; import jinja2, jsonschema"],
     "plan (text)": PLAN,
     "plan (json)": PLAN + ["--format", "json"],
 }
