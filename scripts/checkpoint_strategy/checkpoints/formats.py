@@ -26,7 +26,7 @@ MANIFEST_SUFFIX = ".integrity.json"
 NEMO_UNFINISHED = "-unfinished"
 ORBAX_TMP = ".orbax-checkpoint-tmp"
 
-_HF = re.compile(r"^checkpoint-(\d+)$")
+_HF = re.compile(r"^(?:tmp-)?checkpoint-(\d+)$")
 _STEP = re.compile(r"^step[-_=]?(\d+)$")
 _DS = re.compile(r"^global_step(\d+)$")
 _MEG = re.compile(r"^iter_(\d+)$")

@@ -189,8 +189,6 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             reasons.append(f"milestone step {f.step}")
         if name in best:
             reasons.append("best_model_checkpoint in trainer_state.json")
-        if f.format == "nemo" or os.path.lexists(fm.unfinished_marker(f.path)) and r.status != "valid":
-            pass
         if not reasons:
             if newest_valid is None or f.step is None or f.step >= newest_valid[0]:
                 reasons.append("no newer checkpoint validated: kept")
@@ -229,7 +227,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             try:
                 os.rename(src, dst)
                 sidecar = src + fm.MANIFEST_SUFFIX
-                if os.path.lexists(sidecar) and not os.path.isdir(src + "x" * 0 if False else dst):
+                if os.path.lexists(sidecar):
                     os.rename(sidecar, os.path.join(root, fm.DELETING_PREFIX + e.name + fm.MANIFEST_SUFFIX))
                 _fsync_dir(root)
                 _remove(dst)

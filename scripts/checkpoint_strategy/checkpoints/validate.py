@@ -50,8 +50,9 @@ class _Ctx:
 
     def rel(self, path: str) -> str:
         if os.path.normpath(path) == os.path.normpath(self.root):
-            return os.path.basename(os.path.normpath(path)) if not os.path.isdir(self.root) else "."
-        return os.path.relpath(path, self.root)
+            return "."
+        base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
+        return os.path.relpath(path, base)
 
     def bad(self, path: str, reason: str, kind: str = "invalid") -> None:
         self.problems.append(Problem(file=self.rel(path), reason=reason, kind=kind))
@@ -384,6 +385,9 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
         ctx.bad(path, "dangling symlink")
     elif fmt in ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "orbax") and not is_dir:
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
+    elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
+        ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
+                "incomplete")
     elif fmt == "hf-trainer":
         _check_hf(ctx, path, res)
     elif fmt in ("dcp", "torchtitan"):
