@@ -9,7 +9,7 @@ from typing import Optional
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
-from checkpoint_strategy.integrations.models import PlanSummary, SessionHandoff
+from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
 from checkpoint_strategy.planning.models import PlanReport
 from checkpoint_strategy.render import render_template, to_json
 
@@ -46,6 +46,60 @@ def _q(path: str) -> str:
     return shlex.quote(path)
 
 
+UNRESOLVED = ("wait", "rollback", "no_clean_checkpoint")
+
+
+def recovery_note(log: Optional[str], root: Optional[str], valid: list[CheckpointRef]
+                  ) -> tuple[Optional[RecoveryNote], list[str]]:
+    """Ask the recovery adviser about the training log: `log`, or the newest log under `root`.
+
+    An explicit --log that cannot be read is bad input (UsageError); a root without a log is
+    normal (no note). Only the checkpoints the validator found whole are offered as resume points.
+    """
+    explicit = log is not None
+    log_path = log if explicit else root
+    if log_path is None:
+        return None, []
+    try:
+        from checkpoint_strategy import recovery
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("checkpoint_strategy.recovery"):
+            raise
+        if explicit:
+            raise UsageError("the recovery adviser (checkpoint_strategy.recovery) is not installed: cannot read "
+                             "--log; install the full checkpoint-strategy package or leave out --log") from None
+        return None, ["the recovery adviser is not installed: the training log was not checked for loss spikes"]
+    checkpoints = None if root is None else [(c.step, c.path) for c in valid if c.step is not None]
+    try:
+        rep = recovery.advise(log_path, checkpoints=checkpoints)
+    except UsageError as exc:
+        if explicit:
+            raise
+        if "no training log found" in str(exc):
+            return None, []
+        return None, [f"training log under {root} not checked for loss spikes: {exc}"]
+    resume = rep.resume_checkpoint
+    note = RecoveryNote(
+        log=rep.log.path, status=rep.status, summary=rep.summary,
+        spike_onset_step=rep.spike.onset_step if rep.spike is not None else None,
+        wait_until_step=rep.wait_until_step,
+        resume_checkpoint=(resume.path or str(resume.step)) if resume is not None else None,
+        resume_step=resume.step if resume is not None else None,
+    )
+    risks = []
+    cutoff = rep.checkpoints.cutoff_step
+    if rep.status in UNRESOLVED and rep.spike is not None:
+        if cutoff is not None:
+            for c in valid:
+                if c.step is not None:
+                    c.after_spike_onset = c.step > cutoff
+        spiked = [c for c in valid if c.after_spike_onset]
+        risks.append(f"{rep.summary}"
+                     + (f"; {len(spiked)} checkpoints from step {min(c.step for c in spiked)} on hold spiked weights"
+                        if spiked else ""))
+    return note, risks
+
+
 def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",
           log: Optional[str] = None, now: Optional[str] = None) -> SessionHandoff:
     """The checkpoint-strategy.json document (nothing is written here)."""
@@ -55,10 +109,12 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     valid, bad, note = ([], [], None)
     if root is not None:
         valid, bad, note = scan(root, level)
+    recovery, recovery_risks = recovery_note(log, root, valid)
     if report is not None:
         risks.extend(f"plan: {w}" for w in report.warnings)
     if note:
         risks.append(note)
+    risks.extend(recovery_risks)
     for b in bad:
         risks.append(f"{b.status} checkpoint {b.path}: {b.reason}")
     latest = valid[0] if valid else None
@@ -79,17 +135,24 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     if root is not None:
         if bad:
             commands.append(f"checkpoint-strategy validate {_q(root)} --level full")
-        if log:
-            commands.append(f"checkpoint-strategy recover {_q(log)} --checkpoints {_q(root)}")
-        else:
-            commands.append(f"checkpoint-strategy recover TRAIN_LOG --checkpoints {_q(root)}   # after a loss spike")
-        if latest is not None:
-            commands.append(f"checkpoint-strategy verify-resume {_q(log) if log else 'TRAIN_LOG'} "
-                            f"--resume-step {latest.step if latest.step is not None else 'STEP'}   # after resuming")
+    log_for_commands = log or (recovery.log if recovery is not None else None)
+    resume_step = latest.step if latest is not None else None
+    if recovery is not None and recovery.status in UNRESOLVED:
+        resume_step = recovery.resume_step
+    if root is not None or log_for_commands:
+        shown_log = _q(log_for_commands) if log_for_commands else "TRAIN_LOG"
+        ck = f" --checkpoints {_q(root)}" if root is not None else ""
+        when = "" if (recovery is not None and recovery.status in UNRESOLVED) else "   # after a loss spike"
+        commands.append(f"checkpoint-strategy recover {shown_log}{ck}{when}")
+        if resume_step is not None:
+            commands.append(f"checkpoint-strategy verify-resume {shown_log} --resume-step {resume_step}"
+                            "   # after resuming")
     if report is None:
         commands.append("checkpoint-strategy TOTAL_STEPS STEP_SECONDS BUDGET_GB --model_size_gb N   # plan a policy")
 
-    if latest is not None:
+    if recovery is not None and recovery.status in UNRESOLVED:
+        next_step = recovery.summary
+    elif latest is not None:
         next_step = f"resume training from {latest.path}" + (f" (step {latest.step})" if latest.step is not None else "")
         if not latest.resumable:
             next_step += " (weights only: optimizer state restarts)"
@@ -114,6 +177,7 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
         latest_valid_checkpoint=latest,
         rollback_points=valid[:MAX_ROLLBACK_POINTS],
         bad_checkpoints=bad,
+        recovery=recovery,
         recovery_commands=commands,
         pending_risks=risks,
         next_step=next_step,
@@ -140,7 +204,10 @@ def log_record(doc: SessionHandoff) -> dict:
         detail += f"; policy {doc.policy.frequency}, keep_last {doc.policy.keep_last}"
     if doc.pending_risks:
         detail += f"; {len(doc.pending_risks)} pending risks"
-    status = "done" if (latest is not None or doc.checkpoints_root is None) else "warning"
+    unresolved = doc.recovery is not None and doc.recovery.status in UNRESOLVED
+    status = "warning" if unresolved or (latest is None and doc.checkpoints_root is not None) else "done"
+    if unresolved:
+        detail += f"; {doc.recovery.summary}"
     return {"ts": doc.generated_at, "step": "checkpoint-strategy handoff", "status": status, "detail": detail}
 
 

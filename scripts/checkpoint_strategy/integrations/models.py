@@ -48,6 +48,9 @@ class CheckpointRef(_Strict):
     sharded: bool
     validated_at: str = Field(description="UTC ISO 8601 time of the validation")
     level: Literal["quick", "full"]
+    after_spike_onset: Optional[bool] = Field(
+        None, description="saved after the onset of the loss spike the recovery adviser found (holds spiked "
+                          "weights: not a rollback target); null when no spike is known")
 
 
 class BadCheckpoint(_Strict):
@@ -66,6 +69,18 @@ class PlanSummary(_Strict):
     fits_budget: Optional[bool]
 
 
+class RecoveryNote(_Strict):
+    """What the recovery adviser said about the training log (when one was found or given)."""
+
+    log: str
+    status: Literal["no_spike", "self_recovered", "wait", "rollback", "no_clean_checkpoint"]
+    summary: str
+    spike_onset_step: Optional[int]
+    wait_until_step: Optional[int]
+    resume_checkpoint: Optional[str] = Field(description="path (or step) of the checkpoint to resume from")
+    resume_step: Optional[int]
+
+
 class SessionHandoff(_Strict):
     """`checkpoint-strategy.json` in the session-handoff state folder."""
 
@@ -79,6 +94,7 @@ class SessionHandoff(_Strict):
     rollback_points: list[CheckpointRef] = Field(
         default_factory=list, description="every valid checkpoint, newest first (the latest included)")
     bad_checkpoints: list[BadCheckpoint] = Field(default_factory=list)
+    recovery: Optional[RecoveryNote] = Field(None, description="the recovery adviser on the training log")
     recovery_commands: list[str] = Field(default_factory=list, description="commands to run next, in order")
     pending_risks: list[str] = Field(default_factory=list, description="warnings for the next session")
     next_step: str
