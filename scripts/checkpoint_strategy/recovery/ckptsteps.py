@@ -1,0 +1,110 @@
+"""Which steps have a checkpoint: from a folder's entry names, or from an explicit list.
+
+Names understood (the step is N):
+  checkpoint-N            Hugging Face Trainer
+  step-N, step_N, stepN   torchtitan, many custom loops
+  iter_0000500            Megatron-LM
+  global_stepN            DeepSpeed
+  epoch=E-step=N[...].ckpt  PyTorch Lightning ModelCheckpoint
+  N                       Orbax (plain numeric folders)
+Temporary entries (names containing 'tmp' or 'temp', e.g. Orbax's '500.orbax-checkpoint-tmp-1',
+HF's 'tmp-checkpoint-500') are ignored: they are not complete checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from checkpoint_strategy.errors import UsageError
+
+_PATTERNS = (
+    re.compile(r"^checkpoint-(\d+)$"),
+    re.compile(r"^step[-_]?(\d+)$"),
+    re.compile(r"^iter_(\d+)$"),
+    re.compile(r"^global_step(\d+)$"),
+    re.compile(r"^(\d+)$"),
+)
+_LIGHTNING = re.compile(r"(?:^|[-_])step=(\d+)(?:[-_.].*)?\.ckpt$")
+_LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
+MAX_STEP = 2**53
+
+
+def parse_step(name: str, is_dir: bool = True) -> Optional[int]:
+    """The step a checkpoint entry's name gives, or None."""
+    low = name.lower()
+    if "tmp" in low or "temp" in low:
+        return None
+    if name.endswith(".ckpt"):
+        m = _LIGHTNING.search(name)
+        return _bounded(int(m.group(1))) if m else None
+    for pattern in _PATTERNS:
+        m = pattern.match(name)
+        if m:
+            if pattern.pattern == r"^(\d+)$" and not is_dir:
+                return None
+            return _bounded(int(m.group(1)))
+    return None
+
+
+def _bounded(step: int) -> Optional[int]:
+    return step if step <= MAX_STEP else None
+
+
+def scan(root: str | os.PathLike) -> list[tuple[int, str]]:
+    """(step, path) of every checkpoint entry directly in `root`, oldest first."""
+    root = Path(root)
+    found: dict[int, str] = {}
+    try:
+        entries = list(os.scandir(root))
+    except OSError as exc:
+        raise UsageError(f"cannot list checkpoint folder {root}: {exc.strerror or exc}") from None
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir()
+        except OSError:
+            continue
+        step = parse_step(entry.name, is_dir)
+        if step is not None and (step not in found or is_dir):
+            found[step] = str(Path(root) / entry.name)
+    return sorted(found.items())
+
+
+def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+    """--checkpoints ROOT_OR_LIST -> (source, root, [(step, path)])."""
+    text = str(spec).strip()
+    if _LIST.match(text):
+        steps = sorted({int(s) for s in text.split(",") if s.strip()})
+        if any(s > MAX_STEP for s in steps):
+            raise UsageError(f"--checkpoints step too large in {spec!r}")
+        return "list", None, [(s, None) for s in steps]
+    root = Path(text)
+    if not root.is_dir():
+        raise UsageError(f"--checkpoints {spec!r} is neither a folder nor a list of steps like 500,1000")
+    found = scan(root)
+    if not found:
+        raise UsageError(f"no checkpoints found in {root}: expected entries named checkpoint-N, step-N, "
+                         "iter_0000500, global_stepN, epoch=E-step=N.ckpt or numeric Orbax folders")
+    return "folder", str(root), list(found)
+
+
+def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+    """Checkpoints next to the log: the log folder, or the run folder above a checkpoint folder."""
+    p = Path(log_path)
+    base = p if p.is_dir() else p.parent
+    candidates = [base]
+    if parse_step(base.name) is not None or base.name in ("checkpoints",):
+        candidates.append(base.parent)
+    if p.is_dir():
+        candidates.append(p / "checkpoints")
+    for root in candidates:
+        if root.is_dir():
+            try:
+                found = scan(root)
+            except UsageError:
+                continue
+            if found:
+                return "folder", str(root), list(found)
+    return "none", None, []

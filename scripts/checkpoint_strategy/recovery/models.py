@@ -1,0 +1,160 @@
+"""Pydantic models of `recover` and `verify-resume`: the reports and the pieces they are made of.
+
+schemas/recovery-report.schema.json and schemas/verify-resume-report.schema.json are generated
+from these models (`python -m checkpoint_strategy.schemagen`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SpikeKind = Literal["loss", "nonfinite", "grad_norm"]
+RecoverStatus = Literal["no_spike", "self_recovered", "wait", "rollback", "no_clean_checkpoint"]
+LogFormat = Literal["hf", "json", "jsonl", "csv", "tensorboard"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LogInfo(_Strict):
+    """What was read: the file, its format, and the columns used."""
+
+    path: str
+    format: LogFormat
+    step_key: str
+    loss_key: str
+    grad_norm_key: Optional[str] = None
+    lr_key: Optional[str] = None
+    entries: int = Field(description="loss values read, before restart de-duplication")
+    points: int = Field(description="loss values on the merged timeline (latest segment wins)")
+    first_step: int
+    last_step: int
+    log_interval: int = Field(description="median step difference between logged losses")
+
+
+class Restart(_Strict):
+    """A place where the log's steps go back (or repeat): a resumed run appending to the log."""
+
+    step: int = Field(description="first step logged by the new segment")
+    previous_step: int = Field(description="last step logged before the restart")
+    repeated_steps: int = Field(description="steps logged twice; the newer segment's values win")
+    entry: int = Field(description="0-based index of the restart's first entry in the file")
+
+
+class Spike(_Strict):
+    """One detected event. Steps are the log's optimizer steps."""
+
+    kind: SpikeKind = Field(description="loss: loss spike; nonfinite: NaN/inf loss; grad_norm: grad-norm spike only")
+    onset_step: int
+    peak_step: int
+    peak_loss: Optional[float] = Field(description="highest loss in the event; null when the loss was NaN/inf")
+    baseline_loss: Optional[float] = Field(
+        description="pre-spike level: median of the 20 logged losses before the onset; null if none was logged")
+    magnitude: Optional[float] = Field(description="peak_loss / baseline_loss; null for NaN/inf or a baseline <= 0")
+    z_score: Optional[float] = Field(description="robust z of the peak against the rolling median/MAD baseline")
+    recovered_step: Optional[int] = Field(description="first step back near the baseline; null if never")
+    recovery_steps: Optional[int] = Field(description="recovered_step - onset_step")
+    detected_by: list[str] = Field(description="the rules that fired at detection")
+    peak_grad_norm: Optional[float] = None
+    baseline_grad_norm: Optional[float] = None
+    grad_norm_precursor_step: Optional[int] = Field(
+        None, description="a grad-norm spike that started shortly before the loss onset (onset moved to it)")
+
+
+class CheckpointRef(_Strict):
+    step: int
+    path: Optional[str] = Field(description="null when checkpoints were given as a list of steps")
+    kind: Literal["checkpoint", "milestone"] = "checkpoint"
+    smoothed_loss: Optional[float] = Field(
+        None, description="median of the losses logged just before and after this step (the weights' own loss)")
+    within_tolerance: Optional[bool] = Field(
+        None, description="smoothed_loss <= baseline_loss * (1 + tolerance); null if no loss near it")
+
+
+class CheckpointsInfo(_Strict):
+    source: Literal["folder", "list", "none"]
+    root: Optional[str] = None
+    count: int
+    first_step: Optional[int] = None
+    last_step: Optional[int] = None
+    cutoff_step: Optional[int] = Field(None, description="newest step a resume checkpoint may have (onset - margin)")
+    margin_steps: Optional[int] = None
+
+
+class Thresholds(_Strict):
+    window: int = Field(description="rolling window, in logged values")
+    z_threshold: float
+    ratio_threshold: float
+    max_ratio: float
+    min_rise: float
+    tolerance: float
+    wait_steps: int
+    min_wait_steps: int
+
+
+class Overrides(_Strict):
+    hf_trainer: str
+    lightning: str
+
+
+class RecoveryReport(_Strict):
+    """The result of `recover` / `checkpoint_strategy.recovery.advise`."""
+
+    status: RecoverStatus
+    summary: str = Field(description="one line: what to do")
+    log: LogInfo
+    spike: Optional[Spike] = Field(description="the event the advice is about (the latest); null when none")
+    spikes: list[Spike] = Field(description="every event found, oldest first")
+    self_recovered: Optional[bool] = Field(description="null when there is no spike")
+    wait_until_step: Optional[int] = Field(description="onset + wait window: decide no later than this step")
+    resume_checkpoint: Optional[CheckpointRef] = Field(description="where to resume; null when none predates")
+    nearest_milestone: Optional[CheckpointRef] = None
+    checkpoints: CheckpointsInfo
+    skip_batches: Optional[list[int]] = Field(
+        description="[start, end] optimizer steps (inclusive) whose batches to skip or reshuffle",
+        min_length=2, max_length=2)
+    lr_multiplier: Optional[float]
+    lr_reduced_steps: Optional[int]
+    lr_reduced_until_step: Optional[int] = None
+    grad_clip: Optional[float]
+    overrides: Optional[Overrides] = None
+    policy_advice: Optional[str] = Field(None, description="the policy change that would have prevented this")
+    restarts: list[Restart]
+    thresholds: Thresholds
+    reasons: list[str] = Field(description="why, in plain sentences")
+    warnings: list[str]
+
+
+class VerifyResumeReport(_Strict):
+    """The result of `verify-resume` / `checkpoint_strategy.recovery.verify_resume`."""
+
+    verdict: Literal["ok", "suspicious"]
+    summary: str
+    log: LogInfo
+    resume_step: int
+    restart_found: bool = Field(description="the log has a restart segment starting just after resume_step")
+    pre_steps: list[int] = Field(description="[first, last] steps of the pre-save window", min_length=2, max_length=2)
+    post_steps: list[int] = Field(description="[first, last] steps of the post-resume window", min_length=2, max_length=2)
+    pre_loss: float = Field(description="median loss of the pre-save window")
+    post_loss: Optional[float] = Field(description="median loss just after the resume; null if NaN/inf")
+    change: Optional[float] = Field(description="post_loss - pre_loss")
+    relative_change: Optional[float] = Field(description="change / |pre_loss|")
+    noise: float = Field(description="robust per-step noise (1.4826 * MAD) of the pre-save window")
+    band: float = Field(description="allowed |change|: max(tolerance * |pre_loss|, 3 * standard error of the post median)")
+    jump: bool
+    drop: bool
+    lr_before: Optional[float] = None
+    lr_after: Optional[float] = None
+    lr_expected: Optional[float] = None
+    lr_discontinuity: Optional[bool] = Field(None, description="null when no learning rate is logged")
+    reasons: list[str]
+    warnings: list[str]
+
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "recovery-report.schema.json": RecoveryReport,
+    "verify-resume-report.schema.json": VerifyResumeReport,
+}
