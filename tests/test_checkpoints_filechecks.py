@@ -1,0 +1,129 @@
+"""File-level checks: safetensors headers, zip archives, DCP .metadata opcodes; hypothesis fuzzing."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.cli import main
+
+
+def _st_file(path: Path, header: dict, data: bytes, pad: int = 0) -> Path:
+    raw = json.dumps(header).encode() + b" " * pad
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def test_safetensors_rules(tmp_path, safetensors_file):
+    c = fc.Counter()
+    assert fc.check_safetensors(str(safetensors_file), c) == []
+    ok = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"format": "pt"}}
+    assert fc.check_safetensors(str(_st_file(tmp_path / "ok.safetensors", ok, b"\0" * 8, pad=5)), c) == []
+    cases = {
+        "shape": ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, "needs 12 bytes"),
+        "dtype": ({"a": {"dtype": "F99", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, "unknown dtype"),
+        "gap": ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "gap"),
+        "overlap": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                     "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, "overlaps"),
+        "trailing": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 9, "trailing"),
+        "short": ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 7, "truncated"),
+        "meta": ({"__metadata__": {"x": 1}}, b"", "__metadata__"),
+    }
+    for name, (header, data, expect) in cases.items():
+        reasons = fc.check_safetensors(str(_st_file(tmp_path / f"{name}.safetensors", header, data)), c)
+        assert reasons and expect in reasons[0], (name, reasons)
+
+
+def test_dcp_metadata_read_from_opcodes_only(dcp_checkpoint):
+    data = (dcp_checkpoint / ".metadata").read_bytes()
+    needed, keys = fc.dcp_storage_map(data)
+    assert keys == {"model", "optimizer"}
+    assert needed == {"__0_0.distcp": (dcp_checkpoint / "__0_0.distcp").stat().st_size}
+    assert isinstance(fc.dcp_storage_map(data[: len(data) // 2]), str)
+
+
+def test_no_checkpoint_content_is_ever_executed(tmp_path):
+    """A pickle that would run code if loaded is only read: no side effect happens."""
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    root = tmp_path / "step-1"
+    root.mkdir()
+    (root / ".metadata").write_bytes(pickle.dumps(Evil()))
+    (root / "__0_0.distcp").write_bytes(b"x")
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "evil.ckpt", "w") as zf:
+        zf.writestr("archive/data.pkl", pickle.dumps(Evil()))
+    assert main(["validate", str(root), str(tmp_path / "evil.ckpt"), "--level", "full"]) in (0, 1)
+    assert not marker.exists()
+
+
+def _run_quiet(args) -> int:
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(args)
+    if rc == 2:
+        assert len(err.getvalue().strip().splitlines()) == 1
+    return rc
+
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.text(max_size=8),
+                       st.sampled_from(["F32", "BF16", "I64", "F8_E4M3", "BOOL"]))
+_tensor = st.fixed_dictionaries({
+    "dtype": st.one_of(st.sampled_from(["F32", "F16", "U8", "F4"]), _json_leaf),
+    "shape": st.one_of(st.lists(st.integers(-1, 6), max_size=3), _json_leaf),
+    "data_offsets": st.one_of(st.lists(st.integers(-2, 64), min_size=0, max_size=3), _json_leaf),
+})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(header=st.dictionaries(st.text(min_size=1, max_size=6), st.one_of(_tensor, _json_leaf), max_size=4),
+       data=st.binary(max_size=80), length_delta=st.integers(-4, 4), level=st.sampled_from(["quick", "full"]))
+def test_fuzz_safetensors_headers(header, data, length_delta, level):
+    with tempfile.TemporaryDirectory() as d:
+        raw = json.dumps(header).encode()
+        path = Path(d) / "model.safetensors"
+        path.write_bytes(struct.pack("<Q", max(0, len(raw) + length_delta)) + raw + data)
+        assert _run_quiet(["validate", str(path), "--level", level]) in (0, 1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blob=st.binary(max_size=400),
+       name=st.sampled_from(["model.safetensors", "x.ckpt", "w.pt", "step-3/.metadata", "step-3/__0_0.distcp",
+                             "checkpoint-5/optimizer.pt", "checkpoint-5/trainer_state.json",
+                             "7/_CHECKPOINT_METADATA", "global_step4/mp_rank_00_model_states.pt"]),
+       level=st.sampled_from(["quick", "full"]))
+def test_fuzz_random_bytes_as_checkpoint_files(blob, name, level):
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob)
+        assert _run_quiet(["validate", d, "--level", level, "--format", "json"]) in (1, 2, 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(blob=st.binary(min_size=1, max_size=64), offset_frac=st.floats(0, 1))
+def test_fuzz_corrupted_real_zip(blob, offset_frac, lightning_run):
+    data = bytearray(lightning_run.ckpt_files[0].read_bytes())
+    at = int(offset_frac * (len(data) - 1))
+    data[at:at + len(blob)] = blob
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "epoch=0-step=10.ckpt"
+        path.write_bytes(bytes(data))
+        assert _run_quiet(["validate", str(path), "--level", "full"]) in (0, 1)

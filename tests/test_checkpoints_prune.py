@@ -1,0 +1,205 @@
+"""prune: retention plan, protections, policy YAML, refusals, and crash safety under SIGKILL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpoint_strategy.checkpoints import load_policy, prune, validate_paths
+from checkpoint_strategy.cli import main
+from checkpoint_strategy.errors import UsageError
+
+PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
+
+
+def _names(entries):
+    return sorted(e.name for e in entries)
+
+
+def test_dry_run_by_default_keeps_newest_and_milestones(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    before = sorted(os.listdir(root))
+    report = prune(root, keep_last=3, milestones=[50, 100])
+    assert sorted(os.listdir(root)) == before and report.applied is False
+    kept = _names(report.keep)
+    assert {"checkpoint-200", "checkpoint-190", "checkpoint-180", "checkpoint-50", "checkpoint-100"} <= set(kept)
+    assert len(report.delete) == len(hf_run.checkpoint_steps) - 5
+    assert report.newest_valid == "checkpoint-200"
+    assert all(r for r in report.reasons.values())
+
+
+def test_apply_deletes_only_older_valid_ones(hf_run, copy_of, capsys):
+    root = copy_of(hf_run.output_dir, "run")
+    (root / "notes").mkdir()
+    assert main(["prune", str(root), "--keep-last", "2", "--apply", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["applied"] is True and all(e["deleted"] for e in out["delete"])
+    assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200", "notes"]
+    assert {c.status for c in validate_paths([str(root)]).checkpoints} == {"valid"}
+
+
+def test_invalid_newest_is_never_trusted(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    (root / "checkpoint-200" / "model.safetensors").write_bytes(b"")
+    report = prune(root, keep_last=1)
+    kept = {e.name: e for e in report.keep}
+    assert "checkpoint-200" in kept and "invalid" in kept["checkpoint-200"].reasons[0]
+    assert report.newest_valid == "checkpoint-190" and "checkpoint-190" in kept
+
+
+def test_best_model_checkpoint_is_protected(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    state = root / "checkpoint-200" / "trainer_state.json"
+    data = json.loads(state.read_text())
+    data["best_model_checkpoint"] = "hf-run/checkpoint-70"
+    state.write_text(json.dumps(data))
+    report = prune(root, keep_last=1)
+    assert "checkpoint-70" in _names(report.keep) and report.best_checkpoint == "checkpoint-70"
+
+
+def test_policy_yaml_from_the_plan(hf_run, copy_of, tmp_path):
+    root = copy_of(hf_run.output_dir, "run")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("checkpoint_policy:\n  frequency: every_10_steps\n  keep_last: 4\n"
+                      "  keep_milestone: [40, 80, ...]\n  save_optimizer: true\n"
+                      "  save_formats:\n    - full_state_dict\n    - safetensors\n"
+                      "  validate_on_save: true\n  async_save: true\n"
+                      "  emergency_save_on:\n    - loss_spike_detected\n")
+    p = load_policy(policy)
+    assert p.keep_last == 4 and p.keep_milestone[:3] == [40, 80, 160]
+    report = prune(root, policy=str(policy))
+    kept = set(_names(report.keep))
+    assert {"checkpoint-40", "checkpoint-80", "checkpoint-160", "checkpoint-200", "checkpoint-170"} <= kept
+    assert len(kept) == 7
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("checkpoint_policy:\n  keep_last: 0\n", "keep_last"),
+    ("checkpoint_policy:\n  keep_last: 3\n  colour: red\n", "colour"),
+    ("checkpoint_policy:\n  frequency: hourly\n  keep_last: 3\n", "frequency"),
+    ("checkpoint_policy: [1, 2\n", "not valid YAML"),
+    ("- 1\n- 2\n", "expected a mapping"),
+    ("!!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
+])
+def test_bad_policy_exits_2(text, expect, hf_run, copy_of, tmp_path, capsys):
+    root = copy_of(hf_run.output_dir, "run")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(text)
+    assert main(["prune", str(root), "--policy", str(policy)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and expect in err
+
+
+def test_refuses_dangerous_roots(tmp_path, hf_run, capsys):
+    for root in ("/", os.path.expanduser("~"), str(tmp_path / "missing")):
+        assert main(["prune", root, "--keep-last", "2"]) == 2
+        assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["prune", str(f), "--keep-last", "2"]) == 2
+    assert main(["prune", str(hf_run.output_dir / "checkpoint-10"), "--keep-last", "2"]) == 2
+    assert main(["prune", str(tmp_path), "--keep-last", "0"]) == 2
+    assert main(["prune", str(tmp_path)]) == 2
+    assert main(["prune", str(tmp_path), "--keep-last", "2", "--milestones", "ten"]) == 2
+
+
+def test_symlinks_and_unrecognised_entries_untouched(hf_run, tmp_path):
+    outside = tmp_path / "outside"
+    shutil.copytree(hf_run.output_dir / "checkpoint-10", outside / "checkpoint-5")
+    root = tmp_path / "run"
+    for step in (20, 30, 40, 50):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / f"checkpoint-{step}")
+    (root / "checkpoint-5").symlink_to(outside / "checkpoint-5")
+    (root / "data-link").symlink_to(outside)
+    (root / "README.txt").write_text("keep me")
+    report = prune(root, keep_last=1, apply=True)
+    assert _names(report.delete) == ["checkpoint-20", "checkpoint-30", "checkpoint-40"]
+    assert (outside / "checkpoint-5" / "model.safetensors").exists()
+    assert (root / "checkpoint-5").is_symlink() and (root / "data-link").is_symlink()
+    assert (root / "README.txt").read_text() == "keep me"
+
+
+def test_leftovers_of_an_interrupted_prune_are_ignored_then_finished(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    os.rename(root / "checkpoint-10", root / ".deleting-checkpoint-10")
+    assert all(".deleting-" not in c.path for c in validate_paths([str(root)]).checkpoints)
+    report = prune(root, keep_last=30)
+    assert report.leftovers == [".deleting-checkpoint-10"] and not report.delete
+    prune(root, keep_last=30, apply=True)
+    assert not (root / ".deleting-checkpoint-10").exists()
+
+
+def _snapshot(folder: Path) -> str:
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in sorted(os.walk(folder, followlinks=False)):
+        dirnames.sort()
+        for n in sorted(filenames):
+            p = Path(dirpath) / n
+            st = p.lstat()
+            h.update(f"{p.relative_to(folder)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
+    """SIGKILL `prune --apply` at 20+ random points: the newest valid checkpoint still
+    validates, no recognised checkpoint is half-deleted, and nothing outside ROOT changes."""
+    template = tmp_path / "template"
+    shutil.copytree(hf_run.output_dir, template / "run")
+    outside = template / "outside"
+    shutil.copytree(hf_run.output_dir / "checkpoint-10", outside / "checkpoint-1")
+    (outside / "precious.txt").write_text("do not touch")
+    (template / "run" / "checkpoint-1").symlink_to(Path("..") / "outside" / "checkpoint-1")
+    (template / "run" / "outside-link").symlink_to(Path("..") / "outside")
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    newest = f"checkpoint-{max(hf_run.checkpoint_steps)}"
+
+    def fresh(i: int) -> Path:
+        work = tmp_path / f"w{i}"
+        shutil.copytree(template, work, symlinks=True)
+        return work
+
+    def cmd(work: Path):
+        return [sys.executable, "-m", "checkpoint_strategy", "prune", str(work / "run"), "--keep-last", "2",
+                "--apply", "--format", "json"]
+
+    work = fresh(0)
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
+    full_time = time.perf_counter() - t0
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 2
+    outside_before = _snapshot(template / "outside")
+
+    rng = random.Random(1234)
+    kills = 0
+    for i in range(1, 29):
+        work = fresh(i)
+        proc = subprocess.Popen(cmd(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        time.sleep(rng.uniform(0.0, full_time))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait(timeout=60)
+        report = validate_paths([str(work / "run")], progress=False)
+        statuses = {os.path.basename(c.path): c.status for c in report.checkpoints}
+        assert statuses[newest] == "valid"
+        assert set(statuses.values()) == {"valid"}, statuses   # nothing half-deleted looks like a checkpoint
+        assert _snapshot(work / "outside") == outside_before
+        # a later run finishes the job from whatever state the kill left
+        after = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
+        assert after.returncode == 0, after.stderr
+        left = sorted(n for n in os.listdir(work / "run"))
+        assert left == sorted(["checkpoint-1", "outside-link", newest,
+                               f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
+        shutil.rmtree(work)
+    assert kills >= 20  # at least 20 runs were really killed mid-way
