@@ -93,8 +93,8 @@ class TradeoffPoint(_Strict):
     expected_lost_hours: float = Field(description="compute hours x expected_overhead_fraction")
     rollback_horizon_steps: int
     rollback_horizon_hours: float
-    spike_window_rescue_probability: Optional[float] = Field(
-        description="per spike: the rolling window holds a checkpoint from before onset - margin")
+    spike_window_rescue_probability: float = Field(
+        description="per spike: the rolling window holds a checkpoint from before onset - margin when acted on")
     spike_run_rescue_probability: Optional[float] = Field(
         description="per run: every spike at --spike-rate is rescued from the rolling window")
     pareto: bool
@@ -116,6 +116,7 @@ class TradeoffsReport(_Strict):
     keep_last_values: list[int]
     pareto_objectives: list[str]
     pareto_count: int
+    recommended_on_front: bool
     points: list[TradeoffPoint]
     plot: Optional[str] = Field(description="file the plot was written to")
     plan_warnings: list[str]

@@ -1,0 +1,167 @@
+"""The storage-vs-safety sweep behind `tradeoffs`: the planner's analytic model over a grid of
+frequencies x keep_last values, with the Pareto front and the planner's recommendation marked.
+
+Each point is the planner itself run with that frequency and keep_last (so storage, data loss and
+overhead are exactly what `plan --frequency F --keep-last K` reports). Added per point:
+- expected_lost_hours = compute hours x Daly's expected overhead fraction (saves, rework, restarts);
+- rollback_horizon_hours = keep_last x frequency x step seconds: how far back the rolling window reaches;
+- spike_window_rescue_probability: the probability that the rolling window still holds a checkpoint
+  from at least `margin` steps before a spike's onset when the spike is acted on `wait` steps after
+  it (the planner's spike horizon, 100 + 100 steps by default); with --spike-rate also the
+  probability that every spike of the run is rescued from the window.
+
+Pareto front: a point is on it when no other point is at least as good on every objective and
+better on one. Objectives: peak storage (lower; left out when the model size is unknown), expected
+lost hours (lower), max data loss per failure (lower) and the spike-rescue probability of the
+rolling window (higher). Storage buys rollback reach (keep_last); frequency trades save overhead
+against rework, so the front runs from the Daly optimum towards more frequent saves, each with the
+smallest window that reaches its level of spike safety. Budget and --max-loss-hours are shown, not
+imposed: the front is the whole tradeoff space.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from checkpoint_strategy.errors import UsageError
+
+DEFAULT_POINTS = 30
+DEFAULT_KEEP_LAST = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50)
+MAX_SWEEP_POINTS = 20000
+
+
+def _round_sig(x: float, sig: int = 2) -> int:
+    if x < 10:
+        return max(1, int(round(x)))
+    digits = int(math.floor(math.log10(x))) + 1 - sig
+    return int(round(x / 10**digits) * 10**digits)
+
+
+def default_frequencies(recommended: int, optimal_steps: float, total_steps: int,
+                        n: int = DEFAULT_POINTS) -> list[int]:
+    """n frequencies log-spaced over a decade either side of the recommendation and the optimum,
+    rounded to two significant figures, within 1..total_steps, the recommendation included."""
+    opt = optimal_steps if math.isfinite(optimal_steps) and optimal_steps > 0 else recommended
+    lo = max(1.0, min(recommended, opt) / 10.0)
+    hi = min(float(total_steps), max(recommended, opt) * 10.0)
+    values = {recommended}
+    if hi > lo:
+        ratio = (hi / lo) ** (1.0 / (n - 1))
+        for i in range(n):
+            v = _round_sig(lo * ratio**i)
+            if 1 <= v <= total_steps:
+                values.add(v)
+    return sorted(values)
+
+
+def default_keep_lasts(recommended: int) -> list[int]:
+    return sorted(set(DEFAULT_KEEP_LAST) | {recommended})
+
+
+def spike_window_rescue_probability(frequency: int, keep_last: int, wait: int, margin: int) -> float:
+    """P(the rolling window of keep_last checkpoints, every `frequency` steps, still holds one from at
+    most onset - margin when a spike is acted on at onset + wait), onset uniform over the run.
+
+    With H = wait + margin = (a + r) f (a whole, 0 <= r < 1), the window must reach back a + 1
+    saves with probability r and a saves otherwise: P = 1 if keep_last - 1 >= a + 1, 1 - r if
+    keep_last - 1 == a, else 0. Saves still in flight (async) only help, so this is a lower bound.
+    """
+    horizon = wait + margin
+    a, rem = divmod(horizon, frequency)
+    r = rem / frequency
+    if keep_last - 1 >= a + 1:
+        return 1.0
+    if keep_last - 1 == a:
+        return 1.0 - r
+    return 0.0
+
+
+def pareto_front(objectives: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[bool]:
+    """True for each row that no other row dominates (at least as good everywhere, better somewhere)."""
+    import numpy as np
+
+    if len(objectives) == 0:
+        return []
+    x = np.asarray(objectives, dtype=float)
+    sign = np.where(np.asarray(maximize, dtype=bool), -1.0, 1.0)
+    x = x * sign  # now every objective is minimised
+    le = (x[:, None, :] <= x[None, :, :]).all(axis=2)  # le[i, j]: i at least as good as j everywhere
+    lt = (x[:, None, :] < x[None, :, :]).any(axis=2)
+    dominated = (le & lt).any(axis=0)
+    return [not bool(d) for d in dominated]
+
+
+def _r(x: float, nd: int = 6) -> float:
+    return float(round(float(x), nd))
+
+
+def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Optional[Sequence[int]] = None,
+              spike_rate: Optional[float] = None, wait: int = 100, margin: int = 100,
+              plot: Optional[str] = None):
+    """The sweep for PlanArguments `pargs`; returns a TradeoffsReport."""
+    from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
+    from checkpoint_strategy.simulation.options import plan_or_usage
+
+    base = plan_or_usage(pargs)
+    rec_f, rec_k = base.frequency_steps, base.keep_last
+    if frequencies:
+        too_far = [f for f in frequencies if f > pargs.total_steps]
+        if too_far:
+            raise UsageError(f"argument --sweep-frequencies: {too_far[0]} is beyond TOTAL_STEPS {pargs.total_steps}; "
+                             "expected frequencies from 1 to TOTAL_STEPS")
+        freqs = sorted(set(frequencies) | {rec_f})
+    else:
+        freqs = default_frequencies(rec_f, base.optimal_interval_steps, pargs.total_steps)
+    keeps = sorted(set(keep_lasts) | {rec_k}) if keep_lasts else default_keep_lasts(rec_k)
+    if len(freqs) * len(keeps) > MAX_SWEEP_POINTS:
+        raise UsageError(f"{len(freqs)} frequencies x {len(keeps)} keep_last values is more than "
+                         f"{MAX_SWEEP_POINTS} points; give shorter --sweep-frequencies / --sweep-keep-last lists")
+    spikes_on = spike_rate is not None and spike_rate > 0
+    compute_h = pargs.total_steps * pargs.step_seconds / 3600.0
+    rows = []
+    for f in freqs:
+        for k in keeps:
+            rep = plan_or_usage(pargs.model_copy(update={"frequency": f, "keep_last": k}))
+            horizon_h = rep.rollback_horizon_steps * pargs.step_seconds / 3600.0
+            p_win = spike_window_rescue_probability(f, k, wait, margin)
+            p_run = None
+            if spikes_on:
+                lam = spike_rate * pargs.total_steps / 1000.0
+                p_run = math.exp(-lam * (1.0 - p_win))
+            rows.append(dict(
+                frequency_steps=f, keep_last=k, frequency_hours=rep.frequency_hours,
+                peak_storage_gb=rep.total_storage_gb, fits_budget=rep.fits_budget,
+                max_data_loss_hours=rep.max_data_loss_hours,
+                expected_overhead_fraction=rep.expected_overhead_fraction,
+                expected_lost_hours=_r(compute_h * rep.expected_overhead_fraction),
+                rollback_horizon_steps=rep.rollback_horizon_steps, rollback_horizon_hours=_r(horizon_h),
+                spike_window_rescue_probability=_r(p_win),
+                spike_run_rescue_probability=None if p_run is None else _r(p_run),
+                recommended=(f == rec_f and k == rec_k),
+            ))
+    objectives, maximize = [], []
+    storage_known = base.checkpoint_size_gb is not None
+    if storage_known:
+        objectives.append("peak_storage_gb (lower)")
+        maximize.append(False)
+    objectives += ["expected_lost_hours (lower)", "max_data_loss_hours (lower)",
+                   "spike_window_rescue_probability (higher)"]
+    maximize += [False, False, True]
+    matrix = []
+    for row in rows:
+        vec = [row["peak_storage_gb"]] if storage_known else []
+        vec += [row["expected_lost_hours"], row["max_data_loss_hours"], row["spike_window_rescue_probability"]]
+        matrix.append(vec)
+    front = pareto_front(matrix, maximize)
+    points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front)]
+    rec_on_front = any(p.pareto and p.recommended for p in points)
+    return TradeoffsReport(
+        total_steps=pargs.total_steps, step_seconds=pargs.step_seconds, compute_hours=_r(compute_h),
+        storage_budget_gb=pargs.budget_gb, checkpoint_size_gb=base.checkpoint_size_gb,
+        spike_rate_per_1000_steps=spike_rate if spikes_on else None,
+        spike_wait_steps=wait, spike_margin_steps=margin,
+        recommended_frequency_steps=rec_f, recommended_keep_last=rec_k,
+        frequencies=list(freqs), keep_last_values=list(keeps), pareto_objectives=objectives,
+        pareto_count=sum(front), recommended_on_front=rec_on_front, points=points, plot=plot, plan_warnings=list(base.warnings),
+    )
