@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from typing import Optional
 
@@ -219,4 +220,5 @@ def write(state_dir: str, doc: SessionHandoff) -> list[str]:
         block=markdown_block(doc),
         log_record=log_record(doc),
         now=doc.generated_at,
+        scope=os.path.realpath(doc.checkpoints_root) if doc.checkpoints_root else None,
     ))

@@ -3,8 +3,10 @@
 Files:
   checkpoint-strategy.json  ours, replaced whole (atomic write)
   agent-state.json          the sibling's: we set next_step, last_updated and our own entries of
-                            pending_risks (tagged "[checkpoint-strategy] "); every other field and
-                            every other risk is kept as it was, in its order (atomic write)
+                            pending_risks, tagged "[checkpoint-strategy] " (plan only) or
+                            "[checkpoint-strategy ROOT] " (a checkpoint folder): a new handoff
+                            replaces the risks of its own scope only; every other field and every
+                            other risk is kept as it was, in its order (atomic write)
   checkpoint.jsonl          the sibling's log: one line {ts, step, status, detail} appended
   NEXT_ACTION.md            our block between markers under "## Context for Next Session";
                             the rest of the file is kept byte for byte (atomic write)
@@ -37,6 +39,12 @@ CHECKPOINT_LOG = "checkpoint.jsonl"
 NEXT_ACTION = "NEXT_ACTION.md"
 LOCK_FILE = ".checkpoint-strategy.lock"
 RISK_TAG = "[checkpoint-strategy] "
+
+
+def risk_tag(scope: Optional[str] = None) -> str:
+    """The prefix of our pending_risks entries: one scope per checkpoint folder (or the plan)."""
+    scope = " ".join(str(scope).split()).replace("]", ")") if scope else ""
+    return f"[checkpoint-strategy {scope}] " if scope else RISK_TAG
 BEGIN = "<!-- checkpoint-strategy:begin -->"
 END = "<!-- checkpoint-strategy:end -->"
 CONTEXT_HEADING = "Context for Next Session"
@@ -131,7 +139,7 @@ def write_keep_mode(path: Path, text: str, old_mode: Optional[int]) -> None:
 
 
 def merge_agent_state(existing: Optional[str], risks: list[str], next_step: str, now: str,
-                      where: str = AGENT_STATE) -> str:
+                      where: str = AGENT_STATE, scope: Optional[str] = None) -> str:
     """The new agent-state.json text. Unknown fields and other writers' risks are kept in order."""
     if existing is None or not existing.strip():
         data: dict = {"schema_version": 1, "session_id": None, "status": "in_progress", "last_updated": now,
@@ -149,19 +157,12 @@ def merge_agent_state(existing: Optional[str], risks: list[str], next_step: str,
         old = []
     elif not isinstance(old, list):
         old = [old]
-    kept = [r for r in old if not _ours(r)]
-    data["pending_risks"] = kept + [RISK_TAG + r for r in risks]
+    tag = risk_tag(scope)
+    kept = [r for r in old if not (isinstance(r, str) and r.startswith(tag))]
+    data["pending_risks"] = kept + [tag + r for r in risks]
     data["next_step"] = next_step
     data["last_updated"] = now
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
-
-
-def _ours(risk) -> bool:
-    if isinstance(risk, str):
-        return risk.startswith(RISK_TAG)
-    if isinstance(risk, dict):
-        return risk.get("source") == "checkpoint-strategy"
-    return False
 
 
 # --------------------------------------------------------------------------- NEXT_ACTION.md
@@ -241,6 +242,7 @@ class StateWrite:
     block: str
     log_record: dict
     now: str
+    scope: Optional[str] = None
     written: list[str] = field(default_factory=list)
 
 
@@ -254,7 +256,7 @@ def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
                 raise UsageError(f"{name} {paths[name]} is a folder: expected a file")
         # read and check everything first: nothing is written if any input is bad
         state_text = merge_agent_state(_read_existing(paths[AGENT_STATE], AGENT_STATE), w.risks, w.next_step,
-                                       w.now, where=str(paths[AGENT_STATE]))
+                                       w.now, where=str(paths[AGENT_STATE]), scope=w.scope)
         next_text = update_next_action(_read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block,
                                        where=str(paths[NEXT_ACTION]))
         try:
