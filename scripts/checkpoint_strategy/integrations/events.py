@@ -263,7 +263,7 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                                    "emergency_save_on does not include gradient_norm_exceeded",
                             next_command=None)
         return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=False,
-                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)} (gradient_norm_exceeded): save now, "
+                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, trigger gradient_norm_exceeded: save now, "
                                "outside the keep_last rotation, so the state before any loss spike is kept; "
                                "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
                         next_command=None)
@@ -274,7 +274,7 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                         reason=f"loss spike at {_at(ev)}{_size(ev)} has severity info: no action",
                         next_command=None)
     then = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
-            "(loss < spike x 1.1), halve the LR for 500 steps, skip the batch, clip at 0.5"
+            "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5"
             if is_confirmed else
             f"keep training {SPIKE_WAIT_STEPS}-100 steps: most spikes recover on their own; run the recovery "
             "adviser if the loss has not come back")
@@ -284,7 +284,7 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                                f"include loss_spike_detected; {then}",
                         next_command=recover if is_confirmed else None)
     return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=is_confirmed,
-                    reason=f"loss spike at {_at(ev)}{_size(ev)} (loss_spike_detected): save now, outside the "
+                    reason=f"loss spike at {_at(ev)}{_size(ev)}, trigger loss_spike_detected: save now, outside the "
                            f"keep_last rotation, so the pre-rollback state is kept; {then}",
                     next_command=recover if is_confirmed else None)
 
@@ -322,7 +322,8 @@ def decide_all(events: Iterable[Union[StabilityEvent, dict]], policy: PolicyLike
                                  save_at_step=None, reason=nan[0].reason, decisions=decisions, notes=list(notes))
     if saving:
         steps = [d.step for d in saving if d.step is not None]
-        lead = min(saving, key=lambda d: (d.step is None, d.step or 0))
+        confirmed_saves = [d for d in saving if d.confirmed_spike]
+        lead = confirmed_saves[0] if confirmed_saves else min(saving, key=lambda d: (d.step is None, d.step or 0))
         reason = lead.reason
         if len(saving) > 1:
             reason += f" ({len(saving)} events ask for an emergency save; one save is enough)"

@@ -59,6 +59,8 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     """
     explicit = log is not None
     log_path = log if explicit else root
+    if not explicit and valid and os.path.isfile(os.path.join(valid[0].path, "trainer_state.json")):
+        log_path = os.path.join(valid[0].path, "trainer_state.json")  # the newest whole checkpoint's log
     if log_path is None:
         return None, []
     try:
