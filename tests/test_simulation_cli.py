@@ -1,0 +1,150 @@
+"""`simulate` end to end: formats, JSON keys and schema, determinism, bad input, fuzzing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.cli import main
+from checkpoint_strategy.resources import load_schema
+
+SEED = ["simulate", "100000", "2.5", "500", "--model_size_gb", "4"]
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_json_keys_schema_and_analytic_figure(capsys):
+    rc, out, err = run(SEED + ["--runs", "2000", "--format", "json"], capsys)
+    assert rc == 0 and err == ""
+    data = json.loads(out)
+    for key in ("mean_wall_hours", "analytic_wall_hours", "p95_lost_hours", "mean_failures", "runs", "seed",
+                "p50_wall_hours", "p95_wall_hours", "p99_wall_hours", "p99_lost_hours", "p95_failures",
+                "overhead_fraction", "analytic_overhead_fraction"):
+        assert key in data
+    assert data["runs"] == 2000 and data["seed"] == 0
+    jsonschema.validate(data, load_schema("simulation-report.schema.json"))
+    rc, plan_out, _ = run(["100000", "2.5", "500", "--model_size_gb", "4", "--format", "json"], capsys)
+    assert data["analytic_wall_hours"] == json.loads(plan_out)["expected_wall_hours"]
+    assert data["policy"]["frequency_steps"] == json.loads(plan_out)["frequency_steps"]
+    assert data["spikes"] is None
+
+
+def test_same_seed_same_output_different_seed_differs(capsys):
+    argv = SEED + ["--runs", "3000", "--mtbf-hours", "20", "--spike-rate", "0.05", "--format", "json"]
+    _, a, _ = run(argv + ["--seed", "42"], capsys)
+    _, b, _ = run(argv + ["--seed", "42"], capsys)
+    _, c, _ = run(argv + ["--seed", "43"], capsys)
+    assert a == b
+    assert json.loads(a)["mean_wall_hours"] != json.loads(c)["mean_wall_hours"]
+    assert json.loads(a)["seed"] == 42
+
+
+def test_text_report_has_the_sections(capsys):
+    rc, out, err = run(SEED + ["--runs", "2000", "--spike-rate", "0.02", "--keep-last", "1",
+                               "--corrupt-prob", "0.01"], capsys)
+    assert rc == 0 and err == ""
+    order = ["=== Checkpoint Strategy Simulation ===", "Runs:               2000 (seed 0)", "Wall Time (h)",
+             "Lost (h)            ", "Failures            ", "Simulated vs Analytic:", "Rollbacks:", "Loss Spikes (0.02 per 1000 steps",
+             "Window Missed:", "Only a Milestone:", "Warnings (from the plan):", "keep_last 1 cannot hold", "\nModel:"]
+    pos = [out.index(h) for h in order]
+    assert pos == sorted(pos)
+    assert "the analytic model has failures only" in out
+
+
+def test_markdown_report(capsys):
+    rc, out, _ = run(SEED + ["--runs", "1000", "--spike-rate", "0.01", "--format", "markdown"], capsys)
+    assert rc == 0
+    assert out.startswith("## Checkpoint strategy simulation")
+    assert "| Wall time (h) |" in out and "### Loss spikes" in out
+
+
+def test_simulate_help_lists_its_options(capsys):
+    rc, out, _ = run(["simulate", "--help"], capsys)
+    assert rc == 0
+    for opt in ("--runs", "--seed", "--spike-rate", "--corrupt-prob", "--model_size_gb", "--keep-last"):
+        assert opt in out
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--runs", "0"], "--runs"),
+    (["--runs", "-5"], "--runs"),
+    (["--runs", "2.5"], "--runs"),
+    (["--runs", "abc"], "--runs"),
+    (["--runs", "1e9"], "--runs"),
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "1.5"], "--seed"),
+    (["--seed", "x"], "--seed"),
+    (["--seed", str(2**64)], "--seed"),
+    (["--spike-rate", "-0.1"], "--spike-rate"),
+    (["--spike-rate", "nan"], "--spike-rate"),
+    (["--spike-rate", "inf"], "--spike-rate"),
+    (["--spike-rate", "5000"], "--spike-rate"),
+    (["--spike-rate", "lots"], "--spike-rate"),
+    (["--corrupt-prob", "1"], "--corrupt-prob"),
+    (["--corrupt-prob", "-0.2"], "--corrupt-prob"),
+    (["--spike-wait-steps", "-3"], "--spike-wait-steps"),
+    (["--format", "yaml"], "--format"),
+    (["--frequency", "0"], "--frequency"),
+])
+def test_bad_input_exits_2_with_one_line(extra, needle, capsys):
+    rc, out, err = run(SEED + extra, capsys)
+    assert rc == 2, err
+    assert out == ""
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_degenerate_failure_models_are_bad_input_not_crashes(capsys):
+    # restart far longer than the MTBF: Daly's e^(R/M) overflows
+    rc, _, err = run(SEED + ["--restart-seconds", "1e9", "--mtbf-hours", "1"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "overflows" in err
+    # too many spikes per run to simulate
+    rc, _, err = run(["simulate", "1000000000", "1", "500", "--spike-rate", "100", "--runs", "10"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "spike" in err
+
+
+def test_real_entry_point_bad_runs_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "simulate", "1000", "1", "10", "--runs", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_plan_start_up_does_not_import_numpy():
+    code = ("import sys; from checkpoint_strategy.cli import main; import io, contextlib;"
+            "buf = io.StringIO();\n"
+            "with contextlib.redirect_stdout(buf): main(['1000', '1', '10'])\n"
+            "import checkpoint_strategy.simulation.models, checkpoint_strategy.simulation.cli\n"
+            "import checkpoint_strategy.simulation.tradeoffs_cli\n"
+            "print('numpy' in sys.modules, 'matplotlib' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "False False", proc.stderr
+
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
+_num = st.one_of(st.integers(-10, 10**7).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr), _text)
+_option = st.sampled_from(["--runs", "--seed", "--spike-rate", "--corrupt-prob", "--spike-wait-steps",
+                           "--spike-margin-steps", "--frequency", "--keep-last", "--mtbf-hours", "--restart-seconds",
+                           "--checkpoint-write-seconds", "--model_size_gb", "--milestones", "--format"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.one_of(st.integers(-5, 10**6).map(str), _text), pairs=st.lists(st.tuples(_option, _num), max_size=4))
+def test_fuzz_arguments_never_internal_error(steps, pairs, capsys):
+    argv = ["simulate", steps, "2", "100", "--runs", "50"]
+    for opt, val in pairs:
+        argv += [opt, val]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if rc == 2:
+        assert err.count("\n") == 1 and out == ""
