@@ -94,28 +94,28 @@ def _check_st_header(raw: bytes, data_size: int) -> list[str]:
     if not isinstance(header, dict):
         return ["broken header: JSON header is not an object"]
     spans = []
+    bits = ST_DTYPE_BITS
     for name, info in header.items():
         if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+            if type(info) is not dict or not all(type(v) is str for v in info.values()):
                 return ["broken header: __metadata__ must map strings to strings"]
             continue
-        if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
+        if type(info) is not dict or len(info) != 3:
             return [f"broken header: entry {name!r} is not {{dtype, shape, data_offsets}}"]
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if dtype not in ST_DTYPE_BITS:
+        if type(dtype) is not str or dtype not in bits:
             return [f"broken header: tensor {name!r} has unknown dtype {dtype!r}"]
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                   for d in shape)):
+        if type(shape) is not list:
             return [f"broken header: tensor {name!r} has an invalid shape {shape!r}"]
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-                or not 0 <= offsets[0] <= offsets[1]):
-            return [f"broken header: tensor {name!r} has invalid data_offsets {offsets!r}"]
         numel = 1
         for d in shape:
+            if type(d) is not int or d < 0:
+                return [f"broken header: tensor {name!r} has an invalid shape {shape!r}"]
             numel *= d
-        nbits = numel * ST_DTYPE_BITS[dtype]
-        expected = (nbits + 7) // 8
+        if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
+                or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
+            return [f"broken header: tensor {name!r} has invalid data_offsets {offsets!r}"]
+        expected = (numel * bits[dtype] + 7) // 8
         if offsets[1] - offsets[0] != expected:
             return [f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
                     f"data_offsets span {offsets[1] - offsets[0]}"]

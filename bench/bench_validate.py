@@ -1,0 +1,209 @@
+"""Benchmark `validate` (run: python bench/bench_validate.py [--small]).
+
+1. quick validation of a tree of 1 000 checkpoints / 100 000 files (HF-Trainer-shaped: 92
+   safetensors shards + index + optimizer/scheduler/rng/args zip archives + JSON), against a
+   baseline in the same run: an os.stat walk of the same tree (the least any check can do).
+2. full validation of a 2 GB torch zip checkpoint (CRC-32 of every entry) against
+   `cat FILE > /dev/null` on a warm cache; ratio of read rates (target >= 0.8).
+3. peak memory of full validation (tracemalloc peak and ru_maxrss) at 0.2 GB and 2 GB: flat.
+Test data lives in a temp folder that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import zipfile
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+from checkpoint_strategy.checkpoints import filechecks as fc  # noqa: E402
+from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths  # noqa: E402
+
+
+def _safetensors(nbytes_each: int = 64) -> bytes:
+    header = {"__metadata__": {"format": "pt"}}
+    for i in range(4):
+        header[f"layer.{i}.weight"] = {"dtype": "F32", "shape": [nbytes_each // 4],
+                                       "data_offsets": [i * nbytes_each, (i + 1) * nbytes_each]}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * (4 * nbytes_each)
+
+
+def _torch_zip(path: Path, entries: dict[str, bytes]) -> None:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        for name, data in entries.items():
+            zf.writestr(f"archive/data/{name}", data)
+        zf.writestr("archive/version", b"3\n")
+
+
+def build_tree(root: Path, n_ckpt: int, shards: int = 92) -> int:
+    st = _safetensors()
+    zips = {}
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
+        tmp = root / f".{name}"
+        _torch_zip(tmp, {str(i): os.urandom(256) for i in range(8)})
+        zips[name] = tmp.read_bytes()
+        tmp.unlink()
+    files = 0
+    for c in range(n_ckpt):
+        d = root / f"checkpoint-{(c + 1) * 10}"
+        d.mkdir()
+        wm = {}
+        for s in range(shards):
+            name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+            (d / name).write_bytes(st)
+            for i in range(4):
+                wm[f"s{s}.layer.{i}.weight"] = name
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+        for name, data in zips.items():
+            (d / name).write_bytes(data)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": (c + 1) * 10, "log_history": []}))
+        (d / "config.json").write_text("{}")
+        (d / "generation_config.json").write_text("{}")
+        files += shards + 1 + len(zips) + 3
+    return files
+
+
+def stat_walk(root: Path) -> int:
+    n = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            os.stat(os.path.join(dirpath, name))
+            n += 1
+    return n
+
+
+def build_big(path: Path, gb: float) -> None:
+    block = os.urandom(64 << 20)
+    entry_bytes = 512 << 20
+    total = int(gb * 1e9)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        i = 0
+        while total > 0:
+            size = min(entry_bytes, total)
+            with zf.open(f"archive/data/{i}", "w", force_zip64=True) as fh:
+                left = size
+                while left > 0:
+                    fh.write(block[: min(len(block), left)])
+                    left -= min(len(block), left)
+            total -= size
+            i += 1
+
+
+def cat_rate(path: Path) -> float:
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run(f"cat '{path}' > /dev/null", shell=True, check=True)
+        best = min(best, time.perf_counter() - t)
+    return path.stat().st_size / best
+
+
+def full_rate(path: Path) -> tuple[float, str]:
+    best = float("inf")
+    for _ in range(2):
+        t = time.perf_counter()
+        r = validate_checkpoint(path, level="full")
+        best = min(best, time.perf_counter() - t)
+        assert r.status == "valid", r.problems
+    return path.stat().st_size / best, r.status
+
+
+def peak_memory(path: Path) -> int:
+    tracemalloc.start()
+    validate_checkpoint(path, level="full")
+    _cur, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
+
+
+def child_rss(path: Path | None) -> float:
+    """Peak RSS (VmHWM, MB; ru_maxrss would carry the parent's size over fork+exec) of a fresh interpreter that validates `path` at full level (None: import only)."""
+    code = ("import sys, resource; sys.path.insert(0, sys.argv[1]);"
+            "from checkpoint_strategy.checkpoints import validate_checkpoint;"
+            "len(sys.argv) > 2 and validate_checkpoint(sys.argv[2], level='full');"
+            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
+    args = [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")]
+    if path is not None:
+        args.append(str(path))
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return int(out.strip()) / 1024
+
+
+def main() -> None:
+    small = "--small" in sys.argv
+    n_ckpt = 100 if small else 1000
+    big_gb = 0.2 if small else 2.0
+    tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
+    try:
+        tree = tmp / "tree"
+        tree.mkdir()
+        t = time.perf_counter()
+        files = build_tree(tree, n_ckpt)
+        print(f"built {n_ckpt} checkpoints / {files} files in {time.perf_counter() - t:.1f} s")
+        stat_walk(tree)  # warm the dentry/inode cache for both measurements
+        t = time.perf_counter()
+        stat_walk(tree)
+        t_stat = time.perf_counter() - t
+        t = time.perf_counter()
+        report = validate_paths([str(tree)], level="quick", progress=False)
+        t_quick = time.perf_counter() - t
+        assert report.summary.valid == n_ckpt, report.summary
+        checked = sum(c.files_checked for c in report.checkpoints)
+        print(f"quick validate: {n_ckpt} checkpoints, {checked} files checked in {t_quick:.2f} s "
+              f"({checked / t_quick:,.0f} files/s; target ~3 s for 100 000 files)")
+        print(f"  baseline os.stat walk: {t_stat:.2f} s; validate/stat ratio {t_quick / t_stat:.1f}x")
+        shutil.rmtree(tree)
+
+        big = tmp / "big.ckpt"
+        build_big(big, big_gb)
+        size_gb = big.stat().st_size / 1e9
+        rc = cat_rate(big)
+        results = {}
+        for impl, fn in (("zlib", zlib.crc32), (fc.CRC32_IMPL, fc._crc32)):
+            saved = fc._crc32
+            fc._crc32 = fn
+            try:
+                results[impl] = full_rate(big)[0]
+            finally:
+                fc._crc32 = saved
+        print(f"full validate of a {size_gb:.2f} GB torch zip checkpoint (warm cache):")
+        print(f"  cat > /dev/null: {rc / 1e9:.2f} GB/s")
+        for impl, rate in results.items():
+            print(f"  validate --level full, CRC-32 via {impl}: {rate / 1e9:.2f} GB/s, ratio {rate / rc:.2f} of cat "
+                  "(target >= 0.8)")
+        t = time.perf_counter()
+        validate_checkpoint(big, manifest="write")
+        t_m = time.perf_counter() - t
+        print(f"  --manifest write (sha256 + CRC pass): {big.stat().st_size / t_m / 1e9:.2f} GB/s")
+        small_file = tmp / "small.ckpt"
+        build_big(small_file, big_gb / 10)
+        p_small = peak_memory(small_file)
+        p_big = peak_memory(big)
+        rss_base = child_rss(None)
+        rss_small, rss_big = child_rss(small_file), child_rss(big)
+        print(f"peak Python memory during full validation: {p_small / 1e6:.1f} MB at {big_gb / 10:.2f} GB, "
+              f"{p_big / 1e6:.1f} MB at {big_gb:.2f} GB (flat)")
+        print(f"peak RSS of a process doing the full validation: {rss_small:.0f} MB at {big_gb / 10:.2f} GB, "
+              f"{rss_big:.0f} MB at {big_gb:.2f} GB (baseline: the same process importing the package only "
+              f"{rss_base:.0f} MB; target < 100 MB)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
