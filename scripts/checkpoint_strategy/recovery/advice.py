@@ -247,29 +247,28 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
     path = resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>"
     lr_lo, lr_hi = resume_step + 1, resume_step + lr_steps
     s0, s1 = skip
-    body = (
-        f'        self.halved = []\n'
-        f'        if {lr_lo} <= step <= {lr_hi}:\n'
-        f'            for opt in optimizers:\n'
-        f'                for group in opt.param_groups:\n'
-        f'                    group["lr"] *= {lr_multiplier!r}\n'
-        f'                    self.halved.append((group, group["lr"]))\n'
+    scale = (
+        f"    def _scale(self, optimizer, factor):\n"
+        f"        if {lr_lo} <= self.step <= {lr_hi}:\n"
+        f"            for group in optimizer.param_groups:\n"
+        f"                group[\"lr\"] *= factor\n"
     )
-    undo = (
-        f'        for group, lr in self.halved:  # undo unless the scheduler already reset it\n'
-        f'            if group["lr"] == lr:\n'
-        f'                group["lr"] = lr / {lr_multiplier!r}\n'
+    hooks = (
+        f"            opt.register_step_pre_hook(lambda o, a, k: self._scale(o, {lr_multiplier!r}))\n"
+        f"            opt.register_step_post_hook(lambda o, a, k: self._scale(o, 1 / {lr_multiplier!r}))\n"
     )
     hf = (
         f"# Hugging Face Trainer: resume from step {resume_step} with the recovery playbook\n"
         f"from transformers import TrainerCallback\n\n"
         f"class SpikeRecovery(TrainerCallback):\n"
-        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}."""\n'
-        f"    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):\n"
-        f"        step, optimizers = state.global_step + 1, [optimizer]\n"
-        + body +
-        f"    def on_step_end(self, args, state, control, **kwargs):\n"
-        + undo +
+        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}, on top of the schedule."""\n'
+        f"    step = 0\n"
+        f"    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):\n"
+        f"        for opt in [getattr(optimizer, 'optimizer', optimizer)]:  # unwrap accelerate's wrapper\n"
+        + hooks +
+        f"    def on_step_begin(self, args, state, control, **kwargs):\n"
+        f"        self.step = state.global_step + 1\n"
+        + scale +
         f"\n"
         f"training_args.max_grad_norm = {grad_clip!r}   # tighter clipping (was 1.0)\n"
         f"# HF Trainer cannot skip a step range: reshuffle instead, so steps {s0}-{s1} see other batches\n"
@@ -282,12 +281,14 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
         f"# PyTorch Lightning: resume from step {resume_step} with the recovery playbook\n"
         f"import pytorch_lightning as pl\n\n"
         f"class SpikeRecovery(pl.Callback):\n"
-        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}."""\n'
+        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}, on top of the schedule."""\n'
+        f"    step = 0\n"
+        f"    def on_train_start(self, trainer, pl_module):\n"
+        f"        for opt in trainer.optimizers:\n"
+        + hooks +
         f"    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):\n"
-        f"        step, optimizers = trainer.global_step + 1, trainer.optimizers\n"
-        + body +
-        f"    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):\n"
-        + undo +
+        f"        self.step = trainer.global_step + 1\n"
+        + scale +
         f"\n"
         f"# In your LightningModule.training_step, skip the batches of steps {s0}-{s1}\n"
         f"# (assumes one batch per optimizer step and a data loader that resumes in place):\n"
@@ -464,7 +465,7 @@ def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]
                               grad_clip=grad_clip, policy_advice=policy, **common)
 
     r = chosen.step
-    skip = [r + 1, max(spike.peak_step, onset + skip_past_onset)]
+    skip = [r + 1, onset + skip_past_onset]
     reasons.append(f"resume from step {r}: the newest checkpoint at or before step {cutoff} (onset {onset} - margin "
                    f"{mg}; checkpoint N holds the weights whose loss is logged at N+1)"
                    + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(level)} (pre-spike level "

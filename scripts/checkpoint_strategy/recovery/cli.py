@@ -33,7 +33,7 @@ def add_arguments(parser) -> None:
     a.add_argument("--lr-steps", dest="lr_reduced_steps", type=int, default=500, help="default 500")
     a.add_argument("--grad-clip", type=float, default=0.5, help="default 0.5")
     a.add_argument("--skip-past-onset", type=int, default=20,
-                   help="skip batches up to onset + N steps (at least to the peak; default 20)")
+                   help="skip batches from the resume step to onset + N (default 20)")
     add_output_options(parser)
 
 
