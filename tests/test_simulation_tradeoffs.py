@@ -1,0 +1,250 @@
+"""`tradeoffs`: the Pareto front by hand, the sweep against the planner, formats, the plot, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.cli import main
+from checkpoint_strategy.planning.options import validate_arguments
+from checkpoint_strategy.planning.planner import plan
+from checkpoint_strategy.resources import load_schema
+from checkpoint_strategy.simulation.sweep import (
+    default_frequencies,
+    pareto_front,
+    spike_window_rescue_probability,
+    tradeoffs,
+)
+
+SEED = ["tradeoffs", "100000", "2.5", "500", "--model_size_gb", "4"]
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_pareto_front_by_hand():
+    # (storage GB, expected lost h) both lower-is-better
+    pts = [
+        (100, 5.0),  # A: front (least storage)
+        (200, 2.0),  # B: front
+        (300, 1.0),  # C: front (least loss)
+        (250, 2.0),  # D: dominated by B (more storage, same loss)
+        (300, 3.0),  # E: dominated by B and C
+        (100, 6.0),  # F: dominated by A (same storage, more loss)
+        (200, 2.0),  # G: equal to B: neither dominates, both stay
+    ]
+    assert pareto_front(pts, [False, False]) == [True, True, True, False, False, False, True]
+
+
+def test_pareto_front_with_a_maximised_objective():
+    # (storage lower, rescue probability higher)
+    pts = [(10, 0.5), (20, 1.0), (30, 1.0), (10, 0.2), (5, 0.0)]
+    assert pareto_front(pts, [False, True]) == [True, True, False, False, True]
+    assert pareto_front([], [False]) == []
+    assert pareto_front([(1, 1)], [False, True]) == [True]
+
+
+@pytest.mark.parametrize("f, k, expected", [
+    (1000, 1, 0.8),     # H = 200 = 0.2 f: one save back reaches it unless a save fell in the 200 steps
+    (1000, 2, 1.0),
+    (100, 2, 0.0),      # H = 2 f exactly: needs 3 in the window
+    (100, 3, 1.0),
+    (150, 2, 2 / 3),    # H = 1.33 f: two in the window suffice unless a second save fell inside
+    (150, 1, 0.0),
+    (200, 2, 1.0),
+    (50, 4, 0.0),
+    (50, 5, 1.0),
+])
+def test_spike_window_rescue_probability_by_hand(f, k, expected):
+    assert spike_window_rescue_probability(f, k, 100, 100) == pytest.approx(expected)
+
+
+def test_every_point_is_the_planner_with_that_frequency_and_keep_last():
+    pargs = validate_arguments({"total_steps": 100000, "step_seconds": 2.5, "budget_gb": 500, "model_size_gb": 4})
+    report = tradeoffs(pargs, spike_rate=0.01)
+    base = plan(pargs)
+    assert report.recommended_frequency_steps == base.frequency_steps
+    assert report.recommended_keep_last == base.keep_last
+    assert sum(p.recommended for p in report.points) == 1
+    assert len(report.keep_last_values) >= 10 and len(report.frequencies) >= 30
+    assert len(report.points) == len(report.frequencies) * len(report.keep_last_values)
+    for p in report.points[::17]:
+        ref = plan(pargs.model_copy(update={"frequency": p.frequency_steps, "keep_last": p.keep_last}))
+        assert p.peak_storage_gb == ref.total_storage_gb
+        assert p.fits_budget == ref.fits_budget
+        assert p.max_data_loss_hours == ref.max_data_loss_hours
+        assert p.expected_overhead_fraction == ref.expected_overhead_fraction
+        assert p.rollback_horizon_steps == ref.rollback_horizon_steps
+        assert p.rollback_horizon_hours == pytest.approx(ref.rollback_horizon_steps * 2.5 / 3600, abs=1e-6)
+    # the front agrees with a brute-force recomputation
+    vecs = [(p.peak_storage_gb, p.expected_lost_hours, p.max_data_loss_hours, -p.spike_window_rescue_probability)
+            for p in report.points]
+    for i, p in enumerate(report.points):
+        dominated = any(all(o <= s for o, s in zip(other, vecs[i])) and other != vecs[i] for other in vecs)
+        assert p.pareto == (not dominated)
+    assert report.pareto_count == sum(p.pareto for p in report.points)
+
+
+def test_small_sweep_front_is_the_expected_points():
+    pargs = validate_arguments({"total_steps": 10000, "step_seconds": 1.0, "budget_gb": 1000, "model_size_gb": 1,
+                                "milestones": "none", "formats": ["full_state_dict"], "mtbf_hours": 10,
+                                "checkpoint_write_seconds": 10})
+    report = tradeoffs(pargs, frequencies=[100, 200, 1000], keep_lasts=[1, 2, 3])
+    by = {(p.frequency_steps, p.keep_last): p for p in report.points}
+    # storage is (keep_last + 1) x 3 GB, whatever the frequency
+    assert by[(100, 1)].peak_storage_gb == 6 and by[(1000, 3)].peak_storage_gb == 12
+    # at 100 steps a spike needs 3 in the window: keep 1 and 2 rescue nothing, so keep 2 is dominated by keep 1
+    assert not by[(100, 2)].pareto and by[(100, 1)].pareto and by[(100, 3)].pareto
+    # at 200 steps keep 2 already rescues every spike: keep 3 only costs storage
+    assert by[(200, 2)].pareto and not by[(200, 3)].pareto
+    assert not by[(1000, 3)].pareto and by[(1000, 2)].pareto
+
+
+def test_default_frequencies_span_the_optimum_and_include_the_recommendation():
+    fs = default_frequencies(1000, 2939.0, 100000)
+    assert 1000 in fs and fs == sorted(set(fs))
+    assert fs[0] <= 100 and fs[-1] >= 29000
+    assert len(fs) >= 30
+    assert default_frequencies(7, 3.0, 10) == sorted(set(default_frequencies(7, 3.0, 10)))
+    assert max(default_frequencies(7, 3.0, 10)) <= 10
+
+
+def test_json_validates_and_text_marks_front_and_recommendation(capsys):
+    rc, out, err = run(SEED + ["--format", "json"], capsys)
+    assert rc == 0 and err == ""
+    data = json.loads(out)
+    jsonschema.validate(data, load_schema("tradeoffs-report.schema.json"))
+    assert data["plot"] is None and data["spike_rate_per_1000_steps"] is None
+    assert all(p["spike_run_rescue_probability"] is None for p in data["points"])
+    rc, text, _ = run(SEED, capsys)
+    assert rc == 0
+    assert "=== Checkpoint Storage vs Safety Tradeoffs ===" in text
+    rows = [line for line in text.splitlines() if line[:2] in ("P ", " R", "PR")]
+    assert len(rows) == data["pareto_count"] + (0 if data["recommended_on_front"] else 1)
+    assert any(line[:2] in (" R", "PR") and " 1000 " in line for line in rows)
+    rc, every, _ = run(SEED + ["--all"], capsys)
+    assert sum(1 for line in every.splitlines() if line[:2] in ("P ", " R", "PR", "  ")
+               and line[2:8].strip().isdigit()) == len(data["points"])
+
+
+def test_spikes_add_the_run_rescue_column(capsys):
+    rc, out, _ = run(SEED + ["--spike-rate", "0.05", "--format", "json"], capsys)
+    data = json.loads(out)
+    assert data["spike_rate_per_1000_steps"] == 0.05
+    p = next(p for p in data["points"] if p["keep_last"] == 1 and p["frequency_steps"] == 1000)
+    assert p["spike_window_rescue_probability"] == pytest.approx(0.8)
+    assert p["spike_run_rescue_probability"] == pytest.approx(math.exp(-5 * 0.2), abs=1e-6)
+    rc, md, _ = run(SEED + ["--spike-rate", "0.05", "--format", "markdown"], capsys)
+    assert rc == 0 and md.startswith("## Checkpoint storage vs safety tradeoffs") and "| run safe |" in md
+
+
+@pytest.mark.parametrize("suffix", ["png", "svg"])
+def test_plot_is_a_valid_file_of_sensible_size(suffix, tmp_path, capsys):
+    target = tmp_path / f"tradeoffs.{suffix}"
+    rc, out, err = run(SEED + ["--spike-rate", "0.01", "--plot", str(target)], capsys)
+    assert rc == 0, err
+    data = target.read_bytes()
+    assert 10_000 < len(data) < 3_000_000
+    if suffix == "png":
+        assert data.startswith(PNG_SIGNATURE)
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert 600 <= width <= 3000 and 400 <= height <= 2000
+    else:
+        root = ET.fromstring(data)
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+        assert b"recommended" in data  # the label is drawn as text
+    assert f"Plot:               {target}" in out
+
+
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    target = tmp_path / "t.png"
+    rc, out, err = run(SEED + ["--plot", str(target)], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert "pip install 'checkpoint-strategy[plot]'" in err
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda d: d / "t.pdf", ".png or .svg"),
+    (lambda d: d / "t", ".png or .svg"),
+    (lambda d: d / "missing" / "t.png", "does not exist"),
+    (lambda d: d / "folder.png", "is a folder"),
+])
+def test_bad_plot_paths_exit_2(make, needle, tmp_path, capsys):
+    (tmp_path / "folder.png").mkdir()
+    rc, out, err = run(SEED + ["--plot", str(make(tmp_path))], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only folders")
+def test_unwritable_plot_folder_exits_2(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        rc, _, err = run(SEED + ["--plot", str(ro / "t.png")], capsys)
+    finally:
+        ro.chmod(0o700)
+    assert rc == 2 and err.count("\n") == 1
+
+
+def test_unwritable_plot_path_exits_2_even_for_root(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rc, out, err = run(SEED + ["--plot", str(blocker / "t.png")], capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and "--plot" in err
+
+
+def test_plot_needs_the_model_size(tmp_path, capsys):
+    rc, _, err = run(["tradeoffs", "100000", "2.5", "500", "--plot", str(tmp_path / "t.png")], capsys)
+    assert rc == 2 and "--model_size_gb" in err and err.count("\n") == 1
+    rc, out, _ = run(["tradeoffs", "100000", "2.5", "500"], capsys)  # the table works without it
+    assert rc == 0 and "unknown" in out
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--sweep-frequencies", "0,100"], "--sweep-frequencies"),
+    (["--sweep-frequencies", "abc"], "--sweep-frequencies"),
+    (["--sweep-frequencies", "200000"], "--sweep-frequencies"),
+    (["--sweep-keep-last", "1,nan"], "--sweep-keep-last"),
+    (["--sweep-keep-last", ""], "--sweep-keep-last"),
+    (["--spike-rate", "-1"], "--spike-rate"),
+    (["--format", "yaml"], "--format"),
+])
+def test_bad_sweep_input_exits_2(extra, needle, capsys):
+    rc, out, err = run(SEED + extra, capsys)
+    assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err
+
+
+_val = st.one_of(st.integers(-3, 10**6).map(str), st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                 st.text(max_size=10).filter(lambda s: "\x00" not in s),
+                 st.lists(st.integers(-2, 10**5), min_size=1, max_size=4).map(lambda xs: ",".join(map(str, xs))))
+_opt = st.sampled_from(["--sweep-frequencies", "--sweep-keep-last", "--spike-rate", "--frequency", "--keep-last",
+                        "--mtbf-hours", "--model_size_gb", "--format", "--spike-margin-steps"])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pairs=st.lists(st.tuples(_opt, _val), max_size=3))
+def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
+    argv = ["tradeoffs", "20000", "1.5", "300", "--model_size_gb", "1"]
+    for opt, val in pairs:
+        argv += [opt, val]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if rc == 2:
+        assert err.count("\n") == 1 and out == ""
