@@ -313,7 +313,7 @@ def test_state_folder_that_is_a_file_or_unwritable(tmp_path, capsys):
     assert "is a file" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(f))
     assert f.read_text() == "I am a file"
     assert "a parent of it is a file" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(f / "x"))
-    for unwritable in ("/proc/checkpoint-strategy-test", "/sys/kernel"):
+    for unwritable in ("/proc/checkpoint-strategy-test", "/proc/self"):
         one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", unwritable)
     state = seeded_state(tmp_path)
     (state / "NEXT_ACTION.md").unlink()
