@@ -348,3 +348,54 @@ def test_bad_plan_file(tmp_path, capsys, content, message):
     p.write_text(content)
     assert message in one_line_exit_2(capsys, "handoff", "--plan-file", str(p), "--state-dir", str(tmp_path / "s"))
     assert not (tmp_path / "s").exists()
+
+
+# ----------------------------------------------------------------------------- fuzzing
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                  max_size=3), max_leaves=10)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(state=st.dictionaries(st.text(max_size=12), _json, max_size=6), next_action=st.text(max_size=200),
+       raw=st.one_of(st.none(), st.text(max_size=40)))
+def test_fuzz_state_folder_contents(tmp_path_factory, capsys, state, next_action, raw):
+    folder = tmp_path_factory.mktemp("fuzz")
+    text = json.dumps(state) if raw is None else raw
+    (folder / "agent-state.json").write_text(text)
+    (folder / "NEXT_ACTION.md").write_text(next_action)
+    before = snapshot(folder)
+    rc = main(["handoff", "1000", "1", "10", "--state-dir", str(folder)])
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if rc == 2:
+        assert len(err.strip().splitlines()) == 1
+        assert {k: v for k, v in snapshot(folder).items() if k != ".checkpoint-strategy.lock"} == before
+        return
+    data = json.loads((folder / "agent-state.json").read_text())
+    original = json.loads(text) if text.strip() else {}
+    for key, value in original.items():
+        if key not in ("next_step", "last_updated", "pending_risks"):
+            assert data[key] == value
+    theirs = original.get("pending_risks")
+    theirs = [] if theirs is None else theirs if isinstance(theirs, list) else [theirs]
+    assert data["pending_risks"][: len(theirs)] == theirs
+    assert (folder / "NEXT_ACTION.md").read_text().count(statefolder.BEGIN) == 1
+
+
+def test_crlf_next_action_is_kept_byte_for_byte(tmp_path, capsys):
+    state = tmp_path / "s"
+    state.mkdir()
+    original = NEXT_ACTION.replace("\n", "\r\n").encode()
+    (state / "NEXT_ACTION.md").write_bytes(original)
+    assert main(["handoff", *PLAN, "--state-dir", str(state)]) == 0
+    capsys.readouterr()
+    new = (state / "NEXT_ACTION.md").read_bytes()
+    begin, end = new.index(statefolder.BEGIN.encode()), new.index(statefolder.END.encode())
+    head, tail = new[:begin], new[end + len(statefolder.END) + 1:]
+    a, b = original.split(b"## If Interrupted")
+    assert head == a and tail == b"\n## If Interrupted" + b

@@ -108,7 +108,8 @@ def _read_existing(path: Path, what: str) -> Optional[str]:
     if path.is_dir():
         raise UsageError(f"{what} {path} is a folder: expected a file")
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8", newline="") as fh:  # no newline translation: CRLF stays CRLF
+            return fh.read()
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text; fix or move it") from None
     except OSError as exc:
@@ -196,7 +197,7 @@ def update_next_action(existing: Optional[str], block: str, where: str = NEXT_AC
             before = "".join(lines[:end])
             if not before.endswith("\n"):
                 before += "\n"
-            if not before.endswith("\n\n"):
+            if not before.endswith(("\n\n", "\n\r\n")):
                 before += "\n"
             after = "".join(lines[end:])
             return before + block + ("\n" + after if after else "")
