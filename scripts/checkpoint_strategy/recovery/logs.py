@@ -453,7 +453,7 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
     down[1:] = isteps[1:] < isteps[:-1]
     twice = down[1:] & down[:-1]
     if twice.any():
-        k = int(np.flatnonzero(twice)[0]) + 1
+        k = int(np.flatnonzero(twice)[0])
         raise UsageError(f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
                          f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)")
     seg = np.cumsum(new_seg)

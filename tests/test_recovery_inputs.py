@@ -1,0 +1,232 @@
+"""Log readers, checkpoint-name parsing, verify-resume, and bad input (exit 2, one stderr line)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from checkpoint_strategy.cli import main
+from checkpoint_strategy.recovery import ckptsteps
+from checkpoint_strategy.recovery.logs import read_log
+from checkpoint_strategy.resources import load_schema, schema_path
+from checkpoint_strategy.schemagen import render
+
+
+def curve(n=600, onset=400, mag=5.0, seed=0):
+    rng = np.random.default_rng(seed)
+    y = 2.0 * (1 + 0.02 * rng.standard_normal(n))
+    if onset is not None:
+        y[onset:] *= mag
+    return [float(v) for v in y]
+
+
+def run(capsys, *args):
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_usage_error(capsys, *args, match=""):
+    rc, out, err = run(capsys, *args)
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert match.lower() in lines[0].lower(), lines[0]
+    return lines[0]
+
+
+def test_csv_with_custom_columns(tmp_path, capsys):
+    p = tmp_path / "log.csv"
+    rows = ["iteration,train_nll,gnorm"] + [f"{i + 1},{v},{1.0}" for i, v in enumerate(curve())]
+    p.write_text("\n".join(rows) + "\n")
+    rc, out, _ = run(capsys, "recover", str(p), "--step-column", "iteration", "--loss-column", "train_nll",
+                     "--checkpoints", "100,200,300,400,500", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 300
+    assert rep["log"]["format"] == "csv" and rep["log"]["loss_key"] == "train_nll"
+
+
+def test_wandb_panel_export(tmp_path, capsys):
+    """W&B's panel CSV: 'Step', '<run> - <metric>' plus __MIN/__MAX, empty cells where not logged."""
+    p = tmp_path / "wandb_export.csv"
+    head = '"Step","brisk-pond-1 - train/loss","brisk-pond-1 - train/loss__MIN","brisk-pond-1 - train/loss__MAX"'
+    rows = [head]
+    for i, v in enumerate(curve()):
+        rows.append(f"{i + 1},{v},{v},{v}")
+        if i % 50 == 0:
+            rows.append(f"{i + 1},,,")  # a step the run did not log
+    p.write_text("\n".join(rows) + "\n")
+    rc, out, _ = run(capsys, "recover", str(p), "--checkpoints", "300,350", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["log"]["step_key"] == "Step" and rep["log"]["loss_key"] == "train/loss"
+    assert rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 350
+
+
+def test_wandb_export_with_two_runs_needs_run(tmp_path, capsys):
+    p = tmp_path / "two.csv"
+    rows = ['Step,a-1 - train/loss,a-1 - train/loss__MIN,b-2 - train/loss']
+    rows += [f"{i},{v},{v},{v}" for i, v in enumerate(curve(onset=None))]
+    p.write_text("\n".join(rows) + "\n")
+    assert_usage_error(capsys, "recover", str(p), match="--run")
+    rc, out, _ = run(capsys, "recover", str(p), "--run", "b-2", "--format", "json")
+    assert rc == 0 and json.loads(out)["status"] == "no_spike"
+
+
+def test_jsonl_with_restart(tmp_path, capsys):
+    y = curve(onset=None)
+    lines = [json.dumps({"step": i + 1, "loss": y[i], "lr": 1e-3}) for i in range(300)]
+    lines += [json.dumps({"step": i + 1, "loss": y[i] * (6 if i >= 500 else 1), "lr": 1e-3}) for i in range(250, 600)]
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n\n")
+    rc, out, _ = run(capsys, "recover", str(p), "--checkpoints", "100,200,250,450", "--format", "json")
+    rep = json.loads(out)
+    assert rep["restarts"] == [{"step": 251, "previous_step": 300, "repeated_steps": 50, "entry": 300}]
+    assert rep["spike"]["onset_step"] == 501 and rep["resume_checkpoint"]["step"] == 450
+
+
+def test_json_list_of_records(tmp_path):
+    p = tmp_path / "log.json"
+    p.write_text(json.dumps([{"global_step": i, "train/loss": v} for i, v in enumerate(curve())]))
+    s = read_log(p)
+    assert s.format == "json" and s.step_key == "global_step" and len(s.steps) == 600
+
+
+def test_tensorboard_events(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    w = SummaryWriter(str(tmp_path / "tb"))
+    for i, v in enumerate(curve()):
+        w.add_scalar("train/loss", v, i + 1)
+        w.add_scalar("train/grad_norm", 1.0, i + 1)
+    w.close()
+    rc, out, _ = run(capsys, "recover", str(tmp_path / "tb"), "--checkpoints", "390", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["log"]["format"] == "tensorboard" and rep["log"]["grad_norm_key"] == "train/grad_norm"
+    assert rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 390
+    assert_usage_error(capsys, "recover", str(tmp_path / "tb"), "--tag", "nope", match="no loss column 'nope'")
+
+
+def test_tensorboard_missing_is_a_clear_exit_2(tmp_path, capsys, monkeypatch):
+    (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
+    monkeypatch.setitem(sys.modules, "tensorboard.backend.event_processing.event_accumulator", None)
+    assert_usage_error(capsys, "recover", str(tmp_path), match="pip install 'checkpoint-strategy[tensorboard]'")
+
+
+@pytest.mark.parametrize("name,is_dir,step", [
+    ("checkpoint-500", True, 500), ("step-500", True, 500), ("step_500", True, 500), ("iter_0000500", True, 500),
+    ("global_step500", True, 500), ("epoch=3-step=500.ckpt", False, 500), ("epoch=0-step=10-v1.ckpt", False, 10),
+    ("500", True, 500), ("500", False, None), ("500.orbax-checkpoint-tmp-17", True, None),
+    ("tmp-checkpoint-500", True, None), ("latest", True, None), ("last.ckpt", False, None)])
+def test_checkpoint_names(name, is_dir, step):
+    assert ckptsteps.parse_step(name, is_dir) == step
+
+
+def test_real_lightning_checkpoints(lightning_run):
+    source, root, found = ckptsteps.parse_spec(str(lightning_run.ckpt_dir))
+    assert source == "folder" and [s for s, _ in found] == [10, 20, 30]
+
+
+def test_verify_resume_flags_jump_drop_and_lr(tmp_path, capsys):
+    y = curve(onset=None)
+
+    def log(post_factor, lr_after):
+        lines = [{"step": i + 1, "loss": y[i], "learning_rate": 1e-3 - i * 1e-6} for i in range(300)]
+        lines += [{"step": i + 1, "loss": y[i] * post_factor, "learning_rate": lr_after(i)} for i in range(200, 260)]
+        p = tmp_path / f"r{post_factor}.jsonl"
+        p.write_text("\n".join(json.dumps(r) for r in lines))
+        return str(p)
+
+    ok = log(1.0, lambda i: 1e-3 - i * 1e-6)
+    rc, out, _ = run(capsys, "verify-resume", ok, "--resume-step", "200", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 0 and rep["verdict"] == "ok" and rep["restart_found"] and rep["lr_discontinuity"] is False
+    rc, out, _ = run(capsys, "verify-resume", log(1.4, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200",
+                     "--format", "json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["jump"] and not rep["drop"]
+    rc, out, _ = run(capsys, "verify-resume", log(0.7, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200")
+    assert rc == 1 and "DROP" in out and "optimizer reset" in out
+    rc, out, _ = run(capsys, "verify-resume", log(1.0, lambda i: 0.0), "--resume-step", "200", "--format", "json")
+    rep = json.loads(out)
+    assert rc == 1 and rep["lr_discontinuity"] is True
+
+
+def test_schemas_match_models():
+    from checkpoint_strategy.recovery.models import SCHEMAS
+
+    for name, model in SCHEMAS.items():
+        assert schema_path(name).read_text() == render(model), name
+        assert load_schema(name)["title"] == model.__name__
+
+
+BAD = {
+    "empty_log_history": ('{"log_history": []}', "no log entries"),
+    "zero_bytes": ("", "empty"),
+    "whitespace": ("  \n ", "empty"),
+    "truncated_json": ('{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "lo', "not valid json"),
+    "no_loss_key": ('{"log_history": [{"step": 1, "eval_loss": 2.0}]}', "no loss column"),
+    "non_numeric": ('{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": "abc"}]}', "not a number"),
+    "unsorted": ('{"log_history": [' + ",".join(f'{{"step": {s}, "loss": 1.0}}' for s in (5, 4, 3, 2, 1)) + "]}",
+                 "out of order"),
+    "fractional_step": ('[{"step": 1.5, "loss": 1.0}]', "whole number"),
+    "json_scalar": ("3", "neither"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_json_input_exits_2_with_one_line(case, tmp_path, capsys):
+    text, match = BAD[case]
+    p = tmp_path / "trainer_state.json"
+    p.write_text(text)
+    assert_usage_error(capsys, "recover", str(p), match=match)
+    assert_usage_error(capsys, "verify-resume", str(p), "--resume-step", "1", match=match)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("step,loss\n", "no rows"),
+    ("step,acc\n1,0.5\n", "no loss column"),
+    ("step,loss\n1,0.5\n2,abc\n", "not a number"),
+    ("step,loss\n1,\n2,\n", "no values"),
+    ("step,loss\n3,1\n2,1\n1,1\n", "out of order"),
+    ("step,loss\nx,1\n", "not a number"),
+])
+def test_bad_csv_exits_2(text, match, tmp_path, capsys):
+    p = tmp_path / "log.csv"
+    p.write_text(text)
+    assert_usage_error(capsys, "recover", str(p), match=match)
+
+
+def test_bad_paths_and_arguments_exit_2(tmp_path, capsys):
+    (tmp_path / "empty_dir").mkdir()
+    assert_usage_error(capsys, "recover", str(tmp_path / "empty_dir"), match="no training log found")
+    assert_usage_error(capsys, "recover", str(tmp_path / "missing.json"), match="not found")
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00\x01")
+    assert_usage_error(capsys, "recover", str(tmp_path / "bin.json"))
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps({"step": i, "loss": 1.0}) for i in range(50)))
+    assert_usage_error(capsys, "recover", str(good), "--checkpoints", str(tmp_path / "nope"), match="neither")
+    assert_usage_error(capsys, "recover", str(good), "--checkpoints", str(tmp_path / "empty_dir"),
+                       match="no checkpoints found")
+    assert_usage_error(capsys, "recover", str(good), "--window", "2", match="--window")
+    assert_usage_error(capsys, "recover", str(good), "--lr-multiplier", "0", match="--lr-multiplier")
+    assert_usage_error(capsys, "recover", str(good), "--z", "nan", match="--z")
+    assert_usage_error(capsys, "recover", str(good), "--format", "yaml")
+    assert_usage_error(capsys, "verify-resume", str(good))
+    assert_usage_error(capsys, "verify-resume", str(good), "--resume-step", "100", match="no loss logged after")
+    (tmp_path / "bad.jsonl").write_text('{"step": 1, "loss": 1}\n{"step": 2, "loss"\n')
+    assert_usage_error(capsys, "recover", str(tmp_path / "bad.jsonl"), match="line 2")
+
+
+def test_output_file_is_written(tmp_path, capsys):
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(json.dumps({"step": i, "loss": 1.0}) for i in range(50)))
+    rc, out, _ = run(capsys, "recover", str(good), "--format", "json", "-o", str(tmp_path / "r.json"))
+    assert rc == 0 and out == ""
+    rep = json.loads((tmp_path / "r.json").read_text())
+    import jsonschema
+
+    jsonschema.validate(rep, load_schema("recovery-report.schema.json"))
+    assert rep["status"] == "no_spike" and rep["spike"] is None and rep["resume_checkpoint"] is None
