@@ -212,3 +212,17 @@ def test_yaml_template_round_trips_to_the_policy(extra, capsys):
     _, out_yaml, _ = run(SEED + extra + ["--format", "yaml"], capsys)
     _, out_json, _ = run(SEED + extra + ["--format", "json"], capsys)
     assert yaml.safe_load(out_yaml) == {"checkpoint_policy": json.loads(out_json)["policy"]}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mtbf=st.floats(1e-6, 1e9), restart=st.floats(0, 1e9), write=st.floats(0, 1e9), steps=st.integers(1, 10**12),
+       secs=st.floats(1e-6, 1e6))
+def test_fuzz_extreme_failure_models_exit_0_or_2(mtbf, restart, write, steps, secs, capsys):
+    rc = main([str(steps), repr(secs), "100", "--mtbf-hours", repr(mtbf), "--restart-seconds", repr(restart),
+               "--checkpoint-write-seconds", repr(write), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if rc == 0:
+        jsonschema.validate(json.loads(out), load_schema("plan.schema.json"))
+    else:
+        assert len(err.strip().splitlines()) == 1 and "--mtbf-hours" in err

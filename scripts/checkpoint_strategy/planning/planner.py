@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, sizing
 from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
@@ -255,8 +256,16 @@ def plan(args: PlanArguments) -> PlanReport:
 
     # --- risk -------------------------------------------------------------------------
     max_loss_h = (tau + (persist if async_save and persist is not None else 0.0)) / 3600.0
-    overhead = failure.overhead_fraction(tau, C, R, M)
-    wall = total_seconds * (1.0 + overhead)
+    try:
+        overhead = failure.overhead_fraction(tau, C, R, M)
+        wall = total_seconds * (1.0 + overhead)
+        if not math.isfinite(wall) or overhead > 1e6:
+            raise OverflowError
+    except OverflowError:
+        raise UsageError(
+            f"the failure model says this run never finishes: a job MTBF of {mtbf_h:g} h against a restart of "
+            f"{R:g} s and saves costing {C:g} s every {tau:g} s; expected --mtbf-hours well above the restart "
+            "and save times (or fewer --gpus)") from None
     rollback_points = keep_last + storage.milestones_outside_window
 
     policy = CheckpointPolicy(
