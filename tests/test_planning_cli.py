@@ -173,6 +173,9 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
         argv += ["--model_size_gb", repr(size)]
     rc = main(argv)
     out, err = capsys.readouterr()
+    if rc == 2:  # only a failure model whose expected time overflows a float is refused
+        assert "never finishes" in err and len(err.strip().splitlines()) == 1
+        return
     assert rc == 0, err
     data = json.loads(out)
     jsonschema.validate(data, load_schema("plan.schema.json"))

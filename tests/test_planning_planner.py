@@ -165,3 +165,9 @@ def test_safetensors_exports_counted():
     assert p.storage_breakdown.safetensors_exports == 5
     assert p.storage_breakdown.safetensors_exports_gb == pytest.approx(20.0)
     assert p.total_storage_gb == pytest.approx(200.0)
+
+
+def test_short_mtbf_against_slow_saves_warns_about_overhead():
+    p = mk(model_size_gb=1000, gpus=40000, async_save=False)
+    assert p.expected_overhead_fraction > 0.5
+    assert any("compute time" in w for w in p.warnings)

@@ -259,7 +259,7 @@ def plan(args: PlanArguments) -> PlanReport:
     try:
         overhead = failure.overhead_fraction(tau, C, R, M)
         wall = total_seconds * (1.0 + overhead)
-        if not math.isfinite(wall) or overhead > 1e6:
+        if not math.isfinite(wall) or not math.isfinite(failure.expected_failures(wall, M)):
             raise OverflowError
     except OverflowError:
         raise UsageError(
@@ -267,6 +267,10 @@ def plan(args: PlanArguments) -> PlanReport:
             f"{R:g} s and saves costing {C:g} s every {tau:g} s; expected --mtbf-hours well above the restart "
             "and save times (or fewer --gpus)") from None
     rollback_points = keep_last + storage.milestones_outside_window
+    if overhead > 0.5:
+        warnings.append(f"the failure model expects the run to take {1 + overhead:.3g}x its compute time: a job MTBF "
+                        f"of {mtbf_h:.3g} h is short against saves of {C:.3g} s and restarts of {R:.3g} s; use "
+                        "async saves, faster storage, fewer GPUs per job or a cheaper restart")
 
     policy = CheckpointPolicy(
         frequency=f"every_{frequency}_steps",
