@@ -3,10 +3,11 @@ recorded (the checkpoint's own manifest verified, or a sha256 of every file)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Iterable
 
+from checkpoint_strategy.checkpoints.filechecks import Counter
+from checkpoint_strategy.checkpoints.manifest import hash_file
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
 from checkpoint_strategy.integrations.models import FileChecksum, GateCheck, ReleaseGate
@@ -31,16 +32,8 @@ def _files(checkpoint: str) -> dict[str, str]:
 
 
 def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-    return h.hexdigest()
+    """SHA-256 of one file, streamed in chunks (the validator's manifest hash)."""
+    return hash_file(path, Counter(), algorithm="sha256")
 
 
 def checksums(checkpoint: str) -> list[FileChecksum]:

@@ -38,7 +38,8 @@ FIELDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _number(text: str) -> float:
+def finite_number(text: str) -> float:
+    """argparse type: any finite number (underscores allowed), one clear message otherwise."""
     try:
         value = float(str(text).replace("_", ""))
     except ValueError:
@@ -49,21 +50,21 @@ def _number(text: str) -> float:
 
 
 def positive_number(text: str) -> float:
-    value = _number(text)
+    value = finite_number(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
 
 
 def nonneg_number(text: str) -> float:
-    value = _number(text)
+    value = finite_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
 
 
 def whole_number(text: str) -> int:
-    value = _number(text)
+    value = finite_number(text)
     if not value.is_integer():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     if value < 1:

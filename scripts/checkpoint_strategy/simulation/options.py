@@ -6,7 +6,7 @@ import argparse
 import math
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.planning.options import finite_number, plan_arguments
 from checkpoint_strategy.planning.planner import SPIKE_MARGIN_STEPS, SPIKE_WAIT_STEPS
 
 MAX_RUNS = 1_000_000
@@ -16,19 +16,9 @@ MAX_CORRUPT_PROB = 0.5
 MAX_SPIKE_STEPS = 10**12
 
 
-def _number(text: str) -> float:
-    try:
-        value = float(str(text).replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
 def _integer(text: str, lo: int, hi: int, what: str) -> int:
     try:
-        value = _number(text)
+        value = finite_number(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if not value.is_integer() or not lo <= value <= hi:
@@ -53,7 +43,7 @@ def seed_value(text: str) -> int:
 def spike_rate(text: str) -> float:
     expected = f"spikes per 1000 steps, a number from 0 to {MAX_SPIKE_RATE:g}"
     try:
-        value = _number(text)
+        value = finite_number(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if not 0 <= value <= MAX_SPIKE_RATE:
@@ -64,7 +54,7 @@ def spike_rate(text: str) -> float:
 def corrupt_prob(text: str) -> float:
     expected = f"a probability from 0 to {MAX_CORRUPT_PROB:g}"
     try:
-        value = _number(text)
+        value = finite_number(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if not 0 <= value <= MAX_CORRUPT_PROB:
