@@ -36,6 +36,33 @@ def hf_run(tmp_path_factory) -> realruns.HFRun:
 
 
 @pytest.fixture(scope="session")
+def hf_run_self_recovering(tmp_path_factory) -> realruns.HFRun:
+    """The hf_run recipe with a smaller perturbation (spike_scale 1.5) at the end of step 120.
+
+    Measured: the loss jumps from a pre-spike median of about 1.08 to about 4.5 at step 121 (about
+    4x) and is back within 10 % by about step 139; no rollback needed. Checkpoints in
+    output_dir/hf-run-self-recovering/checkpoint-N every 10 steps.
+    """
+    return realruns.build_hf_run(tmp_path_factory.mktemp("hf-selfrec"), spike_scale=1.5,
+                                 name="hf-run-self-recovering")
+
+
+@pytest.fixture(scope="session")
+def hf_resumes(tmp_path_factory) -> realruns.HFResumes:
+    """A spike-free run crashed after step 110, resumed from checkpoint-100 by the real Trainer twice:
+    `normal` (checkpoint as saved) and `no_optimizer` (optimizer.pt deleted: fresh AdamW and fresh
+    LR schedule). Each log (JSON lines, one line per step) holds steps 1-110 then 101-130."""
+    return realruns.build_hf_resumes(tmp_path_factory.mktemp("hf-resumes"))
+
+
+@pytest.fixture(scope="session")
+def hf_run_restarted(tmp_path_factory) -> realruns.HFRestartedRun:
+    """A run that spiked at step 55 (weights blown up), crashed after logging step 60 and was resumed
+    from checkpoint-50 to step 100, both attempts appending to one JSON lines log (51-60 twice)."""
+    return realruns.build_hf_restarted_run(tmp_path_factory.mktemp("hf-restart"))
+
+
+@pytest.fixture(scope="session")
 def lightning_run(tmp_path_factory) -> realruns.LightningRun:
     """Real Lightning ModelCheckpoint files epoch=0-step=10/20/30.ckpt."""
     return realruns.build_lightning_run(tmp_path_factory.mktemp("pl"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -64,29 +65,20 @@ class _TokenDataset:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spike_step: int = 120,
-                 spike_scale: float = 4.0) -> HFRun:
-    """Train a tiny GPT-2 with the real HF Trainer; blow the weights up at `spike_step`."""
+def _tiny_gpt2():
+    """The seeded 2-layer GPT-2 (64-token vocabulary) every HF run here starts from."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import GPT2Config, GPT2LMHeadModel
 
     _seed(0)
     torch.set_num_threads(1)
-    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
-    model = GPT2LMHeadModel(config)
-    dataset = _TokenDataset(4096, 16, 64)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
 
-    class Spike(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step == spike_step:
-                g = torch.Generator().manual_seed(1)
-                with torch.no_grad():
-                    for p in model.parameters():
-                        p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().clamp_min(0.02))
-            return control
 
-    out = root / "hf-run"
-    args = TrainingArguments(
+def _training_args(out: Path, *, max_steps: int, save_steps: int, save_strategy: str = "steps"):
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
         output_dir=str(out),
         max_steps=max_steps,
         per_device_train_batch_size=16,
@@ -94,7 +86,7 @@ def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spik
         warmup_steps=10,
         logging_steps=1,
         save_steps=save_steps,
-        save_strategy="steps",
+        save_strategy=save_strategy,
         report_to=[],
         use_cpu=True,
         dataloader_num_workers=0,
@@ -102,11 +94,172 @@ def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spik
         seed=0,
         max_grad_norm=1.0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[Spike()])
+
+
+def _spike_callback(spike_step: Optional[int], spike_scale: float):
+    """Adds seeded noise (spike_scale x each tensor's std) to every weight at the end of `spike_step`."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Spike(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if spike_step is not None and state.global_step == spike_step:
+                g = torch.Generator().manual_seed(1)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().clamp_min(0.02))
+            return control
+
+    return Spike()
+
+
+class SimulatedCrash(RuntimeError):
+    """Raised by the step logger at `crash_step`: the process "dies" before that step's checkpoint."""
+
+
+def _jsonl_step_log(path: Path, *, crash_step: Optional[int] = None, stop_step: Optional[int] = None):
+    """A TrainerCallback appending {"step", "loss", "learning_rate", "grad_norm"} per logged step to `path`
+    (JSON lines, the way a user's own metrics logger would). At `crash_step` it raises SimulatedCrash
+    right after writing the line (before the Trainer saves that step's checkpoint); at `stop_step` it
+    stops training cleanly."""
+    import json
+
+    from transformers import TrainerCallback
+
+    class StepLog(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                rec = {"step": state.global_step, "loss": float(logs["loss"])}
+                for key in ("learning_rate", "grad_norm"):
+                    if logs.get(key) is not None:
+                        rec[key] = float(logs[key])
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
+            if crash_step is not None and state.global_step == crash_step:
+                raise SimulatedCrash(f"simulated crash at step {crash_step}")
+            if stop_step is not None and state.global_step >= stop_step:
+                control.should_training_stop = True
+            return control
+
+    return StepLog()
+
+
+def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spike_step: Optional[int] = 120,
+                 spike_scale: float = 4.0, name: str = "hf-run") -> HFRun:
+    """Train a tiny GPT-2 with the real HF Trainer; perturb the weights at the end of `spike_step`
+    (None: no perturbation). spike_scale 4.0 blows the run up for good; 1.5 gives a spike the run
+    absorbs by itself. Checkpoints go to root/name/checkpoint-N."""
+    from transformers import Trainer
+
+    model = _tiny_gpt2()
+    dataset = _TokenDataset(4096, 16, 64)
+    out = root / name
+    args = _training_args(out, max_steps=max_steps, save_steps=save_steps)
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[_spike_callback(spike_step, spike_scale)])
     trainer.train()
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     return HFRun(output_dir=out, trainer_state=out / f"checkpoint-{steps[-1]}" / "trainer_state.json",
                  spike_step=spike_step, save_steps=save_steps, max_steps=max_steps, checkpoint_steps=steps)
+
+
+@dataclass
+class HFResumes:
+    """One spike-free run that crashed after `crash_step`, resumed twice from checkpoint-`resume_step`."""
+
+    base_dir: Path            # the crashed run's checkpoint-N folders (none after crash_step)
+    base_log: Path            # its JSON lines log: steps 1..crash_step
+    resume_step: int
+    crash_step: int
+    resumed_until: int        # each resume trains steps resume_step+1..resumed_until
+    logs: dict[str, Path] = field(default_factory=dict)         # kind -> base log + the resume's steps appended
+    checkpoints: dict[str, Path] = field(default_factory=dict)  # kind -> the checkpoint copy it resumed from
+
+
+def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 110, resumed_until: int = 130,
+                     max_steps: int = 200, save_steps: int = 10) -> HFResumes:
+    """Real HF Trainer resumes of one checkpoint, logged by a TrainerCallback to JSON lines.
+
+    The base run (no spike, same model, data and schedule as build_hf_run) logs every step to
+    base.jsonl and crashes after step `crash_step`. Each resume copies checkpoint-`resume_step`,
+    copies the log (so it holds steps 1..crash_step, then the resume's own steps from
+    resume_step + 1: a restart segment) and calls the real `trainer.train(resume_from_checkpoint=...)`:
+
+    normal        the checkpoint as saved.
+    no_optimizer  optimizer.pt deleted. The Trainer does not refuse: `_load_optimizer_and_scheduler`
+                  only loads when optimizer.pt *and* scheduler.pt exist, so it silently trains on with
+                  a fresh AdamW *and* a fresh LR schedule (warm-up from lr 0 again); scheduler.pt is
+                  left in place (deleting it changes nothing). Model weights, RNG state, data
+                  position and global step are restored as usual.
+    """
+    import shutil
+
+    from transformers import Trainer
+
+    base_dir = root / "hf-resume-base"
+    base_log = root / "base.jsonl"
+    trainer = Trainer(model=_tiny_gpt2(), args=_training_args(base_dir, max_steps=max_steps, save_steps=save_steps),
+                      train_dataset=_TokenDataset(4096, 16, 64),
+                      callbacks=[_jsonl_step_log(base_log, crash_step=crash_step)])
+    try:
+        trainer.train()
+    except SimulatedCrash:
+        pass
+    run = HFResumes(base_dir=base_dir, base_log=base_log, resume_step=resume_step, crash_step=crash_step,
+                    resumed_until=resumed_until)
+    for kind in ("normal", "no_optimizer"):
+        ckpt = root / kind / f"checkpoint-{resume_step}"
+        shutil.copytree(base_dir / f"checkpoint-{resume_step}", ckpt)
+        if kind == "no_optimizer":
+            (ckpt / "optimizer.pt").unlink()
+        log = root / f"{kind}.jsonl"
+        shutil.copy2(base_log, log)
+        trainer = Trainer(model=_tiny_gpt2(),
+                          args=_training_args(root / kind / "out", max_steps=max_steps, save_steps=save_steps,
+                                              save_strategy="no"),
+                          train_dataset=_TokenDataset(4096, 16, 64),
+                          callbacks=[_jsonl_step_log(log, stop_step=resumed_until)])
+        trainer.train(resume_from_checkpoint=str(ckpt))
+        run.logs[kind], run.checkpoints[kind] = log, ckpt
+    return run
+
+
+@dataclass
+class HFRestartedRun:
+    """A run that spiked, crashed, and was resumed from its latest checkpoint, appending to one log."""
+
+    output_dir: Path          # checkpoint-N folders of both attempts
+    log: Path                 # JSON lines: steps 1..crash_step, then resume_step+1..max_steps
+    spike_step: int           # first attempt only: weights perturbed at the end of this step
+    crash_step: int           # first attempt died right after logging this step
+    resume_step: int          # the latest checkpoint before the crash: the second attempt starts here
+    max_steps: int
+    first_attempt_lines: int  # lines of `log` written by the first attempt
+
+
+def build_hf_restarted_run(root: Path, *, spike_step: int = 55, spike_scale: float = 4.0, crash_step: int = 60,
+                           max_steps: int = 100, save_steps: int = 10) -> HFRestartedRun:
+    """First attempt: spike at `spike_step`, crash after logging `crash_step` (before saving it).
+    Second attempt: the real `trainer.train(resume_from_checkpoint=True)` (latest checkpoint, i.e.
+    the newest multiple of save_steps before the crash), no spike, to `max_steps`; both attempts
+    append to the same JSON lines log, so the steps after the checkpoint appear twice."""
+    from transformers import Trainer
+
+    out = root / "hf-restarted"
+    log = root / "metrics.jsonl"
+    args = _training_args(out, max_steps=max_steps, save_steps=save_steps)
+    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(4096, 16, 64),
+                      callbacks=[_spike_callback(spike_step, spike_scale), _jsonl_step_log(log, crash_step=crash_step)])
+    try:
+        trainer.train()
+    except SimulatedCrash:
+        pass
+    first_lines = len(log.read_text(encoding="utf-8").splitlines())
+    latest = max(int(c.name.split("-")[1]) for c in out.glob("checkpoint-*"))  # what resume=True picks
+    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(4096, 16, 64),
+                      callbacks=[_jsonl_step_log(log)])
+    trainer.train(resume_from_checkpoint=True)
+    return HFRestartedRun(output_dir=out, log=log, spike_step=spike_step, crash_step=crash_step,
+                          resume_step=latest, max_steps=max_steps, first_attempt_lines=first_lines)
 
 
 def build_lightning_run(root: Path, *, max_steps: int = 30, every: int = 10) -> LightningRun:
