@@ -155,7 +155,8 @@ def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spik
     dataset = _TokenDataset(4096, 16, 64)
     out = root / name
     args = _training_args(out, max_steps=max_steps, save_steps=save_steps)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[_spike_callback(spike_step, spike_scale)])
+    trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                      callbacks=[_spike_callback(spike_step, spike_scale)])
     trainer.train()
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
     return HFRun(output_dir=out, trainer_state=out / f"checkpoint-{steps[-1]}" / "trainer_state.json",
