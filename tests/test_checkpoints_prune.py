@@ -162,6 +162,14 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     (template / "run" / "outside-link").symlink_to(Path("..") / "outside")
     env = dict(os.environ, PYTHONPATH=PKG_PARENT)
     newest = f"checkpoint-{max(hf_run.checkpoint_steps)}"
+    # Bulk each checkpoint up with small extra files so that deleting takes long enough for
+    # random kills to land mid-deletion, not only during interpreter start-up.
+    for ckpt in (template / "run").glob("checkpoint-*"):
+        if not ckpt.is_symlink():
+            extra = ckpt / "extra"
+            extra.mkdir()
+            for k in range(400):
+                (extra / f"{k}.txt").write_text("x")
 
     def fresh(i: int) -> Path:
         work = tmp_path / f"w{i}"
@@ -174,6 +182,10 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
 
     work = fresh(0)
     t0 = time.perf_counter()
+    dry = subprocess.run(cmd(work)[:-3] + ["--format", "json"], capture_output=True, text=True, env=env, timeout=120)
+    dry_time = time.perf_counter() - t0  # start-up and validation, no deletion
+    assert dry.returncode == 0, dry.stderr
+    t0 = time.perf_counter()
     done = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
     full_time = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
@@ -181,14 +193,23 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     outside_before = _snapshot(template / "outside")
 
     rng = random.Random(1234)
-    kills = 0
-    for i in range(1, 29):
+    kills = mid_deletion = 0
+    total = len(os.listdir(template / "run"))
+    i = 0
+    # Kill at random points until 20 runs were really killed and at least 5 of those kills
+    # landed mid-deletion (some checkpoints gone, not all): a loaded machine shifts the timing,
+    # so the loop adapts instead of assuming how long a run takes.
+    while (kills < 20 or mid_deletion < 5) and i < 120:
+        i += 1
         work = fresh(i)
         proc = subprocess.Popen(cmd(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-        time.sleep(rng.uniform(0.0, full_time))
+        time.sleep(rng.uniform(0.5 * dry_time, 1.1 * full_time))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
+            left_now = len([n for n in os.listdir(work / "run") if not n.startswith(".deleting-")])
+            if 4 < left_now < total:
+                mid_deletion += 1
         proc.wait(timeout=60)
         report = validate_paths([str(work / "run")], progress=False)
         statuses = {os.path.basename(c.path): c.status for c in report.checkpoints}
@@ -202,4 +223,4 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         assert left == sorted(["checkpoint-1", "outside-link", newest,
                                f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
         shutil.rmtree(work)
-    assert kills >= 20  # at least 20 runs were really killed mid-way
+    assert kills >= 20 and mid_deletion >= 5, (kills, mid_deletion, i)
