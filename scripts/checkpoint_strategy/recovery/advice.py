@@ -342,11 +342,21 @@ def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]
     if not loss_spikes:
         spike = spikes[-1]
         done = spike.recovered_step is not None
-        reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
-                       f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
+        base_l, peak_l = spike.baseline_loss, spike.peak_loss
+        rose = (base_l is not None and peak_l is not None and math.isfinite(peak_l) and base_l > 0
+                and peak_l > base_l * (1 + tolerance))
+        if rose:  # early in training the rolling median is still high, so the loss rules may not fire
+            reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+                           f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
+                           f"its median {_show(base_l)}) without crossing the loss-spike thresholds")
+            loss_words = "loss rise below the spike thresholds"
+        else:
+            reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+                           f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
+            loss_words = "loss unaffected"
         return RecoveryReport(status="self_recovered" if done else "wait",
-                              summary=f"grad-norm spike at step {spike.onset_step}, loss unaffected: keep training"
-                              + ("" if done else " and watch the grad norm"),
+                              summary=f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
+                              + ("" if done else " and watch the grad norm and loss"),
                               spike=spike, self_recovered=done, wait_until_step=spike.onset_step + wait_steps,
                               resume_checkpoint=None, skip_batches=None, lr_multiplier=None, lr_reduced_steps=None,
                               grad_clip=None, **common)

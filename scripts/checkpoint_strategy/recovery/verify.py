@@ -141,7 +141,9 @@ def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_
                 if lr_disc:
                     reasons.append(f"learning rate {lr_after:.3g} after the resume vs {lr_expected:.3g} expected from "
                                    f"the schedule ({lr_before:.3g} before the save): the scheduler state was not "
-                                   "restored")
+                                   "restored; with the HF Trainer this happens when optimizer.pt or scheduler.pt "
+                                   "is missing from the checkpoint, and then the optimizer state (Adam's moments) "
+                                   "was lost too")
     suspicious = jump or drop or bool(lr_disc)
     if not suspicious:
         reasons.append(f"loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save: within "
