@@ -127,3 +127,36 @@ def test_fuzz_corrupted_real_zip(blob, offset_frac, lightning_run):
         path = Path(d) / "epoch=0-step=10.ckpt"
         path.write_bytes(bytes(data))
         assert _run_quiet(["validate", str(path), "--level", "full"]) in (0, 1)
+
+
+def _multi_entry_zip(path, n=6, size=200_000):
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        for i in range(n):
+            zf.writestr(f"archive/data/{i}", bytes([i]) * size)
+    return path
+
+
+def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path, monkeypatch):
+    from checkpoint_strategy.checkpoints import filechecks as fc
+
+    good = _multi_entry_zip(tmp_path / "good.pt")
+    monkeypatch.setattr(fc, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(fc, "CRC_WORKERS", 3)
+    c = fc.Counter()
+    reasons, _ = fc.check_zip(str(good), c, full=True)
+    assert reasons == []
+    assert c.bytes_read >= 6 * 200_000
+    bad = tmp_path / "bad.pt"
+    data = bytearray(good.read_bytes())
+    for i in (4, 2):  # corrupt entries 2 and 4: the report names entry 2, the first in archive order
+        at = data.index(bytes([i]) * 1000) + 500
+        data[at] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    reasons, _ = fc.check_zip(str(bad), fc.Counter(), full=True)
+    assert len(reasons) == 1 and "archive/data/2" in reasons[0] and "CRC-32 mismatch" in reasons[0]
+    seen = []
+    reasons, _ = fc.check_zip(str(good), fc.Counter(), full=True, update=lambda update_bytes: seen.append(update_bytes))
+    assert reasons == [] and sum(seen) >= 6 * 200_000

