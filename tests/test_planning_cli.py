@@ -128,6 +128,7 @@ BAD = [
     (["10", "1", "1", "--write-gbps", "0"], "--write-gbps"),
     (["10", "1", "1", "--max-loss-hours", "0"], "--max-loss-hours"),
     (["10", "1", "1", "--params", "1B", "--model_size_gb", "4"], "--params"),
+    (["10", "1", "1", "--checkpoint-write-seconds", "30", "--write-gbps", "2"], "--write-gbps"),
 ]
 
 

@@ -182,6 +182,9 @@ def validate_arguments(data: dict) -> PlanArguments:
         flag, expected = FIELDS.get(field, (field or "arguments", "a valid value"))
         value = data.get(field, "missing") if field else "missing"
         raise UsageError(f"argument {flag}: expected {expected}, got {value!r}")
+    if "checkpoint_write_seconds" in data and "write_gbps" in data:
+        raise UsageError("argument --checkpoint-write-seconds: give the save cost once, either "
+                         "--checkpoint-write-seconds S or --write-gbps G, not both")
     try:
         return PlanArguments(**data)
     except Exception as exc:  # pydantic.ValidationError
