@@ -29,7 +29,7 @@ def _names(entries):
 def test_dry_run_by_default_keeps_newest_and_milestones(hf_run, copy_of):
     root = copy_of(hf_run.output_dir, "run")
     before = sorted(os.listdir(root))
-    report = prune(root, keep_last=3, milestones=[50, 100])
+    report = prune(root, keep_last=3, milestones=[50, 100], spike_check=False)
     assert sorted(os.listdir(root)) == before and report.applied is False
     kept = _names(report.keep)
     assert {"checkpoint-200", "checkpoint-190", "checkpoint-180", "checkpoint-50", "checkpoint-100"} <= set(kept)
@@ -44,7 +44,8 @@ def test_apply_deletes_only_older_valid_ones(hf_run, copy_of, capsys):
     assert main(["prune", str(root), "--keep-last", "2", "--apply", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["applied"] is True and all(e["deleted"] for e in out["delete"])
-    assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200", "notes"]
+    # checkpoint-110 stays: the run's loss spike at step 121 never recovered (see the spike tests)
+    assert sorted(os.listdir(root)) == ["checkpoint-110", "checkpoint-190", "checkpoint-200", "notes"]
     assert {c.status for c in validate_paths([str(root)]).checkpoints} == {"valid"}
 
 
@@ -77,7 +78,7 @@ def test_policy_yaml_from_the_plan(hf_run, copy_of, tmp_path):
                       "  emergency_save_on:\n    - loss_spike_detected\n")
     p = load_policy(policy)
     assert p.keep_last == 4 and p.keep_milestone[:3] == [40, 80, 160]
-    report = prune(root, policy=str(policy))
+    report = prune(root, policy=str(policy), spike_check=False)
     kept = set(_names(report.keep))
     assert {"checkpoint-40", "checkpoint-80", "checkpoint-160", "checkpoint-200", "checkpoint-170"} <= kept
     assert len(kept) == 7
@@ -189,7 +190,7 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     done = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
     full_time = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 2
+    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 3  # - 2 newest - spike rollback
     outside_before = _snapshot(template / "outside")
 
     rng = random.Random(1234)
@@ -220,7 +221,56 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         after = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
         assert after.returncode == 0, after.stderr
         left = sorted(n for n in os.listdir(work / "run"))
-        assert left == sorted(["checkpoint-1", "outside-link", newest,
+        assert left == sorted(["checkpoint-1", "outside-link", newest, "checkpoint-110",
                                f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
         shutil.rmtree(work)
     assert kills >= 20 and mid_deletion >= 5, (kills, mid_deletion, i)
+
+
+def test_unrecovered_spike_keeps_the_rollback_checkpoint(hf_run, copy_of, capsys):
+    """The real run spiked at step 121 and never recovered: a rolling window of 2 would rotate
+    past every checkpoint from before the spike. prune reads the log first and keeps the one
+    `recover` names (checkpoint-110; checkpoint-120 already holds the spiked weights)."""
+    root = copy_of(hf_run.output_dir, "run")
+    report = prune(root, keep_last=2)
+    assert report.spike_guard.status == "rollback" and report.spike_guard.onset_step == 121
+    assert report.spike_guard.protected == "checkpoint-110"
+    assert "checkpoint-110" in _names(report.keep) and "checkpoint-120" in _names(report.delete)
+    assert any("loss spike at step 121" in r for r in report.reasons["checkpoint-110"])
+    assert main(["prune", str(root), "--keep-last", "2", "--apply"]) == 0
+    out = capsys.readouterr().out
+    assert "Loss spike:" in out and "checkpoint-110" in out
+    assert (root / "checkpoint-110").is_dir() and not (root / "checkpoint-120").exists()
+
+
+def test_spike_check_can_be_turned_off(hf_run, copy_of, capsys):
+    root = copy_of(hf_run.output_dir, "run")
+    assert main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["spike_guard"] is None
+    assert "checkpoint-110" in {e["name"] for e in out["delete"]}
+
+
+def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of):
+    root = copy_of(hf_run_self_recovering.output_dir, "run")
+    report = prune(root, keep_last=2)
+    assert report.spike_guard.status == "self_recovered" and report.spike_guard.protected is None
+    assert len(report.keep) == 2
+
+
+def test_explicit_bad_log_exits_2(hf_run, copy_of, tmp_path, capsys):
+    root = copy_of(hf_run.output_dir, "run")
+    bad = tmp_path / "log.jsonl"
+    bad.write_text("")
+    assert main(["prune", str(root), "--keep-last", "2", "--log", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
+
+
+def test_unreadable_trainer_state_does_not_block_pruning(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    (root / "checkpoint-200" / "trainer_state.json").write_text('{"log_history": []}')
+    report = prune(root, keep_last=2)
+    assert report.spike_guard is not None and report.spike_guard.status is None
+    assert "no spike check" in report.spike_guard.note

@@ -104,6 +104,16 @@ class PruneEntry(_Model):
     deleted: bool = False
 
 
+class SpikeGuard(_Model):
+    """What the training log says about a loss spike, read before anything is deleted."""
+
+    log: str = Field(description="the training log read (newest valid checkpoint's trainer_state.json or --log)")
+    status: Optional[str] = Field(None, description="the recovery adviser's status, None when the log was unreadable")
+    onset_step: Optional[int] = None
+    protected: Optional[str] = Field(None, description="the checkpoint `recover` would resume from, kept")
+    note: str
+
+
 class PruneReport(_Model):
     root: str
     applied: bool
@@ -119,6 +129,8 @@ class PruneReport(_Model):
     reasons: dict[str, list[str]] = Field(description="name -> reasons for its keep/delete decision")
     freed_bytes: int = 0
     errors: list[Problem] = Field(default_factory=list)
+    spike_guard: Optional[SpikeGuard] = Field(
+        None, description="unrecovered loss spike in the training log: its rollback checkpoint is kept")
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {

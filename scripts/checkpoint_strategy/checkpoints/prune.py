@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport
+from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
 from checkpoint_strategy.checkpoints.validate import check
 from checkpoint_strategy.errors import UsageError, pydantic_message
 
@@ -143,13 +143,56 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
+UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
+
+
+def spike_guard(found: list[fm.Found], results: dict, log: str | None = None) -> SpikeGuard | None:
+    """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
+    recovery adviser. When a loss spike has not recovered, the checkpoint `recover` would resume
+    from must survive: spikes come after "best", and a rolling window rotates past them."""
+    from checkpoint_strategy.recovery import advise
+
+    valid = sorted((f.step, f.path) for f in found if f.step is not None and results[f.path].status == "valid")
+    if log is None:
+        logs = [os.path.join(p, "trainer_state.json") for _s, p in valid
+                if os.path.isfile(os.path.join(p, "trainer_state.json"))]
+        if not logs:
+            return None
+        log = logs[-1]
+        explicit = False
+    else:
+        explicit = True
+    try:
+        report = advise(log, checkpoints=valid)
+    except UsageError as exc:
+        if explicit:
+            raise
+        return SpikeGuard(log=log, note=f"training log not usable ({exc}); no spike check")
+    onset = report.spike.onset_step if report.spike is not None else None
+    if report.status not in UNRESOLVED:
+        return SpikeGuard(log=log, status=report.status, onset_step=onset,
+                          note=f"no unrecovered loss spike ({report.status})")
+    resume = report.resume_checkpoint
+    protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
+    if protected:
+        note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
+                "to resume from and is kept; run `checkpoint-strategy recover` before pruning further")
+    else:
+        note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
+                "(run `checkpoint-strategy recover`)")
+    return SpikeGuard(log=log, status=report.status, onset_step=onset, protected=protected, note=note)
+
+
 def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
-          level: str = "quick") -> PruneReport:
+          level: str = "quick", log: str | None = None, spike_check: bool = True) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. Invalid and incomplete
-    checkpoints are never deleted (a save may still be in flight; remove them by hand).
+    checkpoints are never deleted (a save may still be in flight; remove them by hand). With
+    spike_check (default) the training log (`log`, or the newest valid checkpoint's
+    trainer_state.json) is read first, and the rollback checkpoint of an unrecovered loss spike is
+    kept.
     """
     root = check_root(os.fspath(root))
     if policy is not None and not isinstance(policy, CheckpointPolicy):
@@ -170,6 +213,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
                          if f.step is not None and results[f.path].status == "valid")
     newest_valid = valid_steps[-1] if valid_steps else None
     kept_recent = {p for _s, p in valid_steps[-keep_last:]}
+    guard = spike_guard(found, results, log) if spike_check else None
     for f in found:
         r = results[f.path]
         name = os.path.basename(f.path)
@@ -189,6 +233,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             reasons.append(f"milestone step {f.step}")
         if name in best:
             reasons.append("best_model_checkpoint in trainer_state.json")
+        if guard is not None and guard.protected == name:
+            reasons.append(f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
         if not reasons:
             if newest_valid is None or f.step is None or f.step >= newest_valid[0]:
                 reasons.append("no newer checkpoint validated: kept")
@@ -246,7 +292,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         best_checkpoint=sorted(best)[0] if best else None,
         newest_valid=os.path.basename(newest_valid[1]) if newest_valid else None,
         keep=keep, delete=delete, leftovers=leftovers,
-        reasons={e.name: e.reasons for e in entries}, freed_bytes=freed, errors=errors)
+        reasons={e.name: e.reasons for e in entries}, freed_bytes=freed, errors=errors, spike_guard=guard)
 
 
 def _fmt(found: list[fm.Found], path: str) -> str:

@@ -28,6 +28,11 @@ def add_arguments(parser) -> None:
                         help="the plan's checkpoint_policy: YAML (keep_last, keep_milestone)")
     parser.add_argument("--level", choices=("quick", "full"), default="quick",
                         help="validation level for the checkpoints that justify a deletion")
+    parser.add_argument("--log", default=None, metavar="LOG",
+                        help="training log checked for an unrecovered loss spike before deleting (default: the "
+                             "newest valid checkpoint's trainer_state.json)")
+    parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
+                        help="do not read the training log (the spike's rollback checkpoint is then not protected)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
     parser.add_argument("--format", choices=("text", "markdown", "json"), default="text", dest="fmt")
 
@@ -40,7 +45,7 @@ def run(args) -> int:
     if args.milestones is not None:
         milestones = [m for text in args.milestones for m in _milestones(text)]
     report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
-                   apply=args.apply, level=args.level)
+                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check)
     if args.fmt == "json":
         sys.stdout.write(to_json(report.model_dump(mode="json")))
     else:
