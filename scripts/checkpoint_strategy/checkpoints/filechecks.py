@@ -50,18 +50,27 @@ def _oserror(exc: OSError) -> str:
     return f"cannot read: {exc.strerror or type(exc).__name__}"
 
 
+def read_chunks(path: str, counter: Counter, update=None):
+    """Yield every byte of a file as memoryviews of one reused CHUNK buffer (flat memory),
+    counting bytes read and reporting progress."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                return
+            counter.bytes_read += n
+            if update is not None:
+                update(update_bytes=n)
+            yield view[:n]
+
+
 def stream_file(path: str, counter: Counter, update=None) -> list[str]:
     """Read every byte (full level, formats without their own checksum)."""
     try:
-        buf = bytearray(CHUNK)
-        with open(path, "rb", buffering=0) as fh:
-            while True:
-                n = fh.readinto(buf)
-                if not n:
-                    break
-                counter.bytes_read += n
-                if update is not None:
-                    update(update_bytes=n)
+        for _chunk in read_chunks(path, counter, update):
+            pass
     except OSError as exc:
         return [_oserror(exc)]
     return []

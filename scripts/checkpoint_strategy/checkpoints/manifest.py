@@ -47,17 +47,8 @@ def list_files(checkpoint: str) -> dict[str, str]:
 
 def hash_file(path: str, counter: fc.Counter, update=None, algorithm: str = ALGORITHM) -> str:
     h = hashlib.new(algorithm)
-    buf = bytearray(fc.CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            h.update(view[:n])
-            counter.bytes_read += n
-            if update is not None:
-                update(update_bytes=n)
+    for chunk in fc.read_chunks(path, counter, update):
+        h.update(chunk)
     return h.hexdigest()
 
 

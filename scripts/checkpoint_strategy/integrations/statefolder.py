@@ -23,7 +23,6 @@ import errno
 import json
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,26 +113,6 @@ def _read_existing(path: Path, what: str) -> Optional[str]:
         raise UsageError(f"{what} {path} is not UTF-8 text; fix or move it") from None
     except OSError as exc:
         raise _oserr(exc, f"read {what}", path) from None
-
-
-def _mode_of(path: Path) -> Optional[int]:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except OSError:
-        return None
-
-
-def _default_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
-def write_keep_mode(path: Path, text: str, old_mode: Optional[int]) -> None:
-    """atomic_write_text, then the file's previous permissions (a new file gets 0666 & ~umask)."""
-    atomic_write_text(path, text)
-    with contextlib.suppress(OSError):
-        os.chmod(path, old_mode if old_mode is not None else _default_mode())
 
 
 # --------------------------------------------------------------------------- agent-state.json
@@ -261,9 +240,9 @@ def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
         next_text = update_next_action(_read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block,
                                        where=str(paths[NEXT_ACTION]))
         try:
-            write_keep_mode(paths[HANDOFF_FILE], w.handoff_json, _mode_of(paths[HANDOFF_FILE]))
-            write_keep_mode(paths[AGENT_STATE], state_text, _mode_of(paths[AGENT_STATE]))
-            write_keep_mode(paths[NEXT_ACTION], next_text, _mode_of(paths[NEXT_ACTION]))
+            atomic_write_text(paths[HANDOFF_FILE], w.handoff_json)
+            atomic_write_text(paths[AGENT_STATE], state_text)
+            atomic_write_text(paths[NEXT_ACTION], next_text)
         except OSError as exc:
             raise UsageError(f"cannot write to state folder {d}: {exc.strerror or type(exc).__name__}") from None
         append_line(paths[CHECKPOINT_LOG], w.log_record)

@@ -40,26 +40,22 @@ def seed_value(text: str) -> int:
     return value
 
 
-def spike_rate(text: str) -> float:
-    expected = f"spikes per 1000 steps, a number from 0 to {MAX_SPIKE_RATE:g}"
+def _bounded(text: str, hi: float, expected: str) -> float:
     try:
         value = finite_number(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not 0 <= value <= MAX_SPIKE_RATE:
+    if not 0 <= value <= hi:
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def spike_rate(text: str) -> float:
+    return _bounded(text, MAX_SPIKE_RATE, f"spikes per 1000 steps, a number from 0 to {MAX_SPIKE_RATE:g}")
 
 
 def corrupt_prob(text: str) -> float:
-    expected = f"a probability from 0 to {MAX_CORRUPT_PROB:g}"
-    try:
-        value = finite_number(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
-    if not 0 <= value <= MAX_CORRUPT_PROB:
-        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-    return value
+    return _bounded(text, MAX_CORRUPT_PROB, f"a probability from 0 to {MAX_CORRUPT_PROB:g}")
 
 
 def spike_steps(text: str) -> int:
