@@ -230,3 +230,20 @@ def test_output_file_is_written(tmp_path, capsys):
 
     jsonschema.validate(rep, load_schema("recovery-report.schema.json"))
     assert rep["status"] == "no_spike" and rep["spike"] is None and rep["resume_checkpoint"] is None
+
+
+def test_folder_search_prefers_the_highest_step_over_mtime(hf_run, copy_of):
+    """After `cp -r` mtimes say nothing: checkpoint-200's log wins even if 190's was touched later."""
+    import os
+
+    from checkpoint_strategy.recovery.logs import find_log
+
+    root = copy_of(hf_run.output_dir, "run")
+    later = root / "checkpoint-190" / "trainer_state.json"
+    st = (root / "checkpoint-200" / "trainer_state.json").stat()
+    os.utime(later, (st.st_atime + 100, st.st_mtime + 100))
+    assert find_log(root) == root / "checkpoint-200" / "trainer_state.json"
+    own = root / "trainer_state.json"
+    own.write_text(later.read_text())
+    os.utime(own, (st.st_atime + 200, st.st_mtime + 200))
+    assert find_log(root) == own  # the run folder's own log, written when training ended

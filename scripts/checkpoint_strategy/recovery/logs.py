@@ -100,7 +100,7 @@ def find_log(path: str | os.PathLike) -> Path:
     for pattern in ("trainer_state.json", "*/trainer_state.json", "*/*/trainer_state.json"):
         states.extend(q for q in p.glob(pattern) if q.is_file())
     if states:
-        return max(states, key=_state_rank)
+        return _newest_state(states)
     events = [q for pattern in ("events.out.tfevents*", "*/events.out.tfevents*", "*/*/events.out.tfevents*")
               for q in p.glob(pattern) if q.is_file()]
     if events:
@@ -110,16 +110,25 @@ def find_log(path: str | os.PathLike) -> Path:
                      "events.out.tfevents.* (TensorBoard); pass a CSV or JSON lines log as a file")
 
 
-def _state_rank(path: Path) -> tuple:
-    step = -1
-    m = re.search(r"(\d+)$", path.parent.name)
-    if m:
-        step = int(m.group(1))
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    return (mtime, step)
+def _newest_state(states: list[Path]) -> Path:
+    """The checkpoint-N folder with the highest step wins (mtimes change under `cp -r`); a
+    trainer_state.json without a step in its folder name (the run folder's own, written when
+    training ends) wins only when it is at least as recent as that checkpoint's."""
+    def mtime(q: Path) -> float:
+        try:
+            return q.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    numbered, plain = [], []
+    for q in states:
+        m = re.search(r"(\d+)$", q.parent.name)
+        (numbered if m else plain).append((int(m.group(1)) if m else -1, mtime(q), q))
+    best = max(numbered, key=lambda t: t[:2], default=None)
+    newest_plain = max(plain, key=lambda t: t[1], default=None)
+    if best is None or (newest_plain is not None and newest_plain[1] >= best[1]):
+        return newest_plain[2]
+    return best[2]
 
 
 def detect_format(path: Path, head: bytes) -> str:
