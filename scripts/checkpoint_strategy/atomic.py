@@ -1,8 +1,14 @@
-"""Crash-safe writes: a temp file in the same folder, fsync, then rename."""
+"""Crash-safe writes: a temp file in the same folder, fsync, then rename.
+
+An existing target that is not a regular file (``/dev/null``, a FIFO, a terminal) is written in
+place and never replaced: renaming over ``/dev/null`` as root would turn it into a regular file
+and break the whole machine.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -13,6 +19,16 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     target = Path(path)
+    if str(path) == "":
+        raise FileNotFoundError(2, "empty path", "")
+    try:
+        st = os.stat(target)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        with open(target, "wb", buffering=0) as fh:  # device or FIFO: write through, keep it
+            fh.write(data)
+        return target
     try:  # keep an existing file's permissions; a new file gets the usual 0666 & ~umask
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:

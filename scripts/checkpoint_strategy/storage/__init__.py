@@ -1,0 +1,206 @@
+"""The one place that touches bytes of user files: safe, bounded reads and whole writes.
+
+Every read of a checkpoint, log, policy, event or state file goes through here, so the
+hardening is written once:
+
+- ``open_regular`` opens without blocking (``O_NONBLOCK``) and refuses anything that is not a
+  regular file (FIFOs, sockets, devices) *before* reading a byte, so a FIFO named
+  ``trainer_state.json`` can never hang a command;
+- ``read_bytes`` caps how much is read (``limit``) so ``/dev/zero`` or a 50 GB "JSON" cannot
+  exhaust memory;
+- ``loads_json`` / ``read_json`` turn every way JSON can be bad (syntax, deep nesting that blows
+  the recursion limit, 5000-digit integers, NaN where it is not allowed, wrong top-level type)
+  into one ``ReadError`` line;
+- ``describe_os_error`` names an OS error the same way everywhere ("permission denied", never
+  "missing" or "corrupt").
+
+``ReadError`` is a ``UsageError``: a command that lets it propagate exits 2 with its one line.
+Checkers that report problems instead use its short ``reason``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from checkpoint_strategy.errors import UsageError
+
+#: Default cap on a JSON document read whole (policies, events, state files, headers).
+MAX_JSON_BYTES = 64 << 20
+
+
+class ReadError(UsageError):
+    """A file could not be read or parsed. ``reason`` is the short cause without the path."""
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = " ".join(str(reason or message).split())
+
+
+_ERRNO_WORDS = {
+    errno.ENOENT: "does not exist",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "is a folder",
+    errno.ENOTDIR: "a parent is not a folder",
+    errno.ELOOP: "too many levels of symbolic links",
+    errno.EROFS: "read-only file system",
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.ENAMETOOLONG: "name too long",
+    errno.EIO: "input/output error",
+    errno.EBUSY: "busy",
+    errno.ETXTBSY: "busy",
+    errno.EEXIST: "already exists",
+}
+
+
+def describe_os_error(exc: BaseException) -> str:
+    """A short, stable description of an OS error: 'permission denied', 'does not exist', ..."""
+    if isinstance(exc, OSError):
+        if exc.errno in _ERRNO_WORDS:
+            return _ERRNO_WORDS[exc.errno]
+        if exc.strerror:
+            return exc.strerror.lower()
+    return type(exc).__name__
+
+
+def oserror_line(exc: BaseException, action: str, path: str | os.PathLike[str]) -> str:
+    """'cannot <action> <path>: <reason>' - the one wording for OS errors in messages."""
+    return f"cannot {action} {os.fspath(path)}: {describe_os_error(exc)}"
+
+
+def kind_of(mode: int) -> str:
+    """Human name of a non-regular file type."""
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def is_regular(path: str | os.PathLike[str]) -> bool:
+    """True for a regular file (following symlinks); False for anything else or unreadable."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
+    """Open a regular file for binary reading without ever blocking on a FIFO or device.
+
+    Raises ReadError naming the path and the reason ("is a FIFO: expected a regular file").
+    """
+    p = os.fspath(path)
+    if p == "":
+        raise ReadError(f"{what}: empty path: expected a file path", "empty path")
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError) as exc:
+        reason = describe_os_error(exc) if isinstance(exc, OSError) else "invalid path"
+        raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
+    if not stat.S_ISREG(st.st_mode):
+        reason = f"is {kind_of(st.st_mode)}: expected a regular file"
+        raise ReadError(f"{what} {p} {reason}", reason)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        reason = describe_os_error(exc)
+        raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
+    try:
+        st2 = os.fstat(fd)
+        if not stat.S_ISREG(st2.st_mode):  # swapped between stat and open
+            reason = f"is {kind_of(st2.st_mode)}: expected a regular file"
+            raise ReadError(f"{what} {p} {reason}", reason)
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
+    """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
+    with open_regular(path, what) as fh:
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            reason = describe_os_error(exc)
+            raise ReadError(f"cannot read {what} {os.fspath(path)}: {reason}", reason) from None
+    if len(data) > limit:
+        reason = f"larger than {_size(limit)}"
+        raise ReadError(f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason)
+    return data
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False,
+               expect: type | tuple[type, ...] | None = None) -> Any:
+    """Parse JSON from bytes or text; every failure is one ReadError line naming ``what``.
+
+    ``allow_nan``: accept the NaN/Infinity tokens (HF Trainer writes them in trainer_state.json).
+    ``expect``: required top-level type(s), e.g. ``dict``.
+    """
+    try:
+        text = data.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data
+    except UnicodeDecodeError:
+        raise ReadError(f"{what} is not UTF-8 text: expected JSON", "not UTF-8 text") from None
+    try:
+        if allow_nan:
+            obj = json.loads(text)
+        else:
+            obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ReadError(f"{what} is nested too deeply: expected plain JSON", "nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, int digit limit, rejected constants
+        reason = f"not valid JSON ({_short(exc)})"
+        raise ReadError(f"{what} is {reason}", reason) from None
+    if expect is not None and not isinstance(obj, expect):
+        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        names = names.replace("dict", "an object").replace("list", "a list")
+        reason = f"top level is {type(obj).__name__}: expected {names}"
+        raise ReadError(f"{what}: {reason}", reason)
+    return obj
+
+
+def _short(exc: Exception) -> str:
+    msg = " ".join(str(exc).split())
+    return msg[:120]
+
+
+def read_json(path: str | os.PathLike[str], what: str = "JSON file", *, limit: int = MAX_JSON_BYTES,
+              allow_nan: bool = False, expect: type | tuple[type, ...] | None = None) -> Any:
+    """Read and parse a JSON file safely (regular file only, bounded size, one-line errors)."""
+    data = read_bytes(path, what, limit)
+    return loads_json(data, f"{what} {os.fspath(path)}", allow_nan=allow_nan, expect=expect)
+
+
+def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """True when ``path`` resolves (symlinks followed) to ``root`` or somewhere below it."""
+    try:
+        rp = Path(path).resolve()
+        rr = Path(root).resolve()
+    except (OSError, RuntimeError):
+        return False
+    return rp == rr or rr in rp.parents
