@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 
 from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints.marker import describe as describe_marker
+from checkpoint_strategy.checkpoints.marker import read_marker
 from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
 from checkpoint_strategy.checkpoints.validate import check
 from checkpoint_strategy.errors import UsageError, pydantic_message
@@ -185,14 +187,18 @@ def spike_guard(found: list[fm.Found], results: dict, log: str | None = None) ->
 
 def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
-          level: str = "quick", log: str | None = None, spike_check: bool = True) -> PruneReport:
+          level: str = "quick", log: str | None = None, spike_check: bool = True,
+          protect: dict[str, str] | None = None) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. Invalid and incomplete
     checkpoints are never deleted (a save may still be in flight; remove them by hand). With
     spike_check (default) the training log (`log`, or the newest valid checkpoint's
     trainer_state.json) is read first, and the rollback checkpoint of an unrecovered loss spike is
-    kept.
+    kept. Emergency saves (a checkpoint-strategy.json marker, checkpoints/marker.py) hold post-event
+    weights: they never count towards keep_last and are kept while the spike has not recovered
+    (or its status is unknown). `protect` maps more checkpoint names to a reason to keep them
+    (e.g. a Lightning ModelCheckpoint's best_model_path).
     """
     root = check_root(os.fspath(root))
     if policy is not None and not isinstance(policy, CheckpointPolicy):
@@ -208,9 +214,10 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     leftovers = sorted(n for n in os.listdir(root) if n.startswith(fm.DELETING_PREFIX))
     best = _best_names(found)
     results = {f.path: check(f, level) for f in found}
+    marks = {f.path: read_marker(f.path) for f in found}
     entries: list[PruneEntry] = []
     valid_steps = sorted((f.step, f.path) for f in found
-                         if f.step is not None and results[f.path].status == "valid")
+                         if f.step is not None and results[f.path].status == "valid" and marks[f.path] is None)
     newest_valid = valid_steps[-1] if valid_steps else None
     kept_recent = {p for _s, p in valid_steps[-keep_last:]}
     guard = spike_guard(found, results, log) if spike_check else None
@@ -235,6 +242,13 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             reasons.append("best_model_checkpoint in trainer_state.json")
         if guard is not None and guard.protected == name:
             reasons.append(f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
+        if protect and name in protect:
+            reasons.append(protect[name])
+        mark = marks[f.path]
+        if mark is not None and spike_check and (guard is None or guard.status is None):
+            reasons.append(f"{describe_marker(mark)}: kept, the spike's status is unknown (no training log read)")
+        elif mark is not None and spike_check and guard.status in UNRESOLVED:
+            reasons.append(f"{describe_marker(mark)}: kept until the loss spike at step {guard.onset_step} recovers")
         if not reasons:
             if newest_valid is None or f.step is None or f.step >= newest_valid[0]:
                 reasons.append("no newer checkpoint validated: kept")
@@ -272,14 +286,16 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             size = _size(src)
             try:
                 os.rename(src, dst)
-                sidecar = src + fm.MANIFEST_SUFFIX
-                if os.path.lexists(sidecar):
-                    os.rename(sidecar, os.path.join(root, fm.DELETING_PREFIX + e.name + fm.MANIFEST_SUFFIX))
+                for suffix in (fm.MANIFEST_SUFFIX, fm.EMERGENCY_SUFFIX):
+                    sidecar = src + suffix
+                    if os.path.lexists(sidecar):
+                        os.rename(sidecar, os.path.join(root, fm.DELETING_PREFIX + e.name + suffix))
                 _fsync_dir(root)
                 _remove(dst)
-                sc = os.path.join(root, fm.DELETING_PREFIX + e.name + fm.MANIFEST_SUFFIX)
-                if os.path.lexists(sc):
-                    os.unlink(sc)
+                for suffix in (fm.MANIFEST_SUFFIX, fm.EMERGENCY_SUFFIX):
+                    sc = os.path.join(root, fm.DELETING_PREFIX + e.name + suffix)
+                    if os.path.lexists(sc):
+                        os.unlink(sc)
             except OSError as exc:
                 errors.append(Problem(file=e.name, reason=f"could not delete: {exc.strerror or type(exc).__name__}"))
                 continue
