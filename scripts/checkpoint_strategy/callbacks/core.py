@@ -232,8 +232,8 @@ class StrategyCore:
         path = os.path.join(self.root, METRICS_FILE)
         lines = []
         for step, loss, gn in metrics:
-            rec = {"step": step, "loss": loss if loss == loss and abs(loss) != float("inf") else None}
-            if gn is not None and gn == gn and abs(gn) != float("inf"):
+            rec = {"step": step, "loss": loss}    # NaN/inf as the NaN/Infinity tokens, as HF's log does
+            if gn is not None:
                 rec["grad_norm"] = gn
             lines.append(json.dumps(rec))
         atomic_write_text(path, "\n".join(lines) + "\n")
