@@ -33,7 +33,7 @@ class Settings:
     emergency_save_on: tuple[str, ...] = ()
     save_optimizer: Optional[bool] = None
     report: Any = field(default=None, compare=False)   # the PlanReport when the policy came from a plan
-    source: str = "policy"
+    source: str = field(default="policy", compare=False)
 
 
 def _from_mapping(data: dict, source: str, report=None) -> Settings:
