@@ -88,3 +88,27 @@ def test_spike_then_recovery_allows_a_second_save():
     det = OnlineDetector()
     saves = [i for i, v in enumerate(x) if (f := det.update(i, v)) is not None and f.save]
     assert saves == [100, 220]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_online_baseline_equals_rolling_stats(seed):
+    """The per-value median/scale/max equal detect.rolling_stats, NaN gaps and leading NaNs included."""
+    from checkpoint_strategy.callbacks._detector import _Series
+
+    rng = random.Random(seed)
+    x = [1.0 + rng.gauss(0, 0.1) for _ in range(400)]
+    for i in rng.sample(range(400), 20):
+        x[i] = float("nan")
+    if seed % 2:
+        x[:40] = [float("nan")] * 40
+    s = _Series(False, 128, 7, 2.5, 10, 0.05, 0.1)
+    got = []
+    for v in x:
+        got.append(s.stats)
+        s.add(v)
+    med, scale, wmax = detect.rolling_stats(np.asarray(x))
+    want = list(zip(med.tolist(), scale.tolist(), wmax.tolist()))
+    first = next(i for i, v in enumerate(x) if v == v)
+    # before the first finite value the batch baseline borrows it from the future; online it is unknown
+    for i, (g, w) in list(enumerate(zip(got, want)))[first + 1:]:
+        assert np.allclose(g, w, rtol=1e-12, atol=0, equal_nan=True), (i, g, w)

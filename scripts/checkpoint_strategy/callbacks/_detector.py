@@ -1,12 +1,15 @@
 """Adapter: `recover`'s spike rules (recovery/detect.py), fed one logged value at a time.
 
-This is the only place the callbacks touch detection. The rolling baseline is computed by
-``detect.rolling_stats`` itself, once per block of ``window // 8`` values (the batch detector's
-baseline only changes at block boundaries: a value's median/scale/max come from the previous
-``window // block`` whole blocks), so the per-step cost is a few float comparisons. The flag
-expressions, the onset walk-back, the pre-spike baseline and the recovery test mirror
-``detect.find_events`` line by line; tests/test_callbacks_detector.py checks that the online and
-batch detectors flag the same events on random series.
+This is the only place the callbacks touch detection. The batch detector's baseline only changes
+at block boundaries (a value's median/scale/max come from the previous ``window // block`` whole
+blocks of ``window // 8`` values), so the online baseline is updated once per block, in plain
+Python (numpy's nanmedian costs milliseconds per call), and each step costs a few float
+comparisons (about 15 us for loss + grad norm). The flag expressions, the onset walk-back, the
+pre-spike baseline and the recovery test mirror ``detect.find_events`` line by line, with the
+thresholds, rule names and ``recovery_level`` taken from detect.py; tests/test_callbacks_detector.py
+checks that the baseline equals ``detect.rolling_stats`` and that the online and batch detectors
+flag the same values and events on random series. When recovery/ gains its own online detector,
+switch this module to it.
 
 An *event* runs from its first flagged value until every series that flagged in it is back near
 its pre-spike level (``detect.recovery_level`` and the five-value median, as ``recover`` does).
@@ -48,7 +51,8 @@ class _Series:
             window, z, ratio, max_ratio, min_rise, tolerance
         self.b = max(2, window // 8)
         self.k = max(2, window // self.b)
-        self.blocks: deque[list[float]] = deque(maxlen=self.k)
+        self.blocks: deque[tuple[float, float, float]] = deque(maxlen=self.k)   # (median, MAD, max) per block
+        self.seen_nonfinite = False
         self.block: list[float] = []
         self.stats = (math.nan, math.nan, math.nan)   # median, scale, window max for the current block
         self.last_finite: Optional[float] = None
@@ -58,14 +62,36 @@ class _Series:
         self.in_event = False
 
     def _close_block(self) -> None:
-        import numpy as np
-
-        self.blocks.append(self.block)
+        """detect.rolling_stats for the next block, in plain Python: the block's median, MAD and max,
+        then the median of the last k block medians, 1.4826 x the median of their MADs (floored at
+        1e-4 x |median|), and the max of their maxima; NaN until two blocks are complete."""
+        self.blocks.append(self._block_stats(self.block))
         self.block = []
-        arr = [v for blk in self.blocks for v in blk]
-        arr.append(arr[-1])  # one value of the next block: its baseline is what every value there gets
-        med, scale, wmax = detect.rolling_stats(np.asarray(arr, dtype=np.float64), self.window)
-        self.stats = (float(med[-1]), float(scale[-1]), float(wmax[-1]))
+        self._update_stats()
+
+    @staticmethod
+    def _block_stats(block: list[float]) -> tuple[float, float, float]:
+        if any(v != v for v in block):            # leading values before the first finite one
+            return (math.nan, math.nan, math.nan)
+        med = statistics.median(block)
+        return (med, statistics.median([abs(v - med) for v in block]), max(block))
+
+    def _update_stats(self) -> None:
+        stats = [b for b in self.blocks if b[0] == b[0]]
+        if len(self.blocks) < 2 or not stats:
+            self.stats = (math.nan, math.nan, math.nan)
+            return
+        med = statistics.median([b[0] for b in stats])
+        scale = max(1.4826 * statistics.median([b[1] for b in stats]), 1e-4 * abs(med) + 1e-12)
+        self.stats = (med, scale, max(b[2] for b in stats))
+
+    def _backfill(self, x: float) -> None:
+        """rolling_stats fills values before the first finite one with it: redo those blocks."""
+        self.block = [x if v != v else v for v in self.block]
+        if any(b[0] != b[0] for b in self.blocks):
+            # every value of a NaN block was before the first finite one: the block is all x
+            self.blocks = deque(((x, 0.0, x) if b[0] != b[0] else b for b in self.blocks), maxlen=self.k)
+            self._update_stats()
 
     def add(self, x: float) -> tuple[list[str], bool]:
         """Feed one value; returns (rules that flagged it, nonfinite)."""
@@ -89,7 +115,11 @@ class _Series:
             if wmax > 0 and x >= self.max_ratio * wmax:
                 rules.append(detect.RULE_MAX)
         if finite:
+            if self.last_finite is None and self.seen_nonfinite:
+                self._backfill(x)
             self.last_finite = x
+        else:
+            self.seen_nonfinite = True
         xs = x if finite else (self.last_finite if self.last_finite is not None else math.nan)
         xv = xs if self.grad else x          # find_events: grad series ffilled, loss series raw
         x_inf = xv if math.isfinite(xv) else math.inf
