@@ -163,8 +163,13 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             return
         import torch
 
-        norms = [torch.linalg.vector_norm(p.grad.detach()) for p in pl_module.parameters() if p.grad is not None]
-        self._grad_norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+        grads = [p.grad.detach() for p in pl_module.parameters() if p.grad is not None]
+        if not grads:
+            self._grad_norm = None
+            return
+        foreach = getattr(torch, "_foreach_norm", None)   # one kernel launch per dtype, as clip_grad_norm_ does
+        norms = foreach(grads) if foreach is not None else [torch.linalg.vector_norm(g) for g in grads]
+        self._grad_norm = float(torch.linalg.vector_norm(torch.stack(list(norms))))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
