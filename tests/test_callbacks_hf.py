@@ -175,3 +175,43 @@ def test_nan_loss_triggers_no_emergency_save(tmp_path, caplog):
     assert not any(r.emergency for r in cb.core.records)
     assert not any((p / MARKER_NAME).exists() for p in (tmp_path / "out").glob("checkpoint-*"))
     assert any("NaN/inf" in m and "no emergency save" in m for m in caplog.messages)
+
+
+def test_handoff_every_n_saves_and_unwritable_marker(retention_run, tmp_path):
+    from checkpoint_strategy.callbacks._detector import Flag
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    src, _cb, _tr = retention_run
+    root = tmp_path / "out"
+    shutil.copytree(src, root)
+    state = tmp_path / "state"
+    core = StrategyCore({"frequency": "every_10_steps", "keep_last": 2}, handoff_dir=str(state), handoff_every=1)
+    core.root = str(root)
+    core.saved(str(root / "checkpoint-60"), 60)
+    doc = json.loads((state / "checkpoint-strategy.json").read_text())
+    assert doc["latest_valid_checkpoint"]["path"].endswith("checkpoint-60")
+    blocker = tmp_path / "not-a-folder"       # the marker cannot be written (works as root too)
+    blocker.write_text("x")
+    ok = core.mark_emergency(str(blocker / "checkpoint-46"), Flag("loss_spike_detected", 46, 9.0, 1.0))
+    assert ok is False and any("skipped" in p and "cannot write its marker" in p for p in core.problems)
+
+
+def test_hostile_folder_names_and_a_symlink_inside(retention_run, tmp_path):
+    """Spaces, '|' and a newline in the run folder; a symlinked checkpoint pointing outside."""
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    src, _cb, _tr = retention_run
+    root = tmp_path / "my run |x\nnew"
+    shutil.copytree(src, root)
+    outside = tmp_path / "outside"
+    shutil.copytree(root / "checkpoint-20", outside)
+    os.symlink(outside, root / "checkpoint-5")           # older than everything: prune would pick it
+    core = StrategyCore({"frequency": "every_10_steps", "keep_last": 1}, handoff_dir=str(tmp_path / "st"))
+    core.root = str(root)
+    core.saved(str(root / "checkpoint-60"), 60)
+    rec = core.records[-1]
+    assert rec.status == "valid" and "checkpoint-50" in rec.deleted
+    assert (root / "checkpoint-5").is_symlink() and outside.is_dir()   # never followed, never deleted
+    core.end()
+    assert json.loads((tmp_path / "st" / "checkpoint-strategy.json").read_text())["checkpoints_root"] == str(root)
+    assert last_valid_checkpoint(root) == str(root / "checkpoint-60")

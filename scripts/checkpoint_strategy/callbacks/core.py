@@ -128,11 +128,23 @@ class StrategyCore:
             log.warning(PREFIX + f"{flag.kind} at step {step} (not in emergency_save_on: no emergency save)")
         return None
 
-    def mark_emergency(self, checkpoint: str, flag) -> None:
-        """Write the marker before the save starts (see checkpoints/marker.py)."""
+    def mark_emergency(self, checkpoint: str, flag) -> bool:
+        """Write the marker before the save starts (see checkpoints/marker.py). False when it cannot
+        be written: then no emergency save is made (an unmarked post-event checkpoint would look
+        like a resume point)."""
         from checkpoint_strategy.callbacks import _retention
+        from checkpoint_strategy.storage import describe_os_error
 
-        _retention.write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
+        try:
+            _retention.write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
+        except OSError as exc:
+            line = (f"emergency save at step {flag.step} skipped: cannot write its marker in "
+                    f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}")
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+            return False
+        return True
 
     # ------------------------------------------------------------------ after a save
 

@@ -97,8 +97,9 @@ class HFCheckpointStrategy(TrainerCallback):
         grad = logs.get("grad_norm")
         flag = self.core.observe(state.global_step, _num(loss), _num(grad))
         if flag is not None:
-            if state.is_world_process_zero:
-                self.core.mark_emergency(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), flag)
+            if state.is_world_process_zero and \
+                    not self.core.mark_emergency(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), flag):
+                return control
             self._pending[state.global_step] = flag.kind
             control.should_save = True   # the Trainer saves right after on_log, in the same step
         return control

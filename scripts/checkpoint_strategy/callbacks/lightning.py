@@ -90,7 +90,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                         f"{mc.dirpath or 'the default folder'}; the others keep their own rotation")
         freq = self.core.frequency
         every = getattr(mc, "_every_n_train_steps", 0)
-        if every not in (0, freq) or getattr(mc, "_train_time_interval", None) is not None:
+        epochs = getattr(mc, "_every_n_epochs", 0)
+        if every not in (0, freq) or getattr(mc, "_train_time_interval", None) is not None or \
+                (every == 0 and epochs not in (0, 1)):
             log.warning(PREFIX + f"ModelCheckpoint every_n_train_steps={every} replaced by the policy: every {freq} steps")
         if mc.save_top_k not in (-1, 1):
             log.warning(PREFIX + f"ModelCheckpoint save_top_k={mc.save_top_k} turned off (-1): Lightning deletes old "
@@ -194,10 +196,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                     flag = Flag("loss_spike_detected", step, float("nan"), None, ["another rank"], True, True)
             if flag is not None:
                 path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
-                if trainer.is_global_zero:
-                    self.core.mark_emergency(path, flag)
-                self._pending[path] = flag.kind
-                trainer.save_checkpoint(path)
+                marked = self.core.mark_emergency(path, flag) if trainer.is_global_zero else True
+                if trainer.world_size > 1:
+                    marked = trainer.strategy.reduce_boolean_decision(marked, all=True)
+                if marked:
+                    self._pending[path] = flag.kind
+                    trainer.save_checkpoint(path)
         if self.core.forced_save(step):
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
 
