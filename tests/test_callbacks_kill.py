@@ -1,6 +1,7 @@
-"""SIGKILL at random points of a real HF run with HFCheckpointStrategy (some while the background
-worker validates or prunes): a valid checkpoint always remains, last_valid_checkpoint finds it, and
-the next attempt resumes from it with its optimizer state."""
+"""SIGKILL at random points of a real HF run with HFCheckpointStrategy (the whole process group:
+training and its validation worker, as when a job is killed or a node fails; some kills land
+while the worker validates or prunes): a valid checkpoint always remains, last_valid_checkpoint
+finds it, and the next attempt resumes from it with its optimizer state."""
 
 from __future__ import annotations
 
@@ -32,11 +33,9 @@ from checkpoint_strategy.callbacks import HFCheckpointStrategy, last_valid_check
 out, work = sys.argv[1], sys.argv[2]
 phase_file = os.path.join(work, "phase")
 
-def phase(name, path):
+def phase(name, path):       # called as the worker process reports entering a phase
     with open(phase_file, "w") as fh:
         fh.write(f"{name} {os.path.basename(path)}")
-    if name != "idle":
-        time.sleep(0.02)          # widen the window a little; the real work follows
 
 class Report(TrainerCallback):
     def on_step_begin(self, args, state, control, optimizer=None, **kw):
@@ -53,6 +52,7 @@ resume = last_valid_checkpoint(out)
 cb = HFCheckpointStrategy({"frequency": "every_3_steps", "keep_last": 2, "async_save": True,
                            "keep_milestone": [6]}, handoff_dir=None)
 cb.core.phase_hook = phase
+cb.core.phase_delay = 0.05       # the worker lingers 50 ms as it enters a phase; the real work follows
 args = realruns._training_args(__import__("pathlib").Path(out), max_steps=100000, save_steps=3)
 args.logging_steps = 5
 trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
@@ -82,7 +82,7 @@ def test_ten_sigkills_always_leave_a_valid_checkpoint(tmp_path):
         (work / "phase").unlink(missing_ok=True)
         (work / "resume.json").unlink(missing_ok=True)
         proc = subprocess.Popen([sys.executable, str(script), str(out), str(work), str(TESTS)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 300
         saves_seen = 0
         try:
@@ -98,7 +98,7 @@ def test_ten_sigkills_always_leave_a_valid_checkpoint(tmp_path):
                 pytest.fail("the child made no checkpoint in 300 s")
             time.sleep(rng.uniform(0, 0.03) if target != "any" else rng.uniform(0, 1.5))
             at = _phase(work)
-            os.kill(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)     # the training process and its validation worker
         finally:
             proc.wait()
         kills.append(at.split(" ")[0] or "training")

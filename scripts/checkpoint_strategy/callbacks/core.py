@@ -23,8 +23,8 @@ from checkpoint_strategy.callbacks.policy import Settings, resolve
 
 log = logging.getLogger("checkpoint_strategy.callbacks")
 PREFIX = "checkpoint-strategy: "
-METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
 DEFAULT_STATE_DIR = ".claude/state"
+METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
 
 
 @dataclass
@@ -75,9 +75,14 @@ class StrategyCore:
 
             self._detector = OnlineDetector(self.settings.emergency_save_on)
         self._history: list[tuple[int, float, Optional[float]]] = []
+        self._metrics_fh = None
         self._spike_seen = False
-        self._executor = None
-        self._futures: list[Any] = []
+        self._worker: Optional[_ProcessWorker] = None
+        self._worker_failed = False
+        self._jobs: dict[int, SaveRecord] = {}
+        self._deleted: set[str] = set()
+        self._next_id = 0
+        self.phase_delay = 0.0   # test hook: seconds the worker lingers as it enters each phase
         self._lock = threading.Lock()
         self._saves_done = 0
         self._ended = False
@@ -105,12 +110,16 @@ class StrategyCore:
         """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due."""
         if self._detector is None or loss is None:
             return None
-        if self.framework_log:
-            self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
         flag = self._detector.update(step, loss, grad_norm)
+        if flag is not None:
+            self._spike_seen = True
+        if self.framework_log:
+            if self._metrics_fh is None:
+                self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
+            if self._spike_seen:
+                self._log_metric(step, loss, grad_norm)
         if flag is None:
             return None
-        self._spike_seen = True
         if flag.new_event or flag.save:
             self.flags.append(flag)
         if flag.kind == "nonfinite":
@@ -150,137 +159,172 @@ class StrategyCore:
 
     def saved(self, path: str, step: Optional[int], emergency: Optional[str] = None) -> None:
         """The framework finished writing `path`: validate it, then prune (in the background
-        when async_save)."""
+        worker process when async_save, inline otherwise)."""
         path = os.path.normpath(os.fspath(path))
         if self.after_save_hook is not None:
             self.after_save_hook(path)
         rec = SaveRecord(step=step, path=path, emergency=emergency)
+        s = self.settings
+        job = {"kind": "save", "path": path, "root": self.root, "level": self.level,
+               "validate": bool(s.validate_on_save or s.keep_last), "keep_last": s.keep_last,
+               "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
+               "log": self._metrics_path(), "phase_delay": self.phase_delay}
+        self._flush_metrics()
         with self._lock:
             self.records.append(rec)
-        protect = dict(self.protect() or {})
-        metrics = self._metrics_snapshot()
-        if self.settings.async_save:
-            if self._executor is None:
-                from concurrent.futures import ThreadPoolExecutor
+            self._next_id += 1
+            job["id"] = self._next_id
+            self._jobs[job["id"]] = rec
+        worker = self._get_worker() if s.async_save else None
+        if worker is None or not worker.submit(job):
+            from checkpoint_strategy.callbacks._worker import process_job
 
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-strategy")
-            self._futures = [f for f in self._futures if not f.done()]
-            self._futures.append(self._executor.submit(self._process, rec, protect, metrics))
-        else:
-            self._process(rec, protect, metrics)
+            self._on_message(process_job(job, self._phase))
 
-    def _metrics_snapshot(self) -> Optional[list]:
-        if not (self.framework_log and self._spike_seen):
-            return None
-        return list(self._history)
+    def _get_worker(self):
+        if self._worker is None and not self._worker_failed:
+            try:
+                self._worker = _ProcessWorker(self._on_message)
+            except OSError as exc:
+                self._worker_failed = True
+                log.warning(PREFIX + f"cannot start the background worker ({exc}): validating inline")
+        return self._worker
+
+    # the callback's own loss log, for frameworks whose checkpoints carry none (Lightning): written
+    # whole at the first flagged value, then appended each logged step and flushed before each save
+    # is handed over, so a prune always reads the newest values when it runs.
+
+    def _metrics_path(self) -> Optional[str]:
+        return os.path.join(self.root, METRICS_FILE) if (self.framework_log and self.root) else None
+
+    def retire_old_metrics(self) -> None:
+        """At the start of a fit: an earlier attempt's loss log is kept aside (renamed), not read."""
+        path = self._metrics_path()
+        if path and os.path.lexists(path):
+            try:
+                os.replace(path, path[: -len(".jsonl")] + ".previous.jsonl")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot set aside the previous loss log {path}: {exc}")
+
+    def _log_metric(self, step: int, loss: float, grad_norm: Optional[float]) -> None:
+        import json
+
+        rec = {"step": int(step), "loss": float(loss)}
+        if grad_norm is not None:
+            rec["grad_norm"] = float(grad_norm)
+        if self._metrics_fh is None:
+            if not self._spike_seen or self._metrics_path() is None:
+                return
+            from checkpoint_strategy.atomic import atomic_write_text
+
+            path = self._metrics_path()
+            try:
+                lines = [json.dumps({"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})})
+                         for s_, l_, g_ in self._history]
+                atomic_write_text(path, "".join(x + "\n" for x in lines))
+                self._metrics_fh = open(path, "a", encoding="utf-8")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
+                self.framework_log = False
+            self._history = []
+            return
+        self._metrics_fh.write(json.dumps(rec) + "\n")
+
+    def _flush_metrics(self) -> None:
+        if self._metrics_fh is not None:
+            try:
+                self._metrics_fh.flush()
+            except OSError:
+                pass
 
     def _phase(self, phase: str, path: str) -> None:
         if self.phase_hook is not None:
             self.phase_hook(phase, path)
 
-    def _process(self, rec: SaveRecord, protect: dict, metrics: Optional[list]) -> None:
-        from checkpoint_strategy.callbacks import _retention
+    def _on_message(self, msg: dict) -> None:
+        """A phase or a result from the worker (or from an inline job)."""
+        if "phase" in msg:
+            self._phase(msg["phase"], msg.get("path", ""))
+            return
+        with self._lock:
+            rec = self._jobs.pop(msg.get("id"), None)
+        if rec is None:                      # a handoff job's answer
+            if msg.get("error"):
+                log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}")
+            return
+        self._apply(rec, msg)
 
-        started = time.perf_counter()
+    def _apply(self, rec: SaveRecord, res: dict) -> None:
         name = os.path.basename(rec.path)
         at = f" (step {rec.step})" if rec.step is not None else ""
-        try:
-            if self.settings.validate_on_save or self.settings.keep_last:
-                self._phase("validate", rec.path)
-                try:
-                    result = _retention.validate(rec.path, self.level)
-                except Exception as exc:  # noqa: BLE001 - a missing path is a problem, not a crash
-                    rec.status, rec.problem = "invalid", str(exc)
-                else:
-                    rec.status = result.status
-                    if result.problems:
-                        p = result.problems[0]
-                        more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
-                        rec.problem = f"{p.file}: {p.reason}{more}"
-                if rec.status != "valid":
-                    line = (f"{name}{at} is {str(rec.status).upper()} right after its save: {rec.problem}; kept for "
-                            "inspection, nothing deleted")
-                    with self._lock:
-                        self.problems.append(line)
-                    log.error(PREFIX + line)
-                    return
-            if self.settings.keep_last and self.root is not None:
-                self._phase("prune", rec.path)
-                logfile = self._write_metrics(metrics) if metrics else None
-                report = _retention.prune(self.root, self.settings.keep_last, list(self.settings.milestones),
-                                          level=self.level, protect=protect, log=logfile)
-                rec.deleted = [e.name for e in report.delete if e.deleted]
-                rec.kept_reasons = {e.name: e.reasons for e in report.keep}
-                rec.prune_errors = [f"{p.file}: {p.reason}" for p in report.errors]
-                for err in rec.prune_errors:
-                    log.warning(PREFIX + f"prune: {err}")
-            rec.seconds = time.perf_counter() - started
+        rec.status, rec.problem = res.get("status"), res.get("problem")
+        rec.deleted, rec.kept_reasons = list(res.get("deleted") or []), dict(res.get("kept_reasons") or {})
+        rec.prune_errors, rec.seconds = list(res.get("prune_errors") or []), float(res.get("seconds") or 0.0)
+        self._deleted.update(rec.deleted)
+        if rec.status == "gone":
+            if name in self._deleted:
+                log.info(PREFIX + f"{name}{at} was pruned before its own validation ran (a newer checkpoint had "
+                         "validated)")
+            else:
+                line = f"{name}{at} disappeared before it was validated (removed by hand?)"
+                with self._lock:
+                    self.problems.append(line)
+                log.error(PREFIX + line)
+        elif res.get("error"):
+            line = f"after saving {name}: {res['error']}"
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+        elif rec.status not in (None, "valid"):
+            line = (f"{name}{at} is {str(rec.status).upper()} right after its save: {rec.problem}; kept for "
+                    "inspection, nothing deleted")
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+        else:
+            for err in rec.prune_errors:
+                log.warning(PREFIX + f"prune: {err}")
             pruned = f"; pruned {', '.join(rec.deleted)}" if rec.deleted else ""
             kind = f"emergency save ({rec.emergency})" if rec.emergency else "saved"
             log.info(PREFIX + f"{kind} {name}{at}: {rec.status or 'not validated'} ({self.level}, "
                      f"{rec.seconds:.2f} s){pruned}")
-        except Exception as exc:  # noqa: BLE001 - never take the training run down
-            line = f"after saving {name}: {type(exc).__name__}: {exc}"
-            with self._lock:
-                self.problems.append(line)
-            log.error(PREFIX + line)
-        finally:
-            self._phase("idle", rec.path)
-            with self._lock:
-                self._saves_done += 1
-                due = self.handoff_every is not None and self._saves_done % self.handoff_every == 0
-            if due:
-                self.write_handoff()
-
-    def _write_metrics(self, metrics: list) -> Optional[str]:
-        """The callback's own loss log (JSON lines) for the spike check of frameworks whose
-        checkpoints carry no log (Lightning); written whole, atomically."""
-        import json
-
-        from checkpoint_strategy.atomic import atomic_write_text
-
-        if self.root is None:
-            return None
-        path = os.path.join(self.root, METRICS_FILE)
-        lines = []
-        for step, loss, gn in metrics:
-            rec = {"step": step, "loss": loss}    # NaN/inf as the NaN/Infinity tokens, as HF's log does
-            if gn is not None:
-                rec["grad_norm"] = gn
-            lines.append(json.dumps(rec))
-        atomic_write_text(path, "\n".join(lines) + "\n")
-        return path
+        with self._lock:
+            self._saves_done += 1
+            due = self.handoff_every is not None and self._saves_done % self.handoff_every == 0
+        if due:
+            self.write_handoff()
 
     # ------------------------------------------------------------------ end of training
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the background validations; True when all finished."""
-        from concurrent.futures import wait as _wait
-
-        pending = [f for f in self._futures if not f.done()]
-        if not pending:
+        """Wait for the background jobs; True when all finished."""
+        if self._worker is None:
             return True
-        done, not_done = _wait(pending, timeout=self.join_timeout if timeout is None else timeout)
-        return not not_done
+        return self._worker.wait(self.join_timeout if timeout is None else timeout)
 
     def end(self) -> dict:
         """Join the worker (with the timeout), report, write the handoff state. Idempotent."""
         if self._ended:
             return self.summary()
         self._ended = True
+        started = time.monotonic()
         finished = self.wait()
         if not finished:
             line = (f"validation of the last saves did not finish within {self.join_timeout:g} s: they are not "
                     "checked yet; run `checkpoint-strategy validate` on the folder")
             self.problems.append(line)
             log.error(PREFIX + line)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
         summary = self.summary()
         log.info(PREFIX + f"end of training: {summary['validated']} saves validated, {summary['invalid']} invalid, "
                  f"{summary['pruned']} pruned, {summary['emergency_saves']} emergency; last valid "
                  f"{summary['last_valid'] or 'none'}")
         self.write_handoff()
+        if self._metrics_fh is not None:
+            self._metrics_fh.close()
+            self._metrics_fh = None
+        if self._worker is not None:
+            self._worker.wait(max(1.0, self.join_timeout - (time.monotonic() - started)))
+            self._worker.close()
         return summary
 
     def summary(self) -> dict:
@@ -295,23 +339,113 @@ class StrategyCore:
             except Exception:  # noqa: BLE001
                 last = None
         return {"validated": sum(r.status is not None for r in recs),
-                "invalid": sum(r.status not in (None, "valid") for r in recs),
+                "invalid": sum(r.status not in (None, "valid", "gone") for r in recs),
                 "pruned": sum(len(r.deleted) for r in recs),
                 "emergency_saves": sum(r.emergency is not None for r in recs),
                 "last_valid": os.path.basename(last) if last else None,
                 "problems": list(self.problems)}
 
     def write_handoff(self) -> None:
-        """The session-handoff state the `handoff` command writes, plus this run's problems."""
+        """The session-handoff state the `handoff` command writes, plus this run's problems (on the
+        worker when there is one)."""
         if not self.handoff_dir or self.root is None:
             return
-        from checkpoint_strategy.integrations import handoff
+        from checkpoint_strategy.callbacks._worker import handoff_job
 
+        with self._lock:
+            risks = [f"training callback: {p}" for p in self.problems]
+            self._next_id += 1
+            jid = self._next_id
+        report = self.settings.report
+        job = {"kind": "handoff", "id": jid, "root": self.root, "level": self.level, "state_dir": self.handoff_dir,
+               "report": report.model_dump(mode="json") if report is not None else None, "risks": risks}
+        worker = self._worker if self.settings.async_save else None
+        if worker is None or not worker.submit(job):
+            self._on_message(handoff_job(job))
+
+
+class _ProcessWorker:
+    """One child process (`python -m checkpoint_strategy.callbacks._worker`) fed JSON lines; a
+    daemon thread reads its answers (blocked in read, it holds no GIL)."""
+
+    def __init__(self, on_message: Callable[[dict], None]) -> None:
+        import subprocess
+        import sys
+
+        scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.on_message = on_message
+        self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     encoding="utf-8", bufsize=1, close_fds=True)
+        self._lock = threading.Lock()
+        self.pending: dict[int, threading.Event] = {}
+        self.dead = False
+        self.thread = threading.Thread(target=self._read, name="checkpoint-strategy-reader", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: dict) -> bool:
+        import json
+
+        ev = threading.Event()
+        with self._lock:
+            if self.dead:
+                return False
+            self.pending[job["id"]] = ev
         try:
-            doc = handoff.build(self.settings.report, self.root, level=self.level)
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
             with self._lock:
-                extra = [f"training callback: {p}" for p in self.problems]
-            doc.pending_risks.extend(r for r in extra if r not in doc.pending_risks)
-            handoff.write(self.handoff_dir, doc)
-        except Exception as exc:  # noqa: BLE001 - a handoff problem must not end training
-            log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {exc}")
+                self.pending.pop(job["id"], None)
+                self.dead = True
+            return False
+        return True
+
+    def _read(self) -> None:
+        import json
+
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            try:
+                self.on_message(msg)
+            except Exception as exc:  # noqa: BLE001 - keep reading whatever a hook does
+                log.error(PREFIX + f"handling a worker message: {type(exc).__name__}: {exc}")
+            if "id" in msg:
+                with self._lock:
+                    ev = self.pending.pop(msg["id"], None)
+                if ev is not None:
+                    ev.set()
+        with self._lock:
+            self.dead = True
+            left = list(self.pending.items())
+            self.pending.clear()
+        for jid, ev in left:
+            self.on_message({"id": jid, "error": "the background worker exited before finishing this job"})
+            ev.set()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                events = list(self.pending.values())
+            if not events:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            events[0].wait(left)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
