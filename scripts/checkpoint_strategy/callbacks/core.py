@@ -181,6 +181,11 @@ class StrategyCore:
 
             self._on_message(process_job(job, self._phase))
 
+    def start(self) -> None:
+        """At the start of training: launch the background worker now, not inside the first save."""
+        if self.settings.async_save and (self.settings.validate_on_save or self.settings.keep_last):
+            self._get_worker()
+
     def _get_worker(self):
         if self._worker is None and not self._worker_failed:
             try:

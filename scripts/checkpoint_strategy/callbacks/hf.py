@@ -81,6 +81,8 @@ class HFCheckpointStrategy(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._configure(args, state)
+        if state.is_world_process_zero:
+            self.core.start()
         return control
 
     # ------------------------------------------------------------------ hooks

@@ -150,6 +150,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         os.makedirs(self.core.root, exist_ok=True)
         if trainer.is_global_zero:
             self.core.retire_old_metrics()
+            self.core.start()
         s = self.core.settings
         log.info(PREFIX + f"saving every {s.frequency_steps} steps into {self.core.root}"
                  + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
