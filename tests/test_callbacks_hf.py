@@ -219,3 +219,14 @@ def test_hostile_folder_names_and_a_symlink_inside(retention_run, tmp_path):
     core.end()
     assert json.loads((tmp_path / "st" / "checkpoint-strategy.json").read_text())["checkpoints_root"] == str(root)
     assert last_valid_checkpoint(root) == str(root / "checkpoint-60")
+
+
+def test_prune_protect_keeps_named_checkpoints(spike_run, copy_of):
+    """prune(protect=...) is how the Lightning callback keeps ModelCheckpoint's best_model_path."""
+    out, _cb, _s, _seen = spike_run
+    root = copy_of(out, "copy")
+    report = prune(root, keep_last=1, spike_check=False, protect={"checkpoint-40": "ModelCheckpoint best_model_path"})
+    assert "ModelCheckpoint best_model_path" in report.reasons["checkpoint-40"]
+    assert "checkpoint-40" in [e.name for e in report.keep]
+    report = prune(root, keep_last=1, spike_check=False)
+    assert "checkpoint-40" in [e.name for e in report.delete]
