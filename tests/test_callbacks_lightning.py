@@ -104,3 +104,15 @@ def test_torn_newest_skipped_and_fit_resumes_with_optimizer_state(pl_run, tmp_pa
 def test_save_checkpoint_unwrapped_after_fit(pl_run):
     _d, _cb, trainer, _s, _seen = pl_run
     assert "save_checkpoint" not in vars(trainer)
+
+
+def test_best_model_path_survives_keep_last(tmp_path):
+    """ModelCheckpoint(monitor=..., mode="max") on the training loss: its best is the worst loss, an early
+    checkpoint that keep_last=1 would otherwise delete."""
+    ckpts = tmp_path / "ckpts"
+    policy = {"frequency": "every_10_steps", "keep_last": 1}
+    cb, trainer, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, monitor="train_loss", handoff_dir=None)
+    best = os.path.basename(trainer.checkpoint_callback.best_model_path)
+    assert best and best != "epoch=0-step=40.ckpt"
+    assert callbackruns.lightning_steps(ckpts) == sorted([best, "epoch=0-step=40.ckpt"])
+    assert any("best_model_path" in " ".join(r) for r in cb.core.records[-1].kept_reasons.values())
