@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -25,6 +26,7 @@ log = logging.getLogger("checkpoint_strategy.callbacks")
 PREFIX = "checkpoint-strategy: "
 DEFAULT_STATE_DIR = ".claude/state"
 METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
+HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
 
 
 @dataclass
@@ -74,7 +76,8 @@ class StrategyCore:
             from checkpoint_strategy.callbacks._detector import OnlineDetector
 
             self._detector = OnlineDetector(self.settings.emergency_save_on)
-        self._history: list[tuple[int, float, Optional[float]]] = []
+        # the last logged values before the first event (Lightning): written to the loss log then
+        self._history: deque[tuple[int, float, Optional[float]]] = deque(maxlen=HISTORY_LIMIT)
         self._metrics_fh = None
         self._spike_seen = False
         self._worker: Optional[_ProcessWorker] = None
@@ -231,7 +234,7 @@ class StrategyCore:
             except OSError as exc:
                 log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
                 self.framework_log = False
-            self._history = []
+            self._history.clear()
             return
         self._metrics_fh.write(json.dumps(rec) + "\n")
 
