@@ -10,6 +10,7 @@ from typing import Callable, Iterable
 
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints.models import CheckpointResult, Problem, ValidationReport, ValidationSummary
 from checkpoint_strategy.errors import UsageError
 
@@ -216,6 +217,7 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
     needed, keys = parsed
     if res is not None:
         res["resumable"] = any(k.startswith("optim") for k in keys) or res.get("resumable", False)
+        res["dcp_keys"] = keys
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
     for rel, nbytes in sorted(needed.items()):
@@ -315,7 +317,9 @@ def _check_orbax_dir(ctx: _Ctx, path: str, res: dict, want_commit: bool) -> None
             if n in ("_METADATA", "_sharding", "manifest.ocdbt") or n.endswith(".json"):
                 p = os.path.join(ip, n)
                 if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                    ctx.json(p)
+                    meta = ctx.json(p)
+                    if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
+                        res["resumable"] = True
                 else:
                     ctx.readable(p)
             elif ctx.full and os.path.isfile(os.path.join(ip, n)):
@@ -393,6 +397,10 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
     elif fmt in ("dcp", "torchtitan"):
         _check_dcp_dir(ctx, path, res)
         res["sharded"], res["portability"] = True, "dcp"
+        if fmt == "torchtitan" and not res["resumable"]:
+            reason = fl.torchtitan_model_only_reason(res.get("dcp_keys", set()), res["step"])
+            if reason:
+                ctx.counter.notes.append(reason)
     elif fmt == "deepspeed":
         _check_deepspeed_dir(ctx, path, res)
     elif fmt == "megatron":

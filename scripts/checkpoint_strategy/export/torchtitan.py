@@ -10,20 +10,6 @@ from checkpoint_strategy.export.common import VersionSpec, major_minor, mileston
 from checkpoint_strategy.export.models import NotExpressible, Setting
 
 SPEC = VersionSpec(("torchtitan",), ("0.1", "0.2", "0.3"), major_minor, "torchtitan version")
-# The [checkpoint] keys of each version (dataclass fields), for the tests and for --format toml.
-CONFIG_KEYS = {
-    "0.1": ("enable_checkpoint", "folder", "initial_load_path", "initial_load_model_weights_only", "interval",
-            "last_save_model_weights_only", "export_dtype", "create_seed_checkpoint", "async_mode",
-            "keep_latest_k", "load_step", "exclude_from_loading"),
-    "0.2": ("enable", "enable_ft_dataloader_checkpoints", "folder", "interval", "initial_load_path",
-            "initial_load_model_only", "initial_load_in_hf", "initial_load_in_hf_quantized", "last_save_model_only",
-            "last_save_in_hf", "export_dtype", "async_mode", "keep_latest_k", "load_step", "exclude_from_loading",
-            "enable_first_step_checkpoint", "create_seed_checkpoint", "load_only"),
-    "0.3": ("enable", "folder", "interval", "initial_load_path", "initial_load_model_only", "initial_load_in_hf",
-            "initial_load_in_hf_quantized", "last_save_model_only", "last_save_in_hf", "export_dtype",
-            "keep_latest_k", "load_step", "exclude_from_loading", "enable_first_step_checkpoint",
-            "create_seed_checkpoint", "load_only", "async_mode"),
-}
 SOURCES = (
     "pytorch/torchtitan v0.1.0 (f7084fc) torchtitan/config_manager.py class Checkpoint: enable_checkpoint, "
     "last_save_model_weights_only (default False), keep_latest_k, async_mode",
