@@ -182,3 +182,14 @@ def test_deepspeed_torn_copies(deepspeed_run, tmp_path):
     os.remove(model)
     result = validate_checkpoint(root / "global_step3")
     assert any(p.file == model.name and p.kind == "incomplete" for p in result.problems)
+
+
+def test_deepspeed_copy_without_its_zero_optimizer_shard_is_incomplete(deepspeed_run, tmp_path):
+    step = tmp_path / "global_step6"
+    shutil.copytree(deepspeed_run / "global_step6", step)
+    os.remove(step / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    result = validate_checkpoint(step)
+    # the model states say ZeRO stage 1 (read from their pickle opcodes), so this is a torn copy, not weights-only
+    assert result.status == "incomplete"
+    assert [p.file for p in result.problems] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert "ZeRO stage 1" in result.problems[0].reason

@@ -250,11 +250,19 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
         ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
         ctx.zip(os.path.join(path, n))
+    states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
+    ctx.counter.bytes_read += len(states_pkl or b"")
+    stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
+    if stage and not optim:
+        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
+                    "them cannot resume)")
     if optim:
         res["resumable"] = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        if ranks and ranks != list(range(len(ranks))):
-            missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        expected = max(ranks[-1] + 1 if ranks else 0, dp or 0) if stage else (max(ranks) + 1 if ranks else 0)
+        if ranks and ranks != list(range(expected)):
+            missing = sorted(set(range(expected)) - set(ranks))
             ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
                         f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
     res["sharded"] = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
