@@ -197,6 +197,7 @@ def test_keep_last_1_cannot_go_to_torchtitan(capsys):
     (["--framework", "tensorflow"] + PLAN, "invalid choice"),
     (["--framework", "hf", "--framework-version", "3"] + PLAN, "expected transformers major version 4, 5"),
     (["--framework", "torchtitan", "--framework-version", "0.4"] + PLAN, "0.1, 0.2, 0.3"),
+    (["--framework", "orbax", "--framework-version", "0.11.5"] + PLAN, "0.11 means 0.11.13 or later"),
     (["--framework", "orbax", "--framework-version", "0.12\nimport os"] + PLAN, "not a version number"),
     (["--framework", "hf", "--framework-version", ""] + PLAN, "not a version number"),
     (["--framework", "hf", "--format", "toml"] + PLAN, "--format toml is not available for hf"),
@@ -261,6 +262,21 @@ def test_hand_edited_plan_file_numbers_are_bad_input(field, value, words, tmp_pa
     path.write_text(json.dumps(data))
     rc, out, err = run(["export", "--framework", "orbax", "--plan-file", str(path)], capsys)
     assert rc == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_file_from_stdin_and_too_big(tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    path = _plan_json(tmp_path, capsys, *PLAN)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    rc, out, err = run(["export", "--framework", "megatron", "--format", "args", "--plan-file", "-"], capsys)
+    assert rc == 0 and out.split()[:2] == ["--save-interval", "1000"]
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:
+        fh.truncate(65 << 20)  # sparse: no 65 MB written
+    rc, out, err = run(["export", "--framework", "hf", "--plan-file", str(big)], capsys)
+    assert rc == 2 and out == "" and "larger than" in err and len(err.strip().splitlines()) == 1
 
 
 def test_plan_file_fifo_folder_and_both_inputs(tmp_path, capsys):

@@ -64,16 +64,11 @@ def grid_saves(s: Schedule) -> list[int]:
 
 
 def final_window(s: Schedule) -> list[int]:
-    """The newest keep_last saves at the end of the run (saves counted as the plan counts them:
-    the grid and the final step; off-grid milestones are extra saves on top)."""
-    tail = []
-    if s.total_steps % s.every_steps:
-        tail.append(s.total_steps)
-    step = (s.total_steps // s.every_steps) * s.every_steps
-    while step > 0 and len(tail) < s.keep_last:
-        tail.append(step)
-        step -= s.every_steps
-    return sorted(tail[: s.keep_last])
+    """The newest keep_last saves at the end of the run, counted as the plan counts them (the grid and
+    the final step; off-grid milestones are extra saves on top)."""
+    from checkpoint_strategy.planning.planner import saved_steps_tail
+
+    return saved_steps_tail(s.total_steps, s.every_steps, s.keep_last)
 
 
 def kept_at_end(s: Schedule) -> list[int]:

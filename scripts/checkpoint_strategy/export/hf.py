@@ -43,7 +43,8 @@ def build(report, s, version: str):
         kw["save_total_limit"] = s.keep_last
     if not s.save_optimizer:
         kw["save_only_model"] = True
-    note = "pass with your own output_dir: TrainingArguments(output_dir=..., **checkpoint_kwargs)"
+    note = ("pass with your own output_dir: TrainingArguments(output_dir=..., **checkpoint_kwargs); max_steps is "
+            "the plan's total_steps (the Trainer also saves there)")
     if version == "4":
         if "safetensors" in report.policy.save_formats:
             kw["save_safetensors"] = True

@@ -6,11 +6,27 @@ save rule *and* a keep rule: SpecificStepsPolicy saves it, CustomSteps (or Every
 
 from __future__ import annotations
 
+import re
+
 from checkpoint_strategy.export import gaps
-from checkpoint_strategy.export.common import VersionSpec, major_minor, py
+from checkpoint_strategy.export.common import VersionSpec, py
 from checkpoint_strategy.export.models import NotExpressible, Setting
 
-SPEC = VersionSpec(("orbax-checkpoint",), ("0.11", "0.12"), major_minor, "orbax-checkpoint version")
+def version_key(version: str) -> str | None:
+    """0.11 (from 0.11.13, when CheckpointManager took preservation_policy) or 0.12; None otherwise."""
+    m = re.match(r"^\s*v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?", version)
+    if not m:
+        return None
+    major_, minor, patch = int(m.group(1)), int(m.group(2)), m.group(3)
+    if (major_, minor) == (0, 12):
+        return "0.12"
+    if (major_, minor) == (0, 11) and (patch is None or int(patch) >= 13):
+        return "0.11"
+    return None
+
+
+SPEC = VersionSpec(("orbax-checkpoint",), ("0.11", "0.12"), version_key,
+                   "orbax-checkpoint version (0.11 means 0.11.13 or later)")
 MODULE = "orbax.checkpoint.checkpoint_managers"
 SOURCES = (
     "orbax-checkpoint 0.12.8 checkpoint_manager.py CheckpointManagerOptions: save_decision_policy and "
@@ -20,6 +36,8 @@ SOURCES = (
     "SpecificStepsPolicy(steps), AnySavePolicy(policies), LatestN(n), CustomSteps(steps), "
     "EveryNSteps(interval_steps), AnyPreservationPolicy(policies)",
     "google/orbax docs/api_reference checkpoint.save_decision_policy / checkpoint.preservation_policy",
+    "google/orbax checkpoint/CHANGELOG.md: SaveDecisionPolicy added in 0.11.1; CheckpointManager uses "
+    "preservation_policy since commit 643a95c (2025-04-27), released in 0.11.13 (2025-04-30)",
 )
 
 
