@@ -260,7 +260,9 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
     if optim:
         res["resumable"] = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        expected = max(ranks[-1] + 1 if ranks else 0, dp or 0) if stage else (max(ranks) + 1 if ranks else 0)
+        expected = max(ranks) + 1 if ranks else 0
+        if stage and dp:
+            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved
         if ranks and ranks != list(range(expected)):
             missing = sorted(set(range(expected)) - set(ranks))
             ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
