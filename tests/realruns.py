@@ -356,7 +356,7 @@ def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
     return SaveRun(out, saved, sorted(int(n.split("-")[1]) for n in names), names)
 
 
-def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int) -> SaveRun:
+def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int, plugins=None) -> SaveRun:
     """A real Lightning run with the exported ModelCheckpoint callbacks."""
     import re
 
@@ -387,6 +387,7 @@ def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int) 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
     folder = root / "lightning-export"
     trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks_factory(str(folder)) + [Record()], logger=False,
+                         plugins=plugins,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
                          default_root_dir=str(root / "lightning-export-root"))
     trainer.fit(Tiny(), loader)

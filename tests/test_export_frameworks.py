@@ -66,7 +66,9 @@ def test_hf_milestones_outside_the_window_leave_rotation_to_the_callback(tmp_pat
 def test_lightning_exported_callbacks_save_and_keep_exactly_the_plan(tmp_path):
     export, code = exported("lightning", None, total_steps=25, frequency=5, keep_last=2, milestones=[10, 20])
     ns = run_code(code)
-    run = realruns.run_lightning_with_callbacks(tmp_path, ns["checkpoint_callbacks"], max_steps=25)
+    assert export.schedule.async_save   # the emitted AsyncCheckpointIO plugin is used too
+    run = realruns.run_lightning_with_callbacks(tmp_path, ns["checkpoint_callbacks"], max_steps=25,
+                                                plugins=ns["trainer_plugins"]())
     assert sorted(set(run.saved)) == grid_saves(export.schedule) == [5, 10, 15, 20, 25]
     assert run.kept == kept_at_end(export.schedule) == [10, 20, 25]
     assert run.names == ["milestone-step=10.ckpt", "milestone-step=20.ckpt", "step=20.ckpt", "step=25.ckpt"]
