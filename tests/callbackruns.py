@@ -68,7 +68,7 @@ def steps_in(out: Path) -> list[int]:
 def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
                     spike_scale: float = 3.0,
                     hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
-                    extra_callbacks=(), save_top_k: int = 1, **cb_kwargs):
+                    extra_callbacks=(), save_top_k: int = 1, plugins=None, **cb_kwargs):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
     that step. Returns (callback, trainer, module)."""
@@ -114,7 +114,7 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
                          mode="max" if monitor else "min")
     trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), cb, mc, *extra_callbacks], logger=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
-                         log_every_n_steps=1, default_root_dir=str(Path(ckpt_dir).parent))
+                         log_every_n_steps=1, default_root_dir=str(Path(ckpt_dir).parent), plugins=plugins)
     module = Net()
     trainer.fit(module, loader, ckpt_path=resume)
     return cb, trainer, module

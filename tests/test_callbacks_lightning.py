@@ -116,3 +116,18 @@ def test_best_model_path_survives_keep_last(tmp_path):
     assert best and best != "epoch=0-step=40.ckpt"
     assert callbackruns.lightning_steps(ckpts) == sorted([best, "epoch=0-step=40.ckpt"])
     assert any("best_model_path" in " ".join(r) for r in cb.core.records[-1].kept_reasons.values())
+
+
+def test_async_checkpoint_io_validated_after_the_write(tmp_path):
+    """With AsyncCheckpointIO the save returns before the file is written; the callback validates
+    only after the plugin's writer thread finished it."""
+    from pytorch_lightning.plugins.io import AsyncCheckpointIO
+
+    ckpts = tmp_path / "ckpts"
+    policy = {"frequency": "every_10_steps", "keep_last": 2, "async_save": True}
+    cb, _t, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, plugins=[AsyncCheckpointIO()],
+                                              handoff_dir=None)
+    # "gone": pruned by an earlier job before its own validation ran (the worker starts slowly)
+    assert len(cb.core.records) == 4 and not cb.core.problems
+    assert {r.status for r in cb.core.records} <= {"valid", "gone"} and cb.core.records[-1].status == "valid"
+    assert callbackruns.lightning_steps(ckpts) == ["epoch=0-step=30.ckpt", "epoch=0-step=40.ckpt"]

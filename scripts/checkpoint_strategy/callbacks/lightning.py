@@ -44,6 +44,19 @@ def _callback_bases() -> tuple[type, ...]:
     return tuple(bases)
 
 
+def _async_io_executor(trainer):
+    """The single-thread executor of Lightning's AsyncCheckpointIO (the save returns before the file
+    is written), or None for a synchronous CheckpointIO."""
+    io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+    for _ in range(3):   # wrappers keep the inner plugin in .checkpoint_io
+        if io is None:
+            return None
+        if type(io).__name__ == "AsyncCheckpointIO":
+            return getattr(io, "_executor", None)
+        io = getattr(io, "checkpoint_io", None)
+    return None
+
+
 def _is_model_checkpoint(cb: Any) -> bool:
     return any(c.__name__ == "ModelCheckpoint" for c in type(cb).__mro__)
 
@@ -119,7 +132,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             out = orig(filepath, *args, **kwargs)
             if trainer.is_global_zero:
                 path = os.path.abspath(os.fspath(filepath))
-                self.core.saved(path, trainer.global_step, self._pending.pop(path, None))
+                after = (path, trainer.global_step, self._pending.pop(path, None))
+                pool = _async_io_executor(trainer)
+                if pool is not None:   # AsyncCheckpointIO: its one thread writes in order; follow the write
+                    pool.submit(self.core.saved, *after)
+                else:
+                    self.core.saved(*after)
             return out
 
         trainer.save_checkpoint = save_checkpoint
