@@ -167,6 +167,10 @@ def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
         results.append(Found(found.path, found.format, None, True, FINAL_EXPORT))
     unrecognised: list[str] = []
     _walk(root, 0, max_depth, results, unrecognised)
+    if results and results[0].role == FINAL_EXPORT:  # its weight files belong to the final export
+        top = os.path.normpath(root)
+        results = [f for f in results if f.is_dir or os.path.dirname(os.path.normpath(f.path)) != top
+                   or not _HF_WEIGHTS.match(os.path.basename(f.path))]
     results.sort(key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.path))
     return results, unrecognised
 

@@ -74,26 +74,26 @@ class NameMatch:
 
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
-    (re.compile(r"^checkpoint-(\d+)$"), "hf-trainer", False),
-    (re.compile(r"^tmp-checkpoint-(\d+)$"), "hf-trainer", True),
-    (re.compile(r"^global_step(\d+)$"), "deepspeed", False),
-    (re.compile(r"^iter_(\d{7})$"), "megatron", False),
-    (re.compile(r"^step-(\d+)$"), "torchtitan", False),
-    (re.compile(r"^(\d+)$"), "orbax", False),
-    (re.compile(r"^(\d+)\.orbax-checkpoint-tmp(?:-\d+)?$"), "orbax", True),
+    (re.compile(r"^checkpoint-([0-9]+)$"), "hf-trainer", False),
+    (re.compile(r"^tmp-checkpoint-([0-9]+)$"), "hf-trainer", True),
+    (re.compile(r"^global_step([0-9]+)$"), "deepspeed", False),
+    (re.compile(r"^iter_([0-9]{7})$"), "megatron", False),
+    (re.compile(r"^step-([0-9]+)$"), "torchtitan", False),
+    (re.compile(r"^([0-9]+)$"), "orbax", False),
+    (re.compile(r"^([0-9]+)\.orbax-checkpoint-tmp(?:-[0-9]+)?$"), "orbax", True),
 )
 # Lightning ModelCheckpoint names with auto_insert_metric_name: "{key}={value}" joined by "-",
 # optional "-v<N>" when a name repeats; save_last writes last.ckpt / last-v<N>.ckpt.
-_PL_NUMBER = r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|-?inf|nan"
-_PL_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=(" + _PL_NUMBER + r")(?=-|$)")
-_PL_VERSION = re.compile(r"-v(\d+)$")
-_PL_LAST = re.compile(r"^last(?:-v\d+)?\.ckpt$")
-_INT = re.compile(r"^\d+$")
+_PL_NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|-?inf|nan"
+_PL_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=(" + _PL_NUMBER + r")(?=-|\Z)")
+_PL_VERSION = re.compile(r"-v([0-9]+)\Z")
+_PL_LAST = re.compile(r"^last(?:-v[0-9]+)?\.ckpt$")
+_INT = re.compile(r"^[0-9]+$")
 _ORDER_KEYS = ("epoch", "step")
 
 
 def _lightning(name: str) -> NameMatch | None:
-    if _PL_LAST.match(name):
+    if _PL_LAST.fullmatch(name):
         return NameMatch("lightning", None, template="last")
     if not name.endswith(".ckpt"):
         return None
@@ -132,7 +132,7 @@ def classify_name(name: str) -> NameMatch | None:
     - is None.
     """
     for rx, layout, in_flight in _PATTERNS:
-        m = rx.match(name)
+        m = rx.fullmatch(name)  # never match(): "$" also matches before a trailing newline
         if m:
             return NameMatch(layout, int(m.group(1)), in_flight=in_flight)
     return _lightning(name)
@@ -296,7 +296,7 @@ SAFETY_RULES: tuple[KeepRule, ...] = (keep_unrecognised, keep_final_export, keep
 #: The retention policy `prune` applies after the safety rules, in report order.
 DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback)
 #: Reasons that stop every other consideration (the candidate is not a deletable checkpoint).
-_FINAL = frozenset({"unrecognised", "final_export"})
+_FINAL = frozenset({"unrecognised", "final_export", "symlink"})
 
 
 @dataclass(frozen=True)
