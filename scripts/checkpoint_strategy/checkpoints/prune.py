@@ -44,7 +44,7 @@ from checkpoint_strategy.checkpoints.models import (
     SpikeGuard,
 )
 from checkpoint_strategy.checkpoints.validate import check
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune.json"
 LOCK_TIMEOUT_SECONDS = 5.0
@@ -53,48 +53,11 @@ FINAL_EXPORT_NAME = "."
 
 
 def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
-    """Read the plan's `checkpoint_policy:` YAML (yaml.safe_load) and validate it."""
-    import yaml
-    from pydantic import ValidationError
+    """The checkpoint policy in a plan (YAML or JSON), the handoff state file or a bare mapping
+    (`checkpoint_strategy.policyfile.load_policy_file`)."""
+    from checkpoint_strategy.policyfile import load_policy_file
 
-    p = os.fspath(path)
-    try:
-        text = storage.read_bytes(p, "--policy").decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError(f"--policy {p}: not UTF-8 text; expected a YAML file with a checkpoint_policy: mapping") \
-            from None
-    except storage.ReadError as exc:
-        raise UsageError(f"--policy {p}: cannot read ({exc.reason}); "
-                         "expected a YAML file with a checkpoint_policy: mapping") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise UsageError(f"--policy {p}: not valid YAML{line}; expected a checkpoint_policy: mapping") from None
-    except RecursionError:
-        raise UsageError(f"--policy {p}: nested too deeply; expected a checkpoint_policy: mapping") from None
-    if isinstance(data, dict) and "checkpoint_policy" in data:
-        data = data["checkpoint_policy"]
-    if not isinstance(data, dict):
-        raise UsageError(f"--policy {p}: expected a mapping under checkpoint_policy: "
-                         "(frequency, keep_last, keep_milestone, ...)")
-    data = dict(data)
-    ms = data.get("keep_milestone")
-    if isinstance(ms, list) and ms and ms[-1] in ("...", Ellipsis, None):
-        data["keep_milestone"] = [m for m in ms if isinstance(m, int)]
-        data["_continue"] = True
-    cont = data.pop("_continue", False)
-    try:
-        policy = CheckpointPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(f"--policy {p}: " + pydantic_message(exc, "checkpoint_policy")) from None
-    if cont and policy.keep_milestone:
-        # "[1000, 5000, 10000, 25000, ...]": the spec's "powers of 2 * 1000" continues by doubling
-        last = policy.keep_milestone[-1]
-        extra = [last * 2 ** k for k in range(1, 21)]
-        policy = policy.model_copy(update={"keep_milestone": policy.keep_milestone + extra})
-    return policy
+    return load_policy_file(path, "--policy").policy
 
 
 def _home_folders() -> set[str]:
@@ -441,7 +404,8 @@ def _settings(keep_last, milestones, policy) -> tuple[int, list[int]]:
     if keep_last is None and policy is not None:
         keep_last = policy.keep_last
     if keep_last is None:
-        raise UsageError("no retention given: pass --keep-last N or --policy FILE.yaml with checkpoint_policy.keep_last")
+        raise UsageError("no retention given: pass --keep-last N or --policy FILE (the plan, YAML or JSON, or the "
+                         "handoff state file) with a keep_last")
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
         raise UsageError(f"--keep-last must be an integer of at least 1, got {keep_last}")
     ms = sorted(set(milestones if milestones is not None else (policy.keep_milestone if policy else [])))
