@@ -398,3 +398,26 @@ def test_summary_counts_real_deletions(hf_run, copy_of, capsys):
     gone = set(os.listdir(hf_run.output_dir)) - set(os.listdir(root))
     assert rc == 0 and out["deleted"] == len(gone) == sum(e["deleted"] for e in out["delete"])
     assert out["freed_bytes"] > 0 and out["state"] == "done"
+
+
+def test_journal_temp_left_by_a_kill_is_cleaned_even_with_nothing_to_delete(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    prune(root, keep_last=2, apply=True, spike_check=False)
+    tmp = root / ("." + pm.JOURNAL + ".abc123.tmp")
+    tmp.write_text('{"version": 1, "pen')
+    report = prune(root, keep_last=2, apply=True, spike_check=False)
+    assert report.state == "done" and report.deleted == 0
+    assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200"]
+
+
+def test_kill_between_journal_and_rename_leaves_the_checkpoint_to_the_next_run(hf_run, copy_of):
+    """A journal entry whose .deleting-* name never appeared (killed right after the journal
+    write): the checkpoint is intact, the entry is dropped, the next run deletes it normally."""
+    root = copy_of(hf_run.output_dir, "run")
+    (root / pm.JOURNAL).write_text(json.dumps(
+        {"version": 1, "pending": [{"name": "checkpoint-10", "renamed": ".deleting-00112233445566ff", "sidecar": None}]}))
+    dry = prune(root, keep_last=2, spike_check=False)
+    assert dry.leftovers == [] and "checkpoint-10" in _names(dry.delete)
+    report = prune(root, keep_last=2, apply=True, spike_check=False)
+    assert report.state == "done" and not (root / pm.JOURNAL).exists()
+    assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200"]

@@ -357,10 +357,10 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
     """
     out = Outcome()
     to_delete = [d.candidate.name for d in plan.delete]
-    if not to_delete and not pending:
-        return out
     try:
         _clean_journal_temps(root)
+        if not to_delete and not pending:
+            return out
         _write_journal(root, pending)  # also proves ROOT is writable before anything is touched
     except OSError as exc:
         raise UsageError(storage.oserror_line(exc, "write the prune journal in", root)
