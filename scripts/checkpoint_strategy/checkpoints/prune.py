@@ -123,6 +123,32 @@ def _hf_best(survey: Survey) -> None:
             survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
 
 
+_PL_MONITOR = re.compile(r"^ModelCheckpoint\{.*'monitor': '([^']+)'")
+
+
+def _lightning_best(survey: Survey) -> None:
+    """Lightning's top-k: the newest valid .ckpt holds every ModelCheckpoint's state (read from
+    the pickle's string constants, nothing runs). When one monitors a metric, the .ckpt paths
+    in that state (best_model_path, best_k_models, kth_best_model_path) are the trainer's best."""
+    from checkpoint_strategy.checkpoints import filechecks as fc
+
+    newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
+                  and not c.symlink and c.step is not None and os.path.isfile(c.path)),
+                 key=lambda c: (c.step, c.name), default=None)
+    if newest is None:
+        return
+    _reasons, strings = fc.check_zip(newest.path, fc.Counter(), False, True)
+    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))})
+    if not monitors:
+        return
+    names = {c.name for c in survey.candidates}
+    for x in strings:
+        name = x.replace("\\", "/").rsplit("/", 1)[-1]
+        if x.endswith(".ckpt") and name in names:
+            survey.best.setdefault(name, f"trainer's top-k by {', '.join(monitors)} (ModelCheckpoint state in "
+                                         f"{newest.name})")
+
+
 def survey(root: str, level: str = "quick") -> Survey:
     """List ROOT (one level), classify every name, validate the recognised checkpoints."""
     s = Survey(root)
@@ -155,6 +181,7 @@ def survey(root: str, level: str = "quick") -> Survey:
         s.candidates.append(rt.Candidate(name, None, None, symlink=os.path.islink(path), path=path))
     s.templates = sorted(templates)
     _hf_best(s)
+    _lightning_best(s)
     return s
 
 
