@@ -67,6 +67,7 @@ def _parse(raw: bytes, where: str) -> Any:
 def _mapping(data: Any, where: str) -> tuple[dict, PolicyKind]:
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping, got a {type(data).__name__}; {EXPECTED}")
+    kind: PolicyKind
     if "checkpoint_policy" in data:
         inner, kind = data["checkpoint_policy"], "plan-yaml"
     elif "policy" in data and ("producer" in data or "next_step" in data or "schema_version" in data):
@@ -92,9 +93,10 @@ def policy_from_data(data: Any, where: str = "policy") -> LoadedPolicy:
 
     inner, kind = _mapping(data, where)
     ms = inner.get("keep_milestone")
-    cont = isinstance(ms, list) and bool(ms) and ms[-1] in ("...", Ellipsis, None)
-    if cont:
-        inner["keep_milestone"] = [m for m in ms[:-1] if not isinstance(m, bool)]
+    cont = False
+    if isinstance(ms, list) and ms and ms[-1] in ("...", Ellipsis, None):
+        cont = True
+        inner["keep_milestone"] = ms[:-1]
     try:
         policy = CheckpointPolicy.model_validate(inner)
     except ValidationError as exc:

@@ -38,9 +38,11 @@ from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints.models import (
     CheckpointPolicy,
     CheckpointResult,
+    Level,
     Problem,
     PruneEntry,
     PruneReport,
+    PruneState,
     SpikeGuard,
 )
 from checkpoint_strategy.checkpoints.validate import check
@@ -447,7 +449,7 @@ def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
 
 def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
-          level: str = "quick", log: str | None = None, spike_check: bool = True,
+          level: Level = "quick", log: str | None = None, spike_check: bool = True,
           lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
@@ -485,7 +487,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
     delete = [e for e in entries if e.action == "delete"]
-    state = "dry_run"
+    state: PruneState = "dry_run"
     if out is not None:
         state = "half_deleted" if out.half_deleted else "failed" if out.errors else "done"
     best = sorted(s.best)
