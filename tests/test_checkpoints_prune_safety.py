@@ -477,3 +477,17 @@ def test_lightning_top_k_named_by_the_trainer_state_is_kept(lightning_topk, copy
     for name in top_k:
         assert "trainer_best" in why[name]["reason_kinds"]
         assert any("top-k by score" in r for r in why[name]["reasons"])
+
+
+def test_dcp_step_folders(dcp_checkpoint, tmp_path, capsys):
+    """torchtitan-style step-N/ DCP folders: exact names only; an unfinished save (no .metadata)
+    is kept and never counts as the newest."""
+    root = tmp_path / "dcp"
+    for name in ("step-100", "step-200", "step-300", "step-150-old", "step_250"):
+        shutil.copytree(dcp_checkpoint, root / name)
+    (root / "step-300" / ".metadata").unlink()
+    rc, out, _ = _run_json(["prune", str(root), "--keep-last", "1", "--apply"], capsys)
+    assert rc == 0 and out["newest_valid"] == "step-200" and out["counts_resumable"] is True
+    assert sorted(os.listdir(root)) == ["step-150-old", "step-200", "step-300", "step_250"]
+    kinds = {e["name"]: e["reason_kinds"] for e in out["keep"]}
+    assert kinds["step-300"][0] == "not_valid" and kinds["step_250"] == ["unrecognised"]
