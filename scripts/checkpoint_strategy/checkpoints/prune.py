@@ -7,11 +7,11 @@
   storage).
 - ``apply_prune(root, plan, ...)`` deletes what the plan marks, crash-safely:
 
-  1. the entry ``{"name", "renamed": ".deleting-<random>"}`` is added to the journal
-     ``ROOT/.checkpoint-strategy-prune.json`` (atomic write);
-  2. the checkpoint (and its ``.integrity.json`` sidecar) is renamed to that hidden name - one
-     atomic rename in the same folder, outside the recognised namespace;
-  3. it is removed, then its journal entry is dropped.
+  1. the batch ``[{"name", "renamed": ".deleting-<random>"}, ...]`` is written to the journal
+     ``ROOT/.checkpoint-strategy-prune.json`` (one atomic write);
+  2. each checkpoint (and its ``.integrity.json`` sidecar) is renamed to its hidden name - one
+     atomic rename in the same folder, outside the recognised namespace - and removed;
+  3. the journal is rewritten with only what is left half deleted (removed when empty).
 
   A crash leaves either the intact checkpoint or a journalled ``.deleting-*`` leftover that the
   next ``prune --apply`` finishes. A ``.deleting-*`` name not in the journal was not made by
@@ -347,23 +347,25 @@ def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
     return left
 
 
-def _delete_one(root: str, name: str, pending: list[dict], out: Outcome) -> list[dict]:
-    src = os.path.join(root, name)
+def _entry_for(root: str, name: str) -> dict:
     renamed = fm.DELETING_PREFIX + secrets.token_hex(8)
-    sidecar = src + fm.MANIFEST_SUFFIX
-    entry = {"name": name, "renamed": renamed,
-             "sidecar": renamed + fm.MANIFEST_SUFFIX if os.path.lexists(sidecar) else None}
+    sidecar = os.path.lexists(os.path.join(root, name + fm.MANIFEST_SUFFIX))
+    return {"name": name, "renamed": renamed, "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None}
+
+
+def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
+    """Rename then remove one journalled checkpoint. True when something is left half deleted."""
+    name, renamed = entry["name"], entry["renamed"]
+    src = os.path.join(root, name)
     size = _size(src)
-    _write_journal(root, pending + [entry])
     try:
         os.rename(src, os.path.join(root, renamed))
     except OSError as exc:
         out.failed[name] = f"could not delete: {storage.describe_os_error(exc)}; the checkpoint is intact"
-        _write_journal(root, pending)
-        return pending
+        return False
     try:
         if entry["sidecar"]:
-            os.rename(sidecar, os.path.join(root, entry["sidecar"]))
+            os.rename(src + fm.MANIFEST_SUFFIX, os.path.join(root, entry["sidecar"]))
         _fsync_dir(root)
         for n in (renamed, entry["sidecar"]):
             if n:
@@ -371,10 +373,9 @@ def _delete_one(root: str, name: str, pending: list[dict], out: Outcome) -> list
     except OSError as exc:
         out.failed[name] = (f"half deleted (left as {renamed}): {storage.describe_os_error(exc)}; "
                             "rerun prune --apply to finish")
-        return pending + [entry]
+        return True
     out.deleted[name] = size
-    _write_journal(root, pending)
-    return pending
+    return False
 
 
 def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Outcome:
@@ -395,18 +396,27 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
         raise UsageError(storage.oserror_line(exc, "write the prune journal in", root)
                          + "; prune --apply needs write access to ROOT (nothing deleted)") from None
     pending = _finish(root, pending, out)
-    _write_journal(root, pending)
     justifiers = sorted({d.justified_by for d in plan.delete if d.justified_by})
     for j in justifiers:
         if not revalidate(j):
             out.errors.append(Problem(file=j, reason="newest valid checkpoint no longer validates: nothing deleted"))
             to_delete = []
-    for name in to_delete:
-        try:
-            pending = _delete_one(root, name, pending, out)
-        except OSError as exc:  # the journal itself could not be written: stop here
-            out.failed[name] = f"could not record the deletion in {JOURNAL}: {storage.describe_os_error(exc)}"
-            break
+    # One journal write for the whole batch: an entry whose .deleting-* name never appears (killed
+    # before its rename) is simply dropped by the next run; the checkpoint is still there.
+    entries = [_entry_for(root, name) for name in to_delete]
+    try:
+        _write_journal(root, pending + entries)
+    except OSError as exc:
+        out.errors.append(Problem(file=JOURNAL, reason=storage.oserror_line(exc, "write", JOURNAL)
+                                  + "; nothing (more) deleted"))
+        entries = []
+    half = [e for e in entries if _delete_one(root, e, out)]
+    pending = pending + half
+    try:
+        _write_journal(root, pending)
+    except OSError as exc:
+        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: "
+                                  f"{storage.describe_os_error(exc)}; the next prune --apply tidies it"))
     for name, why in out.failed.items():
         out.errors.append(Problem(file=name, reason=why))
     out.half_deleted = [e["renamed"] for e in pending]
