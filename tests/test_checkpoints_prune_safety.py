@@ -491,3 +491,18 @@ def test_dcp_step_folders(dcp_checkpoint, tmp_path, capsys):
     assert sorted(os.listdir(root)) == ["step-150-old", "step-200", "step-300", "step_250"]
     kinds = {e["name"]: e["reason_kinds"] for e in out["keep"]}
     assert kinds["step-300"][0] == "not_valid" and kinds["step_250"] == ["unrecognised"]
+
+
+def test_hf_output_dir_with_only_trainer_state_has_no_final_export(hf_run, copy_of, capsys):
+    """Trainer.save_state() without save_model(): a trainer_state.json at the top is not a
+    (broken) final export; the checkpoints are validated one by one and all pass."""
+    root = copy_of(hf_run.output_dir, "out")
+    state = json.loads((root / "checkpoint-200" / "trainer_state.json").read_text())
+    state["best_model_checkpoint"] = str(root / "checkpoint-30")
+    (root / "trainer_state.json").write_text(json.dumps(state))
+    report = validate_paths([str(root)], progress=False)
+    assert len(report.checkpoints) == len(hf_run.checkpoint_steps)
+    assert {c.status for c in report.checkpoints} == {"valid"}
+    pr = prune(root, keep_last=2, spike_check=False)
+    assert pr.final_export is None and "trainer_state.json" in {e.name for e in pr.keep}
+    assert "checkpoint-30" in {e.name for e in pr.keep} and pr.best_checkpoint == "checkpoint-30"

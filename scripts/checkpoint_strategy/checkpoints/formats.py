@@ -11,6 +11,8 @@ Recognised (documented names of each framework):
   orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
   deepspeed   global_stepN/ (with a `latest` file beside it)
   megatron    iter_NNNNNNN/ (with latest_checkpointed_iteration.txt beside it)
+An HF output_dir holding checkpoint-N/ folders is a run folder (`is_run_folder`): `discover` returns
+its checkpoints plus, when it has top-level weights, its final export (role FINAL_EXPORT).
 Names starting with '.deleting-' (a prune in progress) and other hidden names are ignored.
 """
 
@@ -163,11 +165,12 @@ def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
     if found is not None:
         if not is_run_folder(found):
             return [found], []
-        # an HF output_dir: its own top-level files are the final export, its children the checkpoints
-        results.append(Found(found.path, found.format, None, True, FINAL_EXPORT))
+        # an HF output_dir: its own top-level weights are the final export, its children the checkpoints
+        if any(_HF_WEIGHTS.match(n) or n.endswith(".safetensors.index.json") for n in listdir(root) or []):
+            results.append(Found(found.path, found.format, None, True, FINAL_EXPORT))
     unrecognised: list[str] = []
     _walk(root, 0, max_depth, results, unrecognised)
-    if results and results[0].role == FINAL_EXPORT:  # its weight files belong to the final export
+    if found is not None:  # a run folder: its top-level weight files belong to the final export
         top = os.path.normpath(root)
         results = [f for f in results if f.is_dir or os.path.dirname(os.path.normpath(f.path)) != top
                    or not _HF_WEIGHTS.match(os.path.basename(f.path))]

@@ -109,19 +109,19 @@ class Survey:
 def _hf_best(survey: Survey) -> None:
     """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
     run folder's own)."""
+    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ")]
     for c in survey.candidates:
         f = survey.found.get(c.name)
-        if f is None or f.format != "hf-trainer" or c.symlink or not f.is_dir:
-            continue
+        if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
+    for path, where in states:
         try:
-            data = storage.read_json(os.path.join(f.path, "trainer_state.json"), "trainer_state.json",
-                                     allow_nan=True, expect=dict)
+            data = storage.read_json(path, "trainer_state.json", allow_nan=True, expect=dict)
         except storage.ReadError:
             continue
         name = data.get("best_model_checkpoint")
         if isinstance(name, str) and name.strip():
             best = os.path.basename(os.path.normpath(name))
-            where = "the run folder's" if c.final_export else f"{c.name}/"
             survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
 
 
