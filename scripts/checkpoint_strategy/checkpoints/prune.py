@@ -140,7 +140,8 @@ def _lightning_best(survey: Survey) -> None:
     if newest is None:
         return
     _reasons, strings = fc.check_zip(newest.path, fc.Counter(), False, True)
-    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))})
+    # monitor="step" (a rolling window, as `export` emits it) ranks by recency, not quality: not a best
+    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))} - {"step", "epoch", "global_step"})
     if not monitors:
         return
     names = {c.name for c in survey.candidates}
