@@ -191,6 +191,34 @@ def block_size(window: int) -> int:
     return max(2, window // 8)
 
 
+def low_quantile(values) -> float:
+    """The healthy reference of a set of block medians: the REFERENCE_QUANTILE-th lowest (no interpolation)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return math.nan
+    idx = int(REFERENCE_QUANTILE / 100.0 * (len(v) - 1))
+    return float(np.partition(v, idx)[idx])
+
+
+def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
+    """Row j: low_quantile of bmed[j-k .. j-1] (fewer at the start), vectorised for full rows."""
+    nb = len(bmed)
+    out = np.full(nb, np.nan)
+    for j in range(1, min(k, nb)):
+        out[j] = low_quantile(bmed[:j])
+    if nb > k:
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
+        idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
+        if np.isfinite(win).all():
+            out[k:] = np.partition(win, idx, axis=1)[:, idx]
+        else:
+            out[k:] = [low_quantile(row) for row in win]
+    return out
+
+
 def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray:
     """Per value: the healthy level before it, a low quantile (20 %) of the block medians of the
     REFERENCE_BLOCKS blocks before its own (NaN until two blocks are logged). Never follows a
@@ -206,10 +234,7 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
     bmed = np.median(xp.reshape(nb, b), axis=1)
     if nb >= 2 and n % b:  # the last, partial block is not a block median yet
         bmed[-1] = np.median(xf[(nb - 1) * b:])
-    k = min(REFERENCE_BLOCKS, max(1, nb))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ref_b = np.nanpercentile(_sliding(bmed, k, np.nan), REFERENCE_QUANTILE, axis=1)
+    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
     return ref_b[np.arange(n) // b]
 
@@ -347,16 +372,16 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     blocks = xf[:nb * b].reshape(nb, b)
     bmed = np.median(blocks, axis=1)
     bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
-    k = min(REFERENCE_BLOCKS, nb)
+    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
+    kk = max(2, window // b)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        ref_b = np.nanpercentile(_sliding(bmed, k, np.nan), REFERENCE_QUANTILE, axis=1)
-        noise_b = np.nanmedian(_sliding(bmad, k, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
+        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
     ref_b[:2] = np.nan
     with np.errstate(invalid="ignore"):
         above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
     bstart = np.arange(nb) * b
-    for lo, hi in skip:  # blocks touching a spike's bad stretch belong to that event
+    for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
         above[(bstart + b > lo) & (bstart < hi)] = False
     out: list[Event] = []
     j = 0
@@ -367,14 +392,13 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
         j2 = j
         r0 = float(ref_b[j])
         thr0 = r0 + max(tolerance * abs(r0), SHIFT_NOISE_UNITS * float(noise_b[j]))
-        while j2 + 1 < nb and bmed[j2 + 1] > thr0 and not _in(skip, int(bstart[j2 + 1])):
+        while j2 + 1 < nb and bmed[j2 + 1] > thr0:
             j2 += 1
         first, last = int(bstart[j]), min(n - 1, int(bstart[j2]) + b - 1)
         long_enough = (j2 - j + 1) >= SHIFT_MIN_BLOCKS and steps[last] - steps[first] >= wait_steps
         if long_enough:
             s_raw = float(noise_b[j]) * math.sqrt(b) / 1.2533
-            end = _first_recovery(np.where(np.isfinite(x), x, np.inf), last + 1,
-                                  recovery_level(r0, s_raw, tolerance))
+            end = int(bstart[j2 + 1]) if j2 + 1 < nb else None
             onset = first
             seg = xf[max(0, first - b):first + b]  # refine: first value of the rise above the threshold
             sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1):t + 1]) for t in range(len(seg))])
@@ -382,13 +406,16 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
             if len(hits):
                 onset = max(0, first - b) + int(hits[0])
             peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
-            climbing = j2 - j >= 2 and bmed[j2] > bmed[j + (j2 - j) // 2] + 2 * noise_b[j]
-            out.append(Event(kind="level_shift", onset=onset, peak=peak, end=end, baseline=r0, median=float(bmed[j]),
+            third = max(1, (j2 - j + 1) // 3)
+            lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
+            climbing = hi_m - lo_m > max(0.5 * (lo_m - r0), 2 * float(noise_b[j]))
+            kind = "divergence" if (climbing and end is None) else "level_shift"
+            out.append(Event(kind=kind, onset=onset, peak=peak, end=end, baseline=r0, median=float(bmed[j]),
                              scale=s_raw, z_peak=None, rules=[labels["level"]], reference=r0, detected=last,
-                             detail="climbing" if climbing else "plateau"))
+                             detail="slow climb, no single spike" if climbing else "plateau, no single spike"))
             if end is None:
                 break
-            j = max(j2 + 1, end // b + 1)
+            j = j2 + 1
         else:
             j = j2 + 1
     return out
@@ -495,9 +522,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     for ev in loss_events:
         if ev.kind == "loss":
             gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
-            ev.kind = "divergence" if gone else "spike"
-            if gone:
-                ev.detail = "not back within the wait window"
+            ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
     spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
     shifts = level_shifts(loss, steps, window=o.window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
                           labels=labels)
@@ -507,7 +532,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     if grad_norm is not None:
         grads = find_events(grad_norm, grad=True, **kw)
         events += _unmatched_grads(grads, loss_events, n)
-    events.sort(key=lambda e: (e.onset, e.kind == "grad_norm"))
+    events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
     events = _trim_after_first_unrecovered(events)
     target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
     a = Analysis(events=events, reference=ref, verdict="healthy", target=target,
@@ -515,6 +540,36 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     if target is not None:
         _verdict(a, events[target], steps, loss, o)
     return a
+
+
+def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[str, str]:
+    """A flagged event not back within the wait window: a divergence when it blew up and came back
+    only partly, or keeps climbing; a level shift when it stepped to a plateau and stayed there.
+    "early" is the median over the first 2 wait windows after the onset, "now" over the last one."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    seg = x[ev.onset:]
+    seg_s = steps[ev.onset:]
+    r = ev.reference if ev.reference is not None else ev.baseline
+    if r is None or len(seg) < 2 * SMOOTH_POINTS or not np.isfinite(seg).all():
+        return "divergence", "not back within the wait window"
+    interval = max(1, int(np.median(np.diff(seg_s[:50])))) if len(seg_s) > 1 else 1
+    span = max(2 * o.wait_steps, 20 * interval)
+    early_v = seg[seg_s <= seg_s[0] + span]
+    tail = seg[seg_s >= seg_s[-1] - span // 2]
+    if len(early_v) < SMOOTH_POINTS:
+        early_v = seg[:SMOOTH_POINTS]
+    if len(tail) < SMOOTH_POINTS:
+        tail = seg[-SMOOTH_POINTS:]
+    peak = float(np.median(sliding_window_view(seg, SMOOTH_POINTS), axis=1).max())
+    early, now = float(np.median(early_v)), float(np.median(tail))
+    noise = 3 * ev.scale / math.sqrt(max(1, len(tail)))
+    ratio = f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"
+    if now - early > max(0.5 * (early - r), noise):
+        return "divergence", f"still climbing: {now:.4g} now, {ratio}"
+    if early <= r or peak - r > 1.5 * (early - r):
+        return "divergence", f"came back only partly: peak {peak:.4g}, now {now:.4g} ({ratio})"
+    return "level_shift", f"plateau at {now:.4g} ({ratio})"
 
 
 PRECURSOR_POINTS = 5   # a grad-norm spike this many logged values before a loss onset leads it
@@ -543,7 +598,7 @@ def _trim_after_first_unrecovered(events: list[Event]) -> list[Event]:
             out.append(e)
             if e.end is None and e.kind != "grad_norm":
                 bad = e
-        elif e.kind in ("nonfinite", "collapse") and e.onset > bad.onset:
+        elif e.kind in ("nonfinite", "collapse") and e.onset >= bad.onset:
             out.append(e)
     return out
 

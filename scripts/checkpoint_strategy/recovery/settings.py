@@ -116,8 +116,8 @@ def add_arguments(parser, fields=DETECTION + PLAYBOOK) -> None:
         kind = int if expected.startswith("a whole number") else float
         default = field.default
         spelled = [flag]
-        under = flag.replace("-", "_")
-        if under != flag and under.startswith("__"):
+        under = "--" + flag[2:].replace("-", "_")
+        if under != flag:
             spelled.append(under)
         group = groups["detection" if name in DETECTION else "playbook"]
         group.add_argument(*spelled, dest=name, type=_typed(kind, flag, expected), default=None,
