@@ -1,0 +1,304 @@
+"""Streaming readers for record logs: keep only the numeric series, never the parsed records.
+
+* ``Collector`` takes records (dicts) one at a time. It picks the columns from the first
+  KEY_SAMPLE records, then keeps step/loss/grad-norm/learning-rate/eval-loss as float arrays
+  (``array('d')``: 8 bytes a value). A learning rate or eval loss logged in a row of its own (a
+  Lightning metrics.csv with interleaved rows) is carried to the next loss row.
+* ``json_document_records`` reads a JSON document (HF ``trainer_state.json`` or a list of records)
+  and yields its records. The ``log_history`` array is parsed in slices of SLICE_RECORDS entries
+  (orjson when installed; the standard library when a slice holds HF's NaN/Infinity tokens, which
+  orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
+  Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
+* ``jsonl_records`` yields one record per line from an open binary file (bounded memory).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from array import array
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable, Iterator, Optional
+
+from checkpoint_strategy.errors import UsageError
+
+KEY_SAMPLE = 2000
+SLICE_RECORDS = 20000
+EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
+             "validation/loss", "eval_loss_epoch")
+
+try:  # optional: ~2-3x faster parsing of the big trainer_state.json (see pyproject's 'fast' extra)
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def _loads(data: bytes) -> Any:
+    if _orjson is not None:
+        try:
+            return _orjson.loads(data)
+        except _orjson.JSONDecodeError:
+            pass  # NaN/Infinity tokens (HF writes them) or real errors: the standard library decides
+    return json.loads(data)
+
+
+class Collector:
+    """Numeric columns of a stream of records (see the module docstring)."""
+
+    def __init__(self, p: Path, columns, *, what: str = "entry", offset: int = 0,
+                 known_keys: Optional[Iterable[str]] = None) -> None:
+        self.p, self.columns, self.what, self.offset = p, columns, what, offset
+        self.known_keys = list(known_keys) if known_keys is not None else None
+        self.sample: list[tuple[int, dict]] = []
+        self.keys: Optional[tuple] = None
+        self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
+        self.eval_steps, self.eval_loss = array("d"), array("d")
+        self.index = array("q")
+        self.count = 0
+        self.objects = 0
+        self._last_lr = math.nan
+
+    def add(self, rec: Any) -> None:
+        i = self.count
+        self.count += 1
+        if type(rec) is not dict:
+            if self.what == "line":
+                raise UsageError(f"log {self.p} line {i + self.offset} is not a JSON object; expected one record "
+                                 "per line")
+            return
+        self.objects += 1
+        if self.keys is None:
+            self.sample.append((i, rec))
+            if len(self.sample) >= KEY_SAMPLE:
+                self._decide()
+            return
+        self._take(i, rec)
+
+    def _decide(self) -> None:
+        from checkpoint_strategy.recovery.logs import GRAD_KEYS, LOSS_KEYS, LR_KEYS, STEP_KEYS, _pick
+
+        keys: dict[str, None] = dict.fromkeys(self.known_keys or ())
+        for _, rec in self.sample:
+            keys.update(dict.fromkeys(rec))
+        if not keys:
+            raise UsageError(f"log {self.p} holds no JSON objects; expected records with step and loss")
+        c, p = self.columns, self.p
+        loss_key = _pick(keys, c.loss, LOSS_KEYS, "loss", p, required=True)
+        step_key = _pick(keys, c.step, STEP_KEYS, "step", p, required=True)
+        grad_key = _pick(keys, c.grad_norm, GRAD_KEYS, "grad-norm", p, required=c.grad_norm is not None)
+        lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", p, required=c.lr is not None)
+        eval_key = next((k for k in EVAL_KEYS if k in keys and k != loss_key), None)
+        self.keys = (step_key, loss_key, grad_key, lr_key, eval_key)
+        sample, self.sample = self.sample, []
+        for i, rec in sample:
+            self._take(i, rec)
+
+    def _take(self, i: int, rec: dict) -> None:
+        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        if lr_key is not None:
+            v = rec.get(lr_key)
+            if v is not None:
+                self._last_lr = self._num(v, "learning rate", i)
+        if eval_key is not None:
+            v = rec.get(eval_key)
+            if v is not None:
+                s = rec.get(step_key)
+                if s is not None:
+                    self.eval_steps.append(self._num(s, "step", i))
+                    self.eval_loss.append(self._num(v, "eval loss", i))
+        v = rec.get(loss_key)
+        if v is None:
+            return
+        self.loss.append(self._num(v, "loss", i))
+        self.steps.append(self._num(rec.get(step_key), "step", i))
+        if grad_key is not None:
+            g = rec.get(grad_key)
+            self.grad.append(math.nan if g is None else self._num(g, "grad norm", i))
+        self.lr.append(self._last_lr)
+        self.index.append(i)
+
+    def _num(self, v: Any, name: str, i: int) -> float:
+        if type(v) is float:
+            return v
+        from checkpoint_strategy.recovery.logs import _show, _to_float
+
+        num = _to_float(v)
+        if num is None:
+            if v is None and name == "step":
+                return math.nan  # reported as "step ... is missing" by build_series
+            label = f"{self.what} {i + self.offset}"
+            raise UsageError(f"log {self.p}: {name} at {label} is {_show(v)}, not a number")
+        return num
+
+    def finish(self):
+        import numpy as np
+
+        if self.keys is None:
+            if not self.count:
+                raise UsageError(f"log {self.p} has no log entries (empty log_history or list)")
+            if not self.objects:
+                raise UsageError(f"log {self.p} holds no JSON objects; expected records with step and loss")
+            self._decide()
+        step_key, loss_key, grad_key, lr_key, _ = self.keys
+        if not len(self.loss):
+            raise UsageError(f"log {self.p} has no {loss_key!r} values; expected training loss entries")
+
+        def arr(a):
+            return np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.empty(0)
+
+        grad = arr(self.grad) if grad_key is not None else None
+        lr = arr(self.lr) if lr_key is not None else None
+        return arr(self.steps), arr(self.loss), grad, lr, step_key, loss_key, grad_key, lr_key
+
+    def eval_series(self):
+        import numpy as np
+
+        if not len(self.eval_loss):
+            return None, None, None
+        return (np.frombuffer(self.eval_steps, dtype=np.float64).copy(),
+                np.frombuffer(self.eval_loss, dtype=np.float64).copy(), self.keys[4])
+
+
+# --------------------------------------------------------------------------------------------
+# JSON documents
+
+
+_BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
+_HISTORY = re.compile(rb'"log_history"\s*:\s*\[')
+
+
+def json_document_records(p: Path, data: bytes, meta: dict) -> Iterator[Any]:
+    """Records of a JSON document: log_history entries (HF) or the items of a top-level list.
+    Top-level fields other than log_history (best_model_checkpoint, ...) land in `meta`."""
+    fast = _history_slices(data, meta)
+    if fast is not None:
+        yield from fast
+        return
+    obj = _parse_whole(p, data)
+    if isinstance(obj, dict) and "log_history" in obj:
+        meta.update({k: v for k, v in obj.items() if k != "log_history"})
+        meta["_format"] = "hf"
+        hist = obj["log_history"]
+        if not isinstance(hist, list):
+            raise UsageError(f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json")
+        del obj
+        yield from hist
+        return
+    if isinstance(obj, list):
+        meta["_format"] = "json"
+        yield from obj
+        return
+    meta["_format"] = "other"
+
+
+def _parse_whole(p: Path, data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise UsageError(f"log {p} is JSON nested too deeply to be a training log") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
+    except json.JSONDecodeError as exc:
+        raise _JSONError(exc) from None
+    except ValueError as exc:  # e.g. a 5000-digit integer
+        raise UsageError(f"log {p} is not valid JSON: {' '.join(str(exc).split())[:100]}") from None
+
+
+class _JSONError(Exception):
+    def __init__(self, exc: json.JSONDecodeError) -> None:
+        super().__init__(exc.msg)
+        self.exc = exc
+
+
+def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
+    """The fast path for a trainer_state.json: None when the document does not look like one whose
+    log_history can be sliced safely (then the caller parses it whole)."""
+    m = _HISTORY.search(data)
+    if m is None or re.match(rb"\s*\{", data) is None:
+        return None
+    start = m.end()
+    bounds = [start]
+    pos = start
+    count = 0
+    for hit in _BOUNDARY.finditer(data, start):
+        if data.find(b"]", pos, hit.start()) != -1:
+            break  # a list inside an entry, or the array's end: the slices after this are bigger
+        pos = hit.end()
+        count += 1
+        if count % SLICE_RECORDS == 0:
+            bounds.append(pos)
+    close = re.compile(rb"\}\s*\]").search(data, pos)
+    empty = re.compile(rb"\s*\]").match(data, start)
+    if empty is not None:
+        end_arr = empty.end() - 1
+        cuts = []
+    elif close is None:
+        return None
+    else:
+        end_arr = close.end() - 1
+        cuts = bounds + [end_arr]
+    try:
+        rest = json.loads(data[:start - 1] + b"[]" + data[end_arr + 1:])
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(rest, dict) or rest.get("log_history") != []:
+        return None
+    meta.update({k: v for k, v in rest.items() if k != "log_history"})
+    meta["_format"] = "hf"
+    return _slices(data, cuts)
+
+
+def _slices(data: bytes, cuts: list[int]) -> Iterator[Any]:
+    for a, b in zip(cuts, cuts[1:]):
+        chunk = data[a:b].rstrip()
+        if chunk.endswith(b","):
+            chunk = chunk[:-1]
+        try:
+            part = _loads(b"[" + chunk + b"]")
+        except (ValueError, RecursionError):
+            raise _SliceError() from None
+        if not isinstance(part, list):
+            raise _SliceError()
+        yield from part
+
+
+class _SliceError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# JSON lines
+
+
+def jsonl_records(p: Path, fh: BinaryIO, first: bytes = b"") -> Iterator[Any]:
+    """One record per non-blank line of an open binary file (a UTF-8 BOM on the first line is fine)."""
+    lineno = 0
+    for raw in _lines(fh, first):
+        lineno += 1
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        try:
+            yield json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, UnicodeDecodeError):
+                raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON lines") from None
+            msg = getattr(exc, "msg", None) or ("too deeply nested" if isinstance(exc, RecursionError) else
+                                                 " ".join(str(exc).split())[:80])
+            raise UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}") from None
+
+
+def _lines(fh: BinaryIO, first: bytes) -> Iterable[bytes]:
+    buf = first
+    while True:
+        parts = buf.split(b"\n")
+        buf = parts.pop()
+        yield from parts
+        chunk = fh.read(1 << 20)
+        if not chunk:
+            break
+        buf += chunk
+    if buf:
+        yield buf
