@@ -317,7 +317,7 @@ def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion
 
 def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
     if target is None or an.target is None:
-        return "no event has left the loss above its healthy level"
+        return "healthy: no event has left the loss above its healthy level"
     r = target.reference_loss if target.reference_loss is not None else target.baseline_loss
     now = series.loss[-detect.SMOOTH_POINTS:]
     now_v = float(np.median(now)) if np.isfinite(now).all() else None
@@ -326,10 +326,10 @@ def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSerie
             return (f"recovering: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
                     f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} by about "
                     f"step {an.eta_step}")
-        return f"too early to tell: {int(series.steps[-1]) - target.onset_step} steps since the onset"
+        return f"recovering: too early to tell, {int(series.steps[-1]) - target.onset_step} steps since the onset"
     if now_v is None:
         return "diverged: the loss is NaN/inf at the end of the log"
-    if target.kind == "collapse" or any(s.kind == "collapse" and s.recovered_step is None for s in []):
+    if target.kind == "collapse":
         return f"diverged: the loss collapsed ({target.detail})"
     ratio = f" ({now_v / r:.2f}x)" if r and r > 0 else ""
     return (f"diverged: the loss is {_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level "

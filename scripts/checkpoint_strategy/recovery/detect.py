@@ -187,6 +187,43 @@ def _sliding(a: np.ndarray, k: int, fill: float) -> np.ndarray:
     return sliding_window_view(padded, k)[:len(a)]
 
 
+def effective_window(n: int, window: int) -> int:
+    """A short log (fewer than 4 windows of values) gets a window of a quarter of its length (at
+    least 16 values), so that a 50-entry log still has a rolling baseline and level shifts."""
+    return window if n >= 4 * window else max(16, min(window, n // 4))
+
+
+START_STEPS = 100   # a log that starts at or before this step shows the loss of the untrained model
+
+
+def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, labels: dict) -> Optional[Event]:
+    """A run that ends above the loss it started from (the untrained model's) has diverged, even when
+    no rule fired because the rolling baseline sat inside the bad stretch from the start."""
+    n = len(x)
+    if n < 4 * SMOOTH_POINTS or steps[0] > START_STEPS or any(e.end is None and e.kind != "grad_norm" for e in events):
+        return None
+    tail = x[-max(SMOOTH_POINTS, n // 10):]
+    if not math.isfinite(x[0]) or not np.isfinite(tail).all():
+        return None
+    s0, now = float(x[0]), float(np.median(tail))
+    spread = 1.4826 * float(np.median(np.abs(tail - now)))
+    if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
+        return None
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    sm = np.median(sliding_window_view(np.where(np.isfinite(x), x, np.inf), SMOOTH_POINTS), axis=1)
+    if float(sm[1:].min()) < s0:
+        return None  # it did get below where it started: the other rules judge it
+    above = np.flatnonzero(~(sm > s0)) + SMOOTH_POINTS - 1
+    onset = int(above[-1]) + 1 if len(above) else 1
+    onset = min(max(onset, 1), n - 1)
+    onset = max(1, int(np.flatnonzero(x[:onset + 1] > s0 * (1 + o.tolerance))[0]) if (x[:onset + 1] > s0 * (1 + o.tolerance)).any() else onset)
+    peak = onset + int(np.argmax(np.where(np.isfinite(x[onset:]), x[onset:], -np.inf)))
+    return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
+                 z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
+                 detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+
+
 def block_size(window: int) -> int:
     return max(2, window // 8)
 
@@ -283,7 +320,9 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
             prior = prior[np.isfinite(prior)]
             m0 = float(np.median(prior)) if len(prior) else math.nan
             s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
-        onset = walk_back(xv, i, m0, s0, min_rise, window)
+        r_i = float(reference[i]) if (reference is not None and not grad) else math.nan
+        onset = walk_back(xv, i, m0, s0, min_rise, window,
+                          cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
         pre = xv[max(0, onset - BASELINE_POINTS):onset]
         pre = pre[np.isfinite(pre)]
         base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
@@ -328,11 +367,16 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
     return a, b, c, ~finite
 
 
-def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int) -> int:
-    """The onset: back from the first flagged value over the contiguous values already high."""
+def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
+              cap: Optional[float] = None) -> int:
+    """The onset: back from the first flagged value over the contiguous values already high (above
+    the rolling median + 3 noise units, or above the healthy level + 2 x tolerance when the rolling
+    median is already inside a blow-up)."""
     onset = i
     if math.isfinite(m0):
         back = m0 + max(3.0 * s0, 0.5 * min_rise * abs(m0))
+        if cap is not None:
+            back = min(back, cap)
         lo = max(0, i - window)
         while onset - 1 >= lo and math.isfinite(xv[onset - 1]) and xv[onset - 1] > back:
             onset -= 1
@@ -362,7 +406,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
                  skip: list[tuple[int, int]], labels: dict) -> list[Event]:
     """Sustained rises with no single spike: runs of block medians above the healthy level."""
     n = len(x)
-    b = block_size(window)
+    b = max(3, block_size(window))
     nb = n // b
     if nb < SHIFT_MIN_BLOCKS + 2:
         return []
@@ -513,9 +557,10 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
 
     o = options
     labels = rule_labels(o)
-    kw = dict(window=o.window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
+    window = effective_window(len(steps), o.window)
+    kw = dict(window=window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
               min_rise=o.min_rise, tolerance=o.tolerance, labels=labels)
-    ref = healthy_reference(loss, o.window)
+    ref = healthy_reference(loss, window)
     n = len(steps)
     last_step = int(steps[-1])
     loss_events = find_events(loss, reference=ref, **kw)
@@ -524,11 +569,14 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
             gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
             ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
     spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
-    shifts = level_shifts(loss, steps, window=o.window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
+    shifts = level_shifts(loss, steps, window=window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
                           labels=labels)
     blowups = [ev.onset for ev in loss_events] + [ev.onset for ev in shifts]
     pinned = collapses(loss, steps, tolerance=o.tolerance, after_event=blowups, wait_steps=o.wait_steps, labels=labels)
     events = loss_events + shifts + pinned
+    never = _never_trained(loss, steps, events, o, labels)
+    if never is not None:
+        events.append(never)
     if grad_norm is not None:
         grads = find_events(grad_norm, grad=True, **kw)
         events += _unmatched_grads(grads, loss_events, n)

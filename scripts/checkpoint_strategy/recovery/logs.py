@@ -28,7 +28,7 @@ import numpy as np
 
 from checkpoint_strategy.errors import UsageError
 
-STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "iteration",
+STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "current_steps", "iteration",
              "iter", "it")
 LOSS_KEYS = ("loss", "train/loss", "train_loss", "training_loss", "train/train_loss", "lm loss", "lm_loss",
              "train/lm_loss", "train/loss_step", "train_loss_step", "loss_step", "train/lm loss")

@@ -25,6 +25,8 @@ from checkpoint_strategy.errors import UsageError
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
+SPLIT_KEYS = ("split", "phase", "mode", "stage")   # a column saying which rows are train and which validation
+EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev")
 EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
              "validation/loss", "eval_loss_epoch")
 
@@ -55,6 +57,8 @@ class Collector:
         self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
         self.eval_steps, self.eval_loss = array("d"), array("d")
         self.index = array("q")
+        self.split_key: Optional[str] = None
+        self.eval_from_split: Optional[str] = None
         self.count = 0
         self.objects = 0
         self._last_lr = math.nan
@@ -90,12 +94,23 @@ class Collector:
         lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", p, required=c.lr is not None)
         eval_key = next((k for k in EVAL_KEYS if k in keys and k != loss_key), None)
         self.keys = (step_key, loss_key, grad_key, lr_key, eval_key)
+        self.split_key = next((k for k in SPLIT_KEYS if k in keys), None)
+        if self.split_key is not None and eval_key is None:
+            self.keys = (step_key, loss_key, grad_key, lr_key, None)
+            self.eval_from_split = loss_key
         sample, self.sample = self.sample, []
         for i, rec in sample:
             self._take(i, rec)
 
     def _take(self, i: int, rec: dict) -> None:
         step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        split = self.split_key and rec.get(self.split_key)
+        if isinstance(split, str) and split.strip().lower() in EVAL_SPLITS:
+            v, s = rec.get(loss_key), rec.get(step_key)   # a validation row of a "split" log: eval loss
+            if v is not None and s is not None:
+                self.eval_steps.append(self._num(s, "step", i))
+                self.eval_loss.append(self._num(v, "eval loss", i))
+            return
         if lr_key is not None:
             v = rec.get(lr_key)
             if v is not None:
@@ -156,8 +171,10 @@ class Collector:
 
         if not len(self.eval_loss):
             return None, None, None
+        key = self.keys[4] or (f"{self.eval_from_split} ({self.split_key} = validation)" if self.eval_from_split
+                               else "eval")
         return (np.frombuffer(self.eval_steps, dtype=np.float64).copy(),
-                np.frombuffer(self.eval_loss, dtype=np.float64).copy(), self.keys[4])
+                np.frombuffer(self.eval_loss, dtype=np.float64).copy(), key)
 
 
 # --------------------------------------------------------------------------------------------

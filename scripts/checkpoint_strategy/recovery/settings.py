@@ -154,4 +154,5 @@ def rule_labels(o: RecoveryOptions) -> dict[str, str]:
         "grad": f"grad norm z>={o.z_threshold:g} and >= {o.ratio_threshold:g}x rolling median",
         "level": f"loss held above the healthy level + {o.tolerance:.0%} for >= {o.wait_steps} steps (level shift)",
         "collapse": "loss pinned at one value (collapse)",
+        "start": f"loss ends more than {o.tolerance:.0%} above the loss the run started from",
     }
