@@ -516,19 +516,20 @@ def lr_restarts(steps: np.ndarray, lr: Optional[np.ndarray]) -> list[tuple[int, 
         return []
     run_max = np.maximum.accumulate(np.where(np.isfinite(v), v, -np.inf))
     out = []
-    i = 1
     n = len(v)
-    while i < n:
+    with np.errstate(invalid="ignore"):
+        cand = np.flatnonzero((v[1:] > v[:-1]) & (v[:-1] <= 0.5 * run_max[:-1]) & (run_max[:-1] > 0)) + 1
+    nxt = 0
+    for i in cand:
+        if i < nxt:
+            continue
         prev = v[i - 1]
-        if v[i] > prev and prev <= 0.5 * run_max[i - 1] and run_max[i - 1] > 0:
-            j = i
-            while j + 1 < n and v[j + 1] >= v[j]:
-                j += 1
-            if v[j] >= max(2.0 * prev, 0.25 * run_max[i - 1]) and v[j] > 0:
-                out.append((i - 1, float(prev), float(v[j]), j))
-                i = j + 1
-                continue
-        i += 1
+        j = i
+        while j + 1 < n and v[j + 1] >= v[j]:
+            j += 1
+        if v[j] >= max(2.0 * prev, 0.25 * run_max[i - 1]) and v[j] > 0:
+            out.append((int(i) - 1, float(prev), float(v[j]), int(j)))
+            nxt = j + 1
     return out
 
 

@@ -206,12 +206,14 @@ def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSerie
         col = records.Collector(p, columns)
         try:
             if attempt == "sliced":
-                it = records.json_document_records(p, data, meta)
+                for batch in records.json_document_batches(p, data, meta):
+                    col.add_many(batch)
             else:
                 obj = records._parse_whole(p, data)
-                it = iter(_document_items(p, obj, meta))
-            for rec in it:
-                col.add(rec)
+                items = _document_items(p, obj, meta)
+                del obj
+                for k in range(0, len(items), records.SLICE_RECORDS):
+                    col.add_many(items[k:k + records.SLICE_RECORDS])
         except records._SliceError:
             continue
         except records._JSONError as err:
@@ -511,6 +513,7 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
         shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
         raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected a whole number >= 0")
     isteps = steps.astype(np.int64)
+    read = n
     if n > 1 and (isteps[1:] == isteps[:-1]).any():
         isteps, loss, grad_norm, lr = _merge_repeats(isteps, loss, grad_norm, lr)
         n = len(isteps)
@@ -555,4 +558,4 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
 
     return LogSeries(path=path, format=fmt, step_key=step_key, loss_key=loss_key, grad_norm_key=grad_norm_key,
                      lr_key=lr_key, steps=sel(isteps), loss=sel(loss), grad_norm=sel(grad_norm), lr=sel(lr),
-                     entries=n, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg)
+                     entries=read, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg)

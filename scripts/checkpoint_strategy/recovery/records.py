@@ -4,8 +4,8 @@
   KEY_SAMPLE records, then keeps step/loss/grad-norm/learning-rate/eval-loss as float arrays
   (``array('d')``: 8 bytes a value). A learning rate or eval loss logged in a row of its own (a
   Lightning metrics.csv with interleaved rows) is carried to the next loss row.
-* ``json_document_records`` reads a JSON document (HF ``trainer_state.json`` or a list of records)
-  and yields its records. The ``log_history`` array is parsed in slices of SLICE_RECORDS entries
+* ``json_document_batches`` reads a HF ``trainer_state.json`` and yields its log_history entries
+  in lists. The ``log_history`` array is parsed in slices of SLICE_RECORDS entries
   (orjson when installed; the standard library when a slice holds HF's NaN/Infinity tokens, which
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
@@ -56,7 +56,6 @@ class Collector:
         self.keys: Optional[tuple] = None
         self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
         self.eval_steps, self.eval_loss = array("d"), array("d")
-        self.index = array("q")
         self.split_key: Optional[str] = None
         self.eval_from_split: Optional[str] = None
         self.count = 0
@@ -78,6 +77,72 @@ class Collector:
                 self._decide()
             return
         self._take(i, rec)
+
+    def add_many(self, recs: list) -> None:
+        """A batch of records: the same result as add() one by one, converted with numpy."""
+        if self.keys is None or self.split_key is not None:
+            k = 0
+            while k < len(recs) and (self.keys is None or self.split_key is not None):
+                self.add(recs[k])
+                k += 1
+            recs = recs[k:]
+            if not recs:
+                return
+        if not all(type(r) is dict for r in recs):
+            for r in recs:
+                self.add(r)
+            return
+        import numpy as np
+
+        first = self.count
+        self.count += len(recs)
+        self.objects += len(recs)
+        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        losses = [r.get(loss_key) for r in recs]
+        at = [i for i, v in enumerate(losses) if v is not None]
+        if eval_key is not None:
+            evs = [r.get(eval_key) for r in recs]
+            ev_at = [i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None]
+            if ev_at:
+                self.eval_steps.extend(self._floats([recs[i][step_key] for i in ev_at], "step", first, ev_at))
+                self.eval_loss.extend(self._floats([evs[i] for i in ev_at], "eval loss", first, ev_at))
+        if lr_key is not None:
+            lrs = [r.get(lr_key) for r in recs]
+            have = [i for i, v in enumerate(lrs) if v is not None]
+            if len(have) == len(recs):
+                lr_all = self._floats(lrs, "learning rate", first, range(len(recs)))
+            else:
+                lr_all = np.full(len(recs), np.nan)
+                if have:
+                    lr_all[have] = self._floats([lrs[i] for i in have], "learning rate", first, have)
+                idx = np.where(~np.isnan(lr_all), np.arange(len(recs)), -1)
+                np.maximum.accumulate(idx, out=idx)
+                carried = np.where(idx >= 0, lr_all[np.maximum(idx, 0)], self._last_lr)
+                lr_all = carried
+            if len(lr_all):
+                self._last_lr = float(lr_all[-1])
+        if not at:
+            return
+        self.loss.extend(self._floats([losses[i] for i in at], "loss", first, at))
+        self.steps.extend(self._floats([recs[i].get(step_key) for i in at], "step", first, at, missing_ok=True))
+        if grad_key is not None:
+            self.grad.extend(self._floats([recs[i].get(grad_key) for i in at], "grad norm", first, at,
+                                          missing_ok=True))
+        if lr_key is not None:
+            self.lr.extend(np.asarray(lr_all)[at] if len(at) != len(recs) else np.asarray(lr_all))
+
+    def _floats(self, values: list, name: str, first: int, where, missing_ok: bool = False):
+        import numpy as np
+
+        try:
+            return np.fromiter(values, dtype=np.float64, count=len(values))
+        except (TypeError, ValueError, OverflowError):
+            pass
+        where = list(where)
+        out = np.empty(len(values), dtype=np.float64)
+        for k, v in enumerate(values):
+            out[k] = math.nan if (v is None and missing_ok) else self._num(v, name, first + where[k])
+        return out
 
     def _decide(self) -> None:
         from checkpoint_strategy.recovery.logs import GRAD_KEYS, LOSS_KEYS, LR_KEYS, STEP_KEYS, _pick
@@ -130,8 +195,8 @@ class Collector:
         if grad_key is not None:
             g = rec.get(grad_key)
             self.grad.append(math.nan if g is None else self._num(g, "grad norm", i))
-        self.lr.append(self._last_lr)
-        self.index.append(i)
+        if lr_key is not None:
+            self.lr.append(self._last_lr)
 
     def _num(self, v: Any, name: str, i: int) -> float:
         if type(v) is float:
@@ -185,28 +250,14 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
 _HISTORY = re.compile(rb'"log_history"\s*:\s*\[')
 
 
-def json_document_records(p: Path, data: bytes, meta: dict) -> Iterator[Any]:
-    """Records of a JSON document: log_history entries (HF) or the items of a top-level list.
-    Top-level fields other than log_history (best_model_checkpoint, ...) land in `meta`."""
+def json_document_batches(p: Path, data: bytes, meta: dict) -> Iterator[list]:
+    """Lists of log_history entries of a trainer_state.json, SLICE_RECORDS at a time; top-level
+    fields other than log_history (best_model_checkpoint, ...) land in `meta`. Raises _SliceError
+    when the document cannot be sliced safely (the caller then parses it whole)."""
     fast = _history_slices(data, meta)
-    if fast is not None:
-        yield from fast
-        return
-    obj = _parse_whole(p, data)
-    if isinstance(obj, dict) and "log_history" in obj:
-        meta.update({k: v for k, v in obj.items() if k != "log_history"})
-        meta["_format"] = "hf"
-        hist = obj["log_history"]
-        if not isinstance(hist, list):
-            raise UsageError(f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json")
-        del obj
-        yield from hist
-        return
-    if isinstance(obj, list):
-        meta["_format"] = "json"
-        yield from obj
-        return
-    meta["_format"] = "other"
+    if fast is None:
+        raise _SliceError()
+    yield from fast
 
 
 def _parse_whole(p: Path, data: bytes) -> Any:
@@ -237,14 +288,14 @@ def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
     start = m.end()
     bounds = [start]
     pos = start
-    count = 0
-    for hit in _BOUNDARY.finditer(data, start):
-        if data.find(b"]", pos, hit.start()) != -1:
-            break  # a list inside an entry, or the array's end: the slices after this are bigger
+    first = [h.end() for _, h in zip(range(64), _BOUNDARY.finditer(data, start))]
+    avg = max(16, (first[-1] - start) // len(first)) if first else 64
+    while True:  # jump about SLICE_RECORDS entries ahead, cut at the next boundary
+        hit = _BOUNDARY.search(data, pos + SLICE_RECORDS * avg)
+        if hit is None or data.find(b"]", pos, hit.start()) != -1:
+            break  # the array ends first (or an entry holds a list): the rest is one slice
         pos = hit.end()
-        count += 1
-        if count % SLICE_RECORDS == 0:
-            bounds.append(pos)
+        bounds.append(pos)
     close = re.compile(rb"\}\s*\]").search(data, pos)
     empty = re.compile(rb"\s*\]").match(data, start)
     if empty is not None:
@@ -277,7 +328,7 @@ def _slices(data: bytes, cuts: list[int]) -> Iterator[Any]:
             raise _SliceError() from None
         if not isinstance(part, list):
             raise _SliceError()
-        yield from part
+        yield part
 
 
 class _SliceError(Exception):
