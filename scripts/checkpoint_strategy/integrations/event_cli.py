@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy.integrations._io import read_text
-    from checkpoint_strategy.integrations.events import decide_all, load_policy, parse_events
+    from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
     from checkpoint_strategy.render import render_template, to_json
 
     policy = None
@@ -29,7 +29,8 @@ def run(args) -> int:
         text, name = read_text(args.policy, "policy file")
         policy = load_policy(text, name)
     text, name = read_text(args.event_file, "event file")
-    events, notes = parse_events(text, name)
+    events, notes = event_stream(text, name)
+    del text
     result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes)
     data = result.model_dump(mode="json")
     if args.format == "json":

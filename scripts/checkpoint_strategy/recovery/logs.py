@@ -176,12 +176,35 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
             head = fh.read(1 << 16)
             fmt = detect_format(p, head) if log_format == "auto" else log_format
             if fmt in ("json", "hf"):
-                return _read_document(p, head + fh.read(), fmt, columns)
+                return _read_document(p, _read_rest(fh, head), fmt, columns)
             if fmt == "jsonl":
                 return _read_stream(p, fh, head, columns)
             return _read_csv(p, fh, head, columns)
         except OSError as exc:
             raise UsageError(storage.oserror_line(exc, "read log", p)) from None
+
+
+def _read_rest(fh, head: bytes) -> bytearray:
+    """head + the rest of the file in one buffer, without a second copy of a big document."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > MAX_LOG_BYTES:
+        raise UsageError(f"log {fh.name} is larger than {MAX_LOG_BYTES >> 30} GB; expected a training log")
+    buf = bytearray(max(size, len(head)) + 1)
+    buf[:len(head)] = head
+    view = memoryview(buf)
+    n = len(head)
+    while True:
+        got = fh.readinto(view[n:])
+        if not got:
+            break
+        n += got
+        if n == len(buf):  # the file grew while being read: take what is there
+            buf.extend(fh.read())
+            n = len(buf)
+            break
+    view.release()
+    del buf[n:]
+    return buf
 
 
 def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeries:
@@ -197,10 +220,10 @@ def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeri
 def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSeries:
     from checkpoint_strategy.recovery import records
 
-    if not data.strip():
+    if not re.search(rb"\S", data):
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
+        del data[:3]
     for attempt in ("sliced", "whole"):
         meta: dict = {}
         col = records.Collector(p, columns)
@@ -218,7 +241,7 @@ def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSerie
             continue
         except records._JSONError as err:
             exc = err.exc
-            if fmt == "json" and exc.msg == "Extra data" and data.lstrip()[:1] == b"{":
+            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data):
                 return _read_stream(p, io.BytesIO(data), b"", columns)
             raise UsageError(f"log {p} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
@@ -232,6 +255,7 @@ def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSerie
             raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
         if col.count == 0:
             raise UsageError(f"log {p} has no log entries (empty log_history or list)")
+        del data  # the raw text goes before the series are built
         return _series_from(p, kind, col, meta)
     raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
 

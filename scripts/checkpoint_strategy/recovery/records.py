@@ -225,7 +225,7 @@ class Collector:
             raise UsageError(f"log {self.p} has no {loss_key!r} values; expected training loss entries")
 
         def arr(a):
-            return np.frombuffer(a, dtype=np.float64).copy() if len(a) else np.empty(0)
+            return np.frombuffer(a, dtype=np.float64) if len(a) else np.empty(0)  # shares the buffer
 
         grad = arr(self.grad) if grad_key is not None else None
         lr = arr(self.lr) if lr_key is not None else None
