@@ -102,3 +102,21 @@ def test_repeated_steps_are_micro_batches_not_restarts(tmp_path):
     s = read_log(p)
     assert s.restarts == [] and len(s.steps) == 300 and s.entries == 1200
     assert s.loss[0] == pytest.approx(2.1)
+
+
+def test_outputs_that_are_the_log_and_empty_paths_are_refused(tmp_path, capsys):
+    from checkpoint_strategy.cli import main
+
+    log = tmp_path / "train.jsonl"
+    content = "".join(f'{{"step": {i}, "loss": 2.0}}\n' for i in range(1, 50))
+    log.write_text(content)
+    for flag in ("-o", "--plot"):
+        target = log if flag == "-o" else tmp_path / "same.png"
+        if flag == "--plot":
+            target.symlink_to(log)
+        assert main(["recover", str(log), flag, str(target)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is the training log itself" in err[0]
+        assert log.read_text() == content
+    assert main(["recover", ""]) == 2
+    assert "empty path" in capsys.readouterr().err

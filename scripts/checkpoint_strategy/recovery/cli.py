@@ -30,6 +30,7 @@ def run(args) -> int:
     from checkpoint_strategy.recovery.settings import from_args
 
     options = from_args(args)
+    _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
     target = None
     if args.plot is not None:
         from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
@@ -46,3 +47,20 @@ def run(args) -> int:
         write_curve(report, series, checkpoints, target, fmt)
     emit(text, args.output)
     return 0
+
+
+def _refuse_overwriting_the_log(log: str, outputs: dict) -> None:
+    """An output path that is the log itself would replace the user's log: exit 2 first."""
+    import os
+
+    from checkpoint_strategy.errors import UsageError
+
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        try:
+            same = os.path.exists(out) and os.path.isfile(log) and os.path.samefile(out, log)
+        except OSError:
+            same = False
+        if same:
+            raise UsageError(f"{flag} {out} is the training log itself: expected another file (it would be replaced)")
