@@ -75,3 +75,25 @@ def test_bad_line_fails_before_any_decision(tmp_path, capsys):
     assert rc == 2 and "line 2 is not valid JSON" in err and err.strip().count("\n") == 0
     rc, _, err = run(capsys, tmp_path, "[" * 100_000)
     assert rc == 2 and err.strip().count("\n") == 0
+
+
+def test_log_given_confirms_the_spike_by_recovers_rules(tmp_path, capsys):
+    import numpy as np
+
+    y = 2 + 0.01 * np.random.default_rng(0).standard_normal(800)
+    y[600:] *= 3  # not back 200 steps later: recover says roll back
+    log = tmp_path / "train.jsonl"
+    log.write_text("".join(f'{{"step": {i + 1}, "loss": {v:.4f}}}\n' for i, v in enumerate(y)))
+    ev = tmp_path / "ev.json"
+    ev.write_text('{"event": "LOSS_SPIKE", "step": 601, "value": 6.0, "magnitude": 3}')
+    assert main(["on-event", str(ev), "--log", str(log), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["decisions"][0]["confirmed_spike"] is True and d["next_command"].startswith("checkpoint-strategy recover")
+    assert any("by recover's rules: rollback" in n for n in d["notes"])
+    y2 = y.copy()
+    y2[603:] = y[:197]   # a blip that came back
+    log.write_text("".join(f'{{"step": {i + 1}, "loss": {v:.4f}}}\n' for i, v in enumerate(y2)))
+    assert main(["on-event", str(ev), "--log", str(log), "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["decisions"][0]["confirmed_spike"] is False
+    assert any("self_recovered" in n for n in d["notes"])

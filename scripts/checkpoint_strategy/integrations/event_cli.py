@@ -31,10 +31,27 @@ def run(args) -> int:
     text, name = read_text(args.event_file, "event file")
     events, notes = event_stream(text, name)
     del text
-    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes)
+    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes,
+                        log_report=_log_report(args.log, args.checkpoints))
     data = result.model_dump(mode="json")
     if args.format == "json":
         sys.stdout.write(to_json(data))
     else:
         sys.stdout.write(render_template("on-event.txt.j2", d=data))
     return 0
+
+
+def _log_report(log, checkpoints):
+    """recover's report on --log when it is a readable log (the same rules confirm the spike); None
+    when there is no such file (the path is then only filled into the suggested command)."""
+    import os
+
+    if not log or not os.path.exists(log):
+        return None
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.recovery import advise
+
+    try:
+        return advise(log, checkpoints if checkpoints and os.path.isdir(checkpoints) else None)
+    except UsageError:
+        return None

@@ -344,9 +344,12 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
 def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[], Iterator[Any]]],
                policy: PolicyLike = None, *,
                log: Optional[str] = None, checkpoints: Optional[str] = None,
-               notes: Sequence[str] = ()) -> EmergencyDecision:
+               notes: Sequence[str] = (), log_report=None) -> EmergencyDecision:
     """One decision over a batch of events (what `on-event` prints). Memory stays bounded: events
-    are decided one at a time and at most MAX_LISTED per-event decisions are listed."""
+    are decided one at a time and at most MAX_LISTED per-event decisions are listed.
+
+    log_report: recover's RecoveryReport on the training log, when there is one: the same rules then
+    confirm a spike (not back within the wait window, NaN, collapse) or say it came back."""
     if callable(events):
         fresh = events
     else:
@@ -358,9 +361,15 @@ def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[],
         ev = event_from(e, f"event {i + 1}")
         if ev.event == "LOSS_SPIKE" and ev.step is not None:
             first_spike = ev.step if first_spike is None else min(first_spike, ev.step)
+    notes = list(notes)
+    confirmed_by_log = False
+    if log_report is not None:
+        unresolved = log_report.status in ("rollback", "no_clean_checkpoint")
+        confirmed_by_log = unresolved
+        notes.append(f"the training log, by recover's rules: {log_report.status} - {log_report.summary}")
     agg = _Aggregate(triggers, log, checkpoints)
     for i, e in enumerate(fresh()):
-        agg.add(event_from(e, f"event {i + 1}"), first_spike)
+        agg.add(event_from(e, f"event {i + 1}"), first_spike, confirmed_by_log)
     return agg.result(notes)
 
 
@@ -380,9 +389,9 @@ class _Aggregate:
         self.first_next: Optional[Decision] = None
         self.first: Optional[Decision] = None
 
-    def add(self, ev: StabilityEvent, first_spike: Optional[int]) -> None:
+    def add(self, ev: StabilityEvent, first_spike: Optional[int], confirmed_by_log: bool = False) -> None:
         persisted = (ev.event == "LOSS_SPIKE" and first_spike is not None and ev.step is not None
-                     and ev.step - first_spike >= SPIKE_WAIT_STEPS)
+                     and ev.step - first_spike >= SPIKE_WAIT_STEPS) or (ev.event == "LOSS_SPIKE" and confirmed_by_log)
         d = decide(ev, self.triggers, confirmed=persisted, log=self.log, checkpoints=self.checkpoints)
         self.total += 1
         self.first = self.first or d
