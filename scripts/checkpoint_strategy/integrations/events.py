@@ -76,7 +76,7 @@ def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterato
     except ValueError:
         first = _json_line_error(stripped, source)
         if first is not None:
-            raise first
+            raise first from None
         return (lambda: _iter_json_lines(stripped, source)), []
     if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
         data = data["events"]

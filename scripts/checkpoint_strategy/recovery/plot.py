@@ -75,7 +75,7 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
         at = int(np.searchsorted(series.steps, target.onset_step))
         ref[at:] = target.reference_loss
         band = target.reference_loss + report.thresholds.tolerance * abs(target.reference_loss)
-        ax.hlines(band, target.onset_step, last_step := float(steps[-1]), color="#2e7d32", linewidth=0.8,
+        ax.hlines(band, target.onset_step, float(steps[-1]), color="#2e7d32", linewidth=0.8,
                   linestyle=":", label=f"back within {report.thresholds.tolerance:.0%}", gid="band")
     rx, ry = _thin(steps, ref)
     ax.plot(rx, ry, color="#2e7d32", linewidth=1.2, linestyle="--", label="healthy level (reference)", gid="reference")
