@@ -323,9 +323,11 @@ def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSerie
     now_v = float(np.median(now)) if np.isfinite(now).all() else None
     if an.verdict == "recovering":
         if an.rate is not None and an.eta_step is not None:
+            late = an.eta_step > target.onset_step + o.wait_steps
             return (f"recovering: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
                     f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} by about "
-                    f"step {an.eta_step}")
+                    f"step {an.eta_step}" + (f", after the wait window (step {target.onset_step + o.wait_steps})"
+                                             if late else ""))
         return f"recovering: too early to tell, {int(series.steps[-1]) - target.onset_step} steps since the onset"
     if now_v is None:
         return "diverged: the loss is NaN/inf at the end of the log"
