@@ -123,13 +123,14 @@ def main() -> int:
               "(the kept series and the analysis arrays; target <= 128)")
         ok &= per_line <= 128
         ev = Path(d) / "events.jsonl"
-        n_ev = min(args.lines, 1_000_000)
+        n_ev = min(args.lines, 700_000)  # ~57 MB: under on-event's 64 MB input cap
         with open(ev, "w") as fh:
             fh.write("".join(f'{{"event": "GRADIENT_NORM_EXCEEDED", "step": {i}, "value": 9, "threshold": 10}}\n'
                              for i in range(n_ev)))
         esize = os.path.getsize(ev) / 1e6
         rss_ev = peak_rss_mb("from checkpoint_strategy.cli import main; import contextlib, io\n"
-                             f"with contextlib.redirect_stdout(io.StringIO()): main(['on-event', {str(ev)!r}])")
+                             f"with contextlib.redirect_stdout(io.StringIO()): rc = main(['on-event', {str(ev)!r}])\n"
+                             "assert rc == 0, rc")
         print(f"on-event: {n_ev} event lines, {esize:.0f} MB: peak RSS {rss_ev:.0f} MB "
               f"({rss_ev / esize:.2f}x the file; target <= 3x: the text and one decision at a time)")
         ok &= rss_ev / esize <= 3

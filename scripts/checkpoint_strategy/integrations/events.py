@@ -35,6 +35,7 @@ MAX_LISTED = 1000   # per-event decisions listed in the answer; the rest are cou
 CONFIRMING_SEVERITIES = ("error", "critical")
 SEVERITIES = ("info", "warning", "error", "critical")
 REPORT_HEADER = "=== Training Stability Report ==="
+_HEADER = re.compile(re.escape(REPORT_HEADER), re.IGNORECASE)
 _CHECK_LINE = re.compile(r"^\s*\[(PASS|WARN|FAIL)\]\s*(.+?)\s*$", re.IGNORECASE)
 _STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 _MAGNITUDE = re.compile(r"(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
@@ -62,12 +63,15 @@ def parse_events(text: str, source: str = "input") -> tuple[list[StabilityEvent]
 def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterator[Any]], list[str]]:
     """(a function returning a fresh iterator over the raw events, notes). JSON lines are parsed
     lazily, one line at a time, so a 2-million-line event file is never held as objects."""
-    stripped = text.strip().lstrip("\ufeff")
-    if not stripped:
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    first = re.search(r"[^\s\ufeff]", text)   # no stripped/lowered copies of a big input
+    if first is None:
         raise UsageError(f"{source} is empty: expected JSON events or a training-stability report")
-    if REPORT_HEADER.lower() in stripped.lower() or (
-            stripped[0] not in "[{" and any(_CHECK_LINE.match(line) for line in stripped.splitlines())):
-        events, notes = parse_report(stripped)
+    stripped = text
+    if _HEADER.search(text) or (
+            text[first.start()] not in "[{" and any(_CHECK_LINE.match(line) for line in text.splitlines())):
+        events, notes = parse_report(text.strip())
         return (lambda: iter(events)), notes
     try:
         data = json.loads(stripped)
@@ -85,8 +89,20 @@ def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterato
     return (lambda: iter(data)), []
 
 
+def _lines(text: str) -> Iterator[str]:
+    """The lines of a text one at a time (no list of every line, no second copy of the text)."""
+    pos, n = 0, len(text)
+    while pos < n:
+        j = text.find("\n", pos)
+        if j == -1:
+            yield text[pos:]
+            return
+        yield text[pos:j]
+        pos = j + 1
+
+
 def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
         try:
@@ -97,7 +113,7 @@ def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
 
 def _json_line_error(text: str, source: str) -> Optional[UsageError]:
     """The first bad line, checked once up front so that bad input fails before any decision."""
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
         try:
