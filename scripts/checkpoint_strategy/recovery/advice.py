@@ -64,7 +64,8 @@ def _milestone_list(milestones) -> list[tuple[int, Optional[str]]]:
 
 
 def analysis_of(series: LogSeries, options: RecoveryOptions) -> detect.Analysis:
-    return detect.analyse(series.steps, series.loss, series.grad_norm, options, lr=series.lr)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return detect.analyse(series.steps, series.loss, series.grad_norm, options, lr=series.lr)
 
 
 def spikes_of(series: LogSeries, options: Optional[RecoveryOptions] = None, **values) -> list[Spike]:

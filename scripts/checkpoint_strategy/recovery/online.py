@@ -128,6 +128,10 @@ class OnlineDetector:
 
     def update(self, step: int, loss: float, grad_norm: Optional[float] = None) -> Optional[OnlineEvent]:
         """One logged value. Steps must increase. Returns an OnlineEvent on a change of state."""
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            return self._update(step, loss, grad_norm)
+
+    def _update(self, step: int, loss: float, grad_norm: Optional[float]) -> Optional[OnlineEvent]:
         step = int(step)
         if self.last_step is not None and step <= self.last_step:
             from checkpoint_strategy.errors import UsageError

@@ -134,10 +134,11 @@ class Collector:
     def _floats(self, values: list, name: str, first: int, where, missing_ok: bool = False):
         import numpy as np
 
-        try:
-            return np.fromiter(values, dtype=np.float64, count=len(values))
-        except (TypeError, ValueError, OverflowError):
-            pass
+        if not any(type(v) is bool for v in values):  # numpy would read true/false as 1/0
+            try:
+                return np.fromiter(values, dtype=np.float64, count=len(values))
+            except (TypeError, ValueError, OverflowError):
+                pass
         where = list(where)
         out = np.empty(len(values), dtype=np.float64)
         for k, v in enumerate(values):
