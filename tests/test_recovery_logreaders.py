@@ -120,3 +120,17 @@ def test_outputs_that_are_the_log_and_empty_paths_are_refused(tmp_path, capsys):
         assert log.read_text() == content
     assert main(["recover", ""]) == 2
     assert "empty path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_with_and_without_orjson_the_series_are_the_same(tmp_path, monkeypatch, fast):
+    if not fast:
+        monkeypatch.setattr(records, "_orjson", None)
+    hist = [{"loss": float("nan") if i == 7 else 2 + i / 1000, "step": i, "grad_norm": float("inf") if i == 9 else 1.0}
+            for i in range(1, 5001)]
+    p = tmp_path / "trainer_state.json"
+    p.write_text(_hf(hist))
+    monkeypatch.setattr(records, "SLICE_RECORDS", 700)
+    s = read_log(p)
+    assert len(s.steps) == 5000 and np.isnan(s.loss[6]) and np.isinf(s.grad_norm[8])
+    assert s.loss[4999] == pytest.approx(7.0)
