@@ -23,6 +23,7 @@ from checkpoint_strategy.integrations.models import (
     StabilityEvent,
 )
 from checkpoint_strategy.planning.models import CheckpointPolicy
+from checkpoint_strategy.storage import ReadError, loads_json
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
@@ -55,9 +56,11 @@ def parse_events(text: str, source: str = "input") -> tuple[list[StabilityEvent]
     if REPORT_HEADER.lower() in stripped.lower() or (
             stripped[0] not in "[{" and any(_CHECK_LINE.match(line) for line in stripped.splitlines())):
         return parse_report(stripped)
-    try:
-        data = json.loads(stripped)
-    except ValueError:
+    try:  # NaN is kept as written: the decision treats a non-finite value itself
+        data = loads_json(stripped, source, allow_nan=True)
+    except ReadError as exc:
+        if exc.reason == "nested too deeply":
+            raise UsageError(f"{source} is nested too deeply: expected JSON events") from None
         data = _json_lines(stripped, source)
     else:
         if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
@@ -74,11 +77,10 @@ def _json_lines(text: str, source: str) -> list:
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
-        except ValueError as exc:
-            what = "line 1" if n == 1 else f"line {n}"
-            raise UsageError(f"{source} {what} is not valid JSON ({exc.msg}): expected one JSON event, "
-                             "a JSON list, JSON lines or a training-stability report") from None
+            items.append(loads_json(line, f"{source} line {n}", allow_nan=True))
+        except ReadError as exc:
+            raise UsageError(f"{source} line {n} is {exc.reason}: expected one JSON event, a JSON list, "
+                             "JSON lines or a training-stability report") from None
     return items
 
 
@@ -109,7 +111,10 @@ def _json_kind(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (ValueError, RecursionError):
+        text = f"a JSON {_json_kind(value)}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -181,6 +186,8 @@ def load_policy(text: str, source: str) -> list[str]:
 
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise UsageError(f"{source} is nested too deeply: expected the plan's checkpoint_policy mapping") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""

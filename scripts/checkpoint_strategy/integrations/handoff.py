@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from typing import Optional
@@ -23,14 +22,13 @@ def load_plan_file(text: str, source: str) -> PlanReport:
 
     from checkpoint_strategy.resources import load_schema
 
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"plan file {source} is not valid JSON ({getattr(exc, 'msg', exc)}): expected the "
-                         "output of `checkpoint-strategy plan ... --format json`") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"plan file {source} is not a JSON object: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`")
+    from checkpoint_strategy.storage import ReadError, loads_json
+
+    try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
+        data = loads_json(text, f"plan file {source}", allow_nan=False, expect=dict)
+    except ReadError as exc:
+        raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
     error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     if error is not None:
