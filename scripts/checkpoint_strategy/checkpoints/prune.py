@@ -9,7 +9,6 @@ ignore it) and only then removed. A crash leaves either the intact checkpoint or
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import stat
@@ -19,6 +18,7 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
 from checkpoint_strategy.checkpoints.validate import check
 from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.storage import ReadError, describe_os_error, read_bytes, read_json
 
 
 def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
@@ -28,12 +28,15 @@ def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
 
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--policy {p}: cannot read ({getattr(exc, 'strerror', None) or type(exc).__name__}); "
-                         "expected a YAML file with a checkpoint_policy: mapping") from None
+        text = read_bytes(p, "--policy").decode("utf-8")
+    except ReadError as exc:
+        raise UsageError(f"--policy {p}: {exc.reason}; expected a YAML file with a checkpoint_policy: mapping") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"--policy {p}: not UTF-8 text; expected a YAML file with a checkpoint_policy: mapping") from None
     try:
         data = yaml.safe_load(text)
+    except RecursionError:
+        raise UsageError(f"--policy {p}: nested too deeply; expected a checkpoint_policy: mapping") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
@@ -92,10 +95,9 @@ def _best_names(found: list[fm.Found]) -> set[str]:
         ts = os.path.join(f.path, "trainer_state.json")
         if not os.path.isfile(ts):
             continue
-        try:
-            with open(ts, "rb") as fh:
-                data = json.loads(fh.read(64 << 20))
-        except (OSError, ValueError):
+        try:  # unreadable or malformed: that checkpoint's own validation reports it
+            data = read_json(ts, "trainer_state.json", allow_nan=True)
+        except ReadError:
             continue
         name = data.get("best_model_checkpoint") if isinstance(data, dict) else None
         if isinstance(name, str) and name:
@@ -258,7 +260,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             try:
                 _remove(os.path.join(root, name))
             except OSError as exc:
-                errors.append(Problem(file=name, reason=f"could not finish earlier deletion: {exc.strerror}"))
+                errors.append(Problem(file=name, reason=f"could not finish earlier deletion: {describe_os_error(exc)}"))
         if to_delete:
             again = check(fm.Found(newest_valid[1], _fmt(found, newest_valid[1]), newest_valid[0],
                                    os.path.isdir(newest_valid[1])), level)
@@ -281,7 +283,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
                 if os.path.lexists(sc):
                     os.unlink(sc)
             except OSError as exc:
-                errors.append(Problem(file=e.name, reason=f"could not delete: {exc.strerror or type(exc).__name__}"))
+                errors.append(Problem(file=e.name, reason=f"could not delete: {describe_os_error(exc)}"))
                 continue
             e.deleted = True
             freed += size

@@ -186,8 +186,10 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
 
 
 def markdown_block(doc: SessionHandoff) -> str:
-    return render_template("handoff.md.j2", h=doc.model_dump(mode="json"), begin=statefolder.BEGIN,
-                           end=statefolder.END, total_rollback=len(doc.rollback_points))
+    from markupsafe import Markup
+
+    return render_template("handoff.md.j2", h=doc.model_dump(mode="json"), begin=Markup(statefolder.BEGIN),
+                           end=Markup(statefolder.END), total_rollback=len(doc.rollback_points))
 
 
 def log_record(doc: SessionHandoff) -> dict:

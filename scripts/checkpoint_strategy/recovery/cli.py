@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.recovery.options import add_log_options, add_output_options, emit
+from checkpoint_strategy.recovery.options import add_log_options, add_output_options, check_output_early, emit
+
+from checkpoint_strategy.storage import path_arg
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
 
 def add_arguments(parser) -> None:
     add_log_options(parser)
-    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST",
+    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST", type=path_arg,
                         help="checkpoint folder (checkpoint-N, step-N, iter_0000500, global_stepN, "
                              "epoch=E-step=N.ckpt, numeric Orbax) or steps like 500,1000; default: next to the log")
-    parser.add_argument("--milestones", metavar="ROOT_OR_LIST", help="long-kept milestone checkpoints (same forms)")
+    parser.add_argument("--milestones", metavar="ROOT_OR_LIST", type=path_arg, help="long-kept milestone checkpoints (same forms)")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
     d = parser.add_argument_group("detection")
@@ -41,6 +43,7 @@ def run(args) -> int:
     from checkpoint_strategy.recovery.advice import advise
     from checkpoint_strategy.recovery.report import render_recovery
 
+    check_output_early(args)
     report = advise(args.log, args.checkpoints, milestones=args.milestones, log_format=args.log_format,
                     step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key,
                     lr_key=args.lr_key, run=args.run, window=args.window, z_threshold=args.z_threshold,
@@ -48,5 +51,5 @@ def run(args) -> int:
                     tolerance=args.tolerance, wait_steps=args.wait_steps, min_wait_steps=args.min_wait_steps,
                     margin=args.margin, lr_multiplier=args.lr_multiplier, lr_reduced_steps=args.lr_reduced_steps,
                     grad_clip=args.grad_clip, skip_past_onset=args.skip_past_onset)
-    emit(render_recovery(report, args.format), args.output)
+    emit(render_recovery(report, args.format), args.output, inputs=(args.log, report.log.path))
     return 0

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import oserror_line
 
 STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "iteration",
              "iter", "it")
@@ -160,7 +161,7 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise UsageError(f"cannot read log {p}: {exc.strerror or exc}") from None
+        raise UsageError(oserror_line(exc, "read log", p)) from None
     if not data.strip():
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     fmt = detect_format(p, data[:64]) if log_format == "auto" else log_format
