@@ -33,8 +33,11 @@ SPIKE_WAIT_STEPS = 50
 CONFIRMING_SEVERITIES = ("error", "critical")
 REPORT_HEADER = "=== Training Stability Report ==="
 _CHECK_LINE = re.compile(r"^\s*\[(PASS|WARN|FAIL)\]\s*(.+?)\s*$", re.IGNORECASE)
-_STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*(\d+)", re.IGNORECASE)
-_MAGNITUDE = re.compile(r"(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
+# Numbers are read as written: a sign and an exponent belong to the number ("step -56" is a
+# negative step, refused; "1e308x" is 1e308, not 308).
+_NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+_STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*" + _NUMBER, re.IGNORECASE)
+_MAGNITUDE = re.compile(_NUMBER + r"\s*x\b", re.IGNORECASE)
 _REPORT_CHECKS = (  # (substring of the check name, event)
     ("loss spike", "LOSS_SPIKE"),
     ("gradient norm", "GRADIENT_NORM_EXCEEDED"),
@@ -144,13 +147,35 @@ def parse_report(text: str) -> tuple[list[StabilityEvent], list[str]]:
         magnitude = _MAGNITUDE.search(blob)
         events.append(StabilityEvent(
             event=kind,
-            step=int(step.group(1)) if step else None,
-            magnitude=float(magnitude.group(1)) if magnitude else None,
+            step=_report_step(step.group(1), i + 1) if step else None,
+            magnitude=_report_number(magnitude.group(1), i + 1, "magnitude") if magnitude else None,
             severity="critical" if verdict == "FAIL" else "warning",
         ))
     if not events and not notes and not any(_CHECK_LINE.match(line) for line in lines):
         raise UsageError("the training-stability report has no [PASS|WARN|FAIL] check lines")
     return events, notes
+
+
+def _report_number(text: str, line: int, what: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise UsageError(f"training-stability report line {line}: {what} {text} is not a finite number")
+    return value
+
+
+def _report_step(text: str, line: int) -> int:
+    """A step as written: 1200, 1.2e3; a negative or fractional step is bad input (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            f = math.nan
+        value = int(f) if math.isfinite(f) and f.is_integer() else None
+    if value is None or value < 0:
+        raise UsageError(f"training-stability report line {line}: step {text} is not a whole number >= 0")
+    return value
 
 
 # --------------------------------------------------------------------------- policy
