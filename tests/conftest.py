@@ -94,3 +94,22 @@ def copy_of(tmp_path):
         return dest
 
     return _copy
+
+
+@pytest.fixture(autouse=True)
+def _no_internal_error(monkeypatch):
+    """No command may exit 3 anywhere in the suite: an "internal error" printed by an in-process
+    `cli.main` fails the test that caused it (at teardown), whatever exit code the test expected."""
+    from checkpoint_strategy import cli
+
+    seen: list[str] = []
+    real = cli._err
+
+    def spy(message: str) -> None:
+        if message.startswith("internal error"):
+            seen.append(message)
+        real(message)
+
+    monkeypatch.setattr(cli, "_err", spy)
+    yield
+    assert not seen, f"a command exited 3 (internal error): {seen[0]}"
