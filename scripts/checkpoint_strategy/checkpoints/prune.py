@@ -18,12 +18,11 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
 from checkpoint_strategy.checkpoints.validate import check
 from checkpoint_strategy.errors import UsageError, pydantic_message
-from checkpoint_strategy.storage import ReadError, describe_os_error, read_bytes, read_json
+from checkpoint_strategy.storage import ReadError, describe_os_error, loads_yaml, read_bytes, read_json
 
 
 def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
     """Read the plan's `checkpoint_policy:` YAML (yaml.safe_load) and validate it."""
-    import yaml
     from pydantic import ValidationError
 
     p = Path(path)
@@ -34,13 +33,9 @@ def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
     except UnicodeDecodeError:
         raise UsageError(f"--policy {p}: not UTF-8 text; expected a YAML file with a checkpoint_policy: mapping") from None
     try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise UsageError(f"--policy {p}: nested too deeply; expected a checkpoint_policy: mapping") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise UsageError(f"--policy {p}: not valid YAML{line}; expected a checkpoint_policy: mapping") from None
+        data = loads_yaml(text, f"--policy {p}")
+    except ReadError as exc:
+        raise UsageError(f"--policy {p}: {exc.reason}; expected a checkpoint_policy: mapping") from None
     if isinstance(data, dict) and "checkpoint_policy" in data:
         data = data["checkpoint_policy"]
     if not isinstance(data, dict):

@@ -23,7 +23,7 @@ from checkpoint_strategy.integrations.models import (
     StabilityEvent,
 )
 from checkpoint_strategy.planning.models import CheckpointPolicy
-from checkpoint_strategy.storage import ReadError, loads_json
+from checkpoint_strategy.storage import ReadError, loads_json, loads_yaml
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
@@ -207,17 +207,11 @@ def policy_triggers(policy: PolicyLike) -> list[str]:
 
 def load_policy(text: str, source: str) -> list[str]:
     """Triggers from a policy file: plan YAML/JSON, checkpoint-strategy.json, or a bare mapping."""
-    import yaml
-
     try:
-        data = yaml.safe_load(text)
-    except RecursionError:
-        raise UsageError(f"{source} is nested too deeply: expected the plan's checkpoint_policy mapping") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UsageError(f"{source} is not valid YAML or JSON{where}: expected the plan's "
-                         "checkpoint_policy mapping") from None
+        data = loads_yaml(text, source)
+    except ReadError as exc:
+        raise UsageError(f"{source} is {exc.reason}: expected the plan's checkpoint_policy mapping "
+                         "(YAML or JSON)") from None
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected a mapping with checkpoint_policy (or policy), "
                          f"got a {_json_kind(data)}")

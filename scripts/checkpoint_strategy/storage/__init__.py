@@ -289,3 +289,22 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "o
         atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as exc:
         raise UsageError(f"{what}: {oserror_line(exc, 'write', p)}") from None
+
+
+def loads_yaml(text: str, what: str = "YAML") -> Any:
+    """yaml.safe_load with every failure as one ReadError: syntax (with its line), deep nesting,
+    integers past Python's digit limit."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ReadError(f"{what} is nested too deeply", "nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        reason = f"not valid YAML{where}"
+        raise ReadError(f"{what} is {reason}", reason) from None
+    except ValueError as exc:  # int() digit limit, bad timestamps, ...
+        reason = f"not valid YAML ({_short(exc)[:60]})"
+        raise ReadError(f"{what} is {reason}", reason) from None
