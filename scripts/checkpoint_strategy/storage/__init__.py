@@ -139,6 +139,9 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
 def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
     """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
     with open_regular(path, what) as fh:
+        if os.fstat(fh.fileno()).st_size > limit:  # refused before reading (a 10 GB sparse file)
+            reason = f"larger than {_size(limit)}"
+            raise ReadError(f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason)
         try:
             data = fh.read(limit + 1)
         except OSError as exc:
