@@ -12,6 +12,7 @@ import stat
 import struct
 import subprocess
 import sys
+import textwrap
 import threading
 import zlib
 from pathlib import Path
@@ -563,3 +564,33 @@ def test_launcher_without_dependencies_names_them(tmp_path):
     assert len(line.splitlines()) == 1 and "internal error" not in line
     assert "missing Python packages" in line and "pydantic" in line and "jinja2" in line
     assert "-m pip install" in line and "'pydantic>=2.6'" in line
+
+
+def test_handoff_killed_half_way_is_rolled_back_by_the_next(tmp_path, capsys):
+    """kill -9 after two of the three renames: the next handoff (same lock) puts the old files back
+    before it writes, so no mix of two handoffs survives."""
+    from checkpoint_strategy.integrations import statefolder
+
+    st = tmp_path / "st"
+    assert run(capsys, "handoff", *PLAN, "--state-dir", st)[0] == 0
+    before = _snapshot(st)
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        real = os.replace
+        count = [0]
+        def dying_replace(src, dst, *a, **kw):
+            real(src, dst, *a, **kw)
+            count[0] += 1
+            if count[0] == 3:  # the journal, checkpoint-strategy.json, agent-state.json
+                os.kill(os.getpid(), signal.SIGKILL)
+        os.replace = dying_replace
+        from checkpoint_strategy.cli import main
+        main(["handoff", {", ".join(repr(a) for a in PLAN)}, "--keep-last", "9", "--state-dir", {str(st)!r}])
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "scripts")},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -9, r.stderr
+    assert (st / statefolder.JOURNAL).exists() and _snapshot(st) != before  # half-written on disk
+    assert statefolder.recover_interrupted(st) is True
+    assert {k: v for k, v in _snapshot(st).items()} == before
+    assert not [p for p in st.iterdir() if p.name.endswith((".tmp", ".bak"))]

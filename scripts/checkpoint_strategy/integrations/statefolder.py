@@ -250,11 +250,13 @@ def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
     before the first rename. Then, in a fixed order: checkpoint-strategy.json, agent-state.json,
     NEXT_ACTION.md are renamed into place and the checkpoint.jsonl line is appended last. If any
     step fails, the files already replaced are put back (their previous version was hard-linked
-    aside first) and the command exits 2: nothing was written.
+    aside first) and the command exits 2: nothing was written. A handoff killed half-way is
+    rolled back by the next one (see _commit).
     """
     d = prepare_dir(state_dir)
     paths = {name: d / name for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)}
     with locked(d):
+        recover_interrupted(d)
         for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION):
             _must_be_file_or_absent(paths[name], name)
         # read and check everything first: nothing is written if any input is bad
@@ -268,13 +270,21 @@ def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
     return w.written
 
 
+JOURNAL = ".checkpoint-strategy.commit"
+
+
 def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict) -> None:
-    """Prepare every temp file, then rename in order and append; roll back on any failure."""
-    from checkpoint_strategy.atomic import fsync_dir, write_temp
+    """Prepare every temp file, then rename in order and append; roll back on any failure.
+
+    A journal (JOURNAL, written before the first rename, removed after the append) names the
+    previous version of each file, hard-linked aside as `.NAME.bak`: a handoff killed half-way
+    (kill -9, power loss) is rolled back by the next one, under the same lock.
+    """
+    from checkpoint_strategy.atomic import atomic_write_text, fsync_dir, write_temp
 
     temps: list[str] = []
-    done: list[tuple[Path, object]] = []
-    backups: list[Path] = []
+    plan: dict[str, dict] = {}
+    in_memory: dict[str, bytes] = {}
 
     def _fail(exc: BaseException) -> UsageError:
         reason = str(exc) if isinstance(exc, UsageError) else oserror_line(exc, "write to state folder", d)
@@ -283,47 +293,86 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
     try:
         for path, text in files:
             temps.append(write_temp(path, text.encode("utf-8")))
-    except OSError as exc:
+        for path, _text in files:
+            if not os.path.lexists(path):
+                plan[path.name] = {"new": True}
+                continue
+            link = d / f".{path.name}.bak"
+            _unlink_quiet(link)
+            try:
+                os.link(path, link)  # the previous version, kept until every step succeeded
+                plan[path.name] = {"backup": link.name}
+            except OSError:  # a file system without hard links: keep the bytes (no crash recovery)
+                in_memory[path.name] = read_bytes(path, path.name)
+                plan[path.name] = {"kept": True}
+        atomic_write_text(d / JOURNAL, json.dumps(plan))
+    except (OSError, UsageError) as exc:
         for t in temps:
             _unlink_quiet(t)
+        _roll_back(d, plan, {}, only_backups=True)
         raise _fail(exc) from None
     try:
         for (path, _text), tmp in zip(files, temps):
-            backup: Optional[Path | bytes] = None
-            if os.path.lexists(path):
-                link = path.with_name(f".{path.name}.{os.getpid()}.bak")
-                _unlink_quiet(link)
-                try:
-                    os.link(path, link)  # the previous version, kept until every step succeeded
-                    backup = link
-                    backups.append(link)
-                except OSError:  # a file system without hard links: keep the bytes instead
-                    backup = read_bytes(path, path.name)
             os.replace(tmp, path)
-            done.append((path, backup))
         append_line(log_path, record)
     except (OSError, UsageError) as exc:
-        for path, backup in reversed(done):
-            try:
-                if isinstance(backup, Path):
-                    os.replace(backup, path)
-                elif isinstance(backup, bytes):
-                    from checkpoint_strategy.atomic import atomic_write_bytes
-
-                    atomic_write_bytes(path, backup)
-                else:
-                    os.unlink(path)
-            except OSError:
-                pass
+        _roll_back(d, plan, in_memory)
         for t in temps:
             _unlink_quiet(t)
-        for b in backups:
-            _unlink_quiet(b)
-        fsync_dir(d)
         raise _fail(exc) from None
-    for b in backups:
-        _unlink_quiet(b)
+    _unlink_quiet(d / JOURNAL)  # the commit point
     fsync_dir(d)
+    _roll_back(d, plan, {}, only_backups=True)
+
+
+def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: bool = False) -> None:
+    """Put back the previous version of every file in `plan` (or, only_backups, just drop the
+    backup links), then remove the journal."""
+    from checkpoint_strategy.atomic import atomic_write_bytes, fsync_dir
+
+    for name, how in plan.items():
+        if name not in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION) or not isinstance(how, dict):
+            continue  # a journal names only our three files
+        path = d / name
+        backup = d / f".{name}.bak"
+        try:
+            if only_backups:
+                if how.get("backup"):
+                    _unlink_quiet(backup)
+            elif how.get("backup") and os.path.lexists(backup):
+                if os.path.lexists(path) and os.path.samefile(backup, path):
+                    os.unlink(backup)  # never replaced (rename of two links to one file does nothing)
+                else:
+                    os.replace(backup, path)
+            elif how.get("new"):
+                _unlink_quiet(path)
+            elif name in in_memory:
+                atomic_write_bytes(path, in_memory[name])
+        except OSError:
+            pass
+    if not only_backups:
+        _unlink_quiet(d / JOURNAL)
+    fsync_dir(d)
+
+
+def recover_interrupted(d: Path) -> bool:
+    """Under the lock: roll back a handoff that was killed between its first rename and its
+    commit point, and remove temp files left by any killed write. True when one was rolled back."""
+    import glob
+
+    for name in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION):
+        for tmp in glob.glob(os.path.join(glob.escape(str(d)), f".{glob.escape(name)}.*.tmp")):
+            _unlink_quiet(tmp)
+    journal = d / JOURNAL
+    if not os.path.lexists(journal):
+        return False
+    try:
+        plan = loads_json(read_bytes(journal, JOURNAL, limit=1 << 16), JOURNAL, expect=dict)
+    except ReadError:
+        plan = {}
+    _roll_back(d, plan, {})
+    _unlink_quiet(journal)
+    return True
 
 
 def _unlink_quiet(path) -> None:

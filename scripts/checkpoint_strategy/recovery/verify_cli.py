@@ -26,5 +26,5 @@ def run(args) -> int:
     report = verify_resume(args.log, args.resume_step, log_format=args.log_format, step_key=args.step_key,
                            loss_key=args.loss_key, lr_key=args.lr_key, run=args.run, pre_points=args.pre_points,
                            post_points=args.post_points, tolerance=args.tolerance, lr_tolerance=args.lr_tolerance)
-    emit(render_verify(report, args.format), args.output, inputs=(args.log,))
+    emit(render_verify(report, args.format), args.output, inputs=(args.log, report.log.path))
     return 0 if report.verdict == "ok" else 1
