@@ -13,6 +13,8 @@ Cases (the files are built here; sizes before the fix in parentheses, from the i
                 ("allocates 2 GB")
   /dev/zero     a DCP .metadata that is a symlink to /dev/zero ("exhausts memory")
   sparse meta   a DCP .metadata that is a 10 GB sparse file
+  opcode soup   a 63 MB .metadata of 22M memoized BININT1 opcodes (1.6 GB RSS and 98 s before the
+                bounded walk; still ~100 s: Python's pickletools walks ~4 µs per opcode)
   FIFO          a FIFO named trainer_state.json (hung forever before)
   deep JSON     a 60 MB trainer_state.json of '[' (just under the 64 MB JSON cap)
 """
@@ -113,6 +115,11 @@ def main() -> int:
             else:
                 with open(step / ".metadata", "wb") as fh:
                     fh.truncate(10 << 30)
+        soup = t / "dcp-soup" / "step-1"  # 63 MB of tiny memoized opcodes (22M), one relative_path
+        soup.mkdir(parents=True)
+        (soup / "__0_0.distcp").write_bytes(b"\0" * 16)
+        n_ops = (63 << 20) // 3
+        (soup / ".metadata").write_bytes(b"\x80\x04\x8c\rrelative_path\x94" + b"K\x01\x94" * n_ops + b".")
         fifo = t / "fifo" / "checkpoint-1"
         fifo.mkdir(parents=True)
         small_safetensors(fifo / "model.safetensors")
@@ -132,6 +139,7 @@ def main() -> int:
             ("zip64 record past a sparse file's data, full", ["validate", str(t / "sparse.pt"), "--level", "full"]),
             (".metadata -> /dev/zero", ["validate", str(t / "dcp-zero" / "step-1")]),
             (".metadata sparse 10 GB", ["validate", str(t / "dcp-sparse" / "step-1"), "--level", "full"]),
+            (".metadata: 63 MB, 22M memoized opcodes", ["validate", str(soup)]),
             ("FIFO trainer_state.json", ["validate", str(fifo)]),
             ("60 MB deeply nested trainer_state.json", ["validate", str(deep)]),
         ]

@@ -12,6 +12,7 @@ import pickletools
 import struct
 import threading
 import zlib
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -489,25 +490,41 @@ _GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
 _PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
+#: memoized strings remembered while walking a DCP .metadata (a real one memoizes each fqn and
+#: path string once; a hostile one could memoize millions): past this, further strings are not
+#: remembered and memory stays bounded (~60 MB at worst).
+MAX_MEMO_STRINGS = 500_000
+
+
 def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
     """From a torch.distributed.checkpoint `.metadata` pickle, without unpickling it:
     {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys.
 
-    A tiny symbolic walk over the opcodes: the memo is tracked for scalars only, which is
-    enough to follow `_StorageInfo(relative_path=..., offset=..., length=...)` entries.
+    A tiny symbolic walk over the opcodes with a six-token window: enough to follow
+    `_StorageInfo(relative_path=..., offset=..., length=...)` entries and `fqn` strings. Only
+    memoized strings are remembered (at most MAX_MEMO_STRINGS), so memory stays bounded whatever
+    the pickle holds; nothing but the results grows with the file.
     """
+    if len(data) > (1 << 20) and b"relative_path" not in data:  # a big pickle of something else: no walk
+        return "no storage entries found in .metadata (no relative_path in the pickle)"
     _obj = object()
-    memo: dict[int, object] = {}
-    tokens: list[object] = []
+    memo: dict[int, str] = {}
+    memo_len = 0  # MEMOIZE numbers entries by count, remembered or not
+    window: deque = deque(maxlen=6)
     last: object = _obj
+    needed: dict[str, int] = {}
+    keys: set[str] = set()
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
-            if name == "MEMOIZE":
-                memo[len(memo)] = last
-                continue
-            if name in _PUT_OPS:
-                memo[arg] = last
+            if name == "MEMOIZE" or name in _PUT_OPS:
+                index = memo_len if name == "MEMOIZE" else arg
+                if name == "MEMOIZE":
+                    memo_len += 1
+                if isinstance(last, str) and (len(memo) < MAX_MEMO_STRINGS or index in memo):
+                    memo[index] = last
+                else:
+                    memo.pop(index, None)
                 continue
             if name in _GET_OPS:
                 last = memo.get(arg, _obj)
@@ -519,19 +536,15 @@ def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
                 break
             else:
                 last = _obj
-            tokens.append(last)
+            window.append(last)
+            if len(window) == 6 and window[0] == "relative_path" and window[2] == "offset" and window[4] == "length":
+                rel, off, ln = window[1], window[3], window[5]
+                if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
+                    needed[rel] = max(needed.get(rel, 0), off + ln)
+            if len(window) >= 2 and window[-2] == "fqn" and isinstance(last, str):
+                keys.add(last.split(".", 1)[0])
         else:
             return "broken .metadata: pickle ends without STOP (truncated)"
     except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
         return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
-    needed: dict[str, int] = {}
-    keys: set[str] = set()
-    n = len(tokens)
-    for i, tok in enumerate(tokens):
-        if tok == "relative_path" and i + 5 < n and tokens[i + 2] == "offset" and tokens[i + 4] == "length":
-            rel, off, ln = tokens[i + 1], tokens[i + 3], tokens[i + 5]
-            if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
-                needed[rel] = max(needed.get(rel, 0), off + ln)
-        elif tok == "fqn" and i + 1 < n and isinstance(tokens[i + 1], str):
-            keys.add(str(tokens[i + 1]).split(".", 1)[0])
     return needed, keys
