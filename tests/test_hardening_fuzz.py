@@ -234,3 +234,36 @@ def test_fuzz_special_files_never_hang_and_never_pass(hf_run, tmp_path, name, ki
                 s.close()
                 short.unlink()
                 short.parent.rmdir()
+
+
+@FUZZ
+@given(target=st.sampled_from(["dcp:.metadata", "dcp:__0_0.distcp", "pl:epoch=0-step=20.ckpt"]), kind=special_kinds,
+       level=st.sampled_from(["quick", "full"]))
+def test_fuzz_special_files_in_dcp_and_lightning_checkpoints(dcp_checkpoint, lightning_run, tmp_path, target, kind,
+                                                             level):
+    keep: list = []
+    where, name = target.split(":")
+    with tempfile.TemporaryDirectory(dir=tmp_path) as d:
+        if where == "dcp":
+            root = Path(d) / "step-100"
+            shutil.copytree(dcp_checkpoint, root)
+            victim = root / name
+        else:
+            root = Path(d) / "ckpts"
+            shutil.copytree(lightning_run.ckpt_dir, root)
+            victim = root / name
+        try:
+            _make_special(victim, kind, keep)
+            with no_hang():
+                rc, out, err = _run(["validate", root, "--level", level, "--format", "json"])
+            if rc == 2:  # nothing recognisable left
+                assert where == "pl" or kind in ("loop", "dangling"), err
+                return
+            status = {Path(c["path"]).name: c["status"] for c in json.loads(out)["checkpoints"]}
+            key = root.name if where == "dcp" else name
+            assert rc == 1 and status.get(key, "absent") != "valid", status
+        finally:
+            for s, short in keep:
+                s.close()
+                short.unlink()
+                short.parent.rmdir()
