@@ -251,7 +251,16 @@ def test_dcp_metadata_bounded(dcp_checkpoint, copy_of, capsys):
     ck = copy_of(dcp_checkpoint)
     (ck / ".metadata").unlink()
     (ck / ".metadata").symlink_to("/dev/zero")
+    assert problems(capsys, ck) == {".metadata": "a symbolic link to outside the checkpoint folder: not read"}
+    (ck / ".metadata").unlink()
+    os.mknod(ck / ".metadata", 0o600 | stat.S_IFCHR, os.makedev(1, 5)) if os.geteuid() == 0 else \
+        pytest.skip("creating a device node needs root")
     assert problems(capsys, ck) == {".metadata": "is a character device: expected a regular file"}
+    (ck / ".metadata").unlink()
+    outside = ck.parent / "elsewhere.metadata"
+    shutil.copy(dcp_checkpoint / ".metadata", outside)
+    (ck / ".metadata").symlink_to(outside)    # a whole, valid file: still never read from outside
+    assert "outside the checkpoint folder" in problems(capsys, ck)[".metadata"]
     (ck / ".metadata").unlink()
     with open(ck / ".metadata", "wb") as fh:  # sparse: 10 GB that take no disk
         fh.truncate(10 << 30)

@@ -198,7 +198,10 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
             ctx.readable(os.path.join(path, n))
         return
     ctx.counter.files += 1
-    try:  # bounded: a .metadata that is a link to /dev/zero or a huge sparse file is refused
+    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
+        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
+        return
+    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
         data = storage.read_bytes(meta, ".metadata", fc.MAX_DCP_METADATA)
         ctx.counter.bytes_read += len(data)
     except storage.ReadError as exc:
