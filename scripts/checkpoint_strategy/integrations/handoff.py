@@ -30,7 +30,11 @@ def load_plan_file(text: str, source: str) -> PlanReport:
         raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
                          "`checkpoint-strategy plan ... --format json`") from None
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
+        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    except RecursionError:
+        raise UsageError(f"plan file {source} is nested too deeply: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "top level"
         message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
