@@ -324,7 +324,8 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
                             f"{args.max_loss_hours:g}: saving every {cap_steps} steps instead")
             f, reason = cap_steps, "max_loss_cap"
         elif f > durable_steps and (cap_steps is None or f > cap_steps):
-            f, reason = durable_steps, "storage_floor"  # the cap cannot be kept: get as close as the storage allows
+            # the cap cannot be kept: get as close to it as the storage (or the step length) allows
+            f, reason = durable_steps, "storage_floor" if cost.durable_gap > 0 else "max_loss_cap"
         if preset["max_frequency"] is not None and f > preset["max_frequency"]:
             warnings.append(f"the {args.preset} preset saves at least every {preset['max_frequency']} steps "
                             f"(the failure-model optimum is {f})")
@@ -435,7 +436,7 @@ def _cap_warning(args: PlanArguments, cost: SaveCost, size: Sizing, iv: Interval
         return head + f" with --frequency {iv.frequency}: saving every {iv.cap_steps} steps keeps it"
     if iv.cap_steps is not None and iv.cap_steps >= iv.durable_steps:
         return head + f": {iv.reason.replace('_', ' ')} sets the interval; every {iv.cap_steps} steps keeps the cap"
-    if iv.cap_steps is None and cost.lag + args.step_seconds <= args.max_loss_hours * 3600.0:
+    if iv.cap_steps is None and cost.lag < args.max_loss_hours * 3600.0:
         return head + f": one step of {args.step_seconds:g} s is already beyond it"
     if iv.cap_steps is None:
         why = f"one save takes {cost.lag:.4g} s to reach storage, longer than the cap itself"
