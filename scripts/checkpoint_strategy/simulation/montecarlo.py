@@ -13,10 +13,12 @@ corrupt and there are no spikes):
   during a save and during a restart alike. A failure costs the restart R (a failure during the
   restart starts it again) and the rework since the checkpoint rolled back to.
 - The rollback goes to the newest checkpoint that was fully persisted when the failure struck.
-  Each checkpoint may be unloadable with probability ``corrupt_prob`` (drawn when it is first
-  needed): then the rollback walks further back through the rolling window of the newest
-  ``keep_last`` persisted checkpoints, then through the milestones kept outside the window,
-  then to step 0.
+  Each checkpoint may be unloadable with probability ``corrupt_prob``, drawn once, when it is
+  first needed (a checkpoint that loaded once loads again until training rewrites it): then the
+  rollback walks further back through the rolling window of the newest ``keep_last`` persisted
+  checkpoints, then through the milestones kept outside the window, then to step 0. Step 0
+  (the initial state) is always a rollback point: an early failure or spike restarts from it
+  without counting as "nothing loadable left".
 - Loss spikes start at uniformly random steps (a Poisson process, ``spike_rate`` per 1000
   steps). A spike is noticed ``wait`` steps after its onset and needs a checkpoint from at
   most ``onset - margin``: the newest such one still in the rolling window, else the newest
@@ -40,6 +42,7 @@ from checkpoint_strategy.errors import UsageError
 # Work limits that keep a bad combination of arguments from running for hours or eating memory.
 MAX_EVENTS_PER_RUN = 20000
 MAX_SPIKE_CELLS = 50_000_000
+MAX_KNOWN_CELLS = 50_000_000  # checkpoints known to load, tracked per run when some may be corrupt
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,54 @@ def _geometric_skips(rng, q: float, n: int):
     return rng.geometric(1.0 - q, n).astype("int64") - 1
 
 
-def rollback(setup: Setup, rng, c, lo, good):
+def _highest_known(known, c, ms=None):
+    """Per row: the highest known-good position <= c (restricted to milestone positions `ms` when given),
+    -1 when there is none. known: 1-D (one position per row) or 2-D (-1 padded) arrays of positions."""
+    import numpy as np
+
+    k = known.reshape(known.shape[0], -1)
+    ok = (k >= 0) & (k <= c[:, None])
+    if ms is not None:
+        ok &= np.isin(k, ms)
+    return np.where(ok, k, -1).max(axis=1, initial=-1)
+
+
+def push_known(known, rows, target):
+    """Record that `target` loaded in each of `rows`: checkpoints after it will be rewritten (forgotten), the
+    ones up to it keep their outcome. known: 2-D, rows increasing and -1 padded; returns the (maybe wider) array."""
+    import numpy as np
+
+    sub = known[rows]
+    keep = (sub >= 0) & (sub <= target[:, None])
+    count = keep.sum(axis=1)
+    top = np.where(count > 0, sub[np.arange(rows.size), np.maximum(count - 1, 0)], -1)
+    sub = np.where(keep, sub, -1)
+    need = top != target
+    if need.any() and int(count[need].max()) >= sub.shape[1]:
+        grow = max(4, sub.shape[1] // 2)
+        known = np.concatenate([known, np.full((known.shape[0], grow), -1, dtype=known.dtype)], axis=1)
+        sub = np.concatenate([sub, np.full((sub.shape[0], grow), -1, dtype=sub.dtype)], axis=1)
+    r = np.nonzero(need)[0]
+    sub[r, count[r]] = target[r]
+    known[rows] = sub
+    return known
+
+
+def _checked(known):
+    if known.size > MAX_KNOWN_CELLS:
+        raise UsageError(f"too many rollbacks to track which checkpoints loaded ({known.size:.3g} cells, limit "
+                         f"{MAX_KNOWN_CELLS:.0e}); lower --runs or --corrupt-prob")
+    return known
+
+
+def rollback(setup: Setup, rng, c, lo, known):
     """Where a rollback lands: newest loadable checkpoint at most position c.
 
     c: ceiling position (newest acceptable); lo: oldest position in the rolling window (may be
-    <= 0: the start is still covered); good: the position last loaded (known loadable).
+    <= 0: the start is still covered); known: positions that loaded before and have not been rewritten
+    since (one per row, or a -1 padded 2-D array per row): they load again. Every other checkpoint is
+    corrupt with probability corrupt_prob, drawn when it is first needed; a walk stops at the first
+    loadable one, so the corrupt ones it passes are all rewritten before they could be needed again.
     Returns (target, source, skips) with source 0 = rolling window, 1 = milestone, 2 = step 0
     because nothing else was left.
     """
@@ -168,9 +214,10 @@ def rollback(setup: Setup, rng, c, lo, good):
     if q > 0:
         skips_w = _geometric_skips(rng, q, n)
         cand = c - skips_w
-        g_in = (good >= lo) & (good <= c)
+        g = _highest_known(known, c)
+        g_in = (g >= 0) & (g >= lo)
         win_ok = in_win & ((cand >= lo) | g_in | (lo <= 0))
-        target = np.where(g_in, np.maximum(cand, good), cand)
+        target = np.where(g_in, np.maximum(cand, g), cand)
         target = np.maximum(target, 0)
     else:
         win_ok = in_win
@@ -187,11 +234,9 @@ def rollback(setup: Setup, rng, c, lo, good):
             idx2 = idx.copy()
             if q > 0:
                 idx2 = idx - _geometric_skips(rng, q, int(miss.sum()))
-                g = good[miss]
-                gi = np.searchsorted(ms, g)
-                gi_c = np.minimum(gi, ms.size - 1)
-                g_ms = (gi < ms.size) & (ms[gi_c] == g) & (g <= mc)
-                idx2 = np.where(g_ms, np.maximum(idx2, gi_c), idx2)
+                gm = _highest_known(known[miss], mc, ms)
+                gi = np.searchsorted(ms, np.maximum(gm, 0))
+                idx2 = np.where(gm >= 1, np.maximum(idx2, gi), idx2)
             skips[miss] += np.maximum(idx - np.maximum(idx2, -1), 0)
             ok = idx2 >= 0
             target[miss] = np.where(ok, ms[np.maximum(idx2, 0)], 0)
@@ -249,7 +294,8 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
 
     idx = np.arange(runs)
     pos = np.zeros(runs, dtype=np.int64)
-    good = np.zeros(runs, dtype=np.int64)
+    known = np.zeros((runs, 1), dtype=np.int64)  # step 0 always loads
+    track = setup.corrupt_prob > 0
     ptr = np.zeros(runs, dtype=np.int64)
     wall = np.zeros(runs)
     fails = np.zeros(runs, dtype=np.int64)
@@ -290,12 +336,14 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             completed = np.maximum(setup.newest_completed(t), p0)
             in_flight += int(np.count_nonzero(completed > k))
             fail_rollbacks += int(k.size)
-            target, source, skips = rollback(setup, rng, k, k - K + 1, good[fail])
+            rows = np.nonzero(fail)[0]
+            target, source, skips = rollback(setup, rng, k, k - K + 1, known[rows])
+            if track:
+                known = _checked(push_known(known, rows, target))
             runs_f = idx[fail]
             skips_run[runs_f] += skips
             scratch_run[runs_f] |= source == 2
             pos[fail] = target
-            good[fail] = target
             need[fail] = True
 
         if spike.any():
@@ -304,7 +352,10 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             k = np.maximum(setup.newest_durable(t), p0)
             lo = k - K + 1
             c = np.minimum(rescue_pos[idx[spike], ptr[spike]], k)
-            target, source, skips = rollback(setup, rng, c, lo, good[spike])
+            rows = np.nonzero(spike)[0]
+            target, source, skips = rollback(setup, rng, c, lo, known[rows])
+            if track:
+                known = _checked(push_known(known, rows, target))
             runs_s = idx[spike]
             sp_n[runs_s] += 1
             sp_miss[runs_s] += c < lo
@@ -312,7 +363,6 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             sp_scratch[runs_s] += source == 2
             skips_run[runs_s] += skips
             pos[spike] = target
-            good[spike] = target
             need[spike] = True
             ptr[spike] += 1
 
@@ -320,7 +370,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             out_wall[idx[done]] = wall[done]
             out_fail[idx[done]] = fails[done]
             keep = ~done
-            idx, pos, good, ptr, wall, fails, need = (a[keep] for a in (idx, pos, good, ptr, wall, fails, need))
+            idx, pos, known, ptr, wall, fails, need = (a[keep] for a in (idx, pos, known, ptr, wall, fails, need))
 
     return RawResult(wall=out_wall, failures=out_fail, corrupt_skips=skips_run, failure_scratch=scratch_run,
                      in_flight_rollbacks=in_flight, failure_rollbacks=fail_rollbacks, spikes=sp_n,
