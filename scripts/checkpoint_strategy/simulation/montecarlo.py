@@ -381,8 +381,10 @@ ASSUMPTIONS = [
     "failures: Poisson with the plan's job MTBF; they also strike during saves and restarts",
     "a failure costs the restart plus the rework since the newest checkpoint fully on storage "
     "(with async saves the newest may still be in flight)",
-    "corrupt checkpoints are found when loading; the rollback then walks back through the rolling window, "
-    "the milestones, then step 0",
+    "corrupt checkpoints are found when loading, each drawn once: one that loaded loads again until training "
+    "rewrites it; the rollback walks back through the rolling window, the milestones, then step 0",
+    "step 0 is always a rollback point: a failure before the first save, or a spike in the first margin steps, "
+    "restarts from it and is not counted as 'nothing loadable left'",
     "loss spikes: uniform onsets, noticed after the wait, rescued only from a checkpoint at least the margin "
     "before the onset; the bad data is skipped so a spike does not recur",
     "the run ends when the final save's stall ends; off-grid milestones count as the next regular save after them",
@@ -403,9 +405,29 @@ def setup_from_plan(report, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
 
 
 def _pct(values, qs):
+    """Order statistics: each percentile is a value some run really had (no interpolation, so a count stays
+    a whole number)."""
     import numpy as np
 
-    return [float(v) for v in np.percentile(values, qs)]
+    return [float(v) for v in np.percentile(values, qs, method="inverted_cdf")]
+
+
+LOST_DEFINITION = ("lost = wall time beyond pure compute: save stalls, rework after failures, restarts and "
+                   "spike rollbacks (the same definition as tradeoffs' expected lost hours)")
+
+
+def analytic_caveats(setup: Setup, corrupt_prob: float, spike_rate: float, in_flight: int) -> list[str]:
+    """Why the simulation may differ from the planner's Daly figure beyond sampling noise."""
+    out = []
+    if setup.P > setup.C and in_flight:
+        out.append(f"async saves: a save is on storage {setup.P:.4g} s after it starts but stalls training "
+                   f"{setup.C:.4g} s; Daly's model counts the stall only, so a failure while the newest save is "
+                   "still in flight (rolling back one interval further) is rework the analytic figure leaves out")
+    if corrupt_prob > 0:
+        out.append("corrupt checkpoints: the analytic model assumes every checkpoint loads")
+    if spike_rate > 0:
+        out.append("loss spikes: the analytic model has failures only")
+    return out
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -423,7 +445,7 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     raw = run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures)
     H = 3600.0
     wall_h = raw.wall / H
-    lost_h = (raw.wall - setup.end_seconds) / H
+    lost_h = (raw.wall - setup.compute_seconds) / H
     fails = raw.failures
     mean_wall = float(wall_h.mean())
     stderr = float(wall_h.std(ddof=1) / math.sqrt(runs)) if runs > 1 else 0.0
@@ -470,9 +492,10 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
         max_failures=int(fails.max()),
         overhead_fraction=_r(mean_wall / compute_h - 1.0),
         analytic_overhead_fraction=report.expected_overhead_fraction,
-        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / raw.failure_rollbacks)
-                                     if raw.failure_rollbacks else None),
+        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / int(fails.sum())) if fails.sum() else None),
         corrupt_skips_per_run=_r(raw.corrupt_skips.mean()),
         failure_scratch_fraction=_r(raw.failure_scratch.mean()),
         spikes=spikes, plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
+        lost_definition=LOST_DEFINITION,
+        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks),
     )
