@@ -81,16 +81,17 @@ def test_no_failure_no_spike_is_exactly_the_failure_free_run():
 
 
 def test_async_newest_checkpoint_in_flight_rolls_back_one_further():
-    base = dict(total_steps=2000, step_seconds=1.0, budget_gb=1e6, model_size_gb=100.0, write_gbps=0.5,
-                mtbf_hours=0.5, frequency=100, keep_last=5, restart_seconds=60.0)
+    base = dict(total_steps=20000, step_seconds=1.0, budget_gb=1e6, model_size_gb=100.0, write_gbps=0.5,
+                mtbf_hours=0.5, frequency=100, keep_last=5, restart_seconds=60.0, max_loss_hours=100)
     # 300 GB at 0.5 GB/s: 600 s until a save is on storage, longer than the 100 s between saves: the planner
-    # moves the interval so saves never overlap (600 steps), and the newest save is in flight 540 s of 660
+    # moves the interval so saves never overlap (540 s rounded up to 1000 steps): the newest save is in flight
+    # 540 s of every 1060
     asynchronous = plan(validate_arguments(dict(base, async_save=True)))
     assert asynchronous.failure_model.persist_seconds == pytest.approx(600.0)
-    assert asynchronous.frequency_steps == 600
+    assert asynchronous.frequency_steps == 1000
     sim = simulate(asynchronous, runs=3000, seed=3)
     assert sim.policy.persist_seconds == pytest.approx(600.0)
-    assert sim.in_flight_rollback_fraction > 0.4
+    assert sim.in_flight_rollback_fraction > 0.2  # of all failures, those during restarts included
     # the analytic model counts only the 60 s stall: the in-flight window costs extra rework
     assert sim.mean_wall_hours > sim.analytic_wall_hours + 5 * sim.wall_hours_stderr
     synchronous = simulate(plan(validate_arguments(dict(base, async_save=False))), runs=3000, seed=3)

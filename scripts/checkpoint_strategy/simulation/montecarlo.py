@@ -155,52 +155,98 @@ def _geometric_skips(rng, q: float, n: int):
     return rng.geometric(1.0 - q, n).astype("int64") - 1
 
 
-def _highest_known(known, c, ms=None):
-    """Per row: the highest known-good position <= c (restricted to milestone positions `ms` when given),
-    -1 when there is none. known: 1-D (one position per row) or 2-D (-1 padded) arrays of positions."""
-    import numpy as np
+class KnownGood:
+    """Per run: the checkpoint positions that loaded and have not been rewritten since (they load again).
 
-    k = known.reshape(known.shape[0], -1)
-    ok = (k >= 0) & (k <= c[:, None])
-    if ms is not None:
-        ok &= np.isin(k, ms)
-    return np.where(ok, k, -1).max(axis=1, initial=-1)
+    Rows are increasing position lists (-1 padded) indexed by run id; the newest (the top) is where the
+    run last rolled back to. Most rollbacks land at or above the top (an append, O(1)); only a rollback
+    below it (a spike, or a fall back to a milestone) rewrites the row.
+    """
+
+    def __init__(self, rows) -> None:
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.int64)
+        self.known = (rows.reshape(rows.shape[0], -1) if rows.ndim < 2 else rows).copy()
+        self.depth = (self.known >= 0).sum(axis=1)
+
+    @classmethod
+    def start(cls, runs: int) -> "KnownGood":
+        import numpy as np
+
+        return cls(np.zeros((runs, 1), dtype=np.int64))  # step 0 always loads
+
+    @property
+    def size(self) -> int:
+        return int(self.known.size)
+
+    def top(self, ids):
+        import numpy as np
+
+        return np.where(self.depth[ids] > 0, self.known[ids, np.maximum(self.depth[ids] - 1, 0)], -1)
+
+    def highest(self, ids, c, ms=None):
+        """Per run: the highest known position <= c (a milestone position when ms is given), -1 if none."""
+        import numpy as np
+
+        top = self.top(ids)
+        out = np.where(top <= c, top, -1)
+        scan = (top > c) if ms is None else np.ones(ids.size, dtype=bool)
+        if ms is not None:
+            out = np.full(ids.size, -1, dtype=np.int64)
+        if scan.any():
+            rows = self.known[ids[scan]]
+            ok = (rows >= 0) & (rows <= c[scan, None])
+            if ms is not None:
+                ok &= np.isin(rows, ms)
+            out[scan] = np.where(ok, rows, -1).max(axis=1, initial=-1)
+        return out
+
+    def push(self, ids, target) -> None:
+        """`target` loaded in each run of `ids`: positions above it will be rewritten (forgotten)."""
+        import numpy as np
+
+        top = self.top(ids)
+        below = target < top
+        if below.any():
+            r = ids[below]
+            rows = self.known[r]
+            keep = (rows >= 0) & (rows <= target[below, None])
+            self.known[r] = np.where(keep, rows, -1)
+            self.depth[r] = keep.sum(axis=1)
+            top = self.top(ids)
+        add = target != top
+        if add.any():
+            r = ids[add]
+            if int(self.depth[r].max()) >= self.known.shape[1]:
+                grow = max(4, self.known.shape[1] // 2)
+                self.known = np.concatenate(
+                    [self.known, np.full((self.known.shape[0], grow), -1, dtype=np.int64)], axis=1)
+            self.known[r, self.depth[r]] = target[add]
+            self.depth[r] += 1
 
 
 def push_known(known, rows, target):
-    """Record that `target` loaded in each of `rows`: checkpoints after it will be rewritten (forgotten), the
-    ones up to it keep their outcome. known: 2-D, rows increasing and -1 padded; returns the (maybe wider) array."""
-    import numpy as np
-
-    sub = known[rows]
-    keep = (sub >= 0) & (sub <= target[:, None])
-    count = keep.sum(axis=1)
-    top = np.where(count > 0, sub[np.arange(rows.size), np.maximum(count - 1, 0)], -1)
-    sub = np.where(keep, sub, -1)
-    need = top != target
-    if need.any() and int(count[need].max()) >= sub.shape[1]:
-        grow = max(4, sub.shape[1] // 2)
-        known = np.concatenate([known, np.full((known.shape[0], grow), -1, dtype=known.dtype)], axis=1)
-        sub = np.concatenate([sub, np.full((sub.shape[0], grow), -1, dtype=sub.dtype)], axis=1)
-    r = np.nonzero(need)[0]
-    sub[r, count[r]] = target[r]
-    known[rows] = sub
-    return known
+    """Functional form of KnownGood.push on a -1 padded 2-D array (rows: run indices); returns the array."""
+    kg = KnownGood(known)
+    kg.push(rows, target)
+    return kg.known
 
 
-def _checked(known):
+def _checked(known: "KnownGood") -> "KnownGood":
     if known.size > MAX_KNOWN_CELLS:
         raise UsageError(f"too many rollbacks to track which checkpoints loaded ({known.size:.3g} cells, limit "
                          f"{MAX_KNOWN_CELLS:.0e}); lower --runs or --corrupt-prob")
     return known
 
 
-def rollback(setup: Setup, rng, c, lo, known):
+def rollback(setup: Setup, rng, c, lo, known, ids=None):
     """Where a rollback lands: newest loadable checkpoint at most position c.
 
     c: ceiling position (newest acceptable); lo: oldest position in the rolling window (may be
     <= 0: the start is still covered); known: positions that loaded before and have not been rewritten
-    since (one per row, or a -1 padded 2-D array per row): they load again. Every other checkpoint is
+    since (a KnownGood with the runs' ids, or an array: one position or a -1 padded row per run): they load
+    again. Every other checkpoint is
     corrupt with probability corrupt_prob, drawn when it is first needed; a walk stops at the first
     loadable one, so the corrupt ones it passes are all rewritten before they could be needed again.
     Returns (target, source, skips) with source 0 = rolling window, 1 = milestone, 2 = step 0
@@ -210,11 +256,13 @@ def rollback(setup: Setup, rng, c, lo, known):
 
     n = c.shape[0]
     q = setup.corrupt_prob
+    if not isinstance(known, KnownGood):
+        known, ids = KnownGood(known), np.arange(n)
     in_win = c >= lo
     if q > 0:
         skips_w = _geometric_skips(rng, q, n)
         cand = c - skips_w
-        g = _highest_known(known, c)
+        g = known.highest(ids, c)
         g_in = (g >= 0) & (g >= lo)
         win_ok = in_win & ((cand >= lo) | g_in | (lo <= 0))
         target = np.where(g_in, np.maximum(cand, g), cand)
@@ -234,7 +282,7 @@ def rollback(setup: Setup, rng, c, lo, known):
             idx2 = idx.copy()
             if q > 0:
                 idx2 = idx - _geometric_skips(rng, q, int(miss.sum()))
-                gm = _highest_known(known[miss], mc, ms)
+                gm = known.highest(ids[miss], mc, ms)
                 gi = np.searchsorted(ms, np.maximum(gm, 0))
                 idx2 = np.where(gm >= 1, np.maximum(idx2, gi), idx2)
             skips[miss] += np.maximum(idx - np.maximum(idx2, -1), 0)
@@ -294,7 +342,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
 
     idx = np.arange(runs)
     pos = np.zeros(runs, dtype=np.int64)
-    known = np.zeros((runs, 1), dtype=np.int64)  # step 0 always loads
+    known = KnownGood.start(runs if setup.corrupt_prob > 0 else 0)
     track = setup.corrupt_prob > 0
     ptr = np.zeros(runs, dtype=np.int64)
     wall = np.zeros(runs)
@@ -336,10 +384,10 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             completed = np.maximum(setup.newest_completed(t), p0)
             in_flight += int(np.count_nonzero(completed > k))
             fail_rollbacks += int(k.size)
-            rows = np.nonzero(fail)[0]
-            target, source, skips = rollback(setup, rng, k, k - K + 1, known[rows])
+            target, source, skips = rollback(setup, rng, k, k - K + 1, known, idx[fail])
             if track:
-                known = _checked(push_known(known, rows, target))
+                known.push(idx[fail], target)
+                _checked(known)
             runs_f = idx[fail]
             skips_run[runs_f] += skips
             scratch_run[runs_f] |= source == 2
@@ -352,10 +400,10 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             k = np.maximum(setup.newest_durable(t), p0)
             lo = k - K + 1
             c = np.minimum(rescue_pos[idx[spike], ptr[spike]], k)
-            rows = np.nonzero(spike)[0]
-            target, source, skips = rollback(setup, rng, c, lo, known[rows])
+            target, source, skips = rollback(setup, rng, c, lo, known, idx[spike])
             if track:
-                known = _checked(push_known(known, rows, target))
+                known.push(idx[spike], target)
+                _checked(known)
             runs_s = idx[spike]
             sp_n[runs_s] += 1
             sp_miss[runs_s] += c < lo
@@ -370,7 +418,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             out_wall[idx[done]] = wall[done]
             out_fail[idx[done]] = fails[done]
             keep = ~done
-            idx, pos, known, ptr, wall, fails, need = (a[keep] for a in (idx, pos, known, ptr, wall, fails, need))
+            idx, pos, ptr, wall, fails, need = (a[keep] for a in (idx, pos, ptr, wall, fails, need))
 
     return RawResult(wall=out_wall, failures=out_fail, corrupt_skips=skips_run, failure_scratch=scratch_run,
                      in_flight_rollbacks=in_flight, failure_rollbacks=fail_rollbacks, spikes=sp_n,
