@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_serializer
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed", "mixed-no-master"]
@@ -25,6 +25,13 @@ MAX_SECONDS = 1e9
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class LocalTier(_Strict):
+    """`--local-tier GB,GBPS`: node-local checkpoint space and write rate, per node."""
+
+    gb_per_node: float = Field(gt=0, le=MAX_GB)
+    gbps_per_node: float = Field(gt=0, le=1e6)
 
 
 class PlanArguments(_Strict):
@@ -58,7 +65,27 @@ class PlanArguments(_Strict):
     restart_seconds: float = Field(600.0, ge=0, le=MAX_SECONDS)
     async_save: Optional[bool] = None
     max_loss_hours: float = Field(1.0, gt=0, le=MAX_HOURS)
+    local_tier: Optional[LocalTier] = Field(None, description="plan two tiers: node-local and persistent")
+    node_loss_fraction: float = Field(0.78, gt=0, le=1, description="share of failures that lose a node's "
+                                                                   "local storage (two-tier plans)")
     format: OutputFormat = "text"
+
+
+class PolicyTier(_Strict):
+    frequency: str = Field(description="every_N_steps")
+    keep_last: int
+
+
+class PolicyTiers(_Strict):
+    local: PolicyTier
+    persistent: PolicyTier
+
+
+def _without_none(data, keys: tuple[str, ...]):
+    for k in keys:
+        if k in data and data[k] is None:
+            del data[k]
+    return data
 
 
 class CheckpointPolicy(_Strict):
@@ -72,6 +99,12 @@ class CheckpointPolicy(_Strict):
     validate_on_save: bool
     async_save: bool
     emergency_save_on: list[EmergencyTrigger]
+    tiers: Optional[PolicyTiers] = Field(None, description="two-tier plans only: local and persistent saves")
+
+    @model_serializer(mode="wrap")
+    def omit_single_tier(self, handler):
+        """Single-tier policies keep the spec's keys only."""
+        return _without_none(handler(self), ("tiers",))
 
 
 class FailureModel(_Strict):
@@ -118,6 +151,35 @@ class StorageWrites(_Strict):
                                                                "checkpoints")
 
 
+class TierPlan(_Strict):
+    frequency_steps: int
+    keep_last: int
+    storage_gb: Optional[float] = Field(None, description="peak storage of the tier")
+    checkpoint_write_seconds: float = Field(description="seconds a save stalls training")
+    persist_seconds: Optional[float] = Field(description="seconds until a save is on the tier's storage")
+    max_data_loss_hours: float = Field(description="for the failures this tier recovers")
+    failures_covered_fraction: float = Field(description="share of failures that roll back to this tier")
+
+
+class LocalTierPlan(TierPlan):
+    shard_gb: Optional[float] = Field(description="one node's part of a checkpoint")
+    gb_per_node: float
+    gbps_per_node: float
+    storage_per_node_gb: Optional[float] = Field(description="(keep_last + 1) x shard")
+    optimal_interval_steps: float
+
+
+class TwoTierPlan(_Strict):
+    """`--local-tier`: figures per tier and combined (model in planning/tiers.py)."""
+
+    local: LocalTierPlan
+    persistent: TierPlan
+    node_loss_fraction: float
+    job_mtbf_hours: float = Field(description="all failures; node losses alone are job_mtbf / node_loss_fraction")
+    expected_overhead_fraction: float
+    expected_lost_hours_per_failure: float
+
+
 class StorageBreakdown(_Strict):
     checkpoint_size_gb: Optional[float]
     rolling_gb: Optional[float] = Field(description="keep_last checkpoints")
@@ -161,6 +223,12 @@ class PlanReport(_Strict):
     policy: CheckpointPolicy
     warnings: list[str]
     sources: dict[str, str]
+    two_tier: Optional[TwoTierPlan] = Field(None, description="only when --local-tier plans two tiers")
+
+    @model_serializer(mode="wrap")
+    def omit_single_tier(self, handler):
+        """Single-tier reports are unchanged by the two-tier fields."""
+        return _without_none(handler(self), ("two_tier",))
 
 
 SCHEMAS = {

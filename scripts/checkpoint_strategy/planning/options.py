@@ -38,6 +38,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "restart_seconds": ("--restart-seconds", "seconds to restart after a failure, 0 to 10^9"),
     "async_save": ("--async", "a flag"),
     "max_loss_hours": ("--max-loss-hours", "hours of training you accept to lose, > 0 and at most 10^9"),
+    "local_tier": ("--local-tier", "GB,GBPS: node-local space in GB and write rate in GB/s per node, each > 0"),
+    "node_loss_fraction": ("--node-loss-fraction", "the share of failures that lose a node, > 0 and at most 1"),
     "format": ("--format", "text, markdown, json or yaml"),
 }
 
@@ -97,6 +99,19 @@ def milestones_spec(text: str):
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"expected seed, pow2, none or a comma-separated list of whole steps, got {text!r}") from None
+
+
+def tier_spec(text: str) -> dict:
+    """argparse type for --local-tier GB,GBPS."""
+    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+    try:
+        gb, gbps = (positive_number(p) for p in parts) if len(parts) == 2 else (None, None)
+    except argparse.ArgumentTypeError:
+        gb = gbps = None
+    if gb is None or gbps is None:
+        raise argparse.ArgumentTypeError(f"expected GB,GBPS (node-local space and write rate per node, e.g. "
+                                         f"2000,5), got {text!r}")
+    return {"gb_per_node": gb, "gbps_per_node": gbps}
 
 
 def formats_list(text: str) -> list[str]:
@@ -164,6 +179,10 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     fm.add_argument("--no-async", "--no_async", dest="async_save", action="store_const", const=False)
     _opt(fm, "--max-loss-hours", dest="max_loss_hours", type=positive_number, metavar="H",
          help="cap on training lost to one failure (default 1)")
+    _opt(fm, "--local-tier", dest="local_tier", type=tier_spec, metavar="GB,GBPS",
+         help="plan two tiers: node-local space and write rate per node (frequent saves) + persistent storage")
+    _opt(fm, "--node-loss-fraction", dest="node_loss_fraction", type=positive_number, metavar="F",
+         help="share of failures that lose a node's local checkpoints (default 0.78, Llama 3)")
 
 
 def add_format_option(parser: argparse.ArgumentParser, choices=("text", "markdown", "json", "yaml")) -> None:

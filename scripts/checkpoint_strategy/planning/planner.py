@@ -492,7 +492,10 @@ def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_ov
 
 
 def plan(args: PlanArguments) -> PlanReport:
-    """Training-run numbers in, checkpointing policy out: size, save cost, interval, retention, risk."""
+    """Training-run numbers in, checkpointing policy out: size, save cost, interval, retention, risk.
+    With --local-tier, the persistent tier is this plan for node losses and planning/tiers.py adds the local one."""
+    if args.local_tier is not None:
+        return two_tier_plan(args)
     warnings: list[str] = []
     size = size_step(args, warnings)
     cost = save_cost(args, size, warnings)
@@ -532,6 +535,19 @@ def plan(args: PlanArguments) -> PlanReport:
             async_save=cost.async_save, emergency_save_on=PRESETS[args.preset]["emergency"]),
         warnings=warnings, sources=SOURCES,
     )
+
+
+def two_tier_plan(args: PlanArguments) -> PlanReport:
+    """Two tiers: the persistent plan for node losses, the local tier beside it (planning/tiers.py)."""
+    from checkpoint_strategy.planning import tiers
+
+    base = plan(tiers.persistent_arguments(args))
+    warnings = list(base.warnings)
+    plan2 = tiers.two_tier(args, base, warnings)
+    fm = base.failure_model.model_copy(update={
+        "mtbf_source": f"node losses only: job MTBF {plan2.job_mtbf_hours:.4g} h / --node-loss-fraction "
+                       f"{args.node_loss_fraction:g} (the local tier covers the other failures)"})
+    return tiers.apply(base.model_copy(update={"warnings": warnings, "failure_model": fm}), plan2)
 
 
 def _weights_size(args: PlanArguments, params, precision):
