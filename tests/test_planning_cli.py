@@ -157,7 +157,7 @@ TOKENS = st.one_of(
                      "--restart-seconds", "--write-gbps", "--checkpoint-write-seconds", "--max-loss-hours",
                      "--weights-dtype", "--no-save-optimizer", "plan", "json", "auto", "pow2", "7B", "nan",
                      "--gpus-per-node", "--node-write-gbps", "--storage-gbps", "--min-interval-seconds",
-                     "mixed-no-master",
+                     "mixed-no-master", "--local-tier", "100,2", "1e-9,1e6", "--node-loss-fraction",
                      "-1", "0", "1e308", "1,2,3", "full_state_dict"]),
     st.text(max_size=8),
     st.integers(-10**16, 10**16).map(str),

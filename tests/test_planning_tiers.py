@@ -88,3 +88,21 @@ def test_node_loss_fraction_bounds(capsys):
     assert "--node-loss-fraction" in capsys.readouterr().err
     assert main(["1000", "1", "100", "--local-tier", "100,2", "--node-loss-fraction", "0.5", "--format", "json"]) == 0
     assert math.isclose(__import__("json").loads(capsys.readouterr().out)["two_tier"]["node_loss_fraction"], 0.5)
+
+
+@pytest.mark.parametrize("command", ["simulate", "tradeoffs"])
+def test_simulate_and_tradeoffs_refuse_two_tiers_in_one_line(command, capsys):
+    rc = main([command, "1000", "1", "100", "--local-tier", "100,2"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--local-tier" in err
+
+
+def test_tier_functions_are_short_and_documented():
+    import inspect
+
+    from checkpoint_strategy.planning import tiers
+
+    for name, fn in inspect.getmembers(tiers, inspect.isfunction):
+        if fn.__module__ == tiers.__name__:
+            assert len(inspect.getsource(fn).splitlines()) <= 60, name
+            assert name.startswith("_") or fn.__doc__, name

@@ -83,6 +83,9 @@ def plan_from_args(args):
 def plan_or_usage(pargs):
     from checkpoint_strategy.planning.planner import plan
 
+    if pargs.local_tier is not None:
+        raise UsageError("argument --local-tier: simulate and tradeoffs model one checkpoint tier; plan the two "
+                         "tiers with `plan --local-tier`, and simulate the persistent tier alone")
     try:
         return plan(pargs)
     except OverflowError:
