@@ -190,3 +190,34 @@ def test_nice_ceil():
     assert [planner.nice_ceil(x) for x in (0.3, 1, 1.1, 37.5, 1102.5, 9001, 48.4)] == [1, 1, 2, 50, 2000, 10000, 50]
     assert all(planner.nice_ceil(x) >= x for x in (3.3, 47, 121, 999.5, 12345))
     assert math.isclose(planner._ceil2(1.74), 1.8)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from checkpoint_strategy.errors import UsageError  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.integers(1, 10**7), secs=st.floats(0.01, 1e4), params=st.one_of(st.none(), st.floats(1e6, 1e13)),
+       gpus=st.integers(1, 100000), per_node=st.integers(1, 16), gbps=st.one_of(st.none(), st.floats(1e-3, 1e4)),
+       min_s=st.floats(0, 1e5), cap=st.floats(1e-3, 1e3), freq=st.one_of(st.none(), st.integers(1, 10**6)),
+       async_save=st.booleans(), tier=st.one_of(st.none(), st.tuples(st.floats(0.1, 1e5), st.floats(0.01, 100))))
+def test_final_policy_invariants_hold_for_any_input(steps, secs, params, gpus, per_node, gbps, min_s, cap, freq,
+                                                    async_save, tier):
+    kw = dict(total_steps=steps, step_seconds=secs, budget_gb=1e6, params=params, gpus=gpus, gpus_per_node=per_node,
+              write_gbps=gbps, min_interval_seconds=min_s, max_loss_hours=cap, frequency=freq, async_save=async_save)
+    if tier:
+        kw["local_tier"] = {"gb_per_node": tier[0], "gbps_per_node": tier[1]}
+    try:
+        p = mk(**kw)
+    except UsageError:
+        return
+    if p.frequency_steps < steps:  # more than one save: none may start before the previous is on storage
+        assert durable_ok(p)
+    over = p.max_data_loss_hours > cap * (1 + 1e-9) + 1e-6
+    assert over == any(w.startswith("max data loss") for w in p.warnings)
+    assert all(m % p.frequency_steps == 0 or m == steps for m in p.milestone_steps)
+    assert p.interval.explanation and p.expected_overhead_fraction >= 0
+    if tier:
+        assert p.two_tier is not None and p.frequency_steps % p.two_tier.local.frequency_steps == 0

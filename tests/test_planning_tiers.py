@@ -106,3 +106,11 @@ def test_tier_functions_are_short_and_documented():
         if fn.__module__ == tiers.__name__:
             assert len(inspect.getsource(fn).splitlines()) <= 60, name
             assert name.startswith("_") or fn.__doc__, name
+
+
+@pytest.mark.parametrize("n, cap, expected", [(10000, 2000, 2000), (10000, 300, 250), (10001, 10000, 137),
+                                              (7, 5, 1), (1, 1, 1), (5000, 2000, 1000), (10**12, 777, 500)])
+def test_divisor_at_most(n, cap, expected):
+    from checkpoint_strategy.planning.tiers import divisor_at_most
+
+    assert divisor_at_most(n, cap) == expected

@@ -9,7 +9,8 @@ The model (seconds; first order, as Young 1974, so each figure can be checked by
   (software, network, a restarted job on the same nodes) restart from the newest local one.
 - The local interval is the failure model's optimum for the local tier's cost against all failures (Daly
   2006's exact optimum for C_local and M); the persistent interval is the single-tier plan for node losses
-  only (job MTBF M / phi), with its cap, floor and preset, rounded up to a multiple of the local interval.
+  only (job MTBF M / phi), with its cap, floor and preset; the local interval is then lowered to a divisor of
+  the persistent one, so every persistent save is also a local save point.
 - Expected overhead = C_l / tau_l + C_p / tau_p + ((1 - phi) (tau_l / 2 + lag_l) + phi (tau_p / 2 + lag_p)
   + R) / M, where lag is the time from a save's start until it is on its storage (async saves).
 - Local keep_last = what fits the node-local space: floor(GB / shard) - 1 (one more is written before the
@@ -60,8 +61,8 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
     opt = failure.exact_interval(C_l, M) / step
     local_f = nice_steps(opt) if math.isfinite(opt) else persistent.frequency_steps
     durable = nice_ceil(max(0.0, lag_l - C_l) / step) if lag_l > C_l else 1
-    local_f = max(min(local_f, persistent.frequency_steps), durable, 1)
     pers_f = persistent.frequency_steps
+    local_f = divisor_at_most(pers_f, max(min(local_f, pers_f), durable, 1))
     keep_local = 1 if shard is None else int(tier.gb_per_node // shard) - 1
     if keep_local < 1:
         warnings.append(f"the local tier holds no checkpoint: a {shard:.3g} GB shard per node needs at least "
@@ -92,6 +93,25 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
                        expected_lost_hours_per_failure=_r(((1 - phi) * (tau_l / 2 + lag_l)
                                                            + phi * (tau_p / 2 + lag_p) + fm.restart_seconds)
                                                           / 3600.0))
+
+
+def divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of n that is at most cap: a round one when there is one, else by trial division."""
+    from checkpoint_strategy.planning.planner import nice_floor
+
+    d = cap
+    while d > 1 and n % d:
+        d = nice_floor(d - 1)
+    if d * 10 >= cap:
+        return d
+    best, i = d, 1
+    while i * i <= n:
+        if n % i == 0:
+            for v in (i, n // i):
+                if best < v <= cap:
+                    best = v
+        i += 1
+    return best
 
 
 def apply(report: PlanReport, plan2: TwoTierPlan) -> PlanReport:
