@@ -99,3 +99,36 @@ def test_a_milestone_that_loaded_loads_again():
     assert (t.tolist(), src.tolist()) == ([3], [1])
     known = push_known(known, a(0), a(2))  # a rollback to 2 rewrites 3 and 6: forgotten
     assert [x for x in known[0].tolist() if x >= 0] == [0, 2]
+
+
+import pytest  # noqa: E402
+
+from checkpoint_strategy.simulation.montecarlo import in_flight_wall_seconds  # noqa: E402
+
+
+@pytest.mark.parametrize("N, f, C, P, Mh, R", [
+    (2000, 5, 30.0, 300.0, 2.0, 600.0),     # frequent failures, the newest save in flight most of the time
+    (1003, 50, 10.0, 1500.0, 1.0, 120.0),   # a partial last segment, a long lag
+    (400, 100, 5.0, 5000.0, 3.0, 300.0),    # four segments, lag near the compute between saves
+    (230, 100, 5.0, 5000.0, 2.0, 300.0),    # the run ends before the second save is on storage
+    (90, 100, 20.0, 200.0, 0.5, 60.0),      # one save only: nothing in flight can be lost
+])
+def test_async_in_flight_expectation_is_exact_within_three_standard_errors(N, f, C, P, Mh, R):
+    setup = Setup(total_steps=N, step_seconds=60.0, frequency=f, keep_last=3, milestone_steps=(), C=C, P=P, R=R,
+                  M=Mh * 3600.0)
+    exact = in_flight_wall_seconds(setup)
+    assert exact is not None
+    raw = run_monte_carlo(setup, runs=40_000, seed=7, expected_failures=50.0)
+    mean, se = float(raw.wall.mean()), float(raw.wall.std(ddof=1) / math.sqrt(raw.wall.size))
+    assert abs(mean - exact) <= 3 * se, (mean, exact, se)
+
+
+def test_in_flight_expectation_is_dalys_without_a_lag_and_none_when_saves_overlap():
+    from checkpoint_strategy.planning import failure
+
+    s = Setup(total_steps=1000, step_seconds=60.0, frequency=100, keep_last=2, milestone_steps=(), C=30.0, P=30.0,
+              R=600.0, M=7200.0)
+    assert in_flight_wall_seconds(s) == pytest.approx(failure.expected_wall_time(60000.0, 6000.0, 30.0, 600.0, 7200.0))
+    overlap = Setup(total_steps=1000, step_seconds=1.0, frequency=10, keep_last=2, milestone_steps=(), C=1.0, P=100.0,
+                    R=0.0, M=7200.0)
+    assert in_flight_wall_seconds(overlap) is None

@@ -62,6 +62,9 @@ class SimulationReport(_Strict):
     analytic_wall_hours: float = Field(description="the planner's Daly 2006 expectation")
     analytic_z: Optional[float] = Field(
         description="(mean_wall_hours - analytic_wall_hours) / wall_hours_stderr")
+    async_wall_hours: Optional[float] = Field(
+        None, description="async saves: the exact expectation with rework of saves still in flight (failures only)")
+    async_z: Optional[float] = Field(None, description="(mean_wall_hours - async_wall_hours) / wall_hours_stderr")
     mean_lost_hours: float = Field(description="wall time beyond pure compute: save stalls, rework, restarts, "
                                                "spikes (lost_definition)")
     p50_lost_hours: float
