@@ -153,6 +153,8 @@ def test_min_interval_floor_is_configurable_and_yields_to_the_cap():
     explicit = mk(**base, frequency=10)
     assert explicit.frequency_steps == 10
     assert any("--min-interval-seconds" in w for w in explicit.warnings)
+    # 310 s is above the 300 s floor although the floor rounds up to 500 steps on the 1/2/2.5/5 grid
+    assert not any("--min-interval-seconds" in w for w in mk(**base, frequency=310).warnings)
 
 
 def test_default_milestones_align_with_the_interval():

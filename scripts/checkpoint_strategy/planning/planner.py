@@ -312,7 +312,7 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
     preset = PRESETS[args.preset]
     if args.frequency is not None:
         f, reason = args.frequency, "frequency_option"
-        if f < min_steps and f >= durable_steps:
+        if f * step < args.min_interval_seconds and f >= durable_steps:
             warnings.append(f"--frequency {f} saves every {_h(f * step)}, more often than --min-interval-seconds "
                             f"{args.min_interval_seconds:g}: each save costs {cost.C:.3g} s of training")
     else:
