@@ -90,9 +90,9 @@ def test_node_loss_fraction_bounds(capsys):
     assert math.isclose(__import__("json").loads(capsys.readouterr().out)["two_tier"]["node_loss_fraction"], 0.5)
 
 
-@pytest.mark.parametrize("command", ["simulate", "tradeoffs"])
-def test_simulate_and_tradeoffs_refuse_two_tiers_in_one_line(command, capsys):
-    rc = main([command, "1000", "1", "100", "--local-tier", "100,2"])
+@pytest.mark.parametrize("extra", [["tradeoffs"], ["simulate", "--spike-rate", "0.5"]])
+def test_tradeoffs_and_simulate_with_spikes_refuse_two_tiers_in_one_line(extra, capsys):
+    rc = main([extra[0], "1000", "1", "100", "--local-tier", "100,2"] + extra[1:])
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and "--local-tier" in err
 

@@ -47,6 +47,15 @@ class SpikeStats(_Strict):
     runs_from_scratch_fraction: float = Field(description="of runs: at least one restart from step 0")
 
 
+class TwoTierSimulation(_Strict):
+    """Two-tier plans: local saves, persistent saves, and the failures that lost a node."""
+
+    local_frequency_steps: int
+    persistent_frequency_steps: int
+    node_loss_fraction: float
+    node_losses_per_run: float = Field(description="failures that lost a node (rolled back to persistent), per run")
+
+
 class SimulationReport(_Strict):
     runs: int
     seed: int
@@ -90,6 +99,7 @@ class SimulationReport(_Strict):
     assumptions: list[str]
     lost_definition: str
     analytic_caveats: list[str] = Field(description="why the analytic figure may differ beyond sampling noise")
+    two_tier: Optional[TwoTierSimulation] = Field(None, description="only for plans with --local-tier")
 
 
 class TradeoffPoint(_Strict):

@@ -525,7 +525,7 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     from checkpoint_strategy.simulation.models import SimulatedPolicy, SimulationReport, SpikeStats
 
     setup = setup_from_plan(report, corrupt_prob, spike_rate, wait, margin)
-    raw = run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures)
+    raw, failure_free_s, tiers = _run(report, setup, runs, seed)
     H = 3600.0
     wall_h = raw.wall / H
     lost_h = (raw.wall - setup.compute_seconds) / H
@@ -534,7 +534,7 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     stderr = float(wall_h.std(ddof=1) / math.sqrt(runs)) if runs > 1 else 0.0
     analytic = report.expected_wall_hours
     z = (mean_wall - analytic) / stderr if stderr > 0 else None
-    exact = in_flight_wall_seconds(setup) if setup.P > setup.C else None
+    exact = in_flight_wall_seconds(setup) if setup.P > setup.C and tiers is None else None
     async_h = None if exact is None else exact / H
     async_z = None if async_h is None or stderr <= 0 else (mean_wall - async_h) / stderr
     w50, w95, w99 = _pct(wall_h, [50, 95, 99])
@@ -563,12 +563,13 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     policy = SimulatedPolicy(
         total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
         keep_last=setup.keep_last, milestone_steps=list(setup.milestone_steps),
-        checkpoints_per_run=setup.checkpoints, mtbf_hours=fm.mtbf_hours,
+        checkpoints_per_run=setup.checkpoints,
+        mtbf_hours=fm.mtbf_hours if tiers is None else report.two_tier.job_mtbf_hours,
         checkpoint_write_seconds=setup.C, persist_seconds=setup.P, restart_seconds=setup.R,
         async_save=fm.async_save)
     return SimulationReport(
         runs=runs, seed=seed, policy=policy, corrupt_prob=corrupt_prob,
-        compute_hours=_r(compute_h), failure_free_wall_hours=_r(setup.end_seconds / H),
+        compute_hours=_r(compute_h), failure_free_wall_hours=_r(failure_free_s / H),
         mean_wall_hours=_r(mean_wall), wall_hours_stderr=_r(stderr, 9),
         p50_wall_hours=_r(w50), p95_wall_hours=_r(w95), p99_wall_hours=_r(w99),
         analytic_wall_hours=analytic, analytic_z=None if z is None else _r(z, 3),
@@ -580,10 +581,39 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
         max_failures=int(fails.max()),
         overhead_fraction=_r(mean_wall / compute_h - 1.0),
         analytic_overhead_fraction=report.expected_overhead_fraction,
-        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / int(fails.sum())) if fails.sum() else None),
+        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / int(fails.sum()))
+                                     if fails.sum() and tiers is None else None),
         corrupt_skips_per_run=_r(raw.corrupt_skips.mean()),
         failure_scratch_fraction=_r(raw.failure_scratch.mean()),
         spikes=spikes, plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
         lost_definition=LOST_DEFINITION,
-        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks),
+        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks) + (
+            [] if tiers is None else [TWO_TIER_CAVEAT]),
+        two_tier=tiers,
     )
+
+
+TWO_TIER_CAVEAT = ("two tiers: the planner's figure is first order (each failure loses half an interval of its "
+                   "tier on average), the simulation follows every save and failure")
+
+
+def _run(report, setup: Setup, runs: int, seed: int):
+    """The Monte Carlo for one tier, or for two (simulation/twotier.py) when the plan has a local tier:
+    (RawResult, failure-free wall seconds, TwoTierSimulation or None)."""
+    if getattr(report, "two_tier", None) is None:
+        return run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures), setup.end_seconds, None
+    import numpy as np
+
+    from checkpoint_strategy.simulation import twotier
+    from checkpoint_strategy.simulation.models import TwoTierSimulation
+
+    tts = twotier.setup_from_plan(report)
+    wall, fails, losses = twotier.run_two_tier(tts, runs, seed, report.expected_failures)
+    zeros = np.zeros(runs, dtype=np.int64)
+    raw = RawResult(wall=wall, failures=fails, corrupt_skips=zeros, failure_scratch=zeros.astype(bool),
+                    in_flight_rollbacks=0, failure_rollbacks=int(fails.sum()), spikes=zeros, spike_window_miss=zeros,
+                    spike_milestone=zeros, spike_scratch=zeros)
+    stats = TwoTierSimulation(local_frequency_steps=tts.f_local, persistent_frequency_steps=tts.f_persistent,
+                              node_loss_fraction=tts.node_loss_fraction,
+                              node_losses_per_run=_r(float(losses.mean())))
+    return raw, float(tts.timeline()[0][-1]), stats
