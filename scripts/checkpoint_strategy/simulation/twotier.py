@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from checkpoint_strategy.errors import UsageError
 
-MAX_POSITIONS = 5_000_000
+MAX_POSITIONS = 1_000_000  # local saves per run: the timeline arrays stay under ~100 MB
 MAX_EVENTS_PER_RUN = 20000
 
 
