@@ -132,3 +132,14 @@ def test_in_flight_expectation_is_dalys_without_a_lag_and_none_when_saves_overla
     overlap = Setup(total_steps=1000, step_seconds=1.0, frequency=10, keep_last=2, milestone_steps=(), C=1.0, P=100.0,
                     R=0.0, M=7200.0)
     assert in_flight_wall_seconds(overlap) is None
+
+
+def test_tracking_memory_is_bounded_with_a_clear_error(monkeypatch):
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.simulation import montecarlo
+
+    monkeypatch.setattr(montecarlo, "MAX_KNOWN_CELLS", 1000)
+    setup = Setup(total_steps=200, step_seconds=60.0, frequency=1, keep_last=2, milestone_steps=(), C=0.0, P=0.0,
+                  R=60.0, M=600.0, corrupt_prob=0.1)
+    with pytest.raises(UsageError, match="too many rollbacks"):
+        run_monte_carlo(setup, runs=500, seed=1, expected_failures=30.0)

@@ -169,12 +169,16 @@ class KnownGood:
         rows = np.asarray(rows, dtype=np.int64)
         self.known = (rows.reshape(rows.shape[0], -1) if rows.ndim < 2 else rows).copy()
         self.depth = (self.known >= 0).sum(axis=1)
+        self.track = True
 
     @classmethod
-    def start(cls, runs: int) -> "KnownGood":
+    def start(cls, runs: int, track: bool = True) -> "KnownGood":
+        """Every run knows step 0 loads. track=False (nothing can be corrupt): pushes are not recorded."""
         import numpy as np
 
-        return cls(np.zeros((runs, 1), dtype=np.int64))  # step 0 always loads
+        kg = cls(np.zeros((runs if track else 0, 1), dtype=np.int64))
+        kg.track = track
+        return kg
 
     @property
     def size(self) -> int:
@@ -206,6 +210,8 @@ class KnownGood:
         """`target` loaded in each run of `ids`: positions above it will be rewritten (forgotten)."""
         import numpy as np
 
+        if not self.track:
+            return
         top = self.top(ids)
         below = target < top
         if below.any():
@@ -220,6 +226,9 @@ class KnownGood:
             r = ids[add]
             if int(self.depth[r].max()) >= self.known.shape[1]:
                 grow = max(4, self.known.shape[1] // 2)
+                if self.known.size + self.known.shape[0] * grow > MAX_KNOWN_CELLS:
+                    raise UsageError(f"too many rollbacks to track which checkpoints loaded (limit "
+                                     f"{MAX_KNOWN_CELLS:.0e} cells); lower --runs or --corrupt-prob")
                 self.known = np.concatenate(
                     [self.known, np.full((self.known.shape[0], grow), -1, dtype=np.int64)], axis=1)
             self.known[r, self.depth[r]] = target[add]
@@ -231,13 +240,6 @@ def push_known(known, rows, target):
     kg = KnownGood(known)
     kg.push(rows, target)
     return kg.known
-
-
-def _checked(known: "KnownGood") -> "KnownGood":
-    if known.size > MAX_KNOWN_CELLS:
-        raise UsageError(f"too many rollbacks to track which checkpoints loaded ({known.size:.3g} cells, limit "
-                         f"{MAX_KNOWN_CELLS:.0e}); lower --runs or --corrupt-prob")
-    return known
 
 
 def rollback(setup: Setup, rng, c, lo, known, ids=None):
@@ -342,8 +344,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
 
     idx = np.arange(runs)
     pos = np.zeros(runs, dtype=np.int64)
-    known = KnownGood.start(runs if setup.corrupt_prob > 0 else 0)
-    track = setup.corrupt_prob > 0
+    known = KnownGood.start(runs, track=setup.corrupt_prob > 0)
     ptr = np.zeros(runs, dtype=np.int64)
     wall = np.zeros(runs)
     fails = np.zeros(runs, dtype=np.int64)
@@ -385,9 +386,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             in_flight += int(np.count_nonzero(completed > k))
             fail_rollbacks += int(k.size)
             target, source, skips = rollback(setup, rng, k, k - K + 1, known, idx[fail])
-            if track:
-                known.push(idx[fail], target)
-                _checked(known)
+            known.push(idx[fail], target)
             runs_f = idx[fail]
             skips_run[runs_f] += skips
             scratch_run[runs_f] |= source == 2
@@ -401,9 +400,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             lo = k - K + 1
             c = np.minimum(rescue_pos[idx[spike], ptr[spike]], k)
             target, source, skips = rollback(setup, rng, c, lo, known, idx[spike])
-            if track:
-                known.push(idx[spike], target)
-                _checked(known)
+            known.push(idx[spike], target)
             runs_s = idx[spike]
             sp_n[runs_s] += 1
             sp_miss[runs_s] += c < lo
