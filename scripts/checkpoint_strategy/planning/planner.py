@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, sizing
@@ -37,7 +38,7 @@ MAX_KEEP_LAST_AUTO = 50
 WRITE_BUSY_WARN = 0.5
 DAILY_BUDGET_WARN = 10.0
 
-PRESETS = {
+PRESETS: dict[str, dict[str, Any]] = {
     # the spec's two templates; "auto" takes the failure-model optimum with the conservative
     # retention and both emergency triggers.
     "conservative": {"max_frequency": 500, "keep_last": 10, "emergency": []},
@@ -223,17 +224,18 @@ class Interval:
 def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
     """Size one checkpoint from --params or --model_size_gb (sizing.py) and check the formats."""
     params = sizing.resolve_params(args.params, args.model_size_gb, args.weights_dtype)
-    precision = sizing.resolve_precision(args.precision, args.weights_dtype) if params is not None else args.precision
+    precision: str | None = args.precision
     size = weights = None
     if params is not None:
-        size = sizing.checkpoint_gb(params, precision, args.save_optimizer)
-        weights = sizing.weights_gb(params, precision)
+        precision = resolved = sizing.resolve_precision(args.precision, args.weights_dtype)
+        size = sizing.checkpoint_gb(params, resolved, args.save_optimizer)
+        weights = sizing.weights_gb(params, resolved)
     else:
         warnings.append("model size missing: storage is unknown; give --model_size_gb N or --params 7B")
     if not args.save_optimizer:
         warnings.append("optimizer state not saved: resuming restarts Adam's moments from zero "
                         "(the spec's lesson 2); use it only for inference exports")
-    formats = list(args.formats) if args.formats else ["full_state_dict", "safetensors"]
+    formats: list[str] = list(args.formats) if args.formats else ["full_state_dict", "safetensors"]
     if not any(f in ("full_state_dict", "sharded") for f in formats):
         warnings.append("no resumable format in --formats: add full_state_dict (or sharded) to resume training")
     elif "full_state_dict" not in formats:
@@ -267,13 +269,14 @@ def save_cost(args: PlanArguments, size: Sizing, warnings: list[str]) -> SaveCos
     else:
         mtbf_h = args.gpu_mtbf_hours / args.gpus
         mtbf_source = f"{args.gpu_mtbf_hours:g} GPU-hours per GPU (Llama 3) / {args.gpus} GPUs"
-    gbps, source, nodes = write_rate(args)
-    persist = None
+    rate, source, nodes = write_rate(args)
+    gbps: float | None = rate
+    persist: float | None = None
     if args.checkpoint_write_seconds is not None:
         C = persist = args.checkpoint_write_seconds
         gbps, source = None, "--checkpoint-write-seconds"
     elif size.size_gb is not None:
-        persist = size.size_gb / gbps
+        persist = size.size_gb / rate
         C = persist * (ASYNC_BLOCKING_FRACTION if async_save else 1.0)
     else:
         C = UNKNOWN_SIZE_WRITE_SECONDS
@@ -345,10 +348,11 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
 
 
 def _overlap_warning(f: int, durable_steps: int, cost: SaveCost, size: Sizing, step: float) -> str:
+    persist = cost.lag  # > C here: the save is asynchronous and slower than its stall
     text = (f"saves would overlap: every {f} steps starts a save each {f * step:.4g} s of training, but one save "
-            f"takes {cost.persist:.4g} s to reach storage")
+            f"takes {persist:.4g} s to reach storage")
     if cost.write_gbps is not None and size.size_gb is not None:
-        need = size.size_gb * (1.0 - cost.C / cost.persist) / (f * step)
+        need = size.size_gb * (1.0 - cost.C / persist) / (f * step)
         text += (f" ({size.size_gb:.4g} GB at {cost.write_gbps:.4g} GB/s); every {f} steps needs at least "
                  f"{need:.3g} GB/s")
     return text + f"; saving every {durable_steps} steps instead, the shortest interval the storage sustains"
@@ -440,14 +444,14 @@ def _cap_warning(args: PlanArguments, cost: SaveCost, size: Sizing, iv: Interval
         why = f"one save takes {cost.lag:.4g} s to reach storage, longer than the cap itself"
     else:
         why = (f"staying within it needs a save every {iv.cap_steps} steps, but one save takes "
-               f"{cost.persist:.4g} s to reach storage")
+               f"{cost.lag:.4g} s to reach storage")
     if iv.durable_steps > 1:
         why += (f"; saves closer than {iv.durable_steps} steps would overlap (a save must be on storage before "
                 f"the next starts), so every {iv.durable_steps} steps is as close to the cap as the storage "
                 "sustains")
     text = head + ": " + why
     if cost.write_gbps is not None and size.size_gb is not None and cost.lag > 0:
-        need = size.size_gb * (2.0 - cost.C / cost.persist) / (args.max_loss_hours * 3600.0)
+        need = size.size_gb * (2.0 - cost.C / cost.lag) / (args.max_loss_hours * 3600.0)
         text += f"; keeping the cap needs about {need:.3g} GB/s (now {cost.write_gbps:.4g}) or a faster local tier"
     return text
 

@@ -64,7 +64,7 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
     pers_f = persistent.frequency_steps
     local_f = divisor_at_most(pers_f, max(min(local_f, pers_f), durable, 1))
     keep_local = 1 if shard is None else int(tier.gb_per_node // shard) - 1
-    if keep_local < 1:
+    if keep_local < 1 and shard is not None:
         warnings.append(f"the local tier holds no checkpoint: a {shard:.3g} GB shard per node needs at least "
                         f"{2 * shard:.3g} GB of node-local space (one written before the oldest goes)")
         keep_local = 0
