@@ -533,7 +533,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
-        parents = sorted({os.path.dirname(f.path) for f in found})
+        parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
@@ -544,7 +544,11 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     with Progress(total=len(jobs), enabled=progress) as bar:
         for f in jobs:
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
-            results.append(check(f, level, bar.update, want_commit, manifest))
+            export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
+            results.append(check(f, level, bar.update, want_commit, None if export else manifest))
+            if export:
+                results[-1].notes.append("final export: the run folder's own top-level model files "
+                                         "(its checkpoint-N/ folders are checked one by one)")
             bar.update(checkpoints=1)
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
