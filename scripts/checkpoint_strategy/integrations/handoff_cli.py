@@ -34,7 +34,9 @@ def add_arguments(parser) -> None:
 
 _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "preset", "frequency", "keep_last",
                  "milestones", "formats", "save_optimizer", "gpus", "gpu_mtbf_hours", "mtbf_hours",
-                 "checkpoint_write_seconds", "write_gbps", "restart_seconds", "async_save", "max_loss_hours")
+                 "checkpoint_write_seconds", "write_gbps", "gpus_per_node", "node_write_gbps", "storage_gbps",
+                 "min_interval_seconds", "restart_seconds", "async_save", "max_loss_hours", "local_tier",
+                 "node_loss_fraction")
 
 
 def run(args) -> int:
