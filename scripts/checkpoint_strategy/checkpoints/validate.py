@@ -450,6 +450,11 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
             for rel, reason in mf.verify_manifest(path, ctx.counter, update):
                 ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
             manifest_state = "verified"
+    from checkpoint_strategy.checkpoints.marker import describe, read_marker
+
+    mark = read_marker(path) if os.path.lexists(path) else None
+    if mark is not None:  # written by the training callbacks: post-event weights
+        ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     return CheckpointResult(
