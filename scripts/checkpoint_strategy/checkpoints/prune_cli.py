@@ -19,17 +19,19 @@ def _milestones(text: str) -> list[int]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("root", metavar="ROOT", help="the folder that holds the checkpoints")
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("root", metavar="ROOT", type=path_arg, help="the folder that holds the checkpoints")
     parser.add_argument("--keep-last", type=int, default=None, metavar="N",
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
     parser.add_argument("--milestones", nargs="+", default=None, metavar="STEP",
                         help="steps never deleted (space or comma separated; overrides keep_milestone)")
-    parser.add_argument("--policy", default=None, metavar="FILE",
+    parser.add_argument("--policy", default=None, metavar="FILE", type=path_arg,
                         help="the plan (YAML or JSON) or the handoff state file checkpoint-strategy.json, "
                              "detected by content: its keep_last and keep_milestone")
     parser.add_argument("--level", choices=("quick", "full"), default="quick",
                         help="validation level for the checkpoints that justify a deletion")
-    parser.add_argument("--log", default=None, metavar="LOG",
+    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
                         help="training log checked for an unrecovered loss spike before deleting (default: the "
                              "newest valid checkpoint's trainer_state.json)")
     parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",

@@ -8,7 +8,9 @@ HELP = "check checkpoints are whole, without loading them"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints")
     parser.add_argument("--level", choices=("quick", "full"), default="quick",
                         help="quick: headers only (default); full: read every byte, zip CRC-32")

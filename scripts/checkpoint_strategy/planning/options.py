@@ -19,7 +19,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "model_size_gb": ("--model_size_gb", "the weights in GB, a number > 0 and at most 10^9"),
     "weights_dtype": ("--weights-dtype", "one of fp32, bf16, fp16"),
     "params": ("--params", "a parameter count such as 7B, 350M or 1.3e9 (at most 10^15)"),
-    "precision": ("--precision", "fp32 or mixed"),
+    "precision": ("--precision", "fp32, mixed or mixed-no-master"),
     "preset": ("--preset", "conservative, aggressive or auto"),
     "frequency": ("--frequency", "a whole number of steps between saves, 1 to 10^12"),
     "keep_last": ("--keep-last", "a whole number of checkpoints to keep, 1 to 100000"),
@@ -31,9 +31,15 @@ FIELDS: dict[str, tuple[str, str]] = {
     "mtbf_hours": ("--mtbf-hours", "the job's mean time between failures in hours, > 0 and at most 10^9"),
     "checkpoint_write_seconds": ("--checkpoint-write-seconds", "seconds a save stalls training, 0 to 10^9"),
     "write_gbps": ("--write-gbps", "write bandwidth in GB/s, > 0 and at most 10^6"),
+    "gpus_per_node": ("--gpus-per-node", "a whole number of GPUs per node, 1 to 1024"),
+    "node_write_gbps": ("--node-write-gbps", "one node's write rate in GB/s, > 0 and at most 10^6"),
+    "storage_gbps": ("--storage-gbps", "the storage's aggregate write rate in GB/s, > 0 and at most 10^7"),
+    "min_interval_seconds": ("--min-interval-seconds", "the shortest time between saves in seconds, 0 to 10^9"),
     "restart_seconds": ("--restart-seconds", "seconds to restart after a failure, 0 to 10^9"),
     "async_save": ("--async", "a flag"),
     "max_loss_hours": ("--max-loss-hours", "hours of training you accept to lose, > 0 and at most 10^9"),
+    "local_tier": ("--local-tier", "GB,GBPS: node-local space in GB and write rate in GB/s per node, each > 0"),
+    "node_loss_fraction": ("--node-loss-fraction", "the share of failures that lose a node, > 0 and at most 1"),
     "format": ("--format", "text, markdown, json or yaml"),
 }
 
@@ -95,6 +101,19 @@ def milestones_spec(text: str):
             f"expected seed, pow2, none or a comma-separated list of whole steps, got {text!r}") from None
 
 
+def tier_spec(text: str) -> dict:
+    """argparse type for --local-tier GB,GBPS."""
+    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+    try:
+        gb, gbps = (positive_number(p) for p in parts) if len(parts) == 2 else (None, None)
+    except argparse.ArgumentTypeError:
+        gb = gbps = None
+    if gb is None or gbps is None:
+        raise argparse.ArgumentTypeError(f"expected GB,GBPS (node-local space and write rate per node, e.g. "
+                                         f"2000,5), got {text!r}")
+    return {"gb_per_node": gb, "gbps_per_node": gbps}
+
+
 def formats_list(text: str) -> list[str]:
     allowed = ("full_state_dict", "sharded", "safetensors")
     parts = [p.strip() for p in str(text).split(",") if p.strip()]
@@ -125,8 +144,9 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
          help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
     _opt(size, "--weights-dtype", dest="weights_dtype", choices=["fp32", "bf16", "fp16"])
     _opt(size, "--params", dest="params", type=params_count, metavar="N", help="parameter count: 7B, 350M, 1.3e9")
-    _opt(size, "--precision", dest="precision", choices=["fp32", "mixed"],
-         help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients)")
+    _opt(size, "--precision", dest="precision", choices=["fp32", "mixed", "mixed-no-master"],
+         help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients); "
+              "mixed-no-master: 10 bytes/param (16-bit weights, fp32 Adam moments, as OPT-175B)")
     pol = parser.add_argument_group("policy")
     _opt(pol, "--preset", dest="preset", choices=["conservative", "aggressive", "auto"], help="default auto")
     _opt(pol, "--frequency", dest="frequency", type=whole_number, metavar="N", help="save every N steps")
@@ -145,12 +165,24 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     _opt(fm, "--mtbf-hours", dest="mtbf_hours", type=positive_number, metavar="H", help="job MTBF (overrides --gpus)")
     _opt(fm, "--checkpoint-write-seconds", dest="checkpoint_write_seconds", type=nonneg_number, metavar="S",
          help="seconds one save stalls training (Daly's C)")
-    _opt(fm, "--write-gbps", dest="write_gbps", type=positive_number, metavar="G", help="write bandwidth GB/s (default 1)")
+    _opt(fm, "--write-gbps", dest="write_gbps", type=positive_number, metavar="G",
+         help="the job's write rate GB/s (default: --node-write-gbps x nodes, capped by --storage-gbps)")
+    _opt(fm, "--gpus-per-node", dest="gpus_per_node", type=whole_number, metavar="N", help="default 8")
+    _opt(fm, "--node-write-gbps", dest="node_write_gbps", type=positive_number, metavar="G",
+         help="one node's write rate GB/s (default 1)")
+    _opt(fm, "--storage-gbps", dest="storage_gbps", type=positive_number, metavar="G",
+         help="aggregate rate the storage sustains GB/s (default 2000, Llama 3's Tectonic)")
+    _opt(fm, "--min-interval-seconds", dest="min_interval_seconds", type=nonneg_number, metavar="S",
+         help="the planner never saves more often (default 300)")
     _opt(fm, "--restart-seconds", dest="restart_seconds", type=nonneg_number, metavar="S", help="default 600")
     fm.add_argument("--async", dest="async_save", action="store_const", const=True, help="async saves (default)")
     fm.add_argument("--no-async", "--no_async", dest="async_save", action="store_const", const=False)
     _opt(fm, "--max-loss-hours", dest="max_loss_hours", type=positive_number, metavar="H",
          help="cap on training lost to one failure (default 1)")
+    _opt(fm, "--local-tier", dest="local_tier", type=tier_spec, metavar="GB,GBPS",
+         help="plan two tiers: node-local space and write rate per node (frequent saves) + persistent storage")
+    _opt(fm, "--node-loss-fraction", dest="node_loss_fraction", type=positive_number, metavar="F",
+         help="share of failures that lose a node's local checkpoints (default 0.78, Llama 3)")
 
 
 def add_format_option(parser: argparse.ArgumentParser, choices=("text", "markdown", "json", "yaml")) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from markupsafe import Markup
+
 from checkpoint_strategy.planning.models import PlanReport
 from checkpoint_strategy.render import render_template, to_json
 
@@ -17,4 +19,4 @@ def render_plan(report: PlanReport, fmt: str) -> str:
     if fmt == "yaml":
         return policy_yaml(report)
     template = "report.md.j2" if fmt == "markdown" else "report.txt.j2"
-    return render_template(template, plan=report.model_dump(mode="json"), policy_yaml=policy_yaml(report))
+    return render_template(template, plan=report.model_dump(mode="json"), policy_yaml=Markup(policy_yaml(report)))

@@ -21,6 +21,7 @@ from typing import Optional
 
 from checkpoint_strategy.checkpoints.marker import is_emergency
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import oserror_line
 
 _PATTERNS = (
     re.compile(r"^checkpoint-(\d+)$"),
@@ -62,7 +63,7 @@ def scan(root: str | os.PathLike) -> list[tuple[int, str]]:
     try:
         entries = list(os.scandir(root))
     except OSError as exc:
-        raise UsageError(f"cannot list checkpoint folder {root}: {exc.strerror or exc}") from None
+        raise UsageError(oserror_line(exc, "list checkpoint folder", root)) from None
     for entry in entries:
         try:
             is_dir = entry.is_dir()

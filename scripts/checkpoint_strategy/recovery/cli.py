@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.recovery.options import add_log_options, add_output_options, emit
+from checkpoint_strategy.recovery.options import add_log_options, add_output_options, check_output_early, emit
+
+from checkpoint_strategy.storage import path_arg
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
 
 def add_arguments(parser) -> None:
     add_log_options(parser)
-    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST",
+    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST", type=path_arg,
                         help="checkpoint folder (checkpoint-N, step-N, iter_0000500, global_stepN, "
                              "epoch=E-step=N.ckpt, numeric Orbax) or steps like 500,1000; default: next to the log")
-    parser.add_argument("--milestones", metavar="ROOT_OR_LIST", help="long-kept milestone checkpoints (same forms)")
+    parser.add_argument("--milestones", metavar="ROOT_OR_LIST", type=path_arg, help="long-kept milestone checkpoints (same forms)")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
     from checkpoint_strategy.recovery.settings import add_arguments as add_option_arguments
 
     add_option_arguments(parser)
-    parser.add_argument("--plot", metavar="FILE",
+    parser.add_argument("--plot", metavar="FILE", type=path_arg,
                         help="draw the loss curve, healthy level, events and checkpoints to FILE (.png or .svg; "
                              "needs the 'plot' extra: matplotlib)")
     add_output_options(parser)
@@ -30,6 +32,7 @@ def run(args) -> int:
     from checkpoint_strategy.recovery.settings import from_args
 
     options = from_args(args)
+    check_output_early(args)
     _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
     target = None
     if args.plot is not None:
@@ -45,7 +48,7 @@ def run(args) -> int:
         from checkpoint_strategy.recovery.plot import write_curve
 
         write_curve(report, series, checkpoints, target, fmt)
-    emit(text, args.output)
+    emit(text, args.output, inputs=(args.log, report.log.path))
     return 0
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import sys
 
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import path_arg
 
 
 def add_log_options(parser) -> None:
-    parser.add_argument("log", metavar="LOG",
+    parser.add_argument("log", metavar="LOG", type=path_arg,
                         help="trainer_state.json, CSV (W&B export too), JSON/JSON lines, TensorBoard events, "
                              "or a run/checkpoint folder (newest trainer_state.json)")
     g = parser.add_argument_group("log columns")
@@ -24,16 +24,22 @@ def add_log_options(parser) -> None:
 
 def add_output_options(parser, formats=("text", "markdown", "json")) -> None:
     parser.add_argument("--format", default="text", choices=formats, help="report format (default: text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
+    parser.add_argument("-o", "--output", metavar="FILE", type=path_arg, help="write the report to FILE (atomically) instead of stdout")
 
 
-def emit(text: str, output) -> None:
-    if output:
-        from checkpoint_strategy.atomic import atomic_write_text
+def emit(text: str, output, inputs: tuple = ()) -> None:
+    """The report to stdout, or whole to -o FILE; FILE may not be one of the inputs (the log)."""
+    if output is not None:
+        from checkpoint_strategy.storage import write_output
 
-        try:
-            atomic_write_text(output, text)
-        except OSError as exc:
-            raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
+        write_output(output, text, "-o/--output", inputs=inputs)
     else:
         sys.stdout.write(text)
+
+
+def check_output_early(args) -> None:
+    """Refuse -o naming an input before any work is done."""
+    if getattr(args, "output", None) is not None:
+        from checkpoint_strategy.storage import check_output
+
+        check_output(args.output, "-o/--output", inputs=(args.log,))

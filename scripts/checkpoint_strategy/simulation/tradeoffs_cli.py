@@ -8,6 +8,7 @@ import sys
 
 from checkpoint_strategy.planning.options import add_format_option, add_plan_options
 from checkpoint_strategy.simulation.options import add_spike_options
+from checkpoint_strategy.storage import path_arg
 
 HELP = "storage vs safety sweep with a Pareto front"
 MAX_LIST = 200
@@ -38,7 +39,7 @@ def add_arguments(parser) -> None:
                     metavar="LIST", help="frequencies to sweep (default: 30 around the recommendation)")
     sw.add_argument("--sweep-keep-last", "--sweep_keep_last", dest="sweep_keep_last", type=_whole_list,
                     metavar="LIST", help="keep_last values to sweep (default 1,2,3,5,7,10,15,20,30,50)")
-    sw.add_argument("--plot", dest="plot", metavar="FILE",
+    sw.add_argument("--plot", dest="plot", metavar="FILE", type=path_arg,
                     help="draw storage vs expected lost hours to FILE (.png or .svg; needs matplotlib)")
     sw.add_argument("--all", dest="show_all", action="store_true",
                     help="text/markdown: list every point (default: the Pareto front and the recommendation)")
