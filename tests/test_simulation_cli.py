@@ -71,7 +71,7 @@ def test_markdown_report(capsys):
 def test_simulate_help_lists_its_options(capsys):
     rc, out, _ = run(["simulate", "--help"], capsys)
     assert rc == 0
-    for opt in ("--runs", "--seed", "--spike-rate", "--corrupt-prob", "--model_size_gb", "--keep-last"):
+    for opt in ("--runs", "--seed", "--spike-rate", "--corrupt-prob", "--model-size-gb", "--keep-last"):
         assert opt in out
 
 

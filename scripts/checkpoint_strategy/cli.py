@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import difflib
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from checkpoint_strategy import __version__
+from checkpoint_strategy.cli_options import milestone_variants, normalise_underscores
 from checkpoint_strategy.errors import UsageError
 
 PROG = "checkpoint-strategy"
@@ -36,8 +38,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: error: {message}")
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        raise UsageError(message)
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
+        joins the steps that follow it, giving back any a positional needs."""
+        argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
+        first_error = None
+        for variant in milestone_variants(argv):
+            try:
+                return super().parse_args(variant, namespace)
+            except UsageError as exc:
+                first_error = first_error or exc
+        raise first_error  # type: ignore[misc]
 
 
 def available_commands() -> list[str]:
@@ -71,6 +85,7 @@ def build_parser(command: str) -> tuple[ArgumentParser, object]:
     parser = ArgumentParser(
         prog=f"{PROG} {command}" if command != "plan" else PROG,
         description=COMMANDS[command][1],
+        epilog="Every long option may be spelled with dashes or underscores (--keep-last, --keep_last).",
         allow_abbrev=False,
     )
     module.add_arguments(parser)
@@ -86,11 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] == "--version":
             sys.stdout.write(f"{PROG} {__version__}\n")
             return 0
-        command = args[0] if args else "plan"
-        if args and command in COMMANDS:
+        command = _command(args)
+        if args and command == args[0]:
             args = args[1:]
-        else:
-            command = "plan"
         parser, module = build_parser(command)
         namespace = parser.parse_args(args)
         return int(module.run(namespace))
@@ -109,9 +122,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
+def _command(args: list[str]) -> str:
+    """The command the first word names; plan when it is a number or an option. A word that is
+    neither is a mistyped command: one line naming the closest command, exit 2."""
+    if not args or args[0] in COMMANDS:
+        return args[0] if args else "plan"
+    word = args[0]
+    if word.startswith("-") or _is_number(word):
+        return "plan"
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"unknown command {word!r}; did you mean {close[0]!r}?")
+    raise UsageError(f"unknown command {word!r}; expected one of {', '.join(COMMANDS)}, or TOTAL_STEPS "
+                     "STEP_SECONDS BUDGET_GB for a plan")
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+ERROR_PREFIX = f"{PROG}: error: "
+
+
 def _err(message: str) -> None:
+    """Every error the user sees: one line, one prefix."""
     line = " ".join(message.split())
-    if not line.startswith(PROG):
-        line = f"{PROG}: error: {line}"
+    if not line.startswith(ERROR_PREFIX):
+        line = ERROR_PREFIX + line
     sys.stderr.write(line + "\n")
     sys.stderr.flush()

@@ -63,6 +63,55 @@ def fmt_hours(value: Any) -> str:
     return f"{fmt_num(value, 2)} h"
 
 
+# report model (class name) -> (template stem, the name the template calls it). Text renders
+# <stem>.txt.j2, markdown <stem>.md.j2; json is the model itself; yaml is the policy a report holds.
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "PlanReport": ("report", "plan"),
+    "SimulationReport": ("simulate", "sim"),
+    "TradeoffsReport": ("tradeoffs", "t"),
+    "RecoveryReport": ("recover", "r"),
+    "VerifyResumeReport": ("verify-resume", "r"),
+    "ValidationReport": ("validate", "report"),
+    "PruneReport": ("prune", "report"),
+    "SessionHandoff": ("handoff", "h"),
+    "ReleaseGate": ("release-gate", "g"),
+    "EmergencyDecision": ("on-event", "d"),
+}
+
+
+def render(report: Any, fmt: str = "text", **context: Any) -> str:
+    """One report (a pydantic model) in one format: text/markdown through its template (which
+    receives the model), json from the model, yaml for the `checkpoint_policy:` a report holds."""
+    if fmt == "json":
+        return to_json(report.model_dump(mode="json"))
+    if fmt == "yaml":
+        return render_template("policy.yaml.j2", policy=report.policy)
+    stem, name = TEMPLATES[type(report).__name__]
+    suffix = "md" if fmt == "markdown" else "txt"
+    return render_template(f"{stem}.{suffix}.j2", **{name: report}, **context)
+
+
+def emit(report: Any, fmt: str = "text", output: Any = None, **context: Any) -> None:
+    """Render a report and write it to stdout, or atomically to `output` (-o/--output FILE)."""
+    write_output(render(report, fmt, **context), output)
+
+
+def write_output(text: str, output: Any = None) -> None:
+    import sys
+
+    if not output or output == "-":
+        sys.stdout.write(text)
+        return
+    from checkpoint_strategy.atomic import atomic_write_text
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.storage import oserror_line
+
+    try:
+        atomic_write_text(output, text)
+    except OSError as exc:
+        raise UsageError(oserror_line(exc, "write", output)) from None
+
+
 def to_json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
 

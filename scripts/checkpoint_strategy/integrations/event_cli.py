@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+from checkpoint_strategy.cli_options import add_report_options
 
 HELP = "emergency-save decision for a stability event"
 
@@ -16,13 +16,13 @@ def add_arguments(parser) -> None:
                              "checkpoint-strategy.json (default: both triggers, as the auto preset)")
     parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery command")
     parser.add_argument("--checkpoints", metavar="DIR", help="the checkpoint folder, filled into the recovery command")
-    parser.add_argument("--format", dest="format", choices=["text", "json"], default="text")
+    add_report_options(parser)
 
 
 def run(args) -> int:
     from checkpoint_strategy.integrations._io import read_text
     from checkpoint_strategy.integrations.events import decide_all, load_policy, parse_events
-    from checkpoint_strategy.render import render_template, to_json
+    from checkpoint_strategy.render import emit
 
     policy = None
     if args.policy:
@@ -31,9 +31,5 @@ def run(args) -> int:
     text, name = read_text(args.event_file, "event file")
     events, notes = parse_events(text, name)
     result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes)
-    data = result.model_dump(mode="json")
-    if args.format == "json":
-        sys.stdout.write(to_json(data))
-    else:
-        sys.stdout.write(render_template("on-event.txt.j2", d=data))
+    emit(result, args.format, args.output)
     return 0

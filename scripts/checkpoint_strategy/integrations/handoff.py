@@ -12,7 +12,7 @@ from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
 from checkpoint_strategy.planning.models import PlanReport
-from checkpoint_strategy.render import render_template, to_json
+from checkpoint_strategy.render import render, to_json
 
 MAX_ROLLBACK_POINTS = 50
 
@@ -187,9 +187,13 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     )
 
 
+def block_context(doc: SessionHandoff) -> dict:
+    """What handoff.md.j2 needs besides the model: the block's markers and the rollback count."""
+    return {"begin": statefolder.BEGIN, "end": statefolder.END, "total_rollback": len(doc.rollback_points)}
+
+
 def markdown_block(doc: SessionHandoff) -> str:
-    return render_template("handoff.md.j2", h=doc.model_dump(mode="json"), begin=statefolder.BEGIN,
-                           end=statefolder.END, total_rollback=len(doc.rollback_points))
+    return render(doc, "markdown", **block_context(doc))
 
 
 def log_record(doc: SessionHandoff) -> dict:

@@ -6,6 +6,8 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from checkpoint_strategy.cli_options import BOUNDS
+
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed"]
 WeightsDtype = Literal["fp32", "bf16", "fp16"]
@@ -15,12 +17,13 @@ EmergencyTrigger = Literal["loss_spike_detected", "gradient_norm_exceeded"]
 
 # Upper bounds reject absurd input (typos such as a step time in milliseconds) while leaving
 # every real run far inside: 10^12 steps, a step of 11 days, an exabyte, a 10^15-parameter model.
-MAX_STEPS = 10**12
-MAX_STEP_SECONDS = 1e6
-MAX_GB = 1e9
-MAX_PARAMS = 1e15
-MAX_HOURS = 1e9
-MAX_SECONDS = 1e9
+# The numbers live in one table, checkpoint_strategy.cli_options.BOUNDS (the command line uses it too).
+MAX_STEPS = int(BOUNDS["steps"].hi)
+MAX_STEP_SECONDS = BOUNDS["step_seconds"].hi
+MAX_GB = BOUNDS["gb"].hi
+MAX_PARAMS = BOUNDS["params"].hi
+MAX_HOURS = BOUNDS["hours"].hi
+MAX_SECONDS = BOUNDS["seconds"].hi
 
 
 class _Strict(BaseModel):
@@ -39,15 +42,15 @@ class PlanArguments(_Strict):
     precision: Optional[Precision] = Field(None, description="fp32: 12 B/param; mixed: 14 B/param")
     preset: Preset = "auto"
     frequency: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="save every N steps")
-    keep_last: Optional[int] = Field(None, ge=1, le=100000, description="rolling window size")
+    keep_last: Optional[int] = Field(None, ge=1, le=int(BOUNDS["keep"].hi), description="rolling window size")
     milestones: Union[Literal["seed", "pow2", "none"], list[PositiveInt]] = "seed"
     formats: Optional[list[SaveFormat]] = Field(None, min_length=1)
     save_optimizer: bool = True
-    gpus: int = Field(8, ge=1, le=10**7)
+    gpus: int = Field(8, ge=1, le=int(BOUNDS["gpus"].hi))
     gpu_mtbf_hours: float = Field(50000.0, gt=0, le=MAX_HOURS, description="MTBF of one GPU")
     mtbf_hours: Optional[float] = Field(None, gt=0, le=MAX_HOURS, description="job MTBF")
     checkpoint_write_seconds: Optional[float] = Field(None, ge=0, le=MAX_SECONDS)
-    write_gbps: float = Field(1.0, gt=0, le=1e6, description="checkpoint write bandwidth, GB/s")
+    write_gbps: float = Field(1.0, gt=0, le=BOUNDS["gbps"].hi, description="checkpoint write bandwidth, GB/s")
     restart_seconds: float = Field(600.0, ge=0, le=MAX_SECONDS)
     async_save: Optional[bool] = None
     max_loss_hours: float = Field(1.0, gt=0, le=MAX_HOURS)

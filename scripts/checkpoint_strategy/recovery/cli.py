@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.recovery.options import add_log_options, add_output_options, emit
+from checkpoint_strategy.cli_options import MAX_STEPS, add_milestones, add_report_options, milestone_schedule
+from checkpoint_strategy.recovery.options import add_log_options
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
@@ -12,7 +13,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST",
                         help="checkpoint folder (checkpoint-N, step-N, iter_0000500, global_stepN, "
                              "epoch=E-step=N.ckpt, numeric Orbax) or steps like 500,1000; default: next to the log")
-    parser.add_argument("--milestones", metavar="ROOT_OR_LIST", help="long-kept milestone checkpoints (same forms)")
+    add_milestones(parser, paths=True, help="long-kept milestone checkpoints: a folder or steps like 1000,5000 "
+                                            "(comma or space separated), or seed, pow2, none (the plan's schedules)")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
     d = parser.add_argument_group("detection")
@@ -34,19 +36,22 @@ def add_arguments(parser) -> None:
     a.add_argument("--grad-clip", type=float, default=0.5, help="default 0.5")
     a.add_argument("--skip-past-onset", type=int, default=20,
                    help="skip batches from the resume step to onset + N (default 20)")
-    add_output_options(parser)
+    add_report_options(parser)
 
 
 def run(args) -> int:
     from checkpoint_strategy.recovery.advice import advise
-    from checkpoint_strategy.recovery.report import render_recovery
+    from checkpoint_strategy.render import emit
 
-    report = advise(args.log, args.checkpoints, milestones=args.milestones, log_format=args.log_format,
+    milestones = args.milestones  # a folder, or steps (a keyword names the plan's schedule)
+    if isinstance(milestones, list) or milestones in ("seed", "pow2", "none"):
+        milestones = milestone_schedule(milestones, MAX_STEPS) or None
+    report = advise(args.log, args.checkpoints, milestones=milestones, log_format=args.log_format,
                     step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key,
                     lr_key=args.lr_key, run=args.run, window=args.window, z_threshold=args.z_threshold,
                     ratio_threshold=args.ratio_threshold, max_ratio=args.max_ratio, min_rise=args.min_rise,
                     tolerance=args.tolerance, wait_steps=args.wait_steps, min_wait_steps=args.min_wait_steps,
                     margin=args.margin, lr_multiplier=args.lr_multiplier, lr_reduced_steps=args.lr_reduced_steps,
                     grad_clip=args.grad_clip, skip_past_onset=args.skip_past_onset)
-    emit(render_recovery(report, args.format), args.output)
+    emit(report, args.format, args.output)
     return 0

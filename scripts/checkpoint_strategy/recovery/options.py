@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.errors import UsageError
-
 
 def add_log_options(parser) -> None:
     parser.add_argument("log", metavar="LOG",
@@ -20,20 +16,3 @@ def add_log_options(parser) -> None:
                    help="loss column/key or TensorBoard scalar tag (default: loss, train/loss, lm loss, ...)")
     g.add_argument("--lr-column", "--lr-key", dest="lr_key", metavar="NAME", help="learning-rate column (optional)")
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")
-
-
-def add_output_options(parser, formats=("text", "markdown", "json")) -> None:
-    parser.add_argument("--format", default="text", choices=formats, help="report format (default: text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
-
-
-def emit(text: str, output) -> None:
-    if output:
-        from checkpoint_strategy.atomic import atomic_write_text
-
-        try:
-            atomic_write_text(output, text)
-        except OSError as exc:
-            raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-    else:
-        sys.stdout.write(text)
