@@ -7,15 +7,24 @@ Builders live in tests/realruns.py. Tests that change a checkpoint take a copy
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realruns  # tests/ is on the path by pyproject's [tool.pytest.ini_options] pythonpath
+from cliresult import Result, invoke
 
-import realruns  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def cli_run(capsys, monkeypatch):
+    """cli_run(*argv, stdin=None) -> Result(rc, out, err) with .json() and .usage_error()."""
+
+    def _run(*argv, stdin: str | None = None) -> Result:
+        return invoke(capsys, monkeypatch, argv, stdin)
+
+    return _run
 
 
 @pytest.fixture(scope="session")

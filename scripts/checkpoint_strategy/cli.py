@@ -43,15 +43,24 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
         """Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
-        joins the steps that follow it, giving back any a positional needs."""
+        joins the steps that follow it but never takes a value a positional argument can have."""
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
-        first_error = None
-        for variant in milestone_variants(argv):
+        variants = milestone_variants(argv)
+        if len(variants) == 1:
+            return super().parse_args(argv, namespace)
+        best, first_error = None, None
+        for variant in variants:  # greediest join first; keep the one that fills most positionals
             try:
-                return super().parse_args(variant, namespace)
+                parsed = super().parse_args(variant, namespace)
             except UsageError as exc:
                 first_error = first_error or exc
-        raise first_error  # type: ignore[misc]
+                continue
+            filled = sum(getattr(parsed, a.dest, None) is not None for a in self._actions if not a.option_strings)
+            if best is None or filled > best[0]:
+                best = (filled, parsed)
+        if best is None:
+            raise first_error  # type: ignore[misc]
+        return best[1]
 
 
 def available_commands() -> list[str]:

@@ -85,7 +85,19 @@ BOUNDS: dict[str, Quantity] = {
     "probability": Quantity("a probability", 0, 0.5),
     "points": Quantity("a whole number of logged values", 1, 10**6, whole=True),
     "relative": Quantity("a relative change", 0, 100),
+    "window": Quantity("a whole number of logged values", 8, 10**6, whole=True),
+    "threshold": Quantity("a threshold", 1, 1e6),
+    "multiplier": Quantity("a multiplier", 0, 1, lo_open=True),
+    "grad_clip": Quantity("a gradient-norm clip", 0, 1e6, lo_open=True),
 }
+
+
+def field_bounds(quantity: str) -> dict:
+    """pydantic Field keyword arguments (gt/ge, le) of one quantity: models share the table."""
+    q = BOUNDS[quantity]
+    lo = int(q.lo) if q.whole else q.lo
+    hi = int(q.hi) if q.whole else q.hi
+    return {"gt" if q.lo_open else "ge": lo, "le": hi}
 
 
 @lru_cache(maxsize=None)

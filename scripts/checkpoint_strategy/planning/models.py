@@ -6,7 +6,7 @@ from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from checkpoint_strategy.cli_options import BOUNDS
+from checkpoint_strategy.cli_options import BOUNDS, field_bounds
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed"]
@@ -33,27 +33,27 @@ class _Strict(BaseModel):
 class PlanArguments(_Strict):
     """Every plan option as one object; schemas/arguments.schema.json is generated from it."""
 
-    total_steps: int = Field(gt=0, le=MAX_STEPS, description="optimizer steps in the whole run")
-    step_seconds: float = Field(gt=0, le=MAX_STEP_SECONDS, description="wall seconds per step")
-    budget_gb: float = Field(gt=0, le=MAX_GB, description="storage budget for checkpoints, GB (10^9 bytes)")
-    model_size_gb: Optional[float] = Field(None, gt=0, le=MAX_GB, description="model weights, GB")
+    total_steps: int = Field(**field_bounds("steps"), description="optimizer steps in the whole run")
+    step_seconds: float = Field(**field_bounds("step_seconds"), description="wall seconds per step")
+    budget_gb: float = Field(**field_bounds("gb"), description="storage budget for checkpoints, GB (10^9 bytes)")
+    model_size_gb: Optional[float] = Field(None, **field_bounds("gb"), description="model weights, GB")
     weights_dtype: WeightsDtype = Field("fp32", description="dtype of --model_size_gb's weights")
-    params: Optional[float] = Field(None, ge=1, le=MAX_PARAMS, description="parameter count")
+    params: Optional[float] = Field(None, **field_bounds("params"), description="parameter count")
     precision: Optional[Precision] = Field(None, description="fp32: 12 B/param; mixed: 14 B/param")
     preset: Preset = "auto"
-    frequency: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="save every N steps")
-    keep_last: Optional[int] = Field(None, ge=1, le=int(BOUNDS["keep"].hi), description="rolling window size")
+    frequency: Optional[int] = Field(None, **field_bounds("steps"), description="save every N steps")
+    keep_last: Optional[int] = Field(None, **field_bounds("keep"), description="rolling window size")
     milestones: Union[Literal["seed", "pow2", "none"], list[PositiveInt]] = "seed"
     formats: Optional[list[SaveFormat]] = Field(None, min_length=1)
     save_optimizer: bool = True
-    gpus: int = Field(8, ge=1, le=int(BOUNDS["gpus"].hi))
-    gpu_mtbf_hours: float = Field(50000.0, gt=0, le=MAX_HOURS, description="MTBF of one GPU")
-    mtbf_hours: Optional[float] = Field(None, gt=0, le=MAX_HOURS, description="job MTBF")
-    checkpoint_write_seconds: Optional[float] = Field(None, ge=0, le=MAX_SECONDS)
-    write_gbps: float = Field(1.0, gt=0, le=BOUNDS["gbps"].hi, description="checkpoint write bandwidth, GB/s")
-    restart_seconds: float = Field(600.0, ge=0, le=MAX_SECONDS)
+    gpus: int = Field(8, **field_bounds("gpus"))
+    gpu_mtbf_hours: float = Field(50000.0, **field_bounds("hours"), description="MTBF of one GPU")
+    mtbf_hours: Optional[float] = Field(None, **field_bounds("hours"), description="job MTBF")
+    checkpoint_write_seconds: Optional[float] = Field(None, **field_bounds("seconds"))
+    write_gbps: float = Field(1.0, **field_bounds("gbps"), description="checkpoint write bandwidth, GB/s")
+    restart_seconds: float = Field(600.0, **field_bounds("seconds"))
     async_save: Optional[bool] = None
-    max_loss_hours: float = Field(1.0, gt=0, le=MAX_HOURS)
+    max_loss_hours: float = Field(1.0, **field_bounds("hours"))
     format: OutputFormat = "text"
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import MAX_STEPS, add_milestones, add_report_options, milestone_schedule
+from checkpoint_strategy.cli_options import MAX_STEPS, add_milestones, add_report_options, milestone_schedule, number
 from checkpoint_strategy.recovery.options import add_log_options
 
 HELP = "after a loss spike: which checkpoint to resume from"
@@ -18,23 +18,23 @@ def add_arguments(parser) -> None:
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
     d = parser.add_argument_group("detection")
-    d.add_argument("--window", type=int, default=128, help="rolling window in logged values (default 128)")
-    d.add_argument("--z", dest="z_threshold", type=float, default=7.0, help="robust z threshold (default 7, OLMo 2)")
-    d.add_argument("--ratio", dest="ratio_threshold", type=float, default=2.5,
+    d.add_argument("--window", type=number("window"), default=128, help="rolling window in logged values (default 128)")
+    d.add_argument("--z", dest="z_threshold", type=number("threshold"), default=7.0, help="robust z threshold (default 7, OLMo 2)")
+    d.add_argument("--ratio", dest="ratio_threshold", type=number("threshold"), default=2.5,
                    help="x rolling median that is a spike (default 2.5)")
-    d.add_argument("--max-ratio", type=float, default=10.0, help="x window max that is a spike (default 10, Megatron)")
-    d.add_argument("--min-rise", type=float, default=0.05, help="minimum rise over the median for the z rule (0.05)")
-    d.add_argument("--tolerance", type=float, default=0.10,
+    d.add_argument("--max-ratio", type=number("threshold"), default=10.0, help="x window max that is a spike (default 10, Megatron)")
+    d.add_argument("--min-rise", type=number("relative"), default=0.05, help="minimum rise over the median for the z rule (0.05)")
+    d.add_argument("--tolerance", type=number("relative"), default=0.10,
                    help="'near baseline' = within this fraction of the pre-spike level (default 0.10)")
     a = parser.add_argument_group("playbook")
-    a.add_argument("--wait", dest="wait_steps", type=int, default=100, help="wait window, steps (default 100)")
-    a.add_argument("--min-wait", dest="min_wait_steps", type=int, default=50, help="minimum wait, steps (default 50)")
-    a.add_argument("--margin", type=int, default=None,
+    a.add_argument("--wait", dest="wait_steps", type=number("step_offset"), default=100, help="wait window, steps (default 100)")
+    a.add_argument("--min-wait", dest="min_wait_steps", type=number("step_offset"), default=50, help="minimum wait, steps (default 50)")
+    a.add_argument("--margin", type=number("step_offset"), default=None,
                    help="resume checkpoint at or before onset - MARGIN (default: log interval + 1)")
-    a.add_argument("--lr-multiplier", type=float, default=0.5, help="default 0.5")
-    a.add_argument("--lr-steps", dest="lr_reduced_steps", type=int, default=500, help="default 500")
-    a.add_argument("--grad-clip", type=float, default=0.5, help="default 0.5")
-    a.add_argument("--skip-past-onset", type=int, default=20,
+    a.add_argument("--lr-multiplier", type=number("multiplier"), default=0.5, help="default 0.5")
+    a.add_argument("--lr-steps", dest="lr_reduced_steps", type=number("step_offset"), default=500, help="default 500")
+    a.add_argument("--grad-clip", type=number("grad_clip"), default=0.5, help="default 0.5")
+    a.add_argument("--skip-past-onset", type=number("step_offset"), default=20,
                    help="skip batches from the resume step to onset + N (default 20)")
     add_report_options(parser)
 
