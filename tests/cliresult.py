@@ -44,3 +44,13 @@ def invoke(capsys, monkeypatch, argv, stdin: Optional[str] = None) -> Result:
     rc = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return Result(rc, out, err)
+
+
+def run_captured(argv) -> Result:
+    """For hypothesis tests (no function-scoped fixtures): the same Result, streams captured here."""
+    import contextlib
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return Result(rc, out.getvalue(), err.getvalue())
