@@ -16,6 +16,20 @@ from cliresult import Result, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The one place that says which tests are slow: every test that uses a real run (a model trained on
+# CPU by the real framework, built once per session) and the few that are slow on their own.
+# `pytest -m "not slow"` is the quick loop; CI runs everything.
+REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
+                     "dcp_checkpoint", "safetensors_file"}
+SLOW_TESTS: set[str] = set()  # test function names that are slow without a real-run fixture
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture
 def cli_run(capsys, monkeypatch):

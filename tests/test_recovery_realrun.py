@@ -17,7 +17,6 @@ def run_json(cli_run, *args):
     return r.rc, r.json()
 
 
-@pytest.mark.slow
 def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, cli_run):
     rc, rep = run_json(cli_run, "recover", str(hf_run.output_dir))
     assert rc == 0
@@ -35,7 +34,6 @@ def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, cli_
     assert rep["log"]["path"].endswith("checkpoint-200/trainer_state.json")
 
 
-@pytest.mark.slow
 def test_recover_from_the_trainer_state_file_and_an_explicit_list(hf_run, cli_run):
     _, rep = run_json(cli_run, "recover", str(hf_run.trainer_state))
     assert rep["resume_checkpoint"]["path"] == str(hf_run.output_dir / "checkpoint-110")
@@ -48,7 +46,6 @@ def test_recover_from_the_trainer_state_file_and_an_explicit_list(hf_run, cli_ru
     assert "keep_last" in rep["policy_advice"]
 
 
-@pytest.mark.slow
 def test_text_and_markdown_reports(hf_run, capsys):
     assert main(["recover", str(hf_run.output_dir)]) == 0
     text = capsys.readouterr().out
@@ -58,7 +55,6 @@ def test_text_and_markdown_reports(hf_run, capsys):
     assert "| resume from |" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_verify_resume_on_a_real_resume_with_the_pasted_override(hf_run, tmp_path, capsys, cli_run):
     """Resume the real run from checkpoint-110 with the generated HF override, then check the resume."""
     import realruns

@@ -19,7 +19,6 @@ from checkpoint_strategy.recovery.logs import read_log
 from checkpoint_strategy.recovery.models import RecoveryReport, VerifyResumeReport
 from checkpoint_strategy.resources import load_schema
 
-pytestmark = pytest.mark.slow
 
 
 def run_json(cli_run, *args):
