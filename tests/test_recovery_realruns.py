@@ -195,7 +195,7 @@ def test_recover_reports_the_restart_and_uses_the_latest_segment(hf_run_restarte
     assert rep["status"] == "no_spike" and rep["spikes"] == [] and rep["spike"] is None
 
     series = read_log(r.log)
-    merged = dict(zip(series.steps.tolist(), series.loss.tolist()))
+    merged = dict(zip(series.steps.tolist(), series.loss.tolist(), strict=True))
     for s in range(51, 61):
         assert merged[s] == second[s], s
 

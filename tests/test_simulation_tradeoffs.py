@@ -86,7 +86,7 @@ def test_every_point_is_the_planner_with_that_frequency_and_keep_last():
     vecs = [(p.peak_storage_gb, p.expected_lost_hours, p.max_data_loss_hours, -p.spike_window_rescue_probability)
             for p in report.points]
     for i, p in enumerate(report.points):
-        dominated = any(all(o <= s for o, s in zip(other, vecs[i])) and other != vecs[i] for other in vecs)
+        dominated = any(all(o <= s for o, s in zip(other, vecs[i], strict=True)) and other != vecs[i] for other in vecs)
         assert p.pareto == (not dominated)
     assert report.pareto_count == sum(p.pareto for p in report.points)
 

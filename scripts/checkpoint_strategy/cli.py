@@ -12,7 +12,9 @@ import importlib
 import importlib.util
 import difflib
 import sys
-from typing import NoReturn, Sequence
+from types import ModuleType
+from typing import NoReturn
+from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
 from checkpoint_strategy.cli_options import milestone_variants, normalise_underscores
@@ -38,10 +40,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
-    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_args(self, args=None, namespace=None):
         """Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
         joins the steps that follow it but never takes a value a positional argument can have."""
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
@@ -59,7 +61,7 @@ class ArgumentParser(argparse.ArgumentParser):
             if best is None or filled > best[0]:
                 best = (filled, parsed)
         if best is None:
-            raise first_error  # type: ignore[misc]
+            raise first_error or UsageError("cannot parse the arguments")
         return best[1]
 
 
@@ -89,7 +91,7 @@ def _top_help() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser(command: str) -> tuple[ArgumentParser, object]:
+def build_parser(command: str) -> tuple[ArgumentParser, ModuleType]:
     module = importlib.import_module(COMMANDS[command][0])
     parser = ArgumentParser(
         prog=f"{PROG} {command}" if command != "plan" else PROG,

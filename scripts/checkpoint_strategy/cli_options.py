@@ -19,8 +19,9 @@ import argparse
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Callable, Union
+from functools import cache
+from typing import Union
+from collections.abc import Callable
 
 
 def _fmt(n: float) -> str:
@@ -100,7 +101,7 @@ def field_bounds(quantity: str) -> dict:
     return {"gt" if q.lo_open else "ge": lo, "le": hi}
 
 
-@lru_cache(maxsize=None)
+@cache
 def number(quantity: str) -> Callable[[str], Union[int, float]]:
     """The argparse ``type`` for one quantity of ``BOUNDS`` (named, so argparse and tests can tell)."""
     q = BOUNDS[quantity]
@@ -233,7 +234,7 @@ _STEP_TOKEN = re.compile(r"\d[\d_]*(,\d[\d_]*)*,?")
 def normalise_underscores(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
     """--foo_bar[=v] -> --foo-bar[=v] when only the dashed spelling is an option (and vice versa)."""
     known = parser._option_string_actions  # noqa: SLF001 - argparse has no public lookup
-    out = []
+    out: list[str] = []
     for i, tok in enumerate(argv):
         if tok == "--":
             return out + argv[i:]

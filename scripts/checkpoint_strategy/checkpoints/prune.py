@@ -183,7 +183,7 @@ def spike_guard(found: list[fm.Found], results: dict, log: str | None = None) ->
     return SpikeGuard(log=log, status=report.status, onset_step=onset, protected=protected, note=note)
 
 
-def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
+def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,  # noqa: C901 - complexity debt, see issue 10
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
           level: str = "quick", log: str | None = None, spike_check: bool = True) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.

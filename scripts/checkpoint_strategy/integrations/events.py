@@ -13,7 +13,8 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Optional, Union
+from collections.abc import Iterable, Sequence
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations.models import (
@@ -77,7 +78,7 @@ def _json_lines(text: str, source: str) -> list:
             items.append(json.loads(line))
         except ValueError as exc:
             what = "line 1" if n == 1 else f"line {n}"
-            raise UsageError(f"{source} {what} is not valid JSON ({exc.msg}): expected one JSON event, "
+            raise UsageError(f"{source} {what} is not valid JSON ({getattr(exc, 'msg', exc)}): expected one JSON event, "
                              "a JSON list, JSON lines or a training-stability report") from None
     return items
 

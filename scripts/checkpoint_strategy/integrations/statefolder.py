@@ -26,7 +26,8 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.errors import UsageError

@@ -128,7 +128,7 @@ def validate_arguments(data: dict) -> PlanArguments:
             field = next((f for f in FIELDS if f"'{f}'" in error.message), None)
         if field is None and error.validator == "additionalProperties":
             raise UsageError(f"unknown argument: {error.message}")
-        flag, expected = FIELDS.get(field, (field or "arguments", "a valid value"))
+        flag, expected = FIELDS.get(field or "", (field or "arguments", "a valid value"))
         value = data.get(field, "missing") if field else "missing"
         raise UsageError(f"argument {flag}: expected {expected}, got {value!r}")
     if "checkpoint_write_seconds" in data and "write_gbps" in data:

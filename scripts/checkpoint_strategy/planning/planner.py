@@ -145,7 +145,7 @@ def _r(x: float, nd: int = 6) -> float:
     return float(round(x, nd))
 
 
-def plan(args: PlanArguments) -> PlanReport:
+def plan(args: PlanArguments) -> PlanReport:  # noqa: C901 - complexity debt, see issue 10
     warnings: list[str] = []
     preset = PRESETS[args.preset]
     total_seconds = args.total_steps * args.step_seconds

@@ -154,7 +154,7 @@ def recovery_level(baseline: float, scale: float, tolerance: float = DEFAULT_TOL
     return baseline + max(tolerance * abs(baseline), 3.0 * s)
 
 
-def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
+def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,  # noqa: C901 - complexity debt, see issue 10
                 ratio_threshold: float = DEFAULT_RATIO, max_ratio: float = DEFAULT_MAX_RATIO,
                 min_rise: float = DEFAULT_MIN_RISE, tolerance: float = DEFAULT_TOLERANCE,
                 grad: bool = False) -> list[Event]:

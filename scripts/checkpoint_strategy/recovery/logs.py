@@ -22,7 +22,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def find_log(path: str | os.PathLike) -> Path:
         return p
     if not p.is_dir():
         raise UsageError(f"log is neither a file nor a folder: {p}")
-    states = []
+    states: list[Path] = []
     for pattern in ("trainer_state.json", "*/trainer_state.json", "*/*/trainer_state.json"):
         states.extend(q for q in p.glob(pattern) if q.is_file())
     if states:
@@ -120,14 +121,15 @@ def _newest_state(states: list[Path]) -> Path:
         except OSError:
             return 0.0
 
-    numbered, plain = [], []
+    numbered: list[tuple[int, float, Path]] = []
+    plain: list[tuple[int, float, Path]] = []
     for q in states:
         m = re.search(r"(\d+)$", q.parent.name)
         (numbered if m else plain).append((int(m.group(1)) if m else -1, mtime(q), q))
     best = max(numbered, key=lambda t: t[:2], default=None)
     newest_plain = max(plain, key=lambda t: t[1], default=None)
     if best is None or (newest_plain is not None and newest_plain[1] >= best[1]):
-        return newest_plain[2]
+        return (newest_plain or best or (0, 0.0, states[0]))[2]
     return best[2]
 
 
@@ -149,7 +151,7 @@ def detect_format(path: Path, head: bytes) -> str:
 # Reading
 
 
-def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Optional[Columns] = None) -> LogSeries:
+def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Optional[Columns] = None) -> LogSeries:  # noqa: C901 - complexity debt, see issue 10
     """Read a log (file or folder) into a LogSeries; UsageError on any bad input."""
     columns = columns or Columns()
     if log_format not in FORMATS:
@@ -327,7 +329,7 @@ def _read_csv(p: Path, text: str, columns: Columns):
     step_col = _pick(avail, columns.step, STEP_KEYS, "step", p, required=True)
     grad_col = _pick(avail, columns.grad_norm, GRAD_KEYS, "grad-norm", p, required=columns.grad_norm is not None)
     lr_col = _pick(avail, columns.lr, LR_KEYS, "learning-rate", p, required=columns.lr is not None)
-    li, si = names[loss_col], names[step_col]
+    li, si = names[str(loss_col)], names[str(step_col)]
     gi = names[grad_col] if grad_col else None
     ri = names[lr_col] if lr_col else None
     steps, loss, grad, lr, lines = [], [], [], [], []

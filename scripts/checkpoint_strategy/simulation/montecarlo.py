@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 
@@ -134,16 +135,16 @@ class Setup:
 
 @dataclass
 class RawResult:
-    wall: object  # np.ndarray, seconds per run
-    failures: object
-    corrupt_skips: object
-    failure_scratch: object  # bool per run
+    wall: Any  # np.ndarray, seconds per run (numpy is imported lazily, so arrays are typed Any)
+    failures: Any
+    corrupt_skips: Any
+    failure_scratch: Any  # bool per run
     in_flight_rollbacks: int
     failure_rollbacks: int
-    spikes: object  # per run
-    spike_window_miss: object
-    spike_milestone: object
-    spike_scratch: object
+    spikes: Any  # per run
+    spike_window_miss: Any
+    spike_milestone: Any
+    spike_scratch: Any
     events: int = 0
 
 
@@ -320,7 +321,8 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             out_wall[idx[done]] = wall[done]
             out_fail[idx[done]] = fails[done]
             keep = ~done
-            idx, pos, good, ptr, wall, fails, need = (a[keep] for a in (idx, pos, good, ptr, wall, fails, need))
+            idx, pos, good, ptr = idx[keep], pos[keep], good[keep], ptr[keep]
+            wall, fails, need = wall[keep], fails[keep], need[keep]
 
     return RawResult(wall=out_wall, failures=out_fail, corrupt_skips=skips_run, failure_scratch=scratch_run,
                      in_flight_rollbacks=in_flight, failure_rollbacks=fail_rollbacks, spikes=sp_n,

@@ -42,7 +42,7 @@ def run(args) -> int:
     if target is not None:
         from checkpoint_strategy.simulation.plot import write_plot
 
-        write_plot(report, target, fmt)
+        write_plot(report, target, str(fmt))
     rows = [p for p in report.points if args.show_all or p.pareto or p.recommended]
     emit(report, args.format, args.output, rows=rows, show_all=args.show_all)
     return 0
