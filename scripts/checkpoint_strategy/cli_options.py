@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from dataclasses import dataclass
 from functools import cache
 from typing import Union
 from collections.abc import Callable
@@ -32,15 +31,17 @@ def _fmt(n: float) -> str:
     return f"{n:g}" if not float(n).is_integer() else str(int(n))
 
 
-@dataclass(frozen=True)
 class Quantity:
-    """A numeric quantity: ``what`` it is and its range (``lo_open``: strictly above ``lo``)."""
+    """A numeric quantity: ``what`` it is and its range (``lo_open``: strictly above ``lo``).
+    (A plain class, not a dataclass: this module is on the plan command's start-up path.)"""
 
-    what: str
-    lo: float
-    hi: float
-    whole: bool = False
-    lo_open: bool = False
+    __slots__ = ("what", "lo", "hi", "whole", "lo_open")
+
+    def __init__(self, what: str, lo: float, hi: float, whole: bool = False, lo_open: bool = False) -> None:
+        self.what, self.lo, self.hi, self.whole, self.lo_open = what, lo, hi, whole, lo_open
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.what!r}, {self.lo!r}, {self.hi!r}, whole={self.whole}, lo_open={self.lo_open})"
 
     def expected(self) -> str:
         low = f"> {_fmt(self.lo)}" if self.lo_open else f"from {_fmt(self.lo)}"

@@ -4,10 +4,76 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
+import sys
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 from checkpoint_strategy.resources import data_dir
+
+
+_CACHE_MAGIC = b"checkpoint-strategy jinja bytecode 1\n"
+
+
+def _cache_dir() -> Optional[str]:
+    """The user's cache folder for compiled templates, or None (then templates compile each run).
+
+    $XDG_CACHE_HOME or ~/.cache, one subfolder per Jinja and Python version. Used only when it is a
+    folder this user owns that nobody else can write to (compiled code is executed, like a .pyc)."""
+    import jinja2
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "checkpoint-strategy",
+                        f"jinja{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    owner_ok = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    if not stat.S_ISDIR(st.st_mode) or not owner_ok or st.st_mode & 0o022 or not os.access(path, os.W_OK):
+        return None
+    return path
+
+
+def _bytecode_cache():
+    """A Jinja bytecode cache that never fails a command: unreadable, unwritable or damaged cache
+    files are ignored (the template is compiled as without a cache). No pickle: the file is a
+    magic line, the template source checksum and marshalled code."""
+    import marshal
+
+    import jinja2
+
+    folder = _cache_dir()
+    if folder is None:
+        return None
+
+    class SafeCache(jinja2.BytecodeCache):
+        def _file(self, bucket) -> str:
+            return os.path.join(folder, bucket.key + ".jbc")
+
+        def load_bytecode(self, bucket) -> None:
+            from checkpoint_strategy.storage import read_bytes
+
+            head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
+            try:
+                data = read_bytes(self._file(bucket), "template cache", limit=8 << 20)
+                if data.startswith(head):
+                    bucket.code = marshal.loads(data[len(head):])
+            except Exception:  # noqa: BLE001 - a damaged cache only costs a compile
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            from checkpoint_strategy.atomic import atomic_write_bytes
+
+            head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
+            try:
+                atomic_write_bytes(self._file(bucket), head + marshal.dumps(bucket.code))
+            except Exception:  # noqa: BLE001 - read-only or full disk: no cache, same output
+                pass
+
+    return SafeCache()
 
 
 @lru_cache(maxsize=1)
@@ -16,6 +82,7 @@ def _env():
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,

@@ -1,10 +1,8 @@
 """Pydantic models of the planner: the validated arguments and the plan report."""
 
-from __future__ import annotations
+from typing import Annotated, Literal, Optional, Union
 
-from typing import Literal, Optional, Union
-
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, ConfigDict, Field
 
 from checkpoint_strategy.cli_options import BOUNDS, field_bounds
 
@@ -27,7 +25,7 @@ MAX_SECONDS = BOUNDS["seconds"].hi
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class PlanArguments(_Strict):
@@ -43,7 +41,7 @@ class PlanArguments(_Strict):
     preset: Preset = "auto"
     frequency: Optional[int] = Field(None, **field_bounds("steps"), description="save every N steps")
     keep_last: Optional[int] = Field(None, **field_bounds("keep"), description="rolling window size")
-    milestones: Union[Literal["seed", "pow2", "none"], list[PositiveInt]] = "seed"
+    milestones: Union[Literal["seed", "pow2", "none"], list[Annotated[int, Field(gt=0)]]] = "seed"
     formats: Optional[list[SaveFormat]] = Field(None, min_length=1)
     save_optimizer: bool = True
     gpus: int = Field(8, **field_bounds("gpus"))

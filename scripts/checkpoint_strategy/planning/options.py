@@ -4,9 +4,10 @@ PlanArguments. Shared by every command that takes a plan (plan, simulate, tradeo
 from __future__ import annotations
 
 import argparse
+from typing import Optional
 
 from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import PlanArguments
 
@@ -134,7 +135,13 @@ def validate_arguments(data: dict) -> PlanArguments:
     if "checkpoint_write_seconds" in data and "write_gbps" in data:
         raise UsageError("argument --checkpoint-write-seconds: give the save cost once, either "
                          "--checkpoint-write-seconds S or --write-gbps G, not both")
-    try:
-        return PlanArguments(**data)
-    except Exception as exc:  # pydantic.ValidationError
-        raise UsageError(pydantic_message(exc, "arguments")) from None
+    return _construct(data)
+
+
+def _construct(data: dict) -> PlanArguments:
+    """PlanArguments from data the JSON schema (generated from the model) has just accepted: built
+    without validating a second time, numbers made floats where the model says float."""
+    floats = {name for name, f in PlanArguments.model_fields.items() if f.annotation in (float, Optional[float])}
+    clean = {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+             for k, v in data.items()}
+    return PlanArguments.model_construct(**clean)

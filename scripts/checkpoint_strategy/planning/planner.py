@@ -127,7 +127,7 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
     resume_copies = sum(1 for f in formats if f in ("full_state_dict", "sharded")) or 1
     exports = len(set(milestones) | {total_steps}) if "safetensors" in formats else 0
     if size is None:
-        return StorageBreakdown(checkpoint_size_gb=None, rolling_gb=None, in_flight_gb=None, milestones_gb=None,
+        return StorageBreakdown.model_construct(checkpoint_size_gb=None, rolling_gb=None, in_flight_gb=None, milestones_gb=None,
                                 milestones_outside_window=len(outside), safetensors_exports_gb=None,
                                 safetensors_exports=exports, total_gb=None)
     per = size * resume_copies
@@ -135,7 +135,7 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
     in_flight = per
     ms = len(outside) * per
     ex = exports * weights
-    return StorageBreakdown(checkpoint_size_gb=_r(per), rolling_gb=_r(rolling), in_flight_gb=_r(in_flight),
+    return StorageBreakdown.model_construct(checkpoint_size_gb=_r(per), rolling_gb=_r(rolling), in_flight_gb=_r(in_flight),
                             milestones_gb=_r(ms), milestones_outside_window=len(outside),
                             safetensors_exports_gb=_r(ex), safetensors_exports=exports,
                             total_gb=_r(rolling + in_flight + ms + ex))
@@ -272,7 +272,7 @@ def plan(args: PlanArguments) -> PlanReport:  # noqa: C901 - complexity debt, se
                         f"of {mtbf_h:.3g} h is short against saves of {C:.3g} s and restarts of {R:.3g} s; use "
                         "async saves, faster storage, fewer GPUs per job or a cheaper restart")
 
-    policy = CheckpointPolicy(
+    policy = CheckpointPolicy.model_construct(
         frequency=f"every_{frequency}_steps",
         keep_last=keep_last,
         keep_milestone=milestones,
@@ -282,14 +282,14 @@ def plan(args: PlanArguments) -> PlanReport:  # noqa: C901 - complexity debt, se
         async_save=async_save,
         emergency_save_on=preset["emergency"],
     )
-    fm = FailureModel(
+    fm = FailureModel.model_construct(
         mtbf_hours=_r(mtbf_h), mtbf_source=mtbf_source, gpus=args.gpus,
         checkpoint_write_seconds=_r(C), persist_seconds=None if persist is None else _r(persist),
         restart_seconds=R, async_save=async_save,
         young_interval_seconds=_r(tau_young, 3), daly_interval_seconds=_r(tau_daly, 3),
         optimal_interval_seconds=_r(tau_exact, 3),
     )
-    return PlanReport(
+    return PlanReport.model_construct(
         total_steps=args.total_steps,
         step_seconds=args.step_seconds,
         total_training_hours=_r(total_seconds / 3600.0),
