@@ -462,7 +462,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
                                 status="invalid", resumable=False, sharded=False,
                                 portability=PORTABILITY["unknown"], level=level,
                                 problems=[Problem(file=".", reason="not a recognised checkpoint layout "
-                                                  "(see the formats table in the README)")])
+                                                  "(see the formats table in docs/checkpoints.md)")])
     return check(found, level, manifest=manifest)
 
 
