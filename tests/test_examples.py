@@ -37,10 +37,18 @@ EXAMPLES: dict[str, list[str]] = {
     "recover": ["recover", "train.jsonl", "--checkpoints", "500,1000,1500,2000,2500,3000"],
     "verify-resume": ["verify-resume", "resumed.jsonl", "--resume-step", "2000"],
     "validate": ["validate", "run"],
-    "prune": ["prune", "run", "--keep-last", "2", "--milestones", "100"],
+    "prune": ["prune", "run", "--keep-last", "1", "--milestones", "1000"],
     "handoff": ["handoff", *SIZE, "--checkpoints", "run", "--dry-run"],
-    "release-gate": ["release-gate", "run/checkpoint-400", "--require", "safetensors"],
+    "release-gate": ["release-gate", "run/checkpoint-2000", "--require", "safetensors"],
     "on-event": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run"],
+}
+# More examples for the reference pages (docs/*.md).
+MORE: dict[str, list[str]] = {
+    "validate-damaged": ["validate", "damaged"],
+    "prune-damaged": ["prune", "damaged", "--keep-last", "1"],
+    "release-gate-fail": ["release-gate", "damaged/checkpoint-30"],
+    "handoff-json": ["handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json"],
+    "on-event-json": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run", "--format", "json"],
 }
 # Longer examples of the reference pages: the golden starts with the command line ("$ ...").
 G2048 = ["100000", "2.5", "500", "--model_size_gb", "4", "--gpus", "2048", "--spike-rate", "0.02"]
@@ -73,10 +81,16 @@ def build_inputs(folder: Path) -> None:
     first = [{"step": s, "loss": _loss(s, rng, None), "learning_rate": 3e-4} for s in range(10, 2201, 10)]
     again = [{"step": s, "loss": _loss(s, rng, None), "learning_rate": 3e-4} for s in range(2010, 2301, 10)]
     (folder / "resumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first + again))
-    for step in (100, 200, 300, 400):
+    for step in (1000, 2000, 2500, 3000):
         _safetensors(folder / "run" / f"checkpoint-{step}" / "model.safetensors")
         (folder / "run" / f"checkpoint-{step}" / "trainer_state.json").write_text(
             json.dumps({"global_step": step, "log_history": [r for r in rows if r["step"] <= step]}))
+    for step in (10, 20, 30, 40):  # checkpoint-30's weights cut short, as by an interrupted save
+        target = folder / "damaged" / f"checkpoint-{step}" / "model.safetensors"
+        _safetensors(target, n=64)
+        (target.parent / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        if step == 30:
+            target.write_bytes(target.read_bytes()[:-100])
     (folder / "events.json").write_text(json.dumps(
         [{"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"},
          {"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"}]))
@@ -85,7 +99,8 @@ def build_inputs(folder: Path) -> None:
 def normalise(text: str, folder: Path) -> str:
     text = text.replace(str(folder.resolve()), "/data").replace(str(folder), "/data")
     text = re.sub(r"\(\d+(\.\d+)? s\)", "(0.01 s)", text)
-    return re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "2026-01-01T00:00:00Z", text)
+    # timestamps of this run (the inputs' own, from 2025, are kept)
+    return re.sub(r"(?!2025-)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "2026-01-01T00:00:00Z", text)
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +127,42 @@ def test_example_output(name, inputs, cli_run, monkeypatch):
     check_golden(f"examples/{name}.txt", normalise(result.out, inputs))
 
 
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_example_output(name, inputs, cli_run, monkeypatch):
+    monkeypatch.chdir(inputs)
+    result = cli_run(*MORE[name])
+    assert result.rc in (0, 1) and result.err == "", result.err
+    check_golden(f"examples/{name}.txt", normalise(result.out, inputs))
+
+
 @pytest.mark.parametrize("name", sorted(SHOWN))
 def test_shown_example_output(name, inputs, cli_run, monkeypatch):
     monkeypatch.chdir(inputs)
     result = cli_run(*SHOWN[name])
     assert result.rc == 0 and result.err == "", result.err
     check_golden(f"examples/{name}.txt", f"$ checkpoint-strategy {' '.join(SHOWN[name])}\n" + result.out)
+
+
+AGENT_STATE = {"schema_version": 1, "session_id": "sess-20250301-0900", "status": "in_progress",
+               "last_updated": "2025-03-01T09:00:00Z", "next_step": "launch the 1B run",
+               "completed_steps": ["tokenizer", "data pipeline"], "notes": [],
+               "pending_risks": ["eval set not frozen"], "changed_files": ["train.py"]}
+JSONL_LINE = {"ts": "2025-03-01T09:00:00Z", "step": "data pipeline", "status": "done", "detail": "shards verified"}
+
+
+def test_handoff_into_a_session_handoff_state_folder(inputs, cli_run, monkeypatch, tmp_path):
+    """docs/integrations.md's walkthrough: what handoff prints and leaves in the state folder."""
+    monkeypatch.chdir(inputs)
+    state = inputs / ".claude" / "state"
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "agent-state.json").write_text(json.dumps(AGENT_STATE, indent=2) + "\n")
+    (state / "checkpoint.jsonl").write_text(json.dumps(JSONL_LINE) + "\n")
+    result = cli_run("handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl")
+    assert result.rc == 0 and result.err == "", result.err
+    check_golden("examples/handoff-walkthrough.txt", normalise(result.out, inputs))
+    check_golden("examples/handoff-agent-state.txt", normalise((state / "agent-state.json").read_text(), inputs))
+    check_golden("examples/handoff-checkpoint-jsonl.txt", normalise((state / "checkpoint.jsonl").read_text(), inputs))
+    assert "<!-- checkpoint-strategy:begin -->" in (state / "NEXT_ACTION.md").read_text()
 
 
 def test_every_command_has_an_example():
