@@ -128,7 +128,7 @@ def test_milestones_keywords_everywhere(name, keyword):
 def test_bad_milestones_are_one_usage_error(name, bad, cli_run):
     r = cli_run(name, *MINIMAL[name], "--milestones", bad)
     line = r.usage_error()
-    assert "--milestones" in line and "seed, pow2, none or steps" in line
+    assert "--milestones" in line and "seed, pow2, none or at most 200 steps" in line
 
 
 def test_the_same_quantity_has_the_same_bound_everywhere(cli_run):
@@ -213,3 +213,14 @@ def test_plan_schema_bounds_are_the_table(field, quantity):
     q = BOUNDS[quantity]
     assert prop["maximum"] == q.hi
     assert prop.get("exclusiveMinimum" if q.lo_open else "minimum") == q.lo, prop
+
+
+def test_output_dash_is_stdout_and_empty_is_a_usage_error(cli_run):
+    assert cli_run("plan", "1000", "1", "50", "-o", "-").out == cli_run("plan", "1000", "1", "50").out
+    assert "expected a file name" in cli_run("plan", "1000", "1", "50", "-o", "").usage_error()
+
+
+def test_too_many_milestones_is_one_short_usage_error(cli_run):
+    steps = [str(10 * i) for i in range(1, 5000)]
+    line = cli_run("prune", "--milestones", *steps, "ROOT").usage_error()
+    assert "--milestones" in line and "at most 200 steps" in line and len(line) < 300, line

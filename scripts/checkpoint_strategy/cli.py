@@ -50,7 +50,7 @@ class ArgumentParser(argparse.ArgumentParser):
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
         variants = milestone_variants(argv)
         if len(variants) == 1:
-            return super().parse_args(argv, namespace)
+            return super().parse_args(variants[0], namespace)
         best, first_error = None, None
         for variant in variants:  # greediest join first; keep the one that fills most positionals
             try:
@@ -58,9 +58,12 @@ class ArgumentParser(argparse.ArgumentParser):
             except UsageError as exc:
                 first_error = first_error or exc
                 continue
-            filled = sum(getattr(parsed, a.dest, None) is not None for a in self._actions if not a.option_strings)
+            positionals = [a for a in self._actions if not a.option_strings]
+            filled = sum(getattr(parsed, a.dest, None) is not None for a in positionals)
             if best is None or filled > best[0]:
                 best = (filled, parsed)
+            if filled == len(positionals):
+                break
         if best is None:
             raise first_error or UsageError("cannot parse the arguments")
         return best[1]

@@ -23,6 +23,12 @@ from typing import Union
 from collections.abc import Callable
 
 
+def shown(text: object, limit: int = 60) -> str:
+    """A value echoed in an error message: repr, cut to `limit` characters."""
+    r = repr(str(text))
+    return r if len(r) <= limit else r[:limit - 4] + "...'"
+
+
 def _fmt(n: float) -> str:
     if n == 2**63 - 1:
         return "2^63-1"
@@ -60,9 +66,9 @@ class Quantity:
         except ValueError:
             value = math.nan
         if isinstance(value, float) and (not math.isfinite(value) or not self.contains(value)):
-            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {shown(text)}")
         if not self.contains(value):
-            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {shown(text)}")
         return int(value) if self.whole else float(value)
 
 
@@ -124,11 +130,11 @@ def number_list(quantity: str) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
         parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
         if not parts or len(parts) > MAX_LIST:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}")
         try:
             return sorted({int(q.parse(p)) for p in parts})
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}") from None
 
     parse.__name__ = f"list_{quantity}"
     parse.quantity = quantity  # type: ignore[attr-defined]
@@ -138,7 +144,7 @@ def number_list(quantity: str) -> Callable[[str], list[int]]:
 # --- milestones -------------------------------------------------------------------------------
 
 MILESTONE_KEYWORDS = ("seed", "pow2", "none")
-MILESTONES_EXPECTED = "seed, pow2, none or steps like 1000,5000 (comma or space separated)"
+MILESTONES_EXPECTED = f"seed, pow2, none or at most {MAX_LIST} steps like 1000,5000 (comma or space separated)"
 Milestones = Union[str, list[int]]
 
 
@@ -149,11 +155,11 @@ def milestones(text: str) -> Milestones:
         return t
     parts = [p for p in re.split(r"[,\s]+", t) if p]
     if not parts or len(parts) > MAX_LIST:
-        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {shown(text)}")
     try:
         return sorted({int(BOUNDS["steps"].parse(p)) for p in parts})
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {shown(text)}") from None
 
 
 def milestones_or_path(text: str) -> Milestones:
@@ -267,6 +273,8 @@ def milestone_variants(argv: list[str]) -> list[list[str]]:
             end += 1
         if end - first < 2:
             return [argv]
+        if end - first > MAX_LIST:  # too many for --milestones anyway: one greedy try gives its error
+            return [argv[:first] + [",".join(t.strip(",") for t in argv[first:end])] + argv[end:]]
         variants = []
         for stop in range(end, first + 1, -1):
             joined = ",".join(t.strip(",") for t in argv[first:stop])

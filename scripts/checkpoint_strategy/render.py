@@ -166,12 +166,15 @@ def emit(report: Any, fmt: str = "text", output: Any = None, **context: Any) -> 
 def write_output(text: str, output: Any = None) -> None:
     import sys
 
-    if not output or output == "-":
+    if output is None or output == "-":
         sys.stdout.write(text)
         return
     from checkpoint_strategy.atomic import atomic_write_text
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.storage import oserror_line
+
+    if not str(output).strip():
+        raise UsageError("argument -o/--output: expected a file name (or - for stdout), got ''")
 
     try:
         atomic_write_text(output, text)
