@@ -224,3 +224,27 @@ def test_too_many_milestones_is_one_short_usage_error(cli_run):
     steps = [str(10 * i) for i in range(1, 5000)]
     line = cli_run("prune", "--milestones", *steps, "ROOT").usage_error()
     assert "--milestones" in line and "at most 200 steps" in line and len(line) < 300, line
+
+
+@pytest.fixture
+def example_run(tmp_path, monkeypatch):
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_milestones_keywords_and_spaced_steps_work_in_prune_and_recover(example_run, cli_run):
+    pow2 = cli_run("prune", "run", "--keep-last", "1", "--milestones", "pow2", "--format", "json").json()
+    assert pow2["milestones"] == [1000, 2000]  # the plan's pow2 schedule up to the newest checkpoint (3000)
+    spaced = cli_run("prune", "--milestones", "1000", "2000", "run", "--keep-last", "1", "--format", "json").json()
+    assert spaced["milestones"] == [1000, 2000]
+    none = cli_run("prune", "run", "--keep-last", "1", "--milestones", "none", "--format", "json").json()
+    assert none["milestones"] == []
+    rec = cli_run("recover", "train.jsonl", "--checkpoints", "2500,3000", "--milestones", "1000", "2000",
+                  "--format", "json").json()
+    assert rec["resume_checkpoint"]["step"] == 2000 and rec["resume_checkpoint"]["kind"] == "milestone"
+    seed = cli_run("recover", "train.jsonl", "--checkpoints", "2500,3000", "--milestones", "seed",
+                   "--format", "json").json()
+    assert seed["resume_checkpoint"]["step"] == 1000  # seed: 1000, 5000, ...; 5000 is past the run
