@@ -4,7 +4,7 @@ PlanArguments. Shared by every command that takes a plan (plan, simulate, tradeo
 from __future__ import annotations
 
 import argparse
-from typing import Optional
+from typing import Any, Optional
 
 from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number
 from checkpoint_strategy.errors import UsageError
@@ -142,6 +142,6 @@ def _construct(data: dict) -> PlanArguments:
     """PlanArguments from data the JSON schema (generated from the model) has just accepted: built
     without validating a second time, numbers made floats where the model says float."""
     floats = {name for name, f in PlanArguments.model_fields.items() if f.annotation in (float, Optional[float])}
-    clean = {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+    clean: dict[str, Any] = {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
              for k, v in data.items()}
     return PlanArguments.model_construct(**clean)
