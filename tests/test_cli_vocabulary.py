@@ -56,6 +56,8 @@ def test_shared_options_follow_the_vocabulary(name, parser):
                 assert tuple(action.choices) == rule["choices"], (name, flag)
             if "types" in rule:
                 assert getattr(action.type, "__name__", "") in rule["types"], (name, flag, action.type)
+            if "metavar" in rule:
+                assert action.metavar == rule["metavar"], (name, flag)
             if "also" in rule:
                 assert rule["also"] in action.option_strings, (name, flag)
 
@@ -248,3 +250,17 @@ def test_milestones_keywords_and_spaced_steps_work_in_prune_and_recover(example_
     seed = cli_run("recover", "train.jsonl", "--checkpoints", "2500,3000", "--milestones", "seed",
                    "--format", "json").json()
     assert seed["resume_checkpoint"]["step"] == 1000  # seed: 1000, 5000, ...; 5000 is past the run
+
+
+def test_policy_file_in_any_of_its_forms_for_prune_and_on_event(example_run, cli_run):
+    plan = ["plan", "100000", "2.5", "500", "--keep-last", "1", "--milestones", "1000"]
+    for fmt in ("yaml", "json"):
+        cli_run(*plan, "--format", fmt, "-o", f"plan.{fmt}")
+    cli_run("handoff", *plan[1:], "--state-dir", "state", "--format", "json")
+    for policy in ("plan.yaml", "plan.json", "state/checkpoint-strategy.json"):
+        report = cli_run("prune", "run", "--policy", policy, "--format", "json").json()
+        assert report["keep_last"] == 1 and 1000 in report["milestones"], policy
+        decision = cli_run("on-event", "events.json", "--policy", policy, "--format", "json").json()
+        assert decision["policy_triggers"] == ["loss_spike_detected", "gradient_norm_exceeded"], policy
+    (example_run / "bad.yaml").write_text("checkpoint_policy: [1, 2]\n")
+    assert "bad.yaml" in cli_run("prune", "run", "--policy", "bad.yaml").usage_error()

@@ -218,6 +218,16 @@ def add_milestones(parser, *, paths: bool = False, help: str | None = None) -> N
                         help=help or f"milestone steps never deleted: {MILESTONES_EXPECTED}")
 
 
+POLICY_HELP = ("the checkpoint policy, detected by content: the plan (--format yaml or json), the handoff state "
+               "file checkpoint-strategy.json, or a bare policy mapping")
+
+
+def add_policy(parser, help: str | None = None) -> None:
+    """--policy FILE: the same forms wherever a command reads a policy."""
+    parser.add_argument("--policy", dest="policy", default=None, metavar="FILE",
+                        help=POLICY_HELP + (f" ({help})" if help else ""))
+
+
 def add_level(parser, help: str | None = None) -> None:
     parser.add_argument("--level", choices=("quick", "full"), default="quick",
                         help=help or "validation level: quick reads headers (default), full reads every byte")
@@ -229,6 +239,7 @@ VOCABULARY: dict[str, dict] = {
     "--output": {"dest": "output", "also": "-o"},
     "--milestones": {"dest": "milestones", "types": ("milestones",)},
     "--level": {"dest": "level", "choices": ("quick", "full")},
+    "--policy": {"dest": "policy", "metavar": "FILE"},
 }
 EVERY_COMMAND = ("--format", "--output")
 

@@ -40,6 +40,8 @@ def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
         raise UsageError(f"--policy {p}: not valid YAML{line}; expected a checkpoint_policy: mapping") from None
     if isinstance(data, dict) and "checkpoint_policy" in data:
         data = data["checkpoint_policy"]
+    elif isinstance(data, dict) and isinstance(data.get("policy"), dict):  # plan JSON or handoff state file
+        data = data["policy"]
     if not isinstance(data, dict):
         raise UsageError(f"--policy {p}: expected a mapping under checkpoint_policy: "
                          "(frequency, keep_last, keep_milestone, ...)")

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_milestones, add_report_options, milestone_schedule, number
+from checkpoint_strategy.cli_options import (
+    add_level,
+    add_milestones,
+    add_policy,
+    add_report_options,
+    milestone_schedule,
+    number,
+)
 
 HELP = "apply retention; delete only after a newer one validated"
 
@@ -13,8 +20,7 @@ def add_arguments(parser) -> None:
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
     add_milestones(parser, help="steps never deleted: 1000,5000 or 1000 5000, or seed, pow2, none (the plan's "
                                 "schedules); overrides the policy's keep_milestone")
-    parser.add_argument("--policy", default=None, metavar="FILE.yaml",
-                        help="the plan's checkpoint_policy: YAML (keep_last, keep_milestone)")
+    add_policy(parser, help="its keep_last and keep_milestone")
     add_level(parser, help="validation level for the checkpoints that justify a deletion (default quick)")
     parser.add_argument("--log", default=None, metavar="LOG",
                         help="training log checked for an unrecovered loss spike before deleting (default: the "

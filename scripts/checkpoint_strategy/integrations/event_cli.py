@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
+from checkpoint_strategy.cli_options import add_policy, add_report_options
 
 HELP = "emergency-save decision for a stability event"
 
@@ -11,9 +11,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("event_file", metavar="EVENT_FILE",
                         help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
                              "or the monitor's text report; - reads stdin")
-    parser.add_argument("--policy", metavar="FILE",
-                        help="the policy whose emergency_save_on applies: plan --format yaml/json output or "
-                             "checkpoint-strategy.json (default: both triggers, as the auto preset)")
+    add_policy(parser, help="its emergency_save_on applies; default: both triggers, as the auto preset")
     parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery command")
     parser.add_argument("--checkpoints", metavar="DIR", help="the checkpoint folder, filled into the recovery command")
     add_report_options(parser)
