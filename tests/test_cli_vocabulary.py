@@ -264,3 +264,10 @@ def test_policy_file_in_any_of_its_forms_for_prune_and_on_event(example_run, cli
         assert decision["policy_triggers"] == ["loss_spike_detected", "gradient_norm_exceeded"], policy
     (example_run / "bad.yaml").write_text("checkpoint_policy: [1, 2]\n")
     assert "bad.yaml" in cli_run("prune", "run", "--policy", "bad.yaml").usage_error()
+
+
+def test_help_command_is_command_help(cli_run):
+    assert cli_run("help", "validate").out == cli_run("validate", "--help").out
+    assert "--manifest" in cli_run("help", "validate").out
+    assert "did you mean 'prune'" in cli_run("help", "prnue").usage_error()
+    assert "commands:" in cli_run("help").out

@@ -113,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # installed distribution's entry points (about a fifth of plan's start-up). Kept if set.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
+        if len(args) > 1 and args[0] == "help":  # help COMMAND = COMMAND --help
+            args = [_command(args[1:]), "--help"]
         if args and args[0] in ("-h", "--help", "help"):
             sys.stdout.write(_top_help())
             return 0
