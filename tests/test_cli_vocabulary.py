@@ -9,14 +9,23 @@ import pytest
 from checkpoint_strategy import cli, cli_options
 from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOCABULARY, number
 
+# Formats beyond text/markdown/json/yaml: export writes code for the framework.
+EXTRA_FORMATS = {"export": {"python", "toml", "args"}}
 # Non-numeric argparse types that parse a list or a name (not a quantity of BOUNDS).
 NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require"}
+
+# recover's options are RecoveryOptions fields (bounds in Field); each matches one quantity of the table.
+RECOVERY_QUANTITIES = {"window": "window", "z_threshold": "threshold", "ratio_threshold": "threshold",
+                       "max_ratio": "threshold", "min_rise": "relative", "tolerance": "relative",
+                       "wait_steps": "step_offset", "min_wait_steps": "step_offset", "margin": "step_offset",
+                       "lr_multiplier": "multiplier", "lr_reduced_steps": "step_offset", "grad_clip": "grad_clip",
+                       "skip_past_onset": "step_offset"}
 
 # The fewest arguments each command parses with (before any option under test).
 MINIMAL = {
     "plan": ["100000", "2", "500"], "simulate": ["100000", "2", "500"], "tradeoffs": ["100000", "2", "500"],
     "recover": ["LOG"], "verify-resume": ["LOG", "--resume-step", "10"], "validate": ["CKPT"], "prune": ["ROOT"],
-    "handoff": [], "release-gate": ["CKPT"], "on-event": ["EVENT"],
+    "handoff": [], "release-gate": ["CKPT"], "on-event": ["EVENT"], "export": ["--framework", "hf"],
 }
 
 
@@ -40,7 +49,8 @@ def test_every_command_has_format_and_output(name, parser):
     for flag in cli_options.EVERY_COMMAND:
         assert flag in by_flag, f"{name} has no {flag}"
     fmt = by_flag["--format"]
-    assert set(FORMATS) <= set(fmt.choices) <= set(POLICY_FORMATS), (name, fmt.choices)
+    assert set(FORMATS) <= set(fmt.choices) <= set(POLICY_FORMATS) | EXTRA_FORMATS.get(name, set()), \
+        (name, fmt.choices)
     assert by_flag["-o"] is by_flag["--output"]
 
 
@@ -70,7 +80,9 @@ def test_every_typed_value_comes_from_the_bounds_table(name, parser):
         assert action.type not in (int, float), f"{name} {action.option_strings or action.dest}: raw {action.type}"
         quantity = getattr(action.type, "quantity", None)
         kind = getattr(action.type, "__name__", "")
-        assert quantity in BOUNDS or kind in NAMED_TYPES, (name, action.option_strings or action.dest, kind)
+        model_checked = action.dest in RECOVERY_QUANTITIES  # converted, then checked by RecoveryOptions' Field
+        assert quantity in BOUNDS or kind in NAMED_TYPES or model_checked, \
+            (name, action.option_strings or action.dest, kind)
 
 
 @pytest.mark.parametrize("name, parser", list(parsers()), ids=list(cli.COMMANDS))
@@ -106,15 +118,16 @@ def test_a_value_that_looks_like_an_option_is_left_alone():
 @pytest.mark.parametrize("spelling", [["1000", "5000"], ["1000,5000"], ["1000,", "5000"], ["1000", "5_000"]])
 def test_milestones_steps_comma_or_space_never_swallow_a_positional(name, where, spelling):
     parser, _ = cli.build_parser(name)
-    base = MINIMAL[name] or ["100000", "2", "500"]
-    argv = (["--milestones", *spelling] + base) if where == "before" else (base + ["--milestones", *spelling])
+    plan_like = name in ("plan", "simulate", "tradeoffs", "handoff", "export")
+    positional = ["100000", "2", "500"] if plan_like else [a for a in MINIMAL[name] if not a.startswith("-")][:1]
+    required = ["--framework", "hf"] if name == "export" else []
+    argv = (required + ["--milestones", *spelling] + positional if where == "before"
+            else required + positional + ["--milestones", *spelling])
     ns = parser.parse_args(argv)
     assert ns.milestones == [1000, 5000]
-    positionals = [a.dest for a in parser._actions if not a.option_strings]
-    got = [str(getattr(ns, d)) for d in positionals if getattr(ns, d) is not None]
-    assert [float(g) if g[0].isdigit() else g for g in got] == \
-        [float(b) if b[0].isdigit() else b for b in base if not b.startswith("--")][:len(got)]
-    assert len(got) >= len([b for b in base if not b.startswith("-")]) - (1 if name == "verify-resume" else 0)
+    dests = [a.dest for a in parser._actions if not a.option_strings]
+    got = [getattr(ns, d) for d in dests if getattr(ns, d) is not None]
+    assert [str(g).removesuffix(".0") for g in got] == positional
 
 
 @pytest.mark.parametrize("name", [n for n, p in parsers() if "--milestones" in p._option_string_actions])
@@ -271,3 +284,14 @@ def test_help_command_is_command_help(cli_run):
     assert "--manifest" in cli_run("help", "validate").out
     assert "did you mean 'prune'" in cli_run("help", "prnue").usage_error()
     assert "commands:" in cli_run("help").out
+
+
+@pytest.mark.parametrize("field, quantity", sorted(RECOVERY_QUANTITIES.items()))
+def test_recovery_option_bounds_are_the_table(field, quantity):
+    from checkpoint_strategy.recovery.settings import RecoveryOptions
+
+    meta = {type(m).__name__: m for m in RecoveryOptions.model_fields[field].metadata}
+    q = BOUNDS[quantity]
+    assert meta["Le"].le == q.hi
+    low = meta["Gt"].gt if q.lo_open else meta["Ge"].ge
+    assert low == q.lo and ("Gt" in meta) == q.lo_open

@@ -41,6 +41,7 @@ EXAMPLES: dict[str, list[str]] = {
     "handoff": ["handoff", *SIZE, "--checkpoints", "run", "--dry-run"],
     "release-gate": ["release-gate", "run/checkpoint-2000", "--require", "safetensors"],
     "on-event": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run"],
+    "export": ["export", "--framework", "hf", "--framework-version", "4.46", *SIZE],
 }
 # More examples for the reference pages (docs/*.md).
 MORE: dict[str, list[str]] = {

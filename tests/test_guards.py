@@ -14,7 +14,8 @@ LONG_FUNCTION_DEBT = {
     "integrations/handoff.py:build", "integrations/events.py:decide",
     "simulation/montecarlo.py:run_monte_carlo", "simulation/montecarlo.py:simulate",
     "simulation/sweep.py:tradeoffs", "recovery/verify.py:verify_resume", "recovery/advice.py:advise_series",
-    "recovery/detect.py:find_events",
+    "recovery/detect.py:find_events", "recovery/advice.py:_unrecovered", "recovery/detect.py:level_shifts",
+    "recovery/logs.py:build_series", "recovery/plot.py:build_figure",
 }
 
 

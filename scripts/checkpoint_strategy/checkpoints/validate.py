@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints.models import CheckpointResult, Problem, ValidationReport, ValidationSummary
 from checkpoint_strategy.errors import UsageError
 
@@ -216,6 +217,7 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
     needed, keys = parsed
     if res is not None:
         res["resumable"] = any(k.startswith("optim") for k in keys) or res.get("resumable", False)
+        res["dcp_keys"] = keys
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
     for rel, nbytes in sorted(needed.items()):
@@ -248,11 +250,21 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
         ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
         ctx.zip(os.path.join(path, n))
+    states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
+    ctx.counter.bytes_read += len(states_pkl or b"")
+    stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
+    if stage and not optim:
+        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
+                    "them cannot resume)")
     if optim:
         res["resumable"] = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        if ranks and ranks != list(range(len(ranks))):
-            missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        expected = max(ranks) + 1 if ranks else 0
+        if stage and dp:
+            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved
+        if ranks and ranks != list(range(expected)):
+            missing = sorted(set(range(expected)) - set(ranks))
             ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
                         f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
     res["sharded"] = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
@@ -315,7 +327,9 @@ def _check_orbax_dir(ctx: _Ctx, path: str, res: dict, want_commit: bool) -> None
             if n in ("_METADATA", "_sharding", "manifest.ocdbt") or n.endswith(".json"):
                 p = os.path.join(ip, n)
                 if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                    ctx.json(p)
+                    meta = ctx.json(p)
+                    if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
+                        res["resumable"] = True
                 else:
                     ctx.readable(p)
             elif ctx.full and os.path.isfile(os.path.join(ip, n)):
@@ -393,6 +407,10 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
     elif fmt in ("dcp", "torchtitan"):
         _check_dcp_dir(ctx, path, res)
         res["sharded"], res["portability"] = True, "dcp"
+        if fmt == "torchtitan" and not res["resumable"]:
+            reason = fl.torchtitan_model_only_reason(res.get("dcp_keys", set()), res["step"])
+            if reason:
+                ctx.counter.notes.append(reason)
     elif fmt == "deepspeed":
         _check_deepspeed_dir(ctx, path, res)
     elif fmt == "megatron":
@@ -515,7 +533,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
-        parents = sorted({os.path.dirname(f.path) for f in found})
+        parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
@@ -526,7 +544,11 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     with Progress(total=len(jobs), enabled=progress) as bar:
         for f in jobs:
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
-            results.append(check(f, level, bar.update, want_commit, manifest))
+            export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
+            results.append(check(f, level, bar.update, want_commit, None if export else manifest))
+            if export:
+                results[-1].notes.append("final export: the run folder's own top-level model files "
+                                         "(its checkpoint-N/ folders are checked one by one)")
             bar.update(checkpoints=1)
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
