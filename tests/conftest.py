@@ -22,12 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
                      "dcp_checkpoint", "safetensors_file"}
 SLOW_TESTS: set[str] = set()  # test function names that are slow without a real-run fixture
+SLOW_MODULES = {"test_export_frameworks"}  # real Orbax/JAX/DeepSpeed saves (the frameworks extra)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
-        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SLOW_TESTS:
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SLOW_TESTS or module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
 
 
