@@ -141,3 +141,22 @@ def orbax_killed_save(tmp_path_factory) -> Path:
     pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
                                                    "'jax[cpu]' (or pip install -e '.[test,frameworks]')")
     return realruns.build_orbax_killed_save(tmp_path_factory.mktemp("orbax-kill"))
+
+
+@pytest.fixture(autouse=True)
+def _no_internal_error(monkeypatch):
+    """No command may exit 3 anywhere in the suite: an "internal error" printed by an in-process
+    `cli.main` fails the test that caused it (at teardown), whatever exit code the test expected."""
+    from checkpoint_strategy import cli
+
+    seen: list[str] = []
+    real = cli._err
+
+    def spy(message: str) -> None:
+        if message.startswith("internal error"):
+            seen.append(message)
+        real(message)
+
+    monkeypatch.setattr(cli, "_err", spy)
+    yield
+    assert not seen, f"a command exited 3 (internal error): {seen[0]}"

@@ -231,7 +231,7 @@ def test_plan_file_gives_the_same_export_as_the_arguments(tmp_path, cli_run):
 @pytest.mark.parametrize("content, words", [
     ("{", "not valid JSON"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
-    ("[1]", "expected an object"),
+    ("[1]", "not a JSON object"),
     ('{"total_steps": 5}', "does not match plan.schema.json"),
 ])
 def test_bad_plan_files(content, words, tmp_path, cli_run):

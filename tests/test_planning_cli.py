@@ -123,6 +123,14 @@ BAD = [
     (["10", "1", "1", "--max-loss-hours", "0"], "--max-loss-hours"),
     (["10", "1", "1", "--params", "1B", "--model_size_gb", "4"], "--params"),
     (["10", "1", "1", "--checkpoint-write-seconds", "30", "--write-gbps", "2"], "--write-gbps"),
+    (["10", "1", "1", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["10", "1", "1", "--gpus-per-node", "2000"], "--gpus-per-node"),
+    (["10", "1", "1", "--node-write-gbps", "-1"], "--node-write-gbps"),
+    (["10", "1", "1", "--storage-gbps", "0"], "--storage-gbps"),
+    (["10", "1", "1", "--storage-gbps", "1e99"], "--storage-gbps"),
+    (["10", "1", "1", "--min-interval-seconds", "-5"], "--min-interval-seconds"),
+    (["10", "1", "1", "--min-interval-seconds", "inf"], "--min-interval-seconds"),
+    (["10", "1", "1", "--precision", "half"], "--precision"),
 ]
 
 
@@ -142,6 +150,8 @@ TOKENS = st.one_of(
                      "--gpus", "--mtbf-hours", "--preset", "--format", "--precision", "--no-async", "--async",
                      "--restart-seconds", "--write-gbps", "--checkpoint-write-seconds", "--max-loss-hours",
                      "--weights-dtype", "--no-save-optimizer", "plan", "json", "auto", "pow2", "7B", "nan",
+                     "--gpus-per-node", "--node-write-gbps", "--storage-gbps", "--min-interval-seconds",
+                     "mixed-no-master", "--local-tier", "100,2", "1e-9,1e6", "--node-loss-fraction",
                      "-1", "0", "1e308", "1,2,3", "full_state_dict"]),
     st.text(max_size=8),
     st.integers(-10**16, 10**16).map(str),

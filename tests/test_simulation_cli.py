@@ -48,7 +48,7 @@ def test_text_report_has_the_sections(cli_run):
                                "--corrupt-prob", "0.01"]))
     assert rc == 0 and err == ""
     order = ["=== Checkpoint Strategy Simulation ===", "Runs:               2000 (seed 0)", "Wall Time (h)",
-             "Lost (h)            ", "Failures            ", "Simulated vs Analytic:", "Rollbacks:", "Loss Spikes (0.02 per 1000 steps",
+             "Lost (h) *          ", "Failures            ", "Simulated vs Analytic:", "Rollbacks:", "Loss Spikes (0.02 per 1000 steps",
              "Window Missed:", "Only a Milestone:", "Warnings (from the plan):", "keep_last 1 cannot hold", "\nModel:"]
     pos = [out.index(h) for h in order]
     assert pos == sorted(pos)

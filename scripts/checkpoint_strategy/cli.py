@@ -136,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        line = missing_dependencies_line(exc)
+        if line is None:
+            _err(f"internal error (ModuleNotFoundError: {exc}); please report it")
+            return 3
+        _err(line)
+        return 2
     except SystemExit as exc:  # argparse --help
         return int(exc.code or 0) if isinstance(exc.code, int) else 0
     except Exception as exc:  # noqa: BLE001 - never a traceback for users
@@ -167,6 +174,31 @@ def _is_number(word: str) -> bool:
 
 
 ERROR_PREFIX = f"{PROG}: error: "
+
+
+# import name -> requirement, as in pyproject.toml's dependencies (numpy: `simulate` only)
+DEPENDENCIES: dict[str, str] = {
+    "pydantic": "pydantic>=2.6",
+    "yaml": "pyyaml>=6.0",
+    "jinja2": "jinja2>=3.1",
+    "jsonschema": "jsonschema>=4.18",
+    "numpy": "numpy>=1.24",
+}
+
+
+def missing_dependencies_line(exc: ModuleNotFoundError | None = None) -> str | None:
+    """One line naming every missing dependency and the install command; None when the missing
+    module is not one of ours (a real bug)."""
+    name = ((exc.name if exc is not None else None) or "").split(".")[0]
+    missing = [mod for mod in DEPENDENCIES if not _importable(mod)]
+    if exc is not None and name not in DEPENDENCIES:
+        return None
+    if not missing:
+        missing = [name]
+    reqs = " ".join(f"'{DEPENDENCIES[m]}'" for m in missing)
+    names = ", ".join("pyyaml" if m == "yaml" else m for m in missing)
+    return (f"missing Python packages for {sys.executable}: {names}; install them with: "
+            f"{sys.executable} -m pip install {reqs} (or pip install the checkpoint-strategy package)")
 
 
 def _err(message: str) -> None:

@@ -86,6 +86,9 @@ BOUNDS: dict[str, Quantity] = {
     "gbps": Quantity("a write bandwidth in GB/s", 0, 1e6, lo_open=True),
     "params": Quantity("a parameter count", 1, 1e15),
     "gpus": Quantity("a whole number of GPUs", 1, 10**7, whole=True),
+    "gpus_per_node": Quantity("a whole number of GPUs per node", 1, 1024, whole=True),
+    "storage_gbps": Quantity("the storage's aggregate write rate in GB/s", 0, 1e7, lo_open=True),
+    "fraction": Quantity("a fraction", 0, 1, lo_open=True),
     "keep": Quantity("a whole number of checkpoints", 1, 100000, whole=True),
     "runs": Quantity("a whole number of simulated runs", 1, 10**6, whole=True),
     "seed": Quantity("a whole number seed", 0, 2**63 - 1, whole=True),
@@ -167,7 +170,7 @@ def milestones_or_path(text: str) -> Milestones:
     try:
         return milestones(text)
     except argparse.ArgumentTypeError:
-        if re.fullmatch(r"[\d,\s_.eE+-]+", str(text)):
+        if not str(text).strip() or "\0" in str(text) or re.fullmatch(r"[\d,\s_.eE+-]+", str(text)):
             raise
         return str(text)
 
@@ -202,7 +205,9 @@ def add_format(parser, *, yaml: bool = False, default: str = "text", help: str |
 
 def add_output(parser) -> None:
     """-o/--output FILE: the report is written there atomically instead of stdout."""
-    parser.add_argument("-o", "--output", dest="output", metavar="FILE", default=None,
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("-o", "--output", dest="output", metavar="FILE", default=None, type=path_arg,
                         help="write the report to FILE (atomically) instead of stdout")
 
 
@@ -224,7 +229,9 @@ POLICY_HELP = ("the checkpoint policy, detected by content: the plan (--format y
 
 def add_policy(parser, help: str | None = None) -> None:
     """--policy FILE: the same forms wherever a command reads a policy."""
-    parser.add_argument("--policy", dest="policy", default=None, metavar="FILE",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("--policy", dest="policy", default=None, metavar="FILE", type=path_arg,
                         help=POLICY_HELP + (f" ({help})" if help else ""))
 
 

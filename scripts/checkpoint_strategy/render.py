@@ -1,14 +1,28 @@
-"""All human-readable output goes through Jinja2 templates in templates/ (StrictUndefined)."""
+"""All human-readable output goes through Jinja2 templates in templates/ (StrictUndefined).
+
+Every string a template prints passes through one filter, ``escape_untrusted`` (the
+environment's ``finalize``), so a folder, file or zip-entry name cannot forge output: newlines and
+other control characters become ``\\n``-style escapes (no forged line in the text report or in
+NEXT_ACTION.md, which the next agent session reads), ``|`` becomes ``\\|`` (no forged table
+cell), a backtick becomes ``\\x60`` (no escape from a `code span`), and HTML comment markers
+become ``\\x3c!--`` / ``--\\x3e`` (no forged ``checkpoint-strategy:begin/end`` marker).
+Text this package generated itself and that must keep its newlines (the policy YAML, the
+ready-to-paste code, the handoff markers) is marked with the ``trusted`` filter or passed as
+``markupsafe.Markup``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import stat
 import sys
 from functools import lru_cache
 from typing import Any, Optional
+
+from markupsafe import Markup
 
 from checkpoint_strategy.resources import data_dir
 
@@ -88,12 +102,46 @@ def _env():
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_finalize,
     )
     env.filters["num"] = fmt_num
     env.filters["gb"] = fmt_gb
     env.filters["hours"] = fmt_hours
-    env.filters["tojson"] = lambda v: json.dumps(v)
+    env.filters["tojson"] = lambda v: Markup(json.dumps(v))
+    env.filters["trusted"] = trusted
+    env.filters["esc"] = escape_untrusted
     return env
+
+
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029|`]|<!--|-->")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "|": "\\|", "`": "\\x60", "<!--": "\\x3c!--",
+          "-->": "--\\x3e"}
+
+
+def _escape_one(m: re.Match) -> str:
+    s = m.group(0)
+    if s in _NAMED:
+        return _NAMED[s]
+    code = ord(s)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_untrusted(value: Any) -> str:
+    """A user-controlled string made safe to print in text and markdown (see the module doc)."""
+    return _UNSAFE.sub(_escape_one, str(value))
+
+
+def trusted(value: Any) -> Markup:
+    """Mark text this package generated (multi-line YAML, code) as printed as is."""
+    return Markup(value)
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, Markup):
+        return str(value)
+    if isinstance(value, str):
+        return escape_untrusted(value)
+    return value
 
 
 def render_template(name: str, **context: Any) -> str:
@@ -158,28 +206,20 @@ def render(report: Any, fmt: str = "text", **context: Any) -> str:
     return render_template(f"{stem}.{suffix}.j2", **{name: report}, **context)
 
 
-def emit(report: Any, fmt: str = "text", output: Any = None, **context: Any) -> None:
-    """Render a report and write it to stdout, or atomically to `output` (-o/--output FILE)."""
-    write_output(render(report, fmt, **context), output)
+def emit(report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (), **context: Any) -> None:
+    """Render a report and write it to stdout, or whole to `output` (-o/--output FILE), which may
+    not be one of the command's `inputs`."""
+    write_output(render(report, fmt, **context), output, inputs)
 
 
-def write_output(text: str, output: Any = None) -> None:
-    import sys
-
+def write_output(text: str, output: Any = None, inputs: tuple = ()) -> None:
+    """stdout for no -o (or -o -); else storage.write_output: atomic, never over an input, one line on failure."""
     if output is None or output == "-":
         sys.stdout.write(text)
         return
-    from checkpoint_strategy.atomic import atomic_write_text
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.storage import oserror_line
+    from checkpoint_strategy import storage
 
-    if not str(output).strip():
-        raise UsageError("argument -o/--output: expected a file name (or - for stdout), got ''")
-
-    try:
-        atomic_write_text(output, text)
-    except OSError as exc:
-        raise UsageError(oserror_line(exc, "write", output)) from None
+    storage.write_output(output, text, "-o/--output", inputs=tuple(i for i in inputs if i))
 
 
 def to_json(data: Any) -> str:

@@ -15,14 +15,16 @@ HELP = "apply retention; delete only after a newer one validated"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("root", metavar="ROOT", help="the folder that holds the checkpoints")
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("root", metavar="ROOT", type=path_arg, help="the folder that holds the checkpoints")
     parser.add_argument("--keep-last", type=number("keep"), default=None, metavar="N",
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
     add_milestones(parser, help="steps never deleted: 1000,5000 or 1000 5000, or seed, pow2, none (the plan's "
                                 "schedules); overrides the policy's keep_milestone")
     add_policy(parser, help="its keep_last and keep_milestone")
     add_level(parser, help="validation level for the checkpoints that justify a deletion (default quick)")
-    parser.add_argument("--log", default=None, metavar="LOG",
+    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
                         help="training log checked for an unrecovered loss spike before deleting (default: the "
                              "newest valid checkpoint's trainer_state.json)")
     parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -13,6 +12,7 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints.models import CheckpointResult, Problem, ValidationReport, ValidationSummary
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy import storage
 
 PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
@@ -74,19 +74,18 @@ class _Ctx:
         return strings
 
     def json(self, path: str) -> object | None:
+        """A JSON file of the checkpoint (NaN allowed: the HF Trainer writes it), read through storage:
+        regular files only, bounded, every failure one problem line."""
         self.counter.files += 1
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read(64 << 20)
+            raw = storage.read_bytes(path, os.path.basename(path))
             self.counter.bytes_read += len(raw)
             if not raw:
                 self.bad(path, "zero-byte file (expected JSON)")
                 return None
-            return json.loads(raw)
-        except OSError as exc:
-            self.bad(path, f"cannot read: {exc.strerror or type(exc).__name__}")
-        except ValueError as exc:
-            self.bad(path, f"not valid JSON ({str(exc).splitlines()[0][:80]})")
+            return storage.loads_json(raw, os.path.basename(path), allow_nan=True)
+        except storage.ReadError as exc:
+            self.bad(path, fc._oserror(exc) if not exc.reason.startswith(("not ", "nested")) else exc.reason)
         finally:
             self._tick()
         return None
@@ -97,10 +96,10 @@ class _Ctx:
         try:
             st = os.stat(path)
         except OSError as exc:
-            self.bad(path, f"cannot read: {exc.strerror or type(exc).__name__}")
+            self.bad(path, fc._oserror(exc))
             return
         if not os.path.isfile(path):
-            self.bad(path, "not a regular file")
+            self.bad(path, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
             return
         if st.st_size == 0:
             self.bad(path, "zero-byte file")
@@ -110,10 +109,10 @@ class _Ctx:
                 self.bad(path, r)
         else:
             try:
-                with open(path, "rb") as fh:
+                with storage.open_regular(path) as fh:
                     fh.read(1)
-            except OSError as exc:
-                self.bad(path, f"cannot read: {exc.strerror or type(exc).__name__}")
+            except (OSError, storage.ReadError) as exc:
+                self.bad(path, fc._oserror(exc))
         self._tick()
 
     def _tick(self) -> None:
@@ -200,12 +199,15 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
             ctx.readable(os.path.join(path, n))
         return
     ctx.counter.files += 1
-    try:
-        with open(meta, "rb") as fh:
-            data = fh.read()
+    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
+        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
+        return
+    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
+        data = storage.read_bytes(meta, ".metadata", fc.MAX_DCP_METADATA)
         ctx.counter.bytes_read += len(data)
-    except OSError as exc:
-        ctx.bad(meta, f"cannot read: {exc.strerror or type(exc).__name__}")
+    except storage.ReadError as exc:
+        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
+                f"{exc.reason}: not a plausible DCP .metadata")
         return
     if not data:
         ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
@@ -222,13 +224,21 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
         ctx.bad(meta, "no storage entries found in .metadata")
     for rel, nbytes in sorted(needed.items()):
         p = os.path.join(path, rel)
+        if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
+                or not storage.inside(p, path)):
+            ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
+            continue
         try:
-            size = os.stat(p).st_size
+            st = os.stat(p)
+            size = st.st_size
         except FileNotFoundError:
             ctx.missing(p, "data file referenced by .metadata")
             continue
         except OSError as exc:
-            ctx.bad(p, f"cannot read: {exc.strerror or type(exc).__name__}")
+            ctx.bad(p, fc._oserror(exc))
+            continue
+        if not os.path.isfile(p):
+            ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
             continue
         ctx.counter.files += 1
         if size < nbytes:
@@ -386,8 +396,9 @@ def _check_file(ctx: _Ctx, path: str, fmt: str, res: dict) -> None:
 # --------------------------------------------------------------------------- public API
 
 def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,  # noqa: C901 - complexity debt, see issue 10
-          want_commit: bool = False, manifest: str | None = None) -> CheckpointResult:
-    """Validate one recognised checkpoint."""
+          want_commit: bool = False, manifest: str | None = None, root: str | None = None) -> CheckpointResult:
+    """Validate one recognised checkpoint. ``root``: the folder the user named; a manifest is never
+    written outside it (a symlinked checkpoint pointing elsewhere is left alone)."""
     path = found.path
     ctx = _Ctx(path, level, update)
     res: dict = {"step": found.step, "resumable": False, "sharded": False, "portability": "unknown"}
@@ -428,12 +439,22 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
         from checkpoint_strategy.checkpoints import manifest as mf
 
         if manifest == "write" and not ctx.problems:
-            mf.write_manifest(path, ctx.counter, update)
-            manifest_state = "written"
+            target = mf.manifest_path(path)
+            if root is not None and not storage.inside(os.path.dirname(target) or ".", root):
+                ctx.counter.notes.append(f"{os.path.basename(path)}: a symlink to outside {root}: "
+                                         "manifest not written there (validate the target itself to write one)")
+            else:
+                mf.write_manifest(path, ctx.counter, update)
+                manifest_state = "written"
         elif manifest == "verify":
             for rel, reason in mf.verify_manifest(path, ctx.counter, update):
                 ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
             manifest_state = "verified"
+    from checkpoint_strategy.checkpoints.marker import describe, read_marker
+
+    mark = read_marker(path) if os.path.lexists(path) else None
+    if mark is not None:  # written by the training callbacks: post-event weights
+        ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     return CheckpointResult(
@@ -480,7 +501,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
                                 status="invalid", resumable=False, sharded=False,
                                 portability=PORTABILITY["unknown"], level=level,
                                 problems=[Problem(file=".", reason="not a recognised checkpoint layout "
-                                                  "(see the formats table in docs/checkpoints.md)")])
+                                                  "(see the formats table in the README)")])
     return check(found, level, manifest=manifest)
 
 
@@ -494,9 +515,9 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
         if not os.path.isfile(tp):
             continue
         try:
-            with open(tp, encoding="utf-8", errors="replace") as fh:
-                text = fh.read(256).strip()
-        except OSError:
+            with storage.open_regular(tp, tracker) as fh:
+                text = fh.read(256).decode("utf-8", "replace").strip()
+        except (OSError, storage.ReadError):
             continue
         if fmt == "deepspeed":
             name = text
@@ -521,6 +542,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     if manifest:
         level = "full"
     jobs: list[fm.Found] = []
+    roots: dict[str, str] = {}
     orbax_commit_roots: set[str] = set()
     for raw in paths:
         p = os.fspath(raw)
@@ -540,12 +562,15 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
                 orbax_commit_roots.add(parent)
         jobs.extend(found)
+        for f in found:
+            roots.setdefault(f.path, p)
     results: list[CheckpointResult] = []
     with Progress(total=len(jobs), enabled=progress) as bar:
         for f in jobs:
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
             export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
-            results.append(check(f, level, bar.update, want_commit, None if export else manifest))
+            results.append(check(f, level, bar.update, want_commit, None if export else manifest,
+                                 root=roots[f.path]))
             if export:
                 results[-1].notes.append("final export: the run folder's own top-level model files "
                                          "(its checkpoint-N/ folders are checked one by one)")

@@ -8,7 +8,9 @@ HELP = "check checkpoints are whole, without loading them"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints")
     add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32")
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,

@@ -8,17 +8,19 @@ HELP = "emergency-save decision for a stability event"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("event_file", metavar="EVENT_FILE",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("event_file", metavar="EVENT_FILE", type=path_arg,
                         help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
                              "or the monitor's text report; - reads stdin")
     add_policy(parser, help="its emergency_save_on applies; default: both triggers, as the auto preset")
-    parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery command")
-    parser.add_argument("--checkpoints", metavar="DIR", help="the checkpoint folder, filled into the recovery command")
+    parser.add_argument("--log", metavar="LOG", type=path_arg, help="the training log, filled into the recovery command")
+    parser.add_argument("--checkpoints", metavar="DIR", type=path_arg, help="the checkpoint folder, filled into the recovery command")
     add_report_options(parser)
 
 
 def run(args) -> int:
-    from checkpoint_strategy.integrations._io import read_text
+    from checkpoint_strategy.storage import read_text_input as read_text
     from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
     from checkpoint_strategy.render import emit
 

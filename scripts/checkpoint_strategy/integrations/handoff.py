@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from typing import Optional
@@ -23,16 +22,19 @@ def load_plan_file(text: str, source: str) -> PlanReport:
 
     from checkpoint_strategy.resources import load_schema
 
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"plan file {source} is not valid JSON ({getattr(exc, 'msg', exc)}): expected the "
-                         "output of `checkpoint-strategy plan ... --format json`") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"plan file {source} is not a JSON object: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`")
+    from checkpoint_strategy.storage import ReadError, loads_json
+
+    try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
+        data = loads_json(text, f"plan file {source}", allow_nan=False, expect=dict)
+    except ReadError as exc:
+        raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
+        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    except RecursionError:
+        raise UsageError(f"plan file {source} is nested too deeply: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "top level"
         message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
@@ -191,7 +193,9 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
 
 def block_context(doc: SessionHandoff) -> dict:
     """What handoff.md.j2 needs besides the model: the block's markers and the rollback count."""
-    return {"begin": statefolder.BEGIN, "end": statefolder.END, "total_rollback": len(doc.rollback_points)}
+    from markupsafe import Markup
+
+    return {"begin": Markup(statefolder.BEGIN), "end": Markup(statefolder.END), "total_rollback": len(doc.rollback_points)}
 
 
 def markdown_block(doc: SessionHandoff) -> str:

@@ -20,7 +20,9 @@ def _require(text: str) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="one checkpoint folder or file")
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg, help="one checkpoint folder or file")
     parser.add_argument("--require", type=_require, default=[], metavar="LIST",
                         help="comma-separated: safetensors, full_state_dict, sharded, resumable")
     add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified)")

@@ -2,12 +2,12 @@
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from checkpoint_strategy.cli_options import BOUNDS, field_bounds
 
 Preset = Literal["conservative", "aggressive", "auto"]
-Precision = Literal["fp32", "mixed"]
+Precision = Literal["fp32", "mixed", "mixed-no-master"]
 WeightsDtype = Literal["fp32", "bf16", "fp16"]
 SaveFormat = Literal["full_state_dict", "sharded", "safetensors"]
 OutputFormat = Literal["text", "markdown", "json", "yaml"]
@@ -28,6 +28,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
+class LocalTier(_Strict):
+    """`--local-tier GB,GBPS`: node-local checkpoint space and write rate, per node."""
+
+    gb_per_node: float = Field(gt=0, le=MAX_GB)
+    gbps_per_node: float = Field(gt=0, le=1e6)
+
+
 class PlanArguments(_Strict):
     """Every plan option as one object; schemas/arguments.schema.json is generated from it."""
 
@@ -37,7 +44,8 @@ class PlanArguments(_Strict):
     model_size_gb: Optional[float] = Field(None, **field_bounds("gb"), description="model weights, GB")
     weights_dtype: WeightsDtype = Field("fp32", description="dtype of --model_size_gb's weights")
     params: Optional[float] = Field(None, **field_bounds("params"), description="parameter count")
-    precision: Optional[Precision] = Field(None, description="fp32: 12 B/param; mixed: 14 B/param")
+    precision: Optional[Precision] = Field(
+        None, description="fp32: 12 B/param; mixed: 14 B/param; mixed-no-master (16-bit weights, fp32 Adam): 10")
     preset: Preset = "auto"
     frequency: Optional[int] = Field(None, **field_bounds("steps"), description="save every N steps")
     keep_last: Optional[int] = Field(None, **field_bounds("keep"), description="rolling window size")
@@ -48,11 +56,37 @@ class PlanArguments(_Strict):
     gpu_mtbf_hours: float = Field(50000.0, **field_bounds("hours"), description="MTBF of one GPU")
     mtbf_hours: Optional[float] = Field(None, **field_bounds("hours"), description="job MTBF")
     checkpoint_write_seconds: Optional[float] = Field(None, **field_bounds("seconds"))
-    write_gbps: float = Field(1.0, **field_bounds("gbps"), description="checkpoint write bandwidth, GB/s")
+    write_gbps: Optional[float] = Field(None, **field_bounds("gbps"),
+                                       description="the job's checkpoint write rate, GB/s (overrides the node rate)")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node: nodes = ceil(gpus / gpus_per_node)")
+    node_write_gbps: float = Field(1.0, **field_bounds("gbps"), description="write rate of one node, GB/s")
+    storage_gbps: float = Field(2000.0, gt=0, le=1e7, description="aggregate rate the storage sustains, GB/s")
+    min_interval_seconds: float = Field(300.0, **field_bounds("seconds"),
+                                        description="the planner saves at most this often")
     restart_seconds: float = Field(600.0, **field_bounds("seconds"))
     async_save: Optional[bool] = None
     max_loss_hours: float = Field(1.0, **field_bounds("hours"))
+    local_tier: Optional[LocalTier] = Field(None, description="plan two tiers: node-local and persistent")
+    node_loss_fraction: float = Field(0.78, gt=0, le=1, description="share of failures that lose a node's "
+                                                                   "local storage (two-tier plans)")
     format: OutputFormat = "text"
+
+
+class PolicyTier(_Strict):
+    frequency: str = Field(description="every_N_steps")
+    keep_last: int
+
+
+class PolicyTiers(_Strict):
+    local: PolicyTier
+    persistent: PolicyTier
+
+
+def _without_none(data, keys: tuple[str, ...]):
+    for k in keys:
+        if k in data and data[k] is None:
+            del data[k]
+    return data
 
 
 class CheckpointPolicy(_Strict):
@@ -66,6 +100,12 @@ class CheckpointPolicy(_Strict):
     validate_on_save: bool
     async_save: bool
     emergency_save_on: list[EmergencyTrigger]
+    tiers: Optional[PolicyTiers] = Field(None, description="two-tier plans only: local and persistent saves")
+
+    @model_serializer(mode="wrap")
+    def omit_single_tier(self, handler):
+        """Single-tier policies keep the spec's keys only."""
+        return _without_none(handler(self), ("tiers",))
 
 
 class FailureModel(_Strict):
@@ -79,6 +119,66 @@ class FailureModel(_Strict):
     young_interval_seconds: float
     daly_interval_seconds: float
     optimal_interval_seconds: float
+
+
+IntervalReason = Literal["failure_model_optimum", "max_loss_cap", "preset", "frequency_option", "storage_floor",
+                         "min_interval", "total_steps"]
+
+
+class IntervalChoice(_Strict):
+    """What set the interval, and what the unconstrained optimum would have cost."""
+
+    reason: IntervalReason
+    explanation: str = Field(description="one sentence naming what set the interval and its price")
+    optimum_steps: int = Field(description="the failure-model optimum, rounded to a round number of steps")
+    optimum_overhead_fraction: float = Field(description="expected overhead when saving every optimum_steps")
+    optimum_max_data_loss_hours: float
+    min_interval_steps: int = Field(description="saves are never closer: the previous one must be on storage "
+                                                "and --min-interval-seconds apart")
+    min_interval_source: str
+    max_loss_cap_steps: Optional[int] = Field(description="the longest interval within --max-loss-hours; "
+                                                          "None when no interval keeps it")
+
+
+class StorageWrites(_Strict):
+    """Where the write rate comes from and how much the policy writes."""
+
+    write_gbps: Optional[float] = Field(description="None when --checkpoint-write-seconds gives the cost directly")
+    write_source: str
+    nodes: int
+    gpus_per_node: int
+    data_written_per_day_gb: Optional[float] = Field(description="checkpoint data written per day of training")
+    storage_busy_fraction: Optional[float] = Field(description="share of wall time the storage spends writing "
+                                                               "checkpoints")
+
+
+class TierPlan(_Strict):
+    frequency_steps: int
+    keep_last: int
+    storage_gb: Optional[float] = Field(None, description="peak storage of the tier")
+    checkpoint_write_seconds: float = Field(description="seconds a save stalls training")
+    persist_seconds: Optional[float] = Field(description="seconds until a save is on the tier's storage")
+    max_data_loss_hours: float = Field(description="for the failures this tier recovers")
+    failures_covered_fraction: float = Field(description="share of failures that roll back to this tier")
+
+
+class LocalTierPlan(TierPlan):
+    shard_gb: Optional[float] = Field(description="one node's part of a checkpoint")
+    gb_per_node: float
+    gbps_per_node: float
+    storage_per_node_gb: Optional[float] = Field(description="(keep_last + 1) x shard")
+    optimal_interval_steps: float
+
+
+class TwoTierPlan(_Strict):
+    """`--local-tier`: figures per tier and combined (model in planning/tiers.py)."""
+
+    local: LocalTierPlan
+    persistent: TierPlan
+    node_loss_fraction: float
+    job_mtbf_hours: float = Field(description="all failures; node losses alone are job_mtbf / node_loss_fraction")
+    expected_overhead_fraction: float
+    expected_lost_hours_per_failure: float
 
 
 class StorageBreakdown(_Strict):
@@ -119,9 +219,17 @@ class PlanReport(_Strict):
     optimal_interval_seconds: float
     optimal_interval_steps: float
     failure_model: FailureModel
+    interval: IntervalChoice
+    storage_writes: StorageWrites
     policy: CheckpointPolicy
     warnings: list[str]
     sources: dict[str, str]
+    two_tier: Optional[TwoTierPlan] = Field(None, description="only when --local-tier plans two tiers")
+
+    @model_serializer(mode="wrap")
+    def omit_single_tier(self, handler):
+        """Single-tier reports are unchanged by the two-tier fields."""
+        return _without_none(handler(self), ("two_tier",))
 
 
 SCHEMAS = {

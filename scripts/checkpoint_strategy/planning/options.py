@@ -21,7 +21,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "model_size_gb": ("--model-size-gb", "the weights in GB" + B["gb"].expected().removeprefix("a size in GB")),
     "weights_dtype": ("--weights-dtype", "one of fp32, bf16, fp16"),
     "params": ("--params", f"a parameter count such as 7B, 350M or 1.3e9 (1 to {B['params'].hi:.0e})"),
-    "precision": ("--precision", "fp32 or mixed"),
+    "precision": ("--precision", "fp32, mixed or mixed-no-master"),
     "preset": ("--preset", "conservative, aggressive or auto"),
     "frequency": ("--frequency", B["steps"].expected() + " between saves"),
     "keep_last": ("--keep-last", B["keep"].expected() + " to keep"),
@@ -34,9 +34,16 @@ FIELDS: dict[str, tuple[str, str]] = {
     "checkpoint_write_seconds": ("--checkpoint-write-seconds", "seconds a save stalls training"
                                  + B["seconds"].expected()[7:]),
     "write_gbps": ("--write-gbps", B["gbps"].expected()),
+    "gpus_per_node": ("--gpus-per-node", B["gpus_per_node"].expected()),
+    "node_write_gbps": ("--node-write-gbps", "one node's write rate in GB/s" + B["gbps"].expected()[25:]),
+    "storage_gbps": ("--storage-gbps", B["storage_gbps"].expected()),
+    "min_interval_seconds": ("--min-interval-seconds", "the shortest time between saves in seconds"
+                             + B["seconds"].expected()[7:]),
     "restart_seconds": ("--restart-seconds", "seconds to restart after a failure" + B["seconds"].expected()[7:]),
     "async_save": ("--async", "a flag"),
     "max_loss_hours": ("--max-loss-hours", "hours of training you accept to lose" + B["hours"].expected()[5:]),
+    "local_tier": ("--local-tier", "GB,GBPS: node-local space in GB and write rate in GB/s per node, each > 0"),
+    "node_loss_fraction": ("--node-loss-fraction", "the share of failures that lose a node" + B["fraction"].expected()[10:]),
     "format": ("--format", "text, markdown, json or yaml"),
 }
 
@@ -51,6 +58,20 @@ def params_count(text: str) -> float:
     if not BOUNDS["params"].contains(value):
         raise argparse.ArgumentTypeError(f"expected {FIELDS['params'][1]}, got {text!r}")
     return value
+
+
+def tier_spec(text: str) -> dict:
+    import re
+
+    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+    try:
+        gb, gbps = (number("gb")(parts[0]), number("gbps")(parts[1])) if len(parts) == 2 else (None, None)
+    except argparse.ArgumentTypeError:
+        gb = gbps = None
+    if gb is None or gbps is None:
+        raise argparse.ArgumentTypeError(f"expected GB,GBPS (node-local space and write rate per node, e.g. "
+                                         f"2000,5), got {text!r}")
+    return {"gb_per_node": gb, "gbps_per_node": gbps}
 
 
 def formats_list(text: str) -> list[str]:
@@ -76,8 +97,9 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
                       help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
     size.add_argument("--weights-dtype", dest="weights_dtype", choices=["fp32", "bf16", "fp16"])
     size.add_argument("--params", dest="params", type=params_count, metavar="N", help="parameter count: 7B, 350M, 1.3e9")
-    size.add_argument("--precision", dest="precision", choices=["fp32", "mixed"],
-                      help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients)")
+    size.add_argument("--precision", dest="precision", choices=["fp32", "mixed", "mixed-no-master"],
+                      help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients); "
+                           "mixed-no-master: 10 bytes/param (16-bit weights, fp32 Adam moments, as OPT-175B)")
     pol = parser.add_argument_group("policy")
     pol.add_argument("--preset", dest="preset", choices=["conservative", "aggressive", "auto"], help="default auto")
     pol.add_argument("--frequency", dest="frequency", type=number("steps"), metavar="N", help="save every N steps")
@@ -98,13 +120,25 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     fm.add_argument("--checkpoint-write-seconds", dest="checkpoint_write_seconds", type=number("seconds"),
                     metavar="S", help="seconds one save stalls training (Daly's C)")
     fm.add_argument("--write-gbps", dest="write_gbps", type=number("gbps"), metavar="G",
-                    help="write bandwidth GB/s (default 1)")
+                    help="the job's write rate GB/s (default: --node-write-gbps x nodes, capped by --storage-gbps)")
+    fm.add_argument("--gpus-per-node", dest="gpus_per_node", type=number("gpus_per_node"), metavar="N",
+                    help="default 8")
+    fm.add_argument("--node-write-gbps", dest="node_write_gbps", type=number("gbps"), metavar="G",
+                    help="one node's write rate GB/s (default 1)")
+    fm.add_argument("--storage-gbps", dest="storage_gbps", type=number("storage_gbps"), metavar="G",
+                    help="aggregate rate the storage sustains GB/s (default 2000, Llama 3's Tectonic)")
+    fm.add_argument("--min-interval-seconds", dest="min_interval_seconds", type=number("seconds"), metavar="S",
+                    help="the planner never saves more often (default 300)")
     fm.add_argument("--restart-seconds", dest="restart_seconds", type=number("seconds"), metavar="S",
                     help="default 600")
     fm.add_argument("--async", dest="async_save", action="store_const", const=True, help="async saves (default)")
     fm.add_argument("--no-async", dest="async_save", action="store_const", const=False)
     fm.add_argument("--max-loss-hours", dest="max_loss_hours", type=number("hours"), metavar="H",
                     help="cap on training lost to one failure (default 1)")
+    fm.add_argument("--local-tier", dest="local_tier", type=tier_spec, metavar="GB,GBPS",
+                    help="plan two tiers: node-local space and write rate per node (frequent saves) + persistent storage")
+    fm.add_argument("--node-loss-fraction", dest="node_loss_fraction", type=number("fraction"), metavar="F",
+                    help="share of failures that lose a node's local checkpoints (default 0.78, Llama 3)")
 
 
 def plan_arguments(ns: argparse.Namespace) -> PlanArguments:
@@ -144,4 +178,6 @@ def _construct(data: dict) -> PlanArguments:
     floats = {name for name, f in PlanArguments.model_fields.items() if f.annotation in (float, Optional[float])}
     clean: dict[str, Any] = {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
              for k, v in data.items()}
+    if any(isinstance(v, dict) for v in clean.values()):  # a nested model (--local-tier): built by pydantic
+        return PlanArguments.model_validate(clean)
     return PlanArguments.model_construct(**clean)

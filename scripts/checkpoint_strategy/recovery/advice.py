@@ -52,7 +52,7 @@ def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Option
         if step < 0:
             raise UsageError(f"checkpoint step {step} is negative")
         out.append((step, path))
-    return "list", None, sorted(set(out), key=lambda t: t[0])
+    return "list", None, sorted(set(ckptsteps.resume_candidates(out)), key=lambda t: t[0])
 
 
 def _milestone_list(milestones) -> list[tuple[int, Optional[str]]]:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from checkpoint_strategy.cli_options import MAX_STEPS, add_milestones, add_report_options, milestone_schedule
-from checkpoint_strategy.recovery.options import add_log_options
+from checkpoint_strategy.recovery.options import add_log_options, check_output_early
+from checkpoint_strategy.storage import path_arg
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
 
 def add_arguments(parser) -> None:
     add_log_options(parser)
-    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST",
+    parser.add_argument("--checkpoints", metavar="ROOT_OR_LIST", type=path_arg,
                         help="checkpoint folder (checkpoint-N, step-N, iter_0000500, global_stepN, "
                              "epoch=E-step=N.ckpt, numeric Orbax) or steps like 500,1000; default: next to the log")
     add_milestones(parser, paths=True, help="long-kept milestone checkpoints: a folder or steps like 1000,5000 "
@@ -20,7 +21,7 @@ def add_arguments(parser) -> None:
     from checkpoint_strategy.recovery.settings import add_arguments as add_option_arguments
 
     add_option_arguments(parser)
-    parser.add_argument("--plot", metavar="FILE",
+    parser.add_argument("--plot", metavar="FILE", type=path_arg,
                         help="draw the loss curve, healthy level, events and checkpoints to FILE (.png or .svg; "
                              "needs the 'plot' extra: matplotlib)")
     add_report_options(parser)
@@ -32,6 +33,7 @@ def run(args) -> int:
     from checkpoint_strategy.render import render, write_output
 
     options = from_args(args)
+    check_output_early(args)
     _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
     target = fmt = None
     if args.plot is not None:
@@ -50,7 +52,7 @@ def run(args) -> int:
         from checkpoint_strategy.recovery.plot import write_curve
 
         write_curve(report, series, checkpoints, target, str(fmt))
-    write_output(text, args.output)
+    write_output(text, args.output, inputs=(args.log, report.log.path))
     return 0
 
 

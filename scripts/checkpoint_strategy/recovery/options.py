@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from checkpoint_strategy.storage import path_arg
+
 
 def add_log_options(parser) -> None:
-    parser.add_argument("log", metavar="LOG",
+    parser.add_argument("log", metavar="LOG", type=path_arg,
                         help="trainer_state.json, CSV (W&B export too), JSON/JSON lines, TensorBoard events, "
                              "or a run/checkpoint folder (newest trainer_state.json)")
     g = parser.add_argument_group("log columns")
@@ -16,3 +18,11 @@ def add_log_options(parser) -> None:
                    help="loss column/key or TensorBoard scalar tag (default: loss, train/loss, lm loss, ...)")
     g.add_argument("--lr-column", "--lr-key", dest="lr_key", metavar="NAME", help="learning-rate column (optional)")
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")
+
+
+def check_output_early(args) -> None:
+    """Refuse -o naming an input before any work is done."""
+    if getattr(args, "output", None) is not None:
+        from checkpoint_strategy.storage import check_output
+
+        check_output(args.output, "-o/--output", inputs=(args.log,))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from checkpoint_strategy.cli_options import add_report_options, number
-from checkpoint_strategy.recovery.options import add_log_options
+from checkpoint_strategy.recovery.options import add_log_options, check_output_early
 
 HELP = "check that a resume kept optimizer state"
 
@@ -23,8 +23,9 @@ def run(args) -> int:
     from checkpoint_strategy.render import emit
     from checkpoint_strategy.recovery.verify import verify_resume
 
+    check_output_early(args)
     report = verify_resume(args.log, args.resume_step, log_format=args.log_format, step_key=args.step_key,
                            loss_key=args.loss_key, lr_key=args.lr_key, run=args.run, pre_points=args.pre_points,
                            post_points=args.post_points, tolerance=args.tolerance, lr_tolerance=args.lr_tolerance)
-    emit(report, args.format, args.output)
+    emit(report, args.format, args.output, inputs=(args.log, report.log.path))
     return 0 if report.verdict == "ok" else 1

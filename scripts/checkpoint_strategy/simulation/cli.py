@@ -33,7 +33,7 @@ def run(args) -> int:
     from checkpoint_strategy.simulation.montecarlo import simulate
     from checkpoint_strategy.render import emit
 
-    _pargs, report = plan_from_args(args)
+    _pargs, report = plan_from_args(args, two_tiers=True)
     result = simulate(report, runs=args.runs, seed=args.seed, corrupt_prob=args.corrupt_prob,
                       spike_rate=args.spike_rate, wait=args.spike_wait_steps, margin=args.spike_margin_steps)
     emit(result, args.format, args.output)

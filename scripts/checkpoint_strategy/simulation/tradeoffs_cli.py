@@ -5,6 +5,7 @@ from __future__ import annotations
 from checkpoint_strategy.cli_options import add_report_options, number_list
 from checkpoint_strategy.planning.options import add_plan_options
 from checkpoint_strategy.simulation.options import add_spike_options
+from checkpoint_strategy.storage import path_arg
 
 HELP = "storage vs safety sweep with a Pareto front"
 
@@ -17,7 +18,7 @@ def add_arguments(parser) -> None:
                     metavar="LIST", help="frequencies to sweep (default: 30 around the recommendation)")
     sw.add_argument("--sweep-keep-last", dest="sweep_keep_last", type=number_list("keep"),
                     metavar="LIST", help="keep_last values to sweep (default 1,2,3,5,7,10,15,20,30,50)")
-    sw.add_argument("--plot", dest="plot", metavar="FILE",
+    sw.add_argument("--plot", dest="plot", metavar="FILE", type=path_arg,
                     help="draw storage vs expected lost hours to FILE (.png or .svg; needs matplotlib)")
     sw.add_argument("--all", dest="show_all", action="store_true",
                     help="text/markdown: list every point (default: the Pareto front and the recommendation)")
