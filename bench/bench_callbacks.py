@@ -106,7 +106,7 @@ def hf_run(out: Path, steps: int, with_callback: bool):
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
-    steps_dt = [b - a for a, b in zip(wall.t, wall.t[1:])]
+    steps_dt = [b - a for a, b in zip(wall.t, wall.t[1:], strict=False)]
     return timer, statistics.median(steps_dt), total
 
 

@@ -418,7 +418,7 @@ def test_hostile_folder_names_cannot_forge_output(hf_run, tmp_path, capsys):
 
 def test_hostile_zip_entry_names_cannot_forge_lines(tmp_path, capsys):
     p = tmp_path / "model.pt"
-    _zip_one(p, "archive/data.pkl\n- forged line".encode(), 1000, declared=10)
+    _zip_one(p, b"archive/data.pkl\n- forged line", 1000, declared=10)
     rc, out, err = run(capsys, "validate", p)
     assert rc == 1 and not any(line.startswith("- forged") for line in out.splitlines())
 

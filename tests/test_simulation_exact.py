@@ -34,7 +34,6 @@ def walk(c: int, lo: int, known: frozenset, remember: bool) -> dict[int, float]:
 def exact_mean_wall(remember_all: bool) -> float:
     """Value iteration. remember_all=False is the old model: only the position last loaded is remembered."""
     restart = M * math.expm1(R / M)  # a restart of R seconds that starts again on a failure
-    states = {}
 
     def key(pos, known):
         return (pos, known if remember_all else frozenset({pos}))

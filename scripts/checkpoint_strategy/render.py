@@ -15,13 +15,79 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
+import sys
 from functools import lru_cache
-from typing import Any
+from typing import Any, Optional
 
 from markupsafe import Markup
 
 from checkpoint_strategy.resources import data_dir
+
+
+_CACHE_MAGIC = b"checkpoint-strategy jinja bytecode 1\n"
+
+
+def _cache_dir() -> Optional[str]:
+    """The user's cache folder for compiled templates, or None (then templates compile each run).
+
+    $XDG_CACHE_HOME or ~/.cache, one subfolder per Jinja and Python version. Used only when it is a
+    folder this user owns that nobody else can write to (compiled code is executed, like a .pyc)."""
+    import jinja2
+
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "checkpoint-strategy",
+                        f"jinja{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    owner_ok = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    if not stat.S_ISDIR(st.st_mode) or not owner_ok or st.st_mode & 0o022 or not os.access(path, os.W_OK):
+        return None
+    return path
+
+
+def _bytecode_cache():
+    """A Jinja bytecode cache that never fails a command: unreadable, unwritable or damaged cache
+    files are ignored (the template is compiled as without a cache). No pickle: the file is a
+    magic line, the template source checksum and marshalled code."""
+    import marshal
+
+    import jinja2
+
+    folder = _cache_dir()
+    if folder is None:
+        return None
+
+    class SafeCache(jinja2.BytecodeCache):
+        def _file(self, bucket) -> str:
+            return os.path.join(folder, bucket.key + ".jbc")
+
+        def load_bytecode(self, bucket) -> None:
+            from checkpoint_strategy.storage import read_bytes
+
+            head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
+            try:
+                data = read_bytes(self._file(bucket), "template cache", limit=8 << 20)
+                if data.startswith(head):
+                    bucket.code = marshal.loads(data[len(head):])
+            except Exception:  # noqa: BLE001 - a damaged cache only costs a compile
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            from checkpoint_strategy.atomic import atomic_write_bytes
+
+            head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
+            try:
+                atomic_write_bytes(self._file(bucket), head + marshal.dumps(bucket.code))
+            except Exception:  # noqa: BLE001 - read-only or full disk: no cache, same output
+                pass
+
+    return SafeCache()
 
 
 @lru_cache(maxsize=1)
@@ -30,6 +96,7 @@ def _env():
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
@@ -109,6 +176,50 @@ def fmt_hours(value: Any) -> str:
     if value < 1:
         return f"{fmt_num(value * 60, 1)} min"
     return f"{fmt_num(value, 2)} h"
+
+
+# report model (class name) -> (template stem, the name the template calls it). Text renders
+# <stem>.txt.j2, markdown <stem>.md.j2; json is the model itself; yaml is the policy a report holds.
+TEMPLATES: dict[str, tuple[str, str]] = {
+    "PlanReport": ("report", "plan"),
+    "SimulationReport": ("simulate", "sim"),
+    "TradeoffsReport": ("tradeoffs", "t"),
+    "RecoveryReport": ("recover", "r"),
+    "VerifyResumeReport": ("verify-resume", "r"),
+    "ValidationReport": ("validate", "report"),
+    "PruneReport": ("prune", "report"),
+    "SessionHandoff": ("handoff", "h"),
+    "ReleaseGate": ("release-gate", "g"),
+    "EmergencyDecision": ("on-event", "d"),
+}
+
+
+def render(report: Any, fmt: str = "text", **context: Any) -> str:
+    """One report (a pydantic model) in one format: text/markdown through its template (which
+    receives the model), json from the model, yaml for the `checkpoint_policy:` a report holds."""
+    if fmt == "json":
+        return to_json(report.model_dump(mode="json"))
+    if fmt == "yaml":
+        return render_template("policy.yaml.j2", policy=report.policy)
+    stem, name = TEMPLATES[type(report).__name__]
+    suffix = "md" if fmt == "markdown" else "txt"
+    return render_template(f"{stem}.{suffix}.j2", **{name: report}, **context)
+
+
+def emit(report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (), **context: Any) -> None:
+    """Render a report and write it to stdout, or whole to `output` (-o/--output FILE), which may
+    not be one of the command's `inputs`."""
+    write_output(render(report, fmt, **context), output, inputs)
+
+
+def write_output(text: str, output: Any = None, inputs: tuple = ()) -> None:
+    """stdout for no -o (or -o -); else storage.write_output: atomic, never over an input, one line on failure."""
+    if output is None or output == "-":
+        sys.stdout.write(text)
+        return
+    from checkpoint_strategy import storage
+
+    storage.write_output(output, text, "-o/--output", inputs=tuple(i for i in inputs if i))
 
 
 def to_json(data: Any) -> str:

@@ -18,12 +18,13 @@ import json
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 PhaseFn = Optional[Callable[[str, str], None]]
 
 
-def process_job(job: dict, phase: PhaseFn = None) -> dict:
+def process_job(job: dict, phase: PhaseFn = None) -> dict:  # noqa: C901 - complexity debt, see issue 10
     """Validate the new checkpoint; when valid and keep_last is set, prune under root.
 
     Pure function of the job (used inline when async_save is off, and by the worker process)."""

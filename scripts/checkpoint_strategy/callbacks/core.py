@@ -18,7 +18,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
+from collections.abc import Callable
 
 from checkpoint_strategy.callbacks.policy import Settings, resolve
 

@@ -75,7 +75,7 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None) -> Found | None:
+def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa: C901 - complexity debt, see issue 10
     """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing."""
     base = os.path.basename(os.path.normpath(path))
     if base.startswith(DELETING_PREFIX):

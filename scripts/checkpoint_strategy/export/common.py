@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.export.models import Schedule

@@ -13,7 +13,8 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Union
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations.models import (

@@ -4,7 +4,7 @@ recorded (the checkpoint's own manifest verified, or a sha256 of every file)."""
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from checkpoint_strategy.checkpoints.filechecks import Counter
 from checkpoint_strategy.checkpoints.manifest import hash_file

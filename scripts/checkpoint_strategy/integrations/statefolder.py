@@ -24,7 +24,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, kind_of, loads_json, oserror_line, read_bytes
@@ -294,7 +295,7 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
         _roll_back(d, plan, {}, only_backups=True)
         raise _fail(exc) from None
     try:
-        for (path, _text), tmp in zip(files, temps):
+        for (path, _text), tmp in zip(files, temps, strict=False):
             os.replace(tmp, path)
         append_line(log_path, record)
     except (OSError, UsageError) as exc:

@@ -1,10 +1,10 @@
 """Pydantic models of the planner: the validated arguments and the plan report."""
 
-from __future__ import annotations
+from typing import Annotated, Literal, Optional, Union
 
-from typing import Literal, Optional, Union
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_serializer
+from checkpoint_strategy.cli_options import BOUNDS, field_bounds
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed", "mixed-no-master"]
@@ -15,16 +15,17 @@ EmergencyTrigger = Literal["loss_spike_detected", "gradient_norm_exceeded"]
 
 # Upper bounds reject absurd input (typos such as a step time in milliseconds) while leaving
 # every real run far inside: 10^12 steps, a step of 11 days, an exabyte, a 10^15-parameter model.
-MAX_STEPS = 10**12
-MAX_STEP_SECONDS = 1e6
-MAX_GB = 1e9
-MAX_PARAMS = 1e15
-MAX_HOURS = 1e9
-MAX_SECONDS = 1e9
+# The numbers live in one table, checkpoint_strategy.cli_options.BOUNDS (the command line uses it too).
+MAX_STEPS = int(BOUNDS["steps"].hi)
+MAX_STEP_SECONDS = BOUNDS["step_seconds"].hi
+MAX_GB = BOUNDS["gb"].hi
+MAX_PARAMS = BOUNDS["params"].hi
+MAX_HOURS = BOUNDS["hours"].hi
+MAX_SECONDS = BOUNDS["seconds"].hi
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class LocalTier(_Strict):
@@ -37,34 +38,34 @@ class LocalTier(_Strict):
 class PlanArguments(_Strict):
     """Every plan option as one object; schemas/arguments.schema.json is generated from it."""
 
-    total_steps: int = Field(gt=0, le=MAX_STEPS, description="optimizer steps in the whole run")
-    step_seconds: float = Field(gt=0, le=MAX_STEP_SECONDS, description="wall seconds per step")
-    budget_gb: float = Field(gt=0, le=MAX_GB, description="storage budget for checkpoints, GB (10^9 bytes)")
-    model_size_gb: Optional[float] = Field(None, gt=0, le=MAX_GB, description="model weights, GB")
+    total_steps: int = Field(**field_bounds("steps"), description="optimizer steps in the whole run")
+    step_seconds: float = Field(**field_bounds("step_seconds"), description="wall seconds per step")
+    budget_gb: float = Field(**field_bounds("gb"), description="storage budget for checkpoints, GB (10^9 bytes)")
+    model_size_gb: Optional[float] = Field(None, **field_bounds("gb"), description="model weights, GB")
     weights_dtype: WeightsDtype = Field("fp32", description="dtype of --model_size_gb's weights")
-    params: Optional[float] = Field(None, ge=1, le=MAX_PARAMS, description="parameter count")
+    params: Optional[float] = Field(None, **field_bounds("params"), description="parameter count")
     precision: Optional[Precision] = Field(
         None, description="fp32: 12 B/param; mixed: 14 B/param; mixed-no-master (16-bit weights, fp32 Adam): 10")
     preset: Preset = "auto"
-    frequency: Optional[int] = Field(None, gt=0, le=MAX_STEPS, description="save every N steps")
-    keep_last: Optional[int] = Field(None, ge=1, le=100000, description="rolling window size")
-    milestones: Union[Literal["seed", "pow2", "none"], list[PositiveInt]] = "seed"
+    frequency: Optional[int] = Field(None, **field_bounds("steps"), description="save every N steps")
+    keep_last: Optional[int] = Field(None, **field_bounds("keep"), description="rolling window size")
+    milestones: Union[Literal["seed", "pow2", "none"], list[Annotated[int, Field(gt=0)]]] = "seed"
     formats: Optional[list[SaveFormat]] = Field(None, min_length=1)
     save_optimizer: bool = True
-    gpus: int = Field(8, ge=1, le=10**7)
-    gpu_mtbf_hours: float = Field(50000.0, gt=0, le=MAX_HOURS, description="MTBF of one GPU")
-    mtbf_hours: Optional[float] = Field(None, gt=0, le=MAX_HOURS, description="job MTBF")
-    checkpoint_write_seconds: Optional[float] = Field(None, ge=0, le=MAX_SECONDS)
-    write_gbps: Optional[float] = Field(None, gt=0, le=1e6,
+    gpus: int = Field(8, **field_bounds("gpus"))
+    gpu_mtbf_hours: float = Field(50000.0, **field_bounds("hours"), description="MTBF of one GPU")
+    mtbf_hours: Optional[float] = Field(None, **field_bounds("hours"), description="job MTBF")
+    checkpoint_write_seconds: Optional[float] = Field(None, **field_bounds("seconds"))
+    write_gbps: Optional[float] = Field(None, **field_bounds("gbps"),
                                        description="the job's checkpoint write rate, GB/s (overrides the node rate)")
     gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node: nodes = ceil(gpus / gpus_per_node)")
-    node_write_gbps: float = Field(1.0, gt=0, le=1e6, description="write rate of one node, GB/s")
+    node_write_gbps: float = Field(1.0, **field_bounds("gbps"), description="write rate of one node, GB/s")
     storage_gbps: float = Field(2000.0, gt=0, le=1e7, description="aggregate rate the storage sustains, GB/s")
-    min_interval_seconds: float = Field(300.0, ge=0, le=MAX_SECONDS,
+    min_interval_seconds: float = Field(300.0, **field_bounds("seconds"),
                                         description="the planner saves at most this often")
-    restart_seconds: float = Field(600.0, ge=0, le=MAX_SECONDS)
+    restart_seconds: float = Field(600.0, **field_bounds("seconds"))
     async_save: Optional[bool] = None
-    max_loss_hours: float = Field(1.0, gt=0, le=MAX_HOURS)
+    max_loss_hours: float = Field(1.0, **field_bounds("hours"))
     local_tier: Optional[LocalTier] = Field(None, description="plan two tiers: node-local and persistent")
     node_loss_fraction: float = Field(0.78, gt=0, le=1, description="share of failures that lose a node's "
                                                                    "local storage (two-tier plans)")

@@ -150,7 +150,7 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
     resume_copies = sum(1 for f in formats if f in ("full_state_dict", "sharded")) or 1
     exports = len(set(milestones) | {total_steps}) if "safetensors" in formats else 0
     if size is None:
-        return StorageBreakdown(checkpoint_size_gb=None, rolling_gb=None, in_flight_gb=None, milestones_gb=None,
+        return StorageBreakdown.model_construct(checkpoint_size_gb=None, rolling_gb=None, in_flight_gb=None, milestones_gb=None,
                                 milestones_outside_window=len(outside), safetensors_exports_gb=None,
                                 safetensors_exports=exports, total_gb=None)
     per = size * resume_copies
@@ -158,7 +158,7 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
     in_flight = per
     ms = len(outside) * per
     ex = exports * weights
-    return StorageBreakdown(checkpoint_size_gb=_r(per), rolling_gb=_r(rolling), in_flight_gb=_r(in_flight),
+    return StorageBreakdown.model_construct(checkpoint_size_gb=_r(per), rolling_gb=_r(rolling), in_flight_gb=_r(in_flight),
                             milestones_gb=_r(ms), milestones_outside_window=len(outside),
                             safetensors_exports_gb=_r(ex), safetensors_exports=exports,
                             total_gb=_r(rolling + in_flight + ms + ex))
@@ -513,7 +513,7 @@ def plan(args: PlanArguments) -> PlanReport:
     writes = storage_writes(args, cost, storage, frequency)
     policy_checks(args, cost, size, iv, keep_last, storage, writes, max_loss_h, over, warnings)
     opt_steps = cost.tau_exact / args.step_seconds
-    return PlanReport(
+    return PlanReport.model_construct(
         total_steps=args.total_steps, step_seconds=args.step_seconds,
         total_training_hours=_r(args.total_steps * args.step_seconds / 3600.0), storage_budget_gb=args.budget_gb,
         model_size_gb=_weights_size(args, size.params, size.precision), params=size.params,
@@ -527,13 +527,13 @@ def plan(args: PlanArguments) -> PlanReport:
         expected_wall_hours=_r(wall / 3600.0), expected_failures=_r(failure.expected_failures(wall, cost.M)),
         optimal_interval_seconds=_r(cost.tau_exact, 3),
         optimal_interval_steps=_r(opt_steps, 3) if math.isfinite(opt_steps) else float(args.total_steps),
-        failure_model=FailureModel(
+        failure_model=FailureModel.model_construct(
             mtbf_hours=_r(cost.mtbf_h), mtbf_source=cost.mtbf_source, gpus=args.gpus,
             checkpoint_write_seconds=_r(cost.C), persist_seconds=None if cost.persist is None else _r(cost.persist),
             restart_seconds=cost.R, async_save=cost.async_save, young_interval_seconds=_r(cost.tau_young, 3),
             daly_interval_seconds=_r(cost.tau_daly, 3), optimal_interval_seconds=_r(cost.tau_exact, 3)),
         interval=interval_choice(args, cost, iv, over), storage_writes=writes,
-        policy=CheckpointPolicy(
+        policy=CheckpointPolicy.model_construct(
             frequency=f"every_{frequency}_steps", keep_last=keep_last, keep_milestone=milestones,
             save_optimizer=args.save_optimizer, save_formats=size.formats, validate_on_save=True,
             async_save=cost.async_save, emergency_save_on=PRESETS[args.preset]["emergency"]),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from checkpoint_strategy.storage import path_arg
 
 
@@ -20,21 +18,6 @@ def add_log_options(parser) -> None:
                    help="loss column/key or TensorBoard scalar tag (default: loss, train/loss, lm loss, ...)")
     g.add_argument("--lr-column", "--lr-key", dest="lr_key", metavar="NAME", help="learning-rate column (optional)")
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")
-
-
-def add_output_options(parser, formats=("text", "markdown", "json")) -> None:
-    parser.add_argument("--format", default="text", choices=formats, help="report format (default: text)")
-    parser.add_argument("-o", "--output", metavar="FILE", type=path_arg, help="write the report to FILE (atomically) instead of stdout")
-
-
-def emit(text: str, output, inputs: tuple = ()) -> None:
-    """The report to stdout, or whole to -o FILE; FILE may not be one of the inputs (the log)."""
-    if output is not None:
-        from checkpoint_strategy.storage import write_output
-
-        write_output(output, text, "-o/--output", inputs=inputs)
-    else:
-        sys.stdout.write(text)
 
 
 def check_output_early(args) -> None:

@@ -172,7 +172,7 @@ class KnownGood:
         self.track = True
 
     @classmethod
-    def start(cls, runs: int, track: bool = True) -> "KnownGood":
+    def start(cls, runs: int, track: bool = True) -> KnownGood:
         """Every run knows step 0 loads. track=False (nothing can be corrupt): pushes are not recorded."""
         import numpy as np
 

@@ -23,7 +23,8 @@ imposed: the front is the whole tradeoff space.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 from checkpoint_strategy.errors import UsageError
 
@@ -123,8 +124,8 @@ def pareto_front(objectives: Sequence[Sequence[float]], maximize: Sequence[bool]
     x = x * sign  # now every objective is minimised
     le = (x[:, None, :] <= x[None, :, :]).all(axis=2)  # le[i, j]: i at least as good as j everywhere
     lt = (x[:, None, :] < x[None, :, :]).any(axis=2)
-    dominated = (le & lt).any(axis=0)
-    return [not bool(d) for d in dominated]
+    dominated = np.asarray((le & lt).any(axis=0))
+    return [not bool(d) for d in dominated.tolist()]
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -192,7 +193,7 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
         vec += [row["expected_lost_hours"], row["max_data_loss_hours"], row["spike_window_rescue_probability"]]
         matrix.append(vec)
     front = pareto_front(matrix, maximize)
-    points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front)]
+    points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front, strict=True)]
     rec_on_front = any(p.pareto and p.recommended for p in points)
     return TradeoffsReport(
         total_steps=pargs.total_steps, step_seconds=pargs.step_seconds, compute_hours=_r(compute_h),
