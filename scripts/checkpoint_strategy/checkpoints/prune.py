@@ -232,7 +232,7 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGu
     protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
     if protected:
         note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
-                "to resume from and is kept; run `checkpoint-strategy recover` before pruning further")
+                "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further")
     else:
         note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
                 "(run `checkpoint-strategy recover`)")
