@@ -33,8 +33,11 @@ def run(args) -> int:
     from checkpoint_strategy.render import render, write_output
 
     options = from_args(args)
-    _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
-    check_output_early(args)  # the rest: a folder, an empty path
+    check_output_early(args)
+    if args.plot is not None:  # the one storage check: never an output over an input
+        from checkpoint_strategy.storage import check_output
+
+        check_output(args.plot, "--plot", inputs=(args.log,))
     target = fmt = None
     if args.plot is not None:
         from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
@@ -55,19 +58,3 @@ def run(args) -> int:
     write_output(text, args.output, inputs=(args.log, report.log.path))
     return 0
 
-
-def _refuse_overwriting_the_log(log: str, outputs: dict) -> None:
-    """An output path that is the log itself would replace the user's log: exit 2 first."""
-    import os
-
-    from checkpoint_strategy.errors import UsageError
-
-    for flag, out in outputs.items():
-        if not out:
-            continue
-        try:
-            same = os.path.exists(out) and os.path.isfile(log) and os.path.samefile(out, log)
-        except OSError:
-            same = False
-        if same:
-            raise UsageError(f"{flag} {out} is the training log itself: expected another file (it would be replaced)")
