@@ -6,7 +6,7 @@ import pytest
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.planning import PlanArguments, failure, plan, planner
-from checkpoint_strategy.planning.report import render_plan
+from checkpoint_strategy.render import render as render_plan
 
 SEVENTY_B = dict(total_steps=500_000, step_seconds=8, budget_gb=200_000, params=70e9, precision="mixed", gpus=2048,
                  write_gbps=0.1)
