@@ -33,8 +33,8 @@ def run(args) -> int:
     from checkpoint_strategy.render import render, write_output
 
     options = from_args(args)
-    check_output_early(args)
     _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
+    check_output_early(args)
     target = fmt = None
     if args.plot is not None:
         from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
