@@ -12,7 +12,7 @@ from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOC
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.
 EXTRA_FORMATS = {"export": {"python", "toml", "args"}}
 # Non-numeric argparse types that parse a list or a name (not a quantity of BOUNDS).
-NAMED_TYPES = {"milestones", "formats_list", "params_count", "tier_spec", "path_arg", "_require"}
+NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require", "tier_spec", "path_arg"}
 
 # recover's options are RecoveryOptions fields (bounds in Field); each matches one quantity of the table.
 RECOVERY_QUANTITIES = {"window": "window", "z_threshold": "threshold", "ratio_threshold": "threshold",
@@ -209,7 +209,7 @@ def test_output_file_gets_exactly_stdout(argv, fmt, cli_run, tmp_path):
 def test_output_to_a_folder_or_missing_folder_is_one_usage_error(cli_run, tmp_path):
     assert "is a folder" in cli_run("plan", "1000", "1", "50", "--output", str(tmp_path)).usage_error()
     line = cli_run("plan", "1000", "1", "50", "-o", str(tmp_path / "no" / "such" / "r.txt")).usage_error()
-    assert "does not exist" in line or "cannot write" in line, line
+    assert "cannot write" in line
     assert not (tmp_path / "no").exists()
 
 

@@ -15,8 +15,8 @@ LONG_FUNCTION_DEBT = {
     "simulation/montecarlo.py:run_monte_carlo", "simulation/montecarlo.py:simulate",
     "simulation/sweep.py:tradeoffs", "recovery/verify.py:verify_resume", "recovery/advice.py:advise_series",
     "recovery/detect.py:find_events", "recovery/advice.py:_unrecovered", "recovery/detect.py:level_shifts",
-    "recovery/logs.py:build_series", "recovery/plot.py:build_figure",
-    "checkpoints/filechecks.py:check_zip", "checkpoints/validate.py:_check_dcp_dir", "checkpoints/validate.py:check",
+    "recovery/logs.py:build_series", "recovery/plot.py:build_figure", "checkpoints/filechecks.py:check_zip",
+    "checkpoints/validate.py:_check_dcp_dir", "checkpoints/validate.py:check",
 }
 
 
