@@ -160,6 +160,8 @@ def _check_st_header(raw: bytes, data_size: int) -> list[str]:
             return [f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
                     f"data_offsets span {offsets[1] - offsets[0]}"]
         spans.append((offsets[0], offsets[1], name))
+    if not spans:
+        return [Finding("no tensors: the header lists none (an empty or aborted save)")]
     spans.sort()
     pos = 0
     for begin, end, name in spans:

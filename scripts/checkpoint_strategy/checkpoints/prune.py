@@ -17,7 +17,7 @@ from pathlib import Path
 
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
-from checkpoint_strategy.checkpoints.validate import check
+from checkpoint_strategy.checkpoints.validate import check, usable
 from checkpoint_strategy.errors import UsageError, pydantic_message
 
 
@@ -210,7 +210,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     results = {f.path: check(f, level) for f in found}
     entries: list[PruneEntry] = []
     valid_steps = sorted((f.step, f.path) for f in found
-                         if f.step is not None and results[f.path].status == "valid")
+                         if f.step is not None and usable(results[f.path]))
     newest_valid = valid_steps[-1] if valid_steps else None
     kept_recent = {p for _s, p in valid_steps[-keep_last:]}
     guard = spike_guard(found, results, log) if spike_check else None
@@ -262,7 +262,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         if to_delete:
             again = check(fm.Found(newest_valid[1], _fmt(found, newest_valid[1]), newest_valid[0],
                                    os.path.isdir(newest_valid[1])), level)
-            if again.status != "valid":
+            if not usable(again):
                 errors.append(Problem(file=os.path.basename(newest_valid[1]),
                                       reason="newest valid checkpoint no longer validates: nothing deleted"))
                 to_delete = []

@@ -26,7 +26,7 @@ def add_arguments(parser) -> None:
                         help="steps never deleted (space or comma separated; overrides keep_milestone)")
     parser.add_argument("--policy", default=None, metavar="FILE.yaml",
                         help="the plan's checkpoint_policy: YAML (keep_last, keep_milestone)")
-    parser.add_argument("--level", choices=("quick", "full"), default="quick",
+    parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
                         help="validation level for the checkpoints that justify a deletion")
     parser.add_argument("--log", default=None, metavar="LOG",
                         help="training log checked for an unrecovered loss spike before deleting (default: the "

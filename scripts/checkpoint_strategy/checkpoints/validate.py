@@ -584,6 +584,12 @@ def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOut
         result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
 
 
+def usable(result: CheckpointResult) -> bool:
+    """May this checkpoint justify deleting older ones? Valid, and at level deep also whole in values
+    and optimizer state (`passes_deep`)."""
+    return result.passes_deep() if result.level == "deep" else result.status == "valid"
+
+
 def deep_check(path: str | os.PathLike, previous: str | os.PathLike | None = None) -> CheckpointResult:
     """The deep verdict on one checkpoint (for validate-on-save callbacks and `recover`):
     ``deep_check(p).passes_deep()`` is False for NaN/Inf anywhere, partial or missing optimizer state,

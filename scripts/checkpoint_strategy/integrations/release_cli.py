@@ -1,4 +1,4 @@
-"""`checkpoint-strategy release-gate CHECKPOINT [--require safetensors,...] [--level quick|full]`."""
+"""`checkpoint-strategy release-gate CHECKPOINT [--require safetensors,...] [--level quick|full|deep]`."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="one checkpoint folder or file")
     parser.add_argument("--require", type=_require, default=[], metavar="LIST",
                         help="comma-separated: safetensors, full_state_dict, sharded, resumable")
-    parser.add_argument("--level", choices=["quick", "full"], default="quick",
-                        help="quick: headers only; full: every byte (a manifest, if present, is always verified)")
+    parser.add_argument("--level", choices=["quick", "full", "deep"], default="quick",
+                        help="quick: headers only; full: every byte (a manifest, if present, is always verified); "
+                             "deep: every tensor value finite and the optimizer state whole")
     parser.add_argument("--format", dest="format", choices=["text", "markdown", "json"], default="text")
 
 
