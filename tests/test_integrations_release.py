@@ -104,7 +104,7 @@ def test_python_api(hf_run):
     (["release-gate"], "CHECKPOINT"),
     (["release-gate", "/no/such/checkpoint"], "no such file or folder"),
     (["release-gate", "x", "--require", "gguf"], "--require"),
-    (["release-gate", "x", "--level", "deep"], "--level"),
+    (["release-gate", "x", "--level", "deeper"], "--level"),
 ])
 def test_bad_input_exit_2(capsys, argv, message):
     rc, out, err = run_cli(capsys, *argv)
@@ -112,11 +112,25 @@ def test_bad_input_exit_2(capsys, argv, message):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_unrecognised_file_fails_the_gate(tmp_path, capsys):
+def test_not_a_checkpoint_is_bad_input_not_a_failed_gate(tmp_path, hf_run, capsys):
+    """issue 9: a file that is no checkpoint, a device, a run folder: exit 2 with one line, no record."""
     junk = tmp_path / "notes.txt"
     junk.write_text("hello")
-    rc, data = record(capsys, junk)
-    assert rc == 1 and data["layout"] == "unknown" and not data["loads_ok"]
+    for target, words in ((junk, "not a recognised checkpoint"), ("/dev/zero", "character device"),
+                          (hf_run.output_dir, "run folder holding")):
+        assert main(["release-gate", str(target), "--format", "json"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and len(captured.err.strip().splitlines()) == 1 and words in captured.err
+
+
+def test_empty_safetensors_does_not_pass(tmp_path, capsys):
+    import struct
+
+    empty = tmp_path / "model.safetensors"
+    header = b'{"__metadata__":{"format":"pt"}}'
+    empty.write_bytes(struct.pack("<Q", len(header)) + header)
+    rc, data = record(capsys, empty)
+    assert rc == 1 and data["gate"] == "fail" and "no tensors" in data["reasons"][0]
 
 
 def test_real_entry_point(hf_run):

@@ -14,6 +14,7 @@ plus the numpy array reconstruction that HF Trainer and Lightning register for t
 
 from __future__ import annotations
 
+import _compat_pickle
 import pickletools
 import re
 from dataclasses import dataclass, field
@@ -322,6 +323,11 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     def glob(module: Any, name: Any) -> Global:
         if not isinstance(module, str) or not isinstance(name, str):
             raise _Broken("non-string global")
+        # protocol <= 2 pickles name Python 2 modules; unpicklers (and torch) map them: __builtin__ -> builtins
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         g = Global(module, name)
         if g.qualname not in seen_globals:
             seen_globals.add(g.qualname)
