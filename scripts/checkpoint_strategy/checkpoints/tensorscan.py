@@ -11,8 +11,10 @@ and reduced per chunk of `CHUNK_ELEMS` values with numpy:
   NaN/Inf; an overflow of the squares is told apart by the exact re-check), and it is the squared
   L2 norm at the same time, at about the memory floor. Only a chunk whose dot is not finite is
   re-checked exactly (NaN and Inf counted, the norm of its finite values in float64).
-- float16 and bfloat16 are widened to float32 in a cache-sized scratch buffer first (bfloat16 is
-  the top half of a float32: a 16-bit shift). Integer, bool and float8 storages are skipped.
+- float16 and bfloat16 are read two values per uint32 word with no widening conversion: bfloat16 is
+  the top half of a float32 (a mask or a 16-bit shift); float16's exponent and mantissa shifted by 13
+  and scaled by 2**112 are its exact float32 value; its Inf/NaN show as exponent 31 (`Reducer.pairs`).
+  Integer, bool and float8 storages are skipped.
 - chunk results are summed in float64 (64 Ki values per dot keeps the float32 rounding of each
   partial sum near 1e-8 relative).
 - max |x| costs one more pass over each (cache-resident) chunk: computed when asked (``--stats``).
@@ -148,21 +150,67 @@ class _Reducer:
 
         self.np = np
         self.want_max = want_max
-        self.f32 = np.empty(CHUNK_ELEMS, dtype=np.float32)
-        self.u32 = self.f32.view(np.uint32)
+        self.lo = np.empty(CHUNK_ELEMS, dtype=np.uint32)
+        self.hi = np.empty(CHUNK_ELEMS, dtype=np.uint32)
+        self.f16_scale = np.float32(2.0 ** 112)
 
-    def widen(self, raw, dtype: str, n: int):
+    def widen(self, raw, dtype: str):
+        """Exact float32 (or float64) values of a chunk (the slow path: re-checks, odd tails, scalars)."""
         np = self.np
         if dtype == "float16":
-            out = self.f32[:n]
-            out[...] = raw
-            return out
+            return raw.view(np.float16).astype(np.float32)
         if dtype == "bfloat16":
-            u = self.u32[:n]
-            u[...] = raw            # uint16 -> uint32
-            u <<= 16
-            return self.f32[:n]
+            return (raw.astype(np.uint32) << 16).view(np.float32)
         return raw
+
+    def feed(self, st: Stat, raw, dtype: str) -> None:
+        if dtype in ("float32", "float64"):
+            self.chunk(st, raw)
+        elif len(raw) % 2:
+            if len(raw) > 1:
+                self.pairs(st, raw[:-1], dtype)
+            self.chunk(st, self.widen(raw[-1:], dtype))
+        else:
+            self.pairs(st, raw, dtype)
+
+    def pairs(self, st: Stat, raw, dtype: str) -> None:
+        """16-bit floats two at a time in a uint32 word, no widening conversion: bfloat16 is the top half
+        of a float32 (mask / shift by 16); float16's exponent and mantissa shifted by 13 and scaled by
+        2**112 are its exact float32 value (zero and subnormals included; Inf/NaN become >= 65536)."""
+        np = self.np
+        x = raw.view(np.uint32)
+        k = len(x)
+        lo, hi = self.lo[:k], self.hi[:k]
+        if dtype == "bfloat16":
+            np.left_shift(x, 16, out=lo)
+            np.bitwise_and(x, 0xFFFF0000, out=hi)
+            a, b = lo.view(np.float32), hi.view(np.float32)
+            d = float(np.dot(a, a)) + float(np.dot(b, b))
+            if d == d and d != float("inf"):
+                st.sumsq += d
+                if self.want_max:
+                    self._max(st, a, b)
+                return
+        else:
+            np.bitwise_and(x, 0x7FFF, out=lo)
+            np.right_shift(x, 16, out=hi)
+            np.bitwise_and(hi, 0x7FFF, out=hi)
+            if max(int(lo.max()), int(hi.max())) < 0x7C00:  # every exponent below 31: all finite
+                for part in (lo, hi):
+                    np.left_shift(part, 13, out=part)
+                    f = part.view(np.float32)
+                    np.multiply(f, self.f16_scale, out=f)
+                    st.sumsq += float(np.dot(f, f))
+                if self.want_max:
+                    self._max(st, lo.view(np.float32), hi.view(np.float32))
+                return
+        self.chunk(st, self.widen(raw, dtype))  # exact re-check of this chunk
+
+    def _max(self, st: Stat, a, b) -> None:
+        np = self.np
+        m = max(float(np.abs(a).max()), float(np.abs(b).max())) if len(a) else 0.0
+        if st.max_abs is None or m > st.max_abs:
+            st.max_abs = m
 
     def chunk(self, st: Stat, x) -> None:
         np = self.np
@@ -211,11 +259,12 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
                                                    strides=tuple(s * item for s in job.stride))
             flat = np.ascontiguousarray(view).reshape(-1)
             del base, view
-            for i in range(0, len(flat), CHUNK_ELEMS):
-                raw = flat[i:i + CHUNK_ELEMS]
-                red.chunk(st, red.widen(raw, job.dtype, len(raw)))
+            step = CHUNK_ELEMS if item > 2 else 2 * CHUNK_ELEMS
+            for i in range(0, len(flat), step):
+                raw = flat[i:i + step]
+                red.feed(st, raw, job.dtype)
             if job.scalar_value and len(flat) == 1:
-                st.value = float(red.widen(flat[:1], job.dtype, 1)[0])
+                st.value = float(red.widen(flat[:1], job.dtype)[0])
             del flat, raw
             st.checked = True
             return nbytes
@@ -226,11 +275,12 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
         count = min(per_window, numel - pos)
         mm, off = mapper.view(job.offset + pos * item, count * item)
         arr = np.frombuffer(mm, dtype=npdt, count=count, offset=off)
-        for i in range(0, count, CHUNK_ELEMS):
-            raw = arr[i:i + CHUNK_ELEMS]
-            red.chunk(st, red.widen(raw, job.dtype, len(raw)))
+        step = CHUNK_ELEMS if item > 2 else 2 * CHUNK_ELEMS
+        for i in range(0, count, step):
+            raw = arr[i:i + step]
+            red.feed(st, raw, job.dtype)
         if job.scalar_value and numel == 1:
-            st.value = float(red.widen(arr[:1], job.dtype, 1)[0])
+            st.value = float(red.widen(arr[:1], job.dtype)[0])
         del arr, raw
         pos += count
     st.checked = True
