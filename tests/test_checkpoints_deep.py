@@ -446,3 +446,37 @@ def test_hypothesis_pickle_reader_never_raises():
         assert scan.complete or scan.error
 
     run()
+
+
+def test_hostile_names_cannot_forge_report_lines(tmp_path, capsys):
+    """A global or tensor name with a newline is escaped in the one-line reason."""
+    data = b"\x80\x02cposix\nsystem\nq\x00."  # GLOBAL 'posix system'
+    evil = tmp_path / "x.pt"
+    forged = b"\x80\x02X\x10\x00\x00\x00posix\nVALID  x\n\nX\x06\x00\x00\x00system\x93q\x00."
+    for blob in (data, forged):
+        with zipfile.ZipFile(evil, "w") as zf:
+            zf.writestr("archive/data.pkl", blob)
+            zf.writestr("archive/version", b"3\n")
+        assert main(["validate", str(evil)]) == 1
+        out = capsys.readouterr().out
+        problem_lines = [line for line in out.splitlines() if "unsafe pickle" in line]
+        assert len(problem_lines) == 1 and "VALID  x" not in out.replace(problem_lines[0], "")
+    w = torch.zeros(4)
+    w[1] = float("nan")
+    path = tmp_path / "w.pt"
+    torch.save({"state_dict": {"layer\nVALID      forged": w}}, path)
+    r = validate_checkpoint(path, level="deep")
+    assert r.problems and "\n" not in r.problems[0].reason and "layer\\nVALID" in r.problems[0].reason
+
+
+def test_hostile_pickle_shapes():
+    """Pathological but parseable pickles: deep nesting, self-reference, unhashable keys, bad memo."""
+    deep_list = b"\x80\x02" + b"]" * 50_000 + b"a" * 49_999 + b"."          # 50 000 nested lists
+    scan = tp.read_pickle(deep_list)
+    assert scan.complete and list(tp.walk_tensors(scan.root)) == []
+    self_ref = b"\x80\x02]q\x00h\x00a."                                       # a list holding itself
+    scan = tp.read_pickle(self_ref)
+    assert scan.complete and list(tp.walk_tensors(scan.root)) == []
+    bad_key = b"\x80\x02}](K\x01e\x88s."                                      # a list as a dict key
+    assert tp.read_pickle(bad_key).complete
+    assert not tp.read_pickle(b"\x80\x02h\x05.").complete                      # memo read before write

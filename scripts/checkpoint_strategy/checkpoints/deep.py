@@ -59,6 +59,9 @@ class DeepOutcome:
     notes: list[str] = field(default_factory=list)
 
 
+shown = tp.shown
+
+
 def _role_of(file_role: Role, name: str) -> str:
     if file_role != "mixed":
         return file_role
@@ -408,8 +411,8 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
         if s.nan or s.inf:
             what = " and ".join(x for x in (f"{s.nan} NaN" if s.nan else "", f"{s.inf} Inf" if s.inf else "") if x)
             if s.role in ("weights", "optimizer"):
-                nonfinite.append(f"{s.file}: {s.name}: {what}")
-                findings.append(Finding(s.file, f"invalid: {what} values in {s.name}", "invalid"))
+                nonfinite.append(f"{s.file}: {shown(s.name)}: {what}")
+                findings.append(Finding(s.file, f"invalid: {what} values in {shown(s.name)}", "invalid"))
             # else: a callback's best score starts at inf, a logged metric may be NaN: not model state
         if s.role == "weights":
             weights_sumsq += s.sumsq
@@ -492,7 +495,7 @@ def compare(current: DeepOutcome, previous: DeepOutcome, previous_name: str) -> 
             r = max(l2 / p, p / l2)
             if r > worst_r:
                 worst, worst_r = name, r
-    where = f"; most changed: {worst} ({current.per_tensor_l2[worst] / previous.per_tensor_l2[worst]:.3g}x)" \
+    where = f"; most changed: {shown(worst)} ({current.per_tensor_l2[worst] / previous.per_tensor_l2[worst]:.3g}x)" \
         if worst else ""
     return Finding(".", f"suspicious: weights norm {ratio:.3g}x the previous checkpoint's ({previous_name}){where}",
                    "suspicious")

@@ -439,7 +439,7 @@ def pickle_findings(scan: "tp.PickleScan", what: str, dcp: bool = False) -> list
     unsafe = scan.unsafe(dcp)
     if unsafe:
         more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
-        return [Finding(f"unsafe pickle: would execute {unsafe[0]} on load{more}")]
+        return [Finding(f"unsafe pickle: would execute {tp.shown(unsafe[0])} on load{more}")]
     if not scan.complete:
         return [Finding(f"{what}: not a complete pickle ({scan.error})")]
     return []

@@ -118,6 +118,13 @@ def classify_global(qualname: str, dcp: bool = False) -> Verdict:
     return "unsafe"
 
 
+def shown(name: str, limit: int = 200) -> str:
+    """A tensor name from checkpoint content as printed: control characters escaped (a name with a
+    newline cannot forge a line of the report), long names cut."""
+    text = name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 # --------------------------------------------------------------------------- symbolic objects
 
 @dataclass(frozen=True)
