@@ -480,3 +480,16 @@ def test_hostile_pickle_shapes():
     bad_key = b"\x80\x02}](K\x01e\x88s."                                      # a list as a dict key
     assert tp.read_pickle(bad_key).complete
     assert not tp.read_pickle(b"\x80\x02h\x05.").complete                      # memo read before write
+
+
+def test_documented_layouts_have_no_false_positives_at_deep(tmp_path):
+    """DeepSpeed ZeRO shards (flat partitions), Megatron TP ranks, Orbax, NeMo, torchtitan DCP."""
+    import layouts
+
+    roots = [layouts.build_orbax(tmp_path / "orbax"), layouts.build_deepspeed(tmp_path / "ds"),
+             layouts.build_megatron(tmp_path / "meg", tp=2), layouts.build_nemo(tmp_path / "nemo"),
+             layouts.build_torchtitan(tmp_path / "tt")]
+    report = validate_paths([str(r) for r in roots], level="deep")
+    assert len(report.checkpoints) >= 10
+    for c in report.checkpoints:
+        assert c.status == "valid" and c.passes_deep(), (c.path, _problems(c))

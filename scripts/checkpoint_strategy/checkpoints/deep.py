@@ -41,6 +41,8 @@ class Source:
     kind: Literal["safetensors", "zip", "dcp"]
     zip: fc.ZipScan | None = None
     dcp: tp.PickleScan | None = None
+    flat: bool = False      # a partitioned optimizer (DeepSpeed ZeRO, Megatron distrib_optim): per-group
+    #                         flat buffers, so moments are not counted per parameter nor matched to shapes
 
 
 @dataclass
@@ -429,9 +431,15 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
                 if v is not None:
                     scalar_values[id(t)] = v
     opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
+    flat = any(src.flat for src in sources)
     dcp_opt = _check_dcp_optimizer(outcome.stats, dcp_meta)
     if dcp_opt is not None and dcp_opt.kind != "none":
         optimizer = dcp_opt
+    elif opts and flat:
+        adam = any(isinstance(st, dict) and ("exp_avg" in st or "exp_avg_sq" in st)
+                   for od in opts for st in (od.get("state") or {}).values())
+        optimizer = OptimizerCheck(kind="adam" if adam else "other")
+        notes.append("partitioned optimizer (ZeRO / distributed optimizer): moments not counted per parameter")
     elif opts:
         optimizer = _check_torch_optimizer(opts, weight_shapes, scalar_values)
     else:

@@ -92,12 +92,12 @@ class _Ctx:
             self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
-    def zip(self, path: str, role: dp.Role = "other") -> fc.ZipScan:
+    def zip(self, path: str, role: dp.Role = "other", flat: bool = False) -> fc.ZipScan:
         z = fc.scan_zip(path, self.counter, self.full, self.update)
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
-            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z))
+            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat))
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
@@ -301,7 +301,7 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
     if not model:
         ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
-        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer")
+        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
     if optim:
         out.resumable = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
@@ -335,7 +335,8 @@ def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
         if "model_optim_rng.pt" not in inner:
             ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
         for n in files:
-            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed")
+            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed",
+                        flat=n == "distrib_optim.pt")
             has_optim = has_optim or "optimizer" in z.keys()
         if "distrib_optim.pt" in inner:
             has_optim = True
@@ -434,7 +435,8 @@ def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(found.path, "mixed")
     keys = z.keys()
     resumable = any(k in dp.OPTIM_KEYS for k in keys)
-    if ctx.deep and ctx.sources and not any(k in dp.WEIGHT_KEYS or k in dp.OPTIM_KEYS for k in keys):
+    if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
+            not any(k in dp.WEIGHT_KEYS or k in dp.OPTIM_KEYS for k in keys):
         ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
     return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
 
