@@ -493,3 +493,32 @@ def test_documented_layouts_have_no_false_positives_at_deep(tmp_path):
     assert len(report.checkpoints) >= 10
     for c in report.checkpoints:
         assert c.status == "valid" and c.passes_deep(), (c.path, _problems(c))
+
+
+def test_view_past_its_storage_is_invalid(tmp_path):
+    """A pickle whose _rebuild_tensor_v2 offset points past the storage: torch.load fails; so do we."""
+    good = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(8, dtype=torch.float32)[2:6]}, good)
+    with zipfile.ZipFile(good) as zf:
+        rows = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    pkl = next(n for n, _ in rows if n.endswith("data.pkl"))
+    data = dict(rows)[pkl]
+    # BININT1 2 (the storage offset) -> BININT1 7: the 4-element view now ends at element 11 of 8
+    i = data.index(b"K\x02")
+    bad = tmp_path / "bad.pt"
+    with zipfile.ZipFile(bad, "w") as zf:
+        for name, blob in rows:
+            zf.writestr(name, blob[:i] + b"K\x07" + blob[i + 2:] if name == pkl else blob)
+    with pytest.raises(Exception):
+        torch.load(bad, weights_only=True)
+    r = validate_checkpoint(bad)
+    assert r.status == "invalid" and "runs past the end of its storage" in r.problems[0].reason
+    assert validate_checkpoint(good, level="deep").status == "valid"
+
+
+def test_stats_output_checked_before_the_scan(hf_run, tmp_path, capsys):
+    for bad in (tmp_path, tmp_path / "no" / "s.json"):
+        assert main(["validate", str(hf_run.output_dir / "checkpoint-10"), "--level", "deep", "--stats",
+                     str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "--stats: cannot write" in err

@@ -243,7 +243,7 @@ def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
     parsed = fc.read_zip_directory(win, length)
     if isinstance(parsed, str):
         return parsed
-    entries, _cd = parsed
+    entries, cd_offset = parsed
     z = fc.ZipScan(entries=entries)
     for e in entries:
         win.seek(e.offset)
@@ -252,6 +252,8 @@ def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
             return f"broken local header for {e.name!r}"
         nlen, xlen = struct.unpack("<HH", lh[26:30])
         e.data_start = e.offset + 30 + nlen + xlen
+        if e.data_start + e.csize > cd_offset:
+            return f"entry {e.name!r} runs past its archive"
     pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
     if pkl is None:
         return "embedded archive without data.pkl"

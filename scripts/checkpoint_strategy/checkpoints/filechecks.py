@@ -421,6 +421,13 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
         return out
     if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
         out.append(Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)"))
+    for t in scan.tensors:
+        span = t.span()
+        if span is not None and (span[1] > t.storage.numel * tp.DTYPE_SIZE.get(t.storage.dtype, 1)
+                                 // max(1, tp.DTYPE_SIZE.get(t.dtype, 1))):
+            out.append(Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
+                               f"of its storage data/{t.storage.key} (torch.load would fail)"))
+            return out
     for key, ref in sorted(scan.storages.items()):
         e = z.entry(f"{z.prefix}data/{key}")
         if e is None:

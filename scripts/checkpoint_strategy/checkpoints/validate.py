@@ -643,6 +643,9 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
         raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
     if stats is not None and stats.strip() == "":
         raise UsageError("--stats: empty path; expected a JSON file to write")
+    if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
+        raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
+                                                               "its folder does not exist") + "; expected a JSON file path")
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
     for raw in paths:
