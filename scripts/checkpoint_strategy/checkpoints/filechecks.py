@@ -466,9 +466,8 @@ def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> lis
         scans.append(scan)
         if i == 3:
             z.pickle = scan
-        found = pickle_findings(scan, f"{name} (legacy torch file)")
-        if found and (found[0].startswith("unsafe") or i == 3):
-            return found
+        if scan.unsafe() or (i == 3 and not scan.complete):
+            return pickle_findings(scan, f"{name} (legacy torch file)")
         if not scan.complete:
             return [Finding(f"legacy torch file: pickle {i + 1} of 5 is broken ({scan.error})")]
     if scans[0].root != _LEGACY_MAGIC:

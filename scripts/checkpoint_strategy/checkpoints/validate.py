@@ -107,16 +107,19 @@ class _Ctx:
         self.counter.files += 1
         try:
             raw = read_bytes(path, "JSON file")
-            self.counter.bytes_read += len(raw)
-            if not raw:
-                self.bad(path, "zero-byte file (expected JSON)")
-                return None
+        except ReadError as exc:
+            self.bad(path, f"cannot read: {exc.reason}")
+            self._tick()
+            return None
+        self.counter.bytes_read += len(raw)
+        self._tick()
+        if not raw:
+            self.bad(path, "zero-byte file (expected JSON)")
+            return None
+        try:
             return loads_json(raw, os.path.basename(path), allow_nan=True)
         except ReadError as exc:
-            self.bad(path, exc.reason if exc.reason.startswith(("not valid JSON", "nested")) else
-                     f"cannot read: {exc.reason}")
-        finally:
-            self._tick()
+            self.bad(path, exc.reason)
         return None
 
     def readable(self, path: str) -> None:
@@ -244,9 +247,8 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
         ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
         return
     scan = tp.read_pickle(data)
-    unsafe = fc.pickle_findings(scan, ".metadata", dcp=True)
-    if unsafe and unsafe[0].startswith("unsafe"):
-        ctx.bad(meta, unsafe[0])
+    if scan.unsafe(dcp=True):
+        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return
     parsed = fc.dcp_storage_map(data)
     if isinstance(parsed, str):

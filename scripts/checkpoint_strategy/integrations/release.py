@@ -153,7 +153,7 @@ def _require_one_checkpoint(path: str) -> None:
 def _values_check(result) -> tuple[ValuesSummary | None, bool, str]:
     d = result.deep
     verdicts = [f"{p.file}: {p.reason}" for p in result.problems
-                if p.kind in ("not_resumable", "suspicious") or p.reason.startswith("invalid:")]
+                if p.kind in ("not_resumable", "suspicious") or (d is not None and p.kind == "invalid")]
     if d is None:
         return None, False, "values not checked: " + (verdicts[0] if verdicts else f"checkpoint is {result.status}")
     summary = ValuesSummary(tensors=d.tensors, values=d.values, nonfinite_values=d.nonfinite_values,
