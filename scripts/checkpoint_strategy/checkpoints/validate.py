@@ -177,8 +177,8 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
         if data is not None and not isinstance(wm, dict):
             ctx.bad(os.path.join(path, idx), "index without a weight_map object")
             continue
-        for shard in sorted({str(v) for v in wm.values()} if wm else ()):
-            if "/" in shard or shard.startswith("."):
+        for shard in sorted(set(wm.values()) if wm else (), key=str):
+            if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
                 ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
                 continue
             if shard not in names:
