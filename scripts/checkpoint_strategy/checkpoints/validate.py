@@ -177,7 +177,11 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
         if data is not None and not isinstance(wm, dict):
             ctx.bad(os.path.join(path, idx), "index without a weight_map object")
             continue
-        for shard in sorted(set(wm.values()) if wm else (), key=str):
+        shards: list = []
+        for v in (wm or {}).values():
+            if v not in shards:  # values may be unhashable (a list): no set()
+                shards.append(v)
+        for shard in sorted(shards, key=str):
             if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
                 ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
                 continue
