@@ -522,3 +522,11 @@ def test_stats_output_checked_before_the_scan(hf_run, tmp_path, capsys):
                      str(bad)]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "--stats: cannot write" in err
+
+
+def test_hostile_weight_map_values_never_crash(hf_run, copy_of):
+    ckpt = copy_of(hf_run.output_dir / "checkpoint-10")
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": [1], "b": 5, "c": "../x"}}))
+    r = validate_checkpoint(ckpt)
+    reasons = sorted(p.reason for p in r.problems)
+    assert r.status == "invalid" and len(reasons) == 3 and all("invalid shard" in x for x in reasons)
