@@ -94,3 +94,25 @@ def copy_of(tmp_path):
         return dest
 
     return _copy
+
+
+@pytest.fixture(scope="session")
+def torchtitan_layout(tmp_path_factory) -> Path:
+    """torchtitan's checkpoint/ folder via plain DCP with its key names: step-10 full, step-20 model-only."""
+    return realruns.build_torchtitan_layout(tmp_path_factory.mktemp("tt"))
+
+
+@pytest.fixture(scope="session")
+def deepspeed_run(tmp_path_factory) -> Path:
+    """A real DeepSpeed ZeRO-1 CPU save (global_step3/, global_step6/, latest); needs the frameworks extra."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+                                            "deepspeed (or pip install -e '.[test,frameworks]')")
+    return realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds"))
+
+
+@pytest.fixture(scope="session")
+def orbax_killed_save(tmp_path_factory) -> Path:
+    """An Orbax folder with a finished 1/ and the 2.orbax-checkpoint-tmp/ of a save killed mid-write."""
+    pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
+                                                   "'jax[cpu]' (or pip install -e '.[test,frameworks]')")
+    return realruns.build_orbax_killed_save(tmp_path_factory.mktemp("orbax-kill"))

@@ -323,3 +323,181 @@ def build_safetensors_file(root: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file({"w": torch.randn(64, 32), "b": torch.zeros(32), "ids": torch.arange(10)}, str(path))
     return path
+
+
+# --------------------------------------------------------------------------- export: real runs with exported settings
+
+@dataclass
+class SaveRun:
+    folder: Path                       # where the framework wrote its checkpoints
+    saved: list[int]                   # steps the framework saved at, in order
+    kept: list[int]                    # steps still on disk at the end
+    names: list[str] = field(default_factory=list)   # what is on disk at the end
+
+
+def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
+    """The tiny GPT-2 trained by the real Trainer with exported TrainingArguments keywords."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    saved: list[int] = []
+
+    class Record(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            saved.append(state.global_step)
+
+    out = root / "hf-export"
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=8, learning_rate=1e-3,
+                             logging_steps=1000, report_to=[], use_cpu=True, dataloader_num_workers=0,
+                             disable_tqdm=True, seed=0, **kwargs)
+    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(512, 16, 64),
+                      callbacks=[Record()])
+    trainer.train()
+    names = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
+    return SaveRun(out, saved, sorted(int(n.split("-")[1]) for n in names), names)
+
+
+def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int, plugins=None) -> SaveRun:
+    """A real Lightning run with the exported ModelCheckpoint callbacks."""
+    import re
+
+    import pytorch_lightning as pl
+    import torch
+
+    _seed(0)
+    torch.set_num_threads(1)
+    saved: list[int] = []
+
+    class Record(pl.Callback):
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            saved.append(trainer.global_step)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    x = torch.randn(512, 8)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    folder = root / "lightning-export"
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks_factory(str(folder)) + [Record()], logger=False,
+                         plugins=plugins,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                         default_root_dir=str(root / "lightning-export-root"))
+    trainer.fit(Tiny(), loader)
+    names = sorted(p.name for p in folder.iterdir())
+    steps = sorted({int(m.group(1)) for n in names if (m := re.search(r"step=(\d+)", n))})
+    return SaveRun(folder, saved, steps, names)
+
+
+def run_orbax_with_options(root: Path, options, total_steps: int) -> SaveRun:
+    """A real Orbax CheckpointManager run on CPU: manager.save at every step, the policies decide."""
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    folder = root / "orbax-export"
+    saved: list[int] = []
+    with ocp.CheckpointManager(str(folder), options=options) as manager:
+        for step in range(1, total_steps + 1):
+            state = {"params": {"w": jnp.full((8, 8), float(step))}, "opt_state": {"mu": jnp.zeros((8, 8))}}
+            if manager.save(step, args=ocp.args.StandardSave(state)):
+                saved.append(step)
+        manager.wait_until_finished()
+        kept = sorted(manager.all_steps())
+    return SaveRun(folder, saved, kept, sorted(p.name for p in folder.iterdir()))
+
+
+ORBAX_KILLED_SAVE = """
+import os, sys
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+manager = ocp.CheckpointManager(sys.argv[1], options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True))
+manager.save(1, args=ocp.args.StandardSave({"w": jnp.ones((64, 64))}))
+manager.wait_until_finished()
+manager.save(2, args=ocp.args.StandardSave({"w": jnp.ones((3000, 3000))}))
+os._exit(0)   # killed while the async save of step 2 is in flight
+"""
+
+
+def build_orbax_killed_save(root: Path) -> Path:
+    """An Orbax folder whose step-2 save was cut off: 1/ finished, 2.orbax-checkpoint-tmp/ left behind."""
+    import subprocess
+    import sys
+
+    folder = root / "orbax-killed"
+    subprocess.run([sys.executable, "-c", ORBAX_KILLED_SAVE, str(folder)], check=True, capture_output=True,
+                   timeout=300)
+    return folder
+
+
+def build_torchtitan_layout(root: Path) -> Path:
+    """torchtitan's checkpoint folder written with plain torch.distributed.checkpoint and torchtitan's names:
+    step-10/ holds the full training state (model FQNs flattened at the top, plus optimizer, lr_scheduler,
+    dataloader, train_state, as torchtitan's CheckpointManager._flattened_model_states_sd writes it);
+    step-20/ is the model-only final save (checkpoint.last_save_model_only, the default since 0.2)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    _seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    for _ in range(2):
+        model(torch.randn(2, 16)).sum().backward()
+        opt.step()
+        sched.step()
+    folder = root / "torchtitan" / "checkpoint"
+    full = dict(model.state_dict())
+    full["optimizer"] = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    full["lr_scheduler"] = {"lr_scheduler_0": sched.state_dict()}
+    full["dataloader"] = {"dp_rank_0": {"sample_idx": 20}}
+    full["train_state"] = {"step": torch.tensor(10), "ntokens_seen": torch.tensor(20480)}
+    dcp.save(full, checkpoint_id=str(folder / "step-10"))
+    dcp.save(dict(model.state_dict()), checkpoint_id=str(folder / "step-20"))
+    return folder
+
+
+DEEPSPEED_RUN = """
+import os, sys
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+import torch, deepspeed
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+          "checkpoint": {"tag_validation": "Fail", "load_universal": False, "use_node_local_storage": False}}
+deepspeed.init_distributed(dist_backend="gloo")
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+for step in range(1, 7):
+    x = torch.randn(4, 8)
+    loss = torch.nn.functional.mse_loss(engine(x), x.sum(1, keepdim=True))
+    engine.backward(loss)
+    engine.step()
+    if step % 3 == 0:
+        engine.save_checkpoint(sys.argv[1], tag=f"global_step{step}")
+"""
+
+
+def build_deepspeed_run(root: Path) -> Path:
+    """A real DeepSpeed ZeRO stage-1 run on CPU (gloo): global_step3/, global_step6/, latest.
+    The first engine start on a machine compiles an op (minutes); later runs reuse the build cache."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder = root / "deepspeed"
+    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port)], capture_output=True,
+                          text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError("DeepSpeed run failed: " + proc.stderr[-2000:])
+    return folder

@@ -38,6 +38,7 @@ def workdir(tmp_path, hf_run, copy_of):
         "LOG": str(run_dir / "checkpoint-200" / "trainer_state.json"),
         "RESUME_STEP": "110",
         "EVENTS_FILE": str(tmp_path / "events.json"),
+        "FRAMEWORK": "hf",
         "cwd": tmp_path,
     }
 

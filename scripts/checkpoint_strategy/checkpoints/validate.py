@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Literal
 
 from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (CheckpointResult, CheckpointStats, DeepStats, Problem,
@@ -54,6 +55,7 @@ class Layout:
     sharded: bool = False
     portability: Portability = "unknown"
     step: int | None = None
+    dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
 
 
 class _Ctx:
@@ -261,6 +263,7 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     needed, keys = parsed
     if out is not None:
         out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
+        out.dcp_keys = set(keys)
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
     problems_before = len(ctx.problems)
@@ -291,6 +294,10 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
 def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
     out = Layout(step=found.step, sharded=True, portability="dcp")
     _check_dcp_dir(ctx, found.path, out)
+    if found.format == "torchtitan" and not out.resumable:
+        reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
+        if reason:
+            ctx.counter.notes.append(reason)
     return out
 
 
@@ -308,11 +315,21 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
         ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
         ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
+    states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
+    ctx.counter.bytes_read += len(states_pkl or b"")
+    stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
+    if stage and not optim:
+        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
+                    "them cannot resume)")
     if optim:
         out.resumable = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        if ranks and ranks != list(range(len(ranks))):
-            missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        expected = max(ranks) + 1 if ranks else 0
+        if stage and dp:
+            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved
+        if ranks and ranks != list(range(expected)):
+            missing = sorted(set(range(expected)) - set(ranks))
             ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
                         f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
     out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
@@ -380,7 +397,9 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
         for n in inner:
             p = os.path.join(ip, n)
             if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                ctx.json(p)
+                meta = ctx.json(p)
+                if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
+                    out.resumable = True
             elif n == "manifest.ocdbt":
                 ctx.readable(p)
             elif (ctx.full or ctx.deep) and os.path.isfile(p):

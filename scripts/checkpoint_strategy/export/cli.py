@@ -1,0 +1,61 @@
+"""`checkpoint-strategy export --framework F [TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] | --plan-file PLAN.json]
+[--framework-version V] [--format text|json|python|toml|args]`."""
+
+from __future__ import annotations
+
+import sys
+
+from checkpoint_strategy.planning.options import add_plan_options, positive_number, whole_number
+
+HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
+
+_PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "preset", "frequency", "keep_last",
+                 "milestones", "formats", "save_optimizer", "gpus", "gpu_mtbf_hours", "mtbf_hours",
+                 "checkpoint_write_seconds", "write_gbps", "restart_seconds", "async_save", "max_loss_hours")
+
+
+def add_arguments(parser) -> None:
+    from checkpoint_strategy.export import FRAMEWORKS, OUTPUTS
+
+    parser.add_argument("--framework", required=True, choices=list(FRAMEWORKS),
+                        help="the training framework whose settings to write")
+    parser.add_argument("--framework-version", "--framework_version", dest="framework_version", metavar="V",
+                        help="write for this version (default: the installed one, else the newest known)")
+    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=whole_number, nargs="?",
+                        help="plan inputs, as for the plan command (or use --plan-file)")
+    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=positive_number, nargs="?")
+    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=positive_number, nargs="?")
+    parser.add_argument("--plan-file", "--plan_file", dest="plan_file", metavar="PLAN.json",
+                        help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
+    parser.add_argument("--format", dest="format", choices=list(OUTPUTS), default="text",
+                        help="text (default), json (the report), python (hf, lightning, orbax, deepspeed), "
+                             "toml (torchtitan 0.1/0.2), args (torchtitan, megatron)")
+    add_plan_options(parser, positionals=False)
+
+
+def run(args) -> int:
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.export import export_plan, render_export
+    from checkpoint_strategy.export.common import load_plan_file
+
+    given = [p for p in (args.total_steps, args.step_seconds, args.budget_gb) if p is not None]
+    options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
+    if args.plan_file is not None:
+        if given or options:
+            raise UsageError("give either --plan-file or plan arguments (TOTAL_STEPS STEP_SECONDS BUDGET_GB ...), "
+                             "not both")
+        report = load_plan_file(args.plan_file)
+    elif len(given) == 3:
+        from checkpoint_strategy.planning.options import plan_arguments
+        from checkpoint_strategy.planning.planner import plan
+
+        report = plan(plan_arguments(args))
+    elif given:
+        raise UsageError("plan arguments need all three of TOTAL_STEPS STEP_SECONDS BUDGET_GB")
+    else:
+        raise UsageError("nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
+                         "or --plan-file PLAN.json")
+    export = export_plan(report, args.framework, args.framework_version)
+    text = render_export(export, args.format)
+    sys.stdout.write(text)
+    return 0

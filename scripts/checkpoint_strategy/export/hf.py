@@ -1,0 +1,68 @@
+"""Hugging Face Trainer: TrainingArguments keyword arguments (v4 and v5 differ)."""
+
+from __future__ import annotations
+
+from checkpoint_strategy.export import gaps
+from checkpoint_strategy.export.common import (
+    CALLBACK_HF,
+    VersionSpec,
+    major,
+    milestones_lost_by_window,
+    py,
+    steps_text,
+)
+from checkpoint_strategy.export.models import NotExpressible, Setting
+
+SPEC = VersionSpec(("transformers",), ("4", "5"), major, "transformers major version")
+SOURCES = (
+    "transformers 5.x training_args.py (TrainingArguments: save_strategy, save_steps, save_total_limit, "
+    "save_only_model, max_steps; no save_safetensors)",
+    "transformers 4.x TrainingArguments docs: save_safetensors (default True) writes model.safetensors",
+    "transformers trainer_callback.py DefaultFlowCallback: saves when global_step % save_steps == 0 and at "
+    "max_steps when save_strategy is 'steps'",
+)
+
+
+def outputs(version: str) -> tuple[str, ...]:
+    return ("python",)
+
+
+def build(report, s, version: str):
+    kw: dict = {"save_strategy": "steps", "save_steps": s.every_steps, "max_steps": s.total_steps}
+    gaps_: list[NotExpressible] = []
+    lost = milestones_lost_by_window(s)
+    if lost:
+        gaps_.append(NotExpressible(
+            item="keep_milestone",
+            reason=f"save_total_limit keeps only the newest N checkpoints and the Trainer saves only every "
+                   f"save_steps: milestones {steps_text(lost)} would be deleted or never written",
+            instead=f"add {CALLBACK_HF} to Trainer(callbacks=[...]); it saves the milestones and prunes around "
+                    f"them, so save_total_limit is left unset here. Without the callback, set "
+                    f"save_total_limit={s.keep_last} and lose those milestones"))
+    else:
+        kw["save_total_limit"] = s.keep_last
+    if not s.save_optimizer:
+        kw["save_only_model"] = True
+    note = ("pass with your own output_dir: TrainingArguments(output_dir=..., **checkpoint_kwargs); max_steps is "
+            "the plan's total_steps (the Trainer also saves there)")
+    if version == "4":
+        if "safetensors" in report.policy.save_formats:
+            kw["save_safetensors"] = True
+    else:
+        note += "; v5 always writes model.safetensors (save_safetensors was removed)"
+    gaps_ += gaps.common_gaps(report, "hf")
+    if s.async_save:
+        gaps_.append(NotExpressible(
+            item="async_save",
+            reason="the Trainer writes checkpoints synchronously: training waits for each save",
+            instead="re-plan with --no-async so the interval accounts for the blocking save"))
+    settings = [Setting(name="TrainingArguments", kind="kwargs", values=kw, note=note)]
+    return settings, gaps_, []
+
+
+def render(export, fmt: str) -> str:
+    from checkpoint_strategy.render import render_template
+
+    kwargs = export.settings[0].values
+    return render_template("export-hf.py.j2", export=export.model_dump(mode="json"),
+                           kwargs=[(k, py(v)) for k, v in kwargs.items()])
