@@ -130,14 +130,20 @@ def test_symlinks_and_unrecognised_entries_untouched(hf_run, tmp_path):
     assert (root / "README.txt").read_text() == "keep me"
 
 
-def test_leftovers_of_an_interrupted_prune_are_ignored_then_finished(hf_run, copy_of):
+def test_deleting_names_prune_did_not_create_are_never_touched(hf_run, copy_of):
+    """A `.deleting-*` name that is not in prune's journal (a user's folder, or a leftover of an
+    older version) is reported and kept, never removed (issue 9, item 5)."""
     root = copy_of(hf_run.output_dir, "run")
     os.rename(root / "checkpoint-10", root / ".deleting-checkpoint-10")
+    (root / ".deleting-my-notes").mkdir()
+    (root / ".deleting-my-notes" / "n.txt").write_text("mine")
     assert all(".deleting-" not in c.path for c in validate_paths([str(root)]).checkpoints)
     report = prune(root, keep_last=30)
-    assert report.leftovers == [".deleting-checkpoint-10"] and not report.delete
-    prune(root, keep_last=30, apply=True)
-    assert not (root / ".deleting-checkpoint-10").exists()
+    assert report.foreign_leftovers == [".deleting-checkpoint-10", ".deleting-my-notes"] and not report.leftovers
+    report = prune(root, keep_last=2, apply=True, spike_check=False)
+    assert report.state == "done" and report.deleted == len(hf_run.checkpoint_steps) - 3
+    assert (root / ".deleting-my-notes" / "n.txt").read_text() == "mine"
+    assert (root / ".deleting-checkpoint-10" / "model.safetensors").exists()
 
 
 def _snapshot(folder: Path) -> str:

@@ -44,7 +44,7 @@ def test_recover_from_the_trainer_state_file_and_an_explicit_list(hf_run, capsys
     _, rep = run_json(capsys, "recover", str(hf_run.trainer_state), "--checkpoints", "50,100,110,120,130")
     assert rep["resume_checkpoint"] == {"step": 110, "path": None, "kind": "checkpoint",
                                         "smoothed_loss": rep["resume_checkpoint"]["smoothed_loss"],
-                                        "within_tolerance": True}
+                                        "within_tolerance": True, "tag": "resume"}
     _, rep = run_json(capsys, "recover", str(hf_run.trainer_state), "--checkpoints", "120,130,140")
     assert rep["status"] == "no_clean_checkpoint" and rep["resume_checkpoint"] is None
     assert "keep_last" in rep["policy_advice"]

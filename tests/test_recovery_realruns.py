@@ -66,7 +66,7 @@ def test_recover_says_self_recovered_keep_training(hf_run_self_recovering, capsy
     assert rep["status"] == "self_recovered" and rep["self_recovered"] is True
     assert "keep training" in rep["summary"]
     spike = rep["spike"]
-    assert rep["spikes"] == [spike] and spike["kind"] == "loss"
+    assert rep["spikes"] == [spike] and spike["kind"] == "spike"
     assert spike["onset_step"] == run.spike_step + 1 and spike["peak_step"] in range(121, 126)
     assert spike["magnitude"] >= 2.5 and spike["peak_loss"] >= 2.5 * spike["baseline_loss"]
     assert spike["recovered_step"] is not None

@@ -7,12 +7,19 @@ Python API for training scripts (the spec's ``validate_on_save``)::
     if result.status != "valid":
         ...  # result.problems: [{file, reason, kind}]
 
+Retention (the keep rules shared by prune, the callbacks and any other storage)::
+
+    from checkpoint_strategy.checkpoints import Candidate, Retention, plan_prune
+    plan = plan_prune(candidates, Retention(keep_last=3, milestones=frozenset({1000})))
+
 Nothing here imports torch, and no checkpoint content is ever executed.
 """
 
 from __future__ import annotations
 
 from checkpoint_strategy.checkpoints.prune import load_policy, prune
+from checkpoint_strategy.checkpoints.retention import Candidate, Retention, classify_name, plan_prune
 from checkpoint_strategy.checkpoints.validate import validate_checkpoint, validate_paths
 
-__all__ = ["validate_checkpoint", "validate_paths", "prune", "load_policy"]
+__all__ = ["validate_checkpoint", "validate_paths", "prune", "load_policy", "plan_prune", "Candidate", "Retention",
+           "classify_name"]

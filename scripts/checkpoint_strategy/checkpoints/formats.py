@@ -11,6 +11,8 @@ Recognised (documented names of each framework):
   orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
   deepspeed   global_stepN/ (with a `latest` file beside it)
   megatron    iter_NNNNNNN/ (with latest_checkpointed_iteration.txt beside it)
+An HF output_dir holding checkpoint-N/ folders is a run folder (`is_run_folder`): `discover` returns
+its checkpoints plus, when it has top-level weights, its final export (role FINAL_EXPORT).
 Names starting with '.deleting-' (a prune in progress) and other hidden names are ignored.
 """
 
@@ -25,6 +27,7 @@ MANIFEST_NAME = "integrity.json"
 MANIFEST_SUFFIX = ".integrity.json"
 NEMO_UNFINISHED = "-unfinished"
 ORBAX_TMP = ".orbax-checkpoint-tmp"
+FINAL_EXPORT = "final-export"
 
 _HF = re.compile(r"^(?:tmp-)?checkpoint-(\d+)$")
 _STEP = re.compile(r"^step[-_=]?(\d+)$")
@@ -44,6 +47,7 @@ class Found:
     format: str
     step: int | None
     is_dir: bool
+    role: str = "checkpoint"  # or FINAL_EXPORT: a run folder's own top-level model files
 
 
 def step_from_name(name: str) -> int | None:
@@ -139,15 +143,37 @@ def unfinished_marker(path: str) -> str:
     return p + NEMO_UNFINISHED
 
 
+def is_run_folder(found: Found) -> bool:
+    """True for an HF Trainer output_dir: a folder recognised as hf-trainer by its own top-level
+    files (model.safetensors, config.json, trainer_state.json) that also holds checkpoint-N/
+    folders. Its top-level files are the final export; the checkpoint-N/ folders are the run's
+    checkpoints."""
+    if found.format != "hf-trainer" or not found.is_dir or _HF.match(os.path.basename(os.path.normpath(found.path))):
+        return False
+    try:
+        with os.scandir(found.path) as it:
+            return any(_HF.match(e.name) and e.is_dir(follow_symlinks=False) for e in it)
+    except OSError:
+        return False
+
+
 def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
     """Checkpoints at or under root (not following symlinked folders), plus unrecognised names
     directly under root. Does not descend into recognised checkpoints."""
     found = identify(root)
-    if found is not None:
-        return [found], []
     results: list[Found] = []
+    if found is not None:
+        if not is_run_folder(found):
+            return [found], []
+        # an HF output_dir: its own top-level weights are the final export, its children the checkpoints
+        if any(_HF_WEIGHTS.match(n) or n.endswith(".safetensors.index.json") for n in listdir(root) or []):
+            results.append(Found(found.path, found.format, None, True, FINAL_EXPORT))
     unrecognised: list[str] = []
     _walk(root, 0, max_depth, results, unrecognised)
+    if found is not None:  # a run folder: its top-level weight files belong to the final export
+        top = os.path.normpath(root)
+        results = [f for f in results if f.is_dir or os.path.dirname(os.path.normpath(f.path)) != top
+                   or not _HF_WEIGHTS.match(os.path.basename(f.path))]
     results.sort(key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.path))
     return results, unrecognised
 

@@ -11,6 +11,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from checkpoint_strategy.checkpoints.retention import ReasonKind
+
 Status = Literal["valid", "invalid", "incomplete"]
 Level = Literal["quick", "full", "deep"]
 ProblemKind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
@@ -167,9 +169,19 @@ class PruneEntry(_Model):
     format: str
     step: Optional[int] = None
     status: Optional[Status] = Field(None, description="validation status (None when not recognised)")
+    resumable: Optional[bool] = Field(None, description="optimizer state present (resumable) or weights-only; "
+                                                        "None when not validated")
+    layout: Optional[str] = Field(None, description="the known name pattern it matches exactly (checkpoint-<int>, "
+                                                    "global_step<int>, ...); None = not recognised, kept")
+    symlink: bool = Field(False, description="a symlink or outside ROOT: never deleted, never justifies a deletion")
     action: Literal["keep", "delete"]
     reasons: list[str]
+    reason_kinds: list[ReasonKind] = Field(default_factory=list, description="the kind of each reason, in order "
+                                           "(retention.REASON_KINDS)")
+    justified_by: Optional[str] = Field(None, description="delete: the newer validated checkpoint that stands in")
     deleted: bool = False
+    error: Optional[str] = Field(None, description="why this deletion failed (the checkpoint is intact unless "
+                                                   "half_deleted says otherwise)")
 
 
 class SpikeGuard(_Model):
@@ -182,6 +194,9 @@ class SpikeGuard(_Model):
     note: str
 
 
+PruneState = Literal["dry_run", "done", "half_deleted", "failed"]
+
+
 class PruneReport(_Model):
     root: str
     applied: bool
@@ -189,13 +204,28 @@ class PruneReport(_Model):
     keep_last: int
     milestones: list[int]
     best_checkpoint: Optional[str] = None
-    newest_valid: Optional[str] = None
+    newest_valid: Optional[str] = Field(None, description="the newest checkpoint keep_last counts (resumable when "
+                                                          "the run has any)")
+    counts_resumable: bool = Field(False, description="keep_last counts resumable checkpoints (the run has some); "
+                                                      "weights-only ones never justify deleting them")
+    final_export: Optional[str] = Field(None, description="the run folder's own top-level model files (HF "
+                                                          "output_dir): validated, never deleted")
+    lightning_templates: list[str] = Field(default_factory=list,
+                                           description="Lightning ModelCheckpoint filename templates found in ROOT")
     keep: list[PruneEntry]
     delete: list[PruneEntry]
     leftovers: list[str] = Field(default_factory=list,
-                                 description="'.deleting-*' folders of an interrupted prune (finished by --apply)")
+                                 description="'.deleting-*' folders of an interrupted prune (in its journal; "
+                                             "finished by --apply)")
+    foreign_leftovers: list[str] = Field(default_factory=list,
+                                         description="'.deleting-*' names prune did not create: never touched")
     reasons: dict[str, list[str]] = Field(description="name -> reasons for its keep/delete decision")
-    freed_bytes: int = 0
+    deleted: int = Field(0, description="checkpoints actually deleted by this run")
+    failed: int = Field(0, description="deletions that failed")
+    freed_bytes: int = Field(0, description="bytes of the checkpoints actually deleted")
+    state: PruneState = Field("dry_run", description="dry_run; done; half_deleted = a deletion stopped half-way "
+                                                     "(rerun prune --apply to finish); failed = nothing half-done "
+                                                     "but some deletions failed")
     errors: list[Problem] = Field(default_factory=list)
     spike_guard: Optional[SpikeGuard] = Field(
         None, description="unrecovered loss spike in the training log: its rollback checkpoint is kept")

@@ -1,64 +1,65 @@
-"""Validated retention: keep the newest valid checkpoint, milestones, the best one and anything
-unrecognised; delete older valid checkpoints past keep_last, only once a newer one validated.
+"""Validated retention for a local checkpoint folder: survey -> plan_prune -> apply_prune.
 
-Deletion is crash-safe: the checkpoint is first renamed to a `.deleting-<name>` sibling (one
-atomic rename in the same folder, outside the recognised namespace: `validate` and `prune`
-ignore it) and only then removed. A crash leaves either the intact checkpoint or a
-`.deleting-*` leftover that the next `prune --apply` finishes.
+- ``survey(root, level)`` lists ROOT once, matches every name against the known layouts
+  (`retention.classify_name`), validates the recognised checkpoints and reads what the trainer
+  says is best; it returns `retention.Candidate`s.
+- ``retention.plan_prune`` decides (pure keep rules; shared with the callbacks and any other
+  storage).
+- ``apply_prune(root, plan, ...)`` deletes what the plan marks, crash-safely:
+
+  1. the batch ``[{"name", "renamed": ".deleting-<random>"}, ...]`` is written to the journal
+     ``ROOT/.checkpoint-strategy-prune.json`` (one atomic write);
+  2. each checkpoint (and its ``.integrity.json`` sidecar) is renamed to its hidden name - one
+     atomic rename in the same folder, outside the recognised namespace - and removed;
+  3. the journal is rewritten with only what is left half deleted (removed when empty).
+
+  A crash leaves either the intact checkpoint or a journalled ``.deleting-*`` leftover that the
+  next ``prune --apply`` finishes. A ``.deleting-*`` name not in the journal was not made by
+  prune and is never touched. A deletion that fails half-way stays in the journal: the report
+  says "half deleted, rerun prune --apply to finish" and the command exits 1.
+
+The whole run holds an exclusive lock on ROOT (``storage.locking``, an flock on the folder
+itself): a second prune waits ``lock_timeout`` seconds, then exits 2 with one line.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import secrets
 import shutil
 import stat
-from pathlib import Path
+from dataclasses import dataclass, field
 
+from checkpoint_strategy import storage
+from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.models import CheckpointPolicy, Problem, PruneEntry, PruneReport, SpikeGuard
+from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.checkpoints.models import (
+    CheckpointPolicy,
+    CheckpointResult,
+    Level,
+    Problem,
+    PruneEntry,
+    PruneReport,
+    PruneState,
+    SpikeGuard,
+)
 from checkpoint_strategy.checkpoints.validate import check, usable
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
+
+JOURNAL = ".checkpoint-strategy-prune.json"
+LOCK_TIMEOUT_SECONDS = 5.0
+_RENAMED = re.compile(r"^\.deleting-[0-9a-f]{16}$")
+FINAL_EXPORT_NAME = "."
 
 
 def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
-    """Read the plan's `checkpoint_policy:` YAML (yaml.safe_load) and validate it."""
-    import yaml
-    from pydantic import ValidationError
+    """The checkpoint policy in a plan (YAML or JSON), the handoff state file or a bare mapping
+    (`checkpoint_strategy.policyfile.load_policy_file`)."""
+    from checkpoint_strategy.policyfile import load_policy_file
 
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--policy {p}: cannot read ({getattr(exc, 'strerror', None) or type(exc).__name__}); "
-                         "expected a YAML file with a checkpoint_policy: mapping") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise UsageError(f"--policy {p}: not valid YAML{line}; expected a checkpoint_policy: mapping") from None
-    if isinstance(data, dict) and "checkpoint_policy" in data:
-        data = data["checkpoint_policy"]
-    if not isinstance(data, dict):
-        raise UsageError(f"--policy {p}: expected a mapping under checkpoint_policy: "
-                         "(frequency, keep_last, keep_milestone, ...)")
-    data = dict(data)
-    ms = data.get("keep_milestone")
-    if isinstance(ms, list) and ms and ms[-1] in ("...", Ellipsis, None):
-        data["keep_milestone"] = [m for m in ms if isinstance(m, int)]
-        data["_continue"] = True
-    cont = data.pop("_continue", False)
-    try:
-        policy = CheckpointPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(f"--policy {p}: " + pydantic_message(exc, "checkpoint_policy")) from None
-    if cont and policy.keep_milestone:
-        # "[1000, 5000, 10000, 25000, ...]": the spec's "powers of 2 * 1000" continues by doubling
-        last = policy.keep_milestone[-1]
-        extra = [last * 2 ** k for k in range(1, 21)]
-        policy = policy.model_copy(update={"keep_milestone": policy.keep_milestone + extra})
-    return policy
+    return load_policy_file(path, "--policy").policy
 
 
 def _home_folders() -> set[str]:
@@ -73,6 +74,9 @@ def _home_folders() -> set[str]:
 
 
 def check_root(root: str) -> str:
+    """The real path of a folder that may be pruned, or UsageError (exit 2)."""
+    if root == "":
+        raise UsageError("ROOT: empty path; expected the folder that holds the checkpoints")
     if not os.path.lexists(root):
         raise UsageError(f"{root}: no such folder; expected the folder that holds the checkpoints")
     real = os.path.realpath(root)
@@ -80,82 +84,129 @@ def check_root(root: str) -> str:
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
     if real in _home_folders():
         raise UsageError(f"{root}: refusing to prune / or a home folder; pass the run's checkpoint folder")
-    if fm.identify(real) is not None:
+    found = fm.identify(real)
+    if found is not None and not fm.is_run_folder(found):
         raise UsageError(f"{root}: is itself a checkpoint; pass the folder that holds the checkpoints")
     return real
 
 
-def _best_names(found: list[fm.Found]) -> set[str]:
-    """Checkpoint folder names that any trainer_state.json calls best_model_checkpoint."""
-    best: set[str] = set()
+# --------------------------------------------------------------------------- survey
+
+
+@dataclass
+class Survey:
+    """What ROOT holds, as the keep rules need it."""
+
+    root: str
+    candidates: list[rt.Candidate] = field(default_factory=list)
+    results: dict[str, CheckpointResult] = field(default_factory=dict)   # name -> validator result
+    found: dict[str, fm.Found] = field(default_factory=dict)             # name -> discovery
+    best: dict[str, str] = field(default_factory=dict)                   # name -> why it is the best
+    templates: list[str] = field(default_factory=list)                   # Lightning filename templates
+    final_export: str | None = None
+
+
+def _hf_best(survey: Survey) -> None:
+    """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
+    run folder's own)."""
+    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ")]
+    for c in survey.candidates:
+        f = survey.found.get(c.name)
+        if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
+    for path, where in states:
+        try:
+            data = storage.read_json(path, "trainer_state.json", allow_nan=True, expect=dict)
+        except storage.ReadError:
+            continue
+        name = data.get("best_model_checkpoint")
+        if isinstance(name, str) and name.strip():
+            best = os.path.basename(os.path.normpath(name))
+            survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
+
+
+_PL_MONITOR = re.compile(r"^ModelCheckpoint\{.*'monitor': '([^']+)'")
+
+
+def _lightning_best(survey: Survey) -> None:
+    """Lightning's top-k: the newest valid .ckpt holds every ModelCheckpoint's state (read from
+    the pickle's string constants, nothing runs). When one monitors a metric, the .ckpt paths
+    in that state (best_model_path, best_k_models, kth_best_model_path) are the trainer's best."""
+    from checkpoint_strategy.checkpoints import filechecks as fc
+
+    newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
+                  and not c.symlink and c.step is not None and os.path.isfile(c.path)),
+                 key=lambda c: (c.step, c.name), default=None)
+    if newest is None:
+        return
+    _reasons, strings = fc.check_zip(newest.path, fc.Counter(), False, True)
+    # monitor="step" (a rolling window, as `export` emits it) ranks by recency, not quality: not a best
+    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))} - {"step", "epoch", "global_step"})
+    if not monitors:
+        return
+    names = {c.name for c in survey.candidates}
+    for x in strings:
+        name = x.replace("\\", "/").rsplit("/", 1)[-1]
+        if x.endswith(".ckpt") and name in names:
+            survey.best.setdefault(name, f"trainer's top-k by {', '.join(monitors)} (ModelCheckpoint state in "
+                                         f"{newest.name})")
+
+
+def survey(root: str, level: str = "quick") -> Survey:
+    """List ROOT (one level), classify every name, validate the recognised checkpoints."""
+    s = Survey(root)
+    found, unrecognised = fm.discover(root, max_depth=1)
+    templates: set[str] = set()
     for f in found:
-        ts = os.path.join(f.path, "trainer_state.json")
-        if not os.path.isfile(ts):
+        if f.role == fm.FINAL_EXPORT:
+            r = check(f, level)
+            s.final_export = f.path
+            s.found[FINAL_EXPORT_NAME], s.results[FINAL_EXPORT_NAME] = f, r
+            s.candidates.append(rt.Candidate(FINAL_EXPORT_NAME, status=r.status, resumable=r.resumable,
+                                             final_export=True, format=f.format, path=f.path))
             continue
-        try:
-            with open(ts, "rb") as fh:
-                data = json.loads(fh.read(64 << 20))
-        except (OSError, ValueError):
+        name = os.path.basename(f.path)
+        m = rt.classify_name(name)
+        symlink = os.path.islink(f.path) or not storage.inside(f.path, root)
+        s.found[name] = f
+        if m is None or symlink:  # never validated: kept whatever they hold
+            s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
+                                             symlink=symlink, format=f.format, path=f.path))
             continue
-        name = data.get("best_model_checkpoint") if isinstance(data, dict) else None
-        if isinstance(name, str) and name:
-            best.add(os.path.basename(os.path.normpath(name)))
-    return best
+        r = check(f, level)
+        s.results[name] = r
+        if m.template and m.template != "last":
+            templates.add(m.template)
+        status = r.status if usable(r) else "invalid"  # level deep: NaN/Inf, partial optimizer, norm jump
+        s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable, False, m.metrics,
+                                         format=f.format, path=f.path))
+    for name in unrecognised:
+        path = os.path.join(root, name)
+        s.candidates.append(rt.Candidate(name, None, None, symlink=os.path.islink(path), path=path))
+    s.templates = sorted(templates)
+    _hf_best(s)
+    _lightning_best(s)
+    return s
 
 
-def _inside(path: str, root: str) -> bool:
-    return os.path.commonpath([os.path.realpath(path), root]) == root
-
-
-def _size(path: str) -> int:
-    total = 0
-    try:
-        if not os.path.isdir(path) or os.path.islink(path):
-            return os.lstat(path).st_size
-        for dirpath, _dirs, files in os.walk(path, followlinks=False):
-            for n in files:
-                try:
-                    total += os.lstat(os.path.join(dirpath, n)).st_size
-                except OSError:
-                    pass
-    except OSError:
-        pass
-    return total
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def _remove(path: str) -> None:
-    """Remove a renamed-away checkpoint (file or folder) without following symlinks."""
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
-
+# --------------------------------------------------------------------------- loss spike
 
 UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
 
 
-def spike_guard(found: list[fm.Found], results: dict, log: str | None = None) -> SpikeGuard | None:
+def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGuard | None:
     """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
     recovery adviser. When a loss spike has not recovered, the checkpoint `recover` would resume
-    from must survive: spikes come after "best", and a rolling window rotates past them."""
+    from must survive: spikes come after "best", and a rolling window rotates past them.
+
+    valid: (step, path) of the valid checkpoints.
+    """
     from checkpoint_strategy.recovery import advise
 
-    valid = sorted((f.step, f.path) for f in found if f.step is not None and results[f.path].status == "valid")
+    valid = sorted(valid)
     if log is None:
         logs = [os.path.join(p, "trainer_state.json") for _s, p in valid
-                if os.path.isfile(os.path.join(p, "trainer_state.json"))]
+                if storage.is_regular(os.path.join(p, "trainer_state.json"))]
         if not logs:
             return None
         log = logs[-1]
@@ -183,117 +234,282 @@ def spike_guard(found: list[fm.Found], results: dict, log: str | None = None) ->
     return SpikeGuard(log=log, status=report.status, onset_step=onset, protected=protected, note=note)
 
 
-def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
-          policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
-          level: str = "quick", log: str | None = None, spike_check: bool = True) -> PruneReport:
-    """Plan validated retention under root; with apply=True, delete what the plan marks.
+# --------------------------------------------------------------------------- journal
 
-    keep_last/milestones override the policy's keep_last/keep_milestone. Invalid and incomplete
-    checkpoints are never deleted (a save may still be in flight; remove them by hand). With
-    spike_check (default) the training log (`log`, or the newest valid checkpoint's
-    trainer_state.json) is read first, and the rollback checkpoint of an unrecovered loss spike is
-    kept.
+
+def _journal_path(root: str) -> str:
+    return os.path.join(root, JOURNAL)
+
+
+def read_journal(root: str) -> list[dict]:
+    """Pending deletions recorded by an earlier prune: [{"name", "renamed", "sidecar"}]."""
+    path = _journal_path(root)
+    if not os.path.lexists(path):
+        return []
+    what = "prune journal"
+    data = storage.read_json(path, what, limit=16 << 20, expect=dict)
+    pending = data.get("pending")
+    ok = isinstance(pending, list) and all(
+        isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("renamed"), str)
+        and _RENAMED.match(e["renamed"]) and e.get("sidecar") in (None, e["renamed"] + fm.MANIFEST_SUFFIX)
+        for e in pending)
+    if not ok:
+        raise UsageError(f"{what} {path}: not a list of .deleting-<16 hex> entries; nothing was deleted "
+                         "(it records prune's half-deleted checkpoints: inspect it, then move it away)")
+    return list(pending)
+
+
+def _write_journal(root: str, pending: list[dict]) -> None:
+    path = _journal_path(root)
+    if pending or not os.path.lexists(path):
+        import json
+
+        atomic_write_text(path, json.dumps({"version": 1, "pending": pending}, indent=1, ensure_ascii=False) + "\n")
+    if not pending:
+        os.unlink(path)
+        _fsync_dir(root)
+
+
+def _clean_journal_temps(root: str) -> None:
+    """Temp files of a journal write killed mid-way (we hold the lock: nobody else writes one)."""
+    prefix = "." + JOURNAL + "."
+    for name in os.listdir(root):
+        if name.startswith(prefix) and name.endswith(".tmp"):
+            path = os.path.join(root, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _size(path: str) -> int:
+    total = 0
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return os.lstat(path).st_size
+        for dirpath, _dirs, files in os.walk(path, followlinks=False):
+            for n in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
+
+
+def _remove(path: str) -> None:
+    """Remove a renamed-away checkpoint (file or folder) without following symlinks."""
+    st = os.lstat(path)
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+# --------------------------------------------------------------------------- apply
+
+
+@dataclass
+class Outcome:
+    deleted: dict[str, int] = field(default_factory=dict)       # name -> bytes freed
+    failed: dict[str, str] = field(default_factory=dict)        # name -> why
+    finished: list[str] = field(default_factory=list)           # journalled leftovers removed
+    errors: list[Problem] = field(default_factory=list)
+    half_deleted: list[str] = field(default_factory=list)       # still in the journal
+
+    @property
+    def freed(self) -> int:
+        return sum(self.deleted.values())
+
+
+def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
+    """Remove the journalled leftovers of an earlier prune; returns the entries still pending."""
+    left = []
+    for e in pending:
+        try:
+            for name in (e["renamed"], e.get("sidecar")):
+                if name and os.path.lexists(os.path.join(root, name)):
+                    _remove(os.path.join(root, name))
+        except OSError as exc:
+            out.errors.append(Problem(file=e["renamed"], reason=f"half deleted ({e['name']}): "
+                                      f"{storage.describe_os_error(exc)}; rerun prune --apply to finish"))
+            left.append(e)
+            continue
+        out.finished.append(e["renamed"])
+    return left
+
+
+def _entry_for(root: str, name: str) -> dict:
+    renamed = fm.DELETING_PREFIX + secrets.token_hex(8)
+    sidecar = os.path.lexists(os.path.join(root, name + fm.MANIFEST_SUFFIX))
+    return {"name": name, "renamed": renamed, "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None}
+
+
+def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
+    """Rename then remove one journalled checkpoint. True when something is left half deleted."""
+    name, renamed = entry["name"], entry["renamed"]
+    src = os.path.join(root, name)
+    size = _size(src)
+    try:
+        os.rename(src, os.path.join(root, renamed))
+    except OSError as exc:
+        out.failed[name] = f"could not delete: {storage.describe_os_error(exc)}; the checkpoint is intact"
+        return False
+    try:
+        if entry["sidecar"]:
+            os.rename(src + fm.MANIFEST_SUFFIX, os.path.join(root, entry["sidecar"]))
+        _fsync_dir(root)
+        for n in (renamed, entry["sidecar"]):
+            if n:
+                _remove(os.path.join(root, n))
+    except OSError as exc:
+        out.failed[name] = (f"half deleted (left as {renamed}): {storage.describe_os_error(exc)}; "
+                            "rerun prune --apply to finish")
+        return True
+    out.deleted[name] = size
+    return False
+
+
+def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Outcome:
+    """Delete what `plan` marks, after finishing the journalled leftovers of an earlier prune.
+
+    revalidate(name) -> bool: the checkpoint that justifies the deletions is checked again right
+    before the first deletion; if it no longer validates nothing is deleted. Errors land in the
+    Outcome (the caller exits 1); a journal that cannot be written is a UsageError (exit 2).
     """
-    root = check_root(os.fspath(root))
+    out = Outcome()
+    to_delete = [d.candidate.name for d in plan.delete]
+    try:
+        _clean_journal_temps(root)
+        if not to_delete and not pending:
+            return out
+        _write_journal(root, pending)  # also proves ROOT is writable before anything is touched
+    except OSError as exc:
+        raise UsageError(storage.oserror_line(exc, "write the prune journal in", root)
+                         + "; prune --apply needs write access to ROOT (nothing deleted)") from None
+    pending = _finish(root, pending, out)
+    justifiers = sorted({d.justified_by for d in plan.delete if d.justified_by})
+    for j in justifiers:
+        if not revalidate(j):
+            out.errors.append(Problem(file=j, reason="newest valid checkpoint no longer validates: nothing deleted"))
+            to_delete = []
+    # One journal write for the whole batch: an entry whose .deleting-* name never appears (killed
+    # before its rename) is simply dropped by the next run; the checkpoint is still there.
+    entries = [_entry_for(root, name) for name in to_delete]
+    try:
+        _write_journal(root, pending + entries)
+    except OSError as exc:
+        out.errors.append(Problem(file=JOURNAL, reason=storage.oserror_line(exc, "write", JOURNAL)
+                                  + "; nothing (more) deleted"))
+        entries = []
+    half = [e for e in entries if _delete_one(root, e, out)]
+    pending = pending + half
+    try:
+        _write_journal(root, pending)
+    except OSError as exc:
+        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: "
+                                  f"{storage.describe_os_error(exc)}; the next prune --apply tidies it"))
+    for name, why in out.failed.items():
+        out.errors.append(Problem(file=name, reason=why))
+    out.half_deleted = [e["renamed"] for e in pending]
+    return out
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
+    c = d.candidate
+    r = s.results.get(c.name)
+    deleted = out is not None and c.name in out.deleted
+    error = out.failed.get(c.name) if out is not None else None
+    return PruneEntry(path=c.path, name=c.name, format=c.format, step=c.step, status=r.status if r else None,
+                      resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
+                      reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
+                      justified_by=d.justified_by, deleted=deleted, error=error)
+
+
+def _settings(keep_last, milestones, policy) -> tuple[int, list[int]]:
     if policy is not None and not isinstance(policy, CheckpointPolicy):
         policy = load_policy(policy)
     if keep_last is None and policy is not None:
         keep_last = policy.keep_last
     if keep_last is None:
-        raise UsageError("no retention given: pass --keep-last N or --policy FILE.yaml with checkpoint_policy.keep_last")
-    if keep_last < 1:
-        raise UsageError(f"--keep-last must be at least 1, got {keep_last}")
+        raise UsageError("no retention given: pass --keep-last N or --policy FILE (the plan, YAML or JSON, or the "
+                         "handoff state file) with a keep_last")
+    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
+        raise UsageError(f"--keep-last must be an integer of at least 1, got {keep_last}")
     ms = sorted(set(milestones if milestones is not None else (policy.keep_milestone if policy else [])))
-    found, unrecognised = fm.discover(root, max_depth=1)
-    leftovers = sorted(n for n in os.listdir(root) if n.startswith(fm.DELETING_PREFIX))
-    best = _best_names(found)
-    results = {f.path: check(f, level) for f in found}
-    entries: list[PruneEntry] = []
-    valid_steps = sorted((f.step, f.path) for f in found
-                         if f.step is not None and usable(results[f.path]))
-    newest_valid = valid_steps[-1] if valid_steps else None
-    kept_recent = {p for _s, p in valid_steps[-keep_last:]}
-    guard = spike_guard(found, results, log) if spike_check else None
-    for f in found:
-        r = results[f.path]
-        name = os.path.basename(f.path)
-        reasons: list[str] = []
-        action = "delete"
-        if os.path.islink(f.path) or not _inside(f.path, root):
-            reasons.append("symlink or outside ROOT: never deleted")
-        if r.status != "valid":
-            reasons.append(f"{r.status}: not deleted automatically (a save may be in flight; inspect it)")
-        if f.step is None:
-            reasons.append("no step number in its name: not ordered, kept")
-        if newest_valid and f.path == newest_valid[1]:
-            reasons.append("newest valid checkpoint")
-        elif f.path in kept_recent:
-            reasons.append(f"within keep_last={keep_last} newest valid")
-        if f.step is not None and f.step in ms:
-            reasons.append(f"milestone step {f.step}")
-        if name in best:
-            reasons.append("best_model_checkpoint in trainer_state.json")
-        if guard is not None and guard.protected == name:
-            reasons.append(f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
-        if not reasons:
-            if newest_valid is None or f.step is None or f.step >= newest_valid[0]:
-                reasons.append("no newer checkpoint validated: kept")
-            else:
-                reasons.append(f"older than keep_last={keep_last}; newer {os.path.basename(newest_valid[1])} "
-                               f"validated ({level})")
-        else:
-            action = "keep"
-        if action == "delete" and reasons[0].startswith("no newer"):
-            action = "keep"
-        entries.append(PruneEntry(path=f.path, name=name, format=f.format, step=f.step, status=r.status,
-                                  action=action, reasons=reasons))
-    for name in unrecognised:
-        entries.append(PruneEntry(path=os.path.join(root, name), name=name, format="unknown", status=None,
-                                  action="keep", reasons=["not recognised as a checkpoint: never touched"]))
-    errors: list[Problem] = []
-    freed = 0
-    to_delete = [e for e in entries if e.action == "delete"]
-    if apply:
-        for name in leftovers:
-            try:
-                _remove(os.path.join(root, name))
-            except OSError as exc:
-                errors.append(Problem(file=name, reason=f"could not finish earlier deletion: {exc.strerror}"))
-        if to_delete:
-            again = check(fm.Found(newest_valid[1], _fmt(found, newest_valid[1]), newest_valid[0],
-                                   os.path.isdir(newest_valid[1])), level)
-            if not usable(again):
-                errors.append(Problem(file=os.path.basename(newest_valid[1]),
-                                      reason="newest valid checkpoint no longer validates: nothing deleted"))
-                to_delete = []
-        for e in to_delete:
-            src = e.path
-            dst = os.path.join(root, fm.DELETING_PREFIX + e.name)
-            size = _size(src)
-            try:
-                os.rename(src, dst)
-                sidecar = src + fm.MANIFEST_SUFFIX
-                if os.path.lexists(sidecar):
-                    os.rename(sidecar, os.path.join(root, fm.DELETING_PREFIX + e.name + fm.MANIFEST_SUFFIX))
-                _fsync_dir(root)
-                _remove(dst)
-                sc = os.path.join(root, fm.DELETING_PREFIX + e.name + fm.MANIFEST_SUFFIX)
-                if os.path.lexists(sc):
-                    os.unlink(sc)
-            except OSError as exc:
-                errors.append(Problem(file=e.name, reason=f"could not delete: {exc.strerror or type(exc).__name__}"))
-                continue
-            e.deleted = True
-            freed += size
+    return keep_last, ms
+
+
+def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
+    ours = {n for e in pending for n in (e["renamed"], e.get("sidecar")) if n}
+    names = sorted(n for n in os.listdir(root) if n.startswith(fm.DELETING_PREFIX))
+    return [n for n in names if n in ours], [n for n in names if n not in ours]
+
+
+def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
+          policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
+          level: Level = "quick", log: str | None = None, spike_check: bool = True,
+          lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> PruneReport:
+    """Plan validated retention under root; with apply=True, delete what the plan marks.
+
+    keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
+    resumable valid checkpoints when the run has any. Invalid, incomplete, symlinked and
+    unrecognised entries are never deleted. With spike_check (default) the training log (`log`,
+    or the newest valid checkpoint's trainer_state.json) is read first, and the rollback
+    checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
+    prune of the same ROOT waits `lock_timeout` seconds, then UsageError.
+    """
+    from checkpoint_strategy.storage.locking import locked
+
+    root = check_root(os.fspath(root))
+    keep_last, ms = _settings(keep_last, milestones, policy)
+    busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
+            f"{lock_timeout:g} s); wait for it to finish, then rerun")
+    with locked(root, lock_timeout, busy):
+        s = survey(root, level)
+        pending = read_journal(root)
+        valid = [(c.step, c.path) for c in s.candidates
+                 if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
+        guard = spike_guard(valid, log) if spike_check else None
+        retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms), best=s.best,
+                                 rollback=guard.protected if guard else None,
+                                 rollback_why=(f"rollback point before the unrecovered loss spike at step "
+                                               f"{guard.onset_step}" if guard else ""))
+        plan = rt.plan_prune(s.candidates, retention)
+        ours, foreign = _leftovers(root, pending)
+        out = None
+        if apply:
+            def revalidate(name: str) -> bool:
+                return usable(check(s.found[name], level))
+
+            out = apply_prune(root, plan, revalidate, pending)
+    entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
     delete = [e for e in entries if e.action == "delete"]
+    state: PruneState = "dry_run"
+    if out is not None:
+        state = "half_deleted" if out.half_deleted else "failed" if out.errors else "done"
+    best = sorted(s.best)
     return PruneReport(
         root=root, applied=apply, level=level, keep_last=keep_last, milestones=ms,
-        best_checkpoint=sorted(best)[0] if best else None,
-        newest_valid=os.path.basename(newest_valid[1]) if newest_valid else None,
-        keep=keep, delete=delete, leftovers=leftovers,
-        reasons={e.name: e.reasons for e in entries}, freed_bytes=freed, errors=errors, spike_guard=guard)
-
-
-def _fmt(found: list[fm.Found], path: str) -> str:
-    return next(f.format for f in found if f.path == path)
+        best_checkpoint=best[0] if best else None,
+        newest_valid=plan.newest.name if plan.newest else None, counts_resumable=plan.counts_resumable,
+        final_export=s.final_export, lightning_templates=s.templates,
+        keep=keep, delete=delete, leftovers=ours, foreign_leftovers=foreign,
+        reasons={e.name: e.reasons for e in entries},
+        deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
+        freed_bytes=out.freed if out else 0, state=state,
+        errors=out.errors if out else [], spike_guard=guard)

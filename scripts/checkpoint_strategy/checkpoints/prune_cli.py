@@ -1,4 +1,4 @@
-"""`checkpoint-strategy prune ROOT [--keep-last N] [--milestones ...] [--policy FILE.yaml] [--apply]`."""
+"""`checkpoint-strategy prune ROOT [--keep-last N] [--milestones ...] [--policy FILE] [--apply]`."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def add_arguments(parser) -> None:
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
     parser.add_argument("--milestones", nargs="+", default=None, metavar="STEP",
                         help="steps never deleted (space or comma separated; overrides keep_milestone)")
-    parser.add_argument("--policy", default=None, metavar="FILE.yaml",
-                        help="the plan's checkpoint_policy: YAML (keep_last, keep_milestone)")
+    parser.add_argument("--policy", default=None, metavar="FILE",
+                        help="the plan (YAML or JSON) or the handoff state file checkpoint-strategy.json, "
+                             "detected by content: its keep_last and keep_milestone")
     parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
                         help="validation level for the checkpoints that justify a deletion")
     parser.add_argument("--log", default=None, metavar="LOG",

@@ -611,10 +611,20 @@ def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOut
         result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
 
 
+def deep_ok(result: CheckpointResult) -> bool:
+    """Valid and, when the deep level ran, nothing suspicious and no partial optimizer state (a model-only
+    checkpoint is reported "not resumable" but is not a failure: prune's resumable-first rule weighs it)."""
+    if result.status != "valid":
+        return False
+    if result.deep is None:
+        return True
+    return not any(p.kind == "suspicious" or (p.kind == "not_resumable" and result.deep.optimizer.kind != "none")
+                   for p in result.problems)
+
+
 def usable(result: CheckpointResult) -> bool:
-    """May this checkpoint justify deleting older ones? Valid, and at level deep also whole in values
-    and optimizer state (`passes_deep`)."""
-    return result.passes_deep() if result.level == "deep" else result.status == "valid"
+    """May this checkpoint justify deleting older ones? Valid, and at level deep also `deep_ok`."""
+    return deep_ok(result)
 
 
 def deep_check(path: str | os.PathLike, previous: str | os.PathLike | None = None) -> CheckpointResult:
@@ -684,7 +694,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
-        parents = sorted({os.path.dirname(f.path) for f in found})
+        parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
@@ -701,13 +711,18 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
         for i in order:
             f = jobs[i]
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
-            result, outcome = check_with_values(f, level, bar.update, want_commit, manifest, stats=stats is not None)
+            export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
+            result, outcome = check_with_values(f, level, bar.update, want_commit, None if export else manifest,
+                                                stats=stats is not None)
+            if export:
+                result.notes.append("final export: the run folder's own top-level model files "
+                                    "(its checkpoint-N/ folders are checked one by one)")
             if outcome is not None:
                 run = os.path.dirname(f.path)
                 prev = previous.get(run)
-                if prev is not None and f.step is not None and prev[0] != f.step:
+                if prev is not None and f.step is not None and prev[0] != f.step and not export:
                     _compare(result, outcome, prev[2], prev[1])
-                if f.step is not None:
+                if f.step is not None and not export:
                     previous[run] = (f.step, os.path.basename(f.path), outcome)
                 if stats is not None:
                     per_ckpt.append(CheckpointStats(path=result.path, step=result.step,

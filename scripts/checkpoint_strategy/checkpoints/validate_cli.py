@@ -41,9 +41,6 @@ def run(args) -> int:
 def _ok(c) -> bool:
     """Exit 0 needs every checkpoint valid; at level deep also nothing suspicious and no partial optimizer
     state (a model-only export is reported as not resumable but is not a failure)."""
-    if c.status != "valid":
-        return False
-    if c.deep is None:
-        return True
-    return not any(p.kind == "suspicious" or (p.kind == "not_resumable" and c.deep.optimizer.kind != "none")
-                   for p in c.problems)
+    from checkpoint_strategy.checkpoints.validate import deep_ok
+
+    return deep_ok(c)

@@ -21,7 +21,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy.integrations._io import read_text
-    from checkpoint_strategy.integrations.events import decide_all, load_policy, parse_events
+    from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
     from checkpoint_strategy.render import render_template, to_json
 
     policy = None
@@ -29,11 +29,29 @@ def run(args) -> int:
         text, name = read_text(args.policy, "policy file")
         policy = load_policy(text, name)
     text, name = read_text(args.event_file, "event file")
-    events, notes = parse_events(text, name)
-    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes)
+    events, notes = event_stream(text, name)
+    del text
+    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes,
+                        log_report=_log_report(args.log, args.checkpoints))
     data = result.model_dump(mode="json")
     if args.format == "json":
         sys.stdout.write(to_json(data))
     else:
         sys.stdout.write(render_template("on-event.txt.j2", d=data))
     return 0
+
+
+def _log_report(log, checkpoints):
+    """recover's report on --log when it is a readable log (the same rules confirm the spike); None
+    when there is no such file (the path is then only filled into the suggested command)."""
+    import os
+
+    if not log or not os.path.exists(log):
+        return None
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.recovery import advise
+
+    try:
+        return advise(log, checkpoints if checkpoints and os.path.isdir(checkpoints) else None)
+    except UsageError:
+        return None

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations.models import (
@@ -23,14 +23,19 @@ from checkpoint_strategy.integrations.models import (
     StabilityEvent,
 )
 from checkpoint_strategy.planning.models import CheckpointPolicy
+from checkpoint_strategy.recovery.settings import DEFAULTS as RECOVERY_DEFAULTS
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
 # The spec's playbook: "wait 50-100 steps to see if it self-recovers". A spike still reported
-# this many steps after the first one has not recovered: it is confirmed.
-SPIKE_WAIT_STEPS = 50
+# this many steps after the first one has not recovered: it is confirmed. The number is recover's
+# minimum wait (recovery.settings.RecoveryOptions.min_wait_steps), so both commands agree.
+SPIKE_WAIT_STEPS = RECOVERY_DEFAULTS.min_wait_steps   # 50
+MAX_LISTED = 1000   # per-event decisions listed in the answer; the rest are counted (events_total)
 CONFIRMING_SEVERITIES = ("error", "critical")
+SEVERITIES = ("info", "warning", "error", "critical")
 REPORT_HEADER = "=== Training Stability Report ==="
+_HEADER = re.compile(re.escape(REPORT_HEADER), re.IGNORECASE)
 _CHECK_LINE = re.compile(r"^\s*\[(PASS|WARN|FAIL)\]\s*(.+?)\s*$", re.IGNORECASE)
 _STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*(\d+)", re.IGNORECASE)
 _MAGNITUDE = re.compile(r"(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
@@ -49,37 +54,81 @@ PolicyLike = Union[CheckpointPolicy, dict, Sequence[str], None]
 
 def parse_events(text: str, source: str = "input") -> tuple[list[StabilityEvent], list[str]]:
     """Parse events from any accepted form. Returns (events, notes); raises UsageError."""
-    stripped = text.strip().lstrip("\ufeff")
-    if not stripped:
+    items, notes = event_stream(text, source)
+    raw = list(items())
+    return [event_from(item, f"{source} event {i + 1}" if len(raw) > 1 else source)
+            for i, item in enumerate(raw)], notes
+
+
+def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterator[Any]], list[str]]:
+    """(a function returning a fresh iterator over the raw events, notes). JSON lines are parsed
+    lazily, one line at a time, so a 2-million-line event file is never held as objects."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    first = re.search(r"[^\s\ufeff]", text)   # no stripped/lowered copies of a big input
+    if first is None:
         raise UsageError(f"{source} is empty: expected JSON events or a training-stability report")
-    if REPORT_HEADER.lower() in stripped.lower() or (
-            stripped[0] not in "[{" and any(_CHECK_LINE.match(line) for line in stripped.splitlines())):
-        return parse_report(stripped)
+    stripped = text
+    if _HEADER.search(text) or (
+            text[first.start()] not in "[{" and any(_CHECK_LINE.match(line) for line in text.splitlines())):
+        events, notes = parse_report(text.strip())
+        return (lambda: iter(events)), notes
     try:
         data = json.loads(stripped)
+    except RecursionError:
+        raise UsageError(f"{source} is JSON nested too deeply: expected stability events") from None
     except ValueError:
-        data = _json_lines(stripped, source)
-    else:
-        if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
-            data = data["events"]
-        if not isinstance(data, list):
-            data = [data]
-    return [event_from(item, f"{source} event {i + 1}" if len(data) > 1 else source)
-            for i, item in enumerate(data)], []
+        first = _json_line_error(stripped, source)
+        if first is not None:
+            raise first from None
+        return (lambda: _iter_json_lines(stripped, source)), []
+    if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
+        data = data["events"]
+    if not isinstance(data, list):
+        data = [data]
+    return (lambda: iter(data)), []
 
 
-def _json_lines(text: str, source: str) -> list:
-    items = []
-    for n, line in enumerate(text.splitlines(), 1):
+def _lines(text: str) -> Iterator[str]:
+    """The lines of a text one at a time (no list of every line, no second copy of the text)."""
+    pos, n = 0, len(text)
+    while pos < n:
+        j = text.find("\n", pos)
+        if j == -1:
+            yield text[pos:]
+            return
+        yield text[pos:j]
+        pos = j + 1
+
+
+def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
+    for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
-        except ValueError as exc:
-            what = "line 1" if n == 1 else f"line {n}"
-            raise UsageError(f"{source} {what} is not valid JSON ({exc.msg}): expected one JSON event, "
-                             "a JSON list, JSON lines or a training-stability report") from None
-    return items
+            yield json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise _line_error(exc, n, source) from None
+
+
+def _json_line_error(text: str, source: str) -> Optional[UsageError]:
+    """The first bad line, checked once up front so that bad input fails before any decision."""
+    for n, line in enumerate(_lines(text), 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            return _line_error(exc, n, source)
+    return None
+
+
+def _line_error(exc: Exception, n: int, source: str) -> UsageError:
+    what = "line 1" if n == 1 else f"line {n}"
+    msg = getattr(exc, "msg", None) or ("nested too deeply" if isinstance(exc, RecursionError) else
+                                        " ".join(str(exc).split())[:80])
+    return UsageError(f"{source} {what} is not valid JSON ({msg}): expected one JSON event, "
+                      "a JSON list, JSON lines or a training-stability report")
 
 
 def event_from(item: Any, where: str = "event") -> StabilityEvent:
@@ -97,6 +146,12 @@ def event_from(item: Any, where: str = "event") -> StabilityEvent:
         data["event"] = kind.strip().upper()
     else:
         raise UsageError(f"{where}: unknown event type {_short(kind)}; expected one of {', '.join(EVENT_TYPES)}")
+    sev = data.get("severity")
+    if isinstance(sev, str):
+        if sev.strip().lower() not in SEVERITIES:
+            raise UsageError(f"{where}: unknown severity {_short(sev)}; expected one of {', '.join(SEVERITIES)} "
+                             "(any case)")
+        data["severity"] = sev.strip().lower()
     try:
         return StabilityEvent(**{str(k): v for k, v in data.items()})
     except Exception as exc:  # pydantic.ValidationError
@@ -127,7 +182,11 @@ def parse_report(text: str) -> tuple[list[StabilityEvent], list[str]]:
             continue
         kind = next((ev for key, ev in _REPORT_CHECKS if key in name.lower()), None)
         if kind is None:
-            notes.append(f"[{verdict}] {name}: not an emergency-save trigger (ignored)")
+            if verdict == "FAIL":
+                notes.append(f"[FAIL] {name}: WARNING - a failing check this tool does not know; it is not an "
+                             "emergency-save trigger, but look at it before you continue training")
+            else:
+                notes.append(f"[{verdict}] {name}: not an emergency-save trigger (ignored)")
             continue
         detail = [name]  # the check line and the detail lines under it, up to the next check
         for follow in lines[i + 1:]:
@@ -244,6 +303,15 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                         reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
                                "began right after a resume, check that the optimizer state was restored",
                         next_command=verify_resume_command(log))
+    if ev.value is not None and not math.isfinite(ev.value):
+        what = "loss" if kind == "LOSS_SPIKE" else "gradient norm"
+        return Decision(event=kind, step=ev.step, trigger=EVENT_TRIGGER[kind], decision="none",
+                        confirmed_spike=kind == "LOSS_SPIKE",
+                        reason=f"{what} is {ev.value} at {_at(ev)}: a non-finite value means the weights or optimizer "
+                               "state may already be non-finite, so an emergency save would only store them (and "
+                               "could rotate a good checkpoint out of keep_last); never save it - roll back to the "
+                               "last stable checkpoint instead (recover's NaN/inf rule)",
+                        next_command=recover if kind == "LOSS_SPIKE" else None)
     trigger = EVENT_TRIGGER[kind]
     enabled = trigger in triggers
     if kind == "GRADIENT_NORM_EXCEEDED":
@@ -276,7 +344,7 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
     then = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
             "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5"
             if is_confirmed else
-            f"keep training {SPIKE_WAIT_STEPS}-100 steps: most spikes recover on their own; run the recovery "
+            f"keep training {SPIKE_WAIT_STEPS}-{RECOVERY_DEFAULTS.wait_steps} steps: most spikes recover on their own; run the recovery "
             "adviser if the loss has not come back")
     if not enabled:
         return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=is_confirmed,
@@ -289,47 +357,109 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                     next_command=recover if is_confirmed else None)
 
 
-def decide_all(events: Iterable[Union[StabilityEvent, dict]], policy: PolicyLike = None, *,
+def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[], Iterator[Any]]],
+               policy: PolicyLike = None, *,
                log: Optional[str] = None, checkpoints: Optional[str] = None,
-               notes: Sequence[str] = ()) -> EmergencyDecision:
-    """One decision over a batch of events (what `on-event` prints)."""
-    evs = [event_from(e, f"event {i + 1}") for i, e in enumerate(events)]
-    triggers = policy_triggers(policy)
-    spike_steps = [e.step for e in evs if e.event == "LOSS_SPIKE" and e.step is not None]
-    first_spike = min(spike_steps) if spike_steps else None
-    decisions = []
-    for e in evs:
-        persisted = (e.event == "LOSS_SPIKE" and first_spike is not None and e.step is not None
-                     and e.step - first_spike >= SPIKE_WAIT_STEPS)
-        decisions.append(decide(e, triggers, confirmed=persisted, log=log, checkpoints=checkpoints))
-    if persisted_any := any(d.confirmed_spike for d in decisions if d.event == "LOSS_SPIKE"):
-        # every spike of a confirmed episode leads to the adviser
-        decisions = [d.model_copy(update={"next_command": recover_command(log, checkpoints)})
-                     if d.event == "LOSS_SPIKE" and d.next_command is None else d for d in decisions]
-    saving = [d for d in decisions if d.should_save]
-    nan = [d for d in decisions if d.event == "NAN_LOSS"]
-    next_command = None
-    if persisted_any or nan:
-        next_command = recover_command(log, checkpoints)
+               notes: Sequence[str] = (), log_report=None) -> EmergencyDecision:
+    """One decision over a batch of events (what `on-event` prints). Memory stays bounded: events
+    are decided one at a time and at most MAX_LISTED per-event decisions are listed.
+
+    log_report: recover's RecoveryReport on the training log, when there is one: the same rules then
+    confirm a spike (not back within the wait window, NaN, collapse) or say it came back."""
+    if callable(events):
+        fresh = events
     else:
-        next_command = next((d.next_command for d in decisions if d.next_command), None)
-    if not decisions:
-        return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=None, save_at_step=None,
-                                 reason="no warning or failing stability event: nothing to do", decisions=[],
-                                 notes=list(notes))
-    if nan:  # the state is non-finite now: never save it
-        return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=next_command,
-                                 save_at_step=None, reason=nan[0].reason, decisions=decisions, notes=list(notes))
-    if saving:
-        steps = [d.step for d in saving if d.step is not None]
-        confirmed_saves = [d for d in saving if d.confirmed_spike]
-        lead = confirmed_saves[0] if confirmed_saves else min(saving, key=lambda d: (d.step is None, d.step or 0))
-        reason = lead.reason
-        if len(saving) > 1:
-            reason += f" ({len(saving)} events ask for an emergency save; one save is enough)"
-        return EmergencyDecision(policy_triggers=triggers, decision="emergency_save", next_command=next_command,
-                                 save_at_step=min(steps) if steps else None, reason=reason,
-                                 decisions=decisions, notes=list(notes))
-    lead = next((d for d in decisions if d.next_command), decisions[0])
-    return EmergencyDecision(policy_triggers=triggers, decision="none", next_command=next_command, save_at_step=None,
-                             reason=lead.reason, decisions=decisions, notes=list(notes))
+        events = events if isinstance(events, (list, tuple)) else list(events)
+        fresh = lambda: iter(events)  # noqa: E731
+    triggers = policy_triggers(policy)
+    first_spike = None
+    for i, e in enumerate(fresh()):
+        ev = event_from(e, f"event {i + 1}")
+        if ev.event == "LOSS_SPIKE" and ev.step is not None:
+            first_spike = ev.step if first_spike is None else min(first_spike, ev.step)
+    notes = list(notes)
+    confirmed_by_log = False
+    if log_report is not None:
+        unresolved = log_report.status in ("rollback", "no_clean_checkpoint")
+        confirmed_by_log = unresolved
+        notes.append(f"the training log, by recover's rules: {log_report.status} - {log_report.summary}")
+    agg = _Aggregate(triggers, log, checkpoints)
+    for i, e in enumerate(fresh()):
+        agg.add(event_from(e, f"event {i + 1}"), first_spike, confirmed_by_log)
+    return agg.result(notes)
+
+
+class _Aggregate:
+    """What decide_all needs from every decision, without keeping them all."""
+
+    def __init__(self, triggers: list[str], log: Optional[str], checkpoints: Optional[str]) -> None:
+        self.triggers, self.log, self.checkpoints = triggers, log, checkpoints
+        self.total = 0
+        self.listed: list[Decision] = []
+        self.nan: Optional[Decision] = None
+        self.saving = 0
+        self.save_steps: list[int] = []
+        self.first_confirmed_save: Optional[Decision] = None
+        self.earliest_save: Optional[Decision] = None
+        self.persisted = False
+        self.first_next: Optional[Decision] = None
+        self.first: Optional[Decision] = None
+
+    def add(self, ev: StabilityEvent, first_spike: Optional[int], confirmed_by_log: bool = False) -> None:
+        persisted = (ev.event == "LOSS_SPIKE" and first_spike is not None and ev.step is not None
+                     and ev.step - first_spike >= SPIKE_WAIT_STEPS) or (ev.event == "LOSS_SPIKE" and confirmed_by_log)
+        d = decide(ev, self.triggers, confirmed=persisted, log=self.log, checkpoints=self.checkpoints)
+        self.total += 1
+        self.first = self.first or d
+        if len(self.listed) < MAX_LISTED:
+            self.listed.append(d)
+        if (d.event == "NAN_LOSS" or (d.event == "LOSS_SPIKE" and "non-finite" in d.reason)) and self.nan is None:
+            self.nan = d
+        if d.event == "LOSS_SPIKE" and d.confirmed_spike:
+            self.persisted = True
+        if d.should_save:
+            self.saving += 1
+            if d.step is not None:
+                self.save_steps = [min(self.save_steps + [d.step])]
+            if d.confirmed_spike and self.first_confirmed_save is None:
+                self.first_confirmed_save = d
+            key = (d.step is None, d.step or 0)
+            if self.earliest_save is None or key < (self.earliest_save.step is None, self.earliest_save.step or 0):
+                self.earliest_save = d
+        if d.next_command and self.first_next is None:
+            self.first_next = d
+
+    def result(self, notes: Sequence[str]) -> EmergencyDecision:
+        notes = list(notes)
+        warnings = [n for n in notes if n.startswith("[FAIL]")]
+        common = dict(policy_triggers=self.triggers, notes=notes, warnings=warnings, events_total=self.total)
+        recover = recover_command(self.log, self.checkpoints)
+        listed = self.listed
+        if self.persisted:  # every spike of a confirmed episode leads to the adviser
+            listed = [d.model_copy(update={"next_command": recover})
+                      if d.event == "LOSS_SPIKE" and d.next_command is None else d for d in listed]
+        if self.total > len(listed):
+            notes.append(f"{self.total - len(listed)} more events were decided but are not listed "
+                         f"(the first {len(listed)} are)")
+        if self.total == 0:
+            reason = "no warning or failing stability event: nothing to do"
+            if warnings:
+                reason = f"no emergency-save trigger, but {len(warnings)} failing check(s) this tool does not know"
+            return EmergencyDecision(decision="none", next_command=None, save_at_step=None, reason=reason,
+                                     decisions=[], **common)
+        next_command = recover if (self.persisted or self.nan) else (
+            self.first_next.next_command if self.first_next else None)
+        if self.nan is not None:  # the state is non-finite now: never save it
+            return EmergencyDecision(decision="none", next_command=recover, save_at_step=None,
+                                     reason=self.nan.reason, decisions=listed, **common)
+        if self.saving:
+            lead = self.first_confirmed_save or self.earliest_save
+            reason = lead.reason
+            if self.saving > 1:
+                reason += f" ({self.saving} events ask for an emergency save; one save is enough)"
+            return EmergencyDecision(decision="emergency_save", next_command=next_command,
+                                     save_at_step=self.save_steps[0] if self.save_steps else None, reason=reason,
+                                     decisions=listed, **common)
+        lead = self.first_next or self.first
+        return EmergencyDecision(decision="none", next_command=next_command, save_at_step=None, reason=lead.reason,
+                                 decisions=listed, **common)

@@ -231,8 +231,11 @@ class EmergencyDecision(_Strict):
     reason: str
     next_command: Optional[str]
     save_at_step: Optional[int] = Field(description="the step to save at (the first triggering event's step)")
-    decisions: list[Decision]
+    decisions: list[Decision] = Field(description="per-event decisions, at most the first 1000")
+    events_total: Optional[int] = Field(None, description="events decided (may exceed the decisions listed)")
     notes: list[str] = Field(default_factory=list, description="input that was read but is not an event")
+    warnings: list[str] = Field(default_factory=list,
+                                description="failing checks of a monitor report that this tool does not know")
 
     @property
     def should_save(self) -> bool:

@@ -19,11 +19,9 @@ read and checked before the first write, so bad input leaves every file as it wa
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
@@ -75,30 +73,14 @@ def prepare_dir(state_dir: str | os.PathLike) -> Path:
 
 @contextlib.contextmanager
 def locked(state_dir: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:
-    """Exclusive lock on the state folder for the duration of the block (fcntl.flock)."""
-    import fcntl
+    """Exclusive lock on the state folder for the duration of the block (storage.locking)."""
+    from checkpoint_strategy.storage.locking import locked as _locked
 
     path = state_dir / LOCK_FILE
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise _oserr(exc, "create lock file", path) from None
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise _oserr(exc, "lock", path) from None
-                if time.monotonic() > deadline:
-                    raise UsageError(f"state folder {state_dir} is locked by another checkpoint-strategy "
-                                     f"process for more than {timeout:g} s ({path})") from None
-                time.sleep(0.02)
+    busy = (f"state folder {state_dir} is locked by another checkpoint-strategy process for more than "
+            f"{timeout:g} s ({path})")
+    with _locked(path, timeout, busy):
         yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _read_existing(path: Path, what: str) -> Optional[str]:

@@ -12,7 +12,19 @@ numpy is imported lazily, on first use of a function.
 
 from __future__ import annotations
 
-__all__ = ["advise", "detect_spikes", "verify_resume"]
+__all__ = ["advise", "detect_spikes", "verify_resume", "OnlineDetector", "RecoveryOptions"]
+
+
+def __getattr__(name):
+    if name == "OnlineDetector":
+        from checkpoint_strategy.recovery.online import OnlineDetector
+
+        return OnlineDetector
+    if name == "RecoveryOptions":
+        from checkpoint_strategy.recovery.settings import RecoveryOptions
+
+        return RecoveryOptions
+    raise AttributeError(name)
 
 
 def advise(log_path, checkpoints=None, **options):
@@ -21,9 +33,9 @@ def advise(log_path, checkpoints=None, **options):
     log_path: trainer_state.json, CSV/W&B export, JSON(L), TensorBoard events, or a run/checkpoint
     folder. checkpoints: None (found next to the log), a folder, "500,1000", or a sequence of steps
     or (step, path). Options (keyword): milestones, log_format, step_key, loss_key, grad_norm_key,
-    lr_key, run, window=128, z_threshold=7, ratio_threshold=2.5, max_ratio=10, min_rise=0.05,
-    tolerance=0.10, wait_steps=100, min_wait_steps=50, margin=None (log interval + 1),
-    lr_multiplier=0.5, lr_reduced_steps=500, grad_clip=0.5, skip_past_onset=20.
+    lr_key, run, and options=RecoveryOptions(...) or its fields as keywords (window, z_threshold,
+    ratio_threshold, max_ratio, min_rise, tolerance, wait_steps, min_wait_steps, margin, lr_multiplier,
+    lr_reduced_steps, grad_clip, skip_past_onset; defaults and bounds in recovery.settings).
     Raises checkpoint_strategy.errors.UsageError (one line) on bad input. Full description:
     checkpoint_strategy.recovery.advice.advise.
     """
@@ -35,7 +47,7 @@ def advise(log_path, checkpoints=None, **options):
 def detect_spikes(steps, loss, grad_norm=None, **thresholds):
     """Spikes in raw arrays (restarts merged, latest wins) -> list[Spike], oldest first.
 
-    thresholds: window, z_threshold, ratio_threshold, max_ratio, min_rise, tolerance.
+    thresholds: RecoveryOptions fields (window, z_threshold, ratio_threshold, ...) as keywords.
     """
     from checkpoint_strategy.recovery.advice import detect_spikes as _detect
 

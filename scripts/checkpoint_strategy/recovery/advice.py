@@ -9,11 +9,12 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.recovery import ckptsteps, detect
+from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
 from checkpoint_strategy.recovery.models import (
     CheckpointRef,
     CheckpointsInfo,
+    EvalOpinion,
     LogInfo,
     Overrides,
     RecoveryReport,
@@ -21,10 +22,11 @@ from checkpoint_strategy.recovery.models import (
     Spike,
     Thresholds,
 )
+from checkpoint_strategy.recovery.settings import RecoveryOptions
 
 CheckpointsArg = Union[None, str, os.PathLike, Sequence[Union[int, tuple]]]
 SMOOTH_CHECKPOINT_POINTS = 11   # losses around a checkpoint whose median is its "smoothed loss"
-PRECURSOR_POINTS = 5            # a grad-norm spike this many logged values before a loss onset leads it
+LR_CAUSE_STEPS = 2000           # an LR restart this close before an onset is named as its likely cause
 
 
 def _fin(v: Any) -> Optional[float]:
@@ -33,28 +35,6 @@ def _fin(v: Any) -> Optional[float]:
     except (TypeError, ValueError, OverflowError):
         return None
     return f if math.isfinite(f) else None
-
-
-def _check_options(window, z_threshold, ratio_threshold, max_ratio, min_rise, tolerance, wait_steps,
-                   min_wait_steps, margin, lr_multiplier, lr_reduced_steps, grad_clip, skip_past_onset) -> None:
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise UsageError(msg)
-
-    need(isinstance(window, int) and 8 <= window <= 10**6, f"--window must be a whole number 8..1000000, got {window!r}")
-    for name, v, lo, hi in (("--z", z_threshold, 1.0, 1e6), ("--ratio", ratio_threshold, 1.0, 1e6),
-                            ("--max-ratio", max_ratio, 1.0, 1e6), ("--min-rise", min_rise, 0.0, 100.0),
-                            ("--tolerance", tolerance, 0.0, 100.0), ("--lr-multiplier", lr_multiplier, 0.0, 1.0),
-                            ("--grad-clip", grad_clip, 0.0, 1e6)):
-        fv = _fin(v)
-        need(fv is not None and lo <= fv <= hi and not (name in ("--lr-multiplier", "--grad-clip") and fv <= 0),
-             f"{name} must be a number in ({lo}, {hi}], got {v!r}")
-    for name, v in (("--wait", wait_steps), ("--min-wait", min_wait_steps), ("--lr-steps", lr_reduced_steps),
-                    ("--skip-past-onset", skip_past_onset)):
-        need(isinstance(v, int) and 0 <= v <= 10**12, f"{name} must be a whole number >= 0, got {v!r}")
-    need(min_wait_steps <= wait_steps, f"--min-wait ({min_wait_steps}) must not exceed --wait ({wait_steps})")
-    need(margin is None or (isinstance(margin, int) and 0 <= margin <= 10**12),
-         f"--margin must be a whole number >= 0, got {margin!r}")
 
 
 def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
@@ -82,49 +62,35 @@ def _milestone_list(milestones) -> list[tuple[int, Optional[str]]]:
     return _checkpoint_list(list(milestones), None)[2]
 
 
-def spikes_of(series: LogSeries, *, window: int = detect.DEFAULT_WINDOW, z_threshold: float = detect.DEFAULT_Z,
-              ratio_threshold: float = detect.DEFAULT_RATIO, max_ratio: float = detect.DEFAULT_MAX_RATIO,
-              min_rise: float = detect.DEFAULT_MIN_RISE, tolerance: float = detect.DEFAULT_TOLERANCE) -> list[Spike]:
-    """Every event of a series as Spike models: loss events, and grad-norm events with no loss event."""
-    kw = dict(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold, max_ratio=max_ratio,
-              min_rise=min_rise, tolerance=tolerance)
-    loss_events = detect.find_events(series.loss, **kw)
-    grad_events = detect.find_events(series.grad_norm, grad=True, **kw) if series.grad_norm is not None else []
-    used = set()
-    for ev in loss_events:
-        for gi, g in enumerate(grad_events):
-            if ev.onset - PRECURSOR_POINTS <= g.onset <= ev.onset:
-                used.add(gi)
-                if g.onset < ev.onset:
-                    ev.precursor = g.onset
-            elif ev.onset < g.onset <= (ev.end if ev.end is not None else len(series.steps)):
-                used.add(gi)  # grad norm blew up inside the loss event: part of it
-    events = list(loss_events) + [g for gi, g in enumerate(grad_events) if gi not in used]
-    events.sort(key=lambda e: e.onset)
-    return [_spike(series, e) for e in events]
+
+def analysis_of(series: LogSeries, options: RecoveryOptions) -> detect.Analysis:
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return detect.analyse(series.steps, series.loss, series.grad_norm, options, lr=series.lr)
 
 
-def _spike(series: LogSeries, ev: detect.Event) -> Spike:
+def spikes_of(series: LogSeries, options: Optional[RecoveryOptions] = None, **values) -> list[Spike]:
+    """Every event of a series as Spike models, oldest first (see recovery.detect for the kinds)."""
+    o = settings.build(options, **values)
+    an = analysis_of(series, o)
+    return [_spike(series, e, an, o) for e in an.events]
+
+
+def _spike(series: LogSeries, ev: detect.Event, an: detect.Analysis, o: RecoveryOptions) -> Spike:
     steps, loss = series.steps, series.loss
     n = len(steps)
     onset = ev.precursor if ev.precursor is not None else ev.onset
     end = ev.end if ev.end is not None else n
     span = slice(onset, max(end, ev.peak + 1))
+    peak_loss = _fin(loss[ev.peak])
     if ev.kind == "grad_norm":
-        seg = loss[span]
-        fin = np.isfinite(seg)
-        peak_idx = ev.peak
-        peak_loss = _fin(loss[peak_idx])
         pre = loss[max(0, onset - detect.BASELINE_POINTS):onset]
         pre = pre[np.isfinite(pre)]
         baseline = _fin(np.median(pre)) if len(pre) else None
         z = None
-        del seg, fin
     else:
-        peak_idx = ev.peak
-        peak_loss = _fin(loss[peak_idx])
         baseline = _fin(ev.baseline)
         z = _fin(ev.z_peak)
+    reference = _fin(ev.reference) if ev.kind != "grad_norm" else None
     magnitude = None
     if peak_loss is not None and baseline is not None and baseline > 0:
         magnitude = _fin(round(peak_loss / baseline, 4))
@@ -137,77 +103,80 @@ def _spike(series: LogSeries, ev: detect.Event) -> Spike:
         gp = gp[np.isfinite(gp)]
         base_gn = _fin(np.median(gp)) if len(gp) else None
     recovered = int(steps[ev.end]) if ev.end is not None else None
+    onset_step = int(steps[onset])
     return Spike(
-        kind=ev.kind, onset_step=int(steps[onset]), peak_step=int(steps[peak_idx]), peak_loss=peak_loss,
+        kind=ev.kind, onset_step=onset_step, peak_step=int(steps[ev.peak]), peak_loss=peak_loss,
         baseline_loss=baseline, magnitude=magnitude, z_score=None if z is None else round(z, 2),
-        recovered_step=recovered, recovery_steps=None if recovered is None else recovered - int(steps[onset]),
+        recovered_step=recovered, recovery_steps=None if recovered is None else recovered - onset_step,
         detected_by=list(ev.rules), peak_grad_norm=peak_gn, baseline_grad_norm=base_gn,
-        grad_norm_precursor_step=int(steps[ev.precursor]) if ev.precursor is not None else None)
+        grad_norm_precursor_step=int(steps[ev.precursor]) if ev.precursor is not None else None,
+        reference_loss=reference, detail=ev.detail, cause=_lr_cause(series, an, onset_step, o))
 
 
-def detect_spikes(steps, loss, grad_norm=None, *, window: int = detect.DEFAULT_WINDOW,
-                  z_threshold: float = detect.DEFAULT_Z, ratio_threshold: float = detect.DEFAULT_RATIO,
-                  max_ratio: float = detect.DEFAULT_MAX_RATIO, min_rise: float = detect.DEFAULT_MIN_RISE,
-                  tolerance: float = detect.DEFAULT_TOLERANCE) -> list[Spike]:
-    """Spikes in raw arrays (file order; restarts are merged, latest segment wins). Oldest first.
+def _lr_cause(series: LogSeries, an: detect.Analysis, onset_step: int, o: RecoveryOptions) -> Optional[str]:
+    steps = series.steps
+    best = None
+    for a, lr0, lr1, _ in an.lr_restarts:
+        s = int(steps[min(a + 1, len(steps) - 1)])
+        if s <= onset_step and onset_step - s <= max(LR_CAUSE_STEPS, 20 * o.wait_steps):
+            best = (s, lr0, lr1)
+    if best is None:
+        return None
+    s, lr0, lr1 = best
+    return f"LR restarted from {lr0:.3g} to {lr1:.3g} at step {s}; the trouble followed at step {onset_step}"
+
+
+def detect_spikes(steps, loss, grad_norm=None, options: Optional[RecoveryOptions] = None, **values) -> list[Spike]:
+    """Events in raw arrays (file order; restarts are merged, latest segment wins). Oldest first.
 
     steps: whole numbers >= 0; loss: floats (NaN/inf allowed: critical events); grad_norm: optional,
-    NaN where not logged. Thresholds as in `checkpoint_strategy.recovery.detect`. Raises UsageError
-    on bad input.
+    NaN where not logged. options: RecoveryOptions or its fields as keywords. UsageError on bad input.
     """
-    _check_options(window, z_threshold, ratio_threshold, max_ratio, min_rise, tolerance, 100, 50, None, 0.5, 500,
-                   0.5, 20)
+    o = settings.build(options, **values)
     series = build_series(steps, loss, grad_norm, grad_norm_key="grad_norm" if grad_norm is not None else None)
-    return spikes_of(series, window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                     max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance)
+    return spikes_of(series, o)
 
 
 def advise(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
            step_key: Optional[str] = None, loss_key: Optional[str] = None, grad_norm_key: Optional[str] = None,
-           lr_key: Optional[str] = None, run: Optional[str] = None, window: int = detect.DEFAULT_WINDOW,
-           z_threshold: float = detect.DEFAULT_Z, ratio_threshold: float = detect.DEFAULT_RATIO,
-           max_ratio: float = detect.DEFAULT_MAX_RATIO, min_rise: float = detect.DEFAULT_MIN_RISE,
-           tolerance: float = detect.DEFAULT_TOLERANCE, wait_steps: int = 100, min_wait_steps: int = 50,
-           margin: Optional[int] = None, lr_multiplier: float = 0.5, lr_reduced_steps: int = 500,
-           grad_clip: float = 0.5, skip_past_onset: int = 20) -> RecoveryReport:
-    """Read a training log, find loss spikes and compute the recovery playbook for the latest one.
+           lr_key: Optional[str] = None, run: Optional[str] = None, options: Optional[RecoveryOptions] = None,
+           **values) -> RecoveryReport:
+    """Read a training log, find trouble and compute the recovery playbook.
 
-    Stable API (used by the training-stability-monitor integration):
+    Stable API (used by the training-stability-monitor integration, prune and handoff):
 
-    log_path       a trainer_state.json, CSV (W&B export too), JSON/JSON lines file, TensorBoard
-                   events file or folder, or a run/checkpoint folder (newest trainer_state.json).
-    checkpoints    None: found next to the log (the log's folder, or the run folder above a
-                   checkpoint-N folder); a folder path; a string "500,1000"; or a sequence of steps
-                   or (step, path) tuples.
-    milestones     extra long-kept checkpoints (same forms); used as resume points too, and named
-                   when no checkpoint predates the spike.
-    step_key/loss_key/grad_norm_key/lr_key   column, key or TensorBoard tag names (default: common
-                   names such as step/_step/global_step and loss/train/loss/lm loss).
-    run            W&B export with several runs: which one.
-    window, z_threshold, ratio_threshold, max_ratio, min_rise   detection, see recovery.detect.
-    tolerance      0.10: "back near baseline" and the resume checkpoint's smoothed loss must be
-                   within this fraction of the pre-spike level (the spec's spike_value * 1.1).
-    wait_steps, min_wait_steps   the spec's 50-100-step wait window.
-    margin         a resume checkpoint must be at or before onset - margin; default: one logging
-                   interval + 1 (checkpoint N holds the weights that produce the loss logged at
-                   N + 1, so checkpoint onset-1 already contains the spike).
-    lr_multiplier, lr_reduced_steps, grad_clip, skip_past_onset   the playbook's numbers.
+    log_path       a trainer_state.json, CSV (W&B export, Lightning metrics.csv), JSON/JSON lines file,
+                   TensorBoard events file or folder, or a run/checkpoint folder (newest trainer_state.json).
+    checkpoints    None: found next to the log; a folder path; a string "500,1000"; or a sequence of
+                   steps or (step, path) tuples.
+    milestones     extra long-kept checkpoints (same forms); resume points too.
+    step_key/loss_key/grad_norm_key/lr_key/run   column names (default: common names).
+    options        a RecoveryOptions (or its fields as keywords: window, z_threshold, ratio_threshold,
+                   max_ratio, min_rise, tolerance, wait_steps, min_wait_steps, margin, lr_multiplier,
+                   lr_reduced_steps, grad_clip, skip_past_onset; see recovery.settings).
 
-    Returns a RecoveryReport (pydantic; `.model_dump(mode="json")` for JSON). Raises
-    checkpoint_strategy.errors.UsageError (one line) on bad input; never loads a checkpoint.
+    Returns a RecoveryReport. Raises checkpoint_strategy.errors.UsageError (one line) on bad input;
+    never loads a checkpoint.
     """
-    _check_options(window, z_threshold, ratio_threshold, max_ratio, min_rise, tolerance, wait_steps,
-                   min_wait_steps, margin, lr_multiplier, lr_reduced_steps, grad_clip, skip_past_onset)
+    return advise_with_series(log_path, checkpoints, milestones=milestones, log_format=log_format, step_key=step_key,
+                              loss_key=loss_key, grad_norm_key=grad_norm_key, lr_key=lr_key, run=run,
+                              options=options, **values)[0]
+
+
+def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
+                       step_key=None, loss_key=None, grad_norm_key=None, lr_key=None, run=None,
+                       options: Optional[RecoveryOptions] = None, **values):
+    """`advise`, also returning the LogSeries and the checkpoint list it used (for --plot)."""
+    o = settings.build(options, **values)
+    if isinstance(log_path, str) and not log_path.strip():
+        raise UsageError("LOG: empty path: expected a training log file or a run folder")
     series = read_log(log_path, log_format=log_format,
                       columns=Columns(step=step_key, loss=loss_key, grad_norm=grad_norm_key, lr=lr_key, run=run))
     ck_source, ck_root, ck_list = _checkpoint_list(checkpoints, series.path if log_path is None else log_path)
     miles = _milestone_list(milestones)
-    return advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root,
-                         milestones=miles, window=window, z_threshold=z_threshold,
-                         ratio_threshold=ratio_threshold, max_ratio=max_ratio, min_rise=min_rise,
-                         tolerance=tolerance, wait_steps=wait_steps, min_wait_steps=min_wait_steps, margin=margin,
-                         lr_multiplier=lr_multiplier, lr_reduced_steps=lr_reduced_steps, grad_clip=grad_clip,
-                         skip_past_onset=skip_past_onset)
+    report = advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root, milestones=miles,
+                           options=o)
+    return report, series, ck_list + [(s, p) for s, p in miles]
 
 
 def log_info(series: LogSeries) -> LogInfo:
@@ -301,23 +270,84 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
     return Overrides(hf_trainer=hf, lightning=lightning)
 
 
+
+def _common(series: LogSeries, o: RecoveryOptions, an: detect.Analysis, spikes: list[Spike], ck_info: CheckpointsInfo,
+            reasons: list[str], warnings: list[str]) -> dict:
+    restarts = [Restart(**r) for r in series.restarts]
+    if restarts:
+        shown = ", ".join(f"{r.previous_step}->{r.step}" for r in restarts[:5])
+        more = f" and {len(restarts) - 5} more" if len(restarts) > 5 else ""
+        reasons.append(f"the log restarts {len(restarts)} time(s) ({shown}{more}); the latest segment wins "
+                       "for repeated steps")
+    thresholds = Thresholds(**{k: getattr(o, k) for k in Thresholds.model_fields})
+    return dict(log=log_info(series), spikes=spikes, checkpoints=ck_info, restarts=restarts, thresholds=thresholds,
+                warnings=warnings, reasons=reasons, verdict=an.verdict,
+                best_model_checkpoint=getattr(series, "best_model_checkpoint", None))
+
+
+def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion]:
+    es, ev = getattr(series, "eval_steps", None), getattr(series, "eval_loss", None)
+    if es is None or ev is None:
+        return None
+    ok = np.isfinite(ev)
+    es, ev = es[ok], ev[ok]
+    if len(ev) < 3:
+        return None
+    b = int(np.argmin(ev))
+    best_step, best, last_step, last = int(es[b]), float(ev[b]), int(es[-1]), float(ev[-1])
+    rose = last > best + max(o.tolerance * abs(best), 1e-12) and last_step > best_step
+    steps, loss = series.steps, series.loss
+    near = loss[(steps <= best_step) & (steps > best_step - max(o.wait_steps, 1) * 5)]
+    after = loss[steps >= last_step - max(o.wait_steps, 1) * 5]
+    near, after = near[np.isfinite(near)], after[np.isfinite(after)]
+    train_held = bool(len(near) and len(after) and np.median(after) <= np.median(near) * (1 + o.tolerance))
+    over = bool(rose and train_held)
+    key = getattr(series, "eval_key", None) or "eval_loss"
+    if over:
+        note = (f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) while the "
+                f"train loss fell or held: overfitting, not a spike; no rollback for it, but release the checkpoint "
+                f"nearest step {best_step} (lowest eval loss), or stop earlier / regularise")
+    elif rose:
+        note = (f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) together "
+                "with the train loss: it confirms the train-loss trouble")
+    else:
+        note = f"eval loss {_show(last)} at step {last_step} is within {o.tolerance:.0%} of its best {_show(best)}"
+    return EvalOpinion(key=key, points=len(ev), best_step=best_step, best_loss=best, last_step=last_step,
+                       last_loss=last, overfitting=over, note=note)
+
+
+def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
+    if target is None or an.target is None:
+        return "healthy: no event has left the loss above its healthy level"
+    r = target.reference_loss if target.reference_loss is not None else target.baseline_loss
+    now = series.loss[-detect.SMOOTH_POINTS:]
+    now_v = float(np.median(now)) if np.isfinite(now).all() else None
+    if an.verdict == "recovering":
+        if an.rate is not None and an.eta_step is not None:
+            late = an.eta_step > target.onset_step + o.wait_steps
+            return (f"recovering: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
+                    f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} by about "
+                    f"step {an.eta_step}" + (f", after the wait window (step {target.onset_step + o.wait_steps})"
+                                             if late else ""))
+        return f"recovering: too early to tell, {int(series.steps[-1]) - target.onset_step} steps since the onset"
+    if now_v is None:
+        return "diverged: the loss is NaN/inf at the end of the log"
+    if target.kind == "collapse":
+        return f"diverged: the loss collapsed ({target.detail})"
+    ratio = f" ({now_v / r:.2f}x)" if r and r > 0 else ""
+    return (f"diverged: the loss is {_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level "
+            f"{_show(r)} before step {target.onset_step}, and not coming back")
+
+
 def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]], *,
                   checkpoints_source: str = "list", checkpoints_root: Optional[str] = None,
                   milestones: Optional[list[tuple[int, Optional[str]]]] = None,
-                  window: int = detect.DEFAULT_WINDOW, z_threshold: float = detect.DEFAULT_Z,
-                  ratio_threshold: float = detect.DEFAULT_RATIO, max_ratio: float = detect.DEFAULT_MAX_RATIO,
-                  min_rise: float = detect.DEFAULT_MIN_RISE, tolerance: float = detect.DEFAULT_TOLERANCE,
-                  wait_steps: int = 100, min_wait_steps: int = 50, margin: Optional[int] = None,
-                  lr_multiplier: float = 0.5, lr_reduced_steps: int = 500, grad_clip: float = 0.5,
-                  skip_past_onset: int = 20) -> RecoveryReport:
+                  options: Optional[RecoveryOptions] = None, **values) -> RecoveryReport:
     """`advise` on an already-read LogSeries and checkpoint list."""
+    o = settings.build(options, **values)
     milestones = milestones or []
-    spikes = spikes_of(series, window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                       max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance)
-    thresholds = Thresholds(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                            max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance, wait_steps=wait_steps,
-                            min_wait_steps=min_wait_steps)
-    restarts = [Restart(**r) for r in series.restarts]
+    an = analysis_of(series, o)
+    spikes = [_spike(series, e, an, o) for e in an.events]
     steps = series.steps
     last_step = int(steps[-1])
     ck_steps = [s for s, _ in checkpoints]
@@ -326,181 +356,242 @@ def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]
                               last_step=max(ck_steps) if ck_steps else None)
     warnings: list[str] = []
     reasons: list[str] = []
-    if restarts:
-        shown = ", ".join(f"{r.previous_step}->{r.step}" for r in restarts[:5])
-        more = f" and {len(restarts) - 5} more" if len(restarts) > 5 else ""
-        reasons.append(f"the log restarts {len(restarts)} time(s) ({shown}{more}); the latest segment wins "
-                       "for repeated steps")
-    common = dict(log=log_info(series), spikes=spikes, checkpoints=ck_info, restarts=restarts,
-                  thresholds=thresholds, warnings=warnings, reasons=reasons)
+    common = _common(series, o, an, spikes, ck_info, reasons, warnings)
+    evo = _eval_opinion(series, o)
+    common["eval"] = evo
+    target = spikes[an.target] if an.target is not None else None
+    common["verdict_detail"] = _verdict_text(an, target, series, o)
+    if an.verdict == "recovering" and an.rate is not None:
+        common.update(recovery_rate=round(an.rate, 8), back_by_step=an.eta_step)
+    none = dict(resume_checkpoint=None, skip_batches=None, lr_multiplier=None, lr_reduced_steps=None, grad_clip=None)
     loss_spikes = [s for s in spikes if s.kind != "grad_norm"]
+    if evo is not None and (evo.overfitting or not loss_spikes):
+        reasons.append(evo.note)
     if not spikes:
+        extra = "; eval loss says overfitting (no rollback for it)" if evo is not None and evo.overfitting else ""
         return RecoveryReport(status="no_spike", summary=f"no loss spike in {len(steps)} logged steps "
-                              f"({int(steps[0])}-{last_step}): keep training", spike=None, self_recovered=None,
-                              wait_until_step=None, resume_checkpoint=None, skip_batches=None, lr_multiplier=None,
-                              lr_reduced_steps=None, grad_clip=None, **common)
+                              f"({int(steps[0])}-{last_step}): keep training{extra}", spike=None, self_recovered=None,
+                              wait_until_step=None, **none, **common)
     if not loss_spikes:
-        spike = spikes[-1]
-        done = spike.recovered_step is not None
-        base_l, peak_l = spike.baseline_loss, spike.peak_loss
-        rose = (base_l is not None and peak_l is not None and math.isfinite(peak_l) and base_l > 0
-                and peak_l > base_l * (1 + tolerance))
-        if rose:  # early in training the rolling median is still high, so the loss rules may not fire
-            reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
-                           f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
-                           f"its median {_show(base_l)}) without crossing the loss-spike thresholds")
-            loss_words = "loss rise below the spike thresholds"
-        else:
-            reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
-                           f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
-            loss_words = "loss unaffected"
-        return RecoveryReport(status="self_recovered" if done else "wait",
-                              summary=f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
-                              + ("" if done else " and watch the grad norm and loss"),
-                              spike=spike, self_recovered=done, wait_until_step=spike.onset_step + wait_steps,
-                              resume_checkpoint=None, skip_batches=None, lr_multiplier=None, lr_reduced_steps=None,
-                              grad_clip=None, **common)
-    spike = loss_spikes[-1]
+        return _grad_only(spikes[-1], o, reasons, none, common)
+    spike = target if target is not None else loss_spikes[-1]
+    if spike.cause:
+        reasons.append(spike.cause)
+    if spike.recovered_step is not None:
+        return _recovered(spike, o, reasons, warnings, none, common)
+    return _unrecovered(series, spike, an, checkpoints, milestones, o, reasons, warnings, ck_info, common)
+
+
+def _grad_only(spike: Spike, o: RecoveryOptions, reasons: list[str], none: dict, common: dict) -> RecoveryReport:
+    done = spike.recovered_step is not None
+    base_l, peak_l = spike.baseline_loss, spike.peak_loss
+    rose = (base_l is not None and peak_l is not None and math.isfinite(peak_l) and base_l > 0
+            and peak_l > base_l * (1 + o.tolerance))
+    if rose:  # early in training the rolling median is still high, so the loss rules may not fire
+        reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+                       f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
+                       f"its median {_show(base_l)}) without crossing the loss-spike thresholds")
+        loss_words = "loss rise below the spike thresholds"
+    else:
+        reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+                       f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
+        loss_words = "loss unaffected"
+    return RecoveryReport(status="self_recovered" if done else "wait",
+                          summary=f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
+                          + ("" if done else " and watch the grad norm and loss"),
+                          spike=spike, self_recovered=done, wait_until_step=spike.onset_step + o.wait_steps,
+                          **none, **common)
+
+
+def _recovered(spike: Spike, o: RecoveryOptions, reasons: list[str], warnings: list[str], none: dict,
+               common: dict) -> RecoveryReport:
     onset = spike.onset_step
-    onset_idx = int(np.searchsorted(steps, onset))
-    base = spike.baseline_loss
-    wait_until = onset + wait_steps
-    critical = spike.kind == "nonfinite"
-    level = None if base is None else base + tolerance * abs(base)
-    reasons.append(f"loss spike at step {onset}: peak {_show(spike.peak_loss)} at step {spike.peak_step} vs "
-                   f"pre-spike level {_show(base)}" + (f" ({spike.magnitude:.3g}x)" if spike.magnitude else "")
+    _describe(spike, reasons)
+    took = spike.recovery_steps or 0
+    if took <= o.wait_steps:
+        reasons.append(f"the loss was back within {o.tolerance:.0%} of the healthy level by step "
+                       f"{spike.recovered_step}, {took} steps after the onset (inside the {o.min_wait_steps}-"
+                       f"{o.wait_steps}-step wait window): the optimizer absorbed it")
+    else:
+        warnings.append(f"the loss took {took} steps to come back (longer than the {o.wait_steps}-step wait "
+                        "window); no rollback needed now, but compare evals before and after the spike")
+        reasons.append(f"the loss is back near the healthy level since step {spike.recovered_step}")
+    what = {"level_shift": "level shift", "collapse": "collapse"}.get(spike.kind, "loss spike")
+    return RecoveryReport(status="self_recovered", summary=f"{what} at step {onset} recovered by step "
+                          f"{spike.recovered_step}: keep training", spike=spike, self_recovered=True,
+                          wait_until_step=onset + o.wait_steps, **none, **common)
+
+
+def _describe(spike: Spike, reasons: list[str]) -> None:
+    what = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
+            "nonfinite": "NaN/inf loss", "collapse": "collapse"}[spike.kind]
+    ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
+    detail = f" ({spike.detail})" if spike.detail else ""
+    reasons.append(f"{what} at step {spike.onset_step}{detail}: peak {_show(spike.peak_loss)} at step "
+                   f"{spike.peak_step} vs healthy level {_show(ref)}"
+                   + (f" ({spike.magnitude:.3g}x the pre-spike level)" if spike.magnitude else "")
                    + f"; detected by {'; '.join(spike.detected_by) or 'the rolling baseline'}")
     if spike.grad_norm_precursor_step is not None:
         reasons.append(f"the grad norm spiked first, at step {spike.grad_norm_precursor_step}: onset moved there")
 
-    if spike.recovered_step is not None:
-        took = spike.recovery_steps or 0
-        if took <= wait_steps:
-            reasons.append(f"the loss was back within {tolerance:.0%} of the pre-spike level by step "
-                           f"{spike.recovered_step}, {took} steps after the onset (inside the {min_wait_steps}-"
-                           f"{wait_steps}-step wait window): the optimizer absorbed it")
-        else:
-            warnings.append(f"the loss took {took} steps to come back (longer than the {wait_steps}-step wait "
-                            "window); no rollback needed now, but compare evals before and after the spike")
-            reasons.append(f"the loss is back near the pre-spike level since step {spike.recovered_step}")
-        return RecoveryReport(status="self_recovered", summary=f"loss spike at step {onset} recovered by step "
-                              f"{spike.recovered_step}: keep training", spike=spike, self_recovered=True,
-                              wait_until_step=wait_until, resume_checkpoint=None, skip_batches=None,
-                              lr_multiplier=None, lr_reduced_steps=None, grad_clip=None, **common)
 
+def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,
+                 reasons: list[str], warnings: list[str], ck_info: CheckpointsInfo, common: dict) -> RecoveryReport:
+    steps = series.steps
+    last_step = int(steps[-1])
+    onset = spike.onset_step
+    onset_idx = int(np.searchsorted(steps, onset))
+    ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
+    wait_until = onset + o.wait_steps
+    critical = spike.kind in ("nonfinite", "collapse")
+    level = None if ref is None else ref + o.tolerance * abs(ref)
+    _describe(spike, reasons)
     elapsed = last_step - onset
-    waiting = (not critical) and elapsed < wait_steps
+    waiting = spike.kind == "spike" and elapsed < o.wait_steps
     projected = None
-    if waiting and elapsed >= min_wait_steps and base is not None:
-        projected = _projected_excess(series, onset_idx, base, wait_until)
-        if projected is not None and projected > tolerance * abs(base):
+    if waiting and elapsed >= o.min_wait_steps and ref is not None:
+        projected = _projected_excess(series, onset_idx, ref, wait_until)
+        if projected is not None and projected > o.tolerance * abs(ref):
             waiting = False
     if critical:
-        reasons.append("the loss is NaN/inf: it does not come back on its own, roll back now")
+        reasons.append("the loss is NaN/inf or pinned: it does not come back on its own, roll back now")
     elif waiting:
-        reasons.append(f"only {elapsed} steps since the onset: the spec says wait {min_wait_steps}-{wait_steps} "
+        reasons.append(f"only {elapsed} steps since the onset: the spec says wait {o.min_wait_steps}-{o.wait_steps} "
                        f"steps before rolling back; the plan below is ready if it is still above "
                        f"{_show(level)} at step {wait_until}")
     elif projected is not None:
-        reasons.append(f"{elapsed} steps after the onset (past the {min_wait_steps}-step minimum wait) the loss is "
+        reasons.append(f"{elapsed} steps after the onset (past the {o.min_wait_steps}-step minimum wait) the loss is "
                        f"still {_show(float(np.median(series.loss[-detect.SMOOTH_POINTS:])))}; at its current rate "
-                       f"of decay it would still be {_show(projected)} above the pre-spike level at step "
-                       f"{wait_until}, more than the {tolerance:.0%} tolerance: roll back now")
+                       f"of decay it would still be {_show(projected)} above the healthy level at step "
+                       f"{wait_until}, more than the {o.tolerance:.0%} tolerance: roll back now")
     else:
-        reasons.append(f"not back within {tolerance:.0%} of the pre-spike level {elapsed} steps after the onset "
-                       f"(last step {last_step}; wait window {wait_steps})")
+        reasons.append(f"not back within {o.tolerance:.0%} of the healthy level {_show(ref)} {elapsed} steps after "
+                       f"the onset (last step {last_step}; wait window {o.wait_steps})")
+    reasons.append(common["verdict_detail"])
 
-    # the resume checkpoint
     interval = _interval_before(series, onset_idx)
-    mg = margin if margin is not None else interval + 1
+    mg = o.margin if o.margin is not None else interval + 1
     cutoff = onset - mg
     ck_info.cutoff_step, ck_info.margin_steps = cutoff, mg
-    earlier = [s for s in spikes if s.onset_step < onset and s.kind != "grad_norm"]
-    cands = [(s, p, "checkpoint") for s, p in checkpoints] + [(s, p, "milestone") for s, p in milestones]
-    cands = sorted({(s, p, k) for s, p, k in cands if s <= cutoff}, key=lambda t: (-t[0], t[2]))
+    pre = series.steps[:onset_idx]
+    common["last_good_step"] = int(pre[-1]) if len(pre) else None
+    earlier = [s for s in common["spikes"] if s.onset_step < onset and s.kind != "grad_norm"]
 
     def inside_earlier(s: int) -> bool:
         return any(e.onset_step - mg < s < (e.recovered_step if e.recovered_step is not None else math.inf)
                    for e in earlier)
 
-    chosen: Optional[CheckpointRef] = None
-    fallback: Optional[CheckpointRef] = None
-    for s, p, kind in cands:
+    ck_info.post_event = [CheckpointRef(step=s, path=p, tag="post_event") for s, p in checkpoints if s > cutoff]
+    chosen, fallback = None, None
+    cands = [(s, p, "checkpoint") for s, p in checkpoints] + [(s, p, "milestone") for s, p in milestones]
+    for s, p, kind in sorted({c for c in cands if c[0] <= cutoff}, key=lambda t: (-t[0], t[2])):
         if inside_earlier(s):
             continue
         sm = _smoothed_loss(series, s, onset_idx)
         ok = None if (sm is None or level is None) else bool(sm <= level)
-        ref = CheckpointRef(step=s, path=p, kind=kind, smoothed_loss=sm, within_tolerance=ok)
+        ref_ck = CheckpointRef(step=s, path=p, kind=kind, smoothed_loss=sm, within_tolerance=ok, tag="resume")
         if ok:
-            chosen = ref
+            chosen = ref_ck
             break
         if fallback is None:
-            fallback = ref
+            fallback = ref_ck
     if chosen is None and fallback is not None:
         chosen = fallback
-        warnings.append(f"no checkpoint at or before step {cutoff} has a smoothed loss within {tolerance:.0%} of the "
-                        f"pre-spike level {_show(base)}; step {chosen.step} is the newest clean candidate "
+        warnings.append(f"no checkpoint at or before step {cutoff} has a smoothed loss within {o.tolerance:.0%} of the "
+                        f"healthy level {_show(ref)}; step {chosen.step} is the newest clean candidate "
                         f"(smoothed loss {_show(chosen.smoothed_loss)})")
+    _best_model_note(series, cutoff, onset, reasons, warnings)
     nearest = None
     if milestones:
         m = min(milestones, key=lambda t: (abs(t[0] - cutoff), t[0]))
         nearest = CheckpointRef(step=m[0], path=m[1], kind="milestone",
                                 smoothed_loss=_smoothed_loss(series, m[0], onset_idx) if m[0] <= cutoff else None)
-
     status = "wait" if waiting else "rollback"
-    policy = None
+    what = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
+            "nonfinite": "NaN/inf loss", "collapse": "collapse"}[spike.kind]
+    playbook = dict(lr_multiplier=o.lr_multiplier, lr_reduced_steps=o.lr_reduced_steps, grad_clip=o.grad_clip)
     if chosen is None:
-        skip = None
         if not checkpoints and not milestones:
             warnings.append("no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
                             "such as 500,1000")
-            summary = (f"loss spike at step {onset} not recovered: resume from the newest checkpoint at or before "
-                       f"step {cutoff} (none given)")
+            policy_m = _policy_milestone(cutoff)
+            if policy_m is not None:
+                reasons.append(f"last good step {common['last_good_step']}; if the run kept the policy's milestones "
+                               f"(1000 x 2^k), the nearest at or before step {cutoff} is step {policy_m}")
+            summary = (f"{what} at step {onset} not recovered: resume from the newest checkpoint at or before "
+                       f"step {cutoff} (none given; last good step {common['last_good_step']})")
+            policy = None
         else:
             if not waiting:
                 status = "no_clean_checkpoint"
-            policy = _policy_advice(ck_steps, cutoff, last_step, onset, wait_steps)
-            oldest = min(ck_steps) if ck_steps else None
-            reasons.append(f"no checkpoint predates the spike: the resume point must be at or before step {cutoff} "
+            policy = _policy_advice(sorted(ck_info_steps(checkpoints)), cutoff, last_step, onset, o.wait_steps)
+            oldest = min(s for s, _ in checkpoints) if checkpoints else None
+            reasons.append(f"no checkpoint predates the trouble: the resume point must be at or before step {cutoff} "
                            f"(onset {onset} - margin {mg})" + (f", but the oldest kept is step {oldest}"
                                                                if oldest is not None else ""))
             if nearest is not None:
                 reasons.append(f"nearest milestone: step {nearest.step}" + (f" ({nearest.path})" if nearest.path else ""))
-            summary = (f"loss spike at step {onset} not recovered and no checkpoint predates it: "
+            summary = (f"{what} at step {onset} not recovered and no checkpoint predates it: "
                        + ("restart from the nearest milestone or from scratch" if nearest is None or nearest.step > cutoff
                           else f"use milestone {nearest.step}"))
         return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
                               wait_until_step=wait_until, resume_checkpoint=None, nearest_milestone=nearest,
-                              skip_batches=skip, lr_multiplier=lr_multiplier, lr_reduced_steps=lr_reduced_steps,
-                              grad_clip=grad_clip, policy_advice=policy, **common)
+                              skip_batches=None, policy_advice=policy, **playbook, **common)
 
     r = chosen.step
-    skip = [r + 1, onset + skip_past_onset]
+    skip = [r + 1, onset + o.skip_past_onset]
     reasons.append(f"resume from step {r}: the newest checkpoint at or before step {cutoff} (onset {onset} - margin "
                    f"{mg}; checkpoint N holds the weights whose loss is logged at N+1)"
-                   + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(level)} (pre-spike level "
-                      f"{_show(base)} + {tolerance:.0%})" if chosen.within_tolerance else ""))
-    skipped_newer = [s for s in ck_steps if cutoff < s]
-    if skipped_newer:
-        reasons.append(f"checkpoints {_steps_text(skipped_newer)} are at or after the spike: do not resume from them")
-    reasons.append(f"then: LR x{lr_multiplier:g} for steps {r + 1}-{r + lr_reduced_steps}, skip or reshuffle the "
+                   + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(level)} (healthy level "
+                      f"{_show(ref)} + {o.tolerance:.0%})" if chosen.within_tolerance else ""))
+    if ck_info.post_event:
+        reasons.append(f"checkpoints {_steps_text([c.step for c in ck_info.post_event])} were saved after the onset: "
+                       "post-event, do not resume from them")
+    reasons.append(f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
                    f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
-                   f"gradient clipping {grad_clip:g} instead of 1.0")
+                   f"gradient clipping {o.grad_clip:g} instead of 1.0")
     where = chosen.path or f"step {r}"
-    summary = (f"loss spike at step {onset} not recovered: resume from {where}" if not waiting else
+    summary = (f"{what} at step {onset} not recovered: resume from {where}" if not waiting else
                f"loss spike at step {onset}: keep training until step {wait_until}; if not back below "
                f"{_show(level)}, resume from {where}")
     return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
                           wait_until_step=wait_until, resume_checkpoint=chosen, nearest_milestone=nearest,
-                          skip_batches=skip, lr_multiplier=lr_multiplier, lr_reduced_steps=lr_reduced_steps,
-                          lr_reduced_until_step=r + lr_reduced_steps, grad_clip=grad_clip,
-                          overrides=overrides(chosen.path, r, skip, lr_multiplier, lr_reduced_steps, grad_clip),
-                          **common)
+                          skip_batches=skip, lr_reduced_until_step=r + o.lr_reduced_steps,
+                          overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
+                          **playbook, **common)
+
+
+def ck_info_steps(checkpoints) -> list[int]:
+    return [s for s, _ in checkpoints]
+
+
+def _policy_milestone(cutoff: int) -> Optional[int]:
+    if cutoff < 1000:
+        return None
+    from checkpoint_strategy.planning.planner import milestone_steps
+
+    found = [m for m in milestone_steps("pow2", cutoff) if m <= cutoff and m % 1000 == 0]
+    return max(found) if found else None
+
+
+def _best_model_note(series: LogSeries, cutoff: int, onset: int, reasons: list[str], warnings: list[str]) -> None:
+    best = getattr(series, "best_model_checkpoint", None)
+    if not best:
+        return
+    step = ckptsteps.parse_step(os.path.basename(str(best).rstrip("/\\")))
+    if step is None:
+        return
+    if step <= cutoff:
+        reasons.append(f"the log names best_model_checkpoint {best} (step {step}), which predates the trouble: "
+                       "a clean resume point too")
+    else:
+        warnings.append(f"the log's best_model_checkpoint {best} (step {step}) was saved after the onset at step "
+                        f"{onset}: do not resume from it")
 
 
 def _projected_excess(series: LogSeries, onset_idx: int, base: float, until_step: int) -> Optional[float]:
-    """Excess loss over the baseline projected to `until_step`, assuming it keeps decaying at the
-    exponential rate seen over the last (up to) 50 logged values; None if it cannot be estimated."""
+    """Excess loss over the healthy level projected to `until_step`, assuming it keeps decaying at the
+    exponential rate seen since the onset (at most the last 50 logged values); None if unknown."""
     seg_s = series.steps[onset_idx:][-50:]
     seg_x = series.loss[onset_idx:][-50:]
     if len(seg_x) < 2 * detect.SMOOTH_POINTS or not np.isfinite(seg_x).all():

@@ -15,38 +15,52 @@ def add_arguments(parser) -> None:
     parser.add_argument("--milestones", metavar="ROOT_OR_LIST", help="long-kept milestone checkpoints (same forms)")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
-    d = parser.add_argument_group("detection")
-    d.add_argument("--window", type=int, default=128, help="rolling window in logged values (default 128)")
-    d.add_argument("--z", dest="z_threshold", type=float, default=7.0, help="robust z threshold (default 7, OLMo 2)")
-    d.add_argument("--ratio", dest="ratio_threshold", type=float, default=2.5,
-                   help="x rolling median that is a spike (default 2.5)")
-    d.add_argument("--max-ratio", type=float, default=10.0, help="x window max that is a spike (default 10, Megatron)")
-    d.add_argument("--min-rise", type=float, default=0.05, help="minimum rise over the median for the z rule (0.05)")
-    d.add_argument("--tolerance", type=float, default=0.10,
-                   help="'near baseline' = within this fraction of the pre-spike level (default 0.10)")
-    a = parser.add_argument_group("playbook")
-    a.add_argument("--wait", dest="wait_steps", type=int, default=100, help="wait window, steps (default 100)")
-    a.add_argument("--min-wait", dest="min_wait_steps", type=int, default=50, help="minimum wait, steps (default 50)")
-    a.add_argument("--margin", type=int, default=None,
-                   help="resume checkpoint at or before onset - MARGIN (default: log interval + 1)")
-    a.add_argument("--lr-multiplier", type=float, default=0.5, help="default 0.5")
-    a.add_argument("--lr-steps", dest="lr_reduced_steps", type=int, default=500, help="default 500")
-    a.add_argument("--grad-clip", type=float, default=0.5, help="default 0.5")
-    a.add_argument("--skip-past-onset", type=int, default=20,
-                   help="skip batches from the resume step to onset + N (default 20)")
+    from checkpoint_strategy.recovery.settings import add_arguments as add_option_arguments
+
+    add_option_arguments(parser)
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw the loss curve, healthy level, events and checkpoints to FILE (.png or .svg; "
+                             "needs the 'plot' extra: matplotlib)")
     add_output_options(parser)
 
 
 def run(args) -> int:
-    from checkpoint_strategy.recovery.advice import advise
+    from checkpoint_strategy.recovery.advice import advise_with_series
     from checkpoint_strategy.recovery.report import render_recovery
+    from checkpoint_strategy.recovery.settings import from_args
 
-    report = advise(args.log, args.checkpoints, milestones=args.milestones, log_format=args.log_format,
-                    step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key,
-                    lr_key=args.lr_key, run=args.run, window=args.window, z_threshold=args.z_threshold,
-                    ratio_threshold=args.ratio_threshold, max_ratio=args.max_ratio, min_rise=args.min_rise,
-                    tolerance=args.tolerance, wait_steps=args.wait_steps, min_wait_steps=args.min_wait_steps,
-                    margin=args.margin, lr_multiplier=args.lr_multiplier, lr_reduced_steps=args.lr_reduced_steps,
-                    grad_clip=args.grad_clip, skip_past_onset=args.skip_past_onset)
-    emit(render_recovery(report, args.format), args.output)
+    options = from_args(args)
+    _refuse_overwriting_the_log(args.log, {"-o/--output": args.output, "--plot": args.plot})
+    target = None
+    if args.plot is not None:
+        from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
+
+        target, fmt = check_plot_path(args.plot)
+        require_matplotlib()
+    report, series, checkpoints = advise_with_series(
+        args.log, args.checkpoints, milestones=args.milestones, log_format=args.log_format, step_key=args.step_key,
+        loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key, run=args.run, options=options)
+    text = render_recovery(report, args.format)
+    if target is not None:
+        from checkpoint_strategy.recovery.plot import write_curve
+
+        write_curve(report, series, checkpoints, target, fmt)
+    emit(text, args.output)
     return 0
+
+
+def _refuse_overwriting_the_log(log: str, outputs: dict) -> None:
+    """An output path that is the log itself would replace the user's log: exit 2 first."""
+    import os
+
+    from checkpoint_strategy.errors import UsageError
+
+    for flag, out in outputs.items():
+        if not out:
+            continue
+        try:
+            same = os.path.exists(out) and os.path.isfile(log) and os.path.samefile(out, log)
+        except OSError:
+            same = False
+        if same:
+            raise UsageError(f"{flag} {out} is the training log itself: expected another file (it would be replaced)")

@@ -27,8 +27,28 @@ Grad norm (when logged) uses the same baseline and needs both the z and the rati
 the loss, and a NaN/inf grad norm alone is not an event (fp16 loss scaling skips such steps).
 
 An event starts at the first flagged value, walked back over the contiguous values already above
-``m + 3 s``, and ends at the first value that is back near the pre-spike level (see
+``m + 3 s``, and ends at the first value that is back near the healthy level (see
 ``recovery_level``) while the median of the last 5 values is too.
+
+The healthy reference does not drift with the damage: it is a low quantile (20 %) of the block
+medians over a long window (8 x ``window`` values) before the onset, capped by the median of the 20
+values before the onset, and it is frozen at the onset of the first event that has not come back.
+A slow climb before a late detection therefore cannot raise the level a run must return to, and
+"recovered" always means back within ``tolerance`` of the level before the trouble began (the spec's
+``spike_value * 1.1`` playbook rule, read as the healthy level before the spike).
+
+Kinds (``analyse``):
+
+* ``spike``: flagged, and back near the healthy level (or still inside the wait window);
+* ``divergence``: flagged and not back within the wait window (or only partly back);
+* ``level_shift``: no single spike, but the block medians stay above the healthy level plus
+  ``max(tolerance, 4 noise units)`` for at least ``max(wait_steps, 4 blocks)`` (a step change to a
+  higher plateau, or a slow climb after an LR restart);
+* ``nonfinite``: NaN/inf loss; ``collapse``: the loss pinned at one value for >= 8 logged values
+  after a blow-up or an abrupt jump (including exactly 0.0);
+* ``grad_norm``: a grad-norm spike without a loss event.
+
+Steps, not log entries, measure waits: a log written every N steps gets the same wait window.
 """
 
 from __future__ import annotations
@@ -49,11 +69,11 @@ DEFAULT_TOLERANCE = 0.10
 BASELINE_POINTS = 20
 SMOOTH_POINTS = 5
 
-RULE_Z = "z>=7 over rolling median/MAD (OLMo 2 7-sigma; llm.c z-score)"
-RULE_RATIO = "loss >= 2.5x rolling median (training-stability-monitor)"
-RULE_MAX = "loss >= 10x window max (Megatron-LM spiky loss)"
-RULE_NONFINITE = "loss is NaN/inf (critical)"
-RULE_GRAD = "grad norm z>=7 and >= 2.5x rolling median"
+REFERENCE_BLOCKS = 64          # long window of the healthy reference, in blocks (8 x window values)
+REFERENCE_QUANTILE = 20.0      # percent: a low quantile of the block medians, not the minimum
+SHIFT_NOISE_UNITS = 4.0        # a level shift's block medians stand this many noise units above
+SHIFT_MIN_BLOCKS = 4           # ... for at least this many blocks (and the wait window)
+COLLAPSE_POINTS = 8            # identical logged values that make a collapse
 
 
 @dataclass
@@ -70,6 +90,9 @@ class Event:
     z_peak: Optional[float]
     rules: list[str] = field(default_factory=list)
     precursor: Optional[int] = None
+    reference: Optional[float] = None   # the healthy level it must come back to (frozen at the onset)
+    detected: Optional[int] = None      # index of the first flagged value
+    detail: str = ""
 
 
 def _ffill(x: np.ndarray) -> np.ndarray:
@@ -154,37 +177,135 @@ def recovery_level(baseline: float, scale: float, tolerance: float = DEFAULT_TOL
     return baseline + max(tolerance * abs(baseline), 3.0 * s)
 
 
+
+
+def _sliding(a: np.ndarray, k: int, fill: float) -> np.ndarray:
+    """Row j = a[j-k .. j-1] (the k values before j), padded with `fill`."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    padded = np.concatenate((np.full(k, fill), a))
+    return sliding_window_view(padded, k)[:len(a)]
+
+
+def effective_window(n: int, window: int) -> int:
+    """A short log (fewer than 4 windows of values) gets a window of a quarter of its length (at
+    least 16 values), so that a 50-entry log still has a rolling baseline and level shifts."""
+    return window if n >= 4 * window else max(16, min(window, n // 4))
+
+
+START_STEPS = 100   # a log that starts at or before this step shows the loss of the untrained model
+
+
+def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, labels: dict) -> Optional[Event]:
+    """A run that ends above the loss it started from (the untrained model's) has diverged, even when
+    no rule fired because the rolling baseline sat inside the bad stretch from the start."""
+    n = len(x)
+    if n < 4 * SMOOTH_POINTS or steps[0] > START_STEPS or any(e.end is None and e.kind != "grad_norm" for e in events):
+        return None
+    tail = x[-max(SMOOTH_POINTS, n // 10):]
+    if not math.isfinite(x[0]) or not np.isfinite(tail).all():
+        return None
+    s0, now = float(x[0]), float(np.median(tail))
+    spread = 1.4826 * float(np.median(np.abs(tail - now)))
+    if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
+        return None
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    sm = np.median(sliding_window_view(np.where(np.isfinite(x), x, np.inf), SMOOTH_POINTS), axis=1)
+    if float(sm[1:].min()) < s0:
+        return None  # it did get below where it started: the other rules judge it
+    above = np.flatnonzero(~(sm > s0)) + SMOOTH_POINTS - 1
+    onset = int(above[-1]) + 1 if len(above) else 1
+    onset = min(max(onset, 1), n - 1)
+    onset = max(1, int(np.flatnonzero(x[:onset + 1] > s0 * (1 + o.tolerance))[0]) if (x[:onset + 1] > s0 * (1 + o.tolerance)).any() else onset)
+    peak = onset + int(np.argmax(np.where(np.isfinite(x[onset:]), x[onset:], -np.inf)))
+    return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
+                 z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
+                 detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+
+
+def block_size(window: int) -> int:
+    return max(2, window // 8)
+
+
+def low_quantile(values) -> float:
+    """The healthy reference of a set of block medians: the REFERENCE_QUANTILE-th lowest (no interpolation)."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        return math.nan
+    idx = int(REFERENCE_QUANTILE / 100.0 * (len(v) - 1))
+    return float(np.partition(v, idx)[idx])
+
+
+def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
+    """Row j: low_quantile of bmed[j-k .. j-1] (fewer at the start), vectorised for full rows."""
+    nb = len(bmed)
+    out = np.full(nb, np.nan)
+    for j in range(1, min(k, nb)):
+        out[j] = low_quantile(bmed[:j])
+    if nb > k:
+        from numpy.lib.stride_tricks import sliding_window_view
+
+        win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
+        idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
+        if np.isfinite(win).all():
+            out[k:] = np.partition(win, idx, axis=1)[:, idx]
+        else:
+            out[k:] = [low_quantile(row) for row in win]
+    return out
+
+
+def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray:
+    """Per value: the healthy level before it, a low quantile (20 %) of the block medians of the
+    REFERENCE_BLOCKS blocks before its own (NaN until two blocks are logged). Never follows a
+    divergence up while the long window still holds the healthy stretch."""
+    n = len(x)
+    out = np.full(n, np.nan)
+    xf = _ffill(np.asarray(x, dtype=np.float64))
+    if n == 0 or not np.isfinite(xf).any():
+        return out
+    b = block_size(window)
+    nb = -(-n // b)
+    xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
+    bmed = np.median(xp.reshape(nb, b), axis=1)
+    if nb >= 2 and n % b:  # the last, partial block is not a block median yet
+        bmed[-1] = np.median(xf[(nb - 1) * b:])
+    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
+    ref_b[:2] = np.nan
+    return ref_b[np.arange(n) // b]
+
+
 def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
                 ratio_threshold: float = DEFAULT_RATIO, max_ratio: float = DEFAULT_MAX_RATIO,
                 min_rise: float = DEFAULT_MIN_RISE, tolerance: float = DEFAULT_TOLERANCE,
-                grad: bool = False) -> list[Event]:
-    """Events in one series (loss, or grad norm with ``grad=True``), oldest first."""
+                grad: bool = False, reference: Optional[np.ndarray] = None,
+                labels: Optional[dict] = None) -> list[Event]:
+    """Flagged events in one series (loss, or grad norm with ``grad=True``), oldest first.
+
+    kind is "loss", "nonfinite" or "grad_norm" here; ``analyse`` names spikes, divergences, level
+    shifts and collapses. An event that does not come back ends the search (what follows is part of
+    the same bad stretch)."""
+    from checkpoint_strategy.recovery.settings import RecoveryOptions, rule_labels
+
+    if labels is None:
+        labels = rule_labels(RecoveryOptions(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
+                                             max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance))
     x = np.asarray(x, dtype=np.float64)
     n = len(x)
     if n == 0:
         return []
     med, scale, wmax = rolling_stats(x, window)
-    finite = np.isfinite(x)
-    have = np.isfinite(med)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        z = (x - med) / scale
-        if grad:
-            flag = have & finite & (z >= z_threshold) & (x >= ratio_threshold * med) & (med > 0)
-            rule_a = flag
-            rule_b = rule_c = np.zeros(n, dtype=bool)
-            nonfinite = np.zeros(n, dtype=bool)
-        else:
-            rule_a = have & finite & (z >= z_threshold) & ((x - med) >= min_rise * np.abs(med))
-            rule_b = have & finite & (med > 0) & (x >= ratio_threshold * med) & (z >= 3.0)
-            rule_c = have & finite & (wmax > 0) & (x >= max_ratio * wmax)
-            nonfinite = ~finite
-            flag = rule_a | rule_b | rule_c | nonfinite
+    flags = spike_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
+                        max_ratio=max_ratio, min_rise=min_rise, grad=grad)
+    rule_a, rule_b, rule_c, nonfinite = flags
+    flag = rule_a | rule_b | rule_c | nonfinite
     if grad:
         xv = _ffill(x)
         x_inf = np.where(np.isfinite(xv), xv, np.inf)
     else:
         xv = x
-        x_inf = np.where(finite, x, np.inf)
+        x_inf = np.where(np.isfinite(x), x, np.inf)
     cand = np.flatnonzero(flag)
     events: list[Event] = []
     pos = 0
@@ -199,50 +320,373 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
             prior = prior[np.isfinite(prior)]
             m0 = float(np.median(prior)) if len(prior) else math.nan
             s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
-        onset = i
-        if math.isfinite(m0):
-            back = m0 + max(3.0 * s0, 0.5 * min_rise * abs(m0))
-            lo = max(0, i - window)
-            while onset - 1 >= lo and math.isfinite(xv[onset - 1]) and xv[onset - 1] > back:
-                onset -= 1
+        r_i = float(reference[i]) if (reference is not None and not grad) else math.nan
+        onset = walk_back(xv, i, m0, s0, min_rise, window,
+                          cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
         pre = xv[max(0, onset - BASELINE_POINTS):onset]
         pre = pre[np.isfinite(pre)]
-        if len(pre) >= 3:
-            base = float(np.median(pre))
-        elif math.isfinite(m0):
-            base = m0
-        else:
-            base = None
-        if base is not None:
-            level = recovery_level(base, s0, tolerance)
-            end = _first_recovery(x_inf, i + 1, level)
-        else:
-            end = None
+        base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
+        ref = base
+        if base is not None and reference is not None and not grad:
+            r = float(reference[onset]) if onset < n else math.nan
+            if math.isfinite(r) and r < base:
+                ref = r
+        end = _first_recovery(x_inf, i + 1, recovery_level(ref, s0, tolerance)) if ref is not None else None
         stop = end if end is not None else n
         span = x_inf[onset:max(stop, i + 1)]
         peak = onset + int(np.argmax(span))
         pv = xv[peak]
         zp = float((pv - m0) / s0) if (math.isfinite(pv) and math.isfinite(m0) and s0 > 0) else None
-        rules = []
-        for j in {i, peak}:
-            if grad:
-                if rule_a[j]:
-                    rules.append(RULE_GRAD)
-                continue
-            if nonfinite[j]:
-                rules.append(RULE_NONFINITE)
-            if rule_a[j]:
-                rules.append(RULE_Z)
-            if rule_b[j]:
-                rules.append(RULE_RATIO)
-            if rule_c[j]:
-                rules.append(RULE_MAX)
-        order = [RULE_NONFINITE, RULE_Z, RULE_RATIO, RULE_MAX, RULE_GRAD]
-        rules = [r for r in order if r in rules]
+        rules = _rules({i, peak}, flags, labels, grad)
         kind = "grad_norm" if grad else ("loss" if np.isfinite(x[onset:max(stop, i + 1)]).all() else "nonfinite")
         events.append(Event(kind=kind, onset=onset, peak=peak, end=end, baseline=base, median=m0, scale=s0,
-                            z_peak=zp, rules=rules))
+                            z_peak=zp, rules=rules, reference=ref, detected=i))
         if end is None:
             break
         pos = end + 1
     return events
+
+
+def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: float, max_ratio: float,
+                min_rise: float, grad: bool = False):
+    """The four spike rules on arrays or scalars (the batch and the online detector share them):
+    (z rule, ratio rule, Megatron max rule, non-finite)."""
+    x = np.asarray(x, dtype=np.float64)
+    med = np.asarray(med, dtype=np.float64)
+    finite = np.isfinite(x)
+    have = np.isfinite(med)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        z = (x - med) / scale
+        if grad:
+            a = have & finite & (z >= z_threshold) & (x >= ratio_threshold * med) & (med > 0)
+            zero = np.zeros_like(a)
+            return a, zero, zero, zero
+        a = have & finite & (z >= z_threshold) & ((x - med) >= min_rise * np.abs(med))
+        b = have & finite & (med > 0) & (x >= ratio_threshold * med) & (z >= 3.0)
+        c = have & finite & (np.asarray(wmax) > 0) & (x >= max_ratio * np.asarray(wmax))
+    return a, b, c, ~finite
+
+
+def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
+              cap: Optional[float] = None) -> int:
+    """The onset: back from the first flagged value over the contiguous values already high (above
+    the rolling median + 3 noise units, or above the healthy level + 2 x tolerance when the rolling
+    median is already inside a blow-up)."""
+    onset = i
+    if math.isfinite(m0):
+        back = m0 + max(3.0 * s0, 0.5 * min_rise * abs(m0))
+        if cap is not None:
+            back = min(back, cap)
+        lo = max(0, i - window)
+        while onset - 1 >= lo and math.isfinite(xv[onset - 1]) and xv[onset - 1] > back:
+            onset -= 1
+    return onset
+
+
+def _rules(at, flags, labels: dict, grad: bool) -> list[str]:
+    a, b, c, nf = flags
+    found = []
+    for j in at:
+        if grad:
+            if a[j]:
+                found.append(labels["grad"])
+            continue
+        for arr, key in ((nf, "nonfinite"), (a, "z"), (b, "ratio"), (c, "max")):
+            if arr[j]:
+                found.append(labels[key])
+    order = [labels[k] for k in ("nonfinite", "z", "ratio", "max", "grad")]
+    return [r for r in order if r in found]
+
+
+# --------------------------------------------------------------------------------------------
+# Level shifts, collapses, LR restarts
+
+
+def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: float, wait_steps: int,
+                 skip: list[tuple[int, int]], labels: dict) -> list[Event]:
+    """Sustained rises with no single spike: runs of block medians above the healthy level."""
+    n = len(x)
+    b = max(3, block_size(window))
+    nb = n // b
+    if nb < SHIFT_MIN_BLOCKS + 2:
+        return []
+    xf = _ffill(np.asarray(x, dtype=np.float64))
+    if not np.isfinite(xf).any():
+        return []
+    blocks = xf[:nb * b].reshape(nb, b)
+    bmed = np.median(blocks, axis=1)
+    bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
+    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
+    kk = max(2, window // b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
+    ref_b[:2] = np.nan
+    with np.errstate(invalid="ignore"):
+        above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
+    bstart = np.arange(nb) * b
+    for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
+        above[(bstart + b > lo) & (bstart < hi)] = False
+    out: list[Event] = []
+    j = 0
+    while j < nb:
+        if not above[j]:
+            j += 1
+            continue
+        j2 = j
+        r0 = float(ref_b[j])
+        thr0 = r0 + max(tolerance * abs(r0), SHIFT_NOISE_UNITS * float(noise_b[j]))
+        while j2 + 1 < nb and bmed[j2 + 1] > thr0:
+            j2 += 1
+        first, last = int(bstart[j]), min(n - 1, int(bstart[j2]) + b - 1)
+        long_enough = (j2 - j + 1) >= SHIFT_MIN_BLOCKS and steps[last] - steps[first] >= wait_steps
+        if long_enough:
+            s_raw = float(noise_b[j]) * math.sqrt(b) / 1.2533
+            end = int(bstart[j2 + 1]) if j2 + 1 < nb else None
+            onset = first
+            seg = xf[max(0, first - b):first + b]  # refine: first value of the rise above the threshold
+            sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1):t + 1]) for t in range(len(seg))])
+            hits = np.flatnonzero(sm > thr0)
+            if len(hits):
+                onset = max(0, first - b) + int(hits[0])
+            peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
+            third = max(1, (j2 - j + 1) // 3)
+            lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
+            climbing = hi_m - lo_m > max(0.5 * (lo_m - r0), 2 * float(noise_b[j]))
+            kind = "divergence" if (climbing and end is None) else "level_shift"
+            out.append(Event(kind=kind, onset=onset, peak=peak, end=end, baseline=r0, median=float(bmed[j]),
+                             scale=s_raw, z_peak=None, rules=[labels["level"]], reference=r0, detected=last,
+                             detail="slow climb, no single spike" if climbing else "plateau, no single spike"))
+            if end is None:
+                break
+            j = j2 + 1
+        else:
+            j = j2 + 1
+    return out
+
+
+def _in(spans: list[tuple[int, int]], i: int) -> bool:
+    return any(lo <= i < hi for lo, hi in spans)
+
+
+def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event: list[int], wait_steps: int,
+              labels: dict) -> list[Event]:
+    """The loss pinned at one value for COLLAPSE_POINTS logged values or more, reached abruptly or
+    right after a blow-up (a model predicting a constant, or exactly 0.0 after an fp16 overflow)."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    if n < COLLAPSE_POINTS:
+        return []
+    with np.errstate(invalid="ignore"):
+        same = np.abs(np.diff(x)) <= 1e-7 * np.abs(x[1:]) + 1e-12
+    same &= np.isfinite(x[1:])
+    edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    out = []
+    for s, e in zip(starts, ends):   # values s .. e are equal
+        if e - s + 1 < COLLAPSE_POINTS or s == 0:
+            continue
+        v = float(x[s])
+        pre = x[max(0, s - BASELINE_POINTS):s]
+        pre = pre[np.isfinite(pre)]
+        blown = any(0 <= steps[s] - steps[o] <= max(wait_steps, 1) * 10 for o in after_event)
+        abrupt = False
+        if len(pre) >= 3:
+            p = float(np.median(pre))
+            sp = 1.4826 * float(np.median(np.abs(pre - p)))
+            abrupt = abs(v - p) > max(tolerance * abs(p), 3.0 * sp) and abs(p) > 0
+        if not (blown or abrupt):
+            continue
+        end = None if e >= n - 1 else int(e) + 1
+        out.append(Event(kind="collapse", onset=int(s), peak=int(s), end=end,
+                         baseline=float(np.median(pre)) if len(pre) else None, median=v, scale=0.0, z_peak=None,
+                         rules=[labels["collapse"]], reference=float(np.median(pre)) if len(pre) else None,
+                         detected=int(s + COLLAPSE_POINTS - 1),
+                         detail=f"pinned at {v:g} for {e - s + 1} logged values"))
+    return out
+
+
+def lr_restarts(steps: np.ndarray, lr: Optional[np.ndarray]) -> list[tuple[int, float, float, int]]:
+    """Where the learning rate climbs again after it had decayed: (index where the climb starts,
+    lr there, the highest lr of the climb, index of that high). Warm-up at the start is not one."""
+    if lr is None:
+        return []
+    v = _ffill(np.asarray(lr, dtype=np.float64))
+    if not np.isfinite(v).any() or len(v) < 3:
+        return []
+    run_max = np.maximum.accumulate(np.where(np.isfinite(v), v, -np.inf))
+    out = []
+    n = len(v)
+    with np.errstate(invalid="ignore"):
+        cand = np.flatnonzero((v[1:] > v[:-1]) & (v[:-1] <= 0.5 * run_max[:-1]) & (run_max[:-1] > 0)) + 1
+    nxt = 0
+    for i in cand:
+        if i < nxt:
+            continue
+        prev = v[i - 1]
+        j = i
+        while j + 1 < n and v[j + 1] >= v[j]:
+            j += 1
+        if v[j] >= max(2.0 * prev, 0.25 * run_max[i - 1]) and v[j] > 0:
+            out.append((int(i) - 1, float(prev), float(v[j]), int(j)))
+            nxt = j + 1
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The whole analysis of a loss timeline
+
+
+@dataclass
+class Analysis:
+    """Events of every kind (oldest first), the healthy reference, and the end-of-log verdict."""
+
+    events: list[Event]
+    reference: np.ndarray
+    verdict: str                       # healthy | recovering | diverged
+    target: Optional[int] = None       # index in events of the first event that has not come back
+    rate: Optional[float] = None       # fraction of the excess shed per step (recovering)
+    eta_step: Optional[int] = None     # step at which it would be back within tolerance
+    excess: Optional[float] = None     # smoothed loss now minus the healthy level
+    lr_restarts: list = field(default_factory=list)
+
+
+def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray], options,
+            lr: Optional[np.ndarray] = None) -> Analysis:
+    """Every event of a timeline, classified, and the verdict at the end of the log."""
+    from checkpoint_strategy.recovery.settings import rule_labels
+
+    o = options
+    labels = rule_labels(o)
+    window = effective_window(len(steps), o.window)
+    kw = dict(window=window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
+              min_rise=o.min_rise, tolerance=o.tolerance, labels=labels)
+    ref = healthy_reference(loss, window)
+    n = len(steps)
+    last_step = int(steps[-1])
+    loss_events = find_events(loss, reference=ref, **kw)
+    for ev in loss_events:
+        if ev.kind == "loss":
+            gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
+            ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
+    spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
+    shifts = level_shifts(loss, steps, window=window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
+                          labels=labels)
+    blowups = [ev.onset for ev in loss_events] + [ev.onset for ev in shifts]
+    pinned = collapses(loss, steps, tolerance=o.tolerance, after_event=blowups, wait_steps=o.wait_steps, labels=labels)
+    events = loss_events + shifts + pinned
+    never = _never_trained(loss, steps, events, o, labels)
+    if never is not None:
+        events.append(never)
+    if grad_norm is not None:
+        grads = find_events(grad_norm, grad=True, **kw)
+        events += _unmatched_grads(grads, loss_events, n)
+    events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
+    events = _trim_after_first_unrecovered(events)
+    target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
+    a = Analysis(events=events, reference=ref, verdict="healthy", target=target,
+                 lr_restarts=lr_restarts(steps, lr))
+    if target is not None:
+        _verdict(a, events[target], steps, loss, o)
+    return a
+
+
+def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[str, str]:
+    """A flagged event not back within the wait window: a divergence when it blew up and came back
+    only partly, or keeps climbing; a level shift when it stepped to a plateau and stayed there.
+    "early" is the median over the first 2 wait windows after the onset, "now" over the last one."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    seg = x[ev.onset:]
+    seg_s = steps[ev.onset:]
+    r = ev.reference if ev.reference is not None else ev.baseline
+    if r is None or len(seg) < 2 * SMOOTH_POINTS or not np.isfinite(seg).all():
+        return "divergence", "not back within the wait window"
+    interval = max(1, int(np.median(np.diff(seg_s[:50])))) if len(seg_s) > 1 else 1
+    span = max(2 * o.wait_steps, 20 * interval)
+    early_v = seg[seg_s <= seg_s[0] + span]
+    tail = seg[seg_s >= seg_s[-1] - span // 2]
+    if len(early_v) < SMOOTH_POINTS:
+        early_v = seg[:SMOOTH_POINTS]
+    if len(tail) < SMOOTH_POINTS:
+        tail = seg[-SMOOTH_POINTS:]
+    peak = float(np.median(sliding_window_view(seg, SMOOTH_POINTS), axis=1).max())
+    early, now = float(np.median(early_v)), float(np.median(tail))
+    noise = 3 * ev.scale / math.sqrt(max(1, len(tail)))
+    ratio = f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"
+    if now - early > max(0.5 * (early - r), noise):
+        return "divergence", f"still climbing: {now:.4g} now, {ratio}"
+    if early <= r or peak - r > 1.5 * (early - r):
+        return "divergence", f"came back only partly: peak {peak:.4g}, now {now:.4g} ({ratio})"
+    return "level_shift", f"plateau at {now:.4g} ({ratio})"
+
+
+PRECURSOR_POINTS = 5   # a grad-norm spike this many logged values before a loss onset leads it
+
+
+def _unmatched_grads(grads: list[Event], loss_events: list[Event], n: int) -> list[Event]:
+    used = set()
+    for ev in loss_events:
+        for gi, g in enumerate(grads):
+            if ev.onset - PRECURSOR_POINTS <= g.onset <= ev.onset:
+                used.add(gi)
+                if g.onset < ev.onset:
+                    ev.precursor = g.onset
+            elif ev.onset < g.onset <= (ev.end if ev.end is not None else n):
+                used.add(gi)  # grad norm blew up inside the loss event: part of it
+    return [g for gi, g in enumerate(grads) if gi not in used]
+
+
+def _trim_after_first_unrecovered(events: list[Event]) -> list[Event]:
+    """What follows the first loss event that never came back is part of its bad stretch, except a
+    NaN or a collapse, which make it worse and are kept (named) as events of their own."""
+    out = []
+    bad = None
+    for e in events:
+        if bad is None:
+            out.append(e)
+            if e.end is None and e.kind != "grad_norm":
+                bad = e
+        elif e.kind in ("nonfinite", "collapse") and e.onset >= bad.onset:
+            out.append(e)
+    return out
+
+
+def _verdict(a: Analysis, ev: Event, steps: np.ndarray, loss: np.ndarray, o) -> None:
+    last_step = int(steps[-1])
+    elapsed = last_step - int(steps[ev.onset])
+    tail_nf = not np.isfinite(loss[-1])
+    if tail_nf or any(e.kind == "collapse" and e.end is None for e in a.events):
+        a.verdict = "diverged"
+        return
+    r = ev.reference if ev.reference is not None else ev.baseline
+    if r is None:
+        a.verdict = "diverged"
+        return
+    band = recovery_level(r, ev.scale, o.tolerance) - r
+    k = SMOOTH_POINTS
+    interval = max(1, int(np.median(np.diff(steps[-min(len(steps), 50):]))) if len(steps) > 1 else 1)
+    span = max(o.wait_steps, 10 * interval)
+    lo = int(np.searchsorted(steps, last_step - span))
+    lo = max(ev.detected if ev.detected is not None else ev.onset, min(lo, len(steps) - 2 * k))
+    seg_x, seg_s = loss[lo:], steps[lo:]
+    if len(seg_x) < 2 * k or not np.isfinite(seg_x).all():
+        a.verdict = "recovering" if elapsed < o.min_wait_steps else "diverged"
+        return
+    e1 = float(np.median(seg_x[:k])) - r
+    e2 = float(np.median(seg_x[-k:])) - r
+    a.excess = e2
+    dt = float(np.median(seg_s[-k:]) - np.median(seg_s[:k]))
+    if e2 <= band:
+        a.verdict = "recovering"
+        a.rate = None
+        a.eta_step = last_step
+        return
+    if e1 > e2 > 0 and dt > 0:
+        a.rate = math.log(e1 / e2) / dt
+        eta = last_step + math.log(e2 / max(band, 1e-12)) / a.rate
+        if eta - last_step <= 10 * max(o.wait_steps, 10 * interval):
+            a.verdict = "recovering"
+            a.eta_step = int(math.ceil(eta))
+            return
+    a.verdict = "recovering" if elapsed < o.min_wait_steps else "diverged"

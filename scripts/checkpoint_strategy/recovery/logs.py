@@ -28,7 +28,7 @@ import numpy as np
 
 from checkpoint_strategy.errors import UsageError
 
-STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "iteration",
+STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "current_steps", "iteration",
              "iter", "it")
 LOSS_KEYS = ("loss", "train/loss", "train_loss", "training_loss", "train/train_loss", "lm loss", "lm_loss",
              "train/lm_loss", "train/loss_step", "train_loss_step", "loss_step", "train/lm loss")
@@ -58,6 +58,10 @@ class LogSeries:
     lr: Optional[np.ndarray]
     entries: int
     restarts: list[dict] = field(default_factory=list)
+    eval_steps: Optional[np.ndarray] = None
+    eval_loss: Optional[np.ndarray] = None
+    eval_key: Optional[str] = None
+    best_model_checkpoint: Optional[str] = None
     # the raw file-order arrays and segment ids, for verify-resume
     raw_steps: Optional[np.ndarray] = None
     raw_loss: Optional[np.ndarray] = None
@@ -149,62 +153,136 @@ def detect_format(path: Path, head: bytes) -> str:
 # Reading
 
 
+MAX_LOG_BYTES = 64 << 30   # a JSON document is read whole (bytes only); line formats are streamed
+
+
 def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Optional[Columns] = None) -> LogSeries:
-    """Read a log (file or folder) into a LogSeries; UsageError on any bad input."""
+    """Read a log (file or folder) into a LogSeries; UsageError on any bad input.
+
+    Memory: JSON lines and CSV are streamed (the numeric columns only); a JSON document is held
+    as bytes while its log_history is parsed in slices (recovery/records.py)."""
+    from checkpoint_strategy import storage
+
     columns = columns or Columns()
     if log_format not in FORMATS:
         raise UsageError(f"unknown log format {log_format!r}; expected one of {', '.join(FORMATS)}")
+    if str(path) == "":
+        raise UsageError("LOG: empty path: expected a training log file or a run folder")
     p = find_log(path)
     if log_format == "tensorboard" or (log_format == "auto" and (p.is_dir() or "tfevents" in p.name)):
         return _finish(p, "tensorboard", *_read_tensorboard(p, columns))
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read log {p}: {exc.strerror or exc}") from None
-    if not data.strip():
-        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
-    fmt = detect_format(p, data[:64]) if log_format == "auto" else log_format
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
-    if fmt in ("json", "hf"):
+    with storage.open_regular(p, "log") as fh:
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            if fmt == "json" and exc.msg == "Extra data" and text.lstrip().startswith("{"):
-                return _finish(p, "jsonl", *_read_jsonl(p, text, columns))
+            head = fh.read(1 << 16)
+            fmt = detect_format(p, head) if log_format == "auto" else log_format
+            if fmt in ("json", "hf"):
+                return _read_document(p, _read_rest(fh, head), fmt, columns)
+            if fmt == "jsonl":
+                return _read_stream(p, fh, head, columns)
+            return _read_csv(p, fh, head, columns)
+        except OSError as exc:
+            raise UsageError(storage.oserror_line(exc, "read log", p)) from None
+
+
+def _read_rest(fh, head: bytes) -> bytearray:
+    """head + the rest of the file in one buffer, without a second copy of a big document."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > MAX_LOG_BYTES:
+        raise UsageError(f"log {fh.name} is larger than {MAX_LOG_BYTES >> 30} GB; expected a training log")
+    buf = bytearray(max(size, len(head)) + 1)
+    buf[:len(head)] = head
+    view = memoryview(buf)
+    n = len(head)
+    while True:
+        got = fh.readinto(view[n:])
+        if not got:
+            break
+        n += got
+        if n == len(buf):  # the file grew while being read: take what is there
+            buf.extend(fh.read())
+            n = len(buf)
+            break
+    view.release()
+    del buf[n:]
+    return buf
+
+
+def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeries:
+    series = _finish(p, fmt, *col.finish())
+    es, ev, key = col.eval_series()
+    series.eval_steps, series.eval_loss, series.eval_key = es, ev, key
+    if meta:
+        best = meta.get("best_model_checkpoint")
+        series.best_model_checkpoint = best if isinstance(best, str) and best else None
+    return series
+
+
+def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSeries:
+    from checkpoint_strategy.recovery import records
+
+    if not re.search(rb"\S", data):
+        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
+    if data.startswith(b"\xef\xbb\xbf"):
+        del data[:3]
+    for attempt in ("sliced", "whole"):
+        meta: dict = {}
+        col = records.Collector(p, columns)
+        try:
+            if attempt == "sliced":
+                for batch in records.json_document_batches(p, data, meta):
+                    col.add_many(batch)
+            else:
+                obj = records._parse_whole(p, data)
+                items = _document_items(p, obj, meta)
+                del obj
+                for k in range(0, len(items), records.SLICE_RECORDS):
+                    col.add_many(items[k:k + records.SLICE_RECORDS])
+        except records._SliceError:
+            continue
+        except records._JSONError as err:
+            exc = err.exc
+            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data):
+                return _read_stream(p, io.BytesIO(data), b"", columns)
             raise UsageError(f"log {p} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
-        except RecursionError:
-            raise UsageError(f"log {p} is JSON nested too deeply to be a training log") from None
-        if isinstance(obj, dict) and "log_history" in obj:
-            return _finish(p, "hf", *_read_records(p, obj["log_history"], columns, hf=True))
-        if isinstance(obj, list):
-            return _finish(p, "json", *_read_records(p, obj, columns, hf=False))
-        if fmt == "hf":
+        kind = meta.get("_format")
+        if kind == "other":
+            if fmt == "hf":
+                raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
+            raise UsageError(f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
+                             "records; expected one of those or JSON lines")
+        if kind == "json" and fmt == "hf":
             raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
-        raise UsageError(f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
-                         "records; expected one of those or JSON lines")
-    if fmt == "jsonl":
-        return _finish(p, "jsonl", *_read_jsonl(p, text, columns))
-    return _finish(p, "csv", *_read_csv(p, text, columns))
+        if col.count == 0:
+            raise UsageError(f"log {p} has no log entries (empty log_history or list)")
+        del data  # the raw text goes before the series are built
+        return _series_from(p, kind, col, meta)
+    raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
 
 
-def _read_jsonl(p: Path, text: str, columns: Columns):
-    records = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            msg = getattr(exc, "msg", "too deeply nested")
-            raise UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}") from None
-        if not isinstance(rec, dict):
-            raise UsageError(f"log {p} line {lineno} is not a JSON object; expected one record per line")
-        records.append(rec)
-    return _read_records(p, records, columns, hf=False, what="line")
+def _document_items(p: Path, obj: Any, meta: dict) -> list:
+    if isinstance(obj, dict) and "log_history" in obj:
+        meta.update({k: v for k, v in obj.items() if k != "log_history"})
+        meta["_format"] = "hf"
+        if not isinstance(obj["log_history"], list):
+            raise UsageError(f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json")
+        return obj["log_history"]
+    if isinstance(obj, list):
+        meta["_format"] = "json"
+        return obj
+    meta["_format"] = "other"
+    return []
+
+
+def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
+    from checkpoint_strategy.recovery import records
+
+    col = records.Collector(p, columns, what="line", offset=1)
+    for rec in records.jsonl_records(p, fh, head):
+        col.add(rec)
+    if col.count == 0:
+        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
+    return _series_from(p, "jsonl", col)
 
 
 def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[str], what: str,
@@ -231,33 +309,6 @@ def _preview(names: Sequence[str], limit: int = 8) -> str:
     shown = ", ".join(repr(n) for n in list(names)[:limit])
     more = len(names) - limit
     return (shown + f" and {more} more") if more > 0 else (shown or "none")
-
-
-def _read_records(p: Path, records: Any, columns: Columns, *, hf: bool, what: str = "entry"):
-    if not isinstance(records, list):
-        raise UsageError(f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json")
-    if not records:
-        raise UsageError(f"log {p} has no log entries (empty log_history or list)")
-    keys: dict[str, None] = {}
-    for rec in records[:2000]:
-        if isinstance(rec, dict):
-            keys.update(dict.fromkeys(rec))
-    if not keys:
-        raise UsageError(f"log {p} holds no JSON objects; expected records with step and loss")
-    loss_key = _pick(keys, columns.loss, LOSS_KEYS, "loss", p, required=True)
-    step_key = _pick(keys, columns.step, STEP_KEYS, "step", p, required=True)
-    grad_key = _pick(keys, columns.grad_norm, GRAD_KEYS, "grad-norm", p, required=columns.grad_norm is not None)
-    lr_key = _pick(keys, columns.lr, LR_KEYS, "learning-rate", p, required=columns.lr is not None)
-    index = [i for i, rec in enumerate(records)
-             if type(rec) is dict and rec.get(loss_key) is not None]
-    if not index:
-        raise UsageError(f"log {p} has no {loss_key!r} values; expected training loss entries")
-    recs = [records[i] for i in index]
-    steps = _numbers(p, [r.get(step_key) for r in recs], "step", index, what)
-    loss = _numbers(p, [r[loss_key] for r in recs], "loss", index, what)
-    grad = _numbers(p, [r.get(grad_key) for r in recs], "grad norm", index, what, missing_ok=True) if grad_key else None
-    lr = _numbers(p, [r.get(lr_key) for r in recs], "learning rate", index, what, missing_ok=True) if lr_key else None
-    return steps, loss, grad, lr, step_key, loss_key, grad_key, lr_key
 
 
 def _numbers(p: Path, values: list, name: str, index: Sequence[int], what: str, missing_ok: bool = False) -> np.ndarray:
@@ -303,52 +354,73 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _read_csv(p: Path, text: str, columns: Columns):
-    if "\x00" in text:
+def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
+    """CSV rows as records (empty cells are not logged values): W&B exports, Lightning metrics.csv
+    with interleaved train/validation/LR rows, any step/loss column names."""
+    from checkpoint_strategy.recovery import records
+
+    if b"\x00" in head:
         raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
-    first = text.split("\n", 1)[0]
+    text = io.TextIOWrapper(_Prefixed(head, fh), encoding="utf-8-sig", newline="")
+    first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
     delimiter = "\t" if (p.name.lower().endswith(".tsv") or ("\t" in first and "," not in first)) else ","
+    reader = csv.reader(text, delimiter=delimiter)
     try:
-        rows = list(csv.reader(io.StringIO(text), delimiter=delimiter))
+        header = None
+        for row in reader:
+            if any(c.strip() for c in row):
+                header = [h.strip() for h in row]
+                break
+        if header is None:
+            raise UsageError(f"log {p} is empty; expected a CSV header and rows")
+        names = _wandb_names(header, columns.run, p)
+        col = records.Collector(p, columns, what="line", offset=2, known_keys=names)
+        items = list(names.items())
+        rows = 0
+        for row in reader:
+            if "\x00" in "".join(row):
+                raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
+            if not any(c.strip() for c in row):
+                continue
+            rows += 1
+            rec = {}
+            for name, i in items:
+                if i < len(row):
+                    cell = row[i].strip()
+                    if cell:
+                        rec[name] = cell
+            col.add(rec)
     except csv.Error as exc:
         raise UsageError(f"log {p} is not valid CSV: {exc}") from None
-    rows = [r for r in rows if any(c.strip() for c in r)]
+    except UnicodeDecodeError:
+        raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
     if not rows:
-        raise UsageError(f"log {p} is empty; expected a CSV header and rows")
-    header = [h.strip() for h in rows[0]]
-    body = rows[1:]
-    if not body:
         raise UsageError(f"log {p} has a header but no rows; expected training log rows")
-    names = _wandb_names(header, columns.run, p)
-    avail = list(names)
-    loss_col = _pick(avail, columns.loss, LOSS_KEYS, "loss", p, required=True)
-    if columns.loss is None and loss_col is None:  # pragma: no cover - _pick raises
-        raise UsageError(f"log {p} has no loss column")
-    step_col = _pick(avail, columns.step, STEP_KEYS, "step", p, required=True)
-    grad_col = _pick(avail, columns.grad_norm, GRAD_KEYS, "grad-norm", p, required=columns.grad_norm is not None)
-    lr_col = _pick(avail, columns.lr, LR_KEYS, "learning-rate", p, required=columns.lr is not None)
-    li, si = names[loss_col], names[step_col]
-    gi = names[grad_col] if grad_col else None
-    ri = names[lr_col] if lr_col else None
-    steps, loss, grad, lr, lines = [], [], [], [], []
-    for n, row in enumerate(body, 2):
-        cell = row[li].strip() if li < len(row) else ""
-        if not cell:
-            continue  # W&B exports leave a run's cell empty at steps it did not log
-        steps.append(row[si] if si < len(row) else "")
-        loss.append(cell)
-        grad.append(row[gi] if gi is not None and gi < len(row) else None)
-        lr.append(row[ri] if ri is not None and ri < len(row) else None)
-        lines.append(n - 1)
-    if not loss:
-        raise UsageError(f"log {p} has no values in its loss column {loss_col!r}")
-    grad = [None if (g is None or not g.strip()) else g for g in grad]
-    lr = [None if (v is None or not v.strip()) else v for v in lr]
-    step_arr = _numbers(p, steps, "step", lines, "line")
-    loss_arr = _numbers(p, loss, "loss", lines, "line")
-    grad_arr = _numbers(p, grad, "grad norm", lines, "line", missing_ok=True) if gi is not None else None
-    lr_arr = _numbers(p, lr, "learning rate", lines, "line", missing_ok=True) if ri is not None else None
-    return step_arr, loss_arr, grad_arr, lr_arr, step_col, loss_col, grad_col, lr_col
+    if col.keys is None:
+        col._decide()
+    if not len(col.loss):
+        raise UsageError(f"log {p} has no values in its loss column {col.keys[1]!r}")
+    return _series_from(p, "csv", col)
+
+
+class _Prefixed(io.RawIOBase):
+    """An already-read head followed by the rest of a binary file, as one readable stream."""
+
+    def __init__(self, head: bytes, fh) -> None:
+        self.head, self.fh = head, fh
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self.head:
+            n = min(len(b), len(self.head))
+            b[:n] = self.head[:n]
+            self.head = self.head[n:]
+            return n
+        data = self.fh.read(len(b))
+        b[:len(data)] = data
+        return len(data)
 
 
 def _wandb_names(header: list[str], run: Optional[str], p: Path) -> dict[str, int]:
@@ -433,6 +505,23 @@ def _finish(p: Path, fmt: str, steps, loss, grad, lr, step_key, loss_key, grad_k
                         grad_norm_key=grad_key, lr_key=lr_key)
 
 
+def _merge_repeats(isteps, loss, grad_norm, lr):
+    """Consecutive rows with the same step are one optimizer step logged per micro-batch (gradient
+    accumulation in Lightning) or twice: their mean loss, largest grad norm and last LR, not a restart."""
+    new = np.empty(len(isteps), dtype=bool)
+    new[0] = True
+    new[1:] = isteps[1:] != isteps[:-1]
+    starts = np.flatnonzero(new)
+    counts = np.diff(np.append(starts, len(isteps)))
+    with np.errstate(invalid="ignore", over="ignore"):
+        loss = np.add.reduceat(np.asarray(loss, dtype=np.float64), starts) / counts
+        if grad_norm is not None:
+            grad_norm = np.fmax.reduceat(np.asarray(grad_norm, dtype=np.float64), starts)
+    if lr is not None:
+        lr = np.asarray(lr, dtype=np.float64)[np.append(starts[1:], len(isteps)) - 1]
+    return isteps[starts], loss, grad_norm, lr
+
+
 def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>", fmt: str = "json",
                  step_key: str = "step", loss_key: str = "loss", grad_norm_key: Optional[str] = None,
                  lr_key: Optional[str] = None) -> LogSeries:
@@ -448,6 +537,10 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
         shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
         raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected a whole number >= 0")
     isteps = steps.astype(np.int64)
+    read = n
+    if n > 1 and (isteps[1:] == isteps[:-1]).any():
+        isteps, loss, grad_norm, lr = _merge_repeats(isteps, loss, grad_norm, lr)
+        n = len(isteps)
     grad_norm = None if grad_norm is None else np.asarray(grad_norm, dtype=np.float64)
     if grad_norm is not None and not np.isfinite(grad_norm).any() and np.isnan(grad_norm).all():
         grad_norm, grad_norm_key = None, None
@@ -489,4 +582,4 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
 
     return LogSeries(path=path, format=fmt, step_key=step_key, loss_key=loss_key, grad_norm_key=grad_norm_key,
                      lr_key=lr_key, steps=sel(isteps), loss=sel(loss), grad_norm=sel(grad_norm), lr=sel(lr),
-                     entries=n, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg)
+                     entries=read, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg)

@@ -10,7 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SpikeKind = Literal["loss", "nonfinite", "grad_norm"]
+SpikeKind = Literal["spike", "divergence", "level_shift", "nonfinite", "collapse", "grad_norm"]
+Verdict = Literal["healthy", "recovering", "diverged"]
 RecoverStatus = Literal["no_spike", "self_recovered", "wait", "rollback", "no_clean_checkpoint"]
 LogFormat = Literal["hf", "json", "jsonl", "csv", "tensorboard"]
 
@@ -47,7 +48,11 @@ class Restart(_Strict):
 class Spike(_Strict):
     """One detected event. Steps are the log's optimizer steps."""
 
-    kind: SpikeKind = Field(description="loss: loss spike; nonfinite: NaN/inf loss; grad_norm: grad-norm spike only")
+    kind: SpikeKind = Field(
+        description="spike: short, comes back (or still inside the wait window); divergence: not back within the "
+                    "wait window, or only partly; level_shift: a step change or slow climb to a higher plateau with "
+                    "no single spike; nonfinite: NaN/inf loss; collapse: the loss pinned at one value (0.0 too); "
+                    "grad_norm: a grad-norm spike only")
     onset_step: int
     peak_step: int
     peak_loss: Optional[float] = Field(description="highest loss in the event; null when the loss was NaN/inf")
@@ -62,6 +67,11 @@ class Spike(_Strict):
     baseline_grad_norm: Optional[float] = None
     grad_norm_precursor_step: Optional[int] = Field(
         None, description="a grad-norm spike that started shortly before the loss onset (onset moved to it)")
+    reference_loss: Optional[float] = Field(
+        None, description="the healthy level it must come back to (a low quantile of the loss over a long window "
+                          "before the onset, frozen there; never above baseline_loss)")
+    detail: str = Field("", description="more about the kind: plateau or climbing, pinned value, ...")
+    cause: Optional[str] = Field(None, description="a likely cause found in the log (an LR restart)")
 
 
 class CheckpointRef(_Strict):
@@ -72,6 +82,9 @@ class CheckpointRef(_Strict):
         None, description="median of the losses logged just before and after this step (the weights' own loss)")
     within_tolerance: Optional[bool] = Field(
         None, description="smoothed_loss <= baseline_loss * (1 + tolerance); null if no loss near it")
+    tag: Optional[Literal["resume", "post_event", "inside_event"]] = Field(
+        None, description="post_event: saved after the onset of the trouble (do not resume from it); inside_event: "
+                          "saved during an earlier event; resume: the chosen resume point")
 
 
 class CheckpointsInfo(_Strict):
@@ -82,6 +95,8 @@ class CheckpointsInfo(_Strict):
     last_step: Optional[int] = None
     cutoff_step: Optional[int] = Field(None, description="newest step a resume checkpoint may have (onset - margin)")
     margin_steps: Optional[int] = None
+    post_event: list[CheckpointRef] = Field(
+        default_factory=list, description="checkpoints saved at or after the onset: do not resume from them")
 
 
 class Thresholds(_Strict):
@@ -93,6 +108,19 @@ class Thresholds(_Strict):
     tolerance: float
     wait_steps: int
     min_wait_steps: int
+
+
+class EvalOpinion(_Strict):
+    """The eval loss as a second opinion on the train loss."""
+
+    key: str
+    points: int
+    best_step: int
+    best_loss: float
+    last_step: int
+    last_loss: float
+    overfitting: bool = Field(description="eval loss rose past the tolerance while the train loss fell or held")
+    note: str
 
 
 class Overrides(_Strict):
@@ -122,6 +150,14 @@ class RecoveryReport(_Strict):
     grad_clip: Optional[float]
     overrides: Optional[Overrides] = None
     policy_advice: Optional[str] = Field(None, description="the policy change that would have prevented this")
+    verdict: Verdict = Field(description="the run at the end of the log: healthy, recovering or diverged")
+    verdict_detail: str = ""
+    recovery_rate: Optional[float] = Field(
+        None, description="recovering: fraction of the excess over the healthy level shed per step")
+    back_by_step: Optional[int] = Field(None, description="recovering: step by which it would be back within tolerance")
+    last_good_step: Optional[int] = Field(None, description="the last logged step before the trouble began")
+    best_model_checkpoint: Optional[str] = Field(None, description="the log's best_model_checkpoint (HF Trainer)")
+    eval: Optional[EvalOpinion] = Field(None, description="eval loss as a second opinion; null when none is logged")
     restarts: list[Restart]
     thresholds: Thresholds
     reasons: list[str] = Field(description="why, in plain sentences")

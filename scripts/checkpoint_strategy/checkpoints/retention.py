@@ -1,0 +1,370 @@
+"""Keep rules: which checkpoints a retention policy keeps, decided without touching any file.
+
+The one decision shared by `prune` (local folders), the training callbacks and a prune over
+object storage: each caller describes what it sees as `Candidate`s, calls `plan_prune`, and
+deletes the `Decision`s marked "delete" its own way (`prune.apply_prune` renames then removes).
+
+Public API::
+
+    from checkpoint_strategy.checkpoints.retention import Candidate, Retention, plan_prune, classify_name
+
+    m = classify_name("checkpoint-500")            # NameMatch(layout="hf-trainer", step=500, ...)
+    c = Candidate(name="checkpoint-500", step=500, layout=m.layout, status="valid", resumable=True)
+    plan = plan_prune([c, ...], Retention(keep_last=3, milestones=frozenset({1000})))
+    for d in plan.decisions:
+        d.action        # "keep" | "delete"
+        d.reasons       # [Reason(kind, text)], kinds from REASON_KINDS
+        d.justified_by  # for a delete: the newer validated checkpoint that makes it safe
+
+A keep rule is ``rule(candidate, context) -> Reason | None`` (like Orbax's preservation
+policies): it returns why the candidate must stay, or None. A candidate is deleted only when no
+rule keeps it and a newer validated checkpoint stands in for it. ``SAFETY_RULES`` (unrecognised,
+final export, symlinked, not valid, no step) always run; ``rules`` (default ``DEFAULT_RULES``:
+newest, keep_last, milestone, trainer's best, rollback) can be extended, e.g.
+``plan_prune(cs, r, rules=(*DEFAULT_RULES, my_rule))``.
+
+Invariants (tested on generated folders):
+- keep_last counts *resumable* valid checkpoints when the run has any, else valid ones; the
+  newest of them is always kept; a weights-only checkpoint never justifies deleting a
+  resumable one;
+- a name that does not exactly match a known layout's pattern is never deleted;
+- a symlinked checkpoint (or one resolving outside ROOT) is never deleted and never counts as
+  the newer checkpoint that justifies a deletion;
+- invalid and incomplete checkpoints are never deleted and never justify a deletion;
+- milestones, the trainer's best and the rollback point of an unrecovered loss spike are kept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+ReasonKind = Literal[
+    "unrecognised",      # name matches no known layout exactly
+    "final_export",      # the run folder's own top-level model files
+    "symlink",           # a symlink or outside ROOT
+    "not_valid",         # invalid / incomplete / not validated
+    "no_step",           # recognised but carries no step (Lightning last.ckpt): not ordered
+    "newest",            # the newest resumable (or valid) checkpoint
+    "keep_last",         # within the keep_last newest
+    "milestone",         # a milestone step
+    "trainer_best",      # HF best_model_checkpoint, Lightning monitored top-k
+    "rollback",          # the checkpoint to resume from before an unrecovered loss spike
+    "unjustified",       # no newer validated checkpoint stands in for it
+    "superseded",        # delete: older than the window, a newer one validated
+]
+REASON_KINDS: tuple[str, ...] = get_args(ReasonKind)
+
+Status = Literal["valid", "invalid", "incomplete"] | None
+
+
+# --------------------------------------------------------------------------- names
+
+@dataclass(frozen=True)
+class NameMatch:
+    """A name that exactly matches a known layout's pattern."""
+
+    layout: str                       # hf-trainer, deepspeed, megatron, torchtitan, orbax, lightning
+    step: int | None
+    metrics: tuple[str, ...] = ()     # Lightning: metric keys in the name (top-k by that metric)
+    template: str | None = None    # Lightning: the filename template, e.g. "epoch={}-step={}"
+    in_flight: bool = False           # tmp-checkpoint-N / Orbax tmp folder
+
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
+    (re.compile(r"^checkpoint-([0-9]+)$"), "hf-trainer", False),
+    (re.compile(r"^tmp-checkpoint-([0-9]+)$"), "hf-trainer", True),
+    (re.compile(r"^global_step([0-9]+)$"), "deepspeed", False),
+    (re.compile(r"^iter_([0-9]{7})$"), "megatron", False),
+    (re.compile(r"^step-([0-9]+)$"), "torchtitan", False),
+    (re.compile(r"^([0-9]+)$"), "orbax", False),
+    (re.compile(r"^([0-9]+)\.orbax-checkpoint-tmp(?:-[0-9]+)?$"), "orbax", True),
+)
+# Lightning ModelCheckpoint names with auto_insert_metric_name: "{key}={value}" joined by "-",
+# optional "-v<N>" when a name repeats; save_last writes last.ckpt / last-v<N>.ckpt.
+_PL_NUMBER = r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|-?inf|nan"
+_PL_PART = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)=(" + _PL_NUMBER + r")(?=-|\Z)")
+_PL_VERSION = re.compile(r"-v([0-9]+)\Z")
+_PL_LAST = re.compile(r"^last(?:-v[0-9]+)?\.ckpt$")
+_INT = re.compile(r"^[0-9]+$")
+_ORDER_KEYS = ("epoch", "step")
+
+
+def _lightning(name: str) -> NameMatch | None:
+    if _PL_LAST.fullmatch(name):
+        return NameMatch("lightning", None, template="last")
+    if not name.endswith(".ckpt"):
+        return None
+    body = _PL_VERSION.sub("", name[: -len(".ckpt")])
+    keys: list[str] = []
+    values: dict[str, str] = {}
+    pos = 0
+    while pos < len(body):
+        m = _PL_PART.match(body, pos)
+        if m is None or m.group(1) in values:
+            return None
+        keys.append(m.group(1))
+        values[m.group(1)] = m.group(2)
+        pos = m.end()
+        if pos < len(body):
+            if body[pos] != "-":
+                return None
+            pos += 1
+            if pos == len(body):
+                return None
+    if not keys or any(k in values and not _INT.match(values[k]) for k in _ORDER_KEYS):
+        return None
+    step = int(values["step"]) if "step" in values else None
+    metrics = tuple(k for k in keys if k not in _ORDER_KEYS)
+    return NameMatch("lightning", step, metrics, "-".join(f"{k}={{}}" for k in keys))
+
+
+def classify_name(name: str) -> NameMatch | None:
+    """The layout a name exactly matches, or None ("not recognised: kept").
+
+    Recognised: checkpoint-<int>, tmp-checkpoint-<int> (in flight), global_step<int>,
+    iter_<7 digits>, step-<int>, Orbax integer folders <int> (and <int>.orbax-checkpoint-tmp-*),
+    and Lightning ModelCheckpoint names (key=value parts joined by '-', e.g.
+    epoch=0-step=10.ckpt, epoch=0-step=10-val_loss=0.123.ckpt, last.ckpt). Anything else -
+    checkpoint-50-KEEP, 'checkpoint-100 (copy)', best-checkpoint-100.bak, model-step=50.safetensors
+    - is None.
+    """
+    for rx, layout, in_flight in _PATTERNS:
+        m = rx.fullmatch(name)  # never match(): "$" also matches before a trailing newline
+        if m:
+            return NameMatch(layout, int(m.group(1)), in_flight=in_flight)
+    return _lightning(name)
+
+
+# --------------------------------------------------------------------------- candidates and rules
+
+@dataclass(frozen=True)
+class Candidate:
+    """One entry of the checkpoint folder as the keep rules see it.
+
+    name:      the entry's name under ROOT (unique within one plan)
+    step:      training step (None when unknown)
+    layout:    classify_name(name).layout, None when the name is not recognised
+    status:    the validator's verdict; None when not validated (never deleted)
+    resumable: optimizer state present; None when unknown
+    symlink:   a symlink, or resolves outside ROOT
+    metrics:   Lightning metric keys in the name (the trainer's top-k by that metric)
+    final_export: the run folder's own top-level model files (never deleted)
+    """
+
+    name: str
+    step: int | None = None
+    layout: str | None = None
+    status: Status = None
+    resumable: bool | None = None
+    symlink: bool = False
+    metrics: tuple[str, ...] = ()
+    final_export: bool = False
+    format: str = "unknown"
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What to keep.
+
+    keep_last:  how many of the newest resumable (else valid) checkpoints to keep, >= 1
+    milestones: steps never deleted
+    best:       name -> why the trainer calls it best (HF best_model_checkpoint, Lightning top-k)
+    rollback:   name of the checkpoint to resume from before an unrecovered loss spike
+    rollback_why: text for that reason
+    """
+
+    keep_last: int
+    milestones: frozenset[int] = frozenset()
+    best: Mapping[str, str] = field(default_factory=dict)
+    rollback: str | None = None
+    rollback_why: str = "rollback point before an unrecovered loss spike"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < 1:
+            raise ValueError(f"keep_last must be an integer >= 1, got {self.keep_last!r}")
+
+
+@dataclass(frozen=True)
+class Reason:
+    kind: ReasonKind
+    text: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules know about the whole folder (built by plan_prune)."""
+
+    retention: Retention
+    counts_resumable: bool                  # keep_last counts resumable checkpoints
+    ordered: tuple[Candidate, ...]          # the checkpoints keep_last counts, oldest first
+    window: frozenset[str]                  # names within keep_last
+    newest: Candidate | None
+
+    def newer_than(self, c: Candidate) -> Candidate | None:
+        """The newest counted checkpoint with a higher step than c (what justifies deleting c)."""
+        if self.newest is None or c.step is None or self.newest.step is None or self.newest.step <= c.step:
+            return None
+        return self.newest
+
+
+KeepRule = Callable[[Candidate, Context], Reason | None]
+
+
+def _label(c: Candidate) -> str:
+    return "resumable" if c.resumable else "weights-only"
+
+
+def keep_unrecognised(c: Candidate, ctx: Context) -> Reason | None:
+    if c.layout is None and not c.final_export:
+        return Reason("unrecognised", "not recognised (name matches no known checkpoint layout exactly): kept")
+    return None
+
+
+def keep_final_export(c: Candidate, ctx: Context) -> Reason | None:
+    if c.final_export:
+        return Reason("final_export", "final export (the run folder's own top-level model files): never deleted")
+    return None
+
+
+def keep_symlinked(c: Candidate, ctx: Context) -> Reason | None:
+    if c.symlink:
+        return Reason("symlink", "symlink or outside ROOT: never deleted, never counts as the newer checkpoint")
+    return None
+
+
+def keep_not_valid(c: Candidate, ctx: Context) -> Reason | None:
+    if c.status != "valid":
+        what = c.status or "not validated"
+        return Reason("not_valid", f"{what}: not deleted automatically (a save may be in flight; inspect it)")
+    return None
+
+
+def keep_unordered(c: Candidate, ctx: Context) -> Reason | None:
+    if c.step is None:
+        return Reason("no_step", "no step number in its name: not ordered, kept")
+    return None
+
+
+def keep_newest(c: Candidate, ctx: Context) -> Reason | None:
+    if ctx.newest is not None and c.name == ctx.newest.name:
+        what = "resumable" if ctx.counts_resumable else "valid"
+        return Reason("newest", f"newest {what} checkpoint")
+    return None
+
+
+def keep_last(c: Candidate, ctx: Context) -> Reason | None:
+    if c.name in ctx.window and (ctx.newest is None or c.name != ctx.newest.name):
+        what = "resumable" if ctx.counts_resumable else "valid"
+        return Reason("keep_last", f"within keep_last={ctx.retention.keep_last} newest {what}")
+    return None
+
+
+def keep_milestone(c: Candidate, ctx: Context) -> Reason | None:
+    if c.step is not None and c.step in ctx.retention.milestones:
+        return Reason("milestone", f"milestone step {c.step}")
+    return None
+
+
+def keep_trainer_best(c: Candidate, ctx: Context) -> Reason | None:
+    if c.name in ctx.retention.best:
+        return Reason("trainer_best", ctx.retention.best[c.name])
+    if c.metrics:
+        return Reason("trainer_best", f"trainer's top-k by {', '.join(c.metrics)} (the metric is in its name)")
+    return None
+
+
+def keep_rollback(c: Candidate, ctx: Context) -> Reason | None:
+    if ctx.retention.rollback is not None and c.name == ctx.retention.rollback:
+        return Reason("rollback", ctx.retention.rollback_why)
+    return None
+
+
+def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
+    if ctx.newer_than(c) is None:
+        what = "resumable" if ctx.counts_resumable else "valid"
+        return Reason("unjustified", f"no newer {what} checkpoint validated: kept")
+    return None
+
+
+#: Always applied first, whatever rules a caller passes: they can add keep reasons, never remove these.
+SAFETY_RULES: tuple[KeepRule, ...] = (keep_unrecognised, keep_final_export, keep_symlinked, keep_not_valid,
+                                      keep_unordered)
+#: The retention policy `prune` applies after the safety rules, in report order.
+DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback)
+#: Reasons that stop every other consideration (the candidate is not a deletable checkpoint).
+_FINAL = frozenset({"unrecognised", "final_export", "symlink"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    candidate: Candidate
+    action: Literal["keep", "delete"]
+    reasons: tuple[Reason, ...]
+    justified_by: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    decisions: tuple[Decision, ...]
+    counts_resumable: bool
+    newest: Candidate | None
+    window: frozenset[str]
+
+    @property
+    def keep(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "keep"]
+
+    @property
+    def delete(self) -> list[Decision]:
+        return [d for d in self.decisions if d.action == "delete"]
+
+
+def _counted(candidates: Iterable[Candidate]) -> tuple[bool, tuple[Candidate, ...]]:
+    pool = [c for c in candidates if c.layout is not None and not c.final_export and not c.symlink
+            and c.status == "valid" and c.step is not None]
+    resumable = [c for c in pool if c.resumable]
+    chosen = resumable if resumable else pool
+    return bool(resumable), tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+
+
+def plan_prune(candidates: Sequence[Candidate], retention: Retention,
+               rules: Sequence[KeepRule] = DEFAULT_RULES) -> Plan:
+    """Decide keep/delete for every candidate. Pure: reads nothing, deletes nothing.
+
+    SAFETY_RULES run first, then ``rules`` (default DEFAULT_RULES; pass more to keep more). A
+    candidate is deleted only when no rule returns a reason and a newer counted checkpoint
+    exists (resumable when the run has any, valid, recognised, not symlinked): that one is its
+    ``justified_by``. Raises ValueError on duplicate names.
+    """
+    names = [c.name for c in candidates]
+    if len(set(names)) != len(names):
+        raise ValueError("candidate names must be unique")
+    counts_resumable, ordered = _counted(candidates)
+    window = frozenset(c.name for c in ordered[-retention.keep_last:])
+    newest = ordered[-1] if ordered else None
+    ctx = Context(retention, counts_resumable, ordered, window, newest)
+    decisions = []
+    for c in candidates:
+        reasons: list[Reason] = []
+        for rule in (*SAFETY_RULES, *rules):
+            r = rule(c, ctx)
+            if r is not None:
+                reasons.append(r)
+                if r.kind in _FINAL:
+                    break
+        newer = ctx.newer_than(c)
+        if not reasons and newer is None:  # nothing newer stands in for it (never optional)
+            reasons.append(keep_unjustified(c, ctx) or Reason("unjustified", "kept"))
+        if reasons:
+            decisions.append(Decision(c, "keep", tuple(reasons)))
+            continue
+        assert newer is not None
+        extra = "" if c.resumable or not counts_resumable else "weights-only; "
+        text = (f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
+                f"({_label(newer)}) validated")
+        decisions.append(Decision(c, "delete", (Reason("superseded", text),), justified_by=newer.name))
+    return Plan(tuple(decisions), counts_resumable, newest, window)

@@ -1,0 +1,237 @@
+"""The keep rules (checkpoints/retention.py): names, pure plans, and a randomized prune over
+generated run folders built from copies of the real HF Trainer run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.checkpoints import prune
+from checkpoint_strategy.checkpoints import retention as rt
+
+# --------------------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name, layout, step", [
+    ("checkpoint-500", "hf-trainer", 500),
+    ("tmp-checkpoint-500", "hf-trainer", 500),
+    ("global_step42", "deepspeed", 42),
+    ("iter_0001000", "megatron", 1000),
+    ("step-7", "torchtitan", 7),
+    ("1200", "orbax", 1200),
+    ("1200.orbax-checkpoint-tmp-1712345", "orbax", 1200),
+    ("epoch=0-step=10.ckpt", "lightning", 10),
+    ("epoch=2-step=300-v1.ckpt", "lightning", 300),
+    ("epoch=0-step=10-val_loss=0.123.ckpt", "lightning", 10),
+    ("step=10-val_loss=-1.5e-03.ckpt", "lightning", 10),
+    ("last.ckpt", "lightning", None),
+    ("epoch=3.ckpt", "lightning", None),
+])
+def test_known_names(name, layout, step):
+    m = rt.classify_name(name)
+    assert m is not None and (m.layout, m.step) == (layout, step)
+
+
+@pytest.mark.parametrize("name", [
+    "checkpoint-50-KEEP-before-lr-change", "best-checkpoint-100.bak", "checkpoint-100 (copy)",
+    "final-model-step=50.safetensors", "checkpoint-10\n", "checkpoint-１０", "iter_1000", "iter_00010000",
+    "global_step", "checkpoint-", "step_10", "step=10", "ckpt_100", "100 ", "epoch=0-step=1.5.ckpt",
+    "epoch=0--step=10.ckpt", "epoch=0-step=10-.ckpt", "epoch=0-epoch=1.ckpt", "model.ckpt", "epoch=x.ckpt",
+    "epoch=0-step=10.ckpt.bak", "last.ckpt.tmp", ".deleting-0123456789abcdef",
+])
+def test_unknown_names_are_not_recognised(name):
+    assert rt.classify_name(name) is None
+
+
+def test_lightning_metrics_and_template():
+    m = rt.classify_name("epoch=0-step=10-val_loss=0.123-val_acc=0.9.ckpt")
+    assert m.metrics == ("val_loss", "val_acc") and m.template == "epoch={}-step={}-val_loss={}-val_acc={}"
+
+
+# --------------------------------------------------------------------------- pure plans
+
+
+def C(name, step, *, resumable=True, status="valid", layout="hf-trainer", **kw):  # noqa: N802
+    return rt.Candidate(name, step, layout, status, resumable, **kw)
+
+
+def test_weights_only_newest_does_not_count_when_resumable_ones_exist():
+    cs = [C("c10", 10), C("c20", 20), C("c30", 30, resumable=False)]
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1))
+    assert {d.candidate.name: d.action for d in plan.decisions} == {"c10": "delete", "c20": "keep", "c30": "keep"}
+    assert plan.newest.name == "c20" and plan.counts_resumable
+    assert [r.kind for r in plan.decisions[2].reasons] == ["unjustified"]
+
+
+def test_extra_rules_only_add_keep_reasons():
+    def keep_even_hundreds(c, ctx):
+        return rt.Reason("milestone", "hundreds") if c.step and c.step % 100 == 0 else None
+
+    cs = [C("c100", 100), C("c150", 150), C("c200", 200)]
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1), rules=(*rt.DEFAULT_RULES, keep_even_hundreds))
+    assert [d.candidate.name for d in plan.delete] == ["c150"]
+    # even with no policy rules at all, the safety rules and "a newer one stands in" still hold
+    plan = rt.plan_prune(cs + [C("x", None, layout=None)], rt.Retention(keep_last=1), rules=())
+    assert [d.candidate.name for d in plan.delete] == ["c100", "c150"]
+
+
+def test_bad_retention_and_duplicates():
+    with pytest.raises(ValueError):
+        rt.Retention(keep_last=0)
+    with pytest.raises(ValueError):
+        rt.plan_prune([C("a", 1), C("a", 2)], rt.Retention(keep_last=1))
+
+
+_candidates = st.lists(
+    st.builds(
+        lambda step, resumable, status, layout, symlink, metric: dict(
+            step=step, resumable=resumable, status=status, layout=layout, symlink=symlink, metric=metric),
+        step=st.one_of(st.none(), st.integers(0, 60)),
+        resumable=st.booleans(),
+        status=st.sampled_from(["valid", "valid", "valid", "invalid", "incomplete", None]),
+        layout=st.sampled_from(["hf-trainer", "hf-trainer", "lightning", None]),
+        symlink=st.booleans(),
+        metric=st.booleans(),
+    ), max_size=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(raw=_candidates, keep_n=st.integers(1, 5), milestones=st.frozensets(st.integers(0, 60), max_size=4),
+       best_i=st.integers(0, 30), rollback_i=st.integers(0, 30))
+def test_plan_invariants(raw, keep_n, milestones, best_i, rollback_i):
+    cs = [rt.Candidate(f"n{i}", r["step"], r["layout"], r["status"], r["resumable"], r["symlink"],
+                       ("val_loss",) if r["metric"] and r["layout"] == "lightning" else ())
+          for i, r in enumerate(raw)]
+    best = {f"n{best_i}": "best"}
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=keep_n, milestones=milestones, best=best,
+                                          rollback=f"n{rollback_i}"))
+    deleted = {d.candidate.name for d in plan.delete}
+    counted = [c for c in cs if c.layout and not c.symlink and c.status == "valid" and c.step is not None]
+    resumable = [c for c in counted if c.resumable]
+    pool = resumable or counted
+    for d in plan.delete:
+        c = d.candidate
+        assert c.layout and not c.symlink and c.status == "valid" and c.step is not None and not c.metrics
+        assert c.step not in milestones and c.name not in best and c.name != f"n{rollback_i}"
+        j = next(x for x in cs if x.name == d.justified_by)
+        assert j.step > c.step and j.name not in deleted and not j.symlink and j.status == "valid"
+        if resumable:
+            assert j.resumable
+    if pool:
+        top = max(c.step for c in pool)
+        assert all(c.name not in deleted for c in pool if c.step == top)
+        # the keep_last newest counted checkpoints survive
+        ranked = sorted(pool, key=lambda c: (c.step, c.name))[-keep_n:]
+        assert not deleted & {c.name for c in ranked}
+    else:
+        assert not deleted
+    for d in plan.decisions:
+        assert d.reasons and all(r.kind in rt.REASON_KINDS for r in d.reasons)
+
+
+# --------------------------------------------------------------------------- generated run folders
+
+
+def _smooth_state(path: Path) -> None:
+    """Rewrite a real trainer_state.json so its loss never spikes (a run without a spike)."""
+    data = json.loads(path.read_text())
+    for i, rec in enumerate(data.get("log_history", [])):
+        if "loss" in rec:
+            rec["loss"] = round(2.0 / (1 + 0.01 * rec.get("step", i)), 4)
+    path.unlink()
+    path.write_text(json.dumps(data))
+
+
+def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
+    """A run folder of real checkpoints in every state prune meets; returns what must survive."""
+    root, outside = base / "run", base / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
+    expect = {"resumable_valid": [], "milestones": [], "best": None, "unrecognised": [], "symlinks": [],
+              "incomplete": []}
+    for step in steps:
+        kind = rng.choices(["resumable", "weights", "incomplete", "symlink", "unrecognised"],
+                           weights=[5, 2, 1, 1, 1])[0]
+        src = hf_run.output_dir / f"checkpoint-{step}"
+        name = f"checkpoint-{step}"
+        if kind == "symlink":
+            shutil.copytree(src, outside / name)
+            (root / name).symlink_to(outside / name)
+            expect["symlinks"].append(name)
+            continue
+        if kind == "unrecognised":
+            name = rng.choice([f"checkpoint-{step}-KEEP", f"checkpoint-{step} (copy)", f"best-checkpoint-{step}.bak",
+                               f"checkpoint-{step}|x", f"checkpoint-{step}\nDELETE"])
+            expect["unrecognised"].append(name)
+        shutil.copytree(src, root / name)
+        if kind == "weights":
+            for n in ("optimizer.pt", "scheduler.pt"):
+                (root / name / n).unlink()
+        elif kind == "incomplete":
+            (root / name / "model.safetensors").unlink()
+            expect["incomplete"].append(name)
+        elif kind == "resumable":
+            expect["resumable_valid"].append((step, name))
+        if not spike and (root / name / "trainer_state.json").exists():
+            _smooth_state(root / name / "trainer_state.json")
+    recognised = [n for n in os.listdir(root) if n.startswith("checkpoint-") and n[11:].isdigit()]
+    if recognised and rng.random() < 0.6:
+        best = rng.choice(recognised)
+        state = max((n for n in recognised if (root / n / "trainer_state.json").exists()),
+                    key=lambda n: int(n[11:]), default=None)
+        if state is not None:
+            p = root / state / "trainer_state.json"
+            data = json.loads(p.read_text())
+            data["best_model_checkpoint"] = f"somewhere/{best}"
+            p.write_text(json.dumps(data))
+            expect["best"] = best
+    if rng.random() < 0.5:
+        (root / "README.md").write_text("notes")
+        expect["unrecognised"].append("README.md")
+    expect["milestone_steps"] = rng.sample(steps, rng.randint(0, 2))
+    expect["keep_last"] = rng.randint(1, 3)
+    return expect
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
+    rng = random.Random(seed)
+    spike = seed % 2 == 0
+    expect = _generate(rng, hf_run, tmp_path, spike)
+    root = tmp_path / "run"
+    outside_before = sorted(p.name for p in (tmp_path / "outside").iterdir())
+    report = prune(root, keep_last=expect["keep_last"], milestones=expect["milestone_steps"], apply=True)
+    left = set(os.listdir(root))
+    assert report.state == "done" and not report.errors
+    if expect["resumable_valid"]:
+        newest = max(expect["resumable_valid"])[1]
+        assert newest in left and report.newest_valid == newest
+        window = [n for _s, n in sorted(expect["resumable_valid"])[-expect["keep_last"]:]]
+        assert set(window) <= left
+    for step in expect["milestone_steps"]:
+        assert any(n == f"checkpoint-{step}" for n in left) or f"checkpoint-{step}" not in \
+            {e.name for e in report.delete}
+        assert f"checkpoint-{step}" not in {e.name for e in report.delete}
+    if expect["best"]:
+        assert expect["best"] in left
+    guard = report.spike_guard
+    if guard is not None and guard.protected:
+        assert guard.protected in left
+    if not spike:
+        assert guard is None or guard.protected is None
+    assert set(expect["unrecognised"]) <= left
+    assert set(expect["incomplete"]) <= left
+    assert set(expect["symlinks"]) <= left
+    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == outside_before
+    assert report.deleted == len({e.name for e in report.delete} - left) == len(report.delete)
+    # a weights-only checkpoint never justified deleting a resumable one
+    for e in report.delete:
+        assert e.justified_by in left
