@@ -294,15 +294,39 @@ class ZipScan:
             return [k for k in root if isinstance(k, str)]
         return []
 
+    def strings(self, limit: int = 200_000) -> list[str]:
+        """Every string in the pickled object (keys and values, first appearance order)."""
+        out: list[str] = []
+        if self.pickle is None:
+            return out
+        seen: set[int] = set()
+        todo = [self.pickle.root]
+        while todo and len(out) < limit:
+            obj = todo.pop()
+            if isinstance(obj, str):
+                out.append(obj)
+                continue
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                for k, v in reversed(list(obj.items())):
+                    todo.extend((v, k))
+            elif isinstance(obj, (list, tuple)):
+                todo.extend(reversed(obj))
+            elif isinstance(obj, tp.Call):
+                todo.extend((obj.items, obj.state, *reversed(obj.args)))
+        return out
+
     def entry(self, name: str) -> ZipEntry | None:
         return next((e for e in self.entries if e.name == name), None)
 
 
 def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,
               update=None) -> tuple[list[str], list[str]]:
-    """torch.save zip archive checks (see `scan_zip`). Returns (reasons, top-level pickle keys)."""
+    """torch.save zip archive checks (see `scan_zip`). Returns (reasons, the pickle's strings if wanted)."""
     z = scan_zip(path, counter, full, update)
-    return list(z.findings), z.keys()
+    return list(z.findings), z.strings() if want_pickle else []
 
 
 def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> ZipScan:
