@@ -36,7 +36,7 @@ def build(path: Path, n: int) -> None:
     gn = 0.5 + 0.05 * rng.standard_normal(n)
     lr = np.minimum(t / 2000, 1.0) * 3e-4
     hist = [{"epoch": round(float(i) / 5000, 4), "grad_norm": float(g), "learning_rate": float(l),
-             "loss": float(x), "step": int(i)} for i, x, g, l in zip(t, loss, gn, lr)]
+             "loss": float(x), "step": int(i)} for i, x, g, l in zip(t, loss, gn, lr, strict=True)]
     path.write_text(json.dumps({"global_step": n, "log_history": hist}, indent=2))
 
 

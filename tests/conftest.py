@@ -7,15 +7,40 @@ Builders live in tests/realruns.py. Tests that change a checkpoint take a copy
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realruns  # tests/ is on the path by pyproject's [tool.pytest.ini_options] pythonpath
+from cliresult import Result, invoke
 
-import realruns  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
+# The one place that says which tests are slow: every test that uses a real run (a model trained on
+# CPU by the real framework, built once per session) and the few that are slow on their own.
+# `pytest -m "not slow"` is the quick loop; CI runs everything.
+REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
+                     "dcp_checkpoint", "safetensors_file"}
+SLOW_TESTS: set[str] = set()  # test function names that are slow without a real-run fixture
+SLOW_MODULES = {"test_export_frameworks"}  # real Orbax/JAX/DeepSpeed saves (the frameworks extra)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SLOW_TESTS or module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def cli_run(capsys, monkeypatch):
+    """cli_run(*argv, stdin=None) -> Result(rc, out, err) with .json() and .usage_error()."""
+
+    def _run(*argv, stdin: str | None = None) -> Result:
+        return invoke(capsys, monkeypatch, argv, stdin)
+
+    return _run
 
 
 @pytest.fixture(scope="session")
@@ -116,3 +141,22 @@ def orbax_killed_save(tmp_path_factory) -> Path:
     pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
                                                    "'jax[cpu]' (or pip install -e '.[test,frameworks]')")
     return realruns.build_orbax_killed_save(tmp_path_factory.mktemp("orbax-kill"))
+
+
+@pytest.fixture(autouse=True)
+def _no_internal_error(monkeypatch):
+    """No command may exit 3 anywhere in the suite: an "internal error" printed by an in-process
+    `cli.main` fails the test that caused it (at teardown), whatever exit code the test expected."""
+    from checkpoint_strategy import cli
+
+    seen: list[str] = []
+    real = cli._err
+
+    def spy(message: str) -> None:
+        if message.startswith("internal error"):
+            seen.append(message)
+        real(message)
+
+    monkeypatch.setattr(cli, "_err", spy)
+    yield
+    assert not seen, f"a command exited 3 (internal error): {seen[0]}"

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.cli import main
+from cliresult import run_captured
 
 
 def _st_file(path: Path, header: dict, data: bytes, pad: int = 0) -> Path:
@@ -67,20 +67,10 @@ def test_no_checkpoint_content_is_ever_executed(tmp_path):
 
     with zipfile.ZipFile(tmp_path / "evil.ckpt", "w") as zf:
         zf.writestr("archive/data.pkl", pickle.dumps(Evil()))
-    assert main(["validate", str(root), str(tmp_path / "evil.ckpt"), "--level", "full"]) in (0, 1)
+    assert run_captured(["validate", str(root), str(tmp_path / "evil.ckpt"), "--level", "full"]).rc in (0, 1)
     assert not marker.exists()
 
 
-def _run_quiet(args) -> int:
-    import contextlib
-    import io
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        rc = main(args)
-    if rc == 2:
-        assert len(err.getvalue().strip().splitlines()) == 1
-    return rc
 
 
 _json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 1 << 40), st.text(max_size=8),
@@ -100,7 +90,8 @@ def test_fuzz_safetensors_headers(header, data, length_delta, level):
         raw = json.dumps(header).encode()
         path = Path(d) / "model.safetensors"
         path.write_bytes(struct.pack("<Q", max(0, len(raw) + length_delta)) + raw + data)
-        assert _run_quiet(["validate", str(path), "--level", level]) in (0, 1)
+        r = run_captured(["validate", str(path), "--level", level])
+        assert r.rc in (0, 1) or r.usage_error()
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,7 +105,8 @@ def test_fuzz_random_bytes_as_checkpoint_files(blob, name, level):
         path = Path(d) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(blob)
-        assert _run_quiet(["validate", d, "--level", level, "--format", "json"]) in (1, 2, 0)
+        r = run_captured(["validate", d, "--level", level, "--format", "json"])
+        assert r.rc in (0, 1) or r.usage_error()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -126,7 +118,7 @@ def test_fuzz_corrupted_real_zip(blob, offset_frac, lightning_run):
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "epoch=0-step=10.ckpt"
         path.write_bytes(bytes(data))
-        assert _run_quiet(["validate", str(path), "--level", "full"]) in (0, 1)
+        assert run_captured(["validate", str(path), "--level", "full"]).rc in (0, 1)
 
 
 def _multi_entry_zip(path, n=6, size=200_000):

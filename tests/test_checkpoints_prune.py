@@ -17,7 +17,6 @@ import pytest
 
 from checkpoint_strategy.checkpoints import load_policy, prune, validate_paths
 from checkpoint_strategy.cli import main
-from checkpoint_strategy.errors import UsageError
 
 PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
 

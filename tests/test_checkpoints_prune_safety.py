@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from checkpoint_strategy.checkpoints import prune, validate_paths
-from checkpoint_strategy.checkpoints import prune as prune_mod
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.errors import UsageError
 
@@ -103,7 +102,7 @@ LOOSE = ["checkpoint-50-KEEP-before-lr-change", "best-checkpoint-100.bak", "chec
 def test_loosely_named_copies_are_not_recognised_and_kept(hf_run, lightning_run, copy_of, capsys):
     """Reproduced: all five names of the issue were marked DELETE."""
     root = copy_of(hf_run.output_dir, "run")
-    for name, step in zip(LOOSE, (50, 100, 100)):
+    for name, step in zip(LOOSE, (50, 100, 100), strict=False):
         shutil.copytree(root / f"checkpoint-{step}", root / name)
     shutil.copy2(root / "checkpoint-50" / "model.safetensors", root / "final-model-step=50.safetensors")
     shutil.copy2(lightning_run.ckpt_files[0], root / "epoch=0-step=10-val_loss=0.123.ckpt")
@@ -330,7 +329,7 @@ def test_two_prunes_at_once_both_succeed_without_spurious_errors(hf_run, copy_of
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
              for _ in range(2)]
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
-    for out, err, rc in results:
+    for _out, err, rc in results:
         assert rc == 0 and err == "", err
     reports = [json.loads(out) for out, _err, _rc in results]
     assert sorted(r["deleted"] for r in reports) == [0, len(hf_run.checkpoint_steps) - 2]

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
 from checkpoint_strategy.export import common, export_plan
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan
@@ -63,24 +62,18 @@ MEGATRON_FLAGS = {
 }
 
 
-def run(argv, capsys):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def report_for(*args, **kw):
     return plan(validate_arguments(dict({"total_steps": 100000, "step_seconds": 2.0, "budget_gb": 5000.0,
                                          "params": 1e9}, **kw)))
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_every_framework_text_and_json(framework, capsys):
-    rc, out, err = run(["export", "--framework", framework] + PLAN, capsys)
+def test_every_framework_text_and_json(framework, cli_run):
+    rc, out, err = cli_run(*(["export", "--framework", framework] + PLAN))
     assert rc == 0 and err == ""
     assert f"=== Checkpoint Strategy Export: {framework} ===" in out
     assert "Not expressible in" in out and "Version:" in out
-    rc, out, err = run(["export", "--framework", framework, "--format", "json"] + PLAN, capsys)
+    rc, out, err = cli_run(*(["export", "--framework", framework, "--format", "json"] + PLAN))
     assert rc == 0 and err == ""
     data = json.loads(out)
     jsonschema.validate(data, load_schema("export-report.schema.json"))
@@ -89,13 +82,12 @@ def test_every_framework_text_and_json(framework, capsys):
     assert all(g["instead"] for g in data["not_expressible"])
 
 
-def test_version_is_said_and_follows_the_flag(capsys):
-    rc, out, _ = run(["export", "--framework", "hf", "--framework-version", "4.46.3", "--format", "json"] + PLAN,
-                     capsys)
+def test_version_is_said_and_follows_the_flag(cli_run):
+    rc, out, _ = cli_run(*(["export", "--framework", "hf", "--framework-version", "4.46.3", "--format", "json"] + PLAN))
     data = json.loads(out)
     assert rc == 0 and data["framework_version"] == "4" and data["version_source"] == "--framework-version"
     assert data["settings"][0]["values"]["save_safetensors"] is True
-    rc, out, _ = run(["export", "--framework", "hf", "--framework-version", "5", "--format", "json"] + PLAN, capsys)
+    rc, out, _ = cli_run(*(["export", "--framework", "hf", "--framework-version", "5", "--format", "json"] + PLAN))
     data = json.loads(out)
     assert "save_safetensors" not in data["settings"][0]["values"]
     assert "save_safetensors was removed" in data["settings"][0]["note"]
@@ -136,9 +128,9 @@ def test_export_command_imports_no_framework():
 
 
 @pytest.mark.parametrize("version", ["0.1", "0.2"])
-def test_torchtitan_toml_parses_and_every_key_exists_in_that_version(version, capsys):
-    rc, out, err = run(["export", "--framework", "torchtitan", "--framework-version", version, "--format", "toml",
-                        "100", "2", "50", "--frequency", "10", "--keep-last", "3"], capsys)
+def test_torchtitan_toml_parses_and_every_key_exists_in_that_version(version, cli_run):
+    rc, out, err = cli_run("export", "--framework", "torchtitan", "--framework-version", version, "--format", "toml",
+                        "100", "2", "50", "--frequency", "10", "--keep-last", "3")
     assert rc == 0 and err == ""
     table = tomllib.loads(out)["checkpoint"]
     assert set(table) <= TORCHTITAN_KEYS[version]
@@ -149,9 +141,9 @@ def test_torchtitan_toml_parses_and_every_key_exists_in_that_version(version, ca
 
 
 @pytest.mark.parametrize("version", ["0.1", "0.2", "0.3"])
-def test_torchtitan_cli_overrides_name_real_fields(version, capsys):
-    rc, out, err = run(["export", "--framework", "torchtitan", "--framework-version", version, "--format", "args",
-                        "100", "2", "50", "--frequency", "10", "--keep-last", "3", "--no-async"], capsys)
+def test_torchtitan_cli_overrides_name_real_fields(version, cli_run):
+    rc, out, err = cli_run("export", "--framework", "torchtitan", "--framework-version", version, "--format", "args",
+                        "100", "2", "50", "--frequency", "10", "--keep-last", "3", "--no-async")
     assert rc == 0 and err == ""
     tokens = shlex.split(out)
     fields = set()
@@ -167,17 +159,17 @@ def test_torchtitan_cli_overrides_name_real_fields(version, capsys):
     assert tokens[tokens.index("--checkpoint.async_mode") + 1] == "disabled"
 
 
-def test_torchtitan_03_has_no_toml(capsys):
-    rc, out, err = run(["export", "--framework", "torchtitan", "--framework-version", "0.3", "--format", "toml"]
-                       + PLAN, capsys)
+def test_torchtitan_03_has_no_toml(cli_run):
+    rc, out, err = cli_run(*(["export", "--framework", "torchtitan", "--framework-version", "0.3", "--format", "toml"]
+                       + PLAN))
     assert rc == 2 and out == "" and len(err.splitlines()) == 1
     assert "--format toml is not available for torchtitan 0.3" in err
 
 
 @pytest.mark.parametrize("extra", [[], ["--no-save-optimizer", "--no-async"], ["--milestones", "5000,10000,15000"]])
-def test_megatron_flags_exist_in_the_targeted_source(extra, capsys):
-    rc, out, err = run(["export", "--framework", "megatron", "--format", "args", "20000", "2", "5000",
-                        "--frequency", "1000"] + extra, capsys)
+def test_megatron_flags_exist_in_the_targeted_source(extra, cli_run):
+    rc, out, err = cli_run(*(["export", "--framework", "megatron", "--format", "args", "20000", "2", "5000",
+                        "--frequency", "1000"] + extra))
     assert rc == 0
     flags = [t for t in shlex.split(out) if t.startswith("--")]
     assert flags and set(flags) <= MEGATRON_FLAGS
@@ -186,9 +178,9 @@ def test_megatron_flags_exist_in_the_targeted_source(extra, capsys):
     assert ("--async-save" in flags) == ("--no-async" not in extra)
 
 
-def test_keep_last_1_cannot_go_to_torchtitan(capsys):
-    rc, out, err = run(["export", "--framework", "torchtitan", "100", "2", "50", "--frequency", "10",
-                        "--keep-last", "1"], capsys)
+def test_keep_last_1_cannot_go_to_torchtitan(cli_run):
+    rc, out, err = cli_run("export", "--framework", "torchtitan", "100", "2", "50", "--frequency", "10",
+                        "--keep-last", "1")
     assert rc == 2 and out == "" and len(err.splitlines()) == 1
     assert "keep_latest_k=1" in err and "--keep-last 2" in err
 
@@ -207,45 +199,45 @@ def test_keep_last_1_cannot_go_to_torchtitan(capsys):
     (["--framework", "hf", "--keep-last", "3"], "nothing to export"),
     (["100", "2", "50"], "--framework"),
 ])
-def test_bad_input_one_line_exit_2(argv, words, capsys):
-    rc, out, err = run(["export"] + argv, capsys)
+def test_bad_input_one_line_exit_2(argv, words, cli_run):
+    rc, out, err = cli_run(*(["export"] + argv))
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and words in err, err
 
 
-def test_installed_version_differs_from_the_asked_one_warns(capsys):
-    rc, out, _ = run(["export", "--framework", "hf", "--framework-version", "4", "--format", "json"] + PLAN, capsys)
+def test_installed_version_differs_from_the_asked_one_warns(cli_run):
+    rc, out, _ = cli_run(*(["export", "--framework", "hf", "--framework-version", "4", "--format", "json"] + PLAN))
     data = json.loads(out)
     assert any("is installed here" in w for w in data["warnings"])
 
 
 # --------------------------------------------------------------------------- plan files
 
-def _plan_json(tmp_path, capsys, *args):
-    rc, out, _ = run(list(args) + ["--format", "json"], capsys)
+def _plan_json(tmp_path, cli_run, *args):
+    rc, out, _ = cli_run(*(list(args) + ["--format", "json"]))
     assert rc == 0
     path = tmp_path / "plan.json"
     path.write_text(out)
     return path
 
 
-def test_plan_file_gives_the_same_export_as_the_arguments(tmp_path, capsys):
-    path = _plan_json(tmp_path, capsys, *PLAN)
-    _, a, _ = run(["export", "--framework", "orbax", "--format", "python", "--plan-file", str(path)], capsys)
-    _, b, _ = run(["export", "--framework", "orbax", "--format", "python"] + PLAN, capsys)
+def test_plan_file_gives_the_same_export_as_the_arguments(tmp_path, cli_run):
+    path = _plan_json(tmp_path, cli_run, *PLAN)
+    _, a, _ = cli_run("export", "--framework", "orbax", "--format", "python", "--plan-file", str(path))
+    _, b, _ = cli_run(*(["export", "--framework", "orbax", "--format", "python"] + PLAN))
     assert a == b and "FixedIntervalPolicy(interval=1000)" in a
 
 
 @pytest.mark.parametrize("content, words", [
     ("{", "not valid JSON"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
-    ("[1]", "expected an object"),
+    ("[1]", "not a JSON object"),
     ('{"total_steps": 5}', "does not match plan.schema.json"),
 ])
-def test_bad_plan_files(content, words, tmp_path, capsys):
+def test_bad_plan_files(content, words, tmp_path, cli_run):
     p = tmp_path / "plan.json"
     p.write_text(content)
-    rc, out, err = run(["export", "--framework", "hf", "--plan-file", str(p)], capsys)
+    rc, out, err = cli_run("export", "--framework", "hf", "--plan-file", str(p))
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
 
 
@@ -255,39 +247,39 @@ def test_bad_plan_files(content, words, tmp_path, capsys):
     ("milestone_steps", [0, 5], "milestone step 0"),
     ("total_steps", 10**13, "total_steps"),
 ])
-def test_hand_edited_plan_file_numbers_are_bad_input(field, value, words, tmp_path, capsys):
-    path = _plan_json(tmp_path, capsys, "1000", "2", "50", "--frequency", "100")
+def test_hand_edited_plan_file_numbers_are_bad_input(field, value, words, tmp_path, cli_run):
+    path = _plan_json(tmp_path, cli_run, "1000", "2", "50", "--frequency", "100")
     data = json.loads(path.read_text())
     data[field] = value
     path.write_text(json.dumps(data))
-    rc, out, err = run(["export", "--framework", "orbax", "--plan-file", str(path)], capsys)
+    rc, out, err = cli_run("export", "--framework", "orbax", "--plan-file", str(path))
     assert rc == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
 
 
-def test_plan_file_from_stdin_and_too_big(tmp_path, capsys, monkeypatch):
+def test_plan_file_from_stdin_and_too_big(tmp_path, monkeypatch, cli_run):
     import io
     import sys
 
-    path = _plan_json(tmp_path, capsys, *PLAN)
+    path = _plan_json(tmp_path, cli_run, *PLAN)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
-    rc, out, err = run(["export", "--framework", "megatron", "--format", "args", "--plan-file", "-"], capsys)
+    rc, out, err = cli_run("export", "--framework", "megatron", "--format", "args", "--plan-file", "-")
     assert rc == 0 and out.split()[:2] == ["--save-interval", "1000"]
     big = tmp_path / "big.json"
     with open(big, "wb") as fh:
         fh.truncate(65 << 20)  # sparse: no 65 MB written
-    rc, out, err = run(["export", "--framework", "hf", "--plan-file", str(big)], capsys)
+    rc, out, err = cli_run("export", "--framework", "hf", "--plan-file", str(big))
     assert rc == 2 and out == "" and "larger than" in err and len(err.strip().splitlines()) == 1
 
 
-def test_plan_file_fifo_folder_and_both_inputs(tmp_path, capsys):
+def test_plan_file_fifo_folder_and_both_inputs(tmp_path, cli_run):
     fifo = tmp_path / "plan.fifo"
     os.mkfifo(fifo)
-    rc, _, err = run(["export", "--framework", "hf", "--plan-file", str(fifo)], capsys)
+    rc, _, err = cli_run("export", "--framework", "hf", "--plan-file", str(fifo))
     assert rc == 2 and "FIFO" in err
-    rc, _, err = run(["export", "--framework", "hf", "--plan-file", str(tmp_path)], capsys)
+    rc, _, err = cli_run("export", "--framework", "hf", "--plan-file", str(tmp_path))
     assert rc == 2 and "folder" in err
-    path = _plan_json(tmp_path, capsys, *PLAN)
-    rc, _, err = run(["export", "--framework", "hf", "--plan-file", str(path)] + PLAN, capsys)
+    path = _plan_json(tmp_path, cli_run, *PLAN)
+    rc, _, err = cli_run(*(["export", "--framework", "hf", "--plan-file", str(path)] + PLAN))
     assert rc == 2 and "not both" in err
 
 
@@ -336,9 +328,9 @@ def test_megatron_milestones_off_the_interval_are_never_written():
     assert "checkpoint-strategy prune" in keep.instead
 
 
-def test_deepspeed_cadence_includes_off_grid_milestones_and_the_final_step(capsys):
-    rc, out, _ = run(["export", "--framework", "deepspeed", "--format", "python", "1003", "2", "50",
-                      "--frequency", "100", "--milestones", "150,500"], capsys)
+def test_deepspeed_cadence_includes_off_grid_milestones_and_the_final_step(cli_run):
+    rc, out, _ = cli_run("export", "--framework", "deepspeed", "--format", "python", "1003", "2", "50",
+                      "--frequency", "100", "--milestones", "150,500")
     ns: dict = {}
     exec(compile(out, "export-deepspeed", "exec"), ns)  # the emitted code is plain data and one function
     saves = [s for s in range(1, 1004) if ns["should_save"](s)]
@@ -351,14 +343,14 @@ def test_deepspeed_cadence_includes_off_grid_milestones_and_the_final_step(capsy
        keep=st.integers(1, 60), ms=st.lists(st.integers(1, 10**6), max_size=6),
        fmt=st.sampled_from(["text", "json", "python", "toml", "args"]),
        version=st.sampled_from([None, "4", "5", "2", "0.1", "0.3", "0.12", "0", "7.7", "x"]))
-def test_fuzz_never_exit_3(framework, total, freq, keep, ms, fmt, version, capsys):
+def test_fuzz_never_exit_3(framework, total, freq, keep, ms, fmt, version, cli_run):
     argv = ["export", "--framework", framework, "--format", fmt, str(total), "2", "100", "--frequency", str(freq),
             "--keep-last", str(keep)]
     if ms:
         argv += ["--milestones", ",".join(map(str, ms))]
     if version is not None:
         argv += ["--framework-version", version]
-    rc, out, err = run(argv, capsys)
+    rc, out, err = cli_run(*argv)
     assert rc in (0, 2), err
     if rc == 2:
         assert len(err.strip().splitlines()) == 1 and out == ""

@@ -22,7 +22,6 @@ from checkpoint_strategy.export.common import grid_saves, kept_at_end
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan
 
-pytestmark = pytest.mark.slow
 
 
 def exported(framework, version, **plan_args):

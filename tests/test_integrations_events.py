@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
@@ -37,14 +36,6 @@ WARNINGS: 1
 Recommended Actions:
 1. Roll back to the last stable checkpoint
 """
-
-
-def run_cli(capsys, *argv, stdin: str | None = None, monkeypatch=None):
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def valid_decision(text: str) -> dict:
@@ -158,25 +149,24 @@ def test_bad_events_raise_one_line(text, message):
 # ----------------------------------------------------------------------------- CLI
 
 
-def test_cli_json_file_text_and_json(tmp_path, capsys):
+def test_cli_json_file_text_and_json(tmp_path, cli_run):
     f = tmp_path / "events.json"
     f.write_text(json.dumps([GRAD, SPIKE]))
-    rc, out, err = run_cli(capsys, "on-event", str(f))
+    rc, out, err = cli_run("on-event", str(f))
     assert rc == 0 and err == ""
     assert out.startswith("=== Emergency Checkpoint Decision ===") and "EMERGENCY SAVE (step 1190)" in out
-    rc, out, err = run_cli(capsys, "on-event", str(f), "--format", "json")
+    rc, out, err = cli_run("on-event", str(f), "--format", "json")
     data = valid_decision(out)
     assert data["decision"] == "emergency_save" and data["save_at_step"] == 1190
     assert EmergencyDecision(**data).should_save
 
 
-def test_cli_stdin_report_with_policy_file(tmp_path, capsys, monkeypatch):
+def test_cli_stdin_report_with_policy_file(tmp_path, cli_run, monkeypatch):
     policy = tmp_path / "policy.yaml"
-    rc, out, _ = run_cli(capsys, "plan", "100000", "2", "500", "--params", "1B", "--format", "yaml")
+    rc, out, _ = cli_run("plan", "100000", "2", "500", "--params", "1B", "--format", "yaml")
     assert rc == 0
     policy.write_text(out)
-    rc, out, err = run_cli(capsys, "on-event", "-", "--policy", str(policy), "--log", "train log.csv",
-                           "--checkpoints", "ckpts", "--format", "json", stdin=REPORT, monkeypatch=monkeypatch)
+    rc, out, err = cli_run("on-event", "-", "--policy", str(policy), "--log", "train log.csv", "--checkpoints", "ckpts", "--format", "json", stdin=REPORT)
     assert rc == 0, err
     data = valid_decision(out)
     assert data["decision"] == "emergency_save" and data["decisions"][0]["confirmed_spike"]
@@ -184,14 +174,12 @@ def test_cli_stdin_report_with_policy_file(tmp_path, capsys, monkeypatch):
     assert data["notes"] == ["[WARN] LR Schedule: not an emergency-save trigger (ignored)"]
 
 
-def test_cli_policy_from_handoff_document(tmp_path, capsys):
-    rc, out, err = run_cli(capsys, "handoff", "100000", "2", "500", "--params", "1B", "--preset", "conservative",
-                           "--state-dir", str(tmp_path / "state"), "--format", "json")
+def test_cli_policy_from_handoff_document(tmp_path, cli_run):
+    rc, out, err = cli_run("handoff", "100000", "2", "500", "--params", "1B", "--preset", "conservative", "--state-dir", str(tmp_path / "state"), "--format", "json")
     assert rc == 0, err
     events = tmp_path / "e.json"
     events.write_text(json.dumps(SPIKE))
-    rc, out, err = run_cli(capsys, "on-event", str(events), "--policy",
-                           str(tmp_path / "state" / "checkpoint-strategy.json"), "--format", "json")
+    rc, out, err = cli_run("on-event", str(events), "--policy", str(tmp_path / "state" / "checkpoint-strategy.json"), "--format", "json")
     data = valid_decision(out)
     assert data["policy_triggers"] == json.loads(
         (tmp_path / "state" / "checkpoint-strategy.json").read_text())["policy"]["emergency_save_on"]
@@ -203,28 +191,28 @@ def test_cli_policy_from_handoff_document(tmp_path, capsys):
     ("\xff\xfe", None),
     ("{}\n[[[\n", "line 2 is not valid JSON"),
 ])
-def test_cli_bad_input_exit_2_one_line(tmp_path, capsys, content, message):
+def test_cli_bad_input_exit_2_one_line(tmp_path, cli_run, content, message):
     f = tmp_path / "bad.json"
     f.write_bytes(content.encode("latin-1") if message is None else content.encode())
-    rc, out, err = run_cli(capsys, "on-event", str(f))
+    rc, out, err = cli_run("on-event", str(f))
     assert rc == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     if message:
         assert message in err
 
 
-def test_cli_missing_file_folder_and_bad_policy(tmp_path, capsys):
+def test_cli_missing_file_folder_and_bad_policy(tmp_path, cli_run):
     for argv in (["on-event", str(tmp_path / "nope.json")], ["on-event", str(tmp_path)]):
-        rc, _, err = run_cli(capsys, *argv)
+        rc, _, err = cli_run(*argv)
         assert rc == 2 and len(err.strip().splitlines()) == 1
     f = tmp_path / "e.json"
     f.write_text(json.dumps(SPIKE))
     pol = tmp_path / "p.yaml"
     pol.write_text("checkpoint_policy:\n  emergency_save_on: [on_full_moon]\n")
-    rc, _, err = run_cli(capsys, "on-event", str(f), "--policy", str(pol))
+    rc, _, err = cli_run("on-event", str(f), "--policy", str(pol))
     assert rc == 2 and "emergency_save_on" in err and len(err.strip().splitlines()) == 1
     pol.write_text("a: [1, 2\n")
-    rc, _, err = run_cli(capsys, "on-event", str(f), "--policy", str(pol))
+    rc, _, err = cli_run("on-event", str(f), "--policy", str(pol))
     assert rc == 2 and "not valid YAML" in err
 
 

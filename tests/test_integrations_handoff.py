@@ -57,12 +57,6 @@ Train the 1B model.
 """
 
 
-def run_cli(capsys, *argv):
-    rc = main(list(argv))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def seeded_state(tmp_path: Path, jsonl_final_newline: bool = True) -> Path:
     state = tmp_path / ".claude" / "state"
     state.mkdir(parents=True)
@@ -96,10 +90,10 @@ def check_log_lines(state: Path, skip: int = 0) -> list[dict]:
 
 
 @pytest.mark.parametrize("final_newline", [True, False])
-def test_round_trip_keeps_everything_we_do_not_own(tmp_path, capsys, monkeypatch, final_newline):
+def test_round_trip_keeps_everything_we_do_not_own(tmp_path, cli_run, monkeypatch, final_newline):
     state = seeded_state(tmp_path, final_newline)
     monkeypatch.chdir(tmp_path)  # default --state-dir .claude/state
-    rc, out, err = run_cli(capsys, "handoff", *PLAN)
+    rc, out, err = cli_run("handoff", *PLAN)
     assert rc == 0, err
     data = json.loads((state / "agent-state.json").read_text())
     jsonschema.validate(data, AgentState.model_json_schema())
@@ -126,7 +120,7 @@ def test_round_trip_keeps_everything_we_do_not_own(tmp_path, capsys, monkeypatch
     assert out.rstrip("\n") in text
 
     # run again: our block and our risks are replaced, not duplicated; the log grows by one line
-    rc, _, err = run_cli(capsys, "handoff", *PLAN, "--keep-last", "4")
+    rc, _, err = cli_run("handoff", *PLAN, "--keep-last", "4")
     assert rc == 0, err
     again = json.loads((state / "agent-state.json").read_text())
     assert again["pending_risks"][:2] == AGENT_STATE["pending_risks"]
@@ -138,9 +132,9 @@ def test_round_trip_keeps_everything_we_do_not_own(tmp_path, capsys, monkeypatch
     assert len((state / "checkpoint.jsonl").read_text().splitlines()) == 5
 
 
-def test_missing_files_are_created(tmp_path, capsys):
+def test_missing_files_are_created(tmp_path, cli_run):
     state = tmp_path / "deep" / "state"
-    rc, out, err = run_cli(capsys, "handoff", *PLAN, "--state-dir", str(state))
+    rc, out, err = cli_run("handoff", *PLAN, "--state-dir", str(state))
     assert rc == 0, err
     assert {p.name for p in state.iterdir()} >= {"checkpoint-strategy.json", "agent-state.json",
                                                  "checkpoint.jsonl", "NEXT_ACTION.md"}
@@ -159,20 +153,19 @@ def test_next_action_without_context_section_gets_one_appended():
         statefolder.update_next_action(f"x\n{statefolder.BEGIN}\n", "b")
 
 
-def test_json_format_and_dry_run_write_nothing(tmp_path, capsys):
+def test_json_format_and_dry_run_write_nothing(tmp_path, cli_run):
     state = tmp_path / "s"
-    rc, out, err = run_cli(capsys, "handoff", *PLAN, "--state-dir", str(state), "--dry-run", "--format", "json")
+    rc, out, err = cli_run("handoff", *PLAN, "--state-dir", str(state), "--dry-run", "--format", "json")
     assert rc == 0, err
     jsonschema.validate(json.loads(out), HANDOFF_SCHEMA)
     assert not state.exists()
 
 
-def test_plan_file_from_the_plan_command(tmp_path, capsys):
-    rc, out, _ = run_cli(capsys, "plan", *PLAN, "--format", "json")
+def test_plan_file_from_the_plan_command(tmp_path, cli_run):
+    rc, out, _ = cli_run("plan", *PLAN, "--format", "json")
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(out)
-    rc, out, err = run_cli(capsys, "handoff", "--plan-file", str(plan_file), "--state-dir", str(tmp_path / "s"),
-                           "--format", "json")
+    rc, out, err = cli_run("handoff", "--plan-file", str(plan_file), "--state-dir", str(tmp_path / "s"), "--format", "json")
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["policy"] == json.loads(plan_file.read_text())["policy"]
@@ -182,12 +175,12 @@ def test_plan_file_from_the_plan_command(tmp_path, capsys):
 # ----------------------------------------------------------------------------- real checkpoints
 
 
-def test_handoff_on_a_real_hf_run_with_a_spike(hf_run, copy_of, tmp_path, capsys):
+def test_handoff_on_a_real_hf_run_with_a_spike(hf_run, copy_of, tmp_path, cli_run):
     run = copy_of(hf_run.output_dir, "hf-run")
     newest = run / f"checkpoint-{hf_run.checkpoint_steps[-1]}"
     (newest / "model.safetensors").write_bytes((newest / "model.safetensors").read_bytes()[:1000])  # torn save
     state = tmp_path / "state"
-    rc, out, err = run_cli(capsys, "handoff", *PLAN, "--checkpoints", str(run), "--state-dir", str(state))
+    rc, out, err = cli_run("handoff", *PLAN, "--checkpoints", str(run), "--state-dir", str(state))
     assert rc == 0, err
     doc = check_handoff_json(state)
     latest = doc["latest_valid_checkpoint"]
@@ -213,17 +206,15 @@ def test_handoff_on_a_real_hf_run_with_a_spike(hf_run, copy_of, tmp_path, capsys
     assert check_log_lines(state)[0]["status"] == "warning"
 
 
-def test_handoff_with_an_explicit_log_and_empty_run(tmp_path, hf_run, capsys):
+def test_handoff_with_an_explicit_log_and_empty_run(tmp_path, hf_run, cli_run):
     empty = tmp_path / "empty-run"
     empty.mkdir()
-    rc, out, err = run_cli(capsys, "handoff", "--checkpoints", str(empty), "--state-dir", str(tmp_path / "s"),
-                           "--format", "json")
+    rc, out, err = cli_run("handoff", "--checkpoints", str(empty), "--state-dir", str(tmp_path / "s"), "--format", "json")
     assert rc == 0, err
     doc = json.loads(out)
     assert doc["latest_valid_checkpoint"] is None and doc["recovery"] is None
     assert any("no checkpoint found" in r for r in doc["pending_risks"])
-    rc, _, err = run_cli(capsys, "handoff", "--checkpoints", str(empty), "--log", str(tmp_path / "nope.csv"),
-                         "--state-dir", str(tmp_path / "s"))
+    rc, _, err = cli_run("handoff", "--checkpoints", str(empty), "--log", str(tmp_path / "nope.csv"), "--state-dir", str(tmp_path / "s"))
     assert rc == 2 and len(err.strip().splitlines()) == 1
 
 
@@ -288,38 +279,38 @@ def test_two_handoff_commands_at_once(tmp_path):
 # ----------------------------------------------------------------------------- bad input
 
 
-def one_line_exit_2(capsys, *argv) -> str:
-    rc, out, err = run_cli(capsys, *argv)
+def one_line_exit_2(cli_run, *argv) -> str:
+    rc, out, err = cli_run(*argv)
     assert rc == 2, (out, err)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     return err
 
 
-def test_malformed_agent_state_is_left_alone(tmp_path, capsys):
+def test_malformed_agent_state_is_left_alone(tmp_path, cli_run):
     state = seeded_state(tmp_path)
     (state / "agent-state.json").write_text('{"session_id": "x", ')
     before = snapshot(state)
-    err = one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(state))
+    err = one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", str(state))
     assert "agent-state.json is not valid JSON" in err
     after = snapshot(state)
     assert {k: v for k, v in after.items() if k != ".checkpoint-strategy.lock"} == before
     (state / "agent-state.json").write_text("[1, 2]")
-    assert "not a JSON object" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(state))
+    assert "not a JSON object" in one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", str(state))
 
 
-def test_state_folder_that_is_a_file_or_unwritable(tmp_path, capsys):
+def test_state_folder_that_is_a_file_or_unwritable(tmp_path, cli_run):
     f = tmp_path / "state-file"
     f.write_text("I am a file")
-    assert "is a file" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(f))
+    assert "is a file" in one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", str(f))
     assert f.read_text() == "I am a file"
-    assert "a parent of it is a file" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(f / "x"))
+    assert "a parent of it is a file" in one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", str(f / "x"))
     for unwritable in ("/proc/checkpoint-strategy-test", "/proc/self"):
-        one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", unwritable)
+        one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", unwritable)
     state = seeded_state(tmp_path)
     (state / "NEXT_ACTION.md").unlink()
     (state / "NEXT_ACTION.md").mkdir()
     before = snapshot(state)
-    assert "is a folder" in one_line_exit_2(capsys, "handoff", *PLAN, "--state-dir", str(state))
+    assert "is a folder" in one_line_exit_2(cli_run, "handoff", *PLAN, "--state-dir", str(state))
     assert {k: v for k, v in snapshot(state).items() if k != ".checkpoint-strategy.lock"} == before
 
 
@@ -332,9 +323,9 @@ def test_state_folder_that_is_a_file_or_unwritable(tmp_path, capsys):
     (["handoff", "--checkpoints", "/no/such/run"], "no such folder"),
     (["handoff", "1000", "-2", "10"], "STEP_SECONDS"),
 ])
-def test_bad_arguments(tmp_path, capsys, monkeypatch, argv, message):
+def test_bad_arguments(tmp_path, cli_run, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
-    assert message in one_line_exit_2(capsys, *argv)
+    assert message in one_line_exit_2(cli_run, *argv)
     assert not (tmp_path / ".claude").exists()
 
 
@@ -343,10 +334,10 @@ def test_bad_arguments(tmp_path, capsys, monkeypatch, argv, message):
     ("[]", "not a JSON object"),
     ('{"total_steps": 5}', "does not match plan.schema.json"),
 ])
-def test_bad_plan_file(tmp_path, capsys, content, message):
+def test_bad_plan_file(tmp_path, cli_run, content, message):
     p = tmp_path / "plan.json"
     p.write_text(content)
-    assert message in one_line_exit_2(capsys, "handoff", "--plan-file", str(p), "--state-dir", str(tmp_path / "s"))
+    assert message in one_line_exit_2(cli_run, "handoff", "--plan-file", str(p), "--state-dir", str(tmp_path / "s"))
     assert not (tmp_path / "s").exists()
 
 

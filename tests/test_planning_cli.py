@@ -21,14 +21,8 @@ GOLDEN = Path(__file__).parent / "golden"
 SEED = ["100000", "2.5", "500", "--model_size_gb", "4"]
 
 
-def run(argv, capsys):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_seed_example_text_has_spec_headings_in_order(capsys):
-    rc, out, err = run(SEED, capsys)
+def test_seed_example_text_has_spec_headings_in_order(cli_run):
+    rc, out, err = cli_run(*SEED)
     assert rc == 0 and err == ""
     order = ["=== Checkpoint Strategy Report ===", "Total Steps:        100000", "Step Duration:",
              "Total Training Time: 69.44 hours", "Storage Budget:     500 GB", "Model Size:         4 GB",
@@ -40,8 +34,8 @@ def test_seed_example_text_has_spec_headings_in_order(capsys):
 
 
 @pytest.mark.parametrize("fmt, suffix", [("text", "txt"), ("markdown", "md"), ("json", "json"), ("yaml", "yaml")])
-def test_golden(fmt, suffix, capsys):
-    rc, out, _ = run(SEED + ["--format", fmt], capsys)
+def test_golden(fmt, suffix, cli_run):
+    rc, out, _ = cli_run(*(SEED + ["--format", fmt]))
     assert rc == 0
     golden = GOLDEN / f"plan-seed.{suffix}"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -49,14 +43,14 @@ def test_golden(fmt, suffix, capsys):
     assert out == golden.read_text(encoding="utf-8")
 
 
-def test_plan_subcommand_is_the_default(capsys):
-    _, a, _ = run(SEED + ["--format", "json"], capsys)
-    _, b, _ = run(["plan"] + SEED + ["--format", "json"], capsys)
+def test_plan_subcommand_is_the_default(cli_run):
+    _, a, _ = cli_run(*(SEED + ["--format", "json"]))
+    _, b, _ = cli_run(*(["plan"] + SEED + ["--format", "json"]))
     assert a == b
 
 
-def test_json_has_required_keys_and_validates(capsys):
-    rc, out, _ = run(SEED + ["--format", "json"], capsys)
+def test_json_has_required_keys_and_validates(cli_run):
+    rc, out, _ = cli_run(*(SEED + ["--format", "json"]))
     data = json.loads(out)
     jsonschema.validate(data, load_schema("plan.schema.json"))
     for key in ["checkpoint_size_gb", "frequency_steps", "frequency_hours", "keep_last", "milestone_steps",
@@ -67,25 +61,25 @@ def test_json_has_required_keys_and_validates(capsys):
     assert all(isinstance(w, str) for w in data["warnings"])
 
 
-def test_spec_storage_example_through_cli(capsys):
-    rc, out, _ = run(["50000", "10", "200", "--params", "1B", "--precision", "fp32", "--frequency", "500",
-                      "--keep-last", "10", "--formats", "full_state_dict", "--format", "json"], capsys)
+def test_spec_storage_example_through_cli(cli_run):
+    rc, out, _ = cli_run("50000", "10", "200", "--params", "1B", "--precision", "fp32", "--frequency", "500",
+                      "--keep-last", "10", "--formats", "full_state_dict", "--format", "json")
     d = json.loads(out)
     assert (d["checkpoint_size_gb"], d["rolling_storage_gb"], d["total_storage_gb"]) == (12, 120, 180)
     assert d["milestone_steps"] == [1000, 5000, 10000, 25000, 50000]
 
 
 @pytest.mark.parametrize("mtbf_h, eq37, exact", [("24", 116.69, 116.69), ("6", 56.71, 56.71), ("0.25", 9.14, 9.17)])
-def test_daly_vectors_through_cli(mtbf_h, eq37, exact, capsys):
-    rc, out, _ = run(["100000", "1", "1000", "--mtbf-hours", mtbf_h, "--checkpoint-write-seconds", "300",
-                      "--restart-seconds", "600", "--format", "json"], capsys)
+def test_daly_vectors_through_cli(mtbf_h, eq37, exact, cli_run):
+    rc, out, _ = cli_run("100000", "1", "1000", "--mtbf-hours", mtbf_h, "--checkpoint-write-seconds", "300",
+                      "--restart-seconds", "600", "--format", "json")
     fm = json.loads(out)["failure_model"]
     assert fm["daly_interval_seconds"] / 60 == pytest.approx(eq37, abs=0.005)
     assert fm["optimal_interval_seconds"] / 60 == pytest.approx(exact, abs=0.005)
 
 
-def test_yaml_is_the_spec_policy_mapping(capsys):
-    rc, out, _ = run(SEED + ["--format", "yaml", "--preset", "aggressive"], capsys)
+def test_yaml_is_the_spec_policy_mapping(cli_run):
+    rc, out, _ = cli_run(*(SEED + ["--format", "yaml", "--preset", "aggressive"]))
     policy = yaml.safe_load(out)["checkpoint_policy"]
     assert set(policy) == {"frequency", "keep_last", "keep_milestone", "save_optimizer", "save_formats",
                            "validate_on_save", "async_save", "emergency_save_on"}
@@ -93,9 +87,9 @@ def test_yaml_is_the_spec_policy_mapping(capsys):
     assert policy["emergency_save_on"] == ["loss_spike_detected", "gradient_norm_exceeded"]
 
 
-def test_both_spellings_of_the_seed_flag(capsys):
-    _, a, _ = run(["1000", "1", "50", "--model_size_gb", "2", "--format", "json"], capsys)
-    _, b, _ = run(["1000", "1", "50", "--model-size-gb", "2", "--format", "json"], capsys)
+def test_both_spellings_of_the_seed_flag(cli_run):
+    _, a, _ = cli_run("1000", "1", "50", "--model_size_gb", "2", "--format", "json")
+    _, b, _ = cli_run("1000", "1", "50", "--model-size-gb", "2", "--format", "json")
     assert a == b
 
 
@@ -112,8 +106,8 @@ BAD = [
     (["10", "1", "inf"], "BUDGET_GB"),
     (["10", "1", "-inf"], "BUDGET_GB"),
     (["10", "1", "1e30"], "BUDGET_GB"),
-    (["10", "1", "1", "--model_size_gb", "0"], "--model_size_gb"),
-    (["10", "1", "1", "--model_size_gb", "1e12"], "--model_size_gb"),
+    (["10", "1", "1", "--model_size_gb", "0"], "--model-size-gb"),
+    (["10", "1", "1", "--model_size_gb", "1e12"], "--model-size-gb"),
     (["10", "1", "1", "--params", "7Q"], "--params"),
     (["10", "1", "1", "--preset", "yolo"], "--preset"),
     (["10", "1", "1", "--format", "xml"], "--format"),
@@ -129,12 +123,20 @@ BAD = [
     (["10", "1", "1", "--max-loss-hours", "0"], "--max-loss-hours"),
     (["10", "1", "1", "--params", "1B", "--model_size_gb", "4"], "--params"),
     (["10", "1", "1", "--checkpoint-write-seconds", "30", "--write-gbps", "2"], "--write-gbps"),
+    (["10", "1", "1", "--gpus-per-node", "0"], "--gpus-per-node"),
+    (["10", "1", "1", "--gpus-per-node", "2000"], "--gpus-per-node"),
+    (["10", "1", "1", "--node-write-gbps", "-1"], "--node-write-gbps"),
+    (["10", "1", "1", "--storage-gbps", "0"], "--storage-gbps"),
+    (["10", "1", "1", "--storage-gbps", "1e99"], "--storage-gbps"),
+    (["10", "1", "1", "--min-interval-seconds", "-5"], "--min-interval-seconds"),
+    (["10", "1", "1", "--min-interval-seconds", "inf"], "--min-interval-seconds"),
+    (["10", "1", "1", "--precision", "half"], "--precision"),
 ]
 
 
 @pytest.mark.parametrize("argv, names", BAD)
-def test_bad_input_one_line_exit_2(argv, names, capsys):
-    rc, out, err = run(argv, capsys)
+def test_bad_input_one_line_exit_2(argv, names, cli_run):
+    rc, out, err = cli_run(*argv)
     assert rc == 2
     assert out == ""
     lines = err.strip().splitlines()
@@ -148,6 +150,8 @@ TOKENS = st.one_of(
                      "--gpus", "--mtbf-hours", "--preset", "--format", "--precision", "--no-async", "--async",
                      "--restart-seconds", "--write-gbps", "--checkpoint-write-seconds", "--max-loss-hours",
                      "--weights-dtype", "--no-save-optimizer", "plan", "json", "auto", "pow2", "7B", "nan",
+                     "--gpus-per-node", "--node-write-gbps", "--storage-gbps", "--min-interval-seconds",
+                     "mixed-no-master", "--local-tier", "100,2", "1e-9,1e6", "--node-loss-fraction",
                      "-1", "0", "1e308", "1,2,3", "full_state_dict"]),
     st.text(max_size=8),
     st.integers(-10**16, 10**16).map(str),
@@ -205,16 +209,16 @@ def test_subprocess_bad_input_has_no_traceback(skill_root):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
-def test_top_level_help_lists_commands(capsys):
-    rc, out, _ = run(["--help"], capsys)
+def test_top_level_help_lists_commands(cli_run):
+    rc, out, _ = cli_run("--help")
     assert rc == 0 and "plan" in out
 
 
 @pytest.mark.parametrize("extra", [[], ["--preset", "conservative"], ["--milestones", "none"],
                                    ["--formats", "sharded", "--no-async", "--no-save-optimizer"]])
-def test_yaml_template_round_trips_to_the_policy(extra, capsys):
-    _, out_yaml, _ = run(SEED + extra + ["--format", "yaml"], capsys)
-    _, out_json, _ = run(SEED + extra + ["--format", "json"], capsys)
+def test_yaml_template_round_trips_to_the_policy(extra, cli_run):
+    _, out_yaml, _ = cli_run(*(SEED + extra + ["--format", "yaml"]))
+    _, out_json, _ = cli_run(*(SEED + extra + ["--format", "json"]))
     assert yaml.safe_load(out_yaml) == {"checkpoint_policy": json.loads(out_json)["policy"]}
 
 

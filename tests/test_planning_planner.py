@@ -93,8 +93,10 @@ def test_frequency_is_failure_optimum_capped_by_max_loss():
 
 def test_frequency_follows_mtbf_when_failures_are_frequent():
     # 16k GPUs at 50k GPU-hours each -> MTBF ~3 h: the optimum is well under the 1 h cap.
-    p = mk(model_size_gb=4, step_seconds=1, total_steps=10**6, budget_gb=10**4, gpus=16384)
+    p = mk(model_size_gb=4, step_seconds=1, total_steps=10**6, budget_gb=10**4, gpus=16384, write_gbps=1,
+           min_interval_seconds=0)
     opt = p.optimal_interval_seconds
+    assert p.interval.reason == "failure_model_optimum"
     assert p.frequency_steps == planner.nice_steps(opt / 1.0)
     assert not any("--max-loss-hours" in w for w in p.warnings)
 
@@ -168,6 +170,6 @@ def test_safetensors_exports_counted():
 
 
 def test_short_mtbf_against_slow_saves_warns_about_overhead():
-    p = mk(model_size_gb=1000, gpus=40000, async_save=False)
+    p = mk(model_size_gb=1000, gpus=40000, async_save=False, write_gbps=1)
     assert p.expected_overhead_fraction > 0.5
     assert any("compute time" in w for w in p.warnings)

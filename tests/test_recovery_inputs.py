@@ -8,7 +8,6 @@ import sys
 import numpy as np
 import pytest
 
-from checkpoint_strategy.cli import main
 from checkpoint_strategy.recovery import ckptsteps
 from checkpoint_strategy.recovery.logs import read_log
 from checkpoint_strategy.resources import load_schema, schema_path
@@ -23,33 +22,17 @@ def curve(n=600, onset=400, mag=5.0, seed=0):
     return [float(v) for v in y]
 
 
-def run(capsys, *args):
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_usage_error(capsys, *args, match=""):
-    rc, out, err = run(capsys, *args)
-    assert rc == 2, (out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert match.lower() in lines[0].lower(), lines[0]
-    return lines[0]
-
-
-def test_csv_with_custom_columns(tmp_path, capsys):
+def test_csv_with_custom_columns(tmp_path, cli_run):
     p = tmp_path / "log.csv"
     rows = ["iteration,train_nll,gnorm"] + [f"{i + 1},{v},{1.0}" for i, v in enumerate(curve())]
     p.write_text("\n".join(rows) + "\n")
-    rc, out, _ = run(capsys, "recover", str(p), "--step-column", "iteration", "--loss-column", "train_nll",
-                     "--checkpoints", "100,200,300,400,500", "--format", "json")
+    rc, out, _ = cli_run("recover", str(p), "--step-column", "iteration", "--loss-column", "train_nll", "--checkpoints", "100,200,300,400,500", "--format", "json")
     rep = json.loads(out)
     assert rc == 0 and rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 300
     assert rep["log"]["format"] == "csv" and rep["log"]["loss_key"] == "train_nll"
 
 
-def test_wandb_panel_export(tmp_path, capsys):
+def test_wandb_panel_export(tmp_path, cli_run):
     """W&B's panel CSV: 'Step', '<run> - <metric>' plus __MIN/__MAX, empty cells where not logged."""
     p = tmp_path / "wandb_export.csv"
     head = '"Step","brisk-pond-1 - train/loss","brisk-pond-1 - train/loss__MIN","brisk-pond-1 - train/loss__MAX"'
@@ -59,29 +42,29 @@ def test_wandb_panel_export(tmp_path, capsys):
         if i % 50 == 0:
             rows.append(f"{i + 1},,,")  # a step the run did not log
     p.write_text("\n".join(rows) + "\n")
-    rc, out, _ = run(capsys, "recover", str(p), "--checkpoints", "300,350", "--format", "json")
+    rc, out, _ = cli_run("recover", str(p), "--checkpoints", "300,350", "--format", "json")
     rep = json.loads(out)
     assert rc == 0 and rep["log"]["step_key"] == "Step" and rep["log"]["loss_key"] == "train/loss"
     assert rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 350
 
 
-def test_wandb_export_with_two_runs_needs_run(tmp_path, capsys):
+def test_wandb_export_with_two_runs_needs_run(tmp_path, cli_run):
     p = tmp_path / "two.csv"
     rows = ['Step,a-1 - train/loss,a-1 - train/loss__MIN,b-2 - train/loss']
     rows += [f"{i},{v},{v},{v}" for i, v in enumerate(curve(onset=None))]
     p.write_text("\n".join(rows) + "\n")
-    assert_usage_error(capsys, "recover", str(p), match="--run")
-    rc, out, _ = run(capsys, "recover", str(p), "--run", "b-2", "--format", "json")
+    cli_run("recover", str(p)).usage_error("--run")
+    rc, out, _ = cli_run("recover", str(p), "--run", "b-2", "--format", "json")
     assert rc == 0 and json.loads(out)["status"] == "no_spike"
 
 
-def test_jsonl_with_restart(tmp_path, capsys):
+def test_jsonl_with_restart(tmp_path, cli_run):
     y = curve(onset=None)
     lines = [json.dumps({"step": i + 1, "loss": y[i], "lr": 1e-3}) for i in range(300)]
     lines += [json.dumps({"step": i + 1, "loss": y[i] * (6 if i >= 500 else 1), "lr": 1e-3}) for i in range(250, 600)]
     p = tmp_path / "metrics.jsonl"
     p.write_text("\n".join(lines) + "\n\n")
-    rc, out, _ = run(capsys, "recover", str(p), "--checkpoints", "100,200,250,450", "--format", "json")
+    rc, out, _ = cli_run("recover", str(p), "--checkpoints", "100,200,250,450", "--format", "json")
     rep = json.loads(out)
     assert rep["restarts"] == [{"step": 251, "previous_step": 300, "repeated_steps": 50, "entry": 300}]
     assert rep["spike"]["onset_step"] == 501 and rep["resume_checkpoint"]["step"] == 450
@@ -94,7 +77,7 @@ def test_json_list_of_records(tmp_path):
     assert s.format == "json" and s.step_key == "global_step" and len(s.steps) == 600
 
 
-def test_tensorboard_events(tmp_path, capsys):
+def test_tensorboard_events(tmp_path, cli_run):
     from torch.utils.tensorboard import SummaryWriter
 
     w = SummaryWriter(str(tmp_path / "tb"))
@@ -102,17 +85,17 @@ def test_tensorboard_events(tmp_path, capsys):
         w.add_scalar("train/loss", v, i + 1)
         w.add_scalar("train/grad_norm", 1.0, i + 1)
     w.close()
-    rc, out, _ = run(capsys, "recover", str(tmp_path / "tb"), "--checkpoints", "390", "--format", "json")
+    rc, out, _ = cli_run("recover", str(tmp_path / "tb"), "--checkpoints", "390", "--format", "json")
     rep = json.loads(out)
     assert rc == 0 and rep["log"]["format"] == "tensorboard" and rep["log"]["grad_norm_key"] == "train/grad_norm"
     assert rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 390
-    assert_usage_error(capsys, "recover", str(tmp_path / "tb"), "--tag", "nope", match="no loss column 'nope'")
+    cli_run("recover", str(tmp_path / "tb"), "--tag", "nope").usage_error("no loss column 'nope'")
 
 
-def test_tensorboard_missing_is_a_clear_exit_2(tmp_path, capsys, monkeypatch):
+def test_tensorboard_missing_is_a_clear_exit_2(tmp_path, cli_run, monkeypatch):
     (tmp_path / "events.out.tfevents.1.host").write_bytes(b"")
     monkeypatch.setitem(sys.modules, "tensorboard.backend.event_processing.event_accumulator", None)
-    assert_usage_error(capsys, "recover", str(tmp_path), match="pip install 'checkpoint-strategy[tensorboard]'")
+    cli_run("recover", str(tmp_path)).usage_error("pip install 'checkpoint-strategy[tensorboard]'")
 
 
 @pytest.mark.parametrize("name,is_dir,step", [
@@ -129,7 +112,7 @@ def test_real_lightning_checkpoints(lightning_run):
     assert source == "folder" and [s for s, _ in found] == [10, 20, 30]
 
 
-def test_verify_resume_flags_jump_drop_and_lr(tmp_path, capsys):
+def test_verify_resume_flags_jump_drop_and_lr(tmp_path, cli_run):
     y = curve(onset=None)
 
     def log(post_factor, lr_after):
@@ -140,16 +123,15 @@ def test_verify_resume_flags_jump_drop_and_lr(tmp_path, capsys):
         return str(p)
 
     ok = log(1.0, lambda i: 1e-3 - i * 1e-6)
-    rc, out, _ = run(capsys, "verify-resume", ok, "--resume-step", "200", "--format", "json")
+    rc, out, _ = cli_run("verify-resume", ok, "--resume-step", "200", "--format", "json")
     rep = json.loads(out)
     assert rc == 0 and rep["verdict"] == "ok" and rep["restart_found"] and rep["lr_discontinuity"] is False
-    rc, out, _ = run(capsys, "verify-resume", log(1.4, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200",
-                     "--format", "json")
+    rc, out, _ = cli_run("verify-resume", log(1.4, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200", "--format", "json")
     rep = json.loads(out)
     assert rc == 1 and rep["jump"] and not rep["drop"]
-    rc, out, _ = run(capsys, "verify-resume", log(0.7, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200")
+    rc, out, _ = cli_run("verify-resume", log(0.7, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200")
     assert rc == 1 and "DROP" in out and "optimizer reset" in out
-    rc, out, _ = run(capsys, "verify-resume", log(1.0, lambda i: 0.0), "--resume-step", "200", "--format", "json")
+    rc, out, _ = cli_run("verify-resume", log(1.0, lambda i: 0.0), "--resume-step", "200", "--format", "json")
     rep = json.loads(out)
     assert rc == 1 and rep["lr_discontinuity"] is True
 
@@ -177,12 +159,12 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_json_input_exits_2_with_one_line(case, tmp_path, capsys):
+def test_bad_json_input_exits_2_with_one_line(case, tmp_path, cli_run):
     text, match = BAD[case]
     p = tmp_path / "trainer_state.json"
     p.write_text(text)
-    assert_usage_error(capsys, "recover", str(p), match=match)
-    assert_usage_error(capsys, "verify-resume", str(p), "--resume-step", "1", match=match)
+    cli_run("recover", str(p)).usage_error(match)
+    cli_run("verify-resume", str(p), "--resume-step", "1").usage_error(match)
 
 
 @pytest.mark.parametrize("text,match", [
@@ -193,37 +175,36 @@ def test_bad_json_input_exits_2_with_one_line(case, tmp_path, capsys):
     ("step,loss\n3,1\n2,1\n1,1\n", "out of order"),
     ("step,loss\nx,1\n", "not a number"),
 ])
-def test_bad_csv_exits_2(text, match, tmp_path, capsys):
+def test_bad_csv_exits_2(text, match, tmp_path, cli_run):
     p = tmp_path / "log.csv"
     p.write_text(text)
-    assert_usage_error(capsys, "recover", str(p), match=match)
+    cli_run("recover", str(p)).usage_error(match)
 
 
-def test_bad_paths_and_arguments_exit_2(tmp_path, capsys):
+def test_bad_paths_and_arguments_exit_2(tmp_path, cli_run):
     (tmp_path / "empty_dir").mkdir()
-    assert_usage_error(capsys, "recover", str(tmp_path / "empty_dir"), match="no training log found")
-    assert_usage_error(capsys, "recover", str(tmp_path / "missing.json"), match="not found")
+    cli_run("recover", str(tmp_path / "empty_dir")).usage_error("no training log found")
+    cli_run("recover", str(tmp_path / "missing.json")).usage_error("not found")
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00\x01")
-    assert_usage_error(capsys, "recover", str(tmp_path / "bin.json"))
+    cli_run("recover", str(tmp_path / "bin.json")).usage_error()
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(json.dumps({"step": i, "loss": 1.0}) for i in range(50)))
-    assert_usage_error(capsys, "recover", str(good), "--checkpoints", str(tmp_path / "nope"), match="neither")
-    assert_usage_error(capsys, "recover", str(good), "--checkpoints", str(tmp_path / "empty_dir"),
-                       match="no checkpoints found")
-    assert_usage_error(capsys, "recover", str(good), "--window", "2", match="--window")
-    assert_usage_error(capsys, "recover", str(good), "--lr-multiplier", "0", match="--lr-multiplier")
-    assert_usage_error(capsys, "recover", str(good), "--z", "nan", match="--z")
-    assert_usage_error(capsys, "recover", str(good), "--format", "yaml")
-    assert_usage_error(capsys, "verify-resume", str(good))
-    assert_usage_error(capsys, "verify-resume", str(good), "--resume-step", "100", match="no loss logged after")
+    cli_run("recover", str(good), "--checkpoints", str(tmp_path / "nope")).usage_error("neither")
+    cli_run("recover", str(good), "--checkpoints", str(tmp_path / "empty_dir")).usage_error("no checkpoints found")
+    cli_run("recover", str(good), "--window", "2").usage_error("--window")
+    cli_run("recover", str(good), "--lr-multiplier", "0").usage_error("--lr-multiplier")
+    cli_run("recover", str(good), "--z", "nan").usage_error("--z")
+    cli_run("recover", str(good), "--format", "yaml").usage_error()
+    cli_run("verify-resume", str(good)).usage_error()
+    cli_run("verify-resume", str(good), "--resume-step", "100").usage_error("no loss logged after")
     (tmp_path / "bad.jsonl").write_text('{"step": 1, "loss": 1}\n{"step": 2, "loss"\n')
-    assert_usage_error(capsys, "recover", str(tmp_path / "bad.jsonl"), match="line 2")
+    cli_run("recover", str(tmp_path / "bad.jsonl")).usage_error("line 2")
 
 
-def test_output_file_is_written(tmp_path, capsys):
+def test_output_file_is_written(tmp_path, cli_run):
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(json.dumps({"step": i, "loss": 1.0}) for i in range(50)))
-    rc, out, _ = run(capsys, "recover", str(good), "--format", "json", "-o", str(tmp_path / "r.json"))
+    rc, out, _ = cli_run("recover", str(good), "--format", "json", "-o", str(tmp_path / "r.json"))
     assert rc == 0 and out == ""
     rep = json.loads((tmp_path / "r.json").read_text())
     import jsonschema

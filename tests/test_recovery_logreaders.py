@@ -116,7 +116,7 @@ def test_outputs_that_are_the_log_and_empty_paths_are_refused(tmp_path, capsys):
             target.symlink_to(log)
         assert main(["recover", str(log), flag, str(target)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "is the training log itself" in err[0]
+        assert len(err) == 1 and "is also an input of this command" in err[0]
         assert log.read_text() == content
     assert main(["recover", ""]) == 2
     assert "empty path" in capsys.readouterr().err

@@ -12,16 +12,13 @@ from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
 
 
-def run_json(capsys, *args):
-    rc = main([*args, "--format", "json"])
-    out, err = capsys.readouterr()
-    assert rc in (0, 1), err
-    return rc, json.loads(out)
+def run_json(cli_run, *args):
+    r = cli_run(*args, "--format", "json")
+    return r.rc, r.json()
 
 
-@pytest.mark.slow
-def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, capsys):
-    rc, rep = run_json(capsys, "recover", str(hf_run.output_dir))
+def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, cli_run):
+    rc, rep = run_json(cli_run, "recover", str(hf_run.output_dir))
     assert rc == 0
     jsonschema.validate(rep, load_schema("recovery-report.schema.json"))
     assert rep["status"] == "rollback" and rep["self_recovered"] is False
@@ -37,20 +34,18 @@ def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, caps
     assert rep["log"]["path"].endswith("checkpoint-200/trainer_state.json")
 
 
-@pytest.mark.slow
-def test_recover_from_the_trainer_state_file_and_an_explicit_list(hf_run, capsys):
-    _, rep = run_json(capsys, "recover", str(hf_run.trainer_state))
+def test_recover_from_the_trainer_state_file_and_an_explicit_list(hf_run, cli_run):
+    _, rep = run_json(cli_run, "recover", str(hf_run.trainer_state))
     assert rep["resume_checkpoint"]["path"] == str(hf_run.output_dir / "checkpoint-110")
-    _, rep = run_json(capsys, "recover", str(hf_run.trainer_state), "--checkpoints", "50,100,110,120,130")
+    _, rep = run_json(cli_run, "recover", str(hf_run.trainer_state), "--checkpoints", "50,100,110,120,130")
     assert rep["resume_checkpoint"] == {"step": 110, "path": None, "kind": "checkpoint",
                                         "smoothed_loss": rep["resume_checkpoint"]["smoothed_loss"],
                                         "within_tolerance": True, "tag": "resume"}
-    _, rep = run_json(capsys, "recover", str(hf_run.trainer_state), "--checkpoints", "120,130,140")
+    _, rep = run_json(cli_run, "recover", str(hf_run.trainer_state), "--checkpoints", "120,130,140")
     assert rep["status"] == "no_clean_checkpoint" and rep["resume_checkpoint"] is None
     assert "keep_last" in rep["policy_advice"]
 
 
-@pytest.mark.slow
 def test_text_and_markdown_reports(hf_run, capsys):
     assert main(["recover", str(hf_run.output_dir)]) == 0
     text = capsys.readouterr().out
@@ -60,8 +55,7 @@ def test_text_and_markdown_reports(hf_run, capsys):
     assert "| resume from |" in capsys.readouterr().out
 
 
-@pytest.mark.slow
-def test_verify_resume_on_a_real_resume_with_the_pasted_override(hf_run, tmp_path, capsys):
+def test_verify_resume_on_a_real_resume_with_the_pasted_override(hf_run, tmp_path, capsys, cli_run):
     """Resume the real run from checkpoint-110 with the generated HF override, then check the resume."""
     import realruns
     import torch
@@ -70,7 +64,7 @@ def test_verify_resume_on_a_real_resume_with_the_pasted_override(hf_run, tmp_pat
     run_dir = tmp_path / "hf-run"
     run_dir.mkdir()
     shutil.copytree(hf_run.output_dir / "checkpoint-110", run_dir / "checkpoint-110")
-    _, rep = run_json(capsys, "recover", str(hf_run.trainer_state), "--checkpoints", str(run_dir))
+    _, rep = run_json(cli_run, "recover", str(hf_run.trainer_state), "--checkpoints", str(run_dir))
     code = rep["overrides"]["hf_trainer"]
     torch.manual_seed(0)
     torch.set_num_threads(1)

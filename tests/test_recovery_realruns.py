@@ -19,15 +19,11 @@ from checkpoint_strategy.recovery.logs import read_log
 from checkpoint_strategy.recovery.models import RecoveryReport, VerifyResumeReport
 from checkpoint_strategy.resources import load_schema
 
-pytestmark = pytest.mark.slow
 
 
-def run_json(capsys, *args):
-    capsys.readouterr()  # drop anything the Trainer printed while a fixture was built
-    rc = main([*args, "--format", "json"])
-    out, err = capsys.readouterr()
-    assert rc in (0, 1), err
-    return rc, json.loads(out)
+def run_json(cli_run, *args):
+    r = cli_run(*args, "--format", "json")
+    return r.rc, r.json()
 
 
 def jsonl(path):
@@ -57,9 +53,9 @@ def test_self_recovering_fixture_really_spikes_and_comes_back(hf_run_self_recove
     assert max(losses[s] for s in range(171, 201)) < 1.5 * base
 
 
-def test_recover_says_self_recovered_keep_training(hf_run_self_recovering, capsys):
+def test_recover_says_self_recovered_keep_training(hf_run_self_recovering, capsys, cli_run):
     run = hf_run_self_recovering
-    rc, rep = run_json(capsys, "recover", str(run.output_dir))
+    rc, rep = run_json(cli_run, "recover", str(run.output_dir))
     assert rc == 0
     jsonschema.validate(rep, load_schema("recovery-report.schema.json"))
     assert set(rep) == set(RecoveryReport.model_fields)
@@ -84,10 +80,10 @@ def test_recover_says_self_recovered_keep_training(hf_run_self_recovering, capsy
     assert "self-recovered: keep training" in text and "Onset step:      121" in text
 
 
-def test_same_run_mid_spike_says_wait_with_the_plan_ready(hf_run_self_recovering, capsys):
+def test_same_run_mid_spike_says_wait_with_the_plan_ready(hf_run_self_recovering, cli_run):
     """checkpoint-130's trainer_state.json is the log as it stood at step 130, before the recovery."""
     run = hf_run_self_recovering
-    rc, rep = run_json(capsys, "recover", str(run.output_dir / "checkpoint-130" / "trainer_state.json"))
+    rc, rep = run_json(cli_run, "recover", str(run.output_dir / "checkpoint-130" / "trainer_state.json"))
     assert rc == 0 and rep["log"]["last_step"] == 130
     assert rep["status"] == "wait" and rep["self_recovered"] is False
     assert rep["spike"]["onset_step"] == 121 and rep["spike"]["recovered_step"] is None
@@ -111,7 +107,7 @@ def test_resume_fixture_logs_both_segments(hf_resumes):
         assert steps == list(range(1, r.crash_step + 1)) + list(range(r.resume_step + 1, r.resumed_until + 1)), kind
 
 
-def test_normal_resume_reproduces_the_run_and_verifies_ok(hf_resumes, capsys):
+def test_normal_resume_reproduces_the_run_and_verifies_ok(hf_resumes, cli_run):
     r = hf_resumes
     recs = jsonl(r.logs["normal"])
     first = {rec["step"]: rec["loss"] for rec in recs[:r.crash_step]}
@@ -119,7 +115,7 @@ def test_normal_resume_reproduces_the_run_and_verifies_ok(hf_resumes, capsys):
     # the real resume restores weights, optimizer, schedule, RNG and data position: same losses again
     for s in range(r.resume_step + 1, r.crash_step + 1):
         assert again[s] == pytest.approx(first[s], rel=1e-3), s
-    rc, ver = run_json(capsys, "verify-resume", str(r.logs["normal"]), "--resume-step", str(r.resume_step))
+    rc, ver = run_json(cli_run, "verify-resume", str(r.logs["normal"]), "--resume-step", str(r.resume_step))
     jsonschema.validate(ver, load_schema("verify-resume-report.schema.json"))
     assert set(ver) == set(VerifyResumeReport.model_fields)
     assert rc == 0 and ver["verdict"] == "ok" and ver["restart_found"] is True
@@ -130,7 +126,7 @@ def test_normal_resume_reproduces_the_run_and_verifies_ok(hf_resumes, capsys):
     assert ver["warnings"] == []
 
 
-def test_resume_without_optimizer_pt_is_flagged_suspicious(hf_resumes, capsys):
+def test_resume_without_optimizer_pt_is_flagged_suspicious(hf_resumes, capsys, cli_run):
     """The real Trainer silently resumes without optimizer.pt: fresh AdamW *and* a fresh LR schedule.
 
     verify-resume flags it by the learning rate (the logged lr restarts the warm-up at 0). Measured on
@@ -142,7 +138,7 @@ def test_resume_without_optimizer_pt_is_flagged_suspicious(hf_resumes, capsys):
     r = hf_resumes
     new = jsonl(r.logs["no_optimizer"])[r.crash_step:]
     assert new[0]["step"] == r.resume_step + 1 and new[0]["learning_rate"] == 0.0   # warm-up again
-    rc, ver = run_json(capsys, "verify-resume", str(r.logs["no_optimizer"]), "--resume-step", str(r.resume_step))
+    rc, ver = run_json(cli_run, "verify-resume", str(r.logs["no_optimizer"]), "--resume-step", str(r.resume_step))
     jsonschema.validate(ver, load_schema("verify-resume-report.schema.json"))
     assert rc == 1 and ver["verdict"] == "suspicious" and ver["restart_found"] is True
     assert ver["lr_discontinuity"] is True
@@ -177,7 +173,7 @@ def test_restarted_fixture_repeats_the_steps_after_the_checkpoint(hf_run_restart
     assert r.first_attempt_lines == r.crash_step
 
 
-def test_recover_reports_the_restart_and_uses_the_latest_segment(hf_run_restarted, capsys):
+def test_recover_reports_the_restart_and_uses_the_latest_segment(hf_run_restarted, cli_run):
     r = hf_run_restarted
     recs = jsonl(r.log)
     first = {rec["step"]: rec["loss"] for rec in recs[:r.first_attempt_lines]}
@@ -186,7 +182,7 @@ def test_recover_reports_the_restart_and_uses_the_latest_segment(hf_run_restarte
     assert first[r.spike_step + 1] > 2.5 * base                  # the first attempt blew up: 6.4 vs 2.0
     assert max(second[s] for s in range(51, 61)) < 1.2 * base    # the second attempt did not
 
-    rc, rep = run_json(capsys, "recover", str(r.log), "--checkpoints", str(r.output_dir))
+    rc, rep = run_json(cli_run, "recover", str(r.log), "--checkpoints", str(r.output_dir))
     jsonschema.validate(rep, load_schema("recovery-report.schema.json"))
     assert rc == 0
     assert rep["restarts"] == [{"step": r.resume_step + 1, "previous_step": r.crash_step,
@@ -199,7 +195,7 @@ def test_recover_reports_the_restart_and_uses_the_latest_segment(hf_run_restarte
     assert rep["status"] == "no_spike" and rep["spikes"] == [] and rep["spike"] is None
 
     series = read_log(r.log)
-    merged = dict(zip(series.steps.tolist(), series.loss.tolist()))
+    merged = dict(zip(series.steps.tolist(), series.loss.tolist(), strict=True))
     for s in range(51, 61):
         assert merged[s] == second[s], s
 
@@ -218,13 +214,13 @@ def test_first_attempt_alone_shows_the_spike_the_restart_replaced(hf_run_restart
     assert rep.resume_checkpoint.path == str(r.output_dir / f"checkpoint-{r.resume_step}")
 
 
-def test_verify_resume_on_the_restarted_log(hf_run_restarted, capsys):
+def test_verify_resume_on_the_restarted_log(hf_run_restarted, cli_run):
     """pre window: the first attempt's steps 31-50 (before its spike); post: the second attempt's 51-55.
 
     Measured: 2.319 -> 1.981 (-14.6%), inside the band 0.395 because the loss still falls fast
     and noisily this early in training."""
     r = hf_run_restarted
-    rc, ver = run_json(capsys, "verify-resume", str(r.log), "--resume-step", str(r.resume_step))
+    rc, ver = run_json(cli_run, "verify-resume", str(r.log), "--resume-step", str(r.resume_step))
     assert rc == 0 and ver["verdict"] == "ok" and ver["restart_found"] is True
     assert ver["pre_steps"] == [31, 50] and ver["post_steps"] == [51, 55]
     assert ver["lr_discontinuity"] is False and ver["warnings"] == []

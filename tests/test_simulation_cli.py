@@ -17,14 +17,8 @@ from checkpoint_strategy.resources import load_schema
 SEED = ["simulate", "100000", "2.5", "500", "--model_size_gb", "4"]
 
 
-def run(argv, capsys):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_json_keys_schema_and_analytic_figure(capsys):
-    rc, out, err = run(SEED + ["--runs", "2000", "--format", "json"], capsys)
+def test_json_keys_schema_and_analytic_figure(cli_run):
+    rc, out, err = cli_run(*(SEED + ["--runs", "2000", "--format", "json"]))
     assert rc == 0 and err == ""
     data = json.loads(out)
     for key in ("mean_wall_hours", "analytic_wall_hours", "p95_lost_hours", "mean_failures", "runs", "seed",
@@ -33,45 +27,45 @@ def test_json_keys_schema_and_analytic_figure(capsys):
         assert key in data
     assert data["runs"] == 2000 and data["seed"] == 0
     jsonschema.validate(data, load_schema("simulation-report.schema.json"))
-    rc, plan_out, _ = run(["100000", "2.5", "500", "--model_size_gb", "4", "--format", "json"], capsys)
+    rc, plan_out, _ = cli_run("100000", "2.5", "500", "--model_size_gb", "4", "--format", "json")
     assert data["analytic_wall_hours"] == json.loads(plan_out)["expected_wall_hours"]
     assert data["policy"]["frequency_steps"] == json.loads(plan_out)["frequency_steps"]
     assert data["spikes"] is None
 
 
-def test_same_seed_same_output_different_seed_differs(capsys):
+def test_same_seed_same_output_different_seed_differs(cli_run):
     argv = SEED + ["--runs", "3000", "--mtbf-hours", "20", "--spike-rate", "0.05", "--format", "json"]
-    _, a, _ = run(argv + ["--seed", "42"], capsys)
-    _, b, _ = run(argv + ["--seed", "42"], capsys)
-    _, c, _ = run(argv + ["--seed", "43"], capsys)
+    _, a, _ = cli_run(*(argv + ["--seed", "42"]))
+    _, b, _ = cli_run(*(argv + ["--seed", "42"]))
+    _, c, _ = cli_run(*(argv + ["--seed", "43"]))
     assert a == b
     assert json.loads(a)["mean_wall_hours"] != json.loads(c)["mean_wall_hours"]
     assert json.loads(a)["seed"] == 42
 
 
-def test_text_report_has_the_sections(capsys):
-    rc, out, err = run(SEED + ["--runs", "2000", "--spike-rate", "0.02", "--keep-last", "1",
-                               "--corrupt-prob", "0.01"], capsys)
+def test_text_report_has_the_sections(cli_run):
+    rc, out, err = cli_run(*(SEED + ["--runs", "2000", "--spike-rate", "0.02", "--keep-last", "1",
+                               "--corrupt-prob", "0.01"]))
     assert rc == 0 and err == ""
     order = ["=== Checkpoint Strategy Simulation ===", "Runs:               2000 (seed 0)", "Wall Time (h)",
-             "Lost (h)            ", "Failures            ", "Simulated vs Analytic:", "Rollbacks:", "Loss Spikes (0.02 per 1000 steps",
+             "Lost (h) *          ", "Failures            ", "Simulated vs Analytic:", "Rollbacks:", "Loss Spikes (0.02 per 1000 steps",
              "Window Missed:", "Only a Milestone:", "Warnings (from the plan):", "keep_last 1 cannot hold", "\nModel:"]
     pos = [out.index(h) for h in order]
     assert pos == sorted(pos)
     assert "the analytic model has failures only" in out
 
 
-def test_markdown_report(capsys):
-    rc, out, _ = run(SEED + ["--runs", "1000", "--spike-rate", "0.01", "--format", "markdown"], capsys)
+def test_markdown_report(cli_run):
+    rc, out, _ = cli_run(*(SEED + ["--runs", "1000", "--spike-rate", "0.01", "--format", "markdown"]))
     assert rc == 0
     assert out.startswith("## Checkpoint strategy simulation")
     assert "| Wall time (h) |" in out and "### Loss spikes" in out
 
 
-def test_simulate_help_lists_its_options(capsys):
-    rc, out, _ = run(["simulate", "--help"], capsys)
+def test_simulate_help_lists_its_options(cli_run):
+    rc, out, _ = cli_run("simulate", "--help")
     assert rc == 0
-    for opt in ("--runs", "--seed", "--spike-rate", "--corrupt-prob", "--model_size_gb", "--keep-last"):
+    for opt in ("--runs", "--seed", "--spike-rate", "--corrupt-prob", "--model-size-gb", "--keep-last"):
         assert opt in out
 
 
@@ -96,19 +90,19 @@ def test_simulate_help_lists_its_options(capsys):
     (["--format", "yaml"], "--format"),
     (["--frequency", "0"], "--frequency"),
 ])
-def test_bad_input_exits_2_with_one_line(extra, needle, capsys):
-    rc, out, err = run(SEED + extra, capsys)
+def test_bad_input_exits_2_with_one_line(extra, needle, cli_run):
+    rc, out, err = cli_run(*(SEED + extra))
     assert rc == 2, err
     assert out == ""
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
 
 
-def test_degenerate_failure_models_are_bad_input_not_crashes(capsys):
+def test_degenerate_failure_models_are_bad_input_not_crashes(cli_run):
     # restart far longer than the MTBF: Daly's e^(R/M) overflows
-    rc, _, err = run(SEED + ["--restart-seconds", "1e9", "--mtbf-hours", "1"], capsys)
+    rc, _, err = cli_run(*(SEED + ["--restart-seconds", "1e9", "--mtbf-hours", "1"]))
     assert rc == 2 and err.count("\n") == 1 and "never finishes" in err
     # too many spikes per run to simulate
-    rc, _, err = run(["simulate", "1000000000", "1", "500", "--spike-rate", "100", "--runs", "10"], capsys)
+    rc, _, err = cli_run("simulate", "1000000000", "1", "500", "--spike-rate", "100", "--runs", "10")
     assert rc == 2 and err.count("\n") == 1 and "spike" in err
 
 

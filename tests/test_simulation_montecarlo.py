@@ -75,19 +75,23 @@ def test_no_failure_no_spike_is_exactly_the_failure_free_run():
     # 10 full segments of 100 steps + one of 50, each followed by a 10 s stall
     assert sim.failure_free_wall_hours == pytest.approx((1050 * 2.0 + 11 * 10.0) / 3600.0)
     assert sim.policy.checkpoints_per_run == 11
-    assert sim.mean_failures == 0 and sim.max_lost_hours == pytest.approx(0.0, abs=1e-9)
+    # lost = beyond pure compute: only the 11 save stalls (the definition tradeoffs uses too)
+    assert sim.mean_failures == 0 and sim.max_lost_hours == pytest.approx(110.0 / 3600.0, abs=1e-6)
     assert sim.p99_wall_hours == pytest.approx(sim.failure_free_wall_hours)
 
 
 def test_async_newest_checkpoint_in_flight_rolls_back_one_further():
-    base = dict(total_steps=2000, step_seconds=1.0, budget_gb=1e6, model_size_gb=100.0, write_gbps=0.5,
-                mtbf_hours=0.5, frequency=100, keep_last=5, restart_seconds=60.0)
-    # 300 GB at 0.5 GB/s: 600 s until a save is on storage, longer than the 100 s between saves
+    base = dict(total_steps=20000, step_seconds=1.0, budget_gb=1e6, model_size_gb=100.0, write_gbps=0.5,
+                mtbf_hours=0.5, frequency=100, keep_last=5, restart_seconds=60.0, max_loss_hours=100)
+    # 300 GB at 0.5 GB/s: 600 s until a save is on storage, longer than the 100 s between saves: the planner
+    # moves the interval so saves never overlap (540 s rounded up to 1000 steps): the newest save is in flight
+    # 540 s of every 1060
     asynchronous = plan(validate_arguments(dict(base, async_save=True)))
     assert asynchronous.failure_model.persist_seconds == pytest.approx(600.0)
+    assert asynchronous.frequency_steps == 1000
     sim = simulate(asynchronous, runs=3000, seed=3)
     assert sim.policy.persist_seconds == pytest.approx(600.0)
-    assert sim.in_flight_rollback_fraction > 0.5
+    assert sim.in_flight_rollback_fraction > 0.2  # of all failures, those during restarts included
     # the analytic model counts only the 60 s stall: the in-flight window costs extra rework
     assert sim.mean_wall_hours > sim.analytic_wall_hours + 5 * sim.wall_hours_stderr
     synchronous = simulate(plan(validate_arguments(dict(base, async_save=False))), runs=3000, seed=3)
@@ -179,3 +183,19 @@ def test_setup_maps_off_grid_milestones_to_the_next_save():
                                           frequency=2000, milestones=[1000, 4000, 9999])))
     s = setup_from_plan(report)
     assert s.milestone_positions == (1, 2, 5)  # 1000 -> 2000, 4000, 9999 -> 10000
+
+
+def test_percentiles_of_counts_are_order_statistics_and_in_flight_shares_the_failures_denominator():
+    report = plan(validate_arguments(dict(total_steps=2000, step_seconds=60.0, budget_gb=1e6, model_size_gb=100.0,
+                                          write_gbps=1.0, mtbf_hours=50.0, frequency=5, max_loss_hours=100)))
+    sim = simulate(report, runs=501, seed=4)
+    for v in (sim.p50_failures, sim.p95_failures, sim.p99_failures):
+        assert float(v).is_integer()
+    assert sim.p50_failures in (0.0, 1.0, 2.0)
+    # the in-flight share is of all failures (the Failures row): share x failures is a whole count
+    total = round(sim.mean_failures * sim.runs)
+    assert abs(sim.in_flight_rollback_fraction * total - round(sim.in_flight_rollback_fraction * total)) < 1e-3
+    assert any("async saves" in c for c in sim.analytic_caveats)
+    assert "pure compute" in sim.lost_definition
+    sync = simulate(daly_plan(6.0), runs=300, seed=1)
+    assert sync.analytic_caveats == []

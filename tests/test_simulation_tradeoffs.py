@@ -28,12 +28,6 @@ SEED = ["tradeoffs", "100000", "2.5", "500", "--model_size_gb", "4"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def run(argv, capsys):
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
 def test_pareto_front_by_hand():
     # (storage GB, expected lost h) both lower-is-better
     pts = [
@@ -92,7 +86,7 @@ def test_every_point_is_the_planner_with_that_frequency_and_keep_last():
     vecs = [(p.peak_storage_gb, p.expected_lost_hours, p.max_data_loss_hours, -p.spike_window_rescue_probability)
             for p in report.points]
     for i, p in enumerate(report.points):
-        dominated = any(all(o <= s for o, s in zip(other, vecs[i])) and other != vecs[i] for other in vecs)
+        dominated = any(all(o <= s for o, s in zip(other, vecs[i], strict=True)) and other != vecs[i] for other in vecs)
         assert p.pareto == (not dominated)
     assert report.pareto_count == sum(p.pareto for p in report.points)
 
@@ -105,8 +99,11 @@ def test_small_sweep_front_is_the_expected_points():
     by = {(p.frequency_steps, p.keep_last): p for p in report.points}
     # storage is (keep_last + 1) x 3 GB, whatever the frequency
     assert by[(100, 1)].peak_storage_gb == 6 and by[(1000, 3)].peak_storage_gb == 12
-    # at 100 steps a spike needs 3 in the window: keep 1 and 2 rescue nothing, so keep 2 is dominated by keep 1
-    assert not by[(100, 2)].pareto and by[(100, 1)].pareto and by[(100, 3)].pareto
+    # at 100 steps a spike needs 3 in the window: keep 1 and 2 rescue only spikes near the start (step 0 is a
+    # rollback point: 2.98% with keep 2, counted exactly over onsets), keep 3 all; each buys rescue with storage
+    r = {k: by[(100, k)].spike_window_rescue_probability for k in (1, 2, 3)}
+    assert r[1] < 0.001 and 0.02 < r[2] < 0.04 and r[3] == 1.0
+    assert by[(100, 1)].pareto and by[(100, 2)].pareto and by[(100, 3)].pareto
     # at 200 steps keep 2 already rescues every spike: keep 3 only costs storage
     assert by[(200, 2)].pareto and not by[(200, 3)].pareto
     assert not by[(1000, 3)].pareto and by[(1000, 2)].pareto
@@ -121,39 +118,41 @@ def test_default_frequencies_span_the_optimum_and_include_the_recommendation():
     assert max(default_frequencies(7, 3.0, 10)) <= 10
 
 
-def test_json_validates_and_text_marks_front_and_recommendation(capsys):
-    rc, out, err = run(SEED + ["--format", "json"], capsys)
+def test_json_validates_and_text_marks_front_and_recommendation(cli_run):
+    rc, out, err = cli_run(*(SEED + ["--format", "json"]))
     assert rc == 0 and err == ""
     data = json.loads(out)
     jsonschema.validate(data, load_schema("tradeoffs-report.schema.json"))
     assert data["plot"] is None and data["spike_rate_per_1000_steps"] is None
     assert all(p["spike_run_rescue_probability"] is None for p in data["points"])
-    rc, text, _ = run(SEED, capsys)
+    rc, text, _ = cli_run(*SEED)
     assert rc == 0
     assert "=== Checkpoint Storage vs Safety Tradeoffs ===" in text
     rows = [line for line in text.splitlines() if line[:2] in ("P ", " R", "PR")]
     assert len(rows) == data["pareto_count"] + (0 if data["recommended_on_front"] else 1)
     assert any(line[:2] in (" R", "PR") and " 1000 " in line for line in rows)
-    rc, every, _ = run(SEED + ["--all"], capsys)
+    rc, every, _ = cli_run(*(SEED + ["--all"]))
     assert sum(1 for line in every.splitlines() if line[:2] in ("P ", " R", "PR", "  ")
                and line[2:8].strip().isdigit()) == len(data["points"])
 
 
-def test_spikes_add_the_run_rescue_column(capsys):
-    rc, out, _ = run(SEED + ["--spike-rate", "0.05", "--format", "json"], capsys)
+def test_spikes_add_the_run_rescue_column(cli_run):
+    rc, out, _ = cli_run(*(SEED + ["--spike-rate", "0.05", "--format", "json"]))
     data = json.loads(out)
     assert data["spike_rate_per_1000_steps"] == 0.05
     p = next(p for p in data["points"] if p["keep_last"] == 1 and p["frequency_steps"] == 1000)
-    assert p["spike_window_rescue_probability"] == pytest.approx(0.8)
-    assert p["spike_run_rescue_probability"] == pytest.approx(math.exp(-5 * 0.2), abs=1e-6)
-    rc, md, _ = run(SEED + ["--spike-rate", "0.05", "--format", "markdown"], capsys)
+    # about 0.8 (a spike needs 200 of the 1000 steps back); exactly, early onsets are rescued by step 0
+    w = p["spike_window_rescue_probability"]
+    assert w == pytest.approx(0.8, abs=0.01)
+    assert p["spike_run_rescue_probability"] == pytest.approx(math.exp(-5 * (1 - w)), abs=1e-6)
+    rc, md, _ = cli_run(*(SEED + ["--spike-rate", "0.05", "--format", "markdown"]))
     assert rc == 0 and md.startswith("## Checkpoint storage vs safety tradeoffs") and "| run safe |" in md
 
 
 @pytest.mark.parametrize("suffix", ["png", "svg"])
-def test_plot_is_a_valid_file_of_sensible_size(suffix, tmp_path, capsys):
+def test_plot_is_a_valid_file_of_sensible_size(suffix, tmp_path, cli_run):
     target = tmp_path / f"tradeoffs.{suffix}"
-    rc, out, err = run(SEED + ["--spike-rate", "0.01", "--plot", str(target)], capsys)
+    rc, out, err = cli_run(*(SEED + ["--spike-rate", "0.01", "--plot", str(target)]))
     assert rc == 0, err
     data = target.read_bytes()
     assert 10_000 < len(data) < 3_000_000
@@ -168,11 +167,11 @@ def test_plot_is_a_valid_file_of_sensible_size(suffix, tmp_path, capsys):
     assert f"Plot:               {target}" in out
 
 
-def test_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypatch):
+def test_plot_without_matplotlib_says_how_to_install(tmp_path, cli_run, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     target = tmp_path / "t.png"
-    rc, out, err = run(SEED + ["--plot", str(target)], capsys)
+    rc, out, err = cli_run(*(SEED + ["--plot", str(target)]))
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert "pip install 'checkpoint-strategy[plot]'" in err
     assert not target.exists()
@@ -184,30 +183,30 @@ def test_plot_without_matplotlib_says_how_to_install(tmp_path, capsys, monkeypat
     (lambda d: d / "missing" / "t.png", "does not exist"),
     (lambda d: d / "folder.png", "is a folder"),
 ])
-def test_bad_plot_paths_exit_2(make, needle, tmp_path, capsys):
+def test_bad_plot_paths_exit_2(make, needle, tmp_path, cli_run):
     (tmp_path / "folder.png").mkdir()
-    rc, out, err = run(SEED + ["--plot", str(make(tmp_path))], capsys)
+    rc, out, err = cli_run(*(SEED + ["--plot", str(make(tmp_path))]))
     assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err
 
 
-def test_unwritable_plot_folder_exits_2(capsys):
+def test_unwritable_plot_folder_exits_2(cli_run):
     # /proc refuses new files even to root, so this runs as root in CI too
-    rc, out, err = run(SEED + ["--plot", "/proc/checkpoint-strategy-t.png"], capsys)
+    rc, out, err = cli_run(*(SEED + ["--plot", "/proc/checkpoint-strategy-t.png"]))
     assert rc == 2 and out == "" and err.count("\n") == 1 and "--plot" in err
     assert not os.path.exists("/proc/checkpoint-strategy-t.png")
 
 
-def test_unwritable_plot_path_exits_2_even_for_root(tmp_path, capsys):
+def test_unwritable_plot_path_exits_2_even_for_root(tmp_path, cli_run):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    rc, out, err = run(SEED + ["--plot", str(blocker / "t.png")], capsys)
+    rc, out, err = cli_run(*(SEED + ["--plot", str(blocker / "t.png")]))
     assert rc == 2 and out == "" and err.count("\n") == 1 and "--plot" in err
 
 
-def test_plot_needs_the_model_size(tmp_path, capsys):
-    rc, _, err = run(["tradeoffs", "100000", "2.5", "500", "--plot", str(tmp_path / "t.png")], capsys)
+def test_plot_needs_the_model_size(tmp_path, cli_run):
+    rc, _, err = cli_run("tradeoffs", "100000", "2.5", "500", "--plot", str(tmp_path / "t.png"))
     assert rc == 2 and "--model_size_gb" in err and err.count("\n") == 1
-    rc, out, _ = run(["tradeoffs", "100000", "2.5", "500"], capsys)  # the table works without it
+    rc, out, _ = cli_run("tradeoffs", "100000", "2.5", "500")  # the table works without it
     assert rc == 0 and "unknown" in out
 
 
@@ -220,8 +219,8 @@ def test_plot_needs_the_model_size(tmp_path, capsys):
     (["--spike-rate", "-1"], "--spike-rate"),
     (["--format", "yaml"], "--format"),
 ])
-def test_bad_sweep_input_exits_2(extra, needle, capsys):
-    rc, out, err = run(SEED + extra, capsys)
+def test_bad_sweep_input_exits_2(extra, needle, cli_run):
+    rc, out, err = cli_run(*(SEED + extra))
     assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err
 
 
@@ -243,3 +242,49 @@ def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
     assert rc in (0, 2), err
     if rc == 2:
         assert err.count("\n") == 1 and out == ""
+
+
+def _brute_rescue(setup, K, wait, margin):
+    """The rule, onset by onset (no periodic shortcut)."""
+    import numpy as np
+
+    s = np.arange(1, setup.total_steps + 1, dtype=np.int64)
+    d = np.minimum(s + wait, setup.total_steps)
+    k = setup.newest_durable(setup.step_time(d).astype(float))
+    rescue = np.where(s >= margin, (s - margin) // setup.frequency, 0)
+    c = np.minimum(rescue, k)
+    return float(np.mean(c >= k - K + 1))
+
+
+@pytest.mark.parametrize("N, f, P, C, wait, margin", [
+    (10000, 100, 0.0, 0.0, 100, 100), (10007, 37, 5.0, 1.0, 100, 100), (5000, 300, 400.0, 40.0, 50, 120),
+    (999, 1000, 0.0, 0.0, 100, 100), (20000, 7, 30.0, 3.0, 100, 100), (3000, 250, 900.0, 90.0, 0, 0)])
+def test_exact_rescue_equals_onset_by_onset_enumeration(N, f, P, C, wait, margin):
+    from checkpoint_strategy.simulation.montecarlo import Setup
+    from checkpoint_strategy.simulation.sweep import spike_window_rescue_exact
+
+    setup = Setup(total_steps=N, step_seconds=1.0, frequency=min(f, N), keep_last=1, milestone_steps=(), C=C, P=P,
+                  R=0.0, M=1e9)
+    keeps = [1, 2, 3, 5, 40]
+    exact = spike_window_rescue_exact(setup, keeps, wait, margin)
+    for K in keeps:
+        assert exact[K] == pytest.approx(_brute_rescue(setup, K, wait, margin), abs=1e-12)
+
+
+@pytest.mark.parametrize("f, K, async_save", [(100, 2, False), (150, 2, True), (120, 2, False), (300, 1, True),
+                                              (200, 1, False), (100, 3, True)])
+def test_tradeoffs_rescue_equals_simulate_within_three_standard_errors(f, K, async_save):
+    from checkpoint_strategy.simulation.montecarlo import simulate
+    from checkpoint_strategy.planning.planner import plan
+
+    pargs = validate_arguments(dict(total_steps=20000, step_seconds=1.0, budget_gb=1e6, model_size_gb=30.0,
+                                    write_gbps=2.0, mtbf_hours=1e9, async_save=async_save, milestones="none",
+                                    min_interval_seconds=0, max_loss_hours=1000))
+    report = tradeoffs(pargs, frequencies=[f], keep_lasts=[K])
+    p = next(p for p in report.points if p.frequency_steps == f and p.keep_last == K)
+    sim = simulate(plan(pargs.model_copy(update={"frequency": f, "keep_last": K})), runs=3000, seed=21,
+                   spike_rate=0.1)
+    n = sim.spikes.spikes
+    rescued = 1.0 - sim.spikes.window_miss_fraction
+    se = math.sqrt(max(rescued * (1 - rescued), 1.0 / n) / n)
+    assert abs(rescued - p.spike_window_rescue_probability) <= 3 * se, (rescued, p.spike_window_rescue_probability)

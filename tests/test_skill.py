@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import jsonschema
-import pytest
 import yaml
 
 from checkpoint_strategy.cli import COMMANDS, available_commands

@@ -29,6 +29,24 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         with open(target, "wb", buffering=0) as fh:  # device or FIFO: write through, keep it
             fh.write(data)
         return target
+    tmp = write_temp(target, data)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(target.parent)  # make the rename itself durable
+    return target
+
+
+def write_temp(path: str | os.PathLike, data: bytes) -> str:
+    """The first half of an atomic write: `data` in a fsynced temp file next to `path`, with the
+    permissions `path` has (or 0666 & ~umask for a new file). The caller renames it into place
+    (os.replace) or removes it; several can be prepared before the first rename."""
+    target = Path(path)
     try:  # keep an existing file's permissions; a new file gets the usual 0666 & ~umask
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -42,19 +60,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
-    try:  # make the rename itself durable
-        dfd = os.open(target.parent, os.O_RDONLY)
+    return tmp
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a folder so renames inside it are durable (best effort)."""
+    try:
+        dfd = os.open(path, os.O_RDONLY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
     except OSError:
         pass
-    return target

@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import difflib
+import os
 import sys
-from typing import Sequence
+from types import ModuleType
+from typing import NoReturn
+from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
+from checkpoint_strategy.cli_options import milestone_variants, normalise_underscores
 from checkpoint_strategy.errors import UsageError
 
 PROG = "checkpoint-strategy"
@@ -37,8 +42,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises UsageError (one line, exit 2) instead of printing usage."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: error: {message}")
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def parse_args(self, args=None, namespace=None):
+        """Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
+        joins the steps that follow it but never takes a value a positional argument can have."""
+        argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
+        variants = milestone_variants(argv)
+        if len(variants) == 1:
+            return super().parse_args(variants[0], namespace)
+        best, first_error = None, None
+        for variant in variants:  # greediest join first; keep the one that fills most positionals
+            try:
+                parsed = super().parse_args(variant, namespace)
+            except UsageError as exc:
+                first_error = first_error or exc
+                continue
+            positionals = [a for a in self._actions if not a.option_strings]
+            filled = sum(getattr(parsed, a.dest, None) is not None for a in positionals)
+            if best is None or filled > best[0]:
+                best = (filled, parsed)
+            if filled == len(positionals):
+                break
+        if best is None:
+            raise first_error or UsageError("cannot parse the arguments")
+        return best[1]
 
 
 def available_commands() -> list[str]:
@@ -67,11 +96,12 @@ def _top_help() -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_parser(command: str) -> tuple[ArgumentParser, object]:
+def build_parser(command: str) -> tuple[ArgumentParser, ModuleType]:
     module = importlib.import_module(COMMANDS[command][0])
     parser = ArgumentParser(
         prog=f"{PROG} {command}" if command != "plan" else PROG,
         description=COMMANDS[command][1],
+        epilog="Every long option may be spelled with dashes or underscores (--keep-last, --keep_last).",
         allow_abbrev=False,
     )
     module.add_arguments(parser)
@@ -80,18 +110,21 @@ def build_parser(command: str) -> tuple[ArgumentParser, object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    # The command's own models need no third-party pydantic plugins; looking them up scans every
+    # installed distribution's entry points (about a fifth of plan's start-up). Kept if set.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     try:
+        if len(args) > 1 and args[0] == "help":  # help COMMAND = COMMAND --help
+            args = [_command(args[1:]), "--help"]
         if args and args[0] in ("-h", "--help", "help"):
             sys.stdout.write(_top_help())
             return 0
         if args and args[0] == "--version":
             sys.stdout.write(f"{PROG} {__version__}\n")
             return 0
-        command = args[0] if args else "plan"
-        if args and command in COMMANDS:
+        command = _command(args)
+        if args and command == args[0]:
             args = args[1:]
-        else:
-            command = "plan"
         parser, module = build_parser(command)
         namespace = parser.parse_args(args)
         return int(module.run(namespace))
@@ -103,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except ModuleNotFoundError as exc:
+        line = missing_dependencies_line(exc)
+        if line is None:
+            _err(f"internal error (ModuleNotFoundError: {exc}); please report it")
+            return 3
+        _err(line)
+        return 2
     except SystemExit as exc:  # argparse --help
         return int(exc.code or 0) if isinstance(exc.code, int) else 0
     except Exception as exc:  # noqa: BLE001 - never a traceback for users
@@ -110,9 +150,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
+def _command(args: list[str]) -> str:
+    """The command the first word names; plan when it is a number or an option. A word that is
+    neither is a mistyped command: one line naming the closest command, exit 2."""
+    if not args or args[0] in COMMANDS:
+        return args[0] if args else "plan"
+    word = args[0]
+    if word.startswith("-") or _is_number(word):
+        return "plan"
+    close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
+    if close:
+        raise UsageError(f"unknown command {word!r}; did you mean {close[0]!r}?")
+    raise UsageError(f"unknown command {word!r}; expected one of {', '.join(COMMANDS)}, or TOTAL_STEPS "
+                     "STEP_SECONDS BUDGET_GB for a plan")
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word.replace("_", ""))
+    except ValueError:
+        return False
+    return True
+
+
+ERROR_PREFIX = f"{PROG}: error: "
+
+
+# import name -> requirement, as in pyproject.toml's dependencies (numpy: `simulate` only)
+DEPENDENCIES: dict[str, str] = {
+    "pydantic": "pydantic>=2.6",
+    "yaml": "pyyaml>=6.0",
+    "jinja2": "jinja2>=3.1",
+    "jsonschema": "jsonschema>=4.18",
+    "numpy": "numpy>=1.24",
+}
+
+
+def missing_dependencies_line(exc: ModuleNotFoundError | None = None) -> str | None:
+    """One line naming every missing dependency and the install command; None when the missing
+    module is not one of ours (a real bug)."""
+    name = ((exc.name if exc is not None else None) or "").split(".")[0]
+    missing = [mod for mod in DEPENDENCIES if not _importable(mod)]
+    if exc is not None and name not in DEPENDENCIES:
+        return None
+    if not missing:
+        missing = [name]
+    reqs = " ".join(f"'{DEPENDENCIES[m]}'" for m in missing)
+    names = ", ".join("pyyaml" if m == "yaml" else m for m in missing)
+    return (f"missing Python packages for {sys.executable}: {names}; install them with: "
+            f"{sys.executable} -m pip install {reqs} (or pip install the checkpoint-strategy package)")
+
+
 def _err(message: str) -> None:
+    """Every error the user sees: one line, one prefix."""
     line = " ".join(message.split())
-    if not line.startswith(PROG):
-        line = f"{PROG}: error: {line}"
+    if not line.startswith(ERROR_PREFIX):
+        line = ERROR_PREFIX + line
     sys.stderr.write(line + "\n")
     sys.stderr.flush()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
 
 
-@lru_cache(maxsize=None)
+@cache
 def data_dir(name: str) -> Path:
     """Return the folder `templates` or `schemas`.
 
@@ -26,6 +26,6 @@ def schema_path(name: str) -> Path:
     return data_dir("schemas") / name
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_schema(name: str) -> dict:
     return json.loads(schema_path(name).read_text(encoding="utf-8"))

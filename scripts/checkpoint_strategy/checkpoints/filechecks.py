@@ -8,17 +8,18 @@ bytes it read. Quick checks read headers only (cost grows with the number of fil
 from __future__ import annotations
 
 import io
-import json
 import os
 import pickletools
 import struct
 import threading
 import zlib
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
 from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
     from isal.isal_zlib import crc32 as _crc32  # type: ignore
@@ -41,6 +42,16 @@ ST_DTYPE_BITS = {
     "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
 ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+# Caps that keep memory bounded whatever a file declares (a zip bomb, a zip64 record pointing past a
+# sparse file's data, a .metadata that is a link to /dev/zero). Sizes of real files for scale: the
+# data.pkl of a 7B-parameter torch.save is about 100 KB (one record per tensor); a DCP .metadata of a
+# 70B model sharded over 1024 ranks is a few MB; a zip central directory is ~100 bytes per entry.
+MAX_PICKLE_BYTES = 256 << 20     # data.pkl inflated for the quick-level scan
+MAX_CD_BYTES = 64 << 20          # zip central directory (about 600k entries)
+MAX_DCP_METADATA = 64 << 20      # torch.distributed.checkpoint .metadata read whole
+# torch.save writes every zip entry uncompressed (stored); a deflated entry means the archive was
+# re-zipped. Inflating is streamed (flat memory) but capped so a bomb cannot burn minutes of CPU.
+MAX_INFLATE_BYTES = 1 << 30
 
 
 Kind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
@@ -70,8 +81,12 @@ class Counter:
     notes: list[str] = field(default_factory=list)
 
 
-def _oserror(exc: OSError) -> str:
-    return f"cannot read: {exc.strerror or type(exc).__name__}"
+def _oserror(exc: BaseException) -> str:
+    """The one wording of a read failure in a problem line: 'cannot read: permission denied',
+    'is a FIFO: expected a regular file' (never "missing" or "corrupt" for an OS error)."""
+    if isinstance(exc, ReadError):
+        return exc.reason if exc.reason.startswith("is ") else f"cannot read: {exc.reason}"
+    return f"cannot read: {describe_os_error(exc)}"
 
 
 def read_chunks(path: str, counter: Counter, update=None):
@@ -79,7 +94,7 @@ def read_chunks(path: str, counter: Counter, update=None):
     counting bytes read and reporting progress."""
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
+    with open_regular(path) as fh:
         while True:
             n = fh.readinto(buf)
             if not n:
@@ -95,7 +110,7 @@ def stream_file(path: str, counter: Counter, update=None) -> list[str]:
     try:
         for _chunk in read_chunks(path, counter, update):
             pass
-    except OSError as exc:
+    except (OSError, ReadError) as exc:
         return [_oserror(exc)]
     return []
 
@@ -106,7 +121,7 @@ def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[s
     """8-byte length, JSON header, dtype x shape == offsets, offsets tile the buffer, file size."""
     counter.files += 1
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 return ["zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"]
@@ -118,7 +133,7 @@ def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[s
                 return [f"broken header: header length {hlen} does not fit in a {size}-byte file"]
             raw = fh.read(hlen)
             counter.bytes_read += 8 + len(raw)
-    except OSError as exc:
+    except (OSError, ReadError) as exc:
         return [_oserror(exc)]
     reasons = _check_st_header(raw, size - 8 - hlen)
     if not reasons and full:
@@ -126,13 +141,13 @@ def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[s
     return reasons
 
 
-def _check_st_header(raw: bytes, data_size: int) -> list[str]:
+def _check_st_header(raw: bytes, data_size: int) -> list[str]:  # noqa: C901 - complexity debt, see issue 10
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        return [f"broken header: not valid JSON ({str(exc).splitlines()[0][:80]})"]
-    if not isinstance(header, dict):
-        return ["broken header: JSON header is not an object"]
+        header = loads_json(raw, "safetensors header", expect=dict)
+    except ReadError as exc:
+        if exc.reason.startswith("not a JSON object"):
+            return ["broken header: JSON header is not an object"]
+        return [f"broken header: JSON header is {exc.reason[:120]}"]
     spans = []
     bits = ST_DTYPE_BITS
     for name, info in header.items():
@@ -180,13 +195,12 @@ def _check_st_header(raw: bytes, data_size: int) -> list[str]:
 def safetensors_header(path: str) -> dict | None:
     """The parsed header, or None (used for index.json cross-checks)."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             (hlen,) = struct.unpack("<Q", fh.read(8))
             if hlen > ST_MAX_HEADER:
                 return None
-            data = json.loads(fh.read(hlen))
-            return data if isinstance(data, dict) else None
-    except (OSError, ValueError, struct.error, UnicodeDecodeError):
+            return loads_json(fh.read(hlen), "safetensors header", expect=dict)
+    except (OSError, ReadError, struct.error):
         return None
 
 
@@ -211,7 +225,18 @@ class ZipEntry:
 
 
 def read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:
-    """Parse the end record and central directory. Returns (entries, cd_offset) or a reason."""
+    """Parse the end record and central directory. Returns (entries, cd_offset) or a reason.
+
+    Every offset and size a record declares is checked against the real file size (and the
+    central directory against MAX_CD_BYTES) before anything is read: a zip64 record pointing far
+    past the data of a sparse file never turns into a huge allocation."""
+    try:
+        return _read_zip_directory(fh, size)
+    except struct.error:
+        return "broken central directory (a record is cut short)"
+
+
+def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # noqa: C901 - complexity debt, see issue 10
     tail_len = min(size, 22 + 65535 + 20)
     fh.seek(size - tail_len)
     tail = fh.read(tail_len)
@@ -238,6 +263,11 @@ def read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:
         eocd_at = eocd64_at
     if cd_offset + cd_size > eocd_at:
         return f"central directory ({cd_size} bytes at {cd_offset}) runs past its end record: truncated?"
+    if cd_size > MAX_CD_BYTES:
+        return (f"central directory of {cd_size} bytes is larger than the {MAX_CD_BYTES >> 20} MB this "
+                "checker reads (a torch archive holds ~100 bytes per entry): not a plausible checkpoint")
+    if n_entries * 46 > cd_size:
+        return f"broken central directory: {n_entries} entries cannot fit in {cd_size} bytes"
     fh.seek(cd_offset)
     cd = fh.read(cd_size)
     if len(cd) != cd_size:
@@ -337,7 +367,7 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
     counter.files += 1
     z = ZipScan()
     try:
-        with open(path, "rb", buffering=0) as fh:
+        with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
                 z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
@@ -396,6 +426,11 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
                 if e.method == 0 and e.csize != e.usize:
                     z.findings.append(Finding(f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})"))
                     return z
+                if e.method == 8 and full and e.usize > MAX_INFLATE_BYTES:
+                    z.findings.append(Finding(f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
+                                              f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
+                                              "stores entries uncompressed: a re-zipped archive or a zip bomb)"))
+                    return z
             if pkl is not None:
                 z.prefix = pkl.name[: -len("data.pkl")]
                 z.findings.extend(_check_torch_pickle(fh, z, counter))
@@ -405,12 +440,12 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
                 reason = _crc_entries(path, fh, entries, counter, update)
                 if reason:
                     z.findings.append(Finding(reason))
-    except OSError as exc:
+    except (OSError, ReadError) as exc:
         z.findings.append(Finding(_oserror(exc)))
     return z
 
 
-MAX_PICKLE = 256 << 20  # data.pkl holds structure only (tensors live in data/N): larger is not a torch archive
+MAX_PICKLE = MAX_PICKLE_BYTES  # data.pkl holds structure only (tensors live in data/N)
 
 
 def _read_entry(fh, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE) -> bytes | str:
@@ -543,9 +578,9 @@ def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) ->
     def work(e) -> tuple[str | None, int]:
         own = Counter()
         try:
-            with open(path, "rb", buffering=0) as own_fh:
+            with open_regular(path) as own_fh:
                 return _crc_entry(own_fh, e, own, locked_update if update is not None else None), own.bytes_read
-        except OSError as exc:
+        except (OSError, ReadError) as exc:
             return f"entry {e.name!r}: {_oserror(exc)}", own.bytes_read
 
     # largest entries first keeps the threads evenly loaded; results come back in archive order
@@ -557,10 +592,18 @@ def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) ->
     return next((r for r, _n in results if r), None)
 
 
-def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:
+def _inflate_overrun(e: ZipEntry, produced: int) -> str:
+    return (f"entry {e.name!r} inflates to more than its declared {e.usize} bytes ({produced}+ produced): "
+            "invalid (a zip bomb or a corrupt size field)")
+
+
+def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:  # noqa: C901 - complexity debt, see issue 10
+    """CRC-32 of one entry, streamed. Deflated data is inflated at most CHUNK bytes at a time and
+    never past its declared size, so memory stays flat even for a zip bomb."""
     fh.seek(e.data_start)
     remaining = e.csize
     crc = 0
+    produced = 0
     decomp = zlib.decompressobj(-15) if e.method == 8 else None
     buf = bytearray(min(CHUNK, max(remaining, 1)))
     view = memoryview(buf)
@@ -574,27 +617,67 @@ def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:
             update(update_bytes=n)
         if decomp is None:
             crc = _crc32(view[:n], crc)
-        else:
-            try:
-                crc = _crc32(decomp.decompress(view[:n]), crc)
-            except zlib.error as exc:
-                return f"entry {e.name!r}: corrupt compressed data ({exc})"
+            continue
+        data = view[:n]
+        try:
+            while True:
+                out = decomp.decompress(data, CHUNK)
+                produced += len(out)
+                if produced > e.usize:
+                    return _inflate_overrun(e, produced)
+                crc = _crc32(out, crc)
+                data = decomp.unconsumed_tail
+                if not data and len(out) < CHUNK:
+                    break
+        except zlib.error as exc:
+            return f"entry {e.name!r}: corrupt compressed data ({exc})"
     if decomp is not None:
-        crc = _crc32(decomp.flush(), crc)
+        try:
+            out = decomp.flush()
+        except zlib.error as exc:
+            return f"entry {e.name!r}: corrupt compressed data ({exc})"
+        produced += len(out)
+        if produced > e.usize:
+            return _inflate_overrun(e, produced)
+        crc = _crc32(out, crc)
+        if produced != e.usize:
+            return f"entry {e.name!r} inflates to {produced} bytes, declared {e.usize}: size field wrong"
     if crc != e.crc:
         return f"entry {e.name!r}: CRC-32 mismatch (stored {e.crc:08x}, computed {crc:08x}): data corrupted"
     return None
 
 
-def _pickle_strings_from_entry(fh, e: ZipEntry, counter: Counter) -> list[str]:
+def inflate_entry(fh, e: ZipEntry, counter: Counter, cap: int = MAX_PICKLE_BYTES) -> bytes | str:
+    """The content of one (small) zip entry, or a reason. Never reads or inflates more than the
+    declared size, and never more than ``cap`` whatever is declared: a 3 MB archive whose data.pkl
+    inflates to 3 GB costs at most ``cap`` bytes of memory and is reported invalid."""
+    if e.usize > cap:
+        return f"entry {e.name!r} declares {e.usize} bytes, more than the {cap >> 20} MB this check reads"
+    if e.method == 8 and e.csize > e.usize + (e.usize >> 8) + 1024:  # deflate never grows data this much
+        return f"entry {e.name!r}: {e.csize} compressed bytes for {e.usize} declared: size fields disagree"
     fh.seek(e.data_start)
     data = fh.read(e.csize)
     counter.bytes_read += len(data)
-    if e.method == 8:
-        try:
-            data = zlib.decompress(data, -15)
-        except zlib.error:
-            return []
+    if len(data) != e.csize:
+        return f"entry {e.name!r}: file ends inside its data (truncated)"
+    if e.method != 8:
+        return data
+    decomp = zlib.decompressobj(-15)
+    try:
+        out = decomp.decompress(data, e.usize + 1)
+    except zlib.error as exc:
+        return f"entry {e.name!r}: corrupt compressed data ({exc})"
+    if len(out) > e.usize:
+        return _inflate_overrun(e, len(out))
+    if len(out) != e.usize:
+        return f"entry {e.name!r} inflates to {len(out)} bytes, declared {e.usize}: size field wrong or truncated"
+    return out
+
+
+def _pickle_strings_from_entry(fh, e: ZipEntry, counter: Counter) -> list[str] | str:
+    data = inflate_entry(fh, e, counter)
+    if isinstance(data, str):
+        return data
     return pickle_strings(data)
 
 
@@ -619,25 +702,41 @@ _GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
 _PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 
 
-def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
+#: memoized strings remembered while walking a DCP .metadata (a real one memoizes each fqn and
+#: path string once; a hostile one could memoize millions): past this, further strings are not
+#: remembered and memory stays bounded (~60 MB at worst).
+MAX_MEMO_STRINGS = 500_000
+
+
+def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:  # noqa: C901 - complexity debt, see issue 10
     """From a torch.distributed.checkpoint `.metadata` pickle, without unpickling it:
     {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys.
 
-    A tiny symbolic walk over the opcodes: the memo is tracked for scalars only, which is
-    enough to follow `_StorageInfo(relative_path=..., offset=..., length=...)` entries.
+    A tiny symbolic walk over the opcodes with a six-token window: enough to follow
+    `_StorageInfo(relative_path=..., offset=..., length=...)` entries and `fqn` strings. Only
+    memoized strings are remembered (at most MAX_MEMO_STRINGS), so memory stays bounded whatever
+    the pickle holds; nothing but the results grows with the file.
     """
+    if len(data) > (1 << 20) and b"relative_path" not in data:  # a big pickle of something else: no walk
+        return "no storage entries found in .metadata (no relative_path in the pickle)"
     _obj = object()
-    memo: dict[int, object] = {}
-    tokens: list[object] = []
+    memo: dict[int, str] = {}
+    memo_len = 0  # MEMOIZE numbers entries by count, remembered or not
+    window: deque = deque(maxlen=6)
     last: object = _obj
+    needed: dict[str, int] = {}
+    keys: set[str] = set()
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
-            if name == "MEMOIZE":
-                memo[len(memo)] = last
-                continue
-            if name in _PUT_OPS:
-                memo[arg] = last
+            if name == "MEMOIZE" or name in _PUT_OPS:
+                index = memo_len if name == "MEMOIZE" else arg
+                if name == "MEMOIZE":
+                    memo_len += 1
+                if isinstance(last, str) and (len(memo) < MAX_MEMO_STRINGS or index in memo):
+                    memo[index] = last
+                else:
+                    memo.pop(index, None)
                 continue
             if name in _GET_OPS:
                 last = memo.get(arg, _obj)
@@ -649,19 +748,15 @@ def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
                 break
             else:
                 last = _obj
-            tokens.append(last)
+            window.append(last)
+            if len(window) == 6 and window[0] == "relative_path" and window[2] == "offset" and window[4] == "length":
+                rel, off, ln = window[1], window[3], window[5]
+                if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
+                    needed[rel] = max(needed.get(rel, 0), off + ln)
+            if len(window) >= 2 and window[-2] == "fqn" and isinstance(last, str):
+                keys.add(last.split(".", 1)[0])
         else:
             return "broken .metadata: pickle ends without STOP (truncated)"
     except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
         return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
-    needed: dict[str, int] = {}
-    keys: set[str] = set()
-    n = len(tokens)
-    for i, tok in enumerate(tokens):
-        if tok == "relative_path" and i + 5 < n and tokens[i + 2] == "offset" and tokens[i + 4] == "length":
-            rel, off, ln = tokens[i + 1], tokens[i + 3], tokens[i + 5]
-            if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
-                needed[rel] = max(needed.get(rel, 0), off + ln)
-        elif tok == "fqn" and i + 1 < n and isinstance(tokens[i + 1], str):
-            keys.add(str(tokens[i + 1]).split(".", 1)[0])
     return needed, keys

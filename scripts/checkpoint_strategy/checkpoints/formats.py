@@ -25,6 +25,7 @@ from dataclasses import dataclass
 DELETING_PREFIX = ".deleting-"
 MANIFEST_NAME = "integrity.json"
 MANIFEST_SUFFIX = ".integrity.json"
+EMERGENCY_SUFFIX = ".checkpoint-strategy.json"  # emergency marker beside a checkpoint file (checkpoints/marker.py)
 NEMO_UNFINISHED = "-unfinished"
 ORBAX_TMP = ".orbax-checkpoint-tmp"
 FINAL_EXPORT = "final-export"
@@ -63,7 +64,8 @@ def step_from_name(name: str) -> int | None:
 
 
 def ignored(name: str) -> bool:
-    return name.startswith(".") or name.endswith(MANIFEST_SUFFIX) or name == MANIFEST_NAME
+    return (name.startswith(".") or name.endswith(MANIFEST_SUFFIX) or name == MANIFEST_NAME
+            or name.endswith(EMERGENCY_SUFFIX))
 
 
 def listdir(path: str) -> list[str] | None:
@@ -73,7 +75,7 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None) -> Found | None:
+def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa: C901 - complexity debt, see issue 10
     """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing."""
     base = os.path.basename(os.path.normpath(path))
     if base.startswith(DELETING_PREFIX):
@@ -189,7 +191,7 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
         if name.startswith(DELETING_PREFIX):
             continue
         if (name.startswith(".") and ORBAX_TMP not in name) or name.endswith(MANIFEST_SUFFIX) \
-                or name == MANIFEST_NAME or name.endswith(NEMO_UNFINISHED):
+                or name == MANIFEST_NAME or name.endswith(NEMO_UNFINISHED) or name.endswith(EMERGENCY_SUFFIX):
             continue
         try:
             is_dir = entry.is_dir(follow_symlinks=False)

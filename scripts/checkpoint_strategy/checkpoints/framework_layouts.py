@@ -51,7 +51,7 @@ def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None
 MAX_MODEL_STATES_PICKLE = 64 << 20
 
 
-def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:
+def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # noqa: C901 - complexity debt, see issue 10
     """(ZeRO stage, data-parallel world size) from mp_rank_XX_model_states.pt's data.pkl, read as opcodes.
 
     DeepSpeed 0.19.8 stores `dp_world_size` and the whole `ds_config` (with `zero_optimization.stage`) in

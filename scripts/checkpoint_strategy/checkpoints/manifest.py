@@ -16,6 +16,8 @@ import os
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints.formats import MANIFEST_NAME, MANIFEST_SUFFIX
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import ReadError, oserror_line, read_json
 
 ALGORITHM = "sha256"
 
@@ -52,12 +54,27 @@ def hash_file(path: str, counter: fc.Counter, update=None, algorithm: str = ALGO
     return h.hexdigest()
 
 
+#: hashlib names a manifest may use: fixed-length digests only (shake_* need a length), lower case.
+ALGORITHMS = frozenset(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake"))
+
+
 def write_manifest(checkpoint: str, counter: fc.Counter, update=None) -> str:
-    files = {}
-    for rel, full in list_files(checkpoint).items():
-        files[rel] = {"size": os.path.getsize(full), "hash": hash_file(full, counter, update)}
+    """Hash every file and write the manifest whole. UsageError (exit 2, one line, nothing written)
+    when a file cannot be read or the folder cannot be written (read-only, full)."""
     target = manifest_path(checkpoint)
-    atomic_write_text(target, json.dumps({"algorithm": ALGORITHM, "files": files}, indent=1, sort_keys=True) + "\n")
+    if os.path.islink(target):
+        raise UsageError(f"{target} is a symbolic link: refusing to write the manifest through it; remove it")
+    files = {}
+    try:
+        for rel, full in list_files(checkpoint).items():
+            files[rel] = {"size": os.path.getsize(full), "hash": hash_file(full, counter, update)}
+    except OSError as exc:
+        raise UsageError(oserror_line(exc, "read", checkpoint) + ": manifest not written") from None
+    text = json.dumps({"algorithm": ALGORITHM, "files": files}, indent=1, sort_keys=True) + "\n"
+    try:
+        atomic_write_text(target, text)
+    except OSError as exc:
+        raise UsageError(oserror_line(exc, "write manifest", target) + ": nothing was written") from None
     return target
 
 
@@ -65,18 +82,18 @@ def verify_manifest(checkpoint: str, counter: fc.Counter, update=None) -> list[t
     """Problems as (file, reason); empty when every file matches the manifest."""
     target = manifest_path(checkpoint)
     mname = os.path.basename(target)
-    try:
-        with open(target, "rb") as fh:
-            data = json.loads(fh.read())
-    except FileNotFoundError:
+    if not os.path.lexists(target):
         return [(mname, "no manifest to verify (write one with --manifest write after a good save)")]
-    except (OSError, ValueError) as exc:
-        return [(mname, f"unreadable manifest ({type(exc).__name__})")]
-    if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+    try:
+        data = read_json(target, mname, expect=dict)
+    except ReadError as exc:
+        return [(mname, f"unreadable manifest: {exc.reason}")]
+    if not isinstance(data.get("files"), dict):
         return [(mname, "manifest is not {\"algorithm\", \"files\"}")]
     algorithm = data.get("algorithm", ALGORITHM)
-    if algorithm not in hashlib.algorithms_available:
-        return [(mname, f"unknown hash algorithm {algorithm!r}")]
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        shown = repr(algorithm) if isinstance(algorithm, str) and len(algorithm) < 40 else "a non-name value"
+        return [(mname, f"unknown hash algorithm {shown}; expected one of {', '.join(sorted(ALGORITHMS))}")]
     problems: list[tuple[str, str]] = []
     present = list_files(checkpoint)
     for rel, entry in sorted(data["files"].items()):
@@ -93,8 +110,8 @@ def verify_manifest(checkpoint: str, counter: fc.Counter, update=None) -> list[t
                 problems.append((rel, f"size changed: manifest {entry['size']} bytes, file {size}"))
                 continue
             digest = hash_file(full, counter, update, algorithm)
-        except OSError as exc:
-            problems.append((rel, f"cannot read: {exc.strerror or type(exc).__name__}"))
+        except (OSError, ReadError) as exc:
+            problems.append((rel, fc._oserror(exc)))
             continue
         if digest != entry.get("hash"):
             problems.append((rel, f"{algorithm} mismatch: content changed since the manifest was written"))

@@ -12,6 +12,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from checkpoint_strategy.checkpoints.retention import ReasonKind
+from checkpoint_strategy.planning.models import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
 Level = Literal["quick", "full", "deep"]
@@ -147,6 +148,7 @@ class CheckpointPolicy(_Model):
     validate_on_save: Optional[bool] = None
     async_save: Optional[bool] = None
     emergency_save_on: list[str] = Field(default_factory=list)
+    tiers: Optional[PolicyTiers] = Field(None, description="two-tier plans: local and persistent saves")
 
     @field_validator("frequency")
     @classmethod

@@ -24,7 +24,7 @@ class Progress:
         self.nbytes = 0
         self.shown = False
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints.marker import describe as describe_marker
+from checkpoint_strategy.checkpoints.marker import read_marker
 from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints.models import (
     CheckpointPolicy,
@@ -103,6 +105,7 @@ class Survey:
     found: dict[str, fm.Found] = field(default_factory=dict)             # name -> discovery
     best: dict[str, str] = field(default_factory=dict)                   # name -> why it is the best
     templates: list[str] = field(default_factory=list)                   # Lightning filename templates
+    emergency: dict[str, str] = field(default_factory=dict)              # name -> marker description
     final_export: str | None = None
 
 
@@ -177,9 +180,12 @@ def survey(root: str, level: str = "quick") -> Survey:
         s.results[name] = r
         if m.template and m.template != "last":
             templates.add(m.template)
+        mark = read_marker(f.path)
+        if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
+            s.emergency[name] = describe_marker(mark)
         status = r.status if usable(r) else "invalid"  # level deep: NaN/Inf, partial optimizer, norm jump
-        s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable, False, m.metrics,
-                                         format=f.format, path=f.path))
+        s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable and mark is None, False,
+                                         m.metrics, format=f.format, path=f.path))
     for name in unrecognised:
         path = os.path.join(root, name)
         s.candidates.append(rt.Candidate(name, None, None, symlink=os.path.islink(path), path=path))
@@ -227,7 +233,7 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGu
     protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
     if protected:
         note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
-                "to resume from and is kept; run `checkpoint-strategy recover` before pruning further")
+                "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further")
     else:
         note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
                 "(run `checkpoint-strategy recover`)")
@@ -462,7 +468,7 @@ def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
 def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
           level: Level = "quick", log: str | None = None, spike_check: bool = True,
-          lock_timeout: float = LOCK_TIMEOUT_SECONDS) -> PruneReport:
+          lock_timeout: float = LOCK_TIMEOUT_SECONDS, protect: dict[str, str] | None = None) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
@@ -470,7 +476,10 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     unrecognised entries are never deleted. With spike_check (default) the training log (`log`,
     or the newest valid checkpoint's trainer_state.json) is read first, and the rollback
     checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
-    prune of the same ROOT waits `lock_timeout` seconds, then UsageError.
+    prune of the same ROOT waits `lock_timeout` seconds, then UsageError. Emergency saves (a
+    checkpoint-strategy.json marker, checkpoints/marker.py) never count towards keep_last and are
+    kept while the spike has not recovered or its status is unknown. `protect`: more names to keep
+    as the trainer's best, name -> reason (the Lightning callback passes best_model_path).
     """
     from checkpoint_strategy.storage.locking import locked
 
@@ -484,7 +493,12 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         valid = [(c.step, c.path) for c in s.candidates
                  if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
         guard = spike_guard(valid, log) if spike_check else None
-        retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms), best=s.best,
+        keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
+        why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
+               else f"kept until the loss spike at step {guard.onset_step} recovers")
+        held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
+        retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
+                                 best={**s.best, **(protect or {}), **held},
                                  rollback=guard.protected if guard else None,
                                  rollback_why=(f"rollback point before the unrecovered loss spike at step "
                                                f"{guard.onset_step}" if guard else ""))

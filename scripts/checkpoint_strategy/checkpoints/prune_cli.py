@@ -1,55 +1,52 @@
-"""`checkpoint-strategy prune ROOT [--keep-last N] [--milestones ...] [--policy FILE] [--apply]`."""
+"""`checkpoint-strategy prune ROOT [--keep-last N] [--milestones ...] [--policy FILE.yaml] [--apply]`."""
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.cli_options import (
+    add_level,
+    add_milestones,
+    add_policy,
+    add_report_options,
+    milestone_schedule,
+    number,
+)
 
 HELP = "apply retention; delete only after a newer one validated"
 
 
-def _milestones(text: str) -> list[int]:
-    out = []
-    for part in text.replace(",", " ").split():
-        if not part.isdigit():
-            raise UsageError(f"--milestones: {part!r} is not a step number; expected integers like 1000 5000")
-        out.append(int(part))
-    return out
-
-
 def add_arguments(parser) -> None:
-    parser.add_argument("root", metavar="ROOT", help="the folder that holds the checkpoints")
-    parser.add_argument("--keep-last", type=int, default=None, metavar="N",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("root", metavar="ROOT", type=path_arg, help="the folder that holds the checkpoints")
+    parser.add_argument("--keep-last", type=number("keep"), default=None, metavar="N",
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
-    parser.add_argument("--milestones", nargs="+", default=None, metavar="STEP",
-                        help="steps never deleted (space or comma separated; overrides keep_milestone)")
-    parser.add_argument("--policy", default=None, metavar="FILE",
-                        help="the plan (YAML or JSON) or the handoff state file checkpoint-strategy.json, "
-                             "detected by content: its keep_last and keep_milestone")
-    parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
-                        help="validation level for the checkpoints that justify a deletion")
-    parser.add_argument("--log", default=None, metavar="LOG",
+    add_milestones(parser, help="steps never deleted: 1000,5000 or 1000 5000, or seed, pow2, none (the plan's "
+                                "schedules); overrides the policy's keep_milestone")
+    add_policy(parser, help="its keep_last and keep_milestone")
+    add_level(parser, help="validation level for the checkpoints that justify a deletion (default quick)")
+    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
                         help="training log checked for an unrecovered loss spike before deleting (default: the "
                              "newest valid checkpoint's trainer_state.json)")
     parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
                         help="do not read the training log (the spike's rollback checkpoint is then not protected)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
-    parser.add_argument("--format", choices=("text", "markdown", "json"), default="text", dest="fmt")
+    add_report_options(parser)
 
 
 def run(args) -> int:
     from checkpoint_strategy.checkpoints.prune import prune
-    from checkpoint_strategy.render import render_template, to_json
+    from checkpoint_strategy.render import emit
 
-    milestones = None
-    if args.milestones is not None:
-        milestones = [m for text in args.milestones for m in _milestones(text)]
+    milestones = args.milestones
+    if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
+        from checkpoint_strategy.recovery.ckptsteps import scan
+
+        try:
+            newest = max((step for step, _path in scan(args.root)), default=0)
+        except OSError:
+            newest = 0  # prune reports the unreadable root itself
+        milestones = milestone_schedule(milestones, newest)
     report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
                    apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check)
-    if args.fmt == "json":
-        sys.stdout.write(to_json(report.model_dump(mode="json")))
-    else:
-        name = "prune.md.j2" if args.fmt == "markdown" else "prune.txt.j2"
-        sys.stdout.write(render_template(name, report=report.model_dump(mode="json")))
+    emit(report, args.format, args.output)
     return 1 if report.errors else 0

@@ -16,6 +16,7 @@ from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (CheckpointResult, CheckpointStats, DeepStats, Problem,
                                                     ValidationReport, ValidationSummary)
+from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
 
@@ -133,7 +134,7 @@ class _Ctx:
             self.bad(path, f"cannot read: {describe_os_error(exc)}")
             return
         if not os.path.isfile(path):
-            self.bad(path, "not a regular file")
+            self.bad(path, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
             return
         if st.st_size == 0:
             self.bad(path, "zero-byte file")
@@ -143,10 +144,10 @@ class _Ctx:
                 self.bad(path, r)
         else:
             try:
-                with open(path, "rb") as fh:
+                with storage.open_regular(path) as fh:
                     fh.read(1)
-            except OSError as exc:
-                self.bad(path, f"cannot read: {describe_os_error(exc)}")
+            except (OSError, storage.ReadError) as exc:
+                self.bad(path, fc._oserror(exc))
         self._tick()
 
     def _tick(self) -> None:
@@ -243,11 +244,15 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
             ctx.readable(os.path.join(path, n))
         return
     ctx.counter.files += 1
-    try:
-        data = read_bytes(meta, "DCP .metadata", limit=fc.MAX_PICKLE)
+    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
+        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
+        return
+    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
+        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
         ctx.counter.bytes_read += len(data)
     except ReadError as exc:
-        ctx.bad(meta, f"cannot read: {exc.reason}")
+        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
+                f"{exc.reason}: not a plausible DCP .metadata")
         return
     if not data:
         ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
@@ -269,13 +274,21 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     problems_before = len(ctx.problems)
     for rel, nbytes in sorted(needed.items()):
         p = os.path.join(path, rel)
+        if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
+                or not storage.inside(p, path)):
+            ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
+            continue
         try:
-            size = os.stat(p).st_size
+            st = os.stat(p)
+            size = st.st_size
         except FileNotFoundError:
             ctx.missing(p, "data file referenced by .metadata")
             continue
         except OSError as exc:
-            ctx.bad(p, f"cannot read: {describe_os_error(exc)}")
+            ctx.bad(p, fc._oserror(exc))
+            continue
+        if not os.path.isfile(p):
+            ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
             continue
         ctx.counter.files += 1
         if size < nbytes:
@@ -504,14 +517,15 @@ def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
 # --------------------------------------------------------------------------- public API
 
 def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
-          want_commit: bool = False, manifest: str | None = None) -> CheckpointResult:
-    """Validate one recognised checkpoint."""
-    return check_with_values(found, level, update, want_commit, manifest)[0]
+          want_commit: bool = False, manifest: str | None = None, root: str | None = None) -> CheckpointResult:
+    """Validate one recognised checkpoint. ``root``: the folder the user named; a manifest is never
+    written outside it (a symlinked checkpoint pointing elsewhere is left alone)."""
+    return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
 
 
 def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
                       want_commit: bool = False, manifest: str | None = None,
-                      stats: bool = False) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
+                      stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
     path = found.path
     ctx = _Ctx(path, level, update)
@@ -533,12 +547,22 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         from checkpoint_strategy.checkpoints import manifest as mf
 
         if manifest == "write" and not ctx.problems:
-            mf.write_manifest(path, ctx.counter, update)
-            manifest_state = "written"
+            target = mf.manifest_path(path)
+            if root is not None and not storage.inside(os.path.dirname(target) or ".", root):
+                ctx.counter.notes.append(f"{os.path.basename(path)}: a symlink to outside {root}: "
+                                         "manifest not written there (validate the target itself to write one)")
+            else:
+                mf.write_manifest(path, ctx.counter, update)
+                manifest_state = "written"
         elif manifest == "verify":
             for rel, reason in mf.verify_manifest(path, ctx.counter, update):
                 ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
             manifest_state = "verified"
+    from checkpoint_strategy.checkpoints.marker import describe, read_marker
+
+    mark = read_marker(path) if os.path.lexists(path) else None
+    if mark is not None:  # written by the training callbacks: post-event weights
+        ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
@@ -644,9 +668,9 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
         if not os.path.isfile(tpath):
             continue
         try:
-            with open(tpath, "r", encoding="utf-8", errors="replace") as fh:
-                text = fh.read(256).strip()
-        except OSError:
+            with storage.open_regular(tpath, tracker) as fh:
+                text = fh.read(256).decode("utf-8", "replace").strip()
+        except (OSError, storage.ReadError):
             continue
         if fmt == "deepspeed":
             name = text
@@ -683,6 +707,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
                                                                "its folder does not exist") + "; expected a JSON file path")
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
+    roots: dict[str, str] = {}
     for raw in paths:
         p = os.fspath(raw)
         if not os.path.lexists(p):
@@ -695,6 +720,8 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
         parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
+        for f in found:
+            roots.setdefault(f.path, p)
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
@@ -713,7 +740,7 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
             export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
             result, outcome = check_with_values(f, level, bar.update, want_commit, None if export else manifest,
-                                                stats=stats is not None)
+                                                stats=stats is not None, root=roots.get(f.path))
             if export:
                 result.notes.append("final export: the run folder's own top-level model files "
                                     "(its checkpoint-N/ folders are checked one by one)")

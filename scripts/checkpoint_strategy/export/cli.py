@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.planning.options import add_plan_options, positive_number, whole_number
+from checkpoint_strategy.cli_options import add_output, number
+from checkpoint_strategy.planning.options import add_plan_options
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
 
@@ -19,17 +18,18 @@ def add_arguments(parser) -> None:
 
     parser.add_argument("--framework", required=True, choices=list(FRAMEWORKS),
                         help="the training framework whose settings to write")
-    parser.add_argument("--framework-version", "--framework_version", dest="framework_version", metavar="V",
+    parser.add_argument("--framework-version", dest="framework_version", metavar="V",
                         help="write for this version (default: the installed one, else the newest known)")
-    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=whole_number, nargs="?",
+    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), nargs="?",
                         help="plan inputs, as for the plan command (or use --plan-file)")
-    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=positive_number, nargs="?")
-    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=positive_number, nargs="?")
-    parser.add_argument("--plan-file", "--plan_file", dest="plan_file", metavar="PLAN.json",
+    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"), nargs="?")
+    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), nargs="?")
+    parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json",
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
-    parser.add_argument("--format", dest="format", choices=list(OUTPUTS), default="text",
-                        help="text (default), json (the report), python (hf, lightning, orbax, deepspeed), "
-                             "toml (torchtitan 0.1/0.2), args (torchtitan, megatron)")
+    parser.add_argument("--format", dest="format", choices=["text", "markdown", *OUTPUTS[1:]], default="text",
+                        help="text (default), markdown (the text report in a block), json (the report), python "
+                             "(hf, lightning, orbax, deepspeed), toml (torchtitan 0.1/0.2), args (torchtitan, megatron)")
+    add_output(parser)
     add_plan_options(parser, positionals=False)
 
 
@@ -55,7 +55,13 @@ def run(args) -> int:
     else:
         raise UsageError("nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
                          "or --plan-file PLAN.json")
+    from checkpoint_strategy.render import write_output
+
     export = export_plan(report, args.framework, args.framework_version)
-    text = render_export(export, args.format)
-    sys.stdout.write(text)
+    if args.format == "markdown":
+        text = (f"### checkpoint-strategy export: {export.framework} {export.framework_version}\n\n```\n"
+                + render_export(export, "text") + "```\n")
+    else:
+        text = render_export(export, args.format)
+    write_output(text, args.output)
     return 0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
+from collections.abc import Callable
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.export.models import Schedule
@@ -185,16 +185,7 @@ def load_plan_file(path: str) -> PlanReport:
     from checkpoint_strategy import storage
     from checkpoint_strategy.resources import load_schema
 
-    if path == "-":
-        raw = sys.stdin.buffer.read(storage.MAX_JSON_BYTES + 1) if hasattr(sys.stdin, "buffer") \
-            else sys.stdin.read().encode("utf-8", "surrogateescape")
-        if len(raw) > storage.MAX_JSON_BYTES:
-            raise UsageError(f"plan file stdin is larger than {storage.MAX_JSON_BYTES >> 20} MB: "
-                             "expected the output of `checkpoint-strategy plan ... --format json`")
-        name = "stdin"
-    else:
-        raw = storage.read_bytes(path, "plan file")
-        name = path
+    raw, name = storage.read_input(path, "plan file")  # a regular file or '-' for stdin, bounded
     data = storage.loads_json(raw, f"plan file {name}", expect=dict)
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
     try:

@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-import sys
+from checkpoint_strategy.cli_options import add_policy, add_report_options
 
 HELP = "emergency-save decision for a stability event"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("event_file", metavar="EVENT_FILE",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("event_file", metavar="EVENT_FILE", type=path_arg,
                         help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
                              "or the monitor's text report; - reads stdin")
-    parser.add_argument("--policy", metavar="FILE",
-                        help="the policy whose emergency_save_on applies: plan --format yaml/json output or "
-                             "checkpoint-strategy.json (default: both triggers, as the auto preset)")
-    parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery command")
-    parser.add_argument("--checkpoints", metavar="DIR", help="the checkpoint folder, filled into the recovery command")
-    parser.add_argument("--format", dest="format", choices=["text", "json"], default="text")
+    add_policy(parser, help="its emergency_save_on applies; default: both triggers, as the auto preset")
+    parser.add_argument("--log", metavar="LOG", type=path_arg, help="the training log, filled into the recovery command")
+    parser.add_argument("--checkpoints", metavar="DIR", type=path_arg, help="the checkpoint folder, filled into the recovery command")
+    add_report_options(parser)
 
 
 def run(args) -> int:
-    from checkpoint_strategy.integrations._io import read_text
+    from checkpoint_strategy.storage import read_text_input as read_text
     from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
-    from checkpoint_strategy.render import render_template, to_json
+    from checkpoint_strategy.render import emit
 
     policy = None
     if args.policy:
@@ -33,11 +33,7 @@ def run(args) -> int:
     del text
     result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes,
                         log_report=_log_report(args.log, args.checkpoints))
-    data = result.model_dump(mode="json")
-    if args.format == "json":
-        sys.stdout.write(to_json(data))
-    else:
-        sys.stdout.write(render_template("on-event.txt.j2", d=data))
+    emit(result, args.format, args.output)
     return 0
 
 

@@ -13,7 +13,8 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+from typing import Any, Optional, Union
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations.models import (
@@ -37,8 +38,11 @@ SEVERITIES = ("info", "warning", "error", "critical")
 REPORT_HEADER = "=== Training Stability Report ==="
 _HEADER = re.compile(re.escape(REPORT_HEADER), re.IGNORECASE)
 _CHECK_LINE = re.compile(r"^\s*\[(PASS|WARN|FAIL)\]\s*(.+?)\s*$", re.IGNORECASE)
-_STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*(\d+)", re.IGNORECASE)
-_MAGNITUDE = re.compile(r"(\d+(?:\.\d+)?)\s*x\b", re.IGNORECASE)
+# Numbers are read as written: a sign and an exponent belong to the number ("step -56" is a
+# negative step, refused; "1e308x" is 1e308, not 308).
+_NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)"
+_STEP = re.compile(r"\bstep[s]?\s*[:=#]?\s*" + _NUMBER, re.IGNORECASE)
+_MAGNITUDE = re.compile(_NUMBER + r"\s*x\b", re.IGNORECASE)
 _REPORT_CHECKS = (  # (substring of the check name, event)
     ("loss spike", "LOSS_SPIKE"),
     ("gradient norm", "GRADIENT_NORM_EXCEEDED"),
@@ -164,7 +168,10 @@ def _json_kind(value: Any) -> str:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    try:
+        text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    except (ValueError, RecursionError):
+        text = f"a JSON {_json_kind(value)}"
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -198,8 +205,8 @@ def parse_report(text: str) -> tuple[list[StabilityEvent], list[str]]:
         magnitude = _MAGNITUDE.search(blob)
         events.append(StabilityEvent(
             event=kind,
-            step=int(step.group(1)) if step else None,
-            magnitude=float(magnitude.group(1)) if magnitude else None,
+            step=_report_step(step.group(1), i + 1) if step else None,
+            magnitude=_report_number(magnitude.group(1), i + 1, "magnitude") if magnitude else None,
             severity="critical" if verdict == "FAIL" else "warning",
         ))
     if not events and not notes and not any(_CHECK_LINE.match(line) for line in lines):
@@ -234,17 +241,37 @@ def policy_triggers(policy: PolicyLike) -> list[str]:
     return list(dict.fromkeys(raw))
 
 
+def _report_number(text: str, line: int, what: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise UsageError(f"training-stability report line {line}: {what} {text} is not a finite number")
+    return value
+
+
+def _report_step(text: str, line: int) -> int:
+    """A step as written: 1200, 1.2e3; a negative or fractional step is bad input (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        try:
+            f = float(text)
+        except ValueError:
+            f = math.nan
+        value = int(f) if math.isfinite(f) and f.is_integer() else None
+    if value is None or value < 0:
+        raise UsageError(f"training-stability report line {line}: step {text} is not a whole number >= 0")
+    return value
+
+
 def load_policy(text: str, source: str) -> list[str]:
     """Triggers from a policy file: plan YAML/JSON, checkpoint-strategy.json, or a bare mapping."""
-    import yaml
+    from checkpoint_strategy.storage import ReadError, loads_yaml
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UsageError(f"{source} is not valid YAML or JSON{where}: expected the plan's "
-                         "checkpoint_policy mapping") from None
+        data = loads_yaml(text, source)
+    except ReadError as exc:
+        raise UsageError(f"{source} is {exc.reason}: expected the plan's checkpoint_policy mapping "
+                         "(YAML or JSON)") from None
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected a mapping with checkpoint_policy (or policy), "
                          f"got a {_json_kind(data)}")

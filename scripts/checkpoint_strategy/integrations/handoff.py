@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from typing import Optional
@@ -12,7 +11,7 @@ from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
 from checkpoint_strategy.planning.models import PlanReport
-from checkpoint_strategy.render import render_template, to_json
+from checkpoint_strategy.render import render, to_json
 
 MAX_ROLLBACK_POINTS = 50
 
@@ -23,16 +22,19 @@ def load_plan_file(text: str, source: str) -> PlanReport:
 
     from checkpoint_strategy.resources import load_schema
 
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"plan file {source} is not valid JSON ({getattr(exc, 'msg', exc)}): expected the "
-                         "output of `checkpoint-strategy plan ... --format json`") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"plan file {source} is not a JSON object: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`")
+    from checkpoint_strategy.storage import ReadError, loads_json
+
+    try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
+        data = loads_json(text, f"plan file {source}", allow_nan=False, expect=dict)
+    except ReadError as exc:
+        raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
+        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
+    except RecursionError:
+        raise UsageError(f"plan file {source} is nested too deeply: expected the output of "
+                         "`checkpoint-strategy plan ... --format json`") from None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "top level"
         message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
@@ -50,7 +52,7 @@ def _q(path: str) -> str:
 UNRESOLVED = ("wait", "rollback", "no_clean_checkpoint")
 
 
-def recovery_note(log: Optional[str], root: Optional[str], valid: list[CheckpointRef]
+def recovery_note(log: Optional[str], root: Optional[str], valid: list[CheckpointRef]  # noqa: C901 - complexity debt, see issue 10
                   ) -> tuple[Optional[RecoveryNote], list[str]]:
     """Ask the recovery adviser about the training log: `log`, or the newest log under `root`.
 
@@ -98,18 +100,20 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
                     c.after_spike_onset = c.step > cutoff
         spiked = [c for c in valid if c.after_spike_onset]
         risks.append(f"{rep.summary}"
-                     + (f"; {len(spiked)} checkpoints from step {min(c.step for c in spiked)} on hold spiked weights"
+                     + (f"; {len(spiked)} checkpoints from step {min(c.step or 0 for c in spiked)} on hold spiked weights"
                         if spiked else ""))
     return note, risks
 
 
-def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",
+def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",  # noqa: C901 - complexity debt, see issue 10
           log: Optional[str] = None, now: Optional[str] = None) -> SessionHandoff:
     """The checkpoint-strategy.json document (nothing is written here)."""
     now = now or now_iso()
     risks: list[str] = []
     commands: list[str] = []
-    valid, bad, note = ([], [], None)
+    valid: list[CheckpointRef] = []
+    bad: list = []
+    note: Optional[str] = None
     if root is not None:
         valid, bad, note = scan(root, level)
     recovery, recovery_risks = recovery_note(log, root, valid)
@@ -129,7 +133,7 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     if latest is not None and latest.sharded:
         risks.append(f"latest valid checkpoint {latest.path} is sharded: resuming needs the same parallel "
                      "layout (or a conversion to a full state dict)")
-    if bad and valid:
+    if bad and latest is not None:
         newer_bad = [b for b in bad if b.step is not None and latest.step is not None and b.step > latest.step]
         if newer_bad:
             risks.append(f"the newest checkpoint on disk ({newer_bad[0].path}) is not whole: resume from "
@@ -187,9 +191,15 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     )
 
 
+def block_context(doc: SessionHandoff) -> dict:
+    """What handoff.md.j2 needs besides the model: the block's markers and the rollback count."""
+    from markupsafe import Markup
+
+    return {"begin": Markup(statefolder.BEGIN), "end": Markup(statefolder.END), "total_rollback": len(doc.rollback_points)}
+
+
 def markdown_block(doc: SessionHandoff) -> str:
-    return render_template("handoff.md.j2", h=doc.model_dump(mode="json"), begin=statefolder.BEGIN,
-                           end=statefolder.END, total_rollback=len(doc.rollback_points))
+    return render(doc, "markdown", **block_context(doc))
 
 
 def log_record(doc: SessionHandoff) -> dict:
@@ -209,7 +219,7 @@ def log_record(doc: SessionHandoff) -> dict:
         detail += f"; {len(doc.pending_risks)} pending risks"
     unresolved = doc.recovery is not None and doc.recovery.status in UNRESOLVED
     status = "warning" if unresolved or (latest is None and doc.checkpoints_root is not None) else "done"
-    if unresolved:
+    if unresolved and doc.recovery is not None:
         detail += f"; {doc.recovery.summary}"
     return {"ts": doc.generated_at, "step": "checkpoint-strategy handoff", "status": status, "detail": detail}
 

@@ -3,43 +3,46 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.planning.options import add_plan_options, positive_number, whole_number
+from checkpoint_strategy.cli_options import add_level, add_report_options, number
+from checkpoint_strategy.planning.options import add_plan_options
 
 HELP = "write checkpoint metadata for session-handoff"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=whole_number, nargs="?",
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), nargs="?",
                         help="plan inputs, as for the plan command (or use --plan-file)")
-    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=positive_number, nargs="?")
-    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=positive_number, nargs="?")
-    parser.add_argument("--plan-file", "--plan_file", dest="plan_file", metavar="PLAN.json",
+    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"), nargs="?")
+    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), nargs="?")
+    parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json", type=path_arg,
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
-    parser.add_argument("--checkpoints", metavar="ROOT", help="the run's checkpoint folder: validated, newest first")
-    parser.add_argument("--level", choices=["quick", "full"], default="quick",
-                        help="validation depth for --checkpoints (default quick: headers only)")
-    parser.add_argument("--log", metavar="LOG", help="the training log, filled into the recovery commands")
-    parser.add_argument("--state-dir", "--state_dir", dest="state_dir", default=".claude/state", metavar="DIR",
+    parser.add_argument("--checkpoints", metavar="ROOT", type=path_arg, help="the run's checkpoint folder: validated, newest first")
+    add_level(parser, help="validation depth for --checkpoints (default quick: headers only)")
+    parser.add_argument("--log", metavar="LOG", type=path_arg, help="the training log, filled into the recovery commands")
+    parser.add_argument("--state-dir", dest="state_dir", default=".claude/state", metavar="DIR", type=path_arg,
                         help="session-handoff state folder (default .claude/state)")
-    parser.add_argument("--dry-run", "--dry_run", dest="dry_run", action="store_true",
+    parser.add_argument("--dry-run", dest="dry_run", action="store_true",
                         help="print only; write nothing")
-    parser.add_argument("--format", dest="format", choices=["markdown", "json"], default="markdown",
-                        help="markdown: the block for NEXT_ACTION.md (default); json: checkpoint-strategy.json")
+    add_report_options(parser, default="markdown",
+                       help="markdown: the block for NEXT_ACTION.md (default); text: the same block; "
+                            "json: checkpoint-strategy.json")
     add_plan_options(parser, positionals=False)
 
 
 _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "preset", "frequency", "keep_last",
                  "milestones", "formats", "save_optimizer", "gpus", "gpu_mtbf_hours", "mtbf_hours",
-                 "checkpoint_write_seconds", "write_gbps", "restart_seconds", "async_save", "max_loss_hours")
+                 "checkpoint_write_seconds", "write_gbps", "gpus_per_node", "node_write_gbps", "storage_gbps",
+                 "min_interval_seconds", "restart_seconds", "async_save", "max_loss_hours", "local_tier",
+                 "node_loss_fraction")
 
 
 def run(args) -> int:
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.integrations import handoff
-    from checkpoint_strategy.integrations._io import read_text
-    from checkpoint_strategy.render import to_json
+    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.storage import read_text_input as read_text
 
     positionals = [args.total_steps, args.step_seconds, args.budget_gb]
     given = [p for p in positionals if p is not None]
@@ -66,8 +69,5 @@ def run(args) -> int:
     doc = handoff.build(report, args.checkpoints, level=args.level, log=args.log)
     if not args.dry_run:
         handoff.write(args.state_dir, doc)
-    if args.format == "json":
-        sys.stdout.write(to_json(doc.model_dump(mode="json")))
-    else:
-        sys.stdout.write(handoff.markdown_block(doc))
+    emit(doc, args.format, args.output, **handoff.block_context(doc))
     return 0

@@ -8,15 +8,15 @@ ignored, never rejected for that alone.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Final, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from checkpoint_strategy import __version__
 from checkpoint_strategy.planning.models import CheckpointPolicy, EmergencyTrigger
 
-SCHEMA_VERSION = "1.0"
-PRODUCER_NAME = "checkpoint-strategy"
+SCHEMA_VERSION: Final = "1.0"
+PRODUCER_NAME: Final = "checkpoint-strategy"
 
 EventType = Literal["LOSS_SPIKE", "GRADIENT_NORM_EXCEEDED", "LOSS_PLATEAU", "NAN_LOSS"]
 EVENT_TYPES: tuple[str, ...] = ("LOSS_SPIKE", "GRADIENT_NORM_EXCEEDED", "LOSS_PLATEAU", "NAN_LOSS")

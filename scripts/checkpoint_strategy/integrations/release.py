@@ -4,11 +4,12 @@ recorded (the checkpoint's own manifest verified, or a sha256 of every file)."""
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 from checkpoint_strategy.checkpoints.filechecks import Counter
 from checkpoint_strategy.checkpoints.manifest import hash_file
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import oserror_line
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
 from checkpoint_strategy.integrations.models import FileChecksum, GateCheck, ReleaseGate, ValuesSummary
 
@@ -42,7 +43,7 @@ def checksums(checkpoint: str) -> list[FileChecksum]:
         try:
             out.append(FileChecksum(file=rel, bytes=os.path.getsize(full), sha256=sha256_file(full)))
         except OSError as exc:
-            raise UsageError(f"cannot read {full}: {exc.strerror or type(exc).__name__}") from None
+            raise UsageError(oserror_line(exc, "read", full)) from None
     return out
 
 

@@ -24,10 +24,11 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
+from collections.abc import Iterator
 
-from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import ReadError, kind_of, loads_json, oserror_line, read_bytes
 
 DEFAULT_STATE_DIR = ".claude/state"
 HANDOFF_FILE = "checkpoint-strategy.json"
@@ -50,7 +51,7 @@ _HEADING = re.compile(r"^(#{1,6})\s*(.*?)\s*#*\s*$")
 
 
 def _oserr(exc: OSError, action: str, path) -> UsageError:
-    return UsageError(f"cannot {action} {path}: {exc.strerror or type(exc).__name__}")
+    return UsageError(oserror_line(exc, action, path))
 
 
 def prepare_dir(state_dir: str | os.PathLike) -> Path:
@@ -84,17 +85,33 @@ def locked(state_dir: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[N
 
 
 def _read_existing(path: Path, what: str) -> Optional[str]:
+    """The file's text (bytes decoded as is: CRLF stays CRLF), None when absent. A FIFO, device or
+    folder in its place is refused without opening it."""
     if not os.path.lexists(path):
         return None
-    if path.is_dir():
-        raise UsageError(f"{what} {path} is a folder: expected a file")
     try:
-        with open(path, encoding="utf-8", newline="") as fh:  # no newline translation: CRLF stays CRLF
-            return fh.read()
+        data = read_bytes(path, what)
+    except ReadError as exc:
+        raise UsageError(f"{what} {path}: {exc.reason}; fix or move it, nothing was written") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text; fix or move it") from None
+
+
+def _must_be_file_or_absent(path: Path, what: str) -> None:
+    """A file we write must be a regular file (or not exist yet): never a FIFO, device or folder."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
     except OSError as exc:
         raise _oserr(exc, f"read {what}", path) from None
+    import stat as _stat
+
+    if not _stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what} {path} is {kind_of(st.st_mode)}: expected a regular file; "
+                         "fix or move it, nothing was written")
 
 
 # --------------------------------------------------------------------------- agent-state.json
@@ -107,13 +124,10 @@ def merge_agent_state(existing: Optional[str], risks: list[str], next_step: str,
         data: dict = {"schema_version": 1, "session_id": None, "status": "in_progress", "last_updated": now,
                       "next_step": next_step, "completed_steps": [], "notes": [], "pending_risks": []}
     else:
-        try:
-            data = json.loads(existing)
-        except ValueError as exc:
-            raise UsageError(f"{where} is not valid JSON ({getattr(exc, 'msg', exc)} at line "
-                             f"{getattr(exc, 'lineno', '?')}); fix or move it, nothing was written") from None
-        if not isinstance(data, dict):
-            raise UsageError(f"{where} is not a JSON object; fix or move it, nothing was written")
+        try:  # the sibling's file: NaN written by Python's json is kept as it was
+            data = loads_json(existing, where, allow_nan=True, expect=dict)
+        except ReadError as exc:
+            raise UsageError(f"{where} is {exc.reason}; fix or move it, nothing was written") from None
     old = data.get("pending_risks")
     if old is None:
         old = []
@@ -179,6 +193,10 @@ def append_line(path: Path, record: dict) -> None:
     except OSError as exc:
         raise _oserr(exc, "open", path) from None
     try:
+        import stat as _stat
+
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{CHECKPOINT_LOG} {path} is not a regular file: nothing appended")
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = "\n" + line
@@ -209,24 +227,139 @@ class StateWrite:
 
 
 def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
-    """Write the four files under the folder lock. Returns the paths written."""
+    """Write the four files under the folder lock, all or nothing. Returns the paths written.
+
+    Every input is read and checked, and the three whole files are prepared as fsynced temp files,
+    before the first rename. Then, in a fixed order: checkpoint-strategy.json, agent-state.json,
+    NEXT_ACTION.md are renamed into place and the checkpoint.jsonl line is appended last. If any
+    step fails, the files already replaced are put back (their previous version was hard-linked
+    aside first) and the command exits 2: nothing was written. A handoff killed half-way is
+    rolled back by the next one (see _commit).
+    """
     d = prepare_dir(state_dir)
     paths = {name: d / name for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)}
     with locked(d):
-        for name in (HANDOFF_FILE, CHECKPOINT_LOG):
-            if paths[name].is_dir():
-                raise UsageError(f"{name} {paths[name]} is a folder: expected a file")
+        recover_interrupted(d)
+        for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION):
+            _must_be_file_or_absent(paths[name], name)
         # read and check everything first: nothing is written if any input is bad
         state_text = merge_agent_state(_read_existing(paths[AGENT_STATE], AGENT_STATE), w.risks, w.next_step,
                                        w.now, where=str(paths[AGENT_STATE]), scope=w.scope)
         next_text = update_next_action(_read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block,
                                        where=str(paths[NEXT_ACTION]))
-        try:
-            atomic_write_text(paths[HANDOFF_FILE], w.handoff_json)
-            atomic_write_text(paths[AGENT_STATE], state_text)
-            atomic_write_text(paths[NEXT_ACTION], next_text)
-        except OSError as exc:
-            raise UsageError(f"cannot write to state folder {d}: {exc.strerror or type(exc).__name__}") from None
-        append_line(paths[CHECKPOINT_LOG], w.log_record)
+        _commit(d, [(paths[HANDOFF_FILE], w.handoff_json), (paths[AGENT_STATE], state_text),
+                    (paths[NEXT_ACTION], next_text)], paths[CHECKPOINT_LOG], w.log_record)
     w.written = [str(paths[n]) for n in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)]
     return w.written
+
+
+JOURNAL = ".checkpoint-strategy.commit"
+
+
+def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict) -> None:
+    """Prepare every temp file, then rename in order and append; roll back on any failure.
+
+    A journal (JOURNAL, written before the first rename, removed after the append) names the
+    previous version of each file, hard-linked aside as `.NAME.bak`: a handoff killed half-way
+    (kill -9, power loss) is rolled back by the next one, under the same lock.
+    """
+    from checkpoint_strategy.atomic import atomic_write_text, fsync_dir, write_temp
+
+    temps: list[str] = []
+    plan: dict[str, dict] = {}
+    in_memory: dict[str, bytes] = {}
+
+    def _fail(exc: BaseException) -> UsageError:
+        reason = str(exc) if isinstance(exc, UsageError) else oserror_line(exc, "write to state folder", d)
+        return UsageError(f"{reason}; nothing was written (every file of {d} is as it was)")
+
+    try:
+        for path, text in files:
+            temps.append(write_temp(path, text.encode("utf-8")))
+        for path, _text in files:
+            if not os.path.lexists(path):
+                plan[path.name] = {"new": True}
+                continue
+            link = d / f".{path.name}.bak"
+            _unlink_quiet(link)
+            try:
+                os.link(path, link)  # the previous version, kept until every step succeeded
+                plan[path.name] = {"backup": link.name}
+            except OSError:  # a file system without hard links: keep the bytes (no crash recovery)
+                in_memory[path.name] = read_bytes(path, path.name)
+                plan[path.name] = {"kept": True}
+        atomic_write_text(d / JOURNAL, json.dumps(plan))
+    except (OSError, UsageError) as exc:
+        for t in temps:
+            _unlink_quiet(t)
+        _roll_back(d, plan, {}, only_backups=True)
+        raise _fail(exc) from None
+    try:
+        for (path, _text), tmp in zip(files, temps, strict=False):
+            os.replace(tmp, path)
+        append_line(log_path, record)
+    except (OSError, UsageError) as exc:
+        _roll_back(d, plan, in_memory)
+        for t in temps:
+            _unlink_quiet(t)
+        raise _fail(exc) from None
+    _unlink_quiet(d / JOURNAL)  # the commit point
+    fsync_dir(d)
+    _roll_back(d, plan, {}, only_backups=True)
+
+
+def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: bool = False) -> None:
+    """Put back the previous version of every file in `plan` (or, only_backups, just drop the
+    backup links), then remove the journal."""
+    from checkpoint_strategy.atomic import atomic_write_bytes, fsync_dir
+
+    for name, how in plan.items():
+        if name not in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION) or not isinstance(how, dict):
+            continue  # a journal names only our three files
+        path = d / name
+        backup = d / f".{name}.bak"
+        try:
+            if only_backups:
+                if how.get("backup"):
+                    _unlink_quiet(backup)
+            elif how.get("backup") and os.path.lexists(backup):
+                if os.path.lexists(path) and os.path.samefile(backup, path):
+                    os.unlink(backup)  # never replaced (rename of two links to one file does nothing)
+                else:
+                    os.replace(backup, path)
+            elif how.get("new"):
+                _unlink_quiet(path)
+            elif name in in_memory:
+                atomic_write_bytes(path, in_memory[name])
+        except OSError:
+            pass
+    if not only_backups:
+        _unlink_quiet(d / JOURNAL)
+    fsync_dir(d)
+
+
+def recover_interrupted(d: Path) -> bool:
+    """Under the lock: roll back a handoff that was killed between its first rename and its
+    commit point, and remove temp files left by any killed write. True when one was rolled back."""
+    import glob
+
+    for name in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION):
+        for tmp in glob.glob(os.path.join(glob.escape(str(d)), f".{glob.escape(name)}.*.tmp")):
+            _unlink_quiet(tmp)
+    journal = d / JOURNAL
+    if not os.path.lexists(journal):
+        return False
+    try:
+        plan = loads_json(read_bytes(journal, JOURNAL, limit=1 << 16), JOURNAL, expect=dict)
+    except ReadError:
+        plan = {}
+    _roll_back(d, plan, {})
+    _unlink_quiet(journal)
+    return True
+
+
+def _unlink_quiet(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

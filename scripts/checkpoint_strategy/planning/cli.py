@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.planning.options import add_format_option, add_plan_options, plan_arguments
+from checkpoint_strategy.cli_options import add_report_options
+from checkpoint_strategy.planning.options import add_plan_options, plan_arguments
 
 HELP = "design a checkpointing policy (default command)"
 
 
 def add_arguments(parser) -> None:
     add_plan_options(parser)
-    add_format_option(parser)
+    add_report_options(parser, yaml=True)
 
 
 def run(args) -> int:
     from checkpoint_strategy.planning.planner import plan
-    from checkpoint_strategy.planning.report import render_plan
+    from checkpoint_strategy.render import emit
 
     report = plan(plan_arguments(args))
-    sys.stdout.write(render_plan(report, args.format))
+    emit(report, args.format, args.output)
     return 0

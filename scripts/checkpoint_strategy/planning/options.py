@@ -4,95 +4,74 @@ PlanArguments. Shared by every command that takes a plan (plan, simulate, tradeo
 from __future__ import annotations
 
 import argparse
-import math
-import re
+from typing import Any, Optional
 
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import sizing
-from checkpoint_strategy.planning.models import MAX_STEPS, PlanArguments
+from checkpoint_strategy.planning.models import PlanArguments
 
-# schema property -> (how the user spells it, what is expected)
+B = BOUNDS
+
+# schema property -> (how the user spells it, what is expected); the ranges come from the one table
 FIELDS: dict[str, tuple[str, str]] = {
-    "total_steps": ("TOTAL_STEPS", f"a whole number of optimizer steps from 1 to {MAX_STEPS:.0e}"),
-    "step_seconds": ("STEP_SECONDS", "seconds per step, a number > 0 and at most 10^6"),
-    "budget_gb": ("BUDGET_GB", "a storage budget in GB, a number > 0 and at most 10^9"),
-    "model_size_gb": ("--model_size_gb", "the weights in GB, a number > 0 and at most 10^9"),
+    "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)),
+    "step_seconds": ("STEP_SECONDS", B["step_seconds"].expected()),
+    "budget_gb": ("BUDGET_GB", "a storage budget in GB" + B["gb"].expected().removeprefix("a size in GB")),
+    "model_size_gb": ("--model-size-gb", "the weights in GB" + B["gb"].expected().removeprefix("a size in GB")),
     "weights_dtype": ("--weights-dtype", "one of fp32, bf16, fp16"),
-    "params": ("--params", "a parameter count such as 7B, 350M or 1.3e9 (at most 10^15)"),
-    "precision": ("--precision", "fp32 or mixed"),
+    "params": ("--params", f"a parameter count such as 7B, 350M or 1.3e9 (1 to {B['params'].hi:.0e})"),
+    "precision": ("--precision", "fp32, mixed or mixed-no-master"),
     "preset": ("--preset", "conservative, aggressive or auto"),
-    "frequency": ("--frequency", "a whole number of steps between saves, 1 to 10^12"),
-    "keep_last": ("--keep-last", "a whole number of checkpoints to keep, 1 to 100000"),
-    "milestones": ("--milestones", "seed, pow2, none or a comma-separated list of steps"),
+    "frequency": ("--frequency", B["steps"].expected() + " between saves"),
+    "keep_last": ("--keep-last", B["keep"].expected() + " to keep"),
+    "milestones": ("--milestones", MILESTONES_EXPECTED),
     "formats": ("--formats", "a comma-separated list of full_state_dict, sharded, safetensors"),
     "save_optimizer": ("--save-optimizer", "a flag"),
-    "gpus": ("--gpus", "a whole number of GPUs, 1 to 10^7"),
-    "gpu_mtbf_hours": ("--gpu-mtbf-hours", "hours between failures of one GPU, > 0 and at most 10^9"),
-    "mtbf_hours": ("--mtbf-hours", "the job's mean time between failures in hours, > 0 and at most 10^9"),
-    "checkpoint_write_seconds": ("--checkpoint-write-seconds", "seconds a save stalls training, 0 to 10^9"),
-    "write_gbps": ("--write-gbps", "write bandwidth in GB/s, > 0 and at most 10^6"),
-    "restart_seconds": ("--restart-seconds", "seconds to restart after a failure, 0 to 10^9"),
+    "gpus": ("--gpus", B["gpus"].expected()),
+    "gpu_mtbf_hours": ("--gpu-mtbf-hours", "hours between failures of one GPU" + B["hours"].expected()[5:]),
+    "mtbf_hours": ("--mtbf-hours", "the job's mean time between failures in hours" + B["hours"].expected()[5:]),
+    "checkpoint_write_seconds": ("--checkpoint-write-seconds", "seconds a save stalls training"
+                                 + B["seconds"].expected()[7:]),
+    "write_gbps": ("--write-gbps", B["gbps"].expected()),
+    "gpus_per_node": ("--gpus-per-node", B["gpus_per_node"].expected()),
+    "node_write_gbps": ("--node-write-gbps", "one node's write rate in GB/s" + B["gbps"].expected()[25:]),
+    "storage_gbps": ("--storage-gbps", B["storage_gbps"].expected()),
+    "min_interval_seconds": ("--min-interval-seconds", "the shortest time between saves in seconds"
+                             + B["seconds"].expected()[7:]),
+    "restart_seconds": ("--restart-seconds", "seconds to restart after a failure" + B["seconds"].expected()[7:]),
     "async_save": ("--async", "a flag"),
-    "max_loss_hours": ("--max-loss-hours", "hours of training you accept to lose, > 0 and at most 10^9"),
+    "max_loss_hours": ("--max-loss-hours", "hours of training you accept to lose" + B["hours"].expected()[5:]),
+    "local_tier": ("--local-tier", "GB,GBPS: node-local space in GB and write rate in GB/s per node, each > 0"),
+    "node_loss_fraction": ("--node-loss-fraction", "the share of failures that lose a node" + B["fraction"].expected()[10:]),
     "format": ("--format", "text, markdown, json or yaml"),
 }
 
-
-def finite_number(text: str) -> float:
-    """argparse type: any finite number (underscores allowed), one clear message otherwise."""
-    try:
-        value = float(str(text).replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def positive_number(text: str) -> float:
-    value = finite_number(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def nonneg_number(text: str) -> float:
-    value = finite_number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def whole_number(text: str) -> int:
-    value = finite_number(text)
-    if not value.is_integer():
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    if value > 10**15:
-        raise argparse.ArgumentTypeError(f"expected a whole number at most 10^15, got {text!r}")
-    return int(value)
+whole_number = number("steps")
 
 
 def params_count(text: str) -> float:
     try:
-        return sizing.parse_params(text)
+        value = sizing.parse_params(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if not BOUNDS["params"].contains(value):
+        raise argparse.ArgumentTypeError(f"expected {FIELDS['params'][1]}, got {text!r}")
+    return value
 
 
-def milestones_spec(text: str):
-    t = str(text).strip().lower()
-    if t in ("seed", "pow2", "none"):
-        return t
-    parts = [p for p in re.split(r"[,\s]+", t) if p]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected seed, pow2, none or a list like 1000,5000, got {text!r}")
+def tier_spec(text: str) -> dict:
+    import re
+
+    parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
     try:
-        return sorted({whole_number(p) for p in parts})
+        gb, gbps = (number("gb")(parts[0]), number("gbps")(parts[1])) if len(parts) == 2 else (None, None)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(
-            f"expected seed, pow2, none or a comma-separated list of whole steps, got {text!r}") from None
+        gb = gbps = None
+    if gb is None or gbps is None:
+        raise argparse.ArgumentTypeError(f"expected GB,GBPS (node-local space and write rate per node, e.g. "
+                                         f"2000,5), got {text!r}")
+    return {"gb_per_node": gb, "gbps_per_node": gbps}
 
 
 def formats_list(text: str) -> list[str]:
@@ -105,56 +84,61 @@ def formats_list(text: str) -> list[str]:
     return list(dict.fromkeys(parts))
 
 
-def _opt(parser, *names, **kw):
-    spellings = []
-    for n in names:
-        spellings.append(n)
-        alt = n.replace("-", "_") if n.startswith("--") and "-" in n[2:] else n.replace("_", "-")
-        if alt.startswith("--") and alt not in spellings and alt != n:
-            spellings.append("--" + alt[2:])
-    parser.add_argument(*spellings, **kw)
-
-
 def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) -> None:
+    """Every plan option (TOTAL_STEPS STEP_SECONDS BUDGET_GB unless positionals=False). Underscored
+    spellings (--model_size_gb, --keep_last) are accepted for every option by cli.ArgumentParser."""
     if positionals:
-        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=whole_number, help="optimizer steps in the run")
-        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=positive_number, help="wall seconds per step")
-        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=positive_number, help="storage budget, GB")
+        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), help="optimizer steps in the run")
+        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"),
+                            help="wall seconds per step")
+        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), help="storage budget, GB")
     size = parser.add_argument_group("model size")
-    _opt(size, "--model_size_gb", dest="model_size_gb", type=positive_number, metavar="N",
-         help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
-    _opt(size, "--weights-dtype", dest="weights_dtype", choices=["fp32", "bf16", "fp16"])
-    _opt(size, "--params", dest="params", type=params_count, metavar="N", help="parameter count: 7B, 350M, 1.3e9")
-    _opt(size, "--precision", dest="precision", choices=["fp32", "mixed"],
-         help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients)")
+    size.add_argument("--model-size-gb", dest="model_size_gb", type=number("gb"), metavar="N",
+                      help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
+    size.add_argument("--weights-dtype", dest="weights_dtype", choices=["fp32", "bf16", "fp16"])
+    size.add_argument("--params", dest="params", type=params_count, metavar="N", help="parameter count: 7B, 350M, 1.3e9")
+    size.add_argument("--precision", dest="precision", choices=["fp32", "mixed", "mixed-no-master"],
+                      help="fp32: 12 bytes/param; mixed: 14 bytes/param (ZeRO accounting without gradients); "
+                           "mixed-no-master: 10 bytes/param (16-bit weights, fp32 Adam moments, as OPT-175B)")
     pol = parser.add_argument_group("policy")
-    _opt(pol, "--preset", dest="preset", choices=["conservative", "aggressive", "auto"], help="default auto")
-    _opt(pol, "--frequency", dest="frequency", type=whole_number, metavar="N", help="save every N steps")
-    _opt(pol, "--keep-last", dest="keep_last", type=whole_number, metavar="N", help="rolling window size")
-    _opt(pol, "--milestones", dest="milestones", type=milestones_spec, metavar="SPEC",
-         help="seed (default: 1000, 5000, 10000, 25000, 50000, ...), pow2, none, or 1000,5000,...")
-    _opt(pol, "--formats", dest="formats", type=formats_list, metavar="LIST",
-         help="full_state_dict,sharded,safetensors (default full_state_dict,safetensors)")
-    pol.add_argument("--save-optimizer", "--save_optimizer", dest="save_optimizer", action="store_const", const=True)
-    pol.add_argument("--no-save-optimizer", "--no_save_optimizer", dest="save_optimizer", action="store_const",
+    pol.add_argument("--preset", dest="preset", choices=["conservative", "aggressive", "auto"], help="default auto")
+    pol.add_argument("--frequency", dest="frequency", type=number("steps"), metavar="N", help="save every N steps")
+    pol.add_argument("--keep-last", dest="keep_last", type=number("keep"), metavar="N", help="rolling window size")
+    add_milestones(pol, help="seed (default: 1000, 5000, 10000, 25000, 50000, ...), pow2, none, or steps "
+                             "1000,5000,... (comma or space separated)")
+    pol.add_argument("--formats", dest="formats", type=formats_list, metavar="LIST",
+                     help="full_state_dict,sharded,safetensors (default full_state_dict,safetensors)")
+    pol.add_argument("--save-optimizer", dest="save_optimizer", action="store_const", const=True)
+    pol.add_argument("--no-save-optimizer", dest="save_optimizer", action="store_const",
                      const=False, help="weights only (warned: resuming resets Adam)")
     fm = parser.add_argument_group("failure model")
-    _opt(fm, "--gpus", dest="gpus", type=whole_number, metavar="N", help="GPUs in the job (default 8)")
-    _opt(fm, "--gpu-mtbf-hours", dest="gpu_mtbf_hours", type=positive_number, metavar="H",
-         help="per-GPU MTBF (default 50000, from the Llama 3 paper)")
-    _opt(fm, "--mtbf-hours", dest="mtbf_hours", type=positive_number, metavar="H", help="job MTBF (overrides --gpus)")
-    _opt(fm, "--checkpoint-write-seconds", dest="checkpoint_write_seconds", type=nonneg_number, metavar="S",
-         help="seconds one save stalls training (Daly's C)")
-    _opt(fm, "--write-gbps", dest="write_gbps", type=positive_number, metavar="G", help="write bandwidth GB/s (default 1)")
-    _opt(fm, "--restart-seconds", dest="restart_seconds", type=nonneg_number, metavar="S", help="default 600")
+    fm.add_argument("--gpus", dest="gpus", type=number("gpus"), metavar="N", help="GPUs in the job (default 8)")
+    fm.add_argument("--gpu-mtbf-hours", dest="gpu_mtbf_hours", type=number("hours"), metavar="H",
+                    help="per-GPU MTBF (default 50000, from the Llama 3 paper)")
+    fm.add_argument("--mtbf-hours", dest="mtbf_hours", type=number("hours"), metavar="H",
+                    help="job MTBF (overrides --gpus)")
+    fm.add_argument("--checkpoint-write-seconds", dest="checkpoint_write_seconds", type=number("seconds"),
+                    metavar="S", help="seconds one save stalls training (Daly's C)")
+    fm.add_argument("--write-gbps", dest="write_gbps", type=number("gbps"), metavar="G",
+                    help="the job's write rate GB/s (default: --node-write-gbps x nodes, capped by --storage-gbps)")
+    fm.add_argument("--gpus-per-node", dest="gpus_per_node", type=number("gpus_per_node"), metavar="N",
+                    help="default 8")
+    fm.add_argument("--node-write-gbps", dest="node_write_gbps", type=number("gbps"), metavar="G",
+                    help="one node's write rate GB/s (default 1)")
+    fm.add_argument("--storage-gbps", dest="storage_gbps", type=number("storage_gbps"), metavar="G",
+                    help="aggregate rate the storage sustains GB/s (default 2000, Llama 3's Tectonic)")
+    fm.add_argument("--min-interval-seconds", dest="min_interval_seconds", type=number("seconds"), metavar="S",
+                    help="the planner never saves more often (default 300)")
+    fm.add_argument("--restart-seconds", dest="restart_seconds", type=number("seconds"), metavar="S",
+                    help="default 600")
     fm.add_argument("--async", dest="async_save", action="store_const", const=True, help="async saves (default)")
-    fm.add_argument("--no-async", "--no_async", dest="async_save", action="store_const", const=False)
-    _opt(fm, "--max-loss-hours", dest="max_loss_hours", type=positive_number, metavar="H",
-         help="cap on training lost to one failure (default 1)")
-
-
-def add_format_option(parser: argparse.ArgumentParser, choices=("text", "markdown", "json", "yaml")) -> None:
-    parser.add_argument("--format", dest="format", choices=list(choices), default="text")
+    fm.add_argument("--no-async", dest="async_save", action="store_const", const=False)
+    fm.add_argument("--max-loss-hours", dest="max_loss_hours", type=number("hours"), metavar="H",
+                    help="cap on training lost to one failure (default 1)")
+    fm.add_argument("--local-tier", dest="local_tier", type=tier_spec, metavar="GB,GBPS",
+                    help="plan two tiers: node-local space and write rate per node (frequent saves) + persistent storage")
+    fm.add_argument("--node-loss-fraction", dest="node_loss_fraction", type=number("fraction"), metavar="F",
+                    help="share of failures that lose a node's local checkpoints (default 0.78, Llama 3)")
 
 
 def plan_arguments(ns: argparse.Namespace) -> PlanArguments:
@@ -179,13 +163,21 @@ def validate_arguments(data: dict) -> PlanArguments:
             field = next((f for f in FIELDS if f"'{f}'" in error.message), None)
         if field is None and error.validator == "additionalProperties":
             raise UsageError(f"unknown argument: {error.message}")
-        flag, expected = FIELDS.get(field, (field or "arguments", "a valid value"))
+        flag, expected = FIELDS.get(field or "", (field or "arguments", "a valid value"))
         value = data.get(field, "missing") if field else "missing"
         raise UsageError(f"argument {flag}: expected {expected}, got {value!r}")
     if "checkpoint_write_seconds" in data and "write_gbps" in data:
         raise UsageError("argument --checkpoint-write-seconds: give the save cost once, either "
                          "--checkpoint-write-seconds S or --write-gbps G, not both")
-    try:
-        return PlanArguments(**data)
-    except Exception as exc:  # pydantic.ValidationError
-        raise UsageError(pydantic_message(exc, "arguments")) from None
+    return _construct(data)
+
+
+def _construct(data: dict) -> PlanArguments:
+    """PlanArguments from data the JSON schema (generated from the model) has just accepted: built
+    without validating a second time, numbers made floats where the model says float."""
+    floats = {name for name, f in PlanArguments.model_fields.items() if f.annotation in (float, Optional[float])}
+    clean: dict[str, Any] = {k: float(v) if k in floats and isinstance(v, int) and not isinstance(v, bool) else v
+             for k, v in data.items()}
+    if any(isinstance(v, dict) for v in clean.values()):  # a nested model (--local-tier): built by pydantic
+        return PlanArguments.model_validate(clean)
+    return PlanArguments.model_construct(**clean)

@@ -5,6 +5,10 @@
 - mixed precision: 14 bytes/param = bf16/fp16 weights (2) + fp32 master weights (4) + Adam m
   and v (4 + 4). This is the ZeRO paper's 16 bytes/param (Rajbhandari et al. 2020, sec. 3.1:
   2 + 2 + K with K = 12) minus the 2 bytes of fp16 gradients, which are not checkpointed.
+- mixed precision without an fp32 master copy ("mixed-no-master"): 10 bytes/param = 16-bit
+  weights (2) + Adam m and v in fp32 (4 + 4). OPT-175B trained this way: "we keep Adam state in
+  FP32, since we shard it across all hosts, while the model weights remained in FP16" (Zhang et
+  al. 2022, OPT, sec. 2.3); its published 175B checkpoints are about 1.6-1.75 TB.
 - Without optimizer state a checkpoint is the weights alone (4 or 2 bytes/param).
 """
 
@@ -17,7 +21,7 @@ from checkpoint_strategy.errors import UsageError
 
 GB = 1e9
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-STATE_BYTES = {"fp32": 12, "mixed": 14}
+STATE_BYTES = {"fp32": 12, "mixed": 14, "mixed-no-master": 10}
 
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 _PARAMS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*$")

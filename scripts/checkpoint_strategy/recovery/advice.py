@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Union
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Option
         if step < 0:
             raise UsageError(f"checkpoint step {step} is negative")
         out.append((step, path))
-    return "list", None, sorted(set(out), key=lambda t: t[0])
+    return "list", None, sorted(set(ckptsteps.resume_candidates(out)), key=lambda t: t[0])
 
 
 def _milestone_list(milestones) -> list[tuple[int, Optional[str]]]:
@@ -235,8 +236,8 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
         f"    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):\n"
         f"        for opt in [getattr(optimizer, 'optimizer', optimizer)]:  # unwrap accelerate's wrapper\n"
         + hooks +
-        f"    def on_step_begin(self, args, state, control, **kwargs):\n"
-        f"        self.step = state.global_step + 1\n"
+        "    def on_step_begin(self, args, state, control, **kwargs):\n"
+        "        self.step = state.global_step + 1\n"
         + scale +
         f"\n"
         f"training_args.max_grad_norm = {grad_clip!r}   # tighter clipping (was 1.0)\n"
@@ -255,8 +256,8 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
         f"    def on_train_start(self, trainer, pl_module):\n"
         f"        for opt in trainer.optimizers:\n"
         + hooks +
-        f"    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):\n"
-        f"        self.step = trainer.global_step + 1\n"
+        "    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):\n"
+        "        self.step = trainer.global_step + 1\n"
         + scale +
         f"\n"
         f"# In your LightningModule.training_step, skip the batches of steps {s0}-{s1}\n"
@@ -435,7 +436,7 @@ def _describe(spike: Spike, reasons: list[str]) -> None:
         reasons.append(f"the grad norm spiked first, at step {spike.grad_norm_precursor_step}: onset moved there")
 
 
-def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,
+def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,  # noqa: C901 - complexity debt, see issue 10
                  reasons: list[str], warnings: list[str], ck_info: CheckpointsInfo, common: dict) -> RecoveryReport:
     steps = series.steps
     last_step = int(steps[-1])

@@ -8,7 +8,8 @@ Names understood (the step is N):
   epoch=E-step=N[...].ckpt  PyTorch Lightning ModelCheckpoint
   N                       Orbax (plain numeric folders)
 Temporary entries (names containing 'tmp' or 'temp', e.g. Orbax's '500.orbax-checkpoint-tmp-1',
-HF's 'tmp-checkpoint-500') are ignored: they are not complete checkpoints.
+HF's 'tmp-checkpoint-500') are ignored: they are not complete checkpoints. So are emergency saves
+(a `checkpoint-strategy.json` marker, see checkpoints/marker.py): they hold post-event weights.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import re
 from pathlib import Path
 from typing import Optional
 
+from checkpoint_strategy.checkpoints.marker import is_emergency
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import oserror_line
 
 _PATTERNS = (
     re.compile(r"^checkpoint-(\d+)$"),
@@ -60,13 +63,15 @@ def scan(root: str | os.PathLike) -> list[tuple[int, str]]:
     try:
         entries = list(os.scandir(root))
     except OSError as exc:
-        raise UsageError(f"cannot list checkpoint folder {root}: {exc.strerror or exc}") from None
+        raise UsageError(oserror_line(exc, "list checkpoint folder", root)) from None
     for entry in entries:
         try:
             is_dir = entry.is_dir()
         except OSError:
             continue
         step = parse_step(entry.name, is_dir)
+        if step is not None and is_emergency(entry.path):
+            continue  # post-event weights saved by the training callbacks: never a resume point
         if step is not None and (step not in found or is_dir):
             found[step] = str(Path(root) / entry.name)
     return sorted(found.items())
@@ -108,3 +113,8 @@ def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list
             if found:
                 return "folder", str(root), list(found)
     return "none", None, []
+
+
+def resume_candidates(checkpoints: list[tuple[int, Optional[str]]]) -> list[tuple[int, Optional[str]]]:
+    """Drop emergency saves (marked post-event checkpoints) from a (step, path) list."""
+    return [(s, p) for s, p in checkpoints if p is None or not is_emergency(p)]

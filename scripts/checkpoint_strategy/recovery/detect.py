@@ -483,7 +483,7 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
     edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     out = []
-    for s, e in zip(starts, ends):   # values s .. e are equal
+    for s, e in zip(starts, ends, strict=False):   # values s .. e are equal
         if e - s + 1 < COLLAPSE_POINTS or s == 0:
             continue
         v = float(x[s])

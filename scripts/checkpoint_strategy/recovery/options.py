@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import path_arg
 
 
 def add_log_options(parser) -> None:
-    parser.add_argument("log", metavar="LOG",
+    parser.add_argument("log", metavar="LOG", type=path_arg,
                         help="trainer_state.json, CSV (W&B export too), JSON/JSON lines, TensorBoard events, "
                              "or a run/checkpoint folder (newest trainer_state.json)")
     g = parser.add_argument_group("log columns")
@@ -22,18 +20,9 @@ def add_log_options(parser) -> None:
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")
 
 
-def add_output_options(parser, formats=("text", "markdown", "json")) -> None:
-    parser.add_argument("--format", default="text", choices=formats, help="report format (default: text)")
-    parser.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE (atomically) instead of stdout")
+def check_output_early(args) -> None:
+    """Refuse -o naming an input before any work is done."""
+    if getattr(args, "output", None) is not None:
+        from checkpoint_strategy.storage import check_output
 
-
-def emit(text: str, output) -> None:
-    if output:
-        from checkpoint_strategy.atomic import atomic_write_text
-
-        try:
-            atomic_write_text(output, text)
-        except OSError as exc:
-            raise UsageError(f"cannot write {output}: {exc.strerror or exc}") from None
-    else:
-        sys.stdout.write(text)
+        check_output(args.output, "-o/--output", inputs=(args.log,))

@@ -16,7 +16,6 @@ from typing import Optional
 
 import numpy as np
 
-from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import detect
 from checkpoint_strategy.simulation.plot import require_matplotlib
 
@@ -43,7 +42,7 @@ def _thin(steps: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xs, ys
 
 
-def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
+def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):  # noqa: C901 - complexity debt, see issue 10
     """The matplotlib Figure for a RecoveryReport and the LogSeries it was computed from."""
     require_matplotlib()
     from matplotlib.figure import Figure
@@ -142,10 +141,7 @@ def render_curve(report, series, checkpoints, fmt: str) -> bytes:
 
 
 def write_curve(report, series, checkpoints, target: Path, fmt: str) -> None:
-    from checkpoint_strategy.atomic import atomic_write_bytes
+    from checkpoint_strategy.storage import write_output
 
-    data = render_curve(report, series, checkpoints, fmt)
-    try:
-        atomic_write_bytes(target, data)
-    except OSError as exc:
-        raise UsageError(f"argument --plot: cannot write {str(target)!r}: {exc.strerror or exc}") from None
+    write_output(target, render_curve(report, series, checkpoints, fmt), "argument --plot",
+                 inputs=(report.log.path,))

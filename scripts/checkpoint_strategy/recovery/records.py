@@ -19,7 +19,8 @@ import math
 import re
 from array import array
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator, Optional
+from typing import Any, BinaryIO, Optional
+from collections.abc import Iterable, Iterator
 
 from checkpoint_strategy.errors import UsageError
 
@@ -78,7 +79,7 @@ class Collector:
             return
         self._take(i, rec)
 
-    def add_many(self, recs: list) -> None:
+    def add_many(self, recs: list) -> None:  # noqa: C901 - complexity debt, see issue 10
         """A batch of records: the same result as add() one by one, converted with numpy."""
         if self.keys is None or self.split_key is not None:
             k = 0
@@ -289,7 +290,7 @@ def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
     start = m.end()
     bounds = [start]
     pos = start
-    first = [h.end() for _, h in zip(range(64), _BOUNDARY.finditer(data, start))]
+    first = [h.end() for _, h in zip(range(64), _BOUNDARY.finditer(data, start), strict=False)]
     avg = max(16, (first[-1] - start) // len(first)) if first else 64
     while True:  # jump about SLICE_RECORDS entries ahead, cut at the next boundary
         hit = _BOUNDARY.search(data, pos + SLICE_RECORDS * avg)
@@ -319,7 +320,7 @@ def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
 
 
 def _slices(data: bytes, cuts: list[int]) -> Iterator[Any]:
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in zip(cuts, cuts[1:], strict=False):
         chunk = data[a:b].rstrip()
         if chunk.endswith(b","):
             chunk = chunk[:-1]

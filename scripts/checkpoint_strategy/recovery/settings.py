@@ -40,7 +40,7 @@ class RecoveryOptions(BaseModel):
     skip_past_onset: int = Field(20, ge=0, le=MAX_STEPS, description="skip batches up to onset + N")
 
     @model_validator(mode="after")
-    def _waits(self) -> "RecoveryOptions":
+    def _waits(self) -> RecoveryOptions:
         if self.min_wait_steps > self.wait_steps:
             raise ValueError(f"min_wait_steps ({self.min_wait_steps}) must not exceed wait_steps ({self.wait_steps})")
         return self

@@ -26,7 +26,7 @@ from checkpoint_strategy.recovery.logs import Columns, read_log
 from checkpoint_strategy.recovery.models import VerifyResumeReport
 
 
-def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,
+def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,  # noqa: C901 - complexity debt, see issue 10
                   loss_key: Optional[str] = None, lr_key: Optional[str] = None, run: Optional[str] = None,
                   pre_points: int = 20, post_points: int = 5, tolerance: float = 0.05,
                   lr_tolerance: float = 0.10) -> VerifyResumeReport:

@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.recovery.options import add_log_options, add_output_options, emit
+from checkpoint_strategy.cli_options import add_report_options, number
+from checkpoint_strategy.recovery.options import add_log_options, check_output_early
 
 HELP = "check that a resume kept optimizer state"
 
 
 def add_arguments(parser) -> None:
     add_log_options(parser)
-    parser.add_argument("--resume-step", type=int, required=True, metavar="N",
+    parser.add_argument("--resume-step", type=number("step_offset"), required=True, metavar="N",
                         help="the step of the checkpoint the run resumed from")
-    parser.add_argument("--pre-points", type=int, default=20, help="logged losses before the save (default 20)")
-    parser.add_argument("--post-points", type=int, default=5, help="logged losses after the resume (default 5)")
-    parser.add_argument("--tolerance", type=float, default=0.05, help="allowed relative change (default 0.05)")
-    parser.add_argument("--lr-tolerance", type=float, default=0.10, help="allowed lr deviation (default 0.10)")
-    add_output_options(parser, formats=("text", "json"))
+    parser.add_argument("--pre-points", type=number("points"), default=20, help="logged losses before the save (default 20)")
+    parser.add_argument("--post-points", type=number("points"), default=5, help="logged losses after the resume (default 5)")
+    parser.add_argument("--tolerance", type=number("relative"), default=0.05, help="allowed relative change (default 0.05)")
+    parser.add_argument("--lr-tolerance", type=number("relative"), default=0.10, help="allowed lr deviation (default 0.10)")
+    add_report_options(parser)
 
 
 def run(args) -> int:
-    from checkpoint_strategy.recovery.report import render_verify
+    from checkpoint_strategy.render import emit
     from checkpoint_strategy.recovery.verify import verify_resume
 
+    check_output_early(args)
     report = verify_resume(args.log, args.resume_step, log_format=args.log_format, step_key=args.step_key,
                            loss_key=args.loss_key, lr_key=args.lr_key, run=args.run, pre_points=args.pre_points,
                            post_points=args.post_points, tolerance=args.tolerance, lr_tolerance=args.lr_tolerance)
-    emit(render_verify(report, args.format), args.output)
+    emit(report, args.format, args.output, inputs=(args.log, report.log.path))
     return 0 if report.verdict == "ok" else 1

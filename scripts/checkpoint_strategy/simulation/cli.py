@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-
-from checkpoint_strategy.planning.options import add_format_option, add_plan_options
+from checkpoint_strategy.cli_options import add_report_options
+from checkpoint_strategy.planning.options import add_plan_options
 from checkpoint_strategy.simulation.options import (
     add_spike_options,
     corrupt_prob,
@@ -24,18 +23,18 @@ def add_arguments(parser) -> None:
                      help=f"simulated runs (default {DEFAULT_RUNS})")
     sim.add_argument("--seed", dest="seed", type=seed_value, default=0, metavar="S",
                      help="random seed; the same seed gives the same report (default 0)")
-    sim.add_argument("--corrupt-prob", "--corrupt_prob", dest="corrupt_prob", type=corrupt_prob, default=0.0,
+    sim.add_argument("--corrupt-prob", dest="corrupt_prob", type=corrupt_prob, default=0.0,
                      metavar="Q", help="probability that a saved checkpoint is unloadable when needed (default 0)")
     add_spike_options(parser)
-    add_format_option(parser, ("text", "markdown", "json"))
+    add_report_options(parser)
 
 
 def run(args) -> int:
     from checkpoint_strategy.simulation.montecarlo import simulate
-    from checkpoint_strategy.simulation.report import render_simulation
+    from checkpoint_strategy.render import emit
 
-    _pargs, report = plan_from_args(args)
+    _pargs, report = plan_from_args(args, two_tiers=True)
     result = simulate(report, runs=args.runs, seed=args.seed, corrupt_prob=args.corrupt_prob,
                       spike_rate=args.spike_rate, wait=args.spike_wait_steps, margin=args.spike_margin_steps)
-    sys.stdout.write(render_simulation(result, args.format))
+    emit(result, args.format, args.output)
     return 0

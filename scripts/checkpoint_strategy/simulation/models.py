@@ -36,13 +36,24 @@ class SpikeStats(_Strict):
     window_miss_fraction: Optional[float] = Field(
         description="of spikes: the rolling window no longer held a checkpoint from before onset - margin")
     milestone_rescue_fraction: Optional[float] = Field(
-        description="of spikes: only a milestone outside the rolling window saved the run")
+        description="of spikes: a milestone outside the rolling window saved the run, because the window missed "
+                    "or every window checkpoint from before the onset was corrupt")
     scratch_fraction: Optional[float] = Field(
-        description="of spikes: nothing from before onset - margin was left; restart from step 0")
+        description="of spikes: nothing from before onset - margin was left; restart from step 0 (a spike in the "
+                    "first margin steps is rescued by step 0 and not counted here)")
     runs_with_window_miss_fraction: float = Field(description="of runs: at least one spike the window missed")
     runs_saved_only_by_milestone_fraction: float = Field(
         description="of runs: at least one spike that only a milestone rescued")
     runs_from_scratch_fraction: float = Field(description="of runs: at least one restart from step 0")
+
+
+class TwoTierSimulation(_Strict):
+    """Two-tier plans: local saves, persistent saves, and the failures that lost a node."""
+
+    local_frequency_steps: int
+    persistent_frequency_steps: int
+    node_loss_fraction: float
+    node_losses_per_run: float = Field(description="failures that lost a node (rolled back to persistent), per run")
 
 
 class SimulationReport(_Strict):
@@ -60,26 +71,35 @@ class SimulationReport(_Strict):
     analytic_wall_hours: float = Field(description="the planner's Daly 2006 expectation")
     analytic_z: Optional[float] = Field(
         description="(mean_wall_hours - analytic_wall_hours) / wall_hours_stderr")
-    mean_lost_hours: float = Field(description="wall time beyond the failure-free run: rework, restarts, spikes")
+    async_wall_hours: Optional[float] = Field(
+        None, description="async saves: the exact expectation with rework of saves still in flight (failures only)")
+    async_z: Optional[float] = Field(None, description="(mean_wall_hours - async_wall_hours) / wall_hours_stderr")
+    mean_lost_hours: float = Field(description="wall time beyond pure compute: save stalls, rework, restarts, "
+                                               "spikes (lost_definition)")
     p50_lost_hours: float
     p95_lost_hours: float
     p99_lost_hours: float
     max_lost_hours: float
     mean_failures: float = Field(description="failures per run, those during saves and restarts included")
-    p50_failures: float
+    p50_failures: float = Field(description="percentiles are order statistics: values some run had")
     p95_failures: float
     p99_failures: float
     max_failures: int
     overhead_fraction: float = Field(description="simulated mean wall time / compute - 1")
     analytic_overhead_fraction: float = Field(description="the planner's expected_overhead_fraction")
     in_flight_rollback_fraction: Optional[float] = Field(
-        description="of failures: the newest checkpoint was still being written, the rollback went one further")
+        description="of all failures (the failures row): the newest checkpoint was still being written, the "
+                    "rollback went one further")
     corrupt_skips_per_run: float = Field(description="corrupt checkpoints skipped during rollbacks, per run")
     failure_scratch_fraction: float = Field(
-        description="of runs: a failure left no loadable checkpoint (restart from step 0)")
+        description="of runs: a failure found no loadable checkpoint left (restart from step 0); a failure before "
+                    "the first save restarts from step 0 too but is not counted: step 0 is a rollback point")
     spikes: Optional[SpikeStats]
     plan_warnings: list[str]
     assumptions: list[str]
+    lost_definition: str
+    analytic_caveats: list[str] = Field(description="why the analytic figure may differ beyond sampling noise")
+    two_tier: Optional[TwoTierSimulation] = Field(None, description="only for plans with --local-tier")
 
 
 class TradeoffPoint(_Strict):
@@ -90,11 +110,13 @@ class TradeoffPoint(_Strict):
     fits_budget: Optional[bool]
     max_data_loss_hours: float
     expected_overhead_fraction: float
-    expected_lost_hours: float = Field(description="compute hours x expected_overhead_fraction")
+    expected_lost_hours: float = Field(description="compute hours x expected_overhead_fraction: wall time beyond "
+                                                   "pure compute (save stalls, rework, restarts), as in simulate")
     rollback_horizon_steps: int
     rollback_horizon_hours: float
     spike_window_rescue_probability: float = Field(
-        description="per spike: the rolling window holds a checkpoint from before onset - margin when acted on")
+        description="per spike: the rolling window holds a checkpoint from before onset - margin when acted on "
+                    "(exact over onsets, saves in flight included; step 0 counts as a rollback point)")
     spike_run_rescue_probability: Optional[float] = Field(
         description="per run: every spike at --spike-rate is rescued from the rolling window")
     pareto: bool
@@ -120,6 +142,7 @@ class TradeoffsReport(_Strict):
     points: list[TradeoffPoint]
     plot: Optional[str] = Field(description="file the plot was written to")
     plan_warnings: list[str]
+    lost_definition: str
 
 
 SCHEMAS = {

@@ -13,10 +13,12 @@ corrupt and there are no spikes):
   during a save and during a restart alike. A failure costs the restart R (a failure during the
   restart starts it again) and the rework since the checkpoint rolled back to.
 - The rollback goes to the newest checkpoint that was fully persisted when the failure struck.
-  Each checkpoint may be unloadable with probability ``corrupt_prob`` (drawn when it is first
-  needed): then the rollback walks further back through the rolling window of the newest
-  ``keep_last`` persisted checkpoints, then through the milestones kept outside the window,
-  then to step 0.
+  Each checkpoint may be unloadable with probability ``corrupt_prob``, drawn once, when it is
+  first needed (a checkpoint that loaded once loads again until training rewrites it): then the
+  rollback walks further back through the rolling window of the newest ``keep_last`` persisted
+  checkpoints, then through the milestones kept outside the window, then to step 0. Step 0
+  (the initial state) is always a rollback point: an early failure or spike restarts from it
+  without counting as "nothing loadable left".
 - Loss spikes start at uniformly random steps (a Poisson process, ``spike_rate`` per 1000
   steps). A spike is noticed ``wait`` steps after its onset and needs a checkpoint from at
   most ``onset - margin``: the newest such one still in the rolling window, else the newest
@@ -40,6 +42,7 @@ from checkpoint_strategy.errors import UsageError
 # Work limits that keep a bad combination of arguments from running for hours or eating memory.
 MAX_EVENTS_PER_RUN = 20000
 MAX_SPIKE_CELLS = 50_000_000
+MAX_KNOWN_CELLS = 50_000_000  # checkpoints known to load, tracked per run when some may be corrupt
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,102 @@ def _geometric_skips(rng, q: float, n: int):
     return rng.geometric(1.0 - q, n).astype("int64") - 1
 
 
-def rollback(setup: Setup, rng, c, lo, good):
+class KnownGood:
+    """Per run: the checkpoint positions that loaded and have not been rewritten since (they load again).
+
+    Rows are increasing position lists (-1 padded) indexed by run id; the newest (the top) is where the
+    run last rolled back to. Most rollbacks land at or above the top (an append, O(1)); only a rollback
+    below it (a spike, or a fall back to a milestone) rewrites the row.
+    """
+
+    def __init__(self, rows) -> None:
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.int64)
+        self.known = (rows.reshape(rows.shape[0], -1) if rows.ndim < 2 else rows).copy()
+        self.depth = (self.known >= 0).sum(axis=1)
+        self.track = True
+
+    @classmethod
+    def start(cls, runs: int, track: bool = True) -> KnownGood:
+        """Every run knows step 0 loads. track=False (nothing can be corrupt): pushes are not recorded."""
+        import numpy as np
+
+        kg = cls(np.zeros((runs if track else 0, 1), dtype=np.int64))
+        kg.track = track
+        return kg
+
+    @property
+    def size(self) -> int:
+        return int(self.known.size)
+
+    def top(self, ids):
+        import numpy as np
+
+        return np.where(self.depth[ids] > 0, self.known[ids, np.maximum(self.depth[ids] - 1, 0)], -1)
+
+    def highest(self, ids, c, ms=None):
+        """Per run: the highest known position <= c (a milestone position when ms is given), -1 if none."""
+        import numpy as np
+
+        top = self.top(ids)
+        out = np.where(top <= c, top, -1)
+        scan = (top > c) if ms is None else np.ones(ids.size, dtype=bool)
+        if ms is not None:
+            out = np.full(ids.size, -1, dtype=np.int64)
+        if scan.any():
+            rows = self.known[ids[scan]]
+            ok = (rows >= 0) & (rows <= c[scan, None])
+            if ms is not None:
+                ok &= np.isin(rows, ms)
+            out[scan] = np.where(ok, rows, -1).max(axis=1, initial=-1)
+        return out
+
+    def push(self, ids, target) -> None:
+        """`target` loaded in each run of `ids`: positions above it will be rewritten (forgotten)."""
+        import numpy as np
+
+        if not self.track:
+            return
+        top = self.top(ids)
+        below = target < top
+        if below.any():
+            r = ids[below]
+            rows = self.known[r]
+            keep = (rows >= 0) & (rows <= target[below, None])
+            self.known[r] = np.where(keep, rows, -1)
+            self.depth[r] = keep.sum(axis=1)
+            top = self.top(ids)
+        add = target != top
+        if add.any():
+            r = ids[add]
+            if int(self.depth[r].max()) >= self.known.shape[1]:
+                grow = max(4, self.known.shape[1] // 2)
+                if self.known.size + self.known.shape[0] * grow > MAX_KNOWN_CELLS:
+                    raise UsageError(f"too many rollbacks to track which checkpoints loaded (limit "
+                                     f"{MAX_KNOWN_CELLS:.0e} cells); lower --runs or --corrupt-prob")
+                self.known = np.concatenate(
+                    [self.known, np.full((self.known.shape[0], grow), -1, dtype=np.int64)], axis=1)
+            self.known[r, self.depth[r]] = target[add]
+            self.depth[r] += 1
+
+
+def push_known(known, rows, target):
+    """Functional form of KnownGood.push on a -1 padded 2-D array (rows: run indices); returns the array."""
+    kg = KnownGood(known)
+    kg.push(rows, target)
+    return kg.known
+
+
+def rollback(setup: Setup, rng, c, lo, known, ids=None):
     """Where a rollback lands: newest loadable checkpoint at most position c.
 
     c: ceiling position (newest acceptable); lo: oldest position in the rolling window (may be
-    <= 0: the start is still covered); good: the position last loaded (known loadable).
+    <= 0: the start is still covered); known: positions that loaded before and have not been rewritten
+    since (a KnownGood with the runs' ids, or an array: one position or a -1 padded row per run): they load
+    again. Every other checkpoint is
+    corrupt with probability corrupt_prob, drawn when it is first needed; a walk stops at the first
+    loadable one, so the corrupt ones it passes are all rewritten before they could be needed again.
     Returns (target, source, skips) with source 0 = rolling window, 1 = milestone, 2 = step 0
     because nothing else was left.
     """
@@ -164,13 +258,16 @@ def rollback(setup: Setup, rng, c, lo, good):
 
     n = c.shape[0]
     q = setup.corrupt_prob
+    if not isinstance(known, KnownGood):
+        known, ids = KnownGood(known), np.arange(n)
     in_win = c >= lo
     if q > 0:
         skips_w = _geometric_skips(rng, q, n)
         cand = c - skips_w
-        g_in = (good >= lo) & (good <= c)
+        g = known.highest(ids, c)
+        g_in = (g >= 0) & (g >= lo)
         win_ok = in_win & ((cand >= lo) | g_in | (lo <= 0))
-        target = np.where(g_in, np.maximum(cand, good), cand)
+        target = np.where(g_in, np.maximum(cand, g), cand)
         target = np.maximum(target, 0)
     else:
         win_ok = in_win
@@ -187,11 +284,9 @@ def rollback(setup: Setup, rng, c, lo, good):
             idx2 = idx.copy()
             if q > 0:
                 idx2 = idx - _geometric_skips(rng, q, int(miss.sum()))
-                g = good[miss]
-                gi = np.searchsorted(ms, g)
-                gi_c = np.minimum(gi, ms.size - 1)
-                g_ms = (gi < ms.size) & (ms[gi_c] == g) & (g <= mc)
-                idx2 = np.where(g_ms, np.maximum(idx2, gi_c), idx2)
+                gm = known.highest(ids[miss], mc, ms)
+                gi = np.searchsorted(ms, np.maximum(gm, 0))
+                idx2 = np.where(gm >= 1, np.maximum(idx2, gi), idx2)
             skips[miss] += np.maximum(idx - np.maximum(idx2, -1), 0)
             ok = idx2 >= 0
             target[miss] = np.where(ok, ms[np.maximum(idx2, 0)], 0)
@@ -249,7 +344,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
 
     idx = np.arange(runs)
     pos = np.zeros(runs, dtype=np.int64)
-    good = np.zeros(runs, dtype=np.int64)
+    known = KnownGood.start(runs, track=setup.corrupt_prob > 0)
     ptr = np.zeros(runs, dtype=np.int64)
     wall = np.zeros(runs)
     fails = np.zeros(runs, dtype=np.int64)
@@ -290,12 +385,12 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             completed = np.maximum(setup.newest_completed(t), p0)
             in_flight += int(np.count_nonzero(completed > k))
             fail_rollbacks += int(k.size)
-            target, source, skips = rollback(setup, rng, k, k - K + 1, good[fail])
+            target, source, skips = rollback(setup, rng, k, k - K + 1, known, idx[fail])
+            known.push(idx[fail], target)
             runs_f = idx[fail]
             skips_run[runs_f] += skips
             scratch_run[runs_f] |= source == 2
             pos[fail] = target
-            good[fail] = target
             need[fail] = True
 
         if spike.any():
@@ -304,7 +399,8 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             k = np.maximum(setup.newest_durable(t), p0)
             lo = k - K + 1
             c = np.minimum(rescue_pos[idx[spike], ptr[spike]], k)
-            target, source, skips = rollback(setup, rng, c, lo, good[spike])
+            target, source, skips = rollback(setup, rng, c, lo, known, idx[spike])
+            known.push(idx[spike], target)
             runs_s = idx[spike]
             sp_n[runs_s] += 1
             sp_miss[runs_s] += c < lo
@@ -312,7 +408,6 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             sp_scratch[runs_s] += source == 2
             skips_run[runs_s] += skips
             pos[spike] = target
-            good[spike] = target
             need[spike] = True
             ptr[spike] += 1
 
@@ -320,7 +415,7 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             out_wall[idx[done]] = wall[done]
             out_fail[idx[done]] = fails[done]
             keep = ~done
-            idx, pos, good, ptr, wall, fails, need = (a[keep] for a in (idx, pos, good, ptr, wall, fails, need))
+            idx, pos, ptr, wall, fails, need = (a[keep] for a in (idx, pos, ptr, wall, fails, need))
 
     return RawResult(wall=out_wall, failures=out_fail, corrupt_skips=skips_run, failure_scratch=scratch_run,
                      in_flight_rollbacks=in_flight, failure_rollbacks=fail_rollbacks, spikes=sp_n,
@@ -331,8 +426,10 @@ ASSUMPTIONS = [
     "failures: Poisson with the plan's job MTBF; they also strike during saves and restarts",
     "a failure costs the restart plus the rework since the newest checkpoint fully on storage "
     "(with async saves the newest may still be in flight)",
-    "corrupt checkpoints are found when loading; the rollback then walks back through the rolling window, "
-    "the milestones, then step 0",
+    "corrupt checkpoints are found when loading, each drawn once: one that loaded loads again until training "
+    "rewrites it; the rollback walks back through the rolling window, the milestones, then step 0",
+    "step 0 is always a rollback point: a failure before the first save, or a spike in the first margin steps, "
+    "restarts from it and is not counted as 'nothing loadable left'",
     "loss spikes: uniform onsets, noticed after the wait, rescued only from a checkpoint at least the margin "
     "before the onset; the bad data is skipped so a spike does not recur",
     "the run ends when the final save's stall ends; off-grid milestones count as the next regular save after them",
@@ -353,9 +450,64 @@ def setup_from_plan(report, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
 
 
 def _pct(values, qs):
+    """Order statistics: each percentile is a value some run really had (no interpolation, so a count stays
+    a whole number)."""
     import numpy as np
 
-    return [float(v) for v in np.percentile(values, qs)]
+    return [float(v) for v in np.percentile(values, qs, method="inverted_cdf")]
+
+
+def _piece(a: float, b: float, M: float, R: float) -> float:
+    """Expected wall time to go a seconds of work, where every failure costs the restart R (failures during it
+    start it again) and the retry needs b seconds: (1 - e^(-a/M)) e^(b/M) M e^(R/M). With a = b it is Daly's
+    segment M e^(R/M) (e^(a/M) - 1)."""
+    if a <= 0:
+        return 0.0
+    return -math.expm1(-a / M) * math.exp(b / M) * M * math.exp(R / M)
+
+
+def in_flight_wall_seconds(setup: Setup) -> float | None:
+    """Exact expected wall time with async saves, failures only: each moment a checkpoint reaches storage is a
+    renewal point. From checkpoint k-1 on storage to checkpoint k on storage the first try needs the compute and
+    stall of segment k; a failure on the way (also while k is still in flight) rolls back to k-1 and the retry
+    needs segment k plus the lag L = P - C. The last piece runs from the last checkpoint on storage before the
+    end to the final stall. None when saves overlap (a save still in flight as the next one ends)."""
+    L, C, M, R = setup.P - setup.C, setup.C, setup.M, setup.R
+    m, E = setup.checkpoints, setup.E_scalar
+    full = setup.frequency * setup.step_seconds
+    if m > 1 and L > full + C:
+        return None
+    j = m - 1
+    while j > 0 and E(j) + L > E(m):  # the run ends before checkpoint j is on storage
+        j -= 1
+    if j == 0:
+        return _piece(E(m), E(m), M, R)
+    first = _piece(E(1) + L, E(1) + L, M, R)
+    middle = (j - 1) * _piece(full + C, full + C + L, M, R)
+    return first + middle + _piece(E(m) - E(j) - L, E(m) - E(j), M, R)
+
+
+LOST_DEFINITION = ("lost = wall time beyond pure compute: save stalls, rework after failures, restarts and "
+                   "spike rollbacks (the same definition as tradeoffs' expected lost hours)")
+
+
+def analytic_caveats(setup: Setup, corrupt_prob: float, spike_rate: float, in_flight: int) -> list[str]:
+    """Why the simulation may differ from the planner's Daly figure beyond sampling noise."""
+    out = []
+    if setup.P > setup.C and in_flight:
+        exact = in_flight_wall_seconds(setup)
+        with_term = ("" if exact is None else
+                     f"; with that rework counted exactly (each save reaching storage a renewal point) the "
+                     f"expectation is {exact / 3600.0:.6g} h (async_wall_hours)")
+        out.append(f"async saves: a save is on storage {setup.P:.4g} s after it starts but stalls training "
+                   f"{setup.C:.4g} s; Daly's model counts the stall only, so a failure while the newest save is "
+                   f"still in flight (rolling back one interval further) is rework the planner's figure leaves "
+                   f"out{with_term}")
+    if corrupt_prob > 0:
+        out.append("corrupt checkpoints: the analytic model assumes every checkpoint loads")
+    if spike_rate > 0:
+        out.append("loss spikes: the analytic model has failures only")
+    return out
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -370,15 +522,18 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     from checkpoint_strategy.simulation.models import SimulatedPolicy, SimulationReport, SpikeStats
 
     setup = setup_from_plan(report, corrupt_prob, spike_rate, wait, margin)
-    raw = run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures)
+    raw, failure_free_s, tiers = _run(report, setup, runs, seed)
     H = 3600.0
     wall_h = raw.wall / H
-    lost_h = (raw.wall - setup.end_seconds) / H
+    lost_h = (raw.wall - setup.compute_seconds) / H
     fails = raw.failures
     mean_wall = float(wall_h.mean())
     stderr = float(wall_h.std(ddof=1) / math.sqrt(runs)) if runs > 1 else 0.0
     analytic = report.expected_wall_hours
     z = (mean_wall - analytic) / stderr if stderr > 0 else None
+    exact = in_flight_wall_seconds(setup) if setup.P > setup.C and tiers is None else None
+    async_h = None if exact is None else exact / H
+    async_z = None if async_h is None or stderr <= 0 else (mean_wall - async_h) / stderr
     w50, w95, w99 = _pct(wall_h, [50, 95, 99])
     l50, l95, l99 = _pct(lost_h, [50, 95, 99])
     f50, f95, f99 = _pct(fails, [50, 95, 99])
@@ -405,24 +560,57 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     policy = SimulatedPolicy(
         total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
         keep_last=setup.keep_last, milestone_steps=list(setup.milestone_steps),
-        checkpoints_per_run=setup.checkpoints, mtbf_hours=fm.mtbf_hours,
+        checkpoints_per_run=setup.checkpoints,
+        mtbf_hours=fm.mtbf_hours if tiers is None else report.two_tier.job_mtbf_hours,
         checkpoint_write_seconds=setup.C, persist_seconds=setup.P, restart_seconds=setup.R,
         async_save=fm.async_save)
     return SimulationReport(
         runs=runs, seed=seed, policy=policy, corrupt_prob=corrupt_prob,
-        compute_hours=_r(compute_h), failure_free_wall_hours=_r(setup.end_seconds / H),
+        compute_hours=_r(compute_h), failure_free_wall_hours=_r(failure_free_s / H),
         mean_wall_hours=_r(mean_wall), wall_hours_stderr=_r(stderr, 9),
         p50_wall_hours=_r(w50), p95_wall_hours=_r(w95), p99_wall_hours=_r(w99),
         analytic_wall_hours=analytic, analytic_z=None if z is None else _r(z, 3),
+        async_wall_hours=None if async_h is None else _r(async_h),
+        async_z=None if async_z is None else _r(async_z, 3),
         mean_lost_hours=_r(lost_h.mean()), p50_lost_hours=_r(l50), p95_lost_hours=_r(l95),
         p99_lost_hours=_r(l99), max_lost_hours=_r(lost_h.max()),
         mean_failures=_r(fails.mean()), p50_failures=_r(f50), p95_failures=_r(f95), p99_failures=_r(f99),
         max_failures=int(fails.max()),
         overhead_fraction=_r(mean_wall / compute_h - 1.0),
         analytic_overhead_fraction=report.expected_overhead_fraction,
-        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / raw.failure_rollbacks)
-                                     if raw.failure_rollbacks else None),
+        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / int(fails.sum()))
+                                     if fails.sum() and tiers is None else None),
         corrupt_skips_per_run=_r(raw.corrupt_skips.mean()),
         failure_scratch_fraction=_r(raw.failure_scratch.mean()),
         spikes=spikes, plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
+        lost_definition=LOST_DEFINITION,
+        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks) + (
+            [] if tiers is None else [TWO_TIER_CAVEAT]),
+        two_tier=tiers,
     )
+
+
+TWO_TIER_CAVEAT = ("two tiers: the planner's figure is first order (each failure loses half an interval of its "
+                   "tier on average), the simulation follows every save and failure")
+
+
+def _run(report, setup: Setup, runs: int, seed: int):
+    """The Monte Carlo for one tier, or for two (simulation/twotier.py) when the plan has a local tier:
+    (RawResult, failure-free wall seconds, TwoTierSimulation or None)."""
+    if getattr(report, "two_tier", None) is None:
+        return run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures), setup.end_seconds, None
+    import numpy as np
+
+    from checkpoint_strategy.simulation import twotier
+    from checkpoint_strategy.simulation.models import TwoTierSimulation
+
+    tts = twotier.setup_from_plan(report)
+    wall, fails, losses = twotier.run_two_tier(tts, runs, seed, report.expected_failures)
+    zeros = np.zeros(runs, dtype=np.int64)
+    raw = RawResult(wall=wall, failures=fails, corrupt_skips=zeros, failure_scratch=zeros.astype(bool),
+                    in_flight_rollbacks=0, failure_rollbacks=int(fails.sum()), spikes=zeros, spike_window_miss=zeros,
+                    spike_milestone=zeros, spike_scratch=zeros)
+    stats = TwoTierSimulation(local_frequency_steps=tts.f_local, persistent_frequency_steps=tts.f_persistent,
+                              node_loss_fraction=tts.node_loss_fraction,
+                              node_losses_per_run=_r(float(losses.mean())))
+    return raw, float(tts.timeline()[0][-1]), stats

@@ -89,10 +89,6 @@ def render_plot(report, fmt: str) -> bytes:
 
 
 def write_plot(report, target: Path, fmt: str) -> None:
-    from checkpoint_strategy.atomic import atomic_write_bytes
+    from checkpoint_strategy.storage import write_output
 
-    data = render_plot(report, fmt)
-    try:
-        atomic_write_bytes(target, data)
-    except OSError as exc:
-        raise UsageError(f"argument --plot: cannot write {str(target)!r}: {exc.strerror or exc}") from None
+    write_output(target, render_plot(report, fmt), "argument --plot")

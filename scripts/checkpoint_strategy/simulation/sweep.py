@@ -7,7 +7,8 @@ overhead are exactly what `plan --frequency F --keep-last K` reports). Added per
 - rollback_horizon_hours = keep_last x frequency x step seconds: how far back the rolling window reaches;
 - spike_window_rescue_probability: the probability that the rolling window still holds a checkpoint
   from at least `margin` steps before a spike's onset when the spike is acted on `wait` steps after
-  it (the planner's spike horizon, 100 + 100 steps by default); with --spike-rate also the
+  it (the planner's spike horizon, 100 + 100 steps by default), exact over onsets with step
+  granularity and saves still in flight, as simulate counts it; with --spike-rate also the
   probability that every spike of the run is rescued from the window.
 
 Pareto front: a point is on it when no other point is at least as good on every objective and
@@ -22,7 +23,8 @@ imposed: the front is the whole tradeoff space.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
+from collections.abc import Sequence
 
 from checkpoint_strategy.errors import UsageError
 
@@ -77,6 +79,40 @@ def spike_window_rescue_probability(frequency: int, keep_last: int, wait: int, m
     return 0.0
 
 
+def spike_window_rescue_exact(setup, keep_lasts: Sequence[int], wait: int, margin: int) -> dict[int, float]:
+    """P(the rolling window rescues a spike) for each keep_last, exact over onsets s = 1..N (uniform), by the
+    rule simulate uses: the spike is acted on at step d = min(s + wait, N); the newest checkpoint on storage
+    then is k (saves still in flight do not count); the rescue needs position (s - margin) // f or earlier
+    (step 0 for s < margin: step 0 is a rollback point); the window k - K + 1 .. k misses when
+    k - rescue >= K. `setup` is a montecarlo.Setup (no failures or corruption needed).
+
+    Away from the run's start and end the gap k - rescue repeats with period f, so one period stands for the
+    middle of the run and only the ends are enumerated: exact, in O(f + wait + margin) per frequency.
+    """
+    import numpy as np
+
+    N, f = setup.total_steps, setup.frequency
+    lag_steps = int(math.ceil(max(setup.P - setup.C, 0.0) / setup.step_seconds)) + 1
+
+    def gap(s):
+        d = np.minimum(s + wait, N)
+        k = setup.newest_durable(setup.step_time(d).astype(float))
+        return k - np.where(s >= margin, (s - margin) // f, 0)
+
+    head_end = min(N + 1, margin + f + lag_steps + 1)
+    tail_start = max(head_end, N - wait - 3 * f - lag_steps)
+    ends = np.concatenate([gap(np.arange(1, head_end, dtype=np.int64)),
+                           gap(np.arange(tail_start, N + 1, dtype=np.int64))])
+    middle = tail_start - head_end
+    period = gap(np.arange(head_end, head_end + min(f, middle), dtype=np.int64)) if middle > 0 else ends[:0]
+    full, rem = divmod(middle, f) if middle > 0 else (0, 0)
+    out = {}
+    for K in keep_lasts:
+        misses = int((ends >= K).sum()) + full * int((period >= K).sum()) + int((period[:rem] >= K).sum())
+        out[K] = 1.0 - misses / N
+    return out
+
+
 def pareto_front(objectives: Sequence[Sequence[float]], maximize: Sequence[bool]) -> list[bool]:
     """True for each row that no other row dominates (at least as good everywhere, better somewhere)."""
     import numpy as np
@@ -88,8 +124,8 @@ def pareto_front(objectives: Sequence[Sequence[float]], maximize: Sequence[bool]
     x = x * sign  # now every objective is minimised
     le = (x[:, None, :] <= x[None, :, :]).all(axis=2)  # le[i, j]: i at least as good as j everywhere
     lt = (x[:, None, :] < x[None, :, :]).any(axis=2)
-    dominated = (le & lt).any(axis=0)
-    return [not bool(d) for d in dominated]
+    dominated = np.asarray((le & lt).any(axis=0))
+    return [not bool(d) for d in dominated.tolist()]
 
 
 def _r(x: float, nd: int = 6) -> float:
@@ -101,6 +137,7 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
               plot: Optional[str] = None):
     """The sweep for PlanArguments `pargs`; returns a TradeoffsReport."""
     from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
+    from checkpoint_strategy.simulation.montecarlo import LOST_DEFINITION, setup_from_plan
     from checkpoint_strategy.simulation.options import plan_or_usage
 
     base = plan_or_usage(pargs)
@@ -121,10 +158,12 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
     compute_h = pargs.total_steps * pargs.step_seconds / 3600.0
     rows = []
     for f in freqs:
+        reports = {k: plan_or_usage(pargs.model_copy(update={"frequency": f, "keep_last": k})) for k in keeps}
+        rescue = spike_window_rescue_exact(setup_from_plan(reports[keeps[0]]), keeps, wait, margin)
         for k in keeps:
-            rep = plan_or_usage(pargs.model_copy(update={"frequency": f, "keep_last": k}))
+            rep = reports[k]
             horizon_h = rep.rollback_horizon_steps * pargs.step_seconds / 3600.0
-            p_win = spike_window_rescue_probability(f, k, wait, margin)
+            p_win = rescue[k]
             p_run = None
             if spikes_on:
                 lam = spike_rate * pargs.total_steps / 1000.0
@@ -154,7 +193,7 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
         vec += [row["expected_lost_hours"], row["max_data_loss_hours"], row["spike_window_rescue_probability"]]
         matrix.append(vec)
     front = pareto_front(matrix, maximize)
-    points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front)]
+    points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front, strict=True)]
     rec_on_front = any(p.pareto and p.recommended for p in points)
     return TradeoffsReport(
         total_steps=pargs.total_steps, step_seconds=pargs.step_seconds, compute_hours=_r(compute_h),
@@ -164,4 +203,5 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
         recommended_frequency_steps=rec_f, recommended_keep_last=rec_k,
         frequencies=list(freqs), keep_last_values=list(keeps), pareto_objectives=objectives,
         pareto_count=sum(front), recommended_on_front=rec_on_front, points=points, plot=plot, plan_warnings=list(base.warnings),
+        lost_definition=LOST_DEFINITION,
     )

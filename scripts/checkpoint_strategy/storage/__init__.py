@@ -14,6 +14,9 @@ hardening is written once:
 - ``describe_os_error`` names an OS error the same way everywhere ("permission denied", never
   "missing" or "corrupt").
 
+Every ``loads_json`` reason reads after "is": "<what> is not valid JSON (...)", "... is nested too
+deeply", "... is not an object (top level is a list)".
+
 ``ReadError`` is a ``UsageError``: a command that lets it propagate exits 2 with its one line.
 Checkers that report problems instead use its short ``reason``.
 """
@@ -136,6 +139,9 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
 def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
     """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
     with open_regular(path, what) as fh:
+        if os.fstat(fh.fileno()).st_size > limit:  # refused before reading (a 10 GB sparse file)
+            reason = f"larger than {_size(limit)}"
+            raise ReadError(f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason)
         try:
             data = fh.read(limit + 1)
         except OSError as exc:
@@ -174,14 +180,22 @@ def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False
     except RecursionError:
         raise ReadError(f"{what} is nested too deeply: expected plain JSON", "nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, int digit limit, rejected constants
-        reason = f"not valid JSON ({_short(exc)})"
+        if "digits" in str(exc) and "integer" in str(exc):
+            reason = "not valid JSON (an integer with thousands of digits)"
+        else:
+            reason = f"not valid JSON ({_short(exc)})"
         raise ReadError(f"{what} is {reason}", reason) from None
     if expect is not None and not isinstance(obj, expect):
         names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
-        names = names.replace("dict", "an object").replace("list", "a list")
-        reason = f"top level is {type(obj).__name__}: expected {names}"
-        raise ReadError(f"{what}: {reason}", reason)
+        names = names.replace("dict", "a JSON object").replace("list", "a JSON list")
+        reason = f"not {names} (top level is {_json_type(obj)})"
+        raise ReadError(f"{what} is {reason}", reason)
     return obj
+
+
+def _json_type(obj: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(obj), type(obj).__name__)
 
 
 def _short(exc: Exception) -> str:
@@ -204,3 +218,96 @@ def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
     except (OSError, RuntimeError):
         return False
     return rp == rr or rr in rp.parents
+
+
+def path_arg(text: str) -> str:
+    """argparse type for every path argument: an empty string is bad input, never "the current folder"."""
+    import argparse
+
+    if text is None or str(text).strip() == "":
+        raise argparse.ArgumentTypeError("empty path: expected a file or folder path")
+    if "\0" in str(text):
+        raise argparse.ArgumentTypeError("path contains a NUL byte: expected a file or folder path")
+    return str(text)
+
+
+def read_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[bytes, str]:
+    """(bytes, display name) of a regular file, or of stdin for '-'; ReadError when unreadable or too big."""
+    import sys
+
+    if path == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is not None:
+            data = stream.read(limit + 1)
+        else:  # a text stream (tests replace sys.stdin with StringIO)
+            data = sys.stdin.read(limit + 1).encode("utf-8", "surrogateescape")
+        if len(data) > limit:
+            reason = f"larger than {_size(limit)}"
+            raise ReadError(f"{what} on stdin is {reason}: expected a smaller input", reason)
+        return data, "stdin"
+    return read_bytes(path, what, limit), os.fspath(path)
+
+
+def read_text_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[str, str]:
+    """(text, display name) of a UTF-8 file or stdin ('-'); ReadError otherwise."""
+    data, name = read_input(path, what, limit)
+    try:
+        return data.decode("utf-8"), name
+    except UnicodeDecodeError:
+        raise ReadError(f"{what} {name} is not UTF-8 text", "not UTF-8 text") from None
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """True when two paths name the same existing file (hard links and symlinks included)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) -> str:
+    """Refuse an output path that is empty, a folder, or one of the command's inputs (UsageError)."""
+    p = os.fspath(path)
+    if p.strip() == "":
+        raise UsageError(f"{what}: empty path: expected a file path to write")
+    if os.path.isdir(p):
+        raise UsageError(f"{what} {p} is a folder: expected a file path to write")
+    for inp in inputs:
+        if inp is None or inp == "-":
+            continue
+        if same_file(p, inp) or os.path.abspath(p) == os.path.abspath(os.fspath(inp)):
+            raise UsageError(f"{what} {p} is also an input of this command: refusing to overwrite it; "
+                             "write the report to another file")
+    return p
+
+
+def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "output",
+                 inputs: tuple = ()) -> None:
+    """Write a command's output file whole (atomic temp + rename; devices and FIFOs written in
+    place, never replaced); every failure is one UsageError line."""
+    from checkpoint_strategy.atomic import atomic_write_bytes
+
+    p = check_output(path, what, inputs)
+    try:
+        atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
+    except OSError as exc:
+        raise UsageError(f"{what}: {oserror_line(exc, 'write', p)}") from None
+
+
+def loads_yaml(text: str, what: str = "YAML") -> Any:
+    """yaml.safe_load with every failure as one ReadError: syntax (with its line), deep nesting,
+    integers past Python's digit limit."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except RecursionError:
+        raise ReadError(f"{what} is nested too deeply", "nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        reason = f"not valid YAML{where}"
+        raise ReadError(f"{what} is {reason}", reason) from None
+    except ValueError as exc:  # int() digit limit, bad timestamps, ...
+        reason = f"not valid YAML ({_short(exc)[:60]})"
+        raise ReadError(f"{what} is {reason}", reason) from None

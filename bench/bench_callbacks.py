@@ -1,0 +1,206 @@
+"""Benchmark: the training callbacks' own cost per training step, against the same run without them.
+
+Two measurements, both in the same process:
+
+1. Hook time on the training thread. A real HF Trainer run (tiny GPT-2, CPU, logging every step,
+   a save every 10 steps, async validation) with HFCheckpointStrategy whose hooks are timed with
+   perf_counter; the same for LightningCheckpointStrategy on a small MLP. Validation and pruning run
+   on the background worker and are excluded (the issue's "validation excluded when async");
+   everything the training thread does for the callback (the schedule check, the spike detector,
+   handing the save to the worker, writing an emergency marker) is included. Printed as ms per
+   step and as a ratio against a 20 ms step (target: at most 1 %) and against the baseline step
+   time measured without the callback.
+2. End to end: the same HF run with and without the callback, interleaved, median of the
+   per-step wall times (noisy on a shared machine: reported, not the target).
+
+Usage: python bench/bench_callbacks.py [--steps N] [--pairs P]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import logging  # noqa: E402
+
+logging.disable(logging.WARNING)
+
+POLICY = {"frequency": "every_10_steps", "keep_last": 2, "keep_milestone": [25],
+          "emergency_save_on": ["loss_spike_detected", "gradient_norm_exceeded"], "async_save": True}
+STEP_TARGET = 0.020
+# thread_time: CPU seconds of the training thread itself, so time the scheduler gives to other
+# processes on a loaded machine is not charged to the callback (--clock wall for perf_counter)
+CLOCK = time.thread_time
+
+
+class Timer:
+    """Per-name call timings of methods wrapped on an object."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[float]] = {}
+        self.clock = CLOCK
+
+    @property
+    def seconds(self) -> float:
+        return sum(sum(v) for v in self.calls.values())
+
+    def typical(self) -> float:
+        """Sum over names of (median call time x calls): leaves out the rare calls that waited for
+        the GIL while the background worker validated (that time is the validation's)."""
+        return sum(statistics.median(v) * len(v) for v in self.calls.values() if v)
+
+    def wrap(self, obj, names):
+        for name in names:
+            fn = getattr(obj, name)
+            bucket = self.calls.setdefault(name, [])
+
+            def timed(*a, _fn=fn, _b=bucket, **k):
+                t0 = self.clock()
+                try:
+                    return _fn(*a, **k)
+                finally:
+                    _b.append(self.clock() - t0)
+
+            setattr(obj, name, timed)
+
+    def table(self, steps: int) -> str:
+        return ", ".join(f"{k} {sum(v) / steps * 1e6:.0f} us" for k, v in self.calls.items() if v)
+
+
+CORE = ["observe", "forced_save", "saved", "mark_emergency"]
+
+
+def hf_run(out: Path, steps: int, with_callback: bool):
+    from transformers import Trainer, TrainerCallback
+
+    import realruns
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+
+    class Wall(TrainerCallback):
+        def __init__(self) -> None:
+            self.t = []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t.append(time.perf_counter())
+
+    wall = Wall()
+    timer = Timer()
+    callbacks = [wall]
+    if with_callback:
+        cb = HFCheckpointStrategy(POLICY, handoff_dir=None)
+        timer.wrap(cb.core, CORE)
+        callbacks.append(cb)
+    args = realruns._training_args(out, max_steps=steps, save_steps=10)
+    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
+                      callbacks=callbacks)
+    t0 = time.perf_counter()
+    trainer.train()
+    total = time.perf_counter() - t0
+    steps_dt = [b - a for a, b in zip(wall.t, wall.t[1:], strict=False)]
+    return timer, statistics.median(steps_dt), total
+
+
+def lightning_hook_cost(out: Path, steps: int, detect_every: int = 1):
+    import callbackruns
+
+    timer = Timer()
+    import checkpoint_strategy.callbacks.lightning as L
+
+    orig_init = L.LightningCheckpointStrategy.__init__
+
+    def init(self, *a, **k):
+        orig_init(self, *a, **k)
+        timer.wrap(self.core, CORE)
+        timer.wrap(self, ["on_before_optimizer_step"])
+
+    L.LightningCheckpointStrategy.__init__ = init
+    try:
+        t0 = time.perf_counter()
+        _cb, trainer, _m = callbackruns.lightning_train(out, POLICY, max_steps=steps, handoff_dir=None,
+                                                         detect_every=detect_every)
+        total = time.perf_counter() - t0
+    finally:
+        L.LightningCheckpointStrategy.__init__ = orig_init
+    return timer, total / steps
+
+
+def detector_cost(n: int) -> float:
+    import random
+
+    from checkpoint_strategy.callbacks._detector import OnlineDetector
+
+    rng = random.Random(0)
+    det = OnlineDetector()
+    vals = [(1.0 + 0.02 * rng.random(), 0.5 + 0.05 * rng.random()) for _ in range(n)]
+    t0 = time.perf_counter()
+    for i, (loss, gn) in enumerate(vals):
+        det.update(i, loss, gn)
+    return (time.perf_counter() - t0) / n
+
+
+def report(timer: Timer, steps: int, step_s: float, what: str) -> None:
+    """Per logged step (detector, schedule, grad norm) and per save (hand-off to the worker), then the
+    share of a 20 ms step at this run's save interval (10) and at a save every 100 steps."""
+    per_step = sum(sum(v) for k, v in timer.calls.items() if k != "saved") / steps
+    saves = timer.calls.get("saved", [])
+    per_save = statistics.median(saves) if saves else 0.0
+    mean_save = sum(saves) / len(saves) if saves else 0.0
+    print(f"  per step: {per_step * 1e6:.0f} us ({timer.table(steps)}); per save: median {per_save * 1e3:.2f} ms, "
+          f"mean {mean_save * 1e3:.2f} ms ")
+    for every in (10, 100):
+        cost = per_step + mean_save / every
+        print(f"  share of a 20 ms step, a save every {every:>3} steps: {cost / STEP_TARGET:6.2%}   (target <= 1%); "
+              f"of this run's {step_s * 1e3:.1f} ms step ({what}): {cost / step_s:.2%}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--pairs", type=int, default=2)
+    ap.add_argument("--no-worker", action="store_true",
+                    help="validate_on_save off and no keep_last: the worker never runs (the callback's own cost)")
+    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
+                    help="cpu: the training thread's CPU time in the callback (default); wall: perf_counter")
+    a = ap.parse_args()
+    global CLOCK
+    CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
+    print(f"clock: {'CPU time of the training thread (time.thread_time)' if a.clock == 'cpu' else 'wall (perf_counter)'}")
+    if a.no_worker:
+        POLICY.update(validate_on_save=False, keep_last=None)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
+
+    per_update = detector_cost(100_000)
+    print(f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)")
+
+    with_steps, without_steps, runs = [], [], []
+    for p in range(a.pairs):
+        timer, med_with, _ = hf_run(tmp / f"with-{p}", a.steps, True)
+        _t, med_without, _ = hf_run(tmp / f"without-{p}", a.steps, False)
+        with_steps.append(med_with)
+        without_steps.append(med_without)
+        runs.append(timer)
+    base = statistics.median(without_steps)
+    print(f"HF Trainer, {a.steps} steps x {a.pairs} runs, logging every step, a save every 10 steps, "
+          f"{'no worker' if a.no_worker else 'validation + prune on the background worker'}:")
+    report(runs[len(runs) // 2], a.steps, base, "without the callback")
+    print(f"  end to end, median step with/without: {statistics.median(with_steps) * 1e3:.1f} / {base * 1e3:.1f} ms "
+          f"= {statistics.median(with_steps) / base:.3f}x (shared machine: noisy)")
+    for every in (1, 10):
+        timer, step_s = lightning_hook_cost(tmp / f"pl-{every}" / "ckpts", a.steps, every)
+        print(f"Lightning, {a.steps} steps, detection (and grad norm) every {every} step(s), a save every 10 steps:")
+        report(timer, a.steps, step_s, "with the callback")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,33 @@
+"""Training callbacks that make the checkpoint policy real inside the training loop.
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy          # transformers.Trainer
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy   # lightning / pytorch_lightning
+    from checkpoint_strategy.callbacks import last_valid_checkpoint         # resume from a whole checkpoint
+
+Nothing here imports a framework until the name is used: ``HFCheckpointStrategy`` loads
+transformers, ``LightningCheckpointStrategy`` loads lightning/pytorch_lightning. The framework-free
+logic is in core.py; the validator/prune and the spike detector are reached only through
+_retention.py and _detector.py. See docs/callbacks.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "last_valid_checkpoint"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HFCheckpointStrategy":
+        from checkpoint_strategy.callbacks.hf import HFCheckpointStrategy
+
+        return HFCheckpointStrategy
+    if name == "LightningCheckpointStrategy":
+        from checkpoint_strategy.callbacks.lightning import LightningCheckpointStrategy
+
+        return LightningCheckpointStrategy
+    if name == "last_valid_checkpoint":
+        from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
+
+        return last_valid_checkpoint
+    raise AttributeError(f"module 'checkpoint_strategy.callbacks' has no attribute {name!r}")

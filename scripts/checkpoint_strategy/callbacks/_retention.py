@@ -1,0 +1,46 @@
+"""Adapter: the project's validator and retention rules, as the callbacks call them.
+
+The only place the callbacks touch ``checkpoints`` (validate_checkpoint, prune, the layout
+table). When retention is split into ``plan_prune`` / ``apply_prune`` this is the module to
+switch; nothing else in the package knows how a prune is done.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints.marker import read_marker, write_marker  # noqa: F401  (re-exported)
+
+
+def validate(path: str, level: str = "quick"):
+    """CheckpointResult of one checkpoint (never loads it)."""
+    from checkpoint_strategy.checkpoints import validate_checkpoint
+
+    return validate_checkpoint(path, level=level)
+
+
+def prune(root: str, keep_last: int, milestones: list[int], *, level: str = "quick",
+          protect: Optional[dict[str, str]] = None, log: Optional[str] = None):
+    """Apply the project's keep rules under root (deletes only after a newer checkpoint validated)."""
+    from checkpoint_strategy.checkpoints import prune as _prune
+
+    return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
+                  log=log, protect=protect or None)
+
+
+def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:
+    """(step, path) of the checkpoints directly under root, newest first by step; checkpoints
+    without a step in their name (e.g. Lightning's last.ckpt) come last, newest file first."""
+    found, _unrec = fm.discover(root, max_depth=1)
+    with_step = sorted(((f.step, f.path) for f in found if f.step is not None), reverse=True)
+
+    def mtime(p: str) -> float:
+        try:
+            return os.lstat(p).st_mtime
+        except OSError:
+            return 0.0
+
+    without = sorted((f.path for f in found if f.step is None), key=mtime, reverse=True)
+    return with_step + [(None, p) for p in without]

@@ -1,0 +1,115 @@
+"""The background worker: validate-then-prune (and handoff) jobs, in a separate process.
+
+A thread would share the GIL with the training loop: while it validated, every Python line of
+the training step (the Trainer's own loop, the callbacks) could wait up to the interpreter's
+switch interval (5 ms). A child process validates and prunes in parallel without slowing the
+training thread; the training process only writes one JSON line per save to the child's stdin.
+
+Protocol (JSON lines): the parent writes jobs ``{"id", "kind": "save"|"handoff", ...}``; the
+worker answers ``{"phase": "validate"|"prune"|"idle", "path"}`` as it goes and one result line
+``{"id", ...}`` per job (see ``process_job`` / ``handoff_job``). It exits at the end of stdin, so
+a training process that dies leaves the worker to finish the job it is on (every step of it is
+crash-safe) and stop. Run as ``python -m checkpoint_strategy.callbacks._worker``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Optional
+from collections.abc import Callable
+
+PhaseFn = Optional[Callable[[str, str], None]]
+
+
+def process_job(job: dict, phase: PhaseFn = None) -> dict:  # noqa: C901 - complexity debt, see issue 10
+    """Validate the new checkpoint; when valid and keep_last is set, prune under root.
+
+    Pure function of the job (used inline when async_save is off, and by the worker process)."""
+    from checkpoint_strategy.callbacks import _retention
+
+    started = time.perf_counter()
+    path, delay = job["path"], float(job.get("phase_delay") or 0.0)
+    out = {"id": job.get("id"), "status": None, "problem": None, "deleted": [], "kept_reasons": {},
+           "prune_errors": [], "seconds": 0.0, "error": None}
+
+    def enter(name: str) -> None:
+        if phase is not None:
+            phase(name, path)
+        if delay:
+            time.sleep(delay)
+
+    try:
+        if not os.path.lexists(path):     # pruned by an earlier job that ran late (or removed by hand)
+            out["status"] = "gone"
+            return out
+        if job.get("validate"):
+            enter("validate")
+            try:
+                result = _retention.validate(path, job.get("level", "quick"))
+            except Exception as exc:  # noqa: BLE001 - a vanished path is a finding, not a crash
+                out["status"], out["problem"] = "invalid", str(exc)
+            else:
+                out["status"] = result.status
+                if result.problems:
+                    p = result.problems[0]
+                    more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
+                    out["problem"] = f"{p.file}: {p.reason}{more}"
+            if out["status"] != "valid":
+                return out
+        if job.get("keep_last") and job.get("root"):
+            enter("prune")
+            logfile = job.get("log")
+            if logfile and not os.path.lexists(logfile):
+                logfile = None          # read when the prune runs, not when the job was queued
+            report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
+                                      level=job.get("level", "quick"), protect=job.get("protect") or None,
+                                      log=logfile)
+            out["deleted"] = [e.name for e in report.delete if e.deleted]
+            out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
+            out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]
+    except Exception as exc:  # noqa: BLE001 - reported by the parent, never raised into training
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        out["seconds"] = round(time.perf_counter() - started, 4)
+        if phase is not None:
+            phase("idle", path)
+    return out
+
+
+def handoff_job(job: dict) -> dict:
+    """Write the session-handoff state for root (what the `handoff` command writes) plus extra risks."""
+    out = {"id": job.get("id"), "error": None}
+    try:
+        from checkpoint_strategy.integrations import handoff
+        from checkpoint_strategy.planning.models import PlanReport
+
+        report = PlanReport(**job["report"]) if job.get("report") else None
+        doc = handoff.build(report, job["root"], level=job.get("level", "quick"))
+        doc.pending_risks.extend(r for r in job.get("risks") or [] if r not in doc.pending_risks)
+        handoff.write(job["state_dir"], doc)
+    except Exception as exc:  # noqa: BLE001
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def main() -> int:
+    def emit(msg: dict) -> None:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        if job.get("kind") == "handoff":
+            emit(handoff_job(job))
+        else:
+            emit(process_job(job, lambda p, path: emit({"phase": p, "path": path})))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,460 @@
+"""The framework-free part of the training callbacks: schedule, validate-then-prune, emergency
+saves, end-of-training report and handoff. hf.py and lightning.py only translate hooks.
+
+Log lines (logger ``checkpoint_strategy.callbacks``), one per event, all starting with
+``checkpoint-strategy:``:
+  ``saved checkpoint-40 (step 40): valid (quick, 0.01 s); pruned checkpoint-20``        INFO
+  ``checkpoint-30 (step 30) is INVALID right after its save: ...; kept, nothing deleted``  ERROR
+  ``emergency save at step 46: loss_spike_detected (loss 9.1 vs median 1.1) -> checkpoint-46``  WARNING
+  ``loss is NaN/inf at step 61: no emergency save (a NaN state is never saved)``          WARNING
+  ``end of training: 8 saves validated, 1 invalid, 6 pruned; last valid checkpoint-80``   INFO
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from collections.abc import Callable
+
+from checkpoint_strategy.callbacks.policy import Settings, resolve
+
+log = logging.getLogger("checkpoint_strategy.callbacks")
+PREFIX = "checkpoint-strategy: "
+DEFAULT_STATE_DIR = ".claude/state"
+METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
+HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
+
+
+@dataclass
+class SaveRecord:
+    """What happened to one save (``core.records``)."""
+
+    step: Optional[int]
+    path: str
+    emergency: Optional[str] = None       # the event, for an emergency save
+    status: Optional[str] = None          # valid | invalid | incomplete | None (not validated)
+    problem: Optional[str] = None
+    deleted: list[str] = field(default_factory=list)
+    kept_reasons: dict[str, list[str]] = field(default_factory=dict)
+    prune_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class StrategyCore:
+    """Shared logic. ``root`` (the folder the framework saves into) is set by the adapter."""
+
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+                 handoff_every: Optional[int] = None, join_timeout: float = 600.0,
+                 framework_log: bool = False) -> None:
+        from checkpoint_strategy.errors import UsageError
+
+        self.settings: Settings = resolve(policy)
+        if level not in ("quick", "full"):
+            raise UsageError(f"level must be quick or full, got {level!r}")
+        if handoff_every is not None and (not isinstance(handoff_every, int) or handoff_every < 1):
+            raise UsageError(f"handoff_every must be a whole number >= 1, got {handoff_every!r}")
+        self.level = level
+        self.handoff_dir = handoff_dir
+        self.handoff_every = handoff_every
+        self.join_timeout = float(join_timeout)
+        self.framework_log = framework_log   # True: the framework writes no log we can read (Lightning)
+        self.root: Optional[str] = None
+        self.records: list[SaveRecord] = []
+        self.flags: list[Any] = []
+        self.problems: list[str] = []
+        self.protect: Callable[[], dict[str, str]] = dict
+        # test hooks: after_save_hook(path) runs right after a save, before validation;
+        # phase_hook(phase, path) runs as the worker enters "validate" / "prune" / "idle".
+        self.after_save_hook: Optional[Callable[[str], None]] = None
+        self.phase_hook: Optional[Callable[[str, str], None]] = None
+        self._detector = None
+        if self.settings.emergency_save_on or framework_log:
+            from checkpoint_strategy.callbacks._detector import OnlineDetector
+
+            self._detector = OnlineDetector(self.settings.emergency_save_on)
+        # the last logged values before the first event (Lightning): written to the loss log then
+        self._history: deque[tuple[int, float, Optional[float]]] = deque(maxlen=HISTORY_LIMIT)
+        self._metrics_fh = None
+        self._spike_seen = False
+        self._worker: Optional[_ProcessWorker] = None
+        self._worker_failed = False
+        self._jobs: dict[int, SaveRecord] = {}
+        self._deleted: set[str] = set()
+        self._next_id = 0
+        self.phase_delay = 0.0   # test hook: seconds the worker lingers as it enters each phase
+        self._lock = threading.Lock()
+        self._saves_done = 0
+        self._ended = False
+
+    # ------------------------------------------------------------------ schedule
+
+    @property
+    def frequency(self) -> int:
+        return self.settings.frequency_steps
+
+    def forced_save(self, step: int) -> bool:
+        """A milestone step that the interval does not hit."""
+        return step in self._milestones and step % self.frequency != 0
+
+    @property
+    def _milestones(self) -> frozenset:
+        ms = getattr(self, "_ms_cache", None)
+        if ms is None:
+            ms = self._ms_cache = frozenset(self.settings.milestones)
+        return ms
+
+    # ------------------------------------------------------------------ detection
+
+    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None):
+        """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due."""
+        if self._detector is None or loss is None:
+            return None
+        flag = self._detector.update(step, loss, grad_norm)
+        if flag is not None:
+            self._spike_seen = True
+        if self.framework_log:
+            if self._metrics_fh is None:
+                self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
+            if self._spike_seen:
+                self._log_metric(step, loss, grad_norm)
+        if flag is None:
+            return None
+        if flag.new_event or flag.save:
+            self.flags.append(flag)
+        if flag.kind == "nonfinite":
+            if flag.new_event:
+                log.warning(PREFIX + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
+                            "saved); roll back with `checkpoint-strategy recover`")
+            return None
+        if flag.save:
+            what = "loss" if flag.kind == "loss_spike_detected" else "grad norm"
+            med = f" vs median {flag.median:.4g}" if flag.median is not None else ""
+            log.warning(PREFIX + f"emergency save at step {step}: {flag.kind} ({what} {flag.value:.4g}{med}; "
+                        f"{'; '.join(flag.rules)})")
+            return flag
+        if flag.new_event:
+            log.warning(PREFIX + f"{flag.kind} at step {step} (not in emergency_save_on: no emergency save)")
+        return None
+
+    def mark_emergency(self, checkpoint: str, flag) -> bool:
+        """Write the marker before the save starts (see checkpoints/marker.py). False when it cannot
+        be written: then no emergency save is made (an unmarked post-event checkpoint would look
+        like a resume point)."""
+        from checkpoint_strategy.callbacks import _retention
+        from checkpoint_strategy.storage import describe_os_error
+
+        try:
+            _retention.write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
+        except OSError as exc:
+            line = (f"emergency save at step {flag.step} skipped: cannot write its marker in "
+                    f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}")
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ after a save
+
+    def saved(self, path: str, step: Optional[int], emergency: Optional[str] = None) -> None:
+        """The framework finished writing `path`: validate it, then prune (in the background
+        worker process when async_save, inline otherwise)."""
+        path = os.path.normpath(os.fspath(path))
+        if self.after_save_hook is not None:
+            self.after_save_hook(path)
+        rec = SaveRecord(step=step, path=path, emergency=emergency)
+        s = self.settings
+        job = {"kind": "save", "path": path, "root": self.root, "level": self.level,
+               "validate": bool(s.validate_on_save or s.keep_last), "keep_last": s.keep_last,
+               "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
+               "log": self._metrics_path(), "phase_delay": self.phase_delay}
+        self._flush_metrics()
+        with self._lock:
+            self.records.append(rec)
+            self._next_id += 1
+            job["id"] = self._next_id
+            self._jobs[job["id"]] = rec
+        worker = self._get_worker() if s.async_save else None
+        if worker is None or not worker.submit(job):
+            from checkpoint_strategy.callbacks._worker import process_job
+
+            self._on_message(process_job(job, self._phase))
+
+    def start(self) -> None:
+        """At the start of training: launch the background worker now, not inside the first save."""
+        if self.settings.async_save and (self.settings.validate_on_save or self.settings.keep_last):
+            self._get_worker()
+
+    def _get_worker(self):
+        if self._worker is None and not self._worker_failed:
+            try:
+                self._worker = _ProcessWorker(self._on_message)
+            except OSError as exc:
+                self._worker_failed = True
+                log.warning(PREFIX + f"cannot start the background worker ({exc}): validating inline")
+        return self._worker
+
+    # the callback's own loss log, for frameworks whose checkpoints carry none (Lightning): written
+    # whole at the first flagged value, then appended each logged step and flushed before each save
+    # is handed over, so a prune always reads the newest values when it runs.
+
+    def _metrics_path(self) -> Optional[str]:
+        return os.path.join(self.root, METRICS_FILE) if (self.framework_log and self.root) else None
+
+    def retire_old_metrics(self) -> None:
+        """At the start of a fit: an earlier attempt's loss log is kept aside (renamed), not read."""
+        path = self._metrics_path()
+        if path and os.path.lexists(path):
+            try:
+                os.replace(path, path[: -len(".jsonl")] + ".previous.jsonl")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot set aside the previous loss log {path}: {exc}")
+
+    def _log_metric(self, step: int, loss: float, grad_norm: Optional[float]) -> None:
+        import json
+
+        rec = {"step": int(step), "loss": float(loss)}
+        if grad_norm is not None:
+            rec["grad_norm"] = float(grad_norm)
+        if self._metrics_fh is None:
+            if not self._spike_seen or self._metrics_path() is None:
+                return
+            from checkpoint_strategy.atomic import atomic_write_text
+
+            path = self._metrics_path()
+            try:
+                lines = [json.dumps({"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})})
+                         for s_, l_, g_ in self._history]
+                atomic_write_text(path, "".join(x + "\n" for x in lines))
+                self._metrics_fh = open(path, "a", encoding="utf-8")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
+                self.framework_log = False
+            self._history.clear()
+            return
+        self._metrics_fh.write(json.dumps(rec) + "\n")
+
+    def _flush_metrics(self) -> None:
+        if self._metrics_fh is not None:
+            try:
+                self._metrics_fh.flush()
+            except OSError:
+                pass
+
+    def _phase(self, phase: str, path: str) -> None:
+        if self.phase_hook is not None:
+            self.phase_hook(phase, path)
+
+    def _on_message(self, msg: dict) -> None:
+        """A phase or a result from the worker (or from an inline job)."""
+        if "phase" in msg:
+            self._phase(msg["phase"], msg.get("path", ""))
+            return
+        with self._lock:
+            rec = self._jobs.pop(msg.get("id"), None)
+        if rec is None:                      # a handoff job's answer
+            if msg.get("error"):
+                log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}")
+            return
+        self._apply(rec, msg)
+
+    def _apply(self, rec: SaveRecord, res: dict) -> None:
+        name = os.path.basename(rec.path)
+        at = f" (step {rec.step})" if rec.step is not None else ""
+        rec.status, rec.problem = res.get("status"), res.get("problem")
+        rec.deleted, rec.kept_reasons = list(res.get("deleted") or []), dict(res.get("kept_reasons") or {})
+        rec.prune_errors, rec.seconds = list(res.get("prune_errors") or []), float(res.get("seconds") or 0.0)
+        self._deleted.update(rec.deleted)
+        if rec.status == "gone":
+            if name in self._deleted:
+                log.info(PREFIX + f"{name}{at} was pruned before its own validation ran (a newer checkpoint had "
+                         "validated)")
+            else:
+                line = f"{name}{at} disappeared before it was validated (removed by hand?)"
+                with self._lock:
+                    self.problems.append(line)
+                log.error(PREFIX + line)
+        elif res.get("error"):
+            line = f"after saving {name}: {res['error']}"
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+        elif rec.status not in (None, "valid"):
+            line = (f"{name}{at} is {str(rec.status).upper()} right after its save: {rec.problem}; kept for "
+                    "inspection, nothing deleted")
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+        else:
+            for err in rec.prune_errors:
+                log.warning(PREFIX + f"prune: {err}")
+            pruned = f"; pruned {', '.join(rec.deleted)}" if rec.deleted else ""
+            kind = f"emergency save ({rec.emergency})" if rec.emergency else "saved"
+            log.info(PREFIX + f"{kind} {name}{at}: {rec.status or 'not validated'} ({self.level}, "
+                     f"{rec.seconds:.2f} s){pruned}")
+        with self._lock:
+            self._saves_done += 1
+            due = self.handoff_every is not None and self._saves_done % self.handoff_every == 0
+        if due:
+            self.write_handoff()
+
+    # ------------------------------------------------------------------ end of training
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait for the background jobs; True when all finished."""
+        if self._worker is None:
+            return True
+        return self._worker.wait(self.join_timeout if timeout is None else timeout)
+
+    def end(self) -> dict:
+        """Join the worker (with the timeout), report, write the handoff state. Idempotent."""
+        if self._ended:
+            return self.summary()
+        self._ended = True
+        started = time.monotonic()
+        finished = self.wait()
+        if not finished:
+            line = (f"validation of the last saves did not finish within {self.join_timeout:g} s: they are not "
+                    "checked yet; run `checkpoint-strategy validate` on the folder")
+            self.problems.append(line)
+            log.error(PREFIX + line)
+        summary = self.summary()
+        log.info(PREFIX + f"end of training: {summary['validated']} saves validated, {summary['invalid']} invalid, "
+                 f"{summary['pruned']} pruned, {summary['emergency_saves']} emergency; last valid "
+                 f"{summary['last_valid'] or 'none'}")
+        self.write_handoff()
+        if self._metrics_fh is not None:
+            self._metrics_fh.close()
+            self._metrics_fh = None
+        if self._worker is not None:
+            self._worker.wait(max(1.0, self.join_timeout - (time.monotonic() - started)))
+            self._worker.close()
+        return summary
+
+    def summary(self) -> dict:
+        with self._lock:
+            recs = list(self.records)
+        last = None
+        if self.root is not None:
+            from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
+
+            try:
+                last = last_valid_checkpoint(self.root, level=self.level)
+            except Exception:  # noqa: BLE001
+                last = None
+        return {"validated": sum(r.status is not None for r in recs),
+                "invalid": sum(r.status not in (None, "valid", "gone") for r in recs),
+                "pruned": sum(len(r.deleted) for r in recs),
+                "emergency_saves": sum(r.emergency is not None for r in recs),
+                "last_valid": os.path.basename(last) if last else None,
+                "problems": list(self.problems)}
+
+    def write_handoff(self) -> None:
+        """The session-handoff state the `handoff` command writes, plus this run's problems (on the
+        worker when there is one)."""
+        if not self.handoff_dir or self.root is None:
+            return
+        from checkpoint_strategy.callbacks._worker import handoff_job
+
+        with self._lock:
+            risks = [f"training callback: {p}" for p in self.problems]
+            self._next_id += 1
+            jid = self._next_id
+        report = self.settings.report
+        job = {"kind": "handoff", "id": jid, "root": self.root, "level": self.level, "state_dir": self.handoff_dir,
+               "report": report.model_dump(mode="json") if report is not None else None, "risks": risks}
+        worker = self._worker if self.settings.async_save else None
+        if worker is None or not worker.submit(job):
+            self._on_message(handoff_job(job))
+
+
+class _ProcessWorker:
+    """One child process (`python -m checkpoint_strategy.callbacks._worker`) fed JSON lines; a
+    daemon thread reads its answers (blocked in read, it holds no GIL)."""
+
+    def __init__(self, on_message: Callable[[dict], None]) -> None:
+        import subprocess
+        import sys
+
+        scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.on_message = on_message
+        self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     encoding="utf-8", bufsize=1, close_fds=True)
+        self._lock = threading.Lock()
+        self.pending: dict[int, threading.Event] = {}
+        self.dead = False
+        self.thread = threading.Thread(target=self._read, name="checkpoint-strategy-reader", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: dict) -> bool:
+        import json
+
+        ev = threading.Event()
+        with self._lock:
+            if self.dead:
+                return False
+            self.pending[job["id"]] = ev
+        try:
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            with self._lock:
+                self.pending.pop(job["id"], None)
+                self.dead = True
+            return False
+        return True
+
+    def _read(self) -> None:
+        import json
+
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            try:
+                self.on_message(msg)
+            except Exception as exc:  # noqa: BLE001 - keep reading whatever a hook does
+                log.error(PREFIX + f"handling a worker message: {type(exc).__name__}: {exc}")
+            if "id" in msg:
+                with self._lock:
+                    ev = self.pending.pop(msg["id"], None)
+                if ev is not None:
+                    ev.set()
+        with self._lock:
+            self.dead = True
+            left = list(self.pending.items())
+            self.pending.clear()
+        for jid, ev in left:
+            self.on_message({"id": jid, "error": "the background worker exited before finishing this job"})
+            ev.set()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                events = list(self.pending.values())
+            if not events:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            events[0].wait(left)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()

@@ -1,0 +1,126 @@
+"""Hugging Face Trainer: ``HFCheckpointStrategy(policy)``, a ``transformers.TrainerCallback``.
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy, last_valid_checkpoint
+    trainer = Trainer(..., callbacks=[HFCheckpointStrategy("plan.json")])
+    trainer.train(resume_from_checkpoint=last_valid_checkpoint(args.output_dir))
+
+What it does to the Trainer (logged at start):
+  * ``save_strategy="steps"``, ``save_steps`` = the policy's frequency (a different value set by
+    the user is replaced, with a warning); milestone steps off the interval are saved too;
+  * ``save_total_limit=None``: the Trainer's own rotation (by mtime, before on_save, without
+    checking the new checkpoint) is turned off, with a warning when it was set;
+  * after each save (``on_save``): the new checkpoint-N is validated, and only when it is valid
+    the project's keep rules prune the folder (keep_last valid, milestones, the Trainer's best,
+    the rollback point of an unrecovered spike; never an invalid or incomplete one);
+  * ``on_log``: the logged loss and grad norm feed the online spike detector; on a
+    ``emergency_save_on`` event it sets ``control.should_save`` (marker first, see
+    checkpoints/marker.py); never on a NaN/inf loss;
+  * ``on_train_end``: waits for the background validations (async_save) and writes the
+    session-handoff state.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from transformers import TrainerCallback
+
+from checkpoint_strategy.callbacks.core import DEFAULT_STATE_DIR, PREFIX, StrategyCore, log
+
+
+class HFCheckpointStrategy(TrainerCallback):
+    """Apply a checkpoint policy inside ``transformers.Trainer`` (see the module docstring).
+
+    policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
+    level: validation depth after each save, "quick" (headers) or "full" (every byte, CRC).
+    handoff_dir: session-handoff state folder written at the end (None: do not write).
+    handoff_every: also write it every N processed saves.
+    join_timeout: seconds to wait at the end for background validations.
+    """
+
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+                 handoff_every: Optional[int] = None, join_timeout: float = 600.0) -> None:
+        self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
+                                 join_timeout=join_timeout)
+        self._configured = False
+        self._pending: dict[int, str] = {}
+
+    # ------------------------------------------------------------------ configuration
+
+    def _configure(self, args, state=None) -> None:
+        freq = self.core.frequency
+        if state is not None:
+            state.save_steps = freq   # the Trainer copied args.save_steps into the state already
+        self.core.root = os.path.abspath(args.output_dir)
+        if self._configured:
+            return
+        self._configured = True
+        strategy = getattr(args.save_strategy, "value", args.save_strategy)
+        if args.save_total_limit is not None:
+            log.warning(PREFIX + f"save_total_limit={args.save_total_limit} turned off: the Trainer rotates by "
+                        "mtime before checking the new checkpoint; checkpoint-strategy validates it first and keeps "
+                        f"keep_last={self.core.settings.keep_last} valid checkpoints plus milestones and best")
+        if strategy != "steps" or args.save_steps not in (freq, 500):
+            log.warning(PREFIX + f"save_strategy={strategy!r} save_steps={args.save_steps} replaced by the policy: "
+                        f"every {freq} steps")
+        args.set_save(strategy="steps", steps=freq, total_limit=None, on_each_node=args.save_on_each_node)
+        if self.core.settings.save_optimizer and getattr(args, "save_only_model", False):
+            log.warning(PREFIX + "save_only_model=True: checkpoints carry no optimizer state, but the policy says "
+                        "save_optimizer; a resume will restart Adam's moments from zero")
+        log.info(PREFIX + f"saving every {freq} steps into {self.core.root}"
+                 + (f", milestones {list(self.core.settings.milestones)[:8]}" if self.core.settings.milestones else "")
+                 + (f", keep_last {self.core.settings.keep_last}" if self.core.settings.keep_last else "")
+                 + f", validation {self.core.level}" + (" in the background" if self.core.settings.async_save else "")
+                 + (f", emergency saves on {', '.join(self.core.settings.emergency_save_on)}"
+                    if self.core.settings.emergency_save_on else ""))
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self._configure(args)
+        return control
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._configure(args, state)
+        if state.is_world_process_zero:
+            self.core.start()
+        return control
+
+    # ------------------------------------------------------------------ hooks
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.core.forced_save(state.global_step):
+            control.should_save = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return control
+        loss = logs.get("loss")
+        grad = logs.get("grad_norm")
+        flag = self.core.observe(state.global_step, _num(loss), _num(grad))
+        if flag is not None:
+            if state.is_world_process_zero and \
+                    not self.core.mark_emergency(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), flag):
+                return control
+            self._pending[state.global_step] = flag.kind
+            control.should_save = True   # the Trainer saves right after on_log, in the same step
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        step = state.global_step
+        emergency = self._pending.pop(step, None)
+        if state.is_world_process_zero:
+            self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, emergency)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.core.end()
+        return control
+
+
+def _num(v) -> Optional[float]:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None

@@ -1,0 +1,237 @@
+"""Lightning: ``LightningCheckpointStrategy(policy)``, a Callback of ``lightning.pytorch`` and/or
+``pytorch_lightning`` (whichever are installed: the class derives from both Callback classes, so
+either Trainer accepts it).
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, last_valid_checkpoint
+    trainer = Trainer(..., callbacks=[LightningCheckpointStrategy("plan.json")])
+    trainer.fit(model, data, ckpt_path=last_valid_checkpoint("checkpoints/"))
+
+What it does (logged at setup):
+  * the Trainer's ModelCheckpoint (yours, or Lightning's default one) is configured:
+    ``every_n_train_steps`` = the policy's frequency (epoch/time triggers off) and
+    ``save_top_k=-1`` (Lightning deletes old top-k files after a save without checking the new
+    one; warned when you set something else); milestone steps off the interval are saved too;
+  * every ``trainer.save_checkpoint`` (ModelCheckpoint's, yours, ours) is followed by the
+    validation of the written file and, only when it is valid, the project's keep rules
+    (keep_last valid, milestones, ModelCheckpoint's best_model_path, the rollback point of an
+    unrecovered spike);
+  * the training-step loss (every ``log_every_n_steps``, or ``detect_every``) and, when
+    ``gradient_norm_exceeded`` is a trigger, the grad norm feed the online spike detector; an
+    event saves ``epoch=E-step=N-emergency.ckpt`` with a ``.checkpoint-strategy.json`` marker
+    beside it (written first); never on a NaN/inf loss;
+  * at the end of fit: waits for background validations, writes the session-handoff state.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Optional
+
+from checkpoint_strategy.callbacks.core import DEFAULT_STATE_DIR, PREFIX, StrategyCore, log
+from checkpoint_strategy.errors import UsageError
+
+
+def _callback_bases() -> tuple[type, ...]:
+    bases = []
+    for mod in ("lightning.pytorch", "pytorch_lightning"):
+        try:
+            bases.append(importlib.import_module(mod).Callback)
+        except ImportError:
+            continue
+    if not bases:
+        raise ImportError("LightningCheckpointStrategy needs lightning or pytorch_lightning installed")
+    return tuple(bases)
+
+
+def _async_io_executor(trainer):
+    """The single-thread executor of Lightning's AsyncCheckpointIO (the save returns before the file
+    is written), or None for a synchronous CheckpointIO."""
+    io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
+    for _ in range(3):   # wrappers keep the inner plugin in .checkpoint_io
+        if io is None:
+            return None
+        if type(io).__name__ == "AsyncCheckpointIO":
+            return getattr(io, "_executor", None)
+        io = getattr(io, "checkpoint_io", None)
+    return None
+
+
+def _is_model_checkpoint(cb: Any) -> bool:
+    return any(c.__name__ == "ModelCheckpoint" for c in type(cb).__mro__)
+
+
+class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
+    """Apply a checkpoint policy inside a Lightning Trainer (see the module docstring).
+
+    policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
+    level: "quick" or "full" validation after each save. handoff_dir / handoff_every /
+    join_timeout: as for HFCheckpointStrategy. detect_every: feed the detector every N steps
+    (default: the Trainer's log_every_n_steps).
+    """
+
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+                 handoff_every: Optional[int] = None, join_timeout: float = 600.0,
+                 detect_every: Optional[int] = None) -> None:
+        super().__init__()
+        if detect_every is not None and (not isinstance(detect_every, int) or detect_every < 1):
+            raise UsageError(f"detect_every must be a whole number >= 1, got {detect_every!r}")
+        self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
+                                 join_timeout=join_timeout, framework_log=True)
+        self.core.protect = self._protect
+        self.detect_every = detect_every
+        self._mc = None
+        self._trainer = None
+        self._orig_save = None
+        self._pending: dict[str, str] = {}
+        self._grad_norm: Optional[float] = None
+        self._last_seen = -1
+        self._want_grad = "gradient_norm_exceeded" in self.core.settings.emergency_save_on
+
+    # ------------------------------------------------------------------ configuration
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if stage != "fit":
+            return
+        mcs = [cb for cb in trainer.callbacks if _is_model_checkpoint(cb)]
+        if not mcs:
+            raise UsageError("LightningCheckpointStrategy: the Trainer has no ModelCheckpoint "
+                             "(enable_checkpointing=False?); add ModelCheckpoint(dirpath=...) or enable checkpointing")
+        mc = next((m for m in mcs if m.monitor is None), mcs[0])
+        if len(mcs) > 1:
+            log.warning(PREFIX + f"{len(mcs)} ModelCheckpoint callbacks: configuring the one saving to "
+                        f"{mc.dirpath or 'the default folder'}; the others keep their own rotation")
+        freq = self.core.frequency
+        every = getattr(mc, "_every_n_train_steps", 0)
+        epochs = getattr(mc, "_every_n_epochs", 0)
+        if every not in (0, freq) or getattr(mc, "_train_time_interval", None) is not None or \
+                (every == 0 and epochs not in (0, 1)):
+            log.warning(PREFIX + f"ModelCheckpoint every_n_train_steps={every} replaced by the policy: every {freq} steps")
+        if mc.save_top_k not in (-1, 1):
+            log.warning(PREFIX + f"ModelCheckpoint save_top_k={mc.save_top_k} turned off (-1): Lightning deletes old "
+                        "files after a save without checking the new one; checkpoint-strategy validates it first and "
+                        f"keeps keep_last={self.core.settings.keep_last} plus milestones and best_model_path")
+        mc._every_n_train_steps = freq
+        mc._every_n_epochs = 0
+        mc._train_time_interval = None
+        mc.save_top_k = -1
+        if self.core.settings.save_optimizer and getattr(mc, "save_weights_only", False):
+            log.warning(PREFIX + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
+                        "save_optimizer; a resume will restart Adam's moments from zero")
+        self._mc = mc
+        self._wrap_save(trainer)
+
+    def _wrap_save(self, trainer) -> None:
+        """Run our after-save step right after every trainer.save_checkpoint returns."""
+        if self._orig_save is not None:
+            return
+        orig = trainer.save_checkpoint
+        self._orig_save, self._trainer = orig, trainer
+
+        def save_checkpoint(filepath, *args, **kwargs):
+            out = orig(filepath, *args, **kwargs)
+            if trainer.is_global_zero:
+                path = os.path.abspath(os.fspath(filepath))
+                after = (path, trainer.global_step, self._pending.pop(path, None))
+                pool = _async_io_executor(trainer)
+                if pool is not None:   # AsyncCheckpointIO: its one thread writes in order; follow the write
+                    pool.submit(self.core.saved, *after)
+                else:
+                    self.core.saved(*after)
+            return out
+
+        trainer.save_checkpoint = save_checkpoint
+
+    def _unwrap(self) -> None:
+        if self._trainer is not None and self._orig_save is not None:
+            try:
+                del self._trainer.save_checkpoint   # back to the class method
+            except AttributeError:
+                pass
+        self._orig_save = self._trainer = None
+
+    def _protect(self) -> dict[str, str]:
+        mc = self._mc
+        best = getattr(mc, "best_model_path", "") if mc is not None else ""
+        if best and mc.monitor is not None:
+            return {os.path.basename(best): f"ModelCheckpoint best_model_path ({mc.monitor})"}
+        return {}
+
+    def _dirpath(self) -> str:
+        d = self._mc.dirpath if self._mc is not None else None
+        if not d:
+            raise UsageError("LightningCheckpointStrategy: ModelCheckpoint has no dirpath yet")
+        return os.path.abspath(os.fspath(d))
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.core.root = self._dirpath()
+        os.makedirs(self.core.root, exist_ok=True)
+        if trainer.is_global_zero:
+            self.core.retire_old_metrics()
+            self.core.start()
+        s = self.core.settings
+        log.info(PREFIX + f"saving every {s.frequency_steps} steps into {self.core.root}"
+                 + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
+                 + (" in the background" if s.async_save else "")
+                 + (f", emergency saves on {', '.join(s.emergency_save_on)}" if s.emergency_save_on else ""))
+
+    # ------------------------------------------------------------------ hooks
+
+    def _detect_now(self, trainer, step: int) -> bool:
+        every = self.detect_every or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        return step % every == 0
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self._want_grad or not self._detect_now(trainer, trainer.global_step + 1):
+            return
+        import torch
+
+        grads = [p.grad.detach() for p in pl_module.parameters() if p.grad is not None]
+        if not grads:
+            self._grad_norm = None
+            return
+        foreach = getattr(torch, "_foreach_norm", None)   # one kernel launch per dtype, as clip_grad_norm_ does
+        norms = foreach(grads) if foreach is not None else [torch.linalg.vector_norm(g) for g in grads]
+        self._grad_norm = float(torch.linalg.vector_norm(torch.stack(list(norms))))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._last_seen:
+            return   # gradient accumulation: no optimizer step yet
+        self._last_seen = step
+        if self._detect_now(trainer, step):
+            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+            value = None
+            if loss is not None:
+                try:
+                    value = float(loss)
+                except (TypeError, ValueError, RuntimeError):
+                    value = None
+            flag = self.core.observe(step, value, self._grad_norm) if value is not None else None
+            self._grad_norm = None
+            if trainer.world_size > 1:   # every rank must take part in the save
+                flag_any = trainer.strategy.reduce_boolean_decision(flag is not None, all=False)
+                if flag_any and flag is None:
+                    from checkpoint_strategy.callbacks._detector import Flag
+
+                    flag = Flag("loss_spike_detected", step, float("nan"), None, ["another rank"], True, True)
+            if flag is not None:
+                path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
+                marked = self.core.mark_emergency(path, flag) if trainer.is_global_zero else True
+                if trainer.world_size > 1:
+                    marked = trainer.strategy.reduce_boolean_decision(marked, all=True)
+                if marked:
+                    self._pending[path] = flag.kind
+                    trainer.save_checkpoint(path)
+        if self.core.forced_save(step):
+            trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            self.core.end()
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        if stage == "fit":
+            if trainer.is_global_zero and not self.core._ended and self.core.root is not None:
+                self.core.end()
+            self._unwrap()

@@ -1,0 +1,302 @@
+"""One option vocabulary for every command: the bounds of each quantity, the shared options and
+the argv normalisation the command line applies before parsing.
+
+- ``BOUNDS``: one table, quantity -> range and wording. Every numeric option of every command
+  takes its argparse ``type`` from here (``number("steps")``), and the plan model's ``Field``
+  bounds are the same numbers, so TOTAL_STEPS means the same range in plan, simulate and handoff.
+- ``add_format`` / ``add_output`` / ``add_milestones`` / ``add_level``: the same option spelled and
+  checked the same way wherever a command has it. ``VOCABULARY`` lists what tests/test_cli_vocabulary.py
+  checks on every command's parser.
+- ``normalise_argv``: ``--foo_bar`` is ``--foo-bar`` (every long option, generically), and
+  ``--milestones 1000 5000 ROOT`` is ``--milestones 1000,5000 ROOT`` (never swallowing a positional).
+
+Kept import-light: the ``plan`` command loads it on its start-up path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from functools import cache
+from typing import Union
+from collections.abc import Callable
+
+
+def shown(text: object, limit: int = 60) -> str:
+    """A value echoed in an error message: repr, cut to `limit` characters."""
+    r = repr(str(text))
+    return r if len(r) <= limit else r[:limit - 4] + "...'"
+
+
+def _fmt(n: float) -> str:
+    if n == 2**63 - 1:
+        return "2^63-1"
+    if n >= 10**6 and math.log10(n).is_integer():
+        return f"10^{int(math.log10(n))}"
+    return f"{n:g}" if not float(n).is_integer() else str(int(n))
+
+
+class Quantity:
+    """A numeric quantity: ``what`` it is and its range (``lo_open``: strictly above ``lo``).
+    (A plain class, not a dataclass: this module is on the plan command's start-up path.)"""
+
+    __slots__ = ("what", "lo", "hi", "whole", "lo_open")
+
+    def __init__(self, what: str, lo: float, hi: float, whole: bool = False, lo_open: bool = False) -> None:
+        self.what, self.lo, self.hi, self.whole, self.lo_open = what, lo, hi, whole, lo_open
+
+    def __repr__(self) -> str:
+        return f"Quantity({self.what!r}, {self.lo!r}, {self.hi!r}, whole={self.whole}, lo_open={self.lo_open})"
+
+    def expected(self) -> str:
+        low = f"> {_fmt(self.lo)}" if self.lo_open else f"from {_fmt(self.lo)}"
+        high = f"at most {_fmt(self.hi)}" if self.lo_open else f"to {_fmt(self.hi)}"
+        return f"{self.what}, {low} {'and ' if self.lo_open else ''}{high}"
+
+    def contains(self, value: float) -> bool:
+        low_ok = value > self.lo if self.lo_open else value >= self.lo
+        return low_ok and value <= self.hi and (not self.whole or float(value).is_integer())
+
+    def parse(self, text: str) -> Union[int, float]:
+        """argparse type: the number, or ArgumentTypeError naming the expected range."""
+        raw = str(text).strip().replace("_", "")
+        try:
+            value = int(raw) if self.whole and raw.isdigit() else float(raw)
+        except ValueError:
+            value = math.nan
+        if isinstance(value, float) and (not math.isfinite(value) or not self.contains(value)):
+            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {shown(text)}")
+        if not self.contains(value):
+            raise argparse.ArgumentTypeError(f"expected {self.expected()}, got {shown(text)}")
+        return int(value) if self.whole else float(value)
+
+
+MAX_STEPS = 10**12
+MAX_LIST = 200  # entries in a list option (--milestones steps, --sweep-*)
+
+# One table: every bound on a number a user types. planning/models.py takes its Field bounds from here.
+BOUNDS: dict[str, Quantity] = {
+    "steps": Quantity("a whole number of steps", 1, MAX_STEPS, whole=True),
+    "step_offset": Quantity("a whole number of steps", 0, MAX_STEPS, whole=True),
+    "step_seconds": Quantity("seconds per step", 0, 1e6, lo_open=True),
+    "gb": Quantity("a size in GB", 0, 1e9, lo_open=True),
+    "hours": Quantity("hours", 0, 1e9, lo_open=True),
+    "seconds": Quantity("seconds", 0, 1e9),
+    "gbps": Quantity("a write bandwidth in GB/s", 0, 1e6, lo_open=True),
+    "params": Quantity("a parameter count", 1, 1e15),
+    "gpus": Quantity("a whole number of GPUs", 1, 10**7, whole=True),
+    "gpus_per_node": Quantity("a whole number of GPUs per node", 1, 1024, whole=True),
+    "storage_gbps": Quantity("the storage's aggregate write rate in GB/s", 0, 1e7, lo_open=True),
+    "fraction": Quantity("a fraction", 0, 1, lo_open=True),
+    "keep": Quantity("a whole number of checkpoints", 1, 100000, whole=True),
+    "runs": Quantity("a whole number of simulated runs", 1, 10**6, whole=True),
+    "seed": Quantity("a whole number seed", 0, 2**63 - 1, whole=True),
+    "spike_rate": Quantity("spikes per 1000 steps", 0, 1000),
+    "probability": Quantity("a probability", 0, 0.5),
+    "points": Quantity("a whole number of logged values", 1, 10**6, whole=True),
+    "relative": Quantity("a relative change", 0, 100),
+    "window": Quantity("a whole number of logged values", 8, 10**6, whole=True),
+    "threshold": Quantity("a threshold", 1, 1e6),
+    "multiplier": Quantity("a multiplier", 0, 1, lo_open=True),
+    "grad_clip": Quantity("a gradient-norm clip", 0, 1e6, lo_open=True),
+}
+
+
+def field_bounds(quantity: str) -> dict:
+    """pydantic Field keyword arguments (gt/ge, le) of one quantity: models share the table."""
+    q = BOUNDS[quantity]
+    lo = int(q.lo) if q.whole else q.lo
+    hi = int(q.hi) if q.whole else q.hi
+    return {"gt" if q.lo_open else "ge": lo, "le": hi}
+
+
+@cache
+def number(quantity: str) -> Callable[[str], Union[int, float]]:
+    """The argparse ``type`` for one quantity of ``BOUNDS`` (named, so argparse and tests can tell)."""
+    q = BOUNDS[quantity]
+
+    def parse(text: str) -> Union[int, float]:
+        return q.parse(text)
+
+    parse.__name__ = f"number_{quantity}"
+    parse.quantity = quantity  # type: ignore[attr-defined]
+    return parse
+
+
+def number_list(quantity: str) -> Callable[[str], list[int]]:
+    """argparse type: comma- or space-separated numbers of one quantity, sorted, at most MAX_LIST."""
+    q = BOUNDS[quantity]
+    expected = f"a comma-separated list of {q.expected().replace('a whole number of', 'whole numbers of')} " \
+               f"(at most {MAX_LIST})"
+
+    def parse(text: str) -> list[int]:
+        parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
+        if not parts or len(parts) > MAX_LIST:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}")
+        try:
+            return sorted({int(q.parse(p)) for p in parts})
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}") from None
+
+    parse.__name__ = f"list_{quantity}"
+    parse.quantity = quantity  # type: ignore[attr-defined]
+    return parse
+
+
+# --- milestones -------------------------------------------------------------------------------
+
+MILESTONE_KEYWORDS = ("seed", "pow2", "none")
+MILESTONES_EXPECTED = f"seed, pow2, none or at most {MAX_LIST} steps like 1000,5000 (comma or space separated)"
+Milestones = Union[str, list[int]]
+
+
+def milestones(text: str) -> Milestones:
+    """argparse type for --milestones: 'seed', 'pow2', 'none' or a sorted list of whole steps."""
+    t = str(text).strip().lower()
+    if t in MILESTONE_KEYWORDS:
+        return t
+    parts = [p for p in re.split(r"[,\s]+", t) if p]
+    if not parts or len(parts) > MAX_LIST:
+        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {shown(text)}")
+    try:
+        return sorted({int(BOUNDS["steps"].parse(p)) for p in parts})
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {shown(text)}") from None
+
+
+def milestones_or_path(text: str) -> Milestones:
+    """--milestones where a checkpoint folder is also meaningful (recover): a keyword, steps, or the path."""
+    try:
+        return milestones(text)
+    except argparse.ArgumentTypeError:
+        if not str(text).strip() or "\0" in str(text) or re.fullmatch(r"[\d,\s_.eE+-]+", str(text)):
+            raise
+        return str(text)
+
+
+milestones_or_path.__name__ = "milestones"
+
+
+def milestone_schedule(spec: Milestones, last_step: int) -> list[int]:
+    """Steps a --milestones value names up to last_step (keywords expand like the planner's schedule,
+    without the planner's extra 'final step' entry)."""
+    if isinstance(spec, list):
+        return [s for s in spec if s <= last_step]
+    if spec == "none" or last_step < 1:
+        return []
+    from checkpoint_strategy.planning.planner import milestone_steps
+
+    return [s for s in milestone_steps(spec, MAX_STEPS) if s < MAX_STEPS and s <= last_step]
+
+
+# --- shared option adders ---------------------------------------------------------------------
+
+FORMATS = ("text", "markdown", "json")
+POLICY_FORMATS = FORMATS + ("yaml",)
+
+
+def add_format(parser, *, yaml: bool = False, default: str = "text", help: str | None = None) -> None:
+    """--format text|markdown|json (and yaml where the output is a policy)."""
+    choices = POLICY_FORMATS if yaml else FORMATS
+    parser.add_argument("--format", dest="format", choices=choices, default=default,
+                        help=help or f"report format (default {default})")
+
+
+def add_output(parser) -> None:
+    """-o/--output FILE: the report is written there atomically instead of stdout."""
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("-o", "--output", dest="output", metavar="FILE", default=None, type=path_arg,
+                        help="write the report to FILE (atomically) instead of stdout")
+
+
+def add_report_options(parser, **format_kw) -> None:
+    add_format(parser, **format_kw)
+    add_output(parser)
+
+
+def add_milestones(parser, *, paths: bool = False, help: str | None = None) -> None:
+    """--milestones seed|pow2|none|STEPS (comma or space separated; a folder too when paths=True)."""
+    parser.add_argument("--milestones", dest="milestones", type=milestones_or_path if paths else milestones,
+                        default=None, metavar="SPEC",
+                        help=help or f"milestone steps never deleted: {MILESTONES_EXPECTED}")
+
+
+POLICY_HELP = ("the checkpoint policy, detected by content: the plan (--format yaml or json), the handoff state "
+               "file checkpoint-strategy.json, or a bare policy mapping")
+
+
+def add_policy(parser, help: str | None = None) -> None:
+    """--policy FILE: the same forms wherever a command reads a policy."""
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("--policy", dest="policy", default=None, metavar="FILE", type=path_arg,
+                        help=POLICY_HELP + (f" ({help})" if help else ""))
+
+
+def add_level(parser, help: str | None = None) -> None:
+    parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
+                        help=help or "validation level: quick reads headers (default), full reads every byte, "
+                                     "deep reads every tensor value and the optimizer state")
+
+
+# What tests/test_cli_vocabulary.py checks on every command that has the option.
+VOCABULARY: dict[str, dict] = {
+    "--format": {"dest": "format", "must_have": FORMATS, "only": POLICY_FORMATS},
+    "--output": {"dest": "output", "also": "-o"},
+    "--milestones": {"dest": "milestones", "types": ("milestones",)},
+    "--level": {"dest": "level", "choices": ("quick", "full", "deep")},
+    "--policy": {"dest": "policy", "metavar": "FILE"},
+}
+EVERY_COMMAND = ("--format", "--output")
+
+
+# --- argv normalisation -----------------------------------------------------------------------
+
+_STEP_TOKEN = re.compile(r"\d[\d_]*(,\d[\d_]*)*,?")
+
+
+def normalise_underscores(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """--foo_bar[=v] -> --foo-bar[=v] when only the dashed spelling is an option (and vice versa)."""
+    known = parser._option_string_actions  # noqa: SLF001 - argparse has no public lookup
+    out: list[str] = []
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            return out + argv[i:]
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok.partition("=")
+            if name not in known:
+                for alt in (name[:2] + name[2:].replace("_", "-"), name[:2] + name[2:].replace("-", "_")):
+                    if alt in known:
+                        tok = alt + eq + value
+                        break
+        out.append(tok)
+    return out
+
+
+def milestone_variants(argv: list[str]) -> list[list[str]]:
+    """argv with `--milestones 1000 5000 ...` joined into one value: the greedy join first, then with
+    fewer steps joined, so a caller can fall back when the greedy join ate a positional."""
+    for i, tok in enumerate(argv):
+        if tok == "--":
+            break
+        if tok == "--milestones" and i + 1 < len(argv):
+            first = i + 1
+        elif tok.startswith("--milestones="):
+            first = i
+        else:
+            continue
+        end = first + 1
+        while end < len(argv) and _STEP_TOKEN.fullmatch(argv[end]):
+            end += 1
+        if end - first < 2:
+            return [argv]
+        if end - first > MAX_LIST:  # too many for --milestones anyway: one greedy try gives its error
+            return [argv[:first] + [",".join(t.strip(",") for t in argv[first:end])] + argv[end:]]
+        variants = []
+        for stop in range(end, first + 1, -1):
+            joined = ",".join(t.strip(",") for t in argv[first:stop])
+            variants.append(argv[:first] + [joined] + argv[stop:])
+        return variants + [argv]
+    return [argv]

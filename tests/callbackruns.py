@@ -1,0 +1,124 @@
+"""Real tiny training runs with the checkpoint-strategy callbacks (HF Trainer and Lightning, CPU).
+
+Same model, data and schedule as tests/realruns.py; each builder returns the output folder and
+the callback, so tests can read the callback's records.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import realruns
+
+
+def nan_callback(nan_step: int):
+    """Fills every weight with NaN at the end of `nan_step`: every later loss is NaN."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Nan(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == nan_step:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.fill_(math.nan)
+            return control
+
+    return Nan()
+
+
+def hf_train(out: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
+             spike_scale: float = 4.0, nan_step: Optional[int] = None, best_oldest: bool = False,
+             hooks: Optional[dict] = None, resume: Optional[str] = None, extra_callbacks=(), **cb_kwargs):
+    """Train the tiny GPT-2 with HFCheckpointStrategy(policy). best_oldest: evaluate at every save
+    with greater_is_better=True on eval_loss, so the Trainer's "best" is the *worst* (earliest)
+    checkpoint: a best that keep_last would otherwise rotate away."""
+    from transformers import Trainer
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+
+    cb = HFCheckpointStrategy(policy, **cb_kwargs)
+    for name, fn in (hooks or {}).items():
+        setattr(cb.core, name, fn)
+    args = realruns._training_args(out, max_steps=max_steps, save_steps=500)
+    args.save_total_limit = 3   # turned off by the callback
+    args.logging_nan_inf_filter = False   # log a NaN loss as NaN
+    eval_ds = None
+    if best_oldest:
+        args.eval_strategy = "steps"
+        args.eval_steps = cb.core.frequency
+        args.metric_for_best_model = "eval_loss"
+        args.greater_is_better = True
+        eval_ds = realruns._TokenDataset(32, 16, 64, seed=1)
+    callbacks = [realruns._spike_callback(spike_step, spike_scale), cb, *extra_callbacks]
+    if nan_step is not None:
+        callbacks.append(nan_callback(nan_step))
+    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
+                      eval_dataset=eval_ds, callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=resume)
+    return cb, trainer
+
+
+def steps_in(out: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in Path(out).glob("checkpoint-*"))
+
+
+def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
+                    spike_scale: float = 3.0,
+                    hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
+                    extra_callbacks=(), save_top_k: int = 1, plugins=None, **cb_kwargs):
+    """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
+    (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
+    that step. Returns (callback, trainer, module)."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy
+
+    realruns._seed(0)
+    torch.set_num_threads(1)
+
+    class Net(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+    class Spike(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+            if spike_step is not None and trainer.global_step == spike_step:
+                g = torch.Generator().manual_seed(1)
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().nan_to_num(0.05).clamp_min(0.05))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 8, generator=g)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
+    cb = LightningCheckpointStrategy(policy, **cb_kwargs)
+    for name, fn in (hooks or {}).items():
+        setattr(cb.core, name, fn)
+    mc = ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=save_top_k, monitor=monitor,
+                         mode="max" if monitor else "min")
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), cb, mc, *extra_callbacks], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                         log_every_n_steps=1, default_root_dir=str(Path(ckpt_dir).parent), plugins=plugins)
+    module = Net()
+    trainer.fit(module, loader, ckpt_path=resume)
+    return cb, trainer, module
+
+
+def lightning_steps(ckpt_dir: Path) -> list[str]:
+    return sorted(p.name for p in Path(ckpt_dir).glob("*.ckpt"))

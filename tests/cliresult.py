@@ -1,0 +1,56 @@
+"""The one way tests run the command line in-process: `cli_run(*argv, stdin=None) -> Result`.
+
+`Result` unpacks like the old (rc, out, err) tuples; `.json()` parses stdout (and fails with the
+streams when the command did not print JSON); `.usage_error()` asserts the bad-input contract
+(exit 2, nothing on stdout, exactly one stderr line with the one error prefix) and returns that line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from typing import Any, NamedTuple, Optional
+
+from checkpoint_strategy.cli import ERROR_PREFIX, main
+
+
+class Result(NamedTuple):
+    rc: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        assert self.rc in (0, 1), f"exit {self.rc}: {self.err}"
+        try:
+            return json.loads(self.out)
+        except ValueError:
+            raise AssertionError(f"stdout is not JSON (exit {self.rc}): {self.out[:500]!r} {self.err!r}") from None
+
+    def usage_error(self, match: str = "") -> str:
+        assert self.rc == 2, f"expected exit 2, got {self.rc}: {self.out[:300]!r} {self.err!r}"
+        assert self.out == "", self.out
+        lines = self.err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in self.err, self.err
+        assert lines[0].startswith(ERROR_PREFIX), lines[0]
+        assert match.lower() in lines[0].lower(), lines[0]
+        return lines[0]
+
+
+def invoke(capsys, monkeypatch, argv, stdin: Optional[str] = None) -> Result:
+    capsys.readouterr()  # drop whatever a fixture (the Trainer) printed before
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return Result(rc, out, err)
+
+
+def run_captured(argv) -> Result:
+    """For hypothesis tests (no function-scoped fixtures): the same Result, streams captured here."""
+    import contextlib
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return Result(rc, out.getvalue(), err.getvalue())

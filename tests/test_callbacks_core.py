@@ -1,0 +1,126 @@
+"""Callbacks without a framework: lazy imports, policy inputs, the marker, last_valid_checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from checkpoint_strategy.callbacks.policy import resolve
+from checkpoint_strategy.errors import UsageError
+
+PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
+HEAVY = ("transformers", "pytorch_lightning", "lightning", "torch", "numpy", "checkpoint_strategy.callbacks")
+
+
+def _modules_after(code: str) -> set[str]:
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys, json; print(json.dumps(sorted(sys.modules)))"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    return set(json.loads(out.strip().splitlines()[-1]))
+
+
+def test_plan_loads_nothing_of_the_callbacks():
+    mods = _modules_after("import io, contextlib\nfrom checkpoint_strategy.cli import main\n"
+                          "with contextlib.redirect_stdout(io.StringIO()):\n"
+                          "    main(['plan', '100000', '2', '2000', '--model_size_gb', '2'])")
+    assert not [m for m in mods if m.split(".")[0] in HEAVY[:5] or m.startswith(HEAVY[5])]
+
+
+def test_importing_the_package_loads_no_framework():
+    mods = _modules_after("import checkpoint_strategy.callbacks as c\nc.last_valid_checkpoint")
+    assert not [m for m in mods if m.split(".")[0] in ("transformers", "pytorch_lightning", "lightning", "torch")]
+
+
+def test_policy_forms_agree(tmp_path):
+    from checkpoint_strategy.planning.options import plan_arguments  # noqa: F401
+    from checkpoint_strategy.cli import main
+
+    plan_json = tmp_path / "plan.json"
+    plan_yaml = tmp_path / "policy.yaml"
+    import contextlib
+    import io
+
+    for fmt, path in (("json", plan_json), ("yaml", plan_yaml)):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(["plan", "100000", "2", "2000", "--model_size_gb", "2", "--format", fmt]) == 0
+        path.write_text(buf.getvalue())
+    a, b = resolve(str(plan_json)), resolve(plan_yaml)
+    assert a.report is not None and b.report is None
+    assert (a.frequency_steps, a.keep_last, a.milestones, a.emergency_save_on) == \
+        (b.frequency_steps, b.keep_last, b.milestones, b.emergency_save_on)
+    assert resolve(a.report) == a
+    assert resolve({"checkpoint_policy": {"frequency": "every_500_steps", "keep_last": 3}}).frequency_steps == 500
+    c = resolve({"frequency": "every_500_steps", "keep_last": 3, "keep_milestone": [1000, 5000, "..."]})
+    assert c.milestones[:4] == (1000, 5000, 10000, 20000)
+
+
+@pytest.mark.parametrize("policy, words", [
+    ({"keep_last": 3}, "no frequency"),
+    ({"frequency": "every_30_minutes"}, "every_N_steps"),
+    ({"frequency": "every_10_steps", "keep_last": 0}, "keep_last"),
+    ({"frequency": "every_10_steps", "emergency_save_on": ["on_tuesdays"]}, "emergency_save_on"),
+    ({"frequency": "every_10_steps", "surprise": 1}, "surprise"),
+    (["every_10_steps"], "expected a plan"),
+    ({"checkpoint_policy": [1, 2]}, "not a mapping"),
+])
+def test_bad_policies_one_line(policy, words):
+    with pytest.raises(UsageError) as exc:
+        resolve(policy)
+    assert words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_policy_files(tmp_path):
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="FIFO"):
+        resolve(str(fifo))                         # never blocks
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(UsageError):
+        resolve(str(deep))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("checkpoint_policy: [unclosed\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        resolve(str(broken))
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve(str(tmp_path / "missing.yaml"))
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"policy": {}, "frequency_steps": 3}))
+    with pytest.raises(UsageError, match="plan.schema.json"):
+        resolve(str(plan))
+
+
+def test_marker_roundtrip_and_damage(tmp_path):
+    from checkpoint_strategy.checkpoints.marker import marker_path, read_marker, write_marker
+
+    folder = tmp_path / "checkpoint-46"
+    write_marker(folder, event="loss_spike_detected", step=46)       # marker first: creates the folder
+    assert folder.is_dir() and read_marker(folder)["step"] == 46
+    ckpt = tmp_path / "epoch=0-step=46-emergency.ckpt"
+    write_marker(ckpt, event="gradient_norm_exceeded", step=46)
+    assert marker_path(ckpt).endswith(".ckpt.checkpoint-strategy.json") and not ckpt.exists()
+    Path(marker_path(folder)).write_text("{not json")
+    assert read_marker(folder)["event"] is None                      # damaged: still post-event
+    Path(marker_path(folder)).write_text(json.dumps({"kind": "something-else"}))
+    assert read_marker(folder) is None
+    with pytest.raises(ValueError):
+        write_marker(folder, event="nan", step=1)
+
+
+def test_last_valid_checkpoint_inputs(tmp_path):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    assert last_valid_checkpoint(tmp_path / "not-yet") is None       # first run: start fresh
+    assert last_valid_checkpoint(tmp_path) is None
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(UsageError):
+        last_valid_checkpoint(f)
+    with pytest.raises(UsageError):
+        last_valid_checkpoint(tmp_path, level="deep-ish")
