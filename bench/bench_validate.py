@@ -6,7 +6,11 @@
 2. full validation of a 2 GB torch zip checkpoint (CRC-32 of every entry) against
    `cat FILE > /dev/null` on a warm cache; ratio of read rates (target >= 0.8).
 3. peak memory of full validation (tracemalloc peak and ru_maxrss) at 0.2 GB and 2 GB: flat.
-Test data lives in a temp folder that is removed afterwards.
+4. `--level deep` (every value finite + per-tensor L2 norm) on a float32, a bfloat16 and a float16
+   safetensors file against `cat FILE > /dev/null` (a character device, checked), warm cache and cold
+   cache (posix_fadvise DONTNEED before each run), one scan thread; peak RSS of a process doing it.
+   Targets (issue 12): fp32 >= 2x cat warm and >= 0.9x cold; bf16/fp16 >= 1.2x warm; RSS < 200 MB.
+Test data lives in a temp folder that is removed afterwards. `--deep-only` runs part 4 only.
 """
 
 from __future__ import annotations
@@ -143,8 +147,117 @@ def child_rss(path: Path | None) -> float:
     return int(out.strip()) / 1024
 
 
+def build_safetensors(path: Path, gb: float, dtype: str) -> None:
+    """A safetensors file of `gb` GB of random values in tensors of at most 256 MB (written in slices)."""
+    import numpy as np
+
+    item = {"F32": 4, "BF16": 2, "F16": 2}[dtype]
+    total = int(gb * 1e9) // item
+    per = (256 << 20) // item
+    header, offsets, n, i = {}, 0, total, 0
+    while n > 0:
+        k = min(per, n)
+        header[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [k], "data_offsets": [offsets, offsets + k * item]}
+        offsets += k * item
+        n -= k
+        i += 1
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    rng = np.random.default_rng(0)
+    block = rng.standard_normal(8 << 20, dtype=np.float32)
+    if dtype == "BF16":
+        block = (block.view(np.uint32) >> 16).astype(np.uint16)
+    elif dtype == "F16":
+        block = block.astype(np.float16)
+    data = block.tobytes()
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        left = offsets
+        while left > 0:
+            fh.write(data[: min(len(data), left)])
+            left -= min(len(data), left)
+
+
+def _drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cat_seconds(path: Path, cold: bool) -> float:
+    if cold:
+        _drop_cache(path)
+    with open(os.devnull, "wb") as null:
+        t = time.perf_counter()
+        subprocess.run(["cat", str(path)], stdout=null, check=True)
+        return time.perf_counter() - t
+
+
+def _deep_seconds(path: Path, cold: bool) -> float:
+    if cold:
+        _drop_cache(path)
+    t = time.perf_counter()
+    r = validate_checkpoint(path, level="deep")
+    dt = time.perf_counter() - t
+    assert r.status == "valid" and r.deep.nonfinite_values == 0, r.problems
+    return dt
+
+
+def child_deep_rss(path: Path) -> float:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]);"
+            "from checkpoint_strategy.checkpoints import validate_checkpoint;"
+            "validate_checkpoint(sys.argv[2], level='deep');"
+            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts"),
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    return int(out.strip()) / 1024
+
+
+def bench_deep(tmp: Path, gb: float) -> None:
+    import stat
+
+    from checkpoint_strategy.checkpoints import tensorscan
+
+    mode = os.stat(os.devnull).st_mode
+    if not stat.S_ISCHR(mode):
+        print(f"{os.devnull} is not a character device: the cat baseline would not be trustworthy; skipped")
+        return
+    tensorscan.WORKERS = 1  # the targets are for one scan thread
+    print(f"deep level (finite check + per-tensor L2 norm, one thread) on {gb:.2f} GB files; "
+          f"baseline cat > {os.devnull} (character device):")
+    for dtype, warm_target in (("F32", 2.0), ("BF16", 1.2), ("F16", 1.2)):
+        path = tmp / f"model-{dtype}.safetensors"
+        build_safetensors(path, gb, dtype)
+        size = path.stat().st_size
+        rows = []
+        for cold in (False, True):
+            if not cold:
+                _cat_seconds(path, False)
+                _deep_seconds(path, False)
+            cat = min(_cat_seconds(path, cold) for _ in range(3))
+            deep = min(_deep_seconds(path, cold) for _ in range(3))
+            rows.append((cold, size / cat / 1e9, size / deep / 1e9))
+        for cold, cat_rate, deep_rate in rows:
+            target = (0.9 if dtype == "F32" else None) if cold else warm_target
+            print(f"  {dtype:5s} {'cold' if cold else 'warm'}: cat {cat_rate:.2f} GB/s, deep {deep_rate:.2f} GB/s, "
+                  f"ratio {deep_rate / cat_rate:.2f}" + (f" (target >= {target})" if target else ""))
+        print(f"  {dtype:5s} peak RSS of a process running the deep check: {child_deep_rss(path):.0f} MB "
+              "(target < 200 MB)")
+        path.unlink()
+
+
 def main() -> None:
     small = "--small" in sys.argv
+    if "--deep-only" in sys.argv:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
+        try:
+            bench_deep(tmp, 0.25 if small else 1.0)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     n_ckpt = 100 if small else 1000
     big_gb = 0.2 if small else 2.0
     tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
@@ -200,6 +313,9 @@ def main() -> None:
         print(f"peak RSS of a process doing the full validation: {rss_small:.0f} MB at {big_gb / 10:.2f} GB, "
               f"{rss_big:.0f} MB at {big_gb:.2f} GB (baseline: the same process importing the package only "
               f"{rss_base:.0f} MB; target < 100 MB)")
+        big.unlink()
+        small_file.unlink()
+        bench_deep(tmp, 0.25 if small else 1.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -381,7 +381,7 @@ def test_symlink_loops_never_traceback(hf_run, tmp_path, capsys):
 
 
 def test_bad_arguments_exit_2(hf_run, capsys):
-    assert main(["validate", str(hf_run.output_dir), "--level", "deep"]) == 2
+    assert main(["validate", str(hf_run.output_dir), "--level", "deeper"]) == 2
     assert _one_line(capsys.readouterr().err)
     assert main(["validate"]) == 2
 

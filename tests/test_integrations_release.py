@@ -97,7 +97,7 @@ def test_python_api(hf_run):
     (["release-gate"], "CHECKPOINT"),
     (["release-gate", "/no/such/checkpoint"], "no such file or folder"),
     (["release-gate", "x", "--require", "gguf"], "--require"),
-    (["release-gate", "x", "--level", "deep"], "--level"),
+    (["release-gate", "x", "--level", "deeper"], "--level"),
 ])
 def test_bad_input_exit_2(cli_run, argv, message):
     rc, out, err = cli_run(*argv)
@@ -105,11 +105,24 @@ def test_bad_input_exit_2(cli_run, argv, message):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
-def test_unrecognised_file_fails_the_gate(tmp_path, cli_run):
+def test_not_a_checkpoint_is_bad_input_not_a_failed_gate(tmp_path, hf_run, cli_run):
+    """issue 9: a file that is no checkpoint, a device, a run folder: exit 2 with one line, no record."""
     junk = tmp_path / "notes.txt"
     junk.write_text("hello")
-    rc, data = record(cli_run, junk)
-    assert rc == 1 and data["layout"] == "unknown" and not data["loads_ok"]
+    for target, words in ((junk, "not a recognised checkpoint"), ("/dev/zero", "character device"),
+                          (hf_run.output_dir, "run folder holding")):
+        rc, out, err = cli_run("release-gate", str(target), "--format", "json")
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err
+
+
+def test_empty_safetensors_does_not_pass(tmp_path, cli_run):
+    import struct
+
+    empty = tmp_path / "model.safetensors"
+    header = b'{"__metadata__":{"format":"pt"}}'
+    empty.write_bytes(struct.pack("<Q", len(header)) + header)
+    rc, data = record(cli_run, empty)
+    assert rc == 1 and data["gate"] == "fail" and "no tensors" in data["reasons"][0]
 
 
 def test_real_entry_point(hf_run):

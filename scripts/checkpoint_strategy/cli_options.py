@@ -236,8 +236,9 @@ def add_policy(parser, help: str | None = None) -> None:
 
 
 def add_level(parser, help: str | None = None) -> None:
-    parser.add_argument("--level", choices=("quick", "full"), default="quick",
-                        help=help or "validation level: quick reads headers (default), full reads every byte")
+    parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
+                        help=help or "validation level: quick reads headers (default), full reads every byte, "
+                                     "deep reads every tensor value and the optimizer state")
 
 
 # What tests/test_cli_vocabulary.py checks on every command that has the option.
@@ -245,7 +246,7 @@ VOCABULARY: dict[str, dict] = {
     "--format": {"dest": "format", "must_have": FORMATS, "only": POLICY_FORMATS},
     "--output": {"dest": "output", "also": "-o"},
     "--milestones": {"dest": "milestones", "types": ("milestones",)},
-    "--level": {"dest": "level", "choices": ("quick", "full")},
+    "--level": {"dest": "level", "choices": ("quick", "full", "deep")},
     "--policy": {"dest": "policy", "metavar": "FILE"},
 }
 EVERY_COMMAND = ("--format", "--output")

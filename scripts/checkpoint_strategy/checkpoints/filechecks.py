@@ -7,6 +7,7 @@ bytes it read. Quick checks read headers only (cost grows with the number of fil
 
 from __future__ import annotations
 
+import io
 import os
 import pickletools
 import struct
@@ -15,7 +16,9 @@ import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Literal
 
+from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
@@ -49,6 +52,26 @@ MAX_DCP_METADATA = 64 << 20      # torch.distributed.checkpoint .metadata read w
 # torch.save writes every zip entry uncompressed (stored); a deflated entry means the archive was
 # re-zipped. Inflating is streamed (flat memory) but capped so a bomb cannot burn minutes of CPU.
 MAX_INFLATE_BYTES = 1 << 30
+
+
+Kind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
+
+
+class Finding(str):
+    """One problem found in a file: the one-line reason (a str, so lists of findings read as
+    reasons) with its kind as a value: invalid (present but corrupt), incomplete (the save did not
+    finish), not_resumable, suspicious (deep level)."""
+
+    kind: Kind
+
+    def __new__(cls, reason: str, kind: Kind = "invalid") -> "Finding":
+        obj = super().__new__(cls, reason)
+        obj.kind = kind
+        return obj
+
+
+def truncated(reason: str) -> Finding:
+    return Finding(reason, "incomplete")
 
 
 @dataclass
@@ -103,7 +126,7 @@ def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[s
             if size == 0:
                 return ["zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"]
             if size < 8:
-                return [f"truncated: {size} bytes, shorter than the 8-byte header length"]
+                return [truncated(f"truncated: {size} bytes, shorter than the 8-byte header length")]
             head = fh.read(8)
             (hlen,) = struct.unpack("<Q", head)
             if hlen > ST_MAX_HEADER or 8 + hlen > size:
@@ -152,6 +175,8 @@ def _check_st_header(raw: bytes, data_size: int) -> list[str]:  # noqa: C901 - c
             return [f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
                     f"data_offsets span {offsets[1] - offsets[0]}"]
         spans.append((offsets[0], offsets[1], name))
+    if not spans:
+        return [Finding("no tensors: the header lists none (an empty or aborted save)")]
     spans.sort()
     pos = 0
     for begin, end, name in spans:
@@ -161,7 +186,7 @@ def _check_st_header(raw: bytes, data_size: int) -> list[str]:  # noqa: C901 - c
         pos = end
     if pos != data_size:
         if pos > data_size:
-            return [f"truncated: header describes {pos} data bytes, file holds {data_size}"]
+            return [truncated(f"truncated: header describes {pos} data bytes, file holds {data_size}")]
         return [f"file size mismatch: header describes {pos} data bytes, file holds {data_size} "
                 "(trailing bytes)"]
     return []
@@ -282,70 +307,257 @@ def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int
     return csize, usize, offset
 
 
-def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,  # noqa: C901 - complexity debt, see issue 10
+@dataclass
+class ZipScan:
+    """What `scan_zip` found in a torch archive: problems, the directory, the pickle read as data."""
+
+    findings: list[Finding] = field(default_factory=list)
+    entries: list[ZipEntry] = field(default_factory=list)
+    prefix: str = ""
+    pickle: "tp.PickleScan | None" = None
+    legacy: bool = False
+
+    def keys(self) -> list[str]:
+        """Top-level keys of the pickled object (a dict), else its string constants."""
+        root = self.pickle.root if self.pickle is not None else None
+        if isinstance(root, dict):
+            return [k for k in root if isinstance(k, str)]
+        return []
+
+    def strings(self, limit: int = 200_000) -> list[str]:
+        """Every string in the pickled object (keys and values, first appearance order)."""
+        out: list[str] = []
+        if self.pickle is None:
+            return out
+        seen: set[int] = set()
+        todo = [self.pickle.root]
+        while todo and len(out) < limit:
+            obj = todo.pop()
+            if isinstance(obj, str):
+                out.append(obj)
+                continue
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                for k, v in reversed(list(obj.items())):
+                    todo.extend((v, k))
+            elif isinstance(obj, (list, tuple)):
+                todo.extend(reversed(obj))
+            elif isinstance(obj, tp.Call):
+                todo.extend((obj.items, obj.state, *reversed(obj.args)))
+        return out
+
+    def entry(self, name: str) -> ZipEntry | None:
+        return next((e for e in self.entries if e.name == name), None)
+
+
+def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,
               update=None) -> tuple[list[str], list[str]]:
-    """torch.save zip archive: end record, central directory, every local header and entry size;
-    full: CRC-32 of every entry (streamed). Returns (reasons, strings from data.pkl if wanted)."""
+    """torch.save zip archive checks (see `scan_zip`). Returns (reasons, the pickle's strings if wanted)."""
+    z = scan_zip(path, counter, full, update)
+    return list(z.findings), z.strings() if want_pickle else []
+
+
+def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> ZipScan:
+    """torch.save zip archive: end record, central directory (unique names), every local header and
+    entry size, the `version` record; data.pkl read as opcodes (parses to STOP, globals against the
+    weights_only allow-list, every persistent-id storage present with dtype x numel bytes);
+    full: CRC-32 of every entry (streamed). A legacy (pre-1.6) file is parsed the same way."""
     counter.files += 1
-    strings: list[str] = []
+    z = ZipScan()
     try:
         with open_regular(path) as fh:
             size = os.fstat(fh.fileno()).st_size
             if size == 0:
-                return ["zero-byte file (expected a torch zip archive)"], strings
-            if size < 22:
-                return [f"truncated: {size} bytes, too short for a zip archive"], strings
-            parsed = read_zip_directory(fh, size)
+                z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
+                return z
+            fh.seek(0)
+            magic = fh.read(2)
+            if size < 22 and magic[:1] != b"\x80":
+                z.findings.append(Finding(f"truncated: {size} bytes, too short for a zip archive"))
+                return z
+            parsed = read_zip_directory(fh, size) if size >= 22 else "not a zip archive"
             counter.bytes_read += min(size, 65535 + 42)
             if isinstance(parsed, str):
-                fh.seek(0)
-                magic = fh.read(2)
                 if magic[:1] == b"\x80" and not parsed.startswith("broken"):
-                    counter.notes.append(f"{os.path.basename(path)}: legacy (pre-1.6) torch serialization; "
-                                         "only readable, not structurally checked")
-                    return [], strings
-                return [parsed], strings
+                    z.legacy = True
+                    z.findings.extend(_check_legacy(fh, size, counter, os.path.basename(path), z))
+                    return z
+                z.findings.append(Finding(parsed))
+                return z
             entries, cd_offset = parsed
+            z.entries = entries
             if not entries:
-                return ["empty zip archive (no entries)"], strings
+                z.findings.append(Finding("empty zip archive (no entries)"))
+                return z
+            names = [e.name for e in entries]
+            if len(set(names)) != len(names):
+                dup = next(n for n in names if names.count(n) > 1)
+                z.findings.append(Finding(f"duplicate entry {dup!r} in the central directory (torch.load would "
+                                          "refuse or read the wrong one)"))
+                return z
             prefixes = {e.name.split("/", 1)[0] for e in entries}
-            if len(prefixes) == 1 and not any(e.name.endswith("/data.pkl") for e in entries):
-                return ["torch archive without data.pkl"], strings
+            pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
+            if len(prefixes) == 1 and pkl is None:
+                z.findings.append(Finding("torch archive without data.pkl"))
+                return z
             for e in entries:
                 fh.seek(e.offset)
                 lh = fh.read(30)
                 counter.bytes_read += 30
                 if len(lh) != 30 or lh[:4] != _LFH:
-                    return [f"broken local header for entry {e.name!r} at offset {e.offset}"], strings
+                    z.findings.append(Finding(f"broken local header for entry {e.name!r} at offset {e.offset}"))
+                    return z
                 nlen, xlen = struct.unpack("<HH", lh[26:30])
                 name = fh.read(nlen).decode("utf-8", "replace")
                 if name != e.name:
-                    return [f"entry name mismatch: central directory {e.name!r}, local header {name!r}"], strings
+                    z.findings.append(Finding(f"entry name mismatch: central directory {e.name!r}, "
+                                              f"local header {name!r}"))
+                    return z
                 e.data_start = e.offset + 30 + nlen + xlen
                 if e.data_start + e.csize > cd_offset:
-                    return [f"entry {e.name!r} ({e.csize} bytes) runs past the central directory: truncated"], strings
+                    z.findings.append(truncated(f"entry {e.name!r} ({e.csize} bytes) runs past the central "
+                                                "directory: truncated"))
+                    return z
                 if e.method not in (0, 8):
-                    return [f"entry {e.name!r} uses unsupported compression method {e.method}"], strings
+                    z.findings.append(Finding(f"entry {e.name!r} uses unsupported compression method {e.method}"))
+                    return z
                 if e.method == 0 and e.csize != e.usize:
-                    return [f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})"], strings
+                    z.findings.append(Finding(f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})"))
+                    return z
                 if e.method == 8 and full and e.usize > MAX_INFLATE_BYTES:
-                    return [f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than the "
-                            f"{MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save stores entries "
-                            "uncompressed: a re-zipped archive or a zip bomb)"], strings
-            if want_pickle:
-                pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
-                if pkl is not None:
-                    got = _pickle_strings_from_entry(fh, pkl, counter)
-                    if isinstance(got, str):
-                        return [got], strings
-                    strings = got
+                    z.findings.append(Finding(f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
+                                              f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
+                                              "stores entries uncompressed: a re-zipped archive or a zip bomb)"))
+                    return z
+            if pkl is not None:
+                z.prefix = pkl.name[: -len("data.pkl")]
+                z.findings.extend(_check_torch_pickle(fh, z, counter))
+                if z.findings:
+                    return z
             if full:
                 reason = _crc_entries(path, fh, entries, counter, update)
                 if reason:
-                    return [reason], strings
+                    z.findings.append(Finding(reason))
     except (OSError, ReadError) as exc:
-        return [_oserror(exc)], strings
-    return [], strings
+        z.findings.append(Finding(_oserror(exc)))
+    return z
+
+
+MAX_PICKLE = MAX_PICKLE_BYTES  # data.pkl holds structure only (tensors live in data/N)
+
+
+def _read_entry(fh, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE) -> bytes | str:
+    """A (small) entry's bytes, decompressed with a cap from its declared size; or a reason."""
+    if e.usize > limit or e.csize > limit:
+        return f"entry {e.name!r} declares {e.usize} bytes (more than {limit >> 20} MB): not read"
+    fh.seek(e.data_start)
+    data = fh.read(e.csize)
+    counter.bytes_read += len(data)
+    if e.method == 8:
+        d = zlib.decompressobj(-15)
+        try:
+            data = d.decompress(data, e.usize + 1)
+        except zlib.error as exc:
+            return f"entry {e.name!r}: corrupt compressed data ({exc})"
+    if len(data) != e.usize:
+        return f"entry {e.name!r}: {len(data)} bytes, its header declares {e.usize}"
+    return data
+
+
+def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
+    pkl = z.entry(z.prefix + "data.pkl")
+    data = _read_entry(fh, pkl, counter)
+    if isinstance(data, str):
+        return [Finding(data)]
+    if not data:
+        return [Finding(f"{pkl.name} is empty (torch.load cannot open this archive)")]
+    scan = tp.read_pickle(data)
+    z.pickle = scan
+    out = pickle_findings(scan, pkl.name)
+    if out:
+        return out
+    if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
+        out.append(Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)"))
+    for t in scan.tensors:
+        span = t.span()
+        if span is not None and (span[1] > t.storage.numel * tp.DTYPE_SIZE.get(t.storage.dtype, 1)
+                                 // max(1, tp.DTYPE_SIZE.get(t.dtype, 1))):
+            out.append(Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
+                               f"of its storage data/{t.storage.key} (torch.load would fail)"))
+            return out
+    for key, ref in sorted(scan.storages.items()):
+        e = z.entry(f"{z.prefix}data/{key}")
+        if e is None:
+            out.append(Finding(f"storage data/{key} referenced by {pkl.name} is missing from the archive"))
+        elif ref.dtype != "unknown" and e.usize != ref.nbytes:
+            out.append(Finding(f"storage data/{key}: {e.usize} bytes, {pkl.name} needs {ref.nbytes} "
+                               f"({ref.numel} x {ref.dtype})"))
+        if len(out) >= 5:
+            break
+    return out
+
+
+def pickle_findings(scan: "tp.PickleScan", what: str, dcp: bool = False) -> list[Finding]:
+    """Problems of a pickle read as data: unsafe globals first (named), then a pickle that does not
+    parse to its STOP."""
+    unsafe = scan.unsafe(dcp)
+    if unsafe:
+        more = f" (and {len(unsafe) - 1} more)" if len(unsafe) > 1 else ""
+        return [Finding(f"unsafe pickle: would execute {tp.shown(unsafe[0])} on load{more}")]
+    if not scan.complete:
+        return [Finding(f"{what}: not a complete pickle ({scan.error})")]
+    return []
+
+
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> list[Finding]:
+    """Legacy (pre-1.6, non-zip) torch.save: five pickles (magic number, protocol, sys info, the
+    object, the sorted storage keys) then, per key, an 8-byte element count and the raw bytes."""
+    fh.seek(0)
+    reader = io.BufferedReader(fh, buffer_size=1 << 16) if isinstance(fh, io.RawIOBase) else fh
+    scans = []
+    for i in range(5):
+        scan = tp.read_pickle(reader)
+        scans.append(scan)
+        if i == 3:
+            z.pickle = scan
+        if scan.unsafe() or (i == 3 and not scan.complete):
+            return pickle_findings(scan, f"{name} (legacy torch file)")
+        if not scan.complete:
+            return [Finding(f"legacy torch file: pickle {i + 1} of 5 is broken ({scan.error})")]
+    if scans[0].root != _LEGACY_MAGIC:
+        return [Finding("legacy torch file: wrong magic number (not written by torch.save)")]
+    keys = scans[4].root
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return [Finding("legacy torch file: storage key list is not a list of names")]
+    refs = scans[3].storages
+    missing = sorted(set(refs) - set(keys))
+    if missing:
+        return [Finding(f"legacy torch file: storage {missing[0]} is referenced but not written")]
+    pos = reader.tell()
+    for key in keys:
+        reader.seek(pos)
+        head = reader.read(8)
+        if len(head) != 8:
+            return [truncated(f"truncated: legacy torch file ends before storage {key}")]
+        (numel,) = struct.unpack("<q", head)
+        ref = refs.get(key)
+        item = tp.DTYPE_SIZE.get(ref.dtype, 1) if ref is not None else 1
+        if numel < 0 or (ref is not None and numel != ref.numel):
+            return [Finding(f"legacy torch file: storage {key} holds {numel} elements, the pickle says "
+                            f"{ref.numel if ref else '?'}")]
+        pos += 8 + numel * item
+        if pos > size:
+            return [truncated(f"truncated: legacy torch file ends inside storage {key}")]
+    counter.bytes_read += pos
+    if pos != size:
+        return [Finding(f"legacy torch file: {size - pos} trailing bytes after the last storage")]
+    counter.notes.append(f"{name}: legacy (pre-1.6) torch serialization; pickle and storage sizes checked")
+    return []
 
 
 def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) -> str | None:

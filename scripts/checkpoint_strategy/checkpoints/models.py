@@ -15,7 +15,8 @@ from checkpoint_strategy.checkpoints.retention import ReasonKind
 from checkpoint_strategy.planning.models import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
-Level = Literal["quick", "full"]
+Level = Literal["quick", "full", "deep"]
+ProblemKind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
 
 
 class _Model(BaseModel):
@@ -27,8 +28,57 @@ class Problem(_Model):
 
     file: str = Field(description="file or folder, relative to the checkpoint ('.' = the checkpoint itself)")
     reason: str = Field(description="what is wrong, in one line")
-    kind: Literal["invalid", "incomplete"] = Field(
-        "invalid", description="invalid = present but corrupt; incomplete = the save did not finish")
+    kind: ProblemKind = Field(
+        "invalid", description="invalid = present but corrupt; incomplete = the save did not finish; "
+                               "not_resumable = loads, but a resume would lose or corrupt optimizer state (deep); "
+                               "suspicious = loads, but the values look damaged (deep)")
+
+
+class TensorStat(_Model):
+    """Figures of one tensor from the deep level's single pass over its bytes."""
+
+    file: str = Field(description="file relative to the checkpoint")
+    tensor: str = Field(description="tensor name (dotted path in the state dict; DCP: the fqn)")
+    role: Literal["weights", "optimizer", "other"]
+    dtype: str
+    shape: list[int]
+    numel: int
+    nan: int = 0
+    inf: int = 0
+    l2: Optional[float] = Field(None, description="L2 norm of the finite values; null when not a float tensor")
+    max_abs: Optional[float] = Field(None, description="largest |value| among the finite values (--stats only)")
+    note: Optional[str] = None
+
+
+class OptimizerCheck(_Model):
+    """Optimizer state as read from the checkpoint (deep level)."""
+
+    kind: Literal["adam", "other", "none"] = Field(description="adam: per-parameter exp_avg/exp_avg_sq; "
+                                                                 "other: state without Adam moments; none: no optimizer")
+    parameters: int = Field(0, description="parameters the optimizer lists (param_groups), or weights for DCP")
+    with_moments: int = Field(0, description="parameters with both exp_avg and exp_avg_sq")
+    shape_mismatches: int = Field(0, description="moments whose shape matches no weight (or each other)")
+    step: Optional[int] = Field(None, description="the optimizer's own step count (largest per-parameter step)")
+    global_step: Optional[int] = Field(None, description="the trainer's global step, where the checkpoint records it")
+
+
+class DeepCheck(_Model):
+    """Summary of the deep level: every float value read once."""
+
+    tensors: int = Field(description="tensors found")
+    float_tensors: int = Field(description="float32/float16/bfloat16/float64 tensors whose values were checked")
+    values: int = Field(description="values checked")
+    bytes_scanned: int
+    nonfinite_values: int
+    nonfinite: list[str] = Field(default_factory=list,
+                                 description="'file: tensor: N NaN, M Inf' for each tensor with non-finite values "
+                                             "(first 20)")
+    weights_norm: Optional[float] = Field(None, description="global L2 norm of the model weights")
+    weights_dtype: Optional[str] = None
+    optimizer: OptimizerCheck
+    previous: Optional[str] = Field(None, description="the previous checkpoint of the same run compared with")
+    norm_ratio: Optional[float] = Field(None, description="weights_norm / the previous checkpoint's")
+    seconds: float = 0.0
 
 
 class CheckpointResult(_Model):
@@ -48,6 +98,24 @@ class CheckpointResult(_Model):
     manifest: Optional[Literal["written", "verified"]] = None
     problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    deep: Optional[DeepCheck] = Field(None, description="level deep: values, norms and optimizer state")
+
+    def passes_deep(self) -> bool:
+        """Valid, and (at level deep) no non-resumable or suspicious finding."""
+        return self.status == "valid" and not any(p.kind in ("not_resumable", "suspicious") for p in self.problems)
+
+
+class CheckpointStats(_Model):
+    path: str
+    step: Optional[int] = None
+    weights_norm: Optional[float] = None
+    tensors: list[TensorStat]
+
+
+class DeepStats(_Model):
+    """`validate --level deep --stats FILE.json`: per-tensor figures of every checkpoint."""
+
+    checkpoints: list[CheckpointStats]
 
 
 class ValidationSummary(_Model):
@@ -167,5 +235,6 @@ class PruneReport(_Model):
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "validation-report.schema.json": ValidationReport,
+    "deep-stats.schema.json": DeepStats,
     "prune-report.schema.json": PruneReport,
 }

@@ -47,7 +47,7 @@ from checkpoint_strategy.checkpoints.models import (
     PruneState,
     SpikeGuard,
 )
-from checkpoint_strategy.checkpoints.validate import check
+from checkpoint_strategy.checkpoints.validate import check, usable
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune.json"
@@ -183,7 +183,8 @@ def survey(root: str, level: str = "quick") -> Survey:
         mark = read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
-        s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,
+        status = r.status if usable(r) else "invalid"  # level deep: NaN/Inf, partial optimizer, norm jump
+        s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable and mark is None, False,
                                          m.metrics, format=f.format, path=f.path))
     for name in unrecognised:
         path = os.path.join(root, name)
@@ -506,7 +507,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         out = None
         if apply:
             def revalidate(name: str) -> bool:
-                return check(s.found[name], level).status == "valid"
+                return usable(check(s.found[name], level))
 
             out = apply_prune(root, plan, revalidate, pending)
     entries = [_entry(d, s, out) for d in plan.decisions]

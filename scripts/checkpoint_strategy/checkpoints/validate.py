@@ -5,14 +5,20 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal
 
+from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints import framework_layouts as fl
-from checkpoint_strategy.checkpoints.models import CheckpointResult, Problem, ValidationReport, ValidationSummary
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.checkpoints.filechecks import Kind
+from checkpoint_strategy.checkpoints.models import (CheckpointResult, CheckpointStats, DeepStats, Problem,
+                                                    ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
 
 PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
@@ -36,18 +42,36 @@ PORTABILITY = {
 }
 
 ProgressFn = Callable[..., None]
+Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp", "torchtitan", "orbax",
+                 "deepspeed", "megatron"]
+Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "megatron", "orbax", "lightning-sharded", "unknown"]
+LEVELS = ("quick", "full", "deep")
+
+
+@dataclass
+class Layout:
+    """What a format checker learned about one checkpoint (its problems go to the context)."""
+
+    resumable: bool = False
+    sharded: bool = False
+    portability: Portability = "unknown"
+    step: int | None = None
+    dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
 
 
 class _Ctx:
-    """Collects problems/notes for one checkpoint."""
+    """Collects problems/notes (and, at level deep, the files that hold tensors) for one checkpoint."""
 
     def __init__(self, root: str, level: str, update: ProgressFn | None) -> None:
         self.root = root
-        self.full = level == "full"
         self.level = level
+        self.full = level == "full"
+        self.deep = level == "deep"
         self.counter = fc.Counter()
         self.problems: list[Problem] = []
         self.update = update
+        self.sources: list[dp.Source] = []
+        self.global_step: int | None = None
 
     def rel(self, path: str) -> str:
         if os.path.normpath(path) == os.path.normpath(self.root):
@@ -55,39 +79,50 @@ class _Ctx:
         base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
         return os.path.relpath(path, base)
 
-    def bad(self, path: str, reason: str, kind: str = "invalid") -> None:
-        self.problems.append(Problem(file=self.rel(path), reason=reason, kind=kind))
+    def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
+        """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
+        kind = kind or getattr(reason, "kind", "invalid")
+        self.problems.append(Problem(file=self.rel(path), reason=str(reason), kind=kind))
 
     def missing(self, path: str, what: str) -> None:
         self.bad(path, f"missing: {what}", "incomplete")
 
-    def safetensors(self, path: str) -> None:
-        for r in fc.check_safetensors(path, self.counter, self.full):
-            self.bad(path, r, "incomplete" if r.startswith("truncated") else "invalid")
+    def safetensors(self, path: str, role: dp.Role = "weights") -> None:
+        reasons = fc.check_safetensors(path, self.counter, self.full)
+        for r in reasons:
+            self.bad(path, r)
+        if not reasons and self.deep:
+            self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
-    def zip(self, path: str, want_pickle: bool = False) -> list[str]:
-        reasons, strings = fc.check_zip(path, self.counter, self.full, want_pickle, self.update)
-        for r in reasons:
-            self.bad(path, r, "invalid")
+    def zip(self, path: str, role: dp.Role = "other", flat: bool = False) -> fc.ZipScan:
+        z = fc.scan_zip(path, self.counter, self.full, self.update)
+        for r in z.findings:
+            self.bad(path, r)
+        if self.deep and not z.findings and not z.legacy and role != "other":
+            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat))
+        elif self.deep and z.legacy and role != "other":
+            self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
-        return strings
+        return z
 
     def json(self, path: str) -> object | None:
-        """A JSON file of the checkpoint (NaN allowed: the HF Trainer writes it), read through storage:
-        regular files only, bounded, every failure one problem line."""
         self.counter.files += 1
         try:
-            raw = storage.read_bytes(path, os.path.basename(path))
-            self.counter.bytes_read += len(raw)
-            if not raw:
-                self.bad(path, "zero-byte file (expected JSON)")
-                return None
-            return storage.loads_json(raw, os.path.basename(path), allow_nan=True)
-        except storage.ReadError as exc:
-            self.bad(path, fc._oserror(exc) if not exc.reason.startswith(("not ", "nested")) else exc.reason)
-        finally:
+            raw = read_bytes(path, "JSON file")
+        except ReadError as exc:
+            self.bad(path, f"cannot read: {exc.reason}")
             self._tick()
+            return None
+        self.counter.bytes_read += len(raw)
+        self._tick()
+        if not raw:
+            self.bad(path, "zero-byte file (expected JSON)")
+            return None
+        try:
+            return loads_json(raw, os.path.basename(path), allow_nan=True)
+        except ReadError as exc:
+            self.bad(path, exc.reason)
         return None
 
     def readable(self, path: str) -> None:
@@ -96,7 +131,7 @@ class _Ctx:
         try:
             st = os.stat(path)
         except OSError as exc:
-            self.bad(path, fc._oserror(exc))
+            self.bad(path, f"cannot read: {describe_os_error(exc)}")
             return
         if not os.path.isfile(path):
             self.bad(path, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
@@ -127,9 +162,11 @@ def _ls(path: str) -> list[str]:
         return []
 
 
-# --------------------------------------------------------------------------- formats
+# --------------------------------------------------------------------------- formats (one checker per Format)
 
-def _check_hf(ctx: _Ctx, path: str, res: dict) -> None:  # noqa: C901 - complexity debt, see issue 10
+def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
+    path = found.path
+    out = Layout(step=found.step)
     names = set(_ls(path))
     weights = sorted(n for n in names if fm._HF_WEIGHTS.match(n))
     indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
@@ -137,18 +174,20 @@ def _check_hf(ctx: _Ctx, path: str, res: dict) -> None:  # noqa: C901 - complexi
     fsdp_model = sorted(n for n in names if n.startswith("pytorch_model_fsdp") and os.path.isdir(os.path.join(path, n)))
     fsdp_optim = sorted(n for n in names if re.match(r"^optimizer_\d+$", n) and os.path.isdir(os.path.join(path, n)))
     ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
-    covered: set[str] = set()
     for idx in indexes:
         data = ctx.json(os.path.join(path, idx))
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if data is not None and not isinstance(wm, dict):
             ctx.bad(os.path.join(path, idx), "index without a weight_map object")
             continue
-        for shard in sorted(set(wm.values()) if wm else ()):
+        shards: list = []
+        for v in (wm or {}).values():
+            if v not in shards:  # values may be unhashable (a list): no set()
+                shards.append(v)
+        for shard in sorted(shards, key=str):
             if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
                 ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
                 continue
-            covered.add(shard)
             if shard not in names:
                 ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
     for w in weights:
@@ -156,39 +195,45 @@ def _check_hf(ctx: _Ctx, path: str, res: dict) -> None:  # noqa: C901 - complexi
         if w.endswith(".safetensors"):
             ctx.safetensors(p)
         else:
-            ctx.zip(p)
-    for d in fsdp_model + fsdp_optim:
-        _check_dcp_dir(ctx, os.path.join(path, d))
+            ctx.zip(p, "weights")
+    for d in fsdp_model:
+        _check_dcp_dir(ctx, os.path.join(path, d), role="weights")
+    for d in fsdp_optim:
+        _check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
     for d in ds_steps:
-        _check_deepspeed_dir(ctx, os.path.join(path, d), res)
+        _check_deepspeed_dir(ctx, os.path.join(path, d), out)
     if not weights and not fsdp_model and not ds_steps and not indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
     for n in sorted(names):
         p = os.path.join(path, n)
         if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
-            ctx.zip(p)
+            ctx.zip(p, "optimizer" if n == "optimizer.pt" else "other")
     if "trainer_state.json" in names:
         state = ctx.json(os.path.join(path, "trainer_state.json"))
         if state is not None and not isinstance(state, dict):
             ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
-        elif isinstance(state, dict) and res.get("step") is None and isinstance(state.get("global_step"), int):
-            res["step"] = state["global_step"]
+        elif isinstance(state, dict) and type(state.get("global_step")) is int:
+            ctx.global_step = state["global_step"]
+            if out.step is None:
+                out.step = state["global_step"]
     elif fm._HF.match(os.path.basename(path)):
         ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
             ctx.json(os.path.join(path, n))
-    res["resumable"] = "optimizer.pt" in names or bool(fsdp_optim) or res.get("resumable", False)
+    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
     if fsdp_model or fsdp_optim:
-        res["sharded"], res["portability"] = True, "fsdp"
+        out.sharded, out.portability = True, "fsdp"
     elif ds_steps:
-        res["sharded"], res["portability"] = True, "zero"
+        out.sharded, out.portability = True, "zero"
     else:
-        res["portability"] = "full" if res["resumable"] else "weights"
+        out.portability = "full" if out.resumable else "weights"
+    return out
 
 
-def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metadata: bool = True) -> None:  # noqa: C901 - complexity debt, see issue 10
+def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
+                   role: dp.Role = "mixed") -> None:
     names = _ls(path)
     distcp = [n for n in names if n.endswith(".distcp")]
     meta = os.path.join(path, ".metadata")
@@ -203,25 +248,30 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
         ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
         return
     try:  # bounded: a .metadata that is a device or a huge sparse file is refused
-        data = storage.read_bytes(meta, ".metadata", fc.MAX_DCP_METADATA)
+        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
         ctx.counter.bytes_read += len(data)
-    except storage.ReadError as exc:
+    except ReadError as exc:
         ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
                 f"{exc.reason}: not a plausible DCP .metadata")
         return
     if not data:
         ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
         return
+    scan = tp.read_pickle(data)
+    if scan.unsafe(dcp=True):
+        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
+        return
     parsed = fc.dcp_storage_map(data)
     if isinstance(parsed, str):
         ctx.bad(meta, parsed)
         return
     needed, keys = parsed
-    if res is not None:
-        res["resumable"] = any(k.startswith("optim") for k in keys) or res.get("resumable", False)
-        res["dcp_keys"] = keys
+    if out is not None:
+        out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
+        out.dcp_keys = set(keys)
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
+    problems_before = len(ctx.problems)
     for rel, nbytes in sorted(needed.items()):
         p = os.path.join(path, rel)
         if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
@@ -250,16 +300,34 @@ def _check_dcp_dir(ctx: _Ctx, path: str, res: dict | None = None, require_metada
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
+    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
+        ctx.sources.append(dp.Source(path, ctx.rel(path), role, "dcp", dcp=scan))
 
 
-def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
+def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
+    out = Layout(step=found.step, sharded=True, portability="dcp")
+    _check_dcp_dir(ctx, found.path, out)
+    if found.format == "torchtitan" and not out.resumable:
+        reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
+        if reason:
+            ctx.counter.notes.append(reason)
+    return out
+
+
+def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
+    out = Layout(step=found.step)
+    _check_deepspeed_dir(ctx, found.path, out)
+    return out
+
+
+def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
     names = _ls(path)
     model = [n for n in names if n.endswith("_model_states.pt")]
     optim = [n for n in names if n.endswith("_optim_states.pt")]
     if not model:
         ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
-        ctx.zip(os.path.join(path, n))
+        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
     states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
     ctx.counter.bytes_read += len(states_pkl or b"")
     stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
@@ -268,7 +336,7 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
                     f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
                     "them cannot resume)")
     if optim:
-        res["resumable"] = True
+        out.resumable = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
         expected = max(ranks) + 1 if ranks else 0
         if stage and dp:
@@ -277,20 +345,22 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, res: dict) -> None:
             missing = sorted(set(range(expected)) - set(ranks))
             ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
                         f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
-    res["sharded"] = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
-    res["portability"] = "zero" if res["sharded"] else ("full" if optim else "weights")
+    out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
+    out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 
 
-def _check_megatron_dir(ctx: _Ctx, path: str, res: dict) -> None:
+def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
+    path = found.path
+    out = Layout(step=found.step)
     names = _ls(path)
     if ".metadata" in names:  # torch_dist format
-        _check_dcp_dir(ctx, path, res)
+        _check_dcp_dir(ctx, path, out)
         if "common.pt" in names:
             ctx.zip(os.path.join(path, "common.pt"))
         if "metadata.json" in names:
             ctx.json(os.path.join(path, "metadata.json"))
-        res["sharded"], res["portability"] = True, "dcp"
-        return
+        out.sharded, out.portability = True, "dcp"
+        return out
     ranks = sorted(n for n in names if n.startswith("mp_rank_") and os.path.isdir(os.path.join(path, n)))
     if not ranks:
         ctx.missing(os.path.join(path, "mp_rank_00"), "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)")
@@ -301,20 +371,24 @@ def _check_megatron_dir(ctx: _Ctx, path: str, res: dict) -> None:
         if "model_optim_rng.pt" not in inner:
             ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
         for n in files:
-            strings = ctx.zip(os.path.join(path, r, n), want_pickle=(n == "model_optim_rng.pt" and not has_optim))
-            has_optim = has_optim or "optimizer" in strings
+            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed",
+                        flat=n == "distrib_optim.pt")
+            has_optim = has_optim or "optimizer" in z.keys()
         if "distrib_optim.pt" in inner:
             has_optim = True
-    res["resumable"] = has_optim
-    res["sharded"] = len(ranks) > 1
-    res["portability"] = "megatron" if res["sharded"] else ("full" if has_optim else "weights")
+    out.resumable = has_optim
+    out.sharded = len(ranks) > 1
+    out.portability = "megatron" if out.sharded else ("full" if has_optim else "weights")
+    return out
 
 
-def _check_orbax_dir(ctx: _Ctx, path: str, res: dict, want_commit: bool) -> None:  # noqa: C901 - complexity debt, see issue 10
+def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layout:
+    path = found.path
+    out = Layout(step=found.step)
     names = set(_ls(path))
     if fm.ORBAX_TMP in os.path.basename(path):
         ctx.bad(path, "in-flight Orbax temporary folder (save not finalised)", "incomplete")
-        return
+        return out
     if "_CHECKPOINT_METADATA" in names:
         meta = ctx.json(os.path.join(path, "_CHECKPOINT_METADATA"))
         if isinstance(meta, dict) and meta.get("commit_timestamp_nsecs", 1) is None:
@@ -334,106 +408,140 @@ def _check_orbax_dir(ctx: _Ctx, path: str, res: dict, want_commit: bool) -> None
             ctx.missing(ip, f"contents of item {item}/")
             continue
         for n in inner:
-            if n in ("_METADATA", "_sharding", "manifest.ocdbt") or n.endswith(".json"):
-                p = os.path.join(ip, n)
-                if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                    meta = ctx.json(p)
-                    if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
-                        res["resumable"] = True
-                else:
-                    ctx.readable(p)
-            elif ctx.full and os.path.isfile(os.path.join(ip, n)):
-                ctx.readable(os.path.join(ip, n))
+            p = os.path.join(ip, n)
+            if n in ("_METADATA", "_sharding") or n.endswith(".json"):
+                meta = ctx.json(p)
+                if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
+                    out.resumable = True
+            elif n == "manifest.ocdbt":
+                ctx.readable(p)
+            elif (ctx.full or ctx.deep) and os.path.isfile(p):
+                ctx.readable(p)
         if "opt" in item.lower() or item in ("state", "train_state"):
-            res["resumable"] = True
-    res["sharded"], res["portability"] = True, "orbax"
+            out.resumable = True
+    if ctx.deep:
+        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
+    out.sharded, out.portability = True, "orbax"
+    return out
 
 
-def _check_lightning(ctx: _Ctx, path: str, res: dict) -> None:
+def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
+    path = found.path
+    out = Layout(step=found.step)
     if os.path.isdir(path):
         names = _ls(path)
         if ".metadata" in names or any(n.endswith(".distcp") for n in names):
-            _check_dcp_dir(ctx, path, res)
+            _check_dcp_dir(ctx, path, out)
         elif "checkpoint" in names:
-            _check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), res)
+            _check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
         else:
             ctx.missing(path, "sharded checkpoint contents (.metadata or checkpoint/)")
-        res["sharded"], res["portability"] = True, "lightning-sharded"
-        return
-    strings = ctx.zip(path, want_pickle=True)
-    res["resumable"] = "optimizer_states" in strings
-    res["portability"] = "full" if res["resumable"] else "weights"
+        out.sharded, out.portability = True, "lightning-sharded"
+        return out
+    z = ctx.zip(path, "mixed")
+    out.resumable = "optimizer_states" in z.keys()
+    out.portability = "full" if out.resumable else "weights"
+    return out
 
 
-def _check_nemo(ctx: _Ctx, path: str, res: dict) -> None:
+def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
+    path = found.path
+    out = Layout(step=found.step)
     marker = fm.unfinished_marker(path)
     if os.path.lexists(marker):
         ctx.bad(marker, "NeMo -unfinished marker present: the save did not finish", "incomplete")
     if os.path.isdir(path):
         names = _ls(path)
         target = os.path.join(path, "weights") if "weights" in names else path
-        _check_dcp_dir(ctx, target, res)
-        for n in ("common.pt",):
-            if n in _ls(target):
-                ctx.zip(os.path.join(target, n))
-        res["sharded"], res["portability"] = True, "dcp"
+        _check_dcp_dir(ctx, target, out)
+        if "common.pt" in _ls(target):
+            ctx.zip(os.path.join(target, "common.pt"))
+        out.sharded, out.portability = True, "dcp"
     elif os.path.exists(path):
-        strings = ctx.zip(path, want_pickle=True)
-        res["resumable"] = "optimizer_states" in strings
-        res["portability"] = "full" if res["resumable"] else "weights"
+        z = ctx.zip(path, "mixed")
+        out.resumable = "optimizer_states" in z.keys()
+        out.portability = "full" if out.resumable else "weights"
+    return out
 
 
-def _check_file(ctx: _Ctx, path: str, fmt: str, res: dict) -> None:
-    if fmt == "safetensors":
-        ctx.safetensors(path)
-        res["portability"] = "weights"
-        return
-    strings = ctx.zip(path, want_pickle=True)
-    res["resumable"] = any(s in ("optimizer", "optimizer_states", "optimizer_state_dict", "optim") for s in strings)
-    res["portability"] = "full" if res["resumable"] else "weights"
+def _check_safetensors_file(ctx: _Ctx, found: fm.Found) -> Layout:
+    ctx.safetensors(found.path)
+    return Layout(step=found.step, portability="weights")
 
 
-# --------------------------------------------------------------------------- public API
+def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
+    z = ctx.zip(found.path, "mixed")
+    keys = z.keys()
+    resumable = any(k in dp.OPTIM_KEYS for k in keys)
+    if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
+            not any(k in dp.WEIGHT_KEYS or k in dp.OPTIM_KEYS for k in keys):
+        ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
+    return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
 
-def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,  # noqa: C901 - complexity debt, see issue 10
-          want_commit: bool = False, manifest: str | None = None, root: str | None = None) -> CheckpointResult:
-    """Validate one recognised checkpoint. ``root``: the folder the user named; a manifest is never
-    written outside it (a symlinked checkpoint pointing elsewhere is left alone)."""
-    path = found.path
-    ctx = _Ctx(path, level, update)
-    res: dict = {"step": found.step, "resumable": False, "sharded": False, "portability": "unknown"}
-    fmt = found.format
-    is_dir = os.path.isdir(path)
+
+Checker = Callable[[_Ctx, fm.Found], Layout]
+CHECKERS: dict[str, Checker] = {
+    "hf-trainer": _check_hf,
+    "dcp": _check_dcp,
+    "torchtitan": _check_dcp,
+    "deepspeed": _check_deepspeed,
+    "megatron": _check_megatron,
+    "orbax": _check_orbax,
+    "lightning": _check_lightning,
+    "nemo": _check_nemo,
+    "safetensors": _check_safetensors_file,
+    "torch": _check_torch_file,
+}
+FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "orbax")
+
+
+def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
+    """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
+    path, fmt = found.path, found.format
     if not os.path.lexists(path):
         ctx.missing(path, "checkpoint")
     elif os.path.islink(path) and not os.path.exists(path):
         ctx.bad(path, "dangling symlink")
-    elif fmt in ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "orbax") and not is_dir:
+    elif fmt in FOLDER_FORMATS and not os.path.isdir(path):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
     elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
         ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
                 "incomplete")
-    elif fmt == "hf-trainer":
-        _check_hf(ctx, path, res)
-    elif fmt in ("dcp", "torchtitan"):
-        _check_dcp_dir(ctx, path, res)
-        res["sharded"], res["portability"] = True, "dcp"
-        if fmt == "torchtitan" and not res["resumable"]:
-            reason = fl.torchtitan_model_only_reason(res.get("dcp_keys", set()), res["step"])
-            if reason:
-                ctx.counter.notes.append(reason)
-    elif fmt == "deepspeed":
-        _check_deepspeed_dir(ctx, path, res)
-    elif fmt == "megatron":
-        _check_megatron_dir(ctx, path, res)
-    elif fmt == "orbax":
-        _check_orbax_dir(ctx, path, res, want_commit)
-    elif fmt == "lightning":
-        _check_lightning(ctx, path, res)
-    elif fmt == "nemo":
-        _check_nemo(ctx, path, res)
+    elif fmt not in CHECKERS:
+        ctx.bad(path, f"no checker for format {fmt!r}")
     else:
-        _check_file(ctx, path, fmt, res)
+        return None
+    return Layout(step=found.step)
+
+
+# --------------------------------------------------------------------------- public API
+
+def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
+          want_commit: bool = False, manifest: str | None = None, root: str | None = None) -> CheckpointResult:
+    """Validate one recognised checkpoint. ``root``: the folder the user named; a manifest is never
+    written outside it (a symlinked checkpoint pointing elsewhere is left alone)."""
+    return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
+
+
+def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
+                      want_commit: bool = False, manifest: str | None = None,
+                      stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
+    """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
+    path = found.path
+    ctx = _Ctx(path, level, update)
+    layout = _precheck(ctx, found)
+    if layout is None:
+        checker = CHECKERS[found.format]
+        layout = checker(ctx, found, want_commit) if found.format == "orbax" else checker(ctx, found)
+    outcome = None
+    if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
+        outcome = dp.run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+        for f in outcome.findings:
+            ctx.problems.append(Problem(file=f.file, reason=f.reason, kind=f.kind))
+        ctx.counter.notes.extend(outcome.notes)
+        ctx.counter.bytes_read += outcome.check.bytes_scanned
+        if any(f.kind == "not_resumable" for f in outcome.findings):
+            layout.resumable = False
     manifest_state = None
     if manifest and os.path.lexists(path) and not any(p.kind == "incomplete" for p in ctx.problems):
         from checkpoint_strategy.checkpoints import manifest as mf
@@ -457,14 +565,24 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
         ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
-    return CheckpointResult(
-        path=str(path), format=fmt, step=res["step"], status=status, resumable=bool(res["resumable"]),
-        sharded=bool(res["sharded"]), portability=PORTABILITY[res["portability"]], level=level,
+    result = CheckpointResult(
+        path=str(path), format=found.format, step=layout.step, status=status, resumable=layout.resumable,
+        sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
-        problems=ctx.problems, notes=ctx.counter.notes)
+        problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
+    return result, outcome
 
 
-def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest: str | None = None) -> CheckpointResult:
+def _check_level(level: str, manifest: str | None) -> str:
+    if level not in LEVELS:
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
+    if manifest not in (None, "write", "verify"):
+        raise UsageError(f"manifest must be write or verify, got {manifest!r}")
+    return "full" if manifest and level == "quick" else level
+
+
+def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest: str | None = None,
+                        previous: str | os.PathLike | None = None) -> CheckpointResult:
     """Check one checkpoint is whole without loading it (the spec's `validate_on_save`).
 
     Call it right after a save, e.g. ``validate_checkpoint("out/checkpoint-500").status == "valid"``.
@@ -474,24 +592,23 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
         path: a checkpoint folder (checkpoint-N/, step-N/, global_stepN/, iter_N/, Orbax step, *.ckpt/)
             or file (*.ckpt, *.pt, *.safetensors).
         level: "quick" reads headers only (cost grows with the number of files); "full" reads every
-            byte and checks the CRC-32 of every zip entry.
+            byte and checks the CRC-32 of every zip entry; "deep" reads every tensor value (NaN/Inf
+            counts, norms) and the optimizer state (moments per parameter, step), see `checkpoints.deep`.
         manifest: None, "write" (write integrity.json after a clean full check) or "verify".
+        previous: level deep: the previous checkpoint of the same run; a global weight norm that moved
+            more than 2x from it is "suspicious" (the callbacks and recover pass the one before).
 
     Returns:
         CheckpointResult (stable fields): path, format, step, status ("valid" | "invalid" |
         "incomplete"), resumable (optimizer state present), sharded (hardware-specific shards),
         portability (cross-hardware advice), level, files_checked, bytes_read, manifest,
-        problems [{file, reason, kind}], notes.
+        problems [{file, reason, kind}], notes, deep (level deep). `result.passes_deep()` is the
+        deep verdict: valid, resumable state whole, nothing suspicious.
 
     Raises:
         UsageError: the path does not exist or level/manifest is not one of the allowed values.
     """
-    if level not in ("quick", "full"):
-        raise UsageError(f"level must be quick or full, got {level!r}")
-    if manifest not in (None, "write", "verify"):
-        raise UsageError(f"manifest must be write or verify, got {manifest!r}")
-    if manifest:
-        level = "full"
+    level = _check_level(level, manifest)
     p = os.fspath(path)
     if not os.path.lexists(p):
         raise UsageError(f"{p}: no such file or folder; expected a checkpoint folder or file")
@@ -502,7 +619,43 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
                                 portability=PORTABILITY["unknown"], level=level,
                                 problems=[Problem(file=".", reason="not a recognised checkpoint layout "
                                                   "(see the formats table in the README)")])
-    return check(found, level, manifest=manifest)
+    result, outcome = check_with_values(found, level, manifest=manifest)
+    if outcome is not None and previous is not None and os.path.lexists(os.fspath(previous)):
+        prev_found = fm.identify(os.fspath(previous))
+        if prev_found is not None:
+            _prev, prev_outcome = check_with_values(prev_found, level)
+            if prev_outcome is not None:
+                _compare(result, outcome, prev_outcome, os.path.basename(os.path.normpath(os.fspath(previous))))
+    return result
+
+
+def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
+    finding = dp.compare(outcome, prev, prev_name)
+    if finding is not None:
+        result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
+
+
+def deep_ok(result: CheckpointResult) -> bool:
+    """Valid and, when the deep level ran, nothing suspicious and no partial optimizer state (a model-only
+    checkpoint is reported "not resumable" but is not a failure: prune's resumable-first rule weighs it)."""
+    if result.status != "valid":
+        return False
+    if result.deep is None:
+        return True
+    return not any(p.kind == "suspicious" or (p.kind == "not_resumable" and result.deep.optimizer.kind != "none")
+                   for p in result.problems)
+
+
+def usable(result: CheckpointResult) -> bool:
+    """May this checkpoint justify deleting older ones? Valid, and at level deep also `deep_ok`."""
+    return deep_ok(result)
+
+
+def deep_check(path: str | os.PathLike, previous: str | os.PathLike | None = None) -> CheckpointResult:
+    """The deep verdict on one checkpoint (for validate-on-save callbacks and `recover`):
+    ``deep_check(p).passes_deep()`` is False for NaN/Inf anywhere, partial or missing optimizer state,
+    an optimizer step ahead of the trainer's, or (with `previous`) a weight norm that jumped."""
+    return validate_checkpoint(path, level="deep", previous=previous)
 
 
 def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
@@ -511,11 +664,11 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
     for tracker, fmt in (("latest", "deepspeed"), ("latest_checkpointed_iteration.txt", "megatron")):
-        tp = os.path.join(folder, tracker)
-        if not os.path.isfile(tp):
+        tpath = os.path.join(folder, tracker)
+        if not os.path.isfile(tpath):
             continue
         try:
-            with storage.open_regular(tp, tracker) as fh:
+            with storage.open_regular(tpath, tracker) as fh:
                 text = fh.read(256).decode("utf-8", "replace").strip()
         except (OSError, storage.ReadError):
             continue
@@ -534,16 +687,27 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
 
 
 def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | None = None,
-                   progress: bool | None = None) -> ValidationReport:
-    """Validate every checkpoint at or under each path (roots with many checkpoints allowed)."""
+                   progress: bool | None = None, stats: str | None = None) -> ValidationReport:
+    """Validate every checkpoint at or under each path (roots with many checkpoints allowed).
+
+    Level deep compares each checkpoint with the previous one of the same run (same folder, next
+    lower step): a global weight norm that moved more than 2x is "suspicious". `stats`: write the
+    per-tensor figures of every checkpoint to this JSON file (level deep only).
+    """
     from checkpoint_strategy.checkpoints.progress import Progress
 
     started = time.perf_counter()
-    if manifest:
-        level = "full"
+    level = _check_level(level, manifest)
+    if stats is not None and level != "deep":
+        raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
+    if stats is not None and stats.strip() == "":
+        raise UsageError("--stats: empty path; expected a JSON file to write")
+    if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
+        raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
+                                                               "its folder does not exist") + "; expected a JSON file path")
     jobs: list[fm.Found] = []
-    roots: dict[str, str] = {}
     orbax_commit_roots: set[str] = set()
+    roots: dict[str, str] = {}
     for raw in paths:
         p = os.fspath(raw)
         if not os.path.lexists(p):
@@ -556,25 +720,51 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
         parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
+        for f in found:
+            roots.setdefault(f.path, p)
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
             if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
                 orbax_commit_roots.add(parent)
         jobs.extend(found)
-        for f in found:
-            roots.setdefault(f.path, p)
     results: list[CheckpointResult] = []
+    per_ckpt: list[CheckpointStats] = []
+    previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}   # run folder -> last deep outcome
+    order = sorted(range(len(jobs)), key=lambda i: (os.path.dirname(jobs[i].path), jobs[i].step is None,
+                                                    jobs[i].step or 0)) if level == "deep" else range(len(jobs))
+    by_index: dict[int, CheckpointResult] = {}
     with Progress(total=len(jobs), enabled=progress) as bar:
-        for f in jobs:
+        for i in order:
+            f = jobs[i]
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
             export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
-            results.append(check(f, level, bar.update, want_commit, None if export else manifest,
-                                 root=roots[f.path]))
+            result, outcome = check_with_values(f, level, bar.update, want_commit, None if export else manifest,
+                                                stats=stats is not None, root=roots.get(f.path))
             if export:
-                results[-1].notes.append("final export: the run folder's own top-level model files "
-                                         "(its checkpoint-N/ folders are checked one by one)")
+                result.notes.append("final export: the run folder's own top-level model files "
+                                    "(its checkpoint-N/ folders are checked one by one)")
+            if outcome is not None:
+                run = os.path.dirname(f.path)
+                prev = previous.get(run)
+                if prev is not None and f.step is not None and prev[0] != f.step and not export:
+                    _compare(result, outcome, prev[2], prev[1])
+                if f.step is not None and not export:
+                    previous[run] = (f.step, os.path.basename(f.path), outcome)
+                if stats is not None:
+                    per_ckpt.append(CheckpointStats(path=result.path, step=result.step,
+                                                    weights_norm=outcome.check.weights_norm, tensors=outcome.tensors))
+            by_index[i] = result
             bar.update(checkpoints=1)
+    results = [by_index[i] for i in range(len(jobs))]
+    if stats is not None:
+        from checkpoint_strategy.atomic import atomic_write_text
+        from checkpoint_strategy.render import to_json
+
+        try:
+            atomic_write_text(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")))
+        except OSError as exc:
+            raise UsageError(f"--stats: cannot write {stats}: {describe_os_error(exc)}") from None
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
 

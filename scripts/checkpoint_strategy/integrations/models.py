@@ -47,7 +47,7 @@ class CheckpointRef(_Strict):
     resumable: bool = Field(description="optimizer state present: training can resume from it")
     sharded: bool
     validated_at: str = Field(description="UTC ISO 8601 time of the validation")
-    level: Literal["quick", "full"]
+    level: Literal["quick", "full", "deep"]
     after_spike_onset: Optional[bool] = Field(
         None, description="saved after the onset of the loss spike the recovery adviser found (holds spiked "
                           "weights: not a rollback target); null when no spike is known")
@@ -141,6 +141,20 @@ class GateCheck(_Strict):
     detail: str
 
 
+class ValuesSummary(_Strict):
+    """Release record of the deep level: every float value read once (nothing executed)."""
+
+    tensors: int
+    values: int
+    nonfinite_values: int
+    weights_norm: Optional[float]
+    weights_dtype: Optional[str]
+    optimizer: str = Field(description="adam / other / none")
+    optimizer_parameters: int
+    parameters_with_moments: int
+    verdicts: list[str] = Field(default_factory=list, description="not resumable / suspicious / invalid findings")
+
+
 class ReleaseGate(_Strict):
     """The release-readiness gate record for one checkpoint."""
 
@@ -149,7 +163,7 @@ class ReleaseGate(_Strict):
     checkpoint: str
     layout: str
     step: Optional[int]
-    level: Literal["quick", "full"]
+    level: Literal["quick", "full", "deep"]
     validated_at: str
     loads_ok: bool = Field(description="the validator found every file whole (nothing is unpickled or executed)")
     status: Literal["valid", "invalid", "incomplete"]
@@ -162,6 +176,7 @@ class ReleaseGate(_Strict):
     manifest: Optional[str] = Field(None, description="path of the verified manifest")
     checksums: list[FileChecksum] = Field(default_factory=list)
     checks: list[GateCheck]
+    values: Optional[ValuesSummary] = Field(None, description="level deep: what the value pass found")
     gate: Literal["pass", "fail"]
     reasons: list[str] = Field(description="why the gate failed (empty on pass)")
 

@@ -11,7 +11,7 @@ from checkpoint_strategy.checkpoints.manifest import hash_file
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
-from checkpoint_strategy.integrations.models import FileChecksum, GateCheck, ReleaseGate
+from checkpoint_strategy.integrations.models import FileChecksum, GateCheck, ReleaseGate, ValuesSummary
 
 REQUIRE_CHOICES = ("safetensors", "full_state_dict", "sharded", "resumable")
 CHUNK = 4 << 20
@@ -54,13 +54,14 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
     bad = [r for r in required if r not in REQUIRE_CHOICES]
     if bad:
         raise UsageError(f"require: unknown item {bad[0]!r}; expected {', '.join(REQUIRE_CHOICES)}")
-    if level not in ("quick", "full"):
-        raise UsageError(f"level must be quick or full, got {level!r}")
+    if level not in ("quick", "full", "deep"):
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
     ck = api()
     from checkpoint_strategy.checkpoints.manifest import manifest_path
 
     if not os.path.lexists(path):
         raise UsageError(f"{path}: no such file or folder; expected a checkpoint folder or file")
+    _require_one_checkpoint(path)
     manifest = manifest_path(path)
     has_manifest = os.path.isfile(manifest)
     validated_at = now_iso()
@@ -71,7 +72,7 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
     reasons: list[str] = []
 
     whole = (f"{result.status} ({result.format}, {result.files_checked} files, "
-             f"{'every byte read' if result.level == 'full' else 'headers read'})")
+             f"{ {'full': 'every byte read', 'deep': 'every value read'}.get(result.level, 'headers read')})")
     if not loads_ok:
         whole = f"{result.status}: {first_problem(result)}"
         reasons.append(f"checkpoint is {result.status}: {first_problem(result)}")
@@ -91,6 +92,12 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
         if not ok:
             reasons.append(f"required format {item} is missing (present: {', '.join(formats) or 'none'})")
 
+    values = None
+    if result.deep is not None or level == "deep":
+        values, ok, detail = _values_check(result)
+        checks.append(GateCheck(name="values finite, optimizer state whole (deep)", ok=ok, detail=detail))
+        if not ok and loads_ok:
+            reasons.append(f"deep check: {detail}")
     sums: list[FileChecksum] = []
     if has_manifest:
         ok = result.manifest == "verified"
@@ -109,5 +116,57 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
         loads_ok=loads_ok, status=result.status, formats_present=formats, required=required,
         resumable=result.resumable, sharded=result.sharded,
         integrity="manifest" if has_manifest else "checksums", manifest=manifest if has_manifest else None,
-        checksums=sums, checks=checks, gate="pass" if gate_ok else "fail", reasons=reasons,
+        checksums=sums, checks=checks, values=values, gate="pass" if gate_ok else "fail", reasons=reasons,
     )
+
+
+_RUN_CHILD = __import__("re").compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$")
+
+
+def _require_one_checkpoint(path: str) -> None:
+    """The gate judges one checkpoint: a run folder (checkpoints inside) or anything that is not a
+    checkpoint (a device, an unrelated file) is bad input, not a failed gate."""
+    import stat as _stat
+
+    from checkpoint_strategy.checkpoints import formats as fm
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        from checkpoint_strategy.storage import describe_os_error
+
+        raise UsageError(f"{path}: cannot read: {describe_os_error(exc)}") from None
+    if not (_stat.S_ISDIR(mode) or _stat.S_ISREG(mode)):
+        from checkpoint_strategy.storage import kind_of
+
+        raise UsageError(f"{path} is {kind_of(mode)}: expected one checkpoint folder or file")
+    if _stat.S_ISDIR(mode):
+        children = sorted(n for n in (fm.listdir(path) or []) if _RUN_CHILD.search(n)
+                          and fm.identify(os.path.join(path, n)) is not None)
+        if children:
+            raise UsageError(f"{path} is a run folder holding {len(children)} checkpoints ({children[-1]}, ...): "
+                             "expected one checkpoint; pass one of them")
+    if fm.identify(path) is None:
+        raise UsageError(f"{path}: not a recognised checkpoint; expected a checkpoint folder (checkpoint-N/, "
+                         "step-N/, global_stepN/, iter_N/) or file (*.safetensors, *.ckpt, *.pt)")
+
+
+def _values_check(result) -> tuple[ValuesSummary | None, bool, str]:
+    d = result.deep
+    verdicts = [f"{p.file}: {p.reason}" for p in result.problems
+                if p.kind in ("not_resumable", "suspicious") or (d is not None and p.kind == "invalid")]
+    if d is None:
+        return None, False, "values not checked: " + (verdicts[0] if verdicts else f"checkpoint is {result.status}")
+    summary = ValuesSummary(tensors=d.tensors, values=d.values, nonfinite_values=d.nonfinite_values,
+                            weights_norm=d.weights_norm, weights_dtype=d.weights_dtype, optimizer=d.optimizer.kind,
+                            optimizer_parameters=d.optimizer.parameters,
+                            parameters_with_moments=d.optimizer.with_moments, verdicts=verdicts)
+    # a model-only export is what a release usually is: "not resumable" fails only `--require resumable`
+    ok = result.status == "valid" and not any(p.kind == "suspicious" for p in result.problems)
+    norm = f"{d.weights_norm:.6g}" if d.weights_norm is not None else "n/a"
+    detail = (f"{d.values} values in {d.float_tensors} float tensors, {d.nonfinite_values} NaN/Inf; "
+              f"weights norm {norm}; optimizer {d.optimizer.kind} ({d.optimizer.with_moments}/"
+              f"{d.optimizer.parameters} parameters with moments)")
+    if verdicts:
+        detail = verdicts[0] if not ok else f"{detail}; {'; '.join(verdicts)}"
+    return summary, ok, detail

@@ -25,7 +25,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg, help="one checkpoint folder or file")
     parser.add_argument("--require", type=_require, default=[], metavar="LIST",
                         help="comma-separated: safetensors, full_state_dict, sharded, resumable")
-    add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified)")
+    add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified); "
+                           "deep: every tensor value finite and the optimizer state whole")
     add_report_options(parser)
 
 

@@ -1,0 +1,511 @@
+"""`--level deep`: are the numbers usable and is the optimizer state whole? Nothing is executed.
+
+The format checkers register what holds tensors (`Source`); `run` turns the sources into scan jobs
+from headers and pickles read as data, scans every float value once (`tensorscan`), and returns
+the verdicts worded as the issue asks:
+
+- ``invalid: 12 NaN values in model.layers.3.mlp.down_proj.weight`` (file named by the problem)
+- ``not resumable: optimizer state has moments for 96 of 192 parameters``
+- ``not resumable: model-only (bfloat16 weights, no optimizer)``
+- ``suspicious: weights norm 40x the previous checkpoint's`` (`compare`, same run, consecutive)
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections import Counter as Multiset
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.checkpoints import tensorscan as ts
+from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.checkpoints.models import DeepCheck, OptimizerCheck, TensorStat
+
+Role = Literal["weights", "optimizer", "mixed", "other"]
+OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
+WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
+BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+#: a global weight-norm ratio outside [1/NORM_RATIO, NORM_RATIO] between consecutive checkpoints is suspicious
+NORM_RATIO = 2.0
+MAX_NAMED = 20
+
+
+@dataclass
+class Source:
+    path: str
+    rel: str
+    role: Role
+    kind: Literal["safetensors", "zip", "dcp"]
+    zip: fc.ZipScan | None = None
+    dcp: tp.PickleScan | None = None
+    flat: bool = False      # a partitioned optimizer (DeepSpeed ZeRO, Megatron distrib_optim): per-group
+    #                         flat buffers, so moments are not counted per parameter nor matched to shapes
+
+
+@dataclass
+class Finding:
+    file: str
+    reason: str
+    kind: Literal["invalid", "not_resumable", "suspicious"]
+
+
+@dataclass
+class DeepOutcome:
+    check: DeepCheck
+    findings: list[Finding] = field(default_factory=list)
+    tensors: list[TensorStat] = field(default_factory=list)
+    per_tensor_l2: dict[str, float] = field(default_factory=dict)   # weights only, for `compare`
+    notes: list[str] = field(default_factory=list)
+
+
+shown = tp.shown
+
+
+def _role_of(file_role: Role, name: str) -> str:
+    if file_role != "mixed":
+        return file_role
+    head = name.split(".", 1)[0]
+    if head in OPTIM_KEYS:
+        return "optimizer"
+    if head in WEIGHT_KEYS:
+        return "weights"
+    return "other"
+
+
+# --------------------------------------------------------------------------- jobs from headers
+
+def _safetensors_jobs(src: Source) -> tuple[list[ts.Job], str | None]:
+    from checkpoint_strategy.storage import ReadError, loads_json, open_regular
+
+    try:
+        with open_regular(src.path, "safetensors file") as fh:
+            head = fh.read(8)
+            (hlen,) = struct.unpack("<Q", head)
+            header = loads_json(fh.read(min(hlen, fc.ST_MAX_HEADER)), "safetensors header", expect=dict)
+    except (OSError, ReadError, struct.error) as exc:
+        return [], getattr(exc, "reason", None) or str(exc)
+    jobs = []
+    for name, info in header.items():
+        if name == "__metadata__" or not isinstance(info, dict):
+            continue
+        begin = info["data_offsets"][0]
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), ts.safetensors_dtype(info["dtype"]),
+                           8 + hlen + begin, tuple(info["shape"])))
+    return jobs, None
+
+
+def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = None) -> tuple[list[ts.Job], list[str]]:
+    """Jobs for the tensors of a torch zip (at byte `base` of src.path); notes for what is skipped."""
+    jobs, notes = [], []
+    if z.pickle is None:
+        return jobs, notes
+    for name, t in tp.walk_tensors(z.pickle.root):
+        if names is not None:
+            name = names.get("name", name)
+        e = z.entry(f"{z.prefix}data/{t.storage.key}")
+        item = tp.DTYPE_SIZE.get(t.dtype, 1)
+        if e is None:
+            continue
+        if e.method != 0:
+            notes.append(f"{name}: compressed storage, values not checked")
+            continue
+        contiguous = t.contiguous()
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), t.dtype,
+                           base + e.data_start + t.offset * item, t.shape,
+                           None if contiguous else t.stride, scalar_value=t.numel == 1))
+    return jobs, notes
+
+
+class _Window:
+    """A file object seeing only bytes [base, base+length) of another (DCP's embedded archives)."""
+
+    def __init__(self, fh, base: int, length: int) -> None:
+        self.fh, self.base, self.length, self.pos = fh, base, length, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.length - self.pos if n < 0 else max(0, min(n, self.length - self.pos))
+        self.fh.seek(self.base + self.pos)
+        data = self.fh.read(n)
+        self.pos += len(data)
+        return data
+
+
+def _state(obj: Any) -> Any:
+    return obj.state if isinstance(obj, tp.Call) else obj
+
+
+def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
+    """(fqn, dtype, size, [(chunk offsets, chunk sizes)]) of every tensor in a DCP Metadata."""
+    state = _state(meta.root)
+    sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
+    if not isinstance(sdm, dict):
+        return None
+    out = []
+    for fqn, md in sdm.items():
+        if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata") and isinstance(md.state, dict)):
+            continue
+        props = _state(md.state.get("properties"))
+        dtype = props[0].name if isinstance(props, tuple) and props and isinstance(props[0], tp.Global) else \
+            (props.get("dtype").name if isinstance(props, dict) and isinstance(props.get("dtype"), tp.Global) else "?")
+        chunks = []
+        for c in md.state.get("chunks") or []:
+            cs = _state(c)
+            if isinstance(cs, dict):
+                chunks.append((tuple(cs.get("offsets") or ()), tuple(cs.get("sizes") or ())))
+        out.append((str(fqn), dtype, tuple(md.state.get("size") or ()), chunks))
+    return out
+
+
+def _dcp_storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, int, int, bool]]:
+    """(fqn, chunk offsets) -> (relative_path, offset, length, transformed)."""
+    state = _state(meta.root)
+    sd = state.get("storage_data") if isinstance(state, dict) else None
+    out = {}
+    for idx, info in (sd.items() if isinstance(sd, dict) else ()):
+        i, s = _state(idx), _state(info)
+        if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str):
+            off = i.get("offset")
+            out[(i.get("fqn"), tuple(off) if isinstance(off, (tuple, list)) else None)] = (
+                s["relative_path"], s.get("offset"), s.get("length"), bool(s.get("transform_descriptors")))
+    return out
+
+
+def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
+    from checkpoint_strategy.storage import open_regular
+
+    meta = src.dcp
+    jobs, notes = [], []
+    tensors = dcp_tensors(meta) if meta is not None else None
+    if tensors is None:
+        return jobs, ["DCP .metadata without tensor entries: values not checked"]
+    storage = _dcp_storage(meta)
+    handles: dict[str, Any] = {}
+    try:
+        for fqn, dtype, _size, chunks in tensors:
+            for offsets, sizes in chunks:
+                info = storage.get((fqn, offsets))
+                if info is None:
+                    continue
+                rel, off, length, transformed = info
+                if transformed or not isinstance(off, int) or not isinstance(length, int):
+                    notes.append(f"{fqn}: transformed (compressed/encrypted) DCP entry, values not checked")
+                    continue
+                if os.path.isabs(rel) or ".." in rel.split("/"):
+                    continue
+                path = os.path.join(src.path, rel)
+                name = fqn if len(chunks) == 1 else f"{fqn}[{','.join(map(str, offsets))}]"
+                fh = handles.get(path)
+                if fh is None:
+                    fh = handles[path] = open_regular(path, "DCP data file")
+                fh.seek(off)
+                head = fh.read(4)
+                fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel,
+                              src.role, "zip")
+                if head == b"PK\x03\x04":
+                    win = _Window(fh, off, length)
+                    z = _embedded_zip(win, length)
+                    if isinstance(z, str):
+                        notes.append(f"{fqn}: {z}")
+                        continue
+                    sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
+                    for j in sub:
+                        j.role = _role_of("mixed", fqn) if src.role == "mixed" else src.role
+                    jobs.extend(sub)
+                    notes.extend(sub_notes)
+                elif dtype in tp.DTYPE_SIZE and length == ts._prod(sizes) * tp.DTYPE_SIZE[dtype]:
+                    jobs.append(ts.Job(path, fsrc.rel, name, _role_of("mixed", fqn) if src.role == "mixed"
+                                       else src.role, dtype, off, sizes, scalar_value=ts._prod(sizes) == 1))
+    except (OSError, fc_read_error()) as exc:
+        notes.append(f"cannot read DCP data: {getattr(exc, 'reason', None) or exc}")
+    finally:
+        for fh in handles.values():
+            fh.close()
+    return jobs, notes
+
+
+def fc_read_error():
+    from checkpoint_strategy.storage import ReadError
+
+    return ReadError
+
+
+def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
+    parsed = fc.read_zip_directory(win, length)
+    if isinstance(parsed, str):
+        return parsed
+    entries, cd_offset = parsed
+    z = fc.ZipScan(entries=entries)
+    for e in entries:
+        win.seek(e.offset)
+        lh = win.read(30)
+        if len(lh) != 30 or lh[:4] != b"PK\x03\x04":
+            return f"broken local header for {e.name!r}"
+        nlen, xlen = struct.unpack("<HH", lh[26:30])
+        e.data_start = e.offset + 30 + nlen + xlen
+        if e.data_start + e.csize > cd_offset:
+            return f"entry {e.name!r} runs past its archive"
+    pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
+    if pkl is None:
+        return "embedded archive without data.pkl"
+    z.prefix = pkl.name[: -len("data.pkl")]
+    data = fc._read_entry(win, pkl, fc.Counter())
+    if isinstance(data, str):
+        return data
+    z.pickle = tp.read_pickle(data)
+    found = fc.pickle_findings(z.pickle, pkl.name)
+    return found[0] if found else z
+
+
+# --------------------------------------------------------------------------- optimizer state
+
+def _optimizer_dicts(src: Source) -> list[dict]:
+    """torch optimizer state dicts ({'state': ..., 'param_groups': ...}) inside a zip source."""
+    root = src.zip.pickle.root if src.zip is not None and src.zip.pickle is not None else None
+    if not isinstance(root, dict):
+        return []
+    if src.role == "optimizer" and "state" in root:
+        return [root]
+    out = []
+    for key in OPTIM_KEYS:
+        v = root.get(key)
+        if isinstance(v, dict) and "state" in v:
+            out.append(v)
+        elif isinstance(v, list):
+            out.extend(x for x in v if isinstance(x, dict) and "state" in x)
+    return out
+
+
+def _global_step(sources: list[Source], fallback: int | None) -> int | None:
+    for src in sources:
+        root = src.zip.pickle.root if src.zip is not None and src.zip.pickle is not None else None
+        if isinstance(root, dict):
+            for key in ("global_step", "iteration"):
+                if type(root.get(key)) is int:
+                    return root[key]
+    return fallback
+
+
+def _step_value(v: Any, values: dict[int, float]) -> float | None:
+    if isinstance(v, tp.TensorRef):
+        return values.get(id(v))
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return None
+
+
+def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: dict[int, float]) -> OptimizerCheck:
+    params: list = []
+    with_moments = mismatches = 0
+    adam = False
+    steps: list[float] = []
+    moment_shapes: Multiset = Multiset()
+    for od in opts:
+        for g in od.get("param_groups") or []:
+            if isinstance(g, dict) and isinstance(g.get("params"), list):
+                params.extend(g["params"])
+        state = od.get("state") if isinstance(od.get("state"), dict) else {}
+        for _pid, st in state.items():
+            if not isinstance(st, dict):
+                continue
+            m, v = st.get("exp_avg"), st.get("exp_avg_sq")
+            adam = adam or "exp_avg" in st or "exp_avg_sq" in st
+            if isinstance(m, tp.TensorRef) and isinstance(v, tp.TensorRef):
+                with_moments += 1
+                if m.shape != v.shape:
+                    mismatches += 1
+                else:
+                    moment_shapes[m.shape] += 1
+            s = _step_value(st.get("step"), values)
+            if s is not None:
+                steps.append(s)
+        if not params:
+            params.extend(state)
+    if weight_shapes:
+        extra = moment_shapes - weight_shapes
+        mismatches += sum(extra.values())
+    kind = "adam" if adam else ("other" if opts else "none")
+    return OptimizerCheck(kind=kind, parameters=len(params) if params else 0, with_moments=with_moments,
+                          shape_mismatches=mismatches, step=int(max(steps)) if steps else None)
+
+
+def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCheck | None:
+    """DCP: optimizer entries are `optimizer.state.<param>.<exp_avg|exp_avg_sq|step>`, <param> an fqn
+    (get_optimizer_state_dict) or an index (optimizer.state_dict()); every model weight needs moments."""
+    if not meta:
+        return None
+    shapes = {fqn: size for fqn, _d, size, _c in meta}
+    weights = [f for f, d, _s, _c in meta if f.startswith("model.") and not f.endswith(BUFFER_SUFFIXES)
+               and d in ts.FLOAT_DTYPES]
+    per_param: dict[str, dict[str, tuple]] = {}
+    for fqn, _d, size, _c in meta:
+        for pre in ("optimizer.state.", "optim.state."):
+            if fqn.startswith(pre) and "." in fqn[len(pre):]:
+                key, leaf = fqn[len(pre):].rsplit(".", 1)
+                per_param.setdefault(key, {})[leaf] = size
+    if not per_param and not any(f.startswith(("optimizer", "optim")) for f, *_ in meta):
+        return OptimizerCheck(kind="none")
+    adam = any("exp_avg" in v or "exp_avg_sq" in v for v in per_param.values())
+    have = mism = 0
+    moment_shapes: Multiset = Multiset()
+    for key, leaves in per_param.items():
+        m, v = leaves.get("exp_avg"), leaves.get("exp_avg_sq")
+        if m is None or v is None:
+            continue
+        have += 1
+        w = shapes.get(f"model.{key}")
+        if m != v or (w is not None and m != w):
+            mism += 1
+        elif w is None:
+            moment_shapes[m] += 1
+    mism += sum((moment_shapes - Multiset(shapes[w] for w in weights)).values())
+    steps = [s.value for s in stats if s.name.endswith(".step") and s.name.startswith(("optimizer.", "optim."))
+             and s.value is not None]
+    return OptimizerCheck(kind="adam" if adam else "other", parameters=max(len(per_param), len(weights)),
+                          with_moments=have, shape_mismatches=mism, step=int(max(steps)) if steps else None)
+
+
+# --------------------------------------------------------------------------- the pass and the verdicts
+
+def run(sources: list[Source], global_step: int | None = None, want_max: bool = False) -> DeepOutcome:
+    started = time.perf_counter()
+    jobs: list[ts.Job] = []
+    notes: list[str] = []
+    dcp_meta = None
+    for src in sources:
+        if src.kind == "safetensors":
+            sj, err = _safetensors_jobs(src)
+            jobs.extend(sj)
+            if err:
+                notes.append(f"{src.rel}: {err}")
+        elif src.kind == "zip" and src.zip is not None:
+            zj, zn = _zip_jobs(src, src.zip)
+            jobs.extend(zj)
+            notes.extend(f"{src.rel}: {n}" for n in zn)
+        elif src.kind == "dcp":
+            dj, dn = _dcp_jobs(src)
+            jobs.extend(dj)
+            notes.extend(dn)
+            dcp_meta = dcp_tensors(src.dcp) if src.dcp is not None else None
+    outcome = ts.scan(jobs, want_max=want_max)
+    findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
+    nonfinite: list[str] = []
+    values = 0
+    float_tensors = 0
+    weights_sumsq = 0.0
+    weight_bytes: Multiset = Multiset()
+    weight_shapes: Multiset = Multiset()
+    per_tensor: dict[str, float] = {}
+    for s in outcome.stats:
+        if s.role == "weights":
+            weight_shapes[tuple(s.shape)] += 1
+        if not s.checked:
+            continue
+        float_tensors += 1
+        values += s.numel
+        if s.nan or s.inf:
+            what = " and ".join(x for x in (f"{s.nan} NaN" if s.nan else "", f"{s.inf} Inf" if s.inf else "") if x)
+            if s.role in ("weights", "optimizer"):
+                nonfinite.append(f"{s.file}: {shown(s.name)}: {what}")
+                findings.append(Finding(s.file, f"invalid: {what} values in {shown(s.name)}", "invalid"))
+            # else: a callback's best score starts at inf, a logged metric may be NaN: not model state
+        if s.role == "weights":
+            weights_sumsq += s.sumsq
+            weight_bytes[s.dtype] += s.numel
+            per_tensor[s.name] = s.l2 or 0.0
+    have_weights = bool(weight_bytes)
+    # optimizer state
+    scalar_values = {}
+    tensor_ids: dict[tuple[str, str], float] = {(s.file, s.name): s.value for s in outcome.stats if s.value is not None}
+    for src in sources:
+        if src.kind == "zip" and src.zip is not None and src.zip.pickle is not None:
+            for name, t in tp.walk_tensors(src.zip.pickle.root):
+                v = tensor_ids.get((src.rel, name))
+                if v is not None:
+                    scalar_values[id(t)] = v
+    opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
+    flat = any(src.flat for src in sources)
+    dcp_opt = _check_dcp_optimizer(outcome.stats, dcp_meta)
+    if dcp_opt is not None and dcp_opt.kind != "none":
+        optimizer = dcp_opt
+    elif opts and flat:
+        adam = any(isinstance(st, dict) and ("exp_avg" in st or "exp_avg_sq" in st)
+                   for od in opts for st in (od.get("state") or {}).values())
+        optimizer = OptimizerCheck(kind="adam" if adam else "other")
+        notes.append("partitioned optimizer (ZeRO / distributed optimizer): moments not counted per parameter")
+    elif opts:
+        optimizer = _check_torch_optimizer(opts, weight_shapes, scalar_values)
+    else:
+        optimizer = OptimizerCheck(kind="none")
+    optimizer.global_step = _global_step(sources, global_step)
+    opt_file = next((s.rel for s in sources if s.role == "optimizer"), None) or \
+        next((s.rel for s in sources if s.role == "mixed"), ".")
+    if optimizer.kind == "none" and have_weights:
+        dtype = weight_bytes.most_common(1)[0][0]
+        findings.append(Finding(".", f"not resumable: model-only ({dtype} weights, no optimizer)", "not_resumable"))
+    elif optimizer.kind == "adam" and optimizer.with_moments < optimizer.parameters:
+        findings.append(Finding(opt_file, f"not resumable: optimizer state has moments for {optimizer.with_moments} "
+                                          f"of {optimizer.parameters} parameters", "not_resumable"))
+    elif optimizer.kind == "other" and optimizer.parameters and not optimizer.with_moments and not opts_have_state(opts) \
+            and (optimizer.global_step or 0) > 0:
+        findings.append(Finding(opt_file, f"not resumable: optimizer state is empty for all {optimizer.parameters} "
+                                          "parameters", "not_resumable"))
+    if optimizer.shape_mismatches:
+        findings.append(Finding(opt_file, f"not resumable: {optimizer.shape_mismatches} optimizer moments match no "
+                                          "weight's shape (state from another model?)", "not_resumable"))
+    if optimizer.step is not None and optimizer.global_step is not None and optimizer.step != optimizer.global_step:
+        if optimizer.step > optimizer.global_step:
+            findings.append(Finding(opt_file, f"not resumable: optimizer step {optimizer.step} is ahead of the "
+                                              f"trainer's global step {optimizer.global_step} (state from another "
+                                              "save?)", "not_resumable"))
+        else:
+            findings.append(Finding(opt_file, f"suspicious: optimizer step {optimizer.step} behind the trainer's "
+                                              f"global step {optimizer.global_step} (skipped steps, or optimizer "
+                                              "state from an older save)", "suspicious"))
+    check = DeepCheck(
+        tensors=len(outcome.stats), float_tensors=float_tensors, values=values, bytes_scanned=outcome.bytes_scanned,
+        nonfinite_values=sum(s.nan + s.inf for s in outcome.stats if s.role in ("weights", "optimizer")),
+        nonfinite=nonfinite[:MAX_NAMED],
+        weights_norm=weights_sumsq ** 0.5 if have_weights else None,
+        weights_dtype=weight_bytes.most_common(1)[0][0] if have_weights else None,
+        optimizer=optimizer, seconds=round(time.perf_counter() - started, 3))
+    tensors = [TensorStat(file=s.file, tensor=s.name, role=s.role if s.role in ("weights", "optimizer") else "other",
+                          dtype=s.dtype, shape=list(s.shape), numel=s.numel, nan=s.nan, inf=s.inf, l2=s.l2,
+                          max_abs=s.max_abs, note=s.note) for s in outcome.stats]
+    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=per_tensor, notes=notes)
+
+
+def opts_have_state(opts: list[dict]) -> bool:
+    return any(isinstance(od.get("state"), dict) and od["state"] for od in opts)
+
+
+def compare(current: DeepOutcome, previous: DeepOutcome, previous_name: str) -> Finding | None:
+    """'suspicious: weights norm 40x the previous checkpoint's' when the global weight norm moved by
+    more than NORM_RATIO between consecutive checkpoints of one run; names the tensor that moved most."""
+    a, b = current.check.weights_norm, previous.check.weights_norm
+    if not a or not b:
+        return None
+    ratio = a / b
+    current.check.previous, current.check.norm_ratio = previous_name, round(ratio, 6)
+    if 1 / NORM_RATIO <= ratio <= NORM_RATIO:
+        return None
+    worst, worst_r = None, 1.0
+    for name, l2 in current.per_tensor_l2.items():
+        p = previous.per_tensor_l2.get(name)
+        if p and l2:
+            r = max(l2 / p, p / l2)
+            if r > worst_r:
+                worst, worst_r = name, r
+    where = f"; most changed: {shown(worst)} ({current.per_tensor_l2[worst] / previous.per_tensor_l2[worst]:.3g}x)" \
+        if worst else ""
+    return Finding(".", f"suspicious: weights norm {ratio:.3g}x the previous checkpoint's ({previous_name}){where}",
+                   "suspicious")

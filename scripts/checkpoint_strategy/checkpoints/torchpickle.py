@@ -1,0 +1,516 @@
+"""Read a torch / DCP pickle as data, without executing it.
+
+`read_pickle(data)` walks the opcodes (``pickletools.genops``) with a small symbolic stack machine
+and returns a `PickleScan`: the object tree with every callable left as an inert `Call` record, the
+globals it references (GLOBAL, STACK_GLOBAL, INST), the persistent-id storages
+(``('storage', <type>, key, location, numel)``) and the tensors built by torch's rebuild functions
+(``_rebuild_tensor_v2(storage, offset, size, stride, ...)``). Nothing is imported and nothing is
+called: a reference to ``posix.system`` is a name in a list, never a function.
+
+`classify_globals` sorts the referenced names against an allow-list modelled on what
+``torch.load(weights_only=True)`` accepts (torch 2.x ``_weights_only_unpickler._get_allowed_globals``
+plus the numpy array reconstruction that HF Trainer and Lightning register for their RNG state).
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import pickletools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal
+
+# --------------------------------------------------------------------------- dtypes
+
+#: torch dtype name -> bytes per element (sub-byte packed types count whole bytes as torch stores them)
+DTYPE_SIZE = {
+    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex32": 4, "complex64": 8, "complex128": 16,
+    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
+    "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
+    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
+    **{f"int{i}": 1 for i in range(1, 8)}, **{f"uint{i}": 1 for i in range(1, 8)},
+}
+
+#: legacy storage class (torch.FloatStorage ...) -> element dtype
+STORAGE_DTYPE = {
+    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
+    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128", "QInt8Storage": "qint8", "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
+    "UntypedStorage": "uint8",  # torch.save of an untyped storage: numel counts bytes
+}
+
+# --------------------------------------------------------------------------- allow-list
+
+_STORAGE_CLASSES = set(STORAGE_DTYPE) - {"UntypedStorage"}
+_TENSOR_CLASSES = {"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+                   "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"}
+_REBUILD = {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+            "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor",
+            "_rebuild_meta_tensor_no_storage", "_rebuild_nested_tensor", "_rebuild_wrapper_subclass",
+            "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy"}
+_QSCHEMES = {"per_tensor_affine", "per_tensor_symmetric", "per_channel_affine", "per_channel_symmetric",
+             "per_channel_affine_float_qparams"}
+
+#: exactly what torch.load(weights_only=True) accepts by default (torch 2.13), as "module.name"
+WEIGHTS_ONLY = frozenset(
+    {"collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+     "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
+     "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
+     "torch.storage.TypedStorage", "torch.storage.UntypedStorage"}
+    | {f"torch.{d}" for d in DTYPE_SIZE} | {f"torch.{q}" for q in _QSCHEMES}
+    | {f"torch._utils.{f}" for f in _REBUILD}
+    | {f"{m}.{c}" for m in ("torch", "torch.cuda") for c in _STORAGE_CLASSES | _TENSOR_CLASSES}
+    | {f"{m}.{c}" for m in ("torch.sparse", "torch.cuda.sparse") for c in _TENSOR_CLASSES - {"BoolTensor"}})
+
+#: what HF Trainer / Lightning add with torch.serialization.add_safe_globals for numpy RNG state
+NUMPY_ARRAYS = frozenset(
+    {f"{m}.{n}" for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("_reconstruct", "scalar")}
+    | {"numpy.ndarray", "numpy.dtype"})
+_NUMPY_DTYPE_CLASS = re.compile(r"^numpy\.dtypes\.[A-Za-z0-9]+DType$")
+
+#: torch.distributed.checkpoint's .metadata (read by DCP with pickle.load): its own record classes
+DCP_METADATA = re.compile(r"^torch\.distributed\.checkpoint\.(metadata|filesystem|planner|_extension|"
+                          r"storage)\.[A-Za-z_][A-Za-z0-9_]*$")
+_DCP_EXTRA = frozenset({"pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.WindowsPath",
+                        "pathlib.PureWindowsPath", "pathlib.Path", "torch.contiguous_format",
+                        "torch.channels_last", "torch.preserve_format", "torch.strided"})
+
+#: packages whose *classes* a framework pickles as configuration (TrainingArguments, hparams,
+#: argparse.Namespace in Megatron): loading them needs weights_only=False, which imports the
+#: package, but constructs a data object rather than running a chosen function.
+FRAMEWORK_PACKAGES = ("torch", "numpy", "transformers", "accelerate", "pytorch_lightning", "lightning",
+                      "lightning_fabric", "deepspeed", "megatron", "nemo", "omegaconf", "peft", "trl",
+                      "torchmetrics", "torchtitan", "apex", "timm", "diffusers")
+HARMLESS_CLASSES = frozenset({"argparse.Namespace", "pathlib.PosixPath", "pathlib.PurePosixPath",
+                              "pathlib.WindowsPath", "pathlib.PureWindowsPath", "pathlib.Path",
+                              "datetime.datetime", "datetime.date", "datetime.timedelta", "datetime.timezone",
+                              "decimal.Decimal", "uuid.UUID", "builtins.frozenset", "builtins.slice",
+                              "builtins.range", "builtins.object", "collections.defaultdict",
+                              "collections.deque", "copyreg._reconstructor", "copyreg.__newobj__",
+                              "copyreg.__newobj_ex__", "builtins.int", "builtins.float", "builtins.str",
+                              "builtins.bytes", "builtins.list", "builtins.dict", "builtins.tuple",
+                              "builtins.bool", "enum.Enum"})
+#: inside a framework package, names that run code rather than build data: never "framework"
+_DANGEROUS_IN_FRAMEWORK = re.compile(r"(^|\.)(load|loads|load_inline|load_state_dict_from_url|hub|jit|_C|"
+                                     r"compile|run|runstring|exec|eval|system|popen|import_module|"
+                                     r"cpp_extension|_dynamo|_inductor|testing)(\.|$)", re.I)
+
+Verdict = Literal["allowed", "framework", "unsafe"]
+
+
+def classify_global(qualname: str, dcp: bool = False) -> Verdict:
+    """'allowed' (torch weights_only accepts it), 'framework' (a framework's class: needs
+    weights_only=False but builds data) or 'unsafe' (anything else: loading would call it)."""
+    if qualname in WEIGHTS_ONLY or qualname in NUMPY_ARRAYS or _NUMPY_DTYPE_CLASS.match(qualname):
+        return "allowed"
+    if dcp and (DCP_METADATA.match(qualname) or qualname in _DCP_EXTRA or qualname in WEIGHTS_ONLY):
+        return "allowed"
+    if qualname in HARMLESS_CLASSES:
+        return "framework"
+    module, _, name = qualname.rpartition(".")
+    top = module.split(".", 1)[0]
+    if (top in FRAMEWORK_PACKAGES and name[:1].isupper() and not _DANGEROUS_IN_FRAMEWORK.search(module)
+            and not _DANGEROUS_IN_FRAMEWORK.search(name)):
+        return "framework"
+    return "unsafe"
+
+
+def shown(name: str, limit: int = 200) -> str:
+    """A tensor name from checkpoint content as printed: control characters escaped (a name with a
+    newline cannot forge a line of the report), long names cut."""
+    text = name if name.isprintable() else name.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# --------------------------------------------------------------------------- symbolic objects
+
+@dataclass(frozen=True)
+class Global:
+    module: str
+    name: str
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(eq=False)
+class Call:
+    """`func(*args)` as recorded by REDUCE / NEWOBJ / INST / OBJ: never called. BUILD sets `state`."""
+
+    func: Any
+    args: tuple
+    state: Any = None
+    items: dict = field(default_factory=dict)   # SETITEM(S) on an object (dict subclasses)
+    listitems: list = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.func.qualname if isinstance(self.func, Global) else type(self.func).__name__
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A persistent-id storage: zip entry `data/<key>` holding `numel` elements of `dtype`."""
+
+    key: str
+    dtype: str
+    numel: int
+    location: str = "cpu"
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_SIZE.get(self.dtype, 1)
+
+
+@dataclass(eq=False)
+class TensorRef:
+    """A tensor rebuilt from a storage: `shape`/`stride` in elements, `offset` in elements of `dtype`."""
+
+    storage: StorageRef
+    offset: int
+    shape: tuple
+    stride: tuple
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def span(self) -> tuple[int, int] | None:
+        """(first, last+1) element index inside the storage, or None when the view is empty."""
+        if self.numel == 0:
+            return None
+        last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride))
+        return self.offset, last + 1
+
+    def contiguous(self) -> bool:
+        expected = 1
+        for d, s in zip(reversed(self.shape), reversed(self.stride)):
+            if d != 1 and s != expected:
+                return False
+            expected *= d
+        return True
+
+
+class Unhashable:
+    """A dict key that Python could not hash (a list): kept by identity."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+@dataclass
+class PickleScan:
+    root: Any = None
+    globals: list[str] = field(default_factory=list)     # in first-use order, unique
+    calls: list[str] = field(default_factory=list)       # callables REDUCE/NEWOBJ'd, unique
+    storages: dict[str, StorageRef] = field(default_factory=dict)
+    tensors: list[TensorRef] = field(default_factory=list)
+    complete: bool = False                                # reached STOP
+    error: str | None = None
+    opcodes: int = 0
+
+    def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
+        return {g: classify_global(g, dcp) for g in self.globals}
+
+    def unsafe(self, dcp: bool = False) -> list[str]:
+        return [g for g, v in self.verdicts(dcp).items() if v == "unsafe"]
+
+    def framework(self, dcp: bool = False) -> list[str]:
+        return [g for g, v in self.verdicts(dcp).items() if v == "framework"]
+
+
+_MARK = object()
+MAX_OPCODES = 50_000_000
+
+
+class _Broken(Exception):
+    pass
+
+
+def _int(v: Any) -> int | None:
+    return v if type(v) is int else None
+
+
+def _storage_from_pid(pid: Any) -> StorageRef | None:
+    if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
+        return None
+    stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
+    if not isinstance(key, str) or type(numel) is not int or numel < 0:
+        return None
+    name = stype.name if isinstance(stype, Global) else str(stype)
+    dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
+    return StorageRef(key=key, dtype=dtype, numel=numel, location=str(location))
+
+
+def _tuple_ints(v: Any) -> tuple | None:
+    if isinstance(v, Call) and isinstance(v.func, Global) and v.func.qualname == "torch.Size" and v.args:
+        v = v.args[0]
+    if isinstance(v, (tuple, list)) and all(type(x) is int and x >= 0 for x in v):
+        return tuple(v)
+    return None
+
+
+def _apply(scan: PickleScan, func: Any, args: Any) -> Any:
+    """The value REDUCE would produce, for the few data-building callables we understand;
+    otherwise an inert Call record."""
+    if not isinstance(args, tuple):
+        args = (args,) if not isinstance(args, list) else tuple(args)
+    if isinstance(func, Global):
+        q = func.qualname
+        if q not in scan.calls:
+            scan.calls.append(q)
+        if q == "collections.OrderedDict" and not args:
+            return {}
+        if q in ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v3"):
+            if len(args) >= 4 and isinstance(args[0], StorageRef):
+                st, offset, shape, stride = args[0], _int(args[1]), _tuple_ints(args[2]), _tuple_ints(args[3])
+                dtype = st.dtype
+                if q.endswith("_v3") and len(args) >= 7 and isinstance(args[6], Global):
+                    dtype = args[6].name
+                if offset is not None and offset >= 0 and shape is not None and stride is not None \
+                        and len(shape) == len(stride):
+                    t = TensorRef(storage=st, offset=offset, shape=shape, stride=stride, dtype=dtype)
+                    scan.tensors.append(t)
+                    return t
+        elif q in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state") and args:
+            return args[0]
+        elif q == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3 and isinstance(args[2], tuple):
+            return _apply(scan, args[0], args[2])
+        elif q == "torch.Size" and args and isinstance(args[0], (tuple, list)):
+            return tuple(args[0])
+        elif q == "_codecs.encode" and args and isinstance(args[0], str):
+            return args[0].encode("latin-1", "replace")
+    return Call(func, args)
+
+
+def _setitems(target: Any, pairs: list) -> None:
+    d = target.items if isinstance(target, Call) else target
+    if not isinstance(d, dict):
+        raise _Broken("SETITEM on a non-dict")
+    for k, v in pairs:
+        try:
+            d[k] = v
+        except TypeError:
+            d[Unhashable(k)] = v
+
+
+def _append(target: Any, values: list) -> None:
+    if isinstance(target, list):
+        target.extend(values)
+    elif isinstance(target, Call):
+        target.listitems.extend(values)
+    else:
+        raise _Broken("APPEND on a non-list")
+
+
+def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
+    """Interpret a pickle's opcodes symbolically (nothing imported or called) up to STOP.
+    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP)."""
+    scan = PickleScan()
+    stack: list = []
+    marks: list[list] = []
+    memo: dict[int, Any] = {}
+    seen_globals: set[str] = set()
+
+    def pop_mark() -> list:
+        nonlocal stack
+        if not marks:
+            raise _Broken("no MARK")
+        items, stack = stack, marks.pop()
+        return items
+
+    def glob(module: Any, name: Any) -> Global:
+        if not isinstance(module, str) or not isinstance(name, str):
+            raise _Broken("non-string global")
+        # protocol <= 2 pickles name Python 2 modules; unpicklers (and torch) map them: __builtin__ -> builtins
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+        g = Global(module, name)
+        if g.qualname not in seen_globals:
+            seen_globals.add(g.qualname)
+            scan.globals.append(g.qualname)
+        return g
+
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            scan.opcodes += 1
+            if scan.opcodes > max_opcodes:
+                raise _Broken(f"more than {max_opcodes} opcodes")
+            name = op.name
+            if name in ("PROTO", "FRAME"):
+                continue
+            if name == "STOP":
+                scan.root = stack.pop() if stack else None
+                scan.complete = True
+                break
+            if name == "MARK":
+                marks.append(stack)
+                stack = []
+            elif name == "POP":
+                if stack:
+                    stack.pop()
+                else:
+                    pop_mark()
+            elif name == "POP_MARK":
+                pop_mark()
+            elif name == "DUP":
+                stack.append(stack[-1])
+            elif name in ("NONE",):
+                stack.append(None)
+            elif name == "NEWTRUE":
+                stack.append(True)
+            elif name == "NEWFALSE":
+                stack.append(False)
+            elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+                          "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+                          "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BYTEARRAY8"):
+                stack.append(arg)
+            elif name == "EMPTY_LIST":
+                stack.append([])
+            elif name == "EMPTY_DICT":
+                stack.append({})
+            elif name == "EMPTY_TUPLE":
+                stack.append(())
+            elif name == "EMPTY_SET":
+                stack.append([])
+            elif name in ("TUPLE", "FROZENSET"):
+                items = pop_mark()
+                stack.append(tuple(items) if name == "TUPLE" else list(items))
+            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+                n = int(name[-1])
+                if len(stack) < n:
+                    raise _Broken("stack underflow")
+                items = tuple(stack[-n:])
+                del stack[-n:]
+                stack.append(items)
+            elif name == "LIST":
+                stack.append(list(pop_mark()))
+            elif name == "DICT":
+                items = pop_mark()
+                d: dict = {}
+                _setitems(d, list(zip(items[::2], items[1::2])))
+                stack.append(d)
+            elif name == "APPEND":
+                v = stack.pop()
+                _append(stack[-1], [v])
+            elif name == "APPENDS":
+                items = pop_mark()
+                _append(stack[-1], items)
+            elif name == "ADDITEMS":
+                items = pop_mark()
+                _append(stack[-1], items)
+            elif name == "SETITEM":
+                v = stack.pop()
+                k = stack.pop()
+                _setitems(stack[-1], [(k, v)])
+            elif name == "SETITEMS":
+                items = pop_mark()
+                _setitems(stack[-1], list(zip(items[::2], items[1::2])))
+            elif name in ("GLOBAL", "INST"):
+                module, _, gname = str(arg).partition(" ")
+                g = glob(module, gname)
+                if name == "GLOBAL":
+                    stack.append(g)
+                else:
+                    stack.append(_apply(scan, g, tuple(pop_mark())))
+            elif name == "STACK_GLOBAL":
+                gname = stack.pop()
+                module = stack.pop()
+                stack.append(glob(module, gname))
+            elif name == "OBJ":
+                items = pop_mark()
+                if not items:
+                    raise _Broken("OBJ without a class")
+                stack.append(_apply(scan, items[0], tuple(items[1:])))
+            elif name == "REDUCE":
+                args = stack.pop()
+                func = stack.pop()
+                stack.append(_apply(scan, func, args))
+            elif name == "NEWOBJ":
+                args = stack.pop()
+                cls = stack.pop()
+                stack.append(_apply(scan, cls, args))
+            elif name == "NEWOBJ_EX":
+                _kwargs = stack.pop()
+                args = stack.pop()
+                cls = stack.pop()
+                stack.append(_apply(scan, cls, args))
+            elif name == "BUILD":
+                state = stack.pop()
+                target = stack[-1]
+                if isinstance(target, Call):
+                    target.state = state
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[int(arg)] = stack[-1]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = stack[-1]
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                if int(arg) not in memo:
+                    raise _Broken(f"memo key {arg} used before it was stored")
+                stack.append(memo[int(arg)])
+            elif name in ("PERSID", "BINPERSID"):
+                pid = arg if name == "PERSID" else stack.pop()
+                ref = _storage_from_pid(pid)
+                if ref is not None:
+                    prev = scan.storages.get(ref.key)
+                    if prev is None or prev.nbytes < ref.nbytes:
+                        scan.storages[ref.key] = ref
+                    stack.append(ref)
+                else:
+                    stack.append(Call(Global("persistent_load", "id"), (pid,)))
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                stack.append(glob("copyreg", f"extension_{arg}"))
+            elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
+                raise _Broken(f"out-of-band buffer opcode {name}")
+            else:
+                raise _Broken(f"unsupported opcode {name}")
+    except _Broken as exc:
+        scan.error = str(exc)
+    except IndexError:
+        scan.error = "stack underflow (not a valid pickle)"
+    except (ValueError, TypeError, KeyError) as exc:  # genops on garbage / a truncated stream
+        scan.error = " ".join(str(exc).split())[:100] or type(exc).__name__
+    if not scan.complete and scan.error is None:
+        scan.error = "ends without STOP (truncated)"
+    return scan
+
+
+# --------------------------------------------------------------------------- walking the tree
+
+def walk_tensors(obj: Any, prefix: str = "", _depth: int = 0, _seen: set | None = None) -> Iterable[tuple[str, TensorRef]]:
+    """(dotted name, tensor) for every tensor in the object tree (dict keys and list indexes
+    joined with '.'), each tensor once."""
+    if _seen is None:
+        _seen = set()
+    if _depth > 200 or id(obj) in _seen:
+        return
+    if isinstance(obj, TensorRef):
+        _seen.add(id(obj))
+        yield prefix, obj
+        return
+    if isinstance(obj, (dict, list, tuple, Call)):
+        _seen.add(id(obj))
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            key = k.value if isinstance(k, Unhashable) else k
+            yield from walk_tensors(v, f"{prefix}.{key}" if prefix else str(key), _depth + 1, _seen)
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
+    elif isinstance(obj, Call):
+        for i, v in enumerate(obj.args):
+            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
+        if obj.state is not None:
+            yield from walk_tensors(obj.state, prefix, _depth + 1, _seen)
+        if obj.items:
+            yield from walk_tensors(obj.items, prefix, _depth + 1, _seen)
