@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
 from checkpoint_strategy.cli import main

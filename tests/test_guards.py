@@ -17,7 +17,7 @@ LONG_FUNCTION_DEBT = {
     "recovery/detect.py:find_events", "recovery/advice.py:_unrecovered", "recovery/detect.py:level_shifts",
     "recovery/logs.py:build_series", "recovery/plot.py:build_figure", "checkpoints/filechecks.py:check_zip",
     "checkpoints/validate.py:_check_dcp_dir", "checkpoints/validate.py:check",
-    # issue 12 (deep level, pickle reader): to be split like the others
+    # the deep check (issue 12), landed last
     "checkpoints/deep.py:run", "checkpoints/filechecks.py:scan_zip", "checkpoints/torchpickle.py:read_pickle",
     "checkpoints/validate.py:_check_hf", "checkpoints/validate.py:validate_paths",
 }

@@ -64,7 +64,7 @@ class Finding(str):
 
     kind: Kind
 
-    def __new__(cls, reason: str, kind: Kind = "invalid") -> "Finding":
+    def __new__(cls, reason: str, kind: Kind = "invalid") -> Finding:
         obj = super().__new__(cls, reason)
         obj.kind = kind
         return obj
@@ -314,7 +314,7 @@ class ZipScan:
     findings: list[Finding] = field(default_factory=list)
     entries: list[ZipEntry] = field(default_factory=list)
     prefix: str = ""
-    pickle: "tp.PickleScan | None" = None
+    pickle: tp.PickleScan | None = None
     legacy: bool = False
 
     def keys(self) -> list[str]:
@@ -500,7 +500,7 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
     return out
 
 
-def pickle_findings(scan: "tp.PickleScan", what: str, dcp: bool = False) -> list[Finding]:
+def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[Finding]:
     """Problems of a pickle read as data: unsafe globals first (named), then a pickle that does not
     parse to its STOP."""
     unsafe = scan.unsafe(dcp)

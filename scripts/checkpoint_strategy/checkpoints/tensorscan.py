@@ -28,7 +28,7 @@ import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable
+from collections.abc import Iterable
 
 CHUNK_ELEMS = 1 << 16           # values per dot (256 KB of float32: stays in L2)
 WINDOW = 64 << 20               # bytes mapped at once

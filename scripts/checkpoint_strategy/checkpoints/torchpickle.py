@@ -18,7 +18,8 @@ import _compat_pickle
 import pickletools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
+from collections.abc import Iterable
 
 # --------------------------------------------------------------------------- dtypes
 

@@ -6,7 +6,8 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Literal
+from collections.abc import Callable, Iterable
 
 from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc

@@ -345,7 +345,13 @@ def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]
                   milestones: Optional[list[tuple[int, Optional[str]]]] = None,
                   options: Optional[RecoveryOptions] = None, **values) -> RecoveryReport:
     """`advise` on an already-read LogSeries and checkpoint list."""
-    o = settings.build(options, **values)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        return _advise_series(series, checkpoints, checkpoints_source, checkpoints_root, milestones,
+                              settings.build(options, **values))
+
+
+def _advise_series(series: LogSeries, checkpoints, checkpoints_source: str, checkpoints_root: Optional[str],
+                   milestones, o: RecoveryOptions) -> RecoveryReport:
     milestones = milestones or []
     an = analysis_of(series, o)
     spikes = [_spike(series, e, an, o) for e in an.events]
