@@ -462,7 +462,8 @@ def _read_entry(fh, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE) -> b
         except zlib.error as exc:
             return f"entry {e.name!r}: corrupt compressed data ({exc})"
     if len(data) != e.usize:
-        return f"entry {e.name!r}: {len(data)} bytes, its header declares {e.usize}"
+        return (f"entry {e.name!r}: size fields disagree ({'more than ' if len(data) > e.usize else ''}"
+                f"{len(data)} bytes, its header declares {e.usize}): a zip bomb or a corrupt size field")
     return data
 
 

@@ -183,7 +183,8 @@ def survey(root: str, level: str = "quick") -> Survey:
         mark = read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
-        status = r.status if r.status != "valid" or usable(r) else "invalid"  # deep: NaN/Inf, partial optimizer, norm jump
+        # level deep: a valid checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here
+        status = "invalid" if r.status == "valid" and not usable(r) else r.status
         s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable and mark is None, False,
                                          m.metrics, format=f.format, path=f.path))
     for name in unrecognised:

@@ -112,7 +112,7 @@ class _Ctx:
         try:
             raw = read_bytes(path, "JSON file")
         except ReadError as exc:
-            self.bad(path, f"cannot read: {exc.reason}")
+            self.bad(path, fc._oserror(exc))
             self._tick()
             return None
         self.counter.bytes_read += len(raw)
