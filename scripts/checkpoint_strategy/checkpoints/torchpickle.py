@@ -85,7 +85,8 @@ _DCP_EXTRA = frozenset({"pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.W
 FRAMEWORK_PACKAGES = ("torch", "numpy", "transformers", "accelerate", "pytorch_lightning", "lightning",
                       "lightning_fabric", "deepspeed", "megatron", "nemo", "omegaconf", "peft", "trl",
                       "torchmetrics", "torchtitan", "apex", "timm", "diffusers")
-HARMLESS_CLASSES = frozenset({"argparse.Namespace", "pathlib.PosixPath", "pathlib.PurePosixPath",
+HARMLESS_CLASSES = frozenset({"deepspeed.utils.tensor_fragment.fragment_address",  # a (numel, start) dataclass in every ZeRO save
+                              "argparse.Namespace", "pathlib.PosixPath", "pathlib.PurePosixPath",
                               "pathlib.WindowsPath", "pathlib.PureWindowsPath", "pathlib.Path",
                               "datetime.datetime", "datetime.date", "datetime.timedelta", "datetime.timezone",
                               "decimal.Decimal", "uuid.UUID", "builtins.frozenset", "builtins.slice",
