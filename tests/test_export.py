@@ -82,6 +82,17 @@ def test_every_framework_text_and_json(framework, cli_run):
     assert all(g["instead"] for g in data["not_expressible"])
 
 
+@pytest.mark.parametrize("fmt", ["text", "markdown", "python", "toml", "args"])
+def test_own_advice_is_printed_as_written_not_escaped(fmt, cli_run):
+    """The escape filter is for user-controlled names; the package's own advice must read as written."""
+    for framework in FRAMEWORKS:
+        rc, out, err = cli_run(*(["export", "--framework", framework, "--format", fmt] + PLAN))
+        if rc == 2:  # a format this framework has no native form for
+            continue
+        assert rc == 0, err
+        assert "\\x60" not in out and "\\|" not in out, (framework, fmt, out)
+
+
 def test_version_is_said_and_follows_the_flag(cli_run):
     rc, out, _ = cli_run(*(["export", "--framework", "hf", "--framework-version", "4.46.3", "--format", "json"] + PLAN))
     data = json.loads(out)

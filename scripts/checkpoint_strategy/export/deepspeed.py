@@ -8,10 +8,10 @@ from checkpoint_strategy.export.models import NotExpressible, Setting
 
 SPEC = VersionSpec(("deepspeed",), ("0",), major, "DeepSpeed major version")
 SOURCES = (
-    "deepspeed 0.19.8 runtime/constants.py: \"checkpoint\": {tag_validation: Ignore|Warn|Fail, load_universal, "
+    "deepspeed 0.19.8 runtime/constants.py: \"checkpoint\": {tag_validation: Ignore, Warn or Fail, load_universal, "
     "use_node_local_storage, parallel_write: {pipeline_stage}}",
     "deepspeed 0.19.8 runtime/engine.py DeepSpeedEngine.save_checkpoint(save_dir, tag=None, client_state={}, "
-    "save_latest=True): the caller decides when; tag defaults to global_step<N>; writes `latest`",
+    "save_latest=True): the caller decides when; tag defaults to global_step<N>; writes 'latest'",
 )
 
 
@@ -33,7 +33,7 @@ def build(report, s, version: str):
     gaps_ = [NotExpressible(
         item="keep_last / keep_milestone",
         reason="DeepSpeed never deletes a checkpoint",
-        instead=f"run `checkpoint-strategy prune` on save_dir with the plan's policy (keep_last {s.keep_last}, "
+        instead=f"run 'checkpoint-strategy prune' on save_dir with the plan's policy (keep_last {s.keep_last}, "
                 "milestones kept): it deletes only after a newer checkpoint validated")]
     if s.async_save:
         gaps_.append(NotExpressible(

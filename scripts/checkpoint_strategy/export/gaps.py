@@ -28,13 +28,13 @@ def common_gaps(report: PlanReport, framework: str) -> list[NotExpressible]:
             reason="no framework checks a checkpoint after writing it",
             instead=(f"add {callback}, which validates each save before the rolling window drops an older one"
                      if callback else f"call {VALIDATE_API} after each save, or run "
-                     "`checkpoint-strategy validate DIR` before anything is deleted")))
+                     "'checkpoint-strategy validate DIR' before anything is deleted")))
     if policy.emergency_save_on:
         out.append(NotExpressible(
             item="emergency_save_on",
             reason=f"no native trigger for {', '.join(policy.emergency_save_on)}",
             instead=(f"add {callback}, which saves on a loss spike or a gradient-norm excess" if callback else
-                     "send each stability event to `checkpoint-strategy on-event` and save when it says so")))
+                     "send each stability event to 'checkpoint-strategy on-event' and save when it says so")))
     return out
 
 

@@ -39,7 +39,7 @@ def build(report, s, version: str):
         item="keep_last",
         reason="Megatron keeps every checkpoint; its only retention flag, --save-retain-interval, deletes each "
                "previous save that is not a multiple of it" + retain,
-        instead=f"run `checkpoint-strategy prune` on the --save folder with the plan's policy (keep_last "
+        instead=f"run 'checkpoint-strategy prune' on the --save folder with the plan's policy (keep_last "
                 f"{s.keep_last}, milestones kept): it deletes only after a newer checkpoint validated"))
     off_grid = [m for m in s.keep_steps if m % s.every_steps and m != s.total_steps]
     if off_grid:

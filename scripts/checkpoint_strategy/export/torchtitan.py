@@ -47,7 +47,7 @@ def build(report, s, version: str):
                    f"saves happen only every interval: milestones {steps_text(lost)} are lost",
             instead="after a milestone is saved, validate it and copy it outside checkpoint.folder (a copy "
                     "inside is purged too); or set keep_latest_k = 0 (keep all) and run "
-                    "`checkpoint-strategy prune` with the plan's policy"))
+                    "'checkpoint-strategy prune' with the plan's policy"))
     if not s.save_optimizer:
         gaps_.append(NotExpressible(
             item="save_optimizer: false",
