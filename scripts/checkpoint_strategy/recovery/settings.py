@@ -121,7 +121,7 @@ def add_arguments(parser, fields=DETECTION + PLAYBOOK) -> None:
             spelled.append(under)
         group = groups["detection" if name in DETECTION else "playbook"]
         group.add_argument(*spelled, dest=name, type=_typed(kind, flag, expected), default=None,
-                           metavar="N", help=f"{field.description} (default {default})")
+                           metavar="N", help=f"{field.description} (default {default})".replace("%", "%%"))
 
 
 def _typed(kind, flag: str, expected: str):
