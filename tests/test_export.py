@@ -339,6 +339,19 @@ def test_megatron_milestones_off_the_interval_are_never_written():
     assert "checkpoint-strategy prune" in keep.instead
 
 
+def test_megatron_periodic_milestones_do_not_emit_save_retain_interval():
+    """--save-retain-interval keeps its multiples and only the newest save between them (a window of 1):
+    with keep_last 10 it would delete the rolling window, so it is named under "not expressible" instead."""
+    ex = export_plan(report_for(total_steps=20000, frequency=1000, keep_last=10, milestones=[5000, 10000, 15000,
+                                                                                             20000]),
+                     "megatron", "0.20")
+    assert "--save-retain-interval" not in ex.settings[0].values
+    keep = next(g for g in ex.not_expressible if g.item == "keep_last")
+    assert "--save-retain-interval 5000" in keep.reason and "window of 1" in keep.reason
+    off = export_plan(report_for(total_steps=20000, frequency=1000, milestones=[1500]), "megatron", "0.20")
+    assert "would keep the milestones" not in next(g for g in off.not_expressible if g.item == "keep_last").reason
+
+
 def test_deepspeed_cadence_includes_off_grid_milestones_and_the_final_step(cli_run):
     rc, out, _ = cli_run("export", "--framework", "deepspeed", "--format", "python", "1003", "2", "50",
                       "--frequency", "100", "--milestones", "150,500")
