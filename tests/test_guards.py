@@ -12,7 +12,6 @@ MAX_LINES = 60
 LONG_FUNCTION_DEBT = {
     "checkpoints/prune.py:prune", "integrations/release.py:gate",
     "integrations/handoff.py:build", "integrations/events.py:decide",
-    "recovery/detect.py:find_events", "recovery/detect.py:level_shifts",
     "recovery/logs.py:build_series", "recovery/plot.py:build_figure", "checkpoints/filechecks.py:check_zip",
     "checkpoints/validate.py:_check_dcp_dir", "checkpoints/validate.py:check",
     # the deep check (issue 12), landed last
