@@ -161,6 +161,7 @@ def resolve_version(framework: str, spec: VersionSpec, given: Optional[str]) -> 
         return Resolved(key, dist or spec.packages[0], "--framework-version",
                         f"written for {spec.packages[0]} {key} (--framework-version {given})", warnings)
     if inst is not None:
+        assert dist is not None, "installed_version names the distribution it read"
         key = spec.key_of(inst)
         if key in spec.known:
             return Resolved(key, dist, "installed", f"written for {dist} {key} (installed here: {inst})")
