@@ -6,7 +6,7 @@ import os
 import shlex
 from typing import Optional
 
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
@@ -18,10 +18,7 @@ MAX_ROLLBACK_POINTS = 50
 
 def load_plan_file(text: str, source: str) -> PlanReport:
     """The JSON `plan --format json` prints, checked against schemas/plan.schema.json."""
-    import jsonschema
-
-    from checkpoint_strategy.resources import load_schema
-
+    from checkpoint_strategy.planning.planfile import report_from_data
     from checkpoint_strategy.storage import ReadError, loads_json
 
     try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
@@ -29,20 +26,7 @@ def load_plan_file(text: str, source: str) -> PlanReport:
     except ReadError as exc:
         raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
                          "`checkpoint-strategy plan ... --format json`") from None
-    validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
-        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    except RecursionError:
-        raise UsageError(f"plan file {source} is nested too deeply: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`") from None
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "top level"
-        message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
-        raise UsageError(f"plan file {source} does not match plan.schema.json at {where}: {message}")
-    try:
-        return PlanReport(**data)
-    except Exception as exc:  # pydantic.ValidationError
-        raise UsageError(pydantic_message(exc, f"plan file {source}")) from None
+    return report_from_data(data, source)
 
 
 def _q(path: str) -> str:
