@@ -10,12 +10,8 @@ MAX_LINES = 60
 # Functions known to be longer, to be split (issue 10); the list may only shrink. Argparse tables
 # (add_arguments, add_*_options) are exempt: one option per line reads better than helpers.
 LONG_FUNCTION_DEBT = {
-    "planning/planner.py:plan", "checkpoints/prune.py:prune", "integrations/release.py:gate",
-    "integrations/handoff.py:build", "integrations/events.py:decide",
-    "simulation/montecarlo.py:run_monte_carlo", "simulation/montecarlo.py:simulate",
-    "simulation/sweep.py:tradeoffs", "recovery/verify.py:verify_resume", "recovery/advice.py:advise_series",
-    "recovery/detect.py:find_events", "recovery/advice.py:_unrecovered", "recovery/detect.py:level_shifts",
-    "recovery/logs.py:build_series", "recovery/plot.py:build_figure", "checkpoints/filechecks.py:check_zip",
+    "checkpoints/prune.py:prune",
+    "checkpoints/filechecks.py:check_zip",
     "checkpoints/validate.py:_check_dcp_dir", "checkpoints/validate.py:check",
     # the deep check (issue 12), landed last
     "checkpoints/deep.py:run", "checkpoints/filechecks.py:scan_zip", "checkpoints/torchpickle.py:read_pickle",

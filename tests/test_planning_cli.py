@@ -209,6 +209,22 @@ def test_subprocess_bad_input_has_no_traceback(skill_root):
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+def test_text_plan_builds_no_pydantic_validator(skill_root):
+    """Cold start (bench/bench_plan.py, issue 10): the text plan constructs its results without validating them
+    again, so pydantic never builds a validator and never scans installed packages for its plugins
+    (importlib.metadata, about 10 ms); numpy and torch stay unloaded."""
+    code = ("import sys, contextlib, io\n"
+            f"sys.path.insert(0, {str(skill_root / 'scripts')!r})\n"
+            "from checkpoint_strategy.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main({SEED!r})\n"
+            "print(sorted(m for m in ('pydantic.plugin._loader', 'importlib.metadata', 'numpy', 'torch')"
+            " if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
 def test_top_level_help_lists_commands(cli_run):
     rc, out, _ = cli_run("--help")
     assert rc == 0 and "plan" in out

@@ -8,10 +8,13 @@ switch; nothing else in the package knows how a prune is done.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.marker import read_marker, write_marker  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.checkpoints.models import Level
 
 
 def validate(path: str, level: str = "quick"):
@@ -21,7 +24,7 @@ def validate(path: str, level: str = "quick"):
     return validate_checkpoint(path, level=level)
 
 
-def prune(root: str, keep_last: int, milestones: list[int], *, level: str = "quick",
+def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",
           protect: Optional[dict[str, str]] = None, log: Optional[str] = None):
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated)."""
     from checkpoint_strategy.checkpoints import prune as _prune

@@ -18,22 +18,20 @@ import json
 import os
 import sys
 import time
-from typing import Optional
+from typing import Any, Optional
 from collections.abc import Callable
 
 PhaseFn = Optional[Callable[[str, str], None]]
 
 
-def process_job(job: dict, phase: PhaseFn = None) -> dict:  # noqa: C901 - complexity debt, see issue 10
+def process_job(job: dict, phase: PhaseFn = None) -> dict:
     """Validate the new checkpoint; when valid and keep_last is set, prune under root.
 
     Pure function of the job (used inline when async_save is off, and by the worker process)."""
-    from checkpoint_strategy.callbacks import _retention
-
     started = time.perf_counter()
     path, delay = job["path"], float(job.get("phase_delay") or 0.0)
-    out = {"id": job.get("id"), "status": None, "problem": None, "deleted": [], "kept_reasons": {},
-           "prune_errors": [], "seconds": 0.0, "error": None}
+    out: dict[str, Any] = {"id": job.get("id"), "status": None, "problem": None, "deleted": [], "kept_reasons": {},
+                           "prune_errors": [], "seconds": 0.0, "error": None}
 
     def enter(name: str) -> None:
         if phase is not None:
@@ -47,29 +45,12 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:  # noqa: C901 - compl
             return out
         if job.get("validate"):
             enter("validate")
-            try:
-                result = _retention.validate(path, job.get("level", "quick"))
-            except Exception as exc:  # noqa: BLE001 - a vanished path is a finding, not a crash
-                out["status"], out["problem"] = "invalid", str(exc)
-            else:
-                out["status"] = result.status
-                if result.problems:
-                    p = result.problems[0]
-                    more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
-                    out["problem"] = f"{p.file}: {p.reason}{more}"
+            _validate_into(out, path, job.get("level", "quick"))
             if out["status"] != "valid":
                 return out
         if job.get("keep_last") and job.get("root"):
             enter("prune")
-            logfile = job.get("log")
-            if logfile and not os.path.lexists(logfile):
-                logfile = None          # read when the prune runs, not when the job was queued
-            report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
-                                      level=job.get("level", "quick"), protect=job.get("protect") or None,
-                                      log=logfile)
-            out["deleted"] = [e.name for e in report.delete if e.deleted]
-            out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
-            out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]
+            _prune_into(out, job)
     except Exception as exc:  # noqa: BLE001 - reported by the parent, never raised into training
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -79,9 +60,40 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:  # noqa: C901 - compl
     return out
 
 
+def _validate_into(out: dict[str, Any], path: str, level: str) -> None:
+    """The checkpoint's status and first problem, into the job's answer."""
+    from checkpoint_strategy.callbacks import _retention
+
+    try:
+        result = _retention.validate(path, level)
+    except Exception as exc:  # noqa: BLE001 - a vanished path is a finding, not a crash
+        out["status"], out["problem"] = "invalid", str(exc)
+        return
+    out["status"] = result.status
+    if result.problems:
+        p = result.problems[0]
+        more = f" (+{len(result.problems) - 1} more)" if len(result.problems) > 1 else ""
+        out["problem"] = f"{p.file}: {p.reason}{more}"
+
+
+def _prune_into(out: dict[str, Any], job: dict) -> None:
+    """Apply the keep rules under the job's root; what was deleted and why the rest was kept, into the answer."""
+    from checkpoint_strategy.callbacks import _retention
+
+    logfile = job.get("log")
+    if logfile and not os.path.lexists(logfile):
+        logfile = None          # read when the prune runs, not when the job was queued
+    report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
+                              level=job.get("level", "quick"), protect=job.get("protect") or None,
+                              log=logfile)
+    out["deleted"] = [e.name for e in report.delete if e.deleted]
+    out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
+    out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]
+
+
 def handoff_job(job: dict) -> dict:
     """Write the session-handoff state for root (what the `handoff` command writes) plus extra risks."""
-    out = {"id": job.get("id"), "error": None}
+    out: dict[str, Any] = {"id": job.get("id"), "error": None}
     try:
         from checkpoint_strategy.integrations import handoff
         from checkpoint_strategy.planning.models import PlanReport

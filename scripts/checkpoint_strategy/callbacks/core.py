@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import IO, Any, Optional
 from collections.abc import Callable
 
 from checkpoint_strategy.callbacks.policy import Settings, resolve
@@ -79,7 +79,7 @@ class StrategyCore:
             self._detector = OnlineDetector(self.settings.emergency_save_on)
         # the last logged values before the first event (Lightning): written to the loss log then
         self._history: deque[tuple[int, float, Optional[float]]] = deque(maxlen=HISTORY_LIMIT)
-        self._metrics_fh = None
+        self._metrics_fh: Optional[IO[str]] = None
         self._spike_seen = False
         self._worker: Optional[_ProcessWorker] = None
         self._worker_failed = False
@@ -169,7 +169,7 @@ class StrategyCore:
             self.after_save_hook(path)
         rec = SaveRecord(step=step, path=path, emergency=emergency)
         s = self.settings
-        job = {"kind": "save", "path": path, "root": self.root, "level": self.level,
+        job: dict[str, Any] = {"kind": "save", "path": path, "root": self.root, "level": self.level,
                "validate": bool(s.validate_on_save or s.keep_last), "keep_last": s.keep_last,
                "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
                "log": self._metrics_path(), "phase_delay": self.phase_delay}
@@ -222,11 +222,11 @@ class StrategyCore:
         if grad_norm is not None:
             rec["grad_norm"] = float(grad_norm)
         if self._metrics_fh is None:
-            if not self._spike_seen or self._metrics_path() is None:
+            path = self._metrics_path()
+            if not self._spike_seen or path is None:
                 return
             from checkpoint_strategy.atomic import atomic_write_text
 
-            path = self._metrics_path()
             try:
                 lines = [json.dumps({"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})})
                          for s_, l_, g_ in self._history]
@@ -256,7 +256,8 @@ class StrategyCore:
             self._phase(msg["phase"], msg.get("path", ""))
             return
         with self._lock:
-            rec = self._jobs.pop(msg.get("id"), None)
+            jid = msg.get("id")
+            rec = self._jobs.pop(jid, None) if isinstance(jid, int) else None
         if rec is None:                      # a handoff job's answer
             if msg.get("error"):
                 log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}")
@@ -388,6 +389,9 @@ class _ProcessWorker:
         self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                                      encoding="utf-8", bufsize=1, close_fds=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None, "both are pipes"
+        self._stdin: IO[str] = self.proc.stdin
+        self._stdout: IO[str] = self.proc.stdout
         self._lock = threading.Lock()
         self.pending: dict[int, threading.Event] = {}
         self.dead = False
@@ -403,8 +407,8 @@ class _ProcessWorker:
                 return False
             self.pending[job["id"]] = ev
         try:
-            self.proc.stdin.write(json.dumps(job) + "\n")
-            self.proc.stdin.flush()
+            self._stdin.write(json.dumps(job) + "\n")
+            self._stdin.flush()
         except (OSError, ValueError):
             with self._lock:
                 self.pending.pop(job["id"], None)
@@ -415,7 +419,7 @@ class _ProcessWorker:
     def _read(self) -> None:
         import json
 
-        for line in self.proc.stdout:
+        for line in self._stdout:
             try:
                 msg = json.loads(line)
             except ValueError:
@@ -451,7 +455,7 @@ class _ProcessWorker:
 
     def close(self) -> None:
         try:
-            self.proc.stdin.close()
+            self._stdin.close()
         except OSError:
             pass
         try:

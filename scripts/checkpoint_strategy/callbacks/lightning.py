@@ -80,7 +80,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                                  join_timeout=join_timeout, framework_log=True)
         self.core.protect = self._protect
         self.detect_every = detect_every
-        self._mc = None
+        self._mc: Any = None  # the trainer's ModelCheckpoint, once found
         self._trainer = None
         self._orig_save = None
         self._pending: dict[str, str] = {}

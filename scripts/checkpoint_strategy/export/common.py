@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 from collections.abc import Callable
 
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export.models import Schedule
 from checkpoint_strategy.planning.models import MAX_STEPS, PlanReport
 
@@ -161,6 +161,7 @@ def resolve_version(framework: str, spec: VersionSpec, given: Optional[str]) -> 
         return Resolved(key, dist or spec.packages[0], "--framework-version",
                         f"written for {spec.packages[0]} {key} (--framework-version {given})", warnings)
     if inst is not None:
+        assert dist is not None, "installed_version names the distribution it read"
         key = spec.key_of(inst)
         if key in spec.known:
             return Resolved(key, dist, "installed", f"written for {dist} {key} (installed here: {inst})")
@@ -180,28 +181,11 @@ def resolve_version(framework: str, spec: VersionSpec, given: Optional[str]) -> 
 
 def load_plan_file(path: str) -> PlanReport:
     """The JSON `plan --format json` prints (a file, or '-' for stdin), checked against plan.schema.json."""
-    import jsonschema
-
     from checkpoint_strategy import storage
-    from checkpoint_strategy.resources import load_schema
+    from checkpoint_strategy.planning.planfile import report_from_data
 
     raw, name = storage.read_input(path, "plan file")  # a regular file or '-' for stdin, bounded
-    data = storage.loads_json(raw, f"plan file {name}", expect=dict)
-    validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    try:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    except RecursionError:
-        raise UsageError(f"plan file {name} is nested too deeply: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`") from None
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "top level"
-        message = " ".join(error.message.split())
-        message = message if len(message) <= 120 else message[:117] + "..."
-        raise UsageError(f"plan file {name} does not match plan.schema.json at {where}: {message}")
-    try:
-        return PlanReport(**data)
-    except Exception as exc:  # pydantic.ValidationError
-        raise UsageError(pydantic_message(exc, f"plan file {name}")) from None
+    return report_from_data(storage.loads_json(raw, f"plan file {name}", expect=dict), name)
 
 
 def py(value) -> str:

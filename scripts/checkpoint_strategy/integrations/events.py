@@ -82,9 +82,9 @@ def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterato
     except RecursionError:
         raise UsageError(f"{source} is JSON nested too deeply: expected stability events") from None
     except ValueError:
-        first = _json_line_error(stripped, source)
-        if first is not None:
-            raise first from None
+        line_error = _json_line_error(stripped, source)
+        if line_error is not None:
+            raise line_error from None
         return (lambda: _iter_json_lines(stripped, source)), []
     if isinstance(data, dict) and "event" not in data and isinstance(data.get("events"), list):
         data = data["events"]
@@ -250,6 +250,7 @@ def _report_number(text: str, line: int, what: str) -> float:
 
 def _report_step(text: str, line: int) -> int:
     """A step as written: 1200, 1.2e3; a negative or fractional step is bad input (exit 2)."""
+    value: Optional[int]
     try:
         value = int(text)
     except ValueError:
@@ -339,30 +340,41 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
                                "could rotate a good checkpoint out of keep_last); never save it - roll back to the "
                                "last stable checkpoint instead (recover's NaN/inf rule)",
                         next_command=recover if kind == "LOSS_SPIKE" else None)
-    trigger = EVENT_TRIGGER[kind]
-    enabled = trigger in triggers
+    enabled = EVENT_TRIGGER[kind] in triggers
     if kind == "GRADIENT_NORM_EXCEEDED":
-        below = (ev.value is not None and ev.threshold is not None and math.isfinite(ev.value)
-                 and math.isfinite(ev.threshold) and ev.value <= ev.threshold)
-        if below:
-            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                            reason=f"gradient norm at {_at(ev)}{_size(ev)} does not exceed its threshold",
-                            next_command=None)
-        if ev.severity == "info":
-            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                            reason=f"gradient norm event at {_at(ev)} has severity info: no action",
-                            next_command=None)
-        if not enabled:
-            return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                            reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, but the policy's "
-                                   "emergency_save_on does not include gradient_norm_exceeded",
-                            next_command=None)
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=False,
-                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, trigger gradient_norm_exceeded: save now, "
-                               "outside the keep_last rotation, so the state before any loss spike is kept; "
-                               "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
+        return _grad_norm_decision(ev, enabled)
+    return _loss_spike_decision(ev, enabled, confirmed, recover)
+
+
+def _grad_norm_decision(ev: StabilityEvent, enabled: bool) -> Decision:
+    """GRADIENT_NORM_EXCEEDED: an emergency save when it really exceeds, is not info and the policy has the trigger."""
+    kind, trigger = ev.event, EVENT_TRIGGER[ev.event]
+    below = (ev.value is not None and ev.threshold is not None and math.isfinite(ev.value)
+             and math.isfinite(ev.threshold) and ev.value <= ev.threshold)
+    if below:
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                        reason=f"gradient norm at {_at(ev)}{_size(ev)} does not exceed its threshold",
                         next_command=None)
-    # LOSS_SPIKE
+    if ev.severity == "info":
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                        reason=f"gradient norm event at {_at(ev)} has severity info: no action",
+                        next_command=None)
+    if not enabled:
+        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
+                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, but the policy's "
+                               "emergency_save_on does not include gradient_norm_exceeded",
+                        next_command=None)
+    return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=False,
+                    reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, trigger gradient_norm_exceeded: save now, "
+                           "outside the keep_last rotation, so the state before any loss spike is kept; "
+                           "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
+                    next_command=None)
+
+
+def _loss_spike_decision(ev: StabilityEvent, enabled: bool, confirmed: bool, recover: str) -> Decision:
+    """LOSS_SPIKE: an emergency save when the policy has the trigger; confirmed (persistent or error/critical)
+    spikes are rolled back, the others watched through the wait window."""
+    kind, trigger = ev.event, EVENT_TRIGGER[ev.event]
     is_confirmed = confirmed or ev.severity in CONFIRMING_SEVERITIES
     if ev.severity == "info" and not confirmed:
         return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
@@ -481,6 +493,7 @@ class _Aggregate:
                                      reason=self.nan.reason, decisions=listed, **common)
         if self.saving:
             lead = self.first_confirmed_save or self.earliest_save
+            assert lead is not None, "a saving decision is the earliest save"
             reason = lead.reason
             if self.saving > 1:
                 reason += f" ({self.saving} events ask for an emergency save; one save is enough)"
@@ -488,5 +501,6 @@ class _Aggregate:
                                      save_at_step=self.save_steps[0] if self.save_steps else None, reason=reason,
                                      decisions=listed, **common)
         lead = self.first_next or self.first
+        assert lead is not None, "total > 0: there is a first decision"
         return EmergencyDecision(decision="none", next_command=next_command, save_at_step=None, reason=lead.reason,
                                  decisions=listed, **common)

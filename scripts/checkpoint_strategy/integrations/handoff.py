@@ -6,7 +6,7 @@ import os
 import shlex
 from typing import Optional
 
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
@@ -18,10 +18,7 @@ MAX_ROLLBACK_POINTS = 50
 
 def load_plan_file(text: str, source: str) -> PlanReport:
     """The JSON `plan --format json` prints, checked against schemas/plan.schema.json."""
-    import jsonschema
-
-    from checkpoint_strategy.resources import load_schema
-
+    from checkpoint_strategy.planning.planfile import report_from_data
     from checkpoint_strategy.storage import ReadError, loads_json
 
     try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
@@ -29,20 +26,7 @@ def load_plan_file(text: str, source: str) -> PlanReport:
     except ReadError as exc:
         raise UsageError(f"plan file {source} is {exc.reason}: expected the output of "
                          "`checkpoint-strategy plan ... --format json`") from None
-    validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
-    try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
-        error = jsonschema.exceptions.best_match(validator.iter_errors(data))
-    except RecursionError:
-        raise UsageError(f"plan file {source} is nested too deeply: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`") from None
-    if error is not None:
-        where = ".".join(str(p) for p in error.absolute_path) or "top level"
-        message = error.message if len(error.message) <= 120 else error.message[:117] + "..."
-        raise UsageError(f"plan file {source} does not match plan.schema.json at {where}: {message}")
-    try:
-        return PlanReport(**data)
-    except Exception as exc:  # pydantic.ValidationError
-        raise UsageError(pydantic_message(exc, f"plan file {source}")) from None
+    return report_from_data(data, source)
 
 
 def _q(path: str) -> str:
@@ -52,7 +36,12 @@ def _q(path: str) -> str:
 UNRESOLVED = ("wait", "rollback", "no_clean_checkpoint")
 
 
-def recovery_note(log: Optional[str], root: Optional[str], valid: list[CheckpointRef]  # noqa: C901 - complexity debt, see issue 10
+def _unresolved(recovery: Optional[RecoveryNote]) -> bool:
+    """The recovery adviser says the run is still in trouble (wait, roll back, or no clean checkpoint)."""
+    return recovery is not None and recovery.status in UNRESOLVED
+
+
+def recovery_note(log: Optional[str], root: Optional[str], valid: list[CheckpointRef]
                   ) -> tuple[Optional[RecoveryNote], list[str]]:
     """Ask the recovery adviser about the training log: `log`, or the newest log under `root`.
 
@@ -65,24 +54,10 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
         log_path = os.path.join(valid[0].path, "trainer_state.json")  # the newest whole checkpoint's log
     if log_path is None:
         return None, []
-    try:
-        from checkpoint_strategy import recovery
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("checkpoint_strategy.recovery"):
-            raise
-        if explicit:
-            raise UsageError("the recovery adviser (checkpoint_strategy.recovery) is not installed: cannot read "
-                             "--log; install the full checkpoint-strategy package or leave out --log") from None
-        return None, ["the recovery adviser is not installed: the training log was not checked for loss spikes"]
     checkpoints = None if root is None else [(c.step, c.path) for c in valid if c.step is not None]
-    try:
-        rep = recovery.advise(log_path, checkpoints=checkpoints)
-    except UsageError as exc:
-        if explicit:
-            raise
-        if "no training log found" in str(exc):
-            return None, []
-        return None, [f"training log under {root} not checked for loss spikes: {exc}"]
+    rep, risks = _advise(log_path, checkpoints, explicit, root)
+    if rep is None:
+        return None, risks
     resume = rep.resume_checkpoint
     note = RecoveryNote(
         log=rep.log.path, status=rep.status, summary=rep.summary,
@@ -91,7 +66,6 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
         resume_checkpoint=(resume.path or str(resume.step)) if resume is not None else None,
         resume_step=resume.step if resume is not None else None,
     )
-    risks = []
     cutoff = rep.checkpoints.cutoff_step
     if rep.status in UNRESOLVED and rep.spike is not None:
         if cutoff is not None:
@@ -105,72 +79,44 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     return note, risks
 
 
-def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",  # noqa: C901 - complexity debt, see issue 10
+def _advise(log_path: str, checkpoints, explicit: bool, root: Optional[str]):
+    """(the recovery adviser's RecoveryReport or None, risks): a log found by looking under the root that cannot
+    be read, or an adviser that is not installed, is a risk line; an explicit --log that cannot is bad input."""
+    try:
+        from checkpoint_strategy import recovery
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("checkpoint_strategy.recovery"):
+            raise
+        if explicit:
+            raise UsageError("the recovery adviser (checkpoint_strategy.recovery) is not installed: cannot read "
+                             "--log; install the full checkpoint-strategy package or leave out --log") from None
+        return None, ["the recovery adviser is not installed: the training log was not checked for loss spikes"]
+    try:
+        return recovery.advise(log_path, checkpoints=checkpoints), []
+    except UsageError as exc:
+        if explicit:
+            raise
+        if "no training log found" in str(exc):
+            return None, []
+        return None, [f"training log under {root} not checked for loss spikes: {exc}"]
+
+
+def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick",
           log: Optional[str] = None, now: Optional[str] = None) -> SessionHandoff:
     """The checkpoint-strategy.json document (nothing is written here)."""
     now = now or now_iso()
-    risks: list[str] = []
-    commands: list[str] = []
     valid: list[CheckpointRef] = []
     bad: list = []
     note: Optional[str] = None
     if root is not None:
         valid, bad, note = scan(root, level)
     recovery, recovery_risks = recovery_note(log, root, valid)
-    if report is not None:
-        risks.extend(f"plan: {w}" for w in report.warnings)
+    latest = valid[0] if valid else None
+    risks: list[str] = [f"plan: {w}" for w in report.warnings] if report is not None else []
     if note:
         risks.append(note)
     risks.extend(recovery_risks)
-    for b in bad:
-        risks.append(f"{b.status} checkpoint {b.path}: {b.reason}")
-    latest = valid[0] if valid else None
-    if root is not None and latest is None and not note:
-        risks.append(f"no valid checkpoint under {root}: a failure now restarts training from scratch")
-    if latest is not None and not latest.resumable:
-        risks.append(f"latest valid checkpoint {latest.path} has no optimizer state: resuming from it "
-                     "restarts Adam's moments from zero")
-    if latest is not None and latest.sharded:
-        risks.append(f"latest valid checkpoint {latest.path} is sharded: resuming needs the same parallel "
-                     "layout (or a conversion to a full state dict)")
-    if bad and latest is not None:
-        newer_bad = [b for b in bad if b.step is not None and latest.step is not None and b.step > latest.step]
-        if newer_bad:
-            risks.append(f"the newest checkpoint on disk ({newer_bad[0].path}) is not whole: resume from "
-                         f"{latest.path}, not from the newest folder")
-
-    if root is not None:
-        if bad:
-            commands.append(f"checkpoint-strategy validate {_q(root)} --level full")
-    log_for_commands = log or (recovery.log if recovery is not None else None)
-    resume_step = latest.step if latest is not None else None
-    if recovery is not None and recovery.status in UNRESOLVED:
-        resume_step = recovery.resume_step
-    if root is not None or log_for_commands:
-        shown_log = _q(log_for_commands) if log_for_commands else "TRAIN_LOG"
-        ck = f" --checkpoints {_q(root)}" if root is not None else ""
-        when = "" if (recovery is not None and recovery.status in UNRESOLVED) else "   # after a loss spike"
-        commands.append(f"checkpoint-strategy recover {shown_log}{ck}{when}")
-        if resume_step is not None:
-            commands.append(f"checkpoint-strategy verify-resume {shown_log} --resume-step {resume_step}"
-                            "   # after resuming")
-    if report is None:
-        commands.append("checkpoint-strategy TOTAL_STEPS STEP_SECONDS BUDGET_GB --model_size_gb N   # plan a policy")
-
-    if recovery is not None and recovery.status in UNRESOLVED:
-        next_step = recovery.summary
-    elif latest is not None:
-        next_step = f"resume training from {latest.path}" + (f" (step {latest.step})" if latest.step is not None else "")
-        if not latest.resumable:
-            next_step += " (weights only: optimizer state restarts)"
-    elif root is not None:
-        next_step = f"check the checkpoints under {root}: none is valid yet"
-    elif report is not None:
-        next_step = (f"start training with the checkpoint policy: every {report.frequency_steps} steps, "
-                     f"keep_last {report.keep_last}")
-    else:  # pragma: no cover - the CLI requires a plan or --checkpoints
-        next_step = "plan a checkpoint policy"
-
+    risks.extend(_checkpoint_risks(root, latest, bad, note))
     plan = None
     if report is not None:
         plan = PlanSummary(frequency_steps=report.frequency_steps, keep_last=report.keep_last,
@@ -185,10 +131,69 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
         rollback_points=valid[:MAX_ROLLBACK_POINTS],
         bad_checkpoints=bad,
         recovery=recovery,
-        recovery_commands=commands,
+        recovery_commands=_commands(report, root, log, recovery, latest, bad),
         pending_risks=risks,
-        next_step=next_step,
+        next_step=_next_step(report, root, recovery, latest),
     )
+
+
+def _checkpoint_risks(root: Optional[str], latest: Optional[CheckpointRef], bad: list, note: Optional[str]) -> list[str]:
+    """What the checkpoints on disk put at risk: bad ones, none valid, the latest weights-only or sharded."""
+    risks = [f"{b.status} checkpoint {b.path}: {b.reason}" for b in bad]
+    if root is not None and latest is None and not note:
+        risks.append(f"no valid checkpoint under {root}: a failure now restarts training from scratch")
+    if latest is not None and not latest.resumable:
+        risks.append(f"latest valid checkpoint {latest.path} has no optimizer state: resuming from it "
+                     "restarts Adam's moments from zero")
+    if latest is not None and latest.sharded:
+        risks.append(f"latest valid checkpoint {latest.path} is sharded: resuming needs the same parallel "
+                     "layout (or a conversion to a full state dict)")
+    if bad and latest is not None:
+        newer_bad = [b for b in bad if b.step is not None and latest.step is not None and b.step > latest.step]
+        if newer_bad:
+            risks.append(f"the newest checkpoint on disk ({newer_bad[0].path}) is not whole: resume from "
+                         f"{latest.path}, not from the newest folder")
+    return risks
+
+
+def _commands(report: Optional[PlanReport], root: Optional[str], log: Optional[str],
+              recovery: Optional[RecoveryNote], latest: Optional[CheckpointRef], bad: list) -> list[str]:
+    """The commands the next session runs: validate bad checkpoints, recover, verify the resume, plan."""
+    commands: list[str] = []
+    if root is not None and bad:
+        commands.append(f"checkpoint-strategy validate {_q(root)} --level full")
+    log_for_commands = log or (recovery.log if recovery is not None else None)
+    resume_step = latest.step if latest is not None else None
+    if recovery is not None and _unresolved(recovery):
+        resume_step = recovery.resume_step
+    if root is not None or log_for_commands:
+        shown_log = _q(log_for_commands) if log_for_commands else "TRAIN_LOG"
+        ck = f" --checkpoints {_q(root)}" if root is not None else ""
+        when = "" if _unresolved(recovery) else "   # after a loss spike"
+        commands.append(f"checkpoint-strategy recover {shown_log}{ck}{when}")
+        if resume_step is not None:
+            commands.append(f"checkpoint-strategy verify-resume {shown_log} --resume-step {resume_step}"
+                            "   # after resuming")
+    if report is None:
+        commands.append("checkpoint-strategy TOTAL_STEPS STEP_SECONDS BUDGET_GB --model_size_gb N   # plan a policy")
+    return commands
+
+
+def _next_step(report: Optional[PlanReport], root: Optional[str], recovery: Optional[RecoveryNote],
+               latest: Optional[CheckpointRef]) -> str:
+    if recovery is not None and _unresolved(recovery):
+        return recovery.summary
+    if latest is not None:
+        next_step = f"resume training from {latest.path}" + (f" (step {latest.step})" if latest.step is not None else "")
+        if not latest.resumable:
+            next_step += " (weights only: optimizer state restarts)"
+        return next_step
+    if root is not None:
+        return f"check the checkpoints under {root}: none is valid yet"
+    if report is not None:
+        return (f"start training with the checkpoint policy: every {report.frequency_steps} steps, "
+                f"keep_last {report.keep_last}")
+    return "plan a checkpoint policy"  # pragma: no cover - the CLI requires a plan or --checkpoints
 
 
 def block_context(doc: SessionHandoff) -> dict:
@@ -217,7 +222,7 @@ def log_record(doc: SessionHandoff) -> dict:
         detail += f"; policy {doc.policy.frequency}, keep_last {doc.policy.keep_last}"
     if doc.pending_risks:
         detail += f"; {len(doc.pending_risks)} pending risks"
-    unresolved = doc.recovery is not None and doc.recovery.status in UNRESOLVED
+    unresolved = _unresolved(doc.recovery)
     status = "warning" if unresolved or (latest is None and doc.checkpoints_root is not None) else "done"
     if unresolved and doc.recovery is not None:
         detail += f"; {doc.recovery.summary}"

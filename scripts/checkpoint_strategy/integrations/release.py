@@ -70,14 +70,38 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
     formats = formats_present(result)
     checks: list[GateCheck] = []
     reasons: list[str] = []
+    _whole_check(result, checks, reasons)
+    _required_checks(result, required, formats, checks, reasons)
+    values = None
+    if result.deep is not None or level == "deep":
+        values, ok, detail = _values_check(result)
+        checks.append(GateCheck(name="values finite, optimizer state whole (deep)", ok=ok, detail=detail))
+        if not ok and loads_ok:
+            reasons.append(f"deep check: {detail}")
+    sums = _integrity_check(result, path, manifest if has_manifest else None, checks, reasons)
+    gate_ok = loads_ok and not reasons
+    return ReleaseGate(
+        checkpoint=path, layout=result.format, step=result.step, level=result.level, validated_at=validated_at,
+        loads_ok=loads_ok, status=result.status, formats_present=formats, required=required,
+        resumable=result.resumable, sharded=result.sharded,
+        integrity="manifest" if has_manifest else "checksums", manifest=manifest if has_manifest else None,
+        checksums=sums, checks=checks, values=values, gate="pass" if gate_ok else "fail", reasons=reasons,
+    )
 
+
+def _whole_check(result, checks: list[GateCheck], reasons: list[str]) -> None:
     whole = (f"{result.status} ({result.format}, {result.files_checked} files, "
              f"{ {'full': 'every byte read', 'deep': 'every value read'}.get(result.level, 'headers read')})")
+    loads_ok = result.status == "valid"
     if not loads_ok:
         whole = f"{result.status}: {first_problem(result)}"
         reasons.append(f"checkpoint is {result.status}: {first_problem(result)}")
     checks.append(GateCheck(name="checkpoint is whole", ok=loads_ok, detail=whole))
 
+
+def _required_checks(result, required: list[str], formats: list[str], checks: list[GateCheck],
+                     reasons: list[str]) -> None:
+    """One check per --require item: a format present, or optimizer state (resumable)."""
     for item in required:
         if item == "resumable":
             ok = result.resumable
@@ -92,32 +116,24 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
         if not ok:
             reasons.append(f"required format {item} is missing (present: {', '.join(formats) or 'none'})")
 
-    values = None
-    if result.deep is not None or level == "deep":
-        values, ok, detail = _values_check(result)
-        checks.append(GateCheck(name="values finite, optimizer state whole (deep)", ok=ok, detail=detail))
-        if not ok and loads_ok:
-            reasons.append(f"deep check: {detail}")
-    sums: list[FileChecksum] = []
-    if has_manifest:
+
+def _integrity_check(result, path: str, manifest: str | None, checks: list[GateCheck],
+                     reasons: list[str]) -> list[FileChecksum]:
+    """The checkpoint's own manifest verified, or (a whole checkpoint without one) a sha256 of every file."""
+    loads_ok = result.status == "valid"
+    if manifest is not None:
         ok = result.manifest == "verified"
         detail = f"{os.path.basename(manifest)} verified" if ok else "manifest does not match the files"
         checks.append(GateCheck(name="integrity manifest verified", ok=ok, detail=detail))
         if not ok and loads_ok:
             reasons.append(f"manifest {manifest} does not match the files")
-    elif loads_ok:
-        sums = checksums(path)
-        total = sum(s.bytes for s in sums)
-        checks.append(GateCheck(name="checksums recorded", ok=True,
-                                detail=f"sha256 of {len(sums)} files ({total} bytes)"))
-    gate_ok = loads_ok and not reasons
-    return ReleaseGate(
-        checkpoint=path, layout=result.format, step=result.step, level=result.level, validated_at=validated_at,
-        loads_ok=loads_ok, status=result.status, formats_present=formats, required=required,
-        resumable=result.resumable, sharded=result.sharded,
-        integrity="manifest" if has_manifest else "checksums", manifest=manifest if has_manifest else None,
-        checksums=sums, checks=checks, values=values, gate="pass" if gate_ok else "fail", reasons=reasons,
-    )
+        return []
+    if not loads_ok:
+        return []
+    sums = checksums(path)
+    total = sum(s.bytes for s in sums)
+    checks.append(GateCheck(name="checksums recorded", ok=True, detail=f"sha256 of {len(sums)} files ({total} bytes)"))
+    return sums
 
 
 _RUN_CHILD = __import__("re").compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$")

@@ -12,9 +12,12 @@ from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
     FailureModel,
     IntervalChoice,
+    IntervalReason,
     PlanArguments,
     PlanReport,
     StorageBreakdown,
+    Precision,
+    SaveFormat,
     StorageWrites,
 )
 
@@ -173,10 +176,10 @@ class Sizing:
     """Checkpoint and export sizes (GB; None when the model size is unknown) and the formats."""
 
     params: float | None
-    precision: str | None
+    precision: Precision | None
     size_gb: float | None
     weights_gb: float | None
-    formats: list[str]
+    formats: list[SaveFormat]
 
 
 @dataclass
@@ -213,7 +216,7 @@ class Interval:
     """The chosen interval in steps and why."""
 
     frequency: int
-    reason: str
+    reason: IntervalReason
     optimum_steps: int
     floor_steps: int
     floor_source: str
@@ -224,7 +227,7 @@ class Interval:
 def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
     """Size one checkpoint from --params or --model_size_gb (sizing.py) and check the formats."""
     params = sizing.resolve_params(args.params, args.model_size_gb, args.weights_dtype)
-    precision: str | None = args.precision
+    precision: Precision | None = args.precision
     size = weights = None
     if params is not None:
         precision = resolved = sizing.resolve_precision(args.precision, args.weights_dtype)
@@ -235,7 +238,7 @@ def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
     if not args.save_optimizer:
         warnings.append("optimizer state not saved: resuming restarts Adam's moments from zero "
                         "(the spec's lesson 2); use it only for inference exports")
-    formats: list[str] = list(args.formats) if args.formats else ["full_state_dict", "safetensors"]
+    formats: list[SaveFormat] = list(args.formats) if args.formats else ["full_state_dict", "safetensors"]
     if not any(f in ("full_state_dict", "sharded") for f in formats):
         warnings.append("no resumable format in --formats: add full_state_dict (or sharded) to resume training")
     elif "full_state_dict" not in formats:
@@ -313,6 +316,7 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
     cap_seconds = args.max_loss_hours * 3600.0 - cost.lag
     cap_steps = nice_floor(cap_seconds / step) if cap_seconds >= step else None
     preset = PRESETS[args.preset]
+    reason: IntervalReason
     if args.frequency is not None:
         f, reason = args.frequency, "frequency_option"
         if f * step < args.min_interval_seconds and f >= durable_steps:
@@ -464,7 +468,7 @@ def storage_writes(args: PlanArguments, cost: SaveCost, storage: StorageBreakdow
         daily = _r(storage.checkpoint_size_gb * 86400.0 / period)
     if cost.persist is not None:
         busy = _r(min(1.0, cost.persist / period))
-    return StorageWrites(write_gbps=None if cost.write_gbps is None else _r(cost.write_gbps),
+    return StorageWrites.model_construct(write_gbps=None if cost.write_gbps is None else _r(cost.write_gbps),
                          write_source=cost.write_source, nodes=cost.nodes, gpus_per_node=args.gpus_per_node,
                          data_written_per_day_gb=daily, storage_busy_fraction=busy)
 
@@ -489,7 +493,7 @@ def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_ov
         "min_interval": f"--min-interval-seconds {args.min_interval_seconds:g}: {price}",
         "total_steps": f"the run's length: one save at the end; {price}",
     }[iv.reason]
-    return IntervalChoice(reason=iv.reason, explanation=text, optimum_steps=iv.optimum_steps,
+    return IntervalChoice.model_construct(reason=iv.reason, explanation=text, optimum_steps=iv.optimum_steps,
                           optimum_overhead_fraction=_r(opt_over), optimum_max_data_loss_hours=_r(opt_loss),
                           min_interval_steps=iv.floor_steps, min_interval_source=iv.floor_source,
                           max_loss_cap_steps=iv.cap_steps)

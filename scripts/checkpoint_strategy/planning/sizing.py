@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TYPE_CHECKING
 
 from checkpoint_strategy.errors import UsageError
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.planning.models import Precision
 
 GB = 1e9
 WEIGHT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -48,7 +52,7 @@ def resolve_params(params: float | None, model_size_gb: float | None, weights_dt
     return None
 
 
-def resolve_precision(precision: str | None, weights_dtype: str) -> str:
+def resolve_precision(precision: Precision | None, weights_dtype: str) -> Precision:
     if precision is not None:
         return precision
     return "fp32" if weights_dtype == "fp32" else "mixed"

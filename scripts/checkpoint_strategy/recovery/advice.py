@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 from collections.abc import Sequence
 
@@ -28,6 +29,9 @@ from checkpoint_strategy.recovery.settings import RecoveryOptions
 CheckpointsArg = Union[None, str, os.PathLike, Sequence[Union[int, tuple]]]
 SMOOTH_CHECKPOINT_POINTS = 11   # losses around a checkpoint whose median is its "smoothed loss"
 LR_CAUSE_STEPS = 2000           # an LR restart this close before an onset is named as its likely cause
+# how reasons and summaries name each kind of event
+KIND_WORDS = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
+              "nonfinite": "NaN/inf loss", "collapse": "collapse"}
 
 
 def _fin(v: Any) -> Optional[float]:
@@ -394,7 +398,8 @@ def _grad_only(spike: Spike, o: RecoveryOptions, reasons: list[str], none: dict,
     base_l, peak_l = spike.baseline_loss, spike.peak_loss
     rose = (base_l is not None and peak_l is not None and math.isfinite(peak_l) and base_l > 0
             and peak_l > base_l * (1 + o.tolerance))
-    if rose:  # early in training the rolling median is still high, so the loss rules may not fire
+    if rose and base_l is not None and peak_l is not None:  # early in training the rolling median is still high,
+        # so the loss rules may not fire
         reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
                        f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
                        f"its median {_show(base_l)}) without crossing the loss-spike thresholds")
@@ -430,8 +435,7 @@ def _recovered(spike: Spike, o: RecoveryOptions, reasons: list[str], warnings: l
 
 
 def _describe(spike: Spike, reasons: list[str]) -> None:
-    what = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
-            "nonfinite": "NaN/inf loss", "collapse": "collapse"}[spike.kind]
+    what = KIND_WORDS[spike.kind]
     ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
     detail = f" ({spike.detail})" if spike.detail else ""
     reasons.append(f"{what} at step {spike.onset_step}{detail}: peak {_show(spike.peak_loss)} at step "
@@ -442,130 +446,170 @@ def _describe(spike: Spike, reasons: list[str]) -> None:
         reasons.append(f"the grad norm spiked first, at step {spike.grad_norm_precursor_step}: onset moved there")
 
 
-def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,  # noqa: C901 - complexity debt, see issue 10
+@dataclass
+class _Trouble:
+    """An unrecovered event as the resume decision sees it: where it starts, the healthy level, the cutoff."""
+
+    onset: int
+    onset_idx: int
+    ref: Optional[float]      # the healthy level
+    level: Optional[float]    # healthy level + tolerance: a resume point's smoothed loss must be at or below it
+    wait_until: int
+    margin: int
+    last_step: int
+    waiting: bool = False
+
+    @property
+    def cutoff(self) -> int:
+        """The newest step a resume point may have: onset - margin."""
+        return self.onset - self.margin
+
+
+def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,
                  reasons: list[str], warnings: list[str], ck_info: CheckpointsInfo, common: dict) -> RecoveryReport:
     steps = series.steps
-    last_step = int(steps[-1])
     onset = spike.onset_step
     onset_idx = int(np.searchsorted(steps, onset))
     ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
-    wait_until = onset + o.wait_steps
-    critical = spike.kind in ("nonfinite", "collapse")
-    level = None if ref is None else ref + o.tolerance * abs(ref)
+    interval = _interval_before(series, onset_idx)
+    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=None if ref is None else ref + o.tolerance * abs(ref),
+                 wait_until=onset + o.wait_steps, margin=o.margin if o.margin is not None else interval + 1,
+                 last_step=int(steps[-1]))
     _describe(spike, reasons)
-    elapsed = last_step - onset
+    t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
+    reasons.append(common["verdict_detail"])
+    ck_info.cutoff_step, ck_info.margin_steps = t.cutoff, t.margin
+    pre = series.steps[:onset_idx]
+    common["last_good_step"] = int(pre[-1]) if len(pre) else None
+    ck_info.post_event = [CheckpointRef(step=s, path=p, tag="post_event") for s, p in checkpoints if s > t.cutoff]
+    earlier = [s for s in common["spikes"] if s.onset_step < onset and s.kind != "grad_norm"]
+    chosen = _resume_point(series, t, checkpoints, milestones, earlier, o, warnings)
+    _best_model_note(series, t.cutoff, onset, reasons, warnings)
+    nearest = None
+    if milestones:
+        m = min(milestones, key=lambda c: (abs(c[0] - t.cutoff), c[0]))
+        nearest = CheckpointRef(step=m[0], path=m[1], kind="milestone",
+                                smoothed_loss=_smoothed_loss(series, m[0], onset_idx) if m[0] <= t.cutoff else None)
+    playbook = dict(lr_multiplier=o.lr_multiplier, lr_reduced_steps=o.lr_reduced_steps, grad_clip=o.grad_clip)
+    if chosen is None:
+        status, summary, policy = _no_resume_point(t, KIND_WORDS[spike.kind], checkpoints, milestones, nearest, o,
+                                                   reasons, warnings, common)
+        return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
+                              wait_until_step=t.wait_until, resume_checkpoint=None, nearest_milestone=nearest,
+                              skip_batches=None, policy_advice=policy, **playbook, **common)
+    r = chosen.step
+    skip = [r + 1, onset + o.skip_past_onset]
+    _resume_reasons(t, chosen, skip, ck_info, o, reasons)
+    where = chosen.path or f"step {r}"
+    summary = (f"{KIND_WORDS[spike.kind]} at step {onset} not recovered: resume from {where}" if not t.waiting else
+               f"loss spike at step {onset}: keep training until step {t.wait_until}; if not back below "
+               f"{_show(t.level)}, resume from {where}")
+    return RecoveryReport(status="wait" if t.waiting else "rollback", summary=summary, spike=spike,
+                          self_recovered=False, wait_until_step=t.wait_until, resume_checkpoint=chosen,
+                          nearest_milestone=nearest, skip_batches=skip, lr_reduced_until_step=r + o.lr_reduced_steps,
+                          overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
+                          **playbook, **common)
+
+
+def _wait_or_roll_back(series: LogSeries, spike: Spike, t: _Trouble, o: RecoveryOptions, reasons: list[str]) -> bool:
+    """True while a plain spike is young enough to wait for (inside the wait window and not projected to stay
+    above tolerance); says why either way."""
+    elapsed = t.last_step - t.onset
     waiting = spike.kind == "spike" and elapsed < o.wait_steps
     projected = None
-    if waiting and elapsed >= o.min_wait_steps and ref is not None:
-        projected = _projected_excess(series, onset_idx, ref, wait_until)
-        if projected is not None and projected > o.tolerance * abs(ref):
+    if waiting and elapsed >= o.min_wait_steps and t.ref is not None:
+        projected = _projected_excess(series, t.onset_idx, t.ref, t.wait_until)
+        if projected is not None and projected > o.tolerance * abs(t.ref):
             waiting = False
-    if critical:
+    if spike.kind in ("nonfinite", "collapse"):
         reasons.append("the loss is NaN/inf or pinned: it does not come back on its own, roll back now")
     elif waiting:
         reasons.append(f"only {elapsed} steps since the onset: the spec says wait {o.min_wait_steps}-{o.wait_steps} "
                        f"steps before rolling back; the plan below is ready if it is still above "
-                       f"{_show(level)} at step {wait_until}")
+                       f"{_show(t.level)} at step {t.wait_until}")
     elif projected is not None:
         reasons.append(f"{elapsed} steps after the onset (past the {o.min_wait_steps}-step minimum wait) the loss is "
                        f"still {_show(float(np.median(series.loss[-detect.SMOOTH_POINTS:])))}; at its current rate "
                        f"of decay it would still be {_show(projected)} above the healthy level at step "
-                       f"{wait_until}, more than the {o.tolerance:.0%} tolerance: roll back now")
+                       f"{t.wait_until}, more than the {o.tolerance:.0%} tolerance: roll back now")
     else:
-        reasons.append(f"not back within {o.tolerance:.0%} of the healthy level {_show(ref)} {elapsed} steps after "
-                       f"the onset (last step {last_step}; wait window {o.wait_steps})")
-    reasons.append(common["verdict_detail"])
+        reasons.append(f"not back within {o.tolerance:.0%} of the healthy level {_show(t.ref)} {elapsed} steps after "
+                       f"the onset (last step {t.last_step}; wait window {o.wait_steps})")
+    return waiting
 
-    interval = _interval_before(series, onset_idx)
-    mg = o.margin if o.margin is not None else interval + 1
-    cutoff = onset - mg
-    ck_info.cutoff_step, ck_info.margin_steps = cutoff, mg
-    pre = series.steps[:onset_idx]
-    common["last_good_step"] = int(pre[-1]) if len(pre) else None
-    earlier = [s for s in common["spikes"] if s.onset_step < onset and s.kind != "grad_norm"]
+
+def _resume_point(series: LogSeries, t: _Trouble, checkpoints, milestones, earlier: list[Spike], o: RecoveryOptions,
+                  warnings: list[str]) -> Optional[CheckpointRef]:
+    """The newest checkpoint or milestone at or before the cutoff, outside earlier events, whose smoothed loss is
+    within tolerance; else the newest such candidate (with a warning); None when there is none."""
+    mg = t.margin
 
     def inside_earlier(s: int) -> bool:
         return any(e.onset_step - mg < s < (e.recovered_step if e.recovered_step is not None else math.inf)
                    for e in earlier)
 
-    ck_info.post_event = [CheckpointRef(step=s, path=p, tag="post_event") for s, p in checkpoints if s > cutoff]
-    chosen, fallback = None, None
+    fallback = None
     cands = [(s, p, "checkpoint") for s, p in checkpoints] + [(s, p, "milestone") for s, p in milestones]
-    for s, p, kind in sorted({c for c in cands if c[0] <= cutoff}, key=lambda t: (-t[0], t[2])):
+    for s, p, kind in sorted({c for c in cands if c[0] <= t.cutoff}, key=lambda c: (-c[0], c[2])):
         if inside_earlier(s):
             continue
-        sm = _smoothed_loss(series, s, onset_idx)
-        ok = None if (sm is None or level is None) else bool(sm <= level)
+        sm = _smoothed_loss(series, s, t.onset_idx)
+        ok = None if (sm is None or t.level is None) else bool(sm <= t.level)
         ref_ck = CheckpointRef(step=s, path=p, kind=kind, smoothed_loss=sm, within_tolerance=ok, tag="resume")
         if ok:
-            chosen = ref_ck
-            break
+            return ref_ck
         if fallback is None:
             fallback = ref_ck
-    if chosen is None and fallback is not None:
-        chosen = fallback
-        warnings.append(f"no checkpoint at or before step {cutoff} has a smoothed loss within {o.tolerance:.0%} of the "
-                        f"healthy level {_show(ref)}; step {chosen.step} is the newest clean candidate "
-                        f"(smoothed loss {_show(chosen.smoothed_loss)})")
-    _best_model_note(series, cutoff, onset, reasons, warnings)
-    nearest = None
-    if milestones:
-        m = min(milestones, key=lambda t: (abs(t[0] - cutoff), t[0]))
-        nearest = CheckpointRef(step=m[0], path=m[1], kind="milestone",
-                                smoothed_loss=_smoothed_loss(series, m[0], onset_idx) if m[0] <= cutoff else None)
-    status = "wait" if waiting else "rollback"
-    what = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
-            "nonfinite": "NaN/inf loss", "collapse": "collapse"}[spike.kind]
-    playbook = dict(lr_multiplier=o.lr_multiplier, lr_reduced_steps=o.lr_reduced_steps, grad_clip=o.grad_clip)
-    if chosen is None:
-        if not checkpoints and not milestones:
-            warnings.append("no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
-                            "such as 500,1000")
-            policy_m = _policy_milestone(cutoff)
-            if policy_m is not None:
-                reasons.append(f"last good step {common['last_good_step']}; if the run kept the policy's milestones "
-                               f"(1000 x 2^k), the nearest at or before step {cutoff} is step {policy_m}")
-            summary = (f"{what} at step {onset} not recovered: resume from the newest checkpoint at or before "
-                       f"step {cutoff} (none given; last good step {common['last_good_step']})")
-            policy = None
-        else:
-            if not waiting:
-                status = "no_clean_checkpoint"
-            policy = _policy_advice(sorted(ck_info_steps(checkpoints)), cutoff, last_step, onset, o.wait_steps)
-            oldest = min(s for s, _ in checkpoints) if checkpoints else None
-            reasons.append(f"no checkpoint predates the trouble: the resume point must be at or before step {cutoff} "
-                           f"(onset {onset} - margin {mg})" + (f", but the oldest kept is step {oldest}"
-                                                               if oldest is not None else ""))
-            if nearest is not None:
-                reasons.append(f"nearest milestone: step {nearest.step}" + (f" ({nearest.path})" if nearest.path else ""))
-            summary = (f"{what} at step {onset} not recovered and no checkpoint predates it: "
-                       + ("restart from the nearest milestone or from scratch" if nearest is None or nearest.step > cutoff
-                          else f"use milestone {nearest.step}"))
-        return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
-                              wait_until_step=wait_until, resume_checkpoint=None, nearest_milestone=nearest,
-                              skip_batches=None, policy_advice=policy, **playbook, **common)
+    if fallback is not None:
+        warnings.append(f"no checkpoint at or before step {t.cutoff} has a smoothed loss within {o.tolerance:.0%} of "
+                        f"the healthy level {_show(t.ref)}; step {fallback.step} is the newest clean candidate "
+                        f"(smoothed loss {_show(fallback.smoothed_loss)})")
+    return fallback
 
+
+def _no_resume_point(t: _Trouble, what: str, checkpoints, milestones, nearest: Optional[CheckpointRef],
+                     o: RecoveryOptions, reasons: list[str], warnings: list[str],
+                     common: dict) -> tuple[str, str, Optional[str]]:
+    """Nothing to resume from: (status, summary, policy advice), with the reasons and warnings why."""
+    status = "wait" if t.waiting else "rollback"
+    cutoff, onset = t.cutoff, t.onset
+    if not checkpoints and not milestones:
+        warnings.append("no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
+                        "such as 500,1000")
+        policy_m = _policy_milestone(cutoff)
+        if policy_m is not None:
+            reasons.append(f"last good step {common['last_good_step']}; if the run kept the policy's milestones "
+                           f"(1000 x 2^k), the nearest at or before step {cutoff} is step {policy_m}")
+        return status, (f"{what} at step {onset} not recovered: resume from the newest checkpoint at or before "
+                        f"step {cutoff} (none given; last good step {common['last_good_step']})"), None
+    if not t.waiting:
+        status = "no_clean_checkpoint"
+    policy = _policy_advice(sorted(ck_info_steps(checkpoints)), cutoff, t.last_step, onset, o.wait_steps)
+    oldest = min(s for s, _ in checkpoints) if checkpoints else None
+    reasons.append(f"no checkpoint predates the trouble: the resume point must be at or before step {cutoff} "
+                   f"(onset {onset} - margin {t.margin})" + (f", but the oldest kept is step {oldest}"
+                                                             if oldest is not None else ""))
+    if nearest is not None:
+        reasons.append(f"nearest milestone: step {nearest.step}" + (f" ({nearest.path})" if nearest.path else ""))
+    summary = (f"{what} at step {onset} not recovered and no checkpoint predates it: "
+               + ("restart from the nearest milestone or from scratch" if nearest is None or nearest.step > cutoff
+                  else f"use milestone {nearest.step}"))
+    return status, summary, policy
+
+
+def _resume_reasons(t: _Trouble, chosen: CheckpointRef, skip: list[int], ck_info: CheckpointsInfo,
+                    o: RecoveryOptions, reasons: list[str]) -> None:
     r = chosen.step
-    skip = [r + 1, onset + o.skip_past_onset]
-    reasons.append(f"resume from step {r}: the newest checkpoint at or before step {cutoff} (onset {onset} - margin "
-                   f"{mg}; checkpoint N holds the weights whose loss is logged at N+1)"
-                   + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(level)} (healthy level "
-                      f"{_show(ref)} + {o.tolerance:.0%})" if chosen.within_tolerance else ""))
+    reasons.append(f"resume from step {r}: the newest checkpoint at or before step {t.cutoff} (onset {t.onset} - "
+                   f"margin {t.margin}; checkpoint N holds the weights whose loss is logged at N+1)"
+                   + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(t.level)} (healthy level "
+                      f"{_show(t.ref)} + {o.tolerance:.0%})" if chosen.within_tolerance else ""))
     if ck_info.post_event:
         reasons.append(f"checkpoints {_steps_text([c.step for c in ck_info.post_event])} were saved after the onset: "
                        "post-event, do not resume from them")
     reasons.append(f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
                    f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
                    f"gradient clipping {o.grad_clip:g} instead of 1.0")
-    where = chosen.path or f"step {r}"
-    summary = (f"{what} at step {onset} not recovered: resume from {where}" if not waiting else
-               f"loss spike at step {onset}: keep training until step {wait_until}; if not back below "
-               f"{_show(level)}, resume from {where}")
-    return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
-                          wait_until_step=wait_until, resume_checkpoint=chosen, nearest_milestone=nearest,
-                          skip_batches=skip, lr_reduced_until_step=r + o.lr_reduced_steps,
-                          overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
-                          **playbook, **common)
 
 
 def ck_info_steps(checkpoints) -> list[int]:

@@ -292,59 +292,76 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
         labels = rule_labels(RecoveryOptions(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
                                              max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance))
     x = np.asarray(x, dtype=np.float64)
-    n = len(x)
-    if n == 0:
+    if len(x) == 0:
         return []
     med, scale, wmax = rolling_stats(x, window)
     flags = spike_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
                         max_ratio=max_ratio, min_rise=min_rise, grad=grad)
     rule_a, rule_b, rule_c, nonfinite = flags
-    flag = rule_a | rule_b | rule_c | nonfinite
-    if grad:
-        xv = _ffill(x)
-        x_inf = np.where(np.isfinite(xv), xv, np.inf)
-    else:
-        xv = x
-        x_inf = np.where(np.isfinite(x), x, np.inf)
-    cand = np.flatnonzero(flag)
+    xv = _ffill(x) if grad else x
+    sc = _Scan(x=x, xv=xv, x_inf=np.where(np.isfinite(xv), xv, np.inf), med=med, scale=scale, flags=flags,
+               reference=reference if not grad else None, grad=grad, labels=labels)
+    cand = np.flatnonzero(rule_a | rule_b | rule_c | nonfinite)
     events: list[Event] = []
     pos = 0
     while True:
         k = int(np.searchsorted(cand, pos))
         if k >= len(cand):
             break
-        i = int(cand[k])
-        m0, s0 = float(med[i]), float(scale[i])
-        if not math.isfinite(m0):  # no rolling history yet: use what came before
-            prior = xv[max(0, i - BASELINE_POINTS):i]
-            prior = prior[np.isfinite(prior)]
-            m0 = float(np.median(prior)) if len(prior) else math.nan
-            s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
-        r_i = float(reference[i]) if (reference is not None and not grad) else math.nan
-        onset = walk_back(xv, i, m0, s0, min_rise, window,
-                          cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
-        pre = xv[max(0, onset - BASELINE_POINTS):onset]
-        pre = pre[np.isfinite(pre)]
-        base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
-        ref = base
-        if base is not None and reference is not None and not grad:
-            r = float(reference[onset]) if onset < n else math.nan
-            if math.isfinite(r) and r < base:
-                ref = r
-        end = _first_recovery(x_inf, i + 1, recovery_level(ref, s0, tolerance)) if ref is not None else None
-        stop = end if end is not None else n
-        span = x_inf[onset:max(stop, i + 1)]
-        peak = onset + int(np.argmax(span))
-        pv = xv[peak]
-        zp = float((pv - m0) / s0) if (math.isfinite(pv) and math.isfinite(m0) and s0 > 0) else None
-        rules = _rules({i, peak}, flags, labels, grad)
-        kind = "grad_norm" if grad else ("loss" if np.isfinite(x[onset:max(stop, i + 1)]).all() else "nonfinite")
-        events.append(Event(kind=kind, onset=onset, peak=peak, end=end, baseline=base, median=m0, scale=s0,
-                            z_peak=zp, rules=rules, reference=ref, detected=i))
-        if end is None:
+        ev = _event_at(sc, int(cand[k]), min_rise=min_rise, window=window, tolerance=tolerance)
+        events.append(ev)
+        if ev.end is None:
             break
-        pos = end + 1
+        pos = ev.end + 1
     return events
+
+
+@dataclass
+class _Scan:
+    """One series prepared for the event search."""
+
+    x: np.ndarray        # as logged
+    xv: np.ndarray       # a grad norm's NaN/inf forward-filled (it is not an event on its own)
+    x_inf: np.ndarray    # xv with NaN/inf as +inf: never back, always the peak
+    med: np.ndarray      # rolling median, scale
+    scale: np.ndarray
+    flags: tuple         # spike_flags
+    reference: Optional[np.ndarray]   # the healthy reference (loss only)
+    grad: bool
+    labels: dict
+
+
+def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: float) -> Event:
+    """The event flagged first at value i: its onset (walked back), healthy level, recovery point and peak."""
+    n = len(sc.x)
+    xv = sc.xv
+    m0, s0 = float(sc.med[i]), float(sc.scale[i])
+    if not math.isfinite(m0):  # no rolling history yet: use what came before
+        prior = xv[max(0, i - BASELINE_POINTS):i]
+        prior = prior[np.isfinite(prior)]
+        m0 = float(np.median(prior)) if len(prior) else math.nan
+        s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
+    r_i = float(sc.reference[i]) if sc.reference is not None else math.nan
+    onset = walk_back(xv, i, m0, s0, min_rise, window,
+                      cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
+    pre = xv[max(0, onset - BASELINE_POINTS):onset]
+    pre = pre[np.isfinite(pre)]
+    base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
+    ref = base
+    if base is not None and sc.reference is not None:
+        r = float(sc.reference[onset]) if onset < n else math.nan
+        if math.isfinite(r) and r < base:
+            ref = r
+    end = _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s0, tolerance)) if ref is not None else None
+    stop = end if end is not None else n
+    span = sc.x_inf[onset:max(stop, i + 1)]
+    peak = onset + int(np.argmax(span))
+    pv = xv[peak]
+    zp = float((pv - m0) / s0) if (math.isfinite(pv) and math.isfinite(m0) and s0 > 0) else None
+    rules = _rules({i, peak}, sc.flags, sc.labels, sc.grad)
+    kind = "grad_norm" if sc.grad else ("loss" if np.isfinite(sc.x[onset:max(stop, i + 1)]).all() else "nonfinite")
+    return Event(kind=kind, onset=onset, peak=peak, end=end, baseline=base, median=m0, scale=s0,
+                 z_peak=zp, rules=rules, reference=ref, detected=i)
 
 
 def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: float, max_ratio: float,
@@ -413,20 +430,8 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     xf = _ffill(np.asarray(x, dtype=np.float64))
     if not np.isfinite(xf).any():
         return []
-    blocks = xf[:nb * b].reshape(nb, b)
-    bmed = np.median(blocks, axis=1)
-    bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
-    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
-    kk = max(2, window // b)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
-    ref_b[:2] = np.nan
-    with np.errstate(invalid="ignore"):
-        above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
+    bmed, ref_b, noise_b, above = _shift_blocks(xf, nb, b, window, tolerance, skip)
     bstart = np.arange(nb) * b
-    for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
-        above[(bstart + b > lo) & (bstart < hi)] = False
     out: list[Event] = []
     j = 0
     while j < nb:
@@ -463,6 +468,26 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
         else:
             j = j2 + 1
     return out
+
+
+def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]]):
+    """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
+    than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`)."""
+    blocks = xf[:nb * b].reshape(nb, b)
+    bmed = np.median(blocks, axis=1)
+    bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
+    ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
+    kk = max(2, window // b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
+    ref_b[:2] = np.nan
+    with np.errstate(invalid="ignore"):
+        above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
+    bstart = np.arange(nb) * b
+    for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
+        above[(bstart + b > lo) & (bstart < hi)] = False
+    return bmed, ref_b, noise_b, above
 
 
 def _in(spans: list[tuple[int, int]], i: int) -> bool:

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional, cast
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -101,7 +101,7 @@ def find_log(path: str | os.PathLike) -> Path:
         return p
     if not p.is_dir():
         raise UsageError(f"log is neither a file nor a folder: {p}")
-    states = []
+    states: list[Path] = []
     for pattern in ("trainer_state.json", "*/trainer_state.json", "*/*/trainer_state.json"):
         states.extend(q for q in p.glob(pattern) if q.is_file())
     if states:
@@ -125,14 +125,16 @@ def _newest_state(states: list[Path]) -> Path:
         except OSError:
             return 0.0
 
-    numbered, plain = [], []
+    numbered: list[tuple[int, float, Path]] = []
+    plain: list[tuple[int, float, Path]] = []
     for q in states:
         m = re.search(r"(\d+)$", q.parent.name)
         (numbered if m else plain).append((int(m.group(1)) if m else -1, mtime(q), q))
     best = max(numbered, key=lambda t: t[:2], default=None)
     newest_plain = max(plain, key=lambda t: t[1], default=None)
-    if best is None or (newest_plain is not None and newest_plain[1] >= best[1]):
+    if newest_plain is not None and (best is None or newest_plain[1] >= best[1]):
         return newest_plain[2]
+    assert best is not None, "states is not empty"
     return best[2]
 
 
@@ -218,7 +220,7 @@ def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeri
     return series
 
 
-def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSeries:  # noqa: C901 - complexity debt, see issue 10
+def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogSeries:
     from checkpoint_strategy.recovery import records
 
     if not re.search(rb"\S", data):
@@ -229,15 +231,7 @@ def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSerie
         meta: dict = {}
         col = records.Collector(p, columns)
         try:
-            if attempt == "sliced":
-                for batch in records.json_document_batches(p, data, meta):
-                    col.add_many(batch)
-            else:
-                obj = records._parse_whole(p, data)
-                items = _document_items(p, obj, meta)
-                del obj
-                for k in range(0, len(items), records.SLICE_RECORDS):
-                    col.add_many(items[k:k + records.SLICE_RECORDS])
+            _collect_document(p, data, attempt, col, meta)
         except records._SliceError:
             continue
         except records._JSONError as err:
@@ -246,19 +240,39 @@ def _read_document(p: Path, data: bytes, fmt: str, columns: Columns) -> LogSerie
                 return _read_stream(p, io.BytesIO(data), b"", columns)
             raise UsageError(f"log {p} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
-        kind = meta.get("_format")
-        if kind == "other":
-            if fmt == "hf":
-                raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
-            raise UsageError(f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
-                             "records; expected one of those or JSON lines")
-        if kind == "json" and fmt == "hf":
-            raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
-        if col.count == 0:
-            raise UsageError(f"log {p} has no log entries (empty log_history or list)")
+        kind = _document_kind(p, meta.get("_format"), fmt, col.count)
         del data  # the raw text goes before the series are built
         return _series_from(p, kind, col, meta)
     raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
+
+
+def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -> None:
+    """Feed a JSON document's records to the collector: in slices of the text, or parsed whole."""
+    from checkpoint_strategy.recovery import records
+
+    if attempt == "sliced":
+        for batch in records.json_document_batches(p, data, meta):
+            col.add_many(batch)
+        return
+    obj = records._parse_whole(p, data)
+    items = _document_items(p, obj, meta)
+    del obj
+    for k in range(0, len(items), records.SLICE_RECORDS):
+        col.add_many(items[k:k + records.SLICE_RECORDS])
+
+
+def _document_kind(p: Path, kind: Optional[str], fmt: str, count: int) -> str:
+    """The document's format ("hf" or "json") once it is known to fit --log-format and to hold entries."""
+    if kind == "other":
+        if fmt == "hf":
+            raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
+        raise UsageError(f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
+                         "records; expected one of those or JSON lines")
+    if kind == "json" and fmt == "hf":
+        raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
+    if count == 0:
+        raise UsageError(f"log {p} has no log entries (empty log_history or list)")
+    return str(kind)
 
 
 def _document_items(p: Path, obj: Any, meta: dict) -> list:
@@ -355,42 +369,25 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:  # noqa: C901 - complexity debt, see issue 10
+def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     """CSV rows as records (empty cells are not logged values): W&B exports, Lightning metrics.csv
     with interleaved train/validation/LR rows, any step/loss column names."""
     from checkpoint_strategy.recovery import records
 
     if b"\x00" in head:
         raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
-    text = io.TextIOWrapper(_Prefixed(head, fh), encoding="utf-8-sig", newline="")
+    # a raw stream serves TextIOWrapper at run time; typeshed asks for a buffered one
+    text = io.TextIOWrapper(cast(BinaryIO, _Prefixed(head, fh)), encoding="utf-8-sig", newline="")
     first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
     delimiter = "\t" if (p.name.lower().endswith(".tsv") or ("\t" in first and "," not in first)) else ","
     reader = csv.reader(text, delimiter=delimiter)
     try:
-        header = None
-        for row in reader:
-            if any(c.strip() for c in row):
-                header = [h.strip() for h in row]
-                break
+        header = next(([h.strip() for h in row] for row in reader if any(c.strip() for c in row)), None)
         if header is None:
             raise UsageError(f"log {p} is empty; expected a CSV header and rows")
         names = _wandb_names(header, columns.run, p)
         col = records.Collector(p, columns, what="line", offset=2, known_keys=names)
-        items = list(names.items())
-        rows = 0
-        for row in reader:
-            if "\x00" in "".join(row):
-                raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
-            if not any(c.strip() for c in row):
-                continue
-            rows += 1
-            rec = {}
-            for name, i in items:
-                if i < len(row):
-                    cell = row[i].strip()
-                    if cell:
-                        rec[name] = cell
-            col.add(rec)
+        rows = _csv_rows(p, reader, list(names.items()), col)
     except csv.Error as exc:
         raise UsageError(f"log {p} is not valid CSV: {exc}") from None
     except UnicodeDecodeError:
@@ -399,9 +396,29 @@ def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:  # noqa:
         raise UsageError(f"log {p} has a header but no rows; expected training log rows")
     if col.keys is None:
         col._decide()
+    assert col.keys is not None, "_decide sets the keys"
     if not len(col.loss):
         raise UsageError(f"log {p} has no values in its loss column {col.keys[1]!r}")
     return _series_from(p, "csv", col)
+
+
+def _csv_rows(p: Path, reader, items: list[tuple[str, int]], col) -> int:
+    """Each non-blank row as a record of its non-empty cells (name -> text); returns the number of rows."""
+    rows = 0
+    for row in reader:
+        if "\x00" in "".join(row):
+            raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
+        if not any(c.strip() for c in row):
+            continue
+        rows += 1
+        rec = {}
+        for name, i in items:
+            if i < len(row):
+                cell = row[i].strip()
+                if cell:
+                    rec[name] = cell
+        col.add(rec)
+    return rows
 
 
 class _Prefixed(io.RawIOBase):
@@ -523,6 +540,37 @@ def _merge_repeats(isteps, loss, grad_norm, lr):
     return isteps[starts], loss, grad_norm, lr
 
 
+def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.ndarray], list[dict]]:
+    """Restart segments of file-order steps: (segment id per entry, the entries the timeline keeps - a later
+    segment wins for the steps it repeats - or None when there is no restart, the restarts)."""
+    n = len(isteps)
+    new_seg = np.empty(n, dtype=bool)
+    new_seg[0] = False
+    new_seg[1:] = isteps[1:] <= isteps[:-1]
+    down = np.zeros(n, dtype=bool)
+    down[1:] = isteps[1:] < isteps[:-1]
+    twice = down[1:] & down[:-1]
+    if twice.any():
+        k = int(np.flatnonzero(twice)[0])
+        raise UsageError(f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
+                         f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)")
+    seg = np.cumsum(new_seg)
+    if not new_seg.any():
+        return seg, None, []
+    starts_idx = np.concatenate(([0], np.flatnonzero(new_seg)))
+    seg_start = isteps[starts_idx]
+    later_min = np.empty(len(seg_start), dtype=np.float64)
+    later_min[-1] = np.inf
+    if len(seg_start) > 1:
+        later_min[:-1] = np.minimum.accumulate(seg_start[::-1].astype(np.float64))[::-1][1:]
+    restarts = []
+    for i in starts_idx[1:]:
+        prev = int(isteps[i - 1])
+        restarts.append({"step": int(isteps[i]), "previous_step": prev,
+                         "repeated_steps": int(max(0, prev - int(isteps[i]) + 1)), "entry": int(i)})
+    return seg, isteps < later_min[seg], restarts
+
+
 def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>", fmt: str = "json",
                  step_key: str = "step", loss_key: str = "loss", grad_norm_key: Optional[str] = None,
                  lr_key: Optional[str] = None) -> LogSeries:
@@ -549,32 +597,7 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
     if lr is not None and np.isnan(lr).all():
         lr, lr_key = None, None
 
-    new_seg = np.empty(n, dtype=bool)
-    new_seg[0] = False
-    new_seg[1:] = isteps[1:] <= isteps[:-1]
-    down = np.zeros(n, dtype=bool)
-    down[1:] = isteps[1:] < isteps[:-1]
-    twice = down[1:] & down[:-1]
-    if twice.any():
-        k = int(np.flatnonzero(twice)[0])
-        raise UsageError(f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
-                         f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)")
-    seg = np.cumsum(new_seg)
-    restarts: list[dict] = []
-    if new_seg.any():
-        starts_idx = np.concatenate(([0], np.flatnonzero(new_seg)))
-        seg_start = isteps[starts_idx]
-        later_min = np.empty(len(seg_start), dtype=np.float64)
-        later_min[-1] = np.inf
-        if len(seg_start) > 1:
-            later_min[:-1] = np.minimum.accumulate(seg_start[::-1].astype(np.float64))[::-1][1:]
-        keep = isteps < later_min[seg]
-        for i in starts_idx[1:]:
-            prev = int(isteps[i - 1])
-            restarts.append({"step": int(isteps[i]), "previous_step": prev,
-                             "repeated_steps": int(max(0, prev - int(isteps[i]) + 1)), "entry": int(i)})
-    else:
-        keep = None
+    seg, keep, restarts = _segments(isteps, path)
 
     def sel(a):
         if a is None:

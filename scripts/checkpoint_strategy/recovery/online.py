@@ -117,7 +117,7 @@ class OnlineDetector:
         self.events: list[OnlineEvent] = []
         self.last_step: Optional[int] = None
         self._shift_blocks = 0
-        self._shift_start: Optional[int] = None
+        self._shift_start = 0  # step the run of high blocks began (read only while _shift_blocks > 0)
         self._shift_thr = math.nan
         self._shift_ref = math.nan
         self._pinned = 0

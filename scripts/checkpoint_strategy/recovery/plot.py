@@ -42,32 +42,65 @@ def _thin(steps: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return xs, ys
 
 
-def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):  # noqa: C901 - complexity debt, see issue 10
+def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
     """The matplotlib Figure for a RecoveryReport and the LogSeries it was computed from."""
     require_matplotlib()
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     steps = series.steps.astype(np.float64)
     loss = np.where(np.isfinite(series.loss), series.loss, np.nan)
     fig = Figure(figsize=(11, 5.8), dpi=110, layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
+    _draw_loss(ax, steps, loss)
+    _draw_reference(ax, report, series, steps)
+    shown_kinds: dict[str, None] = {}
+    last = float(steps[-1])
+    for s in report.spikes:
+        end = float(s.recovered_step) if s.recovered_step is not None else last
+        ax.axvspan(s.onset_step, max(end, s.onset_step + 0.5), color=KIND_COLORS[s.kind], alpha=0.18, lw=0,
+                   gid=f"event:{s.kind}:{s.onset_step}")
+        shown_kinds[s.kind] = None
+    post = {c.step for c in report.checkpoints.post_event}
+    ck_steps = sorted({s for s, _ in checkpoints})
+    _draw_checkpoints(ax, ck_steps, post, report.resume_checkpoint)
+    finite = loss[np.isfinite(loss)]
+    if len(finite) and finite.min() > 0 and finite.max() / finite.min() > 30:
+        ax.set_yscale("log")
+    ax.set_xlabel(f"step ({series.step_key})")
+    ax.set_ylabel(f"loss ({series.loss_key})")
+    handles, labels = ax.get_legend_handles_labels()
+    _legend_extras(handles, labels, shown_kinds, ck_steps, post, report.resume_checkpoint)
+    if series.lr is not None and np.isfinite(series.lr).any():
+        _draw_lr(ax, steps, series.lr, handles, labels)
+    ax.legend(handles, labels, fontsize=8, loc="upper right")
+    ax.grid(True, alpha=0.25)
+    title = f"{report.status.replace('_', ' ')}: {report.summary}"
+    ax.set_title(title if len(title) < 120 else title[:117] + "...", fontsize=9.5)
+    return fig
+
+
+def _draw_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
+    """The raw loss (thin) and its rolling median."""
     xs, ys = _thin(steps, loss)
     ax.plot(xs, ys, color="#9b9b9b", linewidth=0.6, alpha=0.7, label="loss (raw)", gid="raw")
     k = max(detect.SMOOTH_POINTS, min(51, len(loss) // 50 | 1))
-    if len(loss) >= k:
-        from numpy.lib.stride_tricks import sliding_window_view
+    if len(loss) < k:
+        return
+    import warnings
 
-        with np.errstate(invalid="ignore"):
-            import warnings
+    from numpy.lib.stride_tricks import sliding_window_view
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                sm = np.nanmedian(sliding_window_view(loss, k), axis=1)
-        sx, sy = _thin(steps[k - 1:], sm)
-        ax.plot(sx, sy, color="#1f4e79", linewidth=1.4, label=f"loss (median of {k})", gid="smoothed")
-    window = detect.effective_window(len(loss), report.thresholds.window)
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sm = np.nanmedian(sliding_window_view(loss, k), axis=1)
+    sx, sy = _thin(steps[k - 1:], sm)
+    ax.plot(sx, sy, color="#1f4e79", linewidth=1.4, label=f"loss (median of {k})", gid="smoothed")
+
+
+def _draw_reference(ax, report, series, steps: np.ndarray) -> None:
+    """The healthy level the detector judges recovery against, frozen at the onset of unrecovered trouble (with
+    the band the loss must come back into)."""
+    window = detect.effective_window(len(series.loss), report.thresholds.window)
     ref = detect._ffill(detect.healthy_reference(series.loss, window))
     target = report.spike if (report.spike is not None and report.spike.recovered_step is None) else None
     if target is not None and target.reference_loss is not None:  # frozen at the onset of the trouble
@@ -78,16 +111,10 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]): 
                   linestyle=":", label=f"back within {report.thresholds.tolerance:.0%}", gid="band")
     rx, ry = _thin(steps, ref)
     ax.plot(rx, ry, color="#2e7d32", linewidth=1.2, linestyle="--", label="healthy level (reference)", gid="reference")
-    last = float(steps[-1])
-    shown_kinds: dict[str, None] = {}
-    for s in report.spikes:
-        end = float(s.recovered_step) if s.recovered_step is not None else last
-        ax.axvspan(s.onset_step, max(end, s.onset_step + 0.5), color=KIND_COLORS[s.kind], alpha=0.18, lw=0,
-                   gid=f"event:{s.kind}:{s.onset_step}")
-        shown_kinds[s.kind] = None
-    res = report.resume_checkpoint
-    post = {c.step for c in report.checkpoints.post_event}
-    ck_steps = sorted({s for s, _ in checkpoints})
+
+
+def _draw_checkpoints(ax, ck_steps: list[int], post: set[int], res) -> None:
+    """Checkpoints as ticks at the bottom, post-event ones marked x, the resume point as a line."""
     if ck_steps:
         ax.vlines(ck_steps, 0, 0.035, transform=ax.get_xaxis_transform(), color="#555555", linewidth=0.8,
                   gid="checkpoints")
@@ -99,12 +126,13 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]): 
         ax.axvline(res.step, color="#2e7d32", linewidth=2.0, gid="resume")
         ax.annotate(f"resume: step {res.step}", (res.step, 0.93), xycoords=ax.get_xaxis_transform(),
                     xytext=(6, 0), textcoords="offset points", fontsize=8, color="#2e7d32")
-    finite = loss[np.isfinite(loss)]
-    if len(finite) and finite.min() > 0 and finite.max() / finite.min() > 30:
-        ax.set_yscale("log")
-    ax.set_xlabel(f"step ({series.step_key})")
-    ax.set_ylabel(f"loss ({series.loss_key})")
-    handles, labels = ax.get_legend_handles_labels()
+
+
+def _legend_extras(handles: list, labels: list[str], shown_kinds: dict[str, None], ck_steps: list[int],
+                   post: set[int], res) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     for kind in shown_kinds:
         handles.append(Patch(color=KIND_COLORS[kind], alpha=0.3))
         labels.append(KIND_NAMES[kind])
@@ -117,19 +145,19 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]): 
     if res is not None:
         handles.append(Line2D([], [], color="#2e7d32", linewidth=2.0))
         labels.append("resume point")
-    if series.lr is not None and np.isfinite(series.lr).any():
-        ax2 = ax.twinx()
-        lx, ly = _thin(steps, np.where(np.isfinite(series.lr), series.lr, np.nan))
-        ax2.plot(lx, ly, color="#e67e22", linewidth=0.9, alpha=0.8, gid="lr")
-        ax2.set_ylabel("learning rate", color="#e67e22")
-        ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
-        handles.append(Line2D([], [], color="#e67e22"))
-        labels.append("learning rate (right axis)")
-    ax.legend(handles, labels, fontsize=8, loc="upper right")
-    ax.grid(True, alpha=0.25)
-    title = f"{report.status.replace('_', ' ')}: {report.summary}"
-    ax.set_title(title if len(title) < 120 else title[:117] + "...", fontsize=9.5)
-    return fig
+
+
+def _draw_lr(ax, steps: np.ndarray, lr: np.ndarray, handles: list, labels: list[str]) -> None:
+    """The learning rate on a second axis."""
+    from matplotlib.lines import Line2D
+
+    ax2 = ax.twinx()
+    lx, ly = _thin(steps, np.where(np.isfinite(lr), lr, np.nan))
+    ax2.plot(lx, ly, color="#e67e22", linewidth=0.9, alpha=0.8, gid="lr")
+    ax2.set_ylabel("learning rate", color="#e67e22")
+    ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
+    handles.append(Line2D([], [], color="#e67e22"))
+    labels.append("learning rate (right axis)")
 
 
 def render_curve(report, series, checkpoints, fmt: str) -> bytes:

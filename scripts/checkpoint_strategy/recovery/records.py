@@ -31,8 +31,11 @@ EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev"
 EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
              "validation/loss", "eval_loss_epoch")
 
+_orjson: Any
 try:  # optional: ~2-3x faster parsing of the big trainer_state.json (see pyproject's 'fast' extra)
-    import orjson as _orjson
+    import orjson
+
+    _orjson = orjson
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
@@ -46,6 +49,10 @@ def _loads(data: bytes) -> Any:
     return json.loads(data)
 
 
+# the columns a log's records are read from: step, loss, grad norm, learning rate, eval loss
+Keys = tuple[str, str, Optional[str], Optional[str], Optional[str]]
+
+
 class Collector:
     """Numeric columns of a stream of records (see the module docstring)."""
 
@@ -54,7 +61,7 @@ class Collector:
         self.p, self.columns, self.what, self.offset = p, columns, what, offset
         self.known_keys = list(known_keys) if known_keys is not None else None
         self.sample: list[tuple[int, dict]] = []
-        self.keys: Optional[tuple] = None
+        self.keys: Optional[Keys] = None
         self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
         self.eval_steps, self.eval_loss = array("d"), array("d")
         self.split_key: Optional[str] = None
@@ -79,7 +86,7 @@ class Collector:
             return
         self._take(i, rec)
 
-    def add_many(self, recs: list) -> None:  # noqa: C901 - complexity debt, see issue 10
+    def add_many(self, recs: list) -> None:
         """A batch of records: the same result as add() one by one, converted with numpy."""
         if self.keys is None or self.split_key is not None:
             k = 0
@@ -98,30 +105,13 @@ class Collector:
         first = self.count
         self.count += len(recs)
         self.objects += len(recs)
+        assert self.keys is not None, "decided by the add() calls above"
         step_key, loss_key, grad_key, lr_key, eval_key = self.keys
         losses = [r.get(loss_key) for r in recs]
         at = [i for i, v in enumerate(losses) if v is not None]
         if eval_key is not None:
-            evs = [r.get(eval_key) for r in recs]
-            ev_at = [i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None]
-            if ev_at:
-                self.eval_steps.extend(self._floats([recs[i][step_key] for i in ev_at], "step", first, ev_at))
-                self.eval_loss.extend(self._floats([evs[i] for i in ev_at], "eval loss", first, ev_at))
-        if lr_key is not None:
-            lrs = [r.get(lr_key) for r in recs]
-            have = [i for i, v in enumerate(lrs) if v is not None]
-            if len(have) == len(recs):
-                lr_all = self._floats(lrs, "learning rate", first, range(len(recs)))
-            else:
-                lr_all = np.full(len(recs), np.nan)
-                if have:
-                    lr_all[have] = self._floats([lrs[i] for i in have], "learning rate", first, have)
-                idx = np.where(~np.isnan(lr_all), np.arange(len(recs)), -1)
-                np.maximum.accumulate(idx, out=idx)
-                carried = np.where(idx >= 0, lr_all[np.maximum(idx, 0)], self._last_lr)
-                lr_all = carried
-            if len(lr_all):
-                self._last_lr = float(lr_all[-1])
+            self._add_eval_many(recs, first, step_key, eval_key)
+        lr_all = self._lr_many(recs, first, lr_key) if lr_key is not None else None
         if not at:
             return
         self.loss.extend(self._floats([losses[i] for i in at], "loss", first, at))
@@ -129,8 +119,34 @@ class Collector:
         if grad_key is not None:
             self.grad.extend(self._floats([recs[i].get(grad_key) for i in at], "grad norm", first, at,
                                           missing_ok=True))
-        if lr_key is not None:
+        if lr_all is not None:
             self.lr.extend(np.asarray(lr_all)[at] if len(at) != len(recs) else np.asarray(lr_all))
+
+    def _add_eval_many(self, recs: list, first: int, step_key: str, eval_key: str) -> None:
+        evs = [r.get(eval_key) for r in recs]
+        ev_at = [i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None]
+        if ev_at:
+            self.eval_steps.extend(self._floats([recs[i][step_key] for i in ev_at], "step", first, ev_at))
+            self.eval_loss.extend(self._floats([evs[i] for i in ev_at], "eval loss", first, ev_at))
+
+    def _lr_many(self, recs: list, first: int, lr_key: str):
+        """The learning rate of every record of a batch, the last logged one carried over where a record has none."""
+        import numpy as np
+
+        lrs = [r.get(lr_key) for r in recs]
+        have = [i for i, v in enumerate(lrs) if v is not None]
+        if len(have) == len(recs):
+            lr_all = self._floats(lrs, "learning rate", first, range(len(recs)))
+        else:
+            lr_all = np.full(len(recs), np.nan)
+            if have:
+                lr_all[have] = self._floats([lrs[i] for i in have], "learning rate", first, have)
+            idx = np.where(~np.isnan(lr_all), np.arange(len(recs)), -1)
+            np.maximum.accumulate(idx, out=idx)
+            lr_all = np.where(idx >= 0, lr_all[np.maximum(idx, 0)], self._last_lr)
+        if len(lr_all):
+            self._last_lr = float(lr_all[-1])
+        return lr_all
 
     def _floats(self, values: list, name: str, first: int, where, missing_ok: bool = False):
         import numpy as np
@@ -159,6 +175,7 @@ class Collector:
         step_key = _pick(keys, c.step, STEP_KEYS, "step", p, required=True)
         grad_key = _pick(keys, c.grad_norm, GRAD_KEYS, "grad-norm", p, required=c.grad_norm is not None)
         lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", p, required=c.lr is not None)
+        assert loss_key is not None and step_key is not None, "required: _pick raises when they are missing"
         eval_key = next((k for k in EVAL_KEYS if k in keys and k != loss_key), None)
         self.keys = (step_key, loss_key, grad_key, lr_key, eval_key)
         self.split_key = next((k for k in SPLIT_KEYS if k in keys), None)
@@ -170,6 +187,7 @@ class Collector:
             self._take(i, rec)
 
     def _take(self, i: int, rec: dict) -> None:
+        assert self.keys is not None, "decided before records are taken"
         step_key, loss_key, grad_key, lr_key, eval_key = self.keys
         split = self.split_key and rec.get(self.split_key)
         if isinstance(split, str) and split.strip().lower() in EVAL_SPLITS:
@@ -252,7 +270,7 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
 _HISTORY = re.compile(rb'"log_history"\s*:\s*\[')
 
 
-def json_document_batches(p: Path, data: bytes, meta: dict) -> Iterator[list]:
+def json_document_batches(p: Path, data: bytes | bytearray, meta: dict) -> Iterator[list]:
     """Lists of log_history entries of a trainer_state.json, SLICE_RECORDS at a time; top-level
     fields other than log_history (best_model_checkpoint, ...) land in `meta`. Raises _SliceError
     when the document cannot be sliced safely (the caller then parses it whole)."""
@@ -262,7 +280,7 @@ def json_document_batches(p: Path, data: bytes, meta: dict) -> Iterator[list]:
     yield from fast
 
 
-def _parse_whole(p: Path, data: bytes) -> Any:
+def _parse_whole(p: Path, data: bytes | bytearray) -> Any:
     try:
         return json.loads(data)
     except RecursionError:
@@ -281,7 +299,7 @@ class _JSONError(Exception):
         self.exc = exc
 
 
-def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
+def _history_slices(data: bytes | bytearray, meta: dict) -> Optional[Iterator[Any]]:
     """The fast path for a trainer_state.json: None when the document does not look like one whose
     log_history can be sliced safely (then the caller parses it whole)."""
     m = _HISTORY.search(data)
@@ -319,7 +337,7 @@ def _history_slices(data: bytes, meta: dict) -> Optional[Iterator[Any]]:
     return _slices(data, cuts)
 
 
-def _slices(data: bytes, cuts: list[int]) -> Iterator[Any]:
+def _slices(data: bytes | bytearray, cuts: list[int]) -> Iterator[Any]:
     for a, b in zip(cuts, cuts[1:], strict=False):
         chunk = data[a:b].rstrip()
         if chunk.endswith(b","):

@@ -16,17 +16,18 @@ standard error 1.2533 * noise / sqrt(post points) and noise = 1.4826 * MAD of th
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.advice import _fin, _show, log_info
-from checkpoint_strategy.recovery.logs import Columns, read_log
+from checkpoint_strategy.recovery.logs import Columns, LogSeries, read_log
 from checkpoint_strategy.recovery.models import VerifyResumeReport
 
 
-def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,  # noqa: C901 - complexity debt, see issue 10
+def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,
                   loss_key: Optional[str] = None, lr_key: Optional[str] = None, run: Optional[str] = None,
                   pre_points: int = 20, post_points: int = 5, tolerance: float = 0.05,
                   lr_tolerance: float = 0.10) -> VerifyResumeReport:
@@ -38,6 +39,38 @@ def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_
     values in each window. Returns a VerifyResumeReport (verdict "ok" or "suspicious").
     Raises UsageError on bad input.
     """
+    _check_options(resume_step, pre_points, post_points, tolerance, lr_tolerance)
+    series = read_log(log_path, log_format=log_format, columns=Columns(step=step_key, loss=loss_key, lr=lr_key,
+                                                                       run=run))
+    win = _windows(series, resume_step, pre_points, post_points)
+    loss = _loss_check(win, resume_step, tolerance)
+    lr = _lr_check(win, lr_tolerance)
+    reasons = loss.reasons + lr.reasons
+    suspicious = loss.jump or loss.drop or bool(lr.discontinuity)
+    if not suspicious:
+        reasons.append(f"loss {_show(loss.post_level)} after the resume vs {_show(loss.pre_level)} before the save: "
+                       f"within the band {_show(loss.band)} (max of {tolerance:.0%} and 3 standard errors)"
+                       + ("; learning rate continues the schedule" if lr.discontinuity is False else ""))
+    if not win.restart_found:
+        win.warnings.append(f"no restart segment found at step {resume_step}: compared the continuous timeline "
+                            "(if the resumed run logs to a new file, append it to the old one or pass the merged log)")
+    summary = (f"resume at step {resume_step} looks {'suspicious' if suspicious else 'ok'}: loss "
+               f"{_show(loss.pre_level)} -> {_show(loss.post_level)}"
+               + (f" ({loss.rel:+.1%})" if loss.rel is not None else "")
+               + (f", lr {lr.before:.3g} -> {lr.after:.3g}" if lr.before is not None and lr.after is not None else ""))
+    raw_s, pre_idx, post_idx = win.steps, win.pre_idx, win.post_idx
+    return VerifyResumeReport(
+        verdict="suspicious" if suspicious else "ok", summary=summary, log=log_info(series),
+        resume_step=resume_step, restart_found=win.restart_found,
+        pre_steps=[int(raw_s[pre_idx[0]]), int(raw_s[pre_idx[-1]])],
+        post_steps=[int(raw_s[post_idx[0]]), int(raw_s[post_idx[-1]])],
+        pre_loss=loss.pre_level, post_loss=loss.post_level, change=_fin(loss.change),
+        relative_change=_fin(loss.rel), noise=loss.noise, band=loss.band, jump=loss.jump, drop=loss.drop,
+        lr_before=lr.before, lr_after=lr.after, lr_expected=lr.expected, lr_discontinuity=lr.discontinuity,
+        reasons=reasons, warnings=win.warnings)
+
+
+def _check_options(resume_step, pre_points, post_points, tolerance, lr_tolerance) -> None:
     if not isinstance(resume_step, int) or isinstance(resume_step, bool) or resume_step < 0:
         raise UsageError(f"--resume-step must be a whole number >= 0, got {resume_step!r}")
     for name, v, lo, hi in (("--pre-points", pre_points, 3, 10**6), ("--post-points", post_points, 1, 10**6)):
@@ -47,123 +80,145 @@ def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_
         fv = _fin(v)
         if fv is None or not 0 <= fv <= 100:
             raise UsageError(f"{name} must be a number in [0, 100], got {v!r}")
-    series = read_log(log_path, log_format=log_format, columns=Columns(step=step_key, loss=loss_key, lr=lr_key,
-                                                                       run=run))
-    raw_s, raw_x, seg = series.raw_steps, series.raw_loss, series.raw_segment
-    raw_lr = series.raw_lr
-    interval = series.log_interval
-    n = len(raw_s)
-    restart_found = False
+
+
+@dataclass
+class _Windows:
+    """The timeline compared (steps, losses, lrs) and the entries before the save and after the resume."""
+
+    steps: np.ndarray
+    loss: np.ndarray
+    lr: Optional[np.ndarray]
+    pre_idx: np.ndarray
+    post_idx: np.ndarray
+    restart_found: bool
+    warnings: list[str] = field(default_factory=list)
+
+
+def _windows(series: LogSeries, resume_step: int, pre_points: int, post_points: int) -> _Windows:
+    """The pre-save and post-resume windows: across a restart segment starting just after the resume step
+    (steps repeat), else on the merged timeline. Raises UsageError when either window is empty."""
+    raw_s, seg, raw_loss = series.raw_steps, series.raw_segment, series.raw_loss
+    assert raw_s is not None and seg is not None and raw_loss is not None, "read_log keeps the file's order"
     warnings: list[str] = []
-    # a restart segment starting just after the resume step
     starts = np.flatnonzero(np.diff(seg, prepend=seg[0]) != 0)
-    hit = [int(i) for i in starts if resume_step <= raw_s[i] <= resume_step + 3 * interval]
+    hit = [int(i) for i in starts if resume_step <= raw_s[i] <= resume_step + 3 * series.log_interval]
     if hit:
         i0 = hit[-1]
-        restart_found = True
-        before_mask = np.zeros(n, dtype=bool)
+        before_mask = np.zeros(len(raw_s), dtype=bool)
         before_mask[:i0] = True
-        pre_idx = np.flatnonzero(before_mask & (raw_s <= resume_step))
         # keep the older timeline only (latest-wins among the earlier segments)
-        pre_idx = _timeline(raw_s, pre_idx)
+        pre_idx = _timeline(raw_s, np.flatnonzero(before_mask & (raw_s <= resume_step)))
         post_idx = np.flatnonzero((seg == seg[i0]) & (raw_s > resume_step))
+        win = _Windows(raw_s, raw_loss, series.raw_lr, pre_idx, post_idx, True, warnings)
     else:
         steps = series.steps
-        pre_idx = np.flatnonzero(steps <= resume_step)
-        post_idx = np.flatnonzero(steps > resume_step)
-        raw_s, raw_x, raw_lr = steps, series.loss, series.lr
+        win = _Windows(steps, series.loss, series.lr, np.flatnonzero(steps <= resume_step),
+                       np.flatnonzero(steps > resume_step), False, warnings)
         if len(series.restarts):
             warnings.append(f"no restart starts near step {resume_step}; restarts at "
                             + ", ".join(str(r["step"]) for r in series.restarts[:5]))
-    if len(pre_idx) == 0:
+    if len(win.pre_idx) == 0:
         raise UsageError(f"no loss logged at or before step {resume_step} (log covers "
                          f"{int(series.steps[0])}-{int(series.steps[-1])}); expected the step the run resumed from")
-    if len(post_idx) == 0:
+    if len(win.post_idx) == 0:
         raise UsageError(f"no loss logged after step {resume_step} (log ends at {int(series.steps[-1])}); "
                          "run verify-resume once the resumed run has logged a few steps")
-    pre_idx = pre_idx[-pre_points:]
-    post_idx = post_idx[:post_points]
-    pre = raw_x[pre_idx]
+    win.pre_idx = win.pre_idx[-pre_points:]
+    win.post_idx = win.post_idx[:post_points]
+    return win
+
+
+@dataclass
+class _LossCheck:
+    pre_level: float
+    noise: float
+    band: float
+    post_level: Optional[float]
+    change: Optional[float]
+    rel: Optional[float]
+    jump: bool
+    drop: bool
+    reasons: list[str]
+
+
+def _loss_check(win: _Windows, resume_step: int, tolerance: float) -> _LossCheck:
+    """The post-resume loss level against the pre-save level and its band (see the module docstring)."""
+    pre = win.loss[win.pre_idx]
     pre = pre[np.isfinite(pre)]
     if len(pre) == 0:
         raise UsageError(f"the losses before step {resume_step} are all NaN/inf; no level to compare with")
     pre_level = float(np.median(pre))
     noise = float(1.4826 * np.median(np.abs(pre - pre_level))) if len(pre) >= 3 else 0.0
-    post_all = raw_x[post_idx]
+    post_all = win.loss[win.post_idx]
     post_finite = post_all[np.isfinite(post_all)]
     nonfinite = len(post_finite) < len(post_all)
     if len(pre) < 5:
-        warnings.append(f"only {len(pre)} loss values before the resume: the comparison is rough")
+        win.warnings.append(f"only {len(pre)} loss values before the resume: the comparison is rough")
     se = 1.2533 * noise / math.sqrt(len(post_all))
     band = max(tolerance * abs(pre_level), 3.0 * se)
-    reasons: list[str] = []
     post_level = _fin(np.median(post_finite)) if (len(post_finite) and not nonfinite) else None
-    change = rel = None
-    jump = drop = False
+    out = _LossCheck(pre_level, noise, band, post_level, None, None, False, False, [])
     if post_level is None:
-        jump = True
-        reasons.append("the loss after the resume is NaN/inf: the resumed state is broken")
-    else:
-        change = post_level - pre_level
-        rel = change / abs(pre_level) if pre_level != 0 else None
-        if change > band:
-            jump = True
-            reasons.append(f"jump: loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save "
+        out.jump = True
+        out.reasons.append("the loss after the resume is NaN/inf: the resumed state is broken")
+        return out
+    out.change = change = post_level - pre_level
+    out.rel = change / abs(pre_level) if pre_level != 0 else None
+    if change > band:
+        out.jump = True
+        out.reasons.append(f"jump: loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save "
                            f"(+{_show(change)}, band {_show(band)}); a fresh Adam moves every weight by about lr on "
                            "its first step: was the optimizer state loaded?")
-        elif change < -band:
-            drop = True
-            reasons.append(f"drop: loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save "
+    elif change < -band:
+        out.drop = True
+        out.reasons.append(f"drop: loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save "
                            f"({_show(change)}, band {_show(band)}); a sudden drop suggests an optimizer reset or a "
                            "data loader restarting on data it has already seen")
-    lr_before = lr_after = lr_expected = None
-    lr_disc: Optional[bool] = None
-    if raw_lr is not None:
-        lr_pre = raw_lr[pre_idx]
-        ok_pre = np.flatnonzero(np.isfinite(lr_pre))
-        lr_post = raw_lr[post_idx]
-        ok_post = np.flatnonzero(np.isfinite(lr_post))
-        if len(ok_pre) and len(ok_post):
-            b_i = pre_idx[ok_pre[-1]]
-            a_i = post_idx[ok_post[0]]
-            lr_before, lr_after = _fin(raw_lr[b_i]), _fin(raw_lr[a_i])
-            expected = lr_before
-            if len(ok_pre) >= 2:
-                p_i = pre_idx[ok_pre[-2]]
-                ds = float(raw_s[b_i] - raw_s[p_i])
-                if ds > 0:
-                    slope = (float(raw_lr[b_i]) - float(raw_lr[p_i])) / ds
-                    expected = float(raw_lr[b_i]) + slope * float(raw_s[a_i] - raw_s[b_i])
-            lr_expected = _fin(expected)
-            if lr_before is not None and lr_after is not None and lr_expected is not None:
-                scale = max(abs(lr_expected), abs(lr_before))
-                lr_disc = bool(scale > 0 and abs(lr_after - lr_expected) > lr_tolerance * scale)
-                if lr_disc:
-                    reasons.append(f"learning rate {lr_after:.3g} after the resume vs {lr_expected:.3g} expected from "
-                                   f"the schedule ({lr_before:.3g} before the save): the scheduler state was not "
-                                   "restored; with the HF Trainer this happens when optimizer.pt or scheduler.pt "
-                                   "is missing from the checkpoint, and then the optimizer state (Adam's moments) "
-                                   "was lost too")
-    suspicious = jump or drop or bool(lr_disc)
-    if not suspicious:
-        reasons.append(f"loss {_show(post_level)} after the resume vs {_show(pre_level)} before the save: within "
-                       f"the band {_show(band)} (max of {tolerance:.0%} and 3 standard errors)"
-                       + ("; learning rate continues the schedule" if lr_disc is False else ""))
-    if not restart_found:
-        warnings.append(f"no restart segment found at step {resume_step}: compared the continuous timeline "
-                        "(if the resumed run logs to a new file, append it to the old one or pass the merged log)")
-    summary = (f"resume at step {resume_step} looks {'suspicious' if suspicious else 'ok'}: loss "
-               f"{_show(pre_level)} -> {_show(post_level)}"
-               + (f" ({rel:+.1%})" if rel is not None else "")
-               + (f", lr {lr_before:.3g} -> {lr_after:.3g}" if lr_before is not None and lr_after is not None else ""))
-    return VerifyResumeReport(
-        verdict="suspicious" if suspicious else "ok", summary=summary, log=log_info(series),
-        resume_step=resume_step, restart_found=restart_found,
-        pre_steps=[int(raw_s[pre_idx[0]]), int(raw_s[pre_idx[-1]])],
-        post_steps=[int(raw_s[post_idx[0]]), int(raw_s[post_idx[-1]])],
-        pre_loss=pre_level, post_loss=post_level, change=_fin(change), relative_change=_fin(rel),
-        noise=noise, band=band, jump=jump, drop=drop, lr_before=lr_before, lr_after=lr_after,
-        lr_expected=lr_expected, lr_discontinuity=lr_disc, reasons=reasons, warnings=warnings)
+    return out
+
+
+@dataclass
+class _LrCheck:
+    before: Optional[float] = None
+    after: Optional[float] = None
+    expected: Optional[float] = None
+    discontinuity: Optional[bool] = None
+    reasons: list[str] = field(default_factory=list)
+
+
+def _lr_check(win: _Windows, lr_tolerance: float) -> _LrCheck:
+    """The first post-resume lr against the pre-save schedule extrapolated to its step (None: lr not logged)."""
+    out = _LrCheck()
+    raw_lr, raw_s, pre_idx, post_idx = win.lr, win.steps, win.pre_idx, win.post_idx
+    if raw_lr is None:
+        return out
+    ok_pre = np.flatnonzero(np.isfinite(raw_lr[pre_idx]))
+    ok_post = np.flatnonzero(np.isfinite(raw_lr[post_idx]))
+    if not (len(ok_pre) and len(ok_post)):
+        return out
+    b_i = pre_idx[ok_pre[-1]]
+    a_i = post_idx[ok_post[0]]
+    out.before, out.after = _fin(raw_lr[b_i]), _fin(raw_lr[a_i])
+    expected = out.before
+    if len(ok_pre) >= 2:
+        p_i = pre_idx[ok_pre[-2]]
+        ds = float(raw_s[b_i] - raw_s[p_i])
+        if ds > 0:
+            slope = (float(raw_lr[b_i]) - float(raw_lr[p_i])) / ds
+            expected = float(raw_lr[b_i]) + slope * float(raw_s[a_i] - raw_s[b_i])
+    out.expected = _fin(expected)
+    if out.before is None or out.after is None or out.expected is None:
+        return out
+    scale = max(abs(out.expected), abs(out.before))
+    out.discontinuity = bool(scale > 0 and abs(out.after - out.expected) > lr_tolerance * scale)
+    if out.discontinuity:
+        out.reasons.append(f"learning rate {out.after:.3g} after the resume vs {out.expected:.3g} expected from "
+                           f"the schedule ({out.before:.3g} before the save): the scheduler state was not "
+                           "restored; with the HF Trainer this happens when optimizer.pt or scheduler.pt "
+                           "is missing from the checkpoint, and then the optimizer state (Adam's moments) "
+                           "was lost too")
+    return out
 
 
 def _timeline(raw_s: np.ndarray, idx: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 
@@ -137,16 +138,16 @@ class Setup:
 
 @dataclass
 class RawResult:
-    wall: object  # np.ndarray, seconds per run
-    failures: object
-    corrupt_skips: object
-    failure_scratch: object  # bool per run
+    wall: Any  # np.ndarray, seconds per run
+    failures: Any
+    corrupt_skips: Any
+    failure_scratch: Any  # bool per run
     in_flight_rollbacks: int
     failure_rollbacks: int
-    spikes: object  # per run
-    spike_window_miss: object
-    spike_milestone: object
-    spike_scratch: object
+    spikes: Any  # per run
+    spike_window_miss: Any
+    spike_milestone: Any
+    spike_scratch: Any
     events: int = 0
 
 
@@ -297,19 +298,39 @@ def rollback(setup: Setup, rng, c, lo, known, ids=None):
     return target, source, skips
 
 
-def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float = 0.0) -> RawResult:
+def event_budget(expected_events: float, what: str, advice: str) -> int:
+    """Iterations the event loop may take: refuses (UsageError) a run expecting more events than the simulation
+    handles. `what` names the events ("failures and spikes"), `advice` the options that lower them."""
+    if not math.isfinite(expected_events) or expected_events > MAX_EVENTS_PER_RUN:
+        raise UsageError(f"about {expected_events:.3g} {what} per run expected: the simulation "
+                         f"handles at most {MAX_EVENTS_PER_RUN}; {advice}")
+    return int(100 * (expected_events + 1) + 10000)
+
+
+def restart_phase(X, need, R: float, wall, fails):
+    """Runs that need a restart spend R seconds on it; a failure during it (X < R) starts it again. Adds to
+    wall and fails in place; returns (X left after the restart, the runs still restarting)."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    N, f, K = setup.total_steps, setup.frequency, setup.keep_last
-    lam = setup.spike_rate * N / 1000.0
-    expected_events = expected_failures + lam
-    if not math.isfinite(expected_events) or expected_events > MAX_EVENTS_PER_RUN:
-        raise UsageError(f"about {expected_events:.3g} failures and spikes per run expected: the simulation "
-                         f"handles at most {MAX_EVENTS_PER_RUN}; lower --spike-rate, raise the MTBF or save more often")
-    max_iter = int(100 * (expected_events + 1) + 10000)
+    rf = need & (X < R)
+    restarted = need & ~rf
+    wall += np.where(rf, X, 0.0) + np.where(restarted, R, 0.0)
+    fails += rf
+    return np.where(restarted, X - R, X), rf
 
-    # --- loss spikes, drawn up front: onset steps sorted per run -----------------------------
+
+@dataclass
+class _Spikes:
+    """Loss spikes drawn up front, per run in onset order (one spare column past the last): when each is noticed
+    (inf: none) and the newest checkpoint position early enough to rescue it."""
+    det_time: Any
+    rescue_pos: Any
+
+
+def _draw_spikes(setup: Setup, rng, runs: int, lam: float) -> _Spikes | None:
+    import numpy as np
+
+    N, f = setup.total_steps, setup.frequency
     smax = 0
     if lam > 0:
         cells = runs * (lam + 6 * math.sqrt(lam) + 10)
@@ -318,58 +339,100 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
                              f"(limit {MAX_SPIKE_CELLS:.0e}); lower --runs or --spike-rate")
         counts = rng.poisson(lam, runs)
         smax = int(counts.max()) if runs else 0
-    if smax:
-        onsets = rng.integers(1, N + 1, size=(runs, smax), dtype=np.int64)
-        absent = np.arange(smax)[None, :] >= counts[:, None]
-        onsets = np.sort(np.where(absent, np.iinfo(np.int64).max, onsets), axis=1)
-        absent = onsets == np.iinfo(np.int64).max
-        det_step = np.minimum(np.where(absent, N, onsets) + setup.wait, N)
-        det_time = np.where(absent, np.inf, setup.step_time(det_step).astype(float))
-        rescue_pos = np.where(onsets >= setup.margin, (np.where(absent, 0, onsets) - setup.margin) // f, 0)
-        det_time = np.concatenate([det_time, np.full((runs, 1), np.inf)], axis=1)
-        rescue_pos = np.concatenate([rescue_pos, np.zeros((runs, 1), dtype=np.int64)], axis=1)
+    if not smax:
+        return None
+    onsets = rng.integers(1, N + 1, size=(runs, smax), dtype=np.int64)
+    absent = np.arange(smax)[None, :] >= counts[:, None]
+    onsets = np.sort(np.where(absent, np.iinfo(np.int64).max, onsets), axis=1)
+    absent = onsets == np.iinfo(np.int64).max
+    det_step = np.minimum(np.where(absent, N, onsets) + setup.wait, N)
+    det_time = np.where(absent, np.inf, setup.step_time(det_step).astype(float))
+    rescue_pos = np.where(onsets >= setup.margin, (np.where(absent, 0, onsets) - setup.margin) // f, 0)
+    return _Spikes(det_time=np.concatenate([det_time, np.full((runs, 1), np.inf)], axis=1),
+                   rescue_pos=np.concatenate([rescue_pos, np.zeros((runs, 1), dtype=np.int64)], axis=1))
 
+
+class _Tally:
+    """What the simulation counts per run (indexed by run id) and over all runs."""
+
+    def __init__(self, runs: int) -> None:
+        import numpy as np
+
+        self.wall, self.fail = np.zeros(runs), np.zeros(runs, dtype=np.int64)
+        self.skips, self.scratch = np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=bool)
+        self.sp_n, self.sp_miss = np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
+        self.sp_ms, self.sp_scratch = np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
+        self.in_flight = 0
+        self.fail_rollbacks = 0
+
+    def result(self, events: int) -> RawResult:
+        return RawResult(wall=self.wall, failures=self.fail, corrupt_skips=self.skips, failure_scratch=self.scratch,
+                         in_flight_rollbacks=self.in_flight, failure_rollbacks=self.fail_rollbacks, spikes=self.sp_n,
+                         spike_window_miss=self.sp_miss, spike_milestone=self.sp_ms, spike_scratch=self.sp_scratch,
+                         events=events)
+
+
+def _fail_rollback(setup: Setup, rng, known: KnownGood, tally: _Tally, runs_f, t, p0):
+    """Runs hit by a failure at time t (last rolled back to p0): roll back to the newest durable checkpoint that
+    loads; returns the positions they restart from."""
+    import numpy as np
+
+    k = np.maximum(setup.newest_durable(t), p0)
+    completed = np.maximum(setup.newest_completed(t), p0)
+    tally.in_flight += int(np.count_nonzero(completed > k))
+    tally.fail_rollbacks += int(k.size)
+    target, source, skips = rollback(setup, rng, k, k - setup.keep_last + 1, known, runs_f)
+    known.push(runs_f, target)
+    tally.skips[runs_f] += skips
+    tally.scratch[runs_f] |= source == 2
+    return target
+
+
+def _spike_rollback(setup: Setup, rng, known: KnownGood, tally: _Tally, runs_s, t, p0, rescue):
+    """Runs whose spike is noticed at time t: roll back to a checkpoint at or before `rescue` (the newest position
+    early enough); returns the positions they restart from."""
+    import numpy as np
+
+    k = np.maximum(setup.newest_durable(t), p0)
+    lo = k - setup.keep_last + 1
+    c = np.minimum(rescue, k)
+    target, source, skips = rollback(setup, rng, c, lo, known, runs_s)
+    known.push(runs_s, target)
+    tally.sp_n[runs_s] += 1
+    tally.sp_miss[runs_s] += c < lo
+    tally.sp_ms[runs_s] += source == 1
+    tally.sp_scratch[runs_s] += source == 2
+    tally.skips[runs_s] += skips
+    return target
+
+
+def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float = 0.0) -> RawResult:
+    """`runs` whole training runs under `setup`, event by event (see the module docstring)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lam = setup.spike_rate * setup.total_steps / 1000.0
+    max_iter = event_budget(expected_failures + lam, "failures and spikes",
+                            "lower --spike-rate, raise the MTBF or save more often")
+    spikes = _draw_spikes(setup, rng, runs, lam)
     end = setup.end_seconds
-    M, R = setup.M, setup.R
-    out_wall = np.zeros(runs)
-    out_fail = np.zeros(runs, dtype=np.int64)
-    skips_run = np.zeros(runs, dtype=np.int64)
-    scratch_run = np.zeros(runs, dtype=bool)
-    sp_n = np.zeros(runs, dtype=np.int64)
-    sp_miss = np.zeros(runs, dtype=np.int64)
-    sp_ms = np.zeros(runs, dtype=np.int64)
-    sp_scratch = np.zeros(runs, dtype=np.int64)
-    in_flight = 0
-    fail_rollbacks = 0
-
-    idx = np.arange(runs)
-    pos = np.zeros(runs, dtype=np.int64)
+    tally = _Tally(runs)
     known = KnownGood.start(runs, track=setup.corrupt_prob > 0)
-    ptr = np.zeros(runs, dtype=np.int64)
-    wall = np.zeros(runs)
-    fails = np.zeros(runs, dtype=np.int64)
-    need = np.zeros(runs, dtype=bool)
+    # the runs still going: id, position rolled back to, next spike, wall time so far, failures, restart pending
+    idx = np.arange(runs)
+    pos, ptr = np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
+    wall, fails, need = np.zeros(runs), np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=bool)
     it = 0
     while idx.size:
         it += 1
         if it > max_iter:
             raise UsageError(f"the simulation did not finish after {max_iter} events per run: under these "
                              "failure, spike and corruption rates the run barely makes progress")
-        X = rng.standard_exponential(idx.size) * M
-        # restart phase: a failure during the restart starts it again
-        rf = need & (X < R)
-        restarted = need & ~rf
-        wall += np.where(rf, X, 0.0) + np.where(restarted, R, 0.0)
-        fails += rf
-        X = np.where(restarted, X - R, X)
-        need = rf
-        comp = ~rf
+        X, need = restart_phase(rng.standard_exponential(idx.size) * setup.M, need, setup.R, wall, fails)
+        comp = ~need
         start = setup.E(pos)
         t_fail = np.where(comp, start + X, np.inf)
-        if smax:
-            t_sp = det_time[idx, ptr]
-        else:
-            t_sp = np.full(idx.size, np.inf)
+        t_sp = spikes.det_time[idx, ptr] if spikes else np.full(idx.size, np.inf)
         done = comp & (end <= t_fail) & (end <= t_sp)
         spike = comp & ~done & (t_sp <= t_fail)
         fail = comp & ~done & ~spike
@@ -377,49 +440,20 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
         wall = np.where(spike, wall + (t_sp - start), wall)
         wall = np.where(fail, wall + X, wall)
         fails += fail
-
         if fail.any():
-            t = t_fail[fail]
-            p0 = pos[fail]
-            k = np.maximum(setup.newest_durable(t), p0)
-            completed = np.maximum(setup.newest_completed(t), p0)
-            in_flight += int(np.count_nonzero(completed > k))
-            fail_rollbacks += int(k.size)
-            target, source, skips = rollback(setup, rng, k, k - K + 1, known, idx[fail])
-            known.push(idx[fail], target)
-            runs_f = idx[fail]
-            skips_run[runs_f] += skips
-            scratch_run[runs_f] |= source == 2
-            pos[fail] = target
+            pos[fail] = _fail_rollback(setup, rng, known, tally, idx[fail], t_fail[fail], pos[fail])
             need[fail] = True
-
-        if spike.any():
-            t = t_sp[spike]
-            p0 = pos[spike]
-            k = np.maximum(setup.newest_durable(t), p0)
-            lo = k - K + 1
-            c = np.minimum(rescue_pos[idx[spike], ptr[spike]], k)
-            target, source, skips = rollback(setup, rng, c, lo, known, idx[spike])
-            known.push(idx[spike], target)
-            runs_s = idx[spike]
-            sp_n[runs_s] += 1
-            sp_miss[runs_s] += c < lo
-            sp_ms[runs_s] += source == 1
-            sp_scratch[runs_s] += source == 2
-            skips_run[runs_s] += skips
-            pos[spike] = target
+        if spikes and spike.any():
+            pos[spike] = _spike_rollback(setup, rng, known, tally, idx[spike], t_sp[spike], pos[spike],
+                                         spikes.rescue_pos[idx[spike], ptr[spike]])
             need[spike] = True
             ptr[spike] += 1
-
         if done.any():
-            out_wall[idx[done]] = wall[done]
-            out_fail[idx[done]] = fails[done]
+            tally.wall[idx[done]] = wall[done]
+            tally.fail[idx[done]] = fails[done]
             keep = ~done
             idx, pos, ptr, wall, fails, need = (a[keep] for a in (idx, pos, ptr, wall, fails, need))
-
-    return RawResult(wall=out_wall, failures=out_fail, corrupt_skips=skips_run, failure_scratch=scratch_run,
-                     in_flight_rollbacks=in_flight, failure_rollbacks=fail_rollbacks, spikes=sp_n,
-                     spike_window_miss=sp_miss, spike_milestone=sp_ms, spike_scratch=sp_scratch, events=it)
+    return tally.result(it)
 
 
 ASSUMPTIONS = [
@@ -514,12 +548,47 @@ def _r(x: float, nd: int = 6) -> float:
     return float(round(float(x), nd))
 
 
+def _spike_stats(raw: RawResult, spike_rate: float, wait: int, margin: int):
+    """How the spikes of all runs were rescued (a SpikeStats)."""
+    import numpy as np
+
+    from checkpoint_strategy.simulation.models import SpikeStats
+
+    total = int(raw.spikes.sum())
+
+    def frac(a):
+        return _r(a.sum() / total) if total else None
+
+    return SpikeStats(
+        spike_rate_per_1000_steps=spike_rate, wait_steps=wait, margin_steps=margin,
+        mean_spikes=_r(raw.spikes.mean()), spikes=total,
+        window_miss_fraction=frac(raw.spike_window_miss),
+        milestone_rescue_fraction=frac(raw.spike_milestone),
+        scratch_fraction=frac(raw.spike_scratch),
+        runs_with_window_miss_fraction=_r(np.mean(raw.spike_window_miss > 0)),
+        runs_saved_only_by_milestone_fraction=_r(np.mean(raw.spike_milestone > 0)),
+        runs_from_scratch_fraction=_r(np.mean(raw.spike_scratch > 0)),
+    )
+
+
+def _simulated_policy(report, setup: Setup, tiers):
+    """The policy as simulated (a SimulatedPolicy): with two tiers the MTBF is the job's, not the tier's."""
+    from checkpoint_strategy.simulation.models import SimulatedPolicy
+
+    fm = report.failure_model
+    return SimulatedPolicy(
+        total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
+        keep_last=setup.keep_last, milestone_steps=list(setup.milestone_steps),
+        checkpoints_per_run=setup.checkpoints,
+        mtbf_hours=fm.mtbf_hours if tiers is None else report.two_tier.job_mtbf_hours,
+        checkpoint_write_seconds=setup.C, persist_seconds=setup.P, restart_seconds=setup.R,
+        async_save=fm.async_save)
+
+
 def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
              wait: int = 100, margin: int = 100):
     """Simulate `runs` whole training runs under the plan `report`; returns a SimulationReport."""
-    import numpy as np
-
-    from checkpoint_strategy.simulation.models import SimulatedPolicy, SimulationReport, SpikeStats
+    from checkpoint_strategy.simulation.models import SimulationReport
 
     setup = setup_from_plan(report, corrupt_prob, spike_rate, wait, margin)
     raw, failure_free_s, tiers = _run(report, setup, runs, seed)
@@ -539,33 +608,8 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     f50, f95, f99 = _pct(fails, [50, 95, 99])
     compute_h = setup.compute_seconds / H
 
-    spikes = None
-    if spike_rate > 0:
-        total = int(raw.spikes.sum())
-
-        def frac(a):
-            return _r(a.sum() / total) if total else None
-
-        spikes = SpikeStats(
-            spike_rate_per_1000_steps=spike_rate, wait_steps=wait, margin_steps=margin,
-            mean_spikes=_r(raw.spikes.mean()), spikes=total,
-            window_miss_fraction=frac(raw.spike_window_miss),
-            milestone_rescue_fraction=frac(raw.spike_milestone),
-            scratch_fraction=frac(raw.spike_scratch),
-            runs_with_window_miss_fraction=_r(np.mean(raw.spike_window_miss > 0)),
-            runs_saved_only_by_milestone_fraction=_r(np.mean(raw.spike_milestone > 0)),
-            runs_from_scratch_fraction=_r(np.mean(raw.spike_scratch > 0)),
-        )
-    fm = report.failure_model
-    policy = SimulatedPolicy(
-        total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
-        keep_last=setup.keep_last, milestone_steps=list(setup.milestone_steps),
-        checkpoints_per_run=setup.checkpoints,
-        mtbf_hours=fm.mtbf_hours if tiers is None else report.two_tier.job_mtbf_hours,
-        checkpoint_write_seconds=setup.C, persist_seconds=setup.P, restart_seconds=setup.R,
-        async_save=fm.async_save)
     return SimulationReport(
-        runs=runs, seed=seed, policy=policy, corrupt_prob=corrupt_prob,
+        runs=runs, seed=seed, policy=_simulated_policy(report, setup, tiers), corrupt_prob=corrupt_prob,
         compute_hours=_r(compute_h), failure_free_wall_hours=_r(failure_free_s / H),
         mean_wall_hours=_r(mean_wall), wall_hours_stderr=_r(stderr, 9),
         p50_wall_hours=_r(w50), p95_wall_hours=_r(w95), p99_wall_hours=_r(w99),
@@ -582,7 +626,8 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
                                      if fails.sum() and tiers is None else None),
         corrupt_skips_per_run=_r(raw.corrupt_skips.mean()),
         failure_scratch_fraction=_r(raw.failure_scratch.mean()),
-        spikes=spikes, plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
+        spikes=_spike_stats(raw, spike_rate, wait, margin) if spike_rate > 0 else None,
+        plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
         lost_definition=LOST_DEFINITION,
         analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks) + (
             [] if tiers is None else [TWO_TIER_CAVEAT]),

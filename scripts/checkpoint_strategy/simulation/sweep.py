@@ -132,15 +132,8 @@ def _r(x: float, nd: int = 6) -> float:
     return float(round(float(x), nd))
 
 
-def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Optional[Sequence[int]] = None,
-              spike_rate: Optional[float] = None, wait: int = 100, margin: int = 100,
-              plot: Optional[str] = None):
-    """The sweep for PlanArguments `pargs`; returns a TradeoffsReport."""
-    from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
-    from checkpoint_strategy.simulation.montecarlo import LOST_DEFINITION, setup_from_plan
-    from checkpoint_strategy.simulation.options import plan_or_usage
-
-    base = plan_or_usage(pargs)
+def sweep_grid(pargs, base, frequencies: Optional[Sequence[int]], keep_lasts: Optional[Sequence[int]]):
+    """The frequencies and keep_last values to sweep (the recommendation always among them): (freqs, keeps)."""
     rec_f, rec_k = base.frequency_steps, base.keep_last
     if frequencies:
         too_far = [f for f in frequencies if f > pargs.total_steps]
@@ -154,7 +147,15 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
     if len(freqs) * len(keeps) > MAX_SWEEP_POINTS:
         raise UsageError(f"{len(freqs)} frequencies x {len(keeps)} keep_last values is more than "
                          f"{MAX_SWEEP_POINTS} points; give shorter --sweep-frequencies / --sweep-keep-last lists")
-    spikes_on = spike_rate is not None and spike_rate > 0
+    return freqs, keeps
+
+
+def _sweep_rows(pargs, base, freqs: list[int], keeps: list[int], spike_rate: Optional[float], wait: int,
+                margin: int) -> list[dict]:
+    """One row (TradeoffPoint fields but `pareto`) per frequency x keep_last: the planner run at that point."""
+    from checkpoint_strategy.simulation.montecarlo import setup_from_plan
+    from checkpoint_strategy.simulation.options import plan_or_usage
+
     compute_h = pargs.total_steps * pargs.step_seconds / 3600.0
     rows = []
     for f in freqs:
@@ -165,7 +166,7 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
             horizon_h = rep.rollback_horizon_steps * pargs.step_seconds / 3600.0
             p_win = rescue[k]
             p_run = None
-            if spikes_on:
+            if spike_rate is not None and spike_rate > 0:
                 lam = spike_rate * pargs.total_steps / 1000.0
                 p_run = math.exp(-lam * (1.0 - p_win))
             rows.append(dict(
@@ -177,10 +178,14 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
                 rollback_horizon_steps=rep.rollback_horizon_steps, rollback_horizon_hours=_r(horizon_h),
                 spike_window_rescue_probability=_r(p_win),
                 spike_run_rescue_probability=None if p_run is None else _r(p_run),
-                recommended=(f == rec_f and k == rec_k),
+                recommended=(f == base.frequency_steps and k == base.keep_last),
             ))
+    return rows
+
+
+def _front(rows: list[dict], storage_known: bool) -> tuple[list[str], list[bool]]:
+    """The Pareto objectives' names and, per row, whether it is on the front (storage only when known)."""
     objectives, maximize = [], []
-    storage_known = base.checkpoint_size_gb is not None
     if storage_known:
         objectives.append("peak_storage_gb (lower)")
         maximize.append(False)
@@ -192,15 +197,31 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
         vec = [row["peak_storage_gb"]] if storage_known else []
         vec += [row["expected_lost_hours"], row["max_data_loss_hours"], row["spike_window_rescue_probability"]]
         matrix.append(vec)
-    front = pareto_front(matrix, maximize)
+    return objectives, pareto_front(matrix, maximize)
+
+
+def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Optional[Sequence[int]] = None,
+              spike_rate: Optional[float] = None, wait: int = 100, margin: int = 100,
+              plot: Optional[str] = None):
+    """The sweep for PlanArguments `pargs`; returns a TradeoffsReport."""
+    from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
+    from checkpoint_strategy.simulation.montecarlo import LOST_DEFINITION
+    from checkpoint_strategy.simulation.options import plan_or_usage
+
+    base = plan_or_usage(pargs)
+    freqs, keeps = sweep_grid(pargs, base, frequencies, keep_lasts)
+    spikes_on = spike_rate is not None and spike_rate > 0
+    rows = _sweep_rows(pargs, base, freqs, keeps, spike_rate, wait, margin)
+    objectives, front = _front(rows, base.checkpoint_size_gb is not None)
     points = [TradeoffPoint(pareto=on, **row) for row, on in zip(rows, front, strict=True)]
     rec_on_front = any(p.pareto and p.recommended for p in points)
     return TradeoffsReport(
-        total_steps=pargs.total_steps, step_seconds=pargs.step_seconds, compute_hours=_r(compute_h),
+        total_steps=pargs.total_steps, step_seconds=pargs.step_seconds,
+        compute_hours=_r(pargs.total_steps * pargs.step_seconds / 3600.0),
         storage_budget_gb=pargs.budget_gb, checkpoint_size_gb=base.checkpoint_size_gb,
         spike_rate_per_1000_steps=spike_rate if spikes_on else None,
         spike_wait_steps=wait, spike_margin_steps=margin,
-        recommended_frequency_steps=rec_f, recommended_keep_last=rec_k,
+        recommended_frequency_steps=base.frequency_steps, recommended_keep_last=base.keep_last,
         frequencies=list(freqs), keep_last_values=list(keeps), pareto_objectives=objectives,
         pareto_count=sum(front), recommended_on_front=rec_on_front, points=points, plot=plot, plan_warnings=list(base.warnings),
         lost_definition=LOST_DEFINITION,

@@ -15,13 +15,12 @@ Corruption and loss spikes are modelled for one tier only (`simulate` without --
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.simulation.montecarlo import event_budget, restart_phase
 
 MAX_POSITIONS = 1_000_000  # local saves per run: the timeline arrays stay under ~100 MB
-MAX_EVENTS_PER_RUN = 20000
 
 
 @dataclass(frozen=True)
@@ -78,9 +77,7 @@ def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: f
     """Wall seconds, failures and node losses per run (numpy arrays)."""
     import numpy as np
 
-    if not math.isfinite(expected_failures) or expected_failures > MAX_EVENTS_PER_RUN:
-        raise UsageError(f"about {expected_failures:.3g} failures per run expected: the simulation handles at most "
-                         f"{MAX_EVENTS_PER_RUN}; raise the MTBF or save more often")
+    max_iter = event_budget(expected_failures, "failures", "raise the MTBF or save more often")
     E, local_ok, pers_ok = setup.timeline()
     pers_pos = np.nonzero(np.isfinite(pers_ok))[0]
     pers_time = np.maximum.accumulate(pers_ok[pers_pos])  # increasing: later saves finish later
@@ -93,18 +90,11 @@ def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: f
     wall, fails, losses = np.zeros(runs), np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
     out_wall, out_fail, out_loss = np.zeros(runs), np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
     need = np.zeros(runs, dtype=bool)
-    max_iter = int(100 * (expected_failures + 1) + 10000)
     for _ in range(max_iter):
         if not idx.size:
             break
-        X = rng.standard_exponential(idx.size) * M
-        rf = need & (X < R)
-        restarted = need & ~rf
-        wall += np.where(rf, X, 0.0) + np.where(restarted, R, 0.0)
-        fails += rf
-        X = np.where(restarted, X - R, X)
-        need = rf
-        comp = ~rf
+        X, need = restart_phase(rng.standard_exponential(idx.size) * M, need, R, wall, fails)
+        comp = ~need
         t = E[pos] + X
         done = comp & (t >= end)
         fail = comp & ~done
