@@ -74,6 +74,7 @@ REFERENCE_QUANTILE = 20.0      # percent: a low quantile of the block medians, n
 SHIFT_NOISE_UNITS = 4.0        # a level shift's block medians stand this many noise units above
 SHIFT_MIN_BLOCKS = 4           # ... for at least this many blocks (and the wait window)
 COLLAPSE_POINTS = 8            # identical logged values that make a collapse
+COLLAPSE_RELATIVE = 1e-5       # "identical": within this fraction of each other
 
 
 @dataclass
@@ -142,7 +143,9 @@ def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
     block_of = np.arange(n) // b
     med = med_b[block_of]
     scale = 1.4826 * mad_b[block_of]
-    scale = np.maximum(scale, 1e-4 * np.abs(med) + 1e-12)
+    # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
+    # with 4 decimals moves by 50% in one rounding step; that is not a spike)
+    scale = np.maximum(scale, np.maximum(1e-4 * np.abs(med) + 1e-12, _quantum(xf[np.isfinite(xf)])))
     return med, scale, max_b[block_of]
 
 
@@ -494,6 +497,30 @@ def _in(spans: list[tuple[int, int]], i: int) -> bool:
     return any(lo <= i < hi for lo, hi in spans)
 
 
+def pinned_to(value: float, pinned: float) -> bool:
+    """The collapse rule's "the same value" (batch and online)."""
+    return math.isfinite(value) and math.isfinite(pinned) and \
+        abs(value - pinned) <= COLLAPSE_RELATIVE * abs(value) + 1e-12
+
+
+def collapse_is_abrupt(value: float, pre: np.ndarray, tolerance: float) -> bool:
+    """A pinned value that the loss jumped to from the finite values `pre` logged before it (at least 3),
+    by more than the tolerance, the noise and the log's own rounding step (HF rounds to 4 decimals:
+    0.0003 -> 0.0002 is not a jump)."""
+    if len(pre) < 3:
+        return False
+    p = float(np.median(pre))
+    sp = 1.4826 * float(np.median(np.abs(pre - p)))
+    return abs(value - p) > max(tolerance * abs(p), 3.0 * sp, 1.5 * _quantum(pre)) and abs(p) > 0
+
+
+def _quantum(values: np.ndarray) -> float:
+    """The smallest non-zero difference between logged values: the log's rounding step, or about it."""
+    d = np.abs(np.diff(values))
+    d = d[d > 0]
+    return float(d.min()) if len(d) else 0.0
+
+
 def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event: list[int], wait_steps: int,
               labels: dict) -> list[Event]:
     """The loss pinned at one value for COLLAPSE_POINTS logged values or more, reached abruptly or
@@ -503,7 +530,9 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
     if n < COLLAPSE_POINTS:
         return []
     with np.errstate(invalid="ignore"):
-        same = np.abs(np.diff(x)) <= 1e-7 * np.abs(x[1:]) + 1e-12
+        # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
+        # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
+        same = np.abs(np.diff(x)) <= COLLAPSE_RELATIVE * np.abs(x[1:]) + 1e-12
     same &= np.isfinite(x[1:])
     edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
@@ -515,12 +544,7 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
         pre = x[max(0, s - BASELINE_POINTS):s]
         pre = pre[np.isfinite(pre)]
         blown = any(0 <= steps[s] - steps[o] <= max(wait_steps, 1) * 10 for o in after_event)
-        abrupt = False
-        if len(pre) >= 3:
-            p = float(np.median(pre))
-            sp = 1.4826 * float(np.median(np.abs(pre - p)))
-            abrupt = abs(v - p) > max(tolerance * abs(p), 3.0 * sp) and abs(p) > 0
-        if not (blown or abrupt):
+        if not (blown or collapse_is_abrupt(v, pre, tolerance)):
             continue
         end = None if e >= n - 1 else int(e) + 1
         out.append(Event(kind="collapse", onset=int(s), peak=int(s), end=end,

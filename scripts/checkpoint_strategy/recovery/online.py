@@ -56,6 +56,7 @@ class _Rolling:
         self.stats: deque = deque(maxlen=self.k)        # (median, MAD, max) of finished blocks
         self.medians: deque = deque(maxlen=detect.REFERENCE_BLOCKS)
         self.last = math.nan
+        self.quantum = math.inf
         self.med = self.scale = self.wmax = self.ref = math.nan
 
     def push(self, x: float) -> tuple[float, float, float, float]:
@@ -64,6 +65,8 @@ class _Rolling:
         if not math.isfinite(v):
             v = math.nan
         else:
+            if math.isfinite(self.last) and v != self.last:   # the log's rounding step, as the batch floor
+                self.quantum = min(self.quantum, abs(v - self.last))
             self.last = v
         out = (self.med, self.scale, self.wmax, self.ref)
         self.cur.append(v)
@@ -90,7 +93,7 @@ class _Rolling:
             with np.errstate(invalid="ignore"):
                 self.med = float(np.nanmedian(meds)) if np.isfinite(meds).any() else math.nan
                 self.scale = max(1.4826 * float(np.nanmedian(mads)) if np.isfinite(mads).any() else math.nan,
-                                 1e-4 * abs(self.med) + 1e-12)
+                                 1e-4 * abs(self.med) + 1e-12, self.quantum if self.quantum < math.inf else 0.0)
                 self.wmax = float(np.nanmax(maxs)) if np.isfinite(maxs).any() else math.nan
                 self.ref = detect.low_quantile(self.medians)
 
@@ -223,8 +226,7 @@ class OnlineDetector:
         return ev
 
     def _collapse(self, step, x) -> Optional[OnlineEvent]:
-        if math.isfinite(x) and math.isfinite(self._pinned_value) and \
-                abs(x - self._pinned_value) <= 1e-7 * abs(x) + 1e-12:
+        if detect.pinned_to(x, self._pinned_value):
             self._pinned += 1
         else:
             self._pinned, self._pinned_value = 1, x
@@ -233,13 +235,7 @@ class OnlineDetector:
         vals = [v for _, v in self.recent]
         pre = np.array(vals[:-detect.COLLAPSE_POINTS][-detect.BASELINE_POINTS:], dtype=np.float64)
         pre = pre[np.isfinite(pre)]
-        o = self.options
-        abrupt = False
-        if len(pre) >= 3:
-            p = float(np.median(pre))
-            sp = 1.4826 * float(np.median(np.abs(pre - p)))
-            abrupt = abs(x - p) > max(o.tolerance * abs(p), 3.0 * sp) and abs(p) > 0
-        if not (abrupt or self.state != "healthy"):
+        if not (detect.collapse_is_abrupt(x, pre, self.options.tolerance) or self.state != "healthy"):
             return None
         onset = list(self.recent)[-detect.COLLAPSE_POINTS][0] if len(self.recent) >= detect.COLLAPSE_POINTS else step
         self.state = "diverged"
