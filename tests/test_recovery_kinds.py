@@ -243,3 +243,13 @@ def test_collapse_needs_more_than_the_logs_rounding_step():
     y[1000:] = 0.58258 * (1 + 4e-6 * rng.standard_normal(500))   # pinned after a jump, float32 wobble
     batch, online = _kinds_batch_and_online(y)
     assert "collapse" in batch and "collapse" in online
+
+
+@pytest.mark.parametrize("ckpts", [[], [(100, None), (200, None)]])
+def test_bad_from_the_first_logged_value_never_names_a_negative_step(ckpts):
+    """A real log NaN from its first entry made recover say 'resume at or before step -2'."""
+    y = np.full(60, np.nan)
+    r = report(y, steps=np.arange(10, 610, 10), ckpts=ckpts)
+    assert r.status in ("rollback", "no_clean_checkpoint") and r.resume_checkpoint is None
+    assert "restart from scratch" in r.summary and "step -" not in r.summary
+    assert not any("step -" in line for line in r.reasons + r.warnings)

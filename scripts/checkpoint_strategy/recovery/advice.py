@@ -573,6 +573,14 @@ def _no_resume_point(t: _Trouble, what: str, checkpoints, milestones, nearest: O
     """Nothing to resume from: (status, summary, policy advice), with the reasons and warnings why."""
     status = "wait" if t.waiting else "rollback"
     cutoff, onset = t.cutoff, t.onset
+    if common["last_good_step"] is None or cutoff < 0:
+        reasons.append(f"no logged step before the onset at step {onset} is healthy: the run was in trouble from "
+                       "its first logged values, so no checkpoint of it is a safe resume point")
+        if checkpoints and not t.waiting:
+            status = "no_clean_checkpoint"
+        return status, (f"{what} at step {onset} not recovered and nothing before it is healthy: restart from "
+                        "scratch (or the initial weights) after checking the data, the learning rate and the loss "
+                        "scaling"), None
     if not checkpoints and not milestones:
         warnings.append("no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
                         "such as 500,1000")
