@@ -1,0 +1,243 @@
+"""Object storage (issue 15): the same checks on s3:// (a real moto S3 server over HTTP) and
+memory:// as on disk, for copies of the real HF / Lightning / DCP runs and their corrupted copies;
+bounded requests; one-line errors for bad URLs, missing drivers and unreachable endpoints."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import objectstore
+from checkpoint_strategy import storage
+from checkpoint_strategy.checkpoints.validate import validate_paths
+
+
+def _shape(report: dict) -> list[tuple]:
+    """Everything a validate report says per checkpoint, except where it lives."""
+    out = []
+    for c in report["checkpoints"]:
+        rel = c["path"].rsplit("/", 1)[-1]
+        out.append((rel, c["format"], c["step"], c["status"], c["resumable"], c["sharded"], c["portability"],
+                    c["files_checked"], c["bytes_read"],
+                    sorted((p["file"], p["reason"], p["kind"]) for p in c["problems"]), sorted(c["notes"])))
+    return sorted(out)
+
+
+def _same_on_s3(cli_run, s3, local: Path, name: str, *extra) -> tuple[dict, dict]:
+    objectstore.upload(s3.fs, local, f"{s3.name}/{name}")
+    disk = cli_run("validate", local, "--format", "json", *extra)
+    remote = cli_run("validate", f"{s3.url}/{name}", "--format", "json", *extra)
+    assert remote.rc == disk.rc, (remote.err, disk.err)
+    d, r = disk.json(), remote.json()
+    assert _shape(r) == _shape(d)
+    assert all(c["path"].startswith(f"{s3.url}/{name}") for c in r["checkpoints"])
+    return d, r
+
+
+def _corrupt_hf(run: Path) -> dict[str, str]:
+    """Damage a copy of the HF run the ways a crash or a bad upload does; name -> what was done."""
+    ck = sorted((p for p in run.iterdir() if p.name.startswith("checkpoint-")), key=lambda p: int(p.name[11:]))
+    st = ck[0] / "model.safetensors"
+    os.truncate(st, st.stat().st_size - 100)
+    opt = ck[1] / "optimizer.pt"
+    os.truncate(opt, opt.stat().st_size - 1000)            # central directory cut off
+    (ck[2] / "trainer_state.json").unlink()                 # half-uploaded: no commit marker
+    raw = bytearray((ck[3] / "model.safetensors").read_bytes())
+    raw[8] = ord("[")                                       # header is no longer a JSON object
+    (ck[3] / "model.safetensors").write_bytes(bytes(raw))
+    raw = bytearray((ck[4] / "optimizer.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF                              # a flipped byte: only the full level's CRC sees it
+    (ck[4] / "optimizer.pt").write_bytes(bytes(raw))
+    (ck[5] / "scheduler.pt").write_bytes(b"")
+    (ck[6] / "trainer_state.json").write_text('{"global_step": 70, "log_history": [')
+    return {p.name: "" for p in ck[:7]}
+
+
+def test_quick_and_full_on_s3_match_disk_for_the_real_hf_run_and_its_corrupted_copy(hf_run, copy_of, cli_run, s3):
+    _d, r = _same_on_s3(cli_run, s3, hf_run.output_dir, "hf")
+    assert r["summary"]["valid"] == len(hf_run.checkpoint_steps) >= 10
+    bad = copy_of(hf_run.output_dir, "hf-bad")
+    _corrupt_hf(bad)
+    d, r = _same_on_s3(cli_run, s3, bad, "hf-bad")
+    assert r["summary"]["invalid"] + r["summary"]["incomplete"] >= 5
+    _df, rf = _same_on_s3(cli_run, s3, bad, "hf-bad-full", "--level", "full")
+    assert rf["summary"]["invalid"] + rf["summary"]["incomplete"] > r["summary"]["invalid"] + r["summary"]["incomplete"]
+
+
+def test_lightning_and_dcp_on_s3_match_disk_valid_and_corrupted(lightning_run, dcp_checkpoint, copy_of, cli_run, s3):
+    _same_on_s3(cli_run, s3, lightning_run.ckpt_dir, "pl")
+    _same_on_s3(cli_run, s3, dcp_checkpoint, "step-100")
+    pl = copy_of(lightning_run.ckpt_dir, "pl-bad")
+    files = sorted(pl.glob("*.ckpt"))
+    os.truncate(files[0], files[0].stat().st_size // 2)
+    raw = bytearray(files[1].read_bytes())
+    raw[len(raw) // 3] ^= 0x55
+    files[1].write_bytes(bytes(raw))
+    _d, r = _same_on_s3(cli_run, s3, pl, "pl-bad")
+    assert r["summary"]["invalid"] + r["summary"]["incomplete"] >= 1
+    _d, r = _same_on_s3(cli_run, s3, pl, "pl-bad-full", "--level", "full")
+    assert r["summary"]["invalid"] + r["summary"]["incomplete"] >= 2
+    dcp = copy_of(dcp_checkpoint, "step-200")
+    data = next(dcp.glob("*.distcp"))
+    os.truncate(data, data.stat().st_size // 2)
+    _d, r = _same_on_s3(cli_run, s3, dcp, "step-200")
+    assert r["checkpoints"][0]["status"] == "incomplete"
+    nometa = copy_of(dcp_checkpoint, "step-300")
+    (nometa / ".metadata").unlink()                          # DCP's commit marker is written last
+    _d, r = _same_on_s3(cli_run, s3, nometa, "step-300")
+    assert "missing: .metadata" in r["checkpoints"][0]["problems"][0]["reason"]
+
+
+def test_memory_url_matches_disk(hf_run, cli_run):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    objectstore.upload(fs, hf_run.output_dir, "/issue15/hf")
+    try:
+        disk = cli_run("validate", hf_run.output_dir, "--format", "json").json()
+        mem = cli_run("validate", "memory://issue15/hf", "--format", "json").json()
+        assert _shape(mem) == _shape(disk)
+        assert mem["checkpoints"][0]["path"].startswith("memory://issue15/hf/")
+    finally:
+        fs.rm("/issue15", recursive=True)
+
+
+def test_quick_requests_are_one_listing_plus_header_reads(hf_run, cli_run, s3):
+    objectstore.upload(s3.fs, hf_run.output_dir, f"{s3.name}/hf")
+    files = sum(1 for p in hf_run.output_dir.rglob("*") if p.is_file())
+    s3.server.reset()
+    assert cli_run("validate", f"{s3.url}/hf", "--format", "json").rc == 0
+    counts = dict(s3.server.counts)
+    assert counts.get("list", 0) == 1  # one recursive listing (< 1000 keys: one page)
+    assert counts.get("put", 0) == 0 and counts.get("post", 0) == 0 and counts.get("delete", 0) == 0
+    # headers only: at most two ranged GETs per object (head + zip tail), never a whole big object
+    assert counts["total"] - 1 <= 2 * files, counts
+
+
+def test_quick_reads_only_headers_of_big_objects(tmp_path, cli_run, s3):
+    import torch
+    from safetensors.torch import save_file
+
+    ck = tmp_path / "checkpoint-7"
+    ck.mkdir()
+    save_file({"w": torch.zeros(4096, 1024)}, str(ck / "model.safetensors"))       # 16 MB
+    torch.save({"state": {0: {"exp_avg": torch.zeros(4096, 1024)}}, "param_groups": []}, ck / "optimizer.pt")
+    (ck / "trainer_state.json").write_text('{"global_step": 7, "log_history": []}')
+    objectstore.upload(s3.fs, ck, f"{s3.name}/big/checkpoint-7")
+    s3.server.reset()
+    r = cli_run("validate", f"{s3.url}/big", "--format", "json").json()
+    assert r["summary"]["valid"] == 1
+    assert s3.server.counts["bytes_out"] < 2 << 20, dict(s3.server.counts)   # of 32 MB
+    s3.server.reset()
+    r = cli_run("validate", f"{s3.url}/big", "--level", "full", "--format", "json").json()
+    assert r["summary"]["valid"] == 1 and s3.server.counts["bytes_out"] >= 32 << 20   # full: every byte
+
+
+def test_the_shadow_tree_holds_no_bytes_of_the_objects(dcp_checkpoint, s3):
+    objectstore.upload(s3.fs, dcp_checkpoint, f"{s3.name}/step-100")
+    with storage.local_paths([f"{s3.url}/step-100"], prefetch=True) as (local,):
+        names = sorted(os.listdir(local))
+        assert names == sorted(p.name for p in dcp_checkpoint.iterdir())
+        for n in names:
+            p = os.path.join(local, n)
+            assert os.path.getsize(p) == (dcp_checkpoint / n).stat().st_size
+            with open(p, "rb") as fh:           # the shadow itself: zeros (sparse), never the data
+                assert not fh.read().strip(b"\0")
+            with storage.open_regular(p) as fh:  # through the storage layer: the object's bytes
+                assert fh.read() == (dcp_checkpoint / n).read_bytes()
+        view_root = local
+    assert not os.path.exists(view_root)    # removed at the end of the command
+
+
+def test_hostile_keys_are_skipped_or_escaped(safetensors_file, cli_run, s3):
+    data = safetensors_file.read_bytes()
+    s3.fs.pipe_file(f"{s3.name}/run/model.safetensors", data)
+    s3.fs.pipe_file(f"{s3.name}/run/a b\t| x.safetensors", data)
+    s3.fs.pipe_file(f"{s3.name}/run/../escape.safetensors", data)   # never a name outside the shadow
+    s3.fs.pipe_file(f"{s3.name}/run/sub//x.safetensors", data)      # an empty name: skipped
+    r = cli_run("validate", f"{s3.url}/run", "--format", "text")
+    assert r.rc == 0, r.err
+    assert r.out.count("VALID") == 2 and "a b\\t\\| x.safetensors" in r.out, r.out
+    assert "escape.safetensors" not in r.out and "x.safetensors\n" not in r.out.replace("| x.safetensors", "")
+
+
+def test_a_newline_in_a_key_cannot_forge_a_line(safetensors_file, cli_run):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")   # moto's HTTP server refuses newlines in keys; S3 itself does not
+    fs.pipe_file("/issue15-nl/run/a\n- **Next step:** rm -rf ~.safetensors", safetensors_file.read_bytes())
+    try:
+        r = cli_run("validate", "memory://issue15-nl/run", "--format", "markdown")
+        assert r.rc == 0, r.err
+        assert "\n- **Next step" not in r.out and "a\\n- " in r.out
+    finally:
+        fs.rm("/issue15-nl", recursive=True)
+
+
+def test_half_uploaded_safetensors_is_truncated_on_s3_as_on_disk(safetensors_file, copy_of, cli_run, s3):
+    half = copy_of(safetensors_file, "half.safetensors")
+    os.truncate(half, half.stat().st_size // 2)
+    _d, r = _same_on_s3(cli_run, s3, half, "half.safetensors")
+    assert r["checkpoints"][0]["status"] != "valid"
+
+
+@pytest.mark.parametrize("url, match", [
+    ("ftp://host/x", "unknown scheme ftp://"),
+    ("s3://", "expected a bucket"),
+    ("memory://nothing-here/at-all", "no such object or prefix"),
+])
+def test_bad_urls_are_one_line(url, match, cli_run):
+    cli_run("validate", url).usage_error(match)
+
+
+def test_missing_bucket_and_empty_prefix_are_one_line(cli_run, s3):
+    cli_run("validate", "s3://no-such-bucket-issue15/run").usage_error("no-such-bucket-issue15")
+    cli_run("validate", f"{s3.url}/empty").usage_error("no such object or prefix")
+
+
+def test_missing_driver_names_the_extra(cli_run, monkeypatch):
+    monkeypatch.setitem(sys.modules, "s3fs", None)   # as if s3fs were not installed
+    line = cli_run("validate", "s3://bucket/run").usage_error("s3fs")
+    assert "checkpoint-strategy[s3]" in line
+    if "gcsfs" not in sys.modules:
+        try:
+            import gcsfs  # noqa: F401
+        except ImportError:
+            assert "checkpoint-strategy[gcs]" in cli_run("validate", "gs://bucket/run").usage_error("gcsfs")
+
+
+def test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets(cli_run, monkeypatch):
+    port = objectstore.free_port()   # nothing listens there: connection refused
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAISSUE15SECRETKEY")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "verysecretvalue15")
+    started = time.monotonic()
+    r = cli_run("validate", "s3://bucket/run", "--storage-option", "secret=optionsecret15",
+                "--storage-option", "key=optionkey15")
+    r.usage_error("cannot connect")
+    assert time.monotonic() - started < 20
+    for secret in ("AKIAISSUE15SECRETKEY", "verysecretvalue15", "optionsecret15", "optionkey15"):
+        assert secret not in r.err and secret not in r.out
+
+
+@pytest.mark.parametrize("bad", ["novalue", "=x", "a.b.c=1", "bad key=1"])
+def test_bad_storage_option_is_one_line(bad, cli_run):
+    cli_run("validate", "memory://x/y", "--storage-option", bad).usage_error("--storage-option")
+
+
+def test_deep_and_manifest_write_on_object_storage_are_refused(cli_run):
+    cli_run("validate", "s3://bucket/run", "--level", "deep").usage_error("needs a local copy")
+    cli_run("validate", "s3://bucket/run", "--manifest", "write").usage_error("local only")
+
+
+def test_local_paths_are_untouched_by_the_url_layer(tmp_path):
+    assert not storage.is_url(str(tmp_path)) and not storage.is_url("relative/dir")
+    assert storage.is_url("s3://b/p") and storage.is_url("memory://x") and not storage.is_url("file:///tmp")
+    with storage.local_paths([str(tmp_path), f"file://{tmp_path}"]) as out:
+        assert out == [str(tmp_path), str(tmp_path)]
+    with pytest.raises(Exception, match="no checkpoint recognised"):
+        validate_paths([f"file://{tmp_path}"])
