@@ -241,3 +241,28 @@ def test_local_paths_are_untouched_by_the_url_layer(tmp_path):
         assert out == [str(tmp_path), str(tmp_path)]
     with pytest.raises(Exception, match="no checkpoint recognised"):
         validate_paths([f"file://{tmp_path}"])
+
+
+# --------------------------------------------------------------------------- recover
+
+
+def test_recover_reads_trainer_state_and_run_prefix_from_s3(hf_run, cli_run, s3):
+    objectstore.upload(s3.fs, hf_run.output_dir, f"{s3.name}/hf")
+    rel = hf_run.trainer_state.relative_to(hf_run.output_dir).as_posix()
+    disk = cli_run("recover", hf_run.trainer_state, "--format", "json").json()
+    for url in (f"{s3.url}/hf/{rel}", f"{s3.url}/hf"):
+        r = cli_run("recover", url, "--format", "json")
+        remote = r.json()
+        assert remote["status"] == disk["status"] and remote["status"] == "rollback"
+        assert remote["spike"] == disk["spike"]
+        assert remote["resume_checkpoint"]["step"] == disk["resume_checkpoint"]["step"]
+        assert remote["resume_checkpoint"]["path"] == f"{s3.url}/hf/checkpoint-{disk['resume_checkpoint']['step']}"
+        assert "checkpoint-strategy-view-" not in r.out
+    text = cli_run("recover", f"{s3.url}/hf/{rel}").out
+    assert f"{s3.url}/hf/" in text and "checkpoint-strategy-view-" not in text
+
+
+def test_recover_missing_log_object_is_one_line_naming_the_url(cli_run, s3):
+    s3.fs.pipe_file(f"{s3.name}/run/checkpoint-10/optimizer.pt", b"x")
+    line = cli_run("recover", f"{s3.url}/run/checkpoint-10/trainer_state.json").usage_error(s3.url)
+    assert "checkpoint-strategy-view-" not in line

@@ -172,10 +172,18 @@ def display(path: str | os.PathLike[str]) -> str:
     return remote.display(p) if remote is not None else p
 
 
+def unshadow(text: str) -> str:
+    """Text with every object-storage shadow path replaced by its URL (rendered reports, messages)."""
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.unshadow(text) if remote is not None else text
+
+
 @contextlib.contextmanager
-def local_paths(paths: list[str], prefetch: bool = False) -> Iterator[list[str]]:
+def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> Iterator[list[str]]:
     """Each path as something the local checkers can walk: a plain path unchanged, a URL as the
-    shadow of its listing (storage/remote.py), removed at the end of the block."""
+    shadow of its listing (storage/remote.py), removed at the end of the block. ``parents``: list
+    that many prefix levels above each URL (what sits next to a log); the path returned is still
+    the URL's own object. A UsageError raised inside names URLs, not shadow paths."""
     if not any(is_url(p) for p in paths):
         yield [plain_path(os.fspath(p)) for p in paths]
         return
@@ -186,11 +194,14 @@ def local_paths(paths: list[str], prefetch: bool = False) -> Iterator[list[str]]
         out = []
         for p in paths:
             if is_url(p):
-                views.append(remote.open_view(os.fspath(p), prefetch=prefetch))
-                out.append(views[-1].local)
+                base, rel = remote.above(os.fspath(p), parents)
+                views.append(remote.open_view(base, prefetch=prefetch))
+                out.append(os.path.join(views[-1].local, *rel) if rel else views[-1].local)
             else:
                 out.append(plain_path(os.fspath(p)))
         yield out
+    except UsageError as exc:
+        raise UsageError(remote.unshadow(str(exc))) from None
     finally:
         for v in views:
             remote.close_view(v)

@@ -419,6 +419,20 @@ def display(path: str) -> str:
     return shown(v.to_url(os.path.abspath(path))) if v is not None else path
 
 
+def unshadow(text: str) -> str:
+    for v in list(_views.values()):
+        text = text.replace(v.local, shown(v.url))
+    return text
+
+
+def above(url: str, parents: int) -> tuple[str, list[str]]:
+    """(the URL ``parents`` levels up, never above BUCKET/x; the components stripped)."""
+    scheme, rest = split_url(url) or ("", url)
+    parts = [x for x in rest.rstrip("/").split("/")]
+    keep = max(min(2, len(parts)), len(parts) - parents)
+    return f"{scheme}://" + "/".join(parts[:keep]), parts[keep:]
+
+
 def _safe_rel(rel: str) -> bool:
     parts = rel.split("/")
     return all(p not in ("", ".", "..") and "\0" not in p and len(p.encode("utf-8", "surrogateescape")) <= 255
