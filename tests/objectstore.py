@@ -55,9 +55,9 @@ class CountingMotoServer(ThreadedMotoServer):
                 else "range" if environ.get("HTTP_RANGE") else method.lower()
             with self.lock:
                 self.counts[kind] += 1
-                self.counts["total"] += 1  # requests (bytes_out: response bytes of GETs)
+                self.counts["total"] += 1  # requests (bytes_out: response bytes of ranged GETs)
             result = list(app(environ, start_response))
-            if method == "GET":
+            if kind == "range":
                 with self.lock:
                     self.counts["bytes_out"] += sum(len(chunk) for chunk in result)
             hold = self._hold

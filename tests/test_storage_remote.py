@@ -4,7 +4,9 @@ bounded requests; one-line errors for bad URLs, missing drivers and unreachable 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import pytest
 
 import objectstore
 from checkpoint_strategy import storage
+from checkpoint_strategy.storage import remote
 from checkpoint_strategy.checkpoints.validate import validate_paths
 
 
@@ -149,6 +152,10 @@ def test_the_shadow_tree_holds_no_bytes_of_the_objects(dcp_checkpoint, s3):
                 assert not fh.read().strip(b"\0")
             with storage.open_regular(p) as fh:  # through the storage layer: the object's bytes
                 assert fh.read() == (dcp_checkpoint / n).read_bytes()
+        view = remote.view_of(local)
+        report = validate_paths([local])      # the checkers on the shadow, as a URL command runs them
+        assert report.checkpoints[0].status == "valid"
+        assert view.blocks == {} and view.cached == 0   # every fetched range dropped when its file closed
         view_root = local
     assert not os.path.exists(view_root)    # removed at the end of the command
 
@@ -210,14 +217,15 @@ def test_missing_driver_names_the_extra(cli_run, monkeypatch):
             assert "checkpoint-strategy[gcs]" in cli_run("validate", "gs://bucket/run").usage_error("gcsfs")
 
 
-def test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets(cli_run, monkeypatch):
+@pytest.mark.parametrize("argv", [("validate", "s3://bucket/run"), ("prune", "s3://bucket/run", "--keep-last", "1"),
+                                  ("recover", "s3://bucket/run/checkpoint-10/trainer_state.json")])
+def test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets(argv, cli_run, monkeypatch):
     port = objectstore.free_port()   # nothing listens there: connection refused
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAISSUE15SECRETKEY")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "verysecretvalue15")
     started = time.monotonic()
-    r = cli_run("validate", "s3://bucket/run", "--storage-option", "secret=optionsecret15",
-                "--storage-option", "key=optionkey15")
+    r = cli_run(*argv, "--storage-option", "secret=optionsecret15", "--storage-option", "key=optionkey15")
     r.usage_error("cannot connect")
     assert time.monotonic() - started < 20
     for secret in ("AKIAISSUE15SECRETKEY", "verysecretvalue15", "optionsecret15", "optionkey15"):
@@ -266,3 +274,48 @@ def test_recover_missing_log_object_is_one_line_naming_the_url(cli_run, s3):
     s3.fs.pipe_file(f"{s3.name}/run/checkpoint-10/optimizer.pt", b"x")
     line = cli_run("recover", f"{s3.url}/run/checkpoint-10/trainer_state.json").usage_error(s3.url)
     assert "checkpoint-strategy-view-" not in line
+
+
+# --------------------------------------------------------------------------- release-gate, handoff
+
+
+def test_release_gate_on_s3_matches_disk(hf_run, copy_of, cli_run, s3):
+    ck = sorted(hf_run.output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[0]
+    objectstore.upload(s3.fs, ck, f"{s3.name}/hf/{ck.name}")
+    for level in ("quick", "full"):
+        disk = cli_run("release-gate", ck, "--level", level, "--require", "safetensors,resumable",
+                       "--format", "json").json()
+        r = cli_run("release-gate", f"{s3.url}/hf/{ck.name}", "--level", level, "--require",
+                    "safetensors,resumable", "--format", "json")
+        remote = r.json()
+        assert remote["checkpoint"] == f"{s3.url}/hf/{ck.name}" and "checkpoint-strategy-view-" not in r.out
+        for key in ("gate", "layout", "step", "checks", "checksums", "reasons"):
+            assert remote[key] == disk[key], key
+        assert remote["gate"] == "pass"
+    bad = copy_of(ck, "checkpoint-999")
+    os.truncate(bad / "model.safetensors", 50)
+    objectstore.upload(s3.fs, bad, f"{s3.name}/hf/checkpoint-999")
+    r = cli_run("release-gate", f"{s3.url}/hf/checkpoint-999", "--format", "json")
+    assert r.rc == 1 and r.json()["gate"] == "fail"
+    cli_run("release-gate", f"{s3.url}/hf/{ck.name}", "--level", "deep").usage_error("needs a local copy")
+
+
+def test_handoff_checkpoints_url_matches_disk(hf_run, cli_run, s3, tmp_path):
+    objectstore.upload(s3.fs, hf_run.output_dir, f"{s3.name}/hf")
+    disk = cli_run("handoff", "--checkpoints", hf_run.output_dir, "--dry-run", "--format", "json").json()
+    r = cli_run("handoff", "--checkpoints", f"{s3.url}/hf", "--state-dir", tmp_path / "state", "--format", "json")
+    remote = r.json()
+    assert "checkpoint-strategy-view-" not in r.out
+    def same(doc: dict, root: str) -> str:
+        keep = {k: doc[k] for k in ("latest_valid_checkpoint", "rollback_points", "bad_checkpoints", "recovery",
+                                    "recovery_commands", "pending_risks", "next_action") if k in doc}
+        text = json.dumps(keep, sort_keys=True).replace(root, "ROOT")
+        return re.sub(r'"(validated_at|generated_at)": "[^"]*"', "", text)
+
+    assert remote["checkpoints_root"] == f"{s3.url}/hf"
+    assert same(remote, f"{s3.url}/hf") == same(disk, str(hf_run.output_dir))
+    assert remote["latest_valid_checkpoint"]["path"].startswith(f"{s3.url}/hf/checkpoint-")
+    assert any(f"--checkpoints {s3.url}/hf" in c for c in remote["recovery_commands"])
+    written = (tmp_path / "state" / "checkpoint-strategy.json").read_text()
+    assert f"{s3.url}/hf" in written and "checkpoint-strategy-view-" not in written
+    cli_run("handoff", "--checkpoints", f"{s3.url}/hf", "--level", "deep", "--dry-run").usage_error("local copy")

@@ -567,7 +567,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
-        path=storage.display(path), format=found.format, step=layout.step, status=status, resumable=layout.resumable,
+        path=str(path), format=found.format, step=layout.step, status=status, resumable=layout.resumable,
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
@@ -702,7 +702,7 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
         found, _unrec = fm.discover(p)
         if not found:
             kind = "folder" if os.path.isdir(p) else "file"
-            raise UsageError(f"{storage.display(p)}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
+            raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
         parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
         for f in found:
@@ -714,6 +714,14 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
                 orbax_commit_roots.add(parent)
         jobs.extend(found)
     return jobs, orbax_commit_roots, roots
+
+
+def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
+    """Level deep maps tensor data into memory (mmap): a URL is refused with one line (exit 2)."""
+    urls = [p for p in paths if p is not None and storage.is_url(p)]
+    if urls and level == "deep":
+        raise UsageError(f"{urls[0]}: --level deep maps tensor data into memory and needs a local copy; on object "
+                         "storage use --level quick or full (or copy the checkpoint to local disk first)")
 
 
 def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | None = None,
@@ -732,14 +740,13 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     level = _check_level(level, manifest)
     paths = [os.fspath(p) for p in paths]
     urls = [p for p in paths if storage.is_url(p)]
-    if urls and level == "deep":
-        raise UsageError(f"{urls[0]}: --level deep maps tensor data into memory and needs a local copy; on object "
-                         "storage use --level quick or full (or copy the checkpoint to local disk first)")
+    refuse_remote_deep(urls, level)
     if urls and manifest == "write":
         raise UsageError(f"{urls[0]}: --manifest write is local only (it writes integrity.json beside each "
                          "checkpoint); --manifest verify works on object storage")
     with storage.local_paths(paths, prefetch=level == "quick") as local:
-        return _validate_local(local, level, manifest, progress, stats, started)
+        report = _validate_local(local, level, manifest, progress, stats, started)
+        return storage.unshadow_model(report) if urls else report  # a caller inside a view keeps its paths
 
 
 def _validate_local(paths: list[str], level: str, manifest: str | None, progress: bool | None,

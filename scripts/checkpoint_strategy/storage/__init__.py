@@ -178,6 +178,12 @@ def unshadow(text: str) -> str:
     return remote.unshadow(text) if remote is not None else text
 
 
+def unshadow_model(model: Any) -> Any:
+    """`unshadow` for a pydantic report (every string field)."""
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.unshadow_model(model) if remote is not None and remote.view_count() else model
+
+
 @contextlib.contextmanager
 def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> Iterator[list[str]]:
     """Each path as something the local checkers can walk: a plain path unchanged, a URL as the

@@ -39,11 +39,12 @@ SCHEMES: dict[str, tuple[str | None, str]] = {
     "memory": (None, "s3"),
 }
 PREFETCH_WORKERS = 16
+PREFETCH_BATCH = 64        # objects whose headers are fetched together (memory: about 64 x 320 KB)
 BLOCK = 256 << 10          # on-demand reads fetch at least this much (local zip headers sit close together)
 HEAD_BYTES = 256 << 10     # safetensors header / first zip entries fetched up front (quick level)
 TAIL_BYTES = 65535 + 22 + 20 + 1024   # zip end record, its comment and the zip64 locator
 WHOLE_BYTES = 1 << 20      # small objects (JSON, .metadata, markers) are fetched whole
-CACHE_BYTES = 64 << 20     # on-demand blocks kept per view (prefetched headers are always kept)
+CACHE_BYTES = 64 << 20     # on-demand blocks kept per view (prefetched headers: until their file is closed)
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 30
 
@@ -199,6 +200,9 @@ class View:
     cached: int = 0
     requests: int = 0
     is_file: bool = False
+    headers: bool = False                       # level quick: prefetch header ranges (see `prefetch`)
+    prefetched: set[str] = field(default_factory=set)
+    siblings: dict[str, list[str]] = field(default_factory=dict)
 
     # ------------------------------------------------------------ paths
     def to_url(self, local: str) -> str:
@@ -281,11 +285,21 @@ class View:
         assert len(out) <= n  # every byte returned came from a ranged GET of this object
         return bytes(out)
 
-    def prefetch(self) -> None:
-        """Fetch the header ranges of every object with a bounded pool (level quick)."""
-        jobs: list[tuple[str, int, int]] = []
-        for local, e in self.objects.items():
-            jobs.extend((local, s, t) for s, t in header_ranges(os.path.basename(local), e.size))
+    def prefetch(self, local: str) -> None:
+        """Fetch, with a bounded pool, the header ranges of ``local`` and of the next objects beside it
+        not fetched yet (at most PREFETCH_BATCH): the files a checker reads next (level quick)."""
+        folder = os.path.dirname(local)
+        with self.lock:
+            if local in self.prefetched:
+                return
+            siblings = self.siblings.get(folder)
+            if siblings is None:
+                siblings = self.siblings[folder] = sorted(p for p in self.objects if os.path.dirname(p) == folder)
+            start = siblings.index(local) if local in siblings else 0
+            batch = [p for p in dict.fromkeys([local, *siblings[start:], *siblings[:start]]) if p not in self.prefetched]
+            batch = batch[:PREFETCH_BATCH]
+            self.prefetched.update(batch)
+        jobs = [(p, a, b) for p in batch for a, b in header_ranges(os.path.basename(p), self.objects[p].size)]
         if not jobs:
             return
         with ThreadPoolExecutor(max_workers=min(PREFETCH_WORKERS, len(jobs))) as pool:
@@ -299,6 +313,8 @@ class View:
             pass
 
     def open(self, local: str) -> RemoteFile:
+        if self.headers:
+            self.prefetch(local)
         return RemoteFile(self, local)
 
     # ------------------------------------------------------------ writes (prune's journal and deletions)
@@ -385,6 +401,7 @@ class RemoteFile(io.RawIOBase):
         if not self.closed:
             try:
                 os.close(self._fd)
+                self.view.forget(self.local)  # its headers were read: memory stays bounded on huge prefixes
             finally:
                 super().close()
 
@@ -419,10 +436,24 @@ def display(path: str) -> str:
     return shown(v.to_url(os.path.abspath(path))) if v is not None else path
 
 
+def view_count() -> int:
+    return len(_views)
+
+
 def unshadow(text: str) -> str:
     for v in list(_views.values()):
         text = text.replace(v.local, shown(v.url))
     return text
+
+
+def unshadow_model(model: Any) -> Any:
+    """A pydantic model with every shadow path in its strings replaced by its URL."""
+    import json
+
+    text = model.model_dump_json()
+    for v in list(_views.values()):
+        text = text.replace(json.dumps(v.local)[1:-1], json.dumps(shown(v.url))[1:-1])
+    return type(model).model_validate_json(text)
 
 
 def above(url: str, parents: int) -> tuple[str, list[str]]:
@@ -501,9 +532,7 @@ def open_view(url: str, prefetch: bool = False) -> View:
              is_file=is_file)
     try:
         _shadow(v, objects, is_file)
-        v.requests = 0
-        if prefetch:
-            v.prefetch()
+        v.headers = prefetch
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
