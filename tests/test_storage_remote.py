@@ -195,6 +195,9 @@ def test_half_uploaded_safetensors_is_truncated_on_s3_as_on_disk(safetensors_fil
 @pytest.mark.parametrize("url, match", [
     ("ftp://host/x", "unknown scheme ftp://"),
     ("s3://", "expected a bucket"),
+    ("s3:///runs/x", "expected a bucket"),
+    ("s3://bucket/runs/../other", "'..'"),
+    ("s3://bucket//x", "empty"),
     ("memory://nothing-here/at-all", "no such object or prefix"),
 ])
 def test_bad_urls_are_one_line(url, match, cli_run):
@@ -203,6 +206,7 @@ def test_bad_urls_are_one_line(url, match, cli_run):
 
 def test_missing_bucket_and_empty_prefix_are_one_line(cli_run, s3):
     cli_run("validate", "s3://no-such-bucket-issue15/run").usage_error("no-such-bucket-issue15")
+    cli_run("validate", "s3://Bad_Bucket!/run").usage_error("invalid bucket name")
     cli_run("validate", f"{s3.url}/empty").usage_error("no such object or prefix")
 
 
@@ -319,3 +323,16 @@ def test_handoff_checkpoints_url_matches_disk(hf_run, cli_run, s3, tmp_path):
     written = (tmp_path / "state" / "checkpoint-strategy.json").read_text()
     assert f"{s3.url}/hf" in written and "checkpoint-strategy-view-" not in written
     cli_run("handoff", "--checkpoints", f"{s3.url}/hf", "--level", "deep", "--dry-run").usage_error("local copy")
+
+
+def test_plan_and_local_validate_never_import_fsspec(tmp_path):
+    import subprocess
+
+    code = ("import sys, io, contextlib; from checkpoint_strategy.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main(['1000', '1', '10'])\n"
+            f"with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()): "
+            f"main(['validate', {str(tmp_path)!r}])\n"
+            "print([m for m in ('fsspec', 's3fs', 'checkpoint_strategy.storage.remote') if m in sys.modules])")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "scripts")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.stdout.strip() == "[]", proc.stderr

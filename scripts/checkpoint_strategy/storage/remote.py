@@ -160,13 +160,16 @@ def describe(exc: BaseException) -> str:
         return "the storage endpoint did not answer in time"
     if "nosuchbucket" in low or "bucket does not exist" in low:
         return "no such bucket"
+    if "invalid bucket name" in low:
+        return "invalid bucket name (expected s3://BUCKET/PREFIX with a valid bucket name)"
     for value in _secret_values():
         text = text.replace(value, "***")
     return f"{name}: {text[:120]}" if text else name
 
 
 def _secret_values() -> list[str]:
-    out = []
+    out = [os.environ[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
+           if len(os.environ.get(k, "")) >= 4]
     for v in _options.values():
         for x in (v.values() if isinstance(v, dict) else (v,)):
             if isinstance(x, str) and len(x) >= 4:
@@ -520,9 +523,11 @@ def open_view(url: str, prefetch: bool = False) -> View:
     assert parts is not None
     fs = filesystem(url)
     clean = url.rstrip("/") if not url.endswith("://") else url
+    names = parts[1].rstrip("/").split("/")
+    if not names[0] or any(n in ("", ".", "..") for n in names) or "\0" in parts[1]:
+        raise UsageError(f"{shown(url)}: expected a bucket and a prefix without empty, '.' or '..' parts, e.g. "
+                         "s3://BUCKET/runs/RUN")
     remote = fs._strip_protocol(clean).rstrip("/") if hasattr(fs, "_strip_protocol") else parts[1].rstrip("/")
-    if not remote or remote in ("/", ""):
-        raise UsageError(f"{shown(url)}: expected a bucket and a prefix, e.g. s3://BUCKET/runs/RUN")
     objects, is_file = _listing(fs, remote, url)
     tmp = tempfile.mkdtemp(prefix="checkpoint-strategy-view-")
     base = remote.rstrip("/").rsplit("/", 1)[-1] or "root"
