@@ -39,6 +39,7 @@ SCHEMES: dict[str, tuple[str | None, str]] = {
     "memory": (None, "s3"),
 }
 PREFETCH_WORKERS = 16
+READ_AHEAD_WORKERS = 8     # level full: one chunk ahead per open file (the CRC threads each have one)
 PREFETCH_BATCH = 64        # objects whose headers are fetched together (memory: about 64 x 320 KB)
 BLOCK = 256 << 10          # on-demand reads fetch at least this much (local zip headers sit close together)
 HEAD_BYTES = 256 << 10     # safetensors header / first zip entries fetched up front (quick level)
@@ -206,6 +207,7 @@ class View:
     headers: bool = False                       # level quick: prefetch header ranges (see `prefetch`)
     prefetched: set[str] = field(default_factory=set)
     siblings: dict[str, list[str]] = field(default_factory=dict)
+    _pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------ paths
     def to_url(self, local: str) -> str:
@@ -315,6 +317,13 @@ class View:
         except Exception:  # noqa: BLE001 - the checker's own read reports it, on its own file
             pass
 
+    def pool(self) -> ThreadPoolExecutor:
+        """The view's read-ahead threads (level full: the next chunk downloads while this one is hashed)."""
+        with self.lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=READ_AHEAD_WORKERS)
+            return self._pool
+
     def open(self, local: str) -> RemoteFile:
         if self.headers:
             self.prefetch(local)
@@ -372,6 +381,7 @@ class RemoteFile(io.RawIOBase):
         self.local = local
         self.size = view.objects[local].size
         self.pos = 0
+        self._ahead: tuple[tuple[int, int], Any] | None = None
         self._fd = os.open(local, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
 
     def readable(self) -> bool:
@@ -395,14 +405,34 @@ class RemoteFile(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        data = self.view.read(self.local, self.pos, len(view))
+        if len(view) >= BLOCK and not self.view.headers:  # streaming (level full, hashes): read ahead
+            data = self._stream(len(view))
+        else:
+            data = self.view.read(self.local, self.pos, len(view))
         view[:len(data)] = data
         self.pos += len(data)
         return len(data)
 
+    def _stream(self, n: int) -> bytes:
+        """n bytes at pos by one ranged GET, the next n requested in the background (one ahead)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == (self.pos, n):
+            data = ahead[1].result()
+        else:
+            data = self.view.fetch(self.local, self.pos, min(self.size, self.pos + n), keep=False) \
+                if self.pos < self.size else b""
+        nxt = self.pos + len(data)
+        if data and nxt < self.size:
+            self._ahead = ((nxt, n), self.view.pool().submit(self.view.fetch, self.local, nxt,
+                                                             min(self.size, nxt + n), False))
+        return data
+
     def close(self) -> None:
         if not self.closed:
             try:
+                if self._ahead is not None:
+                    self._ahead[1].cancel()
+                    self._ahead = None
                 os.close(self._fd)
                 self.view.forget(self.local)  # its headers were read: memory stays bounded on huge prefixes
             finally:
@@ -549,6 +579,8 @@ def open_view(url: str, prefetch: bool = False) -> View:
 def close_view(v: View) -> None:
     with _registry_lock:
         _views.pop(v.local, None)
+    if v._pool is not None:
+        v._pool.shutdown(wait=True, cancel_futures=True)
     shutil.rmtree(v.tmp, ignore_errors=True)
 
 
