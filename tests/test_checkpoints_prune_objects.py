@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -64,6 +65,16 @@ def test_the_spike_guard_reads_the_log_from_s3(hf_run, copy_of, cli_run, s3):
     assert remote["spike_guard"]["log"].startswith(f"{s3.url}/hf/")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def _run_prune(url: str, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts")}
     return subprocess.Popen([sys.executable, "-m", "checkpoint_strategy", "prune", url, "--keep-last", "2",
@@ -79,6 +90,10 @@ def _kill_when_held(s3, proc: subprocess.Popen) -> None:
     finally:
         s3.server.release()
     assert proc.returncode == -signal.SIGKILL
+    import tempfile
+
+    stale = [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"checkpoint-strategy-view-{proc.pid}-")]
+    assert stale  # SIGKILL skipped the cleanup: the next command removes it (checked by the callers)
 
 
 def test_killed_between_journal_and_deletion_the_rerun_finishes(hf_run, cli_run, s3):
@@ -100,6 +115,11 @@ def test_killed_between_journal_and_deletion_the_rerun_finishes(hf_run, cli_run,
     assert doomed.isdisjoint(left) and JOURNAL not in left
     newest = max(_steps(before))
     assert f"checkpoint-{newest}" in left
+    import tempfile
+
+    pids = [int(m.group(1)) for n in os.listdir(tempfile.gettempdir())
+            if (m := re.fullmatch(r"checkpoint-strategy-view-(\d+)-\w+", n))]
+    assert all(_alive(pid) for pid in pids)   # the killed prune's shadow was removed by the rerun
     assert cli_run("validate", f"{s3.url}/hf/checkpoint-{newest}").rc == 0
 
 

@@ -336,3 +336,13 @@ def test_plan_and_local_validate_never_import_fsspec(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "scripts")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.stdout.strip() == "[]", proc.stderr
+
+
+def test_validate_checkpoint_api_takes_a_url(dcp_checkpoint, s3):
+    from checkpoint_strategy.checkpoints.validate import validate_checkpoint
+
+    objectstore.upload(s3.fs, dcp_checkpoint, f"{s3.name}/step-100")
+    r = validate_checkpoint(f"{s3.url}/step-100")
+    assert r.status == "valid" and r.format == validate_checkpoint(dcp_checkpoint).format
+    assert r.path == f"{s3.url}/step-100"
+    assert validate_checkpoint(f"{s3.url}/step-100", level="full").status == "valid"

@@ -611,6 +611,12 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
     """
     level = _check_level(level, manifest)
     p = os.fspath(path)
+    if storage.is_url(p):  # one listing, then the same checks through ranged reads (storage/remote.py)
+        refuse_remote_deep([p], level)
+        if manifest == "write":
+            raise UsageError(f"{p}: manifest write is local only; manifest verify works on object storage")
+        with storage.local_paths([p], prefetch=level == "quick") as (local,):
+            return storage.unshadow_model(validate_checkpoint(local, level, manifest))
     if not os.path.lexists(p):
         raise UsageError(f"{p}: no such file or folder; expected a checkpoint folder or file")
     found = fm.identify(p)

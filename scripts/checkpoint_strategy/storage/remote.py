@@ -547,6 +547,30 @@ def _make_file(v: View, local: str, key: str, size: int) -> None:
     v.objects[local] = Entry(key, size)
 
 
+SHADOW_PREFIX = "checkpoint-strategy-view-"
+
+
+def _remove_stale_shadows() -> None:
+    """Shadow folders left by a process that was killed (SIGKILL skips the cleanup): empty sparse files
+    under the temp folder, named with the dead process's id. A live process's shadow is never touched."""
+    base = tempfile.gettempdir()
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        m = re.fullmatch(re.escape(SHADOW_PREFIX) + r"(\d+)-[A-Za-z0-9_]+", name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+            continue  # alive (or not ours to signal): keep
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except (PermissionError, OverflowError, OSError):
+            continue
+
+
 def open_view(url: str, prefetch: bool = False) -> View:
     """List ``url`` once and build its shadow; registered until `close_view` (or exit)."""
     parts = split_url(url)
@@ -559,7 +583,8 @@ def open_view(url: str, prefetch: bool = False) -> View:
                          "s3://BUCKET/runs/RUN")
     remote = fs._strip_protocol(clean).rstrip("/") if hasattr(fs, "_strip_protocol") else parts[1].rstrip("/")
     objects, is_file = _listing(fs, remote, url)
-    tmp = tempfile.mkdtemp(prefix="checkpoint-strategy-view-")
+    _remove_stale_shadows()
+    tmp = tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-")
     base = remote.rstrip("/").rsplit("/", 1)[-1] or "root"
     if not _safe_rel(base):
         base = "root"
