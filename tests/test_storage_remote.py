@@ -346,3 +346,11 @@ def test_validate_checkpoint_api_takes_a_url(dcp_checkpoint, s3):
     assert r.status == "valid" and r.format == validate_checkpoint(dcp_checkpoint).format
     assert r.path == f"{s3.url}/step-100"
     assert validate_checkpoint(f"{s3.url}/step-100", level="full").status == "valid"
+
+
+def test_shadow_files_carry_the_objects_times(s3):
+    s3.fs.pipe_file(f"{s3.name}/run/checkpoint-10/trainer_state.json", b"{}")
+    listed = s3.fs.info(f"{s3.name}/run/checkpoint-10/trainer_state.json")["LastModified"].timestamp()
+    with storage.local_paths([f"{s3.url}/run"]) as (local,):
+        got = os.stat(os.path.join(local, "checkpoint-10", "trainer_state.json")).st_mtime
+    assert abs(got - listed) < 1

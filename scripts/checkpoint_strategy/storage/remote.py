@@ -501,8 +501,20 @@ def _safe_rel(rel: str) -> bool:
                for p in parts)
 
 
-def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool]:
-    """{key: size} under the prefix (one recursive, paged listing), and whether the URL is one object."""
+def _mtime(info: dict) -> float | None:
+    """The object's modification time from its listing entry (S3 LastModified, fsspec mtime/created)."""
+    for key in ("LastModified", "mtime", "created", "updated"):
+        value: Any = info.get(key)
+        if value is not None and hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
+def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool, dict[str, float]]:
+    """{key: size} under the prefix (one recursive, paged listing), whether the URL is one object, and
+    {key: modification time} where the listing gives one."""
     try:
         found = fs.find(remote, detail=True)
     except FileNotFoundError:
@@ -515,12 +527,13 @@ def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool]:
         raise UsageError(f"{shown(url)}: no such object or prefix (empty listing); expected a checkpoint or a "
                          "prefix holding checkpoints")
     is_file = list(objects) == [remote]
-    return objects, is_file
+    mtimes = {k: t for k in objects if (t := _mtime(found.get(k) or found.get(k + "/") or {})) is not None}
+    return objects, is_file, mtimes
 
 
-def _shadow(v: View, objects: dict[str, int], is_file: bool) -> None:
+def _shadow(v: View, objects: dict[str, int], is_file: bool, mtimes: dict[str, float]) -> None:
     if is_file:
-        _make_file(v, v.local, v.remote, objects[v.remote])
+        _make_file(v, v.local, v.remote, objects[v.remote], mtimes.get(v.remote))
         return
     os.mkdir(v.local)
     for key in sorted(objects):
@@ -531,17 +544,19 @@ def _shadow(v: View, objects: dict[str, int], is_file: bool) -> None:
         local = os.path.join(v.local, *rel.split("/"))
         try:
             os.makedirs(os.path.dirname(local), exist_ok=True)
-            _make_file(v, local, key, objects[key])
+            _make_file(v, local, key, objects[key], mtimes.get(key))
         except OSError:  # a key that is also a "folder" (a and a/b), or a name the local disk refuses
             v.skipped.append(key)
 
 
-def _make_file(v: View, local: str, key: str, size: int) -> None:
+def _make_file(v: View, local: str, key: str, size: int, mtime: float | None) -> None:
     fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
     try:
         os.ftruncate(fd, size)  # sparse: holds no byte of the object
     finally:
         os.close(fd)
+    if mtime is not None:  # the object's time (recover picks the newest trainer_state.json by it)
+        os.utime(local, (mtime, mtime))
     v.objects[local] = Entry(key, size)
 
 
@@ -580,7 +595,7 @@ def open_view(url: str, prefetch: bool = False) -> View:
         raise UsageError(f"{shown(url)}: expected a bucket and a prefix without empty, '.' or '..' parts, e.g. "
                          "s3://BUCKET/runs/RUN")
     remote = fs._strip_protocol(clean).rstrip("/") if hasattr(fs, "_strip_protocol") else parts[1].rstrip("/")
-    objects, is_file = _listing(fs, remote, url)
+    objects, is_file, mtimes = _listing(fs, remote, url)
     _remove_stale_shadows()
     tmp = tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-")
     base = remote.rstrip("/").rsplit("/", 1)[-1] or "root"
@@ -589,7 +604,7 @@ def open_view(url: str, prefetch: bool = False) -> View:
     v = View(fs=fs, url=clean, remote=remote, tmp=tmp, local=os.path.join(os.path.realpath(tmp), base),
              is_file=is_file)
     try:
-        _shadow(v, objects, is_file)
+        _shadow(v, objects, is_file, mtimes)
         v.headers = prefetch
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
