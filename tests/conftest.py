@@ -143,6 +143,46 @@ def orbax_killed_save(tmp_path_factory) -> Path:
     return realruns.build_orbax_killed_save(tmp_path_factory.mktemp("orbax-kill"))
 
 
+@pytest.fixture(scope="session")
+def moto_server():
+    """moto's S3 server (ThreadedMotoServer) on 127.0.0.1 and a free port, every request counted
+    (tests/objectstore.py); stopped at the end of the session."""
+    pytest.importorskip("s3fs", reason="object storage needs s3fs: pip install -e '.[test]'")
+    pytest.importorskip("moto", reason="the S3 tests need moto[server]: pip install -e '.[test]'")
+    import objectstore
+
+    server = objectstore.start(env={})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_server, monkeypatch, request):
+    """A fresh bucket on the moto server; AWS_ENDPOINT_URL and dummy credentials in the environment.
+    ``s3.url`` is s3://BUCKET, ``s3.fs`` an s3fs client for setting up objects, ``s3.server`` counts."""
+    import re
+
+    import objectstore
+
+    for key, value in objectstore.CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint)
+    for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.delenv(key, raising=False)
+    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{id(request) % 10**6}"
+    fs = objectstore.s3fs_client(moto_server.endpoint)
+    fs.mkdir(bucket)
+    moto_server.reset()
+
+    class S3:
+        url = f"s3://{bucket}"
+        name = bucket
+        server = moto_server
+
+    S3.fs = fs
+    return S3
+
+
 @pytest.fixture(autouse=True)
 def _no_internal_error(monkeypatch):
     """No command may exit 3 anywhere in the suite: an "internal error" printed by an in-process

@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = args[1:]
         parser, module = build_parser(command)
         namespace = parser.parse_args(args)
-        return int(module.run(namespace))
+        return _run(module, namespace)
     except UsageError as exc:
         _err(str(exc))
         return exc.exit_code
@@ -148,6 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - never a traceback for users
         _err(f"internal error ({type(exc).__name__}: {exc}); please report it")
         return 3
+
+
+def _run(module: ModuleType, namespace: argparse.Namespace) -> int:
+    options = getattr(namespace, "storage_options", None)  # --storage-option KEY=VALUE (object-storage paths)
+    if options or "checkpoint_strategy.storage.remote" in sys.modules:  # never left over from an earlier call
+        from checkpoint_strategy.storage import remote
+
+        remote.set_options(options)
+    return int(module.run(namespace))
 
 
 def _command(args: list[str]) -> str:

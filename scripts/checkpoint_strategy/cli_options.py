@@ -241,6 +241,16 @@ def add_level(parser, help: str | None = None) -> None:
                                      "deep reads every tensor value and the optimizer state")
 
 
+def add_storage_options(parser) -> None:
+    """--storage-option KEY=VALUE (repeatable): passed to the object-storage driver (s3fs, gcsfs) for
+    s3:// and gs:// paths; values are never printed."""
+    parser.add_argument("--storage-option", dest="storage_options", action="append", default=None,
+                        metavar="KEY=VALUE",
+                        help="for s3:// / gs:// paths: a driver option, e.g. endpoint_url=http://host:9000, "
+                             "anon=true, client_kwargs.region_name=eu-west-1 (repeatable; credentials otherwise "
+                             "come from the environment and config files, as for the AWS/GCS tools)")
+
+
 # What tests/test_cli_vocabulary.py checks on every command that has the option.
 VOCABULARY: dict[str, dict] = {
     "--format": {"dest": "format", "must_have": FORMATS, "only": POLICY_FORMATS},

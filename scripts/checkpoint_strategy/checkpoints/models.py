@@ -231,6 +231,9 @@ class PruneReport(_Model):
     errors: list[Problem] = Field(default_factory=list)
     spike_guard: Optional[SpikeGuard] = Field(
         None, description="unrecovered loss spike in the training log: its rollback checkpoint is kept")
+    notes: list[str] = Field(default_factory=list,
+                             description="what the storage adds (object storage: a versioned bucket keeps "
+                                         "deleted objects as old versions; finished or dropped journal entries)")
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {

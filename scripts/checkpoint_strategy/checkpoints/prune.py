@@ -440,7 +440,7 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     r = s.results.get(c.name)
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
-    return PruneEntry(path=c.path, name=c.name, format=c.format, step=c.step, status=r.status if r else None,
+    return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step, status=r.status if r else None,
                       resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
                       reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
                       justified_by=d.justified_by, deleted=deleted, error=error)
@@ -484,6 +484,11 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     """
     from checkpoint_strategy.storage.locking import locked
 
+    if storage.is_url(os.fspath(root)):  # object storage: same survey and keep rules, journalled deletes
+        from checkpoint_strategy.checkpoints import prune_objects
+
+        keep_last, ms = _settings(keep_last, milestones, policy)
+        return prune_objects.prune_url(os.fspath(root), keep_last, ms, apply, level, log, spike_check, protect)
     root = check_root(os.fspath(root))
     keep_last, ms = _settings(keep_last, milestones, policy)
     busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
@@ -491,19 +496,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     with locked(root, lock_timeout, busy):
         s = survey(root, level)
         pending = read_journal(root)
-        valid = [(c.step, c.path) for c in s.candidates
-                 if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
-        guard = spike_guard(valid, log) if spike_check else None
-        keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
-        why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
-               else f"kept until the loss spike at step {guard.onset_step} recovers")
-        held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
-        retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
-                                 best={**s.best, **(protect or {}), **held},
-                                 rollback=guard.protected if guard else None,
-                                 rollback_why=(f"rollback point before the unrecovered loss spike at step "
-                                               f"{guard.onset_step}" if guard else ""))
-        plan = rt.plan_prune(s.candidates, retention)
+        plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect)
         ours, foreign = _leftovers(root, pending)
         out = None
         if apply:
@@ -511,6 +504,32 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
                 return usable(check(s.found[name], level))
 
             out = apply_prune(root, plan, revalidate, pending)
+    return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
+                     leftovers=(ours, foreign))
+
+
+def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
+                protect: dict[str, str] | None) -> tuple[rt.Plan, SpikeGuard | None]:
+    """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`."""
+    valid = [(c.step, c.path) for c in s.candidates
+             if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
+    guard = spike_guard(valid, log) if spike_check else None
+    keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
+    why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
+           else f"kept until the loss spike at step {guard.onset_step} recovers")
+    held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
+    retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
+                             best={**s.best, **(protect or {}), **held},
+                             rollback=guard.protected if guard else None,
+                             rollback_why=(f"rollback point before the unrecovered loss spike at step "
+                                           f"{guard.onset_step}" if guard else ""))
+    return rt.plan_prune(s.candidates, retention), guard
+
+
+def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
+              level: Level, keep_last: int, milestones: list[int], leftovers: tuple[list[str], list[str]],
+              notes: list[str] | None = None) -> PruneReport:
+    """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
     delete = [e for e in entries if e.action == "delete"]
@@ -518,13 +537,15 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     if out is not None:
         state = "half_deleted" if out.half_deleted else "failed" if out.errors else "done"
     best = sorted(s.best)
+    if guard is not None:
+        guard.log = storage.display(guard.log)
     return PruneReport(
-        root=root, applied=apply, level=level, keep_last=keep_last, milestones=ms,
+        root=storage.display(root), applied=apply, level=level, keep_last=keep_last, milestones=milestones,
         best_checkpoint=best[0] if best else None,
         newest_valid=plan.newest.name if plan.newest else None, counts_resumable=plan.counts_resumable,
-        final_export=s.final_export, lightning_templates=s.templates,
-        keep=keep, delete=delete, leftovers=ours, foreign_leftovers=foreign,
+        final_export=storage.display(s.final_export) if s.final_export else None, lightning_templates=s.templates,
+        keep=keep, delete=delete, leftovers=leftovers[0], foreign_leftovers=leftovers[1],
         reasons={e.name: e.reasons for e in entries},
         deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
         freed_bytes=out.freed if out else 0, state=state,
-        errors=out.errors if out else [], spike_guard=guard)
+        errors=out.errors if out else [], spike_guard=guard, notes=notes or [])

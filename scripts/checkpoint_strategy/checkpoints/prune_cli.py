@@ -7,6 +7,7 @@ from checkpoint_strategy.cli_options import (
     add_milestones,
     add_policy,
     add_report_options,
+    add_storage_options,
     milestone_schedule,
     number,
 )
@@ -17,7 +18,9 @@ HELP = "apply retention; delete only after a newer one validated"
 def add_arguments(parser) -> None:
     from checkpoint_strategy.storage import path_arg
 
-    parser.add_argument("root", metavar="ROOT", type=path_arg, help="the folder that holds the checkpoints")
+    parser.add_argument("root", metavar="ROOT", type=path_arg,
+                        help="the folder that holds the checkpoints, or a prefix URL (s3://BUCKET/PREFIX, gs://, "
+                             "memory://): deletions there are journalled (docs/object-storage.md)")
     parser.add_argument("--keep-last", type=number("keep"), default=None, metavar="N",
                         help="keep the N newest valid checkpoints (overrides the policy's keep_last)")
     add_milestones(parser, help="steps never deleted: 1000,5000 or 1000 5000, or seed, pow2, none (the plan's "
@@ -30,6 +33,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
                         help="do not read the training log (the spike's rollback checkpoint is then not protected)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
+    add_storage_options(parser)
     add_report_options(parser)
 
 
@@ -39,10 +43,12 @@ def run(args) -> int:
 
     milestones = args.milestones
     if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
+        from checkpoint_strategy import storage
         from checkpoint_strategy.recovery.ckptsteps import scan
 
         try:
-            newest = max((step for step, _path in scan(args.root)), default=0)
+            with storage.local_paths([args.root]) as (root,):
+                newest = max((step for step, _path in scan(root)), default=0)
         except OSError:
             newest = 0  # prune reports the unreadable root itself
         milestones = milestone_schedule(milestones, newest)

@@ -109,6 +109,11 @@ class _Mapper:
         from checkpoint_strategy.storage import open_regular
 
         self.fh = open_regular(path, "checkpoint file")
+        if not hasattr(self.fh, "raw"):  # an object-storage file (storage/remote.py): mmap would see no data
+            self.fh.close()
+            from checkpoint_strategy.storage import ReadError
+
+            raise ReadError(f"{path}: level deep needs a local file", "level deep needs a local file (object storage)")
         self.size = os.fstat(self.fh.fileno()).st_size
         self.mm: mmap.mmap | None = None
         self.start = self.end = 0

@@ -611,6 +611,12 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
     """
     level = _check_level(level, manifest)
     p = os.fspath(path)
+    if storage.is_url(p):  # one listing, then the same checks through ranged reads (storage/remote.py)
+        refuse_remote_deep([p], level)
+        if manifest == "write":
+            raise UsageError(f"{p}: manifest write is local only; manifest verify works on object storage")
+        with storage.local_paths([p], prefetch=level == "quick") as (local,):
+            return storage.unshadow_model(validate_checkpoint(local, level, manifest))
     if not os.path.lexists(p):
         raise UsageError(f"{p}: no such file or folder; expected a checkpoint folder or file")
     found = fm.identify(p)
@@ -687,25 +693,9 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     return extra
 
 
-def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | None = None,
-                   progress: bool | None = None, stats: str | None = None) -> ValidationReport:
-    """Validate every checkpoint at or under each path (roots with many checkpoints allowed).
-
-    Level deep compares each checkpoint with the previous one of the same run (same folder, next
-    lower step): a global weight norm that moved more than 2x is "suspicious". `stats`: write the
-    per-tensor figures of every checkpoint to this JSON file (level deep only).
-    """
-    from checkpoint_strategy.checkpoints.progress import Progress
-
-    started = time.perf_counter()
-    level = _check_level(level, manifest)
-    if stats is not None and level != "deep":
-        raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
-    if stats is not None and stats.strip() == "":
-        raise UsageError("--stats: empty path; expected a JSON file to write")
-    if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
-        raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
-                                                               "its folder does not exist") + "; expected a JSON file path")
+def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
+    """Every checkpoint at or under the paths, the folders whose Orbax steps carry commit markers, and
+    checkpoint -> the path the user named."""
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
     roots: dict[str, str] = {}
@@ -729,6 +719,54 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
                 orbax_commit_roots.add(parent)
         jobs.extend(found)
+    return jobs, orbax_commit_roots, roots
+
+
+def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
+    """Level deep maps tensor data into memory (mmap): a URL is refused with one line (exit 2)."""
+    urls = [p for p in paths if p is not None and storage.is_url(p)]
+    if urls and level == "deep":
+        raise UsageError(f"{urls[0]}: --level deep maps tensor data into memory and needs a local copy; on object "
+                         "storage use --level quick or full (or copy the checkpoint to local disk first)")
+
+
+def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | None = None,
+                   progress: bool | None = None, stats: str | None = None) -> ValidationReport:
+    """Validate every checkpoint at or under each path (roots with many checkpoints allowed).
+
+    A path may be a URL (s3://BUCKET/PREFIX, gs://..., memory://...): one listing of the prefix,
+    then the same checks on the objects' bytes through ranged reads (storage/remote.py); levels
+    quick and full, manifest verify.
+
+    Level deep compares each checkpoint with the previous one of the same run (same folder, next
+    lower step): a global weight norm that moved more than 2x is "suspicious". `stats`: write the
+    per-tensor figures of every checkpoint to this JSON file (level deep only).
+    """
+    started = time.perf_counter()
+    level = _check_level(level, manifest)
+    paths = [os.fspath(p) for p in paths]
+    urls = [p for p in paths if storage.is_url(p)]
+    refuse_remote_deep(urls, level)
+    if urls and manifest == "write":
+        raise UsageError(f"{urls[0]}: --manifest write is local only (it writes integrity.json beside each "
+                         "checkpoint); --manifest verify works on object storage")
+    with storage.local_paths(paths, prefetch=level == "quick") as local:
+        report = _validate_local(local, level, manifest, progress, stats, started)
+        return storage.unshadow_model(report) if urls else report  # a caller inside a view keeps its paths
+
+
+def _validate_local(paths: list[str], level: str, manifest: str | None, progress: bool | None,
+                    stats: str | None, started: float) -> ValidationReport:
+    from checkpoint_strategy.checkpoints.progress import Progress
+
+    if stats is not None and level != "deep":
+        raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
+    if stats is not None and stats.strip() == "":
+        raise UsageError("--stats: empty path; expected a JSON file to write")
+    if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
+        raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
+                                                               "its folder does not exist") + "; expected a JSON file path")
+    jobs, orbax_commit_roots, roots = _discover_jobs(paths)
     results: list[CheckpointResult] = []
     per_ckpt: list[CheckpointStats] = []
     previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}   # run folder -> last deep outcome

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
 
 HELP = "check checkpoints are whole, without loading them"
 
@@ -11,13 +11,15 @@ def add_arguments(parser) -> None:
     from checkpoint_strategy.storage import path_arg
 
     parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
-                        help="a checkpoint (folder or file) or a folder holding checkpoints")
+                        help="a checkpoint (folder or file) or a folder holding checkpoints; or a URL: "
+                             "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, memory://PATH (docs/object-storage.md)")
     add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32; deep: every tensor "
                            "value finite, norms, optimizer state whole (moments per parameter, step)")
     parser.add_argument("--stats", default=None, metavar="FILE.json",
                         help="with --level deep: write per-tensor figures (NaN/Inf counts, L2 norm, max |x|)")
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
                         help="write or verify a SHA-256 integrity.json per checkpoint (implies --level full)")
+    add_storage_options(parser)
     add_report_options(parser)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: only on a terminal, after one second)")

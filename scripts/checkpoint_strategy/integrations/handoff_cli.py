@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, number
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options, number
 from checkpoint_strategy.planning.options import add_plan_options
 
 HELP = "write checkpoint metadata for session-handoff"
@@ -18,8 +18,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), nargs="?")
     parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json", type=path_arg,
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
-    parser.add_argument("--checkpoints", metavar="ROOT", type=path_arg, help="the run's checkpoint folder: validated, newest first")
+    parser.add_argument("--checkpoints", metavar="ROOT", type=path_arg,
+                        help="the run's checkpoint folder or prefix URL (s3://BUCKET/PREFIX, gs://...): validated, "
+                             "newest first")
     add_level(parser, help="validation depth for --checkpoints (default quick: headers only)")
+    add_storage_options(parser)
     parser.add_argument("--log", metavar="LOG", type=path_arg, help="the training log, filled into the recovery commands")
     parser.add_argument("--state-dir", dest="state_dir", default=".claude/state", metavar="DIR", type=path_arg,
                         help="session-handoff state folder (default .claude/state)")
@@ -66,7 +69,15 @@ def run(args) -> int:
     if report is None and args.checkpoints is None:
         raise UsageError("nothing to hand off: give plan arguments, --plan-file PLAN.json and/or --checkpoints ROOT")
 
-    doc = handoff.build(report, args.checkpoints, level=args.level, log=args.log)
+    from checkpoint_strategy import storage
+    from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
+
+    refuse_remote_deep([args.checkpoints], args.level)
+    inputs = [p for p in (args.checkpoints, args.log) if p is not None]
+    with storage.local_paths(inputs, prefetch=args.level == "quick") as local:  # URLs: listed once, ranged reads
+        named = dict(zip(inputs, local, strict=True))
+        doc = handoff.build(report, named.get(args.checkpoints), level=args.level, log=named.get(args.log))
+        doc = storage.unshadow_model(doc)
     if not args.dry_run:
         handoff.write(args.state_dir, doc)
     emit(doc, args.format, args.output, **handoff.block_context(doc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from checkpoint_strategy.cli_options import add_level, add_report_options
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
 
 HELP = "release-readiness gate for one checkpoint"
 
@@ -22,18 +22,24 @@ def _require(text: str) -> list[str]:
 def add_arguments(parser) -> None:
     from checkpoint_strategy.storage import path_arg
 
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg, help="one checkpoint folder or file")
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg,
+                        help="one checkpoint folder or file, or its URL (s3://BUCKET/PREFIX/checkpoint-N, gs://...)")
     parser.add_argument("--require", type=_require, default=[], metavar="LIST",
                         help="comma-separated: safetensors, full_state_dict, sharded, resumable")
     add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified); "
                            "deep: every tensor value finite and the optimizer state whole")
+    add_storage_options(parser)
     add_report_options(parser)
 
 
 def run(args) -> int:
+    from checkpoint_strategy import storage
+    from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
     from checkpoint_strategy.integrations.release import gate
     from checkpoint_strategy.render import emit
 
-    record = gate(args.checkpoint, args.require, args.level)
+    refuse_remote_deep([args.checkpoint], args.level)
+    with storage.local_paths([args.checkpoint]) as (checkpoint,):  # a URL: its listing, bytes by ranged reads
+        record = storage.unshadow_model(gate(checkpoint, args.require, args.level))
     emit(record, args.format, args.output)
     return 0 if record.gate == "pass" else 1

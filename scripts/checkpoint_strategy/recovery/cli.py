@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import MAX_STEPS, add_milestones, add_report_options, milestone_schedule
+from checkpoint_strategy.cli_options import (
+    MAX_STEPS,
+    add_milestones,
+    add_report_options,
+    add_storage_options,
+    milestone_schedule,
+)
 from checkpoint_strategy.recovery.options import add_log_options, check_output_early
 from checkpoint_strategy.storage import path_arg
 
@@ -24,6 +30,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--plot", metavar="FILE", type=path_arg,
                         help="draw the loss curve, healthy level, events and checkpoints to FILE (.png or .svg; "
                              "needs the 'plot' extra: matplotlib)")
+    add_storage_options(parser)
     add_report_options(parser)
 
 
@@ -47,14 +54,35 @@ def run(args) -> int:
     milestones = args.milestones  # a folder, or steps (a keyword names the plan's schedule)
     if isinstance(milestones, list) or milestones in ("seed", "pow2", "none"):
         milestones = milestone_schedule(milestones, MAX_STEPS) or None
-    report, series, checkpoints = advise_with_series(
-        args.log, args.checkpoints, milestones=milestones, log_format=args.log_format, step_key=args.step_key,
-        loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key, run=args.run, options=options)
-    text = render(report, args.format)
-    if target is not None:
-        from checkpoint_strategy.recovery.plot import write_curve
+    from checkpoint_strategy import storage
 
-        write_curve(report, series, checkpoints, target, str(fmt))
-    write_output(text, args.output, inputs=(args.log, report.log.path))
+    ck_url = [args.checkpoints] if args.checkpoints and storage.is_url(args.checkpoints) else []
+    with storage.local_paths([args.log], parents=log_parents(args.log)) as (log,), \
+            storage.local_paths(ck_url) as cks:
+        report, series, checkpoints = advise_with_series(
+            log, cks[0] if cks else args.checkpoints, milestones=milestones, log_format=args.log_format,
+            step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key,
+            run=args.run, options=options)
+        text = storage.unshadow(render(report, args.format))
+        if target is not None:
+            from checkpoint_strategy.recovery.plot import write_curve
+
+            write_curve(report, series, checkpoints, target, str(fmt))
+        log_path = storage.unshadow(report.log.path)
+    write_output(text, args.output, inputs=(args.log, log_path))
     return 0
 
+
+def log_parents(log: str) -> int:
+    """For a log URL: how many prefix levels above it hold its checkpoints (what auto-discovery looks
+    at on disk): 2 for RUN/checkpoint-N/trainer_state.json, 1 for RUN/log.jsonl, 0 for a run prefix."""
+    from checkpoint_strategy import storage
+
+    if not storage.is_url(log):
+        return 0
+    from checkpoint_strategy.recovery.ckptsteps import parse_step
+
+    parts = log.split("://", 1)[1].rstrip("/").split("/")
+    if "." not in parts[-1] or len(parts) < 3:
+        return 0
+    return 2 if len(parts) >= 4 and (parse_step(parts[-2]) is not None or parts[-2] == "checkpoints") else 1

@@ -475,6 +475,11 @@ def _wandb_names(header: list[str], run: Optional[str], p: Path) -> dict[str, in
 
 
 def _read_tensorboard(p: Path, columns: Columns):
+    from checkpoint_strategy import storage
+
+    if storage.display(str(p)) != str(p):  # TensorBoard's reader opens files itself: not through storage/
+        raise UsageError(f"{storage.display(str(p))}: TensorBoard event files are read from local disk only; "
+                         "copy them down first (or export the scalars to CSV)")
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:

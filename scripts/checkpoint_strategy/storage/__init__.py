@@ -23,10 +23,14 @@ Checkers that report problems instead use its short ``reason``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import stat
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -130,10 +134,83 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
             raise ReadError(f"{what} {p} {reason}", reason)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
+        remote = _remote_file(p)  # a shadow of an object-storage listing: bytes come from the store
+        if remote is not None:
+            os.close(fd)
+            return remote
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
+
+
+def _remote_file(path: str) -> Any:
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.open_object(path) if remote is not None else None
+
+
+# --------------------------------------------------------------------------- URLs (storage/remote.py)
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://", re.S)
+
+
+def is_url(text: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` other than ``file://`` (object storage, through storage/remote.py)."""
+    m = _URL.match(os.fspath(text)) if isinstance(text, (str, os.PathLike)) else None
+    return m is not None and m.group(1).lower() != "file"
+
+
+def plain_path(text: str) -> str:
+    """``file:///x`` -> ``/x``; anything else unchanged."""
+    return text[len("file://"):] if text.lower().startswith("file://") else text
+
+
+def display(path: str | os.PathLike[str]) -> str:
+    """How a path is printed: the URL for a file of an object-storage view, else the path itself."""
+    p = os.fspath(path)
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.display(p) if remote is not None else p
+
+
+def unshadow(text: str) -> str:
+    """Text with every object-storage shadow path replaced by its URL (rendered reports, messages)."""
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.unshadow(text) if remote is not None else text
+
+
+def unshadow_model(model: Any) -> Any:
+    """`unshadow` for a pydantic report (every string field)."""
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    return remote.unshadow_model(model) if remote is not None and remote.view_count() else model
+
+
+@contextlib.contextmanager
+def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> Iterator[list[str]]:
+    """Each path as something the local checkers can walk: a plain path unchanged, a URL as the
+    shadow of its listing (storage/remote.py), removed at the end of the block. ``parents``: list
+    that many prefix levels above each URL (what sits next to a log); the path returned is still
+    the URL's own object. A UsageError raised inside names URLs, not shadow paths."""
+    if not any(is_url(p) for p in paths):
+        yield [plain_path(os.fspath(p)) for p in paths]
+        return
+    from checkpoint_strategy.storage import remote
+
+    views: list[Any] = []
+    try:
+        out = []
+        for p in paths:
+            if is_url(p):
+                base, rel = remote.above(os.fspath(p), parents)
+                views.append(remote.open_view(base, prefetch=prefetch))
+                out.append(os.path.join(views[-1].local, *rel) if rel else views[-1].local)
+            else:
+                out.append(plain_path(os.fspath(p)))
+        yield out
+    except UsageError as exc:
+        raise UsageError(remote.unshadow(str(exc))) from None
+    finally:
+        for v in views:
+            remote.close_view(v)
 
 
 def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
