@@ -126,12 +126,32 @@ class ValidationSummary(_Model):
     seconds: float
 
 
+class RunSafety(_Model):
+    """Which checkpoints of one run folder are safe to resume from (checkpoints/safety.py)."""
+
+    root: str = Field(description="the run folder")
+    log: Optional[str] = Field(None, description="the training log read; null when none was found")
+    spike_status: Optional[str] = Field(None, description="the recovery adviser's status; null when no log was read")
+    onset_step: Optional[int] = Field(None, description="onset of the unrecovered loss event, if any")
+    newest_safe: Optional[str] = Field(None, description="newest valid checkpoint not after the onset of an "
+                                                         "unrecovered loss event, resumable ones first: the one to "
+                                                         "resume from")
+    newest_safe_step: Optional[int] = None
+    newest_safe_resumable: bool = Field(False, description="it holds optimizer state (else weights only)")
+    safe: int = Field(0, description="valid checkpoints not after the onset (the rollback points)")
+    post_onset: list[str] = Field(default_factory=list,
+                                  description="valid checkpoints saved after the onset: do not resume from them")
+    note: str = ""
+
+
 class ValidationReport(_Model):
     level: Level
     manifest: Optional[Literal["write", "verify"]] = None
     hash_algorithm: Optional[str] = None
     checkpoints: list[CheckpointResult]
     summary: ValidationSummary
+    safety: list[RunSafety] = Field(default_factory=list, description="per run folder given: the newest checkpoint "
+                                    "safe to resume from, read against the training log")
 
 
 _FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")
@@ -192,7 +212,13 @@ class SpikeGuard(_Model):
     log: str = Field(description="the training log read (newest valid checkpoint's trainer_state.json or --log)")
     status: Optional[str] = Field(None, description="the recovery adviser's status, None when the log was unreadable")
     onset_step: Optional[int] = None
+    cutoff_step: Optional[int] = Field(
+        None, description="unrecovered spike: checkpoints above this step (onset - margin, recover's cut) hold "
+                          "spiked weights: do not resume from them")
     protected: Optional[str] = Field(None, description="the checkpoint `recover` would resume from, kept")
+    pre_spike: dict[str, str] = Field(
+        default_factory=dict, description="name -> why: the newest checkpoint before each loss spike in the log "
+                                          "(recovered ones too), kept unless --no-spike-check")
     note: str
 
 

@@ -37,6 +37,7 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.marker import describe as describe_marker
 from checkpoint_strategy.checkpoints.marker import read_marker
 from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.checkpoints import safety
 from checkpoint_strategy.checkpoints.models import (
     CheckpointPolicy,
     CheckpointResult,
@@ -198,47 +199,30 @@ def survey(root: str, level: str = "quick") -> Survey:
 
 # --------------------------------------------------------------------------- loss spike
 
-UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
+UNRESOLVED = safety.UNRESOLVED
 
 
 def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGuard | None:
-    """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
-    recovery adviser. When a loss spike has not recovered, the checkpoint `recover` would resume
-    from must survive: spikes come after "best", and a rolling window rotates past them.
+    """The training log read with the recovery adviser (`checkpoints.safety.read_spike`). When a
+    loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
+    come after "best", and a rolling window rotates past them.
 
     valid: (step, path) of the valid checkpoints.
     """
-    from checkpoint_strategy.recovery import advise
+    return safety.read_spike(valid, log)
 
-    valid = sorted(valid)
-    if log is None:
-        logs = [os.path.join(p, "trainer_state.json") for _s, p in valid
-                if storage.is_regular(os.path.join(p, "trainer_state.json"))]
-        if not logs:
-            return None
-        log = logs[-1]
-        explicit = False
-    else:
-        explicit = True
-    try:
-        report = advise(log, checkpoints=valid)
-    except UsageError as exc:
-        if explicit:
-            raise
-        return SpikeGuard(log=log, note=f"training log not usable ({exc}); no spike check")
-    onset = report.spike.onset_step if report.spike is not None else None
-    if report.status not in UNRESOLVED:
-        return SpikeGuard(log=log, status=report.status, onset_step=onset,
-                          note=f"no unrecovered loss spike ({report.status})")
-    resume = report.resume_checkpoint
-    protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
-    if protected:
-        note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
-                "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further")
-    else:
-        note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
-                "(run `checkpoint-strategy recover`)")
-    return SpikeGuard(log=log, status=report.status, onset_step=onset, protected=protected, note=note)
+
+def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
+    """Retention keywords from the spike guard: the rollback point, the checkpoint before each
+    spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
+    if guard is None:
+        return {}
+    why = safety.do_not_resume(guard) + " (holds spiked weights); kept, not counted by keep_last"
+    post = {c.name: why for c in candidates
+            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
+    pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
+    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
+                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
 
 
 # --------------------------------------------------------------------------- journal
@@ -499,10 +483,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
                else f"kept until the loss spike at step {guard.onset_step} recovers")
         held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
         retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
-                                 best={**s.best, **(protect or {}), **held},
-                                 rollback=guard.protected if guard else None,
-                                 rollback_why=(f"rollback point before the unrecovered loss spike at step "
-                                               f"{guard.onset_step}" if guard else ""))
+                                 best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates))
         plan = rt.plan_prune(s.candidates, retention)
         ours, foreign = _leftovers(root, pending)
         out = None
