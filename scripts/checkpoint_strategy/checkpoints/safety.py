@@ -164,3 +164,46 @@ def annotate_validation(report, paths: Sequence[str], log: Optional[str] = None,
     for root, results in _run_folders(paths, report.checkpoints).items():
         report.safety.append(run_safety(root, results, log, spike_check))
     return report
+
+
+# --------------------------------------------------------------------------- one checkpoint (release-gate)
+
+def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
+                     spike_check: bool = True) -> Optional[tuple[bool, str]]:
+    """(ok, detail) for one checkpoint against its run's training log: not ok when it was saved
+    after the onset of an unrecovered loss event. None when there is no log to read (or
+    spike_check is off). The run is the checkpoint's folder's parent; its siblings are offered to
+    the adviser as resume points (only their names are read)."""
+    if not spike_check or step is None:
+        return None
+    from checkpoint_strategy.recovery.ckptsteps import scan
+
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        siblings = scan(parent)
+    except UsageError:
+        siblings = []
+    guard = read_spike(siblings, log)
+    if guard is None or guard.status is None:
+        return None
+    if after_onset(step, guard):
+        return False, (f"{do_not_resume(guard)} or release: saved after the onset (recover's cut-off step "
+                       f"{guard.cutoff_step}); resume point: {guard.protected or 'none left'}")
+    if unresolved(guard):
+        return True, (f"saved before the loss spike at step {guard.onset_step} (at or before recover's cut-off step "
+                      f"{guard.cutoff_step}; {guard.log})")
+    return True, f"no unrecovered loss spike in {guard.log} ({guard.status})"
+
+
+def post_onset_note(report) -> Optional[str]:
+    """One line naming the newest safe checkpoint and the post-onset ones of a RecoveryReport
+    (on-event, recover): None when no loss event is unrecovered."""
+    guard = guard_from_report(report, report.log.path)
+    post = report.checkpoints.post_event
+    if not unresolved(guard) or not post:
+        return None
+    names = [os.path.basename(os.path.normpath(c.path)) if c.path else f"step {c.step}" for c in post]
+    shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+    resume = report.resume_checkpoint
+    where = (resume.path or f"step {resume.step}") if resume is not None else "no checkpoint before it"
+    return f"{do_not_resume(guard)}: {shown}; the newest safe checkpoint is {where}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from checkpoint_strategy.cli_options import add_level, add_report_options
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check
 
 HELP = "release-readiness gate for one checkpoint"
 
@@ -27,13 +27,14 @@ def add_arguments(parser) -> None:
                         help="comma-separated: safetensors, full_state_dict, sharded, resumable")
     add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified); "
                            "deep: every tensor value finite and the optimizer state whole")
+    add_spike_check(parser)
     add_report_options(parser)
 
 
 def run(args) -> int:
-    from checkpoint_strategy.integrations.release import gate
+    from checkpoint_strategy.integrations.release import apply_spike_check, gate
     from checkpoint_strategy.render import emit
 
-    record = gate(args.checkpoint, args.require, args.level)
+    record = apply_spike_check(gate(args.checkpoint, args.require, args.level), args.log, args.spike_check)
     emit(record, args.format, args.output)
     return 0 if record.gate == "pass" else 1
