@@ -50,6 +50,9 @@ def run(args) -> int:
     report, series, checkpoints = advise_with_series(
         args.log, args.checkpoints, milestones=milestones, log_format=args.log_format, step_key=args.step_key,
         loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key, run=args.run, options=options)
+    from checkpoint_strategy.recovery.complete import complete
+
+    report = complete(report)
     text = render(report, args.format)
     if target is not None:
         from checkpoint_strategy.recovery.plot import write_curve
