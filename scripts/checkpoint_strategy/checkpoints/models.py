@@ -201,6 +201,7 @@ class PruneEntry(_Model):
     reason_kinds: list[ReasonKind] = Field(default_factory=list, description="the kind of each reason, in order "
                                            "(retention.REASON_KINDS)")
     justified_by: Optional[str] = Field(None, description="delete: the newer validated checkpoint that stands in")
+    bytes: Optional[int] = Field(None, description="bytes on disk (a recognised checkpoint; symlinks not followed)")
     deleted: bool = False
     error: Optional[str] = Field(None, description="why this deletion failed (the checkpoint is intact unless "
                                                    "half_deleted says otherwise)")
@@ -251,6 +252,9 @@ class PruneReport(_Model):
     deleted: int = Field(0, description="checkpoints actually deleted by this run")
     failed: int = Field(0, description="deletions that failed")
     freed_bytes: int = Field(0, description="bytes of the checkpoints actually deleted")
+    bytes_to_free: int = Field(0, description="bytes the checkpoints marked delete take on disk (what --apply frees)")
+    proposed: Optional[str] = Field(None, description="no --keep-last/--policy given: the retention proposed from "
+                                                      "the run itself, and where each number came from")
     state: PruneState = Field("dry_run", description="dry_run; done; half_deleted = a deletion stopped half-way "
                                                      "(rerun prune --apply to finish); failed = nothing half-done "
                                                      "but some deletions failed")

@@ -424,8 +424,10 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     r = s.results.get(c.name)
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
+    size = _size(c.path) if c.layout and not c.symlink and c.path else None
     return PruneEntry(path=c.path, name=c.name, format=c.format, step=c.step, status=r.status if r else None,
                       resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
+                      bytes=size,
                       reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
                       justified_by=d.justified_by, deleted=deleted, error=error)
 
@@ -442,6 +444,45 @@ def _settings(keep_last, milestones, policy) -> tuple[int, list[int]]:
         raise UsageError(f"--keep-last must be an integer of at least 1, got {keep_last}")
     ms = sorted(set(milestones if milestones is not None else (policy.keep_milestone if policy else [])))
     return keep_last, ms
+
+
+def proposed_retention(root: str, milestones: list[int] | None, apply: bool) -> tuple[int, list[int], str]:
+    """keep_last and milestones from the run itself when none were given: a rolling window that spans
+    recover's wait window at the run's save interval (save_steps in the newest trainer_state.json,
+    else the spacing of the checkpoint names), and the plan's pow2 milestones up to max_steps.
+    --apply never deletes on proposed numbers (UsageError)."""
+    import math
+
+    from checkpoint_strategy.checkpoints.runfacts import trainer_state_facts
+    from checkpoint_strategy.cli_options import milestone_schedule
+    from checkpoint_strategy.recovery.ckptsteps import scan
+    from checkpoint_strategy.recovery.settings import DEFAULTS
+
+    found = scan(root)
+    facts = trainer_state_facts(None)
+    for _step, path in reversed(found):
+        facts = trainer_state_facts(path)
+        if facts.values:
+            break
+    every, where = facts.int("save_steps"), facts.source.get("save_steps")
+    if every is None and len(found) >= 2:
+        gaps = sorted(b - a for (a, _), (b, _) in zip(found, found[1:], strict=False))
+        every, where = max(1, gaps[len(gaps) // 2]), "the spacing of the checkpoint names"
+    if every is None:
+        raise UsageError("no retention given and none can be read from the run: pass --keep-last N (and "
+                         "--milestones) or --policy FILE")
+    keep = max(2, math.ceil(DEFAULTS.wait_steps / every) + 1)
+    last = facts.int("max_steps") or (found[-1][0] if found else 0)
+    ms = milestones if milestones is not None else milestone_schedule("pow2", last)
+    note = (f"keep_last {keep}: save_steps {every} (from {where}); the window spans recover's "
+            f"{DEFAULTS.wait_steps}-step wait window, so a checkpoint before a spike survives until it is judged; "
+            f"milestones {', '.join(map(str, ms)) or 'none'}"
+            + ("" if milestones is not None else f" (the plan's pow2 schedule up to max_steps {last}"
+               + (f", from {facts.source['max_steps']})" if "max_steps" in facts.source else ")")))
+    if apply:
+        raise UsageError(f"--apply needs --keep-last N or --policy FILE: nothing deleted on proposed numbers "
+                         f"(the dry run proposes keep_last {keep}, milestones {', '.join(map(str, ms)) or 'none'})")
+    return keep, list(ms), note
 
 
 def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
@@ -469,6 +510,9 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     from checkpoint_strategy.storage.locking import locked
 
     root = check_root(os.fspath(root))
+    proposed = None
+    if keep_last is None and policy is None:
+        keep_last, milestones, proposed = proposed_retention(root, milestones, apply)
     keep_last, ms = _settings(keep_last, milestones, policy)
     busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
             f"{lock_timeout:g} s); wait for it to finish, then rerun")
@@ -507,5 +551,6 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         keep=keep, delete=delete, leftovers=ours, foreign_leftovers=foreign,
         reasons={e.name: e.reasons for e in entries},
         deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
-        freed_bytes=out.freed if out else 0, state=state,
+        freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
+        bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
         errors=out.errors if out else [], spike_guard=guard)
