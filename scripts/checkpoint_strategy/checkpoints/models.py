@@ -144,6 +144,31 @@ class RunSafety(_Model):
     note: str = ""
 
 
+class SavedWorldSize(_Model):
+    """The processes a checkpoint was saved by, as its layout tells (checkpoints/worldsize.py)."""
+
+    path: str
+    world_size: Optional[int] = Field(None, description="processes (GPUs) that wrote it; null when the layout "
+                                                        "does not record it")
+    data_parallel: Optional[int] = None
+    tensor_parallel: Optional[int] = None
+    pipeline_parallel: Optional[int] = None
+    shards: Optional[int] = Field(None, description="shard files that must be consolidated or re-sharded")
+    rng_files: Optional[int] = Field(None, description="per-rank RNG state files (rng_state_N.pth)")
+    layout: Literal["rng", "dcp", "zero", "megatron"]
+    evidence: str = Field(description="the files that tell")
+
+
+class HardwareMove(_Model):
+    """validate --target-gpus N: what must stay constant and what changes on the new GPU count."""
+
+    target_gpus: int
+    saved_world_size: Optional[int] = None
+    keep_constant: list[str]
+    set_on_target: list[str] = Field(default_factory=list)
+    changes: list[str]
+
+
 class ValidationReport(_Model):
     level: Level
     manifest: Optional[Literal["write", "verify"]] = None
@@ -152,6 +177,10 @@ class ValidationReport(_Model):
     summary: ValidationSummary
     safety: list[RunSafety] = Field(default_factory=list, description="per run folder given: the newest checkpoint "
                                     "safe to resume from, read against the training log")
+    hardware: list[SavedWorldSize] = Field(default_factory=list, description="valid checkpoints whose layout "
+                                           "tells the world size they were saved with")
+    hardware_move: Optional[HardwareMove] = Field(None, description="--target-gpus N: what stays constant, "
+                                                  "what changes")
 
 
 _FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")

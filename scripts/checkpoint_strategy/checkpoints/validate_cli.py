@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check, add_target_gpus
 
 HELP = "check checkpoints are whole, without loading them"
 
@@ -19,6 +19,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
                         help="write or verify a SHA-256 integrity.json per checkpoint (implies --level full)")
     add_spike_check(parser)
+    add_target_gpus(parser)
     add_report_options(parser)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: only on a terminal, after one second)")
@@ -36,6 +37,9 @@ def run(args) -> int:
     from checkpoint_strategy.checkpoints.safety import annotate_validation
 
     annotate_validation(report, args.paths, args.log, args.spike_check)
+    from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
+
+    annotate_hardware(report, args.target_gpus, args.log)
     emit(report, args.format, args.output)
     # at level deep also nothing suspicious and no partial optimizer state (model-only is not a failure)
     return 0 if all(deep_ok(c) for c in report.checkpoints) else 1
