@@ -44,9 +44,9 @@ def test_apply_deletes_only_older_valid_ones(hf_run, copy_of, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["applied"] is True and all(e["deleted"] for e in out["delete"])
     # keep_last counts the checkpoints safe to resume from (100, 110: before the unrecovered spike at step
-    # 121); the post-onset ones 120-200 are kept, never counted (see the spike tests)
-    post = [f"checkpoint-{s}" for s in hf_run.checkpoint_steps if s >= 120]
-    assert sorted(os.listdir(root)) == sorted(["checkpoint-100", "checkpoint-110", "notes", *post])
+    # 121); the post-onset ones have their own window (190, 200), justified only among themselves
+    assert sorted(os.listdir(root)) == sorted(["checkpoint-100", "checkpoint-110", "checkpoint-190", "checkpoint-200",
+                                               "notes"])
     assert {c.status for c in validate_paths([str(root)]).checkpoints} == {"valid"}
 
 
@@ -197,8 +197,8 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     done = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
     full_time = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
-    # keep_last counts safe checkpoints (100, 110 before the spike at 121); 120-200 are post-onset, kept
-    assert len(json.loads(done.stdout)["delete"]) == len([s for s in hf_run.checkpoint_steps if s < 100])
+    # keep_last counts safe checkpoints (100, 110 before the spike at 121); post-onset: 190, 200 kept
+    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 4
     outside_before = _snapshot(template / "outside")
 
     rng = random.Random(1234)
@@ -229,8 +229,8 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         after = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
         assert after.returncode == 0, after.stderr
         left = sorted(n for n in os.listdir(work / "run"))
-        assert left == sorted(["checkpoint-1", "outside-link", "checkpoint-100", "checkpoint-110",
-                               *(f"checkpoint-{s}" for s in hf_run.checkpoint_steps if s >= 120)])
+        assert left == sorted(["checkpoint-1", "outside-link", "checkpoint-100", "checkpoint-110", newest,
+                               f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
         shutil.rmtree(work)
     assert kills >= 20 and mid_deletion >= 5, (kills, mid_deletion, i)
 
@@ -246,17 +246,19 @@ def test_unrecovered_spike_keeps_the_rollback_checkpoint(hf_run, copy_of, capsys
     # keep_last counts safe checkpoints only: 100 and 110; spiked 120-200 never justify deleting them
     assert report.newest_valid == "checkpoint-110"
     assert {"checkpoint-100", "checkpoint-110"} <= set(_names(report.keep))
-    assert _names(report.delete) == [f"checkpoint-{s}" for s in range(10, 100, 10)]
-    assert all(e.justified_by == "checkpoint-110" for e in report.delete)
+    assert _names(report.delete) == sorted(f"checkpoint-{s}" for s in [*range(10, 100, 10), *range(120, 190, 10)])
+    for e in report.delete:   # a spiked checkpoint never justifies deleting a safe one
+        assert e.justified_by == ("checkpoint-110" if e.step < 120 else "checkpoint-200")
     for e in report.keep:
         if e.step is not None and e.step >= 120:
             assert e.reason_kinds == ["post_onset"] and "after the spike at step 121: do not resume" in e.reasons[0]
+    assert {e.name for e in report.keep if e.step and e.step >= 120} == {"checkpoint-190", "checkpoint-200"}
     assert any("loss spike at step 121" in r for r in report.reasons["checkpoint-110"])
     assert main(["prune", str(root), "--keep-last", "2", "--apply"]) == 0
     out = capsys.readouterr().out
     assert "Loss spike:" in out and "checkpoint-110" in out
-    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-120").is_dir()
-    assert not (root / "checkpoint-90").exists()
+    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-200").is_dir()
+    assert not (root / "checkpoint-90").exists() and not (root / "checkpoint-120").exists()
 
 
 def test_spike_check_can_be_turned_off(hf_run, copy_of, capsys):

@@ -20,7 +20,7 @@ def test_dry_run_reports_bytes_per_checkpoint_and_total(hf_run, copy_of, cli_run
     assert rep["bytes_to_free"] == sum(_du(run / e["name"]) for e in rep["delete"]) > 0
     text = cli_run("prune", str(run), "--keep-last", "3").out
     mb = rep["bytes_to_free"] / 1e6
-    assert text.rstrip().endswith(f"8 to delete: frees {mb:.3g} MB.")
+    assert text.rstrip().endswith(f"14 to delete: frees {mb:.3g} MB.")   # 10-80, and post-onset 120-170
     assert f"DELETE  checkpoint-10 [valid, resumable, {_du(run / 'checkpoint-10') / 1e3:.3g} KB]" in text
     applied = cli_run("prune", str(run), "--keep-last", "3", "--apply", "--format", "json").json()
     assert applied["freed_bytes"] == rep["bytes_to_free"]

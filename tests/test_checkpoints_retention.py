@@ -216,7 +216,12 @@ def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
     # keep_last counts the checkpoints safe to resume from: none saved after an unrecovered spike's onset
     safe = [(s, n) for s, n in expect["resumable_valid"] if cutoff is None or s <= cutoff]
     post = {n for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff}
-    assert post <= left, "a checkpoint after the spike's onset is kept (not counted, never deleted)"
+    post_window = {n for _s, n in sorted((s, n) for s, n in expect["resumable_valid"] if n in post)
+                   [-expect["keep_last"]:]}
+    assert post_window <= left, "the keep_last newest post-onset checkpoints are kept (their own window)"
+    for e in report.delete:   # a post-onset checkpoint never justifies deleting a safe one
+        if cutoff is not None and e.step is not None and e.step <= cutoff:
+            assert int(e.justified_by.rsplit("-", 1)[1]) <= cutoff, (e.name, e.justified_by)
     if safe:
         newest = max(safe)[1]
         assert newest in left and report.newest_valid == newest

@@ -71,3 +71,17 @@ def test_after_onset_is_recovers_cut():
     assert not safety.after_onset(150, grad_only)
     recovered = SpikeGuard(log="x", status="self_recovered", onset_step=121, cutoff_step=119, note="")
     assert not safety.after_onset(150, recovered)
+
+
+def test_last_valid_checkpoint_skips_post_onset_checkpoints(hf_run, copy_of):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    run = copy_of(hf_run.output_dir, "run")
+    assert last_valid_checkpoint(run) == str(run / "checkpoint-110")
+    assert last_valid_checkpoint(run, spike_check=False) == str(run / "checkpoint-200")
+
+
+def test_last_valid_checkpoint_of_a_recovered_run_is_the_newest(hf_run_self_recovering):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    assert last_valid_checkpoint(hf_run_self_recovering.output_dir).endswith("checkpoint-200")

@@ -106,9 +106,11 @@ def test_the_disk_is_filling_up(skill_root, run_copy, tmp_path):
     rep = json.loads(run(line + " --keep-last 3 --format json", skill_root, {"RUN_DIR": str(run_copy)}, tmp_path))
     assert rep["bytes_to_free"] == sum(e["bytes"] for e in rep["delete"]) > 0
     assert rep["newest_valid"] == "checkpoint-110"
-    assert {e["name"] for e in rep["delete"]} == {f"checkpoint-{s}" for s in range(10, 90, 10)}
+    # safe window 90-110; the post-onset ones keep their own window (180-200) and justify only each other
+    assert {e["name"] for e in rep["delete"]} == {f"checkpoint-{s}" for s in [*range(10, 90, 10), *range(120, 180, 10)]}
+    assert all(e["justified_by"] == "checkpoint-110" for e in rep["delete"] if e["step"] < 120)
     text = run(line + " --keep-last 3", skill_root, {"RUN_DIR": str(run_copy)}, tmp_path)
-    assert re.search(r"8 to delete: frees \d[\d.]* MB\.$", text.rstrip())
+    assert re.search(r"14 to delete: frees \d[\d.]* MB\.$", text.rstrip())
 
 
 def test_im_ending_my_session(skill_root, run_copy, tmp_path):

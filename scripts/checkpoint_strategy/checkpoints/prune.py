@@ -217,7 +217,7 @@ def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) ->
     spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
     if guard is None:
         return {}
-    why = safety.do_not_resume(guard) + " (holds spiked weights); kept, not counted by keep_last"
+    why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
     post = {c.name: why for c in candidates
             if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
     pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}

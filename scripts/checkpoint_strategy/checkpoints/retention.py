@@ -212,12 +212,16 @@ class Context:
     ordered: tuple[Candidate, ...]          # the checkpoints keep_last counts, oldest first
     window: frozenset[str]                  # names within keep_last
     newest: Candidate | None
+    post_window: frozenset[str] = frozenset()   # the keep_last newest post-onset checkpoints
+    post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
 
     def newer_than(self, c: Candidate) -> Candidate | None:
-        """The newest counted checkpoint with a higher step than c (what justifies deleting c)."""
-        if self.newest is None or c.step is None or self.newest.step is None or self.newest.step <= c.step:
+        """The newest counted checkpoint with a higher step than c (what justifies deleting c). A
+        post-onset checkpoint is justified only by a newer post-onset one; a safe one never by those."""
+        newest = self.post_newest if c.name in self.retention.post_onset else self.newest
+        if newest is None or c.step is None or newest.step is None or newest.step <= c.step:
             return None
-        return self.newest
+        return newest
 
 
 KeepRule = Callable[[Candidate, Context], Reason | None]
@@ -299,8 +303,11 @@ def keep_pre_spike(c: Candidate, ctx: Context) -> Reason | None:
 
 
 def keep_post_onset(c: Candidate, ctx: Context) -> Reason | None:
-    if c.name in ctx.retention.post_onset:
-        return Reason("post_onset", ctx.retention.post_onset[c.name])
+    """Post-onset checkpoints have their own window: the keep_last newest of them are kept (the spike
+    may still recover); older ones go, justified by a newer post-onset one, never by a safe one."""
+    if c.name in ctx.retention.post_onset and c.name in ctx.post_window:
+        return Reason("post_onset", f"{ctx.retention.post_onset[c.name]}; within the keep_last="
+                                    f"{ctx.retention.keep_last} newest post-onset")
     return None
 
 
@@ -354,6 +361,14 @@ def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None =
     return bool(resumable), tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
 
 
+def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
+                  counts_resumable: bool) -> tuple[Candidate, ...]:
+    """The post-onset checkpoints, ordered like the counted ones (resumable ones when the run has any)."""
+    pool = [c for c in candidates if c.name in post_onset and c.layout is not None and not c.symlink
+            and c.status == "valid" and c.step is not None and (c.resumable or not counts_resumable)]
+    return tuple(sorted(pool, key=lambda c: (c.step, c.name)))
+
+
 def plan_prune(candidates: Sequence[Candidate], retention: Retention,
                rules: Sequence[KeepRule] = DEFAULT_RULES) -> Plan:
     """Decide keep/delete for every candidate. Pure: reads nothing, deletes nothing.
@@ -369,7 +384,9 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
     counts_resumable, ordered = _counted(candidates, retention.post_onset)
     window = frozenset(c.name for c in ordered[-retention.keep_last:])
     newest = ordered[-1] if ordered else None
-    ctx = Context(retention, counts_resumable, ordered, window, newest)
+    post = _post_counted(candidates, retention.post_onset, counts_resumable)
+    ctx = Context(retention, counts_resumable, ordered, window, newest,
+                  frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None)
     decisions = []
     for c in candidates:
         reasons: list[Reason] = []
@@ -387,6 +404,8 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
             continue
         assert newer is not None
         extra = "" if c.resumable or not counts_resumable else "weights-only; "
+        if c.name in retention.post_onset:
+            extra = "post-onset (spiked weights); " + extra
         text = (f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
                 f"({_label(newer)}) validated")
         decisions.append(Decision(c, "delete", (Reason("superseded", text),), justified_by=newer.name))
