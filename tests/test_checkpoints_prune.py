@@ -43,15 +43,17 @@ def test_apply_deletes_only_older_valid_ones(hf_run, copy_of, capsys):
     assert main(["prune", str(root), "--keep-last", "2", "--apply", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["applied"] is True and all(e["deleted"] for e in out["delete"])
-    # checkpoint-110 stays: the run's loss spike at step 121 never recovered (see the spike tests)
-    assert sorted(os.listdir(root)) == ["checkpoint-110", "checkpoint-190", "checkpoint-200", "notes"]
+    # keep_last counts the checkpoints safe to resume from (100, 110: before the unrecovered spike at step
+    # 121); the post-onset ones have their own window (190, 200), justified only among themselves
+    assert sorted(os.listdir(root)) == sorted(["checkpoint-100", "checkpoint-110", "checkpoint-190", "checkpoint-200",
+                                               "notes"])
     assert {c.status for c in validate_paths([str(root)]).checkpoints} == {"valid"}
 
 
 def test_invalid_newest_is_never_trusted(hf_run, copy_of):
     root = copy_of(hf_run.output_dir, "run")
     (root / "checkpoint-200" / "model.safetensors").write_bytes(b"")
-    report = prune(root, keep_last=1)
+    report = prune(root, keep_last=1, spike_check=False)
     kept = {e.name: e for e in report.keep}
     assert "checkpoint-200" in kept and "invalid" in kept["checkpoint-200"].reasons[0]
     assert report.newest_valid == "checkpoint-190" and "checkpoint-190" in kept
@@ -195,7 +197,8 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     done = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
     full_time = time.perf_counter() - t0
     assert done.returncode == 0, done.stderr
-    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 3  # - 2 newest - spike rollback
+    # keep_last counts safe checkpoints (100, 110 before the spike at 121); post-onset: 190, 200 kept
+    assert len(json.loads(done.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 4
     outside_before = _snapshot(template / "outside")
 
     rng = random.Random(1234)
@@ -226,7 +229,7 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         after = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
         assert after.returncode == 0, after.stderr
         left = sorted(n for n in os.listdir(work / "run"))
-        assert left == sorted(["checkpoint-1", "outside-link", newest, "checkpoint-110",
+        assert left == sorted(["checkpoint-1", "outside-link", "checkpoint-100", "checkpoint-110", newest,
                                f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
         shutil.rmtree(work)
     assert kills >= 20 and mid_deletion >= 5, (kills, mid_deletion, i)
@@ -239,13 +242,23 @@ def test_unrecovered_spike_keeps_the_rollback_checkpoint(hf_run, copy_of, capsys
     root = copy_of(hf_run.output_dir, "run")
     report = prune(root, keep_last=2)
     assert report.spike_guard.status == "rollback" and report.spike_guard.onset_step == 121
-    assert report.spike_guard.protected == "checkpoint-110"
-    assert "checkpoint-110" in _names(report.keep) and "checkpoint-120" in _names(report.delete)
+    assert report.spike_guard.protected == "checkpoint-110" and report.spike_guard.cutoff_step == 119
+    # keep_last counts safe checkpoints only: 100 and 110; spiked 120-200 never justify deleting them
+    assert report.newest_valid == "checkpoint-110"
+    assert {"checkpoint-100", "checkpoint-110"} <= set(_names(report.keep))
+    assert _names(report.delete) == sorted(f"checkpoint-{s}" for s in [*range(10, 100, 10), *range(120, 190, 10)])
+    for e in report.delete:   # a spiked checkpoint never justifies deleting a safe one
+        assert e.justified_by == ("checkpoint-110" if e.step < 120 else "checkpoint-200")
+    for e in report.keep:
+        if e.step is not None and e.step >= 120:
+            assert e.reason_kinds == ["post_onset"] and "after the spike at step 121: do not resume" in e.reasons[0]
+    assert {e.name for e in report.keep if e.step and e.step >= 120} == {"checkpoint-190", "checkpoint-200"}
     assert any("loss spike at step 121" in r for r in report.reasons["checkpoint-110"])
     assert main(["prune", str(root), "--keep-last", "2", "--apply"]) == 0
     out = capsys.readouterr().out
     assert "Loss spike:" in out and "checkpoint-110" in out
-    assert (root / "checkpoint-110").is_dir() and not (root / "checkpoint-120").exists()
+    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-200").is_dir()
+    assert not (root / "checkpoint-90").exists() and not (root / "checkpoint-120").exists()
 
 
 def test_spike_check_can_be_turned_off(hf_run, copy_of, capsys):
@@ -260,7 +273,11 @@ def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of)
     root = copy_of(hf_run_self_recovering.output_dir, "run")
     report = prune(root, keep_last=2)
     assert report.spike_guard.status == "self_recovered" and report.spike_guard.protected is None
-    assert len(report.keep) == 2
+    # nothing is post-onset; the one checkpoint before the (recovered) spike is kept: checkpoint-110
+    assert _names(report.keep) == ["checkpoint-110", "checkpoint-190", "checkpoint-200"]
+    assert report.keep[0].reason_kinds == ["pre_spike"] and "step 121" in report.keep[0].reasons[0]
+    off = prune(root, keep_last=2, spike_check=False)
+    assert _names(off.keep) == ["checkpoint-190", "checkpoint-200"]
 
 
 def test_explicit_bad_log_exits_2(hf_run, copy_of, tmp_path, capsys):

@@ -64,8 +64,8 @@ def test_each_line_says_resumable_or_weights_only(hf_run, copy_of, capsys):
     assert main(["prune", str(root), "--keep-last", "3", "--no-spike-check"]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = {ln.split()[1]: ln for ln in lines if ln.startswith(("KEEP", "DELETE"))}
-    assert "[valid, weights-only]" in line["checkpoint-200"] and "[valid, weights-only]" in line["checkpoint-100"]
-    assert "[valid, resumable]" in line["checkpoint-190"]
+    assert "[valid, weights-only, " in line["checkpoint-200"] and "[valid, weights-only, " in line["checkpoint-100"]
+    assert "[valid, resumable, " in line["checkpoint-190"]
     assert "weights-only; older than keep_last=3" in line["checkpoint-100"]
     assert any(ln.startswith("Keep last:") and "resumable" in ln for ln in lines)
 
@@ -216,7 +216,9 @@ def test_hf_output_dir_handoff_counts_every_rollback_point(hf_run, copy_of, tmp_
     assert main(["handoff", "--checkpoints", str(root), "--state-dir", str(state), "--format", "json"]) == 0
     doc = json.loads((state / "checkpoint-strategy.json").read_text())
     steps = {c["step"] for c in doc["rollback_points"]}
-    assert {200, 190, 180} <= steps
+    # rollback points are the checkpoints safe to resume from: 120-200 come after the unrecovered spike at 121
+    assert set(range(10, 111, 10)) == steps
+    assert {200, 190, 180} <= {c["step"] for c in doc["post_onset_checkpoints"]}
     capsys.readouterr()
 
 
@@ -365,7 +367,8 @@ def test_read_only_root_dry_run_works_and_apply_exits_2(hf_run, copy_of):
     before = sorted(os.listdir(root))
     dry = _run_readonly(root, ["--keep-last", "2", "--format", "json"])
     assert dry.returncode == 0, dry.stderr
-    assert len(json.loads(dry.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 3
+    # keep_last 2 counts the safe checkpoints (100, 110); of the post-onset ones 190, 200 stay
+    assert len(json.loads(dry.stdout)["delete"]) == len(hf_run.checkpoint_steps) - 4
     res = _run_readonly(root, ["--keep-last", "2", "--apply"])
     assert res.returncode == 2, res.stdout + res.stderr
     lines = res.stderr.strip().splitlines()

@@ -211,11 +211,23 @@ def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
     report = prune(root, keep_last=expect["keep_last"], milestones=expect["milestone_steps"], apply=True)
     left = set(os.listdir(root))
     assert report.state == "done" and not report.errors
-    if expect["resumable_valid"]:
-        newest = max(expect["resumable_valid"])[1]
+    guard = report.spike_guard
+    cutoff = guard.cutoff_step if guard is not None and guard.cutoff_step is not None else None
+    # keep_last counts the checkpoints safe to resume from: none saved after an unrecovered spike's onset
+    safe = [(s, n) for s, n in expect["resumable_valid"] if cutoff is None or s <= cutoff]
+    post = {n for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff}
+    post_window = {n for _s, n in sorted((s, n) for s, n in expect["resumable_valid"] if n in post)
+                   [-expect["keep_last"]:]}
+    assert post_window <= left, "the keep_last newest post-onset checkpoints are kept (their own window)"
+    for e in report.delete:   # a post-onset checkpoint never justifies deleting a safe one
+        if cutoff is not None and e.step is not None and e.step <= cutoff:
+            assert int(e.justified_by.rsplit("-", 1)[1]) <= cutoff, (e.name, e.justified_by)
+    if safe:
+        newest = max(safe)[1]
         assert newest in left and report.newest_valid == newest
-        window = [n for _s, n in sorted(expect["resumable_valid"])[-expect["keep_last"]:]]
+        window = [n for _s, n in sorted(safe)[-expect["keep_last"]:]]
         assert set(window) <= left
+    assert not spike or cutoff is None or not post or report.newest_valid not in post
     for step in expect["milestone_steps"]:
         assert any(n == f"checkpoint-{step}" for n in left) or f"checkpoint-{step}" not in \
             {e.name for e in report.delete}

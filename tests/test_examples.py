@@ -98,6 +98,10 @@ def build_inputs(folder: Path) -> None:
 
 
 def normalise(text: str, folder: Path) -> str:
+    from checkpoint_strategy.checkpoints.runfacts import launcher
+
+    # the launcher's absolute path written into handoff commands: where the skill is installed
+    text = text.replace(launcher(), 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
     text = text.replace(str(folder.resolve()), "/data").replace(str(folder), "/data")
     text = re.sub(r"\(\d+(\.\d+)? s\)", "(0.01 s)", text)
     # timestamps of this run (the inputs' own, from 2025, are kept)

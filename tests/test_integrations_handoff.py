@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 
 from checkpoint_strategy.cli import main
+from checkpoint_strategy.checkpoints import runfacts
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.models import AgentState, CheckpointLogLine
 from checkpoint_strategy.resources import load_schema
@@ -184,21 +185,28 @@ def test_handoff_on_a_real_hf_run_with_a_spike(hf_run, copy_of, tmp_path, cli_ru
     assert rc == 0, err
     doc = check_handoff_json(state)
     latest = doc["latest_valid_checkpoint"]
-    assert latest["step"] == hf_run.checkpoint_steps[-2] and latest["resumable"]
+    # the newest checkpoint safe to resume from: valid, resumable, before the unrecovered spike at step 121
+    assert latest["step"] == 110 and latest["resumable"] and not latest["after_spike_onset"]
     assert set(latest["formats"]) == {"safetensors", "full_state_dict"}
     assert [b["step"] for b in doc["bad_checkpoints"]] == [hf_run.checkpoint_steps[-1]]
-    assert [c["step"] for c in doc["rollback_points"]] == sorted(hf_run.checkpoint_steps[:-1], reverse=True)
+    assert [c["step"] for c in doc["rollback_points"]] == list(range(110, 0, -10))
+    assert [c["step"] for c in doc["post_onset_checkpoints"]] == list(range(190, 119, -10))
     # the adviser read the newest trainer_state.json: the spike at 121 is not recovered
     rec = doc["recovery"]
     assert rec["status"] == "rollback" and rec["spike_onset_step"] == hf_run.spike_step + 1
-    assert rec["resume_step"] is not None and rec["resume_step"] <= hf_run.spike_step
-    spiked = {c["step"] for c in doc["rollback_points"] if c["after_spike_onset"]}
-    assert hf_run.spike_step in spiked and rec["resume_step"] not in spiked
-    assert doc["next_step"] == rec["summary"]
+    assert rec["resume_step"] == 110
+    assert all(c["after_spike_onset"] for c in doc["post_onset_checkpoints"])
+    assert not any(c["after_spike_onset"] for c in doc["rollback_points"])
+    assert doc["next_step"].startswith("pin now: cp -a ") and doc["next_step"].endswith(rec["summary"])
     assert any("not whole" in r for r in doc["pending_risks"])
-    assert doc["recovery_commands"][0] == f"checkpoint-strategy validate {run} --level full"
-    assert any(c.startswith("checkpoint-strategy verify-resume") and f"--resume-step {rec['resume_step']}" in c
-               for c in doc["recovery_commands"])
+    cs = runfacts.launcher()
+    assert cs.startswith("python3 /") or cs == "python3 -m checkpoint_strategy"
+    commands = doc["recovery_commands"]
+    assert commands[0].startswith(f"cp -a {run / 'checkpoint-110'} {run / 'pinned-checkpoint-110'}")
+    assert commands[1] == f"{cs} validate {run} --level full"
+    assert any(c.startswith(f"{cs} verify-resume") and f"--resume-step {rec['resume_step']}" in c
+               for c in commands)
+    assert not any(c.startswith("checkpoint-strategy") for c in commands)
     assert "After the spike" in out and str(newest) in out
     data = json.loads((state / "agent-state.json").read_text())
     tag = statefolder.risk_tag(os.path.realpath(run))

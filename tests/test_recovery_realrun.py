@@ -29,7 +29,9 @@ def test_recover_names_checkpoint_110_not_the_spiked_checkpoint_120(hf_run, cli_
     assert rep["resume_checkpoint"]["step"] == 110
     assert rep["resume_checkpoint"]["path"] == str(hf_run.output_dir / "checkpoint-110")
     assert rep["skip_batches"][0] == 111 and rep["skip_batches"][1] > 121
-    assert (rep["lr_multiplier"], rep["lr_reduced_steps"], rep["grad_clip"]) == (0.5, 500, 0.5)
+    # the 500-step LR window is clipped to the run's max_steps (200, from trainer_state.json)
+    assert rep["max_steps"] == hf_run.max_steps and rep["lr_reduced_until_step"] == hf_run.max_steps
+    assert (rep["lr_multiplier"], rep["lr_reduced_steps"], rep["grad_clip"]) == (0.5, 90, 0.5)
     assert rep["restarts"] == []
     assert rep["log"]["path"].endswith("checkpoint-200/trainer_state.json")
 

@@ -251,6 +251,25 @@ def add_storage_options(parser) -> None:
                              "come from the environment and config files, as for the AWS/GCS tools)")
 
 
+def add_spike_check(parser, log_help: str | None = None) -> None:
+    """--log LOG and --no-spike-check: the training log read for an unrecovered loss spike
+    (checkpoints/safety.py), wherever a command decides which checkpoints are safe to resume from."""
+    from checkpoint_strategy.storage import path_arg
+
+    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
+                        help=log_help or "training log checked for an unrecovered loss spike (default: the newest "
+                                         "valid checkpoint's trainer_state.json)")
+    parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
+                        help="do not read the training log (checkpoints after a spike are then not flagged)")
+
+
+def add_target_gpus(parser) -> None:
+    """--target-gpus N: the world size the run moves to (what stays constant, what changes)."""
+    parser.add_argument("--target-gpus", dest="target_gpus", type=number("gpus"), default=None, metavar="N",
+                        help="GPUs the run will resume on: says what must stay constant (global batch) and what "
+                             "changes (shards to consolidate, per-rank RNG files)")
+
+
 # What tests/test_cli_vocabulary.py checks on every command that has the option.
 VOCABULARY: dict[str, dict] = {
     "--format": {"dest": "format", "must_have": FORMATS, "only": POLICY_FORMATS},
@@ -258,6 +277,7 @@ VOCABULARY: dict[str, dict] = {
     "--milestones": {"dest": "milestones", "types": ("milestones",)},
     "--level": {"dest": "level", "choices": ("quick", "full", "deep")},
     "--policy": {"dest": "policy", "metavar": "FILE"},
+    "--no-spike-check": {"dest": "spike_check"},
 }
 EVERY_COMMAND = ("--format", "--output")
 

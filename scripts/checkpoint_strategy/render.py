@@ -107,6 +107,7 @@ def _env():
     env.filters["num"] = fmt_num
     env.filters["gb"] = fmt_gb
     env.filters["hours"] = fmt_hours
+    env.filters["bytes"] = fmt_bytes
     env.filters["tojson"] = lambda v: Markup(json.dumps(v))
     env.filters["trusted"] = trusted
     env.filters["esc"] = escape_untrusted
@@ -168,6 +169,16 @@ def fmt_num(value: Any, digits: int = 2) -> str:
 
 def fmt_gb(value: Any) -> str:
     return "unknown" if value is None else f"{fmt_num(value, 1)} GB"
+
+
+def fmt_bytes(value: Any) -> str:
+    """A byte count for people: 1.2 GB, 410 KB, 12 B (decimal units, like the plan's GB)."""
+    if value is None:
+        return "unknown"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{int(value)} B"
 
 
 def fmt_hours(value: Any) -> str:

@@ -126,12 +126,61 @@ class ValidationSummary(_Model):
     seconds: float
 
 
+class RunSafety(_Model):
+    """Which checkpoints of one run folder are safe to resume from (checkpoints/safety.py)."""
+
+    root: str = Field(description="the run folder")
+    log: Optional[str] = Field(None, description="the training log read; null when none was found")
+    spike_status: Optional[str] = Field(None, description="the recovery adviser's status; null when no log was read")
+    onset_step: Optional[int] = Field(None, description="onset of the unrecovered loss event, if any")
+    newest_safe: Optional[str] = Field(None, description="newest valid checkpoint not after the onset of an "
+                                                         "unrecovered loss event, resumable ones first: the one to "
+                                                         "resume from")
+    newest_safe_step: Optional[int] = None
+    newest_safe_resumable: bool = Field(False, description="it holds optimizer state (else weights only)")
+    safe: int = Field(0, description="valid checkpoints not after the onset (the rollback points)")
+    post_onset: list[str] = Field(default_factory=list,
+                                  description="valid checkpoints saved after the onset: do not resume from them")
+    note: str = ""
+
+
+class SavedWorldSize(_Model):
+    """The processes a checkpoint was saved by, as its layout tells (checkpoints/worldsize.py)."""
+
+    path: str
+    world_size: Optional[int] = Field(None, description="processes (GPUs) that wrote it; null when the layout "
+                                                        "does not record it")
+    data_parallel: Optional[int] = None
+    tensor_parallel: Optional[int] = None
+    pipeline_parallel: Optional[int] = None
+    shards: Optional[int] = Field(None, description="shard files that must be consolidated or re-sharded")
+    rng_files: Optional[int] = Field(None, description="per-rank RNG state files (rng_state_N.pth)")
+    layout: Literal["rng", "dcp", "zero", "megatron"]
+    evidence: str = Field(description="the files that tell")
+
+
+class HardwareMove(_Model):
+    """validate --target-gpus N: what must stay constant and what changes on the new GPU count."""
+
+    target_gpus: int
+    saved_world_size: Optional[int] = None
+    keep_constant: list[str]
+    set_on_target: list[str] = Field(default_factory=list)
+    changes: list[str]
+
+
 class ValidationReport(_Model):
     level: Level
     manifest: Optional[Literal["write", "verify"]] = None
     hash_algorithm: Optional[str] = None
     checkpoints: list[CheckpointResult]
     summary: ValidationSummary
+    safety: list[RunSafety] = Field(default_factory=list, description="per run folder given: the newest checkpoint "
+                                    "safe to resume from, read against the training log")
+    hardware: list[SavedWorldSize] = Field(default_factory=list, description="valid checkpoints whose layout "
+                                           "tells the world size they were saved with")
+    hardware_move: Optional[HardwareMove] = Field(None, description="--target-gpus N: what stays constant, "
+                                                  "what changes")
 
 
 _FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")
@@ -181,6 +230,7 @@ class PruneEntry(_Model):
     reason_kinds: list[ReasonKind] = Field(default_factory=list, description="the kind of each reason, in order "
                                            "(retention.REASON_KINDS)")
     justified_by: Optional[str] = Field(None, description="delete: the newer validated checkpoint that stands in")
+    bytes: Optional[int] = Field(None, description="bytes on disk (a recognised checkpoint; symlinks not followed)")
     deleted: bool = False
     error: Optional[str] = Field(None, description="why this deletion failed (the checkpoint is intact unless "
                                                    "half_deleted says otherwise)")
@@ -192,7 +242,13 @@ class SpikeGuard(_Model):
     log: str = Field(description="the training log read (newest valid checkpoint's trainer_state.json or --log)")
     status: Optional[str] = Field(None, description="the recovery adviser's status, None when the log was unreadable")
     onset_step: Optional[int] = None
+    cutoff_step: Optional[int] = Field(
+        None, description="unrecovered spike: checkpoints above this step (onset - margin, recover's cut) hold "
+                          "spiked weights: do not resume from them")
     protected: Optional[str] = Field(None, description="the checkpoint `recover` would resume from, kept")
+    pre_spike: dict[str, str] = Field(
+        default_factory=dict, description="name -> why: the newest checkpoint before each loss spike in the log "
+                                          "(recovered ones too), kept unless --no-spike-check")
     note: str
 
 
@@ -225,6 +281,9 @@ class PruneReport(_Model):
     deleted: int = Field(0, description="checkpoints actually deleted by this run")
     failed: int = Field(0, description="deletions that failed")
     freed_bytes: int = Field(0, description="bytes of the checkpoints actually deleted")
+    bytes_to_free: int = Field(0, description="bytes the checkpoints marked delete take on disk (what --apply frees)")
+    proposed: Optional[str] = Field(None, description="no --keep-last/--policy given: the retention proposed from "
+                                                      "the run itself, and where each number came from")
     state: PruneState = Field("dry_run", description="dry_run; done; half_deleted = a deletion stopped half-way "
                                                      "(rerun prune --apply to finish); failed = nothing half-done "
                                                      "but some deletions failed")

@@ -37,6 +37,7 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.marker import describe as describe_marker
 from checkpoint_strategy.checkpoints.marker import read_marker
 from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.checkpoints import safety
 from checkpoint_strategy.checkpoints.models import (
     CheckpointPolicy,
     CheckpointResult,
@@ -198,47 +199,30 @@ def survey(root: str, level: str = "quick") -> Survey:
 
 # --------------------------------------------------------------------------- loss spike
 
-UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
+UNRESOLVED = safety.UNRESOLVED
 
 
 def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGuard | None:
-    """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
-    recovery adviser. When a loss spike has not recovered, the checkpoint `recover` would resume
-    from must survive: spikes come after "best", and a rolling window rotates past them.
+    """The training log read with the recovery adviser (`checkpoints.safety.read_spike`). When a
+    loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
+    come after "best", and a rolling window rotates past them.
 
     valid: (step, path) of the valid checkpoints.
     """
-    from checkpoint_strategy.recovery import advise
+    return safety.read_spike(valid, log)
 
-    valid = sorted(valid)
-    if log is None:
-        logs = [os.path.join(p, "trainer_state.json") for _s, p in valid
-                if storage.is_regular(os.path.join(p, "trainer_state.json"))]
-        if not logs:
-            return None
-        log = logs[-1]
-        explicit = False
-    else:
-        explicit = True
-    try:
-        report = advise(log, checkpoints=valid)
-    except UsageError as exc:
-        if explicit:
-            raise
-        return SpikeGuard(log=log, note=f"training log not usable ({exc}); no spike check")
-    onset = report.spike.onset_step if report.spike is not None else None
-    if report.status not in UNRESOLVED:
-        return SpikeGuard(log=log, status=report.status, onset_step=onset,
-                          note=f"no unrecovered loss spike ({report.status})")
-    resume = report.resume_checkpoint
-    protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
-    if protected:
-        note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
-                "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further")
-    else:
-        note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
-                "(run `checkpoint-strategy recover`)")
-    return SpikeGuard(log=log, status=report.status, onset_step=onset, protected=protected, note=note)
+
+def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
+    """Retention keywords from the spike guard: the rollback point, the checkpoint before each
+    spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
+    if guard is None:
+        return {}
+    why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
+    post = {c.name: why for c in candidates
+            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
+    pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
+    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
+                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
 
 
 # --------------------------------------------------------------------------- journal
@@ -440,8 +424,11 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     r = s.results.get(c.name)
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
-    return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step, status=r.status if r else None,
+    size = _size(c.path) if c.layout and not c.symlink and c.path else None
+    return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
+                      status=r.status if r else None,
                       resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
+                      bytes=size,
                       reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
                       justified_by=d.justified_by, deleted=deleted, error=error)
 
@@ -458,6 +445,45 @@ def _settings(keep_last, milestones, policy) -> tuple[int, list[int]]:
         raise UsageError(f"--keep-last must be an integer of at least 1, got {keep_last}")
     ms = sorted(set(milestones if milestones is not None else (policy.keep_milestone if policy else [])))
     return keep_last, ms
+
+
+def proposed_retention(root: str, milestones: list[int] | None, apply: bool) -> tuple[int, list[int], str]:
+    """keep_last and milestones from the run itself when none were given: a rolling window that spans
+    recover's wait window at the run's save interval (save_steps in the newest trainer_state.json,
+    else the spacing of the checkpoint names), and the plan's pow2 milestones up to max_steps.
+    --apply never deletes on proposed numbers (UsageError)."""
+    import math
+
+    from checkpoint_strategy.checkpoints.runfacts import trainer_state_facts
+    from checkpoint_strategy.cli_options import milestone_schedule
+    from checkpoint_strategy.recovery.ckptsteps import scan
+    from checkpoint_strategy.recovery.settings import DEFAULTS
+
+    found = scan(root)
+    facts = trainer_state_facts(None)
+    for _step, path in reversed(found):
+        facts = trainer_state_facts(path)
+        if facts.values:
+            break
+    every, where = facts.int("save_steps"), facts.source.get("save_steps")
+    if every is None and len(found) >= 2:
+        gaps = sorted(b - a for (a, _), (b, _) in zip(found, found[1:], strict=False))
+        every, where = max(1, gaps[len(gaps) // 2]), "the spacing of the checkpoint names"
+    if every is None:
+        raise UsageError("no retention given and none can be read from the run: pass --keep-last N (and "
+                         "--milestones) or --policy FILE")
+    keep = max(2, math.ceil(DEFAULTS.wait_steps / every) + 1)
+    last = facts.int("max_steps") or (found[-1][0] if found else 0)
+    ms = milestones if milestones is not None else milestone_schedule("pow2", last)
+    note = (f"keep_last {keep}: save_steps {every} (from {where}); the window spans recover's "
+            f"{DEFAULTS.wait_steps}-step wait window, so a checkpoint before a spike survives until it is judged; "
+            f"milestones {', '.join(map(str, ms)) or 'none'}"
+            + ("" if milestones is not None else f" (the plan's pow2 schedule up to max_steps {last}"
+               + (f", from {facts.source['max_steps']})" if "max_steps" in facts.source else ")")))
+    if apply:
+        raise UsageError(f"--apply needs --keep-last N or --policy FILE: nothing deleted on proposed numbers "
+                         f"(the dry run proposes keep_last {keep}, milestones {', '.join(map(str, ms)) or 'none'})")
+    return keep, list(ms), note
 
 
 def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
@@ -490,6 +516,9 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         keep_last, ms = _settings(keep_last, milestones, policy)
         return prune_objects.prune_url(os.fspath(root), keep_last, ms, apply, level, log, spike_check, protect)
     root = check_root(os.fspath(root))
+    proposed = None
+    if keep_last is None and policy is None:
+        keep_last, milestones, proposed = proposed_retention(root, milestones, apply)
     keep_last, ms = _settings(keep_last, milestones, policy)
     busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
             f"{lock_timeout:g} s); wait for it to finish, then rerun")
@@ -505,7 +534,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
 
             out = apply_prune(root, plan, revalidate, pending)
     return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
-                     leftovers=(ours, foreign))
+                     leftovers=(ours, foreign), proposed=proposed)
 
 
 def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
@@ -519,16 +548,13 @@ def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike
            else f"kept until the loss spike at step {guard.onset_step} recovers")
     held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
     retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
-                             best={**s.best, **(protect or {}), **held},
-                             rollback=guard.protected if guard else None,
-                             rollback_why=(f"rollback point before the unrecovered loss spike at step "
-                                           f"{guard.onset_step}" if guard else ""))
+                             best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates))
     return rt.plan_prune(s.candidates, retention), guard
 
 
 def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
               level: Level, keep_last: int, milestones: list[int], leftovers: tuple[list[str], list[str]],
-              notes: list[str] | None = None) -> PruneReport:
+              notes: list[str] | None = None, proposed: str | None = None) -> PruneReport:
     """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
@@ -547,5 +573,6 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
         keep=keep, delete=delete, leftovers=leftovers[0], foreign_leftovers=leftovers[1],
         reasons={e.name: e.reasons for e in entries},
         deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
-        freed_bytes=out.freed if out else 0, state=state,
+        freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
+        bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
         errors=out.errors if out else [], spike_guard=guard, notes=notes or [])

@@ -7,6 +7,7 @@ from checkpoint_strategy.cli_options import (
     add_milestones,
     add_policy,
     add_report_options,
+    add_spike_check,
     add_storage_options,
     milestone_schedule,
     number,
@@ -27,11 +28,8 @@ def add_arguments(parser) -> None:
                                 "schedules); overrides the policy's keep_milestone")
     add_policy(parser, help="its keep_last and keep_milestone")
     add_level(parser, help="validation level for the checkpoints that justify a deletion (default quick)")
-    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
-                        help="training log checked for an unrecovered loss spike before deleting (default: the "
-                             "newest valid checkpoint's trainer_state.json)")
-    parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
-                        help="do not read the training log (the spike's rollback checkpoint is then not protected)")
+    add_spike_check(parser, log_help="training log checked for an unrecovered loss spike before deleting "
+                                     "(default: the newest valid checkpoint's trainer_state.json)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
     add_storage_options(parser)
     add_report_options(parser)

@@ -31,7 +31,9 @@ Invariants (tested on generated folders):
 - a symlinked checkpoint (or one resolving outside ROOT) is never deleted and never counts as
   the newer checkpoint that justifies a deletion;
 - invalid and incomplete checkpoints are never deleted and never justify a deletion;
-- milestones, the trainer's best and the rollback point of an unrecovered loss spike are kept.
+- milestones, the trainer's best and the rollback point of an unrecovered loss spike are kept;
+- checkpoints saved after the onset of an unrecovered spike (`Retention.post_onset`) are kept but
+  never counted: keep_last counts the checkpoints safe to resume from.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ ReasonKind = Literal[
     "milestone",         # a milestone step
     "trainer_best",      # HF best_model_checkpoint, Lightning monitored top-k
     "rollback",          # the checkpoint to resume from before an unrecovered loss spike
+    "pre_spike",         # the newest checkpoint before a loss spike in the log (recovered ones too)
+    "post_onset",        # saved after the onset of an unrecovered spike: do not resume, never counted
     "unjustified",       # no newer validated checkpoint stands in for it
     "superseded",        # delete: older than the window, a newer one validated
 ]
@@ -175,6 +179,9 @@ class Retention:
     best:       name -> why the trainer calls it best (HF best_model_checkpoint, Lightning top-k)
     rollback:   name of the checkpoint to resume from before an unrecovered loss spike
     rollback_why: text for that reason
+    pre_spike:  name -> why: the newest checkpoint before each loss spike of the log (kept)
+    post_onset: name -> why: saved after the onset of an unrecovered spike (checkpoints/safety.py):
+                never counted by keep_last, never the newest, never justifies a deletion; kept
     """
 
     keep_last: int
@@ -182,6 +189,8 @@ class Retention:
     best: Mapping[str, str] = field(default_factory=dict)
     rollback: str | None = None
     rollback_why: str = "rollback point before an unrecovered loss spike"
+    pre_spike: Mapping[str, str] = field(default_factory=dict)
+    post_onset: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < 1:
@@ -203,12 +212,16 @@ class Context:
     ordered: tuple[Candidate, ...]          # the checkpoints keep_last counts, oldest first
     window: frozenset[str]                  # names within keep_last
     newest: Candidate | None
+    post_window: frozenset[str] = frozenset()   # the keep_last newest post-onset checkpoints
+    post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
 
     def newer_than(self, c: Candidate) -> Candidate | None:
-        """The newest counted checkpoint with a higher step than c (what justifies deleting c)."""
-        if self.newest is None or c.step is None or self.newest.step is None or self.newest.step <= c.step:
+        """The newest counted checkpoint with a higher step than c (what justifies deleting c). A
+        post-onset checkpoint is justified only by a newer post-onset one; a safe one never by those."""
+        newest = self.post_newest if c.name in self.retention.post_onset else self.newest
+        if newest is None or c.step is None or newest.step is None or newest.step <= c.step:
             return None
-        return self.newest
+        return newest
 
 
 KeepRule = Callable[[Candidate, Context], Reason | None]
@@ -283,6 +296,21 @@ def keep_rollback(c: Candidate, ctx: Context) -> Reason | None:
     return None
 
 
+def keep_pre_spike(c: Candidate, ctx: Context) -> Reason | None:
+    if c.name in ctx.retention.pre_spike:
+        return Reason("pre_spike", ctx.retention.pre_spike[c.name])
+    return None
+
+
+def keep_post_onset(c: Candidate, ctx: Context) -> Reason | None:
+    """Post-onset checkpoints have their own window: the keep_last newest of them are kept (the spike
+    may still recover); older ones go, justified by a newer post-onset one, never by a safe one."""
+    if c.name in ctx.retention.post_onset and c.name in ctx.post_window:
+        return Reason("post_onset", f"{ctx.retention.post_onset[c.name]}; within the keep_last="
+                                    f"{ctx.retention.keep_last} newest post-onset")
+    return None
+
+
 def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
     if ctx.newer_than(c) is None:
         what = "resumable" if ctx.counts_resumable else "valid"
@@ -294,7 +322,8 @@ def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
 SAFETY_RULES: tuple[KeepRule, ...] = (keep_unrecognised, keep_final_export, keep_symlinked, keep_not_valid,
                                       keep_unordered)
 #: The retention policy `prune` applies after the safety rules, in report order.
-DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback)
+DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback,
+                                       keep_pre_spike, keep_post_onset)
 #: Reasons that stop every other consideration (the candidate is not a deletable checkpoint).
 _FINAL = frozenset({"unrecognised", "final_export", "symlink"})
 
@@ -323,12 +352,21 @@ class Plan:
         return [d for d in self.decisions if d.action == "delete"]
 
 
-def _counted(candidates: Iterable[Candidate]) -> tuple[bool, tuple[Candidate, ...]]:
+def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None = None
+             ) -> tuple[bool, tuple[Candidate, ...]]:
     pool = [c for c in candidates if c.layout is not None and not c.final_export and not c.symlink
-            and c.status == "valid" and c.step is not None]
+            and c.status == "valid" and c.step is not None and c.name not in (unsafe or {})]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable else pool
     return bool(resumable), tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+
+
+def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
+                  counts_resumable: bool) -> tuple[Candidate, ...]:
+    """The post-onset checkpoints, ordered like the counted ones (resumable ones when the run has any)."""
+    pool = [c for c in candidates if c.name in post_onset and c.layout is not None and not c.symlink
+            and c.status == "valid" and c.step is not None and (c.resumable or not counts_resumable)]
+    return tuple(sorted(pool, key=lambda c: (c.step, c.name)))
 
 
 def plan_prune(candidates: Sequence[Candidate], retention: Retention,
@@ -343,10 +381,12 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ValueError("candidate names must be unique")
-    counts_resumable, ordered = _counted(candidates)
+    counts_resumable, ordered = _counted(candidates, retention.post_onset)
     window = frozenset(c.name for c in ordered[-retention.keep_last:])
     newest = ordered[-1] if ordered else None
-    ctx = Context(retention, counts_resumable, ordered, window, newest)
+    post = _post_counted(candidates, retention.post_onset, counts_resumable)
+    ctx = Context(retention, counts_resumable, ordered, window, newest,
+                  frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None)
     decisions = []
     for c in candidates:
         reasons: list[Reason] = []
@@ -364,6 +404,8 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
             continue
         assert newer is not None
         extra = "" if c.resumable or not counts_resumable else "weights-only; "
+        if c.name in retention.post_onset:
+            extra = "post-onset (spiked weights); " + extra
         text = (f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
                 f"({_label(newer)}) validated")
         decisions.append(Decision(c, "delete", (Reason("superseded", text),), justified_by=newer.name))

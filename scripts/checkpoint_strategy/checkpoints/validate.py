@@ -745,14 +745,20 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     started = time.perf_counter()
     level = _check_level(level, manifest)
     paths = [os.fspath(p) for p in paths]
+    urls = refuse_remote(paths, level, manifest)
+    with storage.local_paths(paths, prefetch=level == "quick") as local:
+        report = _validate_local(local, level, manifest, progress, stats, started)
+        return storage.unshadow_model(report) if urls else report  # a caller inside a view keeps its paths
+
+
+def refuse_remote(paths: list[str], level: str, manifest: str | None) -> list[str]:
+    """The URLs among `paths`, after refusing what object storage cannot do (deep, --manifest write)."""
     urls = [p for p in paths if storage.is_url(p)]
     refuse_remote_deep(urls, level)
     if urls and manifest == "write":
         raise UsageError(f"{urls[0]}: --manifest write is local only (it writes integrity.json beside each "
                          "checkpoint); --manifest verify works on object storage")
-    with storage.local_paths(paths, prefetch=level == "quick") as local:
-        report = _validate_local(local, level, manifest, progress, stats, started)
-        return storage.unshadow_model(report) if urls else report  # a caller inside a view keeps its paths
+    return urls
 
 
 def _validate_local(paths: list[str], level: str, manifest: str | None, progress: bool | None,

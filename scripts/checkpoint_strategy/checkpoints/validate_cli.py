@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
+from checkpoint_strategy.cli_options import (add_level, add_report_options, add_spike_check, add_storage_options,
+                                             add_target_gpus)
 
 HELP = "check checkpoints are whole, without loading them"
 
@@ -20,6 +21,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
                         help="write or verify a SHA-256 integrity.json per checkpoint (implies --level full)")
     add_storage_options(parser)
+    add_spike_check(parser)
+    add_target_gpus(parser)
     add_report_options(parser)
     parser.add_argument("--progress", choices=("auto", "always", "never"), default="auto",
                         help="progress bar on stderr (auto: only on a terminal, after one second)")
@@ -32,8 +35,19 @@ def run(args) -> int:
     progress = {"auto": None, "always": True, "never": False}[args.progress]
     from checkpoint_strategy.checkpoints.validate import deep_ok
 
-    report = validate_paths(args.paths, level=args.level, manifest=args.manifest, progress=progress,
-                            stats=args.stats)
+    from checkpoint_strategy import storage
+    from checkpoint_strategy.checkpoints.safety import annotate_validation
+    from checkpoint_strategy.checkpoints.validate import refuse_remote
+    from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
+
+    refuse_remote(args.paths, args.level, args.manifest)
+    # URLs: one view for the validation and the annotations that read the run's files (log, rank files)
+    with storage.local_paths(args.paths, prefetch=args.level == "quick") as paths:
+        report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
+                                stats=args.stats)
+        annotate_validation(report, paths, args.log, args.spike_check)
+        annotate_hardware(report, args.target_gpus, args.log)
+        report = storage.unshadow_model(report)
     emit(report, args.format, args.output)
     # at level deep also nothing suspicious and no partial optimizer state (model-only is not a failure)
     return 0 if all(deep_ok(c) for c in report.checkpoints) else 1

@@ -422,10 +422,17 @@ def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[],
         unresolved = log_report.status in ("rollback", "no_clean_checkpoint")
         confirmed_by_log = unresolved
         notes.append(f"the training log, by recover's rules: {log_report.status} - {log_report.summary}")
+        notes.extend(n for n in [_post_onset_note(log_report)] if n)
     agg = _Aggregate(triggers, log, checkpoints)
     for i, e in enumerate(fresh()):
         agg.add(event_from(e, f"event {i + 1}"), first_spike, confirmed_by_log)
     return agg.result(notes)
+
+
+def _post_onset_note(log_report) -> Optional[str]:
+    from checkpoint_strategy.checkpoints.safety import post_onset_note
+
+    return post_onset_note(log_report)
 
 
 class _Aggregate:

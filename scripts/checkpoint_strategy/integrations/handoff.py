@@ -66,17 +66,69 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
         resume_checkpoint=(resume.path or str(resume.step)) if resume is not None else None,
         resume_step=resume.step if resume is not None else None,
     )
-    cutoff = rep.checkpoints.cutoff_step
     if rep.status in UNRESOLVED and rep.spike is not None:
-        if cutoff is not None:
-            for c in valid:
-                if c.step is not None:
-                    c.after_spike_onset = c.step > cutoff
+        _mark_post_onset(rep, valid)
         spiked = [c for c in valid if c.after_spike_onset]
         risks.append(f"{rep.summary}"
                      + (f"; {len(spiked)} checkpoints from step {min(c.step or 0 for c in spiked)} on hold spiked weights"
                         if spiked else ""))
     return note, risks
+
+
+def _mark_post_onset(rep, valid: list[CheckpointRef]) -> None:
+    """after_spike_onset on each valid checkpoint, by the one shared rule (checkpoints/safety.py)."""
+    from checkpoint_strategy.checkpoints import safety
+
+    guard = safety.guard_from_report(rep, rep.log.path)
+    for c in valid:
+        if c.step is not None:
+            c.after_spike_onset = safety.after_onset(c.step, guard)
+
+
+def safe_points(valid: list[CheckpointRef]) -> tuple[Optional[CheckpointRef], list[CheckpointRef],
+                                                      list[CheckpointRef]]:
+    """(the checkpoint to resume from, the rollback points, the post-onset ones), newest first:
+    rollback points are the valid checkpoints not after an unrecovered spike's onset; the one to
+    resume from is the newest resumable of them (else the newest, weights only)."""
+    safe = [c for c in valid if not c.after_spike_onset]
+    post = [c for c in valid if c.after_spike_onset]
+    resumable = [c for c in safe if c.resumable]
+    chosen = resumable or safe
+    return (chosen[0] if chosen else None), safe, post
+
+
+def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[RecoveryNote],
+                  latest: Optional[CheckpointRef], bad: list, facts_log: Optional[str]) -> list[str]:
+    """The commands the next session runs, in order, each runnable as written (launcher's full
+    path, real paths, no placeholders): pin the rollback point first when it may be rotated away."""
+    from checkpoint_strategy.checkpoints import runfacts
+
+    cs = runfacts.launcher()
+    root, log = (os.path.abspath(p) if p is not None else None for p in (root, log))
+    unresolved = recovery is not None and recovery.status in UNRESOLVED
+    commands: list[str] = []
+    if latest is not None and (unresolved or runfacts.still_running(runfacts.run_facts(facts_log))):
+        commands.append(runfacts.pin_command(latest.path) + f"   # pin {os.path.basename(latest.path)} now: the "
+                        "trainer's rotation (save_total_limit) cannot delete the copy")
+    if root is not None and bad:
+        commands.append(f"{cs} validate {_q(root)} --level full")
+    target = log or root
+    if target is not None:
+        ck = f" --checkpoints {_q(root)}" if root is not None and log is not None else ""
+        when = "" if unresolved else "   # after a loss spike"
+        commands.append(f"{cs} recover {_q(target)}{ck}{when}")
+        resume_step = recovery.resume_step if unresolved and recovery is not None else (
+            latest.step if latest is not None else None)
+        if resume_step is not None and log is not None:
+            commands.append(f"{cs} verify-resume {_q(log)} --resume-step {resume_step}   # after resuming")
+    return commands
+
+
+def _pin_first(next_step: str, commands: list[str]) -> str:
+    """The pin action leads the next step when next_commands put one first."""
+    if commands and commands[0].startswith("cp -a "):
+        return f"pin now: {commands[0].split('   #')[0]}; then {next_step}"
+    return next_step
 
 
 def _advise(log_path: str, checkpoints, explicit: bool, root: Optional[str]):
@@ -111,12 +163,15 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     if root is not None:
         valid, bad, note = scan(root, level)
     recovery, recovery_risks = recovery_note(log, root, valid)
-    latest = valid[0] if valid else None
+    latest, safe, post = safe_points(valid)
     risks: list[str] = [f"plan: {w}" for w in report.warnings] if report is not None else []
     if note:
         risks.append(note)
     risks.extend(recovery_risks)
     risks.extend(_checkpoint_risks(root, latest, bad, note))
+    log_for_commands = log or (recovery.log if recovery is not None else None)
+    commands = next_commands(root, log_for_commands, recovery, latest, bad,
+                             recovery.log if recovery is not None else None)
     plan = None
     if report is not None:
         plan = PlanSummary(frequency_steps=report.frequency_steps, keep_last=report.keep_last,
@@ -128,12 +183,13 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
         plan=plan,
         checkpoints_root=root,
         latest_valid_checkpoint=latest,
-        rollback_points=valid[:MAX_ROLLBACK_POINTS],
+        rollback_points=safe[:MAX_ROLLBACK_POINTS],
+        post_onset_checkpoints=post[:MAX_ROLLBACK_POINTS],
         bad_checkpoints=bad,
         recovery=recovery,
-        recovery_commands=_commands(report, root, log, recovery, latest, bad),
+        recovery_commands=commands,
         pending_risks=risks,
-        next_step=_next_step(report, root, recovery, latest),
+        next_step=_pin_first(_next_step(report, root, recovery, latest), commands),
     )
 
 
@@ -154,29 +210,6 @@ def _checkpoint_risks(root: Optional[str], latest: Optional[CheckpointRef], bad:
             risks.append(f"the newest checkpoint on disk ({newer_bad[0].path}) is not whole: resume from "
                          f"{latest.path}, not from the newest folder")
     return risks
-
-
-def _commands(report: Optional[PlanReport], root: Optional[str], log: Optional[str],
-              recovery: Optional[RecoveryNote], latest: Optional[CheckpointRef], bad: list) -> list[str]:
-    """The commands the next session runs: validate bad checkpoints, recover, verify the resume, plan."""
-    commands: list[str] = []
-    if root is not None and bad:
-        commands.append(f"checkpoint-strategy validate {_q(root)} --level full")
-    log_for_commands = log or (recovery.log if recovery is not None else None)
-    resume_step = latest.step if latest is not None else None
-    if recovery is not None and _unresolved(recovery):
-        resume_step = recovery.resume_step
-    if root is not None or log_for_commands:
-        shown_log = _q(log_for_commands) if log_for_commands else "TRAIN_LOG"
-        ck = f" --checkpoints {_q(root)}" if root is not None else ""
-        when = "" if _unresolved(recovery) else "   # after a loss spike"
-        commands.append(f"checkpoint-strategy recover {shown_log}{ck}{when}")
-        if resume_step is not None:
-            commands.append(f"checkpoint-strategy verify-resume {shown_log} --resume-step {resume_step}"
-                            "   # after resuming")
-    if report is None:
-        commands.append("checkpoint-strategy TOTAL_STEPS STEP_SECONDS BUDGET_GB --model_size_gb N   # plan a policy")
-    return commands
 
 
 def _next_step(report: Optional[PlanReport], root: Optional[str], recovery: Optional[RecoveryNote],

@@ -90,9 +90,15 @@ class SessionHandoff(_Strict):
     policy: Optional[CheckpointPolicy] = Field(description="the checkpoint_policy mapping, when a plan was given")
     plan: Optional[PlanSummary] = None
     checkpoints_root: Optional[str] = None
-    latest_valid_checkpoint: Optional[CheckpointRef] = None
+    latest_valid_checkpoint: Optional[CheckpointRef] = Field(
+        None, description="the checkpoint to resume from: the newest valid, resumable checkpoint not after the onset "
+                          "of an unrecovered loss spike (the newest weights-only one when none is resumable)")
     rollback_points: list[CheckpointRef] = Field(
-        default_factory=list, description="every valid checkpoint, newest first (the latest included)")
+        default_factory=list, description="the valid checkpoints safe to resume from (none after the onset of an "
+                                          "unrecovered loss spike), newest first (the latest included)")
+    post_onset_checkpoints: list[CheckpointRef] = Field(
+        default_factory=list, description="valid checkpoints saved after the onset of an unrecovered loss spike: "
+                                          "do not resume from them")
     bad_checkpoints: list[BadCheckpoint] = Field(default_factory=list)
     recovery: Optional[RecoveryNote] = Field(None, description="the recovery adviser on the training log")
     recovery_commands: list[str] = Field(default_factory=list, description="commands to run next, in order")

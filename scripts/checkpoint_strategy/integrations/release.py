@@ -136,6 +136,22 @@ def _integrity_check(result, path: str, manifest: str | None, checks: list[GateC
     return sums
 
 
+def apply_spike_check(record: ReleaseGate, log: str | None = None, spike_check: bool = True) -> ReleaseGate:
+    """Add the check "not after an unrecovered loss spike" (checkpoints/safety.py) to a gate record:
+    a checkpoint saved after the onset fails the gate, whatever its files say."""
+    from checkpoint_strategy.checkpoints.safety import checkpoint_spike
+
+    found = checkpoint_spike(record.checkpoint, record.step, log, spike_check)
+    if found is None:
+        return record
+    ok, detail = found
+    record.checks.append(GateCheck(name="not after an unrecovered loss spike", ok=ok, detail=detail))
+    if not ok:
+        record.reasons.append(detail)
+        record.gate = "fail"
+    return record
+
+
 _RUN_CHILD = __import__("re").compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$")
 
 

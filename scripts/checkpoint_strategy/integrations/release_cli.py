@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check, add_storage_options
 
 HELP = "release-readiness gate for one checkpoint"
 
@@ -29,17 +29,19 @@ def add_arguments(parser) -> None:
     add_level(parser, help="quick: headers only; full: every byte (a manifest, if present, is always verified); "
                            "deep: every tensor value finite and the optimizer state whole")
     add_storage_options(parser)
+    add_spike_check(parser)
     add_report_options(parser)
 
 
 def run(args) -> int:
     from checkpoint_strategy import storage
     from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
-    from checkpoint_strategy.integrations.release import gate
+    from checkpoint_strategy.integrations.release import apply_spike_check, gate
     from checkpoint_strategy.render import emit
 
     refuse_remote_deep([args.checkpoint], args.level)
     with storage.local_paths([args.checkpoint]) as (checkpoint,):  # a URL: its listing, bytes by ranged reads
-        record = storage.unshadow_model(gate(checkpoint, args.require, args.level))
+        record = storage.unshadow_model(apply_spike_check(gate(checkpoint, args.require, args.level), args.log,
+                                                          args.spike_check))
     emit(record, args.format, args.output)
     return 0 if record.gate == "pass" else 1

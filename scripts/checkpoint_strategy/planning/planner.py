@@ -473,6 +473,21 @@ def storage_writes(args: PlanArguments, cost: SaveCost, storage: StorageBreakdow
                          data_written_per_day_gb=daily, storage_busy_fraction=busy)
 
 
+def rounding_note(args: PlanArguments, cost: SaveCost, iv: Interval) -> str:
+    """When the chosen interval is not the exact optimum because of plain rounding: say so, with both
+    numbers ("optimum 732 steps (25.6 min), rounded to 1000"). Other reasons already name their cause."""
+    exact = cost.tau_exact / args.step_seconds
+    if not math.isfinite(exact) or exact <= 0 or round(exact) == iv.frequency or iv.frequency * args.step_seconds <= 0:
+        return ""
+    minutes = cost.tau_exact / 60.0
+    when = f"{minutes:.1f} min" if minutes < 60 else f"{minutes / 60:.2f} h"
+    if iv.reason == "failure_model_optimum":
+        return (f"; optimum {exact:.0f} steps ({when}), rounded to {iv.frequency} (a round number of steps: "
+                f"{overhead(iv.frequency * args.step_seconds, cost):.2%} expected overhead against "
+                f"{overhead(cost.tau_exact, cost):.2%} at the exact optimum)")
+    return f"; the exact optimum is {exact:.0f} steps ({when}), {iv.optimum_steps} as a round number"
+
+
 def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_overhead: float) -> IntervalChoice:
     """The reason for the interval and its price against the unconstrained optimum."""
     step = args.step_seconds
@@ -492,7 +507,7 @@ def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_ov
                             if iv.optimum_steps > iv.frequency else "") + f"; {price}",
         "min_interval": f"--min-interval-seconds {args.min_interval_seconds:g}: {price}",
         "total_steps": f"the run's length: one save at the end; {price}",
-    }[iv.reason]
+    }[iv.reason] + rounding_note(args, cost, iv)
     return IntervalChoice.model_construct(reason=iv.reason, explanation=text, optimum_steps=iv.optimum_steps,
                           optimum_overhead_fraction=_r(opt_over), optimum_max_data_loss_hours=_r(opt_loss),
                           min_interval_steps=iv.floor_steps, min_interval_source=iv.floor_source,

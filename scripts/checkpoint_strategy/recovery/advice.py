@@ -216,8 +216,9 @@ def _interval_before(series: LogSeries, idx: int) -> int:
 
 
 def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_multiplier: float,
-              lr_steps: int, grad_clip: float) -> Overrides:
-    """Ready-to-paste HF Trainer and Lightning code for this resume."""
+              lr_steps: int, grad_clip: float, previous_clip: Optional[float] = None) -> Overrides:
+    """Ready-to-paste HF Trainer and Lightning code for this resume. previous_clip: the run's own
+    max_grad_norm when a file says so (training_args.json); never guessed."""
     path = resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>"
     lr_lo, lr_hi = resume_step + 1, resume_step + lr_steps
     s0, s1 = skip
@@ -244,7 +245,8 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
         "        self.step = state.global_step + 1\n"
         + scale +
         f"\n"
-        f"training_args.max_grad_norm = {grad_clip!r}   # tighter clipping (was 1.0)\n"
+        f"training_args.max_grad_norm = {grad_clip!r}   # tighter clipping"
+        + (f" (was {previous_clip:g})" if previous_clip is not None else "") + "\n"
         f"# HF Trainer cannot skip a step range: reshuffle instead, so steps {s0}-{s1} see other batches\n"
         f"training_args.data_seed = (training_args.data_seed or training_args.seed) + 1\n"
         f"trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,\n"
@@ -617,7 +619,7 @@ def _resume_reasons(t: _Trouble, chosen: CheckpointRef, skip: list[int], ck_info
                        "post-event, do not resume from them")
     reasons.append(f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
                    f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
-                   f"gradient clipping {o.grad_clip:g} instead of 1.0")
+                   f"gradient clipping {o.grad_clip:g}")
 
 
 def ck_info_steps(checkpoints) -> list[int]:

@@ -55,6 +55,7 @@ def run(args) -> int:
     if isinstance(milestones, list) or milestones in ("seed", "pow2", "none"):
         milestones = milestone_schedule(milestones, MAX_STEPS) or None
     from checkpoint_strategy import storage
+    from checkpoint_strategy.recovery.complete import complete
 
     ck_url = [args.checkpoints] if args.checkpoints and storage.is_url(args.checkpoints) else []
     with storage.local_paths([args.log], parents=log_parents(args.log)) as (log,), \
@@ -63,6 +64,7 @@ def run(args) -> int:
             log, cks[0] if cks else args.checkpoints, milestones=milestones, log_format=args.log_format,
             step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key,
             run=args.run, options=options)
+        report = complete(report)
         text = storage.unshadow(render(report, args.format))
         if target is not None:
             from checkpoint_strategy.recovery.plot import write_curve

@@ -162,6 +162,19 @@ class RecoveryReport(_Strict):
     thresholds: Thresholds
     reasons: list[str] = Field(description="why, in plain sentences")
     warnings: list[str]
+    framework: Optional[Literal["hf_trainer", "lightning"]] = Field(
+        None, description="the training framework the log and checkpoints show; the text report prints only its "
+                          "snippet (null: both)")
+    max_steps: Optional[int] = Field(None, description="the run's max_steps, when its files say (LR and skip "
+                                                       "windows are clipped to it)")
+    previous_grad_clip: Optional[float] = Field(
+        None, description="the run's own max_grad_norm when a training_args.json says so (never guessed; "
+                          "training_args.bin is a pickle and is not read)")
+    run_facts: dict[str, str] = Field(default_factory=dict,
+                                      description="fact -> the file it was read from (max_steps, max_grad_norm, ...)")
+    actions: list[str] = Field(
+        default_factory=list, description="ready commands and steps, in order (pin the rollback checkpoint, move "
+                                          "the post-onset ones aside or resume into a new folder); never executed")
 
 
 class VerifyResumeReport(_Strict):

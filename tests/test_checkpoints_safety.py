@@ -1,0 +1,87 @@
+"""One notion of "safe to resume from" (checkpoints/safety.py), on the real HF run with an unrecovered
+spike at step 121 (checkpoint-120 already holds spiked weights) and on its self-recovering twin."""
+
+from __future__ import annotations
+
+import json
+
+from checkpoint_strategy.checkpoints import safety
+
+POST = [f"checkpoint-{s}" for s in range(120, 201, 10)]
+
+
+def test_validate_headlines_the_newest_safe_checkpoint(hf_run, copy_of, cli_run):
+    run = copy_of(hf_run.output_dir, "run")
+    r = cli_run("validate", str(run))
+    assert r.rc == 0, r.err
+    first = r.out.splitlines()[1]
+    assert first == (f"=> Resume from: {run}/checkpoint-110 (step 110): newest valid, resumable checkpoint before "
+                     "the loss spike at step 121; 11 safe rollback points")
+    assert "Do not resume: 9 checkpoints after the spike at step 121" in r.out.splitlines()[2]
+    assert r.out.count("note: after the spike at step 121: do not resume") == 9
+    data = cli_run("validate", str(run), "--format", "json").json()
+    (s,) = data["safety"]
+    assert s["newest_safe"] == f"{run}/checkpoint-110" and s["newest_safe_resumable"] and s["safe"] == 11
+    assert [p.rsplit("/", 1)[1] for p in s["post_onset"]] == POST
+    assert s["onset_step"] == 121 and s["spike_status"] == "rollback"
+    off = cli_run("validate", str(run), "--no-spike-check", "--format", "json").json()["safety"][0]
+    assert off["newest_safe"].endswith("checkpoint-200") and off["post_onset"] == []
+
+
+def test_validate_one_checkpoint_has_no_run_headline(hf_run, cli_run):
+    r = cli_run("validate", str(hf_run.output_dir / "checkpoint-150"), "--format", "json")
+    assert r.json()["safety"] == []
+
+
+def test_self_recovered_run_is_safe_to_the_newest(hf_run_self_recovering, cli_run):
+    s = cli_run("validate", str(hf_run_self_recovering.output_dir), "--format", "json").json()["safety"][0]
+    assert s["newest_safe"].endswith("checkpoint-200") and s["post_onset"] == [] and s["onset_step"] is None
+
+
+def test_release_gate_fails_a_post_onset_checkpoint(hf_run, copy_of, cli_run):
+    run = copy_of(hf_run.output_dir, "run")
+    bad = cli_run("release-gate", str(run / "checkpoint-120"), "--format", "json")
+    assert bad.rc == 1 and bad.json()["gate"] == "fail"
+    check = [c for c in bad.json()["checks"] if c["name"] == "not after an unrecovered loss spike"][0]
+    assert not check["ok"] and "after the spike at step 121: do not resume" in check["detail"]
+    good = cli_run("release-gate", str(run / "checkpoint-110"), "--format", "json")
+    assert good.rc == 0 and good.json()["gate"] == "pass"
+    assert cli_run("release-gate", str(run / "checkpoint-120"), "--no-spike-check").rc == 0
+
+
+def test_on_event_names_post_onset_checkpoints(hf_run, copy_of, cli_run, tmp_path):
+    run = copy_of(hf_run.output_dir, "run")
+    ev = tmp_path / "ev.json"
+    ev.write_text(json.dumps({"event": "LOSS_SPIKE", "step": 121, "value": 10.1, "threshold": 2.5,
+                              "severity": "critical"}))
+    out = cli_run("on-event", str(ev), "--checkpoints", str(run), "--log",
+                  str(run / "checkpoint-200" / "trainer_state.json"), "--format", "json").json()
+    note = [n for n in out["notes"] if n.startswith("after the spike at step 121: do not resume")]
+    assert note and "checkpoint-120" in note[0] and note[0].endswith(f"{run}/checkpoint-110")
+
+
+def test_after_onset_is_recovers_cut():
+    from checkpoint_strategy.checkpoints.models import SpikeGuard
+
+    g = SpikeGuard(log="x", status="rollback", onset_step=121, cutoff_step=119, note="")
+    assert not safety.after_onset(119, g) and safety.after_onset(120, g)
+    assert safety.safe_to_resume("valid", True, 110, g) and not safety.safe_to_resume("valid", True, 120, g)
+    assert not safety.safe_to_resume("valid", False, 110, g) and not safety.safe_to_resume("invalid", True, 110, g)
+    grad_only = SpikeGuard(log="x", status="wait", onset_step=121, note="")   # no cut-off: not a loss event
+    assert not safety.after_onset(150, grad_only)
+    recovered = SpikeGuard(log="x", status="self_recovered", onset_step=121, cutoff_step=119, note="")
+    assert not safety.after_onset(150, recovered)
+
+
+def test_last_valid_checkpoint_skips_post_onset_checkpoints(hf_run, copy_of):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    run = copy_of(hf_run.output_dir, "run")
+    assert last_valid_checkpoint(run) == str(run / "checkpoint-110")
+    assert last_valid_checkpoint(run, spike_check=False) == str(run / "checkpoint-200")
+
+
+def test_last_valid_checkpoint_of_a_recovered_run_is_the_newest(hf_run_self_recovering):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    assert last_valid_checkpoint(hf_run_self_recovering.output_dir).endswith("checkpoint-200")

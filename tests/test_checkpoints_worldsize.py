@@ -1,0 +1,46 @@
+"""validate reports the world size a checkpoint was saved with (checkpoints/worldsize.py) and, with
+--target-gpus N, what must stay constant and what changes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+
+def test_dcp_checkpoint_saved_by_one_rank(dcp_checkpoint, cli_run):
+    rep = cli_run("validate", str(dcp_checkpoint), "--format", "json").json()
+    (h,) = rep["hardware"]
+    assert h["world_size"] == 1 and h["layout"] == "dcp" and h["shards"] == 1 and "rank 0" in h["evidence"]
+    text = cli_run("validate", str(dcp_checkpoint), "--target-gpus", "8").out
+    assert "Saved world size:\n  - 1 process: DCP shard files 1 written by rank 0" in text
+    assert "Moving to 8 GPUs (saved with 1):" in text and "shards to consolidate: 1 dcp shard files" in text
+    assert "global batch = per-device batch x gradient accumulation x world size" in text
+
+
+def test_hf_checkpoint_with_per_rank_rng_files(hf_run, copy_of, cli_run):
+    ckpt = copy_of(hf_run.output_dir / "checkpoint-110")
+    for rank in range(4):
+        shutil.copy2(ckpt / "rng_state.pth", ckpt / f"rng_state_{rank}.pth")
+    (ckpt / "rng_state.pth").unlink()
+    (ckpt / "training_args.json").write_text(json.dumps({"per_device_train_batch_size": 16,
+                                                         "gradient_accumulation_steps": 2}))
+    rep = cli_run("validate", str(ckpt), "--target-gpus", "16", "--format", "json").json()
+    assert rep["checkpoints"][0]["status"] == "valid"
+    (h,) = rep["hardware"]
+    assert h["world_size"] == 4 and h["rng_files"] == 4 and "4 rng_state_N.pth files (ranks 0-3)" in h["evidence"]
+    move = rep["hardware_move"]
+    assert move["saved_world_size"] == 4 and move["target_gpus"] == 16
+    assert "(saved: 16 x 2 x 4 = 128)" in move["keep_constant"][0]
+    assert move["set_on_target"] == ["on 16 GPUs set per-device batch x gradient accumulation = 8 (e.g. per-device 8, "
+                                     "accumulation 1)"]
+    assert any(c.startswith("per-rank RNG files: 4 saved, 16 ranks") for c in move["changes"])
+    same = cli_run("validate", str(ckpt), "--target-gpus", "4", "--format", "json").json()["hardware_move"]
+    assert any("same world size (4)" in c for c in same["changes"])
+    odd = cli_run("validate", str(ckpt), "--target-gpus", "48", "--format", "json").json()["hardware_move"]
+    assert "128 is not divisible by 48 GPUs" in odd["set_on_target"][0]
+
+
+def test_single_process_hf_run_and_bad_target(hf_run, cli_run):
+    rep = cli_run("validate", str(hf_run.output_dir / "checkpoint-110"), "--format", "json").json()
+    assert rep["hardware"][0]["world_size"] == 1 and rep["hardware_move"] is None
+    cli_run("validate", str(hf_run.output_dir / "checkpoint-110"), "--target-gpus", "0").usage_error("--target-gpus")
