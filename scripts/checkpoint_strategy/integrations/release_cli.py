@@ -40,7 +40,8 @@ def run(args) -> int:
     from checkpoint_strategy.render import emit
 
     refuse_remote_deep([args.checkpoint], args.level)
-    with storage.local_paths([args.checkpoint]) as (checkpoint,):  # a URL: its listing, bytes by ranged reads
+    # a URL: its listing (and its run's, where the spike check looks for the newest log), bytes by ranged reads
+    with storage.local_paths([args.checkpoint], parents=1 if args.spike_check else 0) as (checkpoint,):
         record = storage.unshadow_model(apply_spike_check(gate(checkpoint, args.require, args.level), args.log,
                                                           args.spike_check))
     emit(record, args.format, args.output)
