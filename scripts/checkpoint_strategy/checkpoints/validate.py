@@ -706,6 +706,9 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
         raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
                                                                "its folder does not exist") + "; expected a JSON file path")
+    paths = list(paths)
+    if stats is not None:  # never inside a checkpoint this command reads
+        storage.check_output(stats, "--stats", inputs=tuple(paths))
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
     roots: dict[str, str] = {}
@@ -759,13 +762,10 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
             bar.update(checkpoints=1)
     results = [by_index[i] for i in range(len(jobs))]
     if stats is not None:
-        from checkpoint_strategy.atomic import atomic_write_text
         from checkpoint_strategy.render import to_json
 
-        try:
-            atomic_write_text(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")))
-        except OSError as exc:
-            raise UsageError(f"--stats: cannot write {stats}: {describe_os_error(exc)}") from None
+        storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
+                             inputs=tuple(paths))
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
 

@@ -41,8 +41,11 @@ _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "prese
 def run(args) -> int:
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.integrations import handoff
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
     from checkpoint_strategy.storage import read_text_input as read_text
+
+    inputs = (args.checkpoints, args.plan_file, args.log)
+    check_output_early(args.output, inputs)
 
     positionals = [args.total_steps, args.step_seconds, args.budget_gb]
     given = [p for p in positionals if p is not None]
@@ -69,5 +72,5 @@ def run(args) -> int:
     doc = handoff.build(report, args.checkpoints, level=args.level, log=args.log)
     if not args.dry_run:
         handoff.write(args.state_dir, doc)
-    emit(doc, args.format, args.output, **handoff.block_context(doc))
+    emit(doc, args.format, args.output, inputs=inputs, **handoff.block_context(doc))
     return 0

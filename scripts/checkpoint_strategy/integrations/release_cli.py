@@ -32,8 +32,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy.integrations.release import gate
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
 
+    check_output_early(args.output, (args.checkpoint,))
     record = gate(args.checkpoint, args.require, args.level)
-    emit(record, args.format, args.output)
+    emit(record, args.format, args.output, inputs=(args.checkpoint,))
     return 0 if record.gate == "pass" else 1

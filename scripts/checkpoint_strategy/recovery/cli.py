@@ -55,6 +55,6 @@ def run(args) -> int:
         from checkpoint_strategy.recovery.plot import write_curve
 
         write_curve(report, series, checkpoints, target, str(fmt))
-    write_output(text, args.output, inputs=(args.log, report.log.path))
+    write_output(text, args.output, inputs=(args.log, report.log.path, args.checkpoints))
     return 0
 
