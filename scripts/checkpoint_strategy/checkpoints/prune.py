@@ -119,7 +119,8 @@ def _hf_best(survey: Survey) -> None:
             states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
     for path, where in states:
         try:
-            data = storage.read_json(path, "trainer_state.json", allow_nan=True, expect=dict)
+            data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
+                                     allow_nan=True, expect=dict)
         except storage.ReadError:
             continue
         name = data.get("best_model_checkpoint")

@@ -107,10 +107,10 @@ class _Ctx:
         self._tick()
         return z
 
-    def json(self, path: str) -> object | None:
+    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES) -> object | None:
         self.counter.files += 1
         try:
-            raw = read_bytes(path, "JSON file")
+            raw = read_bytes(path, "JSON file", limit)
         except ReadError as exc:
             self.bad(path, fc._oserror(exc))
             self._tick()
@@ -211,7 +211,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
         if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
             ctx.zip(p, "optimizer" if n == "optimizer.pt" else "other")
     if "trainer_state.json" in names:
-        state = ctx.json(os.path.join(path, "trainer_state.json"))
+        state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES)
         if state is not None and not isinstance(state, dict):
             ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
         elif isinstance(state, dict) and type(state.get("global_step")) is int:

@@ -34,6 +34,8 @@ from checkpoint_strategy.errors import UsageError
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
+#: Cap on a Trainer's trainer_state.json: it grows with log_history (800k log entries are over 64 MB).
+MAX_TRAINER_STATE_BYTES = 2 << 30
 
 
 class ReadError(UsageError):
