@@ -293,6 +293,22 @@ def test_prune_at_deep_keeps_the_older_when_the_newer_has_nans(hf_run, tmp_path)
     assert not report.delete or all(not e.deleted for e in report.delete)
 
 
+def test_prune_at_deep_a_norm_jump_never_justifies_a_deletion(hf_run, tmp_path):
+    """checkpoint-120 holds the weights blown up at step 120 (norm jump vs checkpoint-110): at level deep
+    it is suspicious, so it is not the newest valid and checkpoint-110 is kept (issue 12)."""
+    from checkpoint_strategy.checkpoints import prune
+
+    root = tmp_path / "run"
+    root.mkdir()
+    for s in (110, 120):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    report = prune(str(root), keep_last=1, level="deep", apply=True, spike_check=False)
+    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-120").is_dir()
+    assert not report.delete and report.newest_valid == "checkpoint-110"
+    kept = {e.name: e for e in report.keep}
+    assert kept["checkpoint-120"].reason_kinds == ["not_valid"] and kept["checkpoint-110"].reason_kinds == ["newest"]
+
+
 # ----------------------------------------------------------------------------- the pickle reader and the allow-list
 
 class _Evil:

@@ -636,6 +636,19 @@ def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOut
         result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
 
 
+def compare_consecutive(checked: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+    """Level deep over one run's checkpoints, (step, name, result, deep outcome): each one's global weight
+    norm against the previous one with a deep outcome (next lower step), as `validate_paths` does; a jump
+    adds the "suspicious" problem to the result."""
+    prev: tuple[int, str, dp.DeepOutcome] | None = None
+    for step, name, result, outcome in sorted(checked, key=lambda t: t[0]):
+        if outcome is None:
+            continue
+        if prev is not None and prev[0] != step:
+            _compare(result, outcome, prev[2], prev[1])
+        prev = (step, name, outcome)
+
+
 def deep_ok(result: CheckpointResult) -> bool:
     """Valid and, when the deep level ran, nothing suspicious and no partial optimizer state (a model-only
     checkpoint is reported "not resumable" but is not a failure: prune's resumable-first rule weighs it)."""
