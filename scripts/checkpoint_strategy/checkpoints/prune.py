@@ -237,7 +237,7 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None) -> SpikeGu
     else:
         explicit = True
     try:
-        report = advise(log, checkpoints=valid)
+        report = advise(log, checkpoints=valid, level=None)  # validated by the survey, at prune's level
     except UsageError as exc:
         if explicit:
             raise
