@@ -270,3 +270,20 @@ def test_recover_validates_its_candidates(hf_run, copy_of, cli_run):
     assert any(w.startswith("checkpoint-90 skipped: not resumable") for w in warnings), warnings
     text = cli_run("recover", str(root)).out
     assert "checkpoint-110 skipped: incomplete: truncated" in text
+
+
+def test_torn_last_jsonl_line_is_left_out_with_a_note(tmp_path, cli_run):
+    """Training still writing: the last line has no newline yet and is cut mid-record. recover reads the
+    rest and says so; a bad line in the middle (or a complete bad last line) is still exit 2."""
+    lines = [json.dumps({"step": i, "loss": 1.0}) for i in range(1, 201)]
+    log = tmp_path / "train.jsonl"
+    log.write_text("\n".join(lines) + "\n" + '{"step": 201, "lo')
+    rep = cli_run("recover", str(log), "--format", "json").json()
+    assert rep["status"] == "no_spike" and rep["log"]["last_step"] == 200
+    assert any("line 201" in w and "incomplete" in w for w in rep["warnings"]), rep["warnings"]
+    assert "line 201" in cli_run("recover", str(log)).out
+    log.write_bytes(b"\n".join(x.encode() for x in lines) + b"\n" + '{"step": 201, "loss": "\u00e9'.encode()[:-1])
+    assert cli_run("recover", str(log), "--format", "json").json()["log"]["last_step"] == 200   # cut mid-character
+    middle = lines[:100] + ['{"step": 101, "lo'] + lines[101:]
+    log.write_text("\n".join(middle) + "\n")
+    cli_run("recover", str(log)).usage_error("line 101")

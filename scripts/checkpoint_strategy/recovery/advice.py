@@ -182,7 +182,7 @@ def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, mileston
     miles, skipped_miles = ckptsteps.validated(miles, level)
     report = advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root, milestones=miles,
                            options=o)
-    report.warnings.extend(skipped + skipped_miles)
+    report.warnings.extend(series.notes + skipped + skipped_miles)
     return report, series, ck_list + [(s, p) for s, p in miles]
 
 
