@@ -242,6 +242,21 @@ def test_moments_of_another_model(hf_run, copy_of):
     assert any("1 optimizer moments match no weight's shape" in reason for _f, reason, _k in _problems(r))
 
 
+def test_problems_of_a_single_file_checkpoint_name_the_file(tmp_path, capsys):
+    """A .pt / .safetensors passed directly: its problem lines say the file's name, never '.'."""
+    evil = _evil_zip(tmp_path / "model.pt", {"state_dict": {"w": 1}, "x": _Evil(os.getcwd)})
+    r = validate_checkpoint(evil)
+    assert [(p.file, p.kind) for p in r.problems] == [("model.pt", "invalid")]
+    assert main(["validate", str(evil)]) == 1
+    assert "- model.pt: unsafe pickle: would execute posix.getcwd on load" in capsys.readouterr().out
+    weights = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(4)}, str(weights))
+    r = validate_checkpoint(weights, level="deep")
+    assert r.problems and all(p.file == "w.safetensors" for p in r.problems), r.problems
+
+
 def test_weights_only_checkpoints(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-60")
     (ckpt / "optimizer.pt").unlink()

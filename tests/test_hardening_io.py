@@ -202,7 +202,7 @@ def test_fifos_where_files_are_expected_never_hang(hf_run, lightning_run, dcp_ch
     fifo = "is a FIFO: expected a regular file"
     assert reasons[("checkpoint-30", "model.safetensors")] == fifo
     assert reasons[("checkpoint-20", "trainer_state.json")] == fifo
-    assert reasons[("epoch=0-step=10.ckpt", ".")] == fifo
+    assert reasons[("epoch=0-step=10.ckpt", "epoch=0-step=10.ckpt")] == fifo  # a file checkpoint names itself
     assert reasons[("step-100", ".metadata")] == fifo
 
     r = sub("prune", run_dir, "--keep-last", "1", "--apply", timeout=60)
@@ -500,6 +500,8 @@ def test_output_inside_a_checkpoint_folder_is_refused(hf_run, tmp_path, capsys):
         shutil.copytree(hf_run.output_dir / "checkpoint-200", root / f"checkpoint-{n}")
     ckpt = root / "checkpoint-400"
     (tmp_path / "link").symlink_to(root)  # an input named through a symlink covers the same folder
+    event = tmp_path / "event.json"
+    event.write_text('{"event": "LOSS_SPIKE", "step": 120, "value": 7.9}')
     before = _tree(root)
     cases = [
         ("validate", ckpt, "-o", ckpt / "optimizer.pt"),
@@ -510,6 +512,8 @@ def test_output_inside_a_checkpoint_folder_is_refused(hf_run, tmp_path, capsys):
         ("prune", root, "--keep-last", "1", "--apply", "-o", root / "checkpoint-300" / "report.txt"),
         ("release-gate", ckpt, "-o", ckpt / "x"),
         ("handoff", "--checkpoints", root, "--state-dir", tmp_path / "st", "-o", ckpt / "optimizer.pt"),
+        ("on-event", event, "--checkpoints", root, "-o", ckpt / "optimizer.pt"),
+        ("recover", ckpt / "trainer_state.json", "--checkpoints", root, "-o", ckpt / "report.txt"),
     ]
     for argv in cases:
         err = exit_2(capsys, *argv)

@@ -76,9 +76,12 @@ class _Ctx:
 
     def rel(self, path: str) -> str:
         if os.path.normpath(path) == os.path.normpath(self.root):
-            return "."
+            return self.named(".")
         base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
         return os.path.relpath(path, base)
+
+    def named(self, file: str) -> str:
+        return _named(file, self.root)
 
     def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
         """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
@@ -154,6 +157,11 @@ class _Ctx:
     def _tick(self) -> None:
         if self.update is not None:
             self.update(files=1)
+
+
+def _named(file: str, checkpoint: str) -> str:
+    """A problem's file: '.' (the checkpoint itself) is the file's name for a single-file checkpoint."""
+    return os.path.basename(os.path.normpath(checkpoint)) if file == "." and not os.path.isdir(checkpoint) else file
 
 
 def _ls(path: str) -> list[str]:
@@ -538,7 +546,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
         outcome = dp.run(ctx.sources, global_step=ctx.global_step, want_max=stats)
         for f in outcome.findings:
-            ctx.problems.append(Problem(file=f.file, reason=f.reason, kind=f.kind))
+            ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
         ctx.counter.notes.extend(outcome.notes)
         ctx.counter.bytes_read += outcome.check.bytes_scanned
         if any(f.kind == "not_resumable" for f in outcome.findings):
@@ -633,7 +641,8 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
     finding = dp.compare(outcome, prev, prev_name)
     if finding is not None:
-        result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
+        result.problems.append(Problem(file=_named(finding.file, result.path), reason=finding.reason,
+                                       kind=finding.kind))
 
 
 def compare_consecutive(checked: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
