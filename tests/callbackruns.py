@@ -66,12 +66,13 @@ def steps_in(out: Path) -> list[int]:
 
 
 def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
-                    spike_scale: float = 3.0,
+                    spike_scale: float = 3.0, nan_step: Optional[int] = None,
                     hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
                     extra_callbacks=(), save_top_k: int = 1, plugins=None, **cb_kwargs):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
-    that step. Returns (callback, trainer, module)."""
+    that step; nan_step: every weight NaN at the end of that step (every later loss is NaN). Returns
+    (callback, trainer, module)."""
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -102,6 +103,10 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
                 with torch.no_grad():
                     for p in module.parameters():
                         p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().nan_to_num(0.05).clamp_min(0.05))
+            if nan_step is not None and trainer.global_step == nan_step:
+                with torch.no_grad():
+                    for p in module.parameters():
+                        p.fill_(math.nan)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4096, 8, generator=g)

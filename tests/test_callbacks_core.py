@@ -124,3 +124,39 @@ def test_last_valid_checkpoint_inputs(tmp_path):
         last_valid_checkpoint(f)
     with pytest.raises(UsageError):
         last_valid_checkpoint(tmp_path, level="deep-ish")
+
+
+def test_level_deep_is_accepted_by_the_callbacks_and_resume(hf_run, tmp_path):
+    """StrategyCore and last_valid_checkpoint take level="deep" like every command (issue 12); at deep the
+    resume point is the newest that passes the deep check: checkpoint-120's weights norm jumped."""
+    import shutil
+
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    assert StrategyCore({"frequency": "every_10_steps", "keep_last": 2}, level="deep").level == "deep"
+    with pytest.raises(UsageError):
+        StrategyCore({"frequency": "every_10_steps"}, level="deep-ish")
+    root = tmp_path / "run"
+    for s in (110, 120):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    assert last_valid_checkpoint(root) == str(root / "checkpoint-120")
+    assert last_valid_checkpoint(root, level="deep") == str(root / "checkpoint-110")
+
+
+def test_last_valid_checkpoint_prefers_the_newest_resumable(hf_run, tmp_path):
+    """A weights-only newest checkpoint (no optimizer.pt) would silently reset the optimizer: the newest
+    resumable valid one wins; weights-only only when nothing is resumable."""
+    import shutil
+
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    root = tmp_path / "run"
+    for s in (90, 100, 110):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    (root / "checkpoint-110" / "optimizer.pt").unlink()
+    assert last_valid_checkpoint(root) == str(root / "checkpoint-100")
+    assert last_valid_checkpoint(root, level="full") == str(root / "checkpoint-100")
+    for s in (90, 100):
+        (root / f"checkpoint-{s}" / "optimizer.pt").unlink()
+    assert last_valid_checkpoint(root) == str(root / "checkpoint-110")   # none resumable: the newest valid

@@ -135,3 +135,33 @@ def test_async_checkpoint_io_validated_after_the_write(tmp_path):
     assert len(cb.core.records) == 4 and not cb.core.problems
     assert {r.status for r in cb.core.records} <= {"valid", "gone"} and cb.core.records[-1].status == "valid"
     assert callbackruns.lightning_steps(ckpts) == ["epoch=0-step=30.ckpt", "epoch=0-step=40.ckpt"]
+
+
+def test_nan_loss_triggers_no_emergency_save(tmp_path, caplog):
+    """Lightning: every weight NaN after step 25, so every later loss is NaN: a NaN state is never saved
+    as an emergency checkpoint (the HF twin is in test_callbacks_hf.py)."""
+    import logging
+
+    ckpts = tmp_path / "ckpts"
+    policy = {"frequency": "every_10_steps", "keep_last": 2, "emergency_save_on": TRIGGERS}
+    with caplog.at_level(logging.WARNING, logger="checkpoint_strategy.callbacks"):
+        cb, trainer, module = callbackruns.lightning_train(ckpts, policy, max_steps=40, nan_step=25, handoff_dir=None)
+    assert all(p.isnan().all() for p in module.parameters()), "the run must really hold NaN weights"
+    assert not any(r.emergency for r in cb.core.records)
+    assert not [n for n in os.listdir(ckpts) if "emergency" in n or n.endswith(MARKER_SUFFIX)]
+    assert any("NaN/inf" in m and "no emergency save" in m for m in caplog.messages)
+
+
+def test_join_timeout_is_reported_at_the_end(tmp_path, caplog):
+    """Background validation still running when training ends (the worker lingers 3 s per phase, the
+    join timeout is 0.5 s): the end says so, as an ERROR line and one of the run's problems."""
+    import logging
+
+    policy = {"frequency": "every_10_steps", "keep_last": 2, "async_save": True}
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        cb, _trainer, _m = callbackruns.lightning_train(tmp_path / "ckpts", policy, max_steps=20, join_timeout=0.5,
+                                                        hooks={"phase_delay": 3.0}, handoff_dir=None)
+    line = "validation of the last saves did not finish within 0.5 s"
+    assert any(line in p for p in cb.core.problems), cb.core.problems
+    assert any(r.levelno == logging.ERROR and line in r.getMessage() for r in caplog.records)
+    assert any("end of training" in m for m in caplog.messages)

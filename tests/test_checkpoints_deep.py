@@ -242,6 +242,21 @@ def test_moments_of_another_model(hf_run, copy_of):
     assert any("1 optimizer moments match no weight's shape" in reason for _f, reason, _k in _problems(r))
 
 
+def test_problems_of_a_single_file_checkpoint_name_the_file(tmp_path, capsys):
+    """A .pt / .safetensors passed directly: its problem lines say the file's name, never '.'."""
+    evil = _evil_zip(tmp_path / "model.pt", {"state_dict": {"w": 1}, "x": _Evil(os.getcwd)})
+    r = validate_checkpoint(evil)
+    assert [(p.file, p.kind) for p in r.problems] == [("model.pt", "invalid")]
+    assert main(["validate", str(evil)]) == 1
+    assert "- model.pt: unsafe pickle: would execute posix.getcwd on load" in capsys.readouterr().out
+    weights = tmp_path / "w.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(4)}, str(weights))
+    r = validate_checkpoint(weights, level="deep")
+    assert r.problems and all(p.file == "w.safetensors" for p in r.problems), r.problems
+
+
 def test_weights_only_checkpoints(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-60")
     (ckpt / "optimizer.pt").unlink()
@@ -291,6 +306,22 @@ def test_prune_at_deep_keeps_the_older_when_the_newer_has_nans(hf_run, tmp_path)
     report = prune(str(root), keep_last=1, level="deep", apply=True, spike_check=False)
     assert (root / "checkpoint-30").is_dir() and (root / "checkpoint-40").is_dir()
     assert not report.delete or all(not e.deleted for e in report.delete)
+
+
+def test_prune_at_deep_a_norm_jump_never_justifies_a_deletion(hf_run, tmp_path):
+    """checkpoint-120 holds the weights blown up at step 120 (norm jump vs checkpoint-110): at level deep
+    it is suspicious, so it is not the newest valid and checkpoint-110 is kept (issue 12)."""
+    from checkpoint_strategy.checkpoints import prune
+
+    root = tmp_path / "run"
+    root.mkdir()
+    for s in (110, 120):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    report = prune(str(root), keep_last=1, level="deep", apply=True, spike_check=False)
+    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-120").is_dir()
+    assert not report.delete and report.newest_valid == "checkpoint-110"
+    kept = {e.name: e for e in report.keep}
+    assert kept["checkpoint-120"].reason_kinds == ["not_valid"] and kept["checkpoint-110"].reason_kinds == ["newest"]
 
 
 # ----------------------------------------------------------------------------- the pickle reader and the allow-list

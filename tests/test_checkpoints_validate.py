@@ -68,6 +68,31 @@ def test_full_level_reads_every_byte_quick_reads_headers(hf_run):
     assert quick.bytes_read < full.bytes_read and full.bytes_read <= 2 * total
 
 
+def _long_run_state(path: Path, entries: int, best: str | None = None) -> None:
+    """A trainer_state.json of a long run: `entries` log_history records (about 100 bytes each), written once."""
+    state = json.loads(path.read_text())
+    state["best_model_checkpoint"] = best
+    head, _sep, tail = json.dumps(state).partition('"log_history": [')
+    lines = ",".join(f'{{"epoch": {i / 4096:.6f}, "grad_norm": 0.958928346633911, "learning_rate": 0.0003, '
+                     f'"loss": {1 + (i % 997) / 1000:.6f}, "step": {i}}}' for i in range(1, entries + 1))
+    with open(path, "w") as fh:
+        fh.write(head + '"log_history": [' + lines + "], " + tail.partition("], ")[2])
+
+
+def test_trainer_state_larger_than_64_mb_is_valid(hf_run, copy_of):
+    """An 800k-entry log_history (a long run) is a healthy checkpoint, not "larger than 64 MB" (issue 13)."""
+    from checkpoint_strategy.checkpoints.prune import prune
+
+    root = copy_of(hf_run.output_dir, "run")
+    state = root / "checkpoint-200" / "trainer_state.json"
+    _long_run_state(state, 800_000, best="run/checkpoint-70")
+    assert state.stat().st_size > 64 << 20 and json.loads(state.read_text())["global_step"] == 200
+    r = validate_checkpoint(root / "checkpoint-200")
+    assert (r.status, r.step, r.problems) == ("valid", 200, [])
+    report = prune(root, keep_last=1, spike_check=False)  # its best_model_checkpoint is read too
+    assert report.newest_valid == "checkpoint-200" and report.best_checkpoint == "checkpoint-70"
+
+
 def test_documented_layouts_validate(layout_roots):
     for name, root in layout_roots.items():
         report = validate_paths([str(root)], progress=False)

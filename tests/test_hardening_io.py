@@ -202,7 +202,7 @@ def test_fifos_where_files_are_expected_never_hang(hf_run, lightning_run, dcp_ch
     fifo = "is a FIFO: expected a regular file"
     assert reasons[("checkpoint-30", "model.safetensors")] == fifo
     assert reasons[("checkpoint-20", "trainer_state.json")] == fifo
-    assert reasons[("epoch=0-step=10.ckpt", ".")] == fifo
+    assert reasons[("epoch=0-step=10.ckpt", "epoch=0-step=10.ckpt")] == fifo  # a file checkpoint names itself
     assert reasons[("step-100", ".metadata")] == fifo
 
     r = sub("prune", run_dir, "--keep-last", "1", "--apply", timeout=60)
@@ -487,6 +487,43 @@ def test_recover_output_may_not_be_an_input(hf_run, tmp_path, capsys):
     before = resolved.read_bytes()
     assert "also an input" in exit_2(capsys, "recover", run_copy, "-o", resolved)  # the folder's log
     assert resolved.read_bytes() == before
+
+
+def _tree(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_output_inside_a_checkpoint_folder_is_refused(hf_run, tmp_path, capsys):
+    """-o/--stats inside a checkpoint (or ROOT) the command reads: one line, exit 2, nothing written or deleted."""
+    root = tmp_path / "run"
+    for n in (300, 400):
+        shutil.copytree(hf_run.output_dir / "checkpoint-200", root / f"checkpoint-{n}")
+    ckpt = root / "checkpoint-400"
+    (tmp_path / "link").symlink_to(root)  # an input named through a symlink covers the same folder
+    event = tmp_path / "event.json"
+    event.write_text('{"event": "LOSS_SPIKE", "step": 120, "value": 7.9}')
+    before = _tree(root)
+    cases = [
+        ("validate", ckpt, "-o", ckpt / "optimizer.pt"),
+        ("validate", ckpt, "-o", ckpt / "new-report.json"),
+        ("validate", tmp_path / "link", "-o", ckpt / "optimizer.pt"),
+        ("validate", ckpt, "--level", "deep", "--stats", ckpt / "model.safetensors"),
+        ("prune", root, "-o", ckpt / "model.safetensors"),
+        ("prune", root, "--keep-last", "1", "--apply", "-o", root / "checkpoint-300" / "report.txt"),
+        ("release-gate", ckpt, "-o", ckpt / "x"),
+        ("handoff", "--checkpoints", root, "--state-dir", tmp_path / "st", "-o", ckpt / "optimizer.pt"),
+        ("on-event", event, "--checkpoints", root, "-o", ckpt / "optimizer.pt"),
+        ("recover", ckpt / "trainer_state.json", "--checkpoints", root, "-o", ckpt / "report.txt"),
+    ]
+    for argv in cases:
+        err = exit_2(capsys, *argv)
+        assert "an input of this command" in err and "refusing" in err, (argv, err)
+        assert _tree(root) == before, argv
+    assert not (tmp_path / "st").exists()  # handoff wrote no state either
+    assert "also an input" in exit_2(capsys, "validate", ckpt / "optimizer.pt", "-o", ckpt / "optimizer.pt")
+    # next to the folder is fine
+    rc, _out, err = run(capsys, "validate", ckpt, "-o", tmp_path / "report.txt")
+    assert rc == 0 and (tmp_path / "report.txt").exists(), err
 
 
 def test_output_to_devices_and_fifos_written_in_place(hf_run, tmp_path, capsys):

@@ -228,3 +228,62 @@ def test_folder_search_prefers_the_highest_step_over_mtime(hf_run, copy_of):
     own.write_text(later.read_text())
     os.utime(own, (st.st_atime + 200, st.st_mtime + 200))
     assert find_log(root) == own  # the run folder's own log, written when training ended
+
+
+def _nan_in_safetensors(path) -> None:
+    """Write one NaN into the first float32 tensor of a safetensors file, in place."""
+    import struct
+
+    raw = path.read_bytes()
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + hlen])
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    with open(path, "r+b") as fh:
+        fh.seek(8 + hlen + header[name]["data_offsets"][0])
+        fh.write(np.float32("nan").tobytes())
+
+
+def test_recover_validates_its_candidates(hf_run, copy_of, cli_run):
+    """The resume point is a checkpoint the validator passes (issue 13): a truncated checkpoint-110 is
+    skipped at the default quick level, a NaN weight in checkpoint-100 at --level deep, a weights-only
+    checkpoint-90 (no optimizer.pt) always; each skip is named with its reason."""
+    root = copy_of(hf_run.output_dir, "run")
+
+    def resume(*argv):
+        rep = cli_run("recover", str(root), "--format", "json", *argv).json()
+        return rep["resume_checkpoint"]["path"], rep["warnings"]
+
+    assert resume()[0] == str(root / "checkpoint-110")
+    weights = root / "checkpoint-110" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    path, warnings = resume()
+    assert path == str(root / "checkpoint-100")
+    assert any(w.startswith("checkpoint-110 skipped: incomplete: truncated") and "model.safetensors" in w for w in warnings)
+    _nan_in_safetensors(root / "checkpoint-100" / "model.safetensors")
+    assert resume()[0] == str(root / "checkpoint-100")             # quick reads headers: a NaN is not seen
+    path, warnings = resume("--level", "deep")
+    assert path == str(root / "checkpoint-90")
+    assert any(w.startswith("checkpoint-100 skipped: invalid: 1 NaN") for w in warnings), warnings
+    (root / "checkpoint-90" / "optimizer.pt").unlink()
+    path, warnings = resume("--level", "deep")
+    assert path == str(root / "checkpoint-80")
+    assert any(w.startswith("checkpoint-90 skipped: not resumable") for w in warnings), warnings
+    text = cli_run("recover", str(root)).out
+    assert "checkpoint-110 skipped: incomplete: truncated" in text
+
+
+def test_torn_last_jsonl_line_is_left_out_with_a_note(tmp_path, cli_run):
+    """Training still writing: the last line has no newline yet and is cut mid-record. recover reads the
+    rest and says so; a bad line in the middle (or a complete bad last line) is still exit 2."""
+    lines = [json.dumps({"step": i, "loss": 1.0}) for i in range(1, 201)]
+    log = tmp_path / "train.jsonl"
+    log.write_text("\n".join(lines) + "\n" + '{"step": 201, "lo')
+    rep = cli_run("recover", str(log), "--format", "json").json()
+    assert rep["status"] == "no_spike" and rep["log"]["last_step"] == 200
+    assert any("line 201" in w and "incomplete" in w for w in rep["warnings"]), rep["warnings"]
+    assert "line 201" in cli_run("recover", str(log)).out
+    log.write_bytes(b"\n".join(x.encode() for x in lines) + b"\n" + '{"step": 201, "loss": "\u00e9'.encode()[:-1])
+    assert cli_run("recover", str(log), "--format", "json").json()["log"]["last_step"] == 200   # cut mid-character
+    middle = lines[:100] + ['{"step": 101, "lo'] + lines[101:]
+    log.write_text("\n".join(middle) + "\n")
+    cli_run("recover", str(log)).usage_error("line 101")

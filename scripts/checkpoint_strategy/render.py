@@ -223,6 +223,15 @@ def emit(report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (),
     write_output(render(report, fmt, **context), output, inputs)
 
 
+def check_output_early(output: Any, inputs: tuple = ()) -> None:
+    """Refuse -o/--output over an input, or inside an input folder, before the command does any work
+    (deletes, state writes); `write_output` checks the same again when it writes."""
+    if output is not None and output != "-":
+        from checkpoint_strategy import storage
+
+        storage.check_output(output, "-o/--output", inputs=tuple(i for i in inputs if i))
+
+
 def write_output(text: str, output: Any = None, inputs: tuple = ()) -> None:
     """stdout for no -o (or -o -); else storage.write_output: atomic, never over an input, one line on failure."""
     if output is None or output == "-":

@@ -18,10 +18,21 @@ if TYPE_CHECKING:
 
 
 def validate(path: str, level: str = "quick"):
-    """CheckpointResult of one checkpoint (never loads it)."""
+    """CheckpointResult of one checkpoint (never loads it); at level deep compared with the previous
+    checkpoint of the same folder (a weights-norm jump is suspicious)."""
     from checkpoint_strategy.checkpoints import validate_checkpoint
 
-    return validate_checkpoint(path, level=level)
+    return validate_checkpoint(path, level=level, previous=previous_checkpoint(path) if level == "deep" else None)
+
+
+def previous_checkpoint(path: str) -> Optional[str]:
+    """The checkpoint next to `path` with the next lower step (None: the first, or no step)."""
+    step = fm.step_from_name(os.path.basename(os.path.normpath(path)))
+    if step is None:
+        return None
+    older = [(s, p) for s, p in checkpoints_newest_first(os.path.dirname(os.path.normpath(path)) or ".")
+             if s is not None and s < step and not os.path.islink(p)]
+    return older[0][1] if older else None
 
 
 def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",

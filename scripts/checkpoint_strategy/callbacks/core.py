@@ -54,8 +54,8 @@ class StrategyCore:
         from checkpoint_strategy.errors import UsageError
 
         self.settings: Settings = resolve(policy)
-        if level not in ("quick", "full"):
-            raise UsageError(f"level must be quick or full, got {level!r}")
+        if level not in ("quick", "full", "deep"):
+            raise UsageError(f"level must be quick, full or deep, got {level!r}")
         if handoff_every is not None and (not isinstance(handoff_every, int) or handoff_every < 1):
             raise UsageError(f"handoff_every must be a whole number >= 1, got {handoff_every!r}")
         self.level = level

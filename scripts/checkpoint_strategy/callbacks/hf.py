@@ -33,7 +33,8 @@ class HFCheckpointStrategy(TrainerCallback):
     """Apply a checkpoint policy inside ``transformers.Trainer`` (see the module docstring).
 
     policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
-    level: validation depth after each save, "quick" (headers) or "full" (every byte, CRC).
+    level: validation depth after each save, "quick" (headers), "full" (every byte, CRC) or "deep"
+        (every value finite, optimizer state whole, no weight-norm jump from the previous checkpoint).
     handoff_dir: session-handoff state folder written at the end (None: do not write).
     handoff_every: also write it every N processed saves.
     join_timeout: seconds to wait at the end for background validations.

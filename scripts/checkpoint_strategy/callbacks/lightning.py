@@ -65,7 +65,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     """Apply a checkpoint policy inside a Lightning Trainer (see the module docstring).
 
     policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
-    level: "quick" or "full" validation after each save. handoff_dir / handoff_every /
+    level: "quick", "full" or "deep" validation after each save. handoff_dir / handoff_every /
     join_timeout: as for HFCheckpointStrategy. detect_every: feed the detector every N steps
     (default: the Trainer's log_every_n_steps).
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
@@ -10,43 +11,61 @@ from checkpoint_strategy.errors import UsageError
 
 def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
                           include_emergency: bool = False, spike_check: bool = True) -> Optional[str]:
-    """Path of the newest checkpoint under `output_dir` that validates, or None.
+    """Path of the newest *resumable* checkpoint under `output_dir` that validates, or None.
 
     For ``trainer.train(resume_from_checkpoint=...)`` (HF: pass the run's output_dir) and
     ``trainer.fit(model, ckpt_path=...)`` (Lightning: pass the ModelCheckpoint dirpath). A
     half-written newest checkpoint (a torn .ckpt, a checkpoint-N without trainer_state.json) is
     skipped, and so are emergency saves (post-event weights, never a resume point) unless
-    include_emergency. None when the folder does not exist yet or holds no valid checkpoint,
-    so ``resume_from_checkpoint=last_valid_checkpoint(out)`` starts fresh on a first run.
-    Checks newest first and stops at the first valid one. With spike_check (default) the run's
-    trainer_state.json is read the way `prune` reads it (checkpoints/safety.py): a checkpoint saved
-    after the onset of an unrecovered loss spike is skipped (it holds spiked weights); not with
-    include_emergency, which asks for post-event weights.
+    include_emergency. A valid weights-only checkpoint (no optimizer state: resuming from it resets
+    the optimizer) is returned only when no valid checkpoint is resumable; then the newest of them.
+    None when the folder does not exist yet or holds no valid checkpoint, so
+    ``resume_from_checkpoint=last_valid_checkpoint(out)`` starts fresh on a first run.
+    level: "quick" (default), "full" or "deep" (also every value finite, the optimizer state whole and
+    no weight-norm jump from the previous checkpoint). Checks newest first and stops at the first
+    valid resumable one. With spike_check (default) the run's trainer_state.json is read the way
+    `prune` reads it (checkpoints/safety.py): a checkpoint saved after the onset of an unrecovered
+    loss spike is skipped (it holds spiked weights); not with include_emergency, which asks for
+    post-event weights.
     """
-    from checkpoint_strategy.callbacks import _retention
-
-    if level not in ("quick", "full"):
-        raise UsageError(f"level must be quick or full, got {level!r}")
+    if level not in ("quick", "full", "deep"):
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
     root = os.fspath(output_dir)
     if not os.path.lexists(root):
         return None
     if not os.path.isdir(root):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
+    from checkpoint_strategy.callbacks import _retention
+
     found = _retention.checkpoints_newest_first(root)
     spike_check = spike_check and not include_emergency   # asking for emergency saves asks for post-event weights
     guard: list = []   # read once, when the first valid checkpoint is found
+    weights_only = None
+    for step, path, resumable in _valid_newest_first(found, level, include_emergency):
+        if spike_check and not guard:
+            guard.append(_spike_guard(found))
+        if spike_check and _after_onset(step, guard[0]):
+            continue
+        if resumable:
+            return path
+        weights_only = weights_only or path
+    return weights_only
+
+
+def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[tuple[Optional[int], str, bool]]:
+    """(step, path, resumable) of the checkpoints found that validate (at level deep: pass the deep
+    check), newest first; emergency saves only with include_emergency; symlinks never."""
+    from checkpoint_strategy.callbacks import _retention
+    from checkpoint_strategy.checkpoints.validate import usable
+
     for step, path in found:
         if not include_emergency and _retention.read_marker(path) is not None:
             continue
         if os.path.islink(path):
             continue
-        if _retention.validate(path, level).status == "valid":
-            if spike_check and not guard:
-                guard.append(_spike_guard(found))
-            if spike_check and _after_onset(step, guard[0]):
-                continue
-            return path
-    return None
+        result = _retention.validate(path, level)
+        if usable(result):
+            yield step, path, bool(result.resumable)
 
 
 def _spike_guard(found):

@@ -29,7 +29,8 @@ import re
 import secrets
 import shutil
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text
@@ -48,8 +49,11 @@ from checkpoint_strategy.checkpoints.models import (
     PruneState,
     SpikeGuard,
 )
-from checkpoint_strategy.checkpoints.validate import check, usable
+from checkpoint_strategy.checkpoints.validate import check, check_with_values, compare_consecutive, usable
 from checkpoint_strategy.errors import UsageError
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.checkpoints import deep as dp
 
 JOURNAL = ".checkpoint-strategy-prune.json"
 LOCK_TIMEOUT_SECONDS = 5.0
@@ -120,7 +124,8 @@ def _hf_best(survey: Survey) -> None:
             states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
     for path, where in states:
         try:
-            data = storage.read_json(path, "trainer_state.json", allow_nan=True, expect=dict)
+            data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
+                                     allow_nan=True, expect=dict)
         except storage.ReadError:
             continue
         name = data.get("best_model_checkpoint")
@@ -156,11 +161,21 @@ def _lightning_best(survey: Survey) -> None:
                                          f"{newest.name})")
 
 
+def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+    """Level deep: compare consecutive checkpoints (the norm jump needs the previous one), then a valid
+    checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here: it never
+    justifies a deletion."""
+    compare_consecutive(deep)
+    s.candidates = [replace(c, status="invalid") if c.name in s.results and not c.final_export
+                    and c.status == "valid" and not usable(s.results[c.name]) else c for c in s.candidates]
+
+
 def survey(root: str, level: str = "quick") -> Survey:
     """List ROOT (one level), classify every name, validate the recognised checkpoints."""
     s = Survey(root)
     found, unrecognised = fm.discover(root, max_depth=1)
     templates: set[str] = set()
+    deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
     for f in found:
         if f.role == fm.FINAL_EXPORT:
             r = check(f, level)
@@ -177,17 +192,18 @@ def survey(root: str, level: str = "quick") -> Survey:
             s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
                                              symlink=symlink, format=f.format, path=f.path))
             continue
-        r = check(f, level)
+        r, outcome = check_with_values(f, level)
         s.results[name] = r
+        if m.step is not None:
+            deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
         mark = read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
-        # level deep: a valid checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here
-        status = "invalid" if r.status == "valid" and not usable(r) else r.status
-        s.candidates.append(rt.Candidate(name, m.step, m.layout, status, r.resumable and mark is None, False,
+        s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,
                                          m.metrics, format=f.format, path=f.path))
+    _deep_verdicts(s, deep)
     for name in unrecognised:
         path = os.path.join(root, name)
         s.candidates.append(rt.Candidate(name, None, None, symlink=os.path.islink(path), path=path))

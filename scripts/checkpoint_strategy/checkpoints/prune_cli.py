@@ -37,8 +37,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy.checkpoints.prune import prune
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
 
+    check_output_early(args.output, (args.root, args.log))
     milestones = args.milestones
     if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
         from checkpoint_strategy import storage
@@ -52,5 +53,5 @@ def run(args) -> int:
         milestones = milestone_schedule(milestones, newest)
     report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
                    apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check)
-    emit(report, args.format, args.output)
+    emit(report, args.format, args.output, inputs=(args.root, args.log))
     return 1 if report.errors else 0

@@ -76,9 +76,12 @@ class _Ctx:
 
     def rel(self, path: str) -> str:
         if os.path.normpath(path) == os.path.normpath(self.root):
-            return "."
+            return self.named(".")
         base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
         return os.path.relpath(path, base)
+
+    def named(self, file: str) -> str:
+        return _named(file, self.root)
 
     def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
         """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
@@ -107,10 +110,10 @@ class _Ctx:
         self._tick()
         return z
 
-    def json(self, path: str) -> object | None:
+    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES) -> object | None:
         self.counter.files += 1
         try:
-            raw = read_bytes(path, "JSON file")
+            raw = read_bytes(path, "JSON file", limit)
         except ReadError as exc:
             self.bad(path, fc._oserror(exc))
             self._tick()
@@ -154,6 +157,11 @@ class _Ctx:
     def _tick(self) -> None:
         if self.update is not None:
             self.update(files=1)
+
+
+def _named(file: str, checkpoint: str) -> str:
+    """A problem's file: '.' (the checkpoint itself) is the file's name for a single-file checkpoint."""
+    return os.path.basename(os.path.normpath(checkpoint)) if file == "." and not os.path.isdir(checkpoint) else file
 
 
 def _ls(path: str) -> list[str]:
@@ -211,7 +219,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
         if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
             ctx.zip(p, "optimizer" if n == "optimizer.pt" else "other")
     if "trainer_state.json" in names:
-        state = ctx.json(os.path.join(path, "trainer_state.json"))
+        state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES)
         if state is not None and not isinstance(state, dict):
             ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
         elif isinstance(state, dict) and type(state.get("global_step")) is int:
@@ -538,7 +546,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
         outcome = dp.run(ctx.sources, global_step=ctx.global_step, want_max=stats)
         for f in outcome.findings:
-            ctx.problems.append(Problem(file=f.file, reason=f.reason, kind=f.kind))
+            ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
         ctx.counter.notes.extend(outcome.notes)
         ctx.counter.bytes_read += outcome.check.bytes_scanned
         if any(f.kind == "not_resumable" for f in outcome.findings):
@@ -639,7 +647,21 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
     finding = dp.compare(outcome, prev, prev_name)
     if finding is not None:
-        result.problems.append(Problem(file=finding.file, reason=finding.reason, kind=finding.kind))
+        result.problems.append(Problem(file=_named(finding.file, result.path), reason=finding.reason,
+                                       kind=finding.kind))
+
+
+def compare_consecutive(checked: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+    """Level deep over one run's checkpoints, (step, name, result, deep outcome): each one's global weight
+    norm against the previous one with a deep outcome (next lower step), as `validate_paths` does; a jump
+    adds the "suspicious" problem to the result."""
+    prev: tuple[int, str, dp.DeepOutcome] | None = None
+    for step, name, result, outcome in sorted(checked, key=lambda t: t[0]):
+        if outcome is None:
+            continue
+        if prev is not None and prev[0] != step:
+            _compare(result, outcome, prev[2], prev[1])
+        prev = (step, name, outcome)
 
 
 def deep_ok(result: CheckpointResult) -> bool:
@@ -772,6 +794,8 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
     if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
         raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
                                                                "its folder does not exist") + "; expected a JSON file path")
+    if stats is not None:  # never inside a checkpoint this command reads
+        storage.check_output(stats, "--stats", inputs=tuple(paths))
     jobs, orbax_commit_roots, roots = _discover_jobs(paths)
     results: list[CheckpointResult] = []
     per_ckpt: list[CheckpointStats] = []
@@ -803,13 +827,10 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
             bar.update(checkpoints=1)
     results = [by_index[i] for i in range(len(jobs))]
     if stats is not None:
-        from checkpoint_strategy.atomic import atomic_write_text
         from checkpoint_strategy.render import to_json
 
-        try:
-            atomic_write_text(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")))
-        except OSError as exc:
-            raise UsageError(f"--stats: cannot write {stats}: {describe_os_error(exc)}") from None
+        storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
+                             inputs=tuple(paths))
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
 

@@ -30,8 +30,9 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy.checkpoints.validate import validate_paths
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
 
+    check_output_early(args.output, tuple(args.paths))
     progress = {"auto": None, "always": True, "never": False}[args.progress]
     from checkpoint_strategy.checkpoints.validate import deep_ok
 
@@ -48,6 +49,6 @@ def run(args) -> int:
         annotate_validation(report, paths, args.log, args.spike_check)
         annotate_hardware(report, args.target_gpus, args.log)
         report = storage.unshadow_model(report)
-    emit(report, args.format, args.output)
+    emit(report, args.format, args.output, inputs=tuple(args.paths))
     # at level deep also nothing suspicious and no partial optimizer state (model-only is not a failure)
     return 0 if all(deep_ok(c) for c in report.checkpoints) else 1

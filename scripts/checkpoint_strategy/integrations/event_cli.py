@@ -33,7 +33,7 @@ def run(args) -> int:
     del text
     result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes,
                         log_report=_log_report(args.log, args.checkpoints))
-    emit(result, args.format, args.output)
+    emit(result, args.format, args.output, inputs=(args.event_file, args.policy, args.log, args.checkpoints))
     return 0
 
 

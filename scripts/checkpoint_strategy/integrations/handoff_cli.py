@@ -44,8 +44,11 @@ _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "prese
 def run(args) -> int:
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.integrations import handoff
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
     from checkpoint_strategy.storage import read_text_input as read_text
+
+    inputs = (args.checkpoints, args.plan_file, args.log)
+    check_output_early(args.output, inputs)
 
     positionals = [args.total_steps, args.step_seconds, args.budget_gb]
     given = [p for p in positionals if p is not None]
@@ -73,12 +76,12 @@ def run(args) -> int:
     from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
 
     refuse_remote_deep([args.checkpoints], args.level)
-    inputs = [p for p in (args.checkpoints, args.log) if p is not None]
-    with storage.local_paths(inputs, prefetch=args.level == "quick") as local:  # URLs: listed once, ranged reads
-        named = dict(zip(inputs, local, strict=True))
+    read = [p for p in (args.checkpoints, args.log) if p is not None]
+    with storage.local_paths(read, prefetch=args.level == "quick") as local:  # URLs: listed once, ranged reads
+        named = dict(zip(read, local, strict=True))
         doc = handoff.build(report, named.get(args.checkpoints), level=args.level, log=named.get(args.log))
         doc = storage.unshadow_model(doc)
     if not args.dry_run:
         handoff.write(args.state_dir, doc)
-    emit(doc, args.format, args.output, **handoff.block_context(doc))
+    emit(doc, args.format, args.output, inputs=tuple(p for p in inputs if p), **handoff.block_context(doc))
     return 0

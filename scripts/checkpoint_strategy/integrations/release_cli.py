@@ -37,12 +37,13 @@ def run(args) -> int:
     from checkpoint_strategy import storage
     from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
     from checkpoint_strategy.integrations.release import apply_spike_check, gate
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
 
+    check_output_early(args.output, (args.checkpoint,))
     refuse_remote_deep([args.checkpoint], args.level)
     # a URL: its listing (and its run's, where the spike check looks for the newest log), bytes by ranged reads
     with storage.local_paths([args.checkpoint], parents=1 if args.spike_check else 0) as (checkpoint,):
         record = storage.unshadow_model(apply_spike_check(gate(checkpoint, args.require, args.level), args.log,
                                                           args.spike_check))
-    emit(record, args.format, args.output)
+    emit(record, args.format, args.output, inputs=(args.checkpoint,))
     return 0 if record.gate == "pass" else 1

@@ -145,7 +145,7 @@ def detect_spikes(steps, loss, grad_norm=None, options: Optional[RecoveryOptions
 def advise(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
            step_key: Optional[str] = None, loss_key: Optional[str] = None, grad_norm_key: Optional[str] = None,
            lr_key: Optional[str] = None, run: Optional[str] = None, options: Optional[RecoveryOptions] = None,
-           **values) -> RecoveryReport:
+           level: Optional[str] = "quick", **values) -> RecoveryReport:
     """Read a training log, find trouble and compute the recovery playbook.
 
     Stable API (used by the training-stability-monitor integration, prune and handoff):
@@ -159,18 +159,21 @@ def advise(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log
     options        a RecoveryOptions (or its fields as keywords: window, z_threshold, ratio_threshold,
                    max_ratio, min_rise, tolerance, wait_steps, min_wait_steps, margin, lr_multiplier,
                    lr_reduced_steps, grad_clip, skip_past_onset; see recovery.settings).
+    level          the validator's level for the candidate checkpoints (quick, full, deep; None: not
+                   validated, the caller did): invalid, incomplete and not-resumable ones are skipped,
+                   each named in `warnings` ("checkpoint-200 skipped: invalid: ...").
 
     Returns a RecoveryReport. Raises checkpoint_strategy.errors.UsageError (one line) on bad input;
     never loads a checkpoint.
     """
     return advise_with_series(log_path, checkpoints, milestones=milestones, log_format=log_format, step_key=step_key,
                               loss_key=loss_key, grad_norm_key=grad_norm_key, lr_key=lr_key, run=run,
-                              options=options, **values)[0]
+                              options=options, level=level, **values)[0]
 
 
 def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
                        step_key=None, loss_key=None, grad_norm_key=None, lr_key=None, run=None,
-                       options: Optional[RecoveryOptions] = None, **values):
+                       options: Optional[RecoveryOptions] = None, level: Optional[str] = "quick", **values):
     """`advise`, also returning the LogSeries and the checkpoint list it used (for --plot)."""
     o = settings.build(options, **values)
     if isinstance(log_path, str) and not log_path.strip():
@@ -179,8 +182,11 @@ def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, mileston
                       columns=Columns(step=step_key, loss=loss_key, grad_norm=grad_norm_key, lr=lr_key, run=run))
     ck_source, ck_root, ck_list = _checkpoint_list(checkpoints, series.path if log_path is None else log_path)
     miles = _milestone_list(milestones)
+    ck_list, skipped = ckptsteps.validated(ck_list, level)
+    miles, skipped_miles = ckptsteps.validated(miles, level)
     report = advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root, milestones=miles,
                            options=o)
+    report.warnings.extend(series.notes + skipped + skipped_miles)
     return report, series, ck_list + [(s, p) for s, p in miles]
 
 

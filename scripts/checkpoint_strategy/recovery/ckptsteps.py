@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from checkpoint_strategy.checkpoints.marker import is_emergency
 from checkpoint_strategy.errors import UsageError
@@ -118,3 +118,66 @@ def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list
 def resume_candidates(checkpoints: list[tuple[int, Optional[str]]]) -> list[tuple[int, Optional[str]]]:
     """Drop emergency saves (marked post-event checkpoints) from a (step, path) list."""
     return [(s, p) for s, p in checkpoints if p is None or not is_emergency(p)]
+
+
+_WORDS = {"invalid": "invalid", "incomplete": "incomplete", "not_resumable": "not resumable",
+          "suspicious": "suspicious"}
+
+
+def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str] = "quick",
+              ) -> tuple[list[tuple[int, Optional[str]]], list[str]]:
+    """The resume candidates the project's validator passes, and one line per candidate skipped
+    ("checkpoint-200 skipped: invalid: 12 NaN values in ..."). `level`: quick, full or deep (deep also
+    compares each checkpoint's weights norm with the previous one's); None: not validated (the caller
+    did). A valid weights-only checkpoint (no optimizer state) is skipped when another candidate is
+    resumable; candidates without a path (steps given as a list) or of a layout the validator does not
+    know are kept as they are, with one note."""
+    if level is None:
+        return list(checkpoints), []
+    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.checkpoints.validate import LEVELS, check_with_values, compare_consecutive
+
+    if level not in LEVELS:
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
+    checked: list[tuple[int, str, Any, Any]] = []
+    unknown: list[tuple[int, Optional[str]]] = []
+    for step, path in sorted(checkpoints, key=lambda t: t[0]):
+        found = fm.identify(path) if path is not None and os.path.lexists(path) else None
+        if found is None:
+            unknown.append((step, path))
+            continue
+        result, outcome = check_with_values(found, level)
+        checked.append((step, os.path.basename(os.path.normpath(found.path)), result, outcome))
+    compare_consecutive(checked)
+    verdicts = [(step, result, _skip_reason(result)) for step, _name, result, _o in checked]
+    any_resumable = any(why is None and result.resumable for _s, result, why in verdicts)
+    kept, notes = list(unknown), []
+    for step, result, why in verdicts:
+        if why is None and not result.resumable and any_resumable:
+            why = "not resumable: no optimizer state (weights only: resuming from it resets the optimizer)"
+        if why is None:
+            kept.append((step, result.path))
+        else:
+            notes.append(f"{os.path.basename(os.path.normpath(result.path))} skipped: {why}")
+    shown = [os.path.basename(os.path.normpath(p)) for _s, p in unknown if p is not None]
+    if shown:
+        notes.append(f"not validated (layout not recognised): {', '.join(shown[:5])}"
+                     + (f" and {len(shown) - 5} more" if len(shown) > 5 else ""))
+    return sorted(kept, key=lambda t: t[0]), notes
+
+
+def _skip_reason(result) -> Optional[str]:
+    """Why a validated candidate is no resume point ("invalid: ...", "not resumable: ..."), or None."""
+    from checkpoint_strategy.checkpoints.validate import usable
+
+    if result.status == "valid" and usable(result):
+        return None
+    bad = [p for p in result.problems if p.kind == result.status] if result.status != "valid" else \
+        [p for p in result.problems if p.kind in ("suspicious", "not_resumable")]
+    if not bad:
+        return result.status
+    p = bad[0]
+    word = _WORDS.get(p.kind, p.kind)
+    body = p.reason.removeprefix(f"{word}: ")
+    where = f" ({p.file})" if p.file and p.file != "." and p.file not in body else ""
+    return f"{word}: {body}{where}"

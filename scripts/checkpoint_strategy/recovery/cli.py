@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from checkpoint_strategy.cli_options import (
     MAX_STEPS,
+    add_level,
     add_milestones,
     add_report_options,
     add_storage_options,
@@ -22,6 +23,9 @@ def add_arguments(parser) -> None:
                              "epoch=E-step=N.ckpt, numeric Orbax) or steps like 500,1000; default: next to the log")
     add_milestones(parser, paths=True, help="long-kept milestone checkpoints: a folder or steps like 1000,5000 "
                                             "(comma or space separated), or seed, pow2, none (the plan's schedules)")
+    add_level(parser, help="validation of the candidate checkpoints (invalid, incomplete and not-resumable ones are "
+                           "skipped, each named): quick reads headers (default), full every byte, deep every tensor "
+                           "value, the optimizer state and the weights norm against the previous checkpoint")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
     from checkpoint_strategy.recovery.settings import add_arguments as add_option_arguments
@@ -63,7 +67,7 @@ def run(args) -> int:
         report, series, checkpoints = advise_with_series(
             log, cks[0] if cks else args.checkpoints, milestones=milestones, log_format=args.log_format,
             step_key=args.step_key, loss_key=args.loss_key, grad_norm_key=args.grad_norm_key, lr_key=args.lr_key,
-            run=args.run, options=options)
+            run=args.run, options=options, level=args.level)
         report = complete(report)
         text = storage.unshadow(render(report, args.format))
         if target is not None:
@@ -71,7 +75,7 @@ def run(args) -> int:
 
             write_curve(report, series, checkpoints, target, str(fmt))
         log_path = storage.unshadow(report.log.path)
-    write_output(text, args.output, inputs=(args.log, log_path))
+    write_output(text, args.output, inputs=(args.log, log_path, args.checkpoints))
     return 0
 
 

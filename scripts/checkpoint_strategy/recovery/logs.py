@@ -68,6 +68,7 @@ class LogSeries:
     raw_loss: Optional[np.ndarray] = None
     raw_lr: Optional[np.ndarray] = None
     raw_segment: Optional[np.ndarray] = None
+    notes: list[str] = field(default_factory=list)   # what the reader left out (a torn last JSONL line)
 
     @property
     def log_interval(self) -> int:
@@ -293,11 +294,14 @@ def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     from checkpoint_strategy.recovery import records
 
     col = records.Collector(p, columns, what="line", offset=1)
-    for rec in records.jsonl_records(p, fh, head):
+    notes: list[str] = []
+    for rec in records.jsonl_records(p, fh, head, notes):
         col.add(rec)
     if col.count == 0:
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
-    return _series_from(p, "jsonl", col)
+    series = _series_from(p, "jsonl", col)
+    series.notes = notes
+    return series
 
 
 def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[str], what: str,

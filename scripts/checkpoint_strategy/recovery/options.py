@@ -25,4 +25,4 @@ def check_output_early(args) -> None:
     if getattr(args, "output", None) is not None:
         from checkpoint_strategy.storage import check_output
 
-        check_output(args.output, "-o/--output", inputs=(args.log,))
+        check_output(args.output, "-o/--output", inputs=(args.log, getattr(args, "checkpoints", None)))

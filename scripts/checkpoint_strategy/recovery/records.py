@@ -359,10 +359,13 @@ class _SliceError(Exception):
 # JSON lines
 
 
-def jsonl_records(p: Path, fh: BinaryIO, first: bytes = b"") -> Iterator[Any]:
-    """One record per non-blank line of an open binary file (a UTF-8 BOM on the first line is fine)."""
+def jsonl_records(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None) -> Iterator[Any]:
+    """One record per non-blank line of an open binary file (a UTF-8 BOM on the first line is fine).
+
+    With `notes`: a last line without its newline that does not parse (the trainer is still writing
+    it) is left out and a note appended; a bad line anywhere else is a UsageError."""
     lineno = 0
-    for raw in _lines(fh, first):
+    for raw, terminated in _lines(fh, first):
         lineno += 1
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
@@ -371,22 +374,31 @@ def jsonl_records(p: Path, fh: BinaryIO, first: bytes = b"") -> Iterator[Any]:
         try:
             yield json.loads(raw)
         except (ValueError, RecursionError) as exc:
-            if isinstance(exc, UnicodeDecodeError):
-                raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON lines") from None
-            msg = getattr(exc, "msg", None) or ("too deeply nested" if isinstance(exc, RecursionError) else
-                                                 " ".join(str(exc).split())[:80])
-            raise UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}") from None
+            if terminated or notes is None:
+                raise _bad_line(p, lineno, exc) from None
+            notes.append(f"log {p} line {lineno} is incomplete (no newline yet, not valid JSON: the trainer is "
+                         "probably still writing it): left out")
 
 
-def _lines(fh: BinaryIO, first: bytes) -> Iterable[bytes]:
+def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
+    if isinstance(exc, UnicodeDecodeError):
+        return UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON lines")
+    msg = getattr(exc, "msg", None) or ("too deeply nested" if isinstance(exc, RecursionError) else
+                                         " ".join(str(exc).split())[:80])
+    return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
+
+
+def _lines(fh: BinaryIO, first: bytes) -> Iterable[tuple[bytes, bool]]:
+    """(line, ended by a newline) of an open binary file, read 1 MB at a time."""
     buf = first
     while True:
         parts = buf.split(b"\n")
         buf = parts.pop()
-        yield from parts
+        for part in parts:
+            yield part, True
         chunk = fh.read(1 << 20)
         if not chunk:
             break
         buf += chunk
     if buf:
-        yield buf
+        yield buf, False

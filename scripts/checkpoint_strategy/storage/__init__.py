@@ -38,6 +38,8 @@ from checkpoint_strategy.errors import UsageError
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
+#: Cap on a Trainer's trainer_state.json: it grows with log_history (800k log entries are over 64 MB).
+MAX_TRAINER_STATE_BYTES = 2 << 30
 
 
 class ReadError(UsageError):
@@ -343,7 +345,8 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 
 def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) -> str:
-    """Refuse an output path that is empty, a folder, or one of the command's inputs (UsageError)."""
+    """Refuse an output path that is empty, a folder, one of the command's inputs, or inside an input
+    that is a folder (a checkpoint, a run folder; symlinks resolved) (UsageError)."""
     p = os.fspath(path)
     if p.strip() == "":
         raise UsageError(f"{what}: empty path: expected a file path to write")
@@ -355,7 +358,19 @@ def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) ->
         if same_file(p, inp) or os.path.abspath(p) == os.path.abspath(os.fspath(inp)):
             raise UsageError(f"{what} {p} is also an input of this command: refusing to overwrite it; "
                              "write the report to another file")
+    for inp in inputs:
+        if inp is not None and inp != "-" and _lands_inside(p, inp):
+            raise UsageError(f"{what} {p} is inside {os.fspath(inp)}, which is also an input of this command: "
+                             "refusing to write there; write the report to another file")
     return p
+
+
+def _lands_inside(path: str, folder: str | os.PathLike[str]) -> bool:
+    """True when ``folder`` is a folder and writing ``path`` would put or change a file under it: the
+    file's resolved target, or its name in its resolved parent (an atomic rename replaces a symlink)."""
+    if not os.path.isdir(folder):
+        return False
+    return inside(path, folder) or inside(os.path.dirname(os.path.abspath(path)), folder)
 
 
 def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "output",
