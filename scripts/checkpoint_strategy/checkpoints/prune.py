@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints.marker import describe as describe_marker
 from checkpoint_strategy.checkpoints.marker import read_marker
@@ -274,7 +274,7 @@ def _write_journal(root: str, pending: list[dict]) -> None:
         atomic_write_text(path, json.dumps({"version": 1, "pending": pending}, indent=1, ensure_ascii=False) + "\n")
     if not pending:
         os.unlink(path)
-        _fsync_dir(root)
+        fsync_dir(root)
 
 
 def _clean_journal_temps(root: str) -> None:
@@ -285,17 +285,6 @@ def _clean_journal_temps(root: str) -> None:
             path = os.path.join(root, name)
             if stat.S_ISREG(os.lstat(path).st_mode):
                 os.unlink(path)
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def _size(path: str) -> int:
@@ -375,7 +364,7 @@ def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
     try:
         if entry["sidecar"]:
             os.rename(src + fm.MANIFEST_SUFFIX, os.path.join(root, entry["sidecar"]))
-        _fsync_dir(root)
+        fsync_dir(root)
         for n in (renamed, entry["sidecar"]):
             if n:
                 _remove(os.path.join(root, n))
