@@ -94,7 +94,7 @@ def check_log_lines(state: Path, skip: int = 0) -> list[dict]:
 def test_round_trip_keeps_everything_we_do_not_own(tmp_path, cli_run, monkeypatch, final_newline):
     state = seeded_state(tmp_path, final_newline)
     monkeypatch.chdir(tmp_path)  # default --state-dir .claude/state
-    rc, out, err = cli_run("handoff", *PLAN)
+    rc, out, err = cli_run("handoff", *PLAN[:2], "50", *PLAN[3:])  # a 50 GB budget: the plan has warnings
     assert rc == 0, err
     data = json.loads((state / "agent-state.json").read_text())
     jsonschema.validate(data, AgentState.model_json_schema())

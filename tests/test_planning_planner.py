@@ -88,7 +88,9 @@ def test_frequency_is_failure_optimum_capped_by_max_loss():
     # 8 GPUs -> job MTBF 6250 h: the optimum is hours apart, the 1 h default cap wins.
     p = mk(model_size_gb=4, step_seconds=2.5, total_steps=100000, budget_gb=500)
     assert p.frequency_steps * 2.5 <= 3600
-    assert any("--max-loss-hours" in w for w in p.warnings)
+    # the cap is kept: it is the reason for the interval (with its price), not a warning about the plan
+    assert p.interval.reason == "max_loss_cap" and "--max-loss-hours 1 cap" in p.interval.explanation
+    assert p.max_data_loss_hours <= 1 and not any("--max-loss-hours" in w for w in p.warnings)
 
 
 def test_frequency_follows_mtbf_when_failures_are_frequent():
@@ -104,7 +106,8 @@ def test_frequency_follows_mtbf_when_failures_are_frequent():
 def test_conservative_preset_caps_frequency_at_500():
     p = mk(model_size_gb=1, preset="conservative", max_loss_hours=100, gpus=1)
     assert p.frequency_steps <= 500
-    assert any("conservative preset" in w for w in p.warnings)
+    assert p.interval.reason == "preset" and "conservative preset" in p.interval.explanation
+    assert not any("preset" in w for w in p.warnings)
     assert p.policy.emergency_save_on == []
 
 

@@ -324,16 +324,14 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
                             f"{args.min_interval_seconds:g}: each save costs {cost.C:.3g} s of training")
     else:
         f, reason = optimum, "failure_model_optimum"
+        # a cap or preset that sets the interval is how the plan was reached, not a problem with it: the report's
+        # "Interval Set By" names it with its price; the warnings are the checks on the final policy
         if cap_steps is not None and f > cap_steps and cap_steps >= durable_steps:
-            warnings.append(f"interval {f} steps ({_h(f * step)}) is beyond --max-loss-hours "
-                            f"{args.max_loss_hours:g}: saving every {cap_steps} steps instead")
             f, reason = cap_steps, "max_loss_cap"
         elif f > durable_steps and (cap_steps is None or f > cap_steps):
             # the cap cannot be kept: get as close to it as the storage (or the step length) allows
             f, reason = durable_steps, "storage_floor" if cost.durable_gap > 0 else "max_loss_cap"
         if preset["max_frequency"] is not None and f > preset["max_frequency"]:
-            warnings.append(f"the {args.preset} preset saves at least every {preset['max_frequency']} steps "
-                            f"(the failure-model optimum is {f})")
             f, reason = preset["max_frequency"], "preset"
         floor = min(min_steps, cap_steps) if cap_steps is not None else min_steps
         if f < floor:
