@@ -173,3 +173,61 @@ def test_short_mtbf_against_slow_saves_warns_about_overhead():
     p = mk(model_size_gb=1000, gpus=40000, async_save=False, write_gbps=1)
     assert p.expected_overhead_fraction > 0.5
     assert any("compute time" in w for w in p.warnings)
+
+
+# --------------------------------------------------------------------------- boundaries (issue 18)
+
+
+def test_budget_met_exactly_keeps_the_window_that_fits():
+    """(keep_last + 1 in flight) x 12 GB: at a 96 GB budget 7 checkpoints fit exactly, so 7 are kept."""
+    size = 12.0  # 1B params x 4 B x 3 (fp32 weights + Adam m, v)
+    budget = 96.0
+    fit = max(k for k in range(2, 11) if (k + 1) * size <= budget)
+    p = mk(params=1e9, frequency=500, budget_gb=budget, formats=["full_state_dict"], milestones="none")
+    assert fit == 7
+    assert p.keep_last == fit and p.total_storage_gb == budget and p.fits_budget is True
+
+
+def test_explicit_milestone_at_the_final_step_is_kept():
+    assert planner.milestone_steps([1000, 50000], 50000) == [1000, 50000]
+    assert planner.milestone_steps([1000, 50001], 50000) == [1000]
+    p = mk(model_size_gb=1, frequency=500, milestones=[1000, 50000])
+    assert p.milestone_steps == [1000, 50000]
+
+
+def _oldest_reach(total: int, frequency: int, keep_last: int) -> int:
+    """Worst case over detection steps t: how far back the oldest of the keep_last newest saves lies."""
+    worst = None
+    for t in range(total // 2, total // 2 + 3 * frequency):
+        newest = (t // frequency) * frequency
+        reach = t - (newest - (keep_last - 1) * frequency)
+        worst = reach if worst is None else min(worst, reach)
+    return worst
+
+
+@pytest.mark.parametrize("frequency", [10, 20, 25, 30, 40, 100])
+def test_auto_window_reaches_the_spike_horizon_at_every_detection_step(frequency):
+    """A spike noticed at step t (wait steps after its onset) needs a checkpoint margin steps before the
+    onset: t - 200 or older must still be in the window, whatever t is; auto keeps the fewest that do."""
+    p = mk(model_size_gb=1, frequency=frequency, budget_gb=10**6)
+    horizon = planner.SPIKE_HORIZON_STEPS
+    needed = min(k for k in range(1, 100) if _oldest_reach(50000, frequency, k) >= horizon)
+    assert p.keep_last == max(10, needed)
+    assert _oldest_reach(50000, frequency, p.keep_last) >= horizon
+    assert not any("spike horizon" in w for w in p.warnings)
+
+
+def test_spike_horizon_warning_at_the_edge_and_advice_the_auto_rule_keeps():
+    """--keep-last 20 --frequency 10 reaches back only 190 steps in the worst case: warned, and the advice is
+    the auto window, which then draws no warning (simulate: every spike rescued by the window)."""
+    from checkpoint_strategy.simulation.montecarlo import simulate
+
+    short = mk(model_size_gb=1, frequency=10, keep_last=20, budget_gb=10**6, milestones="none")
+    warned = [w for w in short.warnings if "spike horizon" in w]
+    assert len(warned) == 1
+    auto = mk(model_size_gb=1, frequency=10, budget_gb=10**6, milestones="none")
+    assert f"keep at least {auto.keep_last} checkpoints" in warned[0]
+    assert not any("spike horizon" in w for w in auto.warnings)
+    miss_short = simulate(short, runs=200, seed=3, spike_rate=1.0).spikes.window_miss_fraction
+    miss_auto = simulate(auto, runs=200, seed=3, spike_rate=1.0).spikes.window_miss_fraction
+    assert miss_short > 0.5 and miss_auto == 0
