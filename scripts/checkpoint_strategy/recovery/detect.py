@@ -323,6 +323,7 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
         r_i = float(reference[i]) if (reference is not None and not grad) else math.nan
         onset = walk_back(xv, i, m0, s0, min_rise, window,
                           cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
+        onset = max(onset, pos)  # never back into the previous event (which ended at pos - 1)
         pre = xv[max(0, onset - BASELINE_POINTS):onset]
         pre = pre[np.isfinite(pre)]
         base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
