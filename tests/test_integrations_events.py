@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import jsonschema
 import pytest
@@ -15,6 +14,7 @@ from checkpoint_strategy.cli import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import Decision, EmergencyDecision, decide, decide_all, parse_events
 from checkpoint_strategy.resources import load_schema
+from cliresult import CLI, checkout_env
 
 DECISION_SCHEMA = load_schema("emergency-decision.schema.json")
 EVENT_SCHEMA = load_schema("stability-event.schema.json")
@@ -217,9 +217,9 @@ def test_cli_missing_file_folder_and_bad_policy(tmp_path, cli_run):
 
 
 def test_real_entry_point_reads_stdin():
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "on-event", "-", "--format", "json"],
+    proc = subprocess.run([*CLI, "on-event", "-", "--format", "json"],
                           input=json.dumps(SPIKE) + "\n" + json.dumps(GRAD) + "\n", capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     assert valid_decision(proc.stdout)["decision"] == "emergency_save"
 

@@ -13,9 +13,11 @@ import jsonschema
 import pytest
 
 from checkpoint_strategy.cli import main
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.models import AgentState, CheckpointLogLine
 from checkpoint_strategy.resources import load_schema
+from cliresult import CLI, checkout_env
 
 HANDOFF_SCHEMA = load_schema("session-handoff.schema.json")
 PLAN = ["100000", "2", "500", "--params", "1B"]
@@ -143,13 +145,17 @@ def test_missing_files_are_created(tmp_path, cli_run):
     assert (state / "NEXT_ACTION.md").read_text().startswith("# NEXT ACTION\n\n## Context for Next Session\n\n")
     check_handoff_json(state)
     check_log_lines(state)
-    assert oct((state / "agent-state.json").stat().st_mode & 0o777) != "0o600"
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("checkpoint-strategy.json", "agent-state.json", "checkpoint.jsonl", "NEXT_ACTION.md"):
+        # new files get the usual 0666 & ~umask (not the 0600 of the temp file they were written through)
+        assert (state / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
 
 
 def test_next_action_without_context_section_gets_one_appended():
     new = statefolder.update_next_action("# Plan\n\nDo things.", "BLOCK " + statefolder.BEGIN + statefolder.END)
     assert new.startswith("# Plan\n\nDo things.\n\n## Context for Next Session\n\n")
-    with pytest.raises(Exception, match="unmatched"):
+    with pytest.raises(UsageError, match="unmatched"):
         statefolder.update_next_action(f"x\n{statefolder.BEGIN}\n", "b")
 
 
@@ -237,7 +243,8 @@ WRITER = textwrap.dedent("""
 def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     state = seeded_state(tmp_path)
     n = 25
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(state), name, str(n)], stderr=subprocess.PIPE)
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(state), name, str(n)], stderr=subprocess.PIPE,
+                              env=checkout_env())
              for name in ("alpha", "beta")]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read().decode()
@@ -263,8 +270,8 @@ def test_two_handoff_commands_at_once(tmp_path):
     for name in ("run-a", "run-b"):
         (tmp_path / name).mkdir()
         runs.append(tmp_path / name)
-    procs = [subprocess.Popen([sys.executable, "-m", "checkpoint_strategy", "handoff", *PLAN, "--checkpoints",
-                               str(r), "--state-dir", str(state)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs = [subprocess.Popen([*CLI, "handoff", *PLAN, "--checkpoints", str(r), "--state-dir", str(state)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=checkout_env())
              for r in runs]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read().decode()

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
+from cliresult import BIN, CLI, checkout_env
 
 GOLDEN = Path(__file__).parent / "golden"
 SEED = ["100000", "2.5", "500", "--model_size_gb", "4"]
@@ -191,10 +192,11 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
 
 
 def test_console_script_module_and_launcher_agree(skill_root):
-    env = dict(os.environ)
+    env = checkout_env()
     outs = []
-    for cmd in (["checkpoint-strategy"], [sys.executable, "-m", "checkpoint_strategy"],
-                [sys.executable, str(skill_root / "scripts" / "checkpoint-strategy")]):
+    console = BIN / "checkpoint-strategy"  # this environment's console script, not whichever is first on PATH
+    assert console.is_file(), f"{console}: install the checkout (pip install -e '.[test]')"
+    for cmd in ([str(console)], CLI, [sys.executable, str(skill_root / "scripts" / "checkpoint-strategy")]):
         proc = subprocess.run(cmd + SEED + ["--format", "json"], capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
@@ -203,7 +205,7 @@ def test_console_script_module_and_launcher_agree(skill_root):
 
 def test_subprocess_bad_input_has_no_traceback(skill_root):
     proc = subprocess.run([sys.executable, str(skill_root / "scripts" / "checkpoint-strategy"), "10", "x", "1"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=checkout_env())
     assert proc.returncode == 2
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

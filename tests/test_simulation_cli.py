@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
+from cliresult import CLI, checkout_env
 
 SEED = ["simulate", "100000", "2.5", "500", "--model_size_gb", "4"]
 
@@ -107,8 +108,8 @@ def test_degenerate_failure_models_are_bad_input_not_crashes(cli_run):
 
 
 def test_real_entry_point_bad_runs_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "simulate", "1000", "1", "10", "--runs", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*CLI, "simulate", "1000", "1", "10", "--runs", "0"],
+                          capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
@@ -120,7 +121,7 @@ def test_plan_start_up_does_not_import_numpy():
             "import checkpoint_strategy.simulation.models, checkpoint_strategy.simulation.cli\n"
             "import checkpoint_strategy.simulation.tradeoffs_cli\n"
             "print('numpy' in sys.modules, 'matplotlib' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.stdout.strip() == "False False", proc.stderr
 
 
