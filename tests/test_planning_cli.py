@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
 from cliresult import BIN, CLI, checkout_env
+from fuzzcheck import MUTATE, PLAN_OPTIONS, PLAN_POSITIONALS, flatten, mutate, reached, reaches_core
 
 GOLDEN = Path(__file__).parent / "golden"
 SEED = ["100000", "2.5", "500", "--model_size_gb", "4"]
@@ -162,11 +163,32 @@ TOKENS = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=st.lists(TOKENS, max_size=8))
-def test_fuzz_arguments_never_crash(argv, capsys):
+def test_fuzz_bad_arguments_exit_2_with_one_line(argv, capsys):
+    """Bad input on purpose (most of these token soups die in the parser): exit 2 with one stderr line."""
     rc = main(argv)
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
     if rc == 2:
+        assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+@reaches_core()
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(positionals=PLAN_POSITIONALS, options=st.lists(PLAN_OPTIONS, max_size=6), roll=MUTATE)
+def test_fuzz_arguments_never_crash(positionals, options, roll, capsys):
+    """Valid plans (every option in range), one token in five replaced by garbage: exit 0 with a JSON plan
+    whose numbers add up, or exit 2 with one line; never 3."""
+    argv = mutate([*positionals, *flatten(options)], roll) + ["--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        plan = json.loads(out)
+        assert plan["keep_last"] >= 1 and plan["frequency_steps"] >= 1
+        assert plan["rollback_horizon_steps"] == plan["keep_last"] * plan["frequency_steps"]
+        if plan["total_storage_gb"] is not None:
+            assert plan["fits_budget"] == (plan["total_storage_gb"] <= plan["storage_budget_gb"])
+    else:
         assert len(err.strip().splitlines()) == 1 and out == ""
 
 

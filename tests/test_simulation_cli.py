@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
+from fuzzcheck import MUTATE, SIM_OPTIONS, flatten, mutate, reached, reaches_core
 
 SEED = ["simulate", "100000", "2.5", "500", "--model_size_gb", "4"]
 
@@ -134,7 +135,8 @@ _option = st.sampled_from(["--runs", "--seed", "--spike-rate", "--corrupt-prob",
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.one_of(st.integers(-5, 10**6).map(str), _text), pairs=st.lists(st.tuples(_option, _num), max_size=4))
-def test_fuzz_arguments_never_internal_error(steps, pairs, capsys):
+def test_fuzz_bad_arguments_exit_2_with_one_line(steps, pairs, capsys):
+    """Bad input on purpose (random values for every option): exit 2 with one line, never 3."""
     argv = ["simulate", steps, "2", "100", "--runs", "50"]
     for opt, val in pairs:
         argv += [opt, val]
@@ -142,4 +144,23 @@ def test_fuzz_arguments_never_internal_error(steps, pairs, capsys):
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
     if rc == 2:
+        assert err.count("\n") == 1 and out == ""
+
+
+@reaches_core()
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(100, 10**5).map(str), secs=st.floats(0.1, 20).map(repr), options=st.lists(SIM_OPTIONS, max_size=5),
+       runs=st.integers(1, 30).map(str), roll=MUTATE)
+def test_fuzz_arguments_never_internal_error(steps, secs, options, runs, roll, capsys):
+    """Valid simulations, one token in five replaced by garbage: exit 0 with a run no faster than failure-free
+    and percentiles in order, or exit 2 with one line."""
+    argv = ["simulate", *mutate([steps, secs, "100", *flatten(options)], roll), "--runs", runs, "--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        r = json.loads(out)
+        assert r["mean_wall_hours"] >= r["failure_free_wall_hours"] * (1 - 1e-9) >= r["compute_hours"] * (1 - 1e-9)
+        assert r["p50_wall_hours"] <= r["p95_wall_hours"] <= r["p99_wall_hours"]
+    else:
         assert err.count("\n") == 1 and out == ""

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
+from fuzzcheck import MUTATE, flatten, mutate, reached, reaches_core
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan
 from checkpoint_strategy.resources import load_schema
@@ -233,7 +234,8 @@ _opt = st.sampled_from(["--sweep-frequencies", "--sweep-keep-last", "--spike-rat
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(st.tuples(_opt, _val), max_size=3))
-def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
+def test_fuzz_bad_tradeoffs_arguments_exit_2_with_one_line(pairs, capsys):
+    """Bad input on purpose (random values for every option): exit 2 with one line, never 3."""
     argv = ["tradeoffs", "20000", "1.5", "300", "--model_size_gb", "1"]
     for opt, val in pairs:
         argv += [opt, val]
@@ -241,6 +243,39 @@ def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
     if rc == 2:
+        assert err.count("\n") == 1 and out == ""
+
+
+_sweep = st.lists(st.integers(1, 5000), min_size=1, max_size=5, unique=True).map(lambda xs: ",".join(map(str, xs)))
+_keeps = st.lists(st.integers(1, 40), min_size=1, max_size=5, unique=True).map(lambda xs: ",".join(map(str, xs)))
+TRADEOFF_OPTIONS = st.one_of(
+    st.tuples(st.just("--sweep-frequencies"), _sweep), st.tuples(st.just("--sweep-keep-last"), _keeps),
+    st.tuples(st.just("--spike-rate"), st.floats(0, 3).map(repr)),
+    st.tuples(st.just("--spike-margin-steps"), st.integers(0, 300).map(str)),
+    st.tuples(st.just("--mtbf-hours"), st.floats(0.5, 1e4).map(repr)),
+    st.tuples(st.just("--frequency"), st.integers(1, 5000).map(str)),
+    st.tuples(st.just("--keep-last"), st.integers(1, 40).map(str)))
+
+
+@reaches_core()
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(options=st.lists(TRADEOFF_OPTIONS, max_size=3), roll=MUTATE)
+def test_fuzz_tradeoffs_never_internal_error(options, roll, capsys):
+    """Valid sweeps, one token in five replaced by garbage: exit 0 with every (frequency, keep_last) pair of the
+    grid once and storage growing with keep_last, or exit 2 with one line."""
+    argv = ["tradeoffs", *mutate(["20000", "1.5", "300", "--model_size_gb", "1", *flatten(options)], roll),
+            "--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        r = json.loads(out)
+        pairs = [(p["frequency_steps"], p["keep_last"]) for p in r["points"]]
+        assert sorted(pairs) == sorted({(f, k) for f in r["frequencies"] for k in r["keep_last_values"]})
+        by = {(p["frequency_steps"], p["keep_last"]): p["peak_storage_gb"] for p in r["points"]}
+        for (f, k), gb in by.items():
+            assert all(gb <= by[f, k2] for k2 in r["keep_last_values"] if k2 > k)
+    else:
         assert err.count("\n") == 1 and out == ""
 
 
