@@ -15,6 +15,7 @@ from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import Decision, EmergencyDecision, decide, decide_all, parse_events
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
+from fuzzcheck import MUTATE, reached, reaches_core
 
 DECISION_SCHEMA = load_schema("emergency-decision.schema.json")
 EVENT_SCHEMA = load_schema("stability-event.schema.json")
@@ -247,9 +248,45 @@ _documents = st.one_of(
 )
 
 
+_real_event = st.fixed_dictionaries(
+    {"event": st.sampled_from(["LOSS_SPIKE", "GRADIENT_NORM_EXCEEDED", "LOSS_PLATEAU", "NAN_LOSS"]),
+     "step": st.integers(0, 10**7)},
+    optional={"value": st.floats(0, 1e4), "magnitude": st.floats(1, 100), "threshold": st.floats(0.1, 100),
+              "severity": st.sampled_from(["info", "warning", "error", "critical"]),
+              "ts": st.just("2025-03-01T12:00:00Z")})
+
+
+def _damaged(events: list[dict], roll) -> list[dict]:
+    """One field replaced by a garbage value one time in five."""
+    chance, where, garbage = roll
+    if chance < 16:
+        return events
+    out = [dict(e) for e in events]
+    e = out[where % len(out)]
+    e[sorted(e)[where % len(e)]] = garbage
+    return out
+
+
+@reaches_core()
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(_real_event, min_size=1, max_size=5), lines=st.booleans(), roll=MUTATE, garbage=_values)
+def test_fuzz_on_event_never_crashes(tmp_path, capsys, events, lines, roll, garbage):
+    """The monitor's real events (one field damaged one time in five): a decision valid against its schema."""
+    events = _damaged(events, (roll[0], roll[1], garbage))
+    f = tmp_path / "fuzz.json"
+    f.write_text("\n".join(json.dumps(e) for e in events) if lines else json.dumps(events), encoding="utf-8")
+    rc = main(["on-event", str(f), "--format", "json"])
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        valid_decision(out)
+    else:
+        assert len(err.strip().splitlines()) == 1 and out == ""
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(doc=_documents)
-def test_fuzz_on_event_never_crashes(tmp_path, capsys, doc):
+def test_fuzz_bad_event_documents_exit_2_with_one_line(tmp_path, capsys, doc):
     f = tmp_path / "fuzz.json"
     f.write_text(doc, encoding="utf-8")
     rc = main(["on-event", str(f), "--format", "json"])

@@ -192,6 +192,7 @@ def test_fuzz_arguments_never_crash(positionals, options, roll, capsys):
         assert len(err.strip().splitlines()) == 1 and out == ""
 
 
+@reaches_core()
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.integers(1, 10**9), secs=st.floats(1e-3, 1e4), budget=st.floats(1e-2, 1e7),
        size=st.one_of(st.none(), st.floats(1e-3, 1e5)), gpus=st.integers(1, 10**6))
@@ -201,7 +202,7 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
         argv += ["--model_size_gb", repr(size)]
     rc = main(argv)
     out, err = capsys.readouterr()
-    if rc == 2:  # only a failure model whose expected time overflows a float is refused
+    if not reached(rc != 2):  # only a failure model whose expected time overflows a float is refused
         assert "never finishes" in err and len(err.strip().splitlines()) == 1
         return
     assert rc == 0, err
@@ -211,6 +212,25 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
     assert data["keep_last"] >= 2 or any("keep_last" in w for w in data["warnings"])
     if data["fits_budget"] is not None:
         assert data["fits_budget"] == (data["total_storage_gb"] <= budget)
+
+
+@reaches_core()
+@settings(max_examples=150, deadline=None)
+@given(positionals=PLAN_POSITIONALS, options=st.lists(PLAN_OPTIONS, max_size=5), keep=st.integers(1, 59))
+def test_fuzz_plan_storage_grows_with_keep_last(positionals, options, keep):
+    """Any valid plan: one more checkpoint kept never needs less storage, nor changes the interval."""
+    from cliresult import run_captured
+
+    argv = [*positionals, *flatten(o for o in options if o[0] != "--keep-last")]
+    first = run_captured([*argv, "--keep-last", keep, "--format", "json"])
+    if not reached(first.rc == 0):
+        return
+    a, b = json.loads(first.out), json.loads(run_captured([*argv, "--keep-last", keep + 1, "--format", "json"]).out)
+    assert (a["keep_last"], b["keep_last"]) == (keep, keep + 1)
+    assert a["frequency_steps"] == b["frequency_steps"]
+    if a["total_storage_gb"] is not None:
+        assert a["total_storage_gb"] <= b["total_storage_gb"]
+        assert a["rolling_storage_gb"] < b["rolling_storage_gb"]
 
 
 def test_console_script_module_and_launcher_agree(skill_root):
@@ -246,6 +266,7 @@ def test_yaml_template_round_trips_to_the_policy(extra, cli_run):
     assert yaml.safe_load(out_yaml) == {"checkpoint_policy": json.loads(out_json)["policy"]}
 
 
+@reaches_core()
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mtbf=st.floats(1e-6, 1e9), restart=st.floats(0, 1e9), write=st.floats(0, 1e9), steps=st.integers(1, 10**12),
        secs=st.floats(1e-6, 1e6))
@@ -254,7 +275,7 @@ def test_fuzz_extreme_failure_models_exit_0_or_2(mtbf, restart, write, steps, se
                "--checkpoint-write-seconds", repr(write), "--format", "json"])
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
-    if rc == 0:
+    if reached(rc == 0):
         jsonschema.validate(json.loads(out), load_schema("plan.schema.json"))
     else:
         assert len(err.strip().splitlines()) == 1 and "--mtbf-hours" in err
