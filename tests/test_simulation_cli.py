@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -30,9 +31,21 @@ def test_json_keys_schema_and_analytic_figure(cli_run):
     assert data["runs"] == 2000 and data["seed"] == 0
     jsonschema.validate(data, load_schema("simulation-report.schema.json"))
     rc, plan_out, _ = cli_run("100000", "2.5", "500", "--model_size_gb", "4", "--format", "json")
-    assert data["analytic_wall_hours"] == json.loads(plan_out)["expected_wall_hours"]
     assert data["policy"]["frequency_steps"] == json.loads(plan_out)["frequency_steps"]
     assert data["spikes"] is None
+
+
+def test_analytic_figure_is_dalys_formula(cli_run):
+    """analytic_wall_hours computed here from docs/model.md's T(tau) = M e^(R/M) (e^((tau+C)/M) - 1) W / tau."""
+    N, step, C, R, mtbf_h, f = 100000, 2.5, 30.0, 600.0, 10.0, 400
+    data = cli_run("simulate", N, step, 500, "--model_size_gb", 4, "--no-async", "--checkpoint-write-seconds", C,
+                   "--restart-seconds", R, "--mtbf-hours", mtbf_h, "--frequency", f, "--runs", 10,
+                   "--format", "json").json()
+    M, W, tau = mtbf_h * 3600.0, N * step, f * step
+    daly = M * math.exp(R / M) * math.expm1((tau + C) / M) * W / tau
+    assert data["analytic_wall_hours"] == pytest.approx(daly / 3600.0, rel=1e-6)
+    assert data["analytic_overhead_fraction"] == pytest.approx(daly / W - 1.0, abs=1e-6)
+    assert data["failure_free_wall_hours"] == pytest.approx((W + N / f * C) / 3600.0, rel=1e-6)
 
 
 def test_same_seed_same_output_different_seed_differs(cli_run):
