@@ -1,5 +1,7 @@
 """planning/planner.py and sizing.py: sizes, milestones, retention, risk and warnings."""
 
+import math
+
 import pytest
 
 from checkpoint_strategy.errors import UsageError
@@ -231,3 +233,72 @@ def test_spike_horizon_warning_at_the_edge_and_advice_the_auto_rule_keeps():
     miss_short = simulate(short, runs=200, seed=3, spike_rate=1.0).spikes.window_miss_fraction
     miss_auto = simulate(auto, runs=200, seed=3, spike_rate=1.0).spikes.window_miss_fraction
     assert miss_short > 0.5 and miss_auto == 0
+
+
+def _nearest_nice(x: float) -> int:
+    """docs/model.md: the optimum rounded to the nearest 1, 2, 2.5 or 5 x 10^k in log space."""
+    grid = [m * 10**e for e in range(0, 8) for m in (1, 2, 2.5, 5)]
+    return int(min(grid, key=lambda v: abs(math.log(v / x))))
+
+
+def test_every_report_field_from_the_documented_formulas():
+    """One synchronous plan, every number computed here from docs/model.md (sizes, storage, Daly, writes), and
+    the report valid against its schema: a field dropped, mistyped or computed another way fails here."""
+    import jsonschema
+    import numpy as np
+
+    from checkpoint_strategy.resources import load_schema
+
+    N, s, f, k, C, R, mtbf_h, params = 48000, 3.0, 800, 6, 45.0, 300.0, 20.0, 2e9
+    p = mk(total_steps=N, step_seconds=s, budget_gb=2000, params=params, precision="fp32", frequency=f, keep_last=k,
+           formats=["full_state_dict", "safetensors"], milestones=[16000, 48000], gpus=64, mtbf_hours=mtbf_h,
+           checkpoint_write_seconds=C, restart_seconds=R, async_save=False)
+    d = p.model_dump(mode="json")
+    jsonschema.validate(d, load_schema("plan.schema.json"))
+    M, tau, ckpt, weights = mtbf_h * 3600, f * s, params * 12 / 1e9, params * 4 / 1e9
+
+    def over(t):
+        return M * math.exp(R / M) * math.expm1((t + C) / M) / t - 1
+
+    taus = np.linspace(100.0, 20000.0, 1_990_001)
+    t_opt = float(taus[np.argmin(M * np.exp(R / M) * np.expm1((taus + C) / M) / taus)])
+    approx = pytest.approx
+    assert (d["total_training_hours"], d["storage_budget_gb"], d["params"], d["precision"], d["preset"]) == (
+        approx(N * s / 3600), 2000, params, "fp32", "auto")
+    assert (d["model_size_gb"], d["checkpoint_size_gb"]) == (approx(weights), approx(ckpt))
+    assert (d["frequency_steps"], d["frequency_hours"], d["keep_last"]) == (f, approx(tau / 3600, abs=1e-6), k)
+    assert d["milestone_steps"] == [16000, 48000]
+    b = d["storage_breakdown"]  # window = the 6 saves 44000..48000: 16000 lies outside, 48000 inside
+    assert (b["rolling_gb"], b["in_flight_gb"], b["milestones_gb"], b["milestones_outside_window"]) == (
+        approx(k * ckpt), approx(ckpt), approx(ckpt), 1)
+    assert (b["safetensors_exports"], b["safetensors_exports_gb"]) == (2, approx(2 * weights))
+    total = (k + 1) * ckpt + ckpt + 2 * weights
+    assert d["rolling_storage_gb"] == approx(k * ckpt) and d["total_storage_gb"] == approx(total) == b["total_gb"]
+    assert d["fits_budget"] is True and d["rollback_points"] == k + 1 and d["rollback_horizon_steps"] == k * f
+    assert d["max_data_loss_hours"] == approx(tau / 3600, abs=1e-6)
+    assert d["expected_overhead_fraction"] == approx(over(tau), abs=1e-6)
+    assert d["expected_wall_hours"] == approx(N * s / 3600 * (1 + over(tau)), rel=1e-6)
+    assert d["expected_failures"] == approx(N * s * (1 + over(tau)) / M, rel=1e-5)
+    assert d["optimal_interval_seconds"] == approx(t_opt, abs=0.02)
+    assert d["optimal_interval_steps"] == approx(t_opt / s, abs=0.01)
+    fm = d["failure_model"]
+    daly37 = math.sqrt(2 * C * M) * (1 + math.sqrt(C / (2 * M)) / 3 + C / (2 * M) / 9) - C
+    assert (fm["mtbf_hours"], fm["gpus"], fm["checkpoint_write_seconds"], fm["persist_seconds"],
+            fm["restart_seconds"], fm["async_save"]) == (mtbf_h, 64, C, C, R, False)
+    assert fm["young_interval_seconds"] == approx(math.sqrt(2 * C * M), abs=1e-3)
+    assert fm["daly_interval_seconds"] == approx(daly37, abs=1e-3)
+    assert fm["optimal_interval_seconds"] == approx(t_opt, abs=0.02)
+    iv = d["interval"]
+    assert iv["reason"] == "frequency_option" and iv["optimum_steps"] == _nearest_nice(t_opt / s) == 1000
+    assert iv["optimum_overhead_fraction"] == approx(over(1000 * s), abs=1e-6)
+    assert iv["optimum_max_data_loss_hours"] == approx(1000 * s / 3600, abs=1e-6)
+    w = d["storage_writes"]
+    assert (w["nodes"], w["gpus_per_node"], w["write_gbps"]) == (8, 8, None)
+    assert w["data_written_per_day_gb"] == approx(ckpt * 86400 / (tau + C), rel=1e-6)
+    assert w["storage_busy_fraction"] == approx(C / (tau + C), abs=1e-6)
+    assert d["policy"] == {"frequency": f"every_{f}_steps", "keep_last": k, "keep_milestone": [16000, 48000],
+                           "save_optimizer": True, "save_formats": ["full_state_dict", "safetensors"],
+                           "validate_on_save": True, "async_save": False,
+                           "emergency_save_on": ["loss_spike_detected", "gradient_norm_exceeded"]}
+    assert set(d["sources"]) == {"checkpoint_size", "gpu_mtbf", "interval", "spike_horizon", "async"}
+    assert d["warnings"] == []
