@@ -292,3 +292,4 @@ def test_spikes_are_sorted_and_disjoint_on_a_plateau_with_repeated_outliers():
     assert spikes
     for a, b in zip(spikes, spikes[1:], strict=False):
         assert a.recovered_step is not None and a.recovered_step < b.onset_step
+

@@ -159,6 +159,7 @@ def test_spike_window_miss_rate_matches_the_analytic_probability(frequency, keep
                                           mtbf_hours=1e9, async_save=False, frequency=frequency,
                                           keep_last=keep_last, milestones="none")))
     sim = simulate(report, runs=4000, seed=11, spike_rate=0.01)
+    assert (sim.spikes.wait_steps, sim.spikes.margin_steps) == (100, 100)  # the documented defaults
     expected = 1.0 - spike_window_rescue_probability(frequency, keep_last, 100, 100)
     n = sim.spikes.spikes
     assert n > 5000
