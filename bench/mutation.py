@@ -3,6 +3,7 @@
     python bench/mutation.py                       # every target, a seeded sample of 60 mutants each
     python bench/mutation.py planner --all         # one target, every mutant
     python bench/mutation.py detect --sample 100 --seed 3
+    python bench/mutation.py planner --rerun old.json  # only the survivors of an earlier --json run
 
 Not in CI: slow (planner.py alone is ~1200 mutants, ~8 min on one core). Each target mutates one module in a
 scratch copy of the committed tree (git archive HEAD), with a fast, targeted test selection; mutmut runs for each
@@ -88,12 +89,12 @@ def is_text_only(tree: Path, name: str) -> bool:
     return len(strip) == 2 and strip[0] == strip[1]
 
 
-def run_target(name: str, sample: int | None, seed: int, children: int) -> dict:
+def run_target(name: str, sample: int | None, seed: int, children: int, names: list[str] | None = None) -> dict:
     files, tests = TARGETS[name]
     with tempfile.TemporaryDirectory(prefix=f"mutation-{name}-") as tmp:
         tree = scratch_copy(Path(tmp), files, tests)
-        chosen: list[str] = []
-        if sample is not None:
+        chosen: list[str] = sorted(names or [])
+        if sample is not None and not chosen:
             mutmut(tree, "run", "--max-children", str(children), "no-such-mutant*")  # generate and map tests only
             every = sorted(results(tree))
             chosen = sorted(random.Random(seed).sample(every, min(sample, len(every))))
@@ -120,10 +121,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=18)
     ap.add_argument("--max-children", type=int, default=1, help="parallel mutants (the machine is shared)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--rerun", metavar="FILE", help="run only the survivors listed in an earlier --json FILE")
     args = ap.parse_args()
+    earlier = {r["target"]: list(r["survivors"]) for r in json.loads(Path(args.rerun).read_text())} if args.rerun else {}
     report = []
-    for name in args.targets or list(TARGETS):
-        r = run_target(name, None if args.all else args.sample, args.seed, args.max_children)
+    for name in args.targets or list(earlier or TARGETS):
+        r = run_target(name, None if args.all else args.sample, args.seed, args.max_children, earlier.get(name))
         report.append(r)
         what = "all" if r["sampled"] is None else f"sample of {r['sampled']} (seed {r['seed']})"
         print(f"{name}: {r['mutants']} mutants ({what}), score {r['score']}, {r['counts']}")

@@ -302,3 +302,39 @@ def test_every_report_field_from_the_documented_formulas():
                            "emergency_save_on": ["loss_spike_detected", "gradient_norm_exceeded"]}
     assert set(d["sources"]) == {"checkpoint_size", "gpu_mtbf", "interval", "spike_horizon", "async"}
     assert d["warnings"] == []
+
+
+# the 1, 2, 2.5, 5 x 10^k grid, built here: the planner's rounding functions against brute force
+GRID = sorted({int(m * 10**e) for e in range(0, 10) for m in (1, 2, 2.5, 5) if float(m * 10**e).is_integer()})
+PROBES = sorted({1.0, 0.5, 1.5, *GRID[:30], *(g * 1.01 for g in GRID[:30]), *(g * 0.99 for g in GRID[:30]),
+                 *(g * 1.3 for g in GRID[:30]), *(g * 0.77 for g in GRID[:30])})
+
+
+@pytest.mark.parametrize("x", PROBES)
+def test_nice_rounding_against_brute_force(x):
+    assert planner.nice_steps(x) == (1 if x <= 1 else min(GRID, key=lambda v: (abs(math.log(v / x)), v)))
+    assert planner.nice_ceil(x) == (1 if x <= 1 else min(v for v in GRID if v >= x))
+    assert planner.nice_floor(x) == (1 if x < 1 else max(v for v in GRID if v <= x))
+
+
+@pytest.mark.parametrize("spec, total, expected", [
+    ("seed", 1000, [1000]), ("seed", 999, [999]), ("seed", 5000, [1000, 5000]),
+    ("seed", 10000, [1000, 5000, 10000]), ("seed", 25000, [1000, 5000, 10000, 25000]),
+    ("seed", 100000, [1000, 5000, 10000, 25000, 50000, 100000]),
+    ("seed", 1000000, [1000, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000]),
+    ("pow2", 1000, [1000]), ("pow2", 4000, [1000, 2000, 4000]), ("pow2", 3999, [1000, 2000, 3999]),
+    ([0, 1, 2, 10], 10, [1, 2, 10]),
+])
+def test_milestone_rules_at_their_edges(spec, total, expected):
+    """docs/model.md: seed = 1000, 5000, then 1, 2.5, 5 x 10^k from 10 000; pow2 = 1000 x 2^k; both keep the
+    final step; a list keeps its steps in 1..total_steps."""
+    assert planner.milestone_steps(spec, total) == expected
+
+
+@pytest.mark.parametrize("formats, copies", [(["full_state_dict"], 1), (["sharded"], 1),
+                                             (["full_state_dict", "sharded"], 2), (["safetensors"], 1)])
+def test_each_resumable_format_is_a_copy_of_the_checkpoint(formats, copies):
+    """Storage per save = checkpoint size x resumable formats (full and sharded both: two copies; none: one)."""
+    p = mk(model_size_gb=1, frequency=500, keep_last=4, milestones="none", formats=formats, budget_gb=10**6)
+    assert p.checkpoint_size_gb == pytest.approx(3.0 * copies)
+    assert p.storage_breakdown.rolling_gb == pytest.approx(4 * 3.0 * copies)
