@@ -338,3 +338,23 @@ def test_each_resumable_format_is_a_copy_of_the_checkpoint(formats, copies):
     p = mk(model_size_gb=1, frequency=500, keep_last=4, milestones="none", formats=formats, budget_gb=10**6)
     assert p.checkpoint_size_gb == pytest.approx(3.0 * copies)
     assert p.storage_breakdown.rolling_gb == pytest.approx(4 * 3.0 * copies)
+
+
+def test_window_of_a_run_ending_on_a_save_holds_keep_last_distinct_saves():
+    """10 000 steps saved every 500, keep 4: the window is 8500, 9000, 9500, 10000 (the final save is a regular
+    one), so a milestone at 8500 is inside it and costs nothing extra; at 8000 it is outside."""
+    assert planner.saved_steps_tail(10000, 500, 4) == [8500, 9000, 9500, 10000]
+    assert planner.saved_steps_tail(10100, 500, 4) == [9000, 9500, 10000, 10100]
+    inside = mk(total_steps=10000, model_size_gb=1, frequency=500, keep_last=4, milestones=[8500], budget_gb=10**6)
+    outside = mk(total_steps=10000, model_size_gb=1, frequency=500, keep_last=4, milestones=[8000], budget_gb=10**6)
+    assert inside.storage_breakdown.milestones_outside_window == 0
+    assert outside.storage_breakdown.milestones_outside_window == 1
+
+
+def test_synchronous_save_stalls_for_the_whole_write():
+    """--no-async: C = checkpoint size / write rate (docs/model.md); async: 10 % of it."""
+    sync = mk(model_size_gb=10, write_gbps=2.0, async_save=False)
+    asyn = mk(model_size_gb=10, write_gbps=2.0, async_save=True)
+    assert sync.failure_model.checkpoint_write_seconds == pytest.approx(30 / 2.0)
+    assert asyn.failure_model.checkpoint_write_seconds == pytest.approx(0.1 * 30 / 2.0)
+    assert sync.failure_model.persist_seconds == asyn.failure_model.persist_seconds == pytest.approx(15.0)
