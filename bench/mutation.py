@@ -40,8 +40,8 @@ TARGETS = {
     "advice": (["recovery/advice.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py",
                                         "tests/test_recovery_inputs.py"]),
     "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py"]),
-    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py",
-                                                    "tests/test_hardening_io.py"]),
+    # (tests/test_hardening_io.py runs the launcher in a subprocess: the unmutated scripts/, not the mutant)
+    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py"]),
     "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py"]),
 }
 STATUS = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked", "segfault")
