@@ -133,8 +133,8 @@ def main() -> None:
         for k, why in sorted(r["survivors"].items()):
             print(f"  survived [{why}] {k}")
         sys.stdout.flush()
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        if args.json:  # after each target: a later one that fails keeps the earlier results
+            Path(args.json).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":
