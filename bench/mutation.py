@@ -128,7 +128,8 @@ def main() -> None:
     for name in args.targets or list(earlier or TARGETS):
         r = run_target(name, None if args.all else args.sample, args.seed, args.max_children, earlier.get(name))
         report.append(r)
-        what = "all" if r["sampled"] is None else f"sample of {r['sampled']} (seed {r['seed']})"
+        what = ("the survivors of " + args.rerun if args.rerun else "all" if r["sampled"] is None
+                else f"sample of {r['sampled']} (seed {r['seed']})")
         print(f"{name}: {r['mutants']} mutants ({what}), score {r['score']}, {r['counts']}")
         for k, why in sorted(r["survivors"].items()):
             print(f"  survived [{why}] {k}")

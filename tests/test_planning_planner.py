@@ -358,3 +358,29 @@ def test_synchronous_save_stalls_for_the_whole_write():
     assert sync.failure_model.checkpoint_write_seconds == pytest.approx(30 / 2.0)
     assert asyn.failure_model.checkpoint_write_seconds == pytest.approx(0.1 * 30 / 2.0)
     assert sync.failure_model.persist_seconds == asyn.failure_model.persist_seconds == pytest.approx(15.0)
+
+
+def test_edges_of_the_rules_the_mutation_run_found_unpinned():
+    # seed milestones of 1 000 000 when the run is 1.5 M steps (10^6 <= N < 11^6)
+    assert planner.milestone_steps("seed", 1500000)[-3:] == [500000, 1000000, 1500000]
+    # fewer saves than keep_last: only the steps that exist, never step 0 or a negative one
+    assert planner.saved_steps_tail(1000, 500, 4) == [500, 1000]
+    assert planner.saved_steps_tail(3, 1, 5) == [1, 2, 3]
+    # auto keeps its 10 when they fit: nothing "lowered"; lowered to fit exactly: said so
+    roomy = mk(model_size_gb=1, frequency=500, budget_gb=10**6)
+    assert roomy.keep_last == 10 and not any("lowered" in w for w in roomy.warnings)
+    exact = mk(params=1e9, frequency=500, budget_gb=96, formats=["full_state_dict"], milestones="none")
+    assert exact.keep_last == 7 and any("keep_last lowered to 7" in w for w in exact.warnings)
+    # unknown model size: every storage field present, sizes unknown, counts still counted
+    unknown = mk(frequency=500, precision="mixed", formats=["full_state_dict", "safetensors"])
+    assert unknown.precision == "mixed"
+    b = unknown.model_dump(mode="json")["storage_breakdown"]
+    assert b == {"checkpoint_size_gb": None, "rolling_gb": None, "in_flight_gb": None, "milestones_gb": None,
+                 "milestones_outside_window": 4, "safetensors_exports_gb": None, "safetensors_exports": 5,
+                 "total_gb": None}
+    # the warnings carry text, and the MTBF says where it came from
+    past = mk(model_size_gb=1, frequency=500, milestones=[1000, 60000])
+    assert any("milestones past total_steps 50000 were dropped" in w for w in past.warnings)
+    only_weights = mk(model_size_gb=1, frequency=500, formats=["safetensors"])
+    assert any(w.startswith("no resumable format in --formats") for w in only_weights.warnings)
+    assert "GPU-hours per GPU (Llama 3) / 8 GPUs" in mk(model_size_gb=1, gpus=8).failure_model.mtbf_source
