@@ -384,3 +384,16 @@ def test_edges_of_the_rules_the_mutation_run_found_unpinned():
     only_weights = mk(model_size_gb=1, frequency=500, formats=["safetensors"])
     assert any(w.startswith("no resumable format in --formats") for w in only_weights.warnings)
     assert "GPU-hours per GPU (Llama 3) / 8 GPUs" in mk(model_size_gb=1, gpus=8).failure_model.mtbf_source
+
+
+def test_interval_exactly_at_its_limits_is_not_limited():
+    """An optimum that equals the --max-loss-hours cap is the optimum (nothing is capped, no warning); a
+    --frequency equal to the run's length needs no 'below the interval' warning."""
+    at_cap = mk(total_steps=100000, step_seconds=3.6, model_size_gb=1, checkpoint_write_seconds=36, mtbf_hours=50,
+                async_save=False, max_loss_hours=1)
+    assert at_cap.frequency_steps == 1000 == at_cap.interval.max_loss_cap_steps
+    assert at_cap.interval.reason == "failure_model_optimum"
+    assert not any("beyond --max-loss-hours" in w for w in at_cap.warnings)
+    whole = mk(total_steps=5000, model_size_gb=1, frequency=5000)
+    assert whole.frequency_steps == 5000 and whole.interval.reason == "frequency_option"
+    assert not any("below the interval" in w for w in whole.warnings)
