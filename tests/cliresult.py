@@ -9,10 +9,27 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
+from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 from checkpoint_strategy.cli import ERROR_PREFIX, main
+
+# The checkout under test. A subprocess runs *it*, never whichever copy is installed or first on PATH:
+# CLI is the module entry point of the running interpreter, checkout_env() puts this checkout's scripts/ first on
+# PYTHONPATH and the running interpreter's folder (its console scripts: agentskills, ...) first on PATH.
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+CLI = [sys.executable, "-m", "checkpoint_strategy"]
+BIN = Path(sys.executable).parent
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SCRIPTS), *filter(None, [env.get("PYTHONPATH")])])
+    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    env.update(extra)
+    return env
 
 
 class Result(NamedTuple):

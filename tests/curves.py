@@ -69,3 +69,17 @@ def troubled(rng: np.random.Generator, kind: str, sigma: float, n: int = N) -> t
     else:
         raise ValueError(kind)
     return y, at
+
+
+def sample(seed: int, kind: str | None, sigma: float, n: int, spikes: int = 0) -> np.ndarray:
+    """One real-looking loss curve for the fuzzers: healthy (gaussian or heavy-tailed noise) or with one kind of
+    trouble from TROUBLE, plus `spikes` one-step outliers of 1.5-6x that come straight back."""
+    rng = np.random.default_rng(seed)
+    if kind is None:
+        y = healthy(rng, "heavy_tailed" if seed % 3 == 0 else "gaussian", sigma, n)
+    else:
+        y, _ = troubled(rng, kind, sigma, n)
+    for at in rng.integers(n // 4, n, size=spikes):
+        if np.isfinite(y[at]):
+            y[at] *= rng.uniform(1.5, 6.0)
+    return y

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from cliresult import checkout_env
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -432,7 +434,7 @@ def build_orbax_killed_save(root: Path) -> Path:
 
     folder = root / "orbax-killed"
     subprocess.run([sys.executable, "-c", ORBAX_KILLED_SAVE, str(folder)], check=True, capture_output=True,
-                   timeout=300)
+                   timeout=300, env=checkout_env())
     return folder
 
 
@@ -497,7 +499,7 @@ def build_deepspeed_run(root: Path) -> Path:
         port = s.getsockname()[1]
     folder = root / "deepspeed"
     proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port)], capture_output=True,
-                          text=True, timeout=1800)
+                          text=True, timeout=1800, env=checkout_env())
     if proc.returncode != 0:
         raise RuntimeError("DeepSpeed run failed: " + proc.stderr[-2000:])
     return folder

@@ -296,3 +296,41 @@ def test_unreadable_trainer_state_does_not_block_pruning(hf_run, copy_of):
     report = prune(root, keep_last=2)
     assert report.spike_guard is not None and report.spike_guard.status is None
     assert "no spike check" in report.spike_guard.note
+
+
+def test_spike_still_inside_its_wait_window_keeps_the_rollback_checkpoint(hf_run, copy_of, tmp_path):
+    """The log read 4 steps after the onset (status wait, issue 18): the spike may yet need a rollback, so the
+    checkpoint before it survives a window of 2 exactly as for status rollback."""
+    root = copy_of(hf_run.output_dir, "run")
+    state = json.loads((root / "checkpoint-200" / "trainer_state.json").read_text())
+    early = tmp_path / "trainer_state.json"
+    early.write_text(json.dumps({**state, "log_history": [e for e in state["log_history"]
+                                                           if e.get("step", 0) <= 125]}))
+    report = prune(root, keep_last=2, log=str(early), apply=True)
+    assert report.spike_guard.status == "wait" and report.spike_guard.onset_step == 121
+    assert report.spike_guard.protected == "checkpoint-110"
+    assert (root / "checkpoint-110").is_dir() and not (root / "checkpoint-100").exists()
+
+
+def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothing(hf_run, copy_of, monkeypatch,
+                                                                                capsys):
+    """The newest valid checkpoint justifies every deletion; it is validated again right before the first one.
+    Here it is truncated on disk just after the plan is made (the real plan, a real truncation): exit 1,
+    nothing deleted, the reason names it."""
+    root = copy_of(hf_run.output_dir, "run")
+    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    real_plan = pm.rt.plan_prune
+
+    def plan_then_break(*args, **kwargs):
+        plan = real_plan(*args, **kwargs)
+        weights = root / "checkpoint-200" / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+        return plan
+
+    monkeypatch.setattr(pm.rt, "plan_prune", plan_then_break)
+    before = sorted(os.listdir(root))
+    rc = main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply", "--format", "json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert sorted(os.listdir(root)) == before and out["deleted"] == 0
+    assert any(e["file"] == "checkpoint-200" and "no longer validates" in e["reason"] for e in out["errors"])

@@ -15,6 +15,7 @@ import pytest
 import layouts
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
 from checkpoint_strategy.cli import main
+from cliresult import CLI, checkout_env
 
 PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
 
@@ -379,13 +380,22 @@ def test_unreadable_files_give_problems(hf_run, copy_of, capsys):
     (ckpt / "optimizer.pt").symlink_to(ckpt / "no-such-target")       # dangling
     (ckpt / "scheduler.pt").unlink()
     (ckpt / "scheduler.pt").mkdir()                                      # a folder where a file is expected
+    (ckpt / "rng_state.pth").chmod(0)                                    # unreadable
     if os.geteuid() != 0:
-        (ckpt / "rng_state.pth").chmod(0)
-    assert main(["validate", str(ckpt), "--format", "json"]) == 1
-    out = json.loads(capsys.readouterr().out)
+        rc = main(["validate", str(ckpt), "--format", "json"])
+        out = json.loads(capsys.readouterr().out)
+    else:  # root reads a mode-0 file: run without the capabilities that let it (setpriv, util-linux)
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root and setpriv is missing: cannot make a file unreadable")
+        proc = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *CLI, "validate",
+                               str(ckpt), "--format", "json"], capture_output=True, text=True, timeout=120,
+                              env=checkout_env())
+        rc, out = proc.returncode, json.loads(proc.stdout)
+    assert rc == 1
     reasons = {p["file"]: p["reason"] for p in out["checkpoints"][0]["problems"]}
     assert reasons["optimizer.pt"] == "cannot read: does not exist"
     assert reasons["scheduler.pt"] == "is a folder: expected a regular file"
+    assert reasons["rng_state.pth"] == "cannot read: permission denied"
 
 
 def test_symlink_loops_never_traceback(hf_run, tmp_path, capsys):

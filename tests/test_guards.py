@@ -39,3 +39,46 @@ def test_no_private_copy_of_the_shared_helpers():
         text = path.read_text(encoding="utf-8")
         for banned in ("render_template(", "to_json(", "sys.stdout.write(", "choices=(\"text\"", "choices=[\"text\""):
             assert banned not in text, f"{path.name}: use render.emit / cli_options.add_report_options, not {banned}"
+
+
+TESTS = Path(__file__).resolve().parent
+SUBPROCESS_CALLS = {"run", "Popen", "check_output", "check_call", "call"}
+
+
+def test_every_subprocess_in_the_tests_runs_this_checkout():
+    """A child process gets an explicit environment (cliresult.checkout_env: this checkout's scripts/ first on
+    PYTHONPATH, this interpreter's folder first on PATH), and no program is looked up by name on PATH: from a
+    second checkout, or with another copy installed, the suite still tests the code it sits next to."""
+    bad = []
+    for path in sorted(TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+            owner = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else ""
+            where = f"{path.name}:{node.lineno}"
+            if owner == "subprocess" and name in SUBPROCESS_CALLS and not any(k.arg == "env" for k in node.keywords):
+                bad.append(f"{where} subprocess.{name} without env=")
+            if owner == "shutil" and name == "which" and node.args and isinstance(node.args[0], ast.Constant) \
+                    and node.args[0].value in ("checkpoint-strategy", "agentskills", "python", "python3"):
+                bad.append(f"{where} shutil.which({node.args[0].value!r})")
+            if owner == "subprocess" and node.args and isinstance(node.args[0], ast.List) and node.args[0].elts \
+                    and isinstance(node.args[0].elts[0], ast.Constant) \
+                    and node.args[0].elts[0].value in ("checkpoint-strategy", "agentskills", "python", "python3"):
+                bad.append(f"{where} runs {node.args[0].elts[0].value!r} from PATH")
+    assert bad == []
+
+
+def test_the_package_under_test_is_this_checkout():
+    import checkpoint_strategy
+
+    from cliresult import SCRIPTS, checkout_env
+
+    assert Path(checkpoint_strategy.__file__).resolve().is_relative_to(SCRIPTS), checkpoint_strategy.__file__
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import checkpoint_strategy; print(checkpoint_strategy.__file__)"],
+                         capture_output=True, text=True, timeout=60, env=checkout_env(), cwd="/").stdout.strip()
+    assert Path(out).resolve().is_relative_to(SCRIPTS), out

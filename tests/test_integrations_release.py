@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
-import sys
 
 import jsonschema
 import pytest
 
 from checkpoint_strategy.integrations.release import gate
 from checkpoint_strategy.resources import load_schema
+from cliresult import CLI, checkout_env
 
 SCHEMA = load_schema("release-readiness.schema.json")
 
@@ -128,8 +127,8 @@ def test_empty_safetensors_does_not_pass(tmp_path, cli_run):
 
 
 def test_real_entry_point(hf_run):
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "release-gate", str(newest(hf_run)),
+    proc = subprocess.run([*CLI, "release-gate", str(newest(hf_run)),
                            "--require", "safetensors", "--format", "json"], capture_output=True, text=True,
-                          timeout=120, env={**os.environ})
+                          timeout=120, env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gate"] == "pass"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from checkpoint_strategy import render, resources
+from cliresult import checkout_env
 
 
 def test_checkout_layout_is_found(skill_root):
@@ -28,10 +29,10 @@ def test_wheel_carries_templates_and_schemas(skill_root, tmp_path):
     pytest.importorskip("hatchling")
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(skill_root), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheel_dir)], check=True, capture_output=True, timeout=300)
+                    "-q", "-w", str(wheel_dir)], check=True, capture_output=True, timeout=300, env=checkout_env())
     wheel = next(wheel_dir.glob("checkpoint_strategy-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+                   check=True, capture_output=True, timeout=300, env=checkout_env())
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
     code = ("import checkpoint_strategy.resources as r, json, sys; "
             "print(json.dumps([str(r.data_dir('templates')), str(r.data_dir('schemas'))]))")

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
+from cliresult import BIN, CLI, checkout_env
+from fuzzcheck import MUTATE, PLAN_OPTIONS, PLAN_POSITIONALS, flatten, mutate, reached, reaches_core
 
 GOLDEN = Path(__file__).parent / "golden"
 SEED = ["100000", "2.5", "500", "--model_size_gb", "4"]
@@ -161,7 +163,8 @@ TOKENS = st.one_of(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(argv=st.lists(TOKENS, max_size=8))
-def test_fuzz_arguments_never_crash(argv, capsys):
+def test_fuzz_bad_arguments_exit_2_with_one_line(argv, capsys):
+    """Bad input on purpose (most of these token soups die in the parser): exit 2 with one stderr line."""
     rc = main(argv)
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
@@ -169,6 +172,27 @@ def test_fuzz_arguments_never_crash(argv, capsys):
         assert len(err.strip().splitlines()) == 1 and out == ""
 
 
+@reaches_core()
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(positionals=PLAN_POSITIONALS, options=st.lists(PLAN_OPTIONS, max_size=6), roll=MUTATE)
+def test_fuzz_arguments_never_crash(positionals, options, roll, capsys):
+    """Valid plans (every option in range), one token in five replaced by garbage: exit 0 with a JSON plan
+    whose numbers add up, or exit 2 with one line; never 3."""
+    argv = mutate([*positionals, *flatten(options)], roll) + ["--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        plan = json.loads(out)
+        assert plan["keep_last"] >= 1 and plan["frequency_steps"] >= 1
+        assert plan["rollback_horizon_steps"] == plan["keep_last"] * plan["frequency_steps"]
+        if plan["total_storage_gb"] is not None:
+            assert plan["fits_budget"] == (plan["total_storage_gb"] <= plan["storage_budget_gb"])
+    else:
+        assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+@reaches_core()
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.integers(1, 10**9), secs=st.floats(1e-3, 1e4), budget=st.floats(1e-2, 1e7),
        size=st.one_of(st.none(), st.floats(1e-3, 1e5)), gpus=st.integers(1, 10**6))
@@ -178,7 +202,7 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
         argv += ["--model_size_gb", repr(size)]
     rc = main(argv)
     out, err = capsys.readouterr()
-    if rc == 2:  # only a failure model whose expected time overflows a float is refused
+    if not reached(rc != 2):  # only a failure model whose expected time overflows a float is refused
         assert "never finishes" in err and len(err.strip().splitlines()) == 1
         return
     assert rc == 0, err
@@ -190,11 +214,31 @@ def test_fuzz_valid_plans_validate_against_schema(steps, secs, budget, size, gpu
         assert data["fits_budget"] == (data["total_storage_gb"] <= budget)
 
 
+@reaches_core()
+@settings(max_examples=150, deadline=None)
+@given(positionals=PLAN_POSITIONALS, options=st.lists(PLAN_OPTIONS, max_size=5), keep=st.integers(1, 59))
+def test_fuzz_plan_storage_grows_with_keep_last(positionals, options, keep):
+    """Any valid plan: one more checkpoint kept never needs less storage, nor changes the interval."""
+    from cliresult import run_captured
+
+    argv = [*positionals, *flatten(o for o in options if o[0] != "--keep-last")]
+    first = run_captured([*argv, "--keep-last", keep, "--format", "json"])
+    if not reached(first.rc == 0):
+        return
+    a, b = json.loads(first.out), json.loads(run_captured([*argv, "--keep-last", keep + 1, "--format", "json"]).out)
+    assert (a["keep_last"], b["keep_last"]) == (keep, keep + 1)
+    assert a["frequency_steps"] == b["frequency_steps"]
+    if a["total_storage_gb"] is not None:
+        assert a["total_storage_gb"] <= b["total_storage_gb"]
+        assert a["rolling_storage_gb"] < b["rolling_storage_gb"]
+
+
 def test_console_script_module_and_launcher_agree(skill_root):
-    env = dict(os.environ)
+    env = checkout_env()
     outs = []
-    for cmd in (["checkpoint-strategy"], [sys.executable, "-m", "checkpoint_strategy"],
-                [sys.executable, str(skill_root / "scripts" / "checkpoint-strategy")]):
+    console = BIN / "checkpoint-strategy"  # this environment's console script, not whichever is first on PATH
+    assert console.is_file(), f"{console}: install the checkout (pip install -e '.[test]')"
+    for cmd in ([str(console)], CLI, [sys.executable, str(skill_root / "scripts" / "checkpoint-strategy")]):
         proc = subprocess.run(cmd + SEED + ["--format", "json"], capture_output=True, text=True, env=env, timeout=60)
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
@@ -203,7 +247,7 @@ def test_console_script_module_and_launcher_agree(skill_root):
 
 def test_subprocess_bad_input_has_no_traceback(skill_root):
     proc = subprocess.run([sys.executable, str(skill_root / "scripts" / "checkpoint-strategy"), "10", "x", "1"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=checkout_env())
     assert proc.returncode == 2
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -238,6 +282,7 @@ def test_yaml_template_round_trips_to_the_policy(extra, cli_run):
     assert yaml.safe_load(out_yaml) == {"checkpoint_policy": json.loads(out_json)["policy"]}
 
 
+@reaches_core()
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mtbf=st.floats(1e-6, 1e9), restart=st.floats(0, 1e9), write=st.floats(0, 1e9), steps=st.integers(1, 10**12),
        secs=st.floats(1e-6, 1e6))
@@ -246,7 +291,7 @@ def test_fuzz_extreme_failure_models_exit_0_or_2(mtbf, restart, write, steps, se
                "--checkpoint-write-seconds", repr(write), "--format", "json"])
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
-    if rc == 0:
+    if reached(rc == 0):
         jsonschema.validate(json.loads(out), load_schema("plan.schema.json"))
     else:
         assert len(err.strip().splitlines()) == 1 and "--mtbf-hours" in err

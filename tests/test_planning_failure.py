@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from checkpoint_strategy.planning import failure
@@ -18,7 +19,13 @@ def test_daly_published_vectors(mtbf, eq37_min, exact_min):
     C, R = 5 * MIN, 10 * MIN
     assert failure.daly_interval(C, mtbf) / MIN == pytest.approx(eq37_min, abs=0.005)
     assert failure.exact_interval(C, mtbf) / MIN == pytest.approx(exact_min, abs=0.005)
-    assert R  # R does not move the optimum in Daly's model
+    # R does not move the optimum in Daly's model: T(tau) = M e^(R/M) (e^((tau+C)/M) - 1) W / tau only scales
+    # with R. Checked on a dense grid here, from the formula (docs/model.md), with R and without it.
+    tau = np.linspace(0.2, 5.0, 400_001) * failure.exact_interval(C, mtbf)
+    for restart in (R, 0.0, 6 * R):
+        wall = mtbf * math.exp(restart / mtbf) * np.expm1((tau + C) / mtbf) / tau
+        assert tau[np.argmin(wall)] == pytest.approx(exact_min * MIN, abs=0.005 * MIN)
+        assert failure.expected_wall_time(1.0, float(tau[0]), C, restart, mtbf) == pytest.approx(wall[0], rel=1e-12)
 
 
 def test_young_is_sqrt_2cm():

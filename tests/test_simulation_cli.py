@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.resources import load_schema
+from cliresult import CLI, checkout_env
+from fuzzcheck import MUTATE, SIM_OPTIONS, flatten, mutate, reached, reaches_core
 
 SEED = ["simulate", "100000", "2.5", "500", "--model_size_gb", "4"]
 
@@ -28,9 +31,21 @@ def test_json_keys_schema_and_analytic_figure(cli_run):
     assert data["runs"] == 2000 and data["seed"] == 0
     jsonschema.validate(data, load_schema("simulation-report.schema.json"))
     rc, plan_out, _ = cli_run("100000", "2.5", "500", "--model_size_gb", "4", "--format", "json")
-    assert data["analytic_wall_hours"] == json.loads(plan_out)["expected_wall_hours"]
     assert data["policy"]["frequency_steps"] == json.loads(plan_out)["frequency_steps"]
     assert data["spikes"] is None
+
+
+def test_analytic_figure_is_dalys_formula(cli_run):
+    """analytic_wall_hours computed here from docs/model.md's T(tau) = M e^(R/M) (e^((tau+C)/M) - 1) W / tau."""
+    N, step, C, R, mtbf_h, f = 100000, 2.5, 30.0, 600.0, 10.0, 400
+    data = cli_run("simulate", N, step, 500, "--model_size_gb", 4, "--no-async", "--checkpoint-write-seconds", C,
+                   "--restart-seconds", R, "--mtbf-hours", mtbf_h, "--frequency", f, "--runs", 10,
+                   "--format", "json").json()
+    M, W, tau = mtbf_h * 3600.0, N * step, f * step
+    daly = M * math.exp(R / M) * math.expm1((tau + C) / M) * W / tau
+    assert data["analytic_wall_hours"] == pytest.approx(daly / 3600.0, rel=1e-6)
+    assert data["analytic_overhead_fraction"] == pytest.approx(daly / W - 1.0, abs=1e-6)
+    assert data["failure_free_wall_hours"] == pytest.approx((W + N / f * C) / 3600.0, rel=1e-6)
 
 
 def test_same_seed_same_output_different_seed_differs(cli_run):
@@ -107,8 +122,8 @@ def test_degenerate_failure_models_are_bad_input_not_crashes(cli_run):
 
 
 def test_real_entry_point_bad_runs_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "simulate", "1000", "1", "10", "--runs", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*CLI, "simulate", "1000", "1", "10", "--runs", "0"],
+                          capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
@@ -120,7 +135,7 @@ def test_plan_start_up_does_not_import_numpy():
             "import checkpoint_strategy.simulation.models, checkpoint_strategy.simulation.cli\n"
             "import checkpoint_strategy.simulation.tradeoffs_cli\n"
             "print('numpy' in sys.modules, 'matplotlib' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.stdout.strip() == "False False", proc.stderr
 
 
@@ -133,7 +148,8 @@ _option = st.sampled_from(["--runs", "--seed", "--spike-rate", "--corrupt-prob",
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.one_of(st.integers(-5, 10**6).map(str), _text), pairs=st.lists(st.tuples(_option, _num), max_size=4))
-def test_fuzz_arguments_never_internal_error(steps, pairs, capsys):
+def test_fuzz_bad_arguments_exit_2_with_one_line(steps, pairs, capsys):
+    """Bad input on purpose (random values for every option): exit 2 with one line, never 3."""
     argv = ["simulate", steps, "2", "100", "--runs", "50"]
     for opt, val in pairs:
         argv += [opt, val]
@@ -141,4 +157,23 @@ def test_fuzz_arguments_never_internal_error(steps, pairs, capsys):
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
     if rc == 2:
+        assert err.count("\n") == 1 and out == ""
+
+
+@reaches_core()
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=st.integers(100, 10**5).map(str), secs=st.floats(0.1, 20).map(repr), options=st.lists(SIM_OPTIONS, max_size=5),
+       runs=st.integers(1, 30).map(str), roll=MUTATE)
+def test_fuzz_arguments_never_internal_error(steps, secs, options, runs, roll, capsys):
+    """Valid simulations, one token in five replaced by garbage: exit 0 with a run no faster than failure-free
+    and percentiles in order, or exit 2 with one line."""
+    argv = ["simulate", *mutate([steps, secs, "100", *flatten(options)], roll), "--runs", runs, "--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        r = json.loads(out)
+        assert r["mean_wall_hours"] >= r["failure_free_wall_hours"] * (1 - 1e-9) >= r["compute_hours"] * (1 - 1e-9)
+        assert r["p50_wall_hours"] <= r["p95_wall_hours"] <= r["p99_wall_hours"]
+    else:
         assert err.count("\n") == 1 and out == ""

@@ -9,11 +9,13 @@ import sys
 import xml.etree.ElementTree as ET
 
 import jsonschema
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
+from fuzzcheck import MUTATE, flatten, mutate, reached, reaches_core
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan
 from checkpoint_strategy.resources import load_schema
@@ -233,7 +235,8 @@ _opt = st.sampled_from(["--sweep-frequencies", "--sweep-keep-last", "--spike-rat
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pairs=st.lists(st.tuples(_opt, _val), max_size=3))
-def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
+def test_fuzz_bad_tradeoffs_arguments_exit_2_with_one_line(pairs, capsys):
+    """Bad input on purpose (random values for every option): exit 2 with one line, never 3."""
     argv = ["tradeoffs", "20000", "1.5", "300", "--model_size_gb", "1"]
     for opt, val in pairs:
         argv += [opt, val]
@@ -241,6 +244,39 @@ def test_fuzz_tradeoffs_never_internal_error(pairs, capsys):
     out, err = capsys.readouterr()
     assert rc in (0, 2), err
     if rc == 2:
+        assert err.count("\n") == 1 and out == ""
+
+
+_sweep = st.lists(st.integers(1, 5000), min_size=1, max_size=5, unique=True).map(lambda xs: ",".join(map(str, xs)))
+_keeps = st.lists(st.integers(1, 40), min_size=1, max_size=5, unique=True).map(lambda xs: ",".join(map(str, xs)))
+TRADEOFF_OPTIONS = st.one_of(
+    st.tuples(st.just("--sweep-frequencies"), _sweep), st.tuples(st.just("--sweep-keep-last"), _keeps),
+    st.tuples(st.just("--spike-rate"), st.floats(0, 3).map(repr)),
+    st.tuples(st.just("--spike-margin-steps"), st.integers(0, 300).map(str)),
+    st.tuples(st.just("--mtbf-hours"), st.floats(0.5, 1e4).map(repr)),
+    st.tuples(st.just("--frequency"), st.integers(1, 5000).map(str)),
+    st.tuples(st.just("--keep-last"), st.integers(1, 40).map(str)))
+
+
+@reaches_core()
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(options=st.lists(TRADEOFF_OPTIONS, max_size=3), roll=MUTATE)
+def test_fuzz_tradeoffs_never_internal_error(options, roll, capsys):
+    """Valid sweeps, one token in five replaced by garbage: exit 0 with every (frequency, keep_last) pair of the
+    grid once and storage growing with keep_last, or exit 2 with one line."""
+    argv = ["tradeoffs", *mutate(["20000", "1.5", "300", "--model_size_gb", "1", *flatten(options)], roll),
+            "--format", "json"]
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc in (0, 2), err
+    if reached(rc == 0):
+        r = json.loads(out)
+        pairs = [(p["frequency_steps"], p["keep_last"]) for p in r["points"]]
+        assert sorted(pairs) == sorted({(f, k) for f in r["frequencies"] for k in r["keep_last_values"]})
+        by = {(p["frequency_steps"], p["keep_last"]): p["peak_storage_gb"] for p in r["points"]}
+        for (f, k), gb in by.items():
+            assert all(gb <= by[f, k2] for k2 in r["keep_last_values"] if k2 > k)
+    else:
         assert err.count("\n") == 1 and out == ""
 
 
@@ -288,3 +324,48 @@ def test_tradeoffs_rescue_equals_simulate_within_three_standard_errors(f, K, asy
     rescued = 1.0 - sim.spikes.window_miss_fraction
     se = math.sqrt(max(rescued * (1 - rescued), 1.0 / n) / n)
     assert abs(rescued - p.spike_window_rescue_probability) <= 3 * se, (rescued, p.spike_window_rescue_probability)
+
+
+def _daly_overhead(tau: float, C: float, R: float, M: float) -> float:
+    """docs/model.md: T(tau) = M e^(R/M) (e^((tau+C)/M) - 1) W / tau; overhead = T/W - 1."""
+    return M * math.exp(R / M) * math.expm1((tau + C) / M) / tau - 1.0
+
+
+def test_sweep_points_match_the_documented_formulas():
+    """Every point against values computed here from docs/model.md and docs/simulate.md, not from plan():
+    storage (keep_last + 1 in flight) x 3 B/param-equivalent, max loss = one interval (synchronous saves),
+    overhead = Daly's T(tau)/W - 1, lost hours = overhead x compute hours, horizon = keep_last x frequency."""
+    N, step, C, R, mtbf_h, size = 60000, 2.0, 40.0, 300.0, 12.0, 2.0
+    r = json.loads(_run_json(["tradeoffs", str(N), str(step), "1000", "--model_size_gb", str(size), "--no-async",
+                              "--checkpoint-write-seconds", str(C), "--restart-seconds", str(R), "--mtbf-hours",
+                              str(mtbf_h), "--milestones", "none", "--formats", "full_state_dict",
+                              "--sweep-frequencies", "100,250,600,1500,4000", "--sweep-keep-last", "1,2,5,12"]))
+    M, W = mtbf_h * 3600.0, N * step
+    assert {100, 250, 600, 1500, 4000} <= set(r["frequencies"]) and {1, 2, 5, 12} <= set(r["keep_last_values"])
+    assert len(r["points"]) == len(r["frequencies"]) * len(r["keep_last_values"])  # plus the recommendation's
+    for p in r["points"]:
+        f, k = p["frequency_steps"], p["keep_last"]
+        tau = f * step
+        over = _daly_overhead(tau, C, R, M)
+        assert p["peak_storage_gb"] == pytest.approx((k + 1) * size * 3, abs=1e-6)
+        assert p["fits_budget"] == ((k + 1) * size * 3 <= 1000)
+        assert p["max_data_loss_hours"] == pytest.approx(tau / 3600.0, abs=1e-6)
+        assert p["frequency_hours"] == pytest.approx(tau / 3600.0, abs=1e-6)
+        assert p["expected_overhead_fraction"] == pytest.approx(over, abs=1e-6)
+        assert p["expected_lost_hours"] == pytest.approx(over * W / 3600.0, rel=1e-5)
+        assert p["rollback_horizon_steps"] == k * f
+        assert p["rollback_horizon_hours"] == pytest.approx(k * tau / 3600.0, abs=1e-6)
+    # the cheapest overhead of the sweep is the one nearest Daly's optimum, found here on a dense grid
+    taus = np.linspace(10.0, 20000.0, 2_000_001)
+    best = taus[np.argmin(M * np.exp(R / M) * np.expm1((taus + C) / M) / taus)]
+    nearest = min(r["frequencies"], key=lambda f: abs(math.log(f * step / best)))
+    cheapest = min(r["points"], key=lambda p: p["expected_overhead_fraction"])
+    assert cheapest["frequency_steps"] == nearest
+
+
+def _run_json(argv):
+    from cliresult import run_captured
+
+    res = run_captured([*argv, "--format", "json"])
+    assert res.rc == 0, res.err
+    return res.out

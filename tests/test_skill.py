@@ -13,6 +13,7 @@ import jsonschema
 import yaml
 
 from checkpoint_strategy.cli import COMMANDS, available_commands
+from cliresult import BIN, checkout_env
 
 SPEC_FIELDS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
 
@@ -37,15 +38,16 @@ def test_frontmatter_uses_only_spec_fields(skill_root):
 
 
 def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
-    exe = shutil.which("agentskills")
-    assert exe, "skills-ref (agentskills) must be installed by the test extra"
+    exe = BIN / "agentskills"  # next to the running interpreter, not whichever is first on PATH
+    assert exe.is_file(), "skills-ref (agentskills) must be installed by the test extra"
     dest = tmp_path / "checkpoint-strategy"
     dest.mkdir()
     for name in ("SKILL.md", "skill.yaml"):
         shutil.copy2(skill_root / name, dest / name)
     for folder in ("scripts", "templates", "schemas"):
         shutil.copytree(skill_root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([exe, "validate", str(dest)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([str(exe), "validate", str(dest)], capture_output=True, text=True, timeout=60,
+                          env=checkout_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -110,7 +112,8 @@ def expand(command: str, arguments: str, skill_root: Path) -> str:
 def run_as_agent(skill_root: Path, arguments: str, command: str | None = None) -> subprocess.CompletedProcess:
     command = command or manifest(skill_root)["slash_commands"][0]["command"]
     line = expand(command, arguments, skill_root)
-    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, cwd=skill_root)
+    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, cwd=skill_root,
+                          env=checkout_env())
 
 
 def test_scripted_slash_command_seed_example(skill_root):

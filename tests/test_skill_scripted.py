@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from cliresult import checkout_env
 from test_skill import expand, frontmatter, manifest
 
 PREFIX = 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"'
@@ -62,7 +63,7 @@ def test_every_documented_command_runs_on_a_real_run(skill_root, workdir):
         command = fill(expand(line, "", skill_root), workdir)
         assert not re.search(r"\b[A-Z][A-Z_]{3,}\b(?!\.)", command.split("checkpoint-strategy", 1)[1]), command
         proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300,
-                              cwd=workdir["cwd"])
+                              cwd=workdir["cwd"], env=checkout_env())
         word = line[len(PREFIX):].split()[0]
         name = "plan" if word[0].isdigit() else word
         assert proc.returncode in EXPECTED_RC.get(name, {0}), f"{command}\n{proc.stderr}"
@@ -79,7 +80,7 @@ def test_every_documented_command_runs_on_a_real_run(skill_root, workdir):
 def test_slash_command_with_a_subcommand(skill_root, workdir):
     command = expand(manifest(skill_root)["slash_commands"][0]["command"],
                      f"recover {workdir['RUN_DIR']} --format json", skill_root)
-    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["resume_checkpoint"]["step"] == 110

@@ -211,6 +211,9 @@ _EOCD64_LOC = b"PK\x06\x07"
 _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
+# general-purpose flag bits torch.load refuses: encrypted (0), patched data (5), strong encryption (6),
+# masked local headers (13)
+ZIP_REFUSED_FLAGS = 0x2061
 
 
 @dataclass
@@ -243,24 +246,21 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     pos = tail.rfind(_EOCD)
     if pos < 0 or len(tail) - pos < 22:
         return "truncated or not a zip archive: no end-of-central-directory record"
-    (_sig, _disk, _cd_disk, _n_disk, n_entries, cd_size, cd_offset, comment_len) = struct.unpack(
+    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = struct.unpack(
         "<4sHHHHIIH", tail[pos:pos + 22])
     eocd_at = size - tail_len + pos
     if pos + 22 + comment_len != len(tail):
         return "trailing bytes after the zip end record (file changed after it was written?)"
-    if n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
-        loc = tail[pos - 20:pos] if pos >= 20 else b""
-        if len(loc) != 20 or not loc.startswith(_EOCD64_LOC):
-            return "broken zip64 end record locator"
-        (_s, _d, eocd64_at, _t) = struct.unpack("<4sIQI", loc)
-        if eocd64_at + 56 > size:
-            return "broken zip64 end record offset"
-        fh.seek(eocd64_at)
-        rec = fh.read(56)
-        if not rec.startswith(_EOCD64):
-            return "broken zip64 end record"
-        (_s, _rs, _v1, _v2, _d1, _d2, _n1, n_entries, cd_size, cd_offset) = struct.unpack("<4sQHHIIQQQQ", rec)
-        eocd_at = eocd64_at
+    z64 = _zip64_end(fh, tail[pos - 20:pos] if pos >= 20 else b"", size)
+    if isinstance(z64, str):
+        return z64
+    if z64 is not None:  # torch.save writes both records; torch.load's reader then takes every field from zip64
+        disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, eocd_at = z64
+    elif n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+        return "broken zip64 end record locator"
+    if n_disk != n_entries or ((disk | cd_disk) and (disk, cd_disk) != (1, 1)):
+        return (f"multi-disk archive (disk {disk}, central directory on disk {cd_disk}, {n_disk} of {n_entries} "
+                "entries on this disk): torch.load cannot read it")
     if cd_offset + cd_size > eocd_at:
         return f"central directory ({cd_size} bytes at {cd_offset}) runs past its end record: truncated?"
     if cd_size > MAX_CD_BYTES:
@@ -280,6 +280,10 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
         (method, _t, _dt, crc, csize, usize, nlen, xlen, clen) = struct.unpack("<HHHIIIHHH", cd[p + 10:p + 34])
         (offset,) = struct.unpack("<I", cd[p + 42:p + 46])
         name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
+        (flags,), (e_disk,) = struct.unpack("<H", cd[p + 8:p + 10]), struct.unpack("<H", cd[p + 34:p + 36])
+        if flags & ZIP_REFUSED_FLAGS or e_disk not in (disk, 1):  # what torch.load's zip reader (miniz) refuses
+            what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
+            return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
         extra = cd[p + 46 + nlen:p + 46 + nlen + xlen]
         if 0xFFFFFFFF in (csize, usize, offset):
             csize, usize, offset = _zip64_extra(extra, csize, usize, offset)
@@ -288,6 +292,29 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     if p != cd_size:
         return f"central directory size mismatch ({p} parsed, {cd_size} declared)"
     return entries, cd_offset
+
+
+def _zip64_end(fh, loc: bytes, size: int) -> tuple[int, int, int, int, int, int, int] | str | None:
+    """The zip64 end record the locator `loc` (the 20 bytes before the end record) points at, read as torch.load's
+    reader (miniz) reads it: (disk, cd disk, entries on this disk, entries, cd size, cd offset, record offset);
+    None when there is no locator or no record at its offset, a reason when miniz refuses the archive."""
+    if len(loc) != 20 or not loc.startswith(_EOCD64_LOC):
+        return None
+    (_s, _d, at, disks) = struct.unpack("<4sIQI", loc)
+    if at + 56 > size:
+        return "broken zip64 end record offset"
+    fh.seek(at)
+    rec = fh.read(56)
+    if not rec.startswith(_EOCD64):
+        return None
+    (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = struct.unpack("<4sQHHIIQQQQ", rec)
+    if rec_size < 44:
+        return f"broken zip64 end record (declares {rec_size} bytes, at least 44 expected)"
+    if disks != 1:
+        return f"multi-disk archive (the zip64 locator counts {disks} disks): torch.load cannot read it"
+    if max(n_disk, n_entries, cd_size) > 0xFFFFFFFF:
+        return f"zip64 end record declares {n_entries} entries in {cd_size} bytes: more than torch.load reads"
+    return disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, at
 
 
 def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:

@@ -410,12 +410,12 @@ def policy_checks(args: PlanArguments, cost: SaveCost, size: Sizing, iv: Interva
         warnings.append(f"budget too small: the policy needs {storage.total_gb:g} GB at peak but the budget is "
                         f"{args.budget_gb:g} GB; raise the budget, drop milestones or safetensors exports, "
                         "or accept a rolling window below 2 (no validated fallback)")
-    horizon = keep_last * iv.frequency
+    horizon = (keep_last - 1) * iv.frequency  # the oldest kept save, seen from just after the newest one
     if horizon < SPIKE_HORIZON_STEPS:
-        warnings.append(f"rolling window covers {horizon} steps (keep_last {keep_last} x {iv.frequency}), shorter "
-                        f"than the spike horizon of {SPIKE_HORIZON_STEPS} steps ({SPIKE_WAIT_STEPS} waiting + "
+        warnings.append(f"rolling window reaches back {horizon} steps (keep_last {keep_last} - 1 x {iv.frequency}), "
+                        f"shorter than the spike horizon of {SPIKE_HORIZON_STEPS} steps ({SPIKE_WAIT_STEPS} waiting + "
                         f"{SPIKE_MARGIN_STEPS} before onset): a spike may leave no checkpoint to roll back to; "
-                        f"keep at least {math.ceil(SPIKE_HORIZON_STEPS / iv.frequency)} checkpoints")
+                        f"keep at least {math.ceil(SPIKE_HORIZON_STEPS / iv.frequency) + 1} checkpoints")
     if max_loss_h > args.max_loss_hours * (1 + 1e-9):
         warnings.append(_cap_warning(args, cost, size, iv, max_loss_h))
     if writes.storage_busy_fraction is not None and writes.storage_busy_fraction > WRITE_BUSY_WARN:

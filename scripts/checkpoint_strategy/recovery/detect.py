@@ -311,7 +311,7 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
         k = int(np.searchsorted(cand, pos))
         if k >= len(cand):
             break
-        ev = _event_at(sc, int(cand[k]), min_rise=min_rise, window=window, tolerance=tolerance)
+        ev = _event_at(sc, int(cand[k]), min_rise=min_rise, window=window, tolerance=tolerance, floor=pos)
         events.append(ev)
         if ev.end is None:
             break
@@ -334,8 +334,9 @@ class _Scan:
     labels: dict
 
 
-def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: float) -> Event:
-    """The event flagged first at value i: its onset (walked back), healthy level, recovery point and peak."""
+def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: float, floor: int = 0) -> Event:
+    """The event flagged first at value i: its onset (walked back, never below `floor`: the previous
+    event ended at floor - 1), healthy level, recovery point and peak."""
     n = len(sc.x)
     xv = sc.xv
     m0, s0 = float(sc.med[i]), float(sc.scale[i])
@@ -347,6 +348,7 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
     r_i = float(sc.reference[i]) if sc.reference is not None else math.nan
     onset = walk_back(xv, i, m0, s0, min_rise, window,
                       cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
+    onset = max(onset, floor)  # never back into the previous event
     pre = xv[max(0, onset - BASELINE_POINTS):onset]
     pre = pre[np.isfinite(pre)]
     base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)

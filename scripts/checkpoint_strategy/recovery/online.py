@@ -208,6 +208,8 @@ class OnlineDetector:
             m0 = float(np.median(prior)) if len(prior) else math.nan
             s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
         onset = detect.walk_back(vals, i, m0, s0, o.min_rise, o.window)
+        back = max((e.step for e in self.events if e.kind == "recovered"), default=-1)  # never into the last event
+        onset = max(onset, int(np.searchsorted(steps, back, side="right")))
         pre = vals[max(0, onset - detect.BASELINE_POINTS):onset]
         pre = pre[np.isfinite(pre)]
         base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
