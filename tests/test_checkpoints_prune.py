@@ -309,7 +309,9 @@ def test_spike_still_inside_its_wait_window_keeps_the_rollback_checkpoint(hf_run
     report = prune(root, keep_last=2, log=str(early), apply=True)
     assert report.spike_guard.status == "wait" and report.spike_guard.onset_step == 121
     assert report.spike_guard.protected == "checkpoint-110"
-    assert (root / "checkpoint-110").is_dir() and not (root / "checkpoint-100").exists()
+    # keep_last counts safe checkpoints only (issue 17): 110 and 100 are the window, the older ones go
+    assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-100").is_dir()
+    assert not (root / "checkpoint-90").exists()
 
 
 def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothing(hf_run, copy_of, monkeypatch,

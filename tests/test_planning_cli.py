@@ -264,7 +264,8 @@ def test_text_plan_builds_no_pydantic_validator(skill_root):
             f"    main({SEED!r})\n"
             "print(sorted(m for m in ('pydantic.plugin._loader', 'importlib.metadata', 'numpy', 'torch')"
             " if m in sys.modules))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
 

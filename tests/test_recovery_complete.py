@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from cliresult import checkout_env
 
 POST = [f"checkpoint-{s}" for s in range(120, 201, 10)]
 
@@ -41,7 +42,7 @@ def test_actions_pin_and_move_aside_are_ready_and_never_run(hf_run, copy_of, cli
     assert text[5].startswith("   1. pin checkpoint-110 now") and text[6].startswith("   2. move the 9")
     # the commands run as printed; afterwards the run folder holds only checkpoints safe to resume from
     for line in (pin.split(": ", 1)[1].split("   (")[0], command):
-        subprocess.run(["bash", "-c", line], check=True, timeout=60)
+        subprocess.run(["bash", "-c", line], check=True, timeout=60, env=checkout_env())
     assert sorted(p.name for p in (run / "post-spike-121").iterdir()) == sorted(POST)
     assert (run / "pinned-checkpoint-110" / "optimizer.pt").is_file()
     safety = cli_run("validate", str(run), "--format", "json").json()["safety"][0]

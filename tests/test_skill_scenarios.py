@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from test_skill import expand, frontmatter
+from cliresult import checkout_env
 
 PREFIX = 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"'
 PLACEHOLDER = re.compile(r"\b(TOTAL_STEPS|STEP_SECONDS|BUDGET_GB|TRAIN_LOG|CHECKPOINT_DIR|RUN_DIR|LOG|N)\b")
@@ -32,7 +33,7 @@ def run(line: str, skill_root, values: dict, cwd, ok=(0,)) -> str:
     for word, value in values.items():
         line = re.sub(rf"\b{word}\b", value, line)
     command = expand(line, "", skill_root)
-    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=cwd)
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=cwd, env=checkout_env())
     assert proc.returncode in ok, f"{command}\n{proc.stderr}"
     assert "Traceback" not in proc.stderr
     return proc.stdout
@@ -131,7 +132,7 @@ def test_im_ending_my_session(skill_root, run_copy, tmp_path):
     assert commands[0].startswith(f"cp -a {run_copy}/checkpoint-110 ")
     assert all(not c.startswith("checkpoint-strategy") for c in commands)
     for c in commands:   # from another folder, as the next session would
-        proc = subprocess.run(["bash", "-c", c], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        proc = subprocess.run(["bash", "-c", c], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=checkout_env())
         assert proc.returncode in (0, 1), f"{c}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr and "error:" not in proc.stderr
     assert (run_copy / "pinned-checkpoint-110" / "optimizer.pt").is_file()

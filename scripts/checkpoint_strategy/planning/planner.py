@@ -412,7 +412,7 @@ def policy_checks(args: PlanArguments, cost: SaveCost, size: Sizing, iv: Interva
                         "or accept a rolling window below 2 (no validated fallback)")
     horizon = (keep_last - 1) * iv.frequency  # the oldest kept save, seen from just after the newest one
     if horizon < SPIKE_HORIZON_STEPS:
-        warnings.append(f"rolling window reaches back {horizon} steps (keep_last {keep_last} - 1 x {iv.frequency}), "
+        warnings.append(f"rolling window reaches back {horizon} steps ((keep_last {keep_last} - 1) x {iv.frequency}), "
                         f"shorter than the spike horizon of {SPIKE_HORIZON_STEPS} steps ({SPIKE_WAIT_STEPS} waiting + "
                         f"{SPIKE_MARGIN_STEPS} before onset): a spike may leave no checkpoint to roll back to; "
                         f"keep at least {math.ceil(SPIKE_HORIZON_STEPS / iv.frequency) + 1} checkpoints")

@@ -516,11 +516,33 @@ def collapse_is_abrupt(value: float, pre: np.ndarray, tolerance: float) -> bool:
     return abs(value - p) > max(tolerance * abs(p), 3.0 * sp, 1.5 * _quantum(pre)) and abs(p) > 0
 
 
+ROUNDING_DECIMALS = 8   # a log whose values all have at most this many decimals was rounded (HF: 4)
+
+
+def value_decimals(value: float) -> int:
+    """The fewest decimals that write `value` exactly (0-8), or 9: not a rounded number."""
+    for k in range(ROUNDING_DECIMALS + 1):
+        scaled = value * 10.0 ** k
+        if abs(scaled - round(scaled)) <= 1e-6:
+            return k
+    return ROUNDING_DECIMALS + 1
+
+
+def quantum_of(decimals: int) -> float:
+    """The rounding step of a log whose values need at most `decimals` decimals (0.0: not rounded)."""
+    return 10.0 ** -decimals if decimals <= ROUNDING_DECIMALS else 0.0
+
+
 def _quantum(values: np.ndarray) -> float:
-    """The smallest non-zero difference between logged values: the log's rounding step, or about it."""
-    d = np.abs(np.diff(values))
-    d = d[d > 0]
-    return float(d.min()) if len(d) else 0.0
+    """The log's rounding step: 10^-k when every value is written exactly with k decimals (HF rounds the
+    logged loss to 4), else 0.0. A one-step move is no spike and no jump."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    for k in range(ROUNDING_DECIMALS + 1):
+        scaled = v * 10.0 ** k
+        if len(v) and bool(np.all(np.abs(scaled - np.round(scaled)) <= 1e-6)):
+            return quantum_of(k)
+    return 0.0
 
 
 def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event: list[int], wait_steps: int,

@@ -56,7 +56,7 @@ class _Rolling:
         self.stats: deque = deque(maxlen=self.k)        # (median, MAD, max) of finished blocks
         self.medians: deque = deque(maxlen=detect.REFERENCE_BLOCKS)
         self.last = math.nan
-        self.quantum = math.inf
+        self.decimals = 0   # the most decimals a logged value needed so far (9: not a rounded log)
         self.med = self.scale = self.wmax = self.ref = math.nan
 
     def push(self, x: float) -> tuple[float, float, float, float]:
@@ -65,8 +65,8 @@ class _Rolling:
         if not math.isfinite(v):
             v = math.nan
         else:
-            if math.isfinite(self.last) and v != self.last:   # the log's rounding step, as the batch floor
-                self.quantum = min(self.quantum, abs(v - self.last))
+            if self.decimals <= detect.ROUNDING_DECIMALS:   # the log's rounding step, as the batch floor
+                self.decimals = max(self.decimals, detect.value_decimals(v))
             self.last = v
         out = (self.med, self.scale, self.wmax, self.ref)
         self.cur.append(v)
@@ -93,7 +93,7 @@ class _Rolling:
             with np.errstate(invalid="ignore"):
                 self.med = float(np.nanmedian(meds)) if np.isfinite(meds).any() else math.nan
                 self.scale = max(1.4826 * float(np.nanmedian(mads)) if np.isfinite(mads).any() else math.nan,
-                                 1e-4 * abs(self.med) + 1e-12, self.quantum if self.quantum < math.inf else 0.0)
+                                 1e-4 * abs(self.med) + 1e-12, detect.quantum_of(self.decimals))
                 self.wmax = float(np.nanmax(maxs)) if np.isfinite(maxs).any() else math.nan
                 self.ref = detect.low_quantile(self.medians)
 

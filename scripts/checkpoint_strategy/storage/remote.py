@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import importlib
 import io
 import os
 import re
@@ -121,7 +122,7 @@ def filesystem(url: str) -> Any:
         if module is None:
             continue
         try:
-            __import__(module)
+            importlib.import_module(module)  # the driver is present (fsspec, s3fs, gcsfs), nothing else
         except ImportError:
             raise UsageError(f"{scheme}:// needs the Python package {module}: install it with "
                              f"pip install 'checkpoint-strategy[{extra}]' (or pip install {module})") from None
