@@ -184,21 +184,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     fsdp_optim = sorted(n for n in names if re.match(r"^optimizer_\d+$", n) and os.path.isdir(os.path.join(path, n)))
     ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
     for idx in indexes:
-        data = ctx.json(os.path.join(path, idx))
-        wm = data.get("weight_map") if isinstance(data, dict) else None
-        if data is not None and not isinstance(wm, dict):
-            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
-            continue
-        shards: list = []
-        for v in (wm or {}).values():
-            if v not in shards:  # values may be unhashable (a list): no set()
-                shards.append(v)
-        for shard in sorted(shards, key=str):
-            if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
-                ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
-                continue
-            if shard not in names:
-                ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+        _check_hf_index(ctx, path, idx, names)
     for w in weights:
         p = os.path.join(path, w)
         if w.endswith(".safetensors"):
@@ -214,6 +200,38 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     if not weights and not fsdp_model and not ds_steps and not indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
+    _check_hf_state_files(ctx, path, names, out)
+    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
+    if fsdp_model or fsdp_optim:
+        out.sharded, out.portability = True, "fsdp"
+    elif ds_steps:
+        out.sharded, out.portability = True, "zero"
+    else:
+        out.portability = "full" if out.resumable else "weights"
+    return out
+
+
+def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str]) -> None:
+    """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
+    data = ctx.json(os.path.join(path, idx))
+    wm = data.get("weight_map") if isinstance(data, dict) else None
+    if data is not None and not isinstance(wm, dict):
+        ctx.bad(os.path.join(path, idx), "index without a weight_map object")
+        return
+    shards: list = []
+    for v in (wm or {}).values():
+        if v not in shards:  # values may be unhashable (a list): no set()
+            shards.append(v)
+    for shard in sorted(shards, key=str):
+        if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
+            ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
+            continue
+        if shard not in names:
+            ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+
+
+def _check_hf_state_files(ctx: _Ctx, path: str, names: set[str], out: Layout) -> None:
+    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs."""
     for n in sorted(names):
         p = os.path.join(path, n)
         if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
@@ -231,14 +249,6 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
             ctx.json(os.path.join(path, n))
-    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
-    if fsdp_model or fsdp_optim:
-        out.sharded, out.portability = True, "fsdp"
-    elif ds_steps:
-        out.sharded, out.portability = True, "zero"
-    else:
-        out.portability = "full" if out.resumable else "weights"
-    return out
 
 
 def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
