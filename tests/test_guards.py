@@ -10,7 +10,6 @@ MAX_LINES = 60
 # Functions known to be longer, to be split (issue 10); the list may only shrink. Argparse tables
 # (add_arguments, add_*_options) are exempt: one option per line reads better than helpers.
 LONG_FUNCTION_DEBT = {
-    "checkpoints/validate.py:_check_dcp_dir",
     # the deep check (issue 12), landed last
     "checkpoints/deep.py:run", "checkpoints/filechecks.py:scan_zip", "checkpoints/torchpickle.py:read_pickle",
 }
