@@ -378,6 +378,30 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
 
 def run(sources: list[Source], global_step: int | None = None, want_max: bool = False) -> DeepOutcome:
     started = time.perf_counter()
+    jobs, notes, dcp_meta = _collect_jobs(sources)
+    outcome = ts.scan(jobs, want_max=want_max)
+    findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
+    tally = _tally(outcome.stats, findings)
+    have_weights = bool(tally.weight_bytes)
+    optimizer, opts = _optimizer_state(sources, outcome.stats, dcp_meta, tally.weight_shapes, notes)
+    optimizer.global_step = _global_step(sources, global_step)
+    findings.extend(_resumability(sources, optimizer, opts, tally.weight_bytes))
+    check = DeepCheck(
+        tensors=len(outcome.stats), float_tensors=tally.float_tensors, values=tally.values,
+        bytes_scanned=outcome.bytes_scanned,
+        nonfinite_values=sum(s.nan + s.inf for s in outcome.stats if s.role in ("weights", "optimizer")),
+        nonfinite=tally.nonfinite[:MAX_NAMED],
+        weights_norm=tally.weights_sumsq ** 0.5 if have_weights else None,
+        weights_dtype=tally.weight_bytes.most_common(1)[0][0] if have_weights else None,
+        optimizer=optimizer, seconds=round(time.perf_counter() - started, 3))
+    tensors = [TensorStat(file=s.file, tensor=s.name, role=s.role if s.role in ("weights", "optimizer") else "other",
+                          dtype=s.dtype, shape=list(s.shape), numel=s.numel, nan=s.nan, inf=s.inf, l2=s.l2,
+                          max_abs=s.max_abs, note=s.note) for s in outcome.stats]
+    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes)
+
+
+def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list | None]:
+    """Every source's scan jobs, the notes on what could not be scanned, and the (last) DCP tensor metadata."""
     jobs: list[ts.Job] = []
     notes: list[str] = []
     dcp_meta = None
@@ -396,36 +420,50 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
             jobs.extend(dj)
             notes.extend(dn)
             dcp_meta = dcp_tensors(src.dcp) if src.dcp is not None else None
-    outcome = ts.scan(jobs, want_max=want_max)
-    findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
-    nonfinite: list[str] = []
-    values = 0
-    float_tensors = 0
-    weights_sumsq = 0.0
-    weight_bytes: Multiset = Multiset()
-    weight_shapes: Multiset = Multiset()
-    per_tensor: dict[str, float] = {}
-    for s in outcome.stats:
+    return jobs, notes, dcp_meta
+
+
+@dataclass
+class _Tally:
+    """What `run` sums over the scanned tensors."""
+
+    nonfinite: list[str] = field(default_factory=list)
+    values: int = 0
+    float_tensors: int = 0
+    weights_sumsq: float = 0.0
+    weight_bytes: Multiset = field(default_factory=Multiset)
+    weight_shapes: Multiset = field(default_factory=Multiset)
+    per_tensor: dict[str, float] = field(default_factory=dict)
+
+
+def _tally(stats: list[ts.Stat], findings: list[Finding]) -> _Tally:
+    """Sum the scanned tensors; a NaN/Inf in model state (weights, optimizer) is added to findings."""
+    t = _Tally()
+    for s in stats:
         if s.role == "weights":
-            weight_shapes[tuple(s.shape)] += 1
+            t.weight_shapes[tuple(s.shape)] += 1
         if not s.checked:
             continue
-        float_tensors += 1
-        values += s.numel
+        t.float_tensors += 1
+        t.values += s.numel
         if s.nan or s.inf:
             what = " and ".join(x for x in (f"{s.nan} NaN" if s.nan else "", f"{s.inf} Inf" if s.inf else "") if x)
             if s.role in ("weights", "optimizer"):
-                nonfinite.append(f"{s.file}: {shown(s.name)}: {what}")
+                t.nonfinite.append(f"{s.file}: {shown(s.name)}: {what}")
                 findings.append(Finding(s.file, f"invalid: {what} values in {shown(s.name)}", "invalid"))
             # else: a callback's best score starts at inf, a logged metric may be NaN: not model state
         if s.role == "weights":
-            weights_sumsq += s.sumsq
-            weight_bytes[s.dtype] += s.numel
-            per_tensor[s.name] = s.l2 or 0.0
-    have_weights = bool(weight_bytes)
-    # optimizer state
+            t.weights_sumsq += s.sumsq
+            t.weight_bytes[s.dtype] += s.numel
+            t.per_tensor[s.name] = s.l2 or 0.0
+    return t
+
+
+def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list | None, weight_shapes: Multiset,
+                     notes: list[str]) -> tuple[OptimizerCheck, list[dict]]:
+    """The optimizer check (DCP, partitioned, torch, or none) and the torch optimizer dicts it read."""
     scalar_values = {}
-    tensor_ids: dict[tuple[str, str], float] = {(s.file, s.name): s.value for s in outcome.stats if s.value is not None}
+    tensor_ids: dict[tuple[str, str], float] = {(s.file, s.name): s.value for s in stats if s.value is not None}
     for src in sources:
         if src.kind == "zip" and src.zip is not None and src.zip.pickle is not None:
             for name, t in tp.walk_tensors(src.zip.pickle.root):
@@ -434,7 +472,7 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
                     scalar_values[id(t)] = v
     opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
     flat = any(src.flat for src in sources)
-    dcp_opt = _check_dcp_optimizer(outcome.stats, dcp_meta)
+    dcp_opt = _check_dcp_optimizer(stats, dcp_meta)
     if dcp_opt is not None and dcp_opt.kind != "none":
         optimizer = dcp_opt
     elif opts and flat:
@@ -446,10 +484,16 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
         optimizer = _check_torch_optimizer(opts, weight_shapes, scalar_values)
     else:
         optimizer = OptimizerCheck(kind="none")
-    optimizer.global_step = _global_step(sources, global_step)
+    return optimizer, opts
+
+
+def _resumability(sources: list[Source], optimizer: OptimizerCheck, opts: list[dict],
+                  weight_bytes: Multiset) -> list[Finding]:
+    """The not-resumable / suspicious verdicts on the optimizer state (named by the optimizer's file)."""
+    findings: list[Finding] = []
     opt_file = next((s.rel for s in sources if s.role == "optimizer"), None) or \
         next((s.rel for s in sources if s.role == "mixed"), ".")
-    if optimizer.kind == "none" and have_weights:
+    if optimizer.kind == "none" and weight_bytes:
         dtype = weight_bytes.most_common(1)[0][0]
         findings.append(Finding(".", f"not resumable: model-only ({dtype} weights, no optimizer)", "not_resumable"))
     elif optimizer.kind == "adam" and optimizer.with_moments < optimizer.parameters:
@@ -471,17 +515,7 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
             findings.append(Finding(opt_file, f"suspicious: optimizer step {optimizer.step} behind the trainer's "
                                               f"global step {optimizer.global_step} (skipped steps, or optimizer "
                                               "state from an older save)", "suspicious"))
-    check = DeepCheck(
-        tensors=len(outcome.stats), float_tensors=float_tensors, values=values, bytes_scanned=outcome.bytes_scanned,
-        nonfinite_values=sum(s.nan + s.inf for s in outcome.stats if s.role in ("weights", "optimizer")),
-        nonfinite=nonfinite[:MAX_NAMED],
-        weights_norm=weights_sumsq ** 0.5 if have_weights else None,
-        weights_dtype=weight_bytes.most_common(1)[0][0] if have_weights else None,
-        optimizer=optimizer, seconds=round(time.perf_counter() - started, 3))
-    tensors = [TensorStat(file=s.file, tensor=s.name, role=s.role if s.role in ("weights", "optimizer") else "other",
-                          dtype=s.dtype, shape=list(s.shape), numel=s.numel, nan=s.nan, inf=s.inf, l2=s.l2,
-                          max_abs=s.max_abs, note=s.note) for s in outcome.stats]
-    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=per_tensor, notes=notes)
+    return findings
 
 
 def opts_have_state(opts: list[dict]) -> bool:

@@ -395,81 +395,98 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
     z = ZipScan()
     try:
         with open_regular(path) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
-                return z
-            fh.seek(0)
-            magic = fh.read(2)
-            if size < 22 and magic[:1] != b"\x80":
-                z.findings.append(Finding(f"truncated: {size} bytes, too short for a zip archive"))
-                return z
-            parsed = read_zip_directory(fh, size) if size >= 22 else "not a zip archive"
-            counter.bytes_read += min(size, 65535 + 42)
-            if isinstance(parsed, str):
-                if magic[:1] == b"\x80" and not parsed.startswith("broken"):
-                    z.legacy = True
-                    z.findings.extend(_check_legacy(fh, size, counter, os.path.basename(path), z))
-                    return z
-                z.findings.append(Finding(parsed))
-                return z
-            entries, cd_offset = parsed
-            z.entries = entries
-            if not entries:
-                z.findings.append(Finding("empty zip archive (no entries)"))
-                return z
-            names = [e.name for e in entries]
-            if len(set(names)) != len(names):
-                dup = next(n for n in names if names.count(n) > 1)
-                z.findings.append(Finding(f"duplicate entry {dup!r} in the central directory (torch.load would "
-                                          "refuse or read the wrong one)"))
-                return z
-            prefixes = {e.name.split("/", 1)[0] for e in entries}
-            pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
-            if len(prefixes) == 1 and pkl is None:
-                z.findings.append(Finding("torch archive without data.pkl"))
-                return z
-            for e in entries:
-                fh.seek(e.offset)
-                lh = fh.read(30)
-                counter.bytes_read += 30
-                if len(lh) != 30 or lh[:4] != _LFH:
-                    z.findings.append(Finding(f"broken local header for entry {e.name!r} at offset {e.offset}"))
-                    return z
-                nlen, xlen = struct.unpack("<HH", lh[26:30])
-                name = fh.read(nlen).decode("utf-8", "replace")
-                if name != e.name:
-                    z.findings.append(Finding(f"entry name mismatch: central directory {e.name!r}, "
-                                              f"local header {name!r}"))
-                    return z
-                e.data_start = e.offset + 30 + nlen + xlen
-                if e.data_start + e.csize > cd_offset:
-                    z.findings.append(truncated(f"entry {e.name!r} ({e.csize} bytes) runs past the central "
-                                                "directory: truncated"))
-                    return z
-                if e.method not in (0, 8):
-                    z.findings.append(Finding(f"entry {e.name!r} uses unsupported compression method {e.method}"))
-                    return z
-                if e.method == 0 and e.csize != e.usize:
-                    z.findings.append(Finding(f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})"))
-                    return z
-                if e.method == 8 and full and e.usize > MAX_INFLATE_BYTES:
-                    z.findings.append(Finding(f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
-                                              f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
-                                              "stores entries uncompressed: a re-zipped archive or a zip bomb)"))
-                    return z
-            if pkl is not None:
-                z.prefix = pkl.name[: -len("data.pkl")]
-                z.findings.extend(_check_torch_pickle(fh, z, counter))
-                if z.findings:
-                    return z
-            if full:
-                reason = _crc_entries(path, fh, entries, counter, update)
-                if reason:
-                    z.findings.append(Finding(reason))
+            _scan_open_zip(fh, path, z, counter, full, update)
     except (OSError, ReadError) as exc:
         z.findings.append(Finding(_oserror(exc)))
     return z
+
+
+def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, update) -> None:
+    """scan_zip's steps on the open file; each stops at the first finding (added to z)."""
+    parsed = _zip_entries(fh, path, z, counter)
+    if parsed is None:
+        return
+    entries, cd_offset = parsed
+    prefixes = {e.name.split("/", 1)[0] for e in entries}
+    pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
+    if len(prefixes) == 1 and pkl is None:
+        z.findings.append(Finding("torch archive without data.pkl"))
+        return
+    for e in entries:
+        finding = _local_header_finding(fh, e, cd_offset, counter, full)
+        if finding is not None:
+            z.findings.append(finding)
+            return
+    if pkl is not None:
+        z.prefix = pkl.name[: -len("data.pkl")]
+        z.findings.extend(_check_torch_pickle(fh, z, counter))
+        if z.findings:
+            return
+    if full:
+        reason = _crc_entries(path, fh, entries, counter, update)
+        if reason:
+            z.findings.append(Finding(reason))
+
+
+def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipEntry], int] | None:
+    """The central directory's entries (non-empty, unique names) and its offset; None once a finding is
+    added (too short, not a zip archive, empty, a duplicate name) or a legacy torch file was checked instead."""
+    size = os.fstat(fh.fileno()).st_size
+    if size == 0:
+        z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
+        return None
+    fh.seek(0)
+    magic = fh.read(2)
+    if size < 22 and magic[:1] != b"\x80":
+        z.findings.append(Finding(f"truncated: {size} bytes, too short for a zip archive"))
+        return None
+    parsed = read_zip_directory(fh, size) if size >= 22 else "not a zip archive"
+    counter.bytes_read += min(size, 65535 + 42)
+    if isinstance(parsed, str):
+        if magic[:1] == b"\x80" and not parsed.startswith("broken"):
+            z.legacy = True
+            z.findings.extend(_check_legacy(fh, size, counter, os.path.basename(path), z))
+            return None
+        z.findings.append(Finding(parsed))
+        return None
+    entries, cd_offset = parsed
+    z.entries = entries
+    if not entries:
+        z.findings.append(Finding("empty zip archive (no entries)"))
+        return None
+    names = [e.name for e in entries]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        z.findings.append(Finding(f"duplicate entry {dup!r} in the central directory (torch.load would "
+                                  "refuse or read the wrong one)"))
+        return None
+    return entries, cd_offset
+
+
+def _local_header_finding(fh, e: ZipEntry, cd_offset: int, counter: Counter, full: bool) -> Finding | None:
+    """One entry's local header: present, same name, data before the central directory, a method torch
+    reads with consistent sizes (sets e.data_start); the finding, or None."""
+    fh.seek(e.offset)
+    lh = fh.read(30)
+    counter.bytes_read += 30
+    if len(lh) != 30 or lh[:4] != _LFH:
+        return Finding(f"broken local header for entry {e.name!r} at offset {e.offset}")
+    nlen, xlen = struct.unpack("<HH", lh[26:30])
+    name = fh.read(nlen).decode("utf-8", "replace")
+    if name != e.name:
+        return Finding(f"entry name mismatch: central directory {e.name!r}, local header {name!r}")
+    e.data_start = e.offset + 30 + nlen + xlen
+    if e.data_start + e.csize > cd_offset:
+        return truncated(f"entry {e.name!r} ({e.csize} bytes) runs past the central directory: truncated")
+    if e.method not in (0, 8):
+        return Finding(f"entry {e.name!r} uses unsupported compression method {e.method}")
+    if e.method == 0 and e.csize != e.usize:
+        return Finding(f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})")
+    if e.method == 8 and full and e.usize > MAX_INFLATE_BYTES:
+        return Finding(f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
+                       f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
+                       "stores entries uncompressed: a re-zipped archive or a zip bomb)")
+    return None
 
 
 MAX_PICKLE = MAX_PICKLE_BYTES  # data.pkl holds structure only (tensors live in data/N)

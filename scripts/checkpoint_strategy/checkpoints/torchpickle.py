@@ -313,23 +313,23 @@ def _append(target: Any, values: list) -> None:
         raise _Broken("APPEND on a non-list")
 
 
-def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
-    """Interpret a pickle's opcodes symbolically (nothing imported or called) up to STOP.
-    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP)."""
-    scan = PickleScan()
-    stack: list = []
-    marks: list[list] = []
-    memo: dict[int, Any] = {}
-    seen_globals: set[str] = set()
+class _Machine:
+    """read_pickle's state: the stack, the stacks MARK set aside, the memo, the globals seen."""
 
-    def pop_mark() -> list:
-        nonlocal stack
-        if not marks:
+    def __init__(self, scan: PickleScan) -> None:
+        self.scan = scan
+        self.stack: list = []
+        self.marks: list[list] = []
+        self.memo: dict[int, Any] = {}
+        self.seen_globals: set[str] = set()
+
+    def pop_mark(self) -> list:
+        if not self.marks:
             raise _Broken("no MARK")
-        items, stack = stack, marks.pop()
+        items, self.stack = self.stack, self.marks.pop()
         return items
 
-    def glob(module: Any, name: Any) -> Global:
+    def glob(self, module: Any, name: Any) -> Global:
         if not isinstance(module, str) or not isinstance(name, str):
             raise _Broken("non-string global")
         # protocol <= 2 pickles name Python 2 modules; unpicklers (and torch) map them: __builtin__ -> builtins
@@ -338,144 +338,197 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
         g = Global(module, name)
-        if g.qualname not in seen_globals:
-            seen_globals.add(g.qualname)
-            scan.globals.append(g.qualname)
+        if g.qualname not in self.seen_globals:
+            self.seen_globals.add(g.qualname)
+            self.scan.globals.append(g.qualname)
         return g
 
+
+# --------------------------------------------------------------------------- one handler per opcode group
+# Each takes (machine, opcode name, argument) and reads `m.stack` after every pop_mark (which swaps it back).
+# LIST and INST append to the stack as it was before their pop_mark (the marked items' list, then dropped),
+# as read_pickle always did: a protocol-0 list or INST object is lost there (unchanged by the split).
+
+def _op_skip(m: _Machine, name: str, arg: Any) -> None:
+    pass
+
+
+def _op_mark(m: _Machine, name: str, arg: Any) -> None:
+    m.marks.append(m.stack)
+    m.stack = []
+
+
+def _op_pop(m: _Machine, name: str, arg: Any) -> None:
+    if name == "POP" and m.stack:
+        m.stack.pop()
+    else:
+        m.pop_mark()
+
+
+def _op_dup(m: _Machine, name: str, arg: Any) -> None:
+    m.stack.append(m.stack[-1])
+
+
+_CONSTANTS: dict[str, Any] = {"NONE": lambda: None, "NEWTRUE": lambda: True, "NEWFALSE": lambda: False,
+                              "EMPTY_LIST": list, "EMPTY_DICT": dict, "EMPTY_TUPLE": tuple, "EMPTY_SET": list}
+
+
+def _op_constant(m: _Machine, name: str, arg: Any) -> None:
+    m.stack.append(_CONSTANTS[name]())
+
+
+def _op_literal(m: _Machine, name: str, arg: Any) -> None:
+    m.stack.append(arg)
+
+
+def _op_tuple(m: _Machine, name: str, arg: Any) -> None:
+    if name in ("TUPLE", "FROZENSET"):
+        items = m.pop_mark()
+        m.stack.append(tuple(items) if name == "TUPLE" else list(items))
+        return
+    n = int(name[-1])
+    if len(m.stack) < n:
+        raise _Broken("stack underflow")
+    items = tuple(m.stack[-n:])
+    del m.stack[-n:]
+    m.stack.append(items)
+
+
+def _op_list(m: _Machine, name: str, arg: Any) -> None:
+    m.stack.append(list(m.pop_mark()))
+
+
+def _op_dict(m: _Machine, name: str, arg: Any) -> None:
+    items = m.pop_mark()
+    d: dict = {}
+    _setitems(d, list(zip(items[::2], items[1::2])))
+    m.stack.append(d)
+
+
+def _op_append(m: _Machine, name: str, arg: Any) -> None:
+    if name == "APPEND":
+        v = m.stack.pop()
+        _append(m.stack[-1], [v])
+        return
+    items = m.pop_mark()   # APPENDS, ADDITEMS
+    _append(m.stack[-1], items)
+
+
+def _op_setitem(m: _Machine, name: str, arg: Any) -> None:
+    if name == "SETITEM":
+        v = m.stack.pop()
+        k = m.stack.pop()
+        _setitems(m.stack[-1], [(k, v)])
+        return
+    items = m.pop_mark()   # SETITEMS
+    _setitems(m.stack[-1], list(zip(items[::2], items[1::2])))
+
+
+def _op_global(m: _Machine, name: str, arg: Any) -> None:
+    if name == "STACK_GLOBAL":
+        gname = m.stack.pop()
+        module = m.stack.pop()
+        m.stack.append(m.glob(module, gname))
+        return
+    module, _, gname = str(arg).partition(" ")
+    g = m.glob(module, gname)
+    if name == "GLOBAL":
+        m.stack.append(g)
+    else:   # INST
+        m.stack.append(_apply(m.scan, g, tuple(m.pop_mark())))
+
+
+def _op_ext(m: _Machine, name: str, arg: Any) -> None:
+    m.stack.append(m.glob("copyreg", f"extension_{arg}"))
+
+
+def _op_obj(m: _Machine, name: str, arg: Any) -> None:
+    items = m.pop_mark()
+    if not items:
+        raise _Broken("OBJ without a class")
+    m.stack.append(_apply(m.scan, items[0], tuple(items[1:])))
+
+
+def _op_reduce(m: _Machine, name: str, arg: Any) -> None:
+    if name == "NEWOBJ_EX":
+        _kwargs = m.stack.pop()
+    args = m.stack.pop()
+    func = m.stack.pop()   # REDUCE's callable, NEWOBJ(_EX)'s class
+    m.stack.append(_apply(m.scan, func, args))
+
+
+def _op_build(m: _Machine, name: str, arg: Any) -> None:
+    state = m.stack.pop()
+    target = m.stack[-1]
+    if isinstance(target, Call):
+        target.state = state
+
+
+def _op_put(m: _Machine, name: str, arg: Any) -> None:
+    if name == "MEMOIZE":
+        m.memo[len(m.memo)] = m.stack[-1]
+    else:
+        m.memo[int(arg)] = m.stack[-1]
+
+
+def _op_get(m: _Machine, name: str, arg: Any) -> None:
+    if int(arg) not in m.memo:
+        raise _Broken(f"memo key {arg} used before it was stored")
+    m.stack.append(m.memo[int(arg)])
+
+
+def _op_persid(m: _Machine, name: str, arg: Any) -> None:
+    pid = arg if name == "PERSID" else m.stack.pop()
+    ref = _storage_from_pid(pid)
+    if ref is not None:
+        prev = m.scan.storages.get(ref.key)
+        if prev is None or prev.nbytes < ref.nbytes:
+            m.scan.storages[ref.key] = ref
+        m.stack.append(ref)
+    else:
+        m.stack.append(Call(Global("persistent_load", "id"), (pid,)))
+
+
+def _op_buffer(m: _Machine, name: str, arg: Any) -> None:
+    raise _Broken(f"out-of-band buffer opcode {name}")
+
+
+_LITERALS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+             "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
+             "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BYTEARRAY8")
+_OPCODES: dict[str, Any] = {
+    "PROTO": _op_skip, "FRAME": _op_skip, "MARK": _op_mark, "POP": _op_pop, "POP_MARK": _op_pop, "DUP": _op_dup,
+    **{n: _op_constant for n in _CONSTANTS}, **{n: _op_literal for n in _LITERALS},
+    "TUPLE": _op_tuple, "FROZENSET": _op_tuple, "TUPLE1": _op_tuple, "TUPLE2": _op_tuple, "TUPLE3": _op_tuple,
+    "LIST": _op_list, "DICT": _op_dict, "APPEND": _op_append, "APPENDS": _op_append, "ADDITEMS": _op_append,
+    "SETITEM": _op_setitem, "SETITEMS": _op_setitem,
+    "GLOBAL": _op_global, "INST": _op_global, "STACK_GLOBAL": _op_global, "EXT1": _op_ext, "EXT2": _op_ext,
+    "EXT4": _op_ext, "OBJ": _op_obj, "REDUCE": _op_reduce, "NEWOBJ": _op_reduce, "NEWOBJ_EX": _op_reduce,
+    "BUILD": _op_build, "PUT": _op_put, "BINPUT": _op_put, "LONG_BINPUT": _op_put, "MEMOIZE": _op_put,
+    "GET": _op_get, "BINGET": _op_get, "LONG_BINGET": _op_get, "PERSID": _op_persid, "BINPERSID": _op_persid,
+    "NEXT_BUFFER": _op_buffer, "READONLY_BUFFER": _op_buffer,
+}
+
+
+def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
+    """Interpret a pickle's opcodes symbolically (nothing imported or called) up to STOP.
+    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP)."""
+    scan = PickleScan()
+    m = _Machine(scan)
     try:
         for op, arg, _pos in pickletools.genops(data):
             scan.opcodes += 1
             if scan.opcodes > max_opcodes:
                 raise _Broken(f"more than {max_opcodes} opcodes")
             name = op.name
-            if name in ("PROTO", "FRAME"):
-                continue
             if name == "STOP":
-                scan.root = stack.pop() if stack else None
+                scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
                 break
-            if name == "MARK":
-                marks.append(stack)
-                stack = []
-            elif name == "POP":
-                if stack:
-                    stack.pop()
-                else:
-                    pop_mark()
-            elif name == "POP_MARK":
-                pop_mark()
-            elif name == "DUP":
-                stack.append(stack[-1])
-            elif name in ("NONE",):
-                stack.append(None)
-            elif name == "NEWTRUE":
-                stack.append(True)
-            elif name == "NEWFALSE":
-                stack.append(False)
-            elif name in ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-                          "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
-                          "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BYTEARRAY8"):
-                stack.append(arg)
-            elif name == "EMPTY_LIST":
-                stack.append([])
-            elif name == "EMPTY_DICT":
-                stack.append({})
-            elif name == "EMPTY_TUPLE":
-                stack.append(())
-            elif name == "EMPTY_SET":
-                stack.append([])
-            elif name in ("TUPLE", "FROZENSET"):
-                items = pop_mark()
-                stack.append(tuple(items) if name == "TUPLE" else list(items))
-            elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-                n = int(name[-1])
-                if len(stack) < n:
-                    raise _Broken("stack underflow")
-                items = tuple(stack[-n:])
-                del stack[-n:]
-                stack.append(items)
-            elif name == "LIST":
-                stack.append(list(pop_mark()))
-            elif name == "DICT":
-                items = pop_mark()
-                d: dict = {}
-                _setitems(d, list(zip(items[::2], items[1::2])))
-                stack.append(d)
-            elif name == "APPEND":
-                v = stack.pop()
-                _append(stack[-1], [v])
-            elif name == "APPENDS":
-                items = pop_mark()
-                _append(stack[-1], items)
-            elif name == "ADDITEMS":
-                items = pop_mark()
-                _append(stack[-1], items)
-            elif name == "SETITEM":
-                v = stack.pop()
-                k = stack.pop()
-                _setitems(stack[-1], [(k, v)])
-            elif name == "SETITEMS":
-                items = pop_mark()
-                _setitems(stack[-1], list(zip(items[::2], items[1::2])))
-            elif name in ("GLOBAL", "INST"):
-                module, _, gname = str(arg).partition(" ")
-                g = glob(module, gname)
-                if name == "GLOBAL":
-                    stack.append(g)
-                else:
-                    stack.append(_apply(scan, g, tuple(pop_mark())))
-            elif name == "STACK_GLOBAL":
-                gname = stack.pop()
-                module = stack.pop()
-                stack.append(glob(module, gname))
-            elif name == "OBJ":
-                items = pop_mark()
-                if not items:
-                    raise _Broken("OBJ without a class")
-                stack.append(_apply(scan, items[0], tuple(items[1:])))
-            elif name == "REDUCE":
-                args = stack.pop()
-                func = stack.pop()
-                stack.append(_apply(scan, func, args))
-            elif name == "NEWOBJ":
-                args = stack.pop()
-                cls = stack.pop()
-                stack.append(_apply(scan, cls, args))
-            elif name == "NEWOBJ_EX":
-                _kwargs = stack.pop()
-                args = stack.pop()
-                cls = stack.pop()
-                stack.append(_apply(scan, cls, args))
-            elif name == "BUILD":
-                state = stack.pop()
-                target = stack[-1]
-                if isinstance(target, Call):
-                    target.state = state
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[int(arg)] = stack[-1]
-            elif name == "MEMOIZE":
-                memo[len(memo)] = stack[-1]
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                if int(arg) not in memo:
-                    raise _Broken(f"memo key {arg} used before it was stored")
-                stack.append(memo[int(arg)])
-            elif name in ("PERSID", "BINPERSID"):
-                pid = arg if name == "PERSID" else stack.pop()
-                ref = _storage_from_pid(pid)
-                if ref is not None:
-                    prev = scan.storages.get(ref.key)
-                    if prev is None or prev.nbytes < ref.nbytes:
-                        scan.storages[ref.key] = ref
-                    stack.append(ref)
-                else:
-                    stack.append(Call(Global("persistent_load", "id"), (pid,)))
-            elif name in ("EXT1", "EXT2", "EXT4"):
-                stack.append(glob("copyreg", f"extension_{arg}"))
-            elif name in ("NEXT_BUFFER", "READONLY_BUFFER"):
-                raise _Broken(f"out-of-band buffer opcode {name}")
-            else:
+            handler = _OPCODES.get(name)
+            if handler is None:
                 raise _Broken(f"unsupported opcode {name}")
+            handler(m, name, arg)
     except _Broken as exc:
         scan.error = str(exc)
     except IndexError:

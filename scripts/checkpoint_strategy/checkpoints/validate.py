@@ -184,21 +184,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     fsdp_optim = sorted(n for n in names if re.match(r"^optimizer_\d+$", n) and os.path.isdir(os.path.join(path, n)))
     ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
     for idx in indexes:
-        data = ctx.json(os.path.join(path, idx))
-        wm = data.get("weight_map") if isinstance(data, dict) else None
-        if data is not None and not isinstance(wm, dict):
-            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
-            continue
-        shards: list = []
-        for v in (wm or {}).values():
-            if v not in shards:  # values may be unhashable (a list): no set()
-                shards.append(v)
-        for shard in sorted(shards, key=str):
-            if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
-                ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
-                continue
-            if shard not in names:
-                ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+        _check_hf_index(ctx, path, idx, names)
     for w in weights:
         p = os.path.join(path, w)
         if w.endswith(".safetensors"):
@@ -214,6 +200,38 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     if not weights and not fsdp_model and not ds_steps and not indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
+    _check_hf_state_files(ctx, path, names, out)
+    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
+    if fsdp_model or fsdp_optim:
+        out.sharded, out.portability = True, "fsdp"
+    elif ds_steps:
+        out.sharded, out.portability = True, "zero"
+    else:
+        out.portability = "full" if out.resumable else "weights"
+    return out
+
+
+def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str]) -> None:
+    """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
+    data = ctx.json(os.path.join(path, idx))
+    wm = data.get("weight_map") if isinstance(data, dict) else None
+    if data is not None and not isinstance(wm, dict):
+        ctx.bad(os.path.join(path, idx), "index without a weight_map object")
+        return
+    shards: list = []
+    for v in (wm or {}).values():
+        if v not in shards:  # values may be unhashable (a list): no set()
+            shards.append(v)
+    for shard in sorted(shards, key=str):
+        if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
+            ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
+            continue
+        if shard not in names:
+            ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+
+
+def _check_hf_state_files(ctx: _Ctx, path: str, names: set[str], out: Layout) -> None:
+    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs."""
     for n in sorted(names):
         p = os.path.join(path, n)
         if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
@@ -231,14 +249,6 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
             ctx.json(os.path.join(path, n))
-    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
-    if fsdp_model or fsdp_optim:
-        out.sharded, out.portability = True, "fsdp"
-    elif ds_steps:
-        out.sharded, out.portability = True, "zero"
-    else:
-        out.portability = "full" if out.resumable else "weights"
-    return out
 
 
 def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
@@ -252,19 +262,8 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
         for n in distcp:
             ctx.readable(os.path.join(path, n))
         return
-    ctx.counter.files += 1
-    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
-        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
-        return
-    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
-        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
-        ctx.counter.bytes_read += len(data)
-    except ReadError as exc:
-        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
-                f"{exc.reason}: not a plausible DCP .metadata")
-        return
-    if not data:
-        ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
+    data = _read_dcp_metadata(ctx, path, meta)
+    if data is None:
         return
     scan = tp.read_pickle(data)
     if scan.unsafe(dcp=True):
@@ -282,35 +281,59 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
         ctx.bad(meta, "no storage entries found in .metadata")
     problems_before = len(ctx.problems)
     for rel, nbytes in sorted(needed.items()):
-        p = os.path.join(path, rel)
-        if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
-                or not storage.inside(p, path)):
-            ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
-            continue
-        try:
-            st = os.stat(p)
-            size = st.st_size
-        except FileNotFoundError:
-            ctx.missing(p, "data file referenced by .metadata")
-            continue
-        except OSError as exc:
-            ctx.bad(p, fc._oserror(exc))
-            continue
-        if not os.path.isfile(p):
-            ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
-            continue
-        ctx.counter.files += 1
-        if size < nbytes:
-            ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-        elif ctx.full:
-            for r in fc.stream_file(p, ctx.counter, ctx.update):
-                ctx.bad(p, r)
-        ctx._tick()
+        _check_dcp_data_file(ctx, path, meta, rel, nbytes)
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
         ctx.sources.append(dp.Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+
+
+def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
+    """The .metadata bytes, or None once its problem is recorded (outside the folder, unreadable, huge, empty)."""
+    ctx.counter.files += 1
+    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
+        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
+        return None
+    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
+        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
+        ctx.counter.bytes_read += len(data)
+    except ReadError as exc:
+        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
+                f"{exc.reason}: not a plausible DCP .metadata")
+        return None
+    if not data:
+        ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
+        return None
+    return data
+
+
+def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int) -> None:
+    """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
+    p = os.path.join(path, rel)
+    if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
+            or not storage.inside(p, path)):
+        ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
+        return
+    try:
+        st = os.stat(p)
+        size = st.st_size
+    except FileNotFoundError:
+        ctx.missing(p, "data file referenced by .metadata")
+        return
+    except OSError as exc:
+        ctx.bad(p, fc._oserror(exc))
+        return
+    if not os.path.isfile(p):
+        ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
+        return
+    ctx.counter.files += 1
+    if size < nbytes:
+        ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
+    elif ctx.full:
+        for r in fc.stream_file(p, ctx.counter, ctx.update):
+            ctx.bad(p, r)
+    ctx._tick()
 
 
 def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
