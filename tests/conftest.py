@@ -6,22 +6,37 @@ Builders live in tests/realruns.py. Tests that change a checkpoint take a copy
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
 
 import realruns  # tests/ is on the path by pyproject's [tool.pytest.ini_options] pythonpath
 from cliresult import Result, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The fuzzers explore new examples on every local run; CI (.ci/run sets HYPOTHESIS_PROFILE=ci) draws the same
+# examples every time, so a red CI is a regression of the code, not a new random draw. A bug a local run finds
+# becomes an @example on its fuzzer.
+settings.register_profile("ci", derandomize=True, database=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
 # The one place that says which tests are slow: every test that uses a real run (a model trained on
 # CPU by the real framework, built once per session) and the few that are slow on their own.
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
                      "dcp_checkpoint", "safetensors_file"}
-SLOW_TESTS: set[str] = set()  # test function names that are slow without a real-run fixture
+# test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
+SLOW_TESTS: set[str] = {
+    "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
+    "test_zip_bomb_is_invalid_with_bounded_memory", "test_dcp_metadata_walk_memory_does_not_grow_with_the_pickle",
+    "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
+    "test_wheel_carries_templates_and_schemas",
+}
 SLOW_MODULES = {"test_export_frameworks"}  # real Orbax/JAX/DeepSpeed saves (the frameworks extra)
 
 

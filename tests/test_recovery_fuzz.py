@@ -6,13 +6,14 @@ import json
 import math
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import detect_spikes
 from cliresult import Result
+import curves
 from fuzzcheck import LOSS_CURVES, MUTATE, assert_events_in_order, reached, reaches_core
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -154,6 +155,8 @@ def _check_report(out: str, *, spikes_key: str = "spikes") -> None:
 @SETTINGS
 @given(y=LOSS_CURVES, every=st.integers(1, 20), extras=st.booleans(), shape=st.sampled_from(["hf", "list", "jsonl"]),
        roll=MUTATE)
+# found by this fuzzer: a grad-norm precursor moved two spikes' onsets back to the same step
+@example(y=curves.sample(17, "level_shift", 0.005, 150, 2), every=1, extras=True, shape="hf", roll=(0, 0, ""))
 def test_fuzzed_json_logs(tmp_path_factory, capsys, y, every, extras, shape, roll):
     """Real log shapes (HF trainer_state.json, a JSON list, JSON lines) of real-looking curves, damaged one time in
     five: recover reports events in order and a resume point before the spike; verify-resume runs."""
@@ -240,6 +243,8 @@ def test_fuzzed_arguments(tmp_path_factory, capsys, opts, roll, resume):
 @reaches_core()
 @settings(max_examples=200, deadline=None)
 @given(y=LOSS_CURVES, window=st.integers(8, 300), every=st.integers(1, 10))
+# found by this fuzzer: a level shift's onset refined back into the previous shift
+@example(y=curves.sample(1082, "level_shift", 0.1, 569, 0), window=8, every=5)
 def test_detect_spikes_never_crashes(y, window, every):
     """Real curves (with trouble and outliers): events come sorted and disjoint, every number finite."""
     spikes = detect_spikes(np.arange(1, len(y) + 1) * every, y, window=window)

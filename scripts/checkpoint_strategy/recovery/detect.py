@@ -439,6 +439,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     bstart = np.arange(nb) * b
     out: list[Event] = []
     j = 0
+    after = 0   # the first value after the previous shift came back: the next one starts later
     while j < nb:
         if not above[j]:
             j += 1
@@ -459,6 +460,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
             hits = np.flatnonzero(sm > thr0)
             if len(hits):
                 onset = max(0, first - b) + int(hits[0])
+            onset = max(onset, after)
             peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
             third = max(1, (j2 - j + 1) // 3)
             lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
@@ -469,6 +471,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
                              detail="slow climb, no single spike" if climbing else "plateau, no single spike"))
             if end is None:
                 break
+            after = end + 1
             j = j2 + 1
         else:
             j = j2 + 1
@@ -699,14 +702,16 @@ PRECURSOR_POINTS = 5   # a grad-norm spike this many logged values before a loss
 
 def _unmatched_grads(grads: list[Event], loss_events: list[Event], n: int) -> list[Event]:
     used = set()
-    for ev in loss_events:
+    before = -1   # where the previous loss event ended: a precursor never reaches back into it
+    for ev in sorted(loss_events, key=lambda e: e.onset):
         for gi, g in enumerate(grads):
             if ev.onset - PRECURSOR_POINTS <= g.onset <= ev.onset:
                 used.add(gi)
-                if g.onset < ev.onset:
+                if before < g.onset < ev.onset:
                     ev.precursor = g.onset
             elif ev.onset < g.onset <= (ev.end if ev.end is not None else n):
                 used.add(gi)  # grad norm blew up inside the loss event: part of it
+        before = max(before, ev.end if ev.end is not None else n)
     return [g for gi, g in enumerate(grads) if gi not in used]
 
 
