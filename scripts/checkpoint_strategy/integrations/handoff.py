@@ -49,9 +49,11 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     normal (no note). Only the checkpoints the validator found whole are offered as resume points.
     """
     explicit = log is not None
-    log_path = log if explicit else root
-    if not explicit and valid and os.path.isfile(os.path.join(valid[0].path, "trainer_state.json")):
-        log_path = os.path.join(valid[0].path, "trainer_state.json")  # the newest whole checkpoint's log
+    log_path = log
+    if not explicit:  # the newest whole checkpoint's trainer_state.json (as prune reads it), else the root
+        from checkpoint_strategy.checkpoints.safety import default_log
+
+        log_path = default_log([(c.step, c.path) for c in valid if c.step is not None]) or root
     if log_path is None:
         return None, []
     checkpoints = None if root is None else [(c.step, c.path) for c in valid if c.step is not None]
