@@ -37,7 +37,8 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas",
 }
-SLOW_MODULES = {"test_export_frameworks"}  # real Orbax/JAX/DeepSpeed saves (the frameworks extra)
+# real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -137,7 +137,13 @@ def test_nan_in_optimizer_moment_named_exactly(hf_run, copy_of):
     assert int(torch.isnan(again["state"][5]["exp_avg_sq"]).sum()) == 1
 
 
-def test_lightning_bf16_fp16_and_a_view_with_storage_offset(lightning_run, tmp_path):
+@pytest.mark.parametrize("way", ["numpy", "compiled"])
+def test_lightning_bf16_fp16_and_a_view_with_storage_offset(lightning_run, tmp_path, monkeypatch, way):
+    from checkpoint_strategy.checkpoints import tensorscan
+
+    if way == "compiled":
+        pytest.importorskip("numba", reason="the compiled 16-bit kernels need numba")
+    monkeypatch.setattr(tensorscan, "KERNEL_MIN_BYTES", 0 if way == "compiled" else 1 << 62)
     ck = torch.load(lightning_run.ckpt_files[-1], weights_only=True)
     base = torch.arange(64, dtype=torch.float32) / 7 - 3
     ck["state_dict"]["layer.weight"] = ck["state_dict"]["layer.weight"].to(torch.bfloat16)
