@@ -553,6 +553,11 @@ def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[F
         return [Finding(f"unsafe pickle: would execute {tp.shown(unsafe[0])} on load{more}")]
     if not scan.complete:
         return [Finding(f"{what}: not a complete pickle ({scan.error})")]
+    if scan.text_persistent_ids:
+        # torch.save(..., pickle_protocol=0) writes each storage id as text; torch.load asserts a tuple
+        # ("saved_id must be a tuple") and cannot read the file at all, with or without weights_only
+        return [Finding(f"{what}: pickle protocol 0 (storage ids written as text): torch.load cannot read it; "
+                        "save with the default pickle protocol")]
     return []
 
 

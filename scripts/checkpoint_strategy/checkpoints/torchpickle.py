@@ -217,6 +217,7 @@ class PickleScan:
     tensors: list[TensorRef] = field(default_factory=list)
     complete: bool = False                                # reached STOP
     error: str | None = None
+    text_persistent_ids: int = 0      # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
     opcodes: int = 0
 
     def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
@@ -345,9 +346,9 @@ class _Machine:
 
 
 # --------------------------------------------------------------------------- one handler per opcode group
-# Each takes (machine, opcode name, argument) and reads `m.stack` after every pop_mark (which swaps it back).
-# LIST and INST append to the stack as it was before their pop_mark (the marked items' list, then dropped),
-# as read_pickle always did: a protocol-0 list or INST object is lost there (unchanged by the split).
+# Each takes (machine, opcode name, argument) and reads `m.stack` only after every pop_mark (which swaps the
+# stack back to the one below the mark): `m.stack.append(f(m.pop_mark()))` would append to the dropped
+# marked stack (a protocol-0 LIST or INST result lost; tests/test_torchpickle_protocols.py).
 
 def _op_skip(m: _Machine, name: str, arg: Any) -> None:
     pass
@@ -395,7 +396,8 @@ def _op_tuple(m: _Machine, name: str, arg: Any) -> None:
 
 
 def _op_list(m: _Machine, name: str, arg: Any) -> None:
-    m.stack.append(list(m.pop_mark()))
+    items = list(m.pop_mark())
+    m.stack.append(items)
 
 
 def _op_dict(m: _Machine, name: str, arg: Any) -> None:
@@ -435,7 +437,8 @@ def _op_global(m: _Machine, name: str, arg: Any) -> None:
     if name == "GLOBAL":
         m.stack.append(g)
     else:   # INST
-        m.stack.append(_apply(m.scan, g, tuple(m.pop_mark())))
+        args = tuple(m.pop_mark())
+        m.stack.append(_apply(m.scan, g, args))
 
 
 def _op_ext(m: _Machine, name: str, arg: Any) -> None:
@@ -479,6 +482,8 @@ def _op_get(m: _Machine, name: str, arg: Any) -> None:
 
 def _op_persid(m: _Machine, name: str, arg: Any) -> None:
     pid = arg if name == "PERSID" else m.stack.pop()
+    if name == "PERSID":
+        m.scan.text_persistent_ids += 1
     ref = _storage_from_pid(pid)
     if ref is not None:
         prev = m.scan.storages.get(ref.key)
