@@ -100,7 +100,8 @@ def _safetensors(path, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
 
 
 def _figures(path, tmp_path, monkeypatch, compiled: bool) -> dict:
-    monkeypatch.setattr(tensorscan, "KERNEL_MIN_BYTES", 0 if compiled else 1 << 62)
+    monkeypatch.setattr(tensorscan, "KERNEL_MIN_BYTES", 0)
+    monkeypatch.setenv("CHECKPOINT_STRATEGY_KERNELS", "on" if compiled else "off")
     stats = tmp_path / f"stats-{compiled}.json"
     validate_paths([str(path)], level="deep", stats=str(stats))
     return {t["tensor"]: t for t in json.loads(stats.read_text())["checkpoints"][0]["tensors"]}
@@ -145,6 +146,15 @@ def test_kernels_off_in_the_environment_keeps_the_numpy_path(tmp_path):
         env["CHECKPOINT_STRATEGY_KERNELS"] = value
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expect, (value, out.stderr)
+
+
+def test_once_loaded_the_kernels_serve_small_scans_too(kernels, monkeypatch):
+    monkeypatch.setattr(tensorscan, "KERNEL_MIN_BYTES", 0)
+    assert tensorscan.kernels(1) is kernels                 # loaded (cached in this process)
+    monkeypatch.setattr(tensorscan, "KERNEL_MIN_BYTES", 1 << 62)
+    assert tensorscan.kernels(1) is kernels                 # a long-lived process keeps using them
+    monkeypatch.setenv("CHECKPOINT_STRATEGY_KERNELS", "off")
+    assert tensorscan.kernels(1 << 40) is None
 
 
 def test_small_scans_never_import_numba(tmp_path):

@@ -361,9 +361,10 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
 def kernels(nbytes16: int) -> Any:
     """The compiled 16-bit kernels (module `kernels`) when a scan has enough 16-bit bytes to repay loading
     them and numba works here; else None (the numpy path)."""
-    if nbytes16 < KERNEL_MIN_BYTES or os.environ.get("CHECKPOINT_STRATEGY_KERNELS", "").lower() in (
-            "0", "off", "no", "false", "numpy"):
+    if os.environ.get("CHECKPOINT_STRATEGY_KERNELS", "").lower() in ("0", "off", "no", "false", "numpy"):
         return None
+    if nbytes16 < KERNEL_MIN_BYTES and not _load_kernels.cache_info().currsize:
+        return None     # (once loaded in this process, e.g. by a training loop's callback, they cost nothing)
     return _load_kernels()
 
 
