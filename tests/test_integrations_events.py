@@ -16,6 +16,9 @@ from checkpoint_strategy.integrations import Decision, EmergencyDecision, decide
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
 from fuzzcheck import MUTATE, reached, reaches_core
+from checkpoint_strategy.checkpoints.runfacts import launcher
+
+LAUNCHER = launcher()  # how the next command is written (runnable from any shell)
 
 DECISION_SCHEMA = load_schema("emergency-decision.schema.json")
 EVENT_SCHEMA = load_schema("stability-event.schema.json")
@@ -59,7 +62,7 @@ def test_decide_spike_saves_and_waits_before_rollback():
 def test_decide_critical_spike_is_confirmed_and_points_to_the_adviser():
     d = decide({**SPIKE, "severity": "critical"}, log="run/trainer_state.json", checkpoints="run")
     assert d.should_save and d.confirmed_spike
-    assert d.next_command == "checkpoint-strategy recover run/trainer_state.json --checkpoints run"
+    assert d.next_command == LAUNCHER + " recover run/trainer_state.json --checkpoints run"
 
 
 def test_policy_without_trigger_means_no_save():
@@ -89,14 +92,14 @@ def test_policy_from_a_real_plan_report():
 def test_nan_loss_never_saves():
     d = decide({"event": "NAN_LOSS", "step": 1300, "value": float("nan")})
     assert d.decision == "none" and d.confirmed_spike
-    assert d.next_command.startswith("checkpoint-strategy recover")
+    assert d.next_command.startswith(LAUNCHER + " recover")
     batch = decide_all([SPIKE, {"event": "NAN_LOSS", "step": 1300}])
     assert batch.decision == "none" and "NaN" in batch.reason
 
 
 def test_plateau_and_gradient_norm_below_threshold():
     plateau = decide({"event": "LOSS_PLATEAU", "step": 5000})
-    assert plateau.decision == "none" and plateau.next_command.startswith("checkpoint-strategy verify-resume")
+    assert plateau.decision == "none" and plateau.next_command.startswith(LAUNCHER + " verify-resume")
     below = decide({**GRAD, "value": 0.5})
     assert below.decision == "none" and "does not exceed" in below.reason
 
@@ -106,7 +109,7 @@ def test_spike_persisting_past_the_wait_window_is_confirmed():
     result = decide_all(events, log="train.log", checkpoints="ckpts")
     assert result.decision == "emergency_save" and result.save_at_step == 1200
     assert [d.confirmed_spike for d in result.decisions] == [False, False, True]
-    assert result.next_command == "checkpoint-strategy recover train.log --checkpoints ckpts"
+    assert result.next_command == LAUNCHER + " recover train.log --checkpoints ckpts"
     jsonschema.validate(result.model_dump(mode="json"), DECISION_SCHEMA)
 
 
@@ -172,7 +175,7 @@ def test_cli_stdin_report_with_policy_file(tmp_path, cli_run, monkeypatch):
     assert rc == 0, err
     data = valid_decision(out)
     assert data["decision"] == "emergency_save" and data["decisions"][0]["confirmed_spike"]
-    assert data["next_command"] == "checkpoint-strategy recover 'train log.csv' --checkpoints ckpts"
+    assert data["next_command"] == LAUNCHER + " recover 'train log.csv' --checkpoints ckpts"
     assert data["notes"] == ["[WARN] LR Schedule: not an emergency-save trigger (ignored)"]
 
 

@@ -11,6 +11,9 @@ from checkpoint_strategy.cli import main
 from checkpoint_strategy.integrations import decide, decide_all, parse_events
 from checkpoint_strategy.integrations.events import MAX_LISTED, SPIKE_WAIT_STEPS
 from checkpoint_strategy.recovery.settings import DEFAULTS
+from checkpoint_strategy.checkpoints.runfacts import launcher
+
+LAUNCHER = launcher()  # how the next command is written (runnable from any shell)
 
 
 def run(capsys, tmp_path, content, *args):
@@ -25,7 +28,7 @@ def run(capsys, tmp_path, content, *args):
 def test_non_finite_value_never_saves(tmp_path, capsys, value):
     rc, d, _ = run(capsys, tmp_path, f'{{"event": "LOSS_SPIKE", "step": 10, "value": {value}, "magnitude": 3}}\n')
     assert rc == 0 and d["decision"] == "none" and d["save_at_step"] is None
-    assert "never save" in d["reason"] and d["next_command"].startswith("checkpoint-strategy recover")
+    assert "never save" in d["reason"] and d["next_command"].startswith(LAUNCHER + " recover")
     rc, d, _ = run(capsys, tmp_path, '{"event": "GRADIENT_NORM_EXCEEDED", "step": 10, "value": NaN}\n'
                                      '{"event": "LOSS_SPIKE", "step": 12, "value": 7.0}\n')
     # a NaN grad norm alone (fp16 skips the step) is not saved; the finite spike after it is
@@ -88,7 +91,7 @@ def test_log_given_confirms_the_spike_by_recovers_rules(tmp_path, capsys):
     ev.write_text('{"event": "LOSS_SPIKE", "step": 601, "value": 6.0, "magnitude": 3}')
     assert main(["on-event", str(ev), "--log", str(log), "--format", "json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["decisions"][0]["confirmed_spike"] is True and d["next_command"].startswith("checkpoint-strategy recover")
+    assert d["decisions"][0]["confirmed_spike"] is True and d["next_command"].startswith(LAUNCHER + " recover")
     assert any("by recover's rules: rollback" in n for n in d["notes"])
     y2 = y.copy()
     y2[603:] = y[:197]   # a blip that came back

@@ -283,12 +283,17 @@ def load_policy(text: str, source: str) -> list[str]:
 
 
 def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
-    return (f"checkpoint-strategy recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
+    """Runnable in any later shell (the launcher's path, as handoff writes it), not a bare name on PATH."""
+    from checkpoint_strategy.checkpoints.runfacts import launcher
+
+    return (f"{launcher()} recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
             f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
 
 
 def verify_resume_command(log: Optional[str] = None) -> str:
-    return f"checkpoint-strategy verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
+    from checkpoint_strategy.checkpoints.runfacts import launcher
+
+    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
 
 
 def _at(event: StabilityEvent) -> str:
