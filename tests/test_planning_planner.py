@@ -1,6 +1,8 @@
 """planning/planner.py and sizing.py: sizes, milestones, retention, risk and warnings."""
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -400,3 +402,99 @@ def test_interval_exactly_at_its_limits_is_not_limited():
     whole = mk(total_steps=5000, model_size_gb=1, frequency=5000)
     assert whole.frequency_steps == 5000 and whole.interval.reason == "frequency_option"
     assert not any("below the interval" in w for w in whole.warnings)
+
+
+# --------------------------------------------------------------------------- what the user reads (issue 18)
+# Representative plans, one per warning branch and per interval reason. Each golden file is the report exactly
+# as `plan --format json` prints it (every warning, the explanation, the sources), so a changed word or number
+# fails here. The scenario's own assertions say what it is meant to exercise (so a golden regenerated after a
+# behaviour change that leaves the branch is caught too); the sentences whose numbers follow from docs/model.md
+# are checked separately below, with the numbers computed in the test.
+
+GOLDEN_PLANS = Path(__file__).parent / "golden" / "planner"
+BASE = dict(total_steps=50000, step_seconds=10, budget_gb=200)
+SCENARIOS = {
+    # the README's seed example: the --max-loss-hours cap sets the interval
+    "seed-cap": (dict(total_steps=100000, step_seconds=2.5, budget_gb=500, model_size_gb=4),
+                 "max_loss_cap", []),
+    # --frequency past the cap (and past --min-interval-seconds in hours): the cap warning names the interval
+    "frequency-over-cap": (dict(model_size_gb=1, frequency=5000, gpus=16, min_interval_seconds=86400),
+                           "frequency_option", ["with --frequency 5000: saving every 250 steps keeps it",
+                                                "more often than --min-interval-seconds 86400"]),
+    # one step is longer than the cap: no interval keeps it, the cap gives the shortest (one step)
+    "step-beyond-cap": (dict(total_steps=1000, step_seconds=7200, budget_gb=10**5, model_size_gb=100, gpus=1,
+                             async_save=False, write_gbps=1), "max_loss_cap", ["one step of 7200 s"]),
+    # an async save takes longer to reach storage than the cap itself
+    "save-longer-than-cap": (dict(budget_gb=10**5, model_size_gb=1000, write_gbps=0.5), "storage_floor",
+                             ["longer than the cap itself", "the storage spends"]),
+    # the cap needs saves closer than the storage sustains
+    "cap-below-storage-floor": (dict(budget_gb=10**5, model_size_gb=1000, write_gbps=1), "storage_floor",
+                                ["staying within it needs a save every 50 steps"]),
+    # --frequency below the storage floor: saves would overlap
+    "overlap": (dict(budget_gb=10**5, model_size_gb=100, write_gbps=1, frequency=10), "storage_floor",
+                ["saves would overlap"]),
+    # the optimum itself is below the storage floor (no --max-loss-hours clause in the explanation)
+    "optimum-below-storage-floor": (dict(step_seconds=1, budget_gb=10**5, model_size_gb=100, write_gbps=1,
+                                         mtbf_hours=0.5, min_interval_seconds=0), "storage_floor",
+                                    ["saves would overlap"]),
+    # slow synchronous saves and a short MTBF: busy storage, TB a day, and a run that takes ~5x its compute
+    "busy-daily-overhead": (dict(step_seconds=1, budget_gb=10, model_size_gb=1000, gpus=40000, async_save=False,
+                                 write_gbps=1), "failure_model_optimum",
+                            ["budget too small", "TB of checkpoints a day", "x its compute time"]),
+    # petabytes a day, from 2048 nodes capped by the storage
+    "petabytes-a-day": (dict(step_seconds=1, budget_gb=10**6, model_size_gb=10000, gpus=16384, frequency=100,
+                             keep_last=2, milestones="none"), "frequency_option",
+                        ["PB of checkpoints a day"]),
+    # a small budget written many times a day: GB
+    "gigabytes-a-day": (dict(budget_gb=1, model_size_gb=0.1, frequency=100, keep_last=2, milestones="none",
+                             formats=["full_state_dict"]), "frequency_option",
+                        ["GB of checkpoints a day"]),
+    # the conservative preset; 7 off-grid milestones (the list is cut at 6) and one past the end
+    "preset-and-milestones": (dict(model_size_gb=1, preset="conservative", max_loss_hours=100, gpus=1,
+                                   milestones=[700, 1300, 2100, 3300, 4700, 5900, 7100, 60000]), "preset",
+                              ["were dropped", "5900, ... are not multiples of 500"]),
+    # the aggressive preset with --mtbf-hours and --checkpoint-write-seconds (their own sources)
+    "aggressive-explicit-cost": (dict(model_size_gb=1, preset="aggressive", mtbf_hours=2000, max_loss_hours=100,
+                                      checkpoint_write_seconds=120, async_save=False), "preset", []),
+    # no model size, no optimizer, no resumable format, keep_last 1, a run shorter than the interval
+    "unknown-size": (dict(total_steps=100, frequency=500, save_optimizer=False, formats=["safetensors"],
+                          keep_last=1), "total_steps",
+                     ["model size missing", "optimizer state not saved", "no resumable format",
+                      "checkpoint cost unknown", "below the interval 500", "keep_last 1 cannot"]),
+    # --min-interval-seconds sets the interval; 16 384 GPUs
+    "min-interval": (dict(model_size_gb=1, gpus=16384, min_interval_seconds=3000), "min_interval", []),
+    # the optimum, rounded (minutes); exactly 6 off-grid milestones (the whole list is shown)
+    "optimum-rounded": (dict(total_steps=10**6, step_seconds=1, budget_gb=10**4, model_size_gb=4, gpus=16384,
+                             write_gbps=1, min_interval_seconds=0,
+                             milestones=[1001, 2001, 3001, 4001, 5001, 6001]), "failure_model_optimum",
+                        ["1001, 2001, 3001, 4001, 5001, 6001 are not multiples of 200"]),
+    # --frequency below --min-interval-seconds (minutes), sharded only
+    "frequency-below-min-interval": (dict(model_size_gb=1, frequency=10, formats=["sharded"]), "frequency_option",
+                                     ["hardware-specific", "saves every 1.7 min", "TB of checkpoints a day"]),
+    # keep_last lowered to fit the budget
+    "lowered-to-fit": (dict(budget_gb=100, params=1e9, frequency=500, formats=["full_state_dict"],
+                            milestones="none"), "frequency_option", ["keep_last lowered to 7"]),
+    # two tiers: the persistent plan's MTBF source says it covers node losses only
+    "two-tier": (dict(total_steps=100000, step_seconds=2.5, budget_gb=5000, params=7e9, gpus=512,
+                      local_tier={"gb_per_node": 2000, "gbps_per_node": 5}), "min_interval", []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_rendered_plan_matches_its_golden(name):
+    """Regenerate after an intended change of wording or numbers: UPDATE_GOLDEN=1 pytest -k golden (then read
+    the diff of tests/golden/planner/)."""
+    from checkpoint_strategy.render import render
+
+    kw, reason, phrases = SCENARIOS[name]
+    p = plan(PlanArguments(**{**BASE, **kw}))
+    assert p.interval.reason == reason
+    for phrase in phrases:
+        assert any(phrase in w for w in p.warnings), (phrase, p.warnings)
+    text = render(p, "json")
+    golden = GOLDEN_PLANS / f"{name}.json"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(exist_ok=True)
+        golden.write_text(text, encoding="utf-8")
+    assert golden.is_file(), f"no golden {golden.name}: run with UPDATE_GOLDEN=1"
+    assert text == golden.read_text(encoding="utf-8"), f"{golden.name} changed: check the diff, then UPDATE_GOLDEN=1"
