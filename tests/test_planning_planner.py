@@ -8,7 +8,7 @@ import pytest
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import PlanArguments, plan
-from checkpoint_strategy.planning import planner, sizing
+from checkpoint_strategy.planning import failure, planner, sizing
 
 
 def mk(**kw):
@@ -498,3 +498,242 @@ def test_rendered_plan_matches_its_golden(name):
         golden.write_text(text, encoding="utf-8")
     assert golden.is_file(), f"no golden {golden.name}: run with UPDATE_GOLDEN=1"
     assert text == golden.read_text(encoding="utf-8"), f"{golden.name} changed: check the diff, then UPDATE_GOLDEN=1"
+
+
+# --------------------------------------------------------------------------- choose_interval at its boundaries
+
+
+def test_cap_of_exactly_one_step_is_a_cap_of_one_step():
+    """--max-loss-hours 1 with one-hour steps (synchronous: nothing to persist after the save): the cap is
+    3600 s = one step, so it is a cap of 1 step (not "no interval keeps it"), kept exactly: no cap warning."""
+    p = mk(step_seconds=3600, total_steps=1000, model_size_gb=1, async_save=False)
+    assert p.interval.max_loss_cap_steps == 1
+    assert (p.frequency_steps, p.interval.reason, p.max_data_loss_hours) == (1, "max_loss_cap", 1.0)
+    assert not any("max data loss" in w for w in p.warnings)
+
+
+def test_cap_equal_to_the_storage_floor_is_kept_as_the_cap():
+    """1200 GB at 1 GB/s, async: on storage 1200 s after it starts, stall C = 120 s, so saves must be
+    1200 - 120 = 1080 s apart: nice_ceil(1080) = 2000 one-second steps. The cap: 3600 - 1200 = 2400 s,
+    nice_floor(2400) = 2000. The cap is the floor: the cap sets it, and nothing overlaps."""
+    p = mk(step_seconds=1, total_steps=10**6, budget_gb=10**6, model_size_gb=400, write_gbps=1)
+    assert planner.nice_ceil(1200 - 120) == planner.nice_floor(3600 - 1200) == 2000
+    assert (p.frequency_steps, p.interval.reason, p.interval.max_loss_cap_steps) == (2000, "max_loss_cap", 2000)
+    assert p.interval.min_interval_steps == 2000
+    assert p.interval.min_interval_source == "a save is on storage 1200 s after it starts"
+    assert p.max_data_loss_hours == pytest.approx((2000 + 1200) / 3600, abs=1e-6)
+    assert not any("overlap" in w or "max data loss" in w for w in p.warnings)
+    # the same storage with --frequency 5000: the cap warning names the cap, which the storage sustains
+    f = mk(step_seconds=1, total_steps=10**6, budget_gb=10**6, model_size_gb=400, write_gbps=1, frequency=5000)
+    loss = (5000 + 1200) / 3600
+    assert f"max data loss {loss:.3g} h is over --max-loss-hours 1 with --frequency 5000: saving every 2000 steps " \
+           "keeps it" in f.warnings
+
+
+def test_optimum_of_one_step_against_an_unkeepable_cap_is_still_the_optimum():
+    """Two-hour steps: no interval keeps a 1 h cap (no cap in steps); the optimum is 1 step anyway, which is
+    also the storage floor (3 GB async at 1 GB/s: 2.7 s of the 7200 s step): the optimum set it."""
+    p = mk(step_seconds=7200, total_steps=1000, model_size_gb=1, budget_gb=10**5)
+    assert p.interval.max_loss_cap_steps is None
+    assert (p.frequency_steps, p.interval.reason) == (1, "failure_model_optimum")
+    # the exact optimum, ~sqrt(2 C M) = sqrt(2 x 0.3 x 6250 x 3600) = 3674 s = 0.51 steps, rounds to 1: no note
+    assert round(math.sqrt(2 * 0.3 * 6250 * 3600) / 7200) == 1
+    assert p.interval.explanation == "the failure-model optimum (exact minimiser of Daly 2006)"
+    assert f"max data loss {(7200 + 3) / 3600:.3g} h is over --max-loss-hours 1: one step of 7200 s is already " \
+           "beyond it" in p.warnings
+
+
+def test_cap_equal_to_the_preset_limit_is_the_cap():
+    """7.2 s steps, synchronous: the 1 h cap is 500 steps, the conservative preset's limit is 500 too: the
+    cap sets it (the preset would not change it)."""
+    p = mk(step_seconds=7.2, model_size_gb=4, async_save=False, preset="conservative", budget_gb=10**4)
+    assert (p.frequency_steps, p.interval.reason, p.interval.max_loss_cap_steps) == (500, "max_loss_cap", 500)
+    assert p.interval.explanation.startswith("the --max-loss-hours 1 cap: ")
+    assert p.max_data_loss_hours == 1.0 and not any("max data loss" in w for w in p.warnings)
+
+
+def test_optimum_equal_to_the_min_interval_is_the_optimum():
+    """C = 36 s, M = 50 h: the exact optimum is ~998 steps of 3.6 s, rounded to 1000 = the 1 h cap =
+    --min-interval-seconds 3600: the optimum stands, named as such, the floor named after the option."""
+    p = mk(total_steps=100000, step_seconds=3.6, model_size_gb=1, checkpoint_write_seconds=36, mtbf_hours=50,
+           async_save=False, min_interval_seconds=3600)
+    assert (p.frequency_steps, p.interval.reason) == (1000, "failure_model_optimum")
+    assert (p.interval.min_interval_steps, p.interval.min_interval_source) == (1000, "--min-interval-seconds 3600")
+    assert p.interval.explanation.startswith("the failure-model optimum (exact minimiser of Daly 2006)")
+
+
+def test_frequency_at_the_storage_floor_and_below_the_min_interval():
+    """300 GB at 1 GB/s, async (C = 30 s): saves 270 s apart at least, nice_ceil(27) = 50 steps of 10 s.
+    --frequency 50 is exactly that: no overlap, but 500 s is under --min-interval-seconds 600: warned."""
+    p = mk(model_size_gb=100, write_gbps=1, frequency=50, min_interval_seconds=600, budget_gb=10**5)
+    assert (p.frequency_steps, p.interval.reason) == (50, "frequency_option")
+    assert not any("overlap" in w for w in p.warnings)
+    assert "--frequency 50 saves every 8.3 min, more often than --min-interval-seconds 600: each save costs " \
+           "30 s of training" in p.warnings
+    # 30 steps x 10 s = the 300 s minimum exactly: not "more often"
+    exact = mk(model_size_gb=1, frequency=30, min_interval_seconds=300)
+    assert not any("more often than --min-interval-seconds" in w for w in exact.warnings)
+
+
+def test_save_taking_exactly_the_cap_to_persist():
+    """3600 GB at 1 GB/s, async: a save is on storage 3600 s after it starts, exactly the 1 h cap, so no
+    interval keeps it (not "one step is beyond it"); 10 000 s steps: the storage floor is 1 step (no
+    "saves closer than" clause), 10 s steps: nice_ceil(3240 / 10) = 500."""
+    need = 3600 * (2 - 0.1) / 3600  # GB/s so that (lag - C) + lag = the cap: size (2 - C/lag) / cap
+    long = mk(step_seconds=10000, total_steps=1000, model_size_gb=1200, write_gbps=1, budget_gb=10**6)
+    loss = (10000 + 3600) / 3600
+    assert (long.frequency_steps, long.interval.reason, long.interval.max_loss_cap_steps) == (1, "storage_floor", None)
+    assert (f"max data loss {loss:.3g} h is over --max-loss-hours 1: one save takes 3600 s to reach storage, longer "
+            f"than the cap itself; keeping the cap needs about {need:.3g} GB/s (now 1) or a faster local tier"
+            ) in long.warnings
+    short = mk(model_size_gb=1200, write_gbps=1, budget_gb=10**6)
+    loss = (5000 + 3600) / 3600
+    assert (short.frequency_steps, short.interval.reason) == (500, "storage_floor")
+    assert (f"max data loss {loss:.3g} h is over --max-loss-hours 1: one save takes 3600 s to reach storage, longer "
+            "than the cap itself; saves closer than 500 steps would overlap (a save must be on storage before the "
+            "next starts), so every 500 steps is as close to the cap as the storage sustains; keeping the cap needs "
+            f"about {need:.3g} GB/s (now 1) or a faster local tier") in short.warnings
+
+
+# --------------------------------------------------------------------------- policy checks at their thresholds
+
+
+def test_policy_checks_at_their_thresholds_do_not_warn():
+    """Each check warns strictly past its threshold: keep_last 2, a window of exactly 200 steps, a max loss of
+    exactly 1 h, storage busy exactly half the time, exactly 10x the budget written a day."""
+    keep2 = mk(model_size_gb=1, frequency=250, keep_last=2)
+    assert not any("keep_last" in w and "cannot" in w for w in keep2.warnings)
+    horizon = mk(model_size_gb=1, frequency=100, keep_last=3)  # (3 - 1) x 100 = 200
+    assert not any("spike horizon" in w for w in horizon.warnings)
+    loss = mk(model_size_gb=1, frequency=360, async_save=False)  # 3600 s, synchronous
+    assert loss.max_data_loss_hours == 1.0 and not any("max data loss" in w for w in loss.warnings)
+    busy = mk(model_size_gb=1, frequency=10, checkpoint_write_seconds=100, async_save=False)  # 100 / (100 + 100)
+    assert busy.storage_writes.storage_busy_fraction == 0.5
+    assert not any("the storage spends" in w for w in busy.warnings)
+    # 3 GB x 86400 / (80 x 10 + 64) = 300 GB a day = 10 x 30 GB
+    daily = mk(model_size_gb=1, frequency=80, checkpoint_write_seconds=64, async_save=False, budget_gb=30,
+               milestones="none", keep_last=2)
+    assert daily.storage_writes.data_written_per_day_gb == 300.0
+    assert not any("a day" in w for w in daily.warnings)
+    over = mk(model_size_gb=1, frequency=80, checkpoint_write_seconds=64, async_save=False, budget_gb=29.9,
+              milestones="none", keep_last=2)
+    assert f"the policy writes 300 GB of checkpoints a day, {300 / 29.9:.3g}x the 29.9 GB budget: check the " \
+           "storage's write endurance and delete rate, or save less often" in over.warnings
+    fits = mk(params=1e9, frequency=500, budget_gb=96, formats=["full_state_dict"], milestones="none")
+    assert fits.total_storage_gb == 96 and not any("budget too small" in w for w in fits.warnings)
+
+
+# --------------------------------------------------------------------------- sentences from docs/model.md
+
+
+def _daly_overhead(tau, C, R, M):
+    """docs/model.md: T(tau) / W - 1 = M e^(R/M) (e^((tau + C)/M) - 1) / tau - 1."""
+    return M * math.exp(R / M) * math.expm1((tau + C) / M) / tau - 1
+
+
+def test_overlap_and_busy_warnings_from_the_formulas():
+    """300 GB (100 GB fp32 weights x 3) at 1 GB/s, async: on storage P = 300 s after it starts, stall C = 30 s.
+    --frequency 10 (100 s): the next save would start before this one is on storage; it needs
+    300 GB x (1 - C/P) / 100 s = 2.7 GB/s; the floor is nice_ceil((P - C) / 10 s) = 50 steps, where the storage
+    writes P / (500 + C) = 57 % of the time."""
+    p = mk(budget_gb=10**5, model_size_gb=100, write_gbps=1, frequency=10)
+    P, C = 300.0, 30.0
+    floor = min(v for v in GRID if v >= (P - C) / 10)
+    assert floor == 50 and p.frequency_steps == floor
+    assert p.warnings == [
+        f"saves would overlap: every 10 steps starts a save each 100 s of training, but one save takes 300 s to reach "
+        f"storage (300 GB at 1 GB/s); every 10 steps needs at least {300 * (1 - C / P) / 100:.3g} GB/s; saving every "
+        f"{floor} steps instead, the shortest interval the storage sustains",
+        f"the storage spends {P / (floor * 10 + C):.0%} of the time writing checkpoints (300 s per save, one every "
+        f"{floor * 10 + C:g} s): leave bandwidth for data loading and other jobs, or save less often"]
+
+
+def test_cap_warning_when_the_storage_cannot_keep_the_cap():
+    """3000 GB at 1 GB/s, async (P = 3000 s, C = 300 s): the cap needs saves every (3600 - P) / 10 = 60 steps, a
+    nice 50, but saves must be (P - C) / 10 = 270 steps apart, a nice 500. Keeping the cap needs a rate r with
+    (P - C) + P <= 3600 s: r = 3000 GB x (2 - C/P) / 3600 s."""
+    p = mk(budget_gb=10**5, model_size_gb=1000, write_gbps=1)
+    loss = (500 * 10 + 3000) / 3600
+    need = 3000 * (2 - 0.1) / 3600
+    assert (p.frequency_steps, p.interval.reason, p.interval.max_loss_cap_steps) == (500, "storage_floor", 50)
+    assert p.warnings[0] == (
+        f"max data loss {loss:.3g} h is over --max-loss-hours 1: staying within it needs a save every 50 steps, but "
+        "one save takes 3000 s to reach storage; saves closer than 500 steps would overlap (a save must be on "
+        "storage before the next starts), so every 500 steps is as close to the cap as the storage sustains; "
+        f"keeping the cap needs about {need:.3g} GB/s (now 1) or a faster local tier")
+    M, R = 6250 * 3600.0, 600.0
+    chosen, opt = _daly_overhead(5000, 300, R, M), _daly_overhead(p.interval.optimum_steps * 10, 300, R, M)
+    assert p.interval.explanation.startswith(
+        "the storage: a save is on storage 3000 s after it starts, so saves are no closer (the nearest to the "
+        f"--max-loss-hours 1 cap it sustains); {chosen:.2%} expected overhead against {opt:.2%} at the failure-model "
+        f"optimum of {p.interval.optimum_steps} steps; the exact optimum is ")
+
+
+def test_overhead_warning_and_frequency_price_from_the_formulas():
+    """40 000 GPUs at 50 000 GPU-hours: M = 1.25 h; 3000 GB synchronous at 1 GB/s: C = 3000 s; R = 600 s.
+    Every 2500 one-second steps the run takes 1 + overhead times its compute (Daly's T(tau) / W)."""
+    p = mk(step_seconds=1, budget_gb=10**6, model_size_gb=1000, gpus=40000, async_save=False, write_gbps=1,
+           frequency=2500)
+    M, C, R = 4500.0, 3000.0, 600.0
+    over = _daly_overhead(2500, C, R, M)
+    assert p.expected_overhead_fraction == pytest.approx(over, abs=1e-6)
+    assert p.warnings[-1] == (
+        f"the failure model expects the run to take {1 + over:.3g}x its compute time: a job MTBF of 1.25 h is short "
+        "against saves of 3e+03 s and restarts of 600 s; use async saves, faster storage, fewer GPUs per job or a "
+        "cheaper restart")
+    opt_steps = p.interval.optimum_steps
+    assert opt_steps == _nearest_nice(failure.exact_interval(C, M))
+    assert p.interval.explanation.startswith(
+        f"--frequency 2500: {over:.2%} expected overhead against {_daly_overhead(opt_steps, C, R, M):.2%} at the "
+        f"failure-model optimum of {opt_steps} steps")
+
+
+def test_max_loss_cap_explanation_prices_the_cap():
+    """The seed example: 12 GB async at 1 GB/s (C = 1.2 s, on storage after 12 s), M = 6250 h, R = 600 s,
+    2.5 s steps. The cap: (3600 - 12) / 2.5 = 1435 steps, a nice 1000; the optimum: Daly's exact minimiser
+    tau*, rounded to the grid; its max loss (2500 x 2.5 + 12) / 3600 h rounded up to two digits is the cap
+    that would let the optimum stand."""
+    p = mk(total_steps=100000, step_seconds=2.5, budget_gb=500, model_size_gb=4)
+    M, C, R = 6250 * 3600.0, 1.2, 600.0
+    tau = failure.exact_interval(C, M)
+    opt = _nearest_nice(tau / 2.5)
+    assert (p.frequency_steps, p.interval.max_loss_cap_steps, p.interval.optimum_steps) == (1000, 1000, opt)
+    chosen, at_opt = _daly_overhead(2500, C, R, M), _daly_overhead(opt * 2.5, C, R, M)
+    opt_loss = (opt * 2.5 + 12) / 3600
+    assert opt == 2500 and math.ceil(opt_loss * 10) / 10 == 1.8
+    assert p.interval.explanation == (
+        f"the --max-loss-hours 1 cap: {chosen:.2%} expected overhead against {at_opt:.2%} at the failure-model "
+        f"optimum of {opt} steps; the cap costs {(chosen - at_opt) * 100:.2g} points, --max-loss-hours 1.8 gives "
+        f"{at_opt:.2%}; the exact optimum is {tau / 2.5:.0f} steps ({tau / 3600:.2f} h), {opt} as a round number")
+    assert p.interval.optimum_max_data_loss_hours == pytest.approx(opt_loss, abs=1e-6)
+
+
+def test_rounded_optimum_note_from_the_formulas():
+    """16 384 GPUs: M = 50 000 / 16 384 h; 12 GB async at 1 GB/s: C = 1.2 s. The exact optimum in one-second
+    steps is rounded to the grid; the note gives both overheads (Daly's T(tau) / W - 1) and the time in minutes."""
+    p = mk(total_steps=10**6, step_seconds=1, budget_gb=10**4, model_size_gb=4, gpus=16384, write_gbps=1,
+           min_interval_seconds=0)
+    M, C, R = 50000 / 16384 * 3600, 1.2, 600.0
+    tau = failure.exact_interval(C, M)
+    f = _nearest_nice(tau)
+    assert (p.frequency_steps, p.interval.reason) == (f, "failure_model_optimum") and tau < 3600
+    assert p.interval.explanation == (
+        f"the failure-model optimum (exact minimiser of Daly 2006); optimum {tau:.0f} steps ({tau / 60:.1f} min), "
+        f"rounded to {f} (a round number of steps: {_daly_overhead(f, C, R, M):.2%} expected overhead against "
+        f"{_daly_overhead(tau, C, R, M):.2%} at the exact optimum)")
+
+
+def test_spike_horizon_and_budget_sentences():
+    """(keep_last - 1) x interval against 100 + 100 steps, and keep ceil(200 / f) + 1; the budget: 1B params
+    fp32 = 12 GB a checkpoint, keep 2 + 1 in flight, 4 seed milestones outside the window (1000 ... 25000), 5
+    safetensors exports of 4 GB: 3 x 12 + 4 x 12 + 5 x 4 = 104 GB."""
+    short = mk(model_size_gb=1, frequency=10, keep_last=5)
+    assert (f"rolling window reaches back {4 * 10} steps ((keep_last 5 - 1) x 10), shorter than the spike horizon "
+            "of 200 steps (100 waiting + 100 before onset): a spike may leave no checkpoint to roll back to; keep "
+            f"at least {math.ceil(200 / 10) + 1} checkpoints") in short.warnings
+    tight = mk(params=1e9, budget_gb=10)
+    assert tight.keep_last == 2 and tight.total_storage_gb == 3 * 12 + 4 * 12 + 5 * 4
+    assert ("budget too small: the policy needs 104 GB at peak but the budget is 10 GB; raise the budget, drop "
+            "milestones or safetensors exports, or accept a rolling window below 2 (no validated fallback)"
+            ) in tight.warnings
+    assert not any("lowered" in w for w in tight.warnings)  # lowered, but it still does not fit: not "to fit"
