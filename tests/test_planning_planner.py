@@ -737,3 +737,44 @@ def test_spike_horizon_and_budget_sentences():
             "milestones or safetensors exports, or accept a rolling window below 2 (no validated fallback)"
             ) in tight.warnings
     assert not any("lowered" in w for w in tight.warnings)  # lowered, but it still does not fit: not "to fit"
+
+
+def test_storage_floor_at_the_optimum_claims_no_cap():
+    """M = 1.2 h: the optimum is 50 steps, which is also the storage floor --frequency 10 is raised to: the
+    explanation does not call the floor "the nearest to the cap" (the optimum itself is there), and both
+    overheads are the optimum's."""
+    p = mk(budget_gb=10**5, model_size_gb=100, write_gbps=1, frequency=10, mtbf_hours=1.2)
+    over = _daly_overhead(500, 30, 600, 1.2 * 3600)
+    assert (p.frequency_steps, p.interval.reason, p.interval.optimum_steps) == (50, "storage_floor", 50)
+    assert p.interval.explanation.startswith(
+        f"the storage: a save is on storage 300 s after it starts, so saves are no closer; {over:.2%} expected "
+        f"overhead against {over:.2%} at the failure-model optimum of 50 steps; the exact optimum is ")
+
+
+def test_a_run_that_never_finishes_is_bad_input_with_its_numbers():
+    """M = 3.6 s against a 3600 s restart: Daly's T(tau) overflows. No model size: C = 60 s assumed; the
+    interval is the 300 s --min-interval-seconds floor, nice_ceil(30) = 50 steps = 500 s."""
+    with pytest.raises(UsageError) as err:
+        mk(mtbf_hours=0.001, restart_seconds=3600)
+    assert str(err.value) == (
+        "the failure model says this run never finishes: a job MTBF of 0.001 h against a restart of 3600 s and "
+        "saves costing 60 s every 500 s; expected --mtbf-hours well above the restart and save times (or fewer "
+        "--gpus)")
+
+
+def test_units_of_the_reported_times_and_sizes_switch_at_exactly_one():
+    """An hour is "1.00 h", not "60.0 min"; 1000 GB is "1 TB", 10^6 GB "1 PB"."""
+    p = mk(model_size_gb=1, frequency=360, min_interval_seconds=7200)
+    assert any(w.startswith("--frequency 360 saves every 1.00 h, more often than") for w in p.warnings)
+    q = mk(model_size_gb=1, frequency=359, min_interval_seconds=7200)
+    assert any(w.startswith(f"--frequency 359 saves every {3590 / 60:.1f} min, more often than") for w in q.warnings)
+    assert [planner._gb(x) for x in (999.4, 1000.0, 1e6, 2.5e7)] == ["999 GB", "1 TB", "1 PB", "25 PB"]
+
+
+@pytest.mark.parametrize("x", [0.05, 0.0123, 0.1, 0.99, 1.0, 1.7394, 1.8, 1.80001, 9.99, 10.0, 12.01, 99.5, 100.0,
+                               123.0, 4567.0])
+def test_cap_suggestion_rounds_up_to_two_significant_digits(x):
+    """--max-loss-hours N gives the optimum: N is the optimum's max loss rounded up to two significant digits
+    (a number that already has two is kept)."""
+    two_digits = [n * 10**e for e in range(-4, 6) for n in range(10, 100)]
+    assert planner._ceil2(x) == pytest.approx(min(c for c in two_digits if c >= x * (1 - 1e-12)), rel=1e-12)
