@@ -582,7 +582,7 @@ def test_save_taking_exactly_the_cap_to_persist():
     need = 3600 * (2 - 0.1) / 3600  # GB/s so that (lag - C) + lag = the cap: size (2 - C/lag) / cap
     long = mk(step_seconds=10000, total_steps=1000, model_size_gb=1200, write_gbps=1, budget_gb=10**6)
     loss = (10000 + 3600) / 3600
-    assert (long.frequency_steps, long.interval.reason, long.interval.max_loss_cap_steps) == (1, "storage_floor", None)
+    assert (long.frequency_steps, long.interval.reason, long.interval.max_loss_cap_steps) == (1, "max_loss_cap", None)
     assert (f"max data loss {loss:.3g} h is over --max-loss-hours 1: one save takes 3600 s to reach storage, longer "
             f"than the cap itself; keeping the cap needs about {need:.3g} GB/s (now 1) or a faster local tier"
             ) in long.warnings
