@@ -778,3 +778,148 @@ def test_cap_suggestion_rounds_up_to_two_significant_digits(x):
     (a number that already has two is kept)."""
     two_digits = [n * 10**e for e in range(-4, 6) for n in range(10, 100)]
     assert planner._ceil2(x) == pytest.approx(min(c for c in two_digits if c >= x * (1 - 1e-12)), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- more edges the mutation run found
+
+
+def test_unkeepable_cap_at_one_step_is_set_by_the_cap_not_the_storage():
+    """Two-hour steps: no interval keeps the 1 h cap; the optimum (C = 0.03 s, M = 10^6 h) is 2 steps; the planner
+    goes as close to the cap as it can, one step. The storage (on storage 0.3 s after a save starts) allows one
+    step, so it is not what set the interval: the reason is the cap (it was called storage_floor before)."""
+    p = mk(step_seconds=7200, total_steps=1000, model_size_gb=0.1, mtbf_hours=1e6, budget_gb=10**5)
+    assert p.failure_model.persist_seconds == pytest.approx(0.3)
+    assert (p.frequency_steps, p.interval.reason, p.interval.optimum_steps) == (1, "max_loss_cap", 2)
+    assert p.interval.explanation.startswith("the --max-loss-hours 1 cap: ")
+    # --frequency 1 there: the cap warning says why no interval keeps it (there is no "every N steps keeps it")
+    f1 = mk(step_seconds=7200, total_steps=1000, model_size_gb=0.1, mtbf_hours=1e6, budget_gb=10**5, frequency=1)
+    assert f"max data loss {(7200 + 0.3) / 3600:.3g} h is over --max-loss-hours 1: one step of 7200 s is already " \
+           "beyond it" in f1.warnings
+
+
+def test_storage_floor_with_sub_second_steps():
+    """0.1 s steps, 3 GB async at 3 GB/s: on storage after 1 s, C = 0.1 s: saves 0.9 s apart at least, nice_ceil(9)
+    = 10 steps; --frequency 5 (0.5 s) needs 3 GB x 0.9 / 0.5 s = 5.4 GB/s. The explanation names the storage's
+    time (not the larger --min-interval-seconds floor) and no cap: the interval was --frequency, raised."""
+    p = mk(step_seconds=0.1, total_steps=10**6, model_size_gb=1, write_gbps=3, frequency=5, budget_gb=10**5)
+    assert (p.frequency_steps, p.interval.reason) == (10, "storage_floor")
+    assert p.warnings[0] == (
+        "saves would overlap: every 5 steps starts a save each 0.5 s of training, but one save takes 1 s to reach "
+        f"storage (3 GB at 3 GB/s); every 5 steps needs at least {3 * 0.9 / 0.5:.3g} GB/s; saving every 10 steps "
+        "instead, the shortest interval the storage sustains")
+    assert p.interval.explanation.startswith("the storage: a save is on storage 1 s after it starts, so saves are no "
+                                             "closer; ")
+    # the same with 0.5 s steps and --frequency 1: the --min-interval-seconds floor (600 steps) is larger, but it
+    # is the storage that raised the interval (to nice_ceil(2.7 / 0.5) = 10)
+    q = mk(model_size_gb=1, frequency=1, step_seconds=0.5)
+    assert (q.frequency_steps, q.interval.reason, q.interval.min_interval_steps) == (10, "storage_floor", 1000)
+    assert q.interval.min_interval_source == "--min-interval-seconds 300"
+    assert q.interval.explanation.startswith("the storage: a save is on storage 3 s after it starts, so saves are no "
+                                             "closer; ")
+
+
+def test_min_interval_floor_in_steps():
+    """--min-interval-seconds 1 with 0.1 s steps is 10 steps; 0 is no floor (1 step); synchronous saves add none."""
+    one = mk(step_seconds=0.1, total_steps=10**6, model_size_gb=1, async_save=False, min_interval_seconds=1)
+    assert (one.interval.min_interval_steps, one.interval.min_interval_source) == (10, "--min-interval-seconds 1")
+    none = mk(model_size_gb=1, async_save=False, min_interval_seconds=0)
+    assert none.interval.min_interval_steps == 1
+
+
+def test_cap_in_steps_is_floored_to_the_grid():
+    """3.6005 s steps, synchronous: 3600 / 3.6005 = 999.86 steps fit in the hour, so the cap is 500 (1000 steps
+    would be 3600.5 s)."""
+    p = mk(step_seconds=3.6005, model_size_gb=1, async_save=False, budget_gb=10**4)
+    assert 3600 / 3.6005 < 1000
+    assert (p.frequency_steps, p.interval.reason, p.interval.max_loss_cap_steps) == (500, "max_loss_cap", 500)
+
+
+def test_free_saves_have_no_optimum_to_round():
+    """--checkpoint-write-seconds 0: Daly's optimum is tau = 0, so there is no rounding note; the optimum in steps
+    is the grid's smallest (1), the --min-interval-seconds floor (nice_ceil(30) = 50 steps) sets the interval."""
+    p = mk(model_size_gb=1, checkpoint_write_seconds=0, async_save=False)
+    M, R = 6250 * 3600.0, 600.0
+    assert (p.frequency_steps, p.interval.reason, p.interval.optimum_steps) == (50, "min_interval", 1)
+    assert p.interval.explanation == (
+        f"--min-interval-seconds 300: {_daly_overhead(500, 0, R, M):.2%} expected overhead against "
+        f"{_daly_overhead(10, 0, R, M):.2%} at the failure-model optimum of 1 steps")
+
+
+def test_rounding_note_of_a_one_step_frequency_and_of_an_optimum_near_an_hour():
+    """--frequency 1 of 0.5 s steps (synchronous, nothing raises it): the note still gives the exact optimum.
+    C = 10 s, M = 183 h: the exact optimum is just over an hour, shown in hours."""
+    p = mk(model_size_gb=1, frequency=1, step_seconds=0.5, async_save=False, min_interval_seconds=0)
+    M, C = 6250 * 3600.0, 3.0  # 3 GB at 1 GB/s, synchronous
+    tau = failure.exact_interval(C, M)
+    assert p.interval.reason == "frequency_option"
+    assert p.interval.explanation.endswith(
+        f"; the exact optimum is {tau / 0.5:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 0.5)} as a round "
+        "number")
+    tau = failure.exact_interval(10.0, 183 * 3600.0)
+    assert 3600 < tau < 3660
+    q = mk(model_size_gb=1, checkpoint_write_seconds=10, mtbf_hours=183, max_loss_hours=10, frequency=500)
+    assert q.interval.explanation.endswith(
+        f"; the exact optimum is {tau / 10:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 10)} as a round "
+        "number")
+
+
+def test_rounded_optimum_note_with_two_second_steps():
+    """The same note as test_rounded_optimum_note_from_the_formulas with 2 s steps: the overhead of the rounded
+    interval is taken at interval x step seconds."""
+    p = mk(total_steps=10**6, step_seconds=2, budget_gb=10**4, model_size_gb=4, gpus=16384, write_gbps=1,
+           min_interval_seconds=0)
+    M, C, R = 50000 / 16384 * 3600, 1.2, 600.0
+    tau = failure.exact_interval(C, M)
+    f = _nearest_nice(tau / 2)
+    assert (p.frequency_steps, p.interval.reason) == (f, "failure_model_optimum")
+    assert p.interval.explanation == (
+        f"the failure-model optimum (exact minimiser of Daly 2006); optimum {tau / 2:.0f} steps ({tau / 60:.1f} min), "
+        f"rounded to {f} (a round number of steps: {_daly_overhead(f * 2, C, R, M):.2%} expected overhead against "
+        f"{_daly_overhead(tau, C, R, M):.2%} at the exact optimum)")
+
+
+def test_write_rate_equal_to_the_storage_rate_is_not_capped():
+    """16 GPUs = 2 nodes x 1 GB/s = 2 GB/s, exactly --storage-gbps 2: the nodes' rate, not "capped"."""
+    p = mk(model_size_gb=1, gpus=16, storage_gbps=2)
+    assert (p.storage_writes.write_gbps, p.storage_writes.write_source) == (2, "1 GB/s per node x 2 nodes of 8 GPUs")
+    q = mk(model_size_gb=1, gpus=16, storage_gbps=1.5)
+    assert (q.storage_writes.write_gbps, q.storage_writes.write_source) == (
+        1.5, "1 GB/s per node x 2 nodes of 8 GPUs, capped by the storage's 1.5 GB/s")
+
+
+def test_cap_warning_for_a_slow_save_of_unknown_rate_and_at_two_steps():
+    """--checkpoint-write-seconds 4000 (async: on storage after 4000 s, longer than the cap): no write rate, so no
+    "needs about N GB/s". 15 000 GB at 1 GB/s with 10 000 s steps: saves (15 000 - 1500) / 10 000 = 1.35 steps
+    apart at least, a floor of 2 steps."""
+    p = mk(model_size_gb=1, checkpoint_write_seconds=4000, budget_gb=10**4)
+    assert f"max data loss {(p.frequency_steps * 10 + 4000) / 3600:.3g} h is over --max-loss-hours 1: one save " \
+           "takes 4000 s to reach storage, longer than the cap itself" in p.warnings
+    two = mk(step_seconds=10000, total_steps=1000, model_size_gb=5000, write_gbps=1, budget_gb=10**6)
+    need = 15000 * (2 - 0.1) / 3600
+    assert (two.frequency_steps, two.interval.reason) == (2, "storage_floor")
+    assert (f"max data loss {(20000 + 15000) / 3600:.3g} h is over --max-loss-hours 1: one save takes 1.5e+04 s to "
+            "reach storage, longer than the cap itself; saves closer than 2 steps would overlap (a save must be on "
+            "storage before the next starts), so every 2 steps is as close to the cap as the storage sustains; "
+            f"keeping the cap needs about {need:.3g} GB/s (now 1) or a faster local tier") in two.warnings
+
+
+def test_needed_rate_is_over_the_cap_in_seconds():
+    """1904.4 GB at 1 GB/s (async): the cap needs size x (2 - C/P) / 3600 s = 1.0051 GB/s, printed with 3 digits as
+    1.01 (a rate computed over a slightly longer cap would print 1)."""
+    p = mk(model_size_gb=634.8, write_gbps=1, budget_gb=10**5)
+    need = 3 * 634.8 * (2 - 0.1) / 3600
+    assert f"{need:.3g}" == "1.01"
+    assert any(w.endswith(f"; keeping the cap needs about {need:.3g} GB/s (now 1) or a faster local tier")
+               for w in p.warnings)
+
+
+def test_two_tier_plan_keeps_the_local_tiers_warnings():
+    """7B fp32 = 84 GB over 64 nodes: 1.3125 GB shards; 2.7 GB of local space holds 2, one kept: warned."""
+    p = mk(total_steps=100000, step_seconds=2.5, budget_gb=5000, params=7e9, gpus=512,
+           local_tier={"gb_per_node": 2.7, "gbps_per_node": 5})
+    assert p.two_tier.local.keep_last == 1
+    assert ("the local tier holds one checkpoint: a corrupt newest local save leaves only the persistent tier; give "
+            "it room for two") in p.warnings
+    M = 50000 / 512
+    assert p.failure_model.mtbf_source == (f"node losses only: job MTBF {M:.4g} h / --node-loss-fraction 0.78 (the "
+                                           "local tier covers the other failures)")
