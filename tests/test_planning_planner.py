@@ -771,12 +771,12 @@ def test_units_of_the_reported_times_and_sizes_switch_at_exactly_one():
     assert [planner._gb(x) for x in (999.4, 1000.0, 1e6, 2.5e7)] == ["999 GB", "1 TB", "1 PB", "25 PB"]
 
 
-@pytest.mark.parametrize("x", [0.05, 0.0123, 0.1, 0.99, 1.0, 1.7394, 1.8, 1.80001, 9.99, 10.0, 12.01, 99.5, 100.0,
+@pytest.mark.parametrize("x", [0.0, 0.05, 0.0123, 0.1, 0.99, 1.0, 1.7394, 1.8, 1.80001, 9.99, 10.0, 12.01, 99.5, 100.0,
                                123.0, 4567.0])
 def test_cap_suggestion_rounds_up_to_two_significant_digits(x):
     """--max-loss-hours N gives the optimum: N is the optimum's max loss rounded up to two significant digits
     (a number that already has two is kept)."""
-    two_digits = [n * 10**e for e in range(-4, 6) for n in range(10, 100)]
+    two_digits = [0.0] + [n * 10**e for e in range(-4, 6) for n in range(10, 100)]
     assert planner._ceil2(x) == pytest.approx(min(c for c in two_digits if c >= x * (1 - 1e-12)), rel=1e-12)
 
 
@@ -923,3 +923,17 @@ def test_two_tier_plan_keeps_the_local_tiers_warnings():
     M = 50000 / 512
     assert p.failure_model.mtbf_source == (f"node losses only: job MTBF {M:.4g} h / --node-loss-fraction 0.78 (the "
                                            "local tier covers the other failures)")
+
+
+def test_preset_below_the_storage_floor_at_the_optimum():
+    """300 GB at 0.3 GB/s, async: on storage after 1000 s, C = 100 s, a floor of nice_ceil(900) = 1000 one-second
+    steps; M = 1.5 h puts the optimum at 1000 steps too. The conservative preset lowers it to 500, the storage
+    raises it back to 1000: the storage sets it, at the optimum, so no "nearest to the cap" clause."""
+    p = mk(step_seconds=1, total_steps=10**6, budget_gb=10**6, model_size_gb=100, write_gbps=0.3,
+           preset="conservative", mtbf_hours=1.5)
+    assert (p.frequency_steps, p.interval.reason, p.interval.optimum_steps) == (1000, "storage_floor", 1000)
+    over = _daly_overhead(1000, 100, 600, 1.5 * 3600)
+    assert p.interval.explanation.startswith(
+        f"the storage: a save is on storage 1000 s after it starts, so saves are no closer; {over:.2%} expected "
+        f"overhead against {over:.2%} at the failure-model optimum of 1000 steps")
+    assert p.warnings[0].startswith("saves would overlap: every 500 steps starts a save each 500 s of training")
