@@ -312,7 +312,8 @@ def test_every_report_field_from_the_documented_formulas():
 # the 1, 2, 2.5, 5 x 10^k grid, built here: the planner's rounding functions against brute force
 GRID = sorted({int(m * 10**e) for e in range(0, 10) for m in (1, 2, 2.5, 5) if float(m * 10**e).is_integer()})
 PROBES = sorted({1.0, 0.5, 1.5, *GRID[:30], *(g * 1.01 for g in GRID[:30]), *(g * 0.99 for g in GRID[:30]),
-                 *(g * 1.3 for g in GRID[:30]), *(g * 0.77 for g in GRID[:30])})
+                 *(g * 1.3 for g in GRID[:30]), *(g * 0.77 for g in GRID[:30]),
+                 *(i / 10 for i in range(11, 100, 2))})  # 1.1 .. 9.9: 2.5 (not a whole step) never wins
 
 
 @pytest.mark.parametrize("x", PROBES)
