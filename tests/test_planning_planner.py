@@ -938,3 +938,14 @@ def test_preset_below_the_storage_floor_at_the_optimum():
         f"the storage: a save is on storage 1000 s after it starts, so saves are no closer; {over:.2%} expected "
         f"overhead against {over:.2%} at the failure-model optimum of 1000 steps")
     assert p.warnings[0].startswith("saves would overlap: every 500 steps starts a save each 500 s of training")
+
+
+def test_cap_warning_for_a_sub_second_cap():
+    """--max-loss-hours 0.0001 (0.36 s) against 3 GB async at 6 GB/s (on storage after 0.5 s, C = 0.05 s): the
+    save alone outlasts the cap; keeping it needs 3 GB x (2 - 0.1) / 0.36 s."""
+    p = mk(step_seconds=1, model_size_gb=1, write_gbps=6, max_loss_hours=0.0001, min_interval_seconds=0)
+    need = 3 * (2 - 0.1) / 0.36
+    assert p.interval.max_loss_cap_steps is None and p.frequency_steps == 1
+    assert (f"max data loss {(1 + 0.5) / 3600:.3g} h is over --max-loss-hours 0.0001: one save takes 0.5 s to reach "
+            f"storage, longer than the cap itself; keeping the cap needs about {need:.3g} GB/s (now 6) or a faster "
+            "local tier") in p.warnings
