@@ -109,8 +109,25 @@ def test_tier_functions_are_short_and_documented():
 
 
 @pytest.mark.parametrize("n, cap, expected", [(10000, 2000, 2000), (10000, 300, 250), (10001, 10000, 137),
-                                              (7, 5, 1), (1, 1, 1), (5000, 2000, 1000), (10**12, 777, 500)])
+                                              (7, 5, 1), (1, 1, 1), (5000, 2000, 1000), (10**12, 777, 500),
+                                              (121, 12, 11)])  # 11 x 11: found by trial division up to sqrt(n)
 def test_divisor_at_most(n, cap, expected):
     from checkpoint_strategy.planning.tiers import divisor_at_most
 
     assert divisor_at_most(n, cap) == expected
+
+
+def test_local_tier_warnings_say_what_the_space_needs():
+    """980 GB over 256 nodes: 3.83 GB shards; 5 GB holds none (two shards need 7.66 GB: one is written before the
+    oldest goes); without a model size the local save cost is assumed."""
+    shard = 980 / 256
+    none = plan(PlanArguments(**SEVENTY_B, local_tier={"gb_per_node": 5, "gbps_per_node": 5}))
+    assert (f"the local tier holds no checkpoint: a {shard:.3g} GB shard per node needs at least {2 * shard:.3g} GB "
+            "of node-local space (one written before the oldest goes)") in none.warnings
+    one = plan(PlanArguments(**SEVENTY_B, local_tier={"gb_per_node": 8, "gbps_per_node": 5}))
+    assert ("the local tier holds one checkpoint: a corrupt newest local save leaves only the persistent tier; give "
+            "it room for two") in one.warnings
+    unknown = plan(PlanArguments(total_steps=1000, step_seconds=1, budget_gb=100,
+                                 local_tier={"gb_per_node": 8, "gbps_per_node": 5}))
+    assert "model size missing: the local tier's save cost is assumed 1 s" in unknown.warnings
+    assert unknown.two_tier.local.checkpoint_write_seconds == 1.0

@@ -330,7 +330,7 @@ def choose_interval(args: PlanArguments, cost: SaveCost, size: Sizing, warnings:
             f, reason = cap_steps, "max_loss_cap"
         elif f > durable_steps and (cap_steps is None or f > cap_steps):
             # the cap cannot be kept: get as close to it as the storage (or the step length) allows
-            f, reason = durable_steps, "storage_floor" if cost.durable_gap > 0 else "max_loss_cap"
+            f, reason = durable_steps, "storage_floor" if durable_steps > 1 else "max_loss_cap"
         if preset["max_frequency"] is not None and f > preset["max_frequency"]:
             f, reason = preset["max_frequency"], "preset"
         floor = min(min_steps, cap_steps) if cap_steps is not None else min_steps
@@ -500,9 +500,9 @@ def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_ov
                         f"gives {opt_over:.2%}",
         "preset": f"the {args.preset} preset's limit: {price}",
         "frequency_option": f"--frequency {iv.frequency}: {price}",
-        "storage_floor": f"the storage: {iv.floor_source}, so saves are no closer"
+        "storage_floor": f"the storage: a save is on storage {cost.lag:.4g} s after it starts, so saves are no closer"
                          + (f" (the nearest to the --max-loss-hours {args.max_loss_hours:g} cap it sustains)"
-                            if iv.optimum_steps > iv.frequency else "") + f"; {price}",
+                            if args.frequency is None and iv.optimum_steps > iv.frequency else "") + f"; {price}",
         "min_interval": f"--min-interval-seconds {args.min_interval_seconds:g}: {price}",
         "total_steps": f"the run's length: one save at the end; {price}",
     }[iv.reason] + rounding_note(args, cost, iv)
