@@ -109,12 +109,14 @@ def test_every_report_model_has_its_templates():
 
 
 def test_on_event_markdown(tmp_path, cli_run):
+    from checkpoint_strategy.checkpoints.runfacts import launcher
+
     f = tmp_path / "events.json"
     f.write_text(json.dumps([SPIKE, dict(SPIKE, step=1300)]))
     md = cli_run("on-event", str(f), "--format", "markdown", "--log", "train.log")
     assert md.rc == 0 and md.out.startswith("## Emergency checkpoint decision")
     assert "- **Decision:** EMERGENCY SAVE (step 1190)" in md.out
-    assert "| LOSS_SPIKE | 1190 |" in md.out and "`checkpoint-strategy recover train.log" in md.out
+    assert "| LOSS_SPIKE | 1190 |" in md.out and f"`{launcher()} recover train.log" in md.out
 
 
 def test_handoff_text_is_the_markdown_block(tmp_path, cli_run):
