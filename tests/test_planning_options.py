@@ -3,6 +3,7 @@ help text a user reads is pinned (tests/golden/plan-options-help.json), the erro
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -72,8 +73,10 @@ def test_each_numeric_option_is_checked_by_its_bounds(option, value):
 def test_write_rate_alone_is_not_a_conflict():
     assert parse("--write-gbps", "2").write_gbps == 2.0
     assert parse("--checkpoint-write-seconds", "2").checkpoint_write_seconds == 2.0
-    with pytest.raises(UsageError, match="give the save cost once"):
+    with pytest.raises(UsageError) as err:
         parse("--write-gbps", "2", "--checkpoint-write-seconds", "2")
+    assert str(err.value) == ("argument --checkpoint-write-seconds: give the save cost once, either "
+                              "--checkpoint-write-seconds S or --write-gbps G, not both")
 
 
 def test_bad_values_say_what_is_expected():
@@ -90,3 +93,97 @@ def test_bad_values_say_what_is_expected():
 def test_checkpoint_without_optimizer_is_the_weights(precision, per_param):
     """No optimizer state: fp32 weights (4 B/param) or 16-bit weights (2 B/param)."""
     assert sizing.checkpoint_gb(1e9, precision, False) == per_param
+
+
+BASE = {"total_steps": 1000, "step_seconds": 2, "budget_gb": 100}
+
+
+def usage_error(data) -> str:
+    with pytest.raises(UsageError) as err:
+        options.validate_arguments(data)
+    return str(err.value)
+
+
+def test_schema_errors_name_the_option_and_what_it_expects():
+    """The one-line error of a value the JSON schema refuses (a plan from the library or a policy file, not argv):
+    the option as the user spells it, what it expects (FIELDS, the text users read) and the value given."""
+    assert usage_error({}) == ("argument TOTAL_STEPS: expected a whole number of optimizer steps, from 1 to 10^12, "
+                               "got 'missing'")
+    assert usage_error({"total_steps": 10, "step_seconds": 1}) == (
+        "argument BUDGET_GB: expected a storage budget in GB, > 0 and at most 10^9, got 'missing'")
+    assert usage_error({**BASE, "total_steps": 0}) == (
+        "argument TOTAL_STEPS: expected a whole number of optimizer steps, from 1 to 10^12, got 0")
+    assert usage_error({**BASE, "gpus": "x"}) == "argument --gpus: expected a whole number of GPUs, from 1 to 10^7, got 'x'"
+    assert usage_error({**BASE, "format": "pdf"}) == "argument --format: expected text, markdown, json or yaml, got 'pdf'"
+    assert usage_error({**BASE, "bogus": 1}) == (
+        "unknown argument: Additional properties are not allowed ('bogus' was unexpected)")
+    tier = ("argument --local-tier: expected GB,GBPS: node-local space in GB and write rate in GB/s per node, "
+            "each > 0, got ")
+    assert usage_error({**BASE, "local_tier": {"gb_per_node": -1, "gbps_per_node": 1}}) == (
+        tier + "{'gb_per_node': -1, 'gbps_per_node': 1}")
+    assert usage_error({**BASE, "local_tier": {"gb_per_node": 1}}) == tier + "{'gb_per_node': 1}"  # nested required
+    assert usage_error([]) == "argument arguments: expected a valid value, got 'missing'"  # not an object at all
+
+
+def test_validated_numbers_are_floats_where_the_model_says_float():
+    a = options.validate_arguments({**BASE, "save_optimizer": True, "gpus": 16})
+    assert (type(a.total_steps), type(a.step_seconds), type(a.budget_gb), type(a.gpus)) == (int, float, float, int)
+    assert a.save_optimizer is True and (a.total_steps, a.step_seconds, a.budget_gb) == (1000, 2.0, 100.0)
+    b = options.validate_arguments({**BASE, "local_tier": {"gb_per_node": 10, "gbps_per_node": 1}})
+    assert type(b.step_seconds) is float and b.local_tier.gb_per_node == 10.0
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "json", "yaml"])
+def test_plan_formats_reach_the_arguments(fmt):
+    import argparse
+
+    assert options.plan_arguments(argparse.Namespace(**BASE, format=fmt)).format == fmt
+
+
+def test_another_commands_format_is_not_the_plans():
+    """A command whose --format is not a plan format (e.g. csv) gets the plan's default, not an error."""
+    import argparse
+
+    a = options.plan_arguments(argparse.Namespace(**BASE, format="csv"))
+    assert a.format == "text"
+
+
+def test_formats_list_accepts_each_format_once_and_says_what_is_expected():
+    assert options.formats_list("full_state_dict") == ["full_state_dict"]
+    assert options.formats_list(" sharded, safetensors ,sharded") == ["sharded", "safetensors"]
+    for bad in ("pickle", "sharded,pickle", " , "):
+        with pytest.raises(argparse.ArgumentTypeError) as err:
+            options.formats_list(bad)
+        assert str(err.value) == f"expected a comma-separated list of full_state_dict, sharded, safetensors, got {bad!r}"
+
+
+def test_params_count_errors():
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        options.params_count("7Q")
+    assert str(err.value) == "expected a parameter count such as 7B, 350M or 1.3e9, got '7Q'"
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        options.params_count("1e20")
+    assert str(err.value) == "expected a parameter count such as 7B, 350M or 1.3e9 (1 to 1e+15), got '1e20'"
+    assert options.params_count("1e15") == 1e15
+
+
+@pytest.mark.parametrize("text", ["x,5", "-1,5", "5,0", "1,2,3"])
+def test_tier_spec_refuses_a_bad_pair(text):
+    with pytest.raises(argparse.ArgumentTypeError) as err:
+        options.tier_spec(text)
+    assert str(err.value) == ("expected GB,GBPS (node-local space and write rate per node, e.g. 2000,5), "
+                              f"got {text!r}")
+
+
+def test_parse_params_bounds_and_messages():
+    assert sizing.parse_params("1") == 1.0
+    assert sizing.parse_params("1.5") == 1.5
+    with pytest.raises(ValueError) as err:
+        sizing.parse_params("0.5")
+    assert str(err.value) == "expected a parameter count of at least 1, got '0.5'"
+
+
+def test_model_size_given_twice_says_so():
+    with pytest.raises(UsageError) as err:
+        sizing.resolve_params(7e9, 14.0, "fp32")
+    assert str(err.value) == "give the model size once: either --model_size_gb or --params, not both"
