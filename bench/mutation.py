@@ -45,8 +45,8 @@ TARGETS = {
                                          "test_crash_safety_kill_prune_apply_at_random_points"]),
     # (tests/test_hardening_io.py runs the launcher in a subprocess: the unmutated scripts/, not the mutant)
     "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py"]),
-    "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py",
-                                                  "tests/test_simulation_exact.py"]),
+    "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py", "tests/test_simulation_exact.py",
+                                                  "tests/test_simulation_twotier.py", "tests/test_simulation_cli.py"]),
 }
 STATUS = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked", "segfault")
 
