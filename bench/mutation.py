@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -72,7 +73,9 @@ def scratch_copy(where: Path, files: list[str], tests: list[str]) -> Path:
 
 
 def mutmut(tree: Path, *args: str, check: bool = False) -> str:
-    proc = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=tree, capture_output=True, text=True)
+    # the tests' subprocesses (tests/cliresult.py checkout_env) run the mutated copy, not the scratch tree's src/
+    env = {**os.environ, "CHECKPOINT_STRATEGY_TEST_SOURCE": str(tree / "mutants" / "src")}
+    proc = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=tree, capture_output=True, text=True, env=env)
     if check and proc.returncode:
         raise SystemExit(f"mutmut {' '.join(args[:2])} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout

@@ -17,8 +17,7 @@ import pytest
 
 from checkpoint_strategy.checkpoints import load_policy, prune, validate_paths
 from checkpoint_strategy.cli import main
-
-PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
+from cliresult import checkout_env
 
 
 def _names(entries):
@@ -168,7 +167,7 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     (outside / "precious.txt").write_text("do not touch")
     (template / "run" / "checkpoint-1").symlink_to(Path("..") / "outside" / "checkpoint-1")
     (template / "run" / "outside-link").symlink_to(Path("..") / "outside")
-    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    env = checkout_env()
     newest = f"checkpoint-{max(hf_run.checkpoint_steps)}"
     # Bulk each checkpoint up with small extra files so that deleting takes long enough for
     # random kills to land mid-deletion, not only during interpreter start-up.
