@@ -74,7 +74,9 @@ def scratch_copy(where: Path, files: list[str], tests: list[str]) -> Path:
 
 def mutmut(tree: Path, *args: str, check: bool = False) -> str:
     # the tests' subprocesses (tests/cliresult.py checkout_env) run the mutated copy, not the scratch tree's src/
-    env = {**os.environ, "CHECKPOINT_STRATEGY_TEST_SOURCE": str(tree / "mutants" / "src")}
+    # and the real-run fixtures are built once, by the first test session, then copied (tests/conftest.py _built)
+    env = {**os.environ, "CHECKPOINT_STRATEGY_TEST_SOURCE": str(tree / "mutants" / "src"),
+           "CHECKPOINT_STRATEGY_FIXTURE_CACHE": str(tree.parent / "fixtures")}
     proc = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=tree, capture_output=True, text=True, env=env)
     if check and proc.returncode:
         raise SystemExit(f"mutmut {' '.join(args[:2])} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
