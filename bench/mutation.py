@@ -37,15 +37,25 @@ TARGETS = {
     "planning-rest": (["planning/failure.py", "planning/sizing.py", "planning/tiers.py", "planning/options.py"],
                       ["tests/test_planning_planner.py", "tests/test_planning_failure.py",
                        "tests/test_planning_tiers.py", "tests/test_planning_storage.py", NOT_UNDER_MUTMUT]),
-    "detect": (["recovery/detect.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py"]),
+    "detect": (["recovery/detect.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py",
+                                        "tests/test_recovery_corpus.py", "tests/test_recovery_complete.py"]),
+    # the real-run tests (HF, Lightning, log readers) are the ones that reach the eval-loss opinion, the
+    # checkpoint list and the completed advice
     "advice": (["recovery/advice.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py",
-                                        "tests/test_recovery_inputs.py"]),
-    # (the crash-safety test kills `prune --apply` subprocesses of the unmutated scripts/: left out)
-    "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py",
+                                        "tests/test_recovery_inputs.py", "tests/test_recovery_realruns.py",
+                                        "tests/test_recovery_logreaders.py", "tests/test_recovery_realrun.py",
+                                        "tests/test_recovery_complete.py", "tests/test_recovery_corpus.py"]),
+    # (the crash-safety test kills `prune --apply` subprocesses at random points, minutes a run: left out; the
+    # other subprocesses run the mutated copy, see mutmut() below)
+    "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py", "tests/test_checkpoints_prune_safety.py",
+                                         "tests/test_checkpoints_prune_defaults.py",
                                          "--deselect=tests/test_checkpoints_prune.py::"
                                          "test_crash_safety_kill_prune_apply_at_random_points"]),
-    # (tests/test_hardening_io.py runs the launcher in a subprocess: the unmutated scripts/, not the mutant)
-    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py"]),
+    # (mutmut maps tests to functions in-process: a test that reaches a function only through a subprocess is
+    # not run for its mutants; those subprocesses run the mutated copy all the same)
+    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py",
+                                                   "tests/test_checkpoints_deep.py", "tests/test_hardening_io.py",
+                                                   "tests/test_checkpoints_validate.py"]),
     "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py", "tests/test_simulation_exact.py",
                                                   "tests/test_simulation_twotier.py", "tests/test_simulation_cli.py"]),
 }
