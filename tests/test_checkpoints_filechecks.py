@@ -227,3 +227,32 @@ def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path,
     seen = []
     reasons, _ = fc.check_zip(str(good), fc.Counter(), full=True, update=lambda update_bytes: seen.append(update_bytes))
     assert reasons == [] and sum(seen) >= 6 * 200_000
+
+
+@pytest.mark.parametrize("offset, fmt", [(10, "<H"), (12, "<I"), (16, "<I")])  # entries, cd size, cd offset
+def test_one_zip64_sentinel_without_a_zip64_record_is_invalid(tmp_path, offset, fmt):
+    """An archive with no zip64 records (re-zipped by Python's zipfile) whose 32-bit end record says "see zip64"
+    (0xFFFF / 0xFFFFFFFF) in one field only: torch.load refuses it, and validate names the missing zip64 record."""
+    import io
+    import zipfile
+
+    import torch
+
+    buf = io.BytesIO()
+    original = {"w": torch.arange(6.0), "step": 3}
+    torch.save(original, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info.filename))
+    data = bytearray(out.getvalue())
+    assert b"PK\x06\x06" not in data and b"PK\x06\x07" not in data  # no zip64 end record, no locator
+    assert _torch_loads_the_same(bytes(data), original)  # the re-zipped archive loads as it is
+    struct.pack_into(fmt, data, data.rindex(b"PK\x05\x06") + offset, 0xFFFF if fmt == "<H" else 0xFFFFFFFF)
+    assert not _torch_loads_the_same(bytes(data), original)
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(data))
+    r = run_captured(["validate", str(path), "--level", "full", "--format", "json"])
+    assert r.rc == 1
+    reasons = [x["reason"] for x in r.json()["checkpoints"][0]["problems"]]
+    assert any("zip64" in x for x in reasons), reasons
