@@ -68,6 +68,20 @@ def test_best_model_checkpoint_is_protected(hf_run, copy_of):
     assert "checkpoint-70" in _names(report.keep) and report.best_checkpoint == "checkpoint-70"
 
 
+def test_best_model_checkpoint_is_protected_when_the_trainer_state_holds_nan(hf_run, copy_of):
+    """HF's Trainer writes trainer_state.json with json.dumps, which writes a NaN metric as the bare token NaN;
+    the state still names the best checkpoint."""
+    root = copy_of(hf_run.output_dir, "run")
+    state = root / "checkpoint-200" / "trainer_state.json"
+    data = json.loads(state.read_text())
+    data["best_model_checkpoint"] = "hf-run/checkpoint-70"
+    data["best_metric"] = float("nan")
+    state.write_text(json.dumps(data))
+    assert "NaN" in state.read_text()  # what json.dumps (the Trainer's writer) makes of it
+    report = prune(root, keep_last=1)
+    assert "checkpoint-70" in _names(report.keep) and report.best_checkpoint == "checkpoint-70"
+
+
 def test_policy_yaml_from_the_plan(hf_run, copy_of, tmp_path):
     root = copy_of(hf_run.output_dir, "run")
     policy = tmp_path / "policy.yaml"
@@ -277,6 +291,26 @@ def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of)
     assert report.keep[0].reason_kinds == ["pre_spike"] and "step 121" in report.keep[0].reasons[0]
     off = prune(root, keep_last=2, spike_check=False)
     assert _names(off.keep) == ["checkpoint-190", "checkpoint-200"]
+
+
+def test_emergency_save_is_held_only_while_its_spike_is_unresolved(hf_run, hf_run_self_recovering, copy_of):
+    """An emergency save (post-event weights, marked by the callbacks) is kept while the spike has not recovered,
+    and is an ordinary old checkpoint once the log shows the run came back by itself."""
+    from checkpoint_strategy.checkpoints.marker import write_marker
+
+    recovered = copy_of(hf_run_self_recovering.output_dir, "recovered")
+    write_marker(recovered / "checkpoint-130", event="loss_spike_detected", step=121)
+    report = prune(recovered, keep_last=2)
+    assert report.spike_guard.status == "self_recovered"
+    assert "checkpoint-130" in _names(report.delete)
+    assert _names(report.keep) == ["checkpoint-110", "checkpoint-190", "checkpoint-200"]
+
+    diverged = copy_of(hf_run.output_dir, "diverged")
+    write_marker(diverged / "checkpoint-130", event="loss_spike_detected", step=121)
+    report = prune(diverged, keep_last=2)
+    assert "checkpoint-130" in _names(report.keep)
+    assert any("kept until the loss spike at step 121 recovers" in r for r in report.reasons["checkpoint-130"])
+    assert "checkpoint-130" in _names(prune(diverged, keep_last=2, spike_check=False).delete)
 
 
 def test_explicit_bad_log_exits_2(hf_run, copy_of, tmp_path, capsys):
