@@ -75,7 +75,7 @@ def scratch_copy(where: Path, files: list[str], tests: list[str]) -> Path:
         f'source_paths = ["{PKG}/"]',
         "only_mutate = " + json.dumps([f"{PKG}/{f}" for f in files]),
         'also_copy = ["pyproject.toml", "tests", "templates", "schemas", "skill.yaml", "SKILL.md", "README.md", "docs",'
-        ' "scripts/checkpoint-strategy"]',  # the launcher some tests run (it finds the package on PYTHONPATH)
+        ' "scripts"]',  # the launcher some tests run (the package moved to src/: found on PYTHONPATH)
         "pytest_add_cli_args_test_selection = " + json.dumps(tests),
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]',
     ]) + "\n"
