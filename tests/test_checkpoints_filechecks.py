@@ -256,3 +256,46 @@ def test_one_zip64_sentinel_without_a_zip64_record_is_invalid(tmp_path, offset, 
     assert r.rc == 1
     reasons = [x["reason"] for x in r.json()["checkpoints"][0]["problems"]]
     assert any("zip64" in x for x in reasons), reasons
+
+
+def _rezipped(original: dict, compression: int) -> bytes:
+    import io
+    import zipfile
+
+    import torch
+
+    buf, out = io.BytesIO(), io.BytesIO()
+    torch.save(original, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    with zipfile.ZipFile(out, "w", compression) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info.filename))
+    return out.getvalue()
+
+
+def test_deflated_archive_that_torch_loads_is_valid_and_its_strings_are_read(tmp_path):
+    """torch.save stores entries; an archive re-zipped with deflate (data.pkl and a 6 MB storage, more than one
+    4 MB streaming chunk) still loads with torch.load (the oracle), so full validation must pass it, and the pickle's
+    strings (inside lists and tuples too) are read."""
+    import zipfile
+
+    import torch
+
+    original = {"w": torch.randn(1_500_000, generator=torch.Generator().manual_seed(0)), "names": ["a", ("b", "c")]}
+    data = _rezipped(original, zipfile.ZIP_DEFLATED)
+    assert _torch_loads_the_same(data, original)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    r = run_captured(["validate", str(path), "--level", "full", "--format", "json"])
+    assert r.rc == 0, r.json()["checkpoints"][0]["problems"]
+    findings, strings = fc.check_zip(str(path), fc.Counter(), full=True, want_pickle=True)
+    assert findings == []
+    assert {"w", "names", "a", "b", "c"} <= set(strings)
+
+
+def test_pickle_strings_are_string_constants_not_global_names():
+    import collections
+    import pickle
+
+    data = pickle.dumps(collections.OrderedDict(alpha=1), protocol=2)  # GLOBAL 'collections OrderedDict'
+    assert fc.pickle_strings(data) == ["alpha"]
