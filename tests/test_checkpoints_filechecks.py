@@ -299,3 +299,23 @@ def test_pickle_strings_are_string_constants_not_global_names():
 
     data = pickle.dumps(collections.OrderedDict(alpha=1), protocol=2)  # GLOBAL 'collections OrderedDict'
     assert fc.pickle_strings(data) == ["alpha"]
+
+
+def test_zip64_extra_holds_only_the_fields_the_header_marks():
+    """APPNOTE 4.5.3: the zip64 extra field lists, in the order uncompressed size, compressed size, offset, only the
+    values whose 32-bit header field is 0xFFFFFFFF."""
+    big = 5 << 32
+    only_usize = struct.pack("<HHQ", 1, 8, big)
+    assert fc._zip64_extra(only_usize, 10, 0xFFFFFFFF, 7) == (10, big, 7)
+    only_offset = struct.pack("<HHQ", 1, 8, big)
+    assert fc._zip64_extra(only_offset, 10, 20, 0xFFFFFFFF) == (10, 20, big)
+    all_three = struct.pack("<HHQQQ", 1, 24, 1, 2, 3)
+    assert fc._zip64_extra(all_three, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF) == (2, 1, 3)
+
+
+def test_streaming_counts_every_byte_read(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(os.urandom(2 * fc.CHUNK + 12345))  # three chunks
+    counter = fc.Counter()
+    assert fc.stream_file(str(path), counter) == []
+    assert counter.bytes_read == 2 * fc.CHUNK + 12345
