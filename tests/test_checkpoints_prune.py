@@ -369,3 +369,65 @@ def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothin
     assert rc == 1
     assert sorted(os.listdir(root)) == before and out["deleted"] == 0
     assert any(e["file"] == "checkpoint-200" and "no longer validates" in e["reason"] for e in out["errors"])
+
+
+@pytest.mark.parametrize("failing_call, words", [
+    (2, ["cannot write .checkpoint-strategy-prune.json", "no space left", "nothing (more) deleted"]),              # the batch entry, before any rename
+    (3, ["could not update the journal", "no space left", "next prune --apply tidies it"]),  # after the deletions
+])
+def test_journal_write_failures_are_problems_that_say_what_happened(hf_run, copy_of, monkeypatch, failing_call, words):
+    import errno
+
+    import sys
+
+    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+
+    root = copy_of(hf_run.output_dir, "run")
+    real, calls = pm._write_journal, []
+
+    def flaky(where, pending):
+        calls.append(1)
+        if len(calls) == failing_call:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(where, pending)
+
+    monkeypatch.setattr(pm, "_write_journal", flaky)
+    report = prune(root, keep_last=2, apply=True, spike_check=False)
+    (problem,) = [e for e in report.errors if e.file == pm.JOURNAL]
+    assert all(w in problem.reason for w in words), problem.reason
+    assert report.deleted == (0 if failing_call == 2 else len(report.delete))
+
+
+def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(hf_run, copy_of, monkeypatch):
+    import errno
+
+    import sys
+
+    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    from checkpoint_strategy.errors import UsageError
+
+    root = copy_of(hf_run.output_dir, "run")
+
+    def failing(where, pending):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(pm, "_write_journal", failing)
+    with pytest.raises(UsageError, match="needs write access to ROOT") as err:
+        prune(root, keep_last=2, apply=True, spike_check=False)
+    assert f"prune journal in {root}" in str(err.value)
+    assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
+
+
+def test_keep_last_below_one_is_a_usage_error_naming_it(hf_run, copy_of):
+    from checkpoint_strategy.errors import UsageError
+
+    with pytest.raises(UsageError, match="--keep-last must be an integer of at least 1"):
+        prune(copy_of(hf_run.output_dir, "run"), keep_last=0)
+
+
+def test_unrecognised_entries_are_reported_with_their_path(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    (root / "README.txt").write_text("notes")
+    report = prune(root, keep_last=2, spike_check=False)
+    (entry,) = [e for e in report.keep if e.name == "README.txt"]
+    assert entry.path is not None and entry.path.endswith("README.txt")
