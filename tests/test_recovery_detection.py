@@ -357,3 +357,29 @@ def test_spike_in_the_last_few_values_is_recovering_inside_the_minimum_wait():
     x[-6:] = 8.0 + 0.1 * np.random.default_rng(6).standard_normal(6)
     a = _analyse(x)
     assert [e.onset for e in a.events] == [994] and a.verdict == "recovering"  # 6 steps < min_wait_steps 50
+
+
+def test_projected_excess_follows_the_exponential_decay_seen_since_the_onset():
+    """A spike decaying exactly as 4 e^(-0.05 (t - onset)) over a level of 1: the projection to a later step is the
+    same exponential, from the centre of the last 5-value median (2 values before the end)."""
+    from types import SimpleNamespace
+
+    from checkpoint_strategy.recovery.advice import _projected_excess
+
+    onset, n = 500, 40
+    steps = np.arange(onset, onset + n)
+    series = SimpleNamespace(steps=steps, loss=1.0 + 4.0 * np.exp(-0.05 * (steps - onset)))
+    until = onset + 100
+    got = _projected_excess(series, 0, 1.0, until)
+    assert got == pytest.approx(4.0 * math.exp(-0.05 * (until - onset - 2)), rel=1e-9)
+    assert got < 4.0 * math.exp(-0.05 * (n - 3))  # smaller than the excess now: it decays
+
+
+def test_spike_reports_its_robust_z_score():
+    x = _flat(7)
+    x[600] = 4.0
+    (spike,) = detect_spikes(np.arange(1, len(x) + 1), x)
+    from checkpoint_strategy.recovery.detect import rolling_stats
+
+    med, scale, _ = rolling_stats(x)
+    assert spike.z_score == pytest.approx((4.0 - med[600]) / scale[600], abs=0.01)
