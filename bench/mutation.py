@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -38,16 +39,27 @@ TARGETS = {
                        "tests/test_planning_tiers.py", "tests/test_planning_storage.py", "tests/test_planning_options.py",
                        NOT_UNDER_MUTMUT,
                        "--deselect=tests/test_planning_tiers.py::test_tier_functions_are_short_and_documented"]),
-    "detect": (["recovery/detect.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py"]),
+    "detect": (["recovery/detect.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py",
+                                        "tests/test_recovery_corpus.py", "tests/test_recovery_complete.py"]),
+    # the real-run tests (HF, Lightning, log readers) are the ones that reach the eval-loss opinion, the
+    # checkpoint list and the completed advice
     "advice": (["recovery/advice.py"], ["tests/test_recovery_detection.py", "tests/test_recovery_kinds.py",
-                                        "tests/test_recovery_inputs.py"]),
-    # (the crash-safety test kills `prune --apply` subprocesses of the unmutated scripts/: left out)
-    "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py",
+                                        "tests/test_recovery_inputs.py", "tests/test_recovery_realruns.py",
+                                        "tests/test_recovery_logreaders.py", "tests/test_recovery_realrun.py",
+                                        "tests/test_recovery_complete.py", "tests/test_recovery_corpus.py"]),
+    # (the crash-safety test kills `prune --apply` subprocesses at random points, minutes a run: left out; the
+    # other subprocesses run the mutated copy, see mutmut() below)
+    "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py", "tests/test_checkpoints_prune_safety.py",
+                                         "tests/test_checkpoints_prune_defaults.py",
                                          "--deselect=tests/test_checkpoints_prune.py::"
                                          "test_crash_safety_kill_prune_apply_at_random_points"]),
-    # (tests/test_hardening_io.py runs the launcher in a subprocess: the unmutated scripts/, not the mutant)
-    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py"]),
-    "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py"]),
+    # (mutmut maps tests to functions in-process: a test that reaches a function only through a subprocess is
+    # not run for its mutants; those subprocesses run the mutated copy all the same)
+    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py",
+                                                   "tests/test_checkpoints_deep.py", "tests/test_hardening_io.py",
+                                                   "tests/test_checkpoints_validate.py"]),
+    "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py", "tests/test_simulation_exact.py",
+                                                  "tests/test_simulation_twotier.py", "tests/test_simulation_cli.py"]),
 }
 STATUS = ("killed", "survived", "no tests", "timeout", "suspicious", "skipped", "not checked", "segfault")
 
@@ -64,7 +76,8 @@ def scratch_copy(where: Path, files: list[str], tests: list[str]) -> Path:
     py += "\n[tool.mutmut]\n" + "\n".join([
         f'source_paths = ["{PKG}/"]',
         "only_mutate = " + json.dumps([f"{PKG}/{f}" for f in files]),
-        'also_copy = ["pyproject.toml", "tests", "templates", "schemas", "skill.yaml", "SKILL.md", "README.md", "docs"]',
+        'also_copy = ["pyproject.toml", "tests", "templates", "schemas", "skill.yaml", "SKILL.md", "README.md", "docs",'
+        ' "scripts"]',  # the launcher some tests run (the package moved to src/: found on PYTHONPATH)
         "pytest_add_cli_args_test_selection = " + json.dumps(tests),
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x"]',
     ]) + "\n"
@@ -73,7 +86,11 @@ def scratch_copy(where: Path, files: list[str], tests: list[str]) -> Path:
 
 
 def mutmut(tree: Path, *args: str, check: bool = False) -> str:
-    proc = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=tree, capture_output=True, text=True)
+    # the tests' subprocesses (tests/cliresult.py checkout_env) run the mutated copy, not the scratch tree's src/
+    # and the real-run fixtures are built once, by the first test session, then copied (tests/conftest.py _built)
+    env = {**os.environ, "CHECKPOINT_STRATEGY_TEST_SOURCE": str(tree / "mutants" / "src"),
+           "CHECKPOINT_STRATEGY_FIXTURE_CACHE": str(tree.parent / "fixtures")}
+    proc = subprocess.run([sys.executable, "-m", "mutmut", *args], cwd=tree, capture_output=True, text=True, env=env)
     if check and proc.returncode:
         raise SystemExit(f"mutmut {' '.join(args[:2])} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc.stdout

@@ -19,7 +19,9 @@ from checkpoint_strategy.cli import ERROR_PREFIX, main
 # The checkout under test. A subprocess runs *it*, never whichever copy is installed or first on PATH:
 # CLI is the module entry point of the running interpreter, checkout_env() puts this checkout's scripts/ first on
 # PYTHONPATH and the running interpreter's folder (its console scripts: agentskills, ...) first on PATH.
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+# Under mutation testing (bench/mutation.py) the package under test is the mutated copy mutmut imports, not scripts/:
+# CHECKPOINT_STRATEGY_TEST_SOURCE names its folder, so a subprocess runs the mutant too.
+SCRIPTS = Path(os.environ.get("CHECKPOINT_STRATEGY_TEST_SOURCE") or Path(__file__).resolve().parent.parent / "scripts")
 CLI = [sys.executable, "-m", "checkpoint_strategy"]
 BIN = Path(sys.executable).parent
 

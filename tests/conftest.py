@@ -6,6 +6,7 @@ Builders live in tests/realruns.py. Tests that change a checkpoint take a copy
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -60,6 +61,43 @@ def cli_run(capsys, monkeypatch):
     return _run
 
 
+# bench/mutation.py sets CHECKPOINT_STRATEGY_FIXTURE_CACHE: mutmut starts a test session per mutant, and the real runs
+# (built by the frameworks, none of the package's code involved) are then built once, in the first session, and
+# copied into each later session's tmp folder (a private copy per session, as if built there).
+FIXTURE_CACHE = os.environ.get("CHECKPOINT_STRATEGY_FIXTURE_CACHE")
+
+
+def _rebase(value, old: str, new: str):
+    if isinstance(value, Path):
+        return Path(str(value).replace(old, new, 1)) if str(value).startswith(old) else value
+    if isinstance(value, list):
+        return [_rebase(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebase(v, old, new) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _rebase(getattr(value, f.name), old, new)
+                                             for f in dataclasses.fields(value) if f.init})
+    return value
+
+
+def _built(tmp_path_factory, name: str, build):
+    """build(root) in a fresh tmp folder; with FIXTURE_CACHE, a copy of the first session's build."""
+    root = tmp_path_factory.mktemp(name)
+    if not FIXTURE_CACHE:
+        return build(root)
+    import pickle  # the test's own objects (paths and step lists), written by this function
+
+    saved = Path(FIXTURE_CACHE) / name
+    if not (saved / "result.pickle").exists():
+        shutil.rmtree(saved, ignore_errors=True)
+        (saved / "tree").mkdir(parents=True)
+        result = build(saved / "tree")
+        (saved / "result.pickle").write_bytes(pickle.dumps(result))
+    result = pickle.loads((saved / "result.pickle").read_bytes())
+    shutil.copytree(saved / "tree", root, symlinks=True, dirs_exist_ok=True)
+    return _rebase(result, str(saved / "tree"), str(root))
+
+
 @pytest.fixture(scope="session")
 def skill_root() -> Path:
     """The skill folder (the repository root)."""
@@ -74,7 +112,7 @@ def hf_run(tmp_path_factory) -> realruns.HFRun:
     to about 10 at step 121 and has not recovered by step 200. checkpoint-120 is written
     *after* the perturbation: it already holds the spiked weights.
     """
-    return realruns.build_hf_run(tmp_path_factory.mktemp("hf"))
+    return _built(tmp_path_factory, "hf", realruns.build_hf_run)
 
 
 @pytest.fixture(scope="session")
@@ -85,8 +123,8 @@ def hf_run_self_recovering(tmp_path_factory) -> realruns.HFRun:
     4x) and is back within 10 % by about step 139; no rollback needed. Checkpoints in
     output_dir/hf-run-self-recovering/checkpoint-N every 10 steps.
     """
-    return realruns.build_hf_run(tmp_path_factory.mktemp("hf-selfrec"), spike_scale=1.5,
-                                 name="hf-run-self-recovering")
+    return _built(tmp_path_factory, "hf-selfrec",
+                  lambda root: realruns.build_hf_run(root, spike_scale=1.5, name="hf-run-self-recovering"))
 
 
 @pytest.fixture(scope="session")
@@ -94,26 +132,26 @@ def hf_resumes(tmp_path_factory) -> realruns.HFResumes:
     """A spike-free run crashed after step 110, resumed from checkpoint-100 by the real Trainer twice:
     `normal` (checkpoint as saved) and `no_optimizer` (optimizer.pt deleted: fresh AdamW and fresh
     LR schedule). Each log (JSON lines, one line per step) holds steps 1-110 then 101-130."""
-    return realruns.build_hf_resumes(tmp_path_factory.mktemp("hf-resumes"))
+    return _built(tmp_path_factory, "hf-resumes", realruns.build_hf_resumes)
 
 
 @pytest.fixture(scope="session")
 def hf_run_restarted(tmp_path_factory) -> realruns.HFRestartedRun:
     """A run that spiked at step 55 (weights blown up), crashed after logging step 60 and was resumed
     from checkpoint-50 to step 100, both attempts appending to one JSON lines log (51-60 twice)."""
-    return realruns.build_hf_restarted_run(tmp_path_factory.mktemp("hf-restart"))
+    return _built(tmp_path_factory, "hf-restart", realruns.build_hf_restarted_run)
 
 
 @pytest.fixture(scope="session")
 def lightning_run(tmp_path_factory) -> realruns.LightningRun:
     """Real Lightning ModelCheckpoint files epoch=0-step=10/20/30.ckpt."""
-    return realruns.build_lightning_run(tmp_path_factory.mktemp("pl"))
+    return _built(tmp_path_factory, "pl", realruns.build_lightning_run)
 
 
 @pytest.fixture(scope="session")
 def dcp_checkpoint(tmp_path_factory) -> Path:
     """A real torch.distributed.checkpoint folder step-100/ (.metadata + __0_0.distcp)."""
-    return realruns.build_dcp_checkpoint(tmp_path_factory.mktemp("dcp"))
+    return _built(tmp_path_factory, "dcp", realruns.build_dcp_checkpoint)
 
 
 @pytest.fixture(scope="session")

@@ -227,3 +227,95 @@ def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path,
     seen = []
     reasons, _ = fc.check_zip(str(good), fc.Counter(), full=True, update=lambda update_bytes: seen.append(update_bytes))
     assert reasons == [] and sum(seen) >= 6 * 200_000
+
+
+@pytest.mark.parametrize("offset, fmt", [(10, "<H"), (12, "<I"), (16, "<I")])  # entries, cd size, cd offset
+def test_one_zip64_sentinel_without_a_zip64_record_is_invalid(tmp_path, offset, fmt):
+    """An archive with no zip64 records (re-zipped by Python's zipfile) whose 32-bit end record says "see zip64"
+    (0xFFFF / 0xFFFFFFFF) in one field only: torch.load refuses it, and validate names the missing zip64 record."""
+    import io
+    import zipfile
+
+    import torch
+
+    buf = io.BytesIO()
+    original = {"w": torch.arange(6.0), "step": 3}
+    torch.save(original, buf)
+    src, out = zipfile.ZipFile(io.BytesIO(buf.getvalue())), io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info.filename))
+    data = bytearray(out.getvalue())
+    assert b"PK\x06\x06" not in data and b"PK\x06\x07" not in data  # no zip64 end record, no locator
+    assert _torch_loads_the_same(bytes(data), original)  # the re-zipped archive loads as it is
+    struct.pack_into(fmt, data, data.rindex(b"PK\x05\x06") + offset, 0xFFFF if fmt == "<H" else 0xFFFFFFFF)
+    assert not _torch_loads_the_same(bytes(data), original)
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(data))
+    r = run_captured(["validate", str(path), "--level", "full", "--format", "json"])
+    assert r.rc == 1
+    reasons = [x["reason"] for x in r.json()["checkpoints"][0]["problems"]]
+    assert any("zip64" in x for x in reasons), reasons
+
+
+def _rezipped(original: dict, compression: int) -> bytes:
+    import io
+    import zipfile
+
+    import torch
+
+    buf, out = io.BytesIO(), io.BytesIO()
+    torch.save(original, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    with zipfile.ZipFile(out, "w", compression) as z:
+        for info in src.infolist():
+            z.writestr(info.filename, src.read(info.filename))
+    return out.getvalue()
+
+
+def test_deflated_archive_that_torch_loads_is_valid_and_its_strings_are_read(tmp_path):
+    """torch.save stores entries; an archive re-zipped with deflate (data.pkl and a 6 MB storage, more than one
+    4 MB streaming chunk) still loads with torch.load (the oracle), so full validation must pass it, and the pickle's
+    strings (inside lists and tuples too) are read."""
+    import zipfile
+
+    import torch
+
+    original = {"w": torch.randn(1_500_000, generator=torch.Generator().manual_seed(0)), "names": ["a", ("b", "c")]}
+    data = _rezipped(original, zipfile.ZIP_DEFLATED)
+    assert _torch_loads_the_same(data, original)
+    path = tmp_path / "model.pt"
+    path.write_bytes(data)
+    r = run_captured(["validate", str(path), "--level", "full", "--format", "json"])
+    assert r.rc == 0, r.json()["checkpoints"][0]["problems"]
+    findings, strings = fc.check_zip(str(path), fc.Counter(), full=True, want_pickle=True)
+    assert findings == []
+    assert {"w", "names", "a", "b", "c"} <= set(strings)
+
+
+def test_pickle_strings_are_string_constants_not_global_names():
+    import collections
+    import pickle
+
+    data = pickle.dumps(collections.OrderedDict(alpha=1), protocol=2)  # GLOBAL 'collections OrderedDict'
+    assert fc.pickle_strings(data) == ["alpha"]
+
+
+def test_zip64_extra_holds_only_the_fields_the_header_marks():
+    """APPNOTE 4.5.3: the zip64 extra field lists, in the order uncompressed size, compressed size, offset, only the
+    values whose 32-bit header field is 0xFFFFFFFF."""
+    big = 5 << 32
+    only_usize = struct.pack("<HHQ", 1, 8, big)
+    assert fc._zip64_extra(only_usize, 10, 0xFFFFFFFF, 7) == (10, big, 7)
+    only_offset = struct.pack("<HHQ", 1, 8, big)
+    assert fc._zip64_extra(only_offset, 10, 20, 0xFFFFFFFF) == (10, 20, big)
+    all_three = struct.pack("<HHQQQ", 1, 24, 1, 2, 3)
+    assert fc._zip64_extra(all_three, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF) == (2, 1, 3)
+
+
+def test_streaming_counts_every_byte_read(tmp_path):
+    path = tmp_path / "blob.bin"
+    path.write_bytes(os.urandom(2 * fc.CHUNK + 12345))  # three chunks
+    counter = fc.Counter()
+    assert fc.stream_file(str(path), counter) == []
+    assert counter.bytes_read == 2 * fc.CHUNK + 12345

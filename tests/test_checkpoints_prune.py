@@ -17,8 +17,7 @@ import pytest
 
 from checkpoint_strategy.checkpoints import load_policy, prune, validate_paths
 from checkpoint_strategy.cli import main
-
-PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
+from cliresult import checkout_env
 
 
 def _names(entries):
@@ -65,6 +64,20 @@ def test_best_model_checkpoint_is_protected(hf_run, copy_of):
     data = json.loads(state.read_text())
     data["best_model_checkpoint"] = "hf-run/checkpoint-70"
     state.write_text(json.dumps(data))
+    report = prune(root, keep_last=1)
+    assert "checkpoint-70" in _names(report.keep) and report.best_checkpoint == "checkpoint-70"
+
+
+def test_best_model_checkpoint_is_protected_when_the_trainer_state_holds_nan(hf_run, copy_of):
+    """HF's Trainer writes trainer_state.json with json.dumps, which writes a NaN metric as the bare token NaN;
+    the state still names the best checkpoint."""
+    root = copy_of(hf_run.output_dir, "run")
+    state = root / "checkpoint-200" / "trainer_state.json"
+    data = json.loads(state.read_text())
+    data["best_model_checkpoint"] = "hf-run/checkpoint-70"
+    data["best_metric"] = float("nan")
+    state.write_text(json.dumps(data))
+    assert "NaN" in state.read_text()  # what json.dumps (the Trainer's writer) makes of it
     report = prune(root, keep_last=1)
     assert "checkpoint-70" in _names(report.keep) and report.best_checkpoint == "checkpoint-70"
 
@@ -168,7 +181,7 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     (outside / "precious.txt").write_text("do not touch")
     (template / "run" / "checkpoint-1").symlink_to(Path("..") / "outside" / "checkpoint-1")
     (template / "run" / "outside-link").symlink_to(Path("..") / "outside")
-    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    env = checkout_env()
     newest = f"checkpoint-{max(hf_run.checkpoint_steps)}"
     # Bulk each checkpoint up with small extra files so that deleting takes long enough for
     # random kills to land mid-deletion, not only during interpreter start-up.
@@ -280,6 +293,26 @@ def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of)
     assert _names(off.keep) == ["checkpoint-190", "checkpoint-200"]
 
 
+def test_emergency_save_is_held_only_while_its_spike_is_unresolved(hf_run, hf_run_self_recovering, copy_of):
+    """An emergency save (post-event weights, marked by the callbacks) is kept while the spike has not recovered,
+    and is an ordinary old checkpoint once the log shows the run came back by itself."""
+    from checkpoint_strategy.checkpoints.marker import write_marker
+
+    recovered = copy_of(hf_run_self_recovering.output_dir, "recovered")
+    write_marker(recovered / "checkpoint-130", event="loss_spike_detected", step=121)
+    report = prune(recovered, keep_last=2)
+    assert report.spike_guard.status == "self_recovered"
+    assert "checkpoint-130" in _names(report.delete)
+    assert _names(report.keep) == ["checkpoint-110", "checkpoint-190", "checkpoint-200"]
+
+    diverged = copy_of(hf_run.output_dir, "diverged")
+    write_marker(diverged / "checkpoint-130", event="loss_spike_detected", step=121)
+    report = prune(diverged, keep_last=2)
+    assert "checkpoint-130" in _names(report.keep)
+    assert any("kept until the loss spike at step 121 recovers" in r for r in report.reasons["checkpoint-130"])
+    assert "checkpoint-130" in _names(prune(diverged, keep_last=2, spike_check=False).delete)
+
+
 def test_explicit_bad_log_exits_2(hf_run, copy_of, tmp_path, capsys):
     root = copy_of(hf_run.output_dir, "run")
     bad = tmp_path / "log.jsonl"
@@ -336,3 +369,65 @@ def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothin
     assert rc == 1
     assert sorted(os.listdir(root)) == before and out["deleted"] == 0
     assert any(e["file"] == "checkpoint-200" and "no longer validates" in e["reason"] for e in out["errors"])
+
+
+@pytest.mark.parametrize("failing_call, words", [
+    (2, ["cannot write .checkpoint-strategy-prune.json", "no space left", "nothing (more) deleted"]),              # the batch entry, before any rename
+    (3, ["could not update the journal", "no space left", "next prune --apply tidies it"]),  # after the deletions
+])
+def test_journal_write_failures_are_problems_that_say_what_happened(hf_run, copy_of, monkeypatch, failing_call, words):
+    import errno
+
+    import sys
+
+    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+
+    root = copy_of(hf_run.output_dir, "run")
+    real, calls = pm._write_journal, []
+
+    def flaky(where, pending):
+        calls.append(1)
+        if len(calls) == failing_call:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(where, pending)
+
+    monkeypatch.setattr(pm, "_write_journal", flaky)
+    report = prune(root, keep_last=2, apply=True, spike_check=False)
+    (problem,) = [e for e in report.errors if e.file == pm.JOURNAL]
+    assert all(w in problem.reason for w in words), problem.reason
+    assert report.deleted == (0 if failing_call == 2 else len(report.delete))
+
+
+def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(hf_run, copy_of, monkeypatch):
+    import errno
+
+    import sys
+
+    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    from checkpoint_strategy.errors import UsageError
+
+    root = copy_of(hf_run.output_dir, "run")
+
+    def failing(where, pending):
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(pm, "_write_journal", failing)
+    with pytest.raises(UsageError, match="needs write access to ROOT") as err:
+        prune(root, keep_last=2, apply=True, spike_check=False)
+    assert f"prune journal in {root}" in str(err.value)
+    assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
+
+
+def test_keep_last_below_one_is_a_usage_error_naming_it(hf_run, copy_of):
+    from checkpoint_strategy.errors import UsageError
+
+    with pytest.raises(UsageError, match="--keep-last must be an integer of at least 1"):
+        prune(copy_of(hf_run.output_dir, "run"), keep_last=0)
+
+
+def test_unrecognised_entries_are_reported_with_their_path(hf_run, copy_of):
+    root = copy_of(hf_run.output_dir, "run")
+    (root / "README.txt").write_text("notes")
+    report = prune(root, keep_last=2, spike_check=False)
+    (entry,) = [e for e in report.keep if e.name == "README.txt"]
+    assert entry.path is not None and entry.path.endswith("README.txt")

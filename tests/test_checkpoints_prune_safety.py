@@ -16,9 +16,9 @@ import pytest
 from checkpoint_strategy.checkpoints import prune, validate_paths
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.errors import UsageError
+from cliresult import checkout_env
 
-PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
-ENV = dict(os.environ, PYTHONPATH=PKG_PARENT)
+ENV = checkout_env()
 
 pm = sys.modules["checkpoint_strategy.checkpoints.prune"]
 

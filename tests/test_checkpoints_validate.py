@@ -17,7 +17,6 @@ from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
 from checkpoint_strategy.cli import main
 from cliresult import CLI, checkout_env
 
-PKG_PARENT = str(Path(__file__).resolve().parent.parent / "scripts")
 
 
 @pytest.fixture(scope="module")
@@ -432,7 +431,7 @@ def test_text_and_markdown_output(hf_run, dcp_checkpoint, capsys):
 
 
 def test_cli_subprocess_quiet_when_piped(hf_run):
-    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    env = checkout_env()
     proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "validate", str(hf_run.output_dir),
                            "--level", "full"], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr

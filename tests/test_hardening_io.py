@@ -22,6 +22,7 @@ import pytest
 from checkpoint_strategy import storage
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.render import escape_untrusted
+from cliresult import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCHER = ROOT / "scripts" / "checkpoint-strategy"
@@ -45,9 +46,7 @@ def exit_2(capsys, *argv) -> str:
 
 def sub(*argv, timeout=120, env=None, python=sys.executable, flags=()):
     """The real entry point in a child process: a hang fails the test instead of hanging it."""
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(ROOT / "scripts")
-    e.update(env or {})
+    e = checkout_env(**(env or {}))
     return subprocess.run([python, *flags, str(LAUNCHER), *map(str, argv)], capture_output=True, text=True,
                           timeout=timeout, env=e)
 
@@ -304,7 +303,7 @@ def _limited(*argv, limit=1 << 30):
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
             "from checkpoint_strategy.cli import main; sys.exit(main(sys.argv[1:]))" % (limit, limit))
     return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "scripts")})
+                          env=checkout_env())
 
 
 @pytest.mark.parametrize("level", ["quick", "full"])
@@ -633,7 +632,7 @@ def test_handoff_killed_half_way_is_rolled_back_by_the_next(tmp_path, capsys):
         from checkpoint_strategy.cli import main
         main(["handoff", {", ".join(repr(a) for a in PLAN)}, "--keep-last", "9", "--state-dir", {str(st)!r}])
     """)
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT / "scripts")},
+    r = subprocess.run([sys.executable, "-c", code], env=checkout_env(),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == -9, r.stderr
     assert (st / statefolder.JOURNAL).exists() and _snapshot(st) != before  # half-written on disk

@@ -293,3 +293,93 @@ def test_spikes_are_sorted_and_disjoint_on_a_plateau_with_repeated_outliers():
     for a, b in zip(spikes, spikes[1:], strict=False):
         assert a.recovered_step is not None and a.recovered_step < b.onset_step
 
+
+
+# --- edges found by mutation testing (issue 18): each curve is built so the right answer is known by hand ---------
+
+def _flat(seed: int, n: int = 1000, level: float = 2.0, noise: float = 0.02) -> np.ndarray:
+    return level + noise * np.random.default_rng(seed).standard_normal(n)
+
+
+def _analyse(x, grad=None):
+    from checkpoint_strategy.recovery.detect import analyse
+    from checkpoint_strategy.recovery.settings import RecoveryOptions
+
+    return analyse(np.arange(1, len(x) + 1), x, grad, RecoveryOptions())
+
+
+def test_a_spikes_peak_is_inside_the_spike_not_in_a_later_one():
+    from checkpoint_strategy.recovery.detect import find_events
+
+    x = _flat(0, 1500)
+    x[600:603] = 6.0
+    x[1000:1003] = 12.0  # a later, bigger spike
+    first, second = find_events(x)
+    assert (first.onset, first.end is not None) == (600, True) and 600 <= first.peak <= 602
+    assert second.onset == 1000 and 1000 <= second.peak <= 1002
+
+
+def test_never_trained_onset_is_where_the_loss_left_the_start_and_peak_is_the_maximum():
+    x = _flat(0, 600, level=3.0, noise=0.03)
+    x[:4] = 2.0  # the untrained model's loss for four steps, then up for good (before any rolling history)
+    (ev,) = _analyse(x).events
+    assert ev.kind == "divergence" and ev.end is None and "started from" in ev.rules[0]
+    assert ev.onset == 4  # the first value above the start by more than the tolerance
+    assert ev.peak == 4 + int(np.argmax(x[4:]))
+
+
+def test_grad_norm_spike_just_before_the_loss_onset_is_its_precursor():
+    x, g = _flat(1), _flat(2, level=1.0)
+    x[600:603] = 6.0
+    g[597] = 10.0  # three logged values before the loss onset
+    (ev,) = _analyse(x, g).events
+    assert (ev.kind, ev.onset, ev.precursor) == ("spike", 600, 597)
+
+
+def test_collapse_that_comes_back_ends_at_the_first_value_off_the_pinned_one():
+    x = _flat(3)
+    x[400:450] = 0.0
+    (ev,) = _analyse(x).events
+    assert (ev.kind, ev.onset, ev.end) == ("collapse", 400, 450)
+
+
+def test_rule_labels_name_the_thresholds_in_force():
+    from checkpoint_strategy.recovery.detect import find_events
+
+    x = _flat(4)
+    x[600] = 4.0
+    (ev,) = find_events(x, ratio_threshold=1.8)
+    assert any("1.8x rolling median" in r for r in ev.rules), ev.rules
+
+
+def test_spike_in_the_last_few_values_is_recovering_inside_the_minimum_wait():
+    x = _flat(5)
+    x[-6:] = 8.0 + 0.1 * np.random.default_rng(6).standard_normal(6)
+    a = _analyse(x)
+    assert [e.onset for e in a.events] == [994] and a.verdict == "recovering"  # 6 steps < min_wait_steps 50
+
+
+def test_projected_excess_follows_the_exponential_decay_seen_since_the_onset():
+    """A spike decaying exactly as 4 e^(-0.05 (t - onset)) over a level of 1: the projection to a later step is the
+    same exponential, from the centre of the last 5-value median (2 values before the end)."""
+    from types import SimpleNamespace
+
+    from checkpoint_strategy.recovery.advice import _projected_excess
+
+    onset, n = 500, 40
+    steps = np.arange(onset, onset + n)
+    series = SimpleNamespace(steps=steps, loss=1.0 + 4.0 * np.exp(-0.05 * (steps - onset)))
+    until = onset + 100
+    got = _projected_excess(series, 0, 1.0, until)
+    assert got == pytest.approx(4.0 * math.exp(-0.05 * (until - onset - 2)), rel=1e-9)
+    assert got < 4.0 * math.exp(-0.05 * (n - 3))  # smaller than the excess now: it decays
+
+
+def test_spike_reports_its_robust_z_score():
+    x = _flat(7)
+    x[600] = 4.0
+    (spike,) = detect_spikes(np.arange(1, len(x) + 1), x)
+    from checkpoint_strategy.recovery.detect import rolling_stats
+
+    med, scale, _ = rolling_stats(x)
+    assert spike.z_score == pytest.approx((4.0 - med[600]) / scale[600], abs=0.01)

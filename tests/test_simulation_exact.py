@@ -142,3 +142,30 @@ def test_tracking_memory_is_bounded_with_a_clear_error(monkeypatch):
                   R=60.0, M=600.0, corrupt_prob=0.1)
     with pytest.raises(UsageError, match="too many rollbacks"):
         run_monte_carlo(setup, runs=500, seed=1, expected_failures=30.0)
+
+
+def test_failure_rollbacks_consult_the_runs_own_known_good_checkpoints_closed_form():
+    """Two saves (the second is the end), keep_last 1, no milestones: a failure in segment 2 rolls back to checkpoint
+    1, which is corrupt with probability Q the first time it is needed (then nothing is left: step 0, one skip) and
+    loads for sure once it has loaded. So every visit to segment 2 with checkpoint 1 untested ends in a skip with
+    probability p q (p = 1 - e^(-T/M), a failure before the end), and the number of skips K per run is geometric:
+    P(K = k) = (p q)^k (1 - p q). A failure rollback that forgot what loaded (or read another table) would redraw
+    checkpoint 1 on every failure: P(skip before the end) = p q / (1 - p + p q), far above p q."""
+    T, MTBF, q = 1800.0, 1800.0, 0.5
+    setup = Setup(total_steps=2, step_seconds=T, frequency=1, keep_last=1, milestone_steps=(), C=0.0, P=0.0,
+                  R=300.0, M=MTBF, corrupt_prob=q)
+    runs = 40_000
+    raw = run_monte_carlo(setup, runs=runs, seed=18, expected_failures=5.0)
+    p = -math.expm1(-T / MTBF)
+    r = p * q
+    skips = np.asarray(raw.corrupt_skips)
+    for k in range(3):
+        expected = r ** k * (1 - r)
+        se = math.sqrt(expected * (1 - expected) / runs)
+        assert abs(np.mean(skips == k) - expected) <= 4 * se, (k, np.mean(skips == k), expected, se)
+    se_mean = math.sqrt(r / (1 - r) ** 2 / runs)  # variance of a geometric count: r / (1 - r)^2
+    assert abs(skips.mean() - r / (1 - r)) <= 4 * se_mean
+    # a skip here always means nothing loadable was left: the run restarted from step 0
+    assert np.array_equal(np.asarray(raw.failure_scratch), skips > 0)
+    forgetful = r / (1 - p + r)
+    assert forgetful - r > 20 * math.sqrt(r * (1 - r) / runs)  # the test can tell the models apart

@@ -203,3 +203,98 @@ def test_percentiles_of_counts_are_order_statistics_and_in_flight_shares_the_fai
     assert "pure compute" in sim.lost_definition
     sync = simulate(daly_plan(6.0), runs=300, seed=1)
     assert sync.analytic_caveats == []
+
+
+# --- small contracts the statistical tests above do not pin (found by mutation testing, issue 18) -------------
+
+
+class _AllCorrupt:  # a generator stand-in: every corruption draw says "corrupt for ever"
+    def geometric(self, p, n):
+        return np.full(n, 10**6)
+
+
+def test_known_good_highest_is_the_highest_known_position_at_or_below_the_ceiling():
+    from checkpoint_strategy.simulation.montecarlo import KnownGood
+
+    kg = KnownGood(np.array([[0, 3, 6, -1], [0, 2, -1, -1]], dtype=np.int64))
+    ids, a = np.arange(2), (lambda *v: np.array(v, dtype=np.int64))  # noqa: E731
+    # the top (6) is above the ceiling 5: the row is scanned, padding (-1) and positions above c never count
+    assert kg.highest(ids, a(5, 5)).tolist() == [3, 2]
+    assert kg.highest(ids, a(6, 1)).tolist() == [6, 0]
+    # among milestones only: none known at or below the ceiling is -1 (documented), not any other negative
+    assert kg.highest(ids, a(5, 5), np.array([3, 4])).tolist() == [3, -1]
+    assert kg.highest(ids, a(2, 5), np.array([3])).tolist() == [-1, -1]
+
+
+def test_a_known_good_milestone_at_position_one_loads_again():
+    s = _setup(keep_last=2, milestone_steps=(100,), corrupt_prob=0.5)  # milestone position 1
+    a = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    known = np.array([[0, 1, 6]], dtype=np.int64)  # position 1 loaded before, then 6
+    # a spike needs <= 4 with the window at 7..8: the milestone at position 1 loaded before, so it loads again
+    t, src, skips = rollback(s, _AllCorrupt(), a(4), a(7), known)
+    assert (t.tolist(), src.tolist(), skips.tolist()) == ([1], [1], [0])
+
+
+def test_spike_rollback_adds_its_skips_to_the_runs_count():
+    from checkpoint_strategy.simulation.montecarlo import KnownGood, _spike_rollback, _Tally
+
+    s = _setup(keep_last=3, milestone_steps=(), corrupt_prob=0.5)
+    tally = _Tally(2)
+    tally.skips[:] = [3, 1]  # earlier failure rollbacks skipped corrupt checkpoints
+    known = KnownGood.start(2)
+    ids = np.arange(2)
+    t = np.array([s.E_scalar(8) + 1.0] * 2)  # position 8 on storage: window 6..8
+    rescue = np.array([7, 7], dtype=np.int64)
+    target = _spike_rollback(s, _AllCorrupt(), known, tally, ids, t, np.zeros(2, dtype=np.int64), rescue)
+    # 7 and 6 corrupt, nothing known in the window: step 0, two skips more for each run
+    assert target.tolist() == [0, 0]
+    assert tally.skips.tolist() == [5, 3]
+    assert tally.sp_n.tolist() == [1, 1] and tally.sp_scratch.tolist() == [1, 1]
+
+
+def test_setup_raises_a_persist_time_below_the_stall_to_the_stall():
+    s = _setup(C=30.0, P=10.0)
+    assert s.P == 30.0  # a checkpoint cannot be on storage before its save ends (P >= C)
+
+
+def test_event_budget_error_names_the_events_and_the_advice():
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.simulation.montecarlo import run_monte_carlo
+
+    with pytest.raises(UsageError, match=r"failures and spikes per run expected.*lower --spike-rate"):
+        run_monte_carlo(_setup(), runs=10, seed=0, expected_failures=1e6)
+
+
+def test_async_caveat_without_an_exact_figure_when_saves_overlap():
+    from checkpoint_strategy.simulation.montecarlo import analytic_caveats
+
+    overlap = Setup(total_steps=1000, step_seconds=1.0, frequency=10, keep_last=2, milestone_steps=(), C=1.0,
+                    P=100.0, R=0.0, M=7200.0)
+    (caveat,) = analytic_caveats(overlap, 0.0, 0.0, in_flight=3)
+    assert caveat.startswith("async saves") and "async_wall_hours" not in caveat
+    assert analytic_caveats(overlap, 0.0, 0.0, in_flight=0) == []
+
+
+def test_report_statistics_follow_their_definitions():
+    report = plan(validate_arguments(dict(total_steps=2000, step_seconds=60.0, budget_gb=1e6, model_size_gb=100.0,
+                                          write_gbps=1.0, mtbf_hours=20.0, frequency=50, max_loss_hours=100)))
+    sim = simulate(report, runs=2001, seed=8)
+    assert sim.async_wall_hours is not None and sim.wall_hours_stderr > 0
+    # the z scores are (mean - expectation) / standard error (fields of the same report, 6 and 9 decimals)
+    assert sim.async_z == pytest.approx((sim.mean_wall_hours - sim.async_wall_hours) / sim.wall_hours_stderr,
+                                        abs=0.01)
+    assert sim.analytic_z == pytest.approx(
+        (sim.mean_wall_hours - sim.analytic_wall_hours) / sim.wall_hours_stderr, abs=0.01)
+    # lost = wall - compute for every run: the same order statistics, shifted by the compute
+    for q in ("p50", "p95", "p99"):
+        assert getattr(sim, f"{q}_lost_hours") == pytest.approx(
+            getattr(sim, f"{q}_wall_hours") - sim.compute_hours, abs=2e-6), q
+    assert sim.spikes is None  # no --spike-rate: no spike statistics
+    one = simulate(report, runs=1, seed=8)
+    assert one.wall_hours_stderr == 0 and one.analytic_z is None  # one run has no standard error
+
+
+def test_simulate_runs_ten_thousand_runs_by_default():
+    report = plan(validate_arguments(dict(total_steps=100, step_seconds=1.0, budget_gb=1e6, mtbf_hours=1e6,
+                                          frequency=50)))
+    assert simulate(report).runs == 10000  # docs/simulate.md: --runs, default 10 000
