@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import mpmath
 import pytest
 
 from checkpoint_strategy.planning import failure
@@ -88,7 +89,6 @@ def test_lambert_w0_matches_a_50_digit_oracle_over_the_range():
     """Within a few ulps of the backward error everywhere. Near the branch point W is ill-conditioned
     (d(w e^w)/dw = e^w (1 + w) -> 0), so the bound there is the forward error a correctly-rounded z allows:
     2 ulp / (e^-1 (1 + w)); away from it, 1e-15 relative."""
-    mpmath = pytest.importorskip("mpmath")
     mpmath.mp.dps = 50
     for z in ZS:
         exact = mpmath.lambertw(mpmath.mpf(z)).real
