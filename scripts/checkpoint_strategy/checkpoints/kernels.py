@@ -14,10 +14,11 @@ sums in tests/test_checkpoints_kernels.py.
 
 - bfloat16: the value is the top half of a float32, so `bits << 16` reinterpreted as float32 is exact,
   NaN and Inf included (they propagate through the sums; no fast-math flag that assumes finite values).
-- float16: `(bits & 0x7fff) << 13` as a float32 times 2**112 is the exact magnitude of every finite
-  value, subnormals included; an Inf/NaN (exponent bits all ones) would come out finite (>= 65536), so
-  the same bits plus 224 in the float32 exponent field, which overflows into the all-ones exponent
-  exactly for those, are multiplied by 0: 0 for a finite value, NaN for an Inf/NaN one.
+- float16: the bits reinterpreted as an LLVM `half` and extended to float32 (`fpext`), which is exact for
+  every value, subnormals, Inf and NaN included; on x86 with F16C (and ARM with FP16) LLVM emits the
+  vector conversion instruction (`vcvtph2ps`), 16 values an instruction; elsewhere a library call, slower
+  but the same figures. (An earlier integer-only form, `(bits & 0x7fff) << 13` as float32 times 2**112
+  plus a NaN-producing overflow term for Inf/NaN, ran at less than half the speed here.)
 
 Compiled once per machine (numba's `cache=True`: next to this file in `__pycache__`, or numba's user
 cache folder when that is not writable): about 2 s the first time, then about 1.2 s a process to import
@@ -38,8 +39,6 @@ BLOCK = 1024          # float32 partial sums of this many squares, added up in f
 _OPTS: dict[str, Any] = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False,
                          # reordered sums and fused multiply-adds only: NaN and Inf still propagate
                          "fastmath": {"reassoc", "contract"}}
-_SCALE = np.float32(2.0 ** 112)
-_OVERFLOW = np.uint32(224 << 23)
 _SIGNATURES = [types.float64(types.Array(types.uint16, 1, "C", readonly=True)),
                types.float64(types.Array(types.uint16, 1, "C"))]
 
@@ -56,6 +55,18 @@ def _bitcast_typer(typingctx: Any, bits: Any) -> Any:
 _as_float32: Any = intrinsic(_bitcast_typer)
 
 
+def _half_typer(typingctx: Any, bits: Any) -> Any:
+    """float16 bits (uint16) widened to float32: an LLVM bitcast to `half`, then `fpext` (exact)."""
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+_half_as_float32: Any = intrinsic(_half_typer)
+
+
 @njit(**_OPTS)
 def _bf16_block(raw: Any) -> Any:
     acc = np.float32(0.0)
@@ -69,9 +80,8 @@ def _bf16_block(raw: Any) -> Any:
 def _f16_block(raw: Any) -> Any:
     acc = np.float32(0.0)
     for i in range(raw.size):
-        bits = (np.uint32(raw[i]) & np.uint32(0x7FFF)) << np.uint32(13)
-        v = _as_float32(bits) * _SCALE
-        acc += v * v + _as_float32(bits + _OVERFLOW) * np.float32(0.0)
+        v = _half_as_float32(raw[i])
+        acc += v * v
     return acc
 
 
@@ -86,7 +96,7 @@ def bf16_sumsq(raw: Any) -> float:
 
 @njit(_SIGNATURES, **_OPTS)
 def f16_sumsq(raw: Any) -> float:
-    """Sum of squares of float16 values (their uint16 bits); NaN when any value is NaN or Inf."""
+    """Sum of squares of float16 values (their uint16 bits); NaN/Inf when any value is."""
     s = 0.0
     for start in range(0, raw.size, BLOCK):
         s += _f16_block(raw[start:start + BLOCK])
