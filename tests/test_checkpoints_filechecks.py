@@ -319,3 +319,28 @@ def test_streaming_counts_every_byte_read(tmp_path):
     counter = fc.Counter()
     assert fc.stream_file(str(path), counter) == []
     assert counter.bytes_read == 2 * fc.CHUNK + 12345
+
+
+def test_missing_storages_are_named_five_at_most(tmp_path):
+    """An archive whose data.pkl references 7 storages none of which is in the zip (torch.load fails on the first):
+    the check names the first five in key order and stops there (one line each, not one per storage)."""
+    import io
+    import zipfile
+
+    import torch
+
+    buf, out = io.BytesIO(), io.BytesIO()
+    torch.save({f"t{i}": torch.full((3,), float(i)) for i in range(7)}, buf)
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    prefix = src.namelist()[0].split("/")[0]
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for info in src.infolist():
+            if "/data/" not in info.filename:
+                z.writestr(info.filename, src.read(info.filename))
+    path = tmp_path / "model.pt"
+    path.write_bytes(out.getvalue())
+    with pytest.raises(RuntimeError):
+        torch.load(path, weights_only=True)  # the oracle: this archive cannot be loaded
+    findings, _ = fc.check_zip(str(path), fc.Counter(), full=False, want_pickle=True)
+    assert [str(f) for f in findings] == [
+        f"storage data/{k} referenced by {prefix}/data.pkl is missing from the archive" for k in range(5)]

@@ -287,3 +287,38 @@ def test_torn_last_jsonl_line_is_left_out_with_a_note(tmp_path, cli_run):
     middle = lines[:100] + ['{"step": 101, "lo'] + lines[101:]
     log.write_text("\n".join(middle) + "\n")
     cli_run("recover", str(log)).usage_error("line 101")
+
+
+def test_advise_api_reads_the_grad_norm_column_it_is_given(tmp_path):
+    """A grad-norm column under a name no default matches is read when the API names it (and not otherwise)."""
+    from checkpoint_strategy.recovery import advise
+
+    y = curve(onset=None)
+    gn = [1.0] * 600
+    gn[450:453] = [40.0, 40.0, 40.0]
+    p = tmp_path / "log.csv"
+    p.write_text("\n".join(["step,loss,size_of_gradients"] + [f"{i + 1},{y[i]},{gn[i]}" for i in range(600)]) + "\n")
+    named = advise(str(p), "100,200,300", grad_norm_key="size_of_gradients", level=None)
+    assert named.log.grad_norm_key == "size_of_gradients"
+    assert [s.kind for s in named.spikes] == ["grad_norm"] and named.spikes[0].onset_step == 451
+    unnamed = advise(str(p), "100,200,300", level=None)
+    assert unnamed.log.grad_norm_key is None and unnamed.spikes == []
+
+
+@pytest.mark.parametrize("restarts, tail", [(5, ""), (6, " and 1 more")])
+def test_restart_reason_lists_five_and_counts_the_rest(tmp_path, restarts, tail):
+    from checkpoint_strategy.recovery import advise
+
+    y = curve(onset=None)
+    lines, step = [], 0
+    for seg in range(restarts + 1):
+        start = max(0, step - 10)  # each segment repeats the last 10 steps of the one before
+        lines += [json.dumps({"step": s + 1, "loss": y[s % 600]}) for s in range(start, start + 60)]
+        step = start + 60
+    p = tmp_path / "metrics.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    r = advise(str(p), "10,20", level=None)
+    assert len(r.restarts) == restarts
+    shown = ", ".join(f"{x.previous_step}->{x.step}" for x in r.restarts[:5])
+    reason = f"the log restarts {restarts} time(s) ({shown}{tail}); the latest segment wins for repeated steps"
+    assert reason in r.reasons

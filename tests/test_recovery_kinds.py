@@ -253,3 +253,50 @@ def test_bad_from_the_first_logged_value_never_names_a_negative_step(ckpts):
     assert r.status in ("rollback", "no_clean_checkpoint") and r.resume_checkpoint is None
     assert "restart from scratch" in r.summary and "step -" not in r.summary
     assert not any("step -" in line for line in r.reasons + r.warnings)
+
+
+@pytest.mark.parametrize("onset_index, wait_steps, named", [
+    (3000, None, True),    # onset step 3001: exactly LR_CAUSE_STEPS (2000) after the restart at step 1001
+    (3001, None, False),   # one step more
+    (3001, 150, True),     # 20 x wait_steps (3000) is the longer reach
+    (4001, 150, False),    # 3001 steps after the restart: past it too
+])
+def test_lr_restart_counts_as_the_cause_up_to_its_reach(onset_index, wait_steps, named):
+    rng = np.random.default_rng(6)
+    n = 4400
+    lr = np.concatenate((np.linspace(1.4e-3, 0.0, 1000), np.full(n - 1000, 1.4e-3)))
+    y = 2.0 * (1 + 0.01 * rng.standard_normal(n))
+    y[onset_index:] *= 3.0
+    kw = {} if wait_steps is None else {"wait_steps": wait_steps, "min_wait_steps": 50}
+    r = report(y, lr=lr, **kw)
+    assert r.spike.onset_step == onset_index + 1
+    expected = f"LR restarted from 0 to 0.0014 at step 1001; the trouble followed at step {onset_index + 1}"
+    assert r.spike.cause == (expected if named else None)
+
+
+def _eval_case(train: dict, eval_loss=(2.0, 1.0, 1.2, 1.3, 1.4)):
+    """Train loss logged every 10 steps (1.5 except `train`), eval every 200 with its best at step 400 and a
+    rise to step 1000; wait_steps 10, so the train-loss windows are 5 x 10 steps: (350, 400] and [950, 1000]."""
+    steps = np.arange(10, 1001, 10)
+    loss = np.full(len(steps), 1.5)
+    for s, v in train.items():
+        loss[s // 10 - 1] = v
+    series = build_series(steps, loss)
+    series.eval_steps, series.eval_loss, series.eval_key = np.arange(200, 1001, 200), np.array(eval_loss), "eval_loss"
+    return advise_series(series, [], options=RecoveryOptions(wait_steps=10, min_wait_steps=10)).eval
+
+
+def test_eval_opinion_train_window_near_the_best_eval_step_is_five_wait_windows():
+    # (350, 400]: 1, 1, 1, 3, 3 -> median 1; the train loss after (1.5) did not hold: no overfitting.
+    # Step 350 (outside) is 3: a window one value or one wait wider would see a median of 2 and say overfitting.
+    ev = _eval_case({350: 3, 360: 1, 370: 1, 380: 1, 390: 3, 400: 3})
+    assert (ev.best_step, ev.last_step, ev.overfitting) == (400, 1000, False)
+    assert ev.note.endswith("together with the train loss: it confirms the train-loss trouble")
+
+
+def test_eval_opinion_train_window_at_the_last_eval_step_is_five_wait_windows():
+    # near: 2 -> held if the median of [950, 1000] is <= 2.1: 1, 1, 1, 3, 3, 3 -> 2 (held: overfitting).
+    # Without step 950 the median is 3; with step 940 (3) too it is 3: either way no overfitting.
+    ev = _eval_case({**{s: 2 for s in range(360, 401, 10)}, 940: 3, 950: 1, 960: 1, 970: 1, 980: 3, 990: 3, 1000: 3})
+    assert ev.overfitting is True
+    assert ev.note.startswith("eval loss rose from 1 (step 400) to 1.4 (step 1000) while the train loss fell or held")

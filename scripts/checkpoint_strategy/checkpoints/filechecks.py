@@ -697,40 +697,6 @@ def _crc_entry(fh, e: ZipEntry, counter: Counter, update=None) -> str | None:  #
     return None
 
 
-def inflate_entry(fh, e: ZipEntry, counter: Counter, cap: int = MAX_PICKLE_BYTES) -> bytes | str:
-    """The content of one (small) zip entry, or a reason. Never reads or inflates more than the
-    declared size, and never more than ``cap`` whatever is declared: a 3 MB archive whose data.pkl
-    inflates to 3 GB costs at most ``cap`` bytes of memory and is reported invalid."""
-    if e.usize > cap:
-        return f"entry {e.name!r} declares {e.usize} bytes, more than the {cap >> 20} MB this check reads"
-    if e.method == 8 and e.csize > e.usize + (e.usize >> 8) + 1024:  # deflate never grows data this much
-        return f"entry {e.name!r}: {e.csize} compressed bytes for {e.usize} declared: size fields disagree"
-    fh.seek(e.data_start)
-    data = fh.read(e.csize)
-    counter.bytes_read += len(data)
-    if len(data) != e.csize:
-        return f"entry {e.name!r}: file ends inside its data (truncated)"
-    if e.method != 8:
-        return data
-    decomp = zlib.decompressobj(-15)
-    try:
-        out = decomp.decompress(data, e.usize + 1)
-    except zlib.error as exc:
-        return f"entry {e.name!r}: corrupt compressed data ({exc})"
-    if len(out) > e.usize:
-        return _inflate_overrun(e, len(out))
-    if len(out) != e.usize:
-        return f"entry {e.name!r} inflates to {len(out)} bytes, declared {e.usize}: size field wrong or truncated"
-    return out
-
-
-def _pickle_strings_from_entry(fh, e: ZipEntry, counter: Counter) -> list[str] | str:
-    data = inflate_entry(fh, e, counter)
-    if isinstance(data, str):
-        return data
-    return pickle_strings(data)
-
-
 # --------------------------------------------------------------------------- pickles (opcodes only)
 
 def pickle_strings(data: bytes, limit: int = 200_000) -> list[str]:
