@@ -311,7 +311,7 @@ def test_restart_reason_lists_five_and_counts_the_rest(tmp_path, restarts, tail)
 
     y = curve(onset=None)
     lines, step = [], 0
-    for seg in range(restarts + 1):
+    for _seg in range(restarts + 1):
         start = max(0, step - 10)  # each segment repeats the last 10 steps of the one before
         lines += [json.dumps({"step": s + 1, "loss": y[s % 600]}) for s in range(start, start + 60)]
         step = start + 60
