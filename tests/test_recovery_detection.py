@@ -383,3 +383,19 @@ def test_spike_reports_its_robust_z_score():
 
     med, scale, _ = rolling_stats(x)
     assert spike.z_score == pytest.approx((4.0 - med[600]) / scale[600], abs=0.01)
+
+
+def test_walk_back_reaches_the_first_value_and_at_most_window_values():
+    from checkpoint_strategy.recovery.detect import walk_back
+
+    high = np.full(12, 5.0)
+    # an elevated stretch from the very first value: the onset walks back to index 0
+    assert walk_back(high, 3, 1.0, 0.1, 0.1, window=10) == 0
+    # a longer stretch: exactly `window` values back from the first flag, no further
+    assert walk_back(high, 10, 1.0, 0.1, 0.1, window=4) == 6
+    # the walk stops at the first value not above rolling median + 3 noise units (1.3), and at a NaN
+    xv = np.array([1.0, 1.3, 1.31, 5.0, 5.0])
+    assert walk_back(xv, 4, 1.0, 0.1, 0.1, window=10) == 2
+    assert walk_back(np.array([5.0, np.nan, 5.0, 5.0]), 3, 1.0, 0.1, 0.1, window=10) == 2
+    # the cap (the healthy level + 2 x tolerance inside a blow-up) lowers the bar
+    assert walk_back(np.array([1.0, 1.2, 1.25, 5.0]), 3, 1.0, 0.1, 0.1, window=10, cap=1.1) == 1
