@@ -21,8 +21,8 @@ and reduced per chunk (`CHUNK_ELEMS` float32/float64 values, `CHUNK16` 16-bit on
 - with numba installed (`fast` extra) and at least `KERNEL_MIN_BYTES` of 16-bit values in a scan, both
   16-bit paths are one compiled pass instead (`kernels.py`: read every value once, widen and square in
   registers), two to three times the numpy path's rate (bfloat16 2x, float16 3.3x: docs/deep-validation.md);
-  the numpy path above is the fallback and gives
-  the same figures (the same exactness rules; tests/test_checkpoints_kernels.py compares them).
+  the numpy path above is the fallback and gives the same figures (the same exactness rules;
+  tests/test_checkpoints_kernels.py compares them).
 - max |x| (computed when asked, ``--stats``): one more reduction per chunk; for 16-bit values, the
   largest `x & 0x7fff` bit pattern (finite values of one sign order as their bits).
 
