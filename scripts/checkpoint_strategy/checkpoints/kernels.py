@@ -2,7 +2,7 @@
 
 Optional (`pip install 'checkpoint-strategy[fast]'`): this module imports numba at its top, and only
 `tensorscan.kernels()` imports it (lazily); without numba, or when it cannot compile here, that returns None
-and `tensorscan` keeps its numpy path (same figures, about a third of the speed on
+and `tensorscan` keeps its numpy path (same figures, a third to a half of the speed on
 bfloat16/float16: numpy needs a widening pass, a shift and a dot per chunk, each through memory; these
 kernels read every value once and keep the rest in registers).
 
