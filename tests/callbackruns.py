@@ -68,11 +68,14 @@ def steps_in(out: Path) -> list[int]:
 def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
                     spike_scale: float = 3.0, nan_step: Optional[int] = None,
                     hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
-                    extra_callbacks=(), save_top_k: int = 1, plugins=None, **cb_kwargs):
+                    extra_callbacks=(), save_top_k: int = 1, plugins=None, devices: int = 1, strategy: str = "auto",
+                    with_callback: bool = True, **cb_kwargs):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
     that step; nan_step: every weight NaN at the end of that step (every later loss is NaN). Returns
-    (callback, trainer, module)."""
+    (callback, trainer, module). devices=2, strategy="ddp": two processes (gloo; run this from a script,
+    Lightning starts the second process by running it again); with_callback=False: the same run without
+    the callback (callback None)."""
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -112,13 +115,17 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
     x = torch.randn(4096, 8, generator=g)
     y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
-    cb = LightningCheckpointStrategy(policy, **cb_kwargs)
+    cb = LightningCheckpointStrategy(policy, **cb_kwargs) if with_callback else None
     for name, fn in (hooks or {}).items():
-        setattr(cb.core, name, fn)
+        if cb is not None:
+            setattr(cb.core, name, fn)
     mc = ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=save_top_k, monitor=monitor,
-                         mode="max" if monitor else "min")
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), cb, mc, *extra_callbacks], logger=False,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                         mode="max" if monitor else "min",
+                         every_n_train_steps=None if with_callback else 10)
+    ours = [cb] if cb is not None else []
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), *ours, mc, *extra_callbacks], logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=devices,
+                         strategy=strategy,
                          log_every_n_steps=1, default_root_dir=str(Path(ckpt_dir).parent), plugins=plugins)
     module = Net()
     trainer.fit(module, loader, ckpt_path=resume)

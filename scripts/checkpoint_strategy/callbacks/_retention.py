@@ -17,12 +17,21 @@ if TYPE_CHECKING:
     from checkpoint_strategy.checkpoints.models import Level
 
 
-def validate(path: str, level: str = "quick"):
+def validate(path: str, level: str = "quick", part: tuple[int, int] = (0, 1)):
     """CheckpointResult of one checkpoint (never loads it); at level deep compared with the previous
-    checkpoint of the same folder (a weights-norm jump is suspicious)."""
-    from checkpoint_strategy.checkpoints import validate_checkpoint
+    checkpoint of the same folder (a weights-norm jump is suspicious). part (K, N), 0-based K: at level
+    full, read every byte of part K of N of the files only (checkpoints/parts.py)."""
+    from checkpoint_strategy.checkpoints import parts, validate_checkpoint
 
-    return validate_checkpoint(path, level=level, previous=previous_checkpoint(path) if level == "deep" else None)
+    with parts.splitting(*part):
+        return validate_checkpoint(path, level=level, previous=previous_checkpoint(path) if level == "deep" else None)
+
+
+def write_manifest(path: str) -> str:
+    """Write the sha256 manifest of a checkpoint that validated (checkpoints/manifest.py); its path."""
+    from checkpoint_strategy.checkpoints import filechecks, manifest
+
+    return manifest.write_manifest(path, filechecks.Counter())
 
 
 def previous_checkpoint(path: str) -> Optional[str]:

@@ -48,6 +48,11 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
             _validate_into(out, path, job.get("level", "quick"))
             if out["status"] != "valid":
                 return out
+        elif job.get("verdict"):          # validated by every rank's part (many processes)
+            out["status"] = job["verdict"]
+        if job.get("manifest") and out["status"] == "valid":
+            enter("manifest")
+            _manifest_into(out, path)
         if job.get("keep_last") and job.get("root"):
             enter("prune")
             _prune_into(out, job)
@@ -60,12 +65,46 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
     return out
 
 
-def _validate_into(out: dict[str, Any], path: str, level: str) -> None:
+def part_job(job: dict, phase: PhaseFn = None) -> dict:
+    """This rank's part of a save's validation (checkpoints/parts.py): {"id", "status", "problem"}."""
+    out: dict[str, Any] = {"id": job.get("id"), "status": "valid", "problem": None, "error": None}
+    part = job.get("part")
+    if part is None:                   # level deep: rank 0 checks the whole checkpoint
+        return out
+    if phase is not None:
+        phase("validate", job["path"])
+    if job.get("phase_delay"):
+        time.sleep(float(job["phase_delay"]))
+    try:
+        if not os.path.lexists(job["path"]):
+            out["status"], out["problem"] = "invalid", "missing: the checkpoint is gone"
+        else:
+            _validate_into(out, job["path"], job.get("level", "quick"), tuple(part))
+    except Exception as exc:  # noqa: BLE001 - reported as this part's verdict
+        out["status"], out["error"] = None, f"{type(exc).__name__}: {exc}"
+        out["problem"] = out["error"]
+    finally:
+        if phase is not None:
+            phase("idle", job["path"])
+    return out
+
+
+def _manifest_into(out: dict[str, Any], path: str) -> None:
+    """The sha256 manifest of a valid checkpoint (`validate --manifest verify` checks it later)."""
+    from checkpoint_strategy.callbacks import _retention
+
+    try:
+        out["manifest"] = _retention.write_manifest(path)
+    except Exception as exc:  # noqa: BLE001 - a manifest that cannot be written is reported, never fatal
+        out["manifest_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, int] = (0, 1)) -> None:
     """The checkpoint's status and first problem, into the job's answer."""
     from checkpoint_strategy.callbacks import _retention
 
     try:
-        result = _retention.validate(path, level)
+        result = _retention.validate(path, level, part)
     except Exception as exc:  # noqa: BLE001 - a vanished path is a finding, not a crash
         out["status"], out["problem"] = "invalid", str(exc)
         return
@@ -107,7 +146,22 @@ def handoff_job(job: dict) -> dict:
     return out
 
 
+def _yield_cpu() -> None:
+    """The worker runs beside training: lowest CPU priority it may take, one thread for the CRC and
+    value scans (training keeps the cores; see docs/callbacks.md, Cost)."""
+    try:
+        os.nice(19 - os.nice(0))
+    except (OSError, AttributeError):
+        pass
+    from checkpoint_strategy.checkpoints import filechecks, tensorscan
+
+    filechecks.CRC_WORKERS = 1
+    tensorscan.WORKERS = 1
+
+
 def main() -> int:
+    _yield_cpu()
+
     def emit(msg: dict) -> None:
         sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
@@ -118,6 +172,8 @@ def main() -> int:
         job = json.loads(line)
         if job.get("kind") == "handoff":
             emit(handoff_job(job))
+        elif job.get("kind") == "part":
+            emit(part_job(job, lambda p, path: emit({"phase": p, "path": path})))
         else:
             emit(process_job(job, lambda p, path: emit({"phase": p, "path": path})))
     return 0

@@ -30,6 +30,37 @@ METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
 HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
 
 
+class _LineHandler(logging.Handler):
+    """Writes each line through `write` (HF: tqdm.write, so a progress bar stays whole; else stderr)."""
+
+    def __init__(self, write: Optional[Callable[[str], None]] = None) -> None:
+        super().__init__()
+        self.write = write
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = self.format(record)
+            if self.write is not None:
+                self.write(msg)
+            else:
+                import sys
+
+                sys.stderr.write(msg + "\n")
+        except Exception:  # noqa: BLE001 - logging never breaks training
+            self.handleError(record)
+
+
+def show_lines(level: int, write: Optional[Callable[[str], None]] = None) -> None:
+    """Make the callbacks' lines visible at `level` the way the framework shows its own progress,
+    unless the program configured logging for them already (a handler on this logger or above it):
+    then its configuration decides. Set on the rank that reports (rank 0); see docs/callbacks.md."""
+    if log.level == logging.NOTSET:
+        log.setLevel(level)
+    if not log.hasHandlers():
+        log.addHandler(_LineHandler(write))
+
+
 @dataclass
 class SaveRecord:
     """What happened to one save (``core.records``)."""
@@ -45,12 +76,30 @@ class SaveRecord:
     seconds: float = 0.0
 
 
+VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2}
+NOT_DONE = 3
+CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked"}
+TRIGGER_CODE = {"loss_spike_detected": 1, "gradient_norm_exceeded": 2}
+
+
+@dataclass
+class RankedState:
+    """The saves whose per-rank verdicts are not reduced yet (many processes; keyed by save number,
+    the same on every rank)."""
+
+    seq: int = 0
+    records: dict[int, SaveRecord] = field(default_factory=dict)
+    results: dict[int, Optional[dict]] = field(default_factory=dict)   # this rank's part: None until done
+    part_ids: dict[int, int] = field(default_factory=dict)              # worker job id -> save number
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+
 class StrategyCore:
     """Shared logic. ``root`` (the folder the framework saves into) is set by the adapter."""
 
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
-                 framework_log: bool = False) -> None:
+                 framework_log: bool = False, manifest: bool = True, rank_timeout: float = 600.0) -> None:
         from checkpoint_strategy.errors import UsageError
 
         self.settings: Settings = resolve(policy)
@@ -62,6 +111,9 @@ class StrategyCore:
         self.handoff_dir = handoff_dir
         self.handoff_every = handoff_every
         self.join_timeout = float(join_timeout)
+        self.manifest = bool(manifest)       # write the sha256 manifest of each valid save (checkpoints/manifest.py)
+        self.rank_timeout = float(rank_timeout)
+        self._ranks: Any = None
         self.framework_log = framework_log   # True: the framework writes no log we can read (Lightning)
         self.root: Optional[str] = None
         self.records: list[SaveRecord] = []
@@ -90,6 +142,7 @@ class StrategyCore:
         self._lock = threading.Lock()
         self._saves_done = 0
         self._ended = False
+        self._ranked = RankedState()
 
     # ------------------------------------------------------------------ schedule
 
@@ -165,25 +218,135 @@ class StrategyCore:
         """The framework finished writing `path`: validate it, then prune (in the background
         worker process when async_save, inline otherwise)."""
         path = os.path.normpath(os.fspath(path))
+        if self.ranks.multi:
+            self._saved_ranked(path, step, emergency)
+            return
         if self.after_save_hook is not None:
             self.after_save_hook(path)
         rec = SaveRecord(step=step, path=path, emergency=emergency)
         s = self.settings
-        job: dict[str, Any] = {"kind": "save", "path": path, "root": self.root, "level": self.level,
-               "validate": bool(s.validate_on_save or s.keep_last), "keep_last": s.keep_last,
-               "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
-               "log": self._metrics_path(), "phase_delay": self.phase_delay}
+        job = self._prune_job(path, validate=bool(s.validate_on_save or s.keep_last))
         self._flush_metrics()
+        self._submit(job, rec)
+
+    def _prune_job(self, path: str, validate: bool) -> dict[str, Any]:
+        """The worker's job after a save: validate (unless the ranks already did), manifest, prune."""
+        s = self.settings
+        return {"kind": "save", "path": path, "root": self.root, "level": self.level, "validate": validate,
+                "keep_last": s.keep_last, "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
+                "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest}
+
+    def _submit(self, job: dict[str, Any], rec: Optional[SaveRecord]) -> None:
+        """To the background worker (async_save), else inline; the answer comes to _on_message."""
         with self._lock:
-            self.records.append(rec)
             self._next_id += 1
             job["id"] = self._next_id
-            self._jobs[job["id"]] = rec
-        worker = self._get_worker() if s.async_save else None
+            if rec is not None:
+                if rec not in self.records:
+                    self.records.append(rec)
+                self._jobs[job["id"]] = rec
+            else:
+                self._ranked.part_ids[job["id"]] = job["seq"]
+        worker = self._get_worker() if self.settings.async_save else None
         if worker is None or not worker.submit(job):
-            from checkpoint_strategy.callbacks._worker import process_job
+            from checkpoint_strategy.callbacks._worker import part_job, process_job
 
-            self._on_message(process_job(job, self._phase))
+            self._on_message((part_job if job["kind"] == "part" else process_job)(job, self._phase))
+
+    # ------------------------------------------------------------------ many processes (torchrun, DDP)
+
+    @property
+    def ranks(self):
+        """This process's rank (callbacks/_dist.py); rank 0 of 1 without torch.distributed."""
+        if self._ranks is None:
+            from checkpoint_strategy.callbacks._dist import Ranks
+
+            self._ranks = Ranks(self.rank_timeout)
+        return self._ranks
+
+    @property
+    def rank_zero(self) -> bool:
+        return self.ranks.rank == 0
+
+    def before_save(self) -> None:
+        """Right before the framework starts a save: the worker's previous job (a prune surveys the
+        whole folder) must not read the checkpoint being written. Waits at most join_timeout."""
+        if self._worker is not None and not self._worker.wait(self.join_timeout):
+            log.warning(PREFIX + f"the background worker is still busy after {self.join_timeout:g} s; saving anyway")
+
+    def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
+        """Every rank, after the framework's save returned: meet (every rank finished writing), check
+        this rank's part of the files, and settle the verdicts whose parts are done (see _settle)."""
+        rec = SaveRecord(step=step, path=path, emergency=emergency)
+        with self._lock:
+            self.records.append(rec)
+        st = self._ranked
+        st.seq += 1
+        name = os.path.basename(path)
+        if not self.ranks.barrier(f"after the save of {name}"):
+            self._problem(f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
+                          f"({self.ranks.broken})")
+            return
+        if self.after_save_hook is not None:
+            self.after_save_hook(path)
+        self._flush_metrics()
+        s = self.settings
+        if not (s.validate_on_save or s.keep_last):
+            return
+        st.records[st.seq] = rec
+        st.results[st.seq] = None
+        if self.level == "deep":     # deep compares across files: rank 0 checks it whole
+            part = [0, 1] if self.rank_zero else None
+        else:
+            part = [self.ranks.rank, self.ranks.world]
+        job = {"kind": "part", "seq": st.seq, "path": path, "level": self.level, "part": part,
+               "phase_delay": self.phase_delay}
+        self._submit(job, None)
+        self._settle(st.seq if self._worker is None else st.seq - 1)
+
+    def _problem(self, line: str) -> None:
+        if self.rank_zero:
+            with self._lock:
+                self.problems.append(line)
+            log.error(PREFIX + line)
+
+    def _settle(self, upto: int) -> None:
+        """Reduce the verdicts of the saves up to `upto` over the ranks (max of the per-part codes):
+        valid only when every part is. Rank 0 then writes the manifest and prunes (valid) or reports
+        every rank's problem (not valid). Every rank calls this at the same point."""
+        st = self._ranked
+        seqs = sorted(q for q in st.results if q <= upto)
+        if not seqs:
+            return
+        deadline = time.monotonic() + self.join_timeout
+        with st.cond:
+            while any(st.results[q] is None for q in seqs) and time.monotonic() < deadline:
+                st.cond.wait(max(0.01, deadline - time.monotonic()))
+            own = [st.results.pop(q) or {"status": None, "problem": "this rank's part did not finish in time"}
+                   for q in seqs]
+        codes = self.ranks.reduce([float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own],
+                                  "validation verdicts")
+        for q, mine, code in zip(seqs, own, codes or [None] * len(seqs), strict=True):
+            self._verdict(st.records.pop(q), mine, code)
+
+    def _verdict(self, rec: SaveRecord, mine: dict, code: Optional[float]) -> None:
+        name = os.path.basename(rec.path)
+        if code is None:
+            self._problem(f"{name}: no verdict: the ranks did not meet ({self.ranks.broken}); nothing pruned")
+            return
+        if code == VERDICT_CODE["valid"]:
+            if self.rank_zero:
+                self._submit(self._prune_job(rec.path, validate=False) | {"verdict": "valid"}, rec)
+            return
+        lines = self.ranks.gather_text(mine.get("problem") or "", f"the problems of {name}")
+        rec.status = CODE_VERDICT.get(int(code), "invalid")
+        if self.rank_zero:
+            said = [f"rank {r}: {t}" for r, t in enumerate(lines or []) if t]
+            rec.problem = "; ".join(said) or "a rank's part did not finish"
+            line = (f"{name}" + (f" (step {rec.step})" if rec.step is not None else "")
+                    + f" is {rec.status.upper()} right after its save: {rec.problem}; kept for inspection, "
+                    "nothing deleted")
+            self._problem(line)
 
     def start(self) -> None:
         """At the start of training: launch the background worker now, not inside the first save."""
@@ -258,6 +421,12 @@ class StrategyCore:
         with self._lock:
             jid = msg.get("id")
             rec = self._jobs.pop(jid, None) if isinstance(jid, int) else None
+            seq = self._ranked.part_ids.pop(jid, None) if isinstance(jid, int) else None
+        if seq is not None:                  # this rank's part of a save (many processes)
+            with self._ranked.cond:
+                self._ranked.results[seq] = msg
+                self._ranked.cond.notify_all()
+            return
         if rec is None:                      # a handoff job's answer
             if msg.get("error"):
                 log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}")
@@ -292,6 +461,8 @@ class StrategyCore:
                 self.problems.append(line)
             log.error(PREFIX + line)
         else:
+            if res.get("manifest_error"):
+                log.warning(PREFIX + f"{name}: manifest not written: {res['manifest_error']}")
             for err in rec.prune_errors:
                 log.warning(PREFIX + f"prune: {err}")
             pruned = f"; pruned {', '.join(rec.deleted)}" if rec.deleted else ""
@@ -318,6 +489,11 @@ class StrategyCore:
             return self.summary()
         self._ended = True
         started = time.monotonic()
+        if self.ranks.multi:
+            self._settle(self._ranked.seq)
+            if not self.rank_zero:
+                self._close_worker(started)
+                return {}
         finished = self.wait()
         if not finished:
             line = (f"validation of the last saves did not finish within {self.join_timeout:g} s: they are not "
@@ -332,10 +508,42 @@ class StrategyCore:
         if self._metrics_fh is not None:
             self._metrics_fh.close()
             self._metrics_fh = None
+        self._close_worker(started)
+        return summary
+
+    def _close_worker(self, started: float) -> None:
         if self._worker is not None:
             self._worker.wait(max(1.0, self.join_timeout - (time.monotonic() - started)))
             self._worker.close()
-        return summary
+
+    def decide_emergency(self, step: int, loss: Optional[float], grad_norm: Optional[float],
+                         checkpoint: str) -> Optional[str]:
+        """Every rank at the same hook: rank 0 feeds the detector and, on an event, writes the marker
+        first; its decision is broadcast so every rank saves or none does. The trigger, or None."""
+        kind = None
+        if self.rank_zero:
+            flag = self.observe(step, loss, grad_norm)
+            if flag is not None and self.mark_emergency(checkpoint, flag):
+                kind = flag.kind
+        if not self.ranks.multi:
+            return kind
+        out = self.ranks.broadcast([float(TRIGGER_CODE.get(kind or "", 0))], f"the emergency decision at step {step}")
+        if out is None:
+            return None
+        return next((k for k, c in TRIGGER_CODE.items() if c == int(out[0])), None)
+
+    def reduced(self, loss: Optional[float], grad_norm: Optional[float]) -> tuple[Optional[float], Optional[float]]:
+        """The loss (and grad norm) averaged over the ranks (Lightning logs each rank's own); as is on one
+        process. None when a rank has none, or the ranks did not meet."""
+        if not self.ranks.multi:
+            return loss, grad_norm
+        vals = [0.0 if loss is None else loss, 0.0 if grad_norm is None else grad_norm,
+                float(loss is None), float(grad_norm is None)]
+        out = self.ranks.reduce(vals, "the logged loss", "sum")
+        if out is None or out[2] > 0:
+            return None, None
+        n = self.ranks.world
+        return out[0] / n, (None if out[3] > 0 else out[1] / n)
 
     def summary(self) -> dict:
         with self._lock:

@@ -38,12 +38,17 @@ class HFCheckpointStrategy(TrainerCallback):
     handoff_dir: session-handoff state folder written at the end (None: do not write).
     handoff_every: also write it every N processed saves.
     join_timeout: seconds to wait at the end for background validations.
+    manifest: write the sha256 manifest (integrity.json) of each save that validated, so
+        `checkpoint-strategy validate --manifest verify` catches a byte that changes later.
+    rank_timeout: under torchrun, seconds a rank waits for the others at the callback's own
+        meeting points (after a save, the emergency decision) before it gives up coordinating.
     """
 
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
-                 handoff_every: Optional[int] = None, join_timeout: float = 600.0) -> None:
+                 handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
+                 rank_timeout: float = 600.0) -> None:
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
-                                 join_timeout=join_timeout)
+                                 join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
         self._configured = False
         self._pending: dict[int, str] = {}
 
@@ -82,8 +87,8 @@ class HFCheckpointStrategy(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._configure(args, state)
-        if state.is_world_process_zero:
-            self.core.start()
+        _show_lines(args, state)
+        self.core.start()
         return control
 
     # ------------------------------------------------------------------ hooks
@@ -91,33 +96,52 @@ class HFCheckpointStrategy(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.core.forced_save(state.global_step):
             control.should_save = True
+        if control.should_save:
+            self.core.before_save()
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
             return control
-        loss = logs.get("loss")
-        grad = logs.get("grad_norm")
-        flag = self.core.observe(state.global_step, _num(loss), _num(grad))
-        if flag is not None:
-            if state.is_world_process_zero and \
-                    not self.core.mark_emergency(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), flag):
-                return control
-            self._pending[state.global_step] = flag.kind
+        # every rank logs the same loss (the Trainer averages it over the processes); rank 0 decides
+        # and writes the marker, the decision is broadcast: every rank saves or none does
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        kind = self.core.decide_emergency(state.global_step, _num(logs.get("loss")), _num(logs.get("grad_norm")), path)
+        if kind is not None:
+            self._pending[state.global_step] = kind
+            if not control.should_save:
+                self.core.before_save()
             control.should_save = True   # the Trainer saves right after on_log, in the same step
         return control
 
     def on_save(self, args, state, control, **kwargs):
+        # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
-        emergency = self._pending.pop(step, None)
-        if state.is_world_process_zero:
-            self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, emergency)
+        self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            self.core.end()
+        self.core.end()
         return control
+
+
+def _show_lines(args, state) -> None:
+    """The routine lines (saved / validated / pruned, the end summary) shown as the Trainer shows its
+    logs: on the main process, through tqdm.write (the progress bar stays whole), at INFO; at the
+    Trainer's log level when set (``log_level`` / ``log_level_replica``)."""
+    import logging
+
+    from checkpoint_strategy.callbacks.core import show_lines
+
+    main = state.is_world_process_zero
+    level = logging.INFO if main and args.log_level == "passive" else args.get_process_log_level()
+    try:
+        from tqdm.auto import tqdm
+
+        write = tqdm.write
+    except ImportError:
+        write = None
+    show_lines(level, write)
 
 
 def _num(v) -> Optional[float]:

@@ -66,21 +66,23 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
 
     policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
     level: "quick", "full" or "deep" validation after each save. handoff_dir / handoff_every /
-    join_timeout: as for HFCheckpointStrategy. detect_every: feed the detector every N steps
-    (default: the Trainer's log_every_n_steps).
+    join_timeout / manifest / rank_timeout: as for HFCheckpointStrategy. detect_every: feed the
+    detector every N steps (default: the Trainer's log_every_n_steps).
     """
 
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
-                 detect_every: Optional[int] = None) -> None:
+                 detect_every: Optional[int] = None, manifest: bool = True, rank_timeout: float = 600.0) -> None:
         super().__init__()
         if detect_every is not None and (not isinstance(detect_every, int) or detect_every < 1):
             raise UsageError(f"detect_every must be a whole number >= 1, got {detect_every!r}")
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
-                                 join_timeout=join_timeout, framework_log=True)
+                                 join_timeout=join_timeout, framework_log=True, manifest=manifest,
+                                 rank_timeout=rank_timeout)
         self.core.protect = self._protect
         self.detect_every = detect_every
         self._mc: Any = None  # the trainer's ModelCheckpoint, once found
+        self._kept_mcs: list[Any] = []   # milestone ModelCheckpoints (save_top_k=-1 on their own period): left alone
         self._trainer = None
         self._orig_save = None
         self._pending: dict[str, str] = {}
@@ -97,10 +99,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if not mcs:
             raise UsageError("LightningCheckpointStrategy: the Trainer has no ModelCheckpoint "
                              "(enable_checkpointing=False?); add ModelCheckpoint(dirpath=...) or enable checkpointing")
-        mc = next((m for m in mcs if m.monitor is None), mcs[0])
+        mc = _rolling(mcs)
+        self._kept_mcs = [m for m in mcs if m is not mc]
         if len(mcs) > 1:
             log.warning(PREFIX + f"{len(mcs)} ModelCheckpoint callbacks: configuring the one saving to "
-                        f"{mc.dirpath or 'the default folder'}; the others keep their own rotation")
+                        f"{mc.dirpath or 'the default folder'} as {mc.filename or '{epoch}-{step}'}; the others keep "
+                        "their own settings and their files are never pruned")
         freq = self.core.frequency
         every = getattr(mc, "_every_n_train_steps", 0)
         epochs = getattr(mc, "_every_n_epochs", 0)
@@ -129,15 +133,17 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self._orig_save, self._trainer = orig, trainer
 
         def save_checkpoint(filepath, *args, **kwargs):
-            out = orig(filepath, *args, **kwargs)
-            if trainer.is_global_zero:
-                path = os.path.abspath(os.fspath(filepath))
-                after = (path, trainer.global_step, self._pending.pop(path, None))
-                pool = _async_io_executor(trainer)
-                if pool is not None:   # AsyncCheckpointIO: its one thread writes in order; follow the write
-                    pool.submit(self.core.saved, *after)
-                else:
-                    self.core.saved(*after)
+            self.core.before_save()
+            out = orig(filepath, *args, **kwargs)   # ends with the strategy's barrier: every rank wrote its part
+            path = os.path.abspath(os.fspath(filepath))
+            after = (path, trainer.global_step, self._pending.pop(path, None))
+            pool = _async_io_executor(trainer)
+            if pool is not None and not self.core.ranks.multi:
+                pool.submit(self.core.saved, *after)   # AsyncCheckpointIO: its one thread writes in order
+            else:
+                if pool is not None:   # many processes: the ranks meet on the training thread, after the write
+                    pool.submit(lambda: None).result(timeout=self.core.join_timeout)
+                self.core.saved(*after)
             return out
 
         trainer.save_checkpoint = save_checkpoint
@@ -153,9 +159,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     def _protect(self) -> dict[str, str]:
         mc = self._mc
         best = getattr(mc, "best_model_path", "") if mc is not None else ""
+        out = {}
         if best and mc.monitor is not None:
-            return {os.path.basename(best): f"ModelCheckpoint best_model_path ({mc.monitor})"}
-        return {}
+            out[os.path.basename(best)] = f"ModelCheckpoint best_model_path ({mc.monitor})"
+        for other in self._kept_mcs:    # e.g. export's milestone ModelCheckpoint: its files are its own to keep
+            out.update(_files_of(other, self.core.root))
+        return out
 
     def _dirpath(self) -> str:
         d = self._mc.dirpath if self._mc is not None else None
@@ -166,9 +175,10 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     def on_train_start(self, trainer, pl_module) -> None:
         self.core.root = self._dirpath()
         os.makedirs(self.core.root, exist_ok=True)
+        _show_lines(trainer)
         if trainer.is_global_zero:
             self.core.retire_old_metrics()
-            self.core.start()
+        self.core.start()
         s = self.core.settings
         log.info(PREFIX + f"saving every {s.frequency_steps} steps into {self.core.root}"
                  + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
@@ -200,38 +210,70 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             return   # gradient accumulation: no optimizer step yet
         self._last_seen = step
         if self._detect_now(trainer, step):
-            loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-            value = None
-            if loss is not None:
-                try:
-                    value = float(loss)
-                except (TypeError, ValueError, RuntimeError):
-                    value = None
-            flag = self.core.observe(step, value, self._grad_norm) if value is not None else None
+            # each rank's loss is its own: the ranks average it, rank 0 decides (and alone writes the loss
+            # log), the decision is broadcast and every rank takes part in the save or none does
+            loss, grad = self.core.reduced(_loss_of(outputs), self._grad_norm)
             self._grad_norm = None
-            if trainer.world_size > 1:   # every rank must take part in the save
-                flag_any = trainer.strategy.reduce_boolean_decision(flag is not None, all=False)
-                if flag_any and flag is None:
-                    from checkpoint_strategy.callbacks._detector import Flag
-
-                    flag = Flag("loss_spike_detected", step, float("nan"), None, ["another rank"], True, True)
-            if flag is not None:
-                path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
-                marked = self.core.mark_emergency(path, flag) if trainer.is_global_zero else True
-                if trainer.world_size > 1:
-                    marked = trainer.strategy.reduce_boolean_decision(marked, all=True)
-                if marked:
-                    self._pending[path] = flag.kind
-                    trainer.save_checkpoint(path)
+            path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
+            kind = self.core.decide_emergency(step, loss, grad, path)
+            if kind is not None:
+                self._pending[path] = kind
+                trainer.save_checkpoint(path)
         if self.core.forced_save(step):
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if trainer.is_global_zero:
-            self.core.end()
+        self.core.end()
 
     def teardown(self, trainer, pl_module, stage) -> None:
         if stage == "fit":
-            if trainer.is_global_zero and not self.core._ended and self.core.root is not None:
+            if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
+
+
+def _loss_of(outputs) -> Optional[float]:
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    if loss is None:
+        return None
+    try:
+        return float(loss)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _rolling(mcs: list) -> Any:
+    """The ModelCheckpoint the policy configures: one without a monitor (or monitoring `step`, as
+    `export --framework lightning` writes it) that is not a milestone keeper; a milestone keeper
+    (save_top_k=-1 on its own period, beside another ModelCheckpoint) is left alone."""
+    def keeper(m) -> bool:
+        return len(mcs) > 1 and m.save_top_k == -1 and bool(getattr(m, "_every_n_train_steps", 0))
+
+    rolling = [m for m in mcs if not keeper(m)] or mcs
+    return next((m for m in rolling if m.monitor in (None, "step")), rolling[0])
+
+
+def _files_of(mc, root: Optional[str]) -> dict[str, str]:
+    """Files in root a left-alone ModelCheckpoint wrote (by its filename's fixed prefix)."""
+    prefix = (mc.filename or "").split("{", 1)[0]
+    d = os.path.abspath(os.fspath(mc.dirpath)) if mc.dirpath else root
+    if not prefix or d is None or root is None or os.path.normpath(d) != os.path.normpath(root):
+        return {}
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return {}
+    return {n: f"kept by its own ModelCheckpoint ({mc.filename}, save_top_k=-1)" for n in names
+            if n.startswith(prefix) and n.endswith(".ckpt")}
+
+
+def _show_lines(trainer) -> None:
+    """The routine lines shown as Lightning shows its own progress (rank_zero_info): INFO on the
+    global-zero rank at the level of Lightning's own logger, WARNING on the others."""
+    import logging
+
+    from checkpoint_strategy.callbacks.core import show_lines
+
+    pkg = type(trainer).__module__.split(".trainer")[0]
+    level = logging.getLogger(pkg).getEffectiveLevel() if trainer.is_global_zero else logging.WARNING
+    show_lines(level)

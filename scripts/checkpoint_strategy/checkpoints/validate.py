@@ -13,6 +13,7 @@ from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints import framework_layouts as fl
+from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (CheckpointResult, CheckpointStats, DeepStats, Problem,
@@ -73,6 +74,13 @@ class _Ctx:
         self.update = update
         self.sources: list[dp.Source] = []
         self.global_step: int | None = None
+        self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
+        if self.part is not None:
+            self.counter.notes.append(parts.describe(self.part))
+
+    def reads(self, path: str) -> bool:
+        """Level full reads every byte of `path` (in this process's part, when the files are split)."""
+        return self.full and (self.part is None or self.part.owns(self.rel(path)))
 
     def rel(self, path: str) -> str:
         if os.path.normpath(path) == os.path.normpath(self.root):
@@ -92,7 +100,7 @@ class _Ctx:
         self.bad(path, f"missing: {what}", "incomplete")
 
     def safetensors(self, path: str, role: dp.Role = "weights") -> None:
-        reasons = fc.check_safetensors(path, self.counter, self.full)
+        reasons = fc.check_safetensors(path, self.counter, self.reads(path))
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
@@ -100,7 +108,7 @@ class _Ctx:
         self._tick()
 
     def zip(self, path: str, role: dp.Role = "other", flat: bool = False) -> fc.ZipScan:
-        z = fc.scan_zip(path, self.counter, self.full, self.update)
+        z = fc.scan_zip(path, self.counter, self.reads(path), self.update)
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
@@ -143,7 +151,7 @@ class _Ctx:
         if st.st_size == 0:
             self.bad(path, "zero-byte file")
             return
-        if self.full:
+        if self.reads(path):
             for r in fc.stream_file(path, self.counter, self.update):
                 self.bad(path, r)
         else:
@@ -330,7 +338,7 @@ def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int)
     ctx.counter.files += 1
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.full:
+    elif ctx.reads(p):
         for r in fc.stream_file(p, ctx.counter, ctx.update):
             ctx.bad(p, r)
     ctx._tick()
@@ -447,7 +455,7 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
                     out.resumable = True
             elif n == "manifest.ocdbt":
                 ctx.readable(p)
-            elif (ctx.full or ctx.deep) and os.path.isfile(p):
+            elif (ctx.reads(p) or ctx.deep) and os.path.isfile(p):
                 ctx.readable(p)
         if "opt" in item.lower() or item in ("state", "train_state"):
             out.resumable = True

@@ -1,4 +1,4 @@
-"""`checkpoint-strategy validate PATH... [--level quick|full] [--manifest write|verify] [--format ...]`."""
+"""`checkpoint-strategy validate PATH... [--level quick|full] [--manifest write|verify] [--part K/N] [--format ...]`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def add_arguments(parser) -> None:
                         help="with --level deep: write per-tensor figures (NaN/Inf counts, L2 norm, max |x|)")
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
                         help="write or verify a SHA-256 integrity.json per checkpoint (implies --level full)")
+    parser.add_argument("--part", default=None, metavar="K/N",
+                        help="read every byte of part K of N of each checkpoint only (implies --level full; the "
+                             "layout is still checked whole): N jobs with K=1..N together check it all; "
+                             "see docs/checkpoints.md")
     add_storage_options(parser)
     add_spike_check(parser)
     add_target_gpus(parser)
@@ -37,18 +41,36 @@ def run(args) -> int:
     from checkpoint_strategy.checkpoints.validate import deep_ok
 
     from checkpoint_strategy import storage
+    from checkpoint_strategy.checkpoints import parts
     from checkpoint_strategy.checkpoints.safety import annotate_validation
     from checkpoint_strategy.checkpoints.validate import refuse_remote
     from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
 
     refuse_remote(args.paths, args.level, args.manifest)
+    part = _part(args)
     # URLs: one view for the validation and the annotations that read the run's files (log, rank files)
     with storage.local_paths(args.paths, prefetch=args.level == "quick") as paths:
-        report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
-                                stats=args.stats)
+        with parts.splitting(*part):
+            report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
+                                    stats=args.stats)
         annotate_validation(report, paths, args.log, args.spike_check)
         annotate_hardware(report, args.target_gpus, args.log)
         report = storage.unshadow_model(report)
     emit(report, args.format, args.output, inputs=tuple(args.paths))
     # at level deep also nothing suspicious and no partial optimizer state (model-only is not a failure)
     return 0 if all(deep_ok(c) for c in report.checkpoints) else 1
+
+
+def _part(args) -> tuple[int, int]:
+    """(K, N) of --part, 0-based K; (0, 1) without it. --part implies --level full."""
+    from checkpoint_strategy.checkpoints.parts import parse_part
+    from checkpoint_strategy.errors import UsageError
+
+    if args.part is None:
+        return 0, 1
+    part = parse_part(args.part)
+    if args.level == "deep" or args.manifest:
+        raise UsageError(f"--part splits the byte reads of --level full; it does not combine with "
+                         f"{'--level deep' if args.level == 'deep' else '--manifest'} (they read every file)")
+    args.level = "full"
+    return part

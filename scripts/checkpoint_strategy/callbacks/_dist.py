@@ -1,0 +1,99 @@
+"""Rank coordination for the callbacks under torchrun / Lightning DDP (see docs/callbacks.md).
+
+Every collective is ``torch.distributed`` on the run's own (default) process group, issued from
+the training thread at the same hook on every rank, and every wait is bounded: the op is started
+with ``async_op=True`` and ``Work.wait(timeout)``. A collective that times out or fails (a rank
+died or never came) marks the coordination broken: this rank issues no more collectives of its
+own, makes no emergency save, and rank 0 prunes nothing more (an ERROR line says why). The
+framework's own collectives then end the run (torchrun's and Lightning's launchers stop the other
+ranks when one exits).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from checkpoint_strategy.callbacks.core import PREFIX, log
+
+TEXT_BYTES = 480      # one problem line per rank in a reduced verdict
+
+
+class Ranks:
+    """This process's rank in the run (rank 0 of 1 without torch.distributed)."""
+
+    def __init__(self, timeout: float = 600.0) -> None:
+        self.rank, self.world, self.timeout = 0, 1, float(timeout)
+        self.broken: Optional[str] = None
+        self._dist: Any = None
+        self._device: Any = None
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            return
+        if dist.is_available() and dist.is_initialized():
+            self._dist = dist
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            if "nccl" in str(dist.get_backend()).lower():   # NCCL reduces device tensors only
+                import torch
+
+                self._device = torch.device("cuda", torch.cuda.current_device())
+
+    @property
+    def multi(self) -> bool:
+        return self.world > 1
+
+    @property
+    def ok(self) -> bool:
+        return self.world > 1 and self.broken is None
+
+    def _run(self, values: list[float], what: str, op: str = "max", src: Optional[int] = None) -> Optional[list]:
+        """all_reduce (op max/min/sum) or broadcast from src of a small vector; None when broken."""
+        if not self.multi:
+            return list(values)
+        if self.broken is not None:
+            return None
+        import datetime
+
+        import torch
+
+        dist = self._dist
+        t = torch.tensor(values, dtype=torch.float64, device=self._device)
+        try:
+            if src is not None:
+                work = dist.broadcast(t, src=src, async_op=True)
+            else:
+                work = dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+        except Exception as exc:  # noqa: BLE001 - a dead or late rank: bounded, reported, never raised
+            self.broken = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout:g} s ({self.broken}); "
+                      "no more validation verdicts, prunes or emergency saves from this rank")
+            return None
+        return t.tolist()
+
+    def barrier(self, what: str) -> bool:
+        """Every rank got here (e.g. finished writing its files). False when broken or timed out."""
+        return self._run([0.0], what) is not None
+
+    def reduce(self, values: list[float], what: str, op: str = "max") -> Optional[list]:
+        return self._run(values, what, op)
+
+    def broadcast(self, values: list[float], what: str, src: int = 0) -> Optional[list]:
+        return self._run(values, what, src=src)
+
+    def gather_text(self, text: str, what: str) -> Optional[list[str]]:
+        """Each rank's line (at most TEXT_BYTES bytes), in rank order: one sum-reduce of a byte table."""
+        if not self.multi:
+            return [text]
+        raw = text.encode("utf-8", "replace")[:TEXT_BYTES]
+        table = [0.0] * (self.world * TEXT_BYTES)
+        for i, b in enumerate(raw):
+            table[self.rank * TEXT_BYTES + i] = float(b)
+        out = self._run(table, what, "sum")
+        if out is None:
+            return None
+        lines = []
+        for r in range(self.world):
+            chunk = bytes(int(v) for v in out[r * TEXT_BYTES:(r + 1) * TEXT_BYTES]).rstrip(b"\0")
+            lines.append(chunk.decode("utf-8", "replace"))
+        return lines

@@ -1,0 +1,196 @@
+"""Real 2-process training runs with the callbacks, on CPU (gloo), for tests/test_callbacks_multiproc.py
+and bench/bench_callbacks.py. Run as a program (one process per rank):
+
+    python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
+    python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
+
+Options (JSON, argv[4]): policy, max_steps, spike_step, kill_step (rank 1 kills itself with SIGKILL in
+the middle of that save), level, callback (false: the same run without the callback), verdicts (after
+training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
+files corrupted). Every rank appends events to WORK/events-R.jsonl: write_start / write_end of each
+save (the framework's own save call), the worker's phases (validate / manifest / prune / idle, each
+stamped when the worker reported it, before it does the work: jobs linger `phase_delay` seconds), and
+step wall times; rank 0 writes WORK/records.json (the callback's records and problems).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+TRIGGERS = ["loss_spike_detected", "gradient_norm_exceeded"]
+POLICY = {"frequency": "every_10_steps", "keep_last": 1, "emergency_save_on": TRIGGERS, "async_save": True}
+
+
+class Events:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.rank = 0
+
+    def __call__(self, **kw) -> None:
+        with open(self.work / f"events-{self.rank}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"t": time.time(), "rank": self.rank, **kw}) + "\n")
+
+
+def _records(cb) -> dict:
+    return {"records": [{"path": r.path, "step": r.step, "status": r.status, "problem": r.problem,
+                         "deleted": r.deleted, "emergency": r.emergency} for r in cb.core.records],
+            "problems": cb.core.problems, "summary": cb.core.summary()}
+
+
+def _largest_member(path: Path) -> tuple[int, int]:
+    """(file offset of the middle byte, size) of the largest stored tensor of a torch zip file."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if not i.filename.endswith(".pkl")), key=lambda i: i.compress_size)
+    with open(path, "rb") as fh:
+        fh.seek(info.header_offset)
+        head = fh.read(30)
+    name_len, extra_len = struct.unpack("<HH", head[26:30])
+    return info.header_offset + 30 + name_len + extra_len + info.compress_size // 2, info.compress_size
+
+
+def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
+    """Both ranks validate copies of `ckpt` at level full, each its part, the verdict reduced: a clean
+    copy, then one with a byte flipped in a zip member of a file rank 1's part reads."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from checkpoint_strategy.callbacks.core import StrategyCore
+    from checkpoint_strategy.checkpoints import parts
+
+    clean, bad = work / "verdict" / "clean" / os.path.basename(ckpt), work / "verdict" / "bad" / os.path.basename(ckpt)
+    if rank == 0:
+        shutil.copytree(ckpt, clean) if os.path.isdir(ckpt) else (clean.parent.mkdir(parents=True), shutil.copy(ckpt, clean))
+        shutil.copytree(ckpt, bad) if os.path.isdir(ckpt) else (bad.parent.mkdir(parents=True), shutil.copy(ckpt, bad))
+        target = bad
+        if bad.is_dir():   # a torch zip that rank 1's part reads every byte of
+            theirs = [bad / f for f in parts.split(str(bad), 1, 2).files() if f.endswith((".pt", ".pth", ".bin"))]
+            target = max(theirs, key=lambda p: _largest_member(p)[1])
+        offset, _size = _largest_member(target)
+        with open(target, "r+b") as fh:      # a flipped byte inside tensor data: only its zip CRC-32 tells
+            fh.seek(offset)
+            byte = fh.read(1)
+            fh.seek(offset)
+            fh.write(bytes([byte[0] ^ 0xFF]))
+        (work / "verdict" / "corrupted.txt").write_text(str(target))
+    dist.barrier()
+    out = {}
+    for name, path in (("clean", clean), ("bad", bad)):
+        core = StrategyCore({"frequency": "every_10_steps", "keep_last": None, "validate_on_save": True},
+                            level="full", handoff_dir=None, manifest=False, rank_timeout=60)
+        core.root = str(path.parent)
+        core.saved(str(path), None)
+        core.end()
+        if rank == 0:
+            rec = core.records[-1]
+            out[name] = {"path": str(path), "status": rec.status, "problem": rec.problem}
+    if rank == 0:
+        (work / "verdicts.json").write_text(json.dumps(out))
+
+
+def hf(out: Path, work: Path, opts: dict) -> None:
+    sys.path.insert(0, str(TESTS))
+    import realruns
+    from transformers import Trainer, TrainerCallback
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+
+    rank = int(os.environ.get("RANK", "0"))
+    ev = Events(work)
+    ev.rank = rank
+    kill_step = opts.get("kill_step")
+    orig_save, orig_rng = Trainer._save_checkpoint, Trainer._save_rng_state
+
+    def save(self, model, trial):
+        ev(what="write_start", step=self.state.global_step)
+        orig_save(self, model, trial)
+        ev(what="write_end", step=self.state.global_step)
+
+    def rng(self, output_dir):
+        if rank == 1 and kill_step == self.state.global_step:
+            ev(what="killed", step=kill_step)
+            os.kill(os.getpid(), signal.SIGKILL)     # mid-save: rank 0 has written or is writing its files
+        orig_rng(self, output_dir)
+
+    Trainer._save_checkpoint, Trainer._save_rng_state = save, rng
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            ev(what="step", step=state.global_step)
+
+    callbacks = [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()]
+    cb = None
+    if opts.get("callback", True):
+        cb = HFCheckpointStrategy(opts.get("policy", POLICY), handoff_dir=None, level=opts.get("level", "quick"),
+                                  rank_timeout=opts.get("rank_timeout", 60))
+        cb.core.phase_hook = lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path))
+        cb.core.phase_delay = opts.get("phase_delay", 0.05)
+        callbacks.append(cb)
+    args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=10)
+    args.ddp_backend = "gloo"
+    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
+                      callbacks=callbacks)
+    trainer.train()
+    ev(what="done")
+    if cb is not None and rank == 0:
+        (work / "records.json").write_text(json.dumps(_records(cb)))
+    if opts.get("verdicts") and cb is not None:
+        _verdicts(cb, os.path.join(out, f"checkpoint-{trainer.state.global_step}"), work, rank)
+
+
+def pl(out: Path, work: Path, opts: dict) -> None:
+    sys.path.insert(0, str(TESTS))
+    import callbackruns
+    import pytorch_lightning as lightning
+
+    ev = Events(work)
+    kill_step = opts.get("kill_step")
+    orig_save = lightning.Trainer.save_checkpoint
+
+    def save(self, filepath, *a, **k):
+        ev.rank = self.global_rank
+        ev(what="write_start", step=self.global_step, path=os.path.basename(str(filepath)))
+        result = orig_save(self, filepath, *a, **k)
+        ev(what="write_end", step=self.global_step, path=os.path.basename(str(filepath)))
+        return result
+
+    lightning.Trainer.save_checkpoint = save
+
+    class Probe(lightning.Callback):
+        def on_train_batch_start(self, trainer, module, batch, idx):
+            ev.rank = trainer.global_rank
+            ev(what="step", step=trainer.global_step)
+
+        def on_save_checkpoint(self, trainer, module, checkpoint):
+            if trainer.global_rank == 1 and kill_step == trainer.global_step:
+                ev(what="killed", step=kill_step)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    hooks = {"phase_hook": lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path)),
+             "phase_delay": opts.get("phase_delay", 0.05)}
+    cb, trainer, _m = callbackruns.lightning_train(
+        out, opts.get("policy", POLICY), max_steps=opts.get("max_steps", 60), spike_step=opts.get("spike_step"),
+        spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=2, strategy="ddp",
+        with_callback=opts.get("callback", True), handoff_dir=None, level=opts.get("level", "quick"),
+        rank_timeout=opts.get("rank_timeout", 60))
+    ev(what="done")
+    if cb is not None and trainer.global_rank == 0:
+        (work / "records.json").write_text(json.dumps(_records(cb)))
+    if opts.get("verdicts") and cb is not None:
+        last = max(Path(out).glob("epoch=*-step=*.ckpt"), key=lambda p: int(p.stem.split("step=")[1].split("-")[0]))
+        _verdicts(cb, str(last), work, trainer.global_rank)
+
+
+if __name__ == "__main__":
+    kind, out_dir, work_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+    options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    {"hf": hf, "pl": pl}[kind](out_dir, work_dir, options)

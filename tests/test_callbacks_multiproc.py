@@ -1,0 +1,199 @@
+"""The callbacks on real 2-process runs on CPU (gloo): HF Trainer under torchrun and Lightning
+Trainer(strategy="ddp", devices=2); tests/multiprocruns.py is the training program.
+
+Each run saves every 10 steps (keep_last 1, validation and prune in the background worker) and has a
+loss spike injected at step 45. Asserted from the events every rank wrote: no rank validated or
+pruned while any rank was still writing; the final folder holds the newest checkpoint and the
+rollback point; `validate` calls every kept checkpoint valid; the per-rank reduced verdict equals a
+single-process `validate --level full` on the same checkpoint, clean and with a byte flipped in a
+file another rank checked; a rank SIGKILLed in the middle of a save ends the run within a bounded
+time without anything being validated or pruned after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cliresult
+from checkpoint_strategy.callbacks import last_valid_checkpoint
+from checkpoint_strategy.checkpoints import validate_checkpoint
+
+pytestmark = pytest.mark.slow
+PROGRAM = str(Path(__file__).resolve().parent / "multiprocruns.py")
+RUN_TIMEOUT = 420
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(kind: str, out: Path, work: Path, timeout: float = RUN_TIMEOUT, **opts) -> subprocess.CompletedProcess:
+    """One 2-process run; bounded by `timeout` (a hang fails the test)."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(cliresult.checkout_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    argv = [PROGRAM, kind, str(out), str(work), json.dumps(opts)]
+    if kind == "hf":
+        argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
+    try:
+        return subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the 2-process {kind} run did not end within {timeout} s: {str(exc.stderr)[-3000:]}")
+
+
+def events(work: Path) -> list[dict]:
+    out = []
+    for f in sorted(work.glob("events-*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return sorted(out, key=lambda e: e["t"])
+
+
+def write_windows(evs: list[dict], kind: str) -> list[tuple[str, float, float]]:
+    """(checkpoint name, start, end) of every rank's save call."""
+    open_: dict[tuple[int, int], float] = {}
+    out = []
+    for e in evs:
+        key = (e["rank"], e["step"]) if "step" in e else None
+        if e["what"] == "write_start":
+            open_[key] = e["t"]
+        elif e["what"] == "write_end":
+            name = e.get("path") or f"checkpoint-{e['step']}"
+            out.append((name, open_.pop(key), e["t"]))
+    out += [(f"step {k[1]} (unfinished)", t, float("inf")) for k, t in open_.items()]
+    return out
+
+
+def phase_windows(evs: list[dict]) -> list[tuple[str, str, float, float]]:
+    """(phase, checkpoint name, start, end) of the workers' validate / manifest / prune phases."""
+    out = []
+    last: dict[int, tuple[str, str, float]] = {}
+    for e in evs:
+        if e["what"] != "phase":
+            continue
+        prev = last.pop(e["rank"], None)
+        if prev is not None:
+            out.append((prev[0], prev[1], prev[2], e["t"]))
+        if e["phase"] != "idle":
+            last[e["rank"]] = (e["phase"], e["path"], e["t"])
+    out += [(p, n, t, float("inf")) for p, n, t in last.values()]
+    return out
+
+
+def assert_nothing_read_while_written(evs: list[dict], kind: str) -> None:
+    writes, phases = write_windows(evs, kind), phase_windows(evs)
+    assert phases and writes
+    for phase, name, start, end in phases:
+        for wname, ws, we in writes:
+            if phase == "prune":       # a prune surveys the whole folder
+                assert we < start or ws > end, f"prune ({start}-{end}) during the save of {wname} ({ws}-{we})"
+            elif wname == name:
+                assert we < start, f"{phase} of {name} at {start} before its save ended at {we} on a rank"
+
+
+def check_run(out: Path, work: Path, newest: str, rollback: str, emergency: str, cli_run) -> dict:
+    recs = json.loads((work / "records.json").read_text())
+    assert recs["problems"] == [], recs["problems"]
+    names = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and not p.name.endswith(".json"))
+    assert {newest, rollback, emergency} <= set(names), names
+    by_name = {os.path.basename(r["path"]): r for r in recs["records"]}
+    assert all(r["status"] == "valid" for r in recs["records"]), recs["records"]
+    assert by_name[emergency]["emergency"] == "loss_spike_detected"
+    for r in recs["records"]:       # deletions only of older checkpoints, after a newer one validated
+        older = [d for d in r["deleted"] if d in by_name and (by_name[d]["step"] or 0) < (r["step"] or 0)]
+        assert older == r["deleted"], (r, by_name)
+    deleted = {d for r in recs["records"] for d in r["deleted"]}
+    assert set(by_name) - deleted == set(names), (names, deleted)   # what is gone was pruned by the rules
+    res = cli_run("validate", str(out), "--level", "full", "--manifest", "verify", "--format", "json")
+    assert res.rc == 0, res.out
+    assert {c["status"] for c in res.json()["checkpoints"]} == {"valid"}
+    return recs
+
+
+def check_verdicts(work: Path, cli_run, reporter: int) -> None:
+    """The ranks' reduced verdict equals one process's `validate --level full` on the same checkpoint."""
+    got = json.loads((work / "verdicts.json").read_text())
+    corrupted = Path((work / "verdict" / "corrupted.txt").read_text())
+    for name in ("clean", "bad"):
+        whole = cli_run("validate", got[name]["path"], "--level", "full", "--format", "json").json()["checkpoints"][0]
+        assert got[name]["status"] == whole["status"], (name, got[name], whole)
+        if name == "bad":
+            assert whole["status"] == "invalid"
+            assert corrupted.name in got[name]["problem"] and f"rank {reporter}:" in got[name]["problem"], got[name]
+            assert all(p["file"].split("/")[-1] in got[name]["problem"] for p in whole["problems"])
+
+
+def check_killed(res, out: Path, work: Path, survivor: str) -> None:
+    evs = events(work)
+    killed = [e for e in evs if e["what"] == "killed"]
+    assert killed and res.returncode != 0, res.stderr[-2000:]
+    after = [e for e in evs if e["what"] == "phase" and e["t"] > killed[0]["t"] and e["phase"] != "idle"]
+    assert after == [], after      # nothing validated, manifested or pruned once a rank died mid-save
+    assert (out / survivor).exists()
+    assert validate_checkpoint(out / survivor, level="full").status == "valid"
+    assert_nothing_read_while_written(evs, "")
+
+
+# --------------------------------------------------------------------------- HF Trainer under torchrun
+
+@pytest.fixture(scope="module")
+def hf2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mp-hf")
+    res = launch("hf", root / "out", root / "work", spike_step=45, verdicts=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return root / "out", root / "work", res
+
+
+def test_hf_torchrun_keeps_newest_and_rollback_and_never_reads_a_save_in_flight(hf2, cli_run):
+    out, work, _res = hf2
+    check_run(out, work, "checkpoint-60", "checkpoint-40", "checkpoint-46", cli_run)
+    assert_nothing_read_while_written(events(work), "hf")
+    ranks = {e["rank"] for e in events(work) if e["what"] == "phase"}
+    assert ranks == {0, 1}         # both ranks validated their parts
+    assert last_valid_checkpoint(out) == str(out / "checkpoint-40")
+
+
+def test_hf_torchrun_reduced_verdict_equals_one_process_full(hf2, cli_run):
+    check_verdicts(hf2[1], cli_run, reporter=1)   # rank 1's part held the flipped byte
+
+
+def test_hf_torchrun_rank_killed_mid_save_ends_bounded(tmp_path):
+    res = launch("hf", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20)
+    check_killed(res, tmp_path / "out", tmp_path / "work", "checkpoint-20")
+
+
+# --------------------------------------------------------------------------- Lightning DDP, 2 processes
+
+@pytest.fixture(scope="module")
+def pl2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mp-pl")
+    res = launch("pl", root / "out", root / "work", spike_step=45, verdicts=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return root / "out", root / "work", res
+
+
+def test_lightning_ddp_keeps_newest_and_rollback_and_never_reads_a_save_in_flight(pl2, cli_run):
+    out, work, _res = pl2
+    check_run(out, work, "epoch=0-step=60.ckpt", "epoch=0-step=40.ckpt", "epoch=0-step=46-emergency.ckpt", cli_run)
+    assert_nothing_read_while_written(events(work), "pl")
+    metrics = [json.loads(x) for x in (out / ".checkpoint-strategy-metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in metrics]
+    assert steps == sorted(set(steps)) and steps[-1] == 60     # one writer: no duplicated or lost steps
+
+
+def test_lightning_ddp_reduced_verdict_equals_one_process_full(pl2, cli_run):
+    check_verdicts(pl2[1], cli_run, reporter=0)   # one .ckpt file: rank 0's part
+
+
+def test_lightning_ddp_rank_killed_mid_save_ends_bounded(tmp_path):
+    res = launch("pl", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20)
+    check_killed(res, tmp_path / "out", tmp_path / "work", "epoch=0-step=20.ckpt")
