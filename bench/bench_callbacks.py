@@ -10,10 +10,17 @@ Two measurements, both in the same process:
    handing the save to the worker, writing an emergency marker) is included. Printed as ms per
    step and as a ratio against a 20 ms step (target: at most 1 %) and against the baseline step
    time measured without the callback.
-2. End to end: the same HF run with and without the callback, interleaved, median of the
-   per-step wall times (noisy on a shared machine: reported, not the target).
+2. End to end: the same HF run with and without the callback, interleaved: the median of the
+   per-step wall times and the mean (whole training time / steps, so the steps around a save, when
+   the worker validates beside training, count too). Noisy on a shared machine: reported as ratios.
+3. Two processes (--multiproc): the HF Trainer under `torchrun --nproc_per_node 2` (gloo, CPU) with
+   and without HFCheckpointStrategy (tests/multiprocruns.py), and Lightning DDP with 2 devices: per-step
+   wall time on rank 0, median and mean, with/without.
+4. Split validation (--multiproc): a real 4-shard DCP checkpoint (torch.distributed.checkpoint,
+   FileSystemWriter with 4 writer threads, --dcp-mb MB) checked at level full by one process and by
+   two processes each checking one part (`validate --part K/2`, run at the same time): wall times.
 
-Usage: python bench/bench_callbacks.py [--steps N] [--pairs P]
+Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB]
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ def hf_run(out: Path, steps: int, with_callback: bool):
     trainer.train()
     total = time.perf_counter() - t0
     steps_dt = [b - a for a, b in zip(wall.t, wall.t[1:], strict=False)]
-    return timer, statistics.median(steps_dt), total
+    return timer, statistics.median(steps_dt), total / steps
 
 
 def lightning_hook_cost(out: Path, steps: int, detect_every: int = 1):
@@ -163,6 +170,75 @@ def report(timer: Timer, steps: int, step_s: float, what: str) -> None:
               f"of this run's {step_s * 1e3:.1f} ms step ({what}): {cost / step_s:.2%}")
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tuple[float, float]:
+    """(median, mean) wall seconds per step on rank 0 of a 2-process run (tests/multiprocruns.py)."""
+    import json
+    import subprocess
+
+    work = out.parent / (out.name + "-work")
+    work.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT / "tests")]),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    opts = {"policy": dict(POLICY, keep_milestone=[]), "max_steps": steps, "callback": with_callback,
+            "phase_delay": 0.0}
+    argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
+    if kind == "hf":
+        argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
+    subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, timeout=1800)
+    t = [e["t"] for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
+    dt = [b - a for a, b in zip(t, t[1:], strict=False)][5:]    # after the first steps (start-up)
+    return statistics.median(dt), sum(dt) / len(dt)
+
+
+def multiproc(tmp: Path, steps: int, pairs: int) -> None:
+    for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
+        med, mean = [], []
+        for p in range(pairs):
+            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True)
+            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False)
+            med.append((w[0], wo[0]))
+            mean.append((w[1], wo[1]))
+        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, a save every 10 steps, validation in the workers:")
+        for label, xs in (("median", med), ("mean", mean)):
+            print(f"  {label} step with/without: " + ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f} ms = {a / b:.3f}x"
+                                                               for a, b in xs))
+
+
+def split_validation(tmp: Path, mb: int) -> None:
+    """One process vs two processes (one part each, at the same time) on a 4-shard DCP checkpoint, level full."""
+    import subprocess
+
+    import realruns
+
+    width = max(64, int((mb * 2**20 / 4 / 4 / 3) ** 0.5))   # 4 layers, float32 weights + 2 Adam moments
+    path = realruns.build_dcp_sharded(tmp / "dcp", shards=4, width=width)
+    size = sum(f.stat().st_size for f in path.iterdir())
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+    cmd = [sys.executable, "-m", "checkpoint_strategy", "validate", str(path), "--format", "json"]
+    subprocess.run(cmd + ["--level", "full"], env=env, capture_output=True, check=True)   # warm the page cache
+    one, two = [], []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(cmd + ["--level", "full"], env=env, capture_output=True, check=True)
+        one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen(cmd + ["--part", f"{k}/2"], env=env, stdout=subprocess.DEVNULL) for k in (1, 2)]
+        for pr in procs:
+            pr.wait()
+        two.append(time.perf_counter() - t0)
+    o, t = statistics.median(one), statistics.median(two)
+    print(f"validation of a 4-shard DCP checkpoint ({size / 2**20:.0f} MB, level full, warm cache), process start "
+          f"included: one process {o:.2f} s, two processes one part each {t:.2f} s = {t / o:.2f}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -171,6 +247,9 @@ def main() -> int:
                     help="validate_on_save off and no keep_last: the worker never runs (the callback's own cost)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
                     help="cpu: the training thread's CPU time in the callback (default); wall: perf_counter")
+    ap.add_argument("--multiproc", action="store_true",
+                    help="also the 2-process runs (torchrun, Lightning DDP) and the split validation of a DCP checkpoint")
+    ap.add_argument("--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)")
     a = ap.parse_args()
     global CLOCK
     CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
@@ -182,19 +261,24 @@ def main() -> int:
     per_update = detector_cost(100_000)
     print(f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)")
 
-    with_steps, without_steps, runs = [], [], []
+    with_steps, without_steps, runs, means = [], [], [], []
     for p in range(a.pairs):
-        timer, med_with, _ = hf_run(tmp / f"with-{p}", a.steps, True)
-        _t, med_without, _ = hf_run(tmp / f"without-{p}", a.steps, False)
+        timer, med_with, mean_with = hf_run(tmp / f"with-{p}", a.steps, True)
+        _t, med_without, mean_without = hf_run(tmp / f"without-{p}", a.steps, False)
         with_steps.append(med_with)
         without_steps.append(med_without)
+        means.append(mean_with / mean_without)
         runs.append(timer)
     base = statistics.median(without_steps)
     print(f"HF Trainer, {a.steps} steps x {a.pairs} runs, logging every step, a save every 10 steps, "
           f"{'no worker' if a.no_worker else 'validation + prune on the background worker'}:")
     report(runs[len(runs) // 2], a.steps, base, "without the callback")
     print(f"  end to end, median step with/without: {statistics.median(with_steps) * 1e3:.1f} / {base * 1e3:.1f} ms "
-          f"= {statistics.median(with_steps) / base:.3f}x (shared machine: noisy)")
+          f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
+          f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
+    if a.multiproc:
+        multiproc(tmp, a.steps, a.pairs)
+        split_validation(tmp, a.dcp_mb)
     for every in (1, 10):
         timer, step_s = lightning_hook_cost(tmp / f"pl-{every}" / "ckpts", a.steps, every)
         print(f"Lightning, {a.steps} steps, detection (and grad norm) every {every} step(s), a save every 10 steps:")

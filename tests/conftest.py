@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # CPU by the real framework, built once per session) and the few that are slow on their own.
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
-                     "dcp_checkpoint", "safetensors_file"}
+                     "dcp_checkpoint", "dcp_sharded", "safetensors_file"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
@@ -39,8 +39,10 @@ SLOW_TESTS: set[str] = {
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
 }
-# real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels"}
+# real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
+# real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_callbacks_multiproc",
+                "test_callbacks_logging"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -152,6 +154,12 @@ def lightning_run(tmp_path_factory) -> realruns.LightningRun:
 def dcp_checkpoint(tmp_path_factory) -> Path:
     """A real torch.distributed.checkpoint folder step-100/ (.metadata + __0_0.distcp)."""
     return _built(tmp_path_factory, "dcp", realruns.build_dcp_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def dcp_sharded(tmp_path_factory) -> Path:
+    """A real torch.distributed.checkpoint folder step-100/ with 4 data files (__0_0..__0_3.distcp)."""
+    return _built(tmp_path_factory, "dcp-sharded", realruns.build_dcp_sharded)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,8 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): policy, max_steps, spike_step, kill_step (rank 1 kills itself with SIGKILL in
+Options (JSON, argv[4]): policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
+without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
 the middle of that save), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
 files corrupted). Every rank appends events to WORK/events-R.jsonl: write_start / write_end of each
@@ -137,6 +138,7 @@ def hf(out: Path, work: Path, opts: dict) -> None:
         callbacks.append(cb)
     args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=10)
     args.ddp_backend = "gloo"
+    args.log_level = opts.get("log_level", "passive")
     trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
                       callbacks=callbacks)
     trainer.train()
@@ -164,6 +166,10 @@ def pl(out: Path, work: Path, opts: dict) -> None:
         return result
 
     lightning.Trainer.save_checkpoint = save
+    if opts.get("quiet"):        # how a user silences Lightning's own progress lines
+        import logging
+
+        logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
 
     class Probe(lightning.Callback):
         def on_train_batch_start(self, trainer, module, batch, idx):
@@ -179,7 +185,8 @@ def pl(out: Path, work: Path, opts: dict) -> None:
              "phase_delay": opts.get("phase_delay", 0.05)}
     cb, trainer, _m = callbackruns.lightning_train(
         out, opts.get("policy", POLICY), max_steps=opts.get("max_steps", 60), spike_step=opts.get("spike_step"),
-        spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=2, strategy="ddp",
+        spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=opts.get("devices", 2),
+        strategy="ddp" if opts.get("devices", 2) > 1 else "auto",
         with_callback=opts.get("callback", True), handoff_dir=None, level=opts.get("level", "quick"),
         rank_timeout=opts.get("rank_timeout", 60))
     ev(what="done")

@@ -316,6 +316,24 @@ def build_dcp_checkpoint(root: Path) -> Path:
     return path
 
 
+def build_dcp_sharded(root: Path, shards: int = 4, width: int = 64) -> Path:
+    """A real torch.distributed.checkpoint folder with `shards` data files (FileSystemWriter writes one
+    file per writer thread: __0_0.distcp .. __0_{shards-1}.distcp), model + optimizer."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    _seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(shards)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, width)).sum().backward()
+    opt.step()
+    path = root / "dcp-sharded" / "step-100"
+    dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
+             storage_writer=FileSystemWriter(str(path), thread_count=shards))
+    return path
+
+
 def build_safetensors_file(root: Path) -> Path:
     import torch
     from safetensors.torch import save_file

@@ -165,3 +165,36 @@ def test_join_timeout_is_reported_at_the_end(tmp_path, caplog):
     assert any(line in p for p in cb.core.problems), cb.core.problems
     assert any(r.levelno == logging.ERROR and line in r.getMessage() for r in caplog.records)
     assert any("end of training" in m for m in caplog.messages)
+
+
+def test_export_plus_callback_leaves_the_milestone_checkpointer_alone(tmp_path):
+    """Exactly what `export --framework lightning` prints, plus LightningCheckpointStrategy as its notes
+    recommend: the milestone ModelCheckpoint keeps its period and its files, no false errors."""
+    import realruns
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy
+    from checkpoint_strategy.export import export_plan, render_export
+    from checkpoint_strategy.planning.options import validate_arguments
+    from checkpoint_strategy.planning.planner import plan
+
+    report = plan(validate_arguments({"step_seconds": 1.0, "budget_gb": 10.0, "total_steps": 40, "frequency": 5,
+                                      "keep_last": 2, "milestones": [10, 20, 30, 40]}))
+    export = export_plan(report, "lightning", None)
+    code = render_export(export, "python")
+    assert "LightningCheckpointStrategy" in code and "milestones_kwargs" in code
+    ns: dict = {}
+    exec(compile(code, "exported", "exec"), ns)  # our own emitted settings
+    cb = LightningCheckpointStrategy(report, handoff_dir=None)
+    mcs = []
+
+    def callbacks(dirpath):
+        mcs.extend(ns["checkpoint_callbacks"](dirpath))
+        return [*mcs, cb]
+
+    run = realruns.run_lightning_with_callbacks(tmp_path, callbacks, max_steps=40, plugins=ns["trainer_plugins"]())
+    assert cb.core.problems == []
+    milestone = next(m for m in mcs if m.filename == "milestone-{step}")
+    assert (milestone._every_n_train_steps, milestone.save_top_k) == (10, -1)      # left alone
+    assert [n for n in run.names if n.startswith("milestone-")] == [f"milestone-step={s}.ckpt" for s in (10, 20, 30, 40)]
+    rolling = sorted(n for n in run.names if n.startswith("step=") and n.endswith(".ckpt"))
+    assert rolling == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=35.ckpt", "step=40.ckpt"]
+    assert all(r.status == "valid" for r in cb.core.records)

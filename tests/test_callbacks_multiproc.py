@@ -25,7 +25,6 @@ import cliresult
 from checkpoint_strategy.callbacks import last_valid_checkpoint
 from checkpoint_strategy.checkpoints import validate_checkpoint
 
-pytestmark = pytest.mark.slow
 PROGRAM = str(Path(__file__).resolve().parent / "multiprocruns.py")
 RUN_TIMEOUT = 420
 
@@ -108,9 +107,17 @@ def check_run(out: Path, work: Path, newest: str, rollback: str, emergency: str,
     by_name = {os.path.basename(r["path"]): r for r in recs["records"]}
     assert all(r["status"] == "valid" for r in recs["records"]), recs["records"]
     assert by_name[emergency]["emergency"] == "loss_spike_detected"
-    for r in recs["records"]:       # deletions only of older checkpoints, after a newer one validated
-        older = [d for d in r["deleted"] if d in by_name and (by_name[d]["step"] or 0) < (r["step"] or 0)]
-        assert older == r["deleted"], (r, by_name)
+    evs = events(work)
+    ends = {}
+    for name, _start, end in write_windows(evs, ""):
+        ends[name] = max(ends.get(name, 0.0), end)
+    for phase, name, start, _end in phase_windows(evs):    # each deletion: a newer save every rank had
+        if phase != "prune":                                 # finished, and that validated, came first
+            continue
+        for d in by_name[name]["deleted"]:
+            newer = [c for c, r in by_name.items() if (r["step"] or 0) > (by_name[d]["step"] or 0)
+                     and r["status"] == "valid" and ends.get(c, float("inf")) < start]
+            assert newer, (d, name, start)
     deleted = {d for r in recs["records"] for d in r["deleted"]}
     assert set(by_name) - deleted == set(names), (names, deleted)   # what is gone was pruned by the rules
     res = cli_run("validate", str(out), "--level", "full", "--manifest", "verify", "--format", "json")

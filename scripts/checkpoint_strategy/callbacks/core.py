@@ -269,10 +269,13 @@ class StrategyCore:
         return self.ranks.rank == 0
 
     def before_save(self) -> None:
-        """Right before the framework starts a save: the worker's previous job (a prune surveys the
-        whole folder) must not read the checkpoint being written. Waits at most join_timeout."""
+        """Right before the framework starts a save (every rank): the workers' previous jobs (rank 0's
+        prune surveys the whole folder) must not read the checkpoint being written. Waits at most
+        join_timeout for this rank's worker, then for the other ranks (rank_timeout)."""
         if self._worker is not None and not self._worker.wait(self.join_timeout):
             log.warning(PREFIX + f"the background worker is still busy after {self.join_timeout:g} s; saving anyway")
+        if self.ranks.multi:      # every rank: rank 0's prune may still be surveying the folder
+            self.ranks.barrier("before a save")
 
     def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
         """Every rank, after the framework's save returned: meet (every rank finished writing), check

@@ -16,7 +16,11 @@ What it does to the Trainer (logged at start):
     ``emergency_save_on`` event it sets ``control.should_save`` (marker first, see
     checkpoints/marker.py); never on a NaN/inf loss;
   * ``on_train_end``: waits for the background validations (async_save) and writes the
-    session-handoff state.
+    session-handoff state;
+  * under torchrun every rank runs it: the ranks meet after each save, each checks its part of the
+    files, the verdict is reduced over the run's process group; rank 0 alone prunes, writes the
+    marker, the manifest and the handoff; an emergency save is rank 0's decision, broadcast
+    (docs/callbacks.md, "Many processes").
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ What it does (logged at setup):
     ``gradient_norm_exceeded`` is a trigger, the grad norm feed the online spike detector; an
     event saves ``epoch=E-step=N-emergency.ckpt`` with a ``.checkpoint-strategy.json`` marker
     beside it (written first); never on a NaN/inf loss;
-  * at the end of fit: waits for background validations, writes the session-handoff state.
+  * at the end of fit: waits for background validations, writes the session-handoff state;
+  * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks and rank 0
+    alone runs the detector, writes the loss log, the marker, the manifest and prunes; the ranks
+    share the validation of each save (docs/callbacks.md, "Many processes").
 """
 
 from __future__ import annotations
