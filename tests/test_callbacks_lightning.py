@@ -194,7 +194,7 @@ def test_export_plus_callback_leaves_the_milestone_checkpointer_alone(tmp_path):
     assert cb.core.problems == []
     milestone = next(m for m in mcs if m.filename == "milestone-{step}")
     assert (milestone._every_n_train_steps, milestone.save_top_k) == (10, -1)      # left alone
-    assert [n for n in run.names if n.startswith("milestone-")] == [f"milestone-step={s}.ckpt" for s in (10, 20, 30, 40)]
+    assert [n for n in run.names if n.startswith("milestone-") and n.endswith(".ckpt")] == [f"milestone-step={s}.ckpt" for s in (10, 20, 30, 40)]
     rolling = sorted(n for n in run.names if n.startswith("step=") and n.endswith(".ckpt"))
     assert rolling == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=35.ckpt", "step=40.ckpt"]
     assert all(r.status == "valid" for r in cb.core.records)

@@ -173,6 +173,20 @@ def test_hf_torchrun_reduced_verdict_equals_one_process_full(hf2, cli_run):
     check_verdicts(hf2[1], cli_run, reporter=1)   # rank 1's part held the flipped byte
 
 
+def test_hf_manifest_written_on_save_catches_a_later_byte_flip(hf2, cli_run, copy_of):
+    path = copy_of(hf2[0] / "checkpoint-60")
+    assert (path / "integrity.json").exists()
+    weights = path / "model.safetensors"
+    with open(weights, "r+b") as fh:        # the last byte of the tensor data: safetensors has no checksum
+        fh.seek(-1, os.SEEK_END)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([b[0] ^ 0x01]))
+    assert cli_run("validate", str(path), "--level", "full").rc == 0
+    res = cli_run("validate", str(path), "--manifest", "verify")
+    assert res.rc == 1 and "model.safetensors" in res.out and "sha256 mismatch" in res.out, res.out
+
+
 def test_hf_torchrun_rank_killed_mid_save_ends_bounded(tmp_path):
     res = launch("hf", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20)
     check_killed(res, tmp_path / "out", tmp_path / "work", "checkpoint-20")

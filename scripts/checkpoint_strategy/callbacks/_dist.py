@@ -46,8 +46,11 @@ class Ranks:
     def ok(self) -> bool:
         return self.world > 1 and self.broken is None
 
-    def _run(self, values: list[float], what: str, op: str = "max", src: Optional[int] = None) -> Optional[list]:
-        """all_reduce (op max/min/sum) or broadcast from src of a small vector; None when broken."""
+    def _run(self, values: list[float], what: str, op: str = "max", src: Optional[int] = None,
+             slack: float = 0.0) -> Optional[list]:
+        """all_reduce (op max/min/sum) or broadcast from src of a small vector; None when broken. Waits
+        at most timeout + slack seconds (slack: what another rank may spend on its own bounded wait
+        before it comes, e.g. for its worker)."""
         if not self.multi:
             return list(values)
         if self.broken is not None:
@@ -63,20 +66,20 @@ class Ranks:
                 work = dist.broadcast(t, src=src, async_op=True)
             else:
                 work = dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), async_op=True)
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout))
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout + slack))
         except Exception as exc:  # noqa: BLE001 - a dead or late rank: bounded, reported, never raised
             self.broken = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout:g} s ({self.broken}); "
+            log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout + slack:g} s ({self.broken}); "
                       "no more validation verdicts, prunes or emergency saves from this rank")
             return None
         return t.tolist()
 
-    def barrier(self, what: str) -> bool:
+    def barrier(self, what: str, slack: float = 0.0) -> bool:
         """Every rank got here (e.g. finished writing its files). False when broken or timed out."""
-        return self._run([0.0], what) is not None
+        return self._run([0.0], what, slack=slack) is not None
 
-    def reduce(self, values: list[float], what: str, op: str = "max") -> Optional[list]:
-        return self._run(values, what, op)
+    def reduce(self, values: list[float], what: str, op: str = "max", slack: float = 0.0) -> Optional[list]:
+        return self._run(values, what, op, slack=slack)
 
     def broadcast(self, values: list[float], what: str, src: int = 0) -> Optional[list]:
         return self._run(values, what, src=src)

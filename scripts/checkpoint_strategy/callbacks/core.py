@@ -275,7 +275,7 @@ class StrategyCore:
         if self._worker is not None and not self._worker.wait(self.join_timeout):
             log.warning(PREFIX + f"the background worker is still busy after {self.join_timeout:g} s; saving anyway")
         if self.ranks.multi:      # every rank: rank 0's prune may still be surveying the folder
-            self.ranks.barrier("before a save")
+            self.ranks.barrier("before a save", slack=self.join_timeout)
 
     def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
         """Every rank, after the framework's save returned: meet (every rank finished writing), check
@@ -328,7 +328,7 @@ class StrategyCore:
             own = [st.results.pop(q) or {"status": None, "problem": "this rank's part did not finish in time"}
                    for q in seqs]
         codes = self.ranks.reduce([float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own],
-                                  "validation verdicts")
+                                  "validation verdicts", slack=self.join_timeout)
         for q, mine, code in zip(seqs, own, codes or [None] * len(seqs), strict=True):
             self._verdict(st.records.pop(q), mine, code)
 

@@ -145,7 +145,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                 pool.submit(self.core.saved, *after)   # AsyncCheckpointIO: its one thread writes in order
             else:
                 if pool is not None:   # many processes: the ranks meet on the training thread, after the write
-                    pool.submit(lambda: None).result(timeout=self.core.join_timeout)
+                    _wait_for_writer(pool, self.core.join_timeout)
                 self.core.saved(*after)
             return out
 
@@ -233,6 +233,16 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
+
+
+def _wait_for_writer(pool, timeout: float) -> None:
+    """Until AsyncCheckpointIO's writer thread has finished the saves queued so far (at most timeout)."""
+    import concurrent.futures
+
+    try:
+        pool.submit(lambda: None).result(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        log.warning(PREFIX + f"AsyncCheckpointIO still writing after {timeout:g} s: the ranks meet anyway")
 
 
 def _loss_of(outputs) -> Optional[float]:
