@@ -45,12 +45,13 @@ def previous_checkpoint(path: str) -> Optional[str]:
 
 
 def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",
-          protect: Optional[dict[str, str]] = None, log: Optional[str] = None):
-    """Apply the project's keep rules under root (deletes only after a newer checkpoint validated)."""
+          protect: Optional[dict[str, str]] = None, log: Optional[str] = None, lock_timeout: float = 600.0):
+    """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
+    Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then)."""
     from checkpoint_strategy.checkpoints import prune as _prune
 
     return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                  log=log, protect=protect or None)
+                  log=log, protect=protect or None, lock_timeout=lock_timeout)
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

@@ -6,7 +6,7 @@ switch interval (5 ms). A child process validates and prunes in parallel without
 training thread; the training process only writes one JSON line per save to the child's stdin.
 
 Protocol (JSON lines): the parent writes jobs ``{"id", "kind": "save"|"handoff", ...}``; the
-worker answers ``{"phase": "validate"|"prune"|"idle", "path"}`` as it goes and one result line
+worker answers ``{"phase": "validate"|"manifest"|"prune-wait"|"prune"|"idle", "path"}`` as it goes and one result line
 ``{"id", ...}`` per job (see ``process_job`` / ``handoff_job``). It exits at the end of stdin, so
 a training process that dies leaves the worker to finish the job it is on (every step of it is
 crash-safe) and stop. Run as ``python -m checkpoint_strategy.callbacks._worker``.
@@ -54,8 +54,9 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
             enter("manifest")
             _manifest_into(out, path)
         if job.get("keep_last") and job.get("root"):
-            enter("prune")
-            _prune_into(out, job)
+            enter("prune-wait")
+            _await_folder(job["root"], float(job.get("lock_timeout") or 600.0))
+            _prune_into(out, job, phase)
     except Exception as exc:  # noqa: BLE001 - reported by the parent, never raised into training
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -89,6 +90,18 @@ def part_job(job: dict, phase: PhaseFn = None) -> dict:
     return out
 
 
+def _await_folder(root: str, timeout: float) -> None:
+    """Until no save holds the folder (the callbacks hold its lock from right before a save until it
+    is written); prune takes the same lock itself for its survey and deletions."""
+    from checkpoint_strategy.storage.locking import locked
+
+    try:
+        with locked(root, timeout, "a save still holds it"):
+            pass
+    except Exception:  # noqa: BLE001 - prune waits for the lock itself and reports what it finds
+        pass
+
+
 def _manifest_into(out: dict[str, Any], path: str) -> None:
     """The sha256 manifest of a valid checkpoint (`validate --manifest verify` checks it later)."""
     from checkpoint_strategy.callbacks import _retention
@@ -115,16 +128,19 @@ def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, 
         out["problem"] = f"{p.file}: {p.reason}{more}"
 
 
-def _prune_into(out: dict[str, Any], job: dict) -> None:
+def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     """Apply the keep rules under the job's root; what was deleted and why the rest was kept, into the answer."""
     from checkpoint_strategy.callbacks import _retention
+
+    if phase is not None:
+        phase("prune", job["path"])
 
     logfile = job.get("log")
     if logfile and not os.path.lexists(logfile):
         logfile = None          # read when the prune runs, not when the job was queued
     report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
                               level=job.get("level", "quick"), protect=job.get("protect") or None,
-                              log=logfile)
+                              log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0))
     out["deleted"] = [e.name for e in report.delete if e.deleted]
     out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
     out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]

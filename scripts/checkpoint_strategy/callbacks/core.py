@@ -143,6 +143,7 @@ class StrategyCore:
         self._saves_done = 0
         self._ended = False
         self._ranked = RankedState()
+        self._holds: list[Any] = []   # the folder's lock, held from before_save to saved (rank 0)
 
     # ------------------------------------------------------------------ schedule
 
@@ -221,6 +222,7 @@ class StrategyCore:
         if self.ranks.multi:
             self._saved_ranked(path, step, emergency)
             return
+        self._release_folder()
         if self.after_save_hook is not None:
             self.after_save_hook(path)
         rec = SaveRecord(step=step, path=path, emergency=emergency)
@@ -234,7 +236,8 @@ class StrategyCore:
         s = self.settings
         return {"kind": "save", "path": path, "root": self.root, "level": self.level, "validate": validate,
                 "keep_last": s.keep_last, "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
-                "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest}
+                "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest,
+                "lock_timeout": self.join_timeout}
 
     def _submit(self, job: dict[str, Any], rec: Optional[SaveRecord]) -> None:
         """To the background worker (async_save), else inline; the answer comes to _on_message."""
@@ -269,13 +272,36 @@ class StrategyCore:
         return self.ranks.rank == 0
 
     def before_save(self) -> None:
-        """Right before the framework starts a save (every rank): the workers' previous jobs (rank 0's
-        prune surveys the whole folder) must not read the checkpoint being written. Waits at most
-        join_timeout for this rank's worker, then for the other ranks (rank_timeout)."""
-        if self._worker is not None and not self._worker.wait(self.join_timeout):
-            log.warning(PREFIX + f"the background worker is still busy after {self.join_timeout:g} s; saving anyway")
-        if self.ranks.multi:      # every rank: rank 0's prune may still be surveying the folder
+        """Right before the framework starts a save (every rank). Rank 0 takes the folder's lock, the
+        one `prune` holds while it surveys and deletes: a save waits only for a prune in progress (not
+        for validations, which read finished checkpoints), and no prune starts until the save is
+        written (released in `saved`). Then the ranks meet, so no rank writes before the lock is held."""
+        if self.rank_zero and self.root is not None and self.settings.keep_last:
+            self._hold_folder()
+        if self.ranks.multi:
             self.ranks.barrier("before a save", slack=self.join_timeout)
+
+    def _hold_folder(self) -> None:
+        from contextlib import ExitStack
+
+        from checkpoint_strategy.errors import UsageError
+        from checkpoint_strategy.storage.locking import locked
+
+        stack = ExitStack()
+        try:
+            stack.enter_context(locked(self.root or ".", self.join_timeout, "a prune still holds it"))
+        except UsageError as exc:
+            log.warning(PREFIX + f"cannot hold {self.root} against a prune ({exc}); saving anyway")
+            return
+        with self._lock:
+            self._holds.append(stack)
+
+    def _release_folder(self) -> None:
+        """The save is written: a prune may run (the oldest hold: saves end in the order they began)."""
+        with self._lock:
+            stack = self._holds.pop(0) if self._holds else None
+        if stack is not None:
+            stack.close()
 
     def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
         """Every rank, after the framework's save returned: meet (every rank finished writing), check
@@ -286,7 +312,9 @@ class StrategyCore:
         st = self._ranked
         st.seq += 1
         name = os.path.basename(path)
-        if not self.ranks.barrier(f"after the save of {name}"):
+        met = self.ranks.barrier(f"after the save of {name}")
+        self._release_folder()
+        if not met:
             self._problem(f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
                           f"({self.ranks.broken})")
             return
@@ -491,6 +519,8 @@ class StrategyCore:
         if self._ended:
             return self.summary()
         self._ended = True
+        while self._holds:
+            self._release_folder()
         started = time.monotonic()
         if self.ranks.multi:
             self._settle(self._ranked.seq)
