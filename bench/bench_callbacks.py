@@ -178,8 +178,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tuple[float, float]:
-    """(median, mean) wall seconds per step on rank 0 of a 2-process run (tests/multiprocruns.py)."""
+def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tuple[float, float, dict]:
+    """(median, mean) wall seconds per step on rank 0 of a 2-process run (tests/multiprocruns.py), and
+    the callback's own time on the training thread per rank ({rank: {cpu, wall, calls}})."""
     import json
     import subprocess
 
@@ -188,28 +189,35 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tu
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT / "tests")]),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     opts = {"policy": dict(POLICY, keep_milestone=[]), "max_steps": steps, "callback": with_callback,
-            "phase_delay": 0.0}
+            "phase_delay": 0.0, "time_hooks": True}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
     subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, timeout=1800)
     t = [e["t"] for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
     dt = [b - a for a, b in zip(t, t[1:], strict=False)][5:]    # after the first steps (start-up)
-    return statistics.median(dt), sum(dt) / len(dt)
+    hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
+    return statistics.median(dt), sum(dt) / len(dt), hooks
 
 
 def multiproc(tmp: Path, steps: int, pairs: int) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
-        med, mean = [], []
+        med, mean, own = [], [], []
         for p in range(pairs):
             w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True)
             wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False)
             med.append((w[0], wo[0]))
             mean.append((w[1], wo[1]))
-        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, a save every 10 steps, validation in the workers:")
+            own.append((w[2], wo[0]))
+        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging and detection every step, a save every "
+              "10 steps, validation in the workers:")
         for label, xs in (("median", med), ("mean", mean)):
             print(f"  {label} step with/without: " + ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f} ms = {a / b:.3f}x"
                                                                for a, b in xs))
+        for hooks, base in own:   # the callback on the training thread, collectives and waits included
+            print("  callback per step on the training thread (of the median step without it): " + "; ".join(
+                f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall {h['wall'] / steps * 1e6:.0f} us "
+                f"({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
 
 
 def split_validation(tmp: Path, mb: int) -> None:
@@ -257,6 +265,7 @@ def main() -> int:
     ap.add_argument("--multiproc", action="store_true",
                     help="also the 2-process runs (torchrun, Lightning DDP) and the split validation of a DCP checkpoint")
     ap.add_argument("--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)")
+    ap.add_argument("--only-multiproc", action="store_true", help="only the 2-process runs and the split validation")
     a = ap.parse_args()
     global CLOCK
     CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
@@ -265,6 +274,10 @@ def main() -> int:
         POLICY.update(validate_on_save=False, keep_last=None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
+    if a.only_multiproc:
+        multiproc(tmp, a.steps, a.pairs)
+        split_validation(tmp, a.dcp_mb)
+        return 0
     per_update = detector_cost(100_000)
     print(f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)")
 

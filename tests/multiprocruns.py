@@ -4,7 +4,7 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
+Options (JSON, argv[4]): time_hooks (the callback's own CPU and wall time per rank into WORK/hooks-R.json), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
 the middle of that save), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
@@ -36,6 +36,32 @@ class Events:
     def __call__(self, **kw) -> None:
         with open(self.work / f"events-{self.rank}.jsonl", "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"t": time.time(), "rank": self.rank, **kw}) + "\n")
+
+
+HOOKS = ("decide_emergency", "reduced", "before_save", "saved", "forced_save")
+
+
+def time_hooks(ev: Events) -> None:
+    """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank,
+    written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    totals: dict = {}
+    for name in HOOKS:
+        fn = getattr(StrategyCore, name)
+
+        def timed(self, *a, _fn=fn, **k):
+            c0, w0 = time.thread_time(), time.perf_counter()
+            try:
+                return _fn(self, *a, **k)
+            finally:
+                t = totals.setdefault(ev.rank, {"cpu": 0.0, "wall": 0.0, "calls": 0})
+                t["cpu"] += time.thread_time() - c0
+                t["wall"] += time.perf_counter() - w0
+                t["calls"] += 1
+                (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
+
+        setattr(StrategyCore, name, timed)
 
 
 def _records(cb) -> dict:
@@ -108,6 +134,8 @@ def hf(out: Path, work: Path, opts: dict) -> None:
     rank = int(os.environ.get("RANK", "0"))
     ev = Events(work)
     ev.rank = rank
+    if opts.get("time_hooks"):
+        time_hooks(ev)
     kill_step = opts.get("kill_step")
     orig_save, orig_rng = Trainer._save_checkpoint, Trainer._save_rng_state
 
@@ -155,6 +183,9 @@ def pl(out: Path, work: Path, opts: dict) -> None:
     import pytorch_lightning as lightning
 
     ev = Events(work)
+    ev.rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if opts.get("time_hooks"):
+        time_hooks(ev)
     kill_step = opts.get("kill_step")
     orig_save = lightning.Trainer.save_checkpoint
 

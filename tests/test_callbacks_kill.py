@@ -91,7 +91,7 @@ def test_ten_sigkills_always_leave_a_valid_checkpoint(tmp_path):
                 ph = _phase(work)
                 if ph.startswith("validate") and saves_seen == 0:
                     saves_seen = 1
-                if saves_seen and (target == "any" or ph.startswith(target)):
+                if saves_seen and (target == "any" or ph.startswith(target + " ")):
                     break
                 time.sleep(0.002)
             else:

@@ -22,6 +22,12 @@ from typing import Any, Optional
 from collections.abc import Callable
 
 PhaseFn = Optional[Callable[[str, str], None]]
+_PARENT: Optional[int] = None     # the training process, when running as its worker process (main)
+
+
+def _orphaned() -> bool:
+    """The training process that started this worker has exited (the worker was re-parented)."""
+    return _PARENT is not None and os.getppid() != _PARENT
 
 
 def process_job(job: dict, phase: PhaseFn = None) -> dict:
@@ -77,8 +83,8 @@ def part_job(job: dict, phase: PhaseFn = None) -> dict:
     if job.get("phase_delay"):
         time.sleep(float(job["phase_delay"]))
     try:
-        if not os.path.lexists(job["path"]):
-            out["status"], out["problem"] = "invalid", "missing: the checkpoint is gone"
+        if not os.path.lexists(job["path"]):   # pruned by a job that ran late (a newer save had validated)
+            out["status"], out["problem"] = "gone", "the checkpoint is gone"
         else:
             _validate_into(out, job["path"], job.get("level", "quick"), tuple(part))
     except Exception as exc:  # noqa: BLE001 - reported as this part's verdict
@@ -132,6 +138,9 @@ def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     """Apply the keep rules under the job's root; what was deleted and why the rest was kept, into the answer."""
     from checkpoint_strategy.callbacks import _retention
 
+    if _orphaned():    # the training died (mid-save?): delete nothing on its behalf
+        out["error"] = "the training process is gone: prune skipped"
+        return
     if phase is not None:
         phase("prune", job["path"])
 
@@ -176,6 +185,8 @@ def _yield_cpu() -> None:
 
 
 def main() -> int:
+    global _PARENT
+    _PARENT = os.getppid()
     _yield_cpu()
 
     def emit(msg: dict) -> None:

@@ -76,9 +76,9 @@ class SaveRecord:
     seconds: float = 0.0
 
 
-VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2}
+VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2, "gone": 4}   # reduced with max over the ranks
 NOT_DONE = 3
-CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked"}
+CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked", 4: "gone"}
 TRIGGER_CODE = {"loss_spike_detected": 1, "gradient_norm_exceeded": 2}
 
 
@@ -368,6 +368,10 @@ class StrategyCore:
         if code == VERDICT_CODE["valid"]:
             if self.rank_zero:
                 self._submit(self._prune_job(rec.path, validate=False) | {"verdict": "valid"}, rec)
+            return
+        if code == VERDICT_CODE["gone"]:    # a rank found it pruned already: as on one process
+            if self.rank_zero:
+                self._apply(rec, {"status": "gone"})
             return
         lines = self.ranks.gather_text(mine.get("problem") or "", f"the problems of {name}")
         rec.status = CODE_VERDICT.get(int(code), "invalid")
