@@ -25,6 +25,7 @@ from pathlib import Path
 from cliresult import checkout_env
 
 TESTS = Path(__file__).resolve().parent
+LOOP_LR = 1e-4   # low: the loss barely moves, so only the checkpoints tell a fresh AdamW
 
 
 @dataclass
@@ -47,7 +48,7 @@ def _loop_batch(step: int):
     import torch
 
     g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(32, 16, generator=g)
+    x = torch.randn(256, 16, generator=g)
     return x, x[:, :4].sum(1, keepdim=True).repeat(1, 4)
 
 
@@ -78,8 +79,9 @@ def _loop_save(model, opt, step: int, path: Path) -> None:
     dcp.save({"model": msd, "optimizer": osd, "train_state": {"step": step}}, checkpoint_id=str(path))
 
 
-def build_loop_resumes(root: Path, resume_step: int = 10, until: int = 20) -> Resumes:
-    """step-10/ from a plain loop (AdamW, lr 1e-3: the loss barely moves), then resumed twice to step 20."""
+def build_loop_resumes(root: Path, resume_step: int = 30, until: int = 40) -> Resumes:
+    """step-30/ from a plain loop (AdamW at LOOP_LR, batches of 256: the loss barely moves and is not noisy),
+    then resumed twice to step 40."""
     import warnings
 
     import torch
@@ -90,14 +92,14 @@ def build_loop_resumes(root: Path, resume_step: int = 10, until: int = 20) -> Re
     torch.set_num_threads(1)
     base = root / "loop"
     model = _loop_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=LOOP_LR)
     losses: dict[int, float] = {}
     _loop_train(model, opt, 1, resume_step, losses)
     _loop_save(model, opt, resume_step, base / f"step-{resume_step}")
     run = Resumes(base=base, resume_step=resume_step, until=until)
     for kind in ("intact", "reset"):
         model = _loop_model()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        opt = torch.optim.AdamW(model.parameters(), lr=LOOP_LR)
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "train_state": {"step": 0}}
         if kind == "intact":
@@ -107,7 +109,7 @@ def build_loop_resumes(root: Path, resume_step: int = 10, until: int = 20) -> Re
             set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         else:
             model.load_state_dict(state["model"])
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)   # the mistake: a new optimizer
+            opt = torch.optim.AdamW(model.parameters(), lr=LOOP_LR)   # the mistake: a new optimizer
         start = int(state["train_state"]["step"])
         mine = dict(losses)
         _loop_train(model, opt, start + 1, until, mine)
@@ -185,23 +187,28 @@ def engine():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     return deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)[0]
-def train(e, first, last):
+def train(e, first, last, losses):
     for step in range(first, last + 1):
         g = torch.Generator().manual_seed(step)
         x = torch.randn(4, 8, generator=g)
         loss = torch.nn.functional.mse_loss(e(x), x.sum(1, keepdim=True))
         e.backward(loss)
         e.step()
+        losses.append('{"step": %d, "loss": %r}' % (step, float(loss)))
 root = sys.argv[1]
 e = engine()
-train(e, 1, 3)
+base = []
+train(e, 1, 3, base)
 e.save_checkpoint(os.path.join(root, "base"), tag="global_step3")
 for kind in ("intact", "reset"):
     e = engine()
     e.load_checkpoint(os.path.join(root, "base"), tag="global_step3", load_optimizer_states=kind == "intact",
                       load_lr_scheduler_states=kind == "intact")
-    train(e, 4, 6)
+    mine = list(base)
+    train(e, 4, 6, mine)
     e.save_checkpoint(os.path.join(root, kind), tag="global_step6")
+    with open(os.path.join(root, kind + ".jsonl"), "w") as f:
+        f.write("\\n".join(mine) + "\\n")
 """
 
 
@@ -219,7 +226,8 @@ def build_deepspeed_resumes(root: Path) -> Resumes:
     if proc.returncode != 0:
         raise RuntimeError("DeepSpeed resumes failed: " + proc.stderr[-2000:])
     return Resumes(base=folder / "base", resume_step=3, until=6,
-                   resumed={"intact": folder / "intact", "reset": folder / "reset"})
+                   resumed={"intact": folder / "intact", "reset": folder / "reset"},
+                   logs={"intact": folder / "intact.jsonl", "reset": folder / "reset.jsonl"})
 
 
 # --------------------------------------------------------------------------- HF Trainer, 2 processes -> 1

@@ -91,7 +91,8 @@ class TorchArchive:
 def _optimizer_dicts(root: Any) -> list[dict]:
     """Every torch optimizer state dict ({'state': {i: {'step': ...}}}) in an object tree, outermost first."""
     out: list[dict] = []
-    todo, seen = [(root, 0)], set()
+    todo: list[tuple[Any, int]] = [(root, 0)]
+    seen: set[int] = set()
     while todo and len(seen) < 20_000:
         obj, depth = todo.pop(0)
         if id(obj) in seen or depth > 8:

@@ -64,7 +64,8 @@ def _deepspeed_batch(folder: str, out: RunShape) -> None:
     dp = _int(root.get("dp_world_size"))
     if dp and out.world_size is None:
         out.world_size, out.world_from = dp, f"{model} dp_world_size"
-    cfg = root.get("ds_config") if isinstance(root.get("ds_config"), dict) else {}
+    cfg = root.get("ds_config")
+    cfg = cfg if isinstance(cfg, dict) else {}
     micro, accum = _int(cfg.get("train_micro_batch_size_per_gpu")), _int(cfg.get("gradient_accumulation_steps"))
     if out.per_device_batch is None and micro:
         out.per_device_batch, out.accumulation = micro, accum or 1
@@ -135,23 +136,21 @@ def keep_schedule(before: RunShape, new_world: int) -> str:
 
 def shape_change(before: RunShape, after: RunShape) -> tuple[list[str], bool]:
     """(lines, global batch changed) comparing the checkpoint resumed from with the resumed run."""
-    lines: list[str] = []
     w0, w1, g0, g1 = before.world_size, after.world_size, before.global_batch, after.global_batch
-    world_changed = w0 is not None and w1 is not None and w0 != w1
-    batch_changed = g0 is not None and g1 is not None and g0 != g1
-    if batch_changed:
-        lines.append(f"global batch changed at the resume: {g0}{_factors(before)} -> {g1}{_factors(after)}; the LR "
-                     f"schedule (in optimizer steps) now sees {g1 / g0:.3g}x the samples per step and the data "  # type: ignore[operator]
-                     f"position moves {g1 / g0:.3g}x as fast. "  # type: ignore[operator]
-                     + (keep_schedule(before, w1) if w1 else keep_schedule(before, 1)))
-    elif world_changed and g0 is not None and g0 == g1:
-        lines.append(f"world size changed at the resume ({w0} -> {_procs(w1)}) with the global batch kept at {g0}: "
-                     "the LR schedule in steps is unchanged")
-    elif world_changed:
-        lines.append(f"world size changed at the resume: {w0} -> {_procs(w1)}; unless per-device batch x "
-                     f"gradient accumulation was scaled by {w0}/{w1}, the global batch changed by {w1}/{w0} and the "
-                     f"LR schedule in steps no longer means the same training. {keep_schedule(before, w1)}")  # type: ignore[arg-type]
-    return lines, batch_changed
+    if g0 is not None and g1 is not None and g0 != g1:
+        advice = keep_schedule(before, w1) if w1 is not None else \
+            f"Keep per-device batch x gradient accumulation x world size = {g0}"
+        return [f"global batch changed at the resume: {g0}{_factors(before)} -> {g1}{_factors(after)}; the LR "
+                f"schedule (in optimizer steps) now sees {g1 / g0:.3g}x the samples per step and the data position "
+                f"moves {g1 / g0:.3g}x as fast. {advice}"], True
+    if w0 is None or w1 is None or w0 == w1:
+        return [], False
+    if g0 is not None and g0 == g1:
+        return [f"world size changed at the resume ({w0} -> {_procs(w1)}) with the global batch kept at {g0}: "
+                "the LR schedule in steps is unchanged"], False
+    return [f"world size changed at the resume: {w0} -> {_procs(w1)}; unless per-device batch x gradient "
+            f"accumulation was scaled by {w0}/{w1}, the global batch changed by {w1}/{w0} and the LR schedule in "
+            f"steps no longer means the same training. {keep_schedule(before, w1)}"], False
 
 
 def check_resume_shape(checkpoint: str, *, world_size: int, per_device_batch: Optional[int] = None,

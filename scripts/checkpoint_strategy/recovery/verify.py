@@ -269,12 +269,16 @@ def _found(paths: Sequence[str]) -> list:
 
     from checkpoint_strategy.checkpoints import formats as fm
 
-    out = []
+    out, seen = [], set()
     for p in paths:
         if not os.path.lexists(p):
             raise UsageError(f"--checkpoints {p!r} does not exist: expected a checkpoint or a folder of checkpoints")
         found, _unrecognised = fm.discover(p)
-        out.extend(f for f in found if f.role == "checkpoint" and f.step is not None)
+        for f in found:
+            real = os.path.realpath(f.path)   # the same checkpoint through two --checkpoints (or a symlink): once
+            if f.role == "checkpoint" and f.step is not None and real not in seen:
+                seen.add(real)
+                out.append(f)
     if not out:
         raise UsageError(f"no checkpoints found in {', '.join(map(repr, paths))}: expected checkpoint-N, step-N, "
                          "global_stepN or *step=N.ckpt entries")

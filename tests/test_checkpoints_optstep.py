@@ -1,0 +1,147 @@
+"""checkpoints/optstep.py: the verdict table, and hostile files around a real torch optimizer save
+(torch.save of a real AdamW state dict, the file the HF Trainer writes as optimizer.pt)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from checkpoint_strategy.checkpoints.models import OptimizerSteps
+from checkpoint_strategy.checkpoints.optstep import dcp_step_keys, judge, read_optimizer_steps
+
+
+def _s(training, optimizer, skipped=None):
+    return OptimizerSteps(path="x", format="hf-trainer", training_step=training, optimizer_step=optimizer,
+                          skipped_steps=skipped)
+
+
+@pytest.mark.parametrize("training, optimizer, skipped, resume, verdict", [
+    (40, 40, None, None, "consistent"),
+    (40, 38, 2, None, "consistent"),      # DeepSpeed fp16 overflows: skipped steps do not count
+    (40, 10, None, 30, "reset"),          # counts only the 10 steps since the resume at 30
+    (40, 5, None, 30, "reset"),
+    (40, 11, None, 30, "behind"),         # more than the steps since the resume: not this resume
+    (40, 10, None, None, "behind"),       # no resume step given: a lag, not a verdict on a resume
+    (40, 41, None, 30, "ahead"),
+    (None, 40, None, 30, "unknown"),
+    (40, None, None, 30, "unknown"),
+])
+def test_judge_table(training, optimizer, skipped, resume, verdict):
+    s = judge(_s(training, optimizer, skipped), resume)
+    assert s.verdict == verdict
+    if verdict in ("reset", "behind"):
+        assert s.restart_step == training - optimizer
+    else:
+        assert s.restart_step is None
+
+
+def test_judge_resume_at_or_after_the_training_step_is_not_a_reset():
+    assert judge(_s(30, 0, None), 30).verdict == "behind"
+    assert judge(_s(30, 0, None), 0).verdict == "behind"
+
+
+def test_dcp_step_keys_pick_optimizer_train_and_scheduler_entries():
+    fqns = ["model.0.weight", "optimizer.state.0.weight.step", "optimizer.state.0.weight.exp_avg",
+            "optimizer.param_groups.0.weight.lr", "optim.state.3.step", "train_state.step",
+            "train_state.ntokens_seen", "lr_scheduler.lr_scheduler_0.last_epoch", "dataloader.dp_rank_0.step",
+            "extra.deep.step", "model.step"]
+    opt, train, sched = dcp_step_keys(fqns)
+    assert opt == ["optimizer.state.0.weight.step", "optim.state.3.step"]
+    assert train in ("train_state.step", "model.step")      # the shortest non-optimizer, non-loader step
+    assert sched == "lr_scheduler.lr_scheduler_0.last_epoch"
+    assert dcp_step_keys(["model.0.weight"]) == ([], None, None)
+
+
+@pytest.fixture
+def hf_like(tmp_path):
+    """checkpoint-5/ with trainer_state.json (global_step 5) and a real AdamW optimizer.pt after 3 steps."""
+    import torch
+
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    folder = tmp_path / "checkpoint-5"
+    folder.mkdir()
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": 5}))
+    return folder
+
+
+def test_real_adamw_save_is_read(hf_like):
+    s = read_optimizer_steps(str(hf_like))
+    assert (s.format, s.training_step, s.optimizer_step) == ("hf-trainer", 5, 3)
+    assert s.verdict == "behind" and s.restart_step == 2
+
+
+def test_truncated_optimizer_file_gives_no_counter_and_no_error(hf_like):
+    p = hf_like / "optimizer.pt"
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+    s = read_optimizer_steps(str(hf_like))
+    assert s.optimizer_step is None and s.verdict == "unknown"
+
+
+def test_fifo_and_symlinked_directory_are_not_read(hf_like, tmp_path):
+    (hf_like / "optimizer.pt").unlink()
+    os.mkfifo(hf_like / "optimizer.pt")            # would block a reader that opened it
+    s = read_optimizer_steps(str(hf_like))
+    assert s.optimizer_step is None and s.training_step == 5
+
+
+def test_nan_step_and_non_integer_global_step_are_ignored(hf_like):
+    import torch
+
+    sd = torch.load(hf_like / "optimizer.pt", weights_only=True)
+    for st in sd["state"].values():
+        st["step"] = torch.tensor(float("nan"))
+    torch.save(sd, hf_like / "optimizer.pt")
+    (hf_like / "trainer_state.json").write_text(json.dumps({"global_step": "5"}))
+    s = read_optimizer_steps(str(hf_like))
+    assert s.optimizer_step is None and s.training_step is None and s.verdict == "unknown"
+
+
+def test_garbage_dcp_metadata_is_unknown(tmp_path):
+    folder = tmp_path / "step-10"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"\x80\x04not a pickle at all" * 10)
+    (folder / "__0_0.distcp").write_bytes(b"\0" * 64)
+    s = read_optimizer_steps(str(folder))
+    assert s.verdict == "unknown" and s.optimizer_step is None
+
+
+# --------------------------------------------------------------------------- the command line, bad input
+
+def _log(tmp_path):
+    p = tmp_path / "log.jsonl"
+    p.write_text("".join(json.dumps({"step": i, "loss": 2.0 + 0.001 * (i % 2)}) + "\n" for i in range(1, 41)))
+    return p
+
+
+def test_checkpoints_that_do_not_exist_exit_2(tmp_path, cli_run):
+    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints",
+            tmp_path / "nope").usage_error("does not exist")
+
+
+def test_checkpoints_folder_without_checkpoints_exits_2(tmp_path, cli_run):
+    (tmp_path / "empty").mkdir()
+    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints",
+            tmp_path / "empty").usage_error("no checkpoints found")
+
+
+def test_output_inside_the_checkpoints_folder_is_refused(tmp_path, cli_run, hf_like):
+    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints", hf_like.parent,
+            "-o", hf_like / "report.txt").usage_error("")
+    assert not (hf_like / "report.txt").exists()
+
+
+def test_no_checkpoint_after_the_resume_is_a_warning(tmp_path, cli_run, hf_like):
+    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", hf_like.parent,
+                "--format", "json")
+    out = r.json()
+    assert any("no checkpoint after step 5" in w for w in out["warnings"])
+    assert out["optimizer_reset"] is None
+    assert any("already off" in w for w in out["warnings"])      # 3 optimizer steps at global step 5
