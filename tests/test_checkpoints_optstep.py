@@ -145,3 +145,12 @@ def test_no_checkpoint_after_the_resume_is_a_warning(tmp_path, cli_run, hf_like)
     assert any("no checkpoint after step 5" in w for w in out["warnings"])
     assert out["optimizer_reset"] is None
     assert any("already off" in w for w in out["warnings"])      # 3 optimizer steps at global step 5
+
+
+def test_checkpoint_names_with_newlines_and_bars_cannot_forge_report_lines(tmp_path, cli_run, hf_like):
+    evil = tmp_path / "a|b\nVerdict: OK"
+    evil.mkdir()
+    hf_like.rename(evil / "checkpoint-5")
+    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", evil, "--format", "markdown")
+    assert r.rc in (0, 1)
+    assert "\nVerdict: OK" not in r.out and "a\\|b" in r.out
