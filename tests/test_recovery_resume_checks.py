@@ -192,3 +192,18 @@ def test_world_change_without_batch_record_is_a_warning(hf_world_change, cli_run
                       extra=("--pre-points", "3", "--post-points", "1", "--tolerance", "100"))
     assert out["batch_changed"] is None and rc == 0
     assert any("world size changed at the resume: 2 -> 1 process" in w and "2/1" in w for w in out["warnings"])
+
+
+def test_validate_deep_compares_the_dcp_train_state_with_the_optimizer_counter(loop_resumes):
+    """The deep level reads HF's and Lightning's counters itself; a DCP train_state.step (and DeepSpeed's
+    global_steps) come from checkpoints/optstep.py."""
+    from checkpoint_strategy.checkpoints.validate import validate_paths
+
+    r = loop_resumes
+    (reset,) = validate_paths([str(r.resumed["reset"])], level="deep").checkpoints
+    assert (reset.deep.optimizer.step, reset.deep.optimizer.global_step) == (r.until - r.resume_step, r.until)
+    assert [p.kind for p in reset.problems] == ["suspicious"]
+    assert f"restarted at step {r.resume_step}" in reset.problems[0].reason
+    (intact,) = validate_paths([str(r.resumed["intact"])], level="deep").checkpoints
+    assert (intact.deep.optimizer.step, intact.deep.optimizer.global_step) == (r.until, r.until)
+    assert intact.problems == [] and intact.resumable is True

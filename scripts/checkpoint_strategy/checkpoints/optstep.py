@@ -37,7 +37,7 @@ from typing import Any, Optional
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints.models import OptimizerSteps
+from checkpoint_strategy.checkpoints.models import OptimizerCheck, OptimizerSteps
 
 #: step tensors read per checkpoint (every parameter normally has the same count)
 MAX_READS = 4096
@@ -428,3 +428,22 @@ def judge(s: OptimizerSteps, resume_step: Optional[int] = None) -> OptimizerStep
                         f"a counter restarted at step {t - o} (a resume with a fresh optimizer there?), or steps "
                         "the optimizer skipped (fp16 loss-scale overflows) that the checkpoint does not record")
     return s
+
+
+def fill_deep_check(path: str, fmt: str, opt: OptimizerCheck) -> Optional[tuple[str, str]]:
+    """For `validate --level deep`: where its own pass left the optimizer's step or the training step unread
+    (DCP / torchtitan train_state, DeepSpeed's partitioned optimizer and global_steps), read them here and fill
+    `opt`. Returns (problem kind, reason) for a counter behind ("suspicious") or ahead ("not_resumable") of the
+    training step, worded as the deep level words it for HF and Lightning; None otherwise."""
+    if opt.kind == "none" or (opt.step is not None and opt.global_step is not None):
+        return None
+    s = read_optimizer_steps(path, fmt)
+    if opt.step is None:
+        opt.step = s.optimizer_step
+    if opt.global_step is None:
+        opt.global_step = s.training_step
+    if s.verdict == "ahead":
+        return "not_resumable", f"not resumable: {s.reason}"
+    if s.verdict == "behind":
+        return "suspicious", f"suspicious: {s.reason}"
+    return None
