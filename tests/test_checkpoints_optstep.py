@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from pathlib import Path
 
+import fuzzcheck
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from checkpoint_strategy.checkpoints.models import OptimizerSteps
 from checkpoint_strategy.checkpoints.optstep import dcp_step_keys, judge, read_optimizer_steps
@@ -154,3 +159,47 @@ def test_checkpoint_names_with_newlines_and_bars_cannot_forge_report_lines(tmp_p
     r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", evil, "--format", "markdown")
     assert r.rc in (0, 1)
     assert "\nVerdict: OK" not in r.out and "a\\|b" in r.out
+
+
+_REAL: dict[str, bytes] = {}
+
+
+def _real_optimizer_pt() -> bytes:
+    """A real AdamW state dict saved by torch.save after 3 steps (built once)."""
+    if "opt" not in _REAL:
+        import io
+
+        import torch
+
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+        buf = io.BytesIO()
+        torch.save(opt.state_dict(), buf)
+        _REAL["opt"] = buf.getvalue()
+    return _REAL["opt"]
+
+
+@fuzzcheck.reaches_core()
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=6),
+       cut=st.one_of(st.none(), st.floats(0, 1)), state=st.sampled_from(
+           ['{"global_step": 3}', '{"global_step": -1}', '{"global_step": 1e308}', '[]', '{', '{"global_step": true}']))
+def test_fuzz_damaged_optimizer_pt_never_raises(tmp_path, flips, cut, state):
+    data = bytearray(_real_optimizer_pt())
+    for frac, byte in flips:
+        data[int(frac * len(data))] = byte
+    if cut is not None:
+        data = data[: int(cut * len(data))]
+    folder = Path(tempfile.mkdtemp(dir=tmp_path)) / "checkpoint-3"
+    folder.mkdir()
+    (folder / "optimizer.pt").write_bytes(bytes(data))
+    (folder / "trainer_state.json").write_text(state)
+    s = read_optimizer_steps(str(folder))
+    fuzzcheck.reached(True)
+    assert s.verdict in ("consistent", "behind", "ahead", "unknown")
+    assert s.optimizer_step is None or isinstance(s.optimizer_step, int)
+    if not flips and cut is None and state == '{"global_step": 3}':
+        assert (s.training_step, s.optimizer_step, s.verdict) == (3, 3, "consistent")

@@ -7,7 +7,8 @@ Where each layout keeps the two numbers:
 - HF Trainer ``checkpoint-N/``: ``trainer_state.json`` ``global_step``; ``optimizer.pt``
   ``state[i]['step']``; ``scheduler.pt`` ``last_epoch``. A DeepSpeed or FSDP save inside it is read as below.
 - Lightning ``*.ckpt``: ``global_step``; ``optimizer_states[k]['state'][i]['step']`` (summed over the
-  optimizers: Lightning's global_step counts the steps of every optimizer).
+  optimizers: Lightning's global_step counts the steps of every optimizer). A sharded ``*.ckpt/`` folder
+  (FSDP): ``meta.pt`` ``global_step`` and the DCP optimizer entries.
 - DeepSpeed ``global_stepN/``: ``global_steps`` and ``skipped_steps`` in ``mp_rank_00_model_states.pt``;
   ``*_optim_states.pt`` ``optimizer_state_dict`` ... ``state[i]['step']``.
 - torch.distributed.checkpoint / torchtitan: ``train_state.step`` (or a top-level ``step``,
@@ -344,8 +345,12 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
 
 
 def _lightning(path: str, out: OptimizerSteps) -> None:
-    if os.path.isdir(path):
-        _dcp_read(path, out)
+    if os.path.isdir(path):   # a sharded strategy's folder: DCP shards, the loop state in meta.pt
+        _dcp_read(path, out, optimizer_only=True)
+        meta = os.path.join(path, "meta.pt")
+        gs = _root_int(TorchArchive(meta).root, "global_step") if storage.is_regular(meta) else None
+        if gs is not None:
+            out.training_step, out.training_step_from = gs, "meta.pt global_step"
         return
     step, n, arc = _archive_steps(path, sum_optimizers=True)
     root = arc.root if arc is not None else None
