@@ -101,8 +101,8 @@ def test_nan_step_and_non_integer_global_step_are_ignored(hf_like):
     import torch
 
     sd = torch.load(hf_like / "optimizer.pt", weights_only=True)
-    for st in sd["state"].values():
-        st["step"] = torch.tensor(float("nan"))
+    for one in sd["state"].values():
+        one["step"] = torch.tensor(float("nan"))
     torch.save(sd, hf_like / "optimizer.pt")
     (hf_like / "trainer_state.json").write_text(json.dumps({"global_step": "5"}))
     s = read_optimizer_steps(str(hf_like))
