@@ -203,3 +203,30 @@ def test_fuzz_damaged_optimizer_pt_never_raises(tmp_path, flips, cut, state):
     assert s.optimizer_step is None or isinstance(s.optimizer_step, int)
     if not flips and cut is None and state == '{"global_step": 3}':
         assert (s.training_step, s.optimizer_step, s.verdict) == (3, 3, "consistent")
+
+
+@pytest.mark.parametrize("optimizers", [1, 2])
+def test_lightning_sharded_folder_sums_its_optimizers(tmp_path, optimizers):
+    """The folder Lightning's FSDPStrategy(state_dict_type="sharded") writes (pytorch_lightning/strategies/fsdp.py
+    save_checkpoint: DCP {"model", "optimizer_<k>"} plus meta.pt with the loop state), written by the real
+    torch.distributed.checkpoint and torch.save in one process (FSDP itself needs a GPU in Lightning)."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    models = [torch.nn.Linear(4, 2) for _ in range(optimizers)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
+    for _ in range(4):
+        for m, o in zip(models, opts):
+            m(torch.randn(2, 4)).sum().backward()
+            o.step()
+    folder = tmp_path / "epoch=0-step=4.ckpt"
+    state = {"model": models[0].state_dict(), **{f"optimizer_{k}": o.state_dict() for k, o in enumerate(opts)}}
+    dcp.save(state, checkpoint_id=str(folder))
+    torch.save({"global_step": 4 * optimizers, "epoch": 0}, folder / "meta.pt")
+    s = read_optimizer_steps(str(folder))
+    assert s.format == "lightning"
+    assert (s.training_step, s.optimizer_step, s.verdict) == (4 * optimizers, 4 * optimizers, "consistent")
+    assert s.training_step_from == "meta.pt global_step"

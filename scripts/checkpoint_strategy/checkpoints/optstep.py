@@ -267,17 +267,25 @@ def dcp_step_keys(fqns: list[str]) -> tuple[list[str], Optional[str], Optional[s
     return opt, pick, min(sched) if sched else None
 
 
-def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False) -> None:
+def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False) -> None:
+    """sum_optimizers: Lightning's `optimizer_<k>` entries, whose counters its global_step adds up."""
     meta = _dcp_meta(folder)
     if meta is None:
         return
     d = _Dcp(folder, meta)
     opt, train, sched = dcp_step_keys(list(d.dtypes))
     rel = os.path.relpath(os.path.join(folder, ".metadata"), out.path) if out.path != folder else ".metadata"
-    vals = [v for v in (d.value(f) for f in opt[:MAX_READS]) if v is not None and v == v]
-    if vals and out.optimizer_step is None:
-        out.optimizer_step = int(max(vals))
-        out.optimizer_step_from = f"optimizer.state.*.step in {rel} ({len(vals)} parameters)"
+    per_optimizer: dict[str, float] = {}
+    for fqn in opt[:MAX_READS]:
+        v = d.value(fqn)
+        if v is not None and v == v and abs(v) < 2**53:
+            key = fqn.split(".state.", 1)[0]
+            per_optimizer[key] = max(v, per_optimizer.get(key, v))
+    if per_optimizer and out.optimizer_step is None:
+        n = len(per_optimizer)
+        out.optimizer_step = int(sum(per_optimizer.values()) if sum_optimizers else max(per_optimizer.values()))
+        out.optimizer_step_from = f"{'/'.join(sorted(per_optimizer))}.state.*.step in {rel}" + (
+            f" (summed over {n} optimizers)" if sum_optimizers and n > 1 else "")
     if optimizer_only:
         return
     if train and out.training_step is None:
@@ -346,7 +354,7 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
 
 def _lightning(path: str, out: OptimizerSteps) -> None:
     if os.path.isdir(path):   # a sharded strategy's folder: DCP shards, the loop state in meta.pt
-        _dcp_read(path, out, optimizer_only=True)
+        _dcp_read(path, out, optimizer_only=True, sum_optimizers=True)
         meta = os.path.join(path, "meta.pt")
         gs = _root_int(TorchArchive(meta).root, "global_step") if storage.is_regular(meta) else None
         if gs is not None:
