@@ -219,7 +219,7 @@ def test_lightning_sharded_folder_sums_its_optimizers(tmp_path, optimizers):
     models = [torch.nn.Linear(4, 2) for _ in range(optimizers)]
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in models]
     for _ in range(4):
-        for m, o in zip(models, opts):
+        for m, o in zip(models, opts, strict=True):
             m(torch.randn(2, 4)).sum().backward()
             o.step()
     folder = tmp_path / "epoch=0-step=4.ckpt"
