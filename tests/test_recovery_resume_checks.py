@@ -179,8 +179,8 @@ def test_check_resume_shape_for_callbacks(hf_world_change):
 
 
 def test_world_change_without_batch_record_is_a_warning(hf_world_change, cli_run, tmp_path):
-    """training_args.bin gone and trainer_state.json's train_batch_size kept: the global batch is still known
-    (per-device x world); with trainer_state.json also stripped of it, only the world size change is reported."""
+    """Without training_args.bin (per-device batch and accumulation) and trainer_state.json's train_batch_size the
+    global batch is not recorded: the world size change (rng_state_N.pth files) is a warning with the advice."""
     out_dir = tmp_path / "run"
     shutil.copytree(hf_world_change, out_dir)
     for c in out_dir.glob("checkpoint-*"):
