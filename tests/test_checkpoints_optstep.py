@@ -230,3 +230,11 @@ def test_lightning_sharded_folder_sums_its_optimizers(tmp_path, optimizers):
     assert s.format == "lightning"
     assert (s.training_step, s.optimizer_step, s.verdict) == (4 * optimizers, 4 * optimizers, "consistent")
     assert s.training_step_from == "meta.pt global_step"
+
+
+def test_a_save_still_in_flight_is_not_read(tmp_path, cli_run, hf_like):
+    """tmp-checkpoint-N (the HF Trainer's name while it writes) after the resume: not judged, half-written."""
+    (hf_like.parent / "tmp-checkpoint-9").mkdir()
+    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", hf_like.parent,
+                "--format", "json")
+    assert [c["path"] for c in r.json()["checkpoints"]] == [str(hf_like)]

@@ -276,7 +276,9 @@ def _found(paths: Sequence[str]) -> list:
         found, _unrecognised = fm.discover(p)
         for f in found:
             real = os.path.realpath(f.path)   # the same checkpoint through two --checkpoints (or a symlink): once
-            if f.role == "checkpoint" and f.step is not None and real not in seen:
+            name = os.path.basename(os.path.normpath(f.path))
+            in_flight = name.startswith("tmp-") or fm.ORBAX_TMP in name   # a save still being written
+            if f.role == "checkpoint" and f.step is not None and real not in seen and not in_flight:
                 seen.add(real)
                 out.append(f)
     if not out:
