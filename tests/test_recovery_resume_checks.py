@@ -66,7 +66,9 @@ def test_hf_resume_without_optimizer_pt_is_caught_by_the_checkpoints_not_the_los
     # HF's scheduler was reset with the optimizer (its _load_optimizer_and_scheduler needs both files)
     assert [c["scheduler_step"] for c in later] == [10, 20, 30]
     assert "optimizer state reset at step 100" in out["summary"]
-    assert any("started from nothing" in reason for reason in out["reasons"])
+    (reset_line,) = [x for x in out["reasons"] if "started from nothing" in x]
+    assert reset_line.startswith(str(later[0]["path"])) and "(and 2 later checkpoints likewise)" in reset_line
+    assert any("LR scheduler last_epoch 10 at training step 110: the schedule restarted" in x for x in out["reasons"])
 
 
 def test_hf_intact_resume_stays_ok_with_checkpoints(hf_resumes, cli_run, tmp_path):
@@ -79,6 +81,7 @@ def test_hf_intact_resume_stays_ok_with_checkpoints(hf_resumes, cli_run, tmp_pat
     assert [(c["training_step"], c["optimizer_step"], c["verdict"]) for c in out["checkpoints"]] == \
         [(100, 100, "consistent"), (110, 110, "consistent"), (120, 120, "consistent"), (130, 130, "consistent")]
     assert out["batch_changed"] is False and out["shape_before"]["global_batch"] == 16
+    assert not any("scheduler" in x for x in out["reasons"] + out["warnings"])
     # cross-check the opcode read against torch's own loader (tests may load; the package never does)
     sd = torch.load(r.resumed_dirs["normal"] / "checkpoint-120" / "optimizer.pt", weights_only=True)
     assert max(int(s["step"]) for s in sd["state"].values()) == 120

@@ -336,12 +336,13 @@ def _judge_later(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -
     judged = [s for s in later if s.verdict != "unknown"]
     if judged:
         out.reset = any(s.verdict == "reset" for s in judged)
-    for s in later:
-        if s.verdict in ("reset", "ahead"):
-            out.suspicious = True
-            out.reasons.append(f"{s.path}: {s.reason}")
-        elif s.verdict == "behind":
-            out.warnings.append(f"{s.path}: {s.reason}")
+    for verdict, lines in (("reset", out.reasons), ("ahead", out.reasons), ("behind", out.warnings)):
+        hit = [s for s in later if s.verdict == verdict]
+        if hit:
+            more = f" (and {len(hit) - 1} later checkpoint{'s' if len(hit) > 2 else ''} likewise)" if len(hit) > 1 else ""
+            lines.append(f"{hit[0].path}: {hit[0].reason}{more}")
+    out.suspicious = out.suspicious or any(s.verdict in ("reset", "ahead") for s in later)
+    _scheduler_restart(out, later, resume_step)
     if out.reset:
         out.summary += f"; optimizer state reset at step {resume_step}"
     elif judged and all(s.verdict == "consistent" for s in judged):
@@ -350,3 +351,19 @@ def _judge_later(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -
     elif later and not judged:
         out.warnings.append("the checkpoints after the resume record no optimizer step counter or no training "
                             "step: the optimizer state could not be checked from them")
+
+
+def _scheduler_restart(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -> None:
+    """An LR scheduler stepped once per optimizer step (HF Trainer, torchtitan) whose last_epoch counts only the
+    steps since the resume started its schedule over (warm-up again): suspicious. Lightning's may step per epoch:
+    not judged."""
+    for s in later:
+        if s.format not in ("hf-trainer", "dcp", "torchtitan") or s.scheduler_step is None \
+                or s.training_step is None or not 0 < resume_step < s.training_step:
+            continue
+        if s.scheduler_step <= s.training_step - resume_step:
+            out.suspicious = True
+            out.reasons.append(f"{s.path}: LR scheduler last_epoch {s.scheduler_step} at training step "
+                               f"{s.training_step}: the schedule restarted at the resume from step {resume_step} "
+                               "(warm-up and decay start over)")
+        return
