@@ -210,3 +210,14 @@ def test_validate_deep_compares_the_dcp_train_state_with_the_optimizer_counter(l
     (intact,) = validate_paths([str(r.resumed["intact"])], level="deep").checkpoints
     assert (intact.deep.optimizer.step, intact.deep.optimizer.global_step) == (r.until, r.until)
     assert intact.problems == [] and intact.resumable is True
+
+
+def test_resume_into_the_same_folder_reads_the_resumed_checkpoints(hf_run_restarted, cli_run):
+    """trainer.train(resume_from_checkpoint=True) in the crashed run's own folder: its later checkpoints are the
+    resume's, with the optimizer counter carried on."""
+    r = hf_run_restarted
+    _rc, out = _verify(cli_run, r.log, r.resume_step, r.output_dir)
+    assert out["checkpoints"][0]["path"].endswith(f"checkpoint-{r.resume_step}")
+    later = _after(out)
+    assert later and all(c["verdict"] == "consistent" and c["optimizer_step"] == c["training_step"] for c in later)
+    assert out["optimizer_reset"] is False and out["batch_changed"] is False
