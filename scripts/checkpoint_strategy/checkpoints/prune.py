@@ -1,8 +1,8 @@
 """Validated retention for a local checkpoint folder: survey -> plan_prune -> apply_prune.
 
-- ``survey(root, level)`` lists ROOT once, matches every name against the known layouts
-  (`retention.classify_name`), validates the recognised checkpoints and reads what the trainer
-  says is best; it returns `retention.Candidate`s.
+- ``survey(root, level)`` (prune_survey.py, shared with prune_objects.py) lists ROOT once, matches
+  every name against the known layouts (`retention.classify_name`), validates the recognised
+  checkpoints and reads what the trainer says is best; it returns `retention.Candidate`s.
 - ``retention.plan_prune`` decides (pure keep rules; shared with the callbacks and any other
   storage).
 - ``apply_prune(root, plan, ...)`` deletes what the plan marks, crash-safely:
