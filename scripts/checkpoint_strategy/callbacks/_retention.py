@@ -49,9 +49,10 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
     Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then)."""
     from checkpoint_strategy.checkpoints import prune as _prune
+    from checkpoint_strategy.recovery import advise
 
     return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                  log=log, protect=protect or None, lock_timeout=lock_timeout)
+                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout)
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

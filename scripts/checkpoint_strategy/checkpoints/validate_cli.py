@@ -43,6 +43,7 @@ def run(args) -> int:
     from checkpoint_strategy import storage
     from checkpoint_strategy.checkpoints import parts
     from checkpoint_strategy.checkpoints.safety import annotate_validation
+    from checkpoint_strategy.recovery import advise
     from checkpoint_strategy.checkpoints.validate import refuse_remote
     from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
 
@@ -53,7 +54,7 @@ def run(args) -> int:
         with parts.splitting(*part):
             report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
                                     stats=args.stats)
-        annotate_validation(report, paths, args.log, args.spike_check)
+        annotate_validation(report, paths, args.log, args.spike_check, advise)
         annotate_hardware(report, args.target_gpus, args.log)
         report = storage.unshadow_model(report)
     emit(report, args.format, args.output, inputs=tuple(args.paths))
