@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from checkpoint_strategy.callbacks.core import PREFIX, log
+from checkpoint_strategy.callbacks._log import PREFIX, log
 
 TEXT_BYTES = 480      # one problem line per rank in a reduced verdict
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Optional
 from collections.abc import Callable
 
+from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.policy import Settings, resolve
 
-log = logging.getLogger("checkpoint_strategy.callbacks")
-PREFIX = "checkpoint-strategy: "
 DEFAULT_STATE_DIR = ".claude/state"
 METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
 HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
