@@ -78,7 +78,6 @@ class SaveRecord:
 VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2, "gone": 4}   # reduced with max over the ranks
 NOT_DONE = 3
 CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked", 4: "gone"}
-TRIGGER_CODE = {"loss_spike_detected": 1, "gradient_norm_exceeded": 2}
 
 
 @dataclass
@@ -164,13 +163,16 @@ class StrategyCore:
     # ------------------------------------------------------------------ detection
 
     def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None):
-        """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due."""
+        """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due. Under
+        many processes every rank feeds the same values (so decides the same); rank 0 alone logs and
+        writes the loss log."""
         if self._detector is None or loss is None:
             return None
         flag = self._detector.update(step, loss, grad_norm)
         if flag is not None:
             self._spike_seen = True
-        if self.framework_log:
+        zero = self.rank_zero
+        if self.framework_log and zero:
             if self._metrics_fh is None:
                 self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
             if self._spike_seen:
@@ -180,17 +182,17 @@ class StrategyCore:
         if flag.new_event or flag.save:
             self.flags.append(flag)
         if flag.kind == "nonfinite":
-            if flag.new_event:
+            if flag.new_event and zero:
                 log.warning(PREFIX + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
                             "saved); roll back with `checkpoint-strategy recover`")
             return None
         if flag.save:
             what = "loss" if flag.kind == "loss_spike_detected" else "grad norm"
             med = f" vs median {flag.median:.4g}" if flag.median is not None else ""
-            log.warning(PREFIX + f"emergency save at step {step}: {flag.kind} ({what} {flag.value:.4g}{med}; "
+            (log.warning if zero else log.debug)(PREFIX + f"emergency save at step {step}: {flag.kind} ({what} {flag.value:.4g}{med}; "
                         f"{'; '.join(flag.rules)})")
             return flag
-        if flag.new_event:
+        if flag.new_event and zero:
             log.warning(PREFIX + f"{flag.kind} at step {step} (not in emergency_save_on: no emergency save)")
         return None
 
@@ -554,19 +556,18 @@ class StrategyCore:
 
     def decide_emergency(self, step: int, loss: Optional[float], grad_norm: Optional[float],
                          checkpoint: str) -> Optional[str]:
-        """Every rank at the same hook: rank 0 feeds the detector and, on an event, writes the marker
-        first; its decision is broadcast so every rank saves or none does. The trigger, or None."""
-        kind = None
-        if self.rank_zero:
-            flag = self.observe(step, loss, grad_norm)
-            if flag is not None and self.mark_emergency(checkpoint, flag):
-                kind = flag.kind
-        if not self.ranks.multi:
-            return kind
-        out = self.ranks.broadcast([float(TRIGGER_CODE.get(kind or "", 0))], f"the emergency decision at step {step}")
-        if out is None:
+        """Every rank at the same hook, with the same values (HF logs the loss averaged over the
+        processes; Lightning's is averaged by `reduced`), so every rank's detector decides the same.
+        On an event rank 0 writes the marker first and broadcasts whether it could: every rank saves
+        or none does. No collective on the steps without an event. The trigger, or None."""
+        flag = self.observe(step, loss, grad_norm)
+        if flag is None:
             return None
-        return next((k for k, c in TRIGGER_CODE.items() if c == int(out[0])), None)
+        marked = self.mark_emergency(checkpoint, flag) if self.rank_zero else True
+        if self.ranks.multi:
+            out = self.ranks.broadcast([float(marked)], f"the emergency decision at step {step}")
+            marked = bool(out and out[0])
+        return flag.kind if marked else None
 
     def reduced(self, loss: Optional[float], grad_norm: Optional[float]) -> tuple[Optional[float], Optional[float]]:
         """The loss (and grad norm) averaged over the ranks (Lightning logs each rank's own); as is on one

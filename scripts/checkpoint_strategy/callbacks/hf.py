@@ -107,8 +107,9 @@ class HFCheckpointStrategy(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
             return control
-        # every rank logs the same loss (the Trainer averages it over the processes); rank 0 decides
-        # and writes the marker, the decision is broadcast: every rank saves or none does
+        # every rank logs the same loss (the Trainer averages it over the processes), so every rank's
+        # detector decides the same; on an event rank 0 writes the marker and broadcasts whether it
+        # could: every rank saves or none does
         path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         kind = self.core.decide_emergency(state.global_step, _num(logs.get("loss")), _num(logs.get("grad_norm")), path)
         if kind is not None:

@@ -213,8 +213,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             return   # gradient accumulation: no optimizer step yet
         self._last_seen = step
         if self._detect_now(trainer, step):
-            # each rank's loss is its own: the ranks average it, rank 0 decides (and alone writes the loss
-            # log), the decision is broadcast and every rank takes part in the save or none does
+            # each rank's loss is its own: the ranks average it (one all_reduce), every rank's detector then
+            # decides the same, rank 0 alone writes the loss log and the marker, and on an event broadcasts
+            # whether the marker was written: every rank takes part in the save or none does
             loss, grad = self.core.reduced(_loss_of(outputs), self._grad_norm)
             self._grad_norm = None
             path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
