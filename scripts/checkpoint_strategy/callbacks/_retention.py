@@ -8,6 +8,7 @@ switch; nothing else in the package knows how a prune is done.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
 from checkpoint_strategy.checkpoints import formats as fm
@@ -45,14 +46,30 @@ def previous_checkpoint(path: str) -> Optional[str]:
 
 
 def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",
-          protect: Optional[dict[str, str]] = None, log: Optional[str] = None, lock_timeout: float = 600.0):
+          protect: Optional[dict[str, str]] = None, log: Optional[str] = None, lock_timeout: float = 600.0,
+          on_start: Optional[Callable[[], None]] = None):
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
-    Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then)."""
+    Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then).
+    on_start: called once the lock is held, as the survey of the folder begins."""
+    import importlib
+
     from checkpoint_strategy.checkpoints import prune as _prune
     from checkpoint_strategy.recovery import advise
 
-    return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout)
+    module = importlib.import_module("checkpoint_strategy.checkpoints.prune")
+    survey = module.survey
+
+    def announced(*args, **kwargs):
+        if on_start is not None:
+            on_start()
+        return survey(*args, **kwargs)
+
+    module.survey = announced   # type: ignore[attr-defined]
+    try:
+        return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
+                      log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout)
+    finally:
+        module.survey = survey   # type: ignore[attr-defined]
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

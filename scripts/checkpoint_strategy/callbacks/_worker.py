@@ -141,15 +141,14 @@ def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     if _orphaned():    # the training died (mid-save?): delete nothing on its behalf
         out["error"] = "the training process is gone: prune skipped"
         return
-    if phase is not None:
-        phase("prune", job["path"])
 
     logfile = job.get("log")
     if logfile and not os.path.lexists(logfile):
         logfile = None          # read when the prune runs, not when the job was queued
     report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
                               level=job.get("level", "quick"), protect=job.get("protect") or None,
-                              log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0))
+                              log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0),
+                              on_start=None if phase is None else lambda: phase("prune", job["path"]))
     out["deleted"] = [e.name for e in report.delete if e.deleted]
     out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
     out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]
