@@ -295,8 +295,9 @@ def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
 
     col = records.Collector(p, columns, what="line", offset=1)
     notes: list[str] = []
-    for rec in records.jsonl_records(p, fh, head, notes):
-        col.add(rec)
+    for recs, linenos in records.jsonl_batches(p, fh, head, notes):
+        col.add_many(recs, range(linenos.start - 1, linenos.stop - 1) if isinstance(linenos, range)
+                     else [n - 1 for n in linenos])   # the collector counts lines from 0 (offset 1)
     if col.count == 0:
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     series = _series_from(p, "jsonl", col)
