@@ -55,8 +55,19 @@ def _orjson_module() -> tuple[Any, bool]:
 _orjson, _ORJSON_LIMITS_DEPTH = _orjson_module()
 
 
+_NESTED_OBJECT = re.compile(rb":[ \t\n\r]*\{")
+
+
+def _orjson_may_parse(data: bytes | bytearray) -> bool:
+    """An orjson without a depth limit gets only what cannot nest deeper than 3: a short text, or one with at
+    most one '[' and no object as a value (a log_history slice of flat entries: every '{' an array element)."""
+    if _ORJSON_LIMITS_DEPTH or len(data) <= SHORT_LINE:
+        return True
+    return data.count(b"[") <= 1 and _NESTED_OBJECT.search(data) is None
+
+
 def _loads(data: bytes) -> Any:
-    if _orjson is not None and (_ORJSON_LIMITS_DEPTH or len(data) <= SHORT_LINE):
+    if _orjson is not None and _orjson_may_parse(data):
         try:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:
@@ -452,13 +463,18 @@ def _slow_lines(p: Path, lines: list[bytes], start: int, terminated: bool,
     yield recs, linenos
 
 
-def _load_line(raw: bytes) -> Any:
+def _load_line(raw: bytes | str) -> Any:
+    """One JSON text, as json.loads reads it: orjson when installed (and safe for it), the standard library
+    for whatever orjson refuses (NaN tokens, a lone surrogate, a BOM on bytes, an error: it then raises)."""
     if _orjson is not None and (_ORJSON_LIMITS_DEPTH or len(raw) <= SHORT_LINE):
         try:
             return _orjson.loads(raw)
         except (ValueError, TypeError):
             pass
     return json.loads(raw)
+
+
+loads_line = _load_line
 
 
 def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
