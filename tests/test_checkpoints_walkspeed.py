@@ -77,3 +77,23 @@ def test_read_bytes_reads_the_file_not_the_limit(tmp_path):
     with pytest.raises(storage.ReadError, match="larger than 7 bytes"):
         storage.read_bytes(p, "JSON file", limit=7)
     assert storage.read_bytes(tmp_path / "config.json", "JSON file") == b'{"a": 1}'
+
+
+def test_crc_threads_follow_the_usable_cores(tmp_path, monkeypatch):
+    """The measured rule: one CRC thread per core this process may use (affinity, then a cgroup quota), at most
+    MAX_CRC_WORKERS; a number in CRC_WORKERS overrides it."""
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    quota = tmp_path / "cpu.max"
+    monkeypatch.setattr(fc, "CGROUP_CPU_MAX", str(quota))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    quota.write_text("max 100000\n")
+    assert fc.usable_cores() == 16 and fc.crc_workers() == fc.MAX_CRC_WORKERS
+    quota.write_text("150000 100000\n")   # 1.5 CPUs of quota: 2 threads
+    assert fc.usable_cores() == 2 and fc.crc_workers() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert fc.crc_workers() == 1
+    quota.write_text("garbage")
+    assert fc.usable_cores() == 1
+    monkeypatch.setattr(fc, "CRC_WORKERS", 3)
+    assert fc.crc_workers() == 3

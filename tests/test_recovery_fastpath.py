@@ -230,3 +230,90 @@ def test_nesting_that_crashed_old_orjson_is_a_clean_usage_error(shape, tmp_path)
                           env=cliresult.checkout_env())
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-300:])
     assert len(proc.stderr.strip().splitlines()) == 1 and "nested" in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- a streamed trainer_state.json
+
+def _doc_ways(p: Path, monkeypatch) -> dict[str, tuple]:
+    """A JSON document read whole (the reference: sliced in memory, or parsed whole), and streamed in tiny
+    slices and blocks, with and without orjson."""
+    out = {}
+    with monkeypatch.context() as m:
+        m.setattr(logs, "STREAM_MIN_BYTES", 1 << 62)
+        out["whole"] = _outcome(lambda: logs.read_log(p))
+    for name, fast in (("streamed", True), ("streamed stdlib", False)):
+        with monkeypatch.context() as m:
+            m.setattr(logs, "STREAM_MIN_BYTES", 0)
+            m.setattr(records, "STREAM_SLICE_BYTES", 173)
+            m.setattr(records, "BLOCK_BYTES", 211)
+            if not fast:
+                m.setattr(records, "_orjson", None)
+            out[name] = _outcome(lambda: logs.read_log(p))
+    return out
+
+
+def _assert_doc_same(p: Path, monkeypatch) -> tuple:
+    out = _doc_ways(p, monkeypatch)
+    assert out["streamed"] == out["whole"], (out["streamed"][:2], out["whole"][:2])
+    assert out["streamed stdlib"] == out["whole"], (out["streamed stdlib"][:2], out["whole"][:2])
+    return out["whole"]
+
+
+@pytest.mark.parametrize("name", REAL_JSON)
+def test_real_trainer_states_stream_the_same(name, tmp_path, monkeypatch):
+    p = tmp_path / "trainer_state.json"
+    p.write_bytes((REAL / name).read_bytes())
+    got = _assert_doc_same(p, monkeypatch)
+    assert got[0] == "series", got
+
+
+def _state(entries: str, tail: str = ', "logging_steps": 10, "best_model_checkpoint": "out/checkpoint-20"}') -> str:
+    return '{"global_step": 40, "best_metric": null, "log_history": [' + entries + "]" + tail
+
+
+FLAT = ", ".join(json.dumps({"loss": 2.0 + i / 100, "step": i, "learning_rate": 1e-4}) for i in range(1, 41))
+HOSTILE_DOCS = {
+    "plain": _state(FLAT),
+    "indented": json.dumps({"log_history": [{"loss": 2.0, "step": i} for i in range(1, 41)], "x": [1]}, indent=2),
+    "nan tokens": _state(FLAT.replace('"loss": 2.05', '"loss": NaN').replace('"loss": 2.1,', '"loss": Infinity,')),
+    "string holding a boundary": _state(FLAT.replace('"learning_rate": 0.0001}, {"loss": 2.2',
+                                                     '"learning_rate": 0.0001, "note": "a},{b"}, {"loss": 2.2')),
+    "an entry holding a list": _state(FLAT.replace('"step": 30,', '"step": 30, "xs": [1, 2],')),
+    "an entry holding a list of objects": _state(FLAT.replace('"step": 30,', '"step": 30, "xs": [{"a": 1}],')),
+    "empty history": _state(" "),
+    "history not a list": '{"global_step": 4, "log_history": {"loss": 1}}',
+    "two histories": _state(FLAT) [:-1] + ', "log_history": [{"loss": 9.0, "step": 1}]}',
+    "truncated": _state(FLAT)[:-300],
+    "trailing garbage": _state(FLAT) + " x",
+    "a bad loss": _state(FLAT.replace('"loss": 2.2,', '"loss": "high",')),
+    "a bad loss and trailing garbage": _state(FLAT.replace('"loss": 2.2,', '"loss": "high",')) + " x",
+    "bom": "\ufeff" + _state(FLAT),
+    "whitespace": " " * 5000,
+    "a list of records": "[" + FLAT + "]",
+    "history key inside a string": '{"note": "\\"log_history\\": [", ' + _state(FLAT)[1:],
+    "deep nesting after the history": _state(FLAT, ', "x": ' + "[" * 3000 + "]" * 3000 + "}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DOCS))
+def test_hostile_documents_stream_the_same(name, tmp_path, monkeypatch):
+    p = tmp_path / "trainer_state.json"
+    p.write_text(HOSTILE_DOCS[name], encoding="utf-8")
+    _assert_doc_same(p, monkeypatch)
+
+
+def test_a_sliceable_document_is_never_held_whole(tmp_path, monkeypatch):
+    """The streamed read keeps the text before log_history, one slice, one block and the text after it: the
+    whole-file reader is not called (and its result is the same series)."""
+    p = tmp_path / "trainer_state.json"
+    p.write_text(HOSTILE_DOCS["indented"])
+    expected = _outcome(lambda: logs.read_log(p))
+    monkeypatch.setattr(logs, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(records, "STREAM_SLICE_BYTES", 300)
+    monkeypatch.setattr(records, "BLOCK_BYTES", 256)
+
+    def whole(*_a):
+        raise AssertionError("read whole")
+
+    monkeypatch.setattr(logs, "_read_rest", whole)
+    assert _outcome(lambda: logs.read_log(p)) == expected

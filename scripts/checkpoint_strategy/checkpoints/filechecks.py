@@ -29,11 +29,38 @@ except Exception:  # noqa: BLE001 - stdlib fallback
     CRC32_IMPL = "zlib"
 
 CHUNK = 4 << 20  # streaming chunk: memory stays flat whatever the file size
-# Full-level CRC of zip entries runs on up to this many threads (zlib's and ISA-L's CRC-32 both
-# release the GIL: about 1.9x and 1.6x on two cores here), each with its own file handle and one
-# CHUNK buffer, so memory stays flat. Small archives are not worth the threads.
-CRC_WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Full-level CRC of zip entries runs on several threads (zlib's and ISA-L's CRC-32 both release the GIL), each
+# with its own file handle and one CHUNK buffer, so memory stays flat. Small archives are not worth the threads.
+# The count is a measured rule (bench/bench_validate.py, docs/benchmarks.md): one thread per core this process
+# may use (its CPU affinity, capped by a cgroup CPU quota), at most MAX_CRC_WORKERS. On the 2-core machine,
+# under a load of 12, a 1 GB archive of 512 MB entries ran at a median 0.69x cat's rate on one thread, 0.85x
+# on two and 0.66x on four with ISA-L (more threads than cores: the copies thrash); 0.17x / 0.21x / 0.24x
+# with zlib's slower CRC. None: the rule decides; a number (tests) overrides it.
+CRC_WORKERS: int | None = None
+MAX_CRC_WORKERS = 4
 PARALLEL_MIN_BYTES = 64 << 20
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity set, capped by a cgroup v2 CPU quota (cpu.max)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    try:
+        with open(CGROUP_CPU_MAX) as fh:   # a system file, not user input
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def crc_workers() -> int:
+    """CRC threads for one archive's entries (see CRC_WORKERS)."""
+    return CRC_WORKERS if CRC_WORKERS is not None else min(MAX_CRC_WORKERS, usable_cores())
 
 # safetensors dtype -> bits per element
 ST_DTYPE_BITS = {
@@ -639,7 +666,7 @@ def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> lis
 
 def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) -> str | None:
     """CRC-32 of every entry; the first failing entry (in archive order) is reported."""
-    workers = min(CRC_WORKERS, len(entries))
+    workers = min(crc_workers(), len(entries))
     if workers < 2 or sum(e.csize for e in entries) < PARALLEL_MIN_BYTES:
         for e in entries:
             reason = _crc_entry(fh, e, counter, update)

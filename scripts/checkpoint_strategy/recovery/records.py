@@ -388,16 +388,81 @@ def _history_slices(data: bytes | bytearray, meta: dict) -> Optional[Iterator[An
 
 def _slices(data: bytes | bytearray, cuts: list[int]) -> Iterator[Any]:
     for a, b in zip(cuts, cuts[1:], strict=False):
-        chunk = data[a:b].rstrip()
-        if chunk.endswith(b","):
-            chunk = chunk[:-1]
-        try:
-            part = _loads(b"[" + chunk + b"]")
-        except (ValueError, RecursionError):
-            raise _SliceError() from None
-        if not isinstance(part, list):
+        yield _slice(data[a:b])
+
+
+def _slice(chunk: bytes | bytearray) -> list:
+    """Entries `{...}, {...}` (a trailing comma is fine) parsed as one list; _SliceError when they do not parse."""
+    chunk = chunk.rstrip()
+    if chunk.endswith(b","):
+        chunk = chunk[:-1]
+    try:
+        part = _loads(b"[" + chunk + b"]")
+    except (ValueError, RecursionError):
+        raise _SliceError() from None
+    if not isinstance(part, list):
+        raise _SliceError()
+    return part
+
+
+STREAM_SLICE_BYTES = 4 << 20     # a streamed log_history is parsed about this many bytes at a time
+STREAM_PREFIX_BYTES = 16 << 20   # "log_history" must start within this much of a streamed document
+
+
+def stream_history_batches(fh: BinaryIO, head: bytes, meta: dict) -> Iterator[list]:
+    """json_document_batches on an open file, never holding it whole: the text before log_history, one
+    slice, one read block and the text after the array. The same cuts rule (a boundary `},{` with no `]`
+    before it; the rest of the array as one slice once a `]` shows) and the same check of everything but
+    the array (parsed with `"log_history": []`, at the end: meta is filled then). Raises _SliceError
+    whenever json_document_batches would (the caller then parses the document whole)."""
+    buf = bytearray(head)
+    m = _HISTORY.search(buf)
+    while m is None:
+        more = fh.read(BLOCK_BYTES) if len(buf) <= STREAM_PREFIX_BYTES else b""
+        if not more:
             raise _SliceError()
-        yield part
+        buf += more
+        m = _HISTORY.search(buf)
+    if re.match(rb"\s*\{", buf) is None:
+        raise _SliceError()
+    prefix = bytes(buf[:m.end() - 1])
+    del buf[:m.end()]
+    first = True
+    while True:
+        hit = _BOUNDARY.search(buf, min(len(buf), STREAM_SLICE_BYTES))
+        if hit is None or buf.find(b"]", 0, hit.start()) != -1:
+            more = fh.read(BLOCK_BYTES) if hit is None else b""
+            if more:
+                buf += more
+                continue
+            break   # the array ends first (or an entry holds a list): the rest is one slice
+        yield _slice(buf[:hit.end()])
+        del buf[:hit.end()]
+        first = False
+    buf += fh.read()
+    yield from _history_end(buf, prefix, first, meta)
+
+
+def _history_end(rest: bytearray, prefix: bytes, first: bool, meta: dict) -> Iterator[list]:
+    """The last slice of a streamed log_history (`rest`: from the slice's start to the end of the file), then the
+    check of the document without its array."""
+    empty = re.compile(rb"\s*\]").match(rest) if first else None
+    if empty is not None:
+        end_arr = empty.end() - 1
+    else:
+        close = re.compile(rb"\}\s*\]").search(rest)
+        if close is None:
+            raise _SliceError()
+        end_arr = close.end() - 1
+        yield _slice(rest[:end_arr])
+    try:
+        doc = json.loads(prefix + b"[]" + rest[end_arr + 1:])
+    except (ValueError, RecursionError):
+        raise _SliceError() from None
+    if not isinstance(doc, dict) or doc.get("log_history") != []:
+        raise _SliceError()
+    meta.update({k: v for k, v in doc.items() if k != "log_history"})
+    meta["_format"] = "hf"
 
 
 class _SliceError(Exception):
