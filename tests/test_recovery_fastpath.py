@@ -317,3 +317,52 @@ def test_a_sliceable_document_is_never_held_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(logs, "_read_rest", whole)
     assert _outcome(lambda: logs.read_log(p)) == expected
+
+
+# --------------------------------------------------------------------------- the analysis in chunks
+
+REAL_ALL = sorted(q.name for q in REAL.iterdir() if q.name != "manifest.json")
+
+
+def _analysis(p: Path) -> dict:
+    from checkpoint_strategy.recovery import advise
+
+    try:
+        return advise(p, []).model_dump(mode="json")
+    except UsageError as exc:   # a log that needs --loss-column: the same refusal
+        return {"error": str(exc)}
+
+
+@pytest.mark.parametrize("name", REAL_ALL)
+def test_the_analysis_in_tiny_chunks_is_the_same(name, tmp_path, monkeypatch):
+    """detect's bounded temporaries (block statistics, the reference's partition, the spike rules and the
+    rounding-step check, each a chunk at a time) give the same report as one pass over the whole series."""
+    from checkpoint_strategy.recovery import detect
+
+    p = REAL / name
+    whole = _analysis(p)
+    monkeypatch.setattr(detect, "STATS_ROWS", 3)
+    monkeypatch.setattr(detect, "STATS_VALUES", 7)
+    monkeypatch.setattr(detect, "QUANTUM_CHUNK", 5)
+    assert _analysis(p) == whole
+
+
+def test_a_long_series_with_spikes_and_nan_analyses_the_same_in_chunks(tmp_path, monkeypatch):
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(7)
+    n = 20_000
+    loss = np.round(2.5 * np.exp(-np.arange(n) / 5000) + 1 + 0.02 * rng.standard_normal(n), 4)
+    loss[4000] = 40.0              # a spike that comes back
+    loss[9000:9050] = np.nan       # NaN for a while
+    loss[15000:] += 1.5            # a level shift that stays
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v), "grad_norm": float(abs(v))}) + "\n"
+                         for i, v in enumerate(loss)))
+    whole = _analysis(p)
+    assert whole["status"] != "no_spike"
+    for rows, values, quantum in ((5, 11, 3), (64, 1000, 999)):
+        monkeypatch.setattr(detect, "STATS_ROWS", rows)
+        monkeypatch.setattr(detect, "STATS_VALUES", values)
+        monkeypatch.setattr(detect, "QUANTUM_CHUNK", quantum)
+        assert _analysis(p) == whole
