@@ -28,6 +28,8 @@ Role = Literal["weights", "optimizer", "mixed", "other"]
 OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
 WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+#: optimizer state leaves that are means of squares: a negative value cannot be (Adam takes their square root)
+SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col", "square_avg", "sum")
 #: a global weight-norm ratio outside [1/NORM_RATIO, NORM_RATIO] between consecutive checkpoints is suspicious
 NORM_RATIO = 2.0
 MAX_NAMED = 20
@@ -277,12 +279,31 @@ def _optimizer_dicts(src: Source) -> list[dict]:
         return [root]
     out = []
     for key in OPTIM_KEYS:
-        v = root.get(key)
-        if isinstance(v, dict) and "state" in v:
-            out.append(v)
-        elif isinstance(v, list):
-            out.extend(x for x in v if isinstance(x, dict) and "state" in x)
+        out.extend(_state_dicts(root.get(key)))
     return out
+
+
+#: DeepSpeed keeps the torch optimizer's state dict inside its own: ZeRO-1/2 and the bf16 optimizer under
+#: base_optimizer_state (a list of per-group states with elastic checkpoints), ZeRO-3 under optimizer_state_dict
+DS_INNER_KEYS = ("base_optimizer_state", "optimizer_state_dict")
+
+
+def _state_dicts(v: Any, depth: int = 0) -> list[dict]:
+    """torch optimizer state dicts ({'state': ..., 'param_groups': ...}) in one value: the dict itself, a list
+    of them, or a DeepSpeed optimizer's wrapper around one (`DS_INNER_KEYS`)."""
+    if isinstance(v, list):
+        return [x for x in v if isinstance(x, dict) and "state" in x]
+    if not isinstance(v, dict):
+        return []
+    if "state" in v:
+        return [v]
+    for key in DS_INNER_KEYS if depth < 2 else ():
+        inner = v.get(key)
+        if isinstance(inner, list) and inner and all(isinstance(x, dict) and "state" not in x for x in inner):
+            return [{"state": dict(enumerate(inner)), "param_groups": []}]   # elastic ZeRO: per-group states
+        if isinstance(inner, (dict, list)):
+            return _state_dicts(inner, depth + 1)
+    return []
 
 
 def _global_step(sources: list[Source], fallback: int | None) -> int | None:
@@ -301,6 +322,26 @@ def _step_value(v: Any, values: dict[int, float]) -> float | None:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     return None
+
+
+def step_problem(value: float) -> str | None:
+    """Why an optimizer step count cannot be (NaN, infinite, negative, not a whole number), or None."""
+    if value != value:
+        return "is NaN"
+    if value in (float("inf"), float("-inf")):
+        return f"is {value}"
+    if value < 0:
+        return f"{value:g} is negative"
+    if value != int(value):
+        return f"{value:g} is not a whole number"
+    return None
+
+
+def optimizer_step(steps: list[float]) -> int | None:
+    """The optimizer's step count: the largest per-parameter step that can be one (impossible values are
+    findings of their own, `impossible_state`); None when there is none."""
+    usable = [s for s in steps if step_problem(s) is None]
+    return int(max(usable)) if usable else None
 
 
 def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: dict[int, float]) -> OptimizerCheck:
@@ -335,7 +376,7 @@ def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: di
         mismatches += sum(extra.values())
     kind = "adam" if adam else ("other" if opts else "none")
     return OptimizerCheck(kind=kind, parameters=len(params) if params else 0, with_moments=with_moments,
-                          shape_mismatches=mismatches, step=int(max(steps)) if steps else None)
+                          shape_mismatches=mismatches, step=optimizer_step(steps))
 
 
 def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCheck | None:
@@ -371,7 +412,7 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
     steps = [s.value for s in stats if s.name.endswith(".step") and s.name.startswith(("optimizer.", "optim."))
              and s.value is not None]
     return OptimizerCheck(kind="adam" if adam else "other", parameters=max(len(per_param), len(weights)),
-                          with_moments=have, shape_mismatches=mism, step=int(max(steps)) if steps else None)
+                          with_moments=have, shape_mismatches=mism, step=optimizer_step(steps))
 
 
 # --------------------------------------------------------------------------- the pass and the verdicts
@@ -385,6 +426,7 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
     have_weights = bool(tally.weight_bytes)
     optimizer, opts = _optimizer_state(sources, outcome.stats, dcp_meta, tally.weight_shapes, notes)
     optimizer.global_step = _global_step(sources, global_step)
+    findings.extend(impossible_state(outcome.stats, opts, _optimizer_file(sources)))
     findings.extend(_resumability(sources, optimizer, opts, tally.weight_bytes))
     check = DeepCheck(
         tensors=len(outcome.stats), float_tensors=tally.float_tensors, values=tally.values,
@@ -420,7 +462,47 @@ def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list 
             jobs.extend(dj)
             notes.extend(dn)
             dcp_meta = dcp_tensors(src.dcp) if src.dcp is not None else None
+    for j in jobs:  # second moments are means of squares: count their negative values
+        j.count_negative = j.role == "optimizer" and _leaf(j.name) in SECOND_MOMENTS
     return jobs, notes, dcp_meta
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def impossible_state(stats: list[ts.Stat], opts: list[dict], opt_file: str) -> list[Finding]:
+    """Optimizer state that cannot be, named by tensor: negative second moments (the next Adam step takes
+    their square root: NaN), and a step count that is negative or not a whole number (a NaN/Inf one is already
+    a non-finite finding). Step counts stored as plain numbers in the pickle are named state.<param>.step."""
+    findings: list[Finding] = []
+    for s in stats:
+        if s.role != "optimizer":
+            continue
+        leaf = _leaf(s.name)
+        if leaf in SECOND_MOMENTS and s.negative:
+            findings.append(Finding(s.file, f"invalid: {s.negative} negative values in {shown(s.name)} (a second "
+                                            "moment is a mean of squares: never negative; the next Adam step "
+                                            "takes its square root)", "invalid"))
+        elif leaf == "step" and s.value is not None and s.value == s.value and abs(s.value) != float("inf"):
+            why = step_problem(s.value)
+            if why:
+                findings.append(Finding(s.file, f"invalid: optimizer step {why} in {shown(s.name)} (a step count "
+                                                "is a whole number >= 0)", "invalid"))
+    for od in opts:
+        state = od.get("state") if isinstance(od.get("state"), dict) else {}
+        for pid, st in state.items():
+            v = st.get("step") if isinstance(st, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (why := step_problem(float(v))):
+                findings.append(Finding(opt_file, f"invalid: optimizer step {why} in state.{shown(str(pid))}.step "
+                                                  "(a step count is a whole number >= 0)", "invalid"))
+    return findings
+
+
+def _optimizer_file(sources: list[Source]) -> str:
+    """The file a finding on the optimizer state as a whole names."""
+    return next((s.rel for s in sources if s.role == "optimizer"), None) or \
+        next((s.rel for s in sources if s.role == "mixed"), ".")
 
 
 @dataclass
@@ -491,8 +573,7 @@ def _resumability(sources: list[Source], optimizer: OptimizerCheck, opts: list[d
                   weight_bytes: Multiset) -> list[Finding]:
     """The not-resumable / suspicious verdicts on the optimizer state (named by the optimizer's file)."""
     findings: list[Finding] = []
-    opt_file = next((s.rel for s in sources if s.role == "optimizer"), None) or \
-        next((s.rel for s in sources if s.role == "mixed"), ".")
+    opt_file = _optimizer_file(sources)
     if optimizer.kind == "none" and weight_bytes:
         dtype = weight_bytes.most_common(1)[0][0]
         findings.append(Finding(".", f"not resumable: model-only ({dtype} weights, no optimizer)", "not_resumable"))

@@ -35,6 +35,14 @@ def orbax_item_has_optimizer(metadata: object) -> bool:
     return False
 
 
+def torchtitan_marked(keys: set[str]) -> bool:
+    """torchtitan's own markers among a DCP .metadata's top-level keys: its TrainState saved as "train_state"
+    (step, loss history) beside a model flattened to the top level (no "model" key; CheckpointManager.
+    _flattened_model_states_sd). A plain loop's save ({"model": ..., "optimizer": ...}, or {"app": ...})
+    has neither, whatever its folders are called."""
+    return "train_state" in keys and "model" not in keys and "app" not in keys
+
+
 def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None:
     """The reason a torchtitan step-N cannot resume training, or None when it holds the training state."""
     if not keys or any(k in keys for k in TORCHTITAN_TRAIN_KEYS):

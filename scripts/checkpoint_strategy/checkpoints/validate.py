@@ -58,6 +58,7 @@ class Layout:
     portability: Portability = "unknown"
     step: int | None = None
     dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
+    format: str | None = None   # what the content says it is, where the name alone could not (torchtitan)
 
 
 class _Ctx:
@@ -66,7 +67,7 @@ class _Ctx:
     def __init__(self, root: str, level: str, update: ProgressFn | None) -> None:
         self.root = root
         self.level = level
-        self.full = level == "full"
+        self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
         self.deep = level == "deep"
         self.counter = fc.Counter()
         self.problems: list[Problem] = []
@@ -337,13 +338,38 @@ def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int)
 
 
 def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
+    """torch.distributed.checkpoint; labelled torchtitan only by torchtitan's own markers in .metadata (its
+    train_state beside a flattened model), or for a model-only step-N beside such a step (its final save)."""
     out = Layout(step=found.step, sharded=True, portability="dcp")
     _check_dcp_dir(ctx, found.path, out)
-    if found.format == "torchtitan" and not out.resumable:
+    titan = fl.torchtitan_marked(out.dcp_keys) or (
+        not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
+        is not None and _torchtitan_sibling(found.path))
+    out.format = "torchtitan" if titan else "dcp"
+    if titan and not out.resumable:
         reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
         if reason:
             ctx.counter.notes.append(reason)
     return out
+
+
+def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
+    """True when one of the (at most `limit`) nearest other step-N folders beside `path` carries torchtitan's
+    markers in its .metadata (read bounded, never through a link to outside that folder)."""
+    parent, me = os.path.split(os.path.normpath(path))
+    steps = sorted(((int(m.group(1)), n) for n in _ls(parent) if n != me and (m := fm._STEP.match(n))), reverse=True)
+    for _step, name in steps[:limit]:
+        folder = os.path.join(parent, name)
+        meta = os.path.join(folder, ".metadata")
+        if not storage.inside(meta, folder) or not storage.is_regular(meta):
+            continue
+        try:
+            parsed = fc.dcp_storage_map(read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA))
+        except ReadError:
+            continue
+        if not isinstance(parsed, str) and fl.torchtitan_marked(parsed[1]):
+            return True
+    return False
 
 
 def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
@@ -447,7 +473,7 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
                     out.resumable = True
             elif n == "manifest.ocdbt":
                 ctx.readable(p)
-            elif (ctx.full or ctx.deep) and os.path.isfile(p):
+            elif ctx.full and os.path.isfile(p):
                 ctx.readable(p)
         if "opt" in item.lower() or item in ("state", "train_state"):
             out.resumable = True
@@ -473,7 +499,16 @@ def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(path, "mixed")
     out.resumable = "optimizer_states" in z.keys()
     out.portability = "full" if out.resumable else "weights"
+    out.step = _pickle_step(z) if out.step is None else out.step   # last.ckpt: no step in its name
     return out
+
+
+def _pickle_step(z: fc.ZipScan) -> int | None:
+    """The training step a torch archive records at its pickle's root (Lightning and NeMo: global_step), read
+    as data; None when there is none."""
+    root = z.pickle.root if z.pickle is not None else None
+    step = root.get("global_step") if isinstance(root, dict) else None
+    return step if type(step) is int and step >= 0 else None
 
 
 def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
@@ -493,6 +528,7 @@ def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
         z = ctx.zip(path, "mixed")
         out.resumable = "optimizer_states" in z.keys()
         out.portability = "full" if out.resumable else "weights"
+        out.step = _pickle_step(z) if out.step is None else out.step
     return out
 
 
@@ -598,7 +634,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
-        path=str(path), format=found.format, step=layout.step, status=status, resumable=layout.resumable,
+        path=str(path), format=layout.format or found.format, step=layout.step, status=status, resumable=layout.resumable,
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
@@ -738,12 +774,14 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     return extra
 
 
-def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
+def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
     """Every checkpoint at or under the paths, the folders whose Orbax steps carry commit markers, and
-    checkpoint -> the path the user named."""
+    checkpoint -> the path the user named. Orbax steps soft-deleted into a todelete_subdir are left out, with a
+    line in `notes`."""
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
     roots: dict[str, str] = {}
+    seen: set[str] = set()
     for raw in paths:
         p = os.fspath(raw)
         if not os.path.lexists(p):
@@ -751,7 +789,11 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
         if os.path.islink(p) and not os.path.exists(p):
             raise UsageError(f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints")
         found, _unrec = fm.discover(p)
-        if not found:
+        deleted = fm.orbax_soft_deleted(found)
+        if deleted:
+            found = [f for f in found if f not in deleted]
+            notes.append(_soft_deleted_note(p, deleted))
+        if not found and not deleted:
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
@@ -763,8 +805,20 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
             if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
                 orbax_commit_roots.add(parent)
-        jobs.extend(found)
+        for f in found:  # once each: `latest` beside two given checkpoints names one of them
+            if os.path.normpath(f.path) not in seen:
+                seen.add(os.path.normpath(f.path))
+                jobs.append(f)
     return jobs, orbax_commit_roots, roots
+
+
+def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
+    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
+    steps = sorted(f.step for f in deleted if f.step is not None)
+    shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
+            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
+            "points (prune and recover leave them out too)")
 
 
 def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
@@ -819,7 +873,8 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
                                                                "its folder does not exist") + "; expected a JSON file path")
     if stats is not None:  # never inside a checkpoint this command reads
         storage.check_output(stats, "--stats", inputs=tuple(paths))
-    jobs, orbax_commit_roots, roots = _discover_jobs(paths)
+    notes: list[str] = []
+    jobs, orbax_commit_roots, roots = _discover_jobs(paths, notes)
     results: list[CheckpointResult] = []
     per_ckpt: list[CheckpointStats] = []
     previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}   # run folder -> last deep outcome
@@ -857,6 +912,9 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
 
+    from checkpoint_strategy.checkpoints.coverage import blind_spots, families
+
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=ALGORITHM if manifest else None, checkpoints=results,
+        blind_spots=blind_spots((families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))
