@@ -472,7 +472,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WO
 import torch, deepspeed
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[3])},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
           "checkpoint": {"tag_validation": "Fail", "load_universal": False, "use_node_local_storage": False}}
 deepspeed.init_distributed(dist_backend="gloo")
@@ -487,8 +487,8 @@ for step in range(1, 7):
 """
 
 
-def build_deepspeed_run(root: Path) -> Path:
-    """A real DeepSpeed ZeRO stage-1 run on CPU (gloo): global_step3/, global_step6/, latest.
+def build_deepspeed_run(root: Path, stage: int = 1) -> Path:
+    """A real DeepSpeed ZeRO run (stage 1 or 2) on CPU (gloo): global_step3/, global_step6/, latest.
     The first engine start on a machine compiles an op (minutes); later runs reuse the build cache."""
     import socket
     import subprocess
@@ -498,8 +498,26 @@ def build_deepspeed_run(root: Path) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     folder = root / "deepspeed"
-    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port)], capture_output=True,
-                          text=True, timeout=1800, env=checkout_env())
+    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)],
+                          capture_output=True, text=True, timeout=1800, env=checkout_env())
     if proc.returncode != 0:
         raise RuntimeError("DeepSpeed run failed: " + proc.stderr[-2000:])
     return folder
+
+
+def build_deepspeed_universal(folder: Path, tag: str = "global_step6") -> Path:
+    """DeepSpeed's own ds_to_universal on a real ZeRO-1/2 save: <folder>/<tag>_universal/ (mp_rank_00_model_states.pt,
+    zero/optimizer_state.pt, zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt) and <folder>/latest_universal.
+    --inject_missing_state adds the universal_checkpoint_info a plain engine does not record (Megatron-DeepSpeed
+    passes it as client state)."""
+    import subprocess
+    import sys
+
+    out = folder / f"{tag}_universal"
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(folder / tag), "--output_folder", str(out), "--num_extract_workers", "1",
+                           "--num_merge_workers", "1", "--inject_missing_state"],
+                          capture_output=True, text=True, timeout=600, env=checkout_env())
+    if proc.returncode != 0 or not (out / "zero").is_dir():
+        raise RuntimeError("ds_to_universal failed: " + proc.stderr[-2000:])
+    return out

@@ -45,6 +45,23 @@ class Source:
     dcp: tp.PickleScan | None = None
     flat: bool = False      # a partitioned optimizer (DeepSpeed ZeRO, Megatron distrib_optim): per-group
     #                         flat buffers, so moments are not counted per parameter nor matched to shapes
+    tensor: str | None = None   # the name every tensor of the file takes: "<param>.<state>" of a DeepSpeed
+    #                             universal checkpoint's zero/<param>/<state>.pt
+    flat_model: bool = False    # DCP with the model flattened to the top level (torchtitan): every top-level
+    #                             key but the training state's is a weight
+
+
+#: torchtitan's top-level keys beside the flattened model (framework_layouts.TORCHTITAN_TRAIN_KEYS)
+TRAIN_STATE_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
+
+
+def _dcp_role(src: Source, fqn: str) -> str:
+    if src.role != "mixed":
+        return src.role
+    if src.flat_model:
+        return "optimizer" if fqn.split(".", 1)[0] in OPTIM_KEYS else \
+            "other" if fqn.split(".", 1)[0] in TRAIN_STATE_KEYS else "weights"
+    return _role_of("mixed", fqn)
 
 
 @dataclass
@@ -221,12 +238,12 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
                         continue
                     sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
                     for j in sub:
-                        j.role = _role_of("mixed", fqn) if src.role == "mixed" else src.role
+                        j.role = _dcp_role(src, fqn)
                     jobs.extend(sub)
                     notes.extend(sub_notes)
                 elif dtype in tp.DTYPE_SIZE and length == ts._prod(sizes) * tp.DTYPE_SIZE[dtype]:
-                    jobs.append(ts.Job(path, fsrc.rel, name, _role_of("mixed", fqn) if src.role == "mixed"
-                                       else src.role, dtype, off, sizes, scalar_value=ts._prod(sizes) == 1))
+                    jobs.append(ts.Job(path, fsrc.rel, name, _dcp_role(src, fqn), dtype, off, sizes,
+                                       scalar_value=ts._prod(sizes) == 1))
     except (OSError, fc_read_error()) as exc:
         notes.append(f"cannot read DCP data: {getattr(exc, 'reason', None) or exc}")
     finally:
@@ -379,13 +396,15 @@ def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: di
                           shape_mismatches=mismatches, step=optimizer_step(steps))
 
 
-def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCheck | None:
+def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None, flat_model: bool = False) -> OptimizerCheck | None:
     """DCP: optimizer entries are `optimizer.state.<param>.<exp_avg|exp_avg_sq|step>`, <param> an fqn
     (get_optimizer_state_dict) or an index (optimizer.state_dict()); every model weight needs moments."""
     if not meta:
         return None
     shapes = {fqn: size for fqn, _d, size, _c in meta}
-    weights = [f for f, d, _s, _c in meta if f.startswith("model.") and not f.endswith(BUFFER_SUFFIXES)
+    prefix = "" if flat_model else "model."
+    weights = [f for f, d, _s, _c in meta if f.startswith(prefix) and not f.endswith(BUFFER_SUFFIXES)
+               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TRAIN_STATE_KEYS)
                and d in ts.FLOAT_DTYPES]
     per_param: dict[str, dict[str, tuple]] = {}
     for fqn, _d, size, _c in meta:
@@ -403,7 +422,7 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
         if m is None or v is None:
             continue
         have += 1
-        w = shapes.get(f"model.{key}")
+        w = shapes.get(f"{prefix}{key}")
         if m != v or (w is not None and m != w):
             mism += 1
         elif w is None:
@@ -413,6 +432,28 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
              and s.value is not None]
     return OptimizerCheck(kind="adam" if adam else "other", parameters=max(len(per_param), len(weights)),
                           with_moments=have, shape_mismatches=mism, step=optimizer_step(steps))
+
+
+def _check_universal_optimizer(stats: list[ts.Stat]) -> OptimizerCheck:
+    """A DeepSpeed universal checkpoint: per parameter, fp32 master weights and Adam's moments of its shape."""
+    per_param: dict[str, dict[str, ts.Stat]] = {}
+    for s in stats:
+        if s.role == "optimizer" and "." in s.name:
+            param, leaf = s.name.rsplit(".", 1)
+            per_param.setdefault(param, {})[leaf] = s
+    params = [p for p, leaves in per_param.items() if "fp32" in leaves]
+    with_moments = mism = 0
+    for p in params:
+        leaves = per_param[p]
+        m, v = leaves.get("exp_avg"), leaves.get("exp_avg_sq")
+        if m is not None and v is not None:
+            with_moments += 1
+            mism += not (m.shape == v.shape == leaves["fp32"].shape)
+    adam = any("exp_avg" in leaves or "exp_avg_sq" in leaves for leaves in per_param.values())
+    steps = [leaves["step"].value for leaves in per_param.values() if "step" in leaves and leaves["step"].value
+             is not None]
+    return OptimizerCheck(kind="adam" if adam else "other", parameters=len(params), with_moments=with_moments,
+                          shape_mismatches=mism, step=optimizer_step([float(x) for x in steps if x is not None]))
 
 
 # --------------------------------------------------------------------------- the pass and the verdicts
@@ -454,7 +495,7 @@ def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list 
             if err:
                 notes.append(f"{src.rel}: {err}")
         elif src.kind == "zip" and src.zip is not None:
-            zj, zn = _zip_jobs(src, src.zip)
+            zj, zn = _zip_jobs(src, src.zip, names={"name": src.tensor} if src.tensor else None)
             jobs.extend(zj)
             notes.extend(f"{src.rel}: {n}" for n in zn)
         elif src.kind == "dcp":
@@ -554,8 +595,10 @@ def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list
                     scalar_values[id(t)] = v
     opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
     flat = any(src.flat for src in sources)
-    dcp_opt = _check_dcp_optimizer(stats, dcp_meta)
-    if dcp_opt is not None and dcp_opt.kind != "none":
+    dcp_opt = _check_dcp_optimizer(stats, dcp_meta, any(src.flat_model for src in sources))
+    if any(src.tensor for src in sources):
+        optimizer = _check_universal_optimizer(stats)
+    elif dcp_opt is not None and dcp_opt.kind != "none":
         optimizer = dcp_opt
     elif opts and flat:
         adam = any(isinstance(st, dict) and ("exp_avg" in st or "exp_avg_sq" in st)

@@ -111,6 +111,19 @@ def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # 
     return stage, dp
 
 
+def deepspeed_param_names(root: object) -> set[str]:
+    """Parameter names in DeepSpeed model states (param_shapes: a list of {name: torch.Size}, read as data)."""
+    shapes = root.get("param_shapes") if isinstance(root, dict) else None
+    groups = shapes if isinstance(shapes, list) else [shapes]
+    return {k for g in groups if isinstance(g, dict) for k in g if isinstance(k, str)}
+
+
+def deepspeed_global_steps(root: object) -> int | None:
+    """The engine's global_steps recorded in DeepSpeed model states, or None."""
+    v = root.get("global_steps") if isinstance(root, dict) else None
+    return v if type(v) is int and v >= 0 else None
+
+
 def zip_pickle(path: str) -> bytes | None:
     """The data.pkl bytes of a torch zip archive (regular files only, bounded), or None."""
     import struct

@@ -32,6 +32,9 @@ PORTABILITY = {
            "run python -m torch.distributed.checkpoint.format_utils dcp_to_torch DIR OUT.pt",
     "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: run python zero_to_fp32.py CKPT_DIR OUT "
             "(written next to the checkpoint) for a full state dict, then re-shard after loading",
+    "ds-universal": "DeepSpeed universal checkpoint (per-parameter fp32 weights and optimizer state): loads at any "
+                    "data/tensor/pipeline-parallel degree with checkpoint.load_universal: true (the file "
+                    "latest_universal names it)",
     "megatron": "Megatron tensor/pipeline-parallel shards: convert with Megatron-LM tools/checkpoint/convert.py "
                 "(or save with --ckpt-format torch_dist, which re-shards on load) before changing parallelism",
     "orbax": "Orbax/tensorstore arrays: restore on the new mesh with a target sharding (ArrayRestoreArgs); "
@@ -45,7 +48,8 @@ PORTABILITY = {
 ProgressFn = Callable[..., None]
 Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp", "torchtitan", "orbax",
                  "deepspeed", "megatron"]
-Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "megatron", "orbax", "lightning-sharded", "unknown"]
+Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
+                      "lightning-sharded", "unknown"]
 LEVELS = ("quick", "full", "deep")
 
 
@@ -100,12 +104,14 @@ class _Ctx:
             self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
-    def zip(self, path: str, role: dp.Role = "other", flat: bool = False) -> fc.ZipScan:
+    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None) -> fc.ZipScan:
+        """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
+        for DeepSpeed universal checkpoints' per-parameter files)."""
         z = fc.scan_zip(path, self.counter, self.full, self.update)
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
-            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat))
+            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor))
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
@@ -346,6 +352,8 @@ def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
         not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
         is not None and _torchtitan_sibling(found.path))
     out.format = "torchtitan" if titan else "dcp"
+    if titan and ctx.sources and ctx.sources[-1].kind == "dcp":
+        ctx.sources[-1].flat_model = True   # torchtitan flattens the model to the top level
     if titan and not out.resumable:
         reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
         if reason:
@@ -374,8 +382,58 @@ def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
 
 def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
     out = Layout(step=found.step)
-    _check_deepspeed_dir(ctx, found.path, out)
+    if fm.is_ds_universal(found.path):
+        _check_ds_universal(ctx, found.path, out)
+    else:
+        _check_deepspeed_dir(ctx, found.path, out)
     return out
+
+
+UNIVERSAL_STATE = ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")
+
+
+def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
+    """A DeepSpeed universal checkpoint, whole: the model states, zero/optimizer_state.pt, and one folder per
+    parameter (the model states' param_shapes) holding fp32.pt and the same optimizer state files as every
+    other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
+    names = _ls(path)
+    zero = os.path.join(path, "zero")
+    model = [n for n in names if n.endswith("_model_states.pt")]
+    if not model:
+        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
+    expected_params: set[str] = set()
+    for n in model:
+        z = ctx.zip(os.path.join(path, n), "mixed")
+        expected_params |= fl.deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
+        out.step = out.step if out.step is not None else fl.deepspeed_global_steps(z.pickle.root if z.pickle else None)
+    inner = _ls(zero)
+    if "optimizer_state.pt" in inner:
+        ctx.zip(os.path.join(zero, "optimizer_state.pt"))
+    else:
+        ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
+                                                              "zero/optimizer_state.pt)")
+    params = {n: _ls(os.path.join(zero, n)) for n in inner if os.path.isdir(os.path.join(zero, n))}
+    for name in sorted(expected_params - set(params)):
+        ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
+    wanted = _universal_files(params)
+    for name, files in sorted(params.items()):
+        for f in sorted(wanted - set(files)):
+            ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
+                        if f != "fp32.pt" else "fp32 weights of this parameter")
+        for f in sorted(n for n in files if n.endswith(".pt")):
+            ctx.zip(os.path.join(zero, name, f), "optimizer", tensor=f"{name}.{f[:-3]}")
+    out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
+    out.sharded, out.portability = False, "ds-universal"
+    ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
+
+
+def _universal_files(params: dict[str, list[str]]) -> set[str]:
+    """The files every parameter folder must hold: fp32.pt, and each state file any of them has (Adam's two
+    moments together)."""
+    wanted = {"fp32.pt"} | {f for files in params.values() for f in files if f.endswith(".pt")}
+    if wanted & {"exp_avg.pt", "exp_avg_sq.pt"}:
+        wanted |= {"exp_avg.pt", "exp_avg_sq.pt"}
+    return wanted
 
 
 def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
@@ -751,7 +809,8 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     that are not on disk: reported as incomplete."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
-    for tracker, fmt in (("latest", "deepspeed"), ("latest_checkpointed_iteration.txt", "megatron")):
+    for tracker, fmt in (("latest", "deepspeed"), ("latest_universal", "deepspeed"),
+                         ("latest_checkpointed_iteration.txt", "megatron")):
         tpath = os.path.join(folder, tracker)
         if not os.path.isfile(tpath):
             continue
@@ -769,7 +828,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
         if not name or "/" in name or name.startswith("."):
             continue
         target = os.path.normpath(os.path.join(folder, name))
-        if target not in present:
+        if target not in present and not os.path.lexists(target):  # (one on disk the user did not name: not ours)
             extra.append(fm.Found(target, fmt, fm.step_from_name(name), True))
     return extra
 
