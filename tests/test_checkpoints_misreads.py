@@ -20,7 +20,6 @@ import pytest
 
 import realruns
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
-from checkpoint_strategy.checkpoints.manifest import verify_checkpoint_manifest, write_checkpoint_manifest
 
 torch = pytest.importorskip("torch")
 LEVELS = ("quick", "full", "deep")
@@ -57,6 +56,17 @@ def test_deep_sees_every_byte_flip_full_sees(deepspeed_zero2_run, lightning_run,
             assert r.status == "invalid", (level, _problems(r))
             assert [(f, k) for f, _r, k in _problems(r)] == [(name, "invalid")]
             assert f"entry '{e}': CRC-32 mismatch" in r.problems[0].reason
+
+
+def test_deep_reads_every_safetensors_byte_once(safetensors_file):
+    """Full's pass over a safetensors file is reading every byte (no checksum in the format); deep's value scan
+    reads them all (the int64 tensor read through, not reduced), so it does not read the file twice."""
+    size = safetensors_file.stat().st_size
+    (hlen,) = struct.unpack("<Q", safetensors_file.read_bytes()[:8])
+    deep = validate_checkpoint(safetensors_file, level="deep")
+    full = validate_checkpoint(safetensors_file, level="full")
+    assert deep.deep.bytes_scanned == size - 8 - hlen
+    assert size <= deep.bytes_read < full.bytes_read + 8 + hlen < 2 * size
 
 
 # --------------------------------------------------------------------------- 2. ZeRO-2 optimizer shards
@@ -226,6 +236,8 @@ def _flip_in_dcp_data(folder: Path) -> None:
 
 def test_dcp_and_orbax_data_flips_are_said_unseen_and_the_manifest_sees_them(dcp_checkpoint, copy_of, tmp_path,
                                                                             cli_run):
+    from checkpoint_strategy.checkpoints.manifest import verify_checkpoint_manifest, write_checkpoint_manifest
+
     ocp = pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra")
     dcp = copy_of(dcp_checkpoint)
     orbax = realruns.run_orbax_with_options(tmp_path / "o", ocp.CheckpointManagerOptions(

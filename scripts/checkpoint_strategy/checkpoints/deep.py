@@ -110,9 +110,10 @@ def _safetensors_jobs(src: Source) -> tuple[list[ts.Job], str | None]:
     for name, info in header.items():
         if name == "__metadata__" or not isinstance(info, dict):
             continue
-        begin = info["data_offsets"][0]
-        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), ts.safetensors_dtype(info["dtype"]),
-                           8 + hlen + begin, tuple(info["shape"])))
+        begin, end = info["data_offsets"][0], info["data_offsets"][1]
+        dtype = ts.safetensors_dtype(info["dtype"])
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, 8 + hlen + begin,
+                           tuple(info["shape"]), nbytes=0 if dtype in ts.FLOAT_DTYPES else end - begin))
     return jobs, None
 
 

@@ -79,6 +79,8 @@ class Job:
     scalar_value: bool = False
     span: int = 0                   # strided views: elements from the first to the last one
     count_negative: bool = False    # count values below zero (second moments: never negative)
+    nbytes: int = 0                 # a non-float tensor's bytes, read through (not reduced) when set: the deep
+    #                                 pass then reads every byte of a safetensors file, as full does
 
 
 @dataclass
@@ -376,6 +378,21 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
     return total
 
 
+def _touch(mapper: _Mapper, offset: int, nbytes: int) -> int:
+    """Read `nbytes` from `offset` (window by window; an unreadable byte raises OSError): returns nbytes."""
+    import numpy as np
+
+    pos = 0
+    while pos < nbytes:
+        count = min(WINDOW // 2, nbytes - pos)
+        mm, off = mapper.view(offset + pos, count)
+        arr = np.frombuffer(mm, dtype=np.uint8, count=count, offset=off)
+        arr.max()
+        del arr
+        pos += count
+    return nbytes
+
+
 def _int_scalar(mapper: _Mapper, job: Job) -> float:
     """The value of a one-element integer tensor (e.g. an optimizer's int64 `step`)."""
     import numpy as np
@@ -417,13 +434,14 @@ def _scan_file(path: str, jobs: list[Job], want_max: bool, kern: Any = None) -> 
         for job in sorted(jobs, key=lambda j: j.offset):
             st = Stat(job.rel, job.name, job.role, job.dtype, tuple(job.shape), _prod(job.shape))
             stats.append(st)
-            if job.dtype not in FLOAT_DTYPES:
+            try:
+                if job.dtype in FLOAT_DTYPES:
+                    scanned += _scan_job(mapper, red, job, st)
+                    continue
                 st.note = f"{job.dtype}: not a float, skipped"
                 if job.scalar_value and job.dtype in _INT_ITEM and st.numel == 1:
                     st.value = _int_scalar(mapper, job)   # an integer step counter
-                continue
-            try:
-                scanned += _scan_job(mapper, red, job, st)
+                scanned += _touch(mapper, job.offset, job.nbytes)
             except (ValueError, OSError) as exc:
                 return stats, scanned, f"tensor {job.name}: {exc}"
     finally:
