@@ -155,6 +155,29 @@ def test_universal_checkpoint_damage_is_seen_at_every_level(deepspeed_zero2_run,
         assert all(c.status == "valid" for c in report.checkpoints if not c.path.endswith("_universal"))
 
 
+def test_universal_checkpoint_hostile_folders(deepspeed_zero2_run, tmp_path):
+    """A parameter folder linked to outside is not read; a FIFO for fp32.pt is named; an extra folder with a
+    newline and a '|' in its name is a note that cannot forge a report line."""
+    from checkpoint_strategy.render import render
+
+    uni = tmp_path / "global_step6_universal"
+    shutil.copytree(deepspeed_zero2_run / "global_step6_universal", uni)
+    outside = tmp_path / "outside"
+    shutil.copytree(uni / "zero" / "0.bias", outside)
+    (uni / "zero" / "evil").symlink_to(outside)
+    shutil.copytree(uni / "zero" / "0.bias", uni / "zero" / "new\nline|x")
+    os.remove(uni / "zero" / "2.bias" / "fp32.pt")
+    os.mkfifo(uni / "zero" / "2.bias" / "fp32.pt")
+    for level in LEVELS:
+        r = validate_checkpoint(uni, level=level)
+        assert r.status == "invalid"
+        assert [p.file for p in r.problems] == ["zero/evil", "zero/2.bias/fp32.pt"], (level, _problems(r))
+        assert "outside the checkpoint" in r.problems[0].reason and "FIFO" in r.problems[1].reason
+        assert r.files_checked < 30 and any("do not list" in n for n in r.notes)
+    text = render(validate_paths([str(uni)]), "text")
+    assert not any(line.startswith("line|x") for line in text.splitlines())
+
+
 def test_universal_checkpoint_negative_second_moment_is_named(deepspeed_zero2_run, tmp_path):
     uni = tmp_path / "global_step6_universal"
     shutil.copytree(deepspeed_zero2_run / "global_step6_universal", uni)

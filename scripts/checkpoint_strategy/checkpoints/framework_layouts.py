@@ -112,7 +112,9 @@ def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # 
 
 
 def deepspeed_param_names(root: object) -> set[str]:
-    """Parameter names in DeepSpeed model states (param_shapes: a list of {name: torch.Size}, read as data)."""
+    """Trainable parameter names in DeepSpeed model states (param_shapes: a list of {name: torch.Size}, read as
+    data). Frozen parameters (frozen_param_shapes) are not among them: ds_to_universal writes no zero/ folder
+    for them."""
     shapes = root.get("param_shapes") if isinstance(root, dict) else None
     groups = shapes if isinstance(shapes, list) else [shapes]
     return {k for g in groups if isinstance(g, dict) for k in g if isinstance(k, str)}

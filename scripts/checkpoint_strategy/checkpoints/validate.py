@@ -414,7 +414,7 @@ def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
     else:
         ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
                                                               "zero/optimizer_state.pt)")
-    params = {n: _ls(os.path.join(zero, n)) for n in inner if os.path.isdir(os.path.join(zero, n))}
+    params = _universal_params(ctx, path, zero, inner)
     for name in sorted(expected_params - set(params)):
         ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
     wanted = _universal_files(params)
@@ -423,10 +423,32 @@ def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
             ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
                         if f != "fp32.pt" else "fp32 weights of this parameter")
         for f in sorted(n for n in files if n.endswith(".pt")):
-            ctx.zip(os.path.join(zero, name, f), "optimizer", tensor=f"{name}.{f[:-3]}")
+            p = os.path.join(zero, name, f)
+            if storage.inside(p, path):
+                ctx.zip(p, "optimizer", tensor=f"{name}.{f[:-3]}")
+            else:
+                ctx.bad(p, "a symbolic link to outside the checkpoint folder: not read")
     out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
     out.sharded, out.portability = False, "ds-universal"
     ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
+    if expected_params and set(params) - expected_params:
+        extra = sorted(set(params) - expected_params)
+        ctx.counter.notes.append(f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
+                                 f"(first: {extra[0]}): left from another model?")
+
+
+def _universal_params(ctx: _Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
+    """Parameter folder -> its file names; a folder linked to outside the checkpoint is a problem, not read."""
+    params: dict[str, list[str]] = {}
+    for n in inner:
+        folder = os.path.join(zero, n)
+        if not os.path.isdir(folder):
+            continue
+        if not storage.inside(folder, path):
+            ctx.bad(folder, "a symbolic link to outside the checkpoint folder: not read")
+            continue
+        params[n] = _ls(folder)
+    return params
 
 
 def _universal_files(params: dict[str, list[str]]) -> set[str]:
