@@ -103,6 +103,22 @@ def test_last_valid_checkpoint_at_deep_picks_the_resumable_zero2_save(deepspeed_
     assert picked == str(root / "global_step3") and validate_checkpoint(picked, level="deep").resumable
 
 
+def test_latest_adds_only_a_missing_target(deepspeed_zero2_run, tmp_path):
+    """`latest` names global_step6: validating global_step3 alone checks global_step3 only, two siblings are
+    listed once each, and a `latest` naming a folder that is gone is still reported incomplete."""
+    one = validate_paths([str(deepspeed_zero2_run / "global_step3")])
+    assert [os.path.basename(c.path) for c in one.checkpoints] == ["global_step3"]
+    both = validate_paths([str(deepspeed_zero2_run / "global_step3"), str(deepspeed_zero2_run / "global_step6")])
+    assert sorted(os.path.basename(c.path) for c in both.checkpoints) == ["global_step3", "global_step6"]
+    root = tmp_path / "ds"
+    root.mkdir()
+    shutil.copytree(deepspeed_zero2_run / "global_step3", root / "global_step3")
+    shutil.copy2(deepspeed_zero2_run / "latest", root / "latest")
+    gone = validate_paths([str(root / "global_step3")])
+    assert [(os.path.basename(c.path), c.status) for c in gone.checkpoints] == \
+        [("global_step3", "valid"), ("global_step6", "incomplete")]
+
+
 # --------------------------------------------------------------------------- 3. DeepSpeed universal checkpoint
 
 def test_universal_checkpoint_is_one_whole_checkpoint(deepspeed_zero2_run):
