@@ -30,7 +30,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # CPU by the real framework, built once per session) and the few that are slow on their own.
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
-                     "dcp_checkpoint", "safetensors_file", "deepspeed_zero2_run"}
+                     "dcp_checkpoint", "safetensors_file", "deepspeed_zero2_run", "fsdp2_run"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
@@ -199,6 +199,12 @@ def deepspeed_zero2_run(tmp_path_factory) -> Path:
     folder = realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds2"), stage=2)
     realruns.build_deepspeed_universal(folder)
     return folder
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory) -> Path:
+    """A plain loop's FSDP2 (2 CPU processes, gloo) DCP saves in step-2/ and step-4/."""
+    return realruns.build_fsdp2_run(tmp_path_factory.mktemp("fsdp2"))
 
 
 @pytest.fixture(scope="session")

@@ -245,6 +245,16 @@ def test_plain_loop_dcp_in_a_step_folder_is_dcp_not_torchtitan(dcp_checkpoint, t
     assert [c.format for c in validate_paths([str(lone_root)]).checkpoints] == ["dcp"]
 
 
+def test_fsdp2_plain_loop_save_is_dcp(fsdp2_run):
+    for level in LEVELS:
+        report = validate_paths([str(fsdp2_run)], level=level)
+        assert [(c.step, c.format, c.status, c.resumable, c.sharded) for c in report.checkpoints] == \
+            [(2, "dcp", "valid", True, True), (4, "dcp", "valid", True, True)], level
+    r = validate_checkpoint(fsdp2_run / "step-4", level="deep")
+    assert r.passes_deep() and r.deep.optimizer.with_moments == r.deep.optimizer.parameters == 4
+    assert sorted(p.name for p in (fsdp2_run / "step-4").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
 # --------------------------------------------------------------------------- 6. Lightning last.ckpt
 
 def test_lightning_last_ckpt_step_comes_from_its_content(tmp_path, cli_run):
