@@ -33,7 +33,7 @@ def families(fmt: str, path: str) -> tuple[str, ...]:
     return fams
 
 
-_MANIFEST = "write a SHA-256 manifest on save (--manifest write) and check it later (--manifest verify)"
+_MANIFEST = "a SHA-256 manifest sees it (--manifest write on save, --manifest verify later)"
 _NAMES = {"zip": "torch zip archives (.pt/.bin/.ckpt)", "safetensors": "safetensors tensor data",
           "dcp": "DCP shard data (.distcp)", "orbax": "Orbax/tensorstore array data"}
 
@@ -41,17 +41,12 @@ _NAMES = {"zip": "torch zip archives (.pt/.bin/.ckpt)", "safetensors": "safetens
 def _line(family: str, level: str) -> str | None:
     """One family at one level: what it cannot see and what would; None when the level sees byte damage."""
     if family == "zip":
-        return None if level != "quick" else (f"{_NAMES[family]}: quick reads headers and sizes only, a flipped "
-                                              "byte inside is not seen; --level full checks the CRC-32 of every "
-                                              "entry")
+        return None if level != "quick" else (f"{_NAMES[family]}: quick reads headers and sizes only, so a flipped "
+                                              "byte is not seen; --level full checks the CRC-32 of every entry")
     if family == "orbax":
-        return (f"{_NAMES[family]}: not decoded at any level (full reads every file, deep cannot check values): "
-                f"a flipped byte is not seen; {_MANIFEST}")
-    deep = " (deep sees it only when it makes a NaN/Inf)" if level == "deep" else \
-        "; deep sees it only when it makes a NaN/Inf"
-    read = "quick reads headers and sizes only" if level == "quick" else "full reads every byte"
-    return (f"{_NAMES[family]}: no checksum in the format, {read}: a flipped byte that leaves a finite value is "
-            f"not seen{deep}; {_MANIFEST}")
+        return f"{_NAMES[family]}: not decoded at any level, so a flipped byte is not seen; {_MANIFEST}"
+    return (f"{_NAMES[family]}: no checksum in the format; a flipped byte that leaves a finite value is not seen at "
+            f"any level (deep sees NaN/Inf); {_MANIFEST}")
 
 
 def blind_spots(found: Iterable[tuple[str, ...]], level: str, manifest: str | None = None) -> list[str]:
