@@ -22,13 +22,20 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 
 def families(fmt: str, path: str) -> tuple[str, ...]:
     """The data families of one checkpoint: its format's, plus DCP shards where a sharded Lightning/NeMo
-    folder or a Megatron torch_dist iteration holds a .metadata."""
+    folder or a Megatron torch_dist iteration holds a .metadata, or an HF Trainer FSDP save its folders."""
     import os
 
     fams = FAMILIES.get(fmt, ())
     if fmt in ("lightning", "nemo", "megatron") and os.path.isdir(path):
         inner = os.path.join(path, "weights") if os.path.isdir(os.path.join(path, "weights")) else path
         if os.path.lexists(os.path.join(inner, ".metadata")):
+            fams = (*fams, "dcp")
+    elif fmt == "hf-trainer" and os.path.isdir(path):   # FSDP saves: pytorch_model_fsdp_0/, optimizer_0/ (DCP)
+        try:
+            names = os.listdir(path)
+        except OSError:
+            names = []
+        if any(n.startswith("pytorch_model_fsdp") for n in names):
             fams = (*fams, "dcp")
     return fams
 
