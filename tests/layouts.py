@@ -105,8 +105,9 @@ def build_torchtitan(root: Path, steps=(10, 20)) -> Path:
     for step in steps:
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(2, 8)).sum().backward()
-        opt.step()
+        for _ in range(step):   # the optimizer's step counter equals train_state.step, as in torchtitan
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
         # torchtitan's keys: the model flattened to the top level, its TrainState under "train_state"
         state = dict(model.state_dict(), optimizer=opt.state_dict(), train_state={"step": torch.tensor(step)})
         dcp.save(state, checkpoint_id=str(base / f"step-{step}"))
