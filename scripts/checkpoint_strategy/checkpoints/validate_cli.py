@@ -14,8 +14,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints; or a URL: "
                              "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, memory://PATH (docs/object-storage.md)")
-    add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32; deep: every tensor "
-                           "value finite, norms, optimizer state whole (moments per parameter, step)")
+    add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32; deep: all of full, "
+                           "every tensor value finite, norms, optimizer state whole (moments per parameter, step)")
     parser.add_argument("--stats", default=None, metavar="FILE.json",
                         help="with --level deep: write per-tensor figures (NaN/Inf counts, L2 norm, max |x|)")
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
@@ -38,6 +38,7 @@ def run(args) -> int:
 
     from checkpoint_strategy import storage
     from checkpoint_strategy.checkpoints.safety import annotate_validation
+    from checkpoint_strategy.recovery import advise
     from checkpoint_strategy.checkpoints.validate import refuse_remote
     from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
 
@@ -46,7 +47,7 @@ def run(args) -> int:
     with storage.local_paths(args.paths, prefetch=args.level == "quick") as paths:
         report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
                                 stats=args.stats)
-        annotate_validation(report, paths, args.log, args.spike_check)
+        annotate_validation(report, paths, args.log, args.spike_check, advise)
         annotate_hardware(report, args.target_gpus, args.log)
         report = storage.unshadow_model(report)
     emit(report, args.format, args.output, inputs=tuple(args.paths))
