@@ -12,6 +12,7 @@ Times are the least of --repeat runs, wall and CPU (process time: steadier on a 
 VmHWM of a child (reset through /proc/self/clear_refs). orjson: the installed version (older than 3.9.15 it
 only parses lines of at most 2 KB and log_history slices that cannot nest: see recovery/records.py).
 Usage: python bench/bench_recover.py [--lines N] [--entries N] [--compact N] [--events N] [--repeat R]
+       [--only jsonl|hf|compact|events]
 """
 
 from __future__ import annotations
@@ -191,6 +192,7 @@ def main() -> int:
     ap.add_argument("--compact", type=int, default=6_000_000)
     ap.add_argument("--events", type=int, default=500_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", choices=("jsonl", "hf", "compact", "events"), help="run one part only")
     args = ap.parse_args()
     oj = _orjson()
     print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs); orjson "
@@ -199,10 +201,14 @@ def main() -> int:
     floor = peak_rss_mb("import checkpoint_strategy.recovery.advice, numpy")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        ok &= bench_jsonl(d, args.lines, args.repeat, floor)
-        ok &= bench_document(d, "2. HF trainer_state.json", build, args.entries, args.repeat, floor)
-        bench_document(d, "3. compact trainer_state.json", build_compact, args.compact, args.repeat, floor)
-        bench_events(d, args.events, args.repeat)
+        if args.only in (None, "jsonl"):
+            ok &= bench_jsonl(d, args.lines, args.repeat, floor)
+        if args.only in (None, "hf"):
+            ok &= bench_document(d, "2. HF trainer_state.json", build, args.entries, args.repeat, floor)
+        if args.only in (None, "compact"):
+            bench_document(d, "3. compact trainer_state.json", build_compact, args.compact, args.repeat, floor)
+        if args.only in (None, "events"):
+            bench_events(d, args.events, args.repeat)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if ok else 1
 
