@@ -192,7 +192,7 @@ LINE_KINDS = st.sampled_from([
 ])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(LINE_KINDS, min_size=1, max_size=40), torn=st.booleans(),
        block=st.integers(1, 200), batch=st.integers(1, 9))
 @example(kinds=['{"step": S, "loss": 2.5}', "NaN"], torn=True, block=3, batch=1)
