@@ -179,7 +179,8 @@ def hf_checkpoint(folder: Path, step: int, history: list[dict]) -> None:
     (folder / "training_args.bin").write_bytes(torch_zip("training_args", Obj(
         "transformers.training_args", "TrainingArguments",
         {"output_dir": "run", "save_steps": 500, "learning_rate": LR, "max_steps": 3000, "seed": 42})))
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 3000, "save_steps": 500,
+                                                           "log_history": history}))
 
 
 def damaged(folder: Path) -> None:

@@ -47,6 +47,9 @@ MORE: dict[str, list[str]] = {
     "release-gate-fail": ["release-gate", "damaged/checkpoint-30"],
     "handoff-json": ["handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json"],
     "on-event-json": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run", "--format", "json"],
+    "validate-target-gpus": ["validate", "run", "--target-gpus", "16"],
+    "export-hf-sharded": ["export", "--framework", "hf", "--framework-version", "4.46", *SIZE, "--formats",
+                          "sharded,full_state_dict"],
 }
 # Longer examples of the reference pages: the golden starts with the command line ("$ ...").
 G2048 = ["100000", "2.5", "500", "--model_size_gb", "4", "--gpus", "2048", "--spike-rate", "0.02"]
