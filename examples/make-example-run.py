@@ -93,29 +93,11 @@ class Pickle:
         self.save(obj)
         return bytes(self.out + b".")
 
-    def save(self, obj) -> None:  # noqa: C901 (one branch per type: clearer as one table)
-        if obj is None:
-            self.out += b"N"
-        elif obj is True or obj is False:
-            self.out += b"\x88" if obj else b"\x89"
-        elif isinstance(obj, int):
-            self.out += b"J" + struct.pack("<i", obj)
-        elif isinstance(obj, float):
-            self.out += b"G" + struct.pack(">d", obj)
-        elif isinstance(obj, str):
-            data = obj.encode()
-            self.out += b"X" + struct.pack("<I", len(data)) + data
-        elif isinstance(obj, (list, tuple)):
-            self.out += b"(" if isinstance(obj, tuple) else b"]("
-            for item in obj:
-                self.save(item)
-            self.out += b"t" if isinstance(obj, tuple) else b"e"
-        elif isinstance(obj, dict):
-            self.out += b"}("
-            for key, value in obj.items():
-                self.save(key)
-                self.save(value)
-            self.out += b"u"
+    def save(self, obj) -> None:
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            self.scalar(obj)
+        elif isinstance(obj, (list, tuple, dict)):
+            self.container(obj)
         elif isinstance(obj, Tensor):
             self.tensor(obj)
         else:
@@ -123,6 +105,31 @@ class Pickle:
             self.out += b")\x81"          # EMPTY_TUPLE NEWOBJ
             self.save(obj.state)
             self.out += b"b"              # BUILD
+
+    def scalar(self, obj) -> None:
+        if obj is None:
+            self.out += b"N"
+        elif isinstance(obj, bool):
+            self.out += b"\x88" if obj else b"\x89"
+        elif isinstance(obj, int):
+            self.out += b"J" + struct.pack("<i", obj)
+        elif isinstance(obj, float):
+            self.out += b"G" + struct.pack(">d", obj)
+        else:
+            self.out += self._str(obj)
+
+    def container(self, obj) -> None:
+        if isinstance(obj, dict):
+            self.out += b"}("
+            for key, value in obj.items():
+                self.save(key)
+                self.save(value)
+            self.out += b"u"
+            return
+        self.out += b"(" if isinstance(obj, tuple) else b"]("
+        for item in obj:
+            self.save(item)
+        self.out += b"t" if isinstance(obj, tuple) else b"e"
 
     def tensor(self, t: Tensor) -> None:
         key = str(len(self.storages))

@@ -439,7 +439,7 @@ def test_verify_resume_points_at_the_resumed_runs_log_not_the_old_one(tmp_path, 
     old = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
     resumed = [r for r in old if r["step"] <= 2000] + [
         {"step": s, "loss": r["loss"], "learning_rate": r["learning_rate"]}
-        for s, r in zip(range(2010, 2501, 10), [r for r in old if 1510 <= r["step"] <= 2000])]
+        for s, r in zip(range(2010, 2501, 10), [r for r in old if 1510 <= r["step"] <= 2000], strict=True)]
     (tmp_path / "run" / "checkpoint-2500" / "trainer_state.json").write_text(
         json.dumps({"global_step": 2500, "log_history": resumed}))
     rep = cli_run("verify-resume", *args, "--format", "json").json()
