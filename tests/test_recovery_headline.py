@@ -81,8 +81,10 @@ def test_a_spike_coming_down_too_slowly_is_rolled_back_without_saying_recovering
 
 def test_held_in_spike_run_rolls_back_and_names_verify_resume(hf_run, cli_run):
     text, rep = recover(cli_run, str(hf_run.output_dir))
-    assert rep["status"] == "rollback"
+    # the case: the loss is shrinking back ("recovering"), too slowly, so the decision is roll back
+    assert (rep["status"], rep["verdict"]) == ("rollback", "recovering")
     check_headline(text, rep)
+    assert rep["verdict_detail"].startswith("coming down: ") and "after the wait window" in rep["verdict_detail"]
     # an HF log: the resumed run's log is the trainer_state.json of its first new checkpoint, not this one
     assert "trainer_state.json of the first checkpoint the resumed run saves" in rep["actions"][-1]
 
