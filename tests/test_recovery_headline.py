@@ -48,10 +48,15 @@ def check_headline(text: str, rep: dict) -> None:
 
 
 def recover(cli_run, *args) -> tuple[str, dict]:
-    text = cli_run("recover", *args)
+    """(the text report, the JSON report) of one recover run: the text is rendered from the same report, as
+    the command renders it (one run instead of two keeps the corpus sweep in the fast loop)."""
+    from checkpoint_strategy.recovery.models import RecoveryReport
+    from checkpoint_strategy.render import render
+
     data = cli_run("recover", *args, "--format", "json")
-    assert text.rc == 0 and text.err == "", text.err
-    return text.out, data.json()
+    assert data.rc == 0 and data.err == "", data.err
+    rep = data.json()
+    return render(RecoveryReport.model_validate(rep), "text"), rep
 
 
 @pytest.mark.parametrize("entry", LOGS, ids=[e["file"] for e in LOGS])
@@ -84,6 +89,7 @@ def test_held_in_spike_run_rolls_back_and_names_verify_resume(hf_run, cli_run):
     # the issue's case: the loss is shrinking back ("recovering"), too slowly, so the decision is roll back
     assert (rep["status"], rep["verdict"]) == ("rollback", "recovering")
     check_headline(text, rep)
+    assert cli_run("recover", str(hf_run.output_dir)).out == text      # what the command itself prints
     assert rep["verdict_detail"].startswith("coming down: ") and "after the wait window" in rep["verdict_detail"]
     # an HF log: the resumed run's log is the trainer_state.json of its first new checkpoint, not this one
     assert "trainer_state.json of the first checkpoint the resumed run saves" in rep["actions"][-1]
