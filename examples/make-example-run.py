@@ -218,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build the README's example run (tiny, deterministic).")
     parser.add_argument("folder", nargs="?", default="example-run", help="where to write it (default example-run)")
     args = parser.parse_args(argv)
-    build(Path(args.folder))
+    try:
+        build(Path(args.folder))
+    except OSError as exc:
+        print(f"make-example-run: error: cannot write {args.folder}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"wrote {args.folder}/: train.jsonl, resumed.jsonl, events.json, run/ (4 checkpoints), damaged/")
     return 0
 

@@ -291,3 +291,55 @@ def test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo(tmp_path):
         out = out.replace(launcher, 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
         assert normalise(out, cwd) == (GOLDEN / "examples" / f"{name}.txt").read_text(encoding="utf-8"), \
             f"README example {line!r} in a fresh copy differs from its golden examples/{name}.txt"
+
+
+# --------------------------------------------------------------------------- the sample builder itself
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_sample_is_the_same_bytes_every_time_and_small(tmp_path):
+    build_inputs(tmp_path / "a")
+    build_inputs(tmp_path / "b")
+    a = _tree(tmp_path / "a")
+    assert a == _tree(tmp_path / "b")
+    assert sum(len(v) for v in a.values()) < 150_000
+    names = {Path(k).name for k in a if k.startswith("run/checkpoint-2000/")}
+    assert names == {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+                     "training_args.bin", "trainer_state.json"}
+
+
+def test_sample_pickles_are_what_torch_load_reads(tmp_path, cli_run):
+    """The hand-written torch zip archives: torch.load(weights_only=True) reads the optimizer, scheduler and RNG
+    state (the Adam moments are the values the deep check reads), and refuses training_args.bin, as it refuses
+    the Trainer's own (a pickled TrainingArguments)."""
+    torch = pytest.importorskip("torch")
+    build_inputs(tmp_path)
+    ckpt = tmp_path / "run" / "checkpoint-2000"
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert set(opt["state"][0]) == {"step", "exp_avg", "exp_avg_sq"} and opt["param_groups"][0]["params"] == [0]
+    assert float(opt["state"][0]["step"]) == 2000.0 and opt["state"][0]["exp_avg"].shape == (4,)
+    assert torch.load(ckpt / "scheduler.pt", weights_only=True)["last_epoch"] == 2000
+    assert torch.load(ckpt / "rng_state.pth", weights_only=True)["cpu"].dtype == torch.uint8
+    with pytest.raises(Exception, match="TrainingArguments"):
+        torch.load(ckpt / "training_args.bin", weights_only=True)
+    deep = cli_run("validate", str(ckpt), "--level", "deep", "--format", "json").json()["checkpoints"][0]
+    assert deep["status"] == "valid" and deep["deep"]["optimizer"]["kind"] == "adam"
+    from safetensors.torch import load_file
+
+    weights = load_file(ckpt / "model.safetensors")["w"]
+    assert deep["deep"]["weights_norm"] == pytest.approx(float(torch.linalg.vector_norm(weights)), rel=1e-6)
+
+
+def test_sample_builder_bad_target_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    (tmp_path / "a-file").write_text("x")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "make-example-run.py"), str(tmp_path / "a-file")],
+                          capture_output=True, text=True, timeout=60, env=checkout_env())
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -107,3 +107,16 @@ def test_held_in_run_mid_spike_says_wait_once(hf_run_self_recovering, cli_run):
     text, rep = recover(cli_run, str(hf_run_self_recovering.output_dir / "checkpoint-130" / "trainer_state.json"))
     assert rep["status"] == "wait"
     check_headline(text, rep)
+
+
+@pytest.mark.parametrize("log, fmt, words", [
+    ("run/checkpoint-300/trainer_state.json", "hf", "trainer_state.json of the first checkpoint the resumed run saves"),
+    ("logs/version_0", "tensorboard", "the resumed run's TensorBoard folder"),
+    ("metrics.csv", "csv", "the resumed run's log; metrics.csv again if the resumed run appends to it"),
+])
+def test_the_resumed_log_is_named_per_log_kind(log, fmt, words):
+    from checkpoint_strategy.recovery.complete import verify_resume_action
+
+    line = verify_resume_action(log, fmt, 250)
+    assert " verify-resume RESUMED_LOG --resume-step 250 " in line and words in line
+    assert log not in line.split("(RESUMED_LOG")[0]    # never the old run's log as the command's argument

@@ -57,16 +57,19 @@ def _actions(report: RecoveryReport) -> list[str]:
     if resume.path:
         out.extend(_rollback_actions(report, resume.path))
     if report.status == "rollback":
-        out.append(verify_resume_action(report.log.path, resume.step))
+        out.append(verify_resume_action(report.log.path, report.log.format, resume.step))
     return out
 
 
-def verify_resume_action(log: str, step: int) -> str:
+def verify_resume_action(log: str, log_format: str, step: int) -> str:
     """The step after a rollback: check the resume kept the optimizer state, on the *resumed* run's log."""
-    hf = os.path.basename(log) == "trainer_state.json" or os.path.isdir(log)
-    where = ("the trainer_state.json of the first checkpoint the resumed run saves (not this run's: it stops "
-             "before the resume)" if hf else
-             f"the resumed run's log; {os.path.basename(log)} again if the resumed run appends to it")
+    if log_format == "hf":
+        where = ("the trainer_state.json of the first checkpoint the resumed run saves (not this run's: it stops "
+                 "before the resume)")
+    elif log_format == "tensorboard":
+        where = "the resumed run's TensorBoard folder (the folder of the events file it writes)"
+    else:
+        where = f"the resumed run's log; {os.path.basename(log)} again if the resumed run appends to it"
     return (f"after resuming and logging a few steps: {runfacts.launcher()} verify-resume RESUMED_LOG "
             f"--resume-step {step}   (RESUMED_LOG: {where})")
 
