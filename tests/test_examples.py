@@ -5,6 +5,9 @@
   event) in a temporary folder and compares the output with ``tests/golden/examples/<name>.txt``. Volatile
   fields are normalised first: the temporary folder reads ``/data``, elapsed times ``(0.01 s)``,
   timestamps ``2026-01-01T00:00:00Z``.
+- ``test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo`` (slow set): the same, as a new user
+  runs them: in a copy of what git ships, the README's own lines (the sample builder, then each
+  ``checkpoint-strategy ...`` line through the copy's launcher), compared with the same golden files.
 - ``test_pasted_blocks_match_their_golden``: every fenced block right after a marker
   ``<!-- golden: NAME [lines=A-B] -->`` in README.md or docs/*.md equals that golden file (or
   lines A-B of it).
@@ -265,6 +268,8 @@ def _run_line(line: str, cwd: Path, copy: Path) -> tuple[Path, str]:
             continue
         program = {"python3": [sys.executable],
                    "checkpoint-strategy": [sys.executable, str(copy / "scripts" / "checkpoint-strategy")]}
+        if argv[:3] == ["python3", "-m", "checkpoint_strategy"]:   # the installed package: this copy's
+            argv = ["checkpoint-strategy", *argv[3:]]
         assert argv[0] in program, f"README command the test cannot run as written: {line}"
         proc = subprocess.run(program[argv[0]] + argv[1:], cwd=cwd, capture_output=True, text=True, timeout=300,
                               env=checkout_env(PYTHONPATH=str(copy / "scripts")))
@@ -273,15 +278,23 @@ def _run_line(line: str, cwd: Path, copy: Path) -> tuple[Path, str]:
     return cwd, out
 
 
+QUICK_START = "python3 -m pip install -e . && python3 -m checkpoint_strategy "
+
+
 def test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo(tmp_path):
-    """Only what the repository ships (git ls-files), no test fixture: the README's setup line builds the
-    sample, then every example runs as written and prints its golden output."""
+    """Only what the repository ships (git ls-files), no test fixture: the quick start's plan (after its
+    `pip install`, which the test environment has done) prints the plan golden; the README's setup line builds
+    the sample, then every example runs as written and prints its golden output."""
     import shlex
 
     from cliresult import shipped_copy
 
     copy = shipped_copy(tmp_path / "checkpoint-strategy")
-    setup, examples = readme_examples((copy / "README.md").read_text(encoding="utf-8"))
+    readme = (copy / "README.md").read_text(encoding="utf-8")
+    (quick,) = [line for _, body, _ in fenced_blocks(readme) for line in body if line.startswith(QUICK_START)]
+    _, out = _run_line(quick.split(" && ", 1)[1], copy, copy)
+    assert out == (GOLDEN / "examples" / "plan.txt").read_text(encoding="utf-8"), "the quick start's plan changed"
+    setup, examples = readme_examples(readme)
     cwd = copy
     for line in setup:
         cwd, _ = _run_line(line, cwd, copy)
