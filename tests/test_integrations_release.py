@@ -176,6 +176,8 @@ def test_pickled_weights_excluded_only_when_safetensors_are_there(tmp_path):
         "global_step10/zero_pp_rank_0_mp_rank_00.pt"]
     excluded, keep = release_split(["pytorch_model.bin", "config.json", "scheduler.pt"])
     assert keep == ["config.json", "pytorch_model.bin"] and [e.file for e in excluded] == ["scheduler.pt"]
+    excluded, keep = release_split(["epoch=0-step=10.ckpt"])     # a Lightning checkpoint: never a release file
+    assert keep == [] and "optimizer and loop state" in excluded[0].reason
 
 
 def test_the_sample_run_checkpoint_names_its_release_set(tmp_path, cli_run, monkeypatch):

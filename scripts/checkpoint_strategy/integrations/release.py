@@ -105,6 +105,8 @@ _TRAINING_STATE = (
     (re.compile(r"^trainer_state\.json$"), "the Trainer's log and step counter (JSON): training state, not the model"),
     (re.compile(r"^(latest|zero_to_fp32\.py)$"), "DeepSpeed's resume tag / conversion script: training tooling"),
     (re.compile(r".*\.distcp$|^\.metadata$"), "sharded training state (torch.distributed.checkpoint)"),
+    (re.compile(r".*\.ckpt$"), "Lightning checkpoint: a pickle holding the optimizer and loop state too; release "
+                               "the weights as safetensors"),
 )
 _PICKLE = re.compile(r"\.(bin|pt|pth|ckpt|pkl|pickle)$")
 _STATE_DIRS = re.compile(r"^(optimizer|global_step\d*|rng|scheduler)")
