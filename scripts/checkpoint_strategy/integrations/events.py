@@ -290,10 +290,13 @@ def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None
             f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
 
 
-def verify_resume_command(log: Optional[str] = None) -> str:
+def verify_resume_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
+    """verify-resume needs the step resumed from (the event does not know it: RESUME_STEP); with the checkpoint
+    folder it also compares the optimizer's step counter with the training step (a reset optimizer)."""
     from checkpoint_strategy.checkpoints.runfacts import launcher
 
-    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
+    ck = f" --checkpoints {shlex.quote(checkpoints)}" if checkpoints else ""
+    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'} --resume-step RESUME_STEP{ck}"
 
 
 def _at(event: StabilityEvent) -> str:
@@ -335,7 +338,7 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
         return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=False,
                         reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
                                "began right after a resume, check that the optimizer state was restored",
-                        next_command=verify_resume_command(log))
+                        next_command=verify_resume_command(log, checkpoints))
     if ev.value is not None and not math.isfinite(ev.value):
         what = "loss" if kind == "LOSS_SPIKE" else "gradient norm"
         return Decision(event=kind, step=ev.step, trigger=EVENT_TRIGGER[kind], decision="none",
