@@ -294,10 +294,13 @@ def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None
             f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
 
 
-def verify_resume_command(log: Optional[str] = None) -> str:
+def verify_resume_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
+    """verify-resume needs the step resumed from (the event does not know it: RESUME_STEP); with the checkpoint
+    folder it also compares the optimizer's step counter with the training step (a reset optimizer)."""
     from checkpoint_strategy.checkpoints.runfacts import launcher
 
-    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
+    ck = f" --checkpoints {shlex.quote(checkpoints)}" if checkpoints else ""
+    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'} --resume-step RESUME_STEP{ck}"
 
 
 def _at(event: StabilityEvent) -> str:
@@ -346,7 +349,7 @@ class _Commands:
     @property
     def verify(self) -> str:
         if self._verify is None:
-            self._verify = verify_resume_command(self.log)
+            self._verify = verify_resume_command(self.log, self.checkpoints)
         return self._verify
 
 
