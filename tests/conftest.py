@@ -32,7 +32,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
                      "dcp_checkpoint", "dcp_sharded", "safetensors_file", "loop_resumes", "lightning_resumes",
-                     "deepspeed_resumes", "hf_world_change"}
+                     "deepspeed_resumes", "hf_world_change", "deepspeed_zero2_run", "fsdp2_run"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
@@ -40,11 +40,17 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
+    # the fast paths' hostile inputs: a 64 MB line, children parsing 200 000-deep nesting, torch.save archives
+    "test_a_64_mb_line_and_nesting_past_the_recursion_limit", "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
+    "test_real_archives_read_the_same_from_memory", "test_damaged_archives_give_the_same_findings_from_memory",
+    "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",   # ~12 subprocesses in a copy of the repo
+    "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",   # imports transformers
+    "test_sample_pickles_are_what_torch_load_reads",   # imports torch
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_callbacks_multiproc",
-                "test_callbacks_logging"}
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads",
+                "test_callbacks_multiproc", "test_callbacks_logging"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -224,6 +230,23 @@ def deepspeed_resumes(tmp_path_factory) -> resumeruns.Resumes:
 def hf_world_change(tmp_path_factory) -> Path:
     """HF Trainer under torchrun, 2 gloo processes to checkpoint-4, resumed by 1 process to checkpoint-6."""
     return _built(tmp_path_factory, "hf-world", resumeruns.build_hf_world_change)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_zero2_run(tmp_path_factory) -> Path:
+    """A real DeepSpeed ZeRO-2 CPU save (global_step3/, global_step6/, latest) plus DeepSpeed's ds_to_universal
+    conversion of global_step6 (global_step6_universal/, latest_universal); needs the frameworks extra."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+                                            "deepspeed (or pip install -e '.[test,frameworks]')")
+    folder = realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds2"), stage=2)
+    realruns.build_deepspeed_universal(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory) -> Path:
+    """A plain loop's FSDP2 (2 CPU processes, gloo) DCP saves in step-2/ and step-4/."""
+    return realruns.build_fsdp2_run(tmp_path_factory.mktemp("fsdp2"))
 
 
 @pytest.fixture(scope="session")
