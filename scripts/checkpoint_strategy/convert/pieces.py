@@ -50,10 +50,9 @@ class Tensor:
 
     def alias_key(self) -> tuple | None:
         """Same bytes of the same file with the same dtype and shape: a tied weight."""
-        if len(self.pieces) != 1:
+        if not self.pieces:
             return None
-        p = self.pieces[0]
-        return (p.path, p.src, p.nbytes, self.dtype, self.shape)
+        return (tuple((p.path, p.src, p.dst, p.nbytes) for p in self.pieces), self.dtype, self.shape)
 
     def check_tiling(self) -> None:
         """The pieces cover the tensor exactly once, in destination order (raises UsageError)."""
