@@ -27,6 +27,10 @@ from checkpoint_strategy.convert.pieces import without_unsupported
 from checkpoint_strategy.errors import UsageError
 
 DEFAULT_SHARD = 5 * 10**9
+#: the files next to Hugging Face weights that from_pretrained / AutoTokenizer read: copied with safetensors
+HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
+                 "tokenizer.model", "chat_template.jinja", "preprocessor_config.json")
 TEXT_ROWS = 40
 
 
@@ -250,6 +254,21 @@ def _write(target: str, tmp: str, name: str, sel: Selection, max_shard: int, fil
         raise UsageError(f"cannot write {target}: {exc}") from None
 
 
+def _copy_side_files(src: str, tmp: str) -> list[tuple[str, int]]:
+    """config.json and the tokenizer files of a Hugging Face folder, so DST loads with from_pretrained."""
+    from checkpoint_strategy.atomic import write_temp
+    from checkpoint_strategy.storage import is_regular, read_bytes
+
+    out = []
+    for n in HF_SIDE_FILES:
+        path = os.path.join(src, n)
+        if is_regular(path) and not os.path.islink(path):
+            data = read_bytes(path, "model side file", limit=256 << 20)
+            os.replace(write_temp(os.path.join(tmp, n), data), os.path.join(tmp, n))
+            out.append((n, len(data)))
+    return out
+
+
 def _place(tmp: str, written_path: str, dst: str, target: str) -> None:
     from checkpoint_strategy.atomic import fsync_dir
 
@@ -287,6 +306,8 @@ def convert(src: str, dst: str, target: str, max_shard: int = DEFAULT_SHARD, key
     try:
         with Files() as files:
             written, back = _write(target, tmp, name, sel, max_shard, files)
+            if target == "safetensors" and os.path.isdir(src):
+                written.files += _copy_side_files(src, tmp)
             dst_loaded = _readback(back, target)
             check = compare(sel, written.sha256, dst_loaded, select(dst_loaded, target, None, True), files)
         if check.ok:
