@@ -38,9 +38,10 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
+    "test_full_to_dcp_and_back_through_torch_equal", "test_full_disk_exit_2_nothing_left",
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels"}
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_convert_frameworks"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -356,3 +356,17 @@ def test_module_never_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=checkout_env(),
                          timeout=60)
     assert out.stdout.split() == ["False", "False"], out.stderr
+
+
+@pytest.mark.parametrize("text, value", [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 << 30),
+                                         ("1.5kb", 1500), ("4096", 4096), ("10 MiB", 10 << 20)])
+def test_max_shard_size_spellings(text, value):
+    from checkpoint_strategy.cli_options import byte_size
+
+    assert byte_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["0", "0.1", "5 GB GB", "-1GB", "1e3", "99999999999EB"])
+def test_bad_max_shard_size_exit_2_with_one_line(cli_run, text, tmp_path):
+    cli_run("convert", tmp_path, tmp_path / "x", "--to", "safetensors", "--max-shard-size", text).usage_error(
+        "--max-shard-size")

@@ -167,6 +167,8 @@ class HardwareMove(_Model):
     keep_constant: list[str]
     set_on_target: list[str] = Field(default_factory=list)
     changes: list[str]
+    convert: Optional[str] = Field(None, description="the exact checkpoint-strategy convert command for this layout "
+                                                     "(docs/convert.md); null when none applies")
 
 
 class ValidationReport(_Model):

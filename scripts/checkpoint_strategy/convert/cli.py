@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
+from checkpoint_strategy.cli_options import add_report_options, byte_size
 
 HELP = "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.convert.writers import parse_size
     from checkpoint_strategy.storage import path_arg
 
     parser.add_argument("src", metavar="SRC", type=path_arg,
@@ -22,7 +21,7 @@ def add_arguments(parser) -> None:
                         help="safetensors: the weights, sharded as Hugging Face publishes them; full: one torch.save "
                              "archive of the whole state (weights and optimizer); dcp: a torch.distributed.checkpoint "
                              "folder any world size loads")
-    parser.add_argument("--max-shard-size", type=parse_size, default=None, metavar="SIZE",
+    parser.add_argument("--max-shard-size", type=byte_size, default=None, metavar="SIZE",
                         help="safetensors shard size, e.g. 5GB (the default, as Hugging Face), 500MB, 2GiB")
     parser.add_argument("--key", default=None, metavar="KEY",
                         help="the subtree to convert (dotted, e.g. state_dict); default: the weights for "

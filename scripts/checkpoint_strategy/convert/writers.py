@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
@@ -24,7 +23,6 @@ ST_CODE = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF
            "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
            "uint64": "U64", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
            "complex64": "C64"}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.I)
 DCP_MODULE = "torch.distributed.checkpoint.metadata"
 
 
@@ -33,22 +31,6 @@ class Written:
     files: list[tuple[str, int]] = field(default_factory=list)    # (name relative to DST, bytes)
     sha256: dict[int, str] = field(default_factory=dict)          # id(Tensor) -> hash of the bytes written
     bytes: int = 0
-
-
-def parse_size(text: str) -> int:
-    """'5GB' (10**9, as Hugging Face counts), '500MiB' (2**20), '1000000' -> bytes (argparse type)."""
-    import argparse
-
-    m = _SIZE.match(str(text))
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: expected e.g. 5GB, 500MB, 2GiB or a byte count")
-    unit = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}[m.group(2).upper()]
-    if m.group(3):
-        unit = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2).upper()]
-    value = int(float(m.group(1)) * unit)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: the shard size must be at least 1 byte")
-    return value
 
 
 class _Copier:

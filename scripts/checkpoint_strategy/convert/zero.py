@@ -35,7 +35,17 @@ F32 = 4
 
 
 def is_zero_folder(src: str, names: set[str]) -> bool:
-    return any(_OPTIM.match(n) for n in names) or "mp_rank_00_model_states.pt" in names
+    """ZeRO rank files here, or a `latest` file naming a folder that holds them (DeepSpeed's run folder, an HF
+    Trainer checkpoint-N saved under DeepSpeed)."""
+    if any(_OPTIM.match(n) for n in names) or "mp_rank_00_model_states.pt" in names:
+        return True
+    if "latest" not in names:
+        return False
+    try:
+        tag = _step_folder(src)
+        return tag != src and any(_OPTIM.match(n) for n in os.listdir(tag))
+    except (OSError, UsageError):
+        return False
 
 
 class _Flat:
