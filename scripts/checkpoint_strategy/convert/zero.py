@@ -11,7 +11,8 @@ What deepspeed/utils/zero_to_fp32.py does (DeepSpeed 0.19.8), without torch.load
   same way once cut to the fp32 partition's length; ``step`` is one per group.
 - ZeRO-3: each rank's ``fp32_flat_groups`` concatenated per rank; every parameter takes
   ceil(numel / world) elements from each rank's flat vector at the same offset, in ``param_shapes``
-  order, the padding dropped at the end. Its optimizer moments are not consolidated (said in the notes).
+  order, the padding dropped at the end. The moments (the inner optimizer's ``state[i]`` per sub-group,
+  laid out as ``fp32_flat_groups[i]``) consolidate the same way; ``step`` is the first sub-group's.
 - Buffers come from the model states' ``module`` (as saved), ``shared_params`` become tied names.
 
 Every slice is a list of byte ranges of the rank files (`Piece`), so nothing is loaded in memory.
@@ -128,9 +129,7 @@ def read_zero(src: str) -> Loaded:
     if stage <= 2:
         weights, optimizer = _zero12(src, osds, shapes, world, notes)
     else:
-        weights, optimizer = _zero3(src, osds, shapes, world), None
-        notes.append("ZeRO-3 optimizer moments are not consolidated (their partitions follow DeepSpeed's "
-                     "sub-group layout): weights only; keep the ZeRO folder to resume")
+        weights, optimizer = _zero3(src, osds, shapes, world, notes)
     weights += _buffers_and_shared(model, weights, notes)
     tree: dict = {"optimizer": optimizer} if optimizer else {}
     return Loaded(f"deepspeed-zero{stage}", tree, notes=notes, extra_weights=weights)
@@ -252,30 +251,75 @@ def _group_moments(osds: list[dict], parts: list[list[Tensor]], g: int, spans: l
     return out, group
 
 
-def _zero3(src: str, osds: list[dict], shapes: list[dict], world: int) -> list[Tensor]:
-    flats = []
-    for o in osds:
-        flat = _Flat()
-        for t in _tensor_list(o, "fp32_flat_groups", src):
-            flat.add(t)
-        flats.append(flat)
-    weights, offset = [], 0
+def _zero3(src: str, osds: list[dict], shapes: list[dict], world: int, notes: list[str]
+           ) -> tuple[list[Tensor], dict | None]:
+    groups = [_tensor_list(o, "fp32_flat_groups", src) for o in osds]
+    flats = [_flat(g) for g in groups]
+    spans, offset = [], 0
     for group_shapes in shapes:
         for name, shape in group_shapes.items():
             shape = _shape(shape)
-            numel = math.prod(shape)
-            part = math.ceil(numel / world)
-            pieces = []
-            for r in range(world):
-                take = min(part, numel - r * part)
-                if take > 0:
-                    pieces += flats[r].slice(offset, take, dst=r * part * F32)
-            weights.append(Tensor(str(name), "float32", shape, pieces))
-            offset += part
-    if offset * world != flats[0].numel * world:
+            spans.append((str(name), shape, offset, math.prod(shape)))
+            offset += math.ceil(math.prod(shape) / world)
+    if offset != flats[0].numel:
         raise UsageError(f"{src}: the parameters take {offset} values per rank, the fp32 flat groups hold "
                          f"{flats[0].numel}: param_shapes and the partitions do not match")
-    return weights
+    weights = [Tensor(name, "float32", shape, _gather3(flats, start, numel, world)) for name, shape, start, numel in spans]
+    moments = _moments3(osds, groups)
+    if moments is None:
+        notes.append("ZeRO-3 optimizer moments not found in the partitions' optimizer_state_dict: weights only")
+        return weights, None
+    flat_m, step, group = moments
+    state = {}
+    for name, shape, start, numel in spans:
+        entry: dict[str, Any] = {k: Tensor(f"{name}.{k}", "float32", shape, _gather3(flat_m[k], start, numel, world))
+                                 for k in ("exp_avg", "exp_avg_sq")}
+        if step is not None:
+            entry["step"] = step
+        state[name] = entry
+    group["params"] = [name for name, *_ in spans]
+    return weights, {"state": state, "param_groups": [group]}
+
+
+def _flat(tensors: list[Tensor], lengths: list[int] | None = None) -> _Flat:
+    flat = _Flat()
+    for i, t in enumerate(tensors):
+        flat.add(t, lengths[i] if lengths else None)
+    return flat
+
+
+def _gather3(flats: list[_Flat], start: int, numel: int, world: int) -> list:
+    """ZeRO-3: a parameter is ceil(numel / world) values at the same offset of every rank's flat vector."""
+    part = math.ceil(numel / world)
+    pieces = []
+    for r in range(world):
+        take = min(part, numel - r * part)
+        if take > 0:
+            pieces += flats[r].slice(start, take, dst=r * part * F32)
+    return pieces
+
+
+def _moments3(osds: list[dict], groups: list[list[Tensor]]) -> tuple[dict, Any, dict] | None:
+    """Per rank, the inner optimizer's state per sub-group (exp_avg/exp_avg_sq laid out as fp32_flat_groups)."""
+    flats: dict[str, list[_Flat]] = {"exp_avg": [], "exp_avg_sq": []}
+    step: Any = None
+    group: dict = {}
+    for o, mine in zip(osds, groups, strict=True):
+        inner = o.get("optimizer_state_dict")
+        state = inner.get("state") if isinstance(inner, dict) else None
+        if not isinstance(state, dict):
+            return None
+        subs = [state.get(i) for i in range(len(mine))]
+        if not all(isinstance(sg, dict) and all(isinstance(sg.get(k), Tensor) and sg[k].numel == t.numel
+                                                for k in flats) for sg, t in zip(subs, mine, strict=True)):
+            return None
+        for k in flats:
+            flats[k].append(_flat([sg[k] for sg in subs]))  # type: ignore[index]
+        if step is None:
+            step = subs[0].get("step") if subs else None  # type: ignore[union-attr]
+            pg = inner.get("param_groups") if isinstance(inner, dict) else None
+            group = dict(pg[0]) if isinstance(pg, list) and pg and isinstance(pg[0], dict) else {}
+    return flats, step, group
 
 
 def _buffers_and_shared(model: dict, weights: list[Tensor], notes: list[str]) -> list[Tensor]:
