@@ -370,3 +370,63 @@ def test_max_shard_size_spellings(text, value):
 def test_bad_max_shard_size_exit_2_with_one_line(cli_run, text, tmp_path):
     cli_run("convert", tmp_path, tmp_path / "x", "--to", "safetensors", "--max-shard-size", text).usage_error(
         "--max-shard-size")
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fuzzcheck import MUTATE, reached, reaches_core  # noqa: E402
+
+_SOURCES: dict[str, bytes] = {}
+
+
+def _fuzz_source(kind: str) -> bytes:
+    """A real torch.save archive (weights + an AdamW state) or safetensors file, built once per process."""
+    if kind not in _SOURCES:
+        import io
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 6)).sum().backward()
+        opt.step()
+        if kind == "torch":
+            buf = io.BytesIO()
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, buf)
+            _SOURCES[kind] = buf.getvalue()
+        else:
+            from safetensors.torch import save
+
+            _SOURCES[kind] = save(dict(model.state_dict()))
+    return _SOURCES[kind]
+
+
+@reaches_core()
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["torch", "safetensors"]), target=st.sampled_from(["safetensors", "full", "dcp"]),
+       roll=MUTATE, flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 255)), max_size=3),
+       cut=st.integers(0, 10**6))
+def test_fuzz_damaged_sources_convert_whole_or_not_at_all(tmp_path_factory, kind, target, roll, flips, cut):
+    """A real archive, damaged one time in five (byte flips, a cut): exit 0 with a whole, checked DST, or exit 2 with
+    one line and nothing at DST; never 3."""
+    from cliresult import run_captured
+
+    tmp = tmp_path_factory.mktemp("fuzz")
+    data = bytearray(_fuzz_source(kind))
+    if roll[0] >= 16:
+        for at, x in flips:
+            data[at % len(data)] ^= x
+        if roll[0] == 19:
+            data = data[: cut % len(data)]
+    src = tmp / ("m.pt" if kind == "torch" else "m.safetensors")
+    src.write_bytes(bytes(data))
+    dst = tmp / "out"
+    r = run_captured(["convert", str(src), str(dst), "--to", target, "--format", "json"])
+    assert r.rc in (0, 1, 2), r.err
+    if reached(r.rc == 0):
+        report = json.loads(r.out)
+        assert report["check"]["ok"] and report["written"] and dst.exists()
+    else:
+        assert not dst.exists() and _leftovers(tmp) == []
+        if r.rc == 2:
+            assert len(r.err.strip().splitlines()) == 1 and r.out == ""

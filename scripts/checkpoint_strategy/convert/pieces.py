@@ -156,19 +156,24 @@ class Files:
         self.close()
 
 
-def stream(t: Tensor, files: Files, buf: memoryview) -> Iterator[memoryview]:
-    """The tensor's bytes in order, in chunks of at most len(buf) (one reused buffer)."""
+def stream(t: Tensor, files: Files, buf: memoryview | list[memoryview]) -> Iterator[memoryview]:
+    """The tensor's bytes in order, in chunks of at most len(buf): one reused buffer, or several taken in turn
+    (the caller may still be using the previous chunk while the next is read)."""
+    bufs = buf if isinstance(buf, list) else [buf]
+    turn = 0
     for p in t.pieces:
         fh = files.get(p.path)
         fh.seek(p.src)
         left = p.nbytes
         while left:
-            n = fh.readinto(buf[:min(left, len(buf))])  # type: ignore[attr-defined]
+            b = bufs[turn % len(bufs)]
+            turn += 1
+            n = fh.readinto(b[:min(left, len(b))])  # type: ignore[attr-defined]
             if not n:
                 raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
                                  f"{tp.shown(t.name)} needs: truncated")
             left -= n
-            yield buf[:n]
+            yield b[:n]
 
 
 def sha256(t: Tensor, files: Files, buf: memoryview) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, BinaryIO
 
 from checkpoint_strategy.checkpoints import torchpickle as tp
@@ -33,20 +34,41 @@ class Written:
     bytes: int = 0
 
 
+def _hash_and_write(h: Any, chunk: memoryview, write: Any) -> None:
+    h.update(chunk)
+    write(chunk)
+
+
 class _Copier:
-    """Streams tensors into a sink through one buffer, hashing as it goes."""
+    """Streams tensors into a sink, hashing as it goes: the next chunk is read while a second thread hashes and
+    writes the previous one (read, sha256 and write all release the GIL), two buffers taken in turn."""
 
     def __init__(self, files: Files, out: Written) -> None:
         self.files, self.out = files, out
-        self.buf = memoryview(bytearray(CHUNK))
+        self.bufs = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
+        self.pool = _pool()
 
     def copy(self, t: Tensor, write: Any) -> None:
         h = hashlib.sha256()
-        for chunk in stream(t, self.files, self.buf):
-            h.update(chunk)
-            write(chunk)
+        pending = None
+        try:
+            for chunk in stream(t, self.files, self.bufs):
+                if pending is not None:
+                    pending.result()   # its buffer is the one the next read fills
+                pending = self.pool.submit(_hash_and_write, h, chunk, write)
+        finally:
+            if pending is not None:
+                pending.result()
         self.out.sha256[id(t)] = h.hexdigest()
         self.out.bytes += t.nbytes
+
+
+@lru_cache(maxsize=1)
+def _pool() -> Any:
+    """One writer thread for the process (idle between conversions)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write")
 
 
 def _create(path: str) -> BinaryIO:
