@@ -17,8 +17,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cliresult import CLI, checkout_env
+from fuzzcheck import MUTATE, reached, reaches_core
 
 torch = pytest.importorskip("torch")
 
@@ -133,8 +136,8 @@ def test_full_to_dcp_and_back_through_torch_equal(cli_run, tmp_path):
     dcp_to_torch_save(str(tmp_path / "dcp"), str(tmp_path / "back.pt"))
     back = torch.load(tmp_path / "back.pt", weights_only=False)
     assert back["step"] == 7 and back["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
-    for pid, st in opt.state_dict()["state"].items():
-        for k, v in st.items():
+    for pid, entry in opt.state_dict()["state"].items():
+        for k, v in entry.items():
             assert torch.equal(back["optimizer"]["state"][str(pid)][k], v)   # DCP keys are strings
     # and back to one full archive with this tool: torch.load(weights_only=True) reads it
     r = cli_run("convert", tmp_path / "dcp", tmp_path / "again.pt", "--to", "full")
@@ -372,11 +375,6 @@ def test_bad_max_shard_size_exit_2_with_one_line(cli_run, text, tmp_path):
         "--max-shard-size")
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from fuzzcheck import MUTATE, reached, reaches_core  # noqa: E402
-
 _SOURCES: dict[str, bytes] = {}
 
 
@@ -430,3 +428,27 @@ def test_fuzz_damaged_sources_convert_whole_or_not_at_all(tmp_path_factory, kind
         assert not dst.exists() and _leftovers(tmp) == []
         if r.rc == 2:
             assert len(r.err.strip().splitlines()) == 1 and r.out == ""
+
+
+def test_leftover_of_an_interrupted_conversion_is_named_and_never_used(cli_run, small_dcp, tmp_path):
+    """kill -9 mid-write leaves .DST.convert-XXXX (never DST): the next run says so and writes a fresh one."""
+    (tmp_path / ".out.convert-dead1234").mkdir()
+    (tmp_path / ".out.convert-dead1234" / "model.safetensors").write_bytes(b"half")
+    r = cli_run("convert", small_dcp, tmp_path / "out", "--to", "safetensors", "--format", "json")
+    assert r.rc == 0 and any(".out.convert-dead1234" in n and "interrupted" in n for n in r.json()["notes"])
+    assert (tmp_path / "out" / "model.safetensors").stat().st_size > 4
+
+
+def test_fifo_as_dcp_data_file_exit_2_without_blocking(cli_run, small_dcp, tmp_path):
+    os.unlink(small_dcp / "__0_0.distcp")
+    os.mkfifo(small_dcp / "__0_0.distcp")
+    cli_run("convert", small_dcp, tmp_path / "out", "--to", "full").usage_error("FIFO")
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
+def test_key_selects_a_subtree_and_a_missing_key_exit_2(cli_run, small_dcp, tmp_path):
+    r = cli_run("convert", small_dcp, tmp_path / "m.pt", "--to", "full", "--key", "model")
+    assert r.rc == 0, r.err
+    assert list(torch.load(tmp_path / "m.pt", weights_only=True)) == ["w"]
+    cli_run("convert", small_dcp, tmp_path / "x", "--to", "safetensors", "--key", "nope").usage_error(
+        "--key nope: no such entry")

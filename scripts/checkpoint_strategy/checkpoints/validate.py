@@ -29,7 +29,8 @@ PORTABILITY = {
             "(or --to safetensors for the weights) before moving hardware, then re-shard after loading; "
             "validate --target-gpus N names the command for this checkpoint",
     "dcp": "torch.distributed.checkpoint shards: dcp.load re-shards to a new world size; for a full state dict "
-           "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish)",
+           "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish); a file "
+           "dcp_to_torch_save wrote is checked against its shards by convert DIR OUT.pt --check-only",
     "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: checkpoint-strategy convert DIR OUT --to dcp "
             "(fp32 weights + Adam moments, any world size loads it) or --to safetensors (weights), as "
             "zero_to_fp32.py does but checked tensor by tensor; validate --target-gpus N names the command",

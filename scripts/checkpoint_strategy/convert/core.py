@@ -298,10 +298,14 @@ def convert(src: str, dst: str, target: str, max_shard: int = DEFAULT_SHARD, key
         t.check_tiling()
     parent = os.path.dirname(os.path.abspath(dst))
     name = os.path.basename(os.path.abspath(dst))
-    tmp = tempfile.mkdtemp(prefix=f".{name}.convert-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)
+    stale = sorted(n for n in os.listdir(parent) if n.startswith(f".{name}.convert-"))
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{name}.convert-", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+    except OSError as exc:
+        raise _oserror(exc, dst) from None
     placed = False
     try:
         with Files() as files:
@@ -318,7 +322,11 @@ def convert(src: str, dst: str, target: str, max_shard: int = DEFAULT_SHARD, key
     finally:
         if not placed or target == "full":
             shutil.rmtree(tmp, ignore_errors=True)
-    return _report("convert", src, loaded, dst, target, sel, check, placed, written)
+    report = _report("convert", src, loaded, dst, target, sel, check, placed, written)
+    if stale:
+        report.notes.append(f"{', '.join(stale[:3])} next to the destination: left by an interrupted conversion "
+                            "(never renamed into place); remove it")
+    return report
 
 
 def check_only(src: str, dst: str, target: str | None, key: str | None = None) -> ConvertReport:
