@@ -202,6 +202,13 @@ def test_zero_two_ranks_to_full_matches_zero_to_fp32_and_partitions(cli_run, zer
     assert r.rc == 0, r.err
     _equal({k: v.contiguous() for k, v in expected.items()}, _st(tmp_path / "st"))
     assert cli_run("validate", tmp_path / "st", "--level", "deep").rc == 0
+    # zero_to_fp32's own output (views of one flat vector, torch.save'd) checked against the rank files
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
+
+    convert_zero_checkpoint_to_fp32_state_dict(str(zero.parent), str(tmp_path / "ds"), tag=zero.name,
+                                               safe_serialization=False)
+    r = cli_run("convert", zero, tmp_path / "ds" / "pytorch_model.bin", "--check-only", "--format", "json")
+    assert r.rc == 0 and r.json()["check"]["equal"] == len(expected), r.out
 
 
 def test_validate_names_the_convert_command_and_it_runs(cli_run, zero, tmp_path, copy_of):

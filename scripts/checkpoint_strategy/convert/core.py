@@ -334,9 +334,11 @@ def check_only(src: str, dst: str, target: str | None, key: str | None = None) -
     check_paths(src, dst, must_exist=True)
     loaded = load(src)
     dst_loaded = load(dst)
+    flat = isinstance(dst_loaded.tree, dict) and all(isinstance(v, Tensor) for v in dst_loaded.tree.values())
     target = target or ("safetensors" if dst_loaded.fmt == "safetensors" else "dcp" if dst_loaded.fmt == "dcp"
                         else "full")
-    sel = select(loaded, target, key, keep_tied=False)
+    # a flat name -> tensor destination (zero_to_fp32's pytorch_model.bin, safetensors) holds the weights alone
+    sel = select(loaded, "safetensors" if flat else target, key, keep_tied=False)
     for _n, t in sel.items:
         t.check_tiling()
     with Files() as files:
