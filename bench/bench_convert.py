@@ -57,29 +57,35 @@ def build(path: Path, gb: float) -> int:
     return int(out.stdout.strip())
 
 
+CPU: dict[str, float] = {}
+
+
 def run(cmd: list[str], shell: bool = False) -> tuple[float, int]:
-    """(wall seconds, peak RSS in MB) of one process."""
+    """(wall seconds, peak RSS in MB) of one process; its CPU seconds (user + sys) kept in CPU[label]."""
     t = time.perf_counter()
     proc = subprocess.Popen(cmd if not shell else ["/bin/sh", "-c", cmd[0]], env=ENV,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _pid, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t
+    CPU["last"] = usage.ru_utime + usage.ru_stime
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {cmd}: {proc.stderr.read().decode()[-500:] if proc.stderr else ''}")
     return wall, usage.ru_maxrss // 1024
 
 
 def best(label: str, make, clean, repeat: int) -> tuple[float, int]:
-    times, rss = [], 0
+    times, cpus, rss = [], [], 0
     for _ in range(repeat):
         clean()
         os.sync()   # no writeback of an earlier run's pages inside this one
         wall, peak = make()
         times.append(wall)
+        cpus.append(CPU["last"])
         rss = max(rss, peak)
     clean()
-    print(f"  {label:<44} {min(times):7.2f} s  (runs {', '.join(f'{t:.2f}' for t in times)})  peak RSS {rss} MB",
-          flush=True)
+    CPU[label] = min(cpus)
+    print(f"  {label:<44} {min(times):7.2f} s  (runs {', '.join(f'{t:.2f}' for t in times)})  CPU {min(cpus):6.2f} s"
+          f"  peak RSS {rss} MB", flush=True)
     return min(times), rss
 
 
@@ -110,8 +116,11 @@ def main() -> None:
             [*cli, str(src), str(out), "--to", "safetensors"]), clean, args.repeat)
         torch_way, torch_rss = best("torch.load + safetensors save_file", lambda: run(
             [sys.executable, "-c", TORCH_WAY, str(src), str(tmp / "torch.safetensors")]), clean, args.repeat)
-        print(f"convert / (cat + sync): {conv / cat_sync:.2f}x   convert / cat: {conv / cat:.2f}x   "
+        print(f"wall: convert / (cat + sync): {conv / cat_sync:.2f}x   convert / cat: {conv / cat:.2f}x   "
               f"convert / torch way: {conv / torch_way:.2f}x")
+        c_conv, c_cat = CPU["convert --to safetensors (with the check)"], CPU["cat SRC > OUT; sync OUT"]
+        print(f"CPU:  convert / (cat + sync): {c_conv / c_cat:.2f}x   convert / torch way: "
+              f"{c_conv / CPU['torch.load + safetensors save_file']:.2f}x")
         print(f"peak RSS: convert {conv_rss} MB, torch way {torch_rss} MB (checkpoint {nbytes >> 20} MB)")
         subprocess.run([*cli, str(src), str(out), "--to", "safetensors"], env=ENV, check=True,
                        stdout=subprocess.DEVNULL)

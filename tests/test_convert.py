@@ -452,3 +452,18 @@ def test_key_selects_a_subtree_and_a_missing_key_exit_2(cli_run, small_dcp, tmp_
     assert list(torch.load(tmp_path / "m.pt", weights_only=True)) == ["w"]
     cli_run("convert", small_dcp, tmp_path / "x", "--to", "safetensors", "--key", "nope").usage_error(
         "--key nope: no such entry")
+
+
+def test_torchtitan_flat_state_to_safetensors_keeps_the_model_fqns_only(cli_run, torchtitan_layout, tmp_path):
+    """torchtitan saves model FQNs at the top next to optimizer, lr_scheduler, dataloader, train_state."""
+    import torch.distributed.checkpoint as dcp
+
+    r = cli_run("convert", torchtitan_layout / "step-10", tmp_path / "st", "--to", "safetensors", "--format", "json")
+    report = r.json()
+    assert r.rc == 0, r.err
+    got = _load_st(tmp_path / "st")
+    assert sorted(got) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert all(k in report["left_out"][-1] for k in ("optimizer", "lr_scheduler", "dataloader", "train_state"))
+    target = {k: torch.zeros_like(v) for k, v in got.items()}
+    dcp.load(target, checkpoint_id=str(torchtitan_layout / "step-10"))
+    assert all(torch.equal(target[k], got[k]) for k in got)

@@ -32,6 +32,9 @@ HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
                  "tokenizer.model", "chat_template.jinja", "preprocessor_config.json")
 TEXT_ROWS = 40
+#: top-level entries of a flat full state (torchtitan: model FQNs at the top) that are not weights
+NOT_WEIGHTS = ("optimizer", "optimizer_states", "optim", "lr_scheduler", "lr_schedulers", "scheduler",
+               "dataloader", "train_state", "loops", "callbacks", "rng", "rng_state")
 
 
 @dataclass
@@ -109,23 +112,30 @@ def select(loaded: Loaded, target: str, key: str | None, keep_tied: bool) -> Sel
             if not isinstance(tree, dict):
                 raise UsageError(f"--key {key} is not a mapping of names: nothing to write as a state dict")
         return Selection(tree, list(tensors(tree)), {}, key, left)
-    chosen: str | None
-    if loaded.extra_weights:
-        weights: Any = {t.name: t for t in loaded.extra_weights}
-        chosen = "consolidated fp32 weights"
-    else:
-        chosen = key or loaded.weights_key
-        weights = _subtree(loaded.tree, chosen) if chosen else loaded.tree
-        if isinstance(loaded.tree, dict) and chosen:
-            skipped = [str(k) for k in loaded.tree if k != chosen.split(".")[0]]
-            if skipped:
-                left = [f"{', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}: not weights (safetensors "
-                        f"holds tensors only; --to full or --to dcp keeps them)"]
+    weights, chosen, skipped = _weights(loaded, key)
+    left = [f"{name}: {what} (not plain data)" for name, what in unsupported(weights)]
+    if skipped:
+        left.append(f"{', '.join(skipped[:8])}{' ...' if len(skipped) > 8 else ''}: not weights (safetensors holds "
+                    "tensors only; --to full or --to dcp keeps them)")
     items = list(tensors(weights))
     if not items:
         raise UsageError("the source holds no tensors to write as safetensors" + (f" under {chosen}" if chosen else ""))
     flat, tied = _untie(items, keep_tied)
     return Selection(flat, items, tied, chosen, left)
+
+
+def _weights(loaded: Loaded, key: str | None) -> tuple[Any, str | None, list[str]]:
+    """(the weights subtree, what it is called, the top-level entries left out) for safetensors."""
+    if loaded.extra_weights:
+        return {t.name: t for t in loaded.extra_weights}, "consolidated fp32 weights", []
+    chosen = key or loaded.weights_key
+    tree = loaded.tree
+    if not isinstance(tree, dict):
+        return tree, chosen, []
+    if chosen:
+        return _subtree(tree, chosen), chosen, [str(k) for k in tree if k != chosen.split(".")[0]]
+    return ({k: v for k, v in tree.items() if k not in NOT_WEIGHTS}, None,
+            [str(k) for k in tree if k in NOT_WEIGHTS])
 
 
 def _untie(items: list[tuple[str, Tensor]], keep_tied: bool) -> tuple[dict[str, Tensor], dict[str, str]]:
