@@ -467,3 +467,25 @@ def test_torchtitan_flat_state_to_safetensors_keeps_the_model_fqns_only(cli_run,
     target = {k: torch.zeros_like(v) for k, v in got.items()}
     dcp.load(target, checkpoint_id=str(torchtitan_layout / "step-10"))
     assert all(torch.equal(target[k], got[k]) for k in got)
+
+
+def test_kill_9_mid_conversion_never_leaves_a_partial_destination(tmp_path):
+    """SIGKILL at some point of the write: DST is either absent or whole (the rename is the last step)."""
+    import signal
+    import time
+
+    torch.save({f"w{i}": torch.full((4 << 20,), float(i)) for i in range(8)}, tmp_path / "big.pt")   # 128 MB
+    dst = tmp_path / "out"
+    proc = subprocess.Popen([*CLI, "convert", str(tmp_path / "big.pt"), str(dst), "--to", "safetensors"],
+                            env=checkout_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _leftovers(tmp_path) and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    if dst.exists():   # it finished before the kill: then it is whole
+        got = _load_st(dst)
+        assert sorted(got) == [f"w{i}" for i in range(8)]
+    else:
+        assert _leftovers(tmp_path), "killed before it started?"
