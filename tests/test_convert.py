@@ -489,3 +489,8 @@ def test_kill_9_mid_conversion_never_leaves_a_partial_destination(tmp_path):
         assert sorted(got) == [f"w{i}" for i in range(8)]
     else:
         assert _leftovers(tmp_path), "killed before it started?"
+
+
+def test_a_file_name_for_a_folder_target_exit_2(cli_run, small_dcp, tmp_path):
+    cli_run("convert", small_dcp, tmp_path / "w.safetensors", "--to", "safetensors").usage_error("writes a folder")
+    assert not (tmp_path / "w.safetensors").exists()

@@ -13,6 +13,7 @@ half a conversion.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -285,7 +286,12 @@ def _place(tmp: str, written_path: str, dst: str, target: str) -> None:
     if os.path.lexists(dst):
         raise UsageError(f"destination {dst} appeared while converting: left as it is")
     if target == "full":
-        os.link(written_path, dst)   # fails if dst appeared: never replaces
+        try:
+            os.link(written_path, dst)   # fails if dst appeared: never replaces
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise
+            os.rename(written_path, dst)   # a file system without hard links
     else:
         os.rename(tmp, dst)
     fsync_dir(os.path.dirname(os.path.abspath(dst)))
@@ -302,6 +308,9 @@ def _oserror(exc: OSError, dst: str) -> UsageError:
 def convert(src: str, dst: str, target: str, max_shard: int = DEFAULT_SHARD, key: str | None = None,
             keep_tied: bool = False) -> ConvertReport:
     check_paths(src, dst, must_exist=False)
+    if target != "full" and dst.rstrip("/").endswith((".safetensors", ".pt", ".bin", ".pth")):
+        raise UsageError(f"destination {dst}: --to {target} writes a folder (model.safetensors or .metadata inside); "
+                         "name the folder without a file suffix")
     loaded = load(src)
     sel = select(loaded, target, key, keep_tied)
     for _n, t in sel.items:
