@@ -176,6 +176,44 @@ def stream(t: Tensor, files: Files, buf: memoryview | list[memoryview]) -> Itera
             yield b[:n]
 
 
+def fixed(t: Tensor, files: Files, buf: bytearray) -> Iterator[int]:
+    """Fill `buf` with the tensor's next len(buf) bytes (fewer at the end) and yield how many: two tensors with
+    different piece boundaries read in lockstep. Each read seeks first (the two may share a file handle)."""
+    mv = memoryview(buf)
+    filled = 0
+    for p in t.pieces:
+        fh = files.get(p.path)
+        done = 0
+        while done < p.nbytes:
+            fh.seek(p.src + done)
+            n = fh.readinto(mv[filled:filled + min(p.nbytes - done, len(buf) - filled)])  # type: ignore[attr-defined]
+            if not n:
+                raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
+                                 f"{tp.shown(t.name)} needs: truncated")
+            filled += n
+            done += n
+            if filled == len(buf):
+                yield filled
+                filled = 0
+    if filled:
+        yield filled
+
+
+def same_bytes(a: Tensor, b: Tensor, files: Files, bufs: tuple[bytearray, bytearray], h: Any = None) -> bool:
+    """True when the two tensors' bytes are identical (compared chunk by chunk with memcmp); `h` (a hashlib
+    object) gets a's bytes on the way."""
+    x, y = bufs
+    gb = fixed(b, files, y)
+    for n in fixed(a, files, x):
+        if next(gb, 0) != n:
+            return False
+        if h is not None:
+            h.update(memoryview(x)[:n])
+        if (x if n == len(x) else x[:n]) != (y if n == len(y) else y[:n]):
+            return False
+    return next(gb, None) is None
+
+
 def sha256(t: Tensor, files: Files, buf: memoryview) -> str:
     h = hashlib.sha256()
     for chunk in stream(t, files, buf):
