@@ -8,10 +8,11 @@ process, against baselines measured in the same run on a warm page cache:
   writes) and plain ``cat SRC > OUT`` (no fsync);
 - what a user runs today: ``torch.load(SRC, weights_only=True)`` + ``safetensors.torch.save_file``.
 
-Figures: wall time (least of --repeat runs), the ratio to ``cat + sync`` (target <= 1.5x warm: convert reads
-each byte once, hashes and writes it, then reads the written file back and hashes it for the check), and
-the peak RSS of each process (os.wait4): convert streams through one 8 MB buffer, so its peak must not grow
-with the checkpoint; torch.load holds the whole state dict. Prints `uptime` (the machine is shared).
+Figures: wall time and CPU time (user + sys; steadier on a shared machine), least of --repeat runs, the
+ratio to ``cat + sync`` (target <= 1.5x warm: convert reads each byte once, sha256-hashes and writes it, then
+reads source and destination back and compares them with memcmp for the check), and the peak RSS of each
+process (os.wait4): convert streams through two 8 MB buffers, so its peak must not grow with the
+checkpoint; torch.load holds the whole state dict. Prints `uptime` (the machine is shared).
 """
 
 from __future__ import annotations
