@@ -195,6 +195,9 @@ def test_zero_two_ranks_to_full_matches_zero_to_fp32_and_partitions(cli_run, zer
     assert report["check"]["optimizer"]["complete"] and report["check"]["optimizer"]["parameters"] == len(expected)
     full = torch.load(tmp_path / "full.pt", weights_only=True)
     _equal({k: v.contiguous() for k, v in expected.items()}, full["model"])
+    deep = cli_run("validate", tmp_path / "full.pt", "--level", "deep", "--format", "json")
+    opt = deep.json()["checkpoints"][0]["deep"]["optimizer"]
+    assert deep.rc == 0 and opt["with_moments"] == opt["parameters"] == len(expected), deep.out
     for key in ("exp_avg", "exp_avg_sq"):
         for name, v in _zero_moments(zero, expected, key).items():
             assert torch.equal(full["optimizer"]["state"][name][key], v), (name, key)
