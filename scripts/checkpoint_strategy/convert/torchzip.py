@@ -14,10 +14,10 @@ afterwards; zip64 records wherever a size or offset passes 4 GB.
 from __future__ import annotations
 
 import struct
-import zlib
 from typing import Any, BinaryIO
 
 from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.checkpoints.filechecks import _crc32   # ISA-L's CRC-32 when installed, else zlib's
 
 #: torch dtype name -> the legacy storage class torch.save names for it
 STORAGE_CLASS = {d: c for c, d in tp.STORAGE_DTYPE.items() if c != "UntypedStorage"}
@@ -160,7 +160,7 @@ class ZipWriter:
         self.crc = 0
 
     def write(self, data: Any) -> None:
-        self.crc = zlib.crc32(data, self.crc)
+        self.crc = _crc32(data, self.crc)
         self.fh.write(data)
 
     def end(self) -> None:
