@@ -129,8 +129,8 @@ def test_full_to_dcp_and_back_through_torch_equal(cli_run, tmp_path):
     r = cli_run("convert", src, tmp_path / "dcp", "--to", "dcp", "--format", "json")
     assert r.rc == 0 and r.json()["check"]["optimizer"]["complete"], r.out
     deep = cli_run("validate", tmp_path / "dcp", "--level", "deep", "--format", "json")
-    opt = deep.json()["checkpoints"][0]["deep"]["optimizer"]
-    assert deep.rc == 0 and opt["kind"] == "adam" and opt["with_moments"] == opt["parameters"] == 4, deep.out
+    seen = deep.json()["checkpoints"][0]["deep"]["optimizer"]
+    assert deep.rc == 0 and seen["kind"] == "adam" and seen["with_moments"] == seen["parameters"] == 4, deep.out
     # torch's own DCP loader reads it (every tensor one chunk; it re-shards on load)
     target = {"model": torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 2)).state_dict()}
     dcp.load(target, checkpoint_id=str(tmp_path / "dcp"))
