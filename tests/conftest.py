@@ -42,6 +42,12 @@ SLOW_TESTS: set[str] = {
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
     "test_full_to_dcp_and_back_through_torch_equal", "test_full_disk_exit_2_nothing_left",
     "test_fuzz_damaged_sources_convert_whole_or_not_at_all", "test_kill_9_mid_conversion_never_leaves_a_partial_destination",
+    # the fast paths' hostile inputs: a 64 MB line, children parsing 200 000-deep nesting, torch.save archives
+    "test_a_64_mb_line_and_nesting_past_the_recursion_limit", "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
+    "test_real_archives_read_the_same_from_memory", "test_damaged_archives_give_the_same_findings_from_memory",
+    "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",   # ~12 subprocesses in a copy of the repo
+    "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",   # imports transformers
+    "test_sample_pickles_are_what_torch_load_reads",   # imports torch
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
 SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks"}
