@@ -40,6 +40,8 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
+    "test_full_to_dcp_and_back_through_torch_equal", "test_full_disk_exit_2_nothing_left",
+    "test_fuzz_damaged_sources_convert_whole_or_not_at_all", "test_kill_9_mid_conversion_never_leaves_a_partial_destination",
     # the fast paths' hostile inputs: a 64 MB line, children parsing 200 000-deep nesting, torch.save archives
     "test_a_64_mb_line_and_nesting_past_the_recursion_limit", "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
     "test_real_archives_read_the_same_from_memory", "test_damaged_archives_give_the_same_findings_from_memory",
@@ -49,7 +51,7 @@ SLOW_TESTS: set[str] = {
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads",
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks",
                 "test_callbacks_multiproc", "test_callbacks_logging"}
 
 

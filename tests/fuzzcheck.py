@@ -124,13 +124,16 @@ LOSS_CURVES = st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([None, None, 
 def assert_events_in_order(events) -> None:
     """Events (dicts or Spike models) come sorted by onset; the events of one detector are disjoint (each starts
     after the previous one came back). Across detectors they may overlap: a collapse or a slow climb (level-shift
-    detector) can start inside a spike that came back, and grad-norm events are a series of their own."""
+    detector) can start inside a spike that came back, the never-trained rule (ends above where it started) can
+    start with a NaN that came back, and grad-norm events are a series of their own."""
     def get(e, k):
         return e[k] if isinstance(e, dict) else getattr(e, k)
 
     def detector(e) -> str:
         if get(e, "kind") in ("collapse", "grad_norm"):
             return get(e, "kind")
+        if any("the loss the run started from" in r for r in get(e, "detected_by")):
+            return "start"  # the never-trained rule (detect._never_trained) judges the whole run, not a window
         return "shift" if any("(level shift)" in r for r in get(e, "detected_by")) else "spike"
 
     onsets = [get(e, "onset_step") for e in events if get(e, "kind") != "grad_norm"]

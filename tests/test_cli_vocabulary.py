@@ -12,7 +12,7 @@ from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOC
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.
 EXTRA_FORMATS = {"export": {"python", "toml", "args"}}
 # Non-numeric argparse types that parse a list or a name (not a quantity of BOUNDS).
-NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require", "tier_spec", "path_arg"}
+NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require", "tier_spec", "path_arg", "byte_size"}
 
 # recover's options are RecoveryOptions fields (bounds in Field); each matches one quantity of the table.
 RECOVERY_QUANTITIES = {"window": "window", "z_threshold": "threshold", "ratio_threshold": "threshold",
@@ -26,6 +26,7 @@ MINIMAL = {
     "plan": ["100000", "2", "500"], "simulate": ["100000", "2", "500"], "tradeoffs": ["100000", "2", "500"],
     "recover": ["LOG"], "verify-resume": ["LOG", "--resume-step", "10"], "validate": ["CKPT"], "prune": ["ROOT"],
     "handoff": [], "release-gate": ["CKPT"], "on-event": ["EVENT"], "export": ["--framework", "hf"],
+    "convert": ["SRC", "DST", "--to", "dcp"],
 }
 
 

@@ -42,6 +42,7 @@ EXAMPLES: dict[str, list[str]] = {
     "release-gate": ["release-gate", "run/checkpoint-2000", "--require", "safetensors"],
     "on-event": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run"],
     "export": ["export", "--framework", "hf", "--framework-version", "4.46", *SIZE],
+    "convert": ["convert", "run/checkpoint-2000", "checkpoint-2000-dcp", "--to", "dcp"],
 }
 # More examples for the reference pages (docs/*.md).
 MORE: dict[str, list[str]] = {

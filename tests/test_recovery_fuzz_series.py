@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.errors import UsageError
@@ -26,6 +26,8 @@ values = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
 @reaches_core()
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.lists(values, min_size=1, max_size=400), LOSS_CURVES.map(list)), st.integers(1, 60), st.booleans())
+# a NaN that came back and the never-trained rule (ends above the starting loss) share onset step 2: two detectors
+@example([-1.0, 0.0, math.nan] + [0.0] * 11 + [-1.0, 0.0, 0.0, -1.0, -1.0, 0.0], 1, False)
 def test_advice_never_crashes(loss, every, with_lr):
     """Garbage floats and real curves (tests/curves.py): a report whose numbers are all finite, or one UsageError."""
     steps = np.arange(1, len(loss) + 1) * every

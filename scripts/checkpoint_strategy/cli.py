@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "handoff": ("checkpoint_strategy.integrations.handoff_cli", "write checkpoint metadata for session-handoff"),
     "release-gate": ("checkpoint_strategy.integrations.release_cli", "release-readiness gate for one checkpoint"),
     "on-event": ("checkpoint_strategy.integrations.event_cli", "emergency-save decision for a stability event"),
+    "convert": ("checkpoint_strategy.convert.cli", "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"),
     "export": ("checkpoint_strategy.export.cli", "the plan as hf/lightning/orbax/torchtitan/megatron/deepspeed settings"),
 }
 

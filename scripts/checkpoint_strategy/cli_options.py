@@ -318,3 +318,18 @@ def milestone_variants(argv: list[str]) -> list[list[str]]:
             variants.append(argv[:first] + [joined] + argv[stop:])
         return variants + [argv]
     return [argv]
+
+
+_BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.I)
+
+
+def byte_size(text: str) -> int:
+    """argparse type: '5GB' (10**9, as Hugging Face counts), '500MiB' (2**20), '1000000' -> bytes (at least 1)."""
+    m = _BYTE_SIZE.match(str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"{shown(text)} is not a size: expected e.g. 5GB, 500MB, 2GiB or a byte count")
+    power = "_KMGT".index(m.group(2).upper() or "_")
+    value = int(float(m.group(1)) * ((1024 if m.group(3) else 1000) ** power))
+    if value < 1 or value > 1 << 60:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: expected a size from 1 byte to 1 EiB")
+    return value

@@ -202,6 +202,7 @@ TEMPLATES: dict[str, tuple[str, str]] = {
     "SessionHandoff": ("handoff", "h"),
     "ReleaseGate": ("release-gate", "g"),
     "EmergencyDecision": ("on-event", "d"),
+    "ConvertReport": ("convert", "c"),
 }
 
 

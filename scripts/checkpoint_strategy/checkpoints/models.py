@@ -169,6 +169,8 @@ class HardwareMove(_Model):
     changes: list[str]
     replan: list[str] = Field(default_factory=list, description="what the new GPU count does to the failure "
                               "model and the interval, and the plan command for the new hardware")
+    convert: Optional[str] = Field(None, description="the exact checkpoint-strategy convert command for this layout "
+                                                     "(docs/convert.md); null when none applies")
 
 
 class ValidationReport(_Model):

@@ -26,13 +26,15 @@ PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
     "weights": "weights only (no optimizer state): fine for inference or fine-tuning, a resume would reset "
                "the optimizer (watch for a sudden loss drop)",
-    "fsdp": "FSDP shards are hardware-specific: convert to a full state dict before moving hardware "
-            "(accelerate merge-weights DIR OUT, or python -m torch.distributed.checkpoint.format_utils "
-            "dcp_to_torch DIR OUT.pt), then re-shard after loading",
+    "fsdp": "FSDP shards are hardware-specific: checkpoint-strategy convert DIR/pytorch_model_fsdp_0 OUT.pt --to full "
+            "(or --to safetensors for the weights) before moving hardware, then re-shard after loading; "
+            "validate --target-gpus N names the command for this checkpoint",
     "dcp": "torch.distributed.checkpoint shards: dcp.load re-shards to a new world size; for a full state dict "
-           "run python -m torch.distributed.checkpoint.format_utils dcp_to_torch DIR OUT.pt",
-    "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: run python zero_to_fp32.py CKPT_DIR OUT "
-            "(written next to the checkpoint) for a full state dict, then re-shard after loading",
+           "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish); a file "
+           "dcp_to_torch_save wrote is checked against its shards by convert DIR OUT.pt --check-only",
+    "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: checkpoint-strategy convert DIR OUT --to dcp "
+            "(fp32 weights + Adam moments, any world size loads it) or --to safetensors (weights), as "
+            "zero_to_fp32.py does but checked tensor by tensor; validate --target-gpus N names the command",
     "ds-universal": "DeepSpeed universal checkpoint (per-parameter fp32 weights and optimizer state): loads at any "
                     "data/tensor/pipeline-parallel degree with checkpoint.load_universal: true (the file "
                     "latest_universal names it)",

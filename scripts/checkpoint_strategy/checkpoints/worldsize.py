@@ -129,6 +129,23 @@ def global_batch_note(facts, world: Optional[int], target: int) -> tuple[list[st
     return keep, todo
 
 
+def convert_command(path: str, layout: str, target: Optional[int] = None) -> Optional[str]:
+    """The exact `checkpoint-strategy convert` command for this layout (docs/convert.md), or None when the
+    layout needs none or the converter does not read it (Megatron, Orbax)."""
+    import shlex
+
+    base = path.rstrip("/") or path
+    gpus = f" {target} GPUs" if target else " any number of GPUs"
+    if layout == "zero":
+        return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(base + '-dcp')} --to dcp "
+                f"(consolidated fp32 weights + Adam moments by parameter name; dcp.load reads it on{gpus}); "
+                f"--to safetensors for the weights alone")
+    if layout == "dcp":
+        return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(base + '-full.pt')} --to full "
+                f"(one file, weights and optimizer state; not needed to resume: dcp.load re-shards to{gpus})")
+    return None
+
+
 def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> HardwareMove:
     """What a move to `target` GPUs keeps constant and changes, for the newest checkpoint that tells."""
     ref = saved[-1] if saved else None
@@ -139,17 +156,19 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
         changes.append(f"per-rank RNG files: {ref.rng_files} saved, {target} ranks will run: ranks without a file "
                        "start a fresh RNG stream (dropout/sampling differ; not an error)")
     if ref is not None and ref.layout in ("dcp", "zero", "megatron") and ref.shards:
-        how = {"dcp": "dcp.load re-shards them to the new world size (for a full state dict see Resuming across hardware)",
-               "zero": "zero_to_fp32.py (or a DeepSpeed universal checkpoint) before loading on another "
-                       "data-parallel size",
+        how = {"dcp": "dcp.load re-shards them to the new world size (a full state dict: "
+                      f"{convert_command(ref.path, 'dcp', target)})",
+               "zero": f"{convert_command(ref.path, 'zero', target)} before loading on another data-parallel "
+                       "size (or a DeepSpeed universal checkpoint to resume with DeepSpeed)",
                "megatron": "Megatron-LM tools/checkpoint/convert.py to the new tensor/pipeline parallel sizes"}
         changes.append(f"shards to consolidate: {ref.shards} {ref.layout} shard files: {how[ref.layout]}")
     if world is not None and world == target:
         changes.append(f"same world size ({target}): shards and RNG files load as saved")
     elif world is None:
         changes.append("the saved world size is not recorded in this layout: check the launch command of the run")
+    command = convert_command(ref.path, ref.layout, target) if ref is not None else None
     return HardwareMove(target_gpus=target, saved_world_size=world, keep_constant=keep, set_on_target=todo,
-                        changes=changes)
+                        changes=changes, convert=command.split(" (", 1)[0] if command else None)
 
 
 def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[str] = None):

@@ -92,6 +92,18 @@ def _rollback_actions(report: RecoveryReport, path: str) -> list[str]:
     return out
 
 
+def _sharded_note(path: str) -> list[str]:
+    """A resume checkpoint saved as DCP or ZeRO shards: the exact convert command for another GPU count."""
+    from checkpoint_strategy.checkpoints.worldsize import convert_command, saved_world_size
+
+    saved = saved_world_size(path, "")
+    command = convert_command(saved.path, saved.layout) if saved is not None else None
+    if saved is None or command is None:
+        return []
+    return [f"{os.path.basename(os.path.normpath(path))} is {saved.layout} shards written by "
+            f"{saved.world_size or 'an unknown number of'} process(es): to resume on another GPU count, {command}"]
+
+
 def complete(report: RecoveryReport) -> RecoveryReport:
     """Fill framework, max_steps, previous_grad_clip, run_facts and actions; clip the LR and skip
     windows to max_steps and rebuild the snippets with what is known (nothing invented)."""
@@ -103,6 +115,8 @@ def complete(report: RecoveryReport) -> RecoveryReport:
     report.previous_grad_clip = facts.get("max_grad_norm")
     report.run_facts = {k: facts.source[k] for k in sorted(facts.source)}
     resume = report.resume_checkpoint
+    if resume is not None and resume.path:
+        report.warnings += _sharded_note(resume.path)
     if resume is None or report.skip_batches is None or report.lr_multiplier is None or report.grad_clip is None:
         return report
     if report.max_steps is not None:
