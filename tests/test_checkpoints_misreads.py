@@ -272,6 +272,17 @@ def test_lightning_last_ckpt_step_comes_from_its_content(tmp_path, cli_run):
     assert {os.path.basename(c.path): c.step for c in report.checkpoints}["last.ckpt"] == saved
     out = cli_run("validate", str(run.folder), "--format", "json").json()
     assert out["safety"][0]["newest_safe_step"] == 25 and out["safety"][0]["newest_safe"].endswith("last.ckpt")
+    # the callbacks' resume helper and their "previous checkpoint" order by the same content step, even when
+    # last.ckpt is the oldest file by time
+    from checkpoint_strategy.callbacks import _retention, last_valid_checkpoint
+
+    os.utime(run.folder / "last.ckpt", (1, 1))
+    assert [(s, os.path.basename(p)) for s, p in _retention.checkpoints_newest_first(str(run.folder))] == [
+        (25, "last.ckpt"), (20, "epoch=0-step=20.ckpt"), (10, "epoch=0-step=10.ckpt")]
+    assert last_valid_checkpoint(str(run.folder)) == str(run.folder / "last.ckpt")
+    (run.folder / "last.ckpt").write_bytes(b"torn")   # unreadable: ordered last, never picked
+    assert _retention.checkpoints_newest_first(str(run.folder))[-1] == (None, str(run.folder / "last.ckpt"))
+    assert last_valid_checkpoint(str(run.folder)) == str(run.folder / "epoch=0-step=20.ckpt")
 
 
 # --------------------------------------------------------------------------- 7. what each level cannot see

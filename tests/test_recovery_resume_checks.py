@@ -221,3 +221,36 @@ def test_resume_into_the_same_folder_reads_the_resumed_checkpoints(hf_run_restar
     later = _after(out)
     assert later and all(c["verdict"] == "consistent" and c["optimizer_step"] == c["training_step"] for c in later)
     assert out["optimizer_reset"] is False and out["batch_changed"] is False
+
+
+@pytest.mark.parametrize("accumulation, kind, expect", [(1, "global batch changed", "gradient accumulation to 2"),
+                                                      (2, "world size changed", "kept at 32")])
+def test_hf_callback_warns_at_a_resume_on_fewer_processes(hf_world_change, tmp_path, caplog, accumulation, kind,
+                                                          expect):
+    """The HF callback's on_train_begin on a resume (global_step 4 loaded from checkpoint-4, saved by 2 torchrun
+    processes) in this one process, with real TrainingArguments: the global batch halving is a warning that says
+    what keeps the schedule; scaling the accumulation by 2/1 keeps it (and says so)."""
+    import logging
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+
+    out_dir = tmp_path / "run"
+    shutil.copytree(hf_world_change, out_dir)
+    args = TrainingArguments(output_dir=str(out_dir), per_device_train_batch_size=16,
+                             gradient_accumulation_steps=accumulation, report_to=[], use_cpu=True)
+    assert args.world_size == 1
+    cb = HFCheckpointStrategy({"frequency": "every_2_steps", "keep_last": 2}, handoff_dir=None)
+    with caplog.at_level(logging.WARNING, logger="checkpoint_strategy"):
+        cb.on_train_begin(args, TrainerState(global_step=4), TrainerControl())
+    cb.core.end()
+    (line,) = cb.core.resume_warnings
+    assert line.startswith(kind) and expect in line
+    assert any(expect in r.getMessage() for r in caplog.records)
+    # a fresh run (global_step 0) and a resume from a checkpoint not in this folder: nothing to compare
+    fresh = HFCheckpointStrategy({"frequency": "every_2_steps", "keep_last": 2}, handoff_dir=None)
+    fresh.on_train_begin(args, TrainerState(global_step=0), TrainerControl())
+    fresh.on_train_begin(args, TrainerState(global_step=999), TrainerControl())
+    fresh.core.end()
+    assert fresh.core.resume_warnings == []

@@ -73,10 +73,12 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:
-    """(step, path) of the checkpoints directly under root, newest first by step; checkpoints
-    without a step in their name (e.g. Lightning's last.ckpt) come last, newest file first."""
+    """(step, path) of the checkpoints directly under root, newest first by step. A checkpoint without a
+    step in its name (Lightning's last.ckpt) takes the step its own content records (the `global_step` its
+    pickle root holds, read by the quick check as `validate` reports it), so a last.ckpt saved after
+    epoch=0-step=40.ckpt is newer; one whose step cannot be read comes last, newest file first."""
     found, _unrec = fm.discover(root, max_depth=1)
-    with_step = sorted(((f.step, f.path) for f in found if f.step is not None), reverse=True)
+    with_step = [(f.step, f.path) for f in found if f.step is not None]
 
     def mtime(p: str) -> float:
         try:
@@ -84,5 +86,24 @@ def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:
         except OSError:
             return 0.0
 
-    without = sorted((f.path for f in found if f.step is None), key=mtime, reverse=True)
-    return with_step + [(None, p) for p in without]
+    without: list[str] = []
+    for f in found:
+        if f.step is None:
+            step = _content_step(f.path)
+            if step is None:
+                without.append(f.path)
+            else:
+                with_step.append((step, f.path))
+    return sorted(with_step, reverse=True) + [(None, p) for p in sorted(without, key=mtime, reverse=True)]
+
+
+def _content_step(path: str) -> Optional[int]:
+    """The step a checkpoint without one in its name records inside (None: a folder, a symlink, unreadable)."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    from checkpoint_strategy.checkpoints import validate_checkpoint
+
+    try:
+        return validate_checkpoint(path, level="quick").step
+    except Exception:  # noqa: BLE001 - a file that cannot be read is ordered by time; validation reports it
+        return None

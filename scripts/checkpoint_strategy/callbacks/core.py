@@ -142,6 +142,7 @@ class StrategyCore:
         self._ended = False
         self._ranked = RankedState()
         self._holds: list[Any] = []   # the folder's lock, held from before_save to saved (rank 0)
+        self.resume_warnings: list[str] = []   # world size / global batch changed at the resume (check_resume)
 
     # ------------------------------------------------------------------ schedule
 
@@ -256,6 +257,29 @@ class StrategyCore:
             from checkpoint_strategy.callbacks._worker import part_job, process_job
 
             self._on_message((part_job if job["kind"] == "part" else process_job)(job, self._phase))
+
+    # ------------------------------------------------------------------ resume
+
+    def check_resume(self, checkpoint: Optional[str], *, world_size: int, per_device_batch: Optional[int] = None,
+                     accumulation: Optional[int] = None) -> list[str]:
+        """At the start of a resumed run: warnings (logged on rank 0, kept in `resume_warnings`) when this run's
+        world size or global batch differs from what `checkpoint` was saved with, with what keeps the schedule
+        the same (checkpoints/runshape.py, the same lines `verify-resume --checkpoints` prints). Nothing when
+        the checkpoint is not on disk or records neither; never raises on its content."""
+        if not checkpoint or not os.path.exists(checkpoint):
+            return []
+        from checkpoint_strategy.checkpoints.runshape import check_resume_shape
+
+        try:
+            lines = check_resume_shape(checkpoint, world_size=world_size, per_device_batch=per_device_batch,
+                                       accumulation=accumulation)
+        except ValueError as e:   # a framework value that is not a whole number >= 1: say so, never stop training
+            lines = [f"resume shape not checked: {e}"]
+        self.resume_warnings = lines
+        if self.rank_zero:
+            for line in lines:
+                log.warning(PREFIX + line)
+        return lines
 
     # ------------------------------------------------------------------ many processes (torchrun, DDP)
 

@@ -15,6 +15,8 @@ What it does to the Trainer (logged at start):
   * ``on_log``: the logged loss and grad norm feed the online spike detector; on a
     ``emergency_save_on`` event it sets ``control.should_save`` (marker first, see
     checkpoints/marker.py); never on a NaN/inf loss;
+  * ``on_train_begin`` of a resumed run: warns when the world size or global batch changed since the
+    checkpoint resumed from was saved, and says what keeps the LR schedule the same;
   * ``on_train_end``: waits for the background validations (async_save) and writes the
     session-handoff state;
   * under torchrun every rank runs it: the ranks meet after each save, each checks its part of the
@@ -93,6 +95,11 @@ class HFCheckpointStrategy(TrainerCallback):
         self._configure(args, state)
         _show_lines(args, state)
         self.core.start()
+        if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
+            self.core.check_resume(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
+                                   world_size=int(args.world_size),
+                                   per_device_batch=int(args.per_device_train_batch_size),
+                                   accumulation=int(args.gradient_accumulation_steps))
         return control
 
     # ------------------------------------------------------------------ hooks

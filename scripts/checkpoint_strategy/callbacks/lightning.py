@@ -182,6 +182,10 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if trainer.is_global_zero:
             self.core.retire_old_metrics()
         self.core.start()
+        ckpt = getattr(trainer, "ckpt_path", None)
+        if ckpt:   # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
+            self.core.check_resume(os.fspath(ckpt), world_size=int(trainer.world_size),
+                                   accumulation=int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
         s = self.core.settings
         log.info(PREFIX + f"saving every {s.frequency_steps} steps into {self.core.root}"
                  + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
