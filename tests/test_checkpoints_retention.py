@@ -137,6 +137,23 @@ def test_plan_invariants(raw, keep_n, milestones, best_i, rollback_i):
 
 
 # --------------------------------------------------------------------------- generated run folders
+# Issues 9, 28 and 29: >= 200 generated folders (FOLDERS seeds), each pruned with --apply, 0 violations.
+
+FOLDERS = 200
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard links keep 200 folders cheap; every file a generator changes is unlinked first (never written
+    through a link)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
 
 
 def _smooth_state(path: Path) -> None:
@@ -145,25 +162,35 @@ def _smooth_state(path: Path) -> None:
     for i, rec in enumerate(data.get("log_history", [])):
         if "loss" in rec:
             rec["loss"] = round(2.0 / (1 + 0.01 * rec.get("step", i)), 4)
-    path.unlink()
-    path.write_text(json.dumps(data))
+    _rewrite(path, json.dumps(data).encode())
 
 
-def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
-    """A run folder of real checkpoints in every state prune meets; returns what must survive."""
-    root, outside = base / "run", base / "outside"
-    root.mkdir(parents=True)
-    outside.mkdir()
-    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
-    expect = {"resumable_valid": [], "milestones": [], "best": None, "unrecognised": [], "symlinks": [],
-              "incomplete": []}
-    for step in steps:
-        kind = rng.choices(["resumable", "weights", "incomplete", "symlink", "unrecognised"],
-                           weights=[5, 2, 1, 1, 1])[0]
+def _damage(rng: random.Random, ckpt: Path, kind: str) -> None:
+    if kind == "weights":
+        for n in ("optimizer.pt", "scheduler.pt"):
+            (ckpt / n).unlink()
+    elif kind == "incomplete":   # half copied: a file never arrived
+        (ckpt / rng.choice(["model.safetensors", "trainer_state.json", "config.json"])).unlink()
+    elif kind == "truncated":
+        f = ckpt / rng.choice(["model.safetensors", "optimizer.pt"])
+        data = f.read_bytes()
+        _rewrite(f, data[: rng.randint(0, len(data) - 1)])
+    elif kind == "corrupt":      # past its headers: only the CRC-32 of level full sees it
+        from test_checkpoints_prune_guards import flip_tensor_byte
+
+        flip_tensor_byte(ckpt / "optimizer.pt")
+
+
+def _add_checkpoints(rng, hf_run, root: Path, outside: Path, steps, expect: dict) -> None:
+    for i, step in enumerate(steps):
+        kind = rng.choices(["resumable", "weights", "incomplete", "truncated", "symlink", "unrecognised"],
+                           weights=[8, 2, 1, 1, 1, 1])[0]
+        if i == len(steps) - 1 and rng.random() < 0.25:
+            kind = "corrupt"
         src = hf_run.output_dir / f"checkpoint-{step}"
-        name = f"checkpoint-{step}"
+        name = f"checkpoint-{step:05d}" if rng.random() < 0.15 else f"checkpoint-{step}"
         if kind == "symlink":
-            shutil.copytree(src, outside / name)
+            shutil.copytree(src, outside / name, copy_function=_link_or_copy)
             (root / name).symlink_to(outside / name)
             expect["symlinks"].append(name)
             continue
@@ -171,79 +198,117 @@ def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
             name = rng.choice([f"checkpoint-{step}-KEEP", f"checkpoint-{step} (copy)", f"best-checkpoint-{step}.bak",
                                f"checkpoint-{step}|x", f"checkpoint-{step}\nDELETE"])
             expect["unrecognised"].append(name)
-        shutil.copytree(src, root / name)
-        if kind == "weights":
-            for n in ("optimizer.pt", "scheduler.pt"):
-                (root / name / n).unlink()
-        elif kind == "incomplete":
-            (root / name / "model.safetensors").unlink()
+        shutil.copytree(src, root / name, copy_function=_link_or_copy)
+        _damage(rng, root / name, kind)
+        if kind in ("resumable", "corrupt"):
+            expect["resumable_valid" if kind == "resumable" else "corrupt"].append((step, name))
+        if kind in ("incomplete", "truncated"):
             expect["incomplete"].append(name)
-        elif kind == "resumable":
-            expect["resumable_valid"].append((step, name))
-        if not spike and (root / name / "trainer_state.json").exists():
+        if not expect["spike"] and (root / name / "trainer_state.json").exists():
             _smooth_state(root / name / "trainer_state.json")
-    recognised = [n for n in os.listdir(root) if n.startswith("checkpoint-") and n[11:].isdigit()]
+
+
+def _add_links_and_best(rng, root: Path, outside: Path, expect: dict) -> None:
+    ckpts = sorted(n for n in os.listdir(root) if (root / n).is_dir() and not (root / n).is_symlink()
+                   and rt.classify_name(n) is not None)
+    for link in ("best", "latest"):
+        if ckpts and rng.random() < 0.5:
+            target = rng.choice(ckpts)
+            (root / link).symlink_to(target if rng.random() < 0.5 else root / target)
+            expect["link_targets"].append(target)
+            expect["unrecognised"].append(link)
+    if rng.random() < 0.3:
+        (root / "elsewhere").symlink_to(outside)
+        expect["unrecognised"].append("elsewhere")
+    recognised = [n for n in ckpts if (root / n / "trainer_state.json").exists()]
     if recognised and rng.random() < 0.6:
-        best = rng.choice(recognised)
-        state = max((n for n in recognised if (root / n / "trainer_state.json").exists()),
-                    key=lambda n: int(n[11:]), default=None)
-        if state is not None:
-            p = root / state / "trainer_state.json"
-            data = json.loads(p.read_text())
-            data["best_model_checkpoint"] = f"somewhere/{best}"
-            p.write_text(json.dumps(data))
-            expect["best"] = best
+        best = rng.choice(ckpts)
+        state = max(recognised, key=lambda n: rt.classify_name(n).step)
+        p = root / state / "trainer_state.json"
+        data = json.loads(p.read_text())
+        data["best_model_checkpoint"] = f"somewhere/{best}"
+        _rewrite(p, json.dumps(data).encode())
+        expect["best"] = best
+
+
+def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
+    """A run folder of real checkpoints in every state prune meets; returns what must survive."""
+    root, outside = base / "run", base / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "precious.txt").write_text("not prune's")
+    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
+    expect: dict = {"resumable_valid": [], "corrupt": [], "best": None, "unrecognised": [], "symlinks": [],
+                    "incomplete": [], "link_targets": [], "spike": spike}
+    _add_checkpoints(rng, hf_run, root, outside, steps, expect)
+    _add_links_and_best(rng, root, outside, expect)
     if rng.random() < 0.5:
         (root / "README.md").write_text("notes")
         expect["unrecognised"].append("README.md")
     expect["milestone_steps"] = rng.sample(steps, rng.randint(0, 2))
     expect["keep_last"] = rng.randint(1, 3)
+    expect["spike_check"] = rng.random() < 0.8
     return expect
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
-    rng = random.Random(seed)
-    spike = seed % 2 == 0
-    expect = _generate(rng, hf_run, tmp_path, spike)
-    root = tmp_path / "run"
-    outside_before = sorted(p.name for p in (tmp_path / "outside").iterdir())
-    report = prune(root, keep_last=expect["keep_last"], milestones=expect["milestone_steps"], apply=True)
-    left = set(os.listdir(root))
-    assert report.state == "done" and not report.errors
+def _tree(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.lstat().st_size) for p in folder.rglob("*"))
+
+
+def _check_spike_rules(report, expect: dict, left: set) -> None:
     guard = report.spike_guard
     cutoff = guard.cutoff_step if guard is not None and guard.cutoff_step is not None else None
-    # keep_last counts the checkpoints safe to resume from: none saved after an unrecovered spike's onset
     safe = [(s, n) for s, n in expect["resumable_valid"] if cutoff is None or s <= cutoff]
-    post = {n for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff}
-    post_window = {n for _s, n in sorted((s, n) for s, n in expect["resumable_valid"] if n in post)
-                   [-expect["keep_last"]:]}
-    assert post_window <= left, "the keep_last newest post-onset checkpoints are kept (their own window)"
+    post = sorted((s, n) for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff)
+    assert {n for _s, n in post[-expect["keep_last"]:]} <= left, "the keep_last newest post-onset are kept"
     for e in report.delete:   # a post-onset checkpoint never justifies deleting a safe one
         if cutoff is not None and e.step is not None and e.step <= cutoff:
-            assert int(e.justified_by.rsplit("-", 1)[1]) <= cutoff, (e.name, e.justified_by)
-    if safe:
-        newest = max(safe)[1]
-        assert newest in left and report.newest_valid == newest
-        window = [n for _s, n in sorted(safe)[-expect["keep_last"]:]]
-        assert set(window) <= left
-    assert not spike or cutoff is None or not post or report.newest_valid not in post
-    for step in expect["milestone_steps"]:
-        assert any(n == f"checkpoint-{step}" for n in left) or f"checkpoint-{step}" not in \
-            {e.name for e in report.delete}
-        assert f"checkpoint-{step}" not in {e.name for e in report.delete}
-    if expect["best"]:
-        assert expect["best"] in left
-    guard = report.spike_guard
+            assert rt.classify_name(e.justified_by).step <= cutoff, (e.name, e.justified_by)
+    if safe and not expect["corrupt"]:
+        assert max(safe)[1] in left and report.newest_valid == max(safe)[1]
+        assert {n for _s, n in sorted(safe)[-expect["keep_last"]:]} <= left
     if guard is not None and guard.protected:
         assert guard.protected in left
-    if not spike:
+    if not expect["spike"]:
         assert guard is None or guard.protected is None
+
+
+@pytest.mark.parametrize("seed", range(FOLDERS))
+def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
+    rng = random.Random(seed)
+    expect = _generate(rng, hf_run, tmp_path, spike=seed % 2 == 0)
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    outside_before = _tree(outside)
+    kw = dict(keep_last=expect["keep_last"], milestones=expect["milestone_steps"], spike_check=expect["spike_check"])
+    dry = prune(root, **kw)
+    report = prune(root, apply=True, **kw)
+    left = set(os.listdir(root))
+    assert report.state in ("done", "failed")
+    if report.state == "failed":   # only ever: the corrupt newest justified the deletions; nothing deleted
+        assert expect["corrupt"] and report.deleted == 0
+        assert all("CRC-32" in p.reason and "nothing deleted" in p.reason for p in report.errors)
+    else:
+        assert not report.errors
+        assert [e.name for e in report.delete] == [e.name for e in dry.delete], "dry run and --apply agree"
+    resumable = sorted(expect["resumable_valid"])
+    if resumable:   # the newest resumable valid checkpoint (the older good one when the newest is corrupt)
+        assert resumable[-1][1] in left
+    _check_spike_rules(report, expect, left)
+    for step in expect["milestone_steps"]:
+        assert not {f"checkpoint-{step}", f"checkpoint-{step:05d}"} & {e.name for e in report.delete}
+    if expect["best"]:
+        assert expect["best"] in left
+    for name in expect["link_targets"]:
+        assert name in left
+    for link in ("best", "latest"):
+        if (root / link).is_symlink():
+            assert (root / link).resolve().exists(), f"{link} dangles"
     assert set(expect["unrecognised"]) <= left
     assert set(expect["incomplete"]) <= left
     assert set(expect["symlinks"]) <= left
-    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == outside_before
-    assert report.deleted == len({e.name for e in report.delete} - left) == len(report.delete)
-    # a weights-only checkpoint never justified deleting a resumable one
-    for e in report.delete:
+    assert {n for _s, n in expect["corrupt"]} <= left
+    assert _tree(outside) == outside_before
+    assert report.deleted == len({e.name for e in report.delete} - left) == len([e for e in report.delete
+                                                                                  if e.deleted])
+    for e in report.delete:   # whatever justified a deletion is still there
         assert e.justified_by in left
