@@ -312,3 +312,94 @@ def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
                                                                                   if e.deleted])
     for e in report.delete:   # whatever justified a deletion is still there
         assert e.justified_by in left
+
+
+# The not-slow subset: DeepSpeed tags (real torch.save archives, tests/layouts.py), with `latest`.
+
+DS_STEPS = tuple(range(5, 65, 5))
+
+
+@pytest.fixture(scope="module")
+def ds_template(tmp_path_factory):
+    import layouts
+
+    return layouts.build_deepspeed(tmp_path_factory.mktemp("ds-template") / "ds", steps=DS_STEPS)
+
+
+def _ds_generate(rng: random.Random, template: Path, base: Path) -> dict:
+    root, outside = base / "run", base / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not prune's")
+    steps = sorted(rng.sample(DS_STEPS, rng.randint(2, 8)))
+    expect: dict = {"valid": [], "kept": [], "corrupt": None}
+    for i, step in enumerate(steps):
+        kind = rng.choices(["ok", "truncated", "half", "unrecognised"], weights=[8, 1, 1, 1])[0]
+        if i == len(steps) - 1 and rng.random() < 0.3:
+            kind = "corrupt"
+        name = f"global_step{step:04d}" if rng.random() < 0.15 else f"global_step{step}"
+        if kind == "unrecognised":
+            name += "-KEEP"
+        shutil.copytree(template / f"global_step{step}", root / name, copy_function=_link_or_copy)
+        optim = sorted((root / name).glob("*optim_states.pt"))
+        if kind == "truncated":
+            data = optim[0].read_bytes()
+            _rewrite(optim[0], data[: len(data) // 2])
+        elif kind == "half":   # the model states never arrived
+            (root / name / "mp_rank_00_model_states.pt").unlink()
+        elif kind == "corrupt":
+            from test_checkpoints_prune_guards import flip_tensor_byte
+
+            flip_tensor_byte(optim[0])
+            expect["corrupt"] = name
+        (expect["valid"] if kind == "ok" else expect["kept"]).append((step, name))
+    tags = [n for _s, n in expect["valid"] + ([(0, expect["corrupt"])] if expect["corrupt"] else [])]
+    expect["latest"] = rng.choice(tags) if tags and rng.random() < 0.8 else None
+    if expect["latest"]:
+        (root / "latest").write_text(expect["latest"])
+    for link in ("best", "last"):
+        if tags and rng.random() < 0.4:
+            target = rng.choice(tags)
+            (root / link).symlink_to(target)
+            expect["kept"].append((0, target))
+    if rng.random() < 0.3:
+        (root / "elsewhere").symlink_to(outside)
+    expect["keep_last"] = rng.randint(1, 3)
+    expect["milestones"] = rng.sample(steps, rng.randint(0, 1))
+    return expect
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_randomized_deepspeed_prune_keeps_latest_and_link_targets(seed, ds_template, tmp_path):
+    rng = random.Random(1000 + seed)
+    expect = _ds_generate(rng, ds_template, tmp_path)
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    before_root, outside_before = set(os.listdir(root)), _tree(outside)
+    kw = dict(keep_last=expect["keep_last"], milestones=expect["milestones"], spike_check=False)
+    dry = prune(root, **kw)
+    report = prune(root, apply=True, **kw)
+    left = set(os.listdir(root))
+    if report.state == "failed":
+        assert expect["corrupt"] and report.deleted == 0 and left == before_root
+        assert all("CRC-32" in p.reason for p in report.errors)
+    else:
+        assert report.state == "done" and not report.errors
+        assert [e.name for e in report.delete] == [e.name for e in dry.delete]
+    latest = expect["latest"]
+    if latest:
+        assert latest in left
+        newer = {n for s, n in expect["valid"] if s > rt.classify_name(latest).step}
+        assert newer <= left, "tags newer than latest are in flight"
+    valid = sorted(expect["valid"])
+    if valid:
+        assert valid[-1][1] in left
+    assert {n for _s, n in expect["kept"]} <= left
+    for s in expect["milestones"]:
+        assert not {f"global_step{s}", f"global_step{s:04d}"} & {e.name for e in report.delete}
+    assert {"latest", "best", "last", "elsewhere"} & before_root <= left
+    for link in ("best", "last"):
+        if (root / link).is_symlink():
+            assert (root / link).resolve().exists()
+    assert _tree(outside) == outside_before
+    for e in report.delete:
+        assert e.justified_by in left
