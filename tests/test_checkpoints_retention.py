@@ -70,6 +70,33 @@ def test_weights_only_newest_does_not_count_when_resumable_ones_exist():
     assert [r.kind for r in plan.decisions[2].reasons] == ["unjustified"]
 
 
+def test_a_weights_only_post_onset_checkpoint_never_justifies_deleting_a_resumable_one():
+    # found by the randomized prune (seed 194): no safe checkpoint left, so keep_last counted valid ones,
+    # and the post-onset window let a newer weights-only checkpoint justify deleting the only resumable one
+    cs = [C("checkpoint-50", 50, status="invalid"), C("checkpoint-130", 130), C("checkpoint-190", 190, resumable=False)]
+    post = {"checkpoint-130": "after the spike", "checkpoint-190": "after the spike"}
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1, post_onset=post))
+    assert not plan.delete
+    kinds = {d.candidate.name: [r.kind for r in d.reasons] for d in plan.decisions}
+    assert kinds["checkpoint-130"] == ["post_onset"] and kinds["checkpoint-190"] == ["unjustified"]
+
+
+def test_symlink_targets_latest_and_in_flight_are_kept_and_never_counted():
+    cs = [C("global_step5", 5, layout="deepspeed"), C("global_step10", 10, layout="deepspeed"),
+          C("global_step15", 15, layout="deepspeed"), C("global_step20", 20, layout="deepspeed"),
+          C("best", None, layout=None, symlink=True, links_to="global_step5"),
+          C("elsewhere", None, layout=None, symlink=True, outside=True)]
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step10"))
+    kinds = {d.candidate.name: [r.kind for r in d.reasons] for d in plan.decisions}
+    assert kinds["global_step5"] == ["link_target"] and kinds["global_step10"][:1] == ["latest"]
+    assert kinds["global_step15"] == ["in_flight"] and kinds["global_step20"] == ["in_flight"]
+    assert kinds["best"] == ["symlink"] and kinds["elsewhere"] == ["symlink"]
+    assert plan.newest.name == "global_step10" and not plan.delete
+    moved = rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step20"))
+    assert sorted(d.candidate.name for d in moved.delete) == ["global_step10", "global_step15"]
+    assert {d.justified_by for d in moved.delete} == {"global_step20"}
+
+
 def test_extra_rules_only_add_keep_reasons():
     def keep_even_hundreds(c, ctx):
         return rt.Reason("milestone", "hundreds") if c.step and c.step % 100 == 0 else None
@@ -169,8 +196,8 @@ def _damage(rng: random.Random, ckpt: Path, kind: str) -> None:
     if kind == "weights":
         for n in ("optimizer.pt", "scheduler.pt"):
             (ckpt / n).unlink()
-    elif kind == "incomplete":   # half copied: a file never arrived
-        (ckpt / rng.choice(["model.safetensors", "trainer_state.json", "config.json"])).unlink()
+    elif kind == "incomplete":   # half copied: the weights never arrived
+        (ckpt / "model.safetensors").unlink()
     elif kind == "truncated":
         f = ckpt / rng.choice(["model.safetensors", "optimizer.pt"])
         data = f.read_bytes()

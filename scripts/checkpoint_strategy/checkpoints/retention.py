@@ -408,11 +408,13 @@ def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None =
 
 def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
                   counts_resumable: bool, in_flight: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
-    """The post-onset checkpoints, ordered like the counted ones (resumable ones when the run has any)."""
+    """The post-onset checkpoints, ordered like the counted ones: resumable ones when the run has any
+    (among the safe ones or the post-onset ones: a weights-only one never justifies deleting a resumable one)."""
     pool = [c for c in candidates if c.name in post_onset and c.name not in in_flight and c.layout is not None
-            and not c.symlink
-            and c.status == "valid" and c.step is not None and (c.resumable or not counts_resumable)]
-    return tuple(sorted(pool, key=lambda c: (c.step, c.name)))
+            and not c.symlink and c.status == "valid" and c.step is not None]
+    resumable = [c for c in pool if c.resumable]
+    chosen = resumable if resumable or counts_resumable else pool
+    return tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
 
 
 def _link_targets(candidates: Iterable[Candidate]) -> dict[str, tuple[str, ...]]:
