@@ -173,6 +173,8 @@ def test_nothing_to_free_proposes_the_smallest_keep_last_with_its_bytes(hf_run, 
     assert s["bytes"] == smaller["bytes_to_free"] > 0
     assert f"To free space: --keep-last 1 would delete {len(s['delete'])}" in r.out
     assert cli_run("prune", root, "--keep-last", "1").out.rsplit("frees ", 1)[1].strip().rstrip(".") in r.out
+    md = cli_run("prune", root, "--format", "markdown").out
+    assert f"**To free space:** `--keep-last 1` would delete {len(s['delete'])}" in md
 
 
 def test_the_suggestion_keeps_every_rollback_point(hf_run, tmp_path, cli_run):
@@ -196,3 +198,6 @@ def test_apply_reports_the_bytes_the_dry_run_promised_in_the_same_units(hf_run, 
     again = _run(hf_run, tmp_path, (10, 20, 30, 40), "again")
     text = cli_run("prune", again, "--keep-last", "1", "--no-spike-check", "--apply").out
     assert f"({shown} freed)" in text and " 0 B]" not in text, text
+    md = cli_run("prune", _run(hf_run, tmp_path, (10, 20, 30, 40), "md"), "--keep-last", "1", "--no-spike-check",
+                 "--apply", "--format", "markdown").out
+    assert f"3 deleted ({shown} freed)" in md and "Checked again right before deleting, at level full" in md
