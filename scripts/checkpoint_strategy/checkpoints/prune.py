@@ -666,7 +666,7 @@ def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | N
     (the spike guard's rollback checkpoint and the checkpoint before each spike of the log) and the newest,
     with the bytes it would free. None when no smaller keep_last deletes anything."""
     must = {n for n in (retention.rollback, *retention.pre_spike) if n}
-    for k in range(1, retention.keep_last):
+    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
         plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
         kept = {d.candidate.name for d in plan.keep}
         if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
