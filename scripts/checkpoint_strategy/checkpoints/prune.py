@@ -173,9 +173,11 @@ def _link(root: str, name: str) -> tuple[bool, str | None, bool]:
     if not os.path.islink(path):
         return False, None, not storage.inside(path, root)
     real = os.path.realpath(path)
-    if not storage.inside(real, root) or os.path.normpath(real) == os.path.normpath(root):
+    if os.path.normpath(real) == os.path.normpath(os.path.realpath(root)):
+        return True, None, False      # a link to ROOT itself: kept, names no checkpoint
+    if not storage.inside(real, root):
         return True, None, True
-    return True, os.path.relpath(real, root).split(os.sep)[0], False
+    return True, os.path.relpath(real, os.path.realpath(root)).split(os.sep)[0], False
 
 
 def _describe_links(s: Survey) -> None:
