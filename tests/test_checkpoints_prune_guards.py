@@ -76,6 +76,20 @@ def test_a_symlink_out_of_root_is_reported_never_followed_or_deleted(hf_run, tmp
     assert (root / "checkpoint-200").is_symlink() and (root / "elsewhere").is_symlink()
 
 
+def test_dangling_self_and_chained_links_are_kept_and_said(hf_run, tmp_path, cli_run):
+    root = _run(hf_run, tmp_path, (10, 20, 30))
+    (root / "gone").symlink_to("checkpoint-999")
+    (root / "self").symlink_to(".")
+    (root / "latest").symlink_to("checkpoint-10")
+    (root / "best").symlink_to("latest")               # a chain: best -> latest -> checkpoint-10
+    out = cli_run("prune", root, "--keep-last", "1", "--no-spike-check", "--apply", "--format", "json").json()
+    keep = {e["name"]: e for e in out["keep"]}
+    assert "best, latest" in keep["checkpoint-10"]["reasons"][0]
+    assert keep["self"]["reason_kinds"] == ["symlink"] and "outside" not in keep["self"]["reasons"][0]
+    assert any("gone is a symlink to checkpoint-999, which does not exist" in n for n in out["notes"])
+    assert sorted(os.listdir(root)) == ["best", "checkpoint-10", "checkpoint-30", "gone", "latest", "self"]
+
+
 def test_the_callbacks_prune_honours_symlink_targets(hf_run, tmp_path):
     from checkpoint_strategy.callbacks import _retention
 
