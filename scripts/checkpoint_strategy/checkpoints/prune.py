@@ -192,13 +192,13 @@ def _describe_links(s: Survey) -> None:
             s.notes.append(f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept")
 
 
-#: resume pointers: file in ROOT -> (how its content names a checkpoint, the framework)
-_POINTERS = (("latest", "DeepSpeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM"))
+#: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
+_POINTERS = (("latest", "DeepSpeed", "deepspeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"))
 
 
 def _resume_pointer(s: Survey) -> None:
     """DeepSpeed's `latest` (a tag name) / Megatron's tracker file (an iteration): the checkpoint resuming loads."""
-    for fname, framework in _POINTERS:
+    for fname, framework, layout in _POINTERS:
         path = os.path.join(s.root, fname)
         if not os.path.lexists(path) or os.path.islink(path):
             continue
@@ -209,8 +209,8 @@ def _resume_pointer(s: Survey) -> None:
             continue
         name = text if fname == "latest" else (f"iter_{int(text):07d}" if text.isdigit() else text)
         m = rt.classify_name(name)
-        if m is None or m.step is None or m.in_flight:
-            s.notes.append(f"{fname} names {text[:60]!r}, not a checkpoint name; ignored")
+        if m is None or m.step is None or m.layout != layout:
+            s.notes.append(f"{fname} names {text[:60]!r}, not a {framework} checkpoint name; ignored")
             continue
         s.latest = name
         s.latest_why = f"named by {fname} ({framework} resumes from it)"
