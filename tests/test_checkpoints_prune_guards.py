@@ -158,6 +158,23 @@ def test_deepspeed_latest_naming_a_missing_tag_keeps_everything_newer(ds_run, cl
     assert any("latest names global_step5, which is not in ROOT" in n for n in out["notes"])
 
 
+def test_megatron_tracker_file_is_a_resume_pointer_too(tmp_path, cli_run):
+    root = layouts.build_megatron(tmp_path / "mg", iterations=(500, 1000, 1500))
+    (root / "latest_checkpointed_iteration.txt").write_text("1000")
+    out = cli_run("prune", root, "--keep-last", "1", "--no-spike-check", "--apply", "--format", "json").json()
+    kinds = {e["name"]: e["reason_kinds"] for e in out["keep"]}
+    assert kinds["iter_0001000"][0] == "latest" and kinds["iter_0001500"] == ["in_flight"]
+    assert [e["name"] for e in out["delete"] if e["deleted"]] == ["iter_0000500"]
+
+
+def test_a_stray_latest_file_in_an_hf_run_is_not_a_pointer(hf_run, tmp_path, cli_run):
+    root = _run(hf_run, tmp_path, (10, 20, 30))
+    (root / "latest").write_text("checkpoint-10")
+    out = cli_run("prune", root, "--keep-last", "1", "--no-spike-check", "--format", "json").json()
+    assert sorted(e["name"] for e in out["delete"]) == ["checkpoint-10", "checkpoint-20"]
+    assert any("not a DeepSpeed checkpoint name; ignored" in n for n in out["notes"])
+
+
 def test_a_log_that_vanishes_mid_prune_makes_prune_refuse(hf_run, tmp_path, cli_run, monkeypatch):
     import checkpoint_strategy.recovery as recovery
 
