@@ -463,8 +463,8 @@ def recheck(plan: rt.Plan, revalidate) -> list[tuple[str, str]]:
     for j in sorted({d.justified_by for d in plan.delete if d.justified_by}):
         problem = revalidate(j)
         if problem:
-            failed.append((j, f"the newer checkpoint that justifies the deletions fails the check right before "
-                              f"deleting ({problem}): nothing deleted"))
+            failed.append((j, f"the newer checkpoint that justifies the deletions no longer validates in the check "
+                              f"right before deleting ({problem}): nothing deleted"))
     return failed
 
 
