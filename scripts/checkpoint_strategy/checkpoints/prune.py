@@ -171,7 +171,7 @@ def _link(root: str, name: str) -> tuple[bool, str | None, bool]:
     Only the link text is resolved (os.path.realpath); nothing it points at is opened."""
     path = os.path.join(root, name)
     if not os.path.islink(path):
-        return False, None, not storage.inside(path, root)
+        return False, None, False     # a real entry of ROOT (a real path): inside by construction
     real = os.path.realpath(path)
     if os.path.normpath(real) == os.path.normpath(os.path.realpath(root)):
         return True, None, False      # a link to ROOT itself: kept, names no checkpoint
