@@ -16,6 +16,7 @@ from hypothesis import settings
 
 
 import realruns  # tests/ is on the path by pyproject's [tool.pytest.ini_options] pythonpath
+import resumeruns
 from cliresult import Result, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # CPU by the real framework, built once per session) and the few that are slow on their own.
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
-                     "dcp_checkpoint", "safetensors_file"}
+                     "dcp_checkpoint", "safetensors_file", "loop_resumes", "lightning_resumes", "deepspeed_resumes",
+                     "hf_world_change"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
@@ -188,6 +190,32 @@ def deepspeed_run(tmp_path_factory) -> Path:
     pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
                                             "deepspeed (or pip install -e '.[test,frameworks]')")
     return realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds"))
+
+
+@pytest.fixture(scope="session")
+def loop_resumes(tmp_path_factory) -> resumeruns.Resumes:
+    """A plain torch loop's DCP step-10 (train_state.step an int), resumed to step-20 `intact` and `reset`
+    (weights loaded, a new AdamW)."""
+    return _built(tmp_path_factory, "loop-resumes", resumeruns.build_loop_resumes)
+
+
+@pytest.fixture(scope="session")
+def lightning_resumes(tmp_path_factory) -> resumeruns.Resumes:
+    """Lightning step=10 resumed by fit(ckpt_path=...) to step=20, `intact` and `reset` (optimizer state cleared)."""
+    return _built(tmp_path_factory, "pl-resumes", resumeruns.build_lightning_resumes)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_resumes(tmp_path_factory) -> resumeruns.Resumes:
+    """DeepSpeed ZeRO-1 global_step3 resumed to global_step6 with load_optimizer_states True (`intact`) / False."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra")
+    return _built(tmp_path_factory, "ds-resumes", resumeruns.build_deepspeed_resumes)
+
+
+@pytest.fixture(scope="session")
+def hf_world_change(tmp_path_factory) -> Path:
+    """HF Trainer under torchrun, 2 gloo processes to checkpoint-4, resumed by 1 process to checkpoint-6."""
+    return _built(tmp_path_factory, "hf-world", resumeruns.build_hf_world_change)
 
 
 @pytest.fixture(scope="session")

@@ -176,6 +176,7 @@ class HFResumes:
     resumed_until: int        # each resume trains steps resume_step+1..resumed_until
     logs: dict[str, Path] = field(default_factory=dict)         # kind -> base log + the resume's steps appended
     checkpoints: dict[str, Path] = field(default_factory=dict)  # kind -> the checkpoint copy it resumed from
+    resumed_dirs: dict[str, Path] = field(default_factory=dict)  # kind -> the resume's own checkpoint-N folders
 
 
 def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 110, resumed_until: int = 130,
@@ -186,6 +187,8 @@ def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 11
     base.jsonl and crashes after step `crash_step`. Each resume copies checkpoint-`resume_step`,
     copies the log (so it holds steps 1..crash_step, then the resume's own steps from
     resume_step + 1: a restart segment) and calls the real `trainer.train(resume_from_checkpoint=...)`:
+
+    Each resume saves checkpoint-110, -120, -130 into `resumed_dirs[kind]` (what it wrote after the resume).
 
     normal        the checkpoint as saved.
     no_optimizer  optimizer.pt deleted. The Trainer does not refuse: `_load_optimizer_and_scheduler`
@@ -217,12 +220,11 @@ def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 11
         log = root / f"{kind}.jsonl"
         shutil.copy2(base_log, log)
         trainer = Trainer(model=_tiny_gpt2(),
-                          args=_training_args(root / kind / "out", max_steps=max_steps, save_steps=save_steps,
-                                              save_strategy="no"),
+                          args=_training_args(root / kind / "out", max_steps=max_steps, save_steps=save_steps),
                           train_dataset=_TokenDataset(4096, 16, 64),
                           callbacks=[_jsonl_step_log(log, stop_step=resumed_until)])
         trainer.train(resume_from_checkpoint=str(ckpt))
-        run.logs[kind], run.checkpoints[kind] = log, ckpt
+        run.logs[kind], run.checkpoints[kind], run.resumed_dirs[kind] = log, ckpt, root / kind / "out"
     return run
 
 

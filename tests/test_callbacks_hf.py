@@ -4,6 +4,7 @@ NaN, resume from last_valid_checkpoint with the optimizer state."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import os
@@ -14,8 +15,11 @@ import pytest
 
 import callbackruns
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.checkpoints import prune, validate_checkpoint
+from checkpoint_strategy.checkpoints import prune as _prune, validate_checkpoint
+from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.checkpoints.marker import MARKER_NAME, read_marker
+
+prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 pytestmark = pytest.mark.slow
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,9 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.checkpoints import load_policy, prune, validate_paths
+from checkpoint_strategy.checkpoints import load_policy, prune as _prune, validate_paths
+from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.cli import main
 from cliresult import checkout_env
+
+prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 
 def _names(entries):

@@ -3,6 +3,7 @@ copies of the real fixture runs, then checked fixed."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -13,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.checkpoints import prune, validate_paths
+from checkpoint_strategy.checkpoints import prune as _prune, validate_paths
+from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.cli import main
 from checkpoint_strategy.errors import UsageError
 from cliresult import checkout_env
+
+prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 ENV = checkout_env()
 

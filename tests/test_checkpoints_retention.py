@@ -3,6 +3,7 @@ generated run folders built from copies of the real HF Trainer run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -13,8 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints import prune
+from checkpoint_strategy.checkpoints import prune as _prune
+from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.checkpoints import retention as rt
+
+prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 # --------------------------------------------------------------------------- names
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from checkpoint_strategy.checkpoints import safety
 
 POST = [f"checkpoint-{s}" for s in range(120, 201, 10)]
@@ -85,3 +87,21 @@ def test_last_valid_checkpoint_of_a_recovered_run_is_the_newest(hf_run_self_reco
     from checkpoint_strategy.callbacks import last_valid_checkpoint
 
     assert last_valid_checkpoint(hf_run_self_recovering.output_dir).endswith("checkpoint-200")
+
+
+def test_the_adviser_is_passed_in_and_never_silently_missing(hf_run, copy_of, tmp_path):
+    """checkpoints/ does not import recovery/ (docs/DEVELOPING.md, Layers): the spike check takes the adviser
+    from its caller. A log found without one is a TypeError, not a run that looks spike-free; no log needs none."""
+    from checkpoint_strategy.checkpoints import prune
+    from checkpoint_strategy.recovery import advise
+
+    run = copy_of(hf_run.output_dir, "run")
+    valid = [(s, str(run / f"checkpoint-{s}")) for s in range(10, 201, 10)]
+    guard = safety.read_spike(valid, advise=advise)
+    assert (guard.status, guard.onset_step) == ("rollback", 121)
+    with pytest.raises(TypeError, match="advise=checkpoint_strategy.recovery.advise"):
+        safety.read_spike(valid)
+    with pytest.raises(TypeError, match="no adviser was passed"):
+        prune(run, keep_last=2)
+    assert prune(run, keep_last=2, spike_check=False).spike_guard is None
+    assert safety.read_spike([(10, str(tmp_path))]) is None  # no trainer_state.json: nothing to read

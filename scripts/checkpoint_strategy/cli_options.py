@@ -178,18 +178,6 @@ def milestones_or_path(text: str) -> Milestones:
 milestones_or_path.__name__ = "milestones"
 
 
-def milestone_schedule(spec: Milestones, last_step: int) -> list[int]:
-    """Steps a --milestones value names up to last_step (keywords expand like the planner's schedule,
-    without the planner's extra 'final step' entry)."""
-    if isinstance(spec, list):
-        return [s for s in spec if s <= last_step]
-    if spec == "none" or last_step < 1:
-        return []
-    from checkpoint_strategy.planning.planner import milestone_steps
-
-    return [s for s in milestone_steps(spec, MAX_STEPS) if s < MAX_STEPS and s <= last_step]
-
-
 # --- shared option adders ---------------------------------------------------------------------
 
 FORMATS = ("text", "markdown", "json")

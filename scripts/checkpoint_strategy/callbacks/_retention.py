@@ -39,9 +39,10 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
           protect: Optional[dict[str, str]] = None, log: Optional[str] = None):
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated)."""
     from checkpoint_strategy.checkpoints import prune as _prune
+    from checkpoint_strategy.recovery import advise
 
     return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                  log=log, protect=protect or None)
+                  log=log, protect=protect or None, advise=advise)
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

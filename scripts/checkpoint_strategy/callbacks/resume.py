@@ -70,8 +70,9 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
 
 def _spike_guard(found):
     from checkpoint_strategy.checkpoints.safety import read_spike
+    from checkpoint_strategy.recovery import advise
 
-    return read_spike([(s, p) for s, p in found if s is not None])
+    return read_spike([(s, p) for s, p in found if s is not None], advise=advise)
 
 
 def _after_onset(step, guard) -> bool:

@@ -12,6 +12,13 @@ Retention (the keep rules shared by prune, the callbacks and any other storage):
     from checkpoint_strategy.checkpoints import Candidate, Retention, plan_prune
     plan = plan_prune(candidates, Retention(keep_last=3, milestones=frozenset({1000})))
 
+Resume checks (read as opcodes; verify-resume --checkpoints, and a callback at resume time)::
+
+    from checkpoint_strategy.checkpoints.optstep import read_optimizer_steps, judge
+    judge(read_optimizer_steps("out/checkpoint-1200"), resume_step=1000).verdict   # "reset" when Adam restarted
+    from checkpoint_strategy.checkpoints.runshape import check_resume_shape
+    check_resume_shape("out/checkpoint-1000", world_size=1)   # ["global batch changed ... accumulation to 2 ..."]
+
 Nothing here imports torch, and no checkpoint content is ever executed.
 """
 

@@ -312,6 +312,48 @@ class PruneReport(_Model):
                                                   "still keeps every rollback point, and the bytes it frees")
 
 
+StepVerdict = Literal["consistent", "reset", "behind", "ahead", "unknown"]
+
+
+class OptimizerSteps(_Model):
+    """The optimizer's own step counter against the training step, as one checkpoint records them
+    (checkpoints/optstep.py; read as pickle opcodes and DCP metadata, nothing loaded)."""
+
+    path: str
+    format: str
+    training_step: Optional[int] = Field(None, description="the training step the checkpoint records (optimizer "
+                                                           "steps taken: HF global_step, Lightning global_step, "
+                                                           "DeepSpeed global_steps, DCP/torchtitan train_state.step)")
+    training_step_from: Optional[str] = Field(None, description="where training_step was read")
+    skipped_steps: Optional[int] = Field(None, description="steps the optimizer skipped on purpose (DeepSpeed "
+                                                           "skipped_steps: fp16 overflow); not counted by it")
+    optimizer_step: Optional[int] = Field(None, description="the optimizer's step counter (largest per-parameter "
+                                                            "'step'; summed over a Lightning checkpoint's optimizers)")
+    optimizer_step_from: Optional[str] = Field(None, description="where optimizer_step was read")
+    scheduler_step: Optional[int] = Field(None, description="the LR scheduler's last_epoch (steps it has taken), "
+                                                            "where recorded")
+    scheduler_step_from: Optional[str] = None
+    verdict: StepVerdict = Field("unknown", description="consistent: counter = training step - skipped steps; "
+                                                        "reset: the counter covers only the steps since the resume; "
+                                                        "behind / ahead: other mismatches; unknown: a number is "
+                                                        "not recorded")
+    restart_step: Optional[int] = Field(None, description="training_step - optimizer_step: the step at which a "
+                                                          "counter that lags would have started from zero")
+    reason: str = ""
+
+
+class RunShape(_Model):
+    """The processes and batch a checkpoint was trained with, as its own files record them (checkpoints/runshape.py)."""
+
+    path: str
+    world_size: Optional[int] = Field(None, description="data-parallel processes; null when not recorded")
+    world_from: Optional[str] = None
+    per_device_batch: Optional[int] = None
+    accumulation: Optional[int] = Field(None, description="gradient accumulation steps")
+    global_batch: Optional[int] = Field(None, description="samples per optimizer step over all processes")
+    batch_from: Optional[str] = None
+
+
 SCHEMAS: dict[str, type[BaseModel]] = {
     "validation-report.schema.json": ValidationReport,
     "deep-stats.schema.json": DeepStats,

@@ -9,7 +9,6 @@ from checkpoint_strategy.cli_options import (
     add_report_options,
     add_spike_check,
     add_storage_options,
-    milestone_schedule,
     number,
 )
 
@@ -43,7 +42,8 @@ def run(args) -> int:
     milestones = args.milestones
     if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
         from checkpoint_strategy import storage
-        from checkpoint_strategy.recovery.ckptsteps import scan
+        from checkpoint_strategy.planning.planner import milestone_schedule
+        from checkpoint_strategy.checkpoints.steps import scan
 
         try:
             with storage.local_paths([args.root]) as (root,):
@@ -51,7 +51,9 @@ def run(args) -> int:
         except OSError:
             newest = 0  # prune reports the unreadable root itself
         milestones = milestone_schedule(milestones, newest)
+    from checkpoint_strategy.recovery import advise
+
     report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
-                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check)
+                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check, advise=advise)
     emit(report, args.format, args.output, inputs=(args.root, args.log))
     return 1 if report.errors else 0

@@ -1,5 +1,5 @@
 """`prune` on object storage (s3://, gs://, memory://): the same survey and keep rules as on disk
-(`prune.survey`, `prune.plan_survey` -> `retention.plan_prune`); only the apply step differs.
+(`prune_survey.survey`, `prune_survey.plan_survey` -> `retention.plan_prune`); only the apply step differs.
 
 Object stores have no rename, so a deletion is journalled instead:
 
@@ -25,9 +25,10 @@ import os
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.prune import Outcome, plan_survey, recheck, report_of, revalidator, survey
+from checkpoint_strategy.checkpoints.prune_survey import Outcome, plan_survey, recheck, report_of, revalidator, survey
 from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints.models import Level, Problem, PruneReport
+from checkpoint_strategy.checkpoints.safety import Adviser
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune-objects.json"
@@ -126,7 +127,7 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
 
 
 def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level, log: str | None,
-              spike_check: bool, protect: dict[str, str] | None) -> PruneReport:
+              spike_check: bool, protect: dict[str, str] | None, advise: Adviser | None = None) -> PruneReport:
     """`prune.prune` for a URL ROOT (see the module docstring)."""
     from checkpoint_strategy.storage import remote
 
@@ -139,7 +140,7 @@ def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level
         with storage.local_paths([log] if log else []) as logs:
             s = survey(root, level)
             journalled = read_journal(root)
-            plan, guard = plan_survey(s, keep_last, ms, logs[0] if logs else None, spike_check, protect)
+            plan, guard = plan_survey(s, keep_last, ms, logs[0] if logs else None, spike_check, protect, advise)
             notes: list[str] = []
             versioning = view.versioning()
             if versioning:

@@ -9,18 +9,22 @@ checkpoints `recover` lists in `checkpoints.post_event`.
 
 Public API::
 
-    guard = read_spike([(step, path), ...], log=None)   # SpikeGuard | None (no log found)
+    guard = read_spike([(step, path), ...], log=None, advise=recovery.advise)   # SpikeGuard | None (no log)
     after_onset(step, guard)                            # True: holds spiked weights, do not resume
     safe_to_resume(status, resumable, step, guard)
     do_not_resume(guard)                                # "after the spike at step 121: do not resume"
     pre_spike_names(guard)                              # name -> why, checkpoints kept before any spike
+
+The adviser is passed in (`advise=checkpoint_strategy.recovery.advise`) by the caller above: checkpoints/
+sits below recovery/ and never imports it (docs/DEVELOPING.md, Layers). Every function here that reads
+a log takes it and hands it on.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Optional
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints.models import SpikeGuard
@@ -28,6 +32,9 @@ from checkpoint_strategy.errors import UsageError
 
 #: recovery statuses that mean a loss event has not recovered
 UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
+
+#: the recovery adviser's signature: advise(log, checkpoints=[(step, path)], level=None) -> RecoveryReport
+Adviser = Callable[..., Any]
 
 
 def default_log(valid: Sequence[tuple[int, str]]) -> Optional[str]:
@@ -37,20 +44,23 @@ def default_log(valid: Sequence[tuple[int, str]]) -> Optional[str]:
     return logs[-1] if logs else None
 
 
-def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None) -> Optional[SpikeGuard]:
+def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
+               advise: Optional[Adviser] = None) -> Optional[SpikeGuard]:
     """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
     recovery adviser. None when no log is found; an explicit `log` that cannot be read is a
     UsageError, a default one only a note ("no spike check").
 
     valid: (step, path) of the valid checkpoints (the resume points offered to the adviser).
+    advise: `checkpoint_strategy.recovery.advise`, passed in by the caller (required once a log is found).
     """
-    from checkpoint_strategy.recovery import advise
-
     valid = sorted(valid)
     explicit = log is not None
     log = log if explicit else default_log(valid)
     if log is None:
         return None
+    if advise is None:
+        raise TypeError("read_spike: a training log was found but no adviser was passed; pass "
+                        "advise=checkpoint_strategy.recovery.advise (or spike_check=False)")
     try:
         report = advise(log, checkpoints=list(valid), level=None)  # the callers validated them (or need only the onset)
     except UsageError as exc:
@@ -136,12 +146,13 @@ def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
     return runs
 
 
-def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True):
+def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True,
+               advise: Optional[Adviser] = None):
     """RunSafety for one run folder: read its log, mark post-onset results with a note."""
     from checkpoint_strategy.checkpoints.models import RunSafety
 
     valid = sorted((r.step, r.path) for r in results if r.status == "valid")
-    guard = read_spike(valid, log) if spike_check else None
+    guard = read_spike(valid, log, advise) if spike_check else None
     safe = sorted((r for r in results if r.status == "valid" and not after_onset(r.step, guard)),
                   key=lambda r: (r.step, r.path))
     resumable = [r for r in safe if r.resumable]
@@ -159,31 +170,32 @@ def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool 
                      safe=len(safe), post_onset=[r.path for r in post], note=note)
 
 
-def annotate_validation(report, paths: Sequence[str], log: Optional[str] = None, spike_check: bool = True):
+def annotate_validation(report, paths: Sequence[str], log: Optional[str] = None, spike_check: bool = True,
+                        advise: Optional[Adviser] = None):
     """Fill `report.safety` for every run folder among `paths` (a checkpoint given alone gets none)."""
     for root, results in _run_folders(paths, report.checkpoints).items():
-        report.safety.append(run_safety(root, results, log, spike_check))
+        report.safety.append(run_safety(root, results, log, spike_check, advise))
     return report
 
 
 # --------------------------------------------------------------------------- one checkpoint (release-gate)
 
 def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
-                     spike_check: bool = True) -> Optional[tuple[bool, str]]:
+                     spike_check: bool = True, advise: Optional[Adviser] = None) -> Optional[tuple[bool, str]]:
     """(ok, detail) for one checkpoint against its run's training log: not ok when it was saved
     after the onset of an unrecovered loss event. None when there is no log to read (or
     spike_check is off). The run is the checkpoint's folder's parent; its siblings are offered to
     the adviser as resume points (only their names are read)."""
     if not spike_check or step is None:
         return None
-    from checkpoint_strategy.recovery.ckptsteps import scan
+    from checkpoint_strategy.checkpoints.steps import scan
 
     parent = os.path.dirname(os.path.abspath(path))
     try:
         siblings = scan(parent)
     except UsageError:
         siblings = []
-    guard = read_spike(siblings, log)
+    guard = read_spike(siblings, log, advise)
     if guard is None or guard.status is None:
         return None
     if after_onset(step, guard):

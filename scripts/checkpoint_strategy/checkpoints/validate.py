@@ -568,6 +568,11 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     outcome = None
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
         outcome = dp.run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+        from checkpoint_strategy.checkpoints.optstep import fill_deep_check
+
+        mismatch = fill_deep_check(path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
+        if mismatch is not None:
+            outcome.findings.append(dp.Finding(".", mismatch[1], mismatch[0]))  # type: ignore[arg-type]
         for f in outcome.findings:
             ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
         ctx.counter.notes.extend(outcome.notes)

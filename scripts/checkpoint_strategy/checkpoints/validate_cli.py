@@ -38,6 +38,7 @@ def run(args) -> int:
 
     from checkpoint_strategy import storage
     from checkpoint_strategy.checkpoints.safety import annotate_validation
+    from checkpoint_strategy.recovery import advise
     from checkpoint_strategy.checkpoints.validate import refuse_remote
     from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
 
@@ -46,7 +47,7 @@ def run(args) -> int:
     with storage.local_paths(args.paths, prefetch=args.level == "quick") as paths:
         report = validate_paths(paths, level=args.level, manifest=args.manifest, progress=progress,
                                 stats=args.stats)
-        annotate_validation(report, paths, args.log, args.spike_check)
+        annotate_validation(report, paths, args.log, args.spike_check, advise)
         annotate_hardware(report, args.target_gpus, args.log)
         report = storage.unshadow_model(report)
     emit(report, args.format, args.output, inputs=tuple(args.paths))

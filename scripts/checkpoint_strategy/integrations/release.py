@@ -140,8 +140,9 @@ def apply_spike_check(record: ReleaseGate, log: str | None = None, spike_check: 
     """Add the check "not after an unrecovered loss spike" (checkpoints/safety.py) to a gate record:
     a checkpoint saved after the onset fails the gate, whatever its files say."""
     from checkpoint_strategy.checkpoints.safety import checkpoint_spike
+    from checkpoint_strategy.recovery import advise
 
-    found = checkpoint_spike(record.checkpoint, record.step, log, spike_check)
+    found = checkpoint_spike(record.checkpoint, record.step, log, spike_check, advise)
     if found is None:
         return record
     ok, detail = found

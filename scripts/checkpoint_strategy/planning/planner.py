@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, sizing
+from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
     FailureModel,
@@ -64,54 +66,6 @@ SOURCES = {
              "modelled as 10% of a synchronous save",
 }
 
-_NICE = (1, 2, 2.5, 5)
-
-
-def nice_steps(x: float) -> int:
-    """Round to the nearest 1, 2, 2.5 or 5 x 10^k (in log space), at least 1 step."""
-    if x <= 1:
-        return 1
-    best, best_err = 1, float("inf")
-    k = int(math.floor(math.log10(x)))
-    for exp in (k - 1, k, k + 1):
-        for m in _NICE:
-            v = m * 10**exp
-            if v < 1 or not float(v).is_integer():
-                continue
-            err = abs(math.log(v / x))
-            if err < best_err:
-                best, best_err = int(v), err
-    return best
-
-
-def nice_ceil(x: float) -> int:
-    """The smallest 1, 2, 2.5 or 5 x 10^k that is >= x (at least 1): a floor raised to the grid the optimum
-    and the seed milestones use, so milestones stay multiples of the interval."""
-    if x <= 1:
-        return 1
-    k = int(math.floor(math.log10(x)))
-    for exp in (k - 1, k, k + 1):
-        for m in _NICE:
-            v = m * 10**exp
-            if float(v).is_integer() and v >= x:
-                return int(v)
-    return math.ceil(x)
-
-
-def nice_floor(x: float) -> int:
-    """The largest 1, 2, 2.5 or 5 x 10^k that is <= x (at least 1)."""
-    if x < 1:
-        return 1
-    k = int(math.floor(math.log10(x)))
-    best = 1
-    for exp in (k - 1, k):
-        for m in _NICE:
-            v = m * 10**exp
-            if float(v).is_integer() and best < v <= x:
-                best = int(v)
-    return best
-
-
 def milestone_steps(spec, total_steps: int) -> list[int]:
     """seed: 1000, 5000, then 1, 2.5, 5 x 10^k from 10 000 on; pow2: 1000 x 2^k; both keep the
     final step. A list is taken as given (steps past the end are dropped)."""
@@ -133,6 +87,16 @@ def milestone_steps(spec, total_steps: int) -> list[int]:
             k += 1
     out.append(total_steps)
     return sorted(set(out))
+
+
+def milestone_schedule(spec: Milestones, last_step: int) -> list[int]:
+    """Steps a --milestones value names up to last_step (keywords expand like the planner's schedule,
+    without the planner's extra 'final step' entry)."""
+    if isinstance(spec, list):
+        return [s for s in spec if s <= last_step]
+    if spec == "none" or last_step < 1:
+        return []
+    return [s for s in milestone_steps(spec, MAX_STEPS) if s < MAX_STEPS and s <= last_step]
 
 
 def saved_steps_tail(total_steps: int, frequency: int, n: int) -> list[int]:

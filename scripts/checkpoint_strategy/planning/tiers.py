@@ -40,7 +40,7 @@ def persistent_arguments(args: PlanArguments) -> PlanArguments:
 
 def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -> TwoTierPlan:
     """The local tier next to the persistent plan, and the combined risk figures."""
-    from checkpoint_strategy.planning.planner import nice_ceil, nice_steps
+    from checkpoint_strategy.planning.rounding import nice_ceil, nice_steps
 
     tier = args.local_tier
     assert tier is not None
@@ -97,7 +97,7 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
 
 def divisor_at_most(n: int, cap: int) -> int:
     """The largest divisor of n that is at most cap: a round one when there is one, else by trial division."""
-    from checkpoint_strategy.planning.planner import nice_floor
+    from checkpoint_strategy.planning.rounding import nice_floor
 
     d = cap
     while d > 1 and n % d:

@@ -20,61 +20,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy.checkpoints.marker import is_emergency
+from checkpoint_strategy.checkpoints.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import oserror_line
 
-_PATTERNS = (
-    re.compile(r"^checkpoint-(\d+)$"),
-    re.compile(r"^step[-_]?(\d+)$"),
-    re.compile(r"^iter_(\d+)$"),
-    re.compile(r"^global_step(\d+)$"),
-    re.compile(r"^(\d+)$"),
-)
-_LIGHTNING = re.compile(r"(?:^|[-_])step=(\d+)(?:[-_.].*)?\.ckpt$")
 _LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
-MAX_STEP = 2**53
-
-
-def parse_step(name: str, is_dir: bool = True) -> Optional[int]:
-    """The step a checkpoint entry's name gives, or None."""
-    low = name.lower()
-    if "tmp" in low or "temp" in low:
-        return None
-    if name.endswith(".ckpt"):
-        m = _LIGHTNING.search(name)
-        return _bounded(int(m.group(1))) if m else None
-    for pattern in _PATTERNS:
-        m = pattern.match(name)
-        if m:
-            if pattern.pattern == r"^(\d+)$" and not is_dir:
-                return None
-            return _bounded(int(m.group(1)))
-    return None
-
-
-def _bounded(step: int) -> Optional[int]:
-    return step if step <= MAX_STEP else None
-
-
-def scan(root: str | os.PathLike) -> list[tuple[int, str]]:
-    """(step, path) of every checkpoint entry directly in `root`, oldest first."""
-    root = Path(root)
-    found: dict[int, str] = {}
-    try:
-        entries = list(os.scandir(root))
-    except OSError as exc:
-        raise UsageError(oserror_line(exc, "list checkpoint folder", root)) from None
-    for entry in entries:
-        try:
-            is_dir = entry.is_dir()
-        except OSError:
-            continue
-        step = parse_step(entry.name, is_dir)
-        if step is not None and is_emergency(entry.path):
-            continue  # post-event weights saved by the training callbacks: never a resume point
-        if step is not None and (step not in found or is_dir):
-            found[step] = str(Path(root) / entry.name)
-    return sorted(found.items())
 
 
 def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:

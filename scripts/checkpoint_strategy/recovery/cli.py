@@ -8,7 +8,6 @@ from checkpoint_strategy.cli_options import (
     add_milestones,
     add_report_options,
     add_storage_options,
-    milestone_schedule,
 )
 from checkpoint_strategy.recovery.options import add_log_options, check_output_early
 from checkpoint_strategy.storage import path_arg
@@ -57,6 +56,8 @@ def run(args) -> int:
         require_matplotlib()
     milestones = args.milestones  # a folder, or steps (a keyword names the plan's schedule)
     if isinstance(milestones, list) or milestones in ("seed", "pow2", "none"):
+        from checkpoint_strategy.planning.planner import milestone_schedule
+
         milestones = milestone_schedule(milestones, MAX_STEPS) or None
     from checkpoint_strategy import storage
     from checkpoint_strategy.recovery.complete import complete

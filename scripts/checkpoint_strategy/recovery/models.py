@@ -10,6 +10,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from checkpoint_strategy.checkpoints.models import OptimizerSteps, RunShape
+
 SpikeKind = Literal["spike", "divergence", "level_shift", "nonfinite", "collapse", "grad_norm"]
 Verdict = Literal["healthy", "recovering", "diverged"]
 RecoverStatus = Literal["no_spike", "self_recovered", "wait", "rollback", "no_clean_checkpoint"]
@@ -201,6 +203,18 @@ class VerifyResumeReport(_Strict):
     lr_discontinuity: Optional[bool] = Field(None, description="null when no learning rate is logged")
     reasons: list[str]
     warnings: list[str]
+    checkpoints: list[OptimizerSteps] = Field(
+        default_factory=list, description="--checkpoints: the checkpoint resumed from (first) and the resumed run's "
+                                          "checkpoints after the resume step, each with the optimizer's step counter "
+                                          "against the training step")
+    optimizer_reset: Optional[bool] = Field(None, description="a checkpoint after the resume has an optimizer step "
+                                                              "counter that restarted at the resume (or went down); "
+                                                              "null without --checkpoints or when not recorded")
+    shape_before: Optional[RunShape] = Field(None, description="world size and batch of the checkpoint resumed from")
+    shape_after: Optional[RunShape] = Field(None, description="world size and batch of the first checkpoint after "
+                                                              "the resume")
+    batch_changed: Optional[bool] = Field(None, description="the global batch differs between the two (null: not "
+                                                            "recorded)")
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {

@@ -163,7 +163,7 @@ class Collector:
         return out
 
     def _decide(self) -> None:
-        from checkpoint_strategy.recovery.logs import GRAD_KEYS, LOSS_KEYS, LR_KEYS, STEP_KEYS, _pick
+        from checkpoint_strategy.recovery.logkeys import GRAD_KEYS, LOSS_KEYS, LR_KEYS, STEP_KEYS, _pick
 
         keys: dict[str, None] = dict.fromkeys(self.known_keys or ())
         for _, rec in self.sample:
@@ -221,7 +221,7 @@ class Collector:
     def _num(self, v: Any, name: str, i: int) -> float:
         if type(v) is float:
             return v
-        from checkpoint_strategy.recovery.logs import _show, _to_float
+        from checkpoint_strategy.recovery.logkeys import _show, _to_float
 
         num = _to_float(v)
         if num is None:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS
 
 MAX_STEPS = 10**12
 
@@ -30,7 +31,7 @@ class RecoveryOptions(BaseModel):
     min_rise: float = Field(0.05, ge=0.0, le=100.0, description="minimum rise over the median for the z rule")
     tolerance: float = Field(0.10, ge=0.0, le=100.0,
                              description="'back near the healthy level' = within this fraction (the spec's 10%)")
-    wait_steps: int = Field(100, ge=0, le=MAX_STEPS, description="the spec's wait window, in steps")
+    wait_steps: int = Field(SPIKE_WAIT_STEPS, ge=0, le=MAX_STEPS, description="the spec's wait window, in steps")
     min_wait_steps: int = Field(50, ge=0, le=MAX_STEPS, description="the spec's minimum wait, in steps")
     margin: Optional[int] = Field(None, ge=0, le=MAX_STEPS,
                                   description="resume at or before onset - margin (default: log interval + 1)")

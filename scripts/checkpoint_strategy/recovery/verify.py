@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
 
+from checkpoint_strategy.checkpoints.models import OptimizerSteps, RunShape
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.advice import _fin, _show, log_info
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, read_log
@@ -30,13 +32,15 @@ from checkpoint_strategy.recovery.models import VerifyResumeReport
 def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,
                   loss_key: Optional[str] = None, lr_key: Optional[str] = None, run: Optional[str] = None,
                   pre_points: int = 20, post_points: int = 5, tolerance: float = 0.05,
-                  lr_tolerance: float = 0.10) -> VerifyResumeReport:
+                  lr_tolerance: float = 0.10, checkpoints: Optional[Sequence[str]] = None) -> VerifyResumeReport:
     """Check the loss (and lr) right after resuming at `resume_step` against the level before it.
 
     log_path as for `advise`. If the log has a restart segment that starts just after resume_step
     (steps repeat), the pre-save window comes from the older segment and the post-resume window
     from the new one; otherwise both come from the merged timeline. pre_points/post_points: logged
-    values in each window. Returns a VerifyResumeReport (verdict "ok" or "suspicious").
+    values in each window. checkpoints: folders (or checkpoint paths) holding the checkpoint resumed from
+    and the resumed run's later checkpoints: their optimizer step counters and world size / global batch are
+    compared (`_checkpoint_checks`). Returns a VerifyResumeReport (verdict "ok" or "suspicious").
     Raises UsageError on bad input.
     """
     _check_options(resume_step, pre_points, post_points, tolerance, lr_tolerance)
@@ -45,19 +49,24 @@ def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_
     win = _windows(series, resume_step, pre_points, post_points)
     loss = _loss_check(win, resume_step, tolerance)
     lr = _lr_check(win, lr_tolerance)
+    ck = _checkpoint_checks(checkpoints, resume_step) if checkpoints else _CkCheck()
     reasons = loss.reasons + lr.reasons
     suspicious = loss.jump or loss.drop or bool(lr.discontinuity)
     if not suspicious:
         reasons.append(f"loss {_show(loss.post_level)} after the resume vs {_show(loss.pre_level)} before the save: "
                        f"within the band {_show(loss.band)} (max of {tolerance:.0%} and 3 standard errors)"
                        + ("; learning rate continues the schedule" if lr.discontinuity is False else ""))
+    reasons.extend(ck.reasons)
+    win.warnings.extend(ck.warnings)
+    suspicious = suspicious or ck.suspicious
     if not win.restart_found:
         win.warnings.append(f"no restart segment found at step {resume_step}: compared the continuous timeline "
                             "(if the resumed run logs to a new file, append it to the old one or pass the merged log)")
     summary = (f"resume at step {resume_step} looks {'suspicious' if suspicious else 'ok'}: loss "
                f"{_show(loss.pre_level)} -> {_show(loss.post_level)}"
                + (f" ({loss.rel:+.1%})" if loss.rel is not None else "")
-               + (f", lr {lr.before:.3g} -> {lr.after:.3g}" if lr.before is not None and lr.after is not None else ""))
+               + (f", lr {lr.before:.3g} -> {lr.after:.3g}" if lr.before is not None and lr.after is not None else "")
+               + ck.summary)
     raw_s, pre_idx, post_idx = win.steps, win.pre_idx, win.post_idx
     return VerifyResumeReport(
         verdict="suspicious" if suspicious else "ok", summary=summary, log=log_info(series),
@@ -67,7 +76,8 @@ def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_
         pre_loss=loss.pre_level, post_loss=loss.post_level, change=_fin(loss.change),
         relative_change=_fin(loss.rel), noise=loss.noise, band=loss.band, jump=loss.jump, drop=loss.drop,
         lr_before=lr.before, lr_after=lr.after, lr_expected=lr.expected, lr_discontinuity=lr.discontinuity,
-        reasons=reasons, warnings=win.warnings)
+        reasons=reasons, warnings=win.warnings, checkpoints=ck.steps, optimizer_reset=ck.reset,
+        shape_before=ck.before, shape_after=ck.after, batch_changed=ck.batch_changed)
 
 
 def _check_options(resume_step, pre_points, post_points, tolerance, lr_tolerance) -> None:
@@ -230,3 +240,130 @@ def _timeline(raw_s: np.ndarray, idx: np.ndarray) -> np.ndarray:
             out.pop()
         out.append(int(i))
     return np.array(out, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- the checkpoints' own evidence
+
+#: checkpoints after the resume step that are read (the first ones: the resume's effect shows there)
+MAX_AFTER = 10
+
+
+@dataclass
+class _CkCheck:
+    """What --checkpoints adds: optimizer step counters, world size / global batch before and after."""
+
+    steps: list[OptimizerSteps] = field(default_factory=list)
+    reset: Optional[bool] = None
+    before: Optional[RunShape] = None
+    after: Optional[RunShape] = None
+    batch_changed: Optional[bool] = None
+    suspicious: bool = False
+    summary: str = ""
+    reasons: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _found(paths: Sequence[str]) -> list:
+    """Every checkpoint at or under `paths` (formats.discover), with a step, oldest first."""
+    import os
+
+    from checkpoint_strategy.checkpoints import formats as fm
+
+    out, seen = [], set()
+    for p in paths:
+        if not os.path.lexists(p):
+            raise UsageError(f"--checkpoints {p!r} does not exist: expected a checkpoint or a folder of checkpoints")
+        found, _unrecognised = fm.discover(p)
+        for f in found:
+            real = os.path.realpath(f.path)   # the same checkpoint through two --checkpoints (or a symlink): once
+            name = os.path.basename(os.path.normpath(f.path))
+            in_flight = name.startswith("tmp-") or fm.ORBAX_TMP in name   # a save still being written
+            if f.role == "checkpoint" and f.step is not None and real not in seen and not in_flight:
+                seen.add(real)
+                out.append(f)
+    if not out:
+        raise UsageError(f"no checkpoints found in {', '.join(map(repr, paths))}: expected checkpoint-N, step-N, "
+                         "global_stepN or *step=N.ckpt entries")
+    return sorted(out, key=lambda f: (f.step, f.path))
+
+
+def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
+    """The resumed-from checkpoint (step == resume_step, else the newest before it) and the first MAX_AFTER
+    checkpoints after it: optimizer step counters judged against resume_step, and the run shape compared."""
+    from checkpoint_strategy.checkpoints.optstep import judge, read_optimizer_steps
+    from checkpoint_strategy.checkpoints.runshape import read_run_shape, shape_change
+
+    found = _found(paths)
+    out = _CkCheck()
+    earlier = [f for f in found if f.step <= resume_step]
+    later = [f for f in found if f.step > resume_step][:MAX_AFTER]
+    base = earlier[-1] if earlier else None
+    if base is not None:
+        b = read_optimizer_steps(base.path, base.format)
+        out.steps.append(b)
+        if b.verdict in ("behind", "ahead"):
+            out.warnings.append(f"the checkpoint resumed from ({base.path}) is already off: {b.reason}")
+        if base.step != resume_step:
+            out.warnings.append(f"no checkpoint at step {resume_step}; compared with {base.path} (step {base.step})")
+    if not later:
+        out.warnings.append(f"no checkpoint after step {resume_step} in --checkpoints: the resumed run's optimizer "
+                            "state cannot be checked until it saves once")
+    for f in later:
+        out.steps.append(judge(read_optimizer_steps(f.path, f.format), resume_step))
+    _judge_later(out, out.steps[1:] if base is not None else out.steps, resume_step)
+    if base is not None and later:
+        out.before, out.after = read_run_shape(base.path, base.format), read_run_shape(later[0].path, later[0].format)
+        lines, changed = shape_change(out.before, out.after)
+        known = out.before.global_batch is not None and out.after.global_batch is not None
+        out.batch_changed = changed if known else None
+        (out.reasons if changed else out.warnings).extend(lines)
+        out.suspicious = out.suspicious or changed
+        if changed:
+            out.summary += "; global batch changed"
+    return out
+
+
+def _judge_later(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -> None:
+    """Verdicts of the checkpoints after the resume: reset / ahead are suspicious, behind is a warning; a counter
+    lower than the resumed-from checkpoint's is a reset even where the training step is not recorded."""
+    base = out.steps[0] if len(out.steps) > len(later) else None
+    for s in later:
+        if s.verdict == "unknown" and base is not None and None not in (base.optimizer_step, s.optimizer_step) \
+                and s.optimizer_step < base.optimizer_step:  # type: ignore[operator]
+            s.verdict = "reset"
+            s.reason = (f"optimizer step counter went down from {base.optimizer_step} (the checkpoint resumed from) "
+                        f"to {s.optimizer_step}: the optimizer started from nothing at the resume")
+    judged = [s for s in later if s.verdict != "unknown"]
+    if judged:
+        out.reset = any(s.verdict == "reset" for s in judged)
+    for verdict, lines in (("reset", out.reasons), ("ahead", out.reasons), ("behind", out.warnings)):
+        hit = [s for s in later if s.verdict == verdict]
+        if hit:
+            more = f" (and {len(hit) - 1} later checkpoint{'s' if len(hit) > 2 else ''} likewise)" if len(hit) > 1 else ""
+            lines.append(f"{hit[0].path}: {hit[0].reason}{more}")
+    out.suspicious = out.suspicious or any(s.verdict in ("reset", "ahead") for s in later)
+    _scheduler_restart(out, later, resume_step)
+    if out.reset:
+        out.summary += f"; optimizer state reset at step {resume_step}"
+    elif judged and all(s.verdict == "consistent" for s in judged):
+        out.reasons.append(f"optimizer step counter continues across the resume ({judged[0].path}: "
+                           f"{judged[0].reason})")
+    elif later and not judged:
+        out.warnings.append("the checkpoints after the resume record no optimizer step counter or no training "
+                            "step: the optimizer state could not be checked from them")
+
+
+def _scheduler_restart(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -> None:
+    """An LR scheduler stepped once per optimizer step (HF Trainer, torchtitan) whose last_epoch counts only the
+    steps since the resume started its schedule over (warm-up again): suspicious. Lightning's may step per epoch:
+    not judged."""
+    for s in later:
+        if s.format not in ("hf-trainer", "dcp", "torchtitan") or s.scheduler_step is None \
+                or s.training_step is None or not 0 < resume_step < s.training_step:
+            continue
+        if s.scheduler_step <= s.training_step - resume_step:
+            out.suspicious = True
+            out.reasons.append(f"{s.path}: LR scheduler last_epoch {s.scheduler_step} at training step "
+                               f"{s.training_step}: the schedule restarted at the resume from step {resume_step} "
+                               "(warm-up and decay start over)")
+        return

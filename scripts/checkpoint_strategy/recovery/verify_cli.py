@@ -1,9 +1,10 @@
-"""`checkpoint-strategy verify-resume LOG --resume-step N` (exit 1 when suspicious)."""
+"""`checkpoint-strategy verify-resume LOG --resume-step N [--checkpoints PATH ...]` (exit 1 when suspicious)."""
 
 from __future__ import annotations
 
 from checkpoint_strategy.cli_options import add_report_options, number
-from checkpoint_strategy.recovery.options import add_log_options, check_output_early
+from checkpoint_strategy.recovery.options import add_log_options
+from checkpoint_strategy.storage import path_arg
 
 HELP = "check that a resume kept optimizer state"
 
@@ -12,6 +13,10 @@ def add_arguments(parser) -> None:
     add_log_options(parser)
     parser.add_argument("--resume-step", type=number("step_offset"), required=True, metavar="N",
                         help="the step of the checkpoint the run resumed from")
+    parser.add_argument("--checkpoints", metavar="PATH", type=path_arg, action="append",
+                        help="the run's checkpoint folder (or one checkpoint); repeat for a resumed run writing to "
+                             "another folder. Compares the optimizer's step counter with the training step in the "
+                             "checkpoints after the resume, and the world size / global batch before and after")
     parser.add_argument("--pre-points", type=number("points"), default=20, help="logged losses before the save (default 20)")
     parser.add_argument("--post-points", type=number("points"), default=5, help="logged losses after the resume (default 5)")
     parser.add_argument("--tolerance", type=number("relative"), default=0.05, help="allowed relative change (default 0.05)")
@@ -20,12 +25,13 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.render import emit
+    from checkpoint_strategy.render import check_output_early, emit
     from checkpoint_strategy.recovery.verify import verify_resume
 
-    check_output_early(args)
+    check_output_early(args.output, inputs=(args.log, *(args.checkpoints or ())))
     report = verify_resume(args.log, args.resume_step, log_format=args.log_format, step_key=args.step_key,
                            loss_key=args.loss_key, lr_key=args.lr_key, run=args.run, pre_points=args.pre_points,
-                           post_points=args.post_points, tolerance=args.tolerance, lr_tolerance=args.lr_tolerance)
-    emit(report, args.format, args.output, inputs=(args.log, report.log.path))
+                           post_points=args.post_points, tolerance=args.tolerance, lr_tolerance=args.lr_tolerance,
+                           checkpoints=args.checkpoints)
+    emit(report, args.format, args.output, inputs=(args.log, report.log.path, *(args.checkpoints or ())))
     return 0 if report.verdict == "ok" else 1

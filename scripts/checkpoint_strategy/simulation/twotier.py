@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.simulation.montecarlo import event_budget, restart_phase
+from checkpoint_strategy.simulation.restart import event_budget, restart_phase
 
 MAX_POSITIONS = 1_000_000  # local saves per run: the timeline arrays stay under ~100 MB
 

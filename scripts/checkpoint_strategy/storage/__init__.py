@@ -27,7 +27,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -35,19 +34,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage.base import ReadError, is_url  # noqa: F401 - part of this API (remote.py imports them from base)
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
 #: Cap on a Trainer's trainer_state.json: it grows with log_history (800k log entries are over 64 MB).
 MAX_TRAINER_STATE_BYTES = 2 << 30
-
-
-class ReadError(UsageError):
-    """A file could not be read or parsed. ``reason`` is the short cause without the path."""
-
-    def __init__(self, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = " ".join(str(reason or message).split())
 
 
 _ERRNO_WORDS = {
@@ -152,15 +144,6 @@ def _remote_file(path: str) -> Any:
 
 
 # --------------------------------------------------------------------------- URLs (storage/remote.py)
-
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://", re.S)
-
-
-def is_url(text: str | os.PathLike[str]) -> bool:
-    """True for ``scheme://...`` other than ``file://`` (object storage, through storage/remote.py)."""
-    m = _URL.match(os.fspath(text)) if isinstance(text, (str, os.PathLike)) else None
-    return m is not None and m.group(1).lower() != "file"
-
 
 def plain_path(text: str) -> str:
     """``file:///x`` -> ``/x``; anything else unchanged."""

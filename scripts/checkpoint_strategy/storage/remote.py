@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import ReadError, is_url
+from checkpoint_strategy.storage.base import ReadError, is_url
 
 #: scheme -> (driver module, pip extra); None: built into fsspec.
 SCHEMES: dict[str, tuple[str | None, str]] = {

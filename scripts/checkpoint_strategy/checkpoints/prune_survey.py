@@ -1,0 +1,397 @@
+"""The survey and keep rules `prune` applies on any storage: what ROOT holds (`survey`), the keep
+rules on it with the loss-spike guard (`plan_survey`), and the report (`report_of`).
+
+`prune.py` (a local folder) and `prune_objects.py` (object storage) both use this module; only their
+apply step differs. (It sits below both so neither imports the other's internals: no import cycle.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from checkpoint_strategy import storage
+from checkpoint_strategy.checkpoints import formats as fm
+from checkpoint_strategy.checkpoints.marker import describe as describe_marker
+from checkpoint_strategy.checkpoints.marker import read_marker
+from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.checkpoints import safety
+from checkpoint_strategy.checkpoints.models import (
+    CheckpointResult,
+    Level,
+    Problem,
+    PruneEntry,
+    PruneReport,
+    PruneState,
+    PruneSuggestion,
+    SpikeGuard,
+)
+from checkpoint_strategy.checkpoints.validate import check, check_with_values, compare_consecutive, usable
+from checkpoint_strategy.errors import UsageError
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.checkpoints import deep as dp
+
+FINAL_EXPORT_NAME = "."
+
+
+# --------------------------------------------------------------------------- survey
+
+
+@dataclass
+class Survey:
+    """What ROOT holds, as the keep rules need it."""
+
+    root: str
+    candidates: list[rt.Candidate] = field(default_factory=list)
+    results: dict[str, CheckpointResult] = field(default_factory=dict)   # name -> validator result
+    found: dict[str, fm.Found] = field(default_factory=dict)             # name -> discovery
+    best: dict[str, str] = field(default_factory=dict)                   # name -> why it is the best
+    templates: list[str] = field(default_factory=list)                   # Lightning filename templates
+    emergency: dict[str, str] = field(default_factory=dict)              # name -> marker description
+    final_export: str | None = None
+    latest: str | None = None                                            # what the resume pointer names
+    latest_why: str = ""
+    notes: list[str] = field(default_factory=list)                       # links out of ROOT, pointer trouble
+    suggestion: PruneSuggestion | None = None                           # nothing freed: a smaller keep_last
+
+
+def _hf_best(survey: Survey) -> None:
+    """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
+    run folder's own)."""
+    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ")]
+    for c in survey.candidates:
+        f = survey.found.get(c.name)
+        if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
+    for path, where in states:
+        try:
+            data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
+                                     allow_nan=True, expect=dict)
+        except storage.ReadError:
+            continue
+        name = data.get("best_model_checkpoint")
+        if isinstance(name, str) and name.strip():
+            best = os.path.basename(os.path.normpath(name))
+            survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
+
+
+_PL_MONITOR = re.compile(r"^ModelCheckpoint\{.*'monitor': '([^']+)'")
+
+
+def _lightning_best(survey: Survey) -> None:
+    """Lightning's top-k: the newest valid .ckpt holds every ModelCheckpoint's state (read from
+    the pickle's string constants, nothing runs). When one monitors a metric, the .ckpt paths
+    in that state (best_model_path, best_k_models, kth_best_model_path) are the trainer's best."""
+    from checkpoint_strategy.checkpoints import filechecks as fc
+
+    newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
+                  and not c.symlink and c.step is not None and os.path.isfile(c.path)),
+                 key=lambda c: (c.step, c.name), default=None)
+    if newest is None:
+        return
+    _reasons, strings = fc.check_zip(newest.path, fc.Counter(), False, True)
+    # monitor="step" (a rolling window, as `export` emits it) ranks by recency, not quality: not a best
+    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))} - {"step", "epoch", "global_step"})
+    if not monitors:
+        return
+    names = {c.name for c in survey.candidates}
+    for x in strings:
+        name = x.replace("\\", "/").rsplit("/", 1)[-1]
+        if x.endswith(".ckpt") and name in names:
+            survey.best.setdefault(name, f"trainer's top-k by {', '.join(monitors)} (ModelCheckpoint state in "
+                                         f"{newest.name})")
+
+
+def _link(root: str, name: str) -> tuple[bool, str | None, bool]:
+    """(symlink, the ROOT entry it resolves into, resolves outside ROOT) for the entry `name` of ROOT.
+    Only the link text is resolved (os.path.realpath); nothing it points at is opened."""
+    path = os.path.join(root, name)
+    if not os.path.islink(path):
+        return False, None, False     # a real entry of ROOT (a real path): inside by construction
+    real = os.path.realpath(path)
+    if os.path.normpath(real) == os.path.normpath(os.path.realpath(root)):
+        return True, None, False      # a link to ROOT itself: kept, names no checkpoint
+    if not storage.inside(real, root):
+        return True, None, True
+    return True, os.path.relpath(real, os.path.realpath(root)).split(os.sep)[0], False
+
+
+def _describe_links(s: Survey) -> None:
+    for c in s.candidates:
+        if c.outside and c.symlink:
+            try:
+                target = os.readlink(os.path.join(s.root, c.name))
+            except OSError:
+                target = "?"
+            s.notes.append(f"{c.name} is a symlink to {target}, outside ROOT: reported, not followed, never deleted")
+        elif c.symlink and c.links_to and c.links_to not in {x.name for x in s.candidates}:
+            s.notes.append(f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept")
+
+
+#: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
+_POINTERS = (("latest", "DeepSpeed", "deepspeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"))
+
+
+def _resume_pointer(s: Survey) -> None:
+    """DeepSpeed's `latest` (a tag name) / Megatron's tracker file (an iteration): the checkpoint resuming loads."""
+    for fname, framework, layout in _POINTERS:
+        path = os.path.join(s.root, fname)
+        if not os.path.lexists(path) or os.path.islink(path):
+            continue
+        try:
+            text = storage.read_bytes(path, fname, limit=4096).decode("utf-8", "replace").strip()
+        except storage.ReadError as exc:
+            s.notes.append(f"{fname}: {exc}; ignored (nothing in ROOT is taken as in flight)")
+            continue
+        name = text if fname == "latest" else (f"iter_{int(text):07d}" if text.isdigit() else text)
+        m = rt.classify_name(name)
+        if m is None or m.step is None or m.layout != layout:
+            s.notes.append(f"{fname} names {text[:60]!r}, not a {framework} checkpoint name; ignored")
+            continue
+        s.latest = name
+        s.latest_why = f"named by {fname} ({framework} resumes from it)"
+        if name not in {c.name for c in s.candidates}:
+            s.notes.append(f"{fname} names {name}, which is not in ROOT: newer checkpoints are treated as in flight")
+        return
+
+
+def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+    """Level deep: compare consecutive checkpoints (the norm jump needs the previous one), then a valid
+    checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here: it never
+    justifies a deletion."""
+    compare_consecutive(deep)
+    s.candidates = [replace(c, status="invalid") if c.name in s.results and not c.final_export
+                    and c.status == "valid" and not usable(s.results[c.name]) else c for c in s.candidates]
+
+
+def survey(root: str, level: str = "quick") -> Survey:
+    """List ROOT (one level), classify every name, validate the recognised checkpoints."""
+    s = Survey(root)
+    found, unrecognised = fm.discover(root, max_depth=1)
+    templates: set[str] = set()
+    deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
+    for f in found:
+        if f.role == fm.FINAL_EXPORT:
+            r = check(f, level)
+            s.final_export = f.path
+            s.found[FINAL_EXPORT_NAME], s.results[FINAL_EXPORT_NAME] = f, r
+            s.candidates.append(rt.Candidate(FINAL_EXPORT_NAME, status=r.status, resumable=r.resumable,
+                                             final_export=True, format=f.format, path=f.path))
+            continue
+        name = os.path.basename(f.path)
+        m = rt.classify_name(name)
+        link, links_to, outside = _link(root, name) if os.path.dirname(f.path) == root else (False, None, True)
+        symlink = link or outside
+        s.found[name] = f
+        if m is None or symlink:  # never validated: kept whatever they hold
+            s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
+                                             symlink=symlink, format=f.format, path=f.path, links_to=links_to,
+                                             outside=outside))
+            continue
+        r, outcome = check_with_values(f, level)
+        s.results[name] = r
+        if m.step is not None:
+            deep.append((m.step, name, r, outcome))
+        if m.template and m.template != "last":
+            templates.add(m.template)
+        mark = read_marker(f.path)
+        if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
+            s.emergency[name] = describe_marker(mark)
+        s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,
+                                         m.metrics, format=f.format, path=f.path))
+    _deep_verdicts(s, deep)
+    for name in unrecognised:
+        link, links_to, outside = _link(root, name)
+        s.candidates.append(rt.Candidate(name, None, None, symlink=link, path=os.path.join(root, name),
+                                         links_to=links_to, outside=outside))
+    s.templates = sorted(templates)
+    _describe_links(s)
+    _resume_pointer(s)
+    _hf_best(s)
+    _lightning_best(s)
+    return s
+
+
+# --------------------------------------------------------------------------- loss spike
+
+UNRESOLVED = safety.UNRESOLVED
+
+
+def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
+                advise: safety.Adviser | None = None) -> SpikeGuard | None:
+    """The training log read with the recovery adviser (`checkpoints.safety.read_spike`). When a
+    loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
+    come after "best", and a rolling window rotates past them.
+
+    valid: (step, path) of the valid checkpoints. advise: `checkpoint_strategy.recovery.advise` (passed in).
+
+    A log that was there when the survey looked and is gone (or unreadable) when it is read is a
+    UsageError: prune refuses rather than deleting without the spike check (issue 29).
+    """
+    guard = safety.read_spike(valid, log, advise)
+    if guard is not None and guard.status is None and not _readable(guard.log):
+        raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
+                         "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
+    return guard
+
+
+def _readable(path: str) -> bool:
+    return storage.is_regular(path) and os.access(path, os.R_OK)
+
+
+def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
+    """Retention keywords from the spike guard: the rollback point, the checkpoint before each
+    spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
+    if guard is None:
+        return {}
+    why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
+    post = {c.name: why for c in candidates
+            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
+    pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
+    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
+                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
+
+
+def _size(path: str) -> int:
+    total = 0
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return os.lstat(path).st_size
+        for dirpath, _dirs, files in os.walk(path, followlinks=False):
+            for n in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, n)).st_size
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return total
+
+
+@dataclass
+class Outcome:
+    deleted: dict[str, int] = field(default_factory=dict)       # name -> bytes freed
+    failed: dict[str, str] = field(default_factory=dict)        # name -> why
+    finished: list[str] = field(default_factory=list)           # journalled leftovers removed
+    errors: list[Problem] = field(default_factory=list)
+    half_deleted: list[str] = field(default_factory=list)       # still in the journal
+
+    @property
+    def freed(self) -> int:
+        return sum(self.deleted.values())
+
+
+def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
+    c = d.candidate
+    r = s.results.get(c.name)
+    deleted = out is not None and c.name in out.deleted
+    error = out.failed.get(c.name) if out is not None else None
+    size = (out.deleted[c.name] if deleted and out is not None else
+            _size(c.path) if c.layout and not c.symlink and c.path else None)
+    return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
+                      status=r.status if r else None,
+                      resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
+                      bytes=size,
+                      reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
+                      justified_by=d.justified_by, deleted=deleted, error=error)
+
+
+def recheck_level(level: str) -> Level:
+    """The level a checkpoint that justifies deletions is checked at right before anything is deleted:
+    at least full (the CRC-32 of every file), whatever level the survey used (issue 29: a byte flipped
+    in optimizer.pt passes the quick level)."""
+    return "deep" if level == "deep" else "full"
+
+
+def recheck(plan: rt.Plan, revalidate) -> list[tuple[str, str]]:
+    """(name, why) of every checkpoint justifying a deletion of `plan` that fails `revalidate`."""
+    failed = []
+    for j in sorted({d.justified_by for d in plan.delete if d.justified_by}):
+        problem = revalidate(j)
+        if problem:
+            failed.append((j, f"the newer checkpoint that justifies the deletions no longer validates in the check "
+                              f"right before deleting ({problem}): nothing deleted"))
+    return failed
+
+
+def revalidator(found: dict[str, fm.Found], level: str, before=None):
+    """revalidate(name) -> None when the checkpoint passes at `recheck_level(level)`, else its first problem."""
+    lvl = recheck_level(level)
+
+    def revalidate(name: str) -> str | None:
+        if before is not None:
+            before(name)
+        r = check(found[name], lvl)
+        if usable(r):
+            return None
+        first = next((p for p in r.problems), None)
+        return f"level {lvl}: {r.status}" + (f", {first.file}: {first.reason}" if first is not None else "")
+
+    return revalidate
+
+
+def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
+                protect: dict[str, str] | None,
+                advise: safety.Adviser | None = None) -> tuple[rt.Plan, SpikeGuard | None]:
+    """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`."""
+    valid = [(c.step, c.path) for c in s.candidates
+             if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
+    guard = spike_guard(valid, log, advise) if spike_check else None
+    keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
+    why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
+           else f"kept until the loss spike at step {guard.onset_step} recovers")
+    held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
+    retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
+                             best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates))
+    if s.latest:
+        retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
+    plan = rt.plan_prune(s.candidates, retention)
+    s.suggestion = None if plan.delete else smaller_keep_last(s, retention)
+    return plan, guard
+
+
+def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | None:
+    """When `retention` frees nothing: the smallest keep_last whose plan still keeps every rollback point
+    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log) and the newest,
+    with the bytes it would free. None when no smaller keep_last deletes anything."""
+    must = {n for n in (retention.rollback, *retention.pre_spike) if n}
+    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
+        plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
+        kept = {d.candidate.name for d in plan.keep}
+        if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
+            continue
+        names = [d.candidate.name for d in plan.delete]
+        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_size(d.candidate.path) for d in plan.delete),
+                               rollback_points=sorted(must))
+    return None
+
+
+def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
+              level: Level, keep_last: int, milestones: list[int], leftovers: tuple[list[str], list[str]],
+              notes: list[str] | None = None, proposed: str | None = None) -> PruneReport:
+    """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
+    entries = [_entry(d, s, out) for d in plan.decisions]
+    keep = [e for e in entries if e.action == "keep"]
+    delete = [e for e in entries if e.action == "delete"]
+    state: PruneState = "dry_run"
+    if out is not None:
+        state = "half_deleted" if out.half_deleted else "failed" if out.errors else "done"
+    best = sorted(s.best)
+    if guard is not None:
+        guard.log = storage.display(guard.log)
+    return PruneReport(
+        root=storage.display(root), applied=apply, level=level, keep_last=keep_last, milestones=milestones,
+        best_checkpoint=best[0] if best else None,
+        newest_valid=plan.newest.name if plan.newest else None, counts_resumable=plan.counts_resumable,
+        final_export=storage.display(s.final_export) if s.final_export else None, lightning_templates=s.templates,
+        keep=keep, delete=delete, leftovers=leftovers[0], foreign_leftovers=leftovers[1],
+        reasons={e.name: e.reasons for e in entries},
+        deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
+        freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
+        bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
+        errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *(notes or [])],
+        recheck_level=recheck_level(level), suggestion=s.suggestion,
+        justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}))

@@ -1,0 +1,267 @@
+"""The package's import structure stays as drawn (issue 23): imports point down the layer table in
+docs/DEVELOPING.md ("Layers"), never up, never sideways between two groups of one layer, and there is
+no import cycle. The graph is read from the source (ast): top-level and function-level (lazy) imports
+alike, absolute and relative -- a lazy import is a real dependency, only a later one.
+
+Not in the graph: modules imported by name at run time (`cli.COMMANDS` through importlib,
+`schemagen`'s `<capability>.models`); both sit in the top layer, so such an import points down anyway.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "scripts" / "checkpoint_strategy"
+DEVELOPING = REPO / "docs" / "DEVELOPING.md"
+PKG = "checkpoint_strategy"
+ROOT = "__init__"  # the package's own __init__.py in the table and the messages
+
+
+# --------------------------------------------------------------------------- the layer table
+
+
+def parse_layers(text: str) -> list[tuple[str, list[list[str]]]]:
+    """[(layer, [[pattern, ...] per group])] from the "## Layers" table, top layer first.
+    A row: `| name | `a` + `b`, `c` |` -- commas separate groups, `+` joins modules into one group."""
+    section = text.split("\n## Layers", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    for line in rows[2:]:  # after the header and the |---| line
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        groups = [re.findall(r"`([^`]+)`", g) for g in cells[1].split(",")]
+        layers.append((cells[0], [g for g in groups if g]))
+    return layers
+
+
+def _matches(module: str, pattern: str) -> bool:
+    """`x` is the module x and everything under it; `*.cli` / `*_cli` match the last name part."""
+    if "*" in pattern:
+        last = module.rsplit(".", 1)[-1]
+        return "." in module and fnmatch.fnmatchcase(last, pattern.rsplit(".", 1)[-1]) if pattern.startswith("*.") \
+            else fnmatch.fnmatchcase(last, pattern)
+    return module == pattern or module.startswith(pattern + ".")
+
+
+def place(module: str, layers) -> tuple[int, int] | None:
+    """(layer index, group index) of a module: the first row, top to bottom, with a matching pattern."""
+    for i, (_name, groups) in enumerate(layers):
+        for j, group in enumerate(groups):
+            if any(_matches(module, p) for p in group):
+                return i, j
+    return None
+
+
+# --------------------------------------------------------------------------- the import graph
+
+
+def modules_of(package: Path) -> dict[str, Path]:
+    """Module name (relative to the package; the package itself is ROOT) -> file."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts) or ROOT] = path
+    return out
+
+
+def _resolve(name: str, known: set[str]) -> str | None:
+    """The longest known module a dotted name (relative to the package) names."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names if a.name == PKG or a.name.startswith(PKG + ".")]
+        return [_resolve(n[len(PKG) + 1:], known) or ROOT for n in names]
+    assert isinstance(node, ast.ImportFrom)
+    if node.level:  # relative: from the module's package, one level up per extra dot
+        base = [] if module == ROOT else module.split(".")
+        base = base if is_package else base[:-1]
+        base = base[:len(base) - node.level + 1] if node.level > 1 else base
+        source = ".".join(base + ([node.module] if node.module else []))
+    elif node.module == PKG or (node.module or "").startswith(PKG + "."):
+        source = node.module[len(PKG) + 1:]
+    else:
+        return []
+    out = []
+    for alias in node.names:  # `from pkg import submodule` names the submodule, else the module itself
+        full = f"{source}.{alias.name}" if source else alias.name
+        out.append(full if full in known else (_resolve(source, known) or ROOT))
+    return out
+
+
+def import_graph(package: Path) -> dict[str, dict[str, int]]:
+    """module -> {imported module: line of the first such import}, every import statement anywhere in the file."""
+    files = modules_of(package)
+    known = set(files)
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in files.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _targets(node, module, path.name == "__init__.py", known):
+                    if target != module:
+                        edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+# --------------------------------------------------------------------------- the checks
+
+
+def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (a -> b -> ... -> a) per strongly connected component that has one (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(_cycle_in(graph, component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _cycle_in(graph, component: set[str]) -> list[str]:
+    """A concrete cycle through the component's first module (breadth-first back to it)."""
+    start = min(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        v = queue.pop(0)
+        for w in sorted(graph.get(v, {})):
+            if w == start:
+                return paths[v] + [start]
+            if w in component and w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    raise AssertionError("a strongly connected component has a cycle")
+
+
+def violations(graph: dict[str, dict[str, int]], layers) -> list[str]:
+    """Every broken rule, one line each: unplaced modules, cycles, upward and sideways imports."""
+    names = [name for name, _groups in layers]
+    problems = [f"{m}: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"
+                for m in sorted(graph) if place(m, layers) is None]
+    problems += ["import cycle: " + " -> ".join(c) for c in cycles(graph)]
+    for module in sorted(graph):
+        here = place(module, layers)
+        for target, line in sorted(graph[module].items()):
+            there = place(target, layers)
+            if here is None or there is None:
+                continue
+            if there[0] < here[0]:
+                problems.append(f"{module} (layer {names[here[0]]}) imports {target} (layer {names[there[0]]}, "
+                                f"above it), line {line}")
+            elif there[0] == here[0] and there[1] != here[1]:
+                problems.append(f"{module} imports {target}, line {line}: two groups of layer {names[here[0]]} "
+                                "import each other only through a lower layer")
+    return problems
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def layers():
+    return parse_layers(DEVELOPING.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph(PACKAGE)
+
+
+def test_the_layer_table_is_read_from_developing_md(layers):
+    names = [name for name, _groups in layers]
+    assert names[0] == "commands" and names[-1] == "base", names
+    # the order the issue draws: checkpoints below recovery, the leaves right under the commands
+    assert names.index("leaves") == 1 and names.index("recovery") < names.index("checkpoints")
+    assert place("callbacks.hf", layers)[0] == place("export.orbax", layers)[0] == 1
+    assert place("checkpoints.prune_cli", layers)[0] == 0  # a command module, above its sub-package
+    assert place("checkpoints.prune", layers) == place("policyfile", layers)  # one group
+    assert place(ROOT, layers)[0] == len(layers) - 1
+
+
+def test_every_module_is_in_a_layer(graph, layers):
+    assert [m for m in graph if place(m, layers) is None] == []
+
+
+def test_the_package_has_no_import_cycle(graph):
+    assert cycles(graph) == []
+
+
+def test_imports_point_down(graph, layers):
+    assert violations(graph, layers) == []
+
+
+def test_lazy_and_relative_imports_are_edges(tmp_path):
+    """The graph builder on a small package: a function-level import, `from . import`, `from ..x import`
+    and an absolute `import pkg.a.b` are all edges; a name imported from a module is that module."""
+    pkg = tmp_path / PKG
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '1'\n")
+    (pkg / "base.py").write_text("X = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("from . import leaf\n")
+    (pkg / "sub" / "leaf.py").write_text("from ..base import X\n")
+    (pkg / "sub" / "lazy.py").write_text(f"def f():\n    from {PKG}.top import g\n    import {PKG}.sub.leaf\n")
+    (pkg / "top.py").write_text(f"from {PKG} import __version__\nfrom {PKG}.sub import leaf\n")
+    g = import_graph(pkg)
+    assert g == {ROOT: {}, "base": {}, "sub": {"sub.leaf": 1}, "sub.leaf": {"base": 1},
+                 "sub.lazy": {"top": 2, "sub.leaf": 3}, "top": {ROOT: 1, "sub.leaf": 2}}
+    assert cycles({**g, "top": {**g["top"], "sub.lazy": 3}}) == [["sub.lazy", "top", "sub.lazy"]]
+
+
+def test_the_checker_reports_an_injected_upward_import(graph, layers):
+    """The real graph plus one upward edge (checkpoints.validate -> recovery.detect) is reported, naming
+    both modules and both layers; the real graph alone is clean (test_imports_point_down)."""
+    bad = {**graph, "checkpoints.validate": {**graph["checkpoints.validate"], "recovery.detect": 7}}
+    assert violations(bad, layers) == [
+        "checkpoints.validate (layer checkpoints) imports recovery.detect (layer recovery, above it), line 7"]
+
+
+def test_the_checker_reports_an_injected_cycle_and_a_sideways_import(graph, layers):
+    bad = {**graph, "storage.base": {**graph["storage.base"], "storage": 3},
+           "callbacks.hf": {**graph["callbacks.hf"], "export.hf": 9}}
+    problems = violations(bad, layers)
+    assert "import cycle: storage -> storage.base -> storage" in problems
+    assert ("callbacks.hf imports export.hf, line 9: two groups of layer leaves import each other only "
+            "through a lower layer") in problems
+    assert len(problems) == 2
+
+
+def test_a_new_sub_package_must_be_placed(graph, layers):
+    bad = {**graph, "newcapability.core": {"errors": 1}}
+    assert violations(bad, layers) == [
+        "newcapability.core: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"]
