@@ -32,7 +32,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
                      "dcp_checkpoint", "safetensors_file", "loop_resumes", "lightning_resumes", "deepspeed_resumes",
-                     "hf_world_change"}
+                     "hf_world_change", "deepspeed_zero2_run", "fsdp2_run"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
@@ -42,7 +42,7 @@ SLOW_TESTS: set[str] = {
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels"}
+SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -216,6 +216,23 @@ def deepspeed_resumes(tmp_path_factory) -> resumeruns.Resumes:
 def hf_world_change(tmp_path_factory) -> Path:
     """HF Trainer under torchrun, 2 gloo processes to checkpoint-4, resumed by 1 process to checkpoint-6."""
     return _built(tmp_path_factory, "hf-world", resumeruns.build_hf_world_change)
+
+
+@pytest.fixture(scope="session")
+def deepspeed_zero2_run(tmp_path_factory) -> Path:
+    """A real DeepSpeed ZeRO-2 CPU save (global_step3/, global_step6/, latest) plus DeepSpeed's ds_to_universal
+    conversion of global_step6 (global_step6_universal/, latest_universal); needs the frameworks extra."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+                                            "deepspeed (or pip install -e '.[test,frameworks]')")
+    folder = realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds2"), stage=2)
+    realruns.build_deepspeed_universal(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory) -> Path:
+    """A plain loop's FSDP2 (2 CPU processes, gloo) DCP saves in step-2/ and step-4/."""
+    return realruns.build_fsdp2_run(tmp_path_factory.mktemp("fsdp2"))
 
 
 @pytest.fixture(scope="session")

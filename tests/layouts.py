@@ -9,7 +9,8 @@ inside are real torch.save zip archives / real torch.distributed.checkpoint fold
              global_stepN/{bf16_,}zero_pp_rank_R_mp_rank_00_optim_states.pt, zero_to_fp32.py
   Megatron   latest_checkpointed_iteration.txt, iter_0000500/mp_rank_00/model_optim_rng.pt
   NeMo       <name>.ckpt and the `<name>-unfinished` marker while a save is in flight
-  torchtitan checkpoint/step-N/ holding a DCP checkpoint (.metadata + __0_0.distcp)
+  torchtitan checkpoint/step-N/ holding a DCP checkpoint (.metadata + __0_0.distcp) with torchtitan's keys
+             (flattened model, optimizer, train_state); tests/realruns.py builds the full key set
 """
 
 from __future__ import annotations
@@ -104,7 +105,10 @@ def build_torchtitan(root: Path, steps=(10, 20)) -> Path:
     for step in steps:
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(2, 8)).sum().backward()
-        opt.step()
-        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(base / f"step-{step}"))
+        for _ in range(step):   # the optimizer's step counter equals train_state.step, as in torchtitan
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+        # torchtitan's keys: the model flattened to the top level, its TrainState under "train_state"
+        state = dict(model.state_dict(), optimizer=opt.state_dict(), train_state={"step": torch.tensor(step)})
+        dcp.save(state, checkpoint_id=str(base / f"step-{step}"))
     return base

@@ -474,7 +474,7 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WO
 import torch, deepspeed
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[3])},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
           "checkpoint": {"tag_validation": "Fail", "load_universal": False, "use_node_local_storage": False}}
 deepspeed.init_distributed(dist_backend="gloo")
@@ -489,8 +489,8 @@ for step in range(1, 7):
 """
 
 
-def build_deepspeed_run(root: Path) -> Path:
-    """A real DeepSpeed ZeRO stage-1 run on CPU (gloo): global_step3/, global_step6/, latest.
+def build_deepspeed_run(root: Path, stage: int = 1) -> Path:
+    """A real DeepSpeed ZeRO run (stage 1 or 2) on CPU (gloo): global_step3/, global_step6/, latest.
     The first engine start on a machine compiles an op (minutes); later runs reuse the build cache."""
     import socket
     import subprocess
@@ -500,8 +500,81 @@ def build_deepspeed_run(root: Path) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     folder = root / "deepspeed"
-    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port)], capture_output=True,
-                          text=True, timeout=1800, env=checkout_env())
+    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)],
+                          capture_output=True, text=True, timeout=1800, env=checkout_env())
     if proc.returncode != 0:
         raise RuntimeError("DeepSpeed run failed: " + proc.stderr[-2000:])
+    return folder
+
+
+def build_deepspeed_universal(folder: Path, tag: str = "global_step6") -> Path:
+    """DeepSpeed's own ds_to_universal on a real ZeRO-1/2 save: <folder>/<tag>_universal/ (mp_rank_00_model_states.pt,
+    zero/optimizer_state.pt, zero/<param>/{fp32,exp_avg,exp_avg_sq,step}.pt) and <folder>/latest_universal.
+    --inject_missing_state adds the universal_checkpoint_info a plain engine does not record (Megatron-DeepSpeed
+    passes it as client state)."""
+    import subprocess
+    import sys
+
+    out = folder / f"{tag}_universal"
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                           str(folder / tag), "--output_folder", str(out), "--num_extract_workers", "1",
+                           "--num_merge_workers", "1", "--inject_missing_state"],
+                          capture_output=True, text=True, timeout=600, env=checkout_env())
+    if proc.returncode != 0 or not (out / "zero").is_dir():
+        raise RuntimeError("ds_to_universal failed: " + proc.stderr[-2000:])
+    return out
+
+
+FSDP2_RUN = """
+import os, socket, sys
+import torch, torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def run(rank, world, out, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (world,))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(1, 5):
+        model(torch.randn(4, 16)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if step % 2 == 0:   # a plain loop's save, in step-N folders
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=f"{out}/step-{step}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(run, args=(2, sys.argv[1], port), nprocs=2)
+"""
+
+
+def build_fsdp2_run(root: Path) -> Path:
+    """A plain training loop with FSDP2 (fully_shard) on 2 CPU processes (gloo), saving model + optimizer with
+    torch.distributed.checkpoint into step-2/ and step-4/ (__0_0.distcp, __1_0.distcp, .metadata)."""
+    import subprocess
+    import sys
+
+    folder = root / "fsdp2"
+    script = root / "fsdp2_run.py"      # mp.spawn needs a file its children can import
+    script.write_text(FSDP2_RUN)
+    proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=600,
+                          env=checkout_env())
+    if proc.returncode != 0:
+        raise RuntimeError("FSDP2 run failed: " + proc.stderr[-2000:])
     return folder

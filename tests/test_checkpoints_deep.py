@@ -38,10 +38,35 @@ def _st_tensors(path: Path) -> dict[str, tuple[str, list, int]]:
 
 
 def _poke(path: Path, offset: int, values, dtype) -> None:
+    """Overwrite values in place; in a torch zip archive the CRC-32s are then made to match, as torch.save
+    writes them for these bytes (a NaN saved by the training, not a flipped byte: deep includes full's CRC)."""
     data = np.asarray(values, dtype=dtype).tobytes()
     with open(path, "r+b") as fh:
         fh.seek(offset)
         fh.write(data)
+    if path.read_bytes()[:4] == b"PK\x03\x04":
+        fix_zip_crcs(path)
+
+
+def fix_zip_crcs(path: Path) -> None:
+    """Recompute the CRC-32 of every stored entry of a zip archive in place (local and central headers)."""
+    import zlib
+
+    blob = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        infos, cd = zf.infolist(), zf.start_dir
+    pos = cd
+    for info in infos:
+        assert blob[pos:pos + 4] == b"PK\x01\x02"
+        nlen, xlen, clen = struct.unpack("<HHH", blob[pos + 28:pos + 34])
+        lh = info.header_offset
+        lnlen, lxlen = struct.unpack("<HH", blob[lh + 26:lh + 30])
+        start = lh + 30 + lnlen + lxlen
+        crc = struct.pack("<I", zlib.crc32(bytes(blob[start:start + info.compress_size])))
+        blob[pos + 16:pos + 20] = crc
+        blob[lh + 14:lh + 18] = crc
+        pos += 46 + nlen + xlen + clen
+    path.write_bytes(bytes(blob))
 
 
 def _entry_offset(path: Path, raw: bytes) -> int:

@@ -238,3 +238,27 @@ def test_a_save_still_in_flight_is_not_read(tmp_path, cli_run, hf_like):
     r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", hf_like.parent,
                 "--format", "json")
     assert [c["path"] for c in r.json()["checkpoints"]] == [str(hf_like)]
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan"), 1e300])
+def test_dcp_infinite_or_huge_counters_are_unknown_not_a_crash(tmp_path, bad):
+    """A DCP save whose train_state step and scheduler last_epoch are tensors of inf / nan / 1e300 (written by the
+    real torch.distributed.checkpoint): int() of them would raise OverflowError/ValueError (exit 3); they are unknown."""
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    folder = tmp_path / "step-1"
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
+             "train_state": {"step": torch.tensor(bad, dtype=torch.float64)},
+             "lr_scheduler": {"last_epoch": torch.tensor(bad, dtype=torch.float64)}}
+    dcp.save(state, checkpoint_id=str(folder))
+    s = read_optimizer_steps(str(folder))
+    assert s.optimizer_step == 1
+    assert s.training_step is None and s.scheduler_step is None

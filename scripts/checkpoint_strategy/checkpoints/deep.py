@@ -28,6 +28,8 @@ Role = Literal["weights", "optimizer", "mixed", "other"]
 OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
 WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
+#: optimizer state leaves that are means of squares: a negative value cannot be (Adam takes their square root)
+SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col", "square_avg", "sum")
 #: a global weight-norm ratio outside [1/NORM_RATIO, NORM_RATIO] between consecutive checkpoints is suspicious
 NORM_RATIO = 2.0
 MAX_NAMED = 20
@@ -43,6 +45,23 @@ class Source:
     dcp: tp.PickleScan | None = None
     flat: bool = False      # a partitioned optimizer (DeepSpeed ZeRO, Megatron distrib_optim): per-group
     #                         flat buffers, so moments are not counted per parameter nor matched to shapes
+    tensor: str | None = None   # the name every tensor of the file takes: "<param>.<state>" of a DeepSpeed
+    #                             universal checkpoint's zero/<param>/<state>.pt
+    flat_model: bool = False    # DCP with the model flattened to the top level (torchtitan): every top-level
+    #                             key but the training state's is a weight
+
+
+#: torchtitan's top-level keys beside the flattened model (framework_layouts.TORCHTITAN_TRAIN_KEYS)
+TRAIN_STATE_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
+
+
+def _dcp_role(src: Source, fqn: str) -> str:
+    if src.role != "mixed":
+        return src.role
+    if src.flat_model:
+        return "optimizer" if fqn.split(".", 1)[0] in OPTIM_KEYS else \
+            "other" if fqn.split(".", 1)[0] in TRAIN_STATE_KEYS else "weights"
+    return _role_of("mixed", fqn)
 
 
 @dataclass
@@ -91,9 +110,10 @@ def _safetensors_jobs(src: Source) -> tuple[list[ts.Job], str | None]:
     for name, info in header.items():
         if name == "__metadata__" or not isinstance(info, dict):
             continue
-        begin = info["data_offsets"][0]
-        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), ts.safetensors_dtype(info["dtype"]),
-                           8 + hlen + begin, tuple(info["shape"])))
+        begin, end = info["data_offsets"][0], info["data_offsets"][1]
+        dtype = ts.safetensors_dtype(info["dtype"])
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, 8 + hlen + begin,
+                           tuple(info["shape"]), nbytes=0 if dtype in ts.FLOAT_DTYPES else end - begin))
     return jobs, None
 
 
@@ -219,12 +239,12 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
                         continue
                     sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
                     for j in sub:
-                        j.role = _role_of("mixed", fqn) if src.role == "mixed" else src.role
+                        j.role = _dcp_role(src, fqn)
                     jobs.extend(sub)
                     notes.extend(sub_notes)
                 elif dtype in tp.DTYPE_SIZE and length == ts._prod(sizes) * tp.DTYPE_SIZE[dtype]:
-                    jobs.append(ts.Job(path, fsrc.rel, name, _role_of("mixed", fqn) if src.role == "mixed"
-                                       else src.role, dtype, off, sizes, scalar_value=ts._prod(sizes) == 1))
+                    jobs.append(ts.Job(path, fsrc.rel, name, _dcp_role(src, fqn), dtype, off, sizes,
+                                       scalar_value=ts._prod(sizes) == 1))
     except (OSError, fc_read_error()) as exc:
         notes.append(f"cannot read DCP data: {getattr(exc, 'reason', None) or exc}")
     finally:
@@ -277,12 +297,31 @@ def _optimizer_dicts(src: Source) -> list[dict]:
         return [root]
     out = []
     for key in OPTIM_KEYS:
-        v = root.get(key)
-        if isinstance(v, dict) and "state" in v:
-            out.append(v)
-        elif isinstance(v, list):
-            out.extend(x for x in v if isinstance(x, dict) and "state" in x)
+        out.extend(_state_dicts(root.get(key)))
     return out
+
+
+#: DeepSpeed keeps the torch optimizer's state dict inside its own: ZeRO-1/2 and the bf16 optimizer under
+#: base_optimizer_state (a list of per-group states with elastic checkpoints), ZeRO-3 under optimizer_state_dict
+DS_INNER_KEYS = ("base_optimizer_state", "optimizer_state_dict")
+
+
+def _state_dicts(v: Any, depth: int = 0) -> list[dict]:
+    """torch optimizer state dicts ({'state': ..., 'param_groups': ...}) in one value: the dict itself, a list
+    of them, or a DeepSpeed optimizer's wrapper around one (`DS_INNER_KEYS`)."""
+    if isinstance(v, list):
+        return [x for x in v if isinstance(x, dict) and "state" in x]
+    if not isinstance(v, dict):
+        return []
+    if "state" in v:
+        return [v]
+    for key in DS_INNER_KEYS if depth < 2 else ():
+        inner = v.get(key)
+        if isinstance(inner, list) and inner and all(isinstance(x, dict) and "state" not in x for x in inner):
+            return [{"state": dict(enumerate(inner)), "param_groups": []}]   # elastic ZeRO: per-group states
+        if isinstance(inner, (dict, list)):
+            return _state_dicts(inner, depth + 1)
+    return []
 
 
 def _global_step(sources: list[Source], fallback: int | None) -> int | None:
@@ -301,6 +340,26 @@ def _step_value(v: Any, values: dict[int, float]) -> float | None:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
     return None
+
+
+def step_problem(value: float) -> str | None:
+    """Why an optimizer step count cannot be (NaN, infinite, negative, not a whole number), or None."""
+    if value != value:
+        return "is NaN"
+    if value in (float("inf"), float("-inf")):
+        return f"is {value}"
+    if value < 0:
+        return f"{value:g} is negative"
+    if value != int(value):
+        return f"{value:g} is not a whole number"
+    return None
+
+
+def optimizer_step(steps: list[float]) -> int | None:
+    """The optimizer's step count: the largest per-parameter step that can be one (impossible values are
+    findings of their own, `impossible_state`); None when there is none."""
+    usable = [s for s in steps if step_problem(s) is None]
+    return int(max(usable)) if usable else None
 
 
 def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: dict[int, float]) -> OptimizerCheck:
@@ -335,16 +394,18 @@ def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: di
         mismatches += sum(extra.values())
     kind = "adam" if adam else ("other" if opts else "none")
     return OptimizerCheck(kind=kind, parameters=len(params) if params else 0, with_moments=with_moments,
-                          shape_mismatches=mismatches, step=int(max(steps)) if steps else None)
+                          shape_mismatches=mismatches, step=optimizer_step(steps))
 
 
-def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCheck | None:
+def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None, flat_model: bool = False) -> OptimizerCheck | None:
     """DCP: optimizer entries are `optimizer.state.<param>.<exp_avg|exp_avg_sq|step>`, <param> an fqn
     (get_optimizer_state_dict) or an index (optimizer.state_dict()); every model weight needs moments."""
     if not meta:
         return None
     shapes = {fqn: size for fqn, _d, size, _c in meta}
-    weights = [f for f, d, _s, _c in meta if f.startswith("model.") and not f.endswith(BUFFER_SUFFIXES)
+    prefix = "" if flat_model else "model."
+    weights = [f for f, d, _s, _c in meta if f.startswith(prefix) and not f.endswith(BUFFER_SUFFIXES)
+               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TRAIN_STATE_KEYS)
                and d in ts.FLOAT_DTYPES]
     per_param: dict[str, dict[str, tuple]] = {}
     for fqn, _d, size, _c in meta:
@@ -362,7 +423,7 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
         if m is None or v is None:
             continue
         have += 1
-        w = shapes.get(f"model.{key}")
+        w = shapes.get(f"{prefix}{key}")
         if m != v or (w is not None and m != w):
             mism += 1
         elif w is None:
@@ -371,7 +432,29 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None) -> OptimizerCh
     steps = [s.value for s in stats if s.name.endswith(".step") and s.name.startswith(("optimizer.", "optim."))
              and s.value is not None]
     return OptimizerCheck(kind="adam" if adam else "other", parameters=max(len(per_param), len(weights)),
-                          with_moments=have, shape_mismatches=mism, step=int(max(steps)) if steps else None)
+                          with_moments=have, shape_mismatches=mism, step=optimizer_step(steps))
+
+
+def _check_universal_optimizer(stats: list[ts.Stat]) -> OptimizerCheck:
+    """A DeepSpeed universal checkpoint: per parameter, fp32 master weights and Adam's moments of its shape."""
+    per_param: dict[str, dict[str, ts.Stat]] = {}
+    for s in stats:
+        if s.role == "optimizer" and "." in s.name:
+            param, leaf = s.name.rsplit(".", 1)
+            per_param.setdefault(param, {})[leaf] = s
+    params = [p for p, leaves in per_param.items() if "fp32" in leaves]
+    with_moments = mism = 0
+    for p in params:
+        leaves = per_param[p]
+        m, v = leaves.get("exp_avg"), leaves.get("exp_avg_sq")
+        if m is not None and v is not None:
+            with_moments += 1
+            mism += not (m.shape == v.shape == leaves["fp32"].shape)
+    adam = any("exp_avg" in leaves or "exp_avg_sq" in leaves for leaves in per_param.values())
+    steps = [leaves["step"].value for leaves in per_param.values() if "step" in leaves and leaves["step"].value
+             is not None]
+    return OptimizerCheck(kind="adam" if adam else "other", parameters=len(params), with_moments=with_moments,
+                          shape_mismatches=mism, step=optimizer_step([float(x) for x in steps if x is not None]))
 
 
 # --------------------------------------------------------------------------- the pass and the verdicts
@@ -385,6 +468,7 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
     have_weights = bool(tally.weight_bytes)
     optimizer, opts = _optimizer_state(sources, outcome.stats, dcp_meta, tally.weight_shapes, notes)
     optimizer.global_step = _global_step(sources, global_step)
+    findings.extend(impossible_state(outcome.stats, opts, _optimizer_file(sources)))
     findings.extend(_resumability(sources, optimizer, opts, tally.weight_bytes))
     check = DeepCheck(
         tensors=len(outcome.stats), float_tensors=tally.float_tensors, values=tally.values,
@@ -412,7 +496,7 @@ def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list 
             if err:
                 notes.append(f"{src.rel}: {err}")
         elif src.kind == "zip" and src.zip is not None:
-            zj, zn = _zip_jobs(src, src.zip)
+            zj, zn = _zip_jobs(src, src.zip, names={"name": src.tensor} if src.tensor else None)
             jobs.extend(zj)
             notes.extend(f"{src.rel}: {n}" for n in zn)
         elif src.kind == "dcp":
@@ -420,7 +504,47 @@ def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list 
             jobs.extend(dj)
             notes.extend(dn)
             dcp_meta = dcp_tensors(src.dcp) if src.dcp is not None else None
+    for j in jobs:  # second moments are means of squares: count their negative values
+        j.count_negative = j.role == "optimizer" and _leaf(j.name) in SECOND_MOMENTS
     return jobs, notes, dcp_meta
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def impossible_state(stats: list[ts.Stat], opts: list[dict], opt_file: str) -> list[Finding]:
+    """Optimizer state that cannot be, named by tensor: negative second moments (the next Adam step takes
+    their square root: NaN), and a step count that is negative or not a whole number (a NaN/Inf one is already
+    a non-finite finding). Step counts stored as plain numbers in the pickle are named state.<param>.step."""
+    findings: list[Finding] = []
+    for s in stats:
+        if s.role != "optimizer":
+            continue
+        leaf = _leaf(s.name)
+        if leaf in SECOND_MOMENTS and s.negative:
+            findings.append(Finding(s.file, f"invalid: {s.negative} negative values in {shown(s.name)} (a second "
+                                            "moment is a mean of squares: never negative; the next Adam step "
+                                            "takes its square root)", "invalid"))
+        elif leaf == "step" and s.value is not None and s.value == s.value and abs(s.value) != float("inf"):
+            why = step_problem(s.value)
+            if why:
+                findings.append(Finding(s.file, f"invalid: optimizer step {why} in {shown(s.name)} (a step count "
+                                                "is a whole number >= 0)", "invalid"))
+    for od in opts:
+        state = od.get("state") if isinstance(od.get("state"), dict) else {}
+        for pid, st in state.items():
+            v = st.get("step") if isinstance(st, dict) else None
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and (why := step_problem(float(v))):
+                findings.append(Finding(opt_file, f"invalid: optimizer step {why} in state.{shown(str(pid))}.step "
+                                                  "(a step count is a whole number >= 0)", "invalid"))
+    return findings
+
+
+def _optimizer_file(sources: list[Source]) -> str:
+    """The file a finding on the optimizer state as a whole names."""
+    return next((s.rel for s in sources if s.role == "optimizer"), None) or \
+        next((s.rel for s in sources if s.role == "mixed"), ".")
 
 
 @dataclass
@@ -472,8 +596,10 @@ def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list
                     scalar_values[id(t)] = v
     opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
     flat = any(src.flat for src in sources)
-    dcp_opt = _check_dcp_optimizer(stats, dcp_meta)
-    if dcp_opt is not None and dcp_opt.kind != "none":
+    dcp_opt = _check_dcp_optimizer(stats, dcp_meta, any(src.flat_model for src in sources))
+    if any(src.tensor for src in sources):
+        optimizer = _check_universal_optimizer(stats)
+    elif dcp_opt is not None and dcp_opt.kind != "none":
         optimizer = dcp_opt
     elif opts and flat:
         adam = any(isinstance(st, dict) and ("exp_avg" in st or "exp_avg_sq" in st)
@@ -491,8 +617,7 @@ def _resumability(sources: list[Source], optimizer: OptimizerCheck, opts: list[d
                   weight_bytes: Multiset) -> list[Finding]:
     """The not-resumable / suspicious verdicts on the optimizer state (named by the optimizer's file)."""
     findings: list[Finding] = []
-    opt_file = next((s.rel for s in sources if s.role == "optimizer"), None) or \
-        next((s.rel for s in sources if s.role == "mixed"), ".")
+    opt_file = _optimizer_file(sources)
     if optimizer.kind == "none" and weight_bytes:
         dtype = weight_bytes.most_common(1)[0][0]
         findings.append(Finding(".", f"not resumable: model-only ({dtype} weights, no optimizer)", "not_resumable"))

@@ -6,10 +6,11 @@ Recognised (documented names of each framework):
   nemo        a checkpoint with a `<name>-unfinished` marker beside it, or a folder with weights/ + context/
   torch       *.pt / *.pth / *.bin file (torch.save zip archive)
   safetensors *.safetensors file
-  dcp         folder with .metadata and/or __R_N.distcp (torch.distributed.checkpoint)
-  torchtitan  step-N/ folder holding a DCP checkpoint
+  dcp         folder with .metadata and/or __R_N.distcp (torch.distributed.checkpoint); the checker labels
+              it torchtitan when its .metadata carries torchtitan's markers (framework_layouts.torchtitan_marked)
   orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
-  deepspeed   global_stepN/ (with a `latest` file beside it)
+  deepspeed   global_stepN/ (with a `latest` file beside it); a universal checkpoint (ds_to_universal output,
+              e.g. global_stepN_universal/ named by `latest_universal`): zero/<param>/fp32.pt, exp_avg.pt, ...
   megatron    iter_NNNNNNN/ (with latest_checkpointed_iteration.txt beside it)
 An HF output_dir holding checkpoint-N/ folders is a run folder (`is_run_folder`): `discover` returns
 its checkpoints plus, when it has top-level weights, its final export (role FINAL_EXPORT).
@@ -116,7 +117,7 @@ def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa
         return Found(path, "nemo", step_from_name(base), True)
     if _HF.match(base) or "trainer_state.json" in nameset:
         return Found(path, "hf-trainer", step_from_name(base), True)
-    if _DS.match(base):
+    if _DS.match(base) or ("zero" in nameset and is_ds_universal(path)):
         return Found(path, "deepspeed", step_from_name(base), True)
     if _MEG.match(base):
         return Found(path, "megatron", step_from_name(base), True)
@@ -124,16 +125,29 @@ def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa
         m = _ORBAX.match(base)
         return Found(path, "orbax", int(m.group(1)) if m else None, True)
     if ".metadata" in nameset or any(n.endswith(".distcp") for n in names):
-        fmt = "torchtitan" if _STEP.match(base) else "dcp"
-        return Found(path, fmt, step_from_name(base), True)
+        # torchtitan or a plain loop's DCP save: only the .metadata's keys tell (the checker reads them)
+        return Found(path, "dcp", step_from_name(base), True)
     if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset):
         return Found(path, "hf-trainer", step_from_name(base), True)
     if _STEP.match(base) or (_ORBAX.match(base) and base.isdigit()):
         # an empty or unrecognisable step folder: in-flight or broken, still a checkpoint slot
         if not names:
-            fmt = "orbax" if base.isdigit() else "torchtitan"
+            fmt = "orbax" if base.isdigit() else "dcp"
             return Found(path, fmt, step_from_name(base) if not base.isdigit() else int(base), True)
     return None
+
+
+def is_ds_universal(path: str) -> bool:
+    """A DeepSpeed universal checkpoint (deepspeed.checkpoint.ds_to_universal output): a zero/ folder holding
+    optimizer_state.pt or per-parameter folders with fp32.pt (two listings, nothing opened)."""
+    zero = os.path.join(path, "zero")
+    inner = listdir(zero) if os.path.isdir(zero) and not os.path.islink(zero) else None
+    if not inner:
+        return False
+    if "optimizer_state.pt" in inner:
+        return True
+    first = next((n for n in sorted(inner) if os.path.isdir(os.path.join(zero, n))), None)
+    return first is not None and "fp32.pt" in (listdir(os.path.join(zero, first)) or [])
 
 
 def unfinished_marker(path: str) -> str:
@@ -209,3 +223,13 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
                 continue
         if depth == 0:
             unrecognised.append(name)
+
+
+def orbax_soft_deleted(found: list[Found]) -> list[Found]:
+    """Orbax steps its CheckpointManager soft-deleted: with CheckpointManagerOptions(todelete_subdir="trash")
+    a step it deletes is renamed to <directory>/trash/<step> (and left there), so an Orbax step whose folder
+    sits one level below live Orbax steps is one of them. Not checkpoints to resume from or to count:
+    `prune` and `recover` look only at the root's own entries and never see them."""
+    orbax = [f for f in found if f.format == "orbax"]
+    parents = {os.path.dirname(os.path.normpath(f.path)) for f in orbax}
+    return [f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents]

@@ -35,6 +35,14 @@ def orbax_item_has_optimizer(metadata: object) -> bool:
     return False
 
 
+def torchtitan_marked(keys: set[str]) -> bool:
+    """torchtitan's own markers among a DCP .metadata's top-level keys: its TrainState saved as "train_state"
+    (step, loss history) beside a model flattened to the top level (no "model" key; CheckpointManager.
+    _flattened_model_states_sd). A plain loop's save ({"model": ..., "optimizer": ...}, or {"app": ...})
+    has neither, whatever its folders are called."""
+    return "train_state" in keys and "model" not in keys and "app" not in keys
+
+
 def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None:
     """The reason a torchtitan step-N cannot resume training, or None when it holds the training state."""
     if not keys or any(k in keys for k in TORCHTITAN_TRAIN_KEYS):
@@ -101,6 +109,21 @@ def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # 
                     stage = int_after(j)
                     break
     return stage, dp
+
+
+def deepspeed_param_names(root: object) -> set[str]:
+    """Trainable parameter names in DeepSpeed model states (param_shapes: a list of {name: torch.Size}, read as
+    data). Frozen parameters (frozen_param_shapes) are not among them: ds_to_universal writes no zero/ folder
+    for them."""
+    shapes = root.get("param_shapes") if isinstance(root, dict) else None
+    groups = shapes if isinstance(shapes, list) else [shapes]
+    return {k for g in groups if isinstance(g, dict) for k in g if isinstance(k, str)}
+
+
+def deepspeed_global_steps(root: object) -> int | None:
+    """The engine's global_steps recorded in DeepSpeed model states, or None."""
+    v = root.get("global_steps") if isinstance(root, dict) else None
+    return v if type(v) is int and v >= 0 else None
 
 
 def zip_pickle(path: str) -> bytes | None:

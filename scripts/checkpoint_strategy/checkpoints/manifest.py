@@ -5,6 +5,10 @@ Folder checkpoints get `<checkpoint>/integrity.json`; file checkpoints a sidecar
 machine: sha256 1.4 GB/s (SHA-NI), blake2b 0.54 GB/s, md5 0.6 GB/s; SHA-256 is also what
 `sha256sum -c` and the Hugging Face Hub use, so a manifest can be checked without this tool.
 Files are streamed in 4 MiB chunks: memory stays flat.
+
+The manifest is what sees a flipped byte the formats cannot (DCP `.distcp` shards, Orbax/tensorstore
+chunks, safetensors carry no checksum: checkpoints/coverage.py). Training callbacks call
+`write_checkpoint_manifest(path)` right after a save; `validate --manifest verify` checks it later.
 """
 
 from __future__ import annotations
@@ -118,3 +122,21 @@ def verify_manifest(checkpoint: str, counter: fc.Counter, update=None) -> list[t
     for rel in sorted(set(present) - set(data["files"])):
         problems.append((rel, "not in the manifest (added after it was written)"))
     return problems
+
+
+def write_checkpoint_manifest(checkpoint: str | os.PathLike) -> str:
+    """Write the SHA-256 manifest of a checkpoint just saved (the folder's integrity.json, or FILE.integrity.json
+    beside a single-file checkpoint) and return its path: for training callbacks, right after the save, so
+    `validate --manifest verify` can later catch any byte that changed (the only check that sees a flipped
+    byte inside DCP shards or Orbax arrays). Hashes the files as they are; validate first if the save itself
+    is in doubt. UsageError (one line, nothing written) when the checkpoint is missing, a file cannot be
+    read or the folder cannot be written."""
+    path = os.fspath(checkpoint)
+    if not os.path.lexists(path):
+        raise UsageError(f"{path}: no such checkpoint; expected the folder or file just saved")
+    return write_manifest(path, fc.Counter())
+
+
+def verify_checkpoint_manifest(checkpoint: str | os.PathLike) -> list[tuple[str, str]]:
+    """(file, reason) for every file that differs from the manifest written on save; empty when all match."""
+    return verify_manifest(os.fspath(checkpoint), fc.Counter())

@@ -181,6 +181,10 @@ class ValidationReport(_Model):
                                            "tells the world size they were saved with")
     hardware_move: Optional[HardwareMove] = Field(None, description="--target-gpus N: what stays constant, "
                                                   "what changes")
+    blind_spots: list[str] = Field(default_factory=list, description="per format checked: damage this level "
+                                   "cannot see, and what does see it (docs/checkpoints.md, 'What each level sees')")
+    notes: list[str] = Field(default_factory=list, description="what discovery left out, and why (e.g. Orbax "
+                                                               "steps soft-deleted into its todelete_subdir)")
 
 
 _FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")

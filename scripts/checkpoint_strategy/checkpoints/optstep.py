@@ -267,6 +267,11 @@ def dcp_step_keys(fqns: list[str]) -> tuple[list[str], Optional[str], Optional[s
     return opt, pick, min(sched) if sched else None
 
 
+def _countable(v: Optional[float]) -> bool:
+    """A counter read from a tensor that int() can take exactly: not NaN, not infinite, below 2**53."""
+    return v is not None and v == v and abs(v) < 2**53
+
+
 def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False) -> None:
     """sum_optimizers: Lightning's `optimizer_<k>` entries, whose counters its global_step adds up."""
     meta = _dcp_meta(folder)
@@ -290,11 +295,11 @@ def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, su
         return
     if train and out.training_step is None:
         v = d.value(train)
-        if v is not None and v == v and v >= 0:
+        if _countable(v) and v >= 0:
             out.training_step, out.training_step_from = int(v), f"{train} in {rel}"
     if sched and out.scheduler_step is None:
         v = d.value(sched)
-        if v is not None and v == v:
+        if _countable(v):
             out.scheduler_step, out.scheduler_step_from = int(v), f"{sched} in {rel}"
 
 

@@ -55,6 +55,9 @@ _SAFETENSORS_DTYPE = {"F32": "float32", "F64": "float64", "F16": "float16", "BF1
                       "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "C64": "complex64"}
 _ITEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+_INT_ITEM = {"int64": "<i8", "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1"}
+# the largest bit pattern of a negative 16-bit float that is not NaN (-Inf): 0x8000 is -0.0
+_NEG_LIMIT16 = {"float16": 0xFC00, "bfloat16": 0xFF80}
 
 
 def safetensors_dtype(code: str) -> str:
@@ -75,6 +78,9 @@ class Job:
     stride: tuple | None = None     # elements; None = contiguous
     scalar_value: bool = False
     span: int = 0                   # strided views: elements from the first to the last one
+    count_negative: bool = False    # count values below zero (second moments: never negative)
+    nbytes: int = 0                 # a non-float tensor's bytes, read through (not reduced) when set: the deep
+    #                                 pass then reads every byte of a safetensors file, as full does
 
 
 @dataclass
@@ -89,7 +95,8 @@ class Stat:
     inf: int = 0
     sumsq: float = 0.0
     max_abs: float | None = None
-    value: float | None = None      # the value of a one-element tensor (optimizer `step`)
+    value: float | None = None      # the value of a one-element tensor (optimizer `step`; integer ones too)
+    negative: int = 0               # values below zero (counted for jobs with `count_negative`)
     checked: bool = False
     note: str | None = None
 
@@ -263,6 +270,14 @@ class _Reducer:
             self._max_bits(st, top, np.uint16, np.float16)
         return True
 
+    def negatives(self, raw, dtype: str) -> int:
+        """Values below zero in a chunk (-Inf included, NaN and -0.0 not): 16-bit values by their bits."""
+        np = self.np
+        lim = _NEG_LIMIT16.get(dtype)
+        if lim is None:
+            return int(np.count_nonzero(raw < 0))
+        return int(np.count_nonzero((raw > 0x8000) & (raw <= lim)))
+
     def sumsq(self, x) -> float:
         """Sum of squares: float32 dots of ROW values each (one BLAS call per chunk), added in float64. A
         single float32 dot over 64 Ki squares can be 2e-6 off when the values have few significant bits
@@ -335,6 +350,8 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
             for i in range(0, len(flat), step):
                 raw = flat[i:i + step]
                 red.feed(st, raw, job.dtype)
+                if job.count_negative:
+                    st.negative += red.negatives(raw, job.dtype)
             if job.scalar_value and len(flat) == 1:
                 st.value = float(red.widen(flat[:1], job.dtype)[0])
             del flat, raw
@@ -351,12 +368,38 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
         for i in range(0, count, step):
             raw = arr[i:i + step]
             red.feed(st, raw, job.dtype)
+            if job.count_negative:
+                st.negative += red.negatives(raw, job.dtype)
         if job.scalar_value and numel == 1:
             st.value = float(red.widen(arr[:1], job.dtype)[0])
         del arr, raw
         pos += count
     st.checked = True
     return total
+
+
+def _touch(mapper: _Mapper, offset: int, nbytes: int) -> int:
+    """Read `nbytes` from `offset` (window by window; an unreadable byte raises OSError): returns nbytes."""
+    import numpy as np
+
+    pos = 0
+    while pos < nbytes:
+        count = min(WINDOW // 2, nbytes - pos)
+        mm, off = mapper.view(offset + pos, count)
+        arr = np.frombuffer(mm, dtype=np.uint8, count=count, offset=off)
+        arr.max()
+        del arr
+        pos += count
+    return nbytes
+
+
+def _int_scalar(mapper: _Mapper, job: Job) -> float:
+    """The value of a one-element integer tensor (e.g. an optimizer's int64 `step`)."""
+    import numpy as np
+
+    dt = np.dtype(_INT_ITEM[job.dtype])
+    mm, off = mapper.view(job.offset, dt.itemsize)
+    return float(np.frombuffer(mm, dtype=dt, count=1, offset=off)[0])
 
 
 def kernels(nbytes16: int) -> Any:
@@ -391,11 +434,14 @@ def _scan_file(path: str, jobs: list[Job], want_max: bool, kern: Any = None) -> 
         for job in sorted(jobs, key=lambda j: j.offset):
             st = Stat(job.rel, job.name, job.role, job.dtype, tuple(job.shape), _prod(job.shape))
             stats.append(st)
-            if job.dtype not in FLOAT_DTYPES:
-                st.note = f"{job.dtype}: not a float, skipped"
-                continue
             try:
-                scanned += _scan_job(mapper, red, job, st)
+                if job.dtype in FLOAT_DTYPES:
+                    scanned += _scan_job(mapper, red, job, st)
+                    continue
+                st.note = f"{job.dtype}: not a float, skipped"
+                if job.scalar_value and job.dtype in _INT_ITEM and st.numel == 1:
+                    st.value = _int_scalar(mapper, job)   # an integer step counter
+                scanned += _touch(mapper, job.offset, job.nbytes)
             except (ValueError, OSError) as exc:
                 return stats, scanned, f"tensor {job.name}: {exc}"
     finally:

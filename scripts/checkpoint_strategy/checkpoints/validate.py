@@ -32,6 +32,9 @@ PORTABILITY = {
            "run python -m torch.distributed.checkpoint.format_utils dcp_to_torch DIR OUT.pt",
     "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: run python zero_to_fp32.py CKPT_DIR OUT "
             "(written next to the checkpoint) for a full state dict, then re-shard after loading",
+    "ds-universal": "DeepSpeed universal checkpoint (per-parameter fp32 weights and optimizer state): loads at any "
+                    "data/tensor/pipeline-parallel degree with checkpoint.load_universal: true (the file "
+                    "latest_universal names it)",
     "megatron": "Megatron tensor/pipeline-parallel shards: convert with Megatron-LM tools/checkpoint/convert.py "
                 "(or save with --ckpt-format torch_dist, which re-shards on load) before changing parallelism",
     "orbax": "Orbax/tensorstore arrays: restore on the new mesh with a target sharding (ArrayRestoreArgs); "
@@ -45,7 +48,8 @@ PORTABILITY = {
 ProgressFn = Callable[..., None]
 Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp", "torchtitan", "orbax",
                  "deepspeed", "megatron"]
-Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "megatron", "orbax", "lightning-sharded", "unknown"]
+Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
+                      "lightning-sharded", "unknown"]
 LEVELS = ("quick", "full", "deep")
 
 
@@ -58,6 +62,7 @@ class Layout:
     portability: Portability = "unknown"
     step: int | None = None
     dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
+    format: str | None = None   # what the content says it is, where the name alone could not (torchtitan)
 
 
 class _Ctx:
@@ -66,7 +71,7 @@ class _Ctx:
     def __init__(self, root: str, level: str, update: ProgressFn | None) -> None:
         self.root = root
         self.level = level
-        self.full = level == "full"
+        self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
         self.deep = level == "deep"
         self.counter = fc.Counter()
         self.problems: list[Problem] = []
@@ -92,19 +97,23 @@ class _Ctx:
         self.bad(path, f"missing: {what}", "incomplete")
 
     def safetensors(self, path: str, role: dp.Role = "weights") -> None:
-        reasons = fc.check_safetensors(path, self.counter, self.full)
+        """At level deep the value scan reads every byte of the data (non-float tensors read through), which
+        is all full's pass over a safetensors file does (the format has no checksum): it is not read twice."""
+        reasons = fc.check_safetensors(path, self.counter, self.full and not self.deep)
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
             self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
-    def zip(self, path: str, role: dp.Role = "other", flat: bool = False) -> fc.ZipScan:
+    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None) -> fc.ZipScan:
+        """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
+        for DeepSpeed universal checkpoints' per-parameter files)."""
         z = fc.scan_zip(path, self.counter, self.full, self.update)
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
-            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat))
+            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor))
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
@@ -337,19 +346,118 @@ def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int)
 
 
 def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
+    """torch.distributed.checkpoint; labelled torchtitan only by torchtitan's own markers in .metadata (its
+    train_state beside a flattened model), or for a model-only step-N beside such a step (its final save)."""
     out = Layout(step=found.step, sharded=True, portability="dcp")
     _check_dcp_dir(ctx, found.path, out)
-    if found.format == "torchtitan" and not out.resumable:
+    titan = fl.torchtitan_marked(out.dcp_keys) or (
+        not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
+        is not None and _torchtitan_sibling(found.path))
+    out.format = "torchtitan" if titan else "dcp"
+    if titan and ctx.sources and ctx.sources[-1].kind == "dcp":
+        ctx.sources[-1].flat_model = True   # torchtitan flattens the model to the top level
+    if titan and not out.resumable:
         reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
         if reason:
             ctx.counter.notes.append(reason)
     return out
 
 
+def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
+    """True when one of the (at most `limit`) nearest other step-N folders beside `path` carries torchtitan's
+    markers in its .metadata (read bounded, never through a link to outside that folder)."""
+    parent, me = os.path.split(os.path.normpath(path))
+    steps = sorted(((int(m.group(1)), n) for n in _ls(parent) if n != me and (m := fm._STEP.match(n))), reverse=True)
+    for _step, name in steps[:limit]:
+        folder = os.path.join(parent, name)
+        meta = os.path.join(folder, ".metadata")
+        if not storage.inside(meta, folder) or not storage.is_regular(meta):
+            continue
+        try:
+            parsed = fc.dcp_storage_map(read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA))
+        except ReadError:
+            continue
+        if not isinstance(parsed, str) and fl.torchtitan_marked(parsed[1]):
+            return True
+    return False
+
+
 def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
     out = Layout(step=found.step)
-    _check_deepspeed_dir(ctx, found.path, out)
+    if fm.is_ds_universal(found.path):
+        _check_ds_universal(ctx, found.path, out)
+    else:
+        _check_deepspeed_dir(ctx, found.path, out)
     return out
+
+
+UNIVERSAL_STATE = ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")
+
+
+def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
+    """A DeepSpeed universal checkpoint, whole: the model states, zero/optimizer_state.pt, and one folder per
+    parameter (the model states' param_shapes) holding fp32.pt and the same optimizer state files as every
+    other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
+    names = _ls(path)
+    zero = os.path.join(path, "zero")
+    model = [n for n in names if n.endswith("_model_states.pt")]
+    if not model:
+        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
+    expected_params: set[str] = set()
+    for n in model:
+        z = ctx.zip(os.path.join(path, n), "mixed")
+        expected_params |= fl.deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
+        out.step = out.step if out.step is not None else fl.deepspeed_global_steps(z.pickle.root if z.pickle else None)
+    inner = _ls(zero)
+    if "optimizer_state.pt" in inner:
+        ctx.zip(os.path.join(zero, "optimizer_state.pt"))
+    else:
+        ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
+                                                              "zero/optimizer_state.pt)")
+    params = _universal_params(ctx, path, zero, inner)
+    for name in sorted(expected_params - set(params)):
+        ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
+    wanted = _universal_files(params)
+    for name, files in sorted(params.items()):
+        for f in sorted(wanted - set(files)):
+            ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
+                        if f != "fp32.pt" else "fp32 weights of this parameter")
+        for f in sorted(n for n in files if n.endswith(".pt")):
+            p = os.path.join(zero, name, f)
+            if storage.inside(p, path):
+                ctx.zip(p, "optimizer", tensor=f"{name}.{f[:-3]}")
+            else:
+                ctx.bad(p, "a symbolic link to outside the checkpoint folder: not read")
+    out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
+    out.sharded, out.portability = False, "ds-universal"
+    ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
+    if expected_params and set(params) - expected_params:
+        extra = sorted(set(params) - expected_params)
+        ctx.counter.notes.append(f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
+                                 f"(first: {extra[0]}): left from another model?")
+
+
+def _universal_params(ctx: _Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
+    """Parameter folder -> its file names; a folder linked to outside the checkpoint is a problem, not read."""
+    params: dict[str, list[str]] = {}
+    for n in inner:
+        folder = os.path.join(zero, n)
+        if not os.path.isdir(folder):
+            continue
+        if not storage.inside(folder, path):
+            ctx.bad(folder, "a symbolic link to outside the checkpoint folder: not read")
+            continue
+        params[n] = _ls(folder)
+    return params
+
+
+def _universal_files(params: dict[str, list[str]]) -> set[str]:
+    """The files every parameter folder must hold: fp32.pt, and each state file any of them has (Adam's two
+    moments together)."""
+    wanted = {"fp32.pt"} | {f for files in params.values() for f in files if f.endswith(".pt")}
+    if wanted & {"exp_avg.pt", "exp_avg_sq.pt"}:
+        wanted |= {"exp_avg.pt", "exp_avg_sq.pt"}
+    return wanted
 
 
 def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
@@ -447,7 +555,7 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
                     out.resumable = True
             elif n == "manifest.ocdbt":
                 ctx.readable(p)
-            elif (ctx.full or ctx.deep) and os.path.isfile(p):
+            elif ctx.full and os.path.isfile(p):
                 ctx.readable(p)
         if "opt" in item.lower() or item in ("state", "train_state"):
             out.resumable = True
@@ -473,7 +581,16 @@ def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(path, "mixed")
     out.resumable = "optimizer_states" in z.keys()
     out.portability = "full" if out.resumable else "weights"
+    out.step = _pickle_step(z) if out.step is None else out.step   # last.ckpt: no step in its name
     return out
+
+
+def _pickle_step(z: fc.ZipScan) -> int | None:
+    """The training step a torch archive records at its pickle's root (Lightning and NeMo: global_step), read
+    as data; None when there is none."""
+    root = z.pickle.root if z.pickle is not None else None
+    step = root.get("global_step") if isinstance(root, dict) else None
+    return step if type(step) is int and step >= 0 else None
 
 
 def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
@@ -493,6 +610,7 @@ def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
         z = ctx.zip(path, "mixed")
         out.resumable = "optimizer_states" in z.keys()
         out.portability = "full" if out.resumable else "weights"
+        out.step = _pickle_step(z) if out.step is None else out.step
     return out
 
 
@@ -603,7 +721,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
-        path=str(path), format=found.format, step=layout.step, status=status, resumable=layout.resumable,
+        path=str(path), format=layout.format or found.format, step=layout.step, status=status, resumable=layout.resumable,
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
@@ -720,7 +838,8 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     that are not on disk: reported as incomplete."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
-    for tracker, fmt in (("latest", "deepspeed"), ("latest_checkpointed_iteration.txt", "megatron")):
+    for tracker, fmt in (("latest", "deepspeed"), ("latest_universal", "deepspeed"),
+                         ("latest_checkpointed_iteration.txt", "megatron")):
         tpath = os.path.join(folder, tracker)
         if not os.path.isfile(tpath):
             continue
@@ -738,17 +857,19 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
         if not name or "/" in name or name.startswith("."):
             continue
         target = os.path.normpath(os.path.join(folder, name))
-        if target not in present:
+        if target not in present and not os.path.lexists(target):  # (one on disk the user did not name: not ours)
             extra.append(fm.Found(target, fmt, fm.step_from_name(name), True))
     return extra
 
 
-def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
+def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
     """Every checkpoint at or under the paths, the folders whose Orbax steps carry commit markers, and
-    checkpoint -> the path the user named."""
+    checkpoint -> the path the user named. Orbax steps soft-deleted into a todelete_subdir are left out, with a
+    line in `notes`."""
     jobs: list[fm.Found] = []
     orbax_commit_roots: set[str] = set()
     roots: dict[str, str] = {}
+    seen: set[str] = set()
     for raw in paths:
         p = os.fspath(raw)
         if not os.path.lexists(p):
@@ -756,7 +877,11 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
         if os.path.islink(p) and not os.path.exists(p):
             raise UsageError(f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints")
         found, _unrec = fm.discover(p)
-        if not found:
+        deleted = fm.orbax_soft_deleted(found)
+        if deleted:
+            found = [f for f in found if f not in deleted]
+            notes.append(_soft_deleted_note(p, deleted))
+        if not found and not deleted:
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
                              "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
@@ -768,8 +893,20 @@ def _discover_jobs(paths: list[str]) -> tuple[list[fm.Found], set[str], dict[str
             orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
             if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
                 orbax_commit_roots.add(parent)
-        jobs.extend(found)
+        for f in found:  # once each: `latest` beside two given checkpoints names one of them
+            if os.path.normpath(f.path) not in seen:
+                seen.add(os.path.normpath(f.path))
+                jobs.append(f)
     return jobs, orbax_commit_roots, roots
+
+
+def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
+    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
+    steps = sorted(f.step for f in deleted if f.step is not None)
+    shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
+            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
+            "points (prune and recover leave them out too)")
 
 
 def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
@@ -824,7 +961,8 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
                                                                "its folder does not exist") + "; expected a JSON file path")
     if stats is not None:  # never inside a checkpoint this command reads
         storage.check_output(stats, "--stats", inputs=tuple(paths))
-    jobs, orbax_commit_roots, roots = _discover_jobs(paths)
+    notes: list[str] = []
+    jobs, orbax_commit_roots, roots = _discover_jobs(paths, notes)
     results: list[CheckpointResult] = []
     per_ckpt: list[CheckpointStats] = []
     previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}   # run folder -> last deep outcome
@@ -862,6 +1000,9 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM
 
+    from checkpoint_strategy.checkpoints.coverage import blind_spots, families
+
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=ALGORITHM if manifest else None, checkpoints=results,
+        blind_spots=blind_spots((families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))

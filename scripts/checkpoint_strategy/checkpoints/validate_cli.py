@@ -14,8 +14,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints; or a URL: "
                              "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, memory://PATH (docs/object-storage.md)")
-    add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32; deep: every tensor "
-                           "value finite, norms, optimizer state whole (moments per parameter, step)")
+    add_level(parser, help="quick: headers only (default); full: read every byte, zip CRC-32; deep: all of full, "
+                           "every tensor value finite, norms, optimizer state whole (moments per parameter, step)")
     parser.add_argument("--stats", default=None, metavar="FILE.json",
                         help="with --level deep: write per-tensor figures (NaN/Inf counts, L2 norm, max |x|)")
     parser.add_argument("--manifest", choices=("write", "verify"), default=None,
