@@ -73,3 +73,27 @@ def run_captured(argv) -> Result:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main([str(a) for a in argv])
     return Result(rc, out.getvalue(), err.getvalue())
+
+
+def shipped_copy(dest: Path) -> Path:
+    """Copy what the repository ships (``git ls-files``: committed files only, no build output, no test
+    fixture made at run time) into `dest`, as a fresh clone would have it. Skips when this checkout is not a
+    git work tree (an unpacked sdist)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=60,
+                          env=checkout_env())
+    if proc.returncode != 0:
+        pytest.skip(f"{root} is not a git work tree: cannot tell what the repository ships")
+    for rel in filter(None, proc.stdout.decode().split("\0")):
+        src = root / rel
+        if not os.path.lexists(src):       # deleted in the work tree, not yet committed
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target, follow_symlinks=False)
+    return dest

@@ -40,6 +40,9 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
+    "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",   # ~12 subprocesses in a copy of the repo
+    "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",   # imports transformers
+    "test_sample_pickles_are_what_torch_load_reads",   # imports torch
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses)
 SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads"}

@@ -1,10 +1,13 @@
 """The examples in README.md and docs/*.md cannot drift: each pasted output is a golden file.
 
-- ``test_example_output``: runs one example command per command on small, deterministic inputs
-  built here (a synthetic training log, tiny safetensors checkpoints, a stability event) in a
-  temporary folder and compares the output with ``tests/golden/examples/<name>.txt``. Volatile
+- ``test_example_output``: runs one example command per command on the README's sample run
+  (``examples/make-example-run.py``: a synthetic training log, tiny HF Trainer checkpoints, a stability
+  event) in a temporary folder and compares the output with ``tests/golden/examples/<name>.txt``. Volatile
   fields are normalised first: the temporary folder reads ``/data``, elapsed times ``(0.01 s)``,
   timestamps ``2026-01-01T00:00:00Z``.
+- ``test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo`` (slow set): the same, as a new user
+  runs them: in a copy of what git ships, the README's own lines (the sample builder, then each
+  ``checkpoint-strategy ...`` line through the copy's launcher), compared with the same golden files.
 - ``test_pasted_blocks_match_their_golden``: every fenced block right after a marker
   ``<!-- golden: NAME [lines=A-B] -->`` in README.md or docs/*.md equals that golden file (or
   lines A-B of it).
@@ -16,11 +19,8 @@ golden files and then the pasted blocks.
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import re
-import struct
 from pathlib import Path
 
 import pytest
@@ -34,7 +34,7 @@ EXAMPLES: dict[str, list[str]] = {
     "plan": ["plan", *SIZE],
     "simulate": ["simulate", *SIZE, "--runs", "2000"],
     "tradeoffs": ["tradeoffs", *SIZE, "--sweep-frequencies", "500,1000,2000", "--sweep-keep-last", "2,5,10"],
-    "recover": ["recover", "train.jsonl", "--checkpoints", "500,1000,1500,2000,2500,3000"],
+    "recover": ["recover", "train.jsonl", "--checkpoints", "run"],
     "verify-resume": ["verify-resume", "resumed.jsonl", "--resume-step", "2000"],
     "validate": ["validate", "run"],
     "prune": ["prune", "run", "--keep-last", "1", "--milestones", "1000"],
@@ -50,6 +50,9 @@ MORE: dict[str, list[str]] = {
     "release-gate-fail": ["release-gate", "damaged/checkpoint-30"],
     "handoff-json": ["handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json"],
     "on-event-json": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run", "--format", "json"],
+    "validate-target-gpus": ["validate", "run", "--target-gpus", "16"],
+    "export-hf-sharded": ["export", "--framework", "hf", "--framework-version", "4.46", *SIZE, "--formats",
+                          "sharded,full_state_dict"],
 }
 # Longer examples of the reference pages: the golden starts with the command line ("$ ...").
 G2048 = ["100000", "2.5", "500", "--model_size_gb", "4", "--gpus", "2048", "--spike-rate", "0.02"]
@@ -61,40 +64,20 @@ SHOWN: dict[str, list[str]] = {
 }
 
 
-def _loss(step: int, rng: random.Random, spike_at: int | None) -> float:
-    loss = (1.2 + 1.3 * math.exp(-step / 600)) * (1 + rng.gauss(0, 0.01))
-    return round(loss * (3.0 if spike_at is not None and step >= spike_at else 1.0), 4)
+def _example_builder():
+    """examples/make-example-run.py, the script the README tells a user to run (the repo ships it)."""
+    import importlib.util
 
-
-def _safetensors(path: Path, n: int = 4) -> None:
-    header = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]},
-                         "__metadata__": {"format": "pt"}}).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(struct.pack("<Q", len(header)) + header + struct.pack(f"<{n}f", *range(n)))
+    spec = importlib.util.spec_from_file_location("make_example_run", ROOT / "examples" / "make-example-run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_inputs(folder: Path) -> None:
-    """The example inputs: deterministic, tiny, no framework needed."""
-    rng = random.Random(0)
-    rows = [{"step": s, "loss": _loss(s, rng, 2101), "learning_rate": 3e-4} for s in range(10, 3001, 10)]
-    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    rng = random.Random(1)
-    first = [{"step": s, "loss": _loss(s, rng, None), "learning_rate": 3e-4} for s in range(10, 2201, 10)]
-    again = [{"step": s, "loss": _loss(s, rng, None), "learning_rate": 3e-4} for s in range(2010, 2301, 10)]
-    (folder / "resumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in first + again))
-    for step in (1000, 2000, 2500, 3000):
-        _safetensors(folder / "run" / f"checkpoint-{step}" / "model.safetensors")
-        (folder / "run" / f"checkpoint-{step}" / "trainer_state.json").write_text(
-            json.dumps({"global_step": step, "log_history": [r for r in rows if r["step"] <= step]}))
-    for step in (10, 20, 30, 40):  # checkpoint-30's weights cut short, as by an interrupted save
-        target = folder / "damaged" / f"checkpoint-{step}" / "model.safetensors"
-        _safetensors(target, n=64)
-        (target.parent / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
-        if step == 30:
-            target.write_bytes(target.read_bytes()[:-100])
-    (folder / "events.json").write_text(json.dumps(
-        [{"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"},
-         {"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"}]))
+    """The example inputs: the README's sample run (deterministic, tiny, no framework needed)."""
+    _example_builder().build(folder)
 
 
 def normalise(text: str, folder: Path) -> str:
@@ -206,3 +189,170 @@ def test_pasted_blocks_match_their_golden(doc):
 
 def test_markers_are_found():
     assert any(MARKER.search(p.read_text(encoding="utf-8")) for p in DOCS), "no golden-checked example at all"
+
+
+# --------------------------------------------------------------------------- the README, as a new user runs it
+
+
+def fenced_blocks(text: str):
+    """(language, body lines, the line after the closing fence) of every fenced block in `text`."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            yield lines[i][3:].strip(), lines[i + 1:j], lines[j + 1] if j + 1 < len(lines) else ""
+            i = j + 1
+        else:
+            i += 1
+
+
+GOLDEN_MARK = re.compile(r"<!-- golden: examples/(?P<name>\S+?)\.txt(?: lines=\d+-\d+)? -->")
+
+
+def readme_examples(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the sample-building commands, [(example command line, its golden name)]) of the README: every
+    `checkpoint-strategy ...` line of a shell block is an example, and the block right after it must be
+    its golden output; `python3 examples/...` lines build the sample the examples run on."""
+    setup: list[str] = []
+    examples: list[tuple[str, str]] = []
+    for lang, body, after in fenced_blocks(text):
+        if lang not in ("", "bash"):
+            continue
+        for line in body:
+            if line.startswith("python3 examples/"):
+                setup.append(line)
+            elif line.startswith("checkpoint-strategy "):
+                mark = GOLDEN_MARK.fullmatch(after.strip())
+                assert mark, f"README example without its golden output right after it: {line}"
+                examples.append((line, mark["name"]))
+    return setup, examples
+
+
+def test_readme_has_one_example_per_command_and_they_are_the_golden_ones():
+    import shlex
+
+    from checkpoint_strategy.cli import COMMANDS
+
+    setup, examples = readme_examples((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert setup == ["python3 examples/make-example-run.py example-run && cd example-run"]
+    names = [name for _, name in examples]
+    assert sorted(names) == sorted(COMMANDS), "one README example per command"
+    for line, name in examples:
+        argv = shlex.split(line)[1:]
+        assert argv in (EXAMPLES[name], EXAMPLES[name][1:]), f"README's {name} example is not the golden-checked one"
+
+
+def test_readme_is_read_in_five_minutes():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: move the detail to docs/"
+
+
+def _run_line(line: str, cwd: Path, copy: Path) -> tuple[Path, str]:
+    """Run one README command line in the copy the way a shell would: `python3 ...`, `cd DIR`,
+    `checkpoint-strategy ...` (the copy's launcher), joined by `&&`. Returns (the new cwd, stdout)."""
+    import shlex
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    out = ""
+    for part in line.split("&&"):
+        argv = shlex.split(part)
+        if argv[0] == "cd":
+            cwd = cwd / argv[1]
+            assert cwd.is_dir(), f"{line}: no folder {argv[1]}"
+            continue
+        program = {"python3": [sys.executable],
+                   "checkpoint-strategy": [sys.executable, str(copy / "scripts" / "checkpoint-strategy")]}
+        if argv[:3] == ["python3", "-m", "checkpoint_strategy"]:   # the installed package: this copy's
+            argv = ["checkpoint-strategy", *argv[3:]]
+        assert argv[0] in program, f"README command the test cannot run as written: {line}"
+        proc = subprocess.run(program[argv[0]] + argv[1:], cwd=cwd, capture_output=True, text=True, timeout=300,
+                              env=checkout_env(PYTHONPATH=str(copy / "scripts")))
+        assert proc.returncode in (0, 1) and proc.stderr == "", f"{line}: exit {proc.returncode}: {proc.stderr}"
+        out = proc.stdout
+    return cwd, out
+
+
+QUICK_START = "python3 -m pip install -e . && python3 -m checkpoint_strategy "
+
+
+def test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo(tmp_path):
+    """Only what the repository ships (git ls-files), no test fixture: the quick start's plan (after its
+    `pip install`, which the test environment has done) prints the plan golden; the README's setup line builds
+    the sample, then every example runs as written and prints its golden output."""
+    import shlex
+
+    from cliresult import shipped_copy
+
+    copy = shipped_copy(tmp_path / "checkpoint-strategy")
+    readme = (copy / "README.md").read_text(encoding="utf-8")
+    (quick,) = [line for _, body, _ in fenced_blocks(readme) for line in body if line.startswith(QUICK_START)]
+    _, out = _run_line(quick.split(" && ", 1)[1], copy, copy)
+    assert out == (GOLDEN / "examples" / "plan.txt").read_text(encoding="utf-8"), "the quick start's plan changed"
+    setup, examples = readme_examples(readme)
+    cwd = copy
+    for line in setup:
+        cwd, _ = _run_line(line, cwd, copy)
+    launcher = "python3 " + shlex.quote(os.path.realpath(copy / "scripts" / "checkpoint-strategy"))
+    for line, name in examples:
+        _, out = _run_line(line, cwd, copy)
+        out = out.replace(launcher, 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
+        assert normalise(out, cwd) == (GOLDEN / "examples" / f"{name}.txt").read_text(encoding="utf-8"), \
+            f"README example {line!r} in a fresh copy differs from its golden examples/{name}.txt"
+
+
+# --------------------------------------------------------------------------- the sample builder itself
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_sample_is_the_same_bytes_every_time_and_small(tmp_path):
+    build_inputs(tmp_path / "a")
+    build_inputs(tmp_path / "b")
+    a = _tree(tmp_path / "a")
+    assert a == _tree(tmp_path / "b")
+    assert sum(len(v) for v in a.values()) < 150_000
+    names = {Path(k).name for k in a if k.startswith("run/checkpoint-2000/")}
+    assert names == {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+                     "training_args.bin", "trainer_state.json"}
+
+
+def test_sample_pickles_are_what_torch_load_reads(tmp_path, cli_run):
+    """The hand-written torch zip archives: torch.load(weights_only=True) reads the optimizer, scheduler and RNG
+    state (the Adam moments are the values the deep check reads), and refuses training_args.bin, as it refuses
+    the Trainer's own (a pickled TrainingArguments)."""
+    torch = pytest.importorskip("torch")
+    build_inputs(tmp_path)
+    ckpt = tmp_path / "run" / "checkpoint-2000"
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    assert set(opt["state"][0]) == {"step", "exp_avg", "exp_avg_sq"} and opt["param_groups"][0]["params"] == [0]
+    assert float(opt["state"][0]["step"]) == 2000.0 and opt["state"][0]["exp_avg"].shape == (4,)
+    assert torch.load(ckpt / "scheduler.pt", weights_only=True)["last_epoch"] == 2000
+    assert torch.load(ckpt / "rng_state.pth", weights_only=True)["cpu"].dtype == torch.uint8
+    with pytest.raises(Exception, match="TrainingArguments"):
+        torch.load(ckpt / "training_args.bin", weights_only=True)
+    deep = cli_run("validate", str(ckpt), "--level", "deep", "--format", "json").json()["checkpoints"][0]
+    assert deep["status"] == "valid" and deep["deep"]["optimizer"]["kind"] == "adam"
+    from safetensors.torch import load_file
+
+    weights = load_file(ckpt / "model.safetensors")["w"]
+    assert deep["deep"]["weights_norm"] == pytest.approx(float(torch.linalg.vector_norm(weights)), rel=1e-6)
+
+
+def test_sample_builder_bad_target_is_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    (tmp_path / "a-file").write_text("x")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "make-example-run.py"), str(tmp_path / "a-file")],
+                          capture_output=True, text=True, timeout=60, env=checkout_env())
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr

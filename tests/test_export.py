@@ -378,3 +378,33 @@ def test_fuzz_never_exit_3(framework, total, freq, keep, ms, fmt, version, cli_r
     assert rc in (0, 2), err
     if rc == 2:
         assert len(err.strip().splitlines()) == 1 and out == ""
+
+
+# --------------------------------------------------------------------------- FSDP state-dict settings (issue 27)
+
+
+def _hf(cli_run, formats: str) -> dict:
+    return cli_run("export", "--framework", "hf", "--framework-version", "4.46", "100000", "2.5", "500",
+                   "--model-size-gb", "4", "--formats", formats, "--format", "json").json()
+
+
+def test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded(cli_run, tmp_path):
+    """The plan says sharded: export names fsdp_config's fsdp_state_dict_type, and the real libraries take it
+    (transformers' TrainingArguments keeps it as state_dict_type; torch's StateDictType has the member)."""
+    sharded = _hf(cli_run, "sharded,full_state_dict")
+    (fsdp,) = [s for s in sharded["settings"] if s["name"] == "fsdp_config"]
+    assert fsdp["values"] == {"fsdp_state_dict_type": "SHARDED_STATE_DICT"}
+    assert "FULL_STATE_DICT" in fsdp["note"] and "before moving to other hardware" in fsdp["note"]
+    assert not [s for s in _hf(cli_run, "full_state_dict,safetensors")["settings"] if s["name"] == "fsdp_config"]
+    only = [s for s in _hf(cli_run, "sharded")["settings"] if s["name"] == "fsdp_config"]
+    assert only and "before moving to other hardware" not in only[0]["note"]
+    py = cli_run("export", "--framework", "hf", "--framework-version", "4.46", "100000", "2.5", "500",
+                 "--model-size-gb", "4", "--formats", "sharded", "--format", "python").out
+    namespace: dict = {}
+    exec(compile(py.replace("from transformers import TrainingArguments", ""), "export.py", "exec"), namespace)
+    transformers = pytest.importorskip("transformers")
+    fsdp_module = pytest.importorskip("torch.distributed.fsdp")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), fsdp=True if transformers.__version__[0] >= "5"
+                                          else "full_shard", fsdp_config=namespace["fsdp_config"], use_cpu=True)
+    assert args.fsdp_config["state_dict_type"] == "SHARDED_STATE_DICT"
+    assert fsdp_module.StateDictType[args.fsdp_config["state_dict_type"]].name == "SHARDED_STATE_DICT"

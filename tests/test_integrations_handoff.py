@@ -407,3 +407,62 @@ def test_crlf_next_action_is_kept_byte_for_byte(tmp_path, capsys):
     head, tail = new[:begin], new[end + len(statefolder.END) + 1:]
     a, b = original.split(b"## If Interrupted")
     assert head == a and tail == b"\n## If Interrupted" + b
+
+
+# --------------------------------------------------------------------------- verify-resume on the resumed run's log
+
+
+def _verify_args(commands: list[str]) -> list[str]:
+    import shlex
+
+    (cmd,) = [c for c in commands if " verify-resume " in c]
+    argv = shlex.split(cmd.split("   # ")[0])
+    return argv[argv.index("verify-resume") + 1:]
+
+
+def test_verify_resume_points_at_the_resumed_runs_log_not_the_old_one(tmp_path, cli_run, monkeypatch):
+    """The old run's newest trainer_state.json stops at the spike; the resumed run writes its log into the first
+    checkpoint it saves after the resume step. The handoff command names that file and runs as written once the
+    resumed run has saved it."""
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    doc = cli_run("handoff", "--checkpoints", "run", "--dry-run", "--format", "json").json()
+    assert doc["recovery"]["log"].endswith("checkpoint-3000/trainer_state.json")
+    args = _verify_args(doc["recovery_commands"])
+    assert args == [str(tmp_path / "run" / "checkpoint-2500" / "trainer_state.json"), "--resume-step", "2000"]
+    assert doc["recovery"]["log"] not in " ".join(args)
+    (cmd,) = [c for c in doc["recovery_commands"] if " verify-resume " in c]
+    assert "saving checkpoint-2500 again: its new trainer_state.json is the resumed run's log" in cmd
+    # the resumed run (from checkpoint-2000, spike batches skipped) saves checkpoint-2500 anew
+    old = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    resumed = [r for r in old if r["step"] <= 2000] + [
+        {"step": s, "loss": r["loss"], "learning_rate": r["learning_rate"]}
+        for s, r in zip(range(2010, 2501, 10), [r for r in old if 1510 <= r["step"] <= 2000], strict=True)]
+    (tmp_path / "run" / "checkpoint-2500" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 2500, "log_history": resumed}))
+    rep = cli_run("verify-resume", *args, "--format", "json").json()
+    assert rep["log"]["path"] == args[0] and rep["log"]["last_step"] == 2500 and rep["verdict"] == "ok"
+
+
+def test_verify_resume_on_a_log_file_keeps_the_file_and_says_so(tmp_path, cli_run, monkeypatch):
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    doc = cli_run("handoff", "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json").json()
+    args = _verify_args(doc["recovery_commands"])
+    assert args == [str(tmp_path / "train.jsonl"), "--resume-step", "2000"]
+    (cmd,) = [c for c in doc["recovery_commands"] if " verify-resume " in c]
+    assert "the resumed run's log (this file when the resumed run appends to it" in cmd
+
+
+def test_verify_resume_with_no_later_checkpoint_reads_the_run_folder(tmp_path):
+    from checkpoint_strategy.integrations.handoff import resumed_log
+    from checkpoint_strategy.integrations.models import CheckpointRef
+
+    early = CheckpointRef(path=str(tmp_path / "checkpoint-100"), step=100, layout="hf-trainer", resumable=True,
+                          sharded=False, formats=["safetensors"], validated_at="2026-01-01T00:00:00Z", level="quick")
+    log, why = resumed_log(str(tmp_path / "checkpoint-100" / "trainer_state.json"), str(tmp_path), 100, [early])
+    assert log == str(tmp_path) and "newest trainer_state.json in the run folder" in why

@@ -132,3 +132,68 @@ def test_real_entry_point(hf_run):
                           timeout=120, env=checkout_env())
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["gate"] == "pass"
+
+
+# --------------------------------------------------------------------------- what a release ships (issue 27)
+
+HF_TRAINING_STATE = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin", "trainer_state.json"}
+
+
+def test_real_hf_checkpoint_lists_what_not_to_ship_and_the_release_set(hf_run, cli_run):
+    """The Trainer's pickles and log are named as not for release, each with why; with --require safetensors the
+    release set is the rest, and none of it is a pickle (a torch zip archive)."""
+    import zipfile
+
+    ckpt = newest(hf_run)
+    rc, data = record(cli_run, ckpt, "--require", "safetensors")
+    assert rc == 0
+    excluded = {f["file"]: f["reason"] for f in data["not_for_release"]}
+    on_disk = {p.name for p in ckpt.iterdir() if p.is_file()}
+    assert set(excluded) == HF_TRAINING_STATE & on_disk and {"optimizer.pt", "training_args.bin"} <= set(excluded)
+    assert "pickle" in excluded["optimizer.pt"] and "weights_only=True" in excluded["training_args.bin"]
+    assert set(data["release_set"]) == on_disk - set(excluded)
+    assert {"model.safetensors", "config.json"} <= set(data["release_set"])
+    assert not any(zipfile.is_zipfile(ckpt / f) for f in data["release_set"])
+    text = cli_run("release-gate", ckpt, "--require", "safetensors").out
+    assert "Not for release (" in text and f"Release set ({len(data['release_set'])} files): " in text
+    assert "  training_args.bin: TrainingArguments as a pickle" in text
+
+
+def test_without_require_safetensors_no_release_set_but_the_pickles_are_listed(hf_run, cli_run):
+    rc, data = record(cli_run, newest(hf_run))
+    assert rc == 0 and data["release_set"] == [] and {f["file"] for f in data["not_for_release"]} >= {"optimizer.pt"}
+    assert "Release set" not in cli_run("release-gate", newest(hf_run)).out
+
+
+def test_pickled_weights_excluded_only_when_safetensors_are_there(tmp_path):
+    from checkpoint_strategy.integrations.release import release_split
+
+    excluded, keep = release_split(["model.safetensors", "pytorch_model.bin", "config.json", "tokenizer.json",
+                                    "optimizer.pt", "rng_state_3.pth", "global_step10/zero_pp_rank_0_mp_rank_00.pt"])
+    assert keep == ["config.json", "model.safetensors", "tokenizer.json"]
+    reasons = {e.file: e.reason for e in excluded}
+    assert "safetensors" in reasons["pytorch_model.bin"] and "sharded training state" in reasons[
+        "global_step10/zero_pp_rank_0_mp_rank_00.pt"]
+    excluded, keep = release_split(["pytorch_model.bin", "config.json", "scheduler.pt"])
+    assert keep == ["config.json", "pytorch_model.bin"] and [e.file for e in excluded] == ["scheduler.pt"]
+    excluded, keep = release_split(["epoch=0-step=10.ckpt"])     # a Lightning checkpoint: never a release file
+    assert keep == [] and "optimizer and loop state" in excluded[0].reason
+
+
+def test_the_sample_run_checkpoint_names_its_release_set(tmp_path, cli_run, monkeypatch):
+    """The README's sample (examples/make-example-run.py): the HF Trainer's five training-state files are named,
+    the release set is config.json and model.safetensors."""
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    rc, data = record(cli_run, "run/checkpoint-2000", "--require", "safetensors")
+    assert rc == 0 and {f["file"] for f in data["not_for_release"]} == HF_TRAINING_STATE
+    assert data["release_set"] == ["config.json", "model.safetensors"]
+
+
+def test_a_file_name_cannot_forge_a_release_line(hf_run, copy_of, cli_run):
+    ckpt = copy_of(newest(hf_run))
+    (ckpt / "x.pt\n  model.safetensors: forged").write_bytes(b"not a pickle")
+    rc, out, err = cli_run("release-gate", ckpt, "--require", "safetensors")
+    assert "\n  model.safetensors: forged" not in out and "forged" in out, out

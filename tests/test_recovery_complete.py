@@ -33,13 +33,14 @@ def test_actions_pin_and_move_aside_are_ready_and_never_run(hf_run, copy_of, cli
     before = sorted(p.name for p in run.iterdir())
     rep = cli_run("recover", str(run), "--format", "json").json()
     assert sorted(p.name for p in run.iterdir()) == before, "recover must not move or copy anything"
-    pin, move, new_folder = rep["actions"]
+    pin, move, new_folder, verify = rep["actions"]
     assert pin.startswith(f"pin checkpoint-110 now: cp -a {run}/checkpoint-110 {run}/pinned-checkpoint-110")
     assert "new output folder" in new_folder
+    assert " verify-resume RESUMED_LOG --resume-step 110 " in verify   # the step after resuming
     command = move.split(": ", 1)[1]
     assert command.startswith(f"mkdir -p {run}/post-spike-121 && mv ")
     text = cli_run("recover", str(run)).out.splitlines()
-    assert text[5].startswith("   1. pin checkpoint-110 now") and text[6].startswith("   2. move the 9")
+    assert text[4].startswith("   1. pin checkpoint-110 now") and text[5].startswith("   2. move the 9")
     # the commands run as printed; afterwards the run folder holds only checkpoints safe to resume from
     for line in (pin.split(": ", 1)[1].split("   (")[0], command):
         subprocess.run(["bash", "-c", line], check=True, timeout=60, env=checkout_env())
@@ -64,7 +65,10 @@ def test_a_log_without_framework_shows_both_snippets(hf_run, tmp_path, cli_run):
     log = tmp_path / "metrics.jsonl"
     log.write_text("".join(json.dumps({"step": h["step"], "loss": h["loss"]}) + "\n" for h in history if "loss" in h))
     rep = cli_run("recover", str(log), "--checkpoints", "100,110,120", "--format", "json").json()
-    assert rep["framework"] is None and rep["max_steps"] is None and rep["actions"] == []
+    assert rep["framework"] is None and rep["max_steps"] is None and rep["status"] == "rollback"
+    # checkpoints given as steps: nothing to pin or move; only the check after resuming
+    assert len(rep["actions"]) == 1 and "verify-resume RESUMED_LOG --resume-step" in rep["actions"][0]
+    assert "metrics.jsonl again if the resumed run appends to it" in rep["actions"][0]
     assert rep["lr_reduced_steps"] == 500   # nothing says where the run ends: not clipped
     text = cli_run("recover", str(log), "--checkpoints", "100,110,120").out
     assert "HF Trainer (paste" in text and "\nLightning:\n" in text

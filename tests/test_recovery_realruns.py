@@ -77,7 +77,7 @@ def test_recover_says_self_recovered_keep_training(hf_run_self_recovering, capsy
     assert any("absorbed" in r for r in rep["reasons"])
     assert main(["recover", str(run.output_dir)]) == 0
     text = capsys.readouterr().out
-    assert "self-recovered: keep training" in text and "Onset step:      121" in text
+    assert text.startswith("=== Loss-Spike Recovery: KEEP TRAINING (self-recovered) ===") and "Onset step:      121" in text
 
 
 def test_same_run_mid_spike_says_wait_with_the_plan_ready(hf_run_self_recovering, cli_run):

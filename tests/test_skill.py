@@ -37,8 +37,15 @@ def test_frontmatter_uses_only_spec_fields(skill_root):
     assert len((skill_root / "SKILL.md").read_text().splitlines()) < 500
 
 
-def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
+def _agentskills(folder: Path) -> subprocess.CompletedProcess:
     exe = BIN / "agentskills"  # next to the running interpreter, not whichever is first on PATH
+    assert exe.is_file(), "skills-ref (its command is agentskills) must be installed by the test extra"
+    return subprocess.run([str(exe), "validate", str(folder)], capture_output=True, text=True, timeout=60,
+                          env=checkout_env())
+
+
+def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
+    exe = BIN / "agentskills"
     assert exe.is_file(), "skills-ref (agentskills) must be installed by the test extra"
     dest = tmp_path / "checkpoint-strategy"
     dest.mkdir()
@@ -46,9 +53,31 @@ def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
         shutil.copy2(skill_root / name, dest / name)
     for folder in ("scripts", "templates", "schemas"):
         shutil.copytree(skill_root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    proc = subprocess.run([str(exe), "validate", str(dest)], capture_output=True, text=True, timeout=60,
-                          env=checkout_env())
+    proc = _agentskills(dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_install_steps_hold_for_the_validator(tmp_path):
+    """What README says about installing the skill: the validator is the `agentskills` command of the pip package
+    skills-ref, it passes on what the repository ships (git ls-files) in a folder named checkpoint-strategy,
+    and it refuses the same files in a folder of another name."""
+    from importlib.metadata import distribution
+
+    from cliresult import shipped_copy
+
+    assert any(str(f).endswith("bin/agentskills") for f in distribution("skills-ref").files or ())
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    install = readme[readme.index("## Install as a Claude Code skill"):]
+    install = install[:install.index("\n## ", 3)]
+    for said in ("must be named `checkpoint-strategy`", "pip install skills-ref", "`agentskills`",
+                 "agentskills validate ~/.claude/skills/checkpoint-strategy"):
+        assert said in install, said
+    copy = shipped_copy(tmp_path / "checkpoint-strategy")
+    proc = _agentskills(copy)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    other = copy.rename(tmp_path / "my-skill")
+    proc = _agentskills(other)
+    assert proc.returncode != 0 and "must match skill name 'checkpoint-strategy'" in proc.stdout + proc.stderr
 
 
 def test_no_positional_placeholders_besides_arguments(skill_root):

@@ -66,8 +66,9 @@ def test_my_loss_spiked(skill_root, run_copy, hf_run, tmp_path):
     values = {"RUN_DIR": str(run_copy)}
     text = run(recover, skill_root, values, tmp_path)
     lines = text.splitlines()
-    assert lines[4] == f"=> loss spike at step 121 not recovered: resume from {run_copy}/checkpoint-110"
-    assert lines[5].startswith("   1. pin checkpoint-110 now: cp -a ")
+    assert lines[0] == "=== Loss-Spike Recovery: ROLL BACK ==="
+    assert lines[3] == f"=> loss spike at step 121 not recovered: resume from {run_copy}/checkpoint-110"
+    assert lines[4].startswith("   1. pin checkpoint-110 now: cp -a ")
     rep = json.loads(run(recover + " --format json", skill_root, values, tmp_path))
     assert rep["resume_checkpoint"]["step"] == 110
     assert rep["resume_checkpoint"]["step"] not in {c["step"] for c in rep["checkpoints"]["post_event"]}

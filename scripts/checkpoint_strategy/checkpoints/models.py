@@ -167,6 +167,8 @@ class HardwareMove(_Model):
     keep_constant: list[str]
     set_on_target: list[str] = Field(default_factory=list)
     changes: list[str]
+    replan: list[str] = Field(default_factory=list, description="what the new GPU count does to the failure "
+                              "model and the interval, and the plan command for the new hardware")
 
 
 class ValidationReport(_Model):

@@ -267,9 +267,9 @@ def dcp_step_keys(fqns: list[str]) -> tuple[list[str], Optional[str], Optional[s
     return opt, pick, min(sched) if sched else None
 
 
-def _countable(v: Optional[float]) -> bool:
-    """A counter read from a tensor that int() can take exactly: not NaN, not infinite, below 2**53."""
-    return v is not None and v == v and abs(v) < 2**53
+def _whole(v: Optional[float]) -> Optional[int]:
+    """A counter read from a tensor as an int, or None where int() cannot take it exactly (NaN, inf, >= 2**53)."""
+    return int(v) if v is not None and v == v and abs(v) < 2**53 else None
 
 
 def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False) -> None:
@@ -294,13 +294,13 @@ def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, su
     if optimizer_only:
         return
     if train and out.training_step is None:
-        v = d.value(train)
-        if _countable(v) and v >= 0:
-            out.training_step, out.training_step_from = int(v), f"{train} in {rel}"
+        t = _whole(d.value(train))
+        if t is not None and t >= 0:
+            out.training_step, out.training_step_from = t, f"{train} in {rel}"
     if sched and out.scheduler_step is None:
-        v = d.value(sched)
-        if _countable(v):
-            out.scheduler_step, out.scheduler_step_from = int(v), f"{sched} in {rel}"
+        last = _whole(d.value(sched))
+        if last is not None:
+            out.scheduler_step, out.scheduler_step_from = last, f"{sched} in {rel}"
 
 
 # --------------------------------------------------------------------------- layouts

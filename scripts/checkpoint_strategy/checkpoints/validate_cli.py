@@ -49,6 +49,10 @@ def run(args) -> int:
                                 stats=args.stats)
         annotate_validation(report, paths, args.log, args.spike_check, advise)
         annotate_hardware(report, args.target_gpus, args.log)
+        if report.hardware_move is not None:
+            from checkpoint_strategy.integrations.migration import add_replan
+
+            add_replan(report, args.log)
         report = storage.unshadow_model(report)
     emit(report, args.format, args.output, inputs=tuple(args.paths))
     # at level deep also nothing suspicious and no partial optimizer state (model-only is not a failure)

@@ -57,7 +57,22 @@ def build(report, s, version: str):
             reason="the Trainer writes checkpoints synchronously: training waits for each save",
             instead="re-plan with --no-async so the interval accounts for the blocking save"))
     settings = [Setting(name="TrainingArguments", kind="kwargs", values=kw, note=note)]
+    if "sharded" in report.policy.save_formats:
+        settings.append(fsdp_setting("full_state_dict" in report.policy.save_formats))
     return settings, gaps_, []
+
+
+def fsdp_setting(also_full: bool) -> Setting:
+    """The plan saves sharded checkpoints: with FSDP that is fsdp_config's fsdp_state_dict_type."""
+    full = ("; the plan also asks for full_state_dict: before moving to other hardware, save one with "
+            "fsdp_state_dict_type FULL_STATE_DICT (gathered on rank 0: portable, slower) or consolidate the "
+            "shards (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)") if also_full else ""
+    return Setting(
+        name="fsdp_config", kind="config", values={"fsdp_state_dict_type": "SHARDED_STATE_DICT"},
+        note="with FSDP: TrainingArguments(fsdp=..., fsdp_config=fsdp_config) (transformers drops the fsdp_ "
+             "prefix) or the fsdp_config block of the accelerate config file; SHARDED_STATE_DICT writes one shard "
+             "per rank (fast; resumes on the same world size, re-shards through torch.distributed.checkpoint), "
+             "FULL_STATE_DICT gathers one file" + full)
 
 
 def render(export, fmt: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
@@ -100,7 +101,8 @@ def safe_points(valid: list[CheckpointRef]) -> tuple[Optional[CheckpointRef], li
 
 
 def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[RecoveryNote],
-                  latest: Optional[CheckpointRef], bad: list, facts_log: Optional[str]) -> list[str]:
+                  latest: Optional[CheckpointRef], bad: list, facts_log: Optional[str],
+                  saved: Sequence[CheckpointRef] = ()) -> list[str]:
     """The commands the next session runs, in order, each runnable as written (launcher's full
     path, real paths, no placeholders): pin the rollback point first when it may be rotated away."""
     from checkpoint_strategy.checkpoints import runfacts
@@ -122,8 +124,28 @@ def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[Re
         resume_step = recovery.resume_step if unresolved and recovery is not None else (
             latest.step if latest is not None else None)
         if resume_step is not None and log is not None:
-            commands.append(f"{cs} verify-resume {_q(log)} --resume-step {resume_step}   # after resuming")
+            resumed, why = resumed_log(log, root, resume_step, saved)
+            commands.append(f"{cs} verify-resume {_q(resumed)} --resume-step {resume_step}   # {why}")
     return commands
+
+
+def resumed_log(log: str, root: Optional[str], resume_step: int, saved: Sequence[CheckpointRef]) -> tuple[str, str]:
+    """(the resumed run's log, what it is): verify-resume must read the log the *resumed* run writes. An HF
+    trainer_state.json stops where its checkpoint was saved: the resumed run's log is the trainer_state.json of
+    the first checkpoint it saves after `resume_step` (the same name as the old one at that step, written anew),
+    or the run folder (verify-resume reads its newest trainer_state.json) when no later step is known. A log file
+    the run appends to (JSON lines, CSV, TensorBoard) is the same file."""
+    if os.path.basename(log) != "trainer_state.json" or root is None:
+        return log, (f"after resuming from step {resume_step} and logging a few steps: the resumed run's log (this "
+                     "file when the resumed run appends to it; else its new log)")
+    later = sorted((c for c in saved if c.step is not None and c.step > resume_step), key=lambda c: c.step or 0)
+    if not later:
+        return root, (f"after resuming from step {resume_step} and the resumed run's first save: the newest "
+                      "trainer_state.json in the run folder is the resumed run's")
+    name = os.path.basename(os.path.normpath(later[0].path))
+    return (os.path.join(os.path.abspath(later[0].path), "trainer_state.json"),
+            f"after resuming from step {resume_step} and saving {name} again: its new trainer_state.json is the "
+            f"resumed run's log (the one there now is the old run's; resumed into a new output_dir: {name} there)")
 
 
 def _pin_first(next_step: str, commands: list[str]) -> str:
@@ -173,7 +195,7 @@ def build(report: Optional[PlanReport], root: Optional[str], level: str = "quick
     risks.extend(_checkpoint_risks(root, latest, bad, note))
     log_for_commands = log or (recovery.log if recovery is not None else None)
     commands = next_commands(root, log_for_commands, recovery, latest, bad,
-                             recovery.log if recovery is not None else None)
+                             recovery.log if recovery is not None else None, valid)
     plan = None
     if report is not None:
         plan = PlanSummary(frequency_steps=report.frequency_steps, keep_last=report.keep_last,

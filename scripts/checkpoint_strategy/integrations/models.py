@@ -141,6 +141,11 @@ class FileChecksum(_Strict):
     sha256: str
 
 
+class NotForRelease(_Strict):
+    file: str = Field(description="relative to the checkpoint")
+    reason: str
+
+
 class GateCheck(_Strict):
     name: str
     ok: bool
@@ -182,6 +187,13 @@ class ReleaseGate(_Strict):
     manifest: Optional[str] = Field(None, description="path of the verified manifest")
     checksums: list[FileChecksum] = Field(default_factory=list)
     checks: list[GateCheck]
+    not_for_release: list[NotForRelease] = Field(
+        default_factory=list, description="files in the checkpoint a model release should not ship: training state "
+                                          "(optimizer, scheduler, RNG, TrainingArguments pickles; trainer_state.json) "
+                                          "and pickled copies of weights that are also in safetensors")
+    release_set: list[str] = Field(
+        default_factory=list, description="--require safetensors: the files a release ships (the safetensors weights, "
+                                          "their index, configs, tokenizer): every file not in not_for_release")
     values: Optional[ValuesSummary] = Field(None, description="level deep: what the value pass found")
     gate: Literal["pass", "fail"]
     reasons: list[str] = Field(description="why the gate failed (empty on pass)")

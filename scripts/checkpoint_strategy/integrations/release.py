@@ -4,6 +4,7 @@ recorded (the checkpoint's own manifest verified, or a sha256 of every file)."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from checkpoint_strategy.checkpoints.filechecks import Counter
@@ -11,7 +12,8 @@ from checkpoint_strategy.checkpoints.manifest import hash_file
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
-from checkpoint_strategy.integrations.models import FileChecksum, GateCheck, ReleaseGate, ValuesSummary
+from checkpoint_strategy.integrations.models import (FileChecksum, GateCheck, NotForRelease, ReleaseGate,
+                                                     ValuesSummary)
 
 REQUIRE_CHOICES = ("safetensors", "full_state_dict", "sharded", "resumable")
 CHUNK = 4 << 20
@@ -80,13 +82,55 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
             reasons.append(f"deep check: {detail}")
     sums = _integrity_check(result, path, manifest if has_manifest else None, checks, reasons)
     gate_ok = loads_ok and not reasons
+    excluded, release_set = release_split(list(_files(path)))
     return ReleaseGate(
         checkpoint=path, layout=result.format, step=result.step, level=result.level, validated_at=validated_at,
         loads_ok=loads_ok, status=result.status, formats_present=formats, required=required,
         resumable=result.resumable, sharded=result.sharded,
         integrity="manifest" if has_manifest else "checksums", manifest=manifest if has_manifest else None,
         checksums=sums, checks=checks, values=values, gate="pass" if gate_ok else "fail", reasons=reasons,
+        not_for_release=excluded, release_set=release_set if "safetensors" in required else [],
     )
+
+
+# What a model release does not ship: the trainer's state for resuming, read by torch.load (a pickle runs code
+# unless loaded with weights_only=True, and training_args.bin cannot be), and JSON training logs.
+_TRAINING_STATE = (
+    (re.compile(r"^optimizer.*\.(pt|pth|bin)$"), "optimizer state (pickle): for resuming training only"),
+    (re.compile(r"^scheduler.*\.(pt|pth|bin)$"), "LR scheduler state (pickle): for resuming training only"),
+    (re.compile(r"^scaler.*\.(pt|pth)$"), "AMP grad-scaler state (pickle): for resuming training only"),
+    (re.compile(r"^rng_state.*\.(pt|pth)$"), "RNG state (pickle): for resuming training only"),
+    (re.compile(r"^training_args\.bin$"), "TrainingArguments as a pickle: loading it imports and runs transformers "
+                                          "code (torch.load(weights_only=True) refuses it)"),
+    (re.compile(r"^trainer_state\.json$"), "the Trainer's log and step counter (JSON): training state, not the model"),
+    (re.compile(r"^(latest|zero_to_fp32\.py)$"), "DeepSpeed's resume tag / conversion script: training tooling"),
+    (re.compile(r".*\.distcp$|^\.metadata$"), "sharded training state (torch.distributed.checkpoint)"),
+    (re.compile(r".*\.ckpt$"), "Lightning checkpoint: a pickle holding the optimizer and loop state too; release "
+                               "the weights as safetensors"),
+)
+_PICKLE = re.compile(r"\.(bin|pt|pth|ckpt|pkl|pickle)$")
+_STATE_DIRS = re.compile(r"^(optimizer|global_step\d*|rng|scheduler)")
+
+
+def release_split(files: list[str]) -> tuple[list[NotForRelease], list[str]]:
+    """(files a model release should not ship, with why; the rest: the release set). Pickled weights are
+    excluded only when safetensors weights are there to ship instead."""
+    has_safetensors = any(f.endswith(".safetensors") for f in files)
+    excluded: list[NotForRelease] = []
+    keep: list[str] = []
+    for rel in sorted(files):
+        name = os.path.basename(rel)
+        top = rel.split(os.sep, 1)[0] if os.sep in rel else ""
+        reason = next((why for pattern, why in _TRAINING_STATE if pattern.search(name)), None)
+        if reason is None and top and _STATE_DIRS.match(top):
+            reason = f"inside {top}/: sharded training state"
+        if reason is None and has_safetensors and _PICKLE.search(name):
+            reason = "pickle: the weights ship as safetensors (torch.load of a pickle can run code)"
+        if reason is None:
+            keep.append(rel)
+        else:
+            excluded.append(NotForRelease(file=rel, reason=reason))
+    return excluded, keep
 
 
 def _whole_check(result, checks: list[GateCheck], reasons: list[str]) -> None:
@@ -153,7 +197,7 @@ def apply_spike_check(record: ReleaseGate, log: str | None = None, spike_check: 
     return record
 
 
-_RUN_CHILD = __import__("re").compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$")
+_RUN_CHILD = re.compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$")
 
 
 def _require_one_checkpoint(path: str) -> None:

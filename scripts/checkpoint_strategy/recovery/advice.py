@@ -330,26 +330,28 @@ def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion
 
 
 def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
+    """Where the loss is at the end of the log, as evidence for the decision (the decision itself is the
+    report's status and summary: this line never names a competing one)."""
     if target is None or an.target is None:
-        return "healthy: no event has left the loss above its healthy level"
+        return "no event has left the loss above its healthy level"
     r = target.reference_loss if target.reference_loss is not None else target.baseline_loss
     now = series.loss[-detect.SMOOTH_POINTS:]
     now_v = float(np.median(now)) if np.isfinite(now).all() else None
     if an.verdict == "recovering":
         if an.rate is not None and an.eta_step is not None:
             late = an.eta_step > target.onset_step + o.wait_steps
-            return (f"recovering: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
-                    f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} by about "
-                    f"step {an.eta_step}" + (f", after the wait window (step {target.onset_step + o.wait_steps})"
-                                             if late else ""))
-        return f"recovering: too early to tell, {int(series.steps[-1]) - target.onset_step} steps since the onset"
+            return (f"coming down: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
+                    f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} "
+                    + (f"only by about step {an.eta_step}, after the wait window (step {target.onset_step + o.wait_steps})"
+                       if late else f"by about step {an.eta_step}"))
+        return f"too early to tell: {int(series.steps[-1]) - target.onset_step} steps since the onset"
     if now_v is None:
-        return "diverged: the loss is NaN/inf at the end of the log"
+        return "NaN/inf at the end of the log"
     if target.kind == "collapse":
-        return f"diverged: the loss collapsed ({target.detail})"
+        return f"collapsed ({target.detail})"
     ratio = f" ({now_v / r:.2f}x)" if r and r > 0 else ""
-    return (f"diverged: the loss is {_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level "
-            f"{_show(r)} before step {target.onset_step}, and not coming back")
+    return (f"{_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level {_show(r)} before step "
+            f"{target.onset_step}, and not coming back")
 
 
 def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]], *,
@@ -485,7 +487,7 @@ def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoin
                  last_step=int(steps[-1]))
     _describe(spike, reasons)
     t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
-    reasons.append(common["verdict_detail"])
+    reasons.append(f"the loss now: {common['verdict_detail']}")
     ck_info.cutoff_step, ck_info.margin_steps = t.cutoff, t.margin
     pre = series.steps[:onset_idx]
     common["last_good_step"] = int(pre[-1]) if len(pre) else None

@@ -52,10 +52,33 @@ def _then_line(report: RecoveryReport) -> str:
 def _actions(report: RecoveryReport) -> list[str]:
     resume = report.resume_checkpoint
     out: list[str] = []
-    if resume is None or not resume.path:
+    if resume is None:
         return out
-    name = os.path.basename(os.path.normpath(resume.path))
-    out.append(f"pin {name} now: {runfacts.pin_command(resume.path)}   (if the job is still running, copy it now: "
+    if resume.path:
+        out.extend(_rollback_actions(report, resume.path))
+    if report.status == "rollback":
+        out.append(verify_resume_action(report.log.path, report.log.format, resume.step))
+    return out
+
+
+def verify_resume_action(log: str, log_format: str, step: int) -> str:
+    """The step after a rollback: check the resume kept the optimizer state, on the *resumed* run's log."""
+    if log_format == "hf":
+        where = ("the trainer_state.json of the first checkpoint the resumed run saves (not this run's: it stops "
+                 "before the resume)")
+    elif log_format == "tensorboard":
+        where = "the resumed run's TensorBoard folder (the folder of the events file it writes)"
+    else:
+        where = f"the resumed run's log; {os.path.basename(log)} again if the resumed run appends to it"
+    return (f"after resuming and logging a few steps: {runfacts.launcher()} verify-resume RESUMED_LOG "
+            f"--resume-step {step}   (RESUMED_LOG: {where})")
+
+
+def _rollback_actions(report: RecoveryReport, path: str) -> list[str]:
+    """Pin the resume point, move the post-onset checkpoints aside (or resume into a new folder)."""
+    out: list[str] = []
+    name = os.path.basename(os.path.normpath(path))
+    out.append(f"pin {name} now: {runfacts.pin_command(path)}   (if the job is still running, copy it now: "
                "its rotation may delete it; HF: or raise save_total_limit)")
     post = [c.path for c in report.checkpoints.post_event if c.path]
     onset = report.spike.onset_step if report.spike is not None else None
