@@ -13,7 +13,8 @@
    Ratios by wall time (the targets' measure) and by CPU time, least of 5 runs each; "floor" is one numpy
    reduction over the same mapped bytes (the least any numpy check of every value costs).
 Test data lives in a temp folder that is removed afterwards. `--deep-only` runs part 4 only; `--repeat N`
-measures part 4 N times.
+measures part 4 N times. `--crc-only`: part 2 with 1, 2 and 4 CRC threads and the rule's count
+(filechecks.crc_workers), interleaved with cat, max(3, N) rounds: the measurements behind the rule.
 """
 
 from __future__ import annotations
@@ -112,18 +113,18 @@ def build_big(path: Path, gb: float) -> None:
             i += 1
 
 
-def cat_rate(path: Path) -> float:
+def cat_rate(path: Path, runs: int = 3) -> float:
     best = float("inf")
-    for _ in range(3):
+    for _ in range(runs):
         t = time.perf_counter()
         subprocess.run(f"cat '{path}' > /dev/null", shell=True, check=True)
         best = min(best, time.perf_counter() - t)
     return path.stat().st_size / best
 
 
-def full_rate(path: Path) -> tuple[float, str]:
+def full_rate(path: Path, runs: int = 2) -> tuple[float, str]:
     best = float("inf")
-    for _ in range(2):
+    for _ in range(runs):
         t = time.perf_counter()
         r = validate_checkpoint(path, level="full")
         best = min(best, time.perf_counter() - t)
@@ -332,9 +333,49 @@ def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
         path.unlink()
 
 
+def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
+    """Full validation with 1, 2 and 4 CRC threads and with the rule's count (filechecks.crc_workers), each
+    between two `cat` runs of the same warm file (ratio = the better cat's time / validate's time), in
+    alternating order, `rounds` times: median and range. The data for the rule in filechecks.CRC_WORKERS."""
+    import statistics
+
+    big = tmp / "big.ckpt"
+    build_big(big, gb)
+    rule = fc.crc_workers()
+    counts = sorted({1, 2, 4, rule})
+    ratios: dict[int, list[float]] = {w: [] for w in counts}
+    cat_rate(big)
+    saved = fc.CRC_WORKERS
+    try:
+        for r in range(rounds):
+            for w in (counts if r % 2 == 0 else counts[::-1]):
+                fc.CRC_WORKERS = w
+                c1 = big.stat().st_size / cat_rate(big, 1)
+                rate, _ = full_rate(big, 1)
+                c2 = big.stat().st_size / cat_rate(big, 1)
+                ratios[w].append(rate * min(c1, c2) / big.stat().st_size)
+    finally:
+        fc.CRC_WORKERS = saved
+    print(f"full validation of a {big.stat().st_size / 1e9:.2f} GB torch zip (entries of 512 MB), CRC-32 via "
+          f"{fc.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
+          f"{fc.usable_cores()}, the rule picks {rule} thread(s):")
+    for w in counts:
+        v = ratios[w]
+        print(f"  {w} thread(s){' (rule)' if w == rule else ''}: median {statistics.median(v):.2f}x cat's rate, "
+              f"range {min(v):.2f}-{max(v):.2f} (target >= 0.8)")
+    big.unlink()
+
+
 def main() -> None:
     small = "--small" in sys.argv
     repeat = int(sys.argv[sys.argv.index("--repeat") + 1]) if "--repeat" in sys.argv else 1
+    if "--crc-only" in sys.argv:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
+        try:
+            bench_crc_workers(tmp, 0.2 if small else 2.0, max(3, repeat))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     if "--deep-only" in sys.argv:
         tmp = Path(tempfile.mkdtemp(prefix="bench-validate-"))
         try:

@@ -40,6 +40,9 @@ SLOW_TESTS: set[str] = {
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
     "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
+    # the fast paths' hostile inputs: a 64 MB line, children parsing 200 000-deep nesting, torch.save archives
+    "test_a_64_mb_line_and_nesting_past_the_recursion_limit", "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
+    "test_real_archives_read_the_same_from_memory", "test_damaged_archives_give_the_same_findings_from_memory",
     "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",   # ~12 subprocesses in a copy of the repo
     "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",   # imports transformers
     "test_sample_pickles_are_what_torch_load_reads",   # imports torch

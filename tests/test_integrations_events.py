@@ -100,6 +100,10 @@ def test_nan_loss_never_saves():
 def test_plateau_and_gradient_norm_below_threshold():
     plateau = decide({"event": "LOSS_PLATEAU", "step": 5000})
     assert plateau.decision == "none" and plateau.next_command.startswith(LAUNCHER + " verify-resume")
+    # verify-resume refuses to run without --resume-step: the printed command names it (the event cannot know it)
+    assert plateau.next_command.endswith(" verify-resume TRAIN_LOG --resume-step RESUME_STEP")
+    with_root = decide({"event": "LOSS_PLATEAU", "step": 5000}, checkpoints="/runs/a b")
+    assert with_root.next_command.endswith(" --resume-step RESUME_STEP --checkpoints '/runs/a b'")
     below = decide({**GRAD, "value": 0.5})
     assert below.decision == "none" and "does not exceed" in below.reason
 

@@ -431,7 +431,8 @@ def test_verify_resume_points_at_the_resumed_runs_log_not_the_old_one(tmp_path, 
     doc = cli_run("handoff", "--checkpoints", "run", "--dry-run", "--format", "json").json()
     assert doc["recovery"]["log"].endswith("checkpoint-3000/trainer_state.json")
     args = _verify_args(doc["recovery_commands"])
-    assert args == [str(tmp_path / "run" / "checkpoint-2500" / "trainer_state.json"), "--resume-step", "2000"]
+    assert args == [str(tmp_path / "run" / "checkpoint-2500" / "trainer_state.json"), "--resume-step", "2000",
+                    "--checkpoints", str(tmp_path / "run")]
     assert doc["recovery"]["log"] not in " ".join(args)
     (cmd,) = [c for c in doc["recovery_commands"] if " verify-resume " in c]
     assert "saving checkpoint-2500 again: its new trainer_state.json is the resumed run's log" in cmd
@@ -453,7 +454,7 @@ def test_verify_resume_on_a_log_file_keeps_the_file_and_says_so(tmp_path, cli_ru
     monkeypatch.chdir(tmp_path)
     doc = cli_run("handoff", "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json").json()
     args = _verify_args(doc["recovery_commands"])
-    assert args == [str(tmp_path / "train.jsonl"), "--resume-step", "2000"]
+    assert args == [str(tmp_path / "train.jsonl"), "--resume-step", "2000", "--checkpoints", str(tmp_path / "run")]
     (cmd,) = [c for c in doc["recovery_commands"] if " verify-resume " in c]
     assert "the resumed run's log (this file when the resumed run appends to it" in cmd
 

@@ -29,11 +29,38 @@ except Exception:  # noqa: BLE001 - stdlib fallback
     CRC32_IMPL = "zlib"
 
 CHUNK = 4 << 20  # streaming chunk: memory stays flat whatever the file size
-# Full-level CRC of zip entries runs on up to this many threads (zlib's and ISA-L's CRC-32 both
-# release the GIL: about 1.9x and 1.6x on two cores here), each with its own file handle and one
-# CHUNK buffer, so memory stays flat. Small archives are not worth the threads.
-CRC_WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Full-level CRC of zip entries runs on several threads (zlib's and ISA-L's CRC-32 both release the GIL), each
+# with its own file handle and one CHUNK buffer, so memory stays flat. Small archives are not worth the threads.
+# The count is a measured rule (bench/bench_validate.py, docs/benchmarks.md): one thread per core this process
+# may use (its CPU affinity, capped by a cgroup CPU quota), at most MAX_CRC_WORKERS. On the 2-core machine,
+# under a load of 12, a 1 GB archive of 512 MB entries ran at a median 0.69x cat's rate on one thread, 0.85x
+# on two and 0.66x on four with ISA-L (more threads than cores: the copies thrash); 0.17x / 0.21x / 0.24x
+# with zlib's slower CRC. None: the rule decides; a number (tests) overrides it.
+CRC_WORKERS: int | None = None
+MAX_CRC_WORKERS = 4
 PARALLEL_MIN_BYTES = 64 << 20
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity set, capped by a cgroup v2 CPU quota (cpu.max)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    try:
+        with open(CGROUP_CPU_MAX) as fh:   # a system file, not user input
+            quota, period = fh.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+def crc_workers() -> int:
+    """CRC threads for one archive's entries (see CRC_WORKERS)."""
+    return CRC_WORKERS if CRC_WORKERS is not None else min(MAX_CRC_WORKERS, usable_cores())
 
 # safetensors dtype -> bits per element
 ST_DTYPE_BITS = {
@@ -211,6 +238,12 @@ _EOCD64_LOC = b"PK\x06\x07"
 _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
+# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack
+_CD_RECORD = struct.Struct("<HHHHIIIHHHHHII")
+# the end-record search reads this much of a file's end; a file no bigger (SMALL_ZIP_BYTES) is read whole once
+# and every later read is served from memory
+ZIP_TAIL_BYTES = 22 + 65535 + 20
+SMALL_ZIP_BYTES = ZIP_TAIL_BYTES
 # general-purpose flag bits torch.load refuses: encrypted (0), patched data (5), strong encryption (6),
 # masked local headers (13)
 ZIP_REFUSED_FLAGS = 0x2061
@@ -240,7 +273,7 @@ def read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:
 
 
 def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # noqa: C901 - complexity debt, see issue 10
-    tail_len = min(size, 22 + 65535 + 20)
+    tail_len = min(size, ZIP_TAIL_BYTES)
     fh.seek(size - tail_len)
     tail = fh.read(tail_len)
     pos = tail.rfind(_EOCD)
@@ -277,10 +310,9 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     for _ in range(n_entries):
         if cd[p:p + 4] != _CDH or p + 46 > cd_size:
             return f"broken central directory at entry {len(entries)}"
-        (method, _t, _dt, crc, csize, usize, nlen, xlen, clen) = struct.unpack("<HHHIIIHHH", cd[p + 10:p + 34])
-        (offset,) = struct.unpack("<I", cd[p + 42:p + 46])
+        (flags, method, _t, _dt, crc, csize, usize, nlen, xlen, clen, e_disk, _ia, _ea,
+         offset) = _CD_RECORD.unpack_from(cd, p + 8)
         name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
-        (flags,), (e_disk,) = struct.unpack("<H", cd[p + 8:p + 10]), struct.unpack("<H", cd[p + 34:p + 36])
         if flags & ZIP_REFUSED_FLAGS or e_disk not in (disk, 1):  # what torch.load's zip reader (miniz) refuses
             what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
             return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
@@ -395,10 +427,32 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
     z = ZipScan()
     try:
         with open_regular(path) as fh:
-            _scan_open_zip(fh, path, z, counter, full, update)
+            _scan_open_zip(fh if full else _small_in_memory(fh), path, z, counter, full, update)
     except (OSError, ReadError) as exc:
         z.findings.append(Finding(_oserror(exc)))
     return z
+
+
+class _InMemory(io.BytesIO):
+    """A small file's bytes, read once; fileno() is the open file's (its size for os.fstat)."""
+
+    def __init__(self, data: bytes, fh) -> None:
+        super().__init__(data)
+        self._fh = fh
+
+    def fileno(self) -> int:
+        return self._fh.fileno()
+
+
+def _small_in_memory(fh):
+    """A file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) read in one call and
+    served from memory: the same bytes, one read instead of two per entry. Anything else: the file itself."""
+    size = os.fstat(fh.fileno()).st_size
+    if size > SMALL_ZIP_BYTES:
+        return fh
+    data = fh.read(size + 1)
+    fh.seek(0)
+    return _InMemory(data, fh) if len(data) == size else fh   # grown or shrunk meanwhile: read it as it is
 
 
 def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, update) -> None:
@@ -612,7 +666,7 @@ def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> lis
 
 def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) -> str | None:
     """CRC-32 of every entry; the first failing entry (in archive order) is reported."""
-    workers = min(CRC_WORKERS, len(entries))
+    workers = min(crc_workers(), len(entries))
     if workers < 2 or sum(e.csize for e in entries) < PARALLEL_MIN_BYTES:
         for e in entries:
             reason = _crc_entry(fh, e, counter, update)

@@ -106,22 +106,26 @@ def _lines(text: str) -> Iterator[str]:
 
 
 def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
+    from checkpoint_strategy.recovery.records import loads_line   # orjson when installed: the same objects
+
     for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            yield loads_line(line)
         except (ValueError, RecursionError) as exc:
             raise _line_error(exc, n, source) from None
 
 
 def _json_line_error(text: str, source: str) -> Optional[UsageError]:
     """The first bad line, checked once up front so that bad input fails before any decision."""
+    from checkpoint_strategy.recovery.records import loads_line
+
     for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
         try:
-            json.loads(line)
+            loads_line(line)
         except (ValueError, RecursionError) as exc:
             return _line_error(exc, n, source)
     return None
@@ -290,10 +294,13 @@ def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None
             f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
 
 
-def verify_resume_command(log: Optional[str] = None) -> str:
+def verify_resume_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
+    """verify-resume needs the step resumed from (the event does not know it: RESUME_STEP); with the checkpoint
+    folder it also compares the optimizer's step counter with the training step (a reset optimizer)."""
     from checkpoint_strategy.checkpoints.runfacts import launcher
 
-    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'}"
+    ck = f" --checkpoints {shlex.quote(checkpoints)}" if checkpoints else ""
+    return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'} --resume-step RESUME_STEP{ck}"
 
 
 def _at(event: StabilityEvent) -> str:
@@ -322,33 +329,67 @@ def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, con
     reported SPIKE_WAIT_STEPS after the first). Raises UsageError on a bad event or policy.
     """
     ev = event_from(event)
-    triggers = policy_triggers(policy)
-    recover = recover_command(log, checkpoints)
+    return _decide(ev, policy_triggers(policy), confirmed, _Commands(log, checkpoints))
+
+
+class _Commands:
+    """The next commands of a decision, each written once (the launcher's path is looked up on disk)."""
+
+    def __init__(self, log: Optional[str], checkpoints: Optional[str]) -> None:
+        self.log, self.checkpoints = log, checkpoints
+        self._recover: Optional[str] = None
+        self._verify: Optional[str] = None
+
+    @property
+    def recover(self) -> str:
+        if self._recover is None:
+            self._recover = recover_command(self.log, self.checkpoints)
+        return self._recover
+
+    @property
+    def verify(self) -> str:
+        if self._verify is None:
+            self._verify = verify_resume_command(self.log, self.checkpoints)
+        return self._verify
+
+
+def _decide(ev: StabilityEvent, triggers: list[str], confirmed: bool, commands: _Commands) -> Decision:
     kind = ev.event
     if kind == "NAN_LOSS":
         return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=True,
                         reason=f"loss is NaN at {_at(ev)}: the weights or optimizer state are likely already "
                                "non-finite, so an emergency save would only store them (and could rotate a good "
                                "checkpoint out of keep_last); roll back to the last stable checkpoint instead",
-                        next_command=recover)
+                        next_command=commands.recover)
     if kind == "LOSS_PLATEAU":
         return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=False,
                         reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
                                "began right after a resume, check that the optimizer state was restored",
-                        next_command=verify_resume_command(log))
-    if ev.value is not None and not math.isfinite(ev.value):
+                        next_command=commands.verify)
+    nonfinite = _nonfinite(ev)
+    if nonfinite is not None:
         what = "loss" if kind == "LOSS_SPIKE" else "gradient norm"
         return Decision(event=kind, step=ev.step, trigger=EVENT_TRIGGER[kind], decision="none",
                         confirmed_spike=kind == "LOSS_SPIKE",
-                        reason=f"{what} is {ev.value} at {_at(ev)}: a non-finite value means the weights or optimizer "
-                               "state may already be non-finite, so an emergency save would only store them (and "
-                               "could rotate a good checkpoint out of keep_last); never save it - roll back to the "
-                               "last stable checkpoint instead (recover's NaN/inf rule)",
-                        next_command=recover if kind == "LOSS_SPIKE" else None)
+                        reason=f"{what} is {nonfinite} at {_at(ev)}: a non-finite value means the weights or "
+                               "optimizer state may already be non-finite, so an emergency save would only store them "
+                               "(and could rotate a good checkpoint out of keep_last); never save it - roll back to "
+                               "the last stable checkpoint instead (recover's NaN/inf rule)",
+                        next_command=commands.recover if kind == "LOSS_SPIKE" else None)
     enabled = EVENT_TRIGGER[kind] in triggers
     if kind == "GRADIENT_NORM_EXCEEDED":
         return _grad_norm_decision(ev, enabled)
-    return _loss_spike_decision(ev, enabled, confirmed, recover)
+    return _loss_spike_decision(ev, enabled, confirmed, commands.recover)
+
+
+def _nonfinite(ev: StabilityEvent) -> Optional[str]:
+    """How a non-finite observed value shows: `value` itself, or a LOSS_SPIKE's `magnitude` (value / baseline:
+    NaN or inf only when the loss is, as recover's detector reads a NaN/inf loss); None when finite."""
+    if ev.value is not None and not math.isfinite(ev.value):
+        return str(ev.value)
+    if ev.event == "LOSS_SPIKE" and ev.magnitude is not None and not math.isfinite(ev.magnitude):
+        return f"{ev.magnitude} x its baseline (magnitude)"
+    return None
 
 
 def _grad_norm_decision(ev: StabilityEvent, enabled: bool) -> Decision:
@@ -376,6 +417,10 @@ def _grad_norm_decision(ev: StabilityEvent, enabled: bool) -> Decision:
                     next_command=None)
 
 
+_CONFIRMED_THEN = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
+                   "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5")
+
+
 def _loss_spike_decision(ev: StabilityEvent, enabled: bool, confirmed: bool, recover: str) -> Decision:
     """LOSS_SPIKE: an emergency save when the policy has the trigger; confirmed (persistent or error/critical)
     spikes are rolled back, the others watched through the wait window."""
@@ -385,9 +430,7 @@ def _loss_spike_decision(ev: StabilityEvent, enabled: bool, confirmed: bool, rec
         return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
                         reason=f"loss spike at {_at(ev)}{_size(ev)} has severity info: no action",
                         next_command=None)
-    then = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
-            "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5"
-            if is_confirmed else
+    then = (_CONFIRMED_THEN if is_confirmed else
             f"keep training {SPIKE_WAIT_STEPS}-{RECOVERY_DEFAULTS.wait_steps} steps: most spikes recover on their own; run the recovery "
             "adviser if the loss has not come back")
     if not enabled:
@@ -416,11 +459,7 @@ def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[],
         events = events if isinstance(events, (list, tuple)) else list(events)
         fresh = lambda: iter(events)  # noqa: E731
     triggers = policy_triggers(policy)
-    first_spike = None
-    for i, e in enumerate(fresh()):
-        ev = event_from(e, f"event {i + 1}")
-        if ev.event == "LOSS_SPIKE" and ev.step is not None:
-            first_spike = ev.step if first_spike is None else min(first_spike, ev.step)
+    first_spike = _first_spike(fresh())
     notes = list(notes)
     confirmed_by_log = False
     if log_report is not None:
@@ -434,6 +473,28 @@ def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[],
     return agg.result(notes)
 
 
+def _first_spike(items: Iterable[Any]) -> Optional[int]:
+    """The lowest step of a LOSS_SPIKE. A plain event ({"event": "LOSS_SPIKE", "step": 120, ...}) is read
+    directly; any other is checked by event_from. A bad event ends this pass: the deciding pass meets it
+    (or an earlier one) in order and raises the same error."""
+    first = None
+    for e in items:
+        if type(e) is dict and type(e.get("step")) is int and isinstance(e.get("event"), str):
+            if e["event"].strip().upper() != "LOSS_SPIKE" or e["step"] < 0:
+                continue   # not a spike, or refused (step >= 0) by the deciding pass
+            step = e["step"]
+        else:
+            try:
+                ev = event_from(e)
+            except UsageError:
+                return first
+            if ev.event != "LOSS_SPIKE" or ev.step is None:
+                continue
+            step = ev.step
+        first = step if first is None else min(first, step)
+    return first
+
+
 def _post_onset_note(log_report) -> Optional[str]:
     from checkpoint_strategy.checkpoints.safety import post_onset_note
 
@@ -445,6 +506,7 @@ class _Aggregate:
 
     def __init__(self, triggers: list[str], log: Optional[str], checkpoints: Optional[str]) -> None:
         self.triggers, self.log, self.checkpoints = triggers, log, checkpoints
+        self.commands = _Commands(log, checkpoints)
         self.total = 0
         self.listed: list[Decision] = []
         self.nan: Optional[Decision] = None
@@ -452,6 +514,7 @@ class _Aggregate:
         self.save_steps: list[int] = []
         self.first_confirmed_save: Optional[Decision] = None
         self.earliest_save: Optional[Decision] = None
+        self.earliest_event: Optional[StabilityEvent] = None
         self.persisted = False
         self.first_next: Optional[Decision] = None
         self.first: Optional[Decision] = None
@@ -459,7 +522,7 @@ class _Aggregate:
     def add(self, ev: StabilityEvent, first_spike: Optional[int], confirmed_by_log: bool = False) -> None:
         persisted = (ev.event == "LOSS_SPIKE" and first_spike is not None and ev.step is not None
                      and ev.step - first_spike >= SPIKE_WAIT_STEPS) or (ev.event == "LOSS_SPIKE" and confirmed_by_log)
-        d = decide(ev, self.triggers, confirmed=persisted, log=self.log, checkpoints=self.checkpoints)
+        d = _decide(ev, self.triggers, persisted, self.commands)
         self.total += 1
         self.first = self.first or d
         if len(self.listed) < MAX_LISTED:
@@ -476,15 +539,27 @@ class _Aggregate:
                 self.first_confirmed_save = d
             key = (d.step is None, d.step or 0)
             if self.earliest_save is None or key < (self.earliest_save.step is None, self.earliest_save.step or 0):
-                self.earliest_save = d
+                self.earliest_save, self.earliest_event = d, ev
         if d.next_command and self.first_next is None:
             self.first_next = d
+
+    def _save_reason(self) -> str:
+        """The reason of the save, told from the event it saves at (save_at_step, the first triggering one);
+        when a later spike of the run is what confirms the episode, that is said too."""
+        lead, ev, confirmed = self.earliest_save, self.earliest_event, self.first_confirmed_save
+        assert lead is not None and ev is not None, "a saving decision is the earliest save"
+        if confirmed is None or lead.confirmed_spike:
+            return lead.reason
+        at = f"step {confirmed.step}" if confirmed.step is not None else "an unknown step"
+        if lead.event == "LOSS_SPIKE":   # the same episode: decided as confirmed
+            return f"{_decide(ev, self.triggers, True, self.commands).reason} (confirmed by the spike at {at})"
+        return f"{lead.reason}; then a loss spike at {at}: {_CONFIRMED_THEN}"
 
     def result(self, notes: Sequence[str]) -> EmergencyDecision:
         notes = list(notes)
         warnings = [n for n in notes if n.startswith("[FAIL]")]
         common = dict(policy_triggers=self.triggers, notes=notes, warnings=warnings, events_total=self.total)
-        recover = recover_command(self.log, self.checkpoints)
+        recover = self.commands.recover
         listed = self.listed
         if self.persisted:  # every spike of a confirmed episode leads to the adviser
             listed = [d.model_copy(update={"next_command": recover})
@@ -504,9 +579,7 @@ class _Aggregate:
             return EmergencyDecision(decision="none", next_command=recover, save_at_step=None,
                                      reason=self.nan.reason, decisions=listed, **common)
         if self.saving:
-            lead = self.first_confirmed_save or self.earliest_save
-            assert lead is not None, "a saving decision is the earliest save"
-            reason = lead.reason
+            reason = self._save_reason()
             if self.saving > 1:
                 reason += f" ({self.saving} events ask for an emergency save; one save is enough)"
             return EmergencyDecision(decision="emergency_save", next_command=next_command,

@@ -125,7 +125,8 @@ def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[Re
             latest.step if latest is not None else None)
         if resume_step is not None and log is not None:
             resumed, why = resumed_log(log, root, resume_step, saved)
-            commands.append(f"{cs} verify-resume {_q(resumed)} --resume-step {resume_step}   # {why}")
+            ck = f" --checkpoints {_q(root)}" if root is not None else ""
+            commands.append(f"{cs} verify-resume {_q(resumed)} --resume-step {resume_step}{ck}   # {why}")
     return commands
 
 

@@ -116,15 +116,12 @@ def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
     xf = _ffill(np.asarray(x, dtype=np.float64))
     b = max(2, window // 8)
     k = max(2, window // b)
-    nan = np.full(n, np.nan)
     if n == 0 or not np.isfinite(xf).any():
+        nan = np.full(n, np.nan)
         return nan, nan.copy(), nan.copy()
     nb = -(-n // b)
     xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    blocks = xp.reshape(nb, b)
-    bmed = np.median(blocks, axis=1)
-    bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
-    bmax = blocks.max(axis=1)
+    bmed, bmad, bmax = _block_stats(xp.reshape(nb, b))
     med_b = np.full(nb, np.nan)
     mad_b = np.full(nb, np.nan)
     max_b = np.full(nb, np.nan)
@@ -140,13 +137,36 @@ def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
             med_b[2:] = np.nanmedian(win(bmed)[2:], axis=1)
             mad_b[2:] = np.nanmedian(win(bmad)[2:], axis=1)
             max_b[2:] = np.nanmax(win(bmax)[2:], axis=1)
-    block_of = np.arange(n) // b
-    med = med_b[block_of]
-    scale = 1.4826 * mad_b[block_of]
+    med = np.repeat(med_b, b)[:n]   # per value, its block's figure (no index array: memory is n floats each)
+    scale = np.repeat(1.4826 * mad_b, b)[:n]
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
-    scale = np.maximum(scale, np.maximum(1e-4 * np.abs(med) + 1e-12, _quantum(xf[np.isfinite(xf)])))
-    return med, scale, max_b[block_of]
+    floor = np.abs(med)
+    floor *= 1e-4
+    floor += 1e-12
+    np.maximum(floor, _quantum(xf), out=floor)
+    np.maximum(scale, floor, out=scale)
+    del floor
+    return med, scale, np.repeat(max_b, b)[:n]
+
+
+STATS_ROWS = 1 << 16   # blocks whose medians are taken at a time (bounded temporaries)
+STATS_VALUES = 1 << 20   # values of a sliding window partitioned at a time
+
+
+def _block_stats(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block (row): median, median absolute deviation from it, maximum; STATS_ROWS rows at a time."""
+    nb = len(blocks)
+    bmed, bmad, bmax = np.empty(nb), np.empty(nb), np.empty(nb)
+    for lo in range(0, nb, STATS_ROWS):
+        part = blocks[lo:lo + STATS_ROWS]
+        med = np.median(part, axis=1)
+        dev = part - med[:, None]
+        np.abs(dev, out=dev)
+        bmed[lo:lo + STATS_ROWS] = med
+        bmad[lo:lo + STATS_ROWS] = np.median(dev, axis=1, overwrite_input=True)
+        bmax[lo:lo + STATS_ROWS] = part.max(axis=1)
+    return bmed, bmad, bmax
 
 
 def _first_recovery(x_inf: np.ndarray, start: int, level: float) -> Optional[int]:
@@ -253,7 +273,9 @@ def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
         win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
         idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
         if np.isfinite(win).all():
-            out[k:] = np.partition(win, idx, axis=1)[:, idx]
+            rows = max(1, STATS_VALUES // k)   # the partition copies its rows: STATS_VALUES values at a time
+            for lo in range(0, nb - k, rows):
+                out[k + lo:k + lo + rows] = np.partition(win[lo:lo + rows], idx, axis=1)[:, idx]
         else:
             out[k:] = [low_quantile(row) for row in win]
     return out
@@ -271,12 +293,15 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
     b = block_size(window)
     nb = -(-n // b)
     xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    bmed = np.median(xp.reshape(nb, b), axis=1)
+    blocks = xp.reshape(nb, b)
+    bmed = np.empty(nb)
+    for lo in range(0, nb, STATS_ROWS):   # bounded temporaries, as _block_stats
+        bmed[lo:lo + STATS_ROWS] = np.median(blocks[lo:lo + STATS_ROWS], axis=1)
     if nb >= 2 and n % b:  # the last, partial block is not a block median yet
         bmed[-1] = np.median(xf[(nb - 1) * b:])
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
-    return ref_b[np.arange(n) // b]
+    return np.repeat(ref_b, b)[:n]
 
 
 def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
@@ -298,8 +323,8 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
     if len(x) == 0:
         return []
     med, scale, wmax = rolling_stats(x, window)
-    flags = spike_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                        max_ratio=max_ratio, min_rise=min_rise, grad=grad)
+    flags = _chunked_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
+                           max_ratio=max_ratio, min_rise=min_rise, grad=grad)
     rule_a, rule_b, rule_c, nonfinite = flags
     xv = _ffill(x) if grad else x
     sc = _Scan(x=x, xv=xv, x_inf=np.where(np.isfinite(xv), xv, np.inf), med=med, scale=scale, flags=flags,
@@ -387,6 +412,16 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
         b = have & finite & (med > 0) & (x >= ratio_threshold * med) & (z >= 3.0)
         c = have & finite & (np.asarray(wmax) > 0) & (x >= max_ratio * np.asarray(wmax))
     return a, b, c, ~finite
+
+
+def _chunked_flags(x: np.ndarray, med: np.ndarray, scale: np.ndarray, wmax: np.ndarray, **rules) -> tuple:
+    """spike_flags over STATS_VALUES values at a time (its float temporaries stay bounded; the flags are the same)."""
+    n = len(x)
+    if n <= STATS_VALUES:
+        return spike_flags(x, med, scale, wmax, **rules)
+    parts = [spike_flags(x[lo:lo + STATS_VALUES], med[lo:lo + STATS_VALUES], scale[lo:lo + STATS_VALUES],
+                         wmax[lo:lo + STATS_VALUES], **rules) for lo in range(0, n, STATS_VALUES)]
+    return tuple(np.concatenate([part[i] for part in parts]) for i in range(4))
 
 
 def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
@@ -481,9 +516,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
 def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]]):
     """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
     than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`)."""
-    blocks = xf[:nb * b].reshape(nb, b)
-    bmed = np.median(blocks, axis=1)
-    bmad = np.median(np.abs(blocks - bmed[:, None]), axis=1)
+    bmed, bmad, _bmax = _block_stats(xf[:nb * b].reshape(nb, b))
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
     with warnings.catch_warnings():
@@ -540,12 +573,29 @@ def _quantum(values: np.ndarray) -> float:
     """The log's rounding step: 10^-k when every value is written exactly with k decimals (HF rounds the
     logged loss to 4), else 0.0. A one-step move is no spike and no jump."""
     v = np.asarray(values, dtype=np.float64)
-    v = v[np.isfinite(v)]
     for k in range(ROUNDING_DECIMALS + 1):
-        scaled = v * 10.0 ** k
-        if len(v) and bool(np.all(np.abs(scaled - np.round(scaled)) <= 1e-6)):
+        if _has_decimals(v, k):
             return quantum_of(k)
     return 0.0
+
+
+QUANTUM_CHUNK = 1 << 18   # values checked at a time (bounded temporaries; the first chunk that fails decides)
+
+
+def _has_decimals(v: np.ndarray, k: int) -> bool:
+    """Every finite value of v is written exactly with k decimals (within 1e-6 of a multiple of 10^-k), and there
+    is at least one finite value."""
+    seen = False
+    for lo in range(0, len(v), QUANTUM_CHUNK):
+        part = v[lo:lo + QUANTUM_CHUNK]
+        part = part[np.isfinite(part)]
+        if not len(part):
+            continue
+        seen = True
+        scaled = part * 10.0 ** k
+        if not bool(np.all(np.abs(scaled - np.round(scaled)) <= 1e-6)):
+            return False
+    return seen
 
 
 def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event: list[int], wait_steps: int,

@@ -181,12 +181,51 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
             head = fh.read(1 << 16)
             fmt = detect_format(p, head) if log_format == "auto" else log_format
             if fmt in ("json", "hf"):
-                return _read_document(p, _read_rest(fh, head), fmt, columns)
+                return _read_streamed(p, fh, head, fmt, columns) or _read_document(p, _whole(fh, head), fmt, columns)
             if fmt == "jsonl":
                 return _read_stream(p, fh, head, columns)
             return _read_csv(p, fh, head, columns)
         except OSError as exc:
             raise UsageError(storage.oserror_line(exc, "read log", p)) from None
+
+
+STREAM_MIN_BYTES = 16 << 20   # a trainer_state.json this big is streamed (recovery/records.py)
+
+
+def _read_streamed(p: Path, fh, head: bytes, fmt: str, columns: Columns) -> Optional[LogSeries]:
+    """A big trainer_state.json read without holding its text: the same series, meta and first error as
+    _read_document's sliced parse; None when it cannot be sliced (the caller then reads it whole)."""
+    from checkpoint_strategy.recovery import records
+
+    size = os.fstat(fh.fileno()).st_size
+    if size < STREAM_MIN_BYTES or size > MAX_LOG_BYTES:
+        return None
+    if head.startswith(b"\xef\xbb\xbf"):
+        head = head[3:]
+    meta: dict = {}
+    col = records.Collector(p, columns)
+    first_error: Optional[UsageError] = None
+    try:
+        for batch in records.stream_history_batches(fh, head, meta):
+            if first_error is None:  # a bad value counts once the document proves sliceable (checked last)
+                try:
+                    col.add_many(batch)
+                except UsageError as exc:
+                    first_error = exc
+    except records._SliceError:
+        return None
+    if first_error is not None:
+        raise first_error
+    kind = _document_kind(p, meta.get("_format"), fmt, col.count)
+    return _series_from(p, kind, col, meta)
+
+
+def _whole(fh, head: bytes) -> bytearray:
+    """The whole file (head included) from its start, wherever a streamed read left it."""
+    if fh.tell() != len(head):
+        fh.seek(0)
+        head = fh.read(len(head))
+    return _read_rest(fh, head)
 
 
 def _read_rest(fh, head: bytes) -> bytearray:
@@ -296,8 +335,9 @@ def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
 
     col = records.Collector(p, columns, what="line", offset=1)
     notes: list[str] = []
-    for rec in records.jsonl_records(p, fh, head, notes):
-        col.add(rec)
+    for recs, linenos in records.jsonl_batches(p, fh, head, notes):
+        col.add_many(recs, range(linenos.start - 1, linenos.stop - 1) if isinstance(linenos, range)
+                     else [n - 1 for n in linenos])   # the collector counts lines from 0 (offset 1)
     if col.count == 0:
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     series = _series_from(p, "jsonl", col)

@@ -9,7 +9,8 @@
   (orjson when installed; the standard library when a slice holds HF's NaN/Infinity tokens, which
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
-* ``jsonl_records`` yields one record per line from an open binary file (bounded memory).
+* ``jsonl_batches`` yields the records of JSON lines in batches with their line numbers (bounded memory:
+  one batch of records at a time; orjson when installed, the standard library for any line it refuses).
 """
 
 from __future__ import annotations
@@ -20,28 +21,53 @@ import re
 from array import array
 from pathlib import Path
 from typing import Any, BinaryIO, Optional
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from checkpoint_strategy.errors import UsageError
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
+BATCH_LINES = 20000      # JSON lines parsed and converted at a time (bounded memory: one batch of records)
+BLOCK_BYTES = 1 << 22    # JSON lines read at a time
 SPLIT_KEYS = ("split", "phase", "mode", "stage")   # a column saying which rows are train and which validation
 EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev")
 EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
              "validation/loss", "eval_loss_epoch")
 
-_orjson: Any
-try:  # optional: ~2-3x faster parsing of the big trainer_state.json (see pyproject's 'fast' extra)
-    import orjson
+SHORT_LINE = 2048   # bytes: a line this short cannot nest deeper than 1024 ('[' * 1024 + ']' * 1024)
 
-    _orjson = orjson
-except ImportError:  # pragma: no cover - depends on the environment
-    _orjson = None
+
+def _orjson_module() -> tuple[Any, bool]:
+    """(orjson or None, whether its loads limits nesting). Before 3.9.15 orjson recursed without a limit
+    and a deeply nested input crashed the process (CVE-2024-27454): such a version parses only lines of
+    at most SHORT_LINE bytes, and the standard library (RecursionError: a clean error) everything else."""
+    try:  # optional: several times faster parsing of big logs (see pyproject's 'fast' extra)
+        import orjson
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None, False
+    try:
+        version = tuple(int(x) for x in re.findall(r"\d+", orjson.__version__)[:3])
+    except (AttributeError, ValueError):  # pragma: no cover - every release has a version
+        version = ()
+    return orjson, version >= (3, 9, 15)
+
+
+_orjson, _ORJSON_LIMITS_DEPTH = _orjson_module()
+
+
+_NESTED_OBJECT = re.compile(rb":[ \t\n\r]*\{")
+
+
+def _orjson_may_parse(data: bytes | bytearray) -> bool:
+    """An orjson without a depth limit gets only what cannot nest deeper than 3: a short text, or one with at
+    most one '[' and no object as a value (a log_history slice of flat entries: every '{' an array element)."""
+    if _ORJSON_LIMITS_DEPTH or len(data) <= SHORT_LINE:
+        return True
+    return data.count(b"[") <= 1 and _NESTED_OBJECT.search(data) is None
 
 
 def _loads(data: bytes) -> Any:
-    if _orjson is not None:
+    if _orjson is not None and _orjson_may_parse(data):
         try:
             return _orjson.loads(data)
         except _orjson.JSONDecodeError:
@@ -51,6 +77,7 @@ def _loads(data: bytes) -> Any:
 
 # the columns a log's records are read from: step, loss, grad norm, learning rate, eval loss
 Keys = tuple[str, str, Optional[str], Optional[str], Optional[str]]
+_PLAIN_NUMBERS = {int, float}
 
 
 class Collector:
@@ -70,8 +97,9 @@ class Collector:
         self.objects = 0
         self._last_lr = math.nan
 
-    def add(self, rec: Any) -> None:
-        i = self.count
+    def add(self, rec: Any, at: Optional[int] = None) -> None:
+        """One record; `at` is its number for messages (minus the offset; default: records so far)."""
+        i = self.count if at is None else at
         self.count += 1
         if type(rec) is not dict:
             if self.what == "line":
@@ -86,61 +114,81 @@ class Collector:
             return
         self._take(i, rec)
 
-    def add_many(self, recs: list) -> None:
-        """A batch of records: the same result as add() one by one, converted with numpy."""
-        if self.keys is None or self.split_key is not None:
-            k = 0
-            while k < len(recs) and (self.keys is None or self.split_key is not None):
-                self.add(recs[k])
-                k += 1
-            recs = recs[k:]
-            if not recs:
-                return
-        if not all(type(r) is dict for r in recs):
-            for r in recs:
-                self.add(r)
+    def add_many(self, recs: list, at: Optional[Sequence[int]] = None) -> None:
+        """A batch of records: the same result as add() one by one (the same first error too), converted
+        with numpy. `at`: each record's number for messages (default: consecutive from the records so far)."""
+        pos: Sequence[int] = range(self.count, self.count + len(recs)) if at is None else at
+        k = 0
+        while k < len(recs) and (self.keys is None or self.split_key is not None):
+            self.add(recs[k], pos[k])
+            k += 1
+        if k:
+            recs, pos = recs[k:], pos[k:]
+        if not recs:
             return
-        import numpy as np
-
-        first = self.count
+        if set(map(type, recs)) != {dict}:   # not all of them plain dicts (C-speed check)
+            for r, i in zip(recs, pos, strict=True):
+                self.add(r, i)
+            return
+        saved_lr = self._last_lr
+        try:
+            columns = self._columns(recs, pos)
+        except UsageError:  # report the first bad value in record order, as add() does
+            self._last_lr = saved_lr
+            for r, i in zip(recs, pos, strict=True):
+                self.add(r, i)
+            return
         self.count += len(recs)
         self.objects += len(recs)
-        assert self.keys is not None, "decided by the add() calls above"
-        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
-        losses = [r.get(loss_key) for r in recs]
-        at = [i for i, v in enumerate(losses) if v is not None]
-        if eval_key is not None:
-            self._add_eval_many(recs, first, step_key, eval_key)
-        lr_all = self._lr_many(recs, first, lr_key) if lr_key is not None else None
-        if not at:
-            return
-        self.loss.extend(self._floats([losses[i] for i in at], "loss", first, at))
-        self.steps.extend(self._floats([recs[i].get(step_key) for i in at], "step", first, at, missing_ok=True))
-        if grad_key is not None:
-            self.grad.extend(self._floats([recs[i].get(grad_key) for i in at], "grad norm", first, at,
-                                          missing_ok=True))
-        if lr_all is not None:
-            self.lr.extend(np.asarray(lr_all)[at] if len(at) != len(recs) else np.asarray(lr_all))
+        for target, values in zip((self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
+                                  columns, strict=True):
+            if values is not None and len(values):
+                target.frombytes(memoryview(values).cast("B"))   # float64, contiguous: no bytes copy
 
-    def _add_eval_many(self, recs: list, first: int, step_key: str, eval_key: str) -> None:
+    def _columns(self, recs: list, pos: Sequence[int]) -> tuple:
+        """(eval steps, eval loss, loss, steps, grad norm, lr) of a batch of dict records, nothing stored yet."""
+        import numpy as np
+
+        assert self.keys is not None, "decided by the add() calls before"
+        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        ev_steps = ev_loss = grad = lr = None
+        if eval_key is not None:
+            ev_steps, ev_loss = self._eval_many(recs, pos, step_key, eval_key)
+        lr_all = self._lr_many(recs, pos, lr_key) if lr_key is not None else None
+        losses = [r.get(loss_key) for r in recs]
+        whole = None not in losses
+        at: Sequence[int] = range(len(recs)) if whole else [i for i, v in enumerate(losses) if v is not None]
+        if not at:
+            return ev_steps, ev_loss, None, None, None, None
+        rows = recs if whole else [recs[i] for i in at]
+        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at)
+        steps = self._floats([r.get(step_key) for r in rows], "step", pos, at, missing_ok=True)
+        if grad_key is not None:
+            grad = self._floats([r.get(grad_key) for r in rows], "grad norm", pos, at, missing_ok=True)
+        if lr_all is not None:
+            lr = lr_all if whole else np.asarray(lr_all)[at]
+        return ev_steps, ev_loss, loss, steps, grad, lr
+
+    def _eval_many(self, recs: list, pos: Sequence[int], step_key: str, eval_key: str):
         evs = [r.get(eval_key) for r in recs]
         ev_at = [i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None]
-        if ev_at:
-            self.eval_steps.extend(self._floats([recs[i][step_key] for i in ev_at], "step", first, ev_at))
-            self.eval_loss.extend(self._floats([evs[i] for i in ev_at], "eval loss", first, ev_at))
+        if not ev_at:
+            return None, None
+        return (self._floats([recs[i][step_key] for i in ev_at], "step", pos, ev_at),
+                self._floats([evs[i] for i in ev_at], "eval loss", pos, ev_at))
 
-    def _lr_many(self, recs: list, first: int, lr_key: str):
+    def _lr_many(self, recs: list, pos: Sequence[int], lr_key: str):
         """The learning rate of every record of a batch, the last logged one carried over where a record has none."""
         import numpy as np
 
         lrs = [r.get(lr_key) for r in recs]
         have = [i for i, v in enumerate(lrs) if v is not None]
         if len(have) == len(recs):
-            lr_all = self._floats(lrs, "learning rate", first, range(len(recs)))
+            lr_all = self._floats(lrs, "learning rate", pos, range(len(recs)))
         else:
             lr_all = np.full(len(recs), np.nan)
             if have:
-                lr_all[have] = self._floats([lrs[i] for i in have], "learning rate", first, have)
+                lr_all[have] = self._floats([lrs[i] for i in have], "learning rate", pos, have)
             idx = np.where(~np.isnan(lr_all), np.arange(len(recs)), -1)
             np.maximum.accumulate(idx, out=idx)
             lr_all = np.where(idx >= 0, lr_all[np.maximum(idx, 0)], self._last_lr)
@@ -148,18 +196,20 @@ class Collector:
             self._last_lr = float(lr_all[-1])
         return lr_all
 
-    def _floats(self, values: list, name: str, first: int, where, missing_ok: bool = False):
+    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False):
+        """float64 values, as _num converts them one by one; numpy converts a batch of plain ints and floats
+        (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way)."""
         import numpy as np
 
-        if not any(type(v) is bool for v in values):  # numpy would read true/false as 1/0
+        if set(map(type, values)) <= _PLAIN_NUMBERS:
             try:
                 return np.fromiter(values, dtype=np.float64, count=len(values))
-            except (TypeError, ValueError, OverflowError):
+            except OverflowError:  # an integer beyond float64: _num gives +-inf
                 pass
         where = list(where)
         out = np.empty(len(values), dtype=np.float64)
         for k, v in enumerate(values):
-            out[k] = math.nan if (v is None and missing_ok) else self._num(v, name, first + where[k])
+            out[k] = math.nan if (v is None and missing_ok) else self._num(v, name, pos[where[k]])
         return out
 
     def _decide(self) -> None:
@@ -339,16 +389,81 @@ def _history_slices(data: bytes | bytearray, meta: dict) -> Optional[Iterator[An
 
 def _slices(data: bytes | bytearray, cuts: list[int]) -> Iterator[Any]:
     for a, b in zip(cuts, cuts[1:], strict=False):
-        chunk = data[a:b].rstrip()
-        if chunk.endswith(b","):
-            chunk = chunk[:-1]
-        try:
-            part = _loads(b"[" + chunk + b"]")
-        except (ValueError, RecursionError):
-            raise _SliceError() from None
-        if not isinstance(part, list):
+        yield _slice(data[a:b])
+
+
+def _slice(chunk: bytes | bytearray) -> list:
+    """Entries `{...}, {...}` (a trailing comma is fine) parsed as one list; _SliceError when they do not parse."""
+    chunk = chunk.rstrip()
+    if chunk.endswith(b","):
+        chunk = chunk[:-1]
+    try:
+        part = _loads(b"[" + chunk + b"]")
+    except (ValueError, RecursionError):
+        raise _SliceError() from None
+    if not isinstance(part, list):
+        raise _SliceError()
+    return part
+
+
+STREAM_SLICE_BYTES = 4 << 20     # a streamed log_history is parsed about this many bytes at a time
+STREAM_PREFIX_BYTES = 16 << 20   # "log_history" must start within this much of a streamed document
+
+
+def stream_history_batches(fh: BinaryIO, head: bytes, meta: dict) -> Iterator[list]:
+    """json_document_batches on an open file, never holding it whole: the text before log_history, one
+    slice, one read block and the text after the array. The same cuts rule (a boundary `},{` with no `]`
+    before it; the rest of the array as one slice once a `]` shows) and the same check of everything but
+    the array (parsed with `"log_history": []`, at the end: meta is filled then). Raises _SliceError
+    whenever json_document_batches would (the caller then parses the document whole)."""
+    buf = bytearray(head)
+    m = _HISTORY.search(buf)
+    while m is None:
+        more = fh.read(BLOCK_BYTES) if len(buf) <= STREAM_PREFIX_BYTES else b""
+        if not more:
             raise _SliceError()
-        yield part
+        buf += more
+        m = _HISTORY.search(buf)
+    if re.match(rb"\s*\{", buf) is None:
+        raise _SliceError()
+    prefix = bytes(buf[:m.end() - 1])
+    del buf[:m.end()]
+    first = True
+    while True:
+        hit = _BOUNDARY.search(buf, min(len(buf), STREAM_SLICE_BYTES))
+        if hit is None or buf.find(b"]", 0, hit.start()) != -1:
+            more = fh.read(BLOCK_BYTES) if hit is None else b""
+            if more:
+                buf += more
+                continue
+            break   # the array ends first (or an entry holds a list): the rest is one slice
+        yield _slice(buf[:hit.end()])
+        del buf[:hit.end()]
+        first = False
+    buf += fh.read()
+    yield from _history_end(buf, prefix, first, meta)
+
+
+def _history_end(rest: bytearray, prefix: bytes, first: bool, meta: dict) -> Iterator[list]:
+    """The last slice of a streamed log_history (`rest`: from the slice's start to the end of the file), then the
+    check of the document without its array."""
+    empty = re.compile(rb"\s*\]").match(rest) if first else None
+    if empty is not None:
+        end_arr = empty.end() - 1
+    else:
+        close = re.compile(rb"\}\s*\]").search(rest)
+        if close is None:
+            raise _SliceError()
+        end_arr = close.end() - 1
+        yield _slice(rest[:end_arr])
+    try:
+        doc = json.loads(prefix + b"[]" + rest[end_arr + 1:])
+    except (ValueError, RecursionError):
+        raise _SliceError() from None
+    if not isinstance(doc, dict) or doc.get("log_history") != []:
+        raise _SliceError()
+    meta.update({k: v for k, v in doc.items() if k != "log_history"})
+    meta["_format"] = "hf"
 
 
 class _SliceError(Exception):
@@ -359,25 +474,73 @@ class _SliceError(Exception):
 # JSON lines
 
 
-def jsonl_records(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None) -> Iterator[Any]:
-    """One record per non-blank line of an open binary file (a UTF-8 BOM on the first line is fine).
+def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
+                  ) -> Iterator[tuple[list, Sequence[int]]]:
+    """The records of jsonl_records in batches of at most BATCH_LINES lines, each with the records' line
+    numbers (1-based). Lines are cut from blocks of BLOCK_BYTES (a long line is joined once, never
+    re-split), and a batch is parsed by orjson when installed, line by line; a batch with a line orjson
+    refuses (a blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) is parsed line by line
+    with the standard library deciding each line orjson refuses, so the records are the same either way."""
+    for lines, lineno, terminated in _line_blocks(fh, first):
+        if lineno == 1 and lines and lines[0].startswith(b"\xef\xbb\xbf"):
+            lines[0] = lines[0][3:]
+        for k in range(0, len(lines), BATCH_LINES):
+            part = lines[k:k + BATCH_LINES]
+            start = lineno + k
+            recs = _fast_lines(part)
+            if recs is not None:
+                yield recs, range(start, start + len(part))
+                continue
+            last = terminated or k + BATCH_LINES < len(lines)
+            yield from _slow_lines(p, part, start, last, notes)
 
-    With `notes`: a last line without its newline that does not parse (the trainer is still writing
-    it) is left out and a note appended; a bad line anywhere else is a UsageError."""
-    lineno = 0
-    for raw, terminated in _lines(fh, first):
-        lineno += 1
-        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
+
+def _fast_lines(lines: list[bytes]) -> Optional[list]:
+    if _orjson is None or (not _ORJSON_LIMITS_DEPTH and max(map(len, lines), default=0) > SHORT_LINE):
+        return None
+    loads = _orjson.loads
+    try:
+        return [loads(raw) for raw in lines]
+    except (ValueError, TypeError):
+        return None
+
+
+def _slow_lines(p: Path, lines: list[bytes], start: int, terminated: bool,
+                notes: Optional[list[str]]) -> Iterator[tuple[list, list[int]]]:
+    """Each non-blank line parsed alone (orjson first when installed, the standard library for what it
+    refuses). The records before a bad line are yielded before its error is raised: whatever is wrong
+    first, in file order, is what gets reported."""
+    recs: list = []
+    linenos: list[int] = []
+    for k, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
-            yield json.loads(raw)
+            recs.append(_load_line(raw))
         except (ValueError, RecursionError) as exc:
-            if terminated or notes is None:
-                raise _bad_line(p, lineno, exc) from None
-            notes.append(f"log {p} line {lineno} is incomplete (no newline yet, not valid JSON: the trainer is "
+            if terminated or k + 1 < len(lines) or notes is None:
+                if recs:
+                    yield recs, linenos
+                raise _bad_line(p, start + k, exc) from None
+            notes.append(f"log {p} line {start + k} is incomplete (no newline yet, not valid JSON: the trainer is "
                          "probably still writing it): left out")
+            continue
+        linenos.append(start + k)
+    yield recs, linenos
+
+
+def _load_line(raw: bytes | str) -> Any:
+    """One JSON text, as json.loads reads it: orjson when installed (and safe for it), the standard library
+    for whatever orjson refuses (NaN tokens, a lone surrogate, a BOM on bytes, an error: it then raises)."""
+    if _orjson is not None and (_ORJSON_LIMITS_DEPTH or len(raw) <= SHORT_LINE):
+        try:
+            return _orjson.loads(raw)
+        except (ValueError, TypeError):
+            pass
+    return json.loads(raw)
+
+
+loads_line = _load_line
 
 
 def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
@@ -388,17 +551,27 @@ def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
     return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _lines(fh: BinaryIO, first: bytes) -> Iterable[tuple[bytes, bool]]:
-    """(line, ended by a newline) of an open binary file, read 1 MB at a time."""
-    buf = first
+def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[list[bytes], int, bool]]:
+    """(lines, the first one's number, the last one ended by a newline) of an open binary file, read
+    BLOCK_BYTES at a time; every line but a file's unterminated last one comes in a block ending in a newline."""
+    pending = [first] if first else []
+    lineno = 1
     while True:
-        parts = buf.split(b"\n")
-        buf = parts.pop()
-        for part in parts:
-            yield part, True
-        chunk = fh.read(1 << 20)
+        chunk = fh.read(BLOCK_BYTES)
         if not chunk:
             break
-        buf += chunk
-    if buf:
-        yield buf, False
+        cut = chunk.rfind(b"\n")
+        if cut == -1:
+            pending.append(chunk)   # a line longer than a block: joined once, when its end comes
+            continue
+        pending.append(chunk[:cut])
+        lines = b"".join(pending).split(b"\n")
+        pending = [chunk[cut + 1:]]
+        yield lines, lineno, True
+        lineno += len(lines)
+    rest = b"".join(pending).split(b"\n")
+    if rest != [b""]:
+        if len(rest) > 1:
+            yield rest[:-1], lineno, True
+        if rest[-1]:
+            yield rest[-1:], lineno + len(rest) - 1, False

@@ -201,11 +201,14 @@ def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> I
 def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
     """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
     with open_regular(path, what) as fh:
-        if os.fstat(fh.fileno()).st_size > limit:  # refused before reading (a 10 GB sparse file)
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:  # refused before reading (a 10 GB sparse file)
             reason = f"larger than {_size(limit)}"
             raise ReadError(f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason)
-        try:
-            data = fh.read(limit + 1)
+        try:  # the size first: read(limit + 1) would allocate the whole limit (64 MB) for a 2 KB file
+            data = fh.read(size + 1)
+            if len(data) > size:  # grown since: read on to the limit, as before
+                data += fh.read(limit + 1 - len(data))
         except OSError as exc:
             reason = describe_os_error(exc)
             raise ReadError(f"cannot read {what} {os.fspath(path)}: {reason}", reason) from None

@@ -1,0 +1,368 @@
+"""The fast paths of the log readers give what the reference paths give.
+
+JSON lines: batches parsed by orjson (when installed) and converted with numpy (`records.jsonl_batches` +
+`Collector.add_many`) against the reference - every line parsed by the standard library and fed to
+`Collector.add` one record at a time - on the real logs (tests/data/real-logs, their trainer_state
+histories written out as JSON lines) and on hostile lines: NaN tokens, a 64 MB line, nesting past the
+recursion limit, a torn last line, blank lines, a BOM, integers beyond 64 bits, strings where numbers
+belong. The same arrays, notes and restarts, or the same one-line error.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.recovery import logs, records
+
+REAL = Path(__file__).parent / "data" / "real-logs"
+ARRAYS = ("steps", "loss", "grad_norm", "lr", "eval_steps", "eval_loss", "raw_steps", "raw_loss", "raw_segment")
+
+
+def _reference_jsonl(p: Path) -> logs.LogSeries:
+    """The reference reader: every line parsed by json.loads, records added one at a time."""
+    col = records.Collector(p, logs.Columns(), what="line", offset=1)
+    notes: list[str] = []
+    raw_lines = p.read_bytes().split(b"\n")
+    for n, raw in enumerate(raw_lines, 1):
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            if n < len(raw_lines):
+                raise records._bad_line(p, n, exc) from None
+            notes.append(f"log {p} line {n} is incomplete (no newline yet, not valid JSON: the trainer is "
+                         "probably still writing it): left out")
+            continue
+        col.add(rec, n - 1)
+    if col.count == 0:
+        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
+    series = logs._series_from(p, "jsonl", col)
+    series.notes = notes
+    return series
+
+
+def _outcome(read) -> tuple:
+    """What a reader gives: the error line, or every array (NaN-aware bytes), key, note and restart."""
+    try:
+        s = read()
+    except UsageError as exc:
+        return ("error", str(exc))
+    arrays = tuple(None if getattr(s, a) is None else np.asarray(getattr(s, a), dtype=np.float64).tobytes()
+                   for a in ARRAYS)
+    return ("series", arrays, s.step_key, s.loss_key, s.grad_norm_key, s.lr_key, s.eval_key, s.entries,
+            tuple(s.notes), json.dumps(s.restarts))
+
+
+def _all_ways(p: Path, monkeypatch) -> dict[str, tuple]:
+    """The outcome of the reference reader, the fast reader with orjson, and the fast reader without it."""
+    out = {"reference": _outcome(lambda: _reference_jsonl(p)), "orjson": _outcome(lambda: logs.read_log(p))}
+    with monkeypatch.context() as m:
+        m.setattr(records, "_orjson", None)
+        out["stdlib"] = _outcome(lambda: logs.read_log(p))
+    return out
+
+
+def _assert_same(p: Path, monkeypatch) -> tuple:
+    out = _all_ways(p, monkeypatch)
+    assert out["orjson"] == out["reference"], (out["orjson"][:2], out["reference"][:2])
+    assert out["stdlib"] == out["reference"], (out["stdlib"][:2], out["reference"][:2])
+    return out["reference"]
+
+
+def _history_as_jsonl(src: Path, dest: Path) -> bool:
+    data = json.loads(src.read_text())
+    hist = data.get("log_history") if isinstance(data, dict) else None
+    if not hist:
+        return False
+    dest.write_text("".join(json.dumps(e) + "\n" for e in hist))   # NaN/Infinity stay tokens
+    return True
+
+
+REAL_JSON = sorted(q.name for q in REAL.glob("*.json") if q.name != "manifest.json")
+REAL_JSONL = sorted(q.name for q in REAL.glob("*.jsonl"))
+
+
+@pytest.mark.parametrize("name", REAL_JSONL + REAL_JSON)
+def test_real_logs_as_json_lines_read_the_same_by_every_path(name, tmp_path, monkeypatch):
+    src = REAL / name
+    p = tmp_path / "train.jsonl"
+    if name.endswith(".jsonl"):
+        p.write_bytes(src.read_bytes())
+    elif not _history_as_jsonl(src, p):
+        pytest.skip("no log_history")
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "series", got   # every real log is read, not refused
+    monkeypatch.setattr(records, "BLOCK_BYTES", 97)    # lines cut across many tiny blocks
+    monkeypatch.setattr(records, "BATCH_LINES", 7)
+    assert _assert_same(p, monkeypatch) == got
+
+
+def test_nan_tokens_blank_lines_and_a_bom(tmp_path, monkeypatch):
+    rows = [json.dumps({"step": i, "loss": (math.nan if i == 300 else 2.0 + (i % 7) / 100),
+                        "grad_norm": math.inf if i == 500 else 1.0, "learning_rate": 1e-4}) for i in range(1, 3001)]
+    rows[40] += "\n\n   \r"   # blank lines (a lone CR is blank too)
+    p = tmp_path / "train.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode() + b"\n")
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "series"
+    s = logs.read_log(p)
+    assert len(s.steps) == 3000 and math.isnan(s.loss[299]) and math.isinf(s.grad_norm[499])
+
+
+def test_a_bad_value_after_blank_lines_is_named_by_its_line(tmp_path, monkeypatch):
+    lines = [json.dumps({"step": i, "loss": 2.0}) for i in range(1, 2501)] + ["", ""]
+    lines += [json.dumps({"step": 2501, "loss": "high"})]
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    got = _assert_same(p, monkeypatch)
+    assert got == ("error", f"log {p}: loss at line 2503 is 'high', not a number")
+
+
+def test_the_first_problem_in_file_order_is_reported(tmp_path, monkeypatch):
+    lines = [json.dumps({"step": i, "loss": 2.0}) for i in range(1, 2101)]
+    lines[2049] = "[1, 2]"                       # not an object, line 2050
+    lines[2079] = '{"step": 2080, "loss": '     # not JSON, later in the same batch
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    assert _assert_same(p, monkeypatch) == (
+        "error", f"log {p} line 2050 is not a JSON object; expected one record per line")
+    lines[2049] = json.dumps({"step": 2050, "loss": "?"})   # a bad value before the bad JSON
+    p.write_text("\n".join(lines) + "\n")
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p}: loss at line 2050 is '?', not a number")
+
+
+def test_a_torn_last_line_is_left_out_with_a_note(tmp_path, monkeypatch):
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i, "loss": 2.0}) + "\n" for i in range(1, 100)) + '{"step": 100, "lo')
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "series" and got[8] == (f"log {p} line 100 is incomplete (no newline yet, not valid JSON: the "
+                                             "trainer is probably still writing it): left out",)
+    p.write_text(p.read_text() + "\n")   # the same line with its newline: bad input
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "error" and got[1].startswith(f"log {p} line 100 is not valid JSON (truncated?): ")
+
+
+def test_a_64_mb_line_and_nesting_past_the_recursion_limit(tmp_path, monkeypatch):
+    p = tmp_path / "train.jsonl"
+    with open(p, "w") as fh:
+        fh.write(json.dumps({"step": 1, "loss": 2.0}) + "\n")
+        fh.write('{"step": 2, "loss": 2.5, "note": "' + "x" * (64 << 20) + '"}\n')
+        fh.write(json.dumps({"step": 3, "loss": 2.1}) + "\n")
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "series" and np.frombuffer(got[1][1]).tolist() == [2.0, 2.5, 2.1]
+    p.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n" + "[" * 200_000 + "]" * 200_000 + "\n")
+    got = _assert_same(p, monkeypatch)
+    assert got[0] == "error" and "line 2 is not valid JSON" in got[1]
+
+
+def test_numbers_orjson_and_the_standard_library_read_differently_convert_the_same(tmp_path, monkeypatch):
+    """orjson makes integers past 64 bits floats and refuses 1e400; the standard library keeps the int and
+    reads inf: the series hold the same float64 values. Strings and booleans go through the same rules."""
+    lines = [json.dumps({"step": i, "loss": 2.0}) for i in range(1, 2100)]
+    lines += ['{"step": 2100, "loss": 18446744073709551617}', '{"step": 2101, "loss": 1e400}',
+              '{"step": 2102, "loss": "  3.5 "}', '{"step": 2103, "loss": -123456789012345678901234567890}',
+              '{"step": 2104, "loss": 2.0, "loss": 4.0}']
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    got = _assert_same(p, monkeypatch)
+    loss = np.frombuffer(got[1][1])
+    assert loss[-5:].tolist() == [18446744073709551617.0, math.inf, 3.5, -1.2345678901234568e29, 4.0]
+    p.write_text("\n".join(lines[:2100] + ['{"step": 2101, "loss": true}']) + "\n")
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p}: loss at line 2101 is true, not a number")
+
+
+LINE_KINDS = st.sampled_from([
+    '{"step": S, "loss": 2.5}', '{"step": S, "loss": NaN, "grad_norm": 1}', '{"step": S, "loss": Infinity}',
+    '{"step": S, "loss": "2.5"}', '{"step": S, "loss": 2.5, "learning_rate": 1e-4}', '{"step": S}',
+    '{"step": S, "loss": 2.5, "eval_loss": 2.4}', '{"step": S, "loss": 99999999999999999999999}', "", "  ",
+    '{"step": S, "loss": 1e999}', '{"step": S, "loss": [1]}', "[1]", '{"step": S, "lo', "NaN",
+    '{"step": S, "loss": 2.5, "x": "\\ud800"}', '\ufeff{"step": S, "loss": 2.5}', '{"step": "S", "loss": 2.5}',
+    '{"step": S, "loss": 2.5}\r', '\x0c', '{"step": S, "loss": -0}', '{"step": S, "loss": 2.5, "grad_norm": null}',
+])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kinds=st.lists(LINE_KINDS, min_size=1, max_size=40), torn=st.booleans(),
+       block=st.integers(1, 200), batch=st.integers(1, 9))
+@example(kinds=['{"step": S, "loss": 2.5}', "NaN"], torn=True, block=3, batch=1)
+def test_fuzz_jsonl_fast_path_matches_the_reference(kinds, torn, block, batch, tmp_path, monkeypatch):
+    p = tmp_path / "train.jsonl"
+    text = "\n".join(k.replace("S", str(i + 1)) for i, k in enumerate(kinds)) + ("" if torn else "\n")
+    p.write_bytes(text.encode("utf-8", "surrogatepass"))
+    with monkeypatch.context() as m:
+        m.setattr(records, "KEY_SAMPLE", 3)      # the batched conversion is reached with few lines
+        m.setattr(records, "BLOCK_BYTES", block)
+        m.setattr(records, "BATCH_LINES", batch)
+        _assert_same(p, m)
+
+
+@pytest.mark.parametrize("shape", ["jsonl", "trainer_state"])
+def test_nesting_that_crashed_old_orjson_is_a_clean_usage_error(shape, tmp_path):
+    """orjson before 3.9.15 recursed without a limit (CVE-2024-27454): 200 000 nested arrays killed the
+    process with SIGSEGV. Such a version only parses lines of at most SHORT_LINE bytes; the rest goes to the
+    standard library, whose RecursionError is exit 2 with one line. Run in a child: a crash must not take
+    pytest down with it."""
+    import subprocess
+
+    import cliresult
+
+    deep = "[" * 200_000 + "]" * 200_000
+    if shape == "jsonl":
+        p = tmp_path / "train.jsonl"
+        p.write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n" + '{"step": 2, "loss": ' + deep + "}\n")
+    else:
+        p = tmp_path / "trainer_state.json"
+        hist = ",".join(json.dumps({"step": i, "loss": 2.0}) for i in range(1, 50))
+        p.write_text('{"global_step": 50, "log_history": [' + hist + ', {"step": 50, "loss": 2.0, "x": ' + deep
+                     + "}]}")
+    proc = subprocess.run([*cliresult.CLI, "recover", str(p)], capture_output=True, text=True, timeout=120,
+                          env=cliresult.checkout_env())
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-300:])
+    assert len(proc.stderr.strip().splitlines()) == 1 and "nested" in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- a streamed trainer_state.json
+
+def _doc_ways(p: Path, monkeypatch) -> dict[str, tuple]:
+    """A JSON document read whole (the reference: sliced in memory, or parsed whole), and streamed in tiny
+    slices and blocks, with and without orjson."""
+    out = {}
+    with monkeypatch.context() as m:
+        m.setattr(logs, "STREAM_MIN_BYTES", 1 << 62)
+        out["whole"] = _outcome(lambda: logs.read_log(p))
+    for name, fast in (("streamed", True), ("streamed stdlib", False)):
+        with monkeypatch.context() as m:
+            m.setattr(logs, "STREAM_MIN_BYTES", 0)
+            m.setattr(records, "STREAM_SLICE_BYTES", 173)
+            m.setattr(records, "BLOCK_BYTES", 211)
+            if not fast:
+                m.setattr(records, "_orjson", None)
+            out[name] = _outcome(lambda: logs.read_log(p))
+    return out
+
+
+def _assert_doc_same(p: Path, monkeypatch) -> tuple:
+    out = _doc_ways(p, monkeypatch)
+    assert out["streamed"] == out["whole"], (out["streamed"][:2], out["whole"][:2])
+    assert out["streamed stdlib"] == out["whole"], (out["streamed stdlib"][:2], out["whole"][:2])
+    return out["whole"]
+
+
+@pytest.mark.parametrize("name", REAL_JSON)
+def test_real_trainer_states_stream_the_same(name, tmp_path, monkeypatch):
+    p = tmp_path / "trainer_state.json"
+    p.write_bytes((REAL / name).read_bytes())
+    got = _assert_doc_same(p, monkeypatch)
+    assert got[0] == "series", got
+
+
+def _state(entries: str, tail: str = ', "logging_steps": 10, "best_model_checkpoint": "out/checkpoint-20"}') -> str:
+    return '{"global_step": 40, "best_metric": null, "log_history": [' + entries + "]" + tail
+
+
+FLAT = ", ".join(json.dumps({"loss": 2.0 + i / 100, "step": i, "learning_rate": 1e-4}) for i in range(1, 41))
+HOSTILE_DOCS = {
+    "plain": _state(FLAT),
+    "indented": json.dumps({"log_history": [{"loss": 2.0, "step": i} for i in range(1, 41)], "x": [1]}, indent=2),
+    "nan tokens": _state(FLAT.replace('"loss": 2.05', '"loss": NaN').replace('"loss": 2.1,', '"loss": Infinity,')),
+    "string holding a boundary": _state(FLAT.replace('"learning_rate": 0.0001}, {"loss": 2.2',
+                                                     '"learning_rate": 0.0001, "note": "a},{b"}, {"loss": 2.2')),
+    "an entry holding a list": _state(FLAT.replace('"step": 30,', '"step": 30, "xs": [1, 2],')),
+    "an entry holding a list of objects": _state(FLAT.replace('"step": 30,', '"step": 30, "xs": [{"a": 1}],')),
+    "empty history": _state(" "),
+    "history not a list": '{"global_step": 4, "log_history": {"loss": 1}}',
+    "two histories": _state(FLAT) [:-1] + ', "log_history": [{"loss": 9.0, "step": 1}]}',
+    "truncated": _state(FLAT)[:-300],
+    "trailing garbage": _state(FLAT) + " x",
+    "a bad loss": _state(FLAT.replace('"loss": 2.2,', '"loss": "high",')),
+    "a bad loss and trailing garbage": _state(FLAT.replace('"loss": 2.2,', '"loss": "high",')) + " x",
+    "bom": "\ufeff" + _state(FLAT),
+    "whitespace": " " * 5000,
+    "a list of records": "[" + FLAT + "]",
+    "history key inside a string": '{"note": "\\"log_history\\": [", ' + _state(FLAT)[1:],
+    "deep nesting after the history": _state(FLAT, ', "x": ' + "[" * 3000 + "]" * 3000 + "}"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_DOCS))
+def test_hostile_documents_stream_the_same(name, tmp_path, monkeypatch):
+    p = tmp_path / "trainer_state.json"
+    p.write_text(HOSTILE_DOCS[name], encoding="utf-8")
+    _assert_doc_same(p, monkeypatch)
+
+
+def test_a_sliceable_document_is_never_held_whole(tmp_path, monkeypatch):
+    """The streamed read keeps the text before log_history, one slice, one block and the text after it: the
+    whole-file reader is not called (and its result is the same series)."""
+    p = tmp_path / "trainer_state.json"
+    p.write_text(HOSTILE_DOCS["indented"])
+    expected = _outcome(lambda: logs.read_log(p))
+    monkeypatch.setattr(logs, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(records, "STREAM_SLICE_BYTES", 300)
+    monkeypatch.setattr(records, "BLOCK_BYTES", 256)
+
+    def whole(*_a):
+        raise AssertionError("read whole")
+
+    monkeypatch.setattr(logs, "_read_rest", whole)
+    assert _outcome(lambda: logs.read_log(p)) == expected
+
+
+# --------------------------------------------------------------------------- the analysis in chunks
+
+REAL_ALL = sorted(q.name for q in REAL.iterdir() if q.name != "manifest.json")
+
+
+def _analysis(p: Path) -> dict:
+    from checkpoint_strategy.recovery import advise
+
+    try:
+        return advise(p, []).model_dump(mode="json")
+    except UsageError as exc:   # a log that needs --loss-column: the same refusal
+        return {"error": str(exc)}
+
+
+@pytest.mark.parametrize("name", REAL_ALL)
+def test_the_analysis_in_tiny_chunks_is_the_same(name, tmp_path, monkeypatch):
+    """detect's bounded temporaries (block statistics, the reference's partition, the spike rules and the
+    rounding-step check, each a chunk at a time) give the same report as one pass over the whole series."""
+    from checkpoint_strategy.recovery import detect
+
+    p = REAL / name
+    whole = _analysis(p)
+    monkeypatch.setattr(detect, "STATS_ROWS", 3)
+    monkeypatch.setattr(detect, "STATS_VALUES", 7)
+    monkeypatch.setattr(detect, "QUANTUM_CHUNK", 5)
+    assert _analysis(p) == whole
+
+
+def test_a_long_series_with_spikes_and_nan_analyses_the_same_in_chunks(tmp_path, monkeypatch):
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(7)
+    n = 20_000
+    loss = np.round(2.5 * np.exp(-np.arange(n) / 5000) + 1 + 0.02 * rng.standard_normal(n), 4)
+    loss[4000] = 40.0              # a spike that comes back
+    loss[9000:9050] = np.nan       # NaN for a while
+    loss[15000:] += 1.5            # a level shift that stays
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v), "grad_norm": float(abs(v))}) + "\n"
+                         for i, v in enumerate(loss)))
+    whole = _analysis(p)
+    assert whole["status"] != "no_spike"
+    for rows, values, quantum in ((5, 11, 3), (64, 1000, 999)):
+        monkeypatch.setattr(detect, "STATS_ROWS", rows)
+        monkeypatch.setattr(detect, "STATS_VALUES", values)
+        monkeypatch.setattr(detect, "QUANTUM_CHUNK", quantum)
+        assert _analysis(p) == whole
