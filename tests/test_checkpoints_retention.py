@@ -74,6 +74,33 @@ def test_weights_only_newest_does_not_count_when_resumable_ones_exist():
     assert [r.kind for r in plan.decisions[2].reasons] == ["unjustified"]
 
 
+def test_a_weights_only_post_onset_checkpoint_never_justifies_deleting_a_resumable_one():
+    # found by the randomized prune (seed 194): no safe checkpoint left, so keep_last counted valid ones,
+    # and the post-onset window let a newer weights-only checkpoint justify deleting the only resumable one
+    cs = [C("checkpoint-50", 50, status="invalid"), C("checkpoint-130", 130), C("checkpoint-190", 190, resumable=False)]
+    post = {"checkpoint-130": "after the spike", "checkpoint-190": "after the spike"}
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1, post_onset=post))
+    assert not plan.delete
+    kinds = {d.candidate.name: [r.kind for r in d.reasons] for d in plan.decisions}
+    assert kinds["checkpoint-130"] == ["post_onset"] and kinds["checkpoint-190"] == ["unjustified"]
+
+
+def test_symlink_targets_latest_and_in_flight_are_kept_and_never_counted():
+    cs = [C("global_step5", 5, layout="deepspeed"), C("global_step10", 10, layout="deepspeed"),
+          C("global_step15", 15, layout="deepspeed"), C("global_step20", 20, layout="deepspeed"),
+          C("best", None, layout=None, symlink=True, links_to="global_step5"),
+          C("elsewhere", None, layout=None, symlink=True, outside=True)]
+    plan = rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step10"))
+    kinds = {d.candidate.name: [r.kind for r in d.reasons] for d in plan.decisions}
+    assert kinds["global_step5"] == ["link_target"] and kinds["global_step10"][:1] == ["latest"]
+    assert kinds["global_step15"] == ["in_flight"] and kinds["global_step20"] == ["in_flight"]
+    assert kinds["best"] == ["symlink"] and kinds["elsewhere"] == ["symlink"]
+    assert plan.newest.name == "global_step10" and not plan.delete
+    moved = rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step20"))
+    assert sorted(d.candidate.name for d in moved.delete) == ["global_step10", "global_step15"]
+    assert {d.justified_by for d in moved.delete} == {"global_step20"}
+
+
 def test_extra_rules_only_add_keep_reasons():
     def keep_even_hundreds(c, ctx):
         return rt.Reason("milestone", "hundreds") if c.step and c.step % 100 == 0 else None
@@ -141,6 +168,23 @@ def test_plan_invariants(raw, keep_n, milestones, best_i, rollback_i):
 
 
 # --------------------------------------------------------------------------- generated run folders
+# Issues 9, 28 and 29: >= 200 generated folders (FOLDERS seeds), each pruned with --apply, 0 violations.
+
+FOLDERS = 200
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hard links keep 200 folders cheap; every file a generator changes is unlinked first (never written
+    through a link)."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    path.unlink()
+    path.write_bytes(data)
 
 
 def _smooth_state(path: Path) -> None:
@@ -149,25 +193,35 @@ def _smooth_state(path: Path) -> None:
     for i, rec in enumerate(data.get("log_history", [])):
         if "loss" in rec:
             rec["loss"] = round(2.0 / (1 + 0.01 * rec.get("step", i)), 4)
-    path.unlink()
-    path.write_text(json.dumps(data))
+    _rewrite(path, json.dumps(data).encode())
 
 
-def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
-    """A run folder of real checkpoints in every state prune meets; returns what must survive."""
-    root, outside = base / "run", base / "outside"
-    root.mkdir(parents=True)
-    outside.mkdir()
-    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
-    expect = {"resumable_valid": [], "milestones": [], "best": None, "unrecognised": [], "symlinks": [],
-              "incomplete": []}
-    for step in steps:
-        kind = rng.choices(["resumable", "weights", "incomplete", "symlink", "unrecognised"],
-                           weights=[5, 2, 1, 1, 1])[0]
+def _damage(rng: random.Random, ckpt: Path, kind: str) -> None:
+    if kind == "weights":
+        for n in ("optimizer.pt", "scheduler.pt"):
+            (ckpt / n).unlink()
+    elif kind == "incomplete":   # half copied: the weights never arrived
+        (ckpt / "model.safetensors").unlink()
+    elif kind == "truncated":
+        f = ckpt / rng.choice(["model.safetensors", "optimizer.pt"])
+        data = f.read_bytes()
+        _rewrite(f, data[: rng.randint(0, len(data) - 1)])
+    elif kind == "corrupt":      # past its headers: only the CRC-32 of level full sees it
+        from test_checkpoints_prune_guards import flip_tensor_byte
+
+        flip_tensor_byte(ckpt / "optimizer.pt")
+
+
+def _add_checkpoints(rng, hf_run, root: Path, outside: Path, steps, expect: dict) -> None:
+    for i, step in enumerate(steps):
+        kind = rng.choices(["resumable", "weights", "incomplete", "truncated", "symlink", "unrecognised"],
+                           weights=[8, 2, 1, 1, 1, 1])[0]
+        if i == len(steps) - 1 and rng.random() < 0.25:
+            kind = "corrupt"
         src = hf_run.output_dir / f"checkpoint-{step}"
-        name = f"checkpoint-{step}"
+        name = f"checkpoint-{step:05d}" if rng.random() < 0.15 else f"checkpoint-{step}"
         if kind == "symlink":
-            shutil.copytree(src, outside / name)
+            shutil.copytree(src, outside / name, copy_function=_link_or_copy)
             (root / name).symlink_to(outside / name)
             expect["symlinks"].append(name)
             continue
@@ -175,79 +229,208 @@ def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
             name = rng.choice([f"checkpoint-{step}-KEEP", f"checkpoint-{step} (copy)", f"best-checkpoint-{step}.bak",
                                f"checkpoint-{step}|x", f"checkpoint-{step}\nDELETE"])
             expect["unrecognised"].append(name)
-        shutil.copytree(src, root / name)
-        if kind == "weights":
-            for n in ("optimizer.pt", "scheduler.pt"):
-                (root / name / n).unlink()
-        elif kind == "incomplete":
-            (root / name / "model.safetensors").unlink()
+        shutil.copytree(src, root / name, copy_function=_link_or_copy)
+        _damage(rng, root / name, kind)
+        if kind in ("resumable", "corrupt"):
+            expect["resumable_valid" if kind == "resumable" else "corrupt"].append((step, name))
+        if kind in ("incomplete", "truncated"):
             expect["incomplete"].append(name)
-        elif kind == "resumable":
-            expect["resumable_valid"].append((step, name))
-        if not spike and (root / name / "trainer_state.json").exists():
+        if not expect["spike"] and (root / name / "trainer_state.json").exists():
             _smooth_state(root / name / "trainer_state.json")
-    recognised = [n for n in os.listdir(root) if n.startswith("checkpoint-") and n[11:].isdigit()]
+
+
+def _add_links_and_best(rng, root: Path, outside: Path, expect: dict) -> None:
+    ckpts = sorted(n for n in os.listdir(root) if (root / n).is_dir() and not (root / n).is_symlink()
+                   and rt.classify_name(n) is not None)
+    for link in ("best", "latest"):
+        if ckpts and rng.random() < 0.5:
+            target = rng.choice(ckpts)
+            (root / link).symlink_to(target if rng.random() < 0.5 else root / target)
+            expect["link_targets"].append(target)
+            expect["unrecognised"].append(link)
+    if rng.random() < 0.3:
+        (root / "elsewhere").symlink_to(outside)
+        expect["unrecognised"].append("elsewhere")
+    recognised = [n for n in ckpts if (root / n / "trainer_state.json").exists()]
     if recognised and rng.random() < 0.6:
-        best = rng.choice(recognised)
-        state = max((n for n in recognised if (root / n / "trainer_state.json").exists()),
-                    key=lambda n: int(n[11:]), default=None)
-        if state is not None:
-            p = root / state / "trainer_state.json"
-            data = json.loads(p.read_text())
-            data["best_model_checkpoint"] = f"somewhere/{best}"
-            p.write_text(json.dumps(data))
-            expect["best"] = best
+        best = rng.choice(ckpts)
+        state = max(recognised, key=lambda n: rt.classify_name(n).step)
+        p = root / state / "trainer_state.json"
+        data = json.loads(p.read_text())
+        data["best_model_checkpoint"] = f"somewhere/{best}"
+        _rewrite(p, json.dumps(data).encode())
+        expect["best"] = best
+
+
+def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
+    """A run folder of real checkpoints in every state prune meets; returns what must survive."""
+    root, outside = base / "run", base / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "precious.txt").write_text("not prune's")
+    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
+    expect: dict = {"resumable_valid": [], "corrupt": [], "best": None, "unrecognised": [], "symlinks": [],
+                    "incomplete": [], "link_targets": [], "spike": spike}
+    _add_checkpoints(rng, hf_run, root, outside, steps, expect)
+    _add_links_and_best(rng, root, outside, expect)
     if rng.random() < 0.5:
         (root / "README.md").write_text("notes")
         expect["unrecognised"].append("README.md")
     expect["milestone_steps"] = rng.sample(steps, rng.randint(0, 2))
     expect["keep_last"] = rng.randint(1, 3)
+    expect["spike_check"] = rng.random() < 0.8
     return expect
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
-    rng = random.Random(seed)
-    spike = seed % 2 == 0
-    expect = _generate(rng, hf_run, tmp_path, spike)
-    root = tmp_path / "run"
-    outside_before = sorted(p.name for p in (tmp_path / "outside").iterdir())
-    report = prune(root, keep_last=expect["keep_last"], milestones=expect["milestone_steps"], apply=True)
-    left = set(os.listdir(root))
-    assert report.state == "done" and not report.errors
+def _tree(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.lstat().st_size) for p in folder.rglob("*"))
+
+
+def _check_spike_rules(report, expect: dict, left: set) -> None:
     guard = report.spike_guard
     cutoff = guard.cutoff_step if guard is not None and guard.cutoff_step is not None else None
-    # keep_last counts the checkpoints safe to resume from: none saved after an unrecovered spike's onset
     safe = [(s, n) for s, n in expect["resumable_valid"] if cutoff is None or s <= cutoff]
-    post = {n for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff}
-    post_window = {n for _s, n in sorted((s, n) for s, n in expect["resumable_valid"] if n in post)
-                   [-expect["keep_last"]:]}
-    assert post_window <= left, "the keep_last newest post-onset checkpoints are kept (their own window)"
+    post = sorted((s, n) for s, n in expect["resumable_valid"] if cutoff is not None and s > cutoff)
+    assert {n for _s, n in post[-expect["keep_last"]:]} <= left, "the keep_last newest post-onset are kept"
     for e in report.delete:   # a post-onset checkpoint never justifies deleting a safe one
         if cutoff is not None and e.step is not None and e.step <= cutoff:
-            assert int(e.justified_by.rsplit("-", 1)[1]) <= cutoff, (e.name, e.justified_by)
-    if safe:
-        newest = max(safe)[1]
-        assert newest in left and report.newest_valid == newest
-        window = [n for _s, n in sorted(safe)[-expect["keep_last"]:]]
-        assert set(window) <= left
-    assert not spike or cutoff is None or not post or report.newest_valid not in post
-    for step in expect["milestone_steps"]:
-        assert any(n == f"checkpoint-{step}" for n in left) or f"checkpoint-{step}" not in \
-            {e.name for e in report.delete}
-        assert f"checkpoint-{step}" not in {e.name for e in report.delete}
-    if expect["best"]:
-        assert expect["best"] in left
-    guard = report.spike_guard
+            assert rt.classify_name(e.justified_by).step <= cutoff, (e.name, e.justified_by)
+    if safe and not expect["corrupt"]:
+        assert max(safe)[1] in left and report.newest_valid == max(safe)[1]
+        assert {n for _s, n in sorted(safe)[-expect["keep_last"]:]} <= left
     if guard is not None and guard.protected:
         assert guard.protected in left
-    if not spike:
+    if not expect["spike"]:
         assert guard is None or guard.protected is None
+
+
+@pytest.mark.parametrize("seed", range(FOLDERS))
+def test_randomized_prune_keeps_what_must_survive(seed, hf_run, tmp_path):
+    rng = random.Random(seed)
+    expect = _generate(rng, hf_run, tmp_path, spike=seed % 2 == 0)
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    outside_before = _tree(outside)
+    kw = dict(keep_last=expect["keep_last"], milestones=expect["milestone_steps"], spike_check=expect["spike_check"])
+    dry = prune(root, **kw)
+    report = prune(root, apply=True, **kw)
+    left = set(os.listdir(root))
+    assert report.state in ("done", "failed")
+    if report.state == "failed":   # only ever: the corrupt newest justified the deletions; nothing deleted
+        assert expect["corrupt"] and report.deleted == 0
+        assert all("CRC-32" in p.reason and "nothing deleted" in p.reason for p in report.errors)
+    else:
+        assert not report.errors
+        assert [e.name for e in report.delete] == [e.name for e in dry.delete], "dry run and --apply agree"
+    resumable = sorted(expect["resumable_valid"])
+    if resumable:   # the newest resumable valid checkpoint (the older good one when the newest is corrupt)
+        assert resumable[-1][1] in left
+    _check_spike_rules(report, expect, left)
+    for step in expect["milestone_steps"]:
+        assert not {f"checkpoint-{step}", f"checkpoint-{step:05d}"} & {e.name for e in report.delete}
+    if expect["best"]:
+        assert expect["best"] in left
+    for name in expect["link_targets"]:
+        assert name in left
+    for link in ("best", "latest"):
+        if (root / link).is_symlink():
+            assert (root / link).resolve().exists(), f"{link} dangles"
     assert set(expect["unrecognised"]) <= left
     assert set(expect["incomplete"]) <= left
     assert set(expect["symlinks"]) <= left
-    assert sorted(p.name for p in (tmp_path / "outside").iterdir()) == outside_before
-    assert report.deleted == len({e.name for e in report.delete} - left) == len(report.delete)
-    # a weights-only checkpoint never justified deleting a resumable one
+    assert {n for _s, n in expect["corrupt"]} <= left
+    assert _tree(outside) == outside_before
+    assert report.deleted == len({e.name for e in report.delete} - left) == len([e for e in report.delete
+                                                                                  if e.deleted])
+    for e in report.delete:   # whatever justified a deletion is still there
+        assert e.justified_by in left
+
+
+# The not-slow subset: DeepSpeed tags (real torch.save archives, tests/layouts.py), with `latest`.
+
+DS_STEPS = tuple(range(5, 65, 5))
+
+
+@pytest.fixture(scope="module")
+def ds_template(tmp_path_factory):
+    import layouts
+
+    return layouts.build_deepspeed(tmp_path_factory.mktemp("ds-template") / "ds", steps=DS_STEPS)
+
+
+def _ds_generate(rng: random.Random, template: Path, base: Path) -> dict:
+    root, outside = base / "run", base / "outside"
+    root.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not prune's")
+    steps = sorted(rng.sample(DS_STEPS, rng.randint(2, 8)))
+    expect: dict = {"valid": [], "kept": [], "corrupt": None}
+    for i, step in enumerate(steps):
+        kind = rng.choices(["ok", "truncated", "half", "unrecognised"], weights=[8, 1, 1, 1])[0]
+        if i == len(steps) - 1 and rng.random() < 0.3:
+            kind = "corrupt"
+        name = f"global_step{step:04d}" if rng.random() < 0.15 else f"global_step{step}"
+        if kind == "unrecognised":
+            name += "-KEEP"
+        shutil.copytree(template / f"global_step{step}", root / name, copy_function=_link_or_copy)
+        optim = sorted((root / name).glob("*optim_states.pt"))
+        if kind == "truncated":
+            data = optim[0].read_bytes()
+            _rewrite(optim[0], data[: len(data) // 2])
+        elif kind == "half":   # the model states never arrived
+            (root / name / "mp_rank_00_model_states.pt").unlink()
+        elif kind == "corrupt":
+            from test_checkpoints_prune_guards import flip_tensor_byte
+
+            flip_tensor_byte(optim[0])
+            expect["corrupt"] = name
+        (expect["valid"] if kind == "ok" else expect["kept"]).append((step, name))
+    tags = [n for _s, n in expect["valid"] + ([(0, expect["corrupt"])] if expect["corrupt"] else [])]
+    expect["latest"] = rng.choice(tags) if tags and rng.random() < 0.8 else None
+    if expect["latest"]:
+        (root / "latest").write_text(expect["latest"])
+    for link in ("best", "last"):
+        if tags and rng.random() < 0.4:
+            target = rng.choice(tags)
+            (root / link).symlink_to(target)
+            expect["kept"].append((0, target))
+    if rng.random() < 0.3:
+        (root / "elsewhere").symlink_to(outside)
+    expect["keep_last"] = rng.randint(1, 3)
+    expect["milestones"] = rng.sample(steps, rng.randint(0, 1))
+    return expect
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_randomized_deepspeed_prune_keeps_latest_and_link_targets(seed, ds_template, tmp_path):
+    rng = random.Random(1000 + seed)
+    expect = _ds_generate(rng, ds_template, tmp_path)
+    root, outside = tmp_path / "run", tmp_path / "outside"
+    before_root, outside_before = set(os.listdir(root)), _tree(outside)
+    kw = dict(keep_last=expect["keep_last"], milestones=expect["milestones"], spike_check=False)
+    dry = prune(root, **kw)
+    report = prune(root, apply=True, **kw)
+    left = set(os.listdir(root))
+    if report.state == "failed":
+        assert expect["corrupt"] and report.deleted == 0 and left == before_root
+        assert all("CRC-32" in p.reason for p in report.errors)
+    else:
+        assert report.state == "done" and not report.errors
+        assert [e.name for e in report.delete] == [e.name for e in dry.delete]
+    latest = expect["latest"]
+    if latest:
+        assert latest in left
+        newer = {n for s, n in expect["valid"] if s > rt.classify_name(latest).step}
+        assert newer <= left, "tags newer than latest are in flight"
+    valid = sorted(expect["valid"])
+    if valid:
+        assert valid[-1][1] in left
+    assert {n for _s, n in expect["kept"]} <= left
+    for s in expect["milestones"]:
+        assert not {f"global_step{s}", f"global_step{s:04d}"} & {e.name for e in report.delete}
+    assert {"latest", "best", "last", "elsewhere"} & before_root <= left
+    for link in ("best", "last"):
+        if (root / link).is_symlink():
+            assert (root / link).resolve().exists()
+    assert _tree(outside) == outside_before
     for e in report.delete:
         assert e.justified_by in left

@@ -671,3 +671,41 @@ def test_dcp_memo_bound_keeps_real_metadata_readable(dcp_checkpoint, monkeypatch
     assert needed and keys
     monkeypatch.setattr(fc, "MAX_MEMO_STRINGS", 0)   # nothing remembered: entries through GET are lost
     assert fc.dcp_storage_map(data) != (needed, keys)
+
+
+def test_output_to_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path, capsys, monkeypatch):
+    # issue 29: -o FIFO with no reader blocked forever
+    from checkpoint_strategy import atomic
+
+    monkeypatch.setattr(atomic, "FIFO_READER_WAIT", 0.3)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    rc, out, err = run(capsys, "plan", *PLAN, "-o", fifo)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "FIFO that nobody reads" in err and "nothing written" in err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+@pytest.mark.parametrize("target, match", [("/proc/self/status", "kernel file under /proc"),
+                                           ("/sys/kernel/checkpoint-strategy-test", "kernel file under /sys")])
+def test_output_to_kernel_files_is_refused_before_any_work(target, match, capsys):
+    rc, out, err = run(capsys, "plan", *PLAN, "-o", target)
+    assert rc == 2 and out == "" and match in err and "does not exist" not in err
+
+
+def test_output_to_a_block_device_or_socket_is_refused(tmp_path, capsys):
+    sock_path = tmp_path / "s.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(sock_path))
+    try:
+        rc, _out, err = run(capsys, "plan", *PLAN, "-o", sock_path)
+        assert rc == 2 and "is a socket" in err
+    finally:
+        sock.close()
+    node = tmp_path / "disk"
+    try:   # a block device node for a device that does not exist: nothing real is ever at risk
+        os.mknod(node, stat.S_IFBLK | 0o600, os.makedev(7, 254))
+    except (PermissionError, OSError):
+        return
+    rc, _out, err = run(capsys, "plan", *PLAN, "-o", node)
+    assert rc == 2 and "is a block device" in err

@@ -355,3 +355,24 @@ def test_shadow_files_carry_the_objects_times(s3):
     with storage.local_paths([f"{s3.url}/run"]) as (local,):
         got = os.stat(os.path.join(local, "checkpoint-10", "trainer_state.json")).st_mtime
     assert abs(got - listed) < 1
+
+
+@pytest.mark.parametrize("group", ["client_kwargs", "config_kwargs", "s3_additional_kwargs"])
+def test_a_group_option_given_a_value_is_one_line_naming_the_dotted_form(group, cli_run):
+    # issue 29: client_kwargs=notadict reached s3fs and came back as a raw AttributeError
+    line = cli_run("validate", "s3://bucket/run", "--storage-option", f"{group}=notadict").usage_error(group)
+    assert f"{group}.KEY=VALUE" in line and "AttributeError" not in line and "notadict" not in line
+
+
+def test_a_driver_type_error_is_worded_without_the_raw_exception():
+    from checkpoint_strategy.storage import remote
+
+    text = remote.describe(AttributeError("'str' object has no attribute 'copy'"))
+    assert "storage options" in text and "'copy'" not in text
+
+
+def test_a_missing_bucket_names_the_bucket(cli_run, s3):
+    missing = s3.name + "-gone"
+    line = cli_run("validate", f"s3://{missing}/run").usage_error(f"no such bucket {missing}")
+    assert "empty listing" not in line
+    assert "empty listing" in cli_run("validate", f"{s3.url}/empty").usage_error("no such object or prefix")

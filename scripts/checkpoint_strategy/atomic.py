@@ -25,8 +25,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         st = os.stat(target)
     except (FileNotFoundError, NotADirectoryError):
         st = None
+    if st is not None and stat.S_ISFIFO(st.st_mode):
+        _write_fifo(target, data)
+        return target
     if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-        with open(target, "wb", buffering=0) as fh:  # device or FIFO: write through, keep it
+        with open(target, "wb", buffering=0) as fh:  # device: write through, keep it
             fh.write(data)
         return target
     tmp = write_temp(target, data)
@@ -40,6 +43,36 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         raise
     fsync_dir(target.parent)  # make the rename itself durable
     return target
+
+
+#: how long a write to a FIFO waits for a reader to open it before giving up (ENXIO)
+FIFO_READER_WAIT = 10.0
+
+
+def _write_fifo(target: Path, data: bytes, wait: float | None = None) -> None:
+    """Write to a FIFO without ever blocking on one nobody reads: open it non-blocking (ENXIO while no
+    reader has it open), retrying for `wait` seconds, then write with ordinary blocking writes."""
+    import errno
+    import fcntl
+    import time
+
+    deadline = time.monotonic() + (FIFO_READER_WAIT if wait is None else wait)
+    while True:
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        with os.fdopen(fd, "wb", buffering=0) as fh:
+            fd = -1
+            fh.write(data)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def write_temp(path: str | os.PathLike, data: bytes) -> str:

@@ -263,6 +263,16 @@ class SpikeGuard(_Model):
 PruneState = Literal["dry_run", "done", "half_deleted", "failed"]
 
 
+class PruneSuggestion(_Model):
+    """The plan frees nothing: what would."""
+
+    keep_last: int = Field(description="the smallest keep_last that still keeps every rollback point and frees space")
+    delete: list[str] = Field(description="what that keep_last would delete")
+    bytes: int = Field(description="bytes on disk those checkpoints take (what it would free)")
+    rollback_points: list[str] = Field(default_factory=list, description="the rollback points it still keeps (the "
+                                       "spike guard's rollback checkpoint, the checkpoint before each spike)")
+
+
 class PruneReport(_Model):
     root: str
     applied: bool
@@ -299,8 +309,15 @@ class PruneReport(_Model):
     spike_guard: Optional[SpikeGuard] = Field(
         None, description="unrecovered loss spike in the training log: its rollback checkpoint is kept")
     notes: list[str] = Field(default_factory=list,
-                             description="what the storage adds (object storage: a versioned bucket keeps "
-                                         "deleted objects as old versions; finished or dropped journal entries)")
+                             description="symlinks out of ROOT or dangling, resume-pointer trouble, and what the "
+                                         "storage adds (object storage: a versioned bucket keeps deleted objects as "
+                                         "old versions; finished or dropped journal entries)")
+    justifiers: list[str] = Field(default_factory=list, description="the newer checkpoints that justify the "
+                                  "deletions: checked again at recheck_level right before anything is deleted")
+    recheck_level: Level = Field("full", description="the level the justifiers are checked at before deleting: at "
+                                 "least full (CRC-32 of every file), whatever --level the survey used")
+    suggestion: Optional[PruneSuggestion] = Field(None, description="nothing to delete: the smallest keep_last that "
+                                                  "still keeps every rollback point, and the bytes it frees")
 
 
 StepVerdict = Literal["consistent", "reset", "behind", "ahead", "unknown"]

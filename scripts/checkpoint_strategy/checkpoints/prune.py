@@ -47,13 +47,16 @@ from checkpoint_strategy.checkpoints.prune_survey import (  # noqa: F401 - surve
     Survey,
     _size,
     plan_survey,
+    recheck,
+    recheck_level,
     report_of,
+    revalidator,
+    smaller_keep_last,
     spike_guard,
     spike_retention,
     survey,
 )
 from checkpoint_strategy.checkpoints.safety import Adviser
-from checkpoint_strategy.checkpoints.validate import check, usable
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune.json"
@@ -206,8 +209,9 @@ def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
 def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Outcome:
     """Delete what `plan` marks, after finishing the journalled leftovers of an earlier prune.
 
-    revalidate(name) -> bool: the checkpoint that justifies the deletions is checked again right
-    before the first deletion; if it no longer validates nothing is deleted. Errors land in the
+    revalidate(name) -> None or why: every checkpoint that justifies the deletions is checked again
+    right before the first deletion (`revalidator`: at least level full); if one fails nothing is
+    deleted. Errors land in the
     Outcome (the caller exits 1); a journal that cannot be written is a UsageError (exit 2).
     """
     out = Outcome()
@@ -221,11 +225,9 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
         raise UsageError(storage.oserror_line(exc, "write the prune journal in", root)
                          + "; prune --apply needs write access to ROOT (nothing deleted)") from None
     pending = _finish(root, pending, out)
-    justifiers = sorted({d.justified_by for d in plan.delete if d.justified_by})
-    for j in justifiers:
-        if not revalidate(j):
-            out.errors.append(Problem(file=j, reason="newest valid checkpoint no longer validates: nothing deleted"))
-            to_delete = []
+    for j, why in recheck(plan, revalidate):
+        out.errors.append(Problem(file=j, reason=why))
+        to_delete = []
     # One journal write for the whole batch: an entry whose .deleting-* name never appears (killed
     # before its rename) is simply dropped by the next run; the checkpoint is still there.
     entries = [_entry_for(root, name) for name in to_delete]
@@ -348,12 +350,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         pending = read_journal(root)
         plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise)
         ours, foreign = _leftovers(root, pending)
-        out = None
-        if apply:
-            def revalidate(name: str) -> bool:
-                return usable(check(s.found[name], level))
-
-            out = apply_prune(root, plan, revalidate, pending)
+        out = apply_prune(root, plan, revalidator(s.found, level), pending) if apply else None
     return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
                      leftovers=(ours, foreign), proposed=proposed)
 

@@ -25,11 +25,10 @@ import os
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.prune_survey import Outcome, plan_survey, report_of, survey
+from checkpoint_strategy.checkpoints.prune_survey import Outcome, plan_survey, recheck, report_of, revalidator, survey
 from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints.models import Level, Problem, PruneReport
 from checkpoint_strategy.checkpoints.safety import Adviser
-from checkpoint_strategy.checkpoints.validate import check, usable
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune-objects.json"
@@ -98,13 +97,11 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
     dropped = [n for n in journalled if n not in finish]
     if dropped:
         notes.append(f"journalled by an interrupted prune but whole and kept now: {', '.join(dropped)} (not deleted)")
-    justifiers = sorted({d.justified_by for d in plan.delete if d.justified_by})
     order = {d.candidate.name: (d.candidate.step or 0) for d in plan.delete}
     todo = sorted(planned - set(finish), key=lambda n: (order.get(n, 0), n))
-    for j in justifiers:
-        if not revalidate(j):
-            out.errors.append(Problem(file=j, reason="newest valid checkpoint no longer validates: nothing deleted"))
-            todo = []
+    for j, why in recheck(plan, revalidate):
+        out.errors.append(Problem(file=j, reason=why))
+        todo = []
     batch = finish + todo
     try:
         if batch or journalled:
@@ -151,10 +148,7 @@ def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level
                              "(still stored and billed) until a lifecycle rule or a version delete removes them")
             out = None
             if apply:
-                def revalidate(name: str) -> bool:
-                    view.forget(s.found[name].path)
-                    return usable(check(s.found[name], level))
-
+                revalidate = revalidator(s.found, level, before=lambda name: view.forget(s.found[name].path))
                 status: dict[str, str] = {n: r.status for n, r in s.results.items()}
                 status.update({n: "present" for n in s.found if n not in status})
                 out = apply_objects(view, root, plan, revalidate, journalled, status, notes)

@@ -25,9 +25,11 @@ from checkpoint_strategy.checkpoints.models import (
     PruneEntry,
     PruneReport,
     PruneState,
+    PruneSuggestion,
     SpikeGuard,
 )
 from checkpoint_strategy.checkpoints.validate import check, check_with_values, compare_consecutive, usable
+from checkpoint_strategy.errors import UsageError
 
 if TYPE_CHECKING:
     from checkpoint_strategy.checkpoints import deep as dp
@@ -50,6 +52,10 @@ class Survey:
     templates: list[str] = field(default_factory=list)                   # Lightning filename templates
     emergency: dict[str, str] = field(default_factory=dict)              # name -> marker description
     final_export: str | None = None
+    latest: str | None = None                                            # what the resume pointer names
+    latest_why: str = ""
+    notes: list[str] = field(default_factory=list)                       # links out of ROOT, pointer trouble
+    suggestion: PruneSuggestion | None = None                           # nothing freed: a smaller keep_last
 
 
 def _hf_best(survey: Survey) -> None:
@@ -99,6 +105,59 @@ def _lightning_best(survey: Survey) -> None:
                                          f"{newest.name})")
 
 
+def _link(root: str, name: str) -> tuple[bool, str | None, bool]:
+    """(symlink, the ROOT entry it resolves into, resolves outside ROOT) for the entry `name` of ROOT.
+    Only the link text is resolved (os.path.realpath); nothing it points at is opened."""
+    path = os.path.join(root, name)
+    if not os.path.islink(path):
+        return False, None, False     # a real entry of ROOT (a real path): inside by construction
+    real = os.path.realpath(path)
+    if os.path.normpath(real) == os.path.normpath(os.path.realpath(root)):
+        return True, None, False      # a link to ROOT itself: kept, names no checkpoint
+    if not storage.inside(real, root):
+        return True, None, True
+    return True, os.path.relpath(real, os.path.realpath(root)).split(os.sep)[0], False
+
+
+def _describe_links(s: Survey) -> None:
+    for c in s.candidates:
+        if c.outside and c.symlink:
+            try:
+                target = os.readlink(os.path.join(s.root, c.name))
+            except OSError:
+                target = "?"
+            s.notes.append(f"{c.name} is a symlink to {target}, outside ROOT: reported, not followed, never deleted")
+        elif c.symlink and c.links_to and c.links_to not in {x.name for x in s.candidates}:
+            s.notes.append(f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept")
+
+
+#: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
+_POINTERS = (("latest", "DeepSpeed", "deepspeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"))
+
+
+def _resume_pointer(s: Survey) -> None:
+    """DeepSpeed's `latest` (a tag name) / Megatron's tracker file (an iteration): the checkpoint resuming loads."""
+    for fname, framework, layout in _POINTERS:
+        path = os.path.join(s.root, fname)
+        if not os.path.lexists(path) or os.path.islink(path):
+            continue
+        try:
+            text = storage.read_bytes(path, fname, limit=4096).decode("utf-8", "replace").strip()
+        except storage.ReadError as exc:
+            s.notes.append(f"{fname}: {exc}; ignored (nothing in ROOT is taken as in flight)")
+            continue
+        name = text if fname == "latest" else (f"iter_{int(text):07d}" if text.isdigit() else text)
+        m = rt.classify_name(name)
+        if m is None or m.step is None or m.layout != layout:
+            s.notes.append(f"{fname} names {text[:60]!r}, not a {framework} checkpoint name; ignored")
+            continue
+        s.latest = name
+        s.latest_why = f"named by {fname} ({framework} resumes from it)"
+        if name not in {c.name for c in s.candidates}:
+            s.notes.append(f"{fname} names {name}, which is not in ROOT: newer checkpoints are treated as in flight")
+        return
+
+
 def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
     """Level deep: compare consecutive checkpoints (the norm jump needs the previous one), then a valid
     checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here: it never
@@ -124,11 +183,13 @@ def survey(root: str, level: str = "quick") -> Survey:
             continue
         name = os.path.basename(f.path)
         m = rt.classify_name(name)
-        symlink = os.path.islink(f.path) or not storage.inside(f.path, root)
+        link, links_to, outside = _link(root, name) if os.path.dirname(f.path) == root else (False, None, True)
+        symlink = link or outside
         s.found[name] = f
         if m is None or symlink:  # never validated: kept whatever they hold
             s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
-                                             symlink=symlink, format=f.format, path=f.path))
+                                             symlink=symlink, format=f.format, path=f.path, links_to=links_to,
+                                             outside=outside))
             continue
         r, outcome = check_with_values(f, level)
         s.results[name] = r
@@ -143,9 +204,12 @@ def survey(root: str, level: str = "quick") -> Survey:
                                          m.metrics, format=f.format, path=f.path))
     _deep_verdicts(s, deep)
     for name in unrecognised:
-        path = os.path.join(root, name)
-        s.candidates.append(rt.Candidate(name, None, None, symlink=os.path.islink(path), path=path))
+        link, links_to, outside = _link(root, name)
+        s.candidates.append(rt.Candidate(name, None, None, symlink=link, path=os.path.join(root, name),
+                                         links_to=links_to, outside=outside))
     s.templates = sorted(templates)
+    _describe_links(s)
+    _resume_pointer(s)
     _hf_best(s)
     _lightning_best(s)
     return s
@@ -163,8 +227,19 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
     come after "best", and a rolling window rotates past them.
 
     valid: (step, path) of the valid checkpoints. advise: `checkpoint_strategy.recovery.advise` (passed in).
+
+    A log that was there when the survey looked and is gone (or unreadable) when it is read is a
+    UsageError: prune refuses rather than deleting without the spike check (issue 29).
     """
-    return safety.read_spike(valid, log, advise)
+    guard = safety.read_spike(valid, log, advise)
+    if guard is not None and guard.status is None and not _readable(guard.log):
+        raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
+                         "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
+    return guard
+
+
+def _readable(path: str) -> bool:
+    return storage.is_regular(path) and os.access(path, os.R_OK)
 
 
 def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
@@ -214,13 +289,48 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     r = s.results.get(c.name)
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
-    size = _size(c.path) if c.layout and not c.symlink and c.path else None
+    size = (out.deleted[c.name] if deleted and out is not None else
+            _size(c.path) if c.layout and not c.symlink and c.path else None)
     return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
                       status=r.status if r else None,
                       resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
                       bytes=size,
                       reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
                       justified_by=d.justified_by, deleted=deleted, error=error)
+
+
+def recheck_level(level: str) -> Level:
+    """The level a checkpoint that justifies deletions is checked at right before anything is deleted:
+    at least full (the CRC-32 of every file), whatever level the survey used (issue 29: a byte flipped
+    in optimizer.pt passes the quick level)."""
+    return "deep" if level == "deep" else "full"
+
+
+def recheck(plan: rt.Plan, revalidate) -> list[tuple[str, str]]:
+    """(name, why) of every checkpoint justifying a deletion of `plan` that fails `revalidate`."""
+    failed = []
+    for j in sorted({d.justified_by for d in plan.delete if d.justified_by}):
+        problem = revalidate(j)
+        if problem:
+            failed.append((j, f"the newer checkpoint that justifies the deletions no longer validates in the check "
+                              f"right before deleting ({problem}): nothing deleted"))
+    return failed
+
+
+def revalidator(found: dict[str, fm.Found], level: str, before=None):
+    """revalidate(name) -> None when the checkpoint passes at `recheck_level(level)`, else its first problem."""
+    lvl = recheck_level(level)
+
+    def revalidate(name: str) -> str | None:
+        if before is not None:
+            before(name)
+        r = check(found[name], lvl)
+        if usable(r):
+            return None
+        first = next((p for p in r.problems), None)
+        return f"level {lvl}: {r.status}" + (f", {first.file}: {first.reason}" if first is not None else "")
+
+    return revalidate
 
 
 def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
@@ -236,7 +346,27 @@ def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike
     held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
     retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
                              best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates))
-    return rt.plan_prune(s.candidates, retention), guard
+    if s.latest:
+        retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
+    plan = rt.plan_prune(s.candidates, retention)
+    s.suggestion = None if plan.delete else smaller_keep_last(s, retention)
+    return plan, guard
+
+
+def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | None:
+    """When `retention` frees nothing: the smallest keep_last whose plan still keeps every rollback point
+    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log) and the newest,
+    with the bytes it would free. None when no smaller keep_last deletes anything."""
+    must = {n for n in (retention.rollback, *retention.pre_spike) if n}
+    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
+        plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
+        kept = {d.candidate.name for d in plan.keep}
+        if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
+            continue
+        names = [d.candidate.name for d in plan.delete]
+        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_size(d.candidate.path) for d in plan.delete),
+                               rollback_points=sorted(must))
+    return None
 
 
 def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
@@ -262,4 +392,6 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
         deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
         freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
         bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
-        errors=out.errors if out else [], spike_guard=guard, notes=notes or [])
+        errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *(notes or [])],
+        recheck_level=recheck_level(level), suggestion=s.suggestion,
+        justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}))

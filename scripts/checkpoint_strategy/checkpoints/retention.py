@@ -19,8 +19,9 @@ Public API::
 A keep rule is ``rule(candidate, context) -> Reason | None`` (like Orbax's preservation
 policies): it returns why the candidate must stay, or None. A candidate is deleted only when no
 rule keeps it and a newer validated checkpoint stands in for it. ``SAFETY_RULES`` (unrecognised,
-final export, symlinked, not valid, no step) always run; ``rules`` (default ``DEFAULT_RULES``:
-newest, keep_last, milestone, trainer's best, rollback) can be extended, e.g.
+final export, symlinked, symlink target, not valid, no step, resume pointer, in flight) always
+run; ``rules`` (default ``DEFAULT_RULES``: newest, keep_last, milestone, trainer's best, rollback)
+can be extended, e.g.
 ``plan_prune(cs, r, rules=(*DEFAULT_RULES, my_rule))``.
 
 Invariants (tested on generated folders):
@@ -29,7 +30,10 @@ Invariants (tested on generated folders):
   resumable one;
 - a name that does not exactly match a known layout's pattern is never deleted;
 - a symlinked checkpoint (or one resolving outside ROOT) is never deleted and never counts as
-  the newer checkpoint that justifies a deletion;
+  the newer checkpoint that justifies a deletion; a checkpoint a symlink inside ROOT resolves to
+  (`best -> checkpoint-90`, Lightning's `last.ckpt` link) is kept with the link named;
+- the checkpoint the framework's resume pointer names (DeepSpeed `latest`) is kept; newer ones of
+  that layout are in flight: kept, never counted, never justify a deletion;
 - invalid and incomplete checkpoints are never deleted and never justify a deletion;
 - milestones, the trainer's best and the rollback point of an unrecovered loss spike are kept;
 - checkpoints saved after the onset of an unrecovered spike (`Retention.post_onset`) are kept but
@@ -47,6 +51,9 @@ ReasonKind = Literal[
     "unrecognised",      # name matches no known layout exactly
     "final_export",      # the run folder's own top-level model files
     "symlink",           # a symlink or outside ROOT
+    "link_target",       # what a symlink inside ROOT resolves to (best -> checkpoint-90)
+    "latest",            # named by the framework's resume pointer (DeepSpeed `latest`, Megatron's tracker file)
+    "in_flight",         # a newer tag than that pointer names: still being written (other ranks), never counted
     "not_valid",         # invalid / incomplete / not validated
     "no_step",           # recognised but carries no step (Lightning last.ckpt): not ordered
     "newest",            # the newest resumable (or valid) checkpoint
@@ -154,6 +161,8 @@ class Candidate:
     status:    the validator's verdict; None when not validated (never deleted)
     resumable: optimizer state present; None when unknown
     symlink:   a symlink, or resolves outside ROOT
+    links_to:  a symlink inside ROOT: the name of the ROOT entry it resolves into (kept as its target)
+    outside:   resolves outside ROOT (reported, never followed, never deleted)
     metrics:   Lightning metric keys in the name (the trainer's top-k by that metric)
     final_export: the run folder's own top-level model files (never deleted)
     """
@@ -168,6 +177,8 @@ class Candidate:
     final_export: bool = False
     format: str = "unknown"
     path: str = ""
+    links_to: str | None = None
+    outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,10 @@ class Retention:
     pre_spike:  name -> why: the newest checkpoint before each loss spike of the log (kept)
     post_onset: name -> why: saved after the onset of an unrecovered spike (checkpoints/safety.py):
                 never counted by keep_last, never the newest, never justifies a deletion; kept
+    latest:     name the framework's resume pointer names (DeepSpeed's `latest` file): kept; a newer
+                checkpoint of the same layout is in flight (a save other ranks may still be writing):
+                kept, never counted, never justifies a deletion, until the pointer moves
+    latest_why: text for that reason
     """
 
     keep_last: int
@@ -191,6 +206,8 @@ class Retention:
     rollback_why: str = "rollback point before an unrecovered loss spike"
     pre_spike: Mapping[str, str] = field(default_factory=dict)
     post_onset: Mapping[str, str] = field(default_factory=dict)
+    latest: str | None = None
+    latest_why: str = "named by the framework's resume pointer (what resuming loads)"
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < 1:
@@ -214,6 +231,8 @@ class Context:
     newest: Candidate | None
     post_window: frozenset[str] = frozenset()   # the keep_last newest post-onset checkpoints
     post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
+    link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
+    in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
 
     def newer_than(self, c: Candidate) -> Candidate | None:
         """The newest counted checkpoint with a higher step than c (what justifies deleting c). A
@@ -244,8 +263,34 @@ def keep_final_export(c: Candidate, ctx: Context) -> Reason | None:
 
 
 def keep_symlinked(c: Candidate, ctx: Context) -> Reason | None:
+    if c.outside:
+        return Reason("symlink", "resolves outside ROOT: reported, not followed, never deleted, never counts as "
+                                 "the newer checkpoint")
+    if c.symlink and c.links_to:
+        return Reason("symlink", f"symlink to {c.links_to} inside ROOT: never deleted (its target is kept)")
     if c.symlink:
-        return Reason("symlink", "symlink or outside ROOT: never deleted, never counts as the newer checkpoint")
+        return Reason("symlink", "symlink: never deleted, never counts as the newer checkpoint")
+    return None
+
+
+def keep_link_target(c: Candidate, ctx: Context) -> Reason | None:
+    links = ctx.link_targets.get(c.name)
+    if links:
+        return Reason("link_target", f"target of the symlink {', '.join(links)} in ROOT: kept while a link names it")
+    return None
+
+
+def keep_latest(c: Candidate, ctx: Context) -> Reason | None:
+    if ctx.retention.latest is not None and c.name == ctx.retention.latest:
+        return Reason("latest", ctx.retention.latest_why)
+    return None
+
+
+def keep_in_flight(c: Candidate, ctx: Context) -> Reason | None:
+    if c.name in ctx.in_flight:
+        return Reason("in_flight", f"newer than {ctx.retention.latest}, which the resume pointer names: a save "
+                                   "possibly still in flight (other ranks); kept and not counted until the pointer "
+                                   "moves")
     return None
 
 
@@ -319,8 +364,8 @@ def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
 
 
 #: Always applied first, whatever rules a caller passes: they can add keep reasons, never remove these.
-SAFETY_RULES: tuple[KeepRule, ...] = (keep_unrecognised, keep_final_export, keep_symlinked, keep_not_valid,
-                                      keep_unordered)
+SAFETY_RULES: tuple[KeepRule, ...] = (keep_symlinked, keep_unrecognised, keep_final_export, keep_link_target,
+                                      keep_not_valid, keep_unordered, keep_latest, keep_in_flight)
 #: The retention policy `prune` applies after the safety rules, in report order.
 DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback,
                                        keep_pre_spike, keep_post_onset)
@@ -362,11 +407,32 @@ def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None =
 
 
 def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
-                  counts_resumable: bool) -> tuple[Candidate, ...]:
-    """The post-onset checkpoints, ordered like the counted ones (resumable ones when the run has any)."""
-    pool = [c for c in candidates if c.name in post_onset and c.layout is not None and not c.symlink
-            and c.status == "valid" and c.step is not None and (c.resumable or not counts_resumable)]
-    return tuple(sorted(pool, key=lambda c: (c.step, c.name)))
+                  counts_resumable: bool, in_flight: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
+    """The post-onset checkpoints, ordered like the counted ones: resumable ones when the run has any
+    (among the safe ones or the post-onset ones: a weights-only one never justifies deleting a resumable one)."""
+    pool = [c for c in candidates if c.name in post_onset and c.name not in in_flight and c.layout is not None
+            and not c.symlink and c.status == "valid" and c.step is not None]
+    resumable = [c for c in pool if c.resumable]
+    chosen = resumable if resumable or counts_resumable else pool
+    return tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+
+
+def _link_targets(candidates: Iterable[Candidate]) -> dict[str, tuple[str, ...]]:
+    """name -> the symlinks inside ROOT that resolve into it."""
+    out: dict[str, list[str]] = {}
+    for c in candidates:
+        if c.symlink and c.links_to and c.links_to != c.name:
+            out.setdefault(c.links_to, []).append(c.name)
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def _in_flight(candidates: Iterable[Candidate], latest: str | None) -> frozenset[str]:
+    """Checkpoints of the pointer's layout with a higher step than the one it names: not finished
+    (DeepSpeed moves `latest` only after every rank saved)."""
+    m = classify_name(latest) if latest else None
+    if m is None or m.step is None:
+        return frozenset()
+    return frozenset(c.name for c in candidates if c.layout == m.layout and c.step is not None and c.step > m.step)
 
 
 def plan_prune(candidates: Sequence[Candidate], retention: Retention,
@@ -381,12 +447,14 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ValueError("candidate names must be unique")
-    counts_resumable, ordered = _counted(candidates, retention.post_onset)
+    in_flight = _in_flight(candidates, retention.latest)
+    counts_resumable, ordered = _counted(candidates, {**retention.post_onset, **dict.fromkeys(in_flight, "")})
     window = frozenset(c.name for c in ordered[-retention.keep_last:])
     newest = ordered[-1] if ordered else None
-    post = _post_counted(candidates, retention.post_onset, counts_resumable)
+    post = _post_counted(candidates, retention.post_onset, counts_resumable, in_flight)
     ctx = Context(retention, counts_resumable, ordered, window, newest,
-                  frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None)
+                  frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
+                  _link_targets(candidates), in_flight)
     decisions = []
     for c in candidates:
         reasons: list[Reason] = []

@@ -338,6 +338,7 @@ def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) ->
         raise UsageError(f"{what}: empty path: expected a file path to write")
     if os.path.isdir(p):
         raise UsageError(f"{what} {p} is a folder: expected a file path to write")
+    _refuse_special_output(p, what)
     for inp in inputs:
         if inp is None or inp == "-":
             continue
@@ -349,6 +350,27 @@ def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) ->
             raise UsageError(f"{what} {p} is inside {os.fspath(inp)}, which is also an input of this command: "
                              "refusing to write there; write the report to another file")
     return p
+
+
+_KERNEL_FILESYSTEMS = ("/proc", "/sys")
+
+
+def _refuse_special_output(p: str, what: str) -> None:
+    """A disk, a socket or a kernel file (/proc, /sys) is not a place for a report (UsageError). A FIFO is
+    written when a reader opens it (`atomic`: ENXIO after a bounded wait); /dev/null and terminals are fine."""
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+        raise UsageError(f"{what} {p} is {kind_of(mode)}: expected a file path to write (or /dev/null, a FIFO)")
+    if mode and not stat.S_ISREG(mode):
+        return  # /dev/null, a terminal, a FIFO or pipe (/dev/stdout): written in place
+    real = os.path.realpath(p)
+    kernel = next((k for k in _KERNEL_FILESYSTEMS if real == k or real.startswith(k + "/")), None)
+    if kernel is not None:
+        raise UsageError(f"{what} {p} is a kernel file under {kernel} (not ordinary storage, nothing can be "
+                         "written there): expected a file path to write")
 
 
 def _lands_inside(path: str, folder: str | os.PathLike[str]) -> bool:
@@ -369,7 +391,19 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "o
     try:
         atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as exc:
+        if exc.errno == errno.ENXIO and stat.S_ISFIFO(_mode(p)):
+            from checkpoint_strategy.atomic import FIFO_READER_WAIT
+
+            raise UsageError(f"{what} {p} is a FIFO that nobody reads (no reader opened it within "
+                             f"{FIFO_READER_WAIT:g} s): nothing written; start the reader first") from None
         raise UsageError(f"{what}: {oserror_line(exc, 'write', p)}") from None
+
+
+def _mode(p: str) -> int:
+    try:
+        return os.stat(p).st_mode
+    except OSError:
+        return 0
 
 
 def loads_yaml(text: str, what: str = "YAML") -> Any:

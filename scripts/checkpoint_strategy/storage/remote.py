@@ -79,11 +79,18 @@ def parse_option(text: str) -> tuple[str, Any]:
     return key, typed
 
 
+#: driver options that are groups of options (s3fs/botocore dictionaries): only KEY.SUB=VALUE sets them
+GROUP_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", "requester_pays_kwargs")
+
+
 def set_options(pairs: list[str] | None) -> None:
     """The ``--storage-option key=value`` pairs of this command (passed to the fsspec driver)."""
     _options.clear()
     for text in pairs or ():
         key, value = parse_option(text)
+        if key in GROUP_OPTIONS:
+            raise UsageError(f"--storage-option {key}: is a group of driver options; set its keys one by one as "
+                             f"{key}.KEY=VALUE (e.g. client_kwargs.region_name=us-east-1)")
         if "." in key:
             outer, inner = key.split(".", 1)
             sub = _options.setdefault(outer, {})
@@ -162,6 +169,8 @@ def describe(exc: BaseException) -> str:
         return "no such bucket"
     if "invalid bucket name" in low:
         return "invalid bucket name (expected s3://BUCKET/PREFIX with a valid bucket name)"
+    if isinstance(exc, (AttributeError, TypeError)):  # an option of the wrong type reaches the driver's code
+        return f"the driver refused the storage options ({name}); check the --storage-option keys and their types"
     for value in _secret_values():
         text = text.replace(value, "***")
     return f"{name}: {text[:120]}" if text else name
@@ -513,6 +522,18 @@ def _mtime(info: dict) -> float | None:
     return None
 
 
+def _missing_bucket(fs: Any, remote: str, url: str) -> str | None:
+    """The bucket of an s3:// or gs:// URL when it does not exist (None: it exists, or cannot tell)."""
+    parts = split_url(url)
+    if parts is None or parts[0] not in ("s3", "s3a", "gs"):
+        return None
+    bucket = remote.split("/", 1)[0]
+    try:
+        return None if fs.exists(bucket) else bucket
+    except Exception:  # noqa: BLE001 - cannot tell: the caller says "empty listing"
+        return None
+
+
 def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool, dict[str, float]]:
     """{key: size} under the prefix (one recursive, paged listing), whether the URL is one object, and
     {key: modification time} where the listing gives one."""
@@ -525,6 +546,10 @@ def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool, dict
     objects = {k.rstrip("/"): int(v.get("size") or 0) for k, v in found.items()
                if v.get("type", "file") == "file" and not k.endswith("/")}
     if not objects:
+        bucket = _missing_bucket(fs, remote, url)
+        if bucket is not None:
+            raise UsageError(f"{shown(url)}: no such bucket {bucket} (check the bucket name, the endpoint and the "
+                             "credentials' account)")
         raise UsageError(f"{shown(url)}: no such object or prefix (empty listing); expected a checkpoint or a "
                          "prefix holding checkpoints")
     is_file = list(objects) == [remote]
