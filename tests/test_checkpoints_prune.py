@@ -435,3 +435,24 @@ def test_unrecognised_entries_are_reported_with_their_path(hf_run, copy_of):
     report = prune(root, keep_last=2, spike_check=False)
     (entry,) = [e for e in report.keep if e.name == "README.txt"]
     assert entry.path is not None and entry.path.endswith("README.txt")
+
+
+def test_on_start_runs_with_the_folder_locked_before_the_survey(hf_run, copy_of):
+    """prune(on_start=...) (what the callbacks use to report the prune's start): called once, while ROOT's lock
+    is held (a second locker is refused), before any checkpoint is deleted."""
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.storage.locking import locked
+
+    root = copy_of(hf_run.output_dir, "run")
+    before = sorted(os.listdir(root))
+    seen = []
+
+    def started():
+        seen.append(sorted(os.listdir(root)))
+        with pytest.raises(UsageError, match="busy"):
+            with locked(root, 0.05, "busy"):
+                pass
+
+    report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=started)
+    assert seen == [before] and report.delete
+    assert not any((root / name).exists() for name in _names(report.delete))

@@ -51,25 +51,11 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
     Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then).
     on_start: called once the lock is held, as the survey of the folder begins."""
-    import importlib
-
     from checkpoint_strategy.checkpoints import prune as _prune
     from checkpoint_strategy.recovery import advise
 
-    module = importlib.import_module("checkpoint_strategy.checkpoints.prune")
-    survey = module.survey
-
-    def announced(*args, **kwargs):
-        if on_start is not None:
-            on_start()
-        return survey(*args, **kwargs)
-
-    module.survey = announced   # type: ignore[attr-defined]
-    try:
-        return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                      log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout)
-    finally:
-        module.survey = survey   # type: ignore[attr-defined]
+    return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
+                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout, on_start=on_start)
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

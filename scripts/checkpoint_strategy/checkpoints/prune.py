@@ -29,6 +29,7 @@ import re
 import secrets
 import shutil
 import stat
+from collections.abc import Callable
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
@@ -315,7 +316,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
           level: Level = "quick", log: str | None = None, spike_check: bool = True,
           lock_timeout: float = LOCK_TIMEOUT_SECONDS, protect: dict[str, str] | None = None,
-          advise: Adviser | None = None) -> PruneReport:
+          advise: Adviser | None = None, on_start: Callable[[], None] | None = None) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
@@ -328,7 +329,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     kept while the spike has not recovered or its status is unknown. `protect`: more names to keep
     as the trainer's best, name -> reason (the Lightning callback passes best_model_path). `advise`: the
     recovery adviser that reads the log (`checkpoint_strategy.recovery.advise`; needed when a log is found
-    and spike_check is on), passed in because checkpoints/ does not import recovery/.
+    and spike_check is on), passed in because checkpoints/ does not import recovery/. `on_start`: called
+    once the lock is held, as the survey of a local ROOT begins (the callbacks report the prune's start).
     """
     from checkpoint_strategy.storage.locking import locked
 
@@ -346,6 +348,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
             f"{lock_timeout:g} s); wait for it to finish, then rerun")
     with locked(root, lock_timeout, busy):
+        if on_start is not None:
+            on_start()
         s = survey(root, level)
         pending = read_journal(root)
         plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise)
