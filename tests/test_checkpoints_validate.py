@@ -459,3 +459,15 @@ def test_progress_bar_only_on_terminal_after_a_second(monkeypatch):
     with Progress(total=3, stream=piped, delay=0.0) as bar:
         bar.update(checkpoints=1)
     assert piped.getvalue() == ""
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_deepspeed_tag_missing_a_ranks_shard_is_incomplete_even_without_ds_config(tmp_path, bf16):
+    """The model states record dp_world_size 2 but no ds_config (no ZeRO stage): the ZeRO shard files themselves
+    say it is ZeRO, so the missing rank is named with the shards' own prefix (bf16_ or none)."""
+    root = layouts.build_deepspeed(tmp_path / "ds", steps=(10,), bf16=bf16)
+    prefix = "bf16_" if bf16 else ""
+    (root / "global_step10" / f"{prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    (c,) = validate_paths([str(root / "global_step10")]).checkpoints
+    assert c.status == "incomplete"
+    assert [p.file for p in c.problems] == [f"{prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt"]

@@ -235,3 +235,8 @@ def test_zero_with_a_rank_file_missing_exit_2(cli_run, zero, copy_of, tmp_path):
     (broken / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
     cli_run("convert", broken, tmp_path / "out", "--to", "safetensors").usage_error("partition_count says 2")
     assert not (tmp_path / "out").exists()
+    # validate sees the same tag as incomplete (dp_world_size 2 in the model states), never valid and resumable
+    r = cli_run("validate", broken, "--format", "json")
+    (c,) = r.json()["checkpoints"]
+    assert r.rc == 1 and c["status"] == "incomplete", c
+    assert any("optimizer shard for ZeRO rank 1" in p["reason"] for p in c["problems"]), c["problems"]

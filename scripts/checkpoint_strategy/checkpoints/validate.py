@@ -489,11 +489,12 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
         out.resumable = True
         ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
         expected = max(ranks) + 1 if ranks else 0
-        if stage and dp:
-            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved
+        if dp and (stage or any("zero_pp_rank" in n for n in optim)):
+            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved a ZeRO shard
         if ranks and ranks != list(range(expected)):
             missing = sorted(set(range(expected)) - set(ranks))
-            ctx.missing(os.path.join(path, f"zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
+            prefix = "bf16_" if all(n.startswith("bf16_") for n in optim) else ""
+            ctx.missing(os.path.join(path, f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
                         f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
     out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
