@@ -14,6 +14,8 @@ plus the numpy array reconstruction that HF Trainer and Lightning register for t
 
 from __future__ import annotations
 
+import math
+
 import _compat_pickle
 import pickletools
 import re
@@ -180,10 +182,7 @@ class TensorRef:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def span(self) -> tuple[int, int] | None:
         """(first, last+1) element index inside the storage, or None when the view is empty."""

@@ -9,6 +9,8 @@ each byte once, hashes it and writes it once, whatever the source layout.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -39,10 +41,7 @@ class Tensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -1,16 +1,6 @@
-"""Which steps have a checkpoint: from a folder's entry names, or from an explicit list.
-
-Names understood (the step is N):
-  checkpoint-N            Hugging Face Trainer
-  step-N, step_N, stepN   torchtitan, many custom loops
-  iter_0000500            Megatron-LM
-  global_stepN            DeepSpeed
-  epoch=E-step=N[...].ckpt  PyTorch Lightning ModelCheckpoint
-  N                       Orbax (plain numeric folders)
-Temporary entries (names containing 'tmp' or 'temp', e.g. Orbax's '500.orbax-checkpoint-tmp-1',
-HF's 'tmp-checkpoint-500') are ignored: they are not complete checkpoints. So are emergency saves
-(a `checkpoint-strategy.json` marker, see checkpoints/marker.py): they hold post-event weights.
-"""
+"""Which steps have a checkpoint: from a folder's entry names (the names `checkpoints/steps.py` lists and
+`scan` reads: HF, torchtitan, Megatron, DeepSpeed, Lightning, Orbax; temporary entries and emergency saves
+left out), or from an explicit list."""
 
 from __future__ import annotations
 
