@@ -35,6 +35,16 @@ REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_r
                      "deepspeed_resumes", "hf_world_change", "deepspeed_zero2_run", "fsdp2_run"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
+    # the quick loop was 72 s with 1901 tests (2026-12-03): its longest fuzzers and sweeps (1-2.7 s each) run in CI
+    "test_fuzz_hostile_json_inputs_of_the_integrations", "test_fuzzed_csv_logs", "test_fuzzed_json_logs",
+    "test_fuzzed_arguments", "test_fuzz_bad_csv_logs_exit_2_with_one_line", "test_plan_invariants",
+    "test_documented_layouts_have_no_false_positives_at_deep", "test_fuzz_bad_json_logs_exit_2_with_one_line",
+    "test_at_least_95_percent_of_spikes_found", "test_no_new_function_over_60_lines",
+    "test_real_adamw_save_is_read", "test_quick_reads_only_headers_of_big_objects", "test_a_missing_bucket_names_the_bucket",
+    "test_fuzz_bad_event_documents_exit_2_with_one_line", "test_fuzz_arguments_never_crash",
+    "test_missing_bucket_and_empty_prefix_are_one_line", "test_fuzz_safetensors_headers",
+    "test_detect_spikes_on_garbage_floats_never_crashes", "test_fuzz_arguments_never_internal_error",
+    "test_two_handoff_commands_at_once", "test_fuzz_state_folder_contents", "test_fuzz_plan_storage_grows_with_keep_last",
     "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
     "test_zip_bomb_is_invalid_with_bounded_memory", "test_dcp_metadata_walk_memory_does_not_grow_with_the_pickle",
     "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
