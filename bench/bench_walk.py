@@ -28,17 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
 from checkpoint_strategy.checkpoints import prune, validate_paths  # noqa: E402
-
-
-def _least(fn, repeat: int) -> tuple[float, float]:
-    """(least wall, least CPU) seconds of `repeat` calls in this process."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        w, c = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - w)
-        cpus.append(time.process_time() - c)
-    return min(walls), min(cpus)
+from bench_recover import least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def _least_cli(argv: list[str], repeat: int) -> tuple[float, float]:

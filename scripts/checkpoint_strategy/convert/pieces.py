@@ -88,31 +88,29 @@ class Unsupported:
         self.what = what
 
 
-def tensors(tree: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Tensor]]:
-    """(dotted name, tensor) in tree order; dict keys and list indexes joined with '.' (str(key))."""
+def _leaves(tree: Any, kind: type, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """(dotted name, leaf) of every `kind` leaf in tree order; dict keys and list indexes joined with '.'."""
     if depth > 200:
         return
-    if isinstance(tree, Tensor):
+    if isinstance(tree, kind):
         yield prefix, tree
     elif isinstance(tree, dict):
         for k, v in tree.items():
-            yield from tensors(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
+            yield from _leaves(v, kind, f"{prefix}.{k}" if prefix else str(k), depth + 1)
     elif isinstance(tree, (list, tuple)):
         for i, v in enumerate(tree):
-            yield from tensors(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+            yield from _leaves(v, kind, f"{prefix}.{i}" if prefix else str(i), depth + 1)
 
 
-def unsupported(tree: Any, prefix: str = "", depth: int = 0) -> Iterator[tuple[str, str]]:
-    if depth > 200:
-        return
-    if isinstance(tree, Unsupported):
-        yield prefix or "(root)", tree.what
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            yield from unsupported(v, f"{prefix}.{k}" if prefix else str(k), depth + 1)
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            yield from unsupported(v, f"{prefix}.{i}" if prefix else str(i), depth + 1)
+def tensors(tree: Any) -> Iterator[tuple[str, Tensor]]:
+    """(dotted name, tensor) in tree order; dict keys and list indexes joined with '.' (str(key))."""
+    yield from _leaves(tree, Tensor)
+
+
+def unsupported(tree: Any) -> Iterator[tuple[str, str]]:
+    """(dotted name or "(root)", why) of every part of the tree that cannot be converted."""
+    for name, leaf in _leaves(tree, Unsupported):
+        yield name or "(root)", leaf.what
 
 
 def without_unsupported(tree: Any, depth: int = 0) -> Any:
