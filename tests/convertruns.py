@@ -13,11 +13,10 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-from cliresult import checkout_env
+from cliresult import checkout_env, run_job
 
 TIMEOUT = 600
 
@@ -94,9 +93,7 @@ def torchrun(root: Path, script: str, args: list[str], world: int) -> None:
            f"--master-port={free_port()}", str(path), *args]
     env = checkout_env()
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"torchrun failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    run_job(cmd, "torchrun", timeout=TIMEOUT, env=env)
 
 
 def build_dcp_fsdp2(root: Path) -> tuple[Path, Path]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from cliresult import checkout_env
+from cliresult import checkout_env, run_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -511,17 +511,14 @@ def build_deepspeed_run(root: Path, stage: int = 1) -> Path:
     """A real DeepSpeed ZeRO run (stage 1 or 2) on CPU (gloo): global_step3/, global_step6/, latest.
     The first engine start on a machine compiles an op (minutes); later runs reuse the build cache."""
     import socket
-    import subprocess
     import sys
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     folder = root / "deepspeed"
-    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)],
-                          capture_output=True, text=True, timeout=1800, env=checkout_env())
-    if proc.returncode != 0:
-        raise RuntimeError("DeepSpeed run failed: " + proc.stderr[-2000:])
+    run_job([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)], "DeepSpeed run",
+            clean=folder, timeout=1800, env=checkout_env())
     return folder
 
 
@@ -571,6 +568,7 @@ def run(rank, world, out, port):
         if step % 2 == 0:   # a plain loop's save, in step-N folders
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=f"{out}/step-{step}")
+    dist.barrier()          # neither rank tears gloo down while the other still talks to it
     dist.destroy_process_group()
 
 
@@ -585,14 +583,10 @@ if __name__ == "__main__":
 def build_fsdp2_run(root: Path) -> Path:
     """A plain training loop with FSDP2 (fully_shard) on 2 CPU processes (gloo), saving model + optimizer with
     torch.distributed.checkpoint into step-2/ and step-4/ (__0_0.distcp, __1_0.distcp, .metadata)."""
-    import subprocess
     import sys
 
     folder = root / "fsdp2"
     script = root / "fsdp2_run.py"      # mp.spawn needs a file its children can import
     script.write_text(FSDP2_RUN)
-    proc = subprocess.run([sys.executable, str(script), str(folder)], capture_output=True, text=True, timeout=600,
-                          env=checkout_env())
-    if proc.returncode != 0:
-        raise RuntimeError("FSDP2 run failed: " + proc.stderr[-2000:])
+    run_job([sys.executable, str(script), str(folder)], "FSDP2 run", clean=folder, env=checkout_env())
     return folder

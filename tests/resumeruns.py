@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cliresult import checkout_env
+from cliresult import checkout_env, run_job
 
 TESTS = Path(__file__).resolve().parent
 LOOP_LR = 1e-4   # low: the loss barely moves, so only the checkpoints tell a fresh AdamW
@@ -221,10 +220,8 @@ def free_port() -> int:
 def build_deepspeed_resumes(root: Path) -> Resumes:
     """DeepSpeed ZeRO-1 on CPU: base/global_step3, resumed to global_step6 with and without its optimizer states."""
     folder = root / "ds-resumes"
-    proc = subprocess.run([sys.executable, "-c", DEEPSPEED_RESUMES, str(folder), str(free_port())],
-                          capture_output=True, text=True, timeout=1800, env=checkout_env())
-    if proc.returncode != 0:
-        raise RuntimeError("DeepSpeed resumes failed: " + proc.stderr[-2000:])
+    run_job([sys.executable, "-c", DEEPSPEED_RESUMES, str(folder), str(free_port())], "DeepSpeed resumes",
+            clean=folder, timeout=1800, env=checkout_env())
     return Resumes(base=folder / "base", resume_step=3, until=6,
                    resumed={"intact": folder / "intact", "reset": folder / "reset"},
                    logs={"intact": folder / "intact.jsonl", "reset": folder / "reset.jsonl"})
@@ -257,7 +254,6 @@ def build_hf_world_change(root: Path) -> Path:
              str(TESTS), str(out), "4"],
             [sys.executable, str(script), str(TESTS), str(out), "6", str(out / "checkpoint-4")])
     for argv in runs:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env, cwd=str(root))
-        if proc.returncode != 0:
-            raise RuntimeError(f"{os.path.basename(argv[1])} run failed: " + proc.stderr[-2000:])
+        run_job(argv, f"{os.path.basename(argv[1])} run", clean=out if "--nproc-per-node" in argv else None, env=env,
+                cwd=str(root))
     return out
