@@ -163,10 +163,10 @@ class StrategyCore:
 
     # ------------------------------------------------------------------ detection
 
-    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None):
+    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None, saving: bool = True):
         """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due. Under
         many processes every rank feeds the same values (so decides the same); rank 0 alone logs and
-        writes the loss log."""
+        writes the loss log. saving=False: training has ended, no save can follow (said so, None)."""
         if self._detector is None or loss is None:
             return None
         flag = self._detector.update(step, loss, grad_norm)
@@ -182,10 +182,18 @@ class StrategyCore:
             return None
         if flag.new_event or flag.save:
             self.flags.append(flag)
+        return self._report(flag, step, zero, saving)
+
+    def _report(self, flag, step: int, zero: bool, saving: bool):
+        """Log a detector flag (rank 0); the flag when an emergency save is due now, else None."""
         if flag.kind == "nonfinite":
             if flag.new_event and zero:
                 log.warning(PREFIX + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
                             "saved); roll back with `checkpoint-strategy recover`")
+            return None
+        if flag.save and not saving:
+            if zero:
+                log.warning(PREFIX + f"{flag.kind} at step {step}, the last step: no emergency save after training ended")
             return None
         if flag.save:
             what = "loss" if flag.kind == "loss_spike_detected" else "grad norm"
@@ -579,28 +587,40 @@ class StrategyCore:
             self._worker.close()
 
     def decide_emergency(self, step: int, loss: Optional[float], grad_norm: Optional[float],
-                         checkpoint: str) -> Optional[str]:
+                         checkpoint: str | Callable[[], str]) -> Optional[str]:
         """Every rank at the same hook, with the same values (HF logs the loss averaged over the
-        processes; Lightning's is averaged by `reduced`), so every rank's detector decides the same.
-        On an event rank 0 writes the marker first and broadcasts whether it could: every rank saves
-        or none does. No collective on the steps without an event. The trigger, or None."""
+        processes; Lightning's is averaged by `start_reduced` / `finish_reduced`), so every rank's detector
+        decides the same. On an event rank 0 writes the marker first and broadcasts whether it could:
+        every rank saves or none does. No collective on the steps without an event. checkpoint: the
+        path the save will write, or a function giving it (called only on an event). The trigger, or None."""
         flag = self.observe(step, loss, grad_norm)
         if flag is None:
             return None
-        marked = self.mark_emergency(checkpoint, flag) if self.rank_zero else True
+        path = checkpoint() if callable(checkpoint) else checkpoint
+        marked = self.mark_emergency(path, flag) if self.rank_zero else True
         if self.ranks.multi:
             out = self.ranks.broadcast([float(marked)], f"the emergency decision at step {step}")
             marked = bool(out and out[0])
         return flag.kind if marked else None
 
     def reduced(self, loss: Optional[float], grad_norm: Optional[float]) -> tuple[Optional[float], Optional[float]]:
-        """The loss (and grad norm) averaged over the ranks (Lightning logs each rank's own); as is on one
-        process. None when a rank has none, or the ranks did not meet."""
+        """The loss (and grad norm) averaged over the ranks, waiting for it; as is on one process. None when
+        a rank has none, or the ranks did not meet."""
         if not self.ranks.multi:
             return loss, grad_norm
+        return self.finish_reduced(self.start_reduced(loss, grad_norm))
+
+    def start_reduced(self, loss: Optional[float], grad_norm: Optional[float]):
+        """Start averaging the loss (and grad norm) over the ranks without waiting (one all_reduce of four
+        numbers); `finish_reduced` takes the result. Every rank calls both at the same hooks."""
         vals = [0.0 if loss is None else loss, 0.0 if grad_norm is None else grad_norm,
                 float(loss is None), float(grad_norm is None)]
-        out = self.ranks.reduce(vals, "the logged loss", "sum")
+        return self.ranks.start(vals, "the logged loss", "sum")
+
+    def finish_reduced(self, pending) -> tuple[Optional[float], Optional[float]]:
+        """The averages a `start_reduced` began: (loss, grad norm); None when a rank had none, or the ranks
+        did not meet."""
+        out = self.ranks.finish(pending)
         if out is None or out[2] > 0:
             return None, None
         n = self.ranks.world
@@ -652,7 +672,9 @@ class _ProcessWorker:
         import sys
 
         scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
+        from checkpoint_strategy.callbacks._worker import ONE_THREAD
+
+        env = dict(os.environ, **ONE_THREAD)
         env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.on_message = on_message
         self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
