@@ -4,7 +4,8 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank into WORK/hooks-R.json), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
+Options (JSON, argv[4]): step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
+CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank into WORK/hooks-R.json), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
 the middle of that save), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
@@ -159,6 +160,8 @@ def hf(out: Path, work: Path, opts: dict) -> None:
     class Steps(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             ev(what="step", step=state.global_step)
+            if opts.get("step_sleep"):
+                time.sleep(opts["step_sleep"])
 
     callbacks = [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()]
     cb = None
@@ -210,6 +213,8 @@ def pl(out: Path, work: Path, opts: dict) -> None:
         def on_train_batch_start(self, trainer, module, batch, idx):
             ev.rank = trainer.global_rank
             ev(what="step", step=trainer.global_step)
+            if opts.get("step_sleep"):
+                time.sleep(opts["step_sleep"])
 
         def on_save_checkpoint(self, trainer, module, checkpoint):
             if trainer.global_rank == 1 and kill_step == trainer.global_step:

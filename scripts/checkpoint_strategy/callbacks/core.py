@@ -77,6 +77,7 @@ class SaveRecord:
 
 VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2, "gone": 4}   # reduced with max over the ranks
 NOT_DONE = 3
+PENDING = 9.0    # a rank's part still running at a meeting (max over the ranks: that verdict waits for the next)
 CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked", 4: "gone"}
 
 
@@ -338,25 +339,45 @@ class StrategyCore:
 
     def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
         """Every rank, after the framework's save returned: meet (every rank finished writing), check
-        this rank's part of the files, and settle the verdicts whose parts are done (see _settle)."""
+        this rank's part of the files, and settle the verdicts whose parts are done (see _settle). With
+        the worker, the verdicts of the earlier saves whose parts every rank has finished ride on the meeting
+        itself (one collective a save, and the training never waits for its worker here); the others wait
+        for the next save, or the end of training."""
         rec = SaveRecord(step=step, path=path, emergency=emergency)
         with self._lock:
             self.records.append(rec)
         st = self._ranked
         st.seq += 1
         name = os.path.basename(path)
-        met = self.ranks.barrier(f"after the save of {name}")
+        s = self.settings
+        checking = bool(s.validate_on_save or s.keep_last)
+        riding = checking and self._worker is not None
+        seqs, codes = self._ready_parts(st.seq - 1) if riding else ([], [])
+        met = self.ranks.reduce([0.0] + codes, f"after the save of {name}")
         self._release_folder()
-        if not met:
+        if met is not None and checking:
+            if self.after_save_hook is not None:
+                self.after_save_hook(path)
+            self._flush_metrics()
+            self._submit_part(path, rec)
+        for q, code in zip(seqs, met[1:] if met else [], strict=False):
+            if code < PENDING:           # every rank's part is done: the verdict (the same on every rank)
+                with st.cond:
+                    mine = st.results.pop(q) or {}
+                self._verdict(st.records.pop(q), mine, code)
+        if met is None:
             self._problem(f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
                           f"({self.ranks.broken})")
-            return
-        if self.after_save_hook is not None:
-            self.after_save_hook(path)
-        self._flush_metrics()
-        s = self.settings
-        if not (s.validate_on_save or s.keep_last):
-            return
+        elif not checking:
+            if self.after_save_hook is not None:
+                self.after_save_hook(path)
+            self._flush_metrics()
+        elif not riding:
+            self._settle(st.seq if self._worker is None else st.seq - 1)
+
+    def _submit_part(self, path: str, rec: SaveRecord) -> None:
+        """This rank's part of the new save's validation, to the worker (or inline)."""
+        st = self._ranked
         st.records[st.seq] = rec
         st.results[st.seq] = None
         if self.level == "deep":     # deep compares across files: rank 0 checks it whole
@@ -366,7 +387,6 @@ class StrategyCore:
         job = {"kind": "part", "seq": st.seq, "path": path, "level": self.level, "part": part,
                "phase_delay": self.phase_delay}
         self._submit(job, None)
-        self._settle(st.seq if self._worker is None else st.seq - 1)
 
     def _problem(self, line: str) -> None:
         if self.rank_zero:
@@ -374,24 +394,45 @@ class StrategyCore:
                 self.problems.append(line)
             log.error(PREFIX + line)
 
-    def _settle(self, upto: int) -> None:
-        """Reduce the verdicts of the saves up to `upto` over the ranks (max of the per-part codes):
-        valid only when every part is. Rank 0 then writes the manifest and prunes (valid) or reports
-        every rank's problem (not valid). Every rank calls this at the same point."""
+    def _ready_parts(self, upto: int) -> tuple[list[int], list[float]]:
+        """The saves up to `upto` whose verdicts are not reduced yet, with this rank's code for each: its
+        verdict when its part is done, PENDING while it runs (never waited for here: a save's meeting holds
+        the folder's lock, which the worker's prune ahead of that part may be waiting for)."""
+        st = self._ranked
+        with st.cond:
+            seqs = sorted(q for q in st.results if q <= upto)
+            res = [st.results[q] for q in seqs]
+        return seqs, [PENDING if r is None else self._codes([r])[0] for r in res]
+
+    def _own_parts(self, upto: int) -> tuple[list[int], list[dict]]:
+        """The saves up to `upto` whose verdicts are not reduced yet, and this rank's part of each (waiting
+        for them at most join_timeout; a part not done by then counts as not finished)."""
         st = self._ranked
         seqs = sorted(q for q in st.results if q <= upto)
         if not seqs:
-            return
+            return [], []
         deadline = time.monotonic() + self.join_timeout
         with st.cond:
             while any(st.results[q] is None for q in seqs) and time.monotonic() < deadline:
                 st.cond.wait(max(0.01, deadline - time.monotonic()))
             own = [st.results.pop(q) or {"status": None, "problem": "this rank's part did not finish in time"}
                    for q in seqs]
-        codes = self.ranks.reduce([float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own],
-                                  "validation verdicts", slack=self.join_timeout)
+        return seqs, own
+
+    @staticmethod
+    def _codes(own: list[dict]) -> list[float]:
+        return [float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own]
+
+    def _settle(self, upto: int) -> None:
+        """Reduce the verdicts of the saves up to `upto` over the ranks (max of the per-part codes):
+        valid only when every part is. Rank 0 then writes the manifest and prunes (valid) or reports
+        every rank's problem (not valid). Every rank calls this at the same point."""
+        seqs, own = self._own_parts(upto)
+        if not seqs:
+            return
+        codes = self.ranks.reduce(self._codes(own), "validation verdicts", slack=self.join_timeout)
         for q, mine, code in zip(seqs, own, codes or [None] * len(seqs), strict=True):
-            self._verdict(st.records.pop(q), mine, code)
+            self._verdict(self._ranked.records.pop(q), mine, code)
 
     def _verdict(self, rec: SaveRecord, mine: dict, code: Optional[float]) -> None:
         name = os.path.basename(rec.path)
