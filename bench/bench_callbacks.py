@@ -179,11 +179,11 @@ def _free_port() -> int:
 
 
 def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
-                    policy: dict | None = None) -> tuple[list[tuple[int, float]], dict]:
-    """Wall seconds of each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, seconds): the
-    step the interval ends with (a save is made at the end of the steps that are multiples of save_every),
-    after the first 5 (start-up); and the callback's own time on the training thread per rank
-    ({rank: {cpu, wall, calls}})."""
+                    policy: dict | None = None) -> tuple[list[tuple[int, float, float]], dict]:
+    """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
+    the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
+    steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
+    time on the training thread and its worker's CPU ({rank: {cpu, wall, calls, by_hook, worker_cpu}})."""
     import json
     import subprocess
 
@@ -199,7 +199,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
     subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, timeout=1800)
     ev = [e for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
-    dt = [(b["step"], b["t"] - a["t"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
+    dt = [(b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
     hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
     return dt, hooks
 
@@ -207,28 +207,39 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
 AFTER = 3   # steps after a save counted apart: the background worker validates then (beside training)
 
 
-def split(dt: list[tuple[int, float]], save_every: int) -> dict[str, list[float]]:
-    """Step wall times by kind: 'save' (the step that ends with a save), 'after' (the AFTER steps after
-    it), 'other' (the rest: the callback's per-step cost alone), 'all'."""
+def split(dt: list[tuple[int, float, float]], save_every: int, col: int = 1) -> dict[str, list[float]]:
+    """Step times (col 1: wall, 2: the rank process's CPU) by kind: 'save' (the step that ends with a save),
+    'after' (the AFTER steps after it), 'other' (the rest: the callback's per-step cost alone), 'all'."""
     out: dict[str, list[float]] = {"save": [], "after": [], "other": [], "all": []}
-    for step, sec in dt:
-        d = step % save_every
-        out["save" if d == 0 else "after" if d <= AFTER else "other"].append(sec)
-        out["all"].append(sec)
+    for row in dt:
+        d = row[0] % save_every
+        out["save" if d == 0 else "after" if d <= AFTER else "other"].append(row[col])
+        out["all"].append(row[col])
     return out
 
 
-def implied(w: dict[str, list[float]], wo: dict[str, list[float]], save_every: int, every: int) -> tuple[float, float]:
+def implied(w: dict[str, list[float]], wo: dict[str, list[float]], save_every: int, every: int,
+            per_save_more: float = 0.0) -> tuple[float, float]:
     """(extra seconds per step, share of the step without the callback) at a save every `every` steps,
     from means: the 'other' steps' extra each step, plus once per save the extra of the save step and of
-    the AFTER steps over an 'other' step. Conservative: at the bench's short interval the worker is
-    still busy during some 'other' steps."""
+    the AFTER steps over an 'other' step (and per_save_more: the worker's CPU per save). Conservative: at
+    the bench's short interval the worker is still busy during some 'other' steps."""
     m = {k: (statistics.fmean(w[k]) - statistics.fmean(wo[k])) for k in ("save", "after", "other") if w[k] and wo[k]}
     per_step = m.get("other", 0.0)
     per_save = m.get("save", 0.0) - per_step + (m.get("after", per_step) - per_step) * min(AFTER, save_every - 1)
     base = statistics.fmean(wo["other"]) + (statistics.fmean(wo["save"]) - statistics.fmean(wo["other"])) / every
-    extra = per_step + per_save / every
+    extra = per_step + (per_save + per_save_more) / every
     return extra, extra / base
+
+
+def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) -> None:
+    for kind in ("all", "other", "after", "save"):
+        a, b = w[kind], wo[kind]
+        if a and b:
+            print(f"  {label} {kind:>5} ({len(a):>3} steps): median {statistics.median(a) * 1e3:6.2f}/"
+                  f"{statistics.median(b) * 1e3:6.2f} ms = {statistics.median(a) / statistics.median(b):.3f}x, "
+                  f"mean {statistics.fmean(a) * 1e3:6.2f}/{statistics.fmean(b) * 1e3:6.2f} ms = "
+                  f"{statistics.fmean(a) / statistics.fmean(b):.3f}x")
 
 
 def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl")) -> None:
@@ -239,28 +250,29 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
         for p in range(pairs):
             w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every)
             wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every)
-            runs.append((split(w[0], save_every), split(wo[0], save_every), w[1]))
+            runs.append((w[0], wo[0], w[1]))
         print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging and detection every step, a save every "
               f"{save_every} steps, validation in the workers; wall per step on rank 0, with/without:")
-        for sw, swo, hooks in runs:
-            for label in ("all", "other", "after", "save"):
-                a, b = sw[label], swo[label]
-                if not a or not b:
-                    continue
-                print(f"  {label:>5} ({len(a):>3} steps): median {statistics.median(a) * 1e3:6.2f}/"
-                      f"{statistics.median(b) * 1e3:6.2f} ms = {statistics.median(a) / statistics.median(b):.3f}x, "
-                      f"mean {statistics.fmean(a) * 1e3:6.2f}/{statistics.fmean(b) * 1e3:6.2f} ms = "
-                      f"{statistics.fmean(a) / statistics.fmean(b):.3f}x")
-            print("  implied overhead of the callback (means): " + "; ".join(
-                f"a save every {e} steps {implied(sw, swo, save_every, e)[0] * 1e3:.2f} ms/step = "
-                f"{implied(sw, swo, save_every, e)[1]:.2%}" for e in sorted({save_every, 100, 1000})))
+        for (w, wo, hooks) in runs:
+            saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
+            for col, label in ((1, "wall"), (2, "CPU ")):
+                _kinds(label, split(w, save_every, col), split(wo, save_every, col))
+            sw, swo = split(w, save_every, 1), split(wo, save_every, 1)
+            cw, cwo = split(w, save_every, 2), split(wo, save_every, 2)
+            worker = hooks.get("hooks-0", {}).get("worker_cpu", 0.0) / saves
+            print(f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)")
+            for label, a, b, more in (("wall", sw, swo, 0.0), ("CPU, rank 0 process + its worker", cw, cwo, worker)):
+                print(f"  implied overhead ({label}, means): " + "; ".join(
+                    f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
+                    f"{implied(a, b, save_every, e, more)[1]:.2%}" for e in sorted({save_every, 100, 1000})))
             base = statistics.median(swo["other"])
             print("  callback on the training thread per step (of the median 'other' step without it): " + "; ".join(
                 f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
                 f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
             for r, h in sorted(hooks.items()):
-                print(f"    {r} per call, CPU/wall: " + ", ".join(
-                    f"{k} x{n} {c / n * 1e6:.0f}/{w / n * 1e6:.0f} us" for k, (c, w, n) in h.get("by_hook", {}).items()))
+                print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
+                    f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
+                    for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
 
 
 def split_validation(tmp: Path, mb: int) -> None:

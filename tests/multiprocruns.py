@@ -5,7 +5,8 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
 Options (JSON, argv[4]): step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
-CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank into WORK/hooks-R.json), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
+CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank, and its worker's CPU, into WORK/hooks-R.json;
+each step event carries the rank process's CPU seconds), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
 the middle of that save), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
@@ -44,7 +45,7 @@ HOOKS = ("decide_emergency", "start_reduced", "finish_reduced", "before_save", "
 
 def time_hooks(ev: Events) -> None:
     """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank (and
-    per entry point: by_hook {name: [cpu, wall, calls]}), written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
+    per entry point: by_hook {name: [cpu, wall, calls, the first call's cpu]}), written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
     from checkpoint_strategy.callbacks.core import StrategyCore
 
     totals: dict = {}
@@ -60,13 +61,30 @@ def time_hooks(ev: Events) -> None:
                 t["cpu"] += time.thread_time() - c0
                 t["wall"] += time.perf_counter() - w0
                 t["calls"] += 1
-                per = t.setdefault("by_hook", {}).setdefault(_name, [0.0, 0.0, 0])
+                per = t.setdefault("by_hook", {}).setdefault(_name, [0.0, 0.0, 0, 0.0])
                 per[0] += time.thread_time() - c0
                 per[1] += time.perf_counter() - w0
                 per[2] += 1
+                if per[2] == 1:      # the first call's CPU (one-time imports), apart
+                    per[3] = per[0]
                 (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
 
         setattr(StrategyCore, name, timed)
+    from checkpoint_strategy.callbacks.core import _ProcessWorker
+
+    close = _ProcessWorker.close
+
+    def closing(self):   # the worker's CPU seconds (all its threads), read once its jobs are done
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            t = totals.setdefault(ev.rank, {"cpu": 0.0, "wall": 0.0, "calls": 0})
+            t["worker_cpu"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
+        except OSError:
+            pass
+        close(self)
+
+    _ProcessWorker.close = closing
 
 
 def _records(cb) -> dict:
@@ -159,7 +177,7 @@ def hf(out: Path, work: Path, opts: dict) -> None:
 
     class Steps(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            ev(what="step", step=state.global_step)
+            ev(what="step", step=state.global_step, cpu=time.process_time())
             if opts.get("step_sleep"):
                 time.sleep(opts["step_sleep"])
 
@@ -212,7 +230,7 @@ def pl(out: Path, work: Path, opts: dict) -> None:
     class Probe(lightning.Callback):
         def on_train_batch_start(self, trainer, module, batch, idx):
             ev.rank = trainer.global_rank
-            ev(what="step", step=trainer.global_step)
+            ev(what="step", step=trainer.global_step, cpu=time.process_time())
             if opts.get("step_sleep"):
                 time.sleep(opts["step_sleep"])
 
