@@ -179,7 +179,7 @@ def _free_port() -> int:
 
 
 def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
-                    policy: dict | None = None) -> tuple[list[tuple[int, float, float]], dict]:
+                    policy: dict | None = None, detect_every: int = 1) -> tuple[list[tuple[int, float, float]], dict]:
     """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
     the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
     steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
@@ -193,7 +193,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
     opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
-            "phase_delay": 0.0, "time_hooks": True}
+            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
@@ -242,16 +242,18 @@ def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) ->
                   f"{statistics.fmean(a) / statistics.fmean(b):.3f}x")
 
 
-def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl")) -> None:
+def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
+              detect_every: int = 1) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
         if kind not in kinds:
             continue
         runs = []
         for p in range(pairs):
-            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every)
+            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every)
             wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every)
             runs.append((w[0], wo[0], w[1]))
-        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging and detection every step, a save every "
+        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
+              f"{1 if kind == 'hf' else detect_every} step(s), a save every "
               f"{save_every} steps, validation in the workers; wall per step on rank 0, with/without:")
         for (w, wo, hooks) in runs:
             saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
@@ -322,6 +324,7 @@ def main() -> int:
     ap.add_argument("--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)")
     ap.add_argument("--only-multiproc", action="store_true", help="only the 2-process runs and the split validation")
     ap.add_argument("--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)")
+    ap.add_argument("--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs")
     ap.add_argument("--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs")
     ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
     a = ap.parse_args()
@@ -333,7 +336,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")))
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
         return 0
@@ -356,7 +359,7 @@ def main() -> int:
           f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
           f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")))
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
     for every in (1, 10):

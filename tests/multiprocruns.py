@@ -4,7 +4,7 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
+Options (JSON, argv[4]): detect_every (Lightning: the callback's detect_every; default every step), step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
 CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank, and its worker's CPU, into WORK/hooks-R.json;
 each step event carries the rank process's CPU seconds), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
@@ -246,7 +246,7 @@ def pl(out: Path, work: Path, opts: dict) -> None:
         spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=opts.get("devices", 2),
         strategy="ddp" if opts.get("devices", 2) > 1 else "auto",
         with_callback=opts.get("callback", True), save_every=opts.get("save_every", 10), handoff_dir=None, level=opts.get("level", "quick"),
-        rank_timeout=opts.get("rank_timeout", 60))
+        rank_timeout=opts.get("rank_timeout", 60), **({"detect_every": opts["detect_every"]} if opts.get("detect_every") else {}))
     ev(what="done")
     if cb is not None and trainer.global_rank == 0:
         (work / "records.json").write_text(json.dumps(_records(cb)))
