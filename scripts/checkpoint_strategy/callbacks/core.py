@@ -351,7 +351,7 @@ class StrategyCore:
         name = os.path.basename(path)
         s = self.settings
         checking = bool(s.validate_on_save or s.keep_last)
-        riding = checking and self._worker is not None
+        riding = checking and bool(s.async_save)     # the policy's, the same on every rank (not whether a worker started)
         seqs, codes = self._ready_parts(st.seq - 1) if riding else ([], [])
         met = self.ranks.reduce([0.0] + codes, f"after the save of {name}")
         self._release_folder()
@@ -373,7 +373,7 @@ class StrategyCore:
                 self.after_save_hook(path)
             self._flush_metrics()
         elif not riding:
-            self._settle(st.seq if self._worker is None else st.seq - 1)
+            self._settle(st.seq)
 
     def _submit_part(self, path: str, rec: SaveRecord) -> None:
         """This rank's part of the new save's validation, to the worker (or inline)."""
