@@ -189,6 +189,9 @@ LINE_KINDS = st.sampled_from([
     '{"step": S, "loss": 1e999}', '{"step": S, "loss": [1]}', "[1]", '{"step": S, "lo', "NaN",
     '{"step": S, "loss": 2.5, "x": "\\ud800"}', '\ufeff{"step": S, "loss": 2.5}', '{"step": "S", "loss": 2.5}',
     '{"step": S, "loss": 2.5}\r', '\x0c', '{"step": S, "loss": -0}', '{"step": S, "loss": 2.5, "grad_norm": null}',
+    # lines that parse as one JSON array but not one by one (records._flat_block must refuse the block)
+    '{"step": S, "loss": 2.5, "n": "}', '{"}', '{"step": S, "loss": 2.5},{"step": S, "loss": 2.6}', '{"step": S,',
+    '"loss": 2.5}', '{"step": S, "loss": 2.5, "xs": [1, 2]}', ' {"step": S, "loss": 2.5} ',
 ])
 
 
@@ -205,6 +208,31 @@ def test_fuzz_jsonl_fast_path_matches_the_reference(kinds, torn, block, batch, t
         m.setattr(records, "BLOCK_BYTES", block)
         m.setattr(records, "BATCH_LINES", batch)
         _assert_same(p, m)
+
+
+def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
+    """records._flat_block parses a block as one array only when each line is one flat object: an object whose
+    string holds a brace would swallow the next line when joined (fewer elements than lines: refused)."""
+    if records._orjson is None:
+        pytest.skip("orjson not installed")
+    good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\n{"loss": 2.3, "step": 3}'
+    assert records._flat_block(good) == [json.loads(x) for x in good.split(b"\n")]
+    for bad in (b'{"step": 1, "loss": 2.5, "n": "}\n{"}\n{"step": 3, "loss": 2.0}',      # a string spans lines
+                b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                     # a blank line
+                b'{"step": 1, "loss": 2.5},{"step": 2, "loss": 2.6}\n{"step": 3, "loss": 2.0}',  # two objects
+                b'{"step": 1,\n"loss": 2.5}',                                                # one object, two lines
+                b'{"step": 1, "loss": NaN}',                                                  # orjson refuses
+                b'{"step": 1, "loss": {"x": 1}}'):                                            # nested
+        assert records._flat_block(bad) is None, bad
+
+
+def test_an_object_spanning_lines_in_a_string_is_reported_as_the_reference_does(tmp_path, monkeypatch):
+    lines = [json.dumps({"step": i, "loss": 2.0}) for i in range(1, 3001)]
+    lines[2500:2502] = ['{"step": 2501, "loss": 2.0, "n": "}', '{"}']
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p} line 2501 is not valid JSON (truncated?): "
+                                                     "Unterminated string starting at")
 
 
 @pytest.mark.parametrize("shape", ["jsonl", "trainer_state"])

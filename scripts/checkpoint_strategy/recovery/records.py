@@ -28,7 +28,7 @@ from checkpoint_strategy.errors import UsageError
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
 BATCH_LINES = 20000      # JSON lines parsed and converted at a time (bounded memory: one batch of records)
-BLOCK_BYTES = 1 << 22    # JSON lines read at a time
+BLOCK_BYTES = 1 << 16    # JSON lines read at a time (a small block: its records fit in the CPU cache)
 SPLIT_KEYS = ("split", "phase", "mode", "stage")   # a column saying which rows are train and which validation
 EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev")
 EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
@@ -476,13 +476,19 @@ class _SliceError(Exception):
 
 def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
                   ) -> Iterator[tuple[list, Sequence[int]]]:
-    """The records of jsonl_records in batches of at most BATCH_LINES lines, each with the records' line
-    numbers (1-based). Lines are cut from blocks of BLOCK_BYTES (a long line is joined once, never
-    re-split), and a batch is parsed by orjson when installed, line by line; a batch with a line orjson
-    refuses (a blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) is parsed line by line
-    with the standard library deciding each line orjson refuses, so the records are the same either way."""
-    for lines, lineno, terminated in _line_blocks(fh, first):
-        if lineno == 1 and lines and lines[0].startswith(b"\xef\xbb\xbf"):
+    """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
+    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). A block of flat one-object
+    lines is parsed by orjson (when installed) as one array (_flat_block); any other block in batches of at
+    most BATCH_LINES lines, line by line: by orjson when installed, and a batch with a line orjson refuses (a
+    blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) with the standard library deciding
+    each line orjson refuses, so the records are the same either way."""
+    for block, lineno, terminated in _line_blocks(fh, first):
+        recs = _flat_block(block) if terminated else None
+        if recs is not None:
+            yield recs, range(lineno, lineno + len(recs))
+            continue
+        lines = block.split(b"\n")
+        if lineno == 1 and lines[0].startswith(b"\xef\xbb\xbf"):
             lines[0] = lines[0][3:]
         for k in range(0, len(lines), BATCH_LINES):
             part = lines[k:k + BATCH_LINES]
@@ -493,6 +499,28 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
                 continue
             last = terminated or k + BATCH_LINES < len(lines)
             yield from _slow_lines(p, part, start, last, notes)
+
+
+def _flat_block(block: bytes) -> Optional[list]:
+    """The lines of a block (joined by newlines) parsed by orjson as one array `[line,line,...]`, when every
+    line is one flat object: its first byte is its only '{', its last byte its only '}' (and it holds no '['
+    for an orjson without a depth limit). None otherwise (the caller parses line by line).
+
+    The same records as parsing each line alone: every array element starts at a line's '{' (the first
+    byte of the text after each joining comma); an object that ran past its own line's last byte would hold
+    the next line's '{' in a string and the array would have fewer elements than lines, so n elements for n
+    lines means each is exactly its line's object."""
+    if _orjson is None or block[:1] != b"{" or block[-1:] != b"}":
+        return None
+    n = block.count(b"\n") + 1
+    if (block.count(b"}\n{") != n - 1 or block.count(b"{") != n or block.count(b"}") != n
+            or (not _ORJSON_LIMITS_DEPTH and b"[" in block)):
+        return None
+    try:
+        recs = _orjson.loads(b"[" + block.replace(b"\n", b",") + b"]")
+    except (ValueError, TypeError):   # NaN tokens, bad UTF-8, an error: line by line decides
+        return None
+    return recs if len(recs) == n else None
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
@@ -551,9 +579,9 @@ def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
     return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[list[bytes], int, bool]]:
-    """(lines, the first one's number, the last one ended by a newline) of an open binary file, read
-    BLOCK_BYTES at a time; every line but a file's unterminated last one comes in a block ending in a newline."""
+def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]]:
+    """(lines joined by newlines - no final one -, the first line's number, the last one ended by a newline) of
+    an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line comes with False."""
     pending = [first] if first else []
     lineno = 1
     while True:
@@ -565,13 +593,14 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[list[bytes], int,
             pending.append(chunk)   # a line longer than a block: joined once, when its end comes
             continue
         pending.append(chunk[:cut])
-        lines = b"".join(pending).split(b"\n")
+        block = b"".join(pending)
         pending = [chunk[cut + 1:]]
-        yield lines, lineno, True
-        lineno += len(lines)
-    rest = b"".join(pending).split(b"\n")
-    if rest != [b""]:
-        if len(rest) > 1:
-            yield rest[:-1], lineno, True
-        if rest[-1]:
-            yield rest[-1:], lineno + len(rest) - 1, False
+        yield block, lineno, True
+        lineno += block.count(b"\n") + 1
+    rest = b"".join(pending)
+    cut = rest.rfind(b"\n")
+    if cut != -1:
+        yield rest[:cut], lineno, True
+        lineno += rest.count(b"\n", 0, cut) + 1
+    if rest[cut + 1:]:
+        yield rest[cut + 1:], lineno, False
