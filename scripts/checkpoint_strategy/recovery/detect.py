@@ -113,15 +113,25 @@ def _ffill(x: np.ndarray) -> np.ndarray:
 def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
     """Per value: (median, robust scale, max) of the preceding ~window values; NaN before 2 blocks."""
     n = len(x)
+    st = _rolling_blocks(x, window)
+    if st is None:
+        nan = np.full(n, np.nan)
+        return nan, nan.copy(), nan.copy()
+    med_b, scale_b, max_b, b = st
+    return np.repeat(med_b, b)[:n], np.repeat(scale_b, b)[:n], np.repeat(max_b, b)[:n]
+
+
+def _rolling_blocks(x: np.ndarray, window: int):
+    """rolling_stats per block of b values (every value of a block has its block's figures): (median, robust
+    scale, max, b), or None when there is no finite value. n/b floats each, not n."""
+    n = len(x)
     xf = _ffill(np.asarray(x, dtype=np.float64))
     b = max(2, window // 8)
     k = max(2, window // b)
     if n == 0 or not np.isfinite(xf).any():
-        nan = np.full(n, np.nan)
-        return nan, nan.copy(), nan.copy()
+        return None
     nb = -(-n // b)
-    xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    bmed, bmad, bmax = _block_stats(xp.reshape(nb, b))
+    bmed, bmad, bmax = _block_stats(xf, nb, b)
     med_b = np.full(nb, np.nan)
     mad_b = np.full(nb, np.nan)
     max_b = np.full(nb, np.nan)
@@ -137,35 +147,44 @@ def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
             med_b[2:] = np.nanmedian(win(bmed)[2:], axis=1)
             mad_b[2:] = np.nanmedian(win(bmad)[2:], axis=1)
             max_b[2:] = np.nanmax(win(bmax)[2:], axis=1)
-    med = np.repeat(med_b, b)[:n]   # per value, its block's figure (no index array: memory is n floats each)
-    scale = np.repeat(1.4826 * mad_b, b)[:n]
+    scale_b = 1.4826 * mad_b
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
-    floor = np.abs(med)
+    floor = np.abs(med_b)
     floor *= 1e-4
     floor += 1e-12
     np.maximum(floor, _quantum(xf), out=floor)
-    np.maximum(scale, floor, out=scale)
-    del floor
-    return med, scale, np.repeat(max_b, b)[:n]
+    np.maximum(scale_b, floor, out=scale_b)
+    return med_b, scale_b, max_b, b
+
+
+def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
+    """Values lo..hi-1 of np.repeat(a_b, b) without building the whole repeat."""
+    return np.repeat(a_b[lo // b:(hi - 1) // b + 1], b)[lo % b:lo % b + (hi - lo)]
 
 
 STATS_ROWS = 1 << 16   # blocks whose medians are taken at a time (bounded temporaries)
 STATS_VALUES = 1 << 20   # values of a sliding window partitioned at a time
 
 
-def _block_stats(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per block (row): median, median absolute deviation from it, maximum; STATS_ROWS rows at a time."""
-    nb = len(blocks)
+def _block_stats(xf: np.ndarray, nb: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block of b values of xf (nb blocks; a last partial block padded with the last value): median, median
+    absolute deviation from it, maximum; STATS_ROWS rows at a time (no padded copy of the series)."""
     bmed, bmad, bmax = np.empty(nb), np.empty(nb), np.empty(nb)
+    full = min(nb, len(xf) // b)
     for lo in range(0, nb, STATS_ROWS):
-        part = blocks[lo:lo + STATS_ROWS]
+        hi = min(nb, lo + STATS_ROWS)
+        if hi <= full:
+            part = xf[lo * b:hi * b].reshape(hi - lo, b)
+        else:
+            tail = xf[lo * b:]
+            part = np.concatenate((tail, np.repeat(tail[-1], (hi - lo) * b - len(tail)))).reshape(hi - lo, b)
         med = np.median(part, axis=1)
         dev = part - med[:, None]
         np.abs(dev, out=dev)
-        bmed[lo:lo + STATS_ROWS] = med
-        bmad[lo:lo + STATS_ROWS] = np.median(dev, axis=1, overwrite_input=True)
-        bmax[lo:lo + STATS_ROWS] = part.max(axis=1)
+        bmed[lo:hi] = med
+        bmad[lo:hi] = np.median(dev, axis=1, overwrite_input=True)
+        bmax[lo:hi] = part.max(axis=1)
     return bmed, bmad, bmax
 
 
@@ -292,13 +311,14 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
         return out
     b = block_size(window)
     nb = -(-n // b)
-    xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    blocks = xp.reshape(nb, b)
+    full = n // b
     bmed = np.empty(nb)
-    for lo in range(0, nb, STATS_ROWS):   # bounded temporaries, as _block_stats
-        bmed[lo:lo + STATS_ROWS] = np.median(blocks[lo:lo + STATS_ROWS], axis=1)
-    if nb >= 2 and n % b:  # the last, partial block is not a block median yet
-        bmed[-1] = np.median(xf[(nb - 1) * b:])
+    for lo in range(0, full, STATS_ROWS):   # bounded temporaries, as _block_stats
+        hi = min(full, lo + STATS_ROWS)
+        bmed[lo:hi] = np.median(xf[lo * b:hi * b].reshape(hi - lo, b), axis=1)
+    if n % b:  # the last, partial block is not a block median yet (alone: padded with its last value)
+        tail = xf[full * b:]
+        bmed[-1] = np.median(tail) if nb >= 2 else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
     return np.repeat(ref_b, b)[:n]
@@ -322,12 +342,18 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
     x = np.asarray(x, dtype=np.float64)
     if len(x) == 0:
         return []
-    med, scale, wmax = rolling_stats(x, window)
-    flags = _chunked_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
+    st = _rolling_blocks(x, window)
+    if st is None:
+        b = max(2, window // 8)
+        nan = np.full(-(-len(x) // b), np.nan)
+        st = (nan, nan, nan, b)
+    med_b, scale_b, max_b, b = st
+    flags = _chunked_flags(x, st, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
                            max_ratio=max_ratio, min_rise=min_rise, grad=grad)
     rule_a, rule_b, rule_c, nonfinite = flags
     xv = _ffill(x) if grad else x
-    sc = _Scan(x=x, xv=xv, x_inf=np.where(np.isfinite(xv), xv, np.inf), med=med, scale=scale, flags=flags,
+    x_inf = xv if np.isfinite(xv).all() else np.where(np.isfinite(xv), xv, np.inf)   # shared when all finite
+    sc = _Scan(x=x, xv=xv, x_inf=x_inf, med=med_b, scale=scale_b, b=b, flags=flags,
                reference=reference if not grad else None, grad=grad, labels=labels)
     cand = np.flatnonzero(rule_a | rule_b | rule_c | nonfinite)
     events: list[Event] = []
@@ -351,8 +377,9 @@ class _Scan:
     x: np.ndarray        # as logged
     xv: np.ndarray       # a grad norm's NaN/inf forward-filled (it is not an event on its own)
     x_inf: np.ndarray    # xv with NaN/inf as +inf: never back, always the peak
-    med: np.ndarray      # rolling median, scale
+    med: np.ndarray      # rolling median, scale: per block of b values (value i: [i // b])
     scale: np.ndarray
+    b: int
     flags: tuple         # spike_flags
     reference: Optional[np.ndarray]   # the healthy reference (loss only)
     grad: bool
@@ -364,7 +391,7 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
     event ended at floor - 1), healthy level, recovery point and peak."""
     n = len(sc.x)
     xv = sc.xv
-    m0, s0 = float(sc.med[i]), float(sc.scale[i])
+    m0, s0 = float(sc.med[i // sc.b]), float(sc.scale[i // sc.b])
     if not math.isfinite(m0):  # no rolling history yet: use what came before
         prior = xv[max(0, i - BASELINE_POINTS):i]
         prior = prior[np.isfinite(prior)]
@@ -414,14 +441,23 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
     return a, b, c, ~finite
 
 
-def _chunked_flags(x: np.ndarray, med: np.ndarray, scale: np.ndarray, wmax: np.ndarray, **rules) -> tuple:
-    """spike_flags over STATS_VALUES values at a time (its float temporaries stay bounded; the flags are the same)."""
+FLAG_VALUES = 1 << 16   # values whose spike rules are computed at a time (at most STATS_VALUES)
+
+
+def _chunked_flags(x: np.ndarray, stats: tuple, **rules) -> tuple:
+    """spike_flags of every value, FLAG_VALUES (or STATS_VALUES, the fewer) at a time from the per-block
+    statistics (`stats`: _rolling_blocks): the float temporaries stay bounded; the flags are the same."""
+    med_b, scale_b, max_b, b = stats
     n = len(x)
-    if n <= STATS_VALUES:
-        return spike_flags(x, med, scale, wmax, **rules)
-    parts = [spike_flags(x[lo:lo + STATS_VALUES], med[lo:lo + STATS_VALUES], scale[lo:lo + STATS_VALUES],
-                         wmax[lo:lo + STATS_VALUES], **rules) for lo in range(0, n, STATS_VALUES)]
-    return tuple(np.concatenate([part[i] for part in parts]) for i in range(4))
+    out = tuple(np.empty(n, dtype=bool) for _ in range(4))
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        part = spike_flags(x[lo:hi], _per_value(med_b, b, lo, hi), _per_value(scale_b, b, lo, hi),
+                           _per_value(max_b, b, lo, hi), **rules)
+        for target, flags in zip(out, part, strict=True):
+            target[lo:hi] = flags
+    return out
 
 
 def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
@@ -516,7 +552,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
 def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]]):
     """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
     than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`)."""
-    bmed, bmad, _bmax = _block_stats(xf[:nb * b].reshape(nb, b))
+    bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b)
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
     with warnings.catch_warnings():
