@@ -142,11 +142,9 @@ def _rolling_blocks(x: np.ndarray, window: int):
             padded = np.concatenate((np.full(k, np.nan), a))
             return sliding_window_view(padded, k)[:nb]
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med_b[2:] = np.nanmedian(win(bmed)[2:], axis=1)
-            mad_b[2:] = np.nanmedian(win(bmad)[2:], axis=1)
-            max_b[2:] = np.nanmax(win(bmax)[2:], axis=1)
+        med_b[2:] = _by_rows(np.nanmedian, win(bmed)[2:])
+        mad_b[2:] = _by_rows(np.nanmedian, win(bmad)[2:])
+        max_b[2:] = _by_rows(np.nanmax, win(bmax)[2:])
     scale_b = 1.4826 * mad_b
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
@@ -158,13 +156,25 @@ def _rolling_blocks(x: np.ndarray, window: int):
     return med_b, scale_b, max_b, b
 
 
+def _by_rows(reduce, rows: np.ndarray) -> np.ndarray:
+    """reduce(rows, axis=1) (nanmedian, nanmax: all-NaN rows give NaN quietly), STATS_VALUES values at a time:
+    nanmedian copies its input, and a sliding window's rows overlap (k times the memory of the series)."""
+    out = np.empty(len(rows))
+    step = max(1, STATS_VALUES // max(1, rows.shape[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for lo in range(0, len(rows), step):
+            out[lo:lo + step] = reduce(rows[lo:lo + step], axis=1)
+    return out
+
+
 def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
     """Values lo..hi-1 of np.repeat(a_b, b) without building the whole repeat."""
     return np.repeat(a_b[lo // b:(hi - 1) // b + 1], b)[lo % b:lo % b + (hi - lo)]
 
 
-STATS_ROWS = 1 << 16   # blocks whose medians are taken at a time (bounded temporaries)
-STATS_VALUES = 1 << 20   # values of a sliding window partitioned at a time
+STATS_ROWS = 1 << 12   # blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
+STATS_VALUES = 1 << 16   # values of a sliding window partitioned at a time
 
 
 def _block_stats(xf: np.ndarray, nb: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -304,11 +314,33 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
     """Per value: the healthy level before it, a low quantile (20 %) of the block medians of the
     REFERENCE_BLOCKS blocks before its own (NaN until two blocks are logged). Never follows a
     divergence up while the long window still holds the healthy stretch."""
+    return reference_blocks(x, window).values()
+
+
+class Blocked:
+    """A per-value array whose values come in blocks of b equal ones, held per block: a[i] is values[i // b]."""
+
+    def __init__(self, per_block: np.ndarray, b: int, n: int) -> None:
+        self.per_block, self.b, self.n = per_block, b, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return float(self.per_block[i // self.b])
+
+    def values(self) -> np.ndarray:
+        return np.repeat(self.per_block, self.b)[:self.n]
+
+
+def reference_blocks(x: np.ndarray, window: int = DEFAULT_WINDOW) -> Blocked:
+    """healthy_reference, held per block (n/b floats)."""
     n = len(x)
-    out = np.full(n, np.nan)
     xf = _ffill(np.asarray(x, dtype=np.float64))
     if n == 0 or not np.isfinite(xf).any():
-        return out
+        return Blocked(np.full(n, np.nan), 1, n)
     b = block_size(window)
     nb = -(-n // b)
     full = n // b
@@ -321,13 +353,13 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
         bmed[-1] = np.median(tail) if nb >= 2 else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
-    return np.repeat(ref_b, b)[:n]
+    return Blocked(ref_b, b, n)
 
 
 def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
                 ratio_threshold: float = DEFAULT_RATIO, max_ratio: float = DEFAULT_MAX_RATIO,
                 min_rise: float = DEFAULT_MIN_RISE, tolerance: float = DEFAULT_TOLERANCE,
-                grad: bool = False, reference: Optional[np.ndarray] = None,
+                grad: bool = False, reference: Optional[np.ndarray | Blocked] = None,
                 labels: Optional[dict] = None) -> list[Event]:
     """Flagged events in one series (loss, or grad norm with ``grad=True``), oldest first.
 
@@ -381,7 +413,7 @@ class _Scan:
     scale: np.ndarray
     b: int
     flags: tuple         # spike_flags
-    reference: Optional[np.ndarray]   # the healthy reference (loss only)
+    reference: Optional[np.ndarray | Blocked]   # the healthy reference (loss only)
     grad: bool
     labels: dict
 
@@ -555,9 +587,7 @@ def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float
     bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b)
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
+    noise_b = _by_rows(np.nanmedian, _sliding(bmad, kk, np.nan)) * 1.4826 * 1.2533 / math.sqrt(b)
     ref_b[:2] = np.nan
     with np.errstate(invalid="ignore"):
         above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
@@ -615,7 +645,7 @@ def _quantum(values: np.ndarray) -> float:
     return 0.0
 
 
-QUANTUM_CHUNK = 1 << 18   # values checked at a time (bounded temporaries; the first chunk that fails decides)
+QUANTUM_CHUNK = 1 << 16   # values checked at a time (bounded temporaries; the first chunk that fails decides)
 
 
 def _has_decimals(v: np.ndarray, k: int) -> bool:
@@ -642,12 +672,19 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
     n = len(x)
     if n < COLLAPSE_POINTS:
         return []
+    # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
+    # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
+    same = np.empty(n - 1, dtype=bool)
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))   # bounded float temporaries
     with np.errstate(invalid="ignore"):
-        # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
-        # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
-        same = np.abs(np.diff(x)) <= COLLAPSE_RELATIVE * np.abs(x[1:]) + 1e-12
-    same &= np.isfinite(x[1:])
-    edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+        for lo in range(0, n - 1, step):
+            hi = min(n - 1, lo + step)
+            nxt = x[lo + 1:hi + 1]
+            same[lo:hi] = (np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12) & np.isfinite(nxt)
+    padded = np.zeros(n + 1, dtype=np.int8)   # same, with a 0 before and after (int8: 1 byte a value)
+    padded[1:-1] = same
+    edges = np.diff(padded)
+    del padded, same
     starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
     out = []
     for s, e in zip(starts, ends, strict=False):   # values s .. e are equal
@@ -704,13 +741,18 @@ class Analysis:
     """Events of every kind (oldest first), the healthy reference, and the end-of-log verdict."""
 
     events: list[Event]
-    reference: np.ndarray
+    reference_blocks: Blocked          # the healthy reference, per block of values (see reference)
     verdict: str                       # healthy | recovering | diverged
     target: Optional[int] = None       # index in events of the first event that has not come back
     rate: Optional[float] = None       # fraction of the excess shed per step (recovering)
     eta_step: Optional[int] = None     # step at which it would be back within tolerance
     excess: Optional[float] = None     # smoothed loss now minus the healthy level
     lr_restarts: list = field(default_factory=list)
+
+    @property
+    def reference(self) -> np.ndarray:
+        """The healthy reference of every value (healthy_reference)."""
+        return self.reference_blocks.values()
 
 
 def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray], options,
@@ -723,7 +765,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     window = effective_window(len(steps), o.window)
     kw = dict(window=window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
               min_rise=o.min_rise, tolerance=o.tolerance, labels=labels)
-    ref = healthy_reference(loss, window)
+    ref = reference_blocks(loss, window)
     n = len(steps)
     last_step = int(steps[-1])
     loss_events = find_events(loss, reference=ref, **kw)
@@ -746,7 +788,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
     events = _trim_after_first_unrecovered(events)
     target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
-    a = Analysis(events=events, reference=ref, verdict="healthy", target=target,
+    a = Analysis(events=events, reference_blocks=ref, verdict="healthy", target=target,
                  lr_restarts=lr_restarts(steps, lr))
     if target is not None:
         _verdict(a, events[target], steps, loss, o)

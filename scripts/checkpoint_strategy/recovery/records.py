@@ -406,7 +406,7 @@ def _slice(chunk: bytes | bytearray) -> list:
     return part
 
 
-STREAM_SLICE_BYTES = 4 << 20     # a streamed log_history is parsed about this many bytes at a time
+STREAM_SLICE_BYTES = 1 << 20     # a streamed log_history is parsed about this many bytes at a time
 STREAM_PREFIX_BYTES = 16 << 20   # "log_history" must start within this much of a streamed document
 
 
