@@ -142,9 +142,9 @@ def _rolling_blocks(x: np.ndarray, window: int):
             padded = np.concatenate((np.full(k, np.nan), a))
             return sliding_window_view(padded, k)[:nb]
 
-        med_b[2:] = _by_rows(np.nanmedian, win(bmed)[2:])
-        mad_b[2:] = _by_rows(np.nanmedian, win(bmad)[2:])
-        max_b[2:] = _by_rows(np.nanmax, win(bmax)[2:])
+        med_b[2:] = _by_rows(_row_nanmedian, win(bmed)[2:])
+        mad_b[2:] = _by_rows(_row_nanmedian, win(bmad)[2:])
+        max_b[2:] = _by_rows(_row_nanmax, win(bmax)[2:])
     scale_b = 1.4826 * mad_b
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
@@ -157,15 +157,44 @@ def _rolling_blocks(x: np.ndarray, window: int):
 
 
 def _by_rows(reduce, rows: np.ndarray) -> np.ndarray:
-    """reduce(rows, axis=1) (nanmedian, nanmax: all-NaN rows give NaN quietly), STATS_VALUES values at a time:
-    nanmedian copies its input, and a sliding window's rows overlap (k times the memory of the series)."""
+    """reduce(rows) (one figure a row: _row_nanmedian, _row_nanmax; all-NaN rows give NaN quietly), STATS_VALUES
+    values at a time: a sliding window's rows overlap, and a copy of them is k times the memory of the series."""
     out = np.empty(len(rows))
     step = max(1, STATS_VALUES // max(1, rows.shape[1]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo in range(0, len(rows), step):
-            out[lo:lo + step] = reduce(rows[lo:lo + step], axis=1)
+            out[lo:lo + step] = reduce(rows[lo:lo + step])
     return out
+
+
+def _row_nanmax(rows: np.ndarray) -> np.ndarray:
+    return np.nanmax(rows, axis=1)
+
+
+def _row_median(rows: np.ndarray) -> np.ndarray:
+    """np.median(rows, axis=1), bit for bit (the middle value, or the sum of the middle two halved; NaN for a row
+    holding NaN), from one sort of the rows: several times faster than median's partition on short rows."""
+    k = rows.shape[1]
+    srt = np.sort(rows, axis=1)
+    med = 0.0 + srt[:, k // 2] if k % 2 else (0.0 + srt[:, k // 2 - 1] + srt[:, k // 2]) / 2   # a sum from +0.0
+    med[np.isnan(srt[:, -1])] = np.nan
+    return med
+
+
+def _row_nanmedian(rows: np.ndarray) -> np.ndarray:
+    """np.nanmedian(rows, axis=1), bit for bit: rows without NaN from one sort (nanmedian halves the sum of the
+    low and high middle values, the same one twice for an odd count), the rest by nanmedian itself."""
+    k = rows.shape[1]
+    srt = np.sort(rows, axis=1)
+    lo, hi = (k // 2, k // 2) if k % 2 else (k // 2 - 1, k // 2)
+    med = (0.0 + srt[:, lo] + srt[:, hi]) / 2   # a sum from +0.0, as median's: -0.0 comes out +0.0
+    nan = np.flatnonzero(np.isnan(srt[:, -1]))   # sort puts NaN last
+    if len(nan):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med[nan] = np.nanmedian(rows[nan], axis=1)
+    return med
 
 
 def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
@@ -189,11 +218,11 @@ def _block_stats(xf: np.ndarray, nb: int, b: int) -> tuple[np.ndarray, np.ndarra
         else:
             tail = xf[lo * b:]
             part = np.concatenate((tail, np.repeat(tail[-1], (hi - lo) * b - len(tail)))).reshape(hi - lo, b)
-        med = np.median(part, axis=1)
+        med = _row_median(part)
         dev = part - med[:, None]
         np.abs(dev, out=dev)
         bmed[lo:hi] = med
-        bmad[lo:hi] = np.median(dev, axis=1, overwrite_input=True)
+        bmad[lo:hi] = _row_median(dev)
         bmax[lo:hi] = part.max(axis=1)
     return bmed, bmad, bmax
 
@@ -347,7 +376,7 @@ def reference_blocks(x: np.ndarray, window: int = DEFAULT_WINDOW) -> Blocked:
     bmed = np.empty(nb)
     for lo in range(0, full, STATS_ROWS):   # bounded temporaries, as _block_stats
         hi = min(full, lo + STATS_ROWS)
-        bmed[lo:hi] = np.median(xf[lo * b:hi * b].reshape(hi - lo, b), axis=1)
+        bmed[lo:hi] = _row_median(xf[lo * b:hi * b].reshape(hi - lo, b))
     if n % b:  # the last, partial block is not a block median yet (alone: padded with its last value)
         tail = xf[full * b:]
         bmed[-1] = np.median(tail) if nb >= 2 else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
@@ -587,7 +616,7 @@ def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float
     bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b)
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
-    noise_b = _by_rows(np.nanmedian, _sliding(bmad, kk, np.nan)) * 1.4826 * 1.2533 / math.sqrt(b)
+    noise_b = _by_rows(_row_nanmedian, _sliding(bmad, kk, np.nan)) * 1.4826 * 1.2533 / math.sqrt(b)
     ref_b[:2] = np.nan
     with np.errstate(invalid="ignore"):
         above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
