@@ -215,14 +215,16 @@ def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
     string holds a brace would swallow the next line when joined (fewer elements than lines: refused)."""
     if records._orjson is None:
         pytest.skip("orjson not installed")
-    good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\n{"loss": 2.3, "step": 3}'
+    good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\r\n  {"loss": 2.3, "step": 3} '
     assert records._flat_block(good) == [json.loads(x) for x in good.split(b"\n")]
     for bad in (b'{"step": 1, "loss": 2.5, "n": "}\n{"}\n{"step": 3, "loss": 2.0}',      # a string spans lines
                 b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                     # a blank line
                 b'{"step": 1, "loss": 2.5},{"step": 2, "loss": 2.6}\n{"step": 3, "loss": 2.0}',  # two objects
                 b'{"step": 1,\n"loss": 2.5}',                                                # one object, two lines
                 b'{"step": 1, "loss": NaN}',                                                  # orjson refuses
-                b'{"step": 1, "loss": {"x": 1}}'):                                            # nested
+                b'{"step": 1, "loss": {"x": 1}}',                                             # nested
+                b'"{}\n{}"\n{"a": 1}, 5',                      # n elements, but a string and a number among them
+                b'x{"step": 1}'):                                                             # text before
         assert records._flat_block(bad) is None, bad
 
 

@@ -501,26 +501,27 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
             yield from _slow_lines(p, part, start, last, notes)
 
 
+_NOT_BRACES = bytes(c for c in range(256) if c not in b"{}\n")
+
+
 def _flat_block(block: bytes) -> Optional[list]:
     """The lines of a block (joined by newlines) parsed by orjson as one array `[line,line,...]`, when every
-    line is one flat object: its first byte is its only '{', its last byte its only '}' (and it holds no '['
-    for an orjson without a depth limit). None otherwise (the caller parses line by line).
+    line holds exactly one '{' and after it one '}' (and no '[' for an orjson without a depth limit) and the
+    array is n objects for n lines. None otherwise (the caller parses line by line).
 
-    The same records as parsing each line alone: every array element starts at a line's '{' (the first
-    byte of the text after each joining comma); an object that ran past its own line's last byte would hold
-    the next line's '{' in a string and the array would have fewer elements than lines, so n elements for n
-    lines means each is exactly its line's object."""
-    if _orjson is None or block[:1] != b"{" or block[-1:] != b"}":
+    The same records as parsing each line alone: n objects need n structural '{', so no brace is in a string,
+    object i is line i's braces, and what lies between two objects (the end of one line, the joining comma,
+    the start of the next) is the array's separator: each line is whitespace, its object, whitespace."""
+    if _orjson is None or (not _ORJSON_LIMITS_DEPTH and b"[" in block):
         return None
     n = block.count(b"\n") + 1
-    if (block.count(b"}\n{") != n - 1 or block.count(b"{") != n or block.count(b"}") != n
-            or (not _ORJSON_LIMITS_DEPTH and b"[" in block)):
+    if block.translate(None, _NOT_BRACES) != b"{}\n" * (n - 1) + b"{}":
         return None
     try:
         recs = _orjson.loads(b"[" + block.replace(b"\n", b",") + b"]")
     except (ValueError, TypeError):   # NaN tokens, bad UTF-8, an error: line by line decides
         return None
-    return recs if len(recs) == n else None
+    return recs if len(recs) == n and set(map(type, recs)) == {dict} else None
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
