@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -425,3 +426,45 @@ def test_row_medians_are_numpys_bit_for_bit(k):
             warnings.simplefilter("ignore", RuntimeWarning)
             assert detect._row_median(a).tobytes() == np.median(a, axis=1).tobytes(), trial
             assert detect._row_nanmedian(a).tobytes() == np.nanmedian(a, axis=1).tobytes(), trial
+
+
+def test_steps_become_int64_in_the_readers_array_only(tmp_path, monkeypatch):
+    """build_series converts a reader's own float64 steps in place (no second copy of a long series), a chunk at a
+    time; an array passed by a caller is left alone, and a bad step in a later chunk is named by its entry."""
+    steps = np.arange(1.0, 1001.0)
+    loss = np.full(1000, 2.0)
+    monkeypatch.setattr(logs, "STEP_CHUNK", 64)
+    s = logs.build_series(steps, loss)
+    assert steps.dtype == np.float64 and steps[999] == 1000.0            # the caller's array is untouched
+    own = np.arange(1.0, 1001.0)
+    s2 = logs.build_series(own, loss, reuse_steps=True)
+    assert np.shares_memory(s2.raw_steps, own) and s2.raw_steps.tolist() == s.raw_steps.tolist()
+    assert s2.steps.dtype == np.int64 and s2.steps.tolist() == list(range(1, 1001))
+    for bad, shown in ((700.5, "700.5"), (math.nan, "missing"), (-3.0, "-3.0"), (2.0 ** 60, repr(2.0 ** 60))):
+        arr = np.arange(1.0, 1001.0)
+        arr[699] = bad
+        with pytest.raises(UsageError, match=rf"step at entry 700 is {re.escape(shown)}; expected a whole number"):
+            logs.build_series(arr, loss, reuse_steps=True)
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 0.5 * (i == 900), "loss": 2.0}) + "\n" for i in range(1, 1001)))
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p}: step at entry 900 is 900.5; expected a whole number "
+                                                     ">= 0")
+
+
+def test_the_reference_held_per_block_is_the_per_value_one():
+    from checkpoint_strategy.recovery import detect, settings
+
+    rng = np.random.default_rng(5)
+    for n in (5, 17, 1000, 4099):
+        x = 2 + 0.05 * rng.standard_normal(n)
+        x[n // 2] = np.nan
+        ref = detect.healthy_reference(x, 128)
+        blocked = detect.reference_blocks(x, 128)
+        assert len(blocked) == n
+        assert np.array_equal(np.array([blocked[i] for i in range(n)]), ref, equal_nan=True)
+        assert np.array_equal(blocked.values(), ref, equal_nan=True) and np.isfinite(ref[n // 2 + 40:]).all()
+        with pytest.raises(IndexError):
+            blocked[n]
+        an = detect.analyse(np.arange(n), x, None, settings.build(None))
+        assert np.array_equal(an.reference, detect.healthy_reference(x, detect.effective_window(n, 128)),
+                              equal_nan=True)

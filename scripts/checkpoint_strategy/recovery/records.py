@@ -156,12 +156,14 @@ class Collector:
             ev_steps, ev_loss = self._eval_many(recs, pos, step_key, eval_key)
         lr_all = self._lr_many(recs, pos, lr_key) if lr_key is not None else None
         losses = [r.get(loss_key) for r in recs]
-        whole = None not in losses
+        loss_types = set(map(type, losses))
+        whole = type(None) not in loss_types
         at: Sequence[int] = range(len(recs)) if whole else [i for i, v in enumerate(losses) if v is not None]
         if not at:
             return ev_steps, ev_loss, None, None, None, None
         rows = recs if whole else [recs[i] for i in at]
-        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at)
+        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at,
+                            types=loss_types if whole else None)
         steps = self._floats([r.get(step_key) for r in rows], "step", pos, at, missing_ok=True)
         if grad_key is not None:
             grad = self._floats([r.get(grad_key) for r in rows], "grad norm", pos, at, missing_ok=True)
@@ -196,12 +198,14 @@ class Collector:
             self._last_lr = float(lr_all[-1])
         return lr_all
 
-    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False):
+    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False,
+                types: Optional[set] = None):
         """float64 values, as _num converts them one by one; numpy converts a batch of plain ints and floats
-        (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way)."""
+        (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way).
+        types: the set of the values' types when the caller has it."""
         import numpy as np
 
-        if set(map(type, values)) <= _PLAIN_NUMBERS:
+        if (set(map(type, values)) if types is None else types) <= _PLAIN_NUMBERS:
             try:
                 return np.fromiter(values, dtype=np.float64, count=len(values))
             except OverflowError:  # an integer beyond float64: _num gives +-inf
