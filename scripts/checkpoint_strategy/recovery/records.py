@@ -10,7 +10,8 @@
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
 * ``jsonl_batches`` yields the records of JSON lines in batches with their line numbers (bounded memory:
-  one batch of records at a time; orjson when installed, the standard library for any line it refuses).
+  one 64 KB block of records at a time; a block of flat one-object lines is one orjson array, any other
+  line by line: orjson when installed, the standard library for any line it refuses).
 """
 
 from __future__ import annotations
