@@ -468,3 +468,21 @@ def test_the_reference_held_per_block_is_the_per_value_one():
         an = detect.analyse(np.arange(n), x, None, settings.build(None))
         assert np.array_equal(an.reference, detect.healthy_reference(x, detect.effective_window(n, 128)),
                               equal_nan=True)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 16])
+def test_runs_of_equal_values_found_a_chunk_at_a_time(chunk, monkeypatch):
+    """detect._same_runs (the collapse rule's runs of equal values) gives the edges of the whole comparison padded
+    with False, whatever the chunk: runs crossing chunk borders, at the start, at the end, NaN breaking a run."""
+    from checkpoint_strategy.recovery import detect
+
+    monkeypatch.setattr(detect, "FLAG_VALUES", chunk)
+    x = np.array([1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, np.nan, 3.0, 3.0, 4.0, 5.0, 5.0 + 1e-9, 5.0, 5.0, 5.0])
+    for xs in (x, x[1:], x[:-1], x[3:12], np.full(9, 0.0), np.arange(9.0)):
+        with np.errstate(invalid="ignore"):
+            same = (np.abs(np.diff(xs)) <= detect.COLLAPSE_RELATIVE * np.abs(xs[1:]) + 1e-12) & np.isfinite(xs[1:])
+        edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+        starts, ends = detect._same_runs(xs)
+        assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
+        assert ends.tolist() == np.flatnonzero(edges == -1).tolist()
+        assert detect._all_finite(xs) == bool(np.isfinite(xs).all())

@@ -96,11 +96,17 @@ class Event:
     detail: str = ""
 
 
+def _all_finite(x: np.ndarray) -> bool:
+    """np.isfinite(x).all() without a mask of the whole series (a chunk at a time, stopping at the first miss)."""
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))
+    return all(np.isfinite(x[lo:lo + step]).all() for lo in range(0, len(x), step))
+
+
 def _ffill(x: np.ndarray) -> np.ndarray:
     """Replace NaN/inf with the previous finite value (leading ones with the first finite)."""
-    ok = np.isfinite(x)
-    if ok.all():
+    if _all_finite(x):
         return x
+    ok = np.isfinite(x)
     if not ok.any():
         return np.full_like(x, np.nan)
     idx = np.where(ok, np.arange(len(x)), 0)
@@ -128,24 +134,24 @@ def _rolling_blocks(x: np.ndarray, window: int):
     xf = _ffill(np.asarray(x, dtype=np.float64))
     b = max(2, window // 8)
     k = max(2, window // b)
-    if n == 0 or not np.isfinite(xf).any():
+    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
         return None
     nb = -(-n // b)
-    bmed, bmad, bmax = _block_stats(xf, nb, b)
-    med_b = np.full(nb, np.nan)
-    mad_b = np.full(nb, np.nan)
-    max_b = np.full(nb, np.nan)
-    if nb > 2:
-        from numpy.lib.stride_tricks import sliding_window_view
+    stats = list(_block_stats(xf, nb, b))
+    rolled = []
+    for reduce in (_row_nanmedian, _row_nanmedian, _row_nanmax):   # median, MAD, max; each block's own freed
+        out = np.full(nb, np.nan)
+        if nb > 2:
+            from numpy.lib.stride_tricks import sliding_window_view
 
-        def win(a):
-            padded = np.concatenate((np.full(k, np.nan), a))
-            return sliding_window_view(padded, k)[:nb]
-
-        med_b[2:] = _by_rows(_row_nanmedian, win(bmed)[2:])
-        mad_b[2:] = _by_rows(_row_nanmedian, win(bmad)[2:])
-        max_b[2:] = _by_rows(_row_nanmax, win(bmax)[2:])
-    scale_b = 1.4826 * mad_b
+            padded = np.concatenate((np.full(k, np.nan), stats.pop(0)))
+            out[2:] = _by_rows(reduce, sliding_window_view(padded, k)[:nb][2:])
+            del padded
+        else:
+            stats.pop(0)
+        rolled.append(out)
+    med_b, scale_b, max_b = rolled
+    scale_b *= 1.4826   # the MAD's robust scale, in place
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
     floor = np.abs(med_b)
@@ -330,7 +336,7 @@ def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
 
         win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
         idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
-        if np.isfinite(win).all():
+        if _all_finite(bmed[:nb - 1]):   # the values the rows cover (np.isfinite(win) would be k x nb bytes)
             rows = max(1, STATS_VALUES // k)   # the partition copies its rows: STATS_VALUES values at a time
             for lo in range(0, nb - k, rows):
                 out[k + lo:k + lo + rows] = np.partition(win[lo:lo + rows], idx, axis=1)[:, idx]
@@ -368,7 +374,7 @@ def reference_blocks(x: np.ndarray, window: int = DEFAULT_WINDOW) -> Blocked:
     """healthy_reference, held per block (n/b floats)."""
     n = len(x)
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if n == 0 or not np.isfinite(xf).any():
+    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
         return Blocked(np.full(n, np.nan), 1, n)
     b = block_size(window)
     nb = -(-n // b)
@@ -409,14 +415,13 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
         nan = np.full(-(-len(x) // b), np.nan)
         st = (nan, nan, nan, b)
     med_b, scale_b, max_b, b = st
-    flags = _chunked_flags(x, st, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                           max_ratio=max_ratio, min_rise=min_rise, grad=grad)
-    rule_a, rule_b, rule_c, nonfinite = flags
+    flags = _Flags(x, st, dict(z_threshold=z_threshold, ratio_threshold=ratio_threshold, max_ratio=max_ratio,
+                               min_rise=min_rise, grad=grad))
     xv = _ffill(x) if grad else x
-    x_inf = xv if np.isfinite(xv).all() else np.where(np.isfinite(xv), xv, np.inf)   # shared when all finite
+    x_inf = xv if _all_finite(xv) else np.where(np.isfinite(xv), xv, np.inf)   # shared when all finite
     sc = _Scan(x=x, xv=xv, x_inf=x_inf, med=med_b, scale=scale_b, b=b, flags=flags,
                reference=reference if not grad else None, grad=grad, labels=labels)
-    cand = np.flatnonzero(rule_a | rule_b | rule_c | nonfinite)
+    cand = flags.flagged()
     events: list[Event] = []
     pos = 0
     while True:
@@ -441,7 +446,7 @@ class _Scan:
     med: np.ndarray      # rolling median, scale: per block of b values (value i: [i // b])
     scale: np.ndarray
     b: int
-    flags: tuple         # spike_flags
+    flags: _Flags      # the spike rules of any value
     reference: Optional[np.ndarray | Blocked]   # the healthy reference (loss only)
     grad: bool
     labels: dict
@@ -505,20 +510,34 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
 FLAG_VALUES = 1 << 16   # values whose spike rules are computed at a time (at most STATS_VALUES)
 
 
-def _chunked_flags(x: np.ndarray, stats: tuple, **rules) -> tuple:
-    """spike_flags of every value, FLAG_VALUES (or STATS_VALUES, the fewer) at a time from the per-block
-    statistics (`stats`: _rolling_blocks): the float temporaries stay bounded; the flags are the same."""
-    med_b, scale_b, max_b, b = stats
-    n = len(x)
-    out = tuple(np.empty(n, dtype=bool) for _ in range(4))
-    step = max(1, min(FLAG_VALUES, STATS_VALUES))
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        part = spike_flags(x[lo:hi], _per_value(med_b, b, lo, hi), _per_value(scale_b, b, lo, hi),
-                           _per_value(max_b, b, lo, hi), **rules)
-        for target, flags in zip(out, part, strict=True):
-            target[lo:hi] = flags
-    return out
+class _Flags:
+    """The spike rules (spike_flags) of one series from its per-block statistics (`stats`: _rolling_blocks),
+    never held for every value: flagged() computes them FLAG_VALUES (or STATS_VALUES, the fewer) at a time and
+    keeps the indices where any rule fires; at(j) computes one value's (the same elementwise arithmetic)."""
+
+    def __init__(self, x: np.ndarray, stats: tuple, rules: dict) -> None:
+        self.x, self.stats, self.rules = x, stats, rules
+
+    def _rows(self, lo: int, hi: int) -> tuple:
+        med_b, scale_b, max_b, b = self.stats
+        return spike_flags(self.x[lo:hi], _per_value(med_b, b, lo, hi), _per_value(scale_b, b, lo, hi),
+                           _per_value(max_b, b, lo, hi), **self.rules)
+
+    def flagged(self) -> np.ndarray:
+        n = len(self.x)
+        step = max(1, min(FLAG_VALUES, STATS_VALUES))
+        parts = [np.empty(0, dtype=np.int64)]
+        for lo in range(0, n, step):
+            a, b, c, nf = self._rows(lo, min(n, lo + step))
+            a |= b
+            a |= c
+            a |= nf
+            parts.append(np.flatnonzero(a) + lo)
+        return np.concatenate(parts)
+
+    def at(self, j: int) -> tuple[bool, bool, bool, bool]:
+        a, b, c, nf = self._rows(j, j + 1)
+        return bool(a[0]), bool(b[0]), bool(c[0]), bool(nf[0])
 
 
 def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
@@ -537,16 +556,16 @@ def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, win
     return onset
 
 
-def _rules(at, flags, labels: dict, grad: bool) -> list[str]:
-    a, b, c, nf = flags
+def _rules(at, flags: _Flags, labels: dict, grad: bool) -> list[str]:
     found = []
     for j in at:
+        a, b, c, nf = flags.at(j)
         if grad:
-            if a[j]:
+            if a:
                 found.append(labels["grad"])
             continue
-        for arr, key in ((nf, "nonfinite"), (a, "z"), (b, "ratio"), (c, "max")):
-            if arr[j]:
+        for flag, key in ((nf, "nonfinite"), (a, "z"), (b, "ratio"), (c, "max")):
+            if flag:
                 found.append(labels[key])
     order = [labels[k] for k in ("nonfinite", "z", "ratio", "max", "grad")]
     return [r for r in order if r in found]
@@ -565,7 +584,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     if nb < SHIFT_MIN_BLOCKS + 2:
         return []
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if not np.isfinite(xf).any():
+    if not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
         return []
     bmed, ref_b, noise_b, above = _shift_blocks(xf, nb, b, window, tolerance, skip)
     bstart = np.arange(nb) * b
@@ -614,15 +633,24 @@ def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float
     """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
     than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`)."""
     bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b)
+    del _bmax
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
-    noise_b = _by_rows(_row_nanmedian, _sliding(bmad, kk, np.nan)) * 1.4826 * 1.2533 / math.sqrt(b)
+    noise_b = _by_rows(_row_nanmedian, _sliding(bmad, kk, np.nan))
+    del bmad
+    noise_b *= 1.4826   # in place, in the order of `x * 1.4826 * 1.2533 / sqrt(b)`: the same bits
+    noise_b *= 1.2533
+    noise_b /= math.sqrt(b)
     ref_b[:2] = np.nan
-    with np.errstate(invalid="ignore"):
-        above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
-    bstart = np.arange(nb) * b
+    with np.errstate(invalid="ignore"):   # bmed > ref_b + max(tolerance |ref_b|, SHIFT_NOISE_UNITS noise), in place
+        thr = np.abs(ref_b)
+        thr *= tolerance
+        np.maximum(thr, SHIFT_NOISE_UNITS * noise_b, out=thr)
+        thr += ref_b
+        above = bmed > thr
+        del thr
     for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
-        above[(bstart + b > lo) & (bstart < hi)] = False
+        above[max(0, (lo - b) // b + 1):max(0, -(-hi // b))] = False   # blocks j with j*b + b > lo and j*b < hi
     return bmed, ref_b, noise_b, above
 
 
@@ -703,18 +731,7 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
         return []
     # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
     # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
-    same = np.empty(n - 1, dtype=bool)
-    step = max(1, min(FLAG_VALUES, STATS_VALUES))   # bounded float temporaries
-    with np.errstate(invalid="ignore"):
-        for lo in range(0, n - 1, step):
-            hi = min(n - 1, lo + step)
-            nxt = x[lo + 1:hi + 1]
-            same[lo:hi] = (np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12) & np.isfinite(nxt)
-    padded = np.zeros(n + 1, dtype=np.int8)   # same, with a 0 before and after (int8: 1 byte a value)
-    padded[1:-1] = same
-    edges = np.diff(padded)
-    del padded, same
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    starts, ends = _same_runs(x)
     out = []
     for s, e in zip(starts, ends, strict=False):   # values s .. e are equal
         if e - s + 1 < COLLAPSE_POINTS or s == 0:
@@ -732,6 +749,28 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
                          detected=int(s + COLLAPSE_POINTS - 1),
                          detail=f"pinned at {v:g} for {e - s + 1} logged values"))
     return out
+
+
+def _same_runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of `same` (value i+1 equal to value i within COLLAPSE_RELATIVE, and finite): run
+    s..e-1 of `same` means values s..e are equal. A chunk at a time (bounded temporaries), the same indices as
+    the edges of the whole array padded with False."""
+    n = len(x)
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))
+    starts, ends = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+    prev = np.zeros(1, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        for lo in range(0, n - 1, step):
+            hi = min(n - 1, lo + step)
+            nxt = x[lo + 1:hi + 1]
+            same = (np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12) & np.isfinite(nxt)
+            edges = np.diff(np.concatenate((prev, same.view(np.int8))))
+            starts.append(np.flatnonzero(edges == 1) + lo)
+            ends.append(np.flatnonzero(edges == -1) + lo)
+            prev = same[-1:].view(np.int8)
+    if prev[0]:
+        ends.append(np.array([n - 1], dtype=np.int64))
+    return np.concatenate(starts), np.concatenate(ends)
 
 
 def lr_restarts(steps: np.ndarray, lr: Optional[np.ndarray]) -> list[tuple[int, float, float, int]]:
