@@ -486,3 +486,26 @@ def test_runs_of_equal_values_found_a_chunk_at_a_time(chunk, monkeypatch):
         assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
         assert ends.tolist() == np.flatnonzero(edges == -1).tolist()
         assert detect._all_finite(xs) == bool(np.isfinite(xs).all())
+
+
+def test_a_divergence_early_in_a_long_log_is_analysed_the_same_in_chunks(tmp_path, monkeypatch):
+    """The unrecovered-event paths (never back below the start; divergence or plateau after a blow-up) take their
+    medians of 5 a chunk at a time: the same report as in one pass."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(11)
+    n = 6000
+    climb = np.round(3.0 + np.arange(n) / 1500 + 0.02 * rng.standard_normal(n), 4)   # never gets below the start
+    plateau = np.round(2.0 + 0.02 * rng.standard_normal(n), 4)
+    plateau[1200:] += 1.0                                                                # steps up and stays
+    never = np.round(3.0 + 0.03 * rng.standard_normal(n), 4)
+    never[:4] = 2.0          # the untrained model's loss, then up for good (never back below the start)
+    for name, loss in (("climb", climb), ("plateau", plateau), ("never", never)):
+        p = tmp_path / f"{name}.jsonl"
+        p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n" for i, v in enumerate(loss)))
+        whole = _analysis(p)
+        assert whole["status"] == "rollback" and whole["spikes"], (name, whole["status"])
+        with monkeypatch.context() as m:
+            m.setattr(detect, "STATS_VALUES", 7)
+            m.setattr(detect, "STATS_ROWS", 3)
+            assert _analysis(p) == whole, name

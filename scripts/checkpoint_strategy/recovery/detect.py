@@ -296,19 +296,37 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
     spread = 1.4826 * float(np.median(np.abs(tail - now)))
     if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
         return None
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    sm = np.median(sliding_window_view(np.where(np.isfinite(x), x, np.inf), SMOOTH_POINTS), axis=1)
-    if float(sm[1:].min()) < s0:
+    lowest, last_low = math.inf, -1   # over the medians of 5 (NaN/inf as +inf): the least after the first, and
+    for at, sm in _smooth_chunks(x, nonfinite=np.inf):   # the last one not above the start
+        rest = sm[1:] if at == 0 else sm
+        if len(rest):
+            lowest = min(lowest, float(rest.min()))
+        low = np.flatnonzero(~(sm > s0))
+        if len(low):
+            last_low = at + int(low[-1])
+    if lowest < s0:
         return None  # it did get below where it started: the other rules judge it
-    above = np.flatnonzero(~(sm > s0)) + SMOOTH_POINTS - 1
-    onset = int(above[-1]) + 1 if len(above) else 1
+    onset = last_low + SMOOTH_POINTS - 1 + 1 if last_low >= 0 else 1
     onset = min(max(onset, 1), n - 1)
     onset = max(1, int(np.flatnonzero(x[:onset + 1] > s0 * (1 + o.tolerance))[0]) if (x[:onset + 1] > s0 * (1 + o.tolerance)).any() else onset)
     peak = onset + int(np.argmax(np.where(np.isfinite(x[onset:]), x[onset:], -np.inf)))
     return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
                  z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
                  detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+
+
+def _smooth_chunks(x: np.ndarray, nonfinite: Optional[float] = None):
+    """(index of the first window, the medians of SMOOTH_POINTS values of each window starting there), STATS_VALUES
+    windows at a time (a sliding window's median copies k values a window); NaN/inf as `nonfinite` when given."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    count = len(x) - SMOOTH_POINTS + 1
+    step = max(1, STATS_VALUES)
+    for at in range(0, count, step):
+        part = x[at:min(count, at + step) + SMOOTH_POINTS - 1]
+        if nonfinite is not None:
+            part = np.where(np.isfinite(part), part, nonfinite)
+        yield at, np.median(sliding_window_view(part, SMOOTH_POINTS), axis=1)
 
 
 def block_size(window: int) -> int:
@@ -867,7 +885,6 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
     """A flagged event not back within the wait window: a divergence when it blew up and came back
     only partly, or keeps climbing; a level shift when it stepped to a plateau and stayed there.
     "early" is the median over the first 2 wait windows after the onset, "now" over the last one."""
-    from numpy.lib.stride_tricks import sliding_window_view
 
     seg = x[ev.onset:]
     seg_s = steps[ev.onset:]
@@ -882,7 +899,7 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
         early_v = seg[:SMOOTH_POINTS]
     if len(tail) < SMOOTH_POINTS:
         tail = seg[-SMOOTH_POINTS:]
-    peak = float(np.median(sliding_window_view(seg, SMOOTH_POINTS), axis=1).max())
+    peak = max(float(sm.max()) for _at, sm in _smooth_chunks(seg))
     early, now = float(np.median(early_v)), float(np.median(tail))
     noise = 3 * ev.scale / math.sqrt(max(1, len(tail)))
     ratio = f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"
