@@ -127,7 +127,7 @@ class Collector:
             recs, pos = recs[k:], pos[k:]
         if not recs:
             return
-        if set(map(type, recs)) != {dict}:   # not all of them plain dicts (C-speed check)
+        if type(recs) is not Dicts and set(map(type, recs)) != {dict}:   # not all plain dicts (C-speed check)
             for r, i in zip(recs, pos, strict=True):
                 self.add(r, i)
             return
@@ -526,7 +526,11 @@ def _flat_block(block: bytes) -> Optional[list]:
         recs = _orjson.loads(b"[" + block.replace(b"\n", b",") + b"]")
     except (ValueError, TypeError):   # NaN tokens, bad UTF-8, an error: line by line decides
         return None
-    return recs if len(recs) == n and set(map(type, recs)) == {dict} else None
+    return Dicts(recs) if len(recs) == n and set(map(type, recs)) == {dict} else None
+
+
+class Dicts(list):
+    """A list of records known to be plain dicts (Collector.add_many does not check their types again)."""
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
