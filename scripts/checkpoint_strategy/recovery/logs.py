@@ -277,14 +277,24 @@ def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogS
             continue
         except records._JSONError as err:
             exc = err.exc
-            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data):
-                return _read_stream(p, io.BytesIO(data), b"", columns)
-            raise UsageError(f"log {p} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno} "
+            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data) and _on_next_line(data, exc.pos):
+                return _read_stream(p, io.BytesIO(data), b"", columns)   # JSON lines under a .json name
+            why = "text after the document" if exc.msg == "Extra data" else "truncated?"
+            raise UsageError(f"log {p} is not valid JSON ({why}): {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
         kind = _document_kind(p, meta.get("_format"), fmt, col.count)
         del data  # the raw text goes before the series are built
         return _series_from(p, kind, col, meta)
     raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
+
+
+def _on_next_line(data: bytearray, pos: int) -> bool:
+    """The extra data after a JSON document starts on a line of its own (JSON lines), not after the document on
+    its line (`{...} garbage`: a damaged document, reported as invalid JSON where the garbage starts)."""
+    i = pos
+    while i > 0 and data[i - 1] in b" \t\r\n":
+        i -= 1
+    return b"\n" in data[i:pos]
 
 
 def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -> None:
