@@ -20,9 +20,11 @@ What it does (logged at setup):
     event saves ``epoch=E-step=N-emergency.ckpt`` with a ``.checkpoint-strategy.json`` marker
     beside it (written first); never on a NaN/inf loss;
   * at the end of fit: waits for background validations, writes the session-handoff state;
-  * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks and rank 0
-    alone runs the detector, writes the loss log, the marker, the manifest and prunes; the ranks
-    share the validation of each save (docs/callbacks.md, "Many processes").
+  * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
+    all_reduce started at the detection step and taken at the next step's end, so the training
+    thread does not wait on it: an emergency save comes one step after the spiked loss), every
+    rank's detector decides the same, rank 0 alone writes the loss log, the marker, the manifest
+    and prunes; the ranks share the validation of each save (docs/callbacks.md, "Many processes").
 """
 
 from __future__ import annotations
