@@ -525,6 +525,30 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
     return a, b, c, ~finite
 
 
+def _ieee_div(a: float, b: float) -> float:
+    """a / b as numpy's float64 division gives it (inf or nan for a zero divisor, never ZeroDivisionError)."""
+    if b != 0.0:
+        return a / b
+    if a == 0.0 or a != a:
+        return math.nan
+    return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def spike_flags_one(x: float, med: float, scale: float, wmax: float, *, z_threshold: float, ratio_threshold: float,
+                    max_ratio: float, min_rise: float, grad: bool = False) -> tuple[bool, bool, bool, bool]:
+    """spike_flags for one value, in float arithmetic (the online detector's every step: about 1 us instead of
+    about 20 us through numpy); the same IEEE-754 double results, tested against spike_flags value by value."""
+    finite = math.isfinite(x)
+    ok = finite and math.isfinite(med)
+    z = _ieee_div(x - med, scale) if ok else math.nan
+    if grad:
+        return ok and z >= z_threshold and x >= ratio_threshold * med and med > 0, False, False, False
+    a = ok and z >= z_threshold and (x - med) >= min_rise * abs(med)
+    b = ok and med > 0 and x >= ratio_threshold * med and z >= 3.0
+    c = finite and math.isfinite(med) and wmax > 0 and x >= max_ratio * wmax
+    return a, b, c, not finite
+
+
 FLAG_VALUES = 1 << 16   # values whose spike rules are computed at a time (at most STATS_VALUES)
 
 

@@ -75,33 +75,50 @@ class _Rolling:
         return out
 
     def _close(self) -> None:
-        arr = np.asarray(self.cur, dtype=np.float64)
-        if np.isnan(arr).all():
-            arr = np.full(len(arr), math.nan)
-        else:  # values before the first finite one are filled with it, as the batch does
-            first = arr[np.isfinite(arr)][0]
-            arr = np.where(np.isfinite(arr), arr, first)
-        m = float(np.median(arr))
-        self.stats.append((m, float(np.median(np.abs(arr - m))), float(arr.max())))
+        """The block's (median, MAD, max) and the rolling figures over the last k blocks, in float arithmetic
+        on a few dozen values (numpy's call overhead was most of an update); the same doubles as numpy's
+        median / nanmedian / nanmax (`_median`; tests/test_recovery_online_arith.py)."""
+        cur = self.cur            # finite values and NaN only (push)
+        finite = [v for v in cur if v == v]
+        if finite:                # values before the first finite one are filled with it, as the batch does
+            first = finite[0]
+            arr = [v if v == v else first for v in cur]
+            m = _median(arr)
+            self.stats.append((m, _median([abs(v - m) for v in arr]), max(arr)))
+        else:
+            m = math.nan
+            self.stats.append((m, m, m))
         self.medians.append(m)
         self.blocks += 1
         self.cur = []
         if self.blocks >= 2:
-            meds = np.array([s[0] for s in self.stats])
-            mads = np.array([s[1] for s in self.stats])
-            maxs = np.array([s[2] for s in self.stats])
-            with np.errstate(invalid="ignore"):
-                self.med = float(np.nanmedian(meds)) if np.isfinite(meds).any() else math.nan
-                self.scale = max(1.4826 * float(np.nanmedian(mads)) if np.isfinite(mads).any() else math.nan,
-                                 1e-4 * abs(self.med) + 1e-12, detect.quantum_of(self.decimals))
-                self.wmax = float(np.nanmax(maxs)) if np.isfinite(maxs).any() else math.nan
-                self.ref = detect.low_quantile(self.medians)
+            meds = [t[0] for t in self.stats if t[0] == t[0]]
+            mads = [t[1] for t in self.stats if t[1] == t[1]]
+            self.med = _median(meds) if meds else math.nan
+            self.scale = max(1.4826 * _median(mads) if mads else math.nan,
+                             1e-4 * abs(self.med) + 1e-12, detect.quantum_of(self.decimals))
+            self.wmax = max(t[2] for t in self.stats if t[2] == t[2]) if meds else math.nan
+            self.ref = _low_quantile(self.medians)
 
     def noise(self) -> float:
         mads = [s[1] for s in self.stats]
         if not mads:
             return math.nan
         return float(np.median(mads)) * 1.4826 * 1.2533 / math.sqrt(self.b)
+
+
+def _median(values: list[float]) -> float:
+    """numpy's median of finite values: the middle one, or the mean of the two middle ones ((a + b) / 2,
+    the same double np.mean gives)."""
+    v = sorted(values)
+    h = len(v) // 2
+    return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
+
+
+def _low_quantile(values) -> float:
+    """detect.low_quantile on a few dozen block medians: the REFERENCE_QUANTILE-th lowest finite one."""
+    v = sorted(x for x in values if math.isfinite(x))
+    return v[int(detect.REFERENCE_QUANTILE / 100.0 * (len(v) - 1))] if v else math.nan
 
 
 class OnlineDetector:
@@ -148,10 +165,10 @@ class OnlineDetector:
         if grad_norm is not None:
             g = float(grad_norm)
             gm, gs, gw, _ = self.grad_stats.push(g)
-            ga = detect.spike_flags(g, gm, gs, gw, z_threshold=self.options.z_threshold,
-                                    ratio_threshold=self.options.ratio_threshold, max_ratio=self.options.max_ratio,
-                                    min_rise=self.options.min_rise, grad=True)[0]
-            if bool(ga) and self.state == "healthy":
+            ga = detect.spike_flags_one(g, gm, gs, gw, z_threshold=self.options.z_threshold,
+                                        ratio_threshold=self.options.ratio_threshold, max_ratio=self.options.max_ratio,
+                                        min_rise=self.options.min_rise, grad=True)[0]
+            if ga and self.state == "healthy":
                 g_event = OnlineEvent("grad_norm", step, step, x, None, [self.labels["grad"]],
                                       f"grad norm {g:g} at step {step} vs median {gm:g}")
         out = self._loss(step, x, med, scale, wmax, ref)
@@ -168,12 +185,12 @@ class OnlineDetector:
     def _loss(self, step, x, med, scale, wmax, ref) -> Optional[OnlineEvent]:
         o = self.options
         if self.state == "healthy":
-            a, b, c, nf = detect.spike_flags(x, med, scale, wmax, z_threshold=o.z_threshold,
-                                             ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
-                                             min_rise=o.min_rise)
-            if not (a or b or c or nf):
+            flags = detect.spike_flags_one(x, med, scale, wmax, z_threshold=o.z_threshold,
+                                           ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
+                                           min_rise=o.min_rise)
+            if not any(flags):
                 return None
-            return self._start(step, x, med, scale, ref, (bool(a), bool(b), bool(c), bool(nf)))
+            return self._start(step, x, med, scale, ref, flags)
         if self.state != "event" or self.current is None:
             return None
         ev = self.current
