@@ -97,3 +97,99 @@ def test_crc_threads_follow_the_usable_cores(tmp_path, monkeypatch):
     assert fc.usable_cores() == 1
     monkeypatch.setattr(fc, "CRC_WORKERS", 3)
     assert fc.crc_workers() == 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_read_small_reads_whole_small_files_and_hands_back_big_ones(tmp_path):
+    """storage.read_small: a file up to `small` bytes comes back as its bytes, a bigger one open at its start;
+    no descriptor is left open either way, nor when it refuses a FIFO, a folder or a missing file."""
+    small, big, empty = tmp_path / "a.json", tmp_path / "b.pt", tmp_path / "c"
+    small.write_bytes(b'{"a": 1}')
+    big.write_bytes(b"x" * 100)
+    empty.write_bytes(b"")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    from checkpoint_strategy.storage import remote   # loaded, no object-storage view open: still read whole
+    assert remote.view_count() == 0
+    before = _open_fds()
+    for _ in range(300):
+        assert storage.read_small(small, small=8) == b'{"a": 1}'
+        assert storage.read_small(empty, small=8) == b""
+        with storage.read_small(big, small=99) as fh:
+            assert fh.read() == b"x" * 100
+        for bad, reason in ((fifo, "is a FIFO"), (tmp_path, "is a folder"), (tmp_path / "gone", "does not exist")):
+            with pytest.raises(storage.ReadError, match=reason):
+                storage.read_small(bad)
+    assert _open_fds() == before
+
+
+def test_read_small_takes_the_file_as_it_is_when_its_size_changed(tmp_path, monkeypatch):
+    """A file that grew between the size check and the read is not cut to its old size: it comes back open at
+    its start (the callers' reference path reads it as it is now)."""
+    p = tmp_path / "config.json"
+    p.write_bytes(b'{"a": 1}')
+    real_open_fd = storage._open_fd
+
+    def stale_size(path, what):
+        fd, size = real_open_fd(path, what)
+        return fd, size - 3   # as if the file had been 3 bytes shorter at fstat time
+    monkeypatch.setattr(storage, "_open_fd", stale_size)
+    got = storage.read_small(p, small=100)
+    assert not isinstance(got, bytes)
+    with got as fh:
+        assert fh.read() == b'{"a": 1}'
+    assert storage.read_bytes(p) == b'{"a": 1}'
+
+
+def _walk_size(path: str) -> int:
+    """The reference definition of a checkpoint's bytes (prune's report): os.walk, no links followed, lstat."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        return os.lstat(path).st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path, followlinks=False):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
+    """prune_survey._size (one scandir per folder) counts what an os.walk + lstat counts: files in nested
+    folders, a link to a file as the link, a dangling link, a FIFO; a link to a folder (inside or outside)
+    is neither entered nor counted; unreadable folders are skipped."""
+    from checkpoint_strategy.checkpoints.prune_survey import _size
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "huge.bin").write_bytes(b"o" * 5000)
+    ck = tmp_path / "checkpoint-10"
+    (ck / "global_step10" / "deeper").mkdir(parents=True)
+    (ck / "model.safetensors").write_bytes(b"m" * 700)
+    (ck / "global_step10" / "shard.pt").write_bytes(b"s" * 300)
+    (ck / "global_step10" / "deeper" / "x").write_bytes(b"d" * 11)
+    (ck / "link-to-file").symlink_to(ck / "model.safetensors")
+    (ck / "link-to-outside").symlink_to(outside)
+    (ck / "link-to-inside").symlink_to(ck / "global_step10")
+    (ck / "dangling").symlink_to(tmp_path / "nothing")
+    (ck / "name with\nnewline|bar").write_bytes(b"n" * 5)
+    os.mkfifo(ck / "fifo")
+    locked = ck / "locked"
+    locked.mkdir()
+    (locked / "secret").write_bytes(b"z" * 50)
+    locked.chmod(0)
+    try:
+        expected = _walk_size(str(ck))
+        assert _size(str(ck)) == expected
+        assert expected < 5000   # the folder outside was not counted
+    finally:
+        locked.chmod(0o755)
+    assert _size(str(ck)) == _walk_size(str(ck))
+    assert _size(str(ck / "model.safetensors")) == 700
+    assert _size(str(ck / "link-to-outside")) == _walk_size(str(ck / "link-to-outside"))
+    assert _size(str(tmp_path / "missing")) == 0
