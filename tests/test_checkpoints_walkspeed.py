@@ -193,3 +193,15 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
     assert _size(str(ck / "model.safetensors")) == 700
     assert _size(str(ck / "link-to-outside")) == _walk_size(str(ck / "link-to-outside"))
     assert _size(str(tmp_path / "missing")) == 0
+
+
+def test_zip_entry_lookup_is_the_first_of_that_name_in_the_current_list():
+    """ZipScan.entry looks names up through a dict (linear in storages): the first entry of a name, as a scan
+    finds it, and the current list's when the entries are replaced or grown."""
+    a1, a2, b = (fc.ZipEntry("a", 0, 0, 1, 1, 0), fc.ZipEntry("a", 0, 0, 2, 2, 9), fc.ZipEntry("b", 0, 0, 3, 3, 5))
+    z = fc.ZipScan(entries=[a1, a2])
+    assert z.entry("a") is a1 and z.entry("b") is None
+    z.entries.append(b)
+    assert z.entry("b") is b
+    z.entries = [a2]
+    assert z.entry("a") is a2 and z.entry("b") is None
