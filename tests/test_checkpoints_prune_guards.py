@@ -100,6 +100,47 @@ def test_the_callbacks_prune_honours_symlink_targets(hf_run, tmp_path):
     assert (root / "checkpoint-10").is_dir() and (root / "best").resolve() == (root / "checkpoint-10").resolve()
 
 
+def test_a_symlink_inside_a_kept_checkpoint_keeps_the_checkpoint_it_points_into(hf_run, tmp_path, cli_run):
+    # a deduplicated run: checkpoint-30's unchanged files are links into checkpoint-10 (a file, relative, and a
+    # folder, absolute); the final export's model file is a link into checkpoint-20. Deleting 10 or 20 would
+    # leave a kept checkpoint (or the export) with dangling files.
+    root = _run(hf_run, tmp_path, (10, 20, 30, 40))
+    (root / "checkpoint-30" / "training_args.bin").unlink()
+    (root / "checkpoint-30" / "training_args.bin").symlink_to("../checkpoint-10/training_args.bin")
+    (root / "checkpoint-10" / "extra").mkdir()
+    (root / "checkpoint-30" / "extra").symlink_to(root / "checkpoint-10" / "extra")
+    (root / "model.safetensors").symlink_to("checkpoint-20/model.safetensors")
+    args = ("prune", root, "--keep-last", "2", "--no-spike-check", "--format", "json")
+    dry = cli_run(*args).json()
+    keep = {e["name"]: e for e in dry["keep"]}
+    assert "link_target" in keep["checkpoint-10"]["reason_kinds"]
+    assert "checkpoint-30/training_args.bin" in " ".join(keep["checkpoint-10"]["reasons"])
+    assert "checkpoint-30/extra" in " ".join(keep["checkpoint-10"]["reasons"])
+    assert "link_target" in keep["checkpoint-20"]["reason_kinds"]
+    assert "model.safetensors" in " ".join(keep["checkpoint-20"]["reasons"])
+    applied = cli_run(*args, "--apply").json()
+    assert applied["deleted"] == 0 and sorted(p.name for p in root.iterdir() if p.is_dir()) == [
+        "checkpoint-10", "checkpoint-20", "checkpoint-30", "checkpoint-40"]
+    assert cli_run("validate", root / "checkpoint-30").rc == 0
+    # once the links are gone, the old checkpoints go as the keep rules say
+    (root / "checkpoint-30" / "training_args.bin").unlink()
+    shutil.copy(root / "checkpoint-10" / "training_args.bin", root / "checkpoint-30" / "training_args.bin")
+    (root / "checkpoint-30" / "extra").unlink()
+    (root / "model.safetensors").unlink()
+    again = cli_run(*args, "--apply").json()
+    assert sorted(e["name"] for e in again["delete"] if e["deleted"]) == ["checkpoint-10", "checkpoint-20"]
+
+
+def test_a_link_out_of_root_or_to_its_own_checkpoint_protects_nothing(hf_run, tmp_path, cli_run):
+    root = _run(hf_run, tmp_path, (10, 20, 30))
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "checkpoint-30" / "notes").symlink_to(outside)
+    (root / "checkpoint-20" / "self").symlink_to("../checkpoint-20/config.json")
+    r = cli_run("prune", root, "--keep-last", "1", "--no-spike-check", "--format", "json").json()
+    assert sorted(e["name"] for e in r["delete"]) == ["checkpoint-10", "checkpoint-20"]
+
+
 # --------------------------------------------------------------------------- issue 29: never on an unchecked word
 
 

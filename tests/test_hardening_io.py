@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -684,6 +685,32 @@ def test_output_to_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path, capsys, 
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
     assert "FIFO that nobody reads" in err and "nothing written" in err
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_prune_apply_to_a_fifo_nobody_reads_deletes_nothing(hf_run, tmp_path, capsys, monkeypatch):
+    # the report's FIFO is opened before the first delete: with no reader, prune stops before it acts
+    from checkpoint_strategy import atomic
+
+    monkeypatch.setattr(atomic, "FIFO_READER_WAIT", 0.3)
+    root = tmp_path / "run"
+    for n in (300, 400):
+        shutil.copytree(hf_run.output_dir / "checkpoint-200", root / f"checkpoint-{n}")
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    before = _tree(root)
+    err = exit_2(capsys, "prune", root, "--keep-last", "1", "--apply", "-o", fifo)
+    assert "FIFO that nobody reads" in err and "nothing written" in err
+    assert _tree(root) == before
+    # with a reader that comes late (after the deletes would have started), the report arrives whole
+    got = []
+    reader = threading.Thread(target=lambda: (time.sleep(0.1), got.append(Path(fifo).read_bytes())))
+    reader.start()
+    rc, _out, err = run(capsys, "prune", root, "--keep-last", "1", "--apply", "-o", fifo, "--format", "json")
+    reader.join(30)
+    assert rc == 0, err
+    report = json.loads(got[0])
+    assert report["applied"] and [e["name"] for e in report["delete"] if e["deleted"]] == ["checkpoint-300"], report
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["checkpoint-400"]
 
 
 @pytest.mark.parametrize("target, match", [("/proc/self/status", "kernel file under /proc"),

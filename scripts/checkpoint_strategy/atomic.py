@@ -49,9 +49,22 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 FIFO_READER_WAIT = 10.0
 
 
-def _write_fifo(target: Path, data: bytes, wait: float | None = None) -> None:
-    """Write to a FIFO without ever blocking on one nobody reads: open it non-blocking (ENXIO while no
-    reader has it open), retrying for `wait` seconds, then write with ordinary blocking writes."""
+#: FIFOs opened ahead of their write (hold_fifo), by real path: the write takes the open descriptor
+_HELD_FIFOS: dict[str, int] = {}
+
+
+def hold_fifo(path: str | os.PathLike) -> None:
+    """Open the FIFO at `path` for writing now (waiting for a reader as `_write_fifo` does) and keep it
+    open for the write that comes later: a command that acts before it reports (prune --apply deletes)
+    learns that nobody reads its report before it has done anything."""
+    key = os.path.realpath(path)
+    if key not in _HELD_FIFOS:
+        _HELD_FIFOS[key] = _open_fifo(Path(path), None)
+
+
+def _open_fifo(target: Path, wait: float | None) -> int:
+    """A non-blocking open of a FIFO for writing (ENXIO while no reader has it open), retried for `wait`
+    seconds, returned as a blocking descriptor."""
     import errno
     import fcntl
     import time
@@ -65,14 +78,18 @@ def _write_fifo(target: Path, data: bytes, wait: float | None = None) -> None:
             if exc.errno != errno.ENXIO or time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)
-    try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
-        with os.fdopen(fd, "wb", buffering=0) as fh:
-            fd = -1
-            fh.write(data)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return fd
+
+
+def _write_fifo(target: Path, data: bytes, wait: float | None = None) -> None:
+    """Write to a FIFO without ever blocking on one nobody reads: the descriptor `hold_fifo` opened, or
+    one opened now (`_open_fifo`), then ordinary blocking writes."""
+    fd = _HELD_FIFOS.pop(os.path.realpath(target), None)
+    if fd is None:
+        fd = _open_fifo(target, wait)
+    with os.fdopen(fd, "wb", buffering=0) as fh:
+        fh.write(data)
 
 
 def write_temp(path: str | os.PathLike, data: bytes) -> str:

@@ -226,11 +226,13 @@ def emit(report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (),
 
 def check_output_early(output: Any, inputs: tuple = ()) -> None:
     """Refuse -o/--output over an input, or inside an input folder, before the command does any work
-    (deletes, state writes); `write_output` checks the same again when it writes."""
+    (deletes, state writes), and a FIFO output that nobody reads (opened now, kept for the write);
+    `write_output` checks the same again when it writes."""
     if output is not None and output != "-":
         from checkpoint_strategy import storage
 
         storage.check_output(output, "-o/--output", inputs=tuple(i for i in inputs if i))
+        storage.hold_output(output, "-o/--output")
 
 
 def write_output(text: str, output: Any = None, inputs: tuple = ()) -> None:

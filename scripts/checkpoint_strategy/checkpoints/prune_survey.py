@@ -131,6 +131,56 @@ def _describe_links(s: Survey) -> None:
             s.notes.append(f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept")
 
 
+#: entries looked at per ROOT entry for symlinks into another entry; past it, a note says so
+MAX_LINK_SCAN = 200_000
+
+
+def _inner_links(s: Survey) -> None:
+    """A symlink inside one entry of ROOT (checkpoint-20/model.safetensors -> ../checkpoint-10/...,
+    a final export's model file -> checkpoint-500/...) makes its target entry needed: `links_into`
+    names it, and the keep rules keep it while the link is there. Only link texts are resolved."""
+    root_real = os.path.realpath(s.root)
+    names = {c.name for c in s.candidates}
+    for i, c in enumerate(s.candidates):
+        if c.symlink or c.outside or not c.path:
+            continue
+        top = c.path if not c.final_export else s.root
+        found, complete = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
+        if not complete:
+            s.notes.append(f"{c.name}: more than {MAX_LINK_SCAN} entries, not all looked at for symlinks into "
+                           "other checkpoints")
+        if found:
+            s.candidates[i] = replace(c, links_into=tuple(found))
+
+
+def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
+                 recurse: bool) -> tuple[list[tuple[str, str]], bool]:
+    """([(ROOT entry a symlink under `top` resolves into, the link's path under ROOT)], all entries seen).
+    recurse=False: ROOT's own files (a final export), not the entries that are candidates themselves."""
+    found: list[tuple[str, str]] = []
+    stack, seen = [top], 0
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for e in entries:
+            seen += 1
+            if seen > MAX_LINK_SCAN:
+                return found, False
+            if not recurse and e.name in names:
+                continue
+            if e.is_symlink():
+                rel = os.path.relpath(os.path.realpath(e.path), root_real)
+                first = rel.split(os.sep)[0]
+                if first not in (own, os.curdir, os.pardir) and first in names:
+                    found.append((first, os.path.relpath(e.path, root)))
+            elif recurse and e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+    return found, True
+
+
 #: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
 _POINTERS = (("latest", "DeepSpeed", "deepspeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"))
 
@@ -209,6 +259,7 @@ def survey(root: str, level: str = "quick") -> Survey:
                                          links_to=links_to, outside=outside))
     s.templates = sorted(templates)
     _describe_links(s)
+    _inner_links(s)
     _resume_pointer(s)
     _hf_best(s)
     _lightning_best(s)

@@ -162,6 +162,8 @@ class Candidate:
     resumable: optimizer state present; None when unknown
     symlink:   a symlink, or resolves outside ROOT
     links_to:  a symlink inside ROOT: the name of the ROOT entry it resolves into (kept as its target)
+    links_into: symlinks inside this entry (a file or folder of it) that resolve into another ROOT
+               entry: (that entry's name, the link's path under ROOT); each target is kept
     outside:   resolves outside ROOT (reported, never followed, never deleted)
     metrics:   Lightning metric keys in the name (the trainer's top-k by that metric)
     final_export: the run folder's own top-level model files (never deleted)
@@ -179,6 +181,7 @@ class Candidate:
     path: str = ""
     links_to: str | None = None
     outside: bool = False
+    links_into: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -418,11 +421,13 @@ def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str]
 
 
 def _link_targets(candidates: Iterable[Candidate]) -> dict[str, tuple[str, ...]]:
-    """name -> the symlinks inside ROOT that resolve into it."""
+    """name -> the symlinks inside ROOT that resolve into it (entries of ROOT, and links inside them)."""
     out: dict[str, list[str]] = {}
     for c in candidates:
         if c.symlink and c.links_to and c.links_to != c.name:
             out.setdefault(c.links_to, []).append(c.name)
+        for target, link in c.links_into:
+            out.setdefault(target, []).append(link)
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 

@@ -447,12 +447,29 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "o
     try:
         atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as exc:
-        if exc.errno == errno.ENXIO and stat.S_ISFIFO(_mode(p)):
-            from checkpoint_strategy.atomic import FIFO_READER_WAIT
+        raise _write_error(exc, p, what) from None
 
-            raise UsageError(f"{what} {p} is a FIFO that nobody reads (no reader opened it within "
-                             f"{FIFO_READER_WAIT:g} s): nothing written; start the reader first") from None
-        raise UsageError(f"{what}: {oserror_line(exc, 'write', p)}") from None
+
+def hold_output(path: str | os.PathLike[str], what: str) -> None:
+    """When the output is a FIFO, open it now and keep it for `write_output`: a command that acts before
+    it reports (prune --apply) stops, before it acts, when nobody reads the FIFO (exit 2, nothing done)."""
+    p = os.fspath(path)
+    if stat.S_ISFIFO(_mode(p)):
+        from checkpoint_strategy.atomic import hold_fifo
+
+        try:
+            hold_fifo(p)
+        except OSError as exc:
+            raise _write_error(exc, p, what) from None
+
+
+def _write_error(exc: OSError, p: str, what: str) -> UsageError:
+    if exc.errno == errno.ENXIO and stat.S_ISFIFO(_mode(p)):
+        from checkpoint_strategy.atomic import FIFO_READER_WAIT
+
+        return UsageError(f"{what} {p} is a FIFO that nobody reads (no reader opened it within "
+                          f"{FIFO_READER_WAIT:g} s): nothing written; start the reader first")
+    return UsageError(f"{what}: {oserror_line(exc, 'write', p)}")
 
 
 def _mode(p: str) -> int:
