@@ -14,7 +14,6 @@ import struct
 import threading
 import zlib
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -710,6 +709,8 @@ def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) ->
 
     # largest entries first keeps the threads evenly loaded; results come back in archive order
     order = sorted(range(len(entries)), key=lambda i: -entries[i].csize)
+    from concurrent.futures import ThreadPoolExecutor   # big archives at level full only
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {i: pool.submit(work, entries[i]) for i in order}
         results = [futures[i].result() for i in range(len(entries))]

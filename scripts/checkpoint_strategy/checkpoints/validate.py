@@ -915,6 +915,12 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     return jobs, orbax_commit_roots, roots
 
 
+def _hash_algorithm() -> str:
+    from checkpoint_strategy.checkpoints.manifest import ALGORITHM   # with --manifest only (hashlib)
+
+    return ALGORITHM
+
+
 def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
     where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
     steps = sorted(f.step for f in deleted if f.step is not None)
@@ -1013,11 +1019,9 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
         storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
                              inputs=tuple(paths))
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
-    from checkpoint_strategy.checkpoints.manifest import ALGORITHM
-
     from checkpoint_strategy.checkpoints.coverage import blind_spots, families
 
     return ValidationReport(
-        level=level, manifest=manifest, hash_algorithm=ALGORITHM if manifest else None, checkpoints=results,
+        level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
         blind_spots=blind_spots((families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))
