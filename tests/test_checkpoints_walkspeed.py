@@ -205,3 +205,29 @@ def test_zip_entry_lookup_is_the_first_of_that_name_in_the_current_list():
     assert z.entry("b") is b
     z.entries = [a2]
     assert z.entry("a") is a2 and z.entry("b") is None
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeypatch, small):
+    """A local header is read as 30 bytes + the name's length in characters; a UTF-8 name is longer in bytes and
+    is read again whole: a good one passes, a changed one is named in full in the mismatch (from memory and
+    from the file alike)."""
+    import zipfile
+
+    p = tmp_path / "archive.pt"
+    name = "archive/données/é"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/version", b"3\n")
+        zf.writestr(name, b"x" * 10)
+    if not small:
+        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+    z = fc.scan_zip(str(p), fc.Counter())
+    assert [str(f) for f in z.findings] == [] and z.entry(name).data_start > 0
+    data = bytearray(p.read_bytes())
+    at = data.index("données/é".encode())   # the local header's copy comes first
+    data[at] = ord("D")
+    p.write_bytes(bytes(data))
+    z = fc.scan_zip(str(p), fc.Counter())
+    assert [str(f) for f in z.findings] == [f"entry name mismatch: central directory {name!r}, local header "
+                                            f"{'archive/Données/é'!r}"]
