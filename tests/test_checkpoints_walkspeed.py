@@ -9,6 +9,7 @@ many points, a byte flipped in every region). `storage.read_bytes` reads a file'
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 
@@ -231,3 +232,55 @@ def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeyp
     z = fc.scan_zip(str(p), fc.Counter())
     assert [str(f) for f in z.findings] == [f"entry name mismatch: central directory {name!r}, local header "
                                             f"{'archive/Données/é'!r}"]
+
+
+def _archive(path, deflate_last: bool = False) -> bytes:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/version", b"3\n")
+        zf.writestr("archive/data/0", b"x" * 10, zipfile.ZIP_DEFLATED if deflate_last else zipfile.ZIP_STORED)
+    return path.read_bytes()
+
+
+def _cd_record(data: bytes, name: str) -> int:
+    """Offset of the central directory record of `name` (its second copy in the file; the first is the local header)."""
+    raw = name.encode()
+    return data.index(raw, data.index(raw) + 1) - 46
+
+
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("damage, expected", [
+    ("signature", "broken local header for entry 'archive/data/0' at offset {lh}"),
+    ("past", "entry 'archive/data/0' (40 bytes) runs past the central directory: truncated"),
+    ("method", "entry 'archive/data/0' uses unsupported compression method 12"),
+    ("sizes", "entry 'archive/data/0': stored sizes disagree (10 vs 11)"),
+    ("bomb", "entry 'archive/data/0' is deflated to inflate to 11 bytes, more than the 0 GB this checker inflates "
+             "(torch.save stores entries uncompressed: a re-zipped archive or a zip bomb)"),
+])
+def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
+    """Each local-header finding, from memory (a small archive read whole) and from the file."""
+    p = tmp_path / "archive.pt"
+    data = bytearray(_archive(p, deflate_last=damage == "bomb"))
+    lh = data.index(b"archive/data/0") - 30
+    cd = _cd_record(bytes(data), "archive/data/0")
+    full = False
+    if damage == "signature":
+        data[lh:lh + 4] = b"PK\x00\x00"
+    elif damage == "past":
+        data[cd + 20:cd + 28] = struct.pack("<II", 40, 40)
+    elif damage == "method":
+        data[cd + 10:cd + 12] = struct.pack("<H", 12)
+    elif damage == "sizes":
+        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+    elif damage == "bomb":
+        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+        monkeypatch.setattr(fc, "MAX_INFLATE_BYTES", 10)
+        full = True
+    p.write_bytes(bytes(data))
+    if not small:
+        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+    z = fc.scan_zip(str(p), fc.Counter(), full=full)
+    assert [str(f) for f in z.findings] == [expected.format(lh=lh)]
+    assert z.findings[0].kind == ("incomplete" if damage == "past" else "invalid")
