@@ -522,17 +522,27 @@ def _local_headers(fh, entries: list[ZipEntry], cd_offset: int, counter: Counter
     """Every entry's local header (sets e.data_start); the first finding, or None. Each header and the
     name after it are one read (a slice of a small archive read whole)."""
     data = fh.data if isinstance(fh, _InMemory) else None
-    for e in entries:
+    lens = _LH_LENS.unpack_from
+    for i, e in enumerate(entries):
+        off = e.offset
         want = 30 + len(e.name)   # the name's length in bytes when it is ASCII (else read again below)
         if data is not None:
-            lh = data[e.offset:e.offset + want]
+            lh = data[off:off + want]
         else:
-            fh.seek(e.offset)
+            fh.seek(off)
             lh = fh.read(want)
-        counter.bytes_read += 30
-        finding = _local_header_finding(fh, lh, e, cd_offset, full)
+        if len(lh) == want and lh.startswith(_LFH):   # the usual case, decided here: a stored entry, all in order
+            nlen, xlen = lens(lh, 26)
+            start = off + 30 + nlen + xlen
+            if (nlen == want - 30 and e.method == 0 and e.csize == e.usize and start + e.csize <= cd_offset
+                    and lh[30:].decode("utf-8", "replace") == e.name):
+                e.data_start = start
+                continue
+        finding = _local_header_finding(fh, lh, e, cd_offset, full)   # every other case, and the finding's words
         if finding is not None:
+            counter.bytes_read += 30 * (i + 1)
             return finding
+    counter.bytes_read += 30 * len(entries)
     return None
 
 
