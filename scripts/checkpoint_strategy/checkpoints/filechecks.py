@@ -237,8 +237,9 @@ _EOCD64_LOC = b"PK\x06\x07"
 _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
-# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack
-_CD_RECORD = struct.Struct("<HHHHIIIHHHHHII")
+# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack of
+# flags, method, crc, sizes, name/extra/comment lengths, disk and offset (times and attributes skipped)
+_CD_RECORD = struct.Struct("<HH4xIIIHHHH6xI")
 # the end-record search reads this much of a file's end; a file no bigger (SMALL_ZIP_BYTES) is read whole once
 # and every later read is served from memory
 ZIP_TAIL_BYTES = 22 + 65535 + 20
@@ -310,7 +311,7 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     for _ in range(n_entries):
         if not cd.startswith(_CDH, p) or p + 46 > cd_size:
             return f"broken central directory at entry {len(entries)}"
-        (flags, method, _t, _dt, crc, csize, usize, nlen, xlen, clen, e_disk, _ia, _ea, offset) = unpack(cd, p + 8)
+        flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, offset = unpack(cd, p + 8)
         name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
         if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):  # what torch.load's reader (miniz) refuses
             what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
