@@ -16,6 +16,10 @@ inside the files pays at least); the ratios stay against the walk.
 
 --profile: after the table, a cProfile of one in-process quick validation at the largest size (top 25 by
 own time).
+
+--instructions: instead of times, user-space instructions per checkpoint counted by valgrind (callgrind) in a
+fresh interpreter, (count at 200 checkpoints - count at 100) / 100 for each row: the same figure whatever the
+load (kernel time is not counted, so the walk's share is understated), slow (about a minute a run).
 """
 
 from __future__ import annotations
@@ -81,7 +85,17 @@ def main() -> int:
     ap.add_argument("--sizes", default="500,1000,2000")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile one in-process quick validation at the largest size")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instructions per checkpoint under valgrind instead of times (load-independent; slow)")
     args = ap.parse_args()
+    if args.instructions:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
+        try:
+            print("user-space instructions per checkpoint, (200 checkpoints - 100) / 100, callgrind")
+            instructions(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs)")
     print("ratios against an os.walk + os.stat of the same tree, least of "
@@ -126,6 +140,46 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if ok else 1
+
+
+_CHILD = """import sys
+sys.path[:0] = [{scripts!r}, {bench!r}]
+from bench_walk import read_walk, stat_walk, prune, validate_paths
+what, tree = sys.argv[1], sys.argv[2]
+if what == "quick":
+    validate_paths([tree], level="quick", progress=False)
+elif what == "prune":
+    prune(tree, keep_last=1, spike_check=False)
+else:
+    (stat_walk if what == "walk" else read_walk)(tree)
+"""
+
+
+def instructions(tmp: Path) -> None:
+    """Instructions per checkpoint of each row (callgrind, fresh interpreter each run): deterministic."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
+    code = _CHILD.format(scripts=str(ROOT / "scripts"), bench=str(ROOT / "bench"))
+    trees = {}
+    for n in (100, 200):
+        trees[n] = tmp / f"tree{n}"
+        trees[n].mkdir()
+        build_tree(trees[n], n, shards=1)
+    per = {}
+    for what in ("walk", "floor", "quick", "prune"):
+        counts = []
+        for n in (100, 200):
+            proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                                   "-c", code, what, str(trees[n])], capture_output=True, text=True)
+            found = [line.split()[-1] for line in proc.stderr.splitlines() if "Collected :" in line]
+            if proc.returncode != 0 or not found:
+                raise SystemExit(f"valgrind {what} failed: {proc.stderr.strip()[-300:]}")
+            counts.append(int(found[-1]))
+        per[what] = (counts[1] - counts[0]) / 100
+    names = {"walk": "os.walk + os.stat", "floor": "open + read every file", "quick": "validate --level quick",
+             "prune": "prune dry run"}
+    for what, v in per.items():
+        print(f"  {names[what]:28s} {v / 1e6:6.3f} M instructions per checkpoint = {v / per['walk']:5.1f}x the walk")
 
 
 def _profile(fn) -> None:
