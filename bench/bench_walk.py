@@ -18,8 +18,9 @@ inside the files pays at least); the ratios stay against the walk.
 own time).
 
 --instructions: instead of times, user-space instructions per checkpoint counted by valgrind (callgrind) in a
-fresh interpreter, (count at 200 checkpoints - count at 100) / 100 for each row: the same figure whatever the
-load (kernel time is not counted, so the walk's share is understated), slow (about a minute a run).
+fresh interpreter with a fixed hash seed, (count at 300 checkpoints - count at 100) / 200 for each row: the
+same figure whatever the load (kernel time is not counted, so the walk's share is understated), slow (about a
+minute a run).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def main() -> int:
     if args.instructions:
         tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
         try:
-            print("user-space instructions per checkpoint, (200 checkpoints - 100) / 100, callgrind")
+            print("user-space instructions per checkpoint, (300 checkpoints - 100) / 200, callgrind, PYTHONHASHSEED=0")
             instructions(tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -155,27 +156,31 @@ else:
 """
 
 
+SIZES = (100, 300)
+
+
 def instructions(tmp: Path) -> None:
     """Instructions per checkpoint of each row (callgrind, fresh interpreter each run): deterministic."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind")
     code = _CHILD.format(scripts=str(ROOT / "scripts"), bench=str(ROOT / "bench"))
     trees = {}
-    for n in (100, 200):
+    env = dict(os.environ, PYTHONHASHSEED="0")   # dict and set layouts (and so the counts) the same every run
+    for n in SIZES:
         trees[n] = tmp / f"tree{n}"
         trees[n].mkdir()
         build_tree(trees[n], n, shards=1)
     per = {}
     for what in ("walk", "floor", "quick", "prune"):
         counts = []
-        for n in (100, 200):
+        for n in SIZES:
             proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                                   "-c", code, what, str(trees[n])], capture_output=True, text=True)
+                                   "-c", code, what, str(trees[n])], capture_output=True, text=True, env=env)
             found = [line.split()[-1] for line in proc.stderr.splitlines() if "Collected :" in line]
             if proc.returncode != 0 or not found:
                 raise SystemExit(f"valgrind {what} failed: {proc.stderr.strip()[-300:]}")
             counts.append(int(found[-1]))
-        per[what] = (counts[1] - counts[0]) / 100
+        per[what] = (counts[1] - counts[0]) / (SIZES[1] - SIZES[0])
     names = {"walk": "os.walk + os.stat", "floor": "open + read every file", "quick": "validate --level quick",
              "prune": "prune dry run"}
     for what, v in per.items():
