@@ -39,7 +39,8 @@ def checkout_env(**extra: str) -> dict[str, str]:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_job(argv: list[str], what: str, clean: Optional[Path] = None, timeout: float = 600, **kw: Any) -> None:
+def run_job(argv: list[str], what: str, env: dict[str, str], clean: Optional[Path] = None, timeout: float = 600,
+            **kw: Any) -> None:
     """Run a real framework job that makes a test's inputs; raise RuntimeError with its stderr when it fails.
     The one failure tried again (once, after removing `clean`) is gloo's teardown abort, and only that one: any
     other failure, and the abort twice, fail the test with every attempt's stderr."""
@@ -48,7 +49,7 @@ def run_job(argv: list[str], what: str, clean: Optional[Path] = None, timeout: f
 
     errors = []
     for _ in range(2):
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
         if proc.returncode == 0:
             return
         errors.append(f"{what} failed ({proc.returncode}): {proc.stderr[-3000:]}")

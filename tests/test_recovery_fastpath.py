@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,9 @@ LINE_KINDS = st.sampled_from([
     '{"step": S, "loss": 1e999}', '{"step": S, "loss": [1]}', "[1]", '{"step": S, "lo', "NaN",
     '{"step": S, "loss": 2.5, "x": "\\ud800"}', '\ufeff{"step": S, "loss": 2.5}', '{"step": "S", "loss": 2.5}',
     '{"step": S, "loss": 2.5}\r', '\x0c', '{"step": S, "loss": -0}', '{"step": S, "loss": 2.5, "grad_norm": null}',
+    # lines that parse as one JSON array but not one by one (records._flat_block must refuse the block)
+    '{"step": S, "loss": 2.5, "n": "}', '{"}', '{"step": S, "loss": 2.5},{"step": S, "loss": 2.6}', '{"step": S,',
+    '"loss": 2.5}', '{"step": S, "loss": 2.5, "xs": [1, 2]}', ' {"step": S, "loss": 2.5} ',
 ])
 
 
@@ -205,6 +209,33 @@ def test_fuzz_jsonl_fast_path_matches_the_reference(kinds, torn, block, batch, t
         m.setattr(records, "BLOCK_BYTES", block)
         m.setattr(records, "BATCH_LINES", batch)
         _assert_same(p, m)
+
+
+def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
+    """records._flat_block parses a block as one array only when each line is one flat object: an object whose
+    string holds a brace would swallow the next line when joined (fewer elements than lines: refused)."""
+    if records._orjson is None:
+        pytest.skip("orjson not installed")
+    good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\r\n  {"loss": 2.3, "step": 3} '
+    assert records._flat_block(good) == [json.loads(x) for x in good.split(b"\n")]
+    for bad in (b'{"step": 1, "loss": 2.5, "n": "}\n{"}\n{"step": 3, "loss": 2.0}',      # a string spans lines
+                b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                     # a blank line
+                b'{"step": 1, "loss": 2.5},{"step": 2, "loss": 2.6}\n{"step": 3, "loss": 2.0}',  # two objects
+                b'{"step": 1,\n"loss": 2.5}',                                                # one object, two lines
+                b'{"step": 1, "loss": NaN}',                                                  # orjson refuses
+                b'{"step": 1, "loss": {"x": 1}}',                                             # nested
+                b'"{}\n{}"\n{"a": 1}, 5',                      # n elements, but a string and a number among them
+                b'x{"step": 1}'):                                                             # text before
+        assert records._flat_block(bad) is None, bad
+
+
+def test_an_object_spanning_lines_in_a_string_is_reported_as_the_reference_does(tmp_path, monkeypatch):
+    lines = [json.dumps({"step": i, "loss": 2.0}) for i in range(1, 3001)]
+    lines[2500:2502] = ['{"step": 2501, "loss": 2.0, "n": "}', '{"}']
+    p = tmp_path / "train.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p} line 2501 is not valid JSON (truncated?): "
+                                                     "Unterminated string starting at")
 
 
 @pytest.mark.parametrize("shape", ["jsonl", "trainer_state"])
@@ -366,3 +397,115 @@ def test_a_long_series_with_spikes_and_nan_analyses_the_same_in_chunks(tmp_path,
         monkeypatch.setattr(detect, "STATS_VALUES", values)
         monkeypatch.setattr(detect, "QUANTUM_CHUNK", quantum)
         assert _analysis(p) == whole
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 8, 16, 17])
+def test_row_medians_are_numpys_bit_for_bit(k):
+    """detect's sort-based row medians (block statistics) give np.median's and np.nanmedian's bits: signed zeros,
+    NaN and inf rows, values whose sum overflows, rounded values with ties."""
+    import warnings
+
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(k)
+    for trial in range(40):
+        a = rng.standard_normal((300, k)) * 10.0 ** float(rng.integers(-300, 300))
+        if trial % 3 == 0:
+            a = np.round(a, int(rng.integers(0, 6)))
+        if trial % 4 == 1:
+            a[rng.random(a.shape) < 0.2] = np.nan
+        if trial % 5 == 2:
+            a[rng.random(a.shape) < 0.1] = np.inf
+        if trial % 5 == 3:
+            a[rng.random(a.shape) < 0.1] = -np.inf
+        if trial % 7 == 4:
+            a = 1.7e308 * np.sign(a)
+        if trial % 11 == 5:
+            a[:] = -0.0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            assert detect._row_median(a).tobytes() == np.median(a, axis=1).tobytes(), trial
+            assert detect._row_nanmedian(a).tobytes() == np.nanmedian(a, axis=1).tobytes(), trial
+
+
+def test_steps_become_int64_in_the_readers_array_only(tmp_path, monkeypatch):
+    """build_series converts a reader's own float64 steps in place (no second copy of a long series), a chunk at a
+    time; an array passed by a caller is left alone, and a bad step in a later chunk is named by its entry."""
+    steps = np.arange(1.0, 1001.0)
+    loss = np.full(1000, 2.0)
+    monkeypatch.setattr(logs, "STEP_CHUNK", 64)
+    s = logs.build_series(steps, loss)
+    assert steps.dtype == np.float64 and steps[999] == 1000.0            # the caller's array is untouched
+    own = np.arange(1.0, 1001.0)
+    s2 = logs.build_series(own, loss, reuse_steps=True)
+    assert np.shares_memory(s2.raw_steps, own) and s2.raw_steps.tolist() == s.raw_steps.tolist()
+    assert s2.steps.dtype == np.int64 and s2.steps.tolist() == list(range(1, 1001))
+    for bad, shown in ((700.5, "700.5"), (math.nan, "missing"), (-3.0, "-3.0"), (2.0 ** 60, repr(2.0 ** 60))):
+        arr = np.arange(1.0, 1001.0)
+        arr[699] = bad
+        with pytest.raises(UsageError, match=rf"step at entry 700 is {re.escape(shown)}; expected a whole number"):
+            logs.build_series(arr, loss, reuse_steps=True)
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 0.5 * (i == 900), "loss": 2.0}) + "\n" for i in range(1, 1001)))
+    assert _assert_same(p, monkeypatch) == ("error", f"log {p}: step at entry 900 is 900.5; expected a whole number "
+                                                     ">= 0")
+
+
+def test_the_reference_held_per_block_is_the_per_value_one():
+    from checkpoint_strategy.recovery import detect, settings
+
+    rng = np.random.default_rng(5)
+    for n in (5, 17, 1000, 4099):
+        x = 2 + 0.05 * rng.standard_normal(n)
+        x[n // 2] = np.nan
+        ref = detect.healthy_reference(x, 128)
+        blocked = detect.reference_blocks(x, 128)
+        assert len(blocked) == n
+        assert np.array_equal(np.array([blocked[i] for i in range(n)]), ref, equal_nan=True)
+        assert np.array_equal(blocked.values(), ref, equal_nan=True) and np.isfinite(ref[n // 2 + 40:]).all()
+        with pytest.raises(IndexError):
+            blocked[n]
+        an = detect.analyse(np.arange(n), x, None, settings.build(None))
+        assert np.array_equal(an.reference, detect.healthy_reference(x, detect.effective_window(n, 128)),
+                              equal_nan=True)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 1 << 16])
+def test_runs_of_equal_values_found_a_chunk_at_a_time(chunk, monkeypatch):
+    """detect._same_runs (the collapse rule's runs of equal values) gives the edges of the whole comparison padded
+    with False, whatever the chunk: runs crossing chunk borders, at the start, at the end, NaN breaking a run."""
+    from checkpoint_strategy.recovery import detect
+
+    monkeypatch.setattr(detect, "FLAG_VALUES", chunk)
+    x = np.array([1.0, 1.0, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, np.nan, 3.0, 3.0, 4.0, 5.0, 5.0 + 1e-9, 5.0, 5.0, 5.0])
+    for xs in (x, x[1:], x[:-1], x[3:12], np.full(9, 0.0), np.arange(9.0)):
+        with np.errstate(invalid="ignore"):
+            same = (np.abs(np.diff(xs)) <= detect.COLLAPSE_RELATIVE * np.abs(xs[1:]) + 1e-12) & np.isfinite(xs[1:])
+        edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
+        starts, ends = detect._same_runs(xs)
+        assert starts.tolist() == np.flatnonzero(edges == 1).tolist()
+        assert ends.tolist() == np.flatnonzero(edges == -1).tolist()
+        assert detect._all_finite(xs) == bool(np.isfinite(xs).all())
+
+
+def test_a_divergence_early_in_a_long_log_is_analysed_the_same_in_chunks(tmp_path, monkeypatch):
+    """The unrecovered-event paths (never back below the start; divergence or plateau after a blow-up) take their
+    medians of 5 a chunk at a time: the same report as in one pass."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(11)
+    n = 6000
+    climb = np.round(3.0 + np.arange(n) / 1500 + 0.02 * rng.standard_normal(n), 4)   # never gets below the start
+    plateau = np.round(2.0 + 0.02 * rng.standard_normal(n), 4)
+    plateau[1200:] += 1.0                                                                # steps up and stays
+    never = np.round(3.0 + 0.03 * rng.standard_normal(n), 4)
+    never[:4] = 2.0          # the untrained model's loss, then up for good (never back below the start)
+    for name, loss in (("climb", climb), ("plateau", plateau), ("never", never)):
+        p = tmp_path / f"{name}.jsonl"
+        p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n" for i, v in enumerate(loss)))
+        whole = _analysis(p)
+        assert whole["status"] == "rollback" and whole["spikes"], (name, whole["status"])
+        with monkeypatch.context() as m:
+            m.setattr(detect, "STATS_VALUES", 7)
+            m.setattr(detect, "STATS_ROWS", 3)
+            assert _analysis(p) == whole, name

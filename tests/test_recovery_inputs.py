@@ -322,3 +322,16 @@ def test_restart_reason_lists_five_and_counts_the_rest(tmp_path, restarts, tail)
     shown = ", ".join(f"{x.previous_step}->{x.step}" for x in r.restarts[:5])
     reason = f"the log restarts {restarts} time(s) ({shown}{tail}); the latest segment wins for repeated steps"
     assert reason in r.reasons
+
+
+@pytest.mark.parametrize("entries", [3, 600_000])   # read whole, and streamed (over 16 MB)
+def test_a_document_with_text_after_it_is_invalid_json_not_empty(tmp_path, cli_run, entries):
+    p = tmp_path / "trainer_state.json"
+    history = [{"step": i, "loss": 2.0 + (i % 7) / 100} for i in range(1, entries + 1)]
+    p.write_text(json.dumps({"log_history": history, "global_step": entries}) + " garbage")
+    err = cli_run("recover", p).usage_error()
+    assert "is not valid JSON (text after the document): Extra data at line 1 column" in err, err
+    assert "empty" not in err
+    # objects on lines of their own under a .json name are JSON lines, read as such
+    p.write_text("".join(json.dumps(h) + "\n" for h in history[:3]))
+    assert cli_run("recover", p, "--format", "json").json()["log"]["points"] == 3

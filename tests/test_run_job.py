@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from cliresult import TEARDOWN_ABORT, run_job
+from cliresult import TEARDOWN_ABORT, checkout_env, run_job
 
 # fails when the last attempt's output was not removed; exits 134 with `message` on stderr while the counter file holds fewer than `fails` marks, then succeeds
 JOB = """
@@ -30,7 +30,7 @@ def _run(tmp_path, fails: int, message: str) -> tuple[int, Exception | None]:
     out.mkdir()
     counter = tmp_path / "counter"
     try:
-        run_job([sys.executable, "-c", JOB, str(counter), str(fails), message, str(out)], "job", clean=out)
+        run_job([sys.executable, "-c", JOB, str(counter), str(fails), message, str(out)], "job", env=checkout_env(), clean=out)
         err = None
     except RuntimeError as exc:
         err = exc

@@ -139,7 +139,7 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
     return jobs, notes
 
 
-class _Window:
+class Window:
     """A file object seeing only bytes [base, base+length) of another (DCP's embedded archives)."""
 
     def __init__(self, fh, base: int, length: int) -> None:
@@ -160,13 +160,9 @@ class _Window:
         return data
 
 
-def _state(obj: Any) -> Any:
-    return obj.state if isinstance(obj, tp.Call) else obj
-
-
 def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
     """(fqn, dtype, size, [(chunk offsets, chunk sizes)]) of every tensor in a DCP Metadata."""
-    state = _state(meta.root)
+    state = tp.state_of(meta.root)
     sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
     if not isinstance(sdm, dict):
         return None
@@ -174,25 +170,25 @@ def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[t
     for fqn, md in sdm.items():
         if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata") and isinstance(md.state, dict)):
             continue
-        props = _state(md.state.get("properties"))
+        props = tp.state_of(md.state.get("properties"))
         dtype = props[0].name if isinstance(props, tuple) and props and isinstance(props[0], tp.Global) else \
             (props.get("dtype").name if isinstance(props, dict) and isinstance(props.get("dtype"), tp.Global) else "?")
         chunks = []
         for c in md.state.get("chunks") or []:
-            cs = _state(c)
+            cs = tp.state_of(c)
             if isinstance(cs, dict):
                 chunks.append((tuple(cs.get("offsets") or ()), tuple(cs.get("sizes") or ())))
         out.append((str(fqn), dtype, tuple(md.state.get("size") or ()), chunks))
     return out
 
 
-def _dcp_storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, int, int, bool]]:
+def dcp_storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, int, int, bool]]:
     """(fqn, chunk offsets) -> (relative_path, offset, length, transformed)."""
-    state = _state(meta.root)
+    state = tp.state_of(meta.root)
     sd = state.get("storage_data") if isinstance(state, dict) else None
     out = {}
     for idx, info in (sd.items() if isinstance(sd, dict) else ()):
-        i, s = _state(idx), _state(info)
+        i, s = tp.state_of(idx), tp.state_of(info)
         if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str):
             off = i.get("offset")
             out[(i.get("fqn"), tuple(off) if isinstance(off, (tuple, list)) else None)] = (
@@ -208,7 +204,7 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
     tensors = dcp_tensors(meta) if meta is not None else None
     if tensors is None:
         return jobs, ["DCP .metadata without tensor entries: values not checked"]
-    storage = _dcp_storage(meta)
+    storage = dcp_storage(meta)
     handles: dict[str, Any] = {}
     try:
         for fqn, dtype, _size, chunks in tensors:
@@ -232,8 +228,8 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
                 fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel,
                               src.role, "zip")
                 if head == b"PK\x03\x04":
-                    win = _Window(fh, off, length)
-                    z = _embedded_zip(win, length)
+                    win = Window(fh, off, length)
+                    z = embedded_zip(win, length)
                     if isinstance(z, str):
                         notes.append(f"{fqn}: {z}")
                         continue
@@ -259,7 +255,7 @@ def fc_read_error():
     return ReadError
 
 
-def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
+def embedded_zip(win: Window, length: int) -> fc.ZipScan | str:
     parsed = fc.read_zip_directory(win, length)
     if isinstance(parsed, str):
         return parsed

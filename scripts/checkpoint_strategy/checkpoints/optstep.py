@@ -161,13 +161,9 @@ def _dcp_meta(folder: str) -> Optional[tp.PickleScan]:
         return None
 
 
-def _state(obj: Any) -> Any:
-    return obj.state if isinstance(obj, tp.Call) else obj
-
-
 def _dcp_entries(meta: tp.PickleScan) -> dict[str, str]:
     """fqn -> dtype ('bytes' for a non-tensor item) of every entry of a DCP .metadata."""
-    root = _state(meta.root)
+    root = tp.state_of(meta.root)
     sdm = root.get("state_dict_metadata") if isinstance(root, dict) else None
     out: dict[str, str] = {}
     for fqn, md in (sdm.items() if isinstance(sdm, dict) else ()):
@@ -176,7 +172,7 @@ def _dcp_entries(meta: tp.PickleScan) -> dict[str, str]:
         if md.name.endswith("BytesStorageMetadata"):
             out[fqn] = "bytes"
             continue
-        props = _state(md.state.get("properties")) if isinstance(md.state, dict) else None
+        props = tp.state_of(md.state.get("properties")) if isinstance(md.state, dict) else None
         first = props[0] if isinstance(props, tuple) and props else (
             props.get("dtype") if isinstance(props, dict) else None)
         out[fqn] = first.name if isinstance(first, tp.Global) else "?"
@@ -185,11 +181,11 @@ def _dcp_entries(meta: tp.PickleScan) -> dict[str, str]:
 
 def _dcp_locations(meta: tp.PickleScan) -> dict[str, tuple[str, int, int]]:
     """fqn -> (relative_path, offset, length) of its first stored chunk (untransformed entries only)."""
-    root = _state(meta.root)
+    root = tp.state_of(meta.root)
     sd = root.get("storage_data") if isinstance(root, dict) else None
     out: dict[str, tuple[str, int, int]] = {}
     for idx, info in (sd.items() if isinstance(sd, dict) else ()):
-        i, s = _state(idx), _state(info)
+        i, s = tp.state_of(idx), tp.state_of(info)
         if not (isinstance(i, dict) and isinstance(s, dict)) or s.get("transform_descriptors"):
             continue
         rel, off, length = s.get("relative_path"), s.get("offset"), s.get("length")
@@ -376,7 +372,7 @@ def _lightning(path: str, out: OptimizerSteps) -> None:
             f"optimizer_states[*]['state'][*]['step'] summed over {n} optimizers"
     scheds = root.get("lr_schedulers") if isinstance(root, dict) else None
     if isinstance(scheds, list) and scheds:
-        last = _root_int(_state(scheds[0]), "last_epoch")
+        last = _root_int(tp.state_of(scheds[0]), "last_epoch")
         if last is not None:
             out.scheduler_step, out.scheduler_step_from = last, "lr_schedulers[0]['last_epoch']"
 

@@ -156,6 +156,11 @@ class Call:
         return self.func.qualname if isinstance(self.func, Global) else type(self.func).__name__
 
 
+def state_of(obj: Any) -> Any:
+    """What BUILD gave a recorded object (its pickled state), or the value itself when it is not a Call."""
+    return obj.state if isinstance(obj, Call) else obj
+
+
 @dataclass(frozen=True)
 class StorageRef:
     """A persistent-id storage: zip entry `data/<key>` holding `numel` elements of `dtype`."""

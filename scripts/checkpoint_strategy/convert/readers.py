@@ -227,7 +227,7 @@ class _Chunks:
             if length != numel * item:
                 raise _refuse(path, f"entry {tp.shown(fqn)}: {length} bytes, {dtype}{list(sizes)} needs {numel * item}")
             return path, off
-        z = deep._embedded_zip(deep._Window(fh, off, length), length)
+        z = deep.embedded_zip(deep.Window(fh, off, length), length)
         if isinstance(z, str):
             raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
         refs = list(tp.walk_tensors(z.pickle.root if z.pickle else None))
@@ -245,7 +245,7 @@ class _Chunks:
         fh.seek(off)
         if fh.read(4) != b"PK\x03\x04":
             return Unsupported("a non-tensor entry that is not a torch archive")
-        z = deep._embedded_zip(deep._Window(fh, off, length), length)
+        z = deep.embedded_zip(deep.Window(fh, off, length), length)
         if isinstance(z, str):
             raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
         return plain(z.pickle.root if z.pickle else None, lambda t: Unsupported("a tensor inside a bytes entry"))
@@ -309,8 +309,8 @@ def read_dcp(folder: str) -> Loaded:
     listed = deep.dcp_tensors(meta)
     if listed is None:
         raise _refuse(os.path.join(folder, ".metadata"), "no state_dict_metadata: not a DCP .metadata")
-    storage = deep._dcp_storage(meta)
-    state = deep._state(meta.root)
+    storage = deep.dcp_storage(meta)
+    state = tp.state_of(meta.root)
     planner = state.get("planner_data") if isinstance(state, dict) else None
     planner = planner if isinstance(planner, dict) else {}
     sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None

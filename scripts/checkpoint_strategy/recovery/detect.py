@@ -96,11 +96,17 @@ class Event:
     detail: str = ""
 
 
+def _all_finite(x: np.ndarray) -> bool:
+    """np.isfinite(x).all() without a mask of the whole series (a chunk at a time, stopping at the first miss)."""
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))
+    return all(np.isfinite(x[lo:lo + step]).all() for lo in range(0, len(x), step))
+
+
 def _ffill(x: np.ndarray) -> np.ndarray:
     """Replace NaN/inf with the previous finite value (leading ones with the first finite)."""
-    ok = np.isfinite(x)
-    if ok.all():
+    if _all_finite(x):
         return x
+    ok = np.isfinite(x)
     if not ok.any():
         return np.full_like(x, np.nan)
     idx = np.where(ok, np.arange(len(x)), 0)
@@ -113,59 +119,117 @@ def _ffill(x: np.ndarray) -> np.ndarray:
 def rolling_stats(x: np.ndarray, window: int = DEFAULT_WINDOW):
     """Per value: (median, robust scale, max) of the preceding ~window values; NaN before 2 blocks."""
     n = len(x)
+    st = _rolling_blocks(x, window)
+    if st is None:
+        nan = np.full(n, np.nan)
+        return nan, nan.copy(), nan.copy()
+    med_b, scale_b, max_b, b = st
+    return np.repeat(med_b, b)[:n], np.repeat(scale_b, b)[:n], np.repeat(max_b, b)[:n]
+
+
+def _rolling_blocks(x: np.ndarray, window: int):
+    """rolling_stats per block of b values (every value of a block has its block's figures): (median, robust
+    scale, max, b), or None when there is no finite value. n/b floats each, not n."""
+    n = len(x)
     xf = _ffill(np.asarray(x, dtype=np.float64))
     b = max(2, window // 8)
     k = max(2, window // b)
-    if n == 0 or not np.isfinite(xf).any():
-        nan = np.full(n, np.nan)
-        return nan, nan.copy(), nan.copy()
+    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
+        return None
     nb = -(-n // b)
-    xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    bmed, bmad, bmax = _block_stats(xp.reshape(nb, b))
-    med_b = np.full(nb, np.nan)
-    mad_b = np.full(nb, np.nan)
-    max_b = np.full(nb, np.nan)
-    if nb > 2:
-        from numpy.lib.stride_tricks import sliding_window_view
+    stats = list(_block_stats(xf, nb, b))
+    rolled = []
+    for reduce in (_row_nanmedian, _row_nanmedian, _row_nanmax):   # median, MAD, max; each block's own freed
+        out = np.full(nb, np.nan)
+        if nb > 2:
+            from numpy.lib.stride_tricks import sliding_window_view
 
-        def win(a):
-            padded = np.concatenate((np.full(k, np.nan), a))
-            return sliding_window_view(padded, k)[:nb]
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med_b[2:] = np.nanmedian(win(bmed)[2:], axis=1)
-            mad_b[2:] = np.nanmedian(win(bmad)[2:], axis=1)
-            max_b[2:] = np.nanmax(win(bmax)[2:], axis=1)
-    med = np.repeat(med_b, b)[:n]   # per value, its block's figure (no index array: memory is n floats each)
-    scale = np.repeat(1.4826 * mad_b, b)[:n]
+            padded = np.concatenate((np.full(k, np.nan), stats.pop(0)))
+            out[2:] = _by_rows(reduce, sliding_window_view(padded, k)[:nb][2:])
+            del padded
+        else:
+            stats.pop(0)
+        rolled.append(out)
+    med_b, scale_b, max_b = rolled
+    scale_b *= 1.4826   # the MAD's robust scale, in place
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
-    floor = np.abs(med)
+    floor = np.abs(med_b)
     floor *= 1e-4
     floor += 1e-12
     np.maximum(floor, _quantum(xf), out=floor)
-    np.maximum(scale, floor, out=scale)
-    del floor
-    return med, scale, np.repeat(max_b, b)[:n]
+    np.maximum(scale_b, floor, out=scale_b)
+    return med_b, scale_b, max_b, b
 
 
-STATS_ROWS = 1 << 16   # blocks whose medians are taken at a time (bounded temporaries)
-STATS_VALUES = 1 << 20   # values of a sliding window partitioned at a time
+def _by_rows(reduce, rows: np.ndarray) -> np.ndarray:
+    """reduce(rows) (one figure a row: _row_nanmedian, _row_nanmax; all-NaN rows give NaN quietly), STATS_VALUES
+    values at a time: a sliding window's rows overlap, and a copy of them is k times the memory of the series."""
+    out = np.empty(len(rows))
+    step = max(1, STATS_VALUES // max(1, rows.shape[1]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for lo in range(0, len(rows), step):
+            out[lo:lo + step] = reduce(rows[lo:lo + step])
+    return out
 
 
-def _block_stats(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per block (row): median, median absolute deviation from it, maximum; STATS_ROWS rows at a time."""
-    nb = len(blocks)
+def _row_nanmax(rows: np.ndarray) -> np.ndarray:
+    return np.nanmax(rows, axis=1)
+
+
+def _row_median(rows: np.ndarray) -> np.ndarray:
+    """np.median(rows, axis=1), bit for bit (the middle value, or the sum of the middle two halved; NaN for a row
+    holding NaN), from one sort of the rows: several times faster than median's partition on short rows."""
+    k = rows.shape[1]
+    srt = np.sort(rows, axis=1)
+    med = 0.0 + srt[:, k // 2] if k % 2 else (0.0 + srt[:, k // 2 - 1] + srt[:, k // 2]) / 2   # a sum from +0.0
+    med[np.isnan(srt[:, -1])] = np.nan
+    return med
+
+
+def _row_nanmedian(rows: np.ndarray) -> np.ndarray:
+    """np.nanmedian(rows, axis=1), bit for bit: rows without NaN from one sort (nanmedian halves the sum of the
+    low and high middle values, the same one twice for an odd count), the rest by nanmedian itself."""
+    k = rows.shape[1]
+    srt = np.sort(rows, axis=1)
+    lo, hi = (k // 2, k // 2) if k % 2 else (k // 2 - 1, k // 2)
+    med = (0.0 + srt[:, lo] + srt[:, hi]) / 2   # a sum from +0.0, as median's: -0.0 comes out +0.0
+    nan = np.flatnonzero(np.isnan(srt[:, -1]))   # sort puts NaN last
+    if len(nan):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med[nan] = np.nanmedian(rows[nan], axis=1)
+    return med
+
+
+def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
+    """Values lo..hi-1 of np.repeat(a_b, b) without building the whole repeat."""
+    return np.repeat(a_b[lo // b:(hi - 1) // b + 1], b)[lo % b:lo % b + (hi - lo)]
+
+
+STATS_ROWS = 1 << 12   # blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
+STATS_VALUES = 1 << 16   # values of a sliding window partitioned at a time
+
+
+def _block_stats(xf: np.ndarray, nb: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block of b values of xf (nb blocks; a last partial block padded with the last value): median, median
+    absolute deviation from it, maximum; STATS_ROWS rows at a time (no padded copy of the series)."""
     bmed, bmad, bmax = np.empty(nb), np.empty(nb), np.empty(nb)
+    full = min(nb, len(xf) // b)
     for lo in range(0, nb, STATS_ROWS):
-        part = blocks[lo:lo + STATS_ROWS]
-        med = np.median(part, axis=1)
+        hi = min(nb, lo + STATS_ROWS)
+        if hi <= full:
+            part = xf[lo * b:hi * b].reshape(hi - lo, b)
+        else:
+            tail = xf[lo * b:]
+            part = np.concatenate((tail, np.repeat(tail[-1], (hi - lo) * b - len(tail)))).reshape(hi - lo, b)
+        med = _row_median(part)
         dev = part - med[:, None]
         np.abs(dev, out=dev)
-        bmed[lo:lo + STATS_ROWS] = med
-        bmad[lo:lo + STATS_ROWS] = np.median(dev, axis=1, overwrite_input=True)
-        bmax[lo:lo + STATS_ROWS] = part.max(axis=1)
+        bmed[lo:hi] = med
+        bmad[lo:hi] = _row_median(dev)
+        bmax[lo:hi] = part.max(axis=1)
     return bmed, bmad, bmax
 
 
@@ -232,19 +296,37 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
     spread = 1.4826 * float(np.median(np.abs(tail - now)))
     if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
         return None
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    sm = np.median(sliding_window_view(np.where(np.isfinite(x), x, np.inf), SMOOTH_POINTS), axis=1)
-    if float(sm[1:].min()) < s0:
+    lowest, last_low = math.inf, -1   # over the medians of 5 (NaN/inf as +inf): the least after the first, and
+    for at, sm in _smooth_chunks(x, nonfinite=np.inf):   # the last one not above the start
+        rest = sm[1:] if at == 0 else sm
+        if len(rest):
+            lowest = min(lowest, float(rest.min()))
+        low = np.flatnonzero(~(sm > s0))
+        if len(low):
+            last_low = at + int(low[-1])
+    if lowest < s0:
         return None  # it did get below where it started: the other rules judge it
-    above = np.flatnonzero(~(sm > s0)) + SMOOTH_POINTS - 1
-    onset = int(above[-1]) + 1 if len(above) else 1
+    onset = last_low + SMOOTH_POINTS - 1 + 1 if last_low >= 0 else 1
     onset = min(max(onset, 1), n - 1)
     onset = max(1, int(np.flatnonzero(x[:onset + 1] > s0 * (1 + o.tolerance))[0]) if (x[:onset + 1] > s0 * (1 + o.tolerance)).any() else onset)
     peak = onset + int(np.argmax(np.where(np.isfinite(x[onset:]), x[onset:], -np.inf)))
     return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
                  z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
                  detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+
+
+def _smooth_chunks(x: np.ndarray, nonfinite: Optional[float] = None):
+    """(index of the first window, the medians of SMOOTH_POINTS values of each window starting there), STATS_VALUES
+    windows at a time (a sliding window's median copies k values a window); NaN/inf as `nonfinite` when given."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    count = len(x) - SMOOTH_POINTS + 1
+    step = max(1, STATS_VALUES)
+    for at in range(0, count, step):
+        part = x[at:min(count, at + step) + SMOOTH_POINTS - 1]
+        if nonfinite is not None:
+            part = np.where(np.isfinite(part), part, nonfinite)
+        yield at, np.median(sliding_window_view(part, SMOOTH_POINTS), axis=1)
 
 
 def block_size(window: int) -> int:
@@ -272,7 +354,7 @@ def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
 
         win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
         idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
-        if np.isfinite(win).all():
+        if _all_finite(bmed[:nb - 1]):   # the values the rows cover (np.isfinite(win) would be k x nb bytes)
             rows = max(1, STATS_VALUES // k)   # the partition copies its rows: STATS_VALUES values at a time
             for lo in range(0, nb - k, rows):
                 out[k + lo:k + lo + rows] = np.partition(win[lo:lo + rows], idx, axis=1)[:, idx]
@@ -285,29 +367,52 @@ def healthy_reference(x: np.ndarray, window: int = DEFAULT_WINDOW) -> np.ndarray
     """Per value: the healthy level before it, a low quantile (20 %) of the block medians of the
     REFERENCE_BLOCKS blocks before its own (NaN until two blocks are logged). Never follows a
     divergence up while the long window still holds the healthy stretch."""
+    return reference_blocks(x, window).values()
+
+
+class Blocked:
+    """A per-value array whose values come in blocks of b equal ones, held per block: a[i] is values[i // b]."""
+
+    def __init__(self, per_block: np.ndarray, b: int, n: int) -> None:
+        self.per_block, self.b, self.n = per_block, b, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> float:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return float(self.per_block[i // self.b])
+
+    def values(self) -> np.ndarray:
+        return np.repeat(self.per_block, self.b)[:self.n]
+
+
+def reference_blocks(x: np.ndarray, window: int = DEFAULT_WINDOW) -> Blocked:
+    """healthy_reference, held per block (n/b floats)."""
     n = len(x)
-    out = np.full(n, np.nan)
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if n == 0 or not np.isfinite(xf).any():
-        return out
+    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
+        return Blocked(np.full(n, np.nan), 1, n)
     b = block_size(window)
     nb = -(-n // b)
-    xp = np.concatenate((xf, np.repeat(xf[-1], nb * b - n))) if nb * b > n else xf
-    blocks = xp.reshape(nb, b)
+    full = n // b
     bmed = np.empty(nb)
-    for lo in range(0, nb, STATS_ROWS):   # bounded temporaries, as _block_stats
-        bmed[lo:lo + STATS_ROWS] = np.median(blocks[lo:lo + STATS_ROWS], axis=1)
-    if nb >= 2 and n % b:  # the last, partial block is not a block median yet
-        bmed[-1] = np.median(xf[(nb - 1) * b:])
+    for lo in range(0, full, STATS_ROWS):   # bounded temporaries, as _block_stats
+        hi = min(full, lo + STATS_ROWS)
+        bmed[lo:hi] = _row_median(xf[lo * b:hi * b].reshape(hi - lo, b))
+    if n % b:  # the last, partial block is not a block median yet (alone: padded with its last value)
+        tail = xf[full * b:]
+        bmed[-1] = np.median(tail) if nb >= 2 else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
-    return np.repeat(ref_b, b)[:n]
+    return Blocked(ref_b, b, n)
 
 
 def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
                 ratio_threshold: float = DEFAULT_RATIO, max_ratio: float = DEFAULT_MAX_RATIO,
                 min_rise: float = DEFAULT_MIN_RISE, tolerance: float = DEFAULT_TOLERANCE,
-                grad: bool = False, reference: Optional[np.ndarray] = None,
+                grad: bool = False, reference: Optional[np.ndarray | Blocked] = None,
                 labels: Optional[dict] = None) -> list[Event]:
     """Flagged events in one series (loss, or grad norm with ``grad=True``), oldest first.
 
@@ -322,14 +427,19 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
     x = np.asarray(x, dtype=np.float64)
     if len(x) == 0:
         return []
-    med, scale, wmax = rolling_stats(x, window)
-    flags = _chunked_flags(x, med, scale, wmax, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                           max_ratio=max_ratio, min_rise=min_rise, grad=grad)
-    rule_a, rule_b, rule_c, nonfinite = flags
+    st = _rolling_blocks(x, window)
+    if st is None:
+        b = max(2, window // 8)
+        nan = np.full(-(-len(x) // b), np.nan)
+        st = (nan, nan, nan, b)
+    med_b, scale_b, max_b, b = st
+    flags = _Flags(x, st, dict(z_threshold=z_threshold, ratio_threshold=ratio_threshold, max_ratio=max_ratio,
+                               min_rise=min_rise, grad=grad))
     xv = _ffill(x) if grad else x
-    sc = _Scan(x=x, xv=xv, x_inf=np.where(np.isfinite(xv), xv, np.inf), med=med, scale=scale, flags=flags,
+    x_inf = xv if _all_finite(xv) else np.where(np.isfinite(xv), xv, np.inf)   # shared when all finite
+    sc = _Scan(x=x, xv=xv, x_inf=x_inf, med=med_b, scale=scale_b, b=b, flags=flags,
                reference=reference if not grad else None, grad=grad, labels=labels)
-    cand = np.flatnonzero(rule_a | rule_b | rule_c | nonfinite)
+    cand = flags.flagged()
     events: list[Event] = []
     pos = 0
     while True:
@@ -351,10 +461,11 @@ class _Scan:
     x: np.ndarray        # as logged
     xv: np.ndarray       # a grad norm's NaN/inf forward-filled (it is not an event on its own)
     x_inf: np.ndarray    # xv with NaN/inf as +inf: never back, always the peak
-    med: np.ndarray      # rolling median, scale
+    med: np.ndarray      # rolling median, scale: per block of b values (value i: [i // b])
     scale: np.ndarray
-    flags: tuple         # spike_flags
-    reference: Optional[np.ndarray]   # the healthy reference (loss only)
+    b: int
+    flags: _Flags      # the spike rules of any value
+    reference: Optional[np.ndarray | Blocked]   # the healthy reference (loss only)
     grad: bool
     labels: dict
 
@@ -364,7 +475,7 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
     event ended at floor - 1), healthy level, recovery point and peak."""
     n = len(sc.x)
     xv = sc.xv
-    m0, s0 = float(sc.med[i]), float(sc.scale[i])
+    m0, s0 = float(sc.med[i // sc.b]), float(sc.scale[i // sc.b])
     if not math.isfinite(m0):  # no rolling history yet: use what came before
         prior = xv[max(0, i - BASELINE_POINTS):i]
         prior = prior[np.isfinite(prior)]
@@ -414,14 +525,37 @@ def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: flo
     return a, b, c, ~finite
 
 
-def _chunked_flags(x: np.ndarray, med: np.ndarray, scale: np.ndarray, wmax: np.ndarray, **rules) -> tuple:
-    """spike_flags over STATS_VALUES values at a time (its float temporaries stay bounded; the flags are the same)."""
-    n = len(x)
-    if n <= STATS_VALUES:
-        return spike_flags(x, med, scale, wmax, **rules)
-    parts = [spike_flags(x[lo:lo + STATS_VALUES], med[lo:lo + STATS_VALUES], scale[lo:lo + STATS_VALUES],
-                         wmax[lo:lo + STATS_VALUES], **rules) for lo in range(0, n, STATS_VALUES)]
-    return tuple(np.concatenate([part[i] for part in parts]) for i in range(4))
+FLAG_VALUES = 1 << 16   # values whose spike rules are computed at a time (at most STATS_VALUES)
+
+
+class _Flags:
+    """The spike rules (spike_flags) of one series from its per-block statistics (`stats`: _rolling_blocks),
+    never held for every value: flagged() computes them FLAG_VALUES (or STATS_VALUES, the fewer) at a time and
+    keeps the indices where any rule fires; at(j) computes one value's (the same elementwise arithmetic)."""
+
+    def __init__(self, x: np.ndarray, stats: tuple, rules: dict) -> None:
+        self.x, self.stats, self.rules = x, stats, rules
+
+    def _rows(self, lo: int, hi: int) -> tuple:
+        med_b, scale_b, max_b, b = self.stats
+        return spike_flags(self.x[lo:hi], _per_value(med_b, b, lo, hi), _per_value(scale_b, b, lo, hi),
+                           _per_value(max_b, b, lo, hi), **self.rules)
+
+    def flagged(self) -> np.ndarray:
+        n = len(self.x)
+        step = max(1, min(FLAG_VALUES, STATS_VALUES))
+        parts = [np.empty(0, dtype=np.int64)]
+        for lo in range(0, n, step):
+            a, b, c, nf = self._rows(lo, min(n, lo + step))
+            a |= b
+            a |= c
+            a |= nf
+            parts.append(np.flatnonzero(a) + lo)
+        return np.concatenate(parts)
+
+    def at(self, j: int) -> tuple[bool, bool, bool, bool]:
+        a, b, c, nf = self._rows(j, j + 1)
+        return bool(a[0]), bool(b[0]), bool(c[0]), bool(nf[0])
 
 
 def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
@@ -440,16 +574,16 @@ def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, win
     return onset
 
 
-def _rules(at, flags, labels: dict, grad: bool) -> list[str]:
-    a, b, c, nf = flags
+def _rules(at, flags: _Flags, labels: dict, grad: bool) -> list[str]:
     found = []
     for j in at:
+        a, b, c, nf = flags.at(j)
         if grad:
-            if a[j]:
+            if a:
                 found.append(labels["grad"])
             continue
-        for arr, key in ((nf, "nonfinite"), (a, "z"), (b, "ratio"), (c, "max")):
-            if arr[j]:
+        for flag, key in ((nf, "nonfinite"), (a, "z"), (b, "ratio"), (c, "max")):
+            if flag:
                 found.append(labels[key])
     order = [labels[k] for k in ("nonfinite", "z", "ratio", "max", "grad")]
     return [r for r in order if r in found]
@@ -468,7 +602,7 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     if nb < SHIFT_MIN_BLOCKS + 2:
         return []
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if not np.isfinite(xf).any():
+    if not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
         return []
     bmed, ref_b, noise_b, above = _shift_blocks(xf, nb, b, window, tolerance, skip)
     bstart = np.arange(nb) * b
@@ -516,18 +650,25 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
 def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]]):
     """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
     than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`)."""
-    bmed, bmad, _bmax = _block_stats(xf[:nb * b].reshape(nb, b))
+    bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b)
+    del _bmax
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     kk = max(2, window // b)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        noise_b = np.nanmedian(_sliding(bmad, kk, np.nan), axis=1) * 1.4826 * 1.2533 / math.sqrt(b)
+    noise_b = _by_rows(_row_nanmedian, _sliding(bmad, kk, np.nan))
+    del bmad
+    noise_b *= 1.4826   # in place, in the order of `x * 1.4826 * 1.2533 / sqrt(b)`: the same bits
+    noise_b *= 1.2533
+    noise_b /= math.sqrt(b)
     ref_b[:2] = np.nan
-    with np.errstate(invalid="ignore"):
-        above = bmed > ref_b + np.maximum(tolerance * np.abs(ref_b), SHIFT_NOISE_UNITS * noise_b)
-    bstart = np.arange(nb) * b
+    with np.errstate(invalid="ignore"):   # bmed > ref_b + max(tolerance |ref_b|, SHIFT_NOISE_UNITS noise), in place
+        thr = np.abs(ref_b)
+        thr *= tolerance
+        np.maximum(thr, SHIFT_NOISE_UNITS * noise_b, out=thr)
+        thr += ref_b
+        above = bmed > thr
+        del thr
     for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
-        above[(bstart + b > lo) & (bstart < hi)] = False
+        above[max(0, (lo - b) // b + 1):max(0, -(-hi // b))] = False   # blocks j with j*b + b > lo and j*b < hi
     return bmed, ref_b, noise_b, above
 
 
@@ -579,7 +720,7 @@ def _quantum(values: np.ndarray) -> float:
     return 0.0
 
 
-QUANTUM_CHUNK = 1 << 18   # values checked at a time (bounded temporaries; the first chunk that fails decides)
+QUANTUM_CHUNK = 1 << 16   # values checked at a time (bounded temporaries; the first chunk that fails decides)
 
 
 def _has_decimals(v: np.ndarray, k: int) -> bool:
@@ -606,13 +747,9 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
     n = len(x)
     if n < COLLAPSE_POINTS:
         return []
-    with np.errstate(invalid="ignore"):
-        # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
-        # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
-        same = np.abs(np.diff(x)) <= COLLAPSE_RELATIVE * np.abs(x[1:]) + 1e-12
-    same &= np.isfinite(x[1:])
-    edges = np.diff(np.concatenate(([0], same.astype(np.int8), [0])))
-    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    # equal within 1e-5 relative: a pinned loss logged as a float32 mean still wobbles in its last
+    # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
+    starts, ends = _same_runs(x)
     out = []
     for s, e in zip(starts, ends, strict=False):   # values s .. e are equal
         if e - s + 1 < COLLAPSE_POINTS or s == 0:
@@ -630,6 +767,28 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
                          detected=int(s + COLLAPSE_POINTS - 1),
                          detail=f"pinned at {v:g} for {e - s + 1} logged values"))
     return out
+
+
+def _same_runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of `same` (value i+1 equal to value i within COLLAPSE_RELATIVE, and finite): run
+    s..e-1 of `same` means values s..e are equal. A chunk at a time (bounded temporaries), the same indices as
+    the edges of the whole array padded with False."""
+    n = len(x)
+    step = max(1, min(FLAG_VALUES, STATS_VALUES))
+    starts, ends = [np.empty(0, dtype=np.int64)], [np.empty(0, dtype=np.int64)]
+    prev = np.zeros(1, dtype=np.int8)
+    with np.errstate(invalid="ignore"):
+        for lo in range(0, n - 1, step):
+            hi = min(n - 1, lo + step)
+            nxt = x[lo + 1:hi + 1]
+            same = (np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12) & np.isfinite(nxt)
+            edges = np.diff(np.concatenate((prev, same.view(np.int8))))
+            starts.append(np.flatnonzero(edges == 1) + lo)
+            ends.append(np.flatnonzero(edges == -1) + lo)
+            prev = same[-1:].view(np.int8)
+    if prev[0]:
+        ends.append(np.array([n - 1], dtype=np.int64))
+    return np.concatenate(starts), np.concatenate(ends)
 
 
 def lr_restarts(steps: np.ndarray, lr: Optional[np.ndarray]) -> list[tuple[int, float, float, int]]:
@@ -668,13 +827,18 @@ class Analysis:
     """Events of every kind (oldest first), the healthy reference, and the end-of-log verdict."""
 
     events: list[Event]
-    reference: np.ndarray
+    reference_blocks: Blocked          # the healthy reference, per block of values (see reference)
     verdict: str                       # healthy | recovering | diverged
     target: Optional[int] = None       # index in events of the first event that has not come back
     rate: Optional[float] = None       # fraction of the excess shed per step (recovering)
     eta_step: Optional[int] = None     # step at which it would be back within tolerance
     excess: Optional[float] = None     # smoothed loss now minus the healthy level
     lr_restarts: list = field(default_factory=list)
+
+    @property
+    def reference(self) -> np.ndarray:
+        """The healthy reference of every value (healthy_reference)."""
+        return self.reference_blocks.values()
 
 
 def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray], options,
@@ -687,7 +851,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     window = effective_window(len(steps), o.window)
     kw = dict(window=window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
               min_rise=o.min_rise, tolerance=o.tolerance, labels=labels)
-    ref = healthy_reference(loss, window)
+    ref = reference_blocks(loss, window)
     n = len(steps)
     last_step = int(steps[-1])
     loss_events = find_events(loss, reference=ref, **kw)
@@ -710,7 +874,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
     events = _trim_after_first_unrecovered(events)
     target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
-    a = Analysis(events=events, reference=ref, verdict="healthy", target=target,
+    a = Analysis(events=events, reference_blocks=ref, verdict="healthy", target=target,
                  lr_restarts=lr_restarts(steps, lr))
     if target is not None:
         _verdict(a, events[target], steps, loss, o)
@@ -721,7 +885,6 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
     """A flagged event not back within the wait window: a divergence when it blew up and came back
     only partly, or keeps climbing; a level shift when it stepped to a plateau and stayed there.
     "early" is the median over the first 2 wait windows after the onset, "now" over the last one."""
-    from numpy.lib.stride_tricks import sliding_window_view
 
     seg = x[ev.onset:]
     seg_s = steps[ev.onset:]
@@ -736,7 +899,7 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
         early_v = seg[:SMOOTH_POINTS]
     if len(tail) < SMOOTH_POINTS:
         tail = seg[-SMOOTH_POINTS:]
-    peak = float(np.median(sliding_window_view(seg, SMOOTH_POINTS), axis=1).max())
+    peak = max(float(sm.max()) for _at, sm in _smooth_chunks(seg))
     early, now = float(np.median(early_v)), float(np.median(tail))
     noise = 3 * ev.scale / math.sqrt(max(1, len(tail)))
     ratio = f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"

@@ -277,14 +277,24 @@ def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogS
             continue
         except records._JSONError as err:
             exc = err.exc
-            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data):
-                return _read_stream(p, io.BytesIO(data), b"", columns)
-            raise UsageError(f"log {p} is not valid JSON (truncated?): {exc.msg} at line {exc.lineno} "
+            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data) and _on_next_line(data, exc.pos):
+                return _read_stream(p, io.BytesIO(data), b"", columns)   # JSON lines under a .json name
+            why = "text after the document" if exc.msg == "Extra data" else "truncated?"
+            raise UsageError(f"log {p} is not valid JSON ({why}): {exc.msg} at line {exc.lineno} "
                              f"column {exc.colno}") from None
         kind = _document_kind(p, meta.get("_format"), fmt, col.count)
         del data  # the raw text goes before the series are built
         return _series_from(p, kind, col, meta)
     raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
+
+
+def _on_next_line(data: bytearray, pos: int) -> bool:
+    """The extra data after a JSON document starts on a line of its own (JSON lines), not after the document on
+    its line (`{...} garbage`: a damaged document, reported as invalid JSON where the garbage starts)."""
+    i = pos
+    while i > 0 and data[i - 1] in b" \t\r\n":
+        i -= 1
+    return b"\n" in data[i:pos]
 
 
 def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -> None:
@@ -519,8 +529,9 @@ def _read_tensorboard(p: Path, columns: Columns):
 
 
 def _finish(p: Path, fmt: str, steps, loss, grad, lr, step_key, loss_key, grad_key, lr_key) -> LogSeries:
+    """The series of a reader's own arrays (its float64 steps become the int64 ones in place)."""
     return build_series(steps, loss, grad, lr, path=str(p), fmt=fmt, step_key=step_key, loss_key=loss_key,
-                        grad_norm_key=grad_key, lr_key=lr_key)
+                        grad_norm_key=grad_key, lr_key=lr_key, reuse_steps=True)
 
 
 def _merge_repeats(isteps, loss, grad_norm, lr):
@@ -554,9 +565,9 @@ def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.nd
         k = int(np.flatnonzero(twice)[0])
         raise UsageError(f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
                          f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)")
-    seg = np.cumsum(new_seg)
     if not new_seg.any():
-        return seg, None, []
+        return np.zeros(n, dtype=np.int64), None, []   # calloc'd: no memory is touched for a log without restarts
+    seg = np.cumsum(new_seg)
     starts_idx = np.concatenate(([0], np.flatnonzero(new_seg)))
     seg_start = isteps[starts_idx]
     later_min = np.empty(len(seg_start), dtype=np.float64)
@@ -571,21 +582,42 @@ def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.nd
     return seg, isteps < later_min[seg], restarts
 
 
+STEP_CHUNK = 1 << 16   # steps checked and converted at a time
+
+
+def _whole_steps(steps: np.ndarray, path: str, *, in_place: bool) -> np.ndarray:
+    """The steps as int64; UsageError naming the first one that is not a whole number in 0..MAX_STEP. in_place: the
+    float64 array's own memory becomes the int64 one (a chunk at a time: no second copy of a long series)."""
+    n = len(steps)
+    own = in_place and steps.dtype == np.float64 and steps.flags.c_contiguous and steps.flags.writeable
+    isteps = steps.view(np.int64) if own else np.empty(n, dtype=np.int64)
+    for lo in range(0, n, STEP_CHUNK):
+        part = steps[lo:lo + STEP_CHUNK]
+        with np.errstate(invalid="ignore"):   # NaN/inf/huge steps cast to anything: they are refused below
+            whole = part.astype(np.int64)
+        bad = ~np.isfinite(part)
+        bad |= part < 0
+        bad |= part > MAX_STEP
+        bad |= whole != part   # not a whole number (the cast truncates; steps >= 0 here)
+        if bad.any():
+            k = lo + int(np.flatnonzero(bad)[0])
+            shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
+            raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected a whole number >= 0")
+        isteps[lo:lo + STEP_CHUNK] = whole   # (in place: this chunk's floats are read already)
+    return isteps
+
+
 def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>", fmt: str = "json",
                  step_key: str = "step", loss_key: str = "loss", grad_norm_key: Optional[str] = None,
-                 lr_key: Optional[str] = None) -> LogSeries:
-    """Validate raw file-order arrays, merge restart segments (latest wins) and return the timeline."""
+                 lr_key: Optional[str] = None, reuse_steps: bool = False) -> LogSeries:
+    """Validate raw file-order arrays, merge restart segments (latest wins) and return the timeline.
+    reuse_steps: a float64 `steps` array may become the int64 steps in place (a reader's own array)."""
     steps = np.asarray(steps, dtype=np.float64)
     loss = np.asarray(loss, dtype=np.float64)
     n = len(steps)
     if n == 0 or len(loss) != n:
         raise UsageError(f"log {path} has no loss values; expected training log entries")
-    bad = ~np.isfinite(steps) | (steps < 0) | (steps > MAX_STEP) | (steps != np.floor(steps))
-    if bad.any():
-        k = int(np.flatnonzero(bad)[0])
-        shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
-        raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected a whole number >= 0")
-    isteps = steps.astype(np.int64)
+    isteps = _whole_steps(steps, path, in_place=reuse_steps)
     read = n
     if n > 1 and (isteps[1:] == isteps[:-1]).any():
         isteps, loss, grad_norm, lr = _merge_repeats(isteps, loss, grad_norm, lr)

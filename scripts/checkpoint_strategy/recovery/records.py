@@ -10,7 +10,8 @@
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
 * ``jsonl_batches`` yields the records of JSON lines in batches with their line numbers (bounded memory:
-  one batch of records at a time; orjson when installed, the standard library for any line it refuses).
+  one 64 KB block of records at a time; a block of flat one-object lines is one orjson array, any other
+  line by line: orjson when installed, the standard library for any line it refuses).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from checkpoint_strategy.errors import UsageError
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
 BATCH_LINES = 20000      # JSON lines parsed and converted at a time (bounded memory: one batch of records)
-BLOCK_BYTES = 1 << 22    # JSON lines read at a time
+BLOCK_BYTES = 1 << 16    # JSON lines read at a time (a small block: its records fit in the CPU cache)
 SPLIT_KEYS = ("split", "phase", "mode", "stage")   # a column saying which rows are train and which validation
 EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev")
 EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
@@ -126,7 +127,7 @@ class Collector:
             recs, pos = recs[k:], pos[k:]
         if not recs:
             return
-        if set(map(type, recs)) != {dict}:   # not all of them plain dicts (C-speed check)
+        if type(recs) is not Dicts and set(map(type, recs)) != {dict}:   # not all plain dicts (C-speed check)
             for r, i in zip(recs, pos, strict=True):
                 self.add(r, i)
             return
@@ -156,12 +157,14 @@ class Collector:
             ev_steps, ev_loss = self._eval_many(recs, pos, step_key, eval_key)
         lr_all = self._lr_many(recs, pos, lr_key) if lr_key is not None else None
         losses = [r.get(loss_key) for r in recs]
-        whole = None not in losses
+        loss_types = set(map(type, losses))
+        whole = type(None) not in loss_types
         at: Sequence[int] = range(len(recs)) if whole else [i for i, v in enumerate(losses) if v is not None]
         if not at:
             return ev_steps, ev_loss, None, None, None, None
         rows = recs if whole else [recs[i] for i in at]
-        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at)
+        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at,
+                            types=loss_types if whole else None)
         steps = self._floats([r.get(step_key) for r in rows], "step", pos, at, missing_ok=True)
         if grad_key is not None:
             grad = self._floats([r.get(grad_key) for r in rows], "grad norm", pos, at, missing_ok=True)
@@ -196,12 +199,14 @@ class Collector:
             self._last_lr = float(lr_all[-1])
         return lr_all
 
-    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False):
+    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False,
+                types: Optional[set] = None):
         """float64 values, as _num converts them one by one; numpy converts a batch of plain ints and floats
-        (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way)."""
+        (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way).
+        types: the set of the values' types when the caller has it."""
         import numpy as np
 
-        if set(map(type, values)) <= _PLAIN_NUMBERS:
+        if (set(map(type, values)) if types is None else types) <= _PLAIN_NUMBERS:
             try:
                 return np.fromiter(values, dtype=np.float64, count=len(values))
             except OverflowError:  # an integer beyond float64: _num gives +-inf
@@ -406,7 +411,7 @@ def _slice(chunk: bytes | bytearray) -> list:
     return part
 
 
-STREAM_SLICE_BYTES = 4 << 20     # a streamed log_history is parsed about this many bytes at a time
+STREAM_SLICE_BYTES = 1 << 20     # a streamed log_history is parsed about this many bytes at a time
 STREAM_PREFIX_BYTES = 16 << 20   # "log_history" must start within this much of a streamed document
 
 
@@ -476,13 +481,19 @@ class _SliceError(Exception):
 
 def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
                   ) -> Iterator[tuple[list, Sequence[int]]]:
-    """The records of jsonl_records in batches of at most BATCH_LINES lines, each with the records' line
-    numbers (1-based). Lines are cut from blocks of BLOCK_BYTES (a long line is joined once, never
-    re-split), and a batch is parsed by orjson when installed, line by line; a batch with a line orjson
-    refuses (a blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) is parsed line by line
-    with the standard library deciding each line orjson refuses, so the records are the same either way."""
-    for lines, lineno, terminated in _line_blocks(fh, first):
-        if lineno == 1 and lines and lines[0].startswith(b"\xef\xbb\xbf"):
+    """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
+    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). A block of flat one-object
+    lines is parsed by orjson (when installed) as one array (_flat_block); any other block in batches of at
+    most BATCH_LINES lines, line by line: by orjson when installed, and a batch with a line orjson refuses (a
+    blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) with the standard library deciding
+    each line orjson refuses, so the records are the same either way."""
+    for block, lineno, terminated in _line_blocks(fh, first):
+        recs = _flat_block(block) if terminated else None
+        if recs is not None:
+            yield recs, range(lineno, lineno + len(recs))
+            continue
+        lines = block.split(b"\n")
+        if lineno == 1 and lines[0].startswith(b"\xef\xbb\xbf"):
             lines[0] = lines[0][3:]
         for k in range(0, len(lines), BATCH_LINES):
             part = lines[k:k + BATCH_LINES]
@@ -493,6 +504,33 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
                 continue
             last = terminated or k + BATCH_LINES < len(lines)
             yield from _slow_lines(p, part, start, last, notes)
+
+
+_NOT_BRACES = bytes(c for c in range(256) if c not in b"{}\n")
+
+
+def _flat_block(block: bytes) -> Optional[list]:
+    """The lines of a block (joined by newlines) parsed by orjson as one array `[line,line,...]`, when every
+    line holds exactly one '{' and after it one '}' (and no '[' for an orjson without a depth limit) and the
+    array is n objects for n lines. None otherwise (the caller parses line by line).
+
+    The same records as parsing each line alone: n objects need n structural '{', so no brace is in a string,
+    object i is line i's braces, and what lies between two objects (the end of one line, the joining comma,
+    the start of the next) is the array's separator: each line is whitespace, its object, whitespace."""
+    if _orjson is None or (not _ORJSON_LIMITS_DEPTH and b"[" in block):
+        return None
+    n = block.count(b"\n") + 1
+    if block.translate(None, _NOT_BRACES) != b"{}\n" * (n - 1) + b"{}":
+        return None
+    try:
+        recs = _orjson.loads(b"[" + block.replace(b"\n", b",") + b"]")
+    except (ValueError, TypeError):   # NaN tokens, bad UTF-8, an error: line by line decides
+        return None
+    return Dicts(recs) if len(recs) == n and set(map(type, recs)) == {dict} else None
+
+
+class Dicts(list):
+    """A list of records known to be plain dicts (Collector.add_many does not check their types again)."""
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
@@ -551,9 +589,9 @@ def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
     return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[list[bytes], int, bool]]:
-    """(lines, the first one's number, the last one ended by a newline) of an open binary file, read
-    BLOCK_BYTES at a time; every line but a file's unterminated last one comes in a block ending in a newline."""
+def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]]:
+    """(lines joined by newlines - no final one -, the first line's number, the last one ended by a newline) of
+    an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line comes with False."""
     pending = [first] if first else []
     lineno = 1
     while True:
@@ -565,13 +603,14 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[list[bytes], int,
             pending.append(chunk)   # a line longer than a block: joined once, when its end comes
             continue
         pending.append(chunk[:cut])
-        lines = b"".join(pending).split(b"\n")
+        block = b"".join(pending)
         pending = [chunk[cut + 1:]]
-        yield lines, lineno, True
-        lineno += len(lines)
-    rest = b"".join(pending).split(b"\n")
-    if rest != [b""]:
-        if len(rest) > 1:
-            yield rest[:-1], lineno, True
-        if rest[-1]:
-            yield rest[-1:], lineno + len(rest) - 1, False
+        yield block, lineno, True
+        lineno += block.count(b"\n") + 1
+    rest = b"".join(pending)
+    cut = rest.rfind(b"\n")
+    if cut != -1:
+        yield rest[:cut], lineno, True
+        lineno += rest.count(b"\n", 0, cut) + 1
+    if rest[cut + 1:]:
+        yield rest[cut + 1:], lineno, False
