@@ -178,9 +178,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tuple[float, float, dict]:
-    """(median, mean) wall seconds per step on rank 0 of a 2-process run (tests/multiprocruns.py), and
-    the callback's own time on the training thread per rank ({rank: {cpu, wall, calls}})."""
+def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
+                    policy: dict | None = None, detect_every: int = 1) -> tuple[list[tuple[int, float, float]], dict]:
+    """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
+    the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
+    steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
+    time on the training thread and its worker's CPU ({rank: {cpu, wall, calls, by_hook, worker_cpu}})."""
     import json
     import subprocess
 
@@ -188,36 +191,90 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool) -> tu
     work.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT / "tests")]),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    opts = {"policy": dict(POLICY, keep_milestone=[]), "max_steps": steps, "callback": with_callback,
-            "phase_delay": 0.0, "time_hooks": True}
+    pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
+    opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
+            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
     subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, timeout=1800)
-    t = [e["t"] for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
-    dt = [b - a for a, b in zip(t, t[1:], strict=False)][5:]    # after the first steps (start-up)
+    ev = [e for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
+    dt = [(b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
     hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
-    return statistics.median(dt), sum(dt) / len(dt), hooks
+    return dt, hooks
 
 
-def multiproc(tmp: Path, steps: int, pairs: int) -> None:
+AFTER = 3   # steps after a save counted apart: the background worker validates then (beside training)
+
+
+def split(dt: list[tuple[int, float, float]], save_every: int, col: int = 1) -> dict[str, list[float]]:
+    """Step times (col 1: wall, 2: the rank process's CPU) by kind: 'save' (the step that ends with a save),
+    'after' (the AFTER steps after it), 'other' (the rest: the callback's per-step cost alone), 'all'."""
+    out: dict[str, list[float]] = {"save": [], "after": [], "other": [], "all": []}
+    for row in dt:
+        d = row[0] % save_every
+        out["save" if d == 0 else "after" if d <= AFTER else "other"].append(row[col])
+        out["all"].append(row[col])
+    return out
+
+
+def implied(w: dict[str, list[float]], wo: dict[str, list[float]], save_every: int, every: int,
+            per_save_more: float = 0.0) -> tuple[float, float]:
+    """(extra seconds per step, share of the step without the callback) at a save every `every` steps,
+    from means: the 'other' steps' extra each step, plus once per save the extra of the save step and of
+    the AFTER steps over an 'other' step (and per_save_more: the worker's CPU per save). Conservative: at
+    the bench's short interval the worker is still busy during some 'other' steps."""
+    m = {k: (statistics.fmean(w[k]) - statistics.fmean(wo[k])) for k in ("save", "after", "other") if w[k] and wo[k]}
+    per_step = m.get("other", 0.0)
+    per_save = m.get("save", 0.0) - per_step + (m.get("after", per_step) - per_step) * min(AFTER, save_every - 1)
+    base = statistics.fmean(wo["other"]) + (statistics.fmean(wo["save"]) - statistics.fmean(wo["other"])) / every
+    extra = per_step + (per_save + per_save_more) / every
+    return extra, extra / base
+
+
+def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) -> None:
+    for kind in ("all", "other", "after", "save"):
+        a, b = w[kind], wo[kind]
+        if a and b:
+            print(f"  {label} {kind:>5} ({len(a):>3} steps): median {statistics.median(a) * 1e3:6.2f}/"
+                  f"{statistics.median(b) * 1e3:6.2f} ms = {statistics.median(a) / statistics.median(b):.3f}x, "
+                  f"mean {statistics.fmean(a) * 1e3:6.2f}/{statistics.fmean(b) * 1e3:6.2f} ms = "
+                  f"{statistics.fmean(a) / statistics.fmean(b):.3f}x")
+
+
+def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
+              detect_every: int = 1) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
-        med, mean, own = [], [], []
+        if kind not in kinds:
+            continue
+        runs = []
         for p in range(pairs):
-            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True)
-            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False)
-            med.append((w[0], wo[0]))
-            mean.append((w[1], wo[1]))
-            own.append((w[2], wo[0]))
-        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging and detection every step, a save every "
-              "10 steps, validation in the workers:")
-        for label, xs in (("median", med), ("mean", mean)):
-            print(f"  {label} step with/without: " + ", ".join(f"{a * 1e3:.1f}/{b * 1e3:.1f} ms = {a / b:.3f}x"
-                                                               for a, b in xs))
-        for hooks, base in own:   # the callback on the training thread, collectives and waits included
-            print("  callback per step on the training thread (of the median step without it): " + "; ".join(
-                f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall {h['wall'] / steps * 1e6:.0f} us "
-                f"({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
+            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every)
+            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every)
+            runs.append((w[0], wo[0], w[1]))
+        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
+              f"{1 if kind == 'hf' else detect_every} step(s), a save every "
+              f"{save_every} steps, validation in the workers; wall per step on rank 0, with/without:")
+        for (w, wo, hooks) in runs:
+            saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
+            for col, label in ((1, "wall"), (2, "CPU ")):
+                _kinds(label, split(w, save_every, col), split(wo, save_every, col))
+            sw, swo = split(w, save_every, 1), split(wo, save_every, 1)
+            cw, cwo = split(w, save_every, 2), split(wo, save_every, 2)
+            worker = hooks.get("hooks-0", {}).get("worker_cpu", 0.0) / saves
+            print(f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)")
+            for label, a, b, more in (("wall", sw, swo, 0.0), ("CPU, rank 0 process + its worker", cw, cwo, worker)):
+                print(f"  implied overhead ({label}, means): " + "; ".join(
+                    f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
+                    f"{implied(a, b, save_every, e, more)[1]:.2%}" for e in sorted({save_every, 100, 1000})))
+            base = statistics.median(swo["other"])
+            print("  callback on the training thread per step (of the median 'other' step without it): " + "; ".join(
+                f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
+                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
+            for r, h in sorted(hooks.items()):
+                print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
+                    f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
+                    for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
 
 
 def split_validation(tmp: Path, mb: int) -> None:
@@ -266,6 +323,10 @@ def main() -> int:
                     help="also the 2-process runs (torchrun, Lightning DDP) and the split validation of a DCP checkpoint")
     ap.add_argument("--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)")
     ap.add_argument("--only-multiproc", action="store_true", help="only the 2-process runs and the split validation")
+    ap.add_argument("--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)")
+    ap.add_argument("--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs")
+    ap.add_argument("--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs")
+    ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
     a = ap.parse_args()
     global CLOCK
     CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
@@ -275,8 +336,9 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs)
-        split_validation(tmp, a.dcp_mb)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        if not a.no_split_validation:
+            split_validation(tmp, a.dcp_mb)
         return 0
     per_update = detector_cost(100_000)
     print(f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)")
@@ -297,8 +359,9 @@ def main() -> int:
           f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
           f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs)
-        split_validation(tmp, a.dcp_mb)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        if not a.no_split_validation:
+            split_validation(tmp, a.dcp_mb)
     for every in (1, 10):
         timer, step_s = lightning_hook_cost(tmp / f"pl-{every}" / "ckpts", a.steps, every)
         print(f"Lightning, {a.steps} steps, detection (and grad norm) every {every} step(s), a save every 10 steps:")

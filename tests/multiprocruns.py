@@ -4,7 +4,9 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): time_hooks (the callback's own CPU and wall time per rank into WORK/hooks-R.json), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
+Options (JSON, argv[4]): detect_every (Lightning: the callback's detect_every; default every step), step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
+CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank, and its worker's CPU, into WORK/hooks-R.json;
+each step event carries the rank process's CPU seconds), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
 the middle of that save), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
@@ -38,19 +40,19 @@ class Events:
             fh.write(json.dumps({"t": time.time(), "rank": self.rank, **kw}) + "\n")
 
 
-HOOKS = ("decide_emergency", "reduced", "before_save", "saved", "forced_save")
+HOOKS = ("decide_emergency", "start_reduced", "finish_reduced", "before_save", "saved", "forced_save")
 
 
 def time_hooks(ev: Events) -> None:
-    """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank,
-    written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
+    """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank (and
+    per entry point: by_hook {name: [cpu, wall, calls, the first call's cpu]}), written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
     from checkpoint_strategy.callbacks.core import StrategyCore
 
     totals: dict = {}
     for name in HOOKS:
         fn = getattr(StrategyCore, name)
 
-        def timed(self, *a, _fn=fn, **k):
+        def timed(self, *a, _fn=fn, _name=name, **k):
             c0, w0 = time.thread_time(), time.perf_counter()
             try:
                 return _fn(self, *a, **k)
@@ -59,9 +61,30 @@ def time_hooks(ev: Events) -> None:
                 t["cpu"] += time.thread_time() - c0
                 t["wall"] += time.perf_counter() - w0
                 t["calls"] += 1
+                per = t.setdefault("by_hook", {}).setdefault(_name, [0.0, 0.0, 0, 0.0])
+                per[0] += time.thread_time() - c0
+                per[1] += time.perf_counter() - w0
+                per[2] += 1
+                if per[2] == 1:      # the first call's CPU (one-time imports), apart
+                    per[3] = per[0]
                 (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
 
         setattr(StrategyCore, name, timed)
+    from checkpoint_strategy.callbacks.core import _ProcessWorker
+
+    close = _ProcessWorker.close
+
+    def closing(self):   # the worker's CPU seconds (all its threads), read once its jobs are done
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            t = totals.setdefault(ev.rank, {"cpu": 0.0, "wall": 0.0, "calls": 0})
+            t["worker_cpu"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
+        except OSError:
+            pass
+        close(self)
+
+    _ProcessWorker.close = closing
 
 
 def _records(cb) -> dict:
@@ -154,7 +177,9 @@ def hf(out: Path, work: Path, opts: dict) -> None:
 
     class Steps(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            ev(what="step", step=state.global_step)
+            ev(what="step", step=state.global_step, cpu=time.process_time())
+            if opts.get("step_sleep"):
+                time.sleep(opts["step_sleep"])
 
     callbacks = [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()]
     cb = None
@@ -164,7 +189,7 @@ def hf(out: Path, work: Path, opts: dict) -> None:
         cb.core.phase_hook = lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path))
         cb.core.phase_delay = opts.get("phase_delay", 0.05)
         callbacks.append(cb)
-    args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=10)
+    args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=opts.get("save_every", 10))
     args.ddp_backend = "gloo"
     args.log_level = opts.get("log_level", "passive")
     trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
@@ -205,7 +230,9 @@ def pl(out: Path, work: Path, opts: dict) -> None:
     class Probe(lightning.Callback):
         def on_train_batch_start(self, trainer, module, batch, idx):
             ev.rank = trainer.global_rank
-            ev(what="step", step=trainer.global_step)
+            ev(what="step", step=trainer.global_step, cpu=time.process_time())
+            if opts.get("step_sleep"):
+                time.sleep(opts["step_sleep"])
 
         def on_save_checkpoint(self, trainer, module, checkpoint):
             if trainer.global_rank == 1 and kill_step == trainer.global_step:
@@ -218,8 +245,8 @@ def pl(out: Path, work: Path, opts: dict) -> None:
         out, opts.get("policy", POLICY), max_steps=opts.get("max_steps", 60), spike_step=opts.get("spike_step"),
         spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=opts.get("devices", 2),
         strategy="ddp" if opts.get("devices", 2) > 1 else "auto",
-        with_callback=opts.get("callback", True), handoff_dir=None, level=opts.get("level", "quick"),
-        rank_timeout=opts.get("rank_timeout", 60))
+        with_callback=opts.get("callback", True), save_every=opts.get("save_every", 10), handoff_dir=None, level=opts.get("level", "quick"),
+        rank_timeout=opts.get("rank_timeout", 60), **({"detect_every": opts["detect_every"]} if opts.get("detect_every") else {}))
     ev(what="done")
     if cb is not None and trainer.global_rank == 0:
         (work / "records.json").write_text(json.dumps(_records(cb)))
@@ -232,3 +259,9 @@ if __name__ == "__main__":
     kind, out_dir, work_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     {"hf": hf, "pl": pl}[kind](out_dir, work_dir, options)
+    if options.get("kill_step") is None:     # meet, then tear gloo down before exit (its teardown abort otherwise:
+        import torch.distributed as dist     # 'terminate called without an active exception', as in convertruns.py)
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()

@@ -160,3 +160,59 @@ def test_last_valid_checkpoint_prefers_the_newest_resumable(hf_run, tmp_path):
     for s in (90, 100):
         (root / f"checkpoint-{s}" / "optimizer.pt").unlink()
     assert last_valid_checkpoint(root) == str(root / "checkpoint-110")   # none resumable: the newest valid
+
+
+def _task_stat(pid: int, tid: int) -> tuple[int, int]:
+    """(nice, scheduling policy) of one thread (proc(5): fields 19 and 41)."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16]), int(fields[38])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux's")
+def test_worker_reads_checkpoints_in_idle_cycles_and_prunes_at_nice_19(tmp_path):
+    """The background worker beside training: its reading thread (validation, manifest, the CRC threads it
+    starts) in SCHED_IDLE, its main thread (the prune, holding the folder's lock a save may wait for) in the
+    normal class at nice 19, one thread for OpenMP / BLAS."""
+    import time
+
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    core = StrategyCore({"frequency": "every_10_steps", "keep_last": 1, "async_save": True}, handoff_dir=None)
+    core.root = str(tmp_path)
+    core.start()
+    worker = core._worker
+    assert worker is not None
+    pid = worker.proc.pid
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = {int(t): _task_stat(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        assert stats[pid] == (19, 0), stats                          # main thread: SCHED_OTHER, nice 19
+        assert any(policy == 5 for tid, (_n, policy) in stats.items() if tid != pid), stats   # SCHED_IDLE
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"OMP_NUM_THREADS=1" in env and b"OPENBLAS_NUM_THREADS=1" in env
+    finally:
+        core.end()
+    assert worker.proc.returncode == 0
+
+
+def test_a_spike_seen_after_the_last_step_saves_nothing(tmp_path, caplog):
+    """Lightning under many processes takes a step's averaged loss at the next step's end; the last step's comes
+    after training ended (observe(saving=False)): logged, no emergency save, no marker."""
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    core = StrategyCore({"frequency": "every_10_steps", "emergency_save_on": ["loss_spike_detected"]},
+                        handoff_dir=None)
+    core.root = str(tmp_path)
+    for step in range(1, 80):
+        assert core.observe(step, 1.0 + 0.01 * (step % 7)) is None
+    with caplog.at_level("WARNING", logger="checkpoint_strategy.callbacks"):
+        assert core.observe(80, 50.0, saving=False) is None
+    assert "the last step: no emergency save after training ended" in caplog.text
+    assert [f.kind for f in core.flags] == ["loss_spike_detected"] and list(tmp_path.iterdir()) == []
+    fresh = StrategyCore({"frequency": "every_10_steps", "emergency_save_on": ["loss_spike_detected"]},
+                         handoff_dir=None)
+    for step in range(1, 80):
+        fresh.observe(step, 1.0 + 0.01 * (step % 7))
+    assert fresh.observe(80, 50.0) is not None         # the same values during training: a save is due

@@ -193,7 +193,10 @@ def test_hf_manifest_written_on_save_catches_a_later_byte_flip(hf2, cli_run, cop
 
 
 def test_hf_torchrun_rank_killed_mid_save_ends_bounded(tmp_path):
-    res = launch("hf", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20)
+    # each step leaves the CPU idle for 20 ms (as one waiting for its GPU): the workers, which only take idle
+    # cycles, validate the saves before the kill
+    res = launch("hf", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20,
+                 step_sleep=0.02)
     check_killed(res, tmp_path / "out", tmp_path / "work", "checkpoint-20", "checkpoint-30")
 
 
@@ -209,7 +212,9 @@ def pl2(tmp_path_factory):
 
 def test_lightning_ddp_keeps_newest_and_rollback_and_never_reads_a_save_in_flight(pl2, cli_run):
     out, work, _res = pl2
-    check_run(out, work, "epoch=0-step=60.ckpt", "epoch=0-step=40.ckpt", "epoch=0-step=46-emergency.ckpt", cli_run)
+    # the spiked loss is step 46's; each rank's loss is averaged by an all_reduce started at step 46 and taken at
+    # step 47's end (the training thread never waits for it), so the emergency save is made at step 47
+    check_run(out, work, "epoch=0-step=60.ckpt", "epoch=0-step=40.ckpt", "epoch=0-step=47-emergency.ckpt", cli_run)
     assert_nothing_read_while_written(events(work), "pl")
     metrics = [json.loads(x) for x in (out / ".checkpoint-strategy-metrics.jsonl").read_text().splitlines()]
     steps = [m["step"] for m in metrics]
@@ -221,5 +226,8 @@ def test_lightning_ddp_reduced_verdict_equals_one_process_full(pl2, cli_run):
 
 
 def test_lightning_ddp_rank_killed_mid_save_ends_bounded(tmp_path):
-    res = launch("pl", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20)
+    # each step leaves the CPU idle for 20 ms (as one waiting for its GPU): the workers, which only take idle
+    # cycles, validate the saves before the kill
+    res = launch("pl", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20,
+                 step_sleep=0.02)
     check_killed(res, tmp_path / "out", tmp_path / "work", "epoch=0-step=20.ckpt", "epoch=0-step=30.ckpt")

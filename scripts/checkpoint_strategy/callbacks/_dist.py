@@ -11,11 +11,19 @@ ranks when one exits).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 
 TEXT_BYTES = 480      # one problem line per rank in a reduced verdict
+
+
+class Pending(NamedTuple):
+    """A collective started with Ranks.start: its tensor (the result once done), work handle, purpose."""
+
+    tensor: Any
+    work: Any
+    what: str
 
 
 class Ranks:
@@ -53,10 +61,13 @@ class Ranks:
         before it comes, e.g. for its worker)."""
         if not self.multi:
             return list(values)
-        if self.broken is not None:
-            return None
-        import datetime
+        return self.finish(self.start(values, what, op, src), slack)
 
+    def start(self, values: list[float], what: str, op: str = "sum", src: Optional[int] = None) -> Optional[Pending]:
+        """Issue the collective of `values` without waiting for it (finish() takes the result); None when
+        broken or single-process. Every rank must issue the same collectives in the same order."""
+        if not self.multi or self.broken is not None:
+            return None
         import torch
 
         dist = self._dist
@@ -66,13 +77,28 @@ class Ranks:
                 work = dist.broadcast(t, src=src, async_op=True)
             else:
                 work = dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), async_op=True)
-            work.wait(timeout=datetime.timedelta(seconds=self.timeout + slack))
         except Exception as exc:  # noqa: BLE001 - a dead or late rank: bounded, reported, never raised
-            self.broken = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-            log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout + slack:g} s ({self.broken}); "
-                      "no more validation verdicts, prunes or emergency saves from this rank")
+            self._break(what, exc, 0.0)
             return None
-        return t.tolist()
+        return Pending(t, work, what)
+
+    def finish(self, pending: Optional[Pending], slack: float = 0.0) -> Optional[list]:
+        """The result of a started collective (waits at most timeout + slack seconds); None when broken."""
+        if pending is None or self.broken is not None:
+            return None
+        import datetime
+
+        try:
+            pending.work.wait(timeout=datetime.timedelta(seconds=self.timeout + slack))
+        except Exception as exc:  # noqa: BLE001 - a dead or late rank: bounded, reported, never raised
+            self._break(pending.what, exc, slack)
+            return None
+        return pending.tensor.tolist()
+
+    def _break(self, what: str, exc: Exception, slack: float) -> None:
+        self.broken = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout + slack:g} s ({self.broken}); "
+                  "no more validation verdicts, prunes or emergency saves from this rank")
 
     def barrier(self, what: str, slack: float = 0.0) -> bool:
         """Every rank got here (e.g. finished writing its files). False when broken or timed out."""

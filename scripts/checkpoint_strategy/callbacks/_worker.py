@@ -51,14 +51,14 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
             return out
         if job.get("validate"):
             enter("validate")
-            _validate_into(out, path, job.get("level", "quick"))
+            _idle(_validate_into, out, path, job.get("level", "quick"))
             if out["status"] != "valid":
                 return out
         elif job.get("verdict"):          # validated by every rank's part (many processes)
             out["status"] = job["verdict"]
         if job.get("manifest") and out["status"] == "valid":
             enter("manifest")
-            _manifest_into(out, path)
+            _idle(_manifest_into, out, path)
         if job.get("keep_last") and job.get("root"):
             enter("prune-wait")
             _await_folder(job["root"], float(job.get("lock_timeout") or 600.0))
@@ -86,7 +86,7 @@ def part_job(job: dict, phase: PhaseFn = None) -> dict:
         if not os.path.lexists(job["path"]):   # pruned by a job that ran late (a newer save had validated)
             out["status"], out["problem"] = "gone", "the checkpoint is gone"
         else:
-            _validate_into(out, job["path"], job.get("level", "quick"), tuple(part))
+            _idle(_validate_into, out, job["path"], job.get("level", "quick"), tuple(part))
     except Exception as exc:  # noqa: BLE001 - reported as this part's verdict
         out["status"], out["error"] = None, f"{type(exc).__name__}: {exc}"
         out["problem"] = out["error"]
@@ -170,17 +170,53 @@ def handoff_job(job: dict) -> dict:
     return out
 
 
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+_IDLE: Any = None      # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
+
+
+def _idle(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args) on the reading thread (only idle cycles), or here when there is none (inline jobs)."""
+    return fn(*args) if _IDLE is None else _IDLE.submit(fn, *args).result()
+
+
+def _idle_class() -> None:
+    """This thread (and the threads it starts: the CRC threads) into the SCHED_IDLE class (Linux): the
+    scheduler runs it only on a core nothing else wants, and a training thread that wakes takes the core
+    back at once. Per thread, and an unprivileged thread cannot leave it, hence a thread of its own."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+
+
 def _yield_cpu() -> None:
-    """The worker runs beside training: lowest CPU priority it may take, one thread for the CRC and
-    value scans (training keeps the cores; see docs/callbacks.md, Cost)."""
+    """The worker runs beside training and must only take idle cycles (docs/callbacks.md, Cost).
+
+    Everything that reads checkpoint bytes (validation, the sha256 manifest) runs on one reading thread
+    in the SCHED_IDLE class; the main thread, which prunes holding the folder's lock (a save may wait
+    for it), stays in the normal class at nice 19, so a busy machine slows it but never starves it
+    (SCHED_IDLE there would starve the save behind it). One thread for the CRC and value scans and,
+    through the environment the training process gives it (ONE_THREAD), for OpenMP / BLAS / numba."""
+    global _IDLE
     try:
         os.nice(19 - os.nice(0))
     except (OSError, AttributeError):
         pass
+    from concurrent.futures import ThreadPoolExecutor
+
     from checkpoint_strategy.checkpoints import filechecks, tensorscan
 
     filechecks.CRC_WORKERS = 1
     tensorscan.WORKERS = 1
+    _IDLE = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-strategy-idle", initializer=_idle_class)
+    _IDLE.submit(_warm)     # the thread starts now; the first save's job finds the checkers imported
+
+
+def _warm() -> None:
+    """Import the checkers and the prune now, in idle cycles, not in the first save's job (~0.2 s of CPU)."""
+    from checkpoint_strategy.callbacks import _retention  # noqa: F401
+    from checkpoint_strategy.checkpoints import manifest, prune, validate_checkpoint  # noqa: F401
+    from checkpoint_strategy.recovery import advise  # noqa: F401
 
 
 def main() -> int:

@@ -77,6 +77,7 @@ class SaveRecord:
 
 VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2, "gone": 4}   # reduced with max over the ranks
 NOT_DONE = 3
+PENDING = 9.0    # a rank's part still running at a meeting (max over the ranks: that verdict waits for the next)
 CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked", 4: "gone"}
 
 
@@ -163,10 +164,10 @@ class StrategyCore:
 
     # ------------------------------------------------------------------ detection
 
-    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None):
+    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None, saving: bool = True):
         """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due. Under
         many processes every rank feeds the same values (so decides the same); rank 0 alone logs and
-        writes the loss log."""
+        writes the loss log. saving=False: training has ended, no save can follow (said so, None)."""
         if self._detector is None or loss is None:
             return None
         flag = self._detector.update(step, loss, grad_norm)
@@ -182,10 +183,18 @@ class StrategyCore:
             return None
         if flag.new_event or flag.save:
             self.flags.append(flag)
+        return self._report(flag, step, zero, saving)
+
+    def _report(self, flag, step: int, zero: bool, saving: bool):
+        """Log a detector flag (rank 0); the flag when an emergency save is due now, else None."""
         if flag.kind == "nonfinite":
             if flag.new_event and zero:
                 log.warning(PREFIX + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
                             "saved); roll back with `checkpoint-strategy recover`")
+            return None
+        if flag.save and not saving:
+            if zero:
+                log.warning(PREFIX + f"{flag.kind} at step {step}, the last step: no emergency save after training ended")
             return None
         if flag.save:
             what = "loss" if flag.kind == "loss_spike_detected" else "grad norm"
@@ -330,25 +339,45 @@ class StrategyCore:
 
     def _saved_ranked(self, path: str, step: Optional[int], emergency: Optional[str]) -> None:
         """Every rank, after the framework's save returned: meet (every rank finished writing), check
-        this rank's part of the files, and settle the verdicts whose parts are done (see _settle)."""
+        this rank's part of the files, and settle the verdicts whose parts are done (see _settle). With
+        the worker, the verdicts of the earlier saves whose parts every rank has finished ride on the meeting
+        itself (one collective a save, and the training never waits for its worker here); the others wait
+        for the next save, or the end of training."""
         rec = SaveRecord(step=step, path=path, emergency=emergency)
         with self._lock:
             self.records.append(rec)
         st = self._ranked
         st.seq += 1
         name = os.path.basename(path)
-        met = self.ranks.barrier(f"after the save of {name}")
+        s = self.settings
+        checking = bool(s.validate_on_save or s.keep_last)
+        riding = checking and bool(s.async_save)     # the policy's, the same on every rank (not whether a worker started)
+        seqs, codes = self._ready_parts(st.seq - 1) if riding else ([], [])
+        met = self.ranks.reduce([0.0] + codes, f"after the save of {name}")
         self._release_folder()
-        if not met:
+        if met is not None and checking:
+            if self.after_save_hook is not None:
+                self.after_save_hook(path)
+            self._flush_metrics()
+            self._submit_part(path, rec)
+        for q, code in zip(seqs, met[1:] if met else [], strict=False):
+            if code < PENDING:           # every rank's part is done: the verdict (the same on every rank)
+                with st.cond:
+                    mine = st.results.pop(q) or {}
+                self._verdict(st.records.pop(q), mine, code)
+        if met is None:
             self._problem(f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
                           f"({self.ranks.broken})")
-            return
-        if self.after_save_hook is not None:
-            self.after_save_hook(path)
-        self._flush_metrics()
-        s = self.settings
-        if not (s.validate_on_save or s.keep_last):
-            return
+        elif not checking:
+            if self.after_save_hook is not None:
+                self.after_save_hook(path)
+            self._flush_metrics()
+        elif not riding:
+            self._settle(st.seq)
+
+    def _submit_part(self, path: str, rec: SaveRecord) -> None:
+        """This rank's part of the new save's validation, to the worker (or inline)."""
+        st = self._ranked
         st.records[st.seq] = rec
         st.results[st.seq] = None
         if self.level == "deep":     # deep compares across files: rank 0 checks it whole
@@ -358,7 +387,6 @@ class StrategyCore:
         job = {"kind": "part", "seq": st.seq, "path": path, "level": self.level, "part": part,
                "phase_delay": self.phase_delay}
         self._submit(job, None)
-        self._settle(st.seq if self._worker is None else st.seq - 1)
 
     def _problem(self, line: str) -> None:
         if self.rank_zero:
@@ -366,24 +394,45 @@ class StrategyCore:
                 self.problems.append(line)
             log.error(PREFIX + line)
 
-    def _settle(self, upto: int) -> None:
-        """Reduce the verdicts of the saves up to `upto` over the ranks (max of the per-part codes):
-        valid only when every part is. Rank 0 then writes the manifest and prunes (valid) or reports
-        every rank's problem (not valid). Every rank calls this at the same point."""
+    def _ready_parts(self, upto: int) -> tuple[list[int], list[float]]:
+        """The saves up to `upto` whose verdicts are not reduced yet, with this rank's code for each: its
+        verdict when its part is done, PENDING while it runs (never waited for here: a save's meeting holds
+        the folder's lock, which the worker's prune ahead of that part may be waiting for)."""
+        st = self._ranked
+        with st.cond:
+            seqs = sorted(q for q in st.results if q <= upto)
+            res = [st.results[q] for q in seqs]
+        return seqs, [PENDING if r is None else self._codes([r])[0] for r in res]
+
+    def _own_parts(self, upto: int) -> tuple[list[int], list[dict]]:
+        """The saves up to `upto` whose verdicts are not reduced yet, and this rank's part of each (waiting
+        for them at most join_timeout; a part not done by then counts as not finished)."""
         st = self._ranked
         seqs = sorted(q for q in st.results if q <= upto)
         if not seqs:
-            return
+            return [], []
         deadline = time.monotonic() + self.join_timeout
         with st.cond:
             while any(st.results[q] is None for q in seqs) and time.monotonic() < deadline:
                 st.cond.wait(max(0.01, deadline - time.monotonic()))
             own = [st.results.pop(q) or {"status": None, "problem": "this rank's part did not finish in time"}
                    for q in seqs]
-        codes = self.ranks.reduce([float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own],
-                                  "validation verdicts", slack=self.join_timeout)
+        return seqs, own
+
+    @staticmethod
+    def _codes(own: list[dict]) -> list[float]:
+        return [float(VERDICT_CODE.get(str(r.get("status")), NOT_DONE)) for r in own]
+
+    def _settle(self, upto: int) -> None:
+        """Reduce the verdicts of the saves up to `upto` over the ranks (max of the per-part codes):
+        valid only when every part is. Rank 0 then writes the manifest and prunes (valid) or reports
+        every rank's problem (not valid). Every rank calls this at the same point."""
+        seqs, own = self._own_parts(upto)
+        if not seqs:
+            return
+        codes = self.ranks.reduce(self._codes(own), "validation verdicts", slack=self.join_timeout)
         for q, mine, code in zip(seqs, own, codes or [None] * len(seqs), strict=True):
-            self._verdict(st.records.pop(q), mine, code)
+            self._verdict(self._ranked.records.pop(q), mine, code)
 
     def _verdict(self, rec: SaveRecord, mine: dict, code: Optional[float]) -> None:
         name = os.path.basename(rec.path)
@@ -579,28 +628,40 @@ class StrategyCore:
             self._worker.close()
 
     def decide_emergency(self, step: int, loss: Optional[float], grad_norm: Optional[float],
-                         checkpoint: str) -> Optional[str]:
+                         checkpoint: str | Callable[[], str]) -> Optional[str]:
         """Every rank at the same hook, with the same values (HF logs the loss averaged over the
-        processes; Lightning's is averaged by `reduced`), so every rank's detector decides the same.
-        On an event rank 0 writes the marker first and broadcasts whether it could: every rank saves
-        or none does. No collective on the steps without an event. The trigger, or None."""
+        processes; Lightning's is averaged by `start_reduced` / `finish_reduced`), so every rank's detector
+        decides the same. On an event rank 0 writes the marker first and broadcasts whether it could:
+        every rank saves or none does. No collective on the steps without an event. checkpoint: the
+        path the save will write, or a function giving it (called only on an event). The trigger, or None."""
         flag = self.observe(step, loss, grad_norm)
         if flag is None:
             return None
-        marked = self.mark_emergency(checkpoint, flag) if self.rank_zero else True
+        path = checkpoint() if callable(checkpoint) else checkpoint
+        marked = self.mark_emergency(path, flag) if self.rank_zero else True
         if self.ranks.multi:
             out = self.ranks.broadcast([float(marked)], f"the emergency decision at step {step}")
             marked = bool(out and out[0])
         return flag.kind if marked else None
 
     def reduced(self, loss: Optional[float], grad_norm: Optional[float]) -> tuple[Optional[float], Optional[float]]:
-        """The loss (and grad norm) averaged over the ranks (Lightning logs each rank's own); as is on one
-        process. None when a rank has none, or the ranks did not meet."""
+        """The loss (and grad norm) averaged over the ranks, waiting for it; as is on one process. None when
+        a rank has none, or the ranks did not meet."""
         if not self.ranks.multi:
             return loss, grad_norm
+        return self.finish_reduced(self.start_reduced(loss, grad_norm))
+
+    def start_reduced(self, loss: Optional[float], grad_norm: Optional[float]):
+        """Start averaging the loss (and grad norm) over the ranks without waiting (one all_reduce of four
+        numbers); `finish_reduced` takes the result. Every rank calls both at the same hooks."""
         vals = [0.0 if loss is None else loss, 0.0 if grad_norm is None else grad_norm,
                 float(loss is None), float(grad_norm is None)]
-        out = self.ranks.reduce(vals, "the logged loss", "sum")
+        return self.ranks.start(vals, "the logged loss", "sum")
+
+    def finish_reduced(self, pending) -> tuple[Optional[float], Optional[float]]:
+        """The averages a `start_reduced` began: (loss, grad norm); None when a rank had none, or the ranks
+        did not meet."""
+        out = self.ranks.finish(pending)
         if out is None or out[2] > 0:
             return None, None
         n = self.ranks.world
@@ -652,7 +713,9 @@ class _ProcessWorker:
         import sys
 
         scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
+        from checkpoint_strategy.callbacks._worker import ONE_THREAD
+
+        env = dict(os.environ, **ONE_THREAD)
         env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.on_message = on_message
         self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],

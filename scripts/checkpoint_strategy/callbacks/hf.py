@@ -117,8 +117,9 @@ class HFCheckpointStrategy(TrainerCallback):
         # every rank logs the same loss (the Trainer averages it over the processes), so every rank's
         # detector decides the same; on an event rank 0 writes the marker and broadcasts whether it
         # could: every rank saves or none does
-        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        kind = self.core.decide_emergency(state.global_step, _num(logs.get("loss")), _num(logs.get("grad_norm")), path)
+        step = state.global_step
+        kind = self.core.decide_emergency(step, _num(logs.get("loss")), _num(logs.get("grad_norm")),
+                                          lambda: os.path.join(args.output_dir, f"checkpoint-{step}"))
         if kind is not None:
             self._pending[state.global_step] = kind
             if not control.should_save:

@@ -20,9 +20,11 @@ What it does (logged at setup):
     event saves ``epoch=E-step=N-emergency.ckpt`` with a ``.checkpoint-strategy.json`` marker
     beside it (written first); never on a NaN/inf loss;
   * at the end of fit: waits for background validations, writes the session-handoff state;
-  * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks and rank 0
-    alone runs the detector, writes the loss log, the marker, the manifest and prunes; the ranks
-    share the validation of each save (docs/callbacks.md, "Many processes").
+  * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
+    all_reduce started at the detection step and taken at the next step's end, so the training
+    thread does not wait on it: an emergency save comes one step after the spiked loss), every
+    rank's detector decides the same, rank 0 alone writes the loss log, the marker, the manifest
+    and prunes; the ranks share the validation of each save (docs/callbacks.md, "Many processes").
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self._pending: dict[str, str] = {}
         self._grad_norm: Optional[float] = None
         self._last_seen = -1
+        self._inflight: Optional[tuple[int, Any]] = None   # (step, the started loss average), many processes
         self._want_grad = "gradient_norm_exceeded" in self.core.settings.emergency_save_on
 
     # ------------------------------------------------------------------ configuration
@@ -216,25 +219,48 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if step == self._last_seen:
             return   # gradient accumulation: no optimizer step yet
         self._last_seen = step
+        if self._inflight is not None:      # the previous detection step's average (many processes)
+            (seen, pending), self._inflight = self._inflight, None
+            self._decide(trainer, seen, *self.core.finish_reduced(pending))
         if self._detect_now(trainer, step):
-            # each rank's loss is its own: the ranks average it (one all_reduce), every rank's detector then
-            # decides the same, rank 0 alone writes the loss log and the marker, and on an event broadcasts
-            # whether the marker was written: every rank takes part in the save or none does
-            loss, grad = self.core.reduced(_loss_of(outputs), self._grad_norm)
+            loss, grad = _loss_of(outputs), self._grad_norm
             self._grad_norm = None
-            path = os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}-emergency.ckpt")
-            kind = self.core.decide_emergency(step, loss, grad, path)
-            if kind is not None:
-                self._pending[path] = kind
-                trainer.save_checkpoint(path)
+            if self.core.ranks.multi:
+                # each rank's loss is its own: one all_reduce averages it, started now and taken at the next
+                # step's end (DDP's own gradient all_reduce of that step has completed it by then: the
+                # training thread never waits for it); every rank's detector then decides the same
+                self._inflight = (step, self.core.start_reduced(loss, grad))
+            else:
+                self._decide(trainer, step, loss, grad)
         if self.core.forced_save(step):
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
 
+    def _decide(self, trainer, seen: int, loss: Optional[float], grad: Optional[float]) -> None:
+        """Feed the detector the values of step `seen`; on an event (rank 0 writes the marker and broadcasts
+        whether it could: every rank takes part in the save or none does) save now, at the current step."""
+        def path() -> str:
+            return os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={trainer.global_step}-emergency.ckpt")
+
+        kind = self.core.decide_emergency(seen, loss, grad, path)
+        if kind is not None:
+            target = path()
+            self._pending[target] = kind
+            trainer.save_checkpoint(target)
+
+    def _drain(self) -> None:
+        """At the end of fit: the last started average, into the detector and the loss log (no save after
+        the last step)."""
+        if self._inflight is not None:
+            (seen, pending), self._inflight = self._inflight, None
+            self.core.observe(seen, *self.core.finish_reduced(pending), saving=False)
+
     def on_fit_end(self, trainer, pl_module) -> None:
+        self._drain()
         self.core.end()
 
     def teardown(self, trainer, pl_module, stage) -> None:
         if stage == "fit":
+            self._inflight = None     # a fit that raised: never wait on the ranks here
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
