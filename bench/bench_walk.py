@@ -6,7 +6,21 @@ Measured in process (the checks alone) and as the command (a fresh `python -m ch
 start-up included), by wall time and by CPU time (user + sys; steadier on a shared machine); the least
 of --repeat runs each. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear.
 
-    python bench/bench_walk.py [--sizes 500,1000,2000] [--repeat 3]
+The command runs with its bytecode cached, as an installed package runs (pip writes the .pyc files): the
+children get a PYTHONPYCACHEPREFIX in the temp folder and one unmeasured warm-up run, whatever
+PYTHONDONTWRITEBYTECODE says (a checkout run with it set compiles every module on each start, ~0.1 s more).
+A second, informational floor: opening and reading every file of the tree once (what any check that looks
+inside the files pays at least); the ratios stay against the walk.
+
+    python bench/bench_walk.py [--sizes 500,1000,2000] [--repeat 3] [--profile]
+
+--profile: after the table, a cProfile of one in-process quick validation at the largest size (top 25 by
+own time).
+
+--instructions: instead of times, user-space instructions per checkpoint counted by valgrind (callgrind) in a
+fresh interpreter with a fixed hash seed, (count at 300 checkpoints - count at 100) / 200 for each row: the
+same figure whatever the load (kernel time is not counted, so the walk's share is understated), slow (about a
+minute a run).
 """
 
 from __future__ import annotations
@@ -31,9 +45,28 @@ from checkpoint_strategy.checkpoints import prune, validate_paths  # noqa: E402
 from bench_recover import least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
-def _least_cli(argv: list[str], repeat: int) -> tuple[float, float]:
-    """(least wall, least CPU) seconds of a fresh `python -m checkpoint_strategy ARGV` (the child's user+sys)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
+def read_walk(root: Path) -> int:
+    """The floor of a check that looks inside files: open and read every file of the tree (first 64 KB) once."""
+    n = 0
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fstat(fd)
+                os.read(fd, 1 << 16)
+            finally:
+                os.close(fd)
+            n += 1
+    return n
+
+
+def _least_cli(argv: list[str], repeat: int, pycache: Path) -> tuple[float, float]:
+    """(least wall, least CPU) seconds of a fresh `python -m checkpoint_strategy ARGV` (the child's user+sys),
+    bytecode cached under `pycache` (one warm-up run first, not measured)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), PYTHONPYCACHEPREFIX=str(pycache))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    subprocess.run([sys.executable, "-m", "checkpoint_strategy", *argv], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     walls, cpus = [], []
     for _ in range(repeat):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -52,7 +85,18 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="500,1000,2000")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile one in-process quick validation at the largest size")
+    ap.add_argument("--instructions", action="store_true",
+                    help="instructions per checkpoint under valgrind instead of times (load-independent; slow)")
     args = ap.parse_args()
+    if args.instructions:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
+        try:
+            print("user-space instructions per checkpoint, (300 checkpoints - 100) / 200, callgrind, PYTHONHASHSEED=0")
+            instructions(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs)")
     print("ratios against an os.walk + os.stat of the same tree, least of "
@@ -66,6 +110,7 @@ def main() -> int:
             files = build_tree(tree, n, shards=1)
             stat_walk(tree)  # warm the dentry/inode cache for every measurement
             walk = _least(lambda t=tree: stat_walk(t), args.repeat)
+            floor = _least(lambda t=tree: read_walk(t), args.repeat)
 
             def quick(t=tree, n=n):
                 r = validate_paths([str(t)], level="quick", progress=False)
@@ -78,20 +123,77 @@ def main() -> int:
             rows = [("validate --level quick (in process)", _least(quick, args.repeat)),
                     ("prune dry run (in process)", _least(dry, args.repeat)),
                     ("validate --level quick (command)",
-                     _least_cli(["validate", str(tree), "--level", "quick"], args.repeat)),
+                     _least_cli(["validate", str(tree), "--level", "quick"], args.repeat, tmp / "pycache")),
                     ("prune --keep-last 1 dry run (command)",
-                     _least_cli(["prune", str(tree), "--keep-last", "1", "--no-spike-check"], args.repeat))]
-            print(f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU")
+                     _least_cli(["prune", str(tree), "--keep-last", "1", "--no-spike-check"], args.repeat,
+                                tmp / "pycache"))]
+            print(f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU; "
+                  f"floor (open + read every file) {floor[1] * 1000:.0f} ms CPU = {floor[1] / walk[1]:.1f}x")
             for name, (w, c) in rows:
                 print(f"  {name:40s} {w * 1000:6.0f} ms wall = {w / walk[0]:5.1f}x, {c * 1000:6.0f} ms CPU = "
                       f"{c / walk[1]:5.1f}x; {w / n * 1000:.2f} ms wall per checkpoint")
                 if n == max(sizes) and "command" in name:
                     ok &= c / walk[1] <= 5.0
+            if args.profile and n == max(sizes):
+                _profile(quick)
             shutil.rmtree(tree)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if ok else 1
+
+
+_CHILD = """import sys
+sys.path[:0] = [{scripts!r}, {bench!r}]
+from bench_walk import read_walk, stat_walk, prune, validate_paths
+what, tree = sys.argv[1], sys.argv[2]
+if what == "quick":
+    validate_paths([tree], level="quick", progress=False)
+elif what == "prune":
+    prune(tree, keep_last=1, spike_check=False)
+else:
+    (stat_walk if what == "walk" else read_walk)(tree)
+"""
+
+
+SIZES = (100, 300)
+
+
+def instructions(tmp: Path) -> None:
+    """Instructions per checkpoint of each row (callgrind, fresh interpreter each run): deterministic."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
+    code = _CHILD.format(scripts=str(ROOT / "scripts"), bench=str(ROOT / "bench"))
+    trees = {}
+    env = dict(os.environ, PYTHONHASHSEED="0")   # dict and set layouts (and so the counts) the same every run
+    for n in SIZES:
+        trees[n] = tmp / f"tree{n}"
+        trees[n].mkdir()
+        build_tree(trees[n], n, shards=1)
+    per = {}
+    for what in ("walk", "floor", "quick", "prune"):
+        counts = []
+        for n in SIZES:
+            proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                                   "-c", code, what, str(trees[n])], capture_output=True, text=True, env=env)
+            found = [line.split()[-1] for line in proc.stderr.splitlines() if "Collected :" in line]
+            if proc.returncode != 0 or not found:
+                raise SystemExit(f"valgrind {what} failed: {proc.stderr.strip()[-300:]}")
+            counts.append(int(found[-1]))
+        per[what] = (counts[1] - counts[0]) / (SIZES[1] - SIZES[0])
+    names = {"walk": "os.walk + os.stat", "floor": "open + read every file", "quick": "validate --level quick",
+             "prune": "prune dry run"}
+    for what, v in per.items():
+        print(f"  {names[what]:28s} {v / 1e6:6.3f} M instructions per checkpoint = {v / per['walk']:5.1f}x the walk")
+
+
+def _profile(fn) -> None:
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

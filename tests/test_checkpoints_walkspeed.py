@@ -9,6 +9,7 @@ many points, a byte flipped in every region). `storage.read_bytes` reads a file'
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 
@@ -97,3 +98,189 @@ def test_crc_threads_follow_the_usable_cores(tmp_path, monkeypatch):
     assert fc.usable_cores() == 1
     monkeypatch.setattr(fc, "CRC_WORKERS", 3)
     assert fc.crc_workers() == 3
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_read_small_reads_whole_small_files_and_hands_back_big_ones(tmp_path):
+    """storage.read_small: a file up to `small` bytes comes back as its bytes, a bigger one open at its start;
+    no descriptor is left open either way, nor when it refuses a FIFO, a folder or a missing file."""
+    small, big, empty = tmp_path / "a.json", tmp_path / "b.pt", tmp_path / "c"
+    small.write_bytes(b'{"a": 1}')
+    big.write_bytes(b"x" * 100)
+    empty.write_bytes(b"")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    from checkpoint_strategy.storage import remote   # loaded, no object-storage view open: still read whole
+    assert remote.view_count() == 0
+    before = _open_fds()
+    for _ in range(300):
+        assert storage.read_small(small, small=8) == b'{"a": 1}'
+        assert storage.read_small(empty, small=8) == b""
+        with storage.read_small(big, small=99) as fh:
+            assert fh.read() == b"x" * 100
+        for bad, reason in ((fifo, "is a FIFO"), (tmp_path, "is a folder"), (tmp_path / "gone", "does not exist")):
+            with pytest.raises(storage.ReadError, match=reason):
+                storage.read_small(bad)
+    assert _open_fds() == before
+
+
+def test_read_small_takes_the_file_as_it_is_when_its_size_changed(tmp_path, monkeypatch):
+    """A file that grew between the size check and the read is not cut to its old size: it comes back open at
+    its start (the callers' reference path reads it as it is now)."""
+    p = tmp_path / "config.json"
+    p.write_bytes(b'{"a": 1}')
+    real_open_fd = storage._open_fd
+
+    def stale_size(path, what):
+        fd, size = real_open_fd(path, what)
+        return fd, size - 3   # as if the file had been 3 bytes shorter at fstat time
+    monkeypatch.setattr(storage, "_open_fd", stale_size)
+    got = storage.read_small(p, small=100)
+    assert not isinstance(got, bytes)
+    with got as fh:
+        assert fh.read() == b'{"a": 1}'
+    assert storage.read_bytes(p) == b'{"a": 1}'
+
+
+def _walk_size(path: str) -> int:
+    """The reference definition of a checkpoint's bytes (prune's report): os.walk, no links followed, lstat."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        return os.lstat(path).st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path, followlinks=False):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
+    """prune_survey._size (one scandir per folder) counts what an os.walk + lstat counts: files in nested
+    folders, a link to a file as the link, a dangling link, a FIFO; a link to a folder (inside or outside)
+    is neither entered nor counted; unreadable folders are skipped."""
+    from checkpoint_strategy.checkpoints.prune_survey import _size
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "huge.bin").write_bytes(b"o" * 5000)
+    ck = tmp_path / "checkpoint-10"
+    (ck / "global_step10" / "deeper").mkdir(parents=True)
+    (ck / "model.safetensors").write_bytes(b"m" * 700)
+    (ck / "global_step10" / "shard.pt").write_bytes(b"s" * 300)
+    (ck / "global_step10" / "deeper" / "x").write_bytes(b"d" * 11)
+    (ck / "link-to-file").symlink_to(ck / "model.safetensors")
+    (ck / "link-to-outside").symlink_to(outside)
+    (ck / "link-to-inside").symlink_to(ck / "global_step10")
+    (ck / "dangling").symlink_to(tmp_path / "nothing")
+    (ck / "name with\nnewline|bar").write_bytes(b"n" * 5)
+    os.mkfifo(ck / "fifo")
+    locked = ck / "locked"
+    locked.mkdir()
+    (locked / "secret").write_bytes(b"z" * 50)
+    locked.chmod(0)
+    try:
+        expected = _walk_size(str(ck))
+        assert _size(str(ck)) == expected
+        assert expected < 5000   # the folder outside was not counted
+    finally:
+        locked.chmod(0o755)
+    assert _size(str(ck)) == _walk_size(str(ck))
+    assert _size(str(ck / "model.safetensors")) == 700
+    assert _size(str(ck / "link-to-outside")) == _walk_size(str(ck / "link-to-outside"))
+    assert _size(str(tmp_path / "missing")) == 0
+
+
+def test_zip_entry_lookup_is_the_first_of_that_name_in_the_current_list():
+    """ZipScan.entry looks names up through a dict (linear in storages): the first entry of a name, as a scan
+    finds it, and the current list's when the entries are replaced or grown."""
+    a1, a2, b = (fc.ZipEntry("a", 0, 0, 1, 1, 0), fc.ZipEntry("a", 0, 0, 2, 2, 9), fc.ZipEntry("b", 0, 0, 3, 3, 5))
+    z = fc.ZipScan(entries=[a1, a2])
+    assert z.entry("a") is a1 and z.entry("b") is None
+    z.entries.append(b)
+    assert z.entry("b") is b
+    z.entries = [a2]
+    assert z.entry("a") is a2 and z.entry("b") is None
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeypatch, small):
+    """A local header is read as 30 bytes + the name's length in characters; a UTF-8 name is longer in bytes and
+    is read again whole: a good one passes, a changed one is named in full in the mismatch (from memory and
+    from the file alike)."""
+    import zipfile
+
+    p = tmp_path / "archive.pt"
+    name = "archive/données/é"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/version", b"3\n")
+        zf.writestr(name, b"x" * 10)
+    if not small:
+        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+    z = fc.scan_zip(str(p), fc.Counter())
+    assert [str(f) for f in z.findings] == [] and z.entry(name).data_start > 0
+    data = bytearray(p.read_bytes())
+    at = data.index("données/é".encode())   # the local header's copy comes first
+    data[at] = ord("D")
+    p.write_bytes(bytes(data))
+    z = fc.scan_zip(str(p), fc.Counter())
+    assert [str(f) for f in z.findings] == [f"entry name mismatch: central directory {name!r}, local header "
+                                            f"{'archive/Données/é'!r}"]
+
+
+def _archive(path, deflate_last: bool = False) -> bytes:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/version", b"3\n")
+        zf.writestr("archive/data/0", b"x" * 10, zipfile.ZIP_DEFLATED if deflate_last else zipfile.ZIP_STORED)
+    return path.read_bytes()
+
+
+def _cd_record(data: bytes, name: str) -> int:
+    """Offset of the central directory record of `name` (its second copy in the file; the first is the local header)."""
+    raw = name.encode()
+    return data.index(raw, data.index(raw) + 1) - 46
+
+
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("damage, expected", [
+    ("signature", "broken local header for entry 'archive/data/0' at offset {lh}"),
+    ("past", "entry 'archive/data/0' (40 bytes) runs past the central directory: truncated"),
+    ("method", "entry 'archive/data/0' uses unsupported compression method 12"),
+    ("sizes", "entry 'archive/data/0': stored sizes disagree (10 vs 11)"),
+    ("bomb", "entry 'archive/data/0' is deflated to inflate to 11 bytes, more than the 0 GB this checker inflates "
+             "(torch.save stores entries uncompressed: a re-zipped archive or a zip bomb)"),
+])
+def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
+    """Each local-header finding, from memory (a small archive read whole) and from the file."""
+    p = tmp_path / "archive.pt"
+    data = bytearray(_archive(p, deflate_last=damage == "bomb"))
+    lh = data.index(b"archive/data/0") - 30
+    cd = _cd_record(bytes(data), "archive/data/0")
+    full = False
+    if damage == "signature":
+        data[lh:lh + 4] = b"PK\x00\x00"
+    elif damage == "past":
+        data[cd + 20:cd + 28] = struct.pack("<II", 40, 40)
+    elif damage == "method":
+        data[cd + 10:cd + 12] = struct.pack("<H", 12)
+    elif damage == "sizes":
+        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+    elif damage == "bomb":
+        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+        monkeypatch.setattr(fc, "MAX_INFLATE_BYTES", 10)
+        full = True
+    p.write_bytes(bytes(data))
+    if not small:
+        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+    z = fc.scan_zip(str(p), fc.Counter(), full=full)
+    assert [str(f) for f in z.findings] == [expected.format(lh=lh)]
+    assert z.findings[0].kind == ("incomplete" if damage == "past" else "invalid")

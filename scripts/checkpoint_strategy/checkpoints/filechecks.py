@@ -14,12 +14,11 @@ import struct
 import threading
 import zlib
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal
 
 from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
+from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular, read_small
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
     from isal.isal_zlib import crc32 as _crc32  # type: ignore
@@ -238,8 +237,9 @@ _EOCD64_LOC = b"PK\x06\x07"
 _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
-# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack
-_CD_RECORD = struct.Struct("<HHHHIIIHHHHHII")
+# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack of
+# flags, method, crc, sizes, name/extra/comment lengths, disk and offset (times and attributes skipped)
+_CD_RECORD = struct.Struct("<HH4xIIIHHHH6xI")
 # the end-record search reads this much of a file's end; a file no bigger (SMALL_ZIP_BYTES) is read whole once
 # and every later read is served from memory
 ZIP_TAIL_BYTES = 22 + 65535 + 20
@@ -249,7 +249,7 @@ SMALL_ZIP_BYTES = ZIP_TAIL_BYTES
 ZIP_REFUSED_FLAGS = 0x2061
 
 
-@dataclass
+@dataclass(slots=True)
 class ZipEntry:
     name: str
     method: int
@@ -306,20 +306,19 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     if len(cd) != cd_size:
         return "truncated central directory"
     entries: list[ZipEntry] = []
+    unpack, append = _CD_RECORD.unpack_from, entries.append
     p = 0
     for _ in range(n_entries):
-        if cd[p:p + 4] != _CDH or p + 46 > cd_size:
+        if not cd.startswith(_CDH, p) or p + 46 > cd_size:
             return f"broken central directory at entry {len(entries)}"
-        (flags, method, _t, _dt, crc, csize, usize, nlen, xlen, clen, e_disk, _ia, _ea,
-         offset) = _CD_RECORD.unpack_from(cd, p + 8)
+        flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, offset = unpack(cd, p + 8)
         name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
-        if flags & ZIP_REFUSED_FLAGS or e_disk not in (disk, 1):  # what torch.load's zip reader (miniz) refuses
+        if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):  # what torch.load's reader (miniz) refuses
             what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
             return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
-        extra = cd[p + 46 + nlen:p + 46 + nlen + xlen]
         if 0xFFFFFFFF in (csize, usize, offset):
-            csize, usize, offset = _zip64_extra(extra, csize, usize, offset)
-        entries.append(ZipEntry(name, method, crc, csize, usize, offset))
+            csize, usize, offset = _zip64_extra(cd[p + 46 + nlen:p + 46 + nlen + xlen], csize, usize, offset)
+        append(ZipEntry(name, method, crc, csize, usize, offset))
         p += 46 + nlen + xlen + clen
     if p != cd_size:
         return f"central directory size mismatch ({p} parsed, {cd_size} declared)"
@@ -375,6 +374,7 @@ class ZipScan:
     prefix: str = ""
     pickle: tp.PickleScan | None = None
     legacy: bool = False
+    _index: tuple | None = field(default=None, repr=False, compare=False)
 
     def keys(self) -> list[str]:
         """Top-level keys of the pickled object (a dict), else its string constants."""
@@ -408,7 +408,15 @@ class ZipScan:
         return out
 
     def entry(self, name: str) -> ZipEntry | None:
-        return next((e for e in self.entries if e.name == name), None)
+        """The entry of that name (the first, as a scan would find it): a dict built once per entry list, so
+        looking up every storage of a big archive stays linear."""
+        index = self._index
+        if index is None or index[0] is not self.entries or index[1] != len(self.entries):
+            by_name: dict[str, ZipEntry] = {}
+            for e in self.entries:
+                by_name.setdefault(e.name, e)
+            index = self._index = (self.entries, len(self.entries), by_name)
+        return index[2].get(name)
 
 
 def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,
@@ -426,33 +434,25 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> Zi
     counter.files += 1
     z = ZipScan()
     try:
-        with open_regular(path) as fh:
-            _scan_open_zip(fh if full else _small_in_memory(fh), path, z, counter, full, update)
+        # quick level: a file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) is read
+        # in one call and served from memory: the same bytes, one read instead of two per entry
+        got = open_regular(path) if full else read_small(path, "file", SMALL_ZIP_BYTES)
+        if isinstance(got, bytes):
+            _scan_open_zip(_InMemory(got), path, z, counter, full, update)
+        else:
+            with got as fh:
+                _scan_open_zip(fh, path, z, counter, full, update)
     except (OSError, ReadError) as exc:
         z.findings.append(Finding(_oserror(exc)))
     return z
 
 
 class _InMemory(io.BytesIO):
-    """A small file's bytes, read once; fileno() is the open file's (its size for os.fstat)."""
+    """A small file's bytes, read once (`data`: its size is len(data))."""
 
-    def __init__(self, data: bytes, fh) -> None:
+    def __init__(self, data: bytes) -> None:
         super().__init__(data)
-        self._fh = fh
-
-    def fileno(self) -> int:
-        return self._fh.fileno()
-
-
-def _small_in_memory(fh):
-    """A file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) read in one call and
-    served from memory: the same bytes, one read instead of two per entry. Anything else: the file itself."""
-    size = os.fstat(fh.fileno()).st_size
-    if size > SMALL_ZIP_BYTES:
-        return fh
-    data = fh.read(size + 1)
-    fh.seek(0)
-    return _InMemory(data, fh) if len(data) == size else fh   # grown or shrunk meanwhile: read it as it is
+        self.data = data
 
 
 def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, update) -> None:
@@ -466,11 +466,10 @@ def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, upda
     if len(prefixes) == 1 and pkl is None:
         z.findings.append(Finding("torch archive without data.pkl"))
         return
-    for e in entries:
-        finding = _local_header_finding(fh, e, cd_offset, counter, full)
-        if finding is not None:
-            z.findings.append(finding)
-            return
+    finding = _local_headers(fh, entries, cd_offset, counter, full)
+    if finding is not None:
+        z.findings.append(finding)
+        return
     if pkl is not None:
         z.prefix = pkl.name[: -len("data.pkl")]
         z.findings.extend(_check_torch_pickle(fh, z, counter))
@@ -485,7 +484,7 @@ def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, upda
 def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipEntry], int] | None:
     """The central directory's entries (non-empty, unique names) and its offset; None once a finding is
     added (too short, not a zip archive, empty, a duplicate name) or a legacy torch file was checked instead."""
-    size = os.fstat(fh.fileno()).st_size
+    size = len(fh.data) if isinstance(fh, _InMemory) else os.fstat(fh.fileno()).st_size
     if size == 0:
         z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
         return None
@@ -517,16 +516,48 @@ def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipE
     return entries, cd_offset
 
 
-def _local_header_finding(fh, e: ZipEntry, cd_offset: int, counter: Counter, full: bool) -> Finding | None:
-    """One entry's local header: present, same name, data before the central directory, a method torch
-    reads with consistent sizes (sets e.data_start); the finding, or None."""
-    fh.seek(e.offset)
-    lh = fh.read(30)
-    counter.bytes_read += 30
-    if len(lh) != 30 or lh[:4] != _LFH:
+_LH_LENS = struct.Struct("<HH")   # a local header's name and extra-field lengths (offset 26)
+
+
+def _local_headers(fh, entries: list[ZipEntry], cd_offset: int, counter: Counter, full: bool) -> Finding | None:
+    """Every entry's local header (sets e.data_start); the first finding, or None. Each header and the
+    name after it are one read (a slice of a small archive read whole)."""
+    data = fh.data if isinstance(fh, _InMemory) else None
+    lens = _LH_LENS.unpack_from
+    for i, e in enumerate(entries):
+        off = e.offset
+        want = 30 + len(e.name)   # the name's length in bytes when it is ASCII (else read again below)
+        if data is not None:
+            lh = data[off:off + want]
+        else:
+            fh.seek(off)
+            lh = fh.read(want)
+        if len(lh) == want and lh.startswith(_LFH):   # the usual case, decided here: a stored entry, all in order
+            nlen, xlen = lens(lh, 26)
+            start = off + 30 + nlen + xlen
+            if (nlen == want - 30 and e.method == 0 and e.csize == e.usize and start + e.csize <= cd_offset
+                    and lh[30:].decode("utf-8", "replace") == e.name):
+                e.data_start = start
+                continue
+        finding = _local_header_finding(fh, lh, e, cd_offset, full)   # every other case, and the finding's words
+        if finding is not None:
+            counter.bytes_read += 30 * (i + 1)
+            return finding
+    counter.bytes_read += 30 * len(entries)
+    return None
+
+
+def _local_header_finding(fh, lh: bytes, e: ZipEntry, cd_offset: int, full: bool) -> Finding | None:
+    """One entry's local header (`lh`: its bytes from the header on): present, same name, data before the
+    central directory, a method torch reads with consistent sizes (sets e.data_start); the finding, or None."""
+    if len(lh) < 30 or not lh.startswith(_LFH):
         return Finding(f"broken local header for entry {e.name!r} at offset {e.offset}")
-    nlen, xlen = struct.unpack("<HH", lh[26:30])
-    name = fh.read(nlen).decode("utf-8", "replace")
+    nlen, xlen = _LH_LENS.unpack_from(lh, 26)
+    raw = lh[30:30 + nlen]
+    if len(lh) - 30 != nlen:   # a name of another length (or not ASCII): read exactly its nlen bytes
+        fh.seek(e.offset + 30)
+        raw = fh.read(nlen)
+    name = raw.decode("utf-8", "replace")
     if name != e.name:
         return Finding(f"entry name mismatch: central directory {e.name!r}, local header {name!r}")
     e.data_start = e.offset + 30 + nlen + xlen
@@ -689,6 +720,8 @@ def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) ->
 
     # largest entries first keeps the threads evenly loaded; results come back in archive order
     order = sorted(range(len(entries)), key=lambda i: -entries[i].csize)
+    from concurrent.futures import ThreadPoolExecutor   # big archives at level full only
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {i: pool.submit(work, entries[i]) for i in order}
         results = [futures[i].result() for i in range(len(entries))]

@@ -20,7 +20,7 @@ ProblemKind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class Problem(_Model):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import shutil
 import stat
 from collections.abc import Callable
@@ -177,6 +176,8 @@ def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
 
 
 def _entry_for(root: str, name: str) -> dict:
+    import secrets   # only when deleting (a dry run does not load it)
+
     renamed = fm.DELETING_PREFIX + secrets.token_hex(8)
     sidecar = os.path.lexists(os.path.join(root, name + fm.MANIFEST_SUFFIX))
     return {"name": name, "renamed": renamed, "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None}

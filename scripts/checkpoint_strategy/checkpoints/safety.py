@@ -135,12 +135,20 @@ def do_not_resume(guard: Optional[SpikeGuard]) -> str:
 def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
     """run folder given on the command line -> the stepped results directly inside it."""
     runs: dict[str, list] = {}
+    reals: dict[str, str] = {}   # each result's realpath once (it walks every component: 2000 checkpoints)
     for p in paths:
         real = os.path.realpath(p)
         if not os.path.isdir(real):
             continue
-        inside = [r for r in results if r.step is not None and os.path.dirname(os.path.realpath(r.path)) == real
-                  and os.path.realpath(r.path) != real]
+        inside = []
+        for r in results:
+            if r.step is None:
+                continue
+            rr = reals.get(r.path)
+            if rr is None:
+                rr = reals[r.path] = os.path.realpath(r.path)
+            if os.path.dirname(rr) == real and rr != real:
+                inside.append(r)
         if inside:
             runs[p] = inside
     return runs

@@ -192,6 +192,10 @@ def _ls(path: str) -> list[str]:
 
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
+_FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
+_RNG_STATE = re.compile(r"^rng_state.*\.pth$")
+
+
 def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
@@ -200,7 +204,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
                ("model", "pytorch_model", "adapter_model")]
     fsdp_model = sorted(n for n in names if n.startswith("pytorch_model_fsdp") and os.path.isdir(os.path.join(path, n)))
-    fsdp_optim = sorted(n for n in names if re.match(r"^optimizer_\d+$", n) and os.path.isdir(os.path.join(path, n)))
+    fsdp_optim = sorted(n for n in names if _FSDP_OPTIM.match(n) and os.path.isdir(os.path.join(path, n)))
     ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
     for idx in indexes:
         _check_hf_index(ctx, path, idx, names)
@@ -253,7 +257,7 @@ def _check_hf_state_files(ctx: _Ctx, path: str, names: set[str], out: Layout) ->
     """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs."""
     for n in sorted(names):
         p = os.path.join(path, n)
-        if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or re.match(r"^rng_state.*\.pth$", n):
+        if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or _RNG_STATE.match(n):
             ctx.zip(p, "optimizer" if n == "optimizer.pt" else "other")
     if "trainer_state.json" in names:
         state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES)
@@ -911,6 +915,12 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     return jobs, orbax_commit_roots, roots
 
 
+def _hash_algorithm() -> str:
+    from checkpoint_strategy.checkpoints.manifest import ALGORITHM   # with --manifest only (hashlib)
+
+    return ALGORITHM
+
+
 def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
     where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
     steps = sorted(f.step for f in deleted if f.step is not None)
@@ -1009,11 +1019,9 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
         storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
                              inputs=tuple(paths))
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
-    from checkpoint_strategy.checkpoints.manifest import ALGORITHM
-
     from checkpoint_strategy.checkpoints.coverage import blind_spots, families
 
     return ValidationReport(
-        level=level, manifest=manifest, hash_algorithm=ALGORITHM if manifest else None, checkpoints=results,
+        level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
         blind_spots=blind_spots((families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))

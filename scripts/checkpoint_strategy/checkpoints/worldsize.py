@@ -182,8 +182,10 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
             if found is not None:
                 report.hardware.append(found)
     if target_gpus is not None:
-        newest = sorted(report.hardware, key=lambda h: next((r.step or 0 for r in report.checkpoints
-                                                             if r.path == h.path), 0))
+        steps: dict[str, int] = {}
+        for r in report.checkpoints:   # the first result of each path, as a scan per checkpoint found it
+            steps.setdefault(r.path, r.step or 0)
+        newest = sorted(report.hardware, key=lambda h: steps.get(h.path, 0))
         state = log or next((os.path.join(r.path, "trainer_state.json") for r in reversed(report.checkpoints)
                              if os.path.isfile(os.path.join(r.path, "trainer_state.json"))), None)
         report.hardware_move = move_advice(newest, target_gpus, run_facts(state))

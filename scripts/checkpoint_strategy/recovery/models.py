@@ -19,7 +19,7 @@ LogFormat = Literal["hf", "json", "jsonl", "csv", "tensorboard"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class LogInfo(_Strict):

@@ -106,6 +106,12 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     Raises ReadError naming the path and the reason ("is a FIFO: expected a regular file").
     """
     p = os.fspath(path)
+    fd, _size = _open_fd(p, what)
+    return _file_of(fd, p)
+
+
+def _open_fd(p: str, what: str) -> tuple[int, int]:
+    """(fd, size) of a regular file opened for reading (blocking); ReadError for anything else."""
     if p == "":
         raise ReadError(f"{what}: empty path: expected a file path", "empty path")
     try:
@@ -128,6 +134,15 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
             raise ReadError(f"{what} {p} {reason}", reason)
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
+        return fd, st2.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _file_of(fd: int, p: str) -> BinaryIO:
+    """The open fd as a binary file (it is closed on failure)."""
+    try:
         remote = _remote_file(p)  # a shadow of an object-storage listing: bytes come from the store
         if remote is not None:
             os.close(fd)
@@ -136,6 +151,40 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 << 16) -> bytes | BinaryIO:
+    """A regular file of at most ``small`` bytes read whole with plain reads on its descriptor (no file
+    object: the quick walk reads thousands of small files); a larger one, one that changed size while
+    read, or a file of an object-storage view comes back open at its start, as `open_regular` gives it
+    (the caller closes it). ReadError as `open_regular`."""
+    p = os.fspath(path)
+    remote = sys.modules.get("checkpoint_strategy.storage.remote")
+    if remote is not None and remote.view_count():
+        return open_regular(p, what)   # shadows of a listing open: their bytes come from the store
+    fd, size = _open_fd(p, what)
+    if size > small:
+        return _file_of(fd, p)
+    whole = False
+    try:
+        parts = []
+        got = 0
+        while got <= size:   # one read of size + 1 normally; more only if the kernel returns less
+            chunk = os.read(fd, size + 1 - got)
+            if not chunk:
+                break
+            parts.append(chunk)
+            got += len(chunk)
+        whole = got == size
+        if not whole:
+            os.lseek(fd, 0, os.SEEK_SET)   # grown or shrunk meanwhile: read it as a file, as it is now
+    except BaseException:
+        os.close(fd)
+        raise
+    if whole:
+        os.close(fd)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    return _file_of(fd, p)
 
 
 def _remote_file(path: str) -> Any:
@@ -200,7 +249,14 @@ def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> I
 
 def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
     """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
-    with open_regular(path, what) as fh:
+    try:
+        got = read_small(path, what, min(limit, 1 << 16))
+    except OSError as exc:
+        reason = describe_os_error(exc)
+        raise ReadError(f"cannot read {what} {os.fspath(path)}: {reason}", reason) from None
+    if isinstance(got, bytes):
+        return got
+    with got as fh:
         size = os.fstat(fh.fileno()).st_size
         if size > limit:  # refused before reading (a 10 GB sparse file)
             reason = f"larger than {_size(limit)}"
