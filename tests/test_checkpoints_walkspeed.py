@@ -164,7 +164,7 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
     """prune_survey._size (one scandir per folder) counts what an os.walk + lstat counts: files in nested
     folders, a link to a file as the link, a dangling link, a FIFO; a link to a folder (inside or outside)
     is neither entered nor counted; unreadable folders are skipped."""
-    from checkpoint_strategy.checkpoints.prune_survey import _size
+    from checkpoint_strategy.checkpoints.prune_survey import _links_under, _size
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -188,6 +188,9 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
         expected = _walk_size(str(ck))
         assert _size(str(ck)) == expected
         assert expected < 5000   # the folder outside was not counted
+        # the survey's link walk counts the same bytes (it stands in for _size in the report)
+        assert _links_under(str(ck), str(tmp_path), os.path.realpath(tmp_path), {"checkpoint-10"}, "checkpoint-10",
+                            recurse=True)[1:] == (True, expected)
     finally:
         locked.chmod(0o755)
     assert _size(str(ck)) == _walk_size(str(ck))

@@ -55,6 +55,7 @@ class Survey:
     latest: str | None = None                                            # what the resume pointer names
     latest_why: str = ""
     notes: list[str] = field(default_factory=list)                       # links out of ROOT, pointer trouble
+    sizes: dict[str, int] = field(default_factory=dict)                  # name -> bytes (_inner_links' walk)
     suggestion: PruneSuggestion | None = None                           # nothing freed: a smaller keep_last
 
 
@@ -145,20 +146,23 @@ def _inner_links(s: Survey) -> None:
         if c.symlink or c.outside or not c.path:
             continue
         top = c.path if not c.final_export else s.root
-        found, complete = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
+        found, complete, size = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
         if not complete:
             s.notes.append(f"{c.name}: more than {MAX_LINK_SCAN} entries, not all looked at for symlinks into "
                            "other checkpoints")
+        elif not c.final_export and os.path.isdir(c.path):
+            s.sizes[c.name] = size      # the same walk counts what _size would (one walk per checkpoint, not two)
         if found:
             s.candidates[i] = replace(c, links_into=tuple(found))
 
 
 def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
-                 recurse: bool) -> tuple[list[tuple[str, str]], bool]:
-    """([(ROOT entry a symlink under `top` resolves into, the link's path under ROOT)], all entries seen).
-    recurse=False: ROOT's own files (a final export), not the entries that are candidates themselves."""
+                 recurse: bool) -> tuple[list[tuple[str, str]], bool, int]:
+    """([(ROOT entry a symlink under `top` resolves into, the link's path under ROOT)], all entries seen, bytes
+    as `_size` counts them). recurse=False: ROOT's own files (a final export), not the entries that are
+    candidates themselves."""
     found: list[tuple[str, str]] = []
-    stack, seen = [top], 0
+    stack, seen, total = [top], 0, 0
     while stack:
         try:
             with os.scandir(stack.pop()) as it:
@@ -168,17 +172,24 @@ def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
         for e in entries:
             seen += 1
             if seen > MAX_LINK_SCAN:
-                return found, False
+                return found, False, total
             if not recurse and e.name in names:
                 continue
-            if e.is_symlink():
-                rel = os.path.relpath(os.path.realpath(e.path), root_real)
-                first = rel.split(os.sep)[0]
-                if first not in (own, os.curdir, os.pardir) and first in names:
-                    found.append((first, os.path.relpath(e.path, root)))
-            elif recurse and e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-    return found, True
+            try:
+                link = e.is_symlink()
+                if link:
+                    rel = os.path.relpath(os.path.realpath(e.path), root_real)
+                    first = rel.split(os.sep)[0]
+                    if first not in (own, os.curdir, os.pardir) and first in names:
+                        found.append((first, os.path.relpath(e.path, root)))
+                if e.is_dir():             # a link to a folder: neither entered nor counted (as _size)
+                    if recurse and not link:
+                        stack.append(e.path)
+                else:
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                pass
+    return found, True, total
 
 
 #: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
@@ -353,6 +364,7 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
     size = (out.deleted[c.name] if deleted and out is not None else
+            s.sizes.get(c.name, None) if c.name in s.sizes else
             _size(c.path) if c.layout and not c.symlink and c.path else None)
     return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
                       status=r.status if r else None,
@@ -427,7 +439,8 @@ def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | N
         if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
             continue
         names = [d.candidate.name for d in plan.delete]
-        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_size(d.candidate.path) for d in plan.delete),
+        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(s.sizes[d.candidate.name] if d.candidate.name in s.sizes
+                                                         else _size(d.candidate.path) for d in plan.delete),
                                rollback_points=sorted(must))
     return None
 
