@@ -197,6 +197,42 @@ def test_worker_reads_checkpoints_in_idle_cycles_and_prunes_at_nice_19(tmp_path)
     assert worker.proc.returncode == 0
 
 
+def test_a_job_starved_of_idle_cycles_runs_in_the_normal_class_after_the_grace(monkeypatch):
+    """On a machine whose cores never idle (data-loader workers on every core) the SCHED_IDLE reading thread may
+    never run: after IDLE_GRACE the worker's main thread (nice 19, normal class) does the job, and the reading
+    thread's late result goes into a copy."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from checkpoint_strategy.callbacks import _worker
+
+    gate = threading.Event()
+
+    def job(out: dict, x: int) -> None:
+        if threading.current_thread().name.startswith("idle"):
+            gate.wait(30)                        # starved: it gets its cycles only after the fallback ran
+        out["by"], out["x"] = threading.current_thread().name, x
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="idle")
+    monkeypatch.setattr(_worker, "_IDLE", pool)
+    monkeypatch.setattr(_worker, "IDLE_GRACE", 0.2)
+    out = {"status": None}
+    _worker._idle(job, out, 5)
+    assert out == {"status": None, "by": threading.current_thread().name, "x": 5}
+    gate.set()
+    pool.shutdown(wait=True)                     # the late run finished, into its copy
+    assert out["by"] == threading.current_thread().name
+    # with idle cycles to spare, the reading thread does it
+    idle = ThreadPoolExecutor(1, thread_name_prefix="idle")
+    monkeypatch.setattr(_worker, "_IDLE", idle)
+    monkeypatch.setattr(_worker, "IDLE_GRACE", 30.0)
+    gate.set()
+    out2: dict = {}
+    _worker._idle(job, out2, 7)
+    idle.shutdown(wait=True)
+    assert out2["by"].startswith("idle") and out2["x"] == 7
+
+
 def test_a_spike_seen_after_the_last_step_saves_nothing(tmp_path, caplog):
     """Lightning under many processes takes a step's averaged loss at the next step's end; the last step's comes
     after training ended (observe(saving=False)): logged, no emergency save, no marker."""

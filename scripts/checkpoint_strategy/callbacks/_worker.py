@@ -174,9 +174,29 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 _IDLE: Any = None      # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
 
 
-def _idle(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) on the reading thread (only idle cycles), or here when there is none (inline jobs)."""
-    return fn(*args) if _IDLE is None else _IDLE.submit(fn, *args).result()
+#: seconds a job may wait for idle cycles; past it, this thread (normal class, nice 19) does it (a machine whose
+#: cores never idle, e.g. data-loader workers on every core, must not leave checkpoints unvalidated and unpruned)
+IDLE_GRACE = 120.0
+
+
+def _idle(fn: Callable[..., None], out: dict, *args: Any) -> None:
+    """fn(out, *args) on the reading thread (only idle cycles), or here when there is none (inline jobs) or when
+    it has not finished within IDLE_GRACE seconds: then this thread runs it too and its result counts (the
+    reading thread's late one goes into a copy, discarded; a check only reads, a manifest is an atomic write)."""
+    if _IDLE is None:
+        fn(out, *args)
+        return
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    mine = dict(out)
+    fut = _IDLE.submit(fn, mine, *args)
+    try:
+        fut.result(timeout=IDLE_GRACE)
+    except FutureTimeout:
+        fut.cancel()
+        fn(out, *args)
+        return
+    out.update(mine)
 
 
 def _idle_class() -> None:
