@@ -287,3 +287,23 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
     z = fc.scan_zip(str(p), fc.Counter(), full=full)
     assert [str(f) for f in z.findings] == [expected.format(lh=lh)]
     assert z.findings[0].kind == ("incomplete" if damage == "past" else "invalid")
+
+
+def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_path):
+    """checkpoints/__init__ names its API lazily (PEP 562): recover on a log reads checkpoints.marker and
+    runfacts only; the package's `prune` stays the function whichever import comes first."""
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(f'{{"step": {i}, "loss": {2.0 + (i % 5) / 100}}}\n' for i in range(1, 200)))
+    code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['recover', sys.argv[1], '-o', "
+            "sys.argv[2]]); heavy = sorted(m for m in sys.modules if m.startswith('checkpoint_strategy.checkpoints.')"
+            " and m.rsplit('.', 1)[1] in ('validate', 'prune', 'prune_survey', 'deep', 'filechecks')); "
+            "import checkpoint_strategy.checkpoints.prune as a; from checkpoint_strategy.checkpoints import prune as b;"
+            " print(rc, heavy, callable(a) and a is b and a.__module__ == 'checkpoint_strategy.checkpoints.prune')")
+    out = subprocess.run([sys.executable, "-c", code, str(log), str(tmp_path / "report.txt")], capture_output=True,
+                         text=True, timeout=120, env=checkout_env())
+    assert out.stdout.split("\n")[0] == "0 [] True", out.stdout + out.stderr

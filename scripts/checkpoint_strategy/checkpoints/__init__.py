@@ -24,9 +24,43 @@ Nothing here imports torch, and no checkpoint content is ever executed.
 
 from __future__ import annotations
 
-from checkpoint_strategy.checkpoints.prune import load_policy, prune
-from checkpoint_strategy.checkpoints.retention import Candidate, Retention, classify_name, plan_prune
-from checkpoint_strategy.checkpoints.validate import validate_checkpoint, validate_paths
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.checkpoints.prune import load_policy, prune
+    from checkpoint_strategy.checkpoints.retention import Candidate, Retention, classify_name, plan_prune
+    from checkpoint_strategy.checkpoints.validate import validate_checkpoint, validate_paths
+
+# The names come from their modules when first used (PEP 562): a command that needs one small module of
+# this package (recover reads checkpoints.marker) does not load the validator, prune and their imports.
+_WHERE = {"validate_checkpoint": "validate", "validate_paths": "validate", "prune": "prune", "load_policy": "prune",
+          "plan_prune": "retention", "Candidate": "retention", "Retention": "retention", "classify_name": "retention"}
 
 __all__ = ["validate_checkpoint", "validate_paths", "prune", "load_policy", "plan_prune", "Candidate", "Retention",
            "classify_name"]
+
+
+class _Package(types.ModuleType):
+    """`prune` is both a submodule and the function the package names: importing the submodule must leave the
+    package's `prune` the function (as the eager imports this replaced did)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "prune" and isinstance(value, types.ModuleType):
+            value = value.prune
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value
+    return value

@@ -71,13 +71,13 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
     did). A valid weights-only checkpoint (no optimizer state) is skipped when another candidate is
     resumable; candidates without a path (steps given as a list) or of a layout the validator does not
     know are kept as they are, with one note."""
-    if level is None:
+    if level is not None and level not in ("quick", "full", "deep"):
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
+    if level is None or not checkpoints:     # nothing to check: the validator is not even imported
         return list(checkpoints), []
     from checkpoint_strategy.checkpoints import formats as fm
-    from checkpoint_strategy.checkpoints.validate import LEVELS, check_with_values, compare_consecutive
+    from checkpoint_strategy.checkpoints.validate import check_with_values, compare_consecutive
 
-    if level not in LEVELS:
-        raise UsageError(f"level must be quick, full or deep, got {level!r}")
     checked: list[tuple[int, str, Any, Any]] = []
     unknown: list[tuple[int, Optional[str]]] = []
     for step, path in sorted(checkpoints, key=lambda t: t[0]):
