@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -16,6 +16,7 @@ from checkpoint_strategy.planning.models import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
 Level = Literal["quick", "full", "deep"]
+LEVELS: tuple[str, ...] = get_args(Level)   # the one list of validation levels
 ProblemKind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
 
 

@@ -317,6 +317,11 @@ def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) ->
                 rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
 
 
+def _bytes(s: Survey, c: rt.Candidate) -> int:
+    """A candidate's bytes: the survey's link walk counted them (`_inner_links`), else one walk now."""
+    return s.sizes[c.name] if c.name in s.sizes else _size(c.path)
+
+
 def _size(path: str) -> int:
     """Bytes of a checkpoint: a file's (or link's) own size; a folder's files, as os.walk without following
     links lists them (a link to a folder is neither entered nor counted; a link to a file counts its own size)."""
@@ -364,8 +369,7 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
     size = (out.deleted[c.name] if deleted and out is not None else
-            s.sizes.get(c.name, None) if c.name in s.sizes else
-            _size(c.path) if c.layout and not c.symlink and c.path else None)
+            _bytes(s, c) if c.layout and not c.symlink and c.path else None)
     return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
                       status=r.status if r else None,
                       resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
@@ -439,8 +443,7 @@ def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | N
         if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
             continue
         names = [d.candidate.name for d in plan.delete]
-        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(s.sizes[d.candidate.name] if d.candidate.name in s.sizes
-                                                         else _size(d.candidate.path) for d in plan.delete),
+        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
                                rollback_points=sorted(must))
     return None
 

@@ -16,7 +16,7 @@ from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.filechecks import Kind
-from checkpoint_strategy.checkpoints.models import (CheckpointResult, CheckpointStats, DeepStats, Problem,
+from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
@@ -53,7 +53,6 @@ Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp
                  "deepspeed", "megatron"]
 Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
                       "lightning-sharded", "unknown"]
-LEVELS = ("quick", "full", "deep")
 
 
 @dataclass

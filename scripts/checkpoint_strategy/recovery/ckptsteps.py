@@ -71,7 +71,9 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
     did). A valid weights-only checkpoint (no optimizer state) is skipped when another candidate is
     resumable; candidates without a path (steps given as a list) or of a layout the validator does not
     know are kept as they are, with one note."""
-    if level is not None and level not in ("quick", "full", "deep"):
+    from checkpoint_strategy.checkpoints.models import LEVELS
+
+    if level is not None and level not in LEVELS:
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     if level is None or not checkpoints:     # nothing to check: the validator is not even imported
         return list(checkpoints), []
