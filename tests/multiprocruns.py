@@ -45,10 +45,20 @@ HOOKS = ("decide_emergency", "start_reduced", "finish_reduced", "before_save", "
 
 def time_hooks(ev: Events) -> None:
     """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank (and
-    per entry point: by_hook {name: [cpu, wall, calls, the first call's cpu]}), written to WORK/hooks-R.json after each call (bench/bench_callbacks.py reads them)."""
+    per entry point: by_hook {name: [cpu, wall, calls, the first call's cpu]}), written to WORK/hooks-R.json when the
+    process exits, not at each call: a file write per hook call is the bench's cost, not the callback's, and it
+    made the runs with the callback 2-3 ms a step slower (bench/bench_callbacks.py reads them)."""
+    import atexit
+
     from checkpoint_strategy.callbacks.core import StrategyCore
 
     totals: dict = {}
+
+    def dump() -> None:
+        if ev.rank in totals:
+            (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(totals[ev.rank]))
+
+    atexit.register(dump)
     for name in HOOKS:
         fn = getattr(StrategyCore, name)
 
@@ -67,7 +77,6 @@ def time_hooks(ev: Events) -> None:
                 per[2] += 1
                 if per[2] == 1:      # the first call's CPU (one-time imports), apart
                     per[3] = per[0]
-                (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
 
         setattr(StrategyCore, name, timed)
     from checkpoint_strategy.callbacks.core import _ProcessWorker
@@ -79,7 +88,6 @@ def time_hooks(ev: Events) -> None:
             fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             t = totals.setdefault(ev.rank, {"cpu": 0.0, "wall": 0.0, "calls": 0})
             t["worker_cpu"] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(t))
         except OSError:
             pass
         close(self)
