@@ -135,8 +135,8 @@ def test_read_small_takes_the_file_as_it_is_when_its_size_changed(tmp_path, monk
     p.write_bytes(b'{"a": 1}')
     real_open_fd = storage._open_fd
 
-    def stale_size(path, what):
-        fd, size = real_open_fd(path, what)
+    def stale_size(path, what, **kw):
+        fd, size = real_open_fd(path, what, **kw)
         return fd, size - 3   # as if the file had been 3 bytes shorter at fstat time
     monkeypatch.setattr(storage, "_open_fd", stale_size)
     got = storage.read_small(p, small=100)

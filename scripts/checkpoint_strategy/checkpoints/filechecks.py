@@ -68,6 +68,7 @@ ST_DTYPE_BITS = {
     "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
 }
 ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+ST_SMALL_BYTES = 1 << 16     # a safetensors file no bigger is read whole in one read (quick level)
 # Caps that keep memory bounded whatever a file declares (a zip bomb, a zip64 record pointing past a
 # sparse file's data, a .metadata that is a link to /dev/zero). Sizes of real files for scale: the
 # data.pkl of a 7B-parameter torch.save is about 100 KB (one record per tensor); a DCP .metadata of a
@@ -143,28 +144,41 @@ def stream_file(path: str, counter: Counter, update=None) -> list[str]:
 
 # --------------------------------------------------------------------------- safetensors
 
-def check_safetensors(path: str, counter: Counter, full: bool = False) -> list[str]:
-    """8-byte length, JSON header, dtype x shape == offsets, offsets tile the buffer, file size."""
+def check_safetensors(path: str, counter: Counter, full: bool = False, regular: bool = False) -> list[str]:
+    """8-byte length, JSON header, dtype x shape == offsets, offsets tile the buffer, file size. ``regular``:
+    the caller's folder listing saw a regular file (storage.read_small)."""
     counter.files += 1
     try:
-        with open_regular(path) as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size == 0:
-                return ["zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"]
-            if size < 8:
-                return [truncated(f"truncated: {size} bytes, shorter than the 8-byte header length")]
-            head = fh.read(8)
-            (hlen,) = struct.unpack("<Q", head)
-            if hlen > ST_MAX_HEADER or 8 + hlen > size:
-                return [f"broken header: header length {hlen} does not fit in a {size}-byte file"]
-            raw = fh.read(hlen)
-            counter.bytes_read += 8 + len(raw)
+        got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
+        if isinstance(got, bytes):   # a small file read whole: the header is a slice of it
+            head = _st_head(got, len(got))
+        else:
+            with got as fh:
+                head = _st_head(fh, os.fstat(fh.fileno()).st_size)
     except (OSError, ReadError) as exc:
         return [_oserror(exc)]
-    reasons = _check_st_header(raw, size - 8 - hlen)
+    if isinstance(head, list):
+        return head
+    raw, data_size = head
+    counter.bytes_read += 8 + len(raw)
+    reasons = _check_st_header(raw, data_size)
     if not reasons and full:
         reasons = stream_file(path, counter)
     return reasons
+
+
+def _st_head(src, size: int) -> tuple[bytes, int] | list[str]:
+    """(the JSON header's bytes, the data's size) of a safetensors file (`src`: its bytes, or it open), or the
+    reason it has none."""
+    if size == 0:
+        return ["zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"]
+    if size < 8:
+        return [truncated(f"truncated: {size} bytes, shorter than the 8-byte header length")]
+    (hlen,) = struct.unpack_from("<Q", src[:8] if isinstance(src, bytes) else src.read(8))
+    if hlen > ST_MAX_HEADER or 8 + hlen > size:
+        return [f"broken header: header length {hlen} does not fit in a {size}-byte file"]
+    raw = src[8:8 + hlen] if isinstance(src, bytes) else src.read(hlen)
+    return raw, size - 8 - hlen
 
 
 def _check_st_header(raw: bytes, data_size: int) -> list[str]:  # noqa: C901 - complexity debt, see issue 10
@@ -237,9 +251,12 @@ _EOCD64_LOC = b"PK\x06\x07"
 _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
-# a central directory record from its flags (offset 8) to its local header offset (offset 42): one unpack of
-# flags, method, crc, sizes, name/extra/comment lengths, disk and offset (times and attributes skipped)
-_CD_RECORD = struct.Struct("<HH4xIIIHHHH6xI")
+# a central directory record from its signature to its local header offset (offset 42): one unpack of the
+# signature, flags, method, crc, sizes, name/extra/comment lengths, disk and offset (versions, times and
+# attributes skipped); it fails (struct.error) exactly when fewer than the record's 46 bytes are left
+_CD_RECORD = struct.Struct("<4s4xHH4xIIIHHHH6xI")
+# a local header's signature and its name and extra-field lengths (offsets 0, 26, 28): one unpack
+_LH_RECORD = struct.Struct("<4s22xHH")
 # the end-record search reads this much of a file's end; a file no bigger (SMALL_ZIP_BYTES) is read whole once
 # and every later read is served from memory
 ZIP_TAIL_BYTES = 22 + 65535 + 20
@@ -305,13 +322,24 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     cd = fh.read(cd_size)
     if len(cd) != cd_size:
         return "truncated central directory"
+    parsed = _cd_entries(cd, n_entries, disk)
+    if isinstance(parsed, str):
+        return parsed
+    return parsed, cd_offset
+
+
+def _cd_entries(cd: bytes, n_entries: int, disk: int) -> list[ZipEntry] | str:
+    """The central directory's records (`cd`: all of its bytes) as entries, or the first reason."""
     entries: list[ZipEntry] = []
     unpack, append = _CD_RECORD.unpack_from, entries.append
     p = 0
-    for _ in range(n_entries):
-        if not cd.startswith(_CDH, p) or p + 46 > cd_size:
-            return f"broken central directory at entry {len(entries)}"
-        flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, offset = unpack(cd, p + 8)
+    for i in range(n_entries):
+        try:
+            sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, offset = unpack(cd, p)
+        except struct.error:   # fewer than 46 bytes left
+            sig = b""
+        if sig != _CDH:
+            return f"broken central directory at entry {i}"
         name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
         if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):  # what torch.load's reader (miniz) refuses
             what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
@@ -320,9 +348,9 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
             csize, usize, offset = _zip64_extra(cd[p + 46 + nlen:p + 46 + nlen + xlen], csize, usize, offset)
         append(ZipEntry(name, method, crc, csize, usize, offset))
         p += 46 + nlen + xlen + clen
-    if p != cd_size:
-        return f"central directory size mismatch ({p} parsed, {cd_size} declared)"
-    return entries, cd_offset
+    if p != len(cd):
+        return f"central directory size mismatch ({p} parsed, {len(cd)} declared)"
+    return entries
 
 
 def _zip64_end(fh, loc: bytes, size: int) -> tuple[int, int, int, int, int, int, int] | str | None:
@@ -426,17 +454,18 @@ def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool
     return list(z.findings), z.strings() if want_pickle else []
 
 
-def scan_zip(path: str, counter: Counter, full: bool = False, update=None) -> ZipScan:
+def scan_zip(path: str, counter: Counter, full: bool = False, update=None, regular: bool = False) -> ZipScan:
     """torch.save zip archive: end record, central directory (unique names), every local header and
     entry size, the `version` record; data.pkl read as opcodes (parses to STOP, globals against the
     weights_only allow-list, every persistent-id storage present with dtype x numel bytes);
-    full: CRC-32 of every entry (streamed). A legacy (pre-1.6) file is parsed the same way."""
+    full: CRC-32 of every entry (streamed). A legacy (pre-1.6) file is parsed the same way. ``regular``: the
+    caller's folder listing saw a regular file (storage.read_small)."""
     counter.files += 1
     z = ZipScan()
     try:
         # quick level: a file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) is read
         # in one call and served from memory: the same bytes, one read instead of two per entry
-        got = open_regular(path) if full else read_small(path, "file", SMALL_ZIP_BYTES)
+        got = open_regular(path) if full else read_small(path, "file", SMALL_ZIP_BYTES, regular=regular)
         if isinstance(got, bytes):
             _scan_open_zip(_InMemory(got), path, z, counter, full, update)
         else:
@@ -461,9 +490,8 @@ def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, upda
     if parsed is None:
         return
     entries, cd_offset = parsed
-    prefixes = {e.name.split("/", 1)[0] for e in entries}
     pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
-    if len(prefixes) == 1 and pkl is None:
+    if pkl is None and len({e.name.split("/", 1)[0] for e in entries}) == 1:
         z.findings.append(Finding("torch archive without data.pkl"))
         return
     finding = _local_headers(fh, entries, cd_offset, counter, full)
@@ -488,8 +516,11 @@ def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipE
     if size == 0:
         z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
         return None
-    fh.seek(0)
-    magic = fh.read(2)
+    if isinstance(fh, _InMemory):
+        magic = fh.data[:2]
+    else:
+        fh.seek(0)
+        magic = fh.read(2)
     if size < 22 and magic[:1] != b"\x80":
         z.findings.append(Finding(f"truncated: {size} bytes, too short for a zip archive"))
         return None
@@ -507,8 +538,11 @@ def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipE
     if not entries:
         z.findings.append(Finding("empty zip archive (no entries)"))
         return None
-    names = [e.name for e in entries]
-    if len(set(names)) != len(names):
+    by_name = {e.name: e for e in reversed(entries)}   # the first entry of a name, as ZipScan.entry finds it
+    if len(by_name) == len(entries):
+        z._index = (entries, len(entries), by_name)
+    else:
+        names = [e.name for e in entries]
         dup = next(n for n in names if names.count(n) > 1)
         z.findings.append(Finding(f"duplicate entry {dup!r} in the central directory (torch.load would "
                                   "refuse or read the wrong one)"))
@@ -522,16 +556,14 @@ _LH_LENS = struct.Struct("<HH")   # a local header's name and extra-field length
 def _local_headers(fh, entries: list[ZipEntry], cd_offset: int, counter: Counter, full: bool) -> Finding | None:
     """Every entry's local header (sets e.data_start); the first finding, or None. Each header and the
     name after it are one read (a slice of a small archive read whole)."""
-    data = fh.data if isinstance(fh, _InMemory) else None
+    if isinstance(fh, _InMemory):
+        return _local_headers_in_memory(fh, entries, cd_offset, counter, full)
     lens = _LH_LENS.unpack_from
     for i, e in enumerate(entries):
         off = e.offset
         want = 30 + len(e.name)   # the name's length in bytes when it is ASCII (else read again below)
-        if data is not None:
-            lh = data[off:off + want]
-        else:
-            fh.seek(off)
-            lh = fh.read(want)
+        fh.seek(off)
+        lh = fh.read(want)
         if len(lh) == want and lh.startswith(_LFH):   # the usual case, decided here: a stored entry, all in order
             nlen, xlen = lens(lh, 26)
             start = off + 30 + nlen + xlen
@@ -540,6 +572,33 @@ def _local_headers(fh, entries: list[ZipEntry], cd_offset: int, counter: Counter
                 e.data_start = start
                 continue
         finding = _local_header_finding(fh, lh, e, cd_offset, full)   # every other case, and the finding's words
+        if finding is not None:
+            counter.bytes_read += 30 * (i + 1)
+            return finding
+    counter.bytes_read += 30 * len(entries)
+    return None
+
+
+def _local_headers_in_memory(fh: _InMemory, entries: list[ZipEntry], cd_offset: int, counter: Counter,
+                             full: bool) -> Finding | None:
+    """`_local_headers` on a small archive's bytes: the usual case (a stored entry whose header carries its
+    name, with its data before the central directory) decided from one unpack and one slice per entry; any
+    other entry goes through `_local_header_finding` exactly as from the file."""
+    data = fh.data
+    unpack = _LH_RECORD.unpack_from
+    for i, e in enumerate(entries):
+        off = e.offset
+        try:
+            sig, nlen, xlen = unpack(data, off)
+        except struct.error:   # fewer than 30 bytes left
+            sig = b""
+        if sig == _LFH:
+            start = off + 30 + nlen + xlen
+            if (e.method == 0 and e.csize == e.usize and start + e.csize <= cd_offset
+                    and data[off + 30:off + 30 + nlen].decode("utf-8", "replace") == e.name):
+                e.data_start = start
+                continue
+        finding = _local_header_finding(fh, data[off:off + 30 + len(e.name)], e, cd_offset, full)
         if finding is not None:
             counter.bytes_read += 30 * (i + 1)
             return finding

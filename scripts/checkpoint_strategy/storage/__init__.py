@@ -110,29 +110,34 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     return _file_of(fd, p)
 
 
-def _open_fd(p: str, what: str) -> tuple[int, int]:
-    """(fd, size) of a regular file opened for reading (blocking); ReadError for anything else."""
+def _open_fd(p: str, what: str, blocking: bool = True, regular: bool = False) -> tuple[int, int]:
+    """(fd, size) of a regular file opened for reading; ReadError for anything else. ``blocking=False`` leaves
+    the descriptor in O_NONBLOCK (no effect on a regular file's reads; saves two fcntl calls); ``regular``:
+    the caller's listing just saw a regular file (a scandir entry's type), so the stat before the open is
+    skipped. The fstat after the open refuses a non-regular file either way (a FIFO opened non-blocking
+    never blocks)."""
     if p == "":
         raise ReadError(f"{what}: empty path: expected a file path", "empty path")
+    if not regular:
+        try:
+            st = os.stat(p)
+        except (OSError, ValueError) as exc:
+            reason = describe_os_error(exc) if isinstance(exc, OSError) else "invalid path"
+            raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
+        if not stat.S_ISREG(st.st_mode):
+            reason = f"is {kind_of(st.st_mode)}: expected a regular file"
+            raise ReadError(f"{what} {p} {reason}", reason)
     try:
-        st = os.stat(p)
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as exc:
         reason = describe_os_error(exc) if isinstance(exc, OSError) else "invalid path"
         raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
-    if not stat.S_ISREG(st.st_mode):
-        reason = f"is {kind_of(st.st_mode)}: expected a regular file"
-        raise ReadError(f"{what} {p} {reason}", reason)
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        reason = describe_os_error(exc)
-        raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
     try:
         st2 = os.fstat(fd)
-        if not stat.S_ISREG(st2.st_mode):  # swapped between stat and open
+        if not stat.S_ISREG(st2.st_mode):  # swapped between stat (or the caller's listing) and open
             reason = f"is {kind_of(st2.st_mode)}: expected a regular file"
             raise ReadError(f"{what} {p} {reason}", reason)
-        if hasattr(os, "set_blocking"):
+        if blocking and hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return fd, st2.st_size
     except BaseException:
@@ -153,24 +158,30 @@ def _file_of(fd: int, p: str) -> BinaryIO:
         raise
 
 
-def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 << 16) -> bytes | BinaryIO:
+def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 << 16,
+               regular: bool = False) -> bytes | BinaryIO:
     """A regular file of at most ``small`` bytes read whole with plain reads on its descriptor (no file
     object: the quick walk reads thousands of small files); a larger one, one that changed size while
     read, or a file of an object-storage view comes back open at its start, as `open_regular` gives it
-    (the caller closes it). ReadError as `open_regular`."""
+    (the caller closes it). ReadError as `open_regular`. ``regular``: the caller's listing just saw a regular
+    file there (see `_open_fd`)."""
     p = os.fspath(path)
     remote = sys.modules.get("checkpoint_strategy.storage.remote")
     if remote is not None and remote.view_count():
         return open_regular(p, what)   # shadows of a listing open: their bytes come from the store
-    fd, size = _open_fd(p, what)
+    fd, size = _open_fd(p, what, blocking=False, regular=regular)
     if size > small:
-        return _file_of(fd, p)
+        return _blocking_file(fd, p)
     whole = False
     try:
         parts = []
         got = 0
         while got <= size:   # one read of size + 1 normally; more only if the kernel returns less
-            chunk = os.read(fd, size + 1 - got)
+            try:
+                chunk = os.read(fd, size + 1 - got)
+            except BlockingIOError:   # a file system that honours O_NONBLOCK on regular files: wait for it
+                os.set_blocking(fd, True)
+                continue
             if not chunk:
                 break
             parts.append(chunk)
@@ -184,6 +195,17 @@ def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 
     if whole:
         os.close(fd)
         return parts[0] if len(parts) == 1 else b"".join(parts)
+    return _blocking_file(fd, p)
+
+
+def _blocking_file(fd: int, p: str) -> BinaryIO:
+    """`_file_of` a descriptor opened non-blocking, made blocking first (as `open_regular` hands files out)."""
+    try:
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
     return _file_of(fd, p)
 
 
@@ -282,6 +304,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+#: the strict decoder, built once (json.loads with a keyword argument builds a new decoder on every call)
+_STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False,
                expect: type | tuple[type, ...] | None = None) -> Any:
     """Parse JSON from bytes or text; every failure is one ReadError line naming ``what``.
@@ -296,8 +322,10 @@ def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False
     try:
         if allow_nan:
             obj = json.loads(text)
+        elif text.startswith("\ufeff"):   # json.loads' own words for a byte-order mark
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         else:
-            obj = json.loads(text, parse_constant=_reject_constant)
+            obj = _STRICT_JSON.decode(text)
     except RecursionError:
         raise ReadError(f"{what} is nested too deeply: expected plain JSON", "nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, int digit limit, rejected constants
