@@ -105,20 +105,22 @@ class _Ctx:
     def missing(self, path: str, what: str) -> None:
         self.bad(path, f"missing: {what}", "incomplete")
 
-    def safetensors(self, path: str, role: dp.Role = "weights") -> None:
+    def safetensors(self, path: str, role: dp.Role = "weights", regular: bool = False) -> None:
         """At level deep the value scan reads every byte of the data (non-float tensors read through), which
-        is all full's pass over a safetensors file does (the format has no checksum): it is not read twice."""
-        reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep)
+        is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
+        ``regular`` (here and below): the checker's `_listing` saw a regular file (no stat before the open)."""
+        reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep, regular)
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
             self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
-    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None) -> fc.ZipScan:
+    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None,
+            regular: bool = False) -> fc.ZipScan:
         """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
         for DeepSpeed universal checkpoints' per-parameter files)."""
-        z = fc.scan_zip(path, self.counter, self.reads(path), self.update)
+        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular)
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
@@ -128,10 +130,10 @@ class _Ctx:
         self._tick()
         return z
 
-    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES) -> object | None:
+    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES, regular: bool = False) -> object | None:
         self.counter.files += 1
         try:
-            raw = read_bytes(path, "JSON file", limit)
+            raw = read_bytes(path, "JSON file", limit, regular)
         except ReadError as exc:
             self.bad(path, fc._oserror(exc))
             self._tick()
@@ -189,16 +191,36 @@ def _ls(path: str) -> list[str]:
         return []
 
 
+def _listing(path: str) -> tuple[list[str], set[str]]:
+    """`_ls`, and the names the listing itself saw as regular files (scandir's entry type, no stat; a link is not
+    one): a file check may skip its stat before the open (storage.read_small's ``regular``)."""
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError:
+        return [], set()
+    files = set()
+    for e in entries:
+        try:
+            if e.is_file(follow_symlinks=False):
+                files.add(e.name)
+        except OSError:
+            pass
+    return sorted(e.name for e in entries), files
+
+
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
 _RNG_STATE = re.compile(r"^rng_state.*\.pth$")
+_HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
 
 
 def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    names = set(_ls(path))
+    listed, files = _listing(path)
+    names = set(listed)
     weights = sorted(n for n in names if fm._HF_WEIGHTS.match(n))
     indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
                ("model", "pytorch_model", "adapter_model")]
@@ -206,13 +228,13 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     fsdp_optim = sorted(n for n in names if _FSDP_OPTIM.match(n) and os.path.isdir(os.path.join(path, n)))
     ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
     for idx in indexes:
-        _check_hf_index(ctx, path, idx, names)
+        _check_hf_index(ctx, path, idx, names, idx in files)
     for w in weights:
         p = os.path.join(path, w)
         if w.endswith(".safetensors"):
-            ctx.safetensors(p)
+            ctx.safetensors(p, regular=w in files)
         else:
-            ctx.zip(p, "weights")
+            ctx.zip(p, "weights", regular=w in files)
     for d in fsdp_model:
         _check_dcp_dir(ctx, os.path.join(path, d), role="weights")
     for d in fsdp_optim:
@@ -222,7 +244,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     if not weights and not fsdp_model and not ds_steps and not indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
-    _check_hf_state_files(ctx, path, names, out)
+    _check_hf_state_files(ctx, path, listed, names, files, out)
     out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
     if fsdp_model or fsdp_optim:
         out.sharded, out.portability = True, "fsdp"
@@ -233,9 +255,9 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str]) -> None:
+def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bool = False) -> None:
     """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
-    data = ctx.json(os.path.join(path, idx))
+    data = ctx.json(os.path.join(path, idx), regular=regular)
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if data is not None and not isinstance(wm, dict):
         ctx.bad(os.path.join(path, idx), "index without a weight_map object")
@@ -252,14 +274,16 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str]) -> None:
             ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
 
 
-def _check_hf_state_files(ctx: _Ctx, path: str, names: set[str], out: Layout) -> None:
-    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs."""
-    for n in sorted(names):
-        p = os.path.join(path, n)
-        if n in ("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt") or _RNG_STATE.match(n):
-            ctx.zip(p, "optimizer" if n == "optimizer.pt" else "other")
+def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
+                          out: Layout) -> None:
+    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
+    (`listed`: the folder's names sorted, `names` as a set; `files`: those `_listing` saw as regular files)."""
+    for n in listed:
+        if n in _HF_STATE_ZIPS or _RNG_STATE.match(n):
+            ctx.zip(os.path.join(path, n), "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
     if "trainer_state.json" in names:
-        state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES)
+        state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES,
+                         "trainer_state.json" in files)
         if state is not None and not isinstance(state, dict):
             ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
         elif isinstance(state, dict) and type(state.get("global_step")) is int:
@@ -270,7 +294,7 @@ def _check_hf_state_files(ctx: _Ctx, path: str, names: set[str], out: Layout) ->
         ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
-            ctx.json(os.path.join(path, n))
+            ctx.json(os.path.join(path, n), regular=n in files)
 
 
 def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,

@@ -176,7 +176,7 @@ def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 
     try:
         parts = []
         got = 0
-        while got <= size:   # one read of size + 1 normally; more only if the kernel returns less
+        while got <= size:   # one read of size + 1: size bytes (the end) or more (it grew); more reads if fewer
             try:
                 chunk = os.read(fd, size + 1 - got)
             except BlockingIOError:   # a file system that honours O_NONBLOCK on regular files: wait for it
@@ -186,6 +186,8 @@ def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 
                 break
             parts.append(chunk)
             got += len(chunk)
+            if got == size:   # a regular file's read stops short only at its end: no second read to see it
+                break
         whole = got == size
         if not whole:
             os.lseek(fd, 0, os.SEEK_SET)   # grown or shrunk meanwhile: read it as a file, as it is now
@@ -269,10 +271,12 @@ def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> I
             remote.close_view(v)
 
 
-def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES) -> bytes:
-    """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise)."""
+def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES,
+               regular: bool = False) -> bytes:
+    """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise). ``regular``: as
+    `read_small`'s."""
     try:
-        got = read_small(path, what, min(limit, 1 << 16))
+        got = read_small(path, what, min(limit, 1 << 16), regular=regular)
     except OSError as exc:
         reason = describe_os_error(exc)
         raise ReadError(f"cannot read {what} {os.fspath(path)}: {reason}", reason) from None
