@@ -20,9 +20,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-def families(fmt: str, path: str) -> tuple[str, ...]:
+def families(fmt: str, path: str, names: list[str] | None = None) -> tuple[str, ...]:
     """The data families of one checkpoint: its format's, plus DCP shards where a sharded Lightning/NeMo
-    folder or a Megatron torch_dist iteration holds a .metadata, or an HF Trainer FSDP save its folders."""
+    folder or a Megatron torch_dist iteration holds a .metadata, or an HF Trainer FSDP save its folders.
+    `names`: an HF Trainer folder's listing the caller already has (the folder is not listed again)."""
     import os
 
     fams = FAMILIES.get(fmt, ())
@@ -30,11 +31,12 @@ def families(fmt: str, path: str) -> tuple[str, ...]:
         inner = os.path.join(path, "weights") if os.path.isdir(os.path.join(path, "weights")) else path
         if os.path.lexists(os.path.join(inner, ".metadata")):
             fams = (*fams, "dcp")
-    elif fmt == "hf-trainer" and os.path.isdir(path):   # FSDP saves: pytorch_model_fsdp_0/, optimizer_0/ (DCP)
-        try:
-            names = os.listdir(path)
-        except OSError:
-            names = []
+    elif fmt == "hf-trainer" and (names is not None or os.path.isdir(path)):   # FSDP saves: pytorch_model_fsdp_0/ (DCP)
+        if names is None:
+            try:
+                names = os.listdir(path)
+            except OSError:
+                names = []
         if any(n.startswith("pytorch_model_fsdp") for n in names):
             fams = (*fams, "dcp")
     return fams

@@ -86,7 +86,7 @@ def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa
         return Found(path, "orbax", int(m.group(1)) if m else None, os.path.isdir(path))
     try:
         is_dir = os.path.isdir(path)
-        exists = os.path.lexists(path)
+        exists = is_dir or os.path.lexists(path)
     except OSError:
         return None
     if not exists:

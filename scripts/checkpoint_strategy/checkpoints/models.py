@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from checkpoint_strategy.checkpoints.retention import ReasonKind
 from checkpoint_strategy.planning.models import PolicyTiers
@@ -100,6 +100,8 @@ class CheckpointResult(_Model):
     problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     deep: Optional[DeepCheck] = Field(None, description="level deep: values, norms and optimizer state")
+    # the data families (coverage.families) when the checker's own listing of the folder told them; not a field
+    _families: Optional[tuple[str, ...]] = PrivateAttr(default=None)
 
     def passes_deep(self) -> bool:
         """Valid, and (at level deep) no non-resumable or suspicious finding."""

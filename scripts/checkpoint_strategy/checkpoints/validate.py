@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -80,6 +81,7 @@ class _Ctx:
         self.update = update
         self.sources: list[dp.Source] = []
         self.global_step: int | None = None
+        self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
         self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
         if self.part is not None:
             self.counter.notes.append(parts.describe(self.part))
@@ -191,14 +193,14 @@ def _ls(path: str) -> list[str]:
         return []
 
 
-def _listing(path: str) -> tuple[list[str], set[str]]:
+def _listing(path: str) -> tuple[list[str], set[str]] | None:
     """`_ls`, and the names the listing itself saw as regular files (scandir's entry type, no stat; a link is not
-    one): a file check may skip its stat before the open (storage.read_small's ``regular``)."""
+    one): a file check may skip its stat before the open (storage.read_small's ``regular``). None: not listed."""
     try:
         with os.scandir(path) as it:
             entries = list(it)
     except OSError:
-        return [], set()
+        return None
     files = set()
     for e in entries:
         try:
@@ -219,7 +221,9 @@ _HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin",
 def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    listed, files = _listing(path)
+    got = _listing(path)
+    listed, files = got if got is not None else ([], set())
+    ctx.listed = listed if got is not None else None
     names = set(listed)
     weights = sorted(n for n in names if fm._HF_WEIGHTS.match(n))
     indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
@@ -686,11 +690,16 @@ FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "o
 def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
     """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
     path, fmt = found.path, found.format
-    if not os.path.lexists(path):
+    try:
+        mode: int | None = os.lstat(path).st_mode   # one lstat: exists, a link, a folder (os.path's three calls)
+    except (OSError, ValueError):
+        mode = None
+    link = mode is not None and stat.S_ISLNK(mode)
+    if mode is None:
         ctx.missing(path, "checkpoint")
-    elif os.path.islink(path) and not os.path.exists(path):
+    elif link and not os.path.exists(path):
         ctx.bad(path, "dangling symlink")
-    elif fmt in FOLDER_FORMATS and not os.path.isdir(path):
+    elif fmt in FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
     elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
         ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
@@ -751,11 +760,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
             for rel, reason in mf.verify_manifest(path, ctx.counter, update):
                 ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
             manifest_state = "verified"
-    from checkpoint_strategy.checkpoints.marker import describe, read_marker
-
-    mark = read_marker(path) if os.path.lexists(path) else None
-    if mark is not None:  # written by the training callbacks: post-event weights
-        ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
+    _note_marker(ctx, path)
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
@@ -763,7 +768,23 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
+    if ctx.listed is not None:
+        from checkpoint_strategy.checkpoints.coverage import families
+
+        result._families = families(result.format, path, ctx.listed)
     return result, outcome
+
+
+def _note_marker(ctx: _Ctx, path: str) -> None:
+    """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point).
+    A folder the checker listed without one is not looked at again."""
+    from checkpoint_strategy.checkpoints.marker import MARKER_NAME, describe, read_marker
+
+    if ctx.listed is not None and MARKER_NAME not in ctx.listed:
+        return
+    mark = read_marker(path) if os.path.lexists(path) else None
+    if mark is not None:
+        ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
 
 
 def _check_level(level: str, manifest: str | None) -> str:
@@ -1046,5 +1067,5 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
 
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
-        blind_spots=blind_spots((families(r.format, r.path) for r in results), level, manifest), notes=notes,
+        blind_spots=blind_spots((r._families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))
