@@ -307,3 +307,254 @@ def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_p
     out = subprocess.run([sys.executable, "-c", code, str(log), str(tmp_path / "report.txt")], capture_output=True,
                          text=True, timeout=120, env=checkout_env())
     assert out.stdout.split("\n")[0] == "0 [] True", out.stdout + out.stderr
+
+
+# --------------------------------------------------------------------------- the listing's hints (issue 30)
+
+def _hf_checkpoint(folder, step: int = 10, log_history=None):
+    """An HF-Trainer-shaped checkpoint written by torch and safetensors themselves (no Trainer run)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(4, 4)}, str(folder / "model.safetensors"))
+    opt = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    torch.save({"last_epoch": 3}, folder / "scheduler.pt")
+    torch.save({"python": 1, "cpu": torch.zeros(3, dtype=torch.uint8)}, folder / "rng_state.pth")
+    torch.save({"lr": 1e-3}, folder / "training_args.bin")
+    import json
+
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": log_history or []}))
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def _damaged_run(root):
+    """One run folder holding a sound checkpoint and one per kind of damage the quick walk reports."""
+    import shutil
+
+    good = _hf_checkpoint(root / "checkpoint-10")
+    for step, damage in enumerate(("fifo-json", "fifo-zip", "link-out", "cut-zip", "no-pkl", "cut-st", "bad-json",
+                                   "dir-zip", "bom-json"), start=2):
+        d = root / f"checkpoint-{step * 10}"
+        shutil.copytree(good, d)
+        if damage == "fifo-json":
+            (d / "config.json").unlink()
+            os.mkfifo(d / "config.json")
+        elif damage == "fifo-zip":
+            (d / "scheduler.pt").unlink()
+            os.mkfifo(d / "scheduler.pt")
+        elif damage == "link-out":
+            (d / "training_args.bin").unlink()
+            (d / "training_args.bin").symlink_to(root / "checkpoint-10" / "training_args.bin")
+        elif damage == "cut-zip":
+            data = (d / "optimizer.pt").read_bytes()
+            (d / "optimizer.pt").write_bytes(data[: len(data) // 2])
+        elif damage == "no-pkl":
+            data = bytearray((d / "rng_state.pth").read_bytes())
+            at = data.index(b"data.pkl")
+            data[at:at + 8] = b"data.pk_"   # the local header's copy of the name: a name mismatch
+            (d / "rng_state.pth").write_bytes(bytes(data))
+        elif damage == "cut-st":
+            data = (d / "model.safetensors").read_bytes()
+            (d / "model.safetensors").write_bytes(data[:-5])
+        elif damage == "bad-json":
+            (d / "trainer_state.json").write_text('{"global_step": NaN, "log_history": [')
+        elif damage == "dir-zip":
+            (d / "optimizer.pt").unlink()
+            (d / "optimizer.pt").mkdir()
+        elif damage == "bom-json":
+            (d / "model.safetensors").write_bytes(struct.pack("<Q", 5) + "\ufeff{}".encode()[:5])
+    return root
+
+
+def _report(root) -> list:
+    from checkpoint_strategy.checkpoints import validate_paths
+
+    r = validate_paths([str(root)], level="quick", progress=False)
+    return [(c.path, c.status, c.files_checked, c.bytes_read, [(p.file, p.reason, p.kind) for p in c.problems], c.notes)
+            for c in r.checkpoints] + [r.blind_spots, [s.model_dump() for s in r.safety]]
+
+
+def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, monkeypatch):
+    """The HF checker's scandir listing lets each file check skip its stat before the open (a regular file seen by
+    the listing). The verdicts are those of the stat-first path on FIFOs, folders and links in place of files, cut
+    archives and headers, a local header that does not match, bad JSON; also when the listing is told every
+    name is a regular file (a file swapped for a FIFO or a folder after the listing): the fstat after the open
+    refuses it in the same words, without blocking."""
+    from checkpoint_strategy.checkpoints import validate as v
+
+    root = _damaged_run(tmp_path / "run")
+    hinted = _report(root)
+    statuses = [c[1] for c in hinted[:-2]]
+    assert statuses[0] == "valid" and statuses.count("valid") == 2, hinted   # the good one and the link inside
+    real_listing = v._listing
+    monkeypatch.setattr(v, "_listing", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
+    assert _report(root) == hinted   # no hint: a stat before every open, as before
+    monkeypatch.setattr(v, "_listing", lambda p: (lambda got: (got[0], set(got[0])) if got else got)(real_listing(p)))
+    assert _report(root) == hinted   # every name claimed regular: the fstat after the open decides
+
+
+def test_read_small_with_the_hint_refuses_what_is_not_a_regular_file(tmp_path):
+    """read_small(..., regular=True) skips the stat before the open only: a FIFO, a folder, a missing file are
+    refused with the words of the stat-first path, and no descriptor is left open."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    before = _open_fds() if os.path.isdir("/proc/self/fd") else None
+    for bad in (fifo, tmp_path, tmp_path / "gone", tmp_path / "a\0b"):
+        with pytest.raises(storage.ReadError) as plain:
+            storage.read_small(bad)
+        with pytest.raises(storage.ReadError) as hinted:
+            storage.read_small(bad, regular=True)
+        assert hinted.value.reason == plain.value.reason and str(hinted.value) == str(plain.value)
+    assert before is None or _open_fds() == before
+
+
+def test_read_small_takes_a_file_that_shrank_as_it_is(tmp_path, monkeypatch):
+    """One read of size + 1 bytes decides: a file that shrank since its fstat comes back open, read as it is."""
+    p = tmp_path / "config.json"
+    p.write_bytes(b'{"a": 1}')
+    real_open_fd = storage._open_fd
+    monkeypatch.setattr(storage, "_open_fd", lambda path, what, **kw: (lambda fd, size: (fd, size + 3))(
+        *real_open_fd(path, what, **kw)))
+    got = storage.read_small(p, small=100)
+    assert not isinstance(got, bytes)
+    with got as fh:
+        assert fh.read() == b'{"a": 1}'
+
+
+def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_path, monkeypatch):
+    """A safetensors file up to ST_SMALL_BYTES is read in one read and its header sliced; ST_SMALL_BYTES = -1
+    forces the file path. Same findings and bytes counted on a real file cut short anywhere and with a byte
+    flipped anywhere."""
+    from safetensors.torch import save_file
+
+    src = tmp_path / "src.safetensors"
+    save_file({"a": torch.ones(3, 5), "b": torch.zeros(2, dtype=torch.int64)}, str(src))
+    data = src.read_bytes()
+    bad = tmp_path / "bad.safetensors"
+
+    def both():
+        out = []
+        for small in (fc.ST_SMALL_BYTES, -1):
+            with monkeypatch.context() as m:
+                m.setattr(fc, "ST_SMALL_BYTES", small)
+                counter = fc.Counter()
+                out.append(([str(r) for r in fc.check_safetensors(str(bad), counter, regular=True)],
+                            counter.bytes_read))
+        return out
+
+    seen = set()
+    for cut in range(0, len(data) + 1):
+        bad.write_bytes(data[:cut])
+        fast, slow = both()
+        assert fast == slow, cut
+        seen.update(fast[0])
+    for at in range(len(data)):
+        flipped = bytearray(data)
+        flipped[at] ^= 0x5A
+        bad.write_bytes(bytes(flipped))
+        fast, slow = both()
+        assert fast == slow, at
+        seen.update(fast[0])
+    assert len(seen) >= 5, seen
+
+
+@pytest.mark.parametrize("text", ['{"a": NaN}', '\ufeff{"a": 1}', '{"a": Infinity}', '{"a": -Infinity}', "[1,", "",
+                                  '{"a": 1}'])
+def test_strict_json_decoder_built_once_says_what_json_loads_says(text):
+    """loads_json without allow_nan uses one decoder built once: the same objects and the same reasons as
+    json.loads(parse_constant=...) built per call (a byte-order mark, NaN/Infinity refused, syntax errors)."""
+    import json
+
+    def reference():
+        try:
+            return json.loads(text, parse_constant=storage._reject_constant), None
+        except ValueError as exc:
+            return None, f"not valid JSON ({storage._short(exc)})"
+
+    want_obj, want_reason = reference()
+    try:
+        got = storage.loads_json(text.encode(), "x"), None
+    except storage.ReadError as exc:
+        got = None, exc.reason
+    assert got == (want_obj, want_reason)
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_zip64_records_and_duplicate_names_read_the_same_from_memory(tmp_path, monkeypatch, small):
+    """zip64 records (torch.save's zip64 end record; zip64 extras in every local header, as zipfile's
+    force_zip64 writes them) are read whole as from the file, and valid; a duplicated name is named as before:
+    the first name, in directory order, that appears twice."""
+    import zipfile
+
+    p = tmp_path / "z64.pt"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, data in (("archive/data.pkl", b"\x80\x02}q\x00."), ("archive/version", b"3\n"),
+                           ("archive/data/0", b"x" * 10)):
+            with zf.open(name, "w", force_zip64=True) as fh:
+                fh.write(data)
+    t = tmp_path / "torch.pt"
+    torch.save({"w": torch.ones(3)}, t)
+    assert b"PK\x06\x06" in t.read_bytes() and b"\x01\x00\x10\x00" in p.read_bytes()   # the records tested
+    for path in (p, t):
+        fast = _scan(path, monkeypatch, small)
+        assert fast == _scan(path, monkeypatch, False) and fast[0] == [], fast
+    z = fc.scan_zip(str(p), fc.Counter())
+    assert z.entry("archive/data/0").data_start > 0 and z.entry("archive/data.pkl") is z.entries[0]
+
+    d = tmp_path / "dup.pt"
+    with zipfile.ZipFile(d, "w", zipfile.ZIP_STORED) as zf, pytest.warns(UserWarning, match="Duplicate name"):
+        for name in ("archive/data.pkl", "archive/a", "archive/b", "archive/b", "archive/a"):
+            zf.writestr(name, b"\x80\x02}q\x00.")
+    z = fc.scan_zip(str(d), fc.Counter())
+    assert [str(f) for f in z.findings] == ["duplicate entry 'archive/a' in the central directory (torch.load would "
+                                            "refuse or read the wrong one)"]
+    assert z.entry("archive/a") is z.entries[1]   # the first of that name
+
+
+def test_an_empty_log_history_is_not_handed_to_the_adviser_and_says_what_it_says(tmp_path, monkeypatch):
+    """validate's spike check on a run whose newest trainer_state.json has an empty log_history: the same note as
+    the adviser's, without loading the adviser (numpy); a log with entries (or log_history twice) still goes to
+    it."""
+    from checkpoint_strategy.checkpoints import safety
+    from checkpoint_strategy.recovery import advise
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint-10").mkdir()
+    log = run / "checkpoint-10" / "trainer_state.json"
+    log.write_text('{"global_step": 10, "log_history": []}')
+    valid = [(10, str(run / "checkpoint-10"))]
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append(a)
+        return advise(*a, **kw)
+
+    quick = safety.read_spike(valid, None, counting)
+    assert calls == []
+    with monkeypatch.context() as m:
+        m.setattr(safety, "_no_log_entries", lambda log: False)
+        assert safety.read_spike(valid, None, counting) == quick and len(calls) == 1
+    for text in ('{"log_history": [], "log_history": [{"loss": 1.0, "step": 1}]}',
+                 '{"log_history": [{"loss": 1.0, "step": 1}]}', '[]', '{"log_history": {}}'):
+        log.write_text(text)
+        assert not safety._no_log_entries(str(log)), text
+
+
+def test_validate_of_a_run_without_log_entries_does_not_import_numpy(tmp_path):
+    """The command's start-up on the quick path: no numpy when the spike check has no log entries to read."""
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    run = tmp_path / "run"
+    _hf_checkpoint(run / "checkpoint-10")
+    code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['validate', sys.argv[1], '-o', "
+            "sys.argv[2]]); print(rc, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "r.txt")], capture_output=True,
+                         text=True, timeout=120, env=checkout_env())
+    assert out.stdout.split("\n")[0] == "0 False", out.stdout + out.stderr
+    assert "no log entries" in (tmp_path / "r.txt").read_text()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
@@ -44,6 +45,21 @@ def default_log(valid: Sequence[tuple[int, str]]) -> Optional[str]:
     return logs[-1] if logs else None
 
 
+def _no_log_entries(log: str) -> bool:
+    """True for a small trainer_state.json whose log_history is an empty list: the adviser (recovery.logs.read_log)
+    finds no log entries in it. Anything else (bigger, unreadable, another shape) is left to the adviser."""
+    try:
+        got = storage.read_small(log, "log", 4096)
+        if not isinstance(got, bytes) or got.count(b'"log_history"') != 1:   # one key: no parser's choice
+            if not isinstance(got, bytes):
+                got.close()
+            return False
+        doc = storage.loads_json(got, "log", allow_nan=True)
+    except (OSError, storage.ReadError):
+        return False
+    return isinstance(doc, dict) and doc.get("log_history") == [] and isinstance(doc["log_history"], list)
+
+
 def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
                advise: Optional[Adviser] = None) -> Optional[SpikeGuard]:
     """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
@@ -61,6 +77,9 @@ def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
     if advise is None:
         raise TypeError("read_spike: a training log was found but no adviser was passed; pass "
                         "advise=checkpoint_strategy.recovery.advise (or spike_check=False)")
+    if not explicit and _no_log_entries(log):   # the adviser's verdict, without loading it (and numpy)
+        return SpikeGuard(log=log, note=f"training log not usable (log {Path(log)} has no log entries (empty "
+                                        "log_history or list)); no spike check")
     try:
         report = advise(log, checkpoints=list(valid), level=None)  # the callers validated them (or need only the onset)
     except UsageError as exc:
