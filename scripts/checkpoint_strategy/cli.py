@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import difflib
 import os
 import sys
 from types import ModuleType
@@ -168,6 +167,8 @@ def _command(args: list[str]) -> str:
     word = args[0]
     if word.startswith("-") or _is_number(word):
         return "plan"
+    import difflib   # a mistyped command only (start-up time)
+
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     if close:
         raise UsageError(f"unknown command {word!r}; did you mean {close[0]!r}?")

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -97,13 +96,19 @@ def still_running(facts: Facts) -> bool:
     return g is not None and m is not None and g < m
 
 
+def _quote(text: str) -> str:
+    import shlex   # the commands printed for a user to run only (start-up time)
+
+    return shlex.quote(text)
+
+
 def launcher() -> str:
     """The command that runs checkpoint-strategy in any later shell: python3 and the skill
     launcher's absolute path when it exists, else `python3 -m checkpoint_strategy`."""
     here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../scripts/checkpoint_strategy
     path = os.path.join(os.path.dirname(here), "checkpoint-strategy")
     if os.path.isfile(path):
-        return f"python3 {shlex.quote(path)}"
+        return f"python3 {_quote(path)}"
     return "python3 -m checkpoint_strategy"
 
 
@@ -115,7 +120,7 @@ def pinned_name(path: str) -> str:
 
 
 def pin_command(path: str) -> str:
-    return f"cp -a {shlex.quote(os.path.abspath(path))} {shlex.quote(pinned_name(path))}"
+    return f"cp -a {_quote(os.path.abspath(path))} {_quote(pinned_name(path))}"
 
 
 def move_aside_command(paths: Sequence[str], root: Optional[str], onset: Optional[int]) -> Optional[str]:
@@ -125,5 +130,5 @@ def move_aside_command(paths: Sequence[str], root: Optional[str], onset: Optiona
         return None
     base = os.path.abspath(root or os.path.dirname(os.path.normpath(paths[0])))
     dest = os.path.join(base, f"post-spike-{onset}" if onset is not None else "post-spike")
-    moved = " ".join(shlex.quote(os.path.abspath(p)) for p in paths)
-    return f"mkdir -p {shlex.quote(dest)} && mv {moved} {shlex.quote(dest)}/"
+    moved = " ".join(_quote(os.path.abspath(p)) for p in paths)
+    return f"mkdir -p {_quote(dest)} && mv {moved} {_quote(dest)}/"

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from collections.abc import Iterable
 from functools import lru_cache
@@ -470,6 +469,8 @@ def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None) ->
     if n == 1:
         results = [_scan_file_quiet(f, by_file[f], want_max, kern) for f in files]
     else:
+        from concurrent.futures import ThreadPoolExecutor   # several files at level deep only (start-up time)
+
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = list(pool.map(lambda f: _scan_file_quiet(f, by_file[f], want_max, kern), files))
     rel = {j.file: j.rel for j in jobs}
