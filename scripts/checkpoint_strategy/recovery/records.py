@@ -10,8 +10,11 @@
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
 * ``jsonl_batches`` yields the records of JSON lines in batches with their line numbers (bounded memory:
-  one 64 KB block of records at a time; a block of flat one-object lines is one orjson array, any other
-  line by line: orjson when installed, the standard library for any line it refuses).
+  one 64 KB block of records at a time). A block whose lines all have the first line's shape - the same
+  keys in the same order with the same spacing, every value a number - is ``Rows``: its numbers only, one
+  flat orjson array (no dict a line; ``_rows_block``). Any other block of flat one-object lines is one orjson
+  array of dicts; anything else line by line: orjson when installed, the standard library for any line it
+  refuses. Every way gives the records the standard library gives line by line.
 """
 
 from __future__ import annotations
@@ -115,9 +118,14 @@ class Collector:
             return
         self._take(i, rec)
 
-    def add_many(self, recs: list, at: Optional[Sequence[int]] = None) -> None:
+    def add_many(self, recs: list | Rows, at: Optional[Sequence[int]] = None) -> None:
         """A batch of records: the same result as add() one by one (the same first error too), converted
         with numpy. `at`: each record's number for messages (default: consecutive from the records so far)."""
+        if isinstance(recs, Rows):
+            if self.keys is not None and self.split_key is None:
+                self._store(recs.n, self._rows_columns(recs))
+                return
+            recs = recs.dicts()
         pos: Sequence[int] = range(self.count, self.count + len(recs)) if at is None else at
         k = 0
         while k < len(recs) and (self.keys is None or self.split_key is not None):
@@ -139,12 +147,42 @@ class Collector:
             for r, i in zip(recs, pos, strict=True):
                 self.add(r, i)
             return
-        self.count += len(recs)
-        self.objects += len(recs)
+        self._store(len(recs), columns)
+
+    def _store(self, n: int, columns: tuple) -> None:
+        """Append a batch's columns (see _columns) and count its n records."""
+        self.count += n
+        self.objects += n
         for target, values in zip((self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
                                   columns, strict=True):
             if values is not None and len(values):
                 target.frombytes(memoryview(values).cast("B"))   # float64, contiguous: no bytes copy
+
+    def _rows_columns(self, rows: Rows) -> tuple:
+        """_columns of Rows: every record has the same keys and every value is a number, so a column is there
+        for every record or for none (what _columns gives for such records, without a dict a record)."""
+        import numpy as np
+
+        assert self.keys is not None, "decided by the add() calls before"
+        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        n, width = rows.n, len(rows.keys)
+        table = np.fromiter(rows.values, dtype=np.float64, count=n * width).reshape(n, width)
+        where = {k: j for j, k in enumerate(rows.keys)}
+
+        def column(key: Optional[str], missing: float = math.nan):
+            if key is None:
+                return None
+            return np.ascontiguousarray(table[:, where[key]]) if key in where else np.full(n, missing)
+
+        ev_steps = ev_loss = None
+        if eval_key in where and step_key in where:
+            ev_steps, ev_loss = column(step_key), column(eval_key)
+        lr = column(lr_key, self._last_lr)   # not logged: the last learning rate carried over
+        if lr is not None and n:
+            self._last_lr = float(lr[-1])
+        if loss_key not in where:
+            return ev_steps, ev_loss, None, None, None, None
+        return ev_steps, ev_loss, column(loss_key), column(step_key), column(grad_key), lr
 
     def _columns(self, recs: list, pos: Sequence[int]) -> tuple:
         """(eval steps, eval loss, loss, steps, grad norm, lr) of a batch of dict records, nothing stored yet."""
@@ -480,7 +518,7 @@ class _SliceError(Exception):
 
 
 def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
-                  ) -> Iterator[tuple[list, Sequence[int]]]:
+                  ) -> Iterator[tuple[list | Rows, Sequence[int]]]:
     """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
     from blocks of BLOCK_BYTES (a long line is joined once, never re-split). A block of flat one-object
     lines is parsed by orjson (when installed) as one array (_flat_block); any other block in batches of at
@@ -488,7 +526,7 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
     blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) with the standard library deciding
     each line orjson refuses, so the records are the same either way."""
     for block, lineno, terminated in _line_blocks(fh, first):
-        recs = _flat_block(block) if terminated else None
+        recs = (_rows_block(block) or _flat_block(block)) if terminated else None
         if recs is not None:
             yield recs, range(lineno, lineno + len(recs))
             continue
@@ -531,6 +569,103 @@ def _flat_block(block: bytes) -> Optional[list]:
 
 class Dicts(list):
     """A list of records known to be plain dicts (Collector.add_many does not check their types again)."""
+
+
+class Rows:
+    """n records with the same keys, all values numbers (int or float, as orjson reads them): `values` holds them
+    flat, record after record, in the order of `keys`."""
+
+    __slots__ = ("keys", "values", "n")
+
+    def __init__(self, keys: tuple[str, ...], values: list, n: int) -> None:
+        self.keys, self.values, self.n = keys, values, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def dicts(self) -> Dicts:
+        """The records as the dicts a line-by-line parse gives (keys in line order)."""
+        width, keys, values = len(self.keys), self.keys, self.values
+        return Dicts(dict(zip(keys, values[i * width:(i + 1) * width], strict=True)) for i in range(self.n))
+
+
+# the shape of a line of numbers: `{"key": number, "key": number}` (JSON whitespace but newlines around any token;
+# keys without escapes, quotes or control bytes); a number here is what JSON numbers are made of (orjson decides)
+_SHAPE_OPEN = re.compile(rb"[ \t\r]*\{")
+_SHAPE_ITEM = re.compile(rb'[ \t\r]*"([^"\\\x00-\x1f]*)"[ \t\r]*:[ \t\r]*([-0-9][-+.0-9eE]*)[ \t\r]*([,}])')
+_NUMBER_BYTES = b"-+.0123456789eE"
+# control bytes JSON text never holds raw (\t \n \r excepted): markers put in place of a shape's pieces
+_MARKS = bytes([*range(0x02, 0x09), 0x0b, 0x0c, *range(0x0e, 0x20)])
+_JOIN, _FILL = b"\x01", b"\x00"     # the marker of a line break (its piece's other bytes become _FILL)
+_TO_COMMAS = bytes.maketrans(_JOIN + _MARKS, b"," * (1 + len(_MARKS)))
+
+
+def _line_shape(line: bytes) -> Optional[tuple[tuple[str, ...], list[bytes]]]:
+    """(keys, pieces) of a line `{"k1": v1, ..., "km": vm}` whose values are number-like and keys distinct:
+    pieces[0] is the text before v1, pieces[i] between vi and vi+1, pieces[m] after vm. None for any other line."""
+    opened = _SHAPE_OPEN.match(line)
+    if opened is None:
+        return None
+    pos, start = opened.end(), 0
+    keys: list[bytes] = []
+    pieces: list[bytes] = []
+    while True:
+        item = _SHAPE_ITEM.match(line, pos)
+        if item is None or len(keys) > len(_MARKS):
+            return None
+        keys.append(item.group(1))
+        pieces.append(line[start:item.start(2)])
+        start, pos = item.end(2), item.end()
+        if item.group(3) == b"}":
+            break
+    if line[pos:].strip(b" \t\r") or len(set(keys)) != len(keys):
+        return None
+    pieces.append(line[start:])
+    try:
+        return tuple(k.decode() for k in keys), pieces
+    except UnicodeDecodeError:
+        return None
+
+
+def _rows_block(block: bytes) -> Optional[Rows]:
+    """The lines of a block as Rows when every line is its first line's shape (_line_shape) with other numbers;
+    None otherwise (the caller parses the block another way).
+
+    The pieces between the numbers are replaced by marker bytes (a line break's piece by one of the same length,
+    the others by one byte each) and what is left must be numbers and the markers in the shape's order, line
+    after line; orjson then reads the numbers as one array. Why that is each line's own parse: the markers are
+    control bytes no piece holds, so no replacement matches across an earlier one; no newline is left, and each
+    line-break piece holds one, so all n-1 line breaks are real pieces; the other markers are real too, for the
+    text shrank by exactly what n real replacements of each piece take away (a marker byte already in the text
+    would have shrunk nothing). So each line is the first line's pieces with number bytes between them, and the
+    array has n x m elements only when each of those is one JSON number."""
+    if _orjson is None:
+        return None
+    nl = block.find(b"\n")
+    shape = _line_shape(block if nl == -1 else block[:nl])
+    if shape is None:
+        return None
+    keys, pieces = shape
+    head, inner, tail = pieces[0], pieces[1:-1], pieces[-1]
+    n = block.count(b"\n") + 1
+    if len(block) <= len(head) + len(tail) or not block.endswith(tail):
+        return None
+    text = block[len(head):len(block) - len(tail)]
+    join = tail + b"\n" + head
+    joined = _JOIN + _FILL * (len(join) - 1)
+    text = text.replace(join, joined)    # same length: done in place
+    for k, piece in enumerate(inner):
+        text = text.replace(piece, _MARKS[k:k + 1])
+    if len(block) - len(head) - len(tail) - len(text) != n * sum(len(piece) - 1 for piece in inner):
+        return None
+    marks = _MARKS[:len(inner)]
+    if text.translate(None, _NUMBER_BYTES) != (marks + joined) * (n - 1) + marks:
+        return None
+    try:
+        values = _orjson.loads(b"[" + text.translate(_TO_COMMAS, _FILL) + b"]")
+    except (ValueError, TypeError):
+        return None
+    return Rows(keys, values, n) if len(values) == n * len(keys) else None
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
