@@ -217,7 +217,7 @@ def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
     if records._orjson is None:
         pytest.skip("orjson not installed")
     good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\r\n  {"loss": 2.3, "step": 3} '
-    assert records._flat_block(good) == [json.loads(x) for x in good.split(b"\n")]
+    assert records._flat_block(good, good.count(b"\n") + 1) == [json.loads(x) for x in good.split(b"\n")]
     for bad in (b'{"step": 1, "loss": 2.5, "n": "}\n{"}\n{"step": 3, "loss": 2.0}',      # a string spans lines
                 b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                     # a blank line
                 b'{"step": 1, "loss": 2.5},{"step": 2, "loss": 2.6}\n{"step": 3, "loss": 2.0}',  # two objects
@@ -226,7 +226,7 @@ def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
                 b'{"step": 1, "loss": {"x": 1}}',                                             # nested
                 b'"{}\n{}"\n{"a": 1}, 5',                      # n elements, but a string and a number among them
                 b'x{"step": 1}'):                                                             # text before
-        assert records._flat_block(bad) is None, bad
+        assert records._flat_block(bad, bad.count(b"\n") + 1) is None, bad
 
 
 def test_an_object_spanning_lines_in_a_string_is_reported_as_the_reference_does(tmp_path, monkeypatch):
@@ -311,14 +311,14 @@ def test_a_block_of_same_shaped_lines_is_rows_and_anything_else_is_refused():
     if records._orjson is None:
         pytest.skip("orjson not installed")
     for block in SHAPED_GOOD:
-        rows = records._rows_block(block)
+        rows = records._rows_block(block, block.count(b"\n") + 1)
         assert rows is not None, block
         assert _rows_as_lines(rows) == _each_line(block), block
     for block in SHAPED_BAD:
-        assert records._rows_block(block) is None, block
+        assert records._rows_block(block, block.count(b"\n") + 1) is None, block
     for width in (27, 28, 29, 40):   # more keys than marker bytes: refused, never misread
         block = b"\n".join(json.dumps({f"k{j}": j + i for j in range(width)}).encode() for i in range(3))
-        rows = records._rows_block(block)
+        rows = records._rows_block(block, block.count(b"\n") + 1)
         assert (rows is not None) == (width <= 28) and (rows is None or _rows_as_lines(rows) == _each_line(block))
 
 
@@ -348,7 +348,7 @@ def test_fuzz_rows_block_is_each_line_parsed_alone(numbers, mutations):
     if records._orjson is None:
         pytest.skip("orjson not installed")
     block = _shaped_block(numbers, mutations)
-    rows = records._rows_block(block)
+    rows = records._rows_block(block, block.count(b"\n") + 1)
     if rows is None:
         return
     expected = _each_line(block)    # raises when a line is not JSON: then the block must have been refused
@@ -368,8 +368,8 @@ def _count_rows(monkeypatch) -> list:
     taken: list = []
     real = records._rows_block
 
-    def counted(block):
-        rows = real(block)
+    def counted(block, n):
+        rows = real(block, n)
         if rows is not None:
             taken.append(rows.n)
         return rows

@@ -93,8 +93,8 @@ class Collector:
         self.known_keys = list(known_keys) if known_keys is not None else None
         self.sample: list[tuple[int, dict]] = []
         self.keys: Optional[Keys] = None
-        self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
-        self.eval_steps, self.eval_loss = array("d"), array("d")
+        self.steps, self.loss, self.grad, self.lr = _Column(), _Column(), _Column(), _Column()
+        self.eval_steps, self.eval_loss = _Column(), _Column()
         self.split_key: Optional[str] = None
         self.eval_from_split: Optional[str] = None
         self.count = 0
@@ -156,7 +156,7 @@ class Collector:
         for target, values in zip((self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
                                   columns, strict=True):
             if values is not None and len(values):
-                target.frombytes(memoryview(values).cast("B"))   # float64, contiguous: no bytes copy
+                target.extend(values)
 
     def _rows_columns(self, rows: Rows) -> tuple:
         """_columns of Rows: every record has the same keys and every value is a number, so a column is there
@@ -325,7 +325,6 @@ class Collector:
         return num
 
     def finish(self):
-        import numpy as np
 
         if self.keys is None:
             if not self.count:
@@ -337,22 +336,67 @@ class Collector:
         if not len(self.loss):
             raise UsageError(f"log {self.p} has no {loss_key!r} values; expected training loss entries")
 
-        def arr(a):
-            return np.frombuffer(a, dtype=np.float64) if len(a) else np.empty(0)  # shares the buffer
-
-        grad = arr(self.grad) if grad_key is not None else None
-        lr = arr(self.lr) if lr_key is not None else None
-        return arr(self.steps), arr(self.loss), grad, lr, step_key, loss_key, grad_key, lr_key
+        grad = self.grad.array() if grad_key is not None else None
+        lr = self.lr.array() if lr_key is not None else None
+        return self.steps.array(), self.loss.array(), grad, lr, step_key, loss_key, grad_key, lr_key
 
     def eval_series(self):
-        import numpy as np
-
         if not len(self.eval_loss):
             return None, None, None
         key = self.keys[4] or (f"{self.eval_from_split} ({self.split_key} = validation)" if self.eval_from_split
                                else "eval")
-        return (np.frombuffer(self.eval_steps, dtype=np.float64).copy(),
-                np.frombuffer(self.eval_loss, dtype=np.float64).copy(), key)
+        return self.eval_steps.array().copy(), self.eval_loss.array().copy(), key
+
+
+class _Column:
+    """A float64 column. Single values go to an array('d') (appended in C); batches to a numpy buffer that doubles
+    when full (the values waiting in the array('d') move there first). array('d') alone grows by 1/16 at a time: once
+    the allocator stops mapping big blocks (glibc does after the first one is freed) every growth is a copy."""
+
+    __slots__ = ("small", "append", "buf", "n")
+
+    def __init__(self) -> None:
+        self.small = array("d")
+        self.append = self.small.append
+        self.buf: Any = None
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n + len(self.small)
+
+    def extend(self, values: Any) -> None:
+        """Append a float64 numpy array."""
+        self._flush()
+        self._put(values)
+
+    def _flush(self) -> None:
+        import numpy as np
+
+        if len(self.small):
+            self._put(np.frombuffer(self.small, dtype=np.float64).copy())
+            self.small = array("d")
+            self.append = self.small.append
+
+    def _put(self, values: Any) -> None:
+        import numpy as np
+
+        k = len(values)
+        if self.buf is None or self.n + k > len(self.buf):
+            grown = np.empty(max(2 * self.n, self.n + k, 4096), dtype=np.float64)
+            if self.n:
+                grown[:self.n] = self.buf[:self.n]
+            self.buf = grown
+        self.buf[self.n:self.n + k] = values
+        self.n += k
+
+    def array(self) -> Any:
+        """The values (shares the column's memory)."""
+        import numpy as np
+
+        if self.buf is None:
+            return np.frombuffer(self.small, dtype=np.float64) if len(self.small) else np.empty(0)
+        self._flush()
+        return self.buf[:self.n]
 
 
 # --------------------------------------------------------------------------------------------
@@ -520,13 +564,24 @@ class _SliceError(Exception):
 def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
                   ) -> Iterator[tuple[list | Rows, Sequence[int]]]:
     """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
-    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). A block of flat one-object
-    lines is parsed by orjson (when installed) as one array (_flat_block); any other block in batches of at
-    most BATCH_LINES lines, line by line: by orjson when installed, and a batch with a line orjson refuses (a
-    blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) with the standard library deciding
-    each line orjson refuses, so the records are the same either way."""
-    for block, lineno, terminated in _line_blocks(fh, first):
-        recs = (_rows_block(block) or _flat_block(block)) if terminated else None
+    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). With orjson installed, a block
+    whose lines all have the first line's shape is Rows (_rows_block; after a block that is not, the try is
+    skipped for 1, 2, 4 ... 64 blocks: a log of mixed lines pays for few tries), else a block of flat
+    one-object lines is one array (_flat_block); any other block in batches of at most BATCH_LINES lines,
+    line by line: by orjson when installed, and a batch with a line orjson refuses (a blank line, NaN/Infinity
+    tokens, a BOM, a lone surrogate, an error) with the standard library deciding each line orjson refuses,
+    so the records are the same either way."""
+    wait, gap = 0, 1
+    for block, lineno, n, terminated in _line_blocks(fh, first):
+        recs: Optional[list | Rows] = None
+        if terminated:
+            if wait:
+                wait -= 1
+            else:
+                recs = _rows_block(block, n)
+                wait, gap = (0, 1) if recs is not None else (gap, min(2 * gap, 64))
+            if recs is None:
+                recs = _flat_block(block, n)
         if recs is not None:
             yield recs, range(lineno, lineno + len(recs))
             continue
@@ -547,17 +602,16 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
 _NOT_BRACES = bytes(c for c in range(256) if c not in b"{}\n")
 
 
-def _flat_block(block: bytes) -> Optional[list]:
+def _flat_block(block: bytes, n: int) -> Optional[list]:
     """The lines of a block (joined by newlines) parsed by orjson as one array `[line,line,...]`, when every
     line holds exactly one '{' and after it one '}' (and no '[' for an orjson without a depth limit) and the
-    array is n objects for n lines. None otherwise (the caller parses line by line).
+    array is n objects for the n lines. None otherwise (the caller parses line by line).
 
     The same records as parsing each line alone: n objects need n structural '{', so no brace is in a string,
     object i is line i's braces, and what lies between two objects (the end of one line, the joining comma,
     the start of the next) is the array's separator: each line is whitespace, its object, whitespace."""
     if _orjson is None or (not _ORJSON_LIMITS_DEPTH and b"[" in block):
         return None
-    n = block.count(b"\n") + 1
     if block.translate(None, _NOT_BRACES) != b"{}\n" * (n - 1) + b"{}":
         return None
     try:
@@ -627,8 +681,8 @@ def _line_shape(line: bytes) -> Optional[tuple[tuple[str, ...], list[bytes]]]:
         return None
 
 
-def _rows_block(block: bytes) -> Optional[Rows]:
-    """The lines of a block as Rows when every line is its first line's shape (_line_shape) with other numbers;
+def _rows_block(block: bytes, n: int) -> Optional[Rows]:
+    """The n lines of a block as Rows when every line is its first line's shape (_line_shape) with other numbers;
     None otherwise (the caller parses the block another way).
 
     The pieces between the numbers are replaced by marker bytes (a line break's piece by one of the same length,
@@ -647,17 +701,16 @@ def _rows_block(block: bytes) -> Optional[Rows]:
         return None
     keys, pieces = shape
     head, inner, tail = pieces[0], pieces[1:-1], pieces[-1]
-    n = block.count(b"\n") + 1
     if len(block) <= len(head) + len(tail) or not block.endswith(tail):
         return None
     text = block[len(head):len(block) - len(tail)]
-    join = tail + b"\n" + head
-    joined = _JOIN + _FILL * (len(join) - 1)
-    text = text.replace(join, joined)    # same length: done in place
     for k, piece in enumerate(inner):
         text = text.replace(piece, _MARKS[k:k + 1])
     if len(block) - len(head) - len(tail) - len(text) != n * sum(len(piece) - 1 for piece in inner):
-        return None
+        return None   # (a line of another shape mostly shows here, before the rest of the work)
+    join = tail + b"\n" + head
+    joined = _JOIN + _FILL * (len(join) - 1)
+    text = text.replace(join, joined)    # same length: done in place
     marks = _MARKS[:len(inner)]
     if text.translate(None, _NUMBER_BYTES) != (marks + joined) * (n - 1) + marks:
         return None
@@ -724,9 +777,10 @@ def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
     return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]]:
-    """(lines joined by newlines - no final one -, the first line's number, the last one ended by a newline) of
-    an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line comes with False."""
+def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, bool]]:
+    """(lines joined by newlines - no final one -, the first line's number, the number of lines, the last one
+    ended by a newline) of an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line
+    comes with False."""
     pending = [first] if first else []
     lineno = 1
     while True:
@@ -740,12 +794,14 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]
         pending.append(chunk[:cut])
         block = b"".join(pending)
         pending = [chunk[cut + 1:]]
-        yield block, lineno, True
-        lineno += block.count(b"\n") + 1
+        n = block.count(b"\n") + 1
+        yield block, lineno, n, True
+        lineno += n
     rest = b"".join(pending)
     cut = rest.rfind(b"\n")
     if cut != -1:
-        yield rest[:cut], lineno, True
-        lineno += rest.count(b"\n", 0, cut) + 1
+        n = rest.count(b"\n", 0, cut) + 1
+        yield rest[:cut], lineno, n, True
+        lineno += n
     if rest[cut + 1:]:
-        yield rest[cut + 1:], lineno, False
+        yield rest[cut + 1:], lineno, 1, False
