@@ -325,7 +325,6 @@ class Collector:
         return num
 
     def finish(self):
-
         if self.keys is None:
             if not self.count:
                 raise UsageError(f"log {self.p} has no log entries (empty log_history or list)")
