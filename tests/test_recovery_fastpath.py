@@ -693,3 +693,24 @@ def test_a_divergence_early_in_a_long_log_is_analysed_the_same_in_chunks(tmp_pat
             m.setattr(detect, "STATS_VALUES", 7)
             m.setattr(detect, "STATS_ROWS", 3)
             assert _analysis(p) == whole, name
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.one_of(st.floats(allow_nan=False), st.lists(st.floats(allow_nan=False), max_size=9000)),
+                      max_size=30))
+def test_a_column_keeps_single_values_and_batches_in_order(parts):
+    """records._Column: values appended one at a time and numpy batches, in any interleaving, read back in order
+    (the buffer doubling past 4096 values, the waiting single values moved in before each batch)."""
+    col = records._Column()
+    expected: list[float] = []
+    for part in parts:
+        if isinstance(part, list):
+            col.extend(np.asarray(part, dtype=np.float64))
+            expected += part
+        else:
+            col.append(part)
+            expected.append(part)
+        assert len(col) == len(expected)
+    got = col.array()
+    assert got.dtype == np.float64 and got.tolist() == expected
+    assert col.array().tolist() == expected   # reading twice gives the same
