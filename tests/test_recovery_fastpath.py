@@ -562,6 +562,74 @@ def test_the_analysis_in_tiny_chunks_is_the_same(name, tmp_path, monkeypatch):
     assert _analysis(p) == whole
 
 
+@pytest.mark.parametrize("name", REAL_ALL)
+def test_the_analysis_with_shared_block_medians_is_the_same(name, monkeypatch):
+    """detect.SharedBlocks (the block medians and the reference the three passes over the loss take once) gives the
+    report each pass gives computing its own."""
+    from checkpoint_strategy.recovery import detect
+
+    p = REAL / name
+    shared = _analysis(p)
+    monkeypatch.setattr(detect, "shared_blocks", lambda *_a: None)
+    assert _analysis(p) == shared
+
+
+@pytest.mark.parametrize("n", [40, 61, 517, 20_003])
+def test_shared_block_medians_on_spikes_nan_shifts_and_a_partial_block(n, tmp_path, monkeypatch):
+    """The same with a partial last block (n not a multiple of the block), a short log (its level-shift block of 3
+    is not the shared block of 2), NaN, a spike and a level shift; and the shared medians are never written to."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(n)
+    loss = np.round(2.5 * np.exp(-np.arange(n) / 5000) + 1 + 0.02 * rng.standard_normal(n), 4)
+    loss[n // 5] = 40.0
+    loss[n // 2:n // 2 + 3] = np.nan
+    loss[3 * n // 4:] += 1.5
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n" for i, v in enumerate(loss)))
+    made = []
+    real = detect.shared_blocks
+
+    def kept(*a):
+        made.append(real(*a))
+        return made[-1]
+
+    monkeypatch.setattr(detect, "shared_blocks", kept)
+    shared = _analysis(p)
+    assert made and made[0] is not None and made[0].ref_b is not None and not made[0].bmed.flags.writeable
+    monkeypatch.setattr(detect, "shared_blocks", lambda *_a: None)
+    assert _analysis(p) == shared
+
+
+@pytest.mark.parametrize("n", [64, 517, 20_003])
+@pytest.mark.parametrize("window", [16, 24, 128])
+def test_each_pass_gives_the_same_figures_from_shared_block_medians(n, window):
+    """reference_blocks, _rolling_blocks and _shift_blocks from SharedBlocks: bit for bit the figures each computes
+    alone (NaN, a spike, a shift; a partial last block; a level-shift block of 3 against a shared block of 2)."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(n + window)
+    x = 2 + 0.05 * rng.standard_normal(n)
+    x[n // 3] = 50.0
+    x[n // 2] = np.nan
+    x[2 * n // 3:] += 1.0
+    shared = detect.shared_blocks(x, window)
+    assert shared is not None
+
+    def same(a, b):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+    same(detect.reference_blocks(x, window, shared).per_block, detect.reference_blocks(x, window).per_block)
+    for a, b in zip(detect._rolling_blocks(x, window, shared), detect._rolling_blocks(x, window), strict=True):
+        same(a, b)
+    b = max(3, detect.block_size(window))
+    xf = detect._ffill(x)
+    spans = [(n // 3, n // 3 + 2)]
+    for a, c in zip(detect._shift_blocks(xf, n // b, b, window, 0.1, spans, shared),
+                    detect._shift_blocks(xf, n // b, b, window, 0.1, spans), strict=True):
+        same(a, c)
+
+
 def test_a_long_series_with_spikes_and_nan_analyses_the_same_in_chunks(tmp_path, monkeypatch):
     from checkpoint_strategy.recovery import detect
 
