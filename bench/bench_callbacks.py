@@ -20,7 +20,7 @@ Two measurements, both in the same process:
    FileSystemWriter with 4 writer threads, --dcp-mb MB) checked at level full by one process and by
    two processes each checking one part (`validate --part K/2`, run at the same time): wall times.
 
-Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB]
+Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB] [--step-sleep S]
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def _free_port() -> int:
 
 
 def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
-                    policy: dict | None = None, detect_every: int = 1) -> tuple[list[tuple[int, float, float]], dict]:
+                    policy: dict | None = None, detect_every: int = 1,
+                    step_sleep: float = 0.0) -> tuple[list[tuple[int, float, float]], dict]:
     """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
     the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
     steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
@@ -193,7 +194,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
     opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
-            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every}
+            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every, "step_sleep": step_sleep}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
@@ -243,18 +244,23 @@ def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) ->
 
 
 def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
-              detect_every: int = 1) -> None:
+              detect_every: int = 1, step_sleep: float = 0.0) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
         if kind not in kinds:
             continue
         runs = []
         for p in range(pairs):
-            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every)
-            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every)
+            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every,
+                                step_sleep)
+            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every,
+                                 step_sleep=step_sleep)
             runs.append((w[0], wo[0], w[1]))
         print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
               f"{1 if kind == 'hf' else detect_every} step(s), a save every "
-              f"{save_every} steps, validation in the workers; wall per step on rank 0, with/without:")
+              f"{save_every} steps, validation in the workers"
+              + (f", each step waits {step_sleep * 1e3:g} ms with the CPU idle (as a step waiting for its GPU)"
+                 if step_sleep else ", CPU-bound steps (both cores busy training)")
+              + "; wall per step on rank 0, with/without:")
         for (w, wo, hooks) in runs:
             saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
             for col, label in ((1, "wall"), (2, "CPU ")):
@@ -275,6 +281,11 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
                 print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
                     f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
                     for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
+        if len(runs) > 1:
+            pair = sorted(statistics.fmean(r[1] for r in w) / statistics.fmean(r[1] for r in wo) for w, wo, _h in runs)
+            print(f"  over the {len(runs)} pairs, mean wall step with/without: {', '.join(f'{x:.3f}x' for x in pair)}; "
+                  f"median {statistics.median(pair):.3f}x (pairs run one after the other: the run-to-run spread is "
+                  "the noise floor)")
 
 
 def split_validation(tmp: Path, mb: int) -> None:
@@ -326,6 +337,9 @@ def main() -> int:
     ap.add_argument("--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)")
     ap.add_argument("--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs")
     ap.add_argument("--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs")
+    ap.add_argument("--step-sleep", type=float, default=0.0,
+                    help="seconds each step of the 2-process runs waits with the CPU idle, as a step waiting for its "
+                         "GPU does (0: CPU-bound steps, the worst case for the background worker)")
     ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
     a = ap.parse_args()
     global CLOCK
@@ -336,7 +350,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
         return 0
@@ -359,7 +373,7 @@ def main() -> int:
           f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
           f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
     for every in (1, 10):
