@@ -782,3 +782,6 @@ def test_a_column_keeps_single_values_and_batches_in_order(parts):
     got = col.array()
     assert got.dtype == np.float64 and got.tolist() == expected
     assert col.array().tolist() == expected   # reading twice gives the same
+    more = np.arange(5000, dtype=np.float64)   # growing while a view of it is out: a new map, the view unchanged
+    col.extend(more)
+    assert got.tolist() == expected and col.array().tolist() == expected + more.tolist()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import re
 from array import array
 from pathlib import Path
@@ -347,17 +348,27 @@ class Collector:
         return self.eval_steps.array().copy(), self.eval_loss.array().copy(), key
 
 
-class _Column:
-    """A float64 column. Single values go to an array('d') (appended in C); batches to a numpy buffer that doubles
-    when full (the values waiting in the array('d') move there first). array('d') alone grows by 1/16 at a time: once
-    the allocator stops mapping big blocks (glibc does after the first one is freed) every growth is a copy."""
+def _anonymous_map(size: int) -> mmap.mmap:
+    """Zeroed memory of `size` bytes, private where the platform has MAP_PRIVATE (a shared anonymous map that grows
+    past its first size faults with SIGBUS when written)."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
 
-    __slots__ = ("small", "append", "buf", "n")
+
+class _Column:
+    """A float64 column. Single values go to an array('d') (appended in C); batches to an anonymous memory map that
+    doubles when full (the values waiting in the array('d') move there first). The map grows in place (mremap: no
+    copy, pages touched only when written) and is no malloc block: glibc's allocator never sees a big block freed,
+    which would raise its mmap threshold for the rest of the process and keep the analysis' freed temporaries
+    resident. array('d') alone grows by 1/16 at a time, and once that threshold has risen (any second read in a
+    process) every growth is a copy."""
+
+    __slots__ = ("small", "append", "mm", "n")
 
     def __init__(self) -> None:
         self.small = array("d")
         self.append = self.small.append
-        self.buf: Any = None
+        self.mm: Optional[mmap.mmap] = None
         self.n = 0
 
     def __len__(self) -> int:
@@ -380,22 +391,31 @@ class _Column:
         import numpy as np
 
         k = len(values)
-        if self.buf is None or self.n + k > len(self.buf):
-            grown = np.empty(max(2 * self.n, self.n + k, 4096), dtype=np.float64)
-            if self.n:
-                grown[:self.n] = self.buf[:self.n]
-            self.buf = grown
-        self.buf[self.n:self.n + k] = values
+        need = 8 * (self.n + k)
+        if self.mm is None:
+            self.mm = _anonymous_map(max(need, 1 << 15))
+        elif need > len(self.mm):
+            size = max(need, 2 * len(self.mm))
+            try:
+                self.mm.resize(size)
+            except (BufferError, OSError, SystemError, ValueError):
+                # array() handed out a view of it, or no mremap (macOS): a new map, the values copied once
+                grown = _anonymous_map(size)
+                grown[:8 * self.n] = self.mm[:8 * self.n]
+                self.mm = grown
+        view = np.frombuffer(self.mm, dtype=np.float64, count=k, offset=8 * self.n)
+        view[:] = values
+        del view   # (no view may outlive a write: the map could not grow)
         self.n += k
 
     def array(self) -> Any:
         """The values (shares the column's memory)."""
         import numpy as np
 
-        if self.buf is None:
+        if self.mm is None:
             return np.frombuffer(self.small, dtype=np.float64) if len(self.small) else np.empty(0)
         self._flush()
-        return self.buf[:self.n]
+        return np.frombuffer(self.mm, dtype=np.float64, count=self.n)
 
 
 # --------------------------------------------------------------------------------------------
