@@ -209,8 +209,12 @@ def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
     return np.repeat(a_b[lo // b:(hi - 1) // b + 1], b)[lo % b:lo % b + (hi - lo)]
 
 
-STATS_ROWS = 1 << 12   # blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
-STATS_VALUES = 1 << 16   # values of a sliding window partitioned at a time
+# Chunks of 8192 values (64 KB of float64): a chunk's temporaries stay under glibc's 128 KB mmap threshold, so they
+# come from the heap and are reused chunk after chunk. At 65536 values (512 KB) each was a fresh mapping whose
+# pages faulted in every chunk: 421 mappings, ~217 MB of page faults on a 1M-value log (the analysis 0.36 s
+# instead of 0.24 s in a fresh process), and a peak RSS 2.7 MB higher.
+STATS_ROWS = 1 << 9   # blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
+STATS_VALUES = 1 << 13   # values of a sliding window partitioned at a time
 
 
 def _block_stats(xf: np.ndarray, nb: int, b: int, medians: Optional[np.ndarray] = None,
@@ -588,7 +592,7 @@ def spike_flags_one(x: float, med: float, scale: float, wmax: float, *, z_thresh
     return a, b, c, not finite
 
 
-FLAG_VALUES = 1 << 16   # values whose spike rules are computed at a time (at most STATS_VALUES)
+FLAG_VALUES = 1 << 13   # values whose spike rules are computed at a time (at most STATS_VALUES)
 
 
 class _Flags:
@@ -789,7 +793,7 @@ def _quantum(values: np.ndarray) -> float:
     return 0.0
 
 
-QUANTUM_CHUNK = 1 << 16   # values checked at a time (bounded temporaries; the first chunk that fails decides)
+QUANTUM_CHUNK = 1 << 13   # values checked at a time (bounded temporaries; the first chunk that fails decides)
 
 
 def _has_decimals(v: np.ndarray, k: int) -> bool:
