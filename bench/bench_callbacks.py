@@ -202,6 +202,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
     ev = [e for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
     dt = [(b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
     hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
+    hooks |= {f.stem: json.loads(f.read_text()) for f in work.glob("threads-*.json")}
     return dt, hooks
 
 
@@ -254,7 +255,7 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
                                 step_sleep)
             wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every,
                                  step_sleep=step_sleep)
-            runs.append((w[0], wo[0], w[1]))
+            runs.append((w[0], wo[0], w[1] | {"without-" + k: v for k, v in wo[1].items()}))
         print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
               f"{1 if kind == 'hf' else detect_every} step(s), a save every "
               f"{save_every} steps, validation in the workers"
@@ -269,6 +270,12 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
             cw, cwo = split(w, save_every, 2), split(wo, save_every, 2)
             worker = hooks.get("hooks-0", {}).get("worker_cpu", 0.0) / saves
             print(f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)")
+            t_w, t_wo = hooks.get("threads-0", {}), hooks.get("without-threads-0", {})
+            if t_w and t_wo:
+                print(f"  rank 0's whole run, with/without: main thread {t_w['main']:.2f}/{t_wo['main']:.2f} s CPU, "
+                      f"full collections {t_w['gc_count'][2]}/{t_wo['gc_count'][2]} taking "
+                      f"{t_w['gc_seconds'][2]:.2f}/{t_wo['gc_seconds'][2]:.2f} s, "
+                      f"{t_w['objects']}/{t_wo['objects']} objects tracked at the end")
             for label, a, b, more in (("wall", sw, swo, 0.0), ("CPU, rank 0 process + its worker", cw, cwo, worker)):
                 print(f"  implied overhead ({label}, means): " + "; ".join(
                     f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
@@ -276,8 +283,11 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
             base = statistics.median(swo["other"])
             print("  callback on the training thread per step (of the median 'other' step without it): " + "; ".join(
                 f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
-                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
+                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())
+                if r.startswith("hooks-")))
             for r, h in sorted(hooks.items()):
+                if not r.startswith("hooks-"):
+                    continue
                 print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
                     f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
                     for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
