@@ -20,7 +20,7 @@ Two measurements, both in the same process:
    FileSystemWriter with 4 writer threads, --dcp-mb MB) checked at level full by one process and by
    two processes each checking one part (`validate --part K/2`, run at the same time): wall times.
 
-Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB]
+Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB] [--step-sleep S]
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def _free_port() -> int:
 
 
 def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
-                    policy: dict | None = None, detect_every: int = 1) -> tuple[list[tuple[int, float, float]], dict]:
+                    policy: dict | None = None, detect_every: int = 1,
+                    step_sleep: float = 0.0) -> tuple[list[tuple[int, float, float]], dict]:
     """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
     the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
     steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
@@ -193,7 +194,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
     opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
-            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every}
+            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every, "step_sleep": step_sleep}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
@@ -201,6 +202,7 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
     ev = [e for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
     dt = [(b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
     hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
+    hooks |= {f.stem: json.loads(f.read_text()) for f in work.glob("threads-*.json")}
     return dt, hooks
 
 
@@ -243,18 +245,23 @@ def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) ->
 
 
 def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
-              detect_every: int = 1) -> None:
+              detect_every: int = 1, step_sleep: float = 0.0) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
         if kind not in kinds:
             continue
         runs = []
         for p in range(pairs):
-            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every)
-            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every)
-            runs.append((w[0], wo[0], w[1]))
+            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every,
+                                step_sleep)
+            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every,
+                                 step_sleep=step_sleep)
+            runs.append((w[0], wo[0], w[1] | {"without-" + k: v for k, v in wo[1].items()}))
         print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
               f"{1 if kind == 'hf' else detect_every} step(s), a save every "
-              f"{save_every} steps, validation in the workers; wall per step on rank 0, with/without:")
+              f"{save_every} steps, validation in the workers"
+              + (f", each step waits {step_sleep * 1e3:g} ms with the CPU idle (as a step waiting for its GPU)"
+                 if step_sleep else ", CPU-bound steps (both cores busy training)")
+              + "; wall per step on rank 0, with/without:")
         for (w, wo, hooks) in runs:
             saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
             for col, label in ((1, "wall"), (2, "CPU ")):
@@ -263,6 +270,12 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
             cw, cwo = split(w, save_every, 2), split(wo, save_every, 2)
             worker = hooks.get("hooks-0", {}).get("worker_cpu", 0.0) / saves
             print(f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)")
+            t_w, t_wo = hooks.get("threads-0", {}), hooks.get("without-threads-0", {})
+            if t_w and t_wo:
+                print(f"  rank 0's whole run, with/without: main thread {t_w['main']:.2f}/{t_wo['main']:.2f} s CPU, "
+                      f"full collections {t_w['gc_count'][2]}/{t_wo['gc_count'][2]} taking "
+                      f"{t_w['gc_seconds'][2]:.2f}/{t_wo['gc_seconds'][2]:.2f} s, "
+                      f"{t_w['objects']}/{t_wo['objects']} objects tracked at the end")
             for label, a, b, more in (("wall", sw, swo, 0.0), ("CPU, rank 0 process + its worker", cw, cwo, worker)):
                 print(f"  implied overhead ({label}, means): " + "; ".join(
                     f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
@@ -270,11 +283,19 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
             base = statistics.median(swo["other"])
             print("  callback on the training thread per step (of the median 'other' step without it): " + "; ".join(
                 f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
-                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())))
+                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())
+                if r.startswith("hooks-")))
             for r, h in sorted(hooks.items()):
+                if not r.startswith("hooks-"):
+                    continue
                 print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
                     f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
                     for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
+        if len(runs) > 1:
+            pair = sorted(statistics.fmean(r[1] for r in w) / statistics.fmean(r[1] for r in wo) for w, wo, _h in runs)
+            print(f"  over the {len(runs)} pairs, mean wall step with/without: {', '.join(f'{x:.3f}x' for x in pair)}; "
+                  f"median {statistics.median(pair):.3f}x (pairs run one after the other: the run-to-run spread is "
+                  "the noise floor)")
 
 
 def split_validation(tmp: Path, mb: int) -> None:
@@ -326,6 +347,9 @@ def main() -> int:
     ap.add_argument("--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)")
     ap.add_argument("--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs")
     ap.add_argument("--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs")
+    ap.add_argument("--step-sleep", type=float, default=0.0,
+                    help="seconds each step of the 2-process runs waits with the CPU idle, as a step waiting for its "
+                         "GPU does (0: CPU-bound steps, the worst case for the background worker)")
     ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
     a = ap.parse_args()
     global CLOCK
@@ -336,7 +360,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
         return 0
@@ -359,7 +383,7 @@ def main() -> int:
           f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
           f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
     for every in (1, 10):

@@ -47,16 +47,33 @@ def time_hooks(ev: Events) -> None:
     """Wrap StrategyCore's training-thread entry points: CPU (thread_time) and wall seconds per rank (and
     per entry point: by_hook {name: [cpu, wall, calls, the first call's cpu]}), written to WORK/hooks-R.json when the
     process exits, not at each call: a file write per hook call is the bench's cost, not the callback's, and it
-    made the runs with the callback 2-3 ms a step slower (bench/bench_callbacks.py reads them)."""
+    made the runs with the callback 2-3 ms a step slower (bench/bench_callbacks.py reads them). Also, in both runs,
+    WORK/threads-R.json at exit: each thread's CPU (the main thread apart) and the garbage collector's collections
+    and seconds by generation, with the times of the full ones."""
     import atexit
 
     from checkpoint_strategy.callbacks.core import StrategyCore
 
     totals: dict = {}
+    import gc
+
+    gcs = {"gc_seconds": [0.0, 0.0, 0.0], "gc_count": [0, 0, 0], "t0": 0.0}
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gcs["t0"] = time.thread_time()
+        else:
+            gcs["gc_seconds"][info["generation"]] += time.thread_time() - gcs["t0"]
+            gcs["gc_count"][info["generation"]] += 1
+            if info["generation"] == 2:
+                gcs.setdefault("gen2_at", []).append(time.time())
+
+    gc.callbacks.append(on_gc)
 
     def dump() -> None:
         if ev.rank in totals:
             (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(totals[ev.rank]))
+        (ev.work / f"threads-{ev.rank}.json").write_text(json.dumps(_thread_cpu() | gcs | {"objects": len(gc.get_objects())}))
 
     atexit.register(dump)
     for name in HOOKS:
@@ -93,6 +110,22 @@ def time_hooks(ev: Events) -> None:
         close(self)
 
     _ProcessWorker.close = closing
+
+
+def _thread_cpu() -> dict:
+    """CPU seconds (user + system) of this process's threads from /proc (Linux): the main thread apart, the
+    others by name (Python threads are all named after the program)."""
+    out: dict = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        key = "main" if int(task.name) == os.getpid() else name
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def _records(cb) -> dict:

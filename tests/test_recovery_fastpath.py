@@ -217,7 +217,7 @@ def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
     if records._orjson is None:
         pytest.skip("orjson not installed")
     good = b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4, "lr": 1e-4}\r\n  {"loss": 2.3, "step": 3} '
-    assert records._flat_block(good) == [json.loads(x) for x in good.split(b"\n")]
+    assert records._flat_block(good, good.count(b"\n") + 1) == [json.loads(x) for x in good.split(b"\n")]
     for bad in (b'{"step": 1, "loss": 2.5, "n": "}\n{"}\n{"step": 3, "loss": 2.0}',      # a string spans lines
                 b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                     # a blank line
                 b'{"step": 1, "loss": 2.5},{"step": 2, "loss": 2.6}\n{"step": 3, "loss": 2.0}',  # two objects
@@ -226,7 +226,7 @@ def test_a_block_of_flat_lines_is_one_array_and_anything_else_is_refused():
                 b'{"step": 1, "loss": {"x": 1}}',                                             # nested
                 b'"{}\n{}"\n{"a": 1}, 5',                      # n elements, but a string and a number among them
                 b'x{"step": 1}'):                                                             # text before
-        assert records._flat_block(bad) is None, bad
+        assert records._flat_block(bad, bad.count(b"\n") + 1) is None, bad
 
 
 def test_an_object_spanning_lines_in_a_string_is_reported_as_the_reference_does(tmp_path, monkeypatch):
@@ -236,6 +236,190 @@ def test_an_object_spanning_lines_in_a_string_is_reported_as_the_reference_does(
     p.write_text("\n".join(lines) + "\n")
     assert _assert_same(p, monkeypatch) == ("error", f"log {p} line 2501 is not valid JSON (truncated?): "
                                                      "Unterminated string starting at")
+
+
+def _each_line(block: bytes) -> list:
+    """The reference: every line of a block parsed alone by the standard library, with each value's type."""
+    return [[(k, type(v), v) for k, v in json.loads(line).items()] for line in block.split(b"\n")]
+
+
+def _rows_as_lines(rows) -> list:
+    return [[(k, type(v), v) for k, v in rec.items()] for rec in rows.dicts()]
+
+
+SHAPED_GOOD = [
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": -0.25e-3}\n{"step": 3, "loss": 7}',
+    b'{"step": 1, "loss": 2.5}\r\n{"step": 2, "loss": 1E+2}\r\n{"step": 3, "loss": -0}\r',      # CRLF
+    b'\t{ "loss":2.5 ,"step" :10,"grad_norm":\t0.5 }  \n\t{ "loss":2.4 ,"step" :11,"grad_norm":\t1 }  ',
+    b'{"step": 1, "loss": 18446744073709551615, "lr": -0.0}\n{"step": 2, "loss": 0.1, "lr": 3}',
+    '{"step": 1, "p\u00e9rte": 2.5}\n{"step": 2, "p\u00e9rte": 2.25}'.encode(),                  # UTF-8 key
+    b'{"loss": 2.5}',
+    b'{"": 1, "step": 1, "loss": 2}\n{"": 2, "step": 2, "loss": 3}',
+]
+
+SHAPED_BAD = [
+    b'{"step": 1, "loss": 2.5}\n{"step": 2}',                                  # a record missing the loss
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5, "lr": 1}',             # an extra key
+    b'{"step": 1, "loss": 2.5}\n{"loss": 2.5, "step": 2}',                      # keys in another order
+    b'{"step": 1, "loss": 2.5}\n{"step": 2,  "loss": 2.5}',                     # other spacing
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": NaN}',                      # NaN/Infinity tokens
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": Infinity}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": -Infinity}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": {"x": 1}}',                 # a nested object
+    b'{"step": 1, "loss": {"x": 1}}\n{"step": 2, "loss": 2.5}',
+    b'{"step": 1, "loss": 2.5}\n\n{"step": 2, "loss": 2.5}',                    # a blank line
+    b'\xef\xbb\xbf{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}',          # a BOM
+    b'{"step": 1, "loss": "2.5"}\n{"step": 2, "loss": "2.5"}',                  # a string loss
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": "2.5"}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": true}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": null}',
+    b'{"step": 1, "loss": 2.5, "loss": 3}\n{"step": 2, "loss": 2.5, "loss": 3}',  # a key twice
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}{"step": 3, "loss": 2.5}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.5}',
+    b'{"step": 1, "loss": 1.2.3}\n{"step": 2, "loss": 2.5}',                     # not numbers
+    b'{"step": 1, "loss": +1}\n{"step": 2, "loss": 2.5}',
+    b'{"step": 1, "loss": 1e400}\n{"step": 2, "loss": 2.5}',                     # orjson refuses
+    b'{"step": 1, "loss": 01}\n{"step": 2, "loss": 2.5}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": -}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": }',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5',                       # no closing brace
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}}',
+    b'{"st\\u0065p": 1, "loss": 2.5}\n{"st\\u0065p": 2, "loss": 2.5}',          # an escape in a key
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}\x0c',                  # not JSON whitespace
+    b'{"step": 1, "loss": 2.5}\n{"step": 2\x02 2.5}',                           # a raw marker byte for a piece
+    b'{"step": 1, "loss": 2.5}\n{"step": 2\x022.5}',
+    b'{"step": 1, "loss": 2.5}\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x002, "loss": 2.5}',  # a fake line break
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}\n{"step": 3\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00'
+    b'\x004, "loss": 2.5}',
+    b'{"a": 1, "b": 2}\n{"a": 1\x022}\n{"a": 1, "b": 2, "b": 2}',             # a fake marker, a piece twice
+    b'{"step": 1, "loss": 2.5}\n{"step": 1, "step": 1, "loss": 2.5}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 1, "loss": 2.5}\n',                   # a final newline (no block ends so)
+    b'{"step": 1, "lo\xffss": 2.5}\n{"step": 2, "lo\xffss": 2.5}',               # not UTF-8
+    b'{"step": 1, "lo\xed\xa0\x80ss": 2.5}',                                    # a surrogate in UTF-8
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5, "x": [1]}',
+    b'[1, 2]\n[3, 4]',
+    b'{}\n{}',
+    b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.5}\n{"step"',
+]
+
+
+def test_a_block_of_same_shaped_lines_is_rows_and_anything_else_is_refused():
+    """records._rows_block reads a block as numbers only when every line is the first line's shape: the same
+    keys in the same order with the same spacing, every value a JSON number. Its records are each line's own
+    parse (keys, values and int/float types); every other block - a missing or extra key, NaN tokens, nested
+    objects, blank lines, a BOM, strings or booleans, a key twice, raw marker bytes forging a piece - is refused."""
+    if records._orjson is None:
+        pytest.skip("orjson not installed")
+    for block in SHAPED_GOOD:
+        rows = records._rows_block(block, block.count(b"\n") + 1)
+        assert rows is not None, block
+        assert _rows_as_lines(rows) == _each_line(block), block
+    for block in SHAPED_BAD:
+        assert records._rows_block(block, block.count(b"\n") + 1) is None, block
+    for width in (27, 28, 29, 40):   # more keys than marker bytes: refused, never misread
+        block = b"\n".join(json.dumps({f"k{j}": j + i for j in range(width)}).encode() for i in range(3))
+        rows = records._rows_block(block, block.count(b"\n") + 1)
+        assert (rows is not None) == (width <= 28) and (rows is None or _rows_as_lines(rows) == _each_line(block))
+
+
+NUMBER = st.one_of(st.integers(-2**64, 2**64), st.floats(allow_nan=False, width=64).map(repr),
+                   st.sampled_from(["-0", "0.0", "1e5", "1E-5", "2.5e+3", "-0.0"]))
+MUTATION = st.sampled_from(["", "", "", " ", "\r", ",", "}", "{", '"', "\x01", "\x02", "\x00", "NaN", "[1]", "\n",
+                            '"loss": 1, ', "e", "--", ".", "\ufeff", "\\"])
+
+
+def _shaped_block(numbers: list, mutations: list) -> bytes:
+    lines = []
+    for i, (a, b) in enumerate(numbers):
+        mut, where = mutations[i % len(mutations)]
+        line = '{"step": %s, "loss": %s}' % (a, b)
+        where = where % (len(line) + 1)
+        lines.append(line[:where] + mut + line[where:])
+    return "\n".join(lines).encode("utf-8", "surrogatepass")
+
+
+@settings(max_examples=300, deadline=None)
+@given(numbers=st.lists(st.tuples(NUMBER, NUMBER), min_size=1, max_size=6),
+       mutations=st.lists(st.tuples(MUTATION, st.integers(0, 60)), min_size=1, max_size=6))
+@example(numbers=[(1, 2), (3, 4)], mutations=[("", 0), ('\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00', 0)])
+def test_fuzz_rows_block_is_each_line_parsed_alone(numbers, mutations):
+    """Whenever _rows_block takes a block, each line parses alone (by the standard library) to the same keys,
+    values and types; mutations (a brace, a quote, a marker byte, a newline, NaN, text) must never slip through."""
+    if records._orjson is None:
+        pytest.skip("orjson not installed")
+    block = _shaped_block(numbers, mutations)
+    rows = records._rows_block(block, block.count(b"\n") + 1)
+    if rows is None:
+        return
+    expected = _each_line(block)    # raises when a line is not JSON: then the block must have been refused
+    assert _rows_as_lines(rows) == [[_as_orjson(*item) for item in line] for line in expected]
+
+
+def _as_orjson(key: str, kind: type, value):
+    """orjson reads an integer outside [-2**63, 2**64) as the nearest float (the standard library as an int:
+    the collector converts both to the same float64)."""
+    if kind is int and not -2**63 <= value < 2**64:
+        return key, float, float(value)
+    return key, kind, value
+
+
+def _count_rows(monkeypatch) -> list:
+    """Wrap records._rows_block: the list fills with the size of every block it took (the path was used)."""
+    taken: list = []
+    real = records._rows_block
+
+    def counted(block, n):
+        rows = real(block, n)
+        if rows is not None:
+            taken.append(rows.n)
+        return rows
+
+    monkeypatch.setattr(records, "_rows_block", counted)
+    return taken
+
+
+def test_files_of_same_shaped_blocks_read_as_the_reference_reads_them(tmp_path, monkeypatch):
+    """Whole files through Rows blocks (tiny blocks so that many are taken) and the other paths: a learning
+    rate logged in rows of its own (carried to the next loss rows), eval rows, rows missing the loss, a grad
+    norm only in some blocks, NaN tokens, blank lines, a BOM, CRLF, nested objects, repeated steps and a restart,
+    a loss as a string, a log with no step key: the same arrays and errors as every line parsed alone."""
+    p = tmp_path / "train.jsonl"   # past the 64 KB read_log takes first (it is one block)
+    rows = [json.dumps({"step": 1, "loss": 2.1, "grad_norm": 0.5, "learning_rate": 1e-5}),   # the keys
+            json.dumps({"step": 1, "eval_loss": 2.2}), json.dumps({"step": 2, "loss": 2.1, "grad_norm": 0.5})]
+    rows += [json.dumps({"step": i, "loss": 2.0 + (i % 13) / 100}) for i in range(3, 2200)]
+    rows += [json.dumps({"learning_rate": 1e-4 * k}) for k in range(1, 6)]
+    rows += [json.dumps({"step": i, "loss": 2.5, "grad_norm": i / 7}) for i in range(2200, 2260)]
+    rows += [json.dumps({"step": i, "eval_loss": 2.4}) for i in range(2260, 2280)]
+    rows += [json.dumps({"eval_loss": 2.3})] * 40                                 # no step: not an eval point
+    rows += [json.dumps({"step": i, "loss": 2.0, "learning_rate": 3e-4}) for i in range(2280, 2300)]
+    rows += [json.dumps({"step": i, "loss": 2.0}) for i in range(2290, 2330)]     # a restart at 2290
+    rows += [json.dumps({"step": 2330, "loss": 2.0})] * 4                          # one step logged 4 times
+    rows += ['{"step": 2331, "loss": NaN}', '{"step": 2332, "loss": Infinity}',
+             '{"step": 2333, "loss": 2, "m": {"x": 1}}']
+    rows += [json.dumps({"step": i, "loss": 2.0}) for i in range(2334, 2400)]
+    for crlf, bom, blank in ((False, False, False), (True, True, True)):
+        lines = rows[:2350] + ["", "  "] + rows[2350:] if blank else rows
+        text = ("\r\n" if crlf else "\n").join(lines) + "\n"
+        p.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+        for block in (1 << 16, 300, 97):
+            with monkeypatch.context() as m:
+                m.setattr(records, "KEY_SAMPLE", 3)
+                m.setattr(records, "BLOCK_BYTES", block)
+                taken = _count_rows(m)
+                got = _assert_same(p, m)
+            assert got[0] == "series", got
+            assert taken or block > 1000 or records._orjson is None, "no block went through records.Rows"
+    s = logs.read_log(p)
+    assert s.lr_key == "learning_rate" and s.eval_key == "eval_loss" and s.grad_norm_key == "grad_norm"
+    assert s.restarts and s.restarts[0]["step"] == 2290
+    bad = rows[:2300] + [json.dumps({"step": 2300, "loss": "2.0x"})] + rows[2300:]
+    p.write_text("\n".join(bad) + "\n")
+    with monkeypatch.context() as m:
+        m.setattr(records, "KEY_SAMPLE", 3)
+        m.setattr(records, "BLOCK_BYTES", 300)
+        assert _assert_same(p, m) == ("error", f"log {p}: loss at line 2301 is '2.0x', not a number")
+    p.write_text("".join(json.dumps({"loss": 2.0, "n": i}) + "\n" for i in range(5000)))   # no step anywhere
+    assert _assert_same(p, monkeypatch)[0] == "error"
 
 
 @pytest.mark.parametrize("shape", ["jsonl", "trainer_state"])
@@ -378,6 +562,74 @@ def test_the_analysis_in_tiny_chunks_is_the_same(name, tmp_path, monkeypatch):
     assert _analysis(p) == whole
 
 
+@pytest.mark.parametrize("name", REAL_ALL)
+def test_the_analysis_with_shared_block_medians_is_the_same(name, monkeypatch):
+    """detect.SharedBlocks (the block medians and the reference the three passes over the loss take once) gives the
+    report each pass gives computing its own."""
+    from checkpoint_strategy.recovery import detect
+
+    p = REAL / name
+    shared = _analysis(p)
+    monkeypatch.setattr(detect, "shared_blocks", lambda *_a: None)
+    assert _analysis(p) == shared
+
+
+@pytest.mark.parametrize("n", [40, 61, 517, 20_003])
+def test_shared_block_medians_on_spikes_nan_shifts_and_a_partial_block(n, tmp_path, monkeypatch):
+    """The same with a partial last block (n not a multiple of the block), a short log (its level-shift block of 3
+    is not the shared block of 2), NaN, a spike and a level shift; and the shared medians are never written to."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(n)
+    loss = np.round(2.5 * np.exp(-np.arange(n) / 5000) + 1 + 0.02 * rng.standard_normal(n), 4)
+    loss[n // 5] = 40.0
+    loss[n // 2:n // 2 + 3] = np.nan
+    loss[3 * n // 4:] += 1.5
+    p = tmp_path / "train.jsonl"
+    p.write_text("".join(json.dumps({"step": i + 1, "loss": float(v)}) + "\n" for i, v in enumerate(loss)))
+    made = []
+    real = detect.shared_blocks
+
+    def kept(*a):
+        made.append(real(*a))
+        return made[-1]
+
+    monkeypatch.setattr(detect, "shared_blocks", kept)
+    shared = _analysis(p)
+    assert made and made[0] is not None and made[0].ref_b is not None and not made[0].bmed.flags.writeable
+    monkeypatch.setattr(detect, "shared_blocks", lambda *_a: None)
+    assert _analysis(p) == shared
+
+
+@pytest.mark.parametrize("n", [64, 517, 20_003])
+@pytest.mark.parametrize("window", [16, 24, 128])
+def test_each_pass_gives_the_same_figures_from_shared_block_medians(n, window):
+    """reference_blocks, _rolling_blocks and _shift_blocks from SharedBlocks: bit for bit the figures each computes
+    alone (NaN, a spike, a shift; a partial last block; a level-shift block of 3 against a shared block of 2)."""
+    from checkpoint_strategy.recovery import detect
+
+    rng = np.random.default_rng(n + window)
+    x = 2 + 0.05 * rng.standard_normal(n)
+    x[n // 3] = 50.0
+    x[n // 2] = np.nan
+    x[2 * n // 3:] += 1.0
+    shared = detect.shared_blocks(x, window)
+    assert shared is not None
+
+    def same(a, b):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+    same(detect.reference_blocks(x, window, shared).per_block, detect.reference_blocks(x, window).per_block)
+    for a, b in zip(detect._rolling_blocks(x, window, shared), detect._rolling_blocks(x, window), strict=True):
+        same(a, b)
+    b = max(3, detect.block_size(window))
+    xf = detect._ffill(x)
+    spans = [(n // 3, n // 3 + 2)]
+    for a, c in zip(detect._shift_blocks(xf, n // b, b, window, 0.1, spans, shared),
+                    detect._shift_blocks(xf, n // b, b, window, 0.1, spans), strict=True):
+        same(a, c)
+
+
 def test_a_long_series_with_spikes_and_nan_analyses_the_same_in_chunks(tmp_path, monkeypatch):
     from checkpoint_strategy.recovery import detect
 
@@ -509,3 +761,27 @@ def test_a_divergence_early_in_a_long_log_is_analysed_the_same_in_chunks(tmp_pat
             m.setattr(detect, "STATS_VALUES", 7)
             m.setattr(detect, "STATS_ROWS", 3)
             assert _analysis(p) == whole, name
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.one_of(st.floats(allow_nan=False), st.lists(st.floats(allow_nan=False), max_size=9000)),
+                      max_size=30))
+def test_a_column_keeps_single_values_and_batches_in_order(parts):
+    """records._Column: values appended one at a time and numpy batches, in any interleaving, read back in order
+    (the buffer doubling past 4096 values, the waiting single values moved in before each batch)."""
+    col = records._Column()
+    expected: list[float] = []
+    for part in parts:
+        if isinstance(part, list):
+            col.extend(np.asarray(part, dtype=np.float64))
+            expected += part
+        else:
+            col.append(part)
+            expected.append(part)
+        assert len(col) == len(expected)
+    got = col.array()
+    assert got.dtype == np.float64 and got.tolist() == expected
+    assert col.array().tolist() == expected   # reading twice gives the same
+    more = np.arange(5000, dtype=np.float64)   # growing while a view of it is out: a new map, the view unchanged
+    col.extend(more)
+    assert got.tolist() == expected and col.array().tolist() == expected + more.tolist()

@@ -582,7 +582,7 @@ def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.nd
     return seg, isteps < later_min[seg], restarts
 
 
-STEP_CHUNK = 1 << 16   # steps checked and converted at a time
+STEP_CHUNK = 1 << 13   # steps checked and converted at a time (64 KB temporaries: see detect.STATS_VALUES)
 
 
 def _whole_steps(steps: np.ndarray, path: str, *, in_place: bool) -> np.ndarray:

@@ -10,14 +10,18 @@
   orjson rejects), so the peak memory is the file's bytes plus one slice, not a million dicts.
   Anything unusual (a string holding ``},{``, nested records) falls back to one standard parse.
 * ``jsonl_batches`` yields the records of JSON lines in batches with their line numbers (bounded memory:
-  one 64 KB block of records at a time; a block of flat one-object lines is one orjson array, any other
-  line by line: orjson when installed, the standard library for any line it refuses).
+  one 64 KB block of records at a time). A block whose lines all have the first line's shape - the same
+  keys in the same order with the same spacing, every value a number - is ``Rows``: its numbers only, one
+  flat orjson array (no dict a line; ``_rows_block``). Any other block of flat one-object lines is one orjson
+  array of dicts; anything else line by line: orjson when installed, the standard library for any line it
+  refuses. Every way gives the records the standard library gives line by line.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import mmap
 import re
 from array import array
 from pathlib import Path
@@ -90,8 +94,8 @@ class Collector:
         self.known_keys = list(known_keys) if known_keys is not None else None
         self.sample: list[tuple[int, dict]] = []
         self.keys: Optional[Keys] = None
-        self.steps, self.loss, self.grad, self.lr = array("d"), array("d"), array("d"), array("d")
-        self.eval_steps, self.eval_loss = array("d"), array("d")
+        self.steps, self.loss, self.grad, self.lr = _Column(), _Column(), _Column(), _Column()
+        self.eval_steps, self.eval_loss = _Column(), _Column()
         self.split_key: Optional[str] = None
         self.eval_from_split: Optional[str] = None
         self.count = 0
@@ -115,9 +119,14 @@ class Collector:
             return
         self._take(i, rec)
 
-    def add_many(self, recs: list, at: Optional[Sequence[int]] = None) -> None:
+    def add_many(self, recs: list | Rows, at: Optional[Sequence[int]] = None) -> None:
         """A batch of records: the same result as add() one by one (the same first error too), converted
         with numpy. `at`: each record's number for messages (default: consecutive from the records so far)."""
+        if isinstance(recs, Rows):
+            if self.keys is not None and self.split_key is None:
+                self._store(recs.n, self._rows_columns(recs))
+                return
+            recs = recs.dicts()
         pos: Sequence[int] = range(self.count, self.count + len(recs)) if at is None else at
         k = 0
         while k < len(recs) and (self.keys is None or self.split_key is not None):
@@ -139,12 +148,42 @@ class Collector:
             for r, i in zip(recs, pos, strict=True):
                 self.add(r, i)
             return
-        self.count += len(recs)
-        self.objects += len(recs)
+        self._store(len(recs), columns)
+
+    def _store(self, n: int, columns: tuple) -> None:
+        """Append a batch's columns (see _columns) and count its n records."""
+        self.count += n
+        self.objects += n
         for target, values in zip((self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
                                   columns, strict=True):
             if values is not None and len(values):
-                target.frombytes(memoryview(values).cast("B"))   # float64, contiguous: no bytes copy
+                target.extend(values)
+
+    def _rows_columns(self, rows: Rows) -> tuple:
+        """_columns of Rows: every record has the same keys and every value is a number, so a column is there
+        for every record or for none (what _columns gives for such records, without a dict a record)."""
+        import numpy as np
+
+        assert self.keys is not None, "decided by the add() calls before"
+        step_key, loss_key, grad_key, lr_key, eval_key = self.keys
+        n, width = rows.n, len(rows.keys)
+        table = np.fromiter(rows.values, dtype=np.float64, count=n * width).reshape(n, width)
+        where = {k: j for j, k in enumerate(rows.keys)}
+
+        def column(key: Optional[str], missing: float = math.nan):
+            if key is None:
+                return None
+            return np.ascontiguousarray(table[:, where[key]]) if key in where else np.full(n, missing)
+
+        ev_steps = ev_loss = None
+        if eval_key in where and step_key in where:
+            ev_steps, ev_loss = column(step_key), column(eval_key)
+        lr = column(lr_key, self._last_lr)   # not logged: the last learning rate carried over
+        if lr is not None and n:
+            self._last_lr = float(lr[-1])
+        if loss_key not in where:
+            return ev_steps, ev_loss, None, None, None, None
+        return ev_steps, ev_loss, column(loss_key), column(step_key), column(grad_key), lr
 
     def _columns(self, recs: list, pos: Sequence[int]) -> tuple:
         """(eval steps, eval loss, loss, steps, grad norm, lr) of a batch of dict records, nothing stored yet."""
@@ -287,8 +326,6 @@ class Collector:
         return num
 
     def finish(self):
-        import numpy as np
-
         if self.keys is None:
             if not self.count:
                 raise UsageError(f"log {self.p} has no log entries (empty log_history or list)")
@@ -299,22 +336,86 @@ class Collector:
         if not len(self.loss):
             raise UsageError(f"log {self.p} has no {loss_key!r} values; expected training loss entries")
 
-        def arr(a):
-            return np.frombuffer(a, dtype=np.float64) if len(a) else np.empty(0)  # shares the buffer
-
-        grad = arr(self.grad) if grad_key is not None else None
-        lr = arr(self.lr) if lr_key is not None else None
-        return arr(self.steps), arr(self.loss), grad, lr, step_key, loss_key, grad_key, lr_key
+        grad = self.grad.array() if grad_key is not None else None
+        lr = self.lr.array() if lr_key is not None else None
+        return self.steps.array(), self.loss.array(), grad, lr, step_key, loss_key, grad_key, lr_key
 
     def eval_series(self):
-        import numpy as np
-
         if not len(self.eval_loss):
             return None, None, None
         key = self.keys[4] or (f"{self.eval_from_split} ({self.split_key} = validation)" if self.eval_from_split
                                else "eval")
-        return (np.frombuffer(self.eval_steps, dtype=np.float64).copy(),
-                np.frombuffer(self.eval_loss, dtype=np.float64).copy(), key)
+        return self.eval_steps.array().copy(), self.eval_loss.array().copy(), key
+
+
+def _anonymous_map(size: int) -> mmap.mmap:
+    """Zeroed memory of `size` bytes, private where the platform has MAP_PRIVATE (a shared anonymous map that grows
+    past its first size faults with SIGBUS when written)."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    return mmap.mmap(-1, size) if private is None else mmap.mmap(-1, size, flags=private)
+
+
+class _Column:
+    """A float64 column. Single values go to an array('d') (appended in C); batches to an anonymous memory map that
+    doubles when full (the values waiting in the array('d') move there first). The map grows in place (mremap: no
+    copy, pages touched only when written) and is no malloc block: glibc's allocator never sees a big block freed,
+    which would raise its mmap threshold for the rest of the process and keep the analysis' freed temporaries
+    resident. array('d') alone grows by 1/16 at a time, and once that threshold has risen (any second read in a
+    process) every growth is a copy."""
+
+    __slots__ = ("small", "append", "mm", "n")
+
+    def __init__(self) -> None:
+        self.small = array("d")
+        self.append = self.small.append
+        self.mm: Optional[mmap.mmap] = None
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n + len(self.small)
+
+    def extend(self, values: Any) -> None:
+        """Append a float64 numpy array."""
+        self._flush()
+        self._put(values)
+
+    def _flush(self) -> None:
+        import numpy as np
+
+        if len(self.small):
+            self._put(np.frombuffer(self.small, dtype=np.float64).copy())
+            self.small = array("d")
+            self.append = self.small.append
+
+    def _put(self, values: Any) -> None:
+        import numpy as np
+
+        k = len(values)
+        need = 8 * (self.n + k)
+        if self.mm is None:
+            self.mm = _anonymous_map(max(need, 1 << 15))
+        elif need > len(self.mm):
+            size = max(need, 2 * len(self.mm))
+            try:
+                self.mm.resize(size)
+            except (BufferError, OSError, SystemError, ValueError):
+                # array() handed out a view of it, or no mremap (macOS): a new map, the values copied once
+                grown = _anonymous_map(size)
+                grown[:8 * self.n] = self.mm[:8 * self.n]
+                self.mm = grown
+        view = np.frombuffer(self.mm, dtype=np.float64, count=k, offset=8 * self.n)
+        view[:] = values
+        del view   # (no view may outlive a write: the map could not grow)
+        self.n += k
+
+    def array(self) -> Any:
+        """The values (shares the column's memory)."""
+        import numpy as np
+
+        if self.mm is None:
+            return np.frombuffer(self.small, dtype=np.float64) if len(self.small) else np.empty(0)
+        self._flush()
+        return np.frombuffer(self.mm, dtype=np.float64, count=self.n)
 
 
 # --------------------------------------------------------------------------------------------
@@ -480,15 +581,26 @@ class _SliceError(Exception):
 
 
 def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
-                  ) -> Iterator[tuple[list, Sequence[int]]]:
+                  ) -> Iterator[tuple[list | Rows, Sequence[int]]]:
     """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
-    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). A block of flat one-object
-    lines is parsed by orjson (when installed) as one array (_flat_block); any other block in batches of at
-    most BATCH_LINES lines, line by line: by orjson when installed, and a batch with a line orjson refuses (a
-    blank line, NaN/Infinity tokens, a BOM, a lone surrogate, an error) with the standard library deciding
-    each line orjson refuses, so the records are the same either way."""
-    for block, lineno, terminated in _line_blocks(fh, first):
-        recs = _flat_block(block) if terminated else None
+    from blocks of BLOCK_BYTES (a long line is joined once, never re-split). With orjson installed, a block
+    whose lines all have the first line's shape is Rows (_rows_block; after a block that is not, the try is
+    skipped for 1, 2, 4 ... 64 blocks: a log of mixed lines pays for few tries), else a block of flat
+    one-object lines is one array (_flat_block); any other block in batches of at most BATCH_LINES lines,
+    line by line: by orjson when installed, and a batch with a line orjson refuses (a blank line, NaN/Infinity
+    tokens, a BOM, a lone surrogate, an error) with the standard library deciding each line orjson refuses,
+    so the records are the same either way."""
+    wait, gap = 0, 1
+    for block, lineno, n, terminated in _line_blocks(fh, first):
+        recs: Optional[list | Rows] = None
+        if terminated:
+            if wait:
+                wait -= 1
+            else:
+                recs = _rows_block(block, n)
+                wait, gap = (0, 1) if recs is not None else (gap, min(2 * gap, 64))
+            if recs is None:
+                recs = _flat_block(block, n)
         if recs is not None:
             yield recs, range(lineno, lineno + len(recs))
             continue
@@ -509,17 +621,16 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
 _NOT_BRACES = bytes(c for c in range(256) if c not in b"{}\n")
 
 
-def _flat_block(block: bytes) -> Optional[list]:
+def _flat_block(block: bytes, n: int) -> Optional[list]:
     """The lines of a block (joined by newlines) parsed by orjson as one array `[line,line,...]`, when every
     line holds exactly one '{' and after it one '}' (and no '[' for an orjson without a depth limit) and the
-    array is n objects for n lines. None otherwise (the caller parses line by line).
+    array is n objects for the n lines. None otherwise (the caller parses line by line).
 
     The same records as parsing each line alone: n objects need n structural '{', so no brace is in a string,
     object i is line i's braces, and what lies between two objects (the end of one line, the joining comma,
     the start of the next) is the array's separator: each line is whitespace, its object, whitespace."""
     if _orjson is None or (not _ORJSON_LIMITS_DEPTH and b"[" in block):
         return None
-    n = block.count(b"\n") + 1
     if block.translate(None, _NOT_BRACES) != b"{}\n" * (n - 1) + b"{}":
         return None
     try:
@@ -531,6 +642,102 @@ def _flat_block(block: bytes) -> Optional[list]:
 
 class Dicts(list):
     """A list of records known to be plain dicts (Collector.add_many does not check their types again)."""
+
+
+class Rows:
+    """n records with the same keys, all values numbers (int or float, as orjson reads them): `values` holds them
+    flat, record after record, in the order of `keys`."""
+
+    __slots__ = ("keys", "values", "n")
+
+    def __init__(self, keys: tuple[str, ...], values: list, n: int) -> None:
+        self.keys, self.values, self.n = keys, values, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def dicts(self) -> Dicts:
+        """The records as the dicts a line-by-line parse gives (keys in line order)."""
+        width, keys, values = len(self.keys), self.keys, self.values
+        return Dicts(dict(zip(keys, values[i * width:(i + 1) * width], strict=True)) for i in range(self.n))
+
+
+# the shape of a line of numbers: `{"key": number, "key": number}` (JSON whitespace but newlines around any token;
+# keys without escapes, quotes or control bytes); a number here is what JSON numbers are made of (orjson decides)
+_SHAPE_OPEN = re.compile(rb"[ \t\r]*\{")
+_SHAPE_ITEM = re.compile(rb'[ \t\r]*"([^"\\\x00-\x1f]*)"[ \t\r]*:[ \t\r]*([-0-9][-+.0-9eE]*)[ \t\r]*([,}])')
+_NUMBER_BYTES = b"-+.0123456789eE"
+# control bytes JSON text never holds raw (\t \n \r excepted): markers put in place of a shape's pieces
+_MARKS = bytes([*range(0x02, 0x09), 0x0b, 0x0c, *range(0x0e, 0x20)])
+_JOIN, _FILL = b"\x01", b"\x00"     # the marker of a line break (its piece's other bytes become _FILL)
+_TO_COMMAS = bytes.maketrans(_JOIN + _MARKS, b"," * (1 + len(_MARKS)))
+
+
+def _line_shape(line: bytes) -> Optional[tuple[tuple[str, ...], list[bytes]]]:
+    """(keys, pieces) of a line `{"k1": v1, ..., "km": vm}` whose values are number-like and keys distinct:
+    pieces[0] is the text before v1, pieces[i] between vi and vi+1, pieces[m] after vm. None for any other line."""
+    opened = _SHAPE_OPEN.match(line)
+    if opened is None:
+        return None
+    pos, start = opened.end(), 0
+    keys: list[bytes] = []
+    pieces: list[bytes] = []
+    while True:
+        item = _SHAPE_ITEM.match(line, pos)
+        if item is None or len(keys) > len(_MARKS):
+            return None
+        keys.append(item.group(1))
+        pieces.append(line[start:item.start(2)])
+        start, pos = item.end(2), item.end()
+        if item.group(3) == b"}":
+            break
+    if line[pos:].strip(b" \t\r") or len(set(keys)) != len(keys):
+        return None
+    pieces.append(line[start:])
+    try:
+        return tuple(k.decode() for k in keys), pieces
+    except UnicodeDecodeError:
+        return None
+
+
+def _rows_block(block: bytes, n: int) -> Optional[Rows]:
+    """The n lines of a block as Rows when every line is its first line's shape (_line_shape) with other numbers;
+    None otherwise (the caller parses the block another way).
+
+    The pieces between the numbers are replaced by marker bytes (a line break's piece by one of the same length,
+    the others by one byte each) and what is left must be numbers and the markers in the shape's order, line
+    after line; orjson then reads the numbers as one array. Why that is each line's own parse: the markers are
+    control bytes no piece holds, so no replacement matches across an earlier one; no newline is left, and each
+    line-break piece holds one, so all n-1 line breaks are real pieces; the other markers are real too, for the
+    text shrank by exactly what n real replacements of each piece take away (a marker byte already in the text
+    would have shrunk nothing). So each line is the first line's pieces with number bytes between them, and the
+    array has n x m elements only when each of those is one JSON number."""
+    if _orjson is None:
+        return None
+    nl = block.find(b"\n")
+    shape = _line_shape(block if nl == -1 else block[:nl])
+    if shape is None:
+        return None
+    keys, pieces = shape
+    head, inner, tail = pieces[0], pieces[1:-1], pieces[-1]
+    if len(block) <= len(head) + len(tail) or not block.endswith(tail):
+        return None
+    text = block[len(head):len(block) - len(tail)]
+    for k, piece in enumerate(inner):
+        text = text.replace(piece, _MARKS[k:k + 1])
+    if len(block) - len(head) - len(tail) - len(text) != n * sum(len(piece) - 1 for piece in inner):
+        return None   # (a line of another shape mostly shows here, before the rest of the work)
+    join = tail + b"\n" + head
+    joined = _JOIN + _FILL * (len(join) - 1)
+    text = text.replace(join, joined)    # same length: done in place
+    marks = _MARKS[:len(inner)]
+    if text.translate(None, _NUMBER_BYTES) != (marks + joined) * (n - 1) + marks:
+        return None
+    try:
+        values = _orjson.loads(b"[" + text.translate(_TO_COMMAS, _FILL) + b"]")
+    except (ValueError, TypeError):
+        return None
+    return Rows(keys, values, n) if len(values) == n * len(keys) else None
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
@@ -589,9 +796,10 @@ def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
     return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]]:
-    """(lines joined by newlines - no final one -, the first line's number, the last one ended by a newline) of
-    an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line comes with False."""
+def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, bool]]:
+    """(lines joined by newlines - no final one -, the first line's number, the number of lines, the last one
+    ended by a newline) of an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line
+    comes with False."""
     pending = [first] if first else []
     lineno = 1
     while True:
@@ -605,12 +813,14 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, bool]
         pending.append(chunk[:cut])
         block = b"".join(pending)
         pending = [chunk[cut + 1:]]
-        yield block, lineno, True
-        lineno += block.count(b"\n") + 1
+        n = block.count(b"\n") + 1
+        yield block, lineno, n, True
+        lineno += n
     rest = b"".join(pending)
     cut = rest.rfind(b"\n")
     if cut != -1:
-        yield rest[:cut], lineno, True
-        lineno += rest.count(b"\n", 0, cut) + 1
+        n = rest.count(b"\n", 0, cut) + 1
+        yield rest[:cut], lineno, n, True
+        lineno += n
     if rest[cut + 1:]:
-        yield rest[cut + 1:], lineno, False
+        yield rest[cut + 1:], lineno, 1, False
