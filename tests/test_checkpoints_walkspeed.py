@@ -558,3 +558,40 @@ def test_validate_of_a_run_without_log_entries_does_not_import_numpy(tmp_path):
                          text=True, timeout=120, env=checkout_env())
     assert out.stdout.split("\n")[0] == "0 False", out.stdout + out.stderr
     assert "no log entries" in (tmp_path / "r.txt").read_text()
+
+
+def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it(tmp_path):
+    """The MS-DOS folder bit (0x10) in an entry's external attributes: torch.load's reader takes the entry for a
+    folder and reads no bytes from it (found by test_fuzz_corrupted_real_zip: validate passed such a file); a real
+    folder entry (its name ends in '/', as zip tools write them) is left alone."""
+    import io
+    import zipfile
+
+    p = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(6, dtype=torch.float32)}, p)
+    data = bytearray(p.read_bytes())
+    name = next(n for n in zipfile.ZipFile(p).namelist() if "/data/" in n)
+    cd = data.index(name.encode(), data.index(name.encode()) + 1) - 46
+    data[cd + 38:cd + 42] = struct.pack("<I", 0x10)
+    p.write_bytes(bytes(data))
+    try:
+        loaded = torch.load(io.BytesIO(bytes(data)), weights_only=True)
+        same = torch.equal(loaded["w"], torch.arange(6, dtype=torch.float32))
+    except Exception:  # noqa: BLE001 - any refusal is "not loadable"
+        same = False
+    assert not same   # the oracle: torch.load does not give the tensor back
+    for small in (True, False):
+        counter = fc.Counter()
+        with pytest.MonkeyPatch.context() as m:
+            if not small:
+                m.setattr(fc, "SMALL_ZIP_BYTES", -1)
+            z = fc.scan_zip(str(p), counter, full=not small)
+        assert [str(f) for f in z.findings] == [f"entry {name!r} is marked a folder (external attributes "
+                                                "0x00000010): torch.load reads no bytes from it"]
+    q = tmp_path / "with-folder.pt"
+    with zipfile.ZipFile(q, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        zf.writestr("archive/version", b"3\n")
+        zf.mkdir("archive/data/")
+    assert zipfile.ZipFile(q).getinfo("archive/data/").external_attr & 0x10
+    assert [str(f) for f in fc.scan_zip(str(q), fc.Counter()).findings] == []

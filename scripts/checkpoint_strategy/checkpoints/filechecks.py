@@ -252,9 +252,13 @@ _EOCD64 = b"PK\x06\x06"
 _CDH = b"PK\x01\x02"
 _LFH = b"PK\x03\x04"
 # a central directory record from its signature to its local header offset (offset 42): one unpack of the
-# signature, flags, method, crc, sizes, name/extra/comment lengths, disk and offset (versions, times and
-# attributes skipped); it fails (struct.error) exactly when fewer than the record's 46 bytes are left
-_CD_RECORD = struct.Struct("<4s4xHH4xIIIHHHH6xI")
+# signature, flags, method, crc, sizes, name/extra/comment lengths, disk, external attributes and offset
+# (versions, times and internal attributes skipped); it fails (struct.error) exactly when fewer than the record's
+# 46 bytes are left
+_CD_RECORD = struct.Struct("<4s4xHH4xIIIHHHH2xII")
+# the MS-DOS folder bit of the external attributes: torch.load's reader (miniz) takes such an entry for a folder
+# and extracts no bytes from it, whatever its sizes say
+ZIP_DOS_FOLDER = 0x10
 # a local header's signature and its name and extra-field lengths (offsets 0, 26, 28): one unpack
 _LH_RECORD = struct.Struct("<4s22xHH")
 # the end-record search reads this much of a file's end; a file no bigger (SMALL_ZIP_BYTES) is read whole once
@@ -335,7 +339,7 @@ def _cd_entries(cd: bytes, n_entries: int, disk: int) -> list[ZipEntry] | str:
     p = 0
     for i in range(n_entries):
         try:
-            sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, offset = unpack(cd, p)
+            sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(cd, p)
         except struct.error:   # fewer than 46 bytes left
             sig = b""
         if sig != _CDH:
@@ -344,6 +348,9 @@ def _cd_entries(cd: bytes, n_entries: int, disk: int) -> list[ZipEntry] | str:
         if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):  # what torch.load's reader (miniz) refuses
             what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
             return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
+        if attrs & ZIP_DOS_FOLDER and not name.endswith("/"):
+            return (f"entry {name!r} is marked a folder (external attributes 0x{attrs:08x}): torch.load reads no "
+                    "bytes from it")
         if 0xFFFFFFFF in (csize, usize, offset):
             csize, usize, offset = _zip64_extra(cd[p + 46 + nlen:p + 46 + nlen + xlen], csize, usize, offset)
         append(ZipEntry(name, method, crc, csize, usize, offset))
