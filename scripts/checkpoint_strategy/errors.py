@@ -15,6 +15,12 @@ class UsageError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+def no_log_entries(log: object) -> UsageError:
+    """A training log with nothing in it to read (an empty log_history or list): written once, for the log
+    readers (recovery) and for the spike check that answers without loading them (checkpoints.safety)."""
+    return UsageError(f"log {log} has no log entries (empty log_history or list)")
+
+
 def pydantic_message(exc: Exception, what: str = "input") -> str:
     """Turn a pydantic ValidationError into one readable line."""
     errors = getattr(exc, "errors", None)

@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints.models import SpikeGuard
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.errors import UsageError, no_log_entries
 
 #: recovery statuses that mean a loss event has not recovered
 UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
@@ -78,8 +78,7 @@ def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
         raise TypeError("read_spike: a training log was found but no adviser was passed; pass "
                         "advise=checkpoint_strategy.recovery.advise (or spike_check=False)")
     if not explicit and _no_log_entries(log):   # the adviser's verdict, without loading it (and numpy)
-        return SpikeGuard(log=log, note=f"training log not usable (log {Path(log)} has no log entries (empty "
-                                        "log_history or list)); no spike check")
+        return SpikeGuard(log=log, note=f"training log not usable ({no_log_entries(Path(log))}); no spike check")
     try:
         report = advise(log, checkpoints=list(valid), level=None)  # the callers validated them (or need only the onset)
     except UsageError as exc:

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.errors import UsageError, no_log_entries
 from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists re-exported (old path)
     GRAD_KEYS,
     LOSS_KEYS,
@@ -322,7 +322,7 @@ def _document_kind(p: Path, kind: Optional[str], fmt: str, count: int) -> str:
     if kind == "json" and fmt == "hf":
         raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
     if count == 0:
-        raise UsageError(f"log {p} has no log entries (empty log_history or list)")
+        raise no_log_entries(p)
     return str(kind)
 
 

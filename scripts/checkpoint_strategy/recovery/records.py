@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Optional
 from collections.abc import Iterable, Iterator, Sequence
 
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.errors import UsageError, no_log_entries
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
@@ -328,7 +328,7 @@ class Collector:
     def finish(self):
         if self.keys is None:
             if not self.count:
-                raise UsageError(f"log {self.p} has no log entries (empty log_history or list)")
+                raise no_log_entries(self.p)
             if not self.objects:
                 raise UsageError(f"log {self.p} holds no JSON objects; expected records with step and loss")
             self._decide()
