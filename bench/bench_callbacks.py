@@ -15,7 +15,9 @@ Two measurements, both in the same process:
    the worker validates beside training, count too). Noisy on a shared machine: reported as ratios.
 3. Two processes (--multiproc): the HF Trainer under `torchrun --nproc_per_node 2` (gloo, CPU) with
    and without HFCheckpointStrategy (tests/multiprocruns.py), and Lightning DDP with 2 devices: per-step
-   wall time on rank 0, median and mean, with/without.
+   wall time on rank 0, median and mean, with/without; with --step-sleep S each step also waits S seconds with the
+   CPU idle, as a step waiting for its GPU does (the case the worker is built for: it validates in the idle
+   cycles); per run, rank 0's main-thread CPU and full garbage collections (tests/multiprocruns.py threads-R.json).
 4. Split validation (--multiproc): a real 4-shard DCP checkpoint (torch.distributed.checkpoint,
    FileSystemWriter with 4 writer threads, --dcp-mb MB) checked at level full by one process and by
    two processes each checking one part (`validate --part K/2`, run at the same time): wall times.
