@@ -182,7 +182,7 @@ def _free_port() -> int:
 
 def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
                     policy: dict | None = None, detect_every: int = 1,
-                    step_sleep: float = 0.0) -> tuple[list[tuple[int, float, float]], dict]:
+                    step_sleep: float = 0.0, idle_worker: bool = False) -> tuple[list[tuple[int, float, float]], dict]:
     """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
     the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
     steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
@@ -196,7 +196,8 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
     opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
-            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every, "step_sleep": step_sleep}
+            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every, "step_sleep": step_sleep,
+            "idle_worker": idle_worker}
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
         argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
@@ -247,7 +248,7 @@ def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) ->
 
 
 def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
-              detect_every: int = 1, step_sleep: float = 0.0) -> None:
+              detect_every: int = 1, step_sleep: float = 0.0, idle_worker: bool = False) -> None:
     for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
         if kind not in kinds:
             continue
@@ -256,7 +257,7 @@ def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tu
             w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every,
                                 step_sleep)
             wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every,
-                                 step_sleep=step_sleep)
+                                 step_sleep=step_sleep, idle_worker=idle_worker)
             runs.append((w[0], wo[0], w[1] | {"without-" + k: v for k, v in wo[1].items()}))
         print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
               f"{1 if kind == 'hf' else detect_every} step(s), a save every "
@@ -352,6 +353,9 @@ def main() -> int:
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="seconds each step of the 2-process runs waits with the CPU idle, as a step waiting for its "
                          "GPU does (0: CPU-bound steps, the worst case for the background worker)")
+    ap.add_argument("--idle-worker-baseline", action="store_true",
+                    help="HF: the runs without the callback start its worker process anyway, idle (a control: what the "
+                         "worker's mere presence costs)")
     ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
     a = ap.parse_args()
     global CLOCK
@@ -362,7 +366,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep,
+                  a.idle_worker_baseline)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
         return 0
@@ -385,7 +390,8 @@ def main() -> int:
           f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
           f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep)
+        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep,
+                  a.idle_worker_baseline)
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
     for every in (1, 10):

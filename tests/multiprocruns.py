@@ -4,7 +4,8 @@ and bench/bench_callbacks.py. Run as a program (one process per rank):
     python -m torch.distributed.run --nproc_per_node 2 --master_port P tests/multiprocruns.py hf OUT WORK [opts]
     python tests/multiprocruns.py pl OUT WORK [opts]        # Lightning Trainer(strategy="ddp", devices=2)
 
-Options (JSON, argv[4]): detect_every (Lightning: the callback's detect_every; default every step), step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
+Options (JSON, argv[4]): idle_worker (HF, without the callback: start the callback's worker process anyway, idle, as
+a control), detect_every (Lightning: the callback's detect_every; default every step), step_sleep (seconds each step waits, as a step waiting for its GPU leaves the
 CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank, and its worker's CPU, into WORK/hooks-R.json;
 each step event carries the rank process's CPU seconds), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
@@ -24,6 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 TRIGGERS = ["loss_spike_detected", "gradient_norm_exceeded"]
@@ -188,12 +190,41 @@ def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
         (work / "verdicts.json").write_text(json.dumps(out))
 
 
+def _hf_callbacks(opts: dict, ev: Events, callbacks: list) -> tuple[list, Any]:
+    """The HF run's callbacks: `callbacks`, then HFCheckpointStrategy (or, without it and with idle_worker, an
+    idle worker process as the bench's control); and the strategy callback (None without it)."""
+    from transformers import TrainerCallback
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+
+    cb = None
+    if opts.get("callback", True):
+        cb = HFCheckpointStrategy(opts.get("policy", POLICY), handoff_dir=None, level=opts.get("level", "quick"),
+                                  rank_timeout=opts.get("rank_timeout", 60))
+        cb.core.phase_hook = lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path))
+        cb.core.phase_delay = opts.get("phase_delay", 0.05)
+        callbacks.append(cb)
+    elif opts.get("idle_worker"):   # the run without the callback, beside an idle worker process
+        from checkpoint_strategy.callbacks.core import _ProcessWorker
+
+        class IdleWorker(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                self.worker = _ProcessWorker(lambda msg: None)
+
+            def on_train_end(self, args, state, control, **kw):
+                self.worker.close()
+
+        callbacks.append(IdleWorker())
+    return callbacks, cb
+
+
 def hf(out: Path, work: Path, opts: dict) -> None:
     sys.path.insert(0, str(TESTS))
     import realruns
     from transformers import Trainer, TrainerCallback
 
-    from checkpoint_strategy.callbacks import HFCheckpointStrategy
+    # imported in both runs, so the runs without the callback load the same modules (the bench compares them)
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy  # noqa: F401
 
     rank = int(os.environ.get("RANK", "0"))
     ev = Events(work)
@@ -222,14 +253,7 @@ def hf(out: Path, work: Path, opts: dict) -> None:
             if opts.get("step_sleep"):
                 time.sleep(opts["step_sleep"])
 
-    callbacks = [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()]
-    cb = None
-    if opts.get("callback", True):
-        cb = HFCheckpointStrategy(opts.get("policy", POLICY), handoff_dir=None, level=opts.get("level", "quick"),
-                                  rank_timeout=opts.get("rank_timeout", 60))
-        cb.core.phase_hook = lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path))
-        cb.core.phase_delay = opts.get("phase_delay", 0.05)
-        callbacks.append(cb)
+    callbacks, cb = _hf_callbacks(opts, ev, [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()])
     args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=opts.get("save_every", 10))
     args.ddp_backend = "gloo"
     args.log_level = opts.get("log_level", "passive")
