@@ -88,13 +88,20 @@ def phase_windows(evs: list[dict]) -> list[tuple[str, str, float, float]]:
     return out
 
 
+#: how late a worker's phase line can be stamped: the training process stamps it when its reader thread gets the
+#: line, which can wait for the GIL (the switch interval, 5 ms) while the main thread, already holding the folder's
+#: lock the prune released, starts the next save (a CI run saw a save start 1.5 ms before the stamped prune end)
+PHASE_LAG = 0.02
+
+
 def assert_nothing_read_while_written(evs: list[dict], kind: str) -> None:
     writes, phases = write_windows(evs, kind), phase_windows(evs)
     assert phases and writes
     for phase, name, start, end in phases:
         for wname, ws, we in writes:
             if phase == "prune":       # a prune surveys the whole folder
-                assert we < start or ws > end, f"prune ({start}-{end}) during the save of {wname} ({ws}-{we})"
+                assert we < start or ws > end - PHASE_LAG, \
+                    f"prune ({start}-{end}) during the save of {wname} ({ws}-{we})"
             elif wname == name:
                 assert we < start, f"{phase} of {name} at {start} before its save ended at {we} on a rank"
 
