@@ -19,10 +19,14 @@ from checkpoint_strategy.checkpoints import filechecks as fc
 torch = pytest.importorskip("torch", reason="real torch.save archives")
 
 
-def _scan(path, monkeypatch, in_memory: bool):
+def _scan(path, monkeypatch, in_memory: bool, one_pass: bool = True):
+    """scan_zip's result: from memory (`one_pass`: `_scan_small_zip` first; else the reference checks on the
+    bytes), or with every record read from the file."""
     with monkeypatch.context() as m:
         if not in_memory:
             m.setattr(fc, "SMALL_ZIP_BYTES", -1)
+        if not one_pass:
+            m.setattr(fc, "_scan_small_zip", lambda data, z, counter: False)
         counter = fc.Counter()
         z = fc.scan_zip(str(path), counter)
     entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
@@ -37,6 +41,7 @@ def archives(tmp_path_factory):
     torch.nn.Linear(8, 4)(torch.ones(2, 8)).sum().backward()
     torch.save(opt.state_dict(), d / "optimizer.pt")
     torch.save({"last_epoch": 3, "_step_count": 4}, d / "scheduler.pt")
+    torch.save({"a": torch.ones(2), "b": torch.zeros(2, dtype=torch.float64)}, d / "tensors.pt")
     torch.save({"w": torch.arange(40_000, dtype=torch.float32)}, d / "big.pt")   # past SMALL_ZIP_BYTES
     torch.save({"a": torch.ones(3)}, d / "legacy.pt", _use_new_zipfile_serialization=False)
     return d
@@ -46,7 +51,7 @@ def archives(tmp_path_factory):
 def test_real_archives_read_the_same_from_memory(archives, name, monkeypatch):
     path = archives / name
     fast = _scan(path, monkeypatch, True)
-    assert fast == _scan(path, monkeypatch, False)
+    assert fast == _scan(path, monkeypatch, False) == _scan(path, monkeypatch, True, one_pass=False)
     assert fast[0] == [], fast[0]   # a real archive is valid
     assert (os.path.getsize(path) <= fc.SMALL_ZIP_BYTES) == (name != "big.pt")
 
@@ -59,16 +64,87 @@ def test_damaged_archives_give_the_same_findings_from_memory(archives, name, tmp
     for cut in range(0, len(data), max(1, len(data) // 60)):
         bad.write_bytes(data[:cut])
         fast = _scan(bad, monkeypatch, True)
-        assert fast == _scan(bad, monkeypatch, False), cut
+        assert fast == _scan(bad, monkeypatch, False) == _scan(bad, monkeypatch, True, one_pass=False), cut
         seen.update(fast[0])
     for at in range(0, len(data), max(1, len(data) // 80)):
         flipped = bytearray(data)
         flipped[at] ^= 0x5A
         bad.write_bytes(bytes(flipped))
         fast = _scan(bad, monkeypatch, True)
-        assert fast == _scan(bad, monkeypatch, False), at
+        assert fast == _scan(bad, monkeypatch, False) == _scan(bad, monkeypatch, True, one_pass=False), at
         seen.update(fast[0])
     assert len(seen) >= 5, seen   # the damage reached several different checks
+
+
+def _scan_bytes(data: bytes, one_pass: bool):
+    z, counter = fc.ZipScan(), fc.Counter()
+    if not (one_pass and fc._scan_small_zip(data, z, counter)):
+        z, counter = fc.ZipScan(), fc.Counter()
+        fc._scan_open_zip(fc._InMemory(data), "x.pt", z, counter, False, None)
+    entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
+    return [str(f) for f in z.findings], entries, z.keys(), z.prefix, z.legacy, counter.bytes_read
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "tensors.pt"])
+def test_one_pass_agrees_on_every_byte_of_the_directory(archives, name):
+    """`_scan_small_zip` (the one-pass check of a small archive) against the reference checks on the same bytes:
+    every byte of the central directory, the zip64 records, the end record and the last local header, each set to
+    three other values; and every cut. The one pass accepts only archives the reference accepts, with the same
+    entries, pickle and byte count; everything else it hands to the reference (which words the finding)."""
+    data = (archives / name).read_bytes()
+    assert fc._scan_small_zip(data, fc.ZipScan(), fc.Counter())   # the fast path takes a real archive
+    cd_at = data.find(b"PK\x01\x02")
+    start = data.rfind(b"PK\x03\x04", 0, cd_at)
+    taken = refused = 0
+    for at in range(start, len(data)):
+        for x in (0x01, 0x80, 0xFF):
+            bad = bytearray(data)
+            bad[at] ^= x
+            bad = bytes(bad)
+            took = fc._scan_small_zip(bad, fc.ZipScan(), fc.Counter())
+            taken += took
+            refused += not took
+            assert _scan_bytes(bad, True) == _scan_bytes(bad, False), (at, x)
+    for cut in range(len(data)):
+        assert _scan_bytes(data[:cut], True) == _scan_bytes(data[:cut], False), cut
+    assert taken and refused   # both ways were exercised (a flipped CRC or data byte still takes the one pass)
+
+
+def _edits(data: bytes) -> dict[str, bytes]:
+    """Damage no single flipped byte makes: a name changed in the directory and its local header alike, the
+    zip64 record's fields, a comment after the end record, disk numbers, an archive of another writer's shape."""
+    z64 = data.rfind(b"PK\x06\x06")
+    eocd = len(data) - 22
+
+    def put(buf: bytes, at: int, fmt: str, *values) -> bytes:
+        b = bytearray(buf)
+        struct.pack_into(fmt, b, at, *values)
+        return bytes(b)
+    return {
+        "duplicate name": data.replace(b"/data/1", b"/data/0"),
+        "no data.pkl": data.replace(b"data.pkl", b"data.pkx"),
+        "zip64 record too short": put(data, z64 + 4, "<Q", 43),
+        "zip64 entries past 32 bits": put(put(data, z64 + 24, "<Q", 1 << 33), z64 + 32, "<Q", 1 << 33),
+        "zip64 on disk 1 of 1": put(data, z64 + 16, "<II", 1, 1),
+        "zip64 on disk 2": put(data, z64 + 16, "<II", 2, 0),
+        "locator counts 2 disks": put(data, eocd - 4, "<I", 2),
+        "comment": put(data, eocd + 20, "<H", 3) + b"abc",
+        "no zip64 records, 0xFFFF entries": data[:z64] + put(data[eocd:], 8, "<HH", 0xFFFF, 0xFFFF),
+        "no zip64 records": data[:z64] + data[eocd:],
+        "end record twice": data + data[eocd:],
+    }
+
+
+def test_one_pass_agrees_on_damage_beyond_one_byte(archives):
+    data = (archives / "tensors.pt").read_bytes()
+    seen = set()
+    for what, bad in _edits(data).items():
+        assert bad != data, what
+        got = _scan_bytes(bad, True)
+        assert got == _scan_bytes(bad, False), what
+        seen.add(got[0][0].split()[0] if got[0] else "valid")
+    assert _scan_bytes(_edits(data)["duplicate name"], True)[0][0].startswith("duplicate entry")
+    assert len(seen) >= 4, seen
 
 
 def test_read_bytes_reads_the_file_not_the_limit(tmp_path):

@@ -474,7 +474,8 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None, regul
         # in one call and served from memory: the same bytes, one read instead of two per entry
         got = open_regular(path) if full else read_small(path, "file", SMALL_ZIP_BYTES, regular=regular)
         if isinstance(got, bytes):
-            _scan_open_zip(_InMemory(got), path, z, counter, full, update)
+            if not _scan_small_zip(got, z, counter):
+                _scan_open_zip(_InMemory(got), path, z, counter, full, update)
         else:
             with got as fh:
                 _scan_open_zip(fh, path, z, counter, full, update)
@@ -489,6 +490,89 @@ class _InMemory(io.BytesIO):
     def __init__(self, data: bytes) -> None:
         super().__init__(data)
         self.data = data
+
+
+_EOCD_RECORD = struct.Struct("<4sHHHHIIH")
+_EOCD64_RECORD = struct.Struct("<4sQHHIIQQQQ")
+_EOCD64_LOCATOR = struct.Struct("<4sIQI")
+
+
+def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:  # noqa: C901 - one pass, see below
+    """The quick level's common case, a small archive read whole whose every record is in order, checked in one
+    pass over its bytes: end record (and zip64 record) at the end, each central-directory record and its local
+    header together, no duplicate name, then data.pkl as `_scan_open_zip` reads it. False, with nothing
+    changed: the archive is anything else (a record cut short, a refused flag, a zip64 size field, a deflated
+    entry, a duplicate...), and `_scan_open_zip` checks it from the start and words the finding. Every test it
+    makes is one `_zip_entries` and `_local_headers` make; it accepts nothing they refuse
+    (tests/test_checkpoints_walkspeed.py compares the two on mutated real torch.save archives)."""
+    size = len(data)
+    pos = size - 22
+    if pos < 0 or data.rfind(_EOCD) != pos:
+        return False
+    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = _EOCD_RECORD.unpack_from(data, pos)
+    if comment_len:
+        return False
+    eocd_at = pos
+    if pos >= 20 and data.startswith(_EOCD64_LOC, pos - 20):
+        (_s, _d, at, disks) = _EOCD64_LOCATOR.unpack_from(data, pos - 20)
+        if at + 56 > size or disks != 1:
+            return False
+        if data.startswith(_EOCD64, at):
+            (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size,
+             cd_offset) = _EOCD64_RECORD.unpack_from(data, at)
+            if rec_size < 44 or max(n_disk, n_entries, cd_size) > 0xFFFFFFFF:
+                return False
+            eocd_at = at
+    # (without a zip64 record, the 0xFFFF / 0xFFFFFFFF fields that mean "see zip64" cannot pass the bounds below in
+    # a file of at most SMALL_ZIP_BYTES; the reference path words it: a broken locator)
+    if (n_disk != n_entries or not n_entries or (disk | cd_disk and (disk, cd_disk) != (1, 1))
+            or cd_offset + cd_size > eocd_at or cd_size > MAX_CD_BYTES or n_entries * 46 > cd_size):
+        return False
+    entries: list[ZipEntry] = []
+    by_name: dict[str, ZipEntry] = {}
+    append = entries.append
+    cd_unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
+    p = cd_offset
+    end = cd_offset + cd_size
+    pkl = None
+    for _ in range(n_entries):
+        if p + 46 > end:
+            return False
+        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = cd_unpack(data, p)
+        if sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or method or csize != usize:
+            return False
+        raw = data[p + 46:p + 46 + nlen]
+        name = raw.decode("utf-8", "replace")
+        if (attrs & ZIP_DOS_FOLDER and not name.endswith("/")) or 0xFFFFFFFF in (csize, offset) or name in by_name:
+            return False
+        if offset + 30 > size:
+            return False
+        lsig, lnlen, lxlen = lh_unpack(data, offset)
+        start = offset + 30 + lnlen + lxlen
+        if lsig != _LFH or start + csize > cd_offset or data[offset + 30:offset + 30 + lnlen] != raw:
+            return False
+        e = ZipEntry(name, method, crc, csize, usize, offset, start)
+        append(e)
+        by_name[name] = e
+        if pkl is None and (name == "data.pkl" or name.endswith("/data.pkl")):
+            pkl = e
+        p += 46 + nlen + xlen + clen
+    if p != end:
+        return False
+    counter.bytes_read += min(size, 65535 + 42)
+    z.entries = entries
+    z._index = (entries, n_entries, by_name)
+    if pkl is None and len({e.name.split("/", 1)[0] for e in entries}) == 1:
+        z.findings.append(Finding("torch archive without data.pkl"))   # as the reference: before the local headers
+        for e in entries:   # (which it leaves unread)
+            e.data_start = 0
+        return True
+    counter.bytes_read += 30 * n_entries
+    if pkl is None:
+        return True
+    z.prefix = pkl.name[: -len("data.pkl")]
+    z.findings.extend(_check_torch_pickle(data, z, counter))
+    return True
 
 
 def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, update) -> None:
@@ -644,11 +728,15 @@ MAX_PICKLE = MAX_PICKLE_BYTES  # data.pkl holds structure only (tensors live in 
 
 
 def _read_entry(fh, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE) -> bytes | str:
-    """A (small) entry's bytes, decompressed with a cap from its declared size; or a reason."""
+    """A (small) entry's bytes (`fh`: the archive open, or its bytes), decompressed with a cap from its declared
+    size; or a reason."""
     if e.usize > limit or e.csize > limit:
         return f"entry {e.name!r} declares {e.usize} bytes (more than {limit >> 20} MB): not read"
-    fh.seek(e.data_start)
-    data = fh.read(e.csize)
+    if isinstance(fh, bytes):   # a small archive's bytes (`_scan_small_zip`)
+        data = fh[e.data_start:e.data_start + e.csize]
+    else:
+        fh.seek(e.data_start)
+        data = fh.read(e.csize)
     counter.bytes_read += len(data)
     if e.method == 8:
         d = zlib.decompressobj(-15)
