@@ -671,3 +671,33 @@ def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it
         zf.mkdir("archive/data/")
     assert zipfile.ZipFile(q).getinfo("archive/data/").external_attr & 0x10
     assert [str(f) for f in fc.scan_zip(str(q), fc.Counter()).findings] == []
+
+
+def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):
+    """safety._realpath (the folder resolved once, one lstat per name) gives os.path.realpath's answer for plain
+    names, a symlinked checkpoint, a symlinked folder on the way, a dangling link, a missing name, '..', a
+    trailing slash and relative paths; and default_log picks the newest checkpoint's trainer_state.json."""
+    from checkpoint_strategy.checkpoints.safety import _realpath, default_log
+
+    real = tmp_path / "real"
+    (real / "checkpoint-1").mkdir(parents=True)
+    (real / "checkpoint-2").mkdir()
+    (tmp_path / "via").symlink_to(real)
+    (real / "checkpoint-3").symlink_to(real / "checkpoint-1")
+    (real / "checkpoint-4").symlink_to(tmp_path / "nowhere")
+    (real / "loop").symlink_to(real / "loop")
+    monkeypatch.chdir(tmp_path)
+    cache: dict[str, str] = {}
+    names = ["checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4", "checkpoint-9", "loop", "..", ".",
+             "checkpoint-1/", "checkpoint-1/..", "name with\nnewline|x"]
+    for folder in (str(real), str(tmp_path / "via"), "via", "real", "./via/../via"):
+        for name in names:
+            p = os.path.join(folder, name)
+            assert _realpath(p, cache) == os.path.realpath(p), p
+    assert _realpath("checkpoint-1", cache) == os.path.realpath("checkpoint-1")
+    for n in (1, 2):
+        (real / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
+    valid = [(1, str(real / "checkpoint-1")), (2, str(real / "checkpoint-2")), (4, str(real / "checkpoint-4"))]
+    assert default_log(valid) == str(real / "checkpoint-2" / "trainer_state.json")
+    assert default_log(valid[:1]) == str(real / "checkpoint-1" / "trainer_state.json")
+    assert default_log([]) is None

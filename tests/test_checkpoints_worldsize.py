@@ -44,3 +44,34 @@ def test_single_process_hf_run_and_bad_target(hf_run, cli_run):
     rep = cli_run("validate", str(hf_run.output_dir / "checkpoint-110"), "--format", "json").json()
     assert rep["hardware"][0]["world_size"] == 1 and rep["hardware_move"] is None
     cli_run("validate", str(hf_run.output_dir / "checkpoint-110"), "--target-gpus", "0").usage_error("--target-gpus")
+
+
+def test_validators_listing_gives_what_a_walk_gives(hf_run, dcp_checkpoint, tmp_path):
+    """validate keeps its listing of a folder that held only regular files (`_flat_names`), and the world size
+    read from it is the one a walk of the folder reads; a folder with a subfolder, a link in it, or a symlinked
+    checkpoint is walked as before."""
+    from checkpoint_strategy.checkpoints.validate import validate_paths
+    from checkpoint_strategy.checkpoints.worldsize import saved_world_size
+
+    run = tmp_path / "run"
+    shutil.copytree(hf_run.output_dir / "checkpoint-110", run / "checkpoint-110")
+    ranks = shutil.copytree(run / "checkpoint-110", run / "checkpoint-120")
+    for rank in range(3):
+        shutil.copy2(ranks / "rng_state.pth", ranks / f"rng_state_{rank}.pth")
+    (ranks / "rng_state.pth").unlink()
+    nested = shutil.copytree(ranks, run / "checkpoint-130")
+    shutil.copytree(dcp_checkpoint, nested / "pytorch_model_fsdp_0")
+    linked = shutil.copytree(run / "checkpoint-110", run / "checkpoint-140")
+    (linked / "rng_state_7.pth").symlink_to(linked / "rng_state.pth")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copytree(ranks, tmp_path / "elsewhere" / "checkpoint-150")
+    (run / "checkpoint-150").symlink_to(tmp_path / "elsewhere" / "checkpoint-150")
+    results = {r.path.rsplit("-", 1)[1]: r for r in validate_paths([str(run)], progress=False).checkpoints}
+    assert set(results) == {"110", "120", "130", "140", "150"}
+    flat = {step for step, r in results.items() if r._flat_names is not None}
+    assert flat == {"110", "120"}, flat
+    for step, r in results.items():
+        walked = saved_world_size(r.path, r.format)
+        assert saved_world_size(r.path, r.format, r._flat_names) == walked, step
+    assert results["120"]._flat_names and saved_world_size(results["120"].path, "hf-trainer",
+                                                           results["120"]._flat_names).world_size == 3

@@ -102,6 +102,9 @@ class CheckpointResult(_Model):
     deep: Optional[DeepCheck] = Field(None, description="level deep: values, norms and optimizer state")
     # the data families (coverage.families) when the checker's own listing of the folder told them; not a field
     _families: Optional[tuple[str, ...]] = PrivateAttr(default=None)
+    # the folder's names when the checker's listing saw only regular files in it (no subfolder, no link; the
+    # folder itself no link): worldsize reads them instead of walking the folder again; not a field
+    _flat_names: Optional[tuple[str, ...]] = PrivateAttr(default=None)
 
     def passes_deep(self) -> bool:
         """Valid, and (at level deep) no non-resumable or suspicious finding."""

@@ -23,6 +23,7 @@ a log takes it and hands it on.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -40,9 +41,10 @@ Adviser = Callable[..., Any]
 
 def default_log(valid: Sequence[tuple[int, str]]) -> Optional[str]:
     """The newest valid checkpoint's trainer_state.json, or None."""
-    logs = [os.path.join(p, "trainer_state.json") for _s, p in sorted(valid)
-            if storage.is_regular(os.path.join(p, "trainer_state.json"))]
-    return logs[-1] if logs else None
+    for _s, p in sorted(valid, reverse=True):   # newest first: one stat, not one per checkpoint
+        if storage.is_regular(os.path.join(p, "trainer_state.json")):
+            return os.path.join(p, "trainer_state.json")
+    return None
 
 
 def _no_log_entries(log: str) -> bool:
@@ -164,12 +166,30 @@ def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
                 continue
             rr = reals.get(r.path)
             if rr is None:
-                rr = reals[r.path] = os.path.realpath(r.path)
+                rr = reals[r.path] = _realpath(r.path, reals)
             if os.path.dirname(rr) == real and rr != real:
                 inside.append(r)
         if inside:
             runs[p] = inside
     return runs
+
+
+def _realpath(path: str, parents: dict[str, str]) -> str:
+    """os.path.realpath(path), its folder's resolved once (`parents` caches it): a name that is no symlink
+    resolves to itself inside its resolved folder, one lstat instead of one per component."""
+    folder, name = os.path.split(path)
+    if not folder or name in ("", ".", ".."):
+        return os.path.realpath(path)
+    try:
+        if stat.S_ISLNK(os.lstat(path).st_mode):
+            return os.path.realpath(path)
+    except (OSError, ValueError):
+        return os.path.realpath(path)
+    key = "\0" + folder   # not a path: kept apart from the results' own keys
+    real = parents.get(key)
+    if real is None:
+        real = parents[key] = os.path.realpath(folder)
+    return os.path.join(real, name)
 
 
 def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True,

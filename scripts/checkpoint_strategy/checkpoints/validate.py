@@ -82,6 +82,7 @@ class _Ctx:
         self.sources: list[dp.Source] = []
         self.global_step: int | None = None
         self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
+        self.flat = False    # that listing saw only regular files, and the folder is no symlink
         self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
         if self.part is not None:
             self.counter.notes.append(parts.describe(self.part))
@@ -224,6 +225,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     got = _listing(path)
     listed, files = got if got is not None else ([], set())
     ctx.listed = listed if got is not None else None
+    ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
     names = set(listed)
     weights = sorted(n for n in names if fm._HF_WEIGHTS.match(n))
     indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
@@ -695,6 +697,7 @@ def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
     except (OSError, ValueError):
         mode = None
     link = mode is not None and stat.S_ISLNK(mode)
+    ctx.flat = mode is not None and stat.S_ISDIR(mode)   # until the checker's listing tells otherwise
     if mode is None:
         ctx.missing(path, "checkpoint")
     elif link and not os.path.exists(path):
@@ -772,6 +775,8 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         from checkpoint_strategy.checkpoints.coverage import families
 
         result._families = families(result.format, path, ctx.listed)
+        if ctx.flat:
+            result._flat_names = tuple(ctx.listed)
     return result, outcome
 
 

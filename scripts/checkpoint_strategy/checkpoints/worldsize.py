@@ -70,11 +70,15 @@ def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSiz
                           shards=len(dp) * tp or None, evidence=evidence, layout="zero")
 
 
-def saved_world_size(path: str, fmt: str) -> Optional[SavedWorldSize]:
-    """What the layout of one checkpoint says about the processes that wrote it; None when it does not tell."""
-    if not os.path.isdir(path) or os.path.islink(path):
+def saved_world_size(path: str, fmt: str, flat_names: Optional[Sequence[str]] = None) -> Optional[SavedWorldSize]:
+    """What the layout of one checkpoint says about the processes that wrote it; None when it does not tell.
+    `flat_names`: the validator's listing of the folder when it held only regular files (no walk then)."""
+    if flat_names is not None:
+        files = {".": list(flat_names)}
+    elif not os.path.isdir(path) or os.path.islink(path):
         return None
-    files = _files(path)
+    else:
+        files = _files(path)
     ds = _deepspeed(path, files)
     if ds is not None:
         return ds
@@ -178,7 +182,7 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
 
     for r in report.checkpoints:
         if r.status == "valid":
-            found = saved_world_size(r.path, r.format)
+            found = saved_world_size(r.path, r.format, r._flat_names)
             if found is not None:
                 report.hardware.append(found)
     if target_gpus is not None:
