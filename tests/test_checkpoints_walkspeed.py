@@ -9,6 +9,7 @@ many points, a byte flipped in every region). `storage.read_bytes` reads a file'
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 
 import pytest
@@ -701,3 +702,51 @@ def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):
     assert default_log(valid) == str(real / "checkpoint-2" / "trainer_state.json")
     assert default_log(valid[:1]) == str(real / "checkpoint-1" / "trainer_state.json")
     assert default_log([]) is None
+
+
+def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, tmp_path, monkeypatch):
+    """prune's survey reuses what validation just read (the listing of a folder of regular files and the sizes of
+    the files read whole, the emergency marker, trainer_state.json's best_model_checkpoint) instead of reading
+    it again: the survey is the same as one that reads everything again, on flat checkpoints, one with a
+    subfolder, a link into another checkpoint, an emergency marker, a damaged trainer_state.json, a FIFO."""
+    import json
+
+    from checkpoint_strategy.checkpoints import prune_survey, validate
+    from checkpoint_strategy.checkpoints.marker import write_marker
+
+    run = tmp_path / "run"
+    src = hf_run.output_dir / "checkpoint-110"
+    for step in (10, 20, 30, 40, 50, 60):
+        shutil.copytree(src, run / f"checkpoint-{step}")
+    state = json.loads((src / "trainer_state.json").read_text())
+    state["best_model_checkpoint"] = str(run / "checkpoint-20")
+    (run / "checkpoint-30" / "trainer_state.json").write_text(json.dumps(state))
+    (run / "checkpoint-40" / "extra").mkdir()
+    (run / "checkpoint-40" / "extra" / "notes.txt").write_text("x" * 123)
+    (run / "checkpoint-50" / "training_args.bin").unlink()
+    (run / "checkpoint-50" / "training_args.bin").symlink_to(run / "checkpoint-10" / "training_args.bin")
+    write_marker(str(run / "checkpoint-60"), event="loss_spike_detected", step=60)
+    (run / "checkpoint-20" / "trainer_state.json").write_text("{not json")
+    (run / "checkpoint-10" / "README.md").write_text("not read by the checker")
+    os.mkfifo(run / "checkpoint-10" / "pipe")
+
+    def picture(s):
+        return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes)
+
+    fresh = prune_survey.survey(str(run))
+    assert fresh.results["checkpoint-30"]._flat_names and fresh.results["checkpoint-60"]._marker_read
+    assert fresh.results["checkpoint-10"]._flat_names is None   # the FIFO: walked as before
+    real_check = validate.check_with_values
+
+    def forgetful(*a, **k):   # the results as they were before: nothing for the survey to take
+        r, outcome = real_check(*a, **k)
+        r._flat_names, r._sizes, r._marker_read, r._state_read, r._marker, r._trainer_best = (None, None, False, False,
+                                                                                            None, None)
+        return r, outcome
+    monkeypatch.setattr(prune_survey, "check_with_values", forgetful)
+    again = prune_survey.survey(str(run))
+    assert picture(fresh) == picture(again)
+    assert "checkpoint-20" in fresh.best and "checkpoint-60" in fresh.emergency
+    assert fresh.sizes["checkpoint-30"] == _walk_size(str(run / "checkpoint-30"))
+    linked = next(c for c in fresh.candidates if c.name == "checkpoint-50")
+    assert linked.links_into and linked.links_into[0][0] == "checkpoint-10"

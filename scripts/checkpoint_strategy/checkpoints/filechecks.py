@@ -106,6 +106,7 @@ class Counter:
     bytes_read: int = 0
     files: int = 0
     notes: list[str] = field(default_factory=list)
+    sizes: dict[str, int] = field(default_factory=dict)   # path -> bytes of each small file read whole
 
 
 def _oserror(exc: BaseException) -> str:
@@ -151,6 +152,7 @@ def check_safetensors(path: str, counter: Counter, full: bool = False, regular: 
     try:
         got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
         if isinstance(got, bytes):   # a small file read whole: the header is a slice of it
+            counter.sizes[path] = len(got)
             head = _st_head(got, len(got))
         else:
             with got as fh:
@@ -474,6 +476,7 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None, regul
         # in one call and served from memory: the same bytes, one read instead of two per entry
         got = open_regular(path) if full else read_small(path, "file", SMALL_ZIP_BYTES, regular=regular)
         if isinstance(got, bytes):
+            counter.sizes[path] = len(got)
             if not _scan_small_zip(got, z, counter):
                 _scan_open_zip(_InMemory(got), path, z, counter, full, update)
         else:

@@ -105,6 +105,15 @@ class CheckpointResult(_Model):
     # the folder's names when the checker's listing saw only regular files in it (no subfolder, no link; the
     # folder itself no link): worldsize reads them instead of walking the folder again; not a field
     _flat_names: Optional[tuple[str, ...]] = PrivateAttr(default=None)
+    # with _flat_names: the bytes of each file the checker read whole (prune's sizes: the others are stat'ed)
+    _sizes: Optional[dict[str, int]] = PrivateAttr(default=None)
+    # the emergency marker as the checker read it (marker.read_marker; _marker_read once it looked)
+    _marker: Optional[dict] = PrivateAttr(default=None)
+    _marker_read: bool = PrivateAttr(default=False)
+    # trainer_state.json's best_model_checkpoint (a string, else None) once the checker parsed that file
+    # (_state_read): prune's trainer's best
+    _trainer_best: Optional[str] = PrivateAttr(default=None)
+    _state_read: bool = PrivateAttr(default=False)
 
     def passes_deep(self) -> bool:
         """Valid, and (at level deep) no non-resumable or suspicious finding."""

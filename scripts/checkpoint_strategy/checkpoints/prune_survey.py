@@ -62,18 +62,21 @@ class Survey:
 def _hf_best(survey: Survey) -> None:
     """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
     run folder's own)."""
-    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ")]
+    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ", None)]
     for c in survey.candidates:
         f = survey.found.get(c.name)
         if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
-            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/"))
-    for path, where in states:
-        try:
-            data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
-                                     allow_nan=True, expect=dict)
-        except storage.ReadError:
-            continue
-        name = data.get("best_model_checkpoint")
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", survey.results.get(c.name)))
+    for path, where, r in states:
+        if r is not None and r._state_read:   # the checker read this checkpoint's trainer_state.json already
+            name = r._trainer_best
+        else:
+            try:
+                data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
+                                         allow_nan=True, expect=dict)
+            except storage.ReadError:
+                continue
+            name = data.get("best_model_checkpoint")
         if isinstance(name, str) and name.strip():
             best = os.path.basename(os.path.normpath(name))
             survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
@@ -145,6 +148,10 @@ def _inner_links(s: Survey) -> None:
     for i, c in enumerate(s.candidates):
         if c.symlink or c.outside or not c.path:
             continue
+        r = s.results.get(c.name)
+        if r is not None and r._flat_names is not None and not c.final_export and len(r._flat_names) <= MAX_LINK_SCAN:
+            s.sizes[c.name] = _flat_size(c.path, r._flat_names, r._sizes or {})   # regular files only: no link
+            continue
         top = c.path if not c.final_export else s.root
         found, complete, size = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
         if not complete:
@@ -154,6 +161,21 @@ def _inner_links(s: Survey) -> None:
             s.sizes[c.name] = size      # the same walk counts what _size would (one walk per checkpoint, not two)
         if found:
             s.candidates[i] = replace(c, links_into=tuple(found))
+
+
+def _flat_size(folder: str, names: tuple[str, ...], known: dict[str, int]) -> int:
+    """The bytes of a folder the validator listed as regular files only (`known`: the sizes of the files it read
+    whole): what `_links_under` counts, with one lstat per file it did not read."""
+    total = 0
+    for n in names:
+        if n in known:
+            total += known[n]
+            continue
+        try:
+            total += os.lstat(os.path.join(folder, n)).st_size
+        except OSError:
+            pass
+    return total
 
 
 def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
@@ -258,7 +280,7 @@ def survey(root: str, level: str = "quick") -> Survey:
             deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
-        mark = read_marker(f.path)
+        mark = r._marker if r._marker_read else read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
         s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,

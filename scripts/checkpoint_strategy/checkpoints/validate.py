@@ -83,6 +83,8 @@ class _Ctx:
         self.global_step: int | None = None
         self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
         self.flat = False    # that listing saw only regular files, and the folder is no symlink
+        self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
+        self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
         self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
         if self.part is not None:
             self.counter.notes.append(parts.describe(self.part))
@@ -142,6 +144,7 @@ class _Ctx:
             self._tick()
             return None
         self.counter.bytes_read += len(raw)
+        self.counter.sizes[path] = len(raw)
         self._tick()
         if not raw:
             self.bad(path, "zero-byte file (expected JSON)")
@@ -290,6 +293,9 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
     if "trainer_state.json" in names:
         state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES,
                          "trainer_state.json" in files)
+        ctx.state_read = state is not None
+        if isinstance(state, dict) and isinstance(state.get("best_model_checkpoint"), str):
+            ctx.trainer_best = state["best_model_checkpoint"]
         if state is not None and not isinstance(state, dict):
             ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
         elif isinstance(state, dict) and type(state.get("global_step")) is int:
@@ -763,7 +769,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
             for rel, reason in mf.verify_manifest(path, ctx.counter, update):
                 ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
             manifest_state = "verified"
-    _note_marker(ctx, path)
+    mark = _note_marker(ctx, path)
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
@@ -777,19 +783,24 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         result._families = families(result.format, path, ctx.listed)
         if ctx.flat:
             result._flat_names = tuple(ctx.listed)
+            result._sizes = {n: ctx.counter.sizes[p] for n in ctx.listed
+                             if (p := os.path.join(path, n)) in ctx.counter.sizes}
+    result._marker, result._marker_read = mark, True
+    result._trainer_best, result._state_read = ctx.trainer_best, ctx.state_read
     return result, outcome
 
 
-def _note_marker(ctx: _Ctx, path: str) -> None:
-    """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point).
-    A folder the checker listed without one is not looked at again."""
+def _note_marker(ctx: _Ctx, path: str) -> dict | None:
+    """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point);
+    the marker (marker.read_marker), or None. A folder the checker listed without one is not looked at again."""
     from checkpoint_strategy.checkpoints.marker import MARKER_NAME, describe, read_marker
 
     if ctx.listed is not None and MARKER_NAME not in ctx.listed:
-        return
+        return None
     mark = read_marker(path) if os.path.lexists(path) else None
     if mark is not None:
         ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
+    return mark
 
 
 def _check_level(level: str, manifest: str | None) -> str:
