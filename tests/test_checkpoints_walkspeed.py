@@ -734,14 +734,13 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
         return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes)
 
     fresh = prune_survey.survey(str(run))
-    assert fresh.results["checkpoint-30"]._flat_names and fresh.results["checkpoint-60"]._marker_read
-    assert fresh.results["checkpoint-10"]._flat_names is None   # the FIFO: walked as before
+    assert fresh.results["checkpoint-30"]._seen.flat_names and fresh.results["checkpoint-60"]._seen.marker_read
+    assert fresh.results["checkpoint-10"]._seen.flat_names is None   # the FIFO: walked as before
     real_check = validate.check_with_values
 
     def forgetful(*a, **k):   # the results as they were before: nothing for the survey to take
         r, outcome = real_check(*a, **k)
-        r._flat_names, r._sizes, r._marker_read, r._state_read, r._marker, r._trainer_best = (None, None, False, False,
-                                                                                            None, None)
+        r._seen = None
         return r, outcome
     monkeypatch.setattr(prune_survey, "check_with_values", forgetful)
     again = prune_survey.survey(str(run))

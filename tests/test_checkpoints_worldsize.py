@@ -47,7 +47,7 @@ def test_single_process_hf_run_and_bad_target(hf_run, cli_run):
 
 
 def test_validators_listing_gives_what_a_walk_gives(hf_run, dcp_checkpoint, tmp_path):
-    """validate keeps its listing of a folder that held only regular files (`_flat_names`), and the world size
+    """validate keeps its listing of a folder that held only regular files (`Seen.flat_names`), and the world size
     read from it is the one a walk of the folder reads; a folder with a subfolder, a link in it, or a symlinked
     checkpoint is walked as before."""
     from checkpoint_strategy.checkpoints.validate import validate_paths
@@ -68,10 +68,10 @@ def test_validators_listing_gives_what_a_walk_gives(hf_run, dcp_checkpoint, tmp_
     (run / "checkpoint-150").symlink_to(tmp_path / "elsewhere" / "checkpoint-150")
     results = {r.path.rsplit("-", 1)[1]: r for r in validate_paths([str(run)], progress=False).checkpoints}
     assert set(results) == {"110", "120", "130", "140", "150"}
-    flat = {step for step, r in results.items() if r._flat_names is not None}
+    flat = {step for step, r in results.items() if r._seen.flat_names is not None}
     assert flat == {"110", "120"}, flat
     for step, r in results.items():
         walked = saved_world_size(r.path, r.format)
-        assert saved_world_size(r.path, r.format, r._flat_names) == walked, step
-    assert results["120"]._flat_names and saved_world_size(results["120"].path, "hf-trainer",
-                                                           results["120"]._flat_names).world_size == 3
+        assert saved_world_size(r.path, r.format, r._seen.flat_names) == walked, step
+    assert results["120"]._seen.flat_names and saved_world_size(results["120"].path, "hf-trainer",
+                                                           results["120"]._seen.flat_names).world_size == 3

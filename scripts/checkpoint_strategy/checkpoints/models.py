@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -82,6 +83,22 @@ class DeepCheck(_Model):
     seconds: float = 0.0
 
 
+@dataclass(slots=True)
+class Seen:
+    """What the checker saw of a checkpoint while it checked it, kept on its result (`CheckpointResult._seen`) so
+    the commands after it (the report's blind spots, world sizes, prune's survey) do not read it again. Not part of
+    the report: a result read back from JSON has none, and every user falls back to reading."""
+
+    families: Optional[tuple[str, ...]] = None     # coverage.families, from the checker's listing of the folder
+    flat_names: Optional[tuple[str, ...]] = None   # the folder's names, when they were all regular files (and the
+    #                                                folder no symlink): world sizes and prune sizes need no walk
+    sizes: Optional[dict[str, int]] = None         # with flat_names: bytes of each file read whole
+    marker: Optional[dict] = None                  # the emergency marker (marker.read_marker) ...
+    marker_read: bool = False                      # ... once the checker looked for it
+    trainer_best: Optional[str] = None             # trainer_state.json's best_model_checkpoint (a string) ...
+    state_read: bool = False                       # ... once the checker parsed that file
+
+
 class CheckpointResult(_Model):
     """Verdict on one checkpoint (the result of `validate_checkpoint`)."""
 
@@ -100,20 +117,8 @@ class CheckpointResult(_Model):
     problems: list[Problem] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     deep: Optional[DeepCheck] = Field(None, description="level deep: values, norms and optimizer state")
-    # the data families (coverage.families) when the checker's own listing of the folder told them; not a field
-    _families: Optional[tuple[str, ...]] = PrivateAttr(default=None)
-    # the folder's names when the checker's listing saw only regular files in it (no subfolder, no link; the
-    # folder itself no link): worldsize reads them instead of walking the folder again; not a field
-    _flat_names: Optional[tuple[str, ...]] = PrivateAttr(default=None)
-    # with _flat_names: the bytes of each file the checker read whole (prune's sizes: the others are stat'ed)
-    _sizes: Optional[dict[str, int]] = PrivateAttr(default=None)
-    # the emergency marker as the checker read it (marker.read_marker; _marker_read once it looked)
-    _marker: Optional[dict] = PrivateAttr(default=None)
-    _marker_read: bool = PrivateAttr(default=False)
-    # trainer_state.json's best_model_checkpoint (a string, else None) once the checker parsed that file
-    # (_state_read): prune's trainer's best
-    _trainer_best: Optional[str] = PrivateAttr(default=None)
-    _state_read: bool = PrivateAttr(default=False)
+    # what the checker saw while it checked this checkpoint (`Seen`); not a field
+    _seen: Optional[Seen] = PrivateAttr(default=None)
 
     def passes_deep(self) -> bool:
         """Valid, and (at level deep) no non-resumable or suspicious finding."""

@@ -66,10 +66,11 @@ def _hf_best(survey: Survey) -> None:
     for c in survey.candidates:
         f = survey.found.get(c.name)
         if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
-            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", survey.results.get(c.name)))
-    for path, where, r in states:
-        if r is not None and r._state_read:   # the checker read this checkpoint's trainer_state.json already
-            name = r._trainer_best
+            r = survey.results.get(c.name)
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", r._seen if r else None))
+    for path, where, seen in states:
+        if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
+            name = seen.trainer_best
         else:
             try:
                 data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
@@ -149,8 +150,9 @@ def _inner_links(s: Survey) -> None:
         if c.symlink or c.outside or not c.path:
             continue
         r = s.results.get(c.name)
-        if r is not None and r._flat_names is not None and not c.final_export and len(r._flat_names) <= MAX_LINK_SCAN:
-            s.sizes[c.name] = _flat_size(c.path, r._flat_names, r._sizes or {})   # regular files only: no link
+        seen = r._seen if r is not None else None
+        if seen is not None and seen.flat_names is not None and not c.final_export and len(seen.flat_names) <= MAX_LINK_SCAN:
+            s.sizes[c.name] = _flat_size(c.path, seen.flat_names, seen.sizes or {})   # regular files only: no link
             continue
         top = c.path if not c.final_export else s.root
         found, complete, size = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
@@ -280,7 +282,7 @@ def survey(root: str, level: str = "quick") -> Survey:
             deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
-        mark = r._marker if r._marker_read else read_marker(f.path)
+        mark = r._seen.marker if r._seen and r._seen.marker_read else read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
         s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,

@@ -17,7 +17,7 @@ from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.filechecks import Kind
-from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem,
+from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
@@ -777,16 +777,15 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
+    seen = result._seen = Seen(marker=mark, marker_read=True, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
     if ctx.listed is not None:
         from checkpoint_strategy.checkpoints.coverage import families
 
-        result._families = families(result.format, path, ctx.listed)
+        seen.families = families(result.format, path, ctx.listed)
         if ctx.flat:
-            result._flat_names = tuple(ctx.listed)
-            result._sizes = {n: ctx.counter.sizes[p] for n in ctx.listed
-                             if (p := os.path.join(path, n)) in ctx.counter.sizes}
-    result._marker, result._marker_read = mark, True
-    result._trainer_best, result._state_read = ctx.trainer_best, ctx.state_read
+            seen.flat_names = tuple(ctx.listed)
+            sizes = ctx.counter.sizes
+            seen.sizes = {n: sizes[p] for n in ctx.listed if (p := os.path.join(path, n)) in sizes}
     return result, outcome
 
 
@@ -1083,5 +1082,5 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
 
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
-        blind_spots=blind_spots((r._families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
+        blind_spots=blind_spots((r._seen and r._seen.families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))

@@ -182,7 +182,7 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
 
     for r in report.checkpoints:
         if r.status == "valid":
-            found = saved_world_size(r.path, r.format, r._flat_names)
+            found = saved_world_size(r.path, r.format, r._seen.flat_names if r._seen else None)
             if found is not None:
                 report.hardware.append(found)
     if target_gpus is not None:
