@@ -167,14 +167,15 @@ def _inner_links(s: Survey) -> None:
 
 def _flat_size(folder: str, names: tuple[str, ...], known: dict[str, int]) -> int:
     """The bytes of a folder the validator listed as regular files only (`known`: the sizes of the files it read
-    whole): what `_links_under` counts, with one lstat per file it did not read."""
+    whole, by path): what `_links_under` counts, with one lstat per file it did not read."""
     total = 0
     for n in names:
-        if n in known:
-            total += known[n]
+        p = os.path.join(folder, n)
+        if p in known:
+            total += known[p]
             continue
         try:
-            total += os.lstat(os.path.join(folder, n)).st_size
+            total += os.lstat(p).st_size
         except OSError:
             pass
     return total

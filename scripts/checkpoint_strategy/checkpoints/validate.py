@@ -783,9 +783,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
 
         seen.families = families(result.format, path, ctx.listed)
         if ctx.flat:
-            seen.flat_names = tuple(ctx.listed)
-            sizes = ctx.counter.sizes
-            seen.sizes = {n: sizes[p] for n in ctx.listed if (p := os.path.join(path, n)) in sizes}
+            seen.flat_names, seen.sizes = tuple(ctx.listed), ctx.counter.sizes
     return result, outcome
 
 
