@@ -459,16 +459,20 @@ def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, m
     archives and headers, a local header that does not match, bad JSON; also when the listing is told every
     name is a regular file (a file swapped for a FIFO or a folder after the listing): the fstat after the open
     refuses it in the same words, without blocking."""
-    from checkpoint_strategy.checkpoints import validate as v
+    from checkpoint_strategy.checkpoints import formats as fm
 
     root = _damaged_run(tmp_path / "run")
     hinted = _report(root)
     statuses = [c[1] for c in hinted[:-2]]
     assert statuses[0] == "valid" and statuses.count("valid") == 2, hinted   # the good one and the link inside
-    real_listing = v._listing
-    monkeypatch.setattr(v, "_listing", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
+    real_listing = fm.listing_types
+    with monkeypatch.context() as m:   # discover's listing not handed on: the checker lists each folder itself
+        m.setattr(fm, "replace", lambda found, **kw: found)
+        assert _report(root) == hinted
+    monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
     assert _report(root) == hinted   # no hint: a stat before every open, as before
-    monkeypatch.setattr(v, "_listing", lambda p: (lambda got: (got[0], set(got[0])) if got else got)(real_listing(p)))
+    monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set(got[0])) if got else got)(
+        real_listing(p)))
     assert _report(root) == hinted   # every name claimed regular: the fstat after the open decides
 
 
@@ -749,3 +753,26 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
     assert fresh.sizes["checkpoint-30"] == _walk_size(str(run / "checkpoint-30"))
     linked = next(c for c in fresh.candidates if c.name == "checkpoint-50")
     assert linked.links_into and linked.links_into[0][0] == "checkpoint-10"
+
+
+def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
+    """discover hands identify what its own listing saw (a folder: no stat; the names beside it: no lstat for
+    NeMo's -unfinished marker) and hands an HF Trainer folder's listing on to the checker: each entry is found as
+    identify finds it alone, a marker beside a folder included."""
+    from checkpoint_strategy.checkpoints import formats as fm
+
+    root = tmp_path / "run"
+    for name in ("checkpoint-10", "checkpoint-20", "step-30", "megatron_gpt--step=40.ckpt"):
+        (root / name).mkdir(parents=True)
+        (root / name / "trainer_state.json").write_text("{}")
+    (root / "checkpoint-20-unfinished").write_text("")
+    (root / "megatron_gpt--step=40-unfinished").write_text("")
+    (root / "checkpoint-50").symlink_to(root / "checkpoint-10")
+    found, _ = fm.discover(str(root))
+    by_name = {os.path.basename(f.path): f for f in found}
+    for name, f in by_name.items():
+        alone = fm.identify(f.path)
+        assert (f.format, f.step, f.is_dir) == (alone.format, alone.step, alone.is_dir), name
+    assert by_name["checkpoint-20"].format == "nemo" and by_name["megatron_gpt--step=40.ckpt"].format == "nemo"
+    assert by_name["checkpoint-10"].listing == (["trainer_state.json"], {"trainer_state.json"})
+    assert by_name["checkpoint-50"].listing is None   # a link: listed by the checker when it checks it

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 DELETING_PREFIX = ".deleting-"
 MANIFEST_NAME = "integrity.json"
@@ -50,6 +50,9 @@ class Found:
     step: int | None
     is_dir: bool
     role: str = "checkpoint"  # or FINAL_EXPORT: a run folder's own top-level model files
+    # discover's listing of an HF Trainer folder: (names sorted, those it saw as regular files); the checker uses
+    # it instead of listing the folder again
+    listing: tuple[list[str], set[str]] | None = field(default=None, compare=False, repr=False)
 
 
 def step_from_name(name: str) -> int | None:
@@ -76,21 +79,25 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa: C901 - complexity debt, see issue 10
-    """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing."""
+def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,  # noqa: C901 - complexity debt, see issue 10
+             siblings: set[str] | None = None) -> Found | None:
+    """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing. A caller that listed
+    the folder holding `path` passes what it saw: `is_dir` (a folder, not a link: no stat) and the folder's names
+    (`siblings`: no lstat for NeMo's -unfinished marker beside it)."""
     base = os.path.basename(os.path.normpath(path))
     if base.startswith(DELETING_PREFIX):
         return None
     if _ORBAX_TMP.match(base) or ORBAX_TMP in base:
         m = re.match(r"^(?:.*?_)?(\d+)\.orbax", base)
         return Found(path, "orbax", int(m.group(1)) if m else None, os.path.isdir(path))
-    try:
-        is_dir = os.path.isdir(path)
-        exists = is_dir or os.path.lexists(path)
-    except OSError:
-        return None
-    if not exists:
-        return None
+    if not is_dir:
+        try:
+            is_dir = os.path.isdir(path)
+            exists = is_dir or os.path.lexists(path)
+        except OSError:
+            return None
+        if not exists:
+            return None
     if not is_dir:
         low = base.lower()
         if low.endswith(".safetensors"):
@@ -109,7 +116,8 @@ def identify(path: str, names: list[str] | None = None) -> Found | None:  # noqa
     if names is None:
         names = listdir(path) or []
     nameset = set(names)
-    if os.path.lexists(unfinished_marker(path)):
+    marker = unfinished_marker(path)
+    if (os.path.basename(marker) in siblings if siblings is not None else os.path.lexists(marker)):
         return Found(path, "nemo", step_from_name(base), True)
     if base.lower().endswith(".ckpt"):
         return Found(path, "lightning", step_from_name(base), True)
@@ -194,12 +202,32 @@ def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
     return results, unrecognised
 
 
+def listing_types(path: str) -> tuple[list[str], set[str]] | None:
+    """A folder's names (sorted) and those the listing itself saw as regular files (scandir's entry type, no stat;
+    a link is not one): a file check may skip its stat before the open (storage.read_small's ``regular``). None:
+    not listed."""
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError:
+        return None
+    files = set()
+    for e in entries:
+        try:
+            if e.is_file(follow_symlinks=False):
+                files.add(e.name)
+        except OSError:
+            pass
+    return sorted(e.name for e in entries), files
+
+
 def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecognised: list[str]) -> None:
     try:
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
     except OSError:
         return
+    siblings = {e.name for e in entries}
     for entry in entries:
         name = entry.name
         if name.startswith(DELETING_PREFIX):
@@ -211,10 +239,11 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
-        names = listdir(entry.path) if is_dir else None
-        found = identify(entry.path, names)
+        listing = listing_types(entry.path) if is_dir else None
+        found = identify(entry.path, listing[0] if listing else [] if is_dir else None, is_dir or None, siblings)
         if found is not None:
-            results.append(found)
+            results.append(replace(found, listing=listing) if listing is not None and found.format == "hf-trainer"
+                           else found)
             continue
         if is_dir and depth + 1 < max_depth and not entry.is_symlink():
             before = len(results)

@@ -113,7 +113,7 @@ class _Ctx:
     def safetensors(self, path: str, role: dp.Role = "weights", regular: bool = False) -> None:
         """At level deep the value scan reads every byte of the data (non-float tensors read through), which
         is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
-        ``regular`` (here and below): the checker's `_listing` saw a regular file (no stat before the open)."""
+        ``regular`` (here and below): the checker's listing (formats.listing_types) saw a regular file (no stat before the open)."""
         reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep, regular)
         for r in reasons:
             self.bad(path, r)
@@ -197,24 +197,6 @@ def _ls(path: str) -> list[str]:
         return []
 
 
-def _listing(path: str) -> tuple[list[str], set[str]] | None:
-    """`_ls`, and the names the listing itself saw as regular files (scandir's entry type, no stat; a link is not
-    one): a file check may skip its stat before the open (storage.read_small's ``regular``). None: not listed."""
-    try:
-        with os.scandir(path) as it:
-            entries = list(it)
-    except OSError:
-        return None
-    files = set()
-    for e in entries:
-        try:
-            if e.is_file(follow_symlinks=False):
-                files.add(e.name)
-        except OSError:
-            pass
-    return sorted(e.name for e in entries), files
-
-
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
@@ -225,7 +207,7 @@ _HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin",
 def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    got = _listing(path)
+    got = found.listing if found.listing is not None else fm.listing_types(path)   # discover's, else one now
     listed, files = got if got is not None else ([], set())
     ctx.listed = listed if got is not None else None
     ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
@@ -286,7 +268,7 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
 def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
                           out: Layout) -> None:
     """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
-    (`listed`: the folder's names sorted, `names` as a set; `files`: those `_listing` saw as regular files)."""
+    (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
     for n in listed:
         if n in _HF_STATE_ZIPS or _RNG_STATE.match(n):
             ctx.zip(os.path.join(path, n), "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
