@@ -4,7 +4,10 @@ files), against an `os.walk` + `os.stat` of the same tree, at 500, 1000 and 2000
 
 Measured in process (the checks alone) and as the command (a fresh `python -m checkpoint_strategy`:
 start-up included), by wall time and by CPU time (user + sys; steadier on a shared machine); the least
-of --repeat runs each. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear.
+of --repeat runs each. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear. After the table:
+each row's cost per checkpoint (the CPU difference between the smallest and the largest tree over the walk's:
+start-up excluded), and the start-up floors every command pays (the interpreter alone; importing pydantic and
+jinja2; validate of 3 checkpoints) in walks of the largest tree.
 
 The command runs with its bytecode cached, as an installed package runs (pip writes the .pyc files): the
 children get a PYTHONPYCACHEPREFIX in the temp folder and one unmeasured warm-up run, whatever
@@ -102,8 +105,10 @@ def main() -> int:
     print("ratios against an os.walk + os.stat of the same tree, least of "
           f"{args.repeat} runs; wall / CPU (user+sys)")
     ok = True
+    per_size: dict[int, dict[str, float]] = {}   # size -> row -> least CPU seconds (the walk's too)
     tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
     try:
+        floors = _startup_floors(tmp, args.repeat)
         for n in sizes:
             tree = tmp / f"tree{n}"
             tree.mkdir()
@@ -129,6 +134,7 @@ def main() -> int:
                                 tmp / "pycache"))]
             print(f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU; "
                   f"floor (open + read every file) {floor[1] * 1000:.0f} ms CPU = {floor[1] / walk[1]:.1f}x")
+            per_size[n] = {"walk": walk[1], **{name: c for name, (_w, c) in rows}}
             for name, (w, c) in rows:
                 print(f"  {name:40s} {w * 1000:6.0f} ms wall = {w / walk[0]:5.1f}x, {c * 1000:6.0f} ms CPU = "
                       f"{c / walk[1]:5.1f}x; {w / n * 1000:.2f} ms wall per checkpoint")
@@ -137,10 +143,55 @@ def main() -> int:
             if args.profile and n == max(sizes):
                 _profile(quick)
             shutil.rmtree(tree)
+        _print_slopes(per_size, floors)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if ok else 1
+
+
+def _startup_floors(tmp: Path, repeat: int) -> dict[str, float]:
+    """Least CPU seconds of what every command pays before its first checkpoint: the interpreter alone, the
+    interpreter importing pydantic and jinja2 (the core's models and templates), and `validate` of a
+    3-checkpoint tree (all of start-up, rendering included), bytecode cached as `_least_cli`'s."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    tree = tmp / "tree3"
+    tree.mkdir()
+    build_tree(tree, 3, shards=1)
+    out = {}
+    for name, argv in (("python -c pass", ["-c", "pass"]),
+                       ("python -c 'import pydantic, jinja2'", ["-c", "import pydantic, jinja2"]),
+                       ("validate of 3 checkpoints (command)", ["-m", "checkpoint_strategy", "validate", str(tree)])):
+        subprocess.run([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpus = []
+        for _ in range(max(3, repeat)):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        out[name] = min(cpus)
+    shutil.rmtree(tree)
+    return out
+
+
+def _print_slopes(per_size: dict[int, dict[str, float]], floors: dict[str, float]) -> None:
+    """Per checkpoint, start-up excluded: each row's CPU between the smallest and the largest tree over the walk's
+    (the cost that grows with the tree), and what a command pays before its first checkpoint, in walks of the
+    largest tree."""
+    if len(per_size) < 2:
+        return
+    lo, hi = min(per_size), max(per_size)
+    walk = per_size[hi]["walk"] - per_size[lo]["walk"]
+    print(f"per checkpoint ({lo} -> {hi} checkpoints, CPU; start-up excluded), against the walk's "
+          f"{walk / (hi - lo) * 1e6:.0f} us per checkpoint:")
+    for name in per_size[hi]:
+        if name != "walk":
+            d = per_size[hi][name] - per_size[lo][name]
+            print(f"  {name:40s} {d / (hi - lo) * 1e6:6.0f} us = {d / walk:5.1f}x")
+    print(f"start-up floors (CPU), in walks of {hi} checkpoints ({per_size[hi]['walk'] * 1000:.0f} ms):")
+    for name, c in floors.items():
+        print(f"  {name:40s} {c * 1000:6.0f} ms = {c / per_size[hi]['walk']:5.1f}x")
 
 
 _CHILD = """import sys

@@ -19,6 +19,8 @@ import math
 import _compat_pickle
 import pickletools
 import re
+import reprlib
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from collections.abc import Iterable
@@ -210,6 +212,10 @@ class Unhashable:
 
     def __init__(self, value: Any) -> None:
         self.value = value
+
+    @reprlib.recursive_repr()
+    def __repr__(self) -> str:
+        return f"Unhashable({self.value!r})"
 
 
 @dataclass
@@ -519,9 +525,91 @@ _OPCODES: dict[str, Any] = {
 }
 
 
+# how `_run_bytes` reads each opcode's argument, by pickletools' argument name (the rest: the genops path)
+_ARG_KINDS = {None: 0, "uint1": 1, "uint2": 2, "int4": 3, "uint4": 4, "uint8": 5, "float8": 6, "long1": 7,
+              "long4": 8, "bytes1": 9, "bytes4": 10, "bytes8": 11, "string1": 12, "string4": 13,
+              "unicodestring1": 14, "unicodestring4": 15, "unicodestring8": 16, "bytearray8": 17,
+              "stringnl_noescape_pair": 18}
+#: opcode byte -> (pickletools' name, argument kind), for the opcodes `_run_bytes` reads itself
+_FAST_OPS: dict[int, tuple[str, int]] = {
+    ord(op.code): (op.name, _ARG_KINDS[op.arg.name if op.arg else None]) for op in pickletools.opcodes
+    if (op.arg.name if op.arg else None) in _ARG_KINDS}
+_LEN_AT = {1: (1, "<B"), 2: (2, "<H"), 3: (4, "<i"), 4: (4, "<I"), 5: (8, "<Q"), 6: (8, ">d")}
+_COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q"), 12: (1, "<B"), 13: (4, "<i"),
+          14: (1, "<B"), 15: (4, "<I"), 16: (8, "<Q"), 17: (8, "<Q")}
+
+
+def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:  # noqa: C901 - one loop
+    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
+    pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
+    reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
+    handler's objection, a GLOBAL name with an escape or a non-ASCII byte); the caller then reads the pickle
+    again from the start with genops, which words what is wrong."""
+    fast, handlers, unpack = _FAST_OPS, _OPCODES, struct.unpack_from
+    i, n, count = 0, len(data), 0
+    try:
+        while i < n:
+            got = fast.get(data[i])
+            if got is None:
+                return False
+            name, kind = got
+            i += 1
+            if kind == 0:
+                arg = None
+            elif kind <= 6:
+                size, fmt = _LEN_AT[kind]
+                if i + size > n:
+                    return False
+                (arg,) = unpack(fmt, data, i)
+                i += size
+            elif kind <= 17:
+                size, fmt = _COUNT[kind]
+                if i + size > n:
+                    return False
+                (k,) = unpack(fmt, data, i)
+                i += size
+                if k < 0 or i + k > n:
+                    return False
+                raw = data[i:i + k]
+                i += k
+                arg = (int.from_bytes(raw, "little", signed=True) if kind <= 8 else raw if kind <= 11
+                       else raw.decode("latin-1") if kind <= 13 else str(raw, "utf-8", "surrogatepass") if kind <= 16
+                       else bytearray(raw))
+            else:   # GLOBAL / INST: two lines, "module name"
+                j = data.find(b"\n", i)
+                k = data.find(b"\n", j + 1) if j >= 0 else -1
+                if k < 0:
+                    return False
+                raw = data[i:k]
+                if b"\\" in raw:   # an escape: genops undoes it (a byte that is not ASCII fails the decode)
+                    return False
+                arg = raw.decode("ascii").replace("\n", " ", 1)
+                i = k + 1
+            count += 1
+            if count > max_opcodes:
+                return False
+            if name == "STOP":
+                scan.opcodes = count
+                scan.root = m.stack.pop() if m.stack else None
+                scan.complete = True
+                return True
+            handler = handlers.get(name)
+            if handler is None:
+                return False
+            handler(m, name, arg)
+    except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
+        return False
+    return False
+
+
 def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     """Interpret a pickle's opcodes symbolically (nothing imported or called) up to STOP.
-    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP)."""
+    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP). Bytes go through
+    `_run_bytes` first; a pickle it does not take whole is read again with pickletools.genops."""
+    if isinstance(data, bytes):
+        scan = PickleScan()
+        if _run_bytes(data, scan, _Machine(scan), max_opcodes):
+            return scan
     scan = PickleScan()
     m = _Machine(scan)
     try:
