@@ -3,8 +3,10 @@
 files), against an `os.walk` + `os.stat` of the same tree, at 500, 1000 and 2000 checkpoints (linear?).
 
 Measured in process (the checks alone) and as the command (a fresh `python -m checkpoint_strategy`:
-start-up included), by wall time and by CPU time (user + sys; steadier on a shared machine); the least
-of --repeat runs each. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear. After the table:
+start-up included), by wall time and by CPU time (user + sys, forked children included; steadier on a shared
+machine); the least of --repeat runs each. From 256 checkpoints the quick level splits the checks over forked
+processes, one per usable core (checkpoints/fanout.py): the rows "one process" turn that off; the wall time
+is what the split saves, the CPU what it costs. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear. After the table:
 each row's cost per checkpoint (the CPU difference between the smallest and the largest tree over the walk's:
 start-up excluded), and the start-up floors every command pays (the interpreter alone; importing pydantic and
 jinja2; validate of 3 checkpoints) in walks of the largest tree.
@@ -44,7 +46,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
-from checkpoint_strategy.checkpoints import prune, validate_paths  # noqa: E402
+from checkpoint_strategy.checkpoints import fanout, prune, validate_paths  # noqa: E402
 from bench_recover import least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
@@ -125,8 +127,19 @@ def main() -> int:
                 r = prune(t, keep_last=1, spike_check=False)
                 assert len(r.keep) + len(r.delete) == n and not r.applied, (len(r.keep), len(r.delete))
 
+            def one_process(fn):
+                def run():
+                    fanout.ENABLED = False
+                    try:
+                        fn()
+                    finally:
+                        fanout.ENABLED = True
+                return run
+
             rows = [("validate --level quick (in process)", _least(quick, args.repeat)),
+                    ("  the same, one process", _least(one_process(quick), args.repeat)),
                     ("prune dry run (in process)", _least(dry, args.repeat)),
+                    ("  the same, one process", _least(one_process(dry), args.repeat)),
                     ("validate --level quick (command)",
                      _least_cli(["validate", str(tree), "--level", "quick"], args.repeat, tmp / "pycache")),
                     ("prune --keep-last 1 dry run (command)",

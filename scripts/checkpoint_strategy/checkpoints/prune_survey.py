@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from checkpoint_strategy import storage
@@ -26,9 +27,12 @@ from checkpoint_strategy.checkpoints.models import (
     PruneReport,
     PruneState,
     PruneSuggestion,
+    Seen,
     SpikeGuard,
 )
-from checkpoint_strategy.checkpoints.validate import check, check_with_values, compare_consecutive, usable
+from checkpoint_strategy.checkpoints.fanout import map_split
+from checkpoint_strategy.checkpoints.validate import (check, check_with_values, compare_consecutive, decode_result,
+                                                      encode_result, usable)
 from checkpoint_strategy.errors import UsageError
 
 if TYPE_CHECKING:
@@ -62,7 +66,8 @@ class Survey:
 def _hf_best(survey: Survey) -> None:
     """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
     run folder's own)."""
-    states = [(os.path.join(survey.root, "trainer_state.json"), "the run folder's ", None)]
+    states: list[tuple[str, str, Seen | None]] = [(os.path.join(survey.root, "trainer_state.json"),
+                                                   "the run folder's ", None)]
     for c in survey.candidates:
         f = survey.found.get(c.name)
         if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
@@ -253,12 +258,26 @@ def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.De
                     and c.status == "valid" and not usable(s.results[c.name]) else c for c in s.candidates]
 
 
+def _check_all(root: str, found: list[fm.Found], level: str) -> dict[str, tuple[CheckpointResult, None]]:
+    """At the quick level, the checkpoints `survey` validates, checked ahead, split over processes (fanout: the
+    results are the ones one process gives); at other levels nothing (the survey checks each in turn)."""
+    if level != "quick":
+        return {}
+    todo = [f for f in found if f.role != fm.FINAL_EXPORT and rt.classify_name(os.path.basename(f.path)) is not None
+            and os.path.dirname(f.path) == root and not os.path.islink(f.path)]
+
+    def work(part: Sequence[fm.Found], _here: bool) -> list[CheckpointResult]:
+        return [check_with_values(f, level)[0] for f in part]
+    return {f.path: (r, None) for f, r in zip(todo, map_split(todo, work, encode_result, decode_result), strict=True)}
+
+
 def survey(root: str, level: str = "quick") -> Survey:
     """List ROOT (one level), classify every name, validate the recognised checkpoints."""
     s = Survey(root)
     found, unrecognised = fm.discover(root, max_depth=1)
     templates: set[str] = set()
     deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
+    checked = _check_all(root, found, level)
     for f in found:
         if f.role == fm.FINAL_EXPORT:
             r = check(f, level)
@@ -277,7 +296,7 @@ def survey(root: str, level: str = "quick") -> Survey:
                                              symlink=symlink, format=f.format, path=f.path, links_to=links_to,
                                              outside=outside))
             continue
-        r, outcome = check_with_values(f, level)
+        r, outcome = checked[f.path] if f.path in checked else check_with_values(f, level)
         s.results[name] = r
         if m.step is not None:
             deep.append((m.step, name, r, outcome))

@@ -8,7 +8,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from typing import Literal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc
@@ -16,6 +16,7 @@ from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.checkpoints.fanout import map_split
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -954,6 +955,38 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     return jobs, orbax_commit_roots, roots
 
 
+def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
+               roots: dict[str, str]) -> CheckpointResult:
+    """One checkpoint of `validate_paths` at the quick level (no manifest, no deep outcome)."""
+    export = f.role == fm.FINAL_EXPORT
+    result, _outcome = check_with_values(f, level, update, os.path.dirname(f.path) in orbax_commit_roots,
+                                         root=roots.get(f.path))
+    if export:
+        result.notes.append(FINAL_EXPORT_NOTE)
+    return result
+
+
+FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
+                     "(its checkpoint-N/ folders are checked one by one)")
+
+
+def encode_result(r: CheckpointResult) -> list:
+    """A result as JSON data, what the checker saw included (fanout: a child process sends it back)."""
+    seen = r._seen
+    return [r.model_dump(mode="json"), None if seen is None else [
+        seen.families, seen.flat_names, seen.sizes, seen.marker, seen.marker_read, seen.trainer_best, seen.state_read]]
+
+
+def decode_result(data: list) -> CheckpointResult:
+    """`encode_result` undone: the same result, validated again as any input is."""
+    r = CheckpointResult.model_validate(data[0])
+    if data[1] is not None:
+        fam, flat, sizes, marker, marker_read, best, state_read = data[1]
+        r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,
+                       marker, bool(marker_read), best, bool(state_read))
+    return r
+
+
 def _hash_algorithm() -> str:
     from checkpoint_strategy.checkpoints.manifest import ALGORITHM   # with --manifest only (hashlib)
 
@@ -1030,6 +1063,16 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
                                                     jobs[i].step or 0)) if level == "deep" else range(len(jobs))
     by_index: dict[int, CheckpointResult] = {}
     with Progress(total=len(jobs), enabled=progress) as bar:
+        if level == "quick" and manifest is None:   # nothing carried from one checkpoint to the next: split
+            def work(part: Sequence[int], here: bool) -> list[CheckpointResult]:
+                out = []
+                for i in part:
+                    out.append(_check_job(jobs[i], level, bar.update if here else None, orbax_commit_roots, roots))
+                    if here:
+                        bar.update(checkpoints=1)
+                return out
+            order = []
+            by_index = dict(enumerate(map_split(range(len(jobs)), work, encode_result, decode_result)))
         for i in order:
             f = jobs[i]
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
@@ -1037,8 +1080,7 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
             result, outcome = check_with_values(f, level, bar.update, want_commit, None if export else manifest,
                                                 stats=stats is not None, root=roots.get(f.path))
             if export:
-                result.notes.append("final export: the run folder's own top-level model files "
-                                    "(its checkpoint-N/ folders are checked one by one)")
+                result.notes.append(FINAL_EXPORT_NOTE)
             if outcome is not None:
                 run = os.path.dirname(f.path)
                 prev = previous.get(run)
