@@ -121,6 +121,11 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
         monkeypatch.setenv("CHECKPOINT_STRATEGY_PROCESSES", value)
         assert fanout.workers_for(10_000) == expected, value
     monkeypatch.delenv("CHECKPOINT_STRATEGY_PROCESSES")
+    from checkpoint_strategy.callbacks._worker import ONE_THREAD
+    with monkeypatch.context() as m:   # the callbacks' worker process: next to training, no split
+        for key, value in ONE_THREAD.items():
+            m.setenv(key, value)
+        assert fanout.workers_for(10_000) == 1
     monkeypatch.setattr(fanout, "usable_cores", lambda: 1)
     assert fanout.workers_for(10_000) == 1
     monkeypatch.setattr(fanout, "usable_cores", lambda: 4)

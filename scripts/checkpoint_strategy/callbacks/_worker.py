@@ -170,7 +170,8 @@ def handoff_job(job: dict) -> dict:
     return out
 
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
+              "CHECKPOINT_STRATEGY_PROCESSES": "1"}   # and no checks split over processes (checkpoints/fanout.py)
 _IDLE: Any = None      # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
 
 
