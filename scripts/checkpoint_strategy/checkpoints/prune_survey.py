@@ -174,8 +174,9 @@ def _flat_size(folder: str, names: tuple[str, ...], known: dict[str, int]) -> in
     """The bytes of a folder the validator listed as regular files only (`known`: the sizes of the files it read
     whole, by path): what `_links_under` counts, with one lstat per file it did not read."""
     total = 0
+    prefix = os.path.join(folder, "")   # prefix + name is os.path.join(folder, name): the checker's keys
     for n in names:
-        p = os.path.join(folder, n)
+        p = prefix + n
         if p in known:
             total += known[p]
             continue
@@ -264,7 +265,7 @@ def _check_all(root: str, found: list[fm.Found], level: str) -> dict[str, tuple[
     if level != "quick":
         return {}
     todo = [f for f in found if f.role != fm.FINAL_EXPORT and rt.classify_name(os.path.basename(f.path)) is not None
-            and os.path.dirname(f.path) == root and not os.path.islink(f.path)]
+            and os.path.dirname(f.path) == root and (f.listing is not None or not os.path.islink(f.path))]
 
     def work(part: Sequence[fm.Found], _here: bool) -> list[CheckpointResult]:
         return [check_with_values(f, level)[0] for f in part]
