@@ -111,6 +111,8 @@ def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch):
 
 
 def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
+    real_count = threading.active_count
+    monkeypatch.setattr(threading, "active_count", lambda: 1)   # the test session may run threads of its own
     monkeypatch.setattr(fanout, "usable_cores", lambda: 4)
     assert fanout.workers_for(10_000) == 4
     assert fanout.workers_for(fanout.MIN_ITEMS - 1) == 1
@@ -129,6 +131,7 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     monkeypatch.setattr(fanout, "usable_cores", lambda: 1)
     assert fanout.workers_for(10_000) == 1
     monkeypatch.setattr(fanout, "usable_cores", lambda: 4)
+    monkeypatch.setattr(threading, "active_count", real_count)
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
@@ -137,6 +140,7 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     finally:
         stop.set()
         other.join()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(fanout, "ENABLED", False)
     assert fanout.workers_for(10_000) == 1
     monkeypatch.delattr(os, "fork")

@@ -500,7 +500,7 @@ _EOCD64_RECORD = struct.Struct("<4sQHHIIQQQQ")
 _EOCD64_LOCATOR = struct.Struct("<4sIQI")
 
 
-def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:  # noqa: C901 - one pass, see below
+def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:
     """The quick level's common case, a small archive read whole whose every record is in order, checked in one
     pass over its bytes: end record (and zip64 record) at the end, each central-directory record and its local
     header together, no duplicate name, then data.pkl as `_scan_open_zip` reads it. False, with nothing
@@ -508,63 +508,18 @@ def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:  # noqa:
     entry, a duplicate...), and `_scan_open_zip` checks it from the start and words the finding. Every test it
     makes is one `_zip_entries` and `_local_headers` make; it accepts nothing they refuse
     (tests/test_checkpoints_walkspeed.py compares the two on mutated real torch.save archives)."""
-    size = len(data)
-    pos = size - 22
-    if pos < 0 or data.rfind(_EOCD) != pos:
+    end = _small_zip_end(data)
+    if end is None:
         return False
-    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = _EOCD_RECORD.unpack_from(data, pos)
-    if comment_len:
+    disk, n_entries, cd_offset, cd_size = end
+    parsed = _small_zip_entries(data, disk, n_entries, cd_offset, cd_size)
+    if parsed is None:
         return False
-    eocd_at = pos
-    if pos >= 20 and data.startswith(_EOCD64_LOC, pos - 20):
-        (_s, _d, at, disks) = _EOCD64_LOCATOR.unpack_from(data, pos - 20)
-        if at + 56 > size or disks != 1:
-            return False
-        if data.startswith(_EOCD64, at):
-            (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size,
-             cd_offset) = _EOCD64_RECORD.unpack_from(data, at)
-            if rec_size < 44 or max(n_disk, n_entries, cd_size) > 0xFFFFFFFF:
-                return False
-            eocd_at = at
-    # (without a zip64 record, the 0xFFFF / 0xFFFFFFFF fields that mean "see zip64" cannot pass the bounds below in
-    # a file of at most SMALL_ZIP_BYTES; the reference path words it: a broken locator)
-    if (n_disk != n_entries or not n_entries or (disk | cd_disk and (disk, cd_disk) != (1, 1))
-            or cd_offset + cd_size > eocd_at or cd_size > MAX_CD_BYTES or n_entries * 46 > cd_size):
-        return False
-    entries: list[ZipEntry] = []
-    by_name: dict[str, ZipEntry] = {}
-    append = entries.append
-    cd_unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
-    p = cd_offset
-    end = cd_offset + cd_size
-    pkl = None
-    for _ in range(n_entries):
-        if p + 46 > end:
-            return False
-        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = cd_unpack(data, p)
-        if sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or method or csize != usize:
-            return False
-        raw = data[p + 46:p + 46 + nlen]
-        name = raw.decode("utf-8", "replace")
-        if (attrs & ZIP_DOS_FOLDER and not name.endswith("/")) or 0xFFFFFFFF in (csize, offset) or name in by_name:
-            return False
-        if offset + 30 > size:
-            return False
-        lsig, lnlen, lxlen = lh_unpack(data, offset)
-        start = offset + 30 + lnlen + lxlen
-        if lsig != _LFH or start + csize > cd_offset or data[offset + 30:offset + 30 + lnlen] != raw:
-            return False
-        e = ZipEntry(name, method, crc, csize, usize, offset, start)
-        append(e)
-        by_name[name] = e
-        if pkl is None and (name == "data.pkl" or name.endswith("/data.pkl")):
-            pkl = e
-        p += 46 + nlen + xlen + clen
-    if p != end:
-        return False
-    counter.bytes_read += min(size, 65535 + 42)
+    entries, by_name = parsed
+    counter.bytes_read += min(len(data), 65535 + 42)
     z.entries = entries
     z._index = (entries, n_entries, by_name)
+    pkl = next((e for e in entries if e.name == "data.pkl" or e.name.endswith("/data.pkl")), None)
     if pkl is None and len({e.name.split("/", 1)[0] for e in entries}) == 1:
         z.findings.append(Finding("torch archive without data.pkl"))   # as the reference: before the local headers
         for e in entries:   # (which it leaves unread)
@@ -576,6 +531,67 @@ def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:  # noqa:
     z.prefix = pkl.name[: -len("data.pkl")]
     z.findings.extend(_check_torch_pickle(data, z, counter))
     return True
+
+
+def _small_zip_end(data: bytes) -> tuple[int, int, int, int] | None:
+    """`_scan_small_zip`'s end records: (disk, entries, directory offset, directory size) when the end record ends
+    the file with no comment, the zip64 record (if any) is whole, and the directory lies before them; else None."""
+    size = len(data)
+    pos = size - 22
+    if pos < 0 or data.rfind(_EOCD) != pos:
+        return None
+    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = _EOCD_RECORD.unpack_from(data, pos)
+    if comment_len:
+        return None
+    eocd_at = pos
+    if pos >= 20 and data.startswith(_EOCD64_LOC, pos - 20):
+        (_s, _d, at, disks) = _EOCD64_LOCATOR.unpack_from(data, pos - 20)
+        if at + 56 > size or disks != 1:
+            return None
+        if data.startswith(_EOCD64, at):
+            (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size,
+             cd_offset) = _EOCD64_RECORD.unpack_from(data, at)
+            if rec_size < 44 or max(n_disk, n_entries, cd_size) > 0xFFFFFFFF:
+                return None
+            eocd_at = at
+    # (without a zip64 record, the 0xFFFF / 0xFFFFFFFF fields that mean "see zip64" cannot pass the bounds below in
+    # a file of at most SMALL_ZIP_BYTES; the reference path words it: a broken locator)
+    if (n_disk != n_entries or not n_entries or (disk | cd_disk and (disk, cd_disk) != (1, 1))
+            or cd_offset + cd_size > eocd_at or cd_size > MAX_CD_BYTES or n_entries * 46 > cd_size):
+        return None
+    return disk, n_entries, cd_offset, cd_size
+
+
+def _small_zip_entries(data: bytes, disk: int, n_entries: int, cd_offset: int,
+                       cd_size: int) -> tuple[list[ZipEntry], dict[str, ZipEntry]] | None:
+    """`_scan_small_zip`'s directory: each record with its local header (a stored entry, the same name, its data
+    before the directory), names unique; the entries (data_start set) and the name index, or None."""
+    size = len(data)
+    entries: list[ZipEntry] = []
+    by_name: dict[str, ZipEntry] = {}
+    append = entries.append
+    cd_unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
+    p = cd_offset
+    end = cd_offset + cd_size
+    for _ in range(n_entries):
+        if p + 46 > end:
+            return None
+        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = cd_unpack(data, p)
+        if sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or method or csize != usize:
+            return None
+        raw = data[p + 46:p + 46 + nlen]
+        name = raw.decode("utf-8", "replace")
+        if (attrs & ZIP_DOS_FOLDER and not name.endswith("/")) or offset + 30 > size or name in by_name:
+            return None   # (a 0xFFFFFFFF offset or size, "see zip64", fails the bounds: the reference reads it)
+        lsig, lnlen, lxlen = lh_unpack(data, offset)
+        start = offset + 30 + lnlen + lxlen
+        if lsig != _LFH or start + csize > cd_offset or data[offset + 30:offset + 30 + lnlen] != raw:
+            return None
+        e = ZipEntry(name, method, crc, csize, usize, offset, start)
+        append(e)
+        by_name[name] = e
+        p += 46 + nlen + xlen + clen
+    return (entries, by_name) if p == end else None
 
 
 def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, update) -> None:

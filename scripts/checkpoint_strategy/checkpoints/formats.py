@@ -79,7 +79,7 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,  # noqa: C901 - complexity debt, see issue 10
+def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,  # noqa: C901 - see issue 10
              siblings: set[str] | None = None) -> Found | None:
     """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing. A caller that listed
     the folder holding `path` passes what it saw: `is_dir` (a folder, not a link: no stat) and the folder's names
@@ -99,20 +99,7 @@ def identify(path: str, names: list[str] | None = None, is_dir: bool | None = No
         if not exists:
             return None
     if not is_dir:
-        low = base.lower()
-        if low.endswith(".safetensors"):
-            return Found(path, "safetensors", step_from_name(base), False)
-        if low.endswith(".ckpt"):
-            fmt = "nemo" if os.path.lexists(unfinished_marker(path)) else "lightning"
-            return Found(path, fmt, step_from_name(base), False)
-        if low.endswith(_TORCH_EXT) and not _HF_WEIGHTS.match(base) and base not in (
-                "optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth"):
-            return Found(path, "torch", step_from_name(base), False)
-        if _HF.match(base) or _DS.match(base) or _MEG.match(base):
-            # a file where a checkpoint folder is expected: report it as that format
-            fmt = "hf-trainer" if _HF.match(base) else "deepspeed" if _DS.match(base) else "megatron"
-            return Found(path, fmt, step_from_name(base), False)
-        return None
+        return _identify_file(path, base)
     if names is None:
         names = listdir(path) or []
     nameset = set(names)
@@ -142,6 +129,24 @@ def identify(path: str, names: list[str] | None = None, is_dir: bool | None = No
         if not names:
             fmt = "orbax" if base.isdigit() else "dcp"
             return Found(path, fmt, step_from_name(base) if not base.isdigit() else int(base), True)
+    return None
+
+
+def _identify_file(path: str, base: str) -> Found | None:
+    """`identify` of a file (`base`: its name)."""
+    low = base.lower()
+    if low.endswith(".safetensors"):
+        return Found(path, "safetensors", step_from_name(base), False)
+    if low.endswith(".ckpt"):
+        fmt = "nemo" if os.path.lexists(unfinished_marker(path)) else "lightning"
+        return Found(path, fmt, step_from_name(base), False)
+    if low.endswith(_TORCH_EXT) and not _HF_WEIGHTS.match(base) and base not in (
+            "optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth"):
+        return Found(path, "torch", step_from_name(base), False)
+    if _HF.match(base) or _DS.match(base) or _MEG.match(base):
+        # a file where a checkpoint folder is expected: report it as that format
+        fmt = "hf-trainer" if _HF.match(base) else "deepspeed" if _DS.match(base) else "megatron"
+        return Found(path, fmt, step_from_name(base), False)
     return None
 
 

@@ -539,13 +539,13 @@ _COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q")
           14: (1, "<B"), 15: (4, "<I"), 16: (8, "<Q"), 17: (8, "<Q")}
 
 
-def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:  # noqa: C901 - one loop
+def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
     """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
     pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
     reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
     handler's objection, a GLOBAL name with an escape or a non-ASCII byte); the caller then reads the pickle
     again from the start with genops, which words what is wrong."""
-    fast, handlers, unpack = _FAST_OPS, _OPCODES, struct.unpack_from
+    fast, handlers = _FAST_OPS, _OPCODES
     i, n, count = 0, len(data), 0
     try:
         while i < n:
@@ -553,38 +553,7 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             if got is None:
                 return False
             name, kind = got
-            i += 1
-            if kind == 0:
-                arg = None
-            elif kind <= 6:
-                size, fmt = _LEN_AT[kind]
-                if i + size > n:
-                    return False
-                (arg,) = unpack(fmt, data, i)
-                i += size
-            elif kind <= 17:
-                size, fmt = _COUNT[kind]
-                if i + size > n:
-                    return False
-                (k,) = unpack(fmt, data, i)
-                i += size
-                if k < 0 or i + k > n:
-                    return False
-                raw = data[i:i + k]
-                i += k
-                arg = (int.from_bytes(raw, "little", signed=True) if kind <= 8 else raw if kind <= 11
-                       else raw.decode("latin-1") if kind <= 13 else str(raw, "utf-8", "surrogatepass") if kind <= 16
-                       else bytearray(raw))
-            else:   # GLOBAL / INST: two lines, "module name"
-                j = data.find(b"\n", i)
-                k = data.find(b"\n", j + 1) if j >= 0 else -1
-                if k < 0:
-                    return False
-                raw = data[i:k]
-                if b"\\" in raw:   # an escape: genops undoes it (a byte that is not ASCII fails the decode)
-                    return False
-                arg = raw.decode("ascii").replace("\n", " ", 1)
-                i = k + 1
+            arg, i = (None, i + 1) if kind == 0 else _fast_arg(data, i + 1, n, kind)
             count += 1
             if count > max_opcodes:
                 return False
@@ -600,6 +569,34 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
+
+
+def _fast_arg(data: bytes, i: int, n: int, kind: int) -> tuple[Any, int]:
+    """`_run_bytes`' argument of `kind` (_ARG_KINDS) at `i`, and where the next opcode starts; ValueError when it
+    is not there whole (or is a GLOBAL line with an escape: genops undoes it)."""
+    if kind <= 6:
+        size, fmt = _LEN_AT[kind]
+        if i + size > n:
+            raise ValueError("cut short")
+        return struct.unpack_from(fmt, data, i)[0], i + size
+    if kind <= 17:
+        size, fmt = _COUNT[kind]
+        if i + size > n:
+            raise ValueError("cut short")
+        (k,) = struct.unpack_from(fmt, data, i)
+        i += size
+        if k < 0 or i + k > n:
+            raise ValueError("cut short")
+        raw = data[i:i + k]
+        return (int.from_bytes(raw, "little", signed=True) if kind <= 8 else raw if kind <= 11
+                else raw.decode("latin-1") if kind <= 13 else str(raw, "utf-8", "surrogatepass") if kind <= 16
+                else bytearray(raw)), i + k
+    j = data.find(b"\n", i)   # GLOBAL / INST: two lines, "module name"
+    k = data.find(b"\n", j + 1) if j >= 0 else -1
+    raw = data[i:k]
+    if k < 0 or b"\\" in raw:   # (a byte that is not ASCII fails the decode)
+        raise ValueError("not read here")
+    return raw.decode("ascii").replace("\n", " ", 1), k + 1
 
 
 def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:

@@ -955,6 +955,20 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     return jobs, orbax_commit_roots, roots
 
 
+def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: set[str],
+                 roots: dict[str, str]) -> list[CheckpointResult]:
+    """`validate_paths` at the quick level: every job's result, in order, split over processes (fanout; the
+    progress bar's `update` is called in this process only)."""
+    def work(part: Sequence[int], here: bool) -> list[CheckpointResult]:
+        out = []
+        for i in part:
+            out.append(_check_job(jobs[i], "quick", update if here else None, orbax_commit_roots, roots))
+            if here:
+                update(checkpoints=1)
+        return out
+    return map_split(range(len(jobs)), work, encode_result, decode_result)
+
+
 def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
                roots: dict[str, str]) -> CheckpointResult:
     """One checkpoint of `validate_paths` at the quick level (no manifest, no deep outcome)."""
@@ -1064,15 +1078,8 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
     by_index: dict[int, CheckpointResult] = {}
     with Progress(total=len(jobs), enabled=progress) as bar:
         if level == "quick" and manifest is None:   # nothing carried from one checkpoint to the next: split
-            def work(part: Sequence[int], here: bool) -> list[CheckpointResult]:
-                out = []
-                for i in part:
-                    out.append(_check_job(jobs[i], level, bar.update if here else None, orbax_commit_roots, roots))
-                    if here:
-                        bar.update(checkpoints=1)
-                return out
             order = []
-            by_index = dict(enumerate(map_split(range(len(jobs)), work, encode_result, decode_result)))
+            by_index = dict(enumerate(_check_quick(jobs, bar.update, orbax_commit_roots, roots)))
         for i in order:
             f = jobs[i]
             want_commit = os.path.dirname(f.path) in orbax_commit_roots
