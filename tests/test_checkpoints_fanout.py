@@ -148,6 +148,7 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     assert fanout.workers_for(10_000) == 1
 
 
+@pytest.mark.slow   # four commands on 260 checkpoints: in the full run (CI), not the quick loop
 def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
     """End to end, as a user runs them: `validate` and a `prune` dry run on a folder of MIN_ITEMS + 4 checkpoints
     (a few damaged) print the same JSON with the split (the default on a 2-core machine) and without it
