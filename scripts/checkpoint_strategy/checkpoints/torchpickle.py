@@ -539,13 +539,19 @@ _COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q")
           14: (1, "<B"), 15: (4, "<I"), 16: (8, "<Q"), 17: (8, "<Q")}
 
 
+#: opcodes `_run_bytes` does without a call: 1 push the argument (`_op_literal`), 2 memo put with an index
+#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`)
+_INLINE = {**{name: 1 for name in _LITERALS}, "BINPUT": 2, "LONG_BINPUT": 2, "BINGET": 3, "LONG_BINGET": 3,
+           "MARK": 4}
+
+
 def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
     """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
     pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
     reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
     handler's objection, a GLOBAL name with an escape or a non-ASCII byte); the caller then reads the pickle
     again from the start with genops, which words what is wrong."""
-    fast, handlers = _FAST_OPS, _OPCODES
+    fast, handlers, inline = _FAST_OPS, _OPCODES, _INLINE
     i, n, count = 0, len(data), 0
     try:
         while i < n:
@@ -557,15 +563,23 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             count += 1
             if count > max_opcodes:
                 return False
-            if name == "STOP":
+            how = inline.get(name)   # the commonest opcodes, done here as their handlers do them
+            if how == 1:
+                m.stack.append(arg)
+            elif how == 2:
+                m.memo[arg] = m.stack[-1]
+            elif how == 3:
+                m.stack.append(m.memo[arg])   # (a key never stored: KeyError, read again by genops)
+            elif how == 4:
+                m.marks.append(m.stack)
+                m.stack = []
+            elif name == "STOP":
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
                 return True
-            handler = handlers.get(name)
-            if handler is None:
-                return False
-            handler(m, name, arg)
+            else:
+                handlers[name](m, name, arg)   # (no handler: KeyError, read again by genops)
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
