@@ -9,7 +9,8 @@ processes, one per usable core (checkpoints/fanout.py): the rows "one process" t
 is what the split saves, the CPU what it costs. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear. After the table:
 each row's cost per checkpoint (the CPU difference between the smallest and the largest tree over the walk's:
 start-up excluded), and the start-up floors every command pays (the interpreter alone; importing pydantic and
-jinja2; validate of 3 checkpoints) in walks of the largest tree.
+jinja2; validate of 3 checkpoints) in walks of the largest tree; last, the quick check of one real AdamW
+optimizer.pt (900 storages) against iterating its pickle's opcodes with pickletools.genops.
 
 The command runs with its bytecode cached, as an installed package runs (pip writes the .pyc files): the
 children get a PYTHONPYCACHEPREFIX in the temp folder and one unmeasured warm-up run, whatever
@@ -157,10 +158,44 @@ def main() -> int:
                 _profile(quick)
             shutil.rmtree(tree)
         _print_slopes(per_size, floors)
+        _real_optimizer(tmp, args.repeat)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0 if ok else 1
+
+
+def _real_optimizer(tmp: Path, repeat: int) -> None:
+    """The bench trees' archives are small and synthetic ({} pickles). A real Trainer checkpoint's optimizer.pt
+    holds one storage per moment per parameter: the quick check of one (AdamW over 300 tensors, 900 storages,
+    torch.save) against iterating its data.pkl's opcodes with pickletools.genops (what any opcode reader in
+    Python pays at least). Needs torch; skipped without it."""
+    try:
+        import torch
+    except ImportError:
+        print("real optimizer.pt: torch not installed, skipped")
+        return
+    import io
+    import pickletools
+    import zipfile
+
+    from checkpoint_strategy.checkpoints import filechecks as fc
+
+    params = [p for _ in range(150) for p in torch.nn.Linear(8, 8).parameters()]
+    opt = torch.optim.AdamW(params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    path = tmp / "optimizer.pt"
+    torch.save(opt.state_dict(), path)
+    with zipfile.ZipFile(path) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    ops = sum(1 for _ in pickletools.genops(pkl))
+    floor = _least(lambda: sum(1 for _ in pickletools.genops(io.BytesIO(pkl))), repeat)
+    ours = _least(lambda: fc.scan_zip(str(path), fc.Counter(), regular=True), repeat)
+    print(f"real optimizer.pt ({path.stat().st_size >> 10} kB, data.pkl {len(pkl) >> 10} kB, {ops} opcodes): quick "
+          f"check {ours[1] * 1000:.1f} ms CPU = {ours[1] / floor[1]:.2f}x iterating its opcodes with pickletools.genops "
+          f"({floor[1] * 1000:.1f} ms)")
 
 
 def _startup_floors(tmp: Path, repeat: int) -> dict[str, float]:

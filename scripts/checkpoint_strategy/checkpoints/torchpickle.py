@@ -559,7 +559,12 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             if got is None:
                 return False
             name, kind = got
-            arg, i = (None, i + 1) if kind == 0 else _fast_arg(data, i + 1, n, kind)
+            if kind == 0:
+                arg, i = None, i + 1
+            elif kind == 1 and i + 1 < n:   # uint1 (BINPUT, BINGET, BININT1): the commonest
+                arg, i = data[i + 1], i + 2
+            else:
+                arg, i = _fast_arg(data, i + 1, n, kind)
             count += 1
             if count > max_opcodes:
                 return False
