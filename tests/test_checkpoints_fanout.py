@@ -178,3 +178,12 @@ def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
         if argv[0] == "validate":
             statuses = [c["status"] for c in alone["checkpoints"]]
             assert len(statuses) == fanout.MIN_ITEMS + 4 and 0 < statuses.count("invalid") < 10, statuses
+    # --apply on two copies: the same report and the same folders left (deletions follow the same survey)
+    other = tmp_path / "other"
+    shutil.copytree(big, other, symlinks=True)
+    applied = {}
+    for value, root in (("8", big), ("1", other)):
+        data = out(value, "prune", str(root), "--keep-last", "3", "--no-spike-check", "--apply")
+        applied[value] = (json.dumps(data).replace(str(root), "ROOT"), sorted(p.name for p in root.iterdir()))
+    assert applied["8"] == applied["1"]
+    assert 3 <= len(applied["1"][1]) < fanout.MIN_ITEMS   # it did delete, and kept the window
