@@ -63,7 +63,7 @@ def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, wor
     assert statuses.count("valid") == 2 and "invalid" in statuses   # the damaged run: real findings to carry
 
 
-@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "short"])
+@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "short", "no fork", "no pipe"])
 def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
@@ -85,6 +85,16 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
         return real_encode(r)
     monkeypatch.setattr(validate, "check_with_values", check)
     monkeypatch.setattr(validate, "encode_result", encode)
+    if failure in ("no fork", "no pipe"):   # the second part cannot get a process: checked here
+        calls = []
+        real = getattr(os, "fork" if failure == "no fork" else "pipe")
+
+        def second_fails():
+            calls.append(1)
+            if len(calls) == 2:
+                raise OSError(11, "Resource temporarily unavailable")
+            return real()
+        monkeypatch.setattr(os, "fork" if failure == "no fork" else "pipe", second_fails)
     if failure == "short":
         real_work_split = fanout.map_split
 

@@ -10,7 +10,8 @@ It forks only where forking is safe and worth it: on a platform with `os.fork`, 
 thread (a fork copies only the calling thread: a lock held by another, an object-storage client's event
 loop, a training framework's workers would be left broken in the child), with at least `MIN_ITEMS` items and
 two usable cores (`filechecks.usable_cores`: affinity and cgroup quota). A child that fails in any way
-(an exception, killed, output that does not parse) is not trusted: this process checks that part itself.
+(an exception, killed, output that does not parse) is not trusted: this process checks that part itself, as
+it does a part whose fork failed (no descriptor, no process left).
 Children are always reaped; on an interrupt they are killed first. `CHECKPOINT_STRATEGY_PROCESSES=1` turns the
 split off (a cap: N processes at most).
 """
@@ -23,6 +24,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from checkpoint_strategy.checkpoints.filechecks import usable_cores
@@ -60,7 +62,7 @@ def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], 
         return work(items, True)
     size = -(-len(items) // n)
     parts = [items[i:i + size] for i in range(0, len(items), size)]
-    children: list[tuple[int, int, Sequence[T]]] = []   # (pid, read end, part)
+    children: list[_Child] = []
     try:
         gc.freeze()   # the objects this process has now are left alone by the children's collections (no copy)
         try:
@@ -69,19 +71,35 @@ def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], 
         finally:
             gc.unfreeze()
         results = work(parts[0], True)
-        while children:
-            pid, fd, part = children.pop(0)
-            results.extend(_collect(pid, fd, part, work, decode))
+        for child in children:
+            results.extend(_collect(child, work, decode))
         return results
     finally:
-        for pid, fd, _part in children:   # an interrupt or an error here: stop the rest
-            _stop(pid, fd)
+        for child in children:   # an interrupt or an error here: stop the rest (the collected ones are done)
+            _stop(child)
 
 
-def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]],
-          encode: Callable[[R], Any]) -> tuple[int, int, Sequence[T]]:
-    r, w = os.pipe()
-    pid = os.fork()
+@dataclass
+class _Child:
+    """One part and the process checking it: `pid` 0 once reaped (or when the fork failed: checked here), `fd` the
+    read end of its pipe, -1 once closed."""
+
+    pid: int
+    fd: int
+    part: Sequence
+
+
+def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[R], Any]) -> _Child:
+    try:
+        r, w = os.pipe()
+    except OSError:   # out of descriptors: this part is checked here
+        return _Child(0, -1, part)
+    try:
+        pid = os.fork()
+    except OSError:   # out of processes or memory: the same
+        os.close(r)
+        os.close(w)
+        return _Child(0, -1, part)
     if pid == 0:   # the child: results to the pipe, then out without running this process's exit handlers
         code = 1
         try:
@@ -94,42 +112,50 @@ def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]],
         finally:
             os._exit(code)
     os.close(w)
-    return pid, r, part
+    return _Child(pid, r, part)
 
 
-def _collect(pid: int, fd: int, part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]],
-             decode: Callable[[Any], R]) -> list[R]:
-    """A child's results, or the part checked here when the child did not deliver all of them."""
+def _collect(child: _Child, work: Callable[[Sequence[T], bool], list[R]], decode: Callable[[Any], R]) -> list[R]:
+    """A child's results, or its part checked here when the child did not deliver all of them."""
+    if not child.pid:
+        return work(child.part, True)
     chunks = []
     try:
         while True:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(child.fd, 1 << 20)
             if not chunk:
                 break
             chunks.append(chunk)
     finally:
-        os.close(fd)
-    _pid, status = os.waitpid(pid, 0)
+        os.close(child.fd)
+        child.fd = -1
+    _pid, status = os.waitpid(child.pid, 0)
+    child.pid = 0
     if os.waitstatus_to_exitcode(status) == 0:
         try:
             got = [decode(x) for x in json.loads(b"".join(chunks))]
-            if len(got) == len(part):
+            if len(got) == len(child.part):
                 return got
         except (ValueError, TypeError, KeyError):
             pass
-    return work(part, True)
+    return work(child.part, True)
 
 
-def _stop(pid: int, fd: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except OSError:
-        pass
+def _stop(child: _Child) -> None:
+    if child.pid:
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if child.fd >= 0:
+        try:
+            os.close(child.fd)
+        except OSError:
+            pass
+        child.fd = -1
+    if child.pid:
+        try:
+            os.waitpid(child.pid, 0)
+        except OSError:
+            pass
+        child.pid = 0
