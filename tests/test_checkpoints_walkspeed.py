@@ -738,7 +738,7 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
         return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes)
 
     fresh = prune_survey.survey(str(run))
-    assert fresh.results["checkpoint-30"]._seen.flat_names and fresh.results["checkpoint-60"]._seen.marker_read
+    assert fresh.results["checkpoint-30"]._seen.flat_names and fresh.results["checkpoint-60"]._seen.marker
     assert fresh.results["checkpoint-10"]._seen.flat_names is None   # the FIFO: walked as before
     real_check = validate.check_with_values
 

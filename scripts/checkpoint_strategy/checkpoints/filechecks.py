@@ -257,6 +257,10 @@ _LFH = b"PK\x03\x04"
 # signature, flags, method, crc, sizes, name/extra/comment lengths, disk, external attributes and offset
 # (versions, times and internal attributes skipped); it fails (struct.error) exactly when fewer than the record's
 # 46 bytes are left
+# the end record, the zip64 end record and its locator (both the reference checks and `_scan_small_zip` read them)
+_EOCD_RECORD = struct.Struct("<4sHHHHIIH")
+_EOCD64_RECORD = struct.Struct("<4sQHHIIQQQQ")
+_EOCD64_LOCATOR = struct.Struct("<4sIQI")
 _CD_RECORD = struct.Struct("<4s4xHH4xIIIHHHH2xII")
 # the MS-DOS folder bit of the external attributes: torch.load's reader (miniz) takes such an entry for a folder
 # and extracts no bytes from it, whatever its sizes say
@@ -302,8 +306,7 @@ def _read_zip_directory(fh, size: int) -> tuple[list[ZipEntry], int] | str:  # n
     pos = tail.rfind(_EOCD)
     if pos < 0 or len(tail) - pos < 22:
         return "truncated or not a zip archive: no end-of-central-directory record"
-    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = struct.unpack(
-        "<4sHHHHIIH", tail[pos:pos + 22])
+    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = _EOCD_RECORD.unpack(tail[pos:pos + 22])
     eocd_at = size - tail_len + pos
     if pos + 22 + comment_len != len(tail):
         return "trailing bytes after the zip end record (file changed after it was written?)"
@@ -368,14 +371,14 @@ def _zip64_end(fh, loc: bytes, size: int) -> tuple[int, int, int, int, int, int,
     None when there is no locator or no record at its offset, a reason when miniz refuses the archive."""
     if len(loc) != 20 or not loc.startswith(_EOCD64_LOC):
         return None
-    (_s, _d, at, disks) = struct.unpack("<4sIQI", loc)
+    (_s, _d, at, disks) = _EOCD64_LOCATOR.unpack(loc)
     if at + 56 > size:
         return "broken zip64 end record offset"
     fh.seek(at)
     rec = fh.read(56)
     if not rec.startswith(_EOCD64):
         return None
-    (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = struct.unpack("<4sQHHIIQQQQ", rec)
+    (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = _EOCD64_RECORD.unpack(rec)
     if rec_size < 44:
         return f"broken zip64 end record (declares {rec_size} bytes, at least 44 expected)"
     if disks != 1:
@@ -493,11 +496,6 @@ class _InMemory(io.BytesIO):
     def __init__(self, data: bytes) -> None:
         super().__init__(data)
         self.data = data
-
-
-_EOCD_RECORD = struct.Struct("<4sHHHHIIH")
-_EOCD64_RECORD = struct.Struct("<4sQHHIIQQQQ")
-_EOCD64_LOCATOR = struct.Struct("<4sIQI")
 
 
 def _scan_small_zip(data: bytes, z: ZipScan, counter: Counter) -> bool:

@@ -93,8 +93,7 @@ class Seen:
     flat_names: Optional[tuple[str, ...]] = None   # the folder's names, when they were all regular files (and the
     #                                                folder no symlink): world sizes and prune sizes need no walk
     sizes: Optional[dict[str, int]] = None         # with flat_names: bytes of each file read whole, by its path
-    marker: Optional[dict] = None                  # the emergency marker (marker.read_marker) ...
-    marker_read: bool = False                      # ... once the checker looked for it
+    marker: Optional[dict] = None                  # the emergency marker (marker.read_marker), as the checker found it
     trainer_best: Optional[str] = None             # trainer_state.json's best_model_checkpoint (a string) ...
     state_read: bool = False                       # ... once the checker parsed that file
 

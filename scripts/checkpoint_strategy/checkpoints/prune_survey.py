@@ -303,7 +303,7 @@ def survey(root: str, level: str = "quick") -> Survey:
             deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
-        mark = r._seen.marker if r._seen and r._seen.marker_read else read_marker(f.path)
+        mark = r._seen.marker if r._seen is not None else read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
         s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,

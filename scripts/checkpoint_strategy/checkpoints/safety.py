@@ -156,6 +156,7 @@ def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
     """run folder given on the command line -> the stepped results directly inside it."""
     runs: dict[str, list] = {}
     reals: dict[str, str] = {}   # each result's realpath once (it walks every component: 2000 checkpoints)
+    folders: dict[str, str] = {}   # each folder holding results, resolved once
     for p in paths:
         real = os.path.realpath(p)
         if not os.path.isdir(real):
@@ -166,7 +167,7 @@ def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
                 continue
             rr = reals.get(r.path)
             if rr is None:
-                rr = reals[r.path] = _realpath(r.path, reals)
+                rr = reals[r.path] = _realpath(r.path, folders)
             if os.path.dirname(rr) == real and rr != real:
                 inside.append(r)
         if inside:
@@ -185,10 +186,9 @@ def _realpath(path: str, parents: dict[str, str]) -> str:
             return os.path.realpath(path)
     except (OSError, ValueError):
         return os.path.realpath(path)
-    key = "\0" + folder   # not a path: kept apart from the results' own keys
-    real = parents.get(key)
+    real = parents.get(folder)
     if real is None:
-        real = parents[key] = os.path.realpath(folder)
+        real = parents[folder] = os.path.realpath(folder)
     return os.path.join(real, name)
 
 

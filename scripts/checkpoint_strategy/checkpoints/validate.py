@@ -760,7 +760,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
-    seen = result._seen = Seen(marker=mark, marker_read=True, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
+    seen = result._seen = Seen(marker=mark, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
     if ctx.listed is not None:
         from checkpoint_strategy.checkpoints.coverage import families
 
@@ -962,7 +962,7 @@ def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: s
     def work(part: Sequence[int], here: bool) -> list[CheckpointResult]:
         out = []
         for i in part:
-            out.append(_check_job(jobs[i], "quick", update if here else None, orbax_commit_roots, roots))
+            out.append(_check_job(jobs[i], "quick", update if here else None, orbax_commit_roots, roots)[0])
             if here:
                 update(checkpoints=1)
         return out
@@ -970,14 +970,15 @@ def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: s
 
 
 def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
-               roots: dict[str, str]) -> CheckpointResult:
-    """One checkpoint of `validate_paths` at the quick level (no manifest, no deep outcome)."""
-    export = f.role == fm.FINAL_EXPORT
-    result, _outcome = check_with_values(f, level, update, os.path.dirname(f.path) in orbax_commit_roots,
-                                         root=roots.get(f.path))
+               roots: dict[str, str], manifest: str | None = None,
+               stats: bool = False) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
+    """One checkpoint of `validate_paths`: its result and (level deep) its outcome."""
+    export = f.role == fm.FINAL_EXPORT   # a manifest there would cover every checkpoint-N/
+    result, outcome = check_with_values(f, level, update, os.path.dirname(f.path) in orbax_commit_roots,
+                                        None if export else manifest, stats=stats, root=roots.get(f.path))
     if export:
         result.notes.append(FINAL_EXPORT_NOTE)
-    return result
+    return result, outcome
 
 
 FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
@@ -988,16 +989,16 @@ def encode_result(r: CheckpointResult) -> list:
     """A result as JSON data, what the checker saw included (fanout: a child process sends it back)."""
     seen = r._seen
     return [r.model_dump(mode="json"), None if seen is None else [
-        seen.families, seen.flat_names, seen.sizes, seen.marker, seen.marker_read, seen.trainer_best, seen.state_read]]
+        seen.families, seen.flat_names, seen.sizes, seen.marker, seen.trainer_best, seen.state_read]]
 
 
 def decode_result(data: list) -> CheckpointResult:
     """`encode_result` undone: the same result, validated again as any input is."""
     r = CheckpointResult.model_validate(data[0])
     if data[1] is not None:
-        fam, flat, sizes, marker, marker_read, best, state_read = data[1]
+        fam, flat, sizes, marker, best, state_read = data[1]
         r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,
-                       marker, bool(marker_read), best, bool(state_read))
+                       marker, best, bool(state_read))
     return r
 
 
@@ -1082,12 +1083,8 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
             by_index = dict(enumerate(_check_quick(jobs, bar.update, orbax_commit_roots, roots)))
         for i in order:
             f = jobs[i]
-            want_commit = os.path.dirname(f.path) in orbax_commit_roots
-            export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
-            result, outcome = check_with_values(f, level, bar.update, want_commit, None if export else manifest,
-                                                stats=stats is not None, root=roots.get(f.path))
-            if export:
-                result.notes.append(FINAL_EXPORT_NOTE)
+            export = f.role == fm.FINAL_EXPORT
+            result, outcome = _check_job(f, level, bar.update, orbax_commit_roots, roots, manifest, stats is not None)
             if outcome is not None:
                 run = os.path.dirname(f.path)
                 prev = previous.get(run)
