@@ -259,13 +259,11 @@ def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.De
                     and c.status == "valid" and not usable(s.results[c.name]) else c for c in s.candidates]
 
 
-def _check_all(root: str, found: list[fm.Found], level: str) -> dict[str, tuple[CheckpointResult, None]]:
+def _check_ahead(todo: list[fm.Found], level: str) -> dict[str, tuple[CheckpointResult, None]]:
     """At the quick level, the checkpoints `survey` validates, checked ahead, split over processes (fanout: the
     results are the ones one process gives); at other levels nothing (the survey checks each in turn)."""
     if level != "quick":
         return {}
-    todo = [f for f in found if f.role != fm.FINAL_EXPORT and rt.classify_name(os.path.basename(f.path)) is not None
-            and os.path.dirname(f.path) == root and (f.listing is not None or not os.path.islink(f.path))]
 
     def work(part: Sequence[fm.Found], _here: bool) -> list[CheckpointResult]:
         return [check_with_values(f, level)[0] for f in part]
@@ -278,7 +276,14 @@ def survey(root: str, level: str = "quick") -> Survey:
     found, unrecognised = fm.discover(root, max_depth=1)
     templates: set[str] = set()
     deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
-    checked = _check_all(root, found, level)
+    named = {}   # path -> (name, its classification, symlink, links_to, outside ROOT), for every checkpoint
+    for f in found:
+        if f.role != fm.FINAL_EXPORT:
+            name = os.path.basename(f.path)
+            link, links_to, outside = _link(root, name) if os.path.dirname(f.path) == root else (False, None, True)
+            named[f.path] = (name, rt.classify_name(name), link or outside, links_to, outside)
+    checked = _check_ahead([f for f in found if f.path in named and named[f.path][1] is not None
+                            and not named[f.path][2]], level)
     for f in found:
         if f.role == fm.FINAL_EXPORT:
             r = check(f, level)
@@ -287,10 +292,7 @@ def survey(root: str, level: str = "quick") -> Survey:
             s.candidates.append(rt.Candidate(FINAL_EXPORT_NAME, status=r.status, resumable=r.resumable,
                                              final_export=True, format=f.format, path=f.path))
             continue
-        name = os.path.basename(f.path)
-        m = rt.classify_name(name)
-        link, links_to, outside = _link(root, name) if os.path.dirname(f.path) == root else (False, None, True)
-        symlink = link or outside
+        name, m, symlink, links_to, outside = named[f.path]
         s.found[name] = f
         if m is None or symlink:  # never validated: kept whatever they hold
             s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
