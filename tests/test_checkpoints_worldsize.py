@@ -75,3 +75,49 @@ def test_validators_listing_gives_what_a_walk_gives(hf_run, dcp_checkpoint, tmp_
         assert saved_world_size(r.path, r.format, r._seen.flat_names) == walked, step
     assert results["120"]._seen.flat_names and saved_world_size(results["120"].path, "hf-trainer",
                                                            results["120"]._seen.flat_names).world_size == 3
+
+
+def test_every_name_a_layout_pattern_matches_passes_the_prefix_filter():
+    """saved_world_size tries its patterns only on names starting with one of `_PREFIXES`: a pattern
+    whose names start otherwise would never be tried (a ZeRO, DCP, rank-RNG or Megatron checkpoint read
+    as telling nothing). Names drawn from each pattern itself, and near misses that must stay unmatched."""
+    from hypothesis import given, settings, strategies as st
+
+    from checkpoint_strategy.checkpoints import worldsize as ws
+
+    patterns = (ws._RNG, ws._DISTCP, ws._ZERO, ws._MEGATRON)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.one_of(*(st.from_regex(p, fullmatch=True) for p in patterns)))
+    def check(name):
+        assert name.startswith(ws._PREFIXES), name
+
+    check()
+    assert "mp_rank_00_model_states.pt".startswith(ws._PREFIXES)
+    for near_miss in ("xrng_state_1.pth", "rng_state_1.pth.tmp", "_0_0.distcp", "zero_pp_rank_0_optim_states.pt"):
+        assert not any(p.match(near_miss) for p in patterns), near_miss
+
+
+def test_flat_listing_fast_path_agrees_with_the_walk(tmp_path):
+    """A folder of regular files given as the validator's listing (flat_names) and walked from disk give the
+    same answer for every mix of layout names, the common Trainer folder (no pattern name) included."""
+    from checkpoint_strategy.checkpoints.worldsize import saved_world_size
+
+    layouts = {
+        "trainer": ["optimizer.pt", "rng_state.pth", "trainer_state.json"],
+        "no-rng": ["optimizer.pt", "trainer_state.json"],
+        "ranks": ["rng_state_0.pth", "rng_state_1.pth", "rng_state.pth"],
+        "dcp": ["__0_0.distcp", "__1_0.distcp", ".metadata", "rng_state_0.pth"],
+        "zero": ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"],
+    }
+    for label, names in layouts.items():
+        folder = tmp_path / label
+        folder.mkdir()
+        for n in names:
+            (folder / n).write_bytes(b"")
+        for fmt in ("hf-trainer", "dcp"):
+            walked = saved_world_size(str(folder), fmt)
+            assert saved_world_size(str(folder), fmt, sorted(names)) == walked, (label, fmt)
+    assert saved_world_size(str(tmp_path / "trainer"), "hf-trainer", ["rng_state.pth"]).world_size == 1
+    assert saved_world_size(str(tmp_path / "no-rng"), "hf-trainer", ["optimizer.pt"]) is None
+    assert saved_world_size(str(tmp_path / "ranks"), "hf-trainer", ["rng_state_0.pth", "rng_state_1.pth"]).world_size == 2

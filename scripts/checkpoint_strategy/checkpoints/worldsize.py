@@ -23,6 +23,9 @@ _RNG = re.compile(r"^rng_state_(\d+)\.pth$")
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 _ZERO = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MEGATRON = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
+#: every name the patterns above can match starts with one of these (one str.startswith per name, the
+#: patterns only on the few that pass: a Trainer folder's nine files cost no regex at all)
+_PREFIXES = ("rng_state_", "__", "zero_pp_rank_", "bf16_zero_pp_rank_", "mp_rank_")
 MAX_FILES = 100_000
 
 
@@ -44,8 +47,6 @@ def _span(ranks: set[int]) -> str:
 
 
 def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSize]:
-    from checkpoint_strategy.checkpoints.framework_layouts import deepspeed_zero_layout, zip_pickle
-
     dp: set[int] = set()
     mp: set[int] = set()
     model_states = None
@@ -57,6 +58,10 @@ def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSiz
                 mp.add(int(m.group(2)))
             elif n == "mp_rank_00_model_states.pt" and model_states is None:
                 model_states = os.path.join(path, rel, n)
+    if not dp and model_states is None:
+        return None
+    from checkpoint_strategy.checkpoints.framework_layouts import deepspeed_zero_layout, zip_pickle
+
     stage, saved_dp = deepspeed_zero_layout(zip_pickle(model_states) or b"") if model_states else (None, None)
     if not dp and saved_dp is None:
         return None
@@ -74,11 +79,17 @@ def saved_world_size(path: str, fmt: str, flat_names: Optional[Sequence[str]] = 
     """What the layout of one checkpoint says about the processes that wrote it; None when it does not tell.
     `flat_names`: the validator's listing of the folder when it held only regular files (no walk then)."""
     if flat_names is not None:
-        files = {".": list(flat_names)}
+        files = {".": [n for n in flat_names if n.startswith(_PREFIXES)]}
+        single_rng = "rng_state.pth" in flat_names
+        if not files["."]:   # the common case (a Trainer folder of regular files): no pattern to try
+            return _single_rng(path) if fmt == "hf-trainer" and single_rng else None
     elif not os.path.isdir(path) or os.path.islink(path):
         return None
     else:
         files = _files(path)
+        single_rng = "rng_state.pth" in files.get(".", ())
+        # the names a pattern can match (folders keep theirs: a Megatron mp_rank_* folder holds none)
+        files = {rel: [n for n in names if n.startswith(_PREFIXES)] for rel, names in files.items()}
     ds = _deepspeed(path, files)
     if ds is not None:
         return ds
@@ -103,10 +114,12 @@ def saved_world_size(path: str, fmt: str, flat_names: Optional[Sequence[str]] = 
     if rng:
         return SavedWorldSize(path=path, world_size=len(rng), rng_files=len(rng), layout="rng",
                               evidence=f"{len(rng)} rng_state_N.pth files ({_span(rng)}), one per process")
-    if fmt == "hf-trainer" and "rng_state.pth" in top:
-        return SavedWorldSize(path=path, world_size=1, rng_files=1, layout="rng",
-                              evidence="a single rng_state.pth: saved by one process")
-    return None
+    return _single_rng(path) if fmt == "hf-trainer" and single_rng else None
+
+
+def _single_rng(path: str) -> SavedWorldSize:
+    return SavedWorldSize(path=path, world_size=1, rng_files=1, layout="rng",
+                          evidence="a single rng_state.pth: saved by one process")
 
 
 def global_batch_note(facts, world: Optional[int], target: int) -> tuple[list[str], list[str]]:
@@ -182,7 +195,8 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
 
     for r in report.checkpoints:
         if r.status == "valid":
-            found = saved_world_size(r.path, r.format, r._seen.flat_names if r._seen else None)
+            seen = r._seen   # (a pydantic private attribute: read once)
+            found = saved_world_size(r.path, r.format, seen.flat_names if seen is not None else None)
             if found is not None:
                 report.hardware.append(found)
     if target_gpus is not None:
