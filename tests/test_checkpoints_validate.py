@@ -471,3 +471,22 @@ def test_deepspeed_tag_missing_a_ranks_shard_is_incomplete_even_without_ds_confi
     (c,) = validate_paths([str(root / "global_step10")]).checkpoints
     assert c.status == "incomplete"
     assert [p.file for p in c.problems] == [f"{prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+
+
+def test_two_index_files_report_in_name_order_whatever_the_hash_seed(tmp_path):
+    """An HF folder with a safetensors and a .bin index, each naming a missing shard: the problems come in the
+    indexes' name order in every process (the checker walks its sorted listing, not a set)."""
+    ckpt = tmp_path / "checkpoint-10"
+    ckpt.mkdir()
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    for idx, shard in (("pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"),
+                       ("model.safetensors.index.json", "model-00001-of-00002.safetensors")):
+        (ckpt / idx).write_text(json.dumps({"weight_map": {"w": shard}}))
+    orders = set()
+    for seed in ("1", "2", "3", "4", "5"):
+        out = subprocess.run([*CLI, "validate", str(ckpt), "--format", "json"], capture_output=True, text=True,
+                             env=checkout_env(PYTHONHASHSEED=seed), check=False)
+        assert out.returncode == 1, out.stderr
+        problems = json.loads(out.stdout)["checkpoints"][0]["problems"]
+        orders.add(tuple(p["file"] for p in problems if "shard listed in" in p["reason"]))
+    assert orders == {("model-00001-of-00002.safetensors", "pytorch_model-00001-of-00002.bin")}, orders

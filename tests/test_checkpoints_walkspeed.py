@@ -467,7 +467,7 @@ def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, m
     assert statuses[0] == "valid" and statuses.count("valid") == 2, hinted   # the good one and the link inside
     real_listing = fm.listing_types
     with monkeypatch.context() as m:   # discover's listing not handed on: the checker lists each folder itself
-        m.setattr(fm, "replace", lambda found, **kw: found)
+        m.setattr(fm, "_with_listing", lambda found, listing: found)
         assert _report(root) == hinted
     monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
     assert _report(root) == hinted   # no hint: a stat before every open, as before

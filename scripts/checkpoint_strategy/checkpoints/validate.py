@@ -17,6 +17,7 @@ from checkpoint_strategy.checkpoints import framework_layouts as fl
 from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.fanout import map_split
+from checkpoint_strategy.checkpoints.marker import MARKER_NAME
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -201,6 +202,7 @@ def _ls(path: str) -> list[str]:
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
+_HF_MODEL_STEMS = ("model", "pytorch_model", "adapter_model")   # fm._HF_WEIGHTS's stems, an index's first part
 _RNG_STATE = re.compile(r"^rng_state.*\.pth$")
 _HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
 
@@ -213,16 +215,29 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     ctx.listed = listed if got is not None else None
     ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
     names = set(listed)
-    weights = sorted(n for n in names if fm._HF_WEIGHTS.match(n))
-    indexes = [n for n in names if n.endswith(".index.json") and n.split(".")[0] in
-               ("model", "pytorch_model", "adapter_model")]
-    fsdp_model = sorted(n for n in names if n.startswith("pytorch_model_fsdp") and os.path.isdir(os.path.join(path, n)))
-    fsdp_optim = sorted(n for n in names if _FSDP_OPTIM.match(n) and os.path.isdir(os.path.join(path, n)))
-    ds_steps = sorted(n for n in names if fm._DS.match(n) and os.path.isdir(os.path.join(path, n)))
+    pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
+    weights: list[str] = []
+    indexes: list[str] = []
+    fsdp_model: list[str] = []
+    fsdp_optim: list[str] = []
+    ds_steps: list[str] = []
+    for n in listed:   # sorted names, one pass; each pattern only on the names its literal start admits
+        if n.startswith(_HF_MODEL_STEMS):
+            if fm._HF_WEIGHTS.match(n):
+                weights.append(n)
+            if n.endswith(".index.json") and n.split(".")[0] in _HF_MODEL_STEMS:
+                indexes.append(n)
+            if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
+                fsdp_model.append(n)
+        elif n.startswith("optimizer_"):
+            if _FSDP_OPTIM.match(n) and os.path.isdir(pre + n):
+                fsdp_optim.append(n)
+        elif n.startswith("global_step") and fm._DS.match(n) and os.path.isdir(pre + n):
+            ds_steps.append(n)
     for idx in indexes:
         _check_hf_index(ctx, path, idx, names, idx in files)
     for w in weights:
-        p = os.path.join(path, w)
+        p = pre + w
         if w.endswith(".safetensors"):
             ctx.safetensors(p, regular=w in files)
         else:
@@ -270,11 +285,12 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
                           out: Layout) -> None:
     """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
     (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
+    pre = os.path.join(path, "")   # as in _check_hf
     for n in listed:
-        if n in _HF_STATE_ZIPS or _RNG_STATE.match(n):
-            ctx.zip(os.path.join(path, n), "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+        if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
+            ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
     if "trainer_state.json" in names:
-        state = ctx.json(os.path.join(path, "trainer_state.json"), storage.MAX_TRAINER_STATE_BYTES,
+        state = ctx.json(pre + "trainer_state.json", storage.MAX_TRAINER_STATE_BYTES,
                          "trainer_state.json" in files)
         ctx.state_read = state is not None
         if isinstance(state, dict) and isinstance(state.get("best_model_checkpoint"), str):
@@ -289,7 +305,7 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
         ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
-            ctx.json(os.path.join(path, n), regular=n in files)
+            ctx.json(pre + n, regular=n in files)
 
 
 def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
@@ -773,10 +789,10 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
 def _note_marker(ctx: _Ctx, path: str) -> dict | None:
     """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point);
     the marker (marker.read_marker), or None. A folder the checker listed without one is not looked at again."""
-    from checkpoint_strategy.checkpoints.marker import MARKER_NAME, describe, read_marker
-
     if ctx.listed is not None and MARKER_NAME not in ctx.listed:
         return None
+    from checkpoint_strategy.checkpoints.marker import describe, read_marker
+
     mark = read_marker(path) if os.path.lexists(path) else None
     if mark is not None:
         ctx.counter.notes.append(f"{describe(mark)}: not a resume point")
