@@ -12,8 +12,8 @@ from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from checkpoint_strategy.checkpoints.retention import ReasonKind
-from checkpoint_strategy.planning.models import PolicyTiers
+from checkpoint_strategy.checkpoints.reasonkinds import ReasonKind
+from checkpoint_strategy.planning.policytiers import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
 Level = Literal["quick", "full", "deep"]

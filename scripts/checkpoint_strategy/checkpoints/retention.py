@@ -45,28 +45,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
-ReasonKind = Literal[
-    "unrecognised",      # name matches no known layout exactly
-    "final_export",      # the run folder's own top-level model files
-    "symlink",           # a symlink or outside ROOT
-    "link_target",       # what a symlink inside ROOT resolves to (best -> checkpoint-90)
-    "latest",            # named by the framework's resume pointer (DeepSpeed `latest`, Megatron's tracker file)
-    "in_flight",         # a newer tag than that pointer names: still being written (other ranks), never counted
-    "not_valid",         # invalid / incomplete / not validated
-    "no_step",           # recognised but carries no step (Lightning last.ckpt): not ordered
-    "newest",            # the newest resumable (or valid) checkpoint
-    "keep_last",         # within the keep_last newest
-    "milestone",         # a milestone step
-    "trainer_best",      # HF best_model_checkpoint, Lightning monitored top-k
-    "rollback",          # the checkpoint to resume from before an unrecovered loss spike
-    "pre_spike",         # the newest checkpoint before a loss spike in the log (recovered ones too)
-    "post_onset",        # saved after the onset of an unrecovered spike: do not resume, never counted
-    "unjustified",       # no newer validated checkpoint stands in for it
-    "superseded",        # delete: older than the window, a newer one validated
-]
-REASON_KINDS: tuple[str, ...] = get_args(ReasonKind)
+from checkpoint_strategy.checkpoints.reasonkinds import REASON_KINDS, ReasonKind  # noqa: F401 - re-exported
 
 Status = Literal["valid", "invalid", "incomplete"] | None
 

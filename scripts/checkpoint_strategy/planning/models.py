@@ -2,9 +2,10 @@
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import Field, model_serializer
 
 from checkpoint_strategy.cli_options import BOUNDS, field_bounds
+from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers, _Strict  # noqa: F401 - re-exported
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed", "mixed-no-master"]
@@ -22,10 +23,6 @@ MAX_GB = BOUNDS["gb"].hi
 MAX_PARAMS = BOUNDS["params"].hi
 MAX_HOURS = BOUNDS["hours"].hi
 MAX_SECONDS = BOUNDS["seconds"].hi
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class LocalTier(_Strict):
@@ -70,16 +67,6 @@ class PlanArguments(_Strict):
     node_loss_fraction: float = Field(0.78, gt=0, le=1, description="share of failures that lose a node's "
                                                                    "local storage (two-tier plans)")
     format: OutputFormat = "text"
-
-
-class PolicyTier(_Strict):
-    frequency: str = Field(description="every_N_steps")
-    keep_last: int
-
-
-class PolicyTiers(_Strict):
-    local: PolicyTier
-    persistent: PolicyTier
 
 
 def _without_none(data, keys: tuple[str, ...]):

@@ -110,6 +110,10 @@ def open_regular(path: str | os.PathLike[str], what: str = "file") -> BinaryIO:
     return _file_of(fd, p)
 
 
+#: open for reading, never blocking on a FIFO, not inherited by a child process
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
 def _open_fd(p: str, what: str, blocking: bool = True, regular: bool = False) -> tuple[int, int]:
     """(fd, size) of a regular file opened for reading; ReadError for anything else. ``blocking=False`` leaves
     the descriptor in O_NONBLOCK (no effect on a regular file's reads; saves two fcntl calls); ``regular``:
@@ -128,7 +132,7 @@ def _open_fd(p: str, what: str, blocking: bool = True, regular: bool = False) ->
             reason = f"is {kind_of(st.st_mode)}: expected a regular file"
             raise ReadError(f"{what} {p} {reason}", reason)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(p, _READ_FLAGS)
     except (OSError, ValueError) as exc:
         reason = describe_os_error(exc) if isinstance(exc, OSError) else "invalid path"
         raise ReadError(f"cannot read {what} {p}: {reason}", reason) from None
