@@ -88,6 +88,8 @@ def normalise(text: str, folder: Path) -> str:
     text = text.replace(launcher(), 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
     text = text.replace(str(folder.resolve()), "/data").replace(str(folder), "/data")
     text = re.sub(r"\(\d+(\.\d+)? s\)", "(0.01 s)", text)
+    # the framework versions installed on this machine (export names them; a fresh install takes the newest)
+    text = re.sub(r"(\S+) \d+(?:\.\d+)+\S*? is installed", r"\1 <installed> is installed", text)
     # timestamps of this run (the inputs' own, from 2025, are kept)
     return re.sub(r"(?!2025-)\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", "2026-01-01T00:00:00Z", text)
 
