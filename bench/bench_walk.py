@@ -264,7 +264,9 @@ def instructions(tmp: Path) -> None:
         raise SystemExit("--instructions needs valgrind")
     code = _CHILD.format(scripts=str(ROOT / "scripts"), bench=str(ROOT / "bench"))
     trees = {}
-    env = dict(os.environ, PYTHONHASHSEED="0")   # dict and set layouts (and so the counts) the same every run
+    # dict and set layouts (and so the counts) the same every run; one process: callgrind counts each forked child
+    # on its own line, so a split at 300 checkpoints (fanout.MIN_ITEMS is 256) would count only part of the work
+    env = dict(os.environ, PYTHONHASHSEED="0", CHECKPOINT_STRATEGY_PROCESSES="1")
     for n in SIZES:
         trees[n] = tmp / f"tree{n}"
         trees[n].mkdir()

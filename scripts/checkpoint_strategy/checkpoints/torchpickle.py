@@ -540,9 +540,15 @@ _COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q")
 
 
 #: opcodes `_run_bytes` does without a call: 1 push the argument (`_op_literal`), 2 memo put with an index
-#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`)
+#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`), 5 STOP; 0: the handler is called
 _INLINE = {**{name: 1 for name in _LITERALS}, "BINPUT": 2, "LONG_BINPUT": 2, "BINGET": 3, "LONG_BINGET": 3,
-           "MARK": 4}
+           "MARK": 4, "STOP": 5}
+#: opcode byte -> (name, argument kind, `_INLINE` way, handler or None), or None for an opcode `_run_bytes` leaves
+#: to genops: one list index per opcode, not two dict lookups (a handler of None fails the call: the pickle is read
+#: again by genops, as an opcode without a handler was before)
+_FAST_TABLE: list[tuple[str, int, int, Any] | None] = [
+    None if (got := _FAST_OPS.get(b)) is None else (got[0], got[1], _INLINE.get(got[0], 0), _OPCODES.get(got[0]))
+    for b in range(256)]
 
 
 def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
@@ -551,14 +557,14 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
     reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
     handler's objection, a GLOBAL name with an escape or a non-ASCII byte); the caller then reads the pickle
     again from the start with genops, which words what is wrong."""
-    fast, handlers, inline = _FAST_OPS, _OPCODES, _INLINE
+    fast = _FAST_TABLE
     i, n, count = 0, len(data), 0
     try:
         while i < n:
-            got = fast.get(data[i])
+            got = fast[data[i]]
             if got is None:
                 return False
-            name, kind = got
+            name, kind, how, handler = got
             if kind == 0:
                 arg, i = None, i + 1
             elif kind == 1 and i + 1 < n:   # uint1 (BINPUT, BINGET, BININT1): the commonest
@@ -568,8 +574,7 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             count += 1
             if count > max_opcodes:
                 return False
-            how = inline.get(name)   # the commonest opcodes, done here as their handlers do them
-            if how == 1:
+            if how == 1:   # the commonest opcodes, done here as their handlers do them
                 m.stack.append(arg)
             elif how == 2:
                 m.memo[arg] = m.stack[-1]
@@ -578,13 +583,13 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif how == 4:
                 m.marks.append(m.stack)
                 m.stack = []
-            elif name == "STOP":
+            elif how == 5:
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
                 return True
             else:
-                handlers[name](m, name, arg)   # (no handler: KeyError, read again by genops)
+                handler(m, name, arg)   # (no handler: None is not callable, read again by genops)
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
