@@ -62,3 +62,22 @@ def test_subclasses_of_json_types_are_written_as_json_dumps_writes_them():
 
     data = {"level": Level.QUICK, "n": Count(3), "flag": True, "f": 1.5}
     assert to_json(data) == _reference(data)
+
+
+def test_deep_nesting_json_dumps_writes_is_written_alike():
+    """A document nested as deep as json.dumps(indent=2) still writes (user JSON kept in a handoff can be): the
+    same characters, no RecursionError first."""
+    def nested(pairs: int) -> list:
+        doc = inner = []
+        for _ in range(pairs):
+            inner.append({"k": []})
+            inner = inner[0]["k"]
+        return doc
+
+    deep = nested(400)   # 800 levels
+    assert to_json(deep) == _reference(deep)
+    too_deep = nested(5000)   # past the interpreter's limit: both give up the same way
+    with pytest.raises(RecursionError):
+        _reference(too_deep)
+    with pytest.raises(RecursionError):
+        to_json(too_deep)
