@@ -473,6 +473,7 @@ def test_deepspeed_tag_missing_a_ranks_shard_is_incomplete_even_without_ds_confi
     assert [p.file for p in c.problems] == [f"{prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt"]
 
 
+@pytest.mark.slow   # five fresh interpreters
 def test_two_index_files_report_in_name_order_whatever_the_hash_seed(tmp_path):
     """An HF folder with a safetensors and a .bin index, each naming a missing shard: the problems come in the
     indexes' name order in every process (the checker walks its sorted listing, not a set)."""

@@ -25,7 +25,7 @@ def _reference(data) -> str:
     return json.dumps(data, indent=2, sort_keys=False, allow_nan=False) + "\n"
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_json)
 def test_same_characters_as_json_dumps(data):
     assert to_json(data) == _reference(data)
