@@ -39,7 +39,9 @@ _ORBAX = re.compile(r"^(?:.*?_)?(\d+)$")
 _ORBAX_TMP = re.compile(r"^(?:.*?_)?(\d+)?\.orbax-checkpoint-tmp(?:-\d+)?$")
 _NUM_IN_NAME = [re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I), re.compile(r"checkpoint-(\d+)"),
                 re.compile(r"global_step(\d+)"), re.compile(r"iter_(\d+)"), re.compile(r"(?:^|[^a-z])epoch[=_-]?(\d+)", re.I)]
-_HF_WEIGHTS = re.compile(r"^(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)$")
+#: the stems of HF weight files (and of their *.index.json files)
+HF_MODEL_STEMS = ("model", "pytorch_model", "adapter_model")
+_HF_WEIGHTS = re.compile(rf"^({'|'.join(HF_MODEL_STEMS)})(-\d+-of-\d+)?\.(safetensors|bin)$")
 _TORCH_EXT = (".pt", ".pth")
 
 

@@ -202,7 +202,6 @@ def _ls(path: str) -> list[str]:
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
-_HF_MODEL_STEMS = ("model", "pytorch_model", "adapter_model")   # fm._HF_WEIGHTS's stems, an index's first part
 _RNG_STATE = re.compile(r"^rng_state.*\.pth$")
 _HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
 
@@ -222,10 +221,10 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     fsdp_optim: list[str] = []
     ds_steps: list[str] = []
     for n in listed:   # sorted names, one pass; each pattern only on the names its literal start admits
-        if n.startswith(_HF_MODEL_STEMS):
+        if n.startswith(fm.HF_MODEL_STEMS):
             if fm._HF_WEIGHTS.match(n):
                 weights.append(n)
-            if n.endswith(".index.json") and n.split(".")[0] in _HF_MODEL_STEMS:
+            if n.endswith(".index.json") and n.split(".")[0] in fm.HF_MODEL_STEMS:
                 indexes.append(n)
             if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
                 fsdp_model.append(n)
