@@ -28,7 +28,7 @@ def _children_left() -> bool:
 
 def _report(root) -> dict:
     rep = validate.validate_paths([str(root)], level="quick", progress=False)
-    seen = [validate.encode_result(r)[1] for r in rep.checkpoints]
+    seen = [validate.seen_data(r) for r in rep.checkpoints]
     data = rep.model_dump(mode="json")
     data["summary"]["seconds"] = 0
     return json.loads(json.dumps([data, seen]))
@@ -37,7 +37,7 @@ def _report(root) -> dict:
 def _survey(root) -> tuple:
     s = prune_survey.survey(str(root))
     return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes,
-            {k: validate.encode_result(r) for k, r in s.results.items()})
+            {k: (r.model_dump(mode="json"), validate.seen_data(r)) for k, r in s.results.items()})
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +63,14 @@ def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, wor
     assert statuses.count("valid") == 2 and "invalid" in statuses   # the damaged run: real findings to carry
 
 
-@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "short", "no fork", "no pipe"])
+@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "miscounted", "short", "no fork", "no pipe"])
 def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
     monkeypatch.setattr(fanout, "ENABLED", True)
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
     parent = os.getpid()
-    real_check, real_encode = validate.check_with_values, validate.encode_result
+    real_check, real_encode = validate.check_with_values, validate.encode_results
 
     def check(*a, **k):
         if os.getpid() != parent and failure == "raises":
@@ -79,12 +79,16 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
             os.kill(os.getpid(), signal.SIGKILL)
         return real_check(*a, **k)
 
-    def encode(r):
-        if os.getpid() != parent and failure == "garbled":
-            return [{"path": 1}, None]
-        return real_encode(r)
+    def encode(results):
+        data = real_encode(results)
+        if os.getpid() != parent and failure == "garbled":      # each result line one that is not a result
+            lines = data.split(b"\n")
+            return b"\n".join([lines[0], *[b'{"path": 1}'] * (len(lines) - 1)])
+        if os.getpid() != parent and failure == "miscounted":   # a result line missing
+            return data.rsplit(b"\n", 1)[0]
+        return data
     monkeypatch.setattr(validate, "check_with_values", check)
-    monkeypatch.setattr(validate, "encode_result", encode)
+    monkeypatch.setattr(validate, "encode_results", encode)
     if failure in ("no fork", "no pipe"):   # the second part cannot get a process: checked here
         calls = []
         real = getattr(os, "fork" if failure == "no fork" else "pipe")

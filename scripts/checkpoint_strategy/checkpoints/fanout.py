@@ -2,7 +2,8 @@
 
 The checks of one checkpoint are Python work on a few small reads: one process keeps one core busy. With
 `map_split`, this process checks the first part of the list and forked children check the others, each on
-its own core; every child sends its results back as JSON through a pipe, and they are put back in order.
+its own core; every child sends its results back as bytes through a pipe (`encode`, e.g. JSON), and they are put
+back in order.
 Nothing changes in what is checked or reported: the results are the ones a single process gives
 (tests/test_checkpoints_fanout.py compares them).
 
@@ -19,20 +20,19 @@ split off (a cap: N processes at most).
 from __future__ import annotations
 
 import gc
-import json
 import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from checkpoint_strategy.checkpoints.filechecks import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: fewer items than this are checked in this process (a fork and the JSON round trip cost ~2 ms + ~25 us an item)
+#: fewer items than this are checked in this process (a fork and the round trip cost ~2 ms + ~25 us an item)
 MIN_ITEMS = 256
 #: at most this many processes, this one included
 MAX_WORKERS = 8
@@ -52,11 +52,12 @@ def workers_for(n: int) -> int:
     return max(1, min(cap, usable_cores(), n // (MIN_ITEMS // 2)))
 
 
-def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[R], Any],
-              decode: Callable[[Any], R]) -> list[R]:
+def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
+              decode: Callable[[bytes], list[R]]) -> list[R]:
     """`work(items, True)`, the items split over `workers_for(len(items))` processes in contiguous parts.
     `work(part, here)`: the results of one part (`here`: False in a child, which must not touch the terminal,
-    e.g. a progress bar); `encode` turns a result into JSON data in the child, `decode` back in this process."""
+    e.g. a progress bar); `encode` turns a part's results into bytes in the child, `decode` back in this process
+    (ValueError, TypeError or KeyError: bytes it does not take; that part is checked here)."""
     n = workers_for(len(items))
     if n == 1:
         return work(items, True)
@@ -89,7 +90,8 @@ class _Child:
     part: Sequence
 
 
-def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[R], Any]) -> _Child:
+def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]],
+          encode: Callable[[list[R]], bytes]) -> _Child:
     try:
         r, w = os.pipe()
     except OSError:   # out of descriptors: this part is checked here
@@ -104,7 +106,7 @@ def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encod
         code = 1
         try:
             os.close(r)
-            data = json.dumps([encode(x) for x in work(part, False)], separators=(",", ":")).encode()
+            data = encode(work(part, False))
             view = memoryview(data)
             while view:
                 view = view[os.write(w, view):]
@@ -115,7 +117,8 @@ def _fork(part: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encod
     return _Child(pid, r, part)
 
 
-def _collect(child: _Child, work: Callable[[Sequence[T], bool], list[R]], decode: Callable[[Any], R]) -> list[R]:
+def _collect(child: _Child, work: Callable[[Sequence[T], bool], list[R]],
+             decode: Callable[[bytes], list[R]]) -> list[R]:
     """A child's results, or its part checked here when the child did not deliver all of them."""
     if not child.pid:
         return work(child.part, True)
@@ -133,7 +136,7 @@ def _collect(child: _Child, work: Callable[[Sequence[T], bool], list[R]], decode
     child.pid = 0
     if os.waitstatus_to_exitcode(status) == 0:
         try:
-            got = [decode(x) for x in json.loads(b"".join(chunks))]
+            got = decode(b"".join(chunks))
             if len(got) == len(child.part):
                 return got
         except (ValueError, TypeError, KeyError):

@@ -31,8 +31,8 @@ from checkpoint_strategy.checkpoints.models import (
     SpikeGuard,
 )
 from checkpoint_strategy.checkpoints.fanout import map_split
-from checkpoint_strategy.checkpoints.validate import (check, check_with_values, compare_consecutive, decode_result,
-                                                      encode_result, usable)
+from checkpoint_strategy.checkpoints.validate import (check, check_with_values, compare_consecutive, decode_results,
+                                                      encode_results, usable)
 from checkpoint_strategy.errors import UsageError
 
 if TYPE_CHECKING:
@@ -267,7 +267,7 @@ def _check_ahead(todo: list[fm.Found], level: str) -> dict[str, tuple[Checkpoint
 
     def work(part: Sequence[fm.Found], _here: bool) -> list[CheckpointResult]:
         return [check_with_values(f, level)[0] for f in part]
-    return {f.path: (r, None) for f, r in zip(todo, map_split(todo, work, encode_result, decode_result), strict=True)}
+    return {f.path: (r, None) for f, r in zip(todo, map_split(todo, work, encode_results, decode_results), strict=True)}
 
 
 def survey(root: str, level: str = "quick") -> Survey:

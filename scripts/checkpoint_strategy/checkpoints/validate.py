@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -981,7 +982,7 @@ def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: s
             if here:
                 update(checkpoints=1)
         return out
-    return map_split(range(len(jobs)), work, encode_result, decode_result)
+    return map_split(range(len(jobs)), work, encode_results, decode_results)
 
 
 def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
@@ -1000,21 +1001,37 @@ FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
                      "(its checkpoint-N/ folders are checked one by one)")
 
 
-def encode_result(r: CheckpointResult) -> list:
-    """A result as JSON data, what the checker saw included (fanout: a child process sends it back)."""
+def seen_data(r: CheckpointResult) -> list | None:
+    """What the checker saw of a result (`Seen`) as JSON data, or None."""
     seen = r._seen
-    return [r.model_dump(mode="json"), None if seen is None else [
-        seen.families, seen.flat_names, seen.sizes, seen.marker, seen.trainer_best, seen.state_read]]
+    return None if seen is None else [seen.families, seen.flat_names, seen.sizes, seen.marker, seen.trainer_best,
+                                      seen.state_read]
 
 
-def decode_result(data: list) -> CheckpointResult:
-    """`encode_result` undone: the same result, validated again as any input is."""
-    r = CheckpointResult.model_validate(data[0])
-    if data[1] is not None:
-        fam, flat, sizes, marker, best, state_read = data[1]
-        r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,
-                       marker, best, bool(state_read))
-    return r
+def encode_results(results: list[CheckpointResult]) -> bytes:
+    """Results as bytes (fanout: a child process sends its part back): one line of JSON with what the checker
+    saw of each, then each result as pydantic's own JSON on a line of its own (JSON text holds no raw newline).
+    pydantic-core writes and reads these itself: a third of the time of model_dump + json and back."""
+    dump = CheckpointResult.__pydantic_serializer__.to_json
+    return b"\n".join([json.dumps([seen_data(r) for r in results], separators=(",", ":")).encode(),
+                       *map(dump, results)])
+
+
+def decode_results(data: bytes) -> list[CheckpointResult]:
+    """`encode_results` undone: the same results, validated again as any input is (ValueError, TypeError or
+    KeyError: not what encode_results writes)."""
+    lines = data.split(b"\n")
+    seen = json.loads(lines[0])
+    load = CheckpointResult.__pydantic_validator__.validate_json
+    results = [load(line) for line in lines[1:]]
+    if len(seen) != len(results):
+        raise ValueError(f"{len(seen)} records of what was seen for {len(results)} results")
+    for r, s in zip(results, seen):
+        if s is not None:
+            fam, flat, sizes, marker, best, state_read = s
+            r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,
+                           marker, best, bool(state_read))
+    return results
 
 
 def _hash_algorithm() -> str:
