@@ -8,11 +8,14 @@ many points, a byte flipped in every region). `storage.read_bytes` reads a file'
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import struct
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.checkpoints import filechecks as fc
@@ -489,7 +492,10 @@ def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, m
     assert statuses[0] == "valid" and statuses.count("valid") == 2, hinted   # the good one and the link inside
     real_listing = fm.listing_types
     with monkeypatch.context() as m:   # discover's listing not handed on: the checker lists each folder itself
-        m.setattr(fm, "_with_listing", lambda found, listing: found)
+        real_discover = fm.discover
+        assert any(f.listing is not None for f in real_discover(str(root))[0])   # (what the patch takes away)
+        m.setattr(fm, "discover", lambda *a, **k: (lambda found, unrec: (
+            [dataclasses.replace(f, listing=None) for f in found], unrec))(*real_discover(*a, **k)))
         assert _report(root) == hinted
     monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
     assert _report(root) == hinted   # no hint: a stat before every open, as before
@@ -798,3 +804,15 @@ def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
     assert by_name["checkpoint-20"].format == "nemo" and by_name["megatron_gpt--step=40.ckpt"].format == "nemo"
     assert by_name["checkpoint-10"].listing == (["trainer_state.json"], {"trainer_state.json"})
     assert by_name["checkpoint-50"].listing is None   # a link: listed by the checker when it checks it
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.text(st.sampled_from("ab.-_/EMAckptnemo0"), min_size=1, max_size=16),
+       folder=st.sampled_from(["", "run", "/abs/run", "a/b/"]))
+def test_the_marker_name_discover_looks_for_is_the_marker_path_identify_looks_at(name, folder):
+    """discover looks NeMo's -unfinished marker up by name among the names beside a folder (`unfinished_name`),
+    identify alone by path (`unfinished_marker`): the same marker for every name a listing gives."""
+    from checkpoint_strategy.checkpoints import formats as fm
+
+    assume("/" not in name and name not in (".", ".."))
+    assert fm.unfinished_name(name) == os.path.basename(fm.unfinished_marker(os.path.join(folder, name)))

@@ -81,12 +81,18 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,  # noqa: C901 - see issue 10
+def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,
              siblings: set[str] | None = None) -> Found | None:
     """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing. A caller that listed
     the folder holding `path` passes what it saw: `is_dir` (a folder, not a link: no stat) and the folder's names
     (`siblings`: no lstat for NeMo's -unfinished marker beside it)."""
-    base = os.path.basename(os.path.normpath(path))
+    return _identify(path, os.path.basename(os.path.normpath(path)), names, is_dir, siblings)
+
+
+def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None,  # noqa: C901 - see issue 10
+              siblings: set[str] | None, listing: tuple[list[str], set[str]] | None = None) -> Found | None:
+    """`identify`, `base` the name of `path` (os.path.basename(os.path.normpath(path))), given; `listing`: the
+    folder's (`listing_types`), kept on an hf-trainer Found for the checker (`names` is then its names)."""
     if base.startswith(DELETING_PREFIX):
         return None
     if _ORBAX_TMP.match(base) or ORBAX_TMP in base:
@@ -105,15 +111,15 @@ def identify(path: str, names: list[str] | None = None, is_dir: bool | None = No
     if names is None:
         names = listdir(path) or []
     nameset = set(names)
-    marker = unfinished_marker(path)
-    if (os.path.basename(marker) in siblings if siblings is not None else os.path.lexists(marker)):
+    if (unfinished_name(base) in siblings if siblings is not None else os.path.lexists(unfinished_marker(path))):
         return Found(path, "nemo", step_from_name(base), True)
     if base.lower().endswith(".ckpt"):
         return Found(path, "lightning", step_from_name(base), True)
     if "weights" in nameset and "context" in nameset:
         return Found(path, "nemo", step_from_name(base), True)
-    if _HF.match(base) or "trainer_state.json" in nameset:
-        return Found(path, "hf-trainer", step_from_name(base), True)
+    m = _HF.match(base)
+    if m or "trainer_state.json" in nameset:
+        return Found(path, "hf-trainer", int(m.group(1)) if m else step_from_name(base), True, "checkpoint", listing)
     if _DS.match(base) or ("zero" in nameset and is_ds_universal(path)):
         return Found(path, "deepspeed", step_from_name(base), True)
     if _MEG.match(base):
@@ -125,7 +131,7 @@ def identify(path: str, names: list[str] | None = None, is_dir: bool | None = No
         # torchtitan or a plain loop's DCP save: only the .metadata's keys tell (the checker reads them)
         return Found(path, "dcp", step_from_name(base), True)
     if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset):
-        return Found(path, "hf-trainer", step_from_name(base), True)
+        return Found(path, "hf-trainer", step_from_name(base), True, "checkpoint", listing)
     if _STEP.match(base) or (_ORBAX.match(base) and base.isdigit()):
         # an empty or unrecognisable step folder: in-flight or broken, still a checkpoint slot
         if not names:
@@ -174,6 +180,15 @@ def unfinished_marker(path: str) -> str:
     return p + NEMO_UNFINISHED
 
 
+def unfinished_name(name: str) -> str:
+    """The name of NeMo's marker beside a checkpoint named `name`: os.path.basename(unfinished_marker(path)) for
+    any path whose last name is `name` (the suffixes hold no separator)."""
+    for suffix in (".nemo", ".ckpt", "-EMA"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name + NEMO_UNFINISHED
+
+
 def is_run_folder(found: Found) -> bool:
     """True for an HF Trainer output_dir: a folder recognised as hf-trainer by its own top-level
     files (model.safetensors, config.json, trainer_state.json) that also holds checkpoint-N/
@@ -218,20 +233,19 @@ def listing_types(path: str) -> tuple[list[str], set[str]] | None:
             entries = list(it)
     except OSError:
         return None
-    files = set()
-    for e in entries:
-        try:
-            if e.is_file(follow_symlinks=False):
-                files.add(e.name)
-        except OSError:
-            pass
-    return sorted(e.name for e in entries), files
-
-
-def _with_listing(found: Found, listing: tuple[list[str], set[str]]) -> Found:
-    """`found` keeping discover's listing for the checker (one constructor call; dataclasses.replace costs
-    several times that on every checkpoint of a big run)."""
-    return Found(found.path, found.format, found.step, found.is_dir, found.role, listing)
+    try:   # (is_file needs a stat only where the folder's file system gives no entry type; that can fail)
+        files = {e.name for e in entries if e.is_file(follow_symlinks=False)}
+    except OSError:
+        files = set()
+        for e in entries:
+            try:
+                if e.is_file(follow_symlinks=False):
+                    files.add(e.name)
+            except OSError:
+                pass
+    names = [e.name for e in entries]
+    names.sort()
+    return names, files
 
 
 def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecognised: list[str]) -> None:
@@ -253,10 +267,10 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
         except OSError:
             is_dir = False
         listing = listing_types(entry.path) if is_dir else None
-        found = identify(entry.path, listing[0] if listing else [] if is_dir else None, is_dir or None, siblings)
+        found = _identify(entry.path, name, listing[0] if listing else [] if is_dir else None, is_dir or None,
+                          siblings, listing)
         if found is not None:
-            results.append(_with_listing(found, listing) if listing is not None and found.format == "hf-trainer"
-                           else found)
+            results.append(found)
             continue
         if is_dir and depth + 1 < max_depth and not entry.is_symlink():
             before = len(results)
