@@ -767,6 +767,8 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
 
     fresh = prune_survey.survey(str(run))
     assert fresh.results["checkpoint-30"]._seen.flat_names and fresh.results["checkpoint-60"]._seen.marker
+    assert all(r.seen is r._seen for r in fresh.results.values())   # the fast read is the private attribute
+    assert "seen" not in fresh.results["checkpoint-30"].model_dump()
     assert fresh.results["checkpoint-10"]._seen.flat_names is None   # the FIFO: walked as before
     real_check = validate.check_with_values
 

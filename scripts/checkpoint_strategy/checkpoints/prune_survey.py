@@ -72,7 +72,7 @@ def _hf_best(survey: Survey) -> None:
         f = survey.found.get(c.name)
         if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
             r = survey.results.get(c.name)
-            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", r._seen if r else None))
+            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", r.seen if r else None))
     for path, where, seen in states:
         if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
             name = seen.trainer_best
@@ -155,7 +155,7 @@ def _inner_links(s: Survey) -> None:
         if c.symlink or c.outside or not c.path:
             continue
         r = s.results.get(c.name)
-        seen = r._seen if r is not None else None
+        seen = r.seen if r is not None else None
         if seen is not None and seen.flat_names is not None and not c.final_export and len(seen.flat_names) <= MAX_LINK_SCAN:
             s.sizes[c.name] = _flat_size(c.path, seen.flat_names, seen.sizes or {})   # regular files only: no link
             continue
@@ -305,7 +305,7 @@ def survey(root: str, level: str = "quick") -> Survey:
             deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
-        mark = r._seen.marker if r._seen is not None else read_marker(f.path)
+        mark = seen.marker if (seen := r.seen) is not None else read_marker(f.path)
         if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
             s.emergency[name] = describe_marker(mark)
         s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,

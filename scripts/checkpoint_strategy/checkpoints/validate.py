@@ -1003,7 +1003,7 @@ FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
 
 def seen_data(r: CheckpointResult) -> list | None:
     """What the checker saw of a result (`Seen`) as JSON data, or None."""
-    seen = r._seen
+    seen = r.seen
     return None if seen is None else [seen.families, seen.flat_names, seen.sizes, seen.marker, seen.trainer_best,
                                       seen.state_read]
 
@@ -1140,5 +1140,5 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
 
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
-        blind_spots=blind_spots((r._seen and r._seen.families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
+        blind_spots=blind_spots(((seen := r.seen) and seen.families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
         summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))

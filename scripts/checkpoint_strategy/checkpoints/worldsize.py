@@ -195,7 +195,7 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
 
     for r in report.checkpoints:
         if r.status == "valid":
-            seen = r._seen   # (a pydantic private attribute: read once)
+            seen = r.seen
             found = saved_world_size(r.path, r.format, seen.flat_names if seen is not None else None)
             if found is not None:
                 report.hardware.append(found)
