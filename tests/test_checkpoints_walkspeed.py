@@ -394,7 +394,8 @@ def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
     """validate (the command a training callback or CI runs after every save) starts without the plan models,
     the planner or the keep rules: the report models take the policy tiers and the reason kinds from small
     modules of their own (planning/policytiers.py, checkpoints/reasonkinds.py). ~13% fewer instructions to
-    import the validator (bench/bench_walk.py --instructions, start-up floors)."""
+    import the validator (bench/bench_walk.py --instructions, start-up floors). Nor, at the quick level, the
+    deep check and its value scanner (validate._deep: loaded at level deep only)."""
     import subprocess
     import sys
 
@@ -405,7 +406,8 @@ def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
     code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['validate', sys.argv[1], '--format', "
             "'json', '-o', sys.argv[2]]); print(rc, sorted(m for m in sys.modules if m in ("
             "'checkpoint_strategy.planning.models', 'checkpoint_strategy.planning.planner', "
-            "'checkpoint_strategy.checkpoints.retention')))")
+            "'checkpoint_strategy.checkpoints.retention', 'checkpoint_strategy.checkpoints.deep', "
+            "'checkpoint_strategy.checkpoints.tensorscan')))")
     out = subprocess.run([sys.executable, "-c", code, str(folder), str(tmp_path / "report.json")],
                          capture_output=True, text=True, timeout=120, env=checkout_env())
     assert out.stdout.split("\n")[0] == "0 []", out.stdout + out.stderr

@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.checkpoints.framework_layouts import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.checkpoints import tensorscan as ts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.models import DeepCheck, OptimizerCheck, TensorStat
 
 Role = Literal["weights", "optimizer", "mixed", "other"]
-OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
-WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 #: optimizer state leaves that are means of squares: a negative value cannot be (Adam takes their square root)
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col", "square_avg", "sum")

@@ -17,6 +17,11 @@ import re
 
 _OPTIMIZER_KEY = re.compile(r"^(opt|opt_state|optimizer|optimizer_state|optim|optim_state)$", re.I)
 TORCHTITAN_TRAIN_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
+#: the top-level keys of a checkpoint dict that hold optimizer state (Lightning "optimizer_states", a plain loop's
+#: "optimizer" / "optimizer_state_dict", ...) and those that hold the weights (a state dict under "state_dict",
+#: "model", DeepSpeed's "module", ...): the quick level tells resumable from these, deep and convert read by them
+OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
+WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 
 
 def orbax_item_has_optimizer(metadata: object) -> bool:

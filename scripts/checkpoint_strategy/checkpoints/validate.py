@@ -8,10 +8,10 @@ import re
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 from collections.abc import Callable, Iterable, Sequence
 
-from checkpoint_strategy.checkpoints import deep as dp
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints import formats as fm
 from checkpoint_strategy.checkpoints import framework_layouts as fl
@@ -25,6 +25,18 @@ from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, Ch
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
+
+if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
+    from checkpoint_strategy.checkpoints import deep as dp
+
+
+def _deep() -> ModuleType:
+    """checkpoints.deep, imported where level deep needs it (its value scanner and dataclasses: ~4 ms of every
+    start-up that only runs the quick or full level)."""
+    from checkpoint_strategy.checkpoints import deep
+
+    return deep
+
 
 PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
@@ -121,7 +133,7 @@ class _Ctx:
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
-            self.sources.append(dp.Source(path, self.rel(path), role, "safetensors"))
+            self.sources.append(_deep().Source(path, self.rel(path), role, "safetensors"))
         self._tick()
 
     def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None,
@@ -132,7 +144,7 @@ class _Ctx:
         for r in z.findings:
             self.bad(path, r)
         if self.deep and not z.findings and not z.legacy and role != "other":
-            self.sources.append(dp.Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor))
+            self.sources.append(_deep().Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor))
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
@@ -343,7 +355,7 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        ctx.sources.append(dp.Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+        ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
 
 
 def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
@@ -671,9 +683,9 @@ def _check_safetensors_file(ctx: _Ctx, found: fm.Found) -> Layout:
 def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(found.path, "mixed")
     keys = z.keys()
-    resumable = any(k in dp.OPTIM_KEYS for k in keys)
+    resumable = any(k in fl.OPTIM_KEYS for k in keys)
     if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
-            not any(k in dp.WEIGHT_KEYS or k in dp.OPTIM_KEYS for k in keys):
+            not any(k in fl.WEIGHT_KEYS or k in fl.OPTIM_KEYS for k in keys):
         ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
     return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
 
@@ -740,12 +752,12 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         layout = checker(ctx, found, want_commit) if found.format == "orbax" else checker(ctx, found)
     outcome = None
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
-        outcome = dp.run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+        outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
         from checkpoint_strategy.checkpoints.optstep import fill_deep_check
 
         mismatch = fill_deep_check(path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
         if mismatch is not None:
-            outcome.findings.append(dp.Finding(".", mismatch[1], mismatch[0]))  # type: ignore[arg-type]
+            outcome.findings.append(_deep().Finding(".", mismatch[1], mismatch[0]))  # type: ignore[arg-type]
         for f in outcome.findings:
             ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
         ctx.counter.notes.extend(outcome.notes)
@@ -862,7 +874,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 
 
 def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
-    finding = dp.compare(outcome, prev, prev_name)
+    finding = _deep().compare(outcome, prev, prev_name)
     if finding is not None:
         result.problems.append(Problem(file=_named(finding.file, result.path), reason=finding.reason,
                                        kind=finding.kind))
@@ -1026,7 +1038,7 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
     results = [load(line) for line in lines[1:]]
     if len(seen) != len(results):
         raise ValueError(f"{len(seen)} records of what was seen for {len(results)} results")
-    for r, s in zip(results, seen):
+    for r, s in zip(results, seen, strict=True):
         if s is not None:
             fam, flat, sizes, marker, best, state_read = s
             r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,

@@ -14,13 +14,13 @@ from typing import Any
 
 from checkpoint_strategy.checkpoints import deep
 from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.checkpoints.framework_layouts import WEIGHT_KEYS
 from checkpoint_strategy.checkpoints import tensorscan as ts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor, Unsupported
 from checkpoint_strategy.errors import UsageError
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
-WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 
 
 def _refuse(path: str, reason: str) -> UsageError:
