@@ -45,6 +45,12 @@ def run(tmp_path_factory):
     return _damaged_run(tmp_path_factory.mktemp("fanout") / "run")
 
 
+@pytest.fixture(autouse=True)
+def _one_item_chunks(monkeypatch):
+    """Chunks of one checkpoint: the small runs here make as many chunks as they have checkpoints."""
+    monkeypatch.setattr(fanout, "MIN_CHUNK", 1)
+
+
 @pytest.mark.parametrize("workers", [2, 3, 7])
 def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, workers):
     monkeypatch.setattr(fanout, "ENABLED", False)
@@ -57,7 +63,8 @@ def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, wor
     assert _report(run) == alone
     assert _survey(run) == alone_survey
     n = len(alone[0]["checkpoints"])
-    assert len(forked) == 2 * (len(range(0, n, -(-n // workers))) - 1)   # validate, then prune's survey
+    assert len(fanout._chunks(n, workers)) == n
+    assert len(forked) == 2 * (min(workers, n) - 1)   # validate, then prune's survey
     assert not _children_left()
     statuses = [c["status"] for c in alone[0]["checkpoints"]]
     assert statuses.count("valid") == 2 and "invalid" in statuses   # the damaged run: real findings to carry
@@ -103,13 +110,114 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
         real_work_split = fanout.map_split
 
         def short(items, work, enc, dec):
-            return real_work_split(items, lambda part, here: work(part, here)[:len(part) if here else 1], enc, dec)
+            return real_work_split(items, lambda part, here: work(part, here)[:len(part) - (not here)], enc, dec)
         monkeypatch.setattr(validate, "map_split", short)
     assert _report(run) == alone
     assert not _children_left()
 
 
+def test_a_slow_child_takes_fewer_chunks(run, monkeypatch):
+    """The chunks go to whichever process is free: with its children slowed down (a core shared with another
+    job), this process checks most of the run itself, and the report is the same."""
+    import time
+
+    monkeypatch.setattr(fanout, "ENABLED", False)
+    alone = _report(run)
+    monkeypatch.setattr(fanout, "ENABLED", True)
+    monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
+    parent = os.getpid()
+    here = []
+    real_check = validate.check_with_values
+
+    def check(*a, **k):
+        if os.getpid() == parent:
+            here.append(1)
+            time.sleep(0.02)   # (time for the children to start and take a chunk each)
+        else:
+            time.sleep(0.3)
+        return real_check(*a, **k)
+    monkeypatch.setattr(validate, "check_with_values", check)
+    assert _report(run) == alone
+    n = len(alone[0]["checkpoints"])
+    assert n - 2 <= len(here) < n, (len(here), n)   # each child took one chunk (one checkpoint), no more
+    assert not _children_left()
+
+
+def test_the_queue_gives_each_chunk_to_one_reader():
+    """Four processes taking chunk numbers from one queue at once: every number is taken, and by one of them."""
+    queue = fanout._queue(fanout.MAX_CHUNKS)
+    readers = []
+    for _ in range(4):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                os.write(w, ",".join(str(i) for i in fanout._take(queue)).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        readers.append((pid, r))
+    got = [i for i in fanout._take(queue)]
+    for pid, r in readers:
+        with os.fdopen(r, "rb") as fh:
+            text = fh.read().decode()
+        os.waitpid(pid, 0)
+        got += [int(x) for x in text.split(",") if x]
+    os.close(queue)
+    assert sorted(got) == list(range(fanout.MAX_CHUNKS))
+
+
+def _child_writing(data: bytes, code: int = 0) -> fanout._Child:
+    """A real child process that sends `data` and exits with `code`, as a checking child would."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.write(w, data)
+        finally:
+            os._exit(code)
+    os.close(w)
+    os.set_blocking(r, False)
+    return fanout._Child(pid, r)
+
+
+def _frame(chunk: int, payload: bytes) -> bytes:
+    return b"%d %d\n%s" % (chunk, len(payload), payload)
+
+
+@pytest.mark.parametrize(("data", "code", "trusted"), [
+    (_frame(1, b"[3, 4]") + _frame(2, b"[5]"), 0, True),
+    (_frame(2, b"[5]") + _frame(1, b"[3, 4]"), 0, True),    # in any order
+    (b"", 0, True),                                        # took no chunk
+    (_frame(1, b"[3, 4]") + _frame(2, b"[5]"), 1, False),   # exited with an error
+    (_frame(1, b"[3, 4]") + _frame(1, b"[3, 4]"), 0, False),  # a chunk sent twice
+    (_frame(0, b"[1]"), 0, False),                          # a chunk this process did
+    (_frame(5, b"[1]"), 0, False),                          # no such chunk
+    (b"-1 3\n[1]", 0, False),
+    (_frame(1, b"[3]"), 0, False),                          # fewer results than the chunk has items
+    (_frame(1, b"[3, 4"), 0, False),                        # a payload that does not decode
+    (_frame(1, b"[3, 4]")[:-2], 0, False),                  # cut short
+    (b"1 x\n[3, 4]", 0, False),                            # a header that is not one
+    (b"1" * 100, 0, False),
+])
+def test_a_child_is_trusted_only_with_every_chunk_it_names(data, code, trusted):
+    import json as _json
+
+    chunks = [(0, 1), (1, 3), (3, 4)]
+    done = {0: ["here"]}
+    child = _child_writing(data, code)
+    fanout._pump(child, chunks, _json.loads)   # (as between chunks: what has come so far, no waiting)
+    fanout._finish(child, chunks, done, _json.loads)
+    assert done == ({0: ["here"], 1: [3, 4], 2: [5]} if trusted and data else {0: ["here"]})
+    assert child.trusted == trusted and child.pid == 0 and child.fd == -1
+    assert not _children_left()
+
+
 def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch):
+    import time
+
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
     parent = os.getpid()
     real_check = validate.check_with_values
@@ -117,6 +225,7 @@ def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch):
     def check(*a, **k):
         if os.getpid() == parent:
             raise KeyboardInterrupt
+        time.sleep(0.05)   # (the children slow: this process gets a chunk whatever the order they start in)
         return real_check(*a, **k)
     monkeypatch.setattr(validate, "check_with_values", check)
     with pytest.raises(KeyboardInterrupt):
