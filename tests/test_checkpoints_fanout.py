@@ -70,7 +70,8 @@ def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, wor
     assert statuses.count("valid") == 2 and "invalid" in statuses   # the damaged run: real findings to carry
 
 
-@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "miscounted", "short", "no fork", "no pipe"])
+@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "miscounted", "short", "no fork", "no pipe",
+                                     "no queue"])
 def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
@@ -96,13 +97,13 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
         return data
     monkeypatch.setattr(validate, "check_with_values", check)
     monkeypatch.setattr(validate, "encode_results", encode)
-    if failure in ("no fork", "no pipe"):   # the second part cannot get a process: checked here
+    if failure in ("no fork", "no pipe", "no queue"):   # a child (or the queue, the first pipe) cannot be had
         calls = []
         real = getattr(os, "fork" if failure == "no fork" else "pipe")
 
         def second_fails():
             calls.append(1)
-            if len(calls) == 2:
+            if len(calls) == (1 if failure == "no queue" else 2):
                 raise OSError(11, "Resource temporarily unavailable")
             return real()
         monkeypatch.setattr(os, "fork" if failure == "no fork" else "pipe", second_fails)
