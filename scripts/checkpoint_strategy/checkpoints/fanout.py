@@ -111,7 +111,7 @@ def _start(children: list[_Child], count: int, items: Sequence[T], chunks: list[
 
 
 def _chunks(count: int, workers: int) -> list[tuple[int, int]]:
-    """(start, end) of each chunk: about 8 a process (uneven cores even out), MIN_CHUNK to 32 items each (a chunk
+    """(start, end) of each chunk: 8 or more a process (uneven cores even out), MIN_CHUNK to 32 items each (a chunk
     costs one 4-byte read), at most MAX_CHUNKS of them."""
     size = max(MIN_CHUNK, min(32, count // (workers * 8)), -(-count // MAX_CHUNKS))
     return [(a, min(count, a + size)) for a in range(0, count, size)]
