@@ -144,6 +144,53 @@ def test_a_slow_child_takes_fewer_chunks(run, monkeypatch):
     assert not _children_left()
 
 
+def test_results_with_any_path_cross_the_pipe():
+    """A path with a newline, a '|', spaces, or a byte that is not UTF-8 (a lone surrogate, as os.listdir reads
+    it): each result comes back as it went, what the checker saw included."""
+    from checkpoint_strategy.checkpoints.models import CheckpointResult, Seen
+
+    results = []
+    for path in ("/r/a\nb", "/r/x | y z", "/r/caf\u00e9", "/r/bad\udcff", ""):
+        r = CheckpointResult(path=path, format="hf-trainer", status="valid", resumable=True, sharded=False,
+                             portability="p", level="quick", notes=[path])
+        r._seen = Seen(("zip",), (path + "\n",), {path: 3}, None, path, True)
+        results.append(r)
+    back = validate.decode_results(validate.encode_results(results))
+    assert [b.model_dump() for b in back] == [r.model_dump() for r in results]
+    assert [b.seen for b in back] == [r.seen for r in results]
+
+
+def test_a_run_under_a_folder_name_that_is_not_utf8_splits_as_usual(run, tmp_path, monkeypatch):
+    """A run folder whose name holds a byte that is not UTF-8: the children's results still cross the pipe
+    (no child untrusted, nothing checked twice) and the report is the one a single process gives."""
+    import shutil
+
+    root = os.path.join(os.fsencode(tmp_path), b"r\xffun")
+    try:
+        os.mkdir(root)
+    except (OSError, UnicodeEncodeError):
+        pytest.skip("this file system takes no such name")
+    for step in range(10, 70, 10):   # the sound checkpoint six times (the damaged ones hold FIFOs: no copy)
+        shutil.copytree(run / "checkpoint-10", os.fsdecode(os.path.join(root, b"checkpoint-%d" % step)), symlinks=True)
+    os.remove(os.path.join(root, b"checkpoint-30", b"trainer_state.json"))   # and one finding to carry
+    here = os.fsdecode(root)
+    monkeypatch.setattr(fanout, "ENABLED", False)
+    alone = _report(here)
+    monkeypatch.setattr(fanout, "ENABLED", True)
+    monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
+    trusted = []
+    real_finish = fanout._finish
+
+    def finish(child, *a):
+        real_finish(child, *a)
+        trusted.append(child.trusted)
+    monkeypatch.setattr(fanout, "_finish", finish)
+    assert _report(here) == alone
+    assert trusted and all(trusted)
+    assert "\udcff" in alone[0]["checkpoints"][0]["path"]
+    assert [c["status"] for c in alone[0]["checkpoints"]].count("valid") == 5
+
+
 def test_the_queue_gives_each_chunk_to_one_reader():
     """Four processes taking chunk numbers from one queue at once: every number is taken, and by one of them."""
     queue = fanout._queue(fanout.MAX_CHUNKS)

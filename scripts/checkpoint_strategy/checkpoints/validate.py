@@ -1021,12 +1021,19 @@ def seen_data(r: CheckpointResult) -> list | None:
 
 
 def encode_results(results: list[CheckpointResult]) -> bytes:
-    """Results as bytes (fanout: a child process sends its part back): one line of JSON with what the checker
+    """Results as bytes (fanout: a child process sends a chunk back): one line of JSON with what the checker
     saw of each, then each result as pydantic's own JSON on a line of its own (JSON text holds no raw newline).
-    pydantic-core writes and reads these itself: a third of the time of model_dump + json and back."""
+    pydantic-core writes and reads these itself: a third of the time of model_dump + json and back. A result
+    it cannot write as UTF-8 (a path with a byte that is not UTF-8, read by os.listdir as a lone surrogate)
+    goes as "!" and the stdlib's ASCII-escaped JSON instead."""
     dump = CheckpointResult.__pydantic_serializer__.to_json
-    return b"\n".join([json.dumps([seen_data(r) for r in results], separators=(",", ":")).encode(),
-                       *map(dump, results)])
+    lines = [json.dumps([seen_data(r) for r in results], separators=(",", ":")).encode()]
+    for r in results:
+        try:
+            lines.append(dump(r))
+        except ValueError:   # PydanticSerializationError: surrogates not allowed
+            lines.append(b"!" + json.dumps(r.model_dump(mode="json"), separators=(",", ":")).encode())
+    return b"\n".join(lines)
 
 
 def decode_results(data: bytes) -> list[CheckpointResult]:
@@ -1035,7 +1042,8 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
     lines = data.split(b"\n")
     seen = json.loads(lines[0])
     load = CheckpointResult.__pydantic_validator__.validate_json
-    results = [load(line) for line in lines[1:]]
+    results = [CheckpointResult.model_validate(json.loads(line[1:])) if line.startswith(b"!") else load(line)
+               for line in lines[1:]]
     if len(seen) != len(results):
         raise ValueError(f"{len(seen)} records of what was seen for {len(results)} results")
     for r, s in zip(results, seen, strict=True):
