@@ -8,8 +8,8 @@ every chunk's number as 4 bytes, written before the fork and read 4 bytes at a t
 bytes from its front under the pipe's lock: each number goes to one reader). Every child sends each chunk's
 results as soon as it has them, as bytes (`encode`, e.g. JSON) through a pipe of its own, framed by the chunk's
 number and the payload's length; this process reads and decodes what has come between chunks of its own, so
-at the end little is left to wait for, and puts the chunks back in order. Nothing changes in what is checked or reported: the results are the ones a single process gives
-(tests/test_checkpoints_fanout.py compares them).
+at the end little is left to wait for, and puts the chunks back in order. Nothing changes in what is checked
+or reported: the results are the ones a single process gives (tests/test_checkpoints_fanout.py compares them).
 
 It forks only where forking is safe and worth it: on a platform with `os.fork`, from a process running one
 thread (a fork copies only the calling thread: a lock held by another, an object-storage client's event
@@ -196,18 +196,18 @@ def _fork(items: Sequence[T], chunks: list[tuple[int, int]], queue: int,
 
 
 def _pump(child: _Child, chunks: list[tuple[int, int]], decode: Callable[[bytes], list[R]]) -> bool:
-    """Read what the child has sent so far (no waiting) and decode its whole frames. True at the end of its output."""
+    """Read what the child has sent so far (to the end of its output once `_finish` made its pipe blocking) and
+    decode its whole frames. True at the end of its output."""
     end = False
-    if child.fd >= 0:
-        try:
-            while True:
-                part = os.read(child.fd, 1 << 20)
-                if not part:
-                    end = True
-                    break
-                child.buf += part
-        except BlockingIOError:
-            pass
+    try:
+        while True:
+            part = os.read(child.fd, 1 << 20)
+            if not part:
+                end = True
+                break
+            child.buf += part
+    except BlockingIOError:
+        pass
     while child.trusted:   # each frame: b"<chunk> <bytes>\n" and that many bytes of payload
         nl = child.buf.find(b"\n", 0, 64)
         if nl < 0:
