@@ -13,7 +13,7 @@ the middle of that save), level, callback (false: the same run without the callb
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
 files corrupted). Every rank appends events to WORK/events-R.jsonl: write_start / write_end of each
 save (the framework's own save call), the worker's phases (validate / manifest / prune / idle, each
-stamped when the worker reported it, before it does the work: jobs linger `phase_delay` seconds), and
+stamped by the worker's clock as it enters the phase, before it does the work: jobs linger `phase_delay` seconds), and
 step wall times; rank 0 writes WORK/records.json (the callback's records and problems).
 """
 
@@ -201,7 +201,7 @@ def _hf_callbacks(opts: dict, ev: Events, callbacks: list) -> tuple[list, Any]:
     if opts.get("callback", True):
         cb = HFCheckpointStrategy(opts.get("policy", POLICY), handoff_dir=None, level=opts.get("level", "quick"),
                                   rank_timeout=opts.get("rank_timeout", 60))
-        cb.core.phase_hook = lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path))
+        cb.core.phase_hook = lambda phase, path, t: ev(what="phase", phase=phase, path=os.path.basename(path), t=t)
         cb.core.phase_delay = opts.get("phase_delay", 0.05)
         callbacks.append(cb)
     elif opts.get("idle_worker"):   # the run without the callback, beside an idle worker process
@@ -304,7 +304,7 @@ def pl(out: Path, work: Path, opts: dict) -> None:
                 ev(what="killed", step=kill_step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    hooks = {"phase_hook": lambda phase, path: ev(what="phase", phase=phase, path=os.path.basename(path)),
+    hooks = {"phase_hook": lambda phase, path, t: ev(what="phase", phase=phase, path=os.path.basename(path), t=t),
              "phase_delay": opts.get("phase_delay", 0.05)}
     cb, trainer, _m = callbackruns.lightning_train(
         out, opts.get("policy", POLICY), max_steps=opts.get("max_steps", 60), spike_step=opts.get("spike_step"),

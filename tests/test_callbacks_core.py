@@ -252,3 +252,32 @@ def test_a_spike_seen_after_the_last_step_saves_nothing(tmp_path, caplog):
     for step in range(1, 80):
         fresh.observe(step, 1.0 + 0.01 * (step % 7))
     assert fresh.observe(80, 50.0) is not None         # the same values during training: a save is due
+
+
+def test_phase_stamps_are_the_workers_clock_not_when_the_line_arrived(tmp_path):
+    """The worker stamps each phase with its own wall clock as it enters it; the training process hands that stamp
+    to phase_hook, not the time its reader thread got the line (which waits for the GIL while a save holds it: a CI
+    run saw a prune's end stamped 21 ms after the next save, which the prune's lock had kept waiting, began)."""
+    import time
+
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    core = StrategyCore({"frequency": "every_10_steps", "keep_last": 1, "async_save": True}, handoff_dir=None)
+    got: list[tuple[str, float]] = []
+    core.phase_hook = lambda phase, path, t: got.append((phase, t))
+    core._on_message({"phase": "prune", "path": "x", "t": 5.0})
+    before = time.time()
+    core._on_message({"phase": "idle", "path": "x"})                  # an inline job's phase: stamped here, now
+    core._on_message({"phase": "idle", "path": "x", "t": "soon"})     # not a number: stamped here
+    assert got[0] == ("prune", 5.0) and before <= got[1][1] <= got[2][1] <= time.time(), got
+
+    ckpt = tmp_path / "checkpoint-10"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 16)
+    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"], capture_output=True,
+                          text=True, timeout=60, input=json.dumps({"id": 1, "path": str(ckpt), "validate": True,
+                                                                   "phase_delay": 0.2}) + "\n",
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "scripts")))
+    phases = [json.loads(x) for x in proc.stdout.splitlines() if '"phase"' in x]
+    assert [p["phase"] for p in phases] == ["validate", "idle"], proc.stdout + proc.stderr
+    assert phases[1]["t"] - phases[0]["t"] >= 0.2                     # the validate lingered 0.2 s in the worker

@@ -33,7 +33,7 @@ from checkpoint_strategy.callbacks import HFCheckpointStrategy, last_valid_check
 out, work = sys.argv[1], sys.argv[2]
 phase_file = os.path.join(work, "phase")
 
-def phase(name, path):       # called as the worker process reports entering a phase
+def phase(name, path, t):       # called as the worker process reports entering a phase
     with open(phase_file, "w") as fh:
         fh.write(f"{name} {os.path.basename(path)}")
 

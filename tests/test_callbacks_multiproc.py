@@ -88,9 +88,10 @@ def phase_windows(evs: list[dict]) -> list[tuple[str, str, float, float]]:
     return out
 
 
-#: how late a worker's phase line can be stamped: the training process stamps it when its reader thread gets the
-#: line, which can wait for the GIL (the switch interval, 5 ms) while the main thread, already holding the folder's
-#: lock the prune released, starts the next save (a CI run saw a save start 1.5 ms before the stamped prune end)
+#: how late a prune's end can be stamped: the worker stamps "idle" with its own clock right after prune released the
+#: folder's lock, and the training process, which takes that lock for its next save, can stamp write_start first (the
+#: stamps were once the training process's, when its reader thread got the line; a CI run saw that wait for the GIL
+#: 21 ms while a save held it)
 PHASE_LAG = 0.02
 
 

@@ -6,7 +6,7 @@ switch interval (5 ms). A child process validates and prunes in parallel without
 training thread; the training process only writes one JSON line per save to the child's stdin.
 
 Protocol (JSON lines): the parent writes jobs ``{"id", "kind": "save"|"handoff", ...}``; the
-worker answers ``{"phase": "validate"|"manifest"|"prune-wait"|"prune"|"idle", "path"}`` as it goes and one result line
+worker answers ``{"phase": "validate"|"manifest"|"prune-wait"|"prune"|"idle", "path", "t"}`` (t: its own wall clock) as it goes and one result line
 ``{"id", ...}`` per job (see ``process_job`` / ``handoff_job``). It exits at the end of stdin, so
 a training process that dies leaves the worker to finish the job it is on (every step of it is
 crash-safe) and stop. Run as ``python -m checkpoint_strategy.callbacks._worker``.
@@ -256,9 +256,9 @@ def main() -> int:
         if job.get("kind") == "handoff":
             emit(handoff_job(job))
         elif job.get("kind") == "part":
-            emit(part_job(job, lambda p, path: emit({"phase": p, "path": path})))
+            emit(part_job(job, lambda p, path: emit({"phase": p, "path": path, "t": time.time()})))
         else:
-            emit(process_job(job, lambda p, path: emit({"phase": p, "path": path})))
+            emit(process_job(job, lambda p, path: emit({"phase": p, "path": path, "t": time.time()})))
     return 0
 
 

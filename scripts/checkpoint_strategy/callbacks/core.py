@@ -120,9 +120,10 @@ class StrategyCore:
         self.problems: list[str] = []
         self.protect: Callable[[], dict[str, str]] = dict
         # test hooks: after_save_hook(path) runs right after a save, before validation;
-        # phase_hook(phase, path) runs as the worker enters "validate" / "prune" / "idle".
+        # phase_hook(phase, path, t) runs as the worker reports entering "validate" / "prune" / "idle"; t is the
+        # worker's wall clock when it entered (the line reaches this process later, when its reader thread runs).
         self.after_save_hook: Optional[Callable[[str], None]] = None
-        self.phase_hook: Optional[Callable[[str, str], None]] = None
+        self.phase_hook: Optional[Callable[[str, str, float], None]] = None
         self._detector = None
         if self.settings.emergency_save_on or framework_log:
             from checkpoint_strategy.callbacks._detector import OnlineDetector
@@ -518,14 +519,15 @@ class StrategyCore:
             except OSError:
                 pass
 
-    def _phase(self, phase: str, path: str) -> None:
+    def _phase(self, phase: str, path: str, t: Optional[float] = None) -> None:
         if self.phase_hook is not None:
-            self.phase_hook(phase, path)
+            self.phase_hook(phase, path, time.time() if t is None else t)
 
     def _on_message(self, msg: dict) -> None:
         """A phase or a result from the worker (or from an inline job)."""
         if "phase" in msg:
-            self._phase(msg["phase"], msg.get("path", ""))
+            t = msg.get("t")
+            self._phase(msg["phase"], msg.get("path", ""), float(t) if isinstance(t, (int, float)) else None)
             return
         with self._lock:
             jid = msg.get("id")
