@@ -153,7 +153,7 @@ def test_results_with_any_path_cross_the_pipe():
     for path in ("/r/a\nb", "/r/x | y z", "/r/caf\u00e9", "/r/bad\udcff", ""):
         r = CheckpointResult(path=path, format="hf-trainer", status="valid", resumable=True, sharded=False,
                              portability="p", level="quick", notes=[path])
-        r._seen = Seen(("zip",), (path + "\n",), {path: 3}, None, path, True)
+        r._seen = Seen(("zip",), (path + "\n",), 3, (path + "|",), None, path, True)
         results.append(r)
     back = validate.decode_results(validate.encode_results(results))
     assert [b.model_dump() for b in back] == [r.model_dump() for r in results]

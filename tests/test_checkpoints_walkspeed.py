@@ -763,6 +763,7 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
     (run / "checkpoint-20" / "trainer_state.json").write_text("{not json")
     (run / "checkpoint-10" / "README.md").write_text("not read by the checker")
     os.mkfifo(run / "checkpoint-10" / "pipe")
+    (run / "checkpoint-70").symlink_to(run / "checkpoint-60")      # an entry of ROOT that is a link (lstat'ed)
 
     def picture(s):
         return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes)
@@ -783,6 +784,10 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
     assert picture(fresh) == picture(again)
     assert "checkpoint-20" in fresh.best and "checkpoint-60" in fresh.emergency
     assert fresh.sizes["checkpoint-30"] == _walk_size(str(run / "checkpoint-30"))
+    assert "model.safetensors" in fresh.results["checkpoint-30"].seen.flat_unread   # not read whole: its lstat counts
+    assert fresh.results["checkpoint-30"].seen.flat_read > 0
+    link = next(c for c in fresh.candidates if c.name == "checkpoint-70")
+    assert link.symlink and link.links_to == "checkpoint-60" and "checkpoint-70" not in fresh.results
     linked = next(c for c in fresh.candidates if c.name == "checkpoint-50")
     assert linked.links_into and linked.links_into[0][0] == "checkpoint-10"
 

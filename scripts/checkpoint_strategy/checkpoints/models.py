@@ -92,7 +92,8 @@ class Seen:
     families: Optional[tuple[str, ...]] = None     # coverage.families, from the checker's listing of the folder
     flat_names: Optional[tuple[str, ...]] = None   # the folder's names, when they were all regular files (and the
     #                                                folder no symlink): world sizes and prune sizes need no walk
-    sizes: Optional[dict[str, int]] = None         # with flat_names: bytes of each file read whole, by its path
+    flat_read: int = 0                             # with flat_names: the bytes of those the checker read whole ...
+    flat_unread: tuple[str, ...] = ()              # ... and the names of the others (prune's sizes lstat only these)
     marker: Optional[dict] = None                  # the emergency marker (marker.read_marker), as the checker found it
     trainer_best: Optional[str] = None             # trainer_state.json's best_model_checkpoint (a string) ...
     state_read: bool = False                       # ... once the checker parsed that file

@@ -115,9 +115,21 @@ def _lightning_best(survey: Survey) -> None:
                                          f"{newest.name})")
 
 
-def _link(root: str, name: str) -> tuple[bool, str | None, bool]:
+def _not_links(root: str) -> frozenset[str]:
+    """The entries of ROOT its listing saw as no symlink (the entry type scandir reports: no lstat each)."""
+    try:
+        with os.scandir(root) as it:
+            return frozenset(e.name for e in it if not e.is_symlink())
+    except OSError:
+        return frozenset()
+
+
+def _link(root: str, name: str, not_links: frozenset[str] = frozenset()) -> tuple[bool, str | None, bool]:
     """(symlink, the ROOT entry it resolves into, resolves outside ROOT) for the entry `name` of ROOT.
-    Only the link text is resolved (os.path.realpath); nothing it points at is opened."""
+    Only the link text is resolved (os.path.realpath); nothing it points at is opened. `not_links`: names a
+    listing of ROOT saw as no symlink (any other name is looked at with lstat)."""
+    if name in not_links:
+        return False, None, False
     path = os.path.join(root, name)
     if not os.path.islink(path):
         return False, None, False     # a real entry of ROOT (a real path): inside by construction
@@ -157,7 +169,7 @@ def _inner_links(s: Survey) -> None:
         r = s.results.get(c.name)
         seen = r.seen if r is not None else None
         if seen is not None and seen.flat_names is not None and not c.final_export and len(seen.flat_names) <= MAX_LINK_SCAN:
-            s.sizes[c.name] = _flat_size(c.path, seen.flat_names, seen.sizes or {})   # regular files only: no link
+            s.sizes[c.name] = _flat_size(c.path, seen.flat_read, seen.flat_unread)   # regular files only: no link
             continue
         top = c.path if not c.final_export else s.root
         found, complete, size = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
@@ -170,18 +182,13 @@ def _inner_links(s: Survey) -> None:
             s.candidates[i] = replace(c, links_into=tuple(found))
 
 
-def _flat_size(folder: str, names: tuple[str, ...], known: dict[str, int]) -> int:
-    """The bytes of a folder the validator listed as regular files only (`known`: the sizes of the files it read
-    whole, by path): what `_links_under` counts, with one lstat per file it did not read."""
-    total = 0
-    prefix = os.path.join(folder, "")   # prefix + name is os.path.join(folder, name): the checker's keys
-    for n in names:
-        p = prefix + n
-        if p in known:
-            total += known[p]
-            continue
+def _flat_size(folder: str, read: int, unread: tuple[str, ...]) -> int:
+    """The bytes of a folder the validator listed as regular files only (`read`: the bytes of the files it read
+    whole; `unread`: the names of the others): what `_links_under` counts, with one lstat per file it did not read."""
+    total = read
+    for n in unread:
         try:
-            total += os.lstat(p).st_size
+            total += os.lstat(os.path.join(folder, n)).st_size
         except OSError:
             pass
     return total
@@ -277,10 +284,12 @@ def survey(root: str, level: str = "quick") -> Survey:
     templates: set[str] = set()
     deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
     named = {}   # path -> (name, its classification, symlink, links_to, outside ROOT), for every checkpoint
+    not_links = _not_links(root)
     for f in found:
         if f.role != fm.FINAL_EXPORT:
             name = os.path.basename(f.path)
-            link, links_to, outside = _link(root, name) if os.path.dirname(f.path) == root else (False, None, True)
+            link, links_to, outside = (_link(root, name, not_links) if os.path.dirname(f.path) == root
+                                        else (False, None, True))
             named[f.path] = (name, rt.classify_name(name), link or outside, links_to, outside)
     checked = _check_ahead([f for f in found if f.path in named and named[f.path][1] is not None
                             and not named[f.path][2]], level)
@@ -312,7 +321,7 @@ def survey(root: str, level: str = "quick") -> Survey:
                                          m.metrics, format=f.format, path=f.path))
     _deep_verdicts(s, deep)
     for name in unrecognised:
-        link, links_to, outside = _link(root, name)
+        link, links_to, outside = _link(root, name, not_links)
         s.candidates.append(rt.Candidate(name, None, None, symlink=link, path=os.path.join(root, name),
                                          links_to=links_to, outside=outside))
     s.templates = sorted(templates)

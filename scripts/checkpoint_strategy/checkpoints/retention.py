@@ -442,9 +442,10 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
                   frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
                   _link_targets(candidates), in_flight)
     decisions = []
+    every = (*SAFETY_RULES, *rules)
     for c in candidates:
         reasons: list[Reason] = []
-        for rule in (*SAFETY_RULES, *rules):
+        for rule in every:
             r = rule(c, ctx)
             if r is not None:
                 reasons.append(r)

@@ -794,7 +794,16 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
 
         seen.families = families(result.format, path, ctx.listed)
         if ctx.flat:
-            seen.flat_names, seen.sizes = tuple(ctx.listed), ctx.counter.sizes
+            seen.flat_names = names = tuple(ctx.listed)
+            sizes, prefix = ctx.counter.sizes, os.path.join(path, "")   # its keys: os.path.join(path, name)
+            read, unread = 0, []
+            for n in names:
+                size = sizes.get(prefix + n)
+                if size is None:
+                    unread.append(n)
+                else:
+                    read += size
+            seen.flat_read, seen.flat_unread = read, tuple(unread)
     return result, outcome
 
 
@@ -1016,8 +1025,8 @@ FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
 def seen_data(r: CheckpointResult) -> list | None:
     """What the checker saw of a result (`Seen`) as JSON data, or None."""
     seen = r.seen
-    return None if seen is None else [seen.families, seen.flat_names, seen.sizes, seen.marker, seen.trainer_best,
-                                      seen.state_read]
+    return None if seen is None else [seen.families, seen.flat_names, seen.flat_read, seen.flat_unread,
+                                      seen.marker, seen.trainer_best, seen.state_read]
 
 
 def encode_results(results: list[CheckpointResult]) -> bytes:
@@ -1048,9 +1057,9 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
         raise ValueError(f"{len(seen)} records of what was seen for {len(results)} results")
     for r, s in zip(results, seen, strict=True):
         if s is not None:
-            fam, flat, sizes, marker, best, state_read = s
-            r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None, sizes,
-                           marker, best, bool(state_read))
+            fam, flat, read, unread, marker, best, state_read = s
+            r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None,
+                           int(read), tuple(unread), marker, best, bool(state_read))
     return results
 
 
