@@ -66,20 +66,23 @@ class Survey:
 def _hf_best(survey: Survey) -> None:
     """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
     run folder's own)."""
-    states: list[tuple[str, str, Seen | None]] = [(os.path.join(survey.root, "trainer_state.json"),
-                                                   "the run folder's ", None)]
+    states: list[tuple[str, str | None, object]] = [   # (where, the file to read, or what the checker read in it)
+        ("the run folder's ", survey.root, None)]
     for c in survey.candidates:
         f = survey.found.get(c.name)
         if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
             r = survey.results.get(c.name)
-            states.append((os.path.join(f.path, "trainer_state.json"), f"{c.name}/", r.seen if r else None))
-    for path, where, seen in states:
-        if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
-            name = seen.trainer_best
-        else:
+            seen = r.seen if r is not None else None
+            if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
+                if seen.trainer_best is not None:
+                    states.append((f"{c.name}/", None, seen.trainer_best))
+            else:
+                states.append((f"{c.name}/", f.path, None))
+    for where, folder, name in states:
+        if folder is not None:
             try:
-                data = storage.read_json(path, "trainer_state.json", limit=storage.MAX_TRAINER_STATE_BYTES,
-                                         allow_nan=True, expect=dict)
+                data = storage.read_json(os.path.join(folder, "trainer_state.json"), "trainer_state.json",
+                                         limit=storage.MAX_TRAINER_STATE_BYTES, allow_nan=True, expect=dict)
             except storage.ReadError:
                 continue
             name = data.get("best_model_checkpoint")
