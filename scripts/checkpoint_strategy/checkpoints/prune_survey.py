@@ -27,7 +27,6 @@ from checkpoint_strategy.checkpoints.models import (
     PruneReport,
     PruneState,
     PruneSuggestion,
-    Seen,
     SpikeGuard,
 )
 from checkpoint_strategy.checkpoints.fanout import map_split
