@@ -794,17 +794,23 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
 
         seen.families = families(result.format, path, ctx.listed)
         if ctx.flat:
-            seen.flat_names = names = tuple(ctx.listed)
-            sizes, prefix = ctx.counter.sizes, os.path.join(path, "")   # its keys: os.path.join(path, name)
-            read, unread = 0, []
-            for n in names:
-                size = sizes.get(prefix + n)
-                if size is None:
-                    unread.append(n)
-                else:
-                    read += size
-            seen.flat_read, seen.flat_unread = read, tuple(unread)
+            seen.flat_names = tuple(ctx.listed)
+            seen.flat_read, seen.flat_unread = _flat_parts(path, seen.flat_names, ctx.counter.sizes)
     return result, outcome
+
+
+def _flat_parts(folder: str, names: tuple[str, ...], sizes: dict[str, int]) -> tuple[int, tuple[str, ...]]:
+    """(bytes of the files of a flat folder read whole, the names of the others): `sizes` as the checks keep it,
+    by os.path.join(folder, name)."""
+    prefix = os.path.join(folder, "")
+    read, unread = 0, []
+    for n in names:
+        size = sizes.get(prefix + n)
+        if size is None:
+            unread.append(n)
+        else:
+            read += size
+    return read, tuple(unread)
 
 
 def _note_marker(ctx: _Ctx, path: str) -> dict | None:
