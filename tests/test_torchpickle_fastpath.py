@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 import zipfile
 
 import pytest
@@ -93,3 +94,44 @@ def test_opcode_limit_and_global_names_with_escapes(pickles):
                 b"\x80\x02\x8a\x02\xff\x7f\x8a\x01\x80\x86.",  # LONG1 values, signed
                 b"\x80\x02J\xff\xff\xff\xffM\xff\xff\x86."):   # BININT -1, BININT2 65535
         assert repr(tp.read_pickle(bad)) == _reference(bad), bad
+
+
+# Opcode sequences for the ways `_run_bytes` takes inline (constants, new empty containers, TUPLE, TUPLE1-3):
+# whole, and broken where each can break (no mark, too few items); each read the same as the genops path.
+_P2 = b"\x80\x02"
+_INLINE_CASES = {
+    "constants": _P2 + b"N\x88\x89)\x85\x85.",                          # None True False () -> ((),)  (TUPLE1 twice)
+    "fresh_dicts": _P2 + b"(}q\x01}lh\x01K\x01K\x02s0.",   # [{}, {}], then a SETITEM on the first: [{1: 2}, {}]
+    "fresh_lists": _P2 + b"]q\x01]\x86h\x01K\x03a0.",      # ([], []), then an APPEND on the first: ([3], [])
+    "tuples": _P2 + b"K\x01K\x02K\x03\x87K\x04K\x05\x86(K\x06K\x07t\x87.",
+    "tuple_no_mark": _P2 + b"K\x01t.",
+    "tuple2_underflow": _P2 + b"K\x01\x86.",
+    "tuple3_underflow": _P2 + b"K\x01K\x02\x87.",
+    "tuple1_empty": _P2 + b"\x85.",
+    "long_binput_get": _P2 + b"K\x07r\x05\x00\x00\x00j\x05\x00\x00\x00\x86.",
+    "long_binget_unknown": _P2 + b"K\x07j\x09\x00\x00\x00\x86.",
+    "long_binput_cut": _P2 + b"K\x07r\x05\x00",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INLINE_CASES))
+def test_inline_opcodes_read_as_the_genops_path(name):
+    data = _INLINE_CASES[name]
+    assert repr(tp.read_pickle(data)) == _reference(data)
+
+
+def test_inline_empty_containers_are_new_each_time():
+    assert tp.read_pickle(_INLINE_CASES["fresh_dicts"]).root == [{1: 2}, {}]
+    assert tp.read_pickle(_INLINE_CASES["fresh_lists"]).root == ([3], [])
+    scan = tp.PickleScan()   # and by the fast loop itself, not the genops path after it gave up
+    assert tp._run_bytes(_INLINE_CASES["fresh_dicts"], scan, tp._Machine(scan), tp.MAX_OPCODES)
+    assert scan.root == [{1: 2}, {}]
+    assert scan.opcodes == sum(1 for _ in pickletools.genops(_INLINE_CASES["fresh_dicts"])) == 12
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5, 8, 9, 10, 100])
+def test_opcode_limit_words_the_same(pickles, limit):
+    """A pickle longer (in bytes) than the limit goes to genops whole; one within it cannot have more opcodes."""
+    for data in (pickles["optimizer"], _INLINE_CASES["tuples"]):
+        assert repr(tp.read_pickle(data, max_opcodes=limit)) == repr(tp.read_pickle(io.BytesIO(data),
+                                                                                  max_opcodes=limit))

@@ -22,6 +22,7 @@ import re
 import reprlib
 import struct
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 from collections.abc import Iterable
 
@@ -138,8 +139,9 @@ class Global:
     module: str
     name: str
 
-    @property
+    @cached_property
     def qualname(self) -> str:
+        """module.name, formed once per Global (a pickle memoizes each global: REDUCE asks the same one again)."""
         return f"{self.module}.{self.name}"
 
 
@@ -266,9 +268,13 @@ def _storage_from_pid(pid: Any) -> StorageRef | None:
 def _tuple_ints(v: Any) -> tuple | None:
     if isinstance(v, Call) and isinstance(v.func, Global) and v.func.qualname == "torch.Size" and v.args:
         v = v.args[0]
-    if isinstance(v, (tuple, list)) and all(type(x) is int and x >= 0 for x in v):
+    # every item an int (not a bool, nor an int subclass) and none negative; the item types taken in C
+    if isinstance(v, (tuple, list)) and (not v or (set(map(type, v)) == _INT_ONLY and min(v) >= 0)):
         return tuple(v)
     return None
+
+
+_INT_ONLY = {int}
 
 
 def _apply(scan: PickleScan, func: Any, args: Any) -> Any:
@@ -540,56 +546,86 @@ _COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q")
 
 
 #: opcodes `_run_bytes` does without a call: 1 push the argument (`_op_literal`), 2 memo put with an index
-#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`), 5 STOP; 0: the handler is called
+#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`), 5 STOP, 6 push a constant that is never changed in
+#: place (`_op_constant`: None, True, False, the empty tuple), 7 push a new empty dict or list (`_op_constant`),
+#: 8 TUPLE (`_op_tuple`: the items above the mark), 9 TUPLE1 / TUPLE2 / TUPLE3 (`_op_tuple`: the top n items);
+#: 0: the handler is called. A real AdamW optimizer.pt's data.pkl is ~70 % opcodes of ways 1-9
+#: (LONG_BINPUT, BINGET, BININT1, MARK, TUPLE, EMPTY_TUPLE, NEWFALSE, TUPLE1/2, BINUNICODE)
 _INLINE = {**{name: 1 for name in _LITERALS}, "BINPUT": 2, "LONG_BINPUT": 2, "BINGET": 3, "LONG_BINGET": 3,
-           "MARK": 4, "STOP": 5}
-#: opcode byte -> (name, argument kind, `_INLINE` way, handler or None), or None for an opcode `_run_bytes` leaves
-#: to genops: one list index per opcode, not two dict lookups (a handler of None fails the call: the pickle is read
-#: again by genops, as an opcode without a handler was before)
-_FAST_TABLE: list[tuple[str, int, int, Any] | None] = [
-    None if (got := _FAST_OPS.get(b)) is None else (got[0], got[1], _INLINE.get(got[0], 0), _OPCODES.get(got[0]))
+           "MARK": 4, "STOP": 5, "NONE": 6, "NEWTRUE": 6, "NEWFALSE": 6, "EMPTY_TUPLE": 6,
+           "EMPTY_DICT": 7, "EMPTY_LIST": 7, "EMPTY_SET": 7, "TUPLE": 8, "TUPLE1": 9, "TUPLE2": 9, "TUPLE3": 9}
+#: what ways 6, 7 and 9 push or take, by name: the constant itself (6), the type called for a new one (7), how
+#: many items (9); the same as `_CONSTANTS` and `_op_tuple` (tests/test_torchpickle_fastpath.py)
+_INLINE_VALUE: dict[str, Any] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False, "EMPTY_TUPLE": (),
+                                 "EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_SET": list,
+                                 "TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+#: opcode byte -> (name, argument kind, `_INLINE` way, handler or None, way 6/7/9's value), or None for an opcode
+#: `_run_bytes` leaves to genops: one list index per opcode, not two dict lookups (a handler of None fails the
+#: call: the pickle is read again by genops, as an opcode without a handler was before)
+_FAST_TABLE: list[tuple[str, int, int, Any, Any] | None] = [
+    None if (got := _FAST_OPS.get(b)) is None else (got[0], got[1], _INLINE.get(got[0], 0), _OPCODES.get(got[0]),
+                                                      _INLINE_VALUE.get(got[0]))
     for b in range(256)]
+_U4 = struct.Struct("<I").unpack_from   # LONG_BINPUT / LONG_BINGET (uint4)
 
 
 def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
     """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
     pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
     reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
-    handler's objection, a GLOBAL name with an escape or a non-ASCII byte); the caller then reads the pickle
-    again from the start with genops, which words what is wrong."""
+    handler's objection, a GLOBAL name with an escape or a non-ASCII byte, more bytes than `max_opcodes`: every
+    opcode takes at least one, so a pickle no longer than that cannot have more and none is counted against it);
+    the caller then reads the pickle again from the start with genops, which words what is wrong. The branches go
+    in the order of how often a real optimizer.pt's opcodes take them."""
     fast = _FAST_TABLE
     i, n, count = 0, len(data), 0
+    if n > max_opcodes:
+        return False
     try:
         while i < n:
             got = fast[data[i]]
             if got is None:
                 return False
-            name, kind, how, handler = got
+            name, kind, how, handler, value = got
             if kind == 0:
-                arg, i = None, i + 1
-            elif kind == 1 and i + 1 < n:   # uint1 (BINPUT, BINGET, BININT1): the commonest
+                i += 1
+            elif kind == 1 and i + 1 < n:   # uint1 (BINPUT, BINGET, BININT1)
                 arg, i = data[i + 1], i + 2
+            elif kind == 4 and i + 4 < n:   # uint4 (LONG_BINPUT, LONG_BINGET)
+                arg, i = _U4(data, i + 1)[0], i + 5
             else:
                 arg, i = _fast_arg(data, i + 1, n, kind)
             count += 1
-            if count > max_opcodes:
-                return False
-            if how == 1:   # the commonest opcodes, done here as their handlers do them
-                m.stack.append(arg)
-            elif how == 2:
+            if how == 2:   # the commonest opcodes, done here as their handlers do them
                 m.memo[arg] = m.stack[-1]
             elif how == 3:
                 m.stack.append(m.memo[arg])   # (a key never stored: KeyError, read again by genops)
+            elif how == 1:
+                m.stack.append(arg)
             elif how == 4:
                 m.marks.append(m.stack)
                 m.stack = []
-            elif how == 5:
+            elif how == 6:
+                m.stack.append(value)
+            elif how == 8:   # (no mark: IndexError from the pop, read again by genops)
+                items, m.stack = m.stack, m.marks.pop()
+                m.stack.append(tuple(items))
+            elif how == 0:
+                handler(m, name, None if kind == 0 else arg)   # (no handler: None is not callable: genops)
+            elif how == 9:   # (too few items: read again by genops, which words the underflow)
+                stack = m.stack
+                if len(stack) < value:
+                    return False
+                items = tuple(stack[-value:])
+                del stack[-value:]
+                stack.append(items)
+            elif how == 7:
+                m.stack.append(value())
+            else:
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
                 return True
-            else:
-                handler(m, name, arg)   # (no handler: None is not callable, read again by genops)
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
