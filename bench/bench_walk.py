@@ -39,7 +39,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
 from checkpoint_strategy.checkpoints import fanout, prune, validate_paths  # noqa: E402
-from bench_recover import least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
+from bench_recover import interleaved, least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def read_walk(root: Path) -> int:
@@ -73,40 +72,25 @@ _WALK_CMD = ("import os, sys\n"
              "        os.stat(os.path.join(d, n))\n")
 
 
-def _least_walk_cmd(tree: Path, repeat: int) -> tuple[float, float]:
-    """(least wall, least CPU) of the same walk run as a fresh interpreter (`python -c WALK TREE`): the floor of
-    a command, which pays the interpreter's start-up that the in-process walk does not (the site-packages .pth
-    files of the machine included, as every command here pays them)."""
-    walls, cpus = [], []
-    for _ in range(repeat):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        w = time.perf_counter()
-        subprocess.run([sys.executable, "-c", _WALK_CMD, str(tree)], check=True)
-        walls.append(time.perf_counter() - w)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return min(walls), min(cpus)
+def _walk_cmd(tree: Path) -> None:
+    """The same walk run as a fresh interpreter (`python -c WALK TREE`): the floor of a command, which pays the
+    interpreter's start-up that the in-process walk does not (the machine's site-packages .pth files included, as
+    every command here pays them)."""
+    subprocess.run([sys.executable, "-c", _WALK_CMD, str(tree)], check=True)
 
 
-def _least_cli(argv: list[str], repeat: int, pycache: Path) -> tuple[float, float]:
-    """(least wall, least CPU) seconds of a fresh `python -m checkpoint_strategy ARGV` (the child's user+sys),
-    bytecode cached under `pycache` (one warm-up run first, not measured)."""
+def _cli(argv: list[str], pycache: Path):
+    """A call of a fresh `python -m checkpoint_strategy ARGV`, bytecode cached under `pycache` (the first call, a
+    warm-up, writes it); bench_recover.least counts the child's CPU."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), PYTHONPYCACHEPREFIX=str(pycache))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run([sys.executable, "-m", "checkpoint_strategy", *argv], env=env, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    walls, cpus = [], []
-    for _ in range(repeat):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        w = time.perf_counter()
+
+    def run() -> None:
         proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", *argv], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        walls.append(time.perf_counter() - w)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         if proc.returncode != 0:
             raise SystemExit(f"{argv[0]} failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}")
-    return min(walls), min(cpus)
+    return run
 
 
 def main() -> int:
@@ -128,7 +112,7 @@ def main() -> int:
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs)")
     print("ratios against an os.walk + os.stat of the same tree, least of "
-          f"{args.repeat} runs; wall / CPU (user+sys)")
+          f"{args.repeat} interleaved rounds (every row and floor once a round); wall / CPU (user+sys)")
     ok = True
     per_size: dict[int, dict[str, float]] = {}   # size -> row -> least CPU seconds (the walk's too)
     tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
@@ -139,9 +123,6 @@ def main() -> int:
             tree.mkdir()
             files = build_tree(tree, n, shards=1)
             stat_walk(tree)  # warm the dentry/inode cache for every measurement
-            walk = _least(lambda t=tree: stat_walk(t), args.repeat)
-            walk_cmd = _least_walk_cmd(tree, args.repeat)
-            floor = _least(lambda t=tree: read_walk(t), args.repeat)
 
             def quick(t=tree, n=n):
                 r = validate_paths([str(t)], level="quick", progress=False)
@@ -160,15 +141,21 @@ def main() -> int:
                         fanout.ENABLED = True
                 return run
 
-            rows = [("validate --level quick (in process)", _least(quick, args.repeat)),
-                    ("  the same, one process", _least(one_process(quick), args.repeat)),
-                    ("prune dry run (in process)", _least(dry, args.repeat)),
-                    ("  the same, one process", _least(one_process(dry), args.repeat)),
-                    ("validate --level quick (command)",
-                     _least_cli(["validate", str(tree), "--level", "quick"], args.repeat, tmp / "pycache")),
-                    ("prune --keep-last 1 dry run (command)",
-                     _least_cli(["prune", str(tree), "--keep-last", "1", "--no-spike-check"], args.repeat,
-                                tmp / "pycache"))]
+            # every row (the floors too) measured in the same rounds, one call each, in turn: a machine that gets
+            # slower or faster during the run moves the floor and the rows together (the least of the rounds each)
+            fns = {"walk": lambda t=tree: stat_walk(t), "walk as a command": lambda t=tree: _walk_cmd(t),
+                   "floor": lambda t=tree: read_walk(t),
+                   "validate --level quick (in process)": quick, "  the same, one process": one_process(quick),
+                   "prune dry run (in process)": dry, "  the same, one process ": one_process(dry),
+                   "validate --level quick (command)":
+                       _cli(["validate", str(tree), "--level", "quick"], tmp / "pycache"),
+                   "prune --keep-last 1 dry run (command)":
+                       _cli(["prune", str(tree), "--keep-last", "1", "--no-spike-check"], tmp / "pycache")}
+            for fn in fns.values():   # warm-up: bytecode written, caches filled
+                fn()
+            got = dict(zip(fns, interleaved(list(fns.values()), args.repeat), strict=True))
+            walk, walk_cmd, floor = got.pop("walk"), got.pop("walk as a command"), got.pop("floor")
+            rows = list(got.items())
             print(f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU; "
                   f"floor (open + read every file) {floor[1] * 1000:.0f} ms CPU = {floor[1] / walk[1]:.1f}x")
             print(f"  the walk as a command (a fresh interpreter): {walk_cmd[0] * 1000:.0f} ms wall, "
