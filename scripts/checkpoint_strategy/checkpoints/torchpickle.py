@@ -268,13 +268,12 @@ def _storage_from_pid(pid: Any) -> StorageRef | None:
 def _tuple_ints(v: Any) -> tuple | None:
     if isinstance(v, Call) and isinstance(v.func, Global) and v.func.qualname == "torch.Size" and v.args:
         v = v.args[0]
-    # every item an int (not a bool, nor an int subclass) and none negative; the item types taken in C
-    if isinstance(v, (tuple, list)) and (not v or (set(map(type, v)) == _INT_ONLY and min(v) >= 0)):
-        return tuple(v)
+    if isinstance(v, (tuple, list)):
+        for x in v:   # every item an int (not a bool, nor an int subclass), none negative
+            if type(x) is not int or x < 0:
+                return None
+        return v if type(v) is tuple else tuple(v)
     return None
-
-
-_INT_ONLY = {int}
 
 
 def _apply(scan: PickleScan, func: Any, args: Any) -> Any:
