@@ -213,6 +213,54 @@ def _real_optimizer(tmp: Path, repeat: int) -> None:
     print(f"real optimizer.pt ({path.stat().st_size >> 10} kB, data.pkl {len(pkl) >> 10} kB, {ops} opcodes): quick "
           f"check {ours[1] * 1000:.1f} ms CPU = {ours[1] / floor[1]:.2f}x iterating its opcodes with pickletools.genops "
           f"({floor[1] * 1000:.1f} ms)")
+    _real_tree(tmp, path, pkl, repeat)
+
+
+REAL_TREE = 100
+
+
+def _real_tree(tmp: Path, optimizer: Path, pkl: bytes, repeat: int) -> None:
+    """What a tree of real checkpoints costs: the bench tree's checkpoints, each with that real optimizer.pt, checked
+    at the quick level in one process, against the walk and against the least any check of their contents pays
+    (every file opened and its first 64 kB read, and every torch archive's data.pkl iterated with genops)."""
+    import io
+    import pickletools
+
+    tree = tmp / "real"
+    tree.mkdir()
+    build_tree(tree, REAL_TREE, shards=1)
+    for ckpt in tree.iterdir():
+        shutil.copyfile(optimizer, ckpt / "optimizer.pt")
+    small = {}   # the synthetic archives' pickles, iterated as the real one is
+    import zipfile
+    for name in ("scheduler.pt", "rng_state.pth", "training_args.bin"):
+        with zipfile.ZipFile(next(tree.iterdir()) / name) as z:
+            small[name] = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+
+    def floor() -> None:
+        read_walk(tree)
+        for _ in range(REAL_TREE):
+            for data in (pkl, *small.values()):
+                for _op in pickletools.genops(io.BytesIO(data)):
+                    pass
+
+    def quick(split: bool) -> None:
+        fanout.ENABLED = split
+        try:
+            r = validate_paths([str(tree)], level="quick", progress=False)
+        finally:
+            fanout.ENABLED = True
+        assert r.summary.valid == REAL_TREE, r.summary
+
+    fns = [lambda: stat_walk(tree), floor, lambda: quick(False), lambda: quick(True)]
+    for fn in fns:
+        fn()
+    walk, fl, one, split = interleaved(fns, repeat)
+    print(f"{REAL_TREE} checkpoints with that optimizer.pt, quick, one process: {one[0] * 1000:.0f} ms wall, "
+          f"{one[1] * 1000:.0f} ms CPU = {one[1] / walk[1]:.0f}x the walk ({walk[1] * 1000:.1f} ms), {one[1] / fl[1]:.2f}x "
+          f"opening and reading every file and iterating every data.pkl with genops ({fl[1] * 1000:.0f} ms); split "
+          f"(fewer than {fanout.MIN_ITEMS}, but slow: fanout.PROBE) {split[0] * 1000:.0f} ms wall = "
+          f"{split[0] / one[0]:.2f}x one process, {split[1] * 1000:.0f} ms CPU")
 
 
 _PYDANTIC_FLOOR = ("import jinja2\n"

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -358,3 +359,63 @@ def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
         applied[value] = (json.dumps(data).replace(str(root), "ROOT"), sorted(p.name for p in root.iterdir()))
     assert applied["8"] == applied["1"]
     assert 3 <= len(applied["1"][1]) < fanout.MIN_ITEMS   # it did delete, and kept the window
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def _pid_work(cost: float):
+    """A work function: each item costs `cost` s of CPU; its result says which process checked it."""
+    def work(part, _here):
+        out = []
+        for x in part:
+            _burn(cost)
+            out.append((x, os.getpid()))
+        return out
+    return work
+
+
+def _pids(items, cost, monkeypatch, cores=2):
+    monkeypatch.setattr(threading, "active_count", lambda: 1)   # the test session may run threads of its own
+    monkeypatch.setattr(fanout, "usable_cores", lambda: cores)
+    got = fanout.map_split(items, _pid_work(cost), lambda r: json.dumps(r).encode(),
+                           lambda b: [tuple(x) for x in json.loads(b)])
+    assert [x for x, _pid in got] == list(items)
+    assert not _children_left()
+    return [pid for _x, pid in got]
+
+
+def test_fewer_items_split_when_they_are_slow(monkeypatch):
+    """Below MIN_ITEMS: a few slow items (a real optimizer.pt is ~20 ms at the quick level) are split after the
+    PROBE items were timed here; quick ones, or slow ones that would not reach SLOW_REST, are not."""
+    pids = _pids(list(range(12)), 0.02, monkeypatch)   # 10 left x 20 ms = 0.2 s >= SLOW_REST
+    assert pids[:fanout.PROBE] == [os.getpid()] * fanout.PROBE
+    assert set(pids) - {os.getpid()}, "no item was checked by a child"
+    assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {os.getpid()}   # 2 ms in all: here
+    assert set(_pids(list(range(5)), 0.02, monkeypatch)) == {os.getpid()}      # 3 x 20 ms < SLOW_REST: here
+    assert set(_pids(list(range(12)), 0.02, monkeypatch, cores=1)) == {os.getpid()}
+    monkeypatch.setenv("CHECKPOINT_STRATEGY_PROCESSES", "1")
+    assert set(_pids(list(range(12)), 0.02, monkeypatch)) == {os.getpid()}
+    monkeypatch.delenv("CHECKPOINT_STRATEGY_PROCESSES")
+    monkeypatch.setattr(fanout, "ENABLED", False)
+    assert set(_pids(list(range(12)), 0.02, monkeypatch)) == {os.getpid()}
+
+
+def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, monkeypatch):
+    """The run's checkpoints (fewer than MIN_ITEMS) made slow: the probe splits them, and validate and prune's
+    survey give what one process gives."""
+    monkeypatch.setattr(fanout, "ENABLED", False)
+    alone, alone_survey = _report(run), _survey(run)
+    monkeypatch.setattr(fanout, "ENABLED", True)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(fanout, "usable_cores", lambda: 2)
+    monkeypatch.setattr(fanout, "SLOW_REST", 0.0)   # any pace is slow enough
+    forks = []
+    real_fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
+    assert _report(run) == alone
+    assert _survey(run) == alone_survey
+    assert len(forks) == 2

@@ -29,6 +29,7 @@ import os
 import signal
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -38,8 +39,13 @@ from checkpoint_strategy.checkpoints.filechecks import usable_cores
 T = TypeVar("T")
 R = TypeVar("R")
 
-#: fewer items than this are checked in this process (a fork and the round trip cost ~2 ms + ~25 us an item)
+#: from this many items the list is split (a fork and the round trip cost ~2 ms + ~25 us an item)
 MIN_ITEMS = 256
+#: fewer items split too when they are slow (a real Trainer checkpoint's optimizer.pt pickle alone is ~15-30 ms at
+#: the quick level, ~100x the bench tree's synthetic ones): the first PROBE items are checked here one by one, and
+#: the rest split when, at the quicker of those items' pace, they would take this process SLOW_REST seconds or more
+PROBE = 2
+SLOW_REST = 0.1
 #: at most this many processes, this one included
 MAX_WORKERS = 8
 #: False turns the split off (tests compare both ways)
@@ -54,13 +60,21 @@ _INDEX = struct.Struct("<I")
 def workers_for(n: int) -> int:
     """How many processes (this one included) check `n` items: 1 unless forking is safe and worth it.
     CHECKPOINT_STRATEGY_PROCESSES=N caps the count (1: never split; a machine shared with a training job)."""
-    if not ENABLED or n < MIN_ITEMS or not hasattr(os, "fork") or threading.active_count() != 1:
+    if n < MIN_ITEMS:
+        return 1
+    return min(_allowed(), n // (MIN_ITEMS // 2))
+
+
+def _allowed() -> int:
+    """Processes this one may use, itself included: 1 where a fork is not safe (no `os.fork`, another thread
+    running) or the split is off; else the usable cores, at most MAX_WORKERS and CHECKPOINT_STRATEGY_PROCESSES."""
+    if not ENABLED or not hasattr(os, "fork") or threading.active_count() != 1:
         return 1
     cap = MAX_WORKERS
     raw = os.environ.get("CHECKPOINT_STRATEGY_PROCESSES", "").strip()
     if raw.isdigit():
         cap = max(1, min(cap, int(raw)))
-    return max(1, min(cap, usable_cores(), n // (MIN_ITEMS // 2)))
+    return max(1, min(cap, usable_cores()))
 
 
 def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
@@ -71,8 +85,33 @@ def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], 
     (ValueError, TypeError or KeyError: bytes it does not take; that child's chunks are checked here)."""
     n = workers_for(len(items))
     if n == 1:
+        return _probe(items, work, encode, decode)
+    return _split(items, n, _chunks(len(items), n), work, encode, decode)
+
+
+def _probe(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
+           decode: Callable[[bytes], list[R]]) -> list[R]:
+    """Fewer than MIN_ITEMS: the first PROBE items here, each timed; the rest split (a chunk an item) when they
+    would take SLOW_REST seconds here at the quicker one's pace, else here too. (Two items: the first may pay a
+    one-time cost, a model's first validation or a cold cache.)"""
+    rest = len(items) - PROBE
+    if rest < 2 or not ENABLED:
         return work(items, True)
-    chunks = _chunks(len(items), n)
+    done: list[R] = []
+    pace = float("inf")
+    for k in range(PROBE):
+        start = time.perf_counter()
+        done += work(items[k:k + 1], True)
+        pace = min(pace, time.perf_counter() - start)
+    n = min(_allowed(), rest) if pace * rest >= SLOW_REST else 1
+    if n == 1:
+        return done + work(items[PROBE:], True)
+    return done + _split(items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode)
+
+
+def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Callable[[Sequence[T], bool], list[R]],
+           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]]) -> list[R]:
+    """`work` over `chunks` of `items` by this process and up to n - 1 children, taken from one queue."""
     done: dict[int, list[R]] = {}
     children: list[_Child] = []
     queue = _queue(len(chunks))
