@@ -111,8 +111,9 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     if failure == "short":
         real_work_split = fanout.map_split
 
-        def short(items, work, enc, dec):
-            return real_work_split(items, lambda part, here: work(part, here)[:len(part) - (not here)], enc, dec)
+        def short(items, work, enc, dec, progress=None):
+            return real_work_split(items, lambda part, here: work(part, here)[:len(part) - (not here)], enc, dec,
+                                   progress)
         monkeypatch.setattr(validate, "map_split", short)
     assert _report(run) == alone
     assert not _children_left()
@@ -419,3 +420,37 @@ def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, mon
     assert _report(run) == alone
     assert _survey(run) == alone_survey
     assert len(forks) == 2
+
+
+@pytest.mark.parametrize("child_sends", ["good", "garbled", "good then garbled"])
+def test_progress_counts_every_item_once(monkeypatch, child_sends):
+    """The bar: items checked here count themselves (`here`), a child's count through `progress` as their chunk
+    comes back whole; a chunk counted from a child that later goes wrong is redone here without counting again."""
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
+    here, told = [], []
+    sent = [0]
+
+    def work(part, is_here):
+        if is_here:
+            here.extend(part)
+        _burn(0.002)
+        return list(part)
+
+    def encode(results):
+        sent[0] += 1   # (in the child: its own count)
+        if child_sends == "garbled" or (child_sends == "good then garbled" and sent[0] > 1):
+            return b"not json"
+        return json.dumps(results).encode()
+
+    got = fanout.map_split(list(range(60)), work, encode, lambda b: json.loads(b), progress=told.append)
+    assert got == list(range(60))
+    assert len(here) + sum(told) == 60
+    assert sorted(set(here)) == sorted(here)   # nothing counted twice here
+    if child_sends == "good":
+        assert sum(told) > 0
+    if child_sends == "garbled":
+        assert told == []
+    if child_sends == "good then garbled":   # the first chunk of each child counted, then redone here uncounted
+        assert 0 < sum(told) < 60
+    assert not _children_left()

@@ -78,19 +78,21 @@ def _allowed() -> int:
 
 
 def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
-              decode: Callable[[bytes], list[R]]) -> list[R]:
+              decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None = None) -> list[R]:
     """`work(items, True)`, the items split over `workers_for(len(items))` processes in chunks taken from a queue.
     `work(chunk, here)`: the results of one chunk (`here`: False in a child, which must not touch the terminal,
-    e.g. a progress bar); `encode` turns a chunk's results into bytes in a child, `decode` back in this process
-    (ValueError, TypeError or KeyError: bytes it does not take; that child's chunks are checked here)."""
+    e.g. a progress bar, and here for a chunk `progress` already counted); `encode` turns a chunk's results into
+    bytes in a child, `decode` back in this process (ValueError, TypeError or KeyError: bytes it does not take;
+    that child's chunks are checked here). `progress(k)`: called here as k more items come back from a child
+    (what `work` counts itself when `here`), each item once."""
     n = workers_for(len(items))
     if n == 1:
-        return _probe(items, work, encode, decode)
-    return _split(items, n, _chunks(len(items), n), work, encode, decode)
+        return _probe(items, work, encode, decode, progress)
+    return _split(items, n, _chunks(len(items), n), work, encode, decode, progress)
 
 
 def _probe(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
-           decode: Callable[[bytes], list[R]]) -> list[R]:
+           decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None) -> list[R]:
     """Fewer than MIN_ITEMS: the first PROBE items here, each timed; the rest split (a chunk an item) when they
     would take SLOW_REST seconds here at the quicker one's pace, else here too. (Two items: the first may pay a
     one-time cost, a model's first validation or a cold cache.)"""
@@ -106,11 +108,12 @@ def _probe(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], enc
     n = min(_allowed(), rest) if pace * rest >= SLOW_REST else 1
     if n == 1:
         return done + work(items[PROBE:], True)
-    return done + _split(items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode)
+    return done + _split(items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode, progress)
 
 
 def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Callable[[Sequence[T], bool], list[R]],
-           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]]) -> list[R]:
+           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]],
+           progress: Callable[[int], None] | None) -> list[R]:
     """`work` over `chunks` of `items` by this process and up to n - 1 children, taken from one queue."""
     done: dict[int, list[R]] = {}
     children: list[_Child] = []
@@ -118,15 +121,18 @@ def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Call
     try:
         if queue is not None:
             _start(children, min(n, len(chunks)) - 1, items, chunks, queue, work, encode)
+            for child in children:
+                child.progress = progress
             for i in _take(queue):
                 done[i] = work(items[chunks[i][0]:chunks[i][1]], True)
                 for child in children:
                     _pump(child, chunks, decode)
         for child in children:
             _finish(child, chunks, done, decode)
+        counted = {i for child in children for i in child.counted}
         for i, (a, b) in enumerate(chunks):   # what no trusted process delivered (or no queue): here
             if i not in done:
-                done[i] = work(items[a:b], True)
+                done[i] = work(items[a:b], i not in counted)
         return [r for i in range(len(chunks)) for r in done[i]]
     finally:
         if queue is not None:
@@ -196,6 +202,8 @@ class _Child:
     buf: bytearray = field(default_factory=bytearray)
     got: dict[int, list] = field(default_factory=dict)
     trusted: bool = True
+    progress: Callable[[int], None] | None = None   # told of each chunk decoded whole
+    counted: set[int] = field(default_factory=set)   # the chunks it was told of
 
 
 def _fork(items: Sequence[T], chunks: list[tuple[int, int]], queue: int,
@@ -271,6 +279,9 @@ def _pump(child: _Child, chunks: list[tuple[int, int]], decode: Callable[[bytes]
             break
         child.trusted = len(results) == chunks[i][1] - chunks[i][0]
         child.got[i] = results
+        if child.trusted and child.progress is not None:
+            child.counted.add(i)
+            child.progress(len(results))
     return end
 
 

@@ -1009,7 +1009,8 @@ def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: s
             if here:
                 update(checkpoints=1)
         return out
-    return map_split(range(len(jobs)), work, encode_results, decode_results)
+    return map_split(range(len(jobs)), work, encode_results, decode_results,
+                     progress=lambda k: update(checkpoints=k))   # the children's checkpoints on the bar too
 
 
 def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
