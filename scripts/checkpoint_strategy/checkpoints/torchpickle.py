@@ -620,7 +620,7 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
                 stack.append(items)
             elif how == 7:
                 m.stack.append(value())
-            else:
+            else:   # 5: STOP
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
