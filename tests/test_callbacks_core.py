@@ -281,3 +281,31 @@ def test_phase_stamps_are_the_workers_clock_not_when_the_line_arrived(tmp_path):
     phases = [json.loads(x) for x in proc.stdout.splitlines() if '"phase"' in x]
     assert [p["phase"] for p in phases] == ["validate", "idle"], proc.stdout + proc.stderr
     assert phases[1]["t"] - phases[0]["t"] >= 0.2                     # the validate lingered 0.2 s in the worker
+
+
+def test_the_workers_prune_ends_its_phase_while_the_folder_is_still_locked(tmp_path):
+    """A worker job that prunes: its "idle" stamp (the prune's end) is made while the folder's lock is held, so the
+    next save, which takes that lock, can only be stamped after it; then "idle" again as the job ends."""
+    from checkpoint_strategy.callbacks._worker import process_job
+    from checkpoint_strategy.storage.locking import locked
+
+    root = tmp_path / "run"
+    for step in (10, 20, 30):
+        ckpt = root / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "model.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}      ")
+    phases = []
+
+    def phase(name, _path):
+        held = False
+        try:
+            with locked(root, 0.0, "busy"):
+                pass
+        except UsageError:
+            held = True
+        phases.append((name, held))
+
+    out = process_job({"id": 1, "path": str(root / "checkpoint-30"), "root": str(root), "keep_last": 1,
+                       "lock_timeout": 5}, phase)
+    assert out["error"] is None, out
+    assert phases == [("prune-wait", False), ("prune", True), ("idle", True), ("idle", False)], phases

@@ -102,10 +102,11 @@ def phase_windows(evs: list[dict]) -> list[tuple[str, str, float, float]]:
     return out
 
 
-#: how late a prune's end can be stamped: the worker stamps "idle" with its own clock right after prune released the
-#: folder's lock, and the training process, which takes that lock for its next save, can stamp write_start first (the
-#: stamps were once the training process's, when its reader thread got the line; a CI run saw that wait for the GIL
-#: 21 ms while a save held it)
+#: how late a prune's end can be stamped: the worker stamps "idle" with its own clock while prune still holds the
+#: folder's lock, so the training process, which takes that lock for its next save, stamps write_start after it; the
+#: two clocks are the same wall clock, the allowance is for its reading. (Stamped after the lock was released, a CI run
+#: on a loaded machine saw the idle-class worker build the prune's report for 21.6 ms while the save began; earlier,
+#: when the training process stamped the worker's lines, its reader thread waited for the GIL 21 ms.)
 PHASE_LAG = 0.02
 
 

@@ -456,3 +456,27 @@ def test_on_start_runs_with_the_folder_locked_before_the_survey(hf_run, copy_of)
     report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=started)
     assert seen == [before] and report.delete
     assert not any((root / name).exists() for name in _names(report.delete))
+
+
+def test_on_end_runs_with_the_folder_still_locked_after_the_deletions(hf_run, copy_of):
+    """prune(on_end=...) (the callbacks stamp the prune's end with it): called once, after every deletion, while
+    ROOT's lock is still held, so a save that waits for the lock begins after it. (Stamped after the lock was
+    released, a loaded CI run saw a save start 21.6 ms before the prune's end stamp.)"""
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.storage.locking import locked
+
+    root = copy_of(hf_run.output_dir, "run")
+    seen = []
+
+    def ended():
+        seen.append(sorted(os.listdir(root)))
+        with pytest.raises(UsageError, match="busy"):
+            with locked(root, 0.05, "busy"):
+                pass
+
+    report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=lambda: seen.append(0),
+                   on_end=ended)
+    assert seen[0] == 0 and len(seen) == 2 and report.delete
+    assert not set(_names(report.delete)) & set(seen[1])   # the deletions were done
+    with locked(root, 0.05, "busy"):   # and released after
+        pass

@@ -148,7 +148,10 @@ def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
                               level=job.get("level", "quick"), protect=job.get("protect") or None,
                               log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0),
-                              on_start=None if phase is None else lambda: phase("prune", job["path"]))
+                              on_start=None if phase is None else lambda: phase("prune", job["path"]),
+                              # the end stamped while the lock is held: a save waiting for it starts after the stamp
+                              # (stamped after, the report built in between could put it after the save's start)
+                              on_end=None if phase is None else lambda: phase("idle", job["path"]))
     out["deleted"] = [e.name for e in report.delete if e.deleted]
     out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
     out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]

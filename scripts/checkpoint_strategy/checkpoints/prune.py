@@ -317,7 +317,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
           policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
           level: Level = "quick", log: str | None = None, spike_check: bool = True,
           lock_timeout: float = LOCK_TIMEOUT_SECONDS, protect: dict[str, str] | None = None,
-          advise: Adviser | None = None, on_start: Callable[[], None] | None = None) -> PruneReport:
+          advise: Adviser | None = None, on_start: Callable[[], None] | None = None,
+          on_end: Callable[[], None] | None = None) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
@@ -331,7 +332,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     as the trainer's best, name -> reason (the Lightning callback passes best_model_path). `advise`: the
     recovery adviser that reads the log (`checkpoint_strategy.recovery.advise`; needed when a log is found
     and spike_check is on), passed in because checkpoints/ does not import recovery/. `on_start`: called
-    once the lock is held, as the survey of a local ROOT begins (the callbacks report the prune's start).
+    once the lock is held, as the survey of a local ROOT begins, `on_end` the last thing before the lock is
+    released (the callbacks report the prune's start and end: a save that waits for the lock starts after both).
     """
     from checkpoint_strategy.storage.locking import locked
 
@@ -356,6 +358,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
         plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise)
         ours, foreign = _leftovers(root, pending)
         out = apply_prune(root, plan, revalidator(s.found, level), pending) if apply else None
+        if on_end is not None:
+            on_end()
     return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
                      leftovers=(ours, foreign), proposed=proposed)
 
