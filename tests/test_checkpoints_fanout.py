@@ -392,17 +392,17 @@ def _pids(items, cost, monkeypatch, cores=2):
 def test_fewer_items_split_when_they_are_slow(monkeypatch):
     """Below MIN_ITEMS: a few slow items (a real optimizer.pt is ~20 ms at the quick level) are split after the
     PROBE items were timed here; quick ones, or slow ones that would not reach SLOW_REST, are not."""
-    pids = _pids(list(range(12)), 0.02, monkeypatch)   # 10 left x 20 ms = 0.2 s >= SLOW_REST
+    pids = _pids(list(range(12)), 0.015, monkeypatch)   # 10 left x 15 ms = 0.15 s >= SLOW_REST
     assert pids[:fanout.PROBE] == [os.getpid()] * fanout.PROBE
     assert set(pids) - {os.getpid()}, "no item was checked by a child"
     assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {os.getpid()}   # 2 ms in all: here
-    assert set(_pids(list(range(5)), 0.02, monkeypatch)) == {os.getpid()}      # 3 x 20 ms < SLOW_REST: here
-    assert set(_pids(list(range(12)), 0.02, monkeypatch, cores=1)) == {os.getpid()}
+    assert set(_pids(list(range(5)), 0.015, monkeypatch)) == {os.getpid()}      # 3 x 15 ms < SLOW_REST: here
+    assert set(_pids(list(range(12)), 0.015, monkeypatch, cores=1)) == {os.getpid()}
     monkeypatch.setenv("CHECKPOINT_STRATEGY_PROCESSES", "1")
-    assert set(_pids(list(range(12)), 0.02, monkeypatch)) == {os.getpid()}
+    assert set(_pids(list(range(12)), 0.015, monkeypatch)) == {os.getpid()}
     monkeypatch.delenv("CHECKPOINT_STRATEGY_PROCESSES")
     monkeypatch.setattr(fanout, "ENABLED", False)
-    assert set(_pids(list(range(12)), 0.02, monkeypatch)) == {os.getpid()}
+    assert set(_pids(list(range(12)), 0.015, monkeypatch)) == {os.getpid()}
 
 
 def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, monkeypatch):

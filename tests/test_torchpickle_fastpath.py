@@ -147,7 +147,7 @@ _PIECES = [b"(", b"t", b"\x85", b"\x86", b"\x87", b")", b"}", b"]", b"N", b"\x88
            b"ctorch._utils\n_rebuild_tensor_v2\n", b"ccollections\nOrderedDict\n", b".", b"\xff"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=40))
 def test_random_opcode_streams_read_as_the_genops_path(pieces):
     data = b"\x80\x02" + b"".join(pieces)
@@ -163,7 +163,7 @@ _values = st.recursive(
     max_leaves=30)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(_values, st.integers(min_value=3, max_value=5))
 def test_whole_pickles_of_plain_values_are_read_whole_by_the_fast_loop(value, proto):
     """Plain data pickled by the standard library (a value shared twice makes a memo get): the fast loop reads
