@@ -437,21 +437,26 @@ def test_unrecognised_entries_are_reported_with_their_path(hf_run, copy_of):
     assert entry.path is not None and entry.path.endswith("README.txt")
 
 
-def test_on_start_runs_with_the_folder_locked_before_the_survey(hf_run, copy_of):
-    """prune(on_start=...) (what the callbacks use to report the prune's start): called once, while ROOT's lock
-    is held (a second locker is refused), before any checkpoint is deleted."""
+def _refused_a_second_lock(root) -> None:
+    """ROOT's lock is held: a second locker is refused."""
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.storage.locking import locked
 
+    with pytest.raises(UsageError, match="busy"):
+        with locked(root, 0.05, "busy"):
+            pass
+
+
+def test_on_start_runs_with_the_folder_locked_before_the_survey(hf_run, copy_of):
+    """prune(on_start=...) (what the callbacks use to report the prune's start): called once, while ROOT's lock
+    is held (a second locker is refused), before any checkpoint is deleted."""
     root = copy_of(hf_run.output_dir, "run")
     before = sorted(os.listdir(root))
     seen = []
 
     def started():
         seen.append(sorted(os.listdir(root)))
-        with pytest.raises(UsageError, match="busy"):
-            with locked(root, 0.05, "busy"):
-                pass
+        _refused_a_second_lock(root)
 
     report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=started)
     assert seen == [before] and report.delete
@@ -462,7 +467,6 @@ def test_on_end_runs_with_the_folder_still_locked_after_the_deletions(hf_run, co
     """prune(on_end=...) (the callbacks stamp the prune's end with it): called once, after every deletion, while
     ROOT's lock is still held, so a save that waits for the lock begins after it. (Stamped after the lock was
     released, a loaded CI run saw a save start 21.6 ms before the prune's end stamp.)"""
-    from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.storage.locking import locked
 
     root = copy_of(hf_run.output_dir, "run")
@@ -470,9 +474,7 @@ def test_on_end_runs_with_the_folder_still_locked_after_the_deletions(hf_run, co
 
     def ended():
         seen.append(sorted(os.listdir(root)))
-        with pytest.raises(UsageError, match="busy"):
-            with locked(root, 0.05, "busy"):
-                pass
+        _refused_a_second_lock(root)
 
     report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=lambda: seen.append(0),
                    on_end=ended)
