@@ -266,8 +266,10 @@ def shared_blocks(x: np.ndarray, window: int) -> Optional[SharedBlocks]:
     return SharedBlocks(xf, block_size(window))
 
 
-def _first_recovery(x_inf: np.ndarray, start: int, level: float) -> Optional[int]:
-    """First j >= start with x[j] <= level and median(x[j-4..j]) <= level (chunked, vectorised)."""
+def _first_recovery(x_inf: np.ndarray, start: int, level: float, smooth_level: Optional[float] = None) -> Optional[int]:
+    """First j >= start with x[j] <= level and median(x[j-4..j]) <= smooth_level (default: level; chunked,
+    vectorised)."""
+    smooth_level = level if smooth_level is None else smooth_level
     n = len(x_inf)
     chunk = 4096
     from numpy.lib.stride_tricks import sliding_window_view
@@ -283,7 +285,7 @@ def _first_recovery(x_inf: np.ndarray, start: int, level: float) -> Optional[int
         else:
             sm = np.full(len(seg), np.inf)
         off = j - lo
-        ok = (seg[off:] <= level) & (sm[off:] <= level)
+        ok = (seg[off:] <= level) & (sm[off:] <= smooth_level)
         hits = np.flatnonzero(ok)
         if len(hits):
             return j + int(hits[0])
@@ -323,9 +325,10 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
     if n < 4 * SMOOTH_POINTS or steps[0] > START_STEPS or any(e.end is None and e.kind != "grad_norm" for e in events):
         return None
     tail = x[-max(SMOOTH_POINTS, n // 10):]
-    if not math.isfinite(x[0]) or not np.isfinite(tail).all():
+    s0 = _start_level(x, o.max_ratio)
+    if s0 is None or not np.isfinite(tail).all():
         return None
-    s0, now = float(x[0]), float(np.median(tail))
+    now = float(np.median(tail))
     spread = 1.4826 * float(np.median(np.abs(tail - now)))
     if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
         return None
@@ -346,6 +349,21 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
     return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
                  z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
                  detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+
+
+def _start_level(x: np.ndarray, max_ratio: float) -> Optional[float]:
+    """The level a run started from, for the never-trained rule: the median of its first SMOOTH_POINTS values
+    (the level it held), not its first value alone: a fine-tune's first logged loss can be its lowest (one easy
+    batch), and a run that then trains at a higher level for thousands of steps has not diverged. The first
+    value alone only when the loss blew up from it at once (the next value max_ratio x it, Megatron's rule):
+    then there is no held level after it to take."""
+    head = x[:SMOOTH_POINTS]
+    if not math.isfinite(x[0]) or not np.isfinite(head).all():
+        return None
+    x0 = float(x[0])
+    if len(x) > 1 and x0 > 0 and float(x[1]) >= max_ratio * x0:
+        return x0
+    return float(np.median(head))
 
 
 def _smooth_chunks(x: np.ndarray, nonfinite: Optional[float] = None):
@@ -536,7 +554,7 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
         r = float(sc.reference[onset]) if onset < n else math.nan
         if math.isfinite(r) and r < base:
             ref = r
-    end = _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s0, tolerance)) if ref is not None else None
+    end = _recovery_of(sc, i, onset, ref, s0, pre, tolerance)
     stop = end if end is not None else n
     span = sc.x_inf[onset:max(stop, i + 1)]
     peak = onset + int(np.argmax(span))
@@ -546,6 +564,23 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
     kind = "grad_norm" if sc.grad else ("loss" if np.isfinite(sc.x[onset:max(stop, i + 1)]).all() else "nonfinite")
     return Event(kind=kind, onset=onset, peak=peak, end=end, baseline=base, median=m0, scale=s0,
                  z_peak=zp, rules=rules, reference=ref, detected=i)
+
+
+def _recovery_of(sc: _Scan, i: int, onset: int, ref: Optional[float], s0: float, pre: np.ndarray,
+                 tolerance: float) -> Optional[int]:
+    """Where the event flagged at i is back near the healthy level `ref` (None: never). A NaN/inf is back only
+    when the loss is within the healthy band: the noise allowance is the healthy stretch's own (the values before
+    the onset), not the rolling scale at the NaN, which a noisy or climbing stretch before it inflates, and the
+    median of SMOOTH_POINTS values must be within the band a median of that many values has (a loss still 2x
+    its healthy level is not back because single values dip into the noise)."""
+    if ref is None:
+        return None
+    if sc.grad or np.isfinite(sc.x[onset:i + 1]).all():
+        return _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s0, tolerance))
+    s_pre = 1.4826 * float(np.median(np.abs(pre - np.median(pre)))) if len(pre) >= 3 else s0
+    s_h = min(s0, s_pre) if math.isfinite(s0) else s_pre
+    smooth = ref + max(tolerance * abs(ref), 3.0 * 1.2533 * s_h / math.sqrt(SMOOTH_POINTS))
+    return _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s_h, tolerance), smooth_level=smooth)
 
 
 def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: float, max_ratio: float,
