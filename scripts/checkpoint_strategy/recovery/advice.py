@@ -309,11 +309,10 @@ def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion
     b = int(np.argmin(ev))
     best_step, best, last_step, last = int(es[b]), float(ev[b]), int(es[-1]), float(ev[-1])
     rose = last > best + max(o.tolerance * abs(best), 1e-12) and last_step > best_step
-    steps, loss = series.steps, series.loss
-    near = loss[(steps <= best_step) & (steps > best_step - max(o.wait_steps, 1) * 5)]
-    after = loss[steps >= last_step - max(o.wait_steps, 1) * 5]
-    near, after = near[np.isfinite(near)], after[np.isfinite(after)]
-    train_held = bool(len(near) and len(after) and np.median(after) <= np.median(near) * (1 + o.tolerance))
+    near = _train_median(series, best_step - max(o.wait_steps, 1) * 5, best_step, closed_low=False)
+    after = _train_median(series, last_step - max(o.wait_steps, 1) * 5, last_step)
+    joint = _joint_rise(series, es, ev, b, o) if rose else None
+    train_held = near is not None and after is not None and after <= near * (1 + o.tolerance) and joint is None
     over = bool(rose and train_held)
     key = getattr(series, "eval_key", None) or "eval_loss"
     if over:
@@ -321,12 +320,42 @@ def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion
                 f"train loss fell or held: overfitting, not a spike; no rollback for it, but release the checkpoint "
                 f"nearest step {best_step} (lowest eval loss), or stop earlier / regularise")
     elif rose:
+        both = "" if joint is None else (
+            f" (both past the tolerance first at step {joint[0]}: eval {joint[2]:+.0%}, train {joint[3]:+.0%}; the "
+            f"last eval step both were healthy is {joint[1]}; not overfitting)")
         note = (f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) together "
-                "with the train loss: it confirms the train-loss trouble")
+                f"with the train loss{both}: it confirms the train-loss trouble")
     else:
         note = f"eval loss {_show(last)} at step {last_step} is within {o.tolerance:.0%} of its best {_show(best)}"
     return EvalOpinion(key=key, points=len(ev), best_step=best_step, best_loss=best, last_step=last_step,
-                       last_loss=last, overfitting=over, note=note)
+                       last_loss=last, overfitting=over, rose_with_train_step=joint[0] if joint else None,
+                       healthy_step=joint[1] if joint else None, note=note)
+
+
+def _train_median(series: LogSeries, lo: float, hi: int, closed_low: bool = True) -> Optional[float]:
+    """Median of the finite train losses logged at steps lo..hi (lo excluded unless closed_low)."""
+    steps, loss = series.steps, series.loss
+    sel = loss[((steps >= lo) if closed_low else (steps > lo)) & (steps <= hi)]
+    sel = sel[np.isfinite(sel)]
+    return float(np.median(sel)) if len(sel) else None
+
+
+def _joint_rise(series: LogSeries, es: np.ndarray, ev: np.ndarray, b: int, o: RecoveryOptions):
+    """The first eval after the best (index b) where the eval loss rose past the tolerance and the train loss
+    logged since the eval before it rose past the tolerance too (over its median since the eval before the best):
+    (that eval step, the eval step before it, eval rise, train rise), or None. Overfitting is the eval loss rising
+    while the train loss falls or holds; both rising is the start of the trouble."""
+    best = float(ev[b])
+    base = _train_median(series, es[b - 1] if b > 0 else -math.inf, int(es[b]), closed_low=False)
+    if base is None or base <= 0:
+        return None
+    for k in range(b + 1, len(ev)):
+        if not float(ev[k]) > best + max(o.tolerance * abs(best), 1e-12):
+            continue
+        now = _train_median(series, int(es[k - 1]), int(es[k]), closed_low=False)
+        if now is not None and now > base * (1 + o.tolerance):
+            return int(es[k]), int(es[k - 1]), float(ev[k]) / best - 1, now / base - 1
+    return None
 
 
 def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
@@ -482,10 +511,17 @@ def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoin
     onset_idx = int(np.searchsorted(steps, onset))
     ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
     interval = _interval_before(series, onset_idx)
-    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=None if ref is None else ref + o.tolerance * abs(ref),
-                 wait_until=onset + o.wait_steps, margin=o.margin if o.margin is not None else interval + 1,
-                 last_step=int(steps[-1]))
+    margin = o.margin if o.margin is not None else interval + 1
     _describe(spike, reasons)
+    healthy = _eval_healthy_step(common.get("eval"), onset - margin)
+    if healthy is not None:   # the eval and train losses rose together before the train-loss onset
+        onset_idx = int(np.searchsorted(steps, healthy, side="right"))
+        onset, margin = int(steps[onset_idx]), int(steps[onset_idx]) - healthy
+        reasons.append(f"the eval and train losses rose together at step {common['eval'].rose_with_train_step}, "
+                       f"before the {KIND_WORDS[spike.kind]}: the trouble began after step {healthy}, the last eval "
+                       f"step both were healthy at (eval at step N judges the weights of checkpoint N)")
+    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=None if ref is None else ref + o.tolerance * abs(ref),
+                 wait_until=onset + o.wait_steps, margin=margin, last_step=int(steps[-1]))
     t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
     reasons.append(f"the loss now: {common['verdict_detail']}")
     ck_info.cutoff_step, ck_info.margin_steps = t.cutoff, t.margin
@@ -519,6 +555,14 @@ def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoin
                           nearest_milestone=nearest, skip_batches=skip, lr_reduced_until_step=r + o.lr_reduced_steps,
                           overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
                           **playbook, **common)
+
+
+def _eval_healthy_step(evo: Optional[EvalOpinion], cutoff: int) -> Optional[int]:
+    """The last eval step both losses were healthy at, when the eval and train losses rose together before
+    `cutoff` (the train-loss event's newest resume step); else None."""
+    if evo is None or evo.healthy_step is None or evo.rose_with_train_step is None:
+        return None
+    return evo.healthy_step if evo.healthy_step < cutoff else None
 
 
 def _wait_or_roll_back(series: LogSeries, spike: Spike, t: _Trouble, o: RecoveryOptions, reasons: list[str]) -> bool:

@@ -122,6 +122,11 @@ class EvalOpinion(_Strict):
     last_step: int
     last_loss: float
     overfitting: bool = Field(description="eval loss rose past the tolerance while the train loss fell or held")
+    rose_with_train_step: Optional[int] = Field(
+        None, description="the first eval step after the best at which the eval loss and the train loss both rose "
+                          "past the tolerance: the start of the trouble, not overfitting")
+    healthy_step: Optional[int] = Field(
+        None, description="the last eval step before rose_with_train_step (the last one both losses were healthy at)")
     note: str
 
 
