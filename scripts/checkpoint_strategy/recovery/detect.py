@@ -1016,7 +1016,8 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
     if now - early > max(0.5 * (early - r), noise):
         return "divergence", f"still climbing: {now:.4g} now, {ratio}"
     if early <= r or peak - r > 1.5 * (early - r):
-        return "divergence", f"came back only partly: peak {peak:.4g}, now {now:.4g} ({ratio})"
+        shown = float(x[ev.peak]) if math.isfinite(x[ev.peak]) else peak   # the one peak the report shows
+        return "divergence", f"came back only partly: peak {shown:.4g}, now {now:.4g} ({ratio})"
     return "level_shift", f"plateau at {now:.4g} ({ratio})"
 
 
