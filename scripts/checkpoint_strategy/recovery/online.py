@@ -45,12 +45,21 @@ class OnlineEvent:
     message: str = ""
 
 
-class _Rolling:
-    """Incremental rolling_stats + healthy_reference for one series."""
+WARMUP_POINTS = 8   # finite values logged before the warm-up statistics judge the next one
 
-    def __init__(self, window: int) -> None:
+
+class _Rolling:
+    """Incremental rolling_stats + healthy_reference for one series. `warmup`: until two blocks are closed (2 x
+    window // 8 values: 32 at the default window), the values seen so far (at least WARMUP_POINTS) give the
+    median, scale and maximum a new value is judged against, so an early jump is caught when it happens, not
+    once the blocks exist; `warm` says the figures `push` returned came from there."""
+
+    def __init__(self, window: int, warmup: bool = False) -> None:
         self.b = detect.block_size(window)
         self.k = max(2, window // self.b)
+        self.warmup = warmup
+        self.warm = False
+        self.seen: list[float] = []     # the finite values before the second block closed (warm-up only)
         self.cur: list[float] = []
         self.blocks = 0
         self.stats: deque = deque(maxlen=self.k)        # (median, MAD, max) of finished blocks
@@ -69,10 +78,24 @@ class _Rolling:
                 self.decimals = max(self.decimals, detect.value_decimals(v))
             self.last = v
         out = (self.med, self.scale, self.wmax, self.ref)
+        self.warm = False
+        if self.warmup and self.blocks < 2:
+            if len(self.seen) >= WARMUP_POINTS and not math.isfinite(self.med):
+                out = self._warm_stats()
+            if math.isfinite(x):
+                self.seen.append(x)
         self.cur.append(v)
         if len(self.cur) == self.b:
             self._close()
         return out
+
+    def _warm_stats(self) -> tuple[float, float, float, float]:
+        """(median, robust scale, maximum, no reference) of the finite values seen so far."""
+        self.warm = True
+        m = _median(self.seen)
+        scale = max(1.4826 * _median([abs(v - m) for v in self.seen]), 1e-4 * abs(m) + 1e-12,
+                    detect.quantum_of(self.decimals))
+        return m, scale, max(self.seen), math.nan
 
     def _close(self) -> None:
         """The block's (median, MAD, max) and the rolling figures over the last k blocks, in float arithmetic
@@ -128,7 +151,7 @@ class OnlineDetector:
         self.options = settings.build(options, **values)
         o = self.options
         self.labels = settings.rule_labels(o)
-        self.loss_stats = _Rolling(o.window)
+        self.loss_stats = _Rolling(o.window, warmup=True)
         self.grad_stats = _Rolling(o.window)
         self.recent: deque = deque(maxlen=max(o.window, detect.BASELINE_POINTS + 1))   # (step, loss)
         self.state = "healthy"          # healthy | event | diverged
@@ -188,6 +211,8 @@ class OnlineDetector:
             flags = detect.spike_flags_one(x, med, scale, wmax, z_threshold=o.z_threshold,
                                            ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
                                            min_rise=o.min_rise)
+            if self.loss_stats.warm:   # a few values' MAD is too rough for the z rule alone: magnitude rules only
+                flags = (False, flags[1], flags[2], flags[3])
             if not any(flags):
                 return None
             return self._start(step, x, med, scale, ref, flags)
