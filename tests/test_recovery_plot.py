@@ -52,10 +52,36 @@ def test_figure_draws_events_checkpoints_reference_and_lr():
     assert list(post.get_xdata()) == [1700, 1800, 1900, 2000]
     assert ax.get_yscale() == "log"
     assert gids(ax2.lines) == ["lr"]
-    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_legend() is None and len(fig.legends) == 1   # outside the axes: it covers no data
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert "level shift" in labels and "spike" in labels and "post-event: do not resume" in labels
     ref = next(line for line in ax.lines if line.get_gid() == "reference")
     assert ref.get_ydata()[-1] == pytest.approx(report.spike.reference_loss)   # frozen at the onset
+
+
+def test_axis_labels_name_the_column_once_and_a_flat_lr_gets_a_sane_axis():
+    from checkpoint_strategy.recovery.plot import axis_label, build_figure
+
+    assert (axis_label("step", "step"), axis_label("loss", "loss"), axis_label("loss", "train_loss")) == (
+        "step", "loss", "loss (train_loss)")
+    rng = np.random.default_rng(1)
+    n = 600
+    y = 2.0 * (1 + 0.01 * rng.standard_normal(n))
+    y[300:303] = 9.0
+    lr = np.full(n, 3e-4) * (1 + 1e-9 * rng.standard_normal(n))   # constant, with float noise
+    series = build_series(np.arange(1, n + 1), y, None, lr, lr_key="lr")
+    fig = build_figure(advise_series(series, []), series, [])
+    ax, ax2 = fig.axes
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("step", "loss")
+    assert ax2.get_ylim() == pytest.approx((0.0, 3.3e-4), rel=1e-6)   # not a zoom into 1e-13 of noise
+    # the legend is outside the plotting area: its box does not overlap the axes' box
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    legend_box = fig.legends[0].get_window_extent(renderer)
+    assert legend_box.x0 >= ax.get_window_extent(renderer).x1 - 1
 
 
 @pytest.mark.parametrize("suffix,magic", [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")])

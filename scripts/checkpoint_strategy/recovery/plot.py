@@ -66,17 +66,33 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
     finite = loss[np.isfinite(loss)]
     if len(finite) and finite.min() > 0 and finite.max() / finite.min() > 30:
         ax.set_yscale("log")
-    ax.set_xlabel(f"step ({series.step_key})")
-    ax.set_ylabel(f"loss ({series.loss_key})")
+    ax.set_xlabel(axis_label("step", series.step_key))
+    ax.set_ylabel(axis_label("loss", series.loss_key))
     handles, labels = ax.get_legend_handles_labels()
     _legend_extras(handles, labels, shown_kinds, ck_steps, post, report.resume_checkpoint)
     if series.lr is not None and np.isfinite(series.lr).any():
         _draw_lr(ax, steps, series.lr, handles, labels)
-    ax.legend(handles, labels, fontsize=8, loc="upper right")
+    # outside the axes, to their right: a legend inside covered the spike or the resume label on real logs
+    fig.legend(handles, labels, fontsize=8, loc="outside right upper")
     ax.grid(True, alpha=0.25)
     title = f"{report.status.replace('_', ' ')}: {report.summary}"
     ax.set_title(title if len(title) < 120 else title[:117] + "...", fontsize=9.5)
     return fig
+
+
+def axis_label(name: str, key: Optional[str]) -> str:
+    """"loss (train_loss)", or "loss" when the log's column is called that (not "loss (loss)")."""
+    return name if not key or key.strip().lower() == name else f"{name} ({key})"
+
+
+def lr_limits(lr: np.ndarray) -> Optional[tuple[float, float]]:
+    """The right axis' range for a learning rate: from 0 to 10 % above its largest value, so a flat (constant)
+    learning rate is a flat line at 90 % of the height, not a zoomed axis of its rounding noise; None when the
+    values are not all >= 0 or all 0."""
+    v = lr[np.isfinite(lr)]
+    if not len(v) or v.min() < 0 or v.max() <= 0:
+        return None
+    return 0.0, float(v.max()) * 1.1
 
 
 def _draw_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
@@ -155,6 +171,9 @@ def _draw_lr(ax, steps: np.ndarray, lr: np.ndarray, handles: list, labels: list[
     lx, ly = _thin(steps, np.where(np.isfinite(lr), lr, np.nan))
     ax2.plot(lx, ly, color="#e67e22", linewidth=0.9, alpha=0.8, gid="lr")
     ax2.set_ylabel("learning rate", color="#e67e22")
+    lim = lr_limits(lr)
+    if lim is not None:
+        ax2.set_ylim(*lim)
     ax2.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3), useOffset=False)
     handles.append(Line2D([], [], color="#e67e22"))
     labels.append("learning rate (right axis)")
