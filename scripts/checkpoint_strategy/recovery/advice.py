@@ -346,16 +346,33 @@ def _joint_rise(series: LogSeries, es: np.ndarray, ev: np.ndarray, b: int, o: Re
     (that eval step, the eval step before it, eval rise, train rise), or None. Overfitting is the eval loss rising
     while the train loss falls or holds; both rising is the start of the trouble."""
     best = float(ev[b])
-    base = _train_median(series, es[b - 1] if b > 0 else -math.inf, int(es[b]), closed_low=False)
+    base = _train_since(series, int(es[b - 1]) if b > 0 else -(1 << 62), int(es[b]))
     if base is None or base <= 0:
         return None
+    # the eval loss's own noise (from one eval to the next): a noisy eval's best is a low draw, and every later
+    # eval is "above" it; a rise must clear the noise as well as the tolerance
+    noise = 1.4826 * float(np.median(np.abs(np.diff(ev)))) / math.sqrt(2) if len(ev) > 2 else 0.0
+    band = best + max(o.tolerance * abs(best), 3.0 * noise, 1e-12)
+    above = ev > band
     for k in range(b + 1, len(ev)):
-        if not float(ev[k]) > best + max(o.tolerance * abs(best), 1e-12):
+        if not above[k:].all():   # the rise holds to the last eval: the trouble, not a noisy eval
             continue
-        now = _train_median(series, int(es[k - 1]), int(es[k]), closed_low=False)
+        now = _train_since(series, int(es[k - 1]), int(es[k]))
         if now is not None and now > base * (1 + o.tolerance):
             return int(es[k]), int(es[k - 1]), float(ev[k]) / best - 1, now / base - 1
     return None
+
+
+def _train_since(series: LogSeries, lo: int, hi: int) -> Optional[float]:
+    """Median of the train losses logged in (lo, hi], or of the last SMOOTH_POINTS logged at or before hi when
+    there are fewer there (an eval every few steps leaves one or two train values between two evals)."""
+    steps, loss = series.steps, series.loss
+    sel = loss[(steps > lo) & (steps <= hi)]
+    sel = sel[np.isfinite(sel)]
+    if len(sel) < detect.SMOOTH_POINTS:
+        sel = loss[steps <= hi][-detect.SMOOTH_POINTS:]
+        sel = sel[np.isfinite(sel)]
+    return float(np.median(sel)) if len(sel) else None
 
 
 def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
@@ -447,8 +464,12 @@ def _grad_only(spike: Spike, o: RecoveryOptions, reasons: list[str], none: dict,
         reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
                        f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
         loss_words = "loss unaffected"
-    return RecoveryReport(status="self_recovered" if done else "wait",
-                          summary=f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
+    # a grad-norm spike that is over and left the loss alone is not headlined as an event: keep training
+    quiet = done and not rose
+    return RecoveryReport(status="no_spike" if quiet else "self_recovered" if done else "wait",
+                          summary=(f"no loss spike: keep training (a grad-norm spike at step {spike.onset_step}, "
+                                   f"{loss_words})") if quiet else
+                          f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
                           + ("" if done else " and watch the grad norm and loss"),
                           spike=spike, self_recovered=done, wait_until_step=spike.onset_step + o.wait_steps,
                           **none, **common)
@@ -533,14 +554,15 @@ def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoin
     interval = _interval_before(series, onset_idx)
     margin = o.margin if o.margin is not None else interval + 1
     _describe(spike, reasons)
-    healthy = _eval_healthy_step(common.get("eval"), onset - margin)
+    sharp = spike.kind in ("nonfinite", "collapse") or (spike.magnitude or 0.0) >= o.ratio_threshold
+    healthy = _eval_healthy_step(common.get("eval"), onset, margin, sharp)
     if healthy is not None:   # the eval and train losses rose together before the train-loss onset
         onset_idx = int(np.searchsorted(steps, healthy, side="right"))
         onset, margin = int(steps[onset_idx]), int(steps[onset_idx]) - healthy
         reasons.append(f"the eval and train losses rose together at step {common['eval'].rose_with_train_step}, "
                        f"before the {KIND_WORDS[spike.kind]}: the trouble began after step {healthy}, the last eval "
                        f"step both were healthy at (eval at step N judges the weights of checkpoint N)")
-    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=None if ref is None else ref + o.tolerance * abs(ref),
+    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=_resume_level(series, onset_idx, ref, o),
                  wait_until=onset + o.wait_steps, margin=margin, last_step=int(steps[-1]))
     t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
     reasons.append(f"the loss now: {common['verdict_detail']}")
@@ -577,12 +599,32 @@ def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoin
                           **playbook, **common)
 
 
-def _eval_healthy_step(evo: Optional[EvalOpinion], cutoff: int) -> Optional[int]:
-    """The last eval step both losses were healthy at, when the eval and train losses rose together before
-    `cutoff` (the train-loss event's newest resume step); else None."""
+def _resume_level(series: LogSeries, onset_idx: int, ref: Optional[float], o: RecoveryOptions) -> Optional[float]:
+    """The highest smoothed loss (median of SMOOTH_CHECKPOINT_POINTS) a resume point may have: the healthy level
+    + the tolerance, or + 3 noise units of such a median when the loss before the onset is noisier than that
+    (a noisy run's checkpoints one interval before the onset are not all outside a 10 % band by chance)."""
+    if ref is None:
+        return None
+    pre = series.loss[max(0, onset_idx - 5 * detect.BASELINE_POINTS):onset_idx]
+    pre = pre[np.isfinite(pre)]
+    noise = 0.0
+    if len(pre) >= SMOOTH_CHECKPOINT_POINTS:
+        scale = 1.4826 * float(np.median(np.abs(pre - np.median(pre))))
+        noise = 3.0 * 1.2533 * scale / math.sqrt(SMOOTH_CHECKPOINT_POINTS)
+    return ref + max(o.tolerance * abs(ref), noise)
+
+
+def _eval_healthy_step(evo: Optional[EvalOpinion], onset: int, margin: int, sharp: bool) -> Optional[int]:
+    """The last eval step both losses were healthy at, when the eval and train losses rose together and the
+    train-loss event cannot place the trouble better: the rise was seen at an eval before its onset, or the event
+    is a mild one (below the spike magnitude thresholds, no NaN: a noisy train loss places a +15 % rise late);
+    else None. A sharp event (a blow-up, a NaN) that the eval sees only at a later eval is placed better by the
+    train loss than by evals far apart."""
     if evo is None or evo.healthy_step is None or evo.rose_with_train_step is None:
         return None
-    return evo.healthy_step if evo.healthy_step < cutoff else None
+    if evo.healthy_step >= onset - margin:
+        return None
+    return evo.healthy_step if (evo.rose_with_train_step < onset or not sharp) else None
 
 
 def _wait_or_roll_back(series: LogSeries, spike: Spike, t: _Trouble, o: RecoveryOptions, reasons: list[str]) -> bool:
@@ -685,13 +727,19 @@ def _resume_reasons(t: _Trouble, chosen: CheckpointRef, skip: list[int], ck_info
     reasons.append(f"resume from step {r}: the newest checkpoint at or before step {t.cutoff} (onset {t.onset} - "
                    f"margin {t.margin}; checkpoint N holds the weights whose loss is logged at N+1)"
                    + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(t.level)} (healthy level "
-                      f"{_show(t.ref)} + {o.tolerance:.0%})" if chosen.within_tolerance else ""))
+                      f"{_show(t.ref)} + {_band_words(t, o)})" if chosen.within_tolerance else ""))
     if ck_info.post_event:
         reasons.append(f"checkpoints {_steps_text([c.step for c in ck_info.post_event])} were saved after the onset: "
                        "post-event, do not resume from them")
     reasons.append(f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
                    f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
                    f"gradient clipping {o.grad_clip:g}")
+
+
+def _band_words(t: _Trouble, o: RecoveryOptions) -> str:
+    if t.ref is None or t.level is None or t.level - t.ref <= o.tolerance * abs(t.ref) * (1 + 1e-12):
+        return f"{o.tolerance:.0%}"
+    return "3 noise units of a median of 11: the loss before the onset is noisier than the tolerance"
 
 
 def ck_info_steps(checkpoints) -> list[int]:

@@ -544,7 +544,7 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
         s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
     r_i = float(sc.reference[i]) if sc.reference is not None else math.nan
     onset = walk_back(xv, i, m0, s0, min_rise, window,
-                      cap=r_i * (1 + 2 * tolerance) if (math.isfinite(r_i) and 0 < r_i < m0) else None)
+                      cap=_walk_cap(r_i, m0, s0, tolerance))
     onset = max(onset, floor)  # never back into the previous event
     pre = xv[max(0, onset - BASELINE_POINTS):onset]
     pre = pre[np.isfinite(pre)]
@@ -581,6 +581,18 @@ def _recovery_of(sc: _Scan, i: int, onset: int, ref: Optional[float], s0: float,
     s_h = min(s0, s_pre) if math.isfinite(s0) else s_pre
     smooth = ref + max(tolerance * abs(ref), 3.0 * 1.2533 * s_h / math.sqrt(SMOOTH_POINTS))
     return _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s_h, tolerance), smooth_level=smooth)
+
+
+def _walk_cap(r_i: float, m0: float, s0: float, tolerance: float) -> Optional[float]:
+    """walk_back's cap when the rolling median m0 is above the healthy level r_i: the healthy level + 20 %, or +
+    3 noise units when the rolling median is still near the healthy level (its scale is the healthy noise: a
+    noisy loss is not walked back over); a rolling median lifted by a blow-up has the blow-up's scale, not used."""
+    if not (math.isfinite(r_i) and 0 < r_i < m0):
+        return None
+    cap = r_i * (1 + 2 * tolerance)
+    if m0 <= cap and math.isfinite(s0):
+        cap = max(cap, r_i + 3.0 * s0)
+    return cap
 
 
 def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: float, max_ratio: float,
@@ -731,7 +743,8 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
             hits = np.flatnonzero(sm > thr0)
             if len(hits):
                 onset = max(0, first - b) + int(hits[0])
-            onset = max(onset, after)
+            floor = max([after] + [hi + 1 for lo_, hi in skip if hi <= onset])
+            onset = max(climb_start(xf, onset, healthy_top(r0, xf, onset, s_raw, tolerance), window, floor), after)
             peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
             third = max(1, (j2 - j + 1) // 3)
             lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
@@ -747,6 +760,52 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
         else:
             j = j2 + 1
     return out
+
+
+def healthy_top(ref: float, xf: np.ndarray, onset: int, scale: float, tolerance: float) -> float:
+    """The top of the healthy band for climb_start: the level before the onset (the median of the values from
+    BASELINE_POINTS to SMOOTH_POINTS before it: not the last few, where a climb is; never below the reference, a
+    low quantile) + half the tolerance or 3 noise units (the smaller of `scale` and the step noise there: each
+    is inflated by something the other is not). A value above that, next to the trouble, is part of it."""
+    pre = xf[max(0, onset - BASELINE_POINTS):max(0, onset - SMOOTH_POINTS)]
+    pre = pre[np.isfinite(pre)]
+    level = max(ref, float(np.median(pre))) if len(pre) else ref
+    s = min(scale if math.isfinite(scale) else math.inf, step_noise(pre)) if len(pre) >= 3 else 0.0
+    return level + max(0.5 * tolerance * abs(ref), 3.0 * (s if math.isfinite(s) else 0.0))
+
+
+def step_noise(values: np.ndarray) -> float:
+    """The noise of a stretch of logged values from one value to the next (1.4826 x the median absolute
+    difference / sqrt 2): a trend (a run still falling) does not count as noise, as it does in the MAD."""
+    v = values[np.isfinite(values)]
+    if len(v) < 3:
+        return 0.0
+    return 1.4826 * float(np.median(np.abs(np.diff(v)))) / math.sqrt(2)
+
+
+def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int = 0) -> int:
+    """Where a rise first detected at `onset` left the healthy band (values at or below `top`): back over the
+    contiguous logged values above it (each with its two neighbours' median; at most `window`), never into a stretch whose median of SMOOTH_POINTS is
+    higher than at the onset (a run's early fall). A slow climb or a plateau crosses the detection threshold
+    late; the trouble began where the loss left the band, and the resume point must be before that. Never back
+    to or before `floor` - 1 (the previous event's recovery point)."""
+    lo = max(0, floor, onset - window)
+    if lo >= onset:
+        return onset
+    seg = xf[max(0, lo - SMOOTH_POINTS + 1):onset + 1]
+    sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1):t + 1]) for t in range(len(seg))])[-(onset - lo + 1):]
+    j = len(sm) - 1
+    while j > 0 and _centred3(xf, lo + j - 1) > top and sm[j - 1] <= sm[-1]:
+        j -= 1
+    return lo + j
+
+
+def _centred3(xf: np.ndarray, k: int) -> float:
+    """The median of value k and its two neighbours (the ones that exist): one noisy value does not end a climb
+    or start one."""
+    v = xf[max(0, k - 1):k + 2]
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else math.inf
 
 
 def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]],
@@ -964,10 +1023,17 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     n = len(steps)
     last_step = int(steps[-1])
     loss_events = find_events(loss, reference=ref, shared=shared, **kw)
+    floor = 0   # the first value after the previous event came back: a walk back stops there
     for ev in loss_events:
+        gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
         if ev.kind == "loss":
-            gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
             ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
+        if (gone or (ev.kind == "nonfinite" and ev.end is None)) and ev.reference is not None \
+                and math.isfinite(ev.reference):   # not back: the trouble began where the loss left the band
+            xf = _ffill(loss)
+            ev.onset = climb_start(xf, ev.onset, healthy_top(ev.reference, xf, ev.onset, ev.scale, o.tolerance), window,
+                                   floor)
+        floor = ev.end + 1 if ev.end is not None else floor
     spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
     shifts = level_shifts(loss, steps, window=window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
                           labels=labels, shared=shared)
@@ -982,7 +1048,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
         grads = find_events(grad_norm, grad=True, **kw)
         events += _unmatched_grads(grads, loss_events, n)
     events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
-    events = _trim_after_first_unrecovered(events)
+    events = _trim_after_first_unrecovered(_collapse_leads(events))
     target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
     a = Analysis(events=events, reference_blocks=ref, verdict="healthy", target=target,
                  lr_restarts=lr_restarts(steps, lr))
@@ -1037,6 +1103,19 @@ def _unmatched_grads(grads: list[Event], loss_events: list[Event], n: int) -> li
                 used.add(gi)  # grad norm blew up inside the loss event: part of it
         before = max(before, ev.end if ev.end is not None else n)
     return [g for gi, g in enumerate(grads) if gi not in used]
+
+
+def _collapse_leads(events: list[Event]) -> list[Event]:
+    """A rise that a collapse pins a few logged values later is the collapse's lead-in: one event, named a
+    collapse, from the rise's onset (not a level shift whose kind hides the pinned loss)."""
+    out = list(events)
+    for c in [e for e in events if e.kind == "collapse"]:
+        lead = [e for e in out if e is not c and e.kind in ("level_shift", "divergence") and e.end is None
+                and 0 < c.onset - e.onset <= SMOOTH_POINTS]
+        for e in lead:
+            c.onset = min(c.onset, e.onset)
+            out.remove(e)
+    return out
 
 
 def _trim_after_first_unrecovered(events: list[Event]) -> list[Event]:
