@@ -155,3 +155,18 @@ def test_the_online_warm_up_raises_no_alarm_on_clean_early_curves():
         y = (2.5 + 8 * np.exp(-np.arange(120) / r.uniform(5, 100))) * (1 + r.uniform(0.01, 0.15)
                                                                         * r.standard_normal(120))
         assert _feed(y) == [], seed
+
+
+def test_the_callbacks_flag_an_early_jump_at_its_step_and_save_once():
+    """callbacks/_detector.py (what the HF and Lightning callbacks ask) gets the warm-up too: an emergency save
+    for a 6x jump at step 27, at step 27."""
+    from checkpoint_strategy.callbacks._detector import LOSS_TRIGGER
+    from checkpoint_strategy.callbacks._detector import OnlineDetector as CallbackDetector
+
+    rng = np.random.default_rng(27)
+    y = (2.5 + 8 * np.exp(-np.arange(120) / 40)) * (1 + 0.03 * rng.standard_normal(120))
+    y[26:40] *= 6.0
+    det = CallbackDetector()
+    flags = [(i + 1, f) for i, v in enumerate(y) if (f := det.update(i + 1, float(v))) is not None]
+    assert flags[0][0] == 27 and flags[0][1].kind == LOSS_TRIGGER and flags[0][1].save
+    assert sum(f.save for _, f in flags) == 1
