@@ -170,3 +170,17 @@ def test_the_callbacks_flag_an_early_jump_at_its_step_and_save_once():
     flags = [(i + 1, f) for i, v in enumerate(y) if (f := det.update(i + 1, float(v))) is not None]
     assert flags[0][0] == 27 and flags[0][1].kind == LOSS_TRIGGER and flags[0][1].save
     assert sum(f.save for _, f in flags) == 1
+
+
+def test_a_partial_return_names_one_peak():
+    """'came back only partly: peak X' names the logged peak the report shows (peak_loss), not the median of 5
+    around it (two different peaks in one report before)."""
+    rng = np.random.default_rng(5)
+    steps = np.arange(10, 3001, 10)
+    loss = 2.0 * (1 + 0.01 * rng.standard_normal(len(steps)))
+    loss[150:155] = [9.0, 10.61, 9.5, 8.0, 7.0]
+    loss[155:] = 3.0 * (1 + 0.01 * rng.standard_normal(len(steps) - 155))
+    r = _advise(steps, loss, [])
+    assert r.spike.kind == "divergence" and r.spike.detail.startswith("came back only partly"), r.spike.detail
+    assert r.spike.peak_loss == pytest.approx(10.61)
+    assert f"peak {r.spike.peak_loss:.4g}," in r.spike.detail
