@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any, Optional
 
-from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number
+import re
+
+from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number, shown
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import PlanArguments
@@ -15,7 +17,9 @@ B = BOUNDS
 
 # schema property -> (how the user spells it, what is expected); the ranges come from the one table
 FIELDS: dict[str, tuple[str, str]] = {
-    "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)),
+    "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)
+                    + ", or a run length such as 3w, 21d or 504h"),
+    "duration_hours": ("--duration", "a run length such as 3w, 21d, 504h or 90min (weeks, days, hours, minutes)"),
     "step_seconds": ("STEP_SECONDS", B["step_seconds"].expected()),
     "budget_gb": ("BUDGET_GB", "a storage budget in GB" + B["gb"].expected().removeprefix("a size in GB")),
     "model_size_gb": ("--model-size-gb", "the weights in GB" + B["gb"].expected().removeprefix("a size in GB")),
@@ -48,6 +52,27 @@ FIELDS: dict[str, tuple[str, str]] = {
 }
 
 whole_number = number("steps")
+
+# "3w", "21d", "504h", "90min", "1.5 days": a run length in place of TOTAL_STEPS (issue 42)
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)\s*$", re.I)
+_UNIT_HOURS = {"w": 168.0, "d": 24.0, "h": 1.0, "m": 1 / 60}
+# TOTAL_STEPS and --duration both given: they must agree within this share of the run
+DURATION_TOLERANCE = 0.01
+
+
+def duration(text: str) -> float:
+    """argparse type for --duration: '3w' -> 504.0 (hours)."""
+    match = _DURATION_RE.match(str(text))
+    hours = float(match.group(1)) * _UNIT_HOURS[match.group(2)[0].lower()] if match else 0.0
+    if not match or not 0 < hours <= BOUNDS["hours"].hi:
+        raise argparse.ArgumentTypeError(f"expected {FIELDS['duration_hours'][1]}, got {shown(text)}")
+    return hours
+
+
+def run_value(text: str) -> str:
+    """argparse type of the three plan positionals: kept as text and checked by plan_arguments, so
+    `--duration 3w STEP_SECONDS BUDGET_GB` parses (two positionals then) as well as the three numbers."""
+    return str(text)
 
 
 def params_count(text: str) -> float:
@@ -88,10 +113,14 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     """Every plan option (TOTAL_STEPS STEP_SECONDS BUDGET_GB unless positionals=False). Underscored
     spellings (--model_size_gb, --keep_last) are accepted for every option by cli.ArgumentParser."""
     if positionals:
-        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), help="optimizer steps in the run")
-        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"),
+        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=run_value, nargs="?",
+                            help="optimizer steps in the run, or its length: 3w, 21d, 504h (or use --duration)")
+        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=run_value, nargs="?",
                             help="wall seconds per step")
-        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), help="storage budget, GB")
+        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=run_value, nargs="?", help="storage budget, GB")
+        parser.usage = "%(prog)s [TOTAL_STEPS | --duration D] STEP_SECONDS BUDGET_GB [options]"
+    parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D",
+                        help="the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / STEP_SECONDS")
     size = parser.add_argument_group("model size")
     size.add_argument("--model-size-gb", dest="model_size_gb", type=number("gb"), metavar="N",
                       help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
@@ -144,9 +173,61 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
 def plan_arguments(ns: argparse.Namespace) -> PlanArguments:
     """Namespace -> one object, validated by schemas/arguments.schema.json, then the model."""
     data = {k: getattr(ns, k) for k in PlanArguments.model_fields if getattr(ns, k, None) is not None}
+    data.update(run_numbers(ns))
     if data.get("format") not in (None, "text", "markdown", "json", "yaml"):
         data.pop("format")
     return validate_arguments(data)
+
+
+_POSITIONALS = (("total_steps", "TOTAL_STEPS", "steps"), ("step_seconds", "STEP_SECONDS", "step_seconds"),
+                ("budget_gb", "BUDGET_GB", "gb"))
+
+
+def run_numbers(ns: argparse.Namespace) -> dict:
+    """TOTAL_STEPS STEP_SECONDS BUDGET_GB as numbers; with --duration, TOTAL_STEPS may be left out (then the
+    two positionals given are STEP_SECONDS BUDGET_GB) and the steps are the duration over the step time.
+    TOTAL_STEPS given as a run length (3w) is the same as --duration."""
+    given = [getattr(ns, name, None) for name, _, _ in _POSITIONALS]
+    hours = getattr(ns, "duration_hours", None)
+    if isinstance(given[0], str) and _DURATION_RE.match(given[0]):
+        if hours is not None:
+            raise UsageError("argument --duration: give the run's length once, as TOTAL_STEPS or --duration")
+        hours, given[0] = _parse("duration_hours", "TOTAL_STEPS", duration, given[0]), None
+    if hours is not None and given[2] is None and given[0] is not None:
+        given = [None, given[0], given[1]]  # --duration D STEP_SECONDS BUDGET_GB
+    missing = [flag for (_, flag, _), v in zip(_POSITIONALS, given) if v is None and not (flag == "TOTAL_STEPS"
+                                                                                          and hours is not None)]
+    if missing:
+        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
+    out = {name: _parse(name, flag, number(q), v) for (name, flag, q), v in zip(_POSITIONALS, given) if v is not None}
+    if hours is not None:
+        out["duration_hours"] = hours
+        out["total_steps"] = _steps_for(hours, out["step_seconds"], out.get("total_steps"))
+    return out
+
+
+def _parse(name: str, flag: str, parse, value):
+    if not isinstance(value, str):
+        return value  # export and handoff type their own positionals
+    try:
+        return parse(value)
+    except argparse.ArgumentTypeError as exc:
+        msg = str(exc)
+        if name == "total_steps":
+            msg = f"expected {FIELDS['total_steps'][1]}, got {shown(value)}"
+        raise UsageError(f"argument {flag}: {msg}") from None
+
+
+def _steps_for(hours: float, step_seconds: float, total_steps: int | None) -> int:
+    steps = max(1, round(hours * 3600.0 / step_seconds))
+    if not BOUNDS["steps"].contains(steps):
+        raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps:.3g} steps: "
+                         f"expected {B['steps'].expected()}")
+    if total_steps is not None and abs(total_steps - steps) > DURATION_TOLERANCE * steps:
+        raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps} steps, but "
+                         f"TOTAL_STEPS is {total_steps}; give one of them, or both within "
+                         f"{DURATION_TOLERANCE:.0%} of each other")
+    return total_steps if total_steps is not None else steps
 
 
 def validate_arguments(data: dict) -> PlanArguments:
