@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import Assumption, PlanArguments
+from checkpoint_strategy.planning.rounding import nice_floor
 
 if TYPE_CHECKING:
     from checkpoint_strategy.planning.planner import Interval, SaveCost, Sizing
@@ -46,32 +47,34 @@ def default_formats(args: PlanArguments) -> list:
 def assumptions(args: PlanArguments, size: Sizing, cost: SaveCost, iv: Interval) -> list[Assumption]:
     """Every input the plan used without being given it."""
     out: list[Assumption] = []
-    by_cost = iv.reason in _COST_REASONS or (iv.reason == "max_loss_cap" and cost.lag > 0)
+    # under the max-loss cap the save's time to storage moves the interval only when it changes the round number
+    by_cost = iv.reason in _COST_REASONS or (iv.reason == "max_loss_cap" and iv.cap_steps != nice_floor(
+        args.max_loss_hours * 3600.0 / args.step_seconds))
     explicit_cost = given(args, "checkpoint_write_seconds")
     if not explicit_cost and not given(args, "write_gbps") and size.size_gb is not None:
         what = "storage write rate" + ("" if given(args, "node_write_gbps") else " per node")
-        out.append(Assumption(input=what, value=f"{cost.write_source}: {cost.write_gbps:g} GB/s for the job",
+        out.append(Assumption.model_construct(input=what, value=f"{cost.write_source}: {cost.write_gbps:g} GB/s for the job",
                               option="--node-write-gbps G (per node) or --write-gbps G (the job) or "
                                      "--checkpoint-write-seconds S", sets_interval=by_cost))
     if size.size_gb is None and not explicit_cost:
-        out.append(Assumption(input="save cost", value=f"{cost.C:g} s a save (the model size is unknown)",
+        out.append(Assumption.model_construct(input="save cost", value=f"{cost.C:g} s a save (the model size is unknown)",
                               option="--params N or --model-size-gb N, or --checkpoint-write-seconds S",
                               sets_interval=by_cost))
     if not given(args, "mtbf_hours") and not (given(args, "gpu_mtbf_hours") and given(args, "gpus")):
         gpus = "" if given(args, "gpus") else " (GPUs not given: 8)"
-        out.append(Assumption(input="failure rate", value=f"job MTBF {cost.mtbf_h:.4g} h from "
+        out.append(Assumption.model_construct(input="failure rate", value=f"job MTBF {cost.mtbf_h:.4g} h from "
                                                           f"{cost.mtbf_source}{gpus}",
                               option="--mtbf-hours H (measured), or --gpus N and --gpu-mtbf-hours H",
                               sets_interval=iv.reason == "failure_model_optimum"))
     if size.params is not None and not explicit_cost and not given(args, "precision"):
         out.append(_precision(args, size, by_cost))
     if not given(args, "async_save") and not explicit_cost:
-        out.append(Assumption(input="async saves", value="on: training stalls for the host snapshot only "
+        out.append(Assumption.model_construct(input="async saves", value="on: training stalls for the host snapshot only "
                                                          "(10% of a synchronous save)",
                               option="--no-async (or --async)", sets_interval=by_cost and size.size_gb is not None))
     out.extend(_limits(args, iv))
     if not args.formats and size.formats == SHARDED_DEFAULT:
-        out.append(Assumption(input="sharded training", value=f"FSDP or ZeRO over {cost.nodes} nodes: "
+        out.append(Assumption.model_construct(input="sharded training", value=f"FSDP or ZeRO over {cost.nodes} nodes: "
                                                               "resume from sharded saves",
                               option="--formats full_state_dict,safetensors (DDP: every rank holds it all)",
                               sets_interval=False))
@@ -83,7 +86,7 @@ def _precision(args: PlanArguments, size: Sizing, by_cost: bool) -> Assumption:
     per = sizing.STATE_BYTES[size.precision] if args.save_optimizer else sizing.WEIGHT_BYTES.get(size.precision, 2)
     dtype = "" if given(args, "weights_dtype") or args.model_size_gb is None else (
         f"; --model-size-gb read as {args.weights_dtype} weights")
-    return Assumption(input="precision", value=f"{size.precision}: {per} bytes a parameter in a checkpoint{dtype}",
+    return Assumption.model_construct(input="precision", value=f"{size.precision}: {per} bytes a parameter in a checkpoint{dtype}",
                       option="--precision (fp32, mixed or mixed-no-master)" + (
                           "" if not dtype else " and --weights-dtype"), sets_interval=by_cost)
 
@@ -91,14 +94,14 @@ def _precision(args: PlanArguments, size: Sizing, by_cost: bool) -> Assumption:
 def _limits(args: PlanArguments, iv: Interval) -> list[Assumption]:
     out = []
     if iv.reason == "max_loss_cap" and not given(args, "max_loss_hours"):
-        out.append(Assumption(input="accepted loss", value=f"at most {args.max_loss_hours:g} h of training lost "
+        out.append(Assumption.model_construct(input="accepted loss", value=f"at most {args.max_loss_hours:g} h of training lost "
                                                             "to one failure", option="--max-loss-hours H",
                               sets_interval=True))
     if iv.reason == "min_interval" and not given(args, "min_interval_seconds"):
-        out.append(Assumption(input="shortest interval", value=f"{args.min_interval_seconds:g} s between saves",
+        out.append(Assumption.model_construct(input="shortest interval", value=f"{args.min_interval_seconds:g} s between saves",
                               option="--min-interval-seconds S", sets_interval=True))
     if not given(args, "restart_seconds"):
-        out.append(Assumption(input="restart cost", value=f"{args.restart_seconds:g} s to restart after a failure",
+        out.append(Assumption.model_construct(input="restart cost", value=f"{args.restart_seconds:g} s to restart after a failure",
                               option="--restart-seconds S", sets_interval=False))
     return out
 
@@ -109,7 +112,8 @@ def assumption_warning(found: list[Assumption]) -> str | None:
         return None
     names = ", ".join(a.input for a in setting)
     options = ", ".join(a.option.split(" ")[0].rstrip(",") for a in setting)
-    return f"the save interval rests on assumed inputs ({names}): measure them and give {options} (Assumed Inputs)"
+    return (f"the save interval rests on assumed inputs ({names}): give {options} with your own numbers "
+            "(Assumed Inputs)")
 
 
 def formats_reason(args: PlanArguments, size: Sizing, cost: SaveCost) -> str | None:

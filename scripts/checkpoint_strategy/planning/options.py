@@ -4,9 +4,11 @@ PlanArguments. Shared by every command that takes a plan (plan, simulate, tradeo
 from __future__ import annotations
 
 import argparse
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+import copy
 import re
+import sys
 
 from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number, shown
 from checkpoint_strategy.errors import UsageError
@@ -17,8 +19,7 @@ B = BOUNDS
 
 # schema property -> (how the user spells it, what is expected); the ranges come from the one table
 FIELDS: dict[str, tuple[str, str]] = {
-    "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)
-                    + ", or a run length such as 3w, 21d or 504h"),
+    "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)),
     "duration_hours": ("--duration", "a run length such as 3w, 21d, 504h or 90min (weeks, days, hours, minutes)"),
     "step_seconds": ("STEP_SECONDS", B["step_seconds"].expected()),
     "budget_gb": ("BUDGET_GB", "a storage budget in GB" + B["gb"].expected().removeprefix("a size in GB")),
@@ -69,10 +70,43 @@ def duration(text: str) -> float:
     return hours
 
 
-def run_value(text: str) -> str:
-    """argparse type of the three plan positionals: kept as text and checked by plan_arguments, so
-    `--duration 3w STEP_SECONDS BUDGET_GB` parses (two positionals then) as well as the three numbers."""
-    return str(text)
+class RunLength(float):
+    """TOTAL_STEPS given as a run length: its hours."""
+
+
+# put first on the command line when --duration is given, so STEP_SECONDS BUDGET_GB alone parse
+_NO_STEPS = "\x00no-steps"
+
+
+def steps_or_duration(text: str) -> Union[int, float, None]:
+    """argparse type of TOTAL_STEPS: whole steps, or a run length (3w, 21d, 504h) as RunLength hours."""
+    if text == _NO_STEPS:
+        return None
+    if _DURATION_RE.match(str(text)):
+        return RunLength(duration(text))
+    return whole_number(text)
+
+
+def _duration_first(parser: argparse.ArgumentParser) -> None:
+    """With --duration, TOTAL_STEPS may be left out: the parser first tries the command line with an empty
+    TOTAL_STEPS in front, then as given (TOTAL_STEPS too, checked against the duration in run_numbers)."""
+    plain = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        if not any(a == "--duration" or a.startswith("--duration=") for a in argv[:cut]):
+            return plain(argv, namespace)
+        try:
+            ns, extra = plain([_NO_STEPS, *argv], copy.copy(namespace))
+        except UsageError as first:
+            try:
+                return plain(argv, namespace)
+            except UsageError:
+                raise first from None
+        return (ns, extra) if not extra else plain(argv, namespace)
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def params_count(text: str) -> float:
@@ -113,14 +147,15 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     """Every plan option (TOTAL_STEPS STEP_SECONDS BUDGET_GB unless positionals=False). Underscored
     spellings (--model_size_gb, --keep_last) are accepted for every option by cli.ArgumentParser."""
     if positionals:
-        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=run_value, nargs="?",
-                            help="optimizer steps in the run, or its length: 3w, 21d, 504h (or use --duration)")
-        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=run_value, nargs="?",
+        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=steps_or_duration,
+                            help="optimizer steps in the run, or its length: 3w, 21d, 504h (or --duration)")
+        parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"),
                             help="wall seconds per step")
-        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=run_value, nargs="?", help="storage budget, GB")
-        parser.usage = "%(prog)s [TOTAL_STEPS | --duration D] STEP_SECONDS BUDGET_GB [options]"
-    parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D",
-                        help="the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / STEP_SECONDS")
+        parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), help="storage budget, GB")
+        _duration_first(parser)
+        parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D",
+                            help="the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / "
+                                 "STEP_SECONDS")
     size = parser.add_argument_group("model size")
     size.add_argument("--model-size-gb", dest="model_size_gb", type=number("gb"), metavar="N",
                       help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
@@ -179,47 +214,21 @@ def plan_arguments(ns: argparse.Namespace) -> PlanArguments:
     return validate_arguments(data)
 
 
-_POSITIONALS = (("total_steps", "TOTAL_STEPS", "steps"), ("step_seconds", "STEP_SECONDS", "step_seconds"),
-                ("budget_gb", "BUDGET_GB", "gb"))
-
-
 def run_numbers(ns: argparse.Namespace) -> dict:
-    """TOTAL_STEPS STEP_SECONDS BUDGET_GB as numbers; with --duration, TOTAL_STEPS may be left out (then the
-    two positionals given are STEP_SECONDS BUDGET_GB) and the steps are the duration over the step time.
-    TOTAL_STEPS given as a run length (3w) is the same as --duration."""
-    given = [getattr(ns, name, None) for name, _, _ in _POSITIONALS]
-    hours = getattr(ns, "duration_hours", None)
-    if isinstance(given[0], str) and _DURATION_RE.match(given[0]):
+    """TOTAL_STEPS from --duration or a run length given as TOTAL_STEPS (the duration over the step time);
+    both given: they must agree within DURATION_TOLERANCE."""
+    steps, hours = getattr(ns, "total_steps", None), getattr(ns, "duration_hours", None)
+    if isinstance(steps, RunLength):
         if hours is not None:
             raise UsageError("argument --duration: give the run's length once, as TOTAL_STEPS or --duration")
-        hours, given[0] = _parse("duration_hours", "TOTAL_STEPS", duration, given[0]), None
-    if hours is not None and given[2] is None and given[0] is not None:
-        given = [None, given[0], given[1]]  # --duration D STEP_SECONDS BUDGET_GB
-    missing = [flag for (_, flag, _), v in zip(_POSITIONALS, given) if v is None and not (flag == "TOTAL_STEPS"
-                                                                                          and hours is not None)]
-    if missing:
-        raise UsageError(f"the following arguments are required: {', '.join(missing)}")
-    out = {name: _parse(name, flag, number(q), v) for (name, flag, q), v in zip(_POSITIONALS, given) if v is not None}
-    if hours is not None:
-        out["duration_hours"] = hours
-        out["total_steps"] = _steps_for(hours, out["step_seconds"], out.get("total_steps"))
-    return out
-
-
-def _parse(name: str, flag: str, parse, value):
-    if not isinstance(value, str):
-        return value  # export and handoff type their own positionals
-    try:
-        return parse(value)
-    except argparse.ArgumentTypeError as exc:
-        msg = str(exc)
-        if name == "total_steps":
-            msg = f"expected {FIELDS['total_steps'][1]}, got {shown(value)}"
-        raise UsageError(f"argument {flag}: {msg}") from None
+        steps, hours = None, float(steps)
+    if hours is None or getattr(ns, "step_seconds", None) is None:
+        return {} if steps is None else {"total_steps": steps}
+    return {"duration_hours": hours, "total_steps": _steps_for(hours, ns.step_seconds, steps)}
 
 
 def _steps_for(hours: float, step_seconds: float, total_steps: int | None) -> int:
-    steps = max(1, round(hours * 3600.0 / step_seconds))
+    steps = round(hours * 3600.0 / step_seconds)
     if not BOUNDS["steps"].contains(steps):
         raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps:.3g} steps: "
                          f"expected {B['steps'].expected()}")

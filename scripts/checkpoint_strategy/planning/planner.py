@@ -505,7 +505,12 @@ def rounding_note(args: PlanArguments, cost: SaveCost, iv: Interval) -> str:
         return (f"; optimum {exact:.0f} steps ({when}), rounded to {iv.frequency} (a round number of steps: "
                 f"{overhead(iv.frequency * args.step_seconds, cost):.2%} expected overhead against "
                 f"{overhead(cost.tau_exact, cost):.2%} at the exact optimum)")
-    return f"; the exact optimum is {exact:.0f} steps ({when}), {iv.optimum_steps} as a round number"
+    if round(exact) == iv.optimum_steps:
+        return f"; the exact optimum is {exact:.0f} steps ({when})"
+    # the price of the round number itself (issue 42: a 1470-step optimum shown only as 2000)
+    return (f"; the exact optimum is {exact:.0f} steps ({when}, {overhead(cost.tau_exact, cost):.3%} expected "
+            f"overhead), {iv.optimum_steps} as a round number "
+            f"({overhead(iv.optimum_steps * args.step_seconds, cost):.3%})")
 
 
 def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_overhead: float) -> IntervalChoice:
@@ -591,7 +596,9 @@ def _run_length(args: PlanArguments) -> str | None:
     h = args.duration_hours
     named = next((f"{h / d:g} {unit}" for d, unit in ((168, "weeks"), (24, "days")) if h >= d and
                   float(h / d).is_integer()), f"{h:g} h")
-    return f"--duration {named}: {h:g} h at {args.step_seconds:g} s a step"
+    text = f"--duration {named}: {h:g} h at {args.step_seconds:g} s a step"
+    steps = round(h * 3600.0 / args.step_seconds)
+    return text if steps == args.total_steps else text + f" is {steps} steps; TOTAL_STEPS {args.total_steps} kept"
 
 
 def two_tier_plan(args: PlanArguments) -> PlanReport:
