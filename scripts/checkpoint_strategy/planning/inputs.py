@@ -62,8 +62,9 @@ def assumptions(args: PlanArguments, size: Sizing, cost: SaveCost, iv: Interval)
                               sets_interval=by_cost))
     if not given(args, "mtbf_hours") and not (given(args, "gpu_mtbf_hours") and given(args, "gpus")):
         gpus = "" if given(args, "gpus") else " (GPUs not given: 8)"
-        out.append(Assumption.model_construct(input="failure rate", value=f"job MTBF {cost.mtbf_h:.4g} h from "
-                                                          f"{cost.mtbf_source}{gpus}",
+        out.append(Assumption.model_construct(input="failure rate", value=(
+                       f"job MTBF {args.gpu_mtbf_hours / args.gpus:.4g} h: {args.gpu_mtbf_hours:g} GPU-hours per GPU "
+                       f"(Llama 3) / {args.gpus} GPUs{gpus}"),
                               option="--mtbf-hours H (measured), or --gpus N and --gpu-mtbf-hours H",
                               sets_interval=iv.reason == "failure_model_optimum"))
     if size.params is not None and not explicit_cost and not given(args, "precision"):

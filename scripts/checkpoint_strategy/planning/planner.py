@@ -383,7 +383,9 @@ def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: li
     N, target, spacing = args.total_steps, inputs.BUDGET_SHARE * args.budget_gb, None
     store = functools.partial(_storage, size.size_gb, size.weights_gb, total_steps=N, frequency=frequency,
                               formats=size.formats)
-    auto = args.preset == "auto"
+    # the planner spends the budget when it chooses the interval (with --frequency, as in tradeoffs' sweep rows,
+    # the policy is the user's: the rows compare like with like)
+    auto = args.preset == "auto" and not inputs.given(args, "frequency")
     if auto and not inputs.given(args, "milestones") and storage.total_gb < target:
         step = _on_grid([nice_ceil(N * inputs.MILESTONE_SHARE)], frequency, N)[0]
         while step < N:
@@ -411,7 +413,8 @@ def _budget_text(args: PlanArguments, storage: StorageBreakdown, spacing: int | 
                 f", its milestones); --preset auto spends a larger budget on denser milestones and a longer window")
     if total > inputs.BUDGET_SHARE * budget:
         return head
-    given = [o for o, n in (("--milestones", "milestones"), ("--keep-last", "keep_last")) if inputs.given(args, n)]
+    given = [o for o, n in (("--frequency", "frequency"), ("--milestones", "milestones"), ("--keep-last", "keep_last"))
+             if inputs.given(args, n)]
     dense = "" if spacing is None else (f"milestones every {spacing} steps ({_h(spacing * args.step_seconds)}) "
                                         "besides the seed steps, ")
     why = (f"the rest is left free: milestones no closer than {inputs.MILESTONE_SHARE:.0%} of the run, at most "
