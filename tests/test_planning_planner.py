@@ -964,3 +964,73 @@ def test_cap_warning_for_a_sub_second_cap():
     assert (f"max data loss {(1 + 0.5) / 3600:.3g} h is over --max-loss-hours 0.0001: one save takes 0.5 s to reach "
             f"storage, longer than the cap itself; keeping the cap needs about {need:.3g} GB/s (now 6) or a faster "
             "local tier") in p.warnings
+
+
+# ----------------------------------------------------------------------------------------- issue 42: a big run
+
+
+BIG = dict(total_steps=1008000, step_seconds=1.8, budget_gb=40000, params=7e9, gpus=256)
+
+
+def test_presets_differ_where_the_spec_templates_differ():
+    """conservative: 1000 x 2^k milestones, keep_last 10; aggressive: 10k, 50k, 100k, keep_last 5; auto spends the
+    budget. On the 256-GPU run the three are three different plans (before: conservative == default)."""
+    auto, cons, aggr = (mk(**BIG, preset=p) for p in ("auto", "conservative", "aggressive"))
+    assert cons.milestone_steps == [1000 * 2**k for k in range(10)] + [1008000]
+    assert cons.keep_last == 10 and cons.policy.emergency_save_on == []
+    assert aggr.milestone_steps == [10000, 50000, 100000, 1008000] and aggr.keep_last == 5
+    assert auto.keep_last > 10 and len(auto.milestone_steps) > len(cons.milestone_steps)
+    assert "the conservative preset keeps its template" in cons.budget_use and "--preset auto" in cons.budget_use
+    # --milestones given wins over the preset's own
+    assert mk(**BIG, preset="conservative", milestones="seed").milestone_steps[:4] == [1000, 5000, 10000, 25000]
+
+
+def test_budget_use_stops_at_its_stated_limits():
+    """Milestones no closer than 1% of the run (on the interval's grid), at most MAX_KEEP_LAST_AUTO rolling saves,
+    the peak within 80% of the budget; a tight budget is left as the seed rule had it."""
+    from checkpoint_strategy.planning import inputs
+
+    roomy = mk(**{**BIG, "budget_gb": 10**6})
+    gaps = {b - a for a, b in zip(roomy.milestone_steps, roomy.milestone_steps[1:])}
+    assert min(gaps) >= 1000 and roomy.keep_last == planner.MAX_KEEP_LAST_AUTO
+    assert all(m % roomy.frequency_steps == 0 for m in roomy.milestone_steps)
+    assert roomy.total_storage_gb <= inputs.BUDGET_SHARE * 10**6
+    tight = mk(**{**BIG, "budget_gb": 2300})
+    assert tight.milestone_steps == planner.milestone_steps("seed", 1008000)
+    assert tight.budget_use.startswith("the policy needs") and "keep_last" not in tight.budget_use
+    # a user's --frequency: the policy is theirs (tradeoffs' sweep rows compare like with like)
+    fixed = mk(**BIG, frequency=500)
+    assert fixed.milestone_steps == planner.milestone_steps("seed", 1008000) and "--frequency as given" in fixed.budget_use
+
+
+def test_multi_node_resumes_from_sharded_saves_single_node_as_before():
+    big = mk(**BIG)
+    assert big.policy.save_formats == ["sharded", "safetensors"]
+    assert not any("hardware-specific" in w for w in big.warnings)
+    assert "gathers all 84 GB onto one rank" in big.formats_reason and "32x the sharded save" in big.formats_reason
+    small = mk(params=1e9, gpus=8)
+    assert small.policy.save_formats == ["full_state_dict", "safetensors"] and small.formats_reason is None
+    assert not any(a.input == "sharded training" for a in small.assumptions)
+    # DDP over many nodes: full_state_dict kept as asked, and the price of it said
+    ddp = mk(**BIG, formats=["full_state_dict", "safetensors"])
+    assert ddp.policy.save_formats == ["full_state_dict", "safetensors"]
+    assert "on every save: resume from sharded saves" in ddp.formats_reason
+
+
+def test_assumptions_list_only_what_was_not_given():
+    p = mk(params=1e9, gpus=8)
+    assert {a.input for a in p.assumptions} >= {"storage write rate per node", "failure rate", "precision",
+                                                 "async saves", "restart cost"}
+    given = mk(params=1e9, gpus=8, write_gbps=5, mtbf_hours=100, precision="mixed", async_save=False,
+               restart_seconds=300)
+    assert given.assumptions == []
+    unknown = mk(frequency=None)
+    assert any(a.input == "save cost" and "--checkpoint-write-seconds" in a.option for a in unknown.assumptions)
+
+
+def test_rounding_the_optimum_shows_its_price():
+    """--gpus 16: the exact optimum 1470 steps is 2000 as a round number; both overheads are printed."""
+    p = mk(total_steps=100000, step_seconds=2.5, budget_gb=500, model_size_gb=4, gpus=16)
+    assert "the exact optimum is 1470 steps" in p.interval.explanation
+    assert "2000 as a round number (0.040%)" in p.interval.explanation and "0.038% expected overhead" in \
+        p.interval.explanation

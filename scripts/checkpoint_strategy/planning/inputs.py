@@ -51,9 +51,8 @@ def assumptions(args: PlanArguments, size: Sizing, cost: SaveCost, iv: Interval)
     by_cost = iv.reason in _COST_REASONS or (iv.reason == "max_loss_cap" and iv.cap_steps != nice_floor(
         args.max_loss_hours * 3600.0 / args.step_seconds))
     explicit_cost = given(args, "checkpoint_write_seconds")
-    if not explicit_cost and not given(args, "write_gbps") and size.size_gb is not None:
-        what = "storage write rate" + ("" if given(args, "node_write_gbps") else " per node")
-        out.append(Assumption.model_construct(input=what, value=f"{cost.write_source}: {cost.write_gbps:g} GB/s for the job",
+    if not explicit_cost and not given(args, "write_gbps", "node_write_gbps") and size.size_gb is not None:
+        out.append(Assumption.model_construct(input="storage write rate per node", value=f"{cost.write_source}: {cost.write_gbps:g} GB/s for the job",
                               option="--node-write-gbps G (per node) or --write-gbps G (the job) or "
                                      "--checkpoint-write-seconds S", sets_interval=by_cost))
     if size.size_gb is None and not explicit_cost:

@@ -229,6 +229,8 @@ def run_numbers(ns: argparse.Namespace) -> dict:
 
 def _steps_for(hours: float, step_seconds: float, total_steps: int | None) -> int:
     steps = round(hours * 3600.0 / step_seconds)
+    if hours * 3600.0 < step_seconds:
+        raise UsageError(f"argument --duration: {hours:g} h is shorter than one step of {step_seconds:g} s")
     if not BOUNDS["steps"].contains(steps):
         raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps:.3g} steps: "
                          f"expected {B['steps'].expected()}")

@@ -390,6 +390,8 @@ def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: li
         step = _on_grid([nice_ceil(N * inputs.MILESTONE_SHARE)], frequency, N)[0]
         while step < N:
             dense = sorted({*milestones, *range(step, N, step)})
+            if len(dense) == len(milestones):
+                break  # the seed steps are already this dense
             trial = store(keep_last=keep_last, milestones=dense)
             if trial.total_gb <= target:
                 milestones, storage, spacing = dense, trial, step
