@@ -720,7 +720,8 @@ def test_max_loss_cap_explanation_prices_the_cap():
     assert p.interval.explanation == (
         f"the --max-loss-hours 1 cap: {chosen:.2%} expected overhead against {at_opt:.2%} at the failure-model "
         f"optimum of {opt} steps; the cap costs {(chosen - at_opt) * 100:.2g} points, --max-loss-hours 1.8 gives "
-        f"{at_opt:.2%}; the exact optimum is {tau / 2.5:.0f} steps ({tau / 3600:.2f} h), {opt} as a round number")
+        f"{at_opt:.2%}; the exact optimum is {tau / 2.5:.0f} steps ({tau / 3600:.2f} h, "
+        f"{_daly_overhead(tau, C, R, M):.3%} expected overhead), {opt} as a round number ({at_opt:.3%})")
     assert p.interval.optimum_max_data_loss_hours == pytest.approx(opt_loss, abs=1e-6)
 
 
@@ -868,15 +869,19 @@ def test_rounding_note_of_a_one_step_frequency_and_of_an_optimum_near_an_hour():
     M, C = 6250 * 3600.0, 3.0  # 3 GB at 1 GB/s, synchronous
     tau = failure.exact_interval(C, M)
     assert p.interval.reason == "frequency_option"
+    R = 600.0
+    nice = _nearest_nice(tau / 0.5)
     assert p.interval.explanation.endswith(
-        f"; the exact optimum is {tau / 0.5:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 0.5)} as a round "
-        "number")
+        f"; the exact optimum is {tau / 0.5:.0f} steps ({tau / 3600:.2f} h, {_daly_overhead(tau, C, R, M):.3%} "
+        f"expected overhead), {nice} as a round number ({_daly_overhead(nice * 0.5, C, R, M):.3%})")
     tau = failure.exact_interval(10.0, 183 * 3600.0)
     assert 3600 < tau < 3660
     q = mk(model_size_gb=1, checkpoint_write_seconds=10, mtbf_hours=183, max_loss_hours=10, frequency=500)
+    nice = _nearest_nice(tau / 10)
     assert q.interval.explanation.endswith(
-        f"; the exact optimum is {tau / 10:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 10)} as a round "
-        "number")
+        f"; the exact optimum is {tau / 10:.0f} steps ({tau / 3600:.2f} h, "
+        f"{_daly_overhead(tau, 10.0, R, 183 * 3600.0):.3%} expected overhead), {nice} as a round number "
+        f"({_daly_overhead(nice * 10, 10.0, R, 183 * 3600.0):.3%})")
 
 
 def test_rounded_optimum_note_with_two_second_steps():

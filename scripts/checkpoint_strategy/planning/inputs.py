@@ -32,7 +32,7 @@ SHARDED_DEFAULT = ["sharded", "safetensors"]
 
 
 def given(args: PlanArguments, *names: str) -> bool:
-    return any(n in args.model_fields_set for n in names)
+    return not args.model_fields_set.isdisjoint(names)
 
 
 def default_formats(args: PlanArguments) -> list:

@@ -134,6 +134,15 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
                             total_gb=_r(rolling + in_flight + ms + ex))
 
 
+def _total_gb(size, weights, keep_last, milestones, total_steps, frequency, formats) -> float:
+    """_storage's total_gb without building the model (use_budget tries several policies)."""
+    window = set(saved_steps_tail(total_steps, frequency, keep_last))
+    outside = sum(1 for m in milestones if m not in window)
+    per = size * (sum(1 for f in formats if f in ("full_state_dict", "sharded")) or 1)
+    exports = len(set(milestones) | {total_steps}) if "safetensors" in formats else 0
+    return (keep_last + 1 + outside) * per + exports * weights
+
+
 def _r(x: float, nd: int = 6) -> float:
     return float(round(x, nd))
 
@@ -381,29 +390,32 @@ def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: li
     if size.size_gb is None or storage.total_gb is None:
         return milestones, keep_last, storage, None
     N, target, spacing = args.total_steps, inputs.BUDGET_SHARE * args.budget_gb, None
-    store = functools.partial(_storage, size.size_gb, size.weights_gb, total_steps=N, frequency=frequency,
+    total = functools.partial(_total_gb, size.size_gb, size.weights_gb, total_steps=N, frequency=frequency,
                               formats=size.formats)
-    # the planner spends the budget when it chooses the interval (with --frequency, as in tradeoffs' sweep rows,
-    # the policy is the user's: the rows compare like with like)
     auto = args.preset == "auto" and not inputs.given(args, "frequency")
+    before = (milestones, keep_last)
     if auto and not inputs.given(args, "milestones") and storage.total_gb < target:
-        step = _on_grid([nice_ceil(N * inputs.MILESTONE_SHARE)], frequency, N)[0]
+        # each new milestone costs a checkpoint (outside the window) and an export: start at the spacing that fits
+        each = (storage.checkpoint_size_gb or size.size_gb) + (size.weights_gb if "safetensors" in size.formats else 0)
+        room = max(1.0, (target - storage.total_gb) / each) if each > 0 else float(N)
+        step = _on_grid([nice_ceil(max(N * inputs.MILESTONE_SHARE, N / room))], frequency, N)[0]
         while step < N:
             dense = sorted({*milestones, *range(step, N, step)})
             if len(dense) == len(milestones):
                 break  # the seed steps are already this dense
-            trial = store(keep_last=keep_last, milestones=dense)
-            if trial.total_gb <= target:
-                milestones, storage, spacing = dense, trial, step
+            if total(keep_last=keep_last, milestones=dense) <= target:
+                milestones, spacing = dense, step
                 break
             step = _on_grid([nice_ceil(step + 1)], frequency, N)[0]
-    if auto and not inputs.given(args, "keep_last") and storage.total_gb < target and size.size_gb > 0:
+    now = total(keep_last=keep_last, milestones=milestones)
+    if auto and not inputs.given(args, "keep_last") and now < target and size.size_gb > 0:
         per = storage.checkpoint_size_gb or size.size_gb
-        grow = min(MAX_KEEP_LAST_AUTO, keep_last + int((target - storage.total_gb) // per))
-        while grow > keep_last and (trial := store(keep_last=grow, milestones=milestones)).total_gb > target:
+        grow = min(MAX_KEEP_LAST_AUTO, keep_last + int((target - now) // per))
+        while grow > keep_last and total(keep_last=grow, milestones=milestones) > target:
             grow -= 1
-        if grow > keep_last:
-            keep_last, storage = grow, trial
+        keep_last = max(keep_last, grow)
+    if (milestones, keep_last) != before:
+        storage = _storage(size.size_gb, size.weights_gb, keep_last, milestones, N, frequency, size.formats)
     return milestones, keep_last, storage, _budget_text(args, storage, spacing, keep_last)
 
 
