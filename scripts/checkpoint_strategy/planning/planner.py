@@ -137,7 +137,7 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
 def _total_gb(size, weights, keep_last, milestones, total_steps, frequency, formats) -> float:
     """_storage's total_gb without building the model (use_budget tries several policies)."""
     window = set(saved_steps_tail(total_steps, frequency, keep_last))
-    outside = sum(1 for m in milestones if m not in window)
+    outside = len(milestones) - len(window.intersection(milestones))
     per = size * (sum(1 for f in formats if f in ("full_state_dict", "sharded")) or 1)
     exports = len(set(milestones) | {total_steps}) if "safetensors" in formats else 0
     return (keep_last + 1 + outside) * per + exports * weights
@@ -390,6 +390,8 @@ def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: li
     if size.size_gb is None or storage.total_gb is None:
         return milestones, keep_last, storage, None
     N, target, spacing = args.total_steps, inputs.BUDGET_SHARE * args.budget_gb, None
+    if args.preset != "auto" or inputs.given(args, "frequency") or storage.total_gb >= target:
+        return milestones, keep_last, storage, _budget_text(args, storage, spacing, keep_last)
     total = functools.partial(_total_gb, size.size_gb, size.weights_gb, total_steps=N, frequency=frequency,
                               formats=size.formats)
     auto = args.preset == "auto" and not inputs.given(args, "frequency")
