@@ -330,7 +330,7 @@ def test_big_run_json_says_what_was_assumed_and_why_sharded(cli_run):
     assert data["storage_breakdown"]["safetensors_exports"] == len(data["milestone_steps"])
     # the budget: more than the seed rule's 5%, milestones far closer than 125-250 h
     assert data["total_storage_gb"] > 0.2 * 40000 and data["fits_budget"]
-    gaps = [b - a for a, b in zip(data["milestone_steps"], data["milestone_steps"][1:])]
+    gaps = [b - a for a, b in zip(data["milestone_steps"], data["milestone_steps"][1:], strict=False)]
     assert max(gaps) * 1.8 / 3600 <= 12 and "of the 40 TB budget" in data["budget_use"]
     # given measured numbers instead, nothing that sets the interval is assumed
     measured = cli_run(*BIG_RUN, "--node-write-gbps", "4", "--mtbf-hours", "150", "--precision", "mixed",

@@ -996,7 +996,7 @@ def test_budget_use_stops_at_its_stated_limits():
     from checkpoint_strategy.planning import inputs
 
     roomy = mk(**{**BIG, "budget_gb": 10**6})
-    gaps = {b - a for a, b in zip(roomy.milestone_steps, roomy.milestone_steps[1:])}
+    gaps = {b - a for a, b in zip(roomy.milestone_steps, roomy.milestone_steps[1:], strict=False)}
     assert min(gaps) >= 1000 and roomy.keep_last == planner.MAX_KEEP_LAST_AUTO
     assert all(m % roomy.frequency_steps == 0 for m in roomy.milestone_steps)
     assert roomy.total_storage_gb <= inputs.BUDGET_SHARE * 10**6

@@ -13,14 +13,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import Assumption, PlanArguments
 from checkpoint_strategy.planning.rounding import nice_floor
-
-# planner.Sizing, SaveCost, Interval (planner imports this module: typed Any here, no cycle)
-Sizing = SaveCost = Interval = Any
+from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing
 
 # the interval is set by the failure model's inputs under these reasons
 _COST_REASONS = ("failure_model_optimum", "storage_floor")

@@ -78,7 +78,7 @@ class RunLength(float):
 _NO_STEPS = "\x00no-steps"
 
 
-def steps_or_duration(text: str) -> Union[int, float, None]:
+def steps_or_duration(text: str) -> Union[int, float, RunLength, None]:
     """argparse type of TOTAL_STEPS: whole steps, or a run length (3w, 21d, 504h) as RunLength hours."""
     if text == _NO_STEPS:
         return None
@@ -221,7 +221,7 @@ def run_numbers(ns: argparse.Namespace) -> dict:
     if isinstance(steps, RunLength):
         if hours is not None:
             raise UsageError("argument --duration: give the run's length once, as TOTAL_STEPS or --duration")
-        steps, hours = None, float(steps)
+        steps, hours = None, float(steps)  # type: ignore[arg-type]  # a RunLength is a float
     if hours is None or getattr(ns, "step_seconds", None) is None:
         return {} if steps is None else {"total_steps": steps}
     return {"duration_hours": hours, "total_steps": _steps_for(hours, ns.step_seconds, steps)}

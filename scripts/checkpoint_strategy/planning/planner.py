@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, inputs, sizing
+from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
@@ -145,59 +145,6 @@ def _total_gb(size, weights, keep_last, milestones, total_steps, frequency, form
 
 def _r(x: float, nd: int = 6) -> float:
     return float(round(x, nd))
-
-
-@dataclass
-class Sizing:
-    """Checkpoint and export sizes (GB; None when the model size is unknown) and the formats."""
-
-    params: float | None
-    precision: Precision | None
-    size_gb: float | None
-    weights_gb: float | None
-    formats: list[SaveFormat]
-
-
-@dataclass
-class SaveCost:
-    """What one save costs: Daly's C, the time until it is on storage, and the failure model."""
-
-    write_gbps: float | None
-    write_source: str
-    nodes: int
-    C: float
-    persist: float | None
-    async_save: bool
-    mtbf_h: float
-    mtbf_source: str
-    M: float
-    R: float
-    tau_exact: float
-    tau_young: float
-    tau_daly: float
-
-    @property
-    def lag(self) -> float:
-        """Seconds after a save starts until it can be rolled back to (added to max data loss)."""
-        return self.persist if self.async_save and self.persist is not None else 0.0
-
-    @property
-    def durable_gap(self) -> float:
-        """Async: the shortest compute time between saves so one is on storage before the next starts."""
-        return max(0.0, self.lag - self.C)
-
-
-@dataclass
-class Interval:
-    """The chosen interval in steps and why."""
-
-    frequency: int
-    reason: IntervalReason
-    optimum_steps: int
-    floor_steps: int
-    floor_source: str
-    cap_steps: int | None
-    durable_steps: int
 
 
 def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
@@ -345,7 +292,7 @@ def align_milestones(args: PlanArguments, frequency: int, warnings: list[str]) -
     if isinstance(spec, list) and not inputs.given(args, "milestones"):
         milestones = sorted({*milestones, N})  # a preset's list, with the final step as the named rules
     elif isinstance(spec, list):
-        if any(m > N for m in args.milestones):
+        if any(m > N for m in spec):
             warnings.append(f"milestones past total_steps {N} were dropped")
         off_grid = [m for m in milestones if m % frequency and m != N]
         if off_grid:
@@ -398,7 +345,8 @@ def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: li
     before = (milestones, keep_last)
     if auto and not inputs.given(args, "milestones") and storage.total_gb < target:
         # each new milestone costs a checkpoint (outside the window) and an export: start at the spacing that fits
-        each = (storage.checkpoint_size_gb or size.size_gb) + (size.weights_gb if "safetensors" in size.formats else 0)
+        each = (storage.checkpoint_size_gb or size.size_gb) + (
+            size.weights_gb or 0.0 if "safetensors" in size.formats else 0.0)
         room = max(1.0, (target - storage.total_gb) / each) if each > 0 else float(N)
         step = _on_grid([nice_ceil(max(N * inputs.MILESTONE_SHARE, N / room))], frequency, N)[0]
         while step < N:
