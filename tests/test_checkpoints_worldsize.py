@@ -13,7 +13,12 @@ def test_dcp_checkpoint_saved_by_one_rank(dcp_checkpoint, cli_run):
     assert h["world_size"] == 1 and h["layout"] == "dcp" and h["shards"] == 1 and "rank 0" in h["evidence"]
     text = cli_run("validate", str(dcp_checkpoint), "--target-gpus", "8").out
     assert "Saved world size:\n  - 1 process: DCP shard files 1 written by rank 0" in text
-    assert "Moving to 8 GPUs (saved with 1):" in text and "shards to consolidate: 1 dcp shard files" in text
+    assert "Moving to 8 GPUs (saved with 1):" in text and "shards: 1 dcp shard files: nothing to convert" in text
+    # one answer (issue 42): DCP reshards on load, so no convert line; the optional full copy goes beside the folder
+    move = cli_run("validate", str(dcp_checkpoint), "--target-gpus", "8", "--format", "json").json()["hardware_move"]
+    assert move["convert"] is None and "  - convert:" not in text
+    outside = f"{dcp_checkpoint.parent}-{dcp_checkpoint.name}-full.pt --to full"
+    assert any(outside in c for c in move["changes"]), move["changes"]
     assert "global batch = per-device batch x gradient accumulation x world size" in text
 
 

@@ -12,7 +12,8 @@ from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOC
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.
 EXTRA_FORMATS = {"export": {"python", "toml", "args"}}
 # Non-numeric argparse types that parse a list or a name (not a quantity of BOUNDS).
-NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require", "tier_spec", "path_arg", "byte_size"}
+NAMED_TYPES = {"milestones", "formats_list", "params_count", "_require", "tier_spec", "path_arg", "byte_size",
+               "steps_or_duration", "duration"}
 
 # recover's options are RecoveryOptions fields (bounds in Field); each matches one quantity of the table.
 RECOVERY_QUANTITIES = {"window": "window", "z_threshold": "threshold", "ratio_threshold": "threshold",

@@ -221,10 +221,12 @@ def test_validate_names_the_convert_command_and_it_runs(cli_run, zero, tmp_path,
     run = copy_of(zero.parent, "run")
     r = cli_run("validate", run / zero.name, "--target-gpus", "4", "--format", "json")
     command = r.json()["hardware_move"]["convert"]
-    assert command == f"checkpoint-strategy convert {run / zero.name} {run / zero.name}-dcp --to dcp"
+    # written beside the run folder, never into it (issue 42)
+    assert command == f"checkpoint-strategy convert {run / zero.name} {run}-{zero.name}-dcp --to dcp"
     argv = shlex.split(command)
     assert cli_run(*argv[1:]).rc == 0
-    assert (run / f"{zero.name}-dcp" / ".metadata").is_file()
+    assert (run.parent / f"run-{zero.name}-dcp" / ".metadata").is_file()
+    assert not (run / f"{zero.name}-dcp").exists()
     from checkpoint_strategy.recovery.complete import _sharded_note
 
     assert _sharded_note(str(run / zero.name)) and command in _sharded_note(str(run / zero.name))[0]

@@ -9,7 +9,7 @@
   runs them: in a copy of what git ships, the README's own lines (the sample builder, then each
   ``checkpoint-strategy ...`` line through the copy's launcher), compared with the same golden files.
 - ``test_pasted_blocks_match_their_golden``: every fenced block right after a marker
-  ``<!-- golden: NAME [lines=A-B] -->`` in README.md or docs/*.md equals that golden file (or
+  ``<!-- golden: tests/golden/NAME [lines=A-B] -->`` in README.md or docs/*.md equals that golden file (or
   lines A-B of it).
 
 ``UPDATE_GOLDEN=1 python3 -m pytest tests/test_examples.py tests/test_planning_cli.py`` rewrites the
@@ -168,7 +168,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def expected_block(name: str, a: str | None, b: str | None) -> str:
-    text = (GOLDEN / name).read_text(encoding="utf-8")
+    text = (ROOT / name).read_text(encoding="utf-8")  # the marker names the file from the repository's root
     if a is not None:
         text = "".join(text.splitlines(keepends=True)[int(a) - 1:int(b)])
     return text if text.endswith("\n") else text + "\n"
@@ -185,7 +185,8 @@ def test_pasted_blocks_match_their_golden(doc):
             doc.write_text(new, encoding="utf-8")
             text = new
     for m in MARKER.finditer(text):
-        assert (GOLDEN / m["name"]).is_file(), f"{doc.name}: no golden file {m['name']}"
+        assert m["name"].startswith("tests/golden/") and (ROOT / m["name"]).is_file(), \
+            f"{doc.name}: no golden file {m['name']} (named from the repository's root: tests/golden/...)"
         assert m["body"] == expected_block(m["name"], m["a"], m["b"]), \
             f"{doc.name}: the block after <!-- golden: {m['name']} --> differs; run with UPDATE_GOLDEN=1"
 
@@ -212,7 +213,7 @@ def fenced_blocks(text: str):
             i += 1
 
 
-GOLDEN_MARK = re.compile(r"<!-- golden: examples/(?P<name>\S+?)\.txt(?: lines=\d+-\d+)? -->")
+GOLDEN_MARK = re.compile(r"<!-- golden: tests/golden/examples/(?P<name>\S+?)\.txt(?: lines=\d+-\d+)? -->")
 
 
 def readme_examples(text: str) -> tuple[list[str], list[tuple[str, str]]]:

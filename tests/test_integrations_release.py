@@ -197,3 +197,31 @@ def test_a_file_name_cannot_forge_a_release_line(hf_run, copy_of, cli_run):
     (ckpt / "x.pt\n  model.safetensors: forged").write_bytes(b"not a pickle")
     rc, out, err = cli_run("release-gate", ckpt, "--require", "safetensors")
     assert "\n  model.safetensors: forged" not in out and "forged" in out, out
+
+
+def test_release_notes_name_the_missing_tokenizer_and_the_trainers_eval_best(tmp_path, cli_run, monkeypatch):
+    """Issue 42: the sample checkpoint has no tokenizer: the record says a Hub release needs one (and stops saying
+    so once tokenizer files are there); trainer_state.json's best_model_checkpoint is named, this one or another."""
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "run" / "checkpoint-2000"
+    rc, data = record(cli_run, "run/checkpoint-2000", "--require", "safetensors")
+    assert rc == 0 and len(data["notes"]) == 1 and data["notes"][0].startswith("no tokenizer files in the release set")
+    assert "Hub release" in cli_run("release-gate", "run/checkpoint-2000", "--require", "safetensors").out
+    # without --require safetensors there is no release set to judge: no tokenizer note
+    assert record(cli_run, "run/checkpoint-2000")[1]["notes"] == []
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    state.update(best_model_checkpoint="out/checkpoint-2000", best_metric=0.41)
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    (ckpt / "tokenizer.json").write_text("{}")
+    (ckpt / "tokenizer_config.json").write_text("{}")
+    rc, data = record(cli_run, "run/checkpoint-2000", "--require", "safetensors")
+    assert "tokenizer.json" in data["release_set"]
+    assert data["notes"] == ["this checkpoint is the trainer's eval-best (best_metric 0.41): best_model_checkpoint "
+                             "in trainer_state.json"]
+    state.update(best_model_checkpoint="out/checkpoint-1000")
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    rc, data = record(cli_run, "run/checkpoint-2000", "--require", "safetensors")
+    assert data["notes"][0].startswith("not the trainer's eval-best: trainer_state.json names checkpoint-1000")

@@ -296,3 +296,63 @@ def test_fuzz_extreme_failure_models_exit_0_or_2(mtbf, restart, write, steps, se
         jsonschema.validate(json.loads(out), load_schema("plan.schema.json"))
     else:
         assert len(err.strip().splitlines()) == 1 and "--mtbf-hours" in err
+
+
+# Issue 42: "pretraining a 7B model on 256 H100s for 3 weeks, 1.8 s a step, 40 TB on Lustre", as the user says it
+BIG_RUN = ["--duration", "3w", "1.8", "40000", "--params", "7B", "--gpus", "256"]
+
+
+def test_big_run_from_a_duration_matches_its_golden(cli_run):
+    """The whole answer: 1,008,000 steps from the duration, every assumed input listed with its option and the
+    interval's assumptions warned about, a sharded resume format with the cost of each, the budget used."""
+    rc, out, err = cli_run(*BIG_RUN)
+    assert rc == 0 and err == ""
+    golden = GOLDEN / "plan-256-h100.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(out, encoding="utf-8")
+    assert out == golden.read_text(encoding="utf-8")
+    assert "Total Steps:        1008000 (--duration 3 weeks: 504 h at 1.8 s a step)" in out
+    assert "  - none" not in out.split("Warnings:")[1].split("\n\n")[0]
+
+
+def test_big_run_json_says_what_was_assumed_and_why_sharded(cli_run):
+    data = cli_run(*BIG_RUN, "--format", "json").json()
+    assert data["total_steps"] == 1008000 and data["run_length"].startswith("--duration 3 weeks")
+    assumed = {a["input"]: a for a in data["assumptions"]}
+    assert {"storage write rate per node", "failure rate", "precision", "async saves", "sharded training"} <= set(assumed)
+    assert "--node-write-gbps" in assumed["storage write rate per node"]["option"]
+    assert "1 GB/s per node" in assumed["storage write rate per node"]["value"]
+    interval_setters = [a["input"] for a in data["assumptions"] if a["sets_interval"]]
+    assert interval_setters and all(name in data["warnings"][-1] for name in interval_setters)
+    # sharded for resuming; full weights (safetensors) only at the milestones; why, with the cost of each
+    assert data["policy"]["save_formats"] == ["sharded", "safetensors"]
+    assert "84 s at 1 GB/s" in data["formats_reason"] and "2.625 s at 32 GB/s" in data["formats_reason"]
+    assert data["storage_breakdown"]["safetensors_exports"] == len(data["milestone_steps"])
+    # the budget: more than the seed rule's 5%, milestones far closer than 125-250 h
+    assert data["total_storage_gb"] > 0.2 * 40000 and data["fits_budget"]
+    gaps = [b - a for a, b in zip(data["milestone_steps"], data["milestone_steps"][1:], strict=False)]
+    assert max(gaps) * 1.8 / 3600 <= 12 and "of the 40 TB budget" in data["budget_use"]
+    # given measured numbers instead, nothing that sets the interval is assumed
+    measured = cli_run(*BIG_RUN, "--node-write-gbps", "4", "--mtbf-hours", "150", "--precision", "mixed",
+                       "--async", "--format", "json").json()
+    assert not [a for a in measured["assumptions"] if a["sets_interval"]]
+    assert not any("assumed inputs" in w for w in measured["warnings"])
+
+
+@pytest.mark.parametrize("argv", [["--duration", "3w", "1.8", "40000"], ["3w", "1.8", "40000"],
+                                  ["1.8", "40000", "--duration", "21d"], ["--duration", "504h", "1008000", "1.8", "40000"],
+                                  ["--duration=30240min", "1.8", "40000"]])
+def test_duration_in_place_of_total_steps(argv, cli_run):
+    assert cli_run(*argv, "--format", "json").json()["total_steps"] == 1008000
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--duration", "3w", "1200000", "1.8", "40000"], "is 1008000 steps, but TOTAL_STEPS is 1200000"),
+    (["--duration", "3w", "3w", "1.8", "40000"], "give the run's length once"),
+    (["--duration", "3 fortnights", "1.8", "40000"], "argument --duration: expected a run length"),
+    (["--duration", "0w", "1.8", "40000"], "argument --duration"),
+    (["--duration", "1min", "100", "40000"], "argument --duration: 0.0166667 h is shorter than one step of 100 s"),
+    (["--duration", "3w", "1.8"], "BUDGET_GB"),
+])
+def test_duration_given_inconsistently_is_one_line_exit_2(argv, match, cli_run):
+    cli_run(*argv).usage_error(match)

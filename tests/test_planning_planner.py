@@ -94,7 +94,10 @@ def test_frequency_is_failure_optimum_capped_by_max_loss():
     assert p.frequency_steps * 2.5 <= 3600
     # the cap is kept: it is the reason for the interval (with its price), not a warning about the plan
     assert p.interval.reason == "max_loss_cap" and "--max-loss-hours 1 cap" in p.interval.explanation
-    assert p.max_data_loss_hours <= 1 and not any("--max-loss-hours" in w for w in p.warnings)
+    assert p.max_data_loss_hours <= 1 and not any(w.startswith("max data loss") for w in p.warnings)
+    # the 1 h cap was not given: listed as assumed, and the warning says it sets the interval (issue 42)
+    assert [a.option for a in p.assumptions if a.sets_interval] == ["--max-loss-hours H"]
+    assert any("assumed inputs (accepted loss)" in w for w in p.warnings)
 
 
 def test_frequency_follows_mtbf_when_failures_are_frequent():
@@ -202,6 +205,15 @@ def test_explicit_milestone_at_the_final_step_is_kept():
     assert p.milestone_steps == [1000, 50000]
 
 
+def _no_room(keep: int, **kw):
+    """The auto plan with a budget the rule's own window fills past inputs.BUDGET_SHARE: nothing to spend."""
+    from checkpoint_strategy.planning import inputs
+
+    kw.setdefault("milestones", "seed")
+    need = mk(keep_last=keep, **kw).total_storage_gb
+    return mk(budget_gb=need / inputs.BUDGET_SHARE * 0.99, **kw)
+
+
 def _oldest_reach(total: int, frequency: int, keep_last: int) -> int:
     """Worst case over detection steps t: how far back the oldest of the keep_last newest saves lies."""
     worst = None
@@ -216,9 +228,9 @@ def _oldest_reach(total: int, frequency: int, keep_last: int) -> int:
 def test_auto_window_reaches_the_spike_horizon_at_every_detection_step(frequency):
     """A spike noticed at step t (wait steps after its onset) needs a checkpoint margin steps before the
     onset: t - 200 or older must still be in the window, whatever t is; auto keeps the fewest that do."""
-    p = mk(model_size_gb=1, frequency=frequency, budget_gb=10**6)
     horizon = planner.SPIKE_HORIZON_STEPS
     needed = min(k for k in range(1, 100) if _oldest_reach(50000, frequency, k) >= horizon)
+    p = _no_room(model_size_gb=1, frequency=frequency, keep=max(10, needed))
     assert p.keep_last == max(10, needed)
     assert _oldest_reach(50000, frequency, p.keep_last) >= horizon
     assert not any("spike horizon" in w for w in p.warnings)
@@ -232,7 +244,7 @@ def test_spike_horizon_warning_at_the_edge_and_advice_the_auto_rule_keeps():
     short = mk(model_size_gb=1, frequency=10, keep_last=20, budget_gb=10**6, milestones="none")
     warned = [w for w in short.warnings if "spike horizon" in w]
     assert len(warned) == 1
-    auto = mk(model_size_gb=1, frequency=10, budget_gb=10**6, milestones="none")
+    auto = _no_room(model_size_gb=1, frequency=10, milestones="none", keep=21)
     assert f"keep at least {auto.keep_last} checkpoints" in warned[0]
     assert not any("spike horizon" in w for w in auto.warnings)
     miss_short = simulate(short, runs=200, seed=3, spike_rate=1.0).spikes.window_miss_fraction
@@ -373,7 +385,7 @@ def test_edges_of_the_rules_the_mutation_run_found_unpinned():
     assert planner.saved_steps_tail(1000, 500, 4) == [500, 1000]
     assert planner.saved_steps_tail(3, 1, 5) == [1, 2, 3]
     # auto keeps its 10 when they fit: nothing "lowered"; lowered to fit exactly: said so
-    roomy = mk(model_size_gb=1, frequency=500, budget_gb=10**6)
+    roomy = _no_room(model_size_gb=1, frequency=500, keep=10)
     assert roomy.keep_last == 10 and not any("lowered" in w for w in roomy.warnings)
     exact = mk(params=1e9, frequency=500, budget_gb=96, formats=["full_state_dict"], milestones="none")
     assert exact.keep_last == 7 and any("keep_last lowered to 7" in w for w in exact.warnings)
@@ -641,7 +653,10 @@ def test_overlap_and_busy_warnings_from_the_formulas():
     P, C = 300.0, 30.0
     floor = min(v for v in GRID if v >= (P - C) / 10)
     assert floor == 50 and p.frequency_steps == floor
-    assert p.warnings == [
+    # async saves were not asked for: the storage floor depends on them, so it is said (issue 42)
+    assert p.warnings[2:] == ["the save interval rests on assumed inputs (precision, async saves): give --precision, "
+                              "--no-async with your own numbers (Assumed Inputs)"]
+    assert p.warnings[:2] == [
         f"saves would overlap: every 10 steps starts a save each 100 s of training, but one save takes 300 s to reach "
         f"storage (300 GB at 1 GB/s); every 10 steps needs at least {300 * (1 - C / P) / 100:.3g} GB/s; saving every "
         f"{floor} steps instead, the shortest interval the storage sustains",
@@ -705,7 +720,8 @@ def test_max_loss_cap_explanation_prices_the_cap():
     assert p.interval.explanation == (
         f"the --max-loss-hours 1 cap: {chosen:.2%} expected overhead against {at_opt:.2%} at the failure-model "
         f"optimum of {opt} steps; the cap costs {(chosen - at_opt) * 100:.2g} points, --max-loss-hours 1.8 gives "
-        f"{at_opt:.2%}; the exact optimum is {tau / 2.5:.0f} steps ({tau / 3600:.2f} h), {opt} as a round number")
+        f"{at_opt:.2%}; the exact optimum is {tau / 2.5:.0f} steps ({tau / 3600:.2f} h, "
+        f"{_daly_overhead(tau, C, R, M):.3%} expected overhead), {opt} as a round number ({at_opt:.3%})")
     assert p.interval.optimum_max_data_loss_hours == pytest.approx(opt_loss, abs=1e-6)
 
 
@@ -853,15 +869,19 @@ def test_rounding_note_of_a_one_step_frequency_and_of_an_optimum_near_an_hour():
     M, C = 6250 * 3600.0, 3.0  # 3 GB at 1 GB/s, synchronous
     tau = failure.exact_interval(C, M)
     assert p.interval.reason == "frequency_option"
+    R = 600.0
+    nice = _nearest_nice(tau / 0.5)
     assert p.interval.explanation.endswith(
-        f"; the exact optimum is {tau / 0.5:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 0.5)} as a round "
-        "number")
+        f"; the exact optimum is {tau / 0.5:.0f} steps ({tau / 3600:.2f} h, {_daly_overhead(tau, C, R, M):.3%} "
+        f"expected overhead), {nice} as a round number ({_daly_overhead(nice * 0.5, C, R, M):.3%})")
     tau = failure.exact_interval(10.0, 183 * 3600.0)
     assert 3600 < tau < 3660
     q = mk(model_size_gb=1, checkpoint_write_seconds=10, mtbf_hours=183, max_loss_hours=10, frequency=500)
+    nice = _nearest_nice(tau / 10)
     assert q.interval.explanation.endswith(
-        f"; the exact optimum is {tau / 10:.0f} steps ({tau / 3600:.2f} h), {_nearest_nice(tau / 10)} as a round "
-        "number")
+        f"; the exact optimum is {tau / 10:.0f} steps ({tau / 3600:.2f} h, "
+        f"{_daly_overhead(tau, 10.0, R, 183 * 3600.0):.3%} expected overhead), {nice} as a round number "
+        f"({_daly_overhead(nice * 10, 10.0, R, 183 * 3600.0):.3%})")
 
 
 def test_rounded_optimum_note_with_two_second_steps():
@@ -949,3 +969,73 @@ def test_cap_warning_for_a_sub_second_cap():
     assert (f"max data loss {(1 + 0.5) / 3600:.3g} h is over --max-loss-hours 0.0001: one save takes 0.5 s to reach "
             f"storage, longer than the cap itself; keeping the cap needs about {need:.3g} GB/s (now 6) or a faster "
             "local tier") in p.warnings
+
+
+# ----------------------------------------------------------------------------------------- issue 42: a big run
+
+
+BIG = dict(total_steps=1008000, step_seconds=1.8, budget_gb=40000, params=7e9, gpus=256)
+
+
+def test_presets_differ_where_the_spec_templates_differ():
+    """conservative: 1000 x 2^k milestones, keep_last 10; aggressive: 10k, 50k, 100k, keep_last 5; auto spends the
+    budget. On the 256-GPU run the three are three different plans (before: conservative == default)."""
+    auto, cons, aggr = (mk(**BIG, preset=p) for p in ("auto", "conservative", "aggressive"))
+    assert cons.milestone_steps == [1000 * 2**k for k in range(10)] + [1008000]
+    assert cons.keep_last == 10 and cons.policy.emergency_save_on == []
+    assert aggr.milestone_steps == [10000, 50000, 100000, 1008000] and aggr.keep_last == 5
+    assert auto.keep_last > 10 and len(auto.milestone_steps) > len(cons.milestone_steps)
+    assert "the conservative preset keeps its template" in cons.budget_use and "--preset auto" in cons.budget_use
+    # --milestones given wins over the preset's own
+    assert mk(**BIG, preset="conservative", milestones="seed").milestone_steps[:4] == [1000, 5000, 10000, 25000]
+
+
+def test_budget_use_stops_at_its_stated_limits():
+    """Milestones no closer than 1% of the run (on the interval's grid), at most MAX_KEEP_LAST_AUTO rolling saves,
+    the peak within 80% of the budget; a tight budget is left as the seed rule had it."""
+    from checkpoint_strategy.planning import inputs
+
+    roomy = mk(**{**BIG, "budget_gb": 10**6})
+    gaps = {b - a for a, b in zip(roomy.milestone_steps, roomy.milestone_steps[1:], strict=False)}
+    assert min(gaps) >= 1000 and roomy.keep_last == planner.MAX_KEEP_LAST_AUTO
+    assert all(m % roomy.frequency_steps == 0 for m in roomy.milestone_steps)
+    assert roomy.total_storage_gb <= inputs.BUDGET_SHARE * 10**6
+    tight = mk(**{**BIG, "budget_gb": 2300})
+    assert tight.milestone_steps == planner.milestone_steps("seed", 1008000)
+    assert tight.budget_use.startswith("the policy needs") and "keep_last" not in tight.budget_use
+    # a user's --frequency: the policy is theirs (tradeoffs' sweep rows compare like with like)
+    fixed = mk(**BIG, frequency=500)
+    assert fixed.milestone_steps == planner.milestone_steps("seed", 1008000) and "--frequency as given" in fixed.budget_use
+
+
+def test_multi_node_resumes_from_sharded_saves_single_node_as_before():
+    big = mk(**BIG)
+    assert big.policy.save_formats == ["sharded", "safetensors"]
+    assert not any("hardware-specific" in w for w in big.warnings)
+    assert "gathers all 84 GB onto one rank" in big.formats_reason and "32x the sharded save" in big.formats_reason
+    small = mk(params=1e9, gpus=8)
+    assert small.policy.save_formats == ["full_state_dict", "safetensors"] and small.formats_reason is None
+    assert not any(a.input == "sharded training" for a in small.assumptions)
+    # DDP over many nodes: full_state_dict kept as asked, and the price of it said
+    ddp = mk(**BIG, formats=["full_state_dict", "safetensors"])
+    assert ddp.policy.save_formats == ["full_state_dict", "safetensors"]
+    assert "on every save: resume from sharded saves" in ddp.formats_reason
+
+
+def test_assumptions_list_only_what_was_not_given():
+    p = mk(params=1e9, gpus=8)
+    assert {a.input for a in p.assumptions} >= {"storage write rate per node", "failure rate", "precision",
+                                                 "async saves", "restart cost"}
+    given = mk(params=1e9, gpus=8, write_gbps=5, mtbf_hours=100, precision="mixed", async_save=False,
+               restart_seconds=300)
+    assert given.assumptions == []
+    unknown = mk(frequency=None)
+    assert any(a.input == "save cost" and "--checkpoint-write-seconds" in a.option for a in unknown.assumptions)
+
+
+def test_rounding_the_optimum_shows_its_price():
+    """--gpus 16: the exact optimum 1470 steps is 2000 as a round number; both overheads are printed."""
+    p = mk(total_steps=100000, step_seconds=2.5, budget_gb=500, model_size_gb=4, gpus=16)
+    assert "the exact optimum is 1470 steps" in p.interval.explanation
+    assert "2000 as a round number (0.040%)" in p.interval.explanation and "0.038% expected overhead" in \
+        p.interval.explanation

@@ -23,8 +23,10 @@ def test_a_cap_names_the_exact_optimum_too(cli_run):
     iv = rep["interval"]
     exact = rep["optimal_interval_seconds"] / 2.5
     assert iv["reason"] == "max_loss_cap" and "--max-loss-hours 1 cap" in iv["explanation"]
-    assert iv["explanation"].endswith(f"the exact optimum is {exact:.0f} steps ({exact * 2.5 / 3600:.2f} h), "
-                                      f"{iv['optimum_steps']} as a round number")
+    # and the price of the round number itself (issue 42): the overhead at the exact optimum and at the round one
+    assert f"the exact optimum is {exact:.0f} steps ({exact * 2.5 / 3600:.2f} h, " in iv["explanation"]
+    assert iv["explanation"].endswith(f"expected overhead), {iv['optimum_steps']} as a round number "
+                                      f"({iv['optimum_overhead_fraction']:.3%})")
 
 
 def test_no_note_when_the_interval_is_the_exact_optimum(cli_run):

@@ -11,6 +11,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from types import ModuleType
 from typing import NoReturn
@@ -165,7 +166,7 @@ def _command(args: list[str]) -> str:
     if not args or args[0] in COMMANDS:
         return args[0] if args else "plan"
     word = args[0]
-    if word.startswith("-") or _is_number(word):
+    if word.startswith("-") or _is_number(word) or _RUN_LENGTH.match(word):
         return "plan"
     import difflib   # a mistyped command only (start-up time)
 
@@ -174,6 +175,10 @@ def _command(args: list[str]) -> str:
         raise UsageError(f"unknown command {word!r}; did you mean {close[0]!r}?")
     raise UsageError(f"unknown command {word!r}; expected one of {', '.join(COMMANDS)}, or TOTAL_STEPS "
                      "STEP_SECONDS BUDGET_GB for a plan")
+
+
+# a plan's run length in place of TOTAL_STEPS ("3w", "21d"; planning/options.py checks it)
+_RUN_LENGTH = re.compile(r"^[0-9]*\.?[0-9]+\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)$", re.I)
 
 
 def _is_number(word: str) -> bool:

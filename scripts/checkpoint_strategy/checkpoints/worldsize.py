@@ -146,21 +146,33 @@ def global_batch_note(facts, world: Optional[int], target: int) -> tuple[list[st
     return keep, todo
 
 
+def outside_run(path: str, suffix: str) -> str:
+    """Where a converted copy of checkpoint `path` goes: beside its run folder, never inside it (validate would
+    take a new folder or file there for a checkpoint): run/checkpoint-2000 -> run-checkpoint-2000-dcp."""
+    norm = os.path.normpath(path)
+    run, name = os.path.split(norm)
+    return f"{run}-{name}{suffix}" if run else os.path.join("..", f"{name}{suffix}")
+
+
 def convert_command(path: str, layout: str, target: Optional[int] = None) -> Optional[str]:
-    """The exact `checkpoint-strategy convert` command for this layout (docs/convert.md), or None when the
-    layout needs none or the converter does not read it (Megatron, Orbax)."""
+    """The exact `checkpoint-strategy convert` command a move to another GPU count needs for this layout
+    (docs/convert.md), or None when it needs none (DCP reshards on load) or the converter does not read it
+    (Megatron, Orbax). The output goes beside the run folder, never into it."""
     import shlex
 
-    base = path.rstrip("/") or path
     gpus = f" {target} GPUs" if target else " any number of GPUs"
     if layout == "zero":
-        return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(base + '-dcp')} --to dcp "
+        return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(outside_run(path, '-dcp'))} --to dcp "
                 f"(consolidated fp32 weights + Adam moments by parameter name; dcp.load reads it on{gpus}); "
                 f"--to safetensors for the weights alone")
-    if layout == "dcp":
-        return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(base + '-full.pt')} --to full "
-                f"(one file, weights and optimizer state; not needed to resume: dcp.load re-shards to{gpus})")
     return None
+
+
+def full_copy_command(path: str) -> str:
+    """One file of weights and optimizer state from a DCP checkpoint, beside the run folder (optional)."""
+    import shlex
+
+    return f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(outside_run(path, '-full.pt'))} --to full"
 
 
 def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> HardwareMove:
@@ -173,12 +185,13 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
         changes.append(f"per-rank RNG files: {ref.rng_files} saved, {target} ranks will run: ranks without a file "
                        "start a fresh RNG stream (dropout/sampling differ; not an error)")
     if ref is not None and ref.layout in ("dcp", "zero", "megatron") and ref.shards:
-        how = {"dcp": "dcp.load re-shards them to the new world size (a full state dict: "
-                      f"{convert_command(ref.path, 'dcp', target)})",
+        how = {"dcp": "nothing to convert: dcp.load re-shards them to the new world size (one file only if you "
+                      f"want one, written beside the run folder: {full_copy_command(ref.path)})",
                "zero": f"{convert_command(ref.path, 'zero', target)} before loading on another data-parallel "
                        "size (or a DeepSpeed universal checkpoint to resume with DeepSpeed)",
                "megatron": "Megatron-LM tools/checkpoint/convert.py to the new tensor/pipeline parallel sizes"}
-        changes.append(f"shards to consolidate: {ref.shards} {ref.layout} shard files: {how[ref.layout]}")
+        what = "shards" if ref.layout == "dcp" else "shards to consolidate"
+        changes.append(f"{what}: {ref.shards} {ref.layout} shard files: {how[ref.layout]}")
     if world is not None and world == target:
         changes.append(f"same world size ({target}): shards and RNG files load as saved")
     elif world is None:

@@ -195,6 +195,9 @@ class ReleaseGate(_Strict):
         default_factory=list, description="--require safetensors: the files a release ships (the safetensors weights, "
                                           "their index, configs, tokenizer): every file not in not_for_release")
     values: Optional[ValuesSummary] = Field(None, description="level deep: what the value pass found")
+    notes: list[str] = Field(default_factory=list, description="what a release needs beyond the gate: tokenizer "
+                                                               "files missing from the release set; whether this is "
+                                                               "the trainer's eval-best checkpoint")
     gate: Literal["pass", "fail"]
     reasons: list[str] = Field(description="why the gate failed (empty on pass)")
 

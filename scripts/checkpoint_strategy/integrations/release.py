@@ -90,7 +90,51 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
         integrity="manifest" if has_manifest else "checksums", manifest=manifest if has_manifest else None,
         checksums=sums, checks=checks, values=values, gate="pass" if gate_ok else "fail", reasons=reasons,
         not_for_release=excluded, release_set=release_set if "safetensors" in required else [],
+        notes=release_notes(path, release_set if "safetensors" in required else None),
     )
+
+
+# a Hugging Face tokenizer saved with save_pretrained (fast or slow, BPE or SentencePiece)
+_TOKENIZER = re.compile(r"^(tokenizer(_config)?\.json|tokenizer\.model|special_tokens_map\.json|added_tokens\.json|"
+                        r"vocab\.(json|txt)|merges\.txt|spiece\.model|sentencepiece\.bpe\.model)$")
+
+
+def release_notes(path: str, release_set: list[str] | None) -> list[str]:
+    """What the release needs beyond the gate: the tokenizer (a Hub release of a language model ships it beside
+    the weights) and whether trainer_state.json names this checkpoint the eval-best."""
+    notes = []
+    if release_set is not None and not any(_TOKENIZER.match(os.path.basename(f)) for f in release_set):
+        notes.append("no tokenizer files in the release set (tokenizer.json, tokenizer_config.json, "
+                     "special_tokens_map.json, ...): a Hugging Face Hub release of a language model needs them beside "
+                     "the weights; save them with tokenizer.save_pretrained(DIR) from the training run")
+    best = _trainer_best(path)
+    if best is not None:
+        notes.append(best)
+    return notes
+
+
+def _trainer_best(path: str) -> str | None:
+    """trainer_state.json's best_model_checkpoint against this checkpoint (HF Trainer with load_best_model_at_end
+    or metric_for_best_model), in one line; None when the state names no best."""
+    from checkpoint_strategy.storage import read_json
+
+    state_file = os.path.join(path, "trainer_state.json")
+    if not os.path.isfile(state_file):
+        return None
+    try:
+        state = read_json(state_file, "trainer state")
+    except UsageError:
+        return None
+    best = state.get("best_model_checkpoint") if isinstance(state, dict) else None
+    if not isinstance(best, str) or not best:
+        return None
+    metric = state.get("best_metric")
+    value = f" (best_metric {metric:g})" if isinstance(metric, (int, float)) and not isinstance(metric, bool) else ""
+    name = os.path.basename(os.path.normpath(best))
+    if name == os.path.basename(os.path.normpath(path)):
+        return f"this checkpoint is the trainer's eval-best{value}: best_model_checkpoint in trainer_state.json"
+    return (f"not the trainer's eval-best: trainer_state.json names {name}{value} as best_model_checkpoint; release "
+            "that one if the evaluation metric is what the release should maximise")
 
 
 # What a model release does not ship: the trainer's state for resuming, read by torch.load (a pickle runs code

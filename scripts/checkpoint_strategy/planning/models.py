@@ -36,6 +36,9 @@ class PlanArguments(_Strict):
     """Every plan option as one object; schemas/arguments.schema.json is generated from it."""
 
     total_steps: int = Field(**field_bounds("steps"), description="optimizer steps in the whole run")
+    duration_hours: Optional[float] = Field(None, **field_bounds("hours"),
+                                            description="the run's length (--duration); total_steps is it over "
+                                                        "step_seconds when not given")
     step_seconds: float = Field(**field_bounds("step_seconds"), description="wall seconds per step")
     budget_gb: float = Field(**field_bounds("gb"), description="storage budget for checkpoints, GB (10^9 bytes)")
     model_size_gb: Optional[float] = Field(None, **field_bounds("gb"), description="model weights, GB")
@@ -179,6 +182,15 @@ class StorageBreakdown(_Strict):
     total_gb: Optional[float]
 
 
+class Assumption(_Strict):
+    """An input the user did not give: the value the plan took, and the option that sets it."""
+
+    input: str = Field(description="what was assumed, e.g. 'write rate'")
+    value: str = Field(description="the value the plan used, with its source")
+    option: str = Field(description="the option(s) that set it")
+    sets_interval: bool = Field(description="the save interval depends on it")
+
+
 class PlanReport(_Strict):
     total_steps: int
     step_seconds: float
@@ -212,11 +224,16 @@ class PlanReport(_Strict):
     warnings: list[str]
     sources: dict[str, str]
     two_tier: Optional[TwoTierPlan] = Field(None, description="only when --local-tier plans two tiers")
+    run_length: Optional[str] = Field(None, description="where total_steps comes from when --duration gave it")
+    assumptions: list[Assumption] = Field(default_factory=list,
+                                          description="inputs not given: the value taken and the option")
+    formats_reason: Optional[str] = Field(None, description="why these save formats, with the cost of each")
+    budget_use: Optional[str] = Field(None, description="how much of the budget the policy uses and why not more")
 
     @model_serializer(mode="wrap")
     def omit_single_tier(self, handler):
         """Single-tier reports are unchanged by the two-tier fields."""
-        return _without_none(handler(self), ("two_tier",))
+        return _without_none(handler(self), ("two_tier", "run_length"))
 
 
 SCHEMAS = {

@@ -4,9 +4,13 @@ PlanArguments. Shared by every command that takes a plan (plan, simulate, tradeo
 from __future__ import annotations
 
 import argparse
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
-from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number
+import copy
+import re
+import sys
+
+from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED, add_milestones, number, shown
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import PlanArguments
@@ -16,6 +20,7 @@ B = BOUNDS
 # schema property -> (how the user spells it, what is expected); the ranges come from the one table
 FIELDS: dict[str, tuple[str, str]] = {
     "total_steps": ("TOTAL_STEPS", B["steps"].expected().replace("steps", "optimizer steps", 1)),
+    "duration_hours": ("--duration", "a run length such as 3w, 21d, 504h or 90min (weeks, days, hours, minutes)"),
     "step_seconds": ("STEP_SECONDS", B["step_seconds"].expected()),
     "budget_gb": ("BUDGET_GB", "a storage budget in GB" + B["gb"].expected().removeprefix("a size in GB")),
     "model_size_gb": ("--model-size-gb", "the weights in GB" + B["gb"].expected().removeprefix("a size in GB")),
@@ -48,6 +53,60 @@ FIELDS: dict[str, tuple[str, str]] = {
 }
 
 whole_number = number("steps")
+
+# "3w", "21d", "504h", "90min", "1.5 days": a run length in place of TOTAL_STEPS (issue 42)
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)\s*$", re.I)
+_UNIT_HOURS = {"w": 168.0, "d": 24.0, "h": 1.0, "m": 1 / 60}
+# TOTAL_STEPS and --duration both given: they must agree within this share of the run
+DURATION_TOLERANCE = 0.01
+
+
+def duration(text: str) -> float:
+    """argparse type for --duration: '3w' -> 504.0 (hours)."""
+    match = _DURATION_RE.match(str(text))
+    hours = float(match.group(1)) * _UNIT_HOURS[match.group(2)[0].lower()] if match else 0.0
+    if not match or not 0 < hours <= BOUNDS["hours"].hi:
+        raise argparse.ArgumentTypeError(f"expected {FIELDS['duration_hours'][1]}, got {shown(text)}")
+    return hours
+
+
+class RunLength(float):
+    """TOTAL_STEPS given as a run length: its hours."""
+
+
+# put first on the command line when --duration is given, so STEP_SECONDS BUDGET_GB alone parse
+_NO_STEPS = "\x00no-steps"
+
+
+def steps_or_duration(text: str) -> Union[int, float, RunLength, None]:
+    """argparse type of TOTAL_STEPS: whole steps, or a run length (3w, 21d, 504h) as RunLength hours."""
+    if text == _NO_STEPS:
+        return None
+    if _DURATION_RE.match(str(text)):
+        return RunLength(duration(text))
+    return whole_number(text)
+
+
+def _duration_first(parser: argparse.ArgumentParser) -> None:
+    """With --duration, TOTAL_STEPS may be left out: the parser first tries the command line with an empty
+    TOTAL_STEPS in front, then as given (TOTAL_STEPS too, checked against the duration in run_numbers)."""
+    plain = parser.parse_known_args
+
+    def parse_known_args(args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        if not any(a == "--duration" or a.startswith("--duration=") for a in argv[:cut]):
+            return plain(argv, namespace)
+        try:
+            ns, extra = plain([_NO_STEPS, *argv], copy.copy(namespace))
+        except UsageError as first:
+            try:
+                return plain(argv, namespace)
+            except UsageError:
+                raise first from None
+        return (ns, extra) if not extra else plain(argv, namespace)
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
 def params_count(text: str) -> float:
@@ -88,10 +147,15 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
     """Every plan option (TOTAL_STEPS STEP_SECONDS BUDGET_GB unless positionals=False). Underscored
     spellings (--model_size_gb, --keep_last) are accepted for every option by cli.ArgumentParser."""
     if positionals:
-        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), help="optimizer steps in the run")
+        parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=steps_or_duration,
+                            help="optimizer steps in the run, or its length: 3w, 21d, 504h (or --duration)")
         parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"),
                             help="wall seconds per step")
         parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), help="storage budget, GB")
+        _duration_first(parser)
+        parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D",
+                            help="the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / "
+                                 "STEP_SECONDS")
     size = parser.add_argument_group("model size")
     size.add_argument("--model-size-gb", dest="model_size_gb", type=number("gb"), metavar="N",
                       help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")
@@ -144,9 +208,37 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
 def plan_arguments(ns: argparse.Namespace) -> PlanArguments:
     """Namespace -> one object, validated by schemas/arguments.schema.json, then the model."""
     data = {k: getattr(ns, k) for k in PlanArguments.model_fields if getattr(ns, k, None) is not None}
+    data.update(run_numbers(ns))
     if data.get("format") not in (None, "text", "markdown", "json", "yaml"):
         data.pop("format")
     return validate_arguments(data)
+
+
+def run_numbers(ns: argparse.Namespace) -> dict:
+    """TOTAL_STEPS from --duration or a run length given as TOTAL_STEPS (the duration over the step time);
+    both given: they must agree within DURATION_TOLERANCE."""
+    steps, hours = getattr(ns, "total_steps", None), getattr(ns, "duration_hours", None)
+    if isinstance(steps, RunLength):
+        if hours is not None:
+            raise UsageError("argument --duration: give the run's length once, as TOTAL_STEPS or --duration")
+        steps, hours = None, float(steps)  # type: ignore[arg-type]  # a RunLength is a float
+    if hours is None or getattr(ns, "step_seconds", None) is None:
+        return {} if steps is None else {"total_steps": steps}
+    return {"duration_hours": hours, "total_steps": _steps_for(hours, ns.step_seconds, steps)}
+
+
+def _steps_for(hours: float, step_seconds: float, total_steps: int | None) -> int:
+    steps = round(hours * 3600.0 / step_seconds)
+    if hours * 3600.0 < step_seconds:
+        raise UsageError(f"argument --duration: {hours:g} h is shorter than one step of {step_seconds:g} s")
+    if not BOUNDS["steps"].contains(steps):
+        raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps:.3g} steps: "
+                         f"expected {B['steps'].expected()}")
+    if total_steps is not None and abs(total_steps - steps) > DURATION_TOLERANCE * steps:
+        raise UsageError(f"argument --duration: {hours:g} h at {step_seconds:g} s a step is {steps} steps, but "
+                         f"TOTAL_STEPS is {total_steps}; give one of them, or both within "
+                         f"{DURATION_TOLERANCE:.0%} of each other")
+    return total_steps if total_steps is not None else steps
 
 
 def validate_arguments(data: dict) -> PlanArguments:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.planning import failure, sizing
+from checkpoint_strategy.planning import failure, inputs, sizing
+from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
@@ -46,10 +47,12 @@ DAILY_BUDGET_WARN = 10.0
 PRESETS: dict[str, dict[str, Any]] = {
     # the spec's two templates; "auto" takes the failure-model optimum with the conservative
     # retention and both emergency triggers.
-    "conservative": {"max_frequency": 500, "keep_last": 10, "emergency": []},
-    "aggressive": {"max_frequency": 2000, "keep_last": 5,
+    # milestones when --milestones is not given: conservative 1000 x 2^k, aggressive 10k, 50k, 100k (the spec's
+    # templates); auto the seed steps, made denser when the budget has room (use_budget)
+    "conservative": {"max_frequency": 500, "keep_last": 10, "emergency": [], "milestones": "pow2"},
+    "aggressive": {"max_frequency": 2000, "keep_last": 5, "milestones": [10000, 50000, 100000],
                    "emergency": ["loss_spike_detected", "gradient_norm_exceeded"]},
-    "auto": {"max_frequency": None, "keep_last": 10,
+    "auto": {"max_frequency": None, "keep_last": 10, "milestones": "seed",
              "emergency": ["loss_spike_detected", "gradient_norm_exceeded"]},
 }
 
@@ -131,61 +134,17 @@ def _storage(size, weights, keep_last, milestones, total_steps, frequency, forma
                             total_gb=_r(rolling + in_flight + ms + ex))
 
 
+def _total_gb(size, weights, keep_last, milestones, total_steps, frequency, formats) -> float:
+    """_storage's total_gb without building the model (use_budget tries several policies)."""
+    window = set(saved_steps_tail(total_steps, frequency, keep_last))
+    outside = len(milestones) - len(window.intersection(milestones))
+    per = size * (sum(1 for f in formats if f in ("full_state_dict", "sharded")) or 1)
+    exports = len(set(milestones) | {total_steps}) if "safetensors" in formats else 0
+    return (keep_last + 1 + outside) * per + exports * weights
+
+
 def _r(x: float, nd: int = 6) -> float:
     return float(round(x, nd))
-
-
-@dataclass
-class Sizing:
-    """Checkpoint and export sizes (GB; None when the model size is unknown) and the formats."""
-
-    params: float | None
-    precision: Precision | None
-    size_gb: float | None
-    weights_gb: float | None
-    formats: list[SaveFormat]
-
-
-@dataclass
-class SaveCost:
-    """What one save costs: Daly's C, the time until it is on storage, and the failure model."""
-
-    write_gbps: float | None
-    write_source: str
-    nodes: int
-    C: float
-    persist: float | None
-    async_save: bool
-    mtbf_h: float
-    mtbf_source: str
-    M: float
-    R: float
-    tau_exact: float
-    tau_young: float
-    tau_daly: float
-
-    @property
-    def lag(self) -> float:
-        """Seconds after a save starts until it can be rolled back to (added to max data loss)."""
-        return self.persist if self.async_save and self.persist is not None else 0.0
-
-    @property
-    def durable_gap(self) -> float:
-        """Async: the shortest compute time between saves so one is on storage before the next starts."""
-        return max(0.0, self.lag - self.C)
-
-
-@dataclass
-class Interval:
-    """The chosen interval in steps and why."""
-
-    frequency: int
-    reason: IntervalReason
-    optimum_steps: int
-    floor_steps: int
-    floor_source: str
-    cap_steps: int | None
-    durable_steps: int
 
 
 def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
@@ -202,10 +161,10 @@ def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
     if not args.save_optimizer:
         warnings.append("optimizer state not saved: resuming restarts Adam's moments from zero "
                         "(the spec's lesson 2); use it only for inference exports")
-    formats: list[SaveFormat] = list(args.formats) if args.formats else ["full_state_dict", "safetensors"]
+    formats: list[SaveFormat] = inputs.default_formats(args)
     if not any(f in ("full_state_dict", "sharded") for f in formats):
         warnings.append("no resumable format in --formats: add full_state_dict (or sharded) to resume training")
-    elif "full_state_dict" not in formats:
+    elif "full_state_dict" not in formats and args.formats:
         warnings.append("only sharded (FSDP/DCP) checkpoints: they are hardware-specific; add full_state_dict "
                         "before migrating hardware, then re-shard after loading")
     return Sizing(params, precision, size, weights, formats)
@@ -328,15 +287,22 @@ def align_milestones(args: PlanArguments, frequency: int, warnings: list[str]) -
     """Milestone steps. Named rules (seed, pow2) are rounded up to multiples of the interval so every
     milestone is a regular save; a list the user gave is kept and off-grid steps are warned about."""
     N = args.total_steps
-    milestones = milestone_steps(args.milestones, N)
-    if isinstance(args.milestones, list):
-        if any(m > N for m in args.milestones):
+    spec = args.milestones if inputs.given(args, "milestones") else PRESETS[args.preset]["milestones"]
+    milestones = milestone_steps(spec, N)
+    if isinstance(spec, list) and not inputs.given(args, "milestones"):
+        milestones = sorted({*milestones, N})  # a preset's list, with the final step as the named rules
+    elif isinstance(spec, list):
+        if any(m > N for m in spec):
             warnings.append(f"milestones past total_steps {N} were dropped")
         off_grid = [m for m in milestones if m % frequency and m != N]
         if off_grid:
             warnings.append(f"milestones {_list(off_grid)} are not multiples of {frequency}: "
                             "save an extra checkpoint at those steps")
         return milestones
+    return _on_grid(milestones, frequency, N)
+
+
+def _on_grid(milestones: list[int], frequency: int, N: int) -> list[int]:
     return sorted({m if m == N else min(-(-m // frequency) * frequency, N) for m in milestones})
 
 
@@ -361,6 +327,65 @@ def retention(args: PlanArguments, size: Sizing, frequency: int, milestones: lis
         if keep_last < preset["keep_last"] and storage.total_gb <= args.budget_gb:
             warnings.append(f"keep_last lowered to {keep_last} to fit the {args.budget_gb:g} GB budget")
     return keep_last, storage
+
+
+def use_budget(args: PlanArguments, size: Sizing, frequency: int, milestones: list[int], keep_last: int,
+               storage: StorageBreakdown) -> tuple[list[int], int, StorageBreakdown, str | None]:
+    """The auto preset spends a budget the policy leaves unused: milestones every 1% of the run (on the
+    interval's grid) and a wider rolling window (up to MAX_KEEP_LAST_AUTO), the peak within 80% of the budget.
+    Returns the milestones, keep_last, storage and a sentence on the budget's use."""
+    if size.size_gb is None or storage.total_gb is None:
+        return milestones, keep_last, storage, None
+    N, target, spacing = args.total_steps, inputs.BUDGET_SHARE * args.budget_gb, None
+    if args.preset != "auto" or inputs.given(args, "frequency") or storage.total_gb >= target:
+        return milestones, keep_last, storage, _budget_text(args, storage, spacing, keep_last)
+    total = functools.partial(_total_gb, size.size_gb, size.weights_gb, total_steps=N, frequency=frequency,
+                              formats=size.formats)
+    auto = args.preset == "auto" and not inputs.given(args, "frequency")
+    before = (milestones, keep_last)
+    if auto and not inputs.given(args, "milestones") and storage.total_gb < target:
+        # each new milestone costs a checkpoint (outside the window) and an export: start at the spacing that fits
+        each = (storage.checkpoint_size_gb or size.size_gb) + (
+            size.weights_gb or 0.0 if "safetensors" in size.formats else 0.0)
+        room = max(1.0, (target - storage.total_gb) / each) if each > 0 else float(N)
+        step = _on_grid([nice_ceil(max(N * inputs.MILESTONE_SHARE, N / room))], frequency, N)[0]
+        while step < N:
+            dense = sorted({*milestones, *range(step, N, step)})
+            if len(dense) == len(milestones):
+                break  # the seed steps are already this dense
+            if total(keep_last=keep_last, milestones=dense) <= target:
+                milestones, spacing = dense, step
+                break
+            step = _on_grid([nice_ceil(step + 1)], frequency, N)[0]
+    now = total(keep_last=keep_last, milestones=milestones)
+    if auto and not inputs.given(args, "keep_last") and now < target and size.size_gb > 0:
+        per = storage.checkpoint_size_gb or size.size_gb
+        grow = min(MAX_KEEP_LAST_AUTO, keep_last + int((target - now) // per))
+        while grow > keep_last and total(keep_last=grow, milestones=milestones) > target:
+            grow -= 1
+        keep_last = max(keep_last, grow)
+    if (milestones, keep_last) != before:
+        storage = _storage(size.size_gb, size.weights_gb, keep_last, milestones, N, frequency, size.formats)
+    return milestones, keep_last, storage, _budget_text(args, storage, spacing, keep_last)
+
+
+def _budget_text(args: PlanArguments, storage: StorageBreakdown, spacing: int | None, keep_last: int) -> str:
+    total, budget = storage.total_gb or 0.0, args.budget_gb
+    head = f"the policy needs {_gb(total)} of the {_gb(budget)} budget ({total / budget:.0%})"
+    if args.preset != "auto":
+        return (head + f": the {args.preset} preset keeps its template (keep_last {PRESETS[args.preset]['keep_last']}"
+                f", its milestones); --preset auto spends a larger budget on denser milestones and a longer window")
+    if total > inputs.BUDGET_SHARE * budget:
+        return head
+    given = [o for o, n in (("--frequency", "frequency"), ("--milestones", "milestones"), ("--keep-last", "keep_last"))
+             if inputs.given(args, n)]
+    dense = "" if spacing is None else (f"milestones every {spacing} steps ({_h(spacing * args.step_seconds)}) "
+                                        "besides the seed steps, ")
+    why = (f"the rest is left free: milestones no closer than {inputs.MILESTONE_SHARE:.0%} of the run, at most "
+           f"{MAX_KEEP_LAST_AUTO} rolling checkpoints, the peak within {inputs.BUDGET_SHARE:.0%} of the budget")
+    if given:
+        why = f"{' and '.join(given)} as given"
+    return head + f": {dense}keep_last {keep_last}; {why}"
 
 
 def policy_checks(args: PlanArguments, cost: SaveCost, size: Sizing, iv: Interval, keep_last: int,
@@ -447,7 +472,12 @@ def rounding_note(args: PlanArguments, cost: SaveCost, iv: Interval) -> str:
         return (f"; optimum {exact:.0f} steps ({when}), rounded to {iv.frequency} (a round number of steps: "
                 f"{overhead(iv.frequency * args.step_seconds, cost):.2%} expected overhead against "
                 f"{overhead(cost.tau_exact, cost):.2%} at the exact optimum)")
-    return f"; the exact optimum is {exact:.0f} steps ({when}), {iv.optimum_steps} as a round number"
+    if round(exact) == iv.optimum_steps:
+        return f"; the exact optimum is {exact:.0f} steps ({when})"
+    # the price of the round number itself (issue 42: a 1470-step optimum shown only as 2000)
+    return (f"; the exact optimum is {exact:.0f} steps ({when}, {overhead(cost.tau_exact, cost):.3%} expected "
+            f"overhead), {iv.optimum_steps} as a round number "
+            f"({overhead(iv.optimum_steps * args.step_seconds, cost):.3%})")
 
 
 def interval_choice(args: PlanArguments, cost: SaveCost, iv: Interval, chosen_overhead: float) -> IntervalChoice:
@@ -488,12 +518,16 @@ def plan(args: PlanArguments) -> PlanReport:
     frequency, tau = iv.frequency, iv.frequency * args.step_seconds
     milestones = align_milestones(args, frequency, warnings)
     keep_last, storage = retention(args, size, frequency, milestones, warnings)
+    milestones, keep_last, storage, budget_use = use_budget(args, size, frequency, milestones, keep_last, storage)
     over = overhead(tau, cost)
     wall = args.total_steps * args.step_seconds * (1.0 + over)
     max_loss_h = (tau + cost.lag) / 3600.0
     writes = storage_writes(args, cost, storage, frequency)
     policy_checks(args, cost, size, iv, keep_last, storage, writes, max_loss_h, over, warnings)
     opt_steps = cost.tau_exact / args.step_seconds
+    assumed = inputs.assumptions(args, size, cost, iv)
+    if (note := inputs.assumption_warning(assumed)) is not None:
+        warnings.append(note)
     return PlanReport.model_construct(
         total_steps=args.total_steps, step_seconds=args.step_seconds,
         total_training_hours=_r(args.total_steps * args.step_seconds / 3600.0), storage_budget_gb=args.budget_gb,
@@ -518,8 +552,20 @@ def plan(args: PlanArguments) -> PlanReport:
             frequency=f"every_{frequency}_steps", keep_last=keep_last, keep_milestone=milestones,
             save_optimizer=args.save_optimizer, save_formats=size.formats, validate_on_save=True,
             async_save=cost.async_save, emergency_save_on=PRESETS[args.preset]["emergency"]),
-        warnings=warnings, sources=SOURCES,
+        warnings=warnings, sources=SOURCES, two_tier=None, run_length=_run_length(args), assumptions=assumed,
+        formats_reason=inputs.formats_reason(args, size, cost), budget_use=budget_use,
     )
+
+
+def _run_length(args: PlanArguments) -> str | None:
+    if args.duration_hours is None:
+        return None
+    h = args.duration_hours
+    named = next((f"{h / d:g} {unit}" for d, unit in ((168, "weeks"), (24, "days")) if h >= d and
+                  float(h / d).is_integer()), f"{h:g} h")
+    text = f"--duration {named}: {h:g} h at {args.step_seconds:g} s a step"
+    steps = round(h * 3600.0 / args.step_seconds)
+    return text if steps == args.total_steps else text + f" is {steps} steps; TOTAL_STEPS {args.total_steps} kept"
 
 
 def two_tier_plan(args: PlanArguments) -> PlanReport:

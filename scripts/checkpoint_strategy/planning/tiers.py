@@ -35,7 +35,9 @@ DEFAULT_NODE_LOSS_FRACTION = 0.78
 def persistent_arguments(args: PlanArguments) -> PlanArguments:
     """The single-tier plan's arguments for the persistent tier: failures are the node losses only."""
     M = args.mtbf_hours if args.mtbf_hours is not None else args.gpu_mtbf_hours / args.gpus
-    return args.model_copy(update={"mtbf_hours": M / args.node_loss_fraction, "local_tier": None})
+    out = args.model_copy(update={"mtbf_hours": M / args.node_loss_fraction, "local_tier": None})
+    out.__pydantic_fields_set__ = set(args.model_fields_set)  # what the user gave (the plan lists the rest as assumed)
+    return out
 
 
 def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -> TwoTierPlan:
