@@ -35,14 +35,15 @@ def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[
 
 
 def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
-    """Checkpoints next to the log: the log folder, or the run folder above a checkpoint folder."""
+    """Checkpoints next to the log: the log folder, the run folder above a checkpoint folder, or the log
+    folder's checkpoints/ (Lightning's metrics.csv or event files in ``version_N/``, its checkpoints in
+    ``version_N/checkpoints``)."""
     p = Path(log_path)
     base = p if p.is_dir() else p.parent
     candidates = [base]
     if parse_step(base.name) is not None or base.name in ("checkpoints",):
         candidates.append(base.parent)
-    if p.is_dir():
-        candidates.append(p / "checkpoints")
+    candidates.append(base / "checkpoints")
     for root in candidates:
         if root.is_dir():
             try:
