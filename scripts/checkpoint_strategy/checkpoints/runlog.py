@@ -73,8 +73,7 @@ def log_places(folder: Path) -> list[Path]:
     version = newest_version(folder)
     if version is not None:
         places += [version, version / "checkpoints"]
-    seen: set[Path] = set()
-    return [q for q in places if not (q in seen or seen.add(q)) and q.is_dir()]   # type: ignore[func-returns-value]
+    return [q for q in dict.fromkeys(places) if q.is_dir()]
 
 
 def newest_version(folder: Path) -> Optional[Path]:
@@ -154,10 +153,12 @@ def versioned_checkpoint_dirs(path: str | os.PathLike) -> list[str]:
     version's. [] for any other folder. Names only."""
     p = Path(path)
     own: Optional[Path] = None
-    if p.name == "checkpoints" and _VERSION.match(p.parent.name):
-        loggers, below = [p.parent.parent], int(_VERSION.match(p.parent.name).group(1))   # type: ignore[union-attr]
-    elif _VERSION.match(p.name):
-        own, loggers, below = p, [p.parent], int(_VERSION.match(p.name).group(1))   # type: ignore[union-attr]
+    up = _VERSION.match(p.parent.name) if p.name == "checkpoints" else None
+    here = _VERSION.match(p.name)
+    if up is not None:
+        loggers, below = [p.parent.parent], int(up.group(1))
+    elif here is not None:
+        own, loggers, below = p, [p.parent], int(here.group(1))
     else:
         loggers, below = [p, *_subfolders(p)], -1
     versions = []
