@@ -89,9 +89,22 @@ def newest_version(folder: Path) -> Optional[Path]:
 
 
 def _subfolders(folder: Path) -> list[Path]:
+    """The folders directly in `folder` that are not hidden and not checkpoints (a checkpoint-N, global_stepN,
+    ... holds no logger folder: 2000 of them cost no listing each)."""
+    from checkpoint_strategy.checkpoints.steps import parse_step
+
     try:
         with os.scandir(folder) as it:
-            return [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
+            return [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
+                    and parse_step(e.name) is None]
+    except OSError:
+        return []
+
+
+def _event_files(folder: Path) -> list[Path]:
+    try:
+        with os.scandir(folder) as it:
+            return [Path(e.path) for e in it if e.name.startswith(EVENTS) and e.is_file()]
     except OSError:
         return []
 
@@ -137,12 +150,15 @@ def _mtime(q: Path) -> float:
 
 
 def _events(places: list[Path], p: Path) -> Optional[str]:
-    """The folder holding the newest TensorBoard event file: in the log places, else up to two levels down."""
-    for found in ([q for place in places for q in place.glob(EVENTS + "*") if q.is_file()],
-                  [q for pattern in (f"*/{EVENTS}*", f"*/*/{EVENTS}*") for q in p.glob(pattern) if q.is_file()]):
-        if found:
-            return str(max(found, key=lambda q: (_mtime(q), q.name)).parent)
-    return None
+    """The folder holding the newest TensorBoard event file: in the log places, else up to two levels down
+    (HF's ``runs/<date>/``; checkpoint folders are not looked into)."""
+    found = [q for place in places for q in _event_files(place)]
+    if not found:
+        for sub in _subfolders(p):
+            found += _event_files(sub)
+            for below in _subfolders(sub):
+                found += _event_files(below)
+    return str(max(found, key=lambda q: (_mtime(q), q.name)).parent) if found else None
 
 
 def versioned_checkpoint_dirs(path: str | os.PathLike) -> list[str]:
