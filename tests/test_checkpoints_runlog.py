@@ -136,3 +136,13 @@ def test_versioned_checkpoint_dirs_for_a_rerun(tmp_path):
     hf_run(hf)
     assert versioned_checkpoint_dirs(hf) == []
     assert os.path.isdir(logger / "version_3")
+
+
+def test_recover_on_default_root_dir_finds_the_checkpoints_beside_the_log_it_reads(tmp_path):
+    ck = tmp_path / "lightning_logs" / "version_1" / "checkpoints"
+    touch(ck / "epoch=0-step=10.ckpt")
+    touch(tmp_path / "lightning_logs" / "version_1" / "events.out.tfevents.1.host")
+    assert auto_discover(tmp_path)[1] == str(ck)
+    ours = touch(ck / METRICS_FILE)
+    assert find_log(tmp_path) == ours and auto_discover(tmp_path)[1] == str(ck)
+    assert auto_discover(tmp_path / "lightning_logs")[1] == str(ck)
