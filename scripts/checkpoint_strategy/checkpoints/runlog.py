@@ -56,47 +56,49 @@ def find_run_log(folder: str | os.PathLike, checkpoints: Optional[Sequence[tuple
     state = checkpoint_state(checkpoints) if checkpoints is not None else _state_under(p)
     if state is not None:
         return state
-    places = log_places(p)
+    subs = _subfolders(p)   # listed once
+    places = log_places(p, subs)
     for name in (METRICS_FILE, LIGHTNING_CSV):
         for place in places:
             if (place / name).is_file():
                 return str(place / name)
-    return _events(places, p)
+    return _events(places, subs)
 
 
-def log_places(folder: Path) -> list[Path]:
-    """The folders a run folder's loss log may sit in, most specific first (module docstring)."""
+def log_places(folder: Path, subs: Optional[list[Path]] = None) -> list[Path]:
+    """The folders a run folder's loss log may sit in, most specific first (module docstring).
+    subs: `_subfolders(folder)` when the caller listed it already."""
     places = [folder]
     if folder.name == "checkpoints" and folder.parent != folder:
         places.append(folder.parent)
     places.append(folder / "checkpoints")
-    version = newest_version(folder)
+    version = newest_version(folder, subs)
     if version is not None:
         places += [version, version / "checkpoints"]
     return [q for q in dict.fromkeys(places) if q.is_dir()]
 
 
-def newest_version(folder: Path) -> Optional[Path]:
+def newest_version(folder: Path, subs: Optional[list[Path]] = None) -> Optional[Path]:
     """The logger version folder with the highest N directly under `folder` or one level below it
     (``lightning_logs/version_N``), or None."""
+    subs = _subfolders(folder) if subs is None else subs
     best: Optional[tuple[int, str]] = None
-    for parent in [folder, *_subfolders(folder)]:
-        for q in _subfolders(parent):
-            m = _VERSION.match(q.name)
-            if m and (best is None or (int(m.group(1)), str(q)) > best):
-                best = (int(m.group(1)), str(q))
+    for q in subs + [q for parent in subs if not _VERSION.match(parent.name) for q in _subfolders(parent, True)]:
+        m = _VERSION.match(q.name)
+        if m and (best is None or (int(m.group(1)), str(q)) > best):
+            best = (int(m.group(1)), str(q))
     return Path(best[1]) if best is not None else None
 
 
-def _subfolders(folder: Path) -> list[Path]:
-    """The folders directly in `folder` that are not hidden and not checkpoints (a checkpoint-N, global_stepN,
-    ... holds no logger folder: 2000 of them cost no listing each)."""
-    from checkpoint_strategy.checkpoints.steps import parse_step
-
+def _subfolders(folder: Path, numbered: bool = False) -> list[Path]:
+    """The folders directly in a run folder a log folder may be: not hidden, and (unless `numbered`, for the
+    level below one of these) not named with a number at the end unless ``version_N`` (checkpoint-N,
+    global_stepN, step_N, iter_N, numeric Orbax steps hold no log folder: 2000 of them cost no listing each;
+    a logger named like ``exp2`` is found when it is named itself)."""
     try:
         with os.scandir(folder) as it:
             return [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
-                    and parse_step(e.name) is None]
+                    and (numbered or not e.name[-1:].isdigit() or _VERSION.match(e.name) is not None)]
     except OSError:
         return []
 
@@ -149,14 +151,14 @@ def _mtime(q: Path) -> float:
         return 0.0
 
 
-def _events(places: list[Path], p: Path) -> Optional[str]:
+def _events(places: list[Path], subs: list[Path]) -> Optional[str]:
     """The folder holding the newest TensorBoard event file: in the log places, else up to two levels down
-    (HF's ``runs/<date>/``; checkpoint folders are not looked into)."""
+    (`subs`, the run folder's `_subfolders`: HF's ``runs/<date>/``; checkpoint folders are not looked into)."""
     found = [q for place in places for q in _event_files(place)]
     if not found:
-        for sub in _subfolders(p):
+        for sub in subs:
             found += _event_files(sub)
-            for below in _subfolders(sub):
+            for below in _subfolders(sub, True):
                 found += _event_files(below)
     return str(max(found, key=lambda q: (_mtime(q), q.name)).parent) if found else None
 
