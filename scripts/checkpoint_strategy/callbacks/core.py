@@ -26,7 +26,7 @@ from checkpoint_strategy.callbacks.policy import Settings, resolve
 from checkpoint_strategy.checkpoints.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
 
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
-#: beside the checkpoints that the user did not name (docs/callbacks.md, "Session handoff")
+#: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
 DEFAULT_HANDOFF_DIR: Optional[str] = None
 HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
 

@@ -17,9 +17,12 @@ when the folder is named ``checkpoints`` (Lightning's default ModelCheckpoint fo
 ``<logger folder>/version_N/checkpoints``, and that version folder is the run's own logger folder: only
 its own entries are read, nothing above it); the folder's ``checkpoints/``; and the newest logger version
 folder under it (``version_N`` or ``*/version_N``, e.g. ``lightning_logs/version_N`` under the Trainer's
-``default_root_dir``: the highest N) with its ``checkpoints/``. Event files further down (two levels, as
-before) are the last resort. A set-aside loss log (``.checkpoint-strategy-metrics.previous.jsonl``, an
-earlier fit's) is never read.
+``default_root_dir``: the highest N) with its ``checkpoints/``. Event files further down (two levels, HF's
+``runs/<date>/``) are the last resort. Sub-folders named with a number at the end (checkpoint-N,
+global_stepN, ...; ``version_N`` excepted) are never listed. A set-aside loss log
+(``.checkpoint-strategy-metrics.previous.jsonl``, an earlier fit's) is never read.
+
+    versioned_checkpoint_dirs(path)          # Lightning rerun: the version folders' checkpoints/, newest first
 
 Below `recovery` (which reads the log) so that `checkpoints.safety` can ask it too (docs/DEVELOPING.md,
 Layers). Names only: nothing is opened here.

@@ -4,8 +4,8 @@ A checkpoint is safe to resume from when it is valid, resumable (optimizer state
 saved after the onset of a loss event that has not recovered. The training log is read the way
 `prune` always read it: the recovery adviser on the log (default: the run folder's log as
 `checkpoints/runlog.py` finds it: the newest valid checkpoint's trainer_state.json, else the callbacks'
-loss log, Lightning's metrics.csv, TensorBoard event files), offered the valid checkpoints as resume points. "After the onset" is the
-adviser's own cut: a step above `checkpoints.cutoff_step` (onset - margin), i.e. exactly the
+loss log, Lightning's metrics.csv, TensorBoard event files), offered the valid checkpoints as resume
+points. "After the onset" is the adviser's own cut: a step above `checkpoints.cutoff_step` (onset - margin), i.e. exactly the
 checkpoints `recover` lists in `checkpoints.post_event`.
 
 Public API::
