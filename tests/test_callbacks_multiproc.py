@@ -258,8 +258,8 @@ def test_lightning_ddp_rank_killed_mid_save_ends_bounded(tmp_path):
 
 
 def test_lightning_ddp_spike_every_command_finds_the_callbacks_log_and_names_the_pre_spike_checkpoint(pl2, cli_run):
-    """No --log anywhere: validate, recover, prune (dry run) and last_valid_checkpoint read the callback's own loss
-    log beside the checkpoints (checkpoints/runlog.py) and name checkpoints from before the unrecovered spike (step
+    """No --log anywhere: validate, recover, prune (dry run), release-gate, handoff and last_valid_checkpoint read
+    the callback's own loss log beside the checkpoints (checkpoints/runlog.py) and name checkpoints from before the unrecovered spike (step
     46): the newest one (step 40) to resume from, recover's rollback point (its smoothed-loss rule may pick an
     earlier one) kept by prune; the post-spike step 60 never."""
     out, _work, _res = pl2
@@ -284,3 +284,8 @@ def test_lightning_ddp_spike_every_command_finds_the_callbacks_log_and_names_the
         kept = {e["name"] for e in got["keep"]}
         assert {pre.name, Path(rollback["path"]).name} <= kept and not got["delete"], got["reasons"]
         assert got["spike_guard"]["log"] == str(ours) and got["spike_guard"]["protected"] == Path(rollback["path"]).name
+    gates = {c.name: cli_run("release-gate", str(c), "--level", "quick", "--format", "json").json() for c in (pre, post)}
+    assert (gates[pre.name]["gate"], gates[post.name]["gate"]) == ("pass", "fail"), gates
+    state = out.parent / "handoff-state"
+    doc = cli_run("handoff", "--checkpoints", str(out), "--dry-run", "--state-dir", str(state), "--format", "json").json()
+    assert doc["recovery"]["log"] == str(ours) and doc["recovery"]["resume_checkpoint"] == rollback["path"]
