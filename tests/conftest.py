@@ -64,6 +64,9 @@ SLOW_TESTS: set[str] = {
     "test_detect_spikes_never_crashes", "test_fuzz_bad_recover_arguments_exit_2_with_one_line",
     "test_plot_output_goes_through_the_same_writer", "test_console_script_module_and_launcher_agree",
     "test_hostile_policy_files", "test_zip64_record_past_a_sparse_file_end_allocates_nothing", "test_bad_policy_files",
+    # real Lightning / HF runs (test_callbacks_runlayout.py)
+    "test_lightning_default_logger_rerun_resumes_from_the_last_valid_checkpoint",
+    "test_lightning_own_dirpath_says_nothing_about_versions", "test_hf_callback_writes_nothing_into_the_working_folder_by_default",
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)

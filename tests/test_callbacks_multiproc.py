@@ -25,6 +25,7 @@ import pytest
 import cliresult
 from checkpoint_strategy.callbacks import last_valid_checkpoint
 from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.checkpoints.runlog import METRICS_FILE
 
 PROGRAM = str(Path(__file__).resolve().parent / "multiprocruns.py")
 RUN_TIMEOUT = 420
@@ -254,3 +255,37 @@ def test_lightning_ddp_rank_killed_mid_save_ends_bounded(tmp_path):
     res = launch("pl", tmp_path / "out", tmp_path / "work", timeout=240, kill_step=30, rank_timeout=20,
                  step_sleep=0.02)
     check_killed(res, tmp_path / "out", tmp_path / "work", "epoch=0-step=20.ckpt", "epoch=0-step=30.ckpt")
+
+
+def test_lightning_ddp_spike_every_command_finds_the_callbacks_log_and_names_the_pre_spike_checkpoint(pl2, cli_run):
+    """No --log anywhere: validate, recover, prune (dry run), release-gate, handoff and last_valid_checkpoint read
+    the callback's own loss log beside the checkpoints (checkpoints/runlog.py) and name checkpoints from before the unrecovered spike (step
+    46): the newest one (step 40) to resume from, recover's rollback point (its smoothed-loss rule may pick an
+    earlier one) kept by prune; the post-spike step 60 never."""
+    out, _work, _res = pl2
+    pre, post, ours = out / "epoch=0-step=40.ckpt", out / "epoch=0-step=60.ckpt", out / METRICS_FILE
+    assert last_valid_checkpoint(out) == str(pre)
+    res = cli_run("validate", str(out), "--format", "json")
+    safety = res.json()["safety"][0]
+    assert (safety["log"], safety["newest_safe"], safety["onset_step"]) == (str(ours), str(pre), 46), safety
+    assert safety["post_onset"] == [str(out / "epoch=0-step=47-emergency.ckpt"), str(post)]
+    text = cli_run("validate", str(out)).out
+    assert "no training log found" not in text and "epoch=0-step=40.ckpt" in text
+    rec = cli_run("recover", str(out), "--format", "json")
+    assert rec.rc == 0, rec.err
+    report = rec.json()
+    rollback = report["resume_checkpoint"]
+    assert report["log"]["path"] == str(ours) and report["spike"]["onset_step"] == 46
+    assert rollback["step"] <= 40 and Path(rollback["path"]).exists(), rollback
+    for keep in ("1", "2"):
+        pr = cli_run("prune", str(out), "--keep-last", keep, "--format", "json")
+        assert pr.rc == 0, pr.err
+        got = pr.json()
+        kept = {e["name"] for e in got["keep"]}
+        assert {pre.name, Path(rollback["path"]).name} <= kept and not got["delete"], got["reasons"]
+        assert got["spike_guard"]["log"] == str(ours) and got["spike_guard"]["protected"] == Path(rollback["path"]).name
+    gates = {c.name: cli_run("release-gate", str(c), "--level", "quick", "--format", "json").json() for c in (pre, post)}
+    assert (gates[pre.name]["gate"], gates[post.name]["gate"]) == ("pass", "fail"), gates
+    state = out.parent / "handoff-state"
+    doc = cli_run("handoff", "--checkpoints", str(out), "--dry-run", "--state-dir", str(state), "--format", "json").json()
+    assert doc["recovery"]["log"] == str(ours) and doc["recovery"]["resume_checkpoint"] == rollback["path"]

@@ -245,8 +245,9 @@ def add_spike_check(parser, log_help: str | None = None) -> None:
     from checkpoint_strategy.storage import path_arg
 
     parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
-                        help=log_help or "training log checked for an unrecovered loss spike (default: the newest "
-                                         "valid checkpoint's trainer_state.json)")
+                        help=log_help or "training log checked for an unrecovered loss spike (default: the run folder's "
+                                         "log: the newest valid checkpoint's trainer_state.json, else the callbacks' "
+                                         "loss log, Lightning's metrics.csv, TensorBoard events)")
     parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
                         help="do not read the training log (checkpoints after a spike are then not flagged)")
 

@@ -23,9 +23,11 @@ from collections.abc import Callable
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.policy import Settings, resolve
+from checkpoint_strategy.checkpoints.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
 
-DEFAULT_STATE_DIR = ".claude/state"
-METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
+#: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
+#: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
+DEFAULT_HANDOFF_DIR: Optional[str] = None
 HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
 
 
@@ -96,7 +98,7 @@ class RankedState:
 class StrategyCore:
     """Shared logic. ``root`` (the folder the framework saves into) is set by the adapter."""
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
                  framework_log: bool = False, manifest: bool = True, rank_timeout: float = 600.0) -> None:
         from checkpoint_strategy.errors import UsageError
@@ -106,6 +108,9 @@ class StrategyCore:
             raise UsageError(f"level must be quick, full or deep, got {level!r}")
         if handoff_every is not None and (not isinstance(handoff_every, int) or handoff_every < 1):
             raise UsageError(f"handoff_every must be a whole number >= 1, got {handoff_every!r}")
+        if handoff_every is not None and not handoff_dir:
+            raise UsageError("handoff_every needs handoff_dir (the folder to write the handoff state to; "
+                             "no handoff is written by default)")
         self.level = level
         self.handoff_dir = handoff_dir
         self.handoff_every = handoff_every

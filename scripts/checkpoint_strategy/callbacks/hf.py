@@ -18,7 +18,7 @@ What it does to the Trainer (logged at start):
   * ``on_train_begin`` of a resumed run: warns when the world size or global batch changed since the
     checkpoint resumed from was saved, and says what keeps the LR schedule the same;
   * ``on_train_end``: waits for the background validations (async_save) and writes the
-    session-handoff state;
+    session-handoff state when ``handoff_dir`` is given;
   * under torchrun every rank runs it: the ranks meet after each save, each checks its part of the
     files, the verdict is reduced over the run's process group; rank 0 alone prunes, writes the
     marker, the manifest and the handoff; an emergency save is rank 0's decision, broadcast
@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from checkpoint_strategy.callbacks.core import DEFAULT_STATE_DIR, PREFIX, StrategyCore, log
+from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log
 
 
 class HFCheckpointStrategy(TrainerCallback):
@@ -41,7 +41,8 @@ class HFCheckpointStrategy(TrainerCallback):
     policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
     level: validation depth after each save, "quick" (headers), "full" (every byte, CRC) or "deep"
         (every value finite, optimizer state whole, no weight-norm jump from the previous checkpoint).
-    handoff_dir: session-handoff state folder written at the end (None: do not write).
+    handoff_dir: session-handoff state folder written at the end, e.g. ".claude/state" for session-handoff
+        (default None: no handoff; nothing is written into the working folder).
     handoff_every: also write it every N processed saves.
     join_timeout: seconds to wait at the end for background validations.
     manifest: write the sha256 manifest (integrity.json) of each save that validated, so
@@ -50,7 +51,7 @@ class HFCheckpointStrategy(TrainerCallback):
         meeting points (after a save, the emergency decision) before it gives up coordinating.
     """
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
                  rank_timeout: float = 600.0) -> None:
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,

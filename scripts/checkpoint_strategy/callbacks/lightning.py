@@ -31,9 +31,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from typing import Any, Optional
 
-from checkpoint_strategy.callbacks.core import DEFAULT_STATE_DIR, PREFIX, StrategyCore, log
+from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log
 from checkpoint_strategy.errors import UsageError
 
 
@@ -75,7 +76,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     detector every N steps (default: the Trainer's log_every_n_steps).
     """
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_STATE_DIR,
+    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
                  detect_every: Optional[int] = None, manifest: bool = True, rank_timeout: float = 600.0) -> None:
         super().__init__()
@@ -95,6 +96,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self._last_seen = -1
         self._inflight: Optional[tuple[int, Any]] = None   # (step, the started loss average), many processes
         self._want_grad = "gradient_norm_exceeded" in self.core.settings.emergency_save_on
+        self._dir_given = True
 
     # ------------------------------------------------------------------ configuration
 
@@ -129,6 +131,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             log.warning(PREFIX + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
                         "save_optimizer; a resume will restart Adam's moments from zero")
         self._mc = mc
+        self._dir_given = bool(mc.dirpath)   # before Lightning fills in its default (logger's version_N/checkpoints)
         self._wrap_save(trainer)
 
     def _wrap_save(self, trainer) -> None:
@@ -194,6 +197,8 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                  + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
                  + (" in the background" if s.async_save else "")
                  + (f", emergency saves on {', '.join(s.emergency_save_on)}" if s.emergency_save_on else ""))
+        if trainer.is_global_zero and not ckpt and not self._dir_given:
+            _say_where(self.core.root)
 
     # ------------------------------------------------------------------ hooks
 
@@ -264,6 +269,19 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
+
+
+def _say_where(root: str) -> None:
+    """One WARNING at the start of a fit that saves into Lightning's versioned default folder
+    (``<logger>/version_N/checkpoints``) without ckpt_path: a rerun makes version_N+1 and starts from step 0."""
+    version = os.path.dirname(root)
+    if os.path.basename(root) != "checkpoints" or not re.match(r"version_\d+$", os.path.basename(version)):
+        return
+    logger = os.path.dirname(version)
+    log.warning(PREFIX + f"checkpoints go to {root}, a new version_N folder each run (Lightning's default logger): "
+                f"a rerun starts from step 0; to resume, pass trainer.fit(..., ckpt_path=last_valid_checkpoint("
+                f"{logger!r})) (it finds the previous versions' checkpoints), or set ModelCheckpoint(dirpath=...) "
+                "and ckpt_path=last_valid_checkpoint(that dirpath)")
 
 
 def _wait_for_writer(pool, timeout: float) -> None:

@@ -21,20 +21,35 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     the optimizer) is returned only when no valid checkpoint is resumable; then the newest of them.
     None when the folder does not exist yet or holds no valid checkpoint, so
     ``resume_from_checkpoint=last_valid_checkpoint(out)`` starts fresh on a first run.
+    Lightning's default folder (``lightning_logs/version_N/checkpoints``: a rerun makes version_N+1): given the
+    logger folder (``lightning_logs``), the folder holding it (``default_root_dir``), a version folder or its
+    checkpoints/ (made or not yet), the newest version with a valid checkpoint is used: its own first, then the
+    earlier ones (`checkpoints.runlog.versioned_checkpoint_dirs`).
     level: "quick" (default), "full" or "deep" (also every value finite, the optimizer state whole and
     no weight-norm jump from the previous checkpoint). Checks newest first and stops at the first
-    valid resumable one. With spike_check (default) the run's trainer_state.json is read the way
-    `prune` reads it (checkpoints/safety.py): a checkpoint saved after the onset of an unrecovered
+    valid resumable one. With spike_check (default) the run's training log (the one every command finds:
+    trainer_state.json, the callbacks' own loss log, Lightning's metrics.csv, TensorBoard; checkpoints/runlog.py)
+    is read the way `prune` reads it (checkpoints/safety.py): a checkpoint saved after the onset of an unrecovered
     loss spike is skipped (it holds spiked weights); not with include_emergency, which asks for
     post-event weights.
     """
     if level not in ("quick", "full", "deep"):
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     root = os.fspath(output_dir)
-    if not os.path.lexists(root):
-        return None
-    if not os.path.isdir(root):
+    if os.path.lexists(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
+    from checkpoint_strategy.checkpoints.runlog import versioned_checkpoint_dirs
+
+    got = _last_valid_in(root, level, include_emergency, spike_check) if os.path.isdir(root) else None
+    for folder in ([] if got is not None else versioned_checkpoint_dirs(root)):   # listed only when needed
+        got = _last_valid_in(folder, level, include_emergency, spike_check)
+        if got is not None:
+            break
+    return got
+
+
+def _last_valid_in(root: str, level: str, include_emergency: bool, spike_check: bool) -> Optional[str]:
+    """last_valid_checkpoint in one folder that holds checkpoints."""
     from checkpoint_strategy.callbacks import _retention
 
     found = _retention.checkpoints_newest_first(root)
@@ -43,7 +58,7 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     weights_only = None
     for step, path, resumable in _valid_newest_first(found, level, include_emergency):
         if spike_check and not guard:
-            guard.append(_spike_guard(found))
+            guard.append(_spike_guard(found, root))
         if spike_check and _after_onset(step, guard[0]):
             continue
         if resumable:
@@ -68,11 +83,13 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
             yield step, path, bool(result.resumable)
 
 
-def _spike_guard(found):
+def _spike_guard(found, root: str):
+    """The run's log as every command finds it (`checkpoints.runlog`: trainer_state.json, the callbacks' loss
+    log, Lightning's metrics.csv, TensorBoard), read with the recovery adviser."""
     from checkpoint_strategy.checkpoints.safety import read_spike
     from checkpoint_strategy.recovery import advise
 
-    return read_spike([(s, p) for s, p in found if s is not None], advise=advise)
+    return read_spike([(s, p) for s, p in found if s is not None], advise=advise, root=root)
 
 
 def _after_onset(step, guard) -> bool:

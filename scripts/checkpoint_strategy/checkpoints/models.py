@@ -274,7 +274,7 @@ class PruneEntry(_Model):
 class SpikeGuard(_Model):
     """What the training log says about a loss spike, read before anything is deleted."""
 
-    log: str = Field(description="the training log read (newest valid checkpoint's trainer_state.json or --log)")
+    log: str = Field(description="the training log read (--log, else the run folder's: checkpoints/runlog.py)")
     status: Optional[str] = Field(None, description="the recovery adviser's status, None when the log was unreadable")
     onset_step: Optional[int] = None
     cutoff_step: Optional[int] = Field(

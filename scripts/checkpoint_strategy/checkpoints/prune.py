@@ -324,7 +324,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
     resumable valid checkpoints when the run has any. Invalid, incomplete, symlinked and
     unrecognised entries are never deleted. With spike_check (default) the training log (`log`,
-    or the newest valid checkpoint's trainer_state.json) is read first, and the rollback
+    or the run folder's as `checkpoints.runlog` finds it) is read first, and the rollback
     checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
     prune of the same ROOT waits `lock_timeout` seconds, then UsageError. Emergency saves (a
     checkpoint-strategy.json marker, checkpoints/marker.py) never count towards keep_last and are

@@ -28,7 +28,8 @@ def add_arguments(parser) -> None:
     add_policy(parser, help="its keep_last and keep_milestone")
     add_level(parser, help="validation level for the checkpoints that justify a deletion (default quick)")
     add_spike_check(parser, log_help="training log checked for an unrecovered loss spike before deleting "
-                                     "(default: the newest valid checkpoint's trainer_state.json)")
+                                     "(default: the run folder's log: the newest valid checkpoint's trainer_state.json, "
+                                     "else the callbacks' loss log, Lightning's metrics.csv, TensorBoard events)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
     add_storage_options(parser)
     add_report_options(parser)

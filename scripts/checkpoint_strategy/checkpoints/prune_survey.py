@@ -341,17 +341,17 @@ UNRESOLVED = safety.UNRESOLVED
 
 
 def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
-                advise: safety.Adviser | None = None) -> SpikeGuard | None:
+                advise: safety.Adviser | None = None, root: str | None = None) -> SpikeGuard | None:
     """The training log read with the recovery adviser (`checkpoints.safety.read_spike`). When a
     loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
     come after "best", and a rolling window rotates past them.
 
-    valid: (step, path) of the valid checkpoints. advise: `checkpoint_strategy.recovery.advise` (passed in).
+    valid: (step, path) of the valid checkpoints; root: the run folder (its log: `checkpoints.runlog`). advise: `checkpoint_strategy.recovery.advise` (passed in).
 
     A log that was there when the survey looked and is gone (or unreadable) when it is read is a
     UsageError: prune refuses rather than deleting without the spike check (issue 29).
     """
-    guard = safety.read_spike(valid, log, advise)
+    guard = safety.read_spike(valid, log, advise, root)
     if guard is not None and guard.status is None and not _readable(guard.log):
         raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
                          "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
@@ -359,7 +359,8 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
 
 
 def _readable(path: str) -> bool:
-    return storage.is_regular(path) and os.access(path, os.R_OK)
+    """A log file, or a TensorBoard log's folder, that is still there and readable."""
+    return (storage.is_regular(path) or os.path.isdir(path)) and os.access(path, os.R_OK)
 
 
 def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
@@ -476,7 +477,7 @@ def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike
     """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`."""
     valid = [(c.step, c.path) for c in s.candidates
              if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
-    guard = spike_guard(valid, log, advise) if spike_check else None
+    guard = spike_guard(valid, log, advise, s.root) if spike_check else None
     keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
     why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
            else f"kept until the loss spike at step {guard.onset_step} recovers")

@@ -2,9 +2,10 @@
 
 A checkpoint is safe to resume from when it is valid, resumable (optimizer state present) and not
 saved after the onset of a loss event that has not recovered. The training log is read the way
-`prune` always read it: the recovery adviser on the log (default: the newest valid checkpoint's
-trainer_state.json), offered the valid checkpoints as resume points. "After the onset" is the
-adviser's own cut: a step above `checkpoints.cutoff_step` (onset - margin), i.e. exactly the
+`prune` always read it: the recovery adviser on the log (default: the run folder's log as
+`checkpoints/runlog.py` finds it: the newest valid checkpoint's trainer_state.json, else the callbacks'
+loss log, Lightning's metrics.csv, TensorBoard event files), offered the valid checkpoints as resume
+points. "After the onset" is the adviser's own cut: a step above `checkpoints.cutoff_step` (onset - margin), i.e. exactly the
 checkpoints `recover` lists in `checkpoints.post_event`.
 
 Public API::
@@ -39,12 +40,19 @@ UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
 Adviser = Callable[..., Any]
 
 
-def default_log(valid: Sequence[tuple[int, str]]) -> Optional[str]:
-    """The newest valid checkpoint's trainer_state.json, or None."""
-    for _s, p in sorted(valid, reverse=True):   # newest first: one stat, not one per checkpoint
-        if storage.is_regular(os.path.join(p, "trainer_state.json")):
-            return os.path.join(p, "trainer_state.json")
-    return None
+def default_log(valid: Sequence[tuple[int, str]], root: Optional[str] = None) -> Optional[str]:
+    """The run's training log when no --log is given (`checkpoints.runlog.find_run_log`, the one discovery):
+    the newest valid checkpoint's trainer_state.json, else the callbacks' loss log, Lightning's metrics.csv or
+    TensorBoard event files of the run folder `root` (default: the one folder holding the checkpoints). None:
+    no log."""
+    from checkpoint_strategy.checkpoints import runlog
+
+    if root is None:
+        parents = {os.path.dirname(os.path.normpath(p)) for _s, p in valid}
+        if len(parents) != 1:   # none, or checkpoints of several folders: no one run folder to look in
+            return runlog.checkpoint_state(valid)
+        root = parents.pop()
+    return runlog.find_run_log(root, valid)
 
 
 def _no_log_entries(log: str) -> bool:
@@ -63,17 +71,18 @@ def _no_log_entries(log: str) -> bool:
 
 
 def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
-               advise: Optional[Adviser] = None) -> Optional[SpikeGuard]:
-    """Read the training log (default: the newest valid checkpoint's trainer_state.json) with the
+               advise: Optional[Adviser] = None, root: Optional[str] = None) -> Optional[SpikeGuard]:
+    """Read the training log (default: `default_log`, the run folder's log as every command finds it) with the
     recovery adviser. None when no log is found; an explicit `log` that cannot be read is a
     UsageError, a default one only a note ("no spike check").
 
     valid: (step, path) of the valid checkpoints (the resume points offered to the adviser).
+    root: the run folder (default: the folder holding them).
     advise: `checkpoint_strategy.recovery.advise`, passed in by the caller (required once a log is found).
     """
     valid = sorted(valid)
     explicit = log is not None
-    log = log if explicit else default_log(valid)
+    log = log if explicit else default_log(valid, root)
     if log is None:
         return None
     if advise is None:
@@ -198,7 +207,7 @@ def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool 
     from checkpoint_strategy.checkpoints.models import RunSafety
 
     valid = sorted((r.step, r.path) for r in results if r.status == "valid")
-    guard = read_spike(valid, log, advise) if spike_check else None
+    guard = read_spike(valid, log, advise, root) if spike_check else None
     safe = sorted((r for r in results if r.status == "valid" and not after_onset(r.step, guard)),
                   key=lambda r: (r.step, r.path))
     resumable = [r for r in safe if r.resumable]
@@ -241,7 +250,7 @@ def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
         siblings = scan(parent)
     except UsageError:
         siblings = []
-    guard = read_spike(siblings, log, advise)
+    guard = read_spike(siblings, log, advise, parent)
     if guard is None or guard.status is None:
         return None
     if after_onset(step, guard):

@@ -51,10 +51,10 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     """
     explicit = log is not None
     log_path = log
-    if not explicit:  # the newest whole checkpoint's trainer_state.json (as prune reads it), else the root
+    if not explicit:  # the run folder's log as every command finds it (checkpoints/runlog.py), else the root
         from checkpoint_strategy.checkpoints.safety import default_log
 
-        log_path = default_log([(c.step, c.path) for c in valid if c.step is not None]) or root
+        log_path = default_log([(c.step, c.path) for c in valid if c.step is not None], root) or root
     if log_path is None:
         return None, []
     checkpoints = None if root is None else [(c.step, c.path) for c in valid if c.step is not None]

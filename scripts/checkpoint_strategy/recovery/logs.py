@@ -38,6 +38,9 @@ from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists
     _to_float,
 )
 
+from checkpoint_strategy.checkpoints.runlog import METRICS_FILE
+
+NO_LOG = "no training log found"   # the words callers match (integrations/handoff.py)
 MAX_STEP = 2**53  # steps beyond this are not exact as floats; no real run gets near it
 
 FORMATS = ("auto", "hf", "json", "jsonl", "csv", "tensorboard")
@@ -92,9 +95,11 @@ class Columns:
 
 
 def find_log(path: str | os.PathLike) -> Path:
-    """A file is returned as is; a folder is searched for the newest trainer_state.json
-    (the folder itself and checkpoint folders up to two levels down), then for TensorBoard
-    event files."""
+    """A file is returned as is; a folder is a run folder whose log `checkpoints.runlog.find_run_log` names
+    (the one discovery every command and callback uses: trainer_state.json, the callbacks' loss log,
+    Lightning's metrics.csv, TensorBoard event files)."""
+    from checkpoint_strategy.checkpoints.runlog import find_run_log
+
     p = Path(path)
     if not p.exists():
         raise UsageError(f"log not found: {p} (expected a trainer_state.json, CSV, JSON lines or "
@@ -103,41 +108,12 @@ def find_log(path: str | os.PathLike) -> Path:
         return p
     if not p.is_dir():
         raise UsageError(f"log is neither a file nor a folder: {p}")
-    states: list[Path] = []
-    for pattern in ("trainer_state.json", "*/trainer_state.json", "*/*/trainer_state.json"):
-        states.extend(q for q in p.glob(pattern) if q.is_file())
-    if states:
-        return _newest_state(states)
-    events = [q for pattern in ("events.out.tfevents*", "*/events.out.tfevents*", "*/*/events.out.tfevents*")
-              for q in p.glob(pattern) if q.is_file()]
-    if events:
-        newest = max(events, key=lambda q: (q.stat().st_mtime, q.name))
-        return newest.parent
-    raise UsageError(f"no training log found in {p}: expected trainer_state.json (HF Trainer) or "
-                     "events.out.tfevents.* (TensorBoard); pass a CSV or JSON lines log as a file")
-
-
-def _newest_state(states: list[Path]) -> Path:
-    """The checkpoint-N folder with the highest step wins (mtimes change under `cp -r`); a
-    trainer_state.json without a step in its folder name (the run folder's own, written when
-    training ends) wins only when it is at least as recent as that checkpoint's."""
-    def mtime(q: Path) -> float:
-        try:
-            return q.stat().st_mtime
-        except OSError:
-            return 0.0
-
-    numbered: list[tuple[int, float, Path]] = []
-    plain: list[tuple[int, float, Path]] = []
-    for q in states:
-        m = re.search(r"(\d+)$", q.parent.name)
-        (numbered if m else plain).append((int(m.group(1)) if m else -1, mtime(q), q))
-    best = max(numbered, key=lambda t: t[:2], default=None)
-    newest_plain = max(plain, key=lambda t: t[1], default=None)
-    if newest_plain is not None and (best is None or newest_plain[1] >= best[1]):
-        return newest_plain[2]
-    assert best is not None, "states is not empty"
-    return best[2]
+    found = find_run_log(p)
+    if found is not None:
+        return Path(found)
+    raise UsageError(f"{NO_LOG} in {p}: expected trainer_state.json (HF Trainer), {METRICS_FILE} (the "
+                     "checkpoint-strategy callbacks), metrics.csv (Lightning) or events.out.tfevents.* (TensorBoard); "
+                     "pass a CSV or JSON lines log as a file")
 
 
 def detect_format(path: Path, head: bytes) -> str:
