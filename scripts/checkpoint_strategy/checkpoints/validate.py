@@ -19,6 +19,7 @@ from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.fanout import map_split
 from checkpoint_strategy.checkpoints.marker import MARKER_NAME
+from checkpoint_strategy.checkpoints.runfacts import rank_gap
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -100,6 +101,7 @@ class _Ctx:
         self.flat = False    # that listing saw only regular files, and the folder is no symlink
         self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
         self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
+        self.args_world: int | None = None     # the processes training_args.bin records (HF Trainer)
         self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
         if self.part is not None:
             self.counter.notes.append(parts.describe(self.part))
@@ -300,7 +302,12 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
     pre = os.path.join(path, "")   # as in _check_hf
     for n in listed:
         if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
-            ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+            z = ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+            if n == "training_args.bin" and z.pickle is not None:
+                ctx.args_world = fl.hf_args_world_size(z.pickle.root)
+    gap = rank_gap(path, listed, ctx.args_world)   # the run's world size says which rng_state_<rank>.pth must be here
+    if gap is not None:
+        ctx.missing(pre + gap.file, gap.what())
     if "trainer_state.json" in names:
         state = ctx.json(pre + "trainer_state.json", storage.MAX_TRAINER_STATE_BYTES,
                          "trainer_state.json" in files)
