@@ -254,12 +254,30 @@ def rank_gap(path: str, names: Sequence[str], declared: int | None = None) -> Ra
     return RankGap([f"rng_state_{r}.pth" for r in missing], world, "; ".join(evidence))
 
 
-def expected_rank_files(run_root: str) -> dict[str, list[str]]:
-    """checkpoint path -> the per-rank files it lacks, for every HF checkpoint-N folder directly under
-    `run_root` that lacks any (the verdict validate reaches for each: `rank_gap`)."""
+def checkpoint_rank_gap(path: str) -> RankGap | None:
+    """`rank_gap` of one HF checkpoint-N folder on disk (its listing, its training_args.bin read as data); None for
+    anything else or a folder that cannot be listed."""
+    if not _HF_DIR.match(os.path.basename(os.path.normpath(path))) or not os.path.isdir(path):
+        return None
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    return rank_gap(path, names, declared_world(path) if "training_args.bin" in names else None)
+
+
+def declared_world(path: str) -> int | None:
+    """The processes an HF checkpoint's training_args.bin records (read as data), or None."""
     from checkpoint_strategy.checkpoints.framework_layouts import hf_args_world_size
     from checkpoint_strategy.checkpoints.optstep import TorchArchive
 
+    args = os.path.join(path, "training_args.bin")
+    return hf_args_world_size(TorchArchive(args).root) if storage.is_regular(args) else None
+
+
+def expected_rank_files(run_root: str) -> dict[str, list[str]]:
+    """checkpoint path -> the per-rank files it lacks, for every HF checkpoint-N folder directly under
+    `run_root` that lacks any (the verdict validate reaches for each: `rank_gap`)."""
     out: dict[str, list[str]] = {}
     try:
         names = sorted(os.listdir(run_root))
@@ -267,14 +285,7 @@ def expected_rank_files(run_root: str) -> dict[str, list[str]]:
         return out
     for name in names:
         folder = os.path.join(run_root, name)
-        if not _HF_DIR.match(name) or os.path.islink(folder) or not os.path.isdir(folder):
-            continue
-        args = os.path.join(folder, "training_args.bin")
-        declared = hf_args_world_size(TorchArchive(args).root) if storage.is_regular(args) else None
-        try:
-            gap = rank_gap(folder, sorted(os.listdir(folder)), declared)
-        except OSError:
-            continue
+        gap = None if os.path.islink(folder) else checkpoint_rank_gap(folder)
         if gap is not None:
             out[folder] = gap.missing
     return out
