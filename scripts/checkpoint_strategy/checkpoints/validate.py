@@ -19,7 +19,7 @@ from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.fanout import map_split
 from checkpoint_strategy.checkpoints.marker import MARKER_NAME
-from checkpoint_strategy.checkpoints.runfacts import rank_gap
+from checkpoint_strategy.checkpoints.runfacts import rank_gap, zero_rank_gap
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -544,15 +544,9 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
                     "them cannot resume)")
     if optim:
         out.resumable = True
-        ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        expected = max(ranks) + 1 if ranks else 0
-        if dp and (stage or any("zero_pp_rank" in n for n in optim)):
-            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved a ZeRO shard
-        if ranks and ranks != list(range(expected)):
-            missing = sorted(set(range(expected)) - set(ranks))
-            prefix = "bf16_" if all(n.startswith("bf16_") for n in optim) else ""
-            ctx.missing(os.path.join(path, f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
-                        f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
+    gap = zero_rank_gap(names, dp, stage)   # the model states' dp_world_size says which rank files must be here
+    if gap is not None:
+        ctx.missing(os.path.join(path, gap[0]), gap[1])
     out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 
