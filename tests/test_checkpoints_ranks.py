@@ -216,3 +216,28 @@ def test_siblings_that_are_links_torn_or_single_process_are_no_evidence(tmp_path
     (run / "checkpoint-20").symlink_to(elsewhere / "checkpoint-1")
     gap = rank_gap(str(run / "checkpoint-15"), _ranks(0, 1))
     assert gap.world == 3 and gap.missing == ["rng_state_2.pth"]   # checkpoint-5's three, not the link's eight
+
+
+# --------------------------------------------------------------------------- DeepSpeed ZeRO-3, 2 ranks
+
+@pytest.fixture(scope="module")
+def zero3_two_ranks(tmp_path_factory) -> Path:
+    """global_step4/ of a real DeepSpeed ZeRO-3 run with 2 processes (a per-rank model-state and optimizer shard)."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra")
+    import convertruns
+
+    return convertruns.build_zero(tmp_path_factory.mktemp("zero3"), stage=3, world=2)
+
+
+@pytest.mark.parametrize("kind", ["model", "optim"])
+def test_zero3_rank_shard_missing_is_incomplete(zero3_two_ranks, tmp_path, kind):
+    run = tmp_path / "run"
+    shutil.copytree(zero3_two_ranks.parent, run)
+    assert validate_checkpoint(run / "global_step4").status == "valid"
+    (run / "global_step4" / f"zero_pp_rank_1_mp_rank_00_{kind}_states.pt").unlink()
+    res = validate_checkpoint(run / "global_step4")
+    assert res.status == "incomplete"
+    (p,) = res.problems
+    assert p.file == f"zero_pp_rank_1_mp_rank_00_{kind}_states.pt"
+    assert "ranks present: [0]; the run's data-parallel size is 2: dp_world_size 2 in the model states" in p.reason
+    assert last_valid_checkpoint(run) is None

@@ -148,8 +148,9 @@ def move_aside_command(paths: Sequence[str], root: Optional[str], onset: Optiona
 
 _RNG_FILE = re.compile(r"^rng_state_(\d+)\.pth$")
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
-#: siblings listed for the run's world size (nearest steps first): a bound on the cost, not on correctness
-MAX_SIBLINGS = 64
+#: the run's other checkpoints listed for its world size, nearest steps first (a torn save's neighbours were written
+#: by the same launch; a bound on the cost: a run of thousands of checkpoints is not listed once per checkpoint)
+MAX_SIBLINGS = 8
 
 
 @dataclass
@@ -197,20 +198,42 @@ def _consistent(ranks: set[int], single: bool) -> int | None:
     return 1 if single and not ranks else None
 
 
+def _run_steps(parent: str) -> list[tuple[int, str]]:
+    """(step, name) of the checkpoint-N entries of `parent`, sorted: one listing per folder while it is unchanged
+    (its mtime, link count and inode: an entry added or removed changes them), so checking every checkpoint of a
+    run of thousands lists the run once, not once per checkpoint."""
+    st = os.stat(parent)
+    key = (st.st_mtime_ns, st.st_nlink, st.st_ino)
+    hit = _RUN_STEPS.get(parent)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    steps = sorted((int(m.group(1)), n) for n in os.listdir(parent) if (m := _HF_DIR.match(n)))
+    if len(_RUN_STEPS) >= 16:
+        _RUN_STEPS.clear()
+    _RUN_STEPS[parent] = (key, steps)
+    return steps
+
+
+_RUN_STEPS: dict[str, tuple[tuple[int, int, int], list[tuple[int, str]]]] = {}
+
+
 def sibling_ranks(path: str, limit: int = MAX_SIBLINGS) -> list[tuple[str, int]]:
     """(name, world size) of the other checkpoint-N folders of the run beside `path` whose rng files are a
-    complete set, nearest step first (at most `limit` listed; links and unreadable folders are not evidence)."""
+    complete set, nearest step first (the `limit` nearest are listed; links and unreadable folders are not
+    evidence)."""
+    import bisect
+
     parent, me = os.path.split(os.path.normpath(os.path.abspath(path)))
     mine = _HF_DIR.match(me)
     at = int(mine.group(1)) if mine else 0
     try:
-        names = os.listdir(parent)
+        steps = _run_steps(parent)
     except OSError:
         return []
-    steps = sorted(((abs(int(m.group(1)) - at), -int(m.group(1)), n) for n in names
-                    if n != me and (m := _HF_DIR.match(n))))[:limit]
+    i = bisect.bisect_left(steps, (at, ""))
+    window = [(abs(step - at), -step, name) for step, name in steps[max(0, i - limit): i + limit + 1] if name != me]
     out: list[tuple[str, int]] = []
-    for _dist, _neg, name in steps:
+    for _dist, _neg, name in sorted(window)[:limit]:
         folder = os.path.join(parent, name)
         if os.path.islink(folder):
             continue
