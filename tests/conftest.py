@@ -32,7 +32,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
 REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
                      "dcp_checkpoint", "dcp_sharded", "safetensors_file", "loop_resumes", "lightning_resumes",
-                     "deepspeed_resumes", "hf_world_change", "deepspeed_zero2_run", "fsdp2_run"}
+                     "deepspeed_resumes", "hf_world_change", "deepspeed_zero2_run", "fsdp2_run",
+                     "torn_rank_run", "zero3_two_ranks"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     # the quick loop was 72 s with 1901 tests (2026-12-03): its longest fuzzers and sweeps (1-2.7 s each) run in CI

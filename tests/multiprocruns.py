@@ -9,7 +9,7 @@ a control), detect_every (Lightning: the callback's detect_every; default every 
 CPU idle: the workers validate then), save_every (the run without the callback saves every N steps; 10), time_hooks (the callback's own CPU and wall time per rank, and its worker's CPU, into WORK/hooks-R.json;
 each step event carries the rank process's CPU seconds), policy, max_steps, spike_step, devices (Lightning; 1: one process; HF: run
 without torchrun), log_level (HF TrainingArguments), quiet (Lightning's logger at WARNING), kill_step (rank 1 kills itself with SIGKILL in
-the middle of that save), level, callback (false: the same run without the callback), verdicts (after
+the middle of that save; HF with kill_after_state: once rank 0 has written that save's trainer_state.json), level, callback (false: the same run without the callback), verdicts (after
 training, the ranks validate copies of the last checkpoint together: clean and with one of rank 1's
 files corrupted). Every rank appends events to WORK/events-R.jsonl: write_start / write_end of each
 save (the framework's own save call), the worker's phases (validate / manifest / prune / idle, each
@@ -241,6 +241,11 @@ def hf(out: Path, work: Path, opts: dict) -> None:
 
     def rng(self, output_dir):
         if rank == 1 and kill_step == self.state.global_step:
+            if opts.get("kill_after_state"):   # a slow rank: rank 0 has finished its part of the save (its
+                state = Path(output_dir) / "trainer_state.json"   # trainer_state.json is its last file)
+                deadline = time.monotonic() + 120
+                while not state.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
             ev(what="killed", step=kill_step)
             os.kill(os.getpid(), signal.SIGKILL)     # mid-save: rank 0 has written or is writing its files
         orig_rng(self, output_dir)

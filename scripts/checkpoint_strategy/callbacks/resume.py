@@ -15,7 +15,8 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
 
     For ``trainer.train(resume_from_checkpoint=...)`` (HF: pass the run's output_dir) and
     ``trainer.fit(model, ckpt_path=...)`` (Lightning: pass the ModelCheckpoint dirpath). A
-    half-written newest checkpoint (a torn .ckpt, a checkpoint-N without trainer_state.json) is
+    half-written newest checkpoint (a torn .ckpt, a checkpoint-N without trainer_state.json, one a rank did
+    not finish: a per-rank file the run's world size needs is missing, checkpoints/runfacts.py) is
     skipped, and so are emergency saves (post-event weights, never a resume point) unless
     include_emergency. A valid weights-only checkpoint (no optimizer state: resuming from it resets
     the optimizer) is returned only when no valid checkpoint is resumable; then the newest of them.

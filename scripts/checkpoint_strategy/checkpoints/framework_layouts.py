@@ -3,7 +3,8 @@
 Kept apart from the checker table in validate.py: each function takes already-read metadata
 (parsed JSON, or the top-level keys of a DCP `.metadata`) and answers one question.
 
-Checked against real saves made in tests/test_export_frameworks.py:
+Checked against real saves made in tests/test_export_frameworks.py (HF training_args.bin: a 2-process torchrun save
+in tests/test_checkpoints_ranks.py):
   orbax-checkpoint 0.12.8  <step>/<item>/_METADATA: {"tree_metadata": {"('opt', 'mu')": {"key_metadata":
                            [{"key": "opt", ...}, ...]}, ...}}; an unfinished save is <step>.orbax-checkpoint-tmp
   torchtitan               step-N/.metadata top-level keys: model FQNs (flattened) plus optimizer,
@@ -57,6 +58,20 @@ def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None
             ".metadata); torchtitan writes the final save model-only when checkpoint.last_save_model_only is "
             "true (its default since 0.2): resume from the previous full step-N, and set "
             "last_save_model_only = false for future runs")
+
+
+# --------------------------------------------------------------------------- HF Trainer
+
+def hf_args_world_size(root: object) -> int | None:
+    """The number of processes an HF Trainer save was made by, from its training_args.bin read as data: the
+    TrainingArguments pickle holds accelerate's PartialState as ``distributed_state`` (transformers 4.3x-5.x),
+    whose ``num_processes`` is the world size (rank 0 writes the file, first of the save). None when not
+    recorded (an older transformers, a hand-made file)."""
+    state = getattr(root, "state", None)
+    dist = state.get("distributed_state") if isinstance(state, dict) else None
+    dist_state = getattr(dist, "state", None)
+    n = dist_state.get("num_processes") if isinstance(dist_state, dict) else None
+    return n if type(n) is int and 0 < n < 1_000_000 else None
 
 
 # --------------------------------------------------------------------------- DeepSpeed

@@ -8,11 +8,16 @@
 - ``launcher()``: how to run checkpoint-strategy in a later session (the launcher's absolute
   path, else ``python3 -m checkpoint_strategy``), never a bare name that may not be on PATH.
 - ``pin_command`` / ``move_aside_command``: printed for the user, never executed here.
+- ``rank_gap(path, names, declared)``: the per-rank files (HF ``rng_state_<rank>.pth``) a checkpoint lacks for the
+  world size of its run (training_args.bin, the run's other checkpoints); validate asks it for every HF
+  checkpoint, so every command and callback sees a torn multi-process save as incomplete.
+  ``expected_rank_files(run_root)``: the same for a whole run folder.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
@@ -132,3 +137,203 @@ def move_aside_command(paths: Sequence[str], root: Optional[str], onset: Optiona
     dest = os.path.join(base, f"post-spike-{onset}" if onset is not None else "post-spike")
     moved = " ".join(_quote(os.path.abspath(p)) for p in paths)
     return f"mkdir -p {_quote(dest)} && mv {moved} {_quote(dest)}/"
+
+
+# --------------------------------------------------------------------------- the files each rank must write
+# The one place that says which per-rank files a checkpoint must hold: validate's HF checker asks `rank_gap` for
+# every checkpoint it checks, so `validate`, prune's survey, recover, verify-resume, release-gate and the callbacks'
+# last_valid_checkpoint all see the same verdict. DCP shards are named by .metadata (checked against it) and ZeRO
+# optimizer shards by dp_world_size in the model states (validate's DeepSpeed checker); the HF Trainer's
+# rng_state_<rank>.pth files are named by nothing but the world size, read here.
+
+_RNG_FILE = re.compile(r"^rng_state_(\d+)\.pth$")
+_HF_DIR = re.compile(r"^checkpoint-(\d+)$")
+#: the run's other checkpoints listed for its world size, nearest steps first (a torn save's neighbours were written
+#: by the same launch; a bound on the cost: a run of thousands of checkpoints is not listed once per checkpoint)
+MAX_SIBLINGS = 8
+
+
+@dataclass
+class RankGap:
+    """Per-rank files a checkpoint lacks, and the world size of the run that says it must hold them."""
+
+    missing: list[str]
+    world: int
+    evidence: str
+
+    @property
+    def file(self) -> str:
+        return self.missing[0]
+
+    def what(self) -> str:
+        """The finding, after "missing: " (validate's wording for an unfinished save)."""
+        ranks = [int(m.group(1)) for f in self.missing if (m := _RNG_FILE.match(f))]
+        files = f"{len(ranks)} rank files ({_span_files(ranks)}): " if len(ranks) > 1 else ""
+        who = f"rank {ranks[0]} did" if len(ranks) == 1 else f"ranks {_ranks(ranks)} did"
+        return (f"{files}the run was saved by {self.world} processes ({self.evidence}); {who} not finish this "
+                "save (not a resume point)")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+
+
+def _span_files(ranks: Sequence[int]) -> str:
+    return f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if ranks == list(range(ranks[0], ranks[-1] + 1)) else \
+        ", ".join(f"rng_state_{r}.pth" for r in ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+
+
+def _hf_ranks(names: Sequence[str]) -> tuple[set[int], bool]:
+    """(ranks of the rng_state_<rank>.pth files, a single rng_state.pth: saved by one process) of a listing."""
+    ranks = {int(m.group(1)) for n in names if n.startswith("rng_state_") and (m := _RNG_FILE.match(n))}
+    return ranks, "rng_state.pth" in names
+
+
+def _consistent(ranks: set[int], single: bool) -> int | None:
+    """The world size a complete HF save with these rng files was made by (0..N-1 with N >= 2, or the single
+    file of one process), or None (a gap: that save is torn itself)."""
+    if ranks and not single and ranks == set(range(len(ranks))) and len(ranks) >= 2:
+        return len(ranks)
+    return 1 if single and not ranks else None
+
+
+def _run_steps(parent: str) -> list[tuple[int, str]]:
+    """(step, name) of the checkpoint-N entries of `parent`, sorted: one listing per folder while it is unchanged
+    (its mtime, link count and inode: an entry added or removed changes them), so checking every checkpoint of a
+    run of thousands lists the run once, not once per checkpoint."""
+    st = os.stat(parent)
+    key = (st.st_mtime_ns, st.st_nlink, st.st_ino)
+    hit = _RUN_STEPS.get(parent)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    steps = sorted((int(m.group(1)), n) for n in os.listdir(parent) if (m := _HF_DIR.match(n)))
+    if len(_RUN_STEPS) >= 16:
+        _RUN_STEPS.clear()
+    _RUN_STEPS[parent] = (key, steps)
+    return steps
+
+
+_RUN_STEPS: dict[str, tuple[tuple[int, int, int], list[tuple[int, str]]]] = {}
+
+
+def sibling_ranks(path: str, limit: int = MAX_SIBLINGS) -> list[tuple[str, int]]:
+    """(name, world size) of the other checkpoint-N folders of the run beside `path` whose rng files are a
+    complete set, nearest step first (the `limit` nearest are listed; links and unreadable folders are not
+    evidence)."""
+    import bisect
+
+    parent, me = os.path.split(os.path.normpath(os.path.abspath(path)))
+    mine = _HF_DIR.match(me)
+    at = int(mine.group(1)) if mine else 0
+    try:
+        steps = _run_steps(parent)
+    except OSError:
+        return []
+    i = bisect.bisect_left(steps, (at, ""))
+    window = [(abs(step - at), -step, name) for step, name in steps[max(0, i - limit): i + limit + 1] if name != me]
+    out: list[tuple[str, int]] = []
+    for _dist, _neg, name in sorted(window)[:limit]:
+        folder = os.path.join(parent, name)
+        if os.path.islink(folder):
+            continue
+        try:
+            world = _consistent(*_hf_ranks(os.listdir(folder)))
+        except OSError:
+            continue
+        if world is not None:
+            out.append((name, world))
+    return out
+
+
+def rank_gap(path: str, names: Sequence[str], declared: int | None = None) -> RankGap | None:
+    """The rng_state_<rank>.pth files an HF Trainer checkpoint lacks for the world size of its run, or None.
+
+    `names`: the checkpoint folder's listing; `declared`: the processes its training_args.bin records
+    (framework_layouts.hf_args_world_size; rank 0 writes it first). A folder with no rng_state_<rank>.pth is a
+    one-process save (rng_state.pth) or a model-only one: nothing per rank. Otherwise the world size is the
+    declared one (2 or more) and, where that is not recorded, the largest complete set of rank files among the
+    run's other checkpoints, never fewer than this folder's own highest rank + 1; the siblings are listed only
+    when they are needed (no declared size) or to name one that holds every rank's file."""
+    ranks, single = _hf_ranks(names)
+    if not ranks:
+        return None
+    if declared is not None and declared > 1 and ranks >= set(range(declared)):
+        return None                                   # the common case: every rank's file, no listing of the run
+    siblings = sibling_ranks(path)
+    if declared is not None and declared > 1:
+        world, evidence = declared, [f"training_args.bin records {declared} processes"]
+    else:
+        best = max(siblings, key=lambda s: s[1], default=None)
+        world = max(max(ranks) + 1, 2, best[1] if best else 0)
+        evidence = [] if best is None or best[1] < world else [f"{best[0]} has rng_state_0..{world - 1}"]
+        evidence = evidence or [f"this folder holds rng_state_{max(ranks)}.pth"]
+    missing = sorted(set(range(world)) - ranks)
+    if not missing:
+        return None
+    whole = next((name for name, w in siblings if w == world), None)
+    if whole is not None and not any(whole in e for e in evidence):
+        evidence.append(f"{whole} has rng_state_0..{world - 1}")
+    return RankGap([f"rng_state_{r}.pth" for r in missing], world, "; ".join(evidence))
+
+
+_ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
+
+
+def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tuple[str, str] | None:
+    """(file, what) of the first ZeRO per-rank file a DeepSpeed global_stepN folder lacks, or None. Each data-parallel
+    rank writes ``zero_pp_rank_<rank>_mp_rank_<mp>_optim_states.pt`` (and, at ZeRO-3, ``..._model_states.pt``);
+    the data-parallel size is ``dp_world_size`` in the model states (`dp`, DeepSpeed's own record), else one past
+    the highest rank present. A kind of file (optim or model) none of the ranks wrote is not asked for here."""
+    by_kind: dict[tuple[str, int, str], set[int]] = {}
+    for n in names:
+        m = _ZERO_FILE.match(n)
+        if m:
+            by_kind.setdefault((m.group(1) or "", int(m.group(3)), m.group(4)), set()).add(int(m.group(2)))
+    for (prefix, mp, kind), ranks in sorted(by_kind.items(), key=lambda t: (t[0][2] != "optim", t[0][1], t[0][0])):
+        world = max(max(ranks) + 1, dp if dp and (stage or kind == "optim") else 0)
+        missing = sorted(set(range(world)) - ranks)
+        if missing:
+            what = "optimizer shard" if kind == "optim" else "ZeRO-3 model-state shard"
+            record = f"dp_world_size {dp} in the model states" if dp == world else f"rank {max(ranks)} wrote one"
+            return (f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_{mp:02d}_{kind}_states.pt",
+                    f"{what} for ZeRO rank {missing[0]} (ranks present: {sorted(ranks)}; the run's data-parallel "
+                    f"size is {world}: {record}); a rank did not finish this save")
+    return None
+
+
+def checkpoint_rank_gap(path: str) -> RankGap | None:
+    """`rank_gap` of one HF checkpoint-N folder on disk (its listing, its training_args.bin read as data); None for
+    anything else or a folder that cannot be listed."""
+    if not _HF_DIR.match(os.path.basename(os.path.normpath(path))) or not os.path.isdir(path):
+        return None
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return None
+    return rank_gap(path, names, declared_world(path) if "training_args.bin" in names else None)
+
+
+def declared_world(path: str) -> int | None:
+    """The processes an HF checkpoint's training_args.bin records (read as data), or None."""
+    from checkpoint_strategy.checkpoints.framework_layouts import hf_args_world_size
+    from checkpoint_strategy.checkpoints.optstep import TorchArchive
+
+    args = os.path.join(path, "training_args.bin")
+    return hf_args_world_size(TorchArchive(args).root) if storage.is_regular(args) else None
+
+
+def expected_rank_files(run_root: str) -> dict[str, list[str]]:
+    """checkpoint path -> the per-rank files it lacks, for every HF checkpoint-N folder directly under
+    `run_root` that lacks any (the verdict validate reaches for each: `rank_gap`)."""
+    out: dict[str, list[str]] = {}
+    try:
+        names = sorted(os.listdir(run_root))
+    except OSError:
+        return out
+    for name in names:
+        folder = os.path.join(run_root, name)
+        gap = None if os.path.islink(folder) else checkpoint_rank_gap(folder)
+        if gap is not None:
+            out[folder] = gap.missing
+    return out

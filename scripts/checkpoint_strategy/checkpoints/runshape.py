@@ -1,7 +1,8 @@
 """How many processes and what global batch a checkpoint was trained with, from its own files, and what
 a resume on another world size changes. Nothing is loaded (pickles read as opcodes).
 
-- World size: `worldsize.saved_world_size` (HF ``rng_state_<rank>.pth`` files, DCP ``__<rank>_N.distcp``
+- World size: HF ``training_args.bin`` (accelerate's ``distributed_state.num_processes``, the launch's own
+  record), else `worldsize.saved_world_size` (HF ``rng_state_<rank>.pth`` files, DCP ``__<rank>_N.distcp``
   ranks, DeepSpeed ``dp_world_size``). Lightning's ``.ckpt`` does not record it.
 - Batch: HF ``training_args.bin`` (read as opcodes: ``per_device_train_batch_size``,
   ``gradient_accumulation_steps``; TrainingArguments holds no world size), else ``trainer_state.json``
@@ -38,7 +39,12 @@ def _archive_root(path: str) -> Any:
 
 
 def _hf_batch(path: str, out: RunShape) -> None:
+    from checkpoint_strategy.checkpoints.framework_layouts import hf_args_world_size
+
     args = _archive_root(os.path.join(path, "training_args.bin"))
+    declared = hf_args_world_size(args)   # what the run was launched with, whatever rng files a torn save left
+    if declared is not None and (out.world_size is None or "rng_state" in (out.world_from or "")):
+        out.world_size, out.world_from = declared, "training_args.bin distributed_state.num_processes"
     state = args.state if hasattr(args, "state") else None
     if isinstance(state, dict) and _int(state.get("per_device_train_batch_size")):
         out.per_device_batch = state["per_device_train_batch_size"]

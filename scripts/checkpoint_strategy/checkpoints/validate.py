@@ -19,6 +19,7 @@ from checkpoint_strategy.checkpoints import parts
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.fanout import map_split
 from checkpoint_strategy.checkpoints.marker import MARKER_NAME
+from checkpoint_strategy.checkpoints.runfacts import rank_gap, zero_rank_gap
 from checkpoint_strategy.checkpoints.filechecks import Kind
 from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -100,6 +101,7 @@ class _Ctx:
         self.flat = False    # that listing saw only regular files, and the folder is no symlink
         self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
         self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
+        self.args_world: int | None = None     # the processes training_args.bin records (HF Trainer)
         self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
         if self.part is not None:
             self.counter.notes.append(parts.describe(self.part))
@@ -300,7 +302,12 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
     pre = os.path.join(path, "")   # as in _check_hf
     for n in listed:
         if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
-            ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+            z = ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+            if n == "training_args.bin" and z.pickle is not None:
+                ctx.args_world = fl.hf_args_world_size(z.pickle.root)
+    gap = rank_gap(path, listed, ctx.args_world)   # the run's world size says which rng_state_<rank>.pth must be here
+    if gap is not None:
+        ctx.missing(pre + gap.file, gap.what())
     if "trainer_state.json" in names:
         state = ctx.json(pre + "trainer_state.json", storage.MAX_TRAINER_STATE_BYTES,
                          "trainer_state.json" in files)
@@ -537,15 +544,9 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
                     "them cannot resume)")
     if optim:
         out.resumable = True
-        ranks = sorted({int(m.group(1)) for n in optim if (m := re.search(r"zero_pp_rank_(\d+)_", n))})
-        expected = max(ranks) + 1 if ranks else 0
-        if dp and (stage or any("zero_pp_rank" in n for n in optim)):
-            expected = max(expected, dp)  # the model states say how many data-parallel ranks saved a ZeRO shard
-        if ranks and ranks != list(range(expected)):
-            missing = sorted(set(range(expected)) - set(ranks))
-            prefix = "bf16_" if all(n.startswith("bf16_") for n in optim) else ""
-            ctx.missing(os.path.join(path, f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_00_optim_states.pt"),
-                        f"optimizer shard for ZeRO rank {missing[0]} (ranks present: {ranks})")
+    gap = zero_rank_gap(names, dp, stage)   # the model states' dp_world_size says which rank files must be here
+    if gap is not None:
+        ctx.missing(os.path.join(path, gap[0]), gap[1])
     out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 

@@ -201,6 +201,19 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
                         changes=changes, convert=command.split(" (", 1)[0] if command else None)
 
 
+def _declared(results) -> list[SavedWorldSize]:
+    """No valid checkpoint tells its world size (a torn save checked alone): the processes the run was launched
+    with, as the newest HF checkpoint's training_args.bin records them, never the count of its rank files."""
+    from checkpoint_strategy.checkpoints.runfacts import declared_world
+
+    for r in sorted(results, key=lambda r: r.step or 0, reverse=True):
+        world = declared_world(r.path) if r.format == "hf-trainer" and os.path.isdir(r.path) else None
+        if world is not None:
+            return [SavedWorldSize(path=r.path, world_size=world, layout="rng",
+                                   evidence=f"training_args.bin records {world} processes (the run's launch)")]
+    return []
+
+
 def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[str] = None):
     """Fill report.hardware (every valid checkpoint whose layout tells) and, with target_gpus,
     report.hardware_move (for the newest of them)."""
@@ -216,7 +229,7 @@ def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[s
         steps: dict[str, int] = {}
         for r in report.checkpoints:   # the first result of each path, as a scan per checkpoint found it
             steps.setdefault(r.path, r.step or 0)
-        newest = sorted(report.hardware, key=lambda h: steps.get(h.path, 0))
+        newest = sorted(report.hardware, key=lambda h: steps.get(h.path, 0)) or _declared(report.checkpoints)
         state = log or next((os.path.join(r.path, "trainer_state.json") for r in reversed(report.checkpoints)
                              if os.path.isfile(os.path.join(r.path, "trainer_state.json"))), None)
         report.hardware_move = move_advice(newest, target_gpus, run_facts(state))

@@ -308,6 +308,7 @@ def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
     if not later:
         out.warnings.append(f"no checkpoint after step {resume_step} in --checkpoints: the resumed run's optimizer "
                             "state cannot be checked until it saves once")
+    _torn(out, base, later)
     for f in later:
         out.steps.append(judge(read_optimizer_steps(f.path, f.format), resume_step))
     _judge_later(out, out.steps[1:] if base is not None else out.steps, resume_step)
@@ -321,6 +322,21 @@ def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
         if changed:
             out.summary += "; global batch changed"
     return out
+
+
+def _torn(out: _CkCheck, base, later: list) -> None:
+    """A warning for each checkpoint a rank did not finish (runfacts.rank_gap: a per-rank file the run's world size
+    needs is missing): resumed from, the ranks without their file started from a fresh RNG stream."""
+    import os
+
+    from checkpoint_strategy.checkpoints.runfacts import checkpoint_rank_gap
+
+    for f in ([base] if base is not None else []) + later:
+        gap = checkpoint_rank_gap(f.path)
+        if gap is not None:
+            what = "the checkpoint resumed from" if f is base else "a checkpoint after the resume"
+            out.warnings.append(f"{what} ({os.path.basename(os.path.normpath(f.path))}) is incomplete: {gap.file} "
+                                f"missing: {gap.what()}")
 
 
 def _judge_later(out: _CkCheck, later: list[OptimizerSteps], resume_step: int) -> None:
