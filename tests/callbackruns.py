@@ -69,13 +69,15 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
                     spike_scale: float = 3.0, nan_step: Optional[int] = None,
                     hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
                     extra_callbacks=(), save_top_k: int = 1, plugins=None, devices: int = 1, strategy: str = "auto",
-                    with_callback: bool = True, save_every: int = 10, **cb_kwargs):
+                    with_callback: bool = True, save_every: int = 10, monitor_every: Optional[int] = None,
+                    **cb_kwargs):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
     that step; nan_step: every weight NaN at the end of that step (every later loss is NaN). Returns
     (callback, trainer, module). devices=2, strategy="ddp": two processes (gloo; run this from a script,
     Lightning starts the second process by running it again); with_callback=False: the same run without
-    the callback (callback None; ModelCheckpoint then saves every `save_every` steps itself)."""
+    the callback (callback None; ModelCheckpoint then saves every `save_every` steps itself). monitor_every: the
+    ModelCheckpoint's own every_n_train_steps (a monitoring one the callback leaves alone)."""
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -121,7 +123,7 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
             setattr(cb.core, name, fn)
     mc = ModelCheckpoint(dirpath=str(ckpt_dir), save_top_k=save_top_k, monitor=monitor,
                          mode="max" if monitor else "min",
-                         every_n_train_steps=None if with_callback else save_every)
+                         every_n_train_steps=monitor_every or (None if with_callback else save_every))
     ours = [cb] if cb is not None else []
     trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), *ours, mc, *extra_callbacks], logger=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=devices,
