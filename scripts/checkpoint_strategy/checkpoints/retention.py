@@ -25,7 +25,7 @@ can be extended, e.g.
 ``plan_prune(cs, r, rules=(*DEFAULT_RULES, my_rule))``.
 
 Invariants (tested on generated folders):
-- keep_last counts *resumable* valid checkpoints when the run has any, else valid ones; the
+- keep_last counts *resumable* valid checkpoints when the run has any, else valid ones (one per step); the
   newest of them is always kept; a weights-only checkpoint never justifies deleting a
   resumable one;
 - a name that does not exactly match a known layout's pattern is never deleted;
@@ -415,7 +415,18 @@ def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None =
             and c.status == "valid" and c.step is not None and c.name not in (unsafe or {})]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable else pool
-    return bool(resumable), tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+    return bool(resumable), _one_per_step(chosen)
+
+
+def _one_per_step(chosen: Iterable[Candidate]) -> tuple[Candidate, ...]:
+    """Oldest first, one checkpoint per step (the last name): two files of one step (Lightning's
+    epoch=0-step=60.ckpt and a monitoring ModelCheckpoint's epoch=0-step=60-v1.ckpt) are one rollback point,
+    so keep_last counts steps. The other is never the newest and is kept only by another rule or, at the
+    newest step, because nothing newer stands in for it."""
+    by_step: dict[int, Candidate] = {}
+    for c in sorted(chosen, key=lambda c: (c.step, c.name)):
+        by_step[c.step] = c   # type: ignore[index]  # _counted keeps only candidates with a step
+    return tuple(by_step.values())
 
 
 def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
@@ -426,7 +437,7 @@ def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str]
             and not c.symlink and c.status == "valid" and c.step is not None]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable or counts_resumable else pool
-    return tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+    return _one_per_step(chosen)
 
 
 def _link_targets(candidates: Iterable[Candidate]) -> dict[str, tuple[str, ...]]:
