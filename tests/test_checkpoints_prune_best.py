@@ -144,7 +144,7 @@ def _generate_hf(rng: random.Random, hf_run, root: Path) -> dict:
     steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 9)))
     names = [f"checkpoint-{s}" for s in steps]
     invalid = []
-    for i, (step, name) in enumerate(zip(steps, names)):
+    for i, (step, name) in enumerate(zip(steps, names, strict=True)):
         shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / name, copy_function=_link_or_copy)
         if rng.random() < 0.5:      # a best named in an old state: the past
             _name_best(root / name, rng.choice(names))

@@ -184,10 +184,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if best and mc.monitor is not None:
             out[os.path.basename(best)] = f"ModelCheckpoint best_model_path ({mc.monitor})"
         for other in self._kept_mcs:    # e.g. export's milestone ModelCheckpoint: its files are its own to keep
-            if _keeps_top_k(other) and getattr(other, "best_model_path", ""):
-                out[os.path.basename(other.best_model_path)] = f"ModelCheckpoint best_model_path ({other.monitor})"
-            elif not _keeps_top_k(other):
+            if not _keeps_top_k(other):
                 out.update(_files_of(other, self.core.root))
+                continue
+            path: str = getattr(other, "best_model_path", None) or ""
+            if path:
+                out[os.path.basename(path)] = f"ModelCheckpoint best_model_path ({other.monitor})"
         return out
 
     def _dirpath(self) -> str:
