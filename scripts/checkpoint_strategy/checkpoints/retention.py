@@ -225,15 +225,15 @@ class Context:
     post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
     link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
     in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
-    valid: tuple[Candidate, ...] = ()            # every valid recognised checkpoint with a step (not a symlink)
+    newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink)
 
     def newer_valid(self, c: Candidate) -> Candidate | None:
-        """The newest valid checkpoint (recognised, not a symlink) with a higher step than c: c is not the
-        newest entry, so not a save in flight."""
-        if c.step is None:
+        """The newest valid checkpoint (recognised, not a symlink) when its step is higher than c's: c is not
+        the newest entry, so not a save in flight."""
+        v = self.newest_valid
+        if c.step is None or v is None or v.step is None or v.step <= c.step:
             return None
-        newer = [x for x in self.valid if x.step is not None and x.step > c.step]
-        return max(newer, key=lambda x: (x.step, x.name)) if newer else None
+        return v
 
     def newer_than(self, c: Candidate) -> Candidate | None:
         """The newest counted checkpoint with a higher step than c (what justifies deleting c). A
@@ -492,8 +492,8 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
     ctx = Context(retention, counts_resumable, ordered, window, newest,
                   frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
                   _link_targets(candidates), in_flight,
-                  tuple(c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
-                        and not c.final_export and c.step is not None))
+                  max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
+                       and not c.final_export and c.step is not None), key=lambda c: (c.step, c.name), default=None))
     decisions = []
     every = (*SAFETY_RULES, *rules)
     for c in candidates:
