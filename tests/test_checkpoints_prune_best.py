@@ -274,3 +274,38 @@ def test_generated_run_folders_obey_the_bound(seed, hf_run, pl_top2, tmp_path):
         assert e.justified_by in left and e.justified_by in exp["valid"]
     again = prune(root, **kw)        # idempotent: the bound holds, nothing more to delete
     assert again.delete == []
+
+
+# --------------------------------------------------------------------------- the keep rules alone (no files)
+
+
+def _c(name: str, status: str = "valid") -> rt.Candidate:
+    m = rt.classify_name(name)
+    return rt.Candidate(name, m.step, m.layout, status, status == "valid", metrics=m.metrics)
+
+
+def _kinds(plan) -> dict[str, tuple[str, list[str]]]:
+    return {d.candidate.name: (d.action, [r.kind for r in d.reasons]) for d in plan.decisions}
+
+
+def test_keep_last_counts_one_file_per_step():
+    names = ["epoch=0-step=40.ckpt", "epoch=0-step=50.ckpt", "epoch=0-step=60.ckpt", "epoch=0-step=60-v1.ckpt"]
+    plan = rt.plan_prune([_c(n) for n in names], rt.Retention(keep_last=2, best={"epoch=0-step=60-v1.ckpt": "top-1"}))
+    kinds = _kinds(plan)
+    assert kinds["epoch=0-step=50.ckpt"] == ("keep", ["keep_last"])
+    assert kinds["epoch=0-step=60.ckpt"] == ("keep", ["newest"])
+    assert kinds["epoch=0-step=60-v1.ckpt"] == ("keep", ["trainer_best"])
+    assert kinds["epoch=0-step=40.ckpt"][0] == "delete"
+
+
+def test_old_invalid_kept_by_default_deleted_with_the_option_unless_a_rule_keeps_it():
+    cs = [_c("checkpoint-10", "invalid"), _c("checkpoint-20", "incomplete"), _c("checkpoint-30"),
+          _c("checkpoint-40"), _c("checkpoint-50", "invalid")]
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1)))
+    assert kinds["checkpoint-10"] == kinds["checkpoint-20"] == ("keep", ["old_invalid"])
+    assert kinds["checkpoint-50"] == ("keep", ["not_valid"])          # the newest entry: maybe in flight
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1, milestones=frozenset({20}), delete_invalid=True)))
+    assert kinds["checkpoint-10"] == ("delete", ["delete_invalid"])
+    assert kinds["checkpoint-20"] == ("keep", ["milestone"])
+    assert kinds["checkpoint-50"] == ("keep", ["not_valid"])
+    assert kinds["checkpoint-30"][0] == "delete" and kinds["checkpoint-40"] == ("keep", ["newest"])
