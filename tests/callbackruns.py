@@ -69,7 +69,8 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
                     spike_scale: float = 3.0, nan_step: Optional[int] = None,
                     hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
                     extra_callbacks=(), save_top_k: int = 1, plugins=None, devices: int = 1, strategy: str = "auto",
-                    with_callback: bool = True, save_every: int = 10, default_logger: bool = False, **cb_kwargs):
+                    with_callback: bool = True, save_every: int = 10, default_logger: bool = False,
+                    monitor_every: Optional[int] = None, **cb_kwargs):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
     that step; nan_step: every weight NaN at the end of that step (every later loss is NaN). Returns
@@ -77,7 +78,8 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
     Lightning starts the second process by running it again); with_callback=False: the same run without
     the callback (callback None; ModelCheckpoint then saves every `save_every` steps itself). default_logger:
     Lightning's default logger and ModelCheckpoint folder (no dirpath): ckpt_dir is then the Trainer's
-    default_root_dir and the checkpoints go to ckpt_dir/lightning_logs/version_N/checkpoints."""
+    default_root_dir and the checkpoints go to ckpt_dir/lightning_logs/version_N/checkpoints. monitor_every: the
+    ModelCheckpoint's own every_n_train_steps (a monitoring one the callback leaves alone)."""
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -123,7 +125,7 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
             setattr(cb.core, name, fn)
     mc = ModelCheckpoint(dirpath=None if default_logger else str(ckpt_dir), save_top_k=save_top_k, monitor=monitor,
                          mode="max" if monitor else "min",
-                         every_n_train_steps=None if with_callback else save_every)
+                         every_n_train_steps=monitor_every or (None if with_callback else save_every))
     ours = [cb] if cb is not None else []
     trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), *ours, mc, *extra_callbacks], logger=default_logger,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=devices,

@@ -111,16 +111,17 @@ def test_save_checkpoint_unwrapped_after_fit(pl_run):
 
 def test_best_model_path_survives_keep_last(tmp_path):
     """ModelCheckpoint(monitor=..., mode="max") on the training loss: its best is the worst loss, an early
-    checkpoint that keep_last=1 would otherwise delete."""
+    checkpoint that keep_last=1 would otherwise delete. The monitoring ModelCheckpoint is left as set
+    (save_top_k=1: only its best is a best; widened to -1 every file it saved would be one)."""
     ckpts = tmp_path / "ckpts"
     policy = {"frequency": "every_10_steps", "keep_last": 1}
-    cb, trainer, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, monitor="train_loss", handoff_dir=None)
-    best = os.path.basename(trainer.checkpoint_callback.best_model_path)
-    assert best and best != "epoch=0-step=40.ckpt"
+    cb, trainer, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, monitor="train_loss",
+                                                   monitor_every=10, handoff_dir=None)
+    mc = trainer.checkpoint_callback
+    best = os.path.basename(mc.best_model_path)
+    assert mc.save_top_k == 1 and best and not best.startswith("epoch=0-step=40")
     left = callbackruns.lightning_steps(ckpts)
-    assert best in left and "epoch=0-step=40.ckpt" in left
-    # prune's own Lightning rule (main) keeps every path in ModelCheckpoint's best_k_models; with the
-    # callback's save_top_k=-1 that is every file a monitored ModelCheckpoint saved (see the report)
+    assert best in left and "epoch=0-step=40.ckpt" in left and len(left) == 2
     assert any("best_model_path" in " ".join(r) or "top-k" in " ".join(r)
                for r in cb.core.records[-1].kept_reasons.values())
 

@@ -235,6 +235,8 @@ def _add_checkpoints(rng, hf_run, root: Path, outside: Path, steps, expect: dict
             expect["resumable_valid" if kind == "resumable" else "corrupt"].append((step, name))
         if kind in ("incomplete", "truncated"):
             expect["incomplete"].append(name)
+        if kind in ("resumable", "weights", "corrupt"):   # valid at the quick level
+            expect["valid_names"].append(name)
         if not expect["spike"] and (root / name / "trainer_state.json").exists():
             _smooth_state(root / name / "trainer_state.json")
 
@@ -252,14 +254,21 @@ def _add_links_and_best(rng, root: Path, outside: Path, expect: dict) -> None:
         (root / "elsewhere").symlink_to(outside)
         expect["unrecognised"].append("elsewhere")
     recognised = [n for n in ckpts if (root / n / "trainer_state.json").exists()]
-    if recognised and rng.random() < 0.6:
+    for state in recognised:   # every state names a best when it was saved (most often itself): the past
+        if rng.random() < 0.5:
+            _name_best(root / state, rng.choice(ckpts))
+    valid = [n for n in recognised if n in expect["valid_names"]]
+    if valid and rng.random() < 0.6:   # the Trainer's best now: the newest valid checkpoint's state names it
         best = rng.choice(ckpts)
-        state = max(recognised, key=lambda n: rt.classify_name(n).step)
-        p = root / state / "trainer_state.json"
-        data = json.loads(p.read_text())
-        data["best_model_checkpoint"] = f"somewhere/{best}"
-        _rewrite(p, json.dumps(data).encode())
+        _name_best(root / max(valid, key=lambda n: rt.classify_name(n).step), best)
         expect["best"] = best
+
+
+def _name_best(ckpt: Path, best: str) -> None:
+    p = ckpt / "trainer_state.json"
+    data = json.loads(p.read_text())
+    data["best_model_checkpoint"] = f"somewhere/{best}"
+    _rewrite(p, json.dumps(data).encode())
 
 
 def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
@@ -270,7 +279,7 @@ def _generate(rng: random.Random, hf_run, base: Path, spike: bool) -> dict:
     (outside / "precious.txt").write_text("not prune's")
     steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 10)))
     expect: dict = {"resumable_valid": [], "corrupt": [], "best": None, "unrecognised": [], "symlinks": [],
-                    "incomplete": [], "link_targets": [], "spike": spike}
+                    "incomplete": [], "link_targets": [], "spike": spike, "valid_names": []}
     _add_checkpoints(rng, hf_run, root, outside, steps, expect)
     _add_links_and_best(rng, root, outside, expect)
     if rng.random() < 0.5:

@@ -754,7 +754,7 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
         shutil.copytree(src, run / f"checkpoint-{step}")
     state = json.loads((src / "trainer_state.json").read_text())
     state["best_model_checkpoint"] = str(run / "checkpoint-20")
-    (run / "checkpoint-30" / "trainer_state.json").write_text(json.dumps(state))
+    (run / "checkpoint-60" / "trainer_state.json").write_text(json.dumps(state))   # the newest valid state: best now
     (run / "checkpoint-40" / "extra").mkdir()
     (run / "checkpoint-40" / "extra" / "notes.txt").write_text("x" * 123)
     (run / "checkpoint-50" / "training_args.bin").unlink()

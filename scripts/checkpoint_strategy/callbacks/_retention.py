@@ -47,17 +47,19 @@ def previous_checkpoint(path: str) -> Optional[str]:
 
 def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",
           protect: Optional[dict[str, str]] = None, log: Optional[str] = None, lock_timeout: float = 600.0,
-          on_start: Optional[Callable[[], None]] = None, on_end: Optional[Callable[[], None]] = None):
+          on_start: Optional[Callable[[], None]] = None, on_end: Optional[Callable[[], None]] = None,
+          delete_invalid: bool = False):
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
     Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then).
     on_start: called once the lock is held, as the survey of the folder begins; on_end: the last thing before the
-    lock is released."""
+    lock is released. delete_invalid: also delete an invalid checkpoint older than a newer valid one (never
+    the newest entry; off by default, as in `prune`)."""
     from checkpoint_strategy.checkpoints import prune as _prune
     from checkpoint_strategy.recovery import advise
 
     return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
                   log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout, on_start=on_start,
-                  on_end=on_end)
+                  on_end=on_end, delete_invalid=delete_invalid)
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

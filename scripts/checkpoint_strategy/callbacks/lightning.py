@@ -10,7 +10,11 @@ What it does (logged at setup):
   * the Trainer's ModelCheckpoint (yours, or Lightning's default one) is configured:
     ``every_n_train_steps`` = the policy's frequency (epoch/time triggers off) and
     ``save_top_k=-1`` (Lightning deletes old top-k files after a save without checking the new
-    one; warned when you set something else); milestone steps off the interval are saved too;
+    one; warned when you set something else); milestone steps off the interval are saved too.
+    A ModelCheckpoint that monitors a metric with a top-k of its own (``save_top_k`` other than -1)
+    is yours to keep the best: it is left exactly as you set it (monitor, top-k, triggers: widening it
+    would make every file a "best" and fill the disk), and the callback writes the policy's saves
+    itself (``epoch=E-step=N.ckpt`` every interval, in that ModelCheckpoint's dirpath);
   * every ``trainer.save_checkpoint`` (ModelCheckpoint's, yours, ours) is followed by the
     validation of the written file and, only when it is valid, the project's keep rules
     (keep_last valid, milestones, ModelCheckpoint's best_model_path, the rollback point of an
@@ -89,6 +93,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self.detect_every = detect_every
         self._mc: Any = None  # the trainer's ModelCheckpoint, once found
         self._kept_mcs: list[Any] = []   # milestone ModelCheckpoints (save_top_k=-1 on their own period): left alone
+        self._own_interval = False       # a monitoring top-k ModelCheckpoint left alone: the interval saves are ours
         self._trainer = None
         self._orig_save = None
         self._pending: dict[str, str] = {}
@@ -113,6 +118,22 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             log.warning(PREFIX + f"{len(mcs)} ModelCheckpoint callbacks: configuring the one saving to "
                         f"{mc.dirpath or 'the default folder'} as {mc.filename or '{epoch}-{step}'}; the others keep "
                         "their own settings and their files are never pruned")
+        self._mc = mc
+        if _keeps_top_k(mc):
+            self._own_interval = True
+            log.info(PREFIX + f"ModelCheckpoint(monitor={mc.monitor}, save_top_k={mc.save_top_k}) left as you set it "
+                     f"(it keeps its own best); the policy's saves every {self.core.frequency} steps are written by "
+                     "checkpoint-strategy as epoch=E-step=N.ckpt in its dirpath")
+        else:
+            self._configure(mc)
+        if self.core.settings.save_optimizer and getattr(mc, "save_weights_only", False):
+            log.warning(PREFIX + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
+                        "save_optimizer; a resume will restart Adam's moments from zero")
+        self._dir_given = bool(mc.dirpath)   # before Lightning fills in its default (logger's version_N/checkpoints)
+        self._wrap_save(trainer)
+
+    def _configure(self, mc) -> None:
+        """The rolling ModelCheckpoint: the policy's interval, every file kept (the keep rules prune them)."""
         freq = self.core.frequency
         every = getattr(mc, "_every_n_train_steps", 0)
         epochs = getattr(mc, "_every_n_epochs", 0)
@@ -127,12 +148,6 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         mc._every_n_epochs = 0
         mc._train_time_interval = None
         mc.save_top_k = -1
-        if self.core.settings.save_optimizer and getattr(mc, "save_weights_only", False):
-            log.warning(PREFIX + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
-                        "save_optimizer; a resume will restart Adam's moments from zero")
-        self._mc = mc
-        self._dir_given = bool(mc.dirpath)   # before Lightning fills in its default (logger's version_N/checkpoints)
-        self._wrap_save(trainer)
 
     def _wrap_save(self, trainer) -> None:
         """Run our after-save step right after every trainer.save_checkpoint returns."""
@@ -172,7 +187,12 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if best and mc.monitor is not None:
             out[os.path.basename(best)] = f"ModelCheckpoint best_model_path ({mc.monitor})"
         for other in self._kept_mcs:    # e.g. export's milestone ModelCheckpoint: its files are its own to keep
-            out.update(_files_of(other, self.core.root))
+            if not _keeps_top_k(other):
+                out.update(_files_of(other, self.core.root))
+                continue
+            path: str = getattr(other, "best_model_path", None) or ""
+            if path:
+                out[os.path.basename(path)] = f"ModelCheckpoint best_model_path ({other.monitor})"
         return out
 
     def _dirpath(self) -> str:
@@ -237,7 +257,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                 self._inflight = (step, self.core.start_reduced(loss, grad))
             else:
                 self._decide(trainer, step, loss, grad)
-        if self.core.forced_save(step):
+        if self.core.forced_save(step) or (self._own_interval and step % self.core.frequency == 0):
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
 
     def _decide(self, trainer, seen: int, loss: Optional[float], grad: Optional[float]) -> None:
@@ -313,6 +333,12 @@ def _rolling(mcs: list) -> Any:
 
     rolling = [m for m in mcs if not keeper(m)] or mcs
     return next((m for m in rolling if m.monitor in (None, "step")), rolling[0])
+
+
+def _keeps_top_k(mc) -> bool:
+    """A ModelCheckpoint that monitors a metric (not `step`: a rolling window) and keeps a top-k of its own:
+    the user's best keeper, never widened to save_top_k=-1."""
+    return mc.monitor not in (None, "step", "epoch", "global_step") and mc.save_top_k != -1
 
 
 def _files_of(mc, root: Optional[str]) -> dict[str, str]:

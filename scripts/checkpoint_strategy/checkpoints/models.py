@@ -298,6 +298,9 @@ class PruneSuggestion(_Model):
     bytes: int = Field(description="bytes on disk those checkpoints take (what it would free)")
     rollback_points: list[str] = Field(default_factory=list, description="the rollback points it still keeps (the "
                                        "spike guard's rollback checkpoint, the checkpoint before each spike)")
+    best: list[str] = Field(default_factory=list, description="the trainer's best now, which every keep_last keeps "
+                            "(HF: the newest trainer_state.json's best_model_checkpoint; Lightning: the monitored "
+                            "ModelCheckpoint's best_k_models in the newest checkpoint)")
 
 
 class PruneReport(_Model):
@@ -306,7 +309,10 @@ class PruneReport(_Model):
     level: Level
     keep_last: int
     milestones: list[int]
-    best_checkpoint: Optional[str] = None
+    best_checkpoint: Optional[str] = Field(None, description="the trainer's best now: HF's best_model_checkpoint in the "
+                                           "newest trainer_state.json (the newest valid checkpoint's, or the run "
+                                           "folder's when as new), Lightning's best_model_path in the newest valid "
+                                           "checkpoint's monitored ModelCheckpoint state")
     newest_valid: Optional[str] = Field(None, description="the newest checkpoint keep_last counts (resumable when "
                                                           "the run has any)")
     counts_resumable: bool = Field(False, description="keep_last counts resumable checkpoints (the run has some); "
@@ -341,6 +347,11 @@ class PruneReport(_Model):
                                          "old versions; finished or dropped journal entries)")
     justifiers: list[str] = Field(default_factory=list, description="the newer checkpoints that justify the "
                                   "deletions: checked again at recheck_level right before anything is deleted")
+    delete_invalid: bool = Field(False, description="--delete-invalid: invalid or incomplete checkpoints older "
+                                 "than a newer valid one (not a save in flight) may be deleted")
+    old_invalid: list[str] = Field(default_factory=list, description="invalid or incomplete checkpoints older than a "
+                                   "newer valid one, kept (without --delete-invalid; or another rule keeps them)")
+    old_invalid_bytes: int = Field(0, description="bytes those take on disk (what --delete-invalid would free)")
     recheck_level: Level = Field("full", description="the level the justifiers are checked at before deleting: at "
                                  "least full (CRC-32 of every file), whatever --level the survey used")
     suggestion: Optional[PruneSuggestion] = Field(None, description="nothing to delete: the smallest keep_last that "

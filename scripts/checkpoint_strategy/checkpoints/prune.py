@@ -318,12 +318,12 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
           level: Level = "quick", log: str | None = None, spike_check: bool = True,
           lock_timeout: float = LOCK_TIMEOUT_SECONDS, protect: dict[str, str] | None = None,
           advise: Adviser | None = None, on_start: Callable[[], None] | None = None,
-          on_end: Callable[[], None] | None = None) -> PruneReport:
+          on_end: Callable[[], None] | None = None, delete_invalid: bool = False) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
-    resumable valid checkpoints when the run has any. Invalid, incomplete, symlinked and
-    unrecognised entries are never deleted. With spike_check (default) the training log (`log`,
+    resumable valid checkpoints when the run has any. Symlinked and unrecognised entries are never deleted;
+    invalid and incomplete ones only with `delete_invalid` and only when older than a newer valid one. With spike_check (default) the training log (`log`,
     or the run folder's as `checkpoints.runlog` finds it) is read first, and the rollback
     checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
     prune of the same ROOT waits `lock_timeout` seconds, then UsageError. Emergency saves (a
@@ -334,6 +334,8 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     and spike_check is on), passed in because checkpoints/ does not import recovery/. `on_start`: called
     once the lock is held, as the survey of a local ROOT begins, `on_end` the last thing before the lock is
     released (the callbacks report the prune's start and end: a save that waits for the lock starts after both).
+    `delete_invalid`: an invalid or incomplete checkpoint older than a newer valid one is not a save in flight:
+    delete it like a superseded one (default: kept, and the report names it with its bytes).
     """
     from checkpoint_strategy.storage.locking import locked
 
@@ -342,7 +344,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
 
         keep_last, ms = _settings(keep_last, milestones, policy)
         return prune_objects.prune_url(os.fspath(root), keep_last, ms, apply, level, log, spike_check, protect,
-                                       advise)
+                                       advise, delete_invalid)
     root = check_root(os.fspath(root))
     proposed = None
     if keep_last is None and policy is None:
@@ -355,11 +357,11 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
             on_start()
         s = survey(root, level)
         pending = read_journal(root)
-        plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise)
+        plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise, delete_invalid)
         ours, foreign = _leftovers(root, pending)
         out = apply_prune(root, plan, revalidator(s.found, level), pending) if apply else None
         if on_end is not None:
             on_end()
     return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
-                     leftovers=(ours, foreign), proposed=proposed)
+                     leftovers=(ours, foreign), proposed=proposed, delete_invalid=delete_invalid)
 

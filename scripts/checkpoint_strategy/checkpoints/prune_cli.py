@@ -30,6 +30,9 @@ def add_arguments(parser) -> None:
     add_spike_check(parser, log_help="training log checked for an unrecovered loss spike before deleting "
                                      "(default: the run folder's log: the newest valid checkpoint's trainer_state.json, "
                                      "else the callbacks' loss log, Lightning's metrics.csv, TensorBoard events)")
+    parser.add_argument("--delete-invalid", action="store_true",
+                        help="also delete invalid or incomplete checkpoints older than a newer valid one (not a save "
+                             "in flight); the newest entry is never deleted (default: kept and reported)")
     parser.add_argument("--apply", action="store_true", help="delete (default: dry run, prints the plan)")
     add_storage_options(parser)
     add_report_options(parser)
@@ -55,6 +58,7 @@ def run(args) -> int:
     from checkpoint_strategy.recovery import advise
 
     report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
-                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check, advise=advise)
+                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check, advise=advise,
+                   delete_invalid=args.delete_invalid)
     emit(report, args.format, args.output, inputs=(args.root, args.log))
     return 1 if report.errors else 0

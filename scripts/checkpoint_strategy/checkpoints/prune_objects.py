@@ -127,7 +127,8 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
 
 
 def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level, log: str | None,
-              spike_check: bool, protect: dict[str, str] | None, advise: Adviser | None = None) -> PruneReport:
+              spike_check: bool, protect: dict[str, str] | None, advise: Adviser | None = None,
+              delete_invalid: bool = False) -> PruneReport:
     """`prune.prune` for a URL ROOT (see the module docstring)."""
     from checkpoint_strategy.storage import remote
 
@@ -140,7 +141,8 @@ def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level
         with storage.local_paths([log] if log else []) as logs:
             s = survey(root, level)
             journalled = read_journal(root)
-            plan, guard = plan_survey(s, keep_last, ms, logs[0] if logs else None, spike_check, protect, advise)
+            plan, guard = plan_survey(s, keep_last, ms, logs[0] if logs else None, spike_check, protect, advise,
+                                      delete_invalid)
             notes: list[str] = []
             versioning = view.versioning()
             if versioning:
@@ -154,4 +156,4 @@ def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level
                 out = apply_objects(view, root, plan, revalidate, journalled, status, notes)
             leftovers = out.half_deleted if out is not None else journalled
             return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last,
-                                milestones=ms, leftovers=(leftovers, []), notes=notes)
+                                milestones=ms, leftovers=(leftovers, []), notes=notes, delete_invalid=delete_invalid)

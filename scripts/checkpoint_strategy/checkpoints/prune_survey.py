@@ -52,6 +52,7 @@ class Survey:
     results: dict[str, CheckpointResult] = field(default_factory=dict)   # name -> validator result
     found: dict[str, fm.Found] = field(default_factory=dict)             # name -> discovery
     best: dict[str, str] = field(default_factory=dict)                   # name -> why it is the best
+    best_name: str | None = None                                         # the trainer's best now (report's Best:)
     templates: list[str] = field(default_factory=list)                   # Lightning filename templates
     emergency: dict[str, str] = field(default_factory=dict)              # name -> marker description
     final_export: str | None = None
@@ -63,58 +64,100 @@ class Survey:
 
 
 def _hf_best(survey: Survey) -> None:
-    """best_model_checkpoint named by any trainer_state.json in ROOT (each checkpoint's, and the
-    run folder's own)."""
-    states: list[tuple[str, str | None, object]] = [   # (where, the file to read, or what the checker read in it)
-        ("the run folder's ", survey.root, None)]
-    for c in survey.candidates:
-        f = survey.found.get(c.name)
-        if f is not None and f.format == "hf-trainer" and not c.symlink and f.is_dir and not c.final_export:
-            r = survey.results.get(c.name)
-            seen = r.seen if r is not None else None
-            if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
-                if seen.trainer_best is not None:
-                    states.append((f"{c.name}/", None, seen.trainer_best))
-            else:
-                states.append((f"{c.name}/", f.path, None))
-    for where, folder, name in states:
-        if folder is not None:
-            try:
-                data = storage.read_json(os.path.join(folder, "trainer_state.json"), "trainer_state.json",
-                                         limit=storage.MAX_TRAINER_STATE_BYTES, allow_nan=True, expect=dict)
-            except storage.ReadError:
-                continue
-            name = data.get("best_model_checkpoint")
-        if isinstance(name, str) and name.strip():
-            best = os.path.basename(os.path.normpath(name))
-            survey.best.setdefault(best, f"trainer's best: best_model_checkpoint in {where}trainer_state.json")
+    """The Trainer's best as it holds it now: best_model_checkpoint of the newest trainer_state.json, that is
+    the newest valid checkpoint's, or the run folder's own (Trainer.save_state at the end of training) when
+    its global_step is at least that checkpoint's step (or no valid checkpoint has one). A best an older
+    checkpoint's state named is the past: every checkpoint names itself best when it was saved with an
+    improving metric, and honouring those would keep them all."""
+    newest = max((c for c in survey.candidates if c.status == "valid" and c.step is not None and not c.symlink
+                  and not c.final_export and (f := survey.found.get(c.name)) is not None
+                  and f.format == "hf-trainer" and f.is_dir), key=lambda c: (c.step, c.name), default=None)
+    own = _read_state(survey.root)
+    if own is not None and (newest is None or _int(own.get("global_step")) >= (newest.step or 0)):
+        _name_best(survey, own.get("best_model_checkpoint"), "the run folder's trainer_state.json")
+        return
+    if newest is None:
+        return
+    r = survey.results.get(newest.name)
+    seen = r.seen if r is not None else None
+    if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
+        best = seen.trainer_best
+    else:
+        state = _read_state(survey.found[newest.name].path)
+        best = state.get("best_model_checkpoint") if state is not None else None
+    _name_best(survey, best, f"{newest.name}/trainer_state.json (the newest valid checkpoint's)")
+
+
+def _int(x: object) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else -1
+
+
+def _read_state(folder: str) -> dict | None:
+    try:
+        return storage.read_json(os.path.join(folder, "trainer_state.json"), "trainer_state.json",
+                                 limit=storage.MAX_TRAINER_STATE_BYTES, allow_nan=True, expect=dict)
+    except storage.ReadError:
+        return None
+
+
+def _name_best(survey: Survey, name: object, where: str) -> None:
+    if isinstance(name, str) and name.strip():
+        best = os.path.basename(os.path.normpath(name))
+        survey.best.setdefault(best, f"trainer's best now: best_model_checkpoint in {where}")
+        survey.best_name = survey.best_name or best
 
 
 _PL_MONITOR = re.compile(r"^ModelCheckpoint\{.*'monitor': '([^']+)'")
+#: monitor="step" (a rolling window, as `export` emits it) ranks by recency, not quality: not a best
+_NOT_A_METRIC = frozenset({"step", "epoch", "global_step"})
 
 
 def _lightning_best(survey: Survey) -> None:
-    """Lightning's top-k: the newest valid .ckpt holds every ModelCheckpoint's state (read from
-    the pickle's string constants, nothing runs). When one monitors a metric, the .ckpt paths
-    in that state (best_model_path, best_k_models, kth_best_model_path) are the trainer's best."""
+    """Lightning's best as its ModelCheckpoints hold it now: the newest valid .ckpt holds every
+    ModelCheckpoint's state (its pickle read symbolically by torchpickle, nothing runs). For each one that
+    monitors a metric, the files its best_k_models and best_model_path name (the save_top_k best as the user
+    configured it) are the trainer's best; its last_model_path is not a best. Once such a state is read, a
+    metric in a file's name no longer makes it a best (only the state says which are the top-k now)."""
     from checkpoint_strategy.checkpoints import filechecks as fc
 
     newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
                   and not c.symlink and c.step is not None and os.path.isfile(c.path)),
-                 key=lambda c: (c.step, c.name), default=None)
+                  key=lambda c: (c.step, _mtime(c.path), c.name), default=None)
     if newest is None:
         return
-    _reasons, strings = fc.check_zip(newest.path, fc.Counter(), False, True)
-    # monitor="step" (a rolling window, as `export` emits it) ranks by recency, not quality: not a best
-    monitors = sorted({m.group(1) for x in strings if (m := _PL_MONITOR.match(x))} - {"step", "epoch", "global_step"})
-    if not monitors:
+    z = fc.scan_zip(newest.path, fc.Counter())
+    root = z.pickle.root if z.pickle is not None else None
+    callbacks = root.get("callbacks") if isinstance(root, dict) else None
+    if not isinstance(callbacks, dict):
         return
     names = {c.name for c in survey.candidates}
-    for x in strings:
-        name = x.replace("\\", "/").rsplit("/", 1)[-1]
-        if x.endswith(".ckpt") and name in names:
-            survey.best.setdefault(name, f"trainer's top-k by {', '.join(monitors)} (ModelCheckpoint state in "
-                                         f"{newest.name})")
+    read = False
+    for key, state in callbacks.items():
+        m = _PL_MONITOR.match(key) if isinstance(key, str) else None
+        if m is None or m.group(1) in _NOT_A_METRIC or not isinstance(state, dict):
+            continue
+        read = True
+        top = state.get("best_k_models")
+        paths = [state.get("best_model_path"), *(top if isinstance(top, dict) else ())]
+        for i, path in enumerate(paths):
+            name = path.replace("\\", "/").rsplit("/", 1)[-1] if isinstance(path, str) else ""
+            if name in names:
+                what = "best_model_path" if i == 0 else "best_k_models"
+                survey.best.setdefault(name, f"trainer's top-k by {m.group(1)} now: {what} of its ModelCheckpoint "
+                                             f"in {newest.name} (the newest valid checkpoint's state)")
+                if i == 0:
+                    survey.best_name = survey.best_name or name
+    if read:
+        survey.candidates = [replace(c, metrics=()) if c.layout == "lightning" else c for c in survey.candidates]
+
+
+def _mtime(path: str) -> int:
+    """Two files of one step (a monitoring ModelCheckpoint's `-v1` beside the rolling save): the later written
+    holds the newer state (Lightning updates best_k_models before it saves)."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
 
 
 def _not_links(root: str) -> frozenset[str]:
@@ -473,8 +516,9 @@ def revalidator(found: dict[str, fm.Found], level: str, before=None):
 
 def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
                 protect: dict[str, str] | None,
-                advise: safety.Adviser | None = None) -> tuple[rt.Plan, SpikeGuard | None]:
-    """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`."""
+                advise: safety.Adviser | None = None, delete_invalid: bool = False) -> tuple[rt.Plan, SpikeGuard | None]:
+    """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`.
+    delete_invalid: an invalid checkpoint older than a newer valid one may be deleted (`Retention.delete_invalid`)."""
     valid = [(c.step, c.path) for c in s.candidates
              if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
     guard = spike_guard(valid, log, advise, s.root) if spike_check else None
@@ -483,7 +527,8 @@ def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike
            else f"kept until the loss spike at step {guard.onset_step} recovers")
     held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
     retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
-                             best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates))
+                             best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates),
+                             delete_invalid=delete_invalid)
     if s.latest:
         retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
     plan = rt.plan_prune(s.candidates, retention)
@@ -493,23 +538,26 @@ def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike
 
 def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | None:
     """When `retention` frees nothing: the smallest keep_last whose plan still keeps every rollback point
-    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log) and the newest,
+    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log), the trainer's best
+    now (HF's newest trainer_state.json, Lightning's monitored top-k; kept at every keep_last) and the newest,
     with the bytes it would free. None when no smaller keep_last deletes anything."""
     must = {n for n in (retention.rollback, *retention.pre_spike) if n}
+    best = {n for n in retention.best if n in {c.name for c in s.candidates}}
     for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
         plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
         kept = {d.candidate.name for d in plan.keep}
-        if not plan.delete or not must <= kept or (plan.newest is not None and plan.newest.name not in kept):
+        if not plan.delete or not must | best <= kept or (plan.newest is not None and plan.newest.name not in kept):
             continue
         names = [d.candidate.name for d in plan.delete]
         return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
-                               rollback_points=sorted(must))
+                               rollback_points=sorted(must), best=sorted(best))
     return None
 
 
 def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
               level: Level, keep_last: int, milestones: list[int], leftovers: tuple[list[str], list[str]],
-              notes: list[str] | None = None, proposed: str | None = None) -> PruneReport:
+              notes: list[str] | None = None, proposed: str | None = None, delete_invalid: bool = False
+              ) -> PruneReport:
     """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
@@ -517,7 +565,8 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
     state: PruneState = "dry_run"
     if out is not None:
         state = "half_deleted" if out.half_deleted else "failed" if out.errors else "done"
-    best = sorted(s.best)
+    best = [s.best_name] if s.best_name else sorted(s.best)
+    old_invalid = [e for e in keep if "old_invalid" in e.reason_kinds]
     if guard is not None:
         guard.log = storage.display(guard.log)
     return PruneReport(
@@ -532,4 +581,6 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
         bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
         errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *(notes or [])],
         recheck_level=recheck_level(level), suggestion=s.suggestion,
-        justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}))
+        justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}),
+        delete_invalid=delete_invalid, old_invalid=[e.name for e in old_invalid],
+        old_invalid_bytes=sum(e.bytes or 0 for e in old_invalid))

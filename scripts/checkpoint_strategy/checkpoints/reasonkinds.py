@@ -11,7 +11,8 @@ ReasonKind = Literal[
     "link_target",       # what a symlink inside ROOT resolves to (best -> checkpoint-90)
     "latest",            # named by the framework's resume pointer (DeepSpeed `latest`, Megatron's tracker file)
     "in_flight",         # a newer tag than that pointer names: still being written (other ranks), never counted
-    "not_valid",         # invalid / incomplete / not validated
+    "not_valid",         # invalid / incomplete / not validated, the newest entry or in flight
+    "old_invalid",       # invalid / incomplete, older than a newer valid one: kept (prune --delete-invalid removes it)
     "no_step",           # recognised but carries no step (Lightning last.ckpt): not ordered
     "newest",            # the newest resumable (or valid) checkpoint
     "keep_last",         # within the keep_last newest
@@ -22,5 +23,6 @@ ReasonKind = Literal[
     "post_onset",        # saved after the onset of an unrecovered spike: do not resume, never counted
     "unjustified",       # no newer validated checkpoint stands in for it
     "superseded",        # delete: older than the window, a newer one validated
+    "delete_invalid",    # delete (--delete-invalid): invalid / incomplete, older than a newer valid one
 ]
 REASON_KINDS: tuple[str, ...] = get_args(ReasonKind)

@@ -25,7 +25,7 @@ can be extended, e.g.
 ``plan_prune(cs, r, rules=(*DEFAULT_RULES, my_rule))``.
 
 Invariants (tested on generated folders):
-- keep_last counts *resumable* valid checkpoints when the run has any, else valid ones; the
+- keep_last counts *resumable* valid checkpoints when the run has any, else valid ones (one per step); the
   newest of them is always kept; a weights-only checkpoint never justifies deleting a
   resumable one;
 - a name that does not exactly match a known layout's pattern is never deleted;
@@ -34,7 +34,10 @@ Invariants (tested on generated folders):
   (`best -> checkpoint-90`, Lightning's `last.ckpt` link) is kept with the link named;
 - the checkpoint the framework's resume pointer names (DeepSpeed `latest`) is kept; newer ones of
   that layout are in flight: kept, never counted, never justify a deletion;
-- invalid and incomplete checkpoints are never deleted and never justify a deletion;
+- invalid and incomplete checkpoints never justify a deletion; one is deleted only with
+  ``Retention.delete_invalid`` and only when a newer valid checkpoint exists (it is not a save in flight:
+  the newest entry, a writer's tmp name and what the resume pointer leaves newer always are), justified
+  by the newest counted checkpoint, and never when another rule keeps it (a milestone, the trainer's best);
 - milestones, the trainer's best and the rollback point of an unrecovered loss spike are kept;
 - checkpoints saved after the onset of an unrecovered spike (`Retention.post_onset`) are kept but
   never counted: keep_last counts the checkpoints safe to resume from.
@@ -181,6 +184,10 @@ class Retention:
                 checkpoint of the same layout is in flight (a save other ranks may still be writing):
                 kept, never counted, never justifies a deletion, until the pointer moves
     latest_why: text for that reason
+    delete_invalid: an invalid or incomplete checkpoint older than a newer valid one (not a save in flight:
+                only the newest entry, a tmp name or what the resume pointer leaves newer is) may be deleted,
+                justified by the newest counted checkpoint; default False: kept, its reason says this option
+                removes it
     """
 
     keep_last: int
@@ -192,6 +199,7 @@ class Retention:
     post_onset: Mapping[str, str] = field(default_factory=dict)
     latest: str | None = None
     latest_why: str = "named by the framework's resume pointer (what resuming loads)"
+    delete_invalid: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < 1:
@@ -217,6 +225,15 @@ class Context:
     post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
     link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
     in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
+    newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink)
+
+    def newer_valid(self, c: Candidate) -> Candidate | None:
+        """The newest valid checkpoint (recognised, not a symlink) when its step is higher than c's: c is not
+        the newest entry, so not a save in flight."""
+        v = self.newest_valid
+        if c.step is None or v is None or v.step is None or v.step <= c.step:
+            return None
+        return v
 
     def newer_than(self, c: Candidate) -> Candidate | None:
         """The newest counted checkpoint with a higher step than c (what justifies deleting c). A
@@ -279,10 +296,21 @@ def keep_in_flight(c: Candidate, ctx: Context) -> Reason | None:
 
 
 def keep_not_valid(c: Candidate, ctx: Context) -> Reason | None:
-    if c.status != "valid":
-        what = c.status or "not validated"
+    """A save in flight is only the newest entry (nothing valid is newer), a writer's tmp name (tmp-checkpoint-N,
+    Orbax's tmp folder) or one newer than the resume pointer (keep_in_flight); the callbacks' lock keeps their
+    saves out of a prune's survey. An invalid checkpoint older than a newer valid one is none of these: kept
+    by default, deleted only with Retention.delete_invalid."""
+    if c.status == "valid":
+        return None
+    what = c.status or "not validated"
+    newer = ctx.newer_valid(c)
+    m = classify_name(c.name)
+    if c.status is None or newer is None or (m is not None and m.in_flight) or c.name in ctx.in_flight:
         return Reason("not_valid", f"{what}: not deleted automatically (a save may be in flight; inspect it)")
-    return None
+    if ctx.retention.delete_invalid:
+        return None    # no safety reason: the other rules may still keep it (a milestone, the trainer's best)
+    return Reason("old_invalid", f"{what}, older than the valid {newer.name}: not a save in flight; kept "
+                                 f"(prune --delete-invalid removes it)")
 
 
 def keep_unordered(c: Candidate, ctx: Context) -> Reason | None:
@@ -387,7 +415,18 @@ def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None =
             and c.status == "valid" and c.step is not None and c.name not in (unsafe or {})]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable else pool
-    return bool(resumable), tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+    return bool(resumable), _one_per_step(chosen)
+
+
+def _one_per_step(chosen: Iterable[Candidate]) -> tuple[Candidate, ...]:
+    """Oldest first, one checkpoint per step (the last name): two files of one step (Lightning's
+    epoch=0-step=60.ckpt and a monitoring ModelCheckpoint's epoch=0-step=60-v1.ckpt) are one rollback point,
+    so keep_last counts steps. The other is never the newest and is kept only by another rule or, at the
+    newest step, because nothing newer stands in for it."""
+    by_step: dict[int, Candidate] = {}
+    for c in sorted(chosen, key=lambda c: (c.step, c.name)):
+        by_step[c.step] = c   # type: ignore[index]  # _counted keeps only candidates with a step
+    return tuple(by_step.values())
 
 
 def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
@@ -398,7 +437,7 @@ def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str]
             and not c.symlink and c.status == "valid" and c.step is not None]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable or counts_resumable else pool
-    return tuple(sorted(chosen, key=lambda c: (c.step, c.name)))
+    return _one_per_step(chosen)
 
 
 def _link_targets(candidates: Iterable[Candidate]) -> dict[str, tuple[str, ...]]:
@@ -421,6 +460,18 @@ def _in_flight(candidates: Iterable[Candidate], latest: str | None) -> frozenset
     return frozenset(c.name for c in candidates if c.layout == m.layout and c.step is not None and c.step > m.step)
 
 
+def _delete_reason(c: Candidate, newer: Candidate, ctx: Context) -> Reason:
+    retention = ctx.retention
+    if c.status != "valid":
+        return Reason("delete_invalid", f"{c.status}, older than the valid {newer.name}: not a save in flight; "
+                                        f"deleted by --delete-invalid (newer {newer.name} ({_label(newer)}) validated)")
+    extra = "" if c.resumable or not ctx.counts_resumable else "weights-only; "
+    if c.name in retention.post_onset:
+        extra = "post-onset (spiked weights); " + extra
+    return Reason("superseded", f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
+                                f"({_label(newer)}) validated")
+
+
 def plan_prune(candidates: Sequence[Candidate], retention: Retention,
                rules: Sequence[KeepRule] = DEFAULT_RULES) -> Plan:
     """Decide keep/delete for every candidate. Pure: reads nothing, deletes nothing.
@@ -440,7 +491,9 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
     post = _post_counted(candidates, retention.post_onset, counts_resumable, in_flight)
     ctx = Context(retention, counts_resumable, ordered, window, newest,
                   frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
-                  _link_targets(candidates), in_flight)
+                  _link_targets(candidates), in_flight,
+                  max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
+                       and not c.final_export and c.step is not None), key=lambda c: (c.step, c.name), default=None))
     decisions = []
     every = (*SAFETY_RULES, *rules)
     for c in candidates:
@@ -458,10 +511,5 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
             decisions.append(Decision(c, "keep", tuple(reasons)))
             continue
         assert newer is not None
-        extra = "" if c.resumable or not counts_resumable else "weights-only; "
-        if c.name in retention.post_onset:
-            extra = "post-onset (spiked weights); " + extra
-        text = (f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
-                f"({_label(newer)}) validated")
-        decisions.append(Decision(c, "delete", (Reason("superseded", text),), justified_by=newer.name))
+        decisions.append(Decision(c, "delete", (_delete_reason(c, newer, ctx),), justified_by=newer.name))
     return Plan(tuple(decisions), counts_resumable, newest, window)

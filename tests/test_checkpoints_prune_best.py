@@ -1,0 +1,311 @@
+"""Issue 39 items 1-2 on the CLI and the keep rules: the trainer's best *now* (the newest valid checkpoint's
+state), the kept set bounded, and an old invalid checkpoint that is no save in flight (--delete-invalid).
+
+Real checkpoints: the session's HF Trainer run (hf_run) and a real Lightning run with a monitoring top-2
+ModelCheckpoint beside a rolling one (built here once). Generated folders are seeded (random.Random(seed)).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from checkpoint_strategy.checkpoints import prune as _prune
+from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.recovery import advise
+
+FOLDERS = 24
+
+
+def prune(root, **kw):
+    return _prune(root, advise=advise, **kw)
+
+
+def _link_or_copy(src, dst):
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _rewrite(path: Path, data: bytes) -> None:
+    path.unlink()           # hard links: never write through to the session's run
+    path.write_bytes(data)
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    _rewrite(path, data[: len(data) // 2])
+
+
+# --------------------------------------------------------------------------- an old truncated optimizer.pt
+
+
+def _three(hf_run, root: Path) -> Path:
+    for step in (170, 180, 190):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / f"checkpoint-{step}",
+                        copy_function=_link_or_copy)
+    _truncate(root / "checkpoint-170" / "optimizer.pt")
+    return root
+
+
+def test_old_truncated_optimizer_is_kept_by_default_and_named_with_its_option(hf_run, tmp_path, cli_run):
+    root = _three(hf_run, tmp_path / "run")
+    assert validate_checkpoint(root / "checkpoint-170").status == "invalid"
+    res = cli_run("prune", str(root), "--keep-last", "1", "--no-spike-check", "--format", "json")
+    assert res.rc == 0, res.err
+    report = res.json()
+    kept = {e["name"]: e for e in report["keep"]}
+    assert kept["checkpoint-170"]["reason_kinds"] == ["old_invalid"]
+    assert "--delete-invalid" in kept["checkpoint-170"]["reasons"][0]
+    assert "in flight" in kept["checkpoint-170"]["reasons"][0] and "checkpoint-190" in kept["checkpoint-170"]["reasons"][0]
+    assert report["old_invalid"] == ["checkpoint-170"] and report["delete_invalid"] is False
+    assert report["old_invalid_bytes"] == kept["checkpoint-170"]["bytes"] > 0
+    assert [e["name"] for e in report["delete"]] == ["checkpoint-180"]
+    text = cli_run("prune", str(root), "--keep-last", "1", "--no-spike-check").out
+    assert "Invalid:       1 invalid or incomplete checkpoint older than a newer valid one (checkpoint-170)" in text
+    assert "--delete-invalid removes it." in text
+    md = cli_run("prune", str(root), "--keep-last", "1", "--no-spike-check", "--format", "markdown").out
+    assert "`--delete-invalid` removes it" in md
+    applied = cli_run("prune", str(root), "--keep-last", "1", "--no-spike-check", "--apply")
+    assert applied.rc == 0 and sorted(os.listdir(root)) == ["checkpoint-170", "checkpoint-190"]
+
+
+def test_delete_invalid_removes_the_old_one_with_its_bytes_and_reason(hf_run, tmp_path, cli_run):
+    root = _three(hf_run, tmp_path / "run")
+    dry = cli_run("prune", str(root), "--keep-last", "2", "--no-spike-check", "--delete-invalid", "--format", "json")
+    report = dry.json()
+    gone = {e["name"]: e for e in report["delete"]}
+    assert list(gone) == ["checkpoint-170"] and gone["checkpoint-170"]["reason_kinds"] == ["delete_invalid"]
+    assert "invalid, older than the valid checkpoint-190" in gone["checkpoint-170"]["reasons"][0]
+    assert report["bytes_to_free"] == gone["checkpoint-170"]["bytes"] > 0 and report["old_invalid"] == []
+    done = cli_run("prune", str(root), "--keep-last", "2", "--no-spike-check", "--delete-invalid", "--apply")
+    assert done.rc == 0, done.err
+    assert sorted(os.listdir(root)) == ["checkpoint-180", "checkpoint-190"]
+
+
+def test_the_newest_entry_invalid_is_never_deleted(hf_run, tmp_path, cli_run):
+    root = _three(hf_run, tmp_path / "run")
+    shutil.copytree(hf_run.output_dir / "checkpoint-200", root / "checkpoint-200", copy_function=_link_or_copy)
+    _truncate(root / "checkpoint-200" / "optimizer.pt")
+    res = cli_run("prune", str(root), "--keep-last", "1", "--no-spike-check", "--delete-invalid", "--apply",
+                  "--format", "json")
+    assert res.rc == 0, res.err
+    kinds = {e["name"]: e["reason_kinds"] for e in res.json()["keep"]}
+    assert kinds["checkpoint-200"] == ["not_valid"] and "checkpoint-190" in kinds
+    assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200"]
+
+
+def test_a_tmp_checkpoint_is_in_flight_even_when_old(hf_run, tmp_path):
+    root = _three(hf_run, tmp_path / "run")
+    shutil.copytree(hf_run.output_dir / "checkpoint-160", root / "tmp-checkpoint-160", copy_function=_link_or_copy)
+    _truncate(root / "tmp-checkpoint-160" / "model.safetensors")
+    report = prune(root, keep_last=1, spike_check=False, delete_invalid=True, apply=True)
+    assert "tmp-checkpoint-160" in os.listdir(root) and "checkpoint-170" not in os.listdir(root)
+    assert report.deleted == 2
+
+
+def test_hf_best_is_the_newest_valid_states_not_an_older_ones(hf_run, tmp_path, cli_run):
+    root = tmp_path / "run"
+    for step in range(110, 210, 10):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / f"checkpoint-{step}",
+                        copy_function=_link_or_copy)
+        _name_best(root / f"checkpoint-{step}", f"checkpoint-{step}")   # each named itself best when saved
+    _name_best(root / "checkpoint-190", "checkpoint-130")
+    _name_best(root / "checkpoint-200", "checkpoint-150")
+    _truncate(root / "checkpoint-200" / "model.safetensors")            # the newest is torn: 190's state rules
+    res = cli_run("prune", str(root), "--keep-last", "2", "--no-spike-check", "--format", "json")
+    report = res.json()
+    assert report["best_checkpoint"] == "checkpoint-130"
+    assert sorted(e["name"] for e in report["keep"]) == ["checkpoint-130", "checkpoint-180", "checkpoint-190",
+                                                         "checkpoint-200"]
+    assert "checkpoint-190/trainer_state.json" in report["reasons"]["checkpoint-130"][0]
+    assert "Best:          checkpoint-130\n" in cli_run("prune", str(root), "--keep-last", "2",
+                                                        "--no-spike-check").out
+
+
+def _name_best(ckpt: Path, best: str | None) -> None:
+    p = ckpt / "trainer_state.json"
+    data = json.loads(p.read_text())
+    data["best_model_checkpoint"] = None if best is None else f"out/{best}"
+    _rewrite(p, json.dumps(data).encode())
+
+
+# --------------------------------------------------------------------------- generated folders: the bound
+
+
+def _generate_hf(rng: random.Random, hf_run, root: Path) -> dict:
+    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 9)))
+    names = [f"checkpoint-{s}" for s in steps]
+    invalid = []
+    for i, (step, name) in enumerate(zip(steps, names, strict=True)):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / name, copy_function=_link_or_copy)
+        if rng.random() < 0.5:      # a best named in an old state: the past
+            _name_best(root / name, rng.choice(names))
+        newest = i == len(steps) - 1
+        if rng.random() < (0.2 if newest else 0.3):
+            _truncate(root / name / rng.choice(["optimizer.pt", "model.safetensors"]))
+            invalid.append(name)
+    valid = [n for n in names if n not in invalid]
+    best = None
+    if valid and rng.random() < 0.7:
+        best = rng.choice(names)
+        _name_best(root / valid[-1], best)
+    elif valid:
+        _name_best(root / valid[-1], None)
+    return {"names": names, "invalid": invalid, "valid": valid, "best": {best} - {None}}
+
+
+@pytest.fixture(scope="module")
+def pl_top2(tmp_path_factory):
+    """A real Lightning run: a rolling ModelCheckpoint (save_top_k=-1, every 5 steps) and a monitoring one
+    (top-2 by a seeded random `score`, every 5 steps, the metric in its names) in one folder."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    scores = random.Random(5)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            self.log("score", scores.random())
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    root = tmp_path_factory.mktemp("pl-top2")
+    ckpts = root / "ckpts"
+    x = torch.randn(256, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+    top = ModelCheckpoint(dirpath=str(ckpts), monitor="score", mode="max", save_top_k=2, every_n_train_steps=5,
+                          filename="{epoch}-{step}-{score:.3f}")
+    every = ModelCheckpoint(dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename="{epoch}-{step}")
+    trainer = pl.Trainer(max_steps=60, callbacks=[top, every], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1)
+    trainer.fit(Tiny(), loader)
+    return ckpts
+
+
+def _best_now_lightning(path: Path) -> set[str]:
+    import torch
+
+    state = torch.load(path, weights_only=False, map_location="cpu")["callbacks"]   # a test may load to cross-check
+    out: set[str] = set()
+    for key, st in state.items():
+        if key.startswith("ModelCheckpoint") and st.get("monitor") not in (None, "step"):
+            out |= {os.path.basename(p) for p in st["best_k_models"]} | {os.path.basename(st["best_model_path"])}
+    return out
+
+
+def _generate_pl(rng: random.Random, src: Path, root: Path) -> dict:
+    every = sorted(os.listdir(src), key=lambda n: (rt.classify_name(n).step, n))
+    chosen = sorted(rng.sample(every, rng.randint(3, min(10, len(every)))), key=lambda n: (rt.classify_name(n).step, n))
+    root.mkdir(parents=True)
+    invalid = []
+    for i, name in enumerate(chosen):
+        _link_or_copy(src / name, root / name)
+        if rng.random() < (0.2 if i == len(chosen) - 1 else 0.3):
+            _truncate(root / name)
+            invalid.append(name)
+    valid = [n for n in chosen if n not in invalid]
+    best = _best_now_lightning(root / valid[-1]) & set(chosen) if valid else set()
+    return {"names": chosen, "invalid": invalid, "valid": valid, "best": best}
+
+
+def _check_bound(report, exp: dict, keep_last: int, milestones: list[int], delete_invalid: bool, left: set) -> None:
+    step = {n: rt.classify_name(n).step for n in exp["names"]}
+    valid_steps = sorted({step[n] for n in exp["valid"]})
+    if exp["valid"]:
+        newest_valid = max(exp["valid"], key=lambda n: (step[n], n))
+        assert newest_valid in left and report.newest_valid is not None
+    assert exp["best"] <= left, "the trainer's best now"
+    for n in exp["names"]:
+        if step[n] in milestones:
+            assert n in left, "a milestone"
+    in_flight = {n for n in exp["invalid"] if not any(v > step[n] for v in valid_steps)}
+    assert in_flight <= left, "the newest entry (a save possibly in flight) is never deleted"
+    old_invalid = set(exp["invalid"]) - in_flight
+    if not delete_invalid:
+        assert old_invalid <= left and set(report.old_invalid) == old_invalid
+        assert report.old_invalid_bytes == sum(e.bytes for e in report.keep if e.name in old_invalid)
+    window = set(valid_steps[-keep_last:])
+    allowed = ({n for n in exp["valid"] if step[n] in window} | exp["best"] | in_flight
+               | {n for n in exp["names"] if step[n] in milestones} | (set() if delete_invalid else old_invalid))
+    assert left <= allowed, f"kept beyond the bound: {sorted(left - allowed)}"
+    assert len(left) <= (keep_last * 2 + len(exp["best"]) + len(in_flight) + len(milestones) * 2
+                         + (0 if delete_invalid else len(old_invalid)))   # two files of one step count as one
+
+
+@pytest.mark.parametrize("seed", range(FOLDERS))
+def test_generated_run_folders_obey_the_bound(seed, hf_run, pl_top2, tmp_path):
+    rng = random.Random(seed)
+    root = tmp_path / "run"
+    if seed % 2:
+        exp = _generate_pl(rng, pl_top2, root)
+    else:
+        root.mkdir()
+        exp = _generate_hf(rng, hf_run, root)
+    keep_last = rng.randint(1, 3)
+    steps = [rt.classify_name(n).step for n in exp["names"]]
+    milestones = rng.sample(steps, rng.randint(0, 1))
+    delete_invalid = rng.random() < 0.5
+    kw = dict(keep_last=keep_last, milestones=milestones, spike_check=False, delete_invalid=delete_invalid)
+    dry = prune(root, **kw)
+    report = prune(root, apply=True, **kw)
+    assert report.state == "done" and not report.errors
+    assert [e.name for e in report.delete] == [e.name for e in dry.delete]
+    left = set(os.listdir(root))
+    _check_bound(report, exp, keep_last, milestones, delete_invalid, left)
+    for e in report.delete:
+        assert e.justified_by in left and e.justified_by in exp["valid"]
+    again = prune(root, **kw)        # idempotent: the bound holds, nothing more to delete
+    assert again.delete == []
+
+
+# --------------------------------------------------------------------------- the keep rules alone (no files)
+
+
+def _c(name: str, status: str = "valid") -> rt.Candidate:
+    m = rt.classify_name(name)
+    return rt.Candidate(name, m.step, m.layout, status, status == "valid", metrics=m.metrics)
+
+
+def _kinds(plan) -> dict[str, tuple[str, list[str]]]:
+    return {d.candidate.name: (d.action, [r.kind for r in d.reasons]) for d in plan.decisions}
+
+
+def test_keep_last_counts_one_file_per_step():
+    names = ["epoch=0-step=40.ckpt", "epoch=0-step=50.ckpt", "epoch=0-step=60.ckpt", "epoch=0-step=60-v1.ckpt"]
+    plan = rt.plan_prune([_c(n) for n in names], rt.Retention(keep_last=2, best={"epoch=0-step=60-v1.ckpt": "top-1"}))
+    kinds = _kinds(plan)
+    assert kinds["epoch=0-step=50.ckpt"] == ("keep", ["keep_last"])
+    assert kinds["epoch=0-step=60.ckpt"] == ("keep", ["newest"])
+    assert kinds["epoch=0-step=60-v1.ckpt"] == ("keep", ["trainer_best"])
+    assert kinds["epoch=0-step=40.ckpt"][0] == "delete"
+
+
+def test_old_invalid_kept_by_default_deleted_with_the_option_unless_a_rule_keeps_it():
+    cs = [_c("checkpoint-10", "invalid"), _c("checkpoint-20", "incomplete"), _c("checkpoint-30"),
+          _c("checkpoint-40"), _c("checkpoint-50", "invalid")]
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1)))
+    assert kinds["checkpoint-10"] == kinds["checkpoint-20"] == ("keep", ["old_invalid"])
+    assert kinds["checkpoint-50"] == ("keep", ["not_valid"])          # the newest entry: maybe in flight
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1, milestones=frozenset({20}), delete_invalid=True)))
+    assert kinds["checkpoint-10"] == ("delete", ["delete_invalid"])
+    assert kinds["checkpoint-20"] == ("keep", ["milestone"])
+    assert kinds["checkpoint-50"] == ("keep", ["not_valid"])
+    assert kinds["checkpoint-30"][0] == "delete" and kinds["checkpoint-40"] == ("keep", ["newest"])
