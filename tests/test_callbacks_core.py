@@ -185,9 +185,14 @@ def test_worker_reads_checkpoints_in_idle_cycles_and_prunes_at_nice_19(tmp_path)
     pid = worker.proc.pid
     try:
         deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{pid}/task")) < 2 and time.monotonic() < deadline:
+
+        def stats_now() -> dict:
+            return {int(t): _task_stat(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        # (the reading thread is listed before it has moved itself to SCHED_IDLE: wait for that, under any load)
+        while (not any(policy == 5 for tid, (_n, policy) in stats_now().items() if tid != pid)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
-        stats = {int(t): _task_stat(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        stats = stats_now()
         assert stats[pid] == (19, 0), stats                          # main thread: SCHED_OTHER, nice 19
         assert any(policy == 5 for tid, (_n, policy) in stats.items() if tid != pid), stats   # SCHED_IDLE
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
