@@ -80,6 +80,7 @@ SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_chec
 SHARED_REAL_RUNS = {"hf_run", "dcp_checkpoint", "lightning_run", "safetensors_file"}
 
 
+@pytest.hookimpl(tryfirst=True)   # (before xdist's, which reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
