@@ -21,11 +21,14 @@ from cliresult import Result, invoke
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The fuzzers explore new examples on every local run; CI (.ci/run sets HYPOTHESIS_PROFILE=ci) draws the same
-# examples every time, so a red CI is a regression of the code, not a new random draw. A bug a local run finds
-# becomes an @example on its fuzzer.
-settings.register_profile("ci", derandomize=True, database=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# The fuzzers draw the same examples on every run, here and in CI (no random seed, no example database: a red run
+# is a regression of the code, not a new draw, and a -n worker draws what a serial run draws).
+# HYPOTHESIS_PROFILE=explore draws new examples each run (and keeps failing ones in .hypothesis/): a bug it finds
+# becomes an @example on its fuzzer. `ci` is the default's old name (.ci/run set it).
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("ci", parent=settings.get_profile("deterministic"))
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "deterministic")
 
 # The one place that says which tests are slow: every test that uses a real run (a model trained on
 # CPU by the real framework, built once per session) and the few that are slow on their own.
@@ -75,12 +78,22 @@ SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_chec
                 "test_callbacks_multiproc", "test_callbacks_logging", "test_callbacks_best"}
 
 
+# `pytest -n auto` (pytest-xdist; README, .ci/run): every worker builds the session fixtures its tests use. The real
+# runs that few tests use go to one worker each (pyproject's `--dist loadgroup`): each is built once, as in a serial
+# run. The ones most tests use (hf_run: 400 tests) are built by both workers: one group would leave the other idle.
+SHARED_REAL_RUNS = {"hf_run", "dcp_checkpoint", "lightning_run", "safetensors_file"}
+
+
+@pytest.hookimpl(tryfirst=True)   # (before xdist's, which reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
         module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
-        if REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ())) or name in SLOW_TESTS or module in SLOW_MODULES:
+        runs = REAL_RUN_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if runs or name in SLOW_TESTS or module in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        if runs - SHARED_REAL_RUNS:
+            item.add_marker(pytest.mark.xdist_group(min(runs - SHARED_REAL_RUNS)))
 
 
 @pytest.fixture
@@ -119,7 +132,7 @@ def _built(tmp_path_factory, name: str, build):
         return build(root)
     import pickle  # the test's own objects (paths and step lists), written by this function
 
-    saved = Path(FIXTURE_CACHE) / name
+    saved = Path(FIXTURE_CACHE) / os.environ.get("PYTEST_XDIST_WORKER", "") / name   # (a cache per -n worker)
     if not (saved / "result.pickle").exists():
         shutil.rmtree(saved, ignore_errors=True)
         (saved / "tree").mkdir(parents=True)

@@ -185,9 +185,14 @@ def test_worker_reads_checkpoints_in_idle_cycles_and_prunes_at_nice_19(tmp_path)
     pid = worker.proc.pid
     try:
         deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{pid}/task")) < 2 and time.monotonic() < deadline:
+
+        def stats_now() -> dict:
+            return {int(t): _task_stat(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        # (the reading thread is listed before it has moved itself to SCHED_IDLE: wait for that, under any load)
+        while (not any(policy == 5 for tid, (_n, policy) in stats_now().items() if tid != pid)
+               and time.monotonic() < deadline):
             time.sleep(0.05)
-        stats = {int(t): _task_stat(pid, int(t)) for t in os.listdir(f"/proc/{pid}/task")}
+        stats = stats_now()
         assert stats[pid] == (19, 0), stats                          # main thread: SCHED_OTHER, nice 19
         assert any(policy == 5 for tid, (_n, policy) in stats.items() if tid != pid), stats   # SCHED_IDLE
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -309,3 +314,36 @@ def test_the_workers_prune_ends_its_phase_while_the_folder_is_still_locked(tmp_p
                        "lock_timeout": 5}, phase)
     assert out["error"] is None, out
     assert phases == [("prune-wait", False), ("prune", True), ("idle", True), ("idle", False)], phases
+
+
+def _worker_proc(tmp_path, **kw):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "scripts"))
+    return subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kw)
+
+
+def test_the_worker_outliving_the_training_process_exits_quietly(tmp_path):
+    """Issue 40: once the training process is gone (its end of the worker's stdout closed), the worker printed a
+    BrokenPipeError traceback into the training log. Now it finishes the job at hand quietly and stops at the end of
+    its stdin: exit 0, nothing on stderr. A job line cut short by a dying parent, and a Ctrl-C (SIGINT to the
+    terminal's process group), end it quietly too."""
+    import signal
+
+    ckpt = tmp_path / "checkpoint-10"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 16)
+    job = {"id": 1, "path": str(ckpt), "validate": True, "phase_delay": 0.5}
+    proc = _worker_proc(tmp_path)
+    proc.stdin.write(json.dumps(job) + "\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["phase"] == "validate"   # the job has begun: now the parent "dies"
+    proc.send_signal(signal.SIGINT)
+    proc.stdout.close()
+    proc.stdin.close()
+    assert proc.wait(timeout=120) == 0
+    err = proc.stderr.read()
+    assert err == "", err
+
+    proc = _worker_proc(tmp_path)
+    out, err = proc.communicate(json.dumps(job)[:20], timeout=120)   # a job line cut short, then stdin ends
+    assert (proc.returncode, out, err) == (0, "", "")

@@ -119,30 +119,35 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     assert not _children_left()
 
 
-def test_a_slow_child_takes_fewer_chunks(run, monkeypatch):
-    """The chunks go to whichever process is free: with its children slowed down (a core shared with another
-    job), this process checks most of the run itself, and the report is the same."""
-    import time
-
+def test_a_slow_child_takes_fewer_chunks(run, monkeypatch, tmp_path):
+    """The chunks go to whichever process is free: with its children held up (a core shared with another job),
+    this process checks the rest of the run itself, and the report is the same. Held up, not slowed: each child
+    takes one chunk and waits until this process has checked all but the children's two, so the counts do not
+    depend on the machine's load."""
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
+    n = len(alone[0]["checkpoints"])
     monkeypatch.setattr(fanout, "ENABLED", True)
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
     parent = os.getpid()
     here = []
     real_check = validate.check_with_values
+    took, released = tmp_path / "took", tmp_path / "released"
+    took.mkdir()
 
     def check(*a, **k):
         if os.getpid() == parent:
+            _until(lambda: len(os.listdir(took)) == 2, "each child to take a chunk")
             here.append(1)
-            time.sleep(0.02)   # (time for the children to start and take a chunk each)
+            if len(here) == n - 2:
+                released.touch()
         else:
-            time.sleep(0.3)
+            (took / str(os.getpid())).touch()
+            _until(released.exists, "this process to check the rest")
         return real_check(*a, **k)
     monkeypatch.setattr(validate, "check_with_values", check)
     assert _report(run) == alone
-    n = len(alone[0]["checkpoints"])
-    assert n - 2 <= len(here) < n, (len(here), n)   # each child took one chunk (one checkpoint), no more
+    assert len(here) == n - 2   # each child took one chunk (one checkpoint), no more
     assert not _children_left()
 
 
@@ -265,17 +270,18 @@ def test_a_child_is_trusted_only_with_every_chunk_it_names(data, code, trusted):
     assert not _children_left()
 
 
-def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch):
-    import time
-
+def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch, tmp_path):
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
     parent = os.getpid()
     real_check = validate.check_with_values
+    interrupted = tmp_path / "interrupted"
 
     def check(*a, **k):
         if os.getpid() == parent:
+            interrupted.touch()
             raise KeyboardInterrupt
-        time.sleep(0.05)   # (the children slow: this process gets a chunk whatever the order they start in)
+        # the children wait: this process gets a chunk whatever the order they start in
+        _until(interrupted.exists, "this process to take a chunk")
         return real_check(*a, **k)
     monkeypatch.setattr(validate, "check_with_values", check)
     with pytest.raises(KeyboardInterrupt):
@@ -362,28 +368,60 @@ def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
     assert 3 <= len(applied["1"][1]) < fanout.MIN_ITEMS   # it did delete, and kept the window
 
 
-def _burn(seconds: float) -> None:
-    end = time.process_time() + seconds
-    while time.process_time() < end:
-        pass
+def _until(done, what: str) -> None:
+    """Wait for another process (a child, or this one) to get somewhere: a handshake, never a measure of speed.
+    The bound only turns a broken split into a failure instead of a hang."""
+    deadline = time.monotonic() + 120
+    while not done():
+        assert time.monotonic() < deadline, f"still waiting for {what}"
+        time.sleep(0.002)
 
 
-def _pid_work(cost: float):
-    """A work function: each item costs `cost` s of CPU; its result says which process checked it."""
+def _pid_work(cost, parent: int, child_done: tuple[int, int], forked: list):
+    """A work function: item x costs `cost(x)` seconds on fanout's (fake) clock; its result says which process
+    checked it. Once a child was forked, this process waits, past the probe, until a child has checked an item
+    (a byte on the `child_done` pipe): a split's child then takes part however loaded the machine is."""
+    import select
+
     def work(part, _here):
         out = []
         for x in part:
-            _burn(cost)
+            fanout.clock.now += cost(x)
+            if os.getpid() == parent and forked and x >= fanout.PROBE:
+                _until(lambda: select.select([child_done[0]], [], [], 0)[0], "a child to check an item")
             out.append((x, os.getpid()))
+            if os.getpid() != parent:
+                os.write(child_done[1], b"x")
         return out
     return work
 
 
+class _FakeClock:
+    """fanout's clock: it moves only as much as the work says its items cost."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def _pids(items, cost, monkeypatch, cores=2):
+    """Which process checked each item; `cost`: seconds an item (a number, or a function of the item)."""
     monkeypatch.setattr(threading, "active_count", lambda: 1)   # the test session may run threads of its own
     monkeypatch.setattr(fanout, "usable_cores", lambda: cores)
-    got = fanout.map_split(items, _pid_work(cost), lambda r: json.dumps(r).encode(),
-                           lambda b: [tuple(x) for x in json.loads(b)])
+    monkeypatch.setattr(fanout, "clock", _FakeClock())
+    forked: list[int] = []
+    real_fork = os.fork
+    monkeypatch.setattr(os, "fork", lambda: forked.append(1) or real_fork())
+    pipe = os.pipe()
+    try:
+        work = _pid_work(cost if callable(cost) else lambda x: cost, os.getpid(), pipe, forked)
+        got = fanout.map_split(items, work, lambda r: json.dumps(r).encode(),
+                               lambda b: [tuple(x) for x in json.loads(b)])
+    finally:
+        os.close(pipe[0])
+        os.close(pipe[1])
     assert [x for x, _pid in got] == list(items)
     assert not _children_left()
     return [pid for _x, pid in got]
@@ -391,18 +429,25 @@ def _pids(items, cost, monkeypatch, cores=2):
 
 def test_fewer_items_split_when_they_are_slow(monkeypatch):
     """Below MIN_ITEMS: a few slow items (a real optimizer.pt is ~20 ms at the quick level) are split after the
-    PROBE items were timed here; quick ones, or slow ones that would not reach SLOW_REST, are not."""
-    pids = _pids(list(range(12)), 0.015, monkeypatch)   # 10 left x 15 ms = 0.15 s >= SLOW_REST
-    assert pids[:fanout.PROBE] == [os.getpid()] * fanout.PROBE
-    assert set(pids) - {os.getpid()}, "no item was checked by a child"
-    assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {os.getpid()}   # 2 ms in all: here
-    assert set(_pids(list(range(5)), 0.015, monkeypatch)) == {os.getpid()}      # 3 x 15 ms < SLOW_REST: here
-    assert set(_pids(list(range(12)), 0.015, monkeypatch, cores=1)) == {os.getpid()}
+    PROBE items were timed here; quick ones, or slow ones that would not reach SLOW_REST, are not. The costs are
+    the probe's clock's (injected): the machine's load changes nothing."""
+    monkeypatch.setattr(fanout, "SLOW_REST", 0.125)
+    here = os.getpid()
+    pids = _pids(list(range(10)), 1 / 64, monkeypatch)   # 8 left x 1/64 s = SLOW_REST: split
+    assert pids[:fanout.PROBE] == [here] * fanout.PROBE
+    assert set(pids) - {here}, "no item was checked by a child"
+    assert set(_pids(list(range(9)), 1 / 64, monkeypatch)) == {here}     # 7 x 1/64 s < SLOW_REST: here
+    assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {here}    # 2 ms in all: here
+    assert set(_pids(list(range(3)), 1.0, monkeypatch)) == {here}        # 1 left: never split
+    # the quicker probe's pace: the first item's one-time cost (a cold cache) does not count
+    assert set(_pids(list(range(10)), lambda x: 10.0 if x == 0 else 1 / 128, monkeypatch)) == {here}
+    assert set(_pids(list(range(10)), lambda x: 10.0 if x == 1 else 1 / 64, monkeypatch)) - {here}
+    assert set(_pids(list(range(12)), 1 / 64, monkeypatch, cores=1)) == {here}
     monkeypatch.setenv("CHECKPOINT_STRATEGY_PROCESSES", "1")
-    assert set(_pids(list(range(12)), 0.015, monkeypatch)) == {os.getpid()}
+    assert set(_pids(list(range(12)), 1 / 64, monkeypatch)) == {here}
     monkeypatch.delenv("CHECKPOINT_STRATEGY_PROCESSES")
     monkeypatch.setattr(fanout, "ENABLED", False)
-    assert set(_pids(list(range(12)), 0.015, monkeypatch)) == {os.getpid()}
+    assert set(_pids(list(range(12)), 1 / 64, monkeypatch)) == {here}
 
 
 def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, monkeypatch):
@@ -423,22 +468,24 @@ def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, mon
 
 
 @pytest.mark.parametrize("child_sends", ["good", "garbled", "good then garbled"])
-def test_progress_counts_every_item_once(monkeypatch, child_sends):
+def test_progress_counts_every_item_once(monkeypatch, child_sends, tmp_path):
     """The bar: items checked here count themselves (`here`), a child's count through `progress` as their chunk
     comes back whole; a chunk counted from a child that later goes wrong is redone here without counting again."""
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
     here, told = [], []
     sent = [0]
+    a_child_sent = tmp_path / "sent"
 
     def work(part, is_here):
-        if is_here:
+        if is_here:   # (a child sends a chunk before this process checks one: however loaded the machine is)
+            _until(a_child_sent.exists, "a child to send a chunk")
             here.extend(part)
-        _burn(0.002)
         return list(part)
 
     def encode(results):
         sent[0] += 1   # (in the child: its own count)
+        a_child_sent.touch()
         if child_sends == "garbled" or (child_sends == "good then garbled" and sent[0] > 1):
             return b"not json"
         return json.dumps(results).encode()

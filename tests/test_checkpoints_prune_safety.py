@@ -320,7 +320,7 @@ def test_second_prune_waits_then_exits_2_with_one_line(hf_run, copy_of, capsys):
         t0 = time.monotonic()
         with pytest.raises(UsageError, match="being pruned by another"):
             prune(root, keep_last=2, apply=True, lock_timeout=0.3)
-        assert 0.3 <= time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 >= 0.3   # it waited its lock_timeout (at least: a load can only add to it)
         assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
     finally:
         holder.kill()

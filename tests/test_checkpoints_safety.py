@@ -105,3 +105,31 @@ def test_the_adviser_is_passed_in_and_never_silently_missing(hf_run, copy_of, tm
         prune(run, keep_last=2)
     assert prune(run, keep_last=2, spike_check=False).spike_guard is None
     assert safety.read_spike([(10, str(tmp_path))]) is None  # no trainer_state.json: nothing to read
+
+
+def test_a_spike_still_inside_its_wait_window_is_unresolved_for_prune(tmp_path, cli_run):
+    """The README's sample run (fast: no framework), its log read 40 steps after the level shift at step 2110:
+    recover says wait (inside the wait window). Wait is unresolved: checkpoint-2500 and -3000 were saved after the
+    onset and do not count toward keep_last (kept, as post-onset), checkpoint-2000 is the rollback point, and
+    keep_last=2 keeps the two newest safe ones, 2000 and 1000. (Treating wait as resolved, the mutant of issue 40,
+    counts 3000 and 2500 as the window and deletes checkpoint-1000.)"""
+    from test_examples import build_inputs
+
+    build_inputs(tmp_path)
+    early = tmp_path / "early.jsonl"
+    early.write_text("".join(line + "\n" for line in (tmp_path / "train.jsonl").read_text().splitlines()
+                             if json.loads(line)["step"] <= 2150))
+    run = tmp_path / "run"
+    r = cli_run("prune", run, "--keep-last", "2", "--log", early, "--apply", "--format", "json")
+    assert r.rc == 0, r.err
+    rep = r.json()
+    guard = rep["spike_guard"]
+    assert (guard["status"], guard["onset_step"], guard["protected"]) == ("wait", 2110, "checkpoint-2000")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint-1000", "checkpoint-2000", "checkpoint-2500",
+                                                     "checkpoint-3000"]
+    reasons = {e["name"]: " ".join(e["reasons"]) for e in rep["keep"]}
+    assert "within keep_last=2 newest resumable" in reasons["checkpoint-1000"]
+    assert "rollback point before the unrecovered loss spike at step 2110" in reasons["checkpoint-2000"]
+    for post in ("checkpoint-2500", "checkpoint-3000"):
+        assert "after the spike at step 2110: do not resume" in reasons[post]
+        assert "not counted by keep_last" in reasons[post]

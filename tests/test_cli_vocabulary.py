@@ -305,3 +305,23 @@ def test_every_command_help_prints_and_exits_0(name, cli_run):
     for argv in ([name, "--help"], ["help", name]):
         rc, out, err = cli_run(*argv)
         assert rc == 0 and err == "" and "usage:" in out, (argv, rc, err)
+
+
+def test_a_step_too_large_names_the_real_bound(cli_run, tmp_path):
+    """Issue 40: recover's step 10**16 was "expected a whole number >= 0", a bound it does not have. Every step a
+    user gives recover and verify-resume, too large, names the bound from the table."""
+    log = tmp_path / "train.jsonl"
+    log.write_text("".join(f'{{"step": {s}, "loss": 1.0}}\n' for s in (10, 20, 10**16)))
+    logged = BOUNDS["logged_step"].expected()
+    assert logged == "a whole number of steps, from 0 to 2^53"
+    line = cli_run("recover", log).usage_error()
+    assert line.endswith(f"step at entry 3 is 1e+16; expected {logged}") and ">= 0" not in line, line
+    log.write_text('{"step": 10, "loss": 1.0}\n{"step": 20, "loss": 1.0}\n')
+    line = cli_run("recover", log, "--checkpoints", str(10**16)).usage_error()
+    assert f"step {10**16} is too large" in line and line.endswith("whole numbers of steps, from 0 to 2^53"), line
+    assert "each step from 1 to 10^12" in cli_run("recover", log, "--milestones", str(10**16)).usage_error()
+    for option in ("--wait", "--lr-steps", "--min-wait"):
+        line = cli_run("recover", log, option, str(10**16)).usage_error()
+        assert "to 10^12" in line, line
+    line = cli_run("verify-resume", log, "--resume-step", str(10**16)).usage_error()
+    assert BOUNDS["step_offset"].expected() in line, line

@@ -702,6 +702,7 @@ def test_prune_apply_to_a_fifo_nobody_reads_deletes_nothing(hf_run, tmp_path, ca
     assert "FIFO that nobody reads" in err and "nothing written" in err
     assert _tree(root) == before
     # with a reader that comes late (after the deletes would have started), the report arrives whole
+    monkeypatch.setattr(atomic, "FIFO_READER_WAIT", 120.0)   # (a late reader, not one later than a loaded machine)
     got = []
     reader = threading.Thread(target=lambda: (time.sleep(0.1), got.append(Path(fifo).read_bytes())))
     reader.start()

@@ -19,7 +19,7 @@ from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.models import AgentState, CheckpointLogLine
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
-from fuzzcheck import reached, reaches_core
+from fuzzcheck import MUTATE, reached, reaches_core
 
 HANDOFF_SCHEMA = load_schema("session-handoff.schema.json")
 PLAN = ["100000", "2", "500", "--params", "1B"]
@@ -367,13 +367,34 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                                                                                   max_size=3), max_leaves=10)
 
 
+# What a sibling's state folder holds: agent-state.json an object with its known fields and others, of any JSON
+# value; NEXT_ACTION.md lines of text and headings (ours among them), now and then an earlier handoff's block.
+_KEYS = st.one_of(st.sampled_from(["schema_version", "session_id", "status", "last_updated", "next_step",
+                                   "completed_steps", "notes", "pending_risks", "plan"]), st.text(max_size=12))
+_LINES = st.lists(st.one_of(st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=30),
+                            st.sampled_from(["# NEXT ACTION", f"## {statefolder.CONTEXT_HEADING}", "## If Interrupted",
+                                             "### Details", "", f"{statefolder.BEGIN}\nold\n{statefolder.END}"])),
+                  max_size=8)
+
+
 @reaches_core()
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(state=st.dictionaries(st.text(max_size=12), _json, max_size=6), next_action=st.text(max_size=200),
-       raw=st.one_of(st.none(), st.text(max_size=40)))
-def test_fuzz_state_folder_contents(tmp_path_factory, capsys, state, next_action, raw):
+@given(state=st.dictionaries(_KEYS, _json, max_size=6), lines=_LINES, newline=st.sampled_from(["\n", "\r\n"]),
+       roll=MUTATE)
+def test_fuzz_state_folder_contents(tmp_path_factory, capsys, state, lines, newline, roll):
+    """Real state folders, damaged one time in five (agent-state.json cut or replaced by garbage, a marker of ours
+    left unmatched in NEXT_ACTION.md): handoff merges without losing a field or a risk of theirs, or refuses with one
+    line and leaves every file as it was."""
     folder = tmp_path_factory.mktemp("fuzz")
-    text = json.dumps(state) if raw is None else raw
+    text, next_action = json.dumps(state), newline.join(lines)
+    chance, where, garbage = roll
+    if chance >= 16:   # damage
+        if where % 3 == 0:
+            text = garbage
+        elif where % 3 == 1:
+            text = text[:where % max(1, len(text))]
+        else:
+            next_action += newline + (statefolder.BEGIN, statefolder.END)[where % 2]
     (folder / "agent-state.json").write_text(text)
     (folder / "NEXT_ACTION.md").write_text(next_action)
     before = snapshot(folder)

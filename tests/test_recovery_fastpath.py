@@ -700,7 +700,7 @@ def test_steps_become_int64_in_the_readers_array_only(tmp_path, monkeypatch):
     p = tmp_path / "train.jsonl"
     p.write_text("".join(json.dumps({"step": i + 0.5 * (i == 900), "loss": 2.0}) + "\n" for i in range(1, 1001)))
     assert _assert_same(p, monkeypatch) == ("error", f"log {p}: step at entry 900 is 900.5; expected a whole number "
-                                                     ">= 0")
+                                                     "of steps, from 0 to 2^53")
 
 
 def test_the_reference_held_per_block_is_the_per_value_one():

@@ -32,6 +32,8 @@ def shown(text: object, limit: int = 60) -> str:
 def _fmt(n: float) -> str:
     if n == 2**63 - 1:
         return "2^63-1"
+    if n == 2**53:
+        return "2^53"
     if n >= 10**6 and math.log10(n).is_integer():
         return f"10^{int(math.log10(n))}"
     return f"{n:g}" if not float(n).is_integer() else str(int(n))
@@ -79,6 +81,8 @@ MAX_LIST = 200  # entries in a list option (--milestones steps, --sweep-*)
 BOUNDS: dict[str, Quantity] = {
     "steps": Quantity("a whole number of steps", 1, MAX_STEPS, whole=True),
     "step_offset": Quantity("a whole number of steps", 0, MAX_STEPS, whole=True),
+    # a step read from a training log or named in --checkpoints: any a float holds exactly (checkpoints.steps.MAX_STEP)
+    "logged_step": Quantity("a whole number of steps", 0, 2**53, whole=True),
     "step_seconds": Quantity("seconds per step", 0, 1e6, lo_open=True),
     "gb": Quantity("a size in GB", 0, 1e9, lo_open=True),
     "hours": Quantity("hours", 0, 1e9, lo_open=True),
@@ -162,7 +166,10 @@ def milestones(text: str) -> Milestones:
     try:
         return sorted({int(BOUNDS["steps"].parse(p)) for p in parts})
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected {MILESTONES_EXPECTED}, got {shown(text)}") from None
+        expected = MILESTONES_EXPECTED
+        if any(p.isdigit() for p in parts):   # a step out of range: say the range
+            expected = expected[:-1] + "; each step " + BOUNDS["steps"].expected().split(", ", 1)[1] + ")"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}") from None
 
 
 def milestones_or_path(text: str) -> Milestones:

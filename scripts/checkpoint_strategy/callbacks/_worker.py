@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any, Optional
@@ -243,18 +244,39 @@ def _warm() -> None:
     from checkpoint_strategy.recovery import advise  # noqa: F401
 
 
+def _parent_gone() -> None:
+    """The training process closed our stdout (it exited): no traceback into its log, now or at exit (the
+    unflushed rest goes to /dev/null); the job at hand goes on (every step is crash-safe), then stdin ends."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def main() -> int:
     global _PARENT
     _PARENT = os.getppid()
     _yield_cpu()
+    # Ctrl-C in the training's terminal reaches this process too: the training process decides (this one finishes
+    # the job at hand and stops when its stdin ends), and no KeyboardInterrupt traceback lands in the training log
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gone = False
 
     def emit(msg: dict) -> None:
-        sys.stdout.write(json.dumps(msg) + "\n")
-        sys.stdout.flush()
+        nonlocal gone
+        if gone:
+            return
+        try:
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+        except (BrokenPipeError, ValueError):   # (ValueError: stdout closed)
+            gone = True
+            _parent_gone()
 
     for line in sys.stdin:
         if not line.strip():
             continue
+        if not line.endswith("\n"):   # a job cut short: the training process died while writing it
+            break
         job = json.loads(line)
         if job.get("kind") == "handoff":
             emit(handoff_job(job))

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from checkpoint_strategy.checkpoints.marker import is_emergency
 from checkpoint_strategy.checkpoints.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
+from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
 
 _LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
@@ -22,7 +23,8 @@ def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[
     if _LIST.match(text):
         steps = sorted({int(s) for s in text.split(",") if s.strip()})
         if any(s > MAX_STEP for s in steps):
-            raise UsageError(f"--checkpoints step too large in {spec!r}")
+            raise UsageError(f"--checkpoints: step {max(steps)} is too large in {shown(spec)}; expected "
+                             f"{BOUNDS['logged_step'].expected().replace('a whole number of', 'whole numbers of')}")
         return "list", None, [(s, None) for s in steps]
     root = Path(text)
     if not root.is_dir():

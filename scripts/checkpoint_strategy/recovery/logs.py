@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy.cli_options import BOUNDS
 from checkpoint_strategy.errors import UsageError, no_log_entries
 from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists re-exported (old path)
     GRAD_KEYS,
@@ -41,7 +42,7 @@ from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists
 from checkpoint_strategy.checkpoints.runlog import METRICS_FILE
 
 NO_LOG = "no training log found"   # the words callers match (integrations/handoff.py)
-MAX_STEP = 2**53  # steps beyond this are not exact as floats; no real run gets near it
+MAX_STEP = int(BOUNDS["logged_step"].hi)  # 2**53: steps beyond it are not exact as floats; no real run gets near it
 
 FORMATS = ("auto", "hf", "json", "jsonl", "csv", "tensorboard")
 
@@ -578,7 +579,7 @@ def _whole_steps(steps: np.ndarray, path: str, *, in_place: bool) -> np.ndarray:
         if bad.any():
             k = lo + int(np.flatnonzero(bad)[0])
             shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
-            raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected a whole number >= 0")
+            raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected {BOUNDS['logged_step'].expected()}")
         isteps[lo:lo + STEP_CHUNK] = whole   # (in place: this chunk's floats are read already)
     return isteps
 
