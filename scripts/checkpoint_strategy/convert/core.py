@@ -50,16 +50,17 @@ class Selection:
 
 # --------------------------------------------------------------------------- reading SRC
 
-def load(src: str) -> Loaded:
-    """Any supported layout, found from its files."""
+def load(src: str, verify: bool = True) -> Loaded:
+    """Any supported layout, found from its files. verify: the CRC-32 of every torch archive entry read (a
+    source); off for a destination, compared byte for byte with the verified source."""
     if os.path.isdir(src):
-        return _load_folder(src)
+        return _load_folder(src, verify)
     from checkpoint_strategy.storage import open_regular
 
     with open_regular(src, "checkpoint") as fh:
         magic = fh.read(4)
     if magic == b"PK\x03\x04":
-        return readers.read_zip(src)
+        return readers.read_zip(src, verify=verify)
     if magic[:1] == b"\x80":
         raise UsageError(f"{src}: a legacy (before torch 1.6) torch.save file: not converted; re-save it with a "
                          "current torch")
@@ -68,12 +69,12 @@ def load(src: str) -> Loaded:
     raise UsageError(f"{src}: not a torch zip archive (.bin/.pt/.ckpt) or a .safetensors file")
 
 
-def _load_folder(src: str) -> Loaded:
+def _load_folder(src: str, verify: bool) -> Loaded:
     from checkpoint_strategy.convert import zero
 
     names = set(os.listdir(src))
     if ".metadata" in names:
-        return readers.read_dcp(src)
+        return readers.read_dcp(src, verify)
     if zero.is_zero_folder(src, names):
         return zero.read_zero(src)
     for index, single in (("model.safetensors.index.json", "model.safetensors"),
@@ -82,11 +83,12 @@ def _load_folder(src: str) -> Loaded:
             files = readers.index_files(os.path.join(src, index))
             if single.endswith(".safetensors"):
                 return readers.read_safetensors_set(src, files)
-            return readers.read_zips([os.path.join(src, f) for f in files], src)
+            return readers.read_zips([os.path.join(src, f) for f in files], src, verify)
         if single in names:
+            path = readers.within(src, single, src)
             if single.endswith(".safetensors"):
                 return readers.read_safetensors_set(src, [single])
-            return readers.read_zip(os.path.join(src, single))
+            return readers.read_zip(path, verify=verify)
     raise UsageError(f"{src}: no checkpoint found: expected a DCP folder (.metadata), a DeepSpeed ZeRO folder "
                      "(*_optim_states.pt), model.safetensors[.index.json] or pytorch_model.bin[.index.json]")
 
@@ -163,8 +165,8 @@ def _untie(items: list[tuple[str, Tensor]], keep_tied: bool) -> tuple[dict[str, 
 
 def _readback(path: str, target: str) -> Loaded:
     if target == "full":
-        return readers.read_zip(path)
-    return load(path)
+        return readers.read_zip(path, verify=False)
+    return load(path, verify=False)
 
 
 def compare(sel: Selection, src_hash: dict[int, str], dst: Loaded, dst_sel: Selection,
@@ -362,7 +364,7 @@ def check_only(src: str, dst: str, target: str | None, key: str | None = None) -
     """Compare an existing conversion (this tool's, dcp_to_torch_save's, zero_to_fp32's) with its source."""
     check_paths(src, dst, must_exist=True)
     loaded = load(src)
-    dst_loaded = load(dst)
+    dst_loaded = load(dst, verify=False)
     flat = isinstance(dst_loaded.tree, dict) and all(isinstance(v, Tensor) for v in dst_loaded.tree.values())
     target = target or ("safetensors" if dst_loaded.fmt == "safetensors" else "dcp" if dst_loaded.fmt == "dcp"
                         else "full")

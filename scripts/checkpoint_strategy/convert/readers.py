@@ -39,10 +39,13 @@ def plain(obj: Any, resolve: Any, depth: int = 0) -> Any:  # noqa: C901 - one br
     if isinstance(obj, _PLAIN):
         return obj
     if isinstance(obj, dict):
-        out = {}
+        out: dict = {}
         for k, v in obj.items():
-            if isinstance(k, (str, int)) and not isinstance(k, bool):
+            if _plain_key(k):
                 out[k] = plain(v, resolve, depth + 1)
+            else:   # a key no target can carry: kept as a named left-out entry, never dropped silently
+                out[f"<{_kind(k)} key>#{len(out)}"] = Unsupported(f"kept under a {_kind(k)} key, which no target "
+                                                                   "writes")
         return out
     if isinstance(obj, list):
         return [plain(v, resolve, depth + 1) for v in obj]
@@ -57,8 +60,46 @@ def plain(obj: Any, resolve: Any, depth: int = 0) -> Any:  # noqa: C901 - one br
     return Unsupported(type(obj).__name__)
 
 
-def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef) -> Tensor:
+def _plain_key(k: Any, depth: int = 0) -> bool:
+    """A dict key torch.load(weights_only=True) gives back as itself: str, int, float, bool, None, or a tuple
+    of them."""
+    if isinstance(k, tuple):
+        return depth < 20 and all(_plain_key(x, depth + 1) for x in k)
+    return isinstance(k, (str, int, float, bool, type(None)))
+
+
+def _kind(k: Any) -> str:
+    if isinstance(k, tp.Call):
+        return f"pickled {tp.shown(str(k.name), 60)}"
+    if isinstance(k, tp.Global):
+        return tp.shown(k.qualname, 60)
+    return type(k).__name__
+
+
+def swap_width(dtype: str) -> int:
+    """Bytes per swapped unit of a big-endian tensor (torch's byteswap: a complex number's two halves apart)."""
+    item = tp.DTYPE_SIZE.get(dtype, 1)
+    return item // 2 if dtype.startswith("complex") else item
+
+
+def byteorder(fh: Any, z: fc.ZipScan, where: str) -> str:
+    """The archive's `byteorder` record ("little" when there is none, as torch.load assumes on this machine)."""
+    e = z.entry(f"{z.prefix}byteorder")
+    if e is None:
+        return "little"
+    data = fc._read_entry(fh, e, fc.Counter(), limit=1 << 10)
+    if isinstance(data, str):
+        raise _refuse(where, data)
+    if data not in (b"little", b"big"):
+        raise _refuse(where, f"byteorder record {tp.shown(data[:20].decode('latin-1'), 30)!r} is neither little nor "
+                             "big: torch.load refuses it (Unknown endianness type)")
+    return data.decode()
+
+
+def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef, order: str = "little") -> Tensor:
     out = Tensor(name, t.dtype, tuple(t.shape))
+    if order == "big" and swap_width(t.dtype) > 1:
+        out.swap = swap_width(t.dtype)
     e = z.entry(f"{z.prefix}data/{t.storage.key}")
     item = tp.DTYPE_SIZE.get(t.dtype)
     if item is None or t.dtype not in tp.DTYPE_SIZE:
@@ -67,7 +108,7 @@ def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef)
         out.problem = f"its storage data/{t.storage.key} is missing from the archive"
     elif e.method != 0:
         out.problem = f"its storage data/{t.storage.key} is compressed (torch.save stores entries uncompressed)"
-    elif not t.contiguous():
+    elif t.numel and not t.contiguous():   # a zero-size tensor has no bytes to lay out
         out.problem = (f"it is a non-contiguous view (shape {list(t.shape)}, stride {list(t.stride)}): save "
                        "it with .contiguous() first")
     elif (t.offset + t.numel) * item > e.usize:
@@ -77,17 +118,28 @@ def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef)
     return out
 
 
-def read_zip(path: str, shown_as: str | None = None) -> Loaded:
+def read_zip(path: str, shown_as: str | None = None, verify: bool = True) -> Loaded:
     """A torch.save archive (pytorch_model.bin, *.pt, Lightning .ckpt, DeepSpeed model states)."""
-    z = fc.scan_zip(path, fc.Counter())
+    from checkpoint_strategy.storage import ReadError, open_regular
+
+    # full: the CRC-32 of every entry, so only verified bytes are copied (verify=False: a destination read back,
+    # compared byte for byte with the verified source instead)
+    z = fc.scan_zip(path, fc.Counter(), full=verify)
     if z.findings:
         raise _refuse(shown_as or path, str(z.findings[0]))
     if z.pickle is None:
         raise _refuse(shown_as or path, "no data.pkl read")
+    try:
+        with open_regular(path, "checkpoint") as fh:
+            order = byteorder(fh, z, shown_as or path)
+    except (OSError, ReadError) as exc:
+        raise _refuse(shown_as or path, getattr(exc, "reason", None) or str(exc)) from None
     names: dict[int, str] = {id(t): n for n, t in tp.walk_tensors(z.pickle.root)}
-    tree = plain(z.pickle.root, lambda t: _zip_tensor(path, z, 0, names.get(id(t), "?"), t))
+    tree = plain(z.pickle.root, lambda t: _zip_tensor(path, z, 0, names.get(id(t), "?"), t, order))
     fmt = "lightning" if isinstance(tree, dict) and "pytorch-lightning_version" in tree else "torch"
-    return Loaded(fmt, tree, weights_key=_weights_key(tree))
+    notes = [f"{os.path.basename(path)}: big-endian (byteorder record \"big\"): every value byte-swapped to "
+             "little-endian, as torch.load reads it"] if order == "big" else []
+    return Loaded(fmt, tree, notes=notes, weights_key=_weights_key(tree), byteorder=order)
 
 
 def _weights_key(tree: Any) -> str | None:
@@ -100,20 +152,22 @@ def _weights_key(tree: Any) -> str | None:
     return None
 
 
-def read_zips(paths: list[str], folder: str) -> Loaded:
+def read_zips(paths: list[str], folder: str, verify: bool = True) -> Loaded:
     """Several torch archives of one state dict (pytorch_model-0000N-of-0000M.bin): merged, flat."""
     if len(paths) == 1:
-        return read_zip(paths[0])
+        return read_zip(paths[0], verify=verify)
     tree: dict = {}
+    notes: list[str] = []
     for p in paths:
-        part = read_zip(p)
+        part = read_zip(p, verify=verify)
+        notes += part.notes
         if not isinstance(part.tree, dict):
             raise _refuse(p, "is not a state dict (a mapping of names to tensors)")
         for k, v in part.tree.items():
             if k in tree:
                 raise _refuse(p, f"tensor {tp.shown(str(k))} is also in another shard")
             tree[k] = v
-    return Loaded("torch", tree)
+    return Loaded("torch", tree, notes=notes)
 
 
 # --------------------------------------------------------------------------- safetensors
@@ -165,22 +219,33 @@ def index_files(index_path: str) -> list[str]:
     for f in files:
         if os.path.isabs(f) or "/" in f or "\\" in f or f in ("", ".", ".."):
             raise _refuse(index_path, f"names file {tp.shown(f)}, outside its folder")
+        within(os.path.dirname(index_path), f, index_path)
     return files
 
 
 # --------------------------------------------------------------------------- DCP folders
 
-def _inside_file(folder: str, rel: Any) -> str:
+def within(folder: str, rel: str, named_by: str) -> str:
+    """folder/rel, refused when it resolves outside the source folder (a symbolic link out of it): the one rule
+    for every file a source's own index, tag or metadata names (DCP's storage files, a sharded index's shards,
+    a ZeRO `latest` tag and its rank files)."""
     from checkpoint_strategy.storage import inside
 
+    path = os.path.join(folder, rel)
+    if not inside(path, folder):
+        raise _refuse(named_by, f"{tp.shown(rel)} resolves outside the source folder (a symbolic link): not read")
+    return path
+
+
+def _inside_file(folder: str, rel: Any) -> str:
     if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
         raise _refuse(os.path.join(folder, ".metadata"), f"a storage entry points outside the folder "
                                                          f"({tp.shown(str(rel))})")
-    path = os.path.join(folder, rel)
-    if not inside(path, folder):
-        raise _refuse(os.path.join(folder, ".metadata"), f"storage file {tp.shown(rel)} resolves outside the folder "
-                                                         "(a symbolic link)")
-    return path
+    return within(folder, rel, os.path.join(folder, ".metadata"))
+
+
+#: most dimensions a tensor of a DCP .metadata may have (torch allows 64)
+MAX_DIMS = 64
 
 
 def _read_metadata(folder: str) -> tp.PickleScan:
@@ -188,6 +253,12 @@ def _read_metadata(folder: str) -> tp.PickleScan:
 
     meta = os.path.join(folder, ".metadata")
     data = read_bytes(meta, "DCP .metadata", limit=fc.MAX_DCP_METADATA)
+    held = _data_bytes_in(folder)
+    if len(data) > (1 << 20) + 4 * held:
+        # every chunk of a .metadata names bytes of a data file (an archive of ~600 bytes at least): a .metadata
+        # four times the size of every other file of the folder describes chunks the files cannot hold
+        raise _refuse(meta, f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
+                            "not read")
     scan = tp.read_pickle(data)
     found = fc.pickle_findings(scan, ".metadata", dcp=True)
     if found:
@@ -195,14 +266,34 @@ def _read_metadata(folder: str) -> tp.PickleScan:
     return scan
 
 
+def _data_bytes_in(folder: str) -> int:
+    total = 0
+    with os.scandir(folder) as it:
+        for e in it:
+            if e.name != ".metadata" and e.is_file(follow_symlinks=False):
+                total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
+class _Window(deep.Window):
+    """An embedded archive's bytes, read whole entries at a time (the CRC helper reads with readinto)."""
+
+    def readinto(self, view: Any) -> int:
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+
 class _Chunks:
     """Locates DCP entries: each chunk an embedded torch archive or raw bytes at (file, offset, length)."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, verify: bool = True) -> None:
         from checkpoint_strategy.convert.pieces import Files
 
         self.folder = folder
+        self.verify = verify
         self.files = Files()
+        self.notes: list[str] = []
 
     def locate(self, fqn: str, info: tuple) -> tuple[str, int, int]:
         rel, off, length, transformed = info
@@ -212,12 +303,24 @@ class _Chunks:
         path = _inside_file(self.folder, rel)
         size = os.fstat(self.files.get(path).fileno()).st_size
         if type(off) is not int or type(length) is not int or off < 0 or length < 0 or off + length > size:
-            raise _refuse(path, f"entry {tp.shown(fqn)} needs bytes {off}..{off}+{length}, the file holds {size}: "
-                                "truncated")
+            raise _refuse(path, f"entry {tp.shown(fqn)} needs bytes {clip(off)}..{clip(off)}+{clip(length)}, the file "
+                                f"holds {size}: truncated")
         return path, off, length
 
-    def chunk(self, fqn: str, dtype: str, sizes: tuple, info: tuple) -> tuple[str, int]:
-        """(file, byte offset) of a chunk's first element, its bytes contiguous and row-major."""
+    def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
+        """The torch archive at [off, off+length) of path, every entry's CRC-32 checked, and its byte order."""
+        win = _Window(self.files.get(path), off, length)
+        z = deep.embedded_zip(win, length)
+        if isinstance(z, str):
+            raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
+        for e in z.entries if self.verify else ():
+            reason = fc._crc_entry(win, e, fc.Counter())
+            if reason:
+                raise _refuse(path, f"entry {tp.shown(fqn)}: {reason}")
+        return z, byteorder(win, z, f"{path}: entry {tp.shown(fqn)}")
+
+    def chunk(self, fqn: str, dtype: str, sizes: tuple, info: tuple) -> tuple[str, int, int]:
+        """(file, byte offset of the chunk's first element, byte-swap width), its bytes contiguous and row-major."""
         path, off, length = self.locate(fqn, info)
         fh = self.files.get(path)
         fh.seek(off)
@@ -225,18 +328,17 @@ class _Chunks:
         numel = ts._prod(sizes)
         if fh.read(4) != b"PK\x03\x04":
             if length != numel * item:
-                raise _refuse(path, f"entry {tp.shown(fqn)}: {length} bytes, {dtype}{list(sizes)} needs {numel * item}")
-            return path, off
-        z = deep.embedded_zip(deep.Window(fh, off, length), length)
-        if isinstance(z, str):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
+                raise _refuse(path, f"entry {tp.shown(fqn)}: {length} bytes, {dtype}{clip(list(sizes))} needs "
+                                    f"{numel * item}")
+            return path, off, 0
+        z, order = self.embedded(path, fqn, off, length)
         refs = list(tp.walk_tensors(z.pickle.root if z.pickle else None))
         if len(refs) != 1:
             raise _refuse(path, f"entry {tp.shown(fqn)} holds {len(refs)} tensors, one expected")
-        t = _zip_tensor(path, z, off, fqn, refs[0][1])
+        t = _zip_tensor(path, z, off, fqn, refs[0][1], order)
         if t.problem or t.dtype != dtype or tuple(t.shape) != tuple(sizes):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {t.problem or f'holds {t.dtype}{list(t.shape)}, .metadata says {dtype}{list(sizes)}'}")
-        return path, (t.pieces[0].src if t.pieces else off)
+            raise _refuse(path, f"entry {tp.shown(fqn)}: {t.problem or f'holds {t.dtype}{clip(list(t.shape))}, .metadata says {dtype}{clip(list(sizes))}'}")
+        return path, (t.pieces[0].src if t.pieces else off), t.swap
 
     def value(self, fqn: str, info: tuple) -> Any:
         """A non-tensor entry (torch.save of a Python value) as plain data, or Unsupported."""
@@ -245,10 +347,14 @@ class _Chunks:
         fh.seek(off)
         if fh.read(4) != b"PK\x03\x04":
             return Unsupported("a non-tensor entry that is not a torch archive")
-        z = deep.embedded_zip(deep.Window(fh, off, length), length)
-        if isinstance(z, str):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
+        z, _order = self.embedded(path, fqn, off, length)
         return plain(z.pickle.root if z.pickle else None, lambda t: Unsupported("a tensor inside a bytes entry"))
+
+
+def clip(v: Any, limit: int = 80) -> str:
+    """A value from checkpoint content as printed in a one-line error: at most `limit` characters."""
+    text = str(v)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
 
 
 def runs(full: tuple, offsets: tuple, sizes: tuple, item: int) -> list[tuple[int, int, int]]:
@@ -282,62 +388,150 @@ def runs(full: tuple, offsets: tuple, sizes: tuple, item: int) -> list[tuple[int
     return out
 
 
-def _set(root: dict, path: tuple, value: Any) -> None:
-    """torch.distributed.checkpoint's set_element: str keys make dicts, int keys make lists."""
+
+
+def _set(root: dict, path: tuple, value: Any, where: str) -> None:
+    """torch.distributed.checkpoint's set_element: str keys make dicts, int keys make lists. Refused: a path
+    through a value that is not a container, or to a place another entry holds."""
     cur: Any = root
     for prev, key in zip(path, path[1:], strict=False):
         default: Any = {} if isinstance(key, str) else []
         if isinstance(cur, dict):
             cur = cur.setdefault(prev, default)
-        else:
+        elif isinstance(cur, list) and isinstance(prev, int):
             while len(cur) <= prev:
                 cur.append(None)
             if cur[prev] is None:
                 cur[prev] = default
             cur = cur[prev]
-    last = path[-1]
-    if isinstance(cur, list):
-        while len(cur) <= last:
-            cur.append(None)
-    cur[last] = value
+        else:
+            break
+        if not isinstance(cur, (dict, list)):
+            break
+    else:
+        last = path[-1]
+        if isinstance(cur, list) and isinstance(last, int):
+            while len(cur) <= last:
+                cur.append(None)
+        if isinstance(cur, (dict, list)) and (isinstance(cur, dict) or isinstance(last, int)):
+            if (last in cur if isinstance(cur, dict) else cur[last] is not None):
+                raise _refuse(where, f"planner_data puts two entries at {clip(list(path))}")
+            cur[last] = value
+            return
+    raise _refuse(where, f"planner_data path {clip(list(path))} nests under a value that is not a mapping or list")
 
 
-def read_dcp(folder: str) -> Loaded:
+def _dims(v: Any) -> tuple | None:
+    if isinstance(v, (tuple, list)) and len(v) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in v):
+        return tuple(v)
+    return None
+
+
+def _tensor_md(fqn: str, md: Any, where: str) -> tuple[str, str, tuple, list[tuple[tuple, tuple]]] | None:
+    """(fqn, dtype, size, [(offsets, sizes)]) of one TensorStorageMetadata; None for a bytes entry."""
+    if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata")):
+        return None
+    st = md.state if isinstance(md.state, dict) else {}
+    props = tp.state_of(st.get("properties"))
+    first = props[0] if isinstance(props, tuple) and props else props.get("dtype") if isinstance(props, dict) else None
+    size = _dims(st.get("size"))
+    chunks = st.get("chunks")
+    if not isinstance(first, tp.Global) or size is None or not isinstance(chunks, list):
+        raise _refuse(where, f"entry {tp.shown(fqn)}: its tensor metadata (dtype, size, chunks) does not parse")
+    boxes = []
+    for c in chunks:
+        cs = tp.state_of(c)
+        offsets = _dims(cs.get("offsets")) if isinstance(cs, dict) else None
+        sizes = _dims(cs.get("sizes")) if isinstance(cs, dict) else None
+        if offsets is None or sizes is None or len(offsets) != len(size) or len(sizes) != len(size):
+            raise _refuse(where, f"entry {tp.shown(fqn)}: a chunk without {len(size)} offsets and sizes")
+        boxes.append((offsets, sizes))
+    return fqn, first.name, size, boxes
+
+
+def _storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, Any, Any, bool]]:
+    """(fqn, chunk offsets or None) -> (relative_path, offset, length, transformed)."""
+    state = tp.state_of(meta.root)
+    sd = state.get("storage_data") if isinstance(state, dict) else None
+    out: dict[tuple, tuple[str, Any, Any, bool]] = {}
+    for idx, info in (sd.items() if isinstance(sd, dict) else ()):
+        i, s = tp.state_of(idx), tp.state_of(info)
+        if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str) and isinstance(
+                i.get("fqn"), str):
+            off = i.get("offset")
+            out[(i["fqn"], _dims(off) if off is not None else None)] = (
+                s["relative_path"], s.get("offset"), s.get("length"), bool(s.get("transform_descriptors")))
+    return out
+
+
+def _listing(meta: tp.PickleScan, where: str) -> tuple[list, dict, dict, dict]:
+    """(tensor entries, storage map, planner_data, state_dict_metadata), refused when it describes more chunks
+    than the storage entries, or chunk bytes than the data files hold."""
+    state = tp.state_of(meta.root)
+    sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
+    if not isinstance(sdm, dict):
+        raise _refuse(where, "no state_dict_metadata: not a DCP .metadata")
+    listed = []
+    for fqn, md in sdm.items():
+        if not isinstance(fqn, str):
+            raise _refuse(where, f"an entry named by a {type(fqn).__name__}, not a string")
+        got = _tensor_md(fqn, md, where)
+        if got is not None:
+            listed.append(got)
+    storage = _storage(meta)
+    chunks = sum(len(boxes) for *_x, boxes in listed)
+    if chunks > len(storage):
+        raise _refuse(where, f"{chunks} tensor chunks, {len(storage)} storage entries: chunks without data")
+    planner = state.get("planner_data")
+    return listed, storage, planner if isinstance(planner, dict) else {}, sdm
+
+
+def _check_bytes(folder: str, listed: list, storage: dict) -> None:
+    """The chunks' bytes fit in the data files they name (before a piece is made)."""
+    files = {info[0] for info in storage.values()}
+    held = sum(os.path.getsize(_inside_file(folder, rel)) for rel in files)
+    need = sum(ts._prod(sizes) * tp.DTYPE_SIZE.get(dtype, 1) for _f, dtype, _s, boxes in listed for _o, sizes in boxes)
+    if need > held:
+        raise _refuse(os.path.join(folder, ".metadata"), f"its chunks need {need} bytes, the data files hold {held}: "
+                                                         "truncated or not this checkpoint's .metadata")
+
+
+def read_dcp(folder: str, verify: bool = True) -> Loaded:
     """A DCP folder of any world size: every tensor assembled from its chunks (pieces), every bytes
     entry read as plain data, nested by the .metadata's planner_data as dcp_to_torch_save does."""
-    meta = _read_metadata(folder)
-    listed = deep.dcp_tensors(meta)
-    if listed is None:
-        raise _refuse(os.path.join(folder, ".metadata"), "no state_dict_metadata: not a DCP .metadata")
-    storage = deep.dcp_storage(meta)
-    state = tp.state_of(meta.root)
-    planner = state.get("planner_data") if isinstance(state, dict) else None
-    planner = planner if isinstance(planner, dict) else {}
-    sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
-    sdm = sdm if isinstance(sdm, dict) else {}
-    chunks = _Chunks(folder)
+    where = os.path.join(folder, ".metadata")
+    listed, storage, planner, sdm = _listing(_read_metadata(folder), where)
+    _check_bytes(folder, listed, storage)
+    chunks = _Chunks(folder, verify)
     tree: dict = {}
     try:
         done = set()
         for fqn, dtype, size, boxes in listed:
             done.add(fqn)
-            _set(tree, _path(planner, fqn), _dcp_tensor(chunks, storage, fqn, dtype, size, boxes))
+            _set(tree, _path(planner, fqn, len(sdm), where), _dcp_tensor(chunks, storage, fqn, dtype, size, boxes),
+                 where)
         for fqn in sdm:
-            if fqn in done or not isinstance(fqn, str):
+            if fqn in done:
                 continue
             info = storage.get((fqn, None))
             value = chunks.value(fqn, info) if info else Unsupported("no storage entry")
-            _set(tree, _path(planner, fqn), value)
+            _set(tree, _path(planner, fqn, len(sdm), where), value, where)
     finally:
         chunks.files.close()
-    return Loaded("dcp", tree, weights_key="model" if isinstance(tree.get("model"), dict) else None)
+    return Loaded("dcp", tree, notes=chunks.notes, weights_key="model" if isinstance(tree.get("model"), dict) else None)
 
 
-def _path(planner: dict, fqn: str) -> tuple:
+def _path(planner: dict, fqn: str, entries: int, where: str) -> tuple:
+    """planner_data's path of an entry; a list index at most the number of entries (every list item dcp.save
+    flattens is an entry of its own), so no index makes a list bigger than the .metadata describes."""
     p = planner.get(fqn)
-    if isinstance(p, (tuple, list)) and p and all(isinstance(x, (str, int)) for x in p):
-        return tuple(p)
-    return (fqn,)
+    if p is None:
+        return (fqn,)
+    if not isinstance(p, (tuple, list)) or not p or not all(
+            isinstance(x, str) or (type(x) is int and 0 <= x < entries) for x in p) or len(p) > 200:
+        raise _refuse(where, f"planner_data of {tp.shown(fqn)} is {clip(p)}: not a path of names and list indexes "
+                             f"below {entries}")
+    return tuple(p)
 
 
 def _dcp_tensor(chunks: _Chunks, storage: dict, fqn: str, dtype: str, size: tuple, boxes: list) -> Tensor:
@@ -346,19 +540,26 @@ def _dcp_tensor(chunks: _Chunks, storage: dict, fqn: str, dtype: str, size: tupl
         t.problem = f"dtype {dtype} is not one this converter writes"
         return t
     item = tp.DTYPE_SIZE[dtype]
+    where = os.path.join(chunks.folder, ".metadata")
+    swaps = set()
     for offsets, sizes in boxes:
         info = storage.get((fqn, tuple(offsets)))
         if info is None:
-            raise _refuse(os.path.join(chunks.folder, ".metadata"), f"chunk {list(offsets)} of {tp.shown(fqn)} "
-                                                                   "has no storage entry")
-        if len(offsets) != len(size) or len(sizes) != len(size) or any(
-                o + s > d for o, s, d in zip(offsets, sizes, size, strict=False)):
-            raise _refuse(os.path.join(chunks.folder, ".metadata"), f"chunk {list(offsets)} of {tp.shown(fqn)} "
-                                                                   f"lies outside its {list(size)} tensor")
+            raise _refuse(where, f"chunk {clip(list(offsets))} of {tp.shown(fqn)} has no storage entry")
+        if any(o + s > d for o, s, d in zip(offsets, sizes, size, strict=True)):
+            raise _refuse(where, f"chunk {clip(list(offsets))} of {tp.shown(fqn)} lies outside its {clip(list(size))} "
+                                 "tensor")
         if ts._prod(sizes) == 0:
             continue
-        path, base = chunks.chunk(fqn, dtype, tuple(sizes), info)
+        path, base, swap = chunks.chunk(fqn, dtype, tuple(sizes), info)
+        swaps.add(swap)
         for src, dst, n in runs(tuple(size), tuple(offsets), tuple(sizes), item):
             t.pieces.append(Piece(path, base + src, dst, n))
+    if len(swaps) > 1:
+        raise _refuse(where, f"the chunks of {tp.shown(fqn)} mix big- and little-endian archives")
+    t.swap = swaps.pop() if swaps else 0
+    if t.swap and not chunks.notes:
+        chunks.notes.append("big-endian chunks (byteorder record \"big\"): byte-swapped to little-endian, as "
+                            "torch.load reads them")
     t.check_tiling()
     return t
