@@ -225,6 +225,10 @@ def index_files(index_path: str) -> list[str]:
 
 # --------------------------------------------------------------------------- DCP folders
 
+class Outside(UsageError):
+    """A file or folder a source names that resolves outside the source folder."""
+
+
 def within(folder: str, rel: str, named_by: str) -> str:
     """folder/rel, refused when it resolves outside the source folder (a symbolic link out of it): the one rule
     for every file a source's own index, tag or metadata names (DCP's storage files, a sharded index's shards,
@@ -233,7 +237,7 @@ def within(folder: str, rel: str, named_by: str) -> str:
 
     path = os.path.join(folder, rel)
     if not inside(path, folder):
-        raise _refuse(named_by, f"{tp.shown(rel)} resolves outside the source folder (a symbolic link): not read")
+        raise Outside(f"{named_by}: {tp.shown(rel)} resolves outside the source folder (a symbolic link): not read")
     return path
 
 
@@ -480,8 +484,9 @@ def _listing(meta: tp.PickleScan, where: str) -> tuple[list, dict, dict, dict]:
             listed.append(got)
     storage = _storage(meta)
     chunks = sum(len(boxes) for *_x, boxes in listed)
-    if chunks > len(storage):
-        raise _refuse(where, f"{chunks} tensor chunks, {len(storage)} storage entries: chunks without data")
+    held = sum(1 for _fqn, offsets in storage if offsets is not None)
+    if chunks > held:
+        raise _refuse(where, f"{chunks} tensor chunks, {held} tensor storage entries: chunks without data")
     planner = state.get("planner_data")
     return listed, storage, planner if isinstance(planner, dict) else {}, sdm
 

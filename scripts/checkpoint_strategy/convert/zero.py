@@ -45,6 +45,8 @@ def is_zero_folder(src: str, names: set[str]) -> bool:
     try:
         tag = _step_folder(src)
         return tag != src and any(_OPTIM.match(n) for n in os.listdir(tag))
+    except readers.Outside:
+        raise   # a tag leading out of src: refused, never followed
     except (OSError, UsageError):
         return False
 
