@@ -456,3 +456,17 @@ def test_the_dcp_fixture_itself_converts(cli_run, dcp_folder, tmp_path):
     got = _convert_all(cli_run, dcp_folder, tmp_path)
     assert _same(got["full"], torch.load(tmp_path / "ref.pt", weights_only=True))
     assert _same(got["dcp"], torch.load(tmp_path / "ref.pt", weights_only=True))
+
+
+@pytest.mark.parametrize("version", [b"99\n", b"0\n", b"11\n", b"x\n"])
+def test_a_format_version_torch_refuses_is_refused(cli_run, tmp_path, version):
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.ones(2)}, good)
+    src = tmp_path / "v.pt"
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(src, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, version if info.filename.endswith("/version") else zin.read(info))
+    with pytest.raises(RuntimeError, match="version"):
+        torch.load(src, weights_only=True)
+    cli_run("convert", src, tmp_path / "out.pt", "--to", "full").usage_error("format version")
+    assert not (tmp_path / "out.pt").exists()
