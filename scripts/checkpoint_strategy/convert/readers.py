@@ -255,7 +255,8 @@ def within(folder: str, rel: str, named_by: str) -> str:
 
     path = os.path.join(folder, rel)
     if not inside(path, folder):
-        raise Outside(f"{named_by}: {tp.shown(rel)} resolves outside the source folder (a symbolic link): not read")
+        raise Outside(f"{named_by}: {tp.shown(rel)} resolves outside the source folder (a symbolic link): not read; "
+                      "give the folder or file it links to as SRC")
     return path
 
 
