@@ -247,13 +247,14 @@ def test_zero_buffer_or_shared_name_over_a_parameter_is_refused_by_name(cli_run,
     replaced that weight silently, PASS): refused by name, nothing written; the run itself converts."""
     for edit in ("buffer_names", "shared_params"):
         broken = copy_of(zero, f"global_step4-{edit}")
-        path = broken / "mp_rank_00_model_states.pt"
+        path = broken / "mp_rank_00_model_states.pt"    # ZeRO-3: each rank's own, convert reads rank 0's
+        path = path if path.exists() else broken / "zero_pp_rank_0_mp_rank_00_model_states.pt"
         states = torch.load(path, weights_only=False)   # the test may unpickle DeepSpeed's own file
         first = next(iter(states["param_shapes"][0]))
         other = list(states["param_shapes"][0])[-1]
         if edit == "buffer_names":
             states["buffer_names"] = [*states.get("buffer_names", []), first]
-            states["module"][first] = torch.zeros_like(states["module"][first])
+            states["module"][first] = torch.zeros(states["param_shapes"][0][first])
         else:
             states["shared_params"] = {first: other}
         torch.save(states, path)
