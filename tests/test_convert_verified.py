@@ -406,13 +406,29 @@ def _planner(fqn: str, path: tuple):
 @pytest.mark.parametrize("edit, match", [
     (_planner("model.w", ("model", 10**10)), "list indexes below"),
     (_planner("model.w", ("model", -1)), "list indexes below"),
-    (_planner("model.b", ("model", "w", "b")), "nests under"),
-    (_planner("model.b", ("model", "w")), "two entries"),
-], ids=["index-10**10", "negative-index", "under-a-tensor", "same-place"])
+    (_planner("model.b", ("model", "w", "b")), "names otherwise"),
+    (_planner("model.b", ("model", "w")), "names otherwise"),
+    (_planner("model.w", ("model", "w", 0)), "names otherwise"),
+], ids=["index-10**10", "negative-index", "under-a-tensor", "same-place", "renamed"])
 def test_planner_data_that_no_folder_holds_exit_2(cli_run, dcp_folder, tmp_path, edit, match):
     _edit_metadata(dcp_folder, edit)
     cli_run("convert", dcp_folder, tmp_path / "out.pt", "--to", "full").usage_error(match)
     assert not (tmp_path / "out.pt").exists() and _leftovers(tmp_path) == []
+
+
+def test_a_planner_path_under_a_value_or_onto_another_entry_is_refused():
+    """dcp.load's set_element on paths whose names agree with their entries but collide (a path through a tensor,
+    two entries at one place, a string key into a list)."""
+    from checkpoint_strategy.convert import pieces, readers
+    from checkpoint_strategy.errors import UsageError
+
+    tree = {"model": {"w": pieces.Tensor("model.w", "float32", (2,))}, "l": [1]}
+    for path, match in ((("model", "w", "b"), "nests under"), (("model", "w"), "two entries"),
+                        (("l", "x"), "nests under"), (("l", 0), "two entries")):
+        with pytest.raises(UsageError, match=match):
+            readers._set(tree, path, 1, ".metadata")
+    readers._set(tree, ("l", 3), 2, ".metadata")
+    assert tree["l"] == [1, None, None, 2]
 
 
 def _more_chunks(n: int):

@@ -269,6 +269,15 @@ def _inside_file(folder: str, rel: Any) -> str:
 
 #: most dimensions a tensor of a DCP .metadata may have (torch allows 64)
 MAX_DIMS = 64
+_DCP = "torch.distributed.checkpoint."
+#: the globals a DCP .metadata names (torch 2.13's dcp.save), besides torch dtypes: any other name (a flipped
+#: letter of a class name) is one dcp.load cannot unpickle
+DCP_GLOBALS = frozenset({
+    *(f"{_DCP}metadata.{n}" for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                      "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+                                      "_MEM_FORMAT_ENCODING", "StorageMeta")),
+    f"{_DCP}filesystem._StorageInfo", "torch.Size", "torch.serialization._get_layout", "collections.OrderedDict",
+    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"})
 
 
 def _read_metadata(folder: str) -> tp.PickleScan:
@@ -282,11 +291,72 @@ def _read_metadata(folder: str) -> tp.PickleScan:
         # four times the size of every other file of the folder describes chunks the files cannot hold
         raise _refuse(meta, f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
                             "not read")
+    framing = _framing(data)
+    if framing:
+        raise _refuse(meta, f"{framing}: dcp.load cannot unpickle it")
     scan = tp.read_pickle(data)
     found = fc.pickle_findings(scan, ".metadata", dcp=True)
     if found:
         raise _refuse(meta, str(found[0]))
+    odd = [g for g in scan.globals if g not in DCP_GLOBALS and not (g.startswith("torch.") and g[6:] in tp.DTYPE_SIZE)]
+    if odd:
+        raise _refuse(meta, f"names {tp.shown(odd[0], 80)}, not a class or dtype a DCP .metadata holds: dcp.load "
+                            "cannot read it")
+    bad = _odd_call(scan.root)
+    if bad:
+        raise _refuse(meta, f"{bad}: dcp.load cannot read it")
     return scan
+
+
+def _framing(data: bytes) -> str | None:
+    """The pickle's protocol and frames as Python's unpickler takes them: protocol at most 5, and from protocol 4 on
+    FRAME records (opcode 0x95, an 8-byte length) that chain from byte 2 to the end: dcp.save pickles its
+    Metadata in frames that follow each other (only a string or bytes value of 64 KB or more goes unframed, which
+    no .metadata holds)."""
+    if data[:1] != b"\x80" or len(data) < 2:
+        return None   # protocol 0/1: no PROTO, no frames (the symbolic read decides)
+    if data[1] > 5:
+        return f"pickle protocol {data[1]}: Python reads 0-5"
+    at = 2
+    while data[1] >= 4 and at < len(data) and data[at] == 0x95:
+        if at + 9 > len(data):
+            return "a FRAME record cut short"
+        at += 9 + int.from_bytes(data[at + 1:at + 9], "little")
+    if data[1] >= 4 and at != len(data):
+        return f"its FRAME lengths end at byte {clip(at, 30)}, the pickle at {len(data)}"
+    return None
+
+
+#: DCP's classes pickled with their __dict__ as state (TensorProperties pickles a 5-tuple)
+_STATE_IS_TUPLE = f"{_DCP}metadata.TensorProperties"
+_MEM_FORMATS = {0, 1, 2}
+
+
+def _odd_call(root: Any) -> str | None:
+    """The first object built from something that is not a class (a flipped memo index), or a tensor layout
+    other than torch.strided; None when there is none. Iterative, each object once."""
+    todo, seen = [root], set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tp.Call):
+            if not isinstance(obj.func, tp.Global):
+                return f"an object is built from a {type(obj.func).__name__}, not a class"
+            if obj.name == "torch.serialization._get_layout" and obj.args != ("torch.strided",):
+                return f"tensor layout {clip(obj.args, 40)}, not torch.strided"
+            odd = _odd_state(obj)
+            if odd:
+                return odd
+            todo += [obj.state, *obj.args, *obj.items.keys(), *obj.items.values(), *obj.listitems]
+        elif isinstance(obj, dict):
+            if any(isinstance(k, tp.Unhashable) for k in obj):
+                return "a mapping key is a list (unhashable)"
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple)):
+            todo += obj
+    return None
 
 
 def _data_bytes_in(folder: str) -> int:
@@ -305,6 +375,29 @@ class _Window(deep.Window):
         data = self.read(len(view))
         view[:len(data)] = data
         return len(data)
+
+
+def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
+    """An archive inside a .distcp checked as `scan_zip` checks a file (the directory, unique names, every local
+    header against it, data.pkl read as data, the version record, each storage's size), with filechecks' own
+    steps; or the first problem. (The CRC-32s follow in `_Chunks.embedded`.)"""
+    parsed = fc.read_zip_directory(win, length)
+    if isinstance(parsed, str):
+        return parsed
+    entries, cd_offset = parsed
+    names = [e.name for e in entries]
+    if not entries or len(set(names)) != len(names):
+        return "an empty archive or one with a duplicate entry name (torch.load refuses it)"
+    z = fc.ZipScan(entries=entries)
+    found = fc._local_headers(win, entries, cd_offset, fc.Counter(), True)
+    if found is not None:
+        return str(found)
+    pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
+    if pkl is None:
+        return "embedded archive without data.pkl"
+    z.prefix = pkl.name[: -len("data.pkl")]
+    problems = fc._check_torch_pickle(win, z, fc.Counter())
+    return str(problems[0]) if problems else z
 
 
 class _Chunks:
@@ -333,7 +426,7 @@ class _Chunks:
     def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
         """The torch archive at [off, off+length) of path, every entry's CRC-32 checked, and its byte order."""
         win = _Window(self.files.get(path), off, length)
-        z = deep.embedded_zip(win, length)
+        z = _embedded_zip(win, length)
         if isinstance(z, str):
             raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
         for e in z.entries if self.verify else ():
@@ -368,8 +461,8 @@ class _Chunks:
         path, off, length = self.locate(fqn, info)
         fh = self.files.get(path)
         fh.seek(off)
-        if fh.read(4) != b"PK\x03\x04":
-            return Unsupported("a non-tensor entry that is not a torch archive")
+        if fh.read(4) != b"PK\x03\x04":   # dcp.save writes every value with torch.save; dcp.load torch.loads it
+            raise _refuse(path, f"entry {tp.shown(fqn)} is not a torch archive at byte {off}: dcp.load cannot read it")
         z, _order = self.embedded(path, fqn, off, length)
         return plain(z.pickle.root if z.pickle else None, lambda t: Unsupported("a tensor inside a bytes entry"))
 
@@ -450,6 +543,24 @@ def _dims(v: Any) -> tuple | None:
     return None
 
 
+def _odd_state(obj: tp.Call) -> str | None:
+    """A DCP class whose state dcp.load's unpickling refuses: not a dict (TensorProperties: not its 5-tuple of
+    dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
+    name = obj.name
+    if name.endswith("._MEM_FORMAT_ENCODING"):
+        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in _MEM_FORMATS
+        return None if ok else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
+    if not name.startswith(_DCP) or obj.state is None:
+        return None
+    if name != _STATE_IS_TUPLE:
+        return None if isinstance(obj.state, dict) else f"a {name.rsplit('.', 1)[-1]} whose state is not a mapping"
+    st = obj.state
+    ok = (isinstance(st, tuple) and len(st) == 5 and isinstance(st[0], tp.Global) and isinstance(st[1], tp.Call)
+          and st[1].name == "torch.serialization._get_layout" and type(st[2]) is bool and isinstance(st[3], tp.Call)
+          and st[3].name.endswith("._MEM_FORMAT_ENCODING") and type(st[4]) is bool)
+    return None if ok else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
+
+
 def _tensor_md(fqn: str, md: Any, where: str) -> tuple[str, str, tuple, list[tuple[tuple, tuple]]] | None:
     """(fqn, dtype, size, [(offsets, sizes)]) of one TensorStorageMetadata; None for a bytes entry."""
     if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata")):
@@ -525,10 +636,10 @@ def read_dcp(folder: str, verify: bool = True) -> Loaded:
     entry read as plain data, nested by the .metadata's planner_data as dcp_to_torch_save does."""
     where = os.path.join(folder, ".metadata")
     listed, storage, planner, sdm = _listing(_read_metadata(folder), where)
-    _check_bytes(folder, listed, storage)
     chunks = _Chunks(folder, verify)
     tree: dict = {}
     try:
+        _check_bytes(folder, listed, storage)
         done = set()
         for fqn, dtype, size, boxes in listed:
             done.add(fqn)
@@ -538,8 +649,13 @@ def read_dcp(folder: str, verify: bool = True) -> Loaded:
             if fqn in done:
                 continue
             info = storage.get((fqn, None))
-            value = chunks.value(fqn, info) if info else Unsupported("no storage entry")
-            _set(tree, _path(planner, fqn, len(sdm), where), value, where)
+            if info is None:   # dcp.load looks it up and fails (KeyError)
+                raise _refuse(where, f"entry {tp.shown(fqn)} has no storage entry: dcp.load cannot read it")
+            _set(tree, _path(planner, fqn, len(sdm), where), chunks.value(fqn, info), where)
+    except OSError as exc:
+        from checkpoint_strategy.storage import oserror_line
+
+        raise UsageError(oserror_line(exc, "read", exc.filename or folder)) from None
     finally:
         chunks.files.close()
     return Loaded("dcp", tree, notes=chunks.notes, weights_key="model" if isinstance(tree.get("model"), dict) else None)
@@ -555,6 +671,9 @@ def _path(planner: dict, fqn: str, entries: int, where: str) -> tuple:
             isinstance(x, str) or (type(x) is int and 0 <= x < entries) for x in p) or len(p) > 200:
         raise _refuse(where, f"planner_data of {tp.shown(fqn)} is {clip(p)}: not a path of names and list indexes "
                              f"below {entries}")
+    if ".".join(map(str, p)) != fqn:   # dcp.load names each entry by its path again
+        raise _refuse(where, f"planner_data puts {tp.shown(fqn, 80)} at {clip(list(p))}, which dcp.load names "
+                             "otherwise: the entry would be missing")
     return tuple(p)
 
 
