@@ -486,3 +486,71 @@ def test_a_format_version_torch_refuses_is_refused(cli_run, tmp_path, version):
         torch.load(src, weights_only=True)
     cli_run("convert", src, tmp_path / "out.pt", "--to", "full").usage_error("format version")
     assert not (tmp_path / "out.pt").exists()
+
+
+# --------------------------------------------------------------------------- the oracle: dcp_to_torch_save
+
+#: what torch's unpickler refuses that the package's one symbolic pickle reader (checkpoints/torchpickle.py) still
+#: reads: a SETITEMS with an odd item count, a PROTO or FRAME opcode in mid-stream, a BUILD state it reads
+#: differently. Fixed in that shared reader, not in convert (issue 40's validator work); until then tolerated here
+#: and counted in docs/convert.md.
+SHARED_READER_GAPS = ("odd number of items for SETITEMS", "unsupported pickle protocol", "beginning of a new frame",
+                      "FRAME length exceeds", "state is not a dictionary", "pickle exhausted before end of frame")
+
+
+def _torch_reads(folder: Path, out: Path) -> dict | str:
+    import contextlib
+    import io
+    import warnings
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            dcp_to_torch_save(str(folder), str(out))
+        return torch.load(out, weights_only=True)
+    except BaseException as exc:   # noqa: BLE001 - DCP raises CheckpointException, a BaseException
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        return str(exc)
+
+
+def _plain_keys(tree):
+    if isinstance(tree, dict):
+        return {str(k): _plain_keys(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_plain_keys(v) for v in tree]
+    return tree
+
+
+@pytest.mark.parametrize("name, stride", [(".metadata", 11), ("__0_0.distcp", 61)])
+def test_a_flipped_bit_converts_only_to_what_dcp_to_torch_save_reads(dcp_folder, tmp_path, name, stride):
+    """One bit flipped every `stride` bytes of a real dcp.save folder (fixed positions): convert exits 0, 1 or 2,
+    never 3; and when it writes, torch's own dcp_to_torch_save reads the flipped source and gives exactly what
+    convert wrote (convert never launders a checkpoint torch cannot load)."""
+    import shutil
+
+    from cliresult import run_captured
+
+    raw = (dcp_folder / name).read_bytes()
+    passed = gaps = 0
+    for at in range(0, len(raw), stride):
+        src = tmp_path / f"flip-{at}"
+        shutil.copytree(dcp_folder, src)
+        data = bytearray(raw)
+        data[at] ^= 1 << (at % 8)
+        (src / name).write_bytes(bytes(data))
+        dst = tmp_path / f"flip-{at}.pt"
+        r = run_captured(["convert", str(src), str(dst), "--to", "full"])
+        assert r.rc in (0, 1, 2), (at, r.err)
+        if r.rc == 0:
+            ref = _torch_reads(src, tmp_path / f"ref-{at}.pt")
+            if isinstance(ref, str) and any(g in ref for g in SHARED_READER_GAPS):
+                gaps += 1
+                continue
+            assert not isinstance(ref, str), (at, "convert wrote it, torch refuses the source:", ref[-300:])
+            assert _same(_plain_keys(torch.load(dst, weights_only=True)), _plain_keys(ref)), at
+            passed += 1
+        shutil.rmtree(src)
+    assert passed and gaps <= 2, (passed, gaps)
