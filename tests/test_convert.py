@@ -191,10 +191,10 @@ def test_malicious_pickle_is_reported_and_never_run(cli_run, tmp_path):
     marker = tmp_path / "MARKER"
     src = tmp_path / "evil.pt"
     _malicious_archive(src, marker)
-    for target in ("safetensors", "full", "dcp"):
-        line = cli_run("convert", src, tmp_path / f"out-{target}", "--to", target).usage_error("unsafe pickle")
+    for target, dst in (("safetensors", "out-st"), ("full", "out-full.pt"), ("dcp", "out-dcp")):
+        line = cli_run("convert", src, tmp_path / dst, "--to", target).usage_error("unsafe pickle")
         assert "system" in line
-        assert not (tmp_path / f"out-{target}").exists()
+        assert not (tmp_path / dst).exists()
     assert not marker.exists() and _leftovers(tmp_path) == []
 
 
@@ -421,7 +421,7 @@ def test_fuzz_damaged_sources_convert_whole_or_not_at_all(tmp_path_factory, kind
             data = data[: cut % len(data)]
     src = tmp / ("m.pt" if kind == "torch" else "m.safetensors")
     src.write_bytes(bytes(data))
-    dst = tmp / "out"
+    dst = tmp / ("out.pt" if target == "full" else "out")
     r = run_captured(["convert", str(src), str(dst), "--to", target, "--format", "json"])
     assert r.rc in (0, 1, 2), r.err
     if reached(r.rc == 0):
@@ -445,8 +445,8 @@ def test_leftover_of_an_interrupted_conversion_is_named_and_never_used(cli_run, 
 def test_fifo_as_dcp_data_file_exit_2_without_blocking(cli_run, small_dcp, tmp_path):
     os.unlink(small_dcp / "__0_0.distcp")
     os.mkfifo(small_dcp / "__0_0.distcp")
-    cli_run("convert", small_dcp, tmp_path / "out", "--to", "full").usage_error("FIFO")
-    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+    cli_run("convert", small_dcp, tmp_path / "out.pt", "--to", "full").usage_error("FIFO")
+    assert not (tmp_path / "out.pt").exists() and _leftovers(tmp_path) == []
 
 
 def test_key_selects_a_subtree_and_a_missing_key_exit_2(cli_run, small_dcp, tmp_path):

@@ -242,3 +242,23 @@ def test_zero_with_a_rank_file_missing_exit_2(cli_run, zero, copy_of, tmp_path):
     (c,) = r.json()["checkpoints"]
     assert r.rc == 1 and c["status"] == "incomplete", c
     assert any("optimizer shard for ZeRO rank 1" in p["reason"] for p in c["problems"]), c["problems"]
+
+
+def test_zero_buffer_or_shared_name_over_a_parameter_is_refused_by_name(cli_run, zero, copy_of, tmp_path):
+    """The real run's model states with a buffer_names / shared_params entry naming a parameter (issue 40: it
+    replaced that weight silently, PASS): refused by name, nothing written; the run itself converts."""
+    for edit in ("buffer_names", "shared_params"):
+        broken = copy_of(zero, f"global_step4-{edit}")
+        path = broken / "mp_rank_00_model_states.pt"    # ZeRO-3: each rank's own, convert reads rank 0's
+        path = path if path.exists() else broken / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+        states = torch.load(path, weights_only=False)   # the test may unpickle DeepSpeed's own file
+        first = next(iter(states["param_shapes"][0]))
+        other = list(states["param_shapes"][0])[-1]
+        if edit == "buffer_names":
+            states["buffer_names"] = [*states.get("buffer_names", []), first]
+            states["module"][first] = torch.zeros(states["param_shapes"][0][first])
+        else:
+            states["shared_params"] = {first: other}
+        torch.save(states, path)
+        line = cli_run("convert", broken, tmp_path / f"{edit}.pt", "--to", "full").usage_error("replace the other")
+        assert first in line and not (tmp_path / f"{edit}.pt").exists()

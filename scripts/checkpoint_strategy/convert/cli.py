@@ -34,7 +34,23 @@ def add_arguments(parser) -> None:
     add_report_options(parser)
 
 
+#: longest error line convert prints (a line naming checkpoint content: chunk offsets, shapes, names)
+MAX_ERROR = 300
+
+
 def run(args) -> int:
+    from checkpoint_strategy.errors import UsageError
+
+    try:
+        return _run(args)
+    except UsageError as exc:
+        text = str(exc)
+        if len(text) <= MAX_ERROR:
+            raise
+        raise UsageError(f"{text[:MAX_ERROR - 40]}... ({len(text)} characters, cut)") from None
+
+
+def _run(args) -> int:
     from checkpoint_strategy.convert.core import DEFAULT_SHARD, check_only, convert
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.render import check_output_early, emit

@@ -34,6 +34,8 @@ HF_SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tok
                  "special_tokens_map.json", "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt",
                  "tokenizer.model", "chat_template.jinja", "preprocessor_config.json")
 TEXT_ROWS = 40
+#: the file names of a --to full destination: what `validate` (and the printed next step) recognises
+FULL_SUFFIXES = (".pt", ".pth", ".ckpt")
 #: top-level entries of a flat full state (torchtitan: model FQNs at the top) that are not weights
 NOT_WEIGHTS = ("optimizer", "optimizer_states", "optim", "lr_scheduler", "lr_schedulers", "scheduler",
                "dataloader", "train_state", "loops", "callbacks", "rng", "rng_state")
@@ -50,16 +52,17 @@ class Selection:
 
 # --------------------------------------------------------------------------- reading SRC
 
-def load(src: str) -> Loaded:
-    """Any supported layout, found from its files."""
+def load(src: str, verify: bool = True) -> Loaded:
+    """Any supported layout, found from its files. verify: the CRC-32 of every torch archive entry read (a
+    source); off for a destination, compared byte for byte with the verified source."""
     if os.path.isdir(src):
-        return _load_folder(src)
+        return _load_folder(src, verify)
     from checkpoint_strategy.storage import open_regular
 
     with open_regular(src, "checkpoint") as fh:
         magic = fh.read(4)
     if magic == b"PK\x03\x04":
-        return readers.read_zip(src)
+        return readers.read_zip(src, verify=verify)
     if magic[:1] == b"\x80":
         raise UsageError(f"{src}: a legacy (before torch 1.6) torch.save file: not converted; re-save it with a "
                          "current torch")
@@ -68,12 +71,12 @@ def load(src: str) -> Loaded:
     raise UsageError(f"{src}: not a torch zip archive (.bin/.pt/.ckpt) or a .safetensors file")
 
 
-def _load_folder(src: str) -> Loaded:
+def _load_folder(src: str, verify: bool) -> Loaded:
     from checkpoint_strategy.convert import zero
 
     names = set(os.listdir(src))
     if ".metadata" in names:
-        return readers.read_dcp(src)
+        return readers.read_dcp(src, verify)
     if zero.is_zero_folder(src, names):
         return zero.read_zero(src)
     for index, single in (("model.safetensors.index.json", "model.safetensors"),
@@ -82,11 +85,12 @@ def _load_folder(src: str) -> Loaded:
             files = readers.index_files(os.path.join(src, index))
             if single.endswith(".safetensors"):
                 return readers.read_safetensors_set(src, files)
-            return readers.read_zips([os.path.join(src, f) for f in files], src)
+            return readers.read_zips([os.path.join(src, f) for f in files], src, verify)
         if single in names:
+            path = readers.within(src, single, src)
             if single.endswith(".safetensors"):
                 return readers.read_safetensors_set(src, [single])
-            return readers.read_zip(os.path.join(src, single))
+            return readers.read_zip(path, verify=verify)
     raise UsageError(f"{src}: no checkpoint found: expected a DCP folder (.metadata), a DeepSpeed ZeRO folder "
                      "(*_optim_states.pt), model.safetensors[.index.json] or pytorch_model.bin[.index.json]")
 
@@ -108,12 +112,14 @@ def select(loaded: Loaded, target: str, key: str | None, keep_tied: bool) -> Sel
     if target != "safetensors":
         tree = without_unsupported(loaded.tree)
         if loaded.extra_weights:
-            tree = {"model": {t.name: t for t in loaded.extra_weights}, **(tree if isinstance(tree, dict) else {})}
+            tree = {"model": by_name(loaded.extra_weights), **(tree if isinstance(tree, dict) else {})}
         if key:
             tree = _subtree(tree, key)
             if not isinstance(tree, dict):
                 raise UsageError(f"--key {key} is not a mapping of names: nothing to write as a state dict")
-        return Selection(tree, list(tensors(tree)), {}, key, left)
+        items = list(tensors(tree))
+        _unique_names(items)
+        return Selection(tree, items, {}, key, left)
     weights, chosen, skipped = _weights(loaded, key)
     left = [f"{name}: {what} (not plain data)" for name, what in unsupported(weights)]
     if skipped:
@@ -129,7 +135,7 @@ def select(loaded: Loaded, target: str, key: str | None, keep_tied: bool) -> Sel
 def _weights(loaded: Loaded, key: str | None) -> tuple[Any, str | None, list[str]]:
     """(the weights subtree, what it is called, the top-level entries left out) for safetensors."""
     if loaded.extra_weights:
-        return {t.name: t for t in loaded.extra_weights}, "consolidated fp32 weights", []
+        return by_name(loaded.extra_weights), "consolidated fp32 weights", []
     chosen = key or loaded.weights_key
     tree = loaded.tree
     if not isinstance(tree, dict):
@@ -138,6 +144,27 @@ def _weights(loaded: Loaded, key: str | None) -> tuple[Any, str | None, list[str
         return _subtree(tree, chosen), chosen, [str(k) for k in tree if k != chosen.split(".")[0]]
     return ({k: v for k, v in tree.items() if k not in NOT_WEIGHTS}, None,
             [str(k) for k in tree if k in NOT_WEIGHTS])
+
+
+def by_name(weights: list[Tensor]) -> dict[str, Tensor]:
+    """name -> tensor; two tensors of one name are refused by name (never one silently replacing the other)."""
+    out: dict[str, Tensor] = {}
+    for t in weights:
+        if t.name in out:
+            raise UsageError(f"two tensors are both named {tp.shown(t.name)} (a buffer or shared name that is also "
+                             "a parameter's): not converted, one would replace the other")
+        out[t.name] = t
+    return out
+
+
+def _unique_names(items: list[tuple[str, Tensor]]) -> None:
+    """The check compares tensors by dotted name: two of one name (keys 1 and "1", "a.b" and a -> b) are refused."""
+    seen: set[str] = set()
+    for name, _t in items:
+        if name in seen:
+            raise UsageError(f"two tensors are both named {tp.shown(name)} once keys are joined with '.' (keys 1 and "
+                             "'1', or 'a.b' and a -> b): rename one, the check compares tensors by name")
+        seen.add(name)
 
 
 def _untie(items: list[tuple[str, Tensor]], keep_tied: bool) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -163,8 +190,8 @@ def _untie(items: list[tuple[str, Tensor]], keep_tied: bool) -> tuple[dict[str, 
 
 def _readback(path: str, target: str) -> Loaded:
     if target == "full":
-        return readers.read_zip(path)
-    return load(path)
+        return readers.read_zip(path, verify=False)
+    return load(path, verify=False)
 
 
 def compare(sel: Selection, src_hash: dict[int, str], dst: Loaded, dst_sel: Selection,
@@ -234,9 +261,11 @@ def _optimizer_compare(src: Any, dst: Any) -> OptimizerCompare | None:
         for k, v in a.items():
             got = by_key.get(str(k))
             if isinstance(got, dict) and isinstance(v, dict):
-                moments += all(m in got for m in ("exp_avg", "exp_avg_sq")) or not any(
-                    m in v for m in ("exp_avg", "exp_avg_sq"))
-                steps += "step" in got or "step" not in v
+                # whatever moments the optimizer keeps (Adam's two, Lion's exp_avg, SGD's momentum_buffer,
+                # Adafactor's factored rows and columns): every one the source holds is in the destination
+                held = {str(m) for m in got}
+                moments += all(str(m) in held for m in v if m != "step")
+                steps += "step" in held or "step" not in v
     return OptimizerCompare(parameters=params, with_moments=moments, with_step=steps,
                             complete=moments == params and steps == params)
 
@@ -246,6 +275,10 @@ def _optimizer_compare(src: Any, dst: Any) -> OptimizerCompare | None:
 def check_paths(src: str, dst: str, must_exist: bool) -> None:
     from checkpoint_strategy.storage import inside
 
+    for what, path in (("source", src), ("destination", dst)):
+        if "://" in path:
+            raise UsageError(f"{what} {tp.shown(path, 120)}: convert reads and writes local files and folders only, "
+                             "not URLs: copy the checkpoint to a local folder first")
     if not os.path.exists(src):
         raise UsageError(f"source {src} does not exist")
     if must_exist:
@@ -321,6 +354,10 @@ def convert(src: str, dst: str, target: str, max_shard: int = DEFAULT_SHARD, key
     if target != "full" and dst.rstrip("/").endswith((".safetensors", ".pt", ".bin", ".pth")):
         raise UsageError(f"destination {dst}: --to {target} writes a folder (model.safetensors or .metadata inside); "
                          "name the folder without a file suffix")
+    if target == "full" and (dst.endswith(("/", os.sep)) or not dst.endswith(FULL_SUFFIXES)):
+        raise UsageError(f"destination {dst}: --to full writes one torch.save file; name it with "
+                         f"{', '.join(FULL_SUFFIXES[:-1])} or {FULL_SUFFIXES[-1]} (validate recognises the file by "
+                         "its suffix)")
     loaded = load(src)
     sel = select(loaded, target, key, keep_tied)
     for _n, t in sel.items:
@@ -362,7 +399,7 @@ def check_only(src: str, dst: str, target: str | None, key: str | None = None) -
     """Compare an existing conversion (this tool's, dcp_to_torch_save's, zero_to_fp32's) with its source."""
     check_paths(src, dst, must_exist=True)
     loaded = load(src)
-    dst_loaded = load(dst)
+    dst_loaded = load(dst, verify=False)
     flat = isinstance(dst_loaded.tree, dict) and all(isinstance(v, Tensor) for v in dst_loaded.tree.values())
     target = target or ("safetensors" if dst_loaded.fmt == "safetensors" else "dcp" if dst_loaded.fmt == "dcp"
                         else "full")

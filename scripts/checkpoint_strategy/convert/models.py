@@ -34,7 +34,9 @@ class OptimizerCompare(_Strict):
     """Optimizer state found in the source and in the destination (per-parameter entries)."""
 
     parameters: int = Field(description="parameters with state in the source")
-    with_moments: int = Field(description="of them, with exp_avg and exp_avg_sq in the destination")
+    with_moments: int = Field(description="of them, with every per-parameter entry the source holds (exp_avg, "
+                                          "exp_avg_sq, momentum_buffer, Adafactor's factored moments...) in the "
+                                          "destination")
     with_step: int = Field(description="of them, with a step in the destination")
     complete: bool
 

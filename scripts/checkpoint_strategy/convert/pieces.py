@@ -38,6 +38,7 @@ class Tensor:
     shape: tuple
     pieces: list[Piece] = field(default_factory=list)
     problem: str | None = None        # why it cannot be converted (non-contiguous, compressed, ...)
+    swap: int = 0                     # a big-endian source: swap each run of this many bytes (0: as stored)
 
     @property
     def numel(self) -> int:
@@ -51,7 +52,7 @@ class Tensor:
         """Same bytes of the same file with the same dtype and shape: a tied weight."""
         if not self.pieces:
             return None
-        return (tuple((p.path, p.src, p.dst, p.nbytes) for p in self.pieces), self.dtype, self.shape)
+        return (tuple((p.path, p.src, p.dst, p.nbytes) for p in self.pieces), self.dtype, self.shape, self.swap)
 
     def check_tiling(self) -> None:
         """The pieces cover the tensor exactly once, in destination order (raises UsageError)."""
@@ -79,6 +80,7 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     weights_key: str | None = None    # the subtree holding the model weights (None: the whole tree)
     extra_weights: list[Tensor] = field(default_factory=list)   # DeepSpeed: consolidated weights besides the tree
+    byteorder: str = "little"         # a torch archive's byteorder record (its tensors carry `swap` when big)
 
 
 class Unsupported:
@@ -153,6 +155,28 @@ class Files:
         self.close()
 
 
+def _read_into(fh: BinaryIO, view: memoryview, t: Tensor, p: Piece) -> int:
+    """Fill `view` whole from fh (a short read is read on: a byte swap needs whole elements)."""
+    got = 0
+    while got < len(view):
+        n = fh.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
+                             f"{tp.shown(t.name)} needs: truncated")
+        got += n
+    return got
+
+
+def _little(view: memoryview, swap: int) -> memoryview:
+    """The bytes of whole elements of a big-endian tensor, swapped in place to little-endian (torch.load swaps
+    them the same way when the archive's byteorder record is "big")."""
+    if swap > 1 and len(view):
+        import numpy as np
+
+        np.frombuffer(view, dtype=f"u{swap}").byteswap(inplace=True)
+    return view
+
+
 def stream(t: Tensor, files: Files, buf: memoryview | list[memoryview]) -> Iterator[memoryview]:
     """The tensor's bytes in order, in chunks of at most len(buf): one reused buffer, or several taken in turn
     (the caller may still be using the previous chunk while the next is read)."""
@@ -165,12 +189,9 @@ def stream(t: Tensor, files: Files, buf: memoryview | list[memoryview]) -> Itera
         while left:
             b = bufs[turn % len(bufs)]
             turn += 1
-            n = fh.readinto(b[:min(left, len(b))])  # type: ignore[attr-defined]
-            if not n:
-                raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
-                                 f"{tp.shown(t.name)} needs: truncated")
+            n = _read_into(fh, b[:min(left, len(b))], t, p)
             left -= n
-            yield b[:n]
+            yield _little(b[:n], t.swap)
 
 
 def fixed(t: Tensor, files: Files, buf: bytearray) -> Iterator[int]:
@@ -183,10 +204,8 @@ def fixed(t: Tensor, files: Files, buf: bytearray) -> Iterator[int]:
         done = 0
         while done < p.nbytes:
             fh.seek(p.src + done)
-            n = fh.readinto(mv[filled:filled + min(p.nbytes - done, len(buf) - filled)])  # type: ignore[attr-defined]
-            if not n:
-                raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
-                                 f"{tp.shown(t.name)} needs: truncated")
+            n = _read_into(fh, mv[filled:filled + min(p.nbytes - done, len(buf) - filled)], t, p)
+            _little(mv[filled:filled + n], t.swap)
             filled += n
             done += n
             if filled == len(buf):

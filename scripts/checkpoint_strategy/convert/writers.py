@@ -212,13 +212,22 @@ def flatten(tree: Any, path: tuple = (), out: dict | None = None, depth: int = 0
     out = {} if out is None else out
     if depth > 200:
         raise UsageError("the state dict is nested more than 200 levels")
+    if not path and not isinstance(tree, dict):
+        raise UsageError(f"the state is a {type(tree).__name__ if not isinstance(tree, Tensor) else 'tensor'} at the "
+                         "top, not a mapping of names: dcp.save and dcp_to_torch_save need a dict there (--to full "
+                         "keeps it as it is; --key picks a mapping inside it)")
     if isinstance(tree, dict):
         for k, v in tree.items():
             flatten(v, path + (str(k),), out, depth + 1)
     elif isinstance(tree, Tensor) or _terminal(tree):
-        if not path:
-            raise UsageError("the state dict is a single value, not a mapping: DCP needs named entries")
-        out[".".join(map(str, path))] = (path, tree)
+        fqn = ".".join(map(str, path))
+        if fqn in out:
+            raise UsageError(f"two entries are both named {tp.shown(fqn)} once flattened (DCP names an entry by its "
+                             "keys as strings joined with '.'): rename one, or convert --to full")
+        if isinstance(tree, tuple) and next(tensors(tree), None) is not None:
+            raise UsageError(f"entry {tp.shown(fqn)} is a tuple holding tensors: dcp.save keeps a tuple as one pickled "
+                             "value, which this writer does not build (--to full keeps it)")
+        out[fqn] = (path, tree)
     else:
         for i, v in enumerate(tree):
             flatten(v, path + (i,), out, depth + 1)

@@ -45,6 +45,8 @@ def is_zero_folder(src: str, names: set[str]) -> bool:
     try:
         tag = _step_folder(src)
         return tag != src and any(_OPTIM.match(n) for n in os.listdir(tag))
+    except readers.Outside:
+        raise   # a tag leading out of src: refused, never followed
     except (OSError, UsageError):
         return False
 
@@ -79,7 +81,7 @@ def _ranked(src: str, names: set[str], pattern: re.Pattern) -> list[str]:
             if int(m.group(2)) != 0:
                 raise UsageError(f"{src}: {n}: tensor-parallel ZeRO (mp_rank > 0) is not converted; "
                                  "consolidate with Megatron/DeepSpeed's own tools")
-            found[int(m.group(1))] = os.path.join(src, n)
+            found[int(m.group(1))] = readers.within(src, n, src)
     ranks = sorted(found)
     if ranks != list(range(len(ranks))):
         missing = sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else [0]
@@ -111,12 +113,13 @@ def read_zero(src: str) -> Loaded:
     if not optim_files:
         raise UsageError(f"{src}: no *_optim_states.pt: the fp32 weights of a ZeRO checkpoint live in the "
                          "optimizer partitions (a model-states-only save cannot be consolidated)")
-    optims = [readers.read_zip(p).tree for p in optim_files]
+    optims = [_little_endian(readers.read_zip(p), p).tree for p in optim_files]
     model_path = os.path.join(src, "mp_rank_00_model_states.pt")
     if not os.path.exists(model_path):
         model_files = _ranked(src, names, _MODEL3)
         model_path = model_files[0] if model_files else model_path
-    model = _dict(readers.read_zip(model_path).tree, "model states", model_path)
+    model = _dict(_little_endian(readers.read_zip(readers.within(src, os.path.basename(model_path), src)),
+                                 model_path).tree, "model states", model_path)
     stage = _stage(model, optims[0])
     osds = [_dict(o.get("optimizer_state_dict"), "optimizer_state_dict", p) for o, p in zip(optims, optim_files,
                                                                                             strict=True)]
@@ -135,6 +138,13 @@ def read_zero(src: str) -> Loaded:
     return Loaded(f"deepspeed-zero{stage}", tree, notes=notes, extra_weights=weights)
 
 
+def _little_endian(loaded: Loaded, path: str) -> Loaded:
+    if loaded.byteorder != "little":
+        raise UsageError(f"{path}: a big-endian DeepSpeed file (byteorder record \"big\"): not consolidated here; "
+                         "load it with DeepSpeed")
+    return loaded
+
+
 def _step_folder(src: str) -> str:
     """A run folder with `latest` -> the global_stepN it names."""
     latest = os.path.join(src, "latest")
@@ -144,7 +154,7 @@ def _step_folder(src: str) -> str:
         tag = read_bytes(latest, "DeepSpeed latest file", limit=4096).decode("utf-8", "replace").strip()
         if not tag or "/" in tag or tag in (".", ".."):
             raise UsageError(f"{latest}: names no tag folder")
-        return os.path.join(src, tag)
+        return readers.within(src, tag, latest)
     return src
 
 
@@ -326,9 +336,13 @@ def _buffers_and_shared(model: dict, weights: list[Tensor], notes: list[str]) ->
     out: list[Tensor] = []
     module = model.get("module")
     buffers = model.get("buffer_names")
+    params = {t.name for t in weights}
     if isinstance(module, dict) and isinstance(buffers, list):
         for name in buffers:
             t = module.get(name)
+            if str(name) in params:
+                raise UsageError(f"buffer_names lists {tp.shown(str(name))}, which is also a parameter's name: one "
+                                 "would replace the other; not converted")
             if isinstance(t, Tensor):
                 out.append(Tensor(str(name), t.dtype, t.shape, list(t.pieces), t.problem))
     frozen = model.get("frozen_param_shapes")
@@ -340,6 +354,10 @@ def _buffers_and_shared(model: dict, weights: list[Tensor], notes: list[str]) ->
     if isinstance(shared, dict):
         for name, twin in shared.items():
             t = by_name.get(twin)
+            if isinstance(name, str) and name in by_name:
+                raise UsageError(f"shared_params names {tp.shown(name)} as a copy of {tp.shown(str(twin))}, but "
+                                 f"{tp.shown(name)} is a parameter or buffer of its own: one would replace the other; "
+                                 "not converted")
             if isinstance(name, str) and t is not None:
                 out.append(Tensor(name, t.dtype, t.shape, list(t.pieces)))
     return out
