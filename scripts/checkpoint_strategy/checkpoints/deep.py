@@ -138,25 +138,7 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
     return jobs, notes
 
 
-class Window:
-    """A file object seeing only bytes [base, base+length) of another (DCP's embedded archives)."""
-
-    def __init__(self, fh, base: int, length: int) -> None:
-        self.fh, self.base, self.length, self.pos = fh, base, length, 0
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.length - self.pos if n < 0 else max(0, min(n, self.length - self.pos))
-        self.fh.seek(self.base + self.pos)
-        data = self.fh.read(n)
-        self.pos += len(data)
-        return data
+Window = fc.Window
 
 
 def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:

@@ -291,6 +291,21 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
             continue
         if shard not in names:
             ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+        elif shard.endswith(".safetensors"):
+            _check_index_names(ctx, os.path.join(path, idx), os.path.join(path, shard),
+                               [k for k, v in wm.items() if v == shard])
+
+
+def _check_index_names(ctx: _Ctx, index: str, shard: str, keys: list) -> None:
+    """Every tensor an index places in a safetensors shard is in that shard's header (the loader looks it up
+    there: a name the shard lacks is a failed load)."""
+    header = fc.safetensors_header(shard)
+    if header is None:
+        return   # an unreadable header is the shard's own problem (ctx.safetensors words it)
+    lacking = [k for k in keys if k not in header or k == "__metadata__"]
+    if lacking:
+        ctx.bad(index, f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
+                       f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
 
 
 def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
@@ -338,9 +353,11 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     if scan.unsafe(dcp=True):
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return
-    parsed = fc.dcp_storage_map(data)
+    items = _dcp_items(ctx, meta, scan)
+    parsed = fc.dcp_storage_map(data) if items is not None else "broken .metadata"
     if isinstance(parsed, str):
-        ctx.bad(meta, parsed)
+        if items is not None:
+            ctx.bad(meta, parsed)
         return
     needed, keys = parsed
     if out is not None:
@@ -350,12 +367,24 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
         ctx.bad(meta, "no storage entries found in .metadata")
     problems_before = len(ctx.problems)
     for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes)
+        _check_dcp_data_file(ctx, path, meta, rel, nbytes, [i for i in items if i.rel == rel])
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
         ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+
+
+def _dcp_items(ctx: _Ctx, meta: str, scan: tp.PickleScan) -> list | None:
+    """The items a .metadata stores (framework_layouts.dcp_items), or None once its problem is recorded."""
+    if not scan.complete:
+        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
+        return None
+    try:
+        return fl.dcp_items(scan, tp.DTYPE_SIZE)
+    except fl.DcpBroken as exc:
+        ctx.bad(meta, f"broken .metadata: {exc}")
+        return None
 
 
 def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
@@ -377,7 +406,7 @@ def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
     return data
 
 
-def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int) -> None:
+def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int, items: list) -> None:
     """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
     p = os.path.join(path, rel)
     if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
@@ -399,8 +428,8 @@ def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int)
     ctx.counter.files += 1
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.reads(p):
-        for r in fc.stream_file(p, ctx.counter, ctx.update):
+    elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
+        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update):
             ctx.bad(p, r)
     ctx._tick()
 
