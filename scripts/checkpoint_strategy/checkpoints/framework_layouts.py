@@ -349,3 +349,151 @@ def _dcp_nest(tree: dict, fqn: str, path: Any) -> None:
         if nxt is _LEAF:
             raise DcpBroken(f"planner_data path of {fqn!r} is nested under another entry")
         node = node.setdefault(key, {})
+
+
+# --------------------------------------------------------------------------- Orbax (orbax-checkpoint 0.12)
+
+#: the value types Orbax's type handlers and empty values write in _METADATA (orbax.checkpoint _src/serialization,
+#: _src/metadata/empty_values.py); restore looks the handler up by this name
+ORBAX_VALUE_TYPES = frozenset({"jax.Array", "np.ndarray", "scalar", "string", "None", "Dict", "List", "Tuple",
+                               "NamedTuple", "Unknown", "placeholder"})
+ORBAX_KEY_TYPES = (1, 2)   # KeyType.SEQUENCE, KeyType.DICT
+ORBAX_SHARDINGS = frozenset({"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"})
+
+
+def orbax_params(metadata: object) -> dict[str, list[int] | None] | str:
+    """An item's _METADATA tree read the way Orbax restores it: param name ('a.b') -> write_shape (None for a
+    value without one); or the reason it cannot be restored from (a flipped byte that left it JSON)."""
+    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
+    if not isinstance(tree, dict):
+        return "no tree_metadata object"
+    for key in ("use_ocdbt", "use_zarr3", "store_array_data_equal_to_fill_value"):
+        if key in metadata and type(metadata[key]) is not bool:
+            return f"{key} is not true or false"
+    params: dict[str, list[int] | None] = {}
+    for name, entry in tree.items():
+        got = _orbax_entry(name, entry)
+        if isinstance(got, str):
+            return got
+        params[got[0]] = got[1]
+    return params
+
+
+def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | str:
+    keys = entry.get("key_metadata") if isinstance(entry, dict) else None
+    value = entry.get("value_metadata") if isinstance(entry, dict) else None
+    if not isinstance(keys, list) or not keys or not isinstance(value, dict):
+        return f"entry {name!r} has no key_metadata list and value_metadata object"
+    parts = []
+    for k in keys:
+        if not (isinstance(k, dict) and isinstance(k.get("key"), str) and k.get("key_type") in ORBAX_KEY_TYPES
+                and type(k.get("key_type")) is int):
+            return f"entry {name!r} has a key that is not a name with key_type 1 or 2"
+        if k["key_type"] == 1 and not k["key"].isdigit():
+            return f"entry {name!r} has a sequence key {k['key']!r} that is not an index"
+        parts.append(k["key"])
+    if name != str(tuple(parts)):
+        return f"entry {name!r} does not match its keys {parts}"
+    if value.get("value_type") not in ORBAX_VALUE_TYPES:
+        return f"entry {name!r} has an unknown value_type {value.get('value_type')!r}"
+    if type(value.get("skip_deserialize")) is not bool:
+        return f"entry {name!r}: skip_deserialize is not true or false"
+    shape = value.get("write_shape")
+    if shape is not None and not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return f"entry {name!r} has an invalid write_shape"
+    return ".".join(parts), shape
+
+
+def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> str | None:
+    """array_metadatas/process_N against the tree: each names a param of the tree, with its write_shape and a
+    chunk_shape that fits in it; the reason it does not, or None."""
+    entries = doc.get("array_metadatas") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return "no array_metadatas list"
+    for e in entries:
+        am = e.get("array_metadata") if isinstance(e, dict) else None
+        name = am.get("param_name") if isinstance(am, dict) else None
+        if not isinstance(name, str) or name not in params:
+            return f"names {name!r}, not a value of the tree in _METADATA"
+        write, chunk = am.get("write_shape"), am.get("chunk_shape")
+        if params[name] is not None and write != params[name]:
+            return f"write_shape of {name!r} is {write}, _METADATA says {params[name]}"
+        if not (isinstance(chunk, list) and isinstance(write, list) and len(chunk) == len(write)
+                and all(type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write))):
+            return f"chunk_shape of {name!r} does not fit its write_shape"
+    return None
+
+
+def orbax_sharding(doc: object, params: dict[str, list[int] | None]) -> str | None:
+    """_sharding: base64 of each param name -> the JSON of its sharding (a type Orbax knows); the reason it does
+    not hold, or None."""
+    import base64
+    import binascii
+    import json
+
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    for key, value in doc.items():
+        try:
+            name = base64.b64decode(key.encode("ascii"), validate=True).decode("utf-8")
+            spec = json.loads(value) if isinstance(value, str) else None
+        except (binascii.Error, UnicodeError, ValueError):
+            return f"key {key!r} is not the base64 of a value name, or its sharding is not JSON"
+        if name not in params:
+            return f"names {name!r}, not a value of the tree in _METADATA"
+        if not (isinstance(spec, dict) and spec.get("sharding_type") in ORBAX_SHARDINGS):
+            return f"the sharding of {name!r} is not one Orbax knows"
+        if spec["sharding_type"] == "SingleDeviceSharding" and not (
+                isinstance(spec.get("device_str"), str) and _ORBAX_DEVICE.match(spec["device_str"])):
+            return f"the sharding of {name!r} names no device jax knows (device_str)"
+    return None
+
+
+#: a jax device as SingleDeviceSharding records it (platform:id); which ids exist is the restoring host's business
+_ORBAX_DEVICE = re.compile(r"^(cpu|gpu|cuda|rocm|tpu|METAL|neuron):\d+$")
+_OCDBT_MAGIC = b"\x0c\xdb"
+_CRC32C_TABLE: list[int] = []
+
+
+def crc32c(data: bytes, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli), the checksum tensorstore's OCDBT puts at the end of every manifest and node (table
+    driven: OCDBT nodes are small; array values are not checksummed and are not read through this)."""
+    table = _CRC32C_TABLE
+    if not table:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+MAX_OCDBT_NODE = 64 << 20
+
+
+def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
+    """The OCDBT nodes at the start of a file (tensorstore: 4-byte magic 0x0cdb...., 8-byte length of the whole
+    node, ..., CRC-32C of the bytes before it): every one whole and with its checksum. A manifest is one node that
+    is the whole file; a data file may go on with array values (not checksummed: read no further). The reason, or
+    None."""
+    import struct
+
+    pos = 0
+    while pos + 16 <= len(data) and data.startswith(_OCDBT_MAGIC, pos):
+        (length,) = struct.unpack_from("<Q", data, pos + 4)
+        if length < 16 or pos + length > len(data) or length > MAX_OCDBT_NODE:
+            return f"an OCDBT node at byte {pos} declares {length} bytes, the file holds {len(data) - pos}: truncated?"
+        (stored,) = struct.unpack_from("<I", data, pos + length - 4)
+        if crc32c(data[pos:pos + length - 4]) != stored:
+            return f"the OCDBT node at byte {pos}: CRC-32C mismatch (data corrupted)"
+        pos += length
+        if manifest:
+            break
+    if manifest and pos != len(data):
+        return "not one whole OCDBT manifest (bad magic, length or trailing bytes)"
+    if pos == 0 and not manifest:
+        return None if len(data) > 16 else "too short for OCDBT data"
+    return None

@@ -637,22 +637,70 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
         if not inner:
             ctx.missing(ip, f"contents of item {item}/")
             continue
+        docs: dict[str, object] = {}
         for n in inner:
             p = os.path.join(ip, n)
             if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                meta = ctx.json(p)
+                meta = docs[n] = ctx.json(p)
                 if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
                     out.resumable = True
             elif n == "manifest.ocdbt":
-                ctx.readable(p)
+                _check_ocdbt(ctx, p, manifest=True)
             elif ctx.reads(p) and os.path.isfile(p):
                 ctx.readable(p)
+        _check_orbax_item(ctx, ip, inner, docs)
         if "opt" in item.lower() or item in ("state", "train_state"):
             out.resumable = True
     if ctx.deep:
         ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
     out.sharded, out.portability = True, "orbax"
     return out
+
+
+def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
+    """An Orbax item as its restore reads it: the _METADATA tree, array_metadatas/* and _sharding naming its values
+    with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
+    (CRC-32C) under d/ and ocdbt.process_*/."""
+    meta = os.path.join(ip, "_METADATA")
+    params = fl.orbax_params(docs["_METADATA"]) if docs.get("_METADATA") is not None else None
+    if isinstance(params, str):
+        ctx.bad(meta, f"Orbax cannot restore from it: {params}")
+    if "array_metadatas" in inner:
+        for n in _ls(os.path.join(ip, "array_metadatas")):
+            doc = ctx.json(os.path.join(ip, "array_metadatas", n))
+            reason = fl.orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
+            if reason:
+                ctx.bad(os.path.join(ip, "array_metadatas", n), f"Orbax cannot restore from it: {reason}")
+    reason = fl.orbax_sharding(docs["_sharding"], params) if isinstance(params, dict) and \
+        docs.get("_sharding") is not None else None
+    if reason:
+        ctx.bad(os.path.join(ip, "_sharding"), f"Orbax cannot restore from it: {reason}")
+    if not ctx.full:
+        return
+    for sub in [ip] + [os.path.join(ip, n) for n in inner if n.startswith("ocdbt.process_")]:
+        if sub != ip and "manifest.ocdbt" in _ls(sub):
+            _check_ocdbt(ctx, os.path.join(sub, "manifest.ocdbt"), manifest=True)
+        for n in _ls(os.path.join(sub, "d")):
+            _check_ocdbt(ctx, os.path.join(sub, "d", n), manifest=False)
+
+
+def _check_ocdbt(ctx: _Ctx, path: str, manifest: bool) -> None:
+    """One OCDBT file at full (its nodes' CRC-32C, fl.ocdbt_nodes); a file too big to hold is read through."""
+    if not ctx.reads(path):
+        if manifest:
+            ctx.readable(path)
+        return
+    try:
+        data = read_bytes(path, "OCDBT file", limit=fl.MAX_OCDBT_NODE)
+    except ReadError:
+        ctx.readable(path)   # a big data file (array values), or unreadable: readable() words it
+        return
+    ctx.counter.files += 1
+    ctx.counter.bytes_read += len(data)
+    reason = fl.ocdbt_nodes(data, manifest)
+    if reason:
+        ctx.bad(path, reason)
+    ctx._tick()
 
 
 def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
