@@ -594,6 +594,8 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
                 arg, i = _U4(data, i + 1)[0], i + 5
             else:
                 arg, i = _fast_arg(data, i + 1, n, kind)
+                if kind == 5 and arg > n - i:   # a FRAME longer than what is left: genops words it
+                    return False
             count += 1
             if how == 2:   # the commonest opcodes, done here as their handlers do them
                 m.memo[arg] = m.stack[-1]
@@ -674,6 +676,9 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
             if scan.opcodes > max_opcodes:
                 raise _Broken(f"more than {max_opcodes} opcodes")
             name = op.name
+            if name == "FRAME" and isinstance(data, bytes) and arg > len(data) - _pos - 9:
+                # the unpickler reads a frame whole before its first opcode: pickle.load refuses this one
+                raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
             if name == "STOP":
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
