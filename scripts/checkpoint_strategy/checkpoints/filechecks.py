@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import pickletools
+import re
 import struct
 import threading
 import zlib
@@ -829,6 +830,8 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
         return out
     if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
         out.append(Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)"))
+    else:
+        out.extend(_record_findings(fh, z, counter))
     for t in scan.tensors:
         span = t.span()
         if span is not None and (span[1] > t.storage.numel * tp.DTYPE_SIZE.get(t.storage.dtype, 1)
@@ -846,6 +849,29 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
         if len(out) >= 5:
             break
     return out
+
+
+#: the archive format versions torch.load reads (torch 2.x caffe2/serialize: kMinSupportedFileFormatVersion 1,
+#: kMaxSupportedFileFormatVersion 0xA); the record is read as C's strtoull does (spaces, a '+', leading digits)
+TORCH_FILE_VERSIONS = range(1, 11)
+_VERSION_TEXT = re.compile(rb"^\s*\+?(\d+)")
+
+
+def _record_findings(fh, z: ZipScan, counter: Counter) -> list[Finding]:
+    """The version and byteorder records as torch.load reads them: a version it supports, an endianness it knows."""
+    e = z.entry(z.prefix + "version") or z.entry(z.prefix + ".data/version")
+    data = _read_entry(fh, e, counter, limit=1 << 10) if e is not None else b""
+    m = _VERSION_TEXT.match(data) if isinstance(data, bytes) else None
+    if m is None or int(m.group(1)) not in TORCH_FILE_VERSIONS:
+        shown_text = data[:20] if isinstance(data, bytes) else data
+        return [Finding(f"{e.name if e else 'version'}: format version {shown_text!r}: torch.load reads versions "
+                        f"{TORCH_FILE_VERSIONS.start}-{TORCH_FILE_VERSIONS.stop - 1} only")]
+    bo = z.entry(z.prefix + "byteorder")
+    order = _read_entry(fh, bo, counter, limit=1 << 10) if bo is not None else b"little"
+    if order not in (b"little", b"big"):
+        return [Finding(f"{bo.name if bo else 'byteorder'}: {order!r} is not an endianness torch.load knows "
+                        "(little or big)")]
+    return []
 
 
 def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[Finding]:
