@@ -361,12 +361,16 @@ ORBAX_KEY_TYPES = (1, 2)   # KeyType.SEQUENCE, KeyType.DICT
 ORBAX_SHARDINGS = frozenset({"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"})
 
 
-def orbax_params(metadata: object) -> dict[str, list[int] | None] | str:
+def orbax_params(metadata: object) -> dict[str, list[int] | None] | str | None:
     """An item's _METADATA tree read the way Orbax restores it: param name ('a.b') -> write_shape (None for a
-    value without one); or the reason it cannot be restored from (a flipped byte that left it JSON)."""
+    value without one); or the reason it cannot be restored from (a flipped byte that left it JSON); None for a
+    tree in another layout than orbax-checkpoint 0.12's (entries keyed by their key_metadata): not judged."""
     tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
+    modern = isinstance(metadata, dict) and any(k in metadata for k in ("use_ocdbt", "use_zarr3"))
     if not isinstance(tree, dict):
-        return "no tree_metadata object"
+        return "no tree_metadata object" if modern else None
+    if not modern and not any(isinstance(e, dict) and "key_metadata" in e for e in tree.values()):
+        return None
     for key in ("use_ocdbt", "use_zarr3", "store_array_data_equal_to_fill_value"):
         if key in metadata and type(metadata[key]) is not bool:
             return f"{key} is not true or false"

@@ -670,13 +670,14 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
             return scan
     scan = PickleScan()
     m = _Machine(scan)
+    end = len(data) if isinstance(data, bytes) else _end_of(data)
     try:
         for op, arg, _pos in pickletools.genops(data):
             scan.opcodes += 1
             if scan.opcodes > max_opcodes:
                 raise _Broken(f"more than {max_opcodes} opcodes")
             name = op.name
-            if name == "FRAME" and isinstance(data, bytes) and arg > len(data) - _pos - 9:
+            if name == "FRAME" and end is not None and arg > end - _pos - 9:
                 # the unpickler reads a frame whole before its first opcode: pickle.load refuses this one
                 raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
             if name == "STOP":
@@ -696,6 +697,17 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     if not scan.complete and scan.error is None:
         scan.error = "ends without STOP (truncated)"
     return scan
+
+
+def _end_of(fh: Any) -> int | None:
+    """Where a seekable binary file ends (genops numbers its opcodes by file position), or None."""
+    try:
+        here = fh.tell()
+        end = fh.seek(0, 2)
+        fh.seek(here)
+        return end
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- walking the tree

@@ -662,7 +662,7 @@ def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, obje
     with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
     (CRC-32C) under d/ and ocdbt.process_*/."""
     meta = os.path.join(ip, "_METADATA")
-    params = fl.orbax_params(docs["_METADATA"]) if docs.get("_METADATA") is not None else None
+    params = fl.orbax_params(docs.get("_METADATA"))
     if isinstance(params, str):
         ctx.bad(meta, f"Orbax cannot restore from it: {params}")
     if "array_metadatas" in inner:
