@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import struct
 import zipfile
 from collections import Counter
@@ -386,3 +387,185 @@ def test_mutations_reach_every_region(oracle_torch_zip, oracle_dcp):
     assert ".metadata pickle" in dcp_names and "embedded pickle data.pkl" in dcp_names
     assert any(n.startswith("embedded record") for n in dcp_names)
 
+
+
+# --------------------------------------------------------------------------- each break of issue 40, by name
+
+def _statuses(path: Path) -> dict[str, str]:
+    return {level: validate_checkpoint(path, level).status for level in ("quick", "full", "deep")}
+
+
+def _refused(oracle, path: Path) -> bool:
+    try:
+        oracle(path)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        return True
+    return False
+
+
+def _dcp_copy(oracle_dcp: Subject, tmp_path: Path) -> Path:
+    folder = tmp_path / "step-3"
+    shutil.copytree(oracle_dcp.path, folder)
+    return folder
+
+
+def _flip_at(path: Path, find: bytes, offset: int, bit: int, nth: int = 0) -> None:
+    data = bytearray(path.read_bytes())
+    at = -1
+    for _ in range(nth + 1):
+        at = data.index(find, at + 1)
+    data[at + offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("find, offset, bit, what", [
+    (b"TensorStorageMetadata", 3, 0, "a class name"),
+    (b"\x94h\x00\x8c\x15TensorStorageMetadata", 2, 0, "a memo index (BINGET 0 -> 1: the class name, not the module)"),
+    (b"\x95", 1, 6, "the frame length"),
+])
+def test_dcp_metadata_flips_dcp_refuses_are_invalid_at_every_level(oracle_dcp, tmp_path, find, offset, bit, what):
+    folder = _dcp_copy(oracle_dcp, tmp_path)
+    _flip_at(folder / ".metadata", find, offset, bit)
+    assert _refused(dcp_oracle, folder), what
+    assert _statuses(folder) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}, what
+
+
+@pytest.mark.parametrize("find, offset, what", [
+    (b"little", 1, "the byteorder record"), (b"PK\x03\x04", 0, "a local header's signature"),
+    (b"PK\x03\x04", 26, "a local header's name length"), (b"archive/data.pklFB", 34, "data.pkl's PROTO"),
+    (b"PK\x01\x02", 0, "a central directory record"),
+])
+def test_flips_in_archives_inside_a_distcp_are_invalid_at_full(oracle_dcp, tmp_path, find, offset, what):
+    """torch refuses these archives (dcp.load torch.loads each item): full and deep read every item."""
+    folder = _dcp_copy(oracle_dcp, tmp_path)
+    _flip_at(folder / "__0_0.distcp", find, offset, 1, nth=2)
+    assert _refused(dcp_oracle, folder), what
+    assert validate_checkpoint(folder, "full").status == "invalid", what
+    assert validate_checkpoint(folder, "deep").status == "invalid", what
+
+
+def _edit_metadata(folder: Path, edit) -> None:
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    meta = FileSystemReader(str(folder)).read_metadata()
+    edit(meta)
+    (folder / ".metadata").write_bytes(pickle.dumps(meta, protocol=4))
+
+
+def test_a_size_flip_k_to_j_is_invalid_not_an_internal_error(oracle_dcp, tmp_path, cli_run):
+    """BININT1 -> BININT inside a torch.Size (issue 40: TypeError, exit 3 at deep)."""
+    folder = _dcp_copy(oracle_dcp, tmp_path)
+    _flip_at(folder / ".metadata", b"Size\x94\x93\x94K", 7, 0)   # K (0x4b) -> J (0x4a)
+    assert _refused(dcp_oracle, folder)
+    for level in ("quick", "full", "deep"):
+        r = cli_run("validate", str(folder), "--level", level)
+        assert r.rc == 1 and "invalid" in r.out, (level, r.err)
+
+
+@pytest.mark.parametrize("path, why", [
+    (("model", "0.weight", "x"), "nested under another entry"),     # a path through a tensor
+    (("model", -1), "list index"),
+    (("model", 10 ** 10), "list index"),
+])
+def test_planner_data_paths_dcp_cannot_nest_are_invalid(oracle_dcp, tmp_path, cli_run, path, why):
+    folder = _dcp_copy(oracle_dcp, tmp_path)
+
+    def edit(meta) -> None:
+        meta.planner_data["model.0.weight.x" if len(path) == 3 else "model.2.bias"] = path
+        if len(path) == 3:   # an entry that lives under the tensor model.0.weight
+            meta.state_dict_metadata["model.0.weight.x"] = meta.state_dict_metadata["optimizer.param_groups.0.lr"]
+            idx = next(k for k in meta.storage_data if k.fqn == "optimizer.param_groups.0.lr")
+            from torch.distributed.checkpoint.metadata import MetadataIndex
+
+            meta.storage_data[MetadataIndex("model.0.weight.x")] = meta.storage_data[idx]
+
+    _edit_metadata(folder, edit)
+    if path[-1] != 10 ** 10:   # (dcp would build a list of 10**10 slots)
+        assert _refused(dcp_oracle, folder)
+    r = cli_run("validate", str(folder), "--level", "deep", "--format", "json")
+    assert r.rc == 1
+    (problem,) = r.json()["checkpoints"][0]["problems"]
+    assert problem["file"] == ".metadata" and "planner_data" in problem["reason"]
+
+
+def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_walked(oracle_dcp, tmp_path):
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+
+    import torch
+
+    folder = _dcp_copy(oracle_dcp, tmp_path)
+
+    def edit(meta) -> None:
+        md = meta.state_dict_metadata["model.0.weight"]
+        md.chunks.extend(ChunkStorageMetadata(offsets=torch.Size([i, 0]), sizes=torch.Size([1, 1]))
+                         for i in range(120_000))
+
+    _edit_metadata(folder, edit)
+    data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
+    assert (folder / ".metadata").stat().st_size > (1 << 20) + 64 * data
+    r = validate_checkpoint(folder, "quick")
+    assert r.status == "invalid" and "more entries than the data files can hold" in r.problems[0].reason
+
+
+def test_optimizer_state_torch_cannot_resume_from_fails_deep(tmp_path):
+    """lr = NaN and an empty param_groups[0]["params"]: torch's load_state_dict is the judge of the second."""
+    import copy
+
+    import torch
+
+    model, opt = _model_and_optimizer()
+    good = {"model": model.state_dict(), "optimizer": opt.state_dict(), "global_step": 1}
+    nan_lr, empty = copy.deepcopy(good), copy.deepcopy(good)
+    nan_lr["optimizer"]["param_groups"][0]["lr"] = float("nan")
+    empty["optimizer"]["param_groups"][0]["params"] = []
+    for name, sd in (("nan-lr.pt", nan_lr), ("empty.pt", empty)):
+        torch.save(sd, tmp_path / name)
+    fresh, fresh_opt = _model_and_optimizer()
+    with pytest.raises(ValueError):
+        fresh_opt.load_state_dict(torch.load(tmp_path / "empty.pt", weights_only=True)["optimizer"])
+    r = validate_checkpoint(tmp_path / "nan-lr.pt", "deep")
+    assert r.status == "invalid" and any("param_groups[0].lr is nan" in p.reason for p in r.problems)
+    r = validate_checkpoint(tmp_path / "empty.pt", "deep")
+    assert not r.passes_deep() and not r.resumable
+    assert any(p.kind == "not_resumable" and "in no group" in p.reason for p in r.problems)
+
+
+def test_a_sharded_folder_without_config_and_with_a_shard_missing_is_invalid(oracle_sharded, tmp_path):
+    folder = tmp_path / "final"
+    shutil.copytree(oracle_sharded.path, folder)
+    assert not (folder / "config.json").exists()
+    shard = sorted(folder.glob("*.safetensors"))[-1]
+    shard.unlink()
+    assert _refused(sharded_oracle, folder)
+    for level, status in _statuses(folder).items():
+        assert status in ("invalid", "incomplete"), level
+    assert any(p.file == shard.name for p in validate_checkpoint(folder, "quick").problems)
+
+
+@pytest.mark.parametrize("record, value", [("version", b"99\n"), ("version", b"0\n"), ("byteorder", b"middle")])
+def test_a_torch_archive_torch_refuses_by_its_records_is_invalid(oracle_torch_zip, tmp_path, record, value):
+    src = zipfile.ZipFile(oracle_torch_zip.path)
+    path = tmp_path / "step-3.pt"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:   # CRCs whole: only torch's own reading refuses it
+        for info in src.infolist():
+            out.writestr(info.filename, value if info.filename.endswith("/" + record) else src.read(info.filename))
+    assert _refused(torch_load_oracle, path)
+    assert _statuses(path) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}
+
+
+@pytest.mark.parametrize("old, new", [(b'"skip_deserialize"', b'"skip_deserializd"'), (b'"jax.Array"', b'"jax.Arrax"'),
+                                      (b'"key_type": 2', b'"key_type": 3'), (b'"key": "mu"', b'"key": "mt"')])
+def test_orbax_metadata_flipped_but_still_json_is_invalid_at_every_level(oracle_orbax, tmp_path, old, new):
+    folder = tmp_path / "3"
+    shutil.copytree(oracle_orbax.path, folder)
+    meta = folder / "default" / "_METADATA"
+    text = meta.read_bytes()
+    assert old in text
+    meta.write_bytes(text.replace(old, new, 1))
+    json.loads(meta.read_bytes())
+    assert _refused(orbax_oracle, folder)
+    assert _statuses(folder) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}

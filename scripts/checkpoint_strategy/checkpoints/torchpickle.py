@@ -578,6 +578,7 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
     in the order of how often a real optimizer.pt's opcodes take them."""
     fast = _FAST_TABLE
     i, n, count = 0, len(data), 0
+    frame_end: int | None = None
     if n > max_opcodes:
         return False
     try:
@@ -593,9 +594,12 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif kind == 4 and i + 4 < n:   # uint4 (LONG_BINPUT, LONG_BINGET)
                 arg, i = _U4(data, i + 1)[0], i + 5
             else:
+                start = i
                 arg, i = _fast_arg(data, i + 1, n, kind)
-                if kind == 5 and arg > n - i:   # a FRAME longer than what is left: genops words it
-                    return False
+                if kind == 5:   # FRAME: each begins where the one before ended and the last ends with STOP, or
+                    if arg > n - i or (frame_end is not None and start != frame_end):   # genops decides
+                        return False
+                    frame_end = i + arg
             count += 1
             if how == 2:   # the commonest opcodes, done here as their handlers do them
                 m.memo[arg] = m.stack[-1]
@@ -623,6 +627,8 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif how == 7:
                 m.stack.append(value())
             else:   # 5: STOP
+                if frame_end is not None and i != frame_end:
+                    return False
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
@@ -671,15 +677,14 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     scan = PickleScan()
     m = _Machine(scan)
     end = len(data) if isinstance(data, bytes) else _end_of(data)
+    frame: list = [None]   # where the current frame ends
     try:
         for op, arg, _pos in pickletools.genops(data):
             scan.opcodes += 1
             if scan.opcodes > max_opcodes:
                 raise _Broken(f"more than {max_opcodes} opcodes")
             name = op.name
-            if name == "FRAME" and end is not None and arg > end - _pos - 9:
-                # the unpickler reads a frame whole before its first opcode: pickle.load refuses this one
-                raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
+            frame = _frame_check(frame, name, arg, _pos, end)
             if name == "STOP":
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
@@ -697,6 +702,26 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     if not scan.complete and scan.error is None:
         scan.error = "ends without STOP (truncated)"
     return scan
+
+
+def _frame_check(frame: list, name: str, arg: Any, pos: int | None, end: int | None) -> list:
+    """Protocol 4 frames as pickle.load reads them: a frame is read whole before its first opcode (one longer than
+    the rest of the pickle is refused) and no opcode runs across its end (the unpickler refuses, or reads
+    garbage). `frame`: [where the current frame ends, or None]; the new state."""
+    frame_end = frame[0]
+    if pos is None:
+        return frame
+    if frame_end is not None and pos >= frame_end:
+        if pos != frame_end:
+            raise _Broken(f"an opcode runs across the end of a FRAME at byte {frame_end}")
+        frame_end = None
+    if name == "FRAME":
+        if end is not None and arg > end - pos - 9:
+            raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
+        if frame_end is not None:
+            raise _Broken("a FRAME begins inside another")
+        frame_end = pos + 9 + arg
+    return [frame_end]
 
 
 def _end_of(fh: Any) -> int | None:

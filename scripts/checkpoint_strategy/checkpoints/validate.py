@@ -349,6 +349,10 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     data = _read_dcp_metadata(ctx, path, meta)
     if data is None:
         return
+    oversized = fl.dcp_metadata_oversized(len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata"))
+    if oversized:
+        ctx.bad(meta, oversized)
+        return
     scan = tp.read_pickle(data)
     if scan.unsafe(dcp=True):
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
@@ -373,6 +377,13 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
         ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _dcp_items(ctx: _Ctx, meta: str, scan: tp.PickleScan) -> list | None:
