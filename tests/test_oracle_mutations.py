@@ -368,6 +368,12 @@ def oracle_orbax(tmp_path_factory) -> Subject:
 
 # --------------------------------------------------------------------------- the rule, per format
 
+# Orbax's restore leaves the exception of a refused read in asyncio futures nobody awaits: pytest reports them as
+# unraisable when they are collected (the refusal itself is what the oracle counts)
+ORBAX_LEFTOVERS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@ORBAX_LEFTOVERS
 @pytest.mark.parametrize("fixture", ["oracle_torch_zip", "oracle_lightning_ckpt", "oracle_safetensors",
                                      "oracle_sharded", "oracle_dcp", "oracle_orbax"])
 def test_every_mutation_the_loader_refuses_is_invalid_at_full_and_deep(fixture, request, record):
@@ -557,6 +563,7 @@ def test_a_torch_archive_torch_refuses_by_its_records_is_invalid(oracle_torch_zi
     assert _statuses(path) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}
 
 
+@ORBAX_LEFTOVERS
 @pytest.mark.parametrize("old, new", [(b'"skip_deserialize"', b'"skip_deserializd"'), (b'"jax.Array"', b'"jax.Arrax"'),
                                       (b'"key_type": 2', b'"key_type": 3'), (b'"key": "mu"', b'"key": "mt"')])
 def test_orbax_metadata_flipped_but_still_json_is_invalid_at_every_level(oracle_orbax, tmp_path, old, new):
