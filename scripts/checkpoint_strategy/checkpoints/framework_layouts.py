@@ -283,7 +283,7 @@ def _dcp_entry_items(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | d
         cs = c.state if _is_call(c, _DCP_META + "ChunkStorageMetadata") else None
         offsets, sizes = (cs.get("offsets"), cs.get("sizes")) if isinstance(cs, dict) else (None, None)
         if not (_ints(offsets) and _ints(sizes) and len(offsets) == len(sizes) == len(size)
-                and all(o + s <= d for o, s, d in zip(offsets, sizes, size))):
+                and all(o + s <= d for o, s, d in zip(offsets, sizes, size, strict=True))):
             raise DcpBroken(f"tensor {fqn!r}{list(size)} has a chunk outside it")
         info = infos.get((fqn, tuple(offsets)))
         if info is None:
@@ -439,7 +439,7 @@ def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> s
         if params[name] is not None and write != params[name]:
             return f"write_shape of {name!r} is {write}, _METADATA says {params[name]}"
         if not (isinstance(chunk, list) and isinstance(write, list) and len(chunk) == len(write)
-                and all(type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write))):
+                and all(type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write, strict=True))):
             return f"chunk_shape of {name!r} does not fit its write_shape"
     return None
 

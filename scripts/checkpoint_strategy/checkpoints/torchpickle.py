@@ -568,17 +568,16 @@ _FAST_TABLE: list[tuple[str, int, int, Any, Any] | None] = [
 _U4 = struct.Struct("<I").unpack_from   # LONG_BINPUT / LONG_BINGET (uint4)
 
 
+# `_run_bytes` returns False on anything it does not take: an opcode or argument it does not read itself, a pickle
+# cut short, a handler's objection, a GLOBAL name with an escape or a non-ASCII byte, protocol-4 frames that do not
+# follow each other up to STOP, more bytes than `max_opcodes` (every opcode takes at least one, so a pickle no
+# longer than that cannot have more and none is counted against it).
 def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
-    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
-    pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
-    reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
-    handler's objection, a GLOBAL name with an escape or a non-ASCII byte, more bytes than `max_opcodes`: every
-    opcode takes at least one, so a pickle no longer than that cannot have more and none is counted against it);
-    the caller then reads the pickle again from the start with genops, which words what is wrong. The branches go
-    in the order of how often a real optimizer.pt's opcodes take them."""
+    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument as pickletools.genops
+    does, with no generator and no file object. True: it reached STOP; False: the caller reads the pickle again
+    with genops, which words what is wrong. Branches go by how often a real optimizer.pt's opcodes take them."""
     fast = _FAST_TABLE
-    i, n, count = 0, len(data), 0
-    frame_end: int | None = None
+    i, n, count, frame_end = 0, len(data), 0, 0   # frame_end: where the current frame ends (0: no frame yet)
     if n > max_opcodes:
         return False
     try:
@@ -594,12 +593,9 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif kind == 4 and i + 4 < n:   # uint4 (LONG_BINPUT, LONG_BINGET)
                 arg, i = _U4(data, i + 1)[0], i + 5
             else:
-                start = i
-                arg, i = _fast_arg(data, i + 1, n, kind)
-                if kind == 5:   # FRAME: each begins where the one before ended and the last ends with STOP, or
-                    if arg > n - i or (frame_end is not None and start != frame_end):   # genops decides
-                        return False
-                    frame_end = i + arg
+                start, (arg, i) = i, _fast_arg(data, i + 1, n, kind)
+                if kind == 5 and (frame_end := _next_frame(frame_end, start, i, arg, n)) < 0:   # FRAME
+                    return False
             count += 1
             if how == 2:   # the commonest opcodes, done here as their handlers do them
                 m.memo[arg] = m.stack[-1]
@@ -627,7 +623,7 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif how == 7:
                 m.stack.append(value())
             else:   # 5: STOP
-                if frame_end is not None and i != frame_end:
+                if frame_end and i != frame_end:   # the last frame ends with STOP, or genops decides
                     return False
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
@@ -636,6 +632,12 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
+
+
+def _next_frame(frame_end: int, start: int, i: int, size: int, n: int) -> int:
+    """`_run_bytes` at a FRAME (at `start`, its data from `i`): where it ends, or -1 (genops decides) unless it
+    begins where the frame before ended and fits in the pickle."""
+    return -1 if size > n - i or frame_end not in (0, start) else i + size
 
 
 def _fast_arg(data: bytes, i: int, n: int, kind: int) -> tuple[Any, int]:
