@@ -370,8 +370,11 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
     problems_before = len(ctx.problems)
+    by_file: dict[str, list] = {}
+    for it in items or ():
+        by_file.setdefault(it.rel, []).append(it)
     for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes, [i for i in items if i.rel == rel])
+        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
