@@ -512,7 +512,9 @@ def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_w
 
     _edit_metadata(folder, edit)
     data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
-    assert (folder / ".metadata").stat().st_size > (1 << 20) + 64 * data
+    from checkpoint_strategy.checkpoints.framework_layouts import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
+
+    assert (folder / ".metadata").stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
     r = validate_checkpoint(folder, "quick")
     assert r.status == "invalid" and "more entries than the data files can hold" in r.problems[0].reason
 
