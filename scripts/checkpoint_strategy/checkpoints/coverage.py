@@ -57,8 +57,9 @@ def _line(family: str, level: str) -> str | None:
                 "item's torch archive" if level == "quick" else
                 f"{_NAMES[family]}: items stored as raw bytes (DCP before torch 2.4) have no checksum; a flipped byte "
                 f"there that leaves a finite value is not seen (deep sees NaN/Inf); {_MANIFEST}")
-    if family == "orbax":
-        return f"{_NAMES[family]}: not decoded at any level, so a flipped byte is not seen; {_MANIFEST}"
+    if family == "orbax":   # full checks the CRC-32C of every OCDBT node (small arrays are stored inside them)
+        return (f"{_NAMES[family]}: values outside OCDBT's nodes (zarr chunks of big arrays) are not decoded at any "
+                f"level, so a flipped byte there is not seen; {_MANIFEST}")
     return (f"{_NAMES[family]}: no checksum in the format; a flipped byte that leaves a finite value is not seen at "
             f"any level (deep sees NaN/Inf); {_MANIFEST}")
 
