@@ -16,6 +16,7 @@ inside are real torch.save zip archives / real torch.distributed.checkpoint fold
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 
@@ -24,6 +25,15 @@ def _tiny_state(seed: int = 0):
 
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(16, 8, generator=g), "b": torch.zeros(8)}
+
+
+def ocdbt_node(payload: bytes, magic: bytes = b"\x0c\xdb\x3a\x2a") -> bytes:
+    """An OCDBT node as tensorstore writes one (a manifest by default): magic, 8-byte length of the whole node,
+    the payload, CRC-32C of the bytes before it."""
+    from checkpoint_strategy.checkpoints.framework_layouts import crc32c
+
+    head = magic + struct.pack("<Q", len(payload) + 16) + payload
+    return head + struct.pack("<I", crc32c(head))
 
 
 def build_orbax(root: Path, steps=(100, 200), commit_marker: bool = True, in_flight: int | None = None) -> Path:
@@ -37,7 +47,7 @@ def build_orbax(root: Path, steps=(100, 200), commit_marker: bool = True, in_fli
              "commit_timestamp_nsecs": 1_700_000_000_500_000_000 + step}))
         (d / "default" / "_METADATA").write_text(json.dumps({"tree_metadata": {"params": {"w": {}}}}))
         (d / "default" / "_sharding").write_text(json.dumps({"params.w": {"sharding_type": "NamedSharding"}}))
-        (d / "default" / "manifest.ocdbt").write_bytes(b"OCDBT" + bytes(range(64)))
+        (d / "default" / "manifest.ocdbt").write_bytes(ocdbt_node(bytes(range(53))))   # 69 bytes, as before
         (d / "default" / "d").mkdir()
         (d / "default" / "d" / "0a1b2c").write_bytes(bytes(range(256)) * 16)
         if commit_marker:

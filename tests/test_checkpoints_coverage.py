@@ -11,8 +11,9 @@ def test_each_family_at_each_level():
     quick, full, deep = (blind_spots(every, level) for level in ("quick", "full", "deep"))
     assert [line.split(":")[0] for line in quick] == ["torch zip archives (.pt/.bin/.ckpt)", "safetensors tensor data",
                                                       "DCP shard data (.distcp)", "Orbax/tensorstore array data"]
-    assert "--level full checks the CRC-32" in quick[0]
-    assert full == deep == quick[1:]          # full and deep see byte damage in zip archives (CRC-32)
+    assert "--level full checks the CRC-32" in quick[0] and "--level full checks the CRC-32" in quick[2]
+    assert full == deep and full[0] == quick[1] and full[2] == quick[3]   # zip archives: CRC-32 at full
+    assert "raw bytes" in full[1]             # DCP items are torch archives (CRC-32) unless written raw
     assert all("--manifest verify" in line and "not seen" in line for line in full)
     assert blind_spots(every, "deep", manifest="verify") == []
     assert blind_spots([("zip",)], "full") == [] and blind_spots([], "quick") == []

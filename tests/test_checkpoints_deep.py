@@ -218,11 +218,22 @@ def test_dcp_value_overwritten(dcp_checkpoint, copy_of, tmp_path):
     blob = (ckpt / "__0_0.distcp").read_bytes()
     at = blob.index(weight.numpy().tobytes())
     _poke(ckpt / "__0_0.distcp", at + 4 * 9, [np.inf], np.float32)
-    r = validate_checkpoint(ckpt, level="deep")
-    assert ("__0_0.distcp", "invalid: 1 Inf values in model.2.weight", "invalid") in _problems(r)
+    # a byte changed after the save: the CRC-32 of the torch archive that item is (level full) says so first
+    for level in ("full", "deep"):
+        r = validate_checkpoint(ckpt, level=level)
+        assert r.status == "invalid" and any("item model.2.weight" in p.reason and "CRC-32 mismatch" in p.reason
+                                             for p in r.problems), level
     dcp_to_torch_save(str(ckpt), str(tmp_path / "after.pt"))
     after = torch.load(tmp_path / "after.pt", weights_only=False)
-    assert int(torch.isinf(after["model"]["2.weight"]).sum()) == 1
+    assert int(torch.isinf(after["model"]["2.weight"]).sum()) == 1   # (dcp.load does not check that CRC)
+    # an Inf the training itself saved (CRC-32 whole): deep names it
+    import torch.distributed.checkpoint as dcp
+
+    weight[0, 9] = float("inf")
+    saved = tmp_path / "saved-inf" / "step-1"
+    dcp.save({"model": full["model"]}, checkpoint_id=str(saved))
+    r = validate_checkpoint(saved, level="deep")
+    assert ("__0_0.distcp", "invalid: 1 Inf values in model.2.weight", "invalid") in _problems(r)
 
 
 def test_dcp_norms_match_torch(dcp_checkpoint, tmp_path):

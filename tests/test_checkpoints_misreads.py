@@ -313,14 +313,18 @@ def test_dcp_and_orbax_data_flips_are_said_unseen_and_the_manifest_sees_them(dcp
     for ckpt, family in ((dcp, "DCP shard data"), (orbax, "Orbax/tensorstore array data")):
         for level in LEVELS:
             report = validate_paths([str(ckpt)], level=level)
-            assert report.checkpoints[0].status == "valid", (ckpt, level)   # the blind spot itself
             line = next(b for b in report.blind_spots if b.startswith(family))
-            assert "--manifest verify" in line and "not seen" in line
+            if level != "quick":   # each .distcp item is a torch archive (CRC-32); the small arrays of this Orbax
+                assert report.checkpoints[0].status == "invalid", level   # save live in OCDBT nodes (CRC-32C)
+                assert ("raw bytes" in line or "outside" in line) and "--manifest verify" in line
+                continue
+            assert report.checkpoints[0].status == "valid", (ckpt, level)   # the blind spot itself
+            assert ("not seen" in line and "--manifest verify" in line) or "--level full checks the CRC-32" in line
         assert verify_checkpoint_manifest(ckpt) != []
         verified = validate_paths([str(ckpt)], manifest="verify")
         assert verified.checkpoints[0].status == "invalid" and verified.blind_spots == []
     text = cli_run("validate", str(dcp), "--level", "full").out
-    assert "Not seen at level full:" in text and "DCP shard data (.distcp): no checksum" in text
+    assert "Not seen at level full:" in text and "DCP shard data (.distcp): items stored as raw bytes" in text
 
 
 def test_zip_formats_have_no_blind_spot_at_full(lightning_run):

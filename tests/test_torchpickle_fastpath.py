@@ -63,8 +63,10 @@ def test_real_pickles_read_the_same_and_take_the_fast_loop(pickles):
         scan = tp.PickleScan()
         took = tp._run_bytes(data, scan, tp._Machine(scan), tp.MAX_OPCODES)
         assert repr(tp.read_pickle(data)) == _reference(data), name
-        # protocols 0 and 1 write text opcodes (INT, LONG, STRING...) for some values: genops reads them
-        assert took == (name not in ("protocol0", "protocol1")), name
+        # protocols 0 and 1 write text opcodes (INT, LONG, STRING...) for some values: genops reads them; so it
+        # does protocols 4 and 5 here, whose 70 kB bytes object is written between frames (the fast loop takes
+        # frames that follow each other, as in every DCP .metadata; genops checks no opcode crosses a frame's end)
+        assert took == (name not in ("protocol0", "protocol1", "protocol4", "protocol5")), name
         assert scan.complete == took
 
 

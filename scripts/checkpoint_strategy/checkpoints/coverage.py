@@ -2,9 +2,9 @@
 
 The levels read structure, not meaning: quick reads headers and sizes; full reads every byte and checks
 the CRC-32 that torch zip archives carry per entry; deep also reads every tensor value (NaN/Inf, norms,
-optimizer state). A format without a checksum of its own (safetensors, DCP `.distcp` shards,
-Orbax/tensorstore chunks) can carry a flipped byte that still decodes to a finite number: no level sees
-it. The SHA-256 manifest does (`--manifest write` right after a save, `--manifest verify` later;
+optimizer state; each item of a DCP `.distcp` is a torch archive with its CRC-32 since torch 2.4). A format
+without a checksum of its own (safetensors, raw DCP items, Orbax/tensorstore chunks) can carry a flipped byte that
+still decodes to a finite number: no level sees it. The SHA-256 manifest does (`--manifest write` right after a save, `--manifest verify` later;
 `manifest.write_checkpoint_manifest` from a training callback).
 """
 
@@ -52,8 +52,14 @@ def _line(family: str, level: str) -> str | None:
     if family == "zip":
         return None if level != "quick" else (f"{_NAMES[family]}: quick reads headers and sizes only, so a flipped "
                                               "byte is not seen; --level full checks the CRC-32 of every entry")
-    if family == "orbax":
-        return f"{_NAMES[family]}: not decoded at any level, so a flipped byte is not seen; {_MANIFEST}"
+    if family == "dcp":   # since torch 2.4 each item of a .distcp is a torch archive: full checks its CRC-32
+        return (f"{_NAMES[family]}: quick reads .metadata and sizes only; --level full checks the CRC-32 of every "
+                "item's torch archive" if level == "quick" else
+                f"{_NAMES[family]}: items stored as raw bytes (DCP before torch 2.4) have no checksum; a flipped byte "
+                f"there that leaves a finite value is not seen (deep sees NaN/Inf); {_MANIFEST}")
+    if family == "orbax":   # full checks the CRC-32C of every OCDBT node (small arrays are stored inside them)
+        return (f"{_NAMES[family]}: values outside OCDBT's nodes (zarr chunks of big arrays) are not decoded at any "
+                f"level, so a flipped byte there is not seen; {_MANIFEST}")
     return (f"{_NAMES[family]}: no checksum in the format; a flipped byte that leaves a finite value is not seen at "
             f"any level (deep sees NaN/Inf); {_MANIFEST}")
 

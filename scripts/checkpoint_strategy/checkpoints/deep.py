@@ -138,25 +138,7 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
     return jobs, notes
 
 
-class Window:
-    """A file object seeing only bytes [base, base+length) of another (DCP's embedded archives)."""
-
-    def __init__(self, fh, base: int, length: int) -> None:
-        self.fh, self.base, self.length, self.pos = fh, base, length, 0
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.length - self.pos if n < 0 else max(0, min(n, self.length - self.pos))
-        self.fh.seek(self.base + self.pos)
-        data = self.fh.read(n)
-        self.pos += len(data)
-        return data
+Window = fc.Window
 
 
 def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
@@ -464,6 +446,8 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
     optimizer, opts = _optimizer_state(sources, outcome.stats, dcp_meta, tally.weight_shapes, notes)
     optimizer.global_step = _global_step(sources, global_step)
     findings.extend(impossible_state(outcome.stats, opts, _optimizer_file(sources)))
+    if not any(src.flat for src in sources):
+        findings.extend(param_group_findings(opts, _optimizer_file(sources), _scalar_values(sources, outcome.stats)))
     findings.extend(_resumability(sources, optimizer, opts, tally.weight_bytes))
     check = DeepCheck(
         tensors=len(outcome.stats), float_tensors=tally.float_tensors, values=tally.values,
@@ -578,9 +562,8 @@ def _tally(stats: list[ts.Stat], findings: list[Finding]) -> _Tally:
     return t
 
 
-def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list | None, weight_shapes: Multiset,
-                     notes: list[str]) -> tuple[OptimizerCheck, list[dict]]:
-    """The optimizer check (DCP, partitioned, torch, or none) and the torch optimizer dicts it read."""
+def _scalar_values(sources: list[Source], stats: list[ts.Stat]) -> dict[int, float]:
+    """id(tensor) -> its value, for the one-element tensors of the torch archives (steps, tensor hyperparameters)."""
     scalar_values = {}
     tensor_ids: dict[tuple[str, str], float] = {(s.file, s.name): s.value for s in stats if s.value is not None}
     for src in sources:
@@ -589,6 +572,67 @@ def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list
                 v = tensor_ids.get((src.rel, name))
                 if v is not None:
                     scalar_values[id(t)] = v
+    return scalar_values
+
+
+def param_group_findings(opts: list[dict], opt_file: str, values: dict[int, float]) -> list[Finding]:
+    """What torch's Optimizer.load_state_dict and the next step need of each torch optimizer state dict's
+    param_groups: finite hyperparameters (lr, betas, eps, weight_decay, ...: a NaN lr turns every weight NaN at
+    the next step), every parameter in exactly one group, and every parameter that has state in a group."""
+    findings: list[Finding] = []
+    for od in opts:
+        groups = od.get("param_groups")
+        if not isinstance(groups, list) or not groups:
+            continue   # a partitioned optimizer's per-group states (DeepSpeed elastic) carry no groups
+        bad = _group_hyperparameter(groups, values)
+        if bad:
+            findings.append(Finding(opt_file, f"invalid: optimizer hyperparameter {bad} (torch would step with it)",
+                                    "invalid"))
+        why = _group_membership(groups, od.get("state"))
+        if why:
+            findings.append(Finding(opt_file, f"not resumable: optimizer param_groups {why} (torch's "
+                                              "load_state_dict refuses it or drops that state)", "not_resumable"))
+    return findings
+
+
+def _group_hyperparameter(groups: list, values: dict[int, float]) -> str | None:
+    for i, g in enumerate(groups):
+        if not isinstance(g, dict):
+            return f"param_groups[{i}] is not a table"
+        for key, v in g.items():
+            if key == "params" or isinstance(v, bool):
+                continue
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                x = values.get(id(x)) if isinstance(x, tp.TensorRef) else x
+                if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+                    return f"param_groups[{i}].{shown(str(key))} is {x}"
+    return None
+
+
+def _group_membership(groups: list, state: Any) -> str | None:
+    seen: set = set()
+    for i, g in enumerate(groups):
+        params = g.get("params") if isinstance(g, dict) else None
+        if not isinstance(params, list):
+            return f"[{i}] has no params list"
+        for p in params:
+            key = p.value if isinstance(p, tp.Unhashable) else p
+            if not isinstance(key, (int, str)):
+                return f"[{i}] lists a parameter that is not an index or a name"
+            if key in seen:
+                return f"list parameter {shown(str(key))} in more than one group"
+            seen.add(key)
+    orphans = [k for k in (state if isinstance(state, dict) else {}) if k not in seen]
+    if orphans:
+        return (f"hold {len(seen)} parameters, but state is kept for {shown(str(orphans[0]))}, which is in no group"
+                f"{f' (and {len(orphans) - 1} more)' if len(orphans) > 1 else ''}")
+    return None
+
+
+def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list | None, weight_shapes: Multiset,
+                     notes: list[str]) -> tuple[OptimizerCheck, list[dict]]:
+    """The optimizer check (DCP, partitioned, torch, or none) and the torch optimizer dicts it read."""
+    scalar_values = _scalar_values(sources, stats)
     opts = [od for src in sources if src.kind == "zip" for od in _optimizer_dicts(src)]
     flat = any(src.flat for src in sources)
     dcp_opt = _check_dcp_optimizer(stats, dcp_meta, any(src.flat_model for src in sources))

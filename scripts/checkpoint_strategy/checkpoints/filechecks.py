@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import pickletools
+import re
 import struct
 import threading
 import zlib
@@ -490,6 +491,53 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update=None, regul
     return z
 
 
+class Window:
+    """A file object seeing only bytes [base, base+length) of another (the torch archives inside a DCP .distcp)."""
+
+    def __init__(self, fh, base: int, length: int) -> None:
+        self.fh, self.base, self.length, self.pos = fh, base, length, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self.pos = pos if whence == 0 else self.pos + pos if whence == 1 else self.length + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.length - self.pos if n < 0 else max(0, min(n, self.length - self.pos))
+        self.fh.seek(self.base + self.pos)
+        data = self.fh.read(n)
+        self.pos += len(data)
+        return data
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+def scan_embedded_zip(fh, base: int, length: int, counter: Counter, update=None) -> ZipScan:
+    """`scan_zip` at level full of the torch archive at [base, base+length) of an open file (each item of a DCP
+    .distcp is one torch.save archive, which dcp.load reads with torch.load): directory, local headers, data.pkl
+    and the CRC-32 of every entry. A small archive is read once into memory."""
+    z = ZipScan()
+    if length <= SMALL_ZIP_BYTES:
+        fh.seek(base)
+        data = fh.read(length)
+        counter.bytes_read += len(data)
+        if len(data) != length:
+            z.findings.append(truncated(f"truncated: the file ends inside the archive at byte {base}"))
+            return z
+        src: _InMemory | Window = _InMemory(data)
+    else:
+        src = Window(fh, base, length)
+    _scan_open_zip(src, "archive", z, counter, True, update)
+    if z.legacy and not z.findings:
+        z.findings.append(Finding("not a torch zip archive (dcp.load reads each item with torch.load)"))
+    return z
+
+
 class _InMemory(io.BytesIO):
     """A small file's bytes, read once (`data`: its size is len(data))."""
 
@@ -620,7 +668,8 @@ def _scan_open_zip(fh, path: str, z: ZipScan, counter: Counter, full: bool, upda
 def _zip_entries(fh, path: str, z: ZipScan, counter: Counter) -> tuple[list[ZipEntry], int] | None:
     """The central directory's entries (non-empty, unique names) and its offset; None once a finding is
     added (too short, not a zip archive, empty, a duplicate name) or a legacy torch file was checked instead."""
-    size = len(fh.data) if isinstance(fh, _InMemory) else os.fstat(fh.fileno()).st_size
+    size = len(fh.data) if isinstance(fh, _InMemory) else fh.length if isinstance(fh, Window) else \
+        os.fstat(fh.fileno()).st_size
     if size == 0:
         z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
         return None
@@ -781,6 +830,8 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
         return out
     if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
         out.append(Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)"))
+    else:
+        out.extend(_record_findings(fh, z, counter))
     for t in scan.tensors:
         span = t.span()
         if span is not None and (span[1] > t.storage.numel * tp.DTYPE_SIZE.get(t.storage.dtype, 1)
@@ -798,6 +849,29 @@ def _check_torch_pickle(fh, z: ZipScan, counter: Counter) -> list[Finding]:
         if len(out) >= 5:
             break
     return out
+
+
+#: the archive format versions torch.load reads (torch 2.x caffe2/serialize: kMinSupportedFileFormatVersion 1,
+#: kMaxSupportedFileFormatVersion 0xA); the record is read as C's strtoull does (spaces, a '+', leading digits)
+TORCH_FILE_VERSIONS = range(1, 11)
+_VERSION_TEXT = re.compile(rb"^\s*\+?(\d+)")
+
+
+def _record_findings(fh, z: ZipScan, counter: Counter) -> list[Finding]:
+    """The version and byteorder records as torch.load reads them: a version it supports, an endianness it knows."""
+    e = z.entry(z.prefix + "version") or z.entry(z.prefix + ".data/version")
+    data = _read_entry(fh, e, counter, limit=1 << 10) if e is not None else b""
+    m = _VERSION_TEXT.match(data) if isinstance(data, bytes) else None
+    if m is None or int(m.group(1)) not in TORCH_FILE_VERSIONS:
+        shown_text = data[:20] if isinstance(data, bytes) else data
+        return [Finding(f"{e.name if e else 'version'}: format version {shown_text!r}: torch.load reads versions "
+                        f"{TORCH_FILE_VERSIONS.start}-{TORCH_FILE_VERSIONS.stop - 1} only")]
+    bo = z.entry(z.prefix + "byteorder")
+    order = _read_entry(fh, bo, counter, limit=1 << 10) if bo is not None else b"little"
+    if order not in (b"little", b"big"):
+        return [Finding(f"{bo.name if bo else 'byteorder'}: {order!r} is not an endianness torch.load knows "
+                        "(little or big)")]
+    return []
 
 
 def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[Finding]:
@@ -868,7 +942,7 @@ def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> lis
 
 def _crc_entries(path: str, fh, entries: list, counter: Counter, update=None) -> str | None:
     """CRC-32 of every entry; the first failing entry (in archive order) is reported."""
-    workers = min(crc_workers(), len(entries))
+    workers = 1 if isinstance(fh, (Window, _InMemory)) else min(crc_workers(), len(entries))
     if workers < 2 or sum(e.csize for e in entries) < PARALLEL_MIN_BYTES:
         for e in entries:
             reason = _crc_entry(fh, e, counter, update)
@@ -1034,3 +1108,58 @@ def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:  # no
     except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
         return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
     return needed, keys
+
+
+def check_dcp_file(path: str, items: list, counter: Counter, update=None) -> list[Finding]:
+    """Level full of one DCP data file: every item `.metadata` places in it (framework_layouts.DcpItem) is a torch
+    archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
+    chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
+    first finding of the file, or none."""
+    try:
+        with open_regular(path) as fh:
+            for it in sorted(items, key=lambda i: i.offset):
+                reason = _dcp_item_finding(fh, it, counter, update)
+                if reason is not None:
+                    return [reason]
+    except (OSError, ReadError) as exc:
+        return [Finding(_oserror(exc))]
+    return []
+
+
+def _dcp_item_finding(fh, it, counter: Counter, update) -> Finding | None:
+    if it.transformed:   # compressed / encrypted by a DCP extension: its bytes are read, not parsed
+        fh.seek(it.offset)
+        counter.bytes_read += len(fh.read(min(it.length, CHUNK)))
+        return None
+    fh.seek(it.offset)
+    head = fh.read(4)
+    numel = 1
+    for d in it.sizes or ():
+        numel *= d
+    if it.sizes is not None and head != _LFH and it.length == numel * tp.DTYPE_SIZE.get(it.dtype or "", -1):
+        for _chunk in _window_chunks(fh, it.offset, it.length, counter, update):
+            pass
+        return None
+    z = scan_embedded_zip(fh, it.offset, it.length, counter, update)
+    where = f"item {tp.shown(it.fqn)} (bytes {it.offset}..{it.offset + it.length})"
+    if z.findings:
+        return Finding(f"{where}: {z.findings[0]}", getattr(z.findings[0], "kind", "invalid"))
+    root = z.pickle.root if z.pickle is not None else None
+    if it.sizes is not None and not (isinstance(root, tp.TensorRef) and tuple(root.shape) == tuple(it.sizes)):
+        shape = list(root.shape) if isinstance(root, tp.TensorRef) else type(root).__name__
+        return Finding(f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)")
+    return None
+
+
+def _window_chunks(fh, base: int, length: int, counter: Counter, update):
+    fh.seek(base)
+    left = length
+    while left > 0:
+        data = fh.read(min(CHUNK, left))
+        if not data:
+            return
+        left -= len(data)
+        counter.bytes_read += len(data)
+        if update is not None:
+            update(update_bytes=len(data))
+        yield data

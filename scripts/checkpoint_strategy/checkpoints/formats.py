@@ -130,7 +130,9 @@ def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None
     if ".metadata" in nameset or any(n.endswith(".distcp") for n in names):
         # torchtitan or a plain loop's DCP save: only the .metadata's keys tell (the checker reads them)
         return Found(path, "dcp", step_from_name(base), True)
-    if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset):
+    if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset
+                                                     or any(n.endswith(".index.json") for n in names)):
+        # (a sharded save_pretrained / save_torch_state_dict folder: its index names every shard)
         return Found(path, "hf-trainer", step_from_name(base), True, "checkpoint", listing)
     if _STEP.match(base) or (_ORBAX.match(base) and base.isdigit()):
         # an empty or unrecognisable step folder: in-flight or broken, still a checkpoint slot

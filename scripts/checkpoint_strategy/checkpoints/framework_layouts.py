@@ -15,6 +15,8 @@ in tests/test_checkpoints_ranks.py):
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 _OPTIMIZER_KEY = re.compile(r"^(opt|opt_state|optimizer|optimizer_state|optim|optim_state)$", re.I)
 TORCHTITAN_TRAIN_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
@@ -173,3 +175,362 @@ def zip_pickle(path: str) -> bytes | None:
         return zlib.decompress(data, -15) if entry.method == 8 else data
     except (OSError, zlib.error, storage.ReadError):
         return None
+
+
+# --------------------------------------------------------------------------- torch.distributed.checkpoint
+
+_DCP_META = "torch.distributed.checkpoint.metadata."
+#: every class a DCP .metadata may name (torch 2.x): DCP reads it with pickle.load, which fails on any other name
+#: under torch (a flipped letter in a class name is an AttributeError there)
+DCP_CLASSES = frozenset(
+    {_DCP_META + n for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                             "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
+    | {"torch.distributed.checkpoint.filesystem._StorageInfo", "torch.distributed.checkpoint.filesystem._StoragePrefix",
+       "torch.distributed.checkpoint.filesystem.SerializationFormat",
+       "torch.distributed.checkpoint._extension.ZStandard",
+       "torch.distributed.checkpoint._extension.StreamTransformExtension",
+       "torch.Size", "torch.serialization._get_layout", "torch.device"})
+DCP_LAYOUTS = frozenset(f"torch.{n}" for n in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
+                                               "sparse_bsc", "_mkldnn", "jagged"))
+#: DCP's _MEM_FORMAT_ENCODING values (contiguous, channels_last, preserve)
+DCP_MEMORY_FORMATS = (0, 1, 2)
+
+
+#: a .metadata describes its data files: per stored item a few hundred bytes (fqn, chunk, storage entry), and each
+#: item holds a torch archive of ~1 KB at least (raw items of older DCP: the values, where a model's weights
+#: outweigh its metadata many times; the test DCP of a 4-layer MLP: 0.14 bytes of .metadata per byte of data).
+#: More than this many bytes of .metadata per byte of data (past the first MB) describe more than the files hold:
+#: refused before the pickle is walked, so its cost stays in proportion to the data (a 40 MB .metadata of a million
+#: chunks beside 43 kB of data: 0.25 s, where it took 55 s and 1.35 GB)
+DCP_METADATA_PER_DATA_BYTE = 4
+DCP_METADATA_FLOOR = 1 << 20
+
+
+def dcp_metadata_oversized(meta_bytes: int, data_bytes: int) -> str | None:
+    """Why a .metadata is too big for the data files beside it, or None."""
+    if meta_bytes <= DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data_bytes:
+        return None
+    return (f"broken .metadata: {meta_bytes} bytes describing {data_bytes} bytes of .distcp data (more entries than "
+            "the data files can hold): not read further")
+
+
+class DcpBroken(Exception):
+    """A .metadata that DCP's loader cannot use; the message is the one-line reason."""
+
+
+@dataclass
+class DcpItem:
+    """One stored item a .metadata names: a tensor chunk (its sizes and dtype) or a bytes object."""
+
+    fqn: str
+    rel: str
+    offset: int
+    length: int
+    sizes: tuple | None = None
+    dtype: str | None = None
+    transformed: bool = False
+
+
+def dcp_items(scan: Any, dtypes: frozenset | set | dict) -> list[DcpItem]:
+    """Every stored item of a DCP .metadata read as data (`scan`: torchpickle's PickleScan), checked the way
+    dcp.load / dcp_to_torch_save use it: only DCP's own classes, every tensor's properties, size and chunks whole,
+    every chunk and bytes entry found in storage_data, the planner_data paths nestable. Raises DcpBroken."""
+    bad = [g for g in scan.globals if g.startswith("torch.") and g not in DCP_CLASSES
+           and (not g.startswith("torch.") or g[6:] not in dtypes) and g not in DCP_LAYOUTS]
+    if bad:
+        raise DcpBroken(f"names {bad[0]!r}, not a class DCP's metadata holds (dcp.load cannot unpickle it)")
+    root = scan.root
+    if not (_is_call(root, _DCP_META + "Metadata") and isinstance(root.state, dict)):
+        raise DcpBroken("the pickle is not a DCP Metadata record")
+    state = root.state
+    sdm, storage = state.get("state_dict_metadata"), state.get("storage_data")
+    if not isinstance(sdm, dict) or not isinstance(storage, dict):
+        raise DcpBroken("Metadata without its state_dict_metadata and storage_data tables")
+    infos = _dcp_storage_infos(storage)
+    items: list[DcpItem] = []
+    for fqn, md in sdm.items():
+        if not isinstance(fqn, str):
+            raise DcpBroken(f"a state_dict_metadata key is not a name ({type(fqn).__name__})")
+        items.extend(_dcp_entry_items(fqn, md, infos, dtypes))
+    _dcp_planner_paths(state.get("planner_data"), sdm)
+    return items
+
+
+def _is_call(obj: Any, name: str) -> bool:
+    from checkpoint_strategy.checkpoints import torchpickle as tp
+
+    return isinstance(obj, tp.Call) and obj.name == name and not obj.args
+
+
+def _dcp_storage_infos(storage: dict) -> dict[tuple, tuple[str, int, int, bool]]:
+    """(fqn, chunk offsets or None) -> (relative_path, offset, length, transformed) of storage_data."""
+    out = {}
+    for idx, info in storage.items():
+        i = getattr(idx, "state", None) if _is_call(idx, _DCP_META + "MetadataIndex") else None
+        s = getattr(info, "state", None) if _is_call(info, "torch.distributed.checkpoint.filesystem._StorageInfo") \
+            else None
+        if not isinstance(i, dict) or not isinstance(s, dict) or not isinstance(i.get("fqn"), str):
+            raise DcpBroken("a storage_data entry is not a MetadataIndex -> _StorageInfo pair")
+        rel, off, length = s.get("relative_path"), s.get("offset"), s.get("length")
+        if not isinstance(rel, str) or type(off) is not int or type(length) is not int or off < 0 or length < 0:
+            raise DcpBroken(f"storage_data entry of {i['fqn']!r} has no valid relative_path, offset and length")
+        offsets = i.get("offset")
+        key = (i["fqn"], tuple(offsets) if isinstance(offsets, (tuple, list)) else None)
+        out[key] = (rel, off, length, bool(s.get("transform_descriptors")))
+    return out
+
+
+def _dcp_entry_items(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict) -> list[DcpItem]:
+    if _is_call(md, _DCP_META + "BytesStorageMetadata"):
+        info = infos.get((fqn, None))
+        if info is None:
+            raise DcpBroken(f"bytes entry {fqn!r} has no storage_data entry")
+        return [DcpItem(fqn, info[0], info[1], info[2], transformed=info[3])]
+    if not (_is_call(md, _DCP_META + "TensorStorageMetadata") and isinstance(md.state, dict)):
+        raise DcpBroken(f"entry {fqn!r} is neither a tensor nor a bytes entry")
+    dtype = _dcp_dtype(fqn, md.state.get("properties"), dtypes)
+    size = md.state.get("size")
+    if not _ints(size):
+        raise DcpBroken(f"tensor {fqn!r} has no valid size")
+    chunks = md.state.get("chunks")
+    if not isinstance(chunks, list):
+        raise DcpBroken(f"tensor {fqn!r} has no chunk list")
+    out = []
+    for c in chunks:
+        cs = c.state if _is_call(c, _DCP_META + "ChunkStorageMetadata") else None
+        offsets, sizes = (cs.get("offsets"), cs.get("sizes")) if isinstance(cs, dict) else (None, None)
+        if not (_ints(offsets) and _ints(sizes) and len(offsets) == len(sizes) == len(size)
+                and all(o + s <= d for o, s, d in zip(offsets, sizes, size, strict=True))):
+            raise DcpBroken(f"tensor {fqn!r}{list(size)} has a chunk outside it")
+        info = infos.get((fqn, tuple(offsets)))
+        if info is None:
+            raise DcpBroken(f"chunk {list(offsets)} of tensor {fqn!r} has no storage_data entry")
+        out.append(DcpItem(fqn, info[0], info[1], info[2], tuple(sizes), dtype, info[3]))
+    return out
+
+
+def _ints(v: Any) -> bool:
+    return isinstance(v, tuple) and all(type(x) is int and x >= 0 for x in v)
+
+
+def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
+    """The dtype of a TensorProperties record (its pickled state: (dtype, layout, requires_grad, memory_format,
+    pin_memory), or a dict of those fields)."""
+    from checkpoint_strategy.checkpoints import torchpickle as tp
+
+    st = props.state if _is_call(props, _DCP_META + "TensorProperties") else None
+    if isinstance(st, dict):
+        st = (st.get("dtype"), st.get("layout"), st.get("requires_grad"), st.get("memory_format"),
+              st.get("pin_memory"))
+    if not (isinstance(st, tuple) and len(st) == 5 and isinstance(st[0], tp.Global) and st[0].name in dtypes):
+        raise DcpBroken(f"tensor {fqn!r} has no valid properties (dtype, layout, memory format)")
+    layout, fmt = st[1], st[3]
+    if not (isinstance(layout, tp.Call) and layout.name == "torch.serialization._get_layout"
+            and layout.args and layout.args[0] in DCP_LAYOUTS):
+        raise DcpBroken(f"tensor {fqn!r} has an unknown layout")
+    if not (_is_enum(fmt) and fmt.args[0] in DCP_MEMORY_FORMATS):
+        raise DcpBroken(f"tensor {fqn!r} has an unknown memory format")
+    return st[0].name
+
+
+def _is_enum(v: Any) -> bool:
+    from checkpoint_strategy.checkpoints import torchpickle as tp
+
+    return isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
+
+
+def _dcp_planner_paths(planner: Any, sdm: dict) -> None:
+    """planner_data: fqn -> the path dcp_to_torch_save nests each entry by (torch's set_element): names (a dict
+    key) and list indexes, joined with dots the entry's own name; no path may lead through another entry, nor a name
+    into a list or an index into a dict, and an index is never negative nor past the number of entries (a list of
+    10**10 slots is not built)."""
+    if planner is None:
+        return
+    if not isinstance(planner, dict):
+        raise DcpBroken("planner_data is not a table of paths")
+    limit = len(sdm)
+    tree: dict = {}
+    for fqn in sdm:
+        path = planner.get(fqn)
+        if path is None:
+            continue
+        if not (isinstance(path, (tuple, list)) and path and all(type(k) in (str, int) for k in path)):
+            raise DcpBroken(f"planner_data path of {fqn!r} is not a list of names and indexes")
+        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
+            raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
+        if any(type(k) is int and not 0 <= k < limit for k in path):
+            raise DcpBroken(f"planner_data path of {fqn!r} has a list index outside 0..{limit - 1}")
+        _dcp_nest(tree, fqn, path)
+
+
+_LEAF = object()
+
+
+def _dcp_nest(tree: dict, fqn: str, path: Any) -> None:
+    """Place one planner_data path in `tree` (key -> subtree or _LEAF; a subtree records the type of its keys)."""
+    node = tree
+    for i, key in enumerate(path):
+        kinds = node.setdefault("\0kind", type(key)) if i else str
+        if i and kinds is not type(key):
+            raise DcpBroken(f"planner_data path of {fqn!r} mixes names and list indexes at one level")
+        nxt = node.get(key)
+        if i == len(path) - 1:
+            if nxt is not None:
+                raise DcpBroken(f"planner_data path of {fqn!r} is taken by another entry")
+            node[key] = _LEAF
+            return
+        if nxt is _LEAF:
+            raise DcpBroken(f"planner_data path of {fqn!r} is nested under another entry")
+        node = node.setdefault(key, {})
+
+
+# --------------------------------------------------------------------------- Orbax (orbax-checkpoint 0.12)
+
+#: the value types Orbax's type handlers and empty values write in _METADATA (orbax.checkpoint _src/serialization,
+#: _src/metadata/empty_values.py); restore looks the handler up by this name
+ORBAX_VALUE_TYPES = frozenset({"jax.Array", "np.ndarray", "scalar", "string", "None", "Dict", "List", "Tuple",
+                               "NamedTuple", "Unknown", "placeholder"})
+ORBAX_KEY_TYPES = (1, 2)   # KeyType.SEQUENCE, KeyType.DICT
+ORBAX_SHARDINGS = frozenset({"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"})
+
+
+def orbax_params(metadata: object) -> dict[str, list[int] | None] | str | None:
+    """An item's _METADATA tree read the way Orbax restores it: param name ('a.b') -> write_shape (None for a
+    value without one); or the reason it cannot be restored from (a flipped byte that left it JSON); None for a
+    tree in another layout than orbax-checkpoint 0.12's (entries keyed by their key_metadata): not judged."""
+    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
+    modern = isinstance(metadata, dict) and any(k in metadata for k in ("use_ocdbt", "use_zarr3"))
+    if not isinstance(tree, dict):
+        return "no tree_metadata object" if modern else None
+    if not modern and not any(isinstance(e, dict) and "key_metadata" in e for e in tree.values()):
+        return None
+    for key in ("use_ocdbt", "use_zarr3", "store_array_data_equal_to_fill_value"):
+        if key in metadata and type(metadata[key]) is not bool:
+            return f"{key} is not true or false"
+    params: dict[str, list[int] | None] = {}
+    for name, entry in tree.items():
+        got = _orbax_entry(name, entry)
+        if isinstance(got, str):
+            return got
+        params[got[0]] = got[1]
+    return params
+
+
+def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | str:
+    keys = entry.get("key_metadata") if isinstance(entry, dict) else None
+    value = entry.get("value_metadata") if isinstance(entry, dict) else None
+    if not isinstance(keys, list) or not keys or not isinstance(value, dict):
+        return f"entry {name!r} has no key_metadata list and value_metadata object"
+    parts = []
+    for k in keys:
+        if not (isinstance(k, dict) and isinstance(k.get("key"), str) and k.get("key_type") in ORBAX_KEY_TYPES
+                and type(k.get("key_type")) is int):
+            return f"entry {name!r} has a key that is not a name with key_type 1 or 2"
+        if k["key_type"] == 1 and not k["key"].isdigit():
+            return f"entry {name!r} has a sequence key {k['key']!r} that is not an index"
+        parts.append(k["key"])
+    if name != str(tuple(parts)):
+        return f"entry {name!r} does not match its keys {parts}"
+    if value.get("value_type") not in ORBAX_VALUE_TYPES:
+        return f"entry {name!r} has an unknown value_type {value.get('value_type')!r}"
+    if type(value.get("skip_deserialize")) is not bool:
+        return f"entry {name!r}: skip_deserialize is not true or false"
+    shape = value.get("write_shape")
+    if shape is not None and not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        return f"entry {name!r} has an invalid write_shape"
+    return ".".join(parts), shape
+
+
+def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> str | None:
+    """array_metadatas/process_N against the tree: each names a param of the tree, with its write_shape and a
+    chunk_shape that fits in it; the reason it does not, or None."""
+    entries = doc.get("array_metadatas") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return "no array_metadatas list"
+    for e in entries:
+        am = e.get("array_metadata") if isinstance(e, dict) else None
+        name = am.get("param_name") if isinstance(am, dict) else None
+        if not isinstance(name, str) or name not in params:
+            return f"names {name!r}, not a value of the tree in _METADATA"
+        write, chunk = am.get("write_shape"), am.get("chunk_shape")
+        if params[name] is not None and write != params[name]:
+            return f"write_shape of {name!r} is {write}, _METADATA says {params[name]}"
+        if not (isinstance(chunk, list) and isinstance(write, list) and len(chunk) == len(write)
+                and all(type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write, strict=True))):
+            return f"chunk_shape of {name!r} does not fit its write_shape"
+    return None
+
+
+def orbax_sharding(doc: object, params: dict[str, list[int] | None]) -> str | None:
+    """_sharding: base64 of each param name -> the JSON of its sharding (a type Orbax knows); the reason it does
+    not hold, or None."""
+    import base64
+    import binascii
+    import json
+
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    for key, value in doc.items():
+        try:
+            name = base64.b64decode(key.encode("ascii"), validate=True).decode("utf-8")
+            spec = json.loads(value) if isinstance(value, str) else None
+        except (binascii.Error, UnicodeError, ValueError):
+            return f"key {key!r} is not the base64 of a value name, or its sharding is not JSON"
+        if name not in params:
+            return f"names {name!r}, not a value of the tree in _METADATA"
+        if not (isinstance(spec, dict) and spec.get("sharding_type") in ORBAX_SHARDINGS):
+            return f"the sharding of {name!r} is not one Orbax knows"
+        if spec["sharding_type"] == "SingleDeviceSharding" and not (
+                isinstance(spec.get("device_str"), str) and _ORBAX_DEVICE.match(spec["device_str"])):
+            return f"the sharding of {name!r} names no device jax knows (device_str)"
+    return None
+
+
+#: a jax device as SingleDeviceSharding records it (platform:id); which ids exist is the restoring host's business
+_ORBAX_DEVICE = re.compile(r"^(cpu|gpu|cuda|rocm|tpu|METAL|neuron):\d+$")
+_OCDBT_MAGIC = b"\x0c\xdb"
+_CRC32C_TABLE: list[int] = []
+
+
+def crc32c(data: bytes, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli), the checksum tensorstore's OCDBT puts at the end of every manifest and node (table
+    driven: OCDBT nodes are small; array values are not checksummed and are not read through this)."""
+    table = _CRC32C_TABLE
+    if not table:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            table.append(c)
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+MAX_OCDBT_NODE = 64 << 20
+
+
+def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
+    """The OCDBT nodes at the start of a file (tensorstore: 4-byte magic 0x0cdb...., 8-byte length of the whole
+    node, ..., CRC-32C of the bytes before it): every one whole and with its checksum. A manifest is one node that
+    is the whole file; a data file may go on with array values (not checksummed: read no further). The reason, or
+    None."""
+    import struct
+
+    pos = 0
+    while pos + 16 <= len(data) and data.startswith(_OCDBT_MAGIC, pos):
+        (length,) = struct.unpack_from("<Q", data, pos + 4)
+        if length < 16 or pos + length > len(data) or length > MAX_OCDBT_NODE:
+            return f"an OCDBT node at byte {pos} declares {length} bytes, the file holds {len(data) - pos}: truncated?"
+        (stored,) = struct.unpack_from("<I", data, pos + length - 4)
+        if crc32c(data[pos:pos + length - 4]) != stored:
+            return f"the OCDBT node at byte {pos}: CRC-32C mismatch (data corrupted)"
+        pos += length
+        if manifest:
+            break
+    if manifest and pos != len(data):
+        return "not one whole OCDBT manifest (bad magic, length or trailing bytes)"
+    if pos == 0 and not manifest:
+        return None if len(data) > 16 else "too short for OCDBT data"
+    return None

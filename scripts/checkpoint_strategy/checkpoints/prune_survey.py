@@ -483,7 +483,8 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
 def recheck_level(level: str) -> Level:
     """The level a checkpoint that justifies deletions is checked at right before anything is deleted:
     at least full (the CRC-32 of every file), whatever level the survey used (issue 29: a byte flipped
-    in optimizer.pt passes the quick level)."""
+    in optimizer.pt passes the quick level). Full is the lowest level held to the framework's own loader: every
+    mutation torch/safetensors/DCP/Orbax refuse, full calls invalid (tests/test_oracle_mutations.py)."""
     return "deep" if level == "deep" else "full"
 
 

@@ -568,16 +568,16 @@ _FAST_TABLE: list[tuple[str, int, int, Any, Any] | None] = [
 _U4 = struct.Struct("<I").unpack_from   # LONG_BINPUT / LONG_BINGET (uint4)
 
 
+# `_run_bytes` returns False on anything it does not take: an opcode or argument it does not read itself, a pickle
+# cut short, a handler's objection, a GLOBAL name with an escape or a non-ASCII byte, protocol-4 frames that do not
+# follow each other up to STOP, more bytes than `max_opcodes` (every opcode takes at least one, so a pickle no
+# longer than that cannot have more and none is counted against it).
 def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
-    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument from the bytes as
-    pickletools.genops reads them (same names, same values) with no generator and no file object. True: it
-    reached STOP. False: anything else (an opcode or argument it does not read itself, a pickle cut short, a
-    handler's objection, a GLOBAL name with an escape or a non-ASCII byte, more bytes than `max_opcodes`: every
-    opcode takes at least one, so a pickle no longer than that cannot have more and none is counted against it);
-    the caller then reads the pickle again from the start with genops, which words what is wrong. The branches go
-    in the order of how often a real optimizer.pt's opcodes take them."""
+    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument as pickletools.genops
+    does, with no generator and no file object. True: it reached STOP; False: the caller reads the pickle again
+    with genops, which words what is wrong. Branches go by how often a real optimizer.pt's opcodes take them."""
     fast = _FAST_TABLE
-    i, n, count = 0, len(data), 0
+    i, n, count, frame_end = 0, len(data), 0, 0   # frame_end: where the current frame ends (0: no frame yet)
     if n > max_opcodes:
         return False
     try:
@@ -593,7 +593,9 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif kind == 4 and i + 4 < n:   # uint4 (LONG_BINPUT, LONG_BINGET)
                 arg, i = _U4(data, i + 1)[0], i + 5
             else:
-                arg, i = _fast_arg(data, i + 1, n, kind)
+                start, (arg, i) = i, _fast_arg(data, i + 1, n, kind)
+                if kind == 5 and (frame_end := _next_frame(frame_end, start, i, arg, n)) < 0:   # FRAME
+                    return False
             count += 1
             if how == 2:   # the commonest opcodes, done here as their handlers do them
                 m.memo[arg] = m.stack[-1]
@@ -621,6 +623,8 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
             elif how == 7:
                 m.stack.append(value())
             else:   # 5: STOP
+                if frame_end and i != frame_end:   # the last frame ends with STOP, or genops decides
+                    return False
                 scan.opcodes = count
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
@@ -628,6 +632,12 @@ def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> 
     except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
         return False
     return False
+
+
+def _next_frame(frame_end: int, start: int, i: int, size: int, n: int) -> int:
+    """`_run_bytes` at a FRAME (at `start`, its data from `i`): where it ends, or -1 (genops decides) unless it
+    begins where the frame before ended and fits in the pickle."""
+    return -1 if size > n - i or frame_end not in (0, start) else i + size
 
 
 def _fast_arg(data: bytes, i: int, n: int, kind: int) -> tuple[Any, int]:
@@ -668,12 +678,15 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
             return scan
     scan = PickleScan()
     m = _Machine(scan)
+    end = len(data) if isinstance(data, bytes) else _end_of(data)
+    frame: list = [None]   # where the current frame ends
     try:
         for op, arg, _pos in pickletools.genops(data):
             scan.opcodes += 1
             if scan.opcodes > max_opcodes:
                 raise _Broken(f"more than {max_opcodes} opcodes")
             name = op.name
+            frame = _frame_check(frame, name, arg, _pos, end)
             if name == "STOP":
                 scan.root = m.stack.pop() if m.stack else None
                 scan.complete = True
@@ -691,6 +704,37 @@ def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
     if not scan.complete and scan.error is None:
         scan.error = "ends without STOP (truncated)"
     return scan
+
+
+def _frame_check(frame: list, name: str, arg: Any, pos: int | None, end: int | None) -> list:
+    """Protocol 4 frames as pickle.load reads them: a frame is read whole before its first opcode (one longer than
+    the rest of the pickle is refused) and no opcode runs across its end (the unpickler refuses, or reads
+    garbage). `frame`: [where the current frame ends, or None]; the new state."""
+    frame_end = frame[0]
+    if pos is None:
+        return frame
+    if frame_end is not None and pos >= frame_end:
+        if pos != frame_end:
+            raise _Broken(f"an opcode runs across the end of a FRAME at byte {frame_end}")
+        frame_end = None
+    if name == "FRAME":
+        if end is not None and arg > end - pos - 9:
+            raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
+        if frame_end is not None:
+            raise _Broken("a FRAME begins inside another")
+        frame_end = pos + 9 + arg
+    return [frame_end]
+
+
+def _end_of(fh: Any) -> int | None:
+    """Where a seekable binary file ends (genops numbers its opcodes by file position), or None."""
+    try:
+        here = fh.tell()
+        end = fh.seek(0, 2)
+        fh.seek(here)
+        return end
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- walking the tree

@@ -293,6 +293,21 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
             continue
         if shard not in names:
             ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
+        elif shard.endswith(".safetensors"):
+            _check_index_names(ctx, os.path.join(path, idx), os.path.join(path, shard),
+                               [k for k, v in wm.items() if v == shard])
+
+
+def _check_index_names(ctx: _Ctx, index: str, shard: str, keys: list) -> None:
+    """Every tensor an index places in a safetensors shard is in that shard's header (the loader looks it up
+    there: a name the shard lacks is a failed load)."""
+    header = fc.safetensors_header(shard)
+    if header is None:
+        return   # an unreadable header is the shard's own problem (ctx.safetensors words it)
+    lacking = [k for k in keys if k not in header or k == "__metadata__"]
+    if lacking:
+        ctx.bad(index, f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
+                       f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
 
 
 def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
@@ -341,13 +356,19 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     data = _read_dcp_metadata(ctx, path, meta)
     if data is None:
         return
+    oversized = fl.dcp_metadata_oversized(len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata"))
+    if oversized:
+        ctx.bad(meta, oversized)
+        return
     scan = tp.read_pickle(data)
     if scan.unsafe(dcp=True):
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return
-    parsed = fc.dcp_storage_map(data)
+    items = _dcp_items(ctx, meta, scan)
+    parsed = fc.dcp_storage_map(data) if items is not None else "broken .metadata"
     if isinstance(parsed, str):
-        ctx.bad(meta, parsed)
+        if items is not None:
+            ctx.bad(meta, parsed)
         return
     needed, keys = parsed
     if out is not None:
@@ -356,13 +377,35 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
     problems_before = len(ctx.problems)
+    by_file: dict[str, list] = {}
+    for it in items or ():
+        by_file.setdefault(it.rel, []).append(it)
     for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes)
+        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
         ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _dcp_items(ctx: _Ctx, meta: str, scan: tp.PickleScan) -> list | None:
+    """The items a .metadata stores (framework_layouts.dcp_items), or None once its problem is recorded."""
+    if not scan.complete:
+        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
+        return None
+    try:
+        return fl.dcp_items(scan, tp.DTYPE_SIZE)
+    except fl.DcpBroken as exc:
+        ctx.bad(meta, f"broken .metadata: {exc}")
+        return None
 
 
 def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
@@ -384,7 +427,7 @@ def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
     return data
 
 
-def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int) -> None:
+def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int, items: list) -> None:
     """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
     p = os.path.join(path, rel)
     if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
@@ -406,8 +449,8 @@ def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int)
     ctx.counter.files += 1
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.reads(p):
-        for r in fc.stream_file(p, ctx.counter, ctx.update):
+    elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
+        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update):
             ctx.bad(p, r)
     ctx._tick()
 
@@ -609,22 +652,70 @@ def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layou
         if not inner:
             ctx.missing(ip, f"contents of item {item}/")
             continue
+        docs: dict[str, object] = {}
         for n in inner:
             p = os.path.join(ip, n)
             if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                meta = ctx.json(p)
+                meta = docs[n] = ctx.json(p)
                 if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
                     out.resumable = True
             elif n == "manifest.ocdbt":
-                ctx.readable(p)
+                _check_ocdbt(ctx, p, manifest=True)
             elif ctx.reads(p) and os.path.isfile(p):
                 ctx.readable(p)
+        _check_orbax_item(ctx, ip, inner, docs)
         if "opt" in item.lower() or item in ("state", "train_state"):
             out.resumable = True
     if ctx.deep:
         ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
     out.sharded, out.portability = True, "orbax"
     return out
+
+
+def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
+    """An Orbax item as its restore reads it: the _METADATA tree, array_metadatas/* and _sharding naming its values
+    with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
+    (CRC-32C) under d/ and ocdbt.process_*/."""
+    meta = os.path.join(ip, "_METADATA")
+    params = fl.orbax_params(docs.get("_METADATA"))
+    if isinstance(params, str):
+        ctx.bad(meta, f"Orbax cannot restore from it: {params}")
+    if "array_metadatas" in inner:
+        for n in _ls(os.path.join(ip, "array_metadatas")):
+            doc = ctx.json(os.path.join(ip, "array_metadatas", n))
+            reason = fl.orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
+            if reason:
+                ctx.bad(os.path.join(ip, "array_metadatas", n), f"Orbax cannot restore from it: {reason}")
+    reason = fl.orbax_sharding(docs["_sharding"], params) if isinstance(params, dict) and \
+        docs.get("_sharding") is not None else None
+    if reason:
+        ctx.bad(os.path.join(ip, "_sharding"), f"Orbax cannot restore from it: {reason}")
+    if not ctx.full:
+        return
+    for sub in [ip] + [os.path.join(ip, n) for n in inner if n.startswith("ocdbt.process_")]:
+        if sub != ip and "manifest.ocdbt" in _ls(sub):
+            _check_ocdbt(ctx, os.path.join(sub, "manifest.ocdbt"), manifest=True)
+        for n in _ls(os.path.join(sub, "d")):
+            _check_ocdbt(ctx, os.path.join(sub, "d", n), manifest=False)
+
+
+def _check_ocdbt(ctx: _Ctx, path: str, manifest: bool) -> None:
+    """One OCDBT file at full (its nodes' CRC-32C, fl.ocdbt_nodes); a file too big to hold is read through."""
+    if not ctx.reads(path):
+        if manifest:
+            ctx.readable(path)
+        return
+    try:
+        data = read_bytes(path, "OCDBT file", limit=fl.MAX_OCDBT_NODE)
+    except ReadError:
+        ctx.readable(path)   # a big data file (array values), or unreadable: readable() words it
+        return
+    ctx.counter.files += 1
+    ctx.counter.bytes_read += len(data)
+    reason = fl.ocdbt_nodes(data, manifest)
+    if reason:
+        ctx.bad(path, reason)
+    ctx._tick()
 
 
 def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
