@@ -3,6 +3,7 @@
     from checkpoint_strategy.callbacks import HFCheckpointStrategy          # transformers.Trainer
     from checkpoint_strategy.callbacks import LightningCheckpointStrategy   # lightning / pytorch_lightning
     from checkpoint_strategy.callbacks import last_valid_checkpoint         # resume from a whole checkpoint
+    from checkpoint_strategy.callbacks import TrainingGuard                 # a plain loop's rollback playbook
 
 Nothing here imports a framework until the name is used: ``HFCheckpointStrategy`` loads
 transformers, ``LightningCheckpointStrategy`` loads lightning/pytorch_lightning. The framework-free
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "last_valid_checkpoint"]
+__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "TrainingGuard", "last_valid_checkpoint"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +31,8 @@ def __getattr__(name: str) -> Any:
         from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
 
         return last_valid_checkpoint
+    if name == "TrainingGuard":
+        from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+        return TrainingGuard
     raise AttributeError(f"module 'checkpoint_strategy.callbacks' has no attribute {name!r}")
