@@ -71,7 +71,8 @@ SLOW_TESTS: set[str] = {
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
 SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks",
-                "test_callbacks_multiproc", "test_callbacks_logging"}
+                "test_callbacks_multiproc", "test_callbacks_logging",
+                "test_callbacks_hf_playbook"}
 
 
 def pytest_collection_modifyitems(config, items):

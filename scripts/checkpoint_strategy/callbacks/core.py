@@ -624,6 +624,12 @@ class StrategyCore:
         self._close_worker(started)
         return summary
 
+    def restart(self) -> None:
+        """Another ``train`` on the same callback (train_with_recovery's resume after a rollback): end() runs again."""
+        self._ended = False
+        self._worker = None
+        self._worker_failed = False
+
     def _close_worker(self, started: float) -> None:
         if self._worker is not None:
             self._worker.wait(max(1.0, self.join_timeout - (time.monotonic() - started)))

@@ -132,7 +132,8 @@ class TrainingGuard:
         w = self._window(step)
         if w is None or not (w.skip[0] <= step <= w.skip[1]):
             return False
-        self.skipped.append(int(step))
+        if not self.skipped or self.skipped[-1] != step:   # asked once per micro-batch under accumulation
+            self.skipped.append(int(step))
         return True
 
     def _window(self, step: int) -> Optional[_Window]:
