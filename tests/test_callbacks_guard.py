@@ -192,3 +192,24 @@ def test_playbook_numbers_are_overridable_and_bad_ones_are_one_line():
     with pytest.raises(UsageError, match="max_rollbacks"):
         TrainingGuard(None, max_rollbacks=-1)
     assert TrainingGuard(None, policy={"frequency": "every_25_steps", "keep_last": 2}).frequency == 25
+
+
+def test_a_preemption_signal_answers_save_then_stop(tmp_path):
+    import signal
+
+    from checkpoint_strategy.callbacks.preempt import read_record
+
+    before = signal.getsignal(signal.SIGUSR1)
+    guard = TrainingGuard(tmp_path, frequency_steps=1000, preemption_signals=["SIGUSR1"])
+    try:
+        for s in range(1, 30):
+            assert guard.step(s, 1.0).action == "continue"
+        os.kill(os.getpid(), signal.SIGUSR1)          # delivered to the main thread before the next bytecode
+        d = guard.step(30, 1.0)
+        assert d.action == "save" and d.stop and "SIGUSR1" in d.reason
+        guard.saved(30, _save(tmp_path, 30))
+        assert guard.step(31, 1.0).action == "stop"
+        assert read_record(tmp_path)["step"] == 30 and guard.saves[-1].kind == "preemption"
+    finally:
+        guard.close()
+    assert signal.getsignal(signal.SIGUSR1) == before     # the handler the process had is back

@@ -29,6 +29,11 @@ collapsed loss answers ``rollback``:
   (20) are skipped. The numbers are recover's playbook (recovery/settings.py RecoveryOptions) and any
   of them can be passed as a keyword.
 
+Preemption (``preemption_signals=("SIGTERM", "SIGUSR1")``, off by default here: the loop owns its
+process): after the signal the next ``step`` answers ``save`` with ``stop=True``; once the loop reports
+that save (``saved``) it is recorded as a preemption save (preempt.py) and every later ``step`` answers
+``stop``.
+
 Bounded: at most ``max_rollbacks`` (3) a run; past that, or with no stable checkpoint left, one ERROR
 line and ``stop``. Every automatic action is one ``checkpoint-strategy:`` line and a record in the
 run's loss log (``<root>/.checkpoint-strategy-metrics.jsonl``, which also holds every logged loss, so
@@ -63,6 +68,7 @@ class Decision:
     grad_clip: Optional[float] = None  # rollback: clip the gradient norm to this in the same window
     skip_steps: tuple[int, int] = (0, -1)   # rollback: the steps first..last whose batches are skipped
     reason: str = ""
+    stop: bool = False                 # save: a preemption save; stop training once it is written
 
     @property
     def skipped(self) -> range:
@@ -91,7 +97,9 @@ class TrainingGuard:
 
     def __init__(self, root: Optional[str | os.PathLike] = None, policy: Any = None, *,
                  frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
-                 level: str = "full", options: Any = None, metrics_log: bool = True, **playbook: Any) -> None:
+                 level: str = "full", options: Any = None, metrics_log: bool = True,
+                 preemption_signals: Any = (), grace_seconds: float = 120.0, **playbook: Any) -> None:
+        from checkpoint_strategy.callbacks.preempt import Preemption
         from checkpoint_strategy.errors import UsageError
         from checkpoint_strategy.recovery import settings
 
@@ -115,6 +123,9 @@ class TrainingGuard:
         self._metrics_on = metrics_log and self.root is not None
         self._detector = self._new_detector()
         self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
+        self.preemption = Preemption(preemption_signals, grace_seconds)
+        self.preempted: Optional[dict] = None
+        self.preemption.install()
 
     # ------------------------------------------------------------------ what the loop asks
 
@@ -144,6 +155,8 @@ class TrainingGuard:
         step = int(step)
         if self.stopped is not None:
             return Decision("stop", step, reason=self.stopped)
+        if self.preemption.requested:     # at this step boundary: save (a resume point) and stop
+            return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
         self.history.append((step, loss_f, gn))
@@ -160,6 +173,11 @@ class TrainingGuard:
     def saved(self, step: int, path: str | os.PathLike, *, kind: str = "scheduled") -> None:
         """The loop saved `path` at `step` (kind: scheduled, emergency - never a rollback target - or preemption)."""
         loss = next((v for s, v, _ in reversed(self.history) if s == int(step)), None)
+        if self.preemption.requested and self.preempted is None:
+            kind = "preemption"
+            self.preempted = self.preemption.finished(self.root, os.fspath(path), int(step))
+            self.stopped = f"preempted by {self.preemption.requested} at step {step}"
+            self._write(self.preempted)
         self.saves.append(_Save(int(step), os.fspath(path), loss, kind))
         if self._metrics is not None:
             self._metrics.flush()
@@ -280,6 +298,7 @@ class TrainingGuard:
                 "stopped": self.stopped, "actions": [dict(a) for a in self.actions]}
 
     def close(self) -> dict:
+        self.preemption.uninstall()
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
