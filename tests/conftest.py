@@ -39,6 +39,10 @@ REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_r
                      "torn_rank_run", "zero3_two_ranks"}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
+    # callbacks/guard.py: real CPU training runs with a poisoned batch (3-6 s each)
+    "test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy", "test_recover_reads_the_guards_log_and_shows_the_restart",
+    "test_a_spike_that_recovers_within_the_window_is_not_rolled_back",
+    "test_a_slowed_save_in_a_real_trainer_lengthens_the_interval_once",
     # the quick loop was 72 s with 1901 tests (2026-12-03): its longest fuzzers and sweeps (1-2.7 s each) run in CI
     "test_fuzz_hostile_json_inputs_of_the_integrations", "test_fuzzed_csv_logs", "test_fuzzed_json_logs",
     "test_fuzzed_arguments", "test_fuzz_bad_csv_logs_exit_2_with_one_line", "test_plan_invariants",
@@ -75,7 +79,8 @@ SLOW_TESTS: set[str] = {
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
 SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks",
-                "test_callbacks_multiproc", "test_callbacks_logging", "test_callbacks_best", "test_oracle_mutations"}
+                "test_callbacks_multiproc", "test_callbacks_logging", "test_callbacks_best", "test_oracle_mutations",
+                "test_callbacks_hf_playbook", "test_callbacks_preempt"}
 
 
 # `pytest -n auto` (pytest-xdist; README, .ci/run): every worker builds the session fixtures its tests use. The real

@@ -3,6 +3,8 @@
     from checkpoint_strategy.callbacks import HFCheckpointStrategy          # transformers.Trainer
     from checkpoint_strategy.callbacks import LightningCheckpointStrategy   # lightning / pytorch_lightning
     from checkpoint_strategy.callbacks import last_valid_checkpoint         # resume from a whole checkpoint
+    from checkpoint_strategy.callbacks import TrainingGuard                 # a plain loop's rollback playbook
+    from checkpoint_strategy.callbacks import train_with_recovery           # the same around trainer.train (HF)
 
 Nothing here imports a framework until the name is used: ``HFCheckpointStrategy`` loads
 transformers, ``LightningCheckpointStrategy`` loads lightning/pytorch_lightning. The framework-free
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "last_valid_checkpoint"]
+__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "TrainingGuard", "last_valid_checkpoint",
+           "train_with_recovery"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +33,12 @@ def __getattr__(name: str) -> Any:
         from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
 
         return last_valid_checkpoint
+    if name == "TrainingGuard":
+        from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+        return TrainingGuard
+    if name == "train_with_recovery":
+        from checkpoint_strategy.callbacks.hf_playbook import train_with_recovery
+
+        return train_with_recovery
     raise AttributeError(f"module 'checkpoint_strategy.callbacks' has no attribute {name!r}")

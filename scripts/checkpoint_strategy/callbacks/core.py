@@ -150,12 +150,13 @@ class StrategyCore:
         self._ranked = RankedState()
         self._holds: list[Any] = []   # the folder's lock, held from before_save to saved (rank 0)
         self.resume_warnings: list[str] = []   # world size / global batch changed at the resume (check_resume)
+        self.frequency_override: Optional[int] = None   # the interval re-solved for the measured save cost (adaptive.py)
 
     # ------------------------------------------------------------------ schedule
 
     @property
     def frequency(self) -> int:
-        return self.settings.frequency_steps
+        return self.frequency_override or self.settings.frequency_steps
 
     def forced_save(self, step: int) -> bool:
         """A milestone step that the interval does not hit."""
@@ -628,6 +629,12 @@ class StrategyCore:
             self._metrics_fh = None
         self._close_worker(started)
         return summary
+
+    def restart(self) -> None:
+        """Another ``train`` on the same callback (train_with_recovery's resume after a rollback): end() runs again."""
+        self._ended = False
+        self._worker = None
+        self._worker_failed = False
 
     def _close_worker(self, started: float) -> None:
         if self._worker is not None:

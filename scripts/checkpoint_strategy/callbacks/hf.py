@@ -19,6 +19,11 @@ What it does to the Trainer (logged at start):
     checkpoint resumed from was saved, and says what keeps the LR schedule the same;
   * ``on_train_end``: waits for the background validations (async_save) and writes the
     session-handoff state when ``handoff_dir`` is given;
+  * a policy from a plan: each save's blocking time is measured; past 2x the plan's assumed cost the
+    interval is re-solved with the plan's model and applied from the next save, logged once (adaptive.py);
+  * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save at the next step end and stop
+    training, a whole checkpoint that ``last_valid_checkpoint`` resumes from (preempt.py); on by
+    default in a one-process run, off under torchrun unless the signals are named;
   * under torchrun every rank runs it: the ranks meet after each save, each checks its part of the
     files, the verdict is reduced over the run's process group; rank 0 alone prunes, writes the
     marker, the manifest and the handoff; an emergency save is rank 0's decision, broadcast
@@ -28,6 +33,7 @@ What it does to the Trainer (logged at start):
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional
 
 from transformers import TrainerCallback
@@ -49,15 +55,32 @@ class HFCheckpointStrategy(TrainerCallback):
         `checkpoint-strategy validate --manifest verify` catches a byte that changes later.
     rank_timeout: under torchrun, seconds a rank waits for the others at the callback's own
         meeting points (after a save, the emergency decision) before it gives up coordinating.
+    preemption_signals: the signals that mean "save now and stop" ("auto": SIGTERM and SIGUSR1 in a
+        one-process run, none under torchrun; () turns it off); grace_seconds: how long after the
+        signal a step end may take before the signal's own action runs.
+    adaptive_interval: with a policy from a plan, follow the measured save cost (adaptive.py).
     """
 
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
-                 rank_timeout: float = 600.0) -> None:
+                 rank_timeout: float = 600.0, preemption_signals: Any = "auto", grace_seconds: float = 120.0,
+                 adaptive_interval: bool = True) -> None:
+        from checkpoint_strategy.callbacks.preempt import DEFAULT_SIGNALS, Preemption
+
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
                                  join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
         self._configured = False
         self._pending: dict[int, str] = {}
+        self._auto_preempt = isinstance(preemption_signals, str) and preemption_signals == "auto"
+        self.preemption = Preemption(DEFAULT_SIGNALS if self._auto_preempt else preemption_signals, grace_seconds)
+        self.preempted: Optional[dict] = None   # the preemption save's record, once made
+        self._preempt_step: Optional[int] = None
+        self.adaptive = None
+        if adaptive_interval and self.core.settings.report is not None:
+            from checkpoint_strategy.callbacks.adaptive import AdaptiveInterval
+
+            self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
+        self._save_t0: Optional[float] = None
 
     # ------------------------------------------------------------------ configuration
 
@@ -96,6 +119,8 @@ class HFCheckpointStrategy(TrainerCallback):
         self._configure(args, state)
         _show_lines(args, state)
         self.core.start()
+        if not (self._auto_preempt and int(args.world_size) > 1):
+            self.preemption.install()
         if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
             self.core.check_resume(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
                                    world_size=int(args.world_size),
@@ -108,7 +133,11 @@ class HFCheckpointStrategy(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.core.forced_save(state.global_step):
             control.should_save = True
+        if self.preemption.requested and self._preempt_step is None:
+            self._preempt_step = state.global_step
+            control.should_save = control.should_training_stop = True
         if control.should_save:
+            self._save_t0 = time.monotonic()
             self.core.before_save()
         return control
 
@@ -132,9 +161,18 @@ class HFCheckpointStrategy(TrainerCallback):
         # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
         self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
+        if self.adaptive is not None and self._save_t0 is not None:
+            new = self.adaptive.observe(time.monotonic() - self._save_t0)
+            if new is not None:
+                self.core.frequency_override = state.save_steps = args.save_steps = new
+        self._save_t0 = None
+        if step == self._preempt_step and self.preempted is None:
+            self.preempted = self.preemption.finished(self.core.root, os.path.join(args.output_dir,
+                                                                                   f"checkpoint-{step}"), step)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.preemption.uninstall()
         self.core.end()
         return control
 

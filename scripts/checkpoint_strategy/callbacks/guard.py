@@ -1,0 +1,319 @@
+"""The recovery playbook for a plain PyTorch loop (torchtitan- or nanoGPT-style): a guard the loop asks each step.
+
+    guard = TrainingGuard("out/", policy="plan.json")        # or TrainingGuard("out/", frequency_steps=100)
+    step = 0
+    while step < max_steps:
+        step += 1
+        if guard.skip(step):                     # a batch of a rolled-back spike: drawn, not trained on
+            continue
+        loss, gn = train_one_step(batch(step), lr=base_lr * guard.lr_scale(step), clip=guard.grad_clip(step))
+        decision = guard.step(step, loss, grad_norm=gn)
+        if decision.action == "save":
+            path = save(step)                    # the loop's own save (model + optimizer)
+            guard.saved(step, path)
+        elif decision.action == "rollback":
+            load(decision.checkpoint)            # the loop's own load (model + optimizer)
+            step = decision.resume_step
+        elif decision.action == "stop":
+            break
+
+The guard feeds `recover`'s online detector (recovery/online.py) and waits its wait window: a spike
+that comes back within it is only logged; one that does not (``divergence``), a NaN/inf loss or a
+collapsed loss answers ``rollback``:
+
+* to the newest save the loop reported (``saved``) made before the onset whose loss was below
+  ``stable_ratio`` (1.1) x the spike's value, never an emergency save, validated at level full
+  (with optimizer state) by the package's validator; a checkpoint is used once;
+* LR x ``lr_multiplier`` (0.5) and gradient clipping ``grad_clip`` (0.5) from the resume step for
+  ``lr_reduced_steps`` (500) steps; the batches from the resume step to the onset + ``skip_past_onset``
+  (20) are skipped. The numbers are recover's playbook (recovery/settings.py RecoveryOptions) and any
+  of them can be passed as a keyword.
+
+Preemption (``preemption_signals=("SIGTERM", "SIGUSR1")``, off by default here: the loop owns its
+process): after the signal the next ``step`` answers ``save`` with ``stop=True``; once the loop reports
+that save (``saved``) it is recorded as a preemption save (preempt.py) and every later ``step`` answers
+``stop``.
+
+Bounded: at most ``max_rollbacks`` (3) a run; past that, or with no stable checkpoint left, one ERROR
+line and ``stop``. Every automatic action is one ``checkpoint-strategy:`` line and a record in the
+run's loss log (``<root>/.checkpoint-strategy-metrics.jsonl``, which also holds every logged loss, so
+`recover` on it shows the spike and the restart). Nothing here loads or saves a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import IO, Any, Optional
+
+from checkpoint_strategy.callbacks._log import PREFIX, log
+
+METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"   # the name core.py's loss log has
+ROLLBACK_ON = ("divergence", "nonfinite", "collapse")  # the detector's verdicts that a spike did not recover
+STABLE_RATIO = 1.1
+
+
+@dataclass
+class Decision:
+    """What the loop does after this step: continue, save, rollback or stop."""
+
+    action: str = "continue"
+    step: int = 0
+    checkpoint: Optional[str] = None   # rollback: the path to load (model and optimizer state)
+    resume_step: Optional[int] = None  # rollback: the step of that checkpoint; the loop goes on at resume_step + 1
+    lr_scale: float = 1.0              # rollback: multiply the LR by this ...
+    lr_until: Optional[int] = None     # ... up to and including this step
+    grad_clip: Optional[float] = None  # rollback: clip the gradient norm to this in the same window
+    skip_steps: tuple[int, int] = (0, -1)   # rollback: the steps first..last whose batches are skipped
+    reason: str = ""
+    stop: bool = False                 # save: a preemption save; stop training once it is written
+
+    @property
+    def skipped(self) -> range:
+        return range(self.skip_steps[0], self.skip_steps[1] + 1)
+
+
+@dataclass
+class _Save:
+    step: int
+    path: str
+    loss: Optional[float]
+    kind: str = "scheduled"   # scheduled | emergency | preemption
+
+
+@dataclass
+class _Window:
+    resume: int
+    lr_scale: float
+    lr_until: int
+    grad_clip: float
+    skip: tuple[int, int]
+
+
+class TrainingGuard:
+    """``step(step, loss, grad_norm=None) -> Decision``; see the module docstring."""
+
+    def __init__(self, root: Optional[str | os.PathLike] = None, policy: Any = None, *,
+                 frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
+                 level: str = "full", options: Any = None, metrics_log: bool = True,
+                 preemption_signals: Any = (), grace_seconds: float = 120.0, **playbook: Any) -> None:
+        from checkpoint_strategy.callbacks.preempt import Preemption
+        from checkpoint_strategy.errors import UsageError
+        from checkpoint_strategy.recovery import settings
+
+        if not isinstance(max_rollbacks, int) or max_rollbacks < 0:
+            raise UsageError(f"max_rollbacks must be a whole number >= 0, got {max_rollbacks!r}")
+        if level not in ("quick", "full", "deep"):
+            raise UsageError(f"level must be quick, full or deep, got {level!r}")
+        self.options = settings.build(options, **playbook)
+        self.frequency = _frequency(policy, frequency_steps)
+        self.root = os.fspath(root) if root is not None else None
+        self.max_rollbacks, self.stable_ratio, self.level = max_rollbacks, float(stable_ratio), level
+        self.saves: list[_Save] = []
+        self.used: set[str] = set()
+        self.rollbacks: list[dict] = []
+        self.skipped: list[int] = []
+        self.actions: list[dict] = []
+        self.windows: list[_Window] = []
+        self.history: list[tuple[int, float, Optional[float]]] = []
+        self.stopped: Optional[str] = None
+        self._metrics: Optional[IO[str]] = None
+        self._metrics_on = metrics_log and self.root is not None
+        self._detector = self._new_detector()
+        self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
+        self.preemption = Preemption(preemption_signals, grace_seconds)
+        self.preempted: Optional[dict] = None
+        self.preemption.install()
+
+    # ------------------------------------------------------------------ what the loop asks
+
+    def lr_scale(self, step: int) -> float:
+        w = self._window(step)
+        return w.lr_scale if w is not None and step <= w.lr_until else 1.0
+
+    def grad_clip(self, step: int) -> Optional[float]:
+        """The clipping norm in force at `step` (None: the loop's own)."""
+        w = self._window(step)
+        return w.grad_clip if w is not None and step <= w.lr_until else None
+
+    def skip(self, step: int) -> bool:
+        """True: the batch of this step is drawn and not trained on (logged once per rollback)."""
+        w = self._window(step)
+        if w is None or not (w.skip[0] <= step <= w.skip[1]):
+            return False
+        if not self.skipped or self.skipped[-1] != step:   # asked once per micro-batch under accumulation
+            self.skipped.append(int(step))
+        return True
+
+    def _window(self, step: int) -> Optional[_Window]:
+        return self.windows[-1] if self.windows and step > self.windows[-1].resume else None
+
+    def step(self, step: int, loss: float, grad_norm: Optional[float] = None) -> Decision:
+        """One trained step's loss (and grad norm): continue, save (on the policy's interval), rollback or stop."""
+        step = int(step)
+        if self.stopped is not None:
+            return Decision("stop", step, reason=self.stopped)
+        if self.preemption.requested:     # at this step boundary: save (a resume point) and stop
+            return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
+        loss_f = float(loss)
+        gn = None if grad_norm is None else float(grad_norm)
+        self.history.append((step, loss_f, gn))
+        self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
+        ev = self._detector.update(step, loss_f, gn)
+        if ev is not None:
+            out = self._event(ev, step, loss_f)
+            if out is not None:
+                return out
+        if self.frequency and step % self.frequency == 0 and self._onset is None:
+            return Decision("save", step, reason=f"every {self.frequency} steps")
+        return Decision("continue", step)
+
+    def saved(self, step: int, path: str | os.PathLike, *, kind: str = "scheduled") -> None:
+        """The loop saved `path` at `step` (kind: scheduled, emergency - never a rollback target - or preemption)."""
+        loss = next((v for s, v, _ in reversed(self.history) if s == int(step)), None)
+        if self.preemption.requested and self.preempted is None:
+            kind = "preemption"
+            self.preempted = self.preemption.finished(self.root, os.fspath(path), int(step))
+            self.stopped = f"preempted by {self.preemption.requested} at step {step}"
+            self._write(self.preempted)
+        self.saves.append(_Save(int(step), os.fspath(path), loss, kind))
+        if self._metrics is not None:
+            self._metrics.flush()
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, ev, step: int, loss: float) -> Optional[Decision]:
+        if ev.kind == "grad_norm":   # the detector opens no event for it: logged, the loss decides
+            self._act("grad_norm", step, ev.message + ": logged, the loss decides")
+            return None
+        if ev.kind == "spike" and self._onset is None:
+            value = loss if math.isfinite(loss) else math.inf
+            self._onset = (int(ev.onset_step), value)
+            self._act("spike", step, f"{ev.kind} at step {step} (onset {ev.onset_step}): waiting up to "
+                      f"{self.options.wait_steps} steps for it to come back", onset=int(ev.onset_step))
+            return None
+        if ev.kind == "recovered":
+            if self._onset is not None:
+                self._act("recovered", step, f"the loss came back by step {step} (onset {self._onset[0]}): "
+                          "no rollback", onset=self._onset[0])
+            self._onset = None
+            return None
+        if ev.kind in ROLLBACK_ON:
+            onset = self._onset[0] if self._onset is not None else int(ev.onset_step)
+            value = self._onset[1] if self._onset is not None else loss
+            return self._rollback(step, min(onset, int(ev.onset_step)), value, ev.kind)
+        return None
+
+    def _rollback(self, step: int, onset: int, value: float, why: str) -> Decision:
+        o = self.options
+        if len(self.rollbacks) >= self.max_rollbacks:
+            return self._stop(step, f"{why} at step {step} (onset {onset}) after {len(self.rollbacks)} "
+                              f"rollbacks (max_rollbacks={self.max_rollbacks})")
+        target = self._stable(onset, value)
+        if target is None:
+            return self._stop(step, f"{why} at step {step} (onset {onset}) and no stable checkpoint left to roll "
+                              f"back to (saved before step {onset}, loss below {self.stable_ratio:g}x "
+                              f"{value:.4g}, valid at level {self.level}, not used before)")
+        self.used.add(target.path)
+        w = _Window(target.step, o.lr_multiplier, target.step + o.lr_reduced_steps, o.grad_clip,
+                    (target.step + 1, max(onset + o.skip_past_onset, target.step + 1)))
+        self.windows.append(w)
+        self.rollbacks.append({"step": step, "onset": onset, "checkpoint": target.path, "resume_step": target.step,
+                               "skip": list(w.skip), "lr_scale": w.lr_scale, "lr_until": w.lr_until,
+                               "grad_clip": w.grad_clip, "reason": why})
+        self._restart(target.step)
+        self._act("rollback", step, f"{why} at step {step} (onset {onset}): rollback {len(self.rollbacks)}/"
+                  f"{self.max_rollbacks} to {os.path.basename(target.path)} (step {target.step}); LR x{w.lr_scale:g} "
+                  f"and clipping {w.grad_clip:g} to step {w.lr_until}; skipping steps {w.skip[0]}-{w.skip[1]}",
+                  level="warning", **{k: v for k, v in self.rollbacks[-1].items() if k != "step"})
+        return Decision("rollback", step, target.path, target.step, w.lr_scale, w.lr_until, w.grad_clip, w.skip,
+                        f"{why} at step {step}, onset {onset}")
+
+    def _stable(self, onset: int, value: float) -> Optional[_Save]:
+        """The newest reported save before the onset with a loss below stable_ratio x the spike that validates."""
+        from checkpoint_strategy.callbacks import _retention
+        from checkpoint_strategy.checkpoints.validate import usable
+
+        for s in sorted(self.saves, key=lambda s: s.step, reverse=True):
+            if s.kind == "emergency" or s.step >= onset or s.path in self.used:
+                continue
+            if s.loss is not None and not (math.isfinite(s.loss) and s.loss < self.stable_ratio * value):
+                continue
+            if _retention.read_marker(s.path) is not None:
+                continue
+            result = _retention.validate(s.path, self.level)
+            if usable(result) and result.resumable:
+                return s
+            log.warning(PREFIX + f"{os.path.basename(s.path)} (step {s.step}) does not validate at level "
+                        f"{self.level} with optimizer state: not a rollback target")
+            self.used.add(s.path)
+        return None
+
+    def _restart(self, resume: int) -> None:
+        """A fresh detector fed the history up to the resume step (steps must increase in one detector)."""
+        self.history = [h for h in self.history if h[0] <= resume]
+        self.saves = [s for s in self.saves if s.step <= resume]
+        self._detector = self._new_detector()
+        self._onset = None
+        for s, v, g in self.history:
+            self._detector.update(s, v, g)
+
+    def _new_detector(self):
+        from checkpoint_strategy.recovery.online import OnlineDetector
+
+        return OnlineDetector(self.options)
+
+    def _stop(self, step: int, what: str) -> Decision:
+        self.stopped = what
+        self._act("stop", step, what + ": training stops; roll back by hand with `checkpoint-strategy recover`",
+                  level="error")
+        return Decision("stop", step, reason=what)
+
+    # ------------------------------------------------------------------ records
+
+    def _act(self, action: str, step: int, line: str, level: str = "info", **extra: Any) -> None:
+        rec = {"event": f"checkpoint-strategy:{action}", "at_step": int(step), **extra, "message": line}
+        self.actions.append(rec)
+        getattr(log, level)(PREFIX + line)
+        self._write(rec)
+
+    def _write(self, rec: dict) -> None:
+        if not self._metrics_on:
+            return
+        if self._metrics is None:
+            try:
+                os.makedirs(self.root, exist_ok=True)   # type: ignore[arg-type]
+                self._metrics = open(os.path.join(self.root, METRICS_FILE), "a", encoding="utf-8")  # type: ignore[arg-type]
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot write the loss log in {self.root}: {exc}; actions are logged only")
+                self._metrics_on = False
+                return
+        self._metrics.write(json.dumps(rec) + "\n")
+
+    def summary(self) -> dict:
+        """What happened: rollbacks (step, onset, checkpoint, resume step, skip, LR window), skipped steps, stop."""
+        return {"rollbacks": [dict(r) for r in self.rollbacks], "skipped_steps": list(self.skipped),
+                "stopped": self.stopped, "actions": [dict(a) for a in self.actions]}
+
+    def close(self) -> dict:
+        self.preemption.uninstall()
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        return self.summary()
+
+
+def _frequency(policy: Any, frequency_steps: Optional[int]) -> Optional[int]:
+    from checkpoint_strategy.errors import UsageError
+
+    if frequency_steps is not None:
+        if not isinstance(frequency_steps, int) or frequency_steps < 1:
+            raise UsageError(f"frequency_steps must be a whole number >= 1, got {frequency_steps!r}")
+        return frequency_steps
+    if policy is None:
+        return None
+    from checkpoint_strategy.callbacks.policy import resolve
+
+    return resolve(policy).frequency_steps

@@ -1,0 +1,127 @@
+"""Preemption: SIGTERM / SIGUSR1 (SLURM, Kubernetes, spot instances) make the run save at the next step
+boundary and stop, within a grace period.
+
+The signal handler only records the signal (a save in progress finishes untouched; nothing is written
+from inside the handler). The callback sees the request at the next step end, saves, stops training and
+records the save as a preemption save: a whole checkpoint and a valid resume point (unlike an emergency
+save, it carries no marker), named in ``<root>/.checkpoint-strategy-preemption.json`` and in one
+``checkpoint-strategy:`` line; ``last_valid_checkpoint(root)`` finds it at the next launch. When no step
+boundary comes within ``grace_seconds`` of the signal (a hung step), the previous handler is put back and
+the signal is raised again: the process ends as it would have without the callback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any, Optional
+
+from checkpoint_strategy.callbacks._log import PREFIX, log
+
+RECORD_FILE = ".checkpoint-strategy-preemption.json"
+DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+def _signals(names) -> list[signal.Signals]:
+    from checkpoint_strategy.errors import UsageError
+
+    out = []
+    for n in names or ():
+        name = n.name if isinstance(n, signal.Signals) else str(n).upper()
+        name = name if name.startswith("SIG") else "SIG" + name
+        sig = getattr(signal, name, None)
+        if not isinstance(sig, signal.Signals) or name in ("SIGKILL", "SIGSTOP"):
+            raise UsageError(f"preemption signal {n!r}: not a signal this system can catch; expected e.g. SIGTERM, SIGUSR1")
+        out.append(sig)
+    return out
+
+
+class Preemption:
+    """``install()`` at the start of training, ``requested`` after a signal, ``finished()`` once saved."""
+
+    def __init__(self, signals=DEFAULT_SIGNALS, grace_seconds: float = 120.0) -> None:
+        from checkpoint_strategy.errors import UsageError
+
+        if not isinstance(grace_seconds, (int, float)) or not grace_seconds > 0:
+            raise UsageError(f"grace_seconds must be a number > 0, got {grace_seconds!r}")
+        self.signals = _signals(signals)
+        self.grace = float(grace_seconds)
+        self.requested: Optional[str] = None
+        self.received_at: Optional[float] = None
+        self._previous: dict[signal.Signals, Any] = {}
+        self._timer: Optional[threading.Timer] = None
+
+    def install(self) -> bool:
+        """Catch the signals (main thread only: Python delivers signals there). False when it cannot."""
+        if not self.signals or self._previous:
+            return bool(self._previous)
+        if threading.current_thread() is not threading.main_thread():
+            log.warning(PREFIX + "preemption signals not caught: training does not run in the main thread")
+            return False
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handler)
+        return True
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous = {}
+        self._cancel()
+
+    def _handler(self, signum, frame) -> None:
+        if self.requested is not None:
+            return
+        self.requested = signal.Signals(signum).name
+        self.received_at = time.monotonic()
+        self._timer = threading.Timer(self.grace, self._expire, args=(signum,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self, signum: int) -> None:
+        log.error(PREFIX + f"{signal.Signals(signum).name}: no step boundary within the {self.grace:g} s grace "
+                  "period; the signal's own action now (no preemption save)")
+        sig = signal.Signals(signum)
+        signal.signal(sig, self._previous.get(sig) or signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def _cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def finished(self, root: Optional[str], checkpoint: str, step: int) -> dict:
+        """The preemption save is written: stop the grace timer, record it, log one line."""
+        self._cancel()
+        took = time.monotonic() - self.received_at if self.received_at is not None else 0.0
+        rec = {"event": "checkpoint-strategy:preemption", "signal": self.requested, "step": int(step),
+               "checkpoint": os.fspath(checkpoint), "seconds_after_signal": round(took, 3)}
+        if root is not None:
+            import json
+
+            from checkpoint_strategy.atomic import atomic_write_text
+
+            try:
+                atomic_write_text(os.path.join(root, RECORD_FILE), json.dumps(rec) + "\n")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot write the preemption record in {root}: {exc}")
+        log.warning(PREFIX + f"{self.requested}: preemption save {os.path.basename(os.fspath(checkpoint))} (step {step}) "
+                    f"{took:.1f} s after the signal; training stops; the next launch resumes from it "
+                    "(last_valid_checkpoint)")
+        return rec
+
+
+def read_record(root: str | os.PathLike) -> Optional[dict]:
+    """The last preemption save recorded under `root`, or None."""
+    from checkpoint_strategy.errors import UsageError
+    from checkpoint_strategy.storage import read_json
+
+    path = os.path.join(os.fspath(root), RECORD_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        doc = read_json(path, "preemption record")
+    except (UsageError, ValueError, OSError):
+        return None
+    return doc if isinstance(doc, dict) else None

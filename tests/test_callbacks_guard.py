@@ -1,0 +1,215 @@
+"""The plain-PyTorch-loop guard (callbacks/guard.py) on real CPU training: a poisoned batch is rolled back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import pytest
+
+from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+from checkpoint_strategy.errors import UsageError
+
+torch = pytest.importorskip("torch")
+
+LR = 3e-3
+POISON = 300
+MAX_STEPS = 700
+
+
+def _batch(step: int, scale: float = 1.0):
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(32, 8, generator=g)
+    y = (x @ torch.linspace(-1, 1, 8)).unsqueeze(1).tanh() + 0.3 * torch.randn(32, 1, generator=g)
+    return x, y * scale
+
+
+def _eval_loss(model) -> float:
+    x, y = _batch(10**6)
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), y))
+
+
+def _train_step(model, opt, step, guard, poison, label_spike):
+    x, y = _batch(step, 30.0 if step == label_spike else 1.0)
+    if step == poison:   # a bad shard: its forward pass damages the weights
+        with torch.no_grad():
+            model[0].weight.mul_(-50)
+            model[0].bias.mul_(-50)
+    for pg in opt.param_groups:
+        pg["lr"] = LR * (guard.lr_scale(step) if guard else 1.0)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    clip = guard.grad_clip(step) if guard else None
+    gn = torch.nn.utils.clip_grad_norm_(model.parameters(), clip or 1e9)
+    opt.step()
+    return float(loss.detach()), float(gn)
+
+
+def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STEPS):
+    """A nanoGPT-style loop: the loop saves and loads, the guard decides. Returns (final eval loss, trained steps)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    step, trained = 0, []
+    while step < max_steps:
+        step += 1
+        if guard is not None and guard.skip(step):
+            continue
+        loss, gn = _train_step(model, opt, step, guard, poison, label_spike)
+        trained.append(step)
+        if guard is None:
+            continue
+        d = guard.step(step, loss, grad_norm=gn)
+        if d.action == "save":
+            path = os.path.join(root, f"checkpoint-{step}.pt")
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+            guard.saved(step, path)
+        elif d.action == "rollback":
+            ck = torch.load(d.checkpoint)   # the loop's own load (tests may torch.load)
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            step = d.resume_step
+        elif d.action == "stop":
+            break
+    return _eval_loss(model), trained
+
+
+def test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy(tmp_path, caplog):
+    clean, _ = _run()
+    diverged, _ = _run(poison=POISON)
+    assert diverged > 2 * clean                       # without the guard the run ends diverged
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        final, trained = _run(tmp_path, guard, poison=POISON)
+    out = guard.close()
+    assert trained[-1] == MAX_STEPS and guard.stopped is None          # finished max_steps on its own
+    assert 1 <= len(out["rollbacks"]) <= 2
+    rb = out["rollbacks"][0]
+    assert rb["resume_step"] < rb["onset"] <= POISON and rb["checkpoint"].endswith(f"checkpoint-{rb['resume_step']}.pt")
+    assert rb["reason"] == "divergence" and rb["step"] - rb["onset"] >= 100   # waited the detector's window
+    assert POISON in out["skipped_steps"] and POISON not in trained[trained.index(rb["step"]) + 1:]
+    assert rb["skip"] == [rb["resume_step"] + 1, rb["onset"] + 20]
+    assert (rb["lr_scale"], rb["grad_clip"], rb["lr_until"]) == (0.5, 0.5, rb["resume_step"] + 500)
+    assert abs(final - clean) <= 0.15 * clean
+    lines = [r.getMessage() for r in caplog.records if "rollback 1/3" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint-strategy: divergence at step")
+    assert "skipping steps" in lines[0]
+    recs = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines()]
+    events = [r for r in recs if "event" in r]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+    assert events[1]["checkpoint"] == rb["checkpoint"] and events[1]["skip"] == rb["skip"]
+
+
+def test_recover_reads_the_guards_log_and_shows_the_restart(tmp_path):
+    from checkpoint_strategy.recovery import advise
+
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    _run(tmp_path, guard, poison=POISON)
+    guard.close()
+    report = advise(str(tmp_path / METRICS_FILE), checkpoints=[])
+    assert report.spike is not None and report.spike.onset_step == POISON
+    rb = guard.rollbacks[0]                   # the rollback shows as a restart; the action records are not loss points
+    assert [(r.previous_step, r.step) for r in report.restarts] == [(rb["step"], rb["skip"][1] + 1)]
+    assert report.log.points == MAX_STEPS
+
+
+def test_a_spike_that_recovers_within_the_window_is_not_rolled_back(tmp_path, caplog):
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        _, trained = _run(tmp_path, guard, label_spike=POISON)
+    out = guard.close()
+    assert out["rollbacks"] == [] and out["skipped_steps"] == [] and trained == list(range(1, MAX_STEPS + 1))
+    kinds = [a["event"].split(":")[1] for a in out["actions"] if not a["event"].endswith("grad_norm")]
+    assert kinds[:2] == ["spike", "recovered"] and kinds == ["spike", "recovered"] * (len(kinds) // 2)
+    assert out["actions"][0]["onset"] == POISON
+    # the schedule went on; no save while the spike was open (its step holds spiked weights)
+    assert [s.step for s in guard.saves] == [s for s in range(50, MAX_STEPS + 1, 50) if s != POISON]
+    assert any("no rollback" in r.getMessage() for r in caplog.records)
+
+
+def _save(root, step):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    path = os.path.join(root, f"checkpoint-{step}.pt")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+    return path
+
+
+def _feed(guard, root, steps, spike_at, saves=True):
+    """Flat losses, a jump at spike_at that stays; saves where the guard says. The first non-continue decision."""
+    for s in steps:
+        loss = 1.0 + 0.01 * math.sin(s) + (9.0 if s >= spike_at else 0.0)
+        d = guard.step(s, loss)
+        if d.action == "save" and saves:
+            guard.saved(s, _save(root, s))
+        elif d.action not in ("continue", "save"):
+            return d
+    return None
+
+
+def test_a_checkpoint_is_never_used_twice_and_the_guard_stops_with_one_error(tmp_path, caplog):
+    guard = TrainingGuard(tmp_path, frequency_steps=1000, wait_steps=60)
+    guard.saved(40, _save(tmp_path, 40))
+    d = _feed(guard, tmp_path, range(1, 300), spike_at=200)
+    assert d.action == "rollback" and d.resume_step == 40 and d.step == 260
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        d2 = _feed(guard, tmp_path, range(41, 400), spike_at=150)   # the same trouble again after the resume
+    assert d2.action == "stop" and "no stable checkpoint left" in d2.reason
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("checkpoint-strategy: ") and "recover" in errors[0]
+    assert guard.step(400, 1.0).action == "stop" and len(guard.close()["rollbacks"]) == 1
+
+
+def test_max_rollbacks_bounds_the_run(tmp_path):
+    guard = TrainingGuard(tmp_path, frequency_steps=20, max_rollbacks=0, wait_steps=60)
+    d = _feed(guard, tmp_path, range(1, 300), spike_at=200)
+    assert d.action == "stop" and "max_rollbacks=0" in d.reason
+
+
+def test_emergency_post_onset_and_unstable_saves_are_never_targets(tmp_path):
+    guard = TrainingGuard(tmp_path, frequency_steps=1000, wait_steps=60)
+    guard.saved(40, _save(tmp_path, 40))
+    _feed(guard, tmp_path, range(1, 181), spike_at=1000)
+    guard.saved(180, _save(tmp_path, 180), kind="emergency")
+    (tmp_path / "checkpoint-190.pt").write_bytes(b"torn")
+    guard.saved(190, str(tmp_path / "checkpoint-190.pt"))          # does not validate at level full
+    d = _feed(guard, tmp_path, range(181, 300), spike_at=200)
+    guard.saved(205, _save(tmp_path, 205))                          # after the onset: never (the event is decided)
+    assert d.action == "rollback" and d.resume_step == 40
+
+
+def test_playbook_numbers_are_overridable_and_bad_ones_are_one_line():
+    g = TrainingGuard(None, frequency_steps=10, lr_multiplier=0.25, lr_reduced_steps=100, grad_clip=1.0)
+    assert (g.options.lr_multiplier, g.options.lr_reduced_steps, g.options.grad_clip) == (0.25, 100, 1.0)
+    with pytest.raises(UsageError, match="lr"):
+        TrainingGuard(None, lr_multiplier=2.0)
+    with pytest.raises(UsageError, match="max_rollbacks"):
+        TrainingGuard(None, max_rollbacks=-1)
+    assert TrainingGuard(None, policy={"frequency": "every_25_steps", "keep_last": 2}).frequency == 25
+
+
+def test_a_preemption_signal_answers_save_then_stop(tmp_path):
+    import signal
+
+    from checkpoint_strategy.callbacks.preempt import read_record
+
+    before = signal.getsignal(signal.SIGUSR1)
+    guard = TrainingGuard(tmp_path, frequency_steps=1000, preemption_signals=["SIGUSR1"])
+    try:
+        for s in range(1, 30):
+            assert guard.step(s, 1.0).action == "continue"
+        os.kill(os.getpid(), signal.SIGUSR1)          # delivered to the main thread before the next bytecode
+        d = guard.step(30, 1.0)
+        assert d.action == "save" and d.stop and "SIGUSR1" in d.reason
+        guard.saved(30, _save(tmp_path, 30))
+        assert guard.step(31, 1.0).action == "stop"
+        assert read_record(tmp_path)["step"] == 30 and guard.saves[-1].kind == "preemption"
+    finally:
+        guard.close()
+    assert signal.getsignal(signal.SIGUSR1) == before     # the handler the process had is back
