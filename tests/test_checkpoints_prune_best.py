@@ -189,14 +189,18 @@ def _generate_torn(rng: random.Random, torn: Path, root: Path) -> dict:
     from some (incomplete: rank 1 did not finish), an optimizer.pt truncated in others."""
     whole = [torn / "checkpoint-5", torn / "checkpoint-10"]
     sources = {s: rng.choice(whole) for s in range(5, 125, 5)}
+    incomplete: list[str] = []
 
     def damage(rng: random.Random, folder: Path, newest: bool) -> bool:
+        if rng.random() < 0.2:      # no record of the world size here: the run's other checkpoints tell it
+            (folder / "training_args.bin").unlink()
         roll = rng.random()
         if roll < (0.2 if newest else 0.3):
             (folder / "rng_state_1.pth").unlink()
+            incomplete.append(folder.name)
             return True
         return _truncate_some(rng, folder, newest) if roll < 0.45 else False
-    return _hf_folder(rng, sources, root, damage)
+    return {**_hf_folder(rng, sources, root, damage), "incomplete": set(incomplete)}
 
 
 @pytest.fixture(scope="module")
@@ -270,11 +274,16 @@ def _generate_ds(rng: random.Random, ds: Path, root: Path) -> dict:
     steps = sorted(rng.sample(range(3, 63, 3), rng.randint(3, 8)))
     names = [f"global_step{s}" for s in steps]
     invalid = []
+    incomplete: set[str] = set()
     for i, name in enumerate(names):
         shutil.copytree(ds / rng.choice(["global_step3", "global_step6"]), root / name, copy_function=_link_or_copy)
         if rng.random() < (0.2 if i == len(names) - 1 else 0.3):
             shard = rng.choice(sorted((root / name).glob("*optim_states.pt")))
-            shard.unlink() if rng.random() < 0.5 else _truncate(shard)
+            if rng.random() < 0.5:
+                shard.unlink()
+                incomplete.add(name)
+            else:
+                _truncate(shard)
             invalid.append(name)
     latest = rng.choice(names) if rng.random() < 0.85 else None
     extras = set()
@@ -284,7 +293,7 @@ def _generate_ds(rng: random.Random, ds: Path, root: Path) -> dict:
     pointer_in_flight = set() if latest is None else set(names[names.index(latest) + 1:])
     valid = [n for n in names if n not in invalid]
     return {"names": names, "invalid": invalid, "valid": valid, "best": set(), "latest": latest,
-            "pointer_in_flight": pointer_in_flight, "extras": extras}
+            "pointer_in_flight": pointer_in_flight, "extras": extras, "incomplete": incomplete}
 
 
 def _generate_dcp(rng: random.Random, dcp: Path, root: Path) -> dict:
@@ -381,6 +390,9 @@ def test_generated_run_folders_obey_the_bound(seed, hf_run, request, tmp_path):
     delete_invalid = rng.random() < 0.5
     kw = dict(keep_last=keep_last, milestones=milestones, spike_check=False, delete_invalid=delete_invalid)
     dry = prune(root, **kw)
+    status = {e.name: e.status for e in (*dry.keep, *dry.delete)}
+    assert {n for n in exp["names"] if status[n] == "valid"} == set(exp["valid"]), status
+    assert {n for n in exp["names"] if status[n] == "incomplete"} >= exp.get("incomplete", set()), status
     report = prune(root, apply=True, **kw)
     assert report.state == "done" and not report.errors
     assert [e.name for e in report.delete] == [e.name for e in dry.delete]
