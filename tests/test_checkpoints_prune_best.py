@@ -2,7 +2,9 @@
 state), the kept set bounded, and an old invalid checkpoint that is no save in flight (--delete-invalid).
 
 Real checkpoints: the session's HF Trainer run (hf_run) and a real Lightning run with a monitoring top-2
-ModelCheckpoint beside a rolling one (built here once). Generated folders are seeded (random.Random(seed)).
+ModelCheckpoint beside a rolling one (built here once); for the generated folders also the 2-process torchrun HF
+run with a torn save (torn_rank_run), DeepSpeed ZeRO-2 (deepspeed_zero2_run) and a 4-shard DCP save (dcp_sharded).
+Generated folders are seeded (random.Random(seed)).
 """
 
 from __future__ import annotations
