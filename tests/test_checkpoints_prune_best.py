@@ -22,7 +22,7 @@ from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints import validate_checkpoint
 from checkpoint_strategy.recovery import advise
 
-FOLDERS = 30   # 6 folders of each of the 5 layouts
+FOLDERS = 40   # 8 folders of each of the 5 layouts
 
 
 def prune(root, **kw):
@@ -379,7 +379,7 @@ def _generate(layout: str, rng: random.Random, request, root: Path) -> dict:
 
 
 @pytest.mark.parametrize("seed", range(FOLDERS))
-def test_generated_run_folders_obey_the_bound(seed, hf_run, request, tmp_path):
+def test_generated_run_folders_obey_the_bound(seed, hf_run, request, tmp_path):   # hf_run: marks it slow
     """Folders of every layout (seed % 5: HF, Lightning, 2-process HF, DeepSpeed ZeRO-2, DCP), made of real saves;
     after --apply the kept set is within the bound and holds everything needed."""
     rng = random.Random(seed)
