@@ -284,6 +284,22 @@ def deepspeed_zero2_run(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def torn_rank_run(tmp_path_factory) -> Path:
+    """The output folder of a real 2-process torchrun HF Trainer run (gloo) with rank 1 killed mid-save of
+    checkpoint-15: checkpoint-5 and checkpoint-10 hold rng_state_0/1.pth, checkpoint-15 lacks rng_state_1.pth."""
+
+    def build(root: Path) -> Path:
+        from test_callbacks_multiproc import launch
+
+        res = launch("hf", root / "out", root / "work", timeout=300, callback=False, kill_step=15,
+                     kill_after_state=True, save_every=5, max_steps=20)
+        assert res.returncode != 0, "rank 1 was to be killed"
+        return root / "out"
+
+    return _built(tmp_path_factory, "torn-rank", build)
+
+
+@pytest.fixture(scope="session")
 def fsdp2_run(tmp_path_factory) -> Path:
     """A plain loop's FSDP2 (2 CPU processes, gloo) DCP saves in step-2/ and step-4/."""
     return realruns.build_fsdp2_run(tmp_path_factory.mktemp("fsdp2"))

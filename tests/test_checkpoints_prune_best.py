@@ -2,7 +2,9 @@
 state), the kept set bounded, and an old invalid checkpoint that is no save in flight (--delete-invalid).
 
 Real checkpoints: the session's HF Trainer run (hf_run) and a real Lightning run with a monitoring top-2
-ModelCheckpoint beside a rolling one (built here once). Generated folders are seeded (random.Random(seed)).
+ModelCheckpoint beside a rolling one (built here once); for the generated folders also the 2-process torchrun HF
+run with a torn save (torn_rank_run), DeepSpeed ZeRO-2 (deepspeed_zero2_run) and a 4-shard DCP save (dcp_sharded).
+Generated folders are seeded (random.Random(seed)).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints import validate_checkpoint
 from checkpoint_strategy.recovery import advise
 
-FOLDERS = 24
+FOLDERS = 40   # 8 folders of each of the 5 layouts
 
 
 def prune(root, **kw):
@@ -140,17 +142,19 @@ def _name_best(ckpt: Path, best: str | None) -> None:
 # --------------------------------------------------------------------------- generated folders: the bound
 
 
-def _generate_hf(rng: random.Random, hf_run, root: Path) -> dict:
-    steps = sorted(rng.sample(hf_run.checkpoint_steps, rng.randint(3, 9)))
+def _hf_folder(rng: random.Random, sources: dict[int, Path], root: Path, damage) -> dict:
+    """3-9 checkpoint-N copied from `sources` (step -> the real checkpoint copied under that step's name), each
+    naming a random best in its own state half the time (the past), `damage(rng, folder, newest)` tearing some
+    (returns True when it did); the newest valid state names the best now (or none)."""
+    steps = sorted(rng.sample(sorted(sources), rng.randint(3, min(9, len(sources)))))
     names = [f"checkpoint-{s}" for s in steps]
     invalid = []
     for i, (step, name) in enumerate(zip(steps, names, strict=True)):
-        shutil.copytree(hf_run.output_dir / f"checkpoint-{step}", root / name, copy_function=_link_or_copy)
+        shutil.copytree(sources[step], root / name, copy_function=_link_or_copy)
+        _set_step(root / name, step)
         if rng.random() < 0.5:      # a best named in an old state: the past
             _name_best(root / name, rng.choice(names))
-        newest = i == len(steps) - 1
-        if rng.random() < (0.2 if newest else 0.3):
-            _truncate(root / name / rng.choice(["optimizer.pt", "model.safetensors"]))
+        if damage(rng, root / name, i == len(steps) - 1):
             invalid.append(name)
     valid = [n for n in names if n not in invalid]
     best = None
@@ -160,6 +164,45 @@ def _generate_hf(rng: random.Random, hf_run, root: Path) -> dict:
     elif valid:
         _name_best(root / valid[-1], None)
     return {"names": names, "invalid": invalid, "valid": valid, "best": {best} - {None}}
+
+
+def _set_step(ckpt: Path, step: int) -> None:
+    p = ckpt / "trainer_state.json"
+    data = json.loads(p.read_text())
+    if data.get("global_step") != step:
+        data["global_step"] = step
+        _rewrite(p, json.dumps(data).encode())
+
+
+def _truncate_some(rng: random.Random, folder: Path, newest: bool) -> bool:
+    if rng.random() < (0.2 if newest else 0.3):
+        _truncate(folder / rng.choice(["optimizer.pt", "model.safetensors"]))
+        return True
+    return False
+
+
+def _generate_hf(rng: random.Random, hf_run, root: Path) -> dict:
+    sources = {s: hf_run.output_dir / f"checkpoint-{s}" for s in hf_run.checkpoint_steps}
+    return _hf_folder(rng, sources, root, _truncate_some)
+
+
+def _generate_torn(rng: random.Random, torn: Path, root: Path) -> dict:
+    """Copies of the 2-process run's complete checkpoints (5 and 10) under other steps; rng_state_1.pth deleted
+    from some (incomplete: rank 1 did not finish), an optimizer.pt truncated in others."""
+    whole = [torn / "checkpoint-5", torn / "checkpoint-10"]
+    sources = {s: rng.choice(whole) for s in range(5, 125, 5)}
+    incomplete: list[str] = []
+
+    def damage(rng: random.Random, folder: Path, newest: bool) -> bool:
+        if rng.random() < 0.2:      # no record of the world size here: the run's other checkpoints tell it
+            (folder / "training_args.bin").unlink()
+        roll = rng.random()
+        if roll < (0.2 if newest else 0.3):
+            (folder / "rng_state_1.pth").unlink()
+            incomplete.append(folder.name)
+            return True
+        return _truncate_some(rng, folder, newest) if roll < 0.45 else False
+    return {**_hf_folder(rng, sources, root, damage), "incomplete": set(incomplete)}
 
 
 @pytest.fixture(scope="module")
@@ -226,45 +269,135 @@ def _generate_pl(rng: random.Random, src: Path, root: Path) -> dict:
     return {"names": chosen, "invalid": invalid, "valid": valid, "best": best}
 
 
+def _generate_ds(rng: random.Random, ds: Path, root: Path) -> dict:
+    """Copies of the real ZeRO-2 tags (global_step3/6) as global_stepN; a per-rank optimizer file deleted
+    (incomplete) or truncated (invalid) in some; `latest` names a random tag (the newer ones are in flight:
+    DeepSpeed moves it once every rank saved) or is absent."""
+    steps = sorted(rng.sample(range(3, 63, 3), rng.randint(3, 8)))
+    names = [f"global_step{s}" for s in steps]
+    invalid = []
+    incomplete: set[str] = set()
+    for i, name in enumerate(names):
+        shutil.copytree(ds / rng.choice(["global_step3", "global_step6"]), root / name, copy_function=_link_or_copy)
+        if rng.random() < (0.2 if i == len(names) - 1 else 0.3):
+            shard = rng.choice(sorted((root / name).glob("*optim_states.pt")))
+            if rng.random() < 0.5:
+                shard.unlink()
+                incomplete.add(name)
+            else:
+                _truncate(shard)
+            invalid.append(name)
+    latest = rng.choice(names) if rng.random() < 0.85 else None
+    extras = set()
+    if latest is not None:
+        (root / "latest").write_text(latest)
+        extras.add("latest")
+    pointer_in_flight = set() if latest is None else set(names[names.index(latest) + 1:])
+    valid = [n for n in names if n not in invalid]
+    return {"names": names, "invalid": invalid, "valid": valid, "best": set(), "latest": latest,
+            "pointer_in_flight": pointer_in_flight, "extras": extras, "incomplete": incomplete}
+
+
+def _generate_dcp(rng: random.Random, dcp: Path, root: Path) -> dict:
+    """Copies of the real 4-shard DCP save (step-100/) as step-N; one .distcp shard deleted or truncated in some."""
+    steps = sorted(rng.sample(range(100, 2100, 100), rng.randint(3, 8)))
+    names = [f"step-{s}" for s in steps]
+    invalid = []
+    for i, name in enumerate(names):
+        shutil.copytree(dcp, root / name, copy_function=_link_or_copy)
+        if rng.random() < (0.2 if i == len(names) - 1 else 0.3):
+            shard = rng.choice(sorted((root / name).glob("*.distcp")))
+            shard.unlink() if rng.random() < 0.5 else _truncate(shard)
+            invalid.append(name)
+    return {"names": names, "invalid": invalid, "valid": [n for n in names if n not in invalid], "best": set()}
+
+
+def _add_unrecognised(rng: random.Random, root: Path) -> set[str]:
+    """Something prune does not recognise (never to be deleted): a file, a folder, or nothing."""
+    roll = rng.random()
+    if roll < 0.3:
+        (root / "notes.txt").write_text("lr 3e-4 looked fine\n")
+        return {"notes.txt"}
+    if roll < 0.6:
+        (root / "eval_results").mkdir()
+        (root / "eval_results" / "step-100.json").write_text("{}")
+        return {"eval_results"}
+    return set()
+
+
 def _check_bound(report, exp: dict, keep_last: int, milestones: list[int], delete_invalid: bool, left: set) -> None:
     step = {n: rt.classify_name(n).step for n in exp["names"]}
-    valid_steps = sorted({step[n] for n in exp["valid"]})
-    if exp["valid"]:
-        newest_valid = max(exp["valid"], key=lambda n: (step[n], n))
-        assert newest_valid in left and report.newest_valid is not None
+    pointer_in_flight = exp.get("pointer_in_flight", set())     # newer than DeepSpeed's `latest`: not counted
+    counted = [n for n in exp["valid"] if n not in pointer_in_flight]
+    counted_steps = sorted({step[n] for n in counted})
+    if counted:
+        newest_valid = max(counted, key=lambda n: (step[n], n))
+        assert newest_valid in left and report.newest_valid == newest_valid, "the newest resumable valid"
     assert exp["best"] <= left, "the trainer's best now"
+    assert exp.get("extras", set()) <= left, "anything unrecognised (and the resume pointer)"
+    latest = {exp["latest"]} if exp.get("latest") else set()
+    assert latest <= left, "what DeepSpeed's `latest` names"
     for n in exp["names"]:
         if step[n] in milestones:
             assert n in left, "a milestone"
-    in_flight = {n for n in exp["invalid"] if not any(v > step[n] for v in valid_steps)}
+    # maybe in flight: nothing finished and valid is newer (a tag newer than `latest` is not finished)
+    in_flight = {n for n in exp["invalid"] if not any(v > step[n] for v in counted_steps)} | pointer_in_flight
     assert in_flight <= left, "the newest entry (a save possibly in flight) is never deleted"
     old_invalid = set(exp["invalid"]) - in_flight
     if not delete_invalid:
         assert old_invalid <= left and set(report.old_invalid) == old_invalid
         assert report.old_invalid_bytes == sum(e.bytes for e in report.keep if e.name in old_invalid)
-    window = set(valid_steps[-keep_last:])
-    allowed = ({n for n in exp["valid"] if step[n] in window} | exp["best"] | in_flight
-               | {n for n in exp["names"] if step[n] in milestones} | (set() if delete_invalid else old_invalid))
+    window = set(counted_steps[-keep_last:])
+    allowed = ({n for n in counted if step[n] in window} | exp["best"] | in_flight | latest
+               | exp.get("extras", set()) | {n for n in exp["names"] if step[n] in milestones}
+               | (set() if delete_invalid else old_invalid))
     assert left <= allowed, f"kept beyond the bound: {sorted(left - allowed)}"
-    assert len(left) <= (keep_last * 2 + len(exp["best"]) + len(in_flight) + len(milestones) * 2
+    assert len(left) <= (keep_last * 2 + len(exp["best"]) + len(in_flight) + len(milestones) * 2 + len(latest)
+                         + len(exp.get("extras", set()))
                          + (0 if delete_invalid else len(old_invalid)))   # two files of one step count as one
 
 
-@pytest.mark.parametrize("seed", range(FOLDERS))
-def test_generated_run_folders_obey_the_bound(seed, hf_run, pl_top2, tmp_path):
-    rng = random.Random(seed)
-    root = tmp_path / "run"
-    if seed % 2:
-        exp = _generate_pl(rng, pl_top2, root)
+LAYOUTS = ("hf", "lightning", "hf-2-ranks", "deepspeed", "dcp")
+
+
+def _generate(layout: str, rng: random.Random, request, root: Path) -> dict:
+    if layout == "lightning":
+        exp = _generate_pl(rng, request.getfixturevalue("pl_top2"), root)
     else:
         root.mkdir()
-        exp = _generate_hf(rng, hf_run, root)
+        if layout == "hf":
+            exp = _generate_hf(rng, request.getfixturevalue("hf_run"), root)
+        elif layout == "hf-2-ranks":
+            exp = _generate_torn(rng, request.getfixturevalue("torn_rank_run"), root)
+        elif layout == "deepspeed":
+            pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra")
+            exp = _generate_ds(rng, request.getfixturevalue("deepspeed_zero2_run"), root)
+        else:
+            exp = _generate_dcp(rng, request.getfixturevalue("dcp_sharded"), root)
+    exp["extras"] = exp.get("extras", set()) | _add_unrecognised(rng, root)
+    return exp
+
+
+@pytest.mark.parametrize("seed", range(FOLDERS))
+def test_generated_run_folders_obey_the_bound(seed, hf_run, request, tmp_path):   # hf_run: marks it slow
+    """Folders of every layout (seed % 5: HF, Lightning, 2-process HF, DeepSpeed ZeRO-2, DCP), made of real saves;
+    after --apply the kept set is within the bound and holds everything needed."""
+    rng = random.Random(seed)
+    root = tmp_path / "run"
+    exp = _generate(LAYOUTS[seed % len(LAYOUTS)], rng, request, root)
     keep_last = rng.randint(1, 3)
     steps = [rt.classify_name(n).step for n in exp["names"]]
     milestones = rng.sample(steps, rng.randint(0, 1))
     delete_invalid = rng.random() < 0.5
     kw = dict(keep_last=keep_last, milestones=milestones, spike_check=False, delete_invalid=delete_invalid)
     dry = prune(root, **kw)
+    status = {e.name: e.status for e in (*dry.keep, *dry.delete)}
+    assert {n for n in exp["names"] if status[n] == "valid"} == set(exp["valid"]), status
+    assert {n for n in exp["names"] if status[n] == "incomplete"} >= exp.get("incomplete", set()), status
+    if not delete_invalid and dry.old_invalid:   # what the report says --delete-invalid removes, it removes
+        kept_by = {e.name: set(e.reason_kinds) for e in prune(root, **{**kw, "delete_invalid": True}).keep}
+        assert not [n for n in dry.old_invalid if n in kept_by and not kept_by[n] & {"milestone", "trainer_best",
+                                                                                     "latest"}], kept_by
     report = prune(root, apply=True, **kw)
     assert report.state == "done" and not report.errors
     assert [e.name for e in report.delete] == [e.name for e in dry.delete]
@@ -272,6 +405,7 @@ def test_generated_run_folders_obey_the_bound(seed, hf_run, pl_top2, tmp_path):
     _check_bound(report, exp, keep_last, milestones, delete_invalid, left)
     for e in report.delete:
         assert e.justified_by in left and e.justified_by in exp["valid"]
+        assert e.justified_by not in exp.get("pointer_in_flight", set())
     again = prune(root, **kw)        # idempotent: the bound holds, nothing more to delete
     assert again.delete == []
 
@@ -309,3 +443,20 @@ def test_old_invalid_kept_by_default_deleted_with_the_option_unless_a_rule_keeps
     assert kinds["checkpoint-20"] == ("keep", ["milestone"])
     assert kinds["checkpoint-50"] == ("keep", ["not_valid"])
     assert kinds["checkpoint-30"][0] == "delete" and kinds["checkpoint-40"] == ("keep", ["newest"])
+
+
+def test_a_tag_newer_than_latest_makes_no_older_invalid_one_old():
+    """DeepSpeed's tags newer than `latest` are in flight (found by the generated folders, seeds 23 and 28): an
+    invalid tag older than only those is no `old_invalid` (the report said --delete-invalid removes it; nothing
+    finished stands in for it, so the option kept it)."""
+    cs = [_c("global_step5", "invalid"), _c("global_step10", "incomplete"), _c("global_step15")]
+    for delete_invalid in (False, True):
+        kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step10",
+                                                      delete_invalid=delete_invalid)))
+        assert kinds["global_step5"] == ("keep", ["not_valid"])
+        assert kinds["global_step10"] == ("keep", ["not_valid", "latest"])
+        assert kinds["global_step15"] == ("keep", ["in_flight"])
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step15")))   # every rank finished 15
+    assert kinds["global_step5"] == kinds["global_step10"] == ("keep", ["old_invalid"])
+    kinds = _kinds(rt.plan_prune(cs, rt.Retention(keep_last=1, latest="global_step15", delete_invalid=True)))
+    assert kinds["global_step5"] == kinds["global_step10"] == ("delete", ["delete_invalid"])

@@ -23,18 +23,6 @@ HF_NAMES = ["config.json", "generation_config.json", "model.safetensors", "optim
             "trainer_state.json", "training_args.bin"]
 
 
-@pytest.fixture(scope="module")
-def torn_rank_run(tmp_path_factory) -> Path:
-    """The output folder of the real 2-process run with rank 1 killed mid-save of checkpoint-15."""
-    from test_callbacks_multiproc import launch
-
-    root = tmp_path_factory.mktemp("torn-rank")
-    res = launch("hf", root / "out", root / "work", timeout=300, callback=False, kill_step=15, kill_after_state=True,
-                 save_every=5, max_steps=20)
-    assert res.returncode != 0, "rank 1 was to be killed"
-    return root / "out"
-
-
 # --------------------------------------------------------------------------- the real torn run
 
 def test_the_real_torn_save_is_what_the_issue_describes(torn_rank_run):

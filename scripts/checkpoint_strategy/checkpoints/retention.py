@@ -225,7 +225,8 @@ class Context:
     post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
     link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
     in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
-    newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink)
+    newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink),
+    #                                              not one newer than the resume pointer (its ranks may still write)
 
     def newer_valid(self, c: Candidate) -> Candidate | None:
         """The newest valid checkpoint (recognised, not a symlink) when its step is higher than c's: c is not
@@ -493,7 +494,8 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
                   frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
                   _link_targets(candidates), in_flight,
                   max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
-                       and not c.final_export and c.step is not None), key=lambda c: (c.step, c.name), default=None))
+                       and not c.final_export and c.step is not None and c.name not in in_flight),
+                      key=lambda c: (c.step, c.name), default=None))
     decisions = []
     every = (*SAFETY_RULES, *rules)
     for c in candidates:
