@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -72,7 +73,12 @@ def test_every_documented_command_runs_on_a_real_run(skill_root, workdir):
         name = "plan" if word[0].isdigit() else word
         assert proc.returncode in EXPECTED_RC.get(name, {0}), f"{command}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr
-        assert proc.stdout.strip(), command
+        out = re.search(r"(?:^|\s)(?:-o|--output) (\S+)", args)
+        if out:   # the report went to the named file (written whole), not stdout
+            written = Path(workdir["cwd"], out.group(1)).read_text()
+            assert written.strip() and not proc.stdout.strip(), command
+        else:
+            assert proc.stdout.strip(), command
         ran.append(name)
     cwd = workdir["cwd"]
     assert (cwd / "tradeoffs.png").read_bytes().startswith(b"\x89PNG")
