@@ -39,10 +39,10 @@ from checkpoint_strategy.checkpoints import filechecks as fc  # noqa: E402
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths  # noqa: E402
 
 
-def _safetensors(nbytes_each: int = 64) -> bytes:
+def _safetensors(nbytes_each: int = 64, prefix: str = "") -> bytes:
     header = {"__metadata__": {"format": "pt"}}
     for i in range(4):
-        header[f"layer.{i}.weight"] = {"dtype": "F32", "shape": [nbytes_each // 4],
+        header[f"{prefix}layer.{i}.weight"] = {"dtype": "F32", "shape": [nbytes_each // 4],
                                        "data_offsets": [i * nbytes_each, (i + 1) * nbytes_each]}
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
@@ -58,7 +58,8 @@ def _torch_zip(path: Path, entries: dict[str, bytes]) -> None:
 
 
 def build_tree(root: Path, n_ckpt: int, shards: int = 92) -> int:
-    st = _safetensors()
+    # each shard holds the names the index places in it (validate checks the index against the shards' headers)
+    st = [_safetensors(prefix=f"s{s}.") for s in range(shards)]
     zips = {}
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
         tmp = root / f".{name}"
@@ -72,7 +73,7 @@ def build_tree(root: Path, n_ckpt: int, shards: int = 92) -> int:
         wm = {}
         for s in range(shards):
             name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            (d / name).write_bytes(st)
+            (d / name).write_bytes(st[s])
             for i in range(4):
                 wm[f"s{s}.layer.{i}.weight"] = name
         (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
