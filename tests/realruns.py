@@ -590,3 +590,39 @@ def build_fsdp2_run(root: Path) -> Path:
     script.write_text(FSDP2_RUN)
     run_job([sys.executable, str(script), str(folder)], "FSDP2 run", clean=folder, env=checkout_env())
     return folder
+
+
+def build_lightning_topk(root: Path, score, *, samples: int, max_steps: int, top_name: str, every_name: str) -> Path:
+    """A real Lightning run with two ModelCheckpoints in root/ckpts: top-2 by the monitored `score` (score(step) is
+    logged each step; its file names from top_name) and every 5 steps (save_top_k=-1, names from every_name).
+    Returns the checkpoint folder."""
+    import pytorch_lightning as pl
+    import torch
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _idx):
+            x, y = batch
+            self.log("score", score(self.global_step))
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+    ckpts = root / "ckpts"
+    x = torch.randn(samples, 4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
+    top = ModelCheckpoint(dirpath=str(ckpts), monitor="score", mode="max", save_top_k=2, every_n_train_steps=5,
+                          filename=top_name)
+    every = ModelCheckpoint(dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename=every_name)
+    trainer = pl.Trainer(max_steps=max_steps, callbacks=[top, every], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(root))
+    trainer.fit(Tiny(), loader)
+    return ckpts

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+import realruns
+
 from checkpoint_strategy.checkpoints import prune as _prune
 from checkpoint_strategy.checkpoints import retention as rt
 from checkpoint_strategy.checkpoints import validate_checkpoint
@@ -209,38 +211,10 @@ def _generate_torn(rng: random.Random, torn: Path, root: Path) -> dict:
 def pl_top2(tmp_path_factory):
     """A real Lightning run: a rolling ModelCheckpoint (save_top_k=-1, every 5 steps) and a monitoring one
     (top-2 by a seeded random `score`, every 5 steps, the metric in its names) in one folder."""
-    import pytorch_lightning as pl
-    import torch
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
     scores = random.Random(5)
-
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, _idx):
-            x, y = batch
-            self.log("score", scores.random())
-            return torch.nn.functional.mse_loss(self.layer(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
-
-    root = tmp_path_factory.mktemp("pl-top2")
-    ckpts = root / "ckpts"
-    x = torch.randn(256, 4)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-    top = ModelCheckpoint(dirpath=str(ckpts), monitor="score", mode="max", save_top_k=2, every_n_train_steps=5,
-                          filename="{epoch}-{step}-{score:.3f}")
-    every = ModelCheckpoint(dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename="{epoch}-{step}")
-    trainer = pl.Trainer(max_steps=60, callbacks=[top, every], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1)
-    trainer.fit(Tiny(), loader)
-    return ckpts
+    return realruns.build_lightning_topk(tmp_path_factory.mktemp("pl-top2"), lambda _step: scores.random(),
+                                         samples=256, max_steps=60, top_name="{epoch}-{step}-{score:.3f}",
+                                         every_name="{epoch}-{step}")
 
 
 def _best_now_lightning(path: Path) -> set[str]:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import realruns
+
 from checkpoint_strategy.checkpoints import prune as _prune, validate_paths
 from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.cli import main
@@ -437,38 +439,8 @@ def lightning_topk(tmp_path_factory):
     """A real Lightning run with two ModelCheckpoints in one folder: top-2 by a monitored `score`
     (best = oldest: score = -step) named epoch=E-step=N.ckpt, and every 5 steps named
     step=N-epoch=E.ckpt. The metric is not in the top-k names: only the state says they are best."""
-    import pytorch_lightning as pl
-    import torch
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch, _idx):
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.layer(x), y)
-            self.log("score", -float(self.global_step))
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
-
-    root = tmp_path_factory.mktemp("pl-topk")
-    ckpts = root / "ckpts"
-    x = torch.randn(64, 4)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-    top = ModelCheckpoint(dirpath=str(ckpts), monitor="score", mode="max", save_top_k=2, every_n_train_steps=5,
-                          filename="{epoch}-{step}")
-    every = ModelCheckpoint(dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename="{step}-{epoch}")
-    trainer = pl.Trainer(max_steps=30, callbacks=[top, every], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(root))
-    trainer.fit(Tiny(), loader)
-    return ckpts
+    return realruns.build_lightning_topk(tmp_path_factory.mktemp("pl-topk"), lambda step: -float(step), samples=64,
+                                         max_steps=30, top_name="{epoch}-{step}", every_name="{step}-{epoch}")
 
 
 def test_lightning_top_k_named_by_the_trainer_state_is_kept(lightning_topk, copy_of, capsys):
