@@ -82,36 +82,16 @@ def swap_width(dtype: str) -> int:
     return item // 2 if dtype.startswith("complex") else item
 
 
-#: the archive format versions torch.load reads (torch 2.13: kMinSupportedFileFormatVersion..kMax...)
-FORMAT_VERSIONS = range(1, 11)
-
-
-def _version(fh: Any, z: fc.ZipScan, where: str) -> None:
-    """The archive's `version` record is one torch.load reads (it refuses 0, 11, 99, text)."""
-    e = z.entry(f"{z.prefix}version") or z.entry(f"{z.prefix}.data/version")
-    data = fc._read_entry(fh, e, fc.Counter(), limit=1 << 10) if e is not None else b"3"
-    if isinstance(data, str):
-        raise _refuse(where, data)
-    text = data.decode("latin-1").strip()
-    if not text.isdigit() or int(text) not in FORMAT_VERSIONS:
-        raise _refuse(where, f"format version {tp.shown(text[:20], 30)!r}: torch.load reads versions "
-                             f"{FORMAT_VERSIONS.start}-{FORMAT_VERSIONS.stop - 1} only")
-
-
 def byteorder(fh: Any, z: fc.ZipScan, where: str) -> str:
     """The archive's `byteorder` record ("little" when there is none, as torch.load assumes on this machine), once
-    its `version` record is one torch.load reads."""
-    _version(fh, z, where)
+    its `version` and `byteorder` records pass the validator's own check of them (filechecks._record_findings:
+    a version torch.load reads, an endianness it knows)."""
+    problems = fc._record_findings(fh, z, fc.Counter())
+    if problems:
+        raise _refuse(where, str(problems[0]))
     e = z.entry(f"{z.prefix}byteorder")
-    if e is None:
-        return "little"
-    data = fc._read_entry(fh, e, fc.Counter(), limit=1 << 10)
-    if isinstance(data, str):
-        raise _refuse(where, data)
-    if data not in (b"little", b"big"):
-        raise _refuse(where, f"byteorder record {tp.shown(data[:20].decode('latin-1'), 30)!r} is neither little nor "
-                             "big: torch.load refuses it (Unknown endianness type)")
-    return data.decode()
+    return "little" if e is None else "big" if fc._read_entry(fh, e, fc.Counter(), limit=1 << 10) == b"big" \
+        else "little"
 
 
 def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef, order: str = "little") -> Tensor:
