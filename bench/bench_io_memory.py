@@ -44,7 +44,7 @@ def _hwm():
     with open(os.environ["CS_HWM_FILE"], "w") as out:
         out.write(str(kb))
 atexit.register(_hwm)
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
 

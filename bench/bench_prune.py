@@ -44,7 +44,7 @@ def _fill(root: Path, template: Path, n: int) -> None:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 40
     mb = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    from checkpoint_strategy.checkpoints import prune
+    from checkpoint_strategy.retention import prune
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)

@@ -74,7 +74,7 @@ def build_jsonl(path: Path, n: int) -> None:
 
 def least(fn, repeat: int) -> tuple[float, float]:
     """(least wall, least CPU) seconds of `repeat` calls; the CPU includes child processes the call waited for
-    (checkpoints/fanout.py splits the quick walk over forked processes)."""
+    (validate/fanout.py splits the quick walk over forked processes)."""
     walls, cpus = [], []
     for _ in range(repeat):
         w, c, k = time.perf_counter(), time.process_time(), _children_cpu()
@@ -180,7 +180,7 @@ def bench_document(d: Path, name: str, builder, n: int, repeat: int, floor: floa
 
 
 def bench_events(d: Path, n: int, repeat: int) -> None:
-    from checkpoint_strategy.cli import main
+    from checkpoint_strategy.cli.main import main
     import contextlib
     import io
 
@@ -195,7 +195,7 @@ def bench_events(d: Path, n: int, repeat: int) -> None:
         assert rc == 0 and "EMERGENCY SAVE (step 0)" in out.getvalue()
 
     ours = least(run, repeat)
-    rss = peak_rss_mb("from checkpoint_strategy.cli import main; import contextlib, io\n"
+    rss = peak_rss_mb("from checkpoint_strategy.cli.main import main; import contextlib, io\n"
                       f"with contextlib.redirect_stdout(io.StringIO()): rc = main(['on-event', {str(ev)!r}])\n"
                       "assert rc == 0, rc")
     print(f"4. on-event: {n} LOSS_SPIKE lines, {size:.0f} MB")

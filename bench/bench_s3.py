@@ -41,7 +41,7 @@ def main() -> int:
     n = parser.parse_args().checkpoints
 
     import objectstore
-    from checkpoint_strategy.cli import main as cli
+    from checkpoint_strategy.cli.main import main as cli
 
     server = objectstore.start()
     try:

@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from checkpoint_strategy.checkpoints import filechecks as fc  # noqa: E402
-from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths  # noqa: E402
+from checkpoint_strategy.formats import filechecks as fc  # noqa: E402
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths  # noqa: E402
 
 
 def _safetensors(nbytes_each: int = 64, prefix: str = "") -> bytes:
@@ -144,7 +144,7 @@ def peak_memory(path: Path) -> int:
 def child_rss(path: Path | None) -> float:
     """Peak RSS (VmHWM, MB; ru_maxrss would carry the parent's size over fork+exec) of a fresh interpreter that validates `path` at full level (None: import only)."""
     code = ("import sys, resource; sys.path.insert(0, sys.argv[1]);"
-            "from checkpoint_strategy.checkpoints import validate_checkpoint;"
+            "from checkpoint_strategy.validate import validate_checkpoint;"
             "len(sys.argv) > 2 and validate_checkpoint(sys.argv[2], level='full');"
             "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
     args = [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")]
@@ -261,7 +261,7 @@ _CEILING: dict = {}
 def _kernel_load_seconds() -> float | None:
     """Seconds a fresh process takes to import numba and load the compiled kernels (cached), or None."""
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]); t = time.perf_counter();"
-            "from checkpoint_strategy.checkpoints import kernels; print(time.perf_counter() - t)")
+            "from checkpoint_strategy.formats import kernels; print(time.perf_counter() - t)")
     proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")],
                           capture_output=True, text=True)
     if proc.returncode:
@@ -273,7 +273,7 @@ def _kernel_load_seconds() -> float | None:
 
 def child_deep_rss(path: Path, compiled: bool = False) -> float:
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from checkpoint_strategy.checkpoints import validate_checkpoint, tensorscan;"
+            "from checkpoint_strategy.validate import validate_checkpoint; from checkpoint_strategy.formats import tensors as tensorscan;"
             f"tensorscan.KERNEL_MIN_BYTES = {0 if compiled else 1 << 62};"
             "validate_checkpoint(sys.argv[2], level='deep');"
             "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
@@ -291,7 +291,7 @@ def _best(fn, path: Path, cold: bool, n: int = 5) -> tuple[float, float]:
 def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
     import stat
 
-    from checkpoint_strategy.checkpoints import tensorscan
+    from checkpoint_strategy.formats import tensors as tensorscan
 
     mode = os.stat(os.devnull).st_mode
     if not stat.S_ISCHR(mode):

@@ -6,7 +6,7 @@ Measured in process (the checks alone) and as the command (a fresh `python -m ch
 start-up included), by wall time and by CPU time (user + sys, forked children included; steadier on a shared
 machine); the least of --repeat runs each. The command rows are also given against the walk run as a fresh
 interpreter (`python -c WALK`): a command pays one interpreter start-up, and so does that floor. From 256 checkpoints the quick level splits the checks over forked
-processes, one per usable core (checkpoints/fanout.py): the rows "one process" turn that off; the wall time
+processes, one per usable core (validate/fanout.py): the rows "one process" turn that off; the wall time
 is what the split saves, the CPU what it costs. Target (issue 30): at most 5x the walk at 2000 checkpoints, linear. After the table:
 each row's cost per checkpoint (the CPU difference between the smallest and the largest tree over the walk's:
 start-up excluded), and the start-up floors every command pays (the interpreter alone; importing pydantic and
@@ -47,7 +47,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
-from checkpoint_strategy.checkpoints import fanout, prune, validate_paths  # noqa: E402
+from checkpoint_strategy.validate import fanout, validate_paths  # noqa: E402
+
+from checkpoint_strategy.retention import prune
 from bench_recover import interleaved, least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
@@ -196,7 +198,7 @@ def _real_optimizer(tmp: Path, repeat: int) -> None:
     import pickletools
     import zipfile
 
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     params = [p for _ in range(150) for p in torch.nn.Linear(8, 8).parameters()]
     opt = torch.optim.AdamW(params)

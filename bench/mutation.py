@@ -49,13 +49,13 @@ TARGETS = {
                                         "tests/test_recovery_complete.py", "tests/test_recovery_corpus.py"]),
     # (the crash-safety test kills `prune --apply` subprocesses at random points, minutes a run: left out; the
     # other subprocesses run the mutated copy, see mutmut() below)
-    "prune": (["checkpoints/prune.py"], ["tests/test_checkpoints_prune.py", "tests/test_checkpoints_prune_safety.py",
+    "prune": (["retention/prune.py"], ["tests/test_checkpoints_prune.py", "tests/test_checkpoints_prune_safety.py",
                                          "tests/test_checkpoints_prune_defaults.py",
                                          "--deselect=tests/test_checkpoints_prune.py::"
                                          "test_crash_safety_kill_prune_apply_at_random_points"]),
     # (mutmut maps tests to functions in-process: a test that reaches a function only through a subprocess is
     # not run for its mutants; those subprocesses run the mutated copy all the same)
-    "filechecks": (["checkpoints/filechecks.py"], ["tests/test_checkpoints_filechecks.py",
+    "filechecks": (["formats/filechecks.py"], ["tests/test_checkpoints_filechecks.py",
                                                    "tests/test_checkpoints_deep.py", "tests/test_hardening_io.py",
                                                    "tests/test_checkpoints_validate.py"]),
     "montecarlo": (["simulation/montecarlo.py"], ["tests/test_simulation_montecarlo.py", "tests/test_simulation_exact.py",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from checkpoint_strategy.cli import ERROR_PREFIX, main
+from checkpoint_strategy.cli.main import ERROR_PREFIX, main
 
 # The checkout under test. A subprocess runs *it*, never whichever copy is installed or first on PATH:
 # CLI is the module entry point of the running interpreter, checkout_env() puts this checkout's scripts/ first on

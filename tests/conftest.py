@@ -357,7 +357,7 @@ def s3(moto_server, monkeypatch, request):
 def _no_internal_error(monkeypatch):
     """No command may exit 3 anywhere in the suite: an "internal error" printed by an in-process
     `cli.main` fails the test that caused it (at teardown), whatever exit code the test expected."""
-    from checkpoint_strategy import cli
+    from checkpoint_strategy.cli import main as cli
 
     seen: list[str] = []
     real = cli._err

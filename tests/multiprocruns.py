@@ -158,7 +158,7 @@ def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
     import torch.distributed as dist
 
     from checkpoint_strategy.callbacks.core import StrategyCore
-    from checkpoint_strategy.checkpoints import parts
+    from checkpoint_strategy.validate import parts
 
     clean, bad = work / "verdict" / "clean" / os.path.basename(ckpt), work / "verdict" / "bad" / os.path.basename(ckpt)
     if rank == 0:

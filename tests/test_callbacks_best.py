@@ -15,7 +15,7 @@ import pytest
 
 import callbackruns
 import realruns
-from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.validate import validate_checkpoint
 
 SAVES, EVERY, KEEP = 12, 2, 2
 

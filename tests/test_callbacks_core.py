@@ -25,7 +25,7 @@ def _modules_after(code: str) -> set[str]:
 
 
 def test_plan_loads_nothing_of_the_callbacks():
-    mods = _modules_after("import io, contextlib\nfrom checkpoint_strategy.cli import main\n"
+    mods = _modules_after("import io, contextlib\nfrom checkpoint_strategy.cli.main import main\n"
                           "with contextlib.redirect_stdout(io.StringIO()):\n"
                           "    main(['plan', '100000', '2', '2000', '--model_size_gb', '2'])")
     assert not [m for m in mods if m.split(".")[0] in HEAVY[:5] or m.startswith(HEAVY[5])]
@@ -38,7 +38,7 @@ def test_importing_the_package_loads_no_framework():
 
 def test_policy_forms_agree(tmp_path):
     from checkpoint_strategy.planning.options import plan_arguments  # noqa: F401
-    from checkpoint_strategy.cli import main
+    from checkpoint_strategy.cli.main import main
 
     plan_json = tmp_path / "plan.json"
     plan_yaml = tmp_path / "policy.yaml"
@@ -97,7 +97,7 @@ def test_bad_policy_files(tmp_path):
 
 
 def test_marker_roundtrip_and_damage(tmp_path):
-    from checkpoint_strategy.checkpoints.marker import marker_path, read_marker, write_marker
+    from checkpoint_strategy.formats.marker import marker_path, read_marker, write_marker
 
     folder = tmp_path / "checkpoint-46"
     write_marker(folder, event="loss_spike_detected", step=46)       # marker first: creates the folder

@@ -15,9 +15,10 @@ import pytest
 
 import callbackruns
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.checkpoints import prune as _prune, validate_checkpoint
+from checkpoint_strategy.retention import prune as _prune
+from checkpoint_strategy.validate import validate_checkpoint
 from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.checkpoints.marker import MARKER_NAME, read_marker
+from checkpoint_strategy.formats.marker import MARKER_NAME, read_marker
 
 prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.validate import validate_checkpoint
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

@@ -10,8 +10,8 @@ import pytest
 
 import callbackruns
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.checkpoints import validate_checkpoint
-from checkpoint_strategy.checkpoints.marker import MARKER_SUFFIX
+from checkpoint_strategy.validate import validate_checkpoint
+from checkpoint_strategy.formats.marker import MARKER_SUFFIX
 
 pytestmark = pytest.mark.slow
 TRIGGERS = ["loss_spike_detected", "gradient_norm_exceeded"]

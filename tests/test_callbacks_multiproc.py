@@ -24,8 +24,8 @@ import pytest
 
 import cliresult
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.checkpoints import validate_checkpoint
-from checkpoint_strategy.checkpoints.runlog import METRICS_FILE
+from checkpoint_strategy.validate import validate_checkpoint
+from checkpoint_strategy.formats.runlog import METRICS_FILE
 
 PROGRAM = str(Path(__file__).resolve().parent / "multiprocruns.py")
 RUN_TIMEOUT = 420
@@ -259,7 +259,7 @@ def test_lightning_ddp_rank_killed_mid_save_ends_bounded(tmp_path):
 
 def test_lightning_ddp_spike_every_command_finds_the_callbacks_log_and_names_the_pre_spike_checkpoint(pl2, cli_run):
     """No --log anywhere: validate, recover, prune (dry run), release-gate, handoff and last_valid_checkpoint read
-    the callback's own loss log beside the checkpoints (checkpoints/runlog.py) and name checkpoints from before the unrecovered spike (step
+    the callback's own loss log beside the checkpoints (formats/runlog.py) and name checkpoints from before the unrecovered spike (step
     46): the newest one (step 40) to resume from, recover's rollback point (its smoothed-loss rule may pick an
     earlier one) kept by prune; the post-spike step 60 never."""
     out, _work, _res = pl2

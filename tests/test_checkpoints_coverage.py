@@ -1,9 +1,9 @@
-"""checkpoints/coverage.py: what each level cannot see, per kind of data (the report's blind_spots).
+"""validate/coverage.py: what each level cannot see, per kind of data (the report's blind_spots).
 The real saves (DCP, Orbax, Lightning) are in tests/test_checkpoints_misreads.py; these pin the table."""
 
 from __future__ import annotations
 
-from checkpoint_strategy.checkpoints.coverage import blind_spots, families
+from checkpoint_strategy.validate.coverage import blind_spots, families
 
 
 def test_each_family_at_each_level():

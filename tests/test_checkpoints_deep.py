@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
+from checkpoint_strategy.cli.main import main
 
 # what torch.load raises for an archive it cannot open (not Exception: a typo in the test must not pass)
 TORCH_REFUSES = (RuntimeError, pickle.UnpicklingError, EOFError, IndexError)  # IndexError: a truncated pickle
@@ -164,7 +164,7 @@ def test_nan_in_optimizer_moment_named_exactly(hf_run, copy_of):
 
 @pytest.mark.parametrize("way", ["numpy", "compiled"])
 def test_lightning_bf16_fp16_and_a_view_with_storage_offset(lightning_run, tmp_path, monkeypatch, way):
-    from checkpoint_strategy.checkpoints import tensorscan
+    from checkpoint_strategy.formats import tensors as tensorscan
 
     if way == "compiled":
         pytest.importorskip("numba", reason="the compiled 16-bit kernels need numba")
@@ -340,7 +340,7 @@ def test_weight_norm_jump_between_consecutive_checkpoints(hf_run):
 
 
 def test_prune_at_deep_keeps_the_older_when_the_newer_has_nans(hf_run, tmp_path):
-    from checkpoint_strategy.checkpoints import prune
+    from checkpoint_strategy.retention import prune
 
     root = tmp_path / "run"
     root.mkdir()
@@ -357,7 +357,7 @@ def test_prune_at_deep_keeps_the_older_when_the_newer_has_nans(hf_run, tmp_path)
 def test_prune_at_deep_a_norm_jump_never_justifies_a_deletion(hf_run, tmp_path):
     """checkpoint-120 holds the weights blown up at step 120 (norm jump vs checkpoint-110): at level deep
     it is suspicious, so it is not the newest valid and checkpoint-110 is kept (issue 12)."""
-    from checkpoint_strategy.checkpoints import prune
+    from checkpoint_strategy.retention import prune
 
     root = tmp_path / "run"
     root.mkdir()

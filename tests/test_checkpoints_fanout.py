@@ -1,4 +1,4 @@
-"""checkpoints/fanout.py: the quick level of validate and prune split over forked processes gives what one
+"""validate/fanout.py: the quick level of validate and prune split over forked processes gives what one
 process gives, a child that fails is not trusted (its part is checked again here), and it only forks where
 that is safe (one thread running, enough checkpoints, two usable cores)."""
 
@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from checkpoint_strategy.checkpoints import fanout, prune_survey, validate
+from checkpoint_strategy.validate import fanout, engine as validate
+
+from checkpoint_strategy.retention import survey as prune_survey
 from test_checkpoints_walkspeed import _damaged_run
 
 torch = pytest.importorskip("torch", reason="real torch.save archives in the checkpoints")
@@ -154,7 +156,7 @@ def test_a_slow_child_takes_fewer_chunks(run, monkeypatch, tmp_path):
 def test_results_with_any_path_cross_the_pipe():
     """A path with a newline, a '|', spaces, or a byte that is not UTF-8 (a lone surrogate, as os.listdir reads
     it): each result comes back as it went, what the checker saw included."""
-    from checkpoint_strategy.checkpoints.models import CheckpointResult, Seen
+    from checkpoint_strategy.formats.models import CheckpointResult, Seen
 
     results = []
     for path in ("/r/a\nb", "/r/x | y z", "/r/caf\u00e9", "/r/bad\udcff", ""):

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.formats import filechecks as fc
 from cliresult import run_captured
 
 
@@ -207,7 +207,7 @@ def _multi_entry_zip(path, n=6, size=200_000):
 
 
 def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path, monkeypatch):
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     good = _multi_entry_zip(tmp_path / "good.pt")
     monkeypatch.setattr(fc, "PARALLEL_MIN_BYTES", 0)

@@ -1,4 +1,4 @@
-"""checkpoints/framework_layouts.py: what a framework's own metadata says, read without executing it."""
+"""formats/frameworks.py: what a framework's own metadata says, read without executing it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints import framework_layouts as fl
+from checkpoint_strategy.formats import frameworks as fl
 
 
 def model_states(tmp_path, state) -> str:

@@ -1,4 +1,4 @@
-"""The compiled 16-bit kernels (checkpoints/kernels.py, numba) against float64 sums computed here, on every
+"""The compiled 16-bit kernels (formats/kernels.py, numba) against float64 sums computed here, on every
 bit pattern, and the deep level's figures with them against the numpy path and against torch.
 
 The oracle: numpy's own float16 type widened to float64, and bfloat16 bits shifted into float32 words
@@ -18,7 +18,9 @@ import pytest
 
 from cliresult import checkout_env
 
-from checkpoint_strategy.checkpoints import tensorscan, validate_checkpoint, validate_paths
+from checkpoint_strategy.formats import tensors as tensorscan
+
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
 
 pytest.importorskip("numba", reason="the compiled kernels need numba (the `fast` and `test` extras)")
 BLOCK = 1024  # kernels.BLOCK (importing kernels at collection would compile numba for every test run)
@@ -36,7 +38,7 @@ def _f16_f64(bits: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def kernels():
-    from checkpoint_strategy.checkpoints import kernels as compiled
+    from checkpoint_strategy.formats import kernels as compiled
 
     assert compiled.BLOCK == BLOCK
     return compiled
@@ -139,7 +141,7 @@ def test_deep_level_figures_equal_the_numpy_path_and_torch(tmp_path, monkeypatch
 
 
 def test_kernels_off_in_the_environment_keeps_the_numpy_path(tmp_path):
-    code = ("import sys; from checkpoint_strategy.checkpoints import tensorscan;"
+    code = ("import sys; from checkpoint_strategy.formats import tensors as tensorscan;"
             "tensorscan.KERNEL_MIN_BYTES = 0; print(tensorscan.kernels(1 << 40) is None)")
     for value, expect in (("off", "True"), ("", "False")):
         env = checkout_env()
@@ -161,7 +163,7 @@ def test_small_scans_never_import_numba(tmp_path):
     """Below KERNEL_MIN_BYTES the deep level stays on numpy: numba's ~1.2 s import would cost more than it saves."""
     path = tmp_path / "model.safetensors"
     _safetensors(path, {"w": ("BF16", np.zeros(1000, dtype=np.uint16))})
-    code = ("import sys; from checkpoint_strategy.checkpoints import validate_checkpoint;"
+    code = ("import sys; from checkpoint_strategy.validate import validate_checkpoint;"
             "r = validate_checkpoint(sys.argv[1], level='deep'); print(r.status, 'numba' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(path)], env=checkout_env(), capture_output=True,
                          text=True, check=True, cwd=os.fspath(tmp_path))

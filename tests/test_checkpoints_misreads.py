@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import realruns
-from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
 
 torch = pytest.importorskip("torch")
 LEVELS = ("quick", "full", "deep")
@@ -296,7 +296,7 @@ def _flip_in_dcp_data(folder: Path) -> None:
 
 def test_dcp_and_orbax_data_flips_are_said_unseen_and_the_manifest_sees_them(dcp_checkpoint, copy_of, tmp_path,
                                                                             cli_run):
-    from checkpoint_strategy.checkpoints.manifest import verify_checkpoint_manifest, write_checkpoint_manifest
+    from checkpoint_strategy.formats.manifest import verify_checkpoint_manifest, write_checkpoint_manifest
 
     ocp = pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra")
     dcp = copy_of(dcp_checkpoint)
@@ -411,7 +411,7 @@ def test_nan_step_never_exit_3_in_any_command(lightning_run, tmp_path, cli_run):
 
 
 def test_step_problem_wording():
-    from checkpoint_strategy.checkpoints.deep import optimizer_step, step_problem
+    from checkpoint_strategy.validate.deep import optimizer_step, step_problem
 
     assert [step_problem(v) for v in (0.0, 7.0, -1.0, 0.5, float("nan"), float("inf"))] == \
         [None, None, "-1 is negative", "0.5 is not a whole number", "is NaN", "is inf"]

@@ -1,4 +1,4 @@
-"""checkpoints/optstep.py: the verdict table, and hostile files around a real torch optimizer save
+"""formats/optstep.py: the verdict table, and hostile files around a real torch optimizer save
 (torch.save of a real AdamW state dict, the file the HF Trainer writes as optimizer.pt)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints.models import OptimizerSteps
-from checkpoint_strategy.checkpoints.optstep import dcp_step_keys, judge, read_optimizer_steps
+from checkpoint_strategy.formats.models import OptimizerSteps
+from checkpoint_strategy.formats.optstep import dcp_step_keys, judge, read_optimizer_steps
 
 
 def _s(training, optimizer, skipped=None):

@@ -1,4 +1,4 @@
-"""`validate --part K/N` and checkpoints/parts.py: the split of one checkpoint's files into N parts
+"""`validate --part K/N` and validate/parts.py: the split of one checkpoint's files into N parts
 (the callbacks' per-rank validation uses the same split). The parts are a partition of the files,
 balanced by bytes and the same in every process; the verdict over the parts (valid only when every
 part is; problems = the union) equals one process's `validate --level full`, on real checkpoints
@@ -12,8 +12,8 @@ import zipfile
 
 import pytest
 
-from checkpoint_strategy.checkpoints import parts
-from checkpoint_strategy.checkpoints.manifest import list_files
+from checkpoint_strategy.validate import parts
+from checkpoint_strategy.formats.manifest import list_files
 
 
 def test_assign_is_a_balanced_deterministic_partition():

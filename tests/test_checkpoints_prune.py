@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.checkpoints import load_policy, prune as _prune, validate_paths
+from checkpoint_strategy.retention import load_policy, prune as _prune
+
+from checkpoint_strategy.validate import validate_paths
 from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from cliresult import checkout_env
 
 prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
@@ -300,7 +302,7 @@ def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of)
 def test_emergency_save_is_held_only_while_its_spike_is_unresolved(hf_run, hf_run_self_recovering, copy_of):
     """An emergency save (post-event weights, marked by the callbacks) is kept while the spike has not recovered,
     and is an ordinary old checkpoint once the log shows the run came back by itself."""
-    from checkpoint_strategy.checkpoints.marker import write_marker
+    from checkpoint_strategy.formats.marker import write_marker
 
     recovered = copy_of(hf_run_self_recovering.output_dir, "recovered")
     write_marker(recovered / "checkpoint-130", event="loss_spike_detected", step=121)
@@ -357,7 +359,7 @@ def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothin
     Here it is truncated on disk just after the plan is made (the real plan, a real truncation): exit 1,
     nothing deleted, the reason names it."""
     root = copy_of(hf_run.output_dir, "run")
-    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
     real_plan = pm.rt.plan_prune
 
     def plan_then_break(*args, **kwargs):
@@ -384,7 +386,7 @@ def test_journal_write_failures_are_problems_that_say_what_happened(hf_run, copy
 
     import sys
 
-    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
 
     root = copy_of(hf_run.output_dir, "run")
     real, calls = pm._write_journal, []
@@ -407,7 +409,7 @@ def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(hf_ru
 
     import sys
 
-    pm = sys.modules["checkpoint_strategy.checkpoints.prune"]  # the module (the package exports the function)
+    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
     from checkpoint_strategy.errors import UsageError
 
     root = copy_of(hf_run.output_dir, "run")

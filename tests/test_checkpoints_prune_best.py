@@ -19,9 +19,9 @@ import pytest
 
 import realruns
 
-from checkpoint_strategy.checkpoints import prune as _prune
-from checkpoint_strategy.checkpoints import retention as rt
-from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.retention import prune as _prune
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.validate import validate_checkpoint
 from checkpoint_strategy.recovery import advise
 
 FOLDERS = 40   # 8 folders of each of the 5 layouts

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import objectstore
-from checkpoint_strategy.checkpoints.prune_objects import JOURNAL
+from checkpoint_strategy.retention.objects import JOURNAL
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,9 +16,11 @@ import pytest
 
 import realruns
 
-from checkpoint_strategy.checkpoints import prune as _prune, validate_paths
+from checkpoint_strategy.retention import prune as _prune
+
+from checkpoint_strategy.validate import validate_paths
 from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from cliresult import checkout_env
 
@@ -26,7 +28,7 @@ prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbac
 
 ENV = checkout_env()
 
-pm = sys.modules["checkpoint_strategy.checkpoints.prune"]
+pm = sys.modules["checkpoint_strategy.retention.prune"]
 
 
 def _names(entries):

@@ -1,4 +1,4 @@
-"""The keep rules (checkpoints/retention.py): names, pure plans, and a randomized prune over
+"""The keep rules (retention/rules.py): names, pure plans, and a randomized prune over
 generated run folders built from copies of the real HF Trainer run."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints import prune as _prune
+from checkpoint_strategy.retention import prune as _prune
 from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.checkpoints import retention as rt
+from checkpoint_strategy.retention import rules as rt
 
 prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
 

@@ -1,4 +1,4 @@
-"""One log discovery for a run folder (checkpoints/runlog.py): the order of the kinds, the places it looks
+"""One log discovery for a run folder (formats/runlog.py): the order of the kinds, the places it looks
 (the folder, the logger's version folder one level up from Lightning's checkpoints/, the newest version folder
 below), and never further up; the earlier Lightning versions' checkpoint folders for a rerun; the commands that
 use it (recover's checkpoints next to a Lightning log). Real runs: tests/test_callbacks_runlayout.py and the
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.checkpoints import safety
-from checkpoint_strategy.checkpoints.runlog import METRICS_FILE, find_run_log, versioned_checkpoint_dirs
+from checkpoint_strategy.retention import safety
+from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log, versioned_checkpoint_dirs
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.ckptsteps import auto_discover
 from checkpoint_strategy.recovery.logs import find_log

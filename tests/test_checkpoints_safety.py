@@ -1,4 +1,4 @@
-"""One notion of "safe to resume from" (checkpoints/safety.py), on the real HF run with an unrecovered
+"""One notion of "safe to resume from" (retention/safety.py), on the real HF run with an unrecovered
 spike at step 121 (checkpoint-120 already holds spiked weights) and on its self-recovering twin."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from checkpoint_strategy.checkpoints import safety
+from checkpoint_strategy.retention import safety
 
 POST = [f"checkpoint-{s}" for s in range(120, 201, 10)]
 
@@ -63,7 +63,7 @@ def test_on_event_names_post_onset_checkpoints(hf_run, copy_of, cli_run, tmp_pat
 
 
 def test_after_onset_is_recovers_cut():
-    from checkpoint_strategy.checkpoints.models import SpikeGuard
+    from checkpoint_strategy.formats.models import SpikeGuard
 
     g = SpikeGuard(log="x", status="rollback", onset_step=121, cutoff_step=119, note="")
     assert not safety.after_onset(119, g) and safety.after_onset(120, g)
@@ -92,7 +92,7 @@ def test_last_valid_checkpoint_of_a_recovered_run_is_the_newest(hf_run_self_reco
 def test_the_adviser_is_passed_in_and_never_silently_missing(hf_run, copy_of, tmp_path):
     """checkpoints/ does not import recovery/ (docs/DEVELOPING.md, Layers): the spike check takes the adviser
     from its caller. A log found without one is a TypeError, not a run that looks spike-free; no log needs none."""
-    from checkpoint_strategy.checkpoints import prune
+    from checkpoint_strategy.retention import prune
     from checkpoint_strategy.recovery import advise
 
     run = copy_of(hf_run.output_dir, "run")

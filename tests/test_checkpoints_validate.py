@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import layouts
-from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
+from checkpoint_strategy.cli.main import main
 from cliresult import CLI, checkout_env
 
 
@@ -81,7 +81,7 @@ def _long_run_state(path: Path, entries: int, best: str | None = None) -> None:
 
 def test_trainer_state_larger_than_64_mb_is_valid(hf_run, copy_of):
     """An 800k-entry log_history (a long run) is a healthy checkpoint, not "larger than 64 MB" (issue 13)."""
-    from checkpoint_strategy.checkpoints.prune import prune
+    from checkpoint_strategy.retention.prune import prune
 
     root = copy_of(hf_run.output_dir, "run")
     state = root / "checkpoint-200" / "trainer_state.json"
@@ -441,7 +441,7 @@ def test_cli_subprocess_quiet_when_piped(hf_run):
 def test_progress_bar_only_on_terminal_after_a_second(monkeypatch):
     import io
 
-    from checkpoint_strategy.checkpoints.progress import Progress
+    from checkpoint_strategy.validate.progress import Progress
 
     class TTY(io.StringIO):
         def isatty(self):

@@ -18,7 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints import filechecks as fc
+from checkpoint_strategy.formats import filechecks as fc
 
 torch = pytest.importorskip("torch", reason="real torch.save archives")
 
@@ -244,7 +244,7 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
     """prune_survey._size (one scandir per folder) counts what an os.walk + lstat counts: files in nested
     folders, a link to a file as the link, a dangling link, a FIFO; a link to a folder (inside or outside)
     is neither entered nor counted; unreadable folders are skipped."""
-    from checkpoint_strategy.checkpoints.prune_survey import _links_under, _size
+    from checkpoint_strategy.retention.survey import _links_under, _size
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -370,7 +370,7 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
 
 
 def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_path):
-    """checkpoints/__init__ names its API lazily (PEP 562): recover on a log reads checkpoints.marker and
+    """validate/__init__ and retention/__init__ name their API lazily (PEP 562): recover on a log reads formats.marker and
     runfacts only; the package's `prune` stays the function whichever import comes first."""
     import subprocess
     import sys
@@ -379,11 +379,11 @@ def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_p
 
     log = tmp_path / "log.jsonl"
     log.write_text("".join(f'{{"step": {i}, "loss": {2.0 + (i % 5) / 100}}}\n' for i in range(1, 200)))
-    code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['recover', sys.argv[1], '-o', "
-            "sys.argv[2]]); heavy = sorted(m for m in sys.modules if m.startswith('checkpoint_strategy.checkpoints.')"
-            " and m.rsplit('.', 1)[1] in ('validate', 'prune', 'prune_survey', 'deep', 'filechecks')); "
-            "import checkpoint_strategy.checkpoints.prune as a; from checkpoint_strategy.checkpoints import prune as b;"
-            " print(rc, heavy, callable(a) and a is b and a.__module__ == 'checkpoint_strategy.checkpoints.prune')")
+    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['recover', sys.argv[1], '-o', "
+            "sys.argv[2]]); heavy = sorted(m for m in sys.modules if m.startswith(('checkpoint_strategy.validate.', 'checkpoint_strategy.formats.', 'checkpoint_strategy.retention.'))"
+            " and m.rsplit('.', 1)[1] in ('engine', 'prune', 'survey', 'deep', 'filechecks')); "
+            "import checkpoint_strategy.retention.prune as a; from checkpoint_strategy.retention import prune as b;"
+            " print(rc, heavy, callable(a) and a is b and a.__module__ == 'checkpoint_strategy.retention.prune')")
     out = subprocess.run([sys.executable, "-c", code, str(log), str(tmp_path / "report.txt")], capture_output=True,
                          text=True, timeout=120, env=checkout_env())
     assert out.stdout.split("\n")[0] == "0 [] True", out.stdout + out.stderr
@@ -393,7 +393,7 @@ def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_p
 def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
     """validate (the command a training callback or CI runs after every save) starts without the plan models,
     the planner or the keep rules: the report models take the policy tiers and the reason kinds from small
-    modules of their own (planning/policytiers.py, checkpoints/reasonkinds.py). ~13% fewer instructions to
+    modules of their own (planning/policytiers.py, formats/reasonkinds.py). ~13% fewer instructions to
     import the validator (bench/bench_walk.py --instructions, start-up floors). Nor, at the quick level, the
     deep check and its value scanner (validate._deep: loaded at level deep only)."""
     import subprocess
@@ -403,11 +403,11 @@ def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
 
     folder = tmp_path / "checkpoint-10"
     _hf_checkpoint(folder)
-    code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['validate', sys.argv[1], '--format', "
+    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '--format', "
             "'json', '-o', sys.argv[2]]); print(rc, sorted(m for m in sys.modules if m in ("
             "'checkpoint_strategy.planning.models', 'checkpoint_strategy.planning.planner', "
-            "'checkpoint_strategy.checkpoints.retention', 'checkpoint_strategy.checkpoints.deep', "
-            "'checkpoint_strategy.checkpoints.tensorscan')))")
+            "'checkpoint_strategy.retention.rules', 'checkpoint_strategy.validate.deep', "
+            "'checkpoint_strategy.formats.tensors')))")
     out = subprocess.run([sys.executable, "-c", code, str(folder), str(tmp_path / "report.json")],
                          capture_output=True, text=True, timeout=120, env=checkout_env())
     assert out.stdout.split("\n")[0] == "0 []", out.stdout + out.stderr
@@ -473,7 +473,7 @@ def _damaged_run(root):
 
 
 def _report(root) -> list:
-    from checkpoint_strategy.checkpoints import validate_paths
+    from checkpoint_strategy.validate import validate_paths
 
     r = validate_paths([str(root)], level="quick", progress=False)
     return [(c.path, c.status, c.files_checked, c.bytes_read, [(p.file, p.reason, p.kind) for p in c.problems], c.notes)
@@ -486,7 +486,7 @@ def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, m
     archives and headers, a local header that does not match, bad JSON; also when the listing is told every
     name is a regular file (a file swapped for a FIFO or a folder after the listing): the fstat after the open
     refuses it in the same words, without blocking."""
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     root = _damaged_run(tmp_path / "run")
     hinted = _report(root)
@@ -628,7 +628,7 @@ def test_an_empty_log_history_is_not_handed_to_the_adviser_and_says_what_it_says
     """validate's spike check on a run whose newest trainer_state.json has an empty log_history: the same note as
     the adviser's, without loading the adviser (numpy); a log with entries (or log_history twice) still goes to
     it."""
-    from checkpoint_strategy.checkpoints import safety
+    from checkpoint_strategy.retention import safety
     from checkpoint_strategy.recovery import advise
 
     run = tmp_path / "run"
@@ -663,7 +663,7 @@ def test_validate_of_a_run_without_log_entries_does_not_import_numpy(tmp_path):
 
     run = tmp_path / "run"
     _hf_checkpoint(run / "checkpoint-10")
-    code = ("import sys; from checkpoint_strategy.cli import main; rc = main(['validate', sys.argv[1], '-o', "
+    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '-o', "
             "sys.argv[2]]); print(rc, 'numpy' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "r.txt")], capture_output=True,
                          text=True, timeout=120, env=checkout_env())
@@ -712,7 +712,7 @@ def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):
     """safety._realpath (the folder resolved once, one lstat per name) gives os.path.realpath's answer for plain
     names, a symlinked checkpoint, a symlinked folder on the way, a dangling link, a missing name, '..', a
     trailing slash and relative paths; and default_log picks the newest checkpoint's trainer_state.json."""
-    from checkpoint_strategy.checkpoints.safety import _realpath, default_log
+    from checkpoint_strategy.retention.safety import _realpath, default_log
 
     real = tmp_path / "real"
     (real / "checkpoint-1").mkdir(parents=True)
@@ -745,8 +745,10 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
     subfolder, a link into another checkpoint, an emergency marker, a damaged trainer_state.json, a FIFO."""
     import json
 
-    from checkpoint_strategy.checkpoints import prune_survey, validate
-    from checkpoint_strategy.checkpoints.marker import write_marker
+    from checkpoint_strategy.retention import survey as prune_survey
+
+    from checkpoint_strategy.validate import engine as validate
+    from checkpoint_strategy.formats.marker import write_marker
 
     run = tmp_path / "run"
     src = hf_run.output_dir / "checkpoint-110"
@@ -796,7 +798,7 @@ def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
     """discover hands identify what its own listing saw (a folder: no stat; the names beside it: no lstat for
     NeMo's -unfinished marker) and hands an HF Trainer folder's listing on to the checker: each entry is found as
     identify finds it alone, a marker beside a folder included."""
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     root = tmp_path / "run"
     for name in ("checkpoint-10", "checkpoint-20", "step-30", "megatron_gpt--step=40.ckpt"):
@@ -821,7 +823,7 @@ def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
 def test_the_marker_name_discover_looks_for_is_the_marker_path_identify_looks_at(name, folder):
     """discover looks NeMo's -unfinished marker up by name among the names beside a folder (`unfinished_name`),
     identify alone by path (`unfinished_marker`): the same marker for every name a listing gives."""
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     assume("/" not in name and name not in (".", ".."))
     assert fm.unfinished_name(name) == os.path.basename(fm.unfinished_marker(os.path.join(folder, name)))

@@ -1,4 +1,4 @@
-"""validate reports the world size a checkpoint was saved with (checkpoints/worldsize.py) and, with
+"""validate reports the world size a checkpoint was saved with (formats/worldsize.py) and, with
 --target-gpus N, what must stay constant and what changes."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def test_validators_listing_gives_what_a_walk_gives(hf_run, dcp_checkpoint, tmp_
     """validate keeps its listing of a folder that held only regular files (`Seen.flat_names`), and the world size
     read from it is the one a walk of the folder reads; a folder with a subfolder, a link in it, or a symlinked
     checkpoint is walked as before."""
-    from checkpoint_strategy.checkpoints.validate import validate_paths
-    from checkpoint_strategy.checkpoints.worldsize import saved_world_size
+    from checkpoint_strategy.validate.engine import validate_paths
+    from checkpoint_strategy.formats.worldsize import saved_world_size
 
     run = tmp_path / "run"
     shutil.copytree(hf_run.output_dir / "checkpoint-110", run / "checkpoint-110")
@@ -88,7 +88,7 @@ def test_every_name_a_layout_pattern_matches_passes_the_prefix_filter():
     as telling nothing). Names drawn from each pattern itself, and near misses that must stay unmatched."""
     from hypothesis import given, settings, strategies as st
 
-    from checkpoint_strategy.checkpoints import worldsize as ws
+    from checkpoint_strategy.formats import worldsize as ws
 
     patterns = (ws._RNG, ws._DISTCP, ws._ZERO, ws._MEGATRON)
 
@@ -106,7 +106,7 @@ def test_every_name_a_layout_pattern_matches_passes_the_prefix_filter():
 def test_flat_listing_fast_path_agrees_with_the_walk(tmp_path):
     """A folder of regular files given as the validator's listing (flat_names) and walked from disk give the
     same answer for every mix of layout names, the common Trainer folder (no pattern name) included."""
-    from checkpoint_strategy.checkpoints.worldsize import saved_world_size
+    from checkpoint_strategy.formats.worldsize import saved_world_size
 
     layouts = {
         "trainer": ["optimizer.pt", "rng_state.pth", "trainer_state.json"],

@@ -6,7 +6,9 @@ import argparse
 
 import pytest
 
-from checkpoint_strategy import cli, cli_options
+from checkpoint_strategy import cli_options
+
+from checkpoint_strategy.cli import main as cli
 from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOCABULARY, number
 
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.

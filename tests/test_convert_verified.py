@@ -490,7 +490,7 @@ def test_a_format_version_torch_refuses_is_refused(cli_run, tmp_path, version):
 
 # --------------------------------------------------------------------------- the oracle: dcp_to_torch_save
 
-#: what torch's unpickler refuses that the package's one symbolic pickle reader (checkpoints/torchpickle.py) still
+#: what torch's unpickler refuses that the package's one symbolic pickle reader (formats/safepickle.py) still
 #: reads: a SETITEMS with an odd item count, a PROTO or FRAME opcode in mid-stream, a BUILD state it reads
 #: differently. Fixed in that shared reader, not in convert (issue 40's validator work); until then tolerated here
 #: and counted in docs/convert.md.

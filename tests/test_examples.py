@@ -82,7 +82,7 @@ def build_inputs(folder: Path) -> None:
 
 
 def normalise(text: str, folder: Path) -> str:
-    from checkpoint_strategy.checkpoints.runfacts import launcher
+    from checkpoint_strategy.formats.runfacts import launcher
 
     # the launcher's absolute path written into handoff commands: where the skill is installed
     text = text.replace(launcher(), 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
@@ -157,7 +157,7 @@ def test_handoff_into_a_session_handoff_state_folder(inputs, cli_run, monkeypatc
 
 
 def test_every_command_has_an_example():
-    from checkpoint_strategy.cli import COMMANDS
+    from checkpoint_strategy.cli.main import COMMANDS
 
     assert set(EXAMPLES) == set(COMMANDS)
 
@@ -238,7 +238,7 @@ def readme_examples(text: str) -> tuple[list[str], list[tuple[str, str]]]:
 def test_readme_has_one_example_per_command_and_they_are_the_golden_ones():
     import shlex
 
-    from checkpoint_strategy.cli import COMMANDS
+    from checkpoint_strategy.cli.main import COMMANDS
 
     setup, examples = readme_examples((ROOT / "README.md").read_text(encoding="utf-8"))
     assert setup == ["python3 examples/make-example-run.py example-run && cd example-run"]

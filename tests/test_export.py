@@ -128,7 +128,7 @@ def test_export_command_imports_no_framework():
     import subprocess
     import sys
 
-    code = ("import sys; from checkpoint_strategy.cli import main; "
+    code = ("import sys; from checkpoint_strategy.cli.main import main; "
             "[main(['export', '--framework', f, '100', '1', '10', '--format', 'json']) for f in "
             "('hf', 'lightning', 'orbax', 'megatron', 'deepspeed')]; "
             "bad = [m for m in ('torch', 'transformers', 'lightning', 'pytorch_lightning', 'jax', 'orbax', "

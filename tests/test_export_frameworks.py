@@ -16,7 +16,7 @@ import shutil
 import pytest
 
 import realruns
-from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
 from checkpoint_strategy.export import export_plan, render_export
 from checkpoint_strategy.export.common import grid_saves, kept_at_end
 from checkpoint_strategy.planning.options import validate_arguments

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.render import escape_untrusted
 from cliresult import checkout_env
 
@@ -93,7 +93,7 @@ def test_hostile_manifest(hf_run, copy_of, capsys, content, expected):
 def test_manifest_write_into_unwritable_folder_is_exit_2(hf_run, copy_of, capsys, monkeypatch):
     ck = copy_of(hf_run.output_dir / "checkpoint-50")
     if os.geteuid() == 0:  # root writes anywhere: fail the write the way a read-only folder does
-        from checkpoint_strategy.checkpoints import manifest
+        from checkpoint_strategy.formats import manifest
 
         def denied(path, text):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
@@ -302,7 +302,7 @@ def _zip_one(path: Path, name: bytes, payload_len: int, declared: int | None = N
 def _limited(*argv, limit=1 << 30):
     """validate in a child whose address space is capped: a big allocation fails the test (exit 3)."""
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (%d, %d)); "
-            "from checkpoint_strategy.cli import main; sys.exit(main(sys.argv[1:]))" % (limit, limit))
+            "from checkpoint_strategy.cli.main import main; sys.exit(main(sys.argv[1:]))" % (limit, limit))
     return subprocess.run([sys.executable, "-c", code, *map(str, argv)], capture_output=True, text=True, timeout=120,
                           env=checkout_env())
 
@@ -325,7 +325,7 @@ def test_zip_bomb_is_invalid_with_bounded_memory(tmp_path, level):
 
 def test_inflate_past_declared_size_is_caught_while_streaming(tmp_path):
     """Full level, an entry other than data.pkl: inflating stops at the declared size."""
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     p = tmp_path / "x.pt"
     _zip_one(p, b"archive/data/0", 32 << 20, declared=32 << 20)
@@ -364,7 +364,7 @@ def test_zip64_record_past_a_sparse_file_end_allocates_nothing(tmp_path):
 
 
 def test_truncated_zip64_extra_is_a_problem_not_a_crash():
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     name = b"archive/data.pkl"
     extra = struct.pack("<HH", 1, 24) + b"\0" * 8        # claims 24 bytes, holds 8
@@ -630,7 +630,7 @@ def test_handoff_killed_half_way_is_rolled_back_by_the_next(tmp_path, capsys):
             if count[0] == 3:  # the journal, checkpoint-strategy.json, agent-state.json
                 os.kill(os.getpid(), signal.SIGKILL)
         os.replace = dying_replace
-        from checkpoint_strategy.cli import main
+        from checkpoint_strategy.cli.main import main
         main(["handoff", {", ".join(repr(a) for a in PLAN)}, "--keep-last", "9", "--state-dir", {str(st)!r}])
     """)
     r = subprocess.run([sys.executable, "-c", code], env=checkout_env(),
@@ -648,7 +648,7 @@ def test_dcp_metadata_walk_memory_does_not_grow_with_the_pickle(monkeypatch):
     63 MB file)."""
     import tracemalloc
 
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     monkeypatch.setattr(fc, "MAX_MEMO_STRINGS", 1000)
     n = 200_000
@@ -665,7 +665,7 @@ def test_dcp_metadata_walk_memory_does_not_grow_with_the_pickle(monkeypatch):
 
 
 def test_dcp_memo_bound_keeps_real_metadata_readable(dcp_checkpoint, monkeypatch):
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     data = (dcp_checkpoint / ".metadata").read_bytes()
     needed, keys = fc.dcp_storage_map(data)

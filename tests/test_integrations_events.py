@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import Decision, EmergencyDecision, decide, decide_all, parse_events
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
 from fuzzcheck import MUTATE, reached, reaches_core
-from checkpoint_strategy.checkpoints.runfacts import launcher
+from checkpoint_strategy.formats.runfacts import launcher
 
 LAUNCHER = launcher()  # how the next command is written (runnable from any shell)
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.integrations import decide, decide_all, parse_events
 from checkpoint_strategy.integrations.events import MAX_LISTED, SPIKE_WAIT_STEPS
 from checkpoint_strategy.recovery.settings import DEFAULTS
-from checkpoint_strategy.checkpoints.runfacts import launcher
+from checkpoint_strategy.formats.runfacts import launcher
 
 LAUNCHER = launcher()  # how the next command is written (runnable from any shell)
 

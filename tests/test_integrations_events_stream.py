@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from checkpoint_strategy.checkpoints import runfacts
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.formats import runfacts
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import decide, decide_all
 from checkpoint_strategy.integrations.events import SPIKE_WAIT_STEPS, event_stream

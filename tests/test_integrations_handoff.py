@@ -12,8 +12,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from checkpoint_strategy.cli import main
-from checkpoint_strategy.checkpoints import runfacts
+from checkpoint_strategy.cli.main import main
+from checkpoint_strategy.formats import runfacts
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.models import AgentState, CheckpointLogLine

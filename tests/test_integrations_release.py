@@ -77,7 +77,7 @@ def test_required_format_missing_fails(dcp_checkpoint, safetensors_file, cli_run
 
 
 def test_manifest_is_verified_when_present(hf_run, copy_of, cli_run):
-    from checkpoint_strategy.checkpoints import validate_checkpoint
+    from checkpoint_strategy.validate import validate_checkpoint
 
     ckpt = copy_of(newest(hf_run))
     assert validate_checkpoint(ckpt, manifest="write").manifest == "written"

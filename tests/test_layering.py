@@ -206,12 +206,27 @@ def graph():
 def test_the_layer_table_is_read_from_developing_md(layers):
     names = [name for name, _groups in layers]
     assert names[0] == "commands" and names[-1] == "base", names
-    # the order the issue draws: checkpoints below recovery, the leaves right under the commands
-    assert names.index("leaves") == 1 and names.index("recovery") < names.index("checkpoints")
+    # the order the issue draws: retention over validate over formats, all below recovery; the leaves right
+    # under the commands
+    assert names.index("leaves") == 1
+    assert names.index("recovery") < names.index("retention") < names.index("validate") < names.index("formats")
     assert place("callbacks.hf", layers)[0] == place("export.orbax", layers)[0] == 1
-    assert place("checkpoints.prune_cli", layers)[0] == 0  # a command module, above its sub-package
-    assert place("checkpoints.prune", layers) == place("policyfile", layers)  # one group
+    assert place("cli.prune", layers)[0] == 0  # a command module
     assert place(ROOT, layers)[0] == len(layers) - 1
+
+
+def test_commands_live_only_in_cli(graph):
+    """Every command module (one with `add_arguments` and `run`) is in `cli/`, and nothing else imports `cli`."""
+    outside = []
+    for path in PACKAGE.rglob("*.py"):
+        module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+        text = path.read_text(encoding="utf-8")
+        if not module.startswith("cli") and "\ndef add_arguments(" in text and "\ndef run(" in text:
+            outside.append(module)
+    assert outside == []
+    importers = sorted(m for m, deps in graph.items() if not m.startswith("cli") and m != "__main__"
+                       and any(d == "cli" or d.startswith("cli.") for d in deps))
+    assert importers == []
 
 
 def test_every_module_is_in_a_layer(graph, layers):
@@ -244,11 +259,11 @@ def test_lazy_and_relative_imports_are_edges(tmp_path):
 
 
 def test_the_checker_reports_an_injected_upward_import(graph, layers):
-    """The real graph plus one upward edge (checkpoints.validate -> recovery.detect) is reported, naming
+    """The real graph plus one upward edge (validate.engine -> recovery.detect) is reported, naming
     both modules and both layers; the real graph alone is clean (test_imports_point_down)."""
-    bad = {**graph, "checkpoints.validate": {**graph["checkpoints.validate"], "recovery.detect": 7}}
+    bad = {**graph, "validate.engine": {**graph["validate.engine"], "recovery.detect": 7}}
     assert violations(bad, layers) == [
-        "checkpoints.validate (layer checkpoints) imports recovery.detect (layer recovery, above it), line 7"]
+        "validate.engine (layer validate) imports recovery.detect (layer recovery, above it), line 7"]
 
 
 def test_the_checker_reports_an_injected_cycle_and_a_sideways_import(graph, layers):

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import pytest
 
-from checkpoint_strategy.checkpoints.validate import validate_checkpoint
+from checkpoint_strategy.validate.engine import validate_checkpoint
 from checkpoint_strategy.errors import UsageError
 
 MUTATIONS = 320          # per format, in CI (seeds fixed: SEED + i)
@@ -518,7 +518,7 @@ def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_w
 
     _edit_metadata(folder, edit)
     data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
-    from checkpoint_strategy.checkpoints.framework_layouts import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
+    from checkpoint_strategy.formats.frameworks import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
 
     assert (folder / ".metadata").stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
     r = validate_checkpoint(folder, "quick")

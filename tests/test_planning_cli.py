@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.resources import load_schema
 from cliresult import BIN, CLI, checkout_env
 from fuzzcheck import MUTATE, PLAN_OPTIONS, PLAN_POSITIONALS, flatten, mutate, reached, reaches_core
@@ -259,7 +259,7 @@ def test_text_plan_builds_no_pydantic_validator(skill_root):
     (importlib.metadata, about 10 ms); numpy and torch stay unloaded."""
     code = ("import sys, contextlib, io\n"
             f"sys.path.insert(0, {str(skill_root / 'scripts')!r})\n"
-            "from checkpoint_strategy.cli import main\n"
+            "from checkpoint_strategy.cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()):\n"
             f"    main({SEED!r})\n"
             "print(sorted(m for m in ('pydantic.plugin._loader', 'importlib.metadata', 'numpy', 'torch')"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.cli import ArgumentParser
+from checkpoint_strategy.cli.main import ArgumentParser
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import options, sizing
 

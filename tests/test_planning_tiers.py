@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.planning import PlanArguments, failure, plan, planner
 from checkpoint_strategy.render import render as render_plan
 
@@ -59,7 +59,7 @@ def test_yaml_gains_tiers_only_for_two_tiers():
 
 
 def test_prune_reads_a_policy_with_tiers(tmp_path):
-    from checkpoint_strategy.checkpoints.prune import load_policy
+    from checkpoint_strategy.retention.prune import load_policy
 
     two = plan(PlanArguments(**SEVENTY_B, local_tier={"gb_per_node": 2000, "gbps_per_node": 5}))
     f = tmp_path / "policy.yaml"

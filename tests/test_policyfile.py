@@ -1,4 +1,4 @@
-"""`--policy FILE` (checkpoint_strategy.policyfile): the plan as YAML or JSON and the handoff state
+"""`--policy FILE` (checkpoint_strategy.retention.policyfile): the plan as YAML or JSON and the handoff state
 file, detected by content, all give prune the same retention."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.policyfile import load_policy_file
+from checkpoint_strategy.retention.policyfile import load_policy_file
 
 PLAN = ["plan", "200", "1", "50", "--model_size_gb", "0.001", "--keep-last", "3", "--milestones", "40,80"]
 

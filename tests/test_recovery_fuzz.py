@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import detect_spikes
 from cliresult import Result

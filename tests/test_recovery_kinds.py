@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import OnlineDetector, RecoveryOptions, detect_spikes
 from checkpoint_strategy.recovery.advice import advise_series

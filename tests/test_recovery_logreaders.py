@@ -105,7 +105,7 @@ def test_repeated_steps_are_micro_batches_not_restarts(tmp_path):
 
 
 def test_outputs_that_are_the_log_and_empty_paths_are_refused(tmp_path, capsys):
-    from checkpoint_strategy.cli import main
+    from checkpoint_strategy.cli.main import main
 
     log = tmp_path / "train.jsonl"
     content = "".join(f'{{"step": {i}, "loss": 2.0}}\n' for i in range(1, 50))

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.recovery.advice import advise_series
 from checkpoint_strategy.recovery.logs import build_series
 

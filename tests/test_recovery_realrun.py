@@ -8,7 +8,7 @@ import shutil
 import jsonschema
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.resources import load_schema
 
 

@@ -13,7 +13,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.recovery import advise, verify_resume
 from checkpoint_strategy.recovery.logs import read_log
 from checkpoint_strategy.recovery.models import RecoveryReport, VerifyResumeReport

@@ -15,8 +15,8 @@ import shutil
 import jsonschema
 import pytest
 
-from checkpoint_strategy.checkpoints.optstep import judge, read_optimizer_steps
-from checkpoint_strategy.checkpoints.runshape import check_resume_shape, read_run_shape
+from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
+from checkpoint_strategy.formats.runshape import check_resume_shape, read_run_shape
 from checkpoint_strategy.recovery.models import VerifyResumeReport
 from checkpoint_strategy.resources import load_schema
 
@@ -199,8 +199,8 @@ def test_world_change_without_batch_record_is_a_warning(hf_world_change, cli_run
 
 def test_validate_deep_compares_the_dcp_train_state_with_the_optimizer_counter(loop_resumes):
     """The deep level reads HF's and Lightning's counters itself; a DCP train_state.step (and DeepSpeed's
-    global_steps) come from checkpoints/optstep.py."""
-    from checkpoint_strategy.checkpoints.validate import validate_paths
+    global_steps) come from formats/optstep.py."""
+    from checkpoint_strategy.validate.engine import validate_paths
 
     r = loop_resumes
     (reset,) = validate_paths([str(r.resumed["reset"])], level="deep").checkpoints

@@ -109,7 +109,7 @@ def test_every_report_model_has_its_templates():
 
 
 def test_on_event_markdown(tmp_path, cli_run):
-    from checkpoint_strategy.checkpoints.runfacts import launcher
+    from checkpoint_strategy.formats.runfacts import launcher
 
     f = tmp_path / "events.json"
     f.write_text(json.dumps([SPIKE, dict(SPIKE, step=1300)]))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.resources import load_schema
 from cliresult import CLI, checkout_env
 from fuzzcheck import MUTATE, SIM_OPTIONS, flatten, mutate, reached, reaches_core
@@ -129,11 +129,11 @@ def test_real_entry_point_bad_runs_no_traceback():
 
 
 def test_plan_start_up_does_not_import_numpy():
-    code = ("import sys; from checkpoint_strategy.cli import main; import io, contextlib;"
+    code = ("import sys; from checkpoint_strategy.cli.main import main; import io, contextlib;"
             "buf = io.StringIO();\n"
             "with contextlib.redirect_stdout(buf): main(['1000', '1', '10'])\n"
-            "import checkpoint_strategy.simulation.models, checkpoint_strategy.simulation.cli\n"
-            "import checkpoint_strategy.simulation.tradeoffs_cli\n"
+            "import checkpoint_strategy.simulation.models, checkpoint_strategy.cli.simulate\n"
+            "import checkpoint_strategy.cli.tradeoffs\n"
             "print('numpy' in sys.modules, 'matplotlib' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=checkout_env())
     assert proc.stdout.strip() == "False False", proc.stderr

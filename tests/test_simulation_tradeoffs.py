@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from fuzzcheck import MUTATE, flatten, mutate, reached, reaches_core
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan

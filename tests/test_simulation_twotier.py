@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.simulation.montecarlo import Setup, in_flight_wall_seconds
 from checkpoint_strategy.simulation.twotier import TwoTierSetup, run_two_tier
 

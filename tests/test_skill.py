@@ -12,7 +12,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from checkpoint_strategy.cli import COMMANDS, available_commands
+from checkpoint_strategy.cli.main import COMMANDS, available_commands
 from cliresult import BIN, checkout_env
 
 SPEC_FIELDS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}

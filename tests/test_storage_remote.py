@@ -15,7 +15,7 @@ import pytest
 import objectstore
 from checkpoint_strategy import storage
 from checkpoint_strategy.storage import remote
-from checkpoint_strategy.checkpoints.validate import validate_paths
+from checkpoint_strategy.validate.engine import validate_paths
 
 
 def _shape(report: dict) -> list[tuple]:
@@ -337,7 +337,7 @@ def test_handoff_checkpoints_url_matches_disk(hf_run, cli_run, s3, tmp_path):
 def test_plan_and_local_validate_never_import_fsspec(tmp_path):
     import subprocess
 
-    code = ("import sys, io, contextlib; from checkpoint_strategy.cli import main\n"
+    code = ("import sys, io, contextlib; from checkpoint_strategy.cli.main import main\n"
             "with contextlib.redirect_stdout(io.StringIO()): main(['1000', '1', '10'])\n"
             f"with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()): "
             f"main(['validate', {str(tmp_path)!r}])\n"
@@ -348,7 +348,7 @@ def test_plan_and_local_validate_never_import_fsspec(tmp_path):
 
 
 def test_validate_checkpoint_api_takes_a_url(dcp_checkpoint, s3):
-    from checkpoint_strategy.checkpoints.validate import validate_checkpoint
+    from checkpoint_strategy.validate.engine import validate_checkpoint
 
     objectstore.upload(s3.fs, dcp_checkpoint, f"{s3.name}/step-100")
     r = validate_checkpoint(f"{s3.url}/step-100")

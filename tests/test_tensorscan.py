@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from checkpoint_strategy.checkpoints import tensorscan as ts
+from checkpoint_strategy.formats import tensors as ts
 
 
 def _bits(dtype: str, values) -> np.ndarray:

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 
 torch = pytest.importorskip("torch", reason="real torch.save pickles")
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints import validate_checkpoint
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.validate import validate_checkpoint
 
 PLAIN = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),

@@ -1,5 +1,5 @@
 import sys
 
-from checkpoint_strategy.cli import main
+from checkpoint_strategy.cli.main import main
 
 sys.exit(main())

@@ -81,7 +81,7 @@ MAX_LIST = 200  # entries in a list option (--milestones steps, --sweep-*)
 BOUNDS: dict[str, Quantity] = {
     "steps": Quantity("a whole number of steps", 1, MAX_STEPS, whole=True),
     "step_offset": Quantity("a whole number of steps", 0, MAX_STEPS, whole=True),
-    # a step read from a training log or named in --checkpoints: any a float holds exactly (checkpoints.steps.MAX_STEP)
+    # a step read from a training log or named in --checkpoints: any a float holds exactly (formats.steps.MAX_STEP)
     "logged_step": Quantity("a whole number of steps", 0, 2**53, whole=True),
     "step_seconds": Quantity("seconds per step", 0, 1e6, lo_open=True),
     "gb": Quantity("a size in GB", 0, 1e9, lo_open=True),
@@ -248,7 +248,7 @@ def add_storage_options(parser) -> None:
 
 def add_spike_check(parser, log_help: str | None = None) -> None:
     """--log LOG and --no-spike-check: the training log read for an unrecovered loss spike
-    (checkpoints/safety.py), wherever a command decides which checkpoints are safe to resume from."""
+    (retention/safety.py), wherever a command decides which checkpoints are safe to resume from."""
     from checkpoint_strategy.storage import path_arg
 
     parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,

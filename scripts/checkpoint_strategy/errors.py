@@ -17,7 +17,7 @@ class UsageError(Exception):
 
 def no_log_entries(log: object) -> UsageError:
     """A training log with nothing in it to read (an empty log_history or list): written once, for the log
-    readers (recovery) and for the spike check that answers without loading them (checkpoints.safety)."""
+    readers (recovery) and for the spike check that answers without loading them (retention.safety)."""
     return UsageError(f"log {log} has no log entries (empty log_history or list)")
 
 

@@ -74,7 +74,7 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
 
 
 def part_job(job: dict, phase: PhaseFn = None) -> dict:
-    """This rank's part of a save's validation (checkpoints/parts.py): {"id", "status", "problem"}."""
+    """This rank's part of a save's validation (validate/parts.py): {"id", "status", "problem"}."""
     out: dict[str, Any] = {"id": job.get("id"), "status": "valid", "problem": None, "error": None}
     part = job.get("part")
     if part is None:                   # level deep: rank 0 checks the whole checkpoint
@@ -175,7 +175,7 @@ def handoff_job(job: dict) -> dict:
 
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
-              "CHECKPOINT_STRATEGY_PROCESSES": "1"}   # and no checks split over processes (checkpoints/fanout.py)
+              "CHECKPOINT_STRATEGY_PROCESSES": "1"}   # and no checks split over processes (validate/fanout.py)
 _IDLE: Any = None      # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
 
 
@@ -229,7 +229,7 @@ def _yield_cpu() -> None:
         pass
     from concurrent.futures import ThreadPoolExecutor
 
-    from checkpoint_strategy.checkpoints import filechecks, tensorscan
+    from checkpoint_strategy.formats import filechecks, tensors as tensorscan
 
     filechecks.CRC_WORKERS = 1
     tensorscan.WORKERS = 1
@@ -240,7 +240,9 @@ def _yield_cpu() -> None:
 def _warm() -> None:
     """Import the checkers and the prune now, in idle cycles, not in the first save's job (~0.2 s of CPU)."""
     from checkpoint_strategy.callbacks import _retention  # noqa: F401
-    from checkpoint_strategy.checkpoints import manifest, prune, validate_checkpoint  # noqa: F401
+    from checkpoint_strategy.formats import manifest  # noqa: F401
+    from checkpoint_strategy.retention import prune  # noqa: F401
+    from checkpoint_strategy.validate import validate_checkpoint  # noqa: F401
     from checkpoint_strategy.recovery import advise  # noqa: F401
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.policy import Settings, resolve
-from checkpoint_strategy.checkpoints.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
+from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
 
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
 #: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
@@ -115,7 +115,7 @@ class StrategyCore:
         self.handoff_dir = handoff_dir
         self.handoff_every = handoff_every
         self.join_timeout = float(join_timeout)
-        self.manifest = bool(manifest)       # write the sha256 manifest of each valid save (checkpoints/manifest.py)
+        self.manifest = bool(manifest)       # write the sha256 manifest of each valid save (formats/manifest.py)
         self.rank_timeout = float(rank_timeout)
         self._ranks: Any = None
         self.framework_log = framework_log   # True: the framework writes no log we can read (Lightning)
@@ -214,7 +214,7 @@ class StrategyCore:
         return None
 
     def mark_emergency(self, checkpoint: str, flag) -> bool:
-        """Write the marker before the save starts (see checkpoints/marker.py). False when it cannot
+        """Write the marker before the save starts (see formats/marker.py). False when it cannot
         be written: then no emergency save is made (an unmarked post-event checkpoint would look
         like a resume point)."""
         from checkpoint_strategy.callbacks import _retention
@@ -280,11 +280,11 @@ class StrategyCore:
                      accumulation: Optional[int] = None) -> list[str]:
         """At the start of a resumed run: warnings (logged on rank 0, kept in `resume_warnings`) when this run's
         world size or global batch differs from what `checkpoint` was saved with, with what keeps the schedule
-        the same (checkpoints/runshape.py, the same lines `verify-resume --checkpoints` prints). Nothing when
+        the same (formats/runshape.py, the same lines `verify-resume --checkpoints` prints). Nothing when
         the checkpoint is not on disk or records neither; never raises on its content."""
         if not checkpoint or not os.path.exists(checkpoint):
             return []
-        from checkpoint_strategy.checkpoints.runshape import check_resume_shape
+        from checkpoint_strategy.formats.runshape import check_resume_shape
 
         try:
             lines = check_resume_shape(checkpoint, world_size=world_size, per_device_batch=per_device_batch,

@@ -234,7 +234,7 @@ class TrainingGuard:
     def _stable(self, onset: int, value: float) -> Optional[_Save]:
         """The newest reported save before the onset with a loss below stable_ratio x the spike that validates."""
         from checkpoint_strategy.callbacks import _retention
-        from checkpoint_strategy.checkpoints.validate import usable
+        from checkpoint_strategy.validate.engine import usable
 
         for s in sorted(self.saves, key=lambda s: s.step, reverse=True):
             if s.kind == "emergency" or s.step >= onset or s.path in self.used:

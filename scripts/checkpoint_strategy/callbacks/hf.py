@@ -14,7 +14,7 @@ What it does to the Trainer (logged at start):
     the rollback point of an unrecovered spike; never an invalid or incomplete one);
   * ``on_log``: the logged loss and grad norm feed the online spike detector; on a
     ``emergency_save_on`` event it sets ``control.should_save`` (marker first, see
-    checkpoints/marker.py); never on a NaN/inf loss;
+    formats/marker.py); never on a NaN/inf loss;
   * ``on_train_begin`` of a resumed run: warns when the world size or global batch changed since the
     checkpoint resumed from was saved, and says what keeps the LR schedule the same;
   * ``on_train_end``: waits for the background validations (async_save) and writes the

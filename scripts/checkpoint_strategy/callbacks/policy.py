@@ -39,7 +39,7 @@ class Settings:
 def _from_mapping(data: dict, source: str, report=None) -> Settings:
     from pydantic import ValidationError
 
-    from checkpoint_strategy.checkpoints.models import CheckpointPolicy
+    from checkpoint_strategy.formats.models import CheckpointPolicy
 
     data = dict(data)
     ms = data.get("keep_milestone")

@@ -16,7 +16,7 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     For ``trainer.train(resume_from_checkpoint=...)`` (HF: pass the run's output_dir) and
     ``trainer.fit(model, ckpt_path=...)`` (Lightning: pass the ModelCheckpoint dirpath). A
     half-written newest checkpoint (a torn .ckpt, a checkpoint-N without trainer_state.json, one a rank did
-    not finish: a per-rank file the run's world size needs is missing, checkpoints/runfacts.py) is
+    not finish: a per-rank file the run's world size needs is missing, formats/runfacts.py) is
     skipped, and so are emergency saves (post-event weights, never a resume point) unless
     include_emergency. A valid weights-only checkpoint (no optimizer state: resuming from it resets
     the optimizer) is returned only when no valid checkpoint is resumable; then the newest of them.
@@ -25,12 +25,12 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     Lightning's default folder (``lightning_logs/version_N/checkpoints``: a rerun makes version_N+1): given the
     logger folder (``lightning_logs``), the folder holding it (``default_root_dir``), a version folder or its
     checkpoints/ (made or not yet), the newest version with a valid checkpoint is used: its own first, then the
-    earlier ones (`checkpoints.runlog.versioned_checkpoint_dirs`).
+    earlier ones (`formats.runlog.versioned_checkpoint_dirs`).
     level: "quick" (default), "full" or "deep" (also every value finite, the optimizer state whole and
     no weight-norm jump from the previous checkpoint). Checks newest first and stops at the first
     valid resumable one. With spike_check (default) the run's training log (the one every command finds:
-    trainer_state.json, the callbacks' own loss log, Lightning's metrics.csv, TensorBoard; checkpoints/runlog.py)
-    is read the way `prune` reads it (checkpoints/safety.py): a checkpoint saved after the onset of an unrecovered
+    trainer_state.json, the callbacks' own loss log, Lightning's metrics.csv, TensorBoard; formats/runlog.py)
+    is read the way `prune` reads it (retention/safety.py): a checkpoint saved after the onset of an unrecovered
     loss spike is skipped (it holds spiked weights); not with include_emergency, which asks for
     post-event weights.
     """
@@ -39,7 +39,7 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     root = os.fspath(output_dir)
     if os.path.lexists(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
-    from checkpoint_strategy.checkpoints.runlog import versioned_checkpoint_dirs
+    from checkpoint_strategy.formats.runlog import versioned_checkpoint_dirs
 
     got = _last_valid_in(root, level, include_emergency, spike_check) if os.path.isdir(root) else None
     for folder in ([] if got is not None else versioned_checkpoint_dirs(root)):   # listed only when needed
@@ -72,7 +72,7 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
     """(step, path, resumable) of the checkpoints found that validate (at level deep: pass the deep
     check), newest first; emergency saves only with include_emergency; symlinks never."""
     from checkpoint_strategy.callbacks import _retention
-    from checkpoint_strategy.checkpoints.validate import usable
+    from checkpoint_strategy.validate.engine import usable
 
     for step, path in found:
         if not include_emergency and _retention.read_marker(path) is not None:
@@ -85,15 +85,15 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
 
 
 def _spike_guard(found, root: str):
-    """The run's log as every command finds it (`checkpoints.runlog`: trainer_state.json, the callbacks' loss
+    """The run's log as every command finds it (`formats.runlog`: trainer_state.json, the callbacks' loss
     log, Lightning's metrics.csv, TensorBoard), read with the recovery adviser."""
-    from checkpoint_strategy.checkpoints.safety import read_spike
+    from checkpoint_strategy.retention.safety import read_spike
     from checkpoint_strategy.recovery import advise
 
     return read_spike([(s, p) for s, p in found if s is not None], advise=advise, root=root)
 
 
 def _after_onset(step, guard) -> bool:
-    from checkpoint_strategy.checkpoints.safety import after_onset
+    from checkpoint_strategy.retention.safety import after_onset
 
     return after_onset(step, guard)

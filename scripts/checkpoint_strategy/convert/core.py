@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import readers, writers
 from checkpoint_strategy.convert.models import ConvertCheck, ConvertReport, OptimizerCompare, OutputFile, TensorRow
 from checkpoint_strategy.convert.pieces import CHUNK, Files, Loaded, Tensor, same_bytes, sha256, tensors, unsupported

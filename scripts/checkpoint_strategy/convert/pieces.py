@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 from collections.abc import Iterator
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.errors import UsageError
 
 CHUNK = 8 << 20

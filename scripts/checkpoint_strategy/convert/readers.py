@@ -1,6 +1,6 @@
 """Sources read as data: torch zip archives, safetensors files and DCP folders -> `Loaded`.
 
-Nothing is unpickled: torch archives go through `checkpoints.filechecks.scan_zip` (the opcode-level
+Nothing is unpickled: torch archives go through `formats.filechecks.scan_zip` (the opcode-level
 reader `torchpickle`, the weights_only allow-list: a pickle naming ``os.system`` is refused before a
 byte is written), safetensors headers are parsed as JSON and checked against the file size, and a
 DCP `.metadata` is read with `torchpickle` too. Every problem is one `UsageError` line.
@@ -12,11 +12,11 @@ import os
 import struct
 from typing import Any
 
-from checkpoint_strategy.checkpoints import deep
-from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.checkpoints.framework_layouts import WEIGHT_KEYS
-from checkpoint_strategy.checkpoints import tensorscan as ts
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.validate import deep
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.frameworks import WEIGHT_KEYS
+from checkpoint_strategy.formats import tensors as ts
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor, Unsupported
 from checkpoint_strategy.errors import UsageError
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Any, BinaryIO
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints.filechecks import _crc32   # ISA-L's CRC-32 when installed, else zlib's
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats.filechecks import _crc32   # ISA-L's CRC-32 when installed, else zlib's
 
 #: torch dtype name -> the legacy storage class torch.save names for it
 STORAGE_CLASS = {d: c for c, d in tp.STORAGE_DTYPE.items() if c != "UntypedStorage"}

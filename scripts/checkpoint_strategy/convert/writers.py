@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, BinaryIO
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import torchzip as tz
 from checkpoint_strategy.convert.pieces import CHUNK, Files, Tensor, stream, tensors
 from checkpoint_strategy.errors import UsageError

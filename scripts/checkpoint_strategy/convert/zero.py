@@ -25,7 +25,7 @@ import os
 import re
 from typing import Any
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import readers
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor
 from checkpoint_strategy.errors import UsageError

@@ -16,7 +16,7 @@ MAX_MILESTONES = 100000     # a plan file with more milestones than this is not 
 
 CALLBACK_HF = "checkpoint_strategy.callbacks.HFCheckpointStrategy"
 CALLBACK_LIGHTNING = "checkpoint_strategy.callbacks.LightningCheckpointStrategy"
-VALIDATE_API = "checkpoint_strategy.checkpoints.validate_checkpoint(path)"
+VALIDATE_API = "checkpoint_strategy.validate.validate_checkpoint(path)"
 
 
 # --------------------------------------------------------------------------- schedule

@@ -1,6 +1,6 @@
 """The validator, as the integrations use it: which checkpoints are whole, and what they hold.
 
-Everything goes through the public API of `checkpoint_strategy.checkpoints`
+Everything goes through the public API of `checkpoint_strategy.validate`
 (validate_checkpoint / validate_paths). If that package is missing the command exits 2 with a
 clear line rather than pretending a checkpoint was checked.
 """
@@ -26,13 +26,13 @@ def now_iso() -> str:
 def api():
     """The validator module, or UsageError (exit 2) when it is not installed."""
     try:
-        from checkpoint_strategy import checkpoints
+        from checkpoint_strategy import validate
     except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("checkpoint_strategy.checkpoints"):
-            raise UsageError("the checkpoint validator (checkpoint_strategy.checkpoints) is not installed: "
+        if exc.name and exc.name.startswith("checkpoint_strategy.validate"):
+            raise UsageError("the checkpoint validator (checkpoint_strategy.validate) is not installed: "
                              "cannot validate checkpoints; install the full checkpoint-strategy package") from None
         raise
-    return checkpoints
+    return validate
 
 
 def _names(path: str) -> list[str]:

@@ -288,7 +288,7 @@ def load_policy(text: str, source: str) -> list[str]:
 
 def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
     """Runnable in any later shell (the launcher's path, as handoff writes it), not a bare name on PATH."""
-    from checkpoint_strategy.checkpoints.runfacts import launcher
+    from checkpoint_strategy.formats.runfacts import launcher
 
     return (f"{launcher()} recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
             f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
@@ -297,7 +297,7 @@ def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None
 def verify_resume_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
     """verify-resume needs the step resumed from (the event does not know it: RESUME_STEP); with the checkpoint
     folder it also compares the optimizer's step counter with the training step (a reset optimizer)."""
-    from checkpoint_strategy.checkpoints.runfacts import launcher
+    from checkpoint_strategy.formats.runfacts import launcher
 
     ck = f" --checkpoints {shlex.quote(checkpoints)}" if checkpoints else ""
     return f"{launcher()} verify-resume {shlex.quote(log) if log else 'TRAIN_LOG'} --resume-step RESUME_STEP{ck}"
@@ -496,7 +496,7 @@ def _first_spike(items: Iterable[Any]) -> Optional[int]:
 
 
 def _post_onset_note(log_report) -> Optional[str]:
-    from checkpoint_strategy.checkpoints.safety import post_onset_note
+    from checkpoint_strategy.retention.safety import post_onset_note
 
     return post_onset_note(log_report)
 

@@ -51,8 +51,8 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     """
     explicit = log is not None
     log_path = log
-    if not explicit:  # the run folder's log as every command finds it (checkpoints/runlog.py), else the root
-        from checkpoint_strategy.checkpoints.safety import default_log
+    if not explicit:  # the run folder's log as every command finds it (formats/runlog.py), else the root
+        from checkpoint_strategy.retention.safety import default_log
 
         log_path = default_log([(c.step, c.path) for c in valid if c.step is not None], root) or root
     if log_path is None:
@@ -79,8 +79,8 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
 
 
 def _mark_post_onset(rep, valid: list[CheckpointRef]) -> None:
-    """after_spike_onset on each valid checkpoint, by the one shared rule (checkpoints/safety.py)."""
-    from checkpoint_strategy.checkpoints import safety
+    """after_spike_onset on each valid checkpoint, by the one shared rule (retention/safety.py)."""
+    from checkpoint_strategy.retention import safety
 
     guard = safety.guard_from_report(rep, rep.log.path)
     for c in valid:
@@ -105,7 +105,7 @@ def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[Re
                   saved: Sequence[CheckpointRef] = ()) -> list[str]:
     """The commands the next session runs, in order, each runnable as written (launcher's full
     path, real paths, no placeholders): pin the rollback point first when it may be rotated away."""
-    from checkpoint_strategy.checkpoints import runfacts
+    from checkpoint_strategy.formats import runfacts
 
     cs = runfacts.launcher()
     root, log = (os.path.abspath(p) if p is not None else None for p in (root, log))

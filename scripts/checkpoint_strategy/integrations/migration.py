@@ -50,7 +50,7 @@ def replan_lines(saved: Optional[int], target: int, max_steps: Optional[int], we
 
 def add_replan(report, log: Optional[str] = None) -> None:
     """Fill report.hardware_move.replan (validate --target-gpus) from the newest valid checkpoint."""
-    from checkpoint_strategy.checkpoints.runfacts import run_facts
+    from checkpoint_strategy.formats.runfacts import run_facts
 
     move = report.hardware_move
     if move is None:

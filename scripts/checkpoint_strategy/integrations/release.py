@@ -7,8 +7,8 @@ import os
 import re
 from collections.abc import Iterable
 
-from checkpoint_strategy.checkpoints.filechecks import Counter
-from checkpoint_strategy.checkpoints.manifest import hash_file
+from checkpoint_strategy.formats.filechecks import Counter
+from checkpoint_strategy.formats.manifest import hash_file
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
@@ -29,7 +29,7 @@ def parse_require(text: str) -> list[str]:
 
 def _files(checkpoint: str) -> dict[str, str]:
     """relative path -> path of every regular file (the manifest itself excluded)."""
-    from checkpoint_strategy.checkpoints.manifest import list_files
+    from checkpoint_strategy.formats.manifest import list_files
 
     return list_files(checkpoint)
 
@@ -59,7 +59,7 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
     if level not in ("quick", "full", "deep"):
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     ck = api()
-    from checkpoint_strategy.checkpoints.manifest import manifest_path
+    from checkpoint_strategy.formats.manifest import manifest_path
 
     if not os.path.lexists(path):
         raise UsageError(f"{path}: no such file or folder; expected a checkpoint folder or file")
@@ -225,9 +225,9 @@ def _integrity_check(result, path: str, manifest: str | None, checks: list[GateC
 
 
 def apply_spike_check(record: ReleaseGate, log: str | None = None, spike_check: bool = True) -> ReleaseGate:
-    """Add the check "not after an unrecovered loss spike" (checkpoints/safety.py) to a gate record:
+    """Add the check "not after an unrecovered loss spike" (retention/safety.py) to a gate record:
     a checkpoint saved after the onset fails the gate, whatever its files say."""
-    from checkpoint_strategy.checkpoints.safety import checkpoint_spike
+    from checkpoint_strategy.retention.safety import checkpoint_spike
     from checkpoint_strategy.recovery import advise
 
     found = checkpoint_spike(record.checkpoint, record.step, log, spike_check, advise)
@@ -249,7 +249,7 @@ def _require_one_checkpoint(path: str) -> None:
     checkpoint (a device, an unrelated file) is bad input, not a failed gate."""
     import stat as _stat
 
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     try:
         mode = os.stat(path).st_mode

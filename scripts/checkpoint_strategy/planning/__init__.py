@@ -1,7 +1,7 @@
 """Planning: a checkpointing policy from a run's numbers (see planner.plan).
 
 `plan`, `PlanArguments` and `PlanReport` load on first use: a module that needs only a small part of this
-package (checkpoints/models.py and planning/policytiers.py) does not load the planner."""
+package (formats/models.py and planning/policytiers.py) does not load the planner."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which steps have a checkpoint: from a folder's entry names (the names `checkpoints/steps.py` lists and
+"""Which steps have a checkpoint: from a folder's entry names (the names `formats/steps.py` lists and
 `scan` reads: HF, torchtitan, Megatron, DeepSpeed, Lightning, Orbax; temporary entries and emergency saves
 left out), or from an explicit list."""
 
@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from checkpoint_strategy.checkpoints.marker import is_emergency
-from checkpoint_strategy.checkpoints.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
+from checkpoint_strategy.formats.marker import is_emergency
+from checkpoint_strategy.formats.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
 from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
 
@@ -40,10 +40,10 @@ def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list
     """Checkpoints next to the log: the log folder, the run folder above a checkpoint folder, or the log
     folder's checkpoints/ (Lightning's metrics.csv or event files in ``version_N/``, its checkpoints in
     ``version_N/checkpoints``). A run folder with none there: next to the log found in it
-    (`checkpoints.runlog.find_run_log`, e.g. ``default_root_dir/lightning_logs/version_N``)."""
+    (`formats.runlog.find_run_log`, e.g. ``default_root_dir/lightning_logs/version_N``)."""
     got = _next_to(Path(log_path))
     if got[0] == "none" and Path(log_path).is_dir():
-        from checkpoint_strategy.checkpoints.runlog import find_run_log
+        from checkpoint_strategy.formats.runlog import find_run_log
 
         found = find_run_log(log_path)
         if found is not None and Path(found) != Path(log_path):
@@ -85,14 +85,14 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
     did). A valid weights-only checkpoint (no optimizer state) is skipped when another candidate is
     resumable; candidates without a path (steps given as a list) or of a layout the validator does not
     know are kept as they are, with one note."""
-    from checkpoint_strategy.checkpoints.models import LEVELS
+    from checkpoint_strategy.formats.models import LEVELS
 
     if level is not None and level not in LEVELS:
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     if level is None or not checkpoints:     # nothing to check: the validator is not even imported
         return list(checkpoints), []
-    from checkpoint_strategy.checkpoints import formats as fm
-    from checkpoint_strategy.checkpoints.validate import check_with_values, compare_consecutive
+    from checkpoint_strategy.formats import identify as fm
+    from checkpoint_strategy.validate.engine import check_with_values, compare_consecutive
 
     checked: list[tuple[int, str, Any, Any]] = []
     unknown: list[tuple[int, Optional[str]]] = []
@@ -123,7 +123,7 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
 
 def _skip_reason(result) -> Optional[str]:
     """Why a validated candidate is no resume point ("invalid: ...", "not resumable: ..."), or None."""
-    from checkpoint_strategy.checkpoints.validate import usable
+    from checkpoint_strategy.validate.engine import usable
 
     if result.status == "valid" and usable(result):
         return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from checkpoint_strategy.checkpoints import runfacts
+from checkpoint_strategy.formats import runfacts
 from checkpoint_strategy.recovery.models import RecoveryReport
 
 _THEN = "then: LR x"
@@ -94,7 +94,7 @@ def _rollback_actions(report: RecoveryReport, path: str) -> list[str]:
 
 def _sharded_note(path: str) -> list[str]:
     """A resume checkpoint saved as DCP or ZeRO shards: the exact convert command for another GPU count."""
-    from checkpoint_strategy.checkpoints.worldsize import convert_command, saved_world_size
+    from checkpoint_strategy.formats.worldsize import convert_command, saved_world_size
 
     saved = saved_world_size(path, "")
     command = convert_command(saved.path, saved.layout) if saved is not None else None

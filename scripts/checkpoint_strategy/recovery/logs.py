@@ -39,7 +39,7 @@ from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists
     _to_float,
 )
 
-from checkpoint_strategy.checkpoints.runlog import METRICS_FILE
+from checkpoint_strategy.formats.runlog import METRICS_FILE
 
 NO_LOG = "no training log found"   # the words callers match (integrations/handoff.py)
 MAX_STEP = int(BOUNDS["logged_step"].hi)  # 2**53: steps beyond it are not exact as floats; no real run gets near it
@@ -96,10 +96,10 @@ class Columns:
 
 
 def find_log(path: str | os.PathLike) -> Path:
-    """A file is returned as is; a folder is a run folder whose log `checkpoints.runlog.find_run_log` names
+    """A file is returned as is; a folder is a run folder whose log `formats.runlog.find_run_log` names
     (the one discovery every command and callback uses: trainer_state.json, the callbacks' loss log,
     Lightning's metrics.csv, TensorBoard event files)."""
-    from checkpoint_strategy.checkpoints.runlog import find_run_log
+    from checkpoint_strategy.formats.runlog import find_run_log
 
     p = Path(path)
     if not p.exists():

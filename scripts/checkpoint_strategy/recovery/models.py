@@ -10,7 +10,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from checkpoint_strategy.checkpoints.models import OptimizerSteps, RunShape
+from checkpoint_strategy.formats.models import OptimizerSteps, RunShape
 
 SpikeKind = Literal["spike", "divergence", "level_shift", "nonfinite", "collapse", "grad_norm"]
 Verdict = Literal["healthy", "recovering", "diverged"]

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from checkpoint_strategy.checkpoints.models import OptimizerSteps, RunShape
+from checkpoint_strategy.formats.models import OptimizerSteps, RunShape
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.advice import _fin, _show, log_info
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, read_log
@@ -267,7 +267,7 @@ def _found(paths: Sequence[str]) -> list:
     """Every checkpoint at or under `paths` (formats.discover), with a step, oldest first."""
     import os
 
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     out, seen = [], set()
     for p in paths:
@@ -290,8 +290,8 @@ def _found(paths: Sequence[str]) -> list:
 def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
     """The resumed-from checkpoint (step == resume_step, else the newest before it) and the first MAX_AFTER
     checkpoints after it: optimizer step counters judged against resume_step, and the run shape compared."""
-    from checkpoint_strategy.checkpoints.optstep import judge, read_optimizer_steps
-    from checkpoint_strategy.checkpoints.runshape import read_run_shape, shape_change
+    from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
+    from checkpoint_strategy.formats.runshape import read_run_shape, shape_change
 
     found = _found(paths)
     out = _CkCheck()
@@ -329,7 +329,7 @@ def _torn(out: _CkCheck, base, later: list) -> None:
     needs is missing): resumed from, the ranks without their file started from a fresh RNG stream."""
     import os
 
-    from checkpoint_strategy.checkpoints.runfacts import checkpoint_rank_gap
+    from checkpoint_strategy.formats.runfacts import checkpoint_rank_gap
 
     for f in ([base] if base is not None else []) + later:
         gap = checkpoint_rank_gap(f.path)

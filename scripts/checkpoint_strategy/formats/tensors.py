@@ -414,7 +414,7 @@ def kernels(nbytes16: int) -> Any:
 @lru_cache(maxsize=1)
 def _load_kernels() -> Any:
     try:
-        from checkpoint_strategy.checkpoints import kernels as compiled
+        from checkpoint_strategy.formats import kernels as compiled
     except Exception:  # noqa: BLE001 - no numba, or it cannot compile here: the numpy path, same figures
         return None
     return compiled

@@ -154,7 +154,7 @@ def zip_pickle(path: str) -> bytes | None:
     import zlib
 
     from checkpoint_strategy import storage
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     try:
         with storage.open_regular(path, "checkpoint file") as fh:
@@ -257,7 +257,7 @@ def dcp_items(scan: Any, dtypes: frozenset | set | dict) -> list[DcpItem]:
 
 
 def _is_call(obj: Any, name: str) -> bool:
-    from checkpoint_strategy.checkpoints import torchpickle as tp
+    from checkpoint_strategy.formats import safepickle as tp
 
     return isinstance(obj, tp.Call) and obj.name == name and not obj.args
 
@@ -316,7 +316,7 @@ def _ints(v: Any) -> bool:
 def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
     """The dtype of a TensorProperties record (its pickled state: (dtype, layout, requires_grad, memory_format,
     pin_memory), or a dict of those fields)."""
-    from checkpoint_strategy.checkpoints import torchpickle as tp
+    from checkpoint_strategy.formats import safepickle as tp
 
     st = props.state if _is_call(props, _DCP_META + "TensorProperties") else None
     if isinstance(st, dict):
@@ -334,7 +334,7 @@ def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
 
 
 def _is_enum(v: Any) -> bool:
-    from checkpoint_strategy.checkpoints import torchpickle as tp
+    from checkpoint_strategy.formats import safepickle as tp
 
     return isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
 

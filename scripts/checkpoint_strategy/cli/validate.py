@@ -33,19 +33,19 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.checkpoints.validate import validate_paths
+    from checkpoint_strategy.validate.engine import validate_paths
     from checkpoint_strategy.render import check_output_early, emit
 
     check_output_early(args.output, tuple(args.paths))
     progress = {"auto": None, "always": True, "never": False}[args.progress]
-    from checkpoint_strategy.checkpoints.validate import deep_ok
+    from checkpoint_strategy.validate.engine import deep_ok
 
     from checkpoint_strategy import storage
-    from checkpoint_strategy.checkpoints import parts
-    from checkpoint_strategy.checkpoints.safety import annotate_validation
+    from checkpoint_strategy.validate import parts
+    from checkpoint_strategy.retention.safety import annotate_validation
     from checkpoint_strategy.recovery import advise
-    from checkpoint_strategy.checkpoints.validate import refuse_remote
-    from checkpoint_strategy.checkpoints.worldsize import annotate_hardware
+    from checkpoint_strategy.validate.engine import refuse_remote
+    from checkpoint_strategy.formats.worldsize import annotate_hardware
 
     refuse_remote(args.paths, args.level, args.manifest)
     part = _part(args)
@@ -68,7 +68,7 @@ def run(args) -> int:
 
 def _part(args) -> tuple[int, int]:
     """(K, N) of --part, 0-based K; (0, 1) without it. --part implies --level full."""
-    from checkpoint_strategy.checkpoints.parts import parse_part
+    from checkpoint_strategy.validate.parts import parse_part
     from checkpoint_strategy.errors import UsageError
 
     if args.part is None:

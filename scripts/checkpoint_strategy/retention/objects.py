@@ -24,11 +24,11 @@ import json
 import os
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.prune_survey import Outcome, plan_survey, recheck, report_of, revalidator, survey
-from checkpoint_strategy.checkpoints import retention as rt
-from checkpoint_strategy.checkpoints.models import Level, Problem, PruneReport
-from checkpoint_strategy.checkpoints.safety import Adviser
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.retention.survey import Outcome, plan_survey, recheck, report_of, revalidator, survey
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.formats.models import Level, Problem, PruneReport
+from checkpoint_strategy.retention.safety import Adviser
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune-objects.json"

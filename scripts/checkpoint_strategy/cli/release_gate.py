@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from checkpoint_strategy import storage
-    from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
+    from checkpoint_strategy.validate.engine import refuse_remote_deep
     from checkpoint_strategy.integrations.release import apply_spike_check, gate
     from checkpoint_strategy.render import check_output_early, emit
 

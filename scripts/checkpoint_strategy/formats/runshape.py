@@ -23,7 +23,7 @@ import re
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints.models import RunShape
+from checkpoint_strategy.formats.models import RunShape
 
 
 def _int(v: Any) -> Optional[int]:
@@ -31,7 +31,7 @@ def _int(v: Any) -> Optional[int]:
 
 
 def _archive_root(path: str) -> Any:
-    from checkpoint_strategy.checkpoints.optstep import TorchArchive
+    from checkpoint_strategy.formats.optstep import TorchArchive
 
     if not storage.is_regular(path):
         return None
@@ -39,7 +39,7 @@ def _archive_root(path: str) -> Any:
 
 
 def _hf_batch(path: str, out: RunShape) -> None:
-    from checkpoint_strategy.checkpoints.framework_layouts import hf_args_world_size
+    from checkpoint_strategy.formats.frameworks import hf_args_world_size
 
     args = _archive_root(os.path.join(path, "training_args.bin"))
     declared = hf_args_world_size(args)   # what the run was launched with, whatever rng files a torn save left
@@ -84,8 +84,8 @@ def _deepspeed_batch(folder: str, out: RunShape) -> None:
 
 def read_run_shape(path: str, fmt: Optional[str] = None) -> RunShape:
     """World size and batch of one checkpoint; what is not recorded stays None. Never raises on content."""
-    from checkpoint_strategy.checkpoints import formats as fm
-    from checkpoint_strategy.checkpoints.worldsize import saved_world_size
+    from checkpoint_strategy.formats import identify as fm
+    from checkpoint_strategy.formats.worldsize import saved_world_size
 
     if fmt is None:
         found = fm.identify(path)

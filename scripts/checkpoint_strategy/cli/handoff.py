@@ -73,7 +73,7 @@ def run(args) -> int:
         raise UsageError("nothing to hand off: give plan arguments, --plan-file PLAN.json and/or --checkpoints ROOT")
 
     from checkpoint_strategy import storage
-    from checkpoint_strategy.checkpoints.validate import refuse_remote_deep
+    from checkpoint_strategy.validate.engine import refuse_remote_deep
 
     refuse_remote_deep([args.checkpoints], args.level)
     read = [p for p in (args.checkpoints, args.log) if p is not None]

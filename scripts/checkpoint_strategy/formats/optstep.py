@@ -36,9 +36,9 @@ import zipfile
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints.models import OptimizerCheck, OptimizerSteps
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats.models import OptimizerCheck, OptimizerSteps
 
 #: step tensors read per checkpoint (every parameter normally has the same count)
 MAX_READS = 4096
@@ -380,7 +380,7 @@ def _lightning(path: str, out: OptimizerSteps) -> None:
 def read_optimizer_steps(path: str, fmt: Optional[str] = None) -> OptimizerSteps:
     """Both counters of one checkpoint (a folder or a .ckpt/.pt file); unreadable parts stay None.
     fmt: the format `formats.identify` gives; found from the path when None. Never raises on content."""
-    from checkpoint_strategy.checkpoints import formats as fm
+    from checkpoint_strategy.formats import identify as fm
 
     if fmt is None:
         found = fm.identify(path)

@@ -19,11 +19,11 @@ from collections import Counter as Multiset
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.checkpoints.framework_layouts import OPTIM_KEYS, WEIGHT_KEYS
-from checkpoint_strategy.checkpoints import tensorscan as ts
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints.models import DeepCheck, OptimizerCheck, TensorStat
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.frameworks import OPTIM_KEYS, WEIGHT_KEYS
+from checkpoint_strategy.formats import tensors as ts
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats.models import DeepCheck, OptimizerCheck, TensorStat
 
 Role = Literal["weights", "optimizer", "mixed", "other"]
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")

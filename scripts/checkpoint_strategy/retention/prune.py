@@ -32,15 +32,15 @@ from collections.abc import Callable
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
-from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints import retention as rt
-from checkpoint_strategy.checkpoints.models import (
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.formats.models import (
     CheckpointPolicy,
     Level,
     Problem,
     PruneReport,
 )
-from checkpoint_strategy.checkpoints.prune_survey import (  # noqa: F401 - survey names re-exported (old paths)
+from checkpoint_strategy.retention.survey import (  # noqa: F401 - survey names re-exported (old paths)
     FINAL_EXPORT_NAME,
     UNRESOLVED,
     Outcome,
@@ -56,7 +56,7 @@ from checkpoint_strategy.checkpoints.prune_survey import (  # noqa: F401 - surve
     spike_retention,
     survey,
 )
-from checkpoint_strategy.checkpoints.safety import Adviser
+from checkpoint_strategy.retention.safety import Adviser
 from checkpoint_strategy.errors import UsageError
 
 JOURNAL = ".checkpoint-strategy-prune.json"
@@ -66,8 +66,8 @@ _RENAMED = re.compile(r"^\.deleting-[0-9a-f]{16}$")
 
 def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
     """The checkpoint policy in a plan (YAML or JSON), the handoff state file or a bare mapping
-    (`checkpoint_strategy.policyfile.load_policy_file`)."""
-    from checkpoint_strategy.policyfile import load_policy_file
+    (`checkpoint_strategy.retention.policyfile.load_policy_file`)."""
+    from checkpoint_strategy.retention.policyfile import load_policy_file
 
     return load_policy_file(path, "--policy").policy
 
@@ -276,9 +276,9 @@ def proposed_retention(root: str, milestones: list[int] | None, apply: bool) -> 
     --apply never deletes on proposed numbers (UsageError)."""
     import math
 
-    from checkpoint_strategy.checkpoints.runfacts import trainer_state_facts
+    from checkpoint_strategy.formats.runfacts import trainer_state_facts
     from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
-    from checkpoint_strategy.checkpoints.steps import scan
+    from checkpoint_strategy.formats.steps import scan
 
     found = scan(root)
     facts = trainer_state_facts(None)
@@ -324,10 +324,10 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
     resumable valid checkpoints when the run has any. Symlinked and unrecognised entries are never deleted;
     invalid and incomplete ones only with `delete_invalid` and only when older than a newer valid one. With spike_check (default) the training log (`log`,
-    or the run folder's as `checkpoints.runlog` finds it) is read first, and the rollback
+    or the run folder's as `formats.runlog` finds it) is read first, and the rollback
     checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
     prune of the same ROOT waits `lock_timeout` seconds, then UsageError. Emergency saves (a
-    checkpoint-strategy.json marker, checkpoints/marker.py) never count towards keep_last and are
+    checkpoint-strategy.json marker, formats/marker.py) never count towards keep_last and are
     kept while the spike has not recovered or its status is unknown. `protect`: more names to keep
     as the trainer's best, name -> reason (the Lightning callback passes best_model_path). `advise`: the
     recovery adviser that reads the log (`checkpoint_strategy.recovery.advise`; needed when a log is found
@@ -340,7 +340,7 @@ def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: lis
     from checkpoint_strategy.storage.locking import locked
 
     if storage.is_url(os.fspath(root)):  # object storage: same survey and keep rules, journalled deletes
-        from checkpoint_strategy.checkpoints import prune_objects
+        from checkpoint_strategy.retention import objects as prune_objects
 
         keep_last, ms = _settings(keep_last, milestones, policy)
         return prune_objects.prune_url(os.fspath(root), keep_last, ms, apply, level, log, spike_check, protect,

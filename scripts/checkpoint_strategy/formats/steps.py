@@ -10,7 +10,7 @@ Names understood (the step is N):
   N                       Orbax (plain numeric folders)
 Temporary entries (names containing 'tmp' or 'temp', e.g. Orbax's '500.orbax-checkpoint-tmp-1',
 HF's 'tmp-checkpoint-500') are ignored: they are not complete checkpoints. So are emergency saves
-(a `checkpoint-strategy.json` marker, see checkpoints/marker.py): they hold post-event weights.
+(a `checkpoint-strategy.json` marker, see formats/marker.py): they hold post-event weights.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from checkpoint_strategy.checkpoints.marker import is_emergency
+from checkpoint_strategy.formats.marker import is_emergency
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
 

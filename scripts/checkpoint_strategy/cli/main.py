@@ -25,18 +25,18 @@ PROG = "checkpoint-strategy"
 
 # name -> (module, one-line help). "plan" is the default command.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("checkpoint_strategy.planning.cli", "design a checkpointing policy (default command)"),
-    "simulate": ("checkpoint_strategy.simulation.cli", "Monte Carlo check of a policy under failures and spikes"),
-    "tradeoffs": ("checkpoint_strategy.simulation.tradeoffs_cli", "storage vs safety sweep with a Pareto front"),
-    "recover": ("checkpoint_strategy.recovery.cli", "after a loss spike: which checkpoint to resume from"),
-    "verify-resume": ("checkpoint_strategy.recovery.verify_cli", "check that a resume kept optimizer state"),
-    "validate": ("checkpoint_strategy.checkpoints.validate_cli", "check checkpoints are whole, without loading them"),
-    "prune": ("checkpoint_strategy.checkpoints.prune_cli", "apply retention; delete only after a newer one validated"),
-    "handoff": ("checkpoint_strategy.integrations.handoff_cli", "write checkpoint metadata for session-handoff"),
-    "release-gate": ("checkpoint_strategy.integrations.release_cli", "release-readiness gate for one checkpoint"),
-    "on-event": ("checkpoint_strategy.integrations.event_cli", "emergency-save decision for a stability event"),
-    "convert": ("checkpoint_strategy.convert.cli", "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"),
-    "export": ("checkpoint_strategy.export.cli", "the plan as hf/lightning/orbax/torchtitan/megatron/deepspeed settings"),
+    "plan": ("checkpoint_strategy.cli.plan", "design a checkpointing policy (default command)"),
+    "simulate": ("checkpoint_strategy.cli.simulate", "Monte Carlo check of a policy under failures and spikes"),
+    "tradeoffs": ("checkpoint_strategy.cli.tradeoffs", "storage vs safety sweep with a Pareto front"),
+    "recover": ("checkpoint_strategy.cli.recover", "after a loss spike: which checkpoint to resume from"),
+    "verify-resume": ("checkpoint_strategy.cli.verify_resume", "check that a resume kept optimizer state"),
+    "validate": ("checkpoint_strategy.cli.validate", "check checkpoints are whole, without loading them"),
+    "prune": ("checkpoint_strategy.cli.prune", "apply retention; delete only after a newer one validated"),
+    "handoff": ("checkpoint_strategy.cli.handoff", "write checkpoint metadata for session-handoff"),
+    "release-gate": ("checkpoint_strategy.cli.release_gate", "release-readiness gate for one checkpoint"),
+    "on-event": ("checkpoint_strategy.cli.on_event", "emergency-save decision for a stability event"),
+    "convert": ("checkpoint_strategy.cli.convert", "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"),
+    "export": ("checkpoint_strategy.cli.export", "the plan as hf/lightning/orbax/torchtitan/megatron/deepspeed settings"),
 }
 
 

@@ -24,7 +24,7 @@ global_stepN, ...; ``version_N`` excepted) are never listed. A set-aside loss lo
 
     versioned_checkpoint_dirs(path)          # Lightning rerun: the version folders' checkpoints/, newest first
 
-Below `recovery` (which reads the log) so that `checkpoints.safety` can ask it too (docs/DEVELOPING.md,
+Below `recovery` (which reads the log) so that `retention.safety` can ask it too (docs/DEVELOPING.md,
 Layers). Names only: nothing is opened here.
 """
 

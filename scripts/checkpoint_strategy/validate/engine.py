@@ -12,29 +12,29 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 from collections.abc import Callable, Iterable, Sequence
 
-from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints import framework_layouts as fl
-from checkpoint_strategy.checkpoints import parts
-from checkpoint_strategy.checkpoints import torchpickle as tp
-from checkpoint_strategy.checkpoints.fanout import map_split
-from checkpoint_strategy.checkpoints.marker import MARKER_NAME
-from checkpoint_strategy.checkpoints.runfacts import rank_gap, zero_rank_gap
-from checkpoint_strategy.checkpoints.filechecks import Kind
-from checkpoint_strategy.checkpoints.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import frameworks as fl
+from checkpoint_strategy.validate import parts
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.validate.fanout import map_split
+from checkpoint_strategy.formats.marker import MARKER_NAME
+from checkpoint_strategy.formats.runfacts import rank_gap, zero_rank_gap
+from checkpoint_strategy.formats.filechecks import Kind
+from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
 
 if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
-    from checkpoint_strategy.checkpoints import deep as dp
+    from checkpoint_strategy.validate import deep as dp
 
 
 def _deep() -> ModuleType:
-    """checkpoints.deep, imported where level deep needs it (its value scanner and dataclasses: ~4 ms of every
+    """validate.deep, imported where level deep needs it (its value scanner and dataclasses: ~4 ms of every
     start-up that only runs the quick or full level)."""
-    from checkpoint_strategy.checkpoints import deep
+    from checkpoint_strategy.validate import deep
 
     return deep
 
@@ -845,7 +845,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     outcome = None
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
         outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
-        from checkpoint_strategy.checkpoints.optstep import fill_deep_check
+        from checkpoint_strategy.formats.optstep import fill_deep_check
 
         mismatch = fill_deep_check(path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
         if mismatch is not None:
@@ -858,7 +858,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
             layout.resumable = False
     manifest_state = None
     if manifest and os.path.lexists(path) and not any(p.kind == "incomplete" for p in ctx.problems):
-        from checkpoint_strategy.checkpoints import manifest as mf
+        from checkpoint_strategy.formats import manifest as mf
 
         if manifest == "write" and not ctx.problems:
             target = mf.manifest_path(path)
@@ -882,7 +882,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
     seen = result._seen = Seen(marker=mark, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
     if ctx.listed is not None:
-        from checkpoint_strategy.checkpoints.coverage import families
+        from checkpoint_strategy.validate.coverage import families
 
         seen.families = families(result.format, path, ctx.listed)
         if ctx.flat:
@@ -910,7 +910,7 @@ def _note_marker(ctx: _Ctx, path: str) -> dict | None:
     the marker (marker.read_marker), or None. A folder the checker listed without one is not looked at again."""
     if ctx.listed is not None and MARKER_NAME not in ctx.listed:
         return None
-    from checkpoint_strategy.checkpoints.marker import describe, read_marker
+    from checkpoint_strategy.formats.marker import describe, read_marker
 
     mark = read_marker(path) if os.path.lexists(path) else None
     if mark is not None:
@@ -938,7 +938,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
             or file (*.ckpt, *.pt, *.safetensors).
         level: "quick" reads headers only (cost grows with the number of files); "full" reads every
             byte and checks the CRC-32 of every zip entry; "deep" reads every tensor value (NaN/Inf
-            counts, norms) and the optimizer state (moments per parameter, step), see `checkpoints.deep`.
+            counts, norms) and the optimizer state (moments per parameter, step), see `validate.deep`.
         manifest: None, "write" (write integrity.json after a clean full check) or "verify".
         previous: level deep: the previous checkpoint of the same run; a global weight norm that moved
             more than 2x from it is "suspicious" (the callbacks and recover pass the one before).
@@ -1163,7 +1163,7 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
 
 
 def _hash_algorithm() -> str:
-    from checkpoint_strategy.checkpoints.manifest import ALGORITHM   # with --manifest only (hashlib)
+    from checkpoint_strategy.formats.manifest import ALGORITHM   # with --manifest only (hashlib)
 
     return ALGORITHM
 
@@ -1218,7 +1218,7 @@ def refuse_remote(paths: list[str], level: str, manifest: str | None) -> list[st
 
 def _validate_local(paths: list[str], level: str, manifest: str | None, progress: bool | None,
                     stats: str | None, started: float) -> ValidationReport:
-    from checkpoint_strategy.checkpoints.progress import Progress
+    from checkpoint_strategy.validate.progress import Progress
 
     if stats is not None and level != "deep":
         raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
@@ -1264,7 +1264,7 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
         storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
                              inputs=tuple(paths))
     counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
-    from checkpoint_strategy.checkpoints.coverage import blind_spots, families
+    from checkpoint_strategy.validate.coverage import blind_spots, families
 
     return ValidationReport(
         level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,

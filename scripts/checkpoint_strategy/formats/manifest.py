@@ -7,7 +7,7 @@ machine: sha256 1.4 GB/s (SHA-NI), blake2b 0.54 GB/s, md5 0.6 GB/s; SHA-256 is a
 Files are streamed in 4 MiB chunks: memory stays flat.
 
 The manifest is what sees a flipped byte the formats cannot (DCP `.distcp` shards, Orbax/tensorstore
-chunks, safetensors carry no checksum: checkpoints/coverage.py). Training callbacks call
+chunks, safetensors carry no checksum: validate/coverage.py). Training callbacks call
 `write_checkpoint_manifest(path)` right after a save; `validate --manifest verify` checks it later.
 """
 
@@ -18,8 +18,8 @@ import json
 import os
 
 from checkpoint_strategy.atomic import atomic_write_text
-from checkpoint_strategy.checkpoints import filechecks as fc
-from checkpoint_strategy.checkpoints.formats import MANIFEST_NAME, MANIFEST_SUFFIX
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.identify import MANIFEST_NAME, MANIFEST_SUFFIX
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, oserror_line, read_json
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 DELETING_PREFIX = ".deleting-"
 MANIFEST_NAME = "integrity.json"
 MANIFEST_SUFFIX = ".integrity.json"
-EMERGENCY_SUFFIX = ".checkpoint-strategy.json"  # emergency marker beside a checkpoint file (checkpoints/marker.py)
+EMERGENCY_SUFFIX = ".checkpoint-strategy.json"  # emergency marker beside a checkpoint file (formats/marker.py)
 NEMO_UNFINISHED = "-unfinished"
 ORBAX_TMP = ".orbax-checkpoint-tmp"
 FINAL_EXPORT = "final-export"

@@ -3,7 +3,7 @@
 A checkpoint is safe to resume from when it is valid, resumable (optimizer state present) and not
 saved after the onset of a loss event that has not recovered. The training log is read the way
 `prune` always read it: the recovery adviser on the log (default: the run folder's log as
-`checkpoints/runlog.py` finds it: the newest valid checkpoint's trainer_state.json, else the callbacks'
+`formats/runlog.py` finds it: the newest valid checkpoint's trainer_state.json, else the callbacks'
 loss log, Lightning's metrics.csv, TensorBoard event files), offered the valid checkpoints as resume
 points. "After the onset" is the adviser's own cut: a step above `checkpoints.cutoff_step` (onset - margin), i.e. exactly the
 checkpoints `recover` lists in `checkpoints.post_event`.
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints.models import SpikeGuard
+from checkpoint_strategy.formats.models import SpikeGuard
 from checkpoint_strategy.errors import UsageError, no_log_entries
 
 #: recovery statuses that mean a loss event has not recovered
@@ -41,11 +41,11 @@ Adviser = Callable[..., Any]
 
 
 def default_log(valid: Sequence[tuple[int, str]], root: Optional[str] = None) -> Optional[str]:
-    """The run's training log when no --log is given (`checkpoints.runlog.find_run_log`, the one discovery):
+    """The run's training log when no --log is given (`formats.runlog.find_run_log`, the one discovery):
     the newest valid checkpoint's trainer_state.json, else the callbacks' loss log, Lightning's metrics.csv or
     TensorBoard event files of the run folder `root` (default: the one folder holding the checkpoints). None:
     no log."""
-    from checkpoint_strategy.checkpoints import runlog
+    from checkpoint_strategy.formats import runlog
 
     if root is None:
         parents = {os.path.dirname(os.path.normpath(p)) for _s, p in valid}
@@ -204,7 +204,7 @@ def _realpath(path: str, parents: dict[str, str]) -> str:
 def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True,
                advise: Optional[Adviser] = None):
     """RunSafety for one run folder: read its log, mark post-onset results with a note."""
-    from checkpoint_strategy.checkpoints.models import RunSafety
+    from checkpoint_strategy.formats.models import RunSafety
 
     valid = sorted((r.step, r.path) for r in results if r.status == "valid")
     guard = read_spike(valid, log, advise, root) if spike_check else None
@@ -243,7 +243,7 @@ def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
     the adviser as resume points (only their names are read)."""
     if not spike_check or step is None:
         return None
-    from checkpoint_strategy.checkpoints.steps import scan
+    from checkpoint_strategy.formats.steps import scan
 
     parent = os.path.dirname(os.path.abspath(path))
     try:

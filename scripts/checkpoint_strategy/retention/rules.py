@@ -6,7 +6,7 @@ deletes the `Decision`s marked "delete" its own way (`prune.apply_prune` renames
 
 Public API::
 
-    from checkpoint_strategy.checkpoints.retention import Candidate, Retention, plan_prune, classify_name
+    from checkpoint_strategy.retention.rules import Candidate, Retention, plan_prune, classify_name
 
     m = classify_name("checkpoint-500")            # NameMatch(layout="hf-trainer", step=500, ...)
     c = Candidate(name="checkpoint-500", step=500, layout=m.layout, status="valid", resumable=True)
@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from checkpoint_strategy.checkpoints.reasonkinds import REASON_KINDS, ReasonKind  # noqa: F401 - re-exported
+from checkpoint_strategy.formats.reasonkinds import REASON_KINDS, ReasonKind  # noqa: F401 - re-exported
 
 Status = Literal["valid", "invalid", "incomplete"] | None
 
@@ -178,7 +178,7 @@ class Retention:
     rollback:   name of the checkpoint to resume from before an unrecovered loss spike
     rollback_why: text for that reason
     pre_spike:  name -> why: the newest checkpoint before each loss spike of the log (kept)
-    post_onset: name -> why: saved after the onset of an unrecovered spike (checkpoints/safety.py):
+    post_onset: name -> why: saved after the onset of an unrecovered spike (retention/safety.py):
                 never counted by keep_last, never the newest, never justifies a deletion; kept
     latest:     name the framework's resume pointer names (DeepSpeed's `latest` file): kept; a newer
                 checkpoint of the same layout is in flight (a save other ranks may still be writing):

@@ -84,7 +84,7 @@ class Split:
 
 def split(checkpoint: str, index: int, count: int) -> Split:
     """The split of `checkpoint`'s files into `count` parts, seen from part `index` (0-based)."""
-    from checkpoint_strategy.checkpoints.manifest import list_files
+    from checkpoint_strategy.formats.manifest import list_files
 
     if not 0 <= index < count:
         raise UsageError(f"part {index + 1}/{count}: expected 1 <= K <= N")

@@ -13,7 +13,7 @@ parsed with ``json`` or ``yaml.safe_load``; nothing in it is executed. Every fai
 
 Public API::
 
-    from checkpoint_strategy.policyfile import load_policy_file
+    from checkpoint_strategy.retention.policyfile import load_policy_file
     loaded = load_policy_file("plan.json")        # LoadedPolicy(policy, kind, path)
     loaded.policy.keep_last, loaded.policy.keep_milestone, loaded.kind  # "plan-json"
 """
@@ -37,7 +37,7 @@ CONTINUE_DOUBLINGS = 20
 
 @dataclass(frozen=True)
 class LoadedPolicy:
-    policy: Any          # checkpoint_strategy.checkpoints.models.CheckpointPolicy
+    policy: Any          # checkpoint_strategy.formats.models.CheckpointPolicy
     kind: PolicyKind
     path: str
 
@@ -82,7 +82,7 @@ def policy_from_data(data: Any, where: str = "policy") -> LoadedPolicy:
     """A parsed plan / handoff state / mapping -> LoadedPolicy (same detection as the file)."""
     from pydantic import ValidationError
 
-    from checkpoint_strategy.checkpoints.models import CheckpointPolicy
+    from checkpoint_strategy.formats.models import CheckpointPolicy
     from checkpoint_strategy.errors import pydantic_message
 
     inner, kind = _mapping(data, where)

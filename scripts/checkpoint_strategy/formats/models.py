@@ -12,7 +12,7 @@ from typing import Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from checkpoint_strategy.checkpoints.reasonkinds import ReasonKind
+from checkpoint_strategy.formats.reasonkinds import ReasonKind
 from checkpoint_strategy.planning.policytiers import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
@@ -154,7 +154,7 @@ class ValidationSummary(_Model):
 
 
 class RunSafety(_Model):
-    """Which checkpoints of one run folder are safe to resume from (checkpoints/safety.py)."""
+    """Which checkpoints of one run folder are safe to resume from (retention/safety.py)."""
 
     root: str = Field(description="the run folder")
     log: Optional[str] = Field(None, description="the training log read; null when none was found")
@@ -172,7 +172,7 @@ class RunSafety(_Model):
 
 
 class SavedWorldSize(_Model):
-    """The processes a checkpoint was saved by, as its layout tells (checkpoints/worldsize.py)."""
+    """The processes a checkpoint was saved by, as its layout tells (formats/worldsize.py)."""
 
     path: str
     world_size: Optional[int] = Field(None, description="processes (GPUs) that wrote it; null when the layout "
@@ -274,7 +274,7 @@ class PruneEntry(_Model):
 class SpikeGuard(_Model):
     """What the training log says about a loss spike, read before anything is deleted."""
 
-    log: str = Field(description="the training log read (--log, else the run folder's: checkpoints/runlog.py)")
+    log: str = Field(description="the training log read (--log, else the run folder's: formats/runlog.py)")
     status: Optional[str] = Field(None, description="the recovery adviser's status, None when the log was unreadable")
     onset_step: Optional[int] = None
     cutoff_step: Optional[int] = Field(
@@ -363,7 +363,7 @@ StepVerdict = Literal["consistent", "reset", "behind", "ahead", "unknown"]
 
 class OptimizerSteps(_Model):
     """The optimizer's own step counter against the training step, as one checkpoint records them
-    (checkpoints/optstep.py; read as pickle opcodes and DCP metadata, nothing loaded)."""
+    (formats/optstep.py; read as pickle opcodes and DCP metadata, nothing loaded)."""
 
     path: str
     format: str
@@ -389,7 +389,7 @@ class OptimizerSteps(_Model):
 
 
 class RunShape(_Model):
-    """The processes and batch a checkpoint was trained with, as its own files record them (checkpoints/runshape.py)."""
+    """The processes and batch a checkpoint was trained with, as its own files record them (formats/runshape.py)."""
 
     path: str
     world_size: Optional[int] = Field(None, description="data-parallel processes; null when not recorded")

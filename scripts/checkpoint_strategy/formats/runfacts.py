@@ -316,8 +316,8 @@ def checkpoint_rank_gap(path: str) -> RankGap | None:
 
 def declared_world(path: str) -> int | None:
     """The processes an HF checkpoint's training_args.bin records (read as data), or None."""
-    from checkpoint_strategy.checkpoints.framework_layouts import hf_args_world_size
-    from checkpoint_strategy.checkpoints.optstep import TorchArchive
+    from checkpoint_strategy.formats.frameworks import hf_args_world_size
+    from checkpoint_strategy.formats.optstep import TorchArchive
 
     args = os.path.join(path, "training_args.bin")
     return hf_args_world_size(TorchArchive(args).root) if storage.is_regular(args) else None

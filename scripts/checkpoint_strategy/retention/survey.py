@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.checkpoints import formats as fm
-from checkpoint_strategy.checkpoints.marker import describe as describe_marker
-from checkpoint_strategy.checkpoints.marker import read_marker
-from checkpoint_strategy.checkpoints import retention as rt
-from checkpoint_strategy.checkpoints import safety
-from checkpoint_strategy.checkpoints.models import (
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.marker import describe as describe_marker
+from checkpoint_strategy.formats.marker import read_marker
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.retention import safety
+from checkpoint_strategy.formats.models import (
     CheckpointResult,
     Level,
     Problem,
@@ -29,13 +29,13 @@ from checkpoint_strategy.checkpoints.models import (
     PruneSuggestion,
     SpikeGuard,
 )
-from checkpoint_strategy.checkpoints.fanout import map_split
-from checkpoint_strategy.checkpoints.validate import (check, check_with_values, compare_consecutive, decode_results,
+from checkpoint_strategy.validate.fanout import map_split
+from checkpoint_strategy.validate.engine import (check, check_with_values, compare_consecutive, decode_results,
                                                       encode_results, usable)
 from checkpoint_strategy.errors import UsageError
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.checkpoints import deep as dp
+    from checkpoint_strategy.validate import deep as dp
 
 FINAL_EXPORT_NAME = "."
 
@@ -118,7 +118,7 @@ def _lightning_best(survey: Survey) -> None:
     monitors a metric, the files its best_k_models and best_model_path name (the save_top_k best as the user
     configured it) are the trainer's best; its last_model_path is not a best. Once such a state is read, a
     metric in a file's name no longer makes it a best (only the state says which are the top-k now)."""
-    from checkpoint_strategy.checkpoints import filechecks as fc
+    from checkpoint_strategy.formats import filechecks as fc
 
     newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
                   and not c.symlink and c.step is not None and os.path.isfile(c.path)),
@@ -385,11 +385,11 @@ UNRESOLVED = safety.UNRESOLVED
 
 def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
                 advise: safety.Adviser | None = None, root: str | None = None) -> SpikeGuard | None:
-    """The training log read with the recovery adviser (`checkpoints.safety.read_spike`). When a
+    """The training log read with the recovery adviser (`retention.safety.read_spike`). When a
     loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
     come after "best", and a rolling window rotates past them.
 
-    valid: (step, path) of the valid checkpoints; root: the run folder (its log: `checkpoints.runlog`). advise: `checkpoint_strategy.recovery.advise` (passed in).
+    valid: (step, path) of the valid checkpoints; root: the run folder (its log: `formats.runlog`). advise: `checkpoint_strategy.recovery.advise` (passed in).
 
     A log that was there when the survey looked and is gone (or unreadable) when it is read is a
     UsageError: prune refuses rather than deleting without the spike check (issue 29).

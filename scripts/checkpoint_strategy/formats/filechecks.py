@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from checkpoint_strategy.checkpoints import torchpickle as tp
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular, read_small
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)

@@ -39,7 +39,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.checkpoints.prune import prune
+    from checkpoint_strategy.retention.prune import prune
     from checkpoint_strategy.render import check_output_early, emit
 
     check_output_early(args.output, (args.root, args.log))
@@ -47,7 +47,7 @@ def run(args) -> int:
     if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
         from checkpoint_strategy import storage
         from checkpoint_strategy.planning.planner import milestone_schedule
-        from checkpoint_strategy.checkpoints.steps import scan
+        from checkpoint_strategy.formats.steps import scan
 
         try:
             with storage.local_paths([args.root]) as (root,):
