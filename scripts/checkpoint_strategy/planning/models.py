@@ -5,7 +5,7 @@ from typing import Annotated, Literal, Optional, Union
 from pydantic import Field, model_serializer
 
 from checkpoint_strategy.cli_options import BOUNDS, field_bounds
-from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers, _Strict  # noqa: F401 - re-exported
+from checkpoint_strategy.planning.policytiers import PolicyTiers, _Strict
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed", "mixed-no-master"]

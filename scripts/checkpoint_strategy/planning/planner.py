@@ -9,8 +9,8 @@ from typing import Any
 from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, inputs, sizing
-from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing  # noqa: F401 - re-exported (old path)
-from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps  # noqa: F401 - re-exported (old path)
+from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing
+from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps
 from checkpoint_strategy.planning.models import (
     CheckpointPolicy,
     FailureModel,

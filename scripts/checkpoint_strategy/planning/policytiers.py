@@ -1,6 +1,6 @@
 """The plan models' strict base and the two-tier policy (`checkpoint_policy.tiers`), in a module of their own:
 formats/models.py (the policy file prune reads) names them without loading every plan model or the
-planner. planning/models.py re-exports them."""
+planner."""
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -118,7 +118,7 @@ def divisor_at_most(n: int, cap: int) -> int:
 
 def apply(report: PlanReport, plan2: TwoTierPlan) -> PlanReport:
     """The persistent plan's report with the two tiers: policy tiers block and the combined risk."""
-    from checkpoint_strategy.planning.models import PolicyTier, PolicyTiers
+    from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers
 
     total = report.total_steps * report.step_seconds
     wall = total * (1 + plan2.expected_overhead_fraction)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.simulation.restart import MAX_EVENTS_PER_RUN, event_budget, restart_phase  # noqa: F401 - re-exported
+from checkpoint_strategy.simulation.restart import event_budget, restart_phase
 
 # Work limits that keep a bad combination of arguments from running for hours or eating memory.
 MAX_SPIKE_CELLS = 50_000_000
