@@ -46,6 +46,25 @@ def test_every_real_checkpoint_validates_quick_and_full(hf_run, lightning_run, d
         assert report.summary.checkpoints == len(hf_run.checkpoint_steps) + len(lightning_run.ckpt_files) + 2
 
 
+def test_accelerate_fsdp_sharded_state_is_said_to_reshard_on_load(hf_run, dcp_sharded, tmp_path):
+    """An HF Trainer checkpoint of an accelerate FSDP run with SHARDED_STATE_DICT: pytorch_model_fsdp_0/ and
+    optimizer_0/ are torch.distributed.checkpoint folders (accelerate.utils.fsdp_utils.save_fsdp_model writes
+    them with dist_cp.save, load_fsdp_model reads them with dist_cp.load at any world size). Built from the real
+    trainer checkpoint with its weights and optimizer replaced by real DCP folders (4 shards, as 4 ranks write):
+    the advice says it re-shards on load, not that it is tied to its hardware."""
+    ckpt = shutil.copytree(hf_run.output_dir / "checkpoint-110", tmp_path / "checkpoint-110")
+    for name in ("model.safetensors", "optimizer.pt"):
+        (ckpt / name).unlink()
+    shutil.copytree(dcp_sharded, ckpt / "pytorch_model_fsdp_0")
+    shutil.copytree(dcp_sharded, ckpt / "optimizer_0")
+    r = validate_checkpoint(ckpt, level="full")
+    assert (r.format, r.status, r.step, r.sharded, r.resumable) == ("hf-trainer", "valid", 110, True, True), r.problems
+    assert "re-shards to the new world size" in r.portability and "needs no conversion" in r.portability
+    assert "hardware-specific" not in r.portability
+    # the single-file copy is still named, for publishing
+    assert "convert DIR/pytorch_model_fsdp_0 OUT.pt --to full" in r.portability
+
+
 def test_real_checkpoint_properties(hf_run, lightning_run, dcp_checkpoint, safetensors_file):
     hf = validate_checkpoint(hf_run.output_dir / "checkpoint-200")
     assert (hf.format, hf.step, hf.status, hf.resumable, hf.sharded) == ("hf-trainer", 200, "valid", True, False)

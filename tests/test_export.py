@@ -216,6 +216,36 @@ def test_bad_input_one_line_exit_2(argv, words, cli_run):
     assert len(err.strip().splitlines()) == 1 and words in err, err
 
 
+# 100,000 steps at 1.8 s a step is 50 h: the same run given by its length (issue 42)
+BY_STEPS = ["100000", "1.8", "5000", "--params", "1B"]
+
+
+@pytest.mark.parametrize("argv", [["--duration", "50h", "1.8", "5000"], ["1.8", "5000", "--duration", "3000min"],
+                                  ["50h", "1.8", "5000"], ["--duration=50h", "100000", "1.8", "5000"]])
+def test_duration_in_place_of_total_steps_as_plan_has_it(argv, cli_run):
+    """export takes the run's length as plan does (planning.options.add_optional_run): the export is the
+    one the step count gives, and the schedule's total is the duration over the step time."""
+    rc, want, _ = cli_run("export", "--framework", "megatron", "--format", "json", *BY_STEPS)
+    rc2, got, err = cli_run("export", "--framework", "megatron", "--format", "json", *argv, "--params", "1B")
+    assert rc == rc2 == 0, err
+    assert json.loads(got) == json.loads(want) and json.loads(got)["schedule"]["total_steps"] == 100000
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--duration", "50h", "1.8"], "all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB"),
+    (["--duration", "50h"], "all three"),
+    (["--duration", "50h", "200000", "1.8", "5000"], "is 100000 steps, but TOTAL_STEPS is 200000"),
+    (["--duration", "50h", "50h", "1.8", "5000"], "give the run's length once"),
+    (["--duration", "3 fortnights", "1.8", "5000"], "argument --duration: expected a run length"),
+    (["--duration", "50h", "1.8", "-5"], "BUDGET_GB"),
+    (["1.8", "5000", "10"], "argument TOTAL_STEPS: expected a whole number of steps"),
+    (["--duration", "50h", "--plan-file", "plan.json"], "not both"),
+])
+def test_duration_given_wrongly_is_one_line_exit_2(argv, words, cli_run):
+    rc, out, err = cli_run("export", "--framework", "hf", *argv)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+
+
 def test_installed_version_differs_from_the_asked_one_warns(cli_run):
     rc, out, _ = cli_run(*(["export", "--framework", "hf", "--framework-version", "4", "--format", "json"] + PLAN))
     data = json.loads(out)

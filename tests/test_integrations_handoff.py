@@ -169,6 +169,17 @@ def test_json_format_and_dry_run_write_nothing(tmp_path, cli_run):
     assert not state.exists()
 
 
+@pytest.mark.parametrize("argv", [["--duration", "50h", "1.8", "500"], ["1.8", "500", "--duration", "50h"],
+                                  ["50h", "1.8", "500"]])
+def test_duration_in_place_of_total_steps_as_plan_has_it(argv, tmp_path, cli_run):
+    """handoff takes the run's length as plan does: the same plan and policy as the step count gives."""
+    rc, want, _ = cli_run("handoff", "100000", "1.8", "500", "--params", "1B", "--dry-run", "--format", "json")
+    rc2, got, err = cli_run("handoff", *argv, "--params", "1B", "--dry-run", "--format", "json")
+    assert rc == rc2 == 0, err
+    a, b = json.loads(want), json.loads(got)
+    assert a["plan"] == b["plan"] and a["policy"] == b["policy"] and b["plan"]["milestone_steps"][-1] == 100000
+
+
 def test_plan_file_from_the_plan_command(tmp_path, cli_run):
     rc, out, _ = cli_run("plan", *PLAN, "--format", "json")
     plan_file = tmp_path / "plan.json"
@@ -338,6 +349,9 @@ def test_state_folder_that_is_a_file_or_unwritable(tmp_path, cli_run):
     (["handoff", "--plan-file", "does-not-exist.json"], "does not exist"),
     (["handoff", "--checkpoints", "/no/such/run"], "no such folder"),
     (["handoff", "1000", "-2", "10"], "STEP_SECONDS"),
+    (["handoff", "--duration", "50h", "1.8"], "all three of TOTAL_STEPS (or --duration)"),
+    (["handoff", "--duration", "50h", "200000", "1.8", "500"], "is 100000 steps, but TOTAL_STEPS is 200000"),
+    (["handoff", "--duration", "50h", "--plan-file", "p.json"], "either --plan-file or plan arguments"),
 ])
 def test_bad_arguments(tmp_path, cli_run, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)

@@ -274,6 +274,7 @@ VOCABULARY: dict[str, dict] = {
     "--level": {"dest": "level", "choices": ("quick", "full", "deep")},
     "--policy": {"dest": "policy", "metavar": "FILE"},
     "--no-spike-check": {"dest": "spike_check"},
+    "--duration": {"dest": "duration_hours", "types": ("duration",), "metavar": "D"},
 }
 EVERY_COMMAND = ("--format", "--output")
 

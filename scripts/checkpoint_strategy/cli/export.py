@@ -1,10 +1,11 @@
-"""`checkpoint-strategy export --framework F [TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] | --plan-file PLAN.json]
+"""`checkpoint-strategy export --framework F [TOTAL_STEPS|--duration D STEP_SECONDS BUDGET_GB [plan options] |
+--plan-file PLAN.json]
 [--framework-version V] [--format text|json|python|toml|args]`."""
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_output, number
-from checkpoint_strategy.planning.options import add_plan_options
+from checkpoint_strategy.cli_options import add_output
+from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
 
@@ -20,10 +21,7 @@ def add_arguments(parser) -> None:
                         help="the training framework whose settings to write")
     parser.add_argument("--framework-version", dest="framework_version", metavar="V",
                         help="write for this version (default: the installed one, else the newest known)")
-    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), nargs="?",
-                        help="plan inputs, as for the plan command (or use --plan-file)")
-    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"), nargs="?")
-    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), nargs="?")
+    add_optional_run(parser)
     parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json",
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
     parser.add_argument("--format", dest="format", choices=["text", "markdown", *OUTPUTS[1:]], default="text",
@@ -38,7 +36,9 @@ def run(args) -> int:
     from checkpoint_strategy.export import export_plan, render_export
     from checkpoint_strategy.export.common import load_plan_file
 
-    given = [p for p in (args.total_steps, args.step_seconds, args.budget_gb) if p is not None]
+    from checkpoint_strategy.planning.options import optional_run_numbers
+
+    given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
     if args.plan_file is not None:
         if given or options:
@@ -51,7 +51,7 @@ def run(args) -> int:
 
         report = plan(plan_arguments(args))
     elif given:
-        raise UsageError("plan arguments need all three of TOTAL_STEPS STEP_SECONDS BUDGET_GB")
+        raise UsageError("plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB")
     else:
         raise UsageError("nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
                          "or --plan-file PLAN.json")

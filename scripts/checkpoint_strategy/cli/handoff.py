@@ -1,10 +1,10 @@
-"""`checkpoint-strategy handoff [TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] | --plan-file PLAN.json]
+"""`checkpoint-strategy handoff [TOTAL_STEPS|--duration D STEP_SECONDS BUDGET_GB [plan options] | --plan-file PLAN.json]
 [--checkpoints ROOT] [--state-dir DIR]`."""
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options, number
-from checkpoint_strategy.planning.options import add_plan_options
+from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
+from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
 
 HELP = "write checkpoint metadata for session-handoff"
 
@@ -12,10 +12,7 @@ HELP = "write checkpoint metadata for session-handoff"
 def add_arguments(parser) -> None:
     from checkpoint_strategy.storage import path_arg
 
-    parser.add_argument("total_steps", metavar="TOTAL_STEPS", type=number("steps"), nargs="?",
-                        help="plan inputs, as for the plan command (or use --plan-file)")
-    parser.add_argument("step_seconds", metavar="STEP_SECONDS", type=number("step_seconds"), nargs="?")
-    parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), nargs="?")
+    add_optional_run(parser)
     parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json", type=path_arg,
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
     parser.add_argument("--checkpoints", metavar="ROOT", type=path_arg,
@@ -50,8 +47,9 @@ def run(args) -> int:
     inputs = (args.checkpoints, args.plan_file, args.log)
     check_output_early(args.output, inputs)
 
-    positionals = [args.total_steps, args.step_seconds, args.budget_gb]
-    given = [p for p in positionals if p is not None]
+    from checkpoint_strategy.planning.options import optional_run_numbers
+
+    given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
     report = None
     if args.plan_file:
@@ -62,7 +60,7 @@ def run(args) -> int:
         report = handoff.load_plan_file(text, name)
     elif given:
         if len(given) != 3:
-            raise UsageError("plan arguments need all three of TOTAL_STEPS STEP_SECONDS BUDGET_GB")
+            raise UsageError("plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB")
         from checkpoint_strategy.planning.options import plan_arguments
         from checkpoint_strategy.planning.planner import plan
 

@@ -143,6 +143,44 @@ def formats_list(text: str) -> list[str]:
     return list(dict.fromkeys(parts))
 
 
+_DURATION_HELP = "the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / STEP_SECONDS"
+
+
+def add_optional_run(parser: argparse.ArgumentParser) -> None:
+    """TOTAL_STEPS STEP_SECONDS BUDGET_GB as optional positionals (commands that also take --plan-file:
+    export, handoff) and --duration in place of TOTAL_STEPS, as plan has it. argparse fills `?` positionals
+    from the left, so they are read as text here and typed by optional_run_numbers once their places are
+    known (with --duration, two numbers are STEP_SECONDS BUDGET_GB)."""
+    parser.add_argument("total_steps", metavar="TOTAL_STEPS", nargs="?",
+                        help="plan inputs, as for the plan command (or use --plan-file); TOTAL_STEPS may be a "
+                             "run length (3w, 21d, 504h) or left out for --duration")
+    parser.add_argument("step_seconds", metavar="STEP_SECONDS", nargs="?")
+    parser.add_argument("budget_gb", metavar="BUDGET_GB", nargs="?")
+    parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D", help=_DURATION_HELP)
+
+
+_RUN_PLACES = (("total_steps", "TOTAL_STEPS", steps_or_duration), ("step_seconds", "STEP_SECONDS", None),
+               ("budget_gb", "BUDGET_GB", None))
+
+
+def optional_run_numbers(ns: argparse.Namespace) -> list:
+    """The plan positionals of a command of add_optional_run, put in place and typed (the same bounds and
+    words as plan's); returns those given, --duration standing for a left-out TOTAL_STEPS."""
+    texts = [getattr(ns, dest) for dest, _, _ in _RUN_PLACES]
+    if ns.duration_hours is not None and texts[2] is None and texts[0] is not None \
+            and not _DURATION_RE.match(str(texts[0])):
+        texts = [None, *texts[:2]]
+    typed = {"step_seconds": number("step_seconds"), "budget_gb": number("gb")}
+    for (dest, metavar, kind), text in zip(_RUN_PLACES, texts, strict=True):
+        try:
+            value = None if text is None else (kind or typed[dest])(text)
+        except argparse.ArgumentTypeError as exc:
+            raise UsageError(f"argument {metavar}: {exc}") from None
+        setattr(ns, dest, value)
+    given = [p for p in (ns.total_steps, ns.step_seconds, ns.budget_gb) if p is not None]
+    return given + [ns.duration_hours] if ns.duration_hours is not None and ns.total_steps is None else given
+
+
 def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) -> None:
     """Every plan option (TOTAL_STEPS STEP_SECONDS BUDGET_GB unless positionals=False). Underscored
     spellings (--model_size_gb, --keep_last) are accepted for every option by cli.ArgumentParser."""
@@ -153,9 +191,7 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
                             help="wall seconds per step")
         parser.add_argument("budget_gb", metavar="BUDGET_GB", type=number("gb"), help="storage budget, GB")
         _duration_first(parser)
-        parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D",
-                            help="the run's length (3w, 21d, 504h, 90min) in place of TOTAL_STEPS: steps = D / "
-                                 "STEP_SECONDS")
+        parser.add_argument("--duration", dest="duration_hours", type=duration, metavar="D", help=_DURATION_HELP)
     size = parser.add_argument_group("model size")
     size.add_argument("--model-size-gb", dest="model_size_gb", type=number("gb"), metavar="N",
                       help="model weights in GB (fp32 unless --weights-dtype); checkpoint = 3x for fp32")

@@ -744,7 +744,8 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
             if len(hits):
                 onset = max(0, first - b) + int(hits[0])
             floor = max([after] + [hi + 1 for lo_, hi in skip if hi <= onset])
-            onset = max(climb_start(xf, onset, healthy_top(r0, xf, onset, s_raw, tolerance), window, floor), after)
+            onset = max(climb_start(xf, onset, healthy_top(r0, xf, onset, s_raw, tolerance), window, floor, trend=True),
+                        after)
             peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
             third = max(1, (j2 - j + 1) // 3)
             lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
@@ -783,7 +784,7 @@ def step_noise(values: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(np.diff(v)))) / math.sqrt(2)
 
 
-def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int = 0) -> int:
+def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int = 0, trend: bool = False) -> int:
     """Where a rise first detected at `onset` left the healthy band (values at or below `top`): back over the
     contiguous logged values above it (each with its two neighbours' median; at most `window`), never into a stretch whose median of SMOOTH_POINTS is
     higher than at the onset (a run's early fall). A slow climb or a plateau crosses the detection threshold
@@ -797,7 +798,38 @@ def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int 
     j = len(sm) - 1
     while j > 0 and _centred3(xf, lo + j - 1) > top and sm[j - 1] <= sm[-1]:
         j -= 1
-    return lo + j
+    return trend_start(xf, lo + j, lo) if trend else lo + j
+
+
+TREND_NOISE_UNITS = 1.0   # the healthy band over the trough before a rise: this many step-noise units ...
+TREND_TOLERANCE = 0.5     # ... or this share of the tolerance, the larger
+TREND_STEP_UNITS = 3.0    # a rise that steps up by more than this many step-noise units at its onset is abrupt
+
+
+def trend_start(xf: np.ndarray, onset: int, lo: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
+    """Where a rise that starts inside the noise left the healthy band (a slow climb or plateau whose threshold
+    crossing comes late): the band is the trough of the smoothed curve before the onset (the lowest median of a
+    value and its two neighbours from `lo`: the healthy level just before the trouble, not the noise a
+    threshold is set in) + the larger of TREND_NOISE_UNITS step-noise units (from the trough on) and
+    TREND_TOLERANCE x the tolerance; the walk goes back from the onset over the values above it, each alone and
+    with its neighbours (a low value ends it). Not for an abrupt step (more than TREND_STEP_UNITS noise units
+    from one value to the next at the onset or in the two values after it): there the values before it are
+    the healthy noise."""
+    if onset - lo < 2:
+        return onset
+    c3 = np.array([_centred3(xf, k) for k in range(lo, onset)])
+    if not np.isfinite(c3).any():
+        return onset
+    t = lo + int(np.flatnonzero(c3 == np.nanmin(c3))[-1])   # the last trough
+    level = float(c3[t - lo])
+    noise = step_noise(xf[t:onset + 1])
+    top = level + max(TREND_NOISE_UNITS * noise, TREND_TOLERANCE * tolerance * abs(level))
+    if not np.max(np.diff(xf[onset - 1:onset + 3])) <= TREND_STEP_UNITS * noise:
+        return onset   # an abrupt step at or just after the onset: the values before it are the healthy noise
+    k = onset
+    while k - 1 > t and xf[k - 1] > top and _centred3(xf, k - 1) > top:
+        k -= 1
+    return k
 
 
 def _centred3(xf: np.ndarray, k: int) -> float:
@@ -1032,7 +1064,7 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
                 and math.isfinite(ev.reference):   # not back: the trouble began where the loss left the band
             xf = _ffill(loss)
             ev.onset = climb_start(xf, ev.onset, healthy_top(ev.reference, xf, ev.onset, ev.scale, o.tolerance), window,
-                                   floor)
+                                   floor, trend=ev.kind in ("divergence", "level_shift"))
         floor = ev.end + 1 if ev.end is not None else floor
     spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
     shifts = level_shifts(loss, steps, window=window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,

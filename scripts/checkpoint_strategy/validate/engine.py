@@ -43,9 +43,13 @@ PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
     "weights": "weights only (no optimizer state): fine for inference or fine-tuning, a resume would reset "
                "the optimizer (watch for a sudden loss drop)",
-    "fsdp": "FSDP shards are hardware-specific: checkpoint-strategy convert DIR/pytorch_model_fsdp_0 OUT.pt --to full "
-            "(or --to safetensors for the weights) before moving hardware, then re-shard after loading; "
-            "validate --target-gpus N names the command for this checkpoint",
+    # accelerate's SHARDED_STATE_DICT (utils/fsdp_utils.py save_fsdp_model/load_fsdp_model: dist_cp.save with a
+    # FileSystemWriter into pytorch_model_fsdp_0/, dist_cp.load on resume) is DCP, which re-shards on load
+    "fsdp": "FSDP sharded state (pytorch_model_fsdp_0/, optimizer_0/) is torch.distributed.checkpoint: accelerate "
+            "loads it with dcp.load, which re-shards to the new world size, so a resume on other hardware needs no "
+            "conversion (keep fsdp_state_dict_type SHARDED_STATE_DICT); a single file for publishing or a run "
+            "without FSDP: checkpoint-strategy convert DIR/pytorch_model_fsdp_0 OUT.pt --to full (or --to "
+            "safetensors: the weights), as accelerate merge-weights does",
     "dcp": "torch.distributed.checkpoint shards: dcp.load re-shards to a new world size; for a full state dict "
            "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish); a file "
            "dcp_to_torch_save wrote is checked against its shards by convert DIR OUT.pt --check-only",
