@@ -210,7 +210,7 @@ def test_the_layer_table_is_read_from_developing_md(layers):
     assert names.index("leaves") == 1 and names.index("recovery") < names.index("checkpoints")
     assert place("callbacks.hf", layers)[0] == place("export.orbax", layers)[0] == 1
     assert place("checkpoints.prune_cli", layers)[0] == 0  # a command module, above its sub-package
-    assert place("checkpoints.prune", layers) == place("policyfile", layers)  # one group
+    assert place("checkpoints.prune", layers) == place("checkpoints.prunerequest", layers)  # one group
     assert place(ROOT, layers)[0] == len(layers) - 1
 
 

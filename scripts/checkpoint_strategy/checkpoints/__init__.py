@@ -29,16 +29,17 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.checkpoints.prune import load_policy, prune
+    from checkpoint_strategy.checkpoints.prune import prune
+    from checkpoint_strategy.checkpoints.prunerequest import PruneRequest
     from checkpoint_strategy.checkpoints.retention import Candidate, Retention, classify_name, plan_prune
     from checkpoint_strategy.checkpoints.validate import validate_checkpoint, validate_paths
 
 # The names come from their modules when first used (PEP 562): a command that needs one small module of
 # this package (recover reads checkpoints.marker) does not load the validator, prune and their imports.
-_WHERE = {"validate_checkpoint": "validate", "validate_paths": "validate", "prune": "prune", "load_policy": "prune",
+_WHERE = {"validate_checkpoint": "validate", "validate_paths": "validate", "prune": "prune", "PruneRequest": "prunerequest",
           "plan_prune": "retention", "Candidate": "retention", "Retention": "retention", "classify_name": "retention"}
 
-__all__ = ["validate_checkpoint", "validate_paths", "prune", "load_policy", "plan_prune", "Candidate", "Retention",
+__all__ = ["validate_checkpoint", "validate_paths", "prune", "PruneRequest", "plan_prune", "Candidate", "Retention",
            "classify_name"]
 
 
