@@ -298,7 +298,7 @@ class CheckpointPolicy(_Model):
         inner, kind = _policy_mapping(data, where)
         ms = inner.get("keep_milestone")
         cont = isinstance(ms, list) and bool(ms) and ms[-1] in ("...", Ellipsis, None)
-        if cont:
+        if cont and isinstance(ms, list):
             inner["keep_milestone"] = ms[:-1]
         try:
             policy = cls.model_validate(inner)
