@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.retention import load_policy, prune as _prune
+from checkpoint_strategy.retention import prune as _prune
 
 from checkpoint_strategy.validate import validate_paths
+from checkpoint_strategy.formats.models import CheckpointPolicy
 from checkpoint_strategy.recovery import advise
 from checkpoint_strategy.cli.main import main
 from cliresult import checkout_env
@@ -96,7 +97,7 @@ def test_policy_yaml_from_the_plan(hf_run, copy_of, tmp_path):
                       "  save_formats:\n    - full_state_dict\n    - safetensors\n"
                       "  validate_on_save: true\n  async_save: true\n"
                       "  emergency_save_on:\n    - loss_spike_detected\n")
-    p = load_policy(policy)
+    p = CheckpointPolicy.from_file(policy)
     assert p.keep_last == 4 and p.keep_milestone[:3] == [40, 80, 160]
     report = prune(root, policy=str(policy), spike_check=False)
     kept = set(_names(report.keep))

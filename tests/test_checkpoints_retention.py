@@ -106,7 +106,8 @@ def test_extra_rules_only_add_keep_reasons():
         return rt.Reason("milestone", "hundreds") if c.step and c.step % 100 == 0 else None
 
     cs = [C("c100", 100), C("c150", 150), C("c200", 200)]
-    plan = rt.plan_prune(cs, rt.Retention(keep_last=1), rules=(*rt.DEFAULT_RULES, keep_even_hundreds))
+    one = rt.Retention(keep_last=1)
+    plan = rt.plan_prune(cs, one, rules=rt.AnyOf(*one.rules().rules, keep_even_hundreds))
     assert [d.candidate.name for d in plan.delete] == ["c150"]
     # even with no policy rules at all, the safety rules and "a newer one stands in" still hold
     plan = rt.plan_prune(cs + [C("x", None, layout=None)], rt.Retention(keep_last=1), rules=())
@@ -114,8 +115,12 @@ def test_extra_rules_only_add_keep_reasons():
 
 
 def test_bad_retention_and_duplicates():
-    with pytest.raises(ValueError):
-        rt.Retention(keep_last=0)
+    from checkpoint_strategy.retention.request import PruneRequest
+    from checkpoint_strategy.errors import UsageError
+
+    for bad in (0, -1, True, "3", 2.0):   # checked once, where every option of a prune is: PruneRequest
+        with pytest.raises(UsageError, match="--keep-last must be an integer of at least 1"):
+            PruneRequest(root="run", keep_last=bad)
     with pytest.raises(ValueError):
         rt.plan_prune([C("a", 1), C("a", 2)], rt.Retention(keep_last=1))
 

@@ -212,6 +212,7 @@ def test_the_layer_table_is_read_from_developing_md(layers):
     assert names.index("recovery") < names.index("retention") < names.index("validate") < names.index("formats")
     assert place("callbacks.hf", layers)[0] == place("export.orbax", layers)[0] == 1
     assert place("cli.prune", layers)[0] == 0  # a command module
+    assert place("retention.prune", layers) == place("retention.request", layers)  # one group
     assert place(ROOT, layers)[0] == len(layers) - 1
 
 

@@ -59,12 +59,12 @@ def test_yaml_gains_tiers_only_for_two_tiers():
 
 
 def test_prune_reads_a_policy_with_tiers(tmp_path):
-    from checkpoint_strategy.retention.prune import load_policy
+    from checkpoint_strategy.formats.models import CheckpointPolicy
 
     two = plan(PlanArguments(**SEVENTY_B, local_tier={"gb_per_node": 2000, "gbps_per_node": 5}))
     f = tmp_path / "policy.yaml"
     f.write_text(render_plan(two, "yaml"), encoding="utf-8")
-    policy = load_policy(f)
+    policy = CheckpointPolicy.from_file(f)
     assert policy.keep_last == two.keep_last and policy.tiers.local.keep_last == 10
 
 

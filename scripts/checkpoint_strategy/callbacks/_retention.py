@@ -1,8 +1,8 @@
 """Adapter: the project's validator and retention rules, as the callbacks call them.
 
 The only place the callbacks touch ``checkpoints`` (validate_checkpoint, prune, the layout
-table). When retention is split into ``plan_prune`` / ``apply_prune`` this is the module to
-switch; nothing else in the package knows how a prune is done.
+table). A prune is one ``PruneRequest`` handed to ``prune``; nothing else in the callbacks knows how a prune
+is done.
 """
 
 from __future__ import annotations
@@ -54,12 +54,13 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
     on_start: called once the lock is held, as the survey of the folder begins; on_end: the last thing before the
     lock is released. delete_invalid: also delete an invalid checkpoint older than a newer valid one (never
     the newest entry; off by default, as in `prune`)."""
+    from checkpoint_strategy.retention import PruneRequest
     from checkpoint_strategy.retention import prune as _prune
     from checkpoint_strategy.recovery import advise
 
-    return _prune(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout, on_start=on_start,
-                  on_end=on_end, delete_invalid=delete_invalid)
+    return _prune(PruneRequest.of(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
+                                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout,
+                                  on_start=on_start, on_end=on_end, delete_invalid=delete_invalid))
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:

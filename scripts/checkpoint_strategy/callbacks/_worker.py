@@ -289,5 +289,17 @@ def main() -> int:
     return 0
 
 
+def _exit(code: int) -> None:
+    """Exit without joining the reading thread: once stdin has ended no job is on it (every job is waited for),
+    only perhaps `_warm`'s imports, which a machine with no idle cycle may never let finish (the process would
+    then outlive the training's close grace and be killed)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _exit(main())

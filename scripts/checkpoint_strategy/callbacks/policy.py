@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.errors import UsageError
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 
@@ -37,20 +37,13 @@ class Settings:
 
 
 def _from_mapping(data: dict, source: str, report=None) -> Settings:
-    from pydantic import ValidationError
-
     from checkpoint_strategy.formats.models import CheckpointPolicy
 
-    data = dict(data)
-    ms = data.get("keep_milestone")
-    cont = False
-    if isinstance(ms, list) and ms and ms[-1] in ("...", Ellipsis, None):
-        data["keep_milestone"] = [m for m in ms[:-1]]
-        cont = True
-    try:
-        pol = CheckpointPolicy.model_validate(data)
-    except ValidationError as exc:
-        raise UsageError(f"{source}: " + pydantic_message(exc, "checkpoint_policy")) from None
+    return _settings(CheckpointPolicy.from_data(dict(data), source), source, report)
+
+
+def _settings(pol, source: str, report=None) -> Settings:
+    """Settings of a formats.models.CheckpointPolicy (keep_milestone's "..." already continued)."""
     if pol.frequency is None:
         raise UsageError(f"{source}: checkpoint_policy has no frequency; expected every_N_steps, e.g. every_500_steps")
     n, unit = pol.frequency[len("every_"):].rsplit("_", 1)
@@ -61,8 +54,6 @@ def _from_mapping(data: dict, source: str, report=None) -> Settings:
     if bad:
         raise UsageError(f"{source}: emergency_save_on has {bad[0]!r}; expected any of {', '.join(TRIGGERS)}")
     milestones = sorted(set(pol.keep_milestone))
-    if cont and milestones:
-        milestones += [milestones[-1] * 2 ** k for k in range(1, 21)]
     return Settings(frequency_steps=int(n), keep_last=pol.keep_last, milestones=tuple(milestones),
                     validate_on_save=pol.validate_on_save is not False, async_save=bool(pol.async_save),
                     emergency_save_on=tuple(dict.fromkeys(pol.emergency_save_on)),
@@ -111,30 +102,11 @@ def resolve(policy: Any) -> Settings:
 
 
 def _from_file(path: str) -> Settings:
-    import yaml
+    """A policy file of any kind `CheckpointPolicy.from_file` reads; a plan's JSON is also checked against
+    plan.schema.json and kept (`Settings.report`: the adaptive interval reads it)."""
+    from checkpoint_strategy.formats.models import CheckpointPolicy
 
-    from checkpoint_strategy.storage import loads_json, read_bytes
-
-    raw = read_bytes(path, "policy file")
-    text = raw.decode("utf-8", errors="replace").lstrip("\ufeff")
-    if text.lstrip().startswith("{"):
-        data = loads_json(raw, f"policy file {path}", expect=dict)
-        if _looks_like_plan(data):
-            return _from_plan_dict(data, f"plan file {path}")
-    else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f" at line {mark.line + 1}" if mark is not None else ""
-            raise UsageError(f"policy file {path}: not valid YAML{line}; expected a checkpoint_policy: mapping "
-                             "or the JSON of `plan --format json`") from None
-        except RecursionError:
-            raise UsageError(f"policy file {path}: nested too deeply; expected a checkpoint_policy: mapping") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"policy file {path}: expected a checkpoint_policy: mapping (frequency, keep_last, ...) "
-                         "or the JSON of `plan --format json`")
-    inner = data.get("checkpoint_policy", data)
-    if not isinstance(inner, dict):
-        raise UsageError(f"policy file {path}: checkpoint_policy is not a mapping; expected frequency, keep_last, ...")
-    return _from_mapping(inner, f"policy file {path}")
+    pol = CheckpointPolicy.from_file(path, "policy file")
+    if isinstance(pol.document, dict) and _looks_like_plan(pol.document):
+        return _from_plan_dict(pol.document, f"plan file {path}")
+    return _settings(pol, f"policy file {path}")

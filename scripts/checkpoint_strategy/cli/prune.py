@@ -55,10 +55,11 @@ def run(args) -> int:
         except OSError:
             newest = 0  # prune reports the unreadable root itself
         milestones = milestone_schedule(milestones, newest)
+    from checkpoint_strategy.retention.request import PruneRequest
     from checkpoint_strategy.recovery import advise
 
-    report = prune(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
-                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check, advise=advise,
-                   delete_invalid=args.delete_invalid)
+    report = prune(PruneRequest.of(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,
+                                   apply=args.apply, level=args.level, log=args.log, spike_check=args.spike_check,
+                                   advise=advise, delete_invalid=args.delete_invalid))
     emit(report, args.format, args.output, inputs=(args.root, args.log))
     return 1 if report.errors else 0

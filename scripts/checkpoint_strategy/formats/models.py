@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Optional, get_args
+import os
+from typing import Any, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from checkpoint_strategy import storage
 from checkpoint_strategy.formats.reasonkinds import ReasonKind
+from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.planning.policytiers import PolicyTiers
 
 Status = Literal["valid", "invalid", "incomplete"]
@@ -220,9 +223,24 @@ class ValidationReport(_Model):
 
 _FREQ = re.compile(r"^every_(\d+)_(steps|minutes)$")
 
+PolicyKind = Literal["plan-yaml", "plan-json", "handoff-state", "policy-mapping"]
+POLICY_EXPECTED = ("expected the plan (YAML with checkpoint_policy:, or plan --format json), the handoff state file "
+                   "checkpoint-strategy.json, or a policy mapping (keep_last, keep_milestone, ...)")
+MAX_POLICY_BYTES = 16 << 20
+#: keep_milestone: [1000, 5000, ...] continues by doubling (the spec's "powers of 2 * 1000"), this many times
+CONTINUE_DOUBLINGS = 20
+
 
 class CheckpointPolicy(_Model):
-    """The `checkpoint_policy:` mapping printed by the plan (spec's policy templates)."""
+    """The `checkpoint_policy:` mapping printed by the plan (spec's policy templates).
+
+    `CheckpointPolicy.from_file(path)` reads it from any file a command or callback is given, detected by content
+    (not by name): the plan as YAML (``checkpoint_policy:``, `plan --format yaml`), the plan as JSON (its
+    ``policy``), the handoff state file ``.claude/state/checkpoint-strategy.json`` (its ``policy``) or a bare
+    mapping; `from_data` the same for a parsed document. The file is read through ``storage`` (regular files
+    only, bounded) and parsed with ``json`` or ``yaml.safe_load``: nothing in it runs. Every failure is one
+    UsageError line naming the file and what is expected. `file_kind` says which kind it was.
+    """
 
     frequency: Optional[str] = None
     keep_last: Optional[int] = Field(None, ge=1)
@@ -233,6 +251,8 @@ class CheckpointPolicy(_Model):
     async_save: Optional[bool] = None
     emergency_save_on: list[str] = Field(default_factory=list)
     tiers: Optional[PolicyTiers] = Field(None, description="two-tier plans: local and persistent saves")
+    _kind: PolicyKind = PrivateAttr("policy-mapping")
+    _document: Any = PrivateAttr(None)
 
     @field_validator("frequency")
     @classmethod
@@ -247,6 +267,81 @@ class CheckpointPolicy(_Model):
         if any(v < 0 for v in value):
             raise ValueError("milestones are step numbers >= 0")
         return value
+
+    @property
+    def file_kind(self) -> PolicyKind:
+        """What the policy was read from: plan-yaml, plan-json, handoff-state or policy-mapping."""
+        return self._kind
+
+    @property
+    def document(self) -> Any:
+        """The whole parsed document it was read from (a plan's JSON holds more than its policy)."""
+        return self._document
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], option: str = "--policy") -> CheckpointPolicy:
+        """The policy in a file of any accepted kind (see the class docstring). UsageError on bad input."""
+        p = os.fspath(path)
+        if p == "":
+            raise UsageError(f"{option}: empty path; {POLICY_EXPECTED}")
+        where = f"{option} {p}"
+        try:
+            raw = storage.read_bytes(p, option, MAX_POLICY_BYTES)
+        except storage.ReadError as exc:
+            raise UsageError(f"{where}: cannot read ({exc.reason}); {POLICY_EXPECTED}") from None
+        return cls.from_data(_parse_policy(raw, where), where)
+
+    @classmethod
+    def from_data(cls, data: Any, where: str = "policy") -> CheckpointPolicy:
+        """A parsed plan / handoff state / mapping -> the policy (same detection as `from_file`);
+        ``keep_milestone: [1000, 5000, ...]`` continues by doubling."""
+        inner, kind = _policy_mapping(data, where)
+        ms = inner.get("keep_milestone")
+        cont = isinstance(ms, list) and bool(ms) and ms[-1] in ("...", Ellipsis, None)
+        if cont and isinstance(ms, list):
+            inner["keep_milestone"] = ms[:-1]
+        try:
+            policy = cls.model_validate(inner)
+        except ValidationError as exc:
+            raise UsageError(f"{where}: " + pydantic_message(exc, "checkpoint_policy")) from None
+        if cont and policy.keep_milestone:
+            last = policy.keep_milestone[-1]
+            policy.keep_milestone = policy.keep_milestone + [last * 2 ** k for k in range(1, CONTINUE_DOUBLINGS + 1)]
+        policy._kind, policy._document = kind, data
+        return policy
+
+
+def _parse_policy(raw: bytes, where: str) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"{where}: not UTF-8 text; {POLICY_EXPECTED}") from None
+    try:  # syntax (with its line), deep nesting, integers past the digit limit: one line each
+        if text.lstrip().startswith(("{", "[")):
+            return storage.loads_json(text, where)
+        return storage.loads_yaml(text, where)
+    except storage.ReadError as exc:
+        raise UsageError(f"{where}: {exc.reason}; {POLICY_EXPECTED}") from None
+
+
+def _policy_mapping(data: Any, where: str) -> tuple[dict, PolicyKind]:
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping, got a {type(data).__name__}; {POLICY_EXPECTED}")
+    kind: PolicyKind
+    if "checkpoint_policy" in data:
+        inner, kind = data["checkpoint_policy"], "plan-yaml"
+    elif "policy" in data and ("producer" in data or "next_step" in data or "schema_version" in data):
+        inner, kind = data["policy"], "handoff-state"
+        if inner is None:
+            raise UsageError(f"{where}: the handoff state holds no policy (handoff ran without a plan); "
+                             "pass the plan instead")
+    elif "policy" in data:
+        inner, kind = data["policy"], "plan-json"
+    else:
+        inner, kind = data, "policy-mapping"
+    if not isinstance(inner, dict):
+        raise UsageError(f"{where}: expected a mapping as the policy, got a {type(inner).__name__}; {POLICY_EXPECTED}")
+    return dict(inner), kind
 
 
 class PruneEntry(_Model):

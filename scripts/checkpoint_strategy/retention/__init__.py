@@ -15,15 +15,16 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.retention.prune import load_policy, prune
+    from checkpoint_strategy.retention.prune import prune
+    from checkpoint_strategy.retention.request import PruneRequest
     from checkpoint_strategy.retention.rules import Candidate, Retention, classify_name, plan_prune
 
 # The names come from their modules when first used (PEP 562): a command that needs one small module of this
 # package does not load prune and its imports.
-_WHERE = {"prune": "prune", "load_policy": "prune", "plan_prune": "rules", "Candidate": "rules", "Retention": "rules",
+_WHERE = {"prune": "prune", "PruneRequest": "request", "plan_prune": "rules", "Candidate": "rules", "Retention": "rules",
           "classify_name": "rules"}
 
-__all__ = ["prune", "load_policy", "plan_prune", "Candidate", "Retention", "classify_name"]
+__all__ = ["prune", "PruneRequest", "plan_prune", "Candidate", "Retention", "classify_name"]
 
 
 class _Package(types.ModuleType):

@@ -1,5 +1,5 @@
-"""`prune` on object storage (s3://, gs://, memory://): the same survey and keep rules as on disk
-(`prune_survey.survey`, `prune_survey.plan_survey` -> `retention.plan_prune`); only the apply step differs.
+"""`prune` on object storage (s3://, gs://, memory://): `ObjectStore`, the store (`prune_survey.PruneStore`)
+`prune.prune` runs the same survey -> plan -> apply over as on disk; only its deletion differs.
 
 Object stores have no rename, so a deletion is journalled instead:
 
@@ -20,16 +20,19 @@ across machines on object storage: run one prune per ROOT at a time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.retention.survey import Outcome, plan_survey, recheck, report_of, revalidator, survey
 from checkpoint_strategy.retention import rules as rt
-from checkpoint_strategy.formats.models import Level, Problem, PruneReport
-from checkpoint_strategy.retention.safety import Adviser
+from checkpoint_strategy.formats.models import Problem
+from checkpoint_strategy.retention.survey import Outcome, Survey, recheck, revalidator
+from checkpoint_strategy.retention.request import PruneRequest
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import remote
 
 JOURNAL = ".checkpoint-strategy-prune-objects.json"
 MARKERS = ("trainer_state.json", ".metadata", "commit_success.txt", "_CHECKPOINT_METADATA")
@@ -79,9 +82,7 @@ def _delete_checkpoint(view, root: str, name: str, out: Outcome) -> bool:
         view.delete(markers)
         view.delete([k for k in keys if k not in markers])
     except Exception as exc:  # noqa: BLE001 - one line in the report, the journal keeps the entry
-        from checkpoint_strategy.storage.remote import describe
-
-        out.failed[name] = f"half deleted: {describe(exc)}; rerun prune --apply to finish"
+        out.failed[name] = f"half deleted: {remote.describe(exc)}; rerun prune --apply to finish"
         return True
     out.deleted[name] = size
     return False
@@ -107,18 +108,14 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
         if batch or journalled:
             _write_journal(view, batch)
     except Exception as exc:  # noqa: BLE001
-        from checkpoint_strategy.storage.remote import describe
-
-        raise UsageError(f"cannot write the prune journal in {storage.display(root)}: {describe(exc)}; prune "
+        raise UsageError(f"cannot write the prune journal in {storage.display(root)}: {remote.describe(exc)}; prune "
                          "--apply needs write access to ROOT (nothing deleted)") from None
     left = [n for n in batch if _delete_checkpoint(view, root, n, out)]
     out.finished = [n for n in finish if n not in left]
     try:
         _write_journal(view, left)
     except Exception as exc:  # noqa: BLE001
-        from checkpoint_strategy.storage.remote import describe
-
-        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: {describe(exc)}; the next "
+        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: {remote.describe(exc)}; the next "
                                   "prune --apply tidies it"))
     for name, why in out.failed.items():
         out.errors.append(Problem(file=name, reason=why))
@@ -126,34 +123,40 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
     return out
 
 
-def prune_url(url: str, keep_last: int, ms: list[int], apply: bool, level: Level, log: str | None,
-              spike_check: bool, protect: dict[str, str] | None, advise: Adviser | None = None,
-              delete_invalid: bool = False) -> PruneReport:
-    """`prune.prune` for a URL ROOT (see the module docstring)."""
-    from checkpoint_strategy.storage import remote
+class ObjectStore:
+    """A prefix on object storage (`PruneStore`), through its local view (`storage.remote`): journalled deletes."""
 
-    with storage.local_paths([url], prefetch=level == "quick") as (root,):
+    def __init__(self, view, root: str, log: str | None) -> None:
+        self.view, self.root, self.log = view, root, log
+        self.notes: list[str] = []
+        self.journalled: list[str] = []
+
+    def read_pending(self) -> None:
+        self.journalled = read_journal(self.root)
+        versioning = self.view.versioning()
+        if versioning:
+            self.notes.append(f"bucket versioning is {versioning}: deleted objects stay as noncurrent versions "
+                              "(still stored and billed) until a lifecycle rule or a version delete removes them")
+
+    def delete(self, s: Survey, plan: rt.Plan, level: str) -> Outcome:
+        revalidate = revalidator(s.found, level, before=lambda name: self.view.forget(s.found[name].path))
+        status: dict[str, str] = {n: r.status for n, r in s.results.items()}
+        status.update({n: "present" for n in s.found if n not in status})
+        return apply_objects(self.view, self.root, plan, revalidate, self.journalled, status, self.notes)
+
+    def leftovers(self, out: Outcome | None) -> tuple[list[str], list[str]]:
+        return (out.half_deleted if out is not None else self.journalled), []
+
+
+@contextlib.contextmanager
+def object_store(req: PruneRequest) -> Iterator[ObjectStore]:
+    """The prefix `req.root` viewed locally (and the training log, when one is given, copied locally)."""
+    with storage.local_paths([req.root], prefetch=req.level == "quick") as (root,):
         view = remote.view_of(root)
         assert view is not None
         found = fm.identify(root)
         if view.is_file or (found is not None and not fm.is_run_folder(found)):
-            raise UsageError(f"{remote.shown(url)}: is itself a checkpoint; pass the prefix that holds the checkpoints")
-        with storage.local_paths([log] if log else []) as logs:
-            s = survey(root, level)
-            journalled = read_journal(root)
-            plan, guard = plan_survey(s, keep_last, ms, logs[0] if logs else None, spike_check, protect, advise,
-                                      delete_invalid)
-            notes: list[str] = []
-            versioning = view.versioning()
-            if versioning:
-                notes.append(f"bucket versioning is {versioning}: deleted objects stay as noncurrent versions "
-                             "(still stored and billed) until a lifecycle rule or a version delete removes them")
-            out = None
-            if apply:
-                revalidate = revalidator(s.found, level, before=lambda name: view.forget(s.found[name].path))
-                status: dict[str, str] = {n: r.status for n, r in s.results.items()}
-                status.update({n: "present" for n in s.found if n not in status})
-                out = apply_objects(view, root, plan, revalidate, journalled, status, notes)
-            leftovers = out.half_deleted if out is not None else journalled
-            return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last,
-                                milestones=ms, leftovers=(leftovers, []), notes=notes, delete_invalid=delete_invalid)
+            raise UsageError(f"{remote.shown(req.root)}: is itself a checkpoint; pass the prefix that holds the "
+                             "checkpoints")
+        with storage.local_paths([req.log] if req.log else []) as logs:
+            yield ObjectStore(view, root, logs[0] if logs else None)

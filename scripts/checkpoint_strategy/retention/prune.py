@@ -1,11 +1,13 @@
-"""Validated retention for a local checkpoint folder: survey -> plan_prune -> apply_prune.
+"""Validated retention: one `PruneRequest` flowing survey -> plan -> apply over a store.
 
-- ``survey(root, level)`` (prune_survey.py, shared with prune_objects.py) lists ROOT once, matches
-  every name against the known layouts (`retention.classify_name`), validates the recognised
-  checkpoints and reads what the trainer says is best; it returns `retention.Candidate`s.
-- ``retention.plan_prune`` decides (pure keep rules; shared with the callbacks and any other
-  storage).
-- ``apply_prune(root, plan, ...)`` deletes what the plan marks, crash-safely:
+- ``PruneRequest`` (prunerequest.py) holds every option, each checked once there.
+- A store (`prune_survey.PruneStore`) is where the checkpoints are: `LocalStore` here (a folder, under its
+  lock) or `prune_objects.ObjectStore` (object storage, through a local view). Both are surveyed the same way.
+- ``survey(root, level)`` (prune_survey.py) lists ROOT once, matches every name against the known layouts
+  (`retention.classify_name`), validates the recognised checkpoints and reads what the trainer says is best;
+  ``plan_survey`` reads the training log for a loss spike and applies the keep rules (`retention.plan_prune`:
+  pure, shared with the callbacks); the store's ``delete`` re-checks the checkpoints that justify the deletions,
+  then deletes. A local folder deletes crash-safely:
 
   1. the batch ``[{"name", "renamed": ".deleting-<random>"}, ...]`` is written to the journal
      ``ROOT/.checkpoint-strategy-prune.json`` (one atomic write);
@@ -18,58 +20,48 @@
   prune and is never touched. A deletion that fails half-way stays in the journal: the report
   says "half deleted, rerun prune --apply to finish" and the command exits 1.
 
-The whole run holds an exclusive lock on ROOT (``storage.locking``, an flock on the folder
+The whole run holds an exclusive lock on a local ROOT (``storage.locking``, an flock on the folder
 itself): a second prune waits ``lock_timeout`` seconds, then exits 2 with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import re
+import secrets
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.retention import rules as rt
-from checkpoint_strategy.formats.models import (
-    CheckpointPolicy,
-    Level,
-    Problem,
-    PruneReport,
-)
-from checkpoint_strategy.retention.survey import (  # noqa: F401 - survey names re-exported (old paths)
-    FINAL_EXPORT_NAME,
-    UNRESOLVED,
+from checkpoint_strategy.formats.models import Problem, PruneReport
+from checkpoint_strategy.retention import safety
+from checkpoint_strategy.formats.models import PruneSuggestion, SpikeGuard
+from checkpoint_strategy.retention.survey import (
     Outcome,
+    PruneStore,
     Survey,
+    _bytes,
     _size,
-    plan_survey,
     recheck,
-    recheck_level,
     report_of,
     revalidator,
-    smaller_keep_last,
-    spike_guard,
-    spike_retention,
     survey,
 )
-from checkpoint_strategy.retention.safety import Adviser
+from checkpoint_strategy.retention.request import PruneRequest
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage.locking import locked
 
 JOURNAL = ".checkpoint-strategy-prune.json"
-LOCK_TIMEOUT_SECONDS = 5.0
 _RENAMED = re.compile(r"^\.deleting-[0-9a-f]{16}$")
-
-
-def load_policy(path: str | os.PathLike) -> CheckpointPolicy:
-    """The checkpoint policy in a plan (YAML or JSON), the handoff state file or a bare mapping
-    (`checkpoint_strategy.retention.policyfile.load_policy_file`)."""
-    from checkpoint_strategy.retention.policyfile import load_policy_file
-
-    return load_policy_file(path, "--policy").policy
 
 
 def _home_folders() -> set[str]:
@@ -128,8 +120,6 @@ def read_journal(root: str) -> list[dict]:
 def _write_journal(root: str, pending: list[dict]) -> None:
     path = _journal_path(root)
     if pending or not os.path.lexists(path):
-        import json
-
         atomic_write_text(path, json.dumps({"version": 1, "pending": pending}, indent=1, ensure_ascii=False) + "\n")
     if not pending:
         os.unlink(path)
@@ -176,8 +166,6 @@ def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
 
 
 def _entry_for(root: str, name: str) -> dict:
-    import secrets   # only when deleting (a dry run does not load it)
-
     renamed = fm.DELETING_PREFIX + secrets.token_hex(8)
     sidecar = os.path.lexists(os.path.join(root, name + fm.MANIFEST_SUFFIX))
     return {"name": name, "renamed": renamed, "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None}
@@ -252,33 +240,133 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
     return out
 
 
+# --------------------------------------------------------------------------- the local store
+
+
+class LocalStore:
+    """A local folder (`PruneStore`): listed by the survey, journalled rename-then-remove deletes."""
+
+    def __init__(self, root: str, log: str | None) -> None:
+        self.root, self.log = root, log
+        self.notes: list[str] = []
+        self.pending: list[dict] = []
+        self.found_leftovers: tuple[list[str], list[str]] = ([], [])
+
+    def read_pending(self) -> None:
+        """The journal of an earlier prune, and the .deleting-* entries ROOT holds (ours, foreign)."""
+        self.pending = read_journal(self.root)
+        ours = {n for e in self.pending for n in (e["renamed"], e.get("sidecar")) if n}
+        names = sorted(n for n in os.listdir(self.root) if n.startswith(fm.DELETING_PREFIX))
+        self.found_leftovers = [n for n in names if n in ours], [n for n in names if n not in ours]
+
+    def delete(self, s: Survey, plan: rt.Plan, level: str) -> Outcome:
+        return apply_prune(self.root, plan, revalidator(s.found, level), self.pending)
+
+    def leftovers(self, out: Outcome | None) -> tuple[list[str], list[str]]:
+        return self.found_leftovers
+
+
+@contextlib.contextmanager
+def local_store(req: PruneRequest) -> Iterator[LocalStore]:
+    """ROOT checked (`check_root`) and locked for the whole prune."""
+    root = check_root(req.root)
+    busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
+            f"{req.lock_timeout:g} s); wait for it to finish, then rerun")
+    with locked(root, req.lock_timeout, busy):
+        yield LocalStore(root, req.log)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan_survey(s: Survey, req: PruneRequest, log: str | None) -> tuple[rt.Plan, SpikeGuard | None]:
+    """The keep rules of `req` on a survey (any store): the spike guard first (the training log `log`, as the
+    store reads it), then `retention.plan_prune`."""
+    assert req.keep_last is not None and req.milestones is not None   # given, from the policy, or proposed
+    valid = [(c.step, c.path) for c in s.candidates
+             if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
+    guard = spike_guard(valid, log, req.advise, s.root) if req.spike_check else None
+    keep_emergency = req.spike_check and (guard is None or guard.status is None or guard.status in safety.UNRESOLVED)
+    why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
+           else f"kept until the loss spike at step {guard.onset_step} recovers")
+    held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
+    retention = rt.Retention(keep_last=req.keep_last, milestones=frozenset(req.milestones),
+                             best={**s.best, **(req.protect or {}), **held}, **spike_retention(guard, s.candidates),
+                             delete_invalid=req.delete_invalid)
+    if s.latest:
+        retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
+    plan = rt.plan_prune(s.candidates, retention)
+    s.suggestion = None if plan.delete else smaller_keep_last(s, retention)
+    return plan, guard
+
+
+def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | None:
+    """When `retention` frees nothing: the smallest keep_last whose plan still keeps every rollback point
+    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log), the trainer's best
+    now (HF's newest trainer_state.json, Lightning's monitored top-k; kept at every keep_last) and the newest,
+    with the bytes it would free. None when no smaller keep_last deletes anything."""
+    must = {n for n in (retention.rollback, *retention.pre_spike) if n}
+    best = {n for n in retention.best if n in {c.name for c in s.candidates}}
+    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
+        plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
+        kept = {d.candidate.name for d in plan.keep}
+        if not plan.delete or not must | best <= kept or (plan.newest is not None and plan.newest.name not in kept):
+            continue
+        names = [d.candidate.name for d in plan.delete]
+        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
+                               rollback_points=sorted(must), best=sorted(best))
+    return None
+
+
+# --------------------------------------------------------------------------- loss spike
+
+def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
+                advise: safety.Adviser | None = None, root: str | None = None) -> SpikeGuard | None:
+    """The training log read with the recovery adviser (`retention.safety.read_spike`). When a
+    loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
+    come after "best", and a rolling window rotates past them.
+
+    valid: (step, path) of the valid checkpoints; root: the run folder (its log: `formats.runlog`). advise: `checkpoint_strategy.recovery.advise` (passed in).
+
+    A log that was there when the survey looked and is gone (or unreadable) when it is read is a
+    UsageError: prune refuses rather than deleting without the spike check (issue 29).
+    """
+    guard = safety.read_spike(valid, log, advise, root)
+    if guard is not None and guard.status is None and not _readable(guard.log):
+        raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
+                         "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
+    return guard
+
+
+def _readable(path: str) -> bool:
+    """A log file, or a TensorBoard log's folder, that is still there and readable."""
+    return (storage.is_regular(path) or os.path.isdir(path)) and os.access(path, os.R_OK)
+
+
+def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
+    """Retention keywords from the spike guard: the rollback point, the checkpoint before each
+    spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
+    if guard is None:
+        return {}
+    why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
+    post = {c.name: why for c in candidates
+            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
+    pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
+    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
+                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
+
+
 # --------------------------------------------------------------------------- the command
 
 
-def _settings(keep_last, milestones, policy) -> tuple[int, list[int]]:
-    if policy is not None and not isinstance(policy, CheckpointPolicy):
-        policy = load_policy(policy)
-    if keep_last is None and policy is not None:
-        keep_last = policy.keep_last
-    if keep_last is None:
-        raise UsageError("no retention given: pass --keep-last N or --policy FILE (the plan, YAML or JSON, or the "
-                         "handoff state file) with a keep_last")
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1:
-        raise UsageError(f"--keep-last must be an integer of at least 1, got {keep_last}")
-    ms = sorted(set(milestones if milestones is not None else (policy.keep_milestone if policy else [])))
-    return keep_last, ms
-
-
-def proposed_retention(root: str, milestones: list[int] | None, apply: bool) -> tuple[int, list[int], str]:
+def proposed_retention(req: PruneRequest, root: str) -> tuple[PruneRequest, str]:
     """keep_last and milestones from the run itself when none were given: a rolling window that spans
     recover's wait window at the run's save interval (save_steps in the newest trainer_state.json,
     else the spacing of the checkpoint names), and the plan's pow2 milestones up to max_steps.
     --apply never deletes on proposed numbers (UsageError)."""
-    import math
-
     from checkpoint_strategy.formats.runfacts import trainer_state_facts
-    from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
     from checkpoint_strategy.formats.steps import scan
+    from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
 
     found = scan(root)
     facts = trainer_state_facts(None)
@@ -295,73 +383,45 @@ def proposed_retention(root: str, milestones: list[int] | None, apply: bool) -> 
                          "--milestones) or --policy FILE")
     keep = max(2, math.ceil(SPIKE_WAIT_STEPS / every) + 1)
     last = facts.int("max_steps") or (found[-1][0] if found else 0)
-    ms = milestones if milestones is not None else milestone_schedule("pow2", last)
+    given = req.milestones
+    ms = given if given is not None else milestone_schedule("pow2", last)
+    shown = ", ".join(map(str, ms)) or "none"
     note = (f"keep_last {keep}: save_steps {every} (from {where}); the window spans recover's "
             f"{SPIKE_WAIT_STEPS}-step wait window, so a checkpoint before a spike survives until it is judged; "
-            f"milestones {', '.join(map(str, ms)) or 'none'}"
-            + ("" if milestones is not None else f" (the plan's pow2 schedule up to max_steps {last}"
+            f"milestones {shown}"
+            + ("" if given is not None else f" (the plan's pow2 schedule up to max_steps {last}"
                + (f", from {facts.source['max_steps']})" if "max_steps" in facts.source else ")")))
-    if apply:
+    if req.apply:
         raise UsageError(f"--apply needs --keep-last N or --policy FILE: nothing deleted on proposed numbers "
-                         f"(the dry run proposes keep_last {keep}, milestones {', '.join(map(str, ms)) or 'none'})")
-    return keep, list(ms), note
+                         f"(the dry run proposes keep_last {keep}, milestones {shown})")
+    return req.model_copy(update={"keep_last": keep, "milestones": sorted(set(ms))}), note
 
 
-def _leftovers(root: str, pending: list[dict]) -> tuple[list[str], list[str]]:
-    ours = {n for e in pending for n in (e["renamed"], e.get("sidecar")) if n}
-    names = sorted(n for n in os.listdir(root) if n.startswith(fm.DELETING_PREFIX))
-    return [n for n in names if n in ours], [n for n in names if n not in ours]
-
-
-def prune(root: str | os.PathLike, keep_last: int | None = None, milestones: list[int] | None = None,
-          policy: CheckpointPolicy | str | os.PathLike | None = None, apply: bool = False,
-          level: Level = "quick", log: str | None = None, spike_check: bool = True,
-          lock_timeout: float = LOCK_TIMEOUT_SECONDS, protect: dict[str, str] | None = None,
-          advise: Adviser | None = None, on_start: Callable[[], None] | None = None,
-          on_end: Callable[[], None] | None = None, delete_invalid: bool = False) -> PruneReport:
+def prune(root: PruneRequest | str | os.PathLike[str], **options: Any) -> PruneReport:
     """Plan validated retention under root; with apply=True, delete what the plan marks.
 
-    keep_last/milestones override the policy's keep_last/keep_milestone. keep_last counts
-    resumable valid checkpoints when the run has any. Symlinked and unrecognised entries are never deleted;
-    invalid and incomplete ones only with `delete_invalid` and only when older than a newer valid one. With spike_check (default) the training log (`log`,
-    or the run folder's as `formats.runlog` finds it) is read first, and the rollback
-    checkpoint of an unrecovered loss spike is kept. Holds an exclusive lock on ROOT; another
-    prune of the same ROOT waits `lock_timeout` seconds, then UsageError. Emergency saves (a
-    checkpoint-strategy.json marker, formats/marker.py) never count towards keep_last and are
-    kept while the spike has not recovered or its status is unknown. `protect`: more names to keep
-    as the trainer's best, name -> reason (the Lightning callback passes best_model_path). `advise`: the
-    recovery adviser that reads the log (`checkpoint_strategy.recovery.advise`; needed when a log is found
-    and spike_check is on), passed in because checkpoints/ does not import recovery/. `on_start`: called
-    once the lock is held, as the survey of a local ROOT begins, `on_end` the last thing before the lock is
-    released (the callbacks report the prune's start and end: a save that waits for the lock starts after both).
-    `delete_invalid`: an invalid or incomplete checkpoint older than a newer valid one is not a save in flight:
-    delete it like a superseded one (default: kept, and the report names it with its bytes).
+    `prune(PruneRequest(...))`, or `prune(root, keep_last=3, ...)` with the options of `PruneRequest` (its
+    docstring says what each does; it checks them). Symlinked and unrecognised entries are never deleted;
+    nothing is deleted before a newer checkpoint re-validated; the newest is never deleted; nothing outside
+    ROOT is touched. On object storage (a URL ROOT) deletions are journalled objects
+    (`prune_objects.ObjectStore`); a local ROOT is locked for the whole run.
     """
-    from checkpoint_strategy.storage.locking import locked
-
-    if storage.is_url(os.fspath(root)):  # object storage: same survey and keep rules, journalled deletes
-        from checkpoint_strategy.retention import objects as prune_objects
-
-        keep_last, ms = _settings(keep_last, milestones, policy)
-        return prune_objects.prune_url(os.fspath(root), keep_last, ms, apply, level, log, spike_check, protect,
-                                       advise, delete_invalid)
-    root = check_root(os.fspath(root))
-    proposed = None
-    if keep_last is None and policy is None:
-        keep_last, milestones, proposed = proposed_retention(root, milestones, apply)
-    keep_last, ms = _settings(keep_last, milestones, policy)
-    busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
-            f"{lock_timeout:g} s); wait for it to finish, then rerun")
-    with locked(root, lock_timeout, busy):
-        if on_start is not None:
-            on_start()
-        s = survey(root, level)
-        pending = read_journal(root)
-        plan, guard = plan_survey(s, keep_last, ms, log, spike_check, protect, advise, delete_invalid)
-        ours, foreign = _leftovers(root, pending)
-        out = apply_prune(root, plan, revalidator(s.found, level), pending) if apply else None
-        if on_end is not None:
-            on_end()
-    return report_of(root, s, plan, guard, out, apply=apply, level=level, keep_last=keep_last, milestones=ms,
-                     leftovers=(ours, foreign), proposed=proposed, delete_invalid=delete_invalid)
-
+    req = root if isinstance(root, PruneRequest) else PruneRequest.of(root, **options)
+    if req.is_url:
+        from checkpoint_strategy.retention.objects import object_store
+        opened: contextlib.AbstractContextManager[PruneStore] = object_store(req)
+    else:
+        opened = local_store(req)
+    with opened as store:
+        proposed = None
+        if req.keep_last is None:   # a local dry run (the request refuses it on object storage)
+            req, proposed = proposed_retention(req, store.root)
+        if req.on_start is not None:
+            req.on_start()
+        s = survey(store.root, req.level)
+        store.read_pending()
+        plan, guard = plan_survey(s, req, store.log)
+        out = store.delete(s, plan, req.level) if req.apply else None
+        if req.on_end is not None:
+            req.on_end()
+        return report_of(store, s, plan, guard, out, req, proposed)

@@ -20,9 +20,9 @@ A keep rule is ``rule(candidate, context) -> Reason | None`` (like Orbax's prese
 policies): it returns why the candidate must stay, or None. A candidate is deleted only when no
 rule keeps it and a newer validated checkpoint stands in for it. ``SAFETY_RULES`` (unrecognised,
 final export, symlinked, symlink target, not valid, no step, resume pointer, in flight) always
-run; ``rules`` (default ``DEFAULT_RULES``: newest, keep_last, milestone, trainer's best, rollback)
-can be extended, e.g.
-``plan_prune(cs, r, rules=(*DEFAULT_RULES, my_rule))``.
+run; ``rules`` (default ``Retention.rules()``: ``AnyOf(KeepNewest(), KeepLast(n), KeepMilestones(steps),
+KeepBest(names), KeepNamed("rollback", ...), KeepNamed("pre_spike", ...), KeepPostOnset(names, n))``)
+compose and can be extended, e.g. ``plan_prune(cs, r, rules=AnyOf(*r.rules().rules, my_rule))``.
 
 Invariants (tested on generated folders):
 - keep_last counts *resumable* valid checkpoints when the run has any, else valid ones (one per step); the
@@ -201,9 +201,12 @@ class Retention:
     latest_why: str = "named by the framework's resume pointer (what resuming loads)"
     delete_invalid: bool = False
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.keep_last, int) or isinstance(self.keep_last, bool) or self.keep_last < 1:
-            raise ValueError(f"keep_last must be an integer >= 1, got {self.keep_last!r}")
+    def rules(self) -> AnyOf:
+        """The keep rules of this retention, composed (applied after `SAFETY_RULES`, in report order)."""
+        rollback = {self.rollback: self.rollback_why} if self.rollback is not None else {}
+        return AnyOf(KeepNewest(), KeepLast(self.keep_last), KeepMilestones(self.milestones), KeepBest(self.best),
+                     KeepNamed("rollback", rollback), KeepNamed("pre_spike", self.pre_spike),
+                     KeepPostOnset(self.post_onset, self.keep_last))
 
 
 @dataclass(frozen=True)
@@ -219,14 +222,37 @@ class Context:
     retention: Retention
     counts_resumable: bool                  # keep_last counts resumable checkpoints
     ordered: tuple[Candidate, ...]          # the checkpoints keep_last counts, oldest first
-    window: frozenset[str]                  # names within keep_last
     newest: Candidate | None
-    post_window: frozenset[str] = frozenset()   # the keep_last newest post-onset checkpoints
-    post_newest: Candidate | None = None        # the newest post-onset one: justifies only older post-onset ones
+    post_ordered: tuple[Candidate, ...] = ()    # the post-onset checkpoints, ordered like `ordered`
     link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
     in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
     newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink),
     #                                              not one newer than the resume pointer (its ranks may still write)
+    _windows: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def what(self) -> str:
+        """What keep_last counts: "resumable" or "valid" checkpoints."""
+        return "resumable" if self.counts_resumable else "valid"
+
+    @property
+    def post_newest(self) -> Candidate | None:
+        """The newest post-onset checkpoint: justifies only older post-onset ones."""
+        return self.post_ordered[-1] if self.post_ordered else None
+
+    def last(self, n: int) -> frozenset[str]:
+        """The names of the `n` newest counted checkpoints."""
+        return self._window("safe", self.ordered, n)
+
+    def post_last(self, n: int) -> frozenset[str]:
+        """The names of the `n` newest post-onset checkpoints."""
+        return self._window("post", self.post_ordered, n)
+
+    def _window(self, which: str, ordered: tuple[Candidate, ...], n: int) -> frozenset[str]:
+        got = self._windows.get((which, n))
+        if got is None:
+            got = self._windows[(which, n)] = frozenset(c.name for c in ordered[-n:]) if n > 0 else frozenset()
+        return got
 
     def newer_valid(self, c: Candidate) -> Candidate | None:
         """The newest valid checkpoint (recognised, not a symlink) when its step is higher than c's: c is not
@@ -320,70 +346,124 @@ def keep_unordered(c: Candidate, ctx: Context) -> Reason | None:
     return None
 
 
-def keep_newest(c: Candidate, ctx: Context) -> Reason | None:
-    if ctx.newest is not None and c.name == ctx.newest.name:
-        what = "resumable" if ctx.counts_resumable else "valid"
-        return Reason("newest", f"newest {what} checkpoint")
-    return None
-
-
-def keep_last(c: Candidate, ctx: Context) -> Reason | None:
-    if c.name in ctx.window and (ctx.newest is None or c.name != ctx.newest.name):
-        what = "resumable" if ctx.counts_resumable else "valid"
-        return Reason("keep_last", f"within keep_last={ctx.retention.keep_last} newest {what}")
-    return None
-
-
-def keep_milestone(c: Candidate, ctx: Context) -> Reason | None:
-    if c.step is not None and c.step in ctx.retention.milestones:
-        return Reason("milestone", f"milestone step {c.step}")
-    return None
-
-
-def keep_trainer_best(c: Candidate, ctx: Context) -> Reason | None:
-    if c.name in ctx.retention.best:
-        return Reason("trainer_best", ctx.retention.best[c.name])
-    if c.metrics:
-        return Reason("trainer_best", f"trainer's top-k by {', '.join(c.metrics)} (the metric is in its name)")
-    return None
-
-
-def keep_rollback(c: Candidate, ctx: Context) -> Reason | None:
-    if ctx.retention.rollback is not None and c.name == ctx.retention.rollback:
-        return Reason("rollback", ctx.retention.rollback_why)
-    return None
-
-
-def keep_pre_spike(c: Candidate, ctx: Context) -> Reason | None:
-    if c.name in ctx.retention.pre_spike:
-        return Reason("pre_spike", ctx.retention.pre_spike[c.name])
-    return None
-
-
-def keep_post_onset(c: Candidate, ctx: Context) -> Reason | None:
-    """Post-onset checkpoints have their own window: the keep_last newest of them are kept (the spike
-    may still recover); older ones go, justified by a newer post-onset one, never by a safe one."""
-    if c.name in ctx.retention.post_onset and c.name in ctx.post_window:
-        return Reason("post_onset", f"{ctx.retention.post_onset[c.name]}; within the keep_last="
-                                    f"{ctx.retention.keep_last} newest post-onset")
-    return None
-
-
 def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
     if ctx.newer_than(c) is None:
-        what = "resumable" if ctx.counts_resumable else "valid"
-        return Reason("unjustified", f"no newer {what} checkpoint validated: kept")
+        return Reason("unjustified", f"no newer {ctx.what} checkpoint validated: kept")
     return None
 
 
 #: Always applied first, whatever rules a caller passes: they can add keep reasons, never remove these.
 SAFETY_RULES: tuple[KeepRule, ...] = (keep_symlinked, keep_unrecognised, keep_final_export, keep_link_target,
                                       keep_not_valid, keep_unordered, keep_latest, keep_in_flight)
-#: The retention policy `prune` applies after the safety rules, in report order.
-DEFAULT_RULES: tuple[KeepRule, ...] = (keep_newest, keep_last, keep_milestone, keep_trainer_best, keep_rollback,
-                                       keep_pre_spike, keep_post_onset)
 #: Reasons that stop every other consideration (the candidate is not a deletable checkpoint).
 _FINAL = frozenset({"unrecognised", "final_export", "symlink"})
+
+
+# --------------------------------------------------------------------------- the policy's keep rules
+# Each one small and pure, parameterised by what it keeps (Orbax's preservation policies: LatestN,
+# CustomSteps, BestN, AnyPreservationPolicy). A new keep rule is one more class here, added to
+# `Retention.rules` (or passed to `plan_prune(..., rules=AnyOf(*retention.rules(), MyRule()))`).
+
+
+@dataclass(frozen=True)
+class KeepNewest:
+    """The newest counted checkpoint (resumable when the run has any): always kept."""
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if ctx.newest is not None and c.name == ctx.newest.name:
+            return Reason("newest", f"newest {ctx.what} checkpoint")
+        return None
+
+
+@dataclass(frozen=True)
+class KeepLast:
+    """The `n` newest counted checkpoints (one per step; the newest has its own reason)."""
+
+    n: int
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if c.name in ctx.last(self.n) and (ctx.newest is None or c.name != ctx.newest.name):
+            return Reason("keep_last", f"within keep_last={self.n} newest {ctx.what}")
+        return None
+
+
+@dataclass(frozen=True)
+class KeepMilestones:
+    """Checkpoints at these steps."""
+
+    steps: frozenset[int]
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if c.step is not None and c.step in self.steps:
+            return Reason("milestone", f"milestone step {c.step}")
+        return None
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """The trainer's best (name -> why), and Lightning names carrying a metric (its top-k)."""
+
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if c.name in self.names:
+            return Reason("trainer_best", self.names[c.name])
+        if c.metrics:
+            return Reason("trainer_best", f"trainer's top-k by {', '.join(c.metrics)} (the metric is in its name)")
+        return None
+
+
+@dataclass(frozen=True)
+class KeepNamed:
+    """Named checkpoints, each with its own why, under one reason kind: the spike guard's rollback point
+    (kind "rollback") and the newest checkpoint before each spike of the log (kind "pre_spike")."""
+
+    kind: ReasonKind
+    names: Mapping[str, str] = field(default_factory=dict)
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if c.name in self.names:
+            return Reason(self.kind, self.names[c.name])
+        return None
+
+
+@dataclass(frozen=True)
+class KeepPostOnset:
+    """Post-onset checkpoints have their own window: the `n` newest of them are kept (the spike may still
+    recover); older ones go, justified by a newer post-onset one, never by a safe one."""
+
+    names: Mapping[str, str]
+    n: int
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        if c.name in self.names and c.name in ctx.post_last(self.n):
+            return Reason("post_onset", f"{self.names[c.name]}; within the keep_last={self.n} newest post-onset")
+        return None
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """Rules composed: a candidate is kept when any of them keeps it; `reasons` gives every rule's reason in
+    order, stopping at one that makes the candidate no deletable checkpoint at all (unrecognised, a symlink,
+    the final export). Itself a keep rule (its first reason), so it nests."""
+
+    rules: tuple[KeepRule, ...]
+
+    def __init__(self, *rules: KeepRule) -> None:
+        object.__setattr__(self, "rules", rules)
+
+    def reasons(self, c: Candidate, ctx: Context) -> list[Reason]:
+        out: list[Reason] = []
+        for rule in self.rules:
+            got = rule.reasons(c, ctx) if isinstance(rule, AnyOf) else [r] if (r := rule(c, ctx)) else []
+            out.extend(got)
+            if any(r.kind in _FINAL for r in got):
+                break
+        return out
+
+    def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
+        got = self.reasons(c, ctx)
+        return got[0] if got else None
 
 
 @dataclass(frozen=True)
@@ -473,39 +553,24 @@ def _delete_reason(c: Candidate, newer: Candidate, ctx: Context) -> Reason:
                                 f"({_label(newer)}) validated")
 
 
-def plan_prune(candidates: Sequence[Candidate], retention: Retention,
-               rules: Sequence[KeepRule] = DEFAULT_RULES) -> Plan:
+def plan_prune(candidates: Sequence[Candidate], retention: Retention, rules: KeepRule | Sequence[KeepRule] | None = None
+               ) -> Plan:
     """Decide keep/delete for every candidate. Pure: reads nothing, deletes nothing.
 
-    SAFETY_RULES run first, then ``rules`` (default DEFAULT_RULES; pass more to keep more). A
-    candidate is deleted only when no rule returns a reason and a newer counted checkpoint
-    exists (resumable when the run has any, valid, recognised, not symlinked): that one is its
-    ``justified_by``. Raises ValueError on duplicate names.
+    SAFETY_RULES run first, then ``rules`` (default ``retention.rules()``; pass more to keep more, e.g.
+    ``AnyOf(*retention.rules(), MyRule())``). A candidate is deleted only when no rule returns a reason and a
+    newer counted checkpoint exists (resumable when the run has any, valid, recognised, not symlinked): that
+    one is its ``justified_by``. Raises ValueError on duplicate names.
     """
     names = [c.name for c in candidates]
     if len(set(names)) != len(names):
         raise ValueError("candidate names must be unique")
-    in_flight = _in_flight(candidates, retention.latest)
-    counts_resumable, ordered = _counted(candidates, {**retention.post_onset, **dict.fromkeys(in_flight, "")})
-    window = frozenset(c.name for c in ordered[-retention.keep_last:])
-    newest = ordered[-1] if ordered else None
-    post = _post_counted(candidates, retention.post_onset, counts_resumable, in_flight)
-    ctx = Context(retention, counts_resumable, ordered, window, newest,
-                  frozenset(c.name for c in post[-retention.keep_last:]), post[-1] if post else None,
-                  _link_targets(candidates), in_flight,
-                  max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
-                       and not c.final_export and c.step is not None and c.name not in in_flight),
-                      key=lambda c: (c.step, c.name), default=None))
+    ctx = _context(candidates, retention)
+    policy = retention.rules() if rules is None else rules if callable(rules) else AnyOf(*rules)
+    every = AnyOf(*SAFETY_RULES, policy)
     decisions = []
-    every = (*SAFETY_RULES, *rules)
     for c in candidates:
-        reasons: list[Reason] = []
-        for rule in every:
-            r = rule(c, ctx)
-            if r is not None:
-                reasons.append(r)
-                if r.kind in _FINAL:
-                    break
+        reasons = every.reasons(c, ctx)
         newer = ctx.newer_than(c)
         if not reasons and newer is None:  # nothing newer stands in for it (never optional)
             reasons.append(keep_unjustified(c, ctx) or Reason("unjustified", "kept"))
@@ -514,4 +579,16 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention,
             continue
         assert newer is not None
         decisions.append(Decision(c, "delete", (_delete_reason(c, newer, ctx),), justified_by=newer.name))
-    return Plan(tuple(decisions), counts_resumable, newest, window)
+    return Plan(tuple(decisions), ctx.counts_resumable, ctx.newest, ctx.last(retention.keep_last))
+
+
+def _context(candidates: Sequence[Candidate], retention: Retention) -> Context:
+    """What the rules know of the whole folder: what keep_last counts, in flight, link targets."""
+    in_flight = _in_flight(candidates, retention.latest)
+    counts_resumable, ordered = _counted(candidates, {**retention.post_onset, **dict.fromkeys(in_flight, "")})
+    newest_valid = max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
+                        and not c.final_export and c.step is not None and c.name not in in_flight),
+                       key=lambda c: (c.step, c.name), default=None)
+    return Context(retention, counts_resumable, ordered, ordered[-1] if ordered else None,
+                   _post_counted(candidates, retention.post_onset, counts_resumable, in_flight),
+                   _link_targets(candidates), in_flight, newest_valid)

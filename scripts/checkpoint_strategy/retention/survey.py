@@ -1,8 +1,9 @@
-"""The survey and keep rules `prune` applies on any storage: what ROOT holds (`survey`), the keep
-rules on it with the loss-spike guard (`plan_survey`), and the report (`report_of`).
+"""What `prune` does on any store: what ROOT holds (`survey`), the keep rules on it with the loss-spike guard
+(`plan_survey`), the re-check before deleting (`revalidator`, `recheck`) and the report (`report_of`).
 
-`prune.py` (a local folder) and `prune_objects.py` (object storage) both use this module; only their
-apply step differs. (It sits below both so neither imports the other's internals: no import cycle.)
+`PruneStore` is what a store provides (`prune.LocalStore`, `prune_objects.ObjectStore`): the folder the
+survey lists (object storage: its local view), the journal of an earlier prune, the deletion, and what an
+earlier prune left. (This module sits below both stores so neither imports the other: no import cycle.)
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ import os
 import re
 from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.marker import describe as describe_marker
 from checkpoint_strategy.formats.marker import read_marker
 from checkpoint_strategy.retention import rules as rt
-from checkpoint_strategy.retention import safety
 from checkpoint_strategy.formats.models import (
     CheckpointResult,
     Level,
@@ -32,10 +32,10 @@ from checkpoint_strategy.formats.models import (
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.validate.engine import (check, check_with_values, compare_consecutive, decode_results,
                                                       encode_results, usable)
-from checkpoint_strategy.errors import UsageError
 
 if TYPE_CHECKING:
     from checkpoint_strategy.validate import deep as dp
+    from checkpoint_strategy.retention.request import PruneRequest
 
 FINAL_EXPORT_NAME = "."
 
@@ -378,47 +378,6 @@ def survey(root: str, level: str = "quick") -> Survey:
     return s
 
 
-# --------------------------------------------------------------------------- loss spike
-
-UNRESOLVED = safety.UNRESOLVED
-
-
-def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
-                advise: safety.Adviser | None = None, root: str | None = None) -> SpikeGuard | None:
-    """The training log read with the recovery adviser (`retention.safety.read_spike`). When a
-    loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
-    come after "best", and a rolling window rotates past them.
-
-    valid: (step, path) of the valid checkpoints; root: the run folder (its log: `formats.runlog`). advise: `checkpoint_strategy.recovery.advise` (passed in).
-
-    A log that was there when the survey looked and is gone (or unreadable) when it is read is a
-    UsageError: prune refuses rather than deleting without the spike check (issue 29).
-    """
-    guard = safety.read_spike(valid, log, advise, root)
-    if guard is not None and guard.status is None and not _readable(guard.log):
-        raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
-                         "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
-    return guard
-
-
-def _readable(path: str) -> bool:
-    """A log file, or a TensorBoard log's folder, that is still there and readable."""
-    return (storage.is_regular(path) or os.path.isdir(path)) and os.access(path, os.R_OK)
-
-
-def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) -> dict:
-    """Retention keywords from the spike guard: the rollback point, the checkpoint before each
-    spike (recovered ones too), and the post-onset checkpoints that keep_last never counts."""
-    if guard is None:
-        return {}
-    why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
-    post = {c.name: why for c in candidates
-            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
-    pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
-    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
-                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
-
-
 def _bytes(s: Survey, c: rt.Candidate) -> int:
     """A candidate's bytes: the survey's link walk counted them (`_inner_links`), else one walk now."""
     return s.sizes[c.name] if c.name in s.sizes else _size(c.path)
@@ -515,50 +474,8 @@ def revalidator(found: dict[str, fm.Found], level: str, before=None):
     return revalidate
 
 
-def plan_survey(s: Survey, keep_last: int, ms: list[int], log: str | None, spike_check: bool,
-                protect: dict[str, str] | None,
-                advise: safety.Adviser | None = None, delete_invalid: bool = False) -> tuple[rt.Plan, SpikeGuard | None]:
-    """The keep rules on a survey (any storage): the spike guard first, then `retention.plan_prune`.
-    delete_invalid: an invalid checkpoint older than a newer valid one may be deleted (`Retention.delete_invalid`)."""
-    valid = [(c.step, c.path) for c in s.candidates
-             if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
-    guard = spike_guard(valid, log, advise, s.root) if spike_check else None
-    keep_emergency = spike_check and (guard is None or guard.status is None or guard.status in UNRESOLVED)
-    why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
-           else f"kept until the loss spike at step {guard.onset_step} recovers")
-    held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
-    retention = rt.Retention(keep_last=keep_last, milestones=frozenset(ms),
-                             best={**s.best, **(protect or {}), **held}, **spike_retention(guard, s.candidates),
-                             delete_invalid=delete_invalid)
-    if s.latest:
-        retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
-    plan = rt.plan_prune(s.candidates, retention)
-    s.suggestion = None if plan.delete else smaller_keep_last(s, retention)
-    return plan, guard
-
-
-def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | None:
-    """When `retention` frees nothing: the smallest keep_last whose plan still keeps every rollback point
-    (the spike guard's rollback checkpoint and the checkpoint before each spike of the log), the trainer's best
-    now (HF's newest trainer_state.json, Lightning's monitored top-k; kept at every keep_last) and the newest,
-    with the bytes it would free. None when no smaller keep_last deletes anything."""
-    must = {n for n in (retention.rollback, *retention.pre_spike) if n}
-    best = {n for n in retention.best if n in {c.name for c in s.candidates}}
-    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
-        plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
-        kept = {d.candidate.name for d in plan.keep}
-        if not plan.delete or not must | best <= kept or (plan.newest is not None and plan.newest.name not in kept):
-            continue
-        names = [d.candidate.name for d in plan.delete]
-        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
-                               rollback_points=sorted(must), best=sorted(best))
-    return None
-
-
-def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None, *, apply: bool,
-              level: Level, keep_last: int, milestones: list[int], leftovers: tuple[list[str], list[str]],
-              notes: list[str] | None = None, proposed: str | None = None, delete_invalid: bool = False
-              ) -> PruneReport:
+def report_of(store: PruneStore, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None,
+              req: PruneRequest, proposed: str | None = None) -> PruneReport:
     """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
@@ -570,9 +487,10 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
     old_invalid = [e for e in keep if "old_invalid" in e.reason_kinds]
     if guard is not None:
         guard.log = storage.display(guard.log)
+    leftovers = store.leftovers(out)
     return PruneReport(
-        root=storage.display(root), applied=apply, level=level, keep_last=keep_last, milestones=milestones,
-        best_checkpoint=best[0] if best else None,
+        root=storage.display(store.root), applied=req.apply, level=req.level, keep_last=req.keep_last,
+        milestones=req.milestones, best_checkpoint=best[0] if best else None,
         newest_valid=plan.newest.name if plan.newest else None, counts_resumable=plan.counts_resumable,
         final_export=storage.display(s.final_export) if s.final_export else None, lightning_templates=s.templates,
         keep=keep, delete=delete, leftovers=leftovers[0], foreign_leftovers=leftovers[1],
@@ -580,8 +498,29 @@ def report_of(root: str, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out
         deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
         freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
         bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
-        errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *(notes or [])],
-        recheck_level=recheck_level(level), suggestion=s.suggestion,
+        errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *store.notes],
+        recheck_level=recheck_level(req.level), suggestion=s.suggestion,
         justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}),
-        delete_invalid=delete_invalid, old_invalid=[e.name for e in old_invalid],
+        delete_invalid=req.delete_invalid, old_invalid=[e.name for e in old_invalid],
         old_invalid_bytes=sum(e.bytes or 0 for e in old_invalid))
+
+
+class PruneStore(Protocol):
+    """Where the checkpoints are, as prune reads and deletes them (`prune.LocalStore`,
+    `prune_objects.ObjectStore`). `survey(store.root)` lists and stats it; the rest:"""
+
+    root: str            # the folder the survey lists (object storage: its local view)
+    log: str | None      # the training log as the survey reads it (object storage: a local copy), or None
+    notes: list[str]     # what the store has to say in the report (bucket versioning, journal entries dropped)
+
+    def read_pending(self) -> None:
+        """Read what an earlier prune left half done (its journal)."""
+
+    def delete(self, s: Survey, plan: rt.Plan, level: str) -> Outcome:
+        """Re-check the checkpoints that justify the deletions (`revalidator`, `recheck`), then delete what
+        `plan` marks and finish what the journal holds; nothing is deleted when a re-check fails."""
+        ...
+
+    def leftovers(self, out: Outcome | None) -> tuple[list[str], list[str]]:
+        """(what an earlier prune left half deleted, .deleting-* names it did not make)."""
+        ...

@@ -1,4 +1,4 @@
-"""`--policy FILE` (checkpoint_strategy.retention.policyfile): the plan as YAML or JSON and the handoff state
+"""`--policy FILE` (`CheckpointPolicy.from_file`): the plan as YAML or JSON and the handoff state
 file, detected by content, all give prune the same retention."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.retention.policyfile import load_policy_file
+from checkpoint_strategy.formats.models import CheckpointPolicy
 
 PLAN = ["plan", "200", "1", "50", "--model_size_gb", "0.001", "--keep-last", "3", "--milestones", "40,80"]
 
@@ -36,11 +36,11 @@ def policy_files(tmp_path, capsys):
 
 
 def test_every_kind_gives_the_same_policy(policy_files):
-    loaded = {k: load_policy_file(p) for k, p in policy_files.items()}
-    assert {k: v.kind for k, v in loaded.items()} == {
+    loaded = {k: CheckpointPolicy.from_file(p) for k, p in policy_files.items()}
+    assert {k: v.file_kind for k, v in loaded.items()} == {
         "plan-yaml": "plan-yaml", "plan-json": "plan-json", "handoff-state": "handoff-state",
         "plan-yaml-named-json": "plan-yaml"}
-    policies = {k: (v.policy.keep_last, v.policy.keep_milestone) for k, v in loaded.items()}
+    policies = {k: (v.keep_last, v.keep_milestone) for k, v in loaded.items()}
     assert len(set(map(repr, policies.values()))) == 1, policies
     assert policies["plan-json"] == (3, [40, 80])
 
@@ -61,7 +61,7 @@ def test_handoff_state_without_a_plan_is_refused(tmp_path, capsys):
     state.write_text(json.dumps({"schema_version": 1, "producer": "checkpoint-strategy", "policy": None,
                                  "next_step": "x", "generated_at": "2026-01-01T00:00:00Z"}))
     with pytest.raises(UsageError, match="no policy"):
-        load_policy_file(state)
+        CheckpointPolicy.from_file(state)
 
 
 @pytest.mark.parametrize("content, expect", [
@@ -91,5 +91,5 @@ def test_special_files_are_refused_without_blocking(tmp_path, capsys):
     os.mkfifo(fifo)
     for p in (str(fifo), str(tmp_path), "/dev/zero", ""):
         with pytest.raises(UsageError) as exc:
-            load_policy_file(p)
+            CheckpointPolicy.from_file(p)
         assert "\n" not in str(exc.value)
