@@ -184,3 +184,37 @@ def test_a_partial_return_names_one_peak():
     assert r.spike.kind == "divergence" and r.spike.detail.startswith("came back only partly"), r.spike.detail
     assert r.spike.peak_loss == pytest.approx(10.61)
     assert f"peak {r.spike.peak_loss:.4g}," in r.spike.detail
+
+
+def _slow_rise(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A Whisper-style fine-tune (the corpus' Whisper_Finetune): logged every 25 steps, the loss falls to 0.12 by
+    step 100 and holds there, then from step 200 climbs 0.011 a log (+9 %, inside 5 noise units of 2 %) to a
+    0.30 plateau at step 600 that holds to step 1500. The latest safe step is 200."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(25, 1501, 25)
+    t = steps.astype(float)
+    loss = 0.12 + 0.7 * np.exp(-(t - 25) / 12) + np.clip((t - 200) / 400, 0, 1) * 0.18
+    return steps, loss * (1 + 0.02 * rng.standard_normal(len(t)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_slow_rise_that_starts_inside_the_noise_is_dated_where_it_left_the_trough(seed):
+    """detect.trend_start: the climb crosses the detection threshold late (275 for most seeds, advised resume
+    225, after the latest safe step); the onset is walked back to where the curve left the trough's band, and the
+    advised step is at or before 200 and no more than one save interval before the newest clean checkpoint."""
+    steps, loss = _slow_rise(seed)
+    r = _advise(steps, loss, steps)
+    assert r.status == "rollback" and r.spike.kind in ("level_shift", "divergence")
+    assert 200 < r.spike.onset_step <= 250, r.spike.onset_step
+    assert 175 - 25 <= r.resume_checkpoint.step <= 200, r.summary
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_abrupt_step_is_not_walked_back_into_the_noise(seed):
+    """A step from 0.1 to 0.5 at step 3000 (10 % noise, logged every 50): the values before it are the healthy
+    noise, not a slow start, so the onset stays at 3000 and the resume point is the one before it."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(50, 5001, 50)
+    loss = (0.1 + 0.4 * (steps >= 3000)) * (1 + 0.1 * rng.standard_normal(len(steps)))
+    r = _advise(steps, loss, steps)
+    assert (r.spike.kind, r.spike.onset_step, r.resume_checkpoint.step) == ("level_shift", 3000, 2900), r.summary
