@@ -111,7 +111,7 @@ class CheckpointResult(_Model):
     step: Optional[int] = None
     status: Status
     resumable: bool = Field(description="optimizer state present (training can resume), else weights-only")
-    sharded: bool = Field(description="hardware-specific shards (FSDP, DCP, ZeRO, TP/PP) instead of a full state dict")
+    sharded: bool = Field(description="per-rank shards (FSDP, DCP, ZeRO, TP/PP, Orbax) instead of a full state dict")
     portability: str = Field(description="what this layout means for resuming on other hardware, and what converts it")
     level: Level
     files_checked: int = 0

@@ -51,7 +51,7 @@ def formats_present(result) -> list[str]:
     """Save formats in a checkpoint, in the plan's vocabulary.
 
     safetensors      any *.safetensors file
-    sharded          hardware-specific shards (the validator's `sharded`: FSDP, DCP, ZeRO, TP/PP)
+    sharded          per-rank shards (the validator's `sharded`: FSDP, DCP, ZeRO, TP/PP, Orbax)
     full_state_dict  an unsharded checkpoint that can resume training (weights + optimizer state),
                      or an unsharded torch.save weights file (.bin/.pt/.pth/.ckpt)
     """

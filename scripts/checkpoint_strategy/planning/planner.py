@@ -165,8 +165,9 @@ def size_step(args: PlanArguments, warnings: list[str]) -> Sizing:
     if not any(f in ("full_state_dict", "sharded") for f in formats):
         warnings.append("no resumable format in --formats: add full_state_dict (or sharded) to resume training")
     elif "full_state_dict" not in formats and args.formats:
-        warnings.append("only sharded (FSDP/DCP) checkpoints: they are hardware-specific; add full_state_dict "
-                        "before migrating hardware, then re-shard after loading")
+        warnings.append("only sharded (FSDP/DCP) checkpoints: DCP re-shards on load to another GPU count, but only "
+                        "PyTorch's distributed loader reads them; add full_state_dict (or safetensors) milestones "
+                        "for other tools and for a release")
     return Sizing(params, precision, size, weights, formats)
 
 

@@ -62,7 +62,7 @@ PORTABILITY = {
     "megatron": "Megatron tensor/pipeline-parallel shards: convert with Megatron-LM tools/checkpoint/convert.py "
                 "(or save with --ckpt-format torch_dist, which re-shards on load) before changing parallelism",
     "orbax": "Orbax/tensorstore arrays: restore on the new mesh with a target sharding (ArrayRestoreArgs); "
-             "saved shardings are hardware-specific",
+             "the saved sharding is only the default",
     "lightning-sharded": "sharded Lightning checkpoint: consolidate with python -m pytorch_lightning."
                          "utilities.consolidate_checkpoint PATH.ckpt (FSDP) or "
                          "convert_zero_checkpoint_to_fp32_state_dict (DeepSpeed) before moving hardware",
@@ -949,7 +949,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 
     Returns:
         CheckpointResult (stable fields): path, format, step, status ("valid" | "invalid" |
-        "incomplete"), resumable (optimizer state present), sharded (hardware-specific shards),
+        "incomplete"), resumable (optimizer state present), sharded (per-rank shards),
         portability (cross-hardware advice), level, files_checked, bytes_read, manifest,
         problems [{file, reason, kind}], notes, deep (level deep). `result.passes_deep()` is the
         deep verdict: valid, resumable state whole, nothing suspicious.
