@@ -113,15 +113,14 @@ def _checkpoint_sets(entry):
     return [(k, steps[::k]) for k in (1, 5, 20)]
 
 
-@pytest.mark.parametrize("entry", [pytest.param(e, id=e["file"], marks=[pytest.mark.xfail(
-    strict=True, reason=e["gate_known_wrong"])] if "gate_known_wrong" in e else []) for e in ROLLBACKS])
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e["file"]) for e in ROLLBACKS])
 def test_the_advised_resume_step_is_at_or_before_the_latest_safe_step(entry):
     """The gate (issue 42): with checkpoints simulated every save interval, recover never advises a step after
     the labelled latest safe step (the last logged step before the trouble began, read from the curve before
     the tool ran: the entry's safe_how), and never more than one save interval before the newest checkpoint the
     log shows clean (one before the latest safe step: checkpoint N's loss is logged after N, in the entry that
-    shows the trouble). No checkpoint at all (a restart from scratch) counts as step 0. Known-wrong entries are
-    gated too: a wrong kind must not move the resume step."""
+    shows the trouble). No checkpoint at all (a restart from scratch) counts as step 0. Entries whose kind or
+    verdict is known wrong are gated too: a wrong kind must not move the resume step. No exception is allowed."""
     safe = entry["expect"]["latest_safe_step"]
     for k, steps in _checkpoint_sets(entry):
         r = _advise(entry, steps)
@@ -135,8 +134,8 @@ def test_the_advised_resume_step_is_at_or_before_the_latest_safe_step(entry):
 
 def test_every_rollback_entry_has_a_latest_safe_step_and_how_it_was_read():
     assert len(ROLLBACKS) >= 25
-    # the gate holds for all but a few, each named with why (a strict xfail: a fix shows up)
-    assert sum("gate_known_wrong" in e for e in ROLLBACKS) <= 2
+    # the gate holds for every entry: none may be excused (issue 42: "none after the latest safe step")
+    assert not any("gate_known_wrong" in e for e in ROLLBACKS)
     for e in ROLLBACKS:
         assert isinstance(e["expect"]["latest_safe_step"], int) and e["safe_how"]
         assert e["expect"]["latest_safe_step"] < e["expect"]["onset"][1]
