@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy.checkpoints.runlog import find_run_checkpoints
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
@@ -44,7 +45,7 @@ def _fin(v: Any) -> Optional[float]:
 
 def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
     if checkpoints is None:
-        return ckptsteps.auto_discover(log_path) if log_path is not None else ("none", None, [])
+        return find_run_checkpoints(log_path) if log_path is not None else ("none", None, [])
     if isinstance(checkpoints, (str, os.PathLike)):
         return ckptsteps.parse_spec(str(checkpoints))
     out = []
