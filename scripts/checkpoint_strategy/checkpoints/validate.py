@@ -234,8 +234,8 @@ class _HfNames:
 
 
 def _hf_names(listed: list[str], pre: str) -> _HfNames:
-    """One pass over the sorted names; each pattern only on the names its literal start admits (`pre`: the folder
-    joined with "", so pre + a listed name (never holding a separator) is os.path.join(path, name))."""
+    """One pass over the sorted names; each pattern only on the names its literal start admits (`pre`: the
+    folder joined with "")."""
     got = _HfNames()
     for n in listed:
         if n.startswith(fm.HF_MODEL_STEMS):
@@ -261,7 +261,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     ctx.listed = listed if got is not None else None
     ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
     names = set(listed)
-    pre = os.path.join(path, "")
+    pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
     hf = _hf_names(listed, pre)
     for idx in hf.indexes:
         _check_hf_index(ctx, path, idx, names, idx in files)
@@ -294,11 +294,10 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
     """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
     data = ctx.json(os.path.join(path, idx), regular=regular)
     wm = data.get("weight_map") if isinstance(data, dict) else None
-    if data is not None and not isinstance(wm, dict):
-        ctx.bad(os.path.join(path, idx), "index without a weight_map object")
-        return
     if not isinstance(wm, dict):
-        return   # unreadable JSON: ctx.json recorded why
+        if data is not None:   # None: unreadable JSON, ctx.json recorded why
+            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
+        return
     shards: list = []
     for v in wm.values():
         if v not in shards:  # values may be unhashable (a list): no set()
