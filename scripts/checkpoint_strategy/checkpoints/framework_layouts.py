@@ -418,7 +418,7 @@ class Refused:
 
 
 #: an Orbax item's values: param name ('a.b') -> write_shape (None for a value without one)
-OrbaxParams = dict[str, "list[int] | None"]
+OrbaxParams = dict[str, list[int] | None]
 
 
 def orbax_params(metadata: object) -> OrbaxParams | Refused | None:
