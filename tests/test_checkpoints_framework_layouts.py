@@ -70,3 +70,21 @@ def test_torchtitan_reason_only_for_model_only_keys():
     assert fl.torchtitan_model_only_reason(set(), 10) is None
     reason = fl.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
     assert reason.startswith("not resumable") and "step-20" in reason and "last_save_model_only" in reason
+
+
+def _orbax_entry(keys: list[tuple[str, int]], shape=(2, 3)) -> dict:
+    return {"key_metadata": [{"key": k, "key_type": t} for k, t in keys],
+            "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": list(shape)}}
+
+
+def test_orbax_params_are_a_value_or_a_refusal_by_type():
+    """orbax_params: the params, a Refused with the reason, or None (a layout it does not judge); never a bare str."""
+    tree = {"('params', 'w')": _orbax_entry([("params", 2), ("w", 2)]), "('opt', '0')": _orbax_entry([("opt", 2),
+                                                                                                      ("0", 1)])}
+    assert fl.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
+    assert fl.orbax_params({"use_ocdbt": True}) == fl.Refused("no tree_metadata object")
+    assert fl.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == fl.Refused("use_ocdbt is not true or false")
+    flipped = {"('opt', 'x')": _orbax_entry([("opt", 2), ("x", 1)])}
+    got = fl.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
+    assert isinstance(got, fl.Refused) and "sequence key 'x' that is not an index" in got.reason
+    assert fl.orbax_params(["not", "a", "dict"]) is None and fl.orbax_params({"tree_metadata": {"a": 1}}) is None

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from checkpoint_strategy.retention import safety
-from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log, versioned_checkpoint_dirs
+from checkpoint_strategy.formats.runlog import (METRICS_FILE, find_run_checkpoints, find_run_log,
+                                                    versioned_checkpoint_dirs)
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.recovery.ckptsteps import auto_discover
 from checkpoint_strategy.recovery.logs import find_log
 
 
@@ -111,11 +111,11 @@ def test_recover_finds_the_checkpoints_of_a_lightning_version_folders_log(tmp_pa
     csv = touch(version / "metrics.csv")
     touch(version / "checkpoints" / "epoch=0-step=10.ckpt")
     touch(version / "checkpoints" / "epoch=0-step=20.ckpt")
-    source, root, found = auto_discover(csv)
+    source, root, found = find_run_checkpoints(csv)
     assert (source, root) == ("folder", str(version / "checkpoints"))
     assert [s for s, _p in found] == [10, 20]
     ours = touch(version / "checkpoints" / METRICS_FILE)
-    assert auto_discover(ours)[1] == str(version / "checkpoints")
+    assert find_run_checkpoints(ours)[1] == str(version / "checkpoints")
 
 
 def test_versioned_checkpoint_dirs_for_a_rerun(tmp_path):
@@ -142,7 +142,7 @@ def test_recover_on_default_root_dir_finds_the_checkpoints_beside_the_log_it_rea
     ck = tmp_path / "lightning_logs" / "version_1" / "checkpoints"
     touch(ck / "epoch=0-step=10.ckpt")
     touch(tmp_path / "lightning_logs" / "version_1" / "events.out.tfevents.1.host")
-    assert auto_discover(tmp_path)[1] == str(ck)
+    assert find_run_checkpoints(tmp_path)[1] == str(ck)
     ours = touch(ck / METRICS_FILE)
-    assert find_log(tmp_path) == ours and auto_discover(tmp_path)[1] == str(ck)
-    assert auto_discover(tmp_path / "lightning_logs")[1] == str(ck)
+    assert find_log(tmp_path) == ours and find_run_checkpoints(tmp_path)[1] == str(ck)
+    assert find_run_checkpoints(tmp_path / "lightning_logs")[1] == str(ck)

@@ -134,6 +134,25 @@ def test_milestones_steps_comma_or_space_never_swallow_a_positional(name, where,
     assert [str(g).removesuffix(".0") for g in got] == positional
 
 
+@pytest.mark.parametrize(("name", "argv", "positional"), [
+    ("plan", ["--keep-last", "3", "--milestones", "1000", "5000", "100000", "2", "500"], ["100000", "2", "500"]),
+    ("plan", ["--milestones", "1000", "5000", "100000", "--keep-last", "3", "2", "500"], ["100000", "2", "500"]),
+    ("plan", ["--milestones=1000", "5000", "100000", "2", "500"], ["100000", "2", "500"]),
+    ("plan", ["100000", "--milestones", "1000", "5000", "2", "500"], ["100000", "2", "500"]),
+    ("prune", ["--milestones", "1000", "5000", "--keep-last", "2", "ROOT"], ["ROOT"]),
+    ("prune", ["--milestones", "1000", "5000", "1234"], ["1234"]),   # a numeric folder name is still ROOT
+    ("recover", ["--milestones", "1000", "5000", "--", "LOG"], ["LOG"]),
+])
+def test_milestones_steps_leave_the_positionals_their_words_wherever_the_options_are(name, argv, positional):
+    """One parse (cli_options.join_milestones): the steps after --milestones give the positionals the words they
+    lack elsewhere in argv, options' values not counted as theirs."""
+    parser, _ = cli.build_parser(name)
+    ns = parser.parse_args(argv)
+    assert ns.milestones == [1000, 5000]
+    got = [getattr(ns, a.dest) for a in parser._actions if not a.option_strings]
+    assert [str(g).removesuffix(".0") for g in got] == positional
+
+
 @pytest.mark.parametrize("name", [n for n, p in parsers() if "--milestones" in p._option_string_actions])
 @pytest.mark.parametrize("keyword", ["seed", "pow2", "none", "SEED"])
 def test_milestones_keywords_everywhere(name, keyword):

@@ -22,14 +22,23 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import logs, records
+from checkpoint_strategy.recovery.logkeys import LogProblem
 
 REAL = Path(__file__).parent / "data" / "real-logs"
 ARRAYS = ("steps", "loss", "grad_norm", "lr", "eval_steps", "eval_loss", "raw_steps", "raw_loss", "raw_segment")
 
 
 def _reference_jsonl(p: Path) -> logs.LogSeries:
-    """The reference reader: every line parsed by json.loads, records added one at a time."""
-    col = records.Collector(p, logs.Columns(), what="line", offset=1)
+    """The reference reader: every line parsed by json.loads, records added one at a time (a problem named as
+    logs.read_log names it)."""
+    try:
+        return _reference_records(p)
+    except LogProblem as exc:
+        raise exc.named(p) from None
+
+
+def _reference_records(p: Path) -> logs.LogSeries:
+    col = records.Collector(logs.Columns(), what="line", offset=1)
     notes: list[str] = []
     raw_lines = p.read_bytes().split(b"\n")
     for n, raw in enumerate(raw_lines, 1):
@@ -41,7 +50,7 @@ def _reference_jsonl(p: Path) -> logs.LogSeries:
             rec = json.loads(raw)
         except (ValueError, RecursionError) as exc:
             if n < len(raw_lines):
-                raise records._bad_line(p, n, exc) from None
+                raise records._bad_line(n, exc) from None
             notes.append(f"log {p} line {n} is incomplete (no newline yet, not valid JSON: the trainer is "
                          "probably still writing it): left out")
             continue

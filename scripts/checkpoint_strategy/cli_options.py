@@ -302,31 +302,83 @@ def normalise_underscores(parser: argparse.ArgumentParser, argv: list[str]) -> l
     return out
 
 
-def milestone_variants(argv: list[str]) -> list[list[str]]:
-    """argv with `--milestones 1000 5000 ...` joined into one value: the greedy join first, then with
-    fewer steps joined, so a caller can fall back when the greedy join ate a positional."""
+def join_milestones(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """argv with the steps after `--milestones` (`1000 5000`, `1000, 5000`) joined into the option's one value, so
+    one parse reads them. The run of step words after the option gives the parser's positional arguments the
+    words they lack elsewhere in argv (counted in one pass over it, from the parser's own option table) and
+    --milestones the rest: `--milestones 1000 5000 100000 2 500` is two milestones and a plan's three numbers."""
+    first = _milestones_value(argv)
+    if first is None:
+        return argv
+    end = first + 1
+    while end < len(argv) and _STEP_TOKEN.fullmatch(argv[end]):
+        end += 1
+    stop = end
+    if end - first <= MAX_LIST:   # more are refused by the type anyway: joined whole, it says so
+        lacking = _positional_slots(parser) - _positional_words(parser, argv, range(first, end))
+        stop = max(first + 1, end - max(lacking, 0))
+    if stop - first < 2:
+        return argv
+    return argv[:first] + [",".join(t.strip(",") for t in argv[first:stop])] + argv[stop:]
+
+
+def _milestones_value(argv: list[str]) -> int | None:
+    """The index of --milestones' first value word (`--milestones=1000`: that word itself), or None."""
     for i, tok in enumerate(argv):
         if tok == "--":
-            break
+            return None
         if tok == "--milestones" and i + 1 < len(argv):
-            first = i + 1
-        elif tok.startswith("--milestones="):
-            first = i
-        else:
+            return i + 1
+        if tok.startswith("--milestones="):
+            return i
+    return None
+
+
+def _positional_slots(parser: argparse.ArgumentParser) -> int:
+    """How many words the parser's positional arguments take (an optional one counts: it is there to be filled)."""
+    slots = 0
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public list
+        if not action.option_strings:
+            slots += action.nargs if isinstance(action.nargs, int) else 1 if action.nargs in (None, "?") else MAX_LIST
+    return slots
+
+
+_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")   # argparse's own: a word, not an option, when no option looks like it
+
+
+def _positional_words(parser: argparse.ArgumentParser, argv: list[str], run: range) -> int:
+    """The words of argv outside `run` that argparse gives to positional arguments (not options nor their values;
+    the option just before `run` takes its values from it)."""
+    known = parser._option_string_actions  # noqa: SLF001
+    count, i = 0, 0
+    while i < len(argv):
+        if i in run:
+            i = run.stop
             continue
-        end = first + 1
-        while end < len(argv) and _STEP_TOKEN.fullmatch(argv[end]):
-            end += 1
-        if end - first < 2:
-            return [argv]
-        if end - first > MAX_LIST:  # too many for --milestones anyway: one greedy try gives its error
-            return [argv[:first] + [",".join(t.strip(",") for t in argv[first:end])] + argv[end:]]
-        variants = []
-        for stop in range(end, first + 1, -1):
-            joined = ",".join(t.strip(",") for t in argv[first:stop])
-            variants.append(argv[:first] + [joined] + argv[stop:])
-        return variants + [argv]
-    return [argv]
+        tok = argv[i]
+        if tok == "--":
+            return count + sum(1 for j in range(i + 1, len(argv)) if j not in run)
+        action = known.get(tok.partition("=")[0]) if tok.startswith("-") and tok != "-" else None
+        i += 1
+        if action is None:
+            count += not tok.startswith("-") or tok == "-" or bool(_NEGATIVE.match(tok))
+        elif "=" not in tok and i not in run:
+            i += _option_values(action.nargs, argv, i)
+    return count
+
+
+def _option_values(nargs: int | str | None, argv: list[str], i: int) -> int:
+    """How many words from argv[i] on an option of this nargs takes."""
+    if nargs is None:
+        return 1
+    if isinstance(nargs, int):
+        return nargs
+    words = 0
+    while i + words < len(argv) and (not argv[i + words].startswith("-") or argv[i + words] == "-"):
+        words += 1
+        if nargs == "?":
+            break
+    return words
 
 
 _BYTE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(I?)B?\s*$", re.I)

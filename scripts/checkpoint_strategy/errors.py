@@ -15,10 +15,14 @@ class UsageError(Exception):
         super().__init__(" ".join(str(message).split()))
 
 
+#: what follows "log NAME" when a training log has nothing in it to read (an empty log_history or list)
+NO_LOG_ENTRIES = " has no log entries (empty log_history or list)"
+
+
 def no_log_entries(log: object) -> UsageError:
-    """A training log with nothing in it to read (an empty log_history or list): written once, for the log
-    readers (recovery) and for the spike check that answers without loading them (retention.safety)."""
-    return UsageError(f"log {log} has no log entries (empty log_history or list)")
+    """A training log with nothing in it to read: written once, for the log readers (recovery) and for the spike
+    check that answers without loading them (retention.safety)."""
+    return UsageError(f"log {log}{NO_LOG_ENTRIES}")
 
 
 def pydantic_message(exc: Exception, what: str = "input") -> str:

@@ -110,6 +110,7 @@ def _env():
     env.filters["bytes"] = fmt_bytes
     env.filters["tojson"] = lambda v: Markup(json.dumps(v))
     env.filters["trusted"] = trusted
+    env.filters["py"] = python_literal
     env.filters["esc"] = escape_untrusted
     return env
 
@@ -135,6 +136,11 @@ def escape_untrusted(value: Any) -> str:
 def trusted(value: Any) -> Markup:
     """Mark text this package generated (multi-line YAML, code) as printed as is."""
     return Markup(value)
+
+
+def python_literal(value: Any) -> Markup:
+    """A value written into generated Python code (recover's resume snippets): its repr, printed as is."""
+    return Markup(repr(value))
 
 
 def _finalize(value: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import NoReturn
 from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
-from checkpoint_strategy.cli_options import milestone_variants, normalise_underscores
+from checkpoint_strategy.cli_options import join_milestones, normalise_underscores
 from checkpoint_strategy.errors import UsageError
 
 PROG = "checkpoint-strategy"
@@ -47,28 +47,11 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UsageError(message)
 
     def parse_args(self, args=None, namespace=None):
-        """Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
-        joins the steps that follow it but never takes a value a positional argument can have."""
+        """One parse. Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
+        joins the steps that follow it but never takes a word a positional argument lacks
+        (cli_options.join_milestones)."""
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
-        variants = milestone_variants(argv)
-        if len(variants) == 1:
-            return super().parse_args(variants[0], namespace)
-        best, first_error = None, None
-        for variant in variants:  # greediest join first; keep the one that fills most positionals
-            try:
-                parsed = super().parse_args(variant, namespace)
-            except UsageError as exc:
-                first_error = first_error or exc
-                continue
-            positionals = [a for a in self._actions if not a.option_strings]
-            filled = sum(getattr(parsed, a.dest, None) is not None for a in positionals)
-            if best is None or filled > best[0]:
-                best = (filled, parsed)
-            if filled == len(positionals):
-                break
-        if best is None:
-            raise first_error or UsageError("cannot parse the arguments")
-        return best[1]
+        return super().parse_args(join_milestones(self, argv), namespace)
 
 
 def available_commands() -> list[str]:

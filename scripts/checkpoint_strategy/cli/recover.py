@@ -9,7 +9,7 @@ from checkpoint_strategy.cli_options import (
     add_report_options,
     add_storage_options,
 )
-from checkpoint_strategy.recovery.options import add_log_options, check_output_early
+from checkpoint_strategy.recovery.options import add_log_options
 from checkpoint_strategy.storage import path_arg
 
 HELP = "after a loss spike: which checkpoint to resume from"
@@ -40,10 +40,10 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from checkpoint_strategy.recovery.advice import advise_with_series
     from checkpoint_strategy.recovery.settings import from_args
-    from checkpoint_strategy.render import render, write_output
+    from checkpoint_strategy.render import check_output_early, render, write_output
 
     options = from_args(args)
-    check_output_early(args)
+    check_output_early(args.output, (args.log, args.checkpoints))
     if args.plot is not None:  # the one storage check: never an output over an input
         from checkpoint_strategy.storage import check_output
 

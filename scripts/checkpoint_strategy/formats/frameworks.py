@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 _OPTIMIZER_KEY = re.compile(r"^(opt|opt_state|optimizer|optimizer_state|optim|optim_state)$", re.I)
 TORCHTITAN_TRAIN_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
@@ -81,40 +81,13 @@ def hf_args_world_size(root: object) -> int | None:
 MAX_MODEL_STATES_PICKLE = 64 << 20
 
 
-def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # noqa: C901 - complexity debt, see issue 10
+def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:
     """(ZeRO stage, data-parallel world size) from mp_rank_XX_model_states.pt's data.pkl, read as opcodes.
 
     DeepSpeed 0.19.8 stores `dp_world_size` and the whole `ds_config` (with `zero_optimization.stage`) in
     the model states; (None, None) when they cannot be read. Nothing is unpickled."""
-    import pickletools
-
-    tokens: list[object] = []
-    memo: dict[int, object] = {}
-    last: object = None
-    try:
-        for op, arg, _pos in pickletools.genops(data_pkl):
-            name = op.name
-            if name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[arg] = last
-                continue
-            if name == "MEMOIZE":
-                memo[len(memo)] = last
-                continue
-            if name in ("BINGET", "LONG_BINGET", "GET"):
-                last = memo.get(arg)
-            elif isinstance(arg, str) and "UNICODE" in name:
-                last = arg
-            elif name in ("BININT", "BININT1", "BININT2", "LONG1", "INT") and isinstance(arg, int) \
-                    and not isinstance(arg, bool):
-                last = arg
-            elif name == "STOP":
-                break
-            else:
-                last = None
-            tokens.append(last)
-            if len(tokens) > 2_000_000:
-                break
-    except Exception:  # noqa: BLE001 - a broken pickle is reported by the zip check, not here
+    tokens = _opcode_tokens(data_pkl)
+    if tokens is None:
         return None, None
 
     def int_after(i: int) -> int | None:
@@ -131,6 +104,48 @@ def deepspeed_zero_layout(data_pkl: bytes) -> tuple[int | None, int | None]:  # 
                     stage = int_after(j)
                     break
     return stage, dp
+
+
+_MEMO_PUT = frozenset(("BINPUT", "LONG_BINPUT", "PUT"))
+_MEMO_GET = frozenset(("BINGET", "LONG_BINGET", "GET"))
+_INT_OPS = frozenset(("BININT", "BININT1", "BININT2", "LONG1", "INT"))
+
+
+def _opcode_tokens(data_pkl: bytes) -> list[object] | None:
+    """The pickle's values in opcode order, as far as a flat scan tells them: strings and ints (a memo fetch gives
+    the value it stored), None for everything else; at most 2,000,000. None when the pickle is broken (the zip
+    check reports that, not this)."""
+    import pickletools
+
+    tokens: list[object] = []
+    memo: dict[object, object] = {}
+    last: object = None
+    try:
+        for op, arg, _pos in pickletools.genops(data_pkl):
+            name = op.name
+            if name in _MEMO_PUT or name == "MEMOIZE":
+                memo[arg if name != "MEMOIZE" else len(memo)] = last
+                continue
+            if name == "STOP":
+                break
+            last = _token(name, arg, memo)
+            tokens.append(last)
+            if len(tokens) > 2_000_000:
+                break
+    except Exception:  # noqa: BLE001 - a broken pickle is reported by the zip check, not here
+        return None
+    return tokens
+
+
+def _token(name: str, arg: object, memo: dict[object, object]) -> object:
+    """The value one opcode pushes, where a flat scan can tell it (see _opcode_tokens)."""
+    if name in _MEMO_GET:
+        return memo.get(arg)
+    if isinstance(arg, str) and "UNICODE" in name:
+        return arg
+    if name in _INT_OPS and isinstance(arg, int) and not isinstance(arg, bool):
+        return arg
+    return None
 
 
 def deepspeed_param_names(root: object) -> set[str]:
@@ -309,7 +324,7 @@ def _dcp_entry_items(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | d
     return out
 
 
-def _ints(v: Any) -> bool:
+def _ints(v: object) -> TypeGuard[tuple[int, ...]]:
     return isinstance(v, tuple) and all(type(x) is int and x >= 0 for x in v)
 
 
@@ -394,54 +409,69 @@ ORBAX_KEY_TYPES = (1, 2)   # KeyType.SEQUENCE, KeyType.DICT
 ORBAX_SHARDINGS = frozenset({"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"})
 
 
-def orbax_params(metadata: object) -> dict[str, list[int] | None] | str | None:
-    """An item's _METADATA tree read the way Orbax restores it: param name ('a.b') -> write_shape (None for a
-    value without one); or the reason it cannot be restored from (a flipped byte that left it JSON); None for a
-    tree in another layout than orbax-checkpoint 0.12's (entries keyed by their key_metadata): not judged."""
-    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
-    modern = isinstance(metadata, dict) and any(k in metadata for k in ("use_ocdbt", "use_zarr3"))
+@dataclass(frozen=True)
+class Refused:
+    """Why a metadata document cannot be used (one line): the error side of a value-or-reason result, `T | Refused`,
+    told from the value by its type."""
+
+    reason: str
+
+
+#: an Orbax item's values: param name ('a.b') -> write_shape (None for a value without one)
+OrbaxParams = dict[str, list[int] | None]
+
+
+def orbax_params(metadata: object) -> OrbaxParams | Refused | None:
+    """An item's _METADATA tree read the way Orbax restores it: its params; or the reason it cannot be restored from
+    (a flipped byte that left it JSON); None for a tree in another layout than orbax-checkpoint 0.12's (entries
+    keyed by their key_metadata): not judged."""
+    if not isinstance(metadata, dict):
+        return None
+    tree = metadata.get("tree_metadata")
+    modern = any(k in metadata for k in ("use_ocdbt", "use_zarr3"))
     if not isinstance(tree, dict):
-        return "no tree_metadata object" if modern else None
+        return Refused("no tree_metadata object") if modern else None
     if not modern and not any(isinstance(e, dict) and "key_metadata" in e for e in tree.values()):
         return None
     for key in ("use_ocdbt", "use_zarr3", "store_array_data_equal_to_fill_value"):
         if key in metadata and type(metadata[key]) is not bool:
-            return f"{key} is not true or false"
-    params: dict[str, list[int] | None] = {}
+            return Refused(f"{key} is not true or false")
+    params: OrbaxParams = {}
     for name, entry in tree.items():
         got = _orbax_entry(name, entry)
-        if isinstance(got, str):
+        if isinstance(got, Refused):
             return got
         params[got[0]] = got[1]
     return params
 
 
-def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | str:
+def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | Refused:
+    """One tree_metadata entry: (its param name, its write_shape), or why Orbax cannot restore it."""
     keys = entry.get("key_metadata") if isinstance(entry, dict) else None
     value = entry.get("value_metadata") if isinstance(entry, dict) else None
     if not isinstance(keys, list) or not keys or not isinstance(value, dict):
-        return f"entry {name!r} has no key_metadata list and value_metadata object"
+        return Refused(f"entry {name!r} has no key_metadata list and value_metadata object")
     parts = []
     for k in keys:
         if not (isinstance(k, dict) and isinstance(k.get("key"), str) and k.get("key_type") in ORBAX_KEY_TYPES
                 and type(k.get("key_type")) is int):
-            return f"entry {name!r} has a key that is not a name with key_type 1 or 2"
+            return Refused(f"entry {name!r} has a key that is not a name with key_type 1 or 2")
         if k["key_type"] == 1 and not k["key"].isdigit():
-            return f"entry {name!r} has a sequence key {k['key']!r} that is not an index"
+            return Refused(f"entry {name!r} has a sequence key {k['key']!r} that is not an index")
         parts.append(k["key"])
     if name != str(tuple(parts)):
-        return f"entry {name!r} does not match its keys {parts}"
+        return Refused(f"entry {name!r} does not match its keys {parts}")
     if value.get("value_type") not in ORBAX_VALUE_TYPES:
-        return f"entry {name!r} has an unknown value_type {value.get('value_type')!r}"
+        return Refused(f"entry {name!r} has an unknown value_type {value.get('value_type')!r}")
     if type(value.get("skip_deserialize")) is not bool:
-        return f"entry {name!r}: skip_deserialize is not true or false"
+        return Refused(f"entry {name!r}: skip_deserialize is not true or false")
     shape = value.get("write_shape")
     if shape is not None and not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-        return f"entry {name!r} has an invalid write_shape"
+        return Refused(f"entry {name!r} has an invalid write_shape")
     return ".".join(parts), shape
 
 
-def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> str | None:
+def orbax_array_metadatas(doc: object, params: OrbaxParams) -> str | None:
     """array_metadatas/process_N against the tree: each names a param of the tree, with its write_shape and a
     chunk_shape that fits in it; the reason it does not, or None."""
     entries = doc.get("array_metadatas") if isinstance(doc, dict) else None
@@ -450,7 +480,7 @@ def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> s
     for e in entries:
         am = e.get("array_metadata") if isinstance(e, dict) else None
         name = am.get("param_name") if isinstance(am, dict) else None
-        if not isinstance(name, str) or name not in params:
+        if not isinstance(am, dict) or not isinstance(name, str) or name not in params:
             return f"names {name!r}, not a value of the tree in _METADATA"
         write, chunk = am.get("write_shape"), am.get("chunk_shape")
         if params[name] is not None and write != params[name]:
@@ -461,7 +491,7 @@ def orbax_array_metadatas(doc: object, params: dict[str, list[int] | None]) -> s
     return None
 
 
-def orbax_sharding(doc: object, params: dict[str, list[int] | None]) -> str | None:
+def orbax_sharding(doc: object, params: OrbaxParams) -> str | None:
     """_sharding: base64 of each param name -> the JSON of its sharding (a type Orbax knows); the reason it does
     not hold, or None."""
     import base64

@@ -23,9 +23,10 @@ global_stepN, ...; ``version_N`` excepted) are never listed. A set-aside loss lo
 (``.checkpoint-strategy-metrics.previous.jsonl``, an earlier fit's) is never read.
 
     versioned_checkpoint_dirs(path)          # Lightning rerun: the version folders' checkpoints/, newest first
+    find_run_checkpoints(log)                # the converse: the checkpoints next to a log (recover's default)
 
 Below `recovery` (which reads the log) so that `retention.safety` can ask it too (docs/DEVELOPING.md,
-Layers). Names only: nothing is opened here.
+Layers). Names only: nothing is opened here (`find_run_checkpoints` lists folders with `formats.steps.scan`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from pathlib import Path
 from typing import Optional
 
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats.steps import parse_step, scan
+from checkpoint_strategy.errors import UsageError
 
 #: the callbacks' own loss log (Lightning writes none the checkpoints carry), beside the checkpoints
 METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
@@ -190,3 +193,37 @@ def versioned_checkpoint_dirs(path: str | os.PathLike) -> list[str]:
                 versions.append((int(m.group(1)), str(q)))
     dirs = ([own] if own is not None else []) + [Path(v) for _n, v in sorted(versions, reverse=True)]
     return [str(d / "checkpoints") for d in dirs if (d / "checkpoints").is_dir()]
+
+
+# --------------------------------------------------------------------------- the converse: a log's checkpoints
+
+def find_run_checkpoints(log_path: str | os.PathLike) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+    """Checkpoints next to the log: the log folder, the run folder above a checkpoint folder, or the log
+    folder's checkpoints/ (Lightning's metrics.csv or event files in ``version_N/``, its checkpoints in
+    ``version_N/checkpoints``). A run folder with none there: next to the log found in it
+    (`find_run_log`, e.g. ``default_root_dir/lightning_logs/version_N``). ("folder", root, [(step, path)]), or
+    ("none", None, []). The converse of `find_run_log`, here beside it: recover's log path asks this module both
+    questions and goes no further."""
+    got = _next_to(Path(log_path))
+    if got[0] == "none" and Path(log_path).is_dir():
+        found = find_run_log(log_path)
+        if found is not None and Path(found) != Path(log_path):
+            return _next_to(Path(found))
+    return got
+
+
+def _next_to(p: Path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+    base = p if p.is_dir() else p.parent
+    candidates = [base]
+    if parse_step(base.name) is not None or base.name in ("checkpoints",):
+        candidates.append(base.parent)
+    candidates.append(base / "checkpoints")
+    for root in candidates:
+        if root.is_dir():
+            try:
+                found = scan(root)
+            except UsageError:
+                continue
+            if found:
+                return "folder", str(root), list(found)
+    return "none", None, []

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy.formats.runlog import find_run_checkpoints
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
@@ -44,7 +45,7 @@ def _fin(v: Any) -> Optional[float]:
 
 def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
     if checkpoints is None:
-        return ckptsteps.auto_discover(log_path) if log_path is not None else ("none", None, [])
+        return find_run_checkpoints(log_path) if log_path is not None else ("none", None, [])
     if isinstance(checkpoints, (str, os.PathLike)):
         return ckptsteps.parse_spec(str(checkpoints))
     out = []
@@ -223,65 +224,16 @@ def _interval_before(series: LogSeries, idx: int) -> int:
 
 def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_multiplier: float,
               lr_steps: int, grad_clip: float, previous_clip: Optional[float] = None) -> Overrides:
-    """Ready-to-paste HF Trainer and Lightning code for this resume. previous_clip: the run's own
-    max_grad_norm when a file says so (training_args.json); never guessed."""
-    path = resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>"
-    lr_lo, lr_hi = resume_step + 1, resume_step + lr_steps
-    s0, s1 = skip
-    scale = (
-        f"    def _scale(self, optimizer, factor):\n"
-        f"        if {lr_lo} <= self.step <= {lr_hi}:\n"
-        f"            for group in optimizer.param_groups:\n"
-        f"                group[\"lr\"] *= factor\n"
-    )
-    hooks = (
-        f"            opt.register_step_pre_hook(lambda o, a, k: self._scale(o, {lr_multiplier!r}))\n"
-        f"            opt.register_step_post_hook(lambda o, a, k: self._scale(o, 1 / {lr_multiplier!r}))\n"
-    )
-    hf = (
-        f"# Hugging Face Trainer: resume from step {resume_step} with the recovery playbook\n"
-        f"from transformers import TrainerCallback\n\n"
-        f"class SpikeRecovery(TrainerCallback):\n"
-        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}, on top of the schedule."""\n'
-        f"    step = 0\n"
-        f"    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):\n"
-        f"        for opt in [getattr(optimizer, 'optimizer', optimizer)]:  # unwrap accelerate's wrapper\n"
-        + hooks +
-        "    def on_step_begin(self, args, state, control, **kwargs):\n"
-        "        self.step = state.global_step + 1\n"
-        + scale +
-        f"\n"
-        f"training_args.max_grad_norm = {grad_clip!r}   # tighter clipping"
-        + (f" (was {previous_clip:g})" if previous_clip is not None else "") + "\n"
-        f"# HF Trainer cannot skip a step range: reshuffle instead, so steps {s0}-{s1} see other batches\n"
-        f"training_args.data_seed = (training_args.data_seed or training_args.seed) + 1\n"
-        f"trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset,\n"
-        f"                  callbacks=[SpikeRecovery()])\n"
-        f"trainer.train(resume_from_checkpoint={path!r})\n"
-    )
-    lightning = (
-        f"# PyTorch Lightning: resume from step {resume_step} with the recovery playbook\n"
-        f"import pytorch_lightning as pl\n\n"
-        f"class SpikeRecovery(pl.Callback):\n"
-        f'    """LR x{lr_multiplier:g} for optimizer steps {lr_lo}-{lr_hi}, on top of the schedule."""\n'
-        f"    step = 0\n"
-        f"    def on_train_start(self, trainer, pl_module):\n"
-        f"        for opt in trainer.optimizers:\n"
-        + hooks +
-        "    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):\n"
-        "        self.step = trainer.global_step + 1\n"
-        + scale +
-        f"\n"
-        f"# In your LightningModule.training_step, skip the batches of steps {s0}-{s1}\n"
-        f"# (assumes one batch per optimizer step and a data loader that resumes in place):\n"
-        f"#     self._batch = getattr(self, '_batch', {resume_step}) + 1\n"
-        f"#     if {s0} <= self._batch <= {s1}:\n"
-        f"#         return None   # no optimizer step for this batch\n"
-        f"trainer = pl.Trainer(..., gradient_clip_val={grad_clip!r}, callbacks=[SpikeRecovery()])\n"
-        f"trainer.fit(model, datamodule=datamodule, ckpt_path={path!r})\n"
-    )
-    return Overrides(hf_trainer=hf, lightning=lightning)
+    """Ready-to-paste HF Trainer and Lightning code for this resume (templates/recover-hf.py.j2,
+    recover-lightning.py.j2). previous_clip: the run's own max_grad_norm when a file says so
+    (training_args.json); never guessed."""
+    from checkpoint_strategy.render import render_template
 
+    values = dict(path=resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>",
+                  resume_step=resume_step, lr_lo=resume_step + 1, lr_hi=resume_step + lr_steps, skip=skip,
+                  lr_multiplier=lr_multiplier, grad_clip=grad_clip, previous_clip=previous_clip)
+    return Overrides(hf_trainer=render_template("recover-hf.py.j2", **values),
+                     lightning=render_template("recover-lightning.py.j2", **values))
 
 
 def _common(series: LogSeries, o: RecoveryOptions, an: detect.Analysis, spikes: list[Spike], ck_info: CheckpointsInfo,

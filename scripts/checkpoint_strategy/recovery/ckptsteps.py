@@ -36,38 +36,6 @@ def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[
     return "folder", str(root), list(found)
 
 
-def auto_discover(log_path: str | os.PathLike) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
-    """Checkpoints next to the log: the log folder, the run folder above a checkpoint folder, or the log
-    folder's checkpoints/ (Lightning's metrics.csv or event files in ``version_N/``, its checkpoints in
-    ``version_N/checkpoints``). A run folder with none there: next to the log found in it
-    (`formats.runlog.find_run_log`, e.g. ``default_root_dir/lightning_logs/version_N``)."""
-    got = _next_to(Path(log_path))
-    if got[0] == "none" and Path(log_path).is_dir():
-        from checkpoint_strategy.formats.runlog import find_run_log
-
-        found = find_run_log(log_path)
-        if found is not None and Path(found) != Path(log_path):
-            return _next_to(Path(found))
-    return got
-
-
-def _next_to(p: Path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
-    base = p if p.is_dir() else p.parent
-    candidates = [base]
-    if parse_step(base.name) is not None or base.name in ("checkpoints",):
-        candidates.append(base.parent)
-    candidates.append(base / "checkpoints")
-    for root in candidates:
-        if root.is_dir():
-            try:
-                found = scan(root)
-            except UsageError:
-                continue
-            if found:
-                return "folder", str(root), list(found)
-    return "none", None, []
-
-
 def resume_candidates(checkpoints: list[tuple[int, Optional[str]]]) -> list[tuple[int, Optional[str]]]:
     """Drop emergency saves (marked post-event checkpoints) from a (step, path) list."""
     return [(s, p) for s, p in checkpoints if p is None or not is_emergency(p)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 from typing import Any, Optional
 from collections.abc import Iterable, Sequence
 
@@ -22,14 +21,27 @@ LR_KEYS = ("learning_rate", "train/learning_rate", "lr", "learning-rate", "train
            "lr-SGD", "train/learning-rate")
 
 
+class LogProblem(UsageError):
+    """What is wrong with the log being read, worded without its name: `detail` is what follows "log NAME"
+    (" line 3 is not valid JSON ...", ": loss at entry 2 is ..."). The readers below `logs.read_log` (records.py,
+    _pick) never hold the log's path; read_log, which does, words the error (`named`)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("log" + detail)
+        self.detail = detail
+
+    def named(self, log: object) -> UsageError:
+        return UsageError(f"log {log}{self.detail}")
+
+
 def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[str], what: str,
-          p: Path, required: bool) -> Optional[str]:
+          required: bool) -> Optional[str]:
     names = list(available)
     if wanted is not None:
         if wanted in names:
             return wanted
         if required:
-            raise UsageError(f"log {p} has no {what} column {wanted!r}; columns: {_preview(names)}")
+            raise LogProblem(f" has no {what} column {wanted!r}; columns: {_preview(names)}")
         return None
     lower = {n.lower(): n for n in names}
     for cand in candidates:
@@ -37,7 +49,7 @@ def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[
             return lower[cand.lower()]
     if required:
         hint = "--step-column" if what == "step" else "--loss-column"
-        raise UsageError(f"log {p} has no {what} column (looked for {', '.join(candidates[:4])}, ...); "
+        raise LogProblem(f" has no {what} column (looked for {', '.join(candidates[:4])}, ...); "
                          f"columns: {_preview(names)}; name it with {hint}")
     return None
 

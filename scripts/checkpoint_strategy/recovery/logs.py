@@ -33,6 +33,7 @@ from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists
     LOSS_KEYS,
     LR_KEYS,
     STEP_KEYS,
+    LogProblem,
     _pick,
     _preview,
     _show,
@@ -74,12 +75,15 @@ class LogSeries:
     raw_lr: Optional[np.ndarray] = None
     raw_segment: Optional[np.ndarray] = None
     notes: list[str] = field(default_factory=list)   # what the reader left out (a torn last JSONL line)
+    #: the usual steps between two logged values (the median of the last 10 000 gaps), set once by build_series:
+    #: the adviser reads it as a value, it does not call back into the reader
+    log_interval: int = 1
 
-    @property
-    def log_interval(self) -> int:
-        if len(self.steps) < 2:
-            return 1
-        return max(1, int(np.median(np.diff(self.steps[-min(len(self.steps), 10001):]))))
+
+def _log_interval(steps: np.ndarray) -> int:
+    if len(steps) < 2:
+        return 1
+    return max(1, int(np.median(np.diff(steps[-min(len(steps), 10001):]))))
 
 
 @dataclass
@@ -143,14 +147,21 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
 
     Memory: JSON lines and CSV are streamed (the numeric columns only); a JSON document is held
     as bytes while its log_history is parsed in slices (recovery/records.py)."""
-    from checkpoint_strategy import storage
-
     columns = columns or Columns()
     if log_format not in FORMATS:
         raise UsageError(f"unknown log format {log_format!r}; expected one of {', '.join(FORMATS)}")
     if str(path) == "":
         raise UsageError("LOG: empty path: expected a training log file or a run folder")
     p = find_log(path)
+    try:
+        return _read(p, log_format, columns)
+    except LogProblem as exc:   # the readers below word a problem without the log's name: it is named here
+        raise exc.named(p) from None
+
+
+def _read(p: Path, log_format: str, columns: Columns) -> LogSeries:
+    from checkpoint_strategy import storage
+
     if log_format == "tensorboard" or (log_format == "auto" and (p.is_dir() or "tfevents" in p.name)):
         return _finish(p, "tensorboard", *_read_tensorboard(p, columns))
     with storage.open_regular(p, "log") as fh:
@@ -180,7 +191,7 @@ def _read_streamed(p: Path, fh, head: bytes, fmt: str, columns: Columns) -> Opti
     if head.startswith(b"\xef\xbb\xbf"):
         head = head[3:]
     meta: dict = {}
-    col = records.Collector(p, columns)
+    col = records.Collector(columns)
     first_error: Optional[UsageError] = None
     try:
         for batch in records.stream_history_batches(fh, head, meta):
@@ -247,7 +258,7 @@ def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogS
         del data[:3]
     for attempt in ("sliced", "whole"):
         meta: dict = {}
-        col = records.Collector(p, columns)
+        col = records.Collector(columns)
         try:
             _collect_document(p, data, attempt, col, meta)
         except records._SliceError:
@@ -279,10 +290,10 @@ def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -
     from checkpoint_strategy.recovery import records
 
     if attempt == "sliced":
-        for batch in records.json_document_batches(p, data, meta):
+        for batch in records.json_document_batches(data, meta):
             col.add_many(batch)
         return
-    obj = records._parse_whole(p, data)
+    obj = records._parse_whole(data)
     items = _document_items(p, obj, meta)
     del obj
     for k in range(0, len(items), records.SLICE_RECORDS):
@@ -320,15 +331,15 @@ def _document_items(p: Path, obj: Any, meta: dict) -> list:
 def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     from checkpoint_strategy.recovery import records
 
-    col = records.Collector(p, columns, what="line", offset=1)
+    col = records.Collector(columns, what="line", offset=1)
     notes: list[str] = []
-    for recs, linenos in records.jsonl_batches(p, fh, head, notes):
+    for recs, linenos in records.jsonl_batches(fh, head, notes):
         col.add_many(recs, range(linenos.start - 1, linenos.stop - 1) if isinstance(linenos, range)
                      else [n - 1 for n in linenos])   # the collector counts lines from 0 (offset 1)
     if col.count == 0:
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     series = _series_from(p, "jsonl", col)
-    series.notes = notes
+    series.notes = [f"log {p}{note}" for note in notes]   # what follows "log NAME" (records.jsonl_batches)
     return series
 
 
@@ -368,7 +379,7 @@ def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
         if header is None:
             raise UsageError(f"log {p} is empty; expected a CSV header and rows")
         names = _wandb_names(header, columns.run, p)
-        col = records.Collector(p, columns, what="line", offset=2, known_keys=names)
+        col = records.Collector(columns, what="line", offset=2, known_keys=names)
         rows = _csv_rows(p, reader, list(names.items()), col)
     except csv.Error as exc:
         raise UsageError(f"log {p} is not valid CSV: {exc}") from None
@@ -475,9 +486,9 @@ def _read_tensorboard(p: Path, columns: Columns):
         raise UsageError(f"cannot read TensorBoard events {p}: {type(exc).__name__}: {exc}") from None
     if not tags:
         raise UsageError(f"TensorBoard log {p} has no scalar tags; expected a training loss scalar")
-    loss_tag = _pick(tags, columns.loss, LOSS_KEYS, "loss", p, required=True)
-    grad_tag = _pick(tags, columns.grad_norm, GRAD_KEYS, "grad-norm", p, required=columns.grad_norm is not None)
-    lr_tag = _pick(tags, columns.lr, LR_KEYS, "learning-rate", p, required=columns.lr is not None)
+    loss_tag = _pick(tags, columns.loss, LOSS_KEYS, "loss", required=True)
+    grad_tag = _pick(tags, columns.grad_norm, GRAD_KEYS, "grad-norm", required=columns.grad_norm is not None)
+    lr_tag = _pick(tags, columns.lr, LR_KEYS, "learning-rate", required=columns.lr is not None)
 
     def scalars(tag):
         try:
@@ -613,6 +624,8 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
             return None
         return a if keep is None else a[keep]
 
+    steps_kept = sel(isteps)
     return LogSeries(path=path, format=fmt, step_key=step_key, loss_key=loss_key, grad_norm_key=grad_norm_key,
-                     lr_key=lr_key, steps=sel(isteps), loss=sel(loss), grad_norm=sel(grad_norm), lr=sel(lr),
-                     entries=read, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg)
+                     lr_key=lr_key, steps=steps_kept, loss=sel(loss), grad_norm=sel(grad_norm), lr=sel(lr),
+                     entries=read, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg,
+                     log_interval=_log_interval(steps_kept))

@@ -19,10 +19,3 @@ def add_log_options(parser) -> None:
     g.add_argument("--lr-column", "--lr-key", dest="lr_key", metavar="NAME", help="learning-rate column (optional)")
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")
 
-
-def check_output_early(args) -> None:
-    """Refuse -o naming an input before any work is done."""
-    if getattr(args, "output", None) is not None:
-        from checkpoint_strategy.storage import check_output
-
-        check_output(args.output, "-o/--output", inputs=(args.log, getattr(args, "checkpoints", None)))

@@ -15,6 +15,9 @@
   flat orjson array (no dict a line; ``_rows_block``). Any other block of flat one-object lines is one orjson
   array of dicts; anything else line by line: orjson when installed, the standard library for any line it
   refuses. Every way gives the records the standard library gives line by line.
+
+None of them holds the log's path: a problem is a ``logkeys.LogProblem`` worded as what follows "log NAME"
+(a note of ``jsonl_batches`` too), which ``logs.read_log`` names.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import math
 import mmap
 import re
 from array import array
-from pathlib import Path
 from typing import Any, BinaryIO, Optional
 from collections.abc import Iterable, Iterator, Sequence
 
-from checkpoint_strategy.errors import UsageError, no_log_entries
+from checkpoint_strategy.errors import NO_LOG_ENTRIES, UsageError
+from checkpoint_strategy.recovery.logkeys import LogProblem
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
@@ -88,9 +91,9 @@ _PLAIN_NUMBERS = {int, float}
 class Collector:
     """Numeric columns of a stream of records (see the module docstring)."""
 
-    def __init__(self, p: Path, columns, *, what: str = "entry", offset: int = 0,
+    def __init__(self, columns, *, what: str = "entry", offset: int = 0,
                  known_keys: Optional[Iterable[str]] = None) -> None:
-        self.p, self.columns, self.what, self.offset = p, columns, what, offset
+        self.columns, self.what, self.offset = columns, what, offset
         self.known_keys = list(known_keys) if known_keys is not None else None
         self.sample: list[tuple[int, dict]] = []
         self.keys: Optional[Keys] = None
@@ -108,7 +111,7 @@ class Collector:
         self.count += 1
         if type(rec) is not dict:
             if self.what == "line":
-                raise UsageError(f"log {self.p} line {i + self.offset} is not a JSON object; expected one record "
+                raise LogProblem(f" line {i + self.offset} is not a JSON object; expected one record "
                                  "per line")
             return
         self.objects += 1
@@ -263,12 +266,12 @@ class Collector:
         for _, rec in self.sample:
             keys.update(dict.fromkeys(rec))
         if not keys:
-            raise UsageError(f"log {self.p} holds no JSON objects; expected records with step and loss")
-        c, p = self.columns, self.p
-        loss_key = _pick(keys, c.loss, LOSS_KEYS, "loss", p, required=True)
-        step_key = _pick(keys, c.step, STEP_KEYS, "step", p, required=True)
-        grad_key = _pick(keys, c.grad_norm, GRAD_KEYS, "grad-norm", p, required=c.grad_norm is not None)
-        lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", p, required=c.lr is not None)
+            raise LogProblem(" holds no JSON objects; expected records with step and loss")
+        c = self.columns
+        loss_key = _pick(keys, c.loss, LOSS_KEYS, "loss", required=True)
+        step_key = _pick(keys, c.step, STEP_KEYS, "step", required=True)
+        grad_key = _pick(keys, c.grad_norm, GRAD_KEYS, "grad-norm", required=c.grad_norm is not None)
+        lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", required=c.lr is not None)
         assert loss_key is not None and step_key is not None, "required: _pick raises when they are missing"
         eval_key = next((k for k in EVAL_KEYS if k in keys and k != loss_key), None)
         self.keys = (step_key, loss_key, grad_key, lr_key, eval_key)
@@ -322,19 +325,19 @@ class Collector:
             if v is None and name == "step":
                 return math.nan  # reported as "step ... is missing" by build_series
             label = f"{self.what} {i + self.offset}"
-            raise UsageError(f"log {self.p}: {name} at {label} is {_show(v)}, not a number")
+            raise LogProblem(f": {name} at {label} is {_show(v)}, not a number")
         return num
 
     def finish(self):
         if self.keys is None:
             if not self.count:
-                raise no_log_entries(self.p)
+                raise LogProblem(NO_LOG_ENTRIES)
             if not self.objects:
-                raise UsageError(f"log {self.p} holds no JSON objects; expected records with step and loss")
+                raise LogProblem(" holds no JSON objects; expected records with step and loss")
             self._decide()
         step_key, loss_key, grad_key, lr_key, _ = self.keys
         if not len(self.loss):
-            raise UsageError(f"log {self.p} has no {loss_key!r} values; expected training loss entries")
+            raise LogProblem(f" has no {loss_key!r} values; expected training loss entries")
 
         grad = self.grad.array() if grad_key is not None else None
         lr = self.lr.array() if lr_key is not None else None
@@ -426,7 +429,7 @@ _BOUNDARY = re.compile(rb"\}\s*,\s*(?=\{)")
 _HISTORY = re.compile(rb'"log_history"\s*:\s*\[')
 
 
-def json_document_batches(p: Path, data: bytes | bytearray, meta: dict) -> Iterator[list]:
+def json_document_batches(data: bytes | bytearray, meta: dict) -> Iterator[list]:
     """Lists of log_history entries of a trainer_state.json, SLICE_RECORDS at a time; top-level
     fields other than log_history (best_model_checkpoint, ...) land in `meta`. Raises _SliceError
     when the document cannot be sliced safely (the caller then parses it whole)."""
@@ -436,17 +439,17 @@ def json_document_batches(p: Path, data: bytes | bytearray, meta: dict) -> Itera
     yield from fast
 
 
-def _parse_whole(p: Path, data: bytes | bytearray) -> Any:
+def _parse_whole(data: bytes | bytearray) -> Any:
     try:
         return json.loads(data)
     except RecursionError:
-        raise UsageError(f"log {p} is JSON nested too deeply to be a training log") from None
+        raise LogProblem(" is JSON nested too deeply to be a training log") from None
     except UnicodeDecodeError:
-        raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
+        raise LogProblem(" is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
     except json.JSONDecodeError as exc:
         raise _JSONError(exc) from None
     except ValueError as exc:  # e.g. a 5000-digit integer
-        raise UsageError(f"log {p} is not valid JSON: {' '.join(str(exc).split())[:100]}") from None
+        raise LogProblem(f" is not valid JSON: {' '.join(str(exc).split())[:100]}") from None
 
 
 class _JSONError(Exception):
@@ -580,7 +583,7 @@ class _SliceError(Exception):
 # JSON lines
 
 
-def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
+def jsonl_batches(fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
                   ) -> Iterator[tuple[list | Rows, Sequence[int]]]:
     """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
     from blocks of BLOCK_BYTES (a long line is joined once, never re-split). With orjson installed, a block
@@ -615,7 +618,7 @@ def jsonl_batches(p: Path, fh: BinaryIO, first: bytes = b"", notes: Optional[lis
                 yield recs, range(start, start + len(part))
                 continue
             last = terminated or k + BATCH_LINES < len(lines)
-            yield from _slow_lines(p, part, start, last, notes)
+            yield from _slow_lines(part, start, last, notes)
 
 
 _NOT_BRACES = bytes(c for c in range(256) if c not in b"{}\n")
@@ -750,7 +753,7 @@ def _fast_lines(lines: list[bytes]) -> Optional[list]:
         return None
 
 
-def _slow_lines(p: Path, lines: list[bytes], start: int, terminated: bool,
+def _slow_lines(lines: list[bytes], start: int, terminated: bool,
                 notes: Optional[list[str]]) -> Iterator[tuple[list, list[int]]]:
     """Each non-blank line parsed alone (orjson first when installed, the standard library for what it
     refuses). The records before a bad line are yielded before its error is raised: whatever is wrong
@@ -766,8 +769,8 @@ def _slow_lines(p: Path, lines: list[bytes], start: int, terminated: bool,
             if terminated or k + 1 < len(lines) or notes is None:
                 if recs:
                     yield recs, linenos
-                raise _bad_line(p, start + k, exc) from None
-            notes.append(f"log {p} line {start + k} is incomplete (no newline yet, not valid JSON: the trainer is "
+                raise _bad_line(start + k, exc) from None
+            notes.append(f" line {start + k} is incomplete (no newline yet, not valid JSON: the trainer is "
                          "probably still writing it): left out")
             continue
         linenos.append(start + k)
@@ -788,12 +791,12 @@ def _load_line(raw: bytes | str) -> Any:
 loads_line = _load_line
 
 
-def _bad_line(p: Path, lineno: int, exc: Exception) -> UsageError:
+def _bad_line(lineno: int, exc: Exception) -> LogProblem:
     if isinstance(exc, UnicodeDecodeError):
-        return UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON lines")
+        return LogProblem(" is not UTF-8 text (a binary file?); expected JSON lines")
     msg = getattr(exc, "msg", None) or ("too deeply nested" if isinstance(exc, RecursionError) else
                                          " ".join(str(exc).split())[:80])
-    return UsageError(f"log {p} line {lineno} is not valid JSON (truncated?): {msg}")
+    return LogProblem(f" line {lineno} is not valid JSON (truncated?): {msg}")
 
 
 def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, bool]]:

@@ -91,8 +91,9 @@ class Layout:
 class _Ctx:
     """Collects problems/notes (and, at level deep, the files that hold tensors) for one checkpoint."""
 
-    def __init__(self, root: str, level: str, update: ProgressFn | None) -> None:
+    def __init__(self, root: str, level: str, update: ProgressFn | None, want_commit: bool = False) -> None:
         self.root = root
+        self.want_commit = want_commit   # Orbax: the other steps have commit_success.txt, so this one must
         self.level = level
         self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
         self.deep = level == "deep"
@@ -225,6 +226,37 @@ _RNG_STATE = re.compile(r"^rng_state.*\.pth$")
 _HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
 
 
+@dataclass
+class _HfNames:
+    """The names of an HF Trainer folder that hold weights or shards, sorted into what each is."""
+
+    weights: list[str] = field(default_factory=list)
+    indexes: list[str] = field(default_factory=list)
+    fsdp_model: list[str] = field(default_factory=list)
+    fsdp_optim: list[str] = field(default_factory=list)
+    ds_steps: list[str] = field(default_factory=list)
+
+
+def _hf_names(listed: list[str], pre: str) -> _HfNames:
+    """One pass over the sorted names; each pattern only on the names its literal start admits (`pre`: the
+    folder joined with "")."""
+    got = _HfNames()
+    for n in listed:
+        if n.startswith(fm.HF_MODEL_STEMS):
+            if fm._HF_WEIGHTS.match(n):
+                got.weights.append(n)
+            if n.endswith(".index.json") and n.split(".")[0] in fm.HF_MODEL_STEMS:
+                got.indexes.append(n)
+            if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
+                got.fsdp_model.append(n)
+        elif n.startswith("optimizer_"):
+            if _FSDP_OPTIM.match(n) and os.path.isdir(pre + n):
+                got.fsdp_optim.append(n)
+        elif n.startswith("global_step") and fm._DS.match(n) and os.path.isdir(pre + n):
+            got.ds_steps.append(n)
+    return got
+
+
 def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
@@ -234,46 +266,28 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
     names = set(listed)
     pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
-    weights: list[str] = []
-    indexes: list[str] = []
-    fsdp_model: list[str] = []
-    fsdp_optim: list[str] = []
-    ds_steps: list[str] = []
-    for n in listed:   # sorted names, one pass; each pattern only on the names its literal start admits
-        if n.startswith(fm.HF_MODEL_STEMS):
-            if fm._HF_WEIGHTS.match(n):
-                weights.append(n)
-            if n.endswith(".index.json") and n.split(".")[0] in fm.HF_MODEL_STEMS:
-                indexes.append(n)
-            if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
-                fsdp_model.append(n)
-        elif n.startswith("optimizer_"):
-            if _FSDP_OPTIM.match(n) and os.path.isdir(pre + n):
-                fsdp_optim.append(n)
-        elif n.startswith("global_step") and fm._DS.match(n) and os.path.isdir(pre + n):
-            ds_steps.append(n)
-    for idx in indexes:
+    hf = _hf_names(listed, pre)
+    for idx in hf.indexes:
         _check_hf_index(ctx, path, idx, names, idx in files)
-    for w in weights:
-        p = pre + w
+    for w in hf.weights:
         if w.endswith(".safetensors"):
-            ctx.safetensors(p, regular=w in files)
+            ctx.safetensors(pre + w, regular=w in files)
         else:
-            ctx.zip(p, "weights", regular=w in files)
-    for d in fsdp_model:
+            ctx.zip(pre + w, "weights", regular=w in files)
+    for d in hf.fsdp_model:
         _check_dcp_dir(ctx, os.path.join(path, d), role="weights")
-    for d in fsdp_optim:
+    for d in hf.fsdp_optim:
         _check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
-    for d in ds_steps:
+    for d in hf.ds_steps:
         _check_deepspeed_dir(ctx, os.path.join(path, d), out)
-    if not weights and not fsdp_model and not ds_steps and not indexes:
+    if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
     _check_hf_state_files(ctx, path, listed, names, files, out)
-    out.resumable = "optimizer.pt" in names or bool(fsdp_optim) or out.resumable
-    if fsdp_model or fsdp_optim:
+    out.resumable = "optimizer.pt" in names or bool(hf.fsdp_optim) or out.resumable
+    if hf.fsdp_model or hf.fsdp_optim:
         out.sharded, out.portability = True, "fsdp"
-    elif ds_steps:
+    elif hf.ds_steps:
         out.sharded, out.portability = True, "zero"
     else:
         out.portability = "full" if out.resumable else "weights"
@@ -284,11 +298,12 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
     """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
     data = ctx.json(os.path.join(path, idx), regular=regular)
     wm = data.get("weight_map") if isinstance(data, dict) else None
-    if data is not None and not isinstance(wm, dict):
-        ctx.bad(os.path.join(path, idx), "index without a weight_map object")
+    if not isinstance(wm, dict):
+        if data is not None:   # None: unreadable JSON, ctx.json recorded why
+            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
         return
     shards: list = []
-    for v in (wm or {}).values():
+    for v in wm.values():
         if v not in shards:  # values may be unhashable (a list): no set()
             shards.append(v)
     for shard in sorted(shards, key=str):
@@ -328,17 +343,7 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
     if gap is not None:
         ctx.missing(pre + gap.file, gap.what())
     if "trainer_state.json" in names:
-        state = ctx.json(pre + "trainer_state.json", storage.MAX_TRAINER_STATE_BYTES,
-                         "trainer_state.json" in files)
-        ctx.state_read = state is not None
-        if isinstance(state, dict) and isinstance(state.get("best_model_checkpoint"), str):
-            ctx.trainer_best = state["best_model_checkpoint"]
-        if state is not None and not isinstance(state, dict):
-            ctx.bad(os.path.join(path, "trainer_state.json"), "not a JSON object")
-        elif isinstance(state, dict) and type(state.get("global_step")) is int:
-            ctx.global_step = state["global_step"]
-            if out.step is None:
-                out.step = state["global_step"]
+        _check_trainer_state(ctx, pre + "trainer_state.json", "trainer_state.json" in files, out)
     elif fm._HF.match(os.path.basename(path)):
         ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
@@ -346,16 +351,32 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
             ctx.json(pre + n, regular=n in files)
 
 
+def _check_trainer_state(ctx: _Ctx, file: str, regular: bool, out: Layout) -> None:
+    """trainer_state.json: a JSON object; its best_model_checkpoint and global_step (the step) are kept."""
+    state = ctx.json(file, storage.MAX_TRAINER_STATE_BYTES, regular)
+    ctx.state_read = state is not None
+    if state is not None and not isinstance(state, dict):
+        ctx.bad(file, "not a JSON object")
+    if not isinstance(state, dict):
+        return
+    if isinstance(state.get("best_model_checkpoint"), str):
+        ctx.trainer_best = state["best_model_checkpoint"]
+    if type(state.get("global_step")) is int:
+        ctx.global_step = state["global_step"]
+        if out.step is None:
+            out.step = state["global_step"]
+
+
 def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
                    role: dp.Role = "mixed") -> None:
     names = _ls(path)
-    distcp = [n for n in names if n.endswith(".distcp")]
     meta = os.path.join(path, ".metadata")
     if ".metadata" not in names:
         if require_metadata:
             ctx.missing(meta, ".metadata (DCP writes it last; without it the save did not finish)")
-        for n in distcp:
-            ctx.readable(os.path.join(path, n))
+        for n in names:
+            if n.endswith(".distcp"):
+                ctx.readable(os.path.join(path, n))
         return
     data = _read_dcp_metadata(ctx, path, meta)
     if data is None:
@@ -378,19 +399,27 @@ def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_meta
     if out is not None:
         out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
         out.dcp_keys = set(keys)
+    problems_before = len(ctx.problems)
+    _check_dcp_data_files(ctx, path, names, needed, items or [])
+    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
+        ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
+
+
+def _check_dcp_data_files(ctx: _Ctx, path: str, names: list[str], needed: dict[str, int],
+                          items: list[fl.DcpItem]) -> None:
+    """The data files a .metadata names (`needed`: relative path -> bytes it must hold; `items`: what each stores),
+    and no .distcp file it does not name."""
+    meta = os.path.join(path, ".metadata")
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
-    problems_before = len(ctx.problems)
-    by_file: dict[str, list] = {}
-    for it in items or ():
+    by_file: dict[str, list[fl.DcpItem]] = {}
+    for it in items:
         by_file.setdefault(it.rel, []).append(it)
     for rel, nbytes in sorted(needed.items()):
         _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
-    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
 
 
 def _size(path: str) -> int:
@@ -631,49 +660,62 @@ def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_orbax(ctx: _Ctx, found: fm.Found, want_commit: bool = False) -> Layout:
+def _check_orbax(ctx: _Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
     names = set(_ls(path))
     if fm.ORBAX_TMP in os.path.basename(path):
         ctx.bad(path, "in-flight Orbax temporary folder (save not finalised)", "incomplete")
         return out
+    _check_orbax_commit(ctx, path, names)
+    items = sorted(n for n in names if os.path.isdir(os.path.join(path, n)))
+    if not items:
+        ctx.missing(os.path.join(path, "default"), "checkpoint items (e.g. default/, state/)")
+    for item in items:
+        if _check_orbax_folder(ctx, os.path.join(path, item)):
+            out.resumable = True
+    if ctx.deep:
+        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
+    out.sharded, out.portability = True, "orbax"
+    return out
+
+
+def _check_orbax_commit(ctx: _Ctx, path: str, names: set[str]) -> None:
+    """The step's commit: _CHECKPOINT_METADATA with its timestamp, or commit_success.txt (required when the other
+    steps have one: ctx.want_commit)."""
     if "_CHECKPOINT_METADATA" in names:
         meta = ctx.json(os.path.join(path, "_CHECKPOINT_METADATA"))
         if isinstance(meta, dict) and meta.get("commit_timestamp_nsecs", 1) is None:
             ctx.bad(os.path.join(path, "_CHECKPOINT_METADATA"), "no commit timestamp: save not finalised", "incomplete")
     elif "commit_success.txt" not in names:
         ctx.missing(os.path.join(path, "_CHECKPOINT_METADATA"), "_CHECKPOINT_METADATA / commit_success.txt")
-    if want_commit and "commit_success.txt" not in names:
+    if ctx.want_commit and "commit_success.txt" not in names:
         ctx.missing(os.path.join(path, "commit_success.txt"),
                     "commit marker commit_success.txt (the other steps have one; the save did not finish)")
-    items = sorted(n for n in names if os.path.isdir(os.path.join(path, n)))
-    if not items:
-        ctx.missing(os.path.join(path, "default"), "checkpoint items (e.g. default/, state/)")
-    for item in items:
-        ip = os.path.join(path, item)
-        inner = _ls(ip)
-        if not inner:
-            ctx.missing(ip, f"contents of item {item}/")
-            continue
-        docs: dict[str, object] = {}
-        for n in inner:
-            p = os.path.join(ip, n)
-            if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-                meta = docs[n] = ctx.json(p)
-                if n == "_METADATA" and fl.orbax_item_has_optimizer(meta):
-                    out.resumable = True
-            elif n == "manifest.ocdbt":
-                _check_ocdbt(ctx, p, manifest=True)
-            elif ctx.reads(p) and os.path.isfile(p):
-                ctx.readable(p)
-        _check_orbax_item(ctx, ip, inner, docs)
-        if "opt" in item.lower() or item in ("state", "train_state"):
-            out.resumable = True
-    if ctx.deep:
-        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
-    out.sharded, out.portability = True, "orbax"
-    return out
+
+
+def _check_orbax_folder(ctx: _Ctx, ip: str) -> bool:
+    """One item folder of an Orbax step: its JSON documents, manifest and (at full) data files, then the item as
+    its restore reads it. True when it holds training state: its _METADATA tree has optimizer state, or its name
+    says so (opt..., state, train_state)."""
+    item = os.path.basename(ip)
+    inner = _ls(ip)
+    if not inner:
+        ctx.missing(ip, f"contents of item {item}/")
+        return False
+    docs: dict[str, object] = {}
+    optimizer = "opt" in item.lower() or item in ("state", "train_state")
+    for n in inner:
+        p = os.path.join(ip, n)
+        if n in ("_METADATA", "_sharding") or n.endswith(".json"):
+            meta = docs[n] = ctx.json(p)
+            optimizer = optimizer or (n == "_METADATA" and fl.orbax_item_has_optimizer(meta))
+        elif n == "manifest.ocdbt":
+            _check_ocdbt(ctx, p, manifest=True)
+        elif ctx.reads(p) and os.path.isfile(p):
+            ctx.readable(p)
+    _check_orbax_item(ctx, ip, inner, docs)
+    return optimizer
 
 
 def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
@@ -682,8 +724,8 @@ def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, obje
     (CRC-32C) under d/ and ocdbt.process_*/."""
     meta = os.path.join(ip, "_METADATA")
     params = fl.orbax_params(docs.get("_METADATA"))
-    if isinstance(params, str):
-        ctx.bad(meta, f"Orbax cannot restore from it: {params}")
+    if isinstance(params, fl.Refused):
+        ctx.bad(meta, f"Orbax cannot restore from it: {params.reason}")
     if "array_metadatas" in inner:
         for n in _ls(os.path.join(ip, "array_metadatas")):
             doc = ctx.json(os.path.join(ip, "array_metadatas", n))
@@ -841,41 +883,16 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
                       stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
     path = found.path
-    ctx = _Ctx(path, level, update)
+    ctx = _Ctx(path, level, update, want_commit)
     layout = _precheck(ctx, found)
     if layout is None:
-        checker = CHECKERS[found.format]
-        layout = checker(ctx, found, want_commit) if found.format == "orbax" else checker(ctx, found)
+        layout = CHECKERS[found.format](ctx, found)
     outcome = None
     if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
-        outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
-        from checkpoint_strategy.formats.optstep import fill_deep_check
-
-        mismatch = fill_deep_check(path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
-        if mismatch is not None:
-            outcome.findings.append(_deep().Finding(".", mismatch[1], mismatch[0]))  # type: ignore[arg-type]
-        for f in outcome.findings:
-            ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
-        ctx.counter.notes.extend(outcome.notes)
-        ctx.counter.bytes_read += outcome.check.bytes_scanned
-        if any(f.kind == "not_resumable" for f in outcome.findings):
-            layout.resumable = False
+        outcome = _run_deep(ctx, found, layout, stats)
     manifest_state = None
     if manifest and os.path.lexists(path) and not any(p.kind == "incomplete" for p in ctx.problems):
-        from checkpoint_strategy.formats import manifest as mf
-
-        if manifest == "write" and not ctx.problems:
-            target = mf.manifest_path(path)
-            if root is not None and not storage.inside(os.path.dirname(target) or ".", root):
-                ctx.counter.notes.append(f"{os.path.basename(path)}: a symlink to outside {root}: "
-                                         "manifest not written there (validate the target itself to write one)")
-            else:
-                mf.write_manifest(path, ctx.counter, update)
-                manifest_state = "written"
-        elif manifest == "verify":
-            for rel, reason in mf.verify_manifest(path, ctx.counter, update):
-                ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
-            manifest_state = "verified"
+        manifest_state = _manifest(ctx, path, manifest, root)
     mark = _note_marker(ctx, path)
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
@@ -893,6 +910,42 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
             seen.flat_names = tuple(ctx.listed)
             seen.flat_read, seen.flat_unread = _flat_parts(path, seen.flat_names, ctx.counter.sizes)
     return result, outcome
+
+
+def _run_deep(ctx: _Ctx, found: fm.Found, layout: Layout, stats: bool) -> dp.DeepOutcome:
+    """Level deep over the sources the checker gathered; its findings, notes and bytes go to the context."""
+    outcome: dp.DeepOutcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+    from checkpoint_strategy.formats.optstep import fill_deep_check
+
+    mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
+    if mismatch is not None:
+        outcome.findings.append(_deep().Finding(".", mismatch[1], mismatch[0]))
+    for f in outcome.findings:
+        ctx.problems.append(Problem(file=ctx.named(f.file), reason=f.reason, kind=f.kind))
+    ctx.counter.notes.extend(outcome.notes)
+    ctx.counter.bytes_read += outcome.check.bytes_scanned
+    if any(f.kind == "not_resumable" for f in outcome.findings):
+        layout.resumable = False
+    return outcome
+
+
+def _manifest(ctx: _Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
+    """validate --manifest write|verify on a checkpoint that is not incomplete; the state it leaves."""
+    from checkpoint_strategy.formats import manifest as mf
+
+    if manifest == "write" and not ctx.problems:
+        target = mf.manifest_path(path)
+        if root is not None and not storage.inside(os.path.dirname(target) or ".", root):
+            ctx.counter.notes.append(f"{os.path.basename(path)}: a symlink to outside {root}: "
+                                     "manifest not written there (validate the target itself to write one)")
+            return None
+        mf.write_manifest(path, ctx.counter, ctx.update)
+        return "written"
+    if manifest == "verify":
+        for rel, reason in mf.verify_manifest(path, ctx.counter, ctx.update):
+            ctx.problems.append(Problem(file=rel, reason=reason, kind="invalid"))
+        return "verified"
+    return None
 
 
 def _flat_parts(folder: str, names: tuple[str, ...], sizes: dict[str, int]) -> tuple[int, tuple[str, ...]]:
