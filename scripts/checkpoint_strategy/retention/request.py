@@ -44,7 +44,7 @@ class PruneRequest(BaseModel):
         valid one is deleted like a superseded one (default: kept and reported).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     root: str
     keep_last: Optional[int] = None

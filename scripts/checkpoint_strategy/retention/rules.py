@@ -365,8 +365,17 @@ _FINAL = frozenset({"unrecognised", "final_export", "symlink"})
 # `Retention.rules` (or passed to `plan_prune(..., rules=AnyOf(*retention.rules(), MyRule()))`).
 
 
-@dataclass(frozen=True)
-class KeepNewest:
+class _Rule:
+    """A keep rule object: called as ``rule(candidate, context) -> Reason | None``; shown by its parameters.
+    Plain classes with slots, not dataclasses: prune's import stays as cheap as the functions' was."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(repr(getattr(self, n)) for n in self.__slots__)})"
+
+
+class KeepNewest(_Rule):
     """The newest counted checkpoint (resumable when the run has any): always kept."""
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
@@ -375,11 +384,13 @@ class KeepNewest:
         return None
 
 
-@dataclass(frozen=True)
-class KeepLast:
+class KeepLast(_Rule):
     """The `n` newest counted checkpoints (one per step; the newest has its own reason)."""
 
-    n: int
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.name in ctx.last(self.n) and (ctx.newest is None or c.name != ctx.newest.name):
@@ -387,11 +398,13 @@ class KeepLast:
         return None
 
 
-@dataclass(frozen=True)
-class KeepMilestones:
+class KeepMilestones(_Rule):
     """Checkpoints at these steps."""
 
-    steps: frozenset[int]
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: Iterable[int]) -> None:
+        self.steps = frozenset(steps)
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.step is not None and c.step in self.steps:
@@ -399,11 +412,13 @@ class KeepMilestones:
         return None
 
 
-@dataclass(frozen=True)
-class KeepBest:
+class KeepBest(_Rule):
     """The trainer's best (name -> why), and Lightning names carrying a metric (its top-k)."""
 
-    names: Mapping[str, str] = field(default_factory=dict)
+    __slots__ = ("names",)
+
+    def __init__(self, names: Mapping[str, str]) -> None:
+        self.names = names
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.name in self.names:
@@ -413,13 +428,14 @@ class KeepBest:
         return None
 
 
-@dataclass(frozen=True)
-class KeepNamed:
+class KeepNamed(_Rule):
     """Named checkpoints, each with its own why, under one reason kind: the spike guard's rollback point
     (kind "rollback") and the newest checkpoint before each spike of the log (kind "pre_spike")."""
 
-    kind: ReasonKind
-    names: Mapping[str, str] = field(default_factory=dict)
+    __slots__ = ("kind", "names")
+
+    def __init__(self, kind: ReasonKind, names: Mapping[str, str]) -> None:
+        self.kind, self.names = kind, names
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.name in self.names:
@@ -427,13 +443,14 @@ class KeepNamed:
         return None
 
 
-@dataclass(frozen=True)
-class KeepPostOnset:
+class KeepPostOnset(_Rule):
     """Post-onset checkpoints have their own window: the `n` newest of them are kept (the spike may still
     recover); older ones go, justified by a newer post-onset one, never by a safe one."""
 
-    names: Mapping[str, str]
-    n: int
+    __slots__ = ("names", "n")
+
+    def __init__(self, names: Mapping[str, str], n: int) -> None:
+        self.names, self.n = names, n
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.name in self.names and c.name in ctx.post_last(self.n):
@@ -441,16 +458,15 @@ class KeepPostOnset:
         return None
 
 
-@dataclass(frozen=True)
-class AnyOf:
+class AnyOf(_Rule):
     """Rules composed: a candidate is kept when any of them keeps it; `reasons` gives every rule's reason in
     order, stopping at one that makes the candidate no deletable checkpoint at all (unrecognised, a symlink,
     the final export). Itself a keep rule (its first reason), so it nests."""
 
-    rules: tuple[KeepRule, ...]
+    __slots__ = ("rules",)
 
     def __init__(self, *rules: KeepRule) -> None:
-        object.__setattr__(self, "rules", rules)
+        self.rules = rules
 
     def reasons(self, c: Candidate, ctx: Context) -> list[Reason]:
         out: list[Reason] = []
