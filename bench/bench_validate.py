@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
+from checkpoint_strategy.checkpoints import archive as zr  # noqa: E402
 from checkpoint_strategy.checkpoints import filechecks as fc  # noqa: E402
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths  # noqa: E402
 
@@ -342,24 +343,24 @@ def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
 
     big = tmp / "big.ckpt"
     build_big(big, gb)
-    rule = fc.crc_workers()
+    rule = zr.crc_workers()
     counts = sorted({1, 2, 4, rule})
     ratios: dict[int, list[float]] = {w: [] for w in counts}
     cat_rate(big)
-    saved = fc.CRC_WORKERS
+    saved = zr.CRC_WORKERS
     try:
         for r in range(rounds):
             for w in (counts if r % 2 == 0 else counts[::-1]):
-                fc.CRC_WORKERS = w
+                zr.CRC_WORKERS = w
                 c1 = big.stat().st_size / cat_rate(big, 1)
                 rate, _ = full_rate(big, 1)
                 c2 = big.stat().st_size / cat_rate(big, 1)
                 ratios[w].append(rate * min(c1, c2) / big.stat().st_size)
     finally:
-        fc.CRC_WORKERS = saved
+        zr.CRC_WORKERS = saved
     print(f"full validation of a {big.stat().st_size / 1e9:.2f} GB torch zip (entries of 512 MB), CRC-32 via "
-          f"{fc.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
-          f"{fc.usable_cores()}, the rule picks {rule} thread(s):")
+          f"{zr.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
+          f"{zr.usable_cores()}, the rule picks {rule} thread(s):")
     for w in counts:
         v = ratios[w]
         print(f"  {w} thread(s){' (rule)' if w == rule else ''}: median {statistics.median(v):.2f}x cat's rate, "
@@ -412,13 +413,13 @@ def main() -> None:
         size_gb = big.stat().st_size / 1e9
         rc = cat_rate(big)
         results = {}
-        for impl, fn in (("zlib", zlib.crc32), (fc.CRC32_IMPL, fc._crc32)):
-            saved = fc._crc32
-            fc._crc32 = fn
+        for impl, fn in (("zlib", zlib.crc32), (zr.CRC32_IMPL, zr.crc32)):
+            saved = zr.crc32
+            zr.crc32 = fn
             try:
                 results[impl] = full_rate(big)[0]
             finally:
-                fc._crc32 = saved
+                zr.crc32 = saved
         print(f"full validate of a {size_gb:.2f} GB torch zip checkpoint (warm cache):")
         print(f"  cat > /dev/null: {rc / 1e9:.2f} GB/s")
         for impl, rate in results.items():

@@ -13,12 +13,12 @@ the verdicts worded as the issue asks:
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections import Counter as Multiset
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from checkpoint_strategy.checkpoints import archive as zr
 from checkpoint_strategy.checkpoints import filechecks as fc
 from checkpoint_strategy.checkpoints.framework_layouts import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.checkpoints import tensorscan as ts
@@ -96,22 +96,17 @@ def _role_of(file_role: Role, name: str) -> str:
 # --------------------------------------------------------------------------- jobs from headers
 
 def _safetensors_jobs(src: Source) -> tuple[list[ts.Job], str | None]:
-    from checkpoint_strategy.storage import ReadError, loads_json, open_regular
-
-    try:
-        with open_regular(src.path, "safetensors file") as fh:
-            head = fh.read(8)
-            (hlen,) = struct.unpack("<Q", head)
-            header = loads_json(fh.read(min(hlen, fc.ST_MAX_HEADER)), "safetensors header", expect=dict)
-    except (OSError, ReadError, struct.error) as exc:
-        return [], getattr(exc, "reason", None) or str(exc)
+    got = zr.safetensors_header(src.path)
+    if got is None:
+        return [], "cannot read the safetensors header"
+    header, data_start = got
     jobs = []
     for name, info in header.items():
         if name == "__metadata__" or not isinstance(info, dict):
             continue
         begin, end = info["data_offsets"][0], info["data_offsets"][1]
         dtype = ts.safetensors_dtype(info["dtype"])
-        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, 8 + hlen + begin,
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, data_start + begin,
                            tuple(info["shape"]), nbytes=0 if dtype in ts.FLOAT_DTYPES else end - begin))
     return jobs, None
 
@@ -138,7 +133,6 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
     return jobs, notes
 
 
-Window = fc.Window
 
 
 def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
@@ -209,8 +203,7 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
                 fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel,
                               src.role, "zip")
                 if head == b"PK\x03\x04":
-                    win = Window(fh, off, length)
-                    z = embedded_zip(win, length)
+                    z = fc.embedded_torch_zip(zr.Window(fh, off, length), length)
                     if isinstance(z, str):
                         notes.append(f"{fqn}: {z}")
                         continue
@@ -234,33 +227,6 @@ def fc_read_error():
     from checkpoint_strategy.storage import ReadError
 
     return ReadError
-
-
-def embedded_zip(win: Window, length: int) -> fc.ZipScan | str:
-    parsed = fc.read_zip_directory(win, length)
-    if isinstance(parsed, str):
-        return parsed
-    entries, cd_offset = parsed
-    z = fc.ZipScan(entries=entries)
-    for e in entries:
-        win.seek(e.offset)
-        lh = win.read(30)
-        if len(lh) != 30 or lh[:4] != b"PK\x03\x04":
-            return f"broken local header for {e.name!r}"
-        nlen, xlen = struct.unpack("<HH", lh[26:30])
-        e.data_start = e.offset + 30 + nlen + xlen
-        if e.data_start + e.csize > cd_offset:
-            return f"entry {e.name!r} runs past its archive"
-    pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
-    if pkl is None:
-        return "embedded archive without data.pkl"
-    z.prefix = pkl.name[: -len("data.pkl")]
-    data = fc._read_entry(win, pkl, fc.Counter())
-    if isinstance(data, str):
-        return data
-    z.pickle = tp.read_pickle(data)
-    found = fc.pickle_findings(z.pickle, pkl.name)
-    return found[0] if found else z
 
 
 # --------------------------------------------------------------------------- optimizer state

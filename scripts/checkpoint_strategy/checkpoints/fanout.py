@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from checkpoint_strategy.checkpoints.filechecks import usable_cores
+from checkpoint_strategy.checkpoints.archive import usable_cores
 
 T = TypeVar("T")
 R = TypeVar("R")
