@@ -48,6 +48,8 @@ class Source:
     #                             universal checkpoint's zero/<param>/<state>.pt
     flat_model: bool = False    # DCP with the model flattened to the top level (torchtitan): every top-level
     #                             key but the training state's is a weight
+    crc: bool = False           # a torch archive whose entries' CRC-32 the value scan checks (level full's pass,
+    #                             not made: the archive is read once)
 
 
 #: torchtitan's top-level keys beside the flattened model (framework_layouts.TORCHTITAN_TRAIN_KEYS)
@@ -77,6 +79,8 @@ class DeepOutcome:
     tensors: list[TensorStat] = field(default_factory=list)
     per_tensor_l2: dict[str, float] = field(default_factory=dict)   # weights only, for `compare`
     notes: list[str] = field(default_factory=list)
+    crc_problems: list[tuple[str, str]] = field(default_factory=list)   # (file, finding): an entry's CRC-32 wrong
+    bytes_crc: int = 0    # bytes read for the CRC alone (the pickle, the records, bytes no tensor covers)
 
 
 shown = tp.shown
@@ -405,7 +409,8 @@ def _check_universal_optimizer(stats: list[ts.Stat]) -> OptimizerCheck:
 def run(sources: list[Source], global_step: int | None = None, want_max: bool = False) -> DeepOutcome:
     started = time.perf_counter()
     jobs, notes, dcp_meta = _collect_jobs(sources)
-    outcome = ts.scan(jobs, want_max=want_max)
+    crc = {src.path: (src.rel, src.zip.entries) for src in sources if src.crc and src.zip is not None}
+    outcome = ts.scan(jobs, want_max=want_max, crc=crc)
     findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
     tally = _tally(outcome.stats, findings)
     have_weights = bool(tally.weight_bytes)
@@ -426,7 +431,8 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
     tensors = [TensorStat(file=s.file, tensor=s.name, role=s.role if s.role in ("weights", "optimizer") else "other",
                           dtype=s.dtype, shape=list(s.shape), numel=s.numel, nan=s.nan, inf=s.inf, l2=s.l2,
                           max_abs=s.max_abs, note=s.note) for s in outcome.stats]
-    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes)
+    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes,
+                       crc_problems=outcome.crc_problems, bytes_crc=outcome.bytes_crc)
 
 
 def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list | None]:
