@@ -36,7 +36,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from checkpoint_strategy.checkpoints import archive as zr  # noqa: E402
-from checkpoint_strategy.checkpoints import filechecks as fc  # noqa: E402
 from checkpoint_strategy.checkpoints import validate_checkpoint, validate_paths  # noqa: E402
 
 

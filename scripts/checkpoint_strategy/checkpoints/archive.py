@@ -25,7 +25,7 @@ import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import IO, Literal, Protocol, TypeAlias
+from typing import IO, Literal, Protocol, TypeAlias, cast
 
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
 
@@ -122,7 +122,6 @@ def crc_workers() -> int:
 class Readable(Protocol):
     def seek(self, pos: int, whence: int = 0, /) -> int: ...
     def read(self, n: int = -1, /) -> bytes: ...
-    def readinto(self, buf: memoryview | bytearray, /) -> int | None: ...
 
 
 class Window:
@@ -599,6 +598,13 @@ def crc_mismatch(e: ZipEntry, crc: int) -> str | None:
     return None
 
 
+def _readinto(src: Source, view: memoryview) -> int:
+    """Read into `view` (a file object's own readinto: no copy), the bytes read."""
+    if isinstance(src, (Window, InMemory)):
+        return src.readinto(view)
+    return cast(io.BufferedReader, src).readinto(view)   # (typeshed's IO[bytes] names no readinto)
+
+
 def _stored_chunks(src: Source, e: ZipEntry, counter: Counter, update: Update | None) -> Iterator[memoryview]:
     """An entry's stored bytes as views of one reused buffer (at most CHUNK bytes); a short read ends them early."""
     src.seek(e.data_start)
@@ -606,7 +612,7 @@ def _stored_chunks(src: Source, e: ZipEntry, counter: Counter, update: Update | 
     buf = bytearray(min(CHUNK, max(remaining, 1)))
     view = memoryview(buf)
     while remaining > 0:
-        n = src.readinto(view[:min(len(buf), remaining)])
+        n = _readinto(src, view[:min(len(buf), remaining)])
         if not n:
             return
         remaining -= n

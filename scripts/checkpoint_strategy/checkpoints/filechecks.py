@@ -17,11 +17,15 @@ import struct
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from checkpoint_strategy.checkpoints import archive as zr
 from checkpoint_strategy.checkpoints import torchpickle as tp
 from checkpoint_strategy.checkpoints.archive import CHUNK, Counter, Finding, Kind, Update, ZipEntry, truncated
 from checkpoint_strategy.storage import ReadError, open_regular, read_small
+
+if TYPE_CHECKING:
+    from checkpoint_strategy.checkpoints.framework_layouts import DcpItem
 
 __all__ = ["CHUNK", "Counter", "Finding", "Kind", "ZipEntry", "truncated"]   # used by the checkers as fc.<name>
 
@@ -43,7 +47,7 @@ def read_chunks(path: str, counter: Counter, update: Update | None = None) -> It
     view = memoryview(buf)
     with open_regular(path) as fh:
         while True:
-            n = fh.readinto(buf)
+            n = cast(io.BufferedReader, fh).readinto(buf)   # (typeshed's BinaryIO names no readinto)
             if not n:
                 return
             counter.bytes_read += n
@@ -393,21 +397,14 @@ def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[F
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> list[Finding]:
+def _check_legacy(fh: zr.Source, size: int, counter: Counter, name: str, z: ZipScan) -> list[Finding]:
     """Legacy (pre-1.6, non-zip) torch.save: five pickles (magic number, protocol, sys info, the
     object, the sorted storage keys) then, per key, an 8-byte element count and the raw bytes."""
     fh.seek(0)
     reader = io.BufferedReader(fh, buffer_size=1 << 16) if isinstance(fh, io.RawIOBase) else fh
-    scans = []
-    for i in range(5):
-        scan = tp.read_pickle(reader)
-        scans.append(scan)
-        if i == 3:
-            z.pickle = scan
-        if scan.unsafe() or (i == 3 and not scan.complete):
-            return pickle_findings(scan, f"{name} (legacy torch file)")
-        if not scan.complete:
-            return [Finding(f"legacy torch file: pickle {i + 1} of 5 is broken ({scan.error})")]
+    scans = _legacy_pickles(reader, name, z)
+    if isinstance(scans, Finding):
+        return [scans]
     if scans[0].root != _LEGACY_MAGIC:
         return [Finding("legacy torch file: wrong magic number (not written by torch.save)")]
     keys = scans[4].root
@@ -417,26 +414,51 @@ def _check_legacy(fh, size: int, counter: Counter, name: str, z: ZipScan) -> lis
     missing = sorted(set(refs) - set(keys))
     if missing:
         return [Finding(f"legacy torch file: storage {missing[0]} is referenced but not written")]
-    pos = reader.tell()
-    for key in keys:
-        reader.seek(pos)
-        head = reader.read(8)
-        if len(head) != 8:
-            return [truncated(f"truncated: legacy torch file ends before storage {key}")]
-        (numel,) = struct.unpack("<q", head)
-        ref = refs.get(key)
-        item = tp.DTYPE_SIZE.get(ref.dtype, 1) if ref is not None else 1
-        if numel < 0 or (ref is not None and numel != ref.numel):
-            return [Finding(f"legacy torch file: storage {key} holds {numel} elements, the pickle says "
-                            f"{ref.numel if ref else '?'}")]
-        pos += 8 + numel * item
-        if pos > size:
-            return [truncated(f"truncated: legacy torch file ends inside storage {key}")]
+    pos = _legacy_storages(reader, keys, refs, size)
+    if isinstance(pos, Finding):
+        return [pos]
     counter.bytes_read += pos
     if pos != size:
         return [Finding(f"legacy torch file: {size - pos} trailing bytes after the last storage")]
     counter.notes.append(f"{name}: legacy (pre-1.6) torch serialization; pickle and storage sizes checked")
     return []
+
+
+def _legacy_pickles(reader: zr.Source | io.BufferedReader, name: str, z: ZipScan) -> list[tp.PickleScan] | Finding:
+    """The five pickles of a legacy file read as data (the object's is `z.pickle`), or the first finding."""
+    scans = []
+    for i in range(5):
+        scan = tp.read_pickle(reader)
+        scans.append(scan)
+        if i == 3:
+            z.pickle = scan
+        if scan.unsafe() or (i == 3 and not scan.complete):
+            return pickle_findings(scan, f"{name} (legacy torch file)")[0]
+        if not scan.complete:
+            return Finding(f"legacy torch file: pickle {i + 1} of 5 is broken ({scan.error})")
+    return scans
+
+
+def _legacy_storages(reader: zr.Source | io.BufferedReader, keys: list[str], refs: dict[str, tp.StorageRef],
+                     size: int) -> int | Finding:
+    """Each storage's element count after the pickles, as the object's pickle says, within the file: the offset
+    where the last one ends, or the first finding."""
+    pos = reader.tell()
+    for key in keys:
+        reader.seek(pos)
+        head = reader.read(8)
+        if len(head) != 8:
+            return truncated(f"truncated: legacy torch file ends before storage {key}")
+        (numel,) = struct.unpack("<q", head)
+        ref = refs.get(key)
+        item = tp.DTYPE_SIZE.get(ref.dtype, 1) if ref is not None else 1
+        if numel < 0 or (ref is not None and numel != ref.numel):
+            return Finding(f"legacy torch file: storage {key} holds {numel} elements, the pickle says "
+                           f"{ref.numel if ref else '?'}")
+        pos += 8 + numel * item
+        if pos > size:
+            return truncated(f"truncated: legacy torch file ends inside storage {key}")
+    return pos
 
 
 # --------------------------------------------------------------------------- pickles (opcodes only)
@@ -466,9 +488,56 @@ _PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
 MAX_MEMO_STRINGS = 500_000
 
 
-def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:  # noqa: C901 - complexity debt, see issue 10
+_NONE = object()   # a token of the walk that is neither a string nor an int
+
+
+class _MetaWalk:
+    """`dcp_storage_map`'s state: the memoized strings, the last six tokens, what was found."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, str] = {}
+        self.memo_len = 0  # MEMOIZE numbers entries by count, remembered or not
+        self.window: deque[object] = deque(maxlen=6)
+        self.last: object = _NONE
+        self.needed: dict[str, int] = {}
+        self.keys: set[str] = set()
+
+    def memoize(self, name: str, arg: object) -> None:
+        """MEMOIZE / PUT: remember the last token when it is a string (at most MAX_MEMO_STRINGS of them)."""
+        index = self.memo_len if name == "MEMOIZE" else arg
+        if name == "MEMOIZE":
+            self.memo_len += 1
+        if not isinstance(index, int):
+            return
+        if isinstance(self.last, str) and (len(self.memo) < MAX_MEMO_STRINGS or index in self.memo):
+            self.memo[index] = self.last
+        else:
+            self.memo.pop(index, None)
+
+    def token(self, name: str, arg: object) -> None:
+        """Any other opcode: its value as the walk sees it, then the window's patterns."""
+        if name in _GET_OPS:
+            self.last = self.memo.get(arg, _NONE) if isinstance(arg, int) else _NONE
+        elif isinstance(arg, str) and name not in ("GLOBAL", "INST"):
+            self.last = arg
+        elif name in _INT_OPS and isinstance(arg, int) and not isinstance(arg, bool):
+            self.last = arg
+        else:
+            self.last = _NONE
+        w = self.window
+        w.append(self.last)
+        if len(w) == 6 and w[0] == "relative_path" and w[2] == "offset" and w[4] == "length":
+            rel, off, ln = w[1], w[3], w[5]
+            if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
+                self.needed[rel] = max(self.needed.get(rel, 0), off + ln)
+        if len(w) >= 2 and w[-2] == "fqn" and isinstance(self.last, str):
+            self.keys.add(self.last.split(".", 1)[0])
+
+
+def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
     """From a torch.distributed.checkpoint `.metadata` pickle, without unpickling it:
-    {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys.
+    {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys; or the reason there are
+    none.
 
     A tiny symbolic walk over the opcodes with a six-token window: enough to follow
     `_StorageInfo(relative_path=..., offset=..., length=...)` entries and `fqn` strings. Only
@@ -477,50 +546,24 @@ def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:  # no
     """
     if len(data) > (1 << 20) and b"relative_path" not in data:  # a big pickle of something else: no walk
         return "no storage entries found in .metadata (no relative_path in the pickle)"
-    _obj = object()
-    memo: dict[int, str] = {}
-    memo_len = 0  # MEMOIZE numbers entries by count, remembered or not
-    window: deque = deque(maxlen=6)
-    last: object = _obj
-    needed: dict[str, int] = {}
-    keys: set[str] = set()
+    walk = _MetaWalk()
     try:
         for op, arg, _pos in pickletools.genops(data):
             name = op.name
-            if name == "MEMOIZE" or name in _PUT_OPS:
-                index = memo_len if name == "MEMOIZE" else arg
-                if name == "MEMOIZE":
-                    memo_len += 1
-                if isinstance(last, str) and (len(memo) < MAX_MEMO_STRINGS or index in memo):
-                    memo[index] = last
-                else:
-                    memo.pop(index, None)
-                continue
-            if name in _GET_OPS:
-                last = memo.get(arg, _obj)
-            elif isinstance(arg, str) and name not in ("GLOBAL", "INST"):
-                last = arg
-            elif name in _INT_OPS and isinstance(arg, int) and not isinstance(arg, bool):
-                last = arg
-            elif name == "STOP":
+            if name == "STOP":
                 break
+            if name == "MEMOIZE" or name in _PUT_OPS:
+                walk.memoize(name, arg)
             else:
-                last = _obj
-            window.append(last)
-            if len(window) == 6 and window[0] == "relative_path" and window[2] == "offset" and window[4] == "length":
-                rel, off, ln = window[1], window[3], window[5]
-                if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
-                    needed[rel] = max(needed.get(rel, 0), off + ln)
-            if len(window) >= 2 and window[-2] == "fqn" and isinstance(last, str):
-                keys.add(last.split(".", 1)[0])
+                walk.token(name, arg)
         else:
             return "broken .metadata: pickle ends without STOP (truncated)"
     except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
         return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
-    return needed, keys
+    return walk.needed, walk.keys
 
 
-def check_dcp_file(path: str, items: list, counter: Counter, update=None) -> list[Finding]:
+def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Update | None = None) -> list[Finding]:
     """Level full of one DCP data file: every item `.metadata` places in it (framework_layouts.DcpItem) is a torch
     archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
     chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
@@ -536,7 +579,7 @@ def check_dcp_file(path: str, items: list, counter: Counter, update=None) -> lis
     return []
 
 
-def _dcp_item_finding(fh, it, counter: Counter, update) -> Finding | None:
+def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Update | None) -> Finding | None:
     if it.transformed:   # compressed / encrypted by a DCP extension: its bytes are read, not parsed
         fh.seek(it.offset)
         counter.bytes_read += len(fh.read(min(it.length, CHUNK)))
@@ -561,7 +604,8 @@ def _dcp_item_finding(fh, it, counter: Counter, update) -> Finding | None:
     return None
 
 
-def _window_chunks(fh, base: int, length: int, counter: Counter, update):
+def _window_chunks(fh: BinaryIO, base: int, length: int, counter: Counter,
+                   update: Update | None) -> Iterator[bytes]:
     fh.seek(base)
     left = length
     while left > 0:

@@ -201,19 +201,26 @@ def _small_zip_value(data: bytes) -> Optional[float]:
     if isinstance(parsed, str) or zr.local_headers(src, parsed[0], parsed[1], zr.Counter(), False) is not None:
         return None
     infos = {e.name: e for e in reversed(parsed[0])}
-    pkl = next((n for n in infos if n.endswith("data.pkl")), None)
-    raw = zr.read_entry(src, infos[pkl], zr.Counter(), limit=MAX_ITEM) if pkl is not None else None
-    if not isinstance(raw, bytes) or zr.crc_mismatch(infos[pkl], zr.crc32(raw)):
+    pkl = next((e for n, e in infos.items() if n.endswith("data.pkl")), None)
+    raw = _verified(src, pkl)
+    if raw is None or pkl is None:
         return None
     root = tp.read_pickle(raw).root
     if not isinstance(root, tp.TensorRef):
         return _number(root)
-    entry = infos.get(f"{pkl[:-len('data.pkl')]}data/{root.storage.key}")
     size = tp.DTYPE_SIZE.get(root.dtype, 0)
-    stored = zr.read_entry(src, entry, zr.Counter(), limit=MAX_ITEM) if entry is not None and size else None
-    if not isinstance(stored, bytes) or zr.crc_mismatch(entry, zr.crc32(stored)):
+    stored = _verified(src, infos.get(f"{pkl.name[:-len('data.pkl')]}data/{root.storage.key}")) if size else None
+    if stored is None:
         return None
     return _decode(stored[root.offset * size:(root.offset + 1) * size], root.dtype)
+
+
+def _verified(src: zr.InMemory, entry: zr.ZipEntry | None) -> bytes | None:
+    """A small entry's bytes when its CRC-32 is right (at most MAX_ITEM), else None."""
+    data = zr.read_entry(src, entry, zr.Counter(), limit=MAX_ITEM) if entry is not None else None
+    if not isinstance(data, bytes) or entry is None or zr.crc_mismatch(entry, zr.crc32(data)):
+        return None
+    return data
 
 
 class _Dcp:
