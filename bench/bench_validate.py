@@ -14,7 +14,7 @@
    reduction over the same mapped bytes (the least any numpy check of every value costs).
 Test data lives in a temp folder that is removed afterwards. `--deep-only` runs part 4 only; `--repeat N`
 measures part 4 N times. `--crc-only`: part 2 with 1, 2 and 4 CRC threads and the rule's count
-(filechecks.crc_workers), interleaved with cat, max(3, N) rounds: the measurements behind the rule.
+(archive.crc_workers), interleaved with cat, max(3, N) rounds: the measurements behind the rule.
 """
 
 from __future__ import annotations
@@ -335,9 +335,9 @@ def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
 
 
 def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
-    """Full validation with 1, 2 and 4 CRC threads and with the rule's count (filechecks.crc_workers), each
+    """Full validation with 1, 2 and 4 CRC threads and with the rule's count (archive.crc_workers), each
     between two `cat` runs of the same warm file (ratio = the better cat's time / validate's time), in
-    alternating order, `rounds` times: median and range. The data for the rule in filechecks.CRC_WORKERS."""
+    alternating order, `rounds` times: median and range. The data for the rule in archive.CRC_WORKERS."""
     import statistics
 
     big = tmp / "big.ckpt"
