@@ -14,7 +14,7 @@
    reduction over the same mapped bytes (the least any numpy check of every value costs).
 Test data lives in a temp folder that is removed afterwards. `--deep-only` runs part 4 only; `--repeat N`
 measures part 4 N times. `--crc-only`: part 2 with 1, 2 and 4 CRC threads and the rule's count
-(filechecks.crc_workers), interleaved with cat, max(3, N) rounds: the measurements behind the rule.
+(archive.crc_workers), interleaved with cat, max(3, N) rounds: the measurements behind the rule.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
-from checkpoint_strategy.formats import filechecks as fc  # noqa: E402
+from checkpoint_strategy.formats import archive as zr  # noqa: E402
 from checkpoint_strategy.validate import validate_checkpoint, validate_paths  # noqa: E402
 
 
@@ -335,31 +335,31 @@ def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
 
 
 def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
-    """Full validation with 1, 2 and 4 CRC threads and with the rule's count (filechecks.crc_workers), each
+    """Full validation with 1, 2 and 4 CRC threads and with the rule's count (archive.crc_workers), each
     between two `cat` runs of the same warm file (ratio = the better cat's time / validate's time), in
-    alternating order, `rounds` times: median and range. The data for the rule in filechecks.CRC_WORKERS."""
+    alternating order, `rounds` times: median and range. The data for the rule in archive.CRC_WORKERS."""
     import statistics
 
     big = tmp / "big.ckpt"
     build_big(big, gb)
-    rule = fc.crc_workers()
+    rule = zr.crc_workers()
     counts = sorted({1, 2, 4, rule})
     ratios: dict[int, list[float]] = {w: [] for w in counts}
     cat_rate(big)
-    saved = fc.CRC_WORKERS
+    saved = zr.CRC_WORKERS
     try:
         for r in range(rounds):
             for w in (counts if r % 2 == 0 else counts[::-1]):
-                fc.CRC_WORKERS = w
+                zr.CRC_WORKERS = w
                 c1 = big.stat().st_size / cat_rate(big, 1)
                 rate, _ = full_rate(big, 1)
                 c2 = big.stat().st_size / cat_rate(big, 1)
                 ratios[w].append(rate * min(c1, c2) / big.stat().st_size)
     finally:
-        fc.CRC_WORKERS = saved
+        zr.CRC_WORKERS = saved
     print(f"full validation of a {big.stat().st_size / 1e9:.2f} GB torch zip (entries of 512 MB), CRC-32 via "
-          f"{fc.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
-          f"{fc.usable_cores()}, the rule picks {rule} thread(s):")
+          f"{zr.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
+          f"{zr.usable_cores()}, the rule picks {rule} thread(s):")
     for w in counts:
         v = ratios[w]
         print(f"  {w} thread(s){' (rule)' if w == rule else ''}: median {statistics.median(v):.2f}x cat's rate, "
@@ -412,13 +412,13 @@ def main() -> None:
         size_gb = big.stat().st_size / 1e9
         rc = cat_rate(big)
         results = {}
-        for impl, fn in (("zlib", zlib.crc32), (fc.CRC32_IMPL, fc._crc32)):
-            saved = fc._crc32
-            fc._crc32 = fn
+        for impl, fn in (("zlib", zlib.crc32), (zr.CRC32_IMPL, zr.crc32)):
+            saved = zr.crc32
+            zr.crc32 = fn
             try:
                 results[impl] = full_rate(big)[0]
             finally:
-                fc._crc32 = saved
+                zr.crc32 = saved
         print(f"full validate of a {size_gb:.2f} GB torch zip checkpoint (warm cache):")
         print(f"  cat > /dev/null: {rc / 1e9:.2f} GB/s")
         for impl, rate in results.items():

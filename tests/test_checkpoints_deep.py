@@ -606,3 +606,40 @@ def test_hostile_weight_map_values_never_crash(hf_run, copy_of):
     r = validate_checkpoint(ckpt)
     reasons = sorted(p.reason for p in r.problems)
     assert r.status == "invalid" and len(reasons) == 3 and all("invalid shard" in x for x in reasons)
+
+
+def test_deep_reads_a_torch_archive_once_and_checks_every_crc(hf_run, copy_of):
+    """Level deep checks the CRC-32 of every entry of optimizer.pt in the pass that reads its values (the archive is
+    read once): a clean checkpoint reads no more bytes than level full does, not full's and then the scan's; a byte flipped anywhere in an
+    entry's data (a moment's value, the pickle, a record, bytes no tensor covers) gives exactly level full's finding,
+    with no deep outcome, as when full's pass ran first; and with another problem in the checkpoint (no value
+    scan) the CRC finding is still there."""
+    ckpt = copy_of(hf_run.output_dir / "checkpoint-40")
+    opt = ckpt / "optimizer.pt"
+    full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
+    assert deep.status == "valid" and deep.deep is not None and deep.deep.bytes_scanned > opt.stat().st_size // 2
+    assert deep.bytes_read <= full.bytes_read   # (before: full's pass over optimizer.pt, then the value scan's)
+    clean = opt.read_bytes()
+    with zipfile.ZipFile(opt) as z:
+        infos = [i for i in z.infolist() if i.file_size]
+    picks = {i.filename.rsplit("/", 1)[-1]: i for i in infos}
+    flips = [picks[k] for k in ("data.pkl", "version", "serialization_id") if k in picks]
+    flips += sorted((i for i in infos if "/data/" in i.filename), key=lambda i: -i.file_size)[:2]
+    for info in flips:
+        raw = bytearray(clean)
+        lh = info.header_offset
+        start = lh + 30 + struct.unpack_from("<H", raw, lh + 26)[0] + struct.unpack_from("<H", raw, lh + 28)[0]
+        at = start + info.file_size // 2
+        raw[at] ^= 0x01
+        opt.write_bytes(bytes(raw))
+        full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
+        assert _problems(deep) == _problems(full), info.filename
+        assert len(full.problems) == 1, full.problems
+        assert "CRC-32 mismatch" in full.problems[0].reason or info.filename.endswith("data.pkl")   # (or it does
+        #                                                                  not parse: found before any CRC)
+        assert deep.deep is None
+    (ckpt / "trainer_state.json").write_text("{")   # another problem: the value scan does not run
+    full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
+    assert sorted(_problems(deep)) == sorted(_problems(full))
+    assert any("CRC-32 mismatch" in reason for _f, reason, _k in _problems(deep))
+    opt.write_bytes(clean)

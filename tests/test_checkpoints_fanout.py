@@ -1,6 +1,6 @@
-"""validate/fanout.py: the quick level of validate and prune split over forked processes gives what one
-process gives, a child that fails is not trusted (its part is checked again here), and it only forks where
-that is safe (one thread running, enough checkpoints, two usable cores)."""
+"""validate/fanout.py: the quick level of validate and prune split over forked processes (a ProcessPoolExecutor
+in the fork context) gives what one process gives, a worker that fails is not trusted (its part is checked again
+here), and it only forks where that is safe (one thread running, enough checkpoints, two usable cores)."""
 
 from __future__ import annotations
 
@@ -121,11 +121,11 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     assert not _children_left()
 
 
-def test_a_slow_child_takes_fewer_chunks(run, monkeypatch, tmp_path):
-    """The chunks go to whichever process is free: with its children held up (a core shared with another job),
-    this process checks the rest of the run itself, and the report is the same. Held up, not slowed: each child
-    takes one chunk and waits until this process has checked all but the children's two, so the counts do not
-    depend on the machine's load."""
+def test_held_up_workers_leave_the_rest_to_this_process(run, monkeypatch, tmp_path):
+    """The chunks go to whichever process is free: with the workers held up (a core shared with another job),
+    this process checks every chunk not yet handed to one itself, and the report is the same. Held up, not
+    slowed: each worker waits until this process has checked a chunk, so the outcome does not depend on the
+    machine's load."""
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
     n = len(alone[0]["checkpoints"])
@@ -139,17 +139,15 @@ def test_a_slow_child_takes_fewer_chunks(run, monkeypatch, tmp_path):
 
     def check(*a, **k):
         if os.getpid() == parent:
-            _until(lambda: len(os.listdir(took)) == 2, "each child to take a chunk")
             here.append(1)
-            if len(here) == n - 2:
-                released.touch()
+            released.touch()
         else:
-            (took / str(os.getpid())).touch()
-            _until(released.exists, "this process to check the rest")
+            (took / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+            _until(released.exists, "this process to check a chunk")
         return real_check(*a, **k)
     monkeypatch.setattr(validate, "check_with_values", check)
     assert _report(run) == alone
-    assert len(here) == n - 2   # each child took one chunk (one checkpoint), no more
+    assert 1 <= len(here) < n and len(here) + len(os.listdir(took)) == n   # each checkpoint checked once
     assert not _children_left()
 
 
@@ -187,89 +185,55 @@ def test_a_run_under_a_folder_name_that_is_not_utf8_splits_as_usual(run, tmp_pat
     alone = _report(here)
     monkeypatch.setattr(fanout, "ENABLED", True)
     monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
-    trusted = []
-    real_finish = fanout._finish
+    decoded = []
+    real_decoded = fanout._decoded
 
-    def finish(child, *a):
-        real_finish(child, *a)
-        trusted.append(child.trusted)
-    monkeypatch.setattr(fanout, "_finish", finish)
+    def decoded_here(*a):
+        got = real_decoded(*a)
+        decoded.append(got is not None)
+        return got
+    monkeypatch.setattr(fanout, "_decoded", decoded_here)
     assert _report(here) == alone
-    assert trusted and all(trusted)
+    assert all(decoded)   # every chunk a worker sent was taken (this process may have taken them all first)
     assert "\udcff" in alone[0]["checkpoints"][0]["path"]
     assert [c["status"] for c in alone[0]["checkpoints"]].count("valid") == 5
 
 
-def test_the_queue_gives_each_chunk_to_one_reader():
-    """Four processes taking chunk numbers from one queue at once: every number is taken, and by one of them."""
-    queue = fanout._queue(fanout.MAX_CHUNKS)
-    readers = []
-    for _ in range(4):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                os.close(r)
-                os.write(w, ",".join(str(i) for i in fanout._take(queue)).encode())
-            finally:
-                os._exit(0)
-        os.close(w)
-        readers.append((pid, r))
-    got = [i for i in fanout._take(queue)]
-    for pid, r in readers:
-        with os.fdopen(r, "rb") as fh:
-            text = fh.read().decode()
-        os.waitpid(pid, 0)
-        got += [int(x) for x in text.split(",") if x]
-    os.close(queue)
-    assert sorted(got) == list(range(fanout.MAX_CHUNKS))
-
-
-def _child_writing(data: bytes, code: int = 0) -> fanout._Child:
-    """A real child process that sends `data` and exits with `code`, as a checking child would."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            os.write(w, data)
-        finally:
-            os._exit(code)
-    os.close(w)
-    os.set_blocking(r, False)
-    return fanout._Child(pid, r)
-
-
-def _frame(chunk: int, payload: bytes) -> bytes:
-    return b"%d %d\n%s" % (chunk, len(payload), payload)
-
-
-@pytest.mark.parametrize(("data", "code", "trusted"), [
-    (_frame(1, b"[3, 4]") + _frame(2, b"[5]"), 0, True),
-    (_frame(2, b"[5]") + _frame(1, b"[3, 4]"), 0, True),    # in any order
-    (b"", 0, True),                                        # took no chunk
-    (_frame(1, b"[3, 4]") + _frame(2, b"[5]"), 1, False),   # exited with an error
-    (_frame(1, b"[3, 4]") + _frame(1, b"[3, 4]"), 0, False),  # a chunk sent twice
-    (_frame(0, b"[1]"), 0, False),                          # a chunk this process did
-    (_frame(5, b"[1]"), 0, False),                          # no such chunk
-    (b"-1 3\n[1]", 0, False),
-    (_frame(1, b"[3]"), 0, False),                          # fewer results than the chunk has items
-    (_frame(1, b"[3, 4"), 0, False),                        # a payload that does not decode
-    (_frame(1, b"[3, 4]")[:-2], 0, False),                  # cut short
-    (b"1 x\n[3, 4]", 0, False),                            # a header that is not one
-    (b"1" * 100, 0, False),
+@pytest.mark.parametrize(("payload", "taken"), [
+    (b"[3, 4]", True),
+    (None, False),              # the worker's work raised
+    (b"[3]", False),            # fewer results than the chunk has items
+    (b"[3, 4, 5]", False),      # more
+    (b"[3, 4", False),          # bytes that do not decode
+    (b'{"a": 1}', False),       # not a list
+    (b"", False),
 ])
-def test_a_child_is_trusted_only_with_every_chunk_it_names(data, code, trusted):
-    import json as _json
+def test_a_chunk_is_taken_only_when_it_decodes_to_one_result_an_item(payload, taken):
+    assert (fanout._decoded(payload, json.loads, 2) is not None) == taken
 
-    chunks = [(0, 1), (1, 3), (3, 4)]
-    done = {0: ["here"]}
-    child = _child_writing(data, code)
-    fanout._pump(child, chunks, _json.loads)   # (as between chunks: what has come so far, no waiting)
-    fanout._finish(child, chunks, done, _json.loads)
-    assert done == ({0: ["here"], 1: [3, 4], 2: [5]} if trusted and data else {0: ["here"]})
-    assert child.trusted == trusted and child.pid == 0 and child.fd == -1
-    assert not _children_left()
+
+def test_a_worker_that_sent_anything_wrong_is_not_trusted_with_any_chunk():
+    """A worker's good chunks are dropped once any chunk of it is wrong (redone here); another worker's stay; a
+    future that raised (a worker killed: BrokenProcessPool) is just left to be redone."""
+    from concurrent.futures import Future
+
+    def future(result=None, exc=None):
+        f = Future()
+        f.set_running_or_notify_cancel()
+        if exc:
+            f.set_exception(exc)
+        else:
+            f.set_result(result)
+        return f
+    told = []
+    g = fanout._Gathered([2, 1, 1, 1], json.loads, told.append)
+    g.take(0, future((11, "done", b"[1, 2]")))
+    g.take(1, future((22, "done", b"[3]")))
+    g.take(2, future((11, "done", b"[4, 5]")))   # worker 11 goes wrong
+    g.take(3, future(exc=RuntimeError("killed")))
+    g.take(3, future((33, "skipped", None)))     # this process took it first
+    assert g.trusted() == {1: [3]} and not g.untrusted - {11}
+    assert g.counted == {0, 1} and told == [2, 1]   # what was counted is not counted again when redone
 
 
 def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch, tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from cliresult import run_captured
 
@@ -210,8 +211,8 @@ def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path,
     from checkpoint_strategy.formats import filechecks as fc
 
     good = _multi_entry_zip(tmp_path / "good.pt")
-    monkeypatch.setattr(fc, "PARALLEL_MIN_BYTES", 0)
-    monkeypatch.setattr(fc, "CRC_WORKERS", 3)
+    monkeypatch.setattr(zr, "PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(zr, "CRC_WORKERS", 3)
     c = fc.Counter()
     reasons, _ = fc.check_zip(str(good), c, full=True)
     assert reasons == []
@@ -308,11 +309,11 @@ def test_zip64_extra_holds_only_the_fields_the_header_marks():
     values whose 32-bit header field is 0xFFFFFFFF."""
     big = 5 << 32
     only_usize = struct.pack("<HHQ", 1, 8, big)
-    assert fc._zip64_extra(only_usize, 10, 0xFFFFFFFF, 7) == (10, big, 7)
+    assert zr._zip64_extra(only_usize, 10, 0xFFFFFFFF, 7) == (10, big, 7)
     only_offset = struct.pack("<HHQ", 1, 8, big)
-    assert fc._zip64_extra(only_offset, 10, 20, 0xFFFFFFFF) == (10, 20, big)
+    assert zr._zip64_extra(only_offset, 10, 20, 0xFFFFFFFF) == (10, 20, big)
     all_three = struct.pack("<HHQQQ", 1, 24, 1, 2, 3)
-    assert fc._zip64_extra(all_three, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF) == (2, 1, 3)
+    assert zr._zip64_extra(all_three, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF) == (2, 1, 3)
 
 
 def test_streaming_counts_every_byte_read(tmp_path):

@@ -1,7 +1,8 @@
 """The quick walk's fast paths give what the reference paths give.
 
-A torch archive no bigger than the end-record search (filechecks.SMALL_ZIP_BYTES) is read once and checked
-from memory; SMALL_ZIP_BYTES = -1 forces the reference path (every record read from the file). Both must find
+A torch archive no bigger than the end-record search (archive.SMALL_ZIP_BYTES) is read once and checked
+from memory (the one zip reader, `archive`, unpacks its records from the bytes and checks the usual local
+headers in its directory pass); SMALL_ZIP_BYTES = -1 reads every record from the file. Both must find
 the same problems, entries and pickle on real torch.save files and on damaged copies of them (cut short at
 many points, a byte flipped in every region). `storage.read_bytes` reads a file's size, not its limit.
 """
@@ -9,6 +10,7 @@ many points, a byte flipped in every region). `storage.read_bytes` reads a file'
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import shutil
 import struct
@@ -18,19 +20,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 
 torch = pytest.importorskip("torch", reason="real torch.save archives")
 
 
-def _scan(path, monkeypatch, in_memory: bool, one_pass: bool = True):
-    """scan_zip's result: from memory (`one_pass`: `_scan_small_zip` first; else the reference checks on the
-    bytes), or with every record read from the file."""
+def _scan(path, monkeypatch, in_memory: bool):
+    """scan_zip's result: from memory, or with every record read from the file."""
     with monkeypatch.context() as m:
         if not in_memory:
-            m.setattr(fc, "SMALL_ZIP_BYTES", -1)
-        if not one_pass:
-            m.setattr(fc, "_scan_small_zip", lambda data, z, counter: False)
+            m.setattr(zr, "SMALL_ZIP_BYTES", -1)
         counter = fc.Counter()
         z = fc.scan_zip(str(path), counter)
     entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
@@ -55,9 +55,9 @@ def archives(tmp_path_factory):
 def test_real_archives_read_the_same_from_memory(archives, name, monkeypatch):
     path = archives / name
     fast = _scan(path, monkeypatch, True)
-    assert fast == _scan(path, monkeypatch, False) == _scan(path, monkeypatch, True, one_pass=False)
+    assert fast == _scan(path, monkeypatch, False)
     assert fast[0] == [], fast[0]   # a real archive is valid
-    assert (os.path.getsize(path) <= fc.SMALL_ZIP_BYTES) == (name != "big.pt")
+    assert (os.path.getsize(path) <= zr.SMALL_ZIP_BYTES) == (name != "big.pt")
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt"])
@@ -68,50 +68,51 @@ def test_damaged_archives_give_the_same_findings_from_memory(archives, name, tmp
     for cut in range(0, len(data), max(1, len(data) // 60)):
         bad.write_bytes(data[:cut])
         fast = _scan(bad, monkeypatch, True)
-        assert fast == _scan(bad, monkeypatch, False) == _scan(bad, monkeypatch, True, one_pass=False), cut
+        assert fast == _scan(bad, monkeypatch, False), cut
         seen.update(fast[0])
     for at in range(0, len(data), max(1, len(data) // 80)):
         flipped = bytearray(data)
         flipped[at] ^= 0x5A
         bad.write_bytes(bytes(flipped))
         fast = _scan(bad, monkeypatch, True)
-        assert fast == _scan(bad, monkeypatch, False) == _scan(bad, monkeypatch, True, one_pass=False), at
+        assert fast == _scan(bad, monkeypatch, False), at
         seen.update(fast[0])
     assert len(seen) >= 5, seen   # the damage reached several different checks
 
 
-def _scan_bytes(data: bytes, one_pass: bool):
+def _scan_bytes(data: bytes, in_memory: bool):
+    """`_scan_open_zip` on an archive's bytes held whole (`archive.InMemory`) or read record by record (a
+    `Window` on them, as on a file)."""
     z, counter = fc.ZipScan(), fc.Counter()
-    if not (one_pass and fc._scan_small_zip(data, z, counter)):
-        z, counter = fc.ZipScan(), fc.Counter()
-        fc._scan_open_zip(fc._InMemory(data), "x.pt", z, counter, False, None)
+    src = zr.InMemory(data) if in_memory else zr.Window(io.BytesIO(data), 0, len(data))
+    fc._scan_open_zip(src, "x.pt", z, counter, False, None)
     entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
     return [str(f) for f in z.findings], entries, z.keys(), z.prefix, z.legacy, counter.bytes_read
 
 
 @pytest.mark.parametrize("name", ["optimizer.pt", "tensors.pt"])
-def test_one_pass_agrees_on_every_byte_of_the_directory(archives, name):
-    """`_scan_small_zip` (the one-pass check of a small archive) against the reference checks on the same bytes:
-    every byte of the central directory, the zip64 records, the end record and the last local header, each set to
-    three other values; and every cut. The one pass accepts only archives the reference accepts, with the same
-    entries, pickle and byte count; everything else it hands to the reference (which words the finding)."""
+def test_in_memory_agrees_on_every_byte_of_the_directory(archives, name):
+    """The reader on a small archive's bytes (every record unpacked from them, the usual local headers checked in
+    the directory pass) against the same reader taking each record from a file: every byte of the central
+    directory, the zip64 records, the end record and the last local header, each set to three other values; and
+    every cut. Same findings, entries, pickle and byte count."""
     data = (archives / name).read_bytes()
-    assert fc._scan_small_zip(data, fc.ZipScan(), fc.Counter())   # the fast path takes a real archive
+    assert _scan_bytes(data, True)[0] == []   # a real archive
     cd_at = data.find(b"PK\x01\x02")
     start = data.rfind(b"PK\x03\x04", 0, cd_at)
-    taken = refused = 0
+    valid = invalid = 0
     for at in range(start, len(data)):
         for x in (0x01, 0x80, 0xFF):
             bad = bytearray(data)
             bad[at] ^= x
             bad = bytes(bad)
-            took = fc._scan_small_zip(bad, fc.ZipScan(), fc.Counter())
-            taken += took
-            refused += not took
-            assert _scan_bytes(bad, True) == _scan_bytes(bad, False), (at, x)
+            got = _scan_bytes(bad, True)
+            valid += not got[0]
+            invalid += bool(got[0])
+            assert got == _scan_bytes(bad, False), (at, x)
     for cut in range(len(data)):
         assert _scan_bytes(data[:cut], True) == _scan_bytes(data[:cut], False), cut
-    assert taken and refused   # both ways were exercised (a flipped CRC or data byte still takes the one pass)
+    assert valid and invalid   # both ways were exercised (a flipped CRC or data byte still reads as valid)
 
 
 def _edits(data: bytes) -> dict[str, bytes]:
@@ -139,7 +140,7 @@ def _edits(data: bytes) -> dict[str, bytes]:
     }
 
 
-def test_one_pass_agrees_on_damage_beyond_one_byte(archives):
+def test_in_memory_agrees_on_damage_beyond_one_byte(archives):
     data = (archives / "tensors.pt").read_bytes()
     seen = set()
     for what, bad in _edits(data).items():
@@ -166,18 +167,18 @@ def test_crc_threads_follow_the_usable_cores(tmp_path, monkeypatch):
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
     quota = tmp_path / "cpu.max"
-    monkeypatch.setattr(fc, "CGROUP_CPU_MAX", str(quota))
+    monkeypatch.setattr(zr, "CGROUP_CPU_MAX", str(quota))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     quota.write_text("max 100000\n")
-    assert fc.usable_cores() == 16 and fc.crc_workers() == fc.MAX_CRC_WORKERS
+    assert zr.usable_cores() == 16 and zr.crc_workers() == zr.MAX_CRC_WORKERS
     quota.write_text("150000 100000\n")   # 1.5 CPUs of quota: 2 threads
-    assert fc.usable_cores() == 2 and fc.crc_workers() == 2
+    assert zr.usable_cores() == 2 and zr.crc_workers() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
-    assert fc.crc_workers() == 1
+    assert zr.crc_workers() == 1
     quota.write_text("garbage")
-    assert fc.usable_cores() == 1
-    monkeypatch.setattr(fc, "CRC_WORKERS", 3)
-    assert fc.crc_workers() == 3
+    assert zr.usable_cores() == 1
+    monkeypatch.setattr(zr, "CRC_WORKERS", 3)
+    assert zr.crc_workers() == 3
 
 
 def _open_fds() -> int:
@@ -282,7 +283,7 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
 def test_zip_entry_lookup_is_the_first_of_that_name_in_the_current_list():
     """ZipScan.entry looks names up through a dict (linear in storages): the first entry of a name, as a scan
     finds it, and the current list's when the entries are replaced or grown."""
-    a1, a2, b = (fc.ZipEntry("a", 0, 0, 1, 1, 0), fc.ZipEntry("a", 0, 0, 2, 2, 9), fc.ZipEntry("b", 0, 0, 3, 3, 5))
+    a1, a2, b = (zr.ZipEntry("a", 0, 0, 1, 1, 0), zr.ZipEntry("a", 0, 0, 2, 2, 9), zr.ZipEntry("b", 0, 0, 3, 3, 5))
     z = fc.ZipScan(entries=[a1, a2])
     assert z.entry("a") is a1 and z.entry("b") is None
     z.entries.append(b)
@@ -305,7 +306,7 @@ def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeyp
         zf.writestr("archive/version", b"3\n")
         zf.writestr(name, b"x" * 10)
     if not small:
-        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+        monkeypatch.setattr(zr, "SMALL_ZIP_BYTES", -1)
     z = fc.scan_zip(str(p), fc.Counter())
     assert [str(f) for f in z.findings] == [] and z.entry(name).data_start > 0
     data = bytearray(p.read_bytes())
@@ -359,11 +360,11 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
         data[cd + 24:cd + 28] = struct.pack("<I", 11)
     elif damage == "bomb":
         data[cd + 24:cd + 28] = struct.pack("<I", 11)
-        monkeypatch.setattr(fc, "MAX_INFLATE_BYTES", 10)
+        monkeypatch.setattr(zr, "MAX_INFLATE_BYTES", 10)
         full = True
     p.write_bytes(bytes(data))
     if not small:
-        monkeypatch.setattr(fc, "SMALL_ZIP_BYTES", -1)
+        monkeypatch.setattr(zr, "SMALL_ZIP_BYTES", -1)
     z = fc.scan_zip(str(p), fc.Counter(), full=full)
     assert [str(f) for f in z.findings] == [expected.format(lh=lh)]
     assert z.findings[0].kind == ("incomplete" if damage == "past" else "invalid")
@@ -695,7 +696,7 @@ def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it
         counter = fc.Counter()
         with pytest.MonkeyPatch.context() as m:
             if not small:
-                m.setattr(fc, "SMALL_ZIP_BYTES", -1)
+                m.setattr(zr, "SMALL_ZIP_BYTES", -1)
             z = fc.scan_zip(str(p), counter, full=not small)
         assert [str(f) for f in z.findings] == [f"entry {name!r} is marked a folder (external attributes "
                                                 "0x00000010): torch.load reads no bytes from it"]

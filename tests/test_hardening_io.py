@@ -325,7 +325,7 @@ def test_zip_bomb_is_invalid_with_bounded_memory(tmp_path, level):
 
 def test_inflate_past_declared_size_is_caught_while_streaming(tmp_path):
     """Full level, an entry other than data.pkl: inflating stops at the declared size."""
-    from checkpoint_strategy.formats import filechecks as fc
+    from checkpoint_strategy.formats import archive as zr
 
     p = tmp_path / "x.pt"
     _zip_one(p, b"archive/data/0", 32 << 20, declared=32 << 20)
@@ -336,10 +336,10 @@ def test_inflate_past_declared_size_is_caught_while_streaming(tmp_path):
         data[at + off:at + off + 4] = struct.pack("<I", 1 << 20)
     p.write_bytes(bytes(data))
     with open(p, "rb") as fh:
-        entries, _cd = fc.read_zip_directory(fh, len(data))
+        entries, _cd = zr.read_directory(fh, len(data))
         e = entries[0]
         e.data_start = 30 + len(e.name)
-        reason = fc._crc_entry(fh, e, fc.Counter())
+        reason = zr.crc_entry(fh, e, zr.Counter())
     assert reason and "inflates to more than its declared 1048576 bytes" in reason
 
 
@@ -364,7 +364,7 @@ def test_zip64_record_past_a_sparse_file_end_allocates_nothing(tmp_path):
 
 
 def test_truncated_zip64_extra_is_a_problem_not_a_crash():
-    from checkpoint_strategy.formats import filechecks as fc
+    from checkpoint_strategy.formats import archive as zr
 
     name = b"archive/data.pkl"
     extra = struct.pack("<HH", 1, 24) + b"\0" * 8        # claims 24 bytes, holds 8
@@ -374,7 +374,7 @@ def test_truncated_zip64_extra_is_a_problem_not_a_crash():
     import io
 
     blob = cd + eocd
-    got = fc.read_zip_directory(io.BytesIO(blob), len(blob))
+    got = zr.read_directory(io.BytesIO(blob), len(blob))
     assert isinstance(got, str)
 
 

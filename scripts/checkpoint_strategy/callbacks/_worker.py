@@ -229,9 +229,9 @@ def _yield_cpu() -> None:
         pass
     from concurrent.futures import ThreadPoolExecutor
 
-    from checkpoint_strategy.formats import filechecks, tensors as tensorscan
+    from checkpoint_strategy.formats import archive, tensors as tensorscan
 
-    filechecks.CRC_WORKERS = 1
+    archive.CRC_WORKERS = 1
     tensorscan.WORKERS = 1
     _IDLE = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-strategy-idle", initializer=_idle_class)
     _IDLE.submit(_warm)     # the thread starts now; the first save's job finds the checkers imported

@@ -9,10 +9,9 @@ DCP `.metadata` is read with `torchpickle` too. Every problem is one `UsageError
 from __future__ import annotations
 
 import os
-import struct
 from typing import Any
 
-from checkpoint_strategy.validate import deep
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats.frameworks import WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
@@ -84,13 +83,13 @@ def swap_width(dtype: str) -> int:
 
 def byteorder(fh: Any, z: fc.ZipScan, where: str) -> str:
     """The archive's `byteorder` record ("little" when there is none, as torch.load assumes on this machine), once
-    its `version` and `byteorder` records pass the validator's own check of them (filechecks._record_findings:
+    its `version` and `byteorder` records pass the validator's own check of them (filechecks.record_findings:
     a version torch.load reads, an endianness it knows)."""
-    problems = fc._record_findings(fh, z, fc.Counter())
+    problems = fc.record_findings(fh, z, zr.Counter())
     if problems:
         raise _refuse(where, str(problems[0]))
     e = z.entry(f"{z.prefix}byteorder")
-    return "little" if e is None else "big" if fc._read_entry(fh, e, fc.Counter(), limit=1 << 10) == b"big" \
+    return "little" if e is None else "big" if zr.read_entry(fh, e, zr.Counter(), limit=1 << 10) == b"big" \
         else "little"
 
 
@@ -172,17 +171,13 @@ def read_zips(paths: list[str], folder: str, verify: bool = True) -> Loaded:
 
 def read_safetensors(path: str) -> dict[str, Tensor]:
     """One safetensors file: its tensors as pieces (the header checked against the file first)."""
-    from checkpoint_strategy.storage import ReadError, loads_json, open_regular
-
-    reasons = fc.check_safetensors(path, fc.Counter())
+    reasons = fc.check_safetensors(path, zr.Counter())
     if reasons:
         raise _refuse(path, str(reasons[0]))
-    try:
-        with open_regular(path, "safetensors file") as fh:
-            (hlen,) = struct.unpack("<Q", fh.read(8))
-            header = loads_json(fh.read(hlen), "safetensors header", expect=dict)
-    except (OSError, ReadError, struct.error) as exc:
-        raise _refuse(path, getattr(exc, "reason", None) or str(exc)) from None
+    got = zr.safetensors_header(path)
+    if got is None:
+        raise _refuse(path, "cannot read the safetensors header")
+    header, data_start = got
     out: dict[str, Tensor] = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -190,7 +185,7 @@ def read_safetensors(path: str) -> dict[str, Tensor]:
         begin, end = info["data_offsets"]
         t = Tensor(name, ts.safetensors_dtype(info["dtype"]), tuple(info["shape"]))
         if end > begin:
-            t.pieces.append(Piece(path, 8 + hlen + begin, 0, end - begin))
+            t.pieces.append(Piece(path, data_start + begin, 0, end - begin))
         out[name] = t
     return out
 
@@ -348,38 +343,6 @@ def _data_bytes_in(folder: str) -> int:
     return total
 
 
-class _Window(deep.Window):
-    """An embedded archive's bytes, read whole entries at a time (the CRC helper reads with readinto)."""
-
-    def readinto(self, view: Any) -> int:
-        data = self.read(len(view))
-        view[:len(data)] = data
-        return len(data)
-
-
-def _embedded_zip(win: _Window, length: int) -> fc.ZipScan | str:
-    """An archive inside a .distcp checked as `scan_zip` checks a file (the directory, unique names, every local
-    header against it, data.pkl read as data, the version record, each storage's size), with filechecks' own
-    steps; or the first problem. (The CRC-32s follow in `_Chunks.embedded`.)"""
-    parsed = fc.read_zip_directory(win, length)
-    if isinstance(parsed, str):
-        return parsed
-    entries, cd_offset = parsed
-    names = [e.name for e in entries]
-    if not entries or len(set(names)) != len(names):
-        return "an empty archive or one with a duplicate entry name (torch.load refuses it)"
-    z = fc.ZipScan(entries=entries)
-    found = fc._local_headers(win, entries, cd_offset, fc.Counter(), True)
-    if found is not None:
-        return str(found)
-    pkl = next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
-    if pkl is None:
-        return "embedded archive without data.pkl"
-    z.prefix = pkl.name[: -len("data.pkl")]
-    problems = fc._check_torch_pickle(win, z, fc.Counter())
-    return str(problems[0]) if problems else z
-
-
 class _Chunks:
     """Locates DCP entries: each chunk an embedded torch archive or raw bytes at (file, offset, length)."""
 
@@ -405,12 +368,12 @@ class _Chunks:
 
     def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
         """The torch archive at [off, off+length) of path, every entry's CRC-32 checked, and its byte order."""
-        win = _Window(self.files.get(path), off, length)
-        z = _embedded_zip(win, length)
+        win = zr.Window(self.files.get(path), off, length)
+        z = fc.embedded_torch_zip(win, length)
         if isinstance(z, str):
             raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
         for e in z.entries if self.verify else ():
-            reason = fc._crc_entry(win, e, fc.Counter())
+            reason = zr.crc_entry(win, e, zr.Counter())
             if reason:
                 raise _refuse(path, f"entry {tp.shown(fqn)}: {reason}")
         return z, byteorder(win, z, f"{path}: entry {tp.shown(fqn)}")

@@ -17,7 +17,7 @@ import struct
 from typing import Any, BinaryIO
 
 from checkpoint_strategy.formats import safepickle as tp
-from checkpoint_strategy.formats.filechecks import _crc32   # ISA-L's CRC-32 when installed, else zlib's
+from checkpoint_strategy.formats.archive import crc32   # ISA-L's CRC-32 when installed, else zlib's
 
 #: torch dtype name -> the legacy storage class torch.save names for it
 STORAGE_CLASS = {d: c for c, d in tp.STORAGE_DTYPE.items() if c != "UntypedStorage"}
@@ -160,7 +160,7 @@ class ZipWriter:
         self.crc = 0
 
     def write(self, data: Any) -> None:
-        self.crc = _crc32(data, self.crc)
+        self.crc = crc32(data, self.crc)
         self.fh.write(data)
 
     def end(self) -> None:

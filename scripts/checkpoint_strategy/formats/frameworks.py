@@ -165,30 +165,20 @@ def deepspeed_global_steps(root: object) -> int | None:
 
 def zip_pickle(path: str) -> bytes | None:
     """The data.pkl bytes of a torch zip archive (regular files only, bounded), or None."""
-    import struct
-    import zlib
-
     from checkpoint_strategy import storage
-    from checkpoint_strategy.formats import filechecks as fc
+    from checkpoint_strategy.formats import archive as zr
 
     try:
         with storage.open_regular(path, "checkpoint file") as fh:
-            size = fh.seek(0, 2)
-            parsed = fc.read_zip_directory(fh, size)
+            parsed = zr.read_directory(fh, fh.seek(0, 2))
             if isinstance(parsed, str):
                 return None
             entry = next((e for e in parsed[0] if e.name.endswith("data.pkl")), None)
-            if entry is None or entry.usize > MAX_MODEL_STATES_PICKLE:
+            if entry is None or zr.local_headers(fh, [entry], parsed[1], zr.Counter(), False) is not None:
                 return None
-            fh.seek(entry.offset)
-            header = fh.read(30)
-            if len(header) != 30 or header[:4] != b"PK\x03\x04":
-                return None
-            nlen, xlen = struct.unpack("<HH", header[26:30])
-            fh.seek(entry.offset + 30 + nlen + xlen)
-            data = fh.read(entry.csize)
-        return zlib.decompress(data, -15) if entry.method == 8 else data
-    except (OSError, zlib.error, storage.ReadError):
+            data = zr.read_entry(fh, entry, zr.Counter(), limit=MAX_MODEL_STATES_PICKLE)
+        return data if isinstance(data, bytes) else None
+    except (OSError, storage.ReadError):
         return None
 
 

@@ -28,14 +28,13 @@ counter (SGD) gives no verdict.
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import struct
-import zipfile
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.models import OptimizerCheck, OptimizerSteps
@@ -195,24 +194,33 @@ def _dcp_locations(meta: tp.PickleScan) -> dict[str, tuple[str, int, int]]:
 
 
 def _small_zip_value(data: bytes) -> Optional[float]:
-    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            infos = {i.filename: i for i in zf.infolist()}
-            pkl = next((n for n in infos if n.endswith("data.pkl")), None)
-            if pkl is None or infos[pkl].file_size > MAX_ITEM:
-                return None
-            root = tp.read_pickle(zf.read(pkl)).root
-            if not isinstance(root, tp.TensorRef):
-                return _number(root)
-            entry = infos.get(f"{pkl[:-len('data.pkl')]}data/{root.storage.key}")
-            size = tp.DTYPE_SIZE.get(root.dtype, 0)
-            if entry is None or not size or entry.file_size > MAX_ITEM:
-                return None
-            raw = zf.read(entry.filename)[root.offset * size:(root.offset + 1) * size]
-            return _decode(raw, root.dtype)
-    except Exception:  # noqa: BLE001 - zipfile/pickle errors on damaged bytes: the value is unknown
+    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way); None when the
+    archive cannot give it (damaged bytes, not a number)."""
+    src = zr.InMemory(data)
+    parsed = zr.read_directory(src, len(data))
+    if isinstance(parsed, str) or zr.local_headers(src, parsed[0], parsed[1], zr.Counter(), False) is not None:
         return None
+    infos = {e.name: e for e in reversed(parsed[0])}
+    pkl = next((e for n, e in infos.items() if n.endswith("data.pkl")), None)
+    raw = _verified(src, pkl)
+    if raw is None or pkl is None:
+        return None
+    root = tp.read_pickle(raw).root
+    if not isinstance(root, tp.TensorRef):
+        return _number(root)
+    size = tp.DTYPE_SIZE.get(root.dtype, 0)
+    stored = _verified(src, infos.get(f"{pkl.name[:-len('data.pkl')]}data/{root.storage.key}")) if size else None
+    if stored is None:
+        return None
+    return _decode(stored[root.offset * size:(root.offset + 1) * size], root.dtype)
+
+
+def _verified(src: zr.InMemory, entry: zr.ZipEntry | None) -> bytes | None:
+    """A small entry's bytes when its CRC-32 is right (at most MAX_ITEM), else None."""
+    data = zr.read_entry(src, entry, zr.Counter(), limit=MAX_ITEM) if entry is not None else None
+    if not isinstance(data, bytes) or entry is None or zr.crc_mismatch(entry, zr.crc32(data)):
+        return None
+    return data
 
 
 class _Dcp:

@@ -26,7 +26,10 @@ and reduced per chunk (`CHUNK_ELEMS` float32/float64 values, `CHUNK16` 16-bit on
 - max |x| (computed when asked, ``--stats``): one more reduction per chunk; for 16-bit values, the
   largest `x & 0x7fff` bit pattern (finite values of one sign order as their bits).
 
-Files are scanned in parallel (numpy releases the GIL), one pass per file.
+Files are scanned in parallel (numpy releases the GIL), one pass per file. A torch archive's entries are
+CRC-checked in the same pass (`scan(..., crc=...)`, level deep: the archive is read once): each chunk's bytes go
+through CRC-32 right after they are reduced, while they are in cache, and the bytes no tensor covers (the pickle,
+the records, storage bytes outside every view) are read for the CRC alone (`_CrcCursor`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from dataclasses import dataclass, field
 from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
+
+from checkpoint_strategy.formats import archive as zr
 
 CHUNK_ELEMS = 1 << 18           # float32/float64 values per reduction (1 MB of float32: stays in L2)
 CHUNK16 = 1 << 17               # float16/bfloat16 values per reduction (256 KB raw + 512 KB widened, in L2)
@@ -109,6 +114,76 @@ class ScanOutcome:
     stats: list[Stat] = field(default_factory=list)
     bytes_scanned: int = 0
     problems: list[tuple[str, str]] = field(default_factory=list)   # (rel file, reason) read errors
+    crc_problems: list[tuple[str, str]] = field(default_factory=list)   # (rel file, the first entry's CRC finding)
+    bytes_crc: int = 0              # bytes read for the CRC alone (no tensor covers them)
+
+
+class _CrcCursor:
+    """The CRC-32 of a torch archive's entries, computed as the value scan reads the file: `feed` takes the bytes
+    the scan has in hand (increasing offsets; bytes before the cursor are done already), the bytes between are
+    read here (`os.pread`, CHUNK at a time); `finish` reads the rest and returns the first entry (archive order)
+    whose CRC is wrong, worded as level full words it. Deflated entries (torch.save stores every entry; a
+    re-zipped archive) are inflated and checked by `archive.crc_entry` at the end."""
+
+    def __init__(self, fh: Any, entries: list[zr.ZipEntry]) -> None:
+        self.fh, self.fd = fh, fh.fileno()
+        self.order = entries
+        self.stored = sorted((e for e in entries if e.method == 0), key=lambda e: e.data_start)
+        self.crcs: dict[int, int] = {id(e): 0 for e in self.stored}
+        self.k = 0
+        self.pos = self.stored[0].data_start if self.stored else 0
+        self.extra = 0                  # bytes read here (no tensor covered them)
+        self.short: str | None = None   # the file ended inside an entry
+
+    def feed(self, off: int, buf: memoryview) -> None:
+        end = off + len(buf)
+        while self.k < len(self.stored) and end > self.pos:
+            e = self.stored[self.k]
+            e_end = e.data_start + e.csize
+            if off >= e_end or off > self.pos:   # bytes no tensor covered first
+                self._read_to(min(off, e_end))
+                if self.pos < e_end:
+                    continue
+            else:
+                b = min(end, e_end)
+                self.crcs[id(e)] = zr.crc32(buf[self.pos - off:b - off], self.crcs[id(e)])
+                self.pos = b
+            if self.pos >= e_end:
+                self._next()
+
+    def _next(self) -> None:
+        self.k += 1
+        if self.k < len(self.stored):
+            self.pos = max(self.pos, self.stored[self.k].data_start)
+
+    def _read_to(self, target: int) -> None:
+        e = self.stored[self.k]
+        while self.pos < target:
+            data = os.pread(self.fd, min(zr.CHUNK, target - self.pos), self.pos)
+            if not data:
+                self.short = self.short or f"entry {e.name!r}: file ends inside its data (truncated)"
+                self.pos = target
+                return
+            self.crcs[id(e)] = zr.crc32(data, self.crcs[id(e)])
+            self.pos += len(data)
+            self.extra += len(data)
+
+    def finish(self) -> str | None:
+        """Read what no tensor covered; the first entry whose CRC-32 is wrong (archive order), or None."""
+        while self.k < len(self.stored):
+            e = self.stored[self.k]
+            self._read_to(e.data_start + e.csize)
+            self._next()
+        if self.short:
+            return self.short
+        counter = zr.Counter()
+        for e in self.order:
+            reason = zr.crc_mismatch(e, self.crcs[id(e)]) if id(e) in self.crcs else \
+                zr.crc_entry(self.fh, e, counter)
+            if reason:
+                return reason
+        self.extra += counter.bytes_read
+        return None
 
 
 def _prod(shape: Iterable[int]) -> int:
@@ -324,39 +399,20 @@ def _np_dtype(np, dtype: str):
     return {"float32": np.float32, "float64": np.float64, "float16": np.uint16, "bfloat16": np.uint16}[dtype]
 
 
-def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
-    np = red.np
+def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None = None) -> int:
+    """A float tensor's values, reduced chunk by chunk (each chunk's bytes through `crc` too): the bytes read."""
     item = _ITEM[job.dtype]
-    npdt = _np_dtype(np, job.dtype)
     numel = st.numel
     if numel == 0:
         st.checked = True
         return 0
     if job.stride is not None:
-        span = job.span
-        nbytes = span * item
-        if nbytes > STRIDED_MAX:
-            st.note = "non-contiguous view larger than 32 MB: figures cover its whole storage span"
-            numel = span
-        else:
-            mm, off = mapper.view(job.offset, nbytes)
-            base = np.frombuffer(mm, dtype=npdt, count=span, offset=off)
-            view = np.lib.stride_tricks.as_strided(base, shape=job.shape,
-                                                   strides=tuple(s * item for s in job.stride))
-            flat = np.ascontiguousarray(view).reshape(-1)
-            del base, view
-            step = CHUNK_ELEMS if item > 2 else CHUNK16
-            for i in range(0, len(flat), step):
-                raw = flat[i:i + step]
-                red.feed(st, raw, job.dtype)
-                if job.count_negative:
-                    st.negative += red.negatives(raw, job.dtype)
-            if job.scalar_value and len(flat) == 1:
-                st.value = float(red.widen(flat[:1], job.dtype)[0])
-            del flat, raw
-            st.checked = True
-            return nbytes
-    total = numel * item
+        if job.span * item <= STRIDED_MAX:
+            return _scan_strided(mapper, red, job, st, crc)
+        st.note = "non-contiguous view larger than 32 MB: figures cover its whole storage span"
+        numel = job.span
+    np = red.np
+    npdt = _np_dtype(np, job.dtype)
     pos = 0
     step = CHUNK_ELEMS if item > 2 else CHUNK16
     per_window = max(step, (WINDOW // item) // step * step)
@@ -364,17 +420,46 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat) -> int:
         count = min(per_window, numel - pos)
         mm, off = mapper.view(job.offset + pos * item, count * item)
         arr = np.frombuffer(mm, dtype=npdt, count=count, offset=off)
+        mv = memoryview(mm)[off:off + count * item] if crc is not None else None
         for i in range(0, count, step):
             raw = arr[i:i + step]
             red.feed(st, raw, job.dtype)
             if job.count_negative:
                 st.negative += red.negatives(raw, job.dtype)
+            if crc is not None and mv is not None:   # the same bytes, while they are in cache
+                crc.feed(job.offset + (pos + i) * item, mv[i * item:(i + step) * item])
         if job.scalar_value and numel == 1:
             st.value = float(red.widen(arr[:1], job.dtype)[0])
-        del arr, raw
+        del arr, raw, mv
         pos += count
     st.checked = True
-    return total
+    return numel * item
+
+
+def _scan_strided(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None) -> int:
+    """A non-contiguous view (its storage span up to STRIDED_MAX) gathered exactly, then reduced."""
+    np = red.np
+    item = _ITEM[job.dtype]
+    span = job.span
+    nbytes = span * item
+    mm, off = mapper.view(job.offset, nbytes)
+    if crc is not None:
+        crc.feed(job.offset, memoryview(mm)[off:off + nbytes])
+    base = np.frombuffer(mm, dtype=_np_dtype(np, job.dtype), count=span, offset=off)
+    view = np.lib.stride_tricks.as_strided(base, shape=job.shape, strides=tuple(s * item for s in job.stride or ()))
+    flat = np.ascontiguousarray(view).reshape(-1)
+    del base, view
+    step = CHUNK_ELEMS if item > 2 else CHUNK16
+    for i in range(0, len(flat), step):
+        raw = flat[i:i + step]
+        red.feed(st, raw, job.dtype)
+        if job.count_negative:
+            st.negative += red.negatives(raw, job.dtype)
+    if job.scalar_value and len(flat) == 1:
+        st.value = float(red.widen(flat[:1], job.dtype)[0])
+    del flat
+    st.checked = True
+    return nbytes
 
 
 def _touch(mapper: _Mapper, offset: int, nbytes: int) -> int:
@@ -420,65 +505,100 @@ def _load_kernels() -> Any:
     return compiled
 
 
-def _scan_file(path: str, jobs: list[Job], want_max: bool, kern: Any = None) -> tuple[list[Stat], int, str | None]:
-    stats: list[Stat] = []
-    scanned = 0
+@dataclass
+class _FileScan:
+    """One file's part of a scan: its tensors' figures, the bytes they took, a read error; the CRC finding."""
+
+    stats: list[Stat]
+    scanned: int = 0
+    error: str | None = None
+    crc_problem: str | None = None
+    crc_bytes: int = 0
+
+
+def _scan_file(path: str, jobs: list[Job], want_max: bool, kern: Any = None,
+               entries: list[zr.ZipEntry] | None = None) -> _FileScan:
+    """Every job of one file in offset order (`entries`: the archive's entries, CRC-checked in the same pass)."""
     red = _Reducer(want_max, kern)
     try:
         mapper = _Mapper(path)
     except Exception as exc:  # noqa: BLE001 - ReadError / OSError: reported as the file's problem
         reason = getattr(exc, "reason", None) or str(exc)
-        return [Stat(j.file, j.name, j.role, j.dtype, j.shape, _prod(j.shape), note=reason) for j in jobs], 0, reason
+        return _FileScan([Stat(j.file, j.name, j.role, j.dtype, j.shape, _prod(j.shape), note=reason)
+                          for j in jobs], error=reason)
+    out = _FileScan([])
+    crc = _CrcCursor(mapper.fh, entries) if entries else None
     try:
         for job in sorted(jobs, key=lambda j: j.offset):
             st = Stat(job.rel, job.name, job.role, job.dtype, tuple(job.shape), _prod(job.shape))
-            stats.append(st)
+            out.stats.append(st)
             try:
-                if job.dtype in FLOAT_DTYPES:
-                    scanned += _scan_job(mapper, red, job, st)
-                    continue
-                st.note = f"{job.dtype}: not a float, skipped"
-                if job.scalar_value and job.dtype in _INT_ITEM and st.numel == 1:
-                    st.value = _int_scalar(mapper, job)   # an integer step counter
-                scanned += _touch(mapper, job.offset, job.nbytes)
+                out.scanned += _scan_one(mapper, red, job, st, crc)
             except (ValueError, OSError) as exc:
-                return stats, scanned, f"tensor {job.name}: {exc}"
+                out.error = f"tensor {job.name}: {exc}"
+                return out
+        if crc is not None:
+            out.crc_problem = crc.finish()
+            out.crc_bytes = crc.extra
     finally:
         mapper.close()
-    return stats, scanned, None
+    return out
 
 
-def _scan_file_quiet(path: str, jobs: list[Job], want_max: bool, kern: Any = None) -> tuple[list[Stat], int, str | None]:
+def _scan_one(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None) -> int:
+    """One job: a float tensor's values reduced, another's bytes read through (its value when it is a scalar)."""
+    if job.dtype in FLOAT_DTYPES:
+        return _scan_job(mapper, red, job, st, crc)
+    st.note = f"{job.dtype}: not a float, skipped"
+    if job.scalar_value and job.dtype in _INT_ITEM and st.numel == 1:
+        st.value = _int_scalar(mapper, job)   # an integer step counter
+    return _touch(mapper, job.offset, job.nbytes)
+
+
+def _scan_file_quiet(path: str, jobs: list[Job], want_max: bool, kern: Any = None,
+                     entries: list[zr.ZipEntry] | None = None) -> _FileScan:
     import numpy as np
 
     with np.errstate(over="ignore", invalid="ignore"):  # a float32 overflow is re-checked exactly
-        return _scan_file(path, jobs, want_max, kern)
+        return _scan_file(path, jobs, want_max, kern, entries)
 
 
-def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None) -> ScanOutcome:
-    """Scan every job; files in parallel, each file in one pass in offset order."""
+def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None,
+         crc: dict[str, tuple[str, list[zr.ZipEntry]]] | None = None) -> ScanOutcome:
+    """Scan every job; files in parallel, each file in one pass in offset order. `crc`: path -> (its name in
+    messages, the torch archive's entries), each file's entries CRC-checked in the same pass (a file without a
+    job is read for its CRC alone)."""
     by_file: dict[str, list[Job]] = {}
+    rel = {f: name for f, (name, _e) in (crc or {}).items()}
     for j in jobs:
         if j.stride is not None:
             j.span = _span(j)
         by_file.setdefault(j.file, []).append(j)
+        rel[j.file] = j.rel
+    for f in crc or {}:
+        by_file.setdefault(f, [])
     out = ScanOutcome()
     n = min(workers or WORKERS, len(by_file)) or 1
     files = sorted(by_file, key=lambda f: -sum(_prod(j.shape) for j in by_file[f]))
     kern = kernels(sum(2 * _prod(j.shape) for j in jobs if j.dtype in ("float16", "bfloat16")))
+
+    def one(f: str) -> _FileScan:
+        return _scan_file_quiet(f, by_file[f], want_max, kern, (crc or {}).get(f, ("", None))[1])
     if n == 1:
-        results = [_scan_file_quiet(f, by_file[f], want_max, kern) for f in files]
+        results = [one(f) for f in files]
     else:
         from concurrent.futures import ThreadPoolExecutor   # several files at level deep only (start-up time)
 
         with ThreadPoolExecutor(max_workers=n) as pool:
-            results = list(pool.map(lambda f: _scan_file_quiet(f, by_file[f], want_max, kern), files))
-    rel = {j.file: j.rel for j in jobs}
-    for f, (stats, nbytes, err) in zip(files, results):
-        out.stats.extend(stats)
-        out.bytes_scanned += nbytes
-        if err:
-            out.problems.append((rel[f], f"cannot scan values: {err}"))
+            results = list(pool.map(one, files))
+    for f, r in zip(files, results):
+        out.stats.extend(r.stats)
+        out.bytes_scanned += r.scanned
+        out.bytes_crc += r.crc_bytes
+        if r.error:
+            out.problems.append((rel[f], f"cannot scan values: {r.error}"))
+        if r.crc_problem:
+            out.crc_problems.append((rel[f], r.crc_problem))
     return out
 
 

@@ -13,17 +13,18 @@ the verdicts worded as the issue asks:
 from __future__ import annotations
 
 import os
-import struct
 import time
 from collections import Counter as Multiset
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats.frameworks import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.models import DeepCheck, OptimizerCheck, TensorStat
+from checkpoint_strategy.storage import ReadError, open_regular
 
 Role = Literal["weights", "optimizer", "mixed", "other"]
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -48,6 +49,8 @@ class Source:
     #                             universal checkpoint's zero/<param>/<state>.pt
     flat_model: bool = False    # DCP with the model flattened to the top level (torchtitan): every top-level
     #                             key but the training state's is a weight
+    crc: bool = False           # a torch archive whose entries' CRC-32 the value scan checks (level full's pass,
+    #                             not made: the archive is read once)
 
 
 #: torchtitan's top-level keys beside the flattened model (framework_layouts.TORCHTITAN_TRAIN_KEYS)
@@ -77,6 +80,8 @@ class DeepOutcome:
     tensors: list[TensorStat] = field(default_factory=list)
     per_tensor_l2: dict[str, float] = field(default_factory=dict)   # weights only, for `compare`
     notes: list[str] = field(default_factory=list)
+    crc_problems: list[tuple[str, str]] = field(default_factory=list)   # (file, finding): an entry's CRC-32 wrong
+    bytes_crc: int = 0    # bytes read for the CRC alone (the pickle, the records, bytes no tensor covers)
 
 
 shown = tp.shown
@@ -96,29 +101,25 @@ def _role_of(file_role: Role, name: str) -> str:
 # --------------------------------------------------------------------------- jobs from headers
 
 def _safetensors_jobs(src: Source) -> tuple[list[ts.Job], str | None]:
-    from checkpoint_strategy.storage import ReadError, loads_json, open_regular
-
-    try:
-        with open_regular(src.path, "safetensors file") as fh:
-            head = fh.read(8)
-            (hlen,) = struct.unpack("<Q", head)
-            header = loads_json(fh.read(min(hlen, fc.ST_MAX_HEADER)), "safetensors header", expect=dict)
-    except (OSError, ReadError, struct.error) as exc:
-        return [], getattr(exc, "reason", None) or str(exc)
+    got = zr.safetensors_header(src.path)
+    if got is None:
+        return [], "cannot read the safetensors header"
+    header, data_start = got
     jobs = []
     for name, info in header.items():
         if name == "__metadata__" or not isinstance(info, dict):
             continue
         begin, end = info["data_offsets"][0], info["data_offsets"][1]
         dtype = ts.safetensors_dtype(info["dtype"])
-        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, 8 + hlen + begin,
+        jobs.append(ts.Job(src.path, src.rel, name, _role_of(src.role, name), dtype, data_start + begin,
                            tuple(info["shape"]), nbytes=0 if dtype in ts.FLOAT_DTYPES else end - begin))
     return jobs, None
 
 
 def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = None) -> tuple[list[ts.Job], list[str]]:
     """Jobs for the tensors of a torch zip (at byte `base` of src.path); notes for what is skipped."""
-    jobs, notes = [], []
+    jobs: list[ts.Job] = []
+    notes: list[str] = []
     if z.pickle is None:
         return jobs, notes
     for name, t in tp.walk_tensors(z.pickle.root):
@@ -138,7 +139,6 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
     return jobs, notes
 
 
-Window = fc.Window
 
 
 def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
@@ -152,8 +152,9 @@ def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[t
         if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata") and isinstance(md.state, dict)):
             continue
         props = tp.state_of(md.state.get("properties"))
-        dtype = props[0].name if isinstance(props, tuple) and props and isinstance(props[0], tp.Global) else \
-            (props.get("dtype").name if isinstance(props, dict) and isinstance(props.get("dtype"), tp.Global) else "?")
+        named = props[0] if isinstance(props, tuple) and props else props.get("dtype") if isinstance(props, dict) \
+            else None
+        dtype = named.name if isinstance(named, tp.Global) else "?"
         chunks = []
         for c in md.state.get("chunks") or []:
             cs = tp.state_of(c)
@@ -163,11 +164,14 @@ def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[t
     return out
 
 
-def dcp_storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, int, int, bool]]:
+DcpPlace = tuple[str, object, object, bool]   # (relative_path, offset, length, transformed): as .metadata says
+
+
+def dcp_storage(meta: tp.PickleScan) -> dict[tuple[object, tuple | None], DcpPlace]:
     """(fqn, chunk offsets) -> (relative_path, offset, length, transformed)."""
     state = tp.state_of(meta.root)
     sd = state.get("storage_data") if isinstance(state, dict) else None
-    out = {}
+    out: dict[tuple[object, tuple | None], DcpPlace] = {}
     for idx, info in (sd.items() if isinstance(sd, dict) else ()):
         i, s = tp.state_of(idx), tp.state_of(info)
         if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str):
@@ -178,51 +182,25 @@ def dcp_storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, int, int, bool]]:
 
 
 def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
-    from checkpoint_strategy.storage import open_regular
-
     meta = src.dcp
-    jobs, notes = [], []
+    jobs: list[ts.Job] = []
+    notes: list[str] = []
     tensors = dcp_tensors(meta) if meta is not None else None
-    if tensors is None:
+    if meta is None or tensors is None:
         return jobs, ["DCP .metadata without tensor entries: values not checked"]
     storage = dcp_storage(meta)
-    handles: dict[str, Any] = {}
+    handles: dict[str, BinaryIO] = {}
     try:
         for fqn, dtype, _size, chunks in tensors:
             for offsets, sizes in chunks:
                 info = storage.get((fqn, offsets))
                 if info is None:
                     continue
-                rel, off, length, transformed = info
-                if transformed or not isinstance(off, int) or not isinstance(length, int):
-                    notes.append(f"{fqn}: transformed (compressed/encrypted) DCP entry, values not checked")
-                    continue
-                if os.path.isabs(rel) or ".." in rel.split("/"):
-                    continue
-                path = os.path.join(src.path, rel)
                 name = fqn if len(chunks) == 1 else f"{fqn}[{','.join(map(str, offsets))}]"
-                fh = handles.get(path)
-                if fh is None:
-                    fh = handles[path] = open_regular(path, "DCP data file")
-                fh.seek(off)
-                head = fh.read(4)
-                fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel,
-                              src.role, "zip")
-                if head == b"PK\x03\x04":
-                    win = Window(fh, off, length)
-                    z = embedded_zip(win, length)
-                    if isinstance(z, str):
-                        notes.append(f"{fqn}: {z}")
-                        continue
-                    sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
-                    for j in sub:
-                        j.role = _dcp_role(src, fqn)
-                    jobs.extend(sub)
-                    notes.extend(sub_notes)
-                elif dtype in tp.DTYPE_SIZE and length == ts._prod(sizes) * tp.DTYPE_SIZE[dtype]:
-                    jobs.append(ts.Job(path, fsrc.rel, name, _dcp_role(src, fqn), dtype, off, sizes,
-                                       scalar_value=ts._prod(sizes) == 1))
-    except (OSError, fc_read_error()) as exc:
+                sub, sub_notes = _dcp_chunk_jobs(src, handles, fqn, name, dtype, sizes, info)
+                jobs.extend(sub)
+                notes.extend(sub_notes)
+    except (OSError, ReadError) as exc:
         notes.append(f"cannot read DCP data: {getattr(exc, 'reason', None) or exc}")
     finally:
         for fh in handles.values():
@@ -230,37 +208,33 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
     return jobs, notes
 
 
-def fc_read_error():
-    from checkpoint_strategy.storage import ReadError
-
-    return ReadError
-
-
-def embedded_zip(win: Window, length: int) -> fc.ZipScan | str:
-    parsed = fc.read_zip_directory(win, length)
-    if isinstance(parsed, str):
-        return parsed
-    entries, cd_offset = parsed
-    z = fc.ZipScan(entries=entries)
-    for e in entries:
-        win.seek(e.offset)
-        lh = win.read(30)
-        if len(lh) != 30 or lh[:4] != b"PK\x03\x04":
-            return f"broken local header for {e.name!r}"
-        nlen, xlen = struct.unpack("<HH", lh[26:30])
-        e.data_start = e.offset + 30 + nlen + xlen
-        if e.data_start + e.csize > cd_offset:
-            return f"entry {e.name!r} runs past its archive"
-    pkl = next((e for e in entries if e.name.endswith("data.pkl")), None)
-    if pkl is None:
-        return "embedded archive without data.pkl"
-    z.prefix = pkl.name[: -len("data.pkl")]
-    data = fc._read_entry(win, pkl, fc.Counter())
-    if isinstance(data, str):
-        return data
-    z.pickle = tp.read_pickle(data)
-    found = fc.pickle_findings(z.pickle, pkl.name)
-    return found[0] if found else z
+def _dcp_chunk_jobs(src: Source, handles: dict[str, BinaryIO], fqn: str, name: str, dtype: str, sizes: tuple,
+                    info: DcpPlace) -> tuple[list[ts.Job], list[str]]:
+    """The jobs of one chunk of a DCP tensor: a torch archive's tensors, or raw bytes of the chunk's size."""
+    rel, off, length, transformed = info
+    if transformed or not isinstance(off, int) or not isinstance(length, int):
+        return [], [f"{fqn}: transformed (compressed/encrypted) DCP entry, values not checked"]
+    if os.path.isabs(rel) or ".." in rel.split("/"):
+        return [], []
+    path = os.path.join(src.path, rel)
+    fh = handles.get(path)
+    if fh is None:
+        fh = handles[path] = open_regular(path, "DCP data file")
+    fh.seek(off)
+    head = fh.read(4)
+    fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel, src.role, "zip")
+    if head == zr.LFH:
+        z = fc.embedded_torch_zip(zr.Window(fh, off, length), length)
+        if isinstance(z, str):
+            return [], [f"{fqn}: {z}"]
+        sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
+        for j in sub:
+            j.role = _dcp_role(src, fqn)
+        return sub, sub_notes
+    if dtype in tp.DTYPE_SIZE and length == ts._prod(sizes) * tp.DTYPE_SIZE[dtype]:
+        return [ts.Job(path, fsrc.rel, name, _dcp_role(src, fqn), dtype, off, sizes,
+                       scalar_value=ts._prod(sizes) == 1)], []
+    return [], []
 
 
 # --------------------------------------------------------------------------- optimizer state
@@ -299,6 +273,12 @@ def _state_dicts(v: Any, depth: int = 0) -> list[dict]:
         if isinstance(inner, (dict, list)):
             return _state_dicts(inner, depth + 1)
     return []
+
+
+def _state_of(od: dict) -> dict:
+    """A torch optimizer state dict's per-parameter state ({} when it is not a table)."""
+    state = od.get("state")
+    return state if isinstance(state, dict) else {}
 
 
 def _global_step(sources: list[Source], fallback: int | None) -> int | None:
@@ -349,7 +329,7 @@ def _check_torch_optimizer(opts: list[dict], weight_shapes: Multiset, values: di
         for g in od.get("param_groups") or []:
             if isinstance(g, dict) and isinstance(g.get("params"), list):
                 params.extend(g["params"])
-        state = od.get("state") if isinstance(od.get("state"), dict) else {}
+        state = _state_of(od)
         for _pid, st in state.items():
             if not isinstance(st, dict):
                 continue
@@ -439,7 +419,8 @@ def _check_universal_optimizer(stats: list[ts.Stat]) -> OptimizerCheck:
 def run(sources: list[Source], global_step: int | None = None, want_max: bool = False) -> DeepOutcome:
     started = time.perf_counter()
     jobs, notes, dcp_meta = _collect_jobs(sources)
-    outcome = ts.scan(jobs, want_max=want_max)
+    crc = {src.path: (src.rel, src.zip.entries) for src in sources if src.crc and src.zip is not None}
+    outcome = ts.scan(jobs, want_max=want_max, crc=crc)
     findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
     tally = _tally(outcome.stats, findings)
     have_weights = bool(tally.weight_bytes)
@@ -460,7 +441,8 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
     tensors = [TensorStat(file=s.file, tensor=s.name, role=s.role if s.role in ("weights", "optimizer") else "other",
                           dtype=s.dtype, shape=list(s.shape), numel=s.numel, nan=s.nan, inf=s.inf, l2=s.l2,
                           max_abs=s.max_abs, note=s.note) for s in outcome.stats]
-    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes)
+    return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes,
+                       crc_problems=outcome.crc_problems, bytes_crc=outcome.bytes_crc)
 
 
 def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list | None]:
@@ -511,7 +493,7 @@ def impossible_state(stats: list[ts.Stat], opts: list[dict], opt_file: str) -> l
                 findings.append(Finding(s.file, f"invalid: optimizer step {why} in {shown(s.name)} (a step count "
                                                 "is a whole number >= 0)", "invalid"))
     for od in opts:
-        state = od.get("state") if isinstance(od.get("state"), dict) else {}
+        state = _state_of(od)
         for pid, st in state.items():
             v = st.get("step") if isinstance(st, dict) else None
             if isinstance(v, (int, float)) and not isinstance(v, bool) and (why := step_problem(float(v))):
@@ -642,7 +624,7 @@ def _optimizer_state(sources: list[Source], stats: list[ts.Stat], dcp_meta: list
         optimizer = dcp_opt
     elif opts and flat:
         adam = any(isinstance(st, dict) and ("exp_avg" in st or "exp_avg_sq" in st)
-                   for od in opts for st in (od.get("state") or {}).values())
+                   for od in opts for st in _state_of(od).values())
         optimizer = OptimizerCheck(kind="adam" if adam else "other")
         notes.append("partitioned optimizer (ZeRO / distributed optimizer): moments not counted per parameter")
     elif opts:

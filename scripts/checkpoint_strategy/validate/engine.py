@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 from collections.abc import Callable, Iterable, Sequence
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats import frameworks as fl
@@ -20,6 +21,7 @@ from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
 from checkpoint_strategy.formats.runfacts import rank_gap, zero_rank_gap
+from checkpoint_strategy.formats.archive import ZipEntry
 from checkpoint_strategy.formats.filechecks import Kind
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
@@ -147,11 +149,13 @@ class _Ctx:
             regular: bool = False) -> fc.ZipScan:
         """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
         for DeepSpeed universal checkpoints' per-parameter files)."""
-        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular)
+        scanned = self.deep and role != "other"   # its CRC-32s are checked by the value scan (read once)
+        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular, crc=not scanned)
         for r in z.findings:
             self.bad(path, r)
-        if self.deep and not z.findings and not z.legacy and role != "other":
-            self.sources.append(_deep().Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor))
+        if scanned and not z.findings and not z.legacy:
+            self.sources.append(_deep().Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor,
+                                               crc=self.reads(path)))
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
         self._tick()
@@ -878,6 +882,38 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
     return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
 
 
+def _deep_outcome(ctx: _Ctx, stats: bool) -> dp.DeepOutcome | None:
+    """Level deep's outcome, when the checks before it found the checkpoint whole. The torch archives' CRC-32s
+    (level full's, left to the value scan so each archive is read once) are checked here either way: a wrong one
+    is the archive's problem, as at level full, and then there is no deep outcome."""
+    if not ctx.deep:
+        return None
+    if any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
+        for src in ctx.sources:
+            if src.crc and src.zip is not None:
+                _crc_here(ctx, src.path, src.zip.entries)
+        return None
+    outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+    ctx.counter.bytes_read += outcome.bytes_crc
+    if not outcome.crc_problems:
+        return outcome
+    ctx.counter.bytes_read += outcome.check.bytes_scanned
+    for file, reason in outcome.crc_problems:
+        ctx.problems.append(Problem(file=file, reason=reason, kind="invalid"))
+    return None
+
+
+def _crc_here(ctx: _Ctx, path: str, entries: list[ZipEntry]) -> None:
+    """Level full's CRC-32 of a torch archive's entries (the deep scan did not run)."""
+    try:
+        with storage.open_regular(path) as fh:
+            reason = zr.crc_entries(path, fh, entries, ctx.counter, ctx.update)
+    except (OSError, ReadError) as exc:
+        reason = fc._oserror(exc)
+    if reason:
+        ctx.bad(path, reason)
+
+
 def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
                       want_commit: bool = False, manifest: str | None = None,
                       stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
@@ -887,9 +923,9 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     layout = _precheck(ctx, found)
     if layout is None:
         layout = CHECKERS[found.format](ctx, found)
-    outcome = None
-    if ctx.deep and not any(p.kind in ("invalid", "incomplete") for p in ctx.problems):
-        outcome = _run_deep(ctx, found, layout, stats)
+    outcome = _deep_outcome(ctx, stats)
+    if outcome is not None:
+        _apply_deep(ctx, found, layout, outcome)
     manifest_state = None
     if manifest and os.path.lexists(path) and not any(p.kind == "incomplete" for p in ctx.problems):
         manifest_state = _manifest(ctx, path, manifest, root)
@@ -912,9 +948,8 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     return result, outcome
 
 
-def _run_deep(ctx: _Ctx, found: fm.Found, layout: Layout, stats: bool) -> dp.DeepOutcome:
-    """Level deep over the sources the checker gathered; its findings, notes and bytes go to the context."""
-    outcome: dp.DeepOutcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
+def _apply_deep(ctx: _Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutcome) -> None:
+    """Level deep's outcome (`_deep_outcome`) into the context: its findings, notes and bytes."""
     from checkpoint_strategy.formats.optstep import fill_deep_check
 
     mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
@@ -926,7 +961,6 @@ def _run_deep(ctx: _Ctx, found: fm.Found, layout: Layout, stats: bool) -> dp.Dee
     ctx.counter.bytes_read += outcome.check.bytes_scanned
     if any(f.kind == "not_resumable" for f in outcome.findings):
         layout.resumable = False
-    return outcome
 
 
 def _manifest(ctx: _Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:

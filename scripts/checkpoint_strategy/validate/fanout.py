@@ -1,40 +1,40 @@
 """Split a long list of checkpoint checks over forked processes (the quick level of `validate` and `prune`).
 
 The checks of one checkpoint are Python work on a few small reads: one process keeps one core busy. With
-`map_split`, the list is cut into chunks of a few dozen items, and this process and forked children, each on
-its own core, take the next chunk from a shared queue until none is left: a process that gets less of its core
-(another job on the machine, a training run beside it) simply takes fewer chunks. The queue is a pipe holding
-every chunk's number as 4 bytes, written before the fork and read 4 bytes at a time (a read of a pipe takes
-bytes from its front under the pipe's lock: each number goes to one reader). Every child sends each chunk's
-results as soon as it has them, as bytes (`encode`, e.g. JSON) through a pipe of its own, framed by the chunk's
-number and the payload's length; this process reads and decodes what has come between chunks of its own, so
-at the end little is left to wait for, and puts the chunks back in order. Nothing changes in what is checked
-or reported: the results are the ones a single process gives (tests/test_checkpoints_fanout.py compares them).
+`map_split`, the list is cut into chunks of a few dozen items and handed to a `concurrent.futures`
+ProcessPoolExecutor of forked workers (the "fork" context: a worker inherits the list and the work function, so
+nothing but a chunk's number crosses to it). This process takes chunks too, from the other end of the list; each
+chunk is claimed once (a flag per chunk in memory shared with the workers), so each process, this one included,
+simply takes fewer chunks when it gets less of its core. A worker sends a chunk's results back as bytes (`encode`, e.g.
+pydantic's JSON), which this process decodes and validates again (`decode`), counting them on the progress bar as
+they come. Nothing changes in what is checked or reported: the results are the ones a single process gives
+(tests/test_checkpoints_fanout.py compares them).
 
 It forks only where forking is safe and worth it: on a platform with `os.fork`, from a process running one
 thread (a fork copies only the calling thread: a lock held by another, an object-storage client's event
-loop, a training framework's workers would be left broken in the child), with at least `MIN_ITEMS` items and
-two usable cores (`filechecks.usable_cores`: affinity and cgroup quota). A child that fails in any way
-(an exception, killed, output that does not parse, a chunk it names twice or that another did) is not trusted:
-this process checks every chunk no trusted process delivered, as it does when a fork fails (no descriptor, no
-process left).
-Children are always reaped; on an interrupt they are killed first. `CHECKPOINT_STRATEGY_PROCESSES=1` turns the
-split off (a cap: N processes at most).
+loop, a training framework's workers would be left broken in the child; the executor forks every worker at its
+first submit, before it starts a thread of its own), with at least `MIN_ITEMS` items and two usable cores
+(`archive.usable_cores`: affinity and cgroup quota), or fewer items that are slow (`PROBE`, `SLOW_REST`). A worker
+that fails in any way (an exception, killed, results that do not decode or have the wrong count) is not trusted:
+every chunk it delivered is redone here, with every chunk no trusted worker delivered, as when no pool can be
+started (no descriptor, no process left). Workers are always reaped; on an interrupt they are killed first.
+`CHECKPOINT_STRATEGY_PROCESSES=1` turns the split off (a cap: N processes at most).
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import signal
-import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from checkpoint_strategy.formats.filechecks import usable_cores
+from checkpoint_strategy.formats.archive import usable_cores
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,11 +52,15 @@ clock: Callable[[], float] = time.perf_counter
 MAX_WORKERS = 8
 #: False turns the split off (tests compare both ways)
 ENABLED = True
-#: at most this many chunks: their numbers fill at most 4 kB of the queue's pipe, the least a pipe holds (one page)
+#: at most this many chunks (each costs a round trip to a worker)
 MAX_CHUNKS = 1024
-#: items a chunk has at least (fewer: the queue's reads cost more than they balance; tests set 1 for many chunks)
+#: items a chunk has at least (fewer: the round trips cost more than they balance; tests set 1 for many chunks)
 MIN_CHUNK = 4
-_INDEX = struct.Struct("<I")
+
+Work = Callable[[Sequence[T], bool], list[R]]
+
+#: what the forked workers check: (items, chunks, work, encode), set here before the pool forks them
+_JOB: tuple[Sequence[Any], list[tuple[int, int]], Work[Any, Any], Callable[[list[Any]], bytes], Any] | None = None
 
 
 def workers_for(n: int) -> int:
@@ -79,13 +83,13 @@ def _allowed() -> int:
     return max(1, min(cap, usable_cores()))
 
 
-def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
+def map_split(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], bytes],
               decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None = None) -> list[R]:
-    """`work(items, True)`, the items split over `workers_for(len(items))` processes in chunks taken from a queue.
-    `work(chunk, here)`: the results of one chunk (`here`: False in a child, which must not touch the terminal,
+    """`work(items, True)`, the items split over `workers_for(len(items))` processes in chunks.
+    `work(chunk, here)`: the results of one chunk (`here`: False in a worker, which must not touch the terminal,
     e.g. a progress bar, and here for a chunk `progress` already counted); `encode` turns a chunk's results into
-    bytes in a child, `decode` back in this process (ValueError, TypeError or KeyError: bytes it does not take;
-    that child's chunks are checked here). `progress(k)`: called here as k more items come back from a child
+    bytes in a worker, `decode` back in this process (ValueError, TypeError or KeyError: bytes it does not take;
+    that worker's chunks are checked here). `progress(k)`: called here as k more items come back from a worker
     (what `work` counts itself when `here`), each item once."""
     n = workers_for(len(items))
     if n == 1:
@@ -93,7 +97,7 @@ def map_split(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], 
     return _split(items, n, _chunks(len(items), n), work, encode, decode, progress)
 
 
-def _probe(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes],
+def _probe(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], bytes],
            decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None) -> list[R]:
     """Fewer than MIN_ITEMS: the first PROBE items here, each timed; the rest split (a chunk an item) when they
     would take SLOW_REST seconds here at the quicker one's pace, else here too. (Two items: the first may pay a
@@ -113,217 +117,157 @@ def _probe(items: Sequence[T], work: Callable[[Sequence[T], bool], list[R]], enc
     return done + _split(items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode, progress)
 
 
-def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Callable[[Sequence[T], bool], list[R]],
-           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]],
-           progress: Callable[[int], None] | None) -> list[R]:
-    """`work` over `chunks` of `items` by this process and up to n - 1 children, taken from one queue."""
-    done: dict[int, list[R]] = {}
-    children: list[_Child] = []
-    queue = _queue(len(chunks))
-    try:
-        if queue is not None:
-            _start(children, min(n, len(chunks)) - 1, items, chunks, queue, work, encode)
-            for child in children:
-                child.progress = progress
-            for i in _take(queue):
-                done[i] = work(items[chunks[i][0]:chunks[i][1]], True)
-                for child in children:
-                    _pump(child, chunks, decode)
-        for child in children:
-            _finish(child, chunks, done, decode)
-        counted = {i for child in children for i in child.counted}
-        for i, (a, b) in enumerate(chunks):   # what no trusted process delivered (or no queue): here
-            if i not in done:
-                done[i] = work(items[a:b], i not in counted)
-        return [r for i in range(len(chunks)) for r in done[i]]
-    finally:
-        if queue is not None:
-            os.close(queue)
-        for child in children:   # an interrupt or an error here: stop the rest (the collected ones are done)
-            _stop(child)
-
-
-def _start(children: list[_Child], count: int, items: Sequence[T], chunks: list[tuple[int, int]], queue: int,
-           work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes]) -> None:
-    """Fork up to `count` children onto `children` (fewer when a fork fails: this process takes their share)."""
-    gc.freeze()   # the objects this process has now are left alone by the children's collections (no copy)
-    try:
-        for _ in range(count):
-            child = _fork(items, chunks, queue, work, encode)
-            if child is None:
-                break
-            children.append(child)
-    finally:
-        gc.unfreeze()
-
-
 def _chunks(count: int, workers: int) -> list[tuple[int, int]]:
     """(start, end) of each chunk: 8 or more a process (uneven cores even out), MIN_CHUNK to 32 items each (a chunk
-    costs one 4-byte read), at most MAX_CHUNKS of them."""
+    costs one round trip), at most MAX_CHUNKS of them."""
     size = max(MIN_CHUNK, min(32, count // (workers * 8)), -(-count // MAX_CHUNKS))
     return [(a, min(count, a + size)) for a in range(0, count, size)]
 
 
-def _queue(count: int) -> int | None:
-    """The read end of a pipe holding the numbers 0..count-1 (4 bytes each, little-endian), its write end closed:
-    a reader gets b"" once every number is taken. None: no pipe (out of descriptors); this process does it all."""
-    try:
-        r, w = os.pipe()
-    except OSError:
-        return None
-    try:
-        os.set_blocking(w, False)   # (count <= MAX_CHUNKS: the pipe holds it all; a pipe that does not fails here)
-        data = memoryview(b"".join(_INDEX.pack(i) for i in range(count)))
-        while data:
-            data = data[os.write(w, data):]
-    except OSError:
-        os.close(r)
-        return None
-    finally:
-        os.close(w)
-    return r
+Outcome = tuple[int, str, "bytes | None"]   # (worker pid, "done" / "failed" / "skipped", the results as bytes)
 
 
-def _take(queue: int) -> Iterator[int]:
-    """The chunk numbers this process takes from the queue, one read each, until it is empty."""
-    while True:
-        got = os.read(queue, 4)
-        if len(got) != 4:   # b"": empty (a short read cannot happen: every write and read is 4 bytes)
-            return
-        yield _INDEX.unpack(got)[0]
+def _worker_chunk(i: int) -> Outcome:
+    """In a worker: chunk i's results as bytes, with this worker's pid; "skipped" when this process took the chunk
+    first, "failed" when the work raised."""
+    assert _JOB is not None   # (set before the fork)
+    items, chunks, work, encode, claims = _JOB
+    if not _claim(claims, i):
+        return os.getpid(), "skipped", None
+    try:
+        return os.getpid(), "done", encode(work(items[chunks[i][0]:chunks[i][1]], False))
+    except Exception:  # noqa: BLE001 - any failure: this worker is not trusted, its chunks are redone
+        return os.getpid(), "failed", None
+
+
+def _claim(claims: Any, i: int) -> bool:
+    """Take chunk i for the calling process (a flag per chunk in memory the workers share): False when another
+    process took it first."""
+    with claims.get_lock():
+        if claims[i]:
+            return False
+        claims[i] = 1
+        return True
 
 
 @dataclass
-class _Child:
-    """One forked process: `pid` 0 once reaped, `fd` the read end of its pipe (non-blocking), -1 once closed;
-    `buf` what it sent that is not a whole frame yet, `got` its chunks decoded so far, `trusted` False once
-    anything it sent or did is wrong (then none of its chunks is used)."""
+class _Gathered(Generic[R]):
+    """The workers' results as they come back: by chunk, with the pid that sent each; the pids not trusted; the
+    chunks counted on the progress bar."""
 
-    pid: int
-    fd: int
-    buf: bytearray = field(default_factory=bytearray)
-    got: dict[int, list] = field(default_factory=dict)
-    trusted: bool = True
-    progress: Callable[[int], None] | None = None   # told of each chunk decoded whole
-    counted: set[int] = field(default_factory=set)   # the chunks it was told of
+    size: list[int]
+    decode: Callable[[bytes], list[R]]
+    progress: Callable[[int], None] | None
+    got: dict[int, tuple[int, list[R]]] = field(default_factory=dict)
+    untrusted: set[int] = field(default_factory=set)
+    counted: set[int] = field(default_factory=set)
+
+    def take(self, i: int, fut: Future[Outcome]) -> None:
+        """Chunk i's future, done: its results kept when they decode to as many as it has items (counted on the
+        bar), else its worker is not trusted; a future without a result (a worker killed) is redone here."""
+        try:
+            pid, status, payload = fut.result()
+        except Exception:  # noqa: BLE001 - BrokenProcessPool, a result that did not unpickle: redone here
+            return
+        if status == "skipped":   # (this process checked it)
+            return
+        results = _decoded(payload, self.decode, self.size[i])
+        if results is None:
+            self.untrusted.add(pid)
+            return
+        self.got[i] = (pid, results)
+        if self.progress is not None:
+            self.counted.add(i)
+            self.progress(len(results))
+
+    def trusted(self) -> dict[int, list[R]]:
+        """The chunks delivered by workers that delivered nothing wrong."""
+        return {i: res for i, (pid, res) in self.got.items() if pid not in self.untrusted}
 
 
-def _fork(items: Sequence[T], chunks: list[tuple[int, int]], queue: int,
-          work: Callable[[Sequence[T], bool], list[R]], encode: Callable[[list[R]], bytes]) -> _Child | None:
-    """A child taking chunks from the queue; None when there is no pipe or process for one."""
-    try:
-        r, w = os.pipe()
-    except OSError:   # out of descriptors
+def _decoded(payload: bytes | None, decode: Callable[[bytes], list[R]], size: int) -> list[R] | None:
+    """A worker's bytes for a chunk of `size` items decoded (validated again), or None when they are not that."""
+    if payload is None:
         return None
     try:
-        import fcntl   # a bigger pipe (Linux: up to 1 MB unprivileged) lets a child run ahead of the reads
-
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
-    except (ImportError, AttributeError, OSError):
-        pass
-    try:
-        pid = os.fork()
-    except OSError:   # out of processes or memory
-        os.close(r)
-        os.close(w)
+        results = decode(payload)
+    except (ValueError, TypeError, KeyError):
         return None
-    if pid == 0:   # the child: a frame per chunk, then out without running this process's exit handlers
-        code = 1
-        try:
-            os.close(r)
-            for i in _take(queue):
-                payload = encode(work(items[chunks[i][0]:chunks[i][1]], False))
-                data = memoryview(b"%d %d\n%s" % (i, len(payload), payload))
-                while data:
-                    data = data[os.write(w, data):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(w)
-    os.set_blocking(r, False)
-    return _Child(pid, r)
+    return results if isinstance(results, list) and len(results) == size else None
 
 
-def _pump(child: _Child, chunks: list[tuple[int, int]], decode: Callable[[bytes], list[R]]) -> bool:
-    """Read what the child has sent so far (to the end of its output once `_finish` made its pipe blocking) and
-    decode its whole frames. True at the end of its output."""
-    end = False
+def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Work[T, R],
+           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]],
+           progress: Callable[[int], None] | None) -> list[R]:
+    """`work` over `chunks` of `items` by this process and a pool of up to n - 1 forked workers."""
+    global _JOB
+    done: dict[int, list[R]] = {}
+    gathered: _Gathered[R] = _Gathered([b - a for a, b in chunks], decode, progress)
+    pool, claims = _pool(min(n, len(chunks)) - 1, len(chunks))
+    _JOB = (items, chunks, work, encode, claims)
+    aborted = True
     try:
-        while True:
-            part = os.read(child.fd, 1 << 20)
-            if not part:
-                end = True
-                break
-            child.buf += part
-    except BlockingIOError:
-        pass
-    while child.trusted:   # each frame: b"<chunk> <bytes>\n" and that many bytes of payload
-        nl = child.buf.find(b"\n", 0, 64)
-        if nl < 0:
-            child.trusted = len(child.buf) < 64   # (a header is short: no newline in 64 bytes is not one)
-            break
-        try:
-            i, size = (int(x) for x in bytes(child.buf[:nl]).split(b" "))
-        except ValueError:
-            child.trusted = False
-            break
-        if not 0 <= i < len(chunks) or i in child.got or size < 0:
-            child.trusted = False
-            break
-        if len(child.buf) < nl + 1 + size:
-            break
-        payload = bytes(child.buf[nl + 1:nl + 1 + size])
-        del child.buf[:nl + 1 + size]
-        try:
-            results = decode(payload)
-        except (ValueError, TypeError, KeyError):
-            child.trusted = False
-            break
-        child.trusted = len(results) == chunks[i][1] - chunks[i][0]
-        child.got[i] = results
-        if child.trusted and child.progress is not None:
-            child.counted.add(i)
-            child.progress(len(results))
-    return end
-
-
-def _finish(child: _Child, chunks: list[tuple[int, int]], done: dict[int, list[R]],
-            decode: Callable[[bytes], list[R]]) -> None:
-    """Read the child's output to its end, reap it, decode the rest; its chunks go into `done` when it exited
-    cleanly, sent whole frames only, each chunk once with as many results as it has items, and none that is in
-    `done` already (each number is taken from the queue once: a chunk done twice is a child gone wrong)."""
-    try:
-        if child.trusted:
-            os.set_blocking(child.fd, True)   # (now each read waits for the child, up to its end)
-            _pump(child, chunks, decode)
+        futures = _submit(pool, len(chunks)) if pool is not None else {}
+        shared = bool(futures)
+        for i in reversed(range(len(chunks))):   # this process takes chunks from the end, the workers from the start
+            if shared and not _claim(claims, i):
+                continue
+            done[i] = work(items[chunks[i][0]:chunks[i][1]], True)
+            for k in [k for k, f in futures.items() if f.done()]:
+                gathered.take(k, futures.pop(k))
+        for k, fut in futures.items():
+            gathered.take(k, fut)   # (waits for each)
+        done.update({i: r for i, r in gathered.trusted().items() if i not in done})
+        for i, (a, b) in enumerate(chunks):   # what no trusted worker delivered (or no pool): here
+            if i not in done:
+                done[i] = work(items[a:b], i not in gathered.counted)
+        aborted = False
+        return [r for i in range(len(chunks)) for r in done[i]]
     finally:
-        os.close(child.fd)
-        child.fd = -1
-    if not child.trusted:   # nothing of it is used: no waiting for the rest of its work
-        os.kill(child.pid, signal.SIGKILL)
-    _pid, status = os.waitpid(child.pid, 0)
-    child.pid = 0
-    child.trusted = (child.trusted and os.waitstatus_to_exitcode(status) == 0 and not child.buf
-                     and not done.keys() & child.got.keys())
-    if child.trusted:
-        done.update(child.got)
+        _JOB = None
+        if pool is not None:
+            _close(pool, aborted)
 
 
-def _stop(child: _Child) -> None:
-    if child.pid:
-        try:
-            os.kill(child.pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if child.fd >= 0:
-        try:
-            os.close(child.fd)
-        except OSError:
-            pass
-        child.fd = -1
-    if child.pid:
-        try:
-            os.waitpid(child.pid, 0)
-        except OSError:
-            pass
-        child.pid = 0
+def _pool(workers: int, count: int) -> tuple[ProcessPoolExecutor | None, Any]:
+    """A pool of `workers` forked processes and the claim flags of `count` chunks they share with this one, or
+    (None, None): none wanted, or no descriptor or shared memory for them."""
+    if workers < 1:
+        return None, None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor   # only where a split happens (start-up time)
+
+    ctx = multiprocessing.get_context("fork")
+    try:
+        claims = ctx.Array("b", count, lock=True)
+        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx), claims
+    except OSError:
+        return None, None
+
+
+def _submit(pool: ProcessPoolExecutor, count: int) -> dict[int, Future[Outcome]]:
+    """Every chunk submitted (the first submit forks the workers); {} when they cannot be forked (out of
+    processes or descriptors): this process checks everything."""
+    gc.freeze()   # the objects this process has now are left alone by the workers' collections (no copy)
+    try:
+        return {i: pool.submit(_worker_chunk, i) for i in range(count)}
+    except OSError:
+        _close(pool, True)
+        return {}
+    finally:
+        gc.unfreeze()
+
+
+def _close(pool: ProcessPoolExecutor, kill: bool) -> None:
+    """Shut the pool down and reap its workers; `kill`: an interrupt or an error here, or a pool that could not
+    start: its workers are killed first (what was collected is done)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())   # (the executor drops them at shutdown)
+    if kill:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+    pool.shutdown(wait=True)   # (no future is cancelled: a pool that breaks then sets each one's exception)
+    for proc in procs:   # (a pool that broke may leave a worker waiting for work: it is killed)
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
