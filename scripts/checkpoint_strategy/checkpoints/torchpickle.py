@@ -466,7 +466,7 @@ _WALK_PER_SUSPECT = 24
 #: an 'r' (LONG_BINPUT) whose next 4 bytes, read as its index, are 2**16 or more; a 'p' (PUT) before 5 or more digits
 #: (two expressions: each starts with its literal byte, which the regular expression engine searches for fast)
 _SUSPECT_R = re.compile(rb"r(?=[\s\S]{2}(?!\x00\x00))")
-_SUSPECT_P = re.compile(rb"p(?=[ \t\r\x0b\x0c]*[+-]?[0-9_]{5})")
+_SUSPECT_P = re.compile(rb"p(?=[ \t\r\x0b\x0c]*[+-]?[0-9_]{5})|[\x8d\x8e\x96]")
 
 
 def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int], frozenset[int]]:
@@ -490,11 +490,13 @@ def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int],
 
 
 _STEP, _COUNTED, _LINES, _PAIRS = _opcode_table()
+_COUNTED8 = frozenset(op for op, (width, _signed) in _COUNTED.items() if width == 8)   # BINUNICODE8, BINBYTES8, ...
+_OP_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 
 
 def _suspects(data: bytes) -> list[int]:
-    """Where `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE` (`_SUSPECT_R`, `_SUSPECT_P`;
-    in a real pickle: text inside strings)."""
+    """Where `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
+    an 8-byte length (`_SUSPECT_R`, `_SUSPECT_P`; in a real pickle: text inside strings)."""
     found = [m.start() for m in _SUSPECT_R.finditer(data)]
     more = [m.start() for m in _SUSPECT_P.finditer(data)]
     return sorted(found + more) if more else found
@@ -518,8 +520,8 @@ def _walk_refusal(data: bytes) -> str | None:
         elif op in _COUNTED:
             width, signed = _COUNTED[op]
             size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
-            if size < 0:
-                return None   # (the unpickler refuses it there: nothing after it is read)
+            if size < 0 or size > n - i - 1 - width:
+                return _length_refusal(op, size, n - i - 1 - width, i)
             i += 1 + width + size
         elif op in _LINES or op in _PAIRS:
             end = data.find(b"\n", i + 1)
@@ -531,6 +533,17 @@ def _walk_refusal(data: bytes) -> str | None:
             i = end + 1
         else:
             return None   # STOP, or an opcode the unpickler refuses: it reads nothing further
+    return None
+
+
+def _length_refusal(op: int, size: int, left: int, at: int) -> str | None:
+    """None (the unpickler refuses a negative or cut-short length itself, reading nothing after it), or why an
+    8-byte length is refused (`_check_length`)."""
+    try:
+        if op in _COUNTED8:
+            _check_length(op, size, left, at)
+    except _Refused as exc:
+        return str(exc)
     return None
 
 
@@ -548,23 +561,25 @@ class _Feed:
     (`_suspects`): the unpickler's next request tells what that byte was. It buffers what `peek` shows it and asks
     `read(n)` for more than a piece holds; so after a suspect byte, `peek` shows nothing and the request is exact: 4
     bytes right after an 'r' is a LONG_BINPUT's index (the only opcode 0x72; a length of 0x72 asks for 114 bytes,
-    an argument ending there is followed by an opcode, 1 byte), a line right after a 'p' is a PUT's. A suspect inside
-    a request of 2 bytes or more is argument data; a protocol-4 frame (read whole, then parsed in memory) over one
-    hands the pickle to `_walk_refusal`."""
+    an argument ending there is followed by an opcode, 1 byte), 8 bytes after 0x8d / 0x8e / 0x96 the length of a
+    BINUNICODE8 / BINBYTES8 / BYTEARRAY8, a line right after a 'p' is a PUT's. A suspect inside a request of 2 bytes
+    or more is argument data; a protocol-4 frame (read whole, then parsed in memory) over one hands the pickle to
+    `_walk_refusal`."""
 
     def __init__(self, data: bytes, suspects: list[int]) -> None:
         self.data, self.pos, self.bound = data, 0, max(_MEMO_FREE, len(data))
-        self.todo = suspects          # suspect bytes not yet decided, in order
-        self.peeked = -1              # how much the last peek showed (-1: none since the last read)
+        self.todo = suspects + [len(data) + 1]   # suspect bytes, in order (a last one past the end)
+        self.k = 0                               # the first not yet decided
+        self.peeked = -1                         # how much the last peek showed (-1: none since the last read)
 
     def peek(self, _n: int = 0) -> bytes:
         pos, todo = self.pos, self.todo
-        while todo and todo[0] < pos - 1:
-            todo.pop(0)   # (passed inside a request: argument data)
-        if todo and todo[0] == pos - 1:
+        while todo[self.k] < pos - 1:
+            self.k += 1   # (passed inside a request: argument data)
+        if todo[self.k] == pos - 1:
             self.peeked = 0
             return b""
-        end = todo[0] + 1 if todo else len(self.data)
+        end = min(todo[self.k] + 1, len(self.data))
         self.peeked = end - pos
         return self.data[pos:end]
 
@@ -581,7 +596,7 @@ class _Feed:
         pos, data = self.pos, self.data
         end = data.find(b"\n", pos)
         end = len(data) if end < 0 else end + 1
-        if self.todo and self.todo[0] == pos - 1 and data[pos - 1] == 0x70 and not _small_put(data[pos:end], self.bound):
+        if self.todo[self.k] == pos - 1 and data[pos - 1] == 0x70 and not _small_put(data[pos:end], self.bound):
             raise _Refused(_too_big(data[pos:end - 1], pos - 1))
         self.peeked = -1
         self.pos = end
@@ -589,13 +604,23 @@ class _Feed:
 
     def _request(self, pos: int, n: int) -> None:
         data, todo = self.data, self.todo
-        if todo and todo[0] == pos - 1:
-            if data[pos - 1] == 0x72 and n == 4 and int.from_bytes(data[pos:pos + 4], "little") > self.bound:
+        if todo[self.k] == pos - 1:
+            self.k += 1
+            op = data[pos - 1]
+            if op == 0x72 and n == 4 and int.from_bytes(data[pos:pos + 4], "little") > self.bound:
                 raise _Refused(_too_big(int.from_bytes(data[pos:pos + 4], "little"), pos - 1))
-            todo.pop(0)
-        if n > 1 and todo and todo[0] < pos + n and pos >= 9 and data[pos - 9] == 0x95 \
+            if op in _COUNTED8 and n == 8:
+                _check_length(op, int.from_bytes(data[pos:pos + 8], "little"), len(data) - pos - 8, pos - 1)
+        if n > 1 and todo[self.k] < pos + n and pos >= 9 and data[pos - 9] == 0x95 \
                 and int.from_bytes(data[pos - 8:pos], "little") == n:
             raise _NeedWalk()
+
+
+def _check_length(op: int, size: int, left: int, at: int) -> None:
+    """An 8-byte length the unpickler would allocate before reading (a MemoryError there prints a SystemError of its
+    own on stderr): refused when more than the pickle holds."""
+    if size > left:
+        raise _Refused(f"{_OP_NAMES[op]} of {size} bytes at byte {at}: more than the {left} left in the pickle")
 
 
 def _small_put(text: bytes, bound: int) -> bool:
