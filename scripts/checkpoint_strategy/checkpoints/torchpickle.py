@@ -760,16 +760,19 @@ def walk_tensors(obj: Any, prefix: str = "", _depth: int = 0, _seen: set | None 
         return
     if isinstance(obj, (dict, list, tuple, set, frozenset, Call)):
         _seen.add(id(obj))
+        for name, child in _children(obj, prefix):
+            yield from walk_tensors(child, name, _depth + 1, _seen)
+
+
+def _children(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    """The items of a container or record under their dotted names (a record's state and items under its own)."""
     if isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from walk_tensors(v, f"{prefix}.{k}" if prefix else str(k), _depth + 1, _seen)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for i, v in enumerate(obj):
-            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
+        items: Iterable[tuple[Any, Any]] = obj.items()
     elif isinstance(obj, Call):
-        for i, v in enumerate(obj.args):
-            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
-        if obj.state is not None:
-            yield from walk_tensors(obj.state, prefix, _depth + 1, _seen)
-        if obj.items:
-            yield from walk_tensors(obj.items, prefix, _depth + 1, _seen)
+        items = enumerate(obj.args)
+    else:
+        items = enumerate(obj)
+    for key, child in items:
+        yield (f"{prefix}.{key}" if prefix else str(key)), child
+    if isinstance(obj, Call):
+        yield from ((prefix, v) for v in (obj.state, obj.items) if v)
