@@ -416,7 +416,7 @@ def _storage_from_pid(pid: Any) -> StorageRef | None:
         return None
     name = stype.name if isinstance(stype, Global) else str(stype)
     dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    return StorageRef(key=key, dtype=dtype, numel=numel, location=str(location))
+    return StorageRef(key, dtype, numel, str(location))
 
 
 class _Reader(pickle.Unpickler):
