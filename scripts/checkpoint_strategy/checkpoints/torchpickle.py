@@ -398,6 +398,11 @@ _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
 
 
 def _tuple_ints(v: Any) -> tuple | None:
+    if type(v) is tuple:   # (what torch writes: checked first)
+        for x in v:
+            if type(x) is not int or x < 0:
+                return None
+        return v
     if isinstance(v, Call) and v.name == "torch.Size" and v.args:
         v = v.args[0]
     if isinstance(v, (tuple, list)):
