@@ -508,8 +508,8 @@ _OP_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes
 def _suspects(data: bytes) -> list[int]:
     """Where `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
     an 8-byte length (`_SUSPECT_R`, `_SUSPECT_P`, `_SUSPECT_8`; in a real pickle: text inside strings)."""
-    found = [m.start() for m in _SUSPECT_R.finditer(data)]
-    more = [m.start() for m in _SUSPECT_P.finditer(data)]
+    found = [m.start() for m in _SUSPECT_R.finditer(data)] if b"r" in data else []
+    more = [m.start() for m in _SUSPECT_P.finditer(data)] if b"p" in data else []
     for byte in _SUSPECT_8:
         at = data.find(byte)
         while at >= 0:
@@ -705,7 +705,8 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
 
 def _load(fh: Any, scan: PickleScan, data: bytes) -> bool:
     """Unpickle from `fh` into `scan` within the depth bound; False: `_Feed` cannot follow (walk the opcodes)."""
-    tuple_ops = sum(data.count(b) for b in _TUPLE_OPS)
+    # (a pickle no longer than _TUPLE_OPS_FREE bytes cannot hold more tuple opcodes: not counted)
+    tuple_ops = sum(data.count(b) for b in _TUPLE_OPS) if len(data) > _TUPLE_OPS_FREE else 0
     if tuple_ops > _TUPLE_OPS_MAX:
         scan.error = f"{tuple_ops} tuple opcodes: more than the {_TUPLE_OPS_MAX} this reader takes"
         return True
