@@ -22,7 +22,9 @@ FORBIDDEN = {"pickle": _PICKLE, "_pickle": _PICKLE, "cPickle": _PICKLE, "dill": 
 BUILTINS = {"eval", "exec", "__import__"}
 # Reviewed exceptions, (file, call): the Jinja2 bytecode cache of this package's own templates, read only from a
 # folder that is the user's own and not writable by others (render.py, docs/DEVELOPING.md); never user content.
-ALLOWED = {("render.py", "marshal.loads")}
+# The one pickle reader: the C unpickler subclassed with a find_class that returns the module's own inert records
+# and a persistent_load (formats/safepickle.py; tests/test_safepickle.py feeds it a payload on every path).
+ALLOWED = {("render.py", "marshal.loads"), ("formats/safepickle.py", "pickle.Unpickler")}
 
 
 def violations(source: str, where: str = "<snippet>") -> list[str]:
@@ -42,6 +44,7 @@ def violations(source: str, where: str = "<snippet>") -> list[str]:
             for a in node.names:  # from torch import serialization as s; s.load(...) is not followed (rare)
                 if f"{node.module}.{a.name}" in FORBIDDEN or a.name in FORBIDDEN:
                     alias[a.asname or a.name] = a.name if a.name in FORBIDDEN else f"{node.module}.{a.name}"
+    found += _unpickler_subclasses(tree, alias, where)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -71,6 +74,22 @@ def violations(source: str, where: str = "<snippet>") -> list[str]:
     return found
 
 
+def _unpickler_subclasses(tree: ast.AST, alias: dict[str, str], where: str) -> list[str]:
+    """A class built on an unpickler runs whatever its find_class resolves: allowed only where reviewed, and there
+    only with its own find_class and persistent_load."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for base in node.bases:
+            name = module_of(base, alias)
+            if name.split(".")[0] in FORBIDDEN and name.rsplit(".", 1)[-1] in ("Unpickler", "_Unpickler"):
+                methods = {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+                if (where, "pickle.Unpickler") not in ALLOWED or not {"find_class", "persistent_load"} <= methods:
+                    found.append(f"{where}:{node.lineno}: class {node.name}({name})")
+    return found
+
+
 def _constant(call: ast.Call, i: int):
     return call.args[i].value if len(call.args) > i and isinstance(call.args[i], ast.Constant) else None
 
@@ -84,6 +103,13 @@ def module_of(node: ast.AST, alias: dict[str, str]) -> str:
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(PKG)))
 def test_no_code_execution_paths(path):
     assert violations(path.read_text(encoding="utf-8"), str(path.relative_to(PKG))) == []
+
+
+def test_the_reviewed_unpickler_needs_its_own_find_class():
+    body = "import pickle\nclass R(pickle.Unpickler):\n    def find_class(self, m, n): return 1\n"
+    assert violations(body, "formats/safepickle.py")   # without persistent_load
+    assert not violations(body + "    def persistent_load(self, pid): return 1\n", "formats/safepickle.py")
+    assert violations(body + "    def persistent_load(self, pid): return 1\n", "elsewhere.py")
 
 
 def test_jinja_environments_are_strict():
@@ -115,6 +141,8 @@ def test_jinja_environments_are_strict():
     "import importlib\nimportlib.import_module('pickle')",
     "import subprocess\nsubprocess.run(cmd, shell=True)",
     "import subprocess\nsubprocess.run(cmd, shell=flag)",
+    "import pickle\nclass R(pickle.Unpickler):\n    pass",
+    "import pickle as p\nclass R(p._Unpickler):\n    def find_class(self, m, n): return 1",
 ])
 def test_the_guard_catches_each_forbidden_form(snippet):
     assert len(violations(snippet)) >= 1, snippet

@@ -326,8 +326,6 @@ def _odd_call(root: Any) -> str | None:
                 return odd
             todo += [obj.state, *obj.args, *obj.items.keys(), *obj.items.values(), *obj.listitems]
         elif isinstance(obj, dict):
-            if any(isinstance(k, tp.Unhashable) for k in obj):
-                return "a mapping key is a list (unhashable)"
             todo += [*obj.keys(), *obj.values()]
         elif isinstance(obj, (list, tuple)):
             todo += obj

@@ -1,11 +1,21 @@
-"""Read a torch / DCP pickle as data, without executing it.
+"""Read a torch / DCP pickle as data, without executing it: the package's one pickle reader.
 
-`read_pickle(data)` walks the opcodes (``pickletools.genops``) with a small symbolic stack machine
-and returns a `PickleScan`: the object tree with every callable left as an inert `Call` record, the
+`read_pickle(data)` runs the standard library's C unpickler with the "Restricting Globals" pattern of the pickle
+documentation taken to the end: `find_class` hands back this module's own inert `Global` for every name (nothing is
+imported or looked up) and `persistent_load` a `StorageRef`, so REDUCE, NEWOBJ, BUILD and SETITEMS only ever reach
+records made here. It returns a `PickleScan`: the object tree with every callable left as an inert `Call` record, the
 globals it references (GLOBAL, STACK_GLOBAL, INST), the persistent-id storages
 (``('storage', <type>, key, location, numel)``) and the tensors built by torch's rebuild functions
-(``_rebuild_tensor_v2(storage, offset, size, stride, ...)``). Nothing is imported and nothing is
-called: a reference to ``posix.system`` is a name in a list, never a function.
+(``_rebuild_tensor_v2(storage, offset, size, stride, ...)``). A reference to ``posix.system`` is a name in a list and
+a class of this module, never a function. What Python's unpickler refuses (an odd SETITEMS, a FRAME inside a frame,
+a BUILD state it cannot set) this reader refuses the same way, with the unpickler's own words.
+
+Bounds, checked before the C unpickler runs (it has no hooks inside): the pickle's size (`MAX_PICKLE_BYTES`); memo
+indices (its memo is an array grown to twice the largest index stored: a suspect LONG_BINPUT or PUT, found by one
+regular expression, has the opcodes walked in Python to refuse an index past the pickle's length); tuple nesting (a
+dict key's hash recurses in C once per level: a pickle with many tuple opcodes is read in a thread with the stack for
+it and refused past MAX_TUPLE_DEPTH); the objects recorded (`MAX_RECORDS`). Every other object the unpickler makes
+comes from at least one byte of input: memory stays proportional to the pickle (docs/checkpoints.md).
 
 `classify_globals` sorts the referenced names against an allow-list modelled on what
 ``torch.load(weights_only=True)`` accepts (torch 2.x ``_weights_only_unpickler._get_allowed_globals``
@@ -14,17 +24,17 @@ plus the numpy array reconstruction that HF Trainer and Lightning register for t
 
 from __future__ import annotations
 
-import math
-
 import _compat_pickle
+import io
+import math
+import pickle
 import pickletools
 import re
 import reprlib
-import struct
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Literal
-from collections.abc import Iterable
 
 # --------------------------------------------------------------------------- dtypes
 
@@ -132,32 +142,94 @@ def shown(name: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-# --------------------------------------------------------------------------- symbolic objects
+# --------------------------------------------------------------------------- records: what a pickle builds
 
-@dataclass(frozen=True)
-class Global:
-    module: str
-    name: str
+class Global(type):
+    """A global a pickle names (GLOBAL, STACK_GLOBAL, INST), as the inert class this module makes for it: its
+    `module` and `name` are text, nothing is imported. Calling it (REDUCE, INST, OBJ) or NEWOBJ on it builds a `Call`
+    record of the arguments (or, for the few data-building callables torch uses, the value they build: `_build`)."""
 
-    @cached_property
-    def qualname(self) -> str:
-        """module.name, formed once per Global (a pickle memoizes each global: REDUCE asks the same one again)."""
-        return f"{self.module}.{self.name}"
+    _where: tuple[str, str, str]
+
+    def __new__(mcs, module: str, name: str) -> Global:
+        cls = super().__new__(mcs, "Record", (Call,), {"__slots__": ()})
+        cls._where = (module, name, f"{module}.{name}")
+        return cls
+
+    def __init__(cls, module: str, name: str) -> None:   # (type.__init__ wants a class statement's 3 arguments)
+        super().__init__("Record", (Call,), {})
+
+    # __call__ (REDUCE, and INST / OBJ with arguments) is `_build`, set below
+
+    @property
+    def module(cls) -> str:
+        return cls._where[0]
+
+    @property
+    def name(cls) -> str:
+        return cls._where[1]
+
+    @property
+    def qualname(cls) -> str:
+        return cls._where[2]
+
+    def __eq__(cls, other: object) -> bool:
+        return isinstance(other, Global) and other._where == cls._where
+
+    def __hash__(cls) -> int:
+        return hash(cls._where)
+
+    def __repr__(cls) -> str:
+        return f"Global({cls.module!r}, {cls.name!r})"
 
 
-@dataclass(eq=False)
 class Call:
-    """`func(*args)` as recorded by REDUCE / NEWOBJ / INST / OBJ: never called. BUILD sets `state`."""
+    """`func(*args)` as recorded by REDUCE / NEWOBJ / INST / OBJ: never called. BUILD sets `state`, SETITEM(S) on
+    the object fill `items`, APPEND(S) `listitems`; `func` is the object's `Global` (its class)."""
 
-    func: Any
+    __slots__ = ("args", "kwargs", "state", "items", "listitems")
     args: tuple
-    state: Any = None
-    items: dict = field(default_factory=dict)   # SETITEM(S) on an object (dict subclasses)
-    listitems: list = field(default_factory=list)
+    kwargs: dict
+    state: Any
+    items: dict
+    listitems: list
+
+    # __new__ (NEWOBJ(_EX), and INST / OBJ without arguments) is `_build`, set below
+
+    @property
+    def func(self) -> Global:
+        return type(self)   # type: ignore[return-value]
 
     @property
     def name(self) -> str:
-        return self.func.qualname if isinstance(self.func, Global) else type(self.func).__name__
+        return type(self)._where[2]   # type: ignore[attr-defined]
+
+    def __setstate__(self, state: Any) -> None:   # BUILD
+        self.state = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:   # SETITEM(S) on an object (dict subclasses)
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:   # APPEND(S) on an object (list subclasses)
+        self.listitems.append(value)
+
+    def extend(self, values: list) -> None:
+        self.listitems.extend(values)
+
+    def __repr__(self) -> str:
+        return f"Call({self.name}, {reprlib.repr(self.args)})"
+
+
+class OrderedDictRecord(dict):
+    """`collections.OrderedDict()`, built as a dict: BUILD keeps the attributes it sets (a state_dict's `_metadata`)
+    on `state` as Python's unpickler would set them on an OrderedDict (a mapping, or nothing)."""
+
+    __slots__ = ("state",)
+
+    def __setstate__(self, state: Any) -> None:
+        if state is not None and not isinstance(state, dict):
+            raise pickle.UnpicklingError("state is not a dictionary")
+        self.state = state
 
 
 def state_of(obj: Any) -> Any:
@@ -165,7 +237,7 @@ def state_of(obj: Any) -> Any:
     return obj.state if isinstance(obj, Call) else obj
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StorageRef:
     """A persistent-id storage: zip entry `data/<key>` holding `numel` elements of `dtype`."""
 
@@ -178,8 +250,11 @@ class StorageRef:
     def nbytes(self) -> int:
         return self.numel * DTYPE_SIZE.get(self.dtype, 1)
 
+    def __setstate__(self, state: Any) -> None:   # BUILD on it: nothing to set (as the walker before did)
+        pass
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True)
 class TensorRef:
     """A tensor rebuilt from a storage: `shape`/`stride` in elements, `offset` in elements of `dtype`."""
 
@@ -197,27 +272,19 @@ class TensorRef:
         """(first, last+1) element index inside the storage, or None when the view is empty."""
         if self.numel == 0:
             return None
-        last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride))
+        last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride, strict=True))
         return self.offset, last + 1
 
     def contiguous(self) -> bool:
         expected = 1
-        for d, s in zip(reversed(self.shape), reversed(self.stride)):
+        for d, s in zip(reversed(self.shape), reversed(self.stride), strict=True):
             if d != 1 and s != expected:
                 return False
             expected *= d
         return True
 
-
-class Unhashable:
-    """A dict key that Python could not hash (a list): kept by identity."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    @reprlib.recursive_repr()
-    def __repr__(self) -> str:
-        return f"Unhashable({self.value!r})"
+    def __setstate__(self, state: Any) -> None:   # BUILD on a tensor: its state is not what this reader checks
+        pass
 
 
 @dataclass
@@ -230,7 +297,7 @@ class PickleScan:
     complete: bool = False                                # reached STOP
     error: str | None = None
     text_persistent_ids: int = 0      # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
-    opcodes: int = 0
+    records: int = 0                  # objects recorded (Call records, storages, tensors)
 
     def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
         return {g: classify_global(g, dcp) for g in self.globals}
@@ -242,16 +309,108 @@ class PickleScan:
         return [g for g, v in self.verdicts(dcp).items() if v == "framework"]
 
 
-_MARK = object()
-MAX_OPCODES = 50_000_000
+# --------------------------------------------------------------------------- building records
+
+class _Refused(Exception):
+    """A pickle this reader will not read further (a bound it passes): the message says which."""
 
 
-class _Broken(Exception):
-    pass
+#: the read in progress on this thread (the records' classes are shared, so what they record goes here)
+_current = threading.local()
+_GLOBALS: dict[tuple[str, str], Global] = {}
+_GLOBALS_CACHED = 4096          # distinct globals kept across reads (a hostile pickle cannot grow the cache more)
+MAX_RECORDS = 20_000_000        # objects recorded in one pickle
 
 
-def _int(v: Any) -> int | None:
-    return v if type(v) is int else None
+def _global(module: str, name: str) -> Global:
+    g = _GLOBALS.get((module, name))
+    if g is None:
+        g = Global(module, name)
+        if len(_GLOBALS) < _GLOBALS_CACHED:
+            _GLOBALS[module, name] = g
+    return g
+
+
+def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """What calling (or NEWOBJ on) the recorded class `cls` with `args` gives: the value torch's few data-building
+    callables would build, else a new inert `Call` record. Nothing named by the pickle runs. (It is Global.__call__
+    and Call.__new__ itself: one Python call for each REDUCE or NEWOBJ the C unpickler makes.)"""
+    scan: PickleScan = _current.scan
+    scan.records += 1
+    if scan.records > MAX_RECORDS:
+        raise _Refused(f"more than {MAX_RECORDS} objects")
+    q = cls._where[2]
+    if q not in scan.calls:
+        scan.calls.append(q)
+    maker = _MAKERS.get(q)
+    if maker is not None:
+        made = maker(scan, args)
+        if made is not _NOT_MADE:
+            return made
+    rec = object.__new__(cls)
+    rec.args, rec.kwargs, rec.state, rec.items, rec.listitems = args, kwargs, None, {}, []
+    return rec
+
+
+Global.__call__ = _build   # type: ignore[method-assign,assignment]
+Call.__new__ = staticmethod(_build)   # type: ignore[method-assign]
+
+
+def _record(cls: Any, args: tuple, kwargs: dict | None = None) -> Call:
+    rec = object.__new__(cls)
+    rec.args, rec.kwargs, rec.state, rec.items, rec.listitems = args, kwargs or {}, None, {}, []
+    return rec
+
+
+_NOT_MADE = object()
+
+
+def _make_tensor(scan: PickleScan, args: tuple) -> Any:
+    """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`."""
+    if len(args) < 4 or not isinstance(args[0], StorageRef):
+        return _NOT_MADE
+    st, offset, shape, stride = args[0], args[1], _tuple_ints(args[2]), _tuple_ints(args[3])
+    dtype = args[6].name if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
+    if type(offset) is not int or offset < 0 or shape is None or stride is None or len(shape) != len(stride):
+        return _NOT_MADE
+    t = TensorRef(st, offset, shape, stride, dtype)
+    scan.tensors.append(t)
+    return t
+
+
+def _make_from_type(scan: PickleScan, args: tuple) -> Any:
+    """torch._tensor._rebuild_from_type_v2(func, type, args, state): what `func(*args)` builds."""
+    if len(args) >= 3 and isinstance(args[0], Global) and isinstance(args[2], tuple):
+        return _build(args[0], *args[2])
+    return _NOT_MADE
+
+
+_MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
+    **{f"torch._utils.{f}": _make_tensor for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
+    **{f"torch._utils.{f}": (lambda scan, a: a[0] if a else _NOT_MADE)
+       for f in ("_rebuild_parameter", "_rebuild_parameter_with_state")},
+    "torch._tensor._rebuild_from_type_v2": _make_from_type,
+    "torch.Size": lambda scan, a: tuple(a[0]) if a and isinstance(a[0], (tuple, list)) else _NOT_MADE,
+    "_codecs.encode": lambda scan, a: (a[0].encode("latin-1", "replace") if a and isinstance(a[0], str)
+                                       else _NOT_MADE),
+    "collections.OrderedDict": lambda scan, a: _NOT_MADE if a else OrderedDictRecord(),
+}
+
+
+def _tuple_ints(v: Any) -> tuple | None:
+    if type(v) is tuple:   # (what torch writes: checked first)
+        for x in v:
+            if type(x) is not int or x < 0:
+                return None
+        return v
+    if isinstance(v, Call) and v.name == "torch.Size" and v.args:
+        v = v.args[0]
+    if isinstance(v, (tuple, list)):
+        for x in v:   # every item an int (not a bool, nor an int subclass), none negative
+            if type(x) is not int or x < 0:
+                return None
+        return v if type(v) is tuple else tuple(v)
+    return None
 
 
 def _storage_from_pid(pid: Any) -> StorageRef | None:
@@ -262,479 +421,345 @@ def _storage_from_pid(pid: Any) -> StorageRef | None:
         return None
     name = stype.name if isinstance(stype, Global) else str(stype)
     dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    return StorageRef(key=key, dtype=dtype, numel=numel, location=str(location))
+    return StorageRef(key, dtype, numel, str(location))
 
 
-def _tuple_ints(v: Any) -> tuple | None:
-    if isinstance(v, Call) and isinstance(v.func, Global) and v.func.qualname == "torch.Size" and v.args:
-        v = v.args[0]
-    if isinstance(v, (tuple, list)):
-        for x in v:   # every item an int (not a bool, nor an int subclass), none negative
-            if type(x) is not int or x < 0:
-                return None
-        return v if type(v) is tuple else tuple(v)
-    return None
+class _Reader(pickle.Unpickler):
+    """The standard library's C unpickler with the "Restricting Globals" pattern of the pickle documentation taken to
+    the end: `find_class` returns this module's own inert `Global` for every name (never imports or looks anything
+    up) and `persistent_load` a `StorageRef`; so REDUCE / NEWOBJ / BUILD / SETITEMS only ever reach the records above."""
 
-
-def _apply(scan: PickleScan, func: Any, args: Any) -> Any:
-    """The value REDUCE would produce, for the few data-building callables we understand;
-    otherwise an inert Call record."""
-    if not isinstance(args, tuple):
-        args = (args,) if not isinstance(args, list) else tuple(args)
-    if isinstance(func, Global):
-        q = func.qualname
-        if q not in scan.calls:
-            scan.calls.append(q)
-        if q == "collections.OrderedDict" and not args:
-            return {}
-        if q in ("torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v3"):
-            if len(args) >= 4 and isinstance(args[0], StorageRef):
-                st, offset, shape, stride = args[0], _int(args[1]), _tuple_ints(args[2]), _tuple_ints(args[3])
-                dtype = st.dtype
-                if q.endswith("_v3") and len(args) >= 7 and isinstance(args[6], Global):
-                    dtype = args[6].name
-                if offset is not None and offset >= 0 and shape is not None and stride is not None \
-                        and len(shape) == len(stride):
-                    t = TensorRef(storage=st, offset=offset, shape=shape, stride=stride, dtype=dtype)
-                    scan.tensors.append(t)
-                    return t
-        elif q in ("torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state") and args:
-            return args[0]
-        elif q == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3 and isinstance(args[2], tuple):
-            return _apply(scan, args[0], args[2])
-        elif q == "torch.Size" and args and isinstance(args[0], (tuple, list)):
-            return tuple(args[0])
-        elif q == "_codecs.encode" and args and isinstance(args[0], str):
-            return args[0].encode("latin-1", "replace")
-    return Call(func, args)
-
-
-def _setitems(target: Any, pairs: list) -> None:
-    d = target.items if isinstance(target, Call) else target
-    if not isinstance(d, dict):
-        raise _Broken("SETITEM on a non-dict")
-    for k, v in pairs:
-        try:
-            d[k] = v
-        except TypeError:
-            d[Unhashable(k)] = v
-
-
-def _append(target: Any, values: list) -> None:
-    if isinstance(target, list):
-        target.extend(values)
-    elif isinstance(target, Call):
-        target.listitems.extend(values)
-    else:
-        raise _Broken("APPEND on a non-list")
-
-
-class _Machine:
-    """read_pickle's state: the stack, the stacks MARK set aside, the memo, the globals seen."""
-
-    def __init__(self, scan: PickleScan) -> None:
+    def __init__(self, file: Any, scan: PickleScan) -> None:
+        super().__init__(file)
         self.scan = scan
-        self.stack: list = []
-        self.marks: list[list] = []
-        self.memo: dict[int, Any] = {}
-        self.seen_globals: set[str] = set()
+        self.seen: set[tuple[str, str]] = set()
 
-    def pop_mark(self) -> list:
-        if not self.marks:
-            raise _Broken("no MARK")
-        items, self.stack = self.stack, self.marks.pop()
-        return items
-
-    def glob(self, module: Any, name: Any) -> Global:
-        if not isinstance(module, str) or not isinstance(name, str):
-            raise _Broken("non-string global")
+    def find_class(self, module: str, name: str) -> Global:
         # protocol <= 2 pickles name Python 2 modules; unpicklers (and torch) map them: __builtin__ -> builtins
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
-        g = Global(module, name)
-        if g.qualname not in self.seen_globals:
-            self.seen_globals.add(g.qualname)
-            self.scan.globals.append(g.qualname)
-        return g
+        if (module, name) not in self.seen:
+            self.seen.add((module, name))
+            self.scan.globals.append(f"{module}.{name}")
+        return _global(module, name)
 
-
-# --------------------------------------------------------------------------- one handler per opcode group
-# Each takes (machine, opcode name, argument) and reads `m.stack` only after every pop_mark (which swaps the
-# stack back to the one below the mark): `m.stack.append(f(m.pop_mark()))` would append to the dropped
-# marked stack (a protocol-0 LIST or INST result lost; tests/test_torchpickle_protocols.py).
-
-def _op_skip(m: _Machine, name: str, arg: Any) -> None:
-    pass
-
-
-def _op_mark(m: _Machine, name: str, arg: Any) -> None:
-    m.marks.append(m.stack)
-    m.stack = []
-
-
-def _op_pop(m: _Machine, name: str, arg: Any) -> None:
-    if name == "POP" and m.stack:
-        m.stack.pop()
-    else:
-        m.pop_mark()
-
-
-def _op_dup(m: _Machine, name: str, arg: Any) -> None:
-    m.stack.append(m.stack[-1])
-
-
-_CONSTANTS: dict[str, Any] = {"NONE": lambda: None, "NEWTRUE": lambda: True, "NEWFALSE": lambda: False,
-                              "EMPTY_LIST": list, "EMPTY_DICT": dict, "EMPTY_TUPLE": tuple, "EMPTY_SET": list}
-
-
-def _op_constant(m: _Machine, name: str, arg: Any) -> None:
-    m.stack.append(_CONSTANTS[name]())
-
-
-def _op_literal(m: _Machine, name: str, arg: Any) -> None:
-    m.stack.append(arg)
-
-
-def _op_tuple(m: _Machine, name: str, arg: Any) -> None:
-    if name in ("TUPLE", "FROZENSET"):
-        items = m.pop_mark()
-        m.stack.append(tuple(items) if name == "TUPLE" else list(items))
-        return
-    n = int(name[-1])
-    if len(m.stack) < n:
-        raise _Broken("stack underflow")
-    items = tuple(m.stack[-n:])
-    del m.stack[-n:]
-    m.stack.append(items)
-
-
-def _op_list(m: _Machine, name: str, arg: Any) -> None:
-    items = list(m.pop_mark())
-    m.stack.append(items)
-
-
-def _op_dict(m: _Machine, name: str, arg: Any) -> None:
-    items = m.pop_mark()
-    d: dict = {}
-    _setitems(d, list(zip(items[::2], items[1::2])))
-    m.stack.append(d)
-
-
-def _op_append(m: _Machine, name: str, arg: Any) -> None:
-    if name == "APPEND":
-        v = m.stack.pop()
-        _append(m.stack[-1], [v])
-        return
-    items = m.pop_mark()   # APPENDS, ADDITEMS
-    _append(m.stack[-1], items)
-
-
-def _op_setitem(m: _Machine, name: str, arg: Any) -> None:
-    if name == "SETITEM":
-        v = m.stack.pop()
-        k = m.stack.pop()
-        _setitems(m.stack[-1], [(k, v)])
-        return
-    items = m.pop_mark()   # SETITEMS
-    _setitems(m.stack[-1], list(zip(items[::2], items[1::2])))
-
-
-def _op_global(m: _Machine, name: str, arg: Any) -> None:
-    if name == "STACK_GLOBAL":
-        gname = m.stack.pop()
-        module = m.stack.pop()
-        m.stack.append(m.glob(module, gname))
-        return
-    module, _, gname = str(arg).partition(" ")
-    g = m.glob(module, gname)
-    if name == "GLOBAL":
-        m.stack.append(g)
-    else:   # INST
-        args = tuple(m.pop_mark())
-        m.stack.append(_apply(m.scan, g, args))
-
-
-def _op_ext(m: _Machine, name: str, arg: Any) -> None:
-    m.stack.append(m.glob("copyreg", f"extension_{arg}"))
-
-
-def _op_obj(m: _Machine, name: str, arg: Any) -> None:
-    items = m.pop_mark()
-    if not items:
-        raise _Broken("OBJ without a class")
-    m.stack.append(_apply(m.scan, items[0], tuple(items[1:])))
-
-
-def _op_reduce(m: _Machine, name: str, arg: Any) -> None:
-    if name == "NEWOBJ_EX":
-        _kwargs = m.stack.pop()
-    args = m.stack.pop()
-    func = m.stack.pop()   # REDUCE's callable, NEWOBJ(_EX)'s class
-    m.stack.append(_apply(m.scan, func, args))
-
-
-def _op_build(m: _Machine, name: str, arg: Any) -> None:
-    state = m.stack.pop()
-    target = m.stack[-1]
-    if isinstance(target, Call):
-        target.state = state
-
-
-def _op_put(m: _Machine, name: str, arg: Any) -> None:
-    if name == "MEMOIZE":
-        m.memo[len(m.memo)] = m.stack[-1]
-    else:
-        m.memo[int(arg)] = m.stack[-1]
-
-
-def _op_get(m: _Machine, name: str, arg: Any) -> None:
-    if int(arg) not in m.memo:
-        raise _Broken(f"memo key {arg} used before it was stored")
-    m.stack.append(m.memo[int(arg)])
-
-
-def _op_persid(m: _Machine, name: str, arg: Any) -> None:
-    pid = arg if name == "PERSID" else m.stack.pop()
-    if name == "PERSID":
-        m.scan.text_persistent_ids += 1
-    ref = _storage_from_pid(pid)
-    if ref is not None:
-        prev = m.scan.storages.get(ref.key)
+    def persistent_load(self, pid: Any) -> Any:
+        scan = self.scan
+        scan.records += 1
+        if type(pid) is str:
+            scan.text_persistent_ids += 1
+        ref = _storage_from_pid(pid)
+        if ref is None:
+            return _record(_global("persistent_load", "id"), (pid,))
+        prev = scan.storages.get(ref.key)
         if prev is None or prev.nbytes < ref.nbytes:
-            m.scan.storages[ref.key] = ref
-        m.stack.append(ref)
-    else:
-        m.stack.append(Call(Global("persistent_load", "id"), (pid,)))
+            scan.storages[ref.key] = ref
+        return ref
 
 
-def _op_buffer(m: _Machine, name: str, arg: Any) -> None:
-    raise _Broken(f"out-of-band buffer opcode {name}")
+# --------------------------------------------------------------------------- bounds, before the C unpickler runs
+
+MAX_PICKLE_BYTES = 256 << 20
+#: a memo index up to this (or up to the pickle's length) is taken without a look: the C unpickler's memo is an array
+#: grown to twice the largest index stored, so one LONG_BINPUT of 2**32 - 1 would take 64 GB
+_MEMO_FREE = 1 << 16
+#: nested tuples: hashing one (a dict key) recurses in C once per level, ~55 bytes of stack each; 8 MB ends near
+#: 150 000 levels. A pickle with fewer tuple-building opcode bytes than this cannot nest deeper
+_TUPLE_OPS_FREE = 50_000
+_TUPLE_OPS_MAX = 8_000_000
+MAX_TUPLE_DEPTH = 10_000
+_TUPLE_OPS = (b"t", b"\x85", b"\x86", b"\x87")
+#: a suspect byte costs `_Feed` about as much as this many bytes of `_walk_refusal`
+_WALK_PER_SUSPECT = 24
+#: an 'r' (LONG_BINPUT) whose next 4 bytes, read as its index, are 2**16 or more; a 'p' (PUT) before 5 or more digits
+#: (two expressions: each starts with its literal byte, which the regular expression engine searches for fast)
+_SUSPECT_R = re.compile(rb"r(?=[\s\S]{2}(?!\x00\x00))")
+_SUSPECT_P = re.compile(rb"p(?=[ \t\r\x0b\x0c]*[+-]?[0-9_]{5})")
+_SUSPECT_8 = (b"\x8d", b"\x8e", b"\x96")   # BINUNICODE8, BINBYTES8, BYTEARRAY8 (found with bytes.find: faster here)
 
 
-_LITERALS = ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-             "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8",
-             "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BYTEARRAY8")
-_OPCODES: dict[str, Any] = {
-    "PROTO": _op_skip, "FRAME": _op_skip, "MARK": _op_mark, "POP": _op_pop, "POP_MARK": _op_pop, "DUP": _op_dup,
-    **{n: _op_constant for n in _CONSTANTS}, **{n: _op_literal for n in _LITERALS},
-    "TUPLE": _op_tuple, "FROZENSET": _op_tuple, "TUPLE1": _op_tuple, "TUPLE2": _op_tuple, "TUPLE3": _op_tuple,
-    "LIST": _op_list, "DICT": _op_dict, "APPEND": _op_append, "APPENDS": _op_append, "ADDITEMS": _op_append,
-    "SETITEM": _op_setitem, "SETITEMS": _op_setitem,
-    "GLOBAL": _op_global, "INST": _op_global, "STACK_GLOBAL": _op_global, "EXT1": _op_ext, "EXT2": _op_ext,
-    "EXT4": _op_ext, "OBJ": _op_obj, "REDUCE": _op_reduce, "NEWOBJ": _op_reduce, "NEWOBJ_EX": _op_reduce,
-    "BUILD": _op_build, "PUT": _op_put, "BINPUT": _op_put, "LONG_BINPUT": _op_put, "MEMOIZE": _op_put,
-    "GET": _op_get, "BINGET": _op_get, "LONG_BINGET": _op_get, "PERSID": _op_persid, "BINPERSID": _op_persid,
-    "NEXT_BUFFER": _op_buffer, "READONLY_BUFFER": _op_buffer,
-}
+def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int], frozenset[int]]:
+    """From pickletools' opcode list: the size of each opcode with a fixed-size argument (0: any other), the counted
+    ones (width of their length field, signed), the ones taking a line and the ones taking two (GLOBAL, INST)."""
+    step = bytearray(256)
+    counted: dict[int, tuple[int, bool]] = {}
+    lines: set[int] = set()
+    pairs: set[int] = set()
+    widths = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False), pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+              pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
+    for op in pickletools.opcodes:
+        code, n = op.code.encode("latin-1")[0], op.arg.n if op.arg else 0
+        if n >= 0 and op.name not in ("LONG_BINPUT", "STOP"):
+            step[code] = 1 + n
+        elif n in widths:
+            counted[code] = widths[n]
+        elif n == pickletools.UP_TO_NEWLINE:
+            (pairs if op.arg is not None and op.arg.name == "stringnl_noescape_pair" else lines).add(code)
+    return bytes(step), counted, frozenset(lines), frozenset(pairs)
 
 
-# how `_run_bytes` reads each opcode's argument, by pickletools' argument name (the rest: the genops path)
-_ARG_KINDS = {None: 0, "uint1": 1, "uint2": 2, "int4": 3, "uint4": 4, "uint8": 5, "float8": 6, "long1": 7,
-              "long4": 8, "bytes1": 9, "bytes4": 10, "bytes8": 11, "string1": 12, "string4": 13,
-              "unicodestring1": 14, "unicodestring4": 15, "unicodestring8": 16, "bytearray8": 17,
-              "stringnl_noescape_pair": 18}
-#: opcode byte -> (pickletools' name, argument kind), for the opcodes `_run_bytes` reads itself
-_FAST_OPS: dict[int, tuple[str, int]] = {
-    ord(op.code): (op.name, _ARG_KINDS[op.arg.name if op.arg else None]) for op in pickletools.opcodes
-    if (op.arg.name if op.arg else None) in _ARG_KINDS}
-_LEN_AT = {1: (1, "<B"), 2: (2, "<H"), 3: (4, "<i"), 4: (4, "<I"), 5: (8, "<Q"), 6: (8, ">d")}
-_COUNT = {7: (1, "<B"), 8: (4, "<i"), 9: (1, "<B"), 10: (4, "<I"), 11: (8, "<Q"), 12: (1, "<B"), 13: (4, "<i"),
-          14: (1, "<B"), 15: (4, "<I"), 16: (8, "<Q"), 17: (8, "<Q")}
+_STEP, _COUNTED, _LINES, _PAIRS = _opcode_table()
+_COUNTED8 = frozenset(op for op, (width, _signed) in _COUNTED.items() if width == 8)   # BINUNICODE8, BINBYTES8, ...
+_OP_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 
 
-#: opcodes `_run_bytes` does without a call: 1 push the argument (`_op_literal`), 2 memo put with an index
-#: (`_op_put`), 3 memo get (`_op_get`), 4 MARK (`_op_mark`), 5 STOP, 6 push a constant that is never changed in
-#: place (`_op_constant`: None, True, False, the empty tuple), 7 push a new empty dict or list (`_op_constant`),
-#: 8 TUPLE (`_op_tuple`: the items above the mark), 9 TUPLE1 / TUPLE2 / TUPLE3 (`_op_tuple`: the top n items);
-#: 0: the handler is called. A real AdamW optimizer.pt's data.pkl is ~70 % opcodes of ways 1-9
-#: (LONG_BINPUT, BINGET, BININT1, MARK, TUPLE, EMPTY_TUPLE, NEWFALSE, TUPLE1/2, BINUNICODE)
-_INLINE = {**{name: 1 for name in _LITERALS}, "BINPUT": 2, "LONG_BINPUT": 2, "BINGET": 3, "LONG_BINGET": 3,
-           "MARK": 4, "STOP": 5, "NONE": 6, "NEWTRUE": 6, "NEWFALSE": 6, "EMPTY_TUPLE": 6,
-           "EMPTY_DICT": 7, "EMPTY_LIST": 7, "EMPTY_SET": 7, "TUPLE": 8, "TUPLE1": 9, "TUPLE2": 9, "TUPLE3": 9}
-#: what ways 6, 7 and 9 push or take, by name: the constant itself (6), the type called for a new one (7), how
-#: many items (9); the same as `_CONSTANTS` and `_op_tuple` (tests/test_torchpickle_fastpath.py)
-_INLINE_VALUE: dict[str, Any] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False, "EMPTY_TUPLE": (),
-                                 "EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_SET": list,
-                                 "TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
-#: opcode byte -> (name, argument kind, `_INLINE` way, handler or None, way 6/7/9's value), or None for an opcode
-#: `_run_bytes` leaves to genops: one list index per opcode, not two dict lookups (a handler of None fails the
-#: call: the pickle is read again by genops, as an opcode without a handler was before)
-_FAST_TABLE: list[tuple[str, int, int, Any, Any] | None] = [
-    None if (got := _FAST_OPS.get(b)) is None else (got[0], got[1], _INLINE.get(got[0], 0), _OPCODES.get(got[0]),
-                                                      _INLINE_VALUE.get(got[0]))
-    for b in range(256)]
-_U4 = struct.Struct("<I").unpack_from   # LONG_BINPUT / LONG_BINGET (uint4)
+def _suspects(data: bytes) -> list[int]:
+    """Where `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
+    an 8-byte length (`_SUSPECT_R`, `_SUSPECT_P`, `_SUSPECT_8`; in a real pickle: text inside strings)."""
+    found = [m.start() for m in _SUSPECT_R.finditer(data)] if b"r" in data else []
+    more = [m.start() for m in _SUSPECT_P.finditer(data)] if b"p" in data else []
+    for byte in _SUSPECT_8:
+        at = data.find(byte)
+        while at >= 0:
+            more.append(at)
+            at = data.find(byte, at + 1)
+    return sorted(found + more) if more else found
 
 
-# `_run_bytes` returns False on anything it does not take: an opcode or argument it does not read itself, a pickle
-# cut short, a handler's objection, a GLOBAL name with an escape or a non-ASCII byte, protocol-4 frames that do not
-# follow each other up to STOP, more bytes than `max_opcodes` (every opcode takes at least one, so a pickle no
-# longer than that cannot have more and none is counted against it).
-def _run_bytes(data: bytes, scan: PickleScan, m: _Machine, max_opcodes: int) -> bool:
-    """read_pickle's loop over a pickle held in memory, reading each opcode and its argument as pickletools.genops
-    does, with no generator and no file object. True: it reached STOP; False: the caller reads the pickle again
-    with genops, which words what is wrong. Branches go by how often a real optimizer.pt's opcodes take them."""
-    fast = _FAST_TABLE
-    i, n, count, frame_end = 0, len(data), 0, 0   # frame_end: where the current frame ends (0: no frame yet)
-    if n > max_opcodes:
-        return False
+def _walk_refusal(data: bytes) -> str | None:
+    """Why the memo indices of `data` are refused (one past the pickle's length), or None: the opcodes walked in
+    Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first."""
+    bound = max(_MEMO_FREE, len(data))
+    i, n, step = 0, len(data), _STEP
+    while i < n:
+        k = step[data[i]]
+        if k:
+            i += k
+            continue
+        op = data[i]
+        if op == 0x72:   # LONG_BINPUT
+            if int.from_bytes(data[i + 1:i + 5], "little") > bound:
+                return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
+            i += 5
+        elif op in _COUNTED:
+            width, signed = _COUNTED[op]
+            size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
+            if size < 0 or size > n - i - 1 - width:
+                return _length_refusal(op, size, n - i - 1 - width, i)
+            i += 1 + width + size
+        elif op in _LINES or op in _PAIRS:
+            end = data.find(b"\n", i + 1)
+            end = data.find(b"\n", end + 1) if op in _PAIRS and end >= 0 else end
+            if end < 0:
+                return None
+            if op == 0x70 and not _small_put(data[i + 1:end], bound):
+                return _too_big(data[i + 1:end], i)
+            i = end + 1
+        else:
+            return None   # STOP, or an opcode the unpickler refuses: it reads nothing further
+    return None
+
+
+def _length_refusal(op: int, size: int, left: int, at: int) -> str | None:
+    """None (the unpickler refuses a negative or cut-short length itself, reading nothing after it), or why an
+    8-byte length is refused (`_check_length`)."""
     try:
-        while i < n:
-            got = fast[data[i]]
-            if got is None:
-                return False
-            name, kind, how, handler, value = got
-            if kind == 0:
-                i += 1
-            elif kind == 1 and i + 1 < n:   # uint1 (BINPUT, BINGET, BININT1)
-                arg, i = data[i + 1], i + 2
-            elif kind == 4 and i + 4 < n:   # uint4 (LONG_BINPUT, LONG_BINGET)
-                arg, i = _U4(data, i + 1)[0], i + 5
-            else:
-                start, (arg, i) = i, _fast_arg(data, i + 1, n, kind)
-                if kind == 5 and (frame_end := _next_frame(frame_end, start, i, arg, n)) < 0:   # FRAME
-                    return False
-            count += 1
-            if how == 2:   # the commonest opcodes, done here as their handlers do them
-                m.memo[arg] = m.stack[-1]
-            elif how == 3:
-                m.stack.append(m.memo[arg])   # (a key never stored: KeyError, read again by genops)
-            elif how == 1:
-                m.stack.append(arg)
-            elif how == 4:
-                m.marks.append(m.stack)
-                m.stack = []
-            elif how == 6:
-                m.stack.append(value)
-            elif how == 8:   # (no mark: IndexError from the pop, read again by genops)
-                items, m.stack = m.stack, m.marks.pop()
-                m.stack.append(tuple(items))
-            elif how == 0:
-                handler(m, name, None if kind == 0 else arg)   # (no handler: None is not callable: genops)
-            elif how == 9:   # (too few items: read again by genops, which words the underflow)
-                stack = m.stack
-                if len(stack) < value:
-                    return False
-                items = tuple(stack[-value:])
-                del stack[-value:]
-                stack.append(items)
-            elif how == 7:
-                m.stack.append(value())
-            else:   # 5: STOP
-                if frame_end and i != frame_end:   # the last frame ends with STOP, or genops decides
-                    return False
-                scan.opcodes = count
-                scan.root = m.stack.pop() if m.stack else None
-                scan.complete = True
-                return True
-    except Exception:  # noqa: BLE001 - any objection: the genops path reads it again and words it
-        return False
-    return False
+        if op in _COUNTED8:
+            _check_length(op, size, left, at)
+    except _Refused as exc:
+        return str(exc)
+    return None
 
 
-def _next_frame(frame_end: int, start: int, i: int, size: int, n: int) -> int:
-    """`_run_bytes` at a FRAME (at `start`, its data from `i`): where it ends, or -1 (genops decides) unless it
-    begins where the frame before ended and fits in the pickle."""
-    return -1 if size > n - i or frame_end not in (0, start) else i + size
+def _too_big(index: Any, at: int) -> str:
+    text = index.decode("latin-1") if isinstance(index, bytes) else str(index)
+    return f"memo index {shown(text, 30)} at byte {at}: more than the pickle could hold"
 
 
-def _fast_arg(data: bytes, i: int, n: int, kind: int) -> tuple[Any, int]:
-    """`_run_bytes`' argument of `kind` (_ARG_KINDS) at `i`, and where the next opcode starts; ValueError when it
-    is not there whole (or is a GLOBAL line with an escape: genops undoes it)."""
-    if kind <= 6:
-        size, fmt = _LEN_AT[kind]
-        if i + size > n:
-            raise ValueError("cut short")
-        return struct.unpack_from(fmt, data, i)[0], i + size
-    if kind <= 17:
-        size, fmt = _COUNT[kind]
-        if i + size > n:
-            raise ValueError("cut short")
-        (k,) = struct.unpack_from(fmt, data, i)
-        i += size
-        if k < 0 or i + k > n:
-            raise ValueError("cut short")
-        raw = data[i:i + k]
-        return (int.from_bytes(raw, "little", signed=True) if kind <= 8 else raw if kind <= 11
-                else raw.decode("latin-1") if kind <= 13 else str(raw, "utf-8", "surrogatepass") if kind <= 16
-                else bytearray(raw)), i + k
-    j = data.find(b"\n", i)   # GLOBAL / INST: two lines, "module name"
-    k = data.find(b"\n", j + 1) if j >= 0 else -1
-    raw = data[i:k]
-    if k < 0 or b"\\" in raw:   # (a byte that is not ASCII fails the decode)
-        raise ValueError("not read here")
-    return raw.decode("ascii").replace("\n", " ", 1), k + 1
+class _NeedWalk(Exception):
+    """`_Feed` cannot follow the unpickler here (a protocol-4 frame over a suspect byte): walk the opcodes instead."""
 
 
-def read_pickle(data: Any, max_opcodes: int = MAX_OPCODES) -> PickleScan:
-    """Interpret a pickle's opcodes symbolically (nothing imported or called) up to STOP.
-    `data`: bytes, or a binary file positioned at the pickle (left just after its STOP). Bytes go through
-    `_run_bytes` first; a pickle it does not take whole is read again with pickletools.genops."""
-    if isinstance(data, bytes):
-        scan = PickleScan()
-        if _run_bytes(data, scan, _Machine(scan), max_opcodes):
-            return scan
+class _Feed:
+    """The pickle handed to the C unpickler as a file, in pieces that each end just after a suspect byte
+    (`_suspects`): the unpickler's next request tells what that byte was. It buffers what `peek` shows it and asks
+    `read(n)` for more than a piece holds; so after a suspect byte, `peek` shows nothing and the request is exact: 4
+    bytes right after an 'r' is a LONG_BINPUT's index (the only opcode 0x72; a length of 0x72 asks for 114 bytes,
+    an argument ending there is followed by an opcode, 1 byte), 8 bytes after 0x8d / 0x8e / 0x96 the length of a
+    BINUNICODE8 / BINBYTES8 / BYTEARRAY8, a line right after a 'p' is a PUT's. A suspect inside a request of 2 bytes
+    or more is argument data; a protocol-4 frame (read whole, then parsed in memory) over one hands the pickle to
+    `_walk_refusal`."""
+
+    def __init__(self, data: bytes, suspects: list[int]) -> None:
+        self.data, self.pos, self.bound = data, 0, max(_MEMO_FREE, len(data))
+        self.todo = suspects + [len(data) + 1]   # suspect bytes, in order (a last one past the end)
+        self.k = 0                               # the first not yet decided
+        self.peeked = -1                         # how much the last peek showed (-1: none since the last read)
+
+    def peek(self, _n: int = 0) -> bytes:
+        pos, todo = self.pos, self.todo
+        while todo[self.k] < pos - 1:
+            self.k += 1   # (passed inside a request: argument data)
+        if todo[self.k] == pos - 1:
+            self.peeked = 0
+            return b""
+        end = min(todo[self.k] + 1, len(self.data))
+        self.peeked = end - pos
+        return self.data[pos:end]
+
+    def read(self, n: int = -1) -> bytes:
+        pos, data = self.pos, self.data
+        n = len(data) - pos if n < 0 else n
+        if n > self.peeked:   # a request (not the unpickler catching up with what a peek showed it)
+            self._request(pos, n)
+        self.peeked = -1
+        self.pos = min(len(data), pos + n)
+        return data[pos:pos + n]
+
+    def readline(self) -> bytes:
+        pos, data = self.pos, self.data
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end + 1
+        if self.todo[self.k] == pos - 1 and data[pos - 1] == 0x70 and not _small_put(data[pos:end], self.bound):
+            raise _Refused(_too_big(data[pos:end - 1], pos - 1))
+        self.peeked = -1
+        self.pos = end
+        return data[pos:end]
+
+    def _request(self, pos: int, n: int) -> None:
+        data, todo = self.data, self.todo
+        if todo[self.k] == pos - 1:
+            self.k += 1
+            op = data[pos - 1]
+            if op == 0x72 and n == 4 and int.from_bytes(data[pos:pos + 4], "little") > self.bound:
+                raise _Refused(_too_big(int.from_bytes(data[pos:pos + 4], "little"), pos - 1))
+            if op in _COUNTED8 and n == 8:
+                _check_length(op, int.from_bytes(data[pos:pos + 8], "little"), len(data) - pos - 8, pos - 1)
+        if n > 1 and todo[self.k] < pos + n and pos >= 9 and data[pos - 9] == 0x95 \
+                and int.from_bytes(data[pos - 8:pos], "little") == n:
+            raise _NeedWalk()
+
+
+def _check_length(op: int, size: int, left: int, at: int) -> None:
+    """An 8-byte length the unpickler would allocate before reading (a MemoryError there prints a SystemError of its
+    own on stderr): refused when more than the pickle holds."""
+    if size > left:
+        raise _Refused(f"{_OP_NAMES[op]} of {size} bytes at byte {at}: more than the {left} left in the pickle")
+
+
+def _small_put(text: bytes, bound: int) -> bool:
+    try:
+        return int(text) <= bound
+    except ValueError:
+        return False   # (a line Python's int() does not take: refused rather than guessed at)
+
+
+def _tuple_depth(root: Any) -> int:
+    """The deepest nesting of tuples in `root`, without recursion."""
+    deepest, todo, seen = 0, [(root, 0)], set()
+    while todo:
+        obj, depth = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tuple):
+            depth += 1
+            deepest = max(deepest, depth)
+        if isinstance(obj, (tuple, list, set, frozenset)):
+            todo.extend((v, depth) for v in obj)
+        elif isinstance(obj, dict):
+            todo.extend((v, depth) for kv in obj.items() for v in kv)
+        elif isinstance(obj, Call):
+            todo.extend((v, depth) for v in (obj.args, obj.state, obj.items, obj.listitems))
+    return deepest
+
+
+# --------------------------------------------------------------------------- reading
+
+_BROKEN = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+           OverflowError, MemoryError, RecursionError, _Refused)
+
+
+def read_pickle(data: Any, max_bytes: int = MAX_PICKLE_BYTES) -> PickleScan:
+    """Read a pickle as inert records (nothing imported or called) up to STOP, with the C unpickler.
+    `data`: bytes, or a seekable binary file positioned at the pickle (left just after its STOP). Refused with one
+    reason in `error`: more than `max_bytes`, a memo index past what the pickle could hold, tuples nested deeper than
+    MAX_TUPLE_DEPTH, more than MAX_RECORDS objects, or anything Python's unpickler refuses."""
+    if isinstance(data, (bytes, bytearray)):
+        return _read(bytes(data), max_bytes)[0]
+    return _read_file(data, max_bytes)
+
+
+def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
+    """`data`'s pickle as records, and where it ends (just after its STOP; 0 when it was not read)."""
     scan = PickleScan()
-    m = _Machine(scan)
-    end = len(data) if isinstance(data, bytes) else _end_of(data)
-    frame: list = [None]   # where the current frame ends
+    if len(data) > max_bytes:
+        scan.error = f"a pickle of {len(data)} bytes: more than the {max_bytes} this reader takes"
+        return scan, 0
+    suspects = _suspects(data)
+    if suspects and len(suspects) * _WALK_PER_SUSPECT <= len(data):   # few: `_Feed` tells them apart as it goes
+        fh: Any = _Feed(data, suspects)
+        if _load(fh, scan, data):
+            return scan, fh.pos if scan.complete else 0
+        scan = PickleScan()
+    if suspects:
+        scan.error = _walk_refusal(data)
+        if scan.error is not None:
+            return scan, 0
+    fh = io.BytesIO(data)
+    _load(fh, scan, data)
+    return scan, fh.tell() if scan.complete else 0
+
+
+def _load(fh: Any, scan: PickleScan, data: bytes) -> bool:
+    """Unpickle from `fh` into `scan` within the depth bound; False: `_Feed` cannot follow (walk the opcodes)."""
+    # (a pickle no longer than _TUPLE_OPS_FREE bytes cannot hold more tuple opcodes: not counted)
+    tuple_ops = sum(data.count(b) for b in _TUPLE_OPS) if len(data) > _TUPLE_OPS_FREE else 0
+    if tuple_ops > _TUPLE_OPS_MAX:
+        scan.error = f"{tuple_ops} tuple opcodes: more than the {_TUPLE_OPS_MAX} this reader takes"
+        return True
+    if tuple_ops <= _TUPLE_OPS_FREE:
+        return _unpickle(fh, scan)
+    # tuples may nest deep: hashed in a thread with the stack for it, then measured before anyone hashes them
+    followed: list[bool] = []
+    _in_deep_stack(lambda: followed.append(_unpickle(fh, scan)), 64 * tuple_ops + (16 << 20))
+    if scan.complete and _tuple_depth(scan.root) > MAX_TUPLE_DEPTH:
+        scan.root, scan.complete = None, False
+        scan.error = f"tuples nested more than {MAX_TUPLE_DEPTH} deep"
+    return followed[0] if followed else True
+
+
+def _unpickle(fh: Any, scan: PickleScan) -> bool:
+    _current.scan = scan
     try:
-        for op, arg, _pos in pickletools.genops(data):
-            scan.opcodes += 1
-            if scan.opcodes > max_opcodes:
-                raise _Broken(f"more than {max_opcodes} opcodes")
-            name = op.name
-            frame = _frame_check(frame, name, arg, _pos, end)
-            if name == "STOP":
-                scan.root = m.stack.pop() if m.stack else None
-                scan.complete = True
-                break
-            handler = _OPCODES.get(name)
-            if handler is None:
-                raise _Broken(f"unsupported opcode {name}")
-            handler(m, name, arg)
-    except _Broken as exc:
-        scan.error = str(exc)
-    except IndexError:
-        scan.error = "stack underflow (not a valid pickle)"
-    except (ValueError, TypeError, KeyError) as exc:  # genops on garbage / a truncated stream
-        scan.error = " ".join(str(exc).split())[:100] or type(exc).__name__
-    if not scan.complete and scan.error is None:
-        scan.error = "ends without STOP (truncated)"
+        scan.root = _Reader(fh, scan).load()
+        scan.complete = True
+    except _NeedWalk:
+        return False
+    except _BROKEN as exc:
+        scan.error = " ".join(str(exc).split())[:120] or type(exc).__name__
+    finally:
+        _current.scan = None
+    return True
+
+
+def _in_deep_stack(run: Callable[[], None], stack: int) -> None:
+    old = threading.stack_size(min(stack, 1 << 30))
+    try:
+        worker = threading.Thread(target=run, name="torchpickle-deep")
+        worker.start()
+    finally:
+        threading.stack_size(old)
+    worker.join()
+
+
+def _read_file(fh: Any, max_bytes: int) -> PickleScan:
+    """A pickle read from a file at its position: read in growing pieces until one holds the whole pickle (or
+    `max_bytes` are read), then the file is left just after its STOP."""
+    start = fh.tell()
+    size = 1 << 16
+    while True:
+        fh.seek(start)
+        data = fh.read(min(size, max_bytes + 1))
+        scan, end = _read(data, max_bytes)
+        if scan.complete or len(data) < size or len(data) > max_bytes:
+            break
+        size *= 4
+    if scan.complete:
+        fh.seek(start + end)
     return scan
-
-
-def _frame_check(frame: list, name: str, arg: Any, pos: int | None, end: int | None) -> list:
-    """Protocol 4 frames as pickle.load reads them: a frame is read whole before its first opcode (one longer than
-    the rest of the pickle is refused) and no opcode runs across its end (the unpickler refuses, or reads
-    garbage). `frame`: [where the current frame ends, or None]; the new state."""
-    frame_end = frame[0]
-    if pos is None:
-        return frame
-    if frame_end is not None and pos >= frame_end:
-        if pos != frame_end:
-            raise _Broken(f"an opcode runs across the end of a FRAME at byte {frame_end}")
-        frame_end = None
-    if name == "FRAME":
-        if end is not None and arg > end - pos - 9:
-            raise _Broken(f"a FRAME of {arg} bytes runs past the end of the pickle")
-        if frame_end is not None:
-            raise _Broken("a FRAME begins inside another")
-        frame_end = pos + 9 + arg
-    return [frame_end]
-
-
-def _end_of(fh: Any) -> int | None:
-    """Where a seekable binary file ends (genops numbers its opcodes by file position), or None."""
-    try:
-        here = fh.tell()
-        end = fh.seek(0, 2)
-        fh.seek(here)
-        return end
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 # --------------------------------------------------------------------------- walking the tree
@@ -750,19 +775,21 @@ def walk_tensors(obj: Any, prefix: str = "", _depth: int = 0, _seen: set | None 
         _seen.add(id(obj))
         yield prefix, obj
         return
-    if isinstance(obj, (dict, list, tuple, Call)):
+    if isinstance(obj, (dict, list, tuple, set, frozenset, Call)):
         _seen.add(id(obj))
+        for name, child in _children(obj, prefix):
+            yield from walk_tensors(child, name, _depth + 1, _seen)
+
+
+def _children(obj: Any, prefix: str) -> Iterable[tuple[str, Any]]:
+    """The items of a container or record under their dotted names (a record's state and items under its own)."""
     if isinstance(obj, dict):
-        for k, v in obj.items():
-            key = k.value if isinstance(k, Unhashable) else k
-            yield from walk_tensors(v, f"{prefix}.{key}" if prefix else str(key), _depth + 1, _seen)
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
+        items: Iterable[tuple[Any, Any]] = obj.items()
     elif isinstance(obj, Call):
-        for i, v in enumerate(obj.args):
-            yield from walk_tensors(v, f"{prefix}.{i}" if prefix else str(i), _depth + 1, _seen)
-        if obj.state is not None:
-            yield from walk_tensors(obj.state, prefix, _depth + 1, _seen)
-        if obj.items:
-            yield from walk_tensors(obj.items, prefix, _depth + 1, _seen)
+        items = enumerate(obj.args)
+    else:
+        items = enumerate(obj)
+    for key, child in items:
+        yield (f"{prefix}.{key}" if prefix else str(key)), child
+    if isinstance(obj, Call):
+        yield from ((prefix, v) for v in (obj.state, obj.items) if v)

@@ -597,8 +597,7 @@ def _group_membership(groups: list, state: Any) -> str | None:
         params = g.get("params") if isinstance(g, dict) else None
         if not isinstance(params, list):
             return f"[{i}] has no params list"
-        for p in params:
-            key = p.value if isinstance(p, tp.Unhashable) else p
+        for key in params:
             if not isinstance(key, (int, str)):
                 return f"[{i}] lists a parameter that is not an index or a name"
             if key in seen:
