@@ -114,20 +114,27 @@ UNIVERSAL_GROUP = pytest.mark.xdist_group("oracle-universal")
 
 
 @pytest.fixture(scope="session", params=[1, 2, 3])
-def oracle_zero(request, tmp_path_factory) -> Subject:
+def oracle_zero(request, tmp_path_factory):
     run = _zero_run(tmp_path_factory, request.param)
-    return Subject(run, regions_of(run), zero_oracle, run_status)
+    loader = EngineLoader(run.parent, request.param)
+
+    def oracle(path: Path) -> None:
+        zero_oracle(path)
+        loader(path)
+
+    yield Subject(run, regions_of(run), oracle, run_status)
+    loader.close()
 
 
-UNIVERSAL_LOADER = r"""
+ENGINE_LOADER = r"""
 import os, sys
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import logging, torch, deepspeed
 torch.manual_seed(1)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2},
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[2])},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-          "checkpoint": {"load_universal": True, "use_node_local_storage": False}}
+          "checkpoint": {"load_universal": sys.argv[3] == "universal", "use_node_local_storage": False}}
 deepspeed.init_distributed(dist_backend="gloo")
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 logging.disable(logging.CRITICAL)
@@ -142,20 +149,23 @@ for line in sys.stdin:
 """
 
 
-class UniversalLoader:
-    """A DeepSpeed engine (ZeRO-2, load_universal) in a subprocess: load(run) -> None, or raises when the engine's
-    load_checkpoint refuses it (an exception, or nothing loaded). Restarted when an answer takes over 60 s."""
+class EngineLoader:
+    """A DeepSpeed engine of the run's model (ZeRO `stage`; `universal`: checkpoint.load_universal) in a
+    subprocess: load(run) -> None, or raises when the engine's load_checkpoint (a resume: module, optimizer and
+    scheduler state, following `latest` / `latest_universal`) refuses it (an exception, or nothing loaded).
+    Restarted when an answer takes over 60 s."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, stage: int, universal: bool = False) -> None:
+        self.root, self.stage, self.universal = root, stage, universal
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        script = self.root / "universal_loader.py"
-        script.write_text(UNIVERSAL_LOADER)
+        script = self.root / "engine_loader.py"
+        script.write_text(ENGINE_LOADER)
         env = checkout_env()
         env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        self.proc = subprocess.Popen([sys.executable, str(script), str(free_port())], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, str(script), str(free_port()), str(self.stage),
+                                      "universal" if self.universal else "zero"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                                      cwd=self.root)
         assert self._answer(600) == "READY", "the DeepSpeed engine did not start"
@@ -179,7 +189,7 @@ class UniversalLoader:
         if answer == "timeout" or not answer:
             self.close()
         if answer != "ok":
-            raise RuntimeError(f"DeepSpeed's universal load: {answer or 'the loader died'}")
+            raise RuntimeError(f"DeepSpeed's load_checkpoint: {answer or 'the loader died'}")
 
     def close(self) -> None:
         if self.proc is not None:
@@ -191,7 +201,7 @@ class UniversalLoader:
 @pytest.fixture(scope="session")
 def oracle_universal(tmp_path_factory):
     run = _zero_run(tmp_path_factory, 2, universal=True)
-    loader = UniversalLoader(run.parent)
+    loader = EngineLoader(run.parent, 2, universal=True)
 
     def oracle(path: Path) -> None:
         loader(path)
