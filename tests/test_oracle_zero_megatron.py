@@ -7,9 +7,10 @@ truncations in every region of every file: zip local headers, pickles, records, 
 records, and the pointer file). The oracles:
 
 - ZeRO 1, 2, 3 (a real DeepSpeed run on CPU, gloo): DeepSpeed's `zero_to_fp32`
-  (`get_fp32_state_dict_from_zero_checkpoint(run)`, which follows `latest`) and `torch.load(weights_only=True)` of
-  every file of the step (with DeepSpeed's own classes the unmutated files hold allowed: `LossScaler`,
-  `ZeroStageEnum`, `fragment_address`).
+  (`get_fp32_state_dict_from_zero_checkpoint(run)`, which follows `latest`), DeepSpeed's own resume (an engine of
+  the run's model and stage, started once in a subprocess, `load_checkpoint(run)` after every mutation) and
+  `torch.load(weights_only=True)` of every file of the step (with DeepSpeed's own classes the unmutated files hold
+  allowed: `LossScaler`, `ZeroStageEnum`, `fragment_address`).
 - universal (DeepSpeed's `ds_to_universal` on the ZeRO-2 run): DeepSpeed's universal loader itself, a DeepSpeed engine
   started once in a subprocess with `checkpoint.load_universal` and asked to `load_checkpoint(run)` after every
   mutation (it follows `latest_universal`, reads the model states, `zero/optimizer_state.pt` and every
