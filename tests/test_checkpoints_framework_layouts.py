@@ -88,3 +88,37 @@ def test_orbax_params_are_a_value_or_a_refusal_by_type():
     got = fl.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
     assert isinstance(got, fl.Refused) and "sequence key 'x' that is not an index" in got.reason
     assert fl.orbax_params(["not", "a", "dict"]) is None and fl.orbax_params({"tree_metadata": {"a": 1}}) is None
+
+
+# --------------------------------------------------------------------------- Orbax: zstd frames before OCDBT nodes
+
+def _ocdbt_node(payload: bytes) -> bytes:
+    import struct
+
+    body = b"\x0c\xdb\x20\xde" + struct.pack("<Q", 4 + 8 + len(payload) + 4) + payload
+    return body + struct.pack("<I", fl.crc32c(body))
+
+
+def _zstd_raw_frame(content: bytes, fcs: int | None = None) -> bytes:
+    """A zstd frame (RFC 8878) of one raw last block: single segment, a 4-byte content size."""
+    size = len(content) if fcs is None else fcs
+    header = b"\x28\xb5\x2f\xfd" + bytes([0xA0]) + size.to_bytes(4, "little")
+    return header + (1 | len(content) << 3).to_bytes(3, "little") + content
+
+
+def test_an_ocdbt_data_file_of_a_zstd_frame_then_a_node_is_walked_to_its_node():
+    """A big Orbax array's chunk is a zstd frame at the start of an OCDBT data file, the nodes after it
+    (tests/test_oracle_mutations.py's real one): full walks the frame and checks the node's CRC-32C."""
+    frame, node = _zstd_raw_frame(bytes(300)), _ocdbt_node(b"n" * 40)
+    assert fl.zstd_frame_end(frame + node, 0) == len(frame)
+    assert fl.ocdbt_nodes(frame + node, manifest=False) is None
+    damaged = bytearray(frame + node)
+    damaged[len(frame) + 20] ^= 1
+    assert "CRC-32C mismatch" in fl.ocdbt_nodes(bytes(damaged), manifest=False)
+    assert "truncated" in fl.ocdbt_nodes(frame[:200], manifest=False)
+    assert "more than its 1 blocks can hold" in fl.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
+                                                               manifest=False)
+    reserved = bytearray(frame)
+    reserved[9] |= 0b110   # block type 3
+    assert "reserved block type" in fl.ocdbt_nodes(bytes(reserved) + node, manifest=False)
+    assert "neither a frame nor an OCDBT node" in fl.ocdbt_nodes(frame + b"junk" * 10, manifest=False)

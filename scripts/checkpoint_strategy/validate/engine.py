@@ -861,6 +861,10 @@ def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
         ctx.missing(path, "checkpoint")
     elif link and not os.path.exists(path):
         ctx.bad(path, "dangling symlink")
+    elif found.role == POINTER:
+        ctx.bad(path, "resume pointer names no checkpoint: " + ("its text is no iteration number nor 'release' "
+                "(Megatron-LM reads int(text))" if fmt == "megatron" else "an empty tag, '.' or '..' (DeepSpeed "
+                "loads the folder the tag names)"))
     elif fmt in FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
     elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
@@ -1116,7 +1120,8 @@ def deep_check(path: str | os.PathLike, previous: str | os.PathLike | None = Non
 
 def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     """Checkpoints named by DeepSpeed `latest` / Megatron `latest_checkpointed_iteration.txt`
-    that are not on disk: reported as incomplete."""
+    that are not on disk: reported as incomplete; a pointer that names nothing the framework can load (an empty
+    tag, Megatron text that is no number): the pointer itself, reported as invalid."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
     for tracker, fmt in (("latest", "deepspeed"), ("latest_universal", "deepspeed"),
@@ -1129,18 +1134,31 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
                 text = fh.read(256).decode("utf-8", "replace").strip()
         except (OSError, storage.ReadError):
             continue
-        if fmt == "deepspeed":
-            name = text
-        elif text.isdigit():
-            name = f"iter_{int(text):07d}"
-        else:
-            continue  # 'release'
-        if not name or "/" in name or name.startswith("."):
+        name = _pointer_target(text, fmt)
+        if name is None:   # the framework's resume reads nothing from this text: the pointer itself is broken
+            extra.append(fm.Found(tpath, fmt, None, False, role=POINTER))
             continue
+        if not name or "/" in name:
+            continue  # Megatron's 'release'; a path is the symlink rule's (storage.inside), not a step's name
         target = os.path.normpath(os.path.join(folder, name))
         if target not in present and not os.path.lexists(target):  # (one on disk the user did not name: not ours)
             extra.append(fm.Found(target, fmt, fm.step_from_name(name), True))
     return extra
+
+
+POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
+
+
+def _pointer_target(text: str, fmt: str) -> str | None:
+    """The folder a resume pointer's (stripped) text names, as the framework reads it: DeepSpeed joins its
+    `latest` tag to the folder; Megatron-LM's read_metadata takes int(text) (iter_NNNNNNN) or 'release' (here: "").
+    None when the framework can load nothing from it (an empty tag, '.', '..', text that is no iteration)."""
+    if fmt == "deepspeed":
+        return None if text in ("", ".", "..") else text
+    try:
+        return f"iter_{int(text):07d}"
+    except ValueError:
+        return "" if text == "release" else None
 
 
 def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
