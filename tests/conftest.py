@@ -80,7 +80,7 @@ SLOW_TESTS: set[str] = {
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
 SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks",
                 "test_callbacks_multiproc", "test_callbacks_logging", "test_callbacks_best", "test_oracle_mutations",
-                "test_callbacks_hf_playbook", "test_callbacks_preempt"}
+                "test_callbacks_hf_playbook", "test_callbacks_preempt", "test_callbacks_lightning_playbook"}
 
 
 # `pytest -n auto` (pytest-xdist; README, .ci/run): every worker builds the session fixtures its tests use. The real
