@@ -108,9 +108,9 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
         return plain_step(*args, **kwargs)
 
     own_step = "training_step" in model.__dict__
-    core.saved, model.training_step = saved, training_step
+    model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
-    core._log_metric = lambda *a, **k: None
+    vars(core).update(saved=saved, _log_metric=lambda *a, **k: None)
     fits, resume = 0, ckpt_path
     try:
         while True:
@@ -124,7 +124,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
             _mark_after_onset(guard, core.root, d, trainer.is_global_zero)
             log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
             core.restart()
-            core.retire_old_metrics = lambda: None   # the log of this run, kept across its fits
+            vars(core)["retire_old_metrics"] = lambda: None   # the log of this run, kept across its fits
             resume = d.checkpoint
     finally:
         if own_step:
