@@ -49,8 +49,9 @@ def _train_step(model, opt, step, guard, poison, label_spike):
     return float(loss.detach()), float(gn)
 
 
-def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STEPS):
-    """A nanoGPT-style loop: the loop saves and loads, the guard decides. Returns (final eval loss, trained steps)."""
+def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STEPS, drop_optimizer=False):
+    """A nanoGPT-style loop: the loop saves and loads, the guard decides. Returns (final eval loss, trained steps).
+    drop_optimizer: the loop's load forgets the optimizer state (a fresh Adam), as a broken resume does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.Adam(model.parameters(), lr=LR)
@@ -71,8 +72,13 @@ def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STE
         elif d.action == "rollback":
             ck = torch.load(d.checkpoint)   # the loop's own load (tests may torch.load)
             model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
+            if drop_optimizer:
+                opt = torch.optim.Adam(model.parameters(), lr=LR)
+            else:
+                opt.load_state_dict(ck["optimizer"])
             step = d.resume_step
+            if guard.resumed(opt).action == "stop":
+                break
         elif d.action == "stop":
             break
     return _eval_loss(model), trained
@@ -100,8 +106,27 @@ def test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy(tmp_path, capl
     assert "skipping steps" in lines[0]
     recs = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines()]
     events = [r for r in recs if "event" in r]
-    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
+        "checkpoint-strategy:resume_check"] * 2
     assert events[1]["checkpoint"] == rb["checkpoint"] and events[1]["skip"] == rb["skip"]
+    # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
+    assert (events[2]["verdict"], events[2]["counter"], events[2]["expected"]) == ("ok", rb["resume_step"],
+                                                                                  rb["resume_step"])
+    assert events[3]["verdict"] == "ok" and events[3]["at_step"] == rb["skip"][1] + 5
+
+
+def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, caplog):
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        _, trained = _run(tmp_path, guard, poison=POISON, drop_optimizer=True)
+    out = guard.close()
+    rb = out["rollbacks"][0]
+    assert trained[-1] == rb["step"] and "did not restore the optimizer" in out["stopped"]   # no training on
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("checkpoint-strategy: the resume from checkpoint-")
+    assert f"step counter is 0, the checkpoint's {rb['resume_step']}" in errors[0] and "fresh optimizer" in errors[0]
+    check = [a for a in out["actions"] if a["event"] == "checkpoint-strategy:resume_check"]
+    assert [(c["verdict"], c["counter"], c["expected"]) for c in check] == [("reset", 0, rb["resume_step"])]
 
 
 def test_recover_reads_the_guards_log_and_shows_the_restart(tmp_path):

@@ -123,7 +123,10 @@ def test_a_poisoned_batch_is_rolled_back_and_the_fit_finishes(lightning_baseline
     assert "training_step" not in model.__dict__
     assert any("rollback 1/3 to epoch=4-step=250.ckpt" in r.getMessage() for r in caplog.records)
     events = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x]
-    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
+        "checkpoint-strategy:resume_check"] * 2
+    # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
+    assert [(e["verdict"], e.get("counter")) for e in events[2:]] == [("ok", rb["resume_step"]), ("ok", None)]
     # the first pass's saves after the onset hold the spiked weights: never the resume point of a next launch
     assert last_valid_checkpoint(str(tmp_path)) == str(tmp_path / f"epoch={STEPS // EPOCH - 1}-step={STEPS}.ckpt")
     marked = sorted(p.name for p in tmp_path.glob("*.checkpoint-strategy.json"))
@@ -169,3 +172,18 @@ def test_a_trainer_without_the_strategy_is_one_line(tmp_path):
     trainer, model, loader = _fit_parts(tmp_path, with_strategy=False)
     with pytest.raises(UsageError, match="no LightningCheckpointStrategy"):
         fit_with_recovery(trainer, model, train_dataloaders=loader)
+
+
+def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, caplog):
+    from checkpoint_strategy.callbacks import fit_with_recovery
+
+    trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
+    # a broken resume: the weights come back, the optimizers are the fresh ones configure_optimizers made
+    trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        out = fit_with_recovery(trainer, model, train_dataloaders=loader)
+    rb = out["rollbacks"][0]
+    assert out["fits"] == 2 and "did not restore the optimizer" in out["stopped"]
+    assert out["global_step"] == rb["resume_step"] + 1      # stopped at the first batch of the resumed fit
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "step counter is 0, the checkpoint's 250 (a fresh optimizer" in errors[0]

@@ -7,7 +7,8 @@
 The Trainer cannot reload in the middle of its loop, so: a ``TrainingGuard`` (guard.py) reads every
 logged loss; on its ``rollback`` the callback stops training (``control.should_training_stop``, and
 the post-onset save of that step is not made), then ``trainer.train(resume_from_checkpoint=<the
-stable checkpoint>)`` starts again from it with its optimizer state, and for the guard's window:
+stable checkpoint>)`` starts again from it with its optimizer state (checked live at its first step:
+the guard's ``resumed``; a counter that does not continue stops the run), and for the guard's window:
 
 * LR x0.5: each optimizer step of the window runs with the param groups' LR scaled, restored right
   after the step (before the scheduler's step, so any scheduler keeps its own course);
@@ -50,6 +51,9 @@ class PlaybookCallback(TrainerCallback):
         return control
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        if self.guard.rollbacks and self.decision is None and self.guard.resumed(optimizer).action == "stop":
+            self.decision = Decision("stop", state.global_step, reason=str(self.guard.stopped))
+            control.should_training_stop = True   # the optimizer state did not come back: no training on
         step = state.global_step + 1
         clip = self.guard.grad_clip(step)
         args.max_grad_norm = clip if clip is not None else self._user_clip

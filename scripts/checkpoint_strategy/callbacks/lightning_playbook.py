@@ -6,7 +6,8 @@
 
 As for the HF Trainer (hf_playbook.py): a ``TrainingGuard`` (guard.py) reads the training-step loss of
 every step; on its ``rollback`` the fit stops (``trainer.should_stop``), then ``trainer.fit(...,
-ckpt_path=<the stable checkpoint>)`` starts again from it with its optimizer state, and for the
+ckpt_path=<the stable checkpoint>)`` starts again from it with its optimizer state (checked live at
+its first batch: the guard's ``resumed``; a counter that does not continue stops the run), and for the
 guard's window:
 
 * LR x0.5: the optimizers' param-group LR is scaled from the batch start to the batch end (before the
@@ -52,6 +53,11 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
         if self.guard.root is None and self.core.root is not None:   # the strategy's on_train_start has run
             self.guard.root, self.guard._metrics_on = self.core.root, bool(trainer.is_global_zero)
         step = trainer.global_step + 1
+        if self.guard.rollbacks and self.decision is None and trainer.optimizers:
+            d = self.guard.resumed(trainer.optimizers[0])   # the optimizer state back? (the guard's live check)
+            if d.action == "stop":
+                self.decision = Decision("stop", trainer.global_step, reason=str(self.guard.stopped))
+                trainer.should_stop = True
         clip = self.guard.grad_clip(step)
         trainer.gradient_clip_val = clip if clip is not None else self.user_clip
         scale = self.guard.lr_scale(step)
