@@ -149,6 +149,7 @@ def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
                               level=job.get("level", "quick"), protect=job.get("protect") or None,
                               log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0),
+                              delete_invalid=bool(job.get("delete_invalid")),
                               on_start=None if phase is None else lambda: phase("prune", job["path"]),
                               # the end stamped while the lock is held: a save waiting for it starts after the stamp
                               # (stamped after, the report built in between could put it after the save's start)

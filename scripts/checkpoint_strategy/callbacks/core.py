@@ -254,6 +254,7 @@ class StrategyCore:
         s = self.settings
         return {"kind": "save", "path": path, "root": self.root, "level": self.level, "validate": validate,
                 "keep_last": s.keep_last, "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
+                "delete_invalid": s.delete_invalid,
                 "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest,
                 "lock_timeout": self.join_timeout}
 
