@@ -125,7 +125,8 @@ class TrainingGuard:
     def __init__(self, root: Optional[str | os.PathLike] = None, policy: Any = None, *,
                  frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
                  level: str = "full", options: Any = None, metrics_log: bool = True,
-                 preemption_signals: Any = (), grace_seconds: float = 120.0, **playbook: Any) -> None:
+                 preemption_signals: Any = (), grace_seconds: float = 120.0, average_loss: bool = True,
+                 rank_timeout: float = 600.0, **playbook: Any) -> None:
         from checkpoint_strategy.callbacks.preempt import Preemption
         from checkpoint_strategy.errors import UsageError
         from checkpoint_strategy.recovery import settings
@@ -151,6 +152,8 @@ class TrainingGuard:
         self._detector = self._new_detector()
         self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
         self._check: Optional[_ResumeCheck] = None
+        self.average_loss, self.rank_timeout = bool(average_loss), float(rank_timeout)
+        self._ranks: Any = None
         self.preemption = Preemption(preemption_signals, grace_seconds)
         self.preempted: Optional[dict] = None
         self.preemption.install()
@@ -187,6 +190,8 @@ class TrainingGuard:
             return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
+        if self.average_loss and self.ranks.multi:
+            loss_f, gn = self._mean(loss_f, gn)
         self.history.append((step, loss_f, gn))
         self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
         if self._check is not None and step > self._check.after:
@@ -241,7 +246,8 @@ class TrainingGuard:
         if len(self.rollbacks) >= self.max_rollbacks:
             return self._stop(step, f"{why} at step {step} (onset {onset}) after {len(self.rollbacks)} "
                               f"rollbacks (max_rollbacks={self.max_rollbacks})")
-        target = self._stable(onset, value)
+        # rank 0 validates and chooses; the others take its choice
+        target = self._agreed(self._stable(onset, value) if self.ranks.rank == 0 else None)
         if target is None:
             return self._stop(step, f"{why} at step {step} (onset {onset}) and no stable checkpoint left to roll "
                               f"back to (saved before step {onset}, loss below {self.stable_ratio:g}x "
@@ -281,6 +287,36 @@ class TrainingGuard:
                         f"{self.level} with optimizer state: not a rollback target")
             self.used.add(s.path)
         return None
+
+    # ------------------------------------------------------------------ many processes
+
+    @property
+    def ranks(self):
+        """This process's rank (callbacks/_dist.py), taken at the first step: torch.distributed is set up by then."""
+        if self._ranks is None:
+            from checkpoint_strategy.callbacks._dist import Ranks
+
+            self._ranks = Ranks(self.rank_timeout)
+            if self._ranks.rank != 0:
+                self._metrics_on = False   # rank 0 alone writes the loss log
+        return self._ranks
+
+    def _mean(self, loss: float, gn: Optional[float]) -> tuple[float, Optional[float]]:
+        """The loss (and grad norm) averaged over the ranks (one all_reduce, bounded): every rank's detector then
+        decides the same at the same step. A rank's own values when the ranks did not meet."""
+        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None)], "the guard's loss", "sum")
+        if out is None:
+            return loss, gn
+        n = self.ranks.world
+        return out[0] / n, (None if out[2] > 0 else out[1] / n)
+
+    def _agreed(self, target: Optional[_Save]) -> Optional[_Save]:
+        """Rank 0's rollback target on every rank (one broadcast of its step): the same checkpoint everywhere."""
+        if not self.ranks.multi:
+            return target
+        out = self.ranks.broadcast([float(target.step) if target is not None else -1.0], "the rollback target")
+        step = int(out[0]) if out is not None else -1
+        return next((s for s in self.saves if s.step == step), None) if step >= 0 else None
 
     # ------------------------------------------------------------------ the live resume check
 
@@ -364,7 +400,8 @@ class TrainingGuard:
     def _act(self, action: str, step: int, line: str, level: str = "info", **extra: Any) -> None:
         rec = {"event": f"checkpoint-strategy:{action}", "at_step": int(step), **extra, "message": line}
         self.actions.append(rec)
-        getattr(log, level)(PREFIX + line)
+        zero = self._ranks is None or self._ranks.rank == 0
+        getattr(log, level if zero else "debug")(PREFIX + line)
         self._write(rec)
 
     def _write(self, rec: dict) -> None:

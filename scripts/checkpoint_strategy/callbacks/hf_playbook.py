@@ -105,7 +105,9 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
     if strategy is None:
         raise UsageError("train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "
                          "expected Trainer(..., callbacks=[HFCheckpointStrategy(policy)])")
-    guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level, **playbook)
+    # the Trainer logs the loss averaged over the ranks already: every rank's guard decides the same
+    guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level,
+                          average_loss=False, **playbook)
     cb = PlaybookCallback(guard, strategy)
     trainer.add_callback(cb)
     plain_step = trainer.training_step
