@@ -129,17 +129,29 @@ def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, 
     assert [(c["verdict"], c["counter"], c["expected"]) for c in check] == [("reset", 0, rb["resume_step"])]
 
 
-def test_recover_reads_the_guards_log_and_shows_the_restart(tmp_path):
+def test_recover_shows_the_rollbacks_done_and_judges_the_curve_after_the_last(tmp_path):
+    """recover on a rolled-back run's loss log: the rollbacks the guard did are read from its records and shown,
+    and the spike of the abandoned pass is not joined to the losses after the skipped batches (it read as
+    self-recovered). The guard restates the checkpoint's loss at the rollback (the restart reads 400->250); a log
+    without that line (an older guard's) is judged the same from the records."""
     from checkpoint_strategy.recovery import advise
 
     guard = TrainingGuard(tmp_path, frequency_steps=50)
     _run(tmp_path, guard, poison=POISON)
     guard.close()
-    report = advise(str(tmp_path / METRICS_FILE), checkpoints=[])
-    assert report.spike is not None and report.spike.onset_step == POISON
-    rb = guard.rollbacks[0]                   # the rollback shows as a restart; the action records are not loss points
-    assert [(r.previous_step, r.step) for r in report.restarts] == [(rb["step"], rb["skip"][1] + 1)]
-    assert report.log.points == MAX_STEPS
+    rb = guard.rollbacks[0]
+    log = tmp_path / METRICS_FILE
+    older = tmp_path / "older.jsonl"
+    older.write_text("".join(x + "\n" for x in log.read_text().splitlines()
+                             if x != json.dumps({"step": rb["resume_step"], "loss": guard.history[rb["resume_step"] - 1][1]})))
+    skipped = rb["skip"][1] - rb["skip"][0] + 1
+    for path, restart in ((log, rb["resume_step"]), (older, rb["skip"][1] + 1)):
+        report = advise(str(path), checkpoints=[])
+        assert report.spike is None and report.verdict == "healthy", report.reasons
+        assert report.reasons[0].startswith("the run rolled back by itself 1 time(s)")
+        assert f"at step {rb['step']} (divergence, onset {POISON}) to checkpoint-{rb['resume_step']}.pt" in report.reasons[0]
+        assert [(r.previous_step, r.step) for r in report.restarts] == [(rb["step"], restart)]
+        assert report.log.points == MAX_STEPS - skipped
 
 
 def test_a_spike_that_recovers_within_the_window_is_not_rolled_back(tmp_path, caplog):

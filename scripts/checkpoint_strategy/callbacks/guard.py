@@ -265,6 +265,8 @@ class TrainingGuard:
                   f"{self.max_rollbacks} to {os.path.basename(target.path)} (step {target.step}); LR x{w.lr_scale:g} "
                   f"and clipping {w.grad_clip:g} to step {w.lr_until}; skipping steps {w.skip[0]}-{w.skip[1]}",
                   level="warning", **{k: v for k, v in self.rollbacks[-1].items() if k != "step"})
+        if target.loss is not None:   # the loss log restarts at the checkpoint: its timeline is the resumed one
+            self._write({"step": target.step, "loss": target.loss})
         return Decision("rollback", step, target.path, target.step, w.lr_scale, w.lr_until, w.grad_clip, w.skip,
                         f"{why} at step {step}, onset {onset}")
 
