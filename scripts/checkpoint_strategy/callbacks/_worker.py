@@ -169,6 +169,9 @@ def handoff_job(job: dict) -> dict:
         report = PlanReport(**job["report"]) if job.get("report") else None
         doc = handoff.build(report, job["root"], level=job.get("level", "quick"))
         doc.pending_risks.extend(r for r in job.get("risks") or [] if r not in doc.pending_risks)
+        doc.automatic_actions = list(job.get("actions") or [])
+        doc.pending_risks.extend(f"training callback stopped the run: {a.get('message')}" for a in doc.automatic_actions
+                                 if a.get("event") == "checkpoint-strategy:stop")
         handoff.write(job["state_dir"], doc)
     except Exception as exc:  # noqa: BLE001
         out["error"] = f"{type(exc).__name__}: {exc}"

@@ -152,6 +152,7 @@ class TrainingGuard:
         self._detector = self._new_detector()
         self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
         self._check: Optional[_ResumeCheck] = None
+        self.on_action: Any = None   # a callable given each action record (the playbooks: the handoff state's list)
         self.average_loss, self.rank_timeout = bool(average_loss), float(rank_timeout)
         self._ranks: Any = None
         self.preemption = Preemption(preemption_signals, grace_seconds)
@@ -405,6 +406,8 @@ class TrainingGuard:
         zero = self._ranks is None or self._ranks.rank == 0
         getattr(log, level if zero else "debug")(PREFIX + line)
         self._write(rec)
+        if self.on_action is not None:
+            self.on_action(rec)
 
     def _write(self, rec: dict) -> None:
         if not self._metrics_on:

@@ -81,6 +81,7 @@ class HFCheckpointStrategy(TrainerCallback):
 
             self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
         self._save_t0: Optional[float] = None
+        self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
 
     # ------------------------------------------------------------------ configuration
 
@@ -121,12 +122,34 @@ class HFCheckpointStrategy(TrainerCallback):
         self.core.start()
         if not (self._auto_preempt and int(args.world_size) > 1):
             self.preemption.install()
+        if state.global_step > 0:
+            self._interrupted(state)
         if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
             self.core.check_resume(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
                                    world_size=int(args.world_size),
                                    per_device_batch=int(args.per_device_train_batch_size),
                                    accumulation=int(args.gradient_accumulation_steps))
         return control
+
+    def _interrupted(self, state) -> None:
+        """A resumed run: one interruption of it (a preemption's when it resumes from the preemption save), counted
+        over its launches from the records in the loss log, for the adaptive interval's failure rate. A rollback's
+        resume (train_with_recovery) is not one."""
+        from checkpoint_strategy.callbacks.preempt import read_record
+
+        if self.rollback_resume:
+            self.rollback_resume = False
+            return
+        n = len(self.core.previous_actions("checkpoint-strategy:interruption")) + 1
+        pre = read_record(self.core.root) if self.core.root else None
+        kind = "preemption" if pre is not None and pre.get("step") == state.global_step else "resume"
+        line = f"resumed at step {state.global_step} ({kind}): interruption {n} of this run"
+        if self.core.rank_zero:
+            log.info(PREFIX + line)
+        self.core.record_action({"event": "checkpoint-strategy:interruption", "kind": kind,
+                                 "at_step": int(state.global_step), "count": n, "message": line})
+        if self.adaptive is not None:
+            self.adaptive.interruptions = n
 
     # ------------------------------------------------------------------ hooks
 
@@ -162,13 +185,16 @@ class HFCheckpointStrategy(TrainerCallback):
         step = state.global_step
         self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
         if self.adaptive is not None and self._save_t0 is not None:
+            self.adaptive.run_seconds = step * self.adaptive.step_seconds
             new = self.adaptive.observe(time.monotonic() - self._save_t0)
             if new is not None:
                 self.core.frequency_override = state.save_steps = args.save_steps = new
+                self.core.record_action({**(self.adaptive.decided or {}), "at_step": step})
         self._save_t0 = None
         if step == self._preempt_step and self.preempted is None:
             self.preempted = self.preemption.finished(self.core.root, os.path.join(args.output_dir,
                                                                                    f"checkpoint-{step}"), step)
+            self.core.record_action(self.preempted)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

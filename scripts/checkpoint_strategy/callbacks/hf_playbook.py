@@ -110,6 +110,9 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
                           average_loss=False, **playbook)
     cb = PlaybookCallback(guard, strategy)
     trainer.add_callback(cb)
+    # the guard's actions go to the handoff state; the strategy's (preemption, interval) into the guard's loss log
+    guard.on_action = strategy.core.actions.append
+    strategy.core.action_sink = guard._write
     plain_step = trainer.training_step
 
     def training_step(model, inputs, num_items_in_batch=None):
@@ -134,9 +137,11 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
                 break
             log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
             strategy.core.restart()
+            strategy.rollback_resume = True
             resume = d.checkpoint
     finally:
         trainer.training_step = plain_step
+        strategy.core.action_sink = None
         trainer.remove_callback(cb)
         trainer.args.max_grad_norm = cb._user_clip if cb._user_clip is not None else trainer.args.max_grad_norm
     return {**guard.close(), "trains": trains, "global_step": int(trainer.state.global_step)}

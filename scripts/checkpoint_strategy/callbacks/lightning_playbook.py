@@ -113,6 +113,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
             return None   # no forward pass, no backward, no weight moved
         return plain_step(*args, **kwargs)
 
+    guard.on_action = core.actions.append   # the guard's actions go to the handoff state
     own_step = "training_step" in model.__dict__
     model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
