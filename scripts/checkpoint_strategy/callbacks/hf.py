@@ -82,6 +82,9 @@ class HFCheckpointStrategy(TrainerCallback):
             self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
         self._save_t0: Optional[float] = None
         self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
+        self._saving: Optional[str] = None   # the checkpoint being written (on_step_end .. on_save)
+        self.preemption.in_save = lambda: self._saving is not None
+        self.preemption.abandon = self._abandon
 
     # ------------------------------------------------------------------ configuration
 
@@ -161,8 +164,15 @@ class HFCheckpointStrategy(TrainerCallback):
             control.should_save = control.should_training_stop = True
         if control.should_save:
             self._save_t0 = time.monotonic()
+            self._saving = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             self.core.before_save()
         return control
+
+    def _abandon(self) -> None:
+        from checkpoint_strategy.callbacks.preempt import abandon_checkpoint
+
+        if self._saving is not None and self.core.rank_zero:
+            abandon_checkpoint(self._saving)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -178,11 +188,18 @@ class HFCheckpointStrategy(TrainerCallback):
             if not control.should_save:
                 self.core.before_save()
             control.should_save = True   # the Trainer saves right after on_log, in the same step
+            self._saving = os.path.join(args.output_dir, f"checkpoint-{step}")
         return control
 
     def on_save(self, args, state, control, **kwargs):
         # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
+        self._saving = None
+        if self.preemption.requested and self._preempt_step is None:   # the signal came during this save: it is
+            self._preempt_step = step                                   # the preemption save
+            control.should_training_stop = True
+        if step == self._preempt_step:
+            self.preemption._cancel()   # written: no grace timer during its validation
         self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
         if self.adaptive is not None and self._save_t0 is not None:
             self.adaptive.run_seconds = step * self.adaptive.step_seconds
