@@ -56,7 +56,9 @@ def test_a_slowed_save_in_a_real_trainer_lengthens_the_interval_once(tmp_path, c
     assert d is not None and d["old"] == 10 and d["new"] == cb.adaptive.solve(d["measured_save_seconds"]) > 10
     saves = [r.step for r in cb.core.records if not r.emergency]
     new = d["new"]   # from the next save on, the Trainer saves at the multiples of the new interval
-    assert saves[:3] == [10, 20, 30] and saves[3:] == list(range((30 // new + 1) * new, 81, new))
+    every = list(range((30 // new + 1) * new, 81, new))
+    # (the Trainer also saves its last step when the interval does not divide it: a measured cost that gives 25)
+    assert saves[:3] == [10, 20, 30] and saves[3:] in (every, every + [80] if 80 % new else every)
     assert len(saves) > 3 and len([r for r in caplog.records if "interval 10 ->" in r.getMessage()]) == 1
 
 
