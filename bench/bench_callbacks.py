@@ -407,7 +407,27 @@ def hf_playbook_run(out: Path, steps: int, sleep: float, with_playbook: bool) ->
     return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
+def guard_cpu(n: int = 20000) -> float:
+    """CPU seconds of the training thread per step in TrainingGuard alone (skip, lr_scale, grad_clip, step)."""
+    import math
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    g = TrainingGuard(tempfile.mkdtemp(prefix="bench-guard-"), frequency_steps=10**9)
+    t0 = time.thread_time()
+    for s in range(1, n + 1):
+        g.skip(s)
+        g.lr_scale(s)
+        g.grad_clip(s)
+        g.step(s, 1.0 + 0.01 * math.sin(s), grad_norm=0.5)
+    dt = (time.thread_time() - t0) / n
+    g.close()
+    return dt
+
+
 def playbook(tmp: Path, steps: int, pairs: int, sleep: float) -> None:
+    per = guard_cpu()
+    print(f"TrainingGuard alone: {per * 1e6:.1f} us CPU a step = {per / sleep:.2%} of a {sleep * 1e3:.0f} ms step")
     for label, run in (("plain loop + TrainingGuard", guard_loop), ("HF Trainer: train_with_recovery", hf_playbook_run)):
         w_med, wo_med, w_mean, wo_mean = [], [], [], []
         for p in range(pairs):
