@@ -250,3 +250,19 @@ def test_a_preemption_signal_answers_save_then_stop(tmp_path):
     finally:
         guard.close()
     assert signal.getsignal(signal.SIGUSR1) == before     # the handler the process had is back
+
+
+def test_the_guards_actions_and_its_stop_reach_the_handoff_state(tmp_path):
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    core = StrategyCore({"frequency": "every_20_steps", "keep_last": 2}, handoff_dir=str(tmp_path / "state"))
+    core.root = str(tmp_path)
+    guard = TrainingGuard(tmp_path, frequency_steps=20, max_rollbacks=0, wait_steps=60)
+    guard.on_action = core.actions.append          # as train_with_recovery / fit_with_recovery wire it
+    d = _feed(guard, tmp_path, range(1, 300), spike_at=200)
+    assert d.action == "stop"
+    core.write_handoff()
+    doc = json.loads((tmp_path / "state" / "checkpoint-strategy.json").read_text())
+    assert [a["event"] for a in doc["automatic_actions"]] == ["checkpoint-strategy:spike", "checkpoint-strategy:stop"]
+    assert any(r.startswith("training callback stopped the run: divergence at step") and "max_rollbacks=0" in r
+               for r in doc["pending_risks"])
