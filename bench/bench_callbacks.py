@@ -22,7 +22,14 @@ Two measurements, both in the same process:
    FileSystemWriter with 4 writer threads, --dcp-mb MB) checked at level full by one process and by
    two processes each checking one part (`validate --part K/2`, run at the same time): wall times.
 
+5. The recovery playbook (--playbook): end-to-end step time of a nanoGPT-style loop (a small MLP, Adam, GPU-like
+   steps: each padded with --step-sleep seconds, 0.05 by default) with TrainingGuard answering every step (the
+   online detector, the LR/clip/skip lookups; a save every 50 steps both ways) against the same loop without
+   it, and the same for an HF Trainer with HFCheckpointStrategy, trainer.train vs train_with_recovery; runs
+   interleaved, median and mean step with/without (target: within 1 %).
+
 Usage: python bench/bench_callbacks.py [--steps N] [--pairs P] [--multiproc] [--dcp-mb MB] [--step-sleep S]
+       python bench/bench_callbacks.py --playbook [--steps N] [--pairs P] [--step-sleep S]
 """
 
 from __future__ import annotations
@@ -335,6 +342,105 @@ def split_validation(tmp: Path, mb: int) -> None:
           f"process start: {o:.2f} s vs {t:.2f} s = {t / o:.2f}x")
 
 
+def guard_loop(out: Path, steps: int, sleep: float, with_guard: bool) -> list[float]:
+    """Per-step wall times of a plain loop, with or without TrainingGuard (its own save every 50 steps)."""
+    import torch
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    guard = TrainingGuard(out, frequency_steps=50, level="quick") if with_guard else None
+    times = []
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        if guard is not None and guard.skip(step):
+            continue
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(64, 64, generator=g)
+        for pg in opt.param_groups:
+            pg["lr"] = 1e-3 * (guard.lr_scale(step) if guard is not None else 1.0)
+        loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
+        opt.zero_grad()
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), (guard.grad_clip(step) if guard else None) or 1e9)
+        opt.step()
+        time.sleep(sleep)                      # the GPU's share of the step: the CPU waits
+        save = step % 50 == 0
+        if guard is not None:
+            save = guard.step(step, float(loss.detach()), grad_norm=float(gn)).action == "save"
+        if save:
+            path = out / f"checkpoint-{step}.pt"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+            if guard is not None:
+                guard.saved(step, path)
+        times.append(time.perf_counter() - t0)
+    if guard is not None:
+        guard.close()
+    return times
+
+
+def hf_playbook_run(out: Path, steps: int, sleep: float, with_playbook: bool) -> list[float]:
+    """Per-step wall times of a tiny HF Trainer run with HFCheckpointStrategy: train vs train_with_recovery."""
+    import realruns
+    from transformers import Trainer, TrainerCallback
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy, train_with_recovery
+
+    marks: list[float] = []
+
+    class Pad(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            time.sleep(sleep)
+            marks.append(time.perf_counter())
+
+    args = realruns._training_args(out, max_steps=steps, save_steps=500)
+    cb = HFCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 2}, preemption_signals=())
+    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
+                      callbacks=[cb, Pad()])
+    if with_playbook:
+        train_with_recovery(trainer, level="quick")
+    else:
+        trainer.train()
+    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def guard_cpu(n: int = 20000) -> float:
+    """CPU seconds of the training thread per step in TrainingGuard alone (skip, lr_scale, grad_clip, step)."""
+    import math
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    g = TrainingGuard(tempfile.mkdtemp(prefix="bench-guard-"), frequency_steps=10**9)
+    t0 = time.thread_time()
+    for s in range(1, n + 1):
+        g.skip(s)
+        g.lr_scale(s)
+        g.grad_clip(s)
+        g.step(s, 1.0 + 0.01 * math.sin(s), grad_norm=0.5)
+    dt = (time.thread_time() - t0) / n
+    g.close()
+    return dt
+
+
+def playbook(tmp: Path, steps: int, pairs: int, sleep: float) -> None:
+    per = guard_cpu()
+    print(f"TrainingGuard alone: {per * 1e6:.1f} us CPU a step = {per / sleep:.2%} of a {sleep * 1e3:.0f} ms step")
+    for label, run in (("plain loop + TrainingGuard", guard_loop), ("HF Trainer: train_with_recovery", hf_playbook_run)):
+        w_med, wo_med, w_mean, wo_mean = [], [], [], []
+        for p in range(pairs):
+            for on in (True, False):
+                t = run(tmp / f"pb-{label[:2]}-{p}-{on}", steps, sleep, on)
+                (w_med if on else wo_med).append(statistics.median(t))
+                (w_mean if on else wo_mean).append(statistics.fmean(t))
+        med, mean = statistics.median(w_med) / statistics.median(wo_med), sum(w_mean) / sum(wo_mean)
+        print(f"{label}, {steps} steps x {pairs} pairs, each step padded {sleep * 1e3:.0f} ms: median step with/without "
+              f"{statistics.median(w_med) * 1e3:.2f} / {statistics.median(wo_med) * 1e3:.2f} ms = {med:.4f}x; "
+              f"mean (saves included) {mean:.4f}x (target within 1 %)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -357,7 +463,13 @@ def main() -> int:
                     help="HF: the runs without the callback start its worker process anyway, idle (a control: what the "
                          "worker's mere presence costs)")
     ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
+    ap.add_argument("--playbook", action="store_true",
+                    help="only the recovery playbook's end-to-end cost (TrainingGuard, train_with_recovery); "
+                         "--step-sleep pads each step (default 0.05 s here)")
     a = ap.parse_args()
+    if a.playbook:
+        playbook(Path(tempfile.mkdtemp(prefix="bench-playbook-")), a.steps, a.pairs, a.step_sleep or 0.05)
+        return 0
     global CLOCK
     CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
     print(f"clock: {'CPU time of the training thread (time.thread_time)' if a.clock == 'cpu' else 'wall (perf_counter)'}")

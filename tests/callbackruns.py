@@ -7,6 +7,7 @@ the callback, so tests can read the callback's records.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -139,3 +140,75 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
 
 def lightning_steps(ckpt_dir: Path) -> list[str]:
     return sorted(p.name for p in Path(ckpt_dir).glob("*.ckpt"))
+
+
+GUARD_STEPS, GUARD_POISON = 500, 200
+
+
+def guard_ddp(out: Path) -> None:
+    """One rank of a 2-process (torchrun, gloo) nanoGPT-style loop with TrainingGuard: DDP, each rank its own
+    batches, a poisoned batch at GUARD_POISON (it damages the weights on every rank); rank 0 saves, every rank
+    loads on the guard's rollback. Writes out/result-<rank>.json: the guard's summary and the last trained step."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    guard = TrainingGuard(out, frequency_steps=50, rank_timeout=120.0)
+    step, last = 0, 0
+    while step < GUARD_STEPS:
+        step += 1
+        if guard.skip(step):
+            continue
+        g = torch.Generator().manual_seed(1000 + step + 10**6 * rank)
+        x = torch.randn(32, 8, generator=g)
+        y = (x @ torch.linspace(-1, 1, 8)).unsqueeze(1).tanh() + 0.3 * torch.randn(32, 1, generator=g)
+        if step == GUARD_POISON:
+            with torch.no_grad():
+                model[0].weight.mul_(-50)
+                model[0].bias.mul_(-50)
+        for pg in opt.param_groups:
+            pg["lr"] = 3e-3 * guard.lr_scale(step)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), guard.grad_clip(step) or 1e9)
+        opt.step()
+        last = step
+        d = guard.step(step, float(loss.detach()), grad_norm=float(gn))
+        if d.action == "save":
+            path = out / f"checkpoint-{step}.pt"
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, str(path) + ".tmp")
+                os.replace(str(path) + ".tmp", path)
+            dist.barrier()
+            guard.saved(step, path)
+        elif d.action == "rollback":
+            ck = torch.load(d.checkpoint)
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            step = int(d.resume_step)
+            if guard.resumed(opt).action == "stop":
+                break
+        elif d.action == "stop":
+            break
+    summary = guard.close()
+    (out / f"result-{rank}.json").write_text(json.dumps({"last": last, **summary}, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1] == "guard":
+        guard_ddp(Path(sys.argv[2]))

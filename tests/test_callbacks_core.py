@@ -347,3 +347,23 @@ def test_the_worker_outliving_the_training_process_exits_quietly(tmp_path):
     proc = _worker_proc(tmp_path)
     out, err = proc.communicate(json.dumps(job)[:20], timeout=120)   # a job line cut short, then stdin ends
     assert (proc.returncode, out, err) == (0, "", "")
+
+
+@pytest.mark.parametrize("delete_invalid", [False, True])
+def test_the_policys_delete_invalid_reaches_the_callbacks_prune(hf_run, tmp_path, delete_invalid):
+    """delete_invalid in the policy: the prune after a save also removes an invalid checkpoint older than the
+    newer valid one (off: kept for inspection, as `prune` does without --delete-invalid)."""
+    import shutil
+
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    root = tmp_path / "run"
+    for s in (90, 100, 110):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    (root / "checkpoint-90" / "model.safetensors").write_bytes(b"torn")
+    core = StrategyCore({"frequency": "every_10_steps", "keep_last": 5, "delete_invalid": delete_invalid})
+    assert core.settings.delete_invalid is delete_invalid
+    core.root = str(root)
+    core.saved(str(root / "checkpoint-110"), 110)
+    assert (root / "checkpoint-90").exists() is not delete_invalid
+    assert (root / "checkpoint-100").exists() and (root / "checkpoint-110").exists()

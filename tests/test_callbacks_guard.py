@@ -49,8 +49,9 @@ def _train_step(model, opt, step, guard, poison, label_spike):
     return float(loss.detach()), float(gn)
 
 
-def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STEPS):
-    """A nanoGPT-style loop: the loop saves and loads, the guard decides. Returns (final eval loss, trained steps)."""
+def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STEPS, drop_optimizer=False):
+    """A nanoGPT-style loop: the loop saves and loads, the guard decides. Returns (final eval loss, trained steps).
+    drop_optimizer: the loop's load forgets the optimizer state (a fresh Adam), as a broken resume does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.Adam(model.parameters(), lr=LR)
@@ -71,8 +72,13 @@ def _run(root=None, guard=None, poison=None, label_spike=None, max_steps=MAX_STE
         elif d.action == "rollback":
             ck = torch.load(d.checkpoint)   # the loop's own load (tests may torch.load)
             model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
+            if drop_optimizer:
+                opt = torch.optim.Adam(model.parameters(), lr=LR)
+            else:
+                opt.load_state_dict(ck["optimizer"])
             step = d.resume_step
+            if guard.resumed(opt).action == "stop":
+                break
         elif d.action == "stop":
             break
     return _eval_loss(model), trained
@@ -100,21 +106,52 @@ def test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy(tmp_path, capl
     assert "skipping steps" in lines[0]
     recs = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines()]
     events = [r for r in recs if "event" in r]
-    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
+        "checkpoint-strategy:resume_check"] * 2
     assert events[1]["checkpoint"] == rb["checkpoint"] and events[1]["skip"] == rb["skip"]
+    # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
+    assert (events[2]["verdict"], events[2]["counter"], events[2]["expected"]) == ("ok", rb["resume_step"],
+                                                                                  rb["resume_step"])
+    assert events[3]["verdict"] == "ok" and events[3]["at_step"] == rb["skip"][1] + 5
 
 
-def test_recover_reads_the_guards_log_and_shows_the_restart(tmp_path):
+def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, caplog):
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        _, trained = _run(tmp_path, guard, poison=POISON, drop_optimizer=True)
+    out = guard.close()
+    rb = out["rollbacks"][0]
+    assert trained[-1] == rb["step"] and "did not restore the optimizer" in out["stopped"]   # no training on
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("checkpoint-strategy: the resume from checkpoint-")
+    assert f"step counter is 0, the checkpoint's {rb['resume_step']}" in errors[0] and "fresh optimizer" in errors[0]
+    check = [a for a in out["actions"] if a["event"] == "checkpoint-strategy:resume_check"]
+    assert [(c["verdict"], c["counter"], c["expected"]) for c in check] == [("reset", 0, rb["resume_step"])]
+
+
+def test_recover_shows_the_rollbacks_done_and_judges_the_curve_after_the_last(tmp_path):
+    """recover on a rolled-back run's loss log: the rollbacks the guard did are read from its records and shown,
+    and the spike of the abandoned pass is not joined to the losses after the skipped batches (it read as
+    self-recovered). The guard restates the checkpoint's loss at the rollback (the restart reads 400->250); a log
+    without that line (an older guard's) is judged the same from the records."""
     from checkpoint_strategy.recovery import advise
 
     guard = TrainingGuard(tmp_path, frequency_steps=50)
     _run(tmp_path, guard, poison=POISON)
     guard.close()
-    report = advise(str(tmp_path / METRICS_FILE), checkpoints=[])
-    assert report.spike is not None and report.spike.onset_step == POISON
-    rb = guard.rollbacks[0]                   # the rollback shows as a restart; the action records are not loss points
-    assert [(r.previous_step, r.step) for r in report.restarts] == [(rb["step"], rb["skip"][1] + 1)]
-    assert report.log.points == MAX_STEPS
+    rb = guard.rollbacks[0]
+    log = tmp_path / METRICS_FILE
+    older = tmp_path / "older.jsonl"
+    older.write_text("".join(x + "\n" for x in log.read_text().splitlines()
+                             if x != json.dumps({"step": rb["resume_step"], "loss": guard.history[rb["resume_step"] - 1][1]})))
+    skipped = rb["skip"][1] - rb["skip"][0] + 1
+    for path, restart in ((log, rb["resume_step"]), (older, rb["skip"][1] + 1)):
+        report = advise(str(path), checkpoints=[])
+        assert report.spike is None and report.verdict == "healthy", report.reasons
+        assert report.reasons[0].startswith("the run rolled back by itself 1 time(s)")
+        assert f"at step {rb['step']} (divergence, onset {POISON}) to checkpoint-{rb['resume_step']}.pt" in report.reasons[0]
+        assert [(r.previous_step, r.step) for r in report.restarts] == [(rb["step"], restart)]
+        assert report.log.points == MAX_STEPS - skipped
 
 
 def test_a_spike_that_recovers_within_the_window_is_not_rolled_back(tmp_path, caplog):
@@ -213,3 +250,19 @@ def test_a_preemption_signal_answers_save_then_stop(tmp_path):
     finally:
         guard.close()
     assert signal.getsignal(signal.SIGUSR1) == before     # the handler the process had is back
+
+
+def test_the_guards_actions_and_its_stop_reach_the_handoff_state(tmp_path):
+    from checkpoint_strategy.callbacks.core import StrategyCore
+
+    core = StrategyCore({"frequency": "every_20_steps", "keep_last": 2}, handoff_dir=str(tmp_path / "state"))
+    core.root = str(tmp_path)
+    guard = TrainingGuard(tmp_path, frequency_steps=20, max_rollbacks=0, wait_steps=60)
+    guard.on_action = core.actions.append          # as train_with_recovery / fit_with_recovery wire it
+    d = _feed(guard, tmp_path, range(1, 300), spike_at=200)
+    assert d.action == "stop"
+    core.write_handoff()
+    doc = json.loads((tmp_path / "state" / "checkpoint-strategy.json").read_text())
+    assert [a["event"] for a in doc["automatic_actions"]] == ["checkpoint-strategy:spike", "checkpoint-strategy:stop"]
+    assert any(r.startswith("training callback stopped the run: divergence at step") and "max_rollbacks=0" in r
+               for r in doc["pending_risks"])

@@ -101,7 +101,10 @@ def test_a_poisoned_batch_is_rolled_back_and_the_trainer_finishes(baseline, tmp_
     logged = {h["step"]: h for h in state["log_history"] if "loss" in h}
     assert all(logged[s]["loss"] < 1.0 for s in range(251, POISON + 21))   # skipped: no spike, no zero drop
     events = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x]
-    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
+        "checkpoint-strategy:resume_check"] * 2
+    # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
+    assert [(e["verdict"], e.get("counter")) for e in events[2:]] == [("ok", rb["resume_step"]), ("ok", None)]
 
 
 def test_lr_and_clipping_window_apply_in_the_resumed_train(tmp_path):
@@ -141,3 +144,23 @@ def test_a_trainer_without_the_strategy_is_one_line(tmp_path):
 
     with pytest.raises(UsageError, match="no HFCheckpointStrategy"):
         train_with_recovery(_trainer(tmp_path, with_strategy=False))
+
+
+def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, caplog):
+    from checkpoint_strategy.callbacks import train_with_recovery
+
+    tr = _trainer(tmp_path, poison=POISON)
+    plain = tr._load_optimizer_and_scheduler
+
+    def forgetful(checkpoint):   # a broken resume: the optimizer state is not loaded, it starts from nothing
+        plain(None)
+        getattr(tr.optimizer, "optimizer", tr.optimizer).state.clear()
+
+    tr._load_optimizer_and_scheduler = forgetful
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        out = train_with_recovery(tr)
+    rb = out["rollbacks"][0]
+    assert out["trains"] == 2 and "did not restore the optimizer" in out["stopped"]
+    assert out["global_step"] == rb["resume_step"] + 1      # stopped at the first step of the resumed train
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "step counter is 0, the checkpoint's 250" in errors[0]

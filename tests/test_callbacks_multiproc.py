@@ -289,3 +289,35 @@ def test_lightning_ddp_spike_every_command_finds_the_callbacks_log_and_names_the
     state = out.parent / "handoff-state"
     doc = cli_run("handoff", "--checkpoints", str(out), "--dry-run", "--state-dir", str(state), "--format", "json").json()
     assert doc["recovery"]["log"] == str(ours) and doc["recovery"]["resume_checkpoint"] == rollback["path"]
+
+
+def test_every_rank_rolls_back_to_the_same_checkpoint_at_the_same_step(tmp_path):
+    """The guard (callbacks/guard.py) in a 2-process DDP loop (tests/callbackruns.py guard_ddp): each rank feeds its
+    own loss (the guard averages it over the ranks), rank 0 chooses the checkpoint (broadcast); both ranks roll back
+    together, finish, and nothing hangs (the run is bounded by the test's timeout, the guard's collectives by theirs)."""
+    import callbackruns
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(cliresult.checkout_env(), OMP_NUM_THREADS="1")
+    port = str(free_port())
+    try:
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                              port, str(Path(callbackruns.__file__)), "guard", str(out)], env=env, capture_output=True,
+                             text=True, timeout=RUN_TIMEOUT, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the 2-process guard run did not end within {RUN_TIMEOUT} s: {str(exc.stderr)[-3000:]}")
+    if res.returncode != 0 and cliresult.TEARDOWN_ABORT in res.stderr and (out / "result-1.json").exists():
+        pass   # gloo's abort at the process group's teardown, after both ranks wrote their result
+    else:
+        assert res.returncode == 0, res.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
+    assert r0["rollbacks"] == r1["rollbacks"] and len(r0["rollbacks"]) == 1
+    rb = r0["rollbacks"][0]
+    assert rb["onset"] == callbackruns.GUARD_POISON and rb["checkpoint"] == str(out / f"checkpoint-{rb['resume_step']}.pt")
+    assert r0["last"] == r1["last"] == callbackruns.GUARD_STEPS and r0["stopped"] is None is r1["stopped"]
+    assert r0["skipped_steps"] == r1["skipped_steps"] and callbackruns.GUARD_POISON in r0["skipped_steps"]
+    # rank 0 alone writes the loss log and the lines
+    events = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [e["event"].split(":")[1] for e in events] == ["spike", "rollback", "resume_check", "resume_check"]
+    assert res.stderr.count("rollback 1/3") == 1

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent('''
     from checkpoint_strategy.callbacks import HFCheckpointStrategy, last_valid_checkpoint
 
     out, steps, signals = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    slow, grace = (float(sys.argv[4]), float(sys.argv[5])) if len(sys.argv) > 5 else (0.0, 120.0)
 
     class Data(torch.utils.data.Dataset):
         def __len__(self):
@@ -51,26 +52,40 @@ SCRIPT = textwrap.dedent('''
                              lr_scheduler_type="constant", logging_steps=1, save_steps=50, report_to=[], seed=0,
                              disable_tqdm=True, use_cpu=True)
     kw = {} if signals == "auto" else {"preemption_signals": [s for s in signals.split(",") if s]}
+    kw["grace_seconds"] = grace
     cb = HFCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 3}, handoff_dir=None, **kw)
     tr = Trainer(model=Net(), args=args, train_dataset=Data(), callbacks=[cb, Progress()])
     tr._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(tr.train_dataset)
+    if slow:   # the first save is slowed in its middle: the weights written, the optimizer state not yet
+        plain, slowed_once = tr._save_optimizer_and_scheduler, []
+        def slowed(output_dir):
+            if not slowed_once:
+                slowed_once.append(1)
+                print(f"saving {output_dir}", flush=True)
+                time.sleep(slow)
+            return plain(output_dir)
+        tr._save_optimizer_and_scheduler = slowed
     tr.train(resume_from_checkpoint=last_valid_checkpoint(out))
     print("done", tr.state.global_step, "preempted" if cb.preempted else "finished", flush=True)
 ''')
 
 
-def _launch(tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20):
+def _launch(tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None):
+    """slow (seconds, grace): the first save sleeps that long between the weights and the optimizer state, and
+    the signal is sent as it starts."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
+    at = f"step {at_step}" if slow is None else "saving"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "scripts"),
                                                          os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), signals], stdout=subprocess.PIPE,
+    extra = [] if slow is None else [str(slow[0]), str(slow[1])]
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), signals, *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.strip())
-        if send is not None and line.strip() == f"step {at_step}":
+        if send is not None and line.strip().startswith(at) and (slow is not None or line.strip() == at):
             proc.send_signal(send)
             send = None
     err = proc.stderr.read() if proc.stderr else ""
@@ -104,6 +119,32 @@ def test_a_signal_mid_run_saves_a_resume_point_exits_0_and_the_rerun_continues(t
     resumed, whole = _losses(out, STEPS), _losses(ref, STEPS)
     assert set(resumed) == set(whole) == set(range(1, STEPS + 1))
     assert all(resumed[s] == pytest.approx(whole[s], rel=1e-4, abs=1e-6) for s in range(step + 1, STEPS + 1))
+
+
+def test_a_signal_during_a_save_finishes_that_save_as_the_preemption_save(tmp_path):
+    """SIGTERM while the first save (step 50) is being written, 2 s into a 1 s grace period: the save gets the grace
+    period once more, finishes, and is itself the preemption save; exit 0."""
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, slow=(1.6, 1.0))
+    assert rc == 0, err[-2000:]
+    assert lines[-1] == "done 50 preempted" and read_record(out)["step"] == 50
+    assert last_valid_checkpoint(out, level="full") == str(out / "checkpoint-50")
+    assert "the grace period ended during a save" in "\n".join(lines) + err   # (the lines go through tqdm.write)
+
+
+def test_a_save_that_outlasts_the_grace_is_moved_aside_never_left_looking_whole(tmp_path):
+    """The same save, slowed past twice the grace: the half-written checkpoint-50 (weights, no optimizer state) is
+    renamed aside before the signal ends the process: nothing resumes from it."""
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, slow=(8.0, 1.0))
+    assert rc == -signal.SIGTERM
+    assert not (out / "checkpoint-50").exists() and (out / "checkpoint-50.abandoned-preemption").is_dir()
+    assert last_valid_checkpoint(out) is None and read_record(out) is None
+    assert "moved to checkpoint-50.abandoned-preemption" in "\n".join(lines) + err
 
 
 def test_preemption_off_leaves_the_signal_alone(tmp_path):

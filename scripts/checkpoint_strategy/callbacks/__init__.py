@@ -5,6 +5,7 @@
     from checkpoint_strategy.callbacks import last_valid_checkpoint         # resume from a whole checkpoint
     from checkpoint_strategy.callbacks import TrainingGuard                 # a plain loop's rollback playbook
     from checkpoint_strategy.callbacks import train_with_recovery           # the same around trainer.train (HF)
+    from checkpoint_strategy.callbacks import fit_with_recovery             # the same around trainer.fit (Lightning)
 
 Nothing here imports a framework until the name is used: ``HFCheckpointStrategy`` loads
 transformers, ``LightningCheckpointStrategy`` loads lightning/pytorch_lightning. The framework-free
@@ -16,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "TrainingGuard", "last_valid_checkpoint",
-           "train_with_recovery"]
+__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "TrainingGuard", "fit_with_recovery",
+           "last_valid_checkpoint", "train_with_recovery"]
 
 
 def __getattr__(name: str) -> Any:
@@ -41,4 +42,8 @@ def __getattr__(name: str) -> Any:
         from checkpoint_strategy.callbacks.hf_playbook import train_with_recovery
 
         return train_with_recovery
+    if name == "fit_with_recovery":
+        from checkpoint_strategy.callbacks.lightning_playbook import fit_with_recovery
+
+        return fit_with_recovery
     raise AttributeError(f"module 'checkpoint_strategy.callbacks' has no attribute {name!r}")

@@ -149,6 +149,7 @@ def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
                               level=job.get("level", "quick"), protect=job.get("protect") or None,
                               log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0),
+                              delete_invalid=bool(job.get("delete_invalid")),
                               on_start=None if phase is None else lambda: phase("prune", job["path"]),
                               # the end stamped while the lock is held: a save waiting for it starts after the stamp
                               # (stamped after, the report built in between could put it after the save's start)
@@ -168,6 +169,9 @@ def handoff_job(job: dict) -> dict:
         report = PlanReport(**job["report"]) if job.get("report") else None
         doc = handoff.build(report, job["root"], level=job.get("level", "quick"))
         doc.pending_risks.extend(r for r in job.get("risks") or [] if r not in doc.pending_risks)
+        doc.automatic_actions = list(job.get("actions") or [])
+        doc.pending_risks.extend(f"training callback stopped the run: {a.get('message')}" for a in doc.automatic_actions
+                                 if a.get("event") == "checkpoint-strategy:stop")
         handoff.write(job["state_dir"], doc)
     except Exception as exc:  # noqa: BLE001
         out["error"] = f"{type(exc).__name__}: {exc}"

@@ -9,6 +9,11 @@ the measured C and the plan's job MTBF, in the plan's step seconds, rounded as t
 (planning/rounding.nice_steps), then bounded by the plan's max-loss cap (``--max-loss-hours``) and its
 minimum interval. It is applied from the next save and logged once (``old -> new`` and why). A plan whose
 interval was fixed by the user (``--frequency``), a preset or the run length is left alone.
+
+The failure rate too: the adapter counts the run's interruptions (each resume of the run, a preemption's
+included: ``interruptions``) over its training time (``run_seconds``: steps x the plan's step seconds);
+from MIN_INTERRUPTIONS on, when the measured MTBF departs from the plan's by more than 2x, the model is
+re-solved for it (with the measured save cost when that departs too), once, the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from checkpoint_strategy.callbacks._log import PREFIX, log
 FIXED = ("frequency_option", "preset", "total_steps")
 RATIO = 2.0
 SAMPLES = 3
+MIN_INTERRUPTIONS = 2   # fewer say nothing about a rate
 
 
 class AdaptiveInterval:
@@ -37,37 +43,53 @@ class AdaptiveInterval:
         self.frequency = int(frequency)
         self.samples: list[float] = []
         self.decided: Optional[dict] = None
+        self.interruptions = 0
+        self.run_seconds = 0.0
 
     def observe(self, seconds: float) -> Optional[int]:
         """One save's blocking time. The new interval when it changes (once a run), else None."""
         self.samples.append(float(seconds))
-        if self.decided is not None or self.reason in FIXED or len(self.samples) < SAMPLES or self.assumed <= 0:
+        if self.decided is not None or self.reason in FIXED or self.assumed <= 0:
             return None
-        measured = statistics.median(self.samples[-SAMPLES:])
-        if self.assumed / RATIO <= measured <= self.assumed * RATIO:
+        cost = statistics.median(self.samples[-SAMPLES:]) if len(self.samples) >= SAMPLES else None
+        cost_off = cost is not None and not (self.assumed / RATIO <= cost <= self.assumed * RATIO)
+        mtbf = self.run_seconds / self.interruptions if self.interruptions >= MIN_INTERRUPTIONS else None
+        mtbf_off = mtbf is not None and not (self.mtbf_seconds / RATIO <= mtbf <= self.mtbf_seconds * RATIO)
+        if not (cost_off or mtbf_off):
             return None
-        new = self.solve(measured)
-        direction = "more" if measured > self.assumed else "less"
+        use_cost = cost if cost_off and cost is not None else self.assumed
+        use_mtbf = mtbf if mtbf_off and mtbf is not None else self.mtbf_seconds
+        new = self.solve(use_cost, use_mtbf)
         self.decided = {"event": "checkpoint-strategy:interval", "old": self.frequency, "new": new,
-                        "measured_save_seconds": round(measured, 4), "assumed_save_seconds": self.assumed}
-        why = (f"saves block {measured:.3g} s (median of the last {SAMPLES}), {direction} than the plan's "
-               f"{self.assumed:.3g} s by over {RATIO:g}x")
+                        "measured_save_seconds": round(cost, 4) if cost is not None else None,
+                        "assumed_save_seconds": self.assumed, "interruptions": self.interruptions,
+                        "measured_mtbf_hours": round(mtbf / 3600, 4) if mtbf is not None else None,
+                        "assumed_mtbf_hours": self.mtbf_seconds / 3600}
+        whys = []
+        if cost_off and cost is not None:
+            whys.append(f"saves block {cost:.3g} s (median of the last {SAMPLES}), "
+                        f"{'more' if cost > self.assumed else 'less'} than the plan's {self.assumed:.3g} s by over {RATIO:g}x")
+        if mtbf_off and mtbf is not None:
+            whys.append(f"{self.interruptions} interruptions in {self.run_seconds / 3600:.3g} h of training: an MTBF of "
+                        f"{mtbf / 3600:.3g} h against the plan's {self.mtbf_seconds / 3600:.3g} h")
+        why = "; ".join(whys)
+        self.decided["why"] = why
         if new == self.frequency:
             log.info(PREFIX + f"{why}; the plan's model keeps the interval at {new} steps"
                      + (" (the --max-loss-hours cap)" if self.cap is not None and new == self.cap else ""))
             return None
         log.info(PREFIX + f"interval {self.frequency} -> {new} steps from the next save: {why}; the plan's "
-                 "failure model re-solved for the measured cost" + (f", at most {self.cap} (--max-loss-hours)"
-                                                                     if self.cap is not None else ""))
+                 "failure model re-solved for the measured values" + (f", at most {self.cap} (--max-loss-hours)"
+                                                                      if self.cap is not None else ""))
         self.frequency = new
         return new
 
-    def solve(self, cost_seconds: float) -> int:
-        """The plan's interval for a save cost: Daly's exact optimum, rounded, within the cap and the floor."""
+    def solve(self, cost_seconds: float, mtbf_seconds: Optional[float] = None) -> int:
+        """The plan's interval for a save cost (and MTBF): Daly's exact optimum, rounded, within the cap and the floor."""
         from checkpoint_strategy.planning.failure import exact_interval
         from checkpoint_strategy.planning.rounding import nice_steps
 
-        steps = nice_steps(exact_interval(cost_seconds, self.mtbf_seconds) / self.step_seconds)
+        steps = nice_steps(exact_interval(cost_seconds, mtbf_seconds or self.mtbf_seconds) / self.step_seconds)
         if self.cap is not None:
             steps = min(steps, self.cap)
         return max(1, steps, min(self.floor, self.cap) if self.cap is not None else self.floor)

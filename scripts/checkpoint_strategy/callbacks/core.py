@@ -151,6 +151,8 @@ class StrategyCore:
         self._holds: list[Any] = []   # the folder's lock, held from before_save to saved (rank 0)
         self.resume_warnings: list[str] = []   # world size / global batch changed at the resume (check_resume)
         self.frequency_override: Optional[int] = None   # the interval re-solved for the measured save cost (adaptive.py)
+        self.actions: list[dict] = []   # every automatic action (rollback, skip, preemption, interval, interruption)
+        self.action_sink: Optional[Callable[[dict], None]] = None   # a playbook's loss log writer, when one runs
 
     # ------------------------------------------------------------------ schedule
 
@@ -231,6 +233,55 @@ class StrategyCore:
             return False
         return True
 
+    # ------------------------------------------------------------------ automatic actions
+
+    def record_action(self, rec: dict) -> None:
+        """One automatic action: kept for the handoff state and written (rank 0) as a record of the run's loss
+        log (METRICS_FILE): through the playbook's writer when one runs, else appended to the file (HF: the
+        Trainer's own log is trainer_state.json; the file then holds the records only)."""
+        with self._lock:
+            self.actions.append(dict(rec))
+        if not self.rank_zero:
+            return
+        if self.action_sink is not None:
+            self.action_sink(rec)
+        elif self.framework_log:
+            if self._metrics_fh is not None:
+                import json
+
+                self._metrics_fh.write(json.dumps(rec) + "\n")
+        elif self.root is not None:
+            import json
+
+            try:
+                with open(os.path.join(self.root, METRICS_FILE), "a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(rec) + "\n")
+            except OSError as exc:
+                log.warning(PREFIX + f"cannot record {rec.get('event')} in {self.root}: {exc}")
+
+    def previous_actions(self, event: str) -> list[dict]:
+        """The records of `event` earlier launches of this run wrote into the loss log (rank 0's folder)."""
+        import json
+
+        path = os.path.join(self.root, METRICS_FILE) if self.root else None
+        out: list[dict] = []
+        if path is None or not os.path.isfile(path):
+            return out
+        key = f'"{event}"'
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    if key in line:
+                        try:
+                            rec = json.loads(line)
+                        except ValueError:
+                            continue
+                        if isinstance(rec, dict) and rec.get("event") == event:
+                            out.append(rec)
+        except OSError:
+            return []
+        return out
+
     # ------------------------------------------------------------------ after a save
 
     def saved(self, path: str, step: Optional[int], emergency: Optional[str] = None) -> None:
@@ -254,6 +305,7 @@ class StrategyCore:
         s = self.settings
         return {"kind": "save", "path": path, "root": self.root, "level": self.level, "validate": validate,
                 "keep_last": s.keep_last, "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
+                "delete_invalid": s.delete_invalid,
                 "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest,
                 "lock_timeout": self.join_timeout}
 
@@ -710,9 +762,11 @@ class StrategyCore:
             risks = [f"training callback: {p}" for p in self.problems]
             self._next_id += 1
             jid = self._next_id
+            actions = [dict(a) for a in self.actions[-50:]]
         report = self.settings.report
         job = {"kind": "handoff", "id": jid, "root": self.root, "level": self.level, "state_dir": self.handoff_dir,
-               "report": report.model_dump(mode="json") if report is not None else None, "risks": risks}
+               "report": report.model_dump(mode="json") if report is not None else None, "risks": risks,
+               "actions": actions}
         worker = self._worker if self.settings.async_save else None
         if worker is None or not worker.submit(job):
             self._on_message(handoff_job(job))

@@ -14,6 +14,8 @@
         elif decision.action == "rollback":
             load(decision.checkpoint)            # the loop's own load (model + optimizer)
             step = decision.resume_step
+            if guard.resumed(optimizer).action == "stop":   # the resume check: optimizer state restored?
+                break
         elif decision.action == "stop":
             break
 
@@ -28,6 +30,14 @@ collapsed loss answers ``rollback``:
   ``lr_reduced_steps`` (500) steps; the batches from the resume step to the onset + ``skip_past_onset``
   (20) are skipped. The numbers are recover's playbook (recovery/settings.py RecoveryOptions) and any
   of them can be passed as a keyword.
+
+The resume is checked live (the `verify-resume` checks, online): ``resumed(optimizer)`` compares the
+optimizer's own step counter after the load with the one the checkpoint records (read as bytes,
+formats/optstep.py); a counter that does not continue from it (a fresh optimizer: 0) stops the
+run with one ERROR line. Then the first ``post_points`` (5) losses trained after the skipped steps are
+compared with the band around the level before the checkpoint (recovery/verify.py's band: the
+median of the last 20 losses, max of 5% and 3 standard errors): one ``resume_check`` line and record,
+ok or a WARNING (a jump: was the optimizer state loaded?); the detector still decides a rollback.
 
 Preemption (``preemption_signals=("SIGTERM", "SIGUSR1")``, off by default here: the loop owns its
 process): after the signal the next ``step`` answers ``save`` with ``stop=True``; once the loop reports
@@ -45,6 +55,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
@@ -84,6 +95,22 @@ class _Save:
 
 
 @dataclass
+class _ResumeCheck:
+    """What the live resume check compares (after each rollback)."""
+
+    checkpoint: str
+    step: int
+    after: int                        # losses of steps after this one (the skip window's end) are compared
+    counter: Optional[int]            # the optimizer step counter the checkpoint records (None: unreadable)
+    pre: list[float]                  # the losses before the checkpoint (up to PRE_POINTS)
+    post: list[float]
+    optimizer_checked: bool = False
+
+
+PRE_POINTS, POST_POINTS, TOLERANCE = 20, 5, 0.05   # recovery/verify.py's defaults
+
+
+@dataclass
 class _Window:
     resume: int
     lr_scale: float
@@ -98,7 +125,8 @@ class TrainingGuard:
     def __init__(self, root: Optional[str | os.PathLike] = None, policy: Any = None, *,
                  frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
                  level: str = "full", options: Any = None, metrics_log: bool = True,
-                 preemption_signals: Any = (), grace_seconds: float = 120.0, **playbook: Any) -> None:
+                 preemption_signals: Any = (), grace_seconds: float = 120.0, average_loss: bool = True,
+                 rank_timeout: float = 600.0, **playbook: Any) -> None:
         from checkpoint_strategy.callbacks.preempt import Preemption
         from checkpoint_strategy.errors import UsageError
         from checkpoint_strategy.recovery import settings
@@ -123,6 +151,10 @@ class TrainingGuard:
         self._metrics_on = metrics_log and self.root is not None
         self._detector = self._new_detector()
         self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
+        self._check: Optional[_ResumeCheck] = None
+        self.on_action: Any = None   # a callable given each action record (the playbooks: the handoff state's list)
+        self.average_loss, self.rank_timeout = bool(average_loss), float(rank_timeout)
+        self._ranks: Any = None
         self.preemption = Preemption(preemption_signals, grace_seconds)
         self.preempted: Optional[dict] = None
         self.preemption.install()
@@ -159,8 +191,12 @@ class TrainingGuard:
             return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
+        if self.average_loss and self.ranks.multi:
+            loss_f, gn = self._mean(loss_f, gn)
         self.history.append((step, loss_f, gn))
         self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
+        if self._check is not None and step > self._check.after:
+            self._check_loss(step, loss_f)
         ev = self._detector.update(step, loss_f, gn)
         if ev is not None:
             out = self._event(ev, step, loss_f)
@@ -211,7 +247,8 @@ class TrainingGuard:
         if len(self.rollbacks) >= self.max_rollbacks:
             return self._stop(step, f"{why} at step {step} (onset {onset}) after {len(self.rollbacks)} "
                               f"rollbacks (max_rollbacks={self.max_rollbacks})")
-        target = self._stable(onset, value)
+        # rank 0 validates and chooses; the others take its choice
+        target = self._agreed(self._stable(onset, value) if self.ranks.rank == 0 else None)
         if target is None:
             return self._stop(step, f"{why} at step {step} (onset {onset}) and no stable checkpoint left to roll "
                               f"back to (saved before step {onset}, loss below {self.stable_ratio:g}x "
@@ -223,11 +260,14 @@ class TrainingGuard:
         self.rollbacks.append({"step": step, "onset": onset, "checkpoint": target.path, "resume_step": target.step,
                                "skip": list(w.skip), "lr_scale": w.lr_scale, "lr_until": w.lr_until,
                                "grad_clip": w.grad_clip, "reason": why})
+        self._arm_check(target, w.skip[1])
         self._restart(target.step)
         self._act("rollback", step, f"{why} at step {step} (onset {onset}): rollback {len(self.rollbacks)}/"
                   f"{self.max_rollbacks} to {os.path.basename(target.path)} (step {target.step}); LR x{w.lr_scale:g} "
                   f"and clipping {w.grad_clip:g} to step {w.lr_until}; skipping steps {w.skip[0]}-{w.skip[1]}",
                   level="warning", **{k: v for k, v in self.rollbacks[-1].items() if k != "step"})
+        if target.loss is not None:   # the loss log restarts at the checkpoint: its timeline is the resumed one
+            self._write({"step": target.step, "loss": target.loss})
         return Decision("rollback", step, target.path, target.step, w.lr_scale, w.lr_until, w.grad_clip, w.skip,
                         f"{why} at step {step}, onset {onset}")
 
@@ -250,6 +290,93 @@ class TrainingGuard:
                         f"{self.level} with optimizer state: not a rollback target")
             self.used.add(s.path)
         return None
+
+    # ------------------------------------------------------------------ many processes
+
+    @property
+    def ranks(self):
+        """This process's rank (callbacks/_dist.py), taken at the first step: torch.distributed is set up by then."""
+        if self._ranks is None:
+            from checkpoint_strategy.callbacks._dist import Ranks
+
+            self._ranks = Ranks(self.rank_timeout)
+            if self._ranks.rank != 0:
+                self._metrics_on = False   # rank 0 alone writes the loss log
+        return self._ranks
+
+    def _mean(self, loss: float, gn: Optional[float]) -> tuple[float, Optional[float]]:
+        """The loss (and grad norm) averaged over the ranks (one all_reduce, bounded): every rank's detector then
+        decides the same at the same step. A rank's own values when the ranks did not meet."""
+        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None)], "the guard's loss", "sum")
+        if out is None:
+            return loss, gn
+        n = self.ranks.world
+        return out[0] / n, (None if out[2] > 0 else out[1] / n)
+
+    def _agreed(self, target: Optional[_Save]) -> Optional[_Save]:
+        """Rank 0's rollback target on every rank (one broadcast of its step): the same checkpoint everywhere."""
+        if not self.ranks.multi:
+            return target
+        out = self.ranks.broadcast([float(target.step) if target is not None else -1.0], "the rollback target")
+        step = int(out[0]) if out is not None else -1
+        return next((s for s in self.saves if s.step == step), None) if step >= 0 else None
+
+    # ------------------------------------------------------------------ the live resume check
+
+    def _arm_check(self, target: _Save, skip_end: int) -> None:
+        from checkpoint_strategy.formats.optstep import read_optimizer_steps
+
+        counter = read_optimizer_steps(target.path).optimizer_step
+        pre = [v for s, v, _ in self.history if s <= target.step and math.isfinite(v)][-PRE_POINTS:]
+        self._check = _ResumeCheck(target.path, target.step, skip_end, counter, pre, [])
+
+    def resumed(self, optimizer: Any) -> Decision:
+        """After the loop loaded a rollback's checkpoint: its optimizer (or its step counter as a number).
+        ``stop`` (one ERROR line) when the counter does not continue from the checkpoint's; else ``continue``."""
+        c = self._check
+        if c is None or c.optimizer_checked:
+            return Decision("continue", c.step if c else 0)
+        c.optimizer_checked = True
+        live = optimizer if optimizer is None or isinstance(optimizer, (int, float)) else optimizer_step_count(optimizer)
+        name = os.path.basename(c.checkpoint)
+        if c.counter is None or live is None:
+            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter not "
+                      "compared (" + ("the checkpoint records none" if c.counter is None else "the optimizer keeps none")
+                      + ")", checkpoint=c.checkpoint, counter=live, expected=c.counter, verdict="unknown")
+            return Decision("continue", c.step)
+        if int(live) != c.counter:
+            why = ("a fresh optimizer: its state was not loaded" if int(live) == 0 else
+                   "the optimizer state is not the checkpoint's")
+            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
+                      f"{int(live)}, the checkpoint's is {c.counter}", checkpoint=c.checkpoint, counter=int(live),
+                      expected=c.counter, verdict="reset")
+            return self._stop(c.step, f"the resume from {name} (step {c.step}) did not restore the optimizer: its "
+                              f"step counter is {int(live)}, the checkpoint's {c.counter} ({why})")
+        self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter {int(live)} "
+                  "continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live), expected=c.counter,
+                  verdict="ok")
+        return Decision("continue", c.step)
+
+    def _check_loss(self, step: int, loss: float) -> None:
+        """The first POST_POINTS losses after the skip window against the band before the checkpoint (verify.py)."""
+        c = self._check
+        assert c is not None
+        c.post.append(loss)
+        if len(c.post) < POST_POINTS:
+            return
+        self._check = None
+        if not c.pre:
+            return
+        pre_level = statistics.median(c.pre)
+        noise = 1.4826 * statistics.median(abs(v - pre_level) for v in c.pre) if len(c.pre) >= 3 else 0.0
+        band = max(TOLERANCE * abs(pre_level), 3.0 * 1.2533 * noise / math.sqrt(len(c.post)))
+        post = statistics.median(c.post) if all(math.isfinite(v) for v in c.post) else math.inf
+        ok = post - pre_level <= band
+        line = (f"after the rollback to step {c.step}: loss {post:.4g} over steps {step - len(c.post) + 1}-{step} vs "
+                f"{pre_level:.4g} before the checkpoint (band {band:.3g}): "
+                + ("back within the band" if ok else "a jump above the band; was the optimizer state loaded?"))
+        self._act("resume_check", step, line, level="info" if ok else "warning", checkpoint=c.checkpoint,
+                  loss_after=post, pre_level=pre_level, band=band, verdict="ok" if ok else "jump")
 
     def _restart(self, resume: int) -> None:
         """A fresh detector fed the history up to the resume step (steps must increase in one detector)."""
@@ -276,8 +403,11 @@ class TrainingGuard:
     def _act(self, action: str, step: int, line: str, level: str = "info", **extra: Any) -> None:
         rec = {"event": f"checkpoint-strategy:{action}", "at_step": int(step), **extra, "message": line}
         self.actions.append(rec)
-        getattr(log, level)(PREFIX + line)
+        zero = self._ranks is None or self._ranks.rank == 0
+        getattr(log, level if zero else "debug")(PREFIX + line)
         self._write(rec)
+        if self.on_action is not None:
+            self.on_action(rec)
 
     def _write(self, rec: dict) -> None:
         if not self._metrics_on:
@@ -303,6 +433,18 @@ class TrainingGuard:
             self._metrics.close()
             self._metrics = None
         return self.summary()
+
+
+def optimizer_step_count(optimizer: Any) -> Optional[int]:
+    """The optimizer's own step counter (the largest per-parameter ``step``, as formats/optstep.py reads it
+    from a checkpoint); 0 for an optimizer with no state yet; None when its state keeps no counter (SGD)."""
+    state = getattr(optimizer, "state", None)
+    if state is None:
+        return None
+    steps = [st["step"] for st in state.values() if isinstance(st, dict) and "step" in st]
+    if not steps:
+        return 0 if not state else None
+    return int(max(float(x) for x in steps))
 
 
 def _frequency(policy: Any, frequency_steps: Optional[int]) -> Optional[int]:

@@ -81,6 +81,10 @@ class HFCheckpointStrategy(TrainerCallback):
 
             self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
         self._save_t0: Optional[float] = None
+        self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
+        self._saving: Optional[str] = None   # the checkpoint being written (on_step_end .. on_save)
+        self.preemption.in_save = lambda: self._saving is not None
+        self.preemption.abandon = self._abandon
 
     # ------------------------------------------------------------------ configuration
 
@@ -121,12 +125,34 @@ class HFCheckpointStrategy(TrainerCallback):
         self.core.start()
         if not (self._auto_preempt and int(args.world_size) > 1):
             self.preemption.install()
+        if state.global_step > 0:
+            self._interrupted(state)
         if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
             self.core.check_resume(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
                                    world_size=int(args.world_size),
                                    per_device_batch=int(args.per_device_train_batch_size),
                                    accumulation=int(args.gradient_accumulation_steps))
         return control
+
+    def _interrupted(self, state) -> None:
+        """A resumed run: one interruption of it (a preemption's when it resumes from the preemption save), counted
+        over its launches from the records in the loss log, for the adaptive interval's failure rate. A rollback's
+        resume (train_with_recovery) is not one."""
+        from checkpoint_strategy.callbacks.preempt import read_record
+
+        if self.rollback_resume:
+            self.rollback_resume = False
+            return
+        n = len(self.core.previous_actions("checkpoint-strategy:interruption")) + 1
+        pre = read_record(self.core.root) if self.core.root else None
+        kind = "preemption" if pre is not None and pre.get("step") == state.global_step else "resume"
+        line = f"resumed at step {state.global_step} ({kind}): interruption {n} of this run"
+        if self.core.rank_zero:
+            log.info(PREFIX + line)
+        self.core.record_action({"event": "checkpoint-strategy:interruption", "kind": kind,
+                                 "at_step": int(state.global_step), "count": n, "message": line})
+        if self.adaptive is not None:
+            self.adaptive.interruptions = n
 
     # ------------------------------------------------------------------ hooks
 
@@ -138,8 +164,15 @@ class HFCheckpointStrategy(TrainerCallback):
             control.should_save = control.should_training_stop = True
         if control.should_save:
             self._save_t0 = time.monotonic()
+            self._saving = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             self.core.before_save()
         return control
+
+    def _abandon(self) -> None:
+        from checkpoint_strategy.callbacks.preempt import abandon_checkpoint
+
+        if self._saving is not None and self.core.rank_zero:
+            abandon_checkpoint(self._saving)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -155,20 +188,30 @@ class HFCheckpointStrategy(TrainerCallback):
             if not control.should_save:
                 self.core.before_save()
             control.should_save = True   # the Trainer saves right after on_log, in the same step
+            self._saving = os.path.join(args.output_dir, f"checkpoint-{step}")
         return control
 
     def on_save(self, args, state, control, **kwargs):
         # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
+        self._saving = None
+        if self.preemption.requested and self._preempt_step is None:   # the signal came during this save: it is
+            self._preempt_step = step                                   # the preemption save
+            control.should_training_stop = True
+        if step == self._preempt_step:
+            self.preemption._cancel()   # written: no grace timer during its validation
         self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
         if self.adaptive is not None and self._save_t0 is not None:
+            self.adaptive.run_seconds = step * self.adaptive.step_seconds
             new = self.adaptive.observe(time.monotonic() - self._save_t0)
             if new is not None:
                 self.core.frequency_override = state.save_steps = args.save_steps = new
+                self.core.record_action({**(self.adaptive.decided or {}), "at_step": step})
         self._save_t0 = None
         if step == self._preempt_step and self.preempted is None:
             self.preempted = self.preemption.finished(self.core.root, os.path.join(args.output_dir,
                                                                                    f"checkpoint-{step}"), step)
+            self.core.record_action(self.preempted)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

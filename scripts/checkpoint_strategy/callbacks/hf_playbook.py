@@ -7,7 +7,8 @@
 The Trainer cannot reload in the middle of its loop, so: a ``TrainingGuard`` (guard.py) reads every
 logged loss; on its ``rollback`` the callback stops training (``control.should_training_stop``, and
 the post-onset save of that step is not made), then ``trainer.train(resume_from_checkpoint=<the
-stable checkpoint>)`` starts again from it with its optimizer state, and for the guard's window:
+stable checkpoint>)`` starts again from it with its optimizer state (checked live at its first step:
+the guard's ``resumed``; a counter that does not continue stops the run), and for the guard's window:
 
 * LR x0.5: each optimizer step of the window runs with the param groups' LR scaled, restored right
   after the step (before the scheduler's step, so any scheduler keeps its own course);
@@ -50,6 +51,9 @@ class PlaybookCallback(TrainerCallback):
         return control
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        if self.guard.rollbacks and self.decision is None and self.guard.resumed(optimizer).action == "stop":
+            self.decision = Decision("stop", state.global_step, reason=str(self.guard.stopped))
+            control.should_training_stop = True   # the optimizer state did not come back: no training on
         step = state.global_step + 1
         clip = self.guard.grad_clip(step)
         args.max_grad_norm = clip if clip is not None else self._user_clip
@@ -101,9 +105,14 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
     if strategy is None:
         raise UsageError("train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "
                          "expected Trainer(..., callbacks=[HFCheckpointStrategy(policy)])")
-    guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level, **playbook)
+    # the Trainer logs the loss averaged over the ranks already: every rank's guard decides the same
+    guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level,
+                          average_loss=False, **playbook)
     cb = PlaybookCallback(guard, strategy)
     trainer.add_callback(cb)
+    # the guard's actions go to the handoff state; the strategy's (preemption, interval) into the guard's loss log
+    guard.on_action = strategy.core.actions.append
+    strategy.core.action_sink = guard._write
     plain_step = trainer.training_step
 
     def training_step(model, inputs, num_items_in_batch=None):
@@ -128,9 +137,11 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
                 break
             log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
             strategy.core.restart()
+            strategy.rollback_resume = True
             resume = d.checkpoint
     finally:
         trainer.training_step = plain_step
+        strategy.core.action_sink = None
         trainer.remove_callback(cb)
         trainer.args.max_grad_norm = cb._user_clip if cb._user_clip is not None else trainer.args.max_grad_norm
     return {**guard.close(), "trains": trains, "global_step": int(trainer.state.global_step)}

@@ -32,6 +32,7 @@ class Settings:
     async_save: bool = False
     emergency_save_on: tuple[str, ...] = ()
     save_optimizer: Optional[bool] = None
+    delete_invalid: bool = False        # the keep rules also delete an invalid checkpoint older than a newer valid one
     report: Any = field(default=None, compare=False)   # the PlanReport when the policy came from a plan
     source: str = field(default="policy", compare=False)
 
@@ -57,7 +58,8 @@ def _settings(pol, source: str, report=None) -> Settings:
     return Settings(frequency_steps=int(n), keep_last=pol.keep_last, milestones=tuple(milestones),
                     validate_on_save=pol.validate_on_save is not False, async_save=bool(pol.async_save),
                     emergency_save_on=tuple(dict.fromkeys(pol.emergency_save_on)),
-                    save_optimizer=pol.save_optimizer, report=report, source=source)
+                    save_optimizer=pol.save_optimizer, delete_invalid=bool(pol.delete_invalid), report=report,
+                    source=source)
 
 
 def _from_plan_dict(data: dict, source: str) -> Settings:

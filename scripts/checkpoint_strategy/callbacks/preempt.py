@@ -8,6 +8,12 @@ save, it carries no marker), named in ``<root>/.checkpoint-strategy-preemption.j
 ``checkpoint-strategy:`` line; ``last_valid_checkpoint(root)`` finds it at the next launch. When no step
 boundary comes within ``grace_seconds`` of the signal (a hung step), the previous handler is put back and
 the signal is raised again: the process ends as it would have without the callback.
+
+A signal during a save: the save goes on (the handler writes nothing) and, once written, is itself the
+preemption save (no second save). When the grace period ends while the save is still being written, it
+gets ``grace_seconds`` once more to finish; still unfinished then, the adapter's ``abandon`` moves the
+half-written checkpoint aside (renamed ``<name>.abandoned-preemption``: no checkpoint name, so nothing
+resumes from it or counts it as whole; nothing is deleted) before the signal's own action ends the process.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from checkpoint_strategy.callbacks._log import PREFIX, log
 
 RECORD_FILE = ".checkpoint-strategy-preemption.json"
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
+HUNG_SECONDS = 10.0   # after the grace period: how long the main thread may take to run the signal's own action
 
 
 def _signals(names) -> list[signal.Signals]:
@@ -52,6 +59,10 @@ class Preemption:
         self.received_at: Optional[float] = None
         self._previous: dict[signal.Signals, Any] = {}
         self._timer: Optional[threading.Timer] = None
+        self.in_save: Any = lambda: False     # the adapter's: is a save being written now?
+        self.abandon: Any = lambda: None      # the adapter's: move the save being written aside
+        self._extended = False
+        self._expired = False
 
     def install(self) -> bool:
         """Catch the signals (main thread only: Python delivers signals there). False when it cannot."""
@@ -71,20 +82,39 @@ class Preemption:
         self._cancel()
 
     def _handler(self, signum, frame) -> None:
+        if self._expired:   # the grace period is over (raised again by the timer): the signal's own action, here
+            sig = signal.Signals(signum)
+            signal.signal(sig, self._previous.get(sig) or signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         if self.requested is not None:
             return
         self.requested = signal.Signals(signum).name
         self.received_at = time.monotonic()
+        self._arm(signum)
+
+    def _arm(self, signum: int) -> None:
         self._timer = threading.Timer(self.grace, self._expire, args=(signum,))
         self._timer.daemon = True
         self._timer.start()
 
     def _expire(self, signum: int) -> None:
+        """On the timer's thread: the handler is put back only on the main thread, so the signal is raised again
+        for the handler there to do it; a main thread stuck in native code past HUNG_SECONDS more: exit."""
+        if self.in_save():
+            if not self._extended:
+                self._extended = True
+                log.warning(PREFIX + f"{signal.Signals(signum).name}: the grace period ended during a save; it gets "
+                            f"{self.grace:g} s more to finish")
+                self._arm(signum)
+                return
+            self.abandon()
         log.error(PREFIX + f"{signal.Signals(signum).name}: no step boundary within the {self.grace:g} s grace "
                   "period; the signal's own action now (no preemption save)")
-        sig = signal.Signals(signum)
-        signal.signal(sig, self._previous.get(sig) or signal.SIG_DFL)
+        self._expired = True
         os.kill(os.getpid(), signum)
+        time.sleep(HUNG_SECONDS)
+        os._exit(128 + signum)
 
     def _cancel(self) -> None:
         if self._timer is not None:
@@ -110,6 +140,21 @@ class Preemption:
                     f"{took:.1f} s after the signal; training stops; the next launch resumes from it "
                     "(last_valid_checkpoint)")
         return rec
+
+
+def abandon_checkpoint(path: str) -> Optional[str]:
+    """Move a half-written checkpoint aside (``<path>.abandoned-preemption``); its new path, or None."""
+    if not os.path.lexists(path):
+        return None
+    target = path.rstrip("/\\") + ".abandoned-preemption"
+    try:
+        os.replace(path, target)
+    except OSError as exc:
+        log.error(PREFIX + f"cannot move the half-written {os.path.basename(path)} aside: {exc}; it is not whole")
+        return None
+    log.error(PREFIX + f"{os.path.basename(path)} was still being written at the end of the grace period: moved to "
+              f"{os.path.basename(target)} (not a checkpoint; nothing resumes from it)")
+    return target
 
 
 def read_record(root: str | os.PathLike) -> Optional[dict]:

@@ -250,6 +250,8 @@ class CheckpointPolicy(_Model):
     validate_on_save: Optional[bool] = None
     async_save: Optional[bool] = None
     emergency_save_on: list[str] = Field(default_factory=list)
+    delete_invalid: Optional[bool] = Field(None, description="prune also deletes an invalid or incomplete checkpoint "
+                                                            "older than a newer valid one (prune --delete-invalid)")
     tiers: Optional[PolicyTiers] = Field(None, description="two-tier plans: local and persistent saves")
     _kind: PolicyKind = PrivateAttr("policy-mapping")
     _document: Any = PrivateAttr(None)

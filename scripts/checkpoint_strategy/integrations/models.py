@@ -8,7 +8,7 @@ ignored, never rejected for that alone.
 
 from __future__ import annotations
 
-from typing import Final, Literal, Optional, Union
+from typing import Any, Final, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -103,6 +103,10 @@ class SessionHandoff(_Strict):
     recovery: Optional[RecoveryNote] = Field(None, description="the recovery adviser on the training log")
     recovery_commands: list[str] = Field(default_factory=list, description="commands to run next, in order")
     pending_risks: list[str] = Field(default_factory=list, description="warnings for the next session")
+    automatic_actions: list[dict[str, Any]] = Field(
+        default_factory=list, description="what the training callbacks did by themselves, oldest first (the last 50): "
+                                          "rollbacks, resume checks, stops, preemption saves, interval changes, "
+                                          "interruptions; each as recorded in the run's loss log")
     next_step: str
 
 

@@ -181,14 +181,86 @@ def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, mileston
         raise UsageError("LOG: empty path: expected a training log file or a run folder")
     series = read_log(log_path, log_format=log_format,
                       columns=Columns(step=step_key, loss=loss_key, grad_norm=grad_norm_key, lr=lr_key, run=run))
+    rollbacks = rollback_records(series.path)
+    series = after_rollbacks(series, rollbacks)
     ck_source, ck_root, ck_list = _checkpoint_list(checkpoints, series.path if log_path is None else log_path)
     miles = _milestone_list(milestones)
     ck_list, skipped = ckptsteps.validated(ck_list, level)
     miles, skipped_miles = ckptsteps.validated(miles, level)
     report = advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root, milestones=miles,
                            options=o)
+    if rollbacks:
+        report.reasons.insert(0, _rollbacks_line(rollbacks))
     report.warnings.extend(series.notes + skipped + skipped_miles)
     return report, series, ck_list + [(s, p) for s, p in miles]
+
+
+ROLLBACK_EVENT = b'"checkpoint-strategy:rollback"'   # the records callbacks/guard.py writes into its loss log
+
+
+def rollback_records(path: str) -> list[dict]:
+    """The automatic rollbacks a training callback recorded in its JSON-lines loss log (callbacks/guard.py), in
+    file order; [] for any other log. Only the lines holding the event name are parsed (one scan of the bytes)."""
+    import json
+    import mmap
+
+    if not isinstance(path, str) or not path.endswith(".jsonl") or not os.path.isfile(path):
+        return []
+    out: list[dict] = []
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                return []
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                i = mm.find(ROLLBACK_EVENT)
+                while i >= 0:
+                    start, end = mm.rfind(b"\n", 0, i) + 1, mm.find(b"\n", i)
+                    end = len(mm) if end < 0 else end
+                    try:
+                        rec = json.loads(mm[start:end])
+                    except ValueError:
+                        rec = None
+                    if isinstance(rec, dict) and isinstance(rec.get("resume_step"), int) and \
+                            isinstance(rec.get("at_step"), int):
+                        out.append(rec)
+                    i = mm.find(ROLLBACK_EVENT, end)
+    except OSError:
+        return []
+    return out
+
+
+def after_rollbacks(series: LogSeries, rollbacks: list[dict]) -> LogSeries:
+    """The timeline after the automatic rollbacks: the losses the rolled-back pass logged after the checkpoint
+    resumed from (resume_step < step < the first step logged after the rollback, the skipped batches between)
+    belong to an abandoned timeline, not to the run. Without this, merging the restart (the latest segment wins
+    only for the steps it repeats) joins the old spike to the losses after the skipped batches."""
+    import dataclasses
+
+    if not rollbacks or not series.restarts:
+        return series
+    drop = np.zeros(len(series.steps), dtype=bool)
+    for rb in rollbacks:
+        after = [r for r in series.restarts if r["previous_step"] >= rb["at_step"] and r["step"] > rb["resume_step"]]
+        if after:
+            drop |= (series.steps > rb["resume_step"]) & (series.steps < after[0]["step"])
+    if not drop.any():
+        return series
+    keep = ~drop
+
+    def sel(a):
+        return None if a is None else a[keep]
+
+    return dataclasses.replace(series, steps=series.steps[keep], loss=series.loss[keep],
+                               grad_norm=sel(series.grad_norm), lr=sel(series.lr))
+
+
+def _rollbacks_line(rollbacks: list[dict]) -> str:
+    shown = "; ".join(f"at step {rb['at_step']} ({rb.get('reason', 'unrecovered spike')}, onset {rb.get('onset')}) to "
+                      f"{os.path.basename(str(rb.get('checkpoint', '?')))} (step {rb['resume_step']})"
+                      + (f", steps {rb['skip'][0]}-{rb['skip'][1]} skipped" if isinstance(rb.get("skip"), list)
+                         and len(rb["skip"]) == 2 else "") for rb in rollbacks[-5:])
+    return (f"the run rolled back by itself {len(rollbacks)} time(s) (checkpoint-strategy's playbook): {shown}; "
+            "judged on the curve after the last rollback")
 
 
 def log_info(series: LogSeries) -> LogInfo:

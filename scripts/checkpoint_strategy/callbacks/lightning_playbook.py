@@ -1,0 +1,165 @@
+"""Lightning: ``fit_with_recovery(trainer, model, ...)``, the recovery playbook around ``trainer.fit``.
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, fit_with_recovery, last_valid_checkpoint
+    trainer = Trainer(..., callbacks=[LightningCheckpointStrategy("plan.json"), ModelCheckpoint(dirpath="ckpt/")])
+    result = fit_with_recovery(trainer, model, datamodule=dm, ckpt_path=last_valid_checkpoint("ckpt/"))
+
+As for the HF Trainer (hf_playbook.py): a ``TrainingGuard`` (guard.py) reads the training-step loss of
+every step; on its ``rollback`` the fit stops (``trainer.should_stop``), then ``trainer.fit(...,
+ckpt_path=<the stable checkpoint>)`` starts again from it with its optimizer state (checked live at
+its first batch: the guard's ``resumed``; a counter that does not continue stops the run), and for the
+guard's window:
+
+* LR x0.5: the optimizers' param-group LR is scaled from the batch start to the batch end (before the
+  LR scheduler's step, so a scheduler keeps its own course);
+* ``trainer.gradient_clip_val`` 0.5 (norm), the user's value back after the window;
+* the batches from the resume step to the onset + 20 are drawn and skipped: ``training_step`` returns
+  None without a forward pass (Lightning then makes no backward and the optimizer moves no weight).
+
+Checkpoints the first pass saved after the onset (spiked weights) get the emergency marker (not a
+resume point for ``last_valid_checkpoint``, not a rollback target). The data order of the resumed fit
+is Lightning's: a checkpoint at an epoch end (or a resumable loader) continues with the same batches;
+a mid-epoch checkpoint with a plain DataLoader restarts the epoch (Lightning warns), and the skipped
+steps are then other batches. Returns the guard's summary plus ``fits`` and ``global_step``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from checkpoint_strategy.callbacks._log import PREFIX, log
+from checkpoint_strategy.callbacks.guard import Decision, TrainingGuard
+from checkpoint_strategy.callbacks.lightning import _callback_bases, _loss_of
+
+
+class _Playbook(*_callback_bases()):  # type: ignore[misc]
+    """Feeds the guard each step's loss; applies its LR and clipping window; stops the fit on a rollback."""
+
+    def __init__(self, guard: TrainingGuard, core: Any) -> None:
+        super().__init__()
+        self.guard, self.core = guard, core
+        self.decision: Optional[Decision] = None
+        self.user_clip: Any = None
+        self._clip_read = False
+        self._lrs: Optional[list[list[float]]] = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if not self._clip_read:
+            self.user_clip, self._clip_read = trainer.gradient_clip_val, True
+        self.decision = None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.guard.root is None and self.core.root is not None:   # the strategy's on_train_start has run
+            self.guard.root, self.guard._metrics_on = self.core.root, bool(trainer.is_global_zero)
+        step = trainer.global_step + 1
+        if self.guard.rollbacks and self.decision is None and trainer.optimizers:
+            d = self.guard.resumed(trainer.optimizers[0])   # the optimizer state back? (the guard's live check)
+            if d.action == "stop":
+                self.decision = Decision("stop", trainer.global_step, reason=str(self.guard.stopped))
+                trainer.should_stop = True
+        clip = self.guard.grad_clip(step)
+        trainer.gradient_clip_val = clip if clip is not None else self.user_clip
+        scale = self.guard.lr_scale(step)
+        if scale != 1.0:
+            self._lrs = [[g["lr"] for g in opt.param_groups] for opt in trainer.optimizers]
+            for opt in trainer.optimizers:
+                for g in opt.param_groups:
+                    g["lr"] = g["lr"] * scale
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._lrs is not None:
+            for opt, lrs in zip(trainer.optimizers, self._lrs, strict=False):
+                for g, lr in zip(opt.param_groups, lrs, strict=False):
+                    g["lr"] = lr
+            self._lrs = None
+        step = trainer.global_step
+        loss = _loss_of(outputs)
+        if self.decision is not None or loss is None or self.guard.skipped[-1:] == [step]:
+            return
+        d = self.guard.step(step, loss)
+        if d.action in ("rollback", "stop"):
+            self.decision = d
+            trainer.should_stop = True
+
+
+def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None, val_dataloaders=None,
+                      ckpt_path: Optional[str] = None, max_rollbacks: int = 3, level: str = "full",
+                      **playbook: Any) -> dict:
+    """Run ``trainer.fit`` to the end with the recovery playbook (see the module docstring).
+
+    trainer: a Lightning ``Trainer`` with a ``LightningCheckpointStrategy`` among its callbacks.
+    playbook: the guard's keywords (wait_steps, lr_multiplier, lr_reduced_steps, grad_clip,
+    skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
+    """
+    from checkpoint_strategy.callbacks.lightning import LightningCheckpointStrategy
+    from checkpoint_strategy.errors import UsageError
+
+    strategy = next((c for c in trainer.callbacks if isinstance(c, LightningCheckpointStrategy)), None)
+    if strategy is None:
+        raise UsageError("fit_with_recovery: the Trainer has no LightningCheckpointStrategy among its callbacks; "
+                         "expected Trainer(..., callbacks=[LightningCheckpointStrategy(policy)])")
+    guard = TrainingGuard(None, None, max_rollbacks=max_rollbacks, level=level, **playbook)
+    core, plain_saved, plain_step = strategy.core, strategy.core.saved, model.training_step
+    cb = _Playbook(guard, core)
+    trainer.callbacks.insert(0, cb)   # first: the LR is restored before any callback saves the optimizer
+
+    def saved(path, step, emergency=None):
+        guard.saved(int(step), path, kind="emergency" if emergency else "scheduled")
+        return plain_saved(path, step, emergency)
+
+    def training_step(*args, **kwargs):
+        if guard.skip(trainer.global_step + 1):
+            return None   # no forward pass, no backward, no weight moved
+        return plain_step(*args, **kwargs)
+
+    guard.on_action = core.actions.append   # the guard's actions go to the handoff state
+    own_step = "training_step" in model.__dict__
+    model.training_step = training_step
+    # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
+    vars(core).update(saved=saved, _log_metric=lambda *a, **k: None)
+    fits, resume = 0, ckpt_path
+    try:
+        while True:
+            fits += 1
+            trainer.should_stop = False
+            trainer.fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
+                        datamodule=datamodule, ckpt_path=resume)
+            d = cb.decision
+            if d is None or d.action != "rollback":
+                break
+            _mark_after_onset(guard, core.root, d, trainer.is_global_zero)
+            log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
+            core.restart()
+            vars(core)["retire_old_metrics"] = lambda: None   # the log of this run, kept across its fits
+            resume = d.checkpoint
+    finally:
+        if own_step:
+            model.training_step = plain_step
+        else:
+            model.__dict__.pop("training_step", None)
+        for name in ("saved", "_log_metric", "retire_old_metrics"):
+            core.__dict__.pop(name, None)
+        trainer.callbacks.remove(cb)
+        trainer.gradient_clip_val = cb.user_clip
+    return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
+
+
+def _mark_after_onset(guard: TrainingGuard, root: Optional[str], d: Decision, zero: bool) -> None:
+    """The checkpoints the rolled-back pass saved after the onset hold spiked weights: marked, never a resume point."""
+    from checkpoint_strategy.callbacks import _retention
+    from checkpoint_strategy.formats import identify as fm
+
+    onset = guard.rollbacks[-1]["onset"] if guard.rollbacks else d.step
+    if not zero or root is None or not os.path.isdir(root):
+        return
+    for name in sorted(os.listdir(root)):
+        step = fm.step_from_name(name)
+        path = os.path.join(root, name)
+        if step is None or step < onset or not name.endswith(".ckpt") or _retention.read_marker(path) is not None:
+            continue
+        try:
+            _retention.write_marker(path, event="loss_spike_detected", step=step, rules=[f"saved after the onset {onset} "
+                                    f"of a spike rolled back to step {d.resume_step}"])
+        except OSError as exc:
+            log.warning(PREFIX + f"cannot mark {name} (saved after the spike) as not a resume point: {exc}")

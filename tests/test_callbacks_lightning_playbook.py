@@ -1,0 +1,189 @@
+"""fit_with_recovery (callbacks/lightning_playbook.py) on a real tiny Lightning fit on CPU with a poisoned batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pl = pytest.importorskip("pytorch_lightning")
+
+from checkpoint_strategy.callbacks.guard import METRICS_FILE  # noqa: E402
+from checkpoint_strategy.errors import UsageError  # noqa: E402
+
+STEPS = 600
+POISON = 300          # the step whose batch damages the weights
+BATCH = 32
+EPOCH = 50            # batches an epoch: each save (every 50 steps) is at an epoch end, so a resume draws the same batches
+
+
+class _Data(torch.utils.data.Dataset):
+    """Item i belongs to step i // BATCH + 1; label_spike: that step's labels x30 (a spike that recovers)."""
+
+    def __init__(self, poison=None, label_spike=None):
+        self.poison, self.label_spike = poison, label_spike
+
+    def __len__(self):
+        return STEPS * BATCH
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(1000 + i)
+        x = torch.randn(8, generator=g)
+        y = (x @ torch.linspace(-1, 1, 8)).tanh().unsqueeze(0) + 0.3 * torch.randn(1, generator=g)
+        step = i // BATCH + 1
+        return x, y * (30.0 if step == self.label_spike else 1.0), torch.tensor(float(step == self.poison))
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """Epoch e draws the items of steps e*EPOCH+1 .. (e+1)*EPOCH, in order (Lightning calls set_epoch)."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return EPOCH * BATCH
+
+    def __iter__(self):
+        return iter(range(self.epoch * EPOCH * BATCH, (self.epoch + 1) * EPOCH * BATCH))
+
+
+class _Net(pl.LightningModule):
+    """A bad shard: a batch flagged poison multiplies the first layer by -50 in its forward pass."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    def training_step(self, batch, _idx):
+        x, y, poison = batch
+        if poison.any():
+            with torch.no_grad():
+                self.net[0].weight.mul_(-50)
+                self.net[0].bias.mul_(-50)
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.0)
+
+
+def _fit_parts(out, *, poison=None, label_spike=None, with_strategy=True):
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy
+
+    torch.set_num_threads(1)
+    cbs = [LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20})] if with_strategy else []
+    mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
+    trainer = pl.Trainer(max_steps=STEPS, callbacks=[*cbs, mc], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1)
+    loader = torch.utils.data.DataLoader(_Data(poison, label_spike), batch_size=BATCH, sampler=_EpochSampler())
+    return trainer, _Net(), loader
+
+
+def _eval(model) -> float:
+    data = _Data()
+    x = torch.stack([data[10**5 + i][0] for i in range(512)])
+    y = torch.stack([data[10**5 + i][1] for i in range(512)])
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model.net(x), y))
+
+
+@pytest.fixture(scope="module")
+def lightning_baseline(tmp_path_factory):
+    out = []
+    for poison in (None, POISON):
+        trainer, model, loader = _fit_parts(tmp_path_factory.mktemp("plain"), poison=poison, with_strategy=False)
+        trainer.fit(model, loader)
+        out.append(_eval(model))
+    return tuple(out)
+
+
+def test_a_poisoned_batch_is_rolled_back_and_the_fit_finishes(lightning_baseline, tmp_path, caplog):
+    from checkpoint_strategy.callbacks import fit_with_recovery, last_valid_checkpoint
+
+    clean, diverged = lightning_baseline
+    assert diverged > 2 * clean                       # without the playbook the run ends diverged
+    trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        out = fit_with_recovery(trainer, model, train_dataloaders=loader)
+    assert out["global_step"] == STEPS and out["stopped"] is None and out["fits"] == 2
+    assert 1 <= len(out["rollbacks"]) <= 2
+    rb = out["rollbacks"][0]
+    assert rb["onset"] == POISON and rb["resume_step"] == 250
+    assert rb["checkpoint"] == str(tmp_path / "epoch=4-step=250.ckpt")
+    assert rb["skip"] == [251, POISON + 20] and out["skipped_steps"] == list(range(251, POISON + 21))
+    assert abs(_eval(model) - clean) <= 0.15 * clean
+    assert trainer.gradient_clip_val is None                 # the user's clipping is back after the call
+    assert "training_step" not in model.__dict__
+    assert any("rollback 1/3 to epoch=4-step=250.ckpt" in r.getMessage() for r in caplog.records)
+    events = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
+        "checkpoint-strategy:resume_check"] * 2
+    # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
+    assert [(e["verdict"], e.get("counter")) for e in events[2:]] == [("ok", rb["resume_step"]), ("ok", None)]
+    # the first pass's saves after the onset hold the spiked weights: never the resume point of a next launch
+    assert last_valid_checkpoint(str(tmp_path)) == str(tmp_path / f"epoch={STEPS // EPOCH - 1}-step={STEPS}.ckpt")
+    marked = sorted(p.name for p in tmp_path.glob("*.checkpoint-strategy.json"))
+    assert marked and all("v1" not in m for m in marked)
+
+
+def test_the_lr_and_clipping_window_apply_in_the_resumed_fit(tmp_path):
+    from checkpoint_strategy.callbacks import fit_with_recovery
+
+    seen = []   # (step, LR, clip) at each optimizer step
+
+    class Spy(pl.Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            seen.append((trainer.global_step + 1, optimizer.param_groups[0]["lr"], trainer.gradient_clip_val))
+
+    trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
+    trainer.callbacks.append(Spy())
+    out = fit_with_recovery(trainer, model, train_dataloaders=loader, lr_reduced_steps=100)
+    rb = out["rollbacks"][0]
+    assert rb["lr_until"] == 350
+    resumed = seen[seen.index((rb["step"], 3e-3, None)) + 1:]
+    # a skipped step makes no forward or backward pass, but Lightning still calls the optimizer (no grad: no move)
+    assert [s for s, _, _ in resumed] == list(range(251, STEPS + 1))
+    assert all((lr, clip) == (1.5e-3, 0.5) for s, lr, clip in resumed if s <= 350)
+    assert all((lr, clip) == (3e-3, None) for s, lr, clip in resumed if s > 350)
+
+
+def test_a_spike_that_recovers_is_not_rolled_back(tmp_path):
+    from checkpoint_strategy.callbacks import fit_with_recovery
+
+    trainer, model, loader = _fit_parts(tmp_path, label_spike=POISON)
+    out = fit_with_recovery(trainer, model, train_dataloaders=loader)
+    assert out["rollbacks"] == [] and out["skipped_steps"] == [] and out["fits"] == 1
+    events = [a["event"] for a in out["actions"]]
+    assert out["global_step"] == STEPS and out["actions"][0]["onset"] == POISON
+    # the label spike and its echo a few steps later (Adam's moments): each one back within the window
+    assert events == ["checkpoint-strategy:spike", "checkpoint-strategy:recovered"] * (len(events) // 2)
+
+
+def test_a_trainer_without_the_strategy_is_one_line(tmp_path):
+    from checkpoint_strategy.callbacks import fit_with_recovery
+
+    trainer, model, loader = _fit_parts(tmp_path, with_strategy=False)
+    with pytest.raises(UsageError, match="no LightningCheckpointStrategy"):
+        fit_with_recovery(trainer, model, train_dataloaders=loader)
+
+
+def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, caplog):
+    from checkpoint_strategy.callbacks import fit_with_recovery
+
+    trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
+    # a broken resume: the weights come back, the optimizers are the fresh ones configure_optimizers made
+    trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        out = fit_with_recovery(trainer, model, train_dataloaders=loader)
+    rb = out["rollbacks"][0]
+    assert out["fits"] == 2 and "did not restore the optimizer" in out["stopped"]
+    assert out["global_step"] == rb["resume_step"] + 1      # stopped at the first batch of the resumed fit
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "step counter is 0, the checkpoint's 250 (a fresh optimizer" in errors[0]
