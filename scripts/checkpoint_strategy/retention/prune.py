@@ -406,6 +406,8 @@ def prune(root: PruneRequest | str | os.PathLike[str], **options: Any) -> PruneR
     ROOT is touched. On object storage (a URL ROOT) deletions are journalled objects
     (`prune_objects.ObjectStore`); a local ROOT is locked for the whole run.
     """
+    if isinstance(root, PruneRequest) and options:
+        raise TypeError(f"prune(request): the options belong in the PruneRequest, got {', '.join(options)} too")
     req = root if isinstance(root, PruneRequest) else PruneRequest.of(root, **options)
     if req.is_url:
         from checkpoint_strategy.retention.objects import object_store
