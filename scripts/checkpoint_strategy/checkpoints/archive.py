@@ -424,7 +424,7 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
             return f"broken central directory at entry {i}"
         sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(cd, p)
         q = p + 46 + nlen
-        raw = cd[p + 46:min(q, end)]
+        raw = cd[p + 46:q] if q <= end else cd[p + 46:end]
         name = raw.decode("utf-8", "replace")
         if (sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or attrs & ZIP_DOS_FOLDER
                 or csize == m32 or usize == m32 or offset == m32):   # anything but the usual record
@@ -488,6 +488,14 @@ def local_headers(src: Source, entries: list[ZipEntry], cd_offset: int, counter:
     name after it are one read (a slice of an archive held in memory, whose usual headers `read_directory`
     checked already)."""
     in_memory = isinstance(src, InMemory)
+    if in_memory:   # the usual headers, checked by `read_directory`
+        for e in entries:
+            if not e.usual_start:
+                break
+            e.data_start = e.usual_start
+        else:
+            counter.bytes_read += 30 * len(entries)
+            return None
     lens = _LH_LENS.unpack_from
     for i, e in enumerate(entries):
         if in_memory and e.usual_start:
