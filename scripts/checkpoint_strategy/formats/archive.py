@@ -418,35 +418,49 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
     entries: list[ZipEntry] = []
     unpack, append, lh_unpack = _CD_RECORD.unpack_from, entries.append, _LH_RECORD.unpack_from
     cd_offset = p
+    m32 = 0xFFFFFFFF
     for i in range(n_entries):
-        try:
-            sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(cd, p)
-        except struct.error:   # fewer than 46 bytes left
-            sig = b""
-        if sig != _CDH or p + 46 > end:
+        if p + 46 > end:
             return f"broken central directory at entry {i}"
-        raw = cd[p + 46:min(p + 46 + nlen, end)]
+        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(cd, p)
+        q = p + 46 + nlen
+        raw = cd[p + 46:q] if q <= end else cd[p + 46:end]
         name = raw.decode("utf-8", "replace")
-        if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):  # what torch.load's reader (miniz) refuses
-            what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
-            return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
-        if attrs & ZIP_DOS_FOLDER and not name.endswith("/"):
-            return (f"entry {name!r} is marked a folder (external attributes 0x{attrs:08x}): torch.load reads no "
-                    "bytes from it")
-        if 0xFFFFFFFF in (csize, usize, offset):
-            extra = cd[min(p + 46 + nlen, end):min(p + 46 + nlen + xlen, end)]
-            csize, usize, offset = _zip64_extra(extra, csize, usize, offset)
-        e = ZipEntry(name, method, crc, csize, usize, offset)
+        if (sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or attrs & ZIP_DOS_FOLDER
+                or csize == m32 or usize == m32 or offset == m32):   # anything but the usual record
+            odd = _odd_record(i, sig, flags, e_disk, disk, attrs, name, cd[min(q, end):min(q + xlen, end)],
+                              (csize, usize, offset))
+            if isinstance(odd, str):
+                return odd
+            csize, usize, offset = odd
+        start = 0
         if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
-            start = offset + 30 + lnlen + lxlen
-            if lsig == LFH and start + csize <= cd_offset and whole[offset + 30:offset + 30 + lnlen] == raw:
-                e.usual_start = start
-        append(e)
-        p += 46 + nlen + xlen + clen
+            if lsig == LFH and offset + 30 + lnlen + lxlen + csize <= cd_offset and \
+                    whole[offset + 30:offset + 30 + lnlen] == raw:
+                start = offset + 30 + lnlen + lxlen
+        append(ZipEntry(name, method, crc, csize, usize, offset, 0, start))
+        p = q + xlen + clen
     if p != end:
         return f"central directory size mismatch ({p - cd_offset} parsed, {end - cd_offset} declared)"
     return entries
+
+
+def _odd_record(i: int, sig: bytes, flags: int, e_disk: int, disk: int, attrs: int, name: str, extra: bytes,
+                sizes: tuple[int, int, int]) -> tuple[int, int, int] | str:
+    """A central directory record out of the usual: the reason torch.load's reader (miniz) refuses it, or its
+    (compressed size, size, offset) with the zip64 extra field's values."""
+    if sig != _CDH:
+        return f"broken central directory at entry {i}"
+    if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):
+        what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
+        return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
+    if attrs & ZIP_DOS_FOLDER and not name.endswith("/"):
+        return (f"entry {name!r} is marked a folder (external attributes 0x{attrs:08x}): torch.load reads no "
+                "bytes from it")
+    if 0xFFFFFFFF in sizes:
+        return _zip64_extra(extra, *sizes)
+    return sizes
 
 
 def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
@@ -474,6 +488,14 @@ def local_headers(src: Source, entries: list[ZipEntry], cd_offset: int, counter:
     name after it are one read (a slice of an archive held in memory, whose usual headers `read_directory`
     checked already)."""
     in_memory = isinstance(src, InMemory)
+    if in_memory:   # the usual headers, checked by `read_directory`
+        for e in entries:
+            if not e.usual_start:
+                break
+            e.data_start = e.usual_start
+        else:
+            counter.bytes_read += 30 * len(entries)
+            return None
     lens = _LH_LENS.unpack_from
     for i, e in enumerate(entries):
         if in_memory and e.usual_start:
