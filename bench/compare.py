@@ -26,8 +26,10 @@ def run(checkout: str, script: str, args: list[str]) -> str:
     env = {**os.environ, "PYTHONPATH": os.path.join(checkout, "scripts")}
     out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, env=env, cwd=checkout,
                          check=False)
-    if out.returncode != 0:
-        sys.exit(f"{path} exited {out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
+    if out.returncode != 0 and not out.stdout.strip():
+        sys.exit(f"{path} exited {out.returncode}: {out.stderr.strip().splitlines()[-3:]}")
+    if out.returncode != 0:  # a bench that judges its own target exits 1 when it misses it: its figures still count
+        print(f"({path} exited {out.returncode})", file=sys.stderr)
     return out.stdout
 
 
