@@ -172,8 +172,8 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
     counter.files += 1
     z = ZipScan()
     try:
-        # quick level: a file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) is read
-        # in one call and served from memory: the same bytes, one read instead of two per entry
+        # quick level: a file of at most SMALL_ZIP_BYTES is read in one call and served from memory: the same
+        # bytes, one read instead of the end-record search's and two per entry
         got = open_regular(path) if full else read_small(path, "file", zr.SMALL_ZIP_BYTES, regular=regular)
         if isinstance(got, bytes):
             counter.sizes[path] = len(got)

@@ -367,15 +367,25 @@ _NOT_MADE = object()
 
 def _make_tensor(scan: PickleScan, args: tuple) -> Any:
     """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`."""
-    if len(args) < 4 or not isinstance(args[0], StorageRef):
+    if len(args) < 4 or type(args[0]) is not StorageRef:
         return _NOT_MADE
-    st, offset, shape, stride = args[0], args[1], _tuple_ints(args[2]), _tuple_ints(args[3])
-    dtype = args[6].name if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
+    st, offset, shape, stride = args[0], args[1], args[2], args[3]
+    if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
+        shape, stride = _tuple_ints(shape), _tuple_ints(stride)
+    else:
+        for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
+            if type(x) is not int or x < 0:
+                return _NOT_MADE
+    dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
     if type(offset) is not int or offset < 0 or shape is None or stride is None or len(shape) != len(stride):
         return _NOT_MADE
-    t = TensorRef(st, offset, shape, stride, dtype)
+    t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
+    t.storage, t.offset, t.shape, t.stride, t.dtype = st, offset, shape, stride, dtype
     scan.tensors.append(t)
     return t
+
+
+_new_tensor = object.__new__
 
 
 def _make_from_type(scan: PickleScan, args: tuple) -> Any:
@@ -414,14 +424,16 @@ def _tuple_ints(v: Any) -> tuple | None:
 
 
 def _storage_from_pid(pid: Any) -> StorageRef | None:
-    if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
+    if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
         return None
     stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
     if not isinstance(key, str) or type(numel) is not int or numel < 0:
         return None
-    name = stype.name if isinstance(stype, Global) else str(stype)
+    name = stype._where[1] if isinstance(stype, Global) else str(stype)
     dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    return StorageRef(key, dtype, numel, str(location))
+    ref = _new_tensor(StorageRef)   # (as in _make_tensor: no __init__ call)
+    ref.key, ref.dtype, ref.numel, ref.location = key, dtype, numel, location if type(location) is str else str(location)
+    return ref
 
 
 class _Reader(pickle.Unpickler):
@@ -698,7 +710,8 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
         scan.error = _walk_refusal(data)
         if scan.error is not None:
             return scan, 0
-    fh = io.BytesIO(data)
+    # (buffered whole: the C unpickler peeks it into its own buffer once; a bare BytesIO costs a read() per opcode)
+    fh = io.BufferedReader(io.BytesIO(data), max(1, len(data)))
     _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
 
