@@ -437,7 +437,9 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
         if 0xFFFFFFFF in (csize, usize, offset):
             extra = cd[min(p + 46 + nlen, end):min(p + 46 + nlen + xlen, end)]
             csize, usize, offset = _zip64_extra(extra, csize, usize, offset)
-        e = ZipEntry(name, method, crc, csize, usize, offset)
+        e = _new_entry(ZipEntry)   # (fields set here: a dataclass __init__ is one more Python call an entry)
+        e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start, e.usual_start = \
+            name, method, crc, csize, usize, offset, 0, 0
         if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
             start = offset + 30 + lnlen + lxlen
@@ -448,6 +450,9 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
     if p != end:
         return f"central directory size mismatch ({p - cd_offset} parsed, {end - cd_offset} declared)"
     return entries
+
+
+_new_entry = object.__new__
 
 
 def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
