@@ -189,3 +189,33 @@ _PIECES = [b"(", b"t", b"\x85", b"\x86", b")", b"}", b"]", b"N", b"\x88", b"0", 
 @given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=30))
 def test_random_opcode_streams_agree_with_the_walk_and_python(pieces):
     _agrees(b"\x80\x02" + b"".join(pieces))
+
+
+def _bytesio_load(data: bytes) -> str | None:
+    """What torch.load's way of unpickling (a BytesIO of the record: no peek) says: None, or the error's type."""
+    try:
+        pickle.Unpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as exc:
+        return type(exc).__name__
+    return None
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads_it(protocol):
+    """The reader hands a pickle buffered whole to the unpickler only where that reads what a BytesIO gives it: a
+    protocol-4 pickle of two frames whose first frame's length is 64 bytes too long is refused as
+    `Unpickler(BytesIO)` refuses it (a whole-buffer read would take it); the same pickle intact, and a protocol-2
+    one (no FRAME), read complete either way."""
+    obj = {f"k{i}": f"value-{i}" * 3 for i in range(3000)}
+    data = pickle.dumps(obj, protocol=protocol)
+    scan = tp.read_pickle(data)
+    assert scan.complete and scan.root == obj and _bytesio_load(data) is None
+    if protocol < 4:
+        return
+    damaged = bytearray(data)
+    damaged[damaged.index(b"\x95") + 1] ^= 1 << 6
+    damaged_bytes = bytes(damaged)
+    assert pickle.Unpickler(io.BufferedReader(io.BytesIO(damaged_bytes), len(damaged_bytes))).load() == obj
+    assert _bytesio_load(damaged_bytes) == "UnpicklingError"
+    scan = tp.read_pickle(damaged_bytes)
+    assert not scan.complete and "truncated" in (scan.error or ""), scan.error

@@ -712,8 +712,10 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
         scan.error = _walk_refusal(data)
         if scan.error is not None:
             return scan, 0
-    # (buffered whole: the C unpickler peeks it into its own buffer once; a bare BytesIO costs a read() per opcode)
-    fh = io.BufferedReader(io.BytesIO(data), max(1, len(data)))
+    # torch.load hands the unpickler a BytesIO (no peek: a read() call per opcode, and a FRAME's unread bytes are
+    # dropped when a read runs past it, as a damaged frame length shows); with no FRAME byte (0x95) anywhere both
+    # read the same bytes in the same order, so the pickle is handed over buffered whole (one peek)
+    fh = io.BytesIO(data) if b"\x95" in data else io.BufferedReader(io.BytesIO(data), max(1, len(data)))
     _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
 
