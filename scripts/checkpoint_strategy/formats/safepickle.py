@@ -505,7 +505,7 @@ def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int],
               pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
     for op in pickletools.opcodes:
         code, n = op.code.encode("latin-1")[0], op.arg.n if op.arg else 0
-        if n >= 0 and op.name not in ("LONG_BINPUT", "STOP"):
+        if n >= 0 and op.name not in ("LONG_BINPUT", "STOP", "FRAME"):
             step[code] = 1 + n
         elif n in widths:
             counted[code] = widths[n]
@@ -532,11 +532,13 @@ def _suspects(data: bytes) -> list[int]:
     return sorted(found + more) if more else found
 
 
-def _walk_refusal(data: bytes) -> str | None:
+def _walk_refusal(data: bytes, frames: list[int] | None = None) -> str | None:
     """Why the memo indices of `data` are refused (one past the pickle's length), or None: the opcodes walked in
-    Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first."""
+    Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first; where a FRAME
+    opcode is met is added to `frames`."""
     bound = max(_MEMO_FREE, len(data))
     i, n, step = 0, len(data), _STEP
+    frames = [] if frames is None else frames
     while i < n:
         k = step[data[i]]
         if k:
@@ -547,6 +549,9 @@ def _walk_refusal(data: bytes) -> str | None:
             if int.from_bytes(data[i + 1:i + 5], "little") > bound:
                 return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
             i += 5
+        elif op == 0x95:   # FRAME (its 8-byte length: the opcodes inside are walked as they come)
+            frames.append(i)
+            i += 9
         elif op in _COUNTED:
             width, signed = _COUNTED[op]
             size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
@@ -708,14 +713,16 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
         if _load(fh, scan, data):
             return scan, fh.pos if scan.complete else 0
         scan = PickleScan()
+    frames = [0] if b"\x95" in data else []
     if suspects:
-        scan.error = _walk_refusal(data)
+        frames = []
+        scan.error = _walk_refusal(data, frames)
         if scan.error is not None:
             return scan, 0
     # torch.load hands the unpickler a BytesIO (no peek: a read() call per opcode, and a FRAME's unread bytes are
-    # dropped when a read runs past it, as a damaged frame length shows); with no FRAME byte (0x95) anywhere both
-    # read the same bytes in the same order, so the pickle is handed over buffered whole (one peek)
-    fh = io.BytesIO(data) if b"\x95" in data else io.BufferedReader(io.BytesIO(data), max(1, len(data)))
+    # dropped when a read runs past it, as a damaged frame length shows); with no FRAME opcode (none walked, or no
+    # 0x95 byte at all) both read the same bytes in the same order, so the pickle is handed over buffered whole
+    fh = io.BytesIO(data) if frames else io.BufferedReader(io.BytesIO(data), max(1, len(data)))
     _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
 
