@@ -722,9 +722,14 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
     # torch.load hands the unpickler a BytesIO (no peek: a read() call per opcode, and a FRAME's unread bytes are
     # dropped when a read runs past it, as a damaged frame length shows); with no FRAME opcode (none walked, or no
     # 0x95 byte at all) both read the same bytes in the same order, so the pickle is handed over buffered whole
-    fh = io.BytesIO(data) if frames else io.BufferedReader(io.BytesIO(data), max(1, len(data)))
+    # (from _BUFFERED_FROM bytes: the buffer costs a tiny pickle more than its few reads)
+    buffered = not frames and len(data) >= _BUFFERED_FROM
+    fh = io.BufferedReader(io.BytesIO(data), len(data)) if buffered else io.BytesIO(data)
     _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
+
+
+_BUFFERED_FROM = 512
 
 
 def _load(fh: Any, scan: PickleScan, data: bytes) -> bool:
