@@ -1,6 +1,6 @@
 """The quick walk's fast paths give what the reference paths give.
 
-A torch archive no bigger than the end-record search (archive.SMALL_ZIP_BYTES) is read once and checked
+A torch archive no bigger than archive.SMALL_ZIP_BYTES (1 MiB) is read once and checked
 from memory (the one zip reader, `archive`, unpacks its records from the bytes and checks the usual local
 headers in its directory pass); SMALL_ZIP_BYTES = -1 reads every record from the file. Both must find
 the same problems, entries and pickle on real torch.save files and on damaged copies of them (cut short at
@@ -46,7 +46,7 @@ def archives(tmp_path_factory):
     torch.save(opt.state_dict(), d / "optimizer.pt")
     torch.save({"last_epoch": 3, "_step_count": 4}, d / "scheduler.pt")
     torch.save({"a": torch.ones(2), "b": torch.zeros(2, dtype=torch.float64)}, d / "tensors.pt")
-    torch.save({"w": torch.arange(40_000, dtype=torch.float32)}, d / "big.pt")   # past SMALL_ZIP_BYTES
+    torch.save({"w": torch.arange(300_000, dtype=torch.float32)}, d / "big.pt")   # past SMALL_ZIP_BYTES
     torch.save({"a": torch.ones(3)}, d / "legacy.pt", _use_new_zipfile_serialization=False)
     return d
 

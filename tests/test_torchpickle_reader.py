@@ -189,3 +189,37 @@ _PIECES = [b"(", b"t", b"\x85", b"\x86", b")", b"}", b"]", b"N", b"\x88", b"0", 
 @given(st.lists(st.sampled_from(_PIECES), min_size=1, max_size=30))
 def test_random_opcode_streams_agree_with_the_walk_and_python(pieces):
     _agrees(b"\x80\x02" + b"".join(pieces))
+
+
+def _bytesio_load(data: bytes) -> str | None:
+    """What torch.load's way of unpickling (a BytesIO of the record: no peek) says: None, or its error."""
+    try:
+        pickle.Unpickler(io.BytesIO(data)).load()
+    except pickle.UnpicklingError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("protocol, text", [(2, "value-"), (4, "value-"), (4, "rarer river ")])
+def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads_it(protocol, text):
+    """The reader hands a pickle buffered whole to the unpickler only where that reads what a BytesIO gives it: a
+    protocol-4 pickle of two frames whose first frame's length is 64 bytes too long is refused as
+    `Unpickler(BytesIO)` refuses it (a whole-buffer read would take it); the same pickle intact, and a protocol-2
+    one (no FRAME), read complete either way. Text full of 'r' makes the bytes that could be a LONG_BINPUT too many
+    for `_Feed`: the opcodes are walked first, and the walk's FRAME decides."""
+    obj = {f"k{i}": f"{text}{i}" * 3 for i in range(3000)}
+    data = pickle.dumps(obj, protocol=protocol)
+    scan = tp.read_pickle(data)
+    assert scan.complete and scan.root == obj and _bytesio_load(data) is None
+    if protocol < 4:
+        return
+    damaged = bytearray(data)
+    damaged[damaged.index(b"\x95") + 1] ^= 1 << 6
+    damaged_bytes = bytes(damaged)
+    many = len(tp._suspects(damaged_bytes)) * tp._WALK_PER_SUSPECT > len(damaged_bytes)
+    assert many == ("r" in text)
+    assert pickle.Unpickler(io.BufferedReader(io.BytesIO(damaged_bytes), len(damaged_bytes))).load() == obj
+    refused = _bytesio_load(damaged_bytes)
+    assert refused is not None
+    scan = tp.read_pickle(damaged_bytes)
+    assert not scan.complete and scan.error == refused

@@ -172,8 +172,8 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
     counter.files += 1
     z = ZipScan()
     try:
-        # quick level: a file of at most SMALL_ZIP_BYTES (the end-record search reads that much anyway) is read
-        # in one call and served from memory: the same bytes, one read instead of two per entry
+        # quick level: a file of at most SMALL_ZIP_BYTES is read in one call and served from memory: the same
+        # bytes, one read instead of the end-record search's and two per entry
         got = open_regular(path) if full else read_small(path, "file", zr.SMALL_ZIP_BYTES, regular=regular)
         if isinstance(got, bytes):
             counter.sizes[path] = len(got)
@@ -329,12 +329,18 @@ def check_torch_pickle(src: zr.Source, z: ZipScan, counter: Counter) -> list[Fin
 
 def _view_past_storage(scan: tp.PickleScan) -> Finding | None:
     """The first tensor view that runs past the end of its storage (torch.load fails on it), or None."""
-    for t in scan.tensors:
-        span = t.span()
-        if span is not None and (span[1] > t.storage.numel * tp.DTYPE_SIZE.get(t.storage.dtype, 1)
-                                 // max(1, tp.DTYPE_SIZE.get(t.dtype, 1))):
-            return Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
-                           f"of its storage data/{t.storage.key} (torch.load would fail)")
+    size = tp.DTYPE_SIZE.get
+    for t in scan.tensors:   # (TensorRef.span inlined: one optimizer.pt holds hundreds of tensors)
+        last = t.offset
+        for d, s in zip(t.shape, t.stride, strict=True):
+            if not d:
+                break   # an empty view: nothing to read
+            last += (d - 1) * s
+        else:
+            st = t.storage
+            if last + 1 > st.numel * size(st.dtype, 1) // max(1, size(t.dtype, 1)):
+                return Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
+                               f"of its storage data/{st.key} (torch.load would fail)")
     return None
 
 
@@ -342,8 +348,11 @@ def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int)
     """Each storage the pickle names: its entry present, dtype x numel bytes long (at most `room` findings, and
     always the first one)."""
     out: list[Finding] = []
+    z.entry("")   # (builds the name index once: looked up directly below)
+    assert z._index is not None
+    by_name, at = z._index[2], f"{z.prefix}data/"
     for key, ref in sorted(scan.storages.items()):
-        e = z.entry(f"{z.prefix}data/{key}")
+        e = by_name.get(at + key)
         if e is None:
             out.append(Finding(f"storage data/{key} referenced by {pkl_name} is missing from the archive"))
         elif ref.dtype != "unknown" and e.usize != ref.nbytes:

@@ -342,6 +342,8 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
+    if q == "collections.OrderedDict" and not args and not kwargs:   # (each tensor's backward hooks: no maker call)
+        return OrderedDictRecord()
     maker = _MAKERS.get(q)
     if maker is not None:
         made = maker(scan, args)
@@ -367,15 +369,25 @@ _NOT_MADE = object()
 
 def _make_tensor(scan: PickleScan, args: tuple) -> Any:
     """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`."""
-    if len(args) < 4 or not isinstance(args[0], StorageRef):
+    if len(args) < 4 or type(args[0]) is not StorageRef:
         return _NOT_MADE
-    st, offset, shape, stride = args[0], args[1], _tuple_ints(args[2]), _tuple_ints(args[3])
-    dtype = args[6].name if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
+    st, offset, shape, stride = args[0], args[1], args[2], args[3]
+    if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
+        shape, stride = _tuple_ints(shape), _tuple_ints(stride)
+    else:
+        for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
+            if type(x) is not int or x < 0:
+                return _NOT_MADE
+    dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
     if type(offset) is not int or offset < 0 or shape is None or stride is None or len(shape) != len(stride):
         return _NOT_MADE
-    t = TensorRef(st, offset, shape, stride, dtype)
+    t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
+    t.storage, t.offset, t.shape, t.stride, t.dtype = st, offset, shape, stride, dtype
     scan.tensors.append(t)
     return t
+
+
+_new_tensor = object.__new__
 
 
 def _make_from_type(scan: PickleScan, args: tuple) -> Any:
@@ -414,14 +426,16 @@ def _tuple_ints(v: Any) -> tuple | None:
 
 
 def _storage_from_pid(pid: Any) -> StorageRef | None:
-    if not (isinstance(pid, tuple) and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
+    if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
         return None
     stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
     if not isinstance(key, str) or type(numel) is not int or numel < 0:
         return None
-    name = stype.name if isinstance(stype, Global) else str(stype)
+    name = stype._where[1] if isinstance(stype, Global) else str(stype)
     dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    return StorageRef(key, dtype, numel, str(location))
+    ref = _new_tensor(StorageRef)   # (as in _make_tensor: no __init__ call)
+    ref.key, ref.dtype, ref.numel, ref.location = key, dtype, numel, location if type(location) is str else str(location)
+    return ref
 
 
 class _Reader(pickle.Unpickler):
@@ -491,7 +505,7 @@ def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int],
               pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
     for op in pickletools.opcodes:
         code, n = op.code.encode("latin-1")[0], op.arg.n if op.arg else 0
-        if n >= 0 and op.name not in ("LONG_BINPUT", "STOP"):
+        if n >= 0 and op.name not in ("LONG_BINPUT", "STOP", "FRAME"):
             step[code] = 1 + n
         elif n in widths:
             counted[code] = widths[n]
@@ -518,11 +532,13 @@ def _suspects(data: bytes) -> list[int]:
     return sorted(found + more) if more else found
 
 
-def _walk_refusal(data: bytes) -> str | None:
+def _walk_refusal(data: bytes, frames: list[int] | None = None) -> str | None:
     """Why the memo indices of `data` are refused (one past the pickle's length), or None: the opcodes walked in
-    Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first."""
+    Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first; where a FRAME
+    opcode is met is added to `frames`."""
     bound = max(_MEMO_FREE, len(data))
     i, n, step = 0, len(data), _STEP
+    frames = [] if frames is None else frames
     while i < n:
         k = step[data[i]]
         if k:
@@ -533,6 +549,9 @@ def _walk_refusal(data: bytes) -> str | None:
             if int.from_bytes(data[i + 1:i + 5], "little") > bound:
                 return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
             i += 5
+        elif op == 0x95:   # FRAME (its 8-byte length: the opcodes inside are walked as they come)
+            frames.append(i)
+            i += 9
         elif op in _COUNTED:
             width, signed = _COUNTED[op]
             size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
@@ -694,13 +713,23 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
         if _load(fh, scan, data):
             return scan, fh.pos if scan.complete else 0
         scan = PickleScan()
+    frames = [0] if b"\x95" in data else []
     if suspects:
-        scan.error = _walk_refusal(data)
+        frames = []
+        scan.error = _walk_refusal(data, frames)
         if scan.error is not None:
             return scan, 0
-    fh = io.BytesIO(data)
+    # torch.load hands the unpickler a BytesIO (no peek: a read() call per opcode, and a FRAME's unread bytes are
+    # dropped when a read runs past it, as a damaged frame length shows); with no FRAME opcode (none walked, or no
+    # 0x95 byte at all) both read the same bytes in the same order, so the pickle is handed over buffered whole
+    # (from _BUFFERED_FROM bytes: the buffer costs a tiny pickle more than its few reads)
+    buffered = not frames and len(data) >= _BUFFERED_FROM
+    fh = io.BufferedReader(io.BytesIO(data), len(data)) if buffered else io.BytesIO(data)
     _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
+
+
+_BUFFERED_FROM = 512
 
 
 def _load(fh: Any, scan: PickleScan, data: bytes) -> bool:
