@@ -39,7 +39,7 @@ def rows(text: str) -> dict[str, list[float]]:
     for line in text.splitlines():
         numbers = [float(n) for n in NUMBER.findall(line)]
         if numbers:
-            found.setdefault(NUMBER.sub("#", line.strip()), numbers)
+            found.setdefault(" ".join(NUMBER.sub("#", line).split()), numbers)  # column widths may differ
     return found
 
 
