@@ -545,6 +545,9 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
             end = zstd_frame_end(data, pos)
             if isinstance(end, str):
                 return f"the zstd frame of array values at byte {pos}: {end}"
+            decoded = _zstd_decodes(data, pos, end)   # (with the optional zstandard: formats/zstd.py)
+            if decoded:
+                return f"the zstd frame of array values at byte {pos}: {decoded}"
             pos = end
             if pos < len(data) and not data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), pos):
                 return f"bytes at {pos}, after a zstd frame of array values, are neither a frame nor an OCDBT node"
@@ -627,3 +630,13 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
     if not checksum:
         return at
     return at + 4 if at + 4 <= len(data) else "truncated content checksum"
+
+
+def _zstd_decodes(data: bytes, pos: int, end: int) -> str | None:
+    """What zstandard refuses of the walked frame data[pos:end] (None without the package): its output bounded
+    by the declared content size and by what its blocks can regenerate (at least 4 bytes a block)."""
+    from checkpoint_strategy.formats import zstd
+
+    header = _zstd_header(data, pos)
+    declared = header[2] if not isinstance(header, str) else -1
+    return zstd.frame_problem(data, pos, end, declared, ZSTD_MAX_BLOCK * max(1, (end - pos) // 4))
