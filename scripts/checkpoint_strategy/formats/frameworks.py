@@ -566,7 +566,19 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     if manifest and pos != len(data):
         return "not one whole OCDBT manifest (bad magic, length or trailing bytes)"
     if pos == 0 and not manifest:
-        return None if len(data) > 16 else "too short for OCDBT data"
+        return _damaged_zstd_magic(data) if len(data) > 16 else "too short for OCDBT data"
+    return None
+
+
+def _damaged_zstd_magic(data: bytes) -> str | None:
+    """A data file that starts one bit off the zstd magic and walks as a whole zstd frame from there: the magic of
+    its first frame flipped (uncompressed values start so by chance 32 times in 2**32, and then no frame follows)."""
+    off = int.from_bytes(data[:4], "little") ^ int.from_bytes(_ZSTD_MAGIC, "little")
+    if off & (off - 1):
+        return None
+    end = zstd_frame_end(data, 0)   # (the walk reads the header after the magic, not the magic)
+    if isinstance(end, int) and (end == len(data) or data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), end)):
+        return "the zstd frame of array values at byte 0: its magic number has a flipped bit"
     return None
 
 

@@ -23,7 +23,8 @@ def available() -> bool:
 
 
 def frame_problem(data: bytes, start: int, end: int, declared: int, limit: int) -> str | None:
-    """Decode the zstd frame data[start:end] (its end found by the walk), counting its output: what zstandard
+    """Decode the zstd frame data[start:end] (whole: its end found by the walk, which refuses a truncated frame;
+    a stream that stops early is seen here only against a declared size), counting its output: what zstandard
     refuses, or output that differs from `declared` (-1: none declared) or exceeds `limit`, as one line; None when
     it decodes (or zstandard is not installed). Nothing is kept: the values are not returned."""
     try:
