@@ -535,8 +535,8 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     """The OCDBT nodes of a file (tensorstore: 4-byte magic 0x0cdb...., 8-byte length of the whole node, ...,
     CRC-32C of the bytes before it): every one whole and with its checksum. A manifest is one node that is the whole
     file. A data file holds nodes and array values; values compressed by Orbax's zarr3 zstd codec (zstd frames) are
-    walked frame by frame (`zstd_frame_end`: headers and block structure; the compressed blocks are not decoded) to
-    reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
+    walked frame by frame (`zstd_frame_end`: headers and block structure; each frame decoded when the optional
+    zstandard is installed, formats/zstd.py) to reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
     import struct
 
     pos = 0
@@ -615,8 +615,8 @@ def _zstd_header(data: bytes, pos: int) -> tuple[int, int, int, bool] | str:
 def zstd_frame_end(data: bytes, pos: int) -> int | str:
     """Where the zstd frame at pos ends, walking its blocks (3-byte headers: last flag, type raw/RLE/compressed,
     size within the frame's block maximum), or what is wrong: a reserved bit or block type, a block past the end of
-    the file. The compressed blocks are not decoded (no zstd decoder among the dependencies): a flip inside one is
-    the blind spot docs/checkpoints.md names."""
+    the file. The compressed blocks are not decoded here (`_zstd_decodes` does, with the optional zstandard): without
+    it a flip inside one is the blind spot docs/checkpoints.md names."""
     header = _zstd_header(data, pos)
     if isinstance(header, str):
         return header
