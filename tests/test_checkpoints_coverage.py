@@ -3,6 +3,8 @@ The real saves (DCP, Orbax, Lightning) are in tests/test_checkpoints_misreads.py
 
 from __future__ import annotations
 
+import pytest
+
 from checkpoint_strategy.validate.coverage import blind_spots, families
 
 
@@ -12,7 +14,8 @@ def test_each_family_at_each_level():
     assert [line.split(":")[0] for line in quick] == ["torch zip archives (.pt/.bin/.ckpt)", "safetensors tensor data",
                                                       "DCP shard data (.distcp)", "Orbax/tensorstore array data"]
     assert "--level full checks the CRC-32" in quick[0] and "--level full checks the CRC-32" in quick[2]
-    assert full == deep and full[0] == quick[1] and full[2] == quick[3]   # zip archives: CRC-32 at full
+    assert full == deep and full[0] == quick[1]   # zip archives: CRC-32 at full
+    assert "read at --level full only" in quick[3] and "outside OCDBT's nodes" in full[2]
     assert "raw bytes" in full[1]             # DCP items are torch archives (CRC-32) unless written raw
     assert all("--manifest verify" in line and "not seen" in line for line in full)
     assert blind_spots(every, "deep", manifest="verify") == []
@@ -30,3 +33,22 @@ def test_families_from_format_and_folder(tmp_path):
     assert families("lightning", str(sharded)) == ("zip", "dcp")
     assert families("torchtitan", "x") == families("dcp", "x") == ("dcp",)
     assert families("orbax", "x") == ("orbax",) and families("unknown", "x") == ()
+
+
+def test_orbax_frames_name_zstandard_when_it_is_missing(monkeypatch):
+    """Full decodes Orbax's zstd frames only with the optional zstandard package: without it the blind spot says
+    what to install; with it, only a flip that still decodes is left (Orbax's frames carry no checksum)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "zstandard", None)   # (import then raises ImportError)
+    (missing,) = blind_spots([("orbax",)], "full")
+    assert "install zstandard to check Orbax values stored as zstd frames" in missing
+    from checkpoint_strategy.formats import frameworks as fl
+
+    frame = b"\x28\xb5\x2f\xfd\xa0" + (301).to_bytes(4, "little") + (1 | 300 << 3).to_bytes(3, "little") + bytes(300)
+    assert fl.ocdbt_nodes(frame, manifest=False) is None   # a content size its block does not fill: not decoded
+    monkeypatch.undo()
+    pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    (decoded,) = blind_spots([("orbax",)], "deep")
+    assert "are decoded" in decoded and "install" not in decoded
+    assert "the zstd frame of array values at byte 0: does not decode" in fl.ocdbt_nodes(frame, manifest=False)

@@ -122,3 +122,93 @@ def test_an_ocdbt_data_file_of_a_zstd_frame_then_a_node_is_walked_to_its_node():
     reserved[9] |= 0b110   # block type 3
     assert "reserved block type" in fl.ocdbt_nodes(bytes(reserved) + node, manifest=False)
     assert "neither a frame nor an OCDBT node" in fl.ocdbt_nodes(frame + b"junk" * 10, manifest=False)
+
+
+# --------------------------------------------------------------------------- zstd frames decoded (optional zstandard)
+
+def _rle_frame(blocks: int, fcs: int | None = None) -> bytes:
+    """A zstd frame of `blocks` RLE blocks of 128 KiB each (4 bytes a block): a tiny file that regenerates
+    blocks * 128 KiB. Window 128 KiB; a 4-byte content size when fcs is given, else none."""
+    if fcs is None:
+        header = b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x38])
+    else:
+        header = b"\x28\xb5\x2f\xfd" + bytes([0x80, 0x38]) + fcs.to_bytes(4, "little")
+    block = fl.ZSTD_MAX_BLOCK << 3 | 1 << 1
+    body = b"".join(((block | (i == blocks - 1)).to_bytes(3, "little") + b"\x07") for i in range(blocks))
+    return header + body
+
+
+def test_a_zstd_frame_whose_content_is_not_what_its_header_declares_is_refused_when_decoded():
+    """With zstandard installed full decodes each frame the walk found (formats/zstd.py): a content size one more
+    than the block holds (within what its blocks can hold, so the walk alone passes) is refused, as tensorstore
+    refuses it; without zstandard the walk alone decides (today's verdict, and the blind spot names the package)."""
+    from checkpoint_strategy.formats import zstd
+
+    node = _ocdbt_node(b"n" * 40)
+    short = _zstd_raw_frame(bytes(300), 301) + node
+    assert fl.zstd_frame_end(short, 0) == len(short) - len(node)
+    reason = fl.ocdbt_nodes(short, manifest=False)
+    if not zstd.available():
+        assert reason is None
+        return
+    assert reason is not None and reason.startswith("the zstd frame of array values at byte 0: ")
+    assert "\n" not in reason and len(reason) < 300
+    assert fl.ocdbt_nodes(_zstd_raw_frame(bytes(300)) + node, manifest=False) is None
+
+
+def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_catches_the_rest():
+    """Real frames (zstandard's compressor, with and without a content checksum) before an OCDBT node, each bit of
+    the compressed block flipped in turn: full refuses every flip zstandard's own decoder refuses (the oracle); with a
+    checksum every flip is refused; without one, flips that decode to other bytes of the right size are the blind
+    spot (docs/deep-validation.md)."""
+    zstandard = pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    node = _ocdbt_node(b"n" * 40)
+    content = bytes(range(256)) * 64 + b"values" * 500
+    for checksum in (False, True):
+        frame = zstandard.ZstdCompressor(write_checksum=checksum).compress(content)
+        assert fl.ocdbt_nodes(frame + node, manifest=False) is None
+        refused = missed = 0
+        for at in range(fl._zstd_header(frame, 0)[0] + 3, len(frame)):
+            damaged = bytearray(frame)
+            damaged[at] ^= 1 << (at % 8)
+            try:
+                oracle = zstandard.ZstdDecompressor().decompress(bytes(damaged)) is None
+            except zstandard.ZstdError:
+                oracle = True
+            ours = fl.ocdbt_nodes(bytes(damaged) + node, manifest=False)
+            assert not oracle or ours is not None, (checksum, at)
+            assert ours is None or "\n" not in ours
+            refused += oracle
+            missed += ours is None
+        assert refused > 0 and (missed == 0 if checksum else missed < len(frame))
+    magic = bytearray(frame + node)
+    magic[2] ^= 4   # the frame's magic number: the bytes would read as uncompressed values
+    assert "magic number has a flipped bit" in fl.ocdbt_nodes(bytes(magic), manifest=False)
+
+
+def test_hostile_zstd_frames_give_one_reason_in_bounded_memory():
+    """A frame of a few KB can regenerate gigabytes (RLE blocks): decoding streams and counts, never holding the
+    output, and stops one read past the declared size or the caller's limit."""
+    import tracemalloc
+
+    pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    from checkpoint_strategy.formats import zstd
+
+    big = _rle_frame(512)   # 2 KB that decode to 64 MiB, no content size declared
+    tracemalloc.start()
+    try:
+        assert zstd.frame_problem(big, 0, len(big), -1, 1 << 30) is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert zstd.frame_problem(big, 0, len(big), -1, 1 << 20) == f"decodes to more than {1 << 20} bytes"
+    lying = _rle_frame(512, fcs=1000)   # declares 1000 bytes, its blocks hold 64 MiB
+    reason = zstd.frame_problem(lying, 0, len(lying), 1000, 1 << 30)
+    assert reason is not None and "\n" not in reason
+    assert "more than its" not in (fl.ocdbt_nodes(lying, manifest=False) or "more than its")
+    truncated = big[:len(big) // 2]
+    assert "truncated" in fl.ocdbt_nodes(truncated, manifest=False)
+    whole = _rle_frame(512, fcs=512 * fl.ZSTD_MAX_BLOCK)   # (the walk finds a frame's end; cut, it decodes short)
+    assert fl.ocdbt_nodes(whole, manifest=False) is None
+    assert zstd.frame_problem(whole, 0, len(whole) // 2, 512 * fl.ZSTD_MAX_BLOCK, 1 << 30).startswith("decodes to ")

@@ -535,8 +535,8 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     """The OCDBT nodes of a file (tensorstore: 4-byte magic 0x0cdb...., 8-byte length of the whole node, ...,
     CRC-32C of the bytes before it): every one whole and with its checksum. A manifest is one node that is the whole
     file. A data file holds nodes and array values; values compressed by Orbax's zarr3 zstd codec (zstd frames) are
-    walked frame by frame (`zstd_frame_end`: headers and block structure; the compressed blocks are not decoded) to
-    reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
+    walked frame by frame (`zstd_frame_end`: headers and block structure; each frame decoded when the optional
+    zstandard is installed, formats/zstd.py) to reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
     import struct
 
     pos = 0
@@ -545,6 +545,9 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
             end = zstd_frame_end(data, pos)
             if isinstance(end, str):
                 return f"the zstd frame of array values at byte {pos}: {end}"
+            decoded = _zstd_decodes(data, pos, end)   # (with the optional zstandard: formats/zstd.py)
+            if decoded:
+                return f"the zstd frame of array values at byte {pos}: {decoded}"
             pos = end
             if pos < len(data) and not data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), pos):
                 return f"bytes at {pos}, after a zstd frame of array values, are neither a frame nor an OCDBT node"
@@ -563,7 +566,19 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     if manifest and pos != len(data):
         return "not one whole OCDBT manifest (bad magic, length or trailing bytes)"
     if pos == 0 and not manifest:
-        return None if len(data) > 16 else "too short for OCDBT data"
+        return _damaged_zstd_magic(data) if len(data) > 16 else "too short for OCDBT data"
+    return None
+
+
+def _damaged_zstd_magic(data: bytes) -> str | None:
+    """A data file that starts one bit off the zstd magic and walks as a whole zstd frame from there: the magic of
+    its first frame flipped (uncompressed values start so by chance 32 times in 2**32, and then no frame follows)."""
+    off = int.from_bytes(data[:4], "little") ^ int.from_bytes(_ZSTD_MAGIC, "little")
+    if off & (off - 1):
+        return None
+    end = zstd_frame_end(data, 0)   # (the walk reads the header after the magic, not the magic)
+    if isinstance(end, int) and (end == len(data) or data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), end)):
+        return "the zstd frame of array values at byte 0: its magic number has a flipped bit"
     return None
 
 
@@ -600,8 +615,8 @@ def _zstd_header(data: bytes, pos: int) -> tuple[int, int, int, bool] | str:
 def zstd_frame_end(data: bytes, pos: int) -> int | str:
     """Where the zstd frame at pos ends, walking its blocks (3-byte headers: last flag, type raw/RLE/compressed,
     size within the frame's block maximum), or what is wrong: a reserved bit or block type, a block past the end of
-    the file. The compressed blocks are not decoded (no zstd decoder among the dependencies): a flip inside one is
-    the blind spot docs/checkpoints.md names."""
+    the file. The compressed blocks are not decoded here (`_zstd_decodes` does, with the optional zstandard): without
+    it a flip inside one is the blind spot docs/checkpoints.md names."""
     header = _zstd_header(data, pos)
     if isinstance(header, str):
         return header
@@ -627,3 +642,13 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
     if not checksum:
         return at
     return at + 4 if at + 4 <= len(data) else "truncated content checksum"
+
+
+def _zstd_decodes(data: bytes, pos: int, end: int) -> str | None:
+    """What zstandard refuses of the walked frame data[pos:end] (None without the package): its output bounded
+    by the declared content size and by what its blocks can regenerate (at least 4 bytes a block)."""
+    from checkpoint_strategy.formats import zstd
+
+    header = _zstd_header(data, pos)
+    declared = header[2] if not isinstance(header, str) else -1
+    return zstd.frame_problem(data, pos, end, declared, ZSTD_MAX_BLOCK * max(1, (end - pos) // 4))

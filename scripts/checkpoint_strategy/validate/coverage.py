@@ -4,7 +4,8 @@ The levels read structure, not meaning: quick reads headers and sizes; full read
 the CRC-32 that torch zip archives carry per entry; deep also reads every tensor value (NaN/Inf, norms,
 optimizer state; each item of a DCP `.distcp` is a torch archive with its CRC-32 since torch 2.4). A format
 without a checksum of its own (safetensors, raw DCP items, Orbax/tensorstore chunks) can carry a flipped byte that
-still decodes to a finite number: no level sees it. The SHA-256 manifest does (`--manifest write` right after a save, `--manifest verify` later;
+still decodes to a finite number: no level sees it (Orbax's zstd frames are decoded at full only with the optional
+zstandard package: without it the line says so). The SHA-256 manifest does (`--manifest write` right after a save, `--manifest verify` later;
 `manifest.write_checkpoint_manifest` from a training callback).
 """
 
@@ -58,10 +59,24 @@ def _line(family: str, level: str) -> str | None:
                 f"{_NAMES[family]}: items stored as raw bytes (DCP before torch 2.4) have no checksum; a flipped byte "
                 f"there that leaves a finite value is not seen (deep sees NaN/Inf); {_MANIFEST}")
     if family == "orbax":   # full checks the CRC-32C of every OCDBT node (small arrays are stored inside them)
-        return (f"{_NAMES[family]}: values outside OCDBT's nodes (zarr chunks of big arrays) are not decoded at any "
-                f"level, so a flipped byte there is not seen; {_MANIFEST}")
+        return _orbax_line(level)
     return (f"{_NAMES[family]}: no checksum in the format; a flipped byte that leaves a finite value is not seen at "
             f"any level (deep sees NaN/Inf); {_MANIFEST}")
+
+
+def _orbax_line(level: str) -> str:
+    """Orbax values outside OCDBT's nodes (zstd frames of big arrays' zarr chunks): full walks each frame and, with
+    the optional zstandard package, decodes it (formats/zstd.py); Orbax's frames carry no content checksum."""
+    from checkpoint_strategy.formats import zstd
+
+    where = f"{_NAMES['orbax']}: values outside OCDBT's nodes (zstd frames of big arrays' zarr chunks)"
+    if level == "quick":
+        return f"{where} are read at --level full only, so a flipped byte there is not seen at quick; {_MANIFEST}"
+    if not zstd.available():
+        return (f"{where} are walked but not decoded, so a flipped byte there is not seen; install zstandard to check "
+                f"Orbax values stored as zstd frames; {_MANIFEST}")
+    return (f"{where} are decoded, but carry no checksum: a flipped byte that still decodes is not seen; "
+            f"{_MANIFEST}")
 
 
 def blind_spots(found: Iterable[tuple[str, ...]], level: str, manifest: str | None = None) -> list[str]:
