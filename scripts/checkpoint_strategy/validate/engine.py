@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import dcp, registry
 from checkpoint_strategy.formats import frameworks as fl
 from checkpoint_strategy.validate import parts
 from checkpoint_strategy.formats import safepickle as tp
@@ -22,12 +23,12 @@ from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
 from checkpoint_strategy.formats.runfacts import rank_gap, zero_rank_gap
 from checkpoint_strategy.formats.archive import ZipEntry
-from checkpoint_strategy.formats.filechecks import Kind
+from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, ls, named
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
+from checkpoint_strategy.storage import ReadError, read_bytes
 
 if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
     from checkpoint_strategy.validate import deep as dp
@@ -71,158 +72,6 @@ PORTABILITY = {
     "unknown": "unknown layout: cannot say",
 }
 
-ProgressFn = Callable[..., None]
-Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp", "torchtitan", "orbax",
-                 "deepspeed", "megatron"]
-Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
-                      "lightning-sharded", "unknown"]
-
-
-@dataclass
-class Layout:
-    """What a format checker learned about one checkpoint (its problems go to the context)."""
-
-    resumable: bool = False
-    sharded: bool = False
-    portability: Portability = "unknown"
-    step: int | None = None
-    dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
-    format: str | None = None   # what the content says it is, where the name alone could not (torchtitan)
-
-
-class _Ctx:
-    """Collects problems/notes (and, at level deep, the files that hold tensors) for one checkpoint."""
-
-    def __init__(self, root: str, level: str, update: ProgressFn | None, want_commit: bool = False) -> None:
-        self.root = root
-        self.want_commit = want_commit   # Orbax: the other steps have commit_success.txt, so this one must
-        self.level = level
-        self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
-        self.deep = level == "deep"
-        self.counter = fc.Counter()
-        self.problems: list[Problem] = []
-        self.update = update
-        self.sources: list[dp.Source] = []
-        self.global_step: int | None = None
-        self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
-        self.flat = False    # that listing saw only regular files, and the folder is no symlink
-        self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
-        self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
-        self.args_world: int | None = None     # the processes training_args.bin records (HF Trainer)
-        self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
-        if self.part is not None:
-            self.counter.notes.append(parts.describe(self.part))
-
-    def reads(self, path: str) -> bool:
-        """Level full reads every byte of `path` (in this process's part, when the files are split)."""
-        return self.full and (self.part is None or self.part.owns(self.rel(path)))
-
-    def rel(self, path: str) -> str:
-        if os.path.normpath(path) == os.path.normpath(self.root):
-            return self.named(".")
-        base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
-        return os.path.relpath(path, base)
-
-    def named(self, file: str) -> str:
-        return _named(file, self.root)
-
-    def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
-        """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
-        kind = kind or getattr(reason, "kind", "invalid")
-        self.problems.append(Problem(file=self.rel(path), reason=str(reason), kind=kind))
-
-    def missing(self, path: str, what: str) -> None:
-        self.bad(path, f"missing: {what}", "incomplete")
-
-    def safetensors(self, path: str, role: dp.Role = "weights", regular: bool = False) -> None:
-        """At level deep the value scan reads every byte of the data (non-float tensors read through), which
-        is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
-        ``regular`` (here and below): the checker's listing (formats.listing_types) saw a regular file (no stat before the open)."""
-        reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep, regular)
-        for r in reasons:
-            self.bad(path, r)
-        if not reasons and self.deep:
-            self.sources.append(_deep().Source(path, self.rel(path), role, "safetensors"))
-        self._tick()
-
-    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None,
-            regular: bool = False) -> fc.ZipScan:
-        """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
-        for DeepSpeed universal checkpoints' per-parameter files)."""
-        scanned = self.deep and role != "other"   # its CRC-32s are checked by the value scan (read once)
-        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular, crc=not scanned)
-        for r in z.findings:
-            self.bad(path, r)
-        if scanned and not z.findings and not z.legacy:
-            self.sources.append(_deep().Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor,
-                                               crc=self.reads(path)))
-        elif self.deep and z.legacy and role != "other":
-            self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
-        self._tick()
-        return z
-
-    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES, regular: bool = False) -> object | None:
-        self.counter.files += 1
-        try:
-            raw = read_bytes(path, "JSON file", limit, regular)
-        except ReadError as exc:
-            self.bad(path, fc._oserror(exc))
-            self._tick()
-            return None
-        self.counter.bytes_read += len(raw)
-        self.counter.sizes[path] = len(raw)
-        self._tick()
-        if not raw:
-            self.bad(path, "zero-byte file (expected JSON)")
-            return None
-        try:
-            return loads_json(raw, os.path.basename(path), allow_nan=True)
-        except ReadError as exc:
-            self.bad(path, exc.reason)
-        return None
-
-    def readable(self, path: str) -> None:
-        """Generic file: must be a readable, non-empty file; full level reads it all."""
-        self.counter.files += 1
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            self.bad(path, f"cannot read: {describe_os_error(exc)}")
-            return
-        if not os.path.isfile(path):
-            self.bad(path, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
-            return
-        if st.st_size == 0:
-            self.bad(path, "zero-byte file")
-            return
-        if self.reads(path):
-            for r in fc.stream_file(path, self.counter, self.update):
-                self.bad(path, r)
-        else:
-            try:
-                with storage.open_regular(path) as fh:
-                    fh.read(1)
-            except (OSError, storage.ReadError) as exc:
-                self.bad(path, fc._oserror(exc))
-        self._tick()
-
-    def _tick(self) -> None:
-        if self.update is not None:
-            self.update(files=1)
-
-
-def _named(file: str, checkpoint: str) -> str:
-    """A problem's file: '.' (the checkpoint itself) is the file's name for a single-file checkpoint."""
-    return os.path.basename(os.path.normpath(checkpoint)) if file == "." and not os.path.isdir(checkpoint) else file
-
-
-def _ls(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
@@ -261,7 +110,7 @@ def _hf_names(listed: list[str], pre: str) -> _HfNames:
     return got
 
 
-def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_hf(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
     got = found.listing if found.listing is not None else fm.listing_types(path)   # discover's, else one now
@@ -279,9 +128,9 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
         else:
             ctx.zip(pre + w, "weights", regular=w in files)
     for d in hf.fsdp_model:
-        _check_dcp_dir(ctx, os.path.join(path, d), role="weights")
+        dcp.check_dcp_dir(ctx, os.path.join(path, d), role="weights")
     for d in hf.fsdp_optim:
-        _check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
+        dcp.check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
     for d in hf.ds_steps:
         _check_deepspeed_dir(ctx, os.path.join(path, d), out)
     if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
@@ -298,7 +147,7 @@ def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bool = False) -> None:
+def _check_hf_index(ctx: Ctx, path: str, idx: str, names: set[str], regular: bool = False) -> None:
     """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
     data = ctx.json(os.path.join(path, idx), regular=regular)
     wm = data.get("weight_map") if isinstance(data, dict) else None
@@ -321,7 +170,7 @@ def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bo
                                [k for k, v in wm.items() if v == shard])
 
 
-def _check_index_names(ctx: _Ctx, index: str, shard: str, keys: list) -> None:
+def _check_index_names(ctx: Ctx, index: str, shard: str, keys: list) -> None:
     """Every tensor an index places in a safetensors shard is in that shard's header (the loader looks it up
     there: a name the shard lacks is a failed load)."""
     header = fc.safetensors_header(shard)
@@ -333,7 +182,7 @@ def _check_index_names(ctx: _Ctx, index: str, shard: str, keys: list) -> None:
                        f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
 
 
-def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
+def _check_hf_state_files(ctx: Ctx, path: str, listed: list[str], names: set[str], files: set[str],
                           out: Layout) -> None:
     """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
     (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
@@ -355,7 +204,7 @@ def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[st
             ctx.json(pre + n, regular=n in files)
 
 
-def _check_trainer_state(ctx: _Ctx, file: str, regular: bool, out: Layout) -> None:
+def _check_trainer_state(ctx: Ctx, file: str, regular: bool, out: Layout) -> None:
     """trainer_state.json: a JSON object; its best_model_checkpoint and global_step (the step) are kept."""
     state = ctx.json(file, storage.MAX_TRAINER_STATE_BYTES, regular)
     ctx.state_read = state is not None
@@ -371,165 +220,7 @@ def _check_trainer_state(ctx: _Ctx, file: str, regular: bool, out: Layout) -> No
             out.step = state["global_step"]
 
 
-def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
-                   role: dp.Role = "mixed") -> None:
-    names = _ls(path)
-    meta = os.path.join(path, ".metadata")
-    if ".metadata" not in names:
-        if require_metadata:
-            ctx.missing(meta, ".metadata (DCP writes it last; without it the save did not finish)")
-        for n in names:
-            if n.endswith(".distcp"):
-                ctx.readable(os.path.join(path, n))
-        return
-    data = _read_dcp_metadata(ctx, path, meta)
-    if data is None:
-        return
-    oversized = fl.dcp_metadata_oversized(len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata"))
-    if oversized:
-        ctx.bad(meta, oversized)
-        return
-    scan = tp.read_pickle(data)
-    if scan.unsafe(dcp=True):
-        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
-        return
-    items = _dcp_items(ctx, meta, scan)
-    parsed = fc.dcp_storage_map(data) if items is not None else "broken .metadata"
-    if isinstance(parsed, str):
-        if items is not None:
-            ctx.bad(meta, parsed)
-        return
-    needed, keys = parsed
-    if out is not None:
-        out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
-        out.dcp_keys = set(keys)
-    problems_before = len(ctx.problems)
-    _check_dcp_data_files(ctx, path, names, needed, items or [])
-    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
-
-
-def _check_dcp_data_files(ctx: _Ctx, path: str, names: list[str], needed: dict[str, int],
-                          items: list[fl.DcpItem]) -> None:
-    """The data files a .metadata names (`needed`: relative path -> bytes it must hold; `items`: what each stores),
-    and no .distcp file it does not name."""
-    meta = os.path.join(path, ".metadata")
-    if not needed:
-        ctx.bad(meta, "no storage entries found in .metadata")
-    by_file: dict[str, list[fl.DcpItem]] = {}
-    for it in items:
-        by_file.setdefault(it.rel, []).append(it)
-    for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
-    for n in names:
-        if n.endswith(".distcp") and n not in needed:
-            ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-def _dcp_items(ctx: _Ctx, meta: str, scan: tp.PickleScan) -> list | None:
-    """The items a .metadata stores (framework_layouts.dcp_items), or None once its problem is recorded."""
-    if not scan.complete:
-        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
-        return None
-    try:
-        return fl.dcp_items(scan, tp.DTYPE_SIZE)
-    except fl.DcpBroken as exc:
-        ctx.bad(meta, f"broken .metadata: {exc}")
-        return None
-
-
-def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
-    """The .metadata bytes, or None once its problem is recorded (outside the folder, unreadable, huge, empty)."""
-    ctx.counter.files += 1
-    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
-        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
-        return None
-    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
-        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
-        ctx.counter.bytes_read += len(data)
-    except ReadError as exc:
-        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
-                f"{exc.reason}: not a plausible DCP .metadata")
-        return None
-    if not data:
-        ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
-        return None
-    return data
-
-
-def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int, items: list) -> None:
-    """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
-    p = os.path.join(path, rel)
-    if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
-            or not storage.inside(p, path)):
-        ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
-        return
-    try:
-        st = os.stat(p)
-        size = st.st_size
-    except FileNotFoundError:
-        ctx.missing(p, "data file referenced by .metadata")
-        return
-    except OSError as exc:
-        ctx.bad(p, fc._oserror(exc))
-        return
-    if not os.path.isfile(p):
-        ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
-        return
-    ctx.counter.files += 1
-    if size < nbytes:
-        ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
-        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update):
-            ctx.bad(p, r)
-    ctx._tick()
-
-
-def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
-    """torch.distributed.checkpoint; labelled torchtitan only by torchtitan's own markers in .metadata (its
-    train_state beside a flattened model), or for a model-only step-N beside such a step (its final save)."""
-    out = Layout(step=found.step, sharded=True, portability="dcp")
-    _check_dcp_dir(ctx, found.path, out)
-    titan = fl.torchtitan_marked(out.dcp_keys) or (
-        not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
-        is not None and _torchtitan_sibling(found.path))
-    out.format = "torchtitan" if titan else "dcp"
-    if titan and ctx.sources and ctx.sources[-1].kind == "dcp":
-        ctx.sources[-1].flat_model = True   # torchtitan flattens the model to the top level
-    if titan and not out.resumable:
-        reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
-        if reason:
-            ctx.counter.notes.append(reason)
-    return out
-
-
-def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
-    """True when one of the (at most `limit`) nearest other step-N folders beside `path` carries torchtitan's
-    markers in its .metadata (read bounded, never through a link to outside that folder)."""
-    parent, me = os.path.split(os.path.normpath(path))
-    steps = sorted(((int(m.group(1)), n) for n in _ls(parent) if n != me and (m := fm._STEP.match(n))), reverse=True)
-    for _step, name in steps[:limit]:
-        folder = os.path.join(parent, name)
-        meta = os.path.join(folder, ".metadata")
-        if not storage.inside(meta, folder) or not storage.is_regular(meta):
-            continue
-        try:
-            parsed = fc.dcp_storage_map(read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA))
-        except ReadError:
-            continue
-        if not isinstance(parsed, str) and fl.torchtitan_marked(parsed[1]):
-            return True
-    return False
-
-
-def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_deepspeed(ctx: Ctx, found: fm.Found) -> Layout:
     out = Layout(step=found.step)
     if fm.is_ds_universal(found.path):
         _check_ds_universal(ctx, found.path, out)
@@ -541,11 +232,11 @@ def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
 UNIVERSAL_STATE = ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")
 
 
-def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
+def _check_ds_universal(ctx: Ctx, path: str, out: Layout) -> None:
     """A DeepSpeed universal checkpoint, whole: the model states, zero/optimizer_state.pt, and one folder per
     parameter (the model states' param_shapes) holding fp32.pt and the same optimizer state files as every
     other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
-    names = _ls(path)
+    names = ls(path)
     zero = os.path.join(path, "zero")
     model = [n for n in names if n.endswith("_model_states.pt")]
     if not model:
@@ -555,7 +246,7 @@ def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
         z = ctx.zip(os.path.join(path, n), "mixed")
         expected_params |= fl.deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
         out.step = out.step if out.step is not None else fl.deepspeed_global_steps(z.pickle.root if z.pickle else None)
-    inner = _ls(zero)
+    inner = ls(zero)
     if "optimizer_state.pt" in inner:
         ctx.zip(os.path.join(zero, "optimizer_state.pt"))
     else:
@@ -584,7 +275,7 @@ def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
                                  f"(first: {extra[0]}): left from another model?")
 
 
-def _universal_params(ctx: _Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
+def _universal_params(ctx: Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
     """Parameter folder -> its file names; a folder linked to outside the checkpoint is a problem, not read."""
     params: dict[str, list[str]] = {}
     for n in inner:
@@ -594,7 +285,7 @@ def _universal_params(ctx: _Ctx, path: str, zero: str, inner: list[str]) -> dict
         if not storage.inside(folder, path):
             ctx.bad(folder, "a symbolic link to outside the checkpoint folder: not read")
             continue
-        params[n] = _ls(folder)
+        params[n] = ls(folder)
     return params
 
 
@@ -607,8 +298,8 @@ def _universal_files(params: dict[str, list[str]]) -> set[str]:
     return wanted
 
 
-def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
-    names = _ls(path)
+def _check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
+    names = ls(path)
     model = [n for n in names if n.endswith("_model_states.pt")]
     optim = [n for n in names if n.endswith("_optim_states.pt")]
     if not model:
@@ -631,12 +322,12 @@ def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 
 
-def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_megatron(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    names = _ls(path)
+    names = ls(path)
     if ".metadata" in names:  # torch_dist format
-        _check_dcp_dir(ctx, path, out)
+        dcp.check_dcp_dir(ctx, path, out)
         if "common.pt" in names:
             ctx.zip(os.path.join(path, "common.pt"))
         if "metadata.json" in names:
@@ -648,7 +339,7 @@ def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
         ctx.missing(os.path.join(path, "mp_rank_00"), "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)")
     has_optim = False
     for r in ranks:
-        inner = _ls(os.path.join(path, r))
+        inner = ls(os.path.join(path, r))
         files = [n for n in inner if n.endswith(".pt")]
         if "model_optim_rng.pt" not in inner:
             ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
@@ -664,10 +355,10 @@ def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_orbax(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    names = set(_ls(path))
+    names = set(ls(path))
     if fm.ORBAX_TMP in os.path.basename(path):
         ctx.bad(path, "in-flight Orbax temporary folder (save not finalised)", "incomplete")
         return out
@@ -684,7 +375,7 @@ def _check_orbax(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_orbax_commit(ctx: _Ctx, path: str, names: set[str]) -> None:
+def _check_orbax_commit(ctx: Ctx, path: str, names: set[str]) -> None:
     """The step's commit: _CHECKPOINT_METADATA with its timestamp, or commit_success.txt (required when the other
     steps have one: ctx.want_commit)."""
     if "_CHECKPOINT_METADATA" in names:
@@ -698,12 +389,12 @@ def _check_orbax_commit(ctx: _Ctx, path: str, names: set[str]) -> None:
                     "commit marker commit_success.txt (the other steps have one; the save did not finish)")
 
 
-def _check_orbax_folder(ctx: _Ctx, ip: str) -> bool:
+def _check_orbax_folder(ctx: Ctx, ip: str) -> bool:
     """One item folder of an Orbax step: its JSON documents, manifest and (at full) data files, then the item as
     its restore reads it. True when it holds training state: its _METADATA tree has optimizer state, or its name
     says so (opt..., state, train_state)."""
     item = os.path.basename(ip)
-    inner = _ls(ip)
+    inner = ls(ip)
     if not inner:
         ctx.missing(ip, f"contents of item {item}/")
         return False
@@ -722,7 +413,7 @@ def _check_orbax_folder(ctx: _Ctx, ip: str) -> bool:
     return optimizer
 
 
-def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
+def _check_orbax_item(ctx: Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
     """An Orbax item as its restore reads it: the _METADATA tree, array_metadatas/* and _sharding naming its values
     with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
     (CRC-32C) under d/ and ocdbt.process_*/."""
@@ -731,7 +422,7 @@ def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, obje
     if isinstance(params, fl.Refused):
         ctx.bad(meta, f"Orbax cannot restore from it: {params.reason}")
     if "array_metadatas" in inner:
-        for n in _ls(os.path.join(ip, "array_metadatas")):
+        for n in ls(os.path.join(ip, "array_metadatas")):
             doc = ctx.json(os.path.join(ip, "array_metadatas", n))
             reason = fl.orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
             if reason:
@@ -743,13 +434,13 @@ def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, obje
     if not ctx.full:
         return
     for sub in [ip] + [os.path.join(ip, n) for n in inner if n.startswith("ocdbt.process_")]:
-        if sub != ip and "manifest.ocdbt" in _ls(sub):
+        if sub != ip and "manifest.ocdbt" in ls(sub):
             _check_ocdbt(ctx, os.path.join(sub, "manifest.ocdbt"), manifest=True)
-        for n in _ls(os.path.join(sub, "d")):
+        for n in ls(os.path.join(sub, "d")):
             _check_ocdbt(ctx, os.path.join(sub, "d", n), manifest=False)
 
 
-def _check_ocdbt(ctx: _Ctx, path: str, manifest: bool) -> None:
+def _check_ocdbt(ctx: Ctx, path: str, manifest: bool) -> None:
     """One OCDBT file at full (its nodes' CRC-32C, fl.ocdbt_nodes); a file too big to hold is read through."""
     if not ctx.reads(path):
         if manifest:
@@ -768,13 +459,13 @@ def _check_ocdbt(ctx: _Ctx, path: str, manifest: bool) -> None:
     ctx._tick()
 
 
-def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
     if os.path.isdir(path):
-        names = _ls(path)
+        names = ls(path)
         if ".metadata" in names or any(n.endswith(".distcp") for n in names):
-            _check_dcp_dir(ctx, path, out)
+            dcp.check_dcp_dir(ctx, path, out)
         elif "checkpoint" in names:
             _check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
         else:
@@ -796,17 +487,17 @@ def _pickle_step(z: fc.ZipScan) -> int | None:
     return step if type(step) is int and step >= 0 else None
 
 
-def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_nemo(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
     marker = fm.unfinished_marker(path)
     if os.path.lexists(marker):
         ctx.bad(marker, "NeMo -unfinished marker present: the save did not finish", "incomplete")
     if os.path.isdir(path):
-        names = _ls(path)
+        names = ls(path)
         target = os.path.join(path, "weights") if "weights" in names else path
-        _check_dcp_dir(ctx, target, out)
-        if "common.pt" in _ls(target):
+        dcp.check_dcp_dir(ctx, target, out)
+        if "common.pt" in ls(target):
             ctx.zip(os.path.join(target, "common.pt"))
         out.sharded, out.portability = True, "dcp"
     elif os.path.exists(path):
@@ -817,12 +508,12 @@ def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
     return out
 
 
-def _check_safetensors_file(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_safetensors_file(ctx: Ctx, found: fm.Found) -> Layout:
     ctx.safetensors(found.path)
     return Layout(step=found.step, portability="weights")
 
 
-def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
+def _check_torch_file(ctx: Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(found.path, "mixed")
     keys = z.keys()
     resumable = any(k in fl.OPTIM_KEYS for k in keys)
@@ -832,11 +523,10 @@ def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
     return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
 
 
-Checker = Callable[[_Ctx, fm.Found], Layout]
+Checker = Callable[[Ctx, fm.Found], Layout]
 CHECKERS: dict[str, Checker] = {
     "hf-trainer": _check_hf,
-    "dcp": _check_dcp,
-    "torchtitan": _check_dcp,
+    **registry.CHECKERS,
     "deepspeed": _check_deepspeed,
     "megatron": _check_megatron,
     "orbax": _check_orbax,
@@ -845,10 +535,10 @@ CHECKERS: dict[str, Checker] = {
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
-FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "orbax")
+FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "orbax") + registry.FOLDER_FORMATS
 
 
-def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
+def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
     """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
     path, fmt = found.path, found.format
     try:
@@ -886,7 +576,7 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
     return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
 
 
-def _deep_outcome(ctx: _Ctx, stats: bool) -> dp.DeepOutcome | None:
+def _deep_outcome(ctx: Ctx, stats: bool) -> dp.DeepOutcome | None:
     """Level deep's outcome, when the checks before it found the checkpoint whole. The torch archives' CRC-32s
     (level full's, left to the value scan so each archive is read once) are checked here either way: a wrong one
     is the archive's problem, as at level full, and then there is no deep outcome."""
@@ -907,7 +597,7 @@ def _deep_outcome(ctx: _Ctx, stats: bool) -> dp.DeepOutcome | None:
     return None
 
 
-def _crc_here(ctx: _Ctx, path: str, entries: list[ZipEntry]) -> None:
+def _crc_here(ctx: Ctx, path: str, entries: list[ZipEntry]) -> None:
     """Level full's CRC-32 of a torch archive's entries (the deep scan did not run)."""
     try:
         with storage.open_regular(path) as fh:
@@ -923,7 +613,10 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
                       stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
     path = found.path
-    ctx = _Ctx(path, level, update, want_commit)
+    part = parts.for_checkpoint(path) if level in ("full", "deep") else None
+    ctx = Ctx(path, level, update, want_commit, part, _deep().Source if level == "deep" else None)
+    if part is not None:
+        ctx.counter.notes.append(parts.describe(part))
     layout = _precheck(ctx, found)
     if layout is None:
         layout = CHECKERS[found.format](ctx, found)
@@ -952,7 +645,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     return result, outcome
 
 
-def _apply_deep(ctx: _Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutcome) -> None:
+def _apply_deep(ctx: Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutcome) -> None:
     """Level deep's outcome (`_deep_outcome`) into the context: its findings, notes and bytes."""
     from checkpoint_strategy.formats.optstep import fill_deep_check
 
@@ -967,7 +660,7 @@ def _apply_deep(ctx: _Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutc
         layout.resumable = False
 
 
-def _manifest(ctx: _Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
+def _manifest(ctx: Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
     """validate --manifest write|verify on a checkpoint that is not incomplete; the state it leaves."""
     from checkpoint_strategy.formats import manifest as mf
 
@@ -1000,7 +693,7 @@ def _flat_parts(folder: str, names: tuple[str, ...], sizes: dict[str, int]) -> t
     return read, tuple(unread)
 
 
-def _note_marker(ctx: _Ctx, path: str) -> dict | None:
+def _note_marker(ctx: Ctx, path: str) -> dict | None:
     """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point);
     the marker (marker.read_marker), or None. A folder the checker listed without one is not looked at again."""
     if ctx.listed is not None and MARKER_NAME not in ctx.listed:
@@ -1078,7 +771,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
     finding = _deep().compare(outcome, prev, prev_name)
     if finding is not None:
-        result.problems.append(Problem(file=_named(finding.file, result.path), reason=finding.reason,
+        result.problems.append(Problem(file=named(finding.file, result.path), reason=finding.reason,
                                        kind=finding.kind))
 
 
@@ -1272,7 +965,7 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
 
 
 def _hash_algorithm() -> str:
-    from checkpoint_strategy.formats.manifest import ALGORITHM   # with --manifest only (hashlib)
+    from checkpoint_strategy.formats.manifest import ALGORITHM  # with --manifest only (hashlib)
 
     return ALGORITHM
 
