@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import dcp
+from checkpoint_strategy.formats import dcp, megatron
 from checkpoint_strategy.formats.base import Checker, Format
 
 MODULES: tuple[Format, ...] = (
     dcp,
+    megatron,
 )
 
 #: format name -> its checker

@@ -322,39 +322,6 @@ def _check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 
 
-def _check_megatron(ctx: Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    names = ls(path)
-    if ".metadata" in names:  # torch_dist format
-        dcp.check_dcp_dir(ctx, path, out)
-        if "common.pt" in names:
-            ctx.zip(os.path.join(path, "common.pt"))
-        if "metadata.json" in names:
-            ctx.json(os.path.join(path, "metadata.json"))
-        out.sharded, out.portability = True, "dcp"
-        return out
-    ranks = sorted(n for n in names if n.startswith("mp_rank_") and os.path.isdir(os.path.join(path, n)))
-    if not ranks:
-        ctx.missing(os.path.join(path, "mp_rank_00"), "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)")
-    has_optim = False
-    for r in ranks:
-        inner = ls(os.path.join(path, r))
-        files = [n for n in inner if n.endswith(".pt")]
-        if "model_optim_rng.pt" not in inner:
-            ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
-        for n in files:
-            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed",
-                        flat=n == "distrib_optim.pt")
-            has_optim = has_optim or "optimizer" in z.keys()
-        if "distrib_optim.pt" in inner:
-            has_optim = True
-    out.resumable = has_optim
-    out.sharded = len(ranks) > 1
-    out.portability = "megatron" if out.sharded else ("full" if has_optim else "weights")
-    return out
-
-
 def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
@@ -528,14 +495,13 @@ CHECKERS: dict[str, Checker] = {
     "hf-trainer": _check_hf,
     **registry.CHECKERS,
     "deepspeed": _check_deepspeed,
-    "megatron": _check_megatron,
     "orbax": _check_orbax,
     "lightning": _check_lightning,
     "nemo": _check_nemo,
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
-FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "orbax") + registry.FOLDER_FORMATS
+FOLDER_FORMATS = ("hf-trainer", "deepspeed", "orbax") + registry.FOLDER_FORMATS
 
 
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
@@ -817,8 +783,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     tag, Megatron text that is no number): the pointer itself, reported as invalid."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
-    for tracker, fmt in (("latest", "deepspeed"), ("latest_universal", "deepspeed"),
-                         ("latest_checkpointed_iteration.txt", "megatron")):
+    for tracker, (fmt, pointer_target) in _TRACKERS.items():
         tpath = os.path.join(folder, tracker)
         if not os.path.isfile(tpath):
             continue
@@ -827,7 +792,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
                 text = fh.read(256).decode("utf-8", "replace").strip()
         except (OSError, storage.ReadError):
             continue
-        name = _pointer_target(text, fmt)
+        name = pointer_target(text)
         if name is None:   # the framework's resume reads nothing from this text: the pointer itself is broken
             extra.append(fm.Found(tpath, fmt, None, False, role=POINTER))
             continue
@@ -842,16 +807,15 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
 POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
 
 
-def _pointer_target(text: str, fmt: str) -> str | None:
-    """The folder a resume pointer's (stripped) text names, as the framework reads it: DeepSpeed joins its
-    `latest` tag to the folder; Megatron-LM's read_metadata takes int(text) (iter_NNNNNNN) or 'release' (here: "").
-    None when the framework can load nothing from it (an empty tag, '.', '..', text that is no iteration)."""
-    if fmt == "deepspeed":
-        return None if text in ("", ".", "..") else text
-    try:
-        return f"iter_{int(text):07d}"
-    except ValueError:
-        return "" if text == "release" else None
+def _ds_tracked(text: str) -> str | None:
+    """The folder a DeepSpeed `latest` tag's (stripped) text names: DeepSpeed joins it to the folder; None when
+    it can load nothing from it (an empty tag, '.', '..')."""
+    return None if text in ("", ".", "..") else text
+
+
+#: tracker file beside checkpoints -> (format, the checkpoint name its text names, or None)
+_TRACKERS = {"latest": ("deepspeed", _ds_tracked), "latest_universal": ("deepspeed", _ds_tracked),
+             **registry.TRACKERS}
 
 
 def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
