@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.formats import frameworks as fl
+from checkpoint_strategy.formats import orbax
 
 
 def model_states(tmp_path, state) -> str:
@@ -62,7 +63,7 @@ def test_zip_pickle_refuses_fifos_truncation_and_non_zips(tmp_path):
     (None, False),
 ])
 def test_orbax_optimizer_key_at_the_top_of_the_tree(meta, expected):
-    assert fl.orbax_item_has_optimizer(meta) is expected
+    assert orbax.orbax_item_has_optimizer(meta) is expected
 
 
 def test_torchtitan_reason_only_for_model_only_keys():
@@ -81,13 +82,13 @@ def test_orbax_params_are_a_value_or_a_refusal_by_type():
     """orbax_params: the params, a Refused with the reason, or None (a layout it does not judge); never a bare str."""
     tree = {"('params', 'w')": _orbax_entry([("params", 2), ("w", 2)]), "('opt', '0')": _orbax_entry([("opt", 2),
                                                                                                       ("0", 1)])}
-    assert fl.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
-    assert fl.orbax_params({"use_ocdbt": True}) == fl.Refused("no tree_metadata object")
-    assert fl.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == fl.Refused("use_ocdbt is not true or false")
+    assert orbax.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
+    assert orbax.orbax_params({"use_ocdbt": True}) == orbax.Refused("no tree_metadata object")
+    assert orbax.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == orbax.Refused("use_ocdbt is not true or false")
     flipped = {"('opt', 'x')": _orbax_entry([("opt", 2), ("x", 1)])}
-    got = fl.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
-    assert isinstance(got, fl.Refused) and "sequence key 'x' that is not an index" in got.reason
-    assert fl.orbax_params(["not", "a", "dict"]) is None and fl.orbax_params({"tree_metadata": {"a": 1}}) is None
+    got = orbax.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
+    assert isinstance(got, orbax.Refused) and "sequence key 'x' that is not an index" in got.reason
+    assert orbax.orbax_params(["not", "a", "dict"]) is None and orbax.orbax_params({"tree_metadata": {"a": 1}}) is None
 
 
 # --------------------------------------------------------------------------- Orbax: zstd frames before OCDBT nodes
@@ -96,7 +97,7 @@ def _ocdbt_node(payload: bytes) -> bytes:
     import struct
 
     body = b"\x0c\xdb\x20\xde" + struct.pack("<Q", 4 + 8 + len(payload) + 4) + payload
-    return body + struct.pack("<I", fl.crc32c(body))
+    return body + struct.pack("<I", orbax.crc32c(body))
 
 
 def _zstd_raw_frame(content: bytes, fcs: int | None = None) -> bytes:
@@ -110,15 +111,15 @@ def test_an_ocdbt_data_file_of_a_zstd_frame_then_a_node_is_walked_to_its_node():
     """A big Orbax array's chunk is a zstd frame at the start of an OCDBT data file, the nodes after it
     (tests/test_oracle_mutations.py's real one): full walks the frame and checks the node's CRC-32C."""
     frame, node = _zstd_raw_frame(bytes(300)), _ocdbt_node(b"n" * 40)
-    assert fl.zstd_frame_end(frame + node, 0) == len(frame)
-    assert fl.ocdbt_nodes(frame + node, manifest=False) is None
+    assert orbax.zstd_frame_end(frame + node, 0) == len(frame)
+    assert orbax.ocdbt_nodes(frame + node, manifest=False) is None
     damaged = bytearray(frame + node)
     damaged[len(frame) + 20] ^= 1
-    assert "CRC-32C mismatch" in fl.ocdbt_nodes(bytes(damaged), manifest=False)
-    assert "truncated" in fl.ocdbt_nodes(frame[:200], manifest=False)
-    assert "more than its 1 blocks can hold" in fl.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
+    assert "CRC-32C mismatch" in orbax.ocdbt_nodes(bytes(damaged), manifest=False)
+    assert "truncated" in orbax.ocdbt_nodes(frame[:200], manifest=False)
+    assert "more than its 1 blocks can hold" in orbax.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
                                                                manifest=False)
     reserved = bytearray(frame)
     reserved[9] |= 0b110   # block type 3
-    assert "reserved block type" in fl.ocdbt_nodes(bytes(reserved) + node, manifest=False)
-    assert "neither a frame nor an OCDBT node" in fl.ocdbt_nodes(frame + b"junk" * 10, manifest=False)
+    assert "reserved block type" in orbax.ocdbt_nodes(bytes(reserved) + node, manifest=False)
+    assert "neither a frame nor an OCDBT node" in orbax.ocdbt_nodes(frame + b"junk" * 10, manifest=False)

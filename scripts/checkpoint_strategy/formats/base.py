@@ -208,3 +208,11 @@ class Format(Protocol):
     #: a tracker file beside its checkpoints (DeepSpeed `latest`, Megatron's latest_checkpointed_iteration.txt)
     #: -> (the format of the checkpoint it names, the checkpoint's name from the file's text or None)
     TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a metadata document cannot be used (one line): the error side of a value-or-reason result, `T | Refused`,
+    told from the value by its type."""
+
+    reason: str

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import dcp, megatron
+from checkpoint_strategy.formats import dcp, megatron, orbax
 from checkpoint_strategy.formats.base import Checker, Format
 
 MODULES: tuple[Format, ...] = (
     dcp,
     megatron,
+    orbax,
 )
 
 #: format name -> its checker

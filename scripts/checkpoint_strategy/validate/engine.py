@@ -28,7 +28,7 @@ from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, Checkp
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import ReadError, read_bytes
+from checkpoint_strategy.storage import ReadError
 
 if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
     from checkpoint_strategy.validate import deep as dp
@@ -322,110 +322,6 @@ def _check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
     out.portability = "zero" if out.sharded else ("full" if optim else "weights")
 
 
-def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    names = set(ls(path))
-    if fm.ORBAX_TMP in os.path.basename(path):
-        ctx.bad(path, "in-flight Orbax temporary folder (save not finalised)", "incomplete")
-        return out
-    _check_orbax_commit(ctx, path, names)
-    items = sorted(n for n in names if os.path.isdir(os.path.join(path, n)))
-    if not items:
-        ctx.missing(os.path.join(path, "default"), "checkpoint items (e.g. default/, state/)")
-    for item in items:
-        if _check_orbax_folder(ctx, os.path.join(path, item)):
-            out.resumable = True
-    if ctx.deep:
-        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
-    out.sharded, out.portability = True, "orbax"
-    return out
-
-
-def _check_orbax_commit(ctx: Ctx, path: str, names: set[str]) -> None:
-    """The step's commit: _CHECKPOINT_METADATA with its timestamp, or commit_success.txt (required when the other
-    steps have one: ctx.want_commit)."""
-    if "_CHECKPOINT_METADATA" in names:
-        meta = ctx.json(os.path.join(path, "_CHECKPOINT_METADATA"))
-        if isinstance(meta, dict) and meta.get("commit_timestamp_nsecs", 1) is None:
-            ctx.bad(os.path.join(path, "_CHECKPOINT_METADATA"), "no commit timestamp: save not finalised", "incomplete")
-    elif "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "_CHECKPOINT_METADATA"), "_CHECKPOINT_METADATA / commit_success.txt")
-    if ctx.want_commit and "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "commit_success.txt"),
-                    "commit marker commit_success.txt (the other steps have one; the save did not finish)")
-
-
-def _check_orbax_folder(ctx: Ctx, ip: str) -> bool:
-    """One item folder of an Orbax step: its JSON documents, manifest and (at full) data files, then the item as
-    its restore reads it. True when it holds training state: its _METADATA tree has optimizer state, or its name
-    says so (opt..., state, train_state)."""
-    item = os.path.basename(ip)
-    inner = ls(ip)
-    if not inner:
-        ctx.missing(ip, f"contents of item {item}/")
-        return False
-    docs: dict[str, object] = {}
-    optimizer = "opt" in item.lower() or item in ("state", "train_state")
-    for n in inner:
-        p = os.path.join(ip, n)
-        if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-            meta = docs[n] = ctx.json(p)
-            optimizer = optimizer or (n == "_METADATA" and fl.orbax_item_has_optimizer(meta))
-        elif n == "manifest.ocdbt":
-            _check_ocdbt(ctx, p, manifest=True)
-        elif ctx.reads(p) and os.path.isfile(p):
-            ctx.readable(p)
-    _check_orbax_item(ctx, ip, inner, docs)
-    return optimizer
-
-
-def _check_orbax_item(ctx: Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
-    """An Orbax item as its restore reads it: the _METADATA tree, array_metadatas/* and _sharding naming its values
-    with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
-    (CRC-32C) under d/ and ocdbt.process_*/."""
-    meta = os.path.join(ip, "_METADATA")
-    params = fl.orbax_params(docs.get("_METADATA"))
-    if isinstance(params, fl.Refused):
-        ctx.bad(meta, f"Orbax cannot restore from it: {params.reason}")
-    if "array_metadatas" in inner:
-        for n in ls(os.path.join(ip, "array_metadatas")):
-            doc = ctx.json(os.path.join(ip, "array_metadatas", n))
-            reason = fl.orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
-            if reason:
-                ctx.bad(os.path.join(ip, "array_metadatas", n), f"Orbax cannot restore from it: {reason}")
-    reason = fl.orbax_sharding(docs["_sharding"], params) if isinstance(params, dict) and \
-        docs.get("_sharding") is not None else None
-    if reason:
-        ctx.bad(os.path.join(ip, "_sharding"), f"Orbax cannot restore from it: {reason}")
-    if not ctx.full:
-        return
-    for sub in [ip] + [os.path.join(ip, n) for n in inner if n.startswith("ocdbt.process_")]:
-        if sub != ip and "manifest.ocdbt" in ls(sub):
-            _check_ocdbt(ctx, os.path.join(sub, "manifest.ocdbt"), manifest=True)
-        for n in ls(os.path.join(sub, "d")):
-            _check_ocdbt(ctx, os.path.join(sub, "d", n), manifest=False)
-
-
-def _check_ocdbt(ctx: Ctx, path: str, manifest: bool) -> None:
-    """One OCDBT file at full (its nodes' CRC-32C, fl.ocdbt_nodes); a file too big to hold is read through."""
-    if not ctx.reads(path):
-        if manifest:
-            ctx.readable(path)
-        return
-    try:
-        data = read_bytes(path, "OCDBT file", limit=fl.MAX_OCDBT_NODE)
-    except ReadError:
-        ctx.readable(path)   # a big data file (array values), or unreadable: readable() words it
-        return
-    ctx.counter.files += 1
-    ctx.counter.bytes_read += len(data)
-    reason = fl.ocdbt_nodes(data, manifest)
-    if reason:
-        ctx.bad(path, reason)
-    ctx._tick()
-
-
 def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
@@ -495,13 +391,12 @@ CHECKERS: dict[str, Checker] = {
     "hf-trainer": _check_hf,
     **registry.CHECKERS,
     "deepspeed": _check_deepspeed,
-    "orbax": _check_orbax,
     "lightning": _check_lightning,
     "nemo": _check_nemo,
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
-FOLDER_FORMATS = ("hf-trainer", "deepspeed", "orbax") + registry.FOLDER_FORMATS
+FOLDER_FORMATS = ("hf-trainer", "deepspeed") + registry.FOLDER_FORMATS
 
 
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
