@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.formats import frameworks as fl
-from checkpoint_strategy.formats import orbax
+from checkpoint_strategy.formats import deepspeed, orbax
 
 
 def model_states(tmp_path, state) -> str:
@@ -25,17 +25,17 @@ def model_states(tmp_path, state) -> str:
 def test_zero_stage_and_world_size_from_the_pickle(tmp_path):
     state = {"module": {"w": [1, 2]}, "dp_world_size": 4, "ds_config": {
         "pipeline": {"stage": 7}, "zero_optimization": {"offload": {"x": 1}, "stage": 2}}}
-    assert fl.deepspeed_zero_layout(fl.zip_pickle(model_states(tmp_path, state))) == (2, 4)
+    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, state))) == (2, 4)
 
 
 def test_no_zero_config_means_unknown(tmp_path):
-    assert fl.deepspeed_zero_layout(fl.zip_pickle(model_states(tmp_path, {"module": {}}))) == (None, None)
+    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, {"module": {}}))) == (None, None)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
 def test_garbage_pickles_never_raise(data):
-    stage, dp = fl.deepspeed_zero_layout(data)
+    stage, dp = deepspeed.deepspeed_zero_layout(data)
     assert stage is None or isinstance(stage, int)
     assert dp is None or isinstance(dp, int)
 
@@ -43,15 +43,15 @@ def test_garbage_pickles_never_raise(data):
 def test_zip_pickle_refuses_fifos_truncation_and_non_zips(tmp_path):
     fifo = tmp_path / "fifo.pt"
     os.mkfifo(fifo)
-    assert fl.zip_pickle(str(fifo)) is None
+    assert deepspeed.zip_pickle(str(fifo)) is None
     good = model_states(tmp_path, {"dp_world_size": 1})
     raw = open(good, "rb").read()
     cut = tmp_path / "cut.pt"
     cut.write_bytes(raw[: len(raw) // 2])
-    assert fl.zip_pickle(str(cut)) is None
+    assert deepspeed.zip_pickle(str(cut)) is None
     (tmp_path / "text.pt").write_text("not a zip")
-    assert fl.zip_pickle(str(tmp_path / "text.pt")) is None
-    assert fl.zip_pickle(str(tmp_path / "missing.pt")) is None
+    assert deepspeed.zip_pickle(str(tmp_path / "text.pt")) is None
+    assert deepspeed.zip_pickle(str(tmp_path / "missing.pt")) is None
 
 
 @pytest.mark.parametrize("meta, expected", [

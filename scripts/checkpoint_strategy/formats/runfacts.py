@@ -277,31 +277,6 @@ def rank_gap(path: str, names: Sequence[str], declared: int | None = None) -> Ra
     return RankGap([f"rng_state_{r}.pth" for r in missing], world, "; ".join(evidence))
 
 
-_ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
-
-
-def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tuple[str, str] | None:
-    """(file, what) of the first ZeRO per-rank file a DeepSpeed global_stepN folder lacks, or None. Each data-parallel
-    rank writes ``zero_pp_rank_<rank>_mp_rank_<mp>_optim_states.pt`` (and, at ZeRO-3, ``..._model_states.pt``);
-    the data-parallel size is ``dp_world_size`` in the model states (`dp`, DeepSpeed's own record), else one past
-    the highest rank present. A kind of file (optim or model) none of the ranks wrote is not asked for here."""
-    by_kind: dict[tuple[str, int, str], set[int]] = {}
-    for n in names:
-        m = _ZERO_FILE.match(n)
-        if m:
-            by_kind.setdefault((m.group(1) or "", int(m.group(3)), m.group(4)), set()).add(int(m.group(2)))
-    for (prefix, mp, kind), ranks in sorted(by_kind.items(), key=lambda t: (t[0][2] != "optim", t[0][1], t[0][0])):
-        world = max(max(ranks) + 1, dp if dp and (stage or kind == "optim") else 0)
-        missing = sorted(set(range(world)) - ranks)
-        if missing:
-            what = "optimizer shard" if kind == "optim" else "ZeRO-3 model-state shard"
-            record = f"dp_world_size {dp} in the model states" if dp == world else f"rank {max(ranks)} wrote one"
-            return (f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_{mp:02d}_{kind}_states.pt",
-                    f"{what} for ZeRO rank {missing[0]} (ranks present: {sorted(ranks)}; the run's data-parallel "
-                    f"size is {world}: {record}); a rank did not finish this save")
-    return None
-
-
 def checkpoint_rank_gap(path: str) -> RankGap | None:
     """`rank_gap` of one HF checkpoint-N folder on disk (its listing, its training_args.bin read as data); None for
     anything else or a folder that cannot be listed."""

@@ -60,7 +60,7 @@ def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSiz
                 model_states = os.path.join(path, rel, n)
     if not dp and model_states is None:
         return None
-    from checkpoint_strategy.formats.frameworks import deepspeed_zero_layout, zip_pickle
+    from checkpoint_strategy.formats.deepspeed import deepspeed_zero_layout, zip_pickle
 
     stage, saved_dp = deepspeed_zero_layout(zip_pickle(model_states) or b"") if model_states else (None, None)
     if not dp and saved_dp is None:

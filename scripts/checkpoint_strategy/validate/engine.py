@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Sequence
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats import dcp, registry
+from checkpoint_strategy.formats import dcp, deepspeed, registry
 from checkpoint_strategy.formats import frameworks as fl
 from checkpoint_strategy.validate import parts
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
-from checkpoint_strategy.formats.runfacts import rank_gap, zero_rank_gap
+from checkpoint_strategy.formats.runfacts import rank_gap
 from checkpoint_strategy.formats.archive import ZipEntry
 from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, ls, named
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
@@ -132,7 +132,7 @@ def _check_hf(ctx: Ctx, found: fm.Found) -> Layout:
     for d in hf.fsdp_optim:
         dcp.check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
     for d in hf.ds_steps:
-        _check_deepspeed_dir(ctx, os.path.join(path, d), out)
+        deepspeed.check_deepspeed_dir(ctx, os.path.join(path, d), out)
     if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
         ctx.missing(os.path.join(path, "model.safetensors"),
                     "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
@@ -220,108 +220,6 @@ def _check_trainer_state(ctx: Ctx, file: str, regular: bool, out: Layout) -> Non
             out.step = state["global_step"]
 
 
-def _check_deepspeed(ctx: Ctx, found: fm.Found) -> Layout:
-    out = Layout(step=found.step)
-    if fm.is_ds_universal(found.path):
-        _check_ds_universal(ctx, found.path, out)
-    else:
-        _check_deepspeed_dir(ctx, found.path, out)
-    return out
-
-
-UNIVERSAL_STATE = ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")
-
-
-def _check_ds_universal(ctx: Ctx, path: str, out: Layout) -> None:
-    """A DeepSpeed universal checkpoint, whole: the model states, zero/optimizer_state.pt, and one folder per
-    parameter (the model states' param_shapes) holding fp32.pt and the same optimizer state files as every
-    other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
-    names = ls(path)
-    zero = os.path.join(path, "zero")
-    model = [n for n in names if n.endswith("_model_states.pt")]
-    if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
-    expected_params: set[str] = set()
-    for n in model:
-        z = ctx.zip(os.path.join(path, n), "mixed")
-        expected_params |= fl.deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
-        out.step = out.step if out.step is not None else fl.deepspeed_global_steps(z.pickle.root if z.pickle else None)
-    inner = ls(zero)
-    if "optimizer_state.pt" in inner:
-        ctx.zip(os.path.join(zero, "optimizer_state.pt"))
-    else:
-        ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
-                                                              "zero/optimizer_state.pt)")
-    params = _universal_params(ctx, path, zero, inner)
-    for name in sorted(expected_params - set(params)):
-        ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
-    wanted = _universal_files(params)
-    for name, files in sorted(params.items()):
-        for f in sorted(wanted - set(files)):
-            ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
-                        if f != "fp32.pt" else "fp32 weights of this parameter")
-        for f in sorted(n for n in files if n.endswith(".pt")):
-            p = os.path.join(zero, name, f)
-            if storage.inside(p, path):
-                ctx.zip(p, "optimizer", tensor=f"{name}.{f[:-3]}")
-            else:
-                ctx.bad(p, "a symbolic link to outside the checkpoint folder: not read")
-    out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
-    out.sharded, out.portability = False, "ds-universal"
-    ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
-    if expected_params and set(params) - expected_params:
-        extra = sorted(set(params) - expected_params)
-        ctx.counter.notes.append(f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
-                                 f"(first: {extra[0]}): left from another model?")
-
-
-def _universal_params(ctx: Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
-    """Parameter folder -> its file names; a folder linked to outside the checkpoint is a problem, not read."""
-    params: dict[str, list[str]] = {}
-    for n in inner:
-        folder = os.path.join(zero, n)
-        if not os.path.isdir(folder):
-            continue
-        if not storage.inside(folder, path):
-            ctx.bad(folder, "a symbolic link to outside the checkpoint folder: not read")
-            continue
-        params[n] = ls(folder)
-    return params
-
-
-def _universal_files(params: dict[str, list[str]]) -> set[str]:
-    """The files every parameter folder must hold: fp32.pt, and each state file any of them has (Adam's two
-    moments together)."""
-    wanted = {"fp32.pt"} | {f for files in params.values() for f in files if f.endswith(".pt")}
-    if wanted & {"exp_avg.pt", "exp_avg_sq.pt"}:
-        wanted |= {"exp_avg.pt", "exp_avg_sq.pt"}
-    return wanted
-
-
-def _check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
-    names = ls(path)
-    model = [n for n in names if n.endswith("_model_states.pt")]
-    optim = [n for n in names if n.endswith("_optim_states.pt")]
-    if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
-    for n in sorted(model + optim):
-        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
-    states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
-    ctx.counter.bytes_read += len(states_pkl or b"")
-    stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
-    if stage and not optim:
-        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
-                    "them cannot resume)")
-    if optim:
-        out.resumable = True
-    gap = zero_rank_gap(names, dp, stage)   # the model states' dp_world_size says which rank files must be here
-    if gap is not None:
-        ctx.missing(os.path.join(path, gap[0]), gap[1])
-    out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
-    out.portability = "zero" if out.sharded else ("full" if optim else "weights")
-
-
 def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
@@ -330,7 +228,7 @@ def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
         if ".metadata" in names or any(n.endswith(".distcp") for n in names):
             dcp.check_dcp_dir(ctx, path, out)
         elif "checkpoint" in names:
-            _check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
+            deepspeed.check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
         else:
             ctx.missing(path, "sharded checkpoint contents (.metadata or checkpoint/)")
         out.sharded, out.portability = True, "lightning-sharded"
@@ -390,13 +288,12 @@ Checker = Callable[[Ctx, fm.Found], Layout]
 CHECKERS: dict[str, Checker] = {
     "hf-trainer": _check_hf,
     **registry.CHECKERS,
-    "deepspeed": _check_deepspeed,
     "lightning": _check_lightning,
     "nemo": _check_nemo,
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
-FOLDER_FORMATS = ("hf-trainer", "deepspeed") + registry.FOLDER_FORMATS
+FOLDER_FORMATS = ("hf-trainer",) + registry.FOLDER_FORMATS
 
 
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
@@ -678,7 +575,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     tag, Megatron text that is no number): the pointer itself, reported as invalid."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
-    for tracker, (fmt, pointer_target) in _TRACKERS.items():
+    for tracker, (fmt, pointer_target) in registry.TRACKERS.items():
         tpath = os.path.join(folder, tracker)
         if not os.path.isfile(tpath):
             continue
@@ -701,16 +598,6 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
 
 POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
 
-
-def _ds_tracked(text: str) -> str | None:
-    """The folder a DeepSpeed `latest` tag's (stripped) text names: DeepSpeed joins it to the folder; None when
-    it can load nothing from it (an empty tag, '.', '..')."""
-    return None if text in ("", ".", "..") else text
-
-
-#: tracker file beside checkpoints -> (format, the checkpoint name its text names, or None)
-_TRACKERS = {"latest": ("deepspeed", _ds_tracked), "latest_universal": ("deepspeed", _ds_tracked),
-             **registry.TRACKERS}
 
 
 def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
