@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import dcp, deepspeed, megatron, orbax
+from checkpoint_strategy.formats import dcp, deepspeed, lightning, megatron, orbax
 from checkpoint_strategy.formats.base import Checker, Format
 
 MODULES: tuple[Format, ...] = (
     dcp,
     deepspeed,
+    lightning,
     megatron,
     orbax,
 )

@@ -23,7 +23,7 @@ from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
 from checkpoint_strategy.formats.runfacts import rank_gap
 from checkpoint_strategy.formats.archive import ZipEntry
-from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, ls, named
+from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, named
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
@@ -220,55 +220,6 @@ def _check_trainer_state(ctx: Ctx, file: str, regular: bool, out: Layout) -> Non
             out.step = state["global_step"]
 
 
-def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    if os.path.isdir(path):
-        names = ls(path)
-        if ".metadata" in names or any(n.endswith(".distcp") for n in names):
-            dcp.check_dcp_dir(ctx, path, out)
-        elif "checkpoint" in names:
-            deepspeed.check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
-        else:
-            ctx.missing(path, "sharded checkpoint contents (.metadata or checkpoint/)")
-        out.sharded, out.portability = True, "lightning-sharded"
-        return out
-    z = ctx.zip(path, "mixed")
-    out.resumable = "optimizer_states" in z.keys()
-    out.portability = "full" if out.resumable else "weights"
-    out.step = _pickle_step(z) if out.step is None else out.step   # last.ckpt: no step in its name
-    return out
-
-
-def _pickle_step(z: fc.ZipScan) -> int | None:
-    """The training step a torch archive records at its pickle's root (Lightning and NeMo: global_step), read
-    as data; None when there is none."""
-    root = z.pickle.root if z.pickle is not None else None
-    step = root.get("global_step") if isinstance(root, dict) else None
-    return step if type(step) is int and step >= 0 else None
-
-
-def _check_nemo(ctx: Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    marker = fm.unfinished_marker(path)
-    if os.path.lexists(marker):
-        ctx.bad(marker, "NeMo -unfinished marker present: the save did not finish", "incomplete")
-    if os.path.isdir(path):
-        names = ls(path)
-        target = os.path.join(path, "weights") if "weights" in names else path
-        dcp.check_dcp_dir(ctx, target, out)
-        if "common.pt" in ls(target):
-            ctx.zip(os.path.join(target, "common.pt"))
-        out.sharded, out.portability = True, "dcp"
-    elif os.path.exists(path):
-        z = ctx.zip(path, "mixed")
-        out.resumable = "optimizer_states" in z.keys()
-        out.portability = "full" if out.resumable else "weights"
-        out.step = _pickle_step(z) if out.step is None else out.step
-    return out
-
-
 def _check_safetensors_file(ctx: Ctx, found: fm.Found) -> Layout:
     ctx.safetensors(found.path)
     return Layout(step=found.step, portability="weights")
@@ -288,8 +239,6 @@ Checker = Callable[[Ctx, fm.Found], Layout]
 CHECKERS: dict[str, Checker] = {
     "hf-trainer": _check_hf,
     **registry.CHECKERS,
-    "lightning": _check_lightning,
-    "nemo": _check_nemo,
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
@@ -597,7 +546,6 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
 
 
 POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
-
 
 
 def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
