@@ -46,17 +46,6 @@ def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None
 
 # --------------------------------------------------------------------------- HF Trainer
 
-def hf_args_world_size(root: object) -> int | None:
-    """The number of processes an HF Trainer save was made by, from its training_args.bin read as data: the
-    TrainingArguments pickle holds accelerate's PartialState as ``distributed_state`` (transformers 4.3x-5.x),
-    whose ``num_processes`` is the world size (rank 0 writes the file, first of the save). None when not
-    recorded (an older transformers, a hand-made file)."""
-    state = getattr(root, "state", None)
-    dist = state.get("distributed_state") if isinstance(state, dict) else None
-    dist_state = getattr(dist, "state", None)
-    n = dist_state.get("num_processes") if isinstance(dist_state, dict) else None
-    return n if type(n) is int and 0 < n < 1_000_000 else None
-
 
 # --------------------------------------------------------------------------- DeepSpeed
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import dcp, deepspeed, lightning, megatron, orbax
+from checkpoint_strategy.formats import dcp, deepspeed, hf, lightning, megatron, orbax
 from checkpoint_strategy.formats.base import Checker, Format
 
 MODULES: tuple[Format, ...] = (
+    hf,
     dcp,
     deepspeed,
     lightning,

@@ -204,7 +204,7 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
 def _declared(results) -> list[SavedWorldSize]:
     """No valid checkpoint tells its world size (a torn save checked alone): the processes the run was launched
     with, as the newest HF checkpoint's training_args.bin records them, never the count of its rank files."""
-    from checkpoint_strategy.formats.runfacts import declared_world
+    from checkpoint_strategy.formats.hf import declared_world
 
     for r in sorted(results, key=lambda r: r.step or 0, reverse=True):
         world = declared_world(r.path) if r.format == "hf-trainer" and os.path.isdir(r.path) else None

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import time
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
 from collections.abc import Callable, Iterable, Sequence
@@ -15,13 +13,11 @@ from collections.abc import Callable, Iterable, Sequence
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats import dcp, deepspeed, registry
+from checkpoint_strategy.formats import registry
 from checkpoint_strategy.formats import frameworks as fl
 from checkpoint_strategy.validate import parts
-from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
-from checkpoint_strategy.formats.runfacts import rank_gap
 from checkpoint_strategy.formats.archive import ZipEntry
 from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, named
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
@@ -74,151 +70,6 @@ PORTABILITY = {
 
 # --------------------------------------------------------------------------- formats (one checker per Format)
 
-_FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
-_RNG_STATE = re.compile(r"^rng_state.*\.pth$")
-_HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
-
-
-@dataclass
-class _HfNames:
-    """The names of an HF Trainer folder that hold weights or shards, sorted into what each is."""
-
-    weights: list[str] = field(default_factory=list)
-    indexes: list[str] = field(default_factory=list)
-    fsdp_model: list[str] = field(default_factory=list)
-    fsdp_optim: list[str] = field(default_factory=list)
-    ds_steps: list[str] = field(default_factory=list)
-
-
-def _hf_names(listed: list[str], pre: str) -> _HfNames:
-    """One pass over the sorted names; each pattern only on the names its literal start admits (`pre`: the
-    folder joined with "")."""
-    got = _HfNames()
-    for n in listed:
-        if n.startswith(fm.HF_MODEL_STEMS):
-            if fm._HF_WEIGHTS.match(n):
-                got.weights.append(n)
-            if n.endswith(".index.json") and n.split(".")[0] in fm.HF_MODEL_STEMS:
-                got.indexes.append(n)
-            if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
-                got.fsdp_model.append(n)
-        elif n.startswith("optimizer_"):
-            if _FSDP_OPTIM.match(n) and os.path.isdir(pre + n):
-                got.fsdp_optim.append(n)
-        elif n.startswith("global_step") and fm._DS.match(n) and os.path.isdir(pre + n):
-            got.ds_steps.append(n)
-    return got
-
-
-def _check_hf(ctx: Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    got = found.listing if found.listing is not None else fm.listing_types(path)   # discover's, else one now
-    listed, files = got if got is not None else ([], set())
-    ctx.listed = listed if got is not None else None
-    ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
-    names = set(listed)
-    pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
-    hf = _hf_names(listed, pre)
-    for idx in hf.indexes:
-        _check_hf_index(ctx, path, idx, names, idx in files)
-    for w in hf.weights:
-        if w.endswith(".safetensors"):
-            ctx.safetensors(pre + w, regular=w in files)
-        else:
-            ctx.zip(pre + w, "weights", regular=w in files)
-    for d in hf.fsdp_model:
-        dcp.check_dcp_dir(ctx, os.path.join(path, d), role="weights")
-    for d in hf.fsdp_optim:
-        dcp.check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
-    for d in hf.ds_steps:
-        deepspeed.check_deepspeed_dir(ctx, os.path.join(path, d), out)
-    if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
-        ctx.missing(os.path.join(path, "model.safetensors"),
-                    "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
-    _check_hf_state_files(ctx, path, listed, names, files, out)
-    out.resumable = "optimizer.pt" in names or bool(hf.fsdp_optim) or out.resumable
-    if hf.fsdp_model or hf.fsdp_optim:
-        out.sharded, out.portability = True, "fsdp"
-    elif hf.ds_steps:
-        out.sharded, out.portability = True, "zero"
-    else:
-        out.portability = "full" if out.resumable else "weights"
-    return out
-
-
-def _check_hf_index(ctx: Ctx, path: str, idx: str, names: set[str], regular: bool = False) -> None:
-    """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
-    data = ctx.json(os.path.join(path, idx), regular=regular)
-    wm = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(wm, dict):
-        if data is not None:   # None: unreadable JSON, ctx.json recorded why
-            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
-        return
-    shards: list = []
-    for v in wm.values():
-        if v not in shards:  # values may be unhashable (a list): no set()
-            shards.append(v)
-    for shard in sorted(shards, key=str):
-        if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
-            ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
-            continue
-        if shard not in names:
-            ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
-        elif shard.endswith(".safetensors"):
-            _check_index_names(ctx, os.path.join(path, idx), os.path.join(path, shard),
-                               [k for k, v in wm.items() if v == shard])
-
-
-def _check_index_names(ctx: Ctx, index: str, shard: str, keys: list) -> None:
-    """Every tensor an index places in a safetensors shard is in that shard's header (the loader looks it up
-    there: a name the shard lacks is a failed load)."""
-    header = fc.safetensors_header(shard)
-    if header is None:
-        return   # an unreadable header is the shard's own problem (ctx.safetensors words it)
-    lacking = [k for k in keys if k not in header or k == "__metadata__"]
-    if lacking:
-        ctx.bad(index, f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
-                       f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
-
-
-def _check_hf_state_files(ctx: Ctx, path: str, listed: list[str], names: set[str], files: set[str],
-                          out: Layout) -> None:
-    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
-    (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
-    pre = os.path.join(path, "")   # as in _check_hf
-    for n in listed:
-        if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
-            z = ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
-            if n == "training_args.bin" and z.pickle is not None:
-                ctx.args_world = fl.hf_args_world_size(z.pickle.root)
-    gap = rank_gap(path, listed, ctx.args_world)   # the run's world size says which rng_state_<rank>.pth must be here
-    if gap is not None:
-        ctx.missing(pre + gap.file, gap.what())
-    if "trainer_state.json" in names:
-        _check_trainer_state(ctx, pre + "trainer_state.json", "trainer_state.json" in files, out)
-    elif fm._HF.match(os.path.basename(path)):
-        ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
-    for n in ("config.json", "generation_config.json", "adapter_config.json"):
-        if n in names:
-            ctx.json(pre + n, regular=n in files)
-
-
-def _check_trainer_state(ctx: Ctx, file: str, regular: bool, out: Layout) -> None:
-    """trainer_state.json: a JSON object; its best_model_checkpoint and global_step (the step) are kept."""
-    state = ctx.json(file, storage.MAX_TRAINER_STATE_BYTES, regular)
-    ctx.state_read = state is not None
-    if state is not None and not isinstance(state, dict):
-        ctx.bad(file, "not a JSON object")
-    if not isinstance(state, dict):
-        return
-    if isinstance(state.get("best_model_checkpoint"), str):
-        ctx.trainer_best = state["best_model_checkpoint"]
-    if type(state.get("global_step")) is int:
-        ctx.global_step = state["global_step"]
-        if out.step is None:
-            out.step = state["global_step"]
-
 
 def _check_safetensors_file(ctx: Ctx, found: fm.Found) -> Layout:
     ctx.safetensors(found.path)
@@ -237,12 +88,11 @@ def _check_torch_file(ctx: Ctx, found: fm.Found) -> Layout:
 
 Checker = Callable[[Ctx, fm.Found], Layout]
 CHECKERS: dict[str, Checker] = {
-    "hf-trainer": _check_hf,
     **registry.CHECKERS,
     "safetensors": _check_safetensors_file,
     "torch": _check_torch_file,
 }
-FOLDER_FORMATS = ("hf-trainer",) + registry.FOLDER_FORMATS
+FOLDER_FORMATS = registry.FOLDER_FORMATS
 
 
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
