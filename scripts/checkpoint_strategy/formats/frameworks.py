@@ -18,11 +18,6 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 TORCHTITAN_TRAIN_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
-#: the top-level keys of a checkpoint dict that hold optimizer state (Lightning "optimizer_states", a plain loop's
-#: "optimizer" / "optimizer_state_dict", ...) and those that hold the weights (a state dict under "state_dict",
-#: "model", DeepSpeed's "module", ...): the quick level tells resumable from these, deep and convert read by them
-OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
-WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
 
 
 def torchtitan_marked(keys: set[str]) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import dcp, deepspeed, hf, lightning, megatron, orbax
+from checkpoint_strategy.formats import dcp, deepspeed, hf, lightning, megatron, orbax, torchfile
 from checkpoint_strategy.formats.base import Checker, Format
 
 MODULES: tuple[Format, ...] = (
@@ -16,6 +16,7 @@ MODULES: tuple[Format, ...] = (
     lightning,
     megatron,
     orbax,
+    torchfile,
 )
 
 #: format name -> its checker

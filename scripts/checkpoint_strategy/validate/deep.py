@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Literal
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats.frameworks import OPTIM_KEYS, WEIGHT_KEYS
+from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.base import Role

@@ -8,13 +8,12 @@ import stat
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats import registry
-from checkpoint_strategy.formats import frameworks as fl
 from checkpoint_strategy.validate import parts
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
@@ -68,32 +67,7 @@ PORTABILITY = {
     "unknown": "unknown layout: cannot say",
 }
 
-# --------------------------------------------------------------------------- formats (one checker per Format)
-
-
-def _check_safetensors_file(ctx: Ctx, found: fm.Found) -> Layout:
-    ctx.safetensors(found.path)
-    return Layout(step=found.step, portability="weights")
-
-
-def _check_torch_file(ctx: Ctx, found: fm.Found) -> Layout:
-    z = ctx.zip(found.path, "mixed")
-    keys = z.keys()
-    resumable = any(k in fl.OPTIM_KEYS for k in keys)
-    if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
-            not any(k in fl.WEIGHT_KEYS or k in fl.OPTIM_KEYS for k in keys):
-        ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
-    return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
-
-
-Checker = Callable[[Ctx, fm.Found], Layout]
-CHECKERS: dict[str, Checker] = {
-    **registry.CHECKERS,
-    "safetensors": _check_safetensors_file,
-    "torch": _check_torch_file,
-}
-FOLDER_FORMATS = registry.FOLDER_FORMATS
-
+# --------------------------------------------------------------------------- before the checker (every format alike)
 
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
     """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
@@ -112,12 +86,12 @@ def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
         ctx.bad(path, "resume pointer names no checkpoint: " + ("its text is no iteration number nor 'release' "
                 "(Megatron-LM reads int(text))" if fmt == "megatron" else "an empty tag, '.' or '..' (DeepSpeed "
                 "loads the folder the tag names)"))
-    elif fmt in FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
+    elif fmt in registry.FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
     elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
         ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
                 "incomplete")
-    elif fmt not in CHECKERS:
+    elif fmt not in registry.CHECKERS:
         ctx.bad(path, f"no checker for format {fmt!r}")
     else:
         return None
@@ -176,7 +150,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
         ctx.counter.notes.append(parts.describe(part))
     layout = _precheck(ctx, found)
     if layout is None:
-        layout = CHECKERS[found.format](ctx, found)
+        layout = registry.CHECKERS[found.format](ctx, found)
     outcome = _deep_outcome(ctx, stats)
     if outcome is not None:
         _apply_deep(ctx, found, layout, outcome)
