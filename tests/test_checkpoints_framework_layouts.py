@@ -1,4 +1,4 @@
-"""formats/frameworks.py: what a framework's own metadata says, read without executing it."""
+"""formats/{dcp,deepspeed,orbax,hf}.py: what a framework's own metadata says, read without executing it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.formats import frameworks as fl
-from checkpoint_strategy.formats import deepspeed, orbax
+from checkpoint_strategy.formats import dcp, deepspeed, orbax
 
 
 def model_states(tmp_path, state) -> str:
@@ -67,9 +66,9 @@ def test_orbax_optimizer_key_at_the_top_of_the_tree(meta, expected):
 
 
 def test_torchtitan_reason_only_for_model_only_keys():
-    assert fl.torchtitan_model_only_reason({"tok_embeddings", "layers", "optimizer", "train_state"}, 10) is None
-    assert fl.torchtitan_model_only_reason(set(), 10) is None
-    reason = fl.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
+    assert dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "optimizer", "train_state"}, 10) is None
+    assert dcp.torchtitan_model_only_reason(set(), 10) is None
+    reason = dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
     assert reason.startswith("not resumable") and "step-20" in reason and "last_save_model_only" in reason
 
 

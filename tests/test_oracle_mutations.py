@@ -381,11 +381,11 @@ def oracle_orbax(tmp_path_factory) -> Subject:
 def zstd_regions(rel: str, data: bytes) -> list[Region]:
     """An OCDBT data file that starts with array values (zstd frames of zarr chunks) and ends with its nodes: each
     frame's header, block headers and compressed block contents, then the nodes."""
-    from checkpoint_strategy.formats import frameworks as fl
+    from checkpoint_strategy.formats import orbax
 
     out, pos = [], 0
     while data.startswith(b"\x28\xb5\x2f\xfd", pos):
-        at = fl._zstd_header(data, pos)[0]
+        at = orbax._zstd_header(data, pos)[0]
         out.append(Region(rel, "zstd frame header", pos, at))
         while True:
             word = int.from_bytes(data[at:at + 3], "little")
@@ -566,7 +566,7 @@ def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_w
 
     _edit_metadata(folder, edit)
     data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
-    from checkpoint_strategy.formats.frameworks import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
+    from checkpoint_strategy.formats.dcp import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
 
     assert (folder / ".metadata").stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
     r = validate_checkpoint(folder, "quick")

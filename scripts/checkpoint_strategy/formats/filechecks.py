@@ -25,7 +25,7 @@ from checkpoint_strategy.formats.archive import CHUNK, Counter, Finding, Kind, U
 from checkpoint_strategy.storage import ReadError, open_regular, read_small
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.formats.frameworks import DcpItem
+    from checkpoint_strategy.formats.models import DcpItem
 
 __all__ = ["CHUNK", "Counter", "Finding", "Kind", "ZipEntry", "truncated"]   # used by the checkers as fc.<name>
 

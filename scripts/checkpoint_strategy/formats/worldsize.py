@@ -6,7 +6,7 @@ read as pickle opcodes), and what a move to another GPU count keeps and changes.
 - torch.distributed.checkpoint (DCP, FSDP SHARDED_STATE_DICT, torchtitan): ``__<rank>_<n>.distcp``
   files, one set per rank that wrote.
 - DeepSpeed ZeRO: ``zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt`` files, and ``dp_world_size`` in
-  ``mp_rank_00_model_states.pt`` (formats/frameworks.py).
+  ``mp_rank_00_model_states.pt`` (formats/deepspeed.py).
 - Megatron: ``mp_rank_<tp>[_<pp>]`` folders (tensor x pipeline parallel ranks).
 """
 
