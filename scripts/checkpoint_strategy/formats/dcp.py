@@ -307,7 +307,7 @@ def _size(path: str) -> int:
 
 
 def _dcp_items(ctx: Ctx, meta: str, scan: tp.PickleScan) -> list | None:
-    """The items a .metadata stores (framework_layouts.dcp_items), or None once its problem is recorded."""
+    """The items a .metadata stores (`dcp_items`), or None once its problem is recorded."""
     if not scan.complete:
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return None

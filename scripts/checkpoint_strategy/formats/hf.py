@@ -366,6 +366,17 @@ def hf_args_world_size(root: object) -> int | None:
     return n if type(n) is int and 0 < n < 1_000_000 else None
 
 
-CHECKERS: dict[str, Checker] = {"hf-trainer": _check_hf}
+def _check_hf_folder(ctx: Ctx, found: fm.Found) -> Layout:
+    """The registered checker: a tmp-checkpoint-N is the Trainer's save in flight (from validate/engine.py's
+    _precheck, which stops at a missing, dangling or file path first)."""
+    path = found.path
+    if os.path.basename(path).startswith("tmp-checkpoint-"):
+        ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
+                "incomplete")
+        return Layout(step=found.step)
+    return _check_hf(ctx, found)
+
+
+CHECKERS: dict[str, Checker] = {"hf-trainer": _check_hf_folder}
 FOLDER_FORMATS: tuple[str, ...] = ("hf-trainer",)
 TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {}
