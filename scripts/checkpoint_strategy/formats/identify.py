@@ -281,13 +281,3 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
                 continue
         if depth == 0:
             unrecognised.append(name)
-
-
-def orbax_soft_deleted(found: list[Found]) -> list[Found]:
-    """Orbax steps its CheckpointManager soft-deleted: with CheckpointManagerOptions(todelete_subdir="trash")
-    a step it deletes is renamed to <directory>/trash/<step> (and left there), so an Orbax step whose folder
-    sits one level below live Orbax steps is one of them. Not checkpoints to resume from or to count:
-    `prune` and `recover` look only at the root's own entries and never see them."""
-    orbax = [f for f in found if f.format == "orbax"]
-    parents = {os.path.dirname(os.path.normpath(f.path)) for f in orbax}
-    return [f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents]

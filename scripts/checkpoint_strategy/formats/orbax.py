@@ -385,6 +385,32 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
     return at + 4 if at + 4 <= len(data) else "truncated content checksum"
 
 
+def soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
+    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
+    steps = sorted(f.step for f in deleted if f.step is not None)
+    shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
+            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
+            "points (prune and recover leave them out too)")
+
+
+def orbax_soft_deleted(found: list[fm.Found]) -> list[fm.Found]:
+    """Orbax steps its CheckpointManager soft-deleted: with CheckpointManagerOptions(todelete_subdir="trash")
+    a step it deletes is renamed to <directory>/trash/<step> (and left there), so an Orbax step whose folder
+    sits one level below live Orbax steps is one of them. Not checkpoints to resume from or to count:
+    `prune` and `recover` look only at the root's own entries and never see them."""
+    orbax = [f for f in found if f.format == "orbax"]
+    parents = {os.path.dirname(os.path.normpath(f.path)) for f in orbax}
+    return [f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents]
+
+
+def commit_marked(found: list[fm.Found], parent: str) -> bool:
+    """An Orbax step beside others in `parent` carries commit_success.txt (then every step there must: the
+    checker's ctx.want_commit)."""
+    orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
+    return any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax)
+
+
 CHECKERS: dict[str, Checker] = {"orbax": _check_orbax}
 FOLDER_FORMATS: tuple[str, ...] = ("orbax",)
 TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {}

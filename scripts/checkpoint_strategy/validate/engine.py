@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats import registry
+from checkpoint_strategy.formats import orbax, registry
 from checkpoint_strategy.validate import parts
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
@@ -392,10 +392,10 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
         if os.path.islink(p) and not os.path.exists(p):
             raise UsageError(f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints")
         found, _unrec = fm.discover(p)
-        deleted = fm.orbax_soft_deleted(found)
+        deleted = orbax.orbax_soft_deleted(found)
         if deleted:
             found = [f for f in found if f not in deleted]
-            notes.append(_soft_deleted_note(p, deleted))
+            notes.append(orbax.soft_deleted_note(p, deleted))
         if not found and not deleted:
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
@@ -405,8 +405,7 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
             roots.setdefault(f.path, p)
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
-            orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
-            if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
+            if orbax.commit_marked(found, parent):
                 orbax_commit_roots.add(parent)
         for f in found:  # once each: `latest` beside two given checkpoints names one of them
             if os.path.normpath(f.path) not in seen:
@@ -491,15 +490,6 @@ def _hash_algorithm() -> str:
     from checkpoint_strategy.formats.manifest import ALGORITHM  # with --manifest only (hashlib)
 
     return ALGORITHM
-
-
-def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
-    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
-    steps = sorted(f.step for f in deleted if f.step is not None)
-    shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
-    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
-            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
-            "points (prune and recover leave them out too)")
 
 
 def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
