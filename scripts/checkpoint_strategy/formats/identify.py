@@ -7,7 +7,7 @@ Recognised (documented names of each framework):
   torch       *.pt / *.pth / *.bin file (torch.save zip archive)
   safetensors *.safetensors file
   dcp         folder with .metadata and/or __R_N.distcp (torch.distributed.checkpoint); the checker labels
-              it torchtitan when its .metadata carries torchtitan's markers (framework_layouts.torchtitan_marked)
+              it torchtitan when its .metadata carries torchtitan's markers (formats/dcp.py torchtitan_marked)
   orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
   deepspeed   global_stepN/ (with a `latest` file beside it); a universal checkpoint (ds_to_universal output,
               e.g. global_stepN_universal/ named by `latest_universal`): zero/<param>/fp32.pt, exp_avg.pt, ...
