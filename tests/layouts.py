@@ -30,7 +30,7 @@ def _tiny_state(seed: int = 0):
 def ocdbt_node(payload: bytes, magic: bytes = b"\x0c\xdb\x3a\x2a") -> bytes:
     """An OCDBT node as tensorstore writes one (a manifest by default): magic, 8-byte length of the whole node,
     the payload, CRC-32C of the bytes before it."""
-    from checkpoint_strategy.formats.frameworks import crc32c
+    from checkpoint_strategy.formats.orbax import crc32c
 
     head = magic + struct.pack("<Q", len(payload) + 16) + payload
     return head + struct.pack("<I", crc32c(head))

@@ -43,12 +43,12 @@ def test_orbax_frames_name_zstandard_when_it_is_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "zstandard", None)   # (import then raises ImportError)
     (missing,) = blind_spots([("orbax",)], "full")
     assert "install zstandard to check Orbax values stored as zstd frames" in missing
-    from checkpoint_strategy.formats import frameworks as fl
+    from checkpoint_strategy.formats import orbax
 
     frame = b"\x28\xb5\x2f\xfd\xa0" + (301).to_bytes(4, "little") + (1 | 300 << 3).to_bytes(3, "little") + bytes(300)
-    assert fl.ocdbt_nodes(frame, manifest=False) is None   # a content size its block does not fill: not decoded
+    assert orbax.ocdbt_nodes(frame, manifest=False) is None   # a content size its block does not fill: not decoded
     monkeypatch.undo()
     pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
     (decoded,) = blind_spots([("orbax",)], "deep")
     assert "are decoded" in decoded and "install" not in decoded
-    assert "the zstd frame of array values at byte 0: does not decode" in fl.ocdbt_nodes(frame, manifest=False)
+    assert "the zstd frame of array values at byte 0: does not decode" in orbax.ocdbt_nodes(frame, manifest=False)

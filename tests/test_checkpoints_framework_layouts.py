@@ -1,4 +1,4 @@
-"""formats/frameworks.py: what a framework's own metadata says, read without executing it."""
+"""formats/{dcp,deepspeed,orbax,hf}.py: what a framework's own metadata says, read without executing it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpoint_strategy.formats import frameworks as fl
+from checkpoint_strategy.formats import dcp, deepspeed, orbax
 
 
 def model_states(tmp_path, state) -> str:
@@ -24,17 +24,17 @@ def model_states(tmp_path, state) -> str:
 def test_zero_stage_and_world_size_from_the_pickle(tmp_path):
     state = {"module": {"w": [1, 2]}, "dp_world_size": 4, "ds_config": {
         "pipeline": {"stage": 7}, "zero_optimization": {"offload": {"x": 1}, "stage": 2}}}
-    assert fl.deepspeed_zero_layout(fl.zip_pickle(model_states(tmp_path, state))) == (2, 4)
+    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, state))) == (2, 4)
 
 
 def test_no_zero_config_means_unknown(tmp_path):
-    assert fl.deepspeed_zero_layout(fl.zip_pickle(model_states(tmp_path, {"module": {}}))) == (None, None)
+    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, {"module": {}}))) == (None, None)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=400))
 def test_garbage_pickles_never_raise(data):
-    stage, dp = fl.deepspeed_zero_layout(data)
+    stage, dp = deepspeed.deepspeed_zero_layout(data)
     assert stage is None or isinstance(stage, int)
     assert dp is None or isinstance(dp, int)
 
@@ -42,15 +42,15 @@ def test_garbage_pickles_never_raise(data):
 def test_zip_pickle_refuses_fifos_truncation_and_non_zips(tmp_path):
     fifo = tmp_path / "fifo.pt"
     os.mkfifo(fifo)
-    assert fl.zip_pickle(str(fifo)) is None
+    assert deepspeed.zip_pickle(str(fifo)) is None
     good = model_states(tmp_path, {"dp_world_size": 1})
     raw = open(good, "rb").read()
     cut = tmp_path / "cut.pt"
     cut.write_bytes(raw[: len(raw) // 2])
-    assert fl.zip_pickle(str(cut)) is None
+    assert deepspeed.zip_pickle(str(cut)) is None
     (tmp_path / "text.pt").write_text("not a zip")
-    assert fl.zip_pickle(str(tmp_path / "text.pt")) is None
-    assert fl.zip_pickle(str(tmp_path / "missing.pt")) is None
+    assert deepspeed.zip_pickle(str(tmp_path / "text.pt")) is None
+    assert deepspeed.zip_pickle(str(tmp_path / "missing.pt")) is None
 
 
 @pytest.mark.parametrize("meta, expected", [
@@ -62,13 +62,13 @@ def test_zip_pickle_refuses_fifos_truncation_and_non_zips(tmp_path):
     (None, False),
 ])
 def test_orbax_optimizer_key_at_the_top_of_the_tree(meta, expected):
-    assert fl.orbax_item_has_optimizer(meta) is expected
+    assert orbax.orbax_item_has_optimizer(meta) is expected
 
 
 def test_torchtitan_reason_only_for_model_only_keys():
-    assert fl.torchtitan_model_only_reason({"tok_embeddings", "layers", "optimizer", "train_state"}, 10) is None
-    assert fl.torchtitan_model_only_reason(set(), 10) is None
-    reason = fl.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
+    assert dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "optimizer", "train_state"}, 10) is None
+    assert dcp.torchtitan_model_only_reason(set(), 10) is None
+    reason = dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
     assert reason.startswith("not resumable") and "step-20" in reason and "last_save_model_only" in reason
 
 
@@ -81,13 +81,13 @@ def test_orbax_params_are_a_value_or_a_refusal_by_type():
     """orbax_params: the params, a Refused with the reason, or None (a layout it does not judge); never a bare str."""
     tree = {"('params', 'w')": _orbax_entry([("params", 2), ("w", 2)]), "('opt', '0')": _orbax_entry([("opt", 2),
                                                                                                       ("0", 1)])}
-    assert fl.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
-    assert fl.orbax_params({"use_ocdbt": True}) == fl.Refused("no tree_metadata object")
-    assert fl.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == fl.Refused("use_ocdbt is not true or false")
+    assert orbax.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
+    assert orbax.orbax_params({"use_ocdbt": True}) == orbax.Refused("no tree_metadata object")
+    assert orbax.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == orbax.Refused("use_ocdbt is not true or false")
     flipped = {"('opt', 'x')": _orbax_entry([("opt", 2), ("x", 1)])}
-    got = fl.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
-    assert isinstance(got, fl.Refused) and "sequence key 'x' that is not an index" in got.reason
-    assert fl.orbax_params(["not", "a", "dict"]) is None and fl.orbax_params({"tree_metadata": {"a": 1}}) is None
+    got = orbax.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
+    assert isinstance(got, orbax.Refused) and "sequence key 'x' that is not an index" in got.reason
+    assert orbax.orbax_params(["not", "a", "dict"]) is None and orbax.orbax_params({"tree_metadata": {"a": 1}}) is None
 
 
 # --------------------------------------------------------------------------- Orbax: zstd frames before OCDBT nodes
@@ -96,7 +96,7 @@ def _ocdbt_node(payload: bytes) -> bytes:
     import struct
 
     body = b"\x0c\xdb\x20\xde" + struct.pack("<Q", 4 + 8 + len(payload) + 4) + payload
-    return body + struct.pack("<I", fl.crc32c(body))
+    return body + struct.pack("<I", orbax.crc32c(body))
 
 
 def _zstd_raw_frame(content: bytes, fcs: int | None = None) -> bytes:
@@ -110,18 +110,18 @@ def test_an_ocdbt_data_file_of_a_zstd_frame_then_a_node_is_walked_to_its_node():
     """A big Orbax array's chunk is a zstd frame at the start of an OCDBT data file, the nodes after it
     (tests/test_oracle_mutations.py's real one): full walks the frame and checks the node's CRC-32C."""
     frame, node = _zstd_raw_frame(bytes(300)), _ocdbt_node(b"n" * 40)
-    assert fl.zstd_frame_end(frame + node, 0) == len(frame)
-    assert fl.ocdbt_nodes(frame + node, manifest=False) is None
+    assert orbax.zstd_frame_end(frame + node, 0) == len(frame)
+    assert orbax.ocdbt_nodes(frame + node, manifest=False) is None
     damaged = bytearray(frame + node)
     damaged[len(frame) + 20] ^= 1
-    assert "CRC-32C mismatch" in fl.ocdbt_nodes(bytes(damaged), manifest=False)
-    assert "truncated" in fl.ocdbt_nodes(frame[:200], manifest=False)
-    assert "more than its 1 blocks can hold" in fl.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
+    assert "CRC-32C mismatch" in orbax.ocdbt_nodes(bytes(damaged), manifest=False)
+    assert "truncated" in orbax.ocdbt_nodes(frame[:200], manifest=False)
+    assert "more than its 1 blocks can hold" in orbax.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
                                                                manifest=False)
     reserved = bytearray(frame)
     reserved[9] |= 0b110   # block type 3
-    assert "reserved block type" in fl.ocdbt_nodes(bytes(reserved) + node, manifest=False)
-    assert "neither a frame nor an OCDBT node" in fl.ocdbt_nodes(frame + b"junk" * 10, manifest=False)
+    assert "reserved block type" in orbax.ocdbt_nodes(bytes(reserved) + node, manifest=False)
+    assert "neither a frame nor an OCDBT node" in orbax.ocdbt_nodes(frame + b"junk" * 10, manifest=False)
 
 
 # --------------------------------------------------------------------------- zstd frames decoded (optional zstandard)
@@ -133,7 +133,7 @@ def _rle_frame(blocks: int, fcs: int | None = None) -> bytes:
         header = b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x38])
     else:
         header = b"\x28\xb5\x2f\xfd" + bytes([0x80, 0x38]) + fcs.to_bytes(4, "little")
-    block = fl.ZSTD_MAX_BLOCK << 3 | 1 << 1
+    block = orbax.ZSTD_MAX_BLOCK << 3 | 1 << 1
     body = b"".join(((block | (i == blocks - 1)).to_bytes(3, "little") + b"\x07") for i in range(blocks))
     return header + body
 
@@ -146,14 +146,14 @@ def test_a_zstd_frame_whose_content_is_not_what_its_header_declares_is_refused_w
 
     node = _ocdbt_node(b"n" * 40)
     short = _zstd_raw_frame(bytes(300), 301) + node
-    assert fl.zstd_frame_end(short, 0) == len(short) - len(node)
-    reason = fl.ocdbt_nodes(short, manifest=False)
+    assert orbax.zstd_frame_end(short, 0) == len(short) - len(node)
+    reason = orbax.ocdbt_nodes(short, manifest=False)
     if not zstd.available():
         assert reason is None
         return
     assert reason is not None and reason.startswith("the zstd frame of array values at byte 0: ")
     assert "\n" not in reason and len(reason) < 300
-    assert fl.ocdbt_nodes(_zstd_raw_frame(bytes(300)) + node, manifest=False) is None
+    assert orbax.ocdbt_nodes(_zstd_raw_frame(bytes(300)) + node, manifest=False) is None
 
 
 def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_catches_the_rest():
@@ -166,16 +166,16 @@ def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_
     content = bytes(range(256)) * 64 + b"values" * 500
     for checksum in (False, True):
         frame = zstandard.ZstdCompressor(write_checksum=checksum).compress(content)
-        assert fl.ocdbt_nodes(frame + node, manifest=False) is None
+        assert orbax.ocdbt_nodes(frame + node, manifest=False) is None
         refused = missed = 0
-        for at in range(fl._zstd_header(frame, 0)[0] + 3, len(frame)):
+        for at in range(orbax._zstd_header(frame, 0)[0] + 3, len(frame)):
             damaged = bytearray(frame)
             damaged[at] ^= 1 << (at % 8)
             try:
                 oracle = zstandard.ZstdDecompressor().decompress(bytes(damaged)) is None
             except zstandard.ZstdError:
                 oracle = True
-            ours = fl.ocdbt_nodes(bytes(damaged) + node, manifest=False)
+            ours = orbax.ocdbt_nodes(bytes(damaged) + node, manifest=False)
             assert not oracle or ours is not None, (checksum, at)
             assert ours is None or "\n" not in ours
             refused += oracle
@@ -183,7 +183,7 @@ def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_
         assert refused > 0 and (missed == 0 if checksum else missed < len(frame))
     magic = bytearray(frame + node)
     magic[2] ^= 4   # the frame's magic number: the bytes would read as uncompressed values
-    assert "magic number has a flipped bit" in fl.ocdbt_nodes(bytes(magic), manifest=False)
+    assert "magic number has a flipped bit" in orbax.ocdbt_nodes(bytes(magic), manifest=False)
 
 
 def test_hostile_zstd_frames_give_one_reason_in_bounded_memory():
@@ -206,9 +206,9 @@ def test_hostile_zstd_frames_give_one_reason_in_bounded_memory():
     lying = _rle_frame(512, fcs=1000)   # declares 1000 bytes, its blocks hold 64 MiB
     reason = zstd.frame_problem(lying, 0, len(lying), 1000, 1 << 30)
     assert reason is not None and "\n" not in reason
-    assert "more than its" not in (fl.ocdbt_nodes(lying, manifest=False) or "more than its")
+    assert "more than its" not in (orbax.ocdbt_nodes(lying, manifest=False) or "more than its")
     truncated = big[:len(big) // 2]
-    assert "truncated" in fl.ocdbt_nodes(truncated, manifest=False)
-    whole = _rle_frame(512, fcs=512 * fl.ZSTD_MAX_BLOCK)   # (the walk finds a frame's end; cut, it decodes short)
-    assert fl.ocdbt_nodes(whole, manifest=False) is None
-    assert zstd.frame_problem(whole, 0, len(whole) // 2, 512 * fl.ZSTD_MAX_BLOCK, 1 << 30).startswith("decodes to ")
+    assert "truncated" in orbax.ocdbt_nodes(truncated, manifest=False)
+    whole = _rle_frame(512, fcs=512 * orbax.ZSTD_MAX_BLOCK)   # (the walk finds a frame's end; cut, it decodes short)
+    assert orbax.ocdbt_nodes(whole, manifest=False) is None
+    assert zstd.frame_problem(whole, 0, len(whole) // 2, 512 * orbax.ZSTD_MAX_BLOCK, 1 << 30).startswith("decodes to ")

@@ -1,4 +1,4 @@
-"""A checkpoint a rank did not finish is incomplete everywhere (issue 39 item 3; formats/runfacts.py `rank_gap`).
+"""A checkpoint a rank did not finish is incomplete everywhere (issue 39 item 3; formats/hf.py `rank_gap`).
 
 The real case: HF Trainer under a 2-process torchrun on CPU (gloo), rank 1 SIGKILLed in its save of checkpoint-15
 once rank 0 had written its part (trainer_state.json included): checkpoint-15 has no rng_state_1.pth, checkpoints 5
@@ -17,7 +17,7 @@ import pytest
 
 from checkpoint_strategy.callbacks import last_valid_checkpoint
 from checkpoint_strategy.validate import validate_checkpoint
-from checkpoint_strategy.formats.runfacts import expected_rank_files, rank_gap
+from checkpoint_strategy.formats.hf import expected_rank_files, rank_gap
 
 HF_NAMES = ["config.json", "generation_config.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
             "trainer_state.json", "training_args.bin"]

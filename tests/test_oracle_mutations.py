@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 import pytest
 
-from checkpoint_strategy.formats import frameworks as fl
+from checkpoint_strategy.formats import orbax
 from checkpoint_strategy.formats import zstd
 from checkpoint_strategy.validate.engine import validate_checkpoint
 from checkpoint_strategy.errors import UsageError
@@ -383,9 +383,11 @@ def oracle_orbax(tmp_path_factory) -> Subject:
 def zstd_regions(rel: str, data: bytes) -> list[Region]:
     """An OCDBT data file that starts with array values (zstd frames of zarr chunks) and ends with its nodes: each
     frame's header, block headers and compressed block contents, then the nodes."""
+    from checkpoint_strategy.formats import orbax
+
     out, pos = [], 0
     while data.startswith(b"\x28\xb5\x2f\xfd", pos):
-        at = fl._zstd_header(data, pos)[0]
+        at = orbax._zstd_header(data, pos)[0]
         out.append(Region(rel, "zstd frame header", pos, at))
         while True:
             word = int.from_bytes(data[at:at + 3], "little")
@@ -566,7 +568,7 @@ def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_w
 
     _edit_metadata(folder, edit)
     data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
-    from checkpoint_strategy.formats.frameworks import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
+    from checkpoint_strategy.formats.dcp import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
 
     assert (folder / ".metadata").stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
     r = validate_checkpoint(folder, "quick")
@@ -675,14 +677,14 @@ def test_a_real_orbax_zstd_frame_that_does_not_decode_is_invalid_at_full_and_dee
     shutil.copytree(oracle_orbax_big.path, folder)
     (big,) = [p for p in folder.rglob("d/*") if p.stat().st_size > 100_000]
     data = bytearray(big.read_bytes())
-    at, end = fl._zstd_header(bytes(data), 0)[0], fl.zstd_frame_end(bytes(data), 0)   # the first block header
+    at, end = orbax._zstd_header(bytes(data), 0)[0], orbax.zstd_frame_end(bytes(data), 0)   # the first block header
     assert (data[at] >> 1) & 3 == 2, "a compressed block"
     if what == "literals header":
         data[at + 3] ^= 4
     else:
         data[at] &= ~0b110   # type 2 (compressed) -> 0 (raw), size kept
     big.write_bytes(bytes(data))
-    assert fl.zstd_frame_end(bytes(data), 0) == end   # the walk alone passes it
+    assert orbax.zstd_frame_end(bytes(data), 0) == end   # the walk alone passes it
     assert _refused(orbax_oracle, folder)
     for level in ("full", "deep"):
         r = validate_checkpoint(folder, level)

@@ -13,7 +13,7 @@ from typing import Any
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats.frameworks import WEIGHT_KEYS
+from checkpoint_strategy.formats.torchfile import WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor, Unsupported

@@ -25,7 +25,7 @@ from checkpoint_strategy.formats.archive import CHUNK, Counter, Finding, Kind, U
 from checkpoint_strategy.storage import ReadError, open_regular, read_small
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.formats.frameworks import DcpItem
+    from checkpoint_strategy.formats.models import DcpItem
 
 __all__ = ["CHUNK", "Counter", "Finding", "Kind", "ZipEntry", "truncated"]   # used by the checkers as fc.<name>
 
@@ -573,7 +573,7 @@ def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
 
 
 def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Update | None = None) -> list[Finding]:
-    """Level full of one DCP data file: every item `.metadata` places in it (framework_layouts.DcpItem) is a torch
+    """Level full of one DCP data file: every item `.metadata` places in it (formats.models.DcpItem) is a torch
     archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
     chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
     first finding of the file, or none."""

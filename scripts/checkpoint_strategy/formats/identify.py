@@ -7,7 +7,7 @@ Recognised (documented names of each framework):
   torch       *.pt / *.pth / *.bin file (torch.save zip archive)
   safetensors *.safetensors file
   dcp         folder with .metadata and/or __R_N.distcp (torch.distributed.checkpoint); the checker labels
-              it torchtitan when its .metadata carries torchtitan's markers (framework_layouts.torchtitan_marked)
+              it torchtitan when its .metadata carries torchtitan's markers (formats/dcp.py torchtitan_marked)
   orbax       N/ or prefix_N/ with _CHECKPOINT_METADATA or commit_success.txt; *.orbax-checkpoint-tmp-* in flight
   deepspeed   global_stepN/ (with a `latest` file beside it); a universal checkpoint (ds_to_universal output,
               e.g. global_stepN_universal/ named by `latest_universal`): zero/<param>/fp32.pt, exp_avg.pt, ...
@@ -281,13 +281,3 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
                 continue
         if depth == 0:
             unrecognised.append(name)
-
-
-def orbax_soft_deleted(found: list[Found]) -> list[Found]:
-    """Orbax steps its CheckpointManager soft-deleted: with CheckpointManagerOptions(todelete_subdir="trash")
-    a step it deletes is renamed to <directory>/trash/<step> (and left there), so an Orbax step whose folder
-    sits one level below live Orbax steps is one of them. Not checkpoints to resume from or to count:
-    `prune` and `recover` look only at the root's own entries and never see them."""
-    orbax = [f for f in found if f.format == "orbax"]
-    parents = {os.path.dirname(os.path.normpath(f.path)) for f in orbax}
-    return [f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents]

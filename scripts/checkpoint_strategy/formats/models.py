@@ -497,6 +497,20 @@ class RunShape(_Model):
     batch_from: Optional[str] = None
 
 
+@dataclass
+class DcpItem:
+    """One stored item a DCP .metadata names: a tensor chunk (its sizes and dtype) or a bytes object (read by
+    formats/dcp.py `dcp_items`, checked by formats/filechecks.py `check_dcp_file`: here, below both)."""
+
+    fqn: str
+    rel: str
+    offset: int
+    length: int
+    sizes: tuple | None = None
+    dtype: str | None = None
+    transformed: bool = False
+
+
 SCHEMAS: dict[str, type[BaseModel]] = {
     "validation-report.schema.json": ValidationReport,
     "deep-stats.schema.json": DeepStats,

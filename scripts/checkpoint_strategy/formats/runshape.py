@@ -39,7 +39,7 @@ def _archive_root(path: str) -> Any:
 
 
 def _hf_batch(path: str, out: RunShape) -> None:
-    from checkpoint_strategy.formats.frameworks import hf_args_world_size
+    from checkpoint_strategy.formats.hf import hf_args_world_size
 
     args = _archive_root(os.path.join(path, "training_args.bin"))
     declared = hf_args_world_size(args)   # what the run was launched with, whatever rng files a torn save left

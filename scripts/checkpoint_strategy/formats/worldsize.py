@@ -6,7 +6,7 @@ read as pickle opcodes), and what a move to another GPU count keeps and changes.
 - torch.distributed.checkpoint (DCP, FSDP SHARDED_STATE_DICT, torchtitan): ``__<rank>_<n>.distcp``
   files, one set per rank that wrote.
 - DeepSpeed ZeRO: ``zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt`` files, and ``dp_world_size`` in
-  ``mp_rank_00_model_states.pt`` (formats/frameworks.py).
+  ``mp_rank_00_model_states.pt`` (formats/deepspeed.py).
 - Megatron: ``mp_rank_<tp>[_<pp>]`` folders (tensor x pipeline parallel ranks).
 """
 
@@ -60,7 +60,7 @@ def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSiz
                 model_states = os.path.join(path, rel, n)
     if not dp and model_states is None:
         return None
-    from checkpoint_strategy.formats.frameworks import deepspeed_zero_layout, zip_pickle
+    from checkpoint_strategy.formats.deepspeed import deepspeed_zero_layout, zip_pickle
 
     stage, saved_dp = deepspeed_zero_layout(zip_pickle(model_states) or b"") if model_states else (None, None)
     if not dp and saved_dp is None:
@@ -204,7 +204,7 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
 def _declared(results) -> list[SavedWorldSize]:
     """No valid checkpoint tells its world size (a torn save checked alone): the processes the run was launched
     with, as the newest HF checkpoint's training_args.bin records them, never the count of its rank files."""
-    from checkpoint_strategy.formats.runfacts import declared_world
+    from checkpoint_strategy.formats.hf import declared_world
 
     for r in sorted(results, key=lambda r: r.step or 0, reverse=True):
         world = declared_world(r.path) if r.format == "hf-trainer" and os.path.isdir(r.path) else None

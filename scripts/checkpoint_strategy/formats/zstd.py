@@ -1,6 +1,6 @@
 """Decoding one zstd frame of Orbax array values (its zarr3 zstd codec) with the optional `zstandard` package.
 
-`formats.frameworks.zstd_frame_end` walks a frame's headers and block sizes without decoding; this module decodes
+`formats.orbax.zstd_frame_end` walks a frame's headers and block sizes without decoding; this module decodes
 the frame as tensorstore does when Orbax restores, so full refuses what the restore refuses: a corrupt compressed
 block, a content checksum mismatch (when the frame carries one), content of another size than the header declares.
 `zstandard` is imported lazily: without it `available()` is False and nothing is decoded (validate/coverage.py then

@@ -329,7 +329,7 @@ def _torn(out: _CkCheck, base, later: list) -> None:
     needs is missing): resumed from, the ranks without their file started from a fresh RNG stream."""
     import os
 
-    from checkpoint_strategy.formats.runfacts import checkpoint_rank_gap
+    from checkpoint_strategy.formats.hf import checkpoint_rank_gap
 
     for f in ([base] if base is not None else []) + later:
         gap = checkpoint_rank_gap(f.path)

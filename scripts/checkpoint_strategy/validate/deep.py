@@ -20,13 +20,13 @@ from typing import Any, BinaryIO, Literal
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats.frameworks import OPTIM_KEYS, WEIGHT_KEYS
+from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats.base import Role
 from checkpoint_strategy.formats.models import DeepCheck, OptimizerCheck, TensorStat
 from checkpoint_strategy.storage import ReadError, open_regular
 
-Role = Literal["weights", "optimizer", "mixed", "other"]
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 #: optimizer state leaves that are means of squares: a negative value cannot be (Adam takes their square root)
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col", "square_avg", "sum")
@@ -53,7 +53,7 @@ class Source:
     #                             not made: the archive is read once)
 
 
-#: torchtitan's top-level keys beside the flattened model (framework_layouts.TORCHTITAN_TRAIN_KEYS)
+#: torchtitan's top-level keys beside the flattened model (formats.dcp.TORCHTITAN_TRAIN_KEYS)
 TRAIN_STATE_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
 
 

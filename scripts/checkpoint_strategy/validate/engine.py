@@ -1,33 +1,37 @@
-"""Checkpoint validation: per-format checks, roots with many checkpoints, the Python API."""
+"""Checkpoint validation: the level engine, roots with many checkpoints, the Python API.
+
+Each checkpoint goes through the checker of its format's module (formats/hf.py, lightning.py, torchfile.py, dcp.py,
+deepspeed.py, orbax.py, megatron.py, listed in formats/registry.py): the engine builds the context
+(formats/base.py `Ctx`, with the part split and the deep level's Source), runs the checker, then the deep level,
+the manifest and the emergency marker, and words the result. A format is added in formats/ alone. What the engine
+still knows by name: Orbax's soft-deleted steps and commit markers beside its steps (`_discover_jobs`), and the
+wording of a broken resume pointer (`_precheck`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import time
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats import frameworks as fl
+from checkpoint_strategy.formats import orbax, registry
 from checkpoint_strategy.validate import parts
-from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.validate.fanout import map_split
 from checkpoint_strategy.formats.marker import MARKER_NAME
-from checkpoint_strategy.formats.runfacts import rank_gap, zero_rank_gap
 from checkpoint_strategy.formats.archive import ZipEntry
-from checkpoint_strategy.formats.filechecks import Kind
+from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, named
 from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
                                                     ValidationReport, ValidationSummary)
 from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
+from checkpoint_strategy.storage import ReadError
 
 if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
     from checkpoint_strategy.validate import deep as dp
@@ -71,784 +75,9 @@ PORTABILITY = {
     "unknown": "unknown layout: cannot say",
 }
 
-ProgressFn = Callable[..., None]
-Format = Literal["hf-trainer", "lightning", "nemo", "torch", "safetensors", "dcp", "torchtitan", "orbax",
-                 "deepspeed", "megatron"]
-Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
-                      "lightning-sharded", "unknown"]
+# --------------------------------------------------------------------------- before the checker (every format alike)
 
-
-@dataclass
-class Layout:
-    """What a format checker learned about one checkpoint (its problems go to the context)."""
-
-    resumable: bool = False
-    sharded: bool = False
-    portability: Portability = "unknown"
-    step: int | None = None
-    dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
-    format: str | None = None   # what the content says it is, where the name alone could not (torchtitan)
-
-
-class _Ctx:
-    """Collects problems/notes (and, at level deep, the files that hold tensors) for one checkpoint."""
-
-    def __init__(self, root: str, level: str, update: ProgressFn | None, want_commit: bool = False) -> None:
-        self.root = root
-        self.want_commit = want_commit   # Orbax: the other steps have commit_success.txt, so this one must
-        self.level = level
-        self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
-        self.deep = level == "deep"
-        self.counter = fc.Counter()
-        self.problems: list[Problem] = []
-        self.update = update
-        self.sources: list[dp.Source] = []
-        self.global_step: int | None = None
-        self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
-        self.flat = False    # that listing saw only regular files, and the folder is no symlink
-        self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
-        self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
-        self.args_world: int | None = None     # the processes training_args.bin records (HF Trainer)
-        self.part = parts.for_checkpoint(root) if self.full else None   # validate --part K/N (parts.py)
-        if self.part is not None:
-            self.counter.notes.append(parts.describe(self.part))
-
-    def reads(self, path: str) -> bool:
-        """Level full reads every byte of `path` (in this process's part, when the files are split)."""
-        return self.full and (self.part is None or self.part.owns(self.rel(path)))
-
-    def rel(self, path: str) -> str:
-        if os.path.normpath(path) == os.path.normpath(self.root):
-            return self.named(".")
-        base = self.root if os.path.isdir(self.root) else os.path.dirname(self.root)
-        return os.path.relpath(path, base)
-
-    def named(self, file: str) -> str:
-        return _named(file, self.root)
-
-    def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
-        """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
-        kind = kind or getattr(reason, "kind", "invalid")
-        self.problems.append(Problem(file=self.rel(path), reason=str(reason), kind=kind))
-
-    def missing(self, path: str, what: str) -> None:
-        self.bad(path, f"missing: {what}", "incomplete")
-
-    def safetensors(self, path: str, role: dp.Role = "weights", regular: bool = False) -> None:
-        """At level deep the value scan reads every byte of the data (non-float tensors read through), which
-        is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
-        ``regular`` (here and below): the checker's listing (formats.listing_types) saw a regular file (no stat before the open)."""
-        reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep, regular)
-        for r in reasons:
-            self.bad(path, r)
-        if not reasons and self.deep:
-            self.sources.append(_deep().Source(path, self.rel(path), role, "safetensors"))
-        self._tick()
-
-    def zip(self, path: str, role: dp.Role = "other", flat: bool = False, tensor: str | None = None,
-            regular: bool = False) -> fc.ZipScan:
-        """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
-        for DeepSpeed universal checkpoints' per-parameter files)."""
-        scanned = self.deep and role != "other"   # its CRC-32s are checked by the value scan (read once)
-        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular, crc=not scanned)
-        for r in z.findings:
-            self.bad(path, r)
-        if scanned and not z.findings and not z.legacy:
-            self.sources.append(_deep().Source(path, self.rel(path), role, "zip", zip=z, flat=flat, tensor=tensor,
-                                               crc=self.reads(path)))
-        elif self.deep and z.legacy and role != "other":
-            self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
-        self._tick()
-        return z
-
-    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES, regular: bool = False) -> object | None:
-        self.counter.files += 1
-        try:
-            raw = read_bytes(path, "JSON file", limit, regular)
-        except ReadError as exc:
-            self.bad(path, fc._oserror(exc))
-            self._tick()
-            return None
-        self.counter.bytes_read += len(raw)
-        self.counter.sizes[path] = len(raw)
-        self._tick()
-        if not raw:
-            self.bad(path, "zero-byte file (expected JSON)")
-            return None
-        try:
-            return loads_json(raw, os.path.basename(path), allow_nan=True)
-        except ReadError as exc:
-            self.bad(path, exc.reason)
-        return None
-
-    def readable(self, path: str) -> None:
-        """Generic file: must be a readable, non-empty file; full level reads it all."""
-        self.counter.files += 1
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            self.bad(path, f"cannot read: {describe_os_error(exc)}")
-            return
-        if not os.path.isfile(path):
-            self.bad(path, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
-            return
-        if st.st_size == 0:
-            self.bad(path, "zero-byte file")
-            return
-        if self.reads(path):
-            for r in fc.stream_file(path, self.counter, self.update):
-                self.bad(path, r)
-        else:
-            try:
-                with storage.open_regular(path) as fh:
-                    fh.read(1)
-            except (OSError, storage.ReadError) as exc:
-                self.bad(path, fc._oserror(exc))
-        self._tick()
-
-    def _tick(self) -> None:
-        if self.update is not None:
-            self.update(files=1)
-
-
-def _named(file: str, checkpoint: str) -> str:
-    """A problem's file: '.' (the checkpoint itself) is the file's name for a single-file checkpoint."""
-    return os.path.basename(os.path.normpath(checkpoint)) if file == "." and not os.path.isdir(checkpoint) else file
-
-
-def _ls(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-# --------------------------------------------------------------------------- formats (one checker per Format)
-
-_FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
-_RNG_STATE = re.compile(r"^rng_state.*\.pth$")
-_HF_STATE_ZIPS = frozenset(("optimizer.pt", "scheduler.pt", "training_args.bin", "scaler.pt"))
-
-
-@dataclass
-class _HfNames:
-    """The names of an HF Trainer folder that hold weights or shards, sorted into what each is."""
-
-    weights: list[str] = field(default_factory=list)
-    indexes: list[str] = field(default_factory=list)
-    fsdp_model: list[str] = field(default_factory=list)
-    fsdp_optim: list[str] = field(default_factory=list)
-    ds_steps: list[str] = field(default_factory=list)
-
-
-def _hf_names(listed: list[str], pre: str) -> _HfNames:
-    """One pass over the sorted names; each pattern only on the names its literal start admits (`pre`: the
-    folder joined with "")."""
-    got = _HfNames()
-    for n in listed:
-        if n.startswith(fm.HF_MODEL_STEMS):
-            if fm._HF_WEIGHTS.match(n):
-                got.weights.append(n)
-            if n.endswith(".index.json") and n.split(".")[0] in fm.HF_MODEL_STEMS:
-                got.indexes.append(n)
-            if n.startswith("pytorch_model_fsdp") and os.path.isdir(pre + n):
-                got.fsdp_model.append(n)
-        elif n.startswith("optimizer_"):
-            if _FSDP_OPTIM.match(n) and os.path.isdir(pre + n):
-                got.fsdp_optim.append(n)
-        elif n.startswith("global_step") and fm._DS.match(n) and os.path.isdir(pre + n):
-            got.ds_steps.append(n)
-    return got
-
-
-def _check_hf(ctx: _Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    got = found.listing if found.listing is not None else fm.listing_types(path)   # discover's, else one now
-    listed, files = got if got is not None else ([], set())
-    ctx.listed = listed if got is not None else None
-    ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
-    names = set(listed)
-    pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
-    hf = _hf_names(listed, pre)
-    for idx in hf.indexes:
-        _check_hf_index(ctx, path, idx, names, idx in files)
-    for w in hf.weights:
-        if w.endswith(".safetensors"):
-            ctx.safetensors(pre + w, regular=w in files)
-        else:
-            ctx.zip(pre + w, "weights", regular=w in files)
-    for d in hf.fsdp_model:
-        _check_dcp_dir(ctx, os.path.join(path, d), role="weights")
-    for d in hf.fsdp_optim:
-        _check_dcp_dir(ctx, os.path.join(path, d), role="optimizer")
-    for d in hf.ds_steps:
-        _check_deepspeed_dir(ctx, os.path.join(path, d), out)
-    if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
-        ctx.missing(os.path.join(path, "model.safetensors"),
-                    "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
-    _check_hf_state_files(ctx, path, listed, names, files, out)
-    out.resumable = "optimizer.pt" in names or bool(hf.fsdp_optim) or out.resumable
-    if hf.fsdp_model or hf.fsdp_optim:
-        out.sharded, out.portability = True, "fsdp"
-    elif hf.ds_steps:
-        out.sharded, out.portability = True, "zero"
-    else:
-        out.portability = "full" if out.resumable else "weights"
-    return out
-
-
-def _check_hf_index(ctx: _Ctx, path: str, idx: str, names: set[str], regular: bool = False) -> None:
-    """One *.index.json: a weight_map object whose every shard is a plain name present in the folder."""
-    data = ctx.json(os.path.join(path, idx), regular=regular)
-    wm = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(wm, dict):
-        if data is not None:   # None: unreadable JSON, ctx.json recorded why
-            ctx.bad(os.path.join(path, idx), "index without a weight_map object")
-        return
-    shards: list = []
-    for v in wm.values():
-        if v not in shards:  # values may be unhashable (a list): no set()
-            shards.append(v)
-    for shard in sorted(shards, key=str):
-        if not isinstance(shard, str) or "/" in shard or shard.startswith("."):
-            ctx.bad(os.path.join(path, idx), f"weight_map names an invalid shard {shard!r}")
-            continue
-        if shard not in names:
-            ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
-        elif shard.endswith(".safetensors"):
-            _check_index_names(ctx, os.path.join(path, idx), os.path.join(path, shard),
-                               [k for k, v in wm.items() if v == shard])
-
-
-def _check_index_names(ctx: _Ctx, index: str, shard: str, keys: list) -> None:
-    """Every tensor an index places in a safetensors shard is in that shard's header (the loader looks it up
-    there: a name the shard lacks is a failed load)."""
-    header = fc.safetensors_header(shard)
-    if header is None:
-        return   # an unreadable header is the shard's own problem (ctx.safetensors words it)
-    lacking = [k for k in keys if k not in header or k == "__metadata__"]
-    if lacking:
-        ctx.bad(index, f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
-                       f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
-
-
-def _check_hf_state_files(ctx: _Ctx, path: str, listed: list[str], names: set[str], files: set[str],
-                          out: Layout) -> None:
-    """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
-    (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
-    pre = os.path.join(path, "")   # as in _check_hf
-    for n in listed:
-        if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
-            z = ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
-            if n == "training_args.bin" and z.pickle is not None:
-                ctx.args_world = fl.hf_args_world_size(z.pickle.root)
-    gap = rank_gap(path, listed, ctx.args_world)   # the run's world size says which rng_state_<rank>.pth must be here
-    if gap is not None:
-        ctx.missing(pre + gap.file, gap.what())
-    if "trainer_state.json" in names:
-        _check_trainer_state(ctx, pre + "trainer_state.json", "trainer_state.json" in files, out)
-    elif fm._HF.match(os.path.basename(path)):
-        ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
-    for n in ("config.json", "generation_config.json", "adapter_config.json"):
-        if n in names:
-            ctx.json(pre + n, regular=n in files)
-
-
-def _check_trainer_state(ctx: _Ctx, file: str, regular: bool, out: Layout) -> None:
-    """trainer_state.json: a JSON object; its best_model_checkpoint and global_step (the step) are kept."""
-    state = ctx.json(file, storage.MAX_TRAINER_STATE_BYTES, regular)
-    ctx.state_read = state is not None
-    if state is not None and not isinstance(state, dict):
-        ctx.bad(file, "not a JSON object")
-    if not isinstance(state, dict):
-        return
-    if isinstance(state.get("best_model_checkpoint"), str):
-        ctx.trainer_best = state["best_model_checkpoint"]
-    if type(state.get("global_step")) is int:
-        ctx.global_step = state["global_step"]
-        if out.step is None:
-            out.step = state["global_step"]
-
-
-def _check_dcp_dir(ctx: _Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
-                   role: dp.Role = "mixed") -> None:
-    names = _ls(path)
-    meta = os.path.join(path, ".metadata")
-    if ".metadata" not in names:
-        if require_metadata:
-            ctx.missing(meta, ".metadata (DCP writes it last; without it the save did not finish)")
-        for n in names:
-            if n.endswith(".distcp"):
-                ctx.readable(os.path.join(path, n))
-        return
-    data = _read_dcp_metadata(ctx, path, meta)
-    if data is None:
-        return
-    oversized = fl.dcp_metadata_oversized(len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata"))
-    if oversized:
-        ctx.bad(meta, oversized)
-        return
-    scan = tp.read_pickle(data)
-    if scan.unsafe(dcp=True):
-        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
-        return
-    items = _dcp_items(ctx, meta, scan)
-    parsed = fc.dcp_storage_map(data) if items is not None else "broken .metadata"
-    if isinstance(parsed, str):
-        if items is not None:
-            ctx.bad(meta, parsed)
-        return
-    needed, keys = parsed
-    if out is not None:
-        out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
-        out.dcp_keys = set(keys)
-    problems_before = len(ctx.problems)
-    _check_dcp_data_files(ctx, path, names, needed, items or [])
-    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        ctx.sources.append(_deep().Source(path, ctx.rel(path), role, "dcp", dcp=scan))
-
-
-def _check_dcp_data_files(ctx: _Ctx, path: str, names: list[str], needed: dict[str, int],
-                          items: list[fl.DcpItem]) -> None:
-    """The data files a .metadata names (`needed`: relative path -> bytes it must hold; `items`: what each stores),
-    and no .distcp file it does not name."""
-    meta = os.path.join(path, ".metadata")
-    if not needed:
-        ctx.bad(meta, "no storage entries found in .metadata")
-    by_file: dict[str, list[fl.DcpItem]] = {}
-    for it in items:
-        by_file.setdefault(it.rel, []).append(it)
-    for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
-    for n in names:
-        if n.endswith(".distcp") and n not in needed:
-            ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-def _dcp_items(ctx: _Ctx, meta: str, scan: tp.PickleScan) -> list | None:
-    """The items a .metadata stores (framework_layouts.dcp_items), or None once its problem is recorded."""
-    if not scan.complete:
-        ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
-        return None
-    try:
-        return fl.dcp_items(scan, tp.DTYPE_SIZE)
-    except fl.DcpBroken as exc:
-        ctx.bad(meta, f"broken .metadata: {exc}")
-        return None
-
-
-def _read_dcp_metadata(ctx: _Ctx, path: str, meta: str) -> bytes | None:
-    """The .metadata bytes, or None once its problem is recorded (outside the folder, unreadable, huge, empty)."""
-    ctx.counter.files += 1
-    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
-        ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
-        return None
-    try:  # bounded: a .metadata that is a device or a huge sparse file is refused
-        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
-        ctx.counter.bytes_read += len(data)
-    except ReadError as exc:
-        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
-                f"{exc.reason}: not a plausible DCP .metadata")
-        return None
-    if not data:
-        ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
-        return None
-    return data
-
-
-def _check_dcp_data_file(ctx: _Ctx, path: str, meta: str, rel: str, nbytes: int, items: list) -> None:
-    """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
-    p = os.path.join(path, rel)
-    if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
-            or not storage.inside(p, path)):
-        ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
-        return
-    try:
-        st = os.stat(p)
-        size = st.st_size
-    except FileNotFoundError:
-        ctx.missing(p, "data file referenced by .metadata")
-        return
-    except OSError as exc:
-        ctx.bad(p, fc._oserror(exc))
-        return
-    if not os.path.isfile(p):
-        ctx.bad(p, f"is {storage.kind_of(st.st_mode)}: expected a regular file")
-        return
-    ctx.counter.files += 1
-    if size < nbytes:
-        ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
-        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update):
-            ctx.bad(p, r)
-    ctx._tick()
-
-
-def _check_dcp(ctx: _Ctx, found: fm.Found) -> Layout:
-    """torch.distributed.checkpoint; labelled torchtitan only by torchtitan's own markers in .metadata (its
-    train_state beside a flattened model), or for a model-only step-N beside such a step (its final save)."""
-    out = Layout(step=found.step, sharded=True, portability="dcp")
-    _check_dcp_dir(ctx, found.path, out)
-    titan = fl.torchtitan_marked(out.dcp_keys) or (
-        not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
-        is not None and _torchtitan_sibling(found.path))
-    out.format = "torchtitan" if titan else "dcp"
-    if titan and ctx.sources and ctx.sources[-1].kind == "dcp":
-        ctx.sources[-1].flat_model = True   # torchtitan flattens the model to the top level
-    if titan and not out.resumable:
-        reason = fl.torchtitan_model_only_reason(out.dcp_keys, out.step)
-        if reason:
-            ctx.counter.notes.append(reason)
-    return out
-
-
-def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
-    """True when one of the (at most `limit`) nearest other step-N folders beside `path` carries torchtitan's
-    markers in its .metadata (read bounded, never through a link to outside that folder)."""
-    parent, me = os.path.split(os.path.normpath(path))
-    steps = sorted(((int(m.group(1)), n) for n in _ls(parent) if n != me and (m := fm._STEP.match(n))), reverse=True)
-    for _step, name in steps[:limit]:
-        folder = os.path.join(parent, name)
-        meta = os.path.join(folder, ".metadata")
-        if not storage.inside(meta, folder) or not storage.is_regular(meta):
-            continue
-        try:
-            parsed = fc.dcp_storage_map(read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA))
-        except ReadError:
-            continue
-        if not isinstance(parsed, str) and fl.torchtitan_marked(parsed[1]):
-            return True
-    return False
-
-
-def _check_deepspeed(ctx: _Ctx, found: fm.Found) -> Layout:
-    out = Layout(step=found.step)
-    if fm.is_ds_universal(found.path):
-        _check_ds_universal(ctx, found.path, out)
-    else:
-        _check_deepspeed_dir(ctx, found.path, out)
-    return out
-
-
-UNIVERSAL_STATE = ("fp32.pt", "exp_avg.pt", "exp_avg_sq.pt")
-
-
-def _check_ds_universal(ctx: _Ctx, path: str, out: Layout) -> None:
-    """A DeepSpeed universal checkpoint, whole: the model states, zero/optimizer_state.pt, and one folder per
-    parameter (the model states' param_shapes) holding fp32.pt and the same optimizer state files as every
-    other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
-    names = _ls(path)
-    zero = os.path.join(path, "zero")
-    model = [n for n in names if n.endswith("_model_states.pt")]
-    if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
-    expected_params: set[str] = set()
-    for n in model:
-        z = ctx.zip(os.path.join(path, n), "mixed")
-        expected_params |= fl.deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
-        out.step = out.step if out.step is not None else fl.deepspeed_global_steps(z.pickle.root if z.pickle else None)
-    inner = _ls(zero)
-    if "optimizer_state.pt" in inner:
-        ctx.zip(os.path.join(zero, "optimizer_state.pt"))
-    else:
-        ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
-                                                              "zero/optimizer_state.pt)")
-    params = _universal_params(ctx, path, zero, inner)
-    for name in sorted(expected_params - set(params)):
-        ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
-    wanted = _universal_files(params)
-    for name, files in sorted(params.items()):
-        for f in sorted(wanted - set(files)):
-            ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
-                        if f != "fp32.pt" else "fp32 weights of this parameter")
-        for f in sorted(n for n in files if n.endswith(".pt")):
-            p = os.path.join(zero, name, f)
-            if storage.inside(p, path):
-                ctx.zip(p, "optimizer", tensor=f"{name}.{f[:-3]}")
-            else:
-                ctx.bad(p, "a symbolic link to outside the checkpoint folder: not read")
-    out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
-    out.sharded, out.portability = False, "ds-universal"
-    ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
-    if expected_params and set(params) - expected_params:
-        extra = sorted(set(params) - expected_params)
-        ctx.counter.notes.append(f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
-                                 f"(first: {extra[0]}): left from another model?")
-
-
-def _universal_params(ctx: _Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
-    """Parameter folder -> its file names; a folder linked to outside the checkpoint is a problem, not read."""
-    params: dict[str, list[str]] = {}
-    for n in inner:
-        folder = os.path.join(zero, n)
-        if not os.path.isdir(folder):
-            continue
-        if not storage.inside(folder, path):
-            ctx.bad(folder, "a symbolic link to outside the checkpoint folder: not read")
-            continue
-        params[n] = _ls(folder)
-    return params
-
-
-def _universal_files(params: dict[str, list[str]]) -> set[str]:
-    """The files every parameter folder must hold: fp32.pt, and each state file any of them has (Adam's two
-    moments together)."""
-    wanted = {"fp32.pt"} | {f for files in params.values() for f in files if f.endswith(".pt")}
-    if wanted & {"exp_avg.pt", "exp_avg_sq.pt"}:
-        wanted |= {"exp_avg.pt", "exp_avg_sq.pt"}
-    return wanted
-
-
-def _check_deepspeed_dir(ctx: _Ctx, path: str, out: Layout) -> None:
-    names = _ls(path)
-    model = [n for n in names if n.endswith("_model_states.pt")]
-    optim = [n for n in names if n.endswith("_optim_states.pt")]
-    if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
-    for n in sorted(model + optim):
-        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
-    states_pkl = fl.zip_pickle(os.path.join(path, model[0])) if model else None
-    ctx.counter.bytes_read += len(states_pkl or b"")
-    stage, dp = fl.deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
-    if stage and not optim:
-        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
-                    "them cannot resume)")
-    if optim:
-        out.resumable = True
-    gap = zero_rank_gap(names, dp, stage)   # the model states' dp_world_size says which rank files must be here
-    if gap is not None:
-        ctx.missing(os.path.join(path, gap[0]), gap[1])
-    out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
-    out.portability = "zero" if out.sharded else ("full" if optim else "weights")
-
-
-def _check_megatron(ctx: _Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    names = _ls(path)
-    if ".metadata" in names:  # torch_dist format
-        _check_dcp_dir(ctx, path, out)
-        if "common.pt" in names:
-            ctx.zip(os.path.join(path, "common.pt"))
-        if "metadata.json" in names:
-            ctx.json(os.path.join(path, "metadata.json"))
-        out.sharded, out.portability = True, "dcp"
-        return out
-    ranks = sorted(n for n in names if n.startswith("mp_rank_") and os.path.isdir(os.path.join(path, n)))
-    if not ranks:
-        ctx.missing(os.path.join(path, "mp_rank_00"), "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)")
-    has_optim = False
-    for r in ranks:
-        inner = _ls(os.path.join(path, r))
-        files = [n for n in inner if n.endswith(".pt")]
-        if "model_optim_rng.pt" not in inner:
-            ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
-        for n in files:
-            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed",
-                        flat=n == "distrib_optim.pt")
-            has_optim = has_optim or "optimizer" in z.keys()
-        if "distrib_optim.pt" in inner:
-            has_optim = True
-    out.resumable = has_optim
-    out.sharded = len(ranks) > 1
-    out.portability = "megatron" if out.sharded else ("full" if has_optim else "weights")
-    return out
-
-
-def _check_orbax(ctx: _Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    names = set(_ls(path))
-    if fm.ORBAX_TMP in os.path.basename(path):
-        ctx.bad(path, "in-flight Orbax temporary folder (save not finalised)", "incomplete")
-        return out
-    _check_orbax_commit(ctx, path, names)
-    items = sorted(n for n in names if os.path.isdir(os.path.join(path, n)))
-    if not items:
-        ctx.missing(os.path.join(path, "default"), "checkpoint items (e.g. default/, state/)")
-    for item in items:
-        if _check_orbax_folder(ctx, os.path.join(path, item)):
-            out.resumable = True
-    if ctx.deep:
-        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
-    out.sharded, out.portability = True, "orbax"
-    return out
-
-
-def _check_orbax_commit(ctx: _Ctx, path: str, names: set[str]) -> None:
-    """The step's commit: _CHECKPOINT_METADATA with its timestamp, or commit_success.txt (required when the other
-    steps have one: ctx.want_commit)."""
-    if "_CHECKPOINT_METADATA" in names:
-        meta = ctx.json(os.path.join(path, "_CHECKPOINT_METADATA"))
-        if isinstance(meta, dict) and meta.get("commit_timestamp_nsecs", 1) is None:
-            ctx.bad(os.path.join(path, "_CHECKPOINT_METADATA"), "no commit timestamp: save not finalised", "incomplete")
-    elif "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "_CHECKPOINT_METADATA"), "_CHECKPOINT_METADATA / commit_success.txt")
-    if ctx.want_commit and "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "commit_success.txt"),
-                    "commit marker commit_success.txt (the other steps have one; the save did not finish)")
-
-
-def _check_orbax_folder(ctx: _Ctx, ip: str) -> bool:
-    """One item folder of an Orbax step: its JSON documents, manifest and (at full) data files, then the item as
-    its restore reads it. True when it holds training state: its _METADATA tree has optimizer state, or its name
-    says so (opt..., state, train_state)."""
-    item = os.path.basename(ip)
-    inner = _ls(ip)
-    if not inner:
-        ctx.missing(ip, f"contents of item {item}/")
-        return False
-    docs: dict[str, object] = {}
-    optimizer = "opt" in item.lower() or item in ("state", "train_state")
-    for n in inner:
-        p = os.path.join(ip, n)
-        if n in ("_METADATA", "_sharding") or n.endswith(".json"):
-            meta = docs[n] = ctx.json(p)
-            optimizer = optimizer or (n == "_METADATA" and fl.orbax_item_has_optimizer(meta))
-        elif n == "manifest.ocdbt":
-            _check_ocdbt(ctx, p, manifest=True)
-        elif ctx.reads(p) and os.path.isfile(p):
-            ctx.readable(p)
-    _check_orbax_item(ctx, ip, inner, docs)
-    return optimizer
-
-
-def _check_orbax_item(ctx: _Ctx, ip: str, inner: list[str], docs: dict[str, object]) -> None:
-    """An Orbax item as its restore reads it: the _METADATA tree, array_metadatas/* and _sharding naming its values
-    with the same shapes (every level: these files are read anyway); at full, every OCDBT manifest and node
-    (CRC-32C) under d/ and ocdbt.process_*/."""
-    meta = os.path.join(ip, "_METADATA")
-    params = fl.orbax_params(docs.get("_METADATA"))
-    if isinstance(params, fl.Refused):
-        ctx.bad(meta, f"Orbax cannot restore from it: {params.reason}")
-    if "array_metadatas" in inner:
-        for n in _ls(os.path.join(ip, "array_metadatas")):
-            doc = ctx.json(os.path.join(ip, "array_metadatas", n))
-            reason = fl.orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
-            if reason:
-                ctx.bad(os.path.join(ip, "array_metadatas", n), f"Orbax cannot restore from it: {reason}")
-    reason = fl.orbax_sharding(docs["_sharding"], params) if isinstance(params, dict) and \
-        docs.get("_sharding") is not None else None
-    if reason:
-        ctx.bad(os.path.join(ip, "_sharding"), f"Orbax cannot restore from it: {reason}")
-    if not ctx.full:
-        return
-    for sub in [ip] + [os.path.join(ip, n) for n in inner if n.startswith("ocdbt.process_")]:
-        if sub != ip and "manifest.ocdbt" in _ls(sub):
-            _check_ocdbt(ctx, os.path.join(sub, "manifest.ocdbt"), manifest=True)
-        for n in _ls(os.path.join(sub, "d")):
-            _check_ocdbt(ctx, os.path.join(sub, "d", n), manifest=False)
-
-
-def _check_ocdbt(ctx: _Ctx, path: str, manifest: bool) -> None:
-    """One OCDBT file at full (its nodes' CRC-32C, fl.ocdbt_nodes); a file too big to hold is read through."""
-    if not ctx.reads(path):
-        if manifest:
-            ctx.readable(path)
-        return
-    try:
-        data = read_bytes(path, "OCDBT file", limit=fl.MAX_OCDBT_NODE)
-    except ReadError:
-        ctx.readable(path)   # a big data file (array values), or unreadable: readable() words it
-        return
-    ctx.counter.files += 1
-    ctx.counter.bytes_read += len(data)
-    reason = fl.ocdbt_nodes(data, manifest)
-    if reason:
-        ctx.bad(path, reason)
-    ctx._tick()
-
-
-def _check_lightning(ctx: _Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    if os.path.isdir(path):
-        names = _ls(path)
-        if ".metadata" in names or any(n.endswith(".distcp") for n in names):
-            _check_dcp_dir(ctx, path, out)
-        elif "checkpoint" in names:
-            _check_deepspeed_dir(ctx, os.path.join(path, "checkpoint"), out)
-        else:
-            ctx.missing(path, "sharded checkpoint contents (.metadata or checkpoint/)")
-        out.sharded, out.portability = True, "lightning-sharded"
-        return out
-    z = ctx.zip(path, "mixed")
-    out.resumable = "optimizer_states" in z.keys()
-    out.portability = "full" if out.resumable else "weights"
-    out.step = _pickle_step(z) if out.step is None else out.step   # last.ckpt: no step in its name
-    return out
-
-
-def _pickle_step(z: fc.ZipScan) -> int | None:
-    """The training step a torch archive records at its pickle's root (Lightning and NeMo: global_step), read
-    as data; None when there is none."""
-    root = z.pickle.root if z.pickle is not None else None
-    step = root.get("global_step") if isinstance(root, dict) else None
-    return step if type(step) is int and step >= 0 else None
-
-
-def _check_nemo(ctx: _Ctx, found: fm.Found) -> Layout:
-    path = found.path
-    out = Layout(step=found.step)
-    marker = fm.unfinished_marker(path)
-    if os.path.lexists(marker):
-        ctx.bad(marker, "NeMo -unfinished marker present: the save did not finish", "incomplete")
-    if os.path.isdir(path):
-        names = _ls(path)
-        target = os.path.join(path, "weights") if "weights" in names else path
-        _check_dcp_dir(ctx, target, out)
-        if "common.pt" in _ls(target):
-            ctx.zip(os.path.join(target, "common.pt"))
-        out.sharded, out.portability = True, "dcp"
-    elif os.path.exists(path):
-        z = ctx.zip(path, "mixed")
-        out.resumable = "optimizer_states" in z.keys()
-        out.portability = "full" if out.resumable else "weights"
-        out.step = _pickle_step(z) if out.step is None else out.step
-    return out
-
-
-def _check_safetensors_file(ctx: _Ctx, found: fm.Found) -> Layout:
-    ctx.safetensors(found.path)
-    return Layout(step=found.step, portability="weights")
-
-
-def _check_torch_file(ctx: _Ctx, found: fm.Found) -> Layout:
-    z = ctx.zip(found.path, "mixed")
-    keys = z.keys()
-    resumable = any(k in fl.OPTIM_KEYS for k in keys)
-    if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
-            not any(k in fl.WEIGHT_KEYS or k in fl.OPTIM_KEYS for k in keys):
-        ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
-    return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
-
-
-Checker = Callable[[_Ctx, fm.Found], Layout]
-CHECKERS: dict[str, Checker] = {
-    "hf-trainer": _check_hf,
-    "dcp": _check_dcp,
-    "torchtitan": _check_dcp,
-    "deepspeed": _check_deepspeed,
-    "megatron": _check_megatron,
-    "orbax": _check_orbax,
-    "lightning": _check_lightning,
-    "nemo": _check_nemo,
-    "safetensors": _check_safetensors_file,
-    "torch": _check_torch_file,
-}
-FOLDER_FORMATS = ("hf-trainer", "deepspeed", "megatron", "torchtitan", "dcp", "orbax")
-
-
-def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
+def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
     """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
     path, fmt = found.path, found.format
     try:
@@ -865,12 +94,9 @@ def _precheck(ctx: _Ctx, found: fm.Found) -> Layout | None:
         ctx.bad(path, "resume pointer names no checkpoint: " + ("its text is no iteration number nor 'release' "
                 "(Megatron-LM reads int(text))" if fmt == "megatron" else "an empty tag, '.' or '..' (DeepSpeed "
                 "loads the folder the tag names)"))
-    elif fmt in FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
+    elif fmt in registry.FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
-    elif fmt == "hf-trainer" and os.path.basename(path).startswith("tmp-checkpoint-"):
-        ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
-                "incomplete")
-    elif fmt not in CHECKERS:
+    elif fmt not in registry.CHECKERS:
         ctx.bad(path, f"no checker for format {fmt!r}")
     else:
         return None
@@ -886,7 +112,7 @@ def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = Non
     return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
 
 
-def _deep_outcome(ctx: _Ctx, stats: bool) -> dp.DeepOutcome | None:
+def _deep_outcome(ctx: Ctx, stats: bool) -> dp.DeepOutcome | None:
     """Level deep's outcome, when the checks before it found the checkpoint whole. The torch archives' CRC-32s
     (level full's, left to the value scan so each archive is read once) are checked here either way: a wrong one
     is the archive's problem, as at level full, and then there is no deep outcome."""
@@ -907,7 +133,7 @@ def _deep_outcome(ctx: _Ctx, stats: bool) -> dp.DeepOutcome | None:
     return None
 
 
-def _crc_here(ctx: _Ctx, path: str, entries: list[ZipEntry]) -> None:
+def _crc_here(ctx: Ctx, path: str, entries: list[ZipEntry]) -> None:
     """Level full's CRC-32 of a torch archive's entries (the deep scan did not run)."""
     try:
         with storage.open_regular(path) as fh:
@@ -923,10 +149,13 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
                       stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
     path = found.path
-    ctx = _Ctx(path, level, update, want_commit)
+    part = parts.for_checkpoint(path) if level in ("full", "deep") else None
+    ctx = Ctx(path, level, update, want_commit, part, _deep().Source if level == "deep" else None)
+    if part is not None:
+        ctx.counter.notes.append(parts.describe(part))
     layout = _precheck(ctx, found)
     if layout is None:
-        layout = CHECKERS[found.format](ctx, found)
+        layout = registry.CHECKERS[found.format](ctx, found)
     outcome = _deep_outcome(ctx, stats)
     if outcome is not None:
         _apply_deep(ctx, found, layout, outcome)
@@ -952,7 +181,7 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     return result, outcome
 
 
-def _apply_deep(ctx: _Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutcome) -> None:
+def _apply_deep(ctx: Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutcome) -> None:
     """Level deep's outcome (`_deep_outcome`) into the context: its findings, notes and bytes."""
     from checkpoint_strategy.formats.optstep import fill_deep_check
 
@@ -967,7 +196,7 @@ def _apply_deep(ctx: _Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutc
         layout.resumable = False
 
 
-def _manifest(ctx: _Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
+def _manifest(ctx: Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
     """validate --manifest write|verify on a checkpoint that is not incomplete; the state it leaves."""
     from checkpoint_strategy.formats import manifest as mf
 
@@ -1000,7 +229,7 @@ def _flat_parts(folder: str, names: tuple[str, ...], sizes: dict[str, int]) -> t
     return read, tuple(unread)
 
 
-def _note_marker(ctx: _Ctx, path: str) -> dict | None:
+def _note_marker(ctx: Ctx, path: str) -> dict | None:
     """The emergency marker's note (written by the training callbacks: post-event weights, not a resume point);
     the marker (marker.read_marker), or None. A folder the checker listed without one is not looked at again."""
     if ctx.listed is not None and MARKER_NAME not in ctx.listed:
@@ -1078,7 +307,7 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
 def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
     finding = _deep().compare(outcome, prev, prev_name)
     if finding is not None:
-        result.problems.append(Problem(file=_named(finding.file, result.path), reason=finding.reason,
+        result.problems.append(Problem(file=named(finding.file, result.path), reason=finding.reason,
                                        kind=finding.kind))
 
 
@@ -1124,8 +353,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
     tag, Megatron text that is no number): the pointer itself, reported as invalid."""
     extra: list[fm.Found] = []
     present = {os.path.normpath(f.path) for f in found}
-    for tracker, fmt in (("latest", "deepspeed"), ("latest_universal", "deepspeed"),
-                         ("latest_checkpointed_iteration.txt", "megatron")):
+    for tracker, (fmt, pointer_target) in registry.TRACKERS.items():
         tpath = os.path.join(folder, tracker)
         if not os.path.isfile(tpath):
             continue
@@ -1134,7 +362,7 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
                 text = fh.read(256).decode("utf-8", "replace").strip()
         except (OSError, storage.ReadError):
             continue
-        name = _pointer_target(text, fmt)
+        name = pointer_target(text)
         if name is None:   # the framework's resume reads nothing from this text: the pointer itself is broken
             extra.append(fm.Found(tpath, fmt, None, False, role=POINTER))
             continue
@@ -1147,18 +375,6 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
 
 
 POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
-
-
-def _pointer_target(text: str, fmt: str) -> str | None:
-    """The folder a resume pointer's (stripped) text names, as the framework reads it: DeepSpeed joins its
-    `latest` tag to the folder; Megatron-LM's read_metadata takes int(text) (iter_NNNNNNN) or 'release' (here: "").
-    None when the framework can load nothing from it (an empty tag, '.', '..', text that is no iteration)."""
-    if fmt == "deepspeed":
-        return None if text in ("", ".", "..") else text
-    try:
-        return f"iter_{int(text):07d}"
-    except ValueError:
-        return "" if text == "release" else None
 
 
 def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
@@ -1176,10 +392,10 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
         if os.path.islink(p) and not os.path.exists(p):
             raise UsageError(f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints")
         found, _unrec = fm.discover(p)
-        deleted = fm.orbax_soft_deleted(found)
+        deleted = orbax.orbax_soft_deleted(found)
         if deleted:
             found = [f for f in found if f not in deleted]
-            notes.append(_soft_deleted_note(p, deleted))
+            notes.append(orbax.soft_deleted_note(p, deleted))
         if not found and not deleted:
             kind = "folder" if os.path.isdir(p) else "file"
             raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
@@ -1189,8 +405,7 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
             roots.setdefault(f.path, p)
         for parent in parents:
             found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
-            orbax = [f for f in found if f.format == "orbax" and os.path.dirname(f.path) == parent]
-            if any(os.path.exists(os.path.join(f.path, "commit_success.txt")) for f in orbax):
+            if orbax.commit_marked(found, parent):
                 orbax_commit_roots.add(parent)
         for f in found:  # once each: `latest` beside two given checkpoints names one of them
             if os.path.normpath(f.path) not in seen:
@@ -1272,18 +487,9 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
 
 
 def _hash_algorithm() -> str:
-    from checkpoint_strategy.formats.manifest import ALGORITHM   # with --manifest only (hashlib)
+    from checkpoint_strategy.formats.manifest import ALGORITHM  # with --manifest only (hashlib)
 
     return ALGORITHM
-
-
-def _soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
-    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
-    steps = sorted(f.step for f in deleted if f.step is not None)
-    shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
-    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
-            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
-            "points (prune and recover leave them out too)")
 
 
 def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
