@@ -20,8 +20,39 @@ from test_checkpoints_walkspeed import _damaged_run
 torch = pytest.importorskip("torch", reason="real torch.save archives in the checkpoints")
 
 
+def _children() -> set[int] | None:
+    """This process's children, running or exited and not reaped (Linux: /proc/self/task/*/children), or None."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    found: set[int] = set()
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/children") as fh:
+                found.update(int(p) for p in fh.read().split())
+        except (OSError, ValueError):
+            return None
+    return found
+
+
+_BEFORE: set[int] | None = None
+
+
+@pytest.fixture(autouse=True)
+def _children_before():
+    """The children this (pytest worker) process had before the test: another test's leftover is not fanout's."""
+    global _BEFORE
+    _BEFORE = _children()
+    yield
+
+
 def _children_left() -> bool:
-    """Any child process not reaped (running or exited)."""
+    """Any child process the split started and did not reap (running or exited); where /proc cannot tell which
+    children are new, any child at all."""
+    now = _children()
+    if now is not None and _BEFORE is not None:
+        return bool(now - _BEFORE)
     try:
         os.waitpid(-1, os.WNOHANG)
     except ChildProcessError:
@@ -141,6 +172,8 @@ def test_held_up_workers_leave_the_rest_to_this_process(run, monkeypatch, tmp_pa
         if os.getpid() == parent:
             here.append(1)
             released.touch()
+            if len(here) == 1:   # (the workers may start after this process has claimed every chunk: wait for one)
+                _until(lambda: any(took.iterdir()), "a worker to take a chunk")
         else:
             (took / f"{os.getpid()}-{time.monotonic_ns()}").touch()
             _until(released.exists, "this process to check a chunk")
