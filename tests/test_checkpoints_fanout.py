@@ -500,3 +500,42 @@ def test_progress_counts_every_item_once(monkeypatch, child_sends, tmp_path):
     if child_sends == "good then garbled":   # the first chunk of each child counted, then redone here uncounted
         assert 0 < sum(told) < 60
     assert not _children_left()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
+    """A prune killed mid-survey (SIGKILL) must not leave its workers alive: they inherited its folder lock, and the
+    next prune would wait on it forever (found by test_crash_safety_kill_prune_apply_at_random_points under -n 2)."""
+    import subprocess
+    import sys
+
+    from cliresult import checkout_env
+
+    code = (
+        "import os, sys, time\n"
+        "from checkpoint_strategy.validate import fanout\n"
+        "fanout.workers_for = lambda n: 3\n"
+        "def work(part, here):\n"
+        "    if here:\n"
+        "        while not os.listdir(sys.argv[1]):\n"
+        "            time.sleep(0.01)\n"
+        "    else:\n"
+        "        open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
+        "        time.sleep(600)\n"
+        "    return list(part)\n"
+        "fanout.map_split(list(range(64)), work, lambda r: bytes(r), lambda b: list(b))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=checkout_env())
+    try:
+        _until(lambda: len(os.listdir(tmp_path)) >= 1, "a worker to start a chunk")
+        workers = [int(name) for name in os.listdir(tmp_path)]
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    _until(lambda: not any(alive(pid) for pid in workers), "the workers to end with their parent")

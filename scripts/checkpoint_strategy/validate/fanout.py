@@ -240,9 +240,27 @@ def _pool(workers: int, count: int) -> tuple[ProcessPoolExecutor | None, Any]:
     ctx = multiprocessing.get_context("fork")
     try:
         claims = ctx.Array("b", count, lock=True)
-        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx), claims
+        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent,
+                                   initargs=(os.getpid(),)), claims
     except OSError:
         return None, None
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker ends when the process that forked it does (Linux: PR_SET_PDEATHSIG). A worker inherits every
+    descriptor, the prune's folder lock included: a prune killed mid-survey must not leave workers that hold the
+    lock (the next prune would wait on it forever). Elsewhere the pool's own pipes end the workers."""
+    import signal
+
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:   # the parent died before the signal was set up
+        os._exit(1)
 
 
 def _submit(pool: ProcessPoolExecutor, count: int) -> dict[int, Future[Outcome]]:
