@@ -196,7 +196,7 @@ def test_deepspeed_latest_naming_a_missing_tag_keeps_everything_newer(ds_run, cl
     shutil.rmtree(ds_run / "global_step5")
     out = cli_run("prune", ds_run, "--keep-last", "1", "--no-spike-check", "--format", "json").json()
     assert out["delete"] == [] and out["newest_valid"] is None
-    assert any("latest names global_step5, which is not in ROOT" in n for n in out["notes"])
+    assert any("latest names global_step5, which is not in ROOT: resuming from latest fails" in n for n in out["notes"])
 
 
 def test_megatron_tracker_file_is_a_resume_pointer_too(tmp_path, cli_run):

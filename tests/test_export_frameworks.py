@@ -194,3 +194,22 @@ def test_deepspeed_copy_without_its_zero_optimizer_shard_is_incomplete(deepspeed
     assert result.status == "incomplete"
     assert [p.file for p in result.problems] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
     assert "ZeRO stage 1" in result.problems[0].reason
+
+
+def test_deepspeed_resume_target_is_what_a_plain_resume_loads_not_its_universal_twin(deepspeed_run, tmp_path, cli_run):
+    """ds_to_universal beside a real ZeRO-1 save: global_step6 and global_step6_universal are both valid at step 6;
+    only global_step6 loads without `checkpoint.load_universal: true`, so validate, handoff and recover name it,
+    whatever the listing order. An empty `latest` is shown as the resume pointer it is, not as a checkpoint."""
+    root = tmp_path / "ds"
+    shutil.copytree(deepspeed_run, root)
+    realruns.build_deepspeed_universal(root)
+    assert validate_checkpoint(root / "global_step6_universal").status == "valid"
+    (root / "latest").write_text("")
+    out = cli_run("validate", root, "--format", "json").json()
+    assert [s["newest_safe"] for s in out["safety"]] == [str(root / "global_step6")]
+    pointer = next(c for c in out["checkpoints"] if c["path"].endswith("latest"))
+    assert pointer["pointer"] is True and pointer["status"] == "invalid"
+    assert "resume pointer (what resuming loads), not a checkpoint" in cli_run("validate", root).out
+    assert not any(c["pointer"] for c in out["checkpoints"] if not c["path"].endswith("latest"))
+    handoff = cli_run("handoff", "--checkpoints", root, "--format", "json").json()
+    assert handoff["latest_valid_checkpoint"]["path"] == str(root / "global_step6")

@@ -173,6 +173,13 @@ def is_ds_universal(path: str) -> bool:
     return first is not None and "fp32.pt" in (listdir(os.path.join(zero, first)) or [])
 
 
+def resume_order(path: str | None) -> tuple[int, str]:
+    """Sort key among checkpoints of one step: the one a plain resume loads first. A DeepSpeed universal checkpoint
+    loads only with ``checkpoint.load_universal: true`` (its ``global_stepN`` twin loads as saved), so at an equal
+    step the twin is named; then by path, so the choice never depends on listing or set order."""
+    return (1 if path is not None and is_ds_universal(path) else 0, path or "")
+
+
 def unfinished_marker(path: str) -> str:
     """NeMo's marker path: checkpoint path minus .nemo/.ckpt/-EMA, plus '-unfinished'."""
     p = os.path.normpath(path)

@@ -113,6 +113,8 @@ class CheckpointResult(_Model):
     resumable: bool = Field(description="optimizer state present (training can resume), else weights-only")
     sharded: bool = Field(description="per-rank shards (FSDP, DCP, ZeRO, TP/PP, Orbax) instead of a full state dict")
     portability: str = Field(description="what this layout means for resuming on other hardware, and what converts it")
+    pointer: bool = Field(False, description="a resume pointer file (DeepSpeed's latest, Megatron-LM's tracker) "
+                                             "naming no checkpoint, not a checkpoint itself")
     level: Level
     files_checked: int = 0
     bytes_read: int = Field(0, description="bytes actually read (quick reads headers only)")

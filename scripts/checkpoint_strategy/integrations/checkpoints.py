@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.integrations.models import BadCheckpoint, CheckpointRef
 
 _TORCH_WEIGHTS = (".bin", ".pt", ".pth", ".ckpt")
@@ -102,6 +103,7 @@ def scan(root: str, level: str = "quick") -> tuple[list[CheckpointRef], list[Bad
             valid.append(to_ref(r, validated_at))
         else:
             bad.append(BadCheckpoint(path=r.path, step=r.step, status=r.status, reason=first_problem(r)))
-    valid.sort(key=lambda c: (c.step is not None, c.step or 0, c.path), reverse=True)
+    valid.sort(key=lambda c: c.path, reverse=True)   # newest first; at one step, what a plain resume loads
+    valid.sort(key=lambda c: (c.step is None, -(c.step or 0), fm.resume_order(c.path)[0]))
     bad.sort(key=lambda c: (c.step is not None, c.step or 0, c.path), reverse=True)
     return valid, bad, None

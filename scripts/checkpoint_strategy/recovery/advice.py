@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.runlog import find_run_checkpoints
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
@@ -690,7 +691,8 @@ def _resume_point(series: LogSeries, t: _Trouble, checkpoints, milestones, earli
 
     fallback = None
     cands = [(s, p, "checkpoint") for s, p in checkpoints] + [(s, p, "milestone") for s, p in milestones]
-    for s, p, kind in sorted({c for c in cands if c[0] <= t.cutoff}, key=lambda c: (-c[0], c[2])):
+    ordered = sorted({c for c in cands if c[0] <= t.cutoff}, key=lambda c: (-c[0], c[2], fm.resume_order(c[1])))
+    for s, p, kind in ordered:
         if inside_earlier(s):
             continue
         sm = _smoothed_loss(series, s, t.onset_idx)

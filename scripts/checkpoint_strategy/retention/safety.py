@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.models import SpikeGuard
 from checkpoint_strategy.errors import UsageError, no_log_entries
 
@@ -215,7 +216,8 @@ def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool 
             if r.status == "valid" and after_onset(r.step, guard)]
     for r in post:
         r.notes.append(do_not_resume(guard) + " (holds spiked weights)")
-    newest = (resumable or safe)[-1] if safe else None
+    pool = resumable or safe     # newest first; at one step, what a plain resume loads (fm.resume_order)
+    newest = min(pool, key=lambda r: (r.step is None, -(r.step or 0), fm.resume_order(r.path))) if pool else None
     note = ("spike check off (--no-spike-check)" if not spike_check else
             "no training log found: not checked for loss spikes" if guard is None else guard.note)
     return RunSafety(root=root, log=guard.log if guard else None, spike_status=guard.status if guard else None,

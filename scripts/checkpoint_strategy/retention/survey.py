@@ -298,7 +298,8 @@ def _resume_pointer(s: Survey) -> None:
         s.latest = name
         s.latest_why = f"named by {fname} ({framework} resumes from it)"
         if name not in {c.name for c in s.candidates}:
-            s.notes.append(f"{fname} names {name}, which is not in ROOT: newer checkpoints are treated as in flight")
+            s.notes.append(f"{fname} names {name}, which is not in ROOT: resuming from {fname} fails until it "
+                           f"names a valid checkpoint; checkpoints newer than {name} are treated as in flight")
         return
 
 

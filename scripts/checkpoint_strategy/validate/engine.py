@@ -167,7 +167,8 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
         path=str(path), format=layout.format or found.format, step=layout.step, status=status, resumable=layout.resumable,
-        sharded=layout.sharded, portability=PORTABILITY[layout.portability], level=level,
+        sharded=layout.sharded, portability=PORTABILITY[layout.portability], pointer=found.role == POINTER,
+        level=level,
         files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
         problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
     seen = result._seen = Seen(marker=mark, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
