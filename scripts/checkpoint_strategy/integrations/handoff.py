@@ -13,6 +13,7 @@ from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, RecoveryNote, SessionHandoff
 from checkpoint_strategy.planning.models import PlanReport
 from checkpoint_strategy.render import render, to_json
+from checkpoint_strategy.retention.safety import UNRESOLVED
 
 MAX_ROLLBACK_POINTS = 50
 
@@ -32,9 +33,6 @@ def load_plan_file(text: str, source: str) -> PlanReport:
 
 def _q(path: str) -> str:
     return shlex.quote(path)
-
-
-UNRESOLVED = ("wait", "rollback", "no_clean_checkpoint")
 
 
 def _unresolved(recovery: Optional[RecoveryNote]) -> bool:
