@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.models import OptimizerCheck, OptimizerSteps
@@ -45,7 +46,7 @@ MAX_METADATA = 512 << 20
 MAX_ITEM = 1 << 20
 _DECODE = {"float32": "<f", "float64": "<d", "float16": "<e", "int64": "<q", "int32": "<i", "int16": "<h",
            "int8": "<b", "uint8": "<B"}
-_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$|^optimizer(?:_\d+)?\.(?:pt|bin)$")
+_TORCH_OPTIM_FILE = re.compile(r"^optimizer(?:_\d+)?\.(?:pt|bin)$")
 _TRAIN_LEAVES = ("step", "global_step", "global_steps", "iteration")
 
 
@@ -352,7 +353,7 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
         if last is not None and out.scheduler_step is None:
             out.scheduler_step, out.scheduler_step_from = last, f"{rel}{model} lr_scheduler"
     steps = []
-    for n in [n for n in names if _OPTIM_FILE.match(n)][:8]:
+    for n in [n for n in names if ds.zero_shard(n, "optim") or _TORCH_OPTIM_FILE.match(n)][:8]:
         s, _n, _arc = _archive_steps(os.path.join(path, n))
         if s is not None:
             steps.append(s)

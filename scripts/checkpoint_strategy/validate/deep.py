@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Literal
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.dcp import TORCHTITAN_TRAIN_KEYS
 from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
@@ -53,16 +54,12 @@ class Source:
     #                             not made: the archive is read once)
 
 
-#: torchtitan's top-level keys beside the flattened model (formats.dcp.TORCHTITAN_TRAIN_KEYS)
-TRAIN_STATE_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
-
-
 def _dcp_role(src: Source, fqn: str) -> str:
     if src.role != "mixed":
         return src.role
     if src.flat_model:
         return "optimizer" if fqn.split(".", 1)[0] in OPTIM_KEYS else \
-            "other" if fqn.split(".", 1)[0] in TRAIN_STATE_KEYS else "weights"
+            "other" if fqn.split(".", 1)[0] in TORCHTITAN_TRAIN_KEYS else "weights"
     return _role_of("mixed", fqn)
 
 
@@ -362,7 +359,7 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None, flat_model: bo
     shapes = {fqn: size for fqn, _d, size, _c in meta}
     prefix = "" if flat_model else "model."
     weights = [f for f, d, _s, _c in meta if f.startswith(prefix) and not f.endswith(BUFFER_SUFFIXES)
-               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TRAIN_STATE_KEYS)
+               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TORCHTITAN_TRAIN_KEYS)
                and d in ts.FLOAT_DTYPES]
     per_param: dict[str, dict[str, tuple]] = {}
     for fqn, _d, size, _c in meta:
