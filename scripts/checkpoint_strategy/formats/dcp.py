@@ -252,10 +252,10 @@ def _dcp_planner_paths(planner: Any, sdm: dict) -> dict[str, tuple]:
             continue
         if not (isinstance(path, (tuple, list)) and path and all(type(k) in (str, int) for k in path)):
             raise DcpBroken(f"planner_data path of {fqn!r} is not a list of names and indexes")
-        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
-            raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
         if any(type(k) is int and not 0 <= k < limit for k in path):
             raise DcpBroken(f"planner_data path of {fqn!r} has a list index outside 0..{limit - 1}")
+        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
+            raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
         _dcp_nest(tree, fqn, path)
         paths[fqn] = tuple(path)
     return paths
