@@ -247,14 +247,10 @@ def _inside_file(folder: str, rel: Any) -> str:
 #: most dimensions a tensor of a DCP .metadata may have (torch allows 64)
 MAX_DIMS = 64
 _DCP = "torch.distributed.checkpoint."
-#: the globals a DCP .metadata names (torch 2.13's dcp.save), besides torch dtypes: any other name (a flipped
-#: letter of a class name) is one dcp.load cannot unpickle
-DCP_GLOBALS = frozenset({
-    *(f"{_DCP}metadata.{n}" for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                                      "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
-                                      "_MEM_FORMAT_ENCODING", "StorageMeta")),
-    f"{_DCP}filesystem._StorageInfo", "torch.Size", "torch.serialization._get_layout", "collections.OrderedDict",
-    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"})
+#: the globals a DCP .metadata may name besides torch dtypes: DCP's own classes (formats/dcp.py DCP_CLASSES) and the
+#: plain ones Python's unpickler builds for its values; any other name (a flipped letter of a class name) is one
+#: dcp.load cannot unpickle
+DCP_GLOBALS = dcp.DCP_CLASSES | {"collections.OrderedDict", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"}
 
 
 def _read_metadata(folder: str) -> tp.PickleScan:
@@ -306,7 +302,6 @@ def _framing(data: bytes) -> str | None:
 
 #: DCP's classes pickled with their __dict__ as state (TensorProperties pickles a 5-tuple)
 _STATE_IS_TUPLE = f"{_DCP}metadata.TensorProperties"
-_MEM_FORMATS = {0, 1, 2}
 
 
 def _odd_call(root: Any) -> str | None:
@@ -486,7 +481,7 @@ def _odd_state(obj: tp.Call) -> str | None:
     dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
     name = obj.name
     if name.endswith("._MEM_FORMAT_ENCODING"):
-        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in _MEM_FORMATS
+        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in dcp.DCP_MEMORY_FORMATS
         return None if ok else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
     if not name.startswith(_DCP) or obj.state is None:
         return None
