@@ -362,15 +362,11 @@ class _Chunks:
 
     def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
         """The torch archive at [off, off+length) of path, every entry's CRC-32 checked, and its byte order."""
-        win = zr.Window(self.files.get(path), off, length)
-        z = fc.embedded_torch_zip(win, length)
-        if isinstance(z, str):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
-        for e in z.entries if self.verify else ():
-            reason = zr.crc_entry(win, e, zr.Counter())
-            if reason:
-                raise _refuse(path, f"entry {tp.shown(fqn)}: {reason}")
-        return z, byteorder(win, z, f"{path}: entry {tp.shown(fqn)}")
+        fh = self.files.get(path)
+        z = fc.scan_embedded_zip(fh, off, length, zr.Counter(), crc=self.verify)
+        if z.findings:
+            raise _refuse(path, f"entry {tp.shown(fqn)}: {z.findings[0]}")
+        return z, byteorder(zr.Window(fh, off, length), z, f"{path}: entry {tp.shown(fqn)}")
 
     def chunk(self, it: DcpItem) -> tuple[str, int, int]:
         """(file, byte offset of the chunk's first element, byte-swap width), its bytes contiguous and row-major."""

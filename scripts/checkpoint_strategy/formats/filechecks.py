@@ -186,10 +186,12 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
 
 
 def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
-                      update: Update | None = None) -> ZipScan:
+                      update: Update | None = None, crc: bool = True) -> ZipScan:
     """`scan_zip` at level full of the torch archive at [base, base+length) of an open file (each item of a DCP
     .distcp is one torch.save archive, which dcp.load reads with torch.load): directory, local headers, data.pkl
-    and the CRC-32 of every entry. A small archive is read once into memory."""
+    and the CRC-32 of every entry (`crc=False`: left to the caller). A small archive is read once into memory. The
+    one reader of these archives: validate's item checks, the deep level (the archives level full did not read) and
+    convert ask it."""
     z = ZipScan()
     if length <= zr.SMALL_ZIP_BYTES:
         fh.seek(base)
@@ -201,33 +203,10 @@ def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
         src: zr.Source = zr.InMemory(data)
     else:
         src = zr.Window(fh, base, length)
-    _scan_open_zip(src, "archive", z, counter, True, update)
+    _scan_open_zip(src, "archive", z, counter, True, update, None if crc else False)
     if z.legacy and not z.findings:
         z.findings.append(Finding("not a torch zip archive (dcp.load reads each item with torch.load)"))
     return z
-
-
-def embedded_torch_zip(win: zr.Window, length: int) -> ZipScan | str:
-    """An archive inside a .distcp (`win`: its bytes) checked as `scan_zip` checks a file (the directory, unique
-    names, every local header against it, data.pkl read as data, the version record, each storage's size), its
-    CRC-32s left to the caller (convert checks each entry it copies); or the first problem."""
-    parsed = zr.read_directory(win, length)
-    if isinstance(parsed, str):
-        return parsed
-    entries, cd_offset = parsed
-    names = [e.name for e in entries]
-    if not entries or len(set(names)) != len(names):
-        return "an empty archive or one with a duplicate entry name (torch.load refuses it)"
-    z = ZipScan(entries=entries)
-    found = zr.local_headers(win, entries, cd_offset, Counter(), True)
-    if found is not None:
-        return str(found)
-    pkl = _data_pkl(entries)
-    if pkl is None:
-        return "embedded archive without data.pkl"
-    z.prefix = pkl.name[: -len("data.pkl")]
-    problems = check_torch_pickle(win, z, Counter())
-    return str(problems[0]) if problems else z
 
 
 def _data_pkl(entries: list[ZipEntry]) -> ZipEntry | None:

@@ -174,16 +174,16 @@ def _dcp_chunk_jobs(src: Source, handles: dict[str, BinaryIO], name: str, dtype:
         return [], []
     path = os.path.join(src.path, rel)
     fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel, src.role, "zip")
-    z: fc.ZipScan | str | None = src.archives.get((rel, off)) if src.archives is not None else None
+    z = src.archives.get((rel, off)) if src.archives is not None else None
     if z is None:
         fh = handles.get(path)
         if fh is None:
             fh = handles[path] = open_regular(path, "DCP data file")
         fh.seek(off)
-        if fh.read(4) == zr.LFH:
-            z = fc.embedded_torch_zip(zr.Window(fh, off, length), length)
-    if isinstance(z, str):
-        return [], [f"{fqn}: {z}"]
+        if fh.read(4) == zr.LFH:   # an archive level full did not read (another part's file): its CRC is not ours
+            z = fc.scan_embedded_zip(fh, off, length, fc.Counter(), crc=False)
+            if z.findings:
+                return [], [f"{fqn}: {z.findings[0]}"]
     if z is not None:
         sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
         for j in sub:
