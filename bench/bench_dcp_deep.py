@@ -8,8 +8,11 @@ The checkpoint is written by torch's own `dcp.save` (FileSystemWriter, `--shards
 `--layers` Linear(width, width) layers and its AdamW state after one step (every weight, bias and moment an item).
 Printed: best-of-N wall and CPU seconds of `validate_checkpoint(level="deep")`, and the embedded archive parses
 (`formats.filechecks` scan_embedded_zip, and embedded_torch_zip where a checkout has it) of one level full run (one
-per item) and of one level deep run. Run it from both checkouts with
-bench/compare.py for a before/after figure.
+per item) and of one level deep run. Run it from both checkouts with bench/compare.py for a before/after figure.
+
+Measured (issue 41, this machine, 2 shared cores; compare.py, 3 interleaved rounds, best of 5; 48 layers, 38.6 MB):
+before the deep level took level full's item archives, 1.97 archive parses per item and 490-563 ms wall /
+179-208 ms CPU; after, 1.00 parse per item and 286-294 ms wall / 108-165 ms CPU (0.51-0.60x wall, 0.60-0.79x CPU).
 """
 
 from __future__ import annotations
