@@ -252,6 +252,27 @@ def test_dcp_norms_match_torch(dcp_checkpoint, tmp_path):
                 float(torch.linalg.vector_norm(st[leaf].double())), rel=1e-6)
 
 
+def test_dcp_deep_parses_each_item_archive_once(dcp_checkpoint, monkeypatch):
+    """Level deep includes full, which parses every item's torch archive (CRC-32 included): the value scan takes
+    those, it does not parse an item again (issue 40: each was read twice), and still scans every tensor."""
+    from checkpoint_strategy.formats import filechecks as fc
+
+    calls = {"n": 0}
+    real = fc.scan_embedded_zip
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(fc, "scan_embedded_zip", counted)
+    assert validate_checkpoint(dcp_checkpoint, level="full").status == "valid"
+    full, calls["n"] = calls["n"], 0
+    r = validate_checkpoint(dcp_checkpoint, level="deep")
+    assert r.status == "valid", r.problems
+    assert full > 0 and calls["n"] == full, (full, calls["n"])
+    assert r.deep.tensors >= 4 and r.deep.weights_norm
+
+
 # ----------------------------------------------------------------------------- optimizer state
 
 def test_optimizer_entries_removed(hf_run, copy_of):

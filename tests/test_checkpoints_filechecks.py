@@ -43,12 +43,18 @@ def test_safetensors_rules(tmp_path, safetensors_file):
         assert reasons and expect in reasons[0], (name, reasons)
 
 
-def test_dcp_metadata_read_from_opcodes_only(dcp_checkpoint):
+def test_dcp_metadata_read_as_data(dcp_checkpoint):
+    from checkpoint_strategy.formats import dcp
+    from checkpoint_strategy.formats import safepickle as tp
+
     data = (dcp_checkpoint / ".metadata").read_bytes()
-    needed, keys = fc.dcp_storage_map(data)
-    assert keys == {"model", "optimizer"}
-    assert needed == {"__0_0.distcp": (dcp_checkpoint / "__0_0.distcp").stat().st_size}
-    assert isinstance(fc.dcp_storage_map(data[: len(data) // 2]), str)
+    md = dcp.dcp_metadata(tp.read_pickle(data))
+    assert md.keys == {"model", "optimizer"}
+    assert md.needed == {"__0_0.distcp": (dcp_checkpoint / "__0_0.distcp").stat().st_size}
+    assert "model.0.weight" in {t.fqn for t in md.tensors}
+    assert all(c.offsets is not None and c.sizes is not None for t in md.tensors for c in t.chunks)
+    with pytest.raises(dcp.DcpBroken):
+        dcp.dcp_metadata(tp.read_pickle(data[: len(data) // 2]))
 
 
 def test_no_checkpoint_content_is_ever_executed(tmp_path):

@@ -88,9 +88,10 @@ def test_every_name_a_layout_pattern_matches_passes_the_prefix_filter():
     as telling nothing). Names drawn from each pattern itself, and near misses that must stay unmatched."""
     from hypothesis import given, settings, strategies as st
 
+    from checkpoint_strategy.formats import deepspeed as ds
     from checkpoint_strategy.formats import worldsize as ws
 
-    patterns = (ws._RNG, ws._DISTCP, ws._ZERO, ws._MEGATRON)
+    patterns = (ws._RNG, ws._DISTCP, ds.ZERO_FILE, ws._MEGATRON)
 
     @settings(max_examples=200, deadline=None)
     @given(st.one_of(*(st.from_regex(p, fullmatch=True) for p in patterns)))

@@ -404,11 +404,11 @@ def _planner(fqn: str, path: tuple):
 
 
 @pytest.mark.parametrize("edit, match", [
-    (_planner("model.w", ("model", 10**10)), "list indexes below"),
-    (_planner("model.w", ("model", -1)), "list indexes below"),
-    (_planner("model.b", ("model", "w", "b")), "names otherwise"),
-    (_planner("model.b", ("model", "w")), "names otherwise"),
-    (_planner("model.w", ("model", "w", 0)), "names otherwise"),
+    (_planner("model.w", ("model", 10**10)), "list index outside"),
+    (_planner("model.w", ("model", -1)), "list index outside"),
+    (_planner("model.b", ("model", "w", "b")), "another name"),
+    (_planner("model.b", ("model", "w")), "another name"),
+    (_planner("model.w", ("model", "w", 0)), "another name"),
 ], ids=["index-10**10", "negative-index", "under-a-tensor", "same-place", "renamed"])
 def test_planner_data_that_no_folder_holds_exit_2(cli_run, dcp_folder, tmp_path, edit, match):
     _edit_metadata(dcp_folder, edit)
@@ -453,10 +453,10 @@ def _chunk_past_tensor(meta) -> None:
 
 
 @pytest.mark.parametrize("edit, match", [
-    (_more_chunks(3), "storage entries"),
+    (_more_chunks(3), "no storage_data entry"),
     (_more_chunks(40_000), "cannot hold"),     # a 4 MB .metadata beside 3 KB of data: refused before it is parsed
-    (_size_not_dims, "does not parse"),
-    (_chunk_past_tensor, "no storage entry"),
+    (_size_not_dims, "no valid size"),
+    (_chunk_past_tensor, "chunk outside it"),
 ], ids=["chunks-without-storage", "40k-chunks", "size-an-int", "chunk-past-the-tensor"])
 def test_metadata_describing_more_than_the_files_hold_exit_2(cli_run, dcp_folder, tmp_path, edit, match):
     _edit_metadata(dcp_folder, edit)

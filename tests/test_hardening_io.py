@@ -642,38 +642,6 @@ def test_handoff_killed_half_way_is_rolled_back_by_the_next(tmp_path, capsys):
     assert not [p for p in st.iterdir() if p.name.endswith((".tmp", ".bak"))]
 
 
-def test_dcp_metadata_walk_memory_does_not_grow_with_the_pickle(monkeypatch):
-    """A .metadata of many tiny memoized opcodes: the walk keeps a six-token window and at most
-    MAX_MEMO_STRINGS memoized strings (it held every token and memo entry before: 1.6 GB for a
-    63 MB file)."""
-    import tracemalloc
-
-    from checkpoint_strategy.formats import filechecks as fc
-
-    monkeypatch.setattr(fc, "MAX_MEMO_STRINGS", 1000)
-    n = 200_000
-    for unit in (b"K\x01\x94", b"\x8c\x01a\x94", b"\x8c\x02ab\x94"):   # ints, 1- and 2-char strings
-        data = b"\x80\x04\x8c\rrelative_path\x94" + unit * n + b"."
-        tracemalloc.start()
-        try:
-            got = fc.dcp_storage_map(data)
-            _cur, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
-        assert got == ({}, set())
-        assert peak < 2 << 20, peak  # well under the input's size times anything per opcode
-
-
-def test_dcp_memo_bound_keeps_real_metadata_readable(dcp_checkpoint, monkeypatch):
-    from checkpoint_strategy.formats import filechecks as fc
-
-    data = (dcp_checkpoint / ".metadata").read_bytes()
-    needed, keys = fc.dcp_storage_map(data)
-    assert needed and keys
-    monkeypatch.setattr(fc, "MAX_MEMO_STRINGS", 0)   # nothing remembered: entries through GET are lost
-    assert fc.dcp_storage_map(data) != (needed, keys)
-
-
 def test_output_to_a_fifo_nobody_reads_is_one_line_not_a_hang(tmp_path, capsys, monkeypatch):
     # issue 29: -o FIFO with no reader blocked forever
     from checkpoint_strategy import atomic

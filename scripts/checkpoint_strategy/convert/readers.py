@@ -12,7 +12,9 @@ import os
 from typing import Any
 
 from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.formats import dcp
 from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.models import DcpItem
 from checkpoint_strategy.formats.torchfile import WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
@@ -245,14 +247,10 @@ def _inside_file(folder: str, rel: Any) -> str:
 #: most dimensions a tensor of a DCP .metadata may have (torch allows 64)
 MAX_DIMS = 64
 _DCP = "torch.distributed.checkpoint."
-#: the globals a DCP .metadata names (torch 2.13's dcp.save), besides torch dtypes: any other name (a flipped
-#: letter of a class name) is one dcp.load cannot unpickle
-DCP_GLOBALS = frozenset({
-    *(f"{_DCP}metadata.{n}" for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
-                                      "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
-                                      "_MEM_FORMAT_ENCODING", "StorageMeta")),
-    f"{_DCP}filesystem._StorageInfo", "torch.Size", "torch.serialization._get_layout", "collections.OrderedDict",
-    "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"})
+#: the globals a DCP .metadata may name besides torch dtypes: DCP's own classes (formats/dcp.py DCP_CLASSES) and the
+#: plain ones Python's unpickler builds for its values; any other name (a flipped letter of a class name) is one
+#: dcp.load cannot unpickle
+DCP_GLOBALS = dcp.DCP_CLASSES | {"collections.OrderedDict", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"}
 
 
 def _read_metadata(folder: str) -> tp.PickleScan:
@@ -261,7 +259,7 @@ def _read_metadata(folder: str) -> tp.PickleScan:
     meta = os.path.join(folder, ".metadata")
     data = read_bytes(meta, "DCP .metadata", limit=fc.MAX_DCP_METADATA)
     held = _data_bytes_in(folder)
-    if len(data) > (1 << 20) + 4 * held:
+    if dcp.dcp_metadata_oversized(len(data), held):
         # every chunk of a .metadata names bytes of a data file (an archive of ~600 bytes at least): a .metadata
         # four times the size of every other file of the folder describes chunks the files cannot hold
         raise _refuse(meta, f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
@@ -304,7 +302,6 @@ def _framing(data: bytes) -> str | None:
 
 #: DCP's classes pickled with their __dict__ as state (TensorProperties pickles a 5-tuple)
 _STATE_IS_TUPLE = f"{_DCP}metadata.TensorProperties"
-_MEM_FORMATS = {0, 1, 2}
 
 
 def _odd_call(root: Any) -> str | None:
@@ -352,33 +349,29 @@ class _Chunks:
         self.files = Files()
         self.notes: list[str] = []
 
-    def locate(self, fqn: str, info: tuple) -> tuple[str, int, int]:
-        rel, off, length, transformed = info
-        if transformed:
-            raise _refuse(os.path.join(self.folder, ".metadata"), f"entry {tp.shown(fqn)} is transformed "
+    def locate(self, it: DcpItem) -> tuple[str, int, int]:
+        if it.transformed:
+            raise _refuse(os.path.join(self.folder, ".metadata"), f"entry {tp.shown(it.fqn)} is transformed "
                                                                  "(compressed or encrypted): not converted")
-        path = _inside_file(self.folder, rel)
+        path = _inside_file(self.folder, it.rel)
         size = os.fstat(self.files.get(path).fileno()).st_size
-        if type(off) is not int or type(length) is not int or off < 0 or length < 0 or off + length > size:
-            raise _refuse(path, f"entry {tp.shown(fqn)} needs bytes {clip(off)}..{clip(off)}+{clip(length)}, the file "
-                                f"holds {size}: truncated")
-        return path, off, length
+        if it.offset + it.length > size:
+            raise _refuse(path, f"entry {tp.shown(it.fqn)} needs bytes {clip(it.offset)}..{clip(it.offset)}+"
+                                f"{clip(it.length)}, the file holds {size}: truncated")
+        return path, it.offset, it.length
 
     def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
         """The torch archive at [off, off+length) of path, every entry's CRC-32 checked, and its byte order."""
-        win = zr.Window(self.files.get(path), off, length)
-        z = fc.embedded_torch_zip(win, length)
-        if isinstance(z, str):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {z}")
-        for e in z.entries if self.verify else ():
-            reason = zr.crc_entry(win, e, zr.Counter())
-            if reason:
-                raise _refuse(path, f"entry {tp.shown(fqn)}: {reason}")
-        return z, byteorder(win, z, f"{path}: entry {tp.shown(fqn)}")
+        fh = self.files.get(path)
+        z = fc.scan_embedded_zip(fh, off, length, zr.Counter(), crc=self.verify)
+        if z.findings:
+            raise _refuse(path, f"entry {tp.shown(fqn)}: {z.findings[0]}")
+        return z, byteorder(zr.Window(fh, off, length), z, f"{path}: entry {tp.shown(fqn)}")
 
-    def chunk(self, fqn: str, dtype: str, sizes: tuple, info: tuple) -> tuple[str, int, int]:
+    def chunk(self, it: DcpItem) -> tuple[str, int, int]:
         """(file, byte offset of the chunk's first element, byte-swap width), its bytes contiguous and row-major."""
-        path, off, length = self.locate(fqn, info)
+        fqn, dtype, sizes = it.fqn, it.dtype or "", it.sizes or ()
+        path, off, length = self.locate(it)
         fh = self.files.get(path)
         fh.seek(off)
         item = tp.DTYPE_SIZE.get(dtype, 1)
@@ -397,9 +390,10 @@ class _Chunks:
             raise _refuse(path, f"entry {tp.shown(fqn)}: {t.problem or f'holds {t.dtype}{clip(list(t.shape))}, .metadata says {dtype}{clip(list(sizes))}'}")
         return path, (t.pieces[0].src if t.pieces else off), t.swap
 
-    def value(self, fqn: str, info: tuple) -> Any:
+    def value(self, it: DcpItem) -> Any:
         """A non-tensor entry (torch.save of a Python value) as plain data, or Unsupported."""
-        path, off, length = self.locate(fqn, info)
+        fqn = it.fqn
+        path, off, length = self.locate(it)
         fh = self.files.get(path)
         fh.seek(off)
         if fh.read(4) != b"PK\x03\x04":   # dcp.save writes every value with torch.save; dcp.load torch.loads it
@@ -478,18 +472,12 @@ def _set(root: dict, path: tuple, value: Any, where: str) -> None:
     raise _refuse(where, f"planner_data path {clip(list(path))} nests under a value that is not a mapping or list")
 
 
-def _dims(v: Any) -> tuple | None:
-    if isinstance(v, (tuple, list)) and len(v) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in v):
-        return tuple(v)
-    return None
-
-
 def _odd_state(obj: tp.Call) -> str | None:
     """A DCP class whose state dcp.load's unpickling refuses: not a dict (TensorProperties: not its 5-tuple of
     dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
     name = obj.name
     if name.endswith("._MEM_FORMAT_ENCODING"):
-        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in _MEM_FORMATS
+        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in dcp.DCP_MEMORY_FORMATS
         return None if ok else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
     if not name.startswith(_DCP) or obj.state is None:
         return None
@@ -502,97 +490,37 @@ def _odd_state(obj: tp.Call) -> str | None:
     return None if ok else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
 
 
-def _tensor_md(fqn: str, md: Any, where: str) -> tuple[str, str, tuple, list[tuple[tuple, tuple]]] | None:
-    """(fqn, dtype, size, [(offsets, sizes)]) of one TensorStorageMetadata; None for a bytes entry."""
-    if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata")):
-        return None
-    st = md.state if isinstance(md.state, dict) else {}
-    props = tp.state_of(st.get("properties"))
-    first = props[0] if isinstance(props, tuple) and props else props.get("dtype") if isinstance(props, dict) else None
-    size = _dims(st.get("size"))
-    chunks = st.get("chunks")
-    if not isinstance(first, tp.Global) or size is None or not isinstance(chunks, list):
-        raise _refuse(where, f"entry {tp.shown(fqn)}: its tensor metadata (dtype, size, chunks) does not parse")
-    boxes = []
-    for c in chunks:
-        cs = tp.state_of(c)
-        offsets = _dims(cs.get("offsets")) if isinstance(cs, dict) else None
-        sizes = _dims(cs.get("sizes")) if isinstance(cs, dict) else None
-        if offsets is None or sizes is None or len(offsets) != len(size) or len(sizes) != len(size):
-            raise _refuse(where, f"entry {tp.shown(fqn)}: a chunk without {len(size)} offsets and sizes")
-        boxes.append((offsets, sizes))
-    return fqn, first.name, size, boxes
-
-
-def _storage(meta: tp.PickleScan) -> dict[tuple, tuple[str, Any, Any, bool]]:
-    """(fqn, chunk offsets or None) -> (relative_path, offset, length, transformed)."""
-    state = tp.state_of(meta.root)
-    sd = state.get("storage_data") if isinstance(state, dict) else None
-    out: dict[tuple, tuple[str, Any, Any, bool]] = {}
-    for idx, info in (sd.items() if isinstance(sd, dict) else ()):
-        i, s = tp.state_of(idx), tp.state_of(info)
-        if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str) and isinstance(
-                i.get("fqn"), str):
-            off = i.get("offset")
-            out[(i["fqn"], _dims(off) if off is not None else None)] = (
-                s["relative_path"], s.get("offset"), s.get("length"), bool(s.get("transform_descriptors")))
-    return out
-
-
-def _listing(meta: tp.PickleScan, where: str) -> tuple[list, dict, dict, dict]:
-    """(tensor entries, storage map, planner_data, state_dict_metadata), refused when it describes more chunks
-    than the storage entries, or chunk bytes than the data files hold."""
-    state = tp.state_of(meta.root)
-    sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
-    if not isinstance(sdm, dict):
-        raise _refuse(where, "no state_dict_metadata: not a DCP .metadata")
-    listed = []
-    for fqn, md in sdm.items():
-        if not isinstance(fqn, str):
-            raise _refuse(where, f"an entry named by a {type(fqn).__name__}, not a string")
-        got = _tensor_md(fqn, md, where)
-        if got is not None:
-            listed.append(got)
-    storage = _storage(meta)
-    chunks = sum(len(boxes) for *_x, boxes in listed)
-    held = sum(1 for _fqn, offsets in storage if offsets is not None)
-    if chunks > held:
-        raise _refuse(where, f"{chunks} tensor chunks, {held} tensor storage entries: chunks without data")
-    planner = state.get("planner_data")
-    return listed, storage, planner if isinstance(planner, dict) else {}, sdm
-
-
-def _check_bytes(folder: str, listed: list, storage: dict) -> None:
+def _check_bytes(folder: str, md: dcp.DcpMetadata) -> None:
     """The chunks' bytes fit in the data files they name (before a piece is made)."""
-    files = {info[0] for info in storage.values()}
+    where = os.path.join(folder, ".metadata")
+    for t in md.tensors:
+        if len(t.size) > MAX_DIMS:
+            raise _refuse(where, f"entry {tp.shown(t.fqn)}: {len(t.size)} dimensions, torch allows {MAX_DIMS}")
+    files = set(md.needed)
     held = sum(os.path.getsize(_inside_file(folder, rel)) for rel in files)
-    need = sum(ts._prod(sizes) * tp.DTYPE_SIZE.get(dtype, 1) for _f, dtype, _s, boxes in listed for _o, sizes in boxes)
+    need = sum(ts._prod(c.sizes or ()) * tp.DTYPE_SIZE.get(t.dtype, 1) for t in md.tensors for c in t.chunks)
     if need > held:
-        raise _refuse(os.path.join(folder, ".metadata"), f"its chunks need {need} bytes, the data files hold {held}: "
-                                                         "truncated or not this checkpoint's .metadata")
+        raise _refuse(where, f"its chunks need {need} bytes, the data files hold {held}: truncated or not this "
+                             "checkpoint's .metadata")
 
 
 def read_dcp(folder: str, verify: bool = True) -> Loaded:
     """A DCP folder of any world size: every tensor assembled from its chunks (pieces), every bytes
-    entry read as plain data, nested by the .metadata's planner_data as dcp_to_torch_save does."""
+    entry read as plain data, nested by the .metadata's planner_data as dcp_to_torch_save does. The .metadata is
+    read by formats/dcp.py (`dcp_metadata`), the one DCP reader."""
     where = os.path.join(folder, ".metadata")
-    listed, storage, planner, sdm = _listing(_read_metadata(folder), where)
+    try:
+        md = dcp.dcp_metadata(_read_metadata(folder))
+    except dcp.DcpBroken as exc:
+        raise _refuse(where, f"broken .metadata: {exc}") from None
     chunks = _Chunks(folder, verify)
     tree: dict = {}
     try:
-        _check_bytes(folder, listed, storage)
-        done = set()
-        for fqn, dtype, size, boxes in listed:
-            done.add(fqn)
-            _set(tree, _path(planner, fqn, len(sdm), where), _dcp_tensor(chunks, storage, fqn, dtype, size, boxes),
-                 where)
-        for fqn in sdm:
-            if fqn in done:
-                continue
-            info = storage.get((fqn, None))
-            if info is None:   # dcp.load looks it up and fails (KeyError)
-                raise _refuse(where, f"entry {tp.shown(fqn)} has no storage entry: dcp.load cannot read it")
-            _set(tree, _path(planner, fqn, len(sdm), where), chunks.value(fqn, info), where)
+        _check_bytes(folder, md)
+        for t in md.tensors:
+            _set(tree, md.planner.get(t.fqn, (t.fqn,)), _dcp_tensor(chunks, t), where)
+        for fqn, it in md.values.items():
+            _set(tree, md.planner.get(fqn, (fqn,)), chunks.value(it), where)
     except OSError as exc:
         from checkpoint_strategy.storage import oserror_line
 
@@ -602,40 +530,17 @@ def read_dcp(folder: str, verify: bool = True) -> Loaded:
     return Loaded("dcp", tree, notes=chunks.notes, weights_key="model" if isinstance(tree.get("model"), dict) else None)
 
 
-def _path(planner: dict, fqn: str, entries: int, where: str) -> tuple:
-    """planner_data's path of an entry; a list index at most the number of entries (every list item dcp.save
-    flattens is an entry of its own), so no index makes a list bigger than the .metadata describes."""
-    p = planner.get(fqn)
-    if p is None:
-        return (fqn,)
-    if not isinstance(p, (tuple, list)) or not p or not all(
-            isinstance(x, str) or (type(x) is int and 0 <= x < entries) for x in p) or len(p) > 200:
-        raise _refuse(where, f"planner_data of {tp.shown(fqn)} is {clip(p)}: not a path of names and list indexes "
-                             f"below {entries}")
-    if ".".join(map(str, p)) != fqn:   # dcp.load names each entry by its path again
-        raise _refuse(where, f"planner_data puts {tp.shown(fqn, 80)} at {clip(list(p))}, which dcp.load names "
-                             "otherwise: the entry would be missing")
-    return tuple(p)
-
-
-def _dcp_tensor(chunks: _Chunks, storage: dict, fqn: str, dtype: str, size: tuple, boxes: list) -> Tensor:
-    t = Tensor(fqn, dtype, tuple(size))
-    if dtype not in tp.DTYPE_SIZE:
-        t.problem = f"dtype {dtype} is not one this converter writes"
-        return t
-    item = tp.DTYPE_SIZE[dtype]
+def _dcp_tensor(chunks: _Chunks, md: dcp.DcpTensor) -> Tensor:
+    fqn, size = md.fqn, md.size
+    t = Tensor(fqn, md.dtype, tuple(size))
+    item = tp.DTYPE_SIZE[md.dtype]   # dcp_metadata takes only the dtypes DTYPE_SIZE holds
     where = os.path.join(chunks.folder, ".metadata")
     swaps = set()
-    for offsets, sizes in boxes:
-        info = storage.get((fqn, tuple(offsets)))
-        if info is None:
-            raise _refuse(where, f"chunk {clip(list(offsets))} of {tp.shown(fqn)} has no storage entry")
-        if any(o + s > d for o, s, d in zip(offsets, sizes, size, strict=True)):
-            raise _refuse(where, f"chunk {clip(list(offsets))} of {tp.shown(fqn)} lies outside its {clip(list(size))} "
-                                 "tensor")
+    for c in md.chunks:
+        offsets, sizes = c.offsets or (), c.sizes or ()
         if ts._prod(sizes) == 0:
             continue
-        path, base, swap = chunks.chunk(fqn, dtype, tuple(sizes), info)
+        path, base, swap = chunks.chunk(c)
         swaps.add(swap)
         for src, dst, n in runs(tuple(size), tuple(offsets), tuple(sizes), item):
             t.pieces.append(Piece(path, base + src, dst, n))

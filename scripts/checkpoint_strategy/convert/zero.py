@@ -22,29 +22,27 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from typing import Any
 
+from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import readers
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor
 from checkpoint_strategy.errors import UsageError
 
-_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_MODEL3 = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 F32 = 4
 
 
 def is_zero_folder(src: str, names: set[str]) -> bool:
     """ZeRO rank files here, or a `latest` file naming a folder that holds them (DeepSpeed's run folder, an HF
     Trainer checkpoint-N saved under DeepSpeed)."""
-    if any(_OPTIM.match(n) for n in names) or "mp_rank_00_model_states.pt" in names:
+    if any(ds.zero_shard(n, "optim") for n in names) or ds.MODEL_STATES in names:
         return True
-    if "latest" not in names:
+    if ds.LATEST not in names:
         return False
     try:
         tag = _step_folder(src)
-        return tag != src and any(_OPTIM.match(n) for n in os.listdir(tag))
+        return tag != src and any(ds.zero_shard(n, "optim") for n in os.listdir(tag))
     except readers.Outside:
         raise   # a tag leading out of src: refused, never followed
     except (OSError, UsageError):
@@ -73,15 +71,15 @@ class _Flat:
         return out
 
 
-def _ranked(src: str, names: set[str], pattern: re.Pattern) -> list[str]:
+def _ranked(src: str, names: set[str], kind: str) -> list[str]:
     found = {}
     for n in names:
-        m = pattern.match(n)
+        m = ds.zero_shard(n, kind)
         if m:
-            if int(m.group(2)) != 0:
+            if m[1] != 0:
                 raise UsageError(f"{src}: {n}: tensor-parallel ZeRO (mp_rank > 0) is not converted; "
                                  "consolidate with Megatron/DeepSpeed's own tools")
-            found[int(m.group(1))] = readers.within(src, n, src)
+            found[m[0]] = readers.within(src, n, src)
     ranks = sorted(found)
     if ranks != list(range(len(ranks))):
         missing = sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else [0]
@@ -109,14 +107,14 @@ def _stage(model: dict, optim: dict) -> int:
 def read_zero(src: str) -> Loaded:
     src = _step_folder(src)
     names = set(os.listdir(src))
-    optim_files = _ranked(src, names, _OPTIM)
+    optim_files = _ranked(src, names, "optim")
     if not optim_files:
         raise UsageError(f"{src}: no *_optim_states.pt: the fp32 weights of a ZeRO checkpoint live in the "
                          "optimizer partitions (a model-states-only save cannot be consolidated)")
     optims = [_little_endian(readers.read_zip(p), p).tree for p in optim_files]
-    model_path = os.path.join(src, "mp_rank_00_model_states.pt")
+    model_path = os.path.join(src, ds.MODEL_STATES)
     if not os.path.exists(model_path):
-        model_files = _ranked(src, names, _MODEL3)
+        model_files = _ranked(src, names, "model")
         model_path = model_files[0] if model_files else model_path
     model = _dict(_little_endian(readers.read_zip(readers.within(src, os.path.basename(model_path), src)),
                                  model_path).tree, "model states", model_path)
@@ -147,8 +145,8 @@ def _little_endian(loaded: Loaded, path: str) -> Loaded:
 
 def _step_folder(src: str) -> str:
     """A run folder with `latest` -> the global_stepN it names."""
-    latest = os.path.join(src, "latest")
-    if not any(_OPTIM.match(n) for n in os.listdir(src)) and os.path.isfile(latest):
+    latest = os.path.join(src, ds.LATEST)
+    if not any(ds.zero_shard(n, "optim") for n in os.listdir(src)) and os.path.isfile(latest):
         from checkpoint_strategy.storage import read_bytes
 
         tag = read_bytes(latest, "DeepSpeed latest file", limit=4096).decode("utf-8", "replace").strip()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from checkpoint_strategy import storage
@@ -91,8 +92,32 @@ class DcpBroken(Exception):
     """A .metadata that DCP's loader cannot use; the message is the one-line reason."""
 
 
-def dcp_items(scan: Any, dtypes: frozenset | set | dict) -> list[DcpItem]:
-    """Every stored item of a DCP .metadata read as data (`scan`: torchpickle's PickleScan), checked the way
+@dataclass
+class DcpTensor:
+    """One tensor of a DCP .metadata: its dtype, full size and stored chunks (each a DcpItem with its offsets)."""
+
+    fqn: str
+    dtype: str
+    size: tuple[int, ...]
+    chunks: list[DcpItem]
+
+
+@dataclass
+class DcpMetadata:
+    """A DCP .metadata read as data (`dcp_metadata`): the one parse every command asks (validate's checker and deep
+    level, convert, the optimizer step counters)."""
+
+    items: list[DcpItem]               # every stored item: tensor chunks and bytes entries, in .metadata's order
+    tensors: list[DcpTensor]
+    values: dict[str, DcpItem]         # fqn -> the item of each bytes entry (a torch.save'd Python value)
+    fqns: list[str]                    # state_dict_metadata's names, in order
+    planner: dict[str, tuple]          # fqn -> the path dcp_to_torch_save nests it by (planner_data, checked)
+    needed: dict[str, int]             # relative path -> bytes its storage entries need (largest offset + length)
+    keys: set[str] = field(default_factory=set)   # the top-level state_dict keys (first part of each fqn)
+
+
+def dcp_metadata(scan: Any, dtypes: frozenset | set | dict = tp.DTYPE_SIZE) -> DcpMetadata:
+    """Every stored item of a DCP .metadata read as data (`scan`: safepickle's PickleScan), checked the way
     dcp.load / dcp_to_torch_save use it: only DCP's own classes, every tensor's properties, size and chunks whole,
     every chunk and bytes entry found in storage_data, the planner_data paths nestable. Raises DcpBroken."""
     bad = [g for g in scan.globals if g.startswith("torch.") and g not in DCP_CLASSES
@@ -107,13 +132,23 @@ def dcp_items(scan: Any, dtypes: frozenset | set | dict) -> list[DcpItem]:
     if not isinstance(sdm, dict) or not isinstance(storage, dict):
         raise DcpBroken("Metadata without its state_dict_metadata and storage_data tables")
     infos = _dcp_storage_infos(storage)
-    items: list[DcpItem] = []
+    out = DcpMetadata([], [], {}, [], {}, {})
     for fqn, md in sdm.items():
         if not isinstance(fqn, str):
             raise DcpBroken(f"a state_dict_metadata key is not a name ({type(fqn).__name__})")
-        items.extend(_dcp_entry_items(fqn, md, infos, dtypes))
-    _dcp_planner_paths(state.get("planner_data"), sdm)
-    return items
+        out.fqns.append(fqn)
+        entry = _dcp_entry(fqn, md, infos, dtypes)
+        if isinstance(entry, DcpTensor):
+            out.tensors.append(entry)
+            out.items.extend(entry.chunks)
+        else:
+            out.values[fqn] = entry
+            out.items.append(entry)
+    out.planner = _dcp_planner_paths(state.get("planner_data"), sdm)
+    for (fqn, _offsets), (rel, off, length, _t) in infos.items():
+        out.needed[rel] = max(out.needed.get(rel, 0), off + length)
+        out.keys.add(fqn.split(".", 1)[0])
+    return out
 
 
 def _is_call(obj: Any, name: str) -> bool:
@@ -140,12 +175,12 @@ def _dcp_storage_infos(storage: dict) -> dict[tuple, tuple[str, int, int, bool]]
     return out
 
 
-def _dcp_entry_items(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict) -> list[DcpItem]:
+def _dcp_entry(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict) -> DcpItem | DcpTensor:
     if _is_call(md, _DCP_META + "BytesStorageMetadata"):
         info = infos.get((fqn, None))
         if info is None:
             raise DcpBroken(f"bytes entry {fqn!r} has no storage_data entry")
-        return [DcpItem(fqn, info[0], info[1], info[2], transformed=info[3])]
+        return DcpItem(fqn, info[0], info[1], info[2], transformed=info[3])
     if not (_is_call(md, _DCP_META + "TensorStorageMetadata") and isinstance(md.state, dict)):
         raise DcpBroken(f"entry {fqn!r} is neither a tensor nor a bytes entry")
     dtype = _dcp_dtype(fqn, md.state.get("properties"), dtypes)
@@ -165,8 +200,8 @@ def _dcp_entry_items(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | d
         info = infos.get((fqn, tuple(offsets)))
         if info is None:
             raise DcpBroken(f"chunk {list(offsets)} of tensor {fqn!r} has no storage_data entry")
-        out.append(DcpItem(fqn, info[0], info[1], info[2], tuple(sizes), dtype, info[3]))
-    return out
+        out.append(DcpItem(fqn, info[0], info[1], info[2], tuple(sizes), dtype, info[3], tuple(offsets)))
+    return DcpTensor(fqn, dtype, tuple(size), out)
 
 
 def _ints(v: object) -> TypeGuard[tuple[int, ...]]:
@@ -199,28 +234,31 @@ def _is_enum(v: Any) -> bool:
     return isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
 
 
-def _dcp_planner_paths(planner: Any, sdm: dict) -> None:
+def _dcp_planner_paths(planner: Any, sdm: dict) -> dict[str, tuple]:
     """planner_data: fqn -> the path dcp_to_torch_save nests each entry by (torch's set_element): names (a dict
     key) and list indexes, joined with dots the entry's own name; no path may lead through another entry, nor a name
     into a list or an index into a dict, and an index is never negative nor past the number of entries (a list of
     10**10 slots is not built)."""
     if planner is None:
-        return
+        return {}
     if not isinstance(planner, dict):
         raise DcpBroken("planner_data is not a table of paths")
     limit = len(sdm)
     tree: dict = {}
+    paths: dict[str, tuple] = {}
     for fqn in sdm:
         path = planner.get(fqn)
         if path is None:
             continue
         if not (isinstance(path, (tuple, list)) and path and all(type(k) in (str, int) for k in path)):
             raise DcpBroken(f"planner_data path of {fqn!r} is not a list of names and indexes")
-        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
-            raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
         if any(type(k) is int and not 0 <= k < limit for k in path):
             raise DcpBroken(f"planner_data path of {fqn!r} has a list index outside 0..{limit - 1}")
+        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
+            raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
         _dcp_nest(tree, fqn, path)
+        paths[fqn] = tuple(path)
+    return paths
 
 
 _LEAF = object()
@@ -266,26 +304,25 @@ def check_dcp_dir(ctx: Ctx, path: str, out: Layout | None = None, require_metada
     if scan.unsafe(dcp=True):
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return
-    items = _dcp_items(ctx, meta, scan)
-    parsed = fc.dcp_storage_map(data) if items is not None else "broken .metadata"
-    if isinstance(parsed, str):
-        if items is not None:
-            ctx.bad(meta, parsed)
+    md = _dcp_parsed(ctx, meta, scan)
+    if md is None:
         return
-    needed, keys = parsed
     if out is not None:
-        out.resumable = any(k.startswith("optim") for k in keys) or out.resumable
-        out.dcp_keys = set(keys)
+        out.resumable = any(k.startswith("optim") for k in md.keys) or out.resumable
+        out.dcp_keys = set(md.keys)
     problems_before = len(ctx.problems)
-    _check_dcp_data_files(ctx, path, names, needed, items or [])
+    archives: dict[tuple[str, int], fc.ZipScan] = {}
+    _check_dcp_data_files(ctx, path, names, md.needed, md.items, archives)
     if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        ctx.source(path, role, "dcp", dcp=scan)
+        # the item archives level full read (`archives`) go with it: the deep level does not parse them again
+        ctx.source(path, role, "dcp", dcp=md, archives=archives)
 
 
 def _check_dcp_data_files(ctx: Ctx, path: str, names: list[str], needed: dict[str, int],
-                          items: list[DcpItem]) -> None:
+                          items: list[DcpItem], archives: dict[tuple[str, int], fc.ZipScan]) -> None:
     """The data files a .metadata names (`needed`: relative path -> bytes it must hold; `items`: what each stores),
-    and no .distcp file it does not name."""
+    and no .distcp file it does not name. `archives` gets each item's torch archive level full read, by
+    (relative path, offset)."""
     meta = os.path.join(path, ".metadata")
     if not needed:
         ctx.bad(meta, "no storage entries found in .metadata")
@@ -293,7 +330,7 @@ def _check_dcp_data_files(ctx: Ctx, path: str, names: list[str], needed: dict[st
     for it in items:
         by_file.setdefault(it.rel, []).append(it)
     for rel, nbytes in sorted(needed.items()):
-        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []))
+        _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []), archives)
     for n in names:
         if n.endswith(".distcp") and n not in needed:
             ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
@@ -306,13 +343,13 @@ def _size(path: str) -> int:
         return 0
 
 
-def _dcp_items(ctx: Ctx, meta: str, scan: tp.PickleScan) -> list | None:
-    """The items a .metadata stores (`dcp_items`), or None once its problem is recorded."""
+def _dcp_parsed(ctx: Ctx, meta: str, scan: tp.PickleScan) -> DcpMetadata | None:
+    """The .metadata read as data (`dcp_metadata`), or None once its problem is recorded."""
     if not scan.complete:
         ctx.bad(meta, fc.pickle_findings(scan, ".metadata", dcp=True)[0])
         return None
     try:
-        return dcp_items(scan, tp.DTYPE_SIZE)
+        return dcp_metadata(scan)
     except DcpBroken as exc:
         ctx.bad(meta, f"broken .metadata: {exc}")
         return None
@@ -337,7 +374,8 @@ def _read_dcp_metadata(ctx: Ctx, path: str, meta: str) -> bytes | None:
     return data
 
 
-def _check_dcp_data_file(ctx: Ctx, path: str, meta: str, rel: str, nbytes: int, items: list) -> None:
+def _check_dcp_data_file(ctx: Ctx, path: str, meta: str, rel: str, nbytes: int, items: list,
+                         archives: dict[tuple[str, int], fc.ZipScan]) -> None:
     """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
     p = os.path.join(path, rel)
     if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
@@ -360,7 +398,7 @@ def _check_dcp_data_file(ctx: Ctx, path: str, meta: str, rel: str, nbytes: int, 
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
     elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
-        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update):
+        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update, archives):
             ctx.bad(p, r)
     ctx._tick()
 
@@ -393,13 +431,28 @@ def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
         meta = os.path.join(folder, ".metadata")
         if not storage.inside(meta, folder) or not storage.is_regular(meta):
             continue
-        try:
-            parsed = fc.dcp_storage_map(read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA))
-        except ReadError:
-            continue
-        if not isinstance(parsed, str) and torchtitan_marked(parsed[1]):
+        keys = _dcp_keys(folder, meta)
+        if keys is not None and torchtitan_marked(keys):
             return True
     return False
+
+
+def _dcp_keys(folder: str, meta: str) -> set[str] | None:
+    """The top-level keys of another step's .metadata (read bounded, in proportion to its data), or None when it
+    cannot be read as a DCP Metadata."""
+    try:
+        data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
+    except ReadError:
+        return None
+    if dcp_metadata_oversized(len(data), sum(_size(os.path.join(folder, n)) for n in ls(folder) if n != ".metadata")):
+        return None
+    scan = tp.read_pickle(data)
+    if not scan.complete or scan.unsafe(dcp=True):
+        return None
+    try:
+        return dcp_metadata(scan).keys
+    except DcpBroken:
+        return None
 
 
 CHECKERS: dict[str, Checker] = {"dcp": _check_dcp, "torchtitan": _check_dcp}

@@ -43,7 +43,7 @@ def _check_ds_universal(ctx: Ctx, path: str, out: Layout) -> None:
     zero = os.path.join(path, "zero")
     model = [n for n in names if n.endswith("_model_states.pt")]
     if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
+        ctx.missing(os.path.join(path, MODEL_STATES), "model states (mp_rank_XX_model_states.pt)")
     expected_params: set[str] = set()
     for n in model:
         z = ctx.zip(os.path.join(path, n), "mixed")
@@ -106,7 +106,7 @@ def check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
     model = [n for n in names if n.endswith("_model_states.pt")]
     optim = [n for n in names if n.endswith("_optim_states.pt")]
     if not model:
-        ctx.missing(os.path.join(path, "mp_rank_00_model_states.pt"), "model states (mp_rank_XX_model_states.pt)")
+        ctx.missing(os.path.join(path, MODEL_STATES), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
         ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
     states_pkl = zip_pickle(os.path.join(path, model[0])) if model else None
@@ -131,7 +131,22 @@ def _ds_tracked(text: str) -> str | None:
     return None if text in ("", ".", "..") else text
 
 
-_ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
+#: the files DeepSpeed writes into a global_stepN folder: the model states (and at ZeRO-3 one per data-parallel rank),
+#: the ZeRO optimizer shards (``bf16_`` under the bf16 optimizer), and the tag files beside it naming the newest step
+ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)_states\.pt$")
+MODEL_STATES = "mp_rank_00_model_states.pt"
+LATEST = "latest"
+LATEST_UNIVERSAL = "latest_universal"
+
+
+def zero_shard(name: str, kind: str) -> tuple[int, int] | None:
+    """(data-parallel rank, model-parallel rank) of a ZeRO shard file of `kind` ("optim": a
+    ``[bf16_]zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt``; "model": ZeRO-3's ``zero_pp_rank_<dp>_mp_rank_<mp>_
+    model_states.pt``), or None."""
+    m = ZERO_FILE.match(name)
+    if m is None or m.group(4) != kind or (kind == "model" and m.group(1)):
+        return None
+    return int(m.group(2)), int(m.group(3))
 
 
 def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tuple[str, str] | None:
@@ -141,7 +156,7 @@ def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tu
     the highest rank present. A kind of file (optim or model) none of the ranks wrote is not asked for here."""
     by_kind: dict[tuple[str, int, str], set[int]] = {}
     for n in names:
-        m = _ZERO_FILE.match(n)
+        m = ZERO_FILE.match(n)
         if m:
             by_kind.setdefault((m.group(1) or "", int(m.group(3)), m.group(4)), set()).add(int(m.group(2)))
     for (prefix, mp, kind), ranks in sorted(by_kind.items(), key=lambda t: (t[0][2] != "optim", t[0][1], t[0][0])):
@@ -263,5 +278,5 @@ def zip_pickle(path: str) -> bytes | None:
 
 CHECKERS: dict[str, Checker] = {"deepspeed": _check_deepspeed}
 FOLDER_FORMATS: tuple[str, ...] = ("deepspeed",)
-TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {"latest": ("deepspeed", _ds_tracked),
-                                                               "latest_universal": ("deepspeed", _ds_tracked)}
+TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {LATEST: ("deepspeed", _ds_tracked),
+                                                               LATEST_UNIVERSAL: ("deepspeed", _ds_tracked)}

@@ -14,7 +14,6 @@ import os
 import pickletools
 import re
 import struct
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, cast
@@ -187,10 +186,12 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
 
 
 def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
-                      update: Update | None = None) -> ZipScan:
+                      update: Update | None = None, crc: bool = True) -> ZipScan:
     """`scan_zip` at level full of the torch archive at [base, base+length) of an open file (each item of a DCP
     .distcp is one torch.save archive, which dcp.load reads with torch.load): directory, local headers, data.pkl
-    and the CRC-32 of every entry. A small archive is read once into memory."""
+    and the CRC-32 of every entry (`crc=False`: left to the caller). A small archive is read once into memory. The
+    one reader of these archives: validate's item checks, the deep level (the archives level full did not read) and
+    convert ask it."""
     z = ZipScan()
     if length <= zr.SMALL_ZIP_BYTES:
         fh.seek(base)
@@ -202,33 +203,10 @@ def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
         src: zr.Source = zr.InMemory(data)
     else:
         src = zr.Window(fh, base, length)
-    _scan_open_zip(src, "archive", z, counter, True, update)
+    _scan_open_zip(src, "archive", z, counter, True, update, None if crc else False)
     if z.legacy and not z.findings:
         z.findings.append(Finding("not a torch zip archive (dcp.load reads each item with torch.load)"))
     return z
-
-
-def embedded_torch_zip(win: zr.Window, length: int) -> ZipScan | str:
-    """An archive inside a .distcp (`win`: its bytes) checked as `scan_zip` checks a file (the directory, unique
-    names, every local header against it, data.pkl read as data, the version record, each storage's size), its
-    CRC-32s left to the caller (convert checks each entry it copies); or the first problem."""
-    parsed = zr.read_directory(win, length)
-    if isinstance(parsed, str):
-        return parsed
-    entries, cd_offset = parsed
-    names = [e.name for e in entries]
-    if not entries or len(set(names)) != len(names):
-        return "an empty archive or one with a duplicate entry name (torch.load refuses it)"
-    z = ZipScan(entries=entries)
-    found = zr.local_headers(win, entries, cd_offset, Counter(), True)
-    if found is not None:
-        return str(found)
-    pkl = _data_pkl(entries)
-    if pkl is None:
-        return "embedded archive without data.pkl"
-    z.prefix = pkl.name[: -len("data.pkl")]
-    problems = check_torch_pickle(win, z, Counter())
-    return str(problems[0]) if problems else z
 
 
 def _data_pkl(entries: list[ZipEntry]) -> ZipEntry | None:
@@ -486,101 +464,17 @@ def pickle_strings(data: bytes, limit: int = 200_000) -> list[str]:
     return out
 
 
-_INT_OPS = {"BININT", "BININT1", "BININT2", "LONG1", "LONG4", "INT", "LONG"}
-_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
-_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
-
-
-#: memoized strings remembered while walking a DCP .metadata (a real one memoizes each fqn and
-#: path string once; a hostile one could memoize millions): past this, further strings are not
-#: remembered and memory stays bounded (~60 MB at worst).
-MAX_MEMO_STRINGS = 500_000
-
-
-_NONE = object()   # a token of the walk that is neither a string nor an int
-
-
-class _MetaWalk:
-    """`dcp_storage_map`'s state: the memoized strings, the last six tokens, what was found."""
-
-    def __init__(self) -> None:
-        self.memo: dict[int, str] = {}
-        self.memo_len = 0  # MEMOIZE numbers entries by count, remembered or not
-        self.window: deque[object] = deque(maxlen=6)
-        self.last: object = _NONE
-        self.needed: dict[str, int] = {}
-        self.keys: set[str] = set()
-
-    def memoize(self, name: str, arg: object) -> None:
-        """MEMOIZE / PUT: remember the last token when it is a string (at most MAX_MEMO_STRINGS of them)."""
-        index = self.memo_len if name == "MEMOIZE" else arg
-        if name == "MEMOIZE":
-            self.memo_len += 1
-        if not isinstance(index, int):
-            return
-        if isinstance(self.last, str) and (len(self.memo) < MAX_MEMO_STRINGS or index in self.memo):
-            self.memo[index] = self.last
-        else:
-            self.memo.pop(index, None)
-
-    def token(self, name: str, arg: object) -> None:
-        """Any other opcode: its value as the walk sees it, then the window's patterns."""
-        if name in _GET_OPS:
-            self.last = self.memo.get(arg, _NONE) if isinstance(arg, int) else _NONE
-        elif isinstance(arg, str) and name not in ("GLOBAL", "INST"):
-            self.last = arg
-        elif name in _INT_OPS and isinstance(arg, int) and not isinstance(arg, bool):
-            self.last = arg
-        else:
-            self.last = _NONE
-        w = self.window
-        w.append(self.last)
-        if len(w) == 6 and w[0] == "relative_path" and w[2] == "offset" and w[4] == "length":
-            rel, off, ln = w[1], w[3], w[5]
-            if isinstance(rel, str) and isinstance(off, int) and isinstance(ln, int):
-                self.needed[rel] = max(self.needed.get(rel, 0), off + ln)
-        if len(w) >= 2 and w[-2] == "fqn" and isinstance(self.last, str):
-            self.keys.add(self.last.split(".", 1)[0])
-
-
-def dcp_storage_map(data: bytes) -> tuple[dict[str, int], set[str]] | str:
-    """From a torch.distributed.checkpoint `.metadata` pickle, without unpickling it:
-    {relative_path: bytes needed (max offset+length)} and the top-level state_dict keys; or the reason there are
-    none.
-
-    A tiny symbolic walk over the opcodes with a six-token window: enough to follow
-    `_StorageInfo(relative_path=..., offset=..., length=...)` entries and `fqn` strings. Only
-    memoized strings are remembered (at most MAX_MEMO_STRINGS), so memory stays bounded whatever
-    the pickle holds; nothing but the results grows with the file.
-    """
-    if len(data) > (1 << 20) and b"relative_path" not in data:  # a big pickle of something else: no walk
-        return "no storage entries found in .metadata (no relative_path in the pickle)"
-    walk = _MetaWalk()
-    try:
-        for op, arg, _pos in pickletools.genops(data):
-            name = op.name
-            if name == "STOP":
-                break
-            if name == "MEMOIZE" or name in _PUT_OPS:
-                walk.memoize(name, arg)
-            else:
-                walk.token(name, arg)
-        else:
-            return "broken .metadata: pickle ends without STOP (truncated)"
-    except Exception as exc:  # noqa: BLE001 - genops raises ValueError on garbage
-        return f"broken .metadata: not a complete pickle ({str(exc)[:80]})"
-    return walk.needed, walk.keys
-
-
-def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Update | None = None) -> list[Finding]:
+def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Update | None = None,
+                   archives: dict[tuple[str, int], ZipScan] | None = None) -> list[Finding]:
     """Level full of one DCP data file: every item `.metadata` places in it (formats.models.DcpItem) is a torch
     archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
     chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
-    first finding of the file, or none."""
+    first finding of the file, or none; `archives` gets each item's archive as read, by (item.rel, item.offset),
+    for the deep level (which reads their tensors, not their structure again)."""
     try:
         with open_regular(path) as fh:
             for it in sorted(items, key=lambda i: i.offset):
-                reason = _dcp_item_finding(fh, it, counter, update)
+                reason = _dcp_item_finding(fh, it, counter, update, archives)
                 if reason is not None:
                     return [reason]
     except (OSError, ReadError) as exc:
@@ -588,7 +482,8 @@ def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Up
     return []
 
 
-def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Update | None) -> Finding | None:
+def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Update | None,
+                      archives: dict[tuple[str, int], ZipScan] | None = None) -> Finding | None:
     if it.transformed:   # compressed / encrypted by a DCP extension: its bytes are read, not parsed
         fh.seek(it.offset)
         counter.bytes_read += len(fh.read(min(it.length, CHUNK)))
@@ -610,6 +505,8 @@ def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Updat
     if it.sizes is not None and not (isinstance(root, tp.TensorRef) and tuple(root.shape) == tuple(it.sizes)):
         shape = list(root.shape) if isinstance(root, tp.TensorRef) else type(root).__name__
         return Finding(f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)")
+    if archives is not None:
+        archives[(it.rel, it.offset)] = z
     return None
 
 

@@ -502,7 +502,7 @@ class RunShape(_Model):
 @dataclass
 class DcpItem:
     """One stored item a DCP .metadata names: a tensor chunk (its sizes and dtype) or a bytes object (read by
-    formats/dcp.py `dcp_items`, checked by formats/filechecks.py `check_dcp_file`: here, below both)."""
+    formats/dcp.py `dcp_metadata`, checked by formats/filechecks.py `check_dcp_file`: here, below both)."""
 
     fqn: str
     rel: str
@@ -511,6 +511,7 @@ class DcpItem:
     sizes: tuple | None = None
     dtype: str | None = None
     transformed: bool = False
+    offsets: tuple | None = None   # a tensor chunk's place in its tensor (None: a bytes entry)
 
 
 SCHEMAS: dict[str, type[BaseModel]] = {

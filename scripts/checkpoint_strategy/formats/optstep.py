@@ -35,8 +35,10 @@ from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats.dcp import DcpBroken, DcpMetadata, dcp_metadata
 from checkpoint_strategy.formats.models import OptimizerCheck, OptimizerSteps
 
 #: step tensors read per checkpoint (every parameter normally has the same count)
@@ -45,7 +47,7 @@ MAX_METADATA = 512 << 20
 MAX_ITEM = 1 << 20
 _DECODE = {"float32": "<f", "float64": "<d", "float16": "<e", "int64": "<q", "int32": "<i", "int16": "<h",
            "int8": "<b", "uint8": "<B"}
-_OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$|^optimizer(?:_\d+)?\.(?:pt|bin)$")
+_TORCH_OPTIM_FILE = re.compile(r"^optimizer(?:_\d+)?\.(?:pt|bin)$")
 _TRAIN_LEAVES = ("step", "global_step", "global_steps", "iteration")
 
 
@@ -145,7 +147,9 @@ def _root_int(root: Any, *keys: str) -> Optional[int]:
 
 # --------------------------------------------------------------------------- DCP
 
-def _dcp_meta(folder: str) -> Optional[tp.PickleScan]:
+def _dcp_meta(folder: str) -> Optional[DcpMetadata]:
+    """The folder's .metadata read as data (formats/dcp.py `dcp_metadata`); None when it cannot be (unreadable,
+    huge, broken: validate's finding, here just "unknown")."""
     path = os.path.join(folder, ".metadata")
     try:
         with storage.open_regular(path, "DCP .metadata") as fh:
@@ -155,42 +159,9 @@ def _dcp_meta(folder: str) -> Optional[tp.PickleScan]:
     if len(data) > MAX_METADATA:
         return None
     try:
-        return tp.read_pickle(data)
-    except Exception:  # noqa: BLE001 - a broken .metadata is validate's finding, here just "unknown"
+        return dcp_metadata(tp.read_pickle(data))
+    except DcpBroken:
         return None
-
-
-def _dcp_entries(meta: tp.PickleScan) -> dict[str, str]:
-    """fqn -> dtype ('bytes' for a non-tensor item) of every entry of a DCP .metadata."""
-    root = tp.state_of(meta.root)
-    sdm = root.get("state_dict_metadata") if isinstance(root, dict) else None
-    out: dict[str, str] = {}
-    for fqn, md in (sdm.items() if isinstance(sdm, dict) else ()):
-        if not isinstance(fqn, str) or not isinstance(md, tp.Call):
-            continue
-        if md.name.endswith("BytesStorageMetadata"):
-            out[fqn] = "bytes"
-            continue
-        props = tp.state_of(md.state.get("properties")) if isinstance(md.state, dict) else None
-        first = props[0] if isinstance(props, tuple) and props else (
-            props.get("dtype") if isinstance(props, dict) else None)
-        out[fqn] = first.name if isinstance(first, tp.Global) else "?"
-    return out
-
-
-def _dcp_locations(meta: tp.PickleScan) -> dict[str, tuple[str, int, int]]:
-    """fqn -> (relative_path, offset, length) of its first stored chunk (untransformed entries only)."""
-    root = tp.state_of(meta.root)
-    sd = root.get("storage_data") if isinstance(root, dict) else None
-    out: dict[str, tuple[str, int, int]] = {}
-    for idx, info in (sd.items() if isinstance(sd, dict) else ()):
-        i, s = tp.state_of(idx), tp.state_of(info)
-        if not (isinstance(i, dict) and isinstance(s, dict)) or s.get("transform_descriptors"):
-            continue
-        rel, off, length = s.get("relative_path"), s.get("offset"), s.get("length")
-        if isinstance(i.get("fqn"), str) and isinstance(rel, str) and type(off) is int and type(length) is int:
-            out.setdefault(i["fqn"], (rel, off, length))
-    return out
 
 
 def _small_zip_value(data: bytes) -> Optional[float]:
@@ -226,10 +197,14 @@ def _verified(src: zr.InMemory, entry: zr.ZipEntry | None) -> bytes | None:
 class _Dcp:
     """One DCP folder: its entries and the values of scalar items, read on demand."""
 
-    def __init__(self, folder: str, meta: tp.PickleScan) -> None:
+    def __init__(self, folder: str, meta: DcpMetadata) -> None:
         self.folder = folder
-        self.dtypes = _dcp_entries(meta)
-        self.where = _dcp_locations(meta)
+        dtypes = {t.fqn: t.dtype for t in meta.tensors}
+        self.dtypes = {fqn: dtypes.get(fqn, "bytes") for fqn in meta.fqns}   # fqn -> dtype ('bytes': a value)
+        self.where: dict[str, tuple[str, int, int]] = {}   # fqn -> its first stored untransformed chunk
+        for it in meta.items:
+            if not it.transformed:
+                self.where.setdefault(it.fqn, (it.rel, it.offset, it.length))
 
     def value(self, fqn: str) -> Optional[float]:
         loc = self.where.get(fqn)
@@ -352,7 +327,7 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
         if last is not None and out.scheduler_step is None:
             out.scheduler_step, out.scheduler_step_from = last, f"{rel}{model} lr_scheduler"
     steps = []
-    for n in [n for n in names if _OPTIM_FILE.match(n)][:8]:
+    for n in [n for n in names if ds.zero_shard(n, "optim") or _TORCH_OPTIM_FILE.match(n)][:8]:
         s, _n, _arc = _archive_steps(os.path.join(path, n))
         if s is not None:
             steps.append(s)

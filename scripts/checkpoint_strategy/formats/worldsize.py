@@ -17,11 +17,11 @@ import re
 from collections.abc import Sequence
 from typing import Optional
 
+from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats.models import HardwareMove, SavedWorldSize
 
 _RNG = re.compile(r"^rng_state_(\d+)\.pth$")
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
-_ZERO = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _MEGATRON = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
 #: every name the patterns above can match starts with one of these (one str.startswith per name, the
 #: patterns only on the few that pass: a Trainer folder's nine files cost no regex at all)
@@ -52,17 +52,15 @@ def _deepspeed(path: str, files: dict[str, list[str]]) -> Optional[SavedWorldSiz
     model_states = None
     for rel, names in files.items():
         for n in names:
-            m = _ZERO.match(n)
+            m = ds.zero_shard(n, "optim")
             if m:
-                dp.add(int(m.group(1)))
-                mp.add(int(m.group(2)))
-            elif n == "mp_rank_00_model_states.pt" and model_states is None:
+                dp.add(m[0])
+                mp.add(m[1])
+            elif n == ds.MODEL_STATES and model_states is None:
                 model_states = os.path.join(path, rel, n)
     if not dp and model_states is None:
         return None
-    from checkpoint_strategy.formats.deepspeed import deepspeed_zero_layout, zip_pickle
-
-    stage, saved_dp = deepspeed_zero_layout(zip_pickle(model_states) or b"") if model_states else (None, None)
+    stage, saved_dp = ds.deepspeed_zero_layout(ds.zip_pickle(model_states) or b"") if model_states else (None, None)
     if not dp and saved_dp is None:
         return None
     world = saved_dp if saved_dp is not None else len(dp)

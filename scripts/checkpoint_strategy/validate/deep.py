@@ -20,11 +20,12 @@ from typing import Any, BinaryIO, Literal
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats.dcp import TORCHTITAN_TRAIN_KEYS, DcpMetadata
 from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.base import Role
-from checkpoint_strategy.formats.models import DeepCheck, OptimizerCheck, TensorStat
+from checkpoint_strategy.formats.models import DcpItem, DeepCheck, OptimizerCheck, TensorStat
 from checkpoint_strategy.storage import ReadError, open_regular
 
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
@@ -42,7 +43,9 @@ class Source:
     role: Role
     kind: Literal["safetensors", "zip", "dcp"]
     zip: fc.ZipScan | None = None
-    dcp: tp.PickleScan | None = None
+    dcp: DcpMetadata | None = None
+    archives: dict[tuple[str, int], fc.ZipScan] | None = None   # DCP: each item's torch archive as level full
+    #                                                             read it, by (relative path, offset)
     flat: bool = False      # a partitioned optimizer (DeepSpeed ZeRO, Megatron distrib_optim): per-group
     #                         flat buffers, so moments are not counted per parameter nor matched to shapes
     tensor: str | None = None   # the name every tensor of the file takes: "<param>.<state>" of a DeepSpeed
@@ -53,16 +56,12 @@ class Source:
     #                             not made: the archive is read once)
 
 
-#: torchtitan's top-level keys beside the flattened model (formats.dcp.TORCHTITAN_TRAIN_KEYS)
-TRAIN_STATE_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
-
-
 def _dcp_role(src: Source, fqn: str) -> str:
     if src.role != "mixed":
         return src.role
     if src.flat_model:
         return "optimizer" if fqn.split(".", 1)[0] in OPTIM_KEYS else \
-            "other" if fqn.split(".", 1)[0] in TRAIN_STATE_KEYS else "weights"
+            "other" if fqn.split(".", 1)[0] in TORCHTITAN_TRAIN_KEYS else "weights"
     return _role_of("mixed", fqn)
 
 
@@ -141,63 +140,19 @@ def _zip_jobs(src: Source, z: fc.ZipScan, base: int = 0, names: dict | None = No
 
 
 
-def dcp_tensors(meta: tp.PickleScan) -> list[tuple[str, str, tuple, list[tuple[tuple, tuple]]]] | None:
-    """(fqn, dtype, size, [(chunk offsets, chunk sizes)]) of every tensor in a DCP Metadata."""
-    state = tp.state_of(meta.root)
-    sdm = state.get("state_dict_metadata") if isinstance(state, dict) else None
-    if not isinstance(sdm, dict):
-        return None
-    out = []
-    for fqn, md in sdm.items():
-        if not (isinstance(md, tp.Call) and md.name.endswith("TensorStorageMetadata") and isinstance(md.state, dict)):
-            continue
-        props = tp.state_of(md.state.get("properties"))
-        named = props[0] if isinstance(props, tuple) and props else props.get("dtype") if isinstance(props, dict) \
-            else None
-        dtype = named.name if isinstance(named, tp.Global) else "?"
-        chunks = []
-        for c in md.state.get("chunks") or []:
-            cs = tp.state_of(c)
-            if isinstance(cs, dict):
-                chunks.append((tuple(cs.get("offsets") or ()), tuple(cs.get("sizes") or ())))
-        out.append((str(fqn), dtype, tuple(md.state.get("size") or ()), chunks))
-    return out
-
-
-DcpPlace = tuple[str, object, object, bool]   # (relative_path, offset, length, transformed): as .metadata says
-
-
-def dcp_storage(meta: tp.PickleScan) -> dict[tuple[object, tuple | None], DcpPlace]:
-    """(fqn, chunk offsets) -> (relative_path, offset, length, transformed)."""
-    state = tp.state_of(meta.root)
-    sd = state.get("storage_data") if isinstance(state, dict) else None
-    out: dict[tuple[object, tuple | None], DcpPlace] = {}
-    for idx, info in (sd.items() if isinstance(sd, dict) else ()):
-        i, s = tp.state_of(idx), tp.state_of(info)
-        if isinstance(i, dict) and isinstance(s, dict) and isinstance(s.get("relative_path"), str):
-            off = i.get("offset")
-            out[(i.get("fqn"), tuple(off) if isinstance(off, (tuple, list)) else None)] = (
-                s["relative_path"], s.get("offset"), s.get("length"), bool(s.get("transform_descriptors")))
-    return out
-
-
 def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
-    meta = src.dcp
+    md = src.dcp
     jobs: list[ts.Job] = []
     notes: list[str] = []
-    tensors = dcp_tensors(meta) if meta is not None else None
-    if meta is None or tensors is None:
+    if md is None:
         return jobs, ["DCP .metadata without tensor entries: values not checked"]
-    storage = dcp_storage(meta)
     handles: dict[str, BinaryIO] = {}
     try:
-        for fqn, dtype, _size, chunks in tensors:
-            for offsets, sizes in chunks:
-                info = storage.get((fqn, offsets))
-                if info is None:
-                    continue
-                name = fqn if len(chunks) == 1 else f"{fqn}[{','.join(map(str, offsets))}]"
-                sub, sub_notes = _dcp_chunk_jobs(src, handles, fqn, name, dtype, sizes, info)
+        for t in md.tensors:
+            for chunk in t.chunks:
+                offsets = chunk.offsets or ()
+                name = t.fqn if len(t.chunks) == 1 else f"{t.fqn}[{','.join(map(str, offsets))}]"
+                sub, sub_notes = _dcp_chunk_jobs(src, handles, name, t.dtype, chunk)
                 jobs.extend(sub)
                 notes.extend(sub_notes)
     except (OSError, ReadError) as exc:
@@ -208,25 +163,28 @@ def _dcp_jobs(src: Source) -> tuple[list[ts.Job], list[str]]:
     return jobs, notes
 
 
-def _dcp_chunk_jobs(src: Source, handles: dict[str, BinaryIO], fqn: str, name: str, dtype: str, sizes: tuple,
-                    info: DcpPlace) -> tuple[list[ts.Job], list[str]]:
-    """The jobs of one chunk of a DCP tensor: a torch archive's tensors, or raw bytes of the chunk's size."""
-    rel, off, length, transformed = info
-    if transformed or not isinstance(off, int) or not isinstance(length, int):
+def _dcp_chunk_jobs(src: Source, handles: dict[str, BinaryIO], name: str, dtype: str,
+                    chunk: DcpItem) -> tuple[list[ts.Job], list[str]]:
+    """The jobs of one chunk of a DCP tensor: a torch archive's tensors (the archive level full read, when it did:
+    `src.archives`), or raw bytes of the chunk's size."""
+    fqn, rel, off, length, sizes = chunk.fqn, chunk.rel, chunk.offset, chunk.length, chunk.sizes or ()
+    if chunk.transformed:
         return [], [f"{fqn}: transformed (compressed/encrypted) DCP entry, values not checked"]
     if os.path.isabs(rel) or ".." in rel.split("/"):
         return [], []
     path = os.path.join(src.path, rel)
-    fh = handles.get(path)
-    if fh is None:
-        fh = handles[path] = open_regular(path, "DCP data file")
-    fh.seek(off)
-    head = fh.read(4)
     fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel, src.role, "zip")
-    if head == zr.LFH:
-        z = fc.embedded_torch_zip(zr.Window(fh, off, length), length)
-        if isinstance(z, str):
-            return [], [f"{fqn}: {z}"]
+    z = src.archives.get((rel, off)) if src.archives is not None else None
+    if z is None:
+        fh = handles.get(path)
+        if fh is None:
+            fh = handles[path] = open_regular(path, "DCP data file")
+        fh.seek(off)
+        if fh.read(4) == zr.LFH:   # an archive level full did not read (another part's file): its CRC is not ours
+            z = fc.scan_embedded_zip(fh, off, length, fc.Counter(), crc=False)
+            if z.findings:
+                return [], [f"{fqn}: {z.findings[0]}"]
+    if z is not None:
         sub, sub_notes = _zip_jobs(fsrc, z, base=off, names={"name": name})
         for j in sub:
             j.role = _dcp_role(src, fqn)
@@ -362,7 +320,7 @@ def _check_dcp_optimizer(stats: list[ts.Stat], meta: list | None, flat_model: bo
     shapes = {fqn: size for fqn, _d, size, _c in meta}
     prefix = "" if flat_model else "model."
     weights = [f for f, d, _s, _c in meta if f.startswith(prefix) and not f.endswith(BUFFER_SUFFIXES)
-               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TRAIN_STATE_KEYS)
+               and (not flat_model or f.split(".", 1)[0] not in OPTIM_KEYS + TORCHTITAN_TRAIN_KEYS)
                and d in ts.FLOAT_DTYPES]
     per_param: dict[str, dict[str, tuple]] = {}
     for fqn, _d, size, _c in meta:
@@ -464,7 +422,7 @@ def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list 
             dj, dn = _dcp_jobs(src)
             jobs.extend(dj)
             notes.extend(dn)
-            dcp_meta = dcp_tensors(src.dcp) if src.dcp is not None else None
+            dcp_meta = [(t.fqn, t.dtype, t.size, t.chunks) for t in src.dcp.tensors] if src.dcp is not None else None
     for j in jobs:  # second moments are means of squares: count their negative values
         j.count_negative = j.role == "optimizer" and _leaf(j.name) in SECOND_MOMENTS
     return jobs, notes, dcp_meta
