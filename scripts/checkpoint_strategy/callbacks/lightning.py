@@ -316,9 +316,8 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
         if self.preemption.at_step_end(step):   # after the signal: the preemption save, at this step end
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
-            for mc in (self._mc, *self._kept_mcs):   # saved: ModelCheckpoint makes no second file of this step
-                if mc is not None and hasattr(mc, "_last_global_step_saved"):
-                    mc._last_global_step_saved = step
+            if self._mc is not None and not self._own_interval:   # the rolling ModelCheckpoint makes no second file
+                self._mc._last_global_step_saved = step               # of this step (the others keep their own saves)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.preemption.uninstall()   # before Lightning puts its own originals back
