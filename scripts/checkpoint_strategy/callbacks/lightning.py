@@ -118,6 +118,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self.preemption = Preemption(preemption_signals, grace_seconds)
         self.adaptive = for_settings(self.core.settings, self.core.frequency, adaptive_interval)
         self.rollback_resume = False   # the next fit is a rollback's resume (a playbook's): not an interruption
+        self._fits = 0
 
     @property
     def preempted(self) -> Optional[dict]:
@@ -247,8 +248,11 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         os.makedirs(self.core.root, exist_ok=True)
         _show_lines(trainer)
         ckpt = getattr(trainer, "ckpt_path", None)
-        resumed = bool(ckpt) and trainer.global_step > 0 and not self.rollback_resume
+        # an interruption is a launch that resumes: the first fit of this callback (a playbook's refit after a
+        # rollback is not one)
+        resumed = bool(ckpt) and trainer.global_step > 0 and not self.rollback_resume and not self._fits
         self.rollback_resume = False
+        self._fits += 1
         # the earlier launches' interruptions, from the loss log before it is set aside
         previous = self.core.previous_actions("checkpoint-strategy:interruption") if resumed else []
         if trainer.is_global_zero:
