@@ -121,8 +121,17 @@ def _losses(lines: list[str]) -> dict[int, float]:
     return {int(x.split()[1]): float(x.split()[2]) for x in lines if x.startswith("loss ")}
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, float]:
+    """The losses of the same fit without a signal."""
+    tmp = tmp_path_factory.mktemp("pl-uninterrupted")
+    rc, lines, err = _launch(tmp, tmp / "run")
+    assert rc == 0, err[-3000:]
+    return _losses(lines)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_continues(tmp_path, sig):
+def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_continues(tmp_path, sig, uninterrupted):
     from checkpoint_strategy.callbacks import last_valid_checkpoint
 
     out = tmp_path / "run"
@@ -146,10 +155,7 @@ def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_c
     recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines() if '"event"' in x]
     assert [(r["event"], r["kind"], r["at_step"], r["count"]) for r in recs] == [
         ("checkpoint-strategy:interruption", "preemption", step, 1)]
-    ref = tmp_path / "uninterrupted"
-    rc3, lines3, err3 = _launch(tmp_path, ref)
-    assert rc3 == 0, err3[-3000:]
-    resumed, whole = {**_losses(lines), **_losses(lines2)}, _losses(lines3)
+    resumed, whole = {**_losses(lines), **_losses(lines2)}, uninterrupted
     assert set(resumed) == set(whole) == set(range(1, STEPS + 1))
     assert all(resumed[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-7) for s in range(step + 1, STEPS + 1))
 
