@@ -105,3 +105,118 @@ def test_each_resume_is_an_interruption_counted_over_the_launches(tmp_path):
     cb.core.write_handoff()
     doc = json.loads((tmp_path / "state" / "checkpoint-strategy.json").read_text())
     assert [(a["event"], a["count"]) for a in doc["automatic_actions"]] == [("checkpoint-strategy:interruption", 3)]
+
+
+@pytest.mark.slow
+def test_a_slowed_save_in_a_real_lightning_fit_lengthens_the_interval_once(tmp_path, caplog):
+    """LightningCheckpointStrategy: each save sleeps 1 s against a plan assuming 0.3 s; after the third save the
+    interval is re-solved once, ModelCheckpoint saves at the new multiples, one line, one record in the loss log."""
+    pytest.importorskip("pytorch_lightning")
+    import json
+
+    import callbackruns
+    from checkpoint_strategy.callbacks.core import METRICS_FILE
+
+    ckpts = tmp_path / "ckpts"
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        cb, trainer, _m = callbackruns.lightning_train(ckpts, _plan(0.3), max_steps=80, handoff_dir=None,
+                                                       hooks={"after_save_hook": lambda path: time.sleep(1.0)})
+    d = cb.adaptive.decided
+    assert d is not None and d["old"] == 10 and d["new"] == cb.adaptive.solve(d["measured_save_seconds"]) > 10
+    new = d["new"]
+    saves = [r.step for r in cb.core.records if not r.emergency]
+    assert saves[:3] == [10, 20, 30] and saves[3:] == list(range((30 // new + 1) * new, 81, new)) and len(saves) > 3
+    assert trainer.checkpoint_callback._every_n_train_steps == new == cb.core.frequency
+    lines = [r.getMessage() for r in caplog.records if "interval 10 ->" in r.getMessage()]
+    assert len(lines) == 1 and f"interval 10 -> {new} steps from the next save: saves block" in lines[0]
+    recs = [json.loads(x) for x in (ckpts / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [(r["event"], r["old"], r["new"], r["at_step"]) for r in recs] == [
+        ("checkpoint-strategy:interval", 10, new, 30)]
+
+
+def _guard_loop(out, guard, steps: int, save_sleep: float, seconds=None, first: int = 1) -> list[int]:
+    """A plain PyTorch loop (a tiny MLP, Adam) asking `guard` each step; its save (torch.save, then `save_sleep`
+    seconds more) is reported with guard.saved(step, path[, seconds=]). The steps it saved at."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    saved = []
+    for step in range(first, steps + 1):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True).tanh())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        d = guard.step(step, float(loss.detach()))
+        if d.action == "save":
+            path = out / f"step-{step}.pt"
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+            time.sleep(save_sleep)
+            guard.saved(step, path, **({} if seconds is None else {"seconds": seconds}))
+            saved.append(step)
+    guard.close()
+    return saved
+
+
+@pytest.mark.slow
+def test_the_guards_interval_follows_the_measured_save_cost_once(tmp_path, caplog):
+    """TrainingGuard with a plan: a loop whose save blocks 1 s (measured from the save answer to saved) gets the
+    re-solved interval from the fourth save on, one line, one record in the guard's loss log; a loop that reports
+    saves of 0.01 s (saved(..., seconds=)) gets a shorter one; a guard given frequency_steps keeps it."""
+    import json
+
+    from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+
+    report = _plan(0.3)
+    (tmp_path / "slow").mkdir()
+    guard = TrainingGuard(tmp_path / "slow", policy=report)
+    with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
+        saved = _guard_loop(tmp_path / "slow", guard, 80, 1.0)
+    d = guard.adaptive.decided
+    assert d is not None and d["old"] == 10 and d["new"] == guard.adaptive.solve(d["measured_save_seconds"]) > 10
+    new = d["new"]
+    assert saved[:3] == [10, 20, 30] and saved[3:] == list(range((30 // new + 1) * new, 81, new)) and len(saved) > 3
+    assert len([r for r in caplog.records if "interval 10 ->" in r.getMessage()]) == 1
+    recs = [json.loads(x) for x in (tmp_path / "slow" / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [(r["event"], r["old"], r["new"], r["at_step"]) for r in recs] == [
+        ("checkpoint-strategy:interval", 10, new, 30)]
+    assert [a["event"] for a in guard.actions] == ["checkpoint-strategy:interval"]
+
+    (tmp_path / "fast").mkdir()
+    fast = TrainingGuard(tmp_path / "fast", policy=report)
+    saved = _guard_loop(tmp_path / "fast", fast, 40, 0.0, seconds=0.01)
+    short = fast.adaptive.solve(0.01)
+    assert short < 10 and fast.adaptive.decided["new"] == short
+    assert saved[:3] == [10, 20, 30] and saved[3:] == list(range((30 // short + 1) * short, 41, short))
+
+    (tmp_path / "fixed").mkdir()
+    fixed = TrainingGuard(tmp_path / "fixed", policy=report, frequency_steps=10)
+    assert fixed.adaptive is None and _guard_loop(tmp_path / "fixed", fixed, 40, 0.0, seconds=5.0) == [10, 20, 30, 40]
+
+
+def test_a_guard_that_starts_past_step_1_counts_an_interruption_over_the_launches(tmp_path):
+    """The loop resumed (its first step is past 1): one interruption record in the guard's loss log, counted over the
+    launches (a preemption's when the loop resumes from the recorded preemption save); the measured MTBF then feeds
+    the model like the save cost."""
+    import json
+
+    from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+    from checkpoint_strategy.callbacks.preempt import RECORD_FILE
+
+    report = _plan(0.3)
+    (tmp_path / RECORD_FILE).write_text(json.dumps({"event": "checkpoint-strategy:preemption", "step": 40}))
+    counts = []
+    for first in (21, 41):
+        g = TrainingGuard(tmp_path, policy=report)
+        g.step(first, 1.0)
+        counts.append(g.adaptive.interruptions)
+        g.close()
+    assert counts == [1, 2]
+    recs = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [(r["kind"], r["at_step"], r["count"]) for r in recs] == [("resume", 20, 1), ("preemption", 40, 2)]
+    fresh = TrainingGuard(tmp_path, policy=report)
+    fresh.step(1, 1.0)
+    assert fresh.adaptive.interruptions == 0 and fresh.close()["actions"] == []

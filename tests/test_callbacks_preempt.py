@@ -160,3 +160,24 @@ def test_bad_signal_names_are_one_line():
     with pytest.raises(UsageError, match="grace_seconds"):
         Preemption(grace_seconds=0)
     assert [s.name for s in Preemption(["term", "USR1"]).signals] == ["SIGTERM", "SIGUSR1"]
+
+
+def test_auto_is_off_under_many_processes_named_signals_are_on_and_uninstall_puts_back_what_was_there():
+    before = signal.getsignal(signal.SIGUSR1)
+    auto = Preemption("auto")
+    assert auto.auto and [s.name for s in auto.signals] == ["SIGTERM", "SIGUSR1"]
+    assert auto.install_for(2) is False and signal.getsignal(signal.SIGUSR1) == before
+    named = Preemption("SIGUSR1")       # one name is one signal
+    assert [s.name for s in named.signals] == ["SIGUSR1"]
+    try:
+        assert named.install_for(2) is True and signal.getsignal(signal.SIGUSR1) == named._handler
+    finally:
+        named.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) == before
+    # a framework that put its own originals back meanwhile (Lightning's teardown) keeps them
+    other = Preemption("SIGUSR1")
+    other.install()
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    other.uninstall()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    signal.signal(signal.SIGUSR1, before)

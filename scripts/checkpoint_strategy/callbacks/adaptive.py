@@ -14,6 +14,11 @@ The failure rate too: the adapter counts the run's interruptions (each resume of
 included: ``interruptions``) over its training time (``run_seconds``: steps x the plan's step seconds);
 from MIN_INTERRUPTIONS on, when the measured MTBF departs from the plan's by more than 2x, the model is
 re-solved for it (with the measured save cost when that departs too), once, the same way.
+
+Shared by the adapters (hf.py, lightning.py, guard.py): ``for_settings`` (the adapter's AdaptiveInterval, or None),
+``measured`` (one save's blocking time; under many processes the slowest rank's, so every rank decides the same
+interval and the ranks keep saving together), ``interruption`` (the record of a resumed launch, counted over the
+launches from the earlier records).
 """
 
 from __future__ import annotations
@@ -45,6 +50,20 @@ class AdaptiveInterval:
         self.decided: Optional[dict] = None
         self.interruptions = 0
         self.run_seconds = 0.0
+
+    def measured(self, seconds: float, step: int, ranks: Any = None) -> Optional[int]:
+        """One save's blocking time at `step` (training time so far: step x the plan's step seconds). Under many
+        processes the slowest rank's (one all_reduce, every rank calls it at the same save), so the decision is
+        the same on every rank. The new interval when it changes, else None."""
+        if ranks is not None and ranks.multi:
+            out = ranks.reduce([float(seconds)], "a save's blocking time", "max")
+            seconds = out[0] if out else seconds
+        self.run_seconds = int(step) * self.step_seconds
+        return self.observe(seconds)
+
+    def record(self, step: int) -> dict:
+        """The decision's record (for the loss log and the handoff state)."""
+        return {**(self.decided or {}), "at_step": int(step)}
 
     def observe(self, seconds: float) -> Optional[int]:
         """One save's blocking time. The new interval when it changes (once a run), else None."""
@@ -93,3 +112,34 @@ class AdaptiveInterval:
         if self.cap is not None:
             steps = min(steps, self.cap)
         return max(1, steps, min(self.floor, self.cap) if self.cap is not None else self.floor)
+
+
+def for_settings(settings: Any, frequency: int, enabled: bool = True) -> Optional[AdaptiveInterval]:
+    """The adaptive interval of a policy that came from a plan (``settings.report``), else None."""
+    report = getattr(settings, "report", None)
+    return AdaptiveInterval(report, frequency) if enabled and report is not None else None
+
+
+def interruption(root: Optional[str], step: int, previous: list[dict], ranks: Any = None,
+                 adaptive: Optional[AdaptiveInterval] = None) -> dict:
+    """A launch that resumed at `step`: its record (``checkpoint-strategy:interruption``; kind preemption when it
+    resumes from the preemption save recorded under `root`), its count over the run's launches from `previous`
+    (the earlier launches' records), logged as one line (rank 0). Under many processes rank 0's count (one
+    broadcast). Sets ``adaptive.interruptions``."""
+    from checkpoint_strategy.callbacks.preempt import read_record
+
+    n = max([len(previous)] + [int(r.get("count") or 0) for r in previous if isinstance(r.get("count"), int)]) + 1
+    pre = read_record(root) if root else None
+    kind = "preemption" if pre is not None and pre.get("step") == int(step) else "resume"
+    zero = ranks is None or not ranks.multi or ranks.rank == 0
+    if ranks is not None and ranks.multi:
+        out = ranks.broadcast([float(n), float(kind == "preemption")], "the run's interruption count")
+        if out:
+            n, kind = int(out[0]), "preemption" if out[1] else "resume"
+    line = f"resumed at step {int(step)} ({kind}): interruption {n} of this run"
+    if zero:
+        log.info(PREFIX + line)
+    if adaptive is not None:
+        adaptive.interruptions = n
+    return {"event": "checkpoint-strategy:interruption", "kind": kind, "at_step": int(step), "count": n,
+            "message": line}

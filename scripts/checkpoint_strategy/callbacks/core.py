@@ -186,7 +186,7 @@ class StrategyCore:
         if self.framework_log and zero:
             if self._metrics_fh is None:
                 self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
-            if self._spike_seen:
+            if self._spike_seen or self._metrics_fh is not None:
                 self._log_metric(step, loss, grad_norm)
         if flag is None:
             return None
@@ -246,10 +246,13 @@ class StrategyCore:
         if self.action_sink is not None:
             self.action_sink(rec)
         elif self.framework_log:
-            if self._metrics_fh is not None:
-                import json
+            import json
 
+            if self._metrics_fh is None:
+                self._open_metrics()   # from now on every logged loss is written too
+            if self._metrics_fh is not None:
                 self._metrics_fh.write(json.dumps(rec) + "\n")
+                self._flush_metrics()
         elif self.root is not None:
             import json
 
@@ -261,26 +264,7 @@ class StrategyCore:
 
     def previous_actions(self, event: str) -> list[dict]:
         """The records of `event` earlier launches of this run wrote into the loss log (rank 0's folder)."""
-        import json
-
-        path = os.path.join(self.root, METRICS_FILE) if self.root else None
-        out: list[dict] = []
-        if path is None or not os.path.isfile(path):
-            return out
-        key = f'"{event}"'
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    if key in line:
-                        try:
-                            rec = json.loads(line)
-                        except ValueError:
-                            continue
-                        if isinstance(rec, dict) and rec.get("event") == event:
-                            out.append(rec)
-        except OSError:
-            return []
-        return out
+        return read_actions(os.path.join(self.root, METRICS_FILE) if self.root else None, event)
 
     # ------------------------------------------------------------------ after a save
 
@@ -553,22 +537,31 @@ class StrategyCore:
         if grad_norm is not None:
             rec["grad_norm"] = float(grad_norm)
         if self._metrics_fh is None:
-            path = self._metrics_path()
-            if not self._spike_seen or path is None:
-                return
-            from checkpoint_strategy.atomic import atomic_write_text
+            if self._spike_seen:
+                self._open_metrics()   # the history holds this value already
+            return
+        self._metrics_fh.write(json.dumps(rec) + "\n")
 
-            try:
+    def _open_metrics(self) -> None:
+        """Write the loss log whole (the values kept so far) and keep it open for appending; a log another writer
+        started already (a playbook's guard) is appended to as it is."""
+        import json
+
+        path = self._metrics_path()
+        if path is None:
+            return
+        from checkpoint_strategy.atomic import atomic_write_text
+
+        try:
+            if not os.path.exists(path):
                 lines = [json.dumps({"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})})
                          for s_, l_, g_ in self._history]
                 atomic_write_text(path, "".join(x + "\n" for x in lines))
-                self._metrics_fh = open(path, "a", encoding="utf-8")
-            except OSError as exc:
-                log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
-                self.framework_log = False
-            self._history.clear()
-            return
-        self._metrics_fh.write(json.dumps(rec) + "\n")
+            self._metrics_fh = open(path, "a", encoding="utf-8")
+        except OSError as exc:
+            log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
+            self.framework_log = False
+        self._history.clear()
 
     def _flush_metrics(self) -> None:
         if self._metrics_fh is not None:
@@ -770,6 +763,29 @@ class StrategyCore:
         worker = self._worker if self.settings.async_save else None
         if worker is None or not worker.submit(job):
             self._on_message(handoff_job(job))
+
+
+def read_actions(path: Optional[str], event: str) -> list[dict]:
+    """The records of `event` in a loss log (the callbacks' and the guard's, METRICS_FILE); [] without one."""
+    import json
+
+    out: list[dict] = []
+    if path is None or not os.path.isfile(path):
+        return out
+    key = f'"{event}"'
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if key in line:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict) and rec.get("event") == event:
+                        out.append(rec)
+    except OSError:
+        return []
+    return out
 
 
 class _ProcessWorker:

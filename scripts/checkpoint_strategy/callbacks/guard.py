@@ -44,6 +44,13 @@ process): after the signal the next ``step`` answers ``save`` with ``stop=True``
 that save (``saved``) it is recorded as a preemption save (preempt.py) and every later ``step`` answers
 ``stop``.
 
+An interval that follows the measured save cost (a policy from a plan; ``adaptive_interval=False`` turns it
+off): each save's blocking time is the ``seconds=`` the loop passes to ``saved``, else the time from the
+``save`` answer to ``saved``; past 2x the plan's assumed cost the interval is re-solved with the plan's
+model once and the next ``save`` answers come at its multiples (adaptive.py: one line, a record in the
+loss log). A guard whose first step is past 1 (the loop resumed) counts one interruption of the run (over
+the launches, from the loss log's records) for the same model's failure rate.
+
 Bounded: at most ``max_rollbacks`` (3) a run; past that, or with no stable checkpoint left, one ERROR
 line and ``stop``. Every automatic action is one ``checkpoint-strategy:`` line and a record in the
 run's loss log (``<root>/.checkpoint-strategy-metrics.jsonl``, which also holds every logged loss, so
@@ -56,6 +63,7 @@ import json
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
@@ -126,7 +134,9 @@ class TrainingGuard:
                  frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
                  level: str = "full", options: Any = None, metrics_log: bool = True,
                  preemption_signals: Any = (), grace_seconds: float = 120.0, average_loss: bool = True,
-                 rank_timeout: float = 600.0, **playbook: Any) -> None:
+                 rank_timeout: float = 600.0, adaptive_interval: bool = True, **playbook: Any) -> None:
+        from checkpoint_strategy.callbacks.adaptive import for_settings
+        from checkpoint_strategy.callbacks.policy import resolve
         from checkpoint_strategy.callbacks.preempt import Preemption
         from checkpoint_strategy.errors import UsageError
         from checkpoint_strategy.recovery import settings
@@ -137,6 +147,10 @@ class TrainingGuard:
             raise UsageError(f"level must be quick, full or deep, got {level!r}")
         self.options = settings.build(options, **playbook)
         self.frequency = _frequency(policy, frequency_steps)
+        self.adaptive = (for_settings(resolve(policy), self.frequency, adaptive_interval)
+                         if policy is not None and frequency_steps is None and self.frequency else None)
+        self._save_asked: Optional[tuple[int, float]] = None   # (step, monotonic time) of the last save answer
+        self._first = True
         self.root = os.fspath(root) if root is not None else None
         self.max_rollbacks, self.stable_ratio, self.level = max_rollbacks, float(stable_ratio), level
         self.saves: list[_Save] = []
@@ -156,7 +170,6 @@ class TrainingGuard:
         self.average_loss, self.rank_timeout = bool(average_loss), float(rank_timeout)
         self._ranks: Any = None
         self.preemption = Preemption(preemption_signals, grace_seconds)
-        self.preempted: Optional[dict] = None
         self.preemption.install()
 
     # ------------------------------------------------------------------ what the loop asks
@@ -185,10 +198,14 @@ class TrainingGuard:
     def step(self, step: int, loss: float, grad_norm: Optional[float] = None) -> Decision:
         """One trained step's loss (and grad norm): continue, save (on the policy's interval), rollback or stop."""
         step = int(step)
+        if self._first:
+            self._first = False
+            if step > 1 and self.adaptive is not None:   # the loop resumed: an interruption of the run
+                self._interrupted(step - 1)
         if self.stopped is not None:
             return Decision("stop", step, reason=self.stopped)
         if self.preemption.requested:     # at this step boundary: save (a resume point) and stop
-            return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
+            return self._ask_save(Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True))
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
         if self.average_loss and self.ranks.multi:
@@ -203,20 +220,47 @@ class TrainingGuard:
             if out is not None:
                 return out
         if self.frequency and step % self.frequency == 0 and self._onset is None:
-            return Decision("save", step, reason=f"every {self.frequency} steps")
+            return self._ask_save(Decision("save", step, reason=f"every {self.frequency} steps"))
         return Decision("continue", step)
 
-    def saved(self, step: int, path: str | os.PathLike, *, kind: str = "scheduled") -> None:
-        """The loop saved `path` at `step` (kind: scheduled, emergency - never a rollback target - or preemption)."""
-        loss = next((v for s, v, _ in reversed(self.history) if s == int(step)), None)
-        if self.preemption.requested and self.preempted is None:
+    def _ask_save(self, d: Decision) -> Decision:
+        self._save_asked = (d.step, time.monotonic())
+        return d
+
+    def saved(self, step: int, path: str | os.PathLike, *, kind: str = "scheduled",
+              seconds: Optional[float] = None) -> None:
+        """The loop saved `path` at `step` (kind: scheduled, emergency - never a rollback target - or preemption).
+        seconds: how long the save blocked the loop (default: the time since this step's ``save`` answer)."""
+        step = int(step)
+        loss = next((v for s, v, _ in reversed(self.history) if s == step), None)
+        if self.preemption.save_written(step, resumable=kind != "emergency"):
             kind = "preemption"
-            self.preempted = self.preemption.finished(self.root, os.fspath(path), int(step))
             self.stopped = f"preempted by {self.preemption.requested} at step {step}"
-            self._write(self.preempted)
-        self.saves.append(_Save(int(step), os.fspath(path), loss, kind))
+        self.saves.append(_Save(step, os.fspath(path), loss, kind))
+        asked, self._save_asked = self._save_asked, None
+        if seconds is None and asked is not None and asked[0] == step:
+            seconds = time.monotonic() - asked[1]
+        if self.adaptive is not None and seconds is not None:
+            new = self.adaptive.measured(seconds, step, self.ranks)
+            if new is not None:
+                self.frequency = new
+                self._record(self.adaptive.record(step))
+        self.preemption.finish_save(self.root, os.fspath(path), step, self._write)
         if self._metrics is not None:
             self._metrics.flush()
+
+    @property
+    def preempted(self) -> Optional[dict]:
+        """The preemption save's record, once made."""
+        return self.preemption.record
+
+    def _interrupted(self, at_step: int) -> None:
+        from checkpoint_strategy.callbacks.adaptive import interruption
+        from checkpoint_strategy.callbacks.core import read_actions
+
+        event = "checkpoint-strategy:interruption"
+        previous = read_actions(os.path.join(self.root, METRICS_FILE) if self.root else None, event)
+        self._record(interruption(self.root, at_step, previous, self.ranks, self.adaptive))
 
     # ------------------------------------------------------------------ events
 
@@ -402,9 +446,13 @@ class TrainingGuard:
 
     def _act(self, action: str, step: int, line: str, level: str = "info", **extra: Any) -> None:
         rec = {"event": f"checkpoint-strategy:{action}", "at_step": int(step), **extra, "message": line}
-        self.actions.append(rec)
         zero = self._ranks is None or self._ranks.rank == 0
         getattr(log, level if zero else "debug")(PREFIX + line)
+        self._record(rec)
+
+    def _record(self, rec: dict) -> None:
+        """An action already logged (its line): kept, written to the loss log, given to on_action."""
+        self.actions.append(rec)
         self._write(rec)
         if self.on_action is not None:
             self.on_action(rec)

@@ -65,26 +65,22 @@ class HFCheckpointStrategy(TrainerCallback):
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
                  rank_timeout: float = 600.0, preemption_signals: Any = "auto", grace_seconds: float = 120.0,
                  adaptive_interval: bool = True) -> None:
-        from checkpoint_strategy.callbacks.preempt import DEFAULT_SIGNALS, Preemption
+        from checkpoint_strategy.callbacks.adaptive import for_settings
+        from checkpoint_strategy.callbacks.preempt import Preemption
 
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
                                  join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
         self._configured = False
         self._pending: dict[int, str] = {}
-        self._auto_preempt = isinstance(preemption_signals, str) and preemption_signals == "auto"
-        self.preemption = Preemption(DEFAULT_SIGNALS if self._auto_preempt else preemption_signals, grace_seconds)
-        self.preempted: Optional[dict] = None   # the preemption save's record, once made
-        self._preempt_step: Optional[int] = None
-        self.adaptive = None
-        if adaptive_interval and self.core.settings.report is not None:
-            from checkpoint_strategy.callbacks.adaptive import AdaptiveInterval
-
-            self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
+        self.preemption = Preemption(preemption_signals, grace_seconds)
+        self.adaptive = for_settings(self.core.settings, self.core.frequency, adaptive_interval)
         self._save_t0: Optional[float] = None
         self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
-        self._saving: Optional[str] = None   # the checkpoint being written (on_step_end .. on_save)
-        self.preemption.in_save = lambda: self._saving is not None
-        self.preemption.abandon = self._abandon
+
+    @property
+    def preempted(self) -> Optional[dict]:
+        """The preemption save's record, once made."""
+        return self.preemption.record
 
     # ------------------------------------------------------------------ configuration
 
@@ -123,8 +119,8 @@ class HFCheckpointStrategy(TrainerCallback):
         self._configure(args, state)
         _show_lines(args, state)
         self.core.start()
-        if not (self._auto_preempt and int(args.world_size) > 1):
-            self.preemption.install()
+        self.preemption.rank_zero = self.core.rank_zero
+        self.preemption.install_for(int(args.world_size))
         if state.global_step > 0:
             self._interrupted(state)
         if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
@@ -135,44 +131,29 @@ class HFCheckpointStrategy(TrainerCallback):
         return control
 
     def _interrupted(self, state) -> None:
-        """A resumed run: one interruption of it (a preemption's when it resumes from the preemption save), counted
-        over its launches from the records in the loss log, for the adaptive interval's failure rate. A rollback's
-        resume (train_with_recovery) is not one."""
-        from checkpoint_strategy.callbacks.preempt import read_record
+        """A resumed run: one interruption of it (adaptive.interruption), for the adaptive interval's failure rate.
+        A rollback's resume (train_with_recovery) is not one."""
+        from checkpoint_strategy.callbacks.adaptive import interruption
 
         if self.rollback_resume:
             self.rollback_resume = False
             return
-        n = len(self.core.previous_actions("checkpoint-strategy:interruption")) + 1
-        pre = read_record(self.core.root) if self.core.root else None
-        kind = "preemption" if pre is not None and pre.get("step") == state.global_step else "resume"
-        line = f"resumed at step {state.global_step} ({kind}): interruption {n} of this run"
-        if self.core.rank_zero:
-            log.info(PREFIX + line)
-        self.core.record_action({"event": "checkpoint-strategy:interruption", "kind": kind,
-                                 "at_step": int(state.global_step), "count": n, "message": line})
-        if self.adaptive is not None:
-            self.adaptive.interruptions = n
+        self.core.record_action(interruption(
+            self.core.root, state.global_step, self.core.previous_actions("checkpoint-strategy:interruption"),
+            self.core.ranks if self.adaptive is not None else None, self.adaptive))
 
     # ------------------------------------------------------------------ hooks
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.core.forced_save(state.global_step):
             control.should_save = True
-        if self.preemption.requested and self._preempt_step is None:
-            self._preempt_step = state.global_step
+        if self.preemption.at_step_end(state.global_step):
             control.should_save = control.should_training_stop = True
         if control.should_save:
             self._save_t0 = time.monotonic()
-            self._saving = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            self.preemption.begin_save(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
             self.core.before_save()
         return control
-
-    def _abandon(self) -> None:
-        from checkpoint_strategy.callbacks.preempt import abandon_checkpoint
-
-        if self._saving is not None and self.core.rank_zero:
-            abandon_checkpoint(self._saving)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -188,30 +169,23 @@ class HFCheckpointStrategy(TrainerCallback):
             if not control.should_save:
                 self.core.before_save()
             control.should_save = True   # the Trainer saves right after on_log, in the same step
-            self._saving = os.path.join(args.output_dir, f"checkpoint-{step}")
+            self.preemption.begin_save(os.path.join(args.output_dir, f"checkpoint-{step}"))
         return control
 
     def on_save(self, args, state, control, **kwargs):
         # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
-        self._saving = None
-        if self.preemption.requested and self._preempt_step is None:   # the signal came during this save: it is
-            self._preempt_step = step                                   # the preemption save
+        path = os.path.join(args.output_dir, f"checkpoint-{step}")
+        if self.preemption.save_written(step):   # the preemption save (or the signal came during this save)
             control.should_training_stop = True
-        if step == self._preempt_step:
-            self.preemption._cancel()   # written: no grace timer during its validation
-        self.core.saved(os.path.join(args.output_dir, f"checkpoint-{step}"), step, self._pending.pop(step, None))
+        self.core.saved(path, step, self._pending.pop(step, None))
         if self.adaptive is not None and self._save_t0 is not None:
-            self.adaptive.run_seconds = step * self.adaptive.step_seconds
-            new = self.adaptive.observe(time.monotonic() - self._save_t0)
+            new = self.adaptive.measured(time.monotonic() - self._save_t0, step, self.core.ranks)
             if new is not None:
                 self.core.frequency_override = state.save_steps = args.save_steps = new
-                self.core.record_action({**(self.adaptive.decided or {}), "at_step": step})
+                self.core.record_action(self.adaptive.record(step))
         self._save_t0 = None
-        if step == self._preempt_step and self.preempted is None:
-            self.preempted = self.preemption.finished(self.core.root, os.path.join(args.output_dir,
-                                                                                   f"checkpoint-{step}"), step)
-            self.core.record_action(self.preempted)
+        self.preemption.finish_save(self.core.root, path, step, self.core.record_action)
         return control
 
     def on_train_end(self, args, state, control, **kwargs):

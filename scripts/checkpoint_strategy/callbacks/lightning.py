@@ -24,6 +24,14 @@ What it does (logged at setup):
     event saves ``epoch=E-step=N-emergency.ckpt`` with a ``.checkpoint-strategy.json`` marker
     beside it (written first); never on a NaN/inf loss;
   * at the end of fit: waits for background validations, writes the session-handoff state;
+  * a policy from a plan: each save's blocking time is measured; past 2x the plan's assumed cost the
+    interval is re-solved with the plan's model and applied from the next save (ModelCheckpoint's
+    every_n_train_steps), logged once and recorded in the loss log (adaptive.py); each resumed fit is an
+    interruption counted over the launches;
+  * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save ``epoch=E-step=N.ckpt`` at the next
+    ``on_train_batch_end`` and set ``trainer.should_stop``: ``fit`` returns, the process exits 0, and
+    ``last_valid_checkpoint`` resumes from that save (preempt.py); Lightning's own SIGTERM handler is replaced
+    for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
     thread does not wait on it: an emergency save comes one step after the spiked loss), every
@@ -36,6 +44,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import time
 from typing import Any, Optional
 
 from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log
@@ -76,13 +85,17 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
 
     policy: the plan's JSON/YAML file, a PlanReport, or a dict of checkpoint_policy keys.
     level: "quick", "full" or "deep" validation after each save. handoff_dir / handoff_every /
-    join_timeout / manifest / rank_timeout: as for HFCheckpointStrategy. detect_every: feed the
-    detector every N steps (default: the Trainer's log_every_n_steps).
+    join_timeout / manifest / rank_timeout / preemption_signals / grace_seconds / adaptive_interval: as for
+    HFCheckpointStrategy. detect_every: feed the detector every N steps (default: the Trainer's log_every_n_steps).
     """
 
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
-                 detect_every: Optional[int] = None, manifest: bool = True, rank_timeout: float = 600.0) -> None:
+                 detect_every: Optional[int] = None, manifest: bool = True, rank_timeout: float = 600.0,
+                 preemption_signals: Any = "auto", grace_seconds: float = 120.0, adaptive_interval: bool = True) -> None:
+        from checkpoint_strategy.callbacks.adaptive import for_settings
+        from checkpoint_strategy.callbacks.preempt import Preemption
+
         super().__init__()
         if detect_every is not None and (not isinstance(detect_every, int) or detect_every < 1):
             raise UsageError(f"detect_every must be a whole number >= 1, got {detect_every!r}")
@@ -102,6 +115,15 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self._inflight: Optional[tuple[int, Any]] = None   # (step, the started loss average), many processes
         self._want_grad = "gradient_norm_exceeded" in self.core.settings.emergency_save_on
         self._dir_given = True
+        self.preemption = Preemption(preemption_signals, grace_seconds)
+        self.adaptive = for_settings(self.core.settings, self.core.frequency, adaptive_interval)
+        self.rollback_resume = False   # the next fit is a rollback's resume (a playbook's): not an interruption
+        self._fits = 0
+
+    @property
+    def preempted(self) -> Optional[dict]:
+        """The preemption save's record, once made."""
+        return self.preemption.record
 
     # ------------------------------------------------------------------ configuration
 
@@ -157,17 +179,25 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self._orig_save, self._trainer = orig, trainer
 
         def save_checkpoint(filepath, *args, **kwargs):
+            t0 = time.monotonic()
+            path = os.path.abspath(os.fspath(filepath))
+            self.preemption.begin_save(path)
             self.core.before_save()
             out = orig(filepath, *args, **kwargs)   # ends with the strategy's barrier: every rank wrote its part
-            path = os.path.abspath(os.fspath(filepath))
-            after = (path, trainer.global_step, self._pending.pop(path, None))
+            step = trainer.global_step
+            after = (path, step, self._pending.pop(path, None))
+            preempt = self.preemption.save_written(step, resumable=after[2] is None)
             pool = _async_io_executor(trainer)
-            if pool is not None and not self.core.ranks.multi:
+            if pool is not None and not self.core.ranks.multi and not preempt:
                 pool.submit(self.core.saved, *after)   # AsyncCheckpointIO: its one thread writes in order
             else:
-                if pool is not None:   # many processes: the ranks meet on the training thread, after the write
-                    _wait_for_writer(pool, self.core.join_timeout)
+                if pool is not None:   # many processes (the ranks meet on the training thread, after the write),
+                    _wait_for_writer(pool, self.core.join_timeout)   # or the preemption save: written before it stops
                 self.core.saved(*after)
+            self._measured(trainer, step, time.monotonic() - t0)
+            if preempt:
+                trainer.should_stop = True
+                self.preemption.finish_save(self.core.root, path, step, self.core.record_action)
             return out
 
         trainer.save_checkpoint = save_checkpoint
@@ -179,6 +209,18 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             except AttributeError:
                 pass
         self._orig_save = self._trainer = None
+
+    def _measured(self, trainer, step: int, seconds: float) -> None:
+        """One save's blocking time (adaptive.py): a new interval applies from the next save."""
+        if self.adaptive is None:
+            return
+        new = self.adaptive.measured(seconds, step, self.core.ranks)
+        if new is None:
+            return
+        self.core.frequency_override = new
+        if self._mc is not None and not self._own_interval:
+            self._mc._every_n_train_steps = new
+        self.core.record_action(self.adaptive.record(step))
 
     def _protect(self) -> dict[str, str]:
         mc = self._mc
@@ -205,10 +247,27 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self.core.root = self._dirpath()
         os.makedirs(self.core.root, exist_ok=True)
         _show_lines(trainer)
+        ckpt = getattr(trainer, "ckpt_path", None)
+        # an interruption is a launch that resumes: the first fit of this callback (a playbook's refit after a
+        # rollback is not one)
+        resumed = bool(ckpt) and trainer.global_step > 0 and not self.rollback_resume and not self._fits
+        self.rollback_resume = False
+        self._fits += 1
+        # the earlier launches' interruptions, from the loss log before it is set aside
+        previous = self.core.previous_actions("checkpoint-strategy:interruption") if resumed else []
         if trainer.is_global_zero:
             self.core.retire_old_metrics()
         self.core.start()
-        ckpt = getattr(trainer, "ckpt_path", None)
+        if resumed:
+            from checkpoint_strategy.callbacks.adaptive import interruption
+
+            self.core.record_action(interruption(self.core.root, trainer.global_step, previous,
+                                                 self.core.ranks if self.adaptive is not None else None, self.adaptive))
+        self.preemption.rank_zero = bool(trainer.is_global_zero)
+        # the signal's own action after the grace period: the handler from before the fit, not Lightning's (which
+        # only sets a flag)
+        self.preemption.install_for(int(trainer.world_size),
+                                    getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None))
         if ckpt:   # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
             self.core.check_resume(os.fspath(ckpt), world_size=int(trainer.world_size),
                                    accumulation=int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
@@ -259,6 +318,13 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                 self._decide(trainer, step, loss, grad)
         if self.core.forced_save(step) or (self._own_interval and step % self.core.frequency == 0):
             trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
+        if self.preemption.at_step_end(step):   # after the signal: the preemption save, at this step end
+            trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
+            if self._mc is not None and not self._own_interval:   # the rolling ModelCheckpoint makes no second file
+                self._mc._last_global_step_saved = step               # of this step (the others keep their own saves)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.preemption.uninstall()   # before Lightning puts its own originals back
 
     def _decide(self, trainer, seen: int, loss: Optional[float], grad: Optional[float]) -> None:
         """Feed the detector the values of step `seen`; on an event (rank 0 writes the marker and broadcasts
@@ -286,6 +352,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     def teardown(self, trainer, pl_module, stage) -> None:
         if stage == "fit":
             self._inflight = None     # a fit that raised: never wait on the ranks here
+            self.preemption.uninstall()
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()

@@ -14,6 +14,10 @@ preemption save (no second save). When the grace period ends while the save is s
 gets ``grace_seconds`` once more to finish; still unfinished then, the adapter's ``abandon`` moves the
 half-written checkpoint aside (renamed ``<name>.abandoned-preemption``: no checkpoint name, so nothing
 resumes from it or counts it as whole; nothing is deleted) before the signal's own action ends the process.
+
+The adapters (hf.py, lightning.py, guard.py) share the bookkeeping here: ``at_step_end`` (the step to save at),
+``begin_save`` / ``save_written`` around every save (which one is the preemption save), ``finish_save`` (its record,
+once). ``"auto"``: SIGTERM and SIGUSR1 in a one-process run, none under torchrun / DDP (``install_for``).
 """
 
 from __future__ import annotations
@@ -48,24 +52,77 @@ def _signals(names) -> list[signal.Signals]:
 class Preemption:
     """``install()`` at the start of training, ``requested`` after a signal, ``finished()`` once saved."""
 
-    def __init__(self, signals=DEFAULT_SIGNALS, grace_seconds: float = 120.0) -> None:
+    def __init__(self, signals: Any = DEFAULT_SIGNALS, grace_seconds: float = 120.0) -> None:
         from checkpoint_strategy.errors import UsageError
 
         if not isinstance(grace_seconds, (int, float)) or not grace_seconds > 0:
             raise UsageError(f"grace_seconds must be a number > 0, got {grace_seconds!r}")
-        self.signals = _signals(signals)
+        self.auto = isinstance(signals, str) and signals == "auto"
+        if isinstance(signals, (str, signal.Signals)) and not self.auto:
+            signals = [signals]
+        self.signals = _signals(DEFAULT_SIGNALS if self.auto else signals)
         self.grace = float(grace_seconds)
         self.requested: Optional[str] = None
         self.received_at: Optional[float] = None
         self._previous: dict[signal.Signals, Any] = {}
         self._timer: Optional[threading.Timer] = None
-        self.in_save: Any = lambda: False     # the adapter's: is a save being written now?
-        self.abandon: Any = lambda: None      # the adapter's: move the save being written aside
+        self.saving: Optional[str] = None     # the checkpoint being written now (begin_save .. save_written)
+        self.rank_zero = True                 # the rank that moves a half-written save aside
+        self.step: Optional[int] = None       # the preemption save's step, once chosen
+        self.record: Optional[dict] = None    # its record, once written and validated (finish_save)
+        self.in_save: Any = lambda: self.saving is not None
+        self.abandon: Any = self._abandon     # move the save being written aside
         self._extended = False
         self._expired = False
 
-    def install(self) -> bool:
-        """Catch the signals (main thread only: Python delivers signals there). False when it cannot."""
+    def install_for(self, world_size: int, previous: Optional[dict] = None) -> bool:
+        """install(), except for "auto" in a run of many processes (each rank would save on its own: a preemption
+        save coordinated over the ranks is not built; naming the signals turns it on anyway)."""
+        if self.auto and int(world_size) > 1:
+            return False
+        return self.install(previous)
+
+    def at_step_end(self, step: int) -> bool:
+        """True once: at the first step end after the signal, the step whose save is the preemption save."""
+        if self.requested is not None and self.step is None:
+            self.step = int(step)
+            return True
+        return False
+
+    def begin_save(self, path: str) -> None:
+        self.saving = os.fspath(path)
+
+    def save_written(self, step: Optional[int], resumable: bool = True) -> bool:
+        """A save ended: True when it is the preemption save (a signal that came while it was written makes it
+        one: no second save; never an emergency save, resumable=False). Stops the grace timer then (no timer
+        during its validation)."""
+        self.saving = None
+        if self._expired or not resumable:   # past the grace period (moved aside), or an emergency save
+            return False
+        if self.requested is not None and self.step is None and step is not None:
+            self.step = int(step)
+        if self.step is not None and step == self.step:
+            self._cancel()
+            return True
+        return False
+
+    def finish_save(self, root: Optional[str], checkpoint: str, step: Optional[int], record: Any) -> Optional[dict]:
+        """After the preemption save (``save_written`` said so) is handed over: its record, once (``record`` writes
+        it into the run's loss log); None for any other save."""
+        if self.record is not None or self.step is None or step != self.step:
+            return None
+        self.record = self.finished(root, checkpoint, self.step)
+        record(self.record)
+        return self.record
+
+    def _abandon(self) -> None:
+        if self.saving is not None and self.rank_zero:
+            abandon_checkpoint(self.saving)
+
+    def install(self, previous: Optional[dict] = None) -> bool:
+        """Catch the signals (main thread only: Python delivers signals there). False when it cannot.
+        previous: the handlers the signal's own action falls back to, where they are not the current ones (a
+        framework's own handler that would not end the process: Lightning's)."""
         if not self.signals or self._previous:
             return bool(self._previous)
         if threading.current_thread() is not threading.main_thread():
@@ -73,11 +130,16 @@ class Preemption:
             return False
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
+            if previous and sig in previous:
+                self._previous[sig] = previous[sig]
         return True
 
     def uninstall(self) -> None:
+        """Put the previous handlers back (where the handler is still ours: a framework that restored its own
+        originals meanwhile keeps them)."""
         for sig, prev in self._previous.items():
-            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+            if signal.getsignal(sig) == self._handler:
+                signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
         self._cancel()
 

@@ -1,0 +1,194 @@
+"""Preemption with LightningCheckpointStrategy (callbacks/preempt.py): a real Lightning fit in a subprocess gets
+SIGTERM / SIGUSR1 mid-run, or during a save."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pytorch_lightning")
+
+from checkpoint_strategy.callbacks.core import METRICS_FILE  # noqa: E402
+from checkpoint_strategy.callbacks.preempt import RECORD_FILE, read_record  # noqa: E402
+
+pytestmark = pytest.mark.slow
+STEPS = 120
+
+# one batch an epoch, the epoch's own (a sampler that Lightning tells the epoch): every save is at an epoch end,
+# so a resumed fit draws the same batches as an uninterrupted one
+SCRIPT = textwrap.dedent('''
+    import io, sys, time, torch
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.plugins.io import TorchCheckpointIO
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, last_valid_checkpoint
+
+    out, steps, signals = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    slow, grace = (float(sys.argv[4]), float(sys.argv[5])) if len(sys.argv) > 5 else (0.0, 120.0)
+    torch.set_num_threads(1)
+
+    class EpochSampler(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+        def __len__(self):
+            return 32
+        def __iter__(self):
+            return iter(range(self.epoch * 32 % 4096, self.epoch * 32 % 4096 + 32))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 8, generator=g)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, sampler=EpochSampler())
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        def training_step(self, batch, _idx):
+            xb, yb = batch
+            return torch.nn.functional.mse_loss(self.net(xb), yb)
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+    class Progress(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+            print(f"loss {trainer.global_step} {float(outputs['loss']):.8f}", flush=True)
+            print(f"step {trainer.global_step}", flush=True)
+            time.sleep(0.02)
+
+    class SlowIO(TorchCheckpointIO):
+        """The first save is slowed in its middle: half of the file written, the rest after `slow` seconds."""
+        slowed = False
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            if not slow or SlowIO.slowed:
+                return super().save_checkpoint(checkpoint, path, storage_options)
+            SlowIO.slowed = True
+            buf = io.BytesIO()
+            torch.save(checkpoint, buf)
+            raw = buf.getvalue()
+            with open(path, "wb") as fh:
+                fh.write(raw[: len(raw) // 2])
+                fh.flush()
+                print(f"saving {path}", flush=True)
+                time.sleep(slow)
+                fh.write(raw[len(raw) // 2:])
+
+    kw = {} if signals == "auto" else {"preemption_signals": [s for s in signals.split(",") if s]}
+    cb = LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 3}, handoff_dir=None,
+                                     grace_seconds=grace, **kw)
+    mc = ModelCheckpoint(dirpath=out, save_top_k=-1)
+    trainer = pl.Trainer(max_steps=steps, callbacks=[cb, Progress(), mc], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1,
+                         plugins=[SlowIO()], default_root_dir=out)
+    trainer.fit(Net(), loader, ckpt_path=last_valid_checkpoint(out))
+    print("done", trainer.global_step, "preempted" if cb.preempted else "finished", flush=True)
+''')
+
+
+def _launch(tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None):
+    """slow (seconds, grace): the first save (step 50) sleeps that long half-written; the signal is sent as it
+    starts. Returns (exit code, stdout lines, stderr)."""
+    script = tmp_path / "fit.py"
+    script.write_text(SCRIPT)
+    at = f"step {at_step}" if slow is None else "saving"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "scripts"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    extra = [] if slow is None else [str(slow[0]), str(slow[1])]
+    proc = subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), signals, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if send is not None and line.strip().startswith(at) and (slow is not None or line.strip() == at):
+            proc.send_signal(send)
+            send = None
+    err = proc.stderr.read() if proc.stderr else ""
+    return proc.wait(timeout=300), lines, err
+
+
+def _losses(lines: list[str]) -> dict[int, float]:
+    return {int(x.split()[1]): float(x.split()[2]) for x in lines if x.startswith("loss ")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[int, float]:
+    """The losses of the same fit without a signal."""
+    tmp = tmp_path_factory.mktemp("pl-uninterrupted")
+    rc, lines, err = _launch(tmp, tmp / "run")
+    assert rc == 0, err[-3000:]
+    return _losses(lines)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_continues(tmp_path, sig, uninterrupted):
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=sig)
+    assert rc == 0, err[-3000:]
+    done = lines[-1].split()
+    assert done[0] == "done" and done[2] == "preempted" and 20 <= int(done[1]) < STEPS, lines[-3:]
+    step = int(done[1])
+    assert max(_losses(lines)) == step            # no step trained after the preemption save
+    name = f"epoch={step - 1}-step={step}.ckpt"
+    rec = read_record(out)
+    assert rec is not None and rec["signal"] == sig.name and rec["step"] == step
+    assert rec["checkpoint"] == str(out / name)
+    assert last_valid_checkpoint(out, level="full") == str(out / name)
+    assert f"{sig.name}: preemption save {name} (step {step})" in err
+    assert sorted(p.name for p in out.glob("*.ckpt")) == [name]   # ModelCheckpoint made no second file of it
+    rc2, lines2, err2 = _launch(tmp_path, out)                   # the next launch resumes from it
+    assert rc2 == 0 and lines2[-1] == f"done {STEPS} finished", err2[-3000:]
+    assert min(_losses(lines2)) == step + 1
+    # the resumed launch is one interruption of the run, a preemption's, in the loss log
+    recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines() if '"event"' in x]
+    assert [(r["event"], r["kind"], r["at_step"], r["count"]) for r in recs] == [
+        ("checkpoint-strategy:interruption", "preemption", step, 1)]
+    resumed, whole = {**_losses(lines), **_losses(lines2)}, uninterrupted
+    assert set(resumed) == set(whole) == set(range(1, STEPS + 1))
+    assert all(resumed[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-7) for s in range(step + 1, STEPS + 1))
+
+
+def test_lightning_a_signal_during_a_save_finishes_that_save_as_the_preemption_save(tmp_path):
+    """SIGTERM while the step-50 save is half-written, 1.6 s long against a 1 s grace: the save gets the grace once
+    more, finishes, and is itself the preemption save; the fit stops there; exit 0."""
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, slow=(1.6, 1.0))
+    assert rc == 0, err[-3000:]
+    assert lines[-1] == "done 50 preempted" and read_record(out)["step"] == 50
+    assert last_valid_checkpoint(out, level="full") == str(out / "epoch=49-step=50.ckpt")
+    assert "the grace period ended during a save" in err
+
+
+def test_lightning_a_save_that_outlasts_the_grace_is_moved_aside_never_left_looking_whole(tmp_path):
+    """The same save, slowed past twice the grace: the half-written file is renamed aside and the signal's own action
+    (the handler from before the fit: the default, not Lightning's flag) ends the process."""
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, slow=(8.0, 1.0))
+    assert rc == -signal.SIGTERM, err[-3000:]
+    assert not (out / "epoch=49-step=50.ckpt").exists()
+    assert (out / "epoch=49-step=50.ckpt.abandoned-preemption").is_file()
+    assert last_valid_checkpoint(out) is None and read_record(out) is None
+    assert "moved to epoch=49-step=50.ckpt.abandoned-preemption" in err
+
+
+def test_lightning_preemption_off_leaves_the_signal_to_lightning(tmp_path):
+    """preemption_signals=(): Lightning's own SIGTERM handling (it stops the fit; no preemption save, no record)."""
+    rc, lines, _ = _launch(tmp_path, tmp_path / "run", signals="", send=signal.SIGTERM)
+    assert not (tmp_path / "run" / RECORD_FILE).exists()
+    assert not any(x.startswith("done") and x.endswith("preempted") for x in lines)
