@@ -261,11 +261,12 @@ def _pb_finish(out: Path, rank: int, doc: dict) -> None:
     os._exit(0)
 
 
-def hf_playbook_ddp(out: Path, poison: bool) -> None:
+def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
     """One rank of a 2-process torchrun (gloo, CPU) HF Trainer with train_with_recovery. Global batch b (rank b % 2,
     accelerate's sharding) belongs to step b // 2 + 1; poison: the batches of step PB_POISON (one on each rank)
     multiply the first layer by -50 in the forward pass (every rank's weights damaged alike). Writes
-    out/result-<rank>.json: train_with_recovery's answer, calls: each trainer.train call (its resume checkpoint and the
+    out/result-<rank>.json (forget_rank: that rank's resume loads no optimizer state, a fresh optimizer, as a
+    broken per-rank resume would): train_with_recovery's answer, calls: each trainer.train call (its resume checkpoint and the
     step it started from), the steps whose forward pass ran, a fingerprint of the weights before each step ("at",
     the last pass's), the steps a poisoned batch came at, the held-out loss
     and a fingerprint of the weights."""
@@ -328,6 +329,14 @@ def hf_playbook_ddp(out: Path, poison: bool) -> None:
 
     tr.add_callback(FirstStep())
     tr.train = train
+    if forget_rank == rank:
+        plain_load = tr._load_optimizer_and_scheduler
+
+        def forgetful(checkpoint):
+            plain_load(None)
+            getattr(tr.optimizer, "optimizer", tr.optimizer).state.clear()
+
+        tr._load_optimizer_and_scheduler = forgetful
     result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS)
     _pb_finish(out, rank, {**result, **seen, "eval": _pb_eval(net.net), "weights": _pb_fingerprint(net.net)})
 
@@ -438,5 +447,5 @@ if __name__ == "__main__":
         guard_ddp(Path(sys.argv[2]))
     elif sys.argv[1] in ("hf_playbook", "pl_playbook"):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        {"hf_playbook": hf_playbook_ddp, "pl_playbook": pl_playbook_ddp}[sys.argv[1]](Path(sys.argv[2]),
-                                                                                   sys.argv[3] == "poison")
+        run = {"hf_playbook": hf_playbook_ddp, "pl_playbook": pl_playbook_ddp}[sys.argv[1]]
+        run(Path(sys.argv[2]), sys.argv[3] == "poison", *(int(a) for a in sys.argv[4:]))

@@ -339,23 +339,38 @@ class TrainingGuard:
         c.optimizer_checked = True
         live = optimizer if optimizer is None or isinstance(optimizer, (int, float)) else optimizer_step_count(optimizer)
         name = os.path.basename(c.checkpoint)
+        bad: Optional[str] = None
         if c.counter is None or live is None:
             self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter not "
                       "compared (" + ("the checkpoint records none" if c.counter is None else "the optimizer keeps none")
                       + ")", checkpoint=c.checkpoint, counter=live, expected=c.counter, verdict="unknown")
-            return Decision("continue", c.step)
-        if int(live) != c.counter:
+        elif int(live) != c.counter:
             why = ("a fresh optimizer: its state was not loaded" if int(live) == 0 else
                    "the optimizer state is not the checkpoint's")
             self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
                       f"{int(live)}, the checkpoint's is {c.counter}", checkpoint=c.checkpoint, counter=int(live),
                       expected=c.counter, verdict="reset")
-            return self._stop(c.step, f"the resume from {name} (step {c.step}) did not restore the optimizer: its "
-                              f"step counter is {int(live)}, the checkpoint's {c.counter} ({why})")
-        self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter {int(live)} "
-                  "continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live), expected=c.counter,
-                  verdict="ok")
-        return Decision("continue", c.step)
+            bad = (f"the resume from {name} (step {c.step}) did not restore the optimizer: its step counter is "
+                   f"{int(live)}, the checkpoint's {c.counter} ({why})")
+        else:
+            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
+                      f"{int(live)} continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live),
+                      expected=c.counter, verdict="ok")
+        return self._resume_verdict(c.step, name, bad)
+
+    def _resume_verdict(self, step: int, name: str, bad: Optional[str]) -> Decision:
+        """The resume check is one verdict of every rank (issue 43): one bounded all_reduce (max) of the failing
+        rank, so a rank whose optimizer did not come back stops every rank at the same step (alone, it stopped
+        while the others trained on into DDP's all_reduce with it). This rank's own verdict when the ranks did not
+        meet."""
+        failing = self.ranks.rank if bad is not None else -1
+        if self.ranks.multi:
+            out = self.ranks.reduce([float(failing)], "the resume check", "max")
+            failing = int(out[0]) if out is not None else failing
+        if bad is None and failing >= 0:
+            bad = (f"rank {failing}'s resume from {name} (step {step}) did not restore the optimizer (its step "
+                   "counter does not continue from the checkpoint's)")
+        return self._stop(step, bad) if bad is not None else Decision("continue", step)
 
     def _check_loss(self, step: int, loss: float) -> None:
         """The first POST_POINTS losses after the skip window against the band before the checkpoint (verify.py)."""
