@@ -440,11 +440,69 @@ def pl_playbook_ddp(out: Path, poison: bool) -> None:
                                           "weights": _pb_fingerprint(model.net)})
 
 
+PREEMPT_STEP = 30
+
+
+def guard_preempt_ddp(out: Path) -> None:
+    """One rank of a 2-process (torchrun, gloo) DDP loop with TrainingGuard(preemption_signals=["SIGUSR1"]): rank 1
+    alone signals itself at the start of step PREEMPT_STEP. Writes out/result-<rank>.json: the last step trained,
+    the guard's stop, its preemption record, the kinds of its saves and whether a collective of it timed out."""
+    import json
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    guard = TrainingGuard(out, frequency_steps=20, rank_timeout=60.0, preemption_signals=["SIGUSR1"])
+    step, last = 0, 0
+    while step < 100:
+        step += 1
+        if rank == 1 and step == PREEMPT_STEP:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        g = torch.Generator().manual_seed(1000 + step + 10**6 * rank)
+        x = torch.randn(32, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), x.sum(dim=1, keepdim=True).tanh())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last = step
+        d = guard.step(step, float(loss.detach()))
+        if d.action == "save":
+            path = out / f"checkpoint-{step}.pt"
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, str(path) + ".tmp")
+                os.replace(str(path) + ".tmp", path)
+            dist.barrier()
+            guard.saved(step, path)
+            if d.stop:
+                break
+        elif d.action == "stop":
+            break
+    broken = guard.ranks.broken
+    summary = guard.close()
+    (out / f"result-{rank}.json").write_text(json.dumps({
+        "last": last, "stopped": summary["stopped"], "preempted": guard.preempted, "broken": broken,
+        "saves": [(s.step, s.kind) for s in guard.saves]}, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1] == "guard":
         guard_ddp(Path(sys.argv[2]))
+    elif sys.argv[1] == "guard_preempt":
+        guard_preempt_ddp(Path(sys.argv[2]))
     elif sys.argv[1] in ("hf_playbook", "pl_playbook"):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         run = {"hf_playbook": hf_playbook_ddp, "pl_playbook": pl_playbook_ddp}[sys.argv[1]]

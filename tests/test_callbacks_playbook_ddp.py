@@ -135,3 +135,34 @@ def test_hf_torchrun_a_resume_check_failing_on_one_rank_stops_every_rank(tmp_pat
     assert "did not restore the optimizer" in r1["stopped"] and "step counter is 0" in r1["stopped"], r1["stopped"]
     assert r0["forward"] == r1["forward"]
     assert err.count("rank 1's resume from") == 1       # rank 0 says why, once (the others' lines are DEBUG)
+
+
+@pytest.mark.slow
+def test_a_signal_reaching_only_rank_1_saves_and_stops_every_rank_together(tmp_path):
+    """A plain DDP loop with TrainingGuard (tests/callbackruns.py guard_preempt_ddp): SIGUSR1 reaches rank 1 alone
+    at step PREEMPT_STEP. The request rides on the guard's loss all_reduce, so both ranks answer the preemption save
+    at that step, report it and stop; no collective timed out (alone, rank 1 left the all_reduce and rank 0 waited
+    for it up to rank_timeout, then the ranks' collectives no longer matched). Rank 0 alone writes the record."""
+    from checkpoint_strategy.callbacks.preempt import read_record
+
+    out = tmp_path / "out"
+    out.mkdir()
+    env = dict(cliresult.checkout_env(), OMP_NUM_THREADS="1")
+    port = str(_free_port())
+    try:
+        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                              port, PROGRAM, "guard_preempt", str(out)], env=env, capture_output=True, text=True,
+                             timeout=180, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the 2-process preempted run did not end within 180 s: {str(exc.stderr)[-3000:]}")
+    done = all((out / f"result-{r}.json").exists() for r in (0, 1))
+    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[-3000:]
+    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
+    step = callbackruns.PREEMPT_STEP
+    for r in (r0, r1):
+        assert r["broken"] is None and r["last"] == step, r
+        assert r["stopped"].startswith("preempted by ") and r["stopped"].endswith(f"at step {step}"), r["stopped"]
+        assert r["saves"] == [[20, "scheduled"], [step, "preemption"]], r["saves"]
+        assert r["preempted"]["checkpoint"] == str(out / f"checkpoint-{step}.pt")
+    assert r1["preempted"]["signal"] == "SIGUSR1" and "another rank" in r0["preempted"]["signal"]
+    assert read_record(out)["step"] == step and (out / f"checkpoint-{step}.pt").exists()

@@ -187,12 +187,15 @@ class TrainingGuard:
         step = int(step)
         if self.stopped is not None:
             return Decision("stop", step, reason=self.stopped)
-        if self.preemption.requested:     # at this step boundary: save (a resume point) and stop
+        together = self.average_loss and self.ranks.multi
+        if self.preemption.requested and not together:   # at this step boundary: save (a resume point) and stop
             return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
-        if self.average_loss and self.ranks.multi:
+        if together:
             loss_f, gn = self._mean(loss_f, gn)
+            if self.preemption.requested:   # this rank's signal or another's (the same all_reduce): every rank
+                return Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True)
         self.history.append((step, loss_f, gn))
         self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
         if self._check is not None and step > self._check.after:
@@ -211,7 +214,8 @@ class TrainingGuard:
         loss = next((v for s, v, _ in reversed(self.history) if s == int(step)), None)
         if self.preemption.requested and self.preempted is None:
             kind = "preemption"
-            self.preempted = self.preemption.finished(self.root, os.fspath(path), int(step))
+            zero = self._ranks is None or self._ranks.rank == 0   # rank 0 alone writes the record
+            self.preempted = self.preemption.finished(self.root if zero else None, os.fspath(path), int(step))
             self.stopped = f"preempted by {self.preemption.requested} at step {step}"
             self._write(self.preempted)
         self.saves.append(_Save(int(step), os.fspath(path), loss, kind))
@@ -306,10 +310,19 @@ class TrainingGuard:
 
     def _mean(self, loss: float, gn: Optional[float]) -> tuple[float, Optional[float]]:
         """The loss (and grad norm) averaged over the ranks (one all_reduce, bounded): every rank's detector then
-        decides the same at the same step. A rank's own values when the ranks did not meet."""
-        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None)], "the guard's loss", "sum")
+        decides the same at the same step. A rank's own values when the ranks did not meet.
+        The same all_reduce carries the preemption request (issue 43): a signal that reached only some ranks is
+        every rank's at this step boundary, so all save and stop together (alone, the signalled rank left the
+        collective and the others waited for it up to rank_timeout)."""
+        flag = float(self.preemption.requested is not None)
+        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None), flag], "the guard's loss", "sum")
         if out is None:
             return loss, gn
+        if out[3] > 0 and self.preemption.requested is None:
+            import time
+
+            self.preemption.requested = "a preemption signal on another rank"
+            self.preemption.received_at = time.monotonic()
         n = self.ranks.world
         return out[0] / n, (None if out[2] > 0 else out[1] / n)
 
