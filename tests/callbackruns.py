@@ -380,12 +380,13 @@ def _pl_sampler():
     return Sampler()
 
 
-def pl_playbook_ddp(out: Path, poison: bool) -> None:
+def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
     """One rank of a 2-process Lightning DDP fit (Trainer(strategy="ddp", devices=2), gloo, CPU; Lightning starts
     rank 1 by running this program again) with fit_with_recovery. Each rank draws its own batches (rank r: the
     items of its own half), epoch e the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH (each save, every 50
     steps, is at an epoch end: a resume draws the same batches); poison: the batch of step PB_POISON on every rank
-    multiplies the first layer by -50. Writes out/result-<rank>.json as hf_playbook_ddp does (calls: each
+    multiplies the first layer by -50 (forget_rank: that rank's resume restores no optimizer state). Writes
+    out/result-<rank>.json as hf_playbook_ddp does (calls: each
     trainer.fit call's ckpt_path and first step)."""
     import pytorch_lightning as lightning
     import torch
@@ -433,6 +434,9 @@ def pl_playbook_ddp(out: Path, poison: bool) -> None:
         return plain_fit(*a, **k)
 
     trainer.fit = fit
+    if forget_rank is not None and forget_rank == int(os.environ.get("LOCAL_RANK", "0")):
+        # that rank's resume restores the weights, not the optimizers (the fresh ones configure_optimizers made)
+        trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
     model = Net()
     loader = torch.utils.data.DataLoader(_pl_data(poison), batch_size=PB_BATCH, sampler=_pl_sampler())
     result = fit_with_recovery(trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS)

@@ -166,3 +166,15 @@ def test_a_signal_reaching_only_rank_1_saves_and_stops_every_rank_together(tmp_p
         assert r["preempted"]["checkpoint"] == str(out / f"checkpoint-{step}.pt")
     assert r1["preempted"]["signal"] == "SIGUSR1" and "another rank" in r0["preempted"]["signal"]
     assert read_record(out)["step"] == step and (out / f"checkpoint-{step}.pt").exists()
+
+
+@pytest.mark.slow
+def test_lightning_ddp_a_resume_check_failing_on_one_rank_stops_every_rank(tmp_path):
+    """As for HF: rank 1's fit resumes the weights, not the optimizer; both ranks stop at the first resumed batch."""
+    r0, r1, err = run2("pl_playbook", tmp_path / "out", True, "1", timeout=240)
+    rb = r0["rollbacks"][0]
+    assert r0["rollbacks"] == r1["rollbacks"] and rb["onset"] == PB_POISON
+    assert r0["global_step"] == r1["global_step"] == rb["resume_step"] + 1     # the first batch of the resumed fit
+    assert "rank 1" in r0["stopped"] and "did not restore the optimizer" in r0["stopped"], r0["stopped"]
+    assert "step counter is 0" in r1["stopped"], r1["stopped"]
+    assert err.count("rank 1's resume from") == 1
