@@ -207,8 +207,307 @@ def guard_ddp(out: Path) -> None:
     dist.destroy_process_group()
 
 
+# ----------------------------------------------------------------- the playbooks under 2 processes (issue 43)
+
+PB_STEPS, PB_POISON, PB_BATCH, PB_EPOCH = 600, 300, 32, 50
+PB_LR_STEPS = 100   # the LR window after a rollback: 500 (the default) would halve the LR to the run's end
+
+
+def _pb_item(i: int):
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + i)
+    x = torch.randn(8, generator=g)
+    return x, (x @ torch.linspace(-1, 1, 8)).tanh().unsqueeze(0) + 0.3 * torch.randn(1, generator=g)
+
+
+def _pb_eval(net) -> float:
+    import torch
+
+    items = [_pb_item(10**7 + i) for i in range(512)]
+    x, y = torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(net(x), y))
+
+
+def _pb_fingerprint(net) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.detach().double().numpy().tobytes())
+    return h.hexdigest()
+
+
+def _pb_net():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+
+def _pb_finish(out: Path, rank: int, doc: dict) -> None:
+    """Write out/result-<rank>.json, meet, and leave without gloo's C++ teardown (see tests/multiprocruns.py)."""
+    import json
+    import sys
+
+    import torch.distributed as dist
+
+    (out / f"result-{rank}.json").write_text(json.dumps(doc, default=str))
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
+    """One rank of a 2-process torchrun (gloo, CPU) HF Trainer with train_with_recovery. Global batch b (rank b % 2,
+    accelerate's sharding) belongs to step b // 2 + 1; poison: the batches of step PB_POISON (one on each rank)
+    multiply the first layer by -50 in the forward pass (every rank's weights damaged alike). Writes
+    out/result-<rank>.json (forget_rank: that rank's resume loads no optimizer state, a fresh optimizer, as a
+    broken per-rank resume would): train_with_recovery's answer, calls: each trainer.train call (its resume checkpoint and the
+    step it started from), the steps whose forward pass ran, a fingerprint of the weights before each step ("at",
+    the last pass's), the steps a poisoned batch came at, the held-out loss
+    and a fingerprint of the weights."""
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from checkpoint_strategy.callbacks import HFCheckpointStrategy, train_with_recovery
+
+    torch.set_num_threads(1)
+    rank = int(os.environ.get("RANK", "0"))
+    seen: dict = {"forward": [], "poisoned": [], "calls": [], "at": {}}
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2 * PB_STEPS * PB_BATCH
+
+        def __getitem__(self, i):
+            x, y = _pb_item(i)
+            step = (i // PB_BATCH) // 2 + 1
+            return {"x": x, "y": y, "poison": torch.tensor(float(poison and step == PB_POISON))}
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = _pb_net()
+            self.step_now = 0
+
+        def forward(self, x, y, poison):
+            seen["forward"].append(self.step_now)
+            if poison.any():
+                seen["poisoned"].append(self.step_now)
+                with torch.no_grad():
+                    self.net[0].weight.mul_(-50)
+                    self.net[0].bias.mul_(-50)
+            return {"loss": torch.nn.functional.mse_loss(self.net(x), y)}
+
+    class StepNow(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            net.step_now = state.global_step + 1
+
+    net = Net()
+    args = TrainingArguments(output_dir=str(out), max_steps=PB_STEPS, per_device_train_batch_size=PB_BATCH,
+                             learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_steps=50,
+                             report_to=[], seed=0, dataloader_drop_last=True, disable_tqdm=True, use_cpu=True,
+                             max_grad_norm=1e9, ddp_backend="gloo")
+    cb = HFCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20}, handoff_dir=None)
+    tr = Trainer(model=net, args=args, train_dataset=Data(), callbacks=[cb, StepNow()])
+    tr._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(tr.train_dataset)
+    plain_train = tr.train
+
+    def train(*a, **k):
+        seen["calls"].append({"resume": k.get("resume_from_checkpoint"), "from_step": None})
+        return plain_train(*a, **k)
+
+    class FirstStep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if seen["calls"] and seen["calls"][-1]["from_step"] is None:
+                seen["calls"][-1]["from_step"] = state.global_step
+            seen["at"][state.global_step] = _pb_fingerprint(net.net)   # the weights before this step (the last pass's)
+
+    tr.add_callback(FirstStep())
+    tr.train = train
+    if forget_rank == rank:
+        plain_load = tr._load_optimizer_and_scheduler
+
+        def forgetful(checkpoint):
+            plain_load(None)
+            getattr(tr.optimizer, "optimizer", tr.optimizer).state.clear()
+
+        tr._load_optimizer_and_scheduler = forgetful
+    result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS)
+    _pb_finish(out, rank, {**result, **seen, "eval": _pb_eval(net.net), "weights": _pb_fingerprint(net.net)})
+
+
+def _pl_data(poison: bool):
+    """Rank r's items: r * PB_STEPS * PB_BATCH onwards, PB_BATCH a step; the batch of step PB_POISON flagged."""
+    import torch
+
+    class Data(torch.utils.data.Dataset):
+        def __len__(self):
+            return 2 * PB_STEPS * PB_BATCH
+
+        def __getitem__(self, i):
+            x, y = _pb_item(i)
+            step = (i % (PB_STEPS * PB_BATCH)) // PB_BATCH + 1
+            return x, y, torch.tensor(float(poison and step == PB_POISON))
+
+    return Data()
+
+
+def _pl_sampler():
+    """Epoch e on rank r: the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH of rank r's items."""
+    import torch
+
+    class Sampler(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+        def __len__(self):
+            return PB_EPOCH * PB_BATCH
+
+        def __iter__(self):
+            import torch.distributed as dist
+
+            base = dist.get_rank() * PB_STEPS * PB_BATCH + self.epoch * PB_EPOCH * PB_BATCH
+            return iter(range(base, base + PB_EPOCH * PB_BATCH))
+
+    return Sampler()
+
+
+def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
+    """One rank of a 2-process Lightning DDP fit (Trainer(strategy="ddp", devices=2), gloo, CPU; Lightning starts
+    rank 1 by running this program again) with fit_with_recovery. Each rank draws its own batches (rank r: the
+    items of its own half), epoch e the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH (each save, every 50
+    steps, is at an epoch end: a resume draws the same batches); poison: the batch of step PB_POISON on every rank
+    multiplies the first layer by -50 (forget_rank: that rank's resume restores no optimizer state). Writes
+    out/result-<rank>.json as hf_playbook_ddp does (calls: each
+    trainer.fit call's ckpt_path and first step)."""
+    import pytorch_lightning as lightning
+    import torch
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, fit_with_recovery
+
+    torch.set_num_threads(1)
+    seen: dict = {"forward": [], "poisoned": [], "calls": [], "at": {}}
+
+    class Net(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = _pb_net()
+
+        def training_step(self, batch, _idx):
+            x, y, p = batch
+            step = self.trainer.global_step + 1
+            seen["forward"].append(step)
+            if p.any():
+                seen["poisoned"].append(step)
+                with torch.no_grad():
+                    self.net[0].weight.mul_(-50)
+                    self.net[0].bias.mul_(-50)
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.0)
+
+    class FirstStep(lightning.Callback):
+        def on_train_batch_start(self, trainer, module, batch, idx):
+            if seen["calls"] and seen["calls"][-1]["from_step"] is None:
+                seen["calls"][-1]["from_step"] = trainer.global_step
+            seen["at"][trainer.global_step] = _pb_fingerprint(module.net)   # the weights before this step
+
+    mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
+    trainer = lightning.Trainer(max_steps=PB_STEPS, callbacks=[LightningCheckpointStrategy(
+        {"frequency": "every_50_steps", "keep_last": 20}), mc, FirstStep()], logger=False, enable_progress_bar=False,
+        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
+        log_every_n_steps=1)
+    plain_fit = trainer.fit
+
+    def fit(*a, **k):
+        seen["calls"].append({"resume": k.get("ckpt_path"), "from_step": None})
+        return plain_fit(*a, **k)
+
+    trainer.fit = fit
+    if forget_rank is not None and forget_rank == int(os.environ.get("LOCAL_RANK", "0")):
+        # that rank's resume restores the weights, not the optimizers (the fresh ones configure_optimizers made)
+        trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
+    model = Net()
+    loader = torch.utils.data.DataLoader(_pl_data(poison), batch_size=PB_BATCH, sampler=_pl_sampler())
+    result = fit_with_recovery(trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS)
+    _pb_finish(out, trainer.global_rank, {**result, **seen, "eval": _pb_eval(model.net),
+                                          "weights": _pb_fingerprint(model.net)})
+
+
+PREEMPT_STEP = 30
+
+
+def guard_preempt_ddp(out: Path) -> None:
+    """One rank of a 2-process (torchrun, gloo) DDP loop with TrainingGuard(preemption_signals=["SIGUSR1"]): rank 1
+    alone signals itself at the start of step PREEMPT_STEP. Writes out/result-<rank>.json: the last step trained,
+    the guard's stop, its preemption record, the kinds of its saves and whether a collective of it timed out."""
+    import json
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    guard = TrainingGuard(out, frequency_steps=20, rank_timeout=60.0, preemption_signals=["SIGUSR1"])
+    step, last = 0, 0
+    while step < 100:
+        step += 1
+        if rank == 1 and step == PREEMPT_STEP:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        g = torch.Generator().manual_seed(1000 + step + 10**6 * rank)
+        x = torch.randn(32, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(ddp(x), x.sum(dim=1, keepdim=True).tanh())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last = step
+        d = guard.step(step, float(loss.detach()))
+        if d.action == "save":
+            path = out / f"checkpoint-{step}.pt"
+            if rank == 0:
+                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, str(path) + ".tmp")
+                os.replace(str(path) + ".tmp", path)
+            dist.barrier()
+            guard.saved(step, path)
+            if d.stop:
+                break
+        elif d.action == "stop":
+            break
+    broken = guard.ranks.broken
+    summary = guard.close()
+    (out / f"result-{rank}.json").write_text(json.dumps({
+        "last": last, "stopped": summary["stopped"], "preempted": guard.preempted, "broken": broken,
+        "saves": [(s.step, s.kind) for s in guard.saves]}, default=str))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1] == "guard":
         guard_ddp(Path(sys.argv[2]))
+    elif sys.argv[1] == "guard_preempt":
+        guard_preempt_ddp(Path(sys.argv[2]))
+    elif sys.argv[1] in ("hf_playbook", "pl_playbook"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        run = {"hf_playbook": hf_playbook_ddp, "pl_playbook": pl_playbook_ddp}[sys.argv[1]]
+        run(Path(sys.argv[2]), sys.argv[3] == "poison", *(int(a) for a in sys.argv[4:]))

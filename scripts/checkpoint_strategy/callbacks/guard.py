@@ -204,12 +204,16 @@ class TrainingGuard:
                 self._interrupted(step - 1)
         if self.stopped is not None:
             return Decision("stop", step, reason=self.stopped)
-        if self.preemption.requested:     # at this step boundary: save (a resume point) and stop
+        together = self.average_loss and self.ranks.multi
+        if self.preemption.requested and not together:   # at this step boundary: save (a resume point) and stop
             return self._ask_save(Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True))
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
-        if self.average_loss and self.ranks.multi:
+        if together:
             loss_f, gn = self._mean(loss_f, gn)
+            if self.preemption.requested:   # this rank's signal or another's (the same all_reduce): every rank
+                return self._ask_save(Decision("save", step, reason=f"preemption ({self.preemption.requested})",
+                                               stop=True))
         self.history.append((step, loss_f, gn))
         self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
         if self._check is not None and step > self._check.after:
@@ -245,7 +249,8 @@ class TrainingGuard:
             if new is not None:
                 self.frequency = new
                 self._record(self.adaptive.record(step))
-        self.preemption.finish_save(self.root, os.fspath(path), step, self._write)
+        zero = self._ranks is None or self._ranks.rank == 0   # rank 0 alone writes the record
+        self.preemption.finish_save(self.root if zero else None, os.fspath(path), step, self._write)
         if self._metrics is not None:
             self._metrics.flush()
 
@@ -350,10 +355,19 @@ class TrainingGuard:
 
     def _mean(self, loss: float, gn: Optional[float]) -> tuple[float, Optional[float]]:
         """The loss (and grad norm) averaged over the ranks (one all_reduce, bounded): every rank's detector then
-        decides the same at the same step. A rank's own values when the ranks did not meet."""
-        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None)], "the guard's loss", "sum")
+        decides the same at the same step. A rank's own values when the ranks did not meet.
+        The same all_reduce carries the preemption request (issue 43): a signal that reached only some ranks is
+        every rank's at this step boundary, so all save and stop together (alone, the signalled rank left the
+        collective and the others waited for it up to rank_timeout)."""
+        flag = float(self.preemption.requested is not None)
+        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None), flag], "the guard's loss", "sum")
         if out is None:
             return loss, gn
+        if out[3] > 0 and self.preemption.requested is None:
+            import time
+
+            self.preemption.requested = "a preemption signal on another rank"
+            self.preemption.received_at = time.monotonic()
         n = self.ranks.world
         return out[0] / n, (None if out[2] > 0 else out[1] / n)
 
@@ -383,23 +397,38 @@ class TrainingGuard:
         c.optimizer_checked = True
         live = optimizer if optimizer is None or isinstance(optimizer, (int, float)) else optimizer_step_count(optimizer)
         name = os.path.basename(c.checkpoint)
+        bad: Optional[str] = None
         if c.counter is None or live is None:
             self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter not "
                       "compared (" + ("the checkpoint records none" if c.counter is None else "the optimizer keeps none")
                       + ")", checkpoint=c.checkpoint, counter=live, expected=c.counter, verdict="unknown")
-            return Decision("continue", c.step)
-        if int(live) != c.counter:
+        elif int(live) != c.counter:
             why = ("a fresh optimizer: its state was not loaded" if int(live) == 0 else
                    "the optimizer state is not the checkpoint's")
             self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
                       f"{int(live)}, the checkpoint's is {c.counter}", checkpoint=c.checkpoint, counter=int(live),
                       expected=c.counter, verdict="reset")
-            return self._stop(c.step, f"the resume from {name} (step {c.step}) did not restore the optimizer: its "
-                              f"step counter is {int(live)}, the checkpoint's {c.counter} ({why})")
-        self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter {int(live)} "
-                  "continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live), expected=c.counter,
-                  verdict="ok")
-        return Decision("continue", c.step)
+            bad = (f"the resume from {name} (step {c.step}) did not restore the optimizer: its step counter is "
+                   f"{int(live)}, the checkpoint's {c.counter} ({why})")
+        else:
+            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
+                      f"{int(live)} continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live),
+                      expected=c.counter, verdict="ok")
+        return self._resume_verdict(c.step, name, bad)
+
+    def _resume_verdict(self, step: int, name: str, bad: Optional[str]) -> Decision:
+        """The resume check is one verdict of every rank (issue 43): one bounded all_reduce (max) of the failing
+        rank, so a rank whose optimizer did not come back stops every rank at the same step (alone, it stopped
+        while the others trained on into DDP's all_reduce with it). This rank's own verdict when the ranks did not
+        meet."""
+        failing = self.ranks.rank if bad is not None else -1
+        if self.ranks.multi:
+            out = self.ranks.reduce([float(failing)], "the resume check", "max")
+            failing = int(out[0]) if out is not None else failing
+        if bad is None and failing >= 0:
+            bad = (f"rank {failing}'s resume from {name} (step {step}) did not restore the optimizer (its step "
+                   "counter does not continue from the checkpoint's)")
+        return self._stop(step, bad) if bad is not None else Decision("continue", step)
 
     def _check_loss(self, step: int, loss: float) -> None:
         """The first POST_POINTS losses after the skip window against the band before the checkpoint (verify.py)."""

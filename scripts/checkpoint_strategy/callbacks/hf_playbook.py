@@ -45,6 +45,9 @@ class PlaybookCallback(TrainerCallback):
         self._user_clip: Optional[float] = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        # the ranks read now (torch.distributed is set up): rank 0 alone writes the loss log and says the actions
+        # from the first step on, not only from the first collective (the rollback's broadcast) on
+        _ = self.guard.ranks
         if self._user_clip is None:
             self._user_clip = float(args.max_grad_norm)
         self.decision = None

@@ -14,7 +14,9 @@ guard's window:
   LR scheduler's step, so a scheduler keeps its own course);
 * ``trainer.gradient_clip_val`` 0.5 (norm), the user's value back after the window;
 * the batches from the resume step to the onset + 20 are drawn and skipped: ``training_step`` returns
-  None without a forward pass (Lightning then makes no backward and the optimizer moves no weight).
+  None without a forward pass (Lightning then makes no backward and the optimizer moves no weight); under
+  DDP, where Lightning refuses None, it returns the last trained loss plus 0 x the weights (every rank runs
+  the backward and DDP's all_reduce together) and the zero gradients are dropped before the optimizer step.
 
 Checkpoints the first pass saved after the onset (spiked weights) get the emergency marker (not a
 resume point for ``last_valid_checkpoint``, not a rollback target). The data order of the resumed fit
@@ -67,6 +69,11 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
                 for g in opt.param_groups:
                     g["lr"] = g["lr"] * scale
 
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.guard.skipped[-1:] == [trainer.global_step + 1]:   # a skipped step under DDP: its zero gradients
+            for p in pl_module.parameters():                       # go, the optimizer then steps no weight
+                p.grad = None
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._lrs is not None:
             for opt, lrs in zip(trainer.optimizers, self._lrs, strict=False):
@@ -110,7 +117,17 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
 
     def training_step(*args, **kwargs):
         if guard.skip(trainer.global_step + 1):
-            return None   # no forward pass, no backward, no weight moved
+            if int(getattr(trainer, "world_size", 1) or 1) <= 1:
+                return None   # no forward pass, no backward, no weight moved
+            # Lightning refuses None under DDP (every rank must run the backward, DDP's gradient all_reduce): the
+            # last trained loss plus 0 x the weights, no forward pass; its zero gradients are dropped before the
+            # optimizer step (_Playbook.on_before_optimizer_step), so the optimizer moves no weight, as with None
+            import torch
+
+            last = guard.history[-1][1] if guard.history else 0.0
+            params = [p for p in model.parameters() if p.requires_grad]
+            zero = torch.stack([p.sum() for p in params]).sum() * 0.0 if params else torch.zeros(())
+            return zero + last
         return plain_step(*args, **kwargs)
 
     guard.on_action = core.actions.append   # the guard's actions go to the handoff state
