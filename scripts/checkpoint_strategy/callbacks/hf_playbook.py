@@ -109,6 +109,7 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
         raise UsageError("train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "
                          "expected Trainer(..., callbacks=[HFCheckpointStrategy(policy)])")
     # the Trainer logs the loss averaged over the ranks already: every rank's guard decides the same
+    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)   # the ranks wait as long as the strategy's
     guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level,
                           average_loss=False, **playbook)
     cb = PlaybookCallback(guard, strategy)

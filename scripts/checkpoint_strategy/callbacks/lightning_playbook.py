@@ -106,6 +106,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
     if strategy is None:
         raise UsageError("fit_with_recovery: the Trainer has no LightningCheckpointStrategy among its callbacks; "
                          "expected Trainer(..., callbacks=[LightningCheckpointStrategy(policy)])")
+    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)   # the ranks wait as long as the strategy's
     guard = TrainingGuard(None, None, max_rollbacks=max_rollbacks, level=level, **playbook)
     core, plain_saved, plain_step = strategy.core, strategy.core.saved, model.training_step
     cb = _Playbook(guard, core)
@@ -131,6 +132,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
         return plain_step(*args, **kwargs)
 
     guard.on_action = core.actions.append   # the guard's actions go to the handoff state
+    core.action_sink = guard._write          # the strategy's (preemption, interval) into the guard's loss log
     own_step = "training_step" in model.__dict__
     model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
@@ -157,6 +159,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
             model.__dict__.pop("training_step", None)
         for name in ("saved", "_log_metric", "retire_old_metrics"):
             core.__dict__.pop(name, None)
+        core.action_sink = None
         trainer.callbacks.remove(cb)
         trainer.gradient_clip_val = cb.user_clip
     return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
