@@ -11,8 +11,8 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.marker import read_marker, write_marker  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import Level
@@ -30,9 +30,9 @@ def validate(path: str, level: str = "quick", part: tuple[int, int] = (0, 1)):
 
 def write_manifest(path: str) -> str:
     """Write the sha256 manifest of a checkpoint that validated (formats/manifest.py); its path."""
-    from checkpoint_strategy.formats import filechecks, manifest
+    from checkpoint_strategy.formats import manifest
 
-    return manifest.write_manifest(path, filechecks.Counter())
+    return manifest.write_manifest(path, zr.Counter())
 
 
 def previous_checkpoint(path: str) -> Optional[str]:

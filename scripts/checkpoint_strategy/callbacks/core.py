@@ -24,6 +24,7 @@ from collections.abc import Callable
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.policy import Settings, resolve
 from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
+from checkpoint_strategy.formats.marker import write_marker
 
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
 #: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
@@ -219,11 +220,10 @@ class StrategyCore:
         """Write the marker before the save starts (see formats/marker.py). False when it cannot
         be written: then no emergency save is made (an unmarked post-event checkpoint would look
         like a resume point)."""
-        from checkpoint_strategy.callbacks import _retention
         from checkpoint_strategy.storage import describe_os_error
 
         try:
-            _retention.write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
+            write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
         except OSError as exc:
             line = (f"emergency save at step {flag.step} skipped: cannot write its marker in "
                     f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}")

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
+from checkpoint_strategy.formats.marker import read_marker
 
 METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"   # the name core.py's loss log has
 ROLLBACK_ON = ("divergence", "nonfinite", "collapse")  # the detector's verdicts that a spike did not recover
@@ -281,7 +282,7 @@ class TrainingGuard:
                 continue
             if s.loss is not None and not (math.isfinite(s.loss) and s.loss < self.stable_ratio * value):
                 continue
-            if _retention.read_marker(s.path) is not None:
+            if read_marker(s.path) is not None:
                 continue
             result = _retention.validate(s.path, self.level)
             if usable(result) and result.resumable:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import read_marker
 
 
 def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
@@ -75,7 +76,7 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
     from checkpoint_strategy.validate.engine import usable
 
     for step, path in found:
-        if not include_emergency and _retention.read_marker(path) is not None:
+        if not include_emergency and read_marker(path) is not None:
             continue
         if os.path.islink(path):
             continue

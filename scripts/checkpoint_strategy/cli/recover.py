@@ -87,7 +87,7 @@ def log_parents(log: str) -> int:
 
     if not storage.is_url(log):
         return 0
-    from checkpoint_strategy.recovery.ckptsteps import parse_step
+    from checkpoint_strategy.formats.steps import parse_step
 
     parts = log.split("://", 1)[1].rstrip("/").split("/")
     if "." not in parts[-1] or len(parts) < 3:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from checkpoint_strategy.formats.runlog import find_run_checkpoints
+from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
@@ -783,7 +784,7 @@ def _best_model_note(series: LogSeries, cutoff: int, onset: int, reasons: list[s
     best = getattr(series, "best_model_checkpoint", None)
     if not best:
         return
-    step = ckptsteps.parse_step(os.path.basename(str(best).rstrip("/\\")))
+    step = parse_step(os.path.basename(str(best).rstrip("/\\")))
     if step is None:
         return
     if step <= cutoff:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy.formats.marker import is_emergency
-from checkpoint_strategy.formats.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
+from checkpoint_strategy.formats.steps import MAX_STEP, scan
 from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
 

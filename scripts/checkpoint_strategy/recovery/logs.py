@@ -28,11 +28,10 @@ import numpy as np
 
 from checkpoint_strategy.cli_options import BOUNDS
 from checkpoint_strategy.errors import UsageError, no_log_entries
-from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists re-exported (old path)
+from checkpoint_strategy.recovery.logkeys import (
     GRAD_KEYS,
     LOSS_KEYS,
     LR_KEYS,
-    STEP_KEYS,
     LogProblem,
     _pick,
     _preview,

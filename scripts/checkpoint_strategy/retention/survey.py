@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.marker import describe as describe_marker
@@ -125,7 +126,7 @@ def _lightning_best(survey: Survey) -> None:
                   key=lambda c: (c.step, _mtime(c.path), c.name), default=None)
     if newest is None:
         return
-    z = fc.scan_zip(newest.path, fc.Counter())
+    z = fc.scan_zip(newest.path, zr.Counter())
     root = z.pickle.root if z.pickle is not None else None
     callbacks = root.get("callbacks") if isinstance(root, dict) else None
     if not isinstance(callbacks, dict):
