@@ -342,3 +342,38 @@ def test_the_re_export_check_sees_each_kind_of_shim():
     assert reexports("from a import b\nfrom x import y\ny()\n") == ["line 1: b"]
     assert reexports("from __future__ import annotations\n") == []
     assert reexports('"""Uses b."""\nfrom a import b\n') == ["line 2: b"]    # named in a docstring only
+
+
+# --------------------------------------------------------------------------- argparse only in cli/
+
+
+def argparse_uses(source: str) -> list[str]:
+    """Where a module touches argparse: an import of it, or a call of `.add_argument` / `.add_argument_group`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names) \
+                or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+            found.append(f"line {node.lineno}: imports argparse")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("add_argument", "add_argument_group", "add_mutually_exclusive_group"):
+            found.append(f"line {node.lineno}: {node.func.attr}")
+    return found
+
+
+def test_only_the_command_line_knows_argparse():
+    """The option vocabulary below cli/ (cli_options, planning/options, ...) holds values, bounds and wording;
+    argparse types, option adders and argv handling are cli/'s (cli/options.py, cli/planoptions.py)."""
+    found = {}
+    for module, path in modules_of(PACKAGE).items():
+        if not (module == "cli" or module.startswith("cli.")) and (uses := argparse_uses(path.read_text("utf-8"))):
+            found[module] = uses
+    assert found == {}
+
+
+def test_the_argparse_check_sees_imports_and_adders():
+    assert argparse_uses("import argparse\n") == ["line 1: imports argparse"]
+    assert argparse_uses("from argparse import ArgumentTypeError\n") == ["line 1: imports argparse"]
+    assert argparse_uses("def f(p):\n    p.add_argument('--x')\n") == ["line 2: add_argument"]
+    assert argparse_uses("def f(p):\n    import argparse\n    g = p.add_argument_group('g')\n") == [
+        "line 2: imports argparse", "line 3: add_argument_group"]
+    assert argparse_uses("def f(ns):\n    return ns.total_steps\n") == []

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, byte_size
+from checkpoint_strategy.cli.options import add_report_options, byte_size
 
 HELP = "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     parser.add_argument("src", metavar="SRC", type=path_arg,
                         help="a torch archive (pytorch_model.bin, *.pt, Lightning .ckpt), a .safetensors file, or a "

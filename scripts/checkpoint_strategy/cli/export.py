@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_output
-from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
+from checkpoint_strategy.cli.options import add_output
+from checkpoint_strategy.cli.planoptions import add_optional_run, add_plan_options
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
 
@@ -36,7 +36,7 @@ def run(args) -> int:
     from checkpoint_strategy.export import export_plan, render_export
     from checkpoint_strategy.export.common import load_plan_file
 
-    from checkpoint_strategy.planning.options import optional_run_numbers
+    from checkpoint_strategy.cli.planoptions import optional_run_numbers
 
     given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
-from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
+from checkpoint_strategy.cli.options import add_level, add_report_options, add_storage_options
+from checkpoint_strategy.cli.planoptions import add_optional_run, add_plan_options
 
 HELP = "write checkpoint metadata for session-handoff"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     add_optional_run(parser)
     parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json", type=path_arg,
@@ -47,7 +47,7 @@ def run(args) -> int:
     inputs = (args.checkpoints, args.plan_file, args.log)
     check_output_early(args.output, inputs)
 
-    from checkpoint_strategy.planning.options import optional_run_numbers
+    from checkpoint_strategy.cli.planoptions import optional_run_numbers
 
     given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]

@@ -18,7 +18,7 @@ from typing import NoReturn
 from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
-from checkpoint_strategy.cli_options import join_milestones, normalise_underscores
+from checkpoint_strategy.cli.options import join_milestones, normalise_underscores
 from checkpoint_strategy.errors import UsageError
 
 PROG = "checkpoint-strategy"

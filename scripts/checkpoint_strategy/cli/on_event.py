@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_policy, add_report_options
+from checkpoint_strategy.cli.options import add_policy, add_report_options
 
 HELP = "emergency-save decision for a stability event"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     parser.add_argument("event_file", metavar="EVENT_FILE", type=path_arg,
                         help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
-from checkpoint_strategy.planning.options import add_plan_options, plan_arguments
+from checkpoint_strategy.cli.options import add_report_options
+from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.cli.planoptions import add_plan_options
 
 HELP = "design a checkpointing policy (default command)"
 

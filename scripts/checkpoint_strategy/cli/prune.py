@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import (
-    add_level,
-    add_milestones,
-    add_policy,
-    add_report_options,
-    add_spike_check,
-    add_storage_options,
-    number,
-)
+from checkpoint_strategy.cli.options import add_level, add_milestones, add_policy, add_report_options, add_spike_check, add_storage_options, number
 
 HELP = "apply retention; delete only after a newer one validated"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     parser.add_argument("root", metavar="ROOT", type=path_arg,
                         help="the folder that holds the checkpoints, or a prefix URL (s3://BUCKET/PREFIX, gs://, "

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import (
-    MAX_STEPS,
+from checkpoint_strategy.cli_options import MAX_STEPS
+from checkpoint_strategy.cli.options import (
     add_level,
+    add_log_options,
     add_milestones,
     add_report_options,
     add_storage_options,
+    path_arg,
 )
-from checkpoint_strategy.recovery.options import add_log_options
-from checkpoint_strategy.storage import path_arg
+from checkpoint_strategy.errors import UsageError
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
@@ -27,14 +28,49 @@ def add_arguments(parser) -> None:
                            "value, the optimizer state and the weights norm against the previous checkpoint")
     parser.add_argument("--grad-norm-column", "--grad-norm-key", dest="grad_norm_key", metavar="NAME",
                         help="grad-norm column/key/tag (optional; default: grad_norm, grad-norm, ...)")
-    from checkpoint_strategy.recovery.settings import add_arguments as add_option_arguments
-
     add_option_arguments(parser)
     parser.add_argument("--plot", metavar="FILE", type=path_arg,
                         help="draw the loss curve, healthy level, events and checkpoints to FILE (.png or .svg; "
                              "needs the 'plot' extra: matplotlib)")
     add_storage_options(parser)
     add_report_options(parser)
+
+
+def add_option_arguments(parser) -> None:
+    """The detection and playbook options (recovery/settings.py: FLAGS), grouped; defaults stay None so the
+    model's apply."""
+    from checkpoint_strategy.recovery.settings import DETECTION, FLAGS, PLAYBOOK, RecoveryOptions
+
+    fields = DETECTION + PLAYBOOK
+    groups = {"detection": parser.add_argument_group("detection"), "playbook": parser.add_argument_group("playbook")}
+    for name in fields:
+        flag, expected = FLAGS[name]
+        field = RecoveryOptions.model_fields[name]
+        kind = int if expected.startswith("a whole number") else float
+        default = field.default
+        spelled = [flag]
+        under = "--" + flag[2:].replace("-", "_")
+        if under != flag:
+            spelled.append(under)
+        group = groups["detection" if name in DETECTION else "playbook"]
+        group.add_argument(*spelled, dest=name, type=_typed(kind, flag, expected), default=None,
+                           metavar="N", help=f"{field.description} (default {default})".replace("%", "%%"))
+
+
+def _typed(kind, flag: str, expected: str):
+    def convert(text: str):
+        try:
+            value = float(str(text).replace("_", ""))
+        except ValueError:
+            raise UsageError(f"{flag}: expected {expected}, got {text!r}") from None
+        if kind is int:
+            if not value.is_integer():
+                raise UsageError(f"{flag}: expected {expected}, got {text!r}")
+            return int(value)
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
 
 
 def run(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check, add_storage_options
+from checkpoint_strategy.cli.options import add_level, add_report_options, add_spike_check, add_storage_options
 
 HELP = "release-readiness gate for one checkpoint"
 
@@ -20,7 +20,7 @@ def _require(text: str) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg,
                         help="one checkpoint folder or file, or its URL (s3://BUCKET/PREFIX/checkpoint-N, gs://...)")

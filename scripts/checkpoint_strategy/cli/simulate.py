@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
-from checkpoint_strategy.planning.options import add_plan_options
-from checkpoint_strategy.simulation.options import (
-    add_spike_options,
-    corrupt_prob,
-    plan_from_args,
-    runs_count,
-    seed_value,
-)
+from checkpoint_strategy.cli.options import add_report_options
+from checkpoint_strategy.cli.planoptions import add_plan_options
+from checkpoint_strategy.simulation.options import plan_from_args
+from checkpoint_strategy.cli.planoptions import add_spike_options, corrupt_prob, runs_count, seed_value
 
 HELP = "Monte Carlo check of a policy under failures and spikes"
 DEFAULT_RUNS = 10000

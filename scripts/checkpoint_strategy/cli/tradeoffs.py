@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, number_list
-from checkpoint_strategy.planning.options import add_plan_options
-from checkpoint_strategy.simulation.options import add_spike_options
-from checkpoint_strategy.storage import path_arg
+from checkpoint_strategy.cli.options import add_report_options, number_list
+from checkpoint_strategy.cli.planoptions import add_plan_options
+from checkpoint_strategy.cli.planoptions import add_spike_options
+from checkpoint_strategy.cli.options import path_arg
 
 HELP = "storage vs safety sweep with a Pareto front"
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import (add_level, add_report_options, add_spike_check, add_storage_options,
-                                             add_target_gpus)
+from checkpoint_strategy.cli.options import add_level, add_report_options, add_spike_check, add_storage_options, add_target_gpus
 
 HELP = "check checkpoints are whole, without loading them"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
+    from checkpoint_strategy.cli.options import path_arg
 
     parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints; or a URL: "

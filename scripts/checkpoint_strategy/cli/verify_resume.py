@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, number
-from checkpoint_strategy.recovery.options import add_log_options
-from checkpoint_strategy.storage import path_arg
+from checkpoint_strategy.cli.options import add_report_options, number
+from checkpoint_strategy.cli.options import add_log_options
+from checkpoint_strategy.cli.options import path_arg
 
 HELP = "check that a resume kept optimizer state"
 

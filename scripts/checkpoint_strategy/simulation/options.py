@@ -1,31 +1,13 @@
-"""Options shared by `simulate` and `tradeoffs` (on top of every plan option)."""
+"""The plan `simulate` and `tradeoffs` run on (their options: `cli/planoptions.py`)."""
 
 from __future__ import annotations
 
-import argparse
 
-from checkpoint_strategy.cli_options import number
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning.options import plan_arguments
-from checkpoint_strategy.planning.planner import SPIKE_MARGIN_STEPS, SPIKE_WAIT_STEPS
-
-runs_count = number("runs")
-seed_value = number("seed")
-spike_rate = number("spike_rate")
-corrupt_prob = number("probability")
-spike_steps = number("step_offset")
 
 
-def add_spike_options(parser: argparse.ArgumentParser) -> None:
-    grp = parser.add_argument_group("loss spikes")
-    grp.add_argument("--spike-rate", dest="spike_rate", type=spike_rate, default=0.0, metavar="R",
-                     help="loss spikes per 1000 steps (default 0: none)")
-    grp.add_argument("--spike-wait-steps", dest="spike_wait_steps", type=spike_steps,
-                     default=SPIKE_WAIT_STEPS, metavar="N",
-                     help=f"steps between a spike's onset and acting on it (default {SPIKE_WAIT_STEPS}, the spec's wait)")
-    grp.add_argument("--spike-margin-steps", dest="spike_margin_steps", type=spike_steps,
-                     default=SPIKE_MARGIN_STEPS, metavar="N",
-                     help=f"the rescue checkpoint must be this far before the onset (default {SPIKE_MARGIN_STEPS}, PaLM)")
+
 
 
 def plan_from_args(args, two_tiers: bool = False):

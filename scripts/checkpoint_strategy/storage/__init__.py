@@ -377,15 +377,6 @@ def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
     return rp == rr or rr in rp.parents
 
 
-def path_arg(text: str) -> str:
-    """argparse type for every path argument: an empty string is bad input, never "the current folder"."""
-    import argparse
-
-    if text is None or str(text).strip() == "":
-        raise argparse.ArgumentTypeError("empty path: expected a file or folder path")
-    if "\0" in str(text):
-        raise argparse.ArgumentTypeError("path contains a NUL byte: expected a file or folder path")
-    return str(text)
 
 
 def read_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[bytes, str]:
