@@ -38,7 +38,10 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log
+from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log, show_lines
+import logging
+from checkpoint_strategy.callbacks.adaptive import AdaptiveInterval
+from checkpoint_strategy.callbacks.preempt import DEFAULT_SIGNALS, Preemption, abandon_checkpoint, read_record
 
 
 class HFCheckpointStrategy(TrainerCallback):
@@ -65,8 +68,6 @@ class HFCheckpointStrategy(TrainerCallback):
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
                  rank_timeout: float = 600.0, preemption_signals: Any = "auto", grace_seconds: float = 120.0,
                  adaptive_interval: bool = True) -> None:
-        from checkpoint_strategy.callbacks.preempt import DEFAULT_SIGNALS, Preemption
-
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
                                  join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
         self._configured = False
@@ -77,8 +78,6 @@ class HFCheckpointStrategy(TrainerCallback):
         self._preempt_step: Optional[int] = None
         self.adaptive = None
         if adaptive_interval and self.core.settings.report is not None:
-            from checkpoint_strategy.callbacks.adaptive import AdaptiveInterval
-
             self.adaptive = AdaptiveInterval(self.core.settings.report, self.core.frequency)
         self._save_t0: Optional[float] = None
         self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
@@ -138,8 +137,6 @@ class HFCheckpointStrategy(TrainerCallback):
         """A resumed run: one interruption of it (a preemption's when it resumes from the preemption save), counted
         over its launches from the records in the loss log, for the adaptive interval's failure rate. A rollback's
         resume (train_with_recovery) is not one."""
-        from checkpoint_strategy.callbacks.preempt import read_record
-
         if self.rollback_resume:
             self.rollback_resume = False
             return
@@ -169,8 +166,6 @@ class HFCheckpointStrategy(TrainerCallback):
         return control
 
     def _abandon(self) -> None:
-        from checkpoint_strategy.callbacks.preempt import abandon_checkpoint
-
         if self._saving is not None and self.core.rank_zero:
             abandon_checkpoint(self._saving)
 
@@ -224,10 +219,6 @@ def _show_lines(args, state) -> None:
     """The routine lines (saved / validated / pruned, the end summary) shown as the Trainer shows its
     logs: on the main process, through tqdm.write (the progress bar stays whole), at INFO; at the
     Trainer's log level when set (``log_level`` / ``log_level_replica``)."""
-    import logging
-
-    from checkpoint_strategy.callbacks.core import show_lines
-
     main = state.is_world_process_zero
     level = logging.INFO if main and args.log_level == "passive" else args.get_process_log_level()
     try:

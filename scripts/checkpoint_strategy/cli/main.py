@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from checkpoint_strategy import __version__
 from checkpoint_strategy.cli.options import join_milestones, normalise_underscores
 from checkpoint_strategy.errors import UsageError
+import difflib
 
 PROG = "checkpoint-strategy"
 
@@ -151,7 +152,6 @@ def _command(args: list[str]) -> str:
     word = args[0]
     if word.startswith("-") or _is_number(word) or _RUN_LENGTH.match(word):
         return "plan"
-    import difflib   # a mistyped command only (start-up time)
 
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     if close:

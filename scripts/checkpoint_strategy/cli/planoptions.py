@@ -82,8 +82,6 @@ def params_count(text: str) -> float:
 
 
 def tier_spec(text: str) -> dict:
-    import re
-
     parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
     try:
         gb, gbps = (number("gb")(parts[0]), number("gbps")(parts[1])) if len(parts) == 2 else (None, None)

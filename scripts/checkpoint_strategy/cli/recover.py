@@ -12,6 +12,16 @@ from checkpoint_strategy.cli.options import (
     path_arg,
 )
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy import storage
+from checkpoint_strategy.formats.steps import parse_step
+from checkpoint_strategy.planning.planner import milestone_schedule
+from checkpoint_strategy.recovery.advice import advise_with_series
+from checkpoint_strategy.recovery.complete import complete
+from checkpoint_strategy.recovery.plot import write_curve
+from checkpoint_strategy.recovery.settings import DETECTION, FLAGS, PLAYBOOK, RecoveryOptions, from_args
+from checkpoint_strategy.render import check_output_early, render, write_output
+from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
+from checkpoint_strategy.storage import check_output
 
 HELP = "after a loss spike: which checkpoint to resume from"
 
@@ -39,8 +49,6 @@ def add_arguments(parser) -> None:
 def add_option_arguments(parser) -> None:
     """The detection and playbook options (recovery/settings.py: FLAGS), grouped; defaults stay None so the
     model's apply."""
-    from checkpoint_strategy.recovery.settings import DETECTION, FLAGS, PLAYBOOK, RecoveryOptions
-
     fields = DETECTION + PLAYBOOK
     groups = {"detection": parser.add_argument_group("detection"), "playbook": parser.add_argument_group("playbook")}
     for name in fields:
@@ -74,29 +82,17 @@ def _typed(kind, flag: str, expected: str):
 
 
 def run(args) -> int:
-    from checkpoint_strategy.recovery.advice import advise_with_series
-    from checkpoint_strategy.recovery.settings import from_args
-    from checkpoint_strategy.render import check_output_early, render, write_output
-
     options = from_args(args)
     check_output_early(args.output, (args.log, args.checkpoints))
     if args.plot is not None:  # the one storage check: never an output over an input
-        from checkpoint_strategy.storage import check_output
-
         check_output(args.plot, "--plot", inputs=(args.log,))
     target = fmt = None
     if args.plot is not None:
-        from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
-
         target, fmt = check_plot_path(args.plot)
         require_matplotlib()
     milestones = args.milestones  # a folder, or steps (a keyword names the plan's schedule)
     if isinstance(milestones, list) or milestones in ("seed", "pow2", "none"):
-        from checkpoint_strategy.planning.planner import milestone_schedule
-
         milestones = milestone_schedule(milestones, MAX_STEPS) or None
-    from checkpoint_strategy import storage
-    from checkpoint_strategy.recovery.complete import complete
 
     ck_url = [args.checkpoints] if args.checkpoints and storage.is_url(args.checkpoints) else []
     with storage.local_paths([args.log], parents=log_parents(args.log)) as (log,), \
@@ -108,8 +104,6 @@ def run(args) -> int:
         report = complete(report)
         text = storage.unshadow(render(report, args.format))
         if target is not None:
-            from checkpoint_strategy.recovery.plot import write_curve
-
             write_curve(report, series, checkpoints, target, str(fmt))
         log_path = storage.unshadow(report.log.path)
     write_output(text, args.output, inputs=(args.log, log_path, args.checkpoints))
@@ -119,11 +113,8 @@ def run(args) -> int:
 def log_parents(log: str) -> int:
     """For a log URL: how many prefix levels above it hold its checkpoints (what auto-discovery looks
     at on disk): 2 for RUN/checkpoint-N/trainer_state.json, 1 for RUN/log.jsonl, 0 for a run prefix."""
-    from checkpoint_strategy import storage
-
     if not storage.is_url(log):
         return 0
-    from checkpoint_strategy.formats.steps import parse_step
 
     parts = log.split("://", 1)[1].rstrip("/").split("/")
     if "." not in parts[-1] or len(parts) < 3:

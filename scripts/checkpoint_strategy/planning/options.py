@@ -9,6 +9,7 @@ from typing import Any, Optional
 from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning.models import PlanArguments
+from checkpoint_strategy.resources import load_schema
 
 B = BOUNDS
 
@@ -118,8 +119,6 @@ def _steps_for(hours: float, step_seconds: float, total_steps: int | None) -> in
 
 def validate_arguments(data: dict) -> PlanArguments:
     import jsonschema
-
-    from checkpoint_strategy.resources import load_schema
 
     schema = load_schema("arguments.schema.json")
     validator = jsonschema.Draft202012Validator(schema)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.planning.planner import plan
 
 
 
@@ -23,8 +24,6 @@ def plan_from_args(args, two_tiers: bool = False):
 
 
 def plan_or_usage(pargs, two_tiers: bool = False):
-    from checkpoint_strategy.planning.planner import plan
-
     if pargs.local_tier is not None and not two_tiers:
         raise UsageError("argument --local-tier: tradeoffs sweeps one checkpoint tier; plan the two tiers with "
                          "`plan --local-tier` and simulate them with `simulate --local-tier`")

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.base import ReadError, is_url  # noqa: F401 - part of this API (remote.py imports them from base)
+from checkpoint_strategy.atomic import atomic_write_bytes, hold_fifo
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
@@ -381,8 +382,6 @@ def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
 
 def read_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[bytes, str]:
     """(bytes, display name) of a regular file, or of stdin for '-'; ReadError when unreadable or too big."""
-    import sys
-
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is not None:
@@ -468,8 +467,6 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "o
                  inputs: tuple = ()) -> None:
     """Write a command's output file whole (atomic temp + rename; devices and FIFOs written in
     place, never replaced); every failure is one UsageError line."""
-    from checkpoint_strategy.atomic import atomic_write_bytes
-
     p = check_output(path, what, inputs)
     try:
         atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
@@ -482,8 +479,6 @@ def hold_output(path: str | os.PathLike[str], what: str) -> None:
     it reports (prune --apply) stops, before it acts, when nobody reads the FIFO (exit 2, nothing done)."""
     p = os.fspath(path)
     if stat.S_ISFIFO(_mode(p)):
-        from checkpoint_strategy.atomic import hold_fifo
-
         try:
             hold_fifo(p)
         except OSError as exc:
