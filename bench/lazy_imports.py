@@ -38,7 +38,8 @@ def main(verbose: bool) -> None:
             elif verbose:
                 print(f"{path.relative_to(PACKAGE)}:{line}: {module}")
     print(f"{lines} lines, {total} function-level imports = {1000 * total / lines:.1f} per 1000 lines "
-          f"({framework} of frameworks; {total - framework} others = {1000 * (total - framework) / lines:.1f} per 1000)")
+          f"({framework} of frameworks; {total - framework} others = "
+          f"{1000 * (total - framework) / lines:.1f} per 1000)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""planning/options.py in-process and fast: every plan option reaches its field with its type and bounds, the
-help text a user reads is pinned (tests/golden/plan-options-help.json), the errors say what is expected."""
+"""planning/options.py and cli/planoptions.py in-process and fast: every plan option reaches its field with its
+type and bounds, the help text a user reads is pinned (tests/golden/plan-options-help.json), the errors say what is
+expected."""
 
 from __future__ import annotations
 

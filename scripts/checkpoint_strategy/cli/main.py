@@ -50,7 +50,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         """One parse. Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
         joins the steps that follow it but never takes a word a positional argument lacks
-        (cli_options.join_milestones)."""
+        (cli.options.join_milestones)."""
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
         return super().parse_args(join_milestones(self, argv), namespace)
 
@@ -160,7 +160,7 @@ def _command(args: list[str]) -> str:
                      "STEP_SECONDS BUDGET_GB for a plan")
 
 
-# a plan's run length in place of TOTAL_STEPS ("3w", "21d"; planning/options.py checks it)
+# a plan's run length in place of TOTAL_STEPS ("3w", "21d"; cli/planoptions.py checks it)
 _RUN_LENGTH = re.compile(r"^[0-9]*\.?[0-9]+\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)$", re.I)
 
 

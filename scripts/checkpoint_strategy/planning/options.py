@@ -1,5 +1,6 @@
 """Plan options: what each field is called on the command line and expects (`FIELDS`), the namespace checked against
-schemas/arguments.schema.json and built into PlanArguments (the argparse side: `cli/planoptions.py`). Shared by every command that takes a plan (plan, simulate, tradeoffs, handoff)."""
+schemas/arguments.schema.json and built into PlanArguments (the argparse side: `cli/planoptions.py`).
+Shared by every command that takes a plan (plan, simulate, tradeoffs, handoff)."""
 
 from __future__ import annotations
 
