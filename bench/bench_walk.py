@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.validate import fanout, validate_paths  # noqa: E402
 
 from checkpoint_strategy.retention import prune
@@ -211,7 +212,7 @@ def _real_optimizer(tmp: Path, repeat: int) -> None:
         pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
     ops = sum(1 for _ in pickletools.genops(pkl))
     floor = _least(lambda: sum(1 for _ in pickletools.genops(io.BytesIO(pkl))), repeat)
-    ours = _least(lambda: fc.scan_zip(str(path), fc.Counter(), regular=True), repeat)
+    ours = _least(lambda: fc.scan_zip(str(path), zr.Counter(), regular=True), repeat)
     print(f"real optimizer.pt ({path.stat().st_size >> 10} kB, data.pkl {len(pkl) >> 10} kB, {ops} opcodes): quick "
           f"check {ours[1] * 1000:.1f} ms CPU = {ours[1] / floor[1]:.2f}x iterating its opcodes with pickletools.genops "
           f"({floor[1] * 1000:.1f} ms)")

@@ -34,7 +34,8 @@ NOT_UNDER_MUTMUT = "--deselect=tests/test_planning_storage.py::test_plan_functio
 TARGETS = {
     "planner": (["planning/planner.py"], ["tests/test_planning_planner.py", "tests/test_planning_failure.py",
                                           "tests/test_planning_storage.py", NOT_UNDER_MUTMUT]),
-    "planning-rest": (["planning/failure.py", "planning/sizing.py", "planning/tiers.py", "planning/options.py"],
+    "planning-rest": (["planning/failure.py", "planning/sizing.py", "planning/tiers.py", "planning/options.py",
+                       "cli/planoptions.py"],
                       ["tests/test_planning_planner.py", "tests/test_planning_failure.py",
                        "tests/test_planning_tiers.py", "tests/test_planning_storage.py", "tests/test_planning_options.py",
                        NOT_UNDER_MUTMUT,

@@ -168,7 +168,8 @@ def test_the_guards_interval_follows_the_measured_save_cost_once(tmp_path, caplo
     saves of 0.01 s (saved(..., seconds=)) gets a shorter one; a guard given frequency_steps keeps it."""
     import json
 
-    from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+    from checkpoint_strategy.formats.runlog import METRICS_FILE
 
     report = _plan(0.3)
     (tmp_path / "slow").mkdir()
@@ -203,7 +204,8 @@ def test_a_guard_that_starts_past_step_1_counts_an_interruption_over_the_launche
     the model like the save cost."""
     import json
 
-    from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+    from checkpoint_strategy.callbacks.guard import TrainingGuard
+    from checkpoint_strategy.formats.runlog import METRICS_FILE
     from checkpoint_strategy.callbacks.preempt import RECORD_FILE
 
     report = _plan(0.3)

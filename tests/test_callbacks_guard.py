@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from checkpoint_strategy.callbacks.guard import METRICS_FILE, TrainingGuard
+from checkpoint_strategy.callbacks.guard import TrainingGuard
+from checkpoint_strategy.formats.runlog import METRICS_FILE
 from checkpoint_strategy.errors import UsageError
 
 torch = pytest.importorskip("torch")

@@ -152,7 +152,7 @@ def test_recover_and_prune_honour_the_marker(spike_run, copy_of):
     out, _cb, _state, _seen = spike_run
     rep = advise(str(out / "checkpoint-60" / "trainer_state.json"), checkpoints=str(out))
     assert rep.status in ("wait", "rollback") and rep.resume_checkpoint.step == 40
-    from checkpoint_strategy.recovery.ckptsteps import scan
+    from checkpoint_strategy.formats.steps import scan
 
     assert 46 not in [s for s, _p in scan(out)] and 40 in [s for s, _p in scan(out)]
     root = copy_of(out, "copy")

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
-from checkpoint_strategy.callbacks.guard import METRICS_FILE  # noqa: E402
+from checkpoint_strategy.formats.runlog import METRICS_FILE  # noqa: E402
 from checkpoint_strategy.errors import UsageError  # noqa: E402
 
 STEPS = 600

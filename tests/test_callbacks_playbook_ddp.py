@@ -22,7 +22,7 @@ import pytest
 import cliresult
 import callbackruns
 from callbackruns import PB_POISON, PB_STEPS
-from checkpoint_strategy.callbacks.guard import METRICS_FILE
+from checkpoint_strategy.formats.runlog import METRICS_FILE
 
 pytest.importorskip("torch")
 

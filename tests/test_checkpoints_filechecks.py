@@ -24,7 +24,7 @@ def _st_file(path: Path, header: dict, data: bytes, pad: int = 0) -> Path:
 
 
 def test_safetensors_rules(tmp_path, safetensors_file):
-    c = fc.Counter()
+    c = zr.Counter()
     assert fc.check_safetensors(str(safetensors_file), c) == []
     ok = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "__metadata__": {"format": "pt"}}
     assert fc.check_safetensors(str(_st_file(tmp_path / "ok.safetensors", ok, b"\0" * 8, pad=5)), c) == []
@@ -219,7 +219,7 @@ def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path,
     good = _multi_entry_zip(tmp_path / "good.pt")
     monkeypatch.setattr(zr, "PARALLEL_MIN_BYTES", 0)
     monkeypatch.setattr(zr, "CRC_WORKERS", 3)
-    c = fc.Counter()
+    c = zr.Counter()
     reasons, _ = fc.check_zip(str(good), c, full=True)
     assert reasons == []
     assert c.bytes_read >= 6 * 200_000
@@ -229,10 +229,10 @@ def test_parallel_crc_matches_sequential_and_finds_the_first_bad_entry(tmp_path,
         at = data.index(bytes([i]) * 1000) + 500
         data[at] ^= 0xFF
     bad.write_bytes(bytes(data))
-    reasons, _ = fc.check_zip(str(bad), fc.Counter(), full=True)
+    reasons, _ = fc.check_zip(str(bad), zr.Counter(), full=True)
     assert len(reasons) == 1 and "archive/data/2" in reasons[0] and "CRC-32 mismatch" in reasons[0]
     seen = []
-    reasons, _ = fc.check_zip(str(good), fc.Counter(), full=True, update=lambda update_bytes: seen.append(update_bytes))
+    reasons, _ = fc.check_zip(str(good), zr.Counter(), full=True, update=lambda update_bytes: seen.append(update_bytes))
     assert reasons == [] and sum(seen) >= 6 * 200_000
 
 
@@ -297,7 +297,7 @@ def test_deflated_archive_that_torch_loads_is_valid_and_its_strings_are_read(tmp
     path.write_bytes(data)
     r = run_captured(["validate", str(path), "--level", "full", "--format", "json"])
     assert r.rc == 0, r.json()["checkpoints"][0]["problems"]
-    findings, strings = fc.check_zip(str(path), fc.Counter(), full=True, want_pickle=True)
+    findings, strings = fc.check_zip(str(path), zr.Counter(), full=True, want_pickle=True)
     assert findings == []
     assert {"w", "names", "a", "b", "c"} <= set(strings)
 
@@ -324,10 +324,10 @@ def test_zip64_extra_holds_only_the_fields_the_header_marks():
 
 def test_streaming_counts_every_byte_read(tmp_path):
     path = tmp_path / "blob.bin"
-    path.write_bytes(os.urandom(2 * fc.CHUNK + 12345))  # three chunks
-    counter = fc.Counter()
+    path.write_bytes(os.urandom(2 * zr.CHUNK + 12345))  # three chunks
+    counter = zr.Counter()
     assert fc.stream_file(str(path), counter) == []
-    assert counter.bytes_read == 2 * fc.CHUNK + 12345
+    assert counter.bytes_read == 2 * zr.CHUNK + 12345
 
 
 def test_missing_storages_are_named_five_at_most(tmp_path):
@@ -344,6 +344,6 @@ def test_missing_storages_are_named_five_at_most(tmp_path):
     prefix = zipfile.ZipFile(path).namelist()[0].split("/")[0]
     with pytest.raises(RuntimeError):
         torch.load(path, weights_only=True)  # the oracle: this archive cannot be loaded
-    findings, _ = fc.check_zip(str(path), fc.Counter(), full=False, want_pickle=True)
+    findings, _ = fc.check_zip(str(path), zr.Counter(), full=False, want_pickle=True)
     assert [str(f) for f in findings] == [
         f"storage data/{k} referenced by {prefix}/data.pkl is missing from the archive" for k in range(5)]

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.retention import prune as _prune
 from checkpoint_strategy.recovery import advise
+from checkpoint_strategy.formats.reasonkinds import REASON_KINDS
 from checkpoint_strategy.retention import rules as rt
 
 prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
@@ -169,7 +170,7 @@ def test_plan_invariants(raw, keep_n, milestones, best_i, rollback_i):
     else:
         assert not deleted
     for d in plan.decisions:
-        assert d.reasons and all(r.kind in rt.REASON_KINDS for r in d.reasons)
+        assert d.reasons and all(r.kind in REASON_KINDS for r in d.reasons)
 
 
 # --------------------------------------------------------------------------- generated run folders

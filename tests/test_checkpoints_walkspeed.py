@@ -31,7 +31,7 @@ def _scan(path, monkeypatch, in_memory: bool):
     with monkeypatch.context() as m:
         if not in_memory:
             m.setattr(zr, "SMALL_ZIP_BYTES", -1)
-        counter = fc.Counter()
+        counter = zr.Counter()
         z = fc.scan_zip(str(path), counter)
     entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
     return [str(f) for f in z.findings], entries, z.keys(), z.legacy, counter.files, counter.bytes_read
@@ -83,7 +83,7 @@ def test_damaged_archives_give_the_same_findings_from_memory(archives, name, tmp
 def _scan_bytes(data: bytes, in_memory: bool):
     """`_scan_open_zip` on an archive's bytes held whole (`archive.InMemory`) or read record by record (a
     `Window` on them, as on a file)."""
-    z, counter = fc.ZipScan(), fc.Counter()
+    z, counter = fc.ZipScan(), zr.Counter()
     src = zr.InMemory(data) if in_memory else zr.Window(io.BytesIO(data), 0, len(data))
     fc._scan_open_zip(src, "x.pt", z, counter, False, None)
     entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
@@ -307,13 +307,13 @@ def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeyp
         zf.writestr(name, b"x" * 10)
     if not small:
         monkeypatch.setattr(zr, "SMALL_ZIP_BYTES", -1)
-    z = fc.scan_zip(str(p), fc.Counter())
+    z = fc.scan_zip(str(p), zr.Counter())
     assert [str(f) for f in z.findings] == [] and z.entry(name).data_start > 0
     data = bytearray(p.read_bytes())
     at = data.index("données/é".encode())   # the local header's copy comes first
     data[at] = ord("D")
     p.write_bytes(bytes(data))
-    z = fc.scan_zip(str(p), fc.Counter())
+    z = fc.scan_zip(str(p), zr.Counter())
     assert [str(f) for f in z.findings] == [f"entry name mismatch: central directory {name!r}, local header "
                                             f"{'archive/Données/é'!r}"]
 
@@ -365,7 +365,7 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
     p.write_bytes(bytes(data))
     if not small:
         monkeypatch.setattr(zr, "SMALL_ZIP_BYTES", -1)
-    z = fc.scan_zip(str(p), fc.Counter(), full=full)
+    z = fc.scan_zip(str(p), zr.Counter(), full=full)
     assert [str(f) for f in z.findings] == [expected.format(lh=lh)]
     assert z.findings[0].kind == ("incomplete" if damage == "past" else "invalid")
 
@@ -551,7 +551,7 @@ def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_pat
         for small in (fc.ST_SMALL_BYTES, -1):
             with monkeypatch.context() as m:
                 m.setattr(fc, "ST_SMALL_BYTES", small)
-                counter = fc.Counter()
+                counter = zr.Counter()
                 out.append(([str(r) for r in fc.check_safetensors(str(bad), counter, regular=True)],
                             counter.bytes_read))
         return out
@@ -612,14 +612,14 @@ def test_zip64_records_and_duplicate_names_read_the_same_from_memory(tmp_path, m
     for path in (p, t):
         fast = _scan(path, monkeypatch, small)
         assert fast == _scan(path, monkeypatch, False) and fast[0] == [], fast
-    z = fc.scan_zip(str(p), fc.Counter())
+    z = fc.scan_zip(str(p), zr.Counter())
     assert z.entry("archive/data/0").data_start > 0 and z.entry("archive/data.pkl") is z.entries[0]
 
     d = tmp_path / "dup.pt"
     with zipfile.ZipFile(d, "w", zipfile.ZIP_STORED) as zf, pytest.warns(UserWarning, match="Duplicate name"):
         for name in ("archive/data.pkl", "archive/a", "archive/b", "archive/b", "archive/a"):
             zf.writestr(name, b"\x80\x02}q\x00.")
-    z = fc.scan_zip(str(d), fc.Counter())
+    z = fc.scan_zip(str(d), zr.Counter())
     assert [str(f) for f in z.findings] == ["duplicate entry 'archive/a' in the central directory (torch.load would "
                                             "refuse or read the wrong one)"]
     assert z.entry("archive/a") is z.entries[1]   # the first of that name
@@ -693,7 +693,7 @@ def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it
         same = False
     assert not same   # the oracle: torch.load does not give the tensor back
     for small in (True, False):
-        counter = fc.Counter()
+        counter = zr.Counter()
         with pytest.MonkeyPatch.context() as m:
             if not small:
                 m.setattr(zr, "SMALL_ZIP_BYTES", -1)
@@ -706,7 +706,7 @@ def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it
         zf.writestr("archive/version", b"3\n")
         zf.mkdir("archive/data/")
     assert zipfile.ZipFile(q).getinfo("archive/data/").external_attr & 0x10
-    assert [str(f) for f in fc.scan_zip(str(q), fc.Counter()).findings] == []
+    assert [str(f) for f in fc.scan_zip(str(q), zr.Counter()).findings] == []
 
 
 def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):

@@ -6,10 +6,11 @@ import argparse
 
 import pytest
 
-from checkpoint_strategy import cli_options
+from checkpoint_strategy.cli import options as cli_opts
 
 from checkpoint_strategy.cli import main as cli
-from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS, VOCABULARY, number
+from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS
+from checkpoint_strategy.cli.options import VOCABULARY, number
 
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.
 EXTRA_FORMATS = {"export": {"python", "toml", "args"}}
@@ -50,7 +51,7 @@ def test_minimal_table_covers_every_command():
 @pytest.mark.parametrize("name, parser", list(parsers()), ids=list(cli.COMMANDS))
 def test_every_command_has_format_and_output(name, parser):
     by_flag = {s: a for a in options(parser) for s in a.option_strings}
-    for flag in cli_options.EVERY_COMMAND:
+    for flag in cli_opts.EVERY_COMMAND:
         assert flag in by_flag, f"{name} has no {flag}"
     fmt = by_flag["--format"]
     assert set(FORMATS) <= set(fmt.choices) <= set(POLICY_FORMATS) | EXTRA_FORMATS.get(name, set()), \
@@ -96,8 +97,8 @@ def test_every_long_option_takes_both_spellings(name, parser):
             if not flag.startswith("--") or "-" not in flag[2:] and "_" not in flag[2:]:
                 continue
             for spelled in (flag.replace("-", "_").replace("__", "--", 1), "--" + flag[2:].replace("_", "-")):
-                assert cli_options.normalise_underscores(parser, [spelled])[0] in action.option_strings, spelled
-                assert cli_options.normalise_underscores(parser, [spelled + "=1"])[0].split("=")[0] \
+                assert cli_opts.normalise_underscores(parser, [spelled])[0] in action.option_strings, spelled
+                assert cli_opts.normalise_underscores(parser, [spelled + "=1"])[0].split("=")[0] \
                     in action.option_strings
 
 
@@ -114,7 +115,7 @@ def test_a_value_that_looks_like_an_option_is_left_alone():
     parser, _ = cli.build_parser("recover")
     ns = parser.parse_args(["LOG", "--", ])
     assert ns.log == "LOG"
-    assert cli_options.normalise_underscores(parser, ["--", "--keep_last"]) == ["--", "--keep_last"]
+    assert cli_opts.normalise_underscores(parser, ["--", "--keep_last"]) == ["--", "--keep_last"]
 
 
 @pytest.mark.parametrize("name", [n for n, p in parsers() if "--milestones" in p._option_string_actions])
@@ -144,7 +145,7 @@ def test_milestones_steps_comma_or_space_never_swallow_a_positional(name, where,
     ("recover", ["--milestones", "1000", "5000", "--", "LOG"], ["LOG"]),
 ])
 def test_milestones_steps_leave_the_positionals_their_words_wherever_the_options_are(name, argv, positional):
-    """One parse (cli_options.join_milestones): the steps after --milestones give the positionals the words they
+    """One parse (cli.options.join_milestones): the steps after --milestones give the positionals the words they
     lack elsewhere in argv, options' values not counted as theirs."""
     parser, _ = cli.build_parser(name)
     ns = parser.parse_args(argv)

@@ -367,7 +367,7 @@ def test_module_never_imports_torch(tmp_path):
 @pytest.mark.parametrize("text, value", [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 << 30),
                                          ("1.5kb", 1500), ("4096", 4096), ("10 MiB", 10 << 20)])
 def test_max_shard_size_spellings(text, value):
-    from checkpoint_strategy.cli_options import byte_size
+    from checkpoint_strategy.cli.options import byte_size
 
     assert byte_size(text) == value
 

@@ -223,7 +223,7 @@ BY_STEPS = ["100000", "1.8", "5000", "--params", "1B"]
 @pytest.mark.parametrize("argv", [["--duration", "50h", "1.8", "5000"], ["1.8", "5000", "--duration", "3000min"],
                                   ["50h", "1.8", "5000"], ["--duration=50h", "100000", "1.8", "5000"]])
 def test_duration_in_place_of_total_steps_as_plan_has_it(argv, cli_run):
-    """export takes the run's length as plan does (planning.options.add_optional_run): the export is the
+    """export takes the run's length as plan does (cli.planoptions.add_optional_run): the export is the
     one the step count gives, and the schedule's total is the duration over the step time."""
     rc, want, _ = cli_run("export", "--framework", "megatron", "--format", "json", *BY_STEPS)
     rc2, got, err = cli_run("export", "--framework", "megatron", "--format", "json", *argv, "--params", "1B")

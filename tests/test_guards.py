@@ -35,7 +35,7 @@ def test_no_private_copy_of_the_shared_helpers():
         for banned in ("render_template(", "to_json(", "sys.stdout.write(", "choices=(\"text\"", "choices=[\"text\""):
             if path.name == "export.py" and banned.startswith("choices="):
                 continue  # export's --format names framework settings files (python, toml, args) besides the reports
-            assert banned not in text, f"{path.name}: use render.emit / cli_options.add_report_options, not {banned}"
+            assert banned not in text, f"{path.name}: use render.emit / cli.options.add_report_options, not {banned}"
 
 
 TESTS = Path(__file__).resolve().parent

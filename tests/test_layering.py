@@ -281,3 +281,126 @@ def test_a_new_sub_package_must_be_placed(graph, layers):
     bad = {**graph, "newcapability.core": {"errors": 1}}
     assert violations(bad, layers) == [
         "newcapability.core: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"]
+
+
+# --------------------------------------------------------------------------- no re-export shims
+
+
+def _module_level_imports(tree: ast.Module):
+    """(node, bound name) of every import at module level (in `if` / `try` blocks too, not in functions)."""
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop(0)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name != "*":
+                    yield node, alias.asname or alias.name.split(".")[0]
+        elif isinstance(node, ast.If):
+            stack += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            stack += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
+
+
+def reexports(source: str) -> list[str]:
+    """Names a module imports only to hand on: listed in its `__all__`, or never used in the module (in code or a
+    quoted annotation), with or without a `noqa: F401`. `__future__` imports are not names."""
+    tree = ast.parse(source)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}   # docstrings name, they do not use
+    words = {w for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+             and id(n) not in prose for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value)}
+    exported: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets) \
+                and isinstance(node.value, (ast.List, ast.Tuple)):
+            exported |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    found = []
+    for node, name in _module_level_imports(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        if name in exported or (name not in used and name not in words):
+            found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_no_module_imports_a_name_only_to_re_export_it():
+    """No shim: a module (other than a package's __init__.py) uses every name it imports at module level;
+    whoever needs a name imports it from the module that defines it (issue 41)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py" and (names := reexports(path.read_text(encoding="utf-8"))):
+            found[str(path.relative_to(PACKAGE))] = names
+    assert found == {}
+
+
+def test_the_re_export_check_sees_each_kind_of_shim():
+    ok = "from a import b\nimport c.d\nfrom e import F\n\ndef g(x: 'F'):\n    return b(c.d)\n"
+    assert reexports(ok) == []
+    assert reexports("from a import b  # noqa: F401\n") == ["line 1: b"]
+    assert reexports("from a import (  # noqa: F401\n    b,\n    c,\n)\nc()\n") == ["line 1: b"]
+    assert reexports("from a import b\n__all__ = ['b']\nb()\n") == ["line 1: b"]
+    assert reexports("from a import b\nfrom x import y\ny()\n") == ["line 1: b"]
+    assert reexports("from __future__ import annotations\n") == []
+    assert reexports('"""Uses b."""\nfrom a import b\n') == ["line 2: b"]    # named in a docstring only
+
+
+# --------------------------------------------------------------------------- argparse only in cli/
+
+
+def argparse_uses(source: str) -> list[str]:
+    """Where a module touches argparse: an import of it, or a call of `.add_argument` / `.add_argument_group`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names) \
+                or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+            found.append(f"line {node.lineno}: imports argparse")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("add_argument", "add_argument_group", "add_mutually_exclusive_group"):
+            found.append(f"line {node.lineno}: {node.func.attr}")
+    return found
+
+
+def test_only_the_command_line_knows_argparse():
+    """The option vocabulary below cli/ (cli_options, planning/options, ...) holds values, bounds and wording;
+    argparse types, option adders and argv handling are cli/'s (cli/options.py, cli/planoptions.py)."""
+    found = {}
+    for module, path in modules_of(PACKAGE).items():
+        if not (module == "cli" or module.startswith("cli.")) and (uses := argparse_uses(path.read_text("utf-8"))):
+            found[module] = uses
+    assert found == {}
+
+
+def test_the_argparse_check_sees_imports_and_adders():
+    assert argparse_uses("import argparse\n") == ["line 1: imports argparse"]
+    assert argparse_uses("from argparse import ArgumentTypeError\n") == ["line 1: imports argparse"]
+    assert argparse_uses("def f(p):\n    p.add_argument('--x')\n") == ["line 2: add_argument"]
+    assert argparse_uses("def f(p):\n    import argparse\n    g = p.add_argument_group('g')\n") == [
+        "line 2: imports argparse", "line 3: add_argument_group"]
+    assert argparse_uses("def f(ns):\n    return ns.total_steps\n") == []
+
+
+# --------------------------------------------------------------------------- imports at module level
+
+
+def function_level_imports(source: str) -> int:
+    """Import statements inside function bodies (bench/lazy_imports.py lists them)."""
+    return len({(n.lineno, n.col_offset) for fn in ast.walk(ast.parse(source))
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))})
+
+
+def test_imports_sit_at_module_level_but_for_the_lazy_few():
+    """An import sits in a function only for a framework, a light path a test holds, or a patch point (docs/
+    DEVELOPING.md, Layers): at most 5 per 1000 lines of the package (4.7 when issue 41 moved the rest up)."""
+    texts = [p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")]
+    lines = sum(len(t.splitlines()) for t in texts)
+    count = sum(function_level_imports(t) for t in texts)
+    assert 1000 * count / lines <= 5.0, \
+        f"{count} function-level imports in {lines} lines: python bench/lazy_imports.py -v"
+
+
+def test_the_count_sees_nested_and_conditional_imports():
+    code = ("import os\n\ndef f():\n    import json\n    if os:\n        from a import b\n"
+            "    def g():\n        import c\n")
+    assert function_level_imports(code) == 3
+    assert function_level_imports("import os\nclass A:\n    import json\n") == 0

@@ -1,5 +1,6 @@
-"""planning/options.py in-process and fast: every plan option reaches its field with its type and bounds, the
-help text a user reads is pinned (tests/golden/plan-options-help.json), the errors say what is expected."""
+"""planning/options.py and cli/planoptions.py in-process and fast: every plan option reaches its field with its
+type and bounds, the help text a user reads is pinned (tests/golden/plan-options-help.json), the errors say what is
+expected."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from checkpoint_strategy.cli.main import ArgumentParser
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.cli import planoptions
 from checkpoint_strategy.planning import options, sizing
 
 GOLDEN = Path(__file__).parent / "golden" / "plan-options-help.json"
@@ -20,7 +22,7 @@ POS = ["1000", "2", "100"]
 
 def parse(*argv):
     parser = ArgumentParser(prog="plan")
-    options.add_plan_options(parser)
+    planoptions.add_plan_options(parser)
     return options.plan_arguments(parser.parse_args([*POS, *argv]))
 
 
@@ -29,7 +31,7 @@ def test_plan_options_help_matches_its_golden():
     golden does not depend on argparse's layout in one Python version). Regenerate after an intended change:
     UPDATE_GOLDEN=1 python3 -m pytest tests/test_planning_options.py -k golden (then read the diff)."""
     parser = ArgumentParser(prog="plan")
-    options.add_plan_options(parser)
+    planoptions.add_plan_options(parser)
     shown = [{"group": group.title, "options": action.option_strings or [action.dest], "dest": action.dest,
               "metavar": action.metavar, "choices": action.choices, "const": action.const, "help": action.help}
              for group in parser._action_groups for action in group._group_actions]
@@ -149,28 +151,28 @@ def test_another_commands_format_is_not_the_plans():
 
 
 def test_formats_list_accepts_each_format_once_and_says_what_is_expected():
-    assert options.formats_list("full_state_dict") == ["full_state_dict"]
-    assert options.formats_list(" sharded, safetensors ,sharded") == ["sharded", "safetensors"]
+    assert planoptions.formats_list("full_state_dict") == ["full_state_dict"]
+    assert planoptions.formats_list(" sharded, safetensors ,sharded") == ["sharded", "safetensors"]
     for bad in ("pickle", "sharded,pickle", " , "):
         with pytest.raises(argparse.ArgumentTypeError) as err:
-            options.formats_list(bad)
+            planoptions.formats_list(bad)
         assert str(err.value) == f"expected a comma-separated list of full_state_dict, sharded, safetensors, got {bad!r}"
 
 
 def test_params_count_errors():
     with pytest.raises(argparse.ArgumentTypeError) as err:
-        options.params_count("7Q")
+        planoptions.params_count("7Q")
     assert str(err.value) == "expected a parameter count such as 7B, 350M or 1.3e9, got '7Q'"
     with pytest.raises(argparse.ArgumentTypeError) as err:
-        options.params_count("1e20")
+        planoptions.params_count("1e20")
     assert str(err.value) == "expected a parameter count such as 7B, 350M or 1.3e9 (1 to 1e+15), got '1e20'"
-    assert options.params_count("1e15") == 1e15
+    assert planoptions.params_count("1e15") == 1e15
 
 
 @pytest.mark.parametrize("text", ["x,5", "-1,5", "5,0", "1,2,3"])
 def test_tier_spec_refuses_a_bad_pair(text):
     with pytest.raises(argparse.ArgumentTypeError) as err:
-        options.tier_spec(text)
+        planoptions.tier_spec(text)
     assert str(err.value) == ("expected GB,GBPS (node-local space and write rate per node, e.g. 2000,5), "
                               f"got {text!r}")
 

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.recovery import ckptsteps
 from checkpoint_strategy.recovery.logs import read_log
 from checkpoint_strategy.resources import load_schema, schema_path
@@ -104,7 +105,7 @@ def test_tensorboard_missing_is_a_clear_exit_2(tmp_path, cli_run, monkeypatch):
     ("500", True, 500), ("500", False, None), ("500.orbax-checkpoint-tmp-17", True, None),
     ("tmp-checkpoint-500", True, None), ("latest", True, None), ("last.ckpt", False, None)])
 def test_checkpoint_names(name, is_dir, step):
-    assert ckptsteps.parse_step(name, is_dir) == step
+    assert parse_step(name, is_dir) == step
 
 
 def test_real_lightning_checkpoints(lightning_run):

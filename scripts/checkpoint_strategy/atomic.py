@@ -11,6 +11,9 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+import errno
+import fcntl
+import time
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
@@ -65,10 +68,6 @@ def hold_fifo(path: str | os.PathLike) -> None:
 def _open_fifo(target: Path, wait: float | None) -> int:
     """A non-blocking open of a FIFO for writing (ENXIO while no reader has it open), retried for `wait`
     seconds, returned as a blocking descriptor."""
-    import errno
-    import fcntl
-    import time
-
     deadline = time.monotonic() + (FIFO_READER_WAIT if wait is None else wait)
     while True:
         try:

@@ -25,6 +25,10 @@ from typing import Any, Optional
 from markupsafe import Markup
 
 from checkpoint_strategy.resources import data_dir
+import marshal
+from checkpoint_strategy import storage
+from checkpoint_strategy.atomic import atomic_write_bytes
+from checkpoint_strategy.storage import read_bytes
 
 
 _CACHE_MAGIC = b"checkpoint-strategy jinja bytecode 1\n"
@@ -55,8 +59,6 @@ def _bytecode_cache():
     """A Jinja bytecode cache that never fails a command: unreadable, unwritable or damaged cache
     files are ignored (the template is compiled as without a cache). No pickle: the file is a
     magic line, the template source checksum and marshalled code."""
-    import marshal
-
     import jinja2
 
     folder = _cache_dir()
@@ -68,8 +70,6 @@ def _bytecode_cache():
             return os.path.join(folder, bucket.key + ".jbc")
 
         def load_bytecode(self, bucket) -> None:
-            from checkpoint_strategy.storage import read_bytes
-
             head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
             try:
                 data = read_bytes(self._file(bucket), "template cache", limit=8 << 20)
@@ -79,8 +79,6 @@ def _bytecode_cache():
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:
-            from checkpoint_strategy.atomic import atomic_write_bytes
-
             head = _CACHE_MAGIC + bucket.checksum.encode("ascii") + b"\n"
             try:
                 atomic_write_bytes(self._file(bucket), head + marshal.dumps(bucket.code))
@@ -235,8 +233,6 @@ def check_output_early(output: Any, inputs: tuple = ()) -> None:
     (deletes, state writes), and a FIFO output that nobody reads (opened now, kept for the write);
     `write_output` checks the same again when it writes."""
     if output is not None and output != "-":
-        from checkpoint_strategy import storage
-
         storage.check_output(output, "-o/--output", inputs=tuple(i for i in inputs if i))
         storage.hold_output(output, "-o/--output")
 
@@ -246,7 +242,6 @@ def write_output(text: str, output: Any = None, inputs: tuple = ()) -> None:
     if output is None or output == "-":
         sys.stdout.write(text)
         return
-    from checkpoint_strategy import storage
 
     storage.write_output(output, text, "-o/--output", inputs=tuple(i for i in inputs if i))
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Optional
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.recovery.online import OnlineDetector as _Online
 
 LOSS_TRIGGER = "loss_spike_detected"
 GRAD_TRIGGER = "gradient_norm_exceeded"
@@ -38,8 +40,6 @@ class OnlineDetector:
     """``update(step, loss, grad_norm=None) -> Flag | None``; see the module docstring."""
 
     def __init__(self, triggers=(LOSS_TRIGGER, GRAD_TRIGGER), **options) -> None:
-        from checkpoint_strategy.recovery.online import OnlineDetector as _Online
-
         self.triggers = tuple(triggers)
         self._det = _Online(**options)
         self.event_saved = False
@@ -48,8 +48,6 @@ class OnlineDetector:
         self.events = 0
 
     def update(self, step: int, loss: float, grad_norm: Optional[float] = None) -> Optional[Flag]:
-        from checkpoint_strategy.errors import UsageError
-
         try:
             ev = self._det.update(step, loss, grad_norm)
         except UsageError:

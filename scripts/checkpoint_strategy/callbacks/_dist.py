@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
+import datetime
 
 TEXT_BYTES = 480      # one problem line per rank in a reduced verdict
 
@@ -86,7 +87,6 @@ class Ranks:
         """The result of a started collective (waits at most timeout + slack seconds); None when broken."""
         if pending is None or self.broken is not None:
             return None
-        import datetime
 
         try:
             pending.work.wait(timeout=datetime.timedelta(seconds=self.timeout + slack))

@@ -11,8 +11,9 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.marker import read_marker, write_marker  # noqa: F401  (re-exported)
+from checkpoint_strategy.formats import archive as zr, identify as fm, manifest
+from checkpoint_strategy.retention import PruneRequest, prune as _prune
+from checkpoint_strategy.validate import parts, validate_checkpoint
 
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import Level
@@ -22,17 +23,13 @@ def validate(path: str, level: str = "quick", part: tuple[int, int] = (0, 1)):
     """CheckpointResult of one checkpoint (never loads it); at level deep compared with the previous
     checkpoint of the same folder (a weights-norm jump is suspicious). part (K, N), 0-based K: at level
     full, read every byte of part K of N of the files only (validate/parts.py)."""
-    from checkpoint_strategy.validate import parts, validate_checkpoint
-
     with parts.splitting(*part):
         return validate_checkpoint(path, level=level, previous=previous_checkpoint(path) if level == "deep" else None)
 
 
 def write_manifest(path: str) -> str:
     """Write the sha256 manifest of a checkpoint that validated (formats/manifest.py); its path."""
-    from checkpoint_strategy.formats import filechecks, manifest
-
-    return manifest.write_manifest(path, filechecks.Counter())
+    return manifest.write_manifest(path, zr.Counter())
 
 
 def previous_checkpoint(path: str) -> Optional[str]:
@@ -54,8 +51,6 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
     on_start: called once the lock is held, as the survey of the folder begins; on_end: the last thing before the
     lock is released. delete_invalid: also delete an invalid checkpoint older than a newer valid one (never
     the newest entry; off by default, as in `prune`)."""
-    from checkpoint_strategy.retention import PruneRequest
-    from checkpoint_strategy.retention import prune as _prune
     from checkpoint_strategy.recovery import advise
 
     return _prune(PruneRequest.of(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
@@ -92,7 +87,6 @@ def _content_step(path: str) -> Optional[int]:
     """The step a checkpoint without one in its name records inside (None: a folder, a symlink, unreadable)."""
     if os.path.islink(path) or not os.path.isfile(path):
         return None
-    from checkpoint_strategy.validate import validate_checkpoint
 
     try:
         return validate_checkpoint(path, level="quick").step

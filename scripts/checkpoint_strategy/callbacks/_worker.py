@@ -21,6 +21,10 @@ import sys
 import time
 from typing import Any, Optional
 from collections.abc import Callable
+from checkpoint_strategy.callbacks import _retention
+from checkpoint_strategy.formats import archive, tensors as tensorscan
+from checkpoint_strategy.storage.locking import locked
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 PhaseFn = Optional[Callable[[str, str], None]]
 _PARENT: Optional[int] = None     # the training process, when running as its worker process (main)
@@ -100,8 +104,6 @@ def part_job(job: dict, phase: PhaseFn = None) -> dict:
 def _await_folder(root: str, timeout: float) -> None:
     """Until no save holds the folder (the callbacks hold its lock from right before a save until it
     is written); prune takes the same lock itself for its survey and deletions."""
-    from checkpoint_strategy.storage.locking import locked
-
     try:
         with locked(root, timeout, "a save still holds it"):
             pass
@@ -111,8 +113,6 @@ def _await_folder(root: str, timeout: float) -> None:
 
 def _manifest_into(out: dict[str, Any], path: str) -> None:
     """The sha256 manifest of a valid checkpoint (`validate --manifest verify` checks it later)."""
-    from checkpoint_strategy.callbacks import _retention
-
     try:
         out["manifest"] = _retention.write_manifest(path)
     except Exception as exc:  # noqa: BLE001 - a manifest that cannot be written is reported, never fatal
@@ -121,8 +121,6 @@ def _manifest_into(out: dict[str, Any], path: str) -> None:
 
 def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, int] = (0, 1)) -> None:
     """The checkpoint's status and first problem, into the job's answer."""
-    from checkpoint_strategy.callbacks import _retention
-
     try:
         result = _retention.validate(path, level, part)
     except Exception as exc:  # noqa: BLE001 - a vanished path is a finding, not a crash
@@ -137,8 +135,6 @@ def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, 
 
 def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     """Apply the keep rules under the job's root; what was deleted and why the rest was kept, into the answer."""
-    from checkpoint_strategy.callbacks import _retention
-
     if _orphaned():    # the training died (mid-save?): delete nothing on its behalf
         out["error"] = "the training process is gone: prune skipped"
         return
@@ -195,7 +191,6 @@ def _idle(fn: Callable[..., None], out: dict, *args: Any) -> None:
     if _IDLE is None:
         fn(out, *args)
         return
-    from concurrent.futures import TimeoutError as FutureTimeout
 
     mine = dict(out)
     fut = _IDLE.submit(fn, mine, *args)
@@ -231,9 +226,6 @@ def _yield_cpu() -> None:
         os.nice(19 - os.nice(0))
     except (OSError, AttributeError):
         pass
-    from concurrent.futures import ThreadPoolExecutor
-
-    from checkpoint_strategy.formats import archive, tensors as tensorscan
 
     archive.CRC_WORKERS = 1
     tensorscan.WORKERS = 1

@@ -27,6 +27,8 @@ import statistics
 from typing import Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
+from checkpoint_strategy.planning.failure import exact_interval
+from checkpoint_strategy.planning.rounding import nice_steps
 
 FIXED = ("frequency_option", "preset", "total_steps")
 RATIO = 2.0
@@ -105,9 +107,6 @@ class AdaptiveInterval:
 
     def solve(self, cost_seconds: float, mtbf_seconds: Optional[float] = None) -> int:
         """The plan's interval for a save cost (and MTBF): Daly's exact optimum, rounded, within the cap and the floor."""
-        from checkpoint_strategy.planning.failure import exact_interval
-        from checkpoint_strategy.planning.rounding import nice_steps
-
         steps = nice_steps(exact_interval(cost_seconds, mtbf_seconds or self.mtbf_seconds) / self.step_seconds)
         if self.cap is not None:
             steps = min(steps, self.cap)

@@ -24,6 +24,20 @@ from collections.abc import Callable
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.policy import Settings, resolve
 from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
+from checkpoint_strategy.formats.marker import write_marker
+import json
+import subprocess
+import sys
+from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.callbacks._detector import OnlineDetector
+from checkpoint_strategy.callbacks._dist import Ranks
+from checkpoint_strategy.callbacks._worker import ONE_THREAD, handoff_job, part_job, process_job
+from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.runshape import check_resume_shape
+from checkpoint_strategy.storage import describe_os_error
+from checkpoint_strategy.storage.locking import locked
+from contextlib import ExitStack
 
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
 #: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
@@ -101,8 +115,6 @@ class StrategyCore:
     def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0,
                  framework_log: bool = False, manifest: bool = True, rank_timeout: float = 600.0) -> None:
-        from checkpoint_strategy.errors import UsageError
-
         self.settings: Settings = resolve(policy)
         if level not in ("quick", "full", "deep"):
             raise UsageError(f"level must be quick, full or deep, got {level!r}")
@@ -131,8 +143,6 @@ class StrategyCore:
         self.phase_hook: Optional[Callable[[str, str, float], None]] = None
         self._detector = None
         if self.settings.emergency_save_on or framework_log:
-            from checkpoint_strategy.callbacks._detector import OnlineDetector
-
             self._detector = OnlineDetector(self.settings.emergency_save_on)
         # the last logged values before the first event (Lightning): written to the loss log then
         self._history: deque[tuple[int, float, Optional[float]]] = deque(maxlen=HISTORY_LIMIT)
@@ -219,11 +229,8 @@ class StrategyCore:
         """Write the marker before the save starts (see formats/marker.py). False when it cannot
         be written: then no emergency save is made (an unmarked post-event checkpoint would look
         like a resume point)."""
-        from checkpoint_strategy.callbacks import _retention
-        from checkpoint_strategy.storage import describe_os_error
-
         try:
-            _retention.write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
+            write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
         except OSError as exc:
             line = (f"emergency save at step {flag.step} skipped: cannot write its marker in "
                     f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}")
@@ -246,16 +253,12 @@ class StrategyCore:
         if self.action_sink is not None:
             self.action_sink(rec)
         elif self.framework_log:
-            import json
-
             if self._metrics_fh is None:
                 self._open_metrics()   # from now on every logged loss is written too
             if self._metrics_fh is not None:
                 self._metrics_fh.write(json.dumps(rec) + "\n")
                 self._flush_metrics()
         elif self.root is not None:
-            import json
-
             try:
                 with open(os.path.join(self.root, METRICS_FILE), "a", encoding="utf-8") as fh:
                     fh.write(json.dumps(rec) + "\n")
@@ -306,8 +309,6 @@ class StrategyCore:
                 self._ranked.part_ids[job["id"]] = job["seq"]
         worker = self._get_worker() if self.settings.async_save else None
         if worker is None or not worker.submit(job):
-            from checkpoint_strategy.callbacks._worker import part_job, process_job
-
             self._on_message((part_job if job["kind"] == "part" else process_job)(job, self._phase))
 
     # ------------------------------------------------------------------ resume
@@ -320,7 +321,6 @@ class StrategyCore:
         the checkpoint is not on disk or records neither; never raises on its content."""
         if not checkpoint or not os.path.exists(checkpoint):
             return []
-        from checkpoint_strategy.formats.runshape import check_resume_shape
 
         try:
             lines = check_resume_shape(checkpoint, world_size=world_size, per_device_batch=per_device_batch,
@@ -339,8 +339,6 @@ class StrategyCore:
     def ranks(self):
         """This process's rank (callbacks/_dist.py); rank 0 of 1 without torch.distributed."""
         if self._ranks is None:
-            from checkpoint_strategy.callbacks._dist import Ranks
-
             self._ranks = Ranks(self.rank_timeout)
         return self._ranks
 
@@ -359,11 +357,6 @@ class StrategyCore:
             self.ranks.barrier("before a save", slack=self.join_timeout)
 
     def _hold_folder(self) -> None:
-        from contextlib import ExitStack
-
-        from checkpoint_strategy.errors import UsageError
-        from checkpoint_strategy.storage.locking import locked
-
         stack = ExitStack()
         try:
             stack.enter_context(locked(self.root or ".", self.join_timeout, "a prune still holds it"))
@@ -531,8 +524,6 @@ class StrategyCore:
                 log.warning(PREFIX + f"cannot set aside the previous loss log {path}: {exc}")
 
     def _log_metric(self, step: int, loss: float, grad_norm: Optional[float]) -> None:
-        import json
-
         rec = {"step": int(step), "loss": float(loss)}
         if grad_norm is not None:
             rec["grad_norm"] = float(grad_norm)
@@ -545,12 +536,9 @@ class StrategyCore:
     def _open_metrics(self) -> None:
         """Write the loss log whole (the values kept so far) and keep it open for appending; a log another writer
         started already (a playbook's guard) is appended to as it is."""
-        import json
-
         path = self._metrics_path()
         if path is None:
             return
-        from checkpoint_strategy.atomic import atomic_write_text
 
         try:
             if not os.path.exists(path):
@@ -731,8 +719,6 @@ class StrategyCore:
             recs = list(self.records)
         last = None
         if self.root is not None:
-            from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
-
             try:
                 last = last_valid_checkpoint(self.root, level=self.level)
             except Exception:  # noqa: BLE001
@@ -749,7 +735,6 @@ class StrategyCore:
         worker when there is one)."""
         if not self.handoff_dir or self.root is None:
             return
-        from checkpoint_strategy.callbacks._worker import handoff_job
 
         with self._lock:
             risks = [f"training callback: {p}" for p in self.problems]
@@ -767,8 +752,6 @@ class StrategyCore:
 
 def read_actions(path: Optional[str], event: str) -> list[dict]:
     """The records of `event` in a loss log (the callbacks' and the guard's, METRICS_FILE); [] without one."""
-    import json
-
     out: list[dict] = []
     if path is None or not os.path.isfile(path):
         return out
@@ -793,11 +776,7 @@ class _ProcessWorker:
     daemon thread reads its answers (blocked in read, it holds no GIL)."""
 
     def __init__(self, on_message: Callable[[dict], None]) -> None:
-        import subprocess
-        import sys
-
         scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from checkpoint_strategy.callbacks._worker import ONE_THREAD
 
         env = dict(os.environ, **ONE_THREAD)
         env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -815,8 +794,6 @@ class _ProcessWorker:
         self.thread.start()
 
     def submit(self, job: dict) -> bool:
-        import json
-
         ev = threading.Event()
         with self._lock:
             if self.dead:
@@ -833,8 +810,6 @@ class _ProcessWorker:
         return True
 
     def _read(self) -> None:
-        import json
-
         for line in self._stdout:
             try:
                 msg = json.loads(line)

@@ -68,8 +68,14 @@ from dataclasses import dataclass
 from typing import IO, Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
+from checkpoint_strategy.formats.marker import read_marker
+from checkpoint_strategy.callbacks.adaptive import for_settings, interruption
+from checkpoint_strategy.callbacks.core import read_actions
+from checkpoint_strategy.callbacks.policy import resolve
+from checkpoint_strategy.callbacks.preempt import Preemption
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.runlog import METRICS_FILE   # the loss log the commands find
 
-METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"   # the name core.py's loss log has
 ROLLBACK_ON = ("divergence", "nonfinite", "collapse")  # the detector's verdicts that a spike did not recover
 STABLE_RATIO = 1.1
 
@@ -135,10 +141,6 @@ class TrainingGuard:
                  level: str = "full", options: Any = None, metrics_log: bool = True,
                  preemption_signals: Any = (), grace_seconds: float = 120.0, average_loss: bool = True,
                  rank_timeout: float = 600.0, adaptive_interval: bool = True, **playbook: Any) -> None:
-        from checkpoint_strategy.callbacks.adaptive import for_settings
-        from checkpoint_strategy.callbacks.policy import resolve
-        from checkpoint_strategy.callbacks.preempt import Preemption
-        from checkpoint_strategy.errors import UsageError
         from checkpoint_strategy.recovery import settings
 
         if not isinstance(max_rollbacks, int) or max_rollbacks < 0:
@@ -260,9 +262,6 @@ class TrainingGuard:
         return self.preemption.record
 
     def _interrupted(self, at_step: int) -> None:
-        from checkpoint_strategy.callbacks.adaptive import interruption
-        from checkpoint_strategy.callbacks.core import read_actions
-
         event = "checkpoint-strategy:interruption"
         previous = read_actions(os.path.join(self.root, METRICS_FILE) if self.root else None, event)
         self._record(interruption(self.root, at_step, previous, self.ranks, self.adaptive))
@@ -330,7 +329,7 @@ class TrainingGuard:
                 continue
             if s.loss is not None and not (math.isfinite(s.loss) and s.loss < self.stable_ratio * value):
                 continue
-            if _retention.read_marker(s.path) is not None:
+            if read_marker(s.path) is not None:
                 continue
             result = _retention.validate(s.path, self.level)
             if usable(result) and result.resumable:
@@ -364,8 +363,6 @@ class TrainingGuard:
         if out is None:
             return loss, gn
         if out[3] > 0 and self.preemption.requested is None:
-            import time
-
             self.preemption.requested = "a preemption signal on another rank"
             self.preemption.received_at = time.monotonic()
         n = self.ranks.world
@@ -525,14 +522,11 @@ def optimizer_step_count(optimizer: Any) -> Optional[int]:
 
 
 def _frequency(policy: Any, frequency_steps: Optional[int]) -> Optional[int]:
-    from checkpoint_strategy.errors import UsageError
-
     if frequency_steps is not None:
         if not isinstance(frequency_steps, int) or frequency_steps < 1:
             raise UsageError(f"frequency_steps must be a whole number >= 1, got {frequency_steps!r}")
         return frequency_steps
     if policy is None:
         return None
-    from checkpoint_strategy.callbacks.policy import resolve
 
     return resolve(policy).frequency_steps

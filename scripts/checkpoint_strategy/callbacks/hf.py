@@ -38,7 +38,10 @@ from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log
+from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log, show_lines
+import logging
+from checkpoint_strategy.callbacks.preempt import Preemption
+from checkpoint_strategy.callbacks.adaptive import for_settings, interruption
 
 
 class HFCheckpointStrategy(TrainerCallback):
@@ -65,9 +68,6 @@ class HFCheckpointStrategy(TrainerCallback):
                  handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
                  rank_timeout: float = 600.0, preemption_signals: Any = "auto", grace_seconds: float = 120.0,
                  adaptive_interval: bool = True) -> None:
-        from checkpoint_strategy.callbacks.adaptive import for_settings
-        from checkpoint_strategy.callbacks.preempt import Preemption
-
         self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
                                  join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
         self._configured = False
@@ -133,8 +133,6 @@ class HFCheckpointStrategy(TrainerCallback):
     def _interrupted(self, state) -> None:
         """A resumed run: one interruption of it (adaptive.interruption), for the adaptive interval's failure rate.
         A rollback's resume (train_with_recovery) is not one."""
-        from checkpoint_strategy.callbacks.adaptive import interruption
-
         if self.rollback_resume:
             self.rollback_resume = False
             return
@@ -198,10 +196,6 @@ def _show_lines(args, state) -> None:
     """The routine lines (saved / validated / pruned, the end summary) shown as the Trainer shows its
     logs: on the main process, through tqdm.write (the progress bar stays whole), at INFO; at the
     Trainer's log level when set (``log_level`` / ``log_level_replica``)."""
-    import logging
-
-    from checkpoint_strategy.callbacks.core import show_lines
-
     main = state.is_world_process_zero
     level = logging.INFO if main and args.log_level == "passive" else args.get_process_log_level()
     try:

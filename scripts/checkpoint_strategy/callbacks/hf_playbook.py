@@ -32,6 +32,8 @@ from transformers import TrainerCallback
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.guard import Decision, TrainingGuard
+from checkpoint_strategy.callbacks.hf import HFCheckpointStrategy
+from checkpoint_strategy.errors import UsageError
 
 
 class PlaybookCallback(TrainerCallback):
@@ -101,9 +103,6 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
     playbook: the guard's keywords (wait_steps, lr_multiplier, lr_reduced_steps, grad_clip,
     skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
     """
-    from checkpoint_strategy.callbacks.hf import HFCheckpointStrategy
-    from checkpoint_strategy.errors import UsageError
-
     strategy = next((c for c in trainer.callback_handler.callbacks if isinstance(c, HFCheckpointStrategy)), None)
     if strategy is None:
         raise UsageError("train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "

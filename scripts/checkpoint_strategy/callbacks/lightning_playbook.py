@@ -33,6 +33,7 @@ from typing import Any, Optional
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.guard import Decision, TrainingGuard
 from checkpoint_strategy.callbacks.lightning import _callback_bases, _loss_of
+from checkpoint_strategy.formats.marker import read_marker, write_marker
 
 
 class _Playbook(*_callback_bases()):  # type: ignore[misc]
@@ -167,7 +168,6 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
 
 def _mark_after_onset(guard: TrainingGuard, root: Optional[str], d: Decision, zero: bool) -> None:
     """The checkpoints the rolled-back pass saved after the onset hold spiked weights: marked, never a resume point."""
-    from checkpoint_strategy.callbacks import _retention
     from checkpoint_strategy.formats import identify as fm
 
     onset = guard.rollbacks[-1]["onset"] if guard.rollbacks else d.step
@@ -176,10 +176,10 @@ def _mark_after_onset(guard: TrainingGuard, root: Optional[str], d: Decision, ze
     for name in sorted(os.listdir(root)):
         step = fm.step_from_name(name)
         path = os.path.join(root, name)
-        if step is None or step < onset or not name.endswith(".ckpt") or _retention.read_marker(path) is not None:
+        if step is None or step < onset or not name.endswith(".ckpt") or read_marker(path) is not None:
             continue
         try:
-            _retention.write_marker(path, event="loss_spike_detected", step=step, rules=[f"saved after the onset {onset} "
+            write_marker(path, event="loss_spike_detected", step=step, rules=[f"saved after the onset {onset} "
                                     f"of a spike rolled back to step {d.resume_step}"])
         except OSError as exc:
             log.warning(PREFIX + f"cannot mark {name} (saved after the spike) as not a resume point: {exc}")

@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from checkpoint_strategy.errors import UsageError
+import json
+from checkpoint_strategy.formats.models import CheckpointPolicy
+from checkpoint_strategy.integrations.handoff import load_plan_file
+from checkpoint_strategy.planning.models import PlanReport
+from pydantic import BaseModel
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 
@@ -38,8 +43,6 @@ class Settings:
 
 
 def _from_mapping(data: dict, source: str, report=None) -> Settings:
-    from checkpoint_strategy.formats.models import CheckpointPolicy
-
     return _settings(CheckpointPolicy.from_data(dict(data), source), source, report)
 
 
@@ -63,10 +66,6 @@ def _settings(pol, source: str, report=None) -> Settings:
 
 
 def _from_plan_dict(data: dict, source: str) -> Settings:
-    import json
-
-    from checkpoint_strategy.integrations.handoff import load_plan_file
-
     report = load_plan_file(json.dumps(data), source)
     return _from_mapping(report.policy.model_dump(mode="json"), source, report)
 
@@ -77,13 +76,9 @@ def _looks_like_plan(data: dict) -> bool:
 
 def resolve(policy: Any) -> Settings:
     """Settings from any accepted form (see the module docstring)."""
-    from pydantic import BaseModel
-
     if isinstance(policy, Settings):
         return policy
     if isinstance(policy, BaseModel):
-        from checkpoint_strategy.planning.models import PlanReport
-
         if isinstance(policy, PlanReport):
             return _from_mapping(policy.policy.model_dump(mode="json"), "plan", policy)
         data = policy.model_dump(mode="json")
@@ -106,8 +101,6 @@ def resolve(policy: Any) -> Settings:
 def _from_file(path: str) -> Settings:
     """A policy file of any kind `CheckpointPolicy.from_file` reads; a plan's JSON is also checked against
     plan.schema.json and kept (`Settings.report`: the adaptive interval reads it)."""
-    from checkpoint_strategy.formats.models import CheckpointPolicy
-
     pol = CheckpointPolicy.from_file(path, "policy file")
     if isinstance(pol.document, dict) and _looks_like_plan(pol.document):
         return _from_plan_dict(pol.document, f"plan file {path}")

@@ -29,6 +29,10 @@ import time
 from typing import Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
+import json
+from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import read_json
 
 RECORD_FILE = ".checkpoint-strategy-preemption.json"
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
@@ -36,8 +40,6 @@ HUNG_SECONDS = 10.0   # after the grace period: how long the main thread may tak
 
 
 def _signals(names) -> list[signal.Signals]:
-    from checkpoint_strategy.errors import UsageError
-
     out = []
     for n in names or ():
         name = n.name if isinstance(n, signal.Signals) else str(n).upper()
@@ -53,8 +55,6 @@ class Preemption:
     """``install()`` at the start of training, ``requested`` after a signal, ``finished()`` once saved."""
 
     def __init__(self, signals: Any = DEFAULT_SIGNALS, grace_seconds: float = 120.0) -> None:
-        from checkpoint_strategy.errors import UsageError
-
         if not isinstance(grace_seconds, (int, float)) or not grace_seconds > 0:
             raise UsageError(f"grace_seconds must be a number > 0, got {grace_seconds!r}")
         self.auto = isinstance(signals, str) and signals == "auto"
@@ -190,10 +190,6 @@ class Preemption:
         rec = {"event": "checkpoint-strategy:preemption", "signal": self.requested, "step": int(step),
                "checkpoint": os.fspath(checkpoint), "seconds_after_signal": round(took, 3)}
         if root is not None:
-            import json
-
-            from checkpoint_strategy.atomic import atomic_write_text
-
             try:
                 atomic_write_text(os.path.join(root, RECORD_FILE), json.dumps(rec) + "\n")
             except OSError as exc:
@@ -221,9 +217,6 @@ def abandon_checkpoint(path: str) -> Optional[str]:
 
 def read_record(root: str | os.PathLike) -> Optional[dict]:
     """The last preemption save recorded under `root`, or None."""
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.storage import read_json
-
     path = os.path.join(os.fspath(root), RECORD_FILE)
     if not os.path.isfile(path):
         return None

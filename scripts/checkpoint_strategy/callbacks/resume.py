@@ -7,6 +7,11 @@ from collections.abc import Iterator
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import read_marker
+from checkpoint_strategy.callbacks import _retention
+from checkpoint_strategy.formats.runlog import versioned_checkpoint_dirs
+from checkpoint_strategy.retention.safety import after_onset, read_spike
+from checkpoint_strategy.validate.engine import usable
 
 
 def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
@@ -39,7 +44,6 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     root = os.fspath(output_dir)
     if os.path.lexists(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
-    from checkpoint_strategy.formats.runlog import versioned_checkpoint_dirs
 
     got = _last_valid_in(root, level, include_emergency, spike_check) if os.path.isdir(root) else None
     for folder in ([] if got is not None else versioned_checkpoint_dirs(root)):   # listed only when needed
@@ -51,8 +55,6 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
 
 def _last_valid_in(root: str, level: str, include_emergency: bool, spike_check: bool) -> Optional[str]:
     """last_valid_checkpoint in one folder that holds checkpoints."""
-    from checkpoint_strategy.callbacks import _retention
-
     found = _retention.checkpoints_newest_first(root)
     spike_check = spike_check and not include_emergency   # asking for emergency saves asks for post-event weights
     guard: list = []   # read once, when the first valid checkpoint is found
@@ -71,11 +73,8 @@ def _last_valid_in(root: str, level: str, include_emergency: bool, spike_check: 
 def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[tuple[Optional[int], str, bool]]:
     """(step, path, resumable) of the checkpoints found that validate (at level deep: pass the deep
     check), newest first; emergency saves only with include_emergency; symlinks never."""
-    from checkpoint_strategy.callbacks import _retention
-    from checkpoint_strategy.validate.engine import usable
-
     for step, path in found:
-        if not include_emergency and _retention.read_marker(path) is not None:
+        if not include_emergency and read_marker(path) is not None:
             continue
         if os.path.islink(path):
             continue
@@ -87,13 +86,10 @@ def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[
 def _spike_guard(found, root: str):
     """The run's log as every command finds it (`formats.runlog`: trainer_state.json, the callbacks' loss
     log, Lightning's metrics.csv, TensorBoard), read with the recovery adviser."""
-    from checkpoint_strategy.retention.safety import read_spike
     from checkpoint_strategy.recovery import advise
 
     return read_spike([(s, p) for s, p in found if s is not None], advise=advise, root=root)
 
 
 def _after_onset(step, guard) -> bool:
-    from checkpoint_strategy.retention.safety import after_onset
-
     return after_onset(step, guard)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, byte_size
+from checkpoint_strategy.cli.options import add_report_options, byte_size, path_arg
+from checkpoint_strategy.convert.core import DEFAULT_SHARD, check_only, convert
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.render import check_output_early, emit
 
 HELP = "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     parser.add_argument("src", metavar="SRC", type=path_arg,
                         help="a torch archive (pytorch_model.bin, *.pt, Lightning .ckpt), a .safetensors file, or a "
                              "folder: DCP (.metadata + __N_0.distcp), DeepSpeed ZeRO global_stepN/, a Hugging Face "
@@ -39,8 +40,6 @@ MAX_ERROR = 300
 
 
 def run(args) -> int:
-    from checkpoint_strategy.errors import UsageError
-
     try:
         return _run(args)
     except UsageError as exc:
@@ -51,10 +50,6 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from checkpoint_strategy.convert.core import DEFAULT_SHARD, check_only, convert
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.render import check_output_early, emit
-
     check_output_early(args.output, (args.src, args.dst))
     if args.check_only:
         if args.max_shard_size is not None or args.keep_tied:

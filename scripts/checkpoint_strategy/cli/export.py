@@ -4,8 +4,14 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_output
-from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
+from checkpoint_strategy.cli.options import add_output
+from checkpoint_strategy.cli.planoptions import add_optional_run, add_plan_options, optional_run_numbers
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.export import FRAMEWORKS, OUTPUTS, export_plan, render_export
+from checkpoint_strategy.export.common import load_plan_file
+from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.planning.planner import plan
+from checkpoint_strategy.render import write_output
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
 
@@ -15,8 +21,6 @@ _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "prese
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.export import FRAMEWORKS, OUTPUTS
-
     parser.add_argument("--framework", required=True, choices=list(FRAMEWORKS),
                         help="the training framework whose settings to write")
     parser.add_argument("--framework-version", dest="framework_version", metavar="V",
@@ -32,12 +36,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.export import export_plan, render_export
-    from checkpoint_strategy.export.common import load_plan_file
-
-    from checkpoint_strategy.planning.options import optional_run_numbers
-
     given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
     if args.plan_file is not None:
@@ -46,16 +44,12 @@ def run(args) -> int:
                              "not both")
         report = load_plan_file(args.plan_file)
     elif len(given) == 3:
-        from checkpoint_strategy.planning.options import plan_arguments
-        from checkpoint_strategy.planning.planner import plan
-
         report = plan(plan_arguments(args))
     elif given:
         raise UsageError("plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB")
     else:
         raise UsageError("nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
                          "or --plan-file PLAN.json")
-    from checkpoint_strategy.render import write_output
 
     export = export_plan(report, args.framework, args.framework_version)
     if args.format == "markdown":

@@ -3,15 +3,21 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_storage_options
-from checkpoint_strategy.planning.options import add_optional_run, add_plan_options
+from checkpoint_strategy.cli.options import add_level, add_report_options, add_storage_options, path_arg
+from checkpoint_strategy.cli.planoptions import add_optional_run, add_plan_options, optional_run_numbers
+from checkpoint_strategy import storage
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.integrations import handoff
+from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.planning.planner import plan
+from checkpoint_strategy.render import check_output_early, emit
+from checkpoint_strategy.storage import read_text_input as read_text
+from checkpoint_strategy.validate.engine import refuse_remote_deep
 
 HELP = "write checkpoint metadata for session-handoff"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     add_optional_run(parser)
     parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json", type=path_arg,
                         help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
@@ -39,15 +45,8 @@ _PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "prese
 
 
 def run(args) -> int:
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.integrations import handoff
-    from checkpoint_strategy.render import check_output_early, emit
-    from checkpoint_strategy.storage import read_text_input as read_text
-
     inputs = (args.checkpoints, args.plan_file, args.log)
     check_output_early(args.output, inputs)
-
-    from checkpoint_strategy.planning.options import optional_run_numbers
 
     given = optional_run_numbers(args)
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
@@ -61,17 +60,12 @@ def run(args) -> int:
     elif given:
         if len(given) != 3:
             raise UsageError("plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB")
-        from checkpoint_strategy.planning.options import plan_arguments
-        from checkpoint_strategy.planning.planner import plan
 
         report = plan(plan_arguments(args))
     elif options:
         raise UsageError(f"plan options (--{options[0].replace('_', '-')}) need TOTAL_STEPS STEP_SECONDS BUDGET_GB")
     if report is None and args.checkpoints is None:
         raise UsageError("nothing to hand off: give plan arguments, --plan-file PLAN.json and/or --checkpoints ROOT")
-
-    from checkpoint_strategy import storage
-    from checkpoint_strategy.validate.engine import refuse_remote_deep
 
     refuse_remote_deep([args.checkpoints], args.level)
     read = [p for p in (args.checkpoints, args.log) if p is not None]

@@ -18,8 +18,9 @@ from typing import NoReturn
 from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
-from checkpoint_strategy.cli_options import join_milestones, normalise_underscores
+from checkpoint_strategy.cli.options import join_milestones, normalise_underscores
 from checkpoint_strategy.errors import UsageError
+import difflib
 
 PROG = "checkpoint-strategy"
 
@@ -49,7 +50,7 @@ class ArgumentParser(argparse.ArgumentParser):
     def parse_args(self, args=None, namespace=None):
         """One parse. Underscored long options are their dashed spelling (and back); `--milestones 1000 5000`
         joins the steps that follow it but never takes a word a positional argument lacks
-        (cli_options.join_milestones)."""
+        (cli.options.join_milestones)."""
         argv = normalise_underscores(self, list(sys.argv[1:] if args is None else args))
         return super().parse_args(join_milestones(self, argv), namespace)
 
@@ -151,7 +152,6 @@ def _command(args: list[str]) -> str:
     word = args[0]
     if word.startswith("-") or _is_number(word) or _RUN_LENGTH.match(word):
         return "plan"
-    import difflib   # a mistyped command only (start-up time)
 
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     if close:
@@ -160,7 +160,7 @@ def _command(args: list[str]) -> str:
                      "STEP_SECONDS BUDGET_GB for a plan")
 
 
-# a plan's run length in place of TOTAL_STEPS ("3w", "21d"; planning/options.py checks it)
+# a plan's run length in place of TOTAL_STEPS ("3w", "21d"; cli/planoptions.py checks it)
 _RUN_LENGTH = re.compile(r"^[0-9]*\.?[0-9]+\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)$", re.I)
 
 

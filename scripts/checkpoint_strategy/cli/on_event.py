@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_policy, add_report_options
+from checkpoint_strategy.cli.options import add_policy, add_report_options, path_arg
+import os
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
+from checkpoint_strategy.render import emit
+from checkpoint_strategy.storage import read_text_input as read_text
 
 HELP = "emergency-save decision for a stability event"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     parser.add_argument("event_file", metavar="EVENT_FILE", type=path_arg,
                         help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
                              "or the monitor's text report; - reads stdin")
@@ -20,10 +23,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.storage import read_text_input as read_text
-    from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
-    from checkpoint_strategy.render import emit
-
     policy = None
     if args.policy:
         text, name = read_text(args.policy, "policy file")
@@ -40,11 +39,8 @@ def run(args) -> int:
 def _log_report(log, checkpoints):
     """recover's report on --log when it is a readable log (the same rules confirm the spike); None
     when there is no such file (the path is then only filled into the suggested command)."""
-    import os
-
     if not log or not os.path.exists(log):
         return None
-    from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.recovery import advise
 
     try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
-from checkpoint_strategy.planning.options import add_plan_options, plan_arguments
+from checkpoint_strategy.cli.options import add_report_options
+from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.cli.planoptions import add_plan_options
+from checkpoint_strategy.planning.planner import plan
+from checkpoint_strategy.render import emit
 
 HELP = "design a checkpointing policy (default command)"
 
@@ -14,9 +17,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.planning.planner import plan
-    from checkpoint_strategy.render import emit
-
     report = plan(plan_arguments(args))
     emit(report, args.format, args.output)
     return 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import (
+from checkpoint_strategy.cli.options import (
     add_level,
     add_milestones,
     add_policy,
@@ -10,14 +10,19 @@ from checkpoint_strategy.cli_options import (
     add_spike_check,
     add_storage_options,
     number,
+    path_arg,
 )
+from checkpoint_strategy import storage
+from checkpoint_strategy.formats.steps import scan
+from checkpoint_strategy.planning.planner import milestone_schedule
+from checkpoint_strategy.render import check_output_early, emit
+from checkpoint_strategy.retention.prune import prune
+from checkpoint_strategy.retention.request import PruneRequest
 
 HELP = "apply retention; delete only after a newer one validated"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     parser.add_argument("root", metavar="ROOT", type=path_arg,
                         help="the folder that holds the checkpoints, or a prefix URL (s3://BUCKET/PREFIX, gs://, "
                              "memory://): deletions there are journalled (docs/object-storage.md)")
@@ -39,23 +44,15 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.retention.prune import prune
-    from checkpoint_strategy.render import check_output_early, emit
-
     check_output_early(args.output, (args.root, args.log))
     milestones = args.milestones
     if isinstance(milestones, str):  # seed, pow2 or none: the plan's schedule up to the newest checkpoint here
-        from checkpoint_strategy import storage
-        from checkpoint_strategy.planning.planner import milestone_schedule
-        from checkpoint_strategy.formats.steps import scan
-
         try:
             with storage.local_paths([args.root]) as (root,):
                 newest = max((step for step, _path in scan(root)), default=0)
         except OSError:
             newest = 0  # prune reports the unreadable root itself
         milestones = milestone_schedule(milestones, newest)
-    from checkpoint_strategy.retention.request import PruneRequest
     from checkpoint_strategy.recovery import advise
 
     report = prune(PruneRequest.of(args.root, keep_last=args.keep_last, milestones=milestones, policy=args.policy,

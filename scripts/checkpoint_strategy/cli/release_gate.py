@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from checkpoint_strategy.cli_options import add_level, add_report_options, add_spike_check, add_storage_options
+from checkpoint_strategy.cli.options import (
+    add_level,
+    add_report_options,
+    add_spike_check,
+    add_storage_options,
+    path_arg,
+)
+from checkpoint_strategy import storage
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.integrations.release import apply_spike_check, gate, parse_require
+from checkpoint_strategy.render import check_output_early, emit
+from checkpoint_strategy.validate.engine import refuse_remote_deep
 
 HELP = "release-readiness gate for one checkpoint"
 
 
 def _require(text: str) -> list[str]:
-    from checkpoint_strategy.errors import UsageError
-    from checkpoint_strategy.integrations.release import parse_require
-
     try:
         return parse_require(text)
     except UsageError as exc:
@@ -20,8 +28,6 @@ def _require(text: str) -> list[str]:
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     parser.add_argument("checkpoint", metavar="CHECKPOINT", type=path_arg,
                         help="one checkpoint folder or file, or its URL (s3://BUCKET/PREFIX/checkpoint-N, gs://...)")
     parser.add_argument("--require", type=_require, default=[], metavar="LIST",
@@ -34,11 +40,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy import storage
-    from checkpoint_strategy.validate.engine import refuse_remote_deep
-    from checkpoint_strategy.integrations.release import apply_spike_check, gate
-    from checkpoint_strategy.render import check_output_early, emit
-
     check_output_early(args.output, (args.checkpoint,))
     refuse_remote_deep([args.checkpoint], args.level)
     # a URL: its listing (and its run's, where the spike check looks for the newest log), bytes by ranged reads

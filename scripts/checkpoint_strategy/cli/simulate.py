@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options
-from checkpoint_strategy.planning.options import add_plan_options
-from checkpoint_strategy.simulation.options import (
+from checkpoint_strategy.cli.options import add_report_options
+from checkpoint_strategy.cli.planoptions import (
+    add_plan_options,
     add_spike_options,
     corrupt_prob,
-    plan_from_args,
     runs_count,
     seed_value,
 )
+from checkpoint_strategy.simulation.options import plan_from_args
+from checkpoint_strategy.render import emit
+from checkpoint_strategy.simulation.montecarlo import simulate
 
 HELP = "Monte Carlo check of a policy under failures and spikes"
 DEFAULT_RUNS = 10000
@@ -30,9 +32,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.simulation.montecarlo import simulate
-    from checkpoint_strategy.render import emit
-
     _pargs, report = plan_from_args(args, two_tiers=True)
     result = simulate(report, runs=args.runs, seed=args.seed, corrupt_prob=args.corrupt_prob,
                       spike_rate=args.spike_rate, wait=args.spike_wait_steps, margin=args.spike_margin_steps)

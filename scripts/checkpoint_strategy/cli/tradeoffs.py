@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, number_list
-from checkpoint_strategy.planning.options import add_plan_options
-from checkpoint_strategy.simulation.options import add_spike_options
-from checkpoint_strategy.storage import path_arg
+from checkpoint_strategy.cli.options import add_report_options, number_list, path_arg
+from checkpoint_strategy.cli.planoptions import add_plan_options, add_spike_options
+from checkpoint_strategy.planning.options import plan_arguments
+from checkpoint_strategy.render import emit
+from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib, write_plot
+from checkpoint_strategy.simulation.sweep import tradeoffs
 
 HELP = "storage vs safety sweep with a Pareto front"
 
@@ -26,14 +28,8 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.planning.options import plan_arguments
-    from checkpoint_strategy.render import emit
-    from checkpoint_strategy.simulation.sweep import tradeoffs
-
     target = fmt = None
     if args.plot is not None:
-        from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
-
         target, fmt = check_plot_path(args.plot)
         require_matplotlib()
     pargs = plan_arguments(args)
@@ -41,8 +37,6 @@ def run(args) -> int:
                        spike_rate=args.spike_rate, wait=args.spike_wait_steps, margin=args.spike_margin_steps,
                        plot=None if target is None else str(target))
     if target is not None:
-        from checkpoint_strategy.simulation.plot import write_plot
-
         write_plot(report, target, str(fmt))
     rows = [p for p in report.points if args.show_all or p.pareto or p.recommended]
     emit(report, args.format, args.output, rows=rows, show_all=args.show_all)

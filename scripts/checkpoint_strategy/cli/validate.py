@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import (add_level, add_report_options, add_spike_check, add_storage_options,
-                                             add_target_gpus)
+from checkpoint_strategy.cli.options import (
+    add_level,
+    add_report_options,
+    add_spike_check,
+    add_storage_options,
+    add_target_gpus,
+    path_arg,
+)
+from checkpoint_strategy import storage
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.worldsize import annotate_hardware
+from checkpoint_strategy.render import check_output_early, emit
+from checkpoint_strategy.retention.safety import annotate_validation
+from checkpoint_strategy.validate import parts
+from checkpoint_strategy.validate.engine import deep_ok, refuse_remote, validate_paths
+from checkpoint_strategy.validate.parts import parse_part
 
 HELP = "check checkpoints are whole, without loading them"
 
 
 def add_arguments(parser) -> None:
-    from checkpoint_strategy.storage import path_arg
-
     parser.add_argument("paths", nargs="+", metavar="PATH", type=path_arg,
                         help="a checkpoint (folder or file) or a folder holding checkpoints; or a URL: "
                              "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, memory://PATH (docs/object-storage.md)")
@@ -33,19 +45,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.validate.engine import validate_paths
-    from checkpoint_strategy.render import check_output_early, emit
-
     check_output_early(args.output, tuple(args.paths))
     progress = {"auto": None, "always": True, "never": False}[args.progress]
-    from checkpoint_strategy.validate.engine import deep_ok
 
-    from checkpoint_strategy import storage
-    from checkpoint_strategy.validate import parts
-    from checkpoint_strategy.retention.safety import annotate_validation
     from checkpoint_strategy.recovery import advise
-    from checkpoint_strategy.validate.engine import refuse_remote
-    from checkpoint_strategy.formats.worldsize import annotate_hardware
 
     refuse_remote(args.paths, args.level, args.manifest)
     part = _part(args)
@@ -68,9 +71,6 @@ def run(args) -> int:
 
 def _part(args) -> tuple[int, int]:
     """(K, N) of --part, 0-based K; (0, 1) without it. --part implies --level full."""
-    from checkpoint_strategy.validate.parts import parse_part
-    from checkpoint_strategy.errors import UsageError
-
     if args.part is None:
         return 0, 1
     part = parse_part(args.part)

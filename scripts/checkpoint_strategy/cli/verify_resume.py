@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli_options import add_report_options, number
-from checkpoint_strategy.recovery.options import add_log_options
-from checkpoint_strategy.storage import path_arg
+from checkpoint_strategy.cli.options import add_log_options, add_report_options, number, path_arg
+from checkpoint_strategy.recovery.verify import verify_resume
+from checkpoint_strategy.render import check_output_early, emit
 
 HELP = "check that a resume kept optimizer state"
 
@@ -25,9 +25,6 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from checkpoint_strategy.render import check_output_early, emit
-    from checkpoint_strategy.recovery.verify import verify_resume
-
     check_output_early(args.output, inputs=(args.log, *(args.checkpoints or ())))
     report = verify_resume(args.log, args.resume_step, log_format=args.log_format, step_key=args.step_key,
                            loss_key=args.loss_key, lr_key=args.lr_key, run=args.run, pre_points=args.pre_points,

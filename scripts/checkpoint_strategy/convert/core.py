@@ -22,11 +22,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkpoint_strategy.formats import safepickle as tp
-from checkpoint_strategy.convert import readers, writers
+from checkpoint_strategy.convert import readers, writers, zero
 from checkpoint_strategy.convert.models import ConvertCheck, ConvertReport, OptimizerCompare, OutputFile, TensorRow
-from checkpoint_strategy.convert.pieces import CHUNK, Files, Loaded, Tensor, same_bytes, sha256, tensors, unsupported
-from checkpoint_strategy.convert.pieces import without_unsupported
+from checkpoint_strategy.convert.pieces import (
+    CHUNK,
+    Files,
+    Loaded,
+    Tensor,
+    same_bytes,
+    sha256,
+    tensors,
+    unsupported,
+    without_unsupported,
+)
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.atomic import fsync_dir, write_temp
+from checkpoint_strategy.storage import inside, is_regular, open_regular, oserror_line, read_bytes
 
 DEFAULT_SHARD = 5 * 10**9
 #: the files next to Hugging Face weights that from_pretrained / AutoTokenizer read: copied with safetensors
@@ -57,7 +68,6 @@ def load(src: str, verify: bool = True) -> Loaded:
     source); off for a destination, compared byte for byte with the verified source."""
     if os.path.isdir(src):
         return _load_folder(src, verify)
-    from checkpoint_strategy.storage import open_regular
 
     with open_regular(src, "checkpoint") as fh:
         magic = fh.read(4)
@@ -72,8 +82,6 @@ def load(src: str, verify: bool = True) -> Loaded:
 
 
 def _load_folder(src: str, verify: bool) -> Loaded:
-    from checkpoint_strategy.convert import zero
-
     names = set(os.listdir(src))
     if ".metadata" in names:
         return readers.read_dcp(src, verify)
@@ -273,8 +281,6 @@ def _optimizer_compare(src: Any, dst: Any) -> OptimizerCompare | None:
 # --------------------------------------------------------------------------- paths and the temporary folder
 
 def check_paths(src: str, dst: str, must_exist: bool) -> None:
-    from checkpoint_strategy.storage import inside
-
     for what, path in (("source", src), ("destination", dst)):
         if "://" in path:
             raise UsageError(f"{what} {tp.shown(path, 120)}: convert reads and writes local files and folders only, "
@@ -310,9 +316,6 @@ def _write(target: str, tmp: str, name: str, sel: Selection, max_shard: int, fil
 
 def _copy_side_files(src: str, tmp: str) -> list[tuple[str, int]]:
     """config.json and the tokenizer files of a Hugging Face folder, so DST loads with from_pretrained."""
-    from checkpoint_strategy.atomic import write_temp
-    from checkpoint_strategy.storage import is_regular, read_bytes
-
     out = []
     for n in HF_SIDE_FILES:
         path = os.path.join(src, n)
@@ -324,8 +327,6 @@ def _copy_side_files(src: str, tmp: str) -> list[tuple[str, int]]:
 
 
 def _place(tmp: str, written_path: str, dst: str, target: str) -> None:
-    from checkpoint_strategy.atomic import fsync_dir
-
     if os.path.lexists(dst):
         raise UsageError(f"destination {dst} appeared while converting: left as it is")
     if target == "full":
@@ -341,8 +342,6 @@ def _place(tmp: str, written_path: str, dst: str, target: str) -> None:
 
 
 def _oserror(exc: OSError, dst: str) -> UsageError:
-    from checkpoint_strategy.storage import oserror_line
-
     return UsageError(oserror_line(exc, "write", exc.filename or dst) + " (nothing left at the destination)")
 
 
@@ -411,8 +410,6 @@ def check_only(src: str, dst: str, target: str | None, key: str | None = None) -
         try:
             check = compare(sel, {}, dst_loaded, select(dst_loaded, target, None, True), files)
         except OSError as exc:
-            from checkpoint_strategy.storage import oserror_line
-
             raise UsageError(oserror_line(exc, "read", exc.filename or dst)) from None
     return _report("check-only", src, loaded, dst, target, sel, check, False, None)
 

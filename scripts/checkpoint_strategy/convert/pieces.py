@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import open_regular
 
 CHUNK = 8 << 20
 
@@ -136,8 +137,6 @@ class Files:
         self.handles: dict[str, BinaryIO] = {}
 
     def get(self, path: str) -> BinaryIO:
-        from checkpoint_strategy.storage import open_regular
-
         fh = self.handles.get(path)
         if fh is None:
             fh = self.handles[path] = open_regular(path, "checkpoint file")

@@ -123,7 +123,7 @@ def read_zip(path: str, shown_as: str | None = None, verify: bool = True) -> Loa
 
     # full: the CRC-32 of every entry, so only verified bytes are copied (verify=False: a destination read back,
     # compared byte for byte with the verified source instead)
-    z = fc.scan_zip(path, fc.Counter(), full=verify)
+    z = fc.scan_zip(path, zr.Counter(), full=verify)
     if z.findings:
         raise _refuse(shown_as or path, str(z.findings[0]))
     if z.pickle is None:

@@ -19,6 +19,7 @@ from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import torchzip as tz
 from checkpoint_strategy.convert.pieces import CHUNK, Files, Tensor, stream, tensors
 from checkpoint_strategy.errors import UsageError
+from concurrent.futures import ThreadPoolExecutor
 
 ST_CODE = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
            "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
@@ -66,8 +67,6 @@ class _Copier:
 @lru_cache(maxsize=1)
 def _pool() -> Any:
     """One writer thread for the process (idle between conversions)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="convert-write")
 
 

@@ -17,6 +17,8 @@ from typing import Optional
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export.models import ExportReport
 from checkpoint_strategy.planning.models import PlanReport
+from checkpoint_strategy.export.common import resolve_version, schedule_of
+from checkpoint_strategy.render import render_template, to_json
 
 FRAMEWORKS = ("hf", "lightning", "orbax", "torchtitan", "megatron", "deepspeed")
 OUTPUTS = ("text", "json", "python", "toml", "args")
@@ -30,8 +32,6 @@ def _module(framework: str):
 
 def export_plan(report: PlanReport, framework: str, version: Optional[str] = None) -> ExportReport:
     """The plan as `framework`'s settings, for `version` (else the installed one, else the newest known)."""
-    from checkpoint_strategy.export.common import resolve_version, schedule_of
-
     mod = _module(framework)
     schedule = schedule_of(report)
     resolved = resolve_version(framework, mod.SPEC, version)
@@ -48,8 +48,6 @@ def formats_for(export: ExportReport) -> tuple[str, ...]:
 
 
 def render_export(export: ExportReport, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template, to_json
-
     allowed = formats_for(export)
     if fmt not in allowed:
         raise UsageError(f"--format {fmt} is not available for {export.framework} "

@@ -10,6 +10,10 @@ from collections.abc import Callable
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export.models import Schedule
 from checkpoint_strategy.planning.models import MAX_STEPS, PlanReport
+from checkpoint_strategy import storage
+from checkpoint_strategy.planning.planfile import report_from_data
+from checkpoint_strategy.planning.planner import saved_steps_tail
+from importlib import metadata
 
 MAX_KEEP_LAST = 100000      # the plan's own bound on --keep-last
 MAX_MILESTONES = 100000     # a plan file with more milestones than this is not a plan
@@ -66,8 +70,6 @@ def grid_saves(s: Schedule) -> list[int]:
 def final_window(s: Schedule) -> list[int]:
     """The newest keep_last saves at the end of the run, counted as the plan counts them (the grid and
     the final step; off-grid milestones are extra saves on top)."""
-    from checkpoint_strategy.planning.planner import saved_steps_tail
-
     return saved_steps_tail(s.total_steps, s.every_steps, s.keep_last)
 
 
@@ -128,8 +130,6 @@ def major_minor(version: str) -> Optional[str]:
 
 def installed_version(packages: tuple[str, ...]) -> tuple[Optional[str], Optional[str]]:
     """(distribution, version) of the first installed package, read from its metadata only."""
-    from importlib import metadata
-
     for dist in packages:
         try:
             return dist, metadata.version(dist)
@@ -181,9 +181,6 @@ def resolve_version(framework: str, spec: VersionSpec, given: Optional[str]) -> 
 
 def load_plan_file(path: str) -> PlanReport:
     """The JSON `plan --format json` prints (a file, or '-' for stdin), checked against plan.schema.json."""
-    from checkpoint_strategy import storage
-    from checkpoint_strategy.planning.planfile import report_from_data
-
     raw, name = storage.read_input(path, "plan file")  # a regular file or '-' for stdin, bounded
     return report_from_data(storage.loads_json(raw, f"plan file {name}", expect=dict), name)
 

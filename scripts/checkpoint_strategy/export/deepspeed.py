@@ -5,6 +5,7 @@ from __future__ import annotations
 from checkpoint_strategy.export import gaps
 from checkpoint_strategy.export.common import VersionSpec, major, py
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 SPEC = VersionSpec(("deepspeed",), ("0",), major, "DeepSpeed major version")
 SOURCES = (
@@ -52,8 +53,6 @@ def build(report, s, version: str):
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     config, cadence = export.settings[0].values, export.settings[1].values
     return render_template("export-deepspeed.py.j2", export=export.model_dump(mode="json"),
                            config=[(k, py(v)) for k, v in config.items()],

@@ -12,6 +12,7 @@ from checkpoint_strategy.export.common import (
     steps_text,
 )
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 SPEC = VersionSpec(("transformers",), ("4", "5"), major, "transformers major version")
 SOURCES = (
@@ -76,8 +77,6 @@ def fsdp_setting(also_full: bool) -> Setting:
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     kwargs = export.settings[0].values
     return render_template("export-hf.py.j2", export=export.model_dump(mode="json"),
                            kwargs=[(k, py(v)) for k, v in kwargs.items()])

@@ -12,6 +12,7 @@ from checkpoint_strategy.export.common import (
     steps_text,
 )
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 SPEC = VersionSpec(("lightning", "pytorch-lightning"), ("2",), major, "Lightning major version")
 SOURCES = (
@@ -65,8 +66,6 @@ def build(report, s, version: str):
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     pkg = "lightning.pytorch" if export.package == "lightning" else "pytorch_lightning"
     callbacks = [(st.name, "rolling" if "rolling" in st.name else "milestones",
                   [(k, py(v)) for k, v in st.values.items()])

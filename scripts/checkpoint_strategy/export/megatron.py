@@ -5,6 +5,7 @@ from __future__ import annotations
 from checkpoint_strategy.export import gaps
 from checkpoint_strategy.export.common import VersionSpec, major, steps_text
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 SPEC = VersionSpec(("megatron-core",), ("0",), major, "megatron-core major version")
@@ -58,7 +59,5 @@ def flags(values: dict) -> list[str]:
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     return render_template("export-args.txt.j2", export=export.model_dump(mode="json"),
                            flags=flags(export.settings[0].values))

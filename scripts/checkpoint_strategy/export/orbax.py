@@ -11,6 +11,7 @@ import re
 from checkpoint_strategy.export import gaps
 from checkpoint_strategy.export.common import VersionSpec, py
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 def version_key(version: str) -> str | None:
     """0.11 (from 0.11.13, when CheckpointManager took preservation_policy) or 0.12; None otherwise."""
@@ -84,8 +85,6 @@ def _policy(kind: str, values: dict) -> str:
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     v = export.settings[0].values
     return render_template("export-orbax.py.j2", export=export.model_dump(mode="json"), module=MODULE,
                            save_policy=_policy("save", v["save_decision_policy"]),

@@ -8,6 +8,7 @@ from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export import gaps
 from checkpoint_strategy.export.common import VersionSpec, major_minor, milestones_lost_by_window, steps_text
 from checkpoint_strategy.export.models import NotExpressible, Setting
+from checkpoint_strategy.render import render_template
 
 SPEC = VersionSpec(("torchtitan",), ("0.1", "0.2", "0.3"), major_minor, "torchtitan version")
 SOURCES = (
@@ -82,8 +83,6 @@ def toml_value(v) -> str:
 
 
 def render(export, fmt: str) -> str:
-    from checkpoint_strategy.render import render_template
-
     values = export.settings[0].values
     if fmt == "toml":
         return render_template("export-torchtitan.toml.j2", export=export.model_dump(mode="json"),

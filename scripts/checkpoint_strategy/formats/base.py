@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats.filechecks import Kind
+from checkpoint_strategy.formats.archive import Kind
 from checkpoint_strategy.formats.models import Problem
 from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, read_bytes
 
@@ -68,7 +69,7 @@ class Ctx:
         self.level = level
         self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
         self.deep = level == "deep"
-        self.counter = fc.Counter()
+        self.counter = zr.Counter()
         self.problems: list[Problem] = []
         self.update = update
         self.sources: list[Any] = []   # validate.deep.Source, made by `make_source` (level deep)
@@ -95,7 +96,7 @@ class Ctx:
         return named(file, self.root)
 
     def bad(self, path: str, reason: str, kind: Kind | None = None) -> None:
-        """Record a problem; its kind is the finding's own (fc.Finding) unless given."""
+        """Record a problem; its kind is the finding's own (archive.Finding) unless given."""
         kind = kind or getattr(reason, "kind", "invalid")
         self.problems.append(Problem(file=self.rel(path), reason=str(reason), kind=kind))
 

@@ -20,13 +20,11 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import safepickle as tp
-from checkpoint_strategy.formats.archive import CHUNK, Counter, Finding, Kind, Update, ZipEntry, truncated
+from checkpoint_strategy.formats.archive import CHUNK, Counter, Finding, Update, ZipEntry, truncated
 from checkpoint_strategy.storage import ReadError, open_regular, read_small
 
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import DcpItem
-
-__all__ = ["CHUNK", "Counter", "Finding", "Kind", "ZipEntry", "truncated"]   # used by the checkers as fc.<name>
 
 ST_SMALL_BYTES = 1 << 16     # a safetensors file no bigger is read whole in one read (quick level)
 # A DCP .metadata is read whole: one of a 70B model sharded over 1024 ranks is a few MB; a link to /dev/zero

@@ -19,11 +19,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats import dcp, deepspeed
-from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats import dcp, deepspeed, filechecks as fc, identify as fm, safepickle as tp
 from checkpoint_strategy.formats.base import Checker, Ctx, Layout
+import bisect
+from checkpoint_strategy.formats.optstep import TorchArchive
 
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
@@ -262,8 +261,6 @@ def sibling_ranks(path: str, limit: int = MAX_SIBLINGS) -> list[tuple[str, int]]
     """(name, world size) of the other checkpoint-N folders of the run beside `path` whose rng files are a
     complete set, nearest step first (the `limit` nearest are listed; links and unreadable folders are not
     evidence)."""
-    import bisect
-
     parent, me = os.path.split(os.path.normpath(os.path.abspath(path)))
     mine = _HF_DIR.match(me)
     at = int(mine.group(1)) if mine else 0
@@ -332,8 +329,6 @@ def checkpoint_rank_gap(path: str) -> RankGap | None:
 
 def declared_world(path: str) -> int | None:
     """The processes an HF checkpoint's training_args.bin records (read as data), or None."""
-    from checkpoint_strategy.formats.optstep import TorchArchive
-
     args = os.path.join(path, "training_args.bin")
     return hf_args_world_size(TorchArchive(args).root) if storage.is_regular(args) else None
 

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats.identify import MANIFEST_NAME, MANIFEST_SUFFIX
@@ -51,7 +52,7 @@ def list_files(checkpoint: str) -> dict[str, str]:
     return out
 
 
-def hash_file(path: str, counter: fc.Counter, update=None, algorithm: str = ALGORITHM) -> str:
+def hash_file(path: str, counter: zr.Counter, update=None, algorithm: str = ALGORITHM) -> str:
     h = hashlib.new(algorithm)
     for chunk in fc.read_chunks(path, counter, update):
         h.update(chunk)
@@ -62,7 +63,7 @@ def hash_file(path: str, counter: fc.Counter, update=None, algorithm: str = ALGO
 ALGORITHMS = frozenset(a for a in hashlib.algorithms_guaranteed if not a.startswith("shake"))
 
 
-def write_manifest(checkpoint: str, counter: fc.Counter, update=None) -> str:
+def write_manifest(checkpoint: str, counter: zr.Counter, update=None) -> str:
     """Hash every file and write the manifest whole. UsageError (exit 2, one line, nothing written)
     when a file cannot be read or the folder cannot be written (read-only, full)."""
     target = manifest_path(checkpoint)
@@ -82,7 +83,7 @@ def write_manifest(checkpoint: str, counter: fc.Counter, update=None) -> str:
     return target
 
 
-def verify_manifest(checkpoint: str, counter: fc.Counter, update=None) -> list[tuple[str, str]]:
+def verify_manifest(checkpoint: str, counter: zr.Counter, update=None) -> list[tuple[str, str]]:
     """Problems as (file, reason); empty when every file matches the manifest."""
     target = manifest_path(checkpoint)
     mname = os.path.basename(target)
@@ -134,9 +135,9 @@ def write_checkpoint_manifest(checkpoint: str | os.PathLike) -> str:
     path = os.fspath(checkpoint)
     if not os.path.lexists(path):
         raise UsageError(f"{path}: no such checkpoint; expected the folder or file just saved")
-    return write_manifest(path, fc.Counter())
+    return write_manifest(path, zr.Counter())
 
 
 def verify_checkpoint_manifest(checkpoint: str | os.PathLike) -> list[tuple[str, str]]:
     """(file, reason) for every file that differs from the manifest written on save; empty when all match."""
-    return verify_manifest(os.fspath(checkpoint), fc.Counter())
+    return verify_manifest(os.fspath(checkpoint), zr.Counter())

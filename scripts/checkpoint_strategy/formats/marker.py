@@ -25,6 +25,8 @@ from typing import Optional
 
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.storage import ReadError, read_json
+import json
+from datetime import datetime, timezone
 
 MARKER_NAME = "checkpoint-strategy.json"
 MARKER_SUFFIX = "." + MARKER_NAME
@@ -47,9 +49,6 @@ def write_marker(checkpoint: str | os.PathLike, *, event: str, step: int, rules:
                  written_at: Optional[str] = None) -> str:
     """Write the emergency marker (atomically); creates the checkpoint folder if it does not exist
     yet (the marker goes in first). Returns the marker path."""
-    import json
-    from datetime import datetime, timezone
-
     if event not in EVENTS:
         raise ValueError(f"event must be one of {EVENTS}, got {event!r}")
     path = marker_path(checkpoint)

@@ -362,7 +362,7 @@ class PruneEntry(_Model):
     action: Literal["keep", "delete"]
     reasons: list[str]
     reason_kinds: list[ReasonKind] = Field(default_factory=list, description="the kind of each reason, in order "
-                                           "(retention.REASON_KINDS)")
+                                           "(formats.reasonkinds.REASON_KINDS)")
     justified_by: Optional[str] = Field(None, description="delete: the newer validated checkpoint that stands in")
     bytes: Optional[int] = Field(None, description="bytes on disk (a recognised checkpoint; symlinks not followed)")
     deleted: bool = False

@@ -71,7 +71,7 @@ class TorchArchive:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        z = fc.scan_zip(path, fc.Counter())
+        z = fc.scan_zip(path, zr.Counter())
         self.scan = z
         self.root = z.pickle.root if z.pickle is not None else None
 

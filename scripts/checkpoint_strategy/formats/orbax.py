@@ -17,9 +17,13 @@ import os
 import re
 from collections.abc import Callable
 
-from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import identify as fm, zstd
 from checkpoint_strategy.formats.base import Checker, Ctx, Layout, Refused, ls
 from checkpoint_strategy.storage import ReadError, read_bytes
+import base64
+import binascii
+import json
+import struct
 
 
 def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
@@ -234,10 +238,6 @@ def orbax_array_metadatas(doc: object, params: OrbaxParams) -> str | None:
 def orbax_sharding(doc: object, params: OrbaxParams) -> str | None:
     """_sharding: base64 of each param name -> the JSON of its sharding (a type Orbax knows); the reason it does
     not hold, or None."""
-    import base64
-    import binascii
-    import json
-
     if not isinstance(doc, dict):
         return "not a JSON object"
     for key, value in doc.items():
@@ -291,8 +291,6 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     file. A data file holds nodes and array values; values compressed by Orbax's zarr3 zstd codec (zstd frames) are
     walked frame by frame (`zstd_frame_end`: headers and block structure; each frame decoded when the optional
     zstandard is installed, formats/zstd.py) to reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
-    import struct
-
     pos = 0
     while pos + 16 <= len(data) and data.startswith(_OCDBT_MAGIC, pos) or data.startswith(_ZSTD_MAGIC, pos):
         if data.startswith(_ZSTD_MAGIC, pos) and not manifest:
@@ -403,8 +401,6 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
 def _zstd_decodes(data: bytes, pos: int, end: int) -> str | None:
     """What zstandard refuses of the walked frame data[pos:end] (None without the package): its output bounded
     by the declared content size and by what its blocks can regenerate (at least 4 bytes a block)."""
-    from checkpoint_strategy.formats import zstd
-
     header = _zstd_header(data, pos)
     declared = header[2] if not isinstance(header, str) else -1
     return zstd.frame_problem(data, pos, end, declared, ZSTD_MAX_BLOCK * max(1, (end - pos) // 4))

@@ -1,6 +1,6 @@
 """The kinds of reason a keep rule gives (retention.py) and a prune report records (`PruneEntry.reason_kinds`),
 in a module of their own: the report models name them without importing the keep rules (the validate command
-never loads retention.py). retention.py re-exports both names."""
+never loads retention.py)."""
 
 from typing import Literal, get_args
 

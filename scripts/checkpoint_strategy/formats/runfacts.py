@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from checkpoint_strategy import storage
+import shlex
 
 _STATE_KEYS = ("max_steps", "save_steps", "global_step", "logging_steps", "train_batch_size")
 _ARGS_KEYS = ("max_grad_norm", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
@@ -97,8 +98,6 @@ def still_running(facts: Facts) -> bool:
 
 
 def _quote(text: str) -> str:
-    import shlex   # the commands printed for a user to run only (start-up time)
-
     return shlex.quote(text)
 
 

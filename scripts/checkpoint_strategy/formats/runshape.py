@@ -24,6 +24,10 @@ from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats.models import RunShape
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.hf import hf_args_world_size
+from checkpoint_strategy.formats.optstep import TorchArchive
+from checkpoint_strategy.formats.worldsize import saved_world_size
 
 
 def _int(v: Any) -> Optional[int]:
@@ -31,16 +35,12 @@ def _int(v: Any) -> Optional[int]:
 
 
 def _archive_root(path: str) -> Any:
-    from checkpoint_strategy.formats.optstep import TorchArchive
-
     if not storage.is_regular(path):
         return None
     return TorchArchive(path).root
 
 
 def _hf_batch(path: str, out: RunShape) -> None:
-    from checkpoint_strategy.formats.hf import hf_args_world_size
-
     args = _archive_root(os.path.join(path, "training_args.bin"))
     declared = hf_args_world_size(args)   # what the run was launched with, whatever rng files a torn save left
     if declared is not None and (out.world_size is None or "rng_state" in (out.world_from or "")):
@@ -84,9 +84,6 @@ def _deepspeed_batch(folder: str, out: RunShape) -> None:
 
 def read_run_shape(path: str, fmt: Optional[str] = None) -> RunShape:
     """World size and batch of one checkpoint; what is not recorded stays None. Never raises on content."""
-    from checkpoint_strategy.formats import identify as fm
-    from checkpoint_strategy.formats.worldsize import saved_world_size
-
     if fmt is None:
         found = fm.identify(path)
         fmt = found.format if found is not None else "unknown"

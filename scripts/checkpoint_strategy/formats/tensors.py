@@ -42,6 +42,8 @@ from functools import lru_cache
 from typing import Any
 
 from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.storage import ReadError, open_regular
+from concurrent.futures import ThreadPoolExecutor
 
 CHUNK_ELEMS = 1 << 18           # float32/float64 values per reduction (1 MB of float32: stays in L2)
 CHUNK16 = 1 << 17               # float16/bfloat16 values per reduction (256 KB raw + 512 KB widened, in L2)
@@ -197,12 +199,9 @@ class _Mapper:
     """Maps windows of one file on demand; the previous window is unmapped when the next is needed."""
 
     def __init__(self, path: str) -> None:
-        from checkpoint_strategy.storage import open_regular
-
         self.fh = open_regular(path, "checkpoint file")
         if not hasattr(self.fh, "raw"):  # an object-storage file (storage/remote.py): mmap would see no data
             self.fh.close()
-            from checkpoint_strategy.storage import ReadError
 
             raise ReadError(f"{path}: level deep needs a local file", "level deep needs a local file (object storage)")
         self.size = os.fstat(self.fh.fileno()).st_size
@@ -587,8 +586,6 @@ def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None,
     if n == 1:
         results = [one(f) for f in files]
     else:
-        from concurrent.futures import ThreadPoolExecutor   # several files at level deep only (start-up time)
-
         with ThreadPoolExecutor(max_workers=n) as pool:
             results = list(pool.map(one, files))
     for f, r in zip(files, results):

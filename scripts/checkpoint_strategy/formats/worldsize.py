@@ -19,6 +19,9 @@ from typing import Optional
 
 from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats.models import HardwareMove, SavedWorldSize
+import shlex
+from checkpoint_strategy.formats.hf import declared_world
+from checkpoint_strategy.formats.runfacts import run_facts
 
 _RNG = re.compile(r"^rng_state_(\d+)\.pth$")
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -156,8 +159,6 @@ def convert_command(path: str, layout: str, target: Optional[int] = None) -> Opt
     """The exact `checkpoint-strategy convert` command a move to another GPU count needs for this layout
     (docs/convert.md), or None when it needs none (DCP reshards on load) or the converter does not read it
     (Megatron, Orbax). The output goes beside the run folder, never into it."""
-    import shlex
-
     gpus = f" {target} GPUs" if target else " any number of GPUs"
     if layout == "zero":
         return (f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(outside_run(path, '-dcp'))} --to dcp "
@@ -168,8 +169,6 @@ def convert_command(path: str, layout: str, target: Optional[int] = None) -> Opt
 
 def full_copy_command(path: str) -> str:
     """One file of weights and optimizer state from a DCP checkpoint, beside the run folder (optional)."""
-    import shlex
-
     return f"checkpoint-strategy convert {shlex.quote(path)} {shlex.quote(outside_run(path, '-full.pt'))} --to full"
 
 
@@ -202,8 +201,6 @@ def move_advice(saved: Sequence[SavedWorldSize], target: int, facts) -> Hardware
 def _declared(results) -> list[SavedWorldSize]:
     """No valid checkpoint tells its world size (a torn save checked alone): the processes the run was launched
     with, as the newest HF checkpoint's training_args.bin records them, never the count of its rank files."""
-    from checkpoint_strategy.formats.hf import declared_world
-
     for r in sorted(results, key=lambda r: r.step or 0, reverse=True):
         world = declared_world(r.path) if r.format == "hf-trainer" and os.path.isdir(r.path) else None
         if world is not None:
@@ -215,8 +212,6 @@ def _declared(results) -> list[SavedWorldSize]:
 def annotate_hardware(report, target_gpus: Optional[int] = None, log: Optional[str] = None):
     """Fill report.hardware (every valid checkpoint whose layout tells) and, with target_gpus,
     report.hardware_move (for the newest of them)."""
-    from checkpoint_strategy.formats.runfacts import run_facts
-
     for r in report.checkpoints:
         if r.status == "valid":
             seen = r.seen

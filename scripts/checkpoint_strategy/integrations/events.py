@@ -25,6 +25,9 @@ from checkpoint_strategy.integrations.models import (
 )
 from checkpoint_strategy.planning.models import CheckpointPolicy
 from checkpoint_strategy.recovery.settings import DEFAULTS as RECOVERY_DEFAULTS
+from checkpoint_strategy.recovery.records import loads_line
+from checkpoint_strategy.retention.safety import post_onset_note
+from checkpoint_strategy.storage import ReadError, loads_yaml
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
@@ -106,8 +109,6 @@ def _lines(text: str) -> Iterator[str]:
 
 
 def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
-    from checkpoint_strategy.recovery.records import loads_line   # orjson when installed: the same objects
-
     for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
@@ -119,8 +120,6 @@ def _iter_json_lines(text: str, source: str) -> Iterator[Any]:
 
 def _json_line_error(text: str, source: str) -> Optional[UsageError]:
     """The first bad line, checked once up front so that bad input fails before any decision."""
-    from checkpoint_strategy.recovery.records import loads_line
-
     for n, line in enumerate(_lines(text), 1):
         if not line.strip():
             continue
@@ -270,8 +269,6 @@ def _report_step(text: str, line: int) -> int:
 
 def load_policy(text: str, source: str) -> list[str]:
     """Triggers from a policy file: plan YAML/JSON, checkpoint-strategy.json, or a bare mapping."""
-    from checkpoint_strategy.storage import ReadError, loads_yaml
-
     try:
         data = loads_yaml(text, source)
     except ReadError as exc:
@@ -496,8 +493,6 @@ def _first_spike(items: Iterable[Any]) -> Optional[int]:
 
 
 def _post_onset_note(log_report) -> Optional[str]:
-    from checkpoint_strategy.retention.safety import post_onset_note
-
     return post_onset_note(log_report)
 
 

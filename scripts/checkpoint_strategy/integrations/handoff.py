@@ -14,15 +14,18 @@ from checkpoint_strategy.integrations.models import CheckpointRef, PlanSummary, 
 from checkpoint_strategy.planning.models import PlanReport
 from checkpoint_strategy.render import render, to_json
 from checkpoint_strategy.retention.safety import UNRESOLVED
+from checkpoint_strategy.formats import runfacts
+from checkpoint_strategy.planning.planfile import report_from_data
+from checkpoint_strategy.retention import safety
+from checkpoint_strategy.retention.safety import default_log
+from checkpoint_strategy.storage import ReadError, loads_json
+from markupsafe import Markup
 
 MAX_ROLLBACK_POINTS = 50
 
 
 def load_plan_file(text: str, source: str) -> PlanReport:
     """The JSON `plan --format json` prints, checked against schemas/plan.schema.json."""
-    from checkpoint_strategy.planning.planfile import report_from_data
-    from checkpoint_strategy.storage import ReadError, loads_json
-
     try:  # NaN/Infinity are not JSON and never in a plan: refused (the handoff document could not hold them)
         data = loads_json(text, f"plan file {source}", allow_nan=False, expect=dict)
     except ReadError as exc:
@@ -50,8 +53,6 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
     explicit = log is not None
     log_path = log
     if not explicit:  # the run folder's log as every command finds it (formats/runlog.py), else the root
-        from checkpoint_strategy.retention.safety import default_log
-
         log_path = default_log([(c.step, c.path) for c in valid if c.step is not None], root) or root
     if log_path is None:
         return None, []
@@ -78,8 +79,6 @@ def recovery_note(log: Optional[str], root: Optional[str], valid: list[Checkpoin
 
 def _mark_post_onset(rep, valid: list[CheckpointRef]) -> None:
     """after_spike_onset on each valid checkpoint, by the one shared rule (retention/safety.py)."""
-    from checkpoint_strategy.retention import safety
-
     guard = safety.guard_from_report(rep, rep.log.path)
     for c in valid:
         if c.step is not None:
@@ -103,8 +102,6 @@ def next_commands(root: Optional[str], log: Optional[str], recovery: Optional[Re
                   saved: Sequence[CheckpointRef] = ()) -> list[str]:
     """The commands the next session runs, in order, each runnable as written (launcher's full
     path, real paths, no placeholders): pin the rollback point first when it may be rotated away."""
-    from checkpoint_strategy.formats import runfacts
-
     cs = runfacts.launcher()
     root, log = (os.path.abspath(p) if p is not None else None for p in (root, log))
     unresolved = recovery is not None and recovery.status in UNRESOLVED
@@ -254,8 +251,6 @@ def _next_step(report: Optional[PlanReport], root: Optional[str], recovery: Opti
 
 def block_context(doc: SessionHandoff) -> dict:
     """What handoff.md.j2 needs besides the model: the block's markers and the rollback count."""
-    from markupsafe import Markup
-
     return {"begin": Markup(statefolder.BEGIN), "end": Markup(statefolder.END), "total_rollback": len(doc.rollback_points)}
 
 

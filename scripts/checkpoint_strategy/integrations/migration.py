@@ -14,6 +14,7 @@ import os
 from typing import Optional
 
 from checkpoint_strategy.planning.planner import DEFAULT_GPU_MTBF_HOURS
+from checkpoint_strategy.formats.runfacts import run_facts
 
 
 def weights_gb(checkpoint: str) -> Optional[float]:
@@ -50,8 +51,6 @@ def replan_lines(saved: Optional[int], target: int, max_steps: Optional[int], we
 
 def add_replan(report, log: Optional[str] = None) -> None:
     """Fill report.hardware_move.replan (validate --target-gpus) from the newest valid checkpoint."""
-    from checkpoint_strategy.formats.runfacts import run_facts
-
     move = report.hardware_move
     if move is None:
         return

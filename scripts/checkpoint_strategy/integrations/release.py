@@ -8,12 +8,15 @@ import re
 from collections.abc import Iterable
 
 from checkpoint_strategy.formats.filechecks import Counter
-from checkpoint_strategy.formats.manifest import hash_file
+from checkpoint_strategy.formats.manifest import hash_file, list_files, manifest_path
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.storage import oserror_line
+from checkpoint_strategy.storage import describe_os_error, kind_of, oserror_line, read_json
 from checkpoint_strategy.integrations.checkpoints import api, first_problem, formats_present, now_iso
 from checkpoint_strategy.integrations.models import (FileChecksum, GateCheck, NotForRelease, ReleaseGate,
                                                      ValuesSummary)
+import stat as _stat
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.retention.safety import checkpoint_spike
 
 REQUIRE_CHOICES = ("safetensors", "full_state_dict", "sharded", "resumable")
 CHUNK = 4 << 20
@@ -29,8 +32,6 @@ def parse_require(text: str) -> list[str]:
 
 def _files(checkpoint: str) -> dict[str, str]:
     """relative path -> path of every regular file (the manifest itself excluded)."""
-    from checkpoint_strategy.formats.manifest import list_files
-
     return list_files(checkpoint)
 
 
@@ -59,7 +60,6 @@ def gate(checkpoint: str | os.PathLike, require: Iterable[str] = (), level: str 
     if level not in ("quick", "full", "deep"):
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     ck = api()
-    from checkpoint_strategy.formats.manifest import manifest_path
 
     if not os.path.lexists(path):
         raise UsageError(f"{path}: no such file or folder; expected a checkpoint folder or file")
@@ -116,8 +116,6 @@ def release_notes(path: str, release_set: list[str] | None) -> list[str]:
 def _trainer_best(path: str) -> str | None:
     """trainer_state.json's best_model_checkpoint against this checkpoint (HF Trainer with load_best_model_at_end
     or metric_for_best_model), in one line; None when the state names no best."""
-    from checkpoint_strategy.storage import read_json
-
     state_file = os.path.join(path, "trainer_state.json")
     if not os.path.isfile(state_file):
         return None
@@ -227,7 +225,6 @@ def _integrity_check(result, path: str, manifest: str | None, checks: list[GateC
 def apply_spike_check(record: ReleaseGate, log: str | None = None, spike_check: bool = True) -> ReleaseGate:
     """Add the check "not after an unrecovered loss spike" (retention/safety.py) to a gate record:
     a checkpoint saved after the onset fails the gate, whatever its files say."""
-    from checkpoint_strategy.retention.safety import checkpoint_spike
     from checkpoint_strategy.recovery import advise
 
     found = checkpoint_spike(record.checkpoint, record.step, log, spike_check, advise)
@@ -247,19 +244,11 @@ _RUN_CHILD = re.compile(r"^(checkpoint-\d+|step[-_=]?\d+|iter_\d+|\d+)$|\.ckpt$"
 def _require_one_checkpoint(path: str) -> None:
     """The gate judges one checkpoint: a run folder (checkpoints inside) or anything that is not a
     checkpoint (a device, an unrelated file) is bad input, not a failed gate."""
-    import stat as _stat
-
-    from checkpoint_strategy.formats import identify as fm
-
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        from checkpoint_strategy.storage import describe_os_error
-
         raise UsageError(f"{path}: cannot read: {describe_os_error(exc)}") from None
     if not (_stat.S_ISDIR(mode) or _stat.S_ISREG(mode)):
-        from checkpoint_strategy.storage import kind_of
-
         raise UsageError(f"{path} is {kind_of(mode)}: expected one checkpoint folder or file")
     if _stat.S_ISDIR(mode):
         children = sorted(n for n in (fm.listdir(path) or []) if _RUN_CHILD.search(n)

@@ -29,6 +29,10 @@ from collections.abc import Iterator
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, kind_of, loads_json, oserror_line, read_bytes
+import glob
+import stat as _stat
+from checkpoint_strategy.atomic import atomic_write_bytes, atomic_write_text, fsync_dir, write_temp
+from checkpoint_strategy.storage.locking import locked as _locked
 
 DEFAULT_STATE_DIR = ".claude/state"
 HANDOFF_FILE = "checkpoint-strategy.json"
@@ -75,8 +79,6 @@ def prepare_dir(state_dir: str | os.PathLike) -> Path:
 @contextlib.contextmanager
 def locked(state_dir: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:
     """Exclusive lock on the state folder for the duration of the block (storage.locking)."""
-    from checkpoint_strategy.storage.locking import locked as _locked
-
     path = state_dir / LOCK_FILE
     busy = (f"state folder {state_dir} is locked by another checkpoint-strategy process for more than "
             f"{timeout:g} s ({path})")
@@ -107,7 +109,6 @@ def _must_be_file_or_absent(path: Path, what: str) -> None:
         return
     except OSError as exc:
         raise _oserr(exc, f"read {what}", path) from None
-    import stat as _stat
 
     if not _stat.S_ISREG(st.st_mode):
         raise UsageError(f"{what} {path} is {kind_of(st.st_mode)}: expected a regular file; "
@@ -193,8 +194,6 @@ def append_line(path: Path, record: dict) -> None:
     except OSError as exc:
         raise _oserr(exc, "open", path) from None
     try:
-        import stat as _stat
-
         if not _stat.S_ISREG(os.fstat(fd).st_mode):
             raise UsageError(f"{CHECKPOINT_LOG} {path} is not a regular file: nothing appended")
         size = os.fstat(fd).st_size
@@ -263,8 +262,6 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
     previous version of each file, hard-linked aside as `.NAME.bak`: a handoff killed half-way
     (kill -9, power loss) is rolled back by the next one, under the same lock.
     """
-    from checkpoint_strategy.atomic import atomic_write_text, fsync_dir, write_temp
-
     temps: list[str] = []
     plan: dict[str, dict] = {}
     in_memory: dict[str, bytes] = {}
@@ -311,8 +308,6 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
 def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: bool = False) -> None:
     """Put back the previous version of every file in `plan` (or, only_backups, just drop the
     backup links), then remove the journal."""
-    from checkpoint_strategy.atomic import atomic_write_bytes, fsync_dir
-
     for name, how in plan.items():
         if name not in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION) or not isinstance(how, dict):
             continue  # a journal names only our three files
@@ -341,8 +336,6 @@ def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: b
 def recover_interrupted(d: Path) -> bool:
     """Under the lock: roll back a handoff that was killed between its first rename and its
     commit point, and remove temp files left by any killed write. True when one was rolled back."""
-    import glob
-
     for name in (HANDOFF_FILE, AGENT_STATE, NEXT_ACTION):
         for tmp in glob.glob(os.path.join(glob.escape(str(d)), f".{glob.escape(name)}.*.tmp")):
             _unlink_quiet(tmp)

@@ -7,14 +7,13 @@ from typing import Any
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.planning.models import PlanReport
+from checkpoint_strategy.resources import load_schema
 
 
 def report_from_data(data: Any, name: str) -> PlanReport:
     """The PlanReport in parsed JSON `data` from plan file `name`, checked against plan.schema.json first (a
     mismatch is one UsageError line naming where)."""
     import jsonschema
-
-    from checkpoint_strategy.resources import load_schema
 
     validator = jsonschema.Draft202012Validator(load_schema("plan.schema.json"))
     try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper

@@ -8,7 +8,7 @@ from typing import Any
 
 from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.planning import failure, inputs, sizing
+from checkpoint_strategy.planning import failure, inputs, sizing, tiers
 from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing
 from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps
 from checkpoint_strategy.planning.models import (
@@ -571,8 +571,6 @@ def _run_length(args: PlanArguments) -> str | None:
 
 def two_tier_plan(args: PlanArguments) -> PlanReport:
     """Two tiers: the persistent plan for node losses, the local tier beside it (planning/tiers.py)."""
-    from checkpoint_strategy.planning import tiers
-
     base = plan(tiers.persistent_arguments(args))
     warnings = list(base.warnings)
     plan2 = tiers.two_tier(args, base, warnings)

@@ -26,6 +26,8 @@ import math
 
 from checkpoint_strategy.planning import failure
 from checkpoint_strategy.planning.models import LocalTierPlan, PlanArguments, PlanReport, TierPlan, TwoTierPlan
+from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers
+from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps
 
 MAX_LOCAL_KEEP = 10
 # Llama 3 (Dubey et al. 2024, sec. 3.3.4): about 78% of unexpected interruptions were hardware issues.
@@ -42,8 +44,6 @@ def persistent_arguments(args: PlanArguments) -> PlanArguments:
 
 def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -> TwoTierPlan:
     """The local tier next to the persistent plan, and the combined risk figures."""
-    from checkpoint_strategy.planning.rounding import nice_ceil, nice_steps
-
     tier = args.local_tier
     assert tier is not None
     fm = persistent.failure_model
@@ -99,8 +99,6 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
 
 def divisor_at_most(n: int, cap: int) -> int:
     """The largest divisor of n that is at most cap: a round one when there is one, else by trial division."""
-    from checkpoint_strategy.planning.rounding import nice_floor
-
     d = cap
     while d > 1 and n % d:
         d = nice_floor(d - 1)
@@ -118,8 +116,6 @@ def divisor_at_most(n: int, cap: int) -> int:
 
 def apply(report: PlanReport, plan2: TwoTierPlan) -> PlanReport:
     """The persistent plan's report with the two tiers: policy tiers block and the combined risk."""
-    from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers
-
     total = report.total_steps * report.step_seconds
     wall = total * (1 + plan2.expected_overhead_fraction)
     tiers = PolicyTiers(

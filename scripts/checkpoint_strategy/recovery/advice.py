@@ -12,6 +12,7 @@ import numpy as np
 
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.runlog import find_run_checkpoints
+from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
@@ -27,6 +28,11 @@ from checkpoint_strategy.recovery.models import (
     Thresholds,
 )
 from checkpoint_strategy.recovery.settings import RecoveryOptions
+import dataclasses
+import json
+import mmap
+from checkpoint_strategy.planning.planner import milestone_steps
+from checkpoint_strategy.render import fmt_num, render_template
 
 CheckpointsArg = Union[None, str, os.PathLike, Sequence[Union[int, tuple]]]
 SMOOTH_CHECKPOINT_POINTS = 11   # losses around a checkpoint whose median is its "smoothed loss"
@@ -202,9 +208,6 @@ ROLLBACK_EVENT = b'"checkpoint-strategy:rollback"'   # the records callbacks/gua
 def rollback_records(path: str) -> list[dict]:
     """The automatic rollbacks a training callback recorded in its JSON-lines loss log (callbacks/guard.py), in
     file order; [] for any other log. Only the lines holding the event name are parsed (one scan of the bytes)."""
-    import json
-    import mmap
-
     if not isinstance(path, str) or not path.endswith(".jsonl") or not os.path.isfile(path):
         return []
     out: list[dict] = []
@@ -235,8 +238,6 @@ def after_rollbacks(series: LogSeries, rollbacks: list[dict]) -> LogSeries:
     resumed from (resume_step < step < the first step logged after the rollback, the skipped batches between)
     belong to an abandoned timeline, not to the run. Without this, merging the restart (the latest segment wins
     only for the steps it repeats) joins the old spike to the losses after the skipped batches."""
-    import dataclasses
-
     if not rollbacks or not series.restarts:
         return series
     drop = np.zeros(len(series.steps), dtype=bool)
@@ -300,8 +301,6 @@ def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_
     """Ready-to-paste HF Trainer and Lightning code for this resume (templates/recover-hf.py.j2,
     recover-lightning.py.j2). previous_clip: the run's own max_grad_norm when a file says so
     (training_args.json); never guessed."""
-    from checkpoint_strategy.render import render_template
-
     values = dict(path=resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>",
                   resume_step=resume_step, lr_lo=resume_step + 1, lr_hi=resume_step + lr_steps, skip=skip,
                   lr_multiplier=lr_multiplier, grad_clip=grad_clip, previous_clip=previous_clip)
@@ -775,7 +774,6 @@ def ck_info_steps(checkpoints) -> list[int]:
 def _policy_milestone(cutoff: int) -> Optional[int]:
     if cutoff < 1000:
         return None
-    from checkpoint_strategy.planning.planner import milestone_steps
 
     found = [m for m in milestone_steps("pow2", cutoff) if m <= cutoff and m % 1000 == 0]
     return max(found) if found else None
@@ -785,7 +783,7 @@ def _best_model_note(series: LogSeries, cutoff: int, onset: int, reasons: list[s
     best = getattr(series, "best_model_checkpoint", None)
     if not best:
         return
-    step = ckptsteps.parse_step(os.path.basename(str(best).rstrip("/\\")))
+    step = parse_step(os.path.basename(str(best).rstrip("/\\")))
     if step is None:
         return
     if step <= cutoff:
@@ -836,6 +834,5 @@ def _steps_text(steps: list[int], limit: int = 6) -> str:
 def _show(v: Optional[float]) -> str:
     if v is None:
         return "NaN/inf"
-    from checkpoint_strategy.render import fmt_num
 
     return fmt_num(v, 4 if abs(v) < 10 else 2)

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy.formats.marker import is_emergency
-from checkpoint_strategy.formats.steps import MAX_STEP, parse_step, scan  # noqa: F401 - re-exported (old path)
+from checkpoint_strategy.formats.steps import MAX_STEP, scan
 from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.models import LEVELS
 
 _LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
 
@@ -53,8 +54,6 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
     did). A valid weights-only checkpoint (no optimizer state) is skipped when another candidate is
     resumable; candidates without a path (steps given as a list) or of a layout the validator does not
     know are kept as they are, with one note."""
-    from checkpoint_strategy.formats.models import LEVELS
-
     if level is not None and level not in LEVELS:
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
     if level is None or not checkpoints:     # nothing to check: the validator is not even imported

@@ -11,6 +11,7 @@ from typing import Optional
 
 from checkpoint_strategy.formats import runfacts
 from checkpoint_strategy.recovery.models import RecoveryReport
+from checkpoint_strategy.recovery.advice import overrides
 
 _THEN = "then: LR x"
 
@@ -107,8 +108,6 @@ def _sharded_note(path: str) -> list[str]:
 def complete(report: RecoveryReport) -> RecoveryReport:
     """Fill framework, max_steps, previous_grad_clip, run_facts and actions; clip the LR and skip
     windows to max_steps and rebuild the snippets with what is known (nothing invented)."""
-    from checkpoint_strategy.recovery.advice import overrides
-
     facts = runfacts.run_facts(report.log.path)
     report.framework = framework_of(report)  # type: ignore[assignment]
     report.max_steps = facts.int("max_steps")

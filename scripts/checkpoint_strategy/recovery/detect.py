@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from checkpoint_strategy.recovery.settings import RecoveryOptions, rule_labels
 
 DEFAULT_WINDOW = 128
 DEFAULT_Z = 7.0
@@ -480,8 +481,6 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
     kind is "loss", "nonfinite" or "grad_norm" here; ``analyse`` names spikes, divergences, level
     shifts and collapses. An event that does not come back ends the search (what follows is part of
     the same bad stretch)."""
-    from checkpoint_strategy.recovery.settings import RecoveryOptions, rule_labels
-
     if labels is None:
         labels = rule_labels(RecoveryOptions(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
                                              max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance))
@@ -1043,8 +1042,6 @@ class Analysis:
 def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray], options,
             lr: Optional[np.ndarray] = None) -> Analysis:
     """Every event of a timeline, classified, and the verdict at the end of the log."""
-    from checkpoint_strategy.recovery.settings import rule_labels
-
     o = options
     labels = rule_labels(o)
     window = effective_window(len(steps), o.window)

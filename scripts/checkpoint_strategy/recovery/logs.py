@@ -28,11 +28,10 @@ import numpy as np
 
 from checkpoint_strategy.cli_options import BOUNDS
 from checkpoint_strategy.errors import UsageError, no_log_entries
-from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists re-exported (old path)
+from checkpoint_strategy.recovery.logkeys import (
     GRAD_KEYS,
     LOSS_KEYS,
     LR_KEYS,
-    STEP_KEYS,
     LogProblem,
     _pick,
     _preview,
@@ -40,7 +39,9 @@ from checkpoint_strategy.recovery.logkeys import (  # noqa: F401 - the key lists
     _to_float,
 )
 
-from checkpoint_strategy.formats.runlog import METRICS_FILE
+from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log
+from checkpoint_strategy import storage
+from checkpoint_strategy.recovery import records
 
 NO_LOG = "no training log found"   # the words callers match (integrations/handoff.py)
 MAX_STEP = int(BOUNDS["logged_step"].hi)  # 2**53: steps beyond it are not exact as floats; no real run gets near it
@@ -103,8 +104,6 @@ def find_log(path: str | os.PathLike) -> Path:
     """A file is returned as is; a folder is a run folder whose log `formats.runlog.find_run_log` names
     (the one discovery every command and callback uses: trainer_state.json, the callbacks' loss log,
     Lightning's metrics.csv, TensorBoard event files)."""
-    from checkpoint_strategy.formats.runlog import find_run_log
-
     p = Path(path)
     if not p.exists():
         raise UsageError(f"log not found: {p} (expected a trainer_state.json, CSV, JSON lines or "
@@ -160,8 +159,6 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
 
 
 def _read(p: Path, log_format: str, columns: Columns) -> LogSeries:
-    from checkpoint_strategy import storage
-
     if log_format == "tensorboard" or (log_format == "auto" and (p.is_dir() or "tfevents" in p.name)):
         return _finish(p, "tensorboard", *_read_tensorboard(p, columns))
     with storage.open_regular(p, "log") as fh:
@@ -183,8 +180,6 @@ STREAM_MIN_BYTES = 16 << 20   # a trainer_state.json this big is streamed (recov
 def _read_streamed(p: Path, fh, head: bytes, fmt: str, columns: Columns) -> Optional[LogSeries]:
     """A big trainer_state.json read without holding its text: the same series, meta and first error as
     _read_document's sliced parse; None when it cannot be sliced (the caller then reads it whole)."""
-    from checkpoint_strategy.recovery import records
-
     size = os.fstat(fh.fileno()).st_size
     if size < STREAM_MIN_BYTES or size > MAX_LOG_BYTES:
         return None
@@ -250,8 +245,6 @@ def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeri
 
 
 def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogSeries:
-    from checkpoint_strategy.recovery import records
-
     if not re.search(rb"\S", data):
         raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
     if data.startswith(b"\xef\xbb\xbf"):
@@ -287,8 +280,6 @@ def _on_next_line(data: bytearray, pos: int) -> bool:
 
 def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -> None:
     """Feed a JSON document's records to the collector: in slices of the text, or parsed whole."""
-    from checkpoint_strategy.recovery import records
-
     if attempt == "sliced":
         for batch in records.json_document_batches(data, meta):
             col.add_many(batch)
@@ -329,8 +320,6 @@ def _document_items(p: Path, obj: Any, meta: dict) -> list:
 
 
 def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
-    from checkpoint_strategy.recovery import records
-
     col = records.Collector(columns, what="line", offset=1)
     notes: list[str] = []
     for recs, linenos in records.jsonl_batches(fh, head, notes):
@@ -365,8 +354,6 @@ def _numbers(p: Path, values: list, name: str, index: Sequence[int], what: str, 
 def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     """CSV rows as records (empty cells are not logged values): W&B exports, Lightning metrics.csv
     with interleaved train/validation/LR rows, any step/loss column names."""
-    from checkpoint_strategy.recovery import records
-
     if b"\x00" in head:
         raise UsageError(f"log {p} contains NUL bytes; expected a CSV text file")
     # a raw stream serves TextIOWrapper at run time; typeshed asks for a buffered one
@@ -468,8 +455,6 @@ def _wandb_names(header: list[str], run: Optional[str], p: Path) -> dict[str, in
 
 
 def _read_tensorboard(p: Path, columns: Columns):
-    from checkpoint_strategy import storage
-
     if storage.display(str(p)) != str(p):  # TensorBoard's reader opens files itself: not through storage/
         raise UsageError(f"{storage.display(str(p))}: TensorBoard event files are read from local disk only; "
                          "copy them down first (or export the scalars to CSV)")

@@ -30,6 +30,7 @@ import numpy as np
 
 from checkpoint_strategy.recovery import detect, settings
 from checkpoint_strategy.recovery.settings import RecoveryOptions
+from checkpoint_strategy.errors import UsageError
 
 
 @dataclass
@@ -177,8 +178,6 @@ class OnlineDetector:
     def _update(self, step: int, loss: float, grad_norm: Optional[float]) -> Optional[OnlineEvent]:
         step = int(step)
         if self.last_step is not None and step <= self.last_step:
-            from checkpoint_strategy.errors import UsageError
-
             raise UsageError(f"OnlineDetector.update: step {step} after step {self.last_step}; expected increasing "
                              "steps (start a new detector after a resume)")
         self.last_step = step

@@ -18,6 +18,8 @@ import numpy as np
 
 from checkpoint_strategy.recovery import detect
 from checkpoint_strategy.simulation.plot import require_matplotlib
+import warnings
+from checkpoint_strategy.storage import write_output
 
 MAX_DRAWN = 20000   # points per line: longer logs are drawn as block min/max envelopes
 KIND_COLORS = {"spike": "#f5a623", "divergence": "#d0021b", "level_shift": "#9013fe", "nonfinite": "#000000",
@@ -102,7 +104,6 @@ def _draw_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
     k = max(detect.SMOOTH_POINTS, min(51, len(loss) // 50 | 1))
     if len(loss) < k:
         return
-    import warnings
 
     from numpy.lib.stride_tricks import sliding_window_view
 
@@ -188,7 +189,5 @@ def render_curve(report, series, checkpoints, fmt: str) -> bytes:
 
 
 def write_curve(report, series, checkpoints, target: Path, fmt: str) -> None:
-    from checkpoint_strategy.storage import write_output
-
     write_output(target, render_curve(report, series, checkpoints, fmt), "argument --plot",
                  inputs=(report.log.path,))

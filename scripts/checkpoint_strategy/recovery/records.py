@@ -31,7 +31,16 @@ from typing import Any, BinaryIO, Optional
 from collections.abc import Iterable, Iterator, Sequence
 
 from checkpoint_strategy.errors import NO_LOG_ENTRIES, UsageError
-from checkpoint_strategy.recovery.logkeys import LogProblem
+from checkpoint_strategy.recovery.logkeys import (
+    GRAD_KEYS,
+    LOSS_KEYS,
+    LR_KEYS,
+    LogProblem,
+    STEP_KEYS,
+    _pick,
+    _show,
+    _to_float,
+)
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
@@ -260,8 +269,6 @@ class Collector:
         return out
 
     def _decide(self) -> None:
-        from checkpoint_strategy.recovery.logkeys import GRAD_KEYS, LOSS_KEYS, LR_KEYS, STEP_KEYS, _pick
-
         keys: dict[str, None] = dict.fromkeys(self.known_keys or ())
         for _, rec in self.sample:
             keys.update(dict.fromkeys(rec))
@@ -318,7 +325,6 @@ class Collector:
     def _num(self, v: Any, name: str, i: int) -> float:
         if type(v) is float:
             return v
-        from checkpoint_strategy.recovery.logkeys import _show, _to_float
 
         num = _to_float(v)
         if num is None:

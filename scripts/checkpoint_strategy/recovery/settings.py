@@ -108,37 +108,8 @@ def _bad(name: str, value: Any) -> str:
     return f"{flag}: expected {expected}, got {value!r}"
 
 
-def add_arguments(parser, fields=DETECTION + PLAYBOOK) -> None:
-    """argparse options for the given fields, grouped; defaults stay None so the model's apply."""
-    groups = {"detection": parser.add_argument_group("detection"), "playbook": parser.add_argument_group("playbook")}
-    for name in fields:
-        flag, expected = FLAGS[name]
-        field = RecoveryOptions.model_fields[name]
-        kind = int if expected.startswith("a whole number") else float
-        default = field.default
-        spelled = [flag]
-        under = "--" + flag[2:].replace("-", "_")
-        if under != flag:
-            spelled.append(under)
-        group = groups["detection" if name in DETECTION else "playbook"]
-        group.add_argument(*spelled, dest=name, type=_typed(kind, flag, expected), default=None,
-                           metavar="N", help=f"{field.description} (default {default})".replace("%", "%%"))
 
 
-def _typed(kind, flag: str, expected: str):
-    def convert(text: str):
-        try:
-            value = float(str(text).replace("_", ""))
-        except ValueError:
-            raise UsageError(f"{flag}: expected {expected}, got {text!r}") from None
-        if kind is int:
-            if not value.is_integer():
-                raise UsageError(f"{flag}: expected {expected}, got {text!r}")
-            return int(value)
-        return value
-
-    convert.__name__ = kind.__name__
-    return convert
 
 
 def from_args(args) -> RecoveryOptions:

@@ -27,6 +27,11 @@ from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.advice import _fin, _show, log_info
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, read_log
 from checkpoint_strategy.recovery.models import VerifyResumeReport
+import os
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.hf import checkpoint_rank_gap
+from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
+from checkpoint_strategy.formats.runshape import read_run_shape, shape_change
 
 
 def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,
@@ -265,10 +270,6 @@ class _CkCheck:
 
 def _found(paths: Sequence[str]) -> list:
     """Every checkpoint at or under `paths` (formats.discover), with a step, oldest first."""
-    import os
-
-    from checkpoint_strategy.formats import identify as fm
-
     out, seen = [], set()
     for p in paths:
         if not os.path.lexists(p):
@@ -290,9 +291,6 @@ def _found(paths: Sequence[str]) -> list:
 def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
     """The resumed-from checkpoint (step == resume_step, else the newest before it) and the first MAX_AFTER
     checkpoints after it: optimizer step counters judged against resume_step, and the run shape compared."""
-    from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
-    from checkpoint_strategy.formats.runshape import read_run_shape, shape_change
-
     found = _found(paths)
     out = _CkCheck()
     earlier = [f for f in found if f.step <= resume_step]
@@ -327,10 +325,6 @@ def _checkpoint_checks(paths: Sequence[str], resume_step: int) -> _CkCheck:
 def _torn(out: _CkCheck, base, later: list) -> None:
     """A warning for each checkpoint a rank did not finish (runfacts.rank_gap: a per-rank file the run's world size
     needs is missing): resumed from, the ranks without their file started from a fresh RNG stream."""
-    import os
-
-    from checkpoint_strategy.formats.hf import checkpoint_rank_gap
-
     for f in ([base] if base is not None else []) + later:
         gap = checkpoint_rank_gap(f.path)
         if gap is not None:

@@ -41,10 +41,8 @@ from typing import Any
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.retention import rules as rt
-from checkpoint_strategy.formats.models import Problem, PruneReport
-from checkpoint_strategy.retention import safety
-from checkpoint_strategy.formats.models import PruneSuggestion, SpikeGuard
+from checkpoint_strategy.retention import rules as rt, safety
+from checkpoint_strategy.formats.models import Problem, PruneReport, PruneSuggestion, SpikeGuard
 from checkpoint_strategy.retention.survey import (
     Outcome,
     PruneStore,
@@ -59,6 +57,10 @@ from checkpoint_strategy.retention.survey import (
 from checkpoint_strategy.retention.request import PruneRequest
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.locking import locked
+from checkpoint_strategy.formats.runfacts import trainer_state_facts
+from checkpoint_strategy.formats.steps import scan
+from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
+from checkpoint_strategy.retention.objects import object_store
 
 JOURNAL = ".checkpoint-strategy-prune.json"
 _RENAMED = re.compile(r"^\.deleting-[0-9a-f]{16}$")
@@ -364,10 +366,6 @@ def proposed_retention(req: PruneRequest, root: str) -> tuple[PruneRequest, str]
     recover's wait window at the run's save interval (save_steps in the newest trainer_state.json,
     else the spacing of the checkpoint names), and the plan's pow2 milestones up to max_steps.
     --apply never deletes on proposed numbers (UsageError)."""
-    from checkpoint_strategy.formats.runfacts import trainer_state_facts
-    from checkpoint_strategy.formats.steps import scan
-    from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
-
     found = scan(root)
     facts = trainer_state_facts(None)
     for _step, path in reversed(found):
@@ -410,7 +408,6 @@ def prune(root: PruneRequest | str | os.PathLike[str], **options: Any) -> PruneR
         raise TypeError(f"prune(request): the options belong in the PruneRequest, got {', '.join(options)} too")
     req = root if isinstance(root, PruneRequest) else PruneRequest.of(root, **options)
     if req.is_url:
-        from checkpoint_strategy.retention.objects import object_store
         opened: contextlib.AbstractContextManager[PruneStore] = object_store(req)
     else:
         opened = local_store(req)

@@ -13,7 +13,7 @@ Public API::
     plan = plan_prune([c, ...], Retention(keep_last=3, milestones=frozenset({1000})))
     for d in plan.decisions:
         d.action        # "keep" | "delete"
-        d.reasons       # [Reason(kind, text)], kinds from REASON_KINDS
+        d.reasons       # [Reason(kind, text)], kinds from formats.reasonkinds.REASON_KINDS
         d.justified_by  # for a delete: the newer validated checkpoint that makes it safe
 
 A keep rule is ``rule(candidate, context) -> Reason | None`` (like Orbax's preservation
@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from checkpoint_strategy.formats.reasonkinds import REASON_KINDS, ReasonKind  # noqa: F401 - re-exported
+from checkpoint_strategy.formats.reasonkinds import ReasonKind
 
 Status = Literal["valid", "invalid", "incomplete"] | None
 

@@ -31,8 +31,10 @@ from typing import Any, Optional
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.models import SpikeGuard
+from checkpoint_strategy.formats.models import RunSafety, SpikeGuard
 from checkpoint_strategy.errors import UsageError, no_log_entries
+from checkpoint_strategy.formats import runlog
+from checkpoint_strategy.formats.steps import scan
 
 #: recovery statuses that mean a loss event has not recovered
 UNRESOLVED = ("rollback", "wait", "no_clean_checkpoint")
@@ -46,8 +48,6 @@ def default_log(valid: Sequence[tuple[int, str]], root: Optional[str] = None) ->
     the newest valid checkpoint's trainer_state.json, else the callbacks' loss log, Lightning's metrics.csv or
     TensorBoard event files of the run folder `root` (default: the one folder holding the checkpoints). None:
     no log."""
-    from checkpoint_strategy.formats import runlog
-
     if root is None:
         parents = {os.path.dirname(os.path.normpath(p)) for _s, p in valid}
         if len(parents) != 1:   # none, or checkpoints of several folders: no one run folder to look in
@@ -205,8 +205,6 @@ def _realpath(path: str, parents: dict[str, str]) -> str:
 def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True,
                advise: Optional[Adviser] = None):
     """RunSafety for one run folder: read its log, mark post-onset results with a note."""
-    from checkpoint_strategy.formats.models import RunSafety
-
     valid = sorted((r.step, r.path) for r in results if r.status == "valid")
     guard = read_spike(valid, log, advise, root) if spike_check else None
     safe = sorted((r for r in results if r.status == "valid" and not after_onset(r.step, guard)),
@@ -245,7 +243,6 @@ def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
     the adviser as resume points (only their names are read)."""
     if not spike_check or step is None:
         return None
-    from checkpoint_strategy.formats.steps import scan
 
     parent = os.path.dirname(os.path.abspath(path))
     try:

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from checkpoint_strategy.formats import archive as zr, filechecks as fc, identify as fm
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.marker import describe as describe_marker
-from checkpoint_strategy.formats.marker import read_marker
+from checkpoint_strategy.formats.marker import describe as describe_marker, read_marker
 from checkpoint_strategy.retention import rules as rt
 from checkpoint_strategy.formats.models import (
     CheckpointResult,
@@ -118,14 +117,12 @@ def _lightning_best(survey: Survey) -> None:
     monitors a metric, the files its best_k_models and best_model_path name (the save_top_k best as the user
     configured it) are the trainer's best; its last_model_path is not a best. Once such a state is read, a
     metric in a file's name no longer makes it a best (only the state says which are the top-k now)."""
-    from checkpoint_strategy.formats import filechecks as fc
-
     newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
                   and not c.symlink and c.step is not None and os.path.isfile(c.path)),
                   key=lambda c: (c.step, _mtime(c.path), c.name), default=None)
     if newest is None:
         return
-    z = fc.scan_zip(newest.path, fc.Counter())
+    z = fc.scan_zip(newest.path, zr.Counter())
     root = z.pickle.root if z.pickle is not None else None
     callbacks = root.get("callbacks") if isinstance(root, dict) else None
     if not isinstance(callbacks, dict):

@@ -40,6 +40,8 @@ from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.simulation.restart import event_budget, restart_phase
+from checkpoint_strategy.simulation import twotier
+from checkpoint_strategy.simulation.models import SimulatedPolicy, SimulationReport, SpikeStats, TwoTierSimulation
 
 # Work limits that keep a bad combination of arguments from running for hours or eating memory.
 MAX_SPIKE_CELLS = 50_000_000
@@ -531,8 +533,6 @@ def _spike_stats(raw: RawResult, spike_rate: float, wait: int, margin: int):
     """How the spikes of all runs were rescued (a SpikeStats)."""
     import numpy as np
 
-    from checkpoint_strategy.simulation.models import SpikeStats
-
     total = int(raw.spikes.sum())
 
     def frac(a):
@@ -552,8 +552,6 @@ def _spike_stats(raw: RawResult, spike_rate: float, wait: int, margin: int):
 
 def _simulated_policy(report, setup: Setup, tiers):
     """The policy as simulated (a SimulatedPolicy): with two tiers the MTBF is the job's, not the tier's."""
-    from checkpoint_strategy.simulation.models import SimulatedPolicy
-
     fm = report.failure_model
     return SimulatedPolicy(
         total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
@@ -567,8 +565,6 @@ def _simulated_policy(report, setup: Setup, tiers):
 def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
              wait: int = 100, margin: int = 100):
     """Simulate `runs` whole training runs under the plan `report`; returns a SimulationReport."""
-    from checkpoint_strategy.simulation.models import SimulationReport
-
     setup = setup_from_plan(report, corrupt_prob, spike_rate, wait, margin)
     raw, failure_free_s, tiers = _run(report, setup, runs, seed)
     H = 3600.0
@@ -624,9 +620,6 @@ def _run(report, setup: Setup, runs: int, seed: int):
     if getattr(report, "two_tier", None) is None:
         return run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures), setup.end_seconds, None
     import numpy as np
-
-    from checkpoint_strategy.simulation import twotier
-    from checkpoint_strategy.simulation.models import TwoTierSimulation
 
     tts = twotier.setup_from_plan(report)
     wall, fails, losses = twotier.run_two_tier(tts, runs, seed, report.expected_failures)

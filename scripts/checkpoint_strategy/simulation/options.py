@@ -1,31 +1,14 @@
-"""Options shared by `simulate` and `tradeoffs` (on top of every plan option)."""
+"""The plan `simulate` and `tradeoffs` run on (their options: `cli/planoptions.py`)."""
 
 from __future__ import annotations
 
-import argparse
 
-from checkpoint_strategy.cli_options import number
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning.options import plan_arguments
-from checkpoint_strategy.planning.planner import SPIKE_MARGIN_STEPS, SPIKE_WAIT_STEPS
-
-runs_count = number("runs")
-seed_value = number("seed")
-spike_rate = number("spike_rate")
-corrupt_prob = number("probability")
-spike_steps = number("step_offset")
+from checkpoint_strategy.planning.planner import plan
 
 
-def add_spike_options(parser: argparse.ArgumentParser) -> None:
-    grp = parser.add_argument_group("loss spikes")
-    grp.add_argument("--spike-rate", dest="spike_rate", type=spike_rate, default=0.0, metavar="R",
-                     help="loss spikes per 1000 steps (default 0: none)")
-    grp.add_argument("--spike-wait-steps", dest="spike_wait_steps", type=spike_steps,
-                     default=SPIKE_WAIT_STEPS, metavar="N",
-                     help=f"steps between a spike's onset and acting on it (default {SPIKE_WAIT_STEPS}, the spec's wait)")
-    grp.add_argument("--spike-margin-steps", dest="spike_margin_steps", type=spike_steps,
-                     default=SPIKE_MARGIN_STEPS, metavar="N",
-                     help=f"the rescue checkpoint must be this far before the onset (default {SPIKE_MARGIN_STEPS}, PaLM)")
+
 
 
 def plan_from_args(args, two_tiers: bool = False):
@@ -41,8 +24,6 @@ def plan_from_args(args, two_tiers: bool = False):
 
 
 def plan_or_usage(pargs, two_tiers: bool = False):
-    from checkpoint_strategy.planning.planner import plan
-
     if pargs.local_tier is not None and not two_tiers:
         raise UsageError("argument --local-tier: tradeoffs sweeps one checkpoint tier; plan the two tiers with "
                          "`plan --local-tier` and simulate them with `simulate --local-tier`")

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.storage import write_output
 
 FORMATS = {".png": "png", ".svg": "svg"}
 INSTALL_HINT = "pip install 'checkpoint-strategy[plot]'"
@@ -89,6 +90,4 @@ def render_plot(report, fmt: str) -> bytes:
 
 
 def write_plot(report, target: Path, fmt: str) -> None:
-    from checkpoint_strategy.storage import write_output
-
     write_output(target, render_plot(report, fmt), "argument --plot")

@@ -27,6 +27,9 @@ from typing import Optional
 from collections.abc import Sequence
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
+from checkpoint_strategy.simulation.montecarlo import LOST_DEFINITION, setup_from_plan
+from checkpoint_strategy.simulation.options import plan_or_usage
 
 DEFAULT_POINTS = 30
 DEFAULT_KEEP_LAST = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50)
@@ -153,9 +156,6 @@ def sweep_grid(pargs, base, frequencies: Optional[Sequence[int]], keep_lasts: Op
 def _sweep_rows(pargs, base, freqs: list[int], keeps: list[int], spike_rate: Optional[float], wait: int,
                 margin: int) -> list[dict]:
     """One row (TradeoffPoint fields but `pareto`) per frequency x keep_last: the planner run at that point."""
-    from checkpoint_strategy.simulation.montecarlo import setup_from_plan
-    from checkpoint_strategy.simulation.options import plan_or_usage
-
     compute_h = pargs.total_steps * pargs.step_seconds / 3600.0
     rows = []
     for f in freqs:
@@ -204,10 +204,6 @@ def tradeoffs(pargs, frequencies: Optional[Sequence[int]] = None, keep_lasts: Op
               spike_rate: Optional[float] = None, wait: int = 100, margin: int = 100,
               plot: Optional[str] = None):
     """The sweep for PlanArguments `pargs`; returns a TradeoffsReport."""
-    from checkpoint_strategy.simulation.models import TradeoffPoint, TradeoffsReport
-    from checkpoint_strategy.simulation.montecarlo import LOST_DEFINITION
-    from checkpoint_strategy.simulation.options import plan_or_usage
-
     base = plan_or_usage(pargs)
     freqs, keeps = sweep_grid(pargs, base, frequencies, keep_lasts)
     spikes_on = spike_rate is not None and spike_rate > 0

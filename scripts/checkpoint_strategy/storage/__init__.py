@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.base import ReadError, is_url  # noqa: F401 - part of this API (remote.py imports them from base)
+from checkpoint_strategy.atomic import atomic_write_bytes, hold_fifo
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
@@ -377,21 +378,10 @@ def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
     return rp == rr or rr in rp.parents
 
 
-def path_arg(text: str) -> str:
-    """argparse type for every path argument: an empty string is bad input, never "the current folder"."""
-    import argparse
-
-    if text is None or str(text).strip() == "":
-        raise argparse.ArgumentTypeError("empty path: expected a file or folder path")
-    if "\0" in str(text):
-        raise argparse.ArgumentTypeError("path contains a NUL byte: expected a file or folder path")
-    return str(text)
 
 
 def read_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[bytes, str]:
     """(bytes, display name) of a regular file, or of stdin for '-'; ReadError when unreadable or too big."""
-    import sys
-
     if path == "-":
         stream = getattr(sys.stdin, "buffer", None)
         if stream is not None:
@@ -477,8 +467,6 @@ def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "o
                  inputs: tuple = ()) -> None:
     """Write a command's output file whole (atomic temp + rename; devices and FIFOs written in
     place, never replaced); every failure is one UsageError line."""
-    from checkpoint_strategy.atomic import atomic_write_bytes
-
     p = check_output(path, what, inputs)
     try:
         atomic_write_bytes(p, data.encode("utf-8") if isinstance(data, str) else data)
@@ -491,8 +479,6 @@ def hold_output(path: str | os.PathLike[str], what: str) -> None:
     it reports (prune --apply) stops, before it acts, when nobody reads the FIFO (exit 2, nothing done)."""
     p = os.fspath(path)
     if stat.S_ISFIFO(_mode(p)):
-        from checkpoint_strategy.atomic import hold_fifo
-
         try:
             hold_fifo(p)
         except OSError as exc:

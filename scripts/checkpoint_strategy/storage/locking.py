@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
+import fcntl
 
 _BUSY = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 POLL_SECONDS = 0.02
@@ -37,8 +38,6 @@ def locked(path: str | os.PathLike[str], timeout: float, busy: str) -> Iterator[
     line, exit 2). A path that cannot be opened raises ``UsageError("cannot create lock file
     ...")``.
     """
-    import fcntl
-
     p = os.fspath(path)
     try:
         fd = _open(p)

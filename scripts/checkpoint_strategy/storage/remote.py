@@ -33,6 +33,7 @@ from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.base import ReadError, is_url
+import json
 
 #: scheme -> (driver module, pip extra); None: built into fsspec.
 SCHEMES: dict[str, tuple[str | None, str]] = {
@@ -489,8 +490,6 @@ def unshadow(text: str) -> str:
 
 def unshadow_model(model: Any) -> Any:
     """A pydantic model with every shadow path in its strings replaced by its URL."""
-    import json
-
     text = model.model_dump_json()
     for v in list(_views.values()):
         text = text.replace(json.dumps(v.local)[1:-1], json.dumps(shown(v.url))[1:-1])

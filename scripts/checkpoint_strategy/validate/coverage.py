@@ -12,6 +12,8 @@ zstandard package: without it the line says so). The SHA-256 manifest does (`--m
 from __future__ import annotations
 
 from collections.abc import Iterable
+import os
+from checkpoint_strategy.formats import zstd
 
 #: format -> the data families it holds (a torch zip archive, safetensors, DCP shards, Orbax arrays)
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -25,8 +27,6 @@ def families(fmt: str, path: str, names: list[str] | None = None) -> tuple[str, 
     """The data families of one checkpoint: its format's, plus DCP shards where a sharded Lightning/NeMo
     folder or a Megatron torch_dist iteration holds a .metadata, or an HF Trainer FSDP save its folders.
     `names`: an HF Trainer folder's listing the caller already has (the folder is not listed again)."""
-    import os
-
     fams = FAMILIES.get(fmt, ())
     if fmt in ("lightning", "nemo", "megatron") and os.path.isdir(path):
         inner = os.path.join(path, "weights") if os.path.isdir(os.path.join(path, "weights")) else path
@@ -67,8 +67,6 @@ def _line(family: str, level: str) -> str | None:
 def _orbax_line(level: str) -> str:
     """Orbax values outside OCDBT's nodes (zstd frames of big arrays' zarr chunks): full walks each frame and, with
     the optional zstandard package, decodes it (formats/zstd.py); Orbax's frames carry no content checksum."""
-    from checkpoint_strategy.formats import zstd
-
     where = f"{_NAMES['orbax']}: values outside OCDBT's nodes (zstd frames of big arrays' zarr chunks)"
     if level == "quick":
         return f"{where} are read at --level full only, so a flipped byte there is not seen at quick; {_MANIFEST}"

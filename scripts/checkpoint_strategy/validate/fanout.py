@@ -32,6 +32,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from checkpoint_strategy.formats.archive import usable_cores
+import ctypes
+import multiprocessing
+import signal
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
@@ -234,7 +237,6 @@ def _pool(workers: int, count: int) -> tuple[ProcessPoolExecutor | None, Any]:
     (None, None): none wanted, or no descriptor or shared memory for them."""
     if workers < 1:
         return None, None
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor   # only where a split happens (start-up time)
 
     ctx = multiprocessing.get_context("fork")
@@ -250,11 +252,7 @@ def _die_with_parent(parent: int) -> None:
     """A worker ends when the process that forked it does (Linux: PR_SET_PDEATHSIG). A worker inherits every
     descriptor, the prune's folder lock included: a prune killed mid-survey must not leave workers that hold the
     lock (the next prune would wait on it forever). Elsewhere the pool's own pipes end the workers."""
-    import signal
-
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

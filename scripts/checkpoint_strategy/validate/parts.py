@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.manifest import list_files
 
 MAX_PARTS = 100_000
 
@@ -84,8 +85,6 @@ class Split:
 
 def split(checkpoint: str, index: int, count: int) -> Split:
     """The split of `checkpoint`'s files into `count` parts, seen from part `index` (0-based)."""
-    from checkpoint_strategy.formats.manifest import list_files
-
     if not 0 <= index < count:
         raise UsageError(f"part {index + 1}/{count}: expected 1 <= K <= N")
     files = {rel: _size(full) for rel, full in list_files(checkpoint).items()}
