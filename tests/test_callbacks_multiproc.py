@@ -111,9 +111,11 @@ def phase_windows(evs: list[dict]) -> list[tuple[str, str, float, float]]:
 PHASE_LAG = 0.02
 
 
-def assert_nothing_read_while_written(evs: list[dict], kind: str) -> None:
+def assert_nothing_read_while_written(evs: list[dict], kind: str, need_phases: bool = True) -> None:
+    """need_phases=False: a run killed early on a busy machine, where the idle-class workers may not have had a
+    cycle before the kill (no phase at all is then no read during a write)."""
     writes, phases = write_windows(evs, kind), phase_windows(evs)
-    assert phases and writes
+    assert writes and (phases or not need_phases)
     for phase, name, start, end in phases:
         for wname, ws, we in writes:
             if phase == "prune":       # a prune surveys the whole folder
@@ -176,7 +178,7 @@ def check_killed(res, out: Path, work: Path, survivor: str, killed_name: str) ->
     assert [e for e in evs if e["what"] == "phase" and e["path"] == killed_name] == [], after
     assert (out / survivor).exists()
     assert validate_checkpoint(out / survivor, level="full").status == "valid"
-    assert_nothing_read_while_written(evs, "")
+    assert_nothing_read_while_written(evs, "", need_phases=False)
 
 
 # --------------------------------------------------------------------------- HF Trainer under torchrun
