@@ -326,7 +326,7 @@ MAX_RECORDS = 20_000_000        # objects recorded in one pickle
 def _global(module: str, name: str) -> Global:
     g = _GLOBALS.get((module, name))
     if g is None:
-        g = Global(module, name)
+        g = _KINDS.get(f"{module}.{name}", Global)(module, name)
         if len(_GLOBALS) < _GLOBALS_CACHED:
             _GLOBALS[module, name] = g
     return g
@@ -336,6 +336,8 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """What calling (or NEWOBJ on) the recorded class `cls` with `args` gives: the value torch's few data-building
     callables would build, else a new inert `Call` record. Nothing named by the pickle runs. (It is Global.__call__
     and Call.__new__ itself: one Python call for each REDUCE or NEWOBJ the C unpickler makes.)"""
+    if type(cls) is _TensorGlobal:   # (NEWOBJ on a rebuild function: as calling it)
+        return _tensor(cls, *args, **kwargs)
     scan: PickleScan = _current.scan
     scan.records += 1
     if scan.records > MAX_RECORDS:
@@ -343,7 +345,7 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
-    if q == "collections.OrderedDict" and not args and not kwargs:   # (each tensor's backward hooks: no maker call)
+    if q == "collections.OrderedDict" and not args and not kwargs:   # (INST / OBJ / NEWOBJ of one)
         return OrderedDictRecord()
     maker = _MAKERS.get(q)
     if maker is not None:
@@ -368,24 +370,33 @@ def _record(cls: Any, args: tuple, kwargs: dict | None = None) -> Call:
 _NOT_MADE = object()
 
 
-def _make_tensor(scan: PickleScan, args: tuple) -> Any:
-    """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`."""
-    if len(args) < 4 or type(args[0]) is not StorageRef:
-        return _NOT_MADE
-    st, offset, shape, stride = args[0], args[1], args[2], args[3]
-    if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
-        shape, stride = _tuple_ints(shape), _tuple_ints(stride)
-    else:
-        for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
-            if type(x) is not int or x < 0:
-                return _NOT_MADE
-    dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
-    if type(offset) is not int or offset < 0 or shape is None or stride is None or len(shape) != len(stride):
-        return _NOT_MADE
-    t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
-    t.storage, t.offset, t.shape, t.stride, t.dtype = st, offset, shape, stride, dtype
-    scan.tensors.append(t)
-    return t
+def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`, counted as `_build`
+    counts a record (`_TensorGlobal.__call__`: one Python call a tensor); arguments it does not take, a `Call`."""
+    scan: PickleScan = _current.scan
+    scan.records += 1
+    if scan.records > MAX_RECORDS:
+        raise _Refused(f"more than {MAX_RECORDS} objects")
+    q = cls._where[2]
+    if q not in scan.calls:
+        scan.calls.append(q)
+    if len(args) >= 4 and type(args[0]) is StorageRef:
+        st, offset, shape, stride = args[0], args[1], args[2], args[3]
+        if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
+            shape, stride = _tuple_ints(shape), _tuple_ints(stride)
+        else:
+            for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
+                if type(x) is not int or x < 0:
+                    shape = None
+                    break
+        if type(offset) is int and offset >= 0 and shape is not None and stride is not None \
+                and len(shape) == len(stride):
+            t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
+            t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
+            t.dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
+            scan.tensors.append(t)
+            return t
+    return _record(cls, args, kwargs)
 
 
 _new_tensor = object.__new__
@@ -399,7 +410,6 @@ def _make_from_type(scan: PickleScan, args: tuple) -> Any:
 
 
 _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
-    **{f"torch._utils.{f}": _make_tensor for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
     **{f"torch._utils.{f}": (lambda scan, a: a[0] if a else _NOT_MADE)
        for f in ("_rebuild_parameter", "_rebuild_parameter_with_state")},
     "torch._tensor._rebuild_from_type_v2": _make_from_type,
@@ -407,6 +417,39 @@ _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
     "_codecs.encode": lambda scan, a: (a[0].encode("latin-1", "replace") if a and isinstance(a[0], str)
                                        else _NOT_MADE),
     "collections.OrderedDict": lambda scan, a: _NOT_MADE if a else OrderedDictRecord(),
+}
+
+
+class _TensorGlobal(Global):
+    """The global of one of torch's tensor rebuild functions: calling it (REDUCE) is `_tensor`."""
+
+    __call__ = _tensor
+
+
+def _ordered_dict(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """``collections.OrderedDict()`` (torch writes one for each tensor's backward hooks) as an `OrderedDictRecord`,
+    counted as `_build` counts a record (`_DictGlobal.__call__`); with arguments, `_build`'s record of them."""
+    if args or kwargs:
+        return _build(cls, *args, **kwargs)
+    scan: PickleScan = _current.scan
+    scan.records += 1
+    if scan.records > MAX_RECORDS:
+        raise _Refused(f"more than {MAX_RECORDS} objects")
+    if "collections.OrderedDict" not in scan.calls:
+        scan.calls.append("collections.OrderedDict")
+    return OrderedDictRecord()
+
+
+class _DictGlobal(Global):
+    """``collections.OrderedDict``: calling it (REDUCE) is `_ordered_dict`."""
+
+    __call__ = _ordered_dict
+
+
+#: the globals whose class is not `Global` itself
+_KINDS: dict[str, type[Global]] = {
+    **{f"torch._utils.{f}": _TensorGlobal for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
+    "collections.OrderedDict": _DictGlobal,
 }
 
 
@@ -424,19 +467,6 @@ def _tuple_ints(v: Any) -> tuple | None:
                 return None
         return v if type(v) is tuple else tuple(v)
     return None
-
-
-def _storage_from_pid(pid: Any) -> StorageRef | None:
-    if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
-        return None
-    stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-    if not isinstance(key, str) or type(numel) is not int or numel < 0:
-        return None
-    name = stype._where[1] if isinstance(stype, Global) else str(stype)
-    dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    ref = _new_tensor(StorageRef)   # (as in _make_tensor: no __init__ call)
-    ref.key, ref.dtype, ref.numel, ref.location = key, dtype, numel, location if type(location) is str else str(location)
-    return ref
 
 
 class _Reader(pickle.Unpickler):
@@ -463,15 +493,22 @@ class _Reader(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         scan = self.scan
         scan.records += 1
-        if type(pid) is str:
+        if type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage":   # 6: legacy view_metadata
+            key, numel = pid[2], pid[4]
+            if isinstance(key, str) and type(numel) is int and numel >= 0:
+                stype, location = pid[1], pid[3]
+                name = stype._where[1] if isinstance(stype, Global) else str(stype)
+                ref = _new_tensor(StorageRef)   # (as in _tensor: no __init__ call)
+                ref.key, ref.numel = key, numel
+                ref.dtype = STORAGE_DTYPE.get(name) or ("uint8" if name == "TypedStorage" else "unknown")
+                ref.location = location if type(location) is str else str(location)
+                prev = scan.storages.get(key)
+                if prev is None or prev.nbytes < ref.nbytes:
+                    scan.storages[key] = ref
+                return ref
+        elif type(pid) is str:
             scan.text_persistent_ids += 1
-        ref = _storage_from_pid(pid)
-        if ref is None:
-            return _record(_global("persistent_load", "id"), (pid,))
-        prev = scan.storages.get(ref.key)
-        if prev is None or prev.nbytes < ref.nbytes:
-            scan.storages[ref.key] = ref
-        return ref
+        return _record(_global("persistent_load", "id"), (pid,))
 
 
 # --------------------------------------------------------------------------- bounds, before the C unpickler runs
