@@ -230,3 +230,18 @@ def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads
     assert refused is not None
     scan = tp.read_pickle(damaged_bytes)
     assert not scan.complete and scan.error == refused
+
+
+def test_a_view_past_its_storage_is_found_as_the_tensors_are_made():
+    """`past_end`: the first tensor whose view reads past its storage's end (torch.load fails on it); an empty view
+    reads nothing, whatever its offset; a view of another dtype counts the storage in its own elements."""
+    base = torch.arange(8, dtype=torch.float32)
+    data = _data_pkl({"a": base[2:6], "b": base[0:0], "c": base[6:8]})
+    scan = tp.read_pickle(data)
+    assert scan.complete and scan.past_end is None and len(scan.tensors) == 3
+    at = data.index(b"K\x06")   # c's offset 6 -> 7: its 2 elements end at element 9 of 8
+    scan = tp.read_pickle(data[:at] + b"K\x07" + data[at + 2:])
+    assert scan.past_end is scan.tensors[2] and scan.past_end.offset == 7
+    empty = data.index(b"K\x00", data.index(b"X\x01\x00\x00\x00b"))   # b's offset 0 -> 9: an empty view past
+    scan = tp.read_pickle(data[:empty] + b"K\x09" + data[empty + 2:])       # the end reads nothing
+    assert scan.tensors[1].offset == 9 and scan.tensors[1].shape == (0,) and scan.past_end is None

@@ -299,6 +299,7 @@ class PickleScan:
     error: str | None = None
     text_persistent_ids: int = 0      # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
     records: int = 0                  # objects recorded (Call records, storages, tensors)
+    past_end: TensorRef | None = None   # the first tensor whose view runs past the end of its storage
 
     def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
         return {g: classify_global(g, dcp) for g in self.globals}
@@ -393,8 +394,18 @@ def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
                 and len(shape) == len(stride):
             t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
             t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
-            t.dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
+            t.dtype = dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype  # _v3
             scan.tensors.append(t)
+            last = offset   # (TensorRef.span inlined: the last element the view reads, -1 when it reads none)
+            for d, s in zip(shape, stride, strict=True):
+                if not d:
+                    last = -1
+                    break
+                last += (d - 1) * s
+            if last >= (st.numel if dtype is st.dtype else
+                        st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))) \
+                    and scan.past_end is None:
+                scan.past_end = t
             return t
     return _record(cls, args, kwargs)
 
