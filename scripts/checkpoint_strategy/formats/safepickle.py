@@ -581,26 +581,31 @@ def _run_expression() -> re.Pattern[bytes]:
     """A run of opcodes `_walk_refusal` steps over without a look, as one regular expression (matched in C): every
     fixed-size opcode of `_STEP`, a LONG_BINPUT of an index under `_MEMO_FREE`, a PUT of at most 4 digits, a counted
     argument (1- or 4-byte length field) up to `_RUN_LENGTHS` bytes, a line or two. It ends before any other opcode
-    (an 8-byte length, FRAME, STOP, a longer argument, an opcode the unpickler refuses), which the walk takes."""
+    (an 8-byte length, FRAME, STOP, a longer argument, an opcode the unpickler refuses), which the walk takes.
+    Each opcode's way starts with its own bytes (one way at most matches at a place): the engine's cost is per way
+    tried, so the commonest in a torch.save pickle come first, and four opcodes are one turn of the loop."""
     def one_of(codes: Iterable[int]) -> bytes:
         return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(codes)) + b"]"
 
-    sizes: dict[int, list[int]] = {}
+    sizes: dict[int, set[int]] = {}
     for code, k in enumerate(_STEP):
         if k:
-            sizes.setdefault(k, []).append(code)
-    single = one_of(sizes.pop(1)) + b"*+"   # (a run of 1-byte opcodes: one tight loop in the engine)
-    ways = [one_of(codes) + b".{%d}" % (k - 1) for k, codes in sorted(sizes.items())]
-    ways.append(b"r..\x00\x00")   # (0x72: LONG_BINPUT, its index < 2**16)
+            sizes.setdefault(k, set()).add(code)
+    counted = {}
     for width in (1, 4):
         codes = [op for op, (w, _signed) in _COUNTED.items() if w == width]
         lengths = b"|".join(re.escape(n.to_bytes(width, "little")) + (b".{%d}" % n if n else b"")
                             for n in range(_RUN_LENGTHS))
-        ways.append(one_of(codes) + b"(?:" + lengths + b")")
-    ways.append(one_of(_LINES - {0x70}) + b"[^\n]*\n")
-    ways.append(one_of(_PAIRS) + b"[^\n]*\n[^\n]*\n")
-    ways.append(b"p[0-9]{1,4}\n")   # (PUT, its index < 10**4)
-    return re.compile(b"(?:" + single + b"(?:" + b"|".join(ways) + b"))*+" + single, re.DOTALL)
+        counted[width] = one_of(codes) + b"(?:" + lengths + b")"
+    hot = set(b"hKq")   # BINGET, BININT1, BINPUT
+    ways = [one_of(hot) + b".", b"r..\x00\x00",   # (0x72: LONG_BINPUT, its index < 2**16)
+            counted[4], one_of(sizes.pop(5)) + b".{4}", counted[1], one_of(sizes.pop(2) - hot) + b"."]
+    single = one_of(sizes.pop(1)) + b"*+"   # (a run of 1-byte opcodes: one tight loop in the engine)
+    ways += [one_of(codes) + b".{%d}" % (k - 1) for k, codes in sorted(sizes.items())]
+    ways += [one_of(_LINES - {0x70}) + b"[^\n]*\n", one_of(_PAIRS) + b"[^\n]*\n[^\n]*\n",
+             b"p[0-9]{1,4}\n"]   # (PUT, its index < 10**4)
+    one = single + b"(?:" + b"|".join(ways) + b")"
+    return re.compile(b"(?:" + one * 4 + b")*+(?:" + one + b")*+" + single, re.DOTALL)
 
 
 _RUN = _run_expression()
