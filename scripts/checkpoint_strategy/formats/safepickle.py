@@ -381,32 +381,28 @@ def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
-    if len(args) >= 4 and type(args[0]) is StorageRef:
-        st, offset, shape, stride = args[0], args[1], args[2], args[3]
+    if len(args) >= 4:
+        st, offset, shape, stride = args[:4]
         if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
             shape, stride = _tuple_ints(shape), _tuple_ints(stride)
-        else:
-            for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
-                if type(x) is not int or x < 0:
-                    shape = None
-                    break
-        if type(offset) is int and offset >= 0 and shape is not None and stride is not None \
-                and len(shape) == len(stride):
-            t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
-            t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
-            t.dtype = dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype  # _v3
-            scan.tensors.append(t)
-            last = offset   # (TensorRef.span inlined: the last element the view reads, -1 when it reads none)
-            for d, s in zip(shape, stride, strict=True):
-                if not d:
-                    last = -1
+            if shape is None or stride is None:
+                return _record(cls, args, kwargs)
+        if type(st) is StorageRef and type(offset) is int and offset >= 0 and len(shape) == len(stride):
+            last = offset   # (TensorRef.span inlined: the last element the view reads)
+            for d, s in zip(shape, stride):  # noqa: B905 - lengths equal; each an int (not a bool, nor a subclass), >= 0
+                if type(d) is not int or type(s) is not int or d < 0 or s < 0:
                     break
                 last += (d - 1) * s
-            if last >= (st.numel if dtype is st.dtype else
-                        st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))) \
-                    and scan.past_end is None:
-                scan.past_end = t
-            return t
+            else:
+                t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call)
+                t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
+                t.dtype = dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype
+                scan.tensors.append(t)
+                if scan.past_end is None and 0 not in shape and last >= (   # (an empty view reads nothing)
+                        st.numel if dtype is st.dtype else
+                        st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))):
+                    scan.past_end = t
+                return t
     return _record(cls, args, kwargs)
 
 
