@@ -3,8 +3,8 @@ unpickler accepts and refuses, and refuses before the C unpickler runs what woul
 
 Oracles: `pickle.load` of the same bytes from a file (what DCP's reader does with a .metadata; the test may load:
 it made or damaged the bytes itself, and only where `_walk_refusal`, the exact opcode walk, finds no memo index or
-length past the pickle), and that walk for the bounds: `_Feed`, which tells suspect bytes apart as the unpickler
-reads, must agree with it. The pickles are real (torch.save's data.pkl of an optimizer, a model, RNG states, a DCP
+length past the pickle), and that walk for the bounds: the walk the reader runs, which steps over runs of opcodes
+with one regular expression in C, must agree with it (the same refusal, the same FRAME opcodes). The pickles are real (torch.save's data.pkl of an optimizer, a model, RNG states, a DCP
 .metadata, plain pickles of every protocol), damaged at every byte of their head and cut at every length.
 """
 
@@ -89,7 +89,10 @@ def _python_refuses(data: bytes) -> bool:
 def _agrees(data: bytes) -> None:
     """read_pickle against the exact walk and Python's unpickler."""
     scan = tp.read_pickle(data)
-    walked = tp._walk_refusal(data)
+    frames: list[int] = []
+    walked = tp._walk_refusal(data, frames)
+    fast_frames: list[int] = []
+    assert tp._walk_refusal(data, fast_frames, fast=True) == walked and fast_frames == frames, data[:40]
     if walked is not None:
         assert not scan.complete and scan.error is not None
         return
@@ -145,9 +148,11 @@ def test_a_pickle_that_would_allocate_without_bound_is_refused_first(name, capfd
 
 
 def test_a_suspect_byte_inside_a_string_is_not_an_opcode(pickles):
-    """'r' and 'p' followed by text, inside strings: read whole, by the feed that tells them apart."""
-    data = pickle.dumps({"param_groups": "rrrr\x01\x02\x03\x04", "p": "p123456789\n" * 3, "x": [1] * 300}, protocol=2)
-    assert tp._suspects(data)
+    """'r' and 'p' followed by text, inside strings (short ones, stepped over in C, and one longer than a run takes):
+    read whole, by the walk that tells them apart."""
+    data = pickle.dumps({"param_groups": "rrrr\x01\x02\x03\x04", "p": "p123456789\n" * 3, "x": [1] * 300,
+                         "long": "r\xff\xff\xff\x7f" * 40}, protocol=2)
+    assert tp._suspect_in(data)
     scan = tp.read_pickle(data)
     assert scan.complete and scan.root == pickle.loads(data)
 
@@ -182,7 +187,10 @@ _PIECES = [b"(", b"t", b"\x85", b"\x86", b")", b"}", b"]", b"N", b"\x88", b"0", 
            b"j\x00\x00\x00\x00", b"X\x01\x00\x00\x00r", b"X\x05\x00\x00\x00r\x00\x00\x01", b"X\x09\x00\x00\x00a",
            b"\x8c\x01r", b"C\x04rrrr", b"s", b"u", b"a", b"e", b"R", b"b", b"\x94", b"ccollections\nOrderedDict\n",
            b"p99999999\n", b"p1\n", b"I12\n", b"\x95\x03\x00\x00\x00\x00\x00\x00\x00", b"\x8e\x03\x00\x00\x00\x00\x00",
-           b"\x96\x01\x00\x00\x00\x00\x00\x00\x00r", b".", b"\xff"]
+           b"\x96\x01\x00\x00\x00\x00\x00\x00\x00r", b".", b"\xff",
+           # the edges of what the fast walk's one expression steps over (tp._RUN_LENGTHS, 2**16, 4 digits)
+           b"X\x3f\x00\x00\x00" + b"r" * 63, b"X\x40\x00\x00\x00" + b"r" * 64, b"\x8c\x3fr" + b"\x00" * 62,
+           b"\x8c\x40" + b"r" * 64, b"r\xff\xff\x00\x00", b"p1234\n", b"p12345\n", b"p+12\n"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -205,8 +213,8 @@ def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads
     """The reader hands a pickle buffered whole to the unpickler only where that reads what a BytesIO gives it: a
     protocol-4 pickle of two frames whose first frame's length is 64 bytes too long is refused as
     `Unpickler(BytesIO)` refuses it (a whole-buffer read would take it); the same pickle intact, and a protocol-2
-    one (no FRAME), read complete either way. Text full of 'r' makes the bytes that could be a LONG_BINPUT too many
-    for `_Feed`: the opcodes are walked first, and the walk's FRAME decides."""
+    one (no FRAME), read complete either way. Text full of 'r' (bytes that could be a LONG_BINPUT) has the opcodes
+    walked first, and the walk's FRAME decides; without, the 0x95 byte does."""
     obj = {f"k{i}": f"{text}{i}" * 3 for i in range(3000)}
     data = pickle.dumps(obj, protocol=protocol)
     scan = tp.read_pickle(data)
@@ -216,10 +224,24 @@ def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads
     damaged = bytearray(data)
     damaged[damaged.index(b"\x95") + 1] ^= 1 << 6
     damaged_bytes = bytes(damaged)
-    many = len(tp._suspects(damaged_bytes)) * tp._WALK_PER_SUSPECT > len(damaged_bytes)
-    assert many == ("r" in text)
+    assert tp._suspect_in(damaged_bytes) == ("r" in text)
     assert pickle.Unpickler(io.BufferedReader(io.BytesIO(damaged_bytes), len(damaged_bytes))).load() == obj
     refused = _bytesio_load(damaged_bytes)
     assert refused is not None
     scan = tp.read_pickle(damaged_bytes)
     assert not scan.complete and scan.error == refused
+
+
+def test_a_view_past_its_storage_is_found_as_the_tensors_are_made():
+    """`past_end`: the first tensor whose view reads past its storage's end (torch.load fails on it); an empty view
+    reads nothing, whatever its offset; a view of another dtype counts the storage in its own elements."""
+    base = torch.arange(8, dtype=torch.float32)
+    data = _data_pkl({"a": base[2:6], "b": base[0:0], "c": base[6:8]})
+    scan = tp.read_pickle(data)
+    assert scan.complete and scan.past_end is None and len(scan.tensors) == 3
+    at = data.index(b"K\x06")   # c's offset 6 -> 7: its 2 elements end at element 9 of 8
+    scan = tp.read_pickle(data[:at] + b"K\x07" + data[at + 2:])
+    assert scan.past_end is scan.tensors[2] and scan.past_end.offset == 7
+    empty = data.index(b"K\x00", data.index(b"X\x01\x00\x00\x00b"))   # b's offset 0 -> 9: an empty view past
+    scan = tp.read_pickle(data[:empty] + b"K\x09" + data[empty + 2:])       # the end reads nothing
+    assert scan.tensors[1].offset == 9 and scan.tensors[1].shape == (0,) and scan.past_end is None

@@ -417,9 +417,10 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
     (`cd` is then the same bytes): a stored entry whose local header carries its name, with its data before the
     directory, gets its `usual_start` here (`local_headers` takes it, and checks the others)."""
     entries: list[ZipEntry] = []
-    unpack, append, lh_unpack = _CD_RECORD.unpack_from, entries.append, _LH_RECORD.unpack_from
+    unpack, append, lh_unpack, new = _CD_RECORD.unpack_from, entries.append, _LH_RECORD.unpack_from, _new_entry
     cd_offset = p
     m32 = 0xFFFFFFFF
+    odd_flags = ZIP_REFUSED_FLAGS
     for i in range(n_entries):
         if p + 46 > end:
             return f"broken central directory at entry {i}"
@@ -427,24 +428,29 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
         q = p + 46 + nlen
         raw = cd[p + 46:q] if q <= end else cd[p + 46:end]
         name = raw.decode("utf-8", "replace")
-        if (sig != _CDH or flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1) or attrs & ZIP_DOS_FOLDER
-                or csize == m32 or usize == m32 or offset == m32):   # anything but the usual record
+        if (sig != _CDH or flags & odd_flags or attrs & ZIP_DOS_FOLDER or (e_disk != disk and e_disk != 1)
+                or m32 in (csize, usize, offset)):   # anything but the usual record
             odd = _odd_record(i, sig, flags, e_disk, disk, attrs, name, cd[min(q, end):min(q + xlen, end)],
                               (csize, usize, offset))
             if isinstance(odd, str):
                 return odd
             csize, usize, offset = odd
-        start = 0
+        e = new(ZipEntry)   # (its fields set here: a dataclass __init__ is one more Python call an entry)
+        e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start, e.usual_start = \
+            name, method, crc, csize, usize, offset, 0, 0
         if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
-            if lsig == LFH and offset + 30 + lnlen + lxlen + csize <= cd_offset and \
-                    whole[offset + 30:offset + 30 + lnlen] == raw:
-                start = offset + 30 + lnlen + lxlen
-        append(ZipEntry(name, method, crc, csize, usize, offset, 0, start))
+            start = offset + 30 + lnlen + lxlen
+            if lsig == LFH and start + csize <= cd_offset and whole[offset + 30:offset + 30 + lnlen] == raw:
+                e.usual_start = start
+        append(e)
         p = q + xlen + clen
     if p != end:
         return f"central directory size mismatch ({p - cd_offset} parsed, {end - cd_offset} declared)"
     return entries
+
+
+_new_entry = object.__new__
 
 
 def _odd_record(i: int, sig: bytes, flags: int, e_disk: int, disk: int, attrs: int, name: str, extra: bytes,

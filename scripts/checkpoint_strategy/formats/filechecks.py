@@ -304,20 +304,13 @@ def check_torch_pickle(src: zr.Source, z: ZipScan, counter: Counter) -> list[Fin
 
 
 def _view_past_storage(scan: tp.PickleScan) -> Finding | None:
-    """The first tensor view that runs past the end of its storage (torch.load fails on it), or None."""
-    size = tp.DTYPE_SIZE.get
-    for t in scan.tensors:   # (TensorRef.span inlined: one optimizer.pt holds hundreds of tensors)
-        last = t.offset
-        for d, s in zip(t.shape, t.stride, strict=True):
-            if not d:
-                break   # an empty view: nothing to read
-            last += (d - 1) * s
-        else:
-            st = t.storage
-            if last + 1 > st.numel * size(st.dtype, 1) // max(1, size(t.dtype, 1)):
-                return Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
-                               f"of its storage data/{st.key} (torch.load would fail)")
-    return None
+    """The first tensor view that runs past the end of its storage (torch.load fails on it; the reader finds it as
+    it makes the tensors), or None."""
+    t = scan.past_end
+    if t is None:
+        return None
+    return Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
+                   f"of its storage data/{t.storage.key} (torch.load would fail)")
 
 
 def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int) -> list[Finding]:
@@ -326,7 +319,13 @@ def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int)
     out: list[Finding] = []
     z.entry("")   # (builds the name index once: looked up directly below)
     assert z._index is not None
-    by_name, at = z._index[2], f"{z.prefix}data/"
+    by_name, at, size = z._index[2], f"{z.prefix}data/", tp.DTYPE_SIZE.get
+    for key, ref in scan.storages.items():   # (every storage whole, the usual case: one pass, unsorted)
+        e = by_name.get(at + key)
+        if e is None or (ref.dtype != "unknown" and e.usize != ref.numel * size(ref.dtype, 1)):
+            break
+    else:
+        return out
     for key, ref in sorted(scan.storages.items()):
         e = by_name.get(at + key)
         if e is None:

@@ -11,8 +11,9 @@ a class of this module, never a function. What Python's unpickler refuses (an od
 a BUILD state it cannot set) this reader refuses the same way, with the unpickler's own words.
 
 Bounds, checked before the C unpickler runs (it has no hooks inside): the pickle's size (`MAX_PICKLE_BYTES`); memo
-indices (its memo is an array grown to twice the largest index stored: a suspect LONG_BINPUT or PUT, found by one
-regular expression, has the opcodes walked in Python to refuse an index past the pickle's length); tuple nesting (a
+indices (its memo is an array grown to twice the largest index stored: a pickle with a byte that could be a
+LONG_BINPUT or PUT of a large index, found by one regular expression, has its opcodes walked first, runs of them
+matched by another in C, to refuse an index past the pickle's length); tuple nesting (a
 dict key's hash recurses in C once per level: a pickle with many tuple opcodes is read in a thread with the stack for
 it and refused past MAX_TUPLE_DEPTH); the objects recorded (`MAX_RECORDS`). Every other object the unpickler makes
 comes from at least one byte of input: memory stays proportional to the pickle (docs/checkpoints.md).
@@ -298,6 +299,7 @@ class PickleScan:
     error: str | None = None
     text_persistent_ids: int = 0      # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
     records: int = 0                  # objects recorded (Call records, storages, tensors)
+    past_end: TensorRef | None = None   # the first tensor whose view runs past the end of its storage
 
     def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
         return {g: classify_global(g, dcp) for g in self.globals}
@@ -325,7 +327,7 @@ MAX_RECORDS = 20_000_000        # objects recorded in one pickle
 def _global(module: str, name: str) -> Global:
     g = _GLOBALS.get((module, name))
     if g is None:
-        g = Global(module, name)
+        g = _KINDS.get(f"{module}.{name}", Global)(module, name)
         if len(_GLOBALS) < _GLOBALS_CACHED:
             _GLOBALS[module, name] = g
     return g
@@ -335,6 +337,8 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """What calling (or NEWOBJ on) the recorded class `cls` with `args` gives: the value torch's few data-building
     callables would build, else a new inert `Call` record. Nothing named by the pickle runs. (It is Global.__call__
     and Call.__new__ itself: one Python call for each REDUCE or NEWOBJ the C unpickler makes.)"""
+    if type(cls) is _TensorGlobal:   # (NEWOBJ on a rebuild function: as calling it)
+        return _tensor(cls, *args, **kwargs)
     scan: PickleScan = _current.scan
     scan.records += 1
     if scan.records > MAX_RECORDS:
@@ -342,7 +346,7 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
-    if q == "collections.OrderedDict" and not args and not kwargs:   # (each tensor's backward hooks: no maker call)
+    if q == "collections.OrderedDict" and not args and not kwargs:   # (INST / OBJ / NEWOBJ of one)
         return OrderedDictRecord()
     maker = _MAKERS.get(q)
     if maker is not None:
@@ -367,24 +371,39 @@ def _record(cls: Any, args: tuple, kwargs: dict | None = None) -> Call:
 _NOT_MADE = object()
 
 
-def _make_tensor(scan: PickleScan, args: tuple) -> Any:
-    """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`."""
-    if len(args) < 4 or type(args[0]) is not StorageRef:
-        return _NOT_MADE
-    st, offset, shape, stride = args[0], args[1], args[2], args[3]
-    if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
-        shape, stride = _tuple_ints(shape), _tuple_ints(stride)
-    else:
-        for x in shape + stride:   # every item an int (not a bool, nor an int subclass), none negative
-            if type(x) is not int or x < 0:
-                return _NOT_MADE
-    dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype   # _v3: its dtype
-    if type(offset) is not int or offset < 0 or shape is None or stride is None or len(shape) != len(stride):
-        return _NOT_MADE
-    t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call a tensor)
-    t.storage, t.offset, t.shape, t.stride, t.dtype = st, offset, shape, stride, dtype
-    scan.tensors.append(t)
-    return t
+def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """torch._utils._rebuild_tensor(_v2/_v3)(storage, offset, size, stride, ...) as a `TensorRef`, counted as `_build`
+    counts a record (`_TensorGlobal.__call__`: one Python call a tensor); arguments it does not take, a `Call`."""
+    scan: PickleScan = _current.scan
+    scan.records += 1
+    if scan.records > MAX_RECORDS:
+        raise _Refused(f"more than {MAX_RECORDS} objects")
+    q = cls._where[2]
+    if q not in scan.calls:
+        scan.calls.append(q)
+    if len(args) >= 4:
+        st, offset, shape, stride = args[:4]
+        if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
+            shape, stride = _tuple_ints(shape), _tuple_ints(stride)
+            if shape is None or stride is None:
+                return _record(cls, args, kwargs)
+        if type(st) is StorageRef and type(offset) is int and offset >= 0 and len(shape) == len(stride):
+            last = offset   # (TensorRef.span inlined: the last element the view reads)
+            for d, s in zip(shape, stride):  # noqa: B905 - lengths equal; each an int (not a bool, nor a subclass), >= 0
+                if type(d) is not int or type(s) is not int or d < 0 or s < 0:
+                    break
+                last += (d - 1) * s
+            else:
+                t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call)
+                t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
+                t.dtype = dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype
+                scan.tensors.append(t)
+                if scan.past_end is None and 0 not in shape and last >= (   # (an empty view reads nothing)
+                        st.numel if dtype is st.dtype else
+                        st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))):
+                    scan.past_end = t
+                return t
+    return _record(cls, args, kwargs)
 
 
 _new_tensor = object.__new__
@@ -398,7 +417,6 @@ def _make_from_type(scan: PickleScan, args: tuple) -> Any:
 
 
 _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
-    **{f"torch._utils.{f}": _make_tensor for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
     **{f"torch._utils.{f}": (lambda scan, a: a[0] if a else _NOT_MADE)
        for f in ("_rebuild_parameter", "_rebuild_parameter_with_state")},
     "torch._tensor._rebuild_from_type_v2": _make_from_type,
@@ -406,6 +424,39 @@ _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
     "_codecs.encode": lambda scan, a: (a[0].encode("latin-1", "replace") if a and isinstance(a[0], str)
                                        else _NOT_MADE),
     "collections.OrderedDict": lambda scan, a: _NOT_MADE if a else OrderedDictRecord(),
+}
+
+
+class _TensorGlobal(Global):
+    """The global of one of torch's tensor rebuild functions: calling it (REDUCE) is `_tensor`."""
+
+    __call__ = _tensor
+
+
+def _ordered_dict(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    """``collections.OrderedDict()`` (torch writes one for each tensor's backward hooks) as an `OrderedDictRecord`,
+    counted as `_build` counts a record (`_DictGlobal.__call__`); with arguments, `_build`'s record of them."""
+    if args or kwargs:
+        return _build(cls, *args, **kwargs)
+    scan: PickleScan = _current.scan
+    scan.records += 1
+    if scan.records > MAX_RECORDS:
+        raise _Refused(f"more than {MAX_RECORDS} objects")
+    if "collections.OrderedDict" not in scan.calls:
+        scan.calls.append("collections.OrderedDict")
+    return OrderedDictRecord()
+
+
+class _DictGlobal(Global):
+    """``collections.OrderedDict``: calling it (REDUCE) is `_ordered_dict`."""
+
+    __call__ = _ordered_dict
+
+
+#: the globals whose class is not `Global` itself
+_KINDS: dict[str, type[Global]] = {
+    **{f"torch._utils.{f}": _TensorGlobal for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
+    "collections.OrderedDict": _DictGlobal,
 }
 
 
@@ -423,19 +474,6 @@ def _tuple_ints(v: Any) -> tuple | None:
                 return None
         return v if type(v) is tuple else tuple(v)
     return None
-
-
-def _storage_from_pid(pid: Any) -> StorageRef | None:
-    if not (type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"):  # 6: legacy view_metadata
-        return None
-    stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-    if not isinstance(key, str) or type(numel) is not int or numel < 0:
-        return None
-    name = stype._where[1] if isinstance(stype, Global) else str(stype)
-    dtype = STORAGE_DTYPE.get(name, "uint8" if name in ("TypedStorage",) else "unknown")
-    ref = _new_tensor(StorageRef)   # (as in _make_tensor: no __init__ call)
-    ref.key, ref.dtype, ref.numel, ref.location = key, dtype, numel, location if type(location) is str else str(location)
-    return ref
 
 
 class _Reader(pickle.Unpickler):
@@ -462,15 +500,22 @@ class _Reader(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         scan = self.scan
         scan.records += 1
-        if type(pid) is str:
+        if type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage":   # 6: legacy view_metadata
+            key, numel = pid[2], pid[4]
+            if isinstance(key, str) and type(numel) is int and numel >= 0:
+                stype, location = pid[1], pid[3]
+                name = stype._where[1] if isinstance(stype, Global) else str(stype)
+                ref = _new_tensor(StorageRef)   # (as in _tensor: no __init__ call)
+                ref.key, ref.numel = key, numel
+                ref.dtype = STORAGE_DTYPE.get(name) or ("uint8" if name == "TypedStorage" else "unknown")
+                ref.location = location if type(location) is str else str(location)
+                prev = scan.storages.get(key)
+                if prev is None or prev.nbytes < ref.nbytes:
+                    scan.storages[key] = ref
+                return ref
+        elif type(pid) is str:
             scan.text_persistent_ids += 1
-        ref = _storage_from_pid(pid)
-        if ref is None:
-            return _record(_global("persistent_load", "id"), (pid,))
-        prev = scan.storages.get(ref.key)
-        if prev is None or prev.nbytes < ref.nbytes:
-            scan.storages[ref.key] = ref
-        return ref
+        return _record(_global("persistent_load", "id"), (pid,))
 
 
 # --------------------------------------------------------------------------- bounds, before the C unpickler runs
@@ -485,8 +530,6 @@ _TUPLE_OPS_FREE = 50_000
 _TUPLE_OPS_MAX = 8_000_000
 MAX_TUPLE_DEPTH = 10_000
 _TUPLE_OPS = (b"t", b"\x85", b"\x86", b"\x87")
-#: a suspect byte costs `_Feed` about as much as this many bytes of `_walk_refusal`
-_WALK_PER_SUSPECT = 24
 #: an 'r' (LONG_BINPUT) whose next 4 bytes, read as its index, are 2**16 or more; a 'p' (PUT) before 5 or more digits
 #: (two expressions: each starts with its literal byte, which the regular expression engine searches for fast)
 _SUSPECT_R = re.compile(rb"r(?=[\s\S]{2}(?!\x00\x00))")
@@ -519,56 +562,102 @@ _COUNTED8 = frozenset(op for op, (width, _signed) in _COUNTED.items() if width =
 _OP_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 
 
-def _suspects(data: bytes) -> list[int]:
-    """Where `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
+def _suspect_in(data: bytes) -> bool:
+    """Whether `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
     an 8-byte length (`_SUSPECT_R`, `_SUSPECT_P`, `_SUSPECT_8`; in a real pickle: text inside strings)."""
-    found = [m.start() for m in _SUSPECT_R.finditer(data)] if b"r" in data else []
-    more = [m.start() for m in _SUSPECT_P.finditer(data)] if b"p" in data else []
-    for byte in _SUSPECT_8:
-        at = data.find(byte)
-        while at >= 0:
-            more.append(at)
-            at = data.find(byte, at + 1)
-    return sorted(found + more) if more else found
+    return (_SUSPECT_R.search(data) is not None or _SUSPECT_P.search(data) is not None
+            or any(byte in data for byte in _SUSPECT_8))
 
 
-def _walk_refusal(data: bytes, frames: list[int] | None = None) -> str | None:
+#: string and integer arguments up to this long are stepped over inside `_RUN` (one branch per length)
+_RUN_LENGTHS = 64
+
+
+def _run_expression() -> re.Pattern[bytes]:
+    """A run of opcodes `_walk_refusal` steps over without a look, as one regular expression (matched in C): every
+    fixed-size opcode of `_STEP`, a LONG_BINPUT of an index under `_MEMO_FREE`, a PUT of at most 4 digits, a counted
+    argument (1- or 4-byte length field) up to `_RUN_LENGTHS` bytes, a line or two. It ends before any other opcode
+    (an 8-byte length, FRAME, STOP, a longer argument, an opcode the unpickler refuses), which the walk takes.
+    Each opcode's way starts with its own bytes (one way at most matches at a place): the engine's cost is per way
+    tried, so the commonest in a torch.save pickle come first, and four opcodes are one turn of the loop."""
+    def one_of(codes: Iterable[int]) -> bytes:
+        return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(codes)) + b"]"
+
+    sizes: dict[int, set[int]] = {}
+    for code, k in enumerate(_STEP):
+        if k:
+            sizes.setdefault(k, set()).add(code)
+    counted = {}
+    for width in (1, 4):
+        codes = [op for op, (w, _signed) in _COUNTED.items() if w == width]
+        lengths = b"|".join(re.escape(n.to_bytes(width, "little")) + (b".{%d}" % n if n else b"")
+                            for n in range(_RUN_LENGTHS))
+        counted[width] = one_of(codes) + b"(?:" + lengths + b")"
+    hot = set(b"hKq")   # BINGET, BININT1, BINPUT
+    ways = [one_of(hot) + b".", b"r..\x00\x00",   # (0x72: LONG_BINPUT, its index < 2**16)
+            counted[4], one_of(sizes.pop(5)) + b".{4}", counted[1], one_of(sizes.pop(2) - hot) + b"."]
+    single = one_of(sizes.pop(1)) + b"*+"   # (a run of 1-byte opcodes: one tight loop in the engine)
+    ways += [one_of(codes) + b".{%d}" % (k - 1) for k, codes in sorted(sizes.items())]
+    ways += [one_of(_LINES - {0x70}) + b"[^\n]*\n", one_of(_PAIRS) + b"[^\n]*\n[^\n]*\n",
+             b"p[0-9]{1,4}\n"]   # (PUT, its index < 10**4)
+    one = single + b"(?:" + b"|".join(ways) + b")"
+    return re.compile(b"(?:" + one * 4 + b")*+(?:" + one + b")*+" + single, re.DOTALL)
+
+
+_RUN = _run_expression()
+
+
+def _walk_refusal(data: bytes, frames: list[int] | None = None, fast: bool = False) -> str | None:
     """Why the memo indices of `data` are refused (one past the pickle's length), or None: the opcodes walked in
     Python as the unpickler reads them, up to STOP or to what the unpickler would refuse first; where a FRAME
-    opcode is met is added to `frames`."""
+    opcode is met is added to `frames`. `fast`: the runs of opcodes `_RUN` matches are stepped over in C (the
+    same steps: the tests hold the two walks equal)."""
     bound = max(_MEMO_FREE, len(data))
     i, n, step = 0, len(data), _STEP
     frames = [] if frames is None else frames
+    run = _RUN.match if fast else None
     while i < n:
+        if run is not None:
+            i = run(data, i).end()   # type: ignore[union-attr]   # (a possessive run: it matches, maybe empty)
+            if i >= n:
+                break
         k = step[data[i]]
         if k:
             i += k
             continue
-        op = data[i]
-        if op == 0x72:   # LONG_BINPUT
-            if int.from_bytes(data[i + 1:i + 5], "little") > bound:
-                return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
-            i += 5
-        elif op == 0x95:   # FRAME (its 8-byte length: the opcodes inside are walked as they come)
-            frames.append(i)
-            i += 9
-        elif op in _COUNTED:
-            width, signed = _COUNTED[op]
-            size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
-            if size < 0 or size > n - i - 1 - width:
-                return _length_refusal(op, size, n - i - 1 - width, i)
-            i += 1 + width + size
-        elif op in _LINES or op in _PAIRS:
-            end = data.find(b"\n", i + 1)
-            end = data.find(b"\n", end + 1) if op in _PAIRS and end >= 0 else end
-            if end < 0:
-                return None
-            if op == 0x70 and not _small_put(data[i + 1:end], bound):
-                return _too_big(data[i + 1:end], i)
-            i = end + 1
-        else:
-            return None   # STOP, or an opcode the unpickler refuses: it reads nothing further
+        got = _step(data, i, bound, frames)
+        if type(got) is not int:
+            return got   # type: ignore[return-value]   # (a refusal, or None: the walk ends there)
+        i = got
     return None
+
+
+def _step(data: bytes, i: int, bound: int, frames: list[int]) -> int | str | None:
+    """`_walk_refusal`'s step over the opcode at `i` that has no fixed size: where the next one starts, why the pickle
+    is refused, or None (the unpickler reads nothing after it: STOP, an opcode it refuses, a cut-short argument)."""
+    op, n = data[i], len(data)
+    if op == 0x72:   # LONG_BINPUT
+        if int.from_bytes(data[i + 1:i + 5], "little") > bound:
+            return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
+        return i + 5
+    if op == 0x95:   # FRAME (its 8-byte length: the opcodes inside are walked as they come)
+        frames.append(i)
+        return i + 9
+    if op in _COUNTED:
+        width, signed = _COUNTED[op]
+        size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
+        if size < 0 or size > n - i - 1 - width:
+            return _length_refusal(op, size, n - i - 1 - width, i)
+        return i + 1 + width + size
+    if op in _LINES or op in _PAIRS:
+        end = data.find(b"\n", i + 1)
+        end = data.find(b"\n", end + 1) if op in _PAIRS and end >= 0 else end
+        if end < 0:
+            return None
+        if op == 0x70 and not _small_put(data[i + 1:end], bound):
+            return _too_big(data[i + 1:end], i)
+        return end + 1
+    return None   # STOP, or an opcode the unpickler refuses: it reads nothing further
 
 
 def _length_refusal(op: int, size: int, left: int, at: int) -> str | None:
@@ -585,70 +674,6 @@ def _length_refusal(op: int, size: int, left: int, at: int) -> str | None:
 def _too_big(index: Any, at: int) -> str:
     text = index.decode("latin-1") if isinstance(index, bytes) else str(index)
     return f"memo index {shown(text, 30)} at byte {at}: more than the pickle could hold"
-
-
-class _NeedWalk(Exception):
-    """`_Feed` cannot follow the unpickler here (a protocol-4 frame over a suspect byte): walk the opcodes instead."""
-
-
-class _Feed:
-    """The pickle handed to the C unpickler as a file, in pieces that each end just after a suspect byte
-    (`_suspects`): the unpickler's next request tells what that byte was. It buffers what `peek` shows it and asks
-    `read(n)` for more than a piece holds; so after a suspect byte, `peek` shows nothing and the request is exact: 4
-    bytes right after an 'r' is a LONG_BINPUT's index (the only opcode 0x72; a length of 0x72 asks for 114 bytes,
-    an argument ending there is followed by an opcode, 1 byte), 8 bytes after 0x8d / 0x8e / 0x96 the length of a
-    BINUNICODE8 / BINBYTES8 / BYTEARRAY8, a line right after a 'p' is a PUT's. A suspect inside a request of 2 bytes
-    or more is argument data; a protocol-4 frame (read whole, then parsed in memory) over one hands the pickle to
-    `_walk_refusal`."""
-
-    def __init__(self, data: bytes, suspects: list[int]) -> None:
-        self.data, self.pos, self.bound = data, 0, max(_MEMO_FREE, len(data))
-        self.todo = suspects + [len(data) + 1]   # suspect bytes, in order (a last one past the end)
-        self.k = 0                               # the first not yet decided
-        self.peeked = -1                         # how much the last peek showed (-1: none since the last read)
-
-    def peek(self, _n: int = 0) -> bytes:
-        pos, todo = self.pos, self.todo
-        while todo[self.k] < pos - 1:
-            self.k += 1   # (passed inside a request: argument data)
-        if todo[self.k] == pos - 1:
-            self.peeked = 0
-            return b""
-        end = min(todo[self.k] + 1, len(self.data))
-        self.peeked = end - pos
-        return self.data[pos:end]
-
-    def read(self, n: int = -1) -> bytes:
-        pos, data = self.pos, self.data
-        n = len(data) - pos if n < 0 else n
-        if n > self.peeked:   # a request (not the unpickler catching up with what a peek showed it)
-            self._request(pos, n)
-        self.peeked = -1
-        self.pos = min(len(data), pos + n)
-        return data[pos:pos + n]
-
-    def readline(self) -> bytes:
-        pos, data = self.pos, self.data
-        end = data.find(b"\n", pos)
-        end = len(data) if end < 0 else end + 1
-        if self.todo[self.k] == pos - 1 and data[pos - 1] == 0x70 and not _small_put(data[pos:end], self.bound):
-            raise _Refused(_too_big(data[pos:end - 1], pos - 1))
-        self.peeked = -1
-        self.pos = end
-        return data[pos:end]
-
-    def _request(self, pos: int, n: int) -> None:
-        data, todo = self.data, self.todo
-        if todo[self.k] == pos - 1:
-            self.k += 1
-            op = data[pos - 1]
-            if op == 0x72 and n == 4 and int.from_bytes(data[pos:pos + 4], "little") > self.bound:
-                raise _Refused(_too_big(int.from_bytes(data[pos:pos + 4], "little"), pos - 1))
-            if op in _COUNTED8 and n == 8:
-                _check_length(op, int.from_bytes(data[pos:pos + 8], "little"), len(data) - pos - 8, pos - 1)
-        if n > 1 and todo[self.k] < pos + n and pos >= 9 and data[pos - 9] == 0x95 \
-                and int.from_bytes(data[pos - 8:pos], "little") == n:
-            raise _NeedWalk()
 
 
 def _check_length(op: int, size: int, left: int, at: int) -> None:
@@ -707,16 +732,10 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
     if len(data) > max_bytes:
         scan.error = f"a pickle of {len(data)} bytes: more than the {max_bytes} this reader takes"
         return scan, 0
-    suspects = _suspects(data)
-    if suspects and len(suspects) * _WALK_PER_SUSPECT <= len(data):   # few: `_Feed` tells them apart as it goes
-        fh: Any = _Feed(data, suspects)
-        if _load(fh, scan, data):
-            return scan, fh.pos if scan.complete else 0
-        scan = PickleScan()
     frames = [0] if b"\x95" in data else []
-    if suspects:
+    if _suspect_in(data):   # the opcodes walked (runs of them in C) before the unpickler runs
         frames = []
-        scan.error = _walk_refusal(data, frames)
+        scan.error = _walk_refusal(data, frames, fast=True)
         if scan.error is not None:
             return scan, 0
     # torch.load hands the unpickler a BytesIO (no peek: a read() call per opcode, and a FRAME's unread bytes are
@@ -732,36 +751,32 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
 _BUFFERED_FROM = 512
 
 
-def _load(fh: Any, scan: PickleScan, data: bytes) -> bool:
-    """Unpickle from `fh` into `scan` within the depth bound; False: `_Feed` cannot follow (walk the opcodes)."""
+def _load(fh: Any, scan: PickleScan, data: bytes) -> None:
+    """Unpickle from `fh` into `scan` within the depth bound."""
     # (a pickle no longer than _TUPLE_OPS_FREE bytes cannot hold more tuple opcodes: not counted)
     tuple_ops = sum(data.count(b) for b in _TUPLE_OPS) if len(data) > _TUPLE_OPS_FREE else 0
     if tuple_ops > _TUPLE_OPS_MAX:
         scan.error = f"{tuple_ops} tuple opcodes: more than the {_TUPLE_OPS_MAX} this reader takes"
-        return True
+        return
     if tuple_ops <= _TUPLE_OPS_FREE:
-        return _unpickle(fh, scan)
+        _unpickle(fh, scan)
+        return
     # tuples may nest deep: hashed in a thread with the stack for it, then measured before anyone hashes them
-    followed: list[bool] = []
-    _in_deep_stack(lambda: followed.append(_unpickle(fh, scan)), 64 * tuple_ops + (16 << 20))
+    _in_deep_stack(lambda: _unpickle(fh, scan), 64 * tuple_ops + (16 << 20))
     if scan.complete and _tuple_depth(scan.root) > MAX_TUPLE_DEPTH:
         scan.root, scan.complete = None, False
         scan.error = f"tuples nested more than {MAX_TUPLE_DEPTH} deep"
-    return followed[0] if followed else True
 
 
-def _unpickle(fh: Any, scan: PickleScan) -> bool:
+def _unpickle(fh: Any, scan: PickleScan) -> None:
     _current.scan = scan
     try:
         scan.root = _Reader(fh, scan).load()
         scan.complete = True
-    except _NeedWalk:
-        return False
     except _BROKEN as exc:
         scan.error = " ".join(str(exc).split())[:120] or type(exc).__name__
     finally:
         _current.scan = None
-    return True
 
 
 def _in_deep_stack(run: Callable[[], None], stack: int) -> None:
