@@ -32,7 +32,8 @@ from typing import Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.guard import Decision, TrainingGuard
-from checkpoint_strategy.callbacks.lightning import _callback_bases, _loss_of
+from checkpoint_strategy.callbacks.lightning import LightningCheckpointStrategy, _callback_bases, _loss_of
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.marker import read_marker, write_marker
 
 
@@ -100,9 +101,6 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
     playbook: the guard's keywords (wait_steps, lr_multiplier, lr_reduced_steps, grad_clip,
     skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
     """
-    from checkpoint_strategy.callbacks.lightning import LightningCheckpointStrategy
-    from checkpoint_strategy.errors import UsageError
-
     strategy = next((c for c in trainer.callbacks if isinstance(c, LightningCheckpointStrategy)), None)
     if strategy is None:
         raise UsageError("fit_with_recovery: the Trainer has no LightningCheckpointStrategy among its callbacks; "
@@ -119,17 +117,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
 
     def training_step(*args, **kwargs):
         if guard.skip(trainer.global_step + 1):
-            if int(getattr(trainer, "world_size", 1) or 1) <= 1:
-                return None   # no forward pass, no backward, no weight moved
-            # Lightning refuses None under DDP (every rank must run the backward, DDP's gradient all_reduce): the
-            # last trained loss plus 0 x the weights, no forward pass; its zero gradients are dropped before the
-            # optimizer step (_Playbook.on_before_optimizer_step), so the optimizer moves no weight, as with None
-            import torch
-
-            last = guard.history[-1][1] if guard.history else 0.0
-            params = [p for p in model.parameters() if p.requires_grad]
-            zero = torch.stack([p.sum() for p in params]).sum() * 0.0 if params else torch.zeros(())
-            return zero + last
+            return _skipped_step(trainer, model, guard)
         return plain_step(*args, **kwargs)
 
     guard.on_action = core.actions.append   # the guard's actions go to the handoff state
@@ -164,6 +152,21 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
         trainer.callbacks.remove(cb)
         trainer.gradient_clip_val = cb.user_clip
     return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
+
+
+def _skipped_step(trainer, model, guard: TrainingGuard) -> Any:
+    """What `training_step` returns for a skipped step: None alone (no forward pass, no backward, no weight
+    moved). Lightning refuses None under DDP (every rank must run the backward, DDP's gradient all_reduce): the last
+    trained loss plus 0 x the weights, no forward pass; its zero gradients are dropped before the optimizer step
+    (_Playbook.on_before_optimizer_step), so the optimizer moves no weight, as with None."""
+    if int(getattr(trainer, "world_size", 1) or 1) <= 1:
+        return None
+    import torch
+
+    last = guard.history[-1][1] if guard.history else 0.0
+    params = [p for p in model.parameters() if p.requires_grad]
+    zero = torch.stack([p.sum() for p in params]).sum() * 0.0 if params else torch.zeros(())
+    return zero + last
 
 
 def _mark_after_onset(guard: TrainingGuard, root: Optional[str], d: Decision, zero: bool) -> None:
