@@ -202,10 +202,12 @@ def _st_entry(name: str, info: object) -> tuple[int, int] | str:
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if type(dtype) is not str or dtype not in ST_DTYPE_BITS:
         return f"broken header: tensor {name!r} has unknown dtype {dtype!r}"
-    if type(shape) is not list or not all(type(d) is int and d >= 0 for d in shape):
+    if type(shape) is not list:
         return f"broken header: tensor {name!r} has an invalid shape {shape!r}"
     numel = 1
-    for d in shape:
+    for d in shape:   # (one loop: each an int, not a bool, none negative; and their product)
+        if type(d) is not int or d < 0:
+            return f"broken header: tensor {name!r} has an invalid shape {shape!r}"
         numel *= d
     if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
             or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
