@@ -51,8 +51,13 @@ import logging  # noqa: E402
 
 logging.disable(logging.WARNING)
 
-POLICY = {"frequency": "every_10_steps", "keep_last": 2, "keep_milestone": [25],
-          "emergency_save_on": ["loss_spike_detected", "gradient_norm_exceeded"], "async_save": True}
+POLICY = {
+    "frequency": "every_10_steps",
+    "keep_last": 2,
+    "keep_milestone": [25],
+    "emergency_save_on": ["loss_spike_detected", "gradient_norm_exceeded"],
+    "async_save": True,
+}
 STEP_TARGET = 0.020
 # thread_time: CPU seconds of the training thread itself, so time the scheduler gives to other
 # processes on a loaded machine is not charged to the callback (--clock wall for perf_counter)
@@ -97,9 +102,9 @@ CORE = ["observe", "forced_save", "saved", "mark_emergency"]
 
 
 def hf_run(out: Path, steps: int, with_callback: bool):
+    import realruns
     from transformers import Trainer, TrainerCallback
 
-    import realruns
     from checkpoint_strategy.callbacks import HFCheckpointStrategy
 
     class Wall(TrainerCallback):
@@ -117,8 +122,12 @@ def hf_run(out: Path, steps: int, with_callback: bool):
         timer.wrap(cb.core, CORE)
         callbacks.append(cb)
     args = realruns._training_args(out, max_steps=steps, save_steps=10)
-    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
-                      callbacks=callbacks)
+    trainer = Trainer(
+        model=realruns._tiny_gpt2(),
+        args=args,
+        train_dataset=realruns._TokenDataset(4096, 16, 64),
+        callbacks=callbacks,
+    )
     t0 = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - t0
@@ -142,8 +151,9 @@ def lightning_hook_cost(out: Path, steps: int, detect_every: int = 1):
     L.LightningCheckpointStrategy.__init__ = init
     try:
         t0 = time.perf_counter()
-        _cb, trainer, _m = callbackruns.lightning_train(out, POLICY, max_steps=steps, handoff_dir=None,
-                                                         detect_every=detect_every)
+        _cb, trainer, _m = callbackruns.lightning_train(
+            out, POLICY, max_steps=steps, handoff_dir=None, detect_every=detect_every
+        )
         total = time.perf_counter() - t0
     finally:
         L.LightningCheckpointStrategy.__init__ = orig_init
@@ -171,12 +181,16 @@ def report(timer: Timer, steps: int, step_s: float, what: str) -> None:
     saves = timer.calls.get("saved", [])
     per_save = statistics.median(saves) if saves else 0.0
     mean_save = sum(saves) / len(saves) if saves else 0.0
-    print(f"  per step: {per_step * 1e6:.0f} us ({timer.table(steps)}); per save: median {per_save * 1e3:.2f} ms, "
-          f"mean {mean_save * 1e3:.2f} ms ")
+    print(
+        f"  per step: {per_step * 1e6:.0f} us ({timer.table(steps)}); per save: median {per_save * 1e3:.2f} ms, "
+        f"mean {mean_save * 1e3:.2f} ms "
+    )
     for every in (10, 100):
         cost = per_step + mean_save / every
-        print(f"  share of a 20 ms step, a save every {every:>3} steps: {cost / STEP_TARGET:6.2%}   (target <= 1%); "
-              f"of this run's {step_s * 1e3:.1f} ms step ({what}): {cost / step_s:.2%}")
+        print(
+            f"  share of a 20 ms step, a save every {every:>3} steps: {cost / STEP_TARGET:6.2%}   (target <= 1%); "
+            f"of this run's {step_s * 1e3:.1f} ms step ({what}): {cost / step_s:.2%}"
+        )
 
 
 def _free_port() -> int:
@@ -187,9 +201,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_every: int = 10,
-                    policy: dict | None = None, detect_every: int = 1,
-                    step_sleep: float = 0.0, idle_worker: bool = False) -> tuple[list[tuple[int, float, float]], dict]:
+def two_process_run(
+    kind: str,
+    out: Path,
+    steps: int,
+    with_callback: bool,
+    save_every: int = 10,
+    policy: dict | None = None,
+    detect_every: int = 1,
+    step_sleep: float = 0.0,
+    idle_worker: bool = False,
+) -> tuple[list[tuple[int, float, float]], dict]:
     """Each step on rank 0 of a 2-process run (tests/multiprocruns.py) as (step, wall seconds, CPU seconds of
     the rank's process, all its threads): the step the interval ends with (a save is made at the end of the
     steps that are multiples of save_every), after the first 5 (start-up); and per rank the callback's own
@@ -199,27 +221,59 @@ def two_process_run(kind: str, out: Path, steps: int, with_callback: bool, save_
 
     work = out.parent / (out.name + "-work")
     work.mkdir(parents=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT / "tests")]),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(ROOT / "scripts"), str(ROOT / "tests")]),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
     pol = dict(policy or POLICY, keep_milestone=[], frequency=f"every_{save_every}_steps")
-    opts = {"policy": pol, "max_steps": steps, "callback": with_callback, "save_every": save_every,
-            "phase_delay": 0.0, "time_hooks": True, "detect_every": detect_every, "step_sleep": step_sleep,
-            "idle_worker": idle_worker}
+    opts = {
+        "policy": pol,
+        "max_steps": steps,
+        "callback": with_callback,
+        "save_every": save_every,
+        "phase_delay": 0.0,
+        "time_hooks": True,
+        "detect_every": detect_every,
+        "step_sleep": step_sleep,
+        "idle_worker": idle_worker,
+    }
     argv = [str(ROOT / "tests" / "multiprocruns.py"), kind, str(out), str(work), json.dumps(opts)]
     if kind == "hf":
-        argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"], *argv]
+        argv = [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            env["MASTER_PORT"],
+            *argv,
+        ]
     subprocess.run([sys.executable, *argv], env=env, check=True, capture_output=True, timeout=1800)
-    ev = [e for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines()) if e["what"] == "step"]
-    dt = [(b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)][5:]
+    ev = [
+        e
+        for e in map(json.loads, (work / "events-0.jsonl").read_text().splitlines())
+        if e["what"] == "step"
+    ]
+    dt = [
+        (b["step"], b["t"] - a["t"], b["cpu"] - a["cpu"]) for a, b in zip(ev, ev[1:], strict=False)
+    ][5:]
     hooks = {f.stem: json.loads(f.read_text()) for f in work.glob("hooks-*.json")}
     hooks |= {f.stem: json.loads(f.read_text()) for f in work.glob("threads-*.json")}
     return dt, hooks
 
 
-AFTER = 3   # steps after a save counted apart: the background worker validates then (beside training)
+AFTER = (
+    3  # steps after a save counted apart: the background worker validates then (beside training)
+)
 
 
-def split(dt: list[tuple[int, float, float]], save_every: int, col: int = 1) -> dict[str, list[float]]:
+def split(
+    dt: list[tuple[int, float, float]], save_every: int, col: int = 1
+) -> dict[str, list[float]]:
     """Step times (col 1: wall, 2: the rank process's CPU) by kind: 'save' (the step that ends with a save),
     'after' (the AFTER steps after it), 'other' (the rest: the callback's per-step cost alone), 'all'."""
     out: dict[str, list[float]] = {"save": [], "after": [], "other": [], "all": []}
@@ -230,16 +284,32 @@ def split(dt: list[tuple[int, float, float]], save_every: int, col: int = 1) -> 
     return out
 
 
-def implied(w: dict[str, list[float]], wo: dict[str, list[float]], save_every: int, every: int,
-            per_save_more: float = 0.0) -> tuple[float, float]:
+def implied(
+    w: dict[str, list[float]],
+    wo: dict[str, list[float]],
+    save_every: int,
+    every: int,
+    per_save_more: float = 0.0,
+) -> tuple[float, float]:
     """(extra seconds per step, share of the step without the callback) at a save every `every` steps,
     from means: the 'other' steps' extra each step, plus once per save the extra of the save step and of
     the AFTER steps over an 'other' step (and per_save_more: the worker's CPU per save). Conservative: at
     the bench's short interval the worker is still busy during some 'other' steps."""
-    m = {k: (statistics.fmean(w[k]) - statistics.fmean(wo[k])) for k in ("save", "after", "other") if w[k] and wo[k]}
+    m = {
+        k: (statistics.fmean(w[k]) - statistics.fmean(wo[k]))
+        for k in ("save", "after", "other")
+        if w[k] and wo[k]
+    }
     per_step = m.get("other", 0.0)
-    per_save = m.get("save", 0.0) - per_step + (m.get("after", per_step) - per_step) * min(AFTER, save_every - 1)
-    base = statistics.fmean(wo["other"]) + (statistics.fmean(wo["save"]) - statistics.fmean(wo["other"])) / every
+    per_save = (
+        m.get("save", 0.0)
+        - per_step
+        + (m.get("after", per_step) - per_step) * min(AFTER, save_every - 1)
+    )
+    base = (
+        statistics.fmean(wo["other"])
+        + (statistics.fmean(wo["save"]) - statistics.fmean(wo["other"])) / every
+    )
     extra = per_step + (per_save + per_save_more) / every
     return extra, extra / base
 
@@ -248,64 +318,123 @@ def _kinds(label: str, w: dict[str, list[float]], wo: dict[str, list[float]]) ->
     for kind in ("all", "other", "after", "save"):
         a, b = w[kind], wo[kind]
         if a and b:
-            print(f"  {label} {kind:>5} ({len(a):>3} steps): median {statistics.median(a) * 1e3:6.2f}/"
-                  f"{statistics.median(b) * 1e3:6.2f} ms = {statistics.median(a) / statistics.median(b):.3f}x, "
-                  f"mean {statistics.fmean(a) * 1e3:6.2f}/{statistics.fmean(b) * 1e3:6.2f} ms = "
-                  f"{statistics.fmean(a) / statistics.fmean(b):.3f}x")
+            print(
+                f"  {label} {kind:>5} ({len(a):>3} steps): median {statistics.median(a) * 1e3:6.2f}/"
+                f"{statistics.median(b) * 1e3:6.2f} ms = {statistics.median(a) / statistics.median(b):.3f}x, "
+                f"mean {statistics.fmean(a) * 1e3:6.2f}/{statistics.fmean(b) * 1e3:6.2f} ms = "
+                f"{statistics.fmean(a) / statistics.fmean(b):.3f}x"
+            )
 
 
-def multiproc(tmp: Path, steps: int, pairs: int, save_every: int = 10, kinds: tuple[str, ...] = ("hf", "pl"),
-              detect_every: int = 1, step_sleep: float = 0.0, idle_worker: bool = False) -> None:
-    for kind, name in (("hf", "HF Trainer, torchrun --nproc_per_node 2"), ("pl", "Lightning DDP, devices=2")):
+def multiproc(
+    tmp: Path,
+    steps: int,
+    pairs: int,
+    save_every: int = 10,
+    kinds: tuple[str, ...] = ("hf", "pl"),
+    detect_every: int = 1,
+    step_sleep: float = 0.0,
+    idle_worker: bool = False,
+) -> None:
+    for kind, name in (
+        ("hf", "HF Trainer, torchrun --nproc_per_node 2"),
+        ("pl", "Lightning DDP, devices=2"),
+    ):
         if kind not in kinds:
             continue
         runs = []
         for p in range(pairs):
-            w = two_process_run(kind, tmp / f"mp-{kind}-with-{p}" / "out", steps, True, save_every, None, detect_every,
-                                step_sleep)
-            wo = two_process_run(kind, tmp / f"mp-{kind}-without-{p}" / "out", steps, False, save_every,
-                                 step_sleep=step_sleep, idle_worker=idle_worker)
+            w = two_process_run(
+                kind,
+                tmp / f"mp-{kind}-with-{p}" / "out",
+                steps,
+                True,
+                save_every,
+                None,
+                detect_every,
+                step_sleep,
+            )
+            wo = two_process_run(
+                kind,
+                tmp / f"mp-{kind}-without-{p}" / "out",
+                steps,
+                False,
+                save_every,
+                step_sleep=step_sleep,
+                idle_worker=idle_worker,
+            )
             runs.append((w[0], wo[0], w[1] | {"without-" + k: v for k, v in wo[1].items()}))
-        print(f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
-              f"{1 if kind == 'hf' else detect_every} step(s), a save every "
-              f"{save_every} steps, validation in the workers"
-              + (f", each step waits {step_sleep * 1e3:g} ms with the CPU idle (as a step waiting for its GPU)"
-                 if step_sleep else ", CPU-bound steps (both cores busy training)")
-              + "; wall per step on rank 0, with/without:")
-        for (w, wo, hooks) in runs:
+        print(
+            f"{name} (gloo, CPU), {steps} steps x {pairs} pairs, logging every step, detection every "
+            f"{1 if kind == 'hf' else detect_every} step(s), a save every "
+            f"{save_every} steps, validation in the workers"
+            + (
+                f", each step waits {step_sleep * 1e3:g} ms with the CPU idle (as a step waiting for its GPU)"
+                if step_sleep
+                else ", CPU-bound steps (both cores busy training)"
+            )
+            + "; wall per step on rank 0, with/without:"
+        )
+        for w, wo, hooks in runs:
             saves = max(1, sum(1 for row in w if row[0] % save_every == 0))
             for col, label in ((1, "wall"), (2, "CPU ")):
                 _kinds(label, split(w, save_every, col), split(wo, save_every, col))
             sw, swo = split(w, save_every, 1), split(wo, save_every, 1)
             cw, cwo = split(w, save_every, 2), split(wo, save_every, 2)
             worker = hooks.get("hooks-0", {}).get("worker_cpu", 0.0) / saves
-            print(f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)")
+            print(
+                f"  rank 0's worker: {worker * 1e3:.1f} ms CPU per save (all its threads, the idle class's included)"
+            )
             t_w, t_wo = hooks.get("threads-0", {}), hooks.get("without-threads-0", {})
             if t_w and t_wo:
-                print(f"  rank 0's whole run, with/without: main thread {t_w['main']:.2f}/{t_wo['main']:.2f} s CPU, "
-                      f"full collections {t_w['gc_count'][2]}/{t_wo['gc_count'][2]} taking "
-                      f"{t_w['gc_seconds'][2]:.2f}/{t_wo['gc_seconds'][2]:.2f} s, "
-                      f"{t_w['objects']}/{t_wo['objects']} objects tracked at the end")
-            for label, a, b, more in (("wall", sw, swo, 0.0), ("CPU, rank 0 process + its worker", cw, cwo, worker)):
-                print(f"  implied overhead ({label}, means): " + "; ".join(
-                    f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
-                    f"{implied(a, b, save_every, e, more)[1]:.2%}" for e in sorted({save_every, 100, 1000})))
+                print(
+                    f"  rank 0's whole run, with/without: main thread {t_w['main']:.2f}/{t_wo['main']:.2f} s CPU, "
+                    f"full collections {t_w['gc_count'][2]}/{t_wo['gc_count'][2]} taking "
+                    f"{t_w['gc_seconds'][2]:.2f}/{t_wo['gc_seconds'][2]:.2f} s, "
+                    f"{t_w['objects']}/{t_wo['objects']} objects tracked at the end"
+                )
+            for label, a, b, more in (
+                ("wall", sw, swo, 0.0),
+                ("CPU, rank 0 process + its worker", cw, cwo, worker),
+            ):
+                print(
+                    f"  implied overhead ({label}, means): "
+                    + "; ".join(
+                        f"a save every {e} steps {implied(a, b, save_every, e, more)[0] * 1e3:.2f} ms/step = "
+                        f"{implied(a, b, save_every, e, more)[1]:.2%}"
+                        for e in sorted({save_every, 100, 1000})
+                    )
+                )
             base = statistics.median(swo["other"])
-            print("  callback on the training thread per step (of the median 'other' step without it): " + "; ".join(
-                f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
-                f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})" for r, h in sorted(hooks.items())
-                if r.startswith("hooks-")))
+            print(
+                "  callback on the training thread per step (of the median 'other' step without it): "
+                + "; ".join(
+                    f"{r}: CPU {h['cpu'] / steps * 1e6:.0f} us ({h['cpu'] / steps / base:.2%}), wall "
+                    f"{h['wall'] / steps * 1e6:.0f} us ({h['wall'] / steps / base:.2%})"
+                    for r, h in sorted(hooks.items())
+                    if r.startswith("hooks-")
+                )
+            )
             for r, h in sorted(hooks.items()):
                 if not r.startswith("hooks-"):
                     continue
-                print(f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): " + ", ".join(
-                    f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
-                    for k, (c, wl, n, c1) in h.get("by_hook", {}).items()))
+                print(
+                    f"    {r} per call, CPU/wall (CPU without the first call, its one-time imports): "
+                    + ", ".join(
+                        f"{k} x{n} {c / n * 1e6:.0f}/{wl / n * 1e6:.0f} us ({(c - c1) / max(1, n - 1) * 1e6:.0f})"
+                        for k, (c, wl, n, c1) in h.get("by_hook", {}).items()
+                    )
+                )
         if len(runs) > 1:
-            pair = sorted(statistics.fmean(r[1] for r in w) / statistics.fmean(r[1] for r in wo) for w, wo, _h in runs)
-            print(f"  over the {len(runs)} pairs, mean wall step with/without: {', '.join(f'{x:.3f}x' for x in pair)}; "
-                  f"median {statistics.median(pair):.3f}x (pairs run one after the other: the run-to-run spread is "
-                  "the noise floor)")
+            pair = sorted(
+                statistics.fmean(r[1] for r in w) / statistics.fmean(r[1] for r in wo)
+                for w, wo, _h in runs
+            )
+            print(
+                f"  over the {len(runs)} pairs, mean wall step with/without: {', '.join(f'{x:.3f}x' for x in pair)}; "
+                f"median {statistics.median(pair):.3f}x (pairs run one after the other: the run-to-run spread is "
+                "the noise floor)"
+            )
 
 
 def split_validation(tmp: Path, mb: int) -> None:
@@ -314,12 +443,16 @@ def split_validation(tmp: Path, mb: int) -> None:
 
     import realruns
 
-    width = max(64, int((mb * 2**20 / 4 / 4 / 3) ** 0.5))   # 4 layers, float32 weights + 2 Adam moments
+    width = max(
+        64, int((mb * 2**20 / 4 / 4 / 3) ** 0.5)
+    )  # 4 layers, float32 weights + 2 Adam moments
     path = realruns.build_dcp_sharded(tmp / "dcp", shards=4, width=width)
     size = sum(f.stat().st_size for f in path.iterdir())
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
     cmd = [sys.executable, "-m", "checkpoint_strategy", "validate", str(path), "--format", "json"]
-    subprocess.run(cmd + ["--level", "full"], env=env, capture_output=True, check=True)   # warm the page cache
+    subprocess.run(
+        cmd + ["--level", "full"], env=env, capture_output=True, check=True
+    )  # warm the page cache
     one, two, one_in, two_in = [], [], [], []
 
     def seconds(out: bytes) -> float:
@@ -329,17 +462,27 @@ def split_validation(tmp: Path, mb: int) -> None:
 
     for _ in range(3):
         t0 = time.perf_counter()
-        one_in.append(seconds(subprocess.run(cmd + ["--level", "full"], env=env, capture_output=True,
-                                             check=True).stdout))
+        one_in.append(
+            seconds(
+                subprocess.run(
+                    cmd + ["--level", "full"], env=env, capture_output=True, check=True
+                ).stdout
+            )
+        )
         one.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        procs = [subprocess.Popen(cmd + ["--part", f"{k}/2"], env=env, stdout=subprocess.PIPE) for k in (1, 2)]
+        procs = [
+            subprocess.Popen(cmd + ["--part", f"{k}/2"], env=env, stdout=subprocess.PIPE)
+            for k in (1, 2)
+        ]
         two_in.append(max(seconds(pr.communicate()[0]) for pr in procs))
         two.append(time.perf_counter() - t0)
     o, t, oi, ti = (statistics.median(x) for x in (one, two, one_in, two_in))
-    print(f"validation of a 4-shard DCP checkpoint ({size / 2**20:.0f} MB, level full, warm cache): one process "
-          f"{oi:.3f} s, two processes one part each {ti:.3f} s (the slower part) = {ti / oi:.2f}x; with the "
-          f"process start: {o:.2f} s vs {t:.2f} s = {t / o:.2f}x")
+    print(
+        f"validation of a 4-shard DCP checkpoint ({size / 2**20:.0f} MB, level full, warm cache): one process "
+        f"{oi:.3f} s, two processes one part each {ti:.3f} s (the slower part) = {ti / oi:.2f}x; with the "
+        f"process start: {o:.2f} s vs {t:.2f} s = {t / o:.2f}x"
+    )
 
 
 def guard_loop(out: Path, steps: int, sleep: float, with_guard: bool) -> list[float]:
@@ -365,15 +508,19 @@ def guard_loop(out: Path, steps: int, sleep: float, with_guard: bool) -> list[fl
         loss = torch.nn.functional.mse_loss(model(x), x[:, :1])
         opt.zero_grad()
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), (guard.grad_clip(step) if guard else None) or 1e9)
+        gn = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), (guard.grad_clip(step) if guard else None) or 1e9
+        )
         opt.step()
-        time.sleep(sleep)                      # the GPU's share of the step: the CPU waits
+        time.sleep(sleep)  # the GPU's share of the step: the CPU waits
         save = step % 50 == 0
         if guard is not None:
             save = guard.step(step, float(loss.detach()), grad_norm=float(gn)).action == "save"
         if save:
             path = out / f"checkpoint-{step}.pt"
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, path
+            )
             if guard is not None:
                 guard.saved(step, path)
         times.append(time.perf_counter() - t0)
@@ -397,9 +544,15 @@ def hf_playbook_run(out: Path, steps: int, sleep: float, with_playbook: bool) ->
             marks.append(time.perf_counter())
 
     args = realruns._training_args(out, max_steps=steps, save_steps=500)
-    cb = HFCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 2}, preemption_signals=())
-    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
-                      callbacks=[cb, Pad()])
+    cb = HFCheckpointStrategy(
+        {"frequency": "every_50_steps", "keep_last": 2}, preemption_signals=()
+    )
+    trainer = Trainer(
+        model=realruns._tiny_gpt2(),
+        args=args,
+        train_dataset=realruns._TokenDataset(4096, 16, 64),
+        callbacks=[cb, Pad()],
+    )
     if with_playbook:
         train_with_recovery(trainer, level="quick")
     else:
@@ -427,8 +580,13 @@ def guard_cpu(n: int = 20000) -> float:
 
 def playbook(tmp: Path, steps: int, pairs: int, sleep: float) -> None:
     per = guard_cpu()
-    print(f"TrainingGuard alone: {per * 1e6:.1f} us CPU a step = {per / sleep:.2%} of a {sleep * 1e3:.0f} ms step")
-    for label, run in (("plain loop + TrainingGuard", guard_loop), ("HF Trainer: train_with_recovery", hf_playbook_run)):
+    print(
+        f"TrainingGuard alone: {per * 1e6:.1f} us CPU a step = {per / sleep:.2%} of a {sleep * 1e3:.0f} ms step"
+    )
+    for label, run in (
+        ("plain loop + TrainingGuard", guard_loop),
+        ("HF Trainer: train_with_recovery", hf_playbook_run),
+    ):
         w_med, wo_med, w_mean, wo_mean = [], [], [], []
         for p in range(pairs):
             for on in (True, False):
@@ -436,55 +594,105 @@ def playbook(tmp: Path, steps: int, pairs: int, sleep: float) -> None:
                 (w_med if on else wo_med).append(statistics.median(t))
                 (w_mean if on else wo_mean).append(statistics.fmean(t))
         med, mean = statistics.median(w_med) / statistics.median(wo_med), sum(w_mean) / sum(wo_mean)
-        print(f"{label}, {steps} steps x {pairs} pairs, each step padded {sleep * 1e3:.0f} ms: median step with/without "
-              f"{statistics.median(w_med) * 1e3:.2f} / {statistics.median(wo_med) * 1e3:.2f} ms = {med:.4f}x; "
-              f"mean (saves included) {mean:.4f}x (target within 1 %)")
+        print(
+            f"{label}, {steps} steps x {pairs} pairs, each step padded {sleep * 1e3:.0f} ms: median step with/without "
+            f"{statistics.median(w_med) * 1e3:.2f} / {statistics.median(wo_med) * 1e3:.2f} ms = {med:.4f}x; "
+            f"mean (saves included) {mean:.4f}x (target within 1 %)"
+        )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=2)
-    ap.add_argument("--no-worker", action="store_true",
-                    help="validate_on_save off and no keep_last: the worker never runs (the callback's own cost)")
-    ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu",
-                    help="cpu: the training thread's CPU time in the callback (default); wall: perf_counter")
-    ap.add_argument("--multiproc", action="store_true",
-                    help="also the 2-process runs (torchrun, Lightning DDP) and the split validation of a DCP checkpoint")
-    ap.add_argument("--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)")
-    ap.add_argument("--only-multiproc", action="store_true", help="only the 2-process runs and the split validation")
-    ap.add_argument("--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)")
-    ap.add_argument("--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs")
-    ap.add_argument("--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs")
-    ap.add_argument("--step-sleep", type=float, default=0.0,
-                    help="seconds each step of the 2-process runs waits with the CPU idle, as a step waiting for its "
-                         "GPU does (0: CPU-bound steps, the worst case for the background worker)")
-    ap.add_argument("--idle-worker-baseline", action="store_true",
-                    help="HF: the runs without the callback start its worker process anyway, idle (a control: what the "
-                         "worker's mere presence costs)")
-    ap.add_argument("--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation")
-    ap.add_argument("--playbook", action="store_true",
-                    help="only the recovery playbook's end-to-end cost (TrainingGuard, train_with_recovery); "
-                         "--step-sleep pads each step (default 0.05 s here)")
+    ap.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="validate_on_save off and no keep_last: the worker never runs (the callback's own cost)",
+    )
+    ap.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: the training thread's CPU time in the callback (default); wall: perf_counter",
+    )
+    ap.add_argument(
+        "--multiproc",
+        action="store_true",
+        help="also the 2-process runs (torchrun, Lightning DDP) and the split validation of a DCP checkpoint",
+    )
+    ap.add_argument(
+        "--dcp-mb", type=int, default=256, help="size of the 4-shard DCP checkpoint (MB)"
+    )
+    ap.add_argument(
+        "--only-multiproc",
+        action="store_true",
+        help="only the 2-process runs and the split validation",
+    )
+    ap.add_argument(
+        "--kinds", default="hf,pl", help="the 2-process runs to make: hf, pl or both (hf,pl)"
+    )
+    ap.add_argument(
+        "--detect-every", type=int, default=1, help="Lightning's detect_every in the 2-process runs"
+    )
+    ap.add_argument(
+        "--save-every", type=int, default=10, help="save interval (steps) of the 2-process runs"
+    )
+    ap.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.0,
+        help="seconds each step of the 2-process runs waits with the CPU idle, as a step waiting for its "
+        "GPU does (0: CPU-bound steps, the worst case for the background worker)",
+    )
+    ap.add_argument(
+        "--idle-worker-baseline",
+        action="store_true",
+        help="HF: the runs without the callback start its worker process anyway, idle (a control: what the "
+        "worker's mere presence costs)",
+    )
+    ap.add_argument(
+        "--no-split-validation", action="store_true", help="skip the 4-shard DCP split validation"
+    )
+    ap.add_argument(
+        "--playbook",
+        action="store_true",
+        help="only the recovery playbook's end-to-end cost (TrainingGuard, train_with_recovery); "
+        "--step-sleep pads each step (default 0.05 s here)",
+    )
     a = ap.parse_args()
     if a.playbook:
-        playbook(Path(tempfile.mkdtemp(prefix="bench-playbook-")), a.steps, a.pairs, a.step_sleep or 0.05)
+        playbook(
+            Path(tempfile.mkdtemp(prefix="bench-playbook-")), a.steps, a.pairs, a.step_sleep or 0.05
+        )
         return 0
     global CLOCK
     CLOCK = time.thread_time if a.clock == "cpu" else time.perf_counter
-    print(f"clock: {'CPU time of the training thread (time.thread_time)' if a.clock == 'cpu' else 'wall (perf_counter)'}")
+    print(
+        f"clock: {'CPU time of the training thread (time.thread_time)' if a.clock == 'cpu' else 'wall (perf_counter)'}"
+    )
     if a.no_worker:
         POLICY.update(validate_on_save=False, keep_last=None)
     tmp = Path(tempfile.mkdtemp(prefix="bench-callbacks-"))
 
     if a.only_multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep,
-                  a.idle_worker_baseline)
+        multiproc(
+            tmp,
+            a.steps,
+            a.pairs,
+            a.save_every,
+            tuple(a.kinds.split(",")),
+            a.detect_every,
+            a.step_sleep,
+            a.idle_worker_baseline,
+        )
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
         return 0
     per_update = detector_cost(100_000)
-    print(f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)")
+    print(
+        f"online detector: {per_update * 1e6:.1f} us per logged step (loss + grad norm, 100000 steps)"
+    )
 
     with_steps, without_steps, runs, means = [], [], [], []
     for p in range(a.pairs):
@@ -495,20 +703,34 @@ def main() -> int:
         means.append(mean_with / mean_without)
         runs.append(timer)
     base = statistics.median(without_steps)
-    print(f"HF Trainer, {a.steps} steps x {a.pairs} runs, logging every step, a save every 10 steps, "
-          f"{'no worker' if a.no_worker else 'validation + prune on the background worker'}:")
+    print(
+        f"HF Trainer, {a.steps} steps x {a.pairs} runs, logging every step, a save every 10 steps, "
+        f"{'no worker' if a.no_worker else 'validation + prune on the background worker'}:"
+    )
     report(runs[len(runs) // 2], a.steps, base, "without the callback")
-    print(f"  end to end, median step with/without: {statistics.median(with_steps) * 1e3:.1f} / {base * 1e3:.1f} ms "
-          f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
-          f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)")
+    print(
+        f"  end to end, median step with/without: {statistics.median(with_steps) * 1e3:.1f} / {base * 1e3:.1f} ms "
+        f"= {statistics.median(with_steps) / base:.3f}x; mean step (whole run / steps, saves included) "
+        f"with/without: {', '.join(f'{m:.3f}x' for m in means)} (shared machine: noisy)"
+    )
     if a.multiproc:
-        multiproc(tmp, a.steps, a.pairs, a.save_every, tuple(a.kinds.split(",")), a.detect_every, a.step_sleep,
-                  a.idle_worker_baseline)
+        multiproc(
+            tmp,
+            a.steps,
+            a.pairs,
+            a.save_every,
+            tuple(a.kinds.split(",")),
+            a.detect_every,
+            a.step_sleep,
+            a.idle_worker_baseline,
+        )
         if not a.no_split_validation:
             split_validation(tmp, a.dcp_mb)
     for every in (1, 10):
         timer, step_s = lightning_hook_cost(tmp / f"pl-{every}" / "ckpts", a.steps, every)
-        print(f"Lightning, {a.steps} steps, detection (and grad norm) every {every} step(s), a save every 10 steps:")
+        print(
+            f"Lightning, {a.steps} steps, detection (and grad norm) every {every} step(s), a save every 10 steps:"
+        )
         report(timer, a.steps, step_s, "with the callback")
     return 0
 

@@ -42,8 +42,10 @@ def build(root: Path, layers: int, width: int, shards: int) -> Path:
     model(torch.randn(2, width)).sum().backward()
     opt.step()
     path = root / "dcp" / "step-1"
-    dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
-             storage_writer=FileSystemWriter(str(path), thread_count=shards))
+    dcp.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict()},
+        storage_writer=FileSystemWriter(str(path), thread_count=shards),
+    )
     return path
 
 
@@ -74,7 +76,7 @@ def main() -> None:
     try:
         path = build(tmp, a.layers, a.width, a.shards)
         size = sum(f.stat().st_size for f in path.iterdir())
-        validate_checkpoint(str(path), level="deep")   # imports, page cache
+        validate_checkpoint(str(path), level="deep")  # imports, page cache
         walls, cpus = [], []
         for _ in range(a.repeat):
             w0, c0 = time.perf_counter(), time.process_time()
@@ -88,12 +90,18 @@ def main() -> None:
         for k in calls:
             calls[k] = 0
         validate_checkpoint(str(path), level="deep")
-        print(f"DCP {a.layers} layers x Linear({a.width}) + AdamW, {a.shards} files, {size / 1e6:.1f} MB")
-        print(f"  validate --level deep: best of {a.repeat} {min(walls) * 1e3:.1f} ms wall, "
-              f"{min(cpus) * 1e3:.1f} ms CPU")
+        print(
+            f"DCP {a.layers} layers x Linear({a.width}) + AdamW, {a.shards} files, {size / 1e6:.1f} MB"
+        )
+        print(
+            f"  validate --level deep: best of {a.repeat} {min(walls) * 1e3:.1f} ms wall, "
+            f"{min(cpus) * 1e3:.1f} ms CPU"
+        )
         deep = sum(calls.values())
-        print(f"  embedded archive parses: level full {full} (one per item), level deep {deep} "
-              f"({deep / max(1, full):.2f} per item)")
+        print(
+            f"  embedded archive parses: level full {full} (one per item), level deep {deep} "
+            f"({deep / max(1, full):.2f} per item)"
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

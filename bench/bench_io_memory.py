@@ -52,8 +52,13 @@ sys.exit(main(sys.argv[1:]))
 def peak_rss_mb(argv: list[str]) -> tuple[float, int]:
     with tempfile.NamedTemporaryFile("r", suffix=".hwm") as hwm:
         env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts"), "CS_HWM_FILE": hwm.name}
-        proc = subprocess.run([sys.executable, "-c", _CHILD, *argv], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=env, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            timeout=600,
+        )
         return int(open(hwm.name).read()) / 1024, proc.returncode
 
 
@@ -62,7 +67,7 @@ def zip_bomb(path: Path, inflated: int, declared: int | None = None) -> None:
     chunk = b"\0" * (16 << 20)
     parts, crc, left = [], 0, inflated
     while left:
-        c = chunk[:min(left, len(chunk))]
+        c = chunk[: min(left, len(chunk))]
         parts.append(co.compress(c))
         crc = zlib.crc32(c, crc)
         left -= len(c)
@@ -70,9 +75,35 @@ def zip_bomb(path: Path, inflated: int, declared: int | None = None) -> None:
     data = b"".join(parts)
     usize = min(inflated if declared is None else declared, 0xFFFFFFFF)
     name = b"archive/data.pkl"
-    lh = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), usize, len(name), 0) + name
-    cd = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 8, 0, 0, crc, len(data), usize,
-                     len(name), 0, 0, 0, 0, 0, 0) + name
+    lh = (
+        struct.pack(
+            "<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, crc, len(data), usize, len(name), 0
+        )
+        + name
+    )
+    cd = (
+        struct.pack(
+            "<4sHHHHHHIIIHHHHHII",
+            b"PK\x01\x02",
+            20,
+            20,
+            0,
+            8,
+            0,
+            0,
+            crc,
+            len(data),
+            usize,
+            len(name),
+            0,
+            0,
+            0,
+            0,
+            0,
+            0,
+        )
+        + name
+    )
     eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(lh) + len(data), 0)
     path.write_bytes(lh + data + cd + eocd)
 
@@ -97,7 +128,12 @@ def small_safetensors(path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gb", type=float, default=3.0, help="inflated size of the zip bomb / sparse file (default 3)")
+    ap.add_argument(
+        "--gb",
+        type=float,
+        default=3.0,
+        help="inflated size of the zip bomb / sparse file (default 3)",
+    )
     args = ap.parse_args()
     n = int(args.gb * (1 << 30))
     with tempfile.TemporaryDirectory() as d:
@@ -119,7 +155,9 @@ def main() -> int:
         soup.mkdir(parents=True)
         (soup / "__0_0.distcp").write_bytes(b"\0" * 16)
         n_ops = (63 << 20) // 3
-        (soup / ".metadata").write_bytes(b"\x80\x04\x8c\rrelative_path\x94" + b"K\x01\x94" * n_ops + b".")
+        (soup / ".metadata").write_bytes(
+            b"\x80\x04\x8c\rrelative_path\x94" + b"K\x01\x94" * n_ops + b"."
+        )
         fifo = t / "fifo" / "checkpoint-1"
         fifo.mkdir(parents=True)
         small_safetensors(fifo / "model.safetensors")
@@ -130,15 +168,29 @@ def main() -> int:
         (deep / "trainer_state.json").write_bytes(b"[" * (60 << 20))
 
         base, rc = peak_rss_mb(["validate", str(t / "model.safetensors")])
-        print(f"baseline: validate a small valid safetensors file: {base:.0f} MB peak RSS (rc {rc})")
+        print(
+            f"baseline: validate a small valid safetensors file: {base:.0f} MB peak RSS (rc {rc})"
+        )
         cases = [
-            (f"zip bomb ({(t / 'bomb.ckpt').stat().st_size / 1e6:.1f} MB -> {args.gb:g} GB), quick", ["validate", str(t / "bomb.ckpt")]),
+            (
+                f"zip bomb ({(t / 'bomb.ckpt').stat().st_size / 1e6:.1f} MB -> {args.gb:g} GB), quick",
+                ["validate", str(t / "bomb.ckpt")],
+            ),
             ("zip bomb, full", ["validate", str(t / "bomb.ckpt"), "--level", "full"]),
             ("zip bomb lying about its size, quick", ["validate", str(t / "bomb-lie.ckpt")]),
-            ("zip bomb lying about its size, full", ["validate", str(t / "bomb-lie.ckpt"), "--level", "full"]),
-            ("zip64 record past a sparse file's data, full", ["validate", str(t / "sparse.pt"), "--level", "full"]),
+            (
+                "zip bomb lying about its size, full",
+                ["validate", str(t / "bomb-lie.ckpt"), "--level", "full"],
+            ),
+            (
+                "zip64 record past a sparse file's data, full",
+                ["validate", str(t / "sparse.pt"), "--level", "full"],
+            ),
             (".metadata -> /dev/zero", ["validate", str(t / "dcp-zero" / "step-1")]),
-            (".metadata sparse 10 GB", ["validate", str(t / "dcp-sparse" / "step-1"), "--level", "full"]),
+            (
+                ".metadata sparse 10 GB",
+                ["validate", str(t / "dcp-sparse" / "step-1"), "--level", "full"],
+            ),
             (".metadata: 63 MB, 22M memoized opcodes", ["validate", str(soup)]),
             ("FIFO trainer_state.json", ["validate", str(fifo)]),
             ("60 MB deeply nested trainer_state.json", ["validate", str(deep)]),
@@ -148,9 +200,13 @@ def main() -> int:
         for label, argv in cases:
             mb, rc = peak_rss_mb(argv)
             worst = max(worst, mb)
-            print(f"{label:<52} {mb:>8.0f} {mb / base:>7.2f} {rc:>3}  {'ok' if mb <= TARGET_MB and rc == 1 else 'FAIL'}")
-        print(f"worst case: {worst:.0f} MB = {worst / base:.2f}x the baseline; target {TARGET_MB} MB: "
-              f"{'met' if worst <= TARGET_MB else 'NOT met'}")
+            print(
+                f"{label:<52} {mb:>8.0f} {mb / base:>7.2f} {rc:>3}  {'ok' if mb <= TARGET_MB and rc == 1 else 'FAIL'}"
+            )
+        print(
+            f"worst case: {worst:.0f} MB = {worst / base:.2f}x the baseline; target {TARGET_MB} MB: "
+            f"{'met' if worst <= TARGET_MB else 'NOT met'}"
+        )
         return 0 if worst <= TARGET_MB else 1
 
 

@@ -50,7 +50,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--save-steps", type=int, default=2)
     ap.add_argument("--scripts", default=str(ROOT / "scripts"))
-    ap.add_argument("--keep", help="build the checkpoints here (and reuse them when it already holds some)")
+    ap.add_argument(
+        "--keep", help="build the checkpoints here (and reuse them when it already holds some)"
+    )
     args = ap.parse_args()
     sys.path.insert(0, args.scripts)
     import torch
@@ -60,7 +62,9 @@ def main() -> int:
     from checkpoint_strategy.validate.engine import validate_checkpoint
 
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-pickle-"))
-    ckpts = sorted((where / "hf-export").glob("checkpoint-*")) or build(where, args.steps, args.save_steps)
+    ckpts = sorted((where / "hf-export").glob("checkpoint-*")) or build(
+        where, args.steps, args.save_steps
+    )
     pkls = []
     for c in ckpts:
         assert validate_checkpoint(c, "quick").status == "valid", c
@@ -87,11 +91,13 @@ def main() -> int:
         for name, fn in (("quick", quick), ("load", load), ("reader", reader)):
             best[name] = min(best[name], cpu(fn))
     n = len(ckpts)
-    print(f"{n} real HF Trainer checkpoints ({args.scripts}), least of {args.repeat} interleaved rounds, CPU per "
-          f"checkpoint: validate quick {best['quick'] / n * 1e3:.2f} ms, torch.load(weights_only=True) of "
-          f"{', '.join(LOADED)} {best['load'] / n * 1e3:.2f} ms, read_pickle of its {len(pkls) // n} data.pkl "
-          f"{best['reader'] / n * 1e3:.2f} ms; quick / torch.load = {best['quick'] / best['load']:.3f}x "
-          f"(target <= 0.10x), the reader alone {best['reader'] / best['load']:.3f}x")
+    print(
+        f"{n} real HF Trainer checkpoints ({args.scripts}), least of {args.repeat} interleaved rounds, CPU per "
+        f"checkpoint: validate quick {best['quick'] / n * 1e3:.2f} ms, torch.load(weights_only=True) of "
+        f"{', '.join(LOADED)} {best['load'] / n * 1e3:.2f} ms, read_pickle of its {len(pkls) // n} data.pkl "
+        f"{best['reader'] / n * 1e3:.2f} ms; quick / torch.load = {best['quick'] / best['load']:.3f}x "
+        f"(target <= 0.10x), the reader alone {best['reader'] / best['load']:.3f}x"
+    )
     return 0
 
 

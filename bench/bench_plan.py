@@ -23,11 +23,23 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAN = [sys.executable, str(ROOT / "scripts" / "checkpoint-strategy"), "100000", "2.5", "500", "--model-size-gb", "4"]
+PLAN = [
+    sys.executable,
+    str(ROOT / "scripts" / "checkpoint-strategy"),
+    "100000",
+    "2.5",
+    "500",
+    "--model-size-gb",
+    "4",
+]
 COMMANDS = {
     "python -c pass": [sys.executable, "-c", "pass"],
     # what the plan path needs from its dependencies (issue 10's baseline)
-    "import deps": [sys.executable, "-c", "from pydantic import BaseModel; import jinja2, jsonschema, yaml"],
+    "import deps": [
+        sys.executable,
+        "-c",
+        "from pydantic import BaseModel; import jinja2, jsonschema, yaml",
+    ],
     "plan (text)": PLAN,
     "plan (json)": PLAN + ["--format", "json"],
 }
@@ -59,12 +71,19 @@ def main() -> int:
     for name, ts in times.items():
         print(f"{name:<16} {min(ts) * 1000:>10.1f} {min(ts) / base:>9.2f} {min(ts) / deps:>7.2f}")
     ratio, floor = min(times["plan (text)"]) / base, deps / base
-    print(f"plan / python -c pass = {ratio:.2f}x; importing the dependencies alone is {floor:.2f}x"
-          + (": issue 2's 3x is below that floor here (reported, not judged)" if floor > 3 else
-             f" (issue 2's target <= 3x: {'OK' if ratio <= 3 else 'OVER'})"))
+    print(
+        f"plan / python -c pass = {ratio:.2f}x; importing the dependencies alone is {floor:.2f}x"
+        + (
+            ": issue 2's 3x is below that floor here (reported, not judged)"
+            if floor > 3
+            else f" (issue 2's target <= 3x: {'OK' if ratio <= 3 else 'OVER'})"
+        )
+    )
     for label, table in (("wall", times), ("CPU", cpu)):
         ratio = min(table["plan (text)"]) / min(table["import deps"])
-        print(f"plan / import deps = {ratio:.2f}x {label} (target <= 1.25x): {'OK' if ratio <= 1.25 else 'OVER'}")
+        print(
+            f"plan / import deps = {ratio:.2f}x {label} (target <= 1.25x): {'OK' if ratio <= 1.25 else 'OVER'}"
+        )
     print(f"{'command':<16} {'least CPU ms':>13} {'x deps':>7}")
     cdeps = min(cpu["import deps"])
     for name, ts in cpu.items():

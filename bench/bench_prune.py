@@ -27,8 +27,10 @@ def _make(template: Path, mb: int) -> None:
 
     template.mkdir(parents=True)
     save_file({"w": torch.zeros(mb * (1 << 18))}, str(template / "model.safetensors"))
-    torch.save({"state": {0: {"exp_avg": torch.zeros(mb * (1 << 18))}}, "param_groups": []},
-               template / "optimizer.pt")
+    torch.save(
+        {"state": {0: {"exp_avg": torch.zeros(mb * (1 << 18))}}, "param_groups": []},
+        template / "optimizer.pt",
+    )
     torch.save({"last_epoch": 1}, template / "scheduler.pt")
     (template / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
 
@@ -38,7 +40,9 @@ def _fill(root: Path, template: Path, n: int) -> None:
     for i in range(1, n + 1):
         dest = root / f"checkpoint-{i * 10}"
         shutil.copytree(template, dest)
-        (dest / "trainer_state.json").write_text(json.dumps({"global_step": i * 10, "log_history": []}))
+        (dest / "trainer_state.json").write_text(
+            json.dumps({"global_step": i * 10, "log_history": []})
+        )
 
 
 def main() -> None:
@@ -64,9 +68,11 @@ def main() -> None:
         t0 = time.perf_counter()
         prune(base / "c", keep_last=1, spike_check=False)
         dry = time.perf_counter() - t0
-    print(f"{n} checkpoints of {2 * mb} MB: rmtree of {n - 1} {baseline * 1000:.0f} ms (baseline); "
-          f"prune --apply {took * 1000:.0f} ms = {took / baseline:.2f}x; dry run (validation only) "
-          f"{dry * 1000:.0f} ms = {dry / baseline:.2f}x")
+    print(
+        f"{n} checkpoints of {2 * mb} MB: rmtree of {n - 1} {baseline * 1000:.0f} ms (baseline); "
+        f"prune --apply {took * 1000:.0f} ms = {took / baseline:.2f}x; dry run (validation only) "
+        f"{dry * 1000:.0f} ms = {dry / baseline:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -43,11 +43,19 @@ def build(path: Path, n: int) -> None:
     rng = np.random.default_rng(0)
     t = np.arange(1, n + 1)
     loss = (2.0 + 3.0 * np.exp(-t / 20000)) * (1 + 0.03 * rng.standard_normal(n))
-    loss[n - 5000:] *= 4  # a spike near the end that has not recovered
+    loss[n - 5000 :] *= 4  # a spike near the end that has not recovered
     gn = 0.5 + 0.05 * rng.standard_normal(n)
     lr = np.minimum(t / 2000, 1.0) * 3e-4
-    hist = [{"epoch": round(float(i) / 5000, 4), "grad_norm": float(g), "learning_rate": float(l),
-             "loss": float(x), "step": int(i)} for i, x, g, l in zip(t, loss, gn, lr, strict=True)]
+    hist = [
+        {
+            "epoch": round(float(i) / 5000, 4),
+            "grad_norm": float(g),
+            "learning_rate": float(l),
+            "loss": float(x),
+            "step": int(i),
+        }
+        for i, x, g, l in zip(t, loss, gn, lr, strict=True)
+    ]
     path.write_text(json.dumps({"global_step": n, "log_history": hist}, indent=2))
 
 
@@ -57,9 +65,13 @@ def build_compact(path: Path, n: int) -> None:
     with open(path, "w") as fh:
         fh.write(f'{{"global_step": {n}, "log_history": [')
         for start in range(0, n, 500_000):
-            part = loss[start:start + 500_000]
-            fh.write(("" if start == 0 else ", ") + ", ".join(f'{{"loss": {v:.4f}, "step": {start + i + 1}}}'
-                                                             for i, v in enumerate(part)))
+            part = loss[start : start + 500_000]
+            fh.write(
+                ("" if start == 0 else ", ")
+                + ", ".join(
+                    f'{{"loss": {v:.4f}, "step": {start + i + 1}}}' for i, v in enumerate(part)
+                )
+            )
         fh.write("]}")
 
 
@@ -69,7 +81,11 @@ def build_jsonl(path: Path, n: int) -> None:
         for start in range(0, n, 100_000):
             k = min(100_000, n - start)
             loss = 2.0 * (1 + 0.02 * rng.standard_normal(k))
-            fh.write("".join(f'{{"step": {start + i + 1}, "loss": {v:.5f}}}\n' for i, v in enumerate(loss)))
+            fh.write(
+                "".join(
+                    f'{{"step": {start + i + 1}, "loss": {v:.5f}}}\n' for i, v in enumerate(loss)
+                )
+            )
 
 
 def least(fn, repeat: int) -> tuple[float, float]:
@@ -103,8 +119,11 @@ def peak_rss_mb(code: str) -> float:
     """Peak RSS (MB) of a fresh interpreter running `code`: its VmHWM, reset first through
     /proc/self/clear_refs (a forked child starts with its parent's peak)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    wrapped = ("open('/proc/self/clear_refs', 'w').write('5')\n" + code +
-               "\nprint(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))")
+    wrapped = (
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        + code
+        + "\nprint(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')))"
+    )
     out = subprocess.run([sys.executable, "-c", wrapped], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"child failed: {out.stderr.strip()[-300:]}")
@@ -127,8 +146,10 @@ def _orjson():
 
 
 def show(name: str, t: tuple[float, float], base: tuple[float, float], base_name: str) -> str:
-    return (f"  {name:34s} {t[0]:7.2f} s wall, {t[1]:7.2f} s CPU = {t[0] / base[0]:5.2f}x / {t[1] / base[1]:5.2f}x "
-            f"{base_name}")
+    return (
+        f"  {name:34s} {t[0]:7.2f} s wall, {t[1]:7.2f} s CPU = {t[0] / base[0]:5.2f}x / {t[1] / base[1]:5.2f}x "
+        f"{base_name}"
+    )
 
 
 def bench_jsonl(d: Path, n: int, repeat: int, floor: float) -> bool:
@@ -140,14 +161,24 @@ def bench_jsonl(d: Path, n: int, repeat: int, floor: float) -> bool:
     base_name = "orjson per line" if oj else "json.loads per line (no orjson)"
     # the floor and ours in rounds, one of each a round: a burst of other work on the shared machine lands on all
     # three of a round, not on one of them (each figure is still the least of `repeat`)
-    base, read, full = interleaved([lambda: per_line(jl, oj.loads if oj else json.loads), lambda: read_log(jl),
-                                    lambda: advise(jl, [])], repeat)
+    base, read, full = interleaved(
+        [
+            lambda: per_line(jl, oj.loads if oj else json.loads),
+            lambda: read_log(jl),
+            lambda: advise(jl, []),
+        ],
+        repeat,
+    )
     rss = peak_rss_mb(f"from checkpoint_strategy.recovery import advise; advise({str(jl)!r}, [])")
     print(f"1. JSON lines: {n} lines, {size:.0f} MB")
     print(show("json.loads per line", stdlib, base, base_name))
     print(show("read_log", read, base, base_name))
-    print(show("recover analysis (advise)", full, base, base_name) + " (target <= 2x orjson per line)")
-    print(f"  peak RSS {rss:.0f} MB = {rss / size:.2f}x the file (import floor {floor:.0f} MB; target <= 2x)")
+    print(
+        show("recover analysis (advise)", full, base, base_name) + " (target <= 2x orjson per line)"
+    )
+    print(
+        f"  peak RSS {rss:.0f} MB = {rss / size:.2f}x the file (import floor {floor:.0f} MB; target <= 2x)"
+    )
     jl.unlink()
     return rss / size <= 2.0
 
@@ -165,24 +196,31 @@ def bench_document(d: Path, name: str, builder, n: int, repeat: int, floor: floa
     base = least(load, repeat)
     ours = least(lambda: advise(path, []), repeat)
     rss_load = peak_rss_mb(f"import json; json.load(open({str(path)!r}, 'rb'))")
-    rss_ours = peak_rss_mb(f"from checkpoint_strategy.recovery import advise; advise({str(path)!r}, [])")
+    rss_ours = peak_rss_mb(
+        f"from checkpoint_strategy.recovery import advise; advise({str(path)!r}, [])"
+    )
     print(f"{name}: {n} entries, {size:.0f} MB")
-    print(f"  json.load                          {base[0]:7.2f} s wall, {base[1]:7.2f} s CPU, peak RSS {rss_load:.0f} MB")
+    print(
+        f"  json.load                          {base[0]:7.2f} s wall, {base[1]:7.2f} s CPU, peak RSS {rss_load:.0f} MB"
+    )
     if oj is not None:
         t_oj = least(lambda: oj.loads(path.read_bytes()), repeat)
         rss_oj = peak_rss_mb(f"import orjson; orjson.loads(open({str(path)!r}, 'rb').read())")
         print(show("orjson.loads", t_oj, base, "json.load") + f", peak RSS {rss_oj:.0f} MB")
     print(show("recover analysis (advise)", ours, base, "json.load") + " (target <= 2x)")
-    print(f"  peak RSS {rss_ours:.0f} MB = {rss_ours / size:.2f}x the file, {rss_ours / rss_load:.2f}x json.load's "
-          f"(import floor {floor:.0f} MB; target 200 MB)")
+    print(
+        f"  peak RSS {rss_ours:.0f} MB = {rss_ours / size:.2f}x the file, {rss_ours / rss_load:.2f}x json.load's "
+        f"(import floor {floor:.0f} MB; target 200 MB)"
+    )
     path.unlink()
     return ours[1] / base[1] <= 2.0
 
 
 def bench_events(d: Path, n: int, repeat: int) -> None:
-    from checkpoint_strategy.cli.main import main
     import contextlib
     import io
+
+    from checkpoint_strategy.cli.main import main
 
     ev = d / "events.jsonl"
     ev.write_text("".join(f'{{"event": "LOSS_SPIKE", "step": {i}}}\n' for i in range(n)))
@@ -195,13 +233,19 @@ def bench_events(d: Path, n: int, repeat: int) -> None:
         assert rc == 0 and "EMERGENCY SAVE (step 0)" in out.getvalue()
 
     ours = least(run, repeat)
-    rss = peak_rss_mb("from checkpoint_strategy.cli.main import main; import contextlib, io\n"
-                      f"with contextlib.redirect_stdout(io.StringIO()): rc = main(['on-event', {str(ev)!r}])\n"
-                      "assert rc == 0, rc")
+    rss = peak_rss_mb(
+        "from checkpoint_strategy.cli.main import main; import contextlib, io\n"
+        f"with contextlib.redirect_stdout(io.StringIO()): rc = main(['on-event', {str(ev)!r}])\n"
+        "assert rc == 0, rc"
+    )
     print(f"4. on-event: {n} LOSS_SPIKE lines, {size:.0f} MB")
-    print(show("on-event", ours, base, "json.loads per line") + f"; {ours[0] / n * 1e6:.1f} us wall, "
-          f"{ours[1] / n * 1e6:.1f} us CPU per event")
-    print(f"  peak RSS {rss:.0f} MB = {rss / size:.2f}x the file (the text and one decision at a time)")
+    print(
+        show("on-event", ours, base, "json.loads per line") + f"; {ours[0] / n * 1e6:.1f} us wall, "
+        f"{ours[1] / n * 1e6:.1f} us CPU per event"
+    )
+    print(
+        f"  peak RSS {rss:.0f} MB = {rss / size:.2f}x the file (the text and one decision at a time)"
+    )
     ev.unlink()
 
 
@@ -212,11 +256,15 @@ def main() -> int:
     ap.add_argument("--compact", type=int, default=6_000_000)
     ap.add_argument("--events", type=int, default=500_000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--only", choices=("jsonl", "hf", "compact", "events"), help="run one part only")
+    ap.add_argument(
+        "--only", choices=("jsonl", "hf", "compact", "events"), help="run one part only"
+    )
     args = ap.parse_args()
     oj = _orjson()
-    print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs); orjson "
-          f"{oj.__version__ if oj else 'not installed'}")
+    print(
+        f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs); orjson "
+        f"{oj.__version__ if oj else 'not installed'}"
+    )
     ok = True
     floor = peak_rss_mb("import checkpoint_strategy.recovery.advice, numpy")
     with tempfile.TemporaryDirectory() as tmp:
@@ -224,9 +272,13 @@ def main() -> int:
         if args.only in (None, "jsonl"):
             ok &= bench_jsonl(d, args.lines, args.repeat, floor)
         if args.only in (None, "hf"):
-            ok &= bench_document(d, "2. HF trainer_state.json", build, args.entries, args.repeat, floor)
+            ok &= bench_document(
+                d, "2. HF trainer_state.json", build, args.entries, args.repeat, floor
+            )
         if args.only in (None, "compact"):
-            bench_document(d, "3. compact trainer_state.json", build_compact, args.compact, args.repeat, floor)
+            bench_document(
+                d, "3. compact trainer_state.json", build_compact, args.compact, args.repeat, floor
+            )
         if args.only in (None, "events"):
             bench_events(d, args.events, args.repeat)
     print(f"load average {os.getloadavg()[0]:.1f} at the end")

@@ -29,10 +29,18 @@ def _objects() -> dict[str, bytes]:
     from safetensors.torch import save
 
     opt = io.BytesIO()
-    torch.save({"state": {0: {"exp_avg": torch.zeros(64), "exp_avg_sq": torch.zeros(64)}},
-                "param_groups": [{"params": [0]}]}, opt)
-    return {"model.safetensors": save({"w": torch.zeros(64)}), "optimizer.pt": opt.getvalue(),
-            "config.json": b'{"model_type": "gpt2"}'}
+    torch.save(
+        {
+            "state": {0: {"exp_avg": torch.zeros(64), "exp_avg_sq": torch.zeros(64)}},
+            "param_groups": [{"params": [0]}],
+        },
+        opt,
+    )
+    return {
+        "model.safetensors": save({"w": torch.zeros(64)}),
+        "optimizer.pt": opt.getvalue(),
+        "config.json": b'{"model_type": "gpt2"}',
+    }
 
 
 def main() -> int:
@@ -41,6 +49,7 @@ def main() -> int:
     n = parser.parse_args().checkpoints
 
     import objectstore
+
     from checkpoint_strategy.cli.main import main as cli
 
     server = objectstore.start()
@@ -50,7 +59,9 @@ def main() -> int:
         files = _objects()
         stored = 0
         for i in range(1, n + 1):
-            state = json.dumps({"global_step": i * 10, "log_history": [{"step": i * 10, "loss": 1.0}]}).encode()
+            state = json.dumps(
+                {"global_step": i * 10, "log_history": [{"step": i * 10, "loss": 1.0}]}
+            ).encode()
             for name, data in {**files, "trainer_state.json": state}.items():
                 fs.pipe_file(f"bench/run/checkpoint-{i * 10}/{name}", data)
                 stored += len(data)
@@ -76,11 +87,15 @@ def main() -> int:
     quick = counts["total"]
     print(f"prefix: {n} checkpoints, {objects} objects, {stored / 1e6:.1f} MB stored")
     print(f"baseline fs.find:           {baseline} requests")
-    print(f"validate --level quick:     {quick} requests (rc {rc}; {counts.get('list', 0)} listing, "
-          f"{counts.get('range', 0)} ranged GETs, {counts.get('get', 0)} other GETs, {counts.get('head', 0)} HEAD)")
+    print(
+        f"validate --level quick:     {quick} requests (rc {rc}; {counts.get('list', 0)} listing, "
+        f"{counts.get('range', 0)} ranged GETs, {counts.get('get', 0)} other GETs, {counts.get('head', 0)} HEAD)"
+    )
     print(f"ratio quick / find:         {quick / baseline:.0f}x")
-    print(f"requests per checkpoint:    {quick / n:.2f} ({(quick - counts.get('list', 0)) / objects:.2f} per object "
-          "beyond the listing)")
+    print(
+        f"requests per checkpoint:    {quick / n:.2f} ({(quick - counts.get('list', 0)) / objects:.2f} per object "
+        "beyond the listing)"
+    )
     print(f"bytes of ranged GETs / stored: {counts.get('bytes_out', 0) / stored:.2f}")
     print(f"(wall time, not a measure:  {seconds:.1f} s through a local moto server)")
     return 0

@@ -47,26 +47,38 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100000)
     a = ap.parse_args()
     print(f"simulate: {a.runs} runs of a 100000-step plan, median of {a.repeat}")
-    print(f"{'scenario':<52} {'events':>7} {'fails/run':>9} {'sim s':>7} {'numpy s':>8} {'x numpy':>8}")
+    print(
+        f"{'scenario':<52} {'events':>7} {'fails/run':>9} {'sim s':>7} {'numpy s':>8} {'x numpy':>8}"
+    )
     for name, (args, rate, q) in SCENARIOS.items():
         report = plan(validate_arguments(args))
         setup = setup_from_plan(report, corrupt_prob=q, spike_rate=rate)
         run_monte_carlo(setup, 1000, 0, report.expected_failures)  # warm up
-        t_sim, raw = _median(lambda: run_monte_carlo(setup, a.runs, 0, report.expected_failures), a.repeat)
+        t_sim, raw = _median(
+            lambda: run_monte_carlo(setup, a.runs, 0, report.expected_failures), a.repeat
+        )
         draws = a.runs * raw.events  # an upper bound on the exponentials the simulation drew
         rng = np.random.default_rng(0)
         t_base, _ = _median(lambda: (rng.standard_exponential(draws) * setup.M).sum(), a.repeat)
-        print(f"{name:<52} {raw.events:>7} {raw.failures.mean():>9.3f} {t_sim:>7.3f} {t_base:>8.3f} "
-              f"{t_sim / t_base:>8.2f}")
+        print(
+            f"{name:<52} {raw.events:>7} {raw.failures.mean():>9.3f} {t_sim:>7.3f} {t_base:>8.3f} "
+            f"{t_sim / t_base:>8.2f}"
+        )
     pargs = validate_arguments(SEED_RUN)
     tradeoffs(pargs)  # warm up (imports)
     t_sweep, rep = _median(lambda: tradeoffs(pargs, spike_rate=0.01), a.repeat)
     points = [(p.frequency_steps, p.keep_last) for p in rep.points]
-    t_plans, _ = _median(lambda: [plan(pargs.model_copy(update={"frequency": f, "keep_last": k}))
-                                  for f, k in points], a.repeat)
-    print(f"tradeoffs: {len(rep.frequencies)} x {len(rep.keep_last_values)} = {len(points)} points in "
-          f"{t_sweep * 1000:.1f} ms; {len(points)} plain plan() calls {t_plans * 1000:.1f} ms; "
-          f"ratio {t_sweep / t_plans:.2f}x (target: well under 1 s: {'OK' if t_sweep < 0.5 else 'SLOW'})")
+    t_plans, _ = _median(
+        lambda: [
+            plan(pargs.model_copy(update={"frequency": f, "keep_last": k})) for f, k in points
+        ],
+        a.repeat,
+    )
+    print(
+        f"tradeoffs: {len(rep.frequencies)} x {len(rep.keep_last_values)} = {len(points)} points in "
+        f"{t_sweep * 1000:.1f} ms; {len(points)} plain plan() calls {t_plans * 1000:.1f} ms; "
+        f"ratio {t_sweep / t_plans:.2f}x (target: well under 1 s: {'OK' if t_sweep < 0.5 else 'SLOW'})"
+    )
     return 0
 
 

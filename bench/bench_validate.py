@@ -42,8 +42,11 @@ from checkpoint_strategy.validate import validate_checkpoint, validate_paths  # 
 def _safetensors(nbytes_each: int = 64, prefix: str = "") -> bytes:
     header = {"__metadata__": {"format": "pt"}}
     for i in range(4):
-        header[f"{prefix}layer.{i}.weight"] = {"dtype": "F32", "shape": [nbytes_each // 4],
-                                       "data_offsets": [i * nbytes_each, (i + 1) * nbytes_each]}
+        header[f"{prefix}layer.{i}.weight"] = {
+            "dtype": "F32",
+            "shape": [nbytes_each // 4],
+            "data_offsets": [i * nbytes_each, (i + 1) * nbytes_each],
+        }
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw + b"\0" * (4 * nbytes_each)
@@ -76,10 +79,14 @@ def build_tree(root: Path, n_ckpt: int, shards: int = 92) -> int:
             (d / name).write_bytes(st[s])
             for i in range(4):
                 wm[f"s{s}.layer.{i}.weight"] = name
-        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": wm})
+        )
         for name, data in zips.items():
             (d / name).write_bytes(data)
-        (d / "trainer_state.json").write_text(json.dumps({"global_step": (c + 1) * 10, "log_history": []}))
+        (d / "trainer_state.json").write_text(
+            json.dumps({"global_step": (c + 1) * 10, "log_history": []})
+        )
         (d / "config.json").write_text("{}")
         (d / "generation_config.json").write_text("{}")
         files += shards + 1 + len(zips) + 3
@@ -101,7 +108,9 @@ def build_big(path: Path, gb: float) -> None:
     total = int(gb * 1e9)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
         zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
-        zf.writestr("archive/version", b"3\n")  # torch.load (and validate) refuse an archive without it
+        zf.writestr(
+            "archive/version", b"3\n"
+        )  # torch.load (and validate) refuse an archive without it
         i = 0
         while total > 0:
             size = min(entry_bytes, total)
@@ -143,10 +152,12 @@ def peak_memory(path: Path) -> int:
 
 def child_rss(path: Path | None) -> float:
     """Peak RSS (VmHWM, MB; ru_maxrss would carry the parent's size over fork+exec) of a fresh interpreter that validates `path` at full level (None: import only)."""
-    code = ("import sys, resource; sys.path.insert(0, sys.argv[1]);"
-            "from checkpoint_strategy.validate import validate_checkpoint;"
-            "len(sys.argv) > 2 and validate_checkpoint(sys.argv[2], level='full');"
-            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
+    code = (
+        "import sys, resource; sys.path.insert(0, sys.argv[1]);"
+        "from checkpoint_strategy.validate import validate_checkpoint;"
+        "len(sys.argv) > 2 and validate_checkpoint(sys.argv[2], level='full');"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    )
     args = [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")]
     if path is not None:
         args.append(str(path))
@@ -164,7 +175,11 @@ def build_safetensors(path: Path, gb: float, dtype: str) -> None:
     header, offsets, n, i = {}, 0, total, 0
     while n > 0:
         k = min(per, n)
-        header[f"layers.{i}.weight"] = {"dtype": dtype, "shape": [k], "data_offsets": [offsets, offsets + k * item]}
+        header[f"layers.{i}.weight"] = {
+            "dtype": dtype,
+            "shape": [k],
+            "data_offsets": [offsets, offsets + k * item],
+        }
         offsets += k * item
         n -= k
         i += 1
@@ -231,10 +246,12 @@ def _floor_seconds(path: Path, cold: bool) -> tuple[float, float]:
     size = path.stat().st_size // 4096 * 4096
     with open(path, "rb") as fh:
         for off in range(0, size, 64 << 20):
-            mm = mmap.mmap(fh.fileno(), min(64 << 20, size - off), access=mmap.ACCESS_READ, offset=off)
+            mm = mmap.mmap(
+                fh.fileno(), min(64 << 20, size - off), access=mmap.ACCESS_READ, offset=off
+            )
             words = np.frombuffer(mm, dtype=np.uint32)
             for i in range(0, len(words), 1 << 18):
-                words[i:i + (1 << 18)].max()
+                words[i : i + (1 << 18)].max()
             del words
             mm.close()
     return time.perf_counter() - t, time.thread_time() - c
@@ -249,9 +266,11 @@ def _ceiling_seconds(path: Path, cold: bool) -> tuple[float, float]:
     if words is None:
         words = _CEILING[path] = np.fromfile(path, dtype=np.float32, count=path.stat().st_size // 4)
     t, c = time.perf_counter(), time.thread_time()
-    with np.errstate(over="ignore"):  # 16-bit files read as float32 words: random bits overflow, same speed
+    with np.errstate(
+        over="ignore"
+    ):  # 16-bit files read as float32 words: random bits overflow, same speed
         for i in range(0, len(words), 1 << 18):
-            np.dot(words[i:i + (1 << 18)], words[i:i + (1 << 18)])
+            np.dot(words[i : i + (1 << 18)], words[i : i + (1 << 18)])
     return time.perf_counter() - t, time.thread_time() - c
 
 
@@ -260,25 +279,46 @@ _CEILING: dict = {}
 
 def _kernel_load_seconds() -> float | None:
     """Seconds a fresh process takes to import numba and load the compiled kernels (cached), or None."""
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); t = time.perf_counter();"
-            "from checkpoint_strategy.formats import kernels; print(time.perf_counter() - t)")
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")],
-                          capture_output=True, text=True)
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); t = time.perf_counter();"
+        "from checkpoint_strategy.formats import kernels; print(time.perf_counter() - t)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode:
         return None
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return float(proc.stdout.strip())
 
 
 def child_deep_rss(path: Path, compiled: bool = False) -> float:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from checkpoint_strategy.validate import validate_checkpoint; from checkpoint_strategy.formats import tensors as tensorscan;"
-            f"tensorscan.KERNEL_MIN_BYTES = {0 if compiled else 1 << 62};"
-            "validate_checkpoint(sys.argv[2], level='deep');"
-            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])")
-    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent.parent / "scripts"),
-                          str(path)], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "from checkpoint_strategy.validate import validate_checkpoint; from checkpoint_strategy.formats import tensors as tensorscan;"
+        f"tensorscan.KERNEL_MIN_BYTES = {0 if compiled else 1 << 62};"
+        "validate_checkpoint(sys.argv[2], level='deep');"
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            str(Path(__file__).resolve().parent.parent / "scripts"),
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return int(out.strip()) / 1024
 
 
@@ -295,24 +335,32 @@ def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
 
     mode = os.stat(os.devnull).st_mode
     if not stat.S_ISCHR(mode):
-        print(f"{os.devnull} is not a character device: the cat baseline would not be trustworthy; skipped")
+        print(
+            f"{os.devnull} is not a character device: the cat baseline would not be trustworthy; skipped"
+        )
         return
     tensorscan.WORKERS = 1  # the targets are for one scan thread
     load = _kernel_load_seconds()
     paths = ["numpy"] + (["compiled"] if load is not None else [])
-    print(f"deep level (finite check + per-tensor L2 norm, one thread) on {gb:.2f} GB files; "
-          f"baseline cat > {os.devnull} (character device); ratio = deep rate / cat rate, by wall time "
-          "(the target's measure) and by CPU time (steadier on a shared machine); floor = one numpy pass over "
-          "the mapped file; ceiling = one numpy dot over the same bytes already in RAM (the most one thread "
-          "reduces here). 16-bit paths: numpy, and compiled (numba kernels, the `fast` extra; "
-          + (f"a process loads them in {load:.2f} s)" if load is not None else "numba not installed: not measured)")
-          + ":")
+    print(
+        f"deep level (finite check + per-tensor L2 norm, one thread) on {gb:.2f} GB files; "
+        f"baseline cat > {os.devnull} (character device); ratio = deep rate / cat rate, by wall time "
+        "(the target's measure) and by CPU time (steadier on a shared machine); floor = one numpy pass over "
+        "the mapped file; ceiling = one numpy dot over the same bytes already in RAM (the most one thread "
+        "reduces here). 16-bit paths: numpy, and compiled (numba kernels, the `fast` extra; "
+        + (
+            f"a process loads them in {load:.2f} s)"
+            if load is not None
+            else "numba not installed: not measured)"
+        )
+        + ":"
+    )
     for dtype, warm_target in (("F32", 2.0), ("BF16", 1.2), ("F16", 1.2)):
         path = tmp / f"model-{dtype}.safetensors"
         build_safetensors(path, gb, dtype)
         size = path.stat().st_size
         _cat_seconds(path, False)
-        for way in (paths if dtype != "F32" else ["numpy"]):
+        for way in paths if dtype != "F32" else ["numpy"]:
             tensorscan.KERNEL_MIN_BYTES = 0
             os.environ["CHECKPOINT_STRATEGY_KERNELS"] = "on" if way == "compiled" else "off"
             _deep_seconds(path, False)
@@ -323,13 +371,18 @@ def bench_deep(tmp: Path, gb: float, repeat: int = 1) -> None:
                     floor_w, floor_c = _best(_floor_seconds, path, cold, 3)
                     ceil_w, ceil_c = _best(_ceiling_seconds, path, cold, 3)
                     target = (0.9 if dtype == "F32" else None) if cold else warm_target
-                    print(f"  {dtype:5s} {way:8s} {'cold' if cold else 'warm'}: cat {size / cat_w / 1e9:.2f} GB/s, "
-                          f"deep {size / deep_w / 1e9:.2f} GB/s, ratio {cat_w / deep_w:.2f} wall, "
-                          f"{cat_c / deep_c:.2f} CPU" + (f" (target >= {target})" if target else "")
-                          + f"; floor {cat_w / floor_w:.2f} wall, {cat_c / floor_c:.2f} CPU"
-                          + ("" if cold else f"; ceiling {cat_w / ceil_w:.2f} wall"))
-            print(f"  {dtype:5s} {way:8s} peak RSS of a process running the deep check: "
-                  f"{child_deep_rss(path, way == 'compiled'):.0f} MB (target < 200 MB)")
+                    print(
+                        f"  {dtype:5s} {way:8s} {'cold' if cold else 'warm'}: cat {size / cat_w / 1e9:.2f} GB/s, "
+                        f"deep {size / deep_w / 1e9:.2f} GB/s, ratio {cat_w / deep_w:.2f} wall, "
+                        f"{cat_c / deep_c:.2f} CPU"
+                        + (f" (target >= {target})" if target else "")
+                        + f"; floor {cat_w / floor_w:.2f} wall, {cat_c / floor_c:.2f} CPU"
+                        + ("" if cold else f"; ceiling {cat_w / ceil_w:.2f} wall")
+                    )
+            print(
+                f"  {dtype:5s} {way:8s} peak RSS of a process running the deep check: "
+                f"{child_deep_rss(path, way == 'compiled'):.0f} MB (target < 200 MB)"
+            )
         _CEILING.clear()
         path.unlink()
 
@@ -349,7 +402,7 @@ def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
     saved = zr.CRC_WORKERS
     try:
         for r in range(rounds):
-            for w in (counts if r % 2 == 0 else counts[::-1]):
+            for w in counts if r % 2 == 0 else counts[::-1]:
                 zr.CRC_WORKERS = w
                 c1 = big.stat().st_size / cat_rate(big, 1)
                 rate, _ = full_rate(big, 1)
@@ -357,13 +410,17 @@ def bench_crc_workers(tmp: Path, gb: float, rounds: int) -> None:
                 ratios[w].append(rate * min(c1, c2) / big.stat().st_size)
     finally:
         zr.CRC_WORKERS = saved
-    print(f"full validation of a {big.stat().st_size / 1e9:.2f} GB torch zip (entries of 512 MB), CRC-32 via "
-          f"{zr.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
-          f"{zr.usable_cores()}, the rule picks {rule} thread(s):")
+    print(
+        f"full validation of a {big.stat().st_size / 1e9:.2f} GB torch zip (entries of 512 MB), CRC-32 via "
+        f"{zr.CRC32_IMPL}, warm cache, {rounds} rounds, load average {os.getloadavg()[0]:.1f}; usable cores "
+        f"{zr.usable_cores()}, the rule picks {rule} thread(s):"
+    )
     for w in counts:
         v = ratios[w]
-        print(f"  {w} thread(s){' (rule)' if w == rule else ''}: median {statistics.median(v):.2f}x cat's rate, "
-              f"range {min(v):.2f}-{max(v):.2f} (target >= 0.8)")
+        print(
+            f"  {w} thread(s){' (rule)' if w == rule else ''}: median {statistics.median(v):.2f}x cat's rate, "
+            f"range {min(v):.2f}-{max(v):.2f} (target >= 0.8)"
+        )
     big.unlink()
 
 
@@ -402,9 +459,13 @@ def main() -> None:
         t_quick = time.perf_counter() - t
         assert report.summary.valid == n_ckpt, report.summary
         checked = sum(c.files_checked for c in report.checkpoints)
-        print(f"quick validate: {n_ckpt} checkpoints, {checked} files checked in {t_quick:.2f} s "
-              f"({checked / t_quick:,.0f} files/s; target ~3 s for 100 000 files)")
-        print(f"  baseline os.stat walk: {t_stat:.2f} s; validate/stat ratio {t_quick / t_stat:.1f}x")
+        print(
+            f"quick validate: {n_ckpt} checkpoints, {checked} files checked in {t_quick:.2f} s "
+            f"({checked / t_quick:,.0f} files/s; target ~3 s for 100 000 files)"
+        )
+        print(
+            f"  baseline os.stat walk: {t_stat:.2f} s; validate/stat ratio {t_quick / t_stat:.1f}x"
+        )
         shutil.rmtree(tree)
 
         big = tmp / "big.ckpt"
@@ -422,8 +483,10 @@ def main() -> None:
         print(f"full validate of a {size_gb:.2f} GB torch zip checkpoint (warm cache):")
         print(f"  cat > /dev/null: {rc / 1e9:.2f} GB/s")
         for impl, rate in results.items():
-            print(f"  validate --level full, CRC-32 via {impl}: {rate / 1e9:.2f} GB/s, ratio {rate / rc:.2f} of cat "
-                  "(target >= 0.8)")
+            print(
+                f"  validate --level full, CRC-32 via {impl}: {rate / 1e9:.2f} GB/s, ratio {rate / rc:.2f} of cat "
+                "(target >= 0.8)"
+            )
         t = time.perf_counter()
         validate_checkpoint(big, manifest="write")
         t_m = time.perf_counter() - t
@@ -434,11 +497,15 @@ def main() -> None:
         p_big = peak_memory(big)
         rss_base = child_rss(None)
         rss_small, rss_big = child_rss(small_file), child_rss(big)
-        print(f"peak Python memory during full validation: {p_small / 1e6:.1f} MB at {big_gb / 10:.2f} GB, "
-              f"{p_big / 1e6:.1f} MB at {big_gb:.2f} GB (flat)")
-        print(f"peak RSS of a process doing the full validation: {rss_small:.0f} MB at {big_gb / 10:.2f} GB, "
-              f"{rss_big:.0f} MB at {big_gb:.2f} GB (baseline: the same process importing the package only "
-              f"{rss_base:.0f} MB; target < 100 MB)")
+        print(
+            f"peak Python memory during full validation: {p_small / 1e6:.1f} MB at {big_gb / 10:.2f} GB, "
+            f"{p_big / 1e6:.1f} MB at {big_gb:.2f} GB (flat)"
+        )
+        print(
+            f"peak RSS of a process doing the full validation: {rss_small:.0f} MB at {big_gb / 10:.2f} GB, "
+            f"{rss_big:.0f} MB at {big_gb:.2f} GB (baseline: the same process importing the package only "
+            f"{rss_base:.0f} MB; target < 100 MB)"
+        )
         big.unlink()
         small_file.unlink()
         bench_deep(tmp, 0.25 if small else 1.0, repeat)

@@ -45,13 +45,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from bench_recover import interleaved  # noqa: E402  (bench/ is on sys.path when run as a script)
+from bench_recover import least as _least
 from bench_validate import build_tree, stat_walk  # noqa: E402
 
 from checkpoint_strategy.formats import archive as zr
-from checkpoint_strategy.validate import fanout, validate_paths  # noqa: E402
-
 from checkpoint_strategy.retention import prune
-from bench_recover import interleaved, least as _least  # noqa: E402  (bench/ is on sys.path when run as a script)
+from checkpoint_strategy.validate import fanout, validate_paths  # noqa: E402
 
 
 def read_walk(root: Path) -> int:
@@ -69,10 +69,12 @@ def read_walk(root: Path) -> int:
     return n
 
 
-_WALK_CMD = ("import os, sys\n"
-             "for d, _, names in os.walk(sys.argv[1]):\n"
-             "    for n in names:\n"
-             "        os.stat(os.path.join(d, n))\n")
+_WALK_CMD = (
+    "import os, sys\n"
+    "for d, _, names in os.walk(sys.argv[1]):\n"
+    "    for n in names:\n"
+    "        os.stat(os.path.join(d, n))\n"
+)
 
 
 def _walk_cmd(tree: Path) -> None:
@@ -89,10 +91,18 @@ def _cli(argv: list[str], pycache: Path):
     env.pop("PYTHONDONTWRITEBYTECODE", None)
 
     def run() -> None:
-        proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", *argv], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "checkpoint_strategy", *argv],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if proc.returncode != 0:
-            raise SystemExit(f"{argv[0]} failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}")
+            raise SystemExit(
+                f"{argv[0]} failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}"
+            )
+
     return run
 
 
@@ -100,24 +110,35 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="500,1000,2000")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--profile", action="store_true", help="cProfile one in-process quick validation at the largest size")
-    ap.add_argument("--instructions", action="store_true",
-                    help="instructions per checkpoint under valgrind instead of times (load-independent; slow)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile one in-process quick validation at the largest size",
+    )
+    ap.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instructions per checkpoint under valgrind instead of times (load-independent; slow)",
+    )
     args = ap.parse_args()
     if args.instructions:
         tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
         try:
-            print("user-space instructions per checkpoint, (300 checkpoints - 100) / 200, callgrind, PYTHONHASHSEED=0")
+            print(
+                "user-space instructions per checkpoint, (300 checkpoints - 100) / 200, callgrind, PYTHONHASHSEED=0"
+            )
             instructions(tmp)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return 0
     sizes = [int(x) for x in args.sizes.split(",")]
     print(f"load average {os.getloadavg()[0]:.1f} (2-core machine shared with other jobs)")
-    print("ratios against an os.walk + os.stat of the same tree, least of "
-          f"{args.repeat} interleaved rounds (every row and floor once a round); wall / CPU (user+sys)")
+    print(
+        "ratios against an os.walk + os.stat of the same tree, least of "
+        f"{args.repeat} interleaved rounds (every row and floor once a round); wall / CPU (user+sys)"
+    )
     ok = True
-    per_size: dict[int, dict[str, float]] = {}   # size -> row -> least CPU seconds (the walk's too)
+    per_size: dict[int, dict[str, float]] = {}  # size -> row -> least CPU seconds (the walk's too)
     tmp = Path(tempfile.mkdtemp(prefix="bench-walk-"))
     try:
         floors = _startup_floors(tmp, args.repeat)
@@ -133,7 +154,10 @@ def main() -> int:
 
             def dry(t=tree, n=n):
                 r = prune(t, keep_last=1, spike_check=False)
-                assert len(r.keep) + len(r.delete) == n and not r.applied, (len(r.keep), len(r.delete))
+                assert len(r.keep) + len(r.delete) == n and not r.applied, (
+                    len(r.keep),
+                    len(r.delete),
+                )
 
             def one_process(fn):
                 def run():
@@ -142,38 +166,55 @@ def main() -> int:
                         fn()
                     finally:
                         fanout.ENABLED = True
+
                 return run
 
             # every row (the floors too) measured in the same rounds, one call each, in turn: a machine that gets
             # slower or faster during the run moves the floor and the rows together (the least of the rounds each)
-            fns = {"walk": lambda t=tree: stat_walk(t), "walk as a command": lambda t=tree: _walk_cmd(t),
-                   "floor": lambda t=tree: read_walk(t),
-                   "validate --level quick (in process)": quick, "  the same, one process": one_process(quick),
-                   "prune dry run (in process)": dry, "  the same, one process ": one_process(dry),
-                   "validate --level quick (command)":
-                       _cli(["validate", str(tree), "--level", "quick"], tmp / "pycache"),
-                   "prune --keep-last 1 dry run (command)":
-                       _cli(["prune", str(tree), "--keep-last", "1", "--no-spike-check"], tmp / "pycache")}
-            for fn in fns.values():   # warm-up: bytecode written, caches filled
+            fns = {
+                "walk": lambda t=tree: stat_walk(t),
+                "walk as a command": lambda t=tree: _walk_cmd(t),
+                "floor": lambda t=tree: read_walk(t),
+                "validate --level quick (in process)": quick,
+                "  the same, one process": one_process(quick),
+                "prune dry run (in process)": dry,
+                "  the same, one process ": one_process(dry),
+                "validate --level quick (command)": _cli(
+                    ["validate", str(tree), "--level", "quick"], tmp / "pycache"
+                ),
+                "prune --keep-last 1 dry run (command)": _cli(
+                    ["prune", str(tree), "--keep-last", "1", "--no-spike-check"], tmp / "pycache"
+                ),
+            }
+            for fn in fns.values():  # warm-up: bytecode written, caches filled
                 fn()
             got = dict(zip(fns, interleaved(list(fns.values()), args.repeat), strict=True))
             walk, walk_cmd, floor = got.pop("walk"), got.pop("walk as a command"), got.pop("floor")
             rows = list(got.items())
-            print(f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU; "
-                  f"floor (open + read every file) {floor[1] * 1000:.0f} ms CPU = {floor[1] / walk[1]:.1f}x")
-            print(f"  the walk as a command (a fresh interpreter): {walk_cmd[0] * 1000:.0f} ms wall, "
-                  f"{walk_cmd[1] * 1000:.0f} ms CPU (the floor of the command rows: their last column)")
+            print(
+                f"{n} checkpoints, {files} files: walk {walk[0] * 1000:.0f} ms wall, {walk[1] * 1000:.0f} ms CPU; "
+                f"floor (open + read every file) {floor[1] * 1000:.0f} ms CPU = {floor[1] / walk[1]:.1f}x"
+            )
+            print(
+                f"  the walk as a command (a fresh interpreter): {walk_cmd[0] * 1000:.0f} ms wall, "
+                f"{walk_cmd[1] * 1000:.0f} ms CPU (the floor of the command rows: their last column)"
+            )
             per_size[n] = {"walk": walk[1], **{name: c for name, (_w, c) in rows}}
             for name, (w, c) in rows:
-                line = (f"  {name:40s} {w * 1000:6.0f} ms wall = {w / walk[0]:5.1f}x, {c * 1000:6.0f} ms CPU = "
-                        f"{c / walk[1]:5.1f}x; {w / n * 1000:.2f} ms wall per checkpoint")
+                line = (
+                    f"  {name:40s} {w * 1000:6.0f} ms wall = {w / walk[0]:5.1f}x, {c * 1000:6.0f} ms CPU = "
+                    f"{c / walk[1]:5.1f}x; {w / n * 1000:.2f} ms wall per checkpoint"
+                )
                 if "command" in name:
                     line += f"; against the walk as a command {w / walk_cmd[0]:.1f}x wall, {c / walk_cmd[1]:.1f}x CPU"
                 print(line)
                 if n == max(sizes):
                     # issue 30's target, 5x the walk: in process by wall (the split exists to use the cores), the
                     # command by wall against the walk as a command (both pay one interpreter start-up)
-                    ok &= w / (walk_cmd[0] if "command" in name else walk[0]) <= 5.0 or "one process" in name
+                    ok &= (
+                        w / (walk_cmd[0] if "command" in name else walk[0]) <= 5.0
+                        or "one process" in name
+                    )
             if args.profile and n == max(sizes):
                 _profile(quick)
             shutil.rmtree(tree)
@@ -213,9 +254,11 @@ def _real_optimizer(tmp: Path, repeat: int) -> None:
     ops = sum(1 for _ in pickletools.genops(pkl))
     floor = _least(lambda: sum(1 for _ in pickletools.genops(io.BytesIO(pkl))), repeat)
     ours = _least(lambda: fc.scan_zip(str(path), zr.Counter(), regular=True), repeat)
-    print(f"real optimizer.pt ({path.stat().st_size >> 10} kB, data.pkl {len(pkl) >> 10} kB, {ops} opcodes): quick "
-          f"check {ours[1] * 1000:.1f} ms CPU = {ours[1] / floor[1]:.2f}x iterating its opcodes with pickletools.genops "
-          f"({floor[1] * 1000:.1f} ms)")
+    print(
+        f"real optimizer.pt ({path.stat().st_size >> 10} kB, data.pkl {len(pkl) >> 10} kB, {ops} opcodes): quick "
+        f"check {ours[1] * 1000:.1f} ms CPU = {ours[1] / floor[1]:.2f}x iterating its opcodes with pickletools.genops "
+        f"({floor[1] * 1000:.1f} ms)"
+    )
     _real_tree(tmp, path, pkl, repeat)
 
 
@@ -234,8 +277,9 @@ def _real_tree(tmp: Path, optimizer: Path, pkl: bytes, repeat: int) -> None:
     build_tree(tree, REAL_TREE, shards=1)
     for ckpt in tree.iterdir():
         shutil.copyfile(optimizer, ckpt / "optimizer.pt")
-    small = {}   # the synthetic archives' pickles, iterated as the real one is
+    small = {}  # the synthetic archives' pickles, iterated as the real one is
     import zipfile
+
     for name in ("scheduler.pt", "rng_state.pth", "training_args.bin"):
         with zipfile.ZipFile(next(tree.iterdir()) / name) as z:
             small[name] = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
@@ -259,19 +303,23 @@ def _real_tree(tmp: Path, optimizer: Path, pkl: bytes, repeat: int) -> None:
     for fn in fns:
         fn()
     walk, fl, one, split = interleaved(fns, repeat)
-    print(f"{REAL_TREE} checkpoints with that optimizer.pt, quick, one process: {one[0] * 1000:.0f} ms wall, "
-          f"{one[1] * 1000:.0f} ms CPU = {one[1] / walk[1]:.0f}x the walk ({walk[1] * 1000:.1f} ms), {one[1] / fl[1]:.2f}x "
-          f"opening and reading every file and iterating every data.pkl with genops ({fl[1] * 1000:.0f} ms); split "
-          f"(fewer than {fanout.MIN_ITEMS}, but slow: fanout.PROBE) {split[0] * 1000:.0f} ms wall = "
-          f"{split[0] / one[0]:.2f}x one process, {split[1] * 1000:.0f} ms CPU")
+    print(
+        f"{REAL_TREE} checkpoints with that optimizer.pt, quick, one process: {one[0] * 1000:.0f} ms wall, "
+        f"{one[1] * 1000:.0f} ms CPU = {one[1] / walk[1]:.0f}x the walk ({walk[1] * 1000:.1f} ms), {one[1] / fl[1]:.2f}x "
+        f"opening and reading every file and iterating every data.pkl with genops ({fl[1] * 1000:.0f} ms); split "
+        f"(fewer than {fanout.MIN_ITEMS}, but slow: fanout.PROBE) {split[0] * 1000:.0f} ms wall = "
+        f"{split[0] / one[0]:.2f}x one process, {split[1] * 1000:.0f} ms CPU"
+    )
 
 
-_PYDANTIC_FLOOR = ("import jinja2\n"
-                   "from pydantic import BaseModel, ConfigDict\n"
-                   "class M(BaseModel):\n"
-                   "    model_config = ConfigDict(extra='forbid')\n"
-                   "    a: int\n"
-                   "M(a=1).model_dump(mode='json')\n")
+_PYDANTIC_FLOOR = (
+    "import jinja2\n"
+    "from pydantic import BaseModel, ConfigDict\n"
+    "class M(BaseModel):\n"
+    "    model_config = ConfigDict(extra='forbid')\n"
+    "    a: int\n"
+    "M(a=1).model_dump(mode='json')\n"
+)
 
 
 def _startup_floors(tmp: Path, repeat: int) -> dict[str, float]:
@@ -279,23 +327,37 @@ def _startup_floors(tmp: Path, repeat: int) -> dict[str, float]:
     interpreter importing pydantic and jinja2 (the core's models and templates), the same defining and validating
     one model (pydantic loads most of itself there), and `validate` of a
     3-checkpoint tree (all of start-up, rendering included), bytecode cached as `_least_cli`'s."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"), PYTHONPYCACHEPREFIX=str(tmp / "pycache"))
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT / "scripts"), PYTHONPYCACHEPREFIX=str(tmp / "pycache")
+    )
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     tree = tmp / "tree3"
     tree.mkdir()
     build_tree(tree, 3, shards=1)
     out = {}
-    for name, argv in (("python -c pass", ["-c", "pass"]),
-                       ("python -c 'import pydantic, jinja2'", ["-c", "import pydantic, jinja2"]),
-                       # pydantic loads most of itself at the first model class, and its validator and plug-in
-                       # loader at the first validation: what any command built on pydantic models pays
-                       ("  and one pydantic model, validated once", ["-c", _PYDANTIC_FLOOR]),
-                       ("validate of 3 checkpoints (command)", ["-m", "checkpoint_strategy", "validate", str(tree)])):
-        subprocess.run([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for name, argv in (
+        ("python -c pass", ["-c", "pass"]),
+        ("python -c 'import pydantic, jinja2'", ["-c", "import pydantic, jinja2"]),
+        # pydantic loads most of itself at the first model class, and its validator and plug-in
+        # loader at the first validation: what any command built on pydantic models pays
+        ("  and one pydantic model, validated once", ["-c", _PYDANTIC_FLOOR]),
+        (
+            "validate of 3 checkpoints (command)",
+            ["-m", "checkpoint_strategy", "validate", str(tree)],
+        ),
+    ):
+        subprocess.run(
+            [sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         cpus = []
         for _ in range(max(3, repeat)):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            subprocess.run([sys.executable, *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [sys.executable, *argv],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
         out[name] = min(cpus)
@@ -311,13 +373,17 @@ def _print_slopes(per_size: dict[int, dict[str, float]], floors: dict[str, float
         return
     lo, hi = min(per_size), max(per_size)
     walk = per_size[hi]["walk"] - per_size[lo]["walk"]
-    print(f"per checkpoint ({lo} -> {hi} checkpoints, CPU; start-up excluded), against the walk's "
-          f"{walk / (hi - lo) * 1e6:.0f} us per checkpoint:")
+    print(
+        f"per checkpoint ({lo} -> {hi} checkpoints, CPU; start-up excluded), against the walk's "
+        f"{walk / (hi - lo) * 1e6:.0f} us per checkpoint:"
+    )
     for name in per_size[hi]:
         if name != "walk":
             d = per_size[hi][name] - per_size[lo][name]
             print(f"  {name:40s} {d / (hi - lo) * 1e6:6.0f} us = {d / walk:5.1f}x")
-    print(f"start-up floors (CPU), in walks of {hi} checkpoints ({per_size[hi]['walk'] * 1000:.0f} ms):")
+    print(
+        f"start-up floors (CPU), in walks of {hi} checkpoints ({per_size[hi]['walk'] * 1000:.0f} ms):"
+    )
     for name, c in floors.items():
         print(f"  {name:40s} {c * 1000:6.0f} ms = {c / per_size[hi]['walk']:5.1f}x")
 
@@ -355,17 +421,36 @@ def instructions(tmp: Path) -> None:
     for what in ("walk", "floor", "quick", "prune"):
         counts = []
         for n in SIZES:
-            proc = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                                   "-c", code, what, str(trees[n])], capture_output=True, text=True, env=env)
+            proc = subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--callgrind-out-file=/dev/null",
+                    sys.executable,
+                    "-c",
+                    code,
+                    what,
+                    str(trees[n]),
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             found = [line.split()[-1] for line in proc.stderr.splitlines() if "Collected :" in line]
             if proc.returncode != 0 or not found:
                 raise SystemExit(f"valgrind {what} failed: {proc.stderr.strip()[-300:]}")
             counts.append(int(found[-1]))
         per[what] = (counts[1] - counts[0]) / (SIZES[1] - SIZES[0])
-    names = {"walk": "os.walk + os.stat", "floor": "open + read every file", "quick": "validate --level quick",
-             "prune": "prune dry run"}
+    names = {
+        "walk": "os.walk + os.stat",
+        "floor": "open + read every file",
+        "quick": "validate --level quick",
+        "prune": "prune dry run",
+    }
     for what, v in per.items():
-        print(f"  {names[what]:28s} {v / 1e6:6.3f} M instructions per checkpoint = {v / per['walk']:5.1f}x the walk")
+        print(
+            f"  {names[what]:28s} {v / 1e6:6.3f} M instructions per checkpoint = {v / per['walk']:5.1f}x the walk"
+        )
 
 
 def _profile(fn) -> None:

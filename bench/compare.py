@@ -24,11 +24,19 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 def run(checkout: str, script: str, args: list[str]) -> str:
     path = os.path.join(checkout, "bench", script)
     env = {**os.environ, "PYTHONPATH": os.path.join(checkout, "scripts")}
-    out = subprocess.run([sys.executable, path, *args], capture_output=True, text=True, env=env, cwd=checkout,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, path, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=checkout,
+        check=False,
+    )
     if out.returncode != 0 and not out.stdout.strip():
         sys.exit(f"{path} exited {out.returncode}: {out.stderr.strip().splitlines()[-3:]}")
-    if out.returncode != 0:  # a bench that judges its own target exits 1 when it misses it: its figures still count
+    if (
+        out.returncode != 0
+    ):  # a bench that judges its own target exits 1 when it misses it: its figures still count
         print(f"({path} exited {out.returncode})", file=sys.stderr)
     return out.stdout
 
@@ -39,7 +47,9 @@ def rows(text: str) -> dict[str, list[float]]:
     for line in text.splitlines():
         numbers = [float(n) for n in NUMBER.findall(line)]
         if numbers:
-            found.setdefault(" ".join(NUMBER.sub("#", line).split()), numbers)  # column widths may differ
+            found.setdefault(
+                " ".join(NUMBER.sub("#", line).split()), numbers
+            )  # column widths may differ
     return found
 
 
@@ -48,7 +58,11 @@ def least(runs: list[dict[str, list[float]]]) -> dict[str, list[float]]:
     for r in runs:
         for label, nums in r.items():
             prev = out.get(label)
-            out[label] = nums if prev is None or len(prev) != len(nums) else [min(a, b) for a, b in zip(prev, nums, strict=True)]
+            out[label] = (
+                nums
+                if prev is None or len(prev) != len(nums)
+                else [min(a, b) for a, b in zip(prev, nums, strict=True)]
+            )
     return out
 
 
@@ -66,7 +80,9 @@ def main() -> None:
         for side in order:
             sides[side].append(rows(run(getattr(a, side), a.script, a.args)))
     before, after = least(sides["before"]), least(sides["after"])
-    print(f"{a.script} {' '.join(a.args)}: least of {a.rounds} interleaved rounds; before {a.before}, after {a.after}")
+    print(
+        f"{a.script} {' '.join(a.args)}: least of {a.rounds} interleaved rounds; before {a.before}, after {a.after}"
+    )
     for label in list(dict.fromkeys([*before, *after])):
         b, f = before.get(label), after.get(label)
         if b and f and len(b) == len(f):

@@ -17,7 +17,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, sys.argv[sys.argv.index("--scripts") + 1] if "--scripts" in sys.argv else str(ROOT / "scripts"))
+sys.path.insert(
+    0,
+    sys.argv[sys.argv.index("--scripts") + 1] if "--scripts" in sys.argv else str(ROOT / "scripts"),
+)
 
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
@@ -26,6 +29,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save  # noqa:
 
 from checkpoint_strategy.validate.engine import validate_checkpoint  # noqa: E402
 
+
 def build(root: Path) -> Path:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -33,8 +37,13 @@ def build(root: Path) -> Path:
     folder = root / "step-1"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": {"w": torch.randn(4, 4), "b": torch.randn(4)}, "opt": {"lr": 0.1, "ids": [1, 2]}},
-                 checkpoint_id=str(folder))
+        dcp.save(
+            {
+                "model": {"w": torch.randn(4, 4), "b": torch.randn(4)},
+                "opt": {"lr": 0.1, "ids": [1, 2]},
+            },
+            checkpoint_id=str(folder),
+        )
     return folder
 
 
@@ -44,7 +53,7 @@ def torch_refuses(src: Path, out: Path) -> str | None:
             warnings.simplefilter("ignore")
             dcp_to_torch_save(str(src), str(out))
         return None
-    except BaseException as exc:   # noqa: BLE001 - DCP's CheckpointException is a BaseException
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         if isinstance(exc, KeyboardInterrupt):
             raise
         return str(exc)[-200:]
@@ -68,7 +77,10 @@ def main() -> int:
             crash += 1
             print("CRASH", at, r.err[-200:])
         ref = torch_refuses(src, root / "ref.pt")
-        if ref is not None and validate_checkpoint(src, "full").status not in ("invalid", "incomplete"):
+        if ref is not None and validate_checkpoint(src, "full").status not in (
+            "invalid",
+            "incomplete",
+        ):
             vmiss += 1
             print("VALIDATE-MISS", at, ref[-120:])
         if r.rc == 0:
@@ -76,8 +88,10 @@ def main() -> int:
             if ref is not None:
                 launder += 1
                 print("LAUNDER", at, ref[-150:])
-    print(f"{len(raw)} flips: converted {conv}, converted though torch refuses {launder}, validate full valid "
-          f"though torch refuses {vmiss}, exit 3 {crash}")
+    print(
+        f"{len(raw)} flips: converted {conv}, converted though torch refuses {launder}, validate full valid "
+        f"though torch refuses {vmiss}, exit 3 {crash}"
+    )
     return 0
 
 

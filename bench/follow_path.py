@@ -40,7 +40,8 @@ def follow(argv: list[str]) -> tuple[int, list[tuple[str, str]]]:
         if depth >= 2:
             return False
         if (containers and isinstance(v, argparse.Namespace)) or (
-                type(v).__module__.startswith(PACKAGE) and hasattr(v, "__dict__")):
+            type(v).__module__.startswith(PACKAGE) and hasattr(v, "__dict__")
+        ):
             return any(holds(x, depth + 1) for x in vars(v).values())
         if containers and isinstance(v, (list, tuple)) and depth == 0:
             return any(holds(x, depth + 1) for x in v[:4])
@@ -56,8 +57,10 @@ def follow(argv: list[str]) -> tuple[int, list[tuple[str, str]]]:
         code, caller = frame.f_code, frame.f_back
         entry = caller is not None and not caller.f_globals.get("__name__", "").startswith(PACKAGE)
         containers = mod == f"{PACKAGE}.cli" or (code.co_name == "run" and mod.endswith(".cli"))
-        params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
-        if (entry or id(caller) in custody) and any(holds(frame.f_locals.get(a), 0, containers) for a in params):
+        params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+        if (entry or id(caller) in custody) and any(
+            holds(frame.f_locals.get(a), 0, containers) for a in params
+        ):
             custody.add(id(frame))
             name = mod.removeprefix(PACKAGE + ".")
             if not hops or hops[-1][0] != name:
@@ -83,8 +86,10 @@ def main() -> int:
     own = sorted({m for m in mods if m.split(".")[0] not in IO_LAYERS})
     print(f"exit code {rc}")
     print(" -> ".join(f"{m}.{f}" for m, f in hops))
-    print(f"{len(hops)} hops, {len(set(mods))} modules, {max(0, mods.count('recovery.advice') - 1)} returns to "
-          f"recovery.advice")
+    print(
+        f"{len(hops)} hops, {len(set(mods))} modules, {max(0, mods.count('recovery.advice') - 1)} returns to "
+        f"recovery.advice"
+    )
     print(f"without {', '.join(IO_LAYERS)}: {len(own)} modules: {', '.join(own)}")
     return 0
 

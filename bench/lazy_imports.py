@@ -8,9 +8,32 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "scripts" / "checkpoint_strategy"
-FRAMEWORKS = {"torch", "transformers", "lightning", "pytorch_lightning", "orbax", "jax", "deepspeed", "fsspec",
-              "s3fs", "gcsfs", "safetensors", "zstandard", "matplotlib", "tensorboard", "numba", "orjson",
-              "megatron", "accelerate", "tensorstore", "jaxlib", "flax", "optax", "wandb", "nemo"}
+FRAMEWORKS = {
+    "torch",
+    "transformers",
+    "lightning",
+    "pytorch_lightning",
+    "orbax",
+    "jax",
+    "deepspeed",
+    "fsspec",
+    "s3fs",
+    "gcsfs",
+    "safetensors",
+    "zstandard",
+    "matplotlib",
+    "tensorboard",
+    "numba",
+    "orjson",
+    "megatron",
+    "accelerate",
+    "tensorstore",
+    "jaxlib",
+    "flax",
+    "optax",
+    "wandb",
+    "nemo",
+}
 
 
 def function_imports(path: Path):
@@ -37,9 +60,11 @@ def main(verbose: bool) -> None:
                 framework += 1
             elif verbose:
                 print(f"{path.relative_to(PACKAGE)}:{line}: {module}")
-    print(f"{lines} lines, {total} function-level imports = {1000 * total / lines:.1f} per 1000 lines "
-          f"({framework} of frameworks; {total - framework} others = "
-          f"{1000 * (total - framework) / lines:.1f} per 1000)")
+    print(
+        f"{lines} lines, {total} function-level imports = {1000 * total / lines:.1f} per 1000 lines "
+        f"({framework} of frameworks; {total - framework} others = "
+        f"{1000 * (total - framework) / lines:.1f} per 1000)"
+    )
 
 
 if __name__ == "__main__":

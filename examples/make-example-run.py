@@ -34,7 +34,7 @@ import zipfile
 from pathlib import Path
 
 STEPS = (1000, 2000, 2500, 3000)
-SPIKE_AT = 2101        # the first logged step of the level shift is 2110
+SPIKE_AT = 2101  # the first logged step of the level shift is 2110
 LR = 3e-4
 
 
@@ -46,10 +46,17 @@ def loss(step: int, rng: random.Random, spike_at: int | None) -> float:
 def logs() -> tuple[list[dict], list[dict]]:
     """(the run's log, the resumed run's log: the old segment to 2200, then the restart at 2010)."""
     rng = random.Random(0)
-    rows = [{"step": s, "loss": loss(s, rng, SPIKE_AT), "learning_rate": LR} for s in range(10, 3001, 10)]
+    rows = [
+        {"step": s, "loss": loss(s, rng, SPIKE_AT), "learning_rate": LR}
+        for s in range(10, 3001, 10)
+    ]
     rng = random.Random(1)
-    first = [{"step": s, "loss": loss(s, rng, None), "learning_rate": LR} for s in range(10, 2201, 10)]
-    again = [{"step": s, "loss": loss(s, rng, None), "learning_rate": LR} for s in range(2010, 2301, 10)]
+    first = [
+        {"step": s, "loss": loss(s, rng, None), "learning_rate": LR} for s in range(10, 2201, 10)
+    ]
+    again = [
+        {"step": s, "loss": loss(s, rng, None), "learning_rate": LR} for s in range(2010, 2301, 10)
+    ]
     return rows, first + again
 
 
@@ -57,8 +64,12 @@ def logs() -> tuple[list[dict], list[dict]]:
 
 
 def safetensors(values: list[float]) -> bytes:
-    header = json.dumps({"w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, 4 * len(values)]},
-                         "__metadata__": {"format": "pt"}}).encode()
+    header = json.dumps(
+        {
+            "w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, 4 * len(values)]},
+            "__metadata__": {"format": "pt"},
+        }
+    ).encode()
     return struct.pack("<Q", len(header)) + header + struct.pack(f"<{len(values)}f", *values)
 
 
@@ -69,7 +80,7 @@ def safetensors(values: list[float]) -> bytes:
 
 class Tensor:
     def __init__(self, kind: str, fmt: str, values: list) -> None:
-        self.kind, self.fmt, self.values = kind, fmt, values          # e.g. FloatStorage, "<f"
+        self.kind, self.fmt, self.values = kind, fmt, values  # e.g. FloatStorage, "<f"
 
 
 class Obj:
@@ -102,9 +113,9 @@ class Pickle:
             self.tensor(obj)
         else:
             self.glob(obj.module, obj.name)
-            self.out += b")\x81"          # EMPTY_TUPLE NEWOBJ
+            self.out += b")\x81"  # EMPTY_TUPLE NEWOBJ
             self.save(obj.state)
-            self.out += b"b"              # BUILD
+            self.out += b"b"  # BUILD
 
     def scalar(self, obj) -> None:
         if obj is None:
@@ -137,14 +148,16 @@ class Pickle:
         self.glob("torch._utils", "_rebuild_tensor_v2")
         self.out += b"((" + self._str("storage")
         self.glob("torch", t.kind)
-        self.out += self._str(key) + self._str("cpu") + b"J" + struct.pack("<i", len(t.values)) + b"tQ"
+        self.out += (
+            self._str(key) + self._str("cpu") + b"J" + struct.pack("<i", len(t.values)) + b"tQ"
+        )
         shape = () if len(t.values) == 1 and t.fmt.startswith("scalar") else (len(t.values),)
         self.save(0)
         self.save(shape)
         self.save((1,) if shape else ())
         self.save(False)
         self.glob("collections", "OrderedDict")
-        self.out += b")RtR"               # OrderedDict(), close the args tuple, call _rebuild_tensor_v2
+        self.out += b")RtR"  # OrderedDict(), close the args tuple, call _rebuild_tensor_v2
 
     @staticmethod
     def _str(text: str) -> bytes:
@@ -154,8 +167,12 @@ class Pickle:
 def torch_zip(name: str, obj) -> bytes:
     pickle = Pickle()
     data = pickle.dump(obj)
-    entries = [("data.pkl", data), ("byteorder", b"little"),
-               *((f"data/{i}", raw) for i, raw in enumerate(pickle.storages)), ("version", b"3\n")]
+    entries = [
+        ("data.pkl", data),
+        ("byteorder", b"little"),
+        *((f"data/{i}", raw) for i, raw in enumerate(pickle.storages)),
+        ("version", b"3\n"),
+    ]
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
         for entry, raw in entries:
@@ -170,32 +187,82 @@ def hf_checkpoint(folder: Path, step: int, history: list[dict]) -> None:
     if step > SPIKE_AT:
         weights = [3 * w for w in weights]
     (folder / "model.safetensors").write_bytes(safetensors(weights))
-    (folder / "config.json").write_text(json.dumps({"architectures": ["ExampleModel"], "model_type": "example",
-                                                    "hidden_size": 4}, indent=2) + "\n")
-    moments = {"step": Tensor("FloatStorage", "scalar<f", [float(step)]),
-               "exp_avg": Tensor("FloatStorage", "<f", [w / 100 for w in weights]),
-               "exp_avg_sq": Tensor("FloatStorage", "<f", [w * w / 1e4 for w in weights])}
-    group = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-08, "weight_decay": 0.0, "amsgrad": False,
-             "foreach": None, "maximize": False, "capturable": False, "differentiable": False, "fused": None,
-             "params": [0]}
-    (folder / "optimizer.pt").write_bytes(torch_zip("optimizer", {"state": {0: moments}, "param_groups": [group]}))
-    (folder / "scheduler.pt").write_bytes(torch_zip("scheduler", {
-        "base_lrs": [LR], "last_epoch": step, "_step_count": step + 1, "_last_lr": [LR], "lr_lambdas": [None]}))
-    (folder / "rng_state.pth").write_bytes(torch_zip("rng_state", {
-        "cpu": Tensor("ByteStorage", "<B", [(step * 7 + i) % 256 for i in range(16)])}))
-    (folder / "training_args.bin").write_bytes(torch_zip("training_args", Obj(
-        "transformers.training_args", "TrainingArguments",
-        {"output_dir": "run", "save_steps": 500, "learning_rate": LR, "max_steps": 3000, "seed": 42})))
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 3000, "save_steps": 500,
-                                                           "log_history": history}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"architectures": ["ExampleModel"], "model_type": "example", "hidden_size": 4}, indent=2
+        )
+        + "\n"
+    )
+    moments = {
+        "step": Tensor("FloatStorage", "scalar<f", [float(step)]),
+        "exp_avg": Tensor("FloatStorage", "<f", [w / 100 for w in weights]),
+        "exp_avg_sq": Tensor("FloatStorage", "<f", [w * w / 1e4 for w in weights]),
+    }
+    group = {
+        "lr": LR,
+        "betas": (0.9, 0.999),
+        "eps": 1e-08,
+        "weight_decay": 0.0,
+        "amsgrad": False,
+        "foreach": None,
+        "maximize": False,
+        "capturable": False,
+        "differentiable": False,
+        "fused": None,
+        "params": [0],
+    }
+    (folder / "optimizer.pt").write_bytes(
+        torch_zip("optimizer", {"state": {0: moments}, "param_groups": [group]})
+    )
+    (folder / "scheduler.pt").write_bytes(
+        torch_zip(
+            "scheduler",
+            {
+                "base_lrs": [LR],
+                "last_epoch": step,
+                "_step_count": step + 1,
+                "_last_lr": [LR],
+                "lr_lambdas": [None],
+            },
+        )
+    )
+    (folder / "rng_state.pth").write_bytes(
+        torch_zip(
+            "rng_state",
+            {"cpu": Tensor("ByteStorage", "<B", [(step * 7 + i) % 256 for i in range(16)])},
+        )
+    )
+    (folder / "training_args.bin").write_bytes(
+        torch_zip(
+            "training_args",
+            Obj(
+                "transformers.training_args",
+                "TrainingArguments",
+                {
+                    "output_dir": "run",
+                    "save_steps": 500,
+                    "learning_rate": LR,
+                    "max_steps": 3000,
+                    "seed": 42,
+                },
+            ),
+        )
+    )
+    (folder / "trainer_state.json").write_text(
+        json.dumps(
+            {"global_step": step, "max_steps": 3000, "save_steps": 500, "log_history": history}
+        )
+    )
 
 
 def damaged(folder: Path) -> None:
-    for step in (10, 20, 30, 40):   # checkpoint-30's weights cut short, as by an interrupted save
+    for step in (10, 20, 30, 40):  # checkpoint-30's weights cut short, as by an interrupted save
         target = folder / f"checkpoint-{step}" / "model.safetensors"
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(safetensors([float(i) for i in range(64)]))
-        (target.parent / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+        (target.parent / "trainer_state.json").write_text(
+            json.dumps({"global_step": step, "log_history": []})
+        )
         if step == 30:
             target.write_bytes(target.read_bytes()[:-100])
 
@@ -207,23 +274,39 @@ def build(folder: Path) -> None:
     (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "resumed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in resumed))
     for step in STEPS:
-        hf_checkpoint(folder / "run" / f"checkpoint-{step}", step, [r for r in rows if r["step"] <= step])
+        hf_checkpoint(
+            folder / "run" / f"checkpoint-{step}", step, [r for r in rows if r["step"] <= step]
+        )
     damaged(folder / "damaged")
-    (folder / "events.json").write_text(json.dumps(
-        [{"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"},
-         {"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"}]))
+    (folder / "events.json").write_text(
+        json.dumps(
+            [
+                {"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"},
+                {"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"},
+            ]
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the README's example run (tiny, deterministic).")
-    parser.add_argument("folder", nargs="?", default="example-run", help="where to write it (default example-run)")
+    parser = argparse.ArgumentParser(
+        description="Build the README's example run (tiny, deterministic)."
+    )
+    parser.add_argument(
+        "folder", nargs="?", default="example-run", help="where to write it (default example-run)"
+    )
     args = parser.parse_args(argv)
     try:
         build(Path(args.folder))
     except OSError as exc:
-        print(f"make-example-run: error: cannot write {args.folder}: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"make-example-run: error: cannot write {args.folder}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 2
-    print(f"wrote {args.folder}/: train.jsonl, resumed.jsonl, events.json, run/ (4 checkpoints), damaged/")
+    print(
+        f"wrote {args.folder}/: train.jsonl, resumed.jsonl, events.json, run/ (4 checkpoints), damaged/"
+    )
     return 0
 
 

@@ -30,9 +30,20 @@ def nan_callback(nan_step: int):
     return Nan()
 
 
-def hf_train(out: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
-             spike_scale: float = 4.0, nan_step: Optional[int] = None, best_oldest: bool = False,
-             hooks: Optional[dict] = None, resume: Optional[str] = None, extra_callbacks=(), **cb_kwargs):
+def hf_train(
+    out: Path,
+    policy,
+    *,
+    max_steps: int = 60,
+    spike_step: Optional[int] = None,
+    spike_scale: float = 4.0,
+    nan_step: Optional[int] = None,
+    best_oldest: bool = False,
+    hooks: Optional[dict] = None,
+    resume: Optional[str] = None,
+    extra_callbacks=(),
+    **cb_kwargs,
+):
     """Train the tiny GPT-2 with HFCheckpointStrategy(policy). best_oldest: evaluate at every save
     with greater_is_better=True on eval_loss, so the Trainer's "best" is the *worst* (earliest)
     checkpoint: a best that keep_last would otherwise rotate away."""
@@ -44,8 +55,8 @@ def hf_train(out: Path, policy, *, max_steps: int = 60, spike_step: Optional[int
     for name, fn in (hooks or {}).items():
         setattr(cb.core, name, fn)
     args = realruns._training_args(out, max_steps=max_steps, save_steps=500)
-    args.save_total_limit = 3   # turned off by the callback
-    args.logging_nan_inf_filter = False   # log a NaN loss as NaN
+    args.save_total_limit = 3  # turned off by the callback
+    args.logging_nan_inf_filter = False  # log a NaN loss as NaN
     eval_ds = None
     if best_oldest:
         args.eval_strategy = "steps"
@@ -56,8 +67,13 @@ def hf_train(out: Path, policy, *, max_steps: int = 60, spike_step: Optional[int
     callbacks = [realruns._spike_callback(spike_step, spike_scale), cb, *extra_callbacks]
     if nan_step is not None:
         callbacks.append(nan_callback(nan_step))
-    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
-                      eval_dataset=eval_ds, callbacks=callbacks)
+    trainer = Trainer(
+        model=realruns._tiny_gpt2(),
+        args=args,
+        train_dataset=realruns._TokenDataset(4096, 16, 64),
+        eval_dataset=eval_ds,
+        callbacks=callbacks,
+    )
     trainer.train(resume_from_checkpoint=resume)
     return cb, trainer
 
@@ -66,12 +82,28 @@ def steps_in(out: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in Path(out).glob("checkpoint-*"))
 
 
-def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: Optional[int] = None,
-                    spike_scale: float = 3.0, nan_step: Optional[int] = None,
-                    hooks: Optional[dict] = None, resume: Optional[str] = None, monitor: Optional[str] = None,
-                    extra_callbacks=(), save_top_k: int = 1, plugins=None, devices: int = 1, strategy: str = "auto",
-                    with_callback: bool = True, save_every: int = 10, default_logger: bool = False,
-                    monitor_every: Optional[int] = None, **cb_kwargs):
+def lightning_train(
+    ckpt_dir: Path,
+    policy,
+    *,
+    max_steps: int = 60,
+    spike_step: Optional[int] = None,
+    spike_scale: float = 3.0,
+    nan_step: Optional[int] = None,
+    hooks: Optional[dict] = None,
+    resume: Optional[str] = None,
+    monitor: Optional[str] = None,
+    extra_callbacks=(),
+    save_top_k: int = 1,
+    plugins=None,
+    devices: int = 1,
+    strategy: str = "auto",
+    with_callback: bool = True,
+    save_every: int = 10,
+    default_logger: bool = False,
+    monitor_every: Optional[int] = None,
+    **cb_kwargs,
+):
     """A real Lightning fit with LightningCheckpointStrategy(policy): a small MLP on a noisy regression
     (loss stays well above 0), AdamW, logging every step. spike_step: weights blown up at the end of
     that step; nan_step: every weight NaN at the end of that step (every later loss is NaN). Returns
@@ -93,7 +125,9 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
     class Net(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+            )
 
         def training_step(self, batch, _idx):
             x, y = batch
@@ -110,7 +144,11 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
                 g = torch.Generator().manual_seed(1)
                 with torch.no_grad():
                     for p in module.parameters():
-                        p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().nan_to_num(0.05).clamp_min(0.05))
+                        p.add_(
+                            torch.randn(p.shape, generator=g)
+                            * spike_scale
+                            * p.detach().std().nan_to_num(0.05).clamp_min(0.05)
+                        )
             if nan_step is not None and trainer.global_step == nan_step:
                 with torch.no_grad():
                     for p in module.parameters():
@@ -124,15 +162,27 @@ def lightning_train(ckpt_dir: Path, policy, *, max_steps: int = 60, spike_step: 
     for name, fn in (hooks or {}).items():
         if cb is not None:
             setattr(cb.core, name, fn)
-    mc = ModelCheckpoint(dirpath=None if default_logger else str(ckpt_dir), save_top_k=save_top_k, monitor=monitor,
-                         mode="max" if monitor else "min",
-                         every_n_train_steps=monitor_every or (None if with_callback else save_every))
+    mc = ModelCheckpoint(
+        dirpath=None if default_logger else str(ckpt_dir),
+        save_top_k=save_top_k,
+        monitor=monitor,
+        mode="max" if monitor else "min",
+        every_n_train_steps=monitor_every or (None if with_callback else save_every),
+    )
     ours = [cb] if cb is not None else []
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=[Spike(), *ours, mc, *extra_callbacks], logger=default_logger,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=devices,
-                         strategy=strategy,
-                         log_every_n_steps=1, plugins=plugins,
-                         default_root_dir=str(ckpt_dir if default_logger else Path(ckpt_dir).parent))
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=[Spike(), *ours, mc, *extra_callbacks],
+        logger=default_logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        log_every_n_steps=1,
+        plugins=plugins,
+        default_root_dir=str(ckpt_dir if default_logger else Path(ckpt_dir).parent),
+    )
     module = Net()
     trainer.fit(module, loader, ckpt_path=resume)
     return cb, trainer, module
@@ -171,7 +221,9 @@ def guard_ddp(out: Path) -> None:
             continue
         g = torch.Generator().manual_seed(1000 + step + 10**6 * rank)
         x = torch.randn(32, 8, generator=g)
-        y = (x @ torch.linspace(-1, 1, 8)).unsqueeze(1).tanh() + 0.3 * torch.randn(32, 1, generator=g)
+        y = (x @ torch.linspace(-1, 1, 8)).unsqueeze(1).tanh() + 0.3 * torch.randn(
+            32, 1, generator=g
+        )
         if step == GUARD_POISON:
             with torch.no_grad():
                 model[0].weight.mul_(-50)
@@ -188,7 +240,10 @@ def guard_ddp(out: Path) -> None:
         if d.action == "save":
             path = out / f"checkpoint-{step}.pt"
             if rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, str(path) + ".tmp")
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                    str(path) + ".tmp",
+                )
                 os.replace(str(path) + ".tmp", path)
             dist.barrier()
             guard.saved(step, path)
@@ -210,7 +265,9 @@ def guard_ddp(out: Path) -> None:
 # ----------------------------------------------------------------- the playbooks under 2 processes (issue 43)
 
 PB_STEPS, PB_POISON, PB_BATCH, PB_EPOCH = 600, 300, 32, 50
-PB_LR_STEPS = 100   # the LR window after a rollback: 500 (the default) would halve the LR to the run's end
+PB_LR_STEPS = (
+    100  # the LR window after a rollback: 500 (the default) would halve the LR to the run's end
+)
 
 
 def _pb_item(i: int):
@@ -308,10 +365,22 @@ def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
             net.step_now = state.global_step + 1
 
     net = Net()
-    args = TrainingArguments(output_dir=str(out), max_steps=PB_STEPS, per_device_train_batch_size=PB_BATCH,
-                             learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_steps=50,
-                             report_to=[], seed=0, dataloader_drop_last=True, disable_tqdm=True, use_cpu=True,
-                             max_grad_norm=1e9, ddp_backend="gloo")
+    args = TrainingArguments(
+        output_dir=str(out),
+        max_steps=PB_STEPS,
+        per_device_train_batch_size=PB_BATCH,
+        learning_rate=3e-3,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_steps=50,
+        report_to=[],
+        seed=0,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        use_cpu=True,
+        max_grad_norm=1e9,
+        ddp_backend="gloo",
+    )
     cb = HFCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20}, handoff_dir=None)
     tr = Trainer(model=net, args=args, train_dataset=Data(), callbacks=[cb, StepNow()])
     tr._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(tr.train_dataset)
@@ -325,7 +394,9 @@ def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
         def on_step_begin(self, args, state, control, **kwargs):
             if seen["calls"] and seen["calls"][-1]["from_step"] is None:
                 seen["calls"][-1]["from_step"] = state.global_step
-            seen["at"][state.global_step] = _pb_fingerprint(net.net)   # the weights before this step (the last pass's)
+            seen["at"][state.global_step] = _pb_fingerprint(
+                net.net
+            )  # the weights before this step (the last pass's)
 
     tr.add_callback(FirstStep())
     tr.train = train
@@ -338,7 +409,11 @@ def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
 
         tr._load_optimizer_and_scheduler = forgetful
     result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS)
-    _pb_finish(out, rank, {**result, **seen, "eval": _pb_eval(net.net), "weights": _pb_fingerprint(net.net)})
+    _pb_finish(
+        out,
+        rank,
+        {**result, **seen, "eval": _pb_eval(net.net), "weights": _pb_fingerprint(net.net)},
+    )
 
 
 def _pl_data(poison: bool):
@@ -420,13 +495,27 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
         def on_train_batch_start(self, trainer, module, batch, idx):
             if seen["calls"] and seen["calls"][-1]["from_step"] is None:
                 seen["calls"][-1]["from_step"] = trainer.global_step
-            seen["at"][trainer.global_step] = _pb_fingerprint(module.net)   # the weights before this step
+            seen["at"][trainer.global_step] = _pb_fingerprint(
+                module.net
+            )  # the weights before this step
 
     mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
-    trainer = lightning.Trainer(max_steps=PB_STEPS, callbacks=[LightningCheckpointStrategy(
-        {"frequency": "every_50_steps", "keep_last": 20}), mc, FirstStep()], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
-        log_every_n_steps=1)
+    trainer = lightning.Trainer(
+        max_steps=PB_STEPS,
+        callbacks=[
+            LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20}),
+            mc,
+            FirstStep(),
+        ],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        use_distributed_sampler=False,
+        log_every_n_steps=1,
+    )
     plain_fit = trainer.fit
 
     def fit(*a, **k):
@@ -438,10 +527,17 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
         # that rank's resume restores the weights, not the optimizers (the fresh ones configure_optimizers made)
         trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
     model = Net()
-    loader = torch.utils.data.DataLoader(_pl_data(poison), batch_size=PB_BATCH, sampler=_pl_sampler())
-    result = fit_with_recovery(trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS)
-    _pb_finish(out, trainer.global_rank, {**result, **seen, "eval": _pb_eval(model.net),
-                                          "weights": _pb_fingerprint(model.net)})
+    loader = torch.utils.data.DataLoader(
+        _pl_data(poison), batch_size=PB_BATCH, sampler=_pl_sampler()
+    )
+    result = fit_with_recovery(
+        trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS
+    )
+    _pb_finish(
+        out,
+        trainer.global_rank,
+        {**result, **seen, "eval": _pb_eval(model.net), "weights": _pb_fingerprint(model.net)},
+    )
 
 
 PREEMPT_STEP = 30
@@ -466,7 +562,9 @@ def guard_preempt_ddp(out: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    guard = TrainingGuard(out, frequency_steps=20, rank_timeout=60.0, preemption_signals=["SIGUSR1"])
+    guard = TrainingGuard(
+        out, frequency_steps=20, rank_timeout=60.0, preemption_signals=["SIGUSR1"]
+    )
     step, last = 0, 0
     while step < 100:
         step += 1
@@ -483,7 +581,10 @@ def guard_preempt_ddp(out: Path) -> None:
         if d.action == "save":
             path = out / f"checkpoint-{step}.pt"
             if rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, str(path) + ".tmp")
+                torch.save(
+                    {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                    str(path) + ".tmp",
+                )
                 os.replace(str(path) + ".tmp", path)
             dist.barrier()
             guard.saved(step, path)
@@ -493,9 +594,18 @@ def guard_preempt_ddp(out: Path) -> None:
             break
     broken = guard.ranks.broken
     summary = guard.close()
-    (out / f"result-{rank}.json").write_text(json.dumps({
-        "last": last, "stopped": summary["stopped"], "preempted": guard.preempted, "broken": broken,
-        "saves": [(s.step, s.kind) for s in guard.saves]}, default=str))
+    (out / f"result-{rank}.json").write_text(
+        json.dumps(
+            {
+                "last": last,
+                "stopped": summary["stopped"],
+                "preempted": guard.preempted,
+                "broken": broken,
+                "saves": [(s.step, s.kind) for s in guard.saves],
+            },
+            default=str,
+        )
+    )
     dist.barrier()
     dist.destroy_process_group()
 

@@ -21,7 +21,10 @@ from checkpoint_strategy.cli.main import ERROR_PREFIX, main
 # PYTHONPATH and the running interpreter's folder (its console scripts: agentskills, ...) first on PATH.
 # Under mutation testing (bench/mutation.py) the package under test is the mutated copy mutmut imports, not scripts/:
 # CHECKPOINT_STRATEGY_TEST_SOURCE names its folder, so a subprocess runs the mutant too.
-SCRIPTS = Path(os.environ.get("CHECKPOINT_STRATEGY_TEST_SOURCE") or Path(__file__).resolve().parent.parent / "scripts")
+SCRIPTS = Path(
+    os.environ.get("CHECKPOINT_STRATEGY_TEST_SOURCE")
+    or Path(__file__).resolve().parent.parent / "scripts"
+)
 CLI = [sys.executable, "-m", "checkpoint_strategy"]
 BIN = Path(sys.executable).parent
 
@@ -39,8 +42,14 @@ def checkout_env(**extra: str) -> dict[str, str]:
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def run_job(argv: list[str], what: str, env: dict[str, str], clean: Optional[Path] = None, timeout: float = 600,
-            **kw: Any) -> None:
+def run_job(
+    argv: list[str],
+    what: str,
+    env: dict[str, str],
+    clean: Optional[Path] = None,
+    timeout: float = 600,
+    **kw: Any,
+) -> None:
     """Run a real framework job that makes a test's inputs; raise RuntimeError with its stderr when it fails.
     The one failure tried again (once, after removing `clean`) is gloo's teardown abort, and only that one: any
     other failure, and the abort twice, fail the test with every attempt's stderr."""
@@ -70,7 +79,9 @@ class Result(NamedTuple):
         try:
             return json.loads(self.out)
         except ValueError:
-            raise AssertionError(f"stdout is not JSON (exit {self.rc}): {self.out[:500]!r} {self.err!r}") from None
+            raise AssertionError(
+                f"stdout is not JSON (exit {self.rc}): {self.out[:500]!r} {self.err!r}"
+            ) from None
 
     def usage_error(self, match: str = "") -> str:
         assert self.rc == 2, f"expected exit 2, got {self.rc}: {self.out[:300]!r} {self.err!r}"
@@ -111,13 +122,17 @@ def shipped_copy(dest: Path) -> Path:
     import pytest
 
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True, timeout=60,
-                          env=checkout_env())
+    proc = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "-z"],
+        capture_output=True,
+        timeout=60,
+        env=checkout_env(),
+    )
     if proc.returncode != 0:
         pytest.skip(f"{root} is not a git work tree: cannot tell what the repository ships")
     for rel in filter(None, proc.stdout.decode().split("\0")):
         src = root / rel
-        if not os.path.lexists(src):       # deleted in the work tree, not yet committed
+        if not os.path.lexists(src):  # deleted in the work tree, not yet committed
             continue
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-
-
 import realruns  # tests/ is on the path by pyproject's [tool.pytest.ini_options] pythonpath
 import resumeruns
 from cliresult import Result, invoke
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,55 +31,106 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "deterministic")
 # The one place that says which tests are slow: every test that uses a real run (a model trained on
 # CPU by the real framework, built once per session) and the few that are slow on their own.
 # `pytest -m "not slow"` is the quick loop; CI runs everything.
-REAL_RUN_FIXTURES = {"hf_run", "hf_run_self_recovering", "hf_resumes", "hf_run_restarted", "lightning_run",
-                     "dcp_checkpoint", "dcp_sharded", "safetensors_file", "loop_resumes", "lightning_resumes",
-                     "deepspeed_resumes", "hf_world_change", "deepspeed_zero2_run", "fsdp2_run",
-                     "torn_rank_run", "zero3_two_ranks"}
+REAL_RUN_FIXTURES = {
+    "hf_run",
+    "hf_run_self_recovering",
+    "hf_resumes",
+    "hf_run_restarted",
+    "lightning_run",
+    "dcp_checkpoint",
+    "dcp_sharded",
+    "safetensors_file",
+    "loop_resumes",
+    "lightning_resumes",
+    "deepspeed_resumes",
+    "hf_world_change",
+    "deepspeed_zero2_run",
+    "fsdp2_run",
+    "torn_rank_run",
+    "zero3_two_ranks",
+}
 # test function names that are slow without a real-run fixture (each over ~2 s; CI runs them all)
 SLOW_TESTS: set[str] = {
     # callbacks/guard.py: real CPU training runs with a poisoned batch (3-6 s each)
-    "test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy", "test_recover_shows_the_rollbacks_done_and_judges_the_curve_after_the_last",
-    "test_a_spike_that_recovers_within_the_window_is_not_rolled_back", "test_a_resume_that_drops_the_optimizer_state_stops_with_one_error",
+    "test_a_poisoned_batch_is_rolled_back_and_the_run_ends_healthy",
+    "test_recover_shows_the_rollbacks_done_and_judges_the_curve_after_the_last",
+    "test_a_spike_that_recovers_within_the_window_is_not_rolled_back",
+    "test_a_resume_that_drops_the_optimizer_state_stops_with_one_error",
     "test_a_slowed_save_in_a_real_trainer_lengthens_the_interval_once",
     # the quick loop was 72 s with 1901 tests (2026-12-03): its longest fuzzers and sweeps (1-2.7 s each) run in CI
-    "test_fuzz_hostile_json_inputs_of_the_integrations", "test_fuzzed_csv_logs", "test_fuzzed_json_logs",
-    "test_fuzzed_arguments", "test_fuzz_bad_csv_logs_exit_2_with_one_line", "test_plan_invariants",
-    "test_documented_layouts_have_no_false_positives_at_deep", "test_fuzz_bad_json_logs_exit_2_with_one_line",
-    "test_at_least_95_percent_of_spikes_found", "test_no_new_function_over_60_lines",
-    "test_real_adamw_save_is_read", "test_quick_reads_only_headers_of_big_objects", "test_a_missing_bucket_names_the_bucket",
-    "test_fuzz_bad_event_documents_exit_2_with_one_line", "test_fuzz_arguments_never_crash",
-    "test_missing_bucket_and_empty_prefix_are_one_line", "test_fuzz_safetensors_headers",
-    "test_detect_spikes_on_garbage_floats_never_crashes", "test_fuzz_arguments_never_internal_error",
-    "test_two_handoff_commands_at_once", "test_fuzz_state_folder_contents", "test_fuzz_plan_storage_grows_with_keep_last",
-    "test_fuzz_valid_plans_validate_against_schema", "test_fuzz_extreme_failure_models_exit_0_or_2",
+    "test_fuzz_hostile_json_inputs_of_the_integrations",
+    "test_fuzzed_csv_logs",
+    "test_fuzzed_json_logs",
+    "test_fuzzed_arguments",
+    "test_fuzz_bad_csv_logs_exit_2_with_one_line",
+    "test_plan_invariants",
+    "test_documented_layouts_have_no_false_positives_at_deep",
+    "test_fuzz_bad_json_logs_exit_2_with_one_line",
+    "test_at_least_95_percent_of_spikes_found",
+    "test_no_new_function_over_60_lines",
+    "test_real_adamw_save_is_read",
+    "test_quick_reads_only_headers_of_big_objects",
+    "test_a_missing_bucket_names_the_bucket",
+    "test_fuzz_bad_event_documents_exit_2_with_one_line",
+    "test_fuzz_arguments_never_crash",
+    "test_missing_bucket_and_empty_prefix_are_one_line",
+    "test_fuzz_safetensors_headers",
+    "test_detect_spikes_on_garbage_floats_never_crashes",
+    "test_fuzz_arguments_never_internal_error",
+    "test_two_handoff_commands_at_once",
+    "test_fuzz_state_folder_contents",
+    "test_fuzz_plan_storage_grows_with_keep_last",
+    "test_fuzz_valid_plans_validate_against_schema",
+    "test_fuzz_extreme_failure_models_exit_0_or_2",
     "test_zip_bomb_is_invalid_with_bounded_memory",
-    "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets", "test_fuzz_on_event_never_crashes",
-    "test_wheel_carries_templates_and_schemas", "test_fuzz_tradeoffs_never_internal_error",
+    "test_unreachable_endpoint_is_one_line_quickly_and_never_prints_secrets",
+    "test_fuzz_on_event_never_crashes",
+    "test_wheel_carries_templates_and_schemas",
+    "test_fuzz_tradeoffs_never_internal_error",
     "test_lightning_top_k_named_by_the_trainer_state_is_kept",
-    "test_full_to_dcp_and_back_through_torch_equal", "test_full_disk_exit_2_nothing_left",
-    "test_fuzz_damaged_sources_convert_whole_or_not_at_all", "test_kill_9_mid_conversion_never_leaves_a_partial_destination",
+    "test_full_to_dcp_and_back_through_torch_equal",
+    "test_full_disk_exit_2_nothing_left",
+    "test_fuzz_damaged_sources_convert_whole_or_not_at_all",
+    "test_kill_9_mid_conversion_never_leaves_a_partial_destination",
     # the fast paths' hostile inputs: a 64 MB line, children parsing 200 000-deep nesting, torch.save archives
-    "test_a_64_mb_line_and_nesting_past_the_recursion_limit", "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
-    "test_real_archives_read_the_same_from_memory", "test_damaged_archives_give_the_same_findings_from_memory",
-    "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",   # ~12 subprocesses in a copy of the repo
-    "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",   # imports transformers
-    "test_sample_pickles_are_what_torch_load_reads",   # imports torch
-    "test_a_document_with_text_after_it_is_invalid_json_not_empty",   # a 19 MB log, streamed
-    "test_recover_without_checkpoints_loads_neither_the_validator_nor_prune",   # a fresh interpreter
+    "test_a_64_mb_line_and_nesting_past_the_recursion_limit",
+    "test_nesting_that_crashed_old_orjson_is_a_clean_usage_error",
+    "test_real_archives_read_the_same_from_memory",
+    "test_damaged_archives_give_the_same_findings_from_memory",
+    "test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo",  # ~12 subprocesses in a copy of the repo
+    "test_hf_export_names_the_fsdp_state_dict_type_when_the_plan_is_sharded",  # imports transformers
+    "test_sample_pickles_are_what_torch_load_reads",  # imports torch
+    "test_a_document_with_text_after_it_is_invalid_json_not_empty",  # a 19 MB log, streamed
+    "test_recover_without_checkpoints_loads_neither_the_validator_nor_prune",  # a fresh interpreter
     # the quick loop was 60-61 s with 1923 tests on the quiet machine (2026-12-03 12:27): its tests of 1.0-1.7 s
-    "test_detect_spikes_never_crashes", "test_fuzz_bad_recover_arguments_exit_2_with_one_line",
-    "test_plot_output_goes_through_the_same_writer", "test_console_script_module_and_launcher_agree",
-    "test_hostile_policy_files", "test_zip64_record_past_a_sparse_file_end_allocates_nothing", "test_bad_policy_files",
+    "test_detect_spikes_never_crashes",
+    "test_fuzz_bad_recover_arguments_exit_2_with_one_line",
+    "test_plot_output_goes_through_the_same_writer",
+    "test_console_script_module_and_launcher_agree",
+    "test_hostile_policy_files",
+    "test_zip64_record_past_a_sparse_file_end_allocates_nothing",
+    "test_bad_policy_files",
     # real Lightning / HF runs (test_callbacks_runlayout.py)
     "test_lightning_default_logger_rerun_resumes_from_the_last_valid_checkpoint",
-    "test_lightning_own_dirpath_says_nothing_about_versions", "test_hf_callback_writes_nothing_into_the_working_folder_by_default",
+    "test_lightning_own_dirpath_says_nothing_about_versions",
+    "test_hf_callback_writes_nothing_into_the_working_folder_by_default",
 }
 # real Orbax/JAX/DeepSpeed saves (the frameworks extra); numba kernels (loading numba is ~1.2 s, two subprocesses);
 # real training runs in subprocesses (2-process torchrun / Lightning DDP; default logging)
-SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_checkpoints_misreads", "test_convert_frameworks",
-                "test_callbacks_multiproc", "test_callbacks_logging", "test_callbacks_best", "test_oracle_mutations",
-                "test_oracle_zero_megatron",
-                "test_callbacks_hf_playbook", "test_callbacks_preempt", "test_callbacks_lightning_playbook"}
+SLOW_MODULES = {
+    "test_export_frameworks",
+    "test_checkpoints_kernels",
+    "test_checkpoints_misreads",
+    "test_convert_frameworks",
+    "test_callbacks_multiproc",
+    "test_callbacks_logging",
+    "test_callbacks_best",
+    "test_oracle_mutations",
+    "test_oracle_zero_megatron",
+    "test_callbacks_hf_playbook",
+    "test_callbacks_preempt",
+    "test_callbacks_lightning_playbook",
+}
 
 
 # `pytest -n auto` (pytest-xdist; README, .ci/run): every worker builds the session fixtures its tests use. The real
@@ -90,7 +139,7 @@ SLOW_MODULES = {"test_export_frameworks", "test_checkpoints_kernels", "test_chec
 SHARED_REAL_RUNS = {"hf_run", "dcp_checkpoint", "lightning_run", "safetensors_file"}
 
 
-@pytest.hookimpl(tryfirst=True)   # (before xdist's, which reads the xdist_group marks)
+@pytest.hookimpl(tryfirst=True)  # (before xdist's, which reads the xdist_group marks)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)
@@ -126,8 +175,14 @@ def _rebase(value, old: str, new: str):
     if isinstance(value, dict):
         return {k: _rebase(v, old, new) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _rebase(getattr(value, f.name), old, new)
-                                             for f in dataclasses.fields(value) if f.init})
+        return dataclasses.replace(
+            value,
+            **{
+                f.name: _rebase(getattr(value, f.name), old, new)
+                for f in dataclasses.fields(value)
+                if f.init
+            },
+        )
     return value
 
 
@@ -138,7 +193,9 @@ def _built(tmp_path_factory, name: str, build):
         return build(root)
     import pickle  # the test's own objects (paths and step lists), written by this function
 
-    saved = Path(FIXTURE_CACHE) / os.environ.get("PYTEST_XDIST_WORKER", "") / name   # (a cache per -n worker)
+    saved = (
+        Path(FIXTURE_CACHE) / os.environ.get("PYTEST_XDIST_WORKER", "") / name
+    )  # (a cache per -n worker)
     if not (saved / "result.pickle").exists():
         shutil.rmtree(saved, ignore_errors=True)
         (saved / "tree").mkdir(parents=True)
@@ -174,8 +231,11 @@ def hf_run_self_recovering(tmp_path_factory) -> realruns.HFRun:
     4x) and is back within 10 % by about step 139; no rollback needed. Checkpoints in
     output_dir/hf-run-self-recovering/checkpoint-N every 10 steps.
     """
-    return _built(tmp_path_factory, "hf-selfrec",
-                  lambda root: realruns.build_hf_run(root, spike_scale=1.5, name="hf-run-self-recovering"))
+    return _built(
+        tmp_path_factory,
+        "hf-selfrec",
+        lambda root: realruns.build_hf_run(root, spike_scale=1.5, name="hf-run-self-recovering"),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -242,8 +302,11 @@ def torchtitan_layout(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def deepspeed_run(tmp_path_factory) -> Path:
     """A real DeepSpeed ZeRO-1 CPU save (global_step3/, global_step6/, latest); needs the frameworks extra."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
-                                            "deepspeed (or pip install -e '.[test,frameworks]')")
+    pytest.importorskip(
+        "deepspeed",
+        reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+        "deepspeed (or pip install -e '.[test,frameworks]')",
+    )
     return realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds"))
 
 
@@ -277,8 +340,11 @@ def hf_world_change(tmp_path_factory) -> Path:
 def deepspeed_zero2_run(tmp_path_factory) -> Path:
     """A real DeepSpeed ZeRO-2 CPU save (global_step3/, global_step6/, latest) plus DeepSpeed's ds_to_universal
     conversion of global_step6 (global_step6_universal/, latest_universal); needs the frameworks extra."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
-                                            "deepspeed (or pip install -e '.[test,frameworks]')")
+    pytest.importorskip(
+        "deepspeed",
+        reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+        "deepspeed (or pip install -e '.[test,frameworks]')",
+    )
     folder = realruns.build_deepspeed_run(tmp_path_factory.mktemp("ds2"), stage=2)
     realruns.build_deepspeed_universal(folder)
     return folder
@@ -292,8 +358,17 @@ def torn_rank_run(tmp_path_factory) -> Path:
     def build(root: Path) -> Path:
         from test_callbacks_multiproc import launch
 
-        res = launch("hf", root / "out", root / "work", timeout=300, callback=False, kill_step=15,
-                     kill_after_state=True, save_every=5, max_steps=20)
+        res = launch(
+            "hf",
+            root / "out",
+            root / "work",
+            timeout=300,
+            callback=False,
+            kill_step=15,
+            kill_after_state=True,
+            save_every=5,
+            max_steps=20,
+        )
         assert res.returncode != 0, "rank 1 was to be killed"
         return root / "out"
 
@@ -309,8 +384,11 @@ def fsdp2_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def orbax_killed_save(tmp_path_factory) -> Path:
     """An Orbax folder with a finished 1/ and the 2.orbax-checkpoint-tmp/ of a save killed mid-write."""
-    pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
-                                                   "'jax[cpu]' (or pip install -e '.[test,frameworks]')")
+    pytest.importorskip(
+        "orbax.checkpoint",
+        reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
+        "'jax[cpu]' (or pip install -e '.[test,frameworks]')",
+    )
     return realruns.build_orbax_killed_save(tmp_path_factory.mktemp("orbax-kill"))
 
 
@@ -340,7 +418,10 @@ def s3(moto_server, monkeypatch, request):
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_server.endpoint)
     for key in ("AWS_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
         monkeypatch.delenv(key, raising=False)
-    bucket = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{id(request) % 10**6}"
+    bucket = (
+        re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+        + f"-{id(request) % 10**6}"
+    )
     fs = objectstore.s3fs_client(moto_server.endpoint)
     fs.mkdir(bucket)
     moto_server.reset()

@@ -89,8 +89,16 @@ def torchrun(root: Path, script: str, args: list[str], world: int) -> None:
     """`python -m torch.distributed.run --nproc-per-node world script args` (CPU, a free port, bounded)."""
     path = root / f"script-{abs(hash(script)) % 10**8}.py"
     path.write_text(script)
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", str(path), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        str(path),
+        *args,
+    ]
     env = checkout_env()
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     run_job(cmd, "torchrun", timeout=TIMEOUT, env=env)

@@ -40,8 +40,11 @@ def reaches_core(max_rejected: float = 0.5):
             assert total, f"{test.__name__}: no example called fuzzcheck.reached()"
             assert seen[False] <= max_rejected * total, (
                 f"{test.__name__}: {seen[False]} of {total} examples rejected as bad input (at most "
-                f"{max_rejected:.0%}): generate valid input and mutate it")
+                f"{max_rejected:.0%}): generate valid input and mutate it"
+            )
+
         return run
+
     return decorate
 
 
@@ -52,11 +55,17 @@ from hypothesis import strategies as st  # noqa: E402
 _pos = st.floats(0.01, 1e4, allow_nan=False).map(repr)
 # Every plan option with values inside its documented range (cli_options.BOUNDS), flags as one token.
 PLAN_OPTIONS = st.one_of(
-    st.tuples(st.just("--model_size_gb"), _pos), st.tuples(st.just("--params"), st.sampled_from(["7B", "350M", "1.3e9"])),
+    st.tuples(st.just("--model_size_gb"), _pos),
+    st.tuples(st.just("--params"), st.sampled_from(["7B", "350M", "1.3e9"])),
     st.tuples(st.just("--frequency"), st.integers(1, 10**5).map(str)),
     st.tuples(st.just("--keep-last"), st.integers(1, 60).map(str)),
-    st.tuples(st.just("--milestones"), st.sampled_from(["seed", "pow2", "none", "1000,5000", "20000"])),
-    st.tuples(st.just("--formats"), st.sampled_from(["full_state_dict", "full_state_dict,safetensors", "sharded"])),
+    st.tuples(
+        st.just("--milestones"), st.sampled_from(["seed", "pow2", "none", "1000,5000", "20000"])
+    ),
+    st.tuples(
+        st.just("--formats"),
+        st.sampled_from(["full_state_dict", "full_state_dict,safetensors", "sharded"]),
+    ),
     st.tuples(st.just("--gpus"), st.integers(1, 20000).map(str)),
     st.tuples(st.just("--mtbf-hours"), st.floats(0.5, 1e5).map(repr)),
     st.tuples(st.just("--preset"), st.sampled_from(["conservative", "aggressive", "auto"])),
@@ -72,14 +81,20 @@ PLAN_OPTIONS = st.one_of(
     st.tuples(st.just("--min-interval-seconds"), st.floats(0, 3600).map(repr)),
     st.tuples(st.just("--local-tier"), st.sampled_from(["100,2", "500,10", "2000,25"])),
     st.tuples(st.just("--node-loss-fraction"), st.floats(0.01, 1).map(repr)),
-    st.sampled_from([("--async",), ("--no-async",), ("--no-save-optimizer",), ("--save-optimizer",)]),
+    st.sampled_from(
+        [("--async",), ("--no-async",), ("--no-save-optimizer",), ("--save-optimizer",)]
+    ),
 )
 # A plan's three positionals, real numbers in range: steps, seconds per step, budget in GB.
-PLAN_POSITIONALS = st.tuples(st.integers(100, 10**7).map(str), st.floats(0.05, 100).map(repr),
-                             st.floats(1, 1e6).map(repr))
-GARBAGE = st.one_of(st.sampled_from(["", "nan", "inf", "-1", "0", "1e308", "abc", "1,2,3", "--", "-x", "7Q"]),
-                    st.text(max_size=6), st.integers(-10**16, 10**16).map(str),
-                    st.floats(allow_nan=True, allow_infinity=True).map(repr))
+PLAN_POSITIONALS = st.tuples(
+    st.integers(100, 10**7).map(str), st.floats(0.05, 100).map(repr), st.floats(1, 1e6).map(repr)
+)
+GARBAGE = st.one_of(
+    st.sampled_from(["", "nan", "inf", "-1", "0", "1e308", "abc", "1,2,3", "--", "-x", "7Q"]),
+    st.text(max_size=6),
+    st.integers(-(10**16), 10**16).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+)
 # How often a token is replaced by garbage: about one example in five (rolled per example: 16-19 of 0-19, the top of
 # the range, since hypothesis draws small integers more often than uniform).
 MUTATE = st.tuples(st.integers(0, 19), st.integers(0, 10**6), GARBAGE)
@@ -100,7 +115,8 @@ def mutate(argv: list[str], roll) -> list[str]:
 
 
 SIM_OPTIONS = st.one_of(
-    PLAN_OPTIONS, st.tuples(st.just("--seed"), st.integers(0, 2**31).map(str)),
+    PLAN_OPTIONS,
+    st.tuples(st.just("--seed"), st.integers(0, 2**31).map(str)),
     st.tuples(st.just("--spike-rate"), st.floats(0, 3).map(repr)),
     st.tuples(st.just("--corrupt-prob"), st.floats(0, 0.5).map(repr)),
     st.tuples(st.just("--spike-wait-steps"), st.integers(1, 300).map(str)),
@@ -115,10 +131,13 @@ def _curve(args):
 
 
 # Real loss curves (tests/curves.py): healthy or troubled, 150-1200 logged values, 0.5-10 % noise, a few outliers.
-LOSS_CURVES = st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([None, None, "divergence", "level_shift",
-                                                                     "slow_climb", "nan", "collapse"]),
-                        st.sampled_from([0.005, 0.02, 0.05, 0.10]), st.integers(150, 1200),
-                        st.integers(0, 3)).map(_curve)
+LOSS_CURVES = st.tuples(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([None, None, "divergence", "level_shift", "slow_climb", "nan", "collapse"]),
+    st.sampled_from([0.005, 0.02, 0.05, 0.10]),
+    st.integers(150, 1200),
+    st.integers(0, 3),
+).map(_curve)
 
 
 def assert_events_in_order(events) -> None:
@@ -126,6 +145,7 @@ def assert_events_in_order(events) -> None:
     after the previous one came back). Across detectors they may overlap: a collapse or a slow climb (level-shift
     detector) can start inside a spike that came back, the never-trained rule (ends above where it started) can
     start with a NaN that came back, and grad-norm events are a series of their own."""
+
     def get(e, k):
         return e[k] if isinstance(e, dict) else getattr(e, k)
 

@@ -36,18 +36,32 @@ def ocdbt_node(payload: bytes, magic: bytes = b"\x0c\xdb\x3a\x2a") -> bytes:
     return head + struct.pack("<I", crc32c(head))
 
 
-def build_orbax(root: Path, steps=(100, 200), commit_marker: bool = True, in_flight: int | None = None) -> Path:
+def build_orbax(
+    root: Path, steps=(100, 200), commit_marker: bool = True, in_flight: int | None = None
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for step in steps:
         d = root / str(step)
         (d / "default").mkdir(parents=True)
-        (d / "_CHECKPOINT_METADATA").write_text(json.dumps(
-            {"item_handlers": {"default": "PyTreeCheckpointHandler"}, "metrics": {},
-             "init_timestamp_nsecs": 1_700_000_000_000_000_000 + step,
-             "commit_timestamp_nsecs": 1_700_000_000_500_000_000 + step}))
-        (d / "default" / "_METADATA").write_text(json.dumps({"tree_metadata": {"params": {"w": {}}}}))
-        (d / "default" / "_sharding").write_text(json.dumps({"params.w": {"sharding_type": "NamedSharding"}}))
-        (d / "default" / "manifest.ocdbt").write_bytes(ocdbt_node(bytes(range(53))))   # 69 bytes, as before
+        (d / "_CHECKPOINT_METADATA").write_text(
+            json.dumps(
+                {
+                    "item_handlers": {"default": "PyTreeCheckpointHandler"},
+                    "metrics": {},
+                    "init_timestamp_nsecs": 1_700_000_000_000_000_000 + step,
+                    "commit_timestamp_nsecs": 1_700_000_000_500_000_000 + step,
+                }
+            )
+        )
+        (d / "default" / "_METADATA").write_text(
+            json.dumps({"tree_metadata": {"params": {"w": {}}}})
+        )
+        (d / "default" / "_sharding").write_text(
+            json.dumps({"params.w": {"sharding_type": "NamedSharding"}})
+        )
+        (d / "default" / "manifest.ocdbt").write_bytes(
+            ocdbt_node(bytes(range(53)))
+        )  # 69 bytes, as before
         (d / "default" / "d").mkdir()
         (d / "default" / "d" / "0a1b2c").write_bytes(bytes(range(256)) * 16)
         if commit_marker:
@@ -66,14 +80,20 @@ def build_deepspeed(root: Path, steps=(10, 20), zero_ranks: int = 2, bf16: bool 
     for step in steps:
         d = root / f"global_step{step}"
         d.mkdir()
-        torch.save({"module": _tiny_state(step), "global_steps": step, "dp_world_size": zero_ranks},
-                   d / "mp_rank_00_model_states.pt")
+        torch.save(
+            {"module": _tiny_state(step), "global_steps": step, "dp_world_size": zero_ranks},
+            d / "mp_rank_00_model_states.pt",
+        )
         prefix = "bf16_" if bf16 else ""
         for r in range(zero_ranks):
-            torch.save({"optimizer_state_dict": {"state": {0: _tiny_state(r)}}, "ds_version": "0.14.0"},
-                       d / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+            torch.save(
+                {"optimizer_state_dict": {"state": {0: _tiny_state(r)}}, "ds_version": "0.14.0"},
+                d / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt",
+            )
     (root / "latest").write_text(f"global_step{steps[-1]}")
-    (root / "zero_to_fp32.py").write_text("# DeepSpeed writes this conversion script beside the checkpoints\n")
+    (root / "zero_to_fp32.py").write_text(
+        "# DeepSpeed writes this conversion script beside the checkpoints\n"
+    )
     return root
 
 
@@ -100,8 +120,14 @@ def build_nemo(root: Path, steps=(100, 200), unfinished: int | None = None) -> P
     root.mkdir(parents=True, exist_ok=True)
     for step in steps:
         name = f"megatron_gpt--val_loss=1.23-step={step}-consumed_samples={step * 8}.0"
-        torch.save({"state_dict": _tiny_state(step), "optimizer_states": [{"state": {}}], "global_step": step},
-                   root / f"{name}.ckpt")
+        torch.save(
+            {
+                "state_dict": _tiny_state(step),
+                "optimizer_states": [{"state": {}}],
+                "global_step": step,
+            },
+            root / f"{name}.ckpt",
+        )
         if unfinished == step:
             (root / f"{name}-unfinished").write_text("")
     return root
@@ -115,10 +141,14 @@ def build_torchtitan(root: Path, steps=(10, 20)) -> Path:
     for step in steps:
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.AdamW(model.parameters())
-        for _ in range(step):   # the optimizer's step counter equals train_state.step, as in torchtitan
+        for _ in range(
+            step
+        ):  # the optimizer's step counter equals train_state.step, as in torchtitan
             model(torch.randn(2, 8)).sum().backward()
             opt.step()
         # torchtitan's keys: the model flattened to the top level, its TrainState under "train_state"
-        state = dict(model.state_dict(), optimizer=opt.state_dict(), train_state={"step": torch.tensor(step)})
+        state = dict(
+            model.state_dict(), optimizer=opt.state_dict(), train_state={"step": torch.tensor(step)}
+        )
         dcp.save(state, checkpoint_id=str(base / f"step-{step}"))
     return base

@@ -29,7 +29,12 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 TRIGGERS = ["loss_spike_detected", "gradient_norm_exceeded"]
-POLICY = {"frequency": "every_10_steps", "keep_last": 1, "emergency_save_on": TRIGGERS, "async_save": True}
+POLICY = {
+    "frequency": "every_10_steps",
+    "keep_last": 1,
+    "emergency_save_on": TRIGGERS,
+    "async_save": True,
+}
 
 
 class Events:
@@ -42,7 +47,14 @@ class Events:
             fh.write(json.dumps({"t": time.time(), "rank": self.rank, **kw}) + "\n")
 
 
-HOOKS = ("decide_emergency", "start_reduced", "finish_reduced", "before_save", "saved", "forced_save")
+HOOKS = (
+    "decide_emergency",
+    "start_reduced",
+    "finish_reduced",
+    "before_save",
+    "saved",
+    "forced_save",
+)
 
 
 def time_hooks(ev: Events) -> None:
@@ -75,7 +87,9 @@ def time_hooks(ev: Events) -> None:
     def dump() -> None:
         if ev.rank in totals:
             (ev.work / f"hooks-{ev.rank}.json").write_text(json.dumps(totals[ev.rank]))
-        (ev.work / f"threads-{ev.rank}.json").write_text(json.dumps(_thread_cpu() | gcs | {"objects": len(gc.get_objects())}))
+        (ev.work / f"threads-{ev.rank}.json").write_text(
+            json.dumps(_thread_cpu() | gcs | {"objects": len(gc.get_objects())})
+        )
 
     atexit.register(dump)
     for name in HOOKS:
@@ -94,7 +108,7 @@ def time_hooks(ev: Events) -> None:
                 per[0] += time.thread_time() - c0
                 per[1] += time.perf_counter() - w0
                 per[2] += 1
-                if per[2] == 1:      # the first call's CPU (one-time imports), apart
+                if per[2] == 1:  # the first call's CPU (one-time imports), apart
                     per[3] = per[0]
 
         setattr(StrategyCore, name, timed)
@@ -102,7 +116,7 @@ def time_hooks(ev: Events) -> None:
 
     close = _ProcessWorker.close
 
-    def closing(self):   # the worker's CPU seconds (all its threads), read once its jobs are done
+    def closing(self):  # the worker's CPU seconds (all its threads), read once its jobs are done
         try:
             fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
             t = totals.setdefault(ev.rank, {"cpu": 0.0, "wall": 0.0, "calls": 0})
@@ -131,9 +145,21 @@ def _thread_cpu() -> dict:
 
 
 def _records(cb) -> dict:
-    return {"records": [{"path": r.path, "step": r.step, "status": r.status, "problem": r.problem,
-                         "deleted": r.deleted, "emergency": r.emergency} for r in cb.core.records],
-            "problems": cb.core.problems, "summary": cb.core.summary()}
+    return {
+        "records": [
+            {
+                "path": r.path,
+                "step": r.step,
+                "status": r.status,
+                "problem": r.problem,
+                "deleted": r.deleted,
+                "emergency": r.emergency,
+            }
+            for r in cb.core.records
+        ],
+        "problems": cb.core.problems,
+        "summary": cb.core.summary(),
+    }
 
 
 def _largest_member(path: Path) -> tuple[int, int]:
@@ -142,12 +168,18 @@ def _largest_member(path: Path) -> tuple[int, int]:
     import zipfile
 
     with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if not i.filename.endswith(".pkl")), key=lambda i: i.compress_size)
+        info = max(
+            (i for i in z.infolist() if not i.filename.endswith(".pkl")),
+            key=lambda i: i.compress_size,
+        )
     with open(path, "rb") as fh:
         fh.seek(info.header_offset)
         head = fh.read(30)
     name_len, extra_len = struct.unpack("<HH", head[26:30])
-    return info.header_offset + 30 + name_len + extra_len + info.compress_size // 2, info.compress_size
+    return (
+        info.header_offset + 30 + name_len + extra_len + info.compress_size // 2,
+        info.compress_size,
+    )
 
 
 def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
@@ -160,16 +192,31 @@ def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
     from checkpoint_strategy.callbacks.core import StrategyCore
     from checkpoint_strategy.validate import parts
 
-    clean, bad = work / "verdict" / "clean" / os.path.basename(ckpt), work / "verdict" / "bad" / os.path.basename(ckpt)
+    clean, bad = (
+        work / "verdict" / "clean" / os.path.basename(ckpt),
+        work / "verdict" / "bad" / os.path.basename(ckpt),
+    )
     if rank == 0:
-        shutil.copytree(ckpt, clean) if os.path.isdir(ckpt) else (clean.parent.mkdir(parents=True), shutil.copy(ckpt, clean))
-        shutil.copytree(ckpt, bad) if os.path.isdir(ckpt) else (bad.parent.mkdir(parents=True), shutil.copy(ckpt, bad))
+        shutil.copytree(ckpt, clean) if os.path.isdir(ckpt) else (
+            clean.parent.mkdir(parents=True),
+            shutil.copy(ckpt, clean),
+        )
+        shutil.copytree(ckpt, bad) if os.path.isdir(ckpt) else (
+            bad.parent.mkdir(parents=True),
+            shutil.copy(ckpt, bad),
+        )
         target = bad
-        if bad.is_dir():   # a torch zip that rank 1's part reads every byte of
-            theirs = [bad / f for f in parts.split(str(bad), 1, 2).files() if f.endswith((".pt", ".pth", ".bin"))]
+        if bad.is_dir():  # a torch zip that rank 1's part reads every byte of
+            theirs = [
+                bad / f
+                for f in parts.split(str(bad), 1, 2).files()
+                if f.endswith((".pt", ".pth", ".bin"))
+            ]
             target = max(theirs, key=lambda p: _largest_member(p)[1])
         offset, _size = _largest_member(target)
-        with open(target, "r+b") as fh:      # a flipped byte inside tensor data: only its zip CRC-32 tells
+        with open(
+            target, "r+b"
+        ) as fh:  # a flipped byte inside tensor data: only its zip CRC-32 tells
             fh.seek(offset)
             byte = fh.read(1)
             fh.seek(offset)
@@ -178,8 +225,13 @@ def _verdicts(cb, ckpt: str, work: Path, rank: int) -> None:
     dist.barrier()
     out = {}
     for name, path in (("clean", clean), ("bad", bad)):
-        core = StrategyCore({"frequency": "every_10_steps", "keep_last": None, "validate_on_save": True},
-                            level="full", handoff_dir=None, manifest=False, rank_timeout=60)
+        core = StrategyCore(
+            {"frequency": "every_10_steps", "keep_last": None, "validate_on_save": True},
+            level="full",
+            handoff_dir=None,
+            manifest=False,
+            rank_timeout=60,
+        )
         core.root = str(path.parent)
         core.saved(str(path), None)
         core.end()
@@ -199,12 +251,18 @@ def _hf_callbacks(opts: dict, ev: Events, callbacks: list) -> tuple[list, Any]:
 
     cb = None
     if opts.get("callback", True):
-        cb = HFCheckpointStrategy(opts.get("policy", POLICY), handoff_dir=None, level=opts.get("level", "quick"),
-                                  rank_timeout=opts.get("rank_timeout", 60))
-        cb.core.phase_hook = lambda phase, path, t: ev(what="phase", phase=phase, path=os.path.basename(path), t=t)
+        cb = HFCheckpointStrategy(
+            opts.get("policy", POLICY),
+            handoff_dir=None,
+            level=opts.get("level", "quick"),
+            rank_timeout=opts.get("rank_timeout", 60),
+        )
+        cb.core.phase_hook = lambda phase, path, t: ev(
+            what="phase", phase=phase, path=os.path.basename(path), t=t
+        )
         cb.core.phase_delay = opts.get("phase_delay", 0.05)
         callbacks.append(cb)
-    elif opts.get("idle_worker"):   # the run without the callback, beside an idle worker process
+    elif opts.get("idle_worker"):  # the run without the callback, beside an idle worker process
         from checkpoint_strategy.callbacks.core import _ProcessWorker
 
         class IdleWorker(TrainerCallback):
@@ -241,13 +299,19 @@ def hf(out: Path, work: Path, opts: dict) -> None:
 
     def rng(self, output_dir):
         if rank == 1 and kill_step == self.state.global_step:
-            if opts.get("kill_after_state"):   # a slow rank: rank 0 has finished its part of the save (its
-                state = Path(output_dir) / "trainer_state.json"   # trainer_state.json is its last file)
+            if opts.get(
+                "kill_after_state"
+            ):  # a slow rank: rank 0 has finished its part of the save (its
+                state = (
+                    Path(output_dir) / "trainer_state.json"
+                )  # trainer_state.json is its last file)
                 deadline = time.monotonic() + 120
                 while not state.exists() and time.monotonic() < deadline:
                     time.sleep(0.01)
             ev(what="killed", step=kill_step)
-            os.kill(os.getpid(), signal.SIGKILL)     # mid-save: rank 0 has written or is writing its files
+            os.kill(
+                os.getpid(), signal.SIGKILL
+            )  # mid-save: rank 0 has written or is writing its files
         orig_rng(self, output_dir)
 
     Trainer._save_checkpoint, Trainer._save_rng_state = save, rng
@@ -258,12 +322,20 @@ def hf(out: Path, work: Path, opts: dict) -> None:
             if opts.get("step_sleep"):
                 time.sleep(opts["step_sleep"])
 
-    callbacks, cb = _hf_callbacks(opts, ev, [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()])
-    args = realruns._training_args(out, max_steps=opts.get("max_steps", 60), save_steps=opts.get("save_every", 10))
+    callbacks, cb = _hf_callbacks(
+        opts, ev, [realruns._spike_callback(opts.get("spike_step"), 4.0), Steps()]
+    )
+    args = realruns._training_args(
+        out, max_steps=opts.get("max_steps", 60), save_steps=opts.get("save_every", 10)
+    )
     args.ddp_backend = "gloo"
     args.log_level = opts.get("log_level", "passive")
-    trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
-                      callbacks=callbacks)
+    trainer = Trainer(
+        model=realruns._tiny_gpt2(),
+        args=args,
+        train_dataset=realruns._TokenDataset(4096, 16, 64),
+        callbacks=callbacks,
+    )
     trainer.train()
     ev(what="done")
     if cb is not None and rank == 0:
@@ -292,7 +364,7 @@ def pl(out: Path, work: Path, opts: dict) -> None:
         return result
 
     lightning.Trainer.save_checkpoint = save
-    if opts.get("quiet"):        # how a user silences Lightning's own progress lines
+    if opts.get("quiet"):  # how a user silences Lightning's own progress lines
         import logging
 
         logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
@@ -309,19 +381,37 @@ def pl(out: Path, work: Path, opts: dict) -> None:
                 ev(what="killed", step=kill_step)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    hooks = {"phase_hook": lambda phase, path, t: ev(what="phase", phase=phase, path=os.path.basename(path), t=t),
-             "phase_delay": opts.get("phase_delay", 0.05)}
+    hooks = {
+        "phase_hook": lambda phase, path, t: ev(
+            what="phase", phase=phase, path=os.path.basename(path), t=t
+        ),
+        "phase_delay": opts.get("phase_delay", 0.05),
+    }
     cb, trainer, _m = callbackruns.lightning_train(
-        out, opts.get("policy", POLICY), max_steps=opts.get("max_steps", 60), spike_step=opts.get("spike_step"),
-        spike_scale=10.0, hooks=hooks, extra_callbacks=[Probe()], devices=opts.get("devices", 2),
+        out,
+        opts.get("policy", POLICY),
+        max_steps=opts.get("max_steps", 60),
+        spike_step=opts.get("spike_step"),
+        spike_scale=10.0,
+        hooks=hooks,
+        extra_callbacks=[Probe()],
+        devices=opts.get("devices", 2),
         strategy="ddp" if opts.get("devices", 2) > 1 else "auto",
-        with_callback=opts.get("callback", True), save_every=opts.get("save_every", 10), handoff_dir=None, level=opts.get("level", "quick"),
-        rank_timeout=opts.get("rank_timeout", 60), **({"detect_every": opts["detect_every"]} if opts.get("detect_every") else {}))
+        with_callback=opts.get("callback", True),
+        save_every=opts.get("save_every", 10),
+        handoff_dir=None,
+        level=opts.get("level", "quick"),
+        rank_timeout=opts.get("rank_timeout", 60),
+        **({"detect_every": opts["detect_every"]} if opts.get("detect_every") else {}),
+    )
     ev(what="done")
     if cb is not None and trainer.global_rank == 0:
         (work / "records.json").write_text(json.dumps(_records(cb)))
     if opts.get("verdicts") and cb is not None:
-        last = max(Path(out).glob("epoch=*-step=*.ckpt"), key=lambda p: int(p.stem.split("step=")[1].split("-")[0]))
+        last = max(
+            Path(out).glob("epoch=*-step=*.ckpt"),
+            key=lambda p: int(p.stem.split("step=")[1].split("-")[0]),
+        )
         _verdicts(cb, str(last), work, trainer.global_rank)
 
 
@@ -329,8 +419,11 @@ if __name__ == "__main__":
     kind, out_dir, work_dir = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     {"hf": hf, "pl": pl}[kind](out_dir, work_dir, options)
-    if options.get("kill_step") is None:     # meet, then leave without C++ teardown: gloo's threads can abort a
-        import torch.distributed as dist     # process whose work is done ('terminate called without an active
+    if (
+        options.get("kill_step") is None
+    ):  # meet, then leave without C++ teardown: gloo's threads can abort a
+        import torch.distributed as dist  # process whose work is done ('terminate called without an active
+
         #                                      exception'): CI saw it twice on this HF run, once after
         #                                      destroy_process_group, which was the first mend
         if dist.is_available() and dist.is_initialized():

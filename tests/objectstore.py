@@ -18,8 +18,12 @@ from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 from werkzeug.serving import make_server
 
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1", "AWS_SESSION_TOKEN": "testing"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_SESSION_TOKEN": "testing",
+}
 
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
@@ -51,8 +55,14 @@ class CountingMotoServer(ThreadedMotoServer):
             method = environ.get("REQUEST_METHOD", "")
             path = environ.get("PATH_INFO", "")
             query = environ.get("QUERY_STRING", "")
-            kind = "list" if method == "GET" and ("list-type" in query or path.count("/") <= 1 and "prefix" in query) \
-                else "range" if environ.get("HTTP_RANGE") else method.lower()
+            kind = (
+                "list"
+                if method == "GET"
+                and ("list-type" in query or path.count("/") <= 1 and "prefix" in query)
+                else "range"
+                if environ.get("HTTP_RANGE")
+                else method.lower()
+            )
             with self.lock:
                 self.counts[kind] += 1
                 self.counts["total"] += 1  # requests (bytes_out: response bytes of ranged GETs)
@@ -101,8 +111,13 @@ def start(env: dict | None = None) -> CountingMotoServer:
 def s3fs_client(endpoint: str):
     import s3fs
 
-    return s3fs.S3FileSystem(endpoint_url=endpoint, key="testing", secret="testing", skip_instance_cache=True,
-                             use_listings_cache=False)
+    return s3fs.S3FileSystem(
+        endpoint_url=endpoint,
+        key="testing",
+        secret="testing",
+        skip_instance_cache=True,
+        use_listings_cache=False,
+    )
 
 
 def upload(fs, local: Path, dest: str) -> None:

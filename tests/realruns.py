@@ -21,9 +21,9 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 
 @dataclass
 class HFRun:
-    output_dir: Path          # holds checkpoint-N/ folders written by the real Trainer
-    trainer_state: Path       # the newest checkpoint's trainer_state.json
-    spike_step: int           # the weights were perturbed at the end of this optimizer step
+    output_dir: Path  # holds checkpoint-N/ folders written by the real Trainer
+    trainer_state: Path  # the newest checkpoint's trainer_state.json
+    spike_step: int  # the weights were perturbed at the end of this optimizer step
     save_steps: int
     max_steps: int
     checkpoint_steps: list[int] = field(default_factory=list)
@@ -31,7 +31,7 @@ class HFRun:
 
 @dataclass
 class LightningRun:
-    ckpt_dir: Path            # epoch=E-step=N.ckpt files from ModelCheckpoint
+    ckpt_dir: Path  # epoch=E-step=N.ckpt files from ModelCheckpoint
     ckpt_files: list[Path] = field(default_factory=list)
 
 
@@ -74,7 +74,9 @@ def _tiny_gpt2():
 
     _seed(0)
     torch.set_num_threads(1)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2))
+    return GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    )
 
 
 def _training_args(out: Path, *, max_steps: int, save_steps: int, save_strategy: str = "steps"):
@@ -109,7 +111,11 @@ def _spike_callback(spike_step: Optional[int], spike_scale: float):
                 g = torch.Generator().manual_seed(1)
                 with torch.no_grad():
                     for p in model.parameters():
-                        p.add_(torch.randn(p.shape, generator=g) * spike_scale * p.detach().std().clamp_min(0.02))
+                        p.add_(
+                            torch.randn(p.shape, generator=g)
+                            * spike_scale
+                            * p.detach().std().clamp_min(0.02)
+                        )
             return control
 
     return Spike()
@@ -119,7 +125,9 @@ class SimulatedCrash(RuntimeError):
     """Raised by the step logger at `crash_step`: the process "dies" before that step's checkpoint."""
 
 
-def _jsonl_step_log(path: Path, *, crash_step: Optional[int] = None, stop_step: Optional[int] = None):
+def _jsonl_step_log(
+    path: Path, *, crash_step: Optional[int] = None, stop_step: Optional[int] = None
+):
     """A TrainerCallback appending {"step", "loss", "learning_rate", "grad_norm"} per logged step to `path`
     (JSON lines, the way a user's own metrics logger would). At `crash_step` it raises SimulatedCrash
     right after writing the line (before the Trainer saves that step's checkpoint); at `stop_step` it
@@ -146,8 +154,15 @@ def _jsonl_step_log(path: Path, *, crash_step: Optional[int] = None, stop_step: 
     return StepLog()
 
 
-def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spike_step: Optional[int] = 120,
-                 spike_scale: float = 4.0, name: str = "hf-run") -> HFRun:
+def build_hf_run(
+    root: Path,
+    *,
+    max_steps: int = 200,
+    save_steps: int = 10,
+    spike_step: Optional[int] = 120,
+    spike_scale: float = 4.0,
+    name: str = "hf-run",
+) -> HFRun:
     """Train a tiny GPT-2 with the real HF Trainer; perturb the weights at the end of `spike_step`
     (None: no perturbation). spike_scale 4.0 blows the run up for good; 1.5 gives a spike the run
     absorbs by itself. Checkpoints go to root/name/checkpoint-N."""
@@ -157,30 +172,53 @@ def build_hf_run(root: Path, *, max_steps: int = 200, save_steps: int = 10, spik
     dataset = _TokenDataset(4096, 16, 64)
     out = root / name
     args = _training_args(out, max_steps=max_steps, save_steps=save_steps)
-    trainer = Trainer(model=model, args=args, train_dataset=dataset,
-                      callbacks=[_spike_callback(spike_step, spike_scale)])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        callbacks=[_spike_callback(spike_step, spike_scale)],
+    )
     trainer.train()
     steps = sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*"))
-    return HFRun(output_dir=out, trainer_state=out / f"checkpoint-{steps[-1]}" / "trainer_state.json",
-                 spike_step=spike_step, save_steps=save_steps, max_steps=max_steps, checkpoint_steps=steps)
+    return HFRun(
+        output_dir=out,
+        trainer_state=out / f"checkpoint-{steps[-1]}" / "trainer_state.json",
+        spike_step=spike_step,
+        save_steps=save_steps,
+        max_steps=max_steps,
+        checkpoint_steps=steps,
+    )
 
 
 @dataclass
 class HFResumes:
     """One spike-free run that crashed after `crash_step`, resumed twice from checkpoint-`resume_step`."""
 
-    base_dir: Path            # the crashed run's checkpoint-N folders (none after crash_step)
-    base_log: Path            # its JSON lines log: steps 1..crash_step
+    base_dir: Path  # the crashed run's checkpoint-N folders (none after crash_step)
+    base_log: Path  # its JSON lines log: steps 1..crash_step
     resume_step: int
     crash_step: int
-    resumed_until: int        # each resume trains steps resume_step+1..resumed_until
-    logs: dict[str, Path] = field(default_factory=dict)         # kind -> base log + the resume's steps appended
-    checkpoints: dict[str, Path] = field(default_factory=dict)  # kind -> the checkpoint copy it resumed from
-    resumed_dirs: dict[str, Path] = field(default_factory=dict)  # kind -> the resume's own checkpoint-N folders
+    resumed_until: int  # each resume trains steps resume_step+1..resumed_until
+    logs: dict[str, Path] = field(
+        default_factory=dict
+    )  # kind -> base log + the resume's steps appended
+    checkpoints: dict[str, Path] = field(
+        default_factory=dict
+    )  # kind -> the checkpoint copy it resumed from
+    resumed_dirs: dict[str, Path] = field(
+        default_factory=dict
+    )  # kind -> the resume's own checkpoint-N folders
 
 
-def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 110, resumed_until: int = 130,
-                     max_steps: int = 200, save_steps: int = 10) -> HFResumes:
+def build_hf_resumes(
+    root: Path,
+    *,
+    resume_step: int = 100,
+    crash_step: int = 110,
+    resumed_until: int = 130,
+    max_steps: int = 200,
+    save_steps: int = 10,
+) -> HFResumes:
     """Real HF Trainer resumes of one checkpoint, logged by a TrainerCallback to JSON lines.
 
     The base run (no spike, same model, data and schedule as build_hf_run) logs every step to
@@ -203,15 +241,23 @@ def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 11
 
     base_dir = root / "hf-resume-base"
     base_log = root / "base.jsonl"
-    trainer = Trainer(model=_tiny_gpt2(), args=_training_args(base_dir, max_steps=max_steps, save_steps=save_steps),
-                      train_dataset=_TokenDataset(4096, 16, 64),
-                      callbacks=[_jsonl_step_log(base_log, crash_step=crash_step)])
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=_training_args(base_dir, max_steps=max_steps, save_steps=save_steps),
+        train_dataset=_TokenDataset(4096, 16, 64),
+        callbacks=[_jsonl_step_log(base_log, crash_step=crash_step)],
+    )
     try:
         trainer.train()
     except SimulatedCrash:
         pass
-    run = HFResumes(base_dir=base_dir, base_log=base_log, resume_step=resume_step, crash_step=crash_step,
-                    resumed_until=resumed_until)
+    run = HFResumes(
+        base_dir=base_dir,
+        base_log=base_log,
+        resume_step=resume_step,
+        crash_step=crash_step,
+        resumed_until=resumed_until,
+    )
     for kind in ("normal", "no_optimizer"):
         ckpt = root / kind / f"checkpoint-{resume_step}"
         shutil.copytree(base_dir / f"checkpoint-{resume_step}", ckpt)
@@ -219,12 +265,18 @@ def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 11
             (ckpt / "optimizer.pt").unlink()
         log = root / f"{kind}.jsonl"
         shutil.copy2(base_log, log)
-        trainer = Trainer(model=_tiny_gpt2(),
-                          args=_training_args(root / kind / "out", max_steps=max_steps, save_steps=save_steps),
-                          train_dataset=_TokenDataset(4096, 16, 64),
-                          callbacks=[_jsonl_step_log(log, stop_step=resumed_until)])
+        trainer = Trainer(
+            model=_tiny_gpt2(),
+            args=_training_args(root / kind / "out", max_steps=max_steps, save_steps=save_steps),
+            train_dataset=_TokenDataset(4096, 16, 64),
+            callbacks=[_jsonl_step_log(log, stop_step=resumed_until)],
+        )
         trainer.train(resume_from_checkpoint=str(ckpt))
-        run.logs[kind], run.checkpoints[kind], run.resumed_dirs[kind] = log, ckpt, root / kind / "out"
+        run.logs[kind], run.checkpoints[kind], run.resumed_dirs[kind] = (
+            log,
+            ckpt,
+            root / kind / "out",
+        )
     return run
 
 
@@ -232,17 +284,24 @@ def build_hf_resumes(root: Path, *, resume_step: int = 100, crash_step: int = 11
 class HFRestartedRun:
     """A run that spiked, crashed, and was resumed from its latest checkpoint, appending to one log."""
 
-    output_dir: Path          # checkpoint-N folders of both attempts
-    log: Path                 # JSON lines: steps 1..crash_step, then resume_step+1..max_steps
-    spike_step: int           # first attempt only: weights perturbed at the end of this step
-    crash_step: int           # first attempt died right after logging this step
-    resume_step: int          # the latest checkpoint before the crash: the second attempt starts here
+    output_dir: Path  # checkpoint-N folders of both attempts
+    log: Path  # JSON lines: steps 1..crash_step, then resume_step+1..max_steps
+    spike_step: int  # first attempt only: weights perturbed at the end of this step
+    crash_step: int  # first attempt died right after logging this step
+    resume_step: int  # the latest checkpoint before the crash: the second attempt starts here
     max_steps: int
     first_attempt_lines: int  # lines of `log` written by the first attempt
 
 
-def build_hf_restarted_run(root: Path, *, spike_step: int = 55, spike_scale: float = 4.0, crash_step: int = 60,
-                           max_steps: int = 100, save_steps: int = 10) -> HFRestartedRun:
+def build_hf_restarted_run(
+    root: Path,
+    *,
+    spike_step: int = 55,
+    spike_scale: float = 4.0,
+    crash_step: int = 60,
+    max_steps: int = 100,
+    save_steps: int = 10,
+) -> HFRestartedRun:
     """First attempt: spike at `spike_step`, crash after logging `crash_step` (before saving it).
     Second attempt: the real `trainer.train(resume_from_checkpoint=True)` (latest checkpoint, i.e.
     the newest multiple of save_steps before the crash), no spike, to `max_steps`; both attempts
@@ -252,19 +311,39 @@ def build_hf_restarted_run(root: Path, *, spike_step: int = 55, spike_scale: flo
     out = root / "hf-restarted"
     log = root / "metrics.jsonl"
     args = _training_args(out, max_steps=max_steps, save_steps=save_steps)
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(4096, 16, 64),
-                      callbacks=[_spike_callback(spike_step, spike_scale), _jsonl_step_log(log, crash_step=crash_step)])
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=args,
+        train_dataset=_TokenDataset(4096, 16, 64),
+        callbacks=[
+            _spike_callback(spike_step, spike_scale),
+            _jsonl_step_log(log, crash_step=crash_step),
+        ],
+    )
     try:
         trainer.train()
     except SimulatedCrash:
         pass
     first_lines = len(log.read_text(encoding="utf-8").splitlines())
-    latest = max(int(c.name.split("-")[1]) for c in out.glob("checkpoint-*"))  # what resume=True picks
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(4096, 16, 64),
-                      callbacks=[_jsonl_step_log(log)])
+    latest = max(
+        int(c.name.split("-")[1]) for c in out.glob("checkpoint-*")
+    )  # what resume=True picks
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=args,
+        train_dataset=_TokenDataset(4096, 16, 64),
+        callbacks=[_jsonl_step_log(log)],
+    )
     trainer.train(resume_from_checkpoint=True)
-    return HFRestartedRun(output_dir=out, log=log, spike_step=spike_step, crash_step=crash_step,
-                          resume_step=latest, max_steps=max_steps, first_attempt_lines=first_lines)
+    return HFRestartedRun(
+        output_dir=out,
+        log=log,
+        spike_step=spike_step,
+        crash_step=crash_step,
+        resume_step=latest,
+        max_steps=max_steps,
+        first_attempt_lines=first_lines,
+    )
 
 
 def build_lightning_run(root: Path, *, max_steps: int = 30, every: int = 10) -> LightningRun:
@@ -295,9 +374,16 @@ def build_lightning_run(root: Path, *, max_steps: int = 30, every: int = 10) -> 
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
     ckpt_dir = root / "lightning-ckpts"
     callback = ModelCheckpoint(dirpath=str(ckpt_dir), every_n_train_steps=every, save_top_k=-1)
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=[callback], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1,
-                         default_root_dir=str(root / "lightning-root"))
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(root / "lightning-root"),
+    )
     trainer.fit(Tiny(), loader)
     return LightningRun(ckpt_dir=ckpt_dir, ckpt_files=sorted(ckpt_dir.glob("*.ckpt")))
 
@@ -331,8 +417,10 @@ def build_dcp_sharded(root: Path, shards: int = 4, width: int = 64) -> Path:
     model(torch.randn(2, width)).sum().backward()
     opt.step()
     path = root / "dcp-sharded" / "step-100"
-    dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()},
-             storage_writer=FileSystemWriter(str(path), thread_count=shards))
+    dcp.save(
+        {"model": model.state_dict(), "optimizer": opt.state_dict()},
+        storage_writer=FileSystemWriter(str(path), thread_count=shards),
+    )
     return path
 
 
@@ -349,12 +437,13 @@ def build_safetensors_file(root: Path) -> Path:
 
 # --------------------------------------------------------------------------- export: real runs with exported settings
 
+
 @dataclass
 class SaveRun:
-    folder: Path                       # where the framework wrote its checkpoints
-    saved: list[int]                   # steps the framework saved at, in order
-    kept: list[int]                    # steps still on disk at the end
-    names: list[str] = field(default_factory=list)   # what is on disk at the end
+    folder: Path  # where the framework wrote its checkpoints
+    saved: list[int]  # steps the framework saved at, in order
+    kept: list[int]  # steps still on disk at the end
+    names: list[str] = field(default_factory=list)  # what is on disk at the end
 
 
 def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
@@ -368,17 +457,32 @@ def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
             saved.append(state.global_step)
 
     out = root / "hf-export"
-    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=8, learning_rate=1e-3,
-                             logging_steps=1000, report_to=[], use_cpu=True, dataloader_num_workers=0,
-                             disable_tqdm=True, seed=0, **kwargs)
-    trainer = Trainer(model=_tiny_gpt2(), args=args, train_dataset=_TokenDataset(512, 16, 64),
-                      callbacks=[Record()])
+    args = TrainingArguments(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1000,
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+        **kwargs,
+    )
+    trainer = Trainer(
+        model=_tiny_gpt2(),
+        args=args,
+        train_dataset=_TokenDataset(512, 16, 64),
+        callbacks=[Record()],
+    )
     trainer.train()
     names = sorted(p.name for p in out.iterdir() if p.name.startswith("checkpoint-"))
     return SaveRun(out, saved, sorted(int(n.split("-")[1]) for n in names), names)
 
 
-def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int, plugins=None) -> SaveRun:
+def run_lightning_with_callbacks(
+    root: Path, callbacks_factory, max_steps: int, plugins=None
+) -> SaveRun:
     """A real Lightning run with the exported ModelCheckpoint callbacks."""
     import re
 
@@ -406,12 +510,21 @@ def run_lightning_with_callbacks(root: Path, callbacks_factory, max_steps: int, 
             return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
     x = torch.randn(512, 8)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8
+    )
     folder = root / "lightning-export"
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=callbacks_factory(str(folder)) + [Record()], logger=False,
-                         plugins=plugins,
-                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
-                         default_root_dir=str(root / "lightning-export-root"))
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=callbacks_factory(str(folder)) + [Record()],
+        logger=False,
+        plugins=plugins,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(root / "lightning-export-root"),
+    )
     trainer.fit(Tiny(), loader)
     names = sorted(p.name for p in folder.iterdir())
     steps = sorted({int(m.group(1)) for n in names if (m := re.search(r"step=(\d+)", n))})
@@ -427,7 +540,10 @@ def run_orbax_with_options(root: Path, options, total_steps: int) -> SaveRun:
     saved: list[int] = []
     with ocp.CheckpointManager(str(folder), options=options) as manager:
         for step in range(1, total_steps + 1):
-            state = {"params": {"w": jnp.full((8, 8), float(step))}, "opt_state": {"mu": jnp.zeros((8, 8))}}
+            state = {
+                "params": {"w": jnp.full((8, 8), float(step))},
+                "opt_state": {"mu": jnp.zeros((8, 8))},
+            }
             if manager.save(step, args=ocp.args.StandardSave(state)):
                 saved.append(step)
         manager.wait_until_finished()
@@ -453,8 +569,13 @@ def build_orbax_killed_save(root: Path) -> Path:
     import sys
 
     folder = root / "orbax-killed"
-    subprocess.run([sys.executable, "-c", ORBAX_KILLED_SAVE, str(folder)], check=True, capture_output=True,
-                   timeout=300, env=checkout_env())
+    subprocess.run(
+        [sys.executable, "-c", ORBAX_KILLED_SAVE, str(folder)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=checkout_env(),
+    )
     return folder
 
 
@@ -477,7 +598,9 @@ def build_torchtitan_layout(root: Path) -> Path:
         sched.step()
     folder = root / "torchtitan" / "checkpoint"
     full = dict(model.state_dict())
-    full["optimizer"] = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    full["optimizer"] = get_optimizer_state_dict(
+        model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True)
+    )
     full["lr_scheduler"] = {"lr_scheduler_0": sched.state_dict()}
     full["dataloader"] = {"dp_rank_0": {"sample_idx": 20}}
     full["train_state"] = {"step": torch.tensor(10), "ntokens_seen": torch.tensor(20480)}
@@ -517,8 +640,13 @@ def build_deepspeed_run(root: Path, stage: int = 1) -> Path:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     folder = root / "deepspeed"
-    run_job([sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)], "DeepSpeed run",
-            clean=folder, timeout=1800, env=checkout_env())
+    run_job(
+        [sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)],
+        "DeepSpeed run",
+        clean=folder,
+        timeout=1800,
+        env=checkout_env(),
+    )
     return folder
 
 
@@ -531,10 +659,26 @@ def build_deepspeed_universal(folder: Path, tag: str = "global_step6") -> Path:
     import sys
 
     out = folder / f"{tag}_universal"
-    proc = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                           str(folder / tag), "--output_folder", str(out), "--num_extract_workers", "1",
-                           "--num_merge_workers", "1", "--inject_missing_state"],
-                          capture_output=True, text=True, timeout=600, env=checkout_env())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(folder / tag),
+            "--output_folder",
+            str(out),
+            "--num_extract_workers",
+            "1",
+            "--num_merge_workers",
+            "1",
+            "--inject_missing_state",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=checkout_env(),
+    )
     if proc.returncode != 0 or not (out / "zero").is_dir():
         raise RuntimeError("ds_to_universal failed: " + proc.stderr[-2000:])
     return out
@@ -586,13 +730,17 @@ def build_fsdp2_run(root: Path) -> Path:
     import sys
 
     folder = root / "fsdp2"
-    script = root / "fsdp2_run.py"      # mp.spawn needs a file its children can import
+    script = root / "fsdp2_run.py"  # mp.spawn needs a file its children can import
     script.write_text(FSDP2_RUN)
-    run_job([sys.executable, str(script), str(folder)], "FSDP2 run", clean=folder, env=checkout_env())
+    run_job(
+        [sys.executable, str(script), str(folder)], "FSDP2 run", clean=folder, env=checkout_env()
+    )
     return folder
 
 
-def build_lightning_topk(root: Path, score, *, samples: int, max_steps: int, top_name: str, every_name: str) -> Path:
+def build_lightning_topk(
+    root: Path, score, *, samples: int, max_steps: int, top_name: str, every_name: str
+) -> Path:
     """A real Lightning run with two ModelCheckpoints in root/ckpts: top-2 by the monitored `score` (score(step) is
     logged each step; its file names from top_name) and every 5 steps (save_top_k=-1, names from every_name).
     Returns the checkpoint folder."""
@@ -618,11 +766,29 @@ def build_lightning_topk(root: Path, score, *, samples: int, max_steps: int, top
 
     ckpts = root / "ckpts"
     x = torch.randn(samples, 4)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2)
-    top = ModelCheckpoint(dirpath=str(ckpts), monitor="score", mode="max", save_top_k=2, every_n_train_steps=5,
-                          filename=top_name)
-    every = ModelCheckpoint(dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename=every_name)
-    trainer = pl.Trainer(max_steps=max_steps, callbacks=[top, every], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(root))
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=2
+    )
+    top = ModelCheckpoint(
+        dirpath=str(ckpts),
+        monitor="score",
+        mode="max",
+        save_top_k=2,
+        every_n_train_steps=5,
+        filename=top_name,
+    )
+    every = ModelCheckpoint(
+        dirpath=str(ckpts), save_top_k=-1, every_n_train_steps=5, filename=every_name
+    )
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        callbacks=[top, every],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=str(root),
+    )
     trainer.fit(Tiny(), loader)
     return ckpts

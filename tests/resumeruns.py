@@ -24,24 +24,29 @@ from pathlib import Path
 from cliresult import checkout_env, run_job
 
 TESTS = Path(__file__).resolve().parent
-LOOP_LR = 1e-4   # low: the loss barely moves, so only the checkpoints tell a fresh AdamW
+LOOP_LR = 1e-4  # low: the loss barely moves, so only the checkpoints tell a fresh AdamW
 
 
 @dataclass
 class Resumes:
-    base: Path                                              # holds the checkpoint resumed from
+    base: Path  # holds the checkpoint resumed from
     resume_step: int
-    until: int                                              # the resumes train resume_step+1..until
-    resumed: dict[str, Path] = field(default_factory=dict)  # kind -> the folder the resume saved into
-    logs: dict[str, Path] = field(default_factory=dict)     # kind -> JSON lines: steps 1..until
+    until: int  # the resumes train resume_step+1..until
+    resumed: dict[str, Path] = field(
+        default_factory=dict
+    )  # kind -> the folder the resume saved into
+    logs: dict[str, Path] = field(default_factory=dict)  # kind -> JSON lines: steps 1..until
 
 
 def _write_log(path: Path, losses: dict[int, float]) -> None:
-    path.write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in sorted(losses.items())),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in sorted(losses.items())),
+        encoding="utf-8",
+    )
 
 
 # --------------------------------------------------------------------------- plain loop + DCP
+
 
 def _loop_batch(step: int):
     import torch
@@ -75,7 +80,9 @@ def _loop_save(model, opt, step: int, path: Path) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optimizer": osd, "train_state": {"step": step}}, checkpoint_id=str(path))
+    dcp.save(
+        {"model": msd, "optimizer": osd, "train_state": {"step": step}}, checkpoint_id=str(path)
+    )
 
 
 def build_loop_resumes(root: Path, resume_step: int = 30, until: int = 40) -> Resumes:
@@ -105,10 +112,12 @@ def build_loop_resumes(root: Path, resume_step: int = 30, until: int = 40) -> Re
             state["optimizer"] = osd
         dcp.load(state, checkpoint_id=str(base / f"step-{resume_step}"))
         if kind == "intact":
-            set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            set_state_dict(
+                model, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            )
         else:
             model.load_state_dict(state["model"])
-            opt = torch.optim.AdamW(model.parameters(), lr=LOOP_LR)   # the mistake: a new optimizer
+            opt = torch.optim.AdamW(model.parameters(), lr=LOOP_LR)  # the mistake: a new optimizer
         start = int(state["train_state"]["step"])
         mine = dict(losses)
         _loop_train(model, opt, start + 1, until, mine)
@@ -119,6 +128,7 @@ def build_loop_resumes(root: Path, resume_step: int = 30, until: int = 40) -> Re
 
 
 # --------------------------------------------------------------------------- Lightning
+
 
 def build_lightning_resumes(root: Path, resume_step: int = 10, until: int = 20) -> Resumes:
     """A Lightning run saving step=10, resumed with fit(ckpt_path=...) to step 20 twice."""
@@ -142,7 +152,9 @@ def build_lightning_resumes(root: Path, resume_step: int = 10, until: int = 20) 
             return loss
 
         def on_train_start(self) -> None:
-            if self.reset:   # after Lightning restored the checkpoint: start the optimizer from nothing
+            if (
+                self.reset
+            ):  # after Lightning restored the checkpoint: start the optimizer from nothing
                 self.trainer.optimizers[0].state.clear()
 
         def configure_optimizers(self):
@@ -150,14 +162,22 @@ def build_lightning_resumes(root: Path, resume_step: int = 10, until: int = 20) 
 
     torch.manual_seed(0)
     x = torch.randn(512, 8)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8
+    )
 
     def fit(model, folder: Path, max_steps: int, ckpt_path=None) -> None:
         torch.manual_seed(0)
-        trainer = pl.Trainer(max_steps=max_steps, logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, accelerator="cpu", devices=1,
-                             default_root_dir=str(root / "pl-root"),
-                             callbacks=[ModelCheckpoint(dirpath=str(folder), every_n_train_steps=10, save_top_k=-1)])
+        trainer = pl.Trainer(
+            max_steps=max_steps,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=str(root / "pl-root"),
+            callbacks=[ModelCheckpoint(dirpath=str(folder), every_n_train_steps=10, save_top_k=-1)],
+        )
         trainer.fit(model, loader, ckpt_path=ckpt_path)
 
     base = root / "pl-base"
@@ -220,11 +240,20 @@ def free_port() -> int:
 def build_deepspeed_resumes(root: Path) -> Resumes:
     """DeepSpeed ZeRO-1 on CPU: base/global_step3, resumed to global_step6 with and without its optimizer states."""
     folder = root / "ds-resumes"
-    run_job([sys.executable, "-c", DEEPSPEED_RESUMES, str(folder), str(free_port())], "DeepSpeed resumes",
-            clean=folder, timeout=1800, env=checkout_env())
-    return Resumes(base=folder / "base", resume_step=3, until=6,
-                   resumed={"intact": folder / "intact", "reset": folder / "reset"},
-                   logs={"intact": folder / "intact.jsonl", "reset": folder / "reset.jsonl"})
+    run_job(
+        [sys.executable, "-c", DEEPSPEED_RESUMES, str(folder), str(free_port())],
+        "DeepSpeed resumes",
+        clean=folder,
+        timeout=1800,
+        env=checkout_env(),
+    )
+    return Resumes(
+        base=folder / "base",
+        resume_step=3,
+        until=6,
+        resumed={"intact": folder / "intact", "reset": folder / "reset"},
+        logs={"intact": folder / "intact.jsonl", "reset": folder / "reset.jsonl"},
+    )
 
 
 # --------------------------------------------------------------------------- HF Trainer, 2 processes -> 1
@@ -250,10 +279,27 @@ def build_hf_world_change(root: Path) -> Path:
     script.write_text(HF_DDP, encoding="utf-8")
     out = root / "hf-ddp"
     env = {**checkout_env(), "OMP_NUM_THREADS": "1"}
-    runs = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
-             str(TESTS), str(out), "4"],
-            [sys.executable, str(script), str(TESTS), str(out), "6", str(out / "checkpoint-4")])
+    runs = (
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(TESTS),
+            str(out),
+            "4",
+        ],
+        [sys.executable, str(script), str(TESTS), str(out), "6", str(out / "checkpoint-4")],
+    )
     for argv in runs:
-        run_job(argv, f"{os.path.basename(argv[1])} run", clean=out if "--nproc-per-node" in argv else None, env=env,
-                cwd=str(root))
+        run_job(
+            argv,
+            f"{os.path.basename(argv[1])} run",
+            clean=out if "--nproc-per-node" in argv else None,
+            env=env,
+            cwd=str(root),
+        )
     return out

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
 PKG_PARENT = str(TESTS.parent / "scripts")
 
-CHILD = r'''
+CHILD = r"""
 import json, os, sys, time
 sys.path.insert(0, sys.argv[3])
 import realruns
@@ -58,7 +58,7 @@ args.logging_steps = 5
 trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(4096, 16, 64),
                   callbacks=[cb, Report()])
 trainer.train(resume_from_checkpoint=resume)
-'''
+"""
 
 
 def _phase(work: Path) -> str:
@@ -74,15 +74,26 @@ def test_ten_sigkills_always_leave_a_valid_checkpoint(tmp_path):
     work.mkdir()
     script = work / "child.py"
     script.write_text(CHILD)
-    env = dict(os.environ, PYTHONPATH=PKG_PARENT, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=PKG_PARENT,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
     kills, previous, resumes = [], None, 0
     for i in range(10):
         target = ("any", "validate", "prune")[i % 3]
         (work / "phase").unlink(missing_ok=True)
         (work / "resume.json").unlink(missing_ok=True)
-        proc = subprocess.Popen([sys.executable, str(script), str(out), str(work), str(TESTS)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(out), str(work), str(TESTS)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 300
         saves_seen = 0
         try:
@@ -98,18 +109,26 @@ def test_ten_sigkills_always_leave_a_valid_checkpoint(tmp_path):
                 pytest.fail("the child made no checkpoint in 300 s")
             time.sleep(rng.uniform(0, 0.03) if target != "any" else rng.uniform(0, 1.5))
             at = _phase(work)
-            os.killpg(proc.pid, signal.SIGKILL)     # the training process and its validation worker
+            os.killpg(proc.pid, signal.SIGKILL)  # the training process and its validation worker
         finally:
             proc.wait()
         kills.append(at.split(" ")[0] or "training")
-        resumed = json.loads((work / "resume.json").read_text()) if (work / "resume.json").exists() else None
-        if previous is not None and resumed is not None:   # this attempt resumed from the last one's survivor
+        resumed = (
+            json.loads((work / "resume.json").read_text())
+            if (work / "resume.json").exists()
+            else None
+        )
+        if (
+            previous is not None and resumed is not None
+        ):  # this attempt resumed from the last one's survivor
             assert resumed["from"] == previous
             assert resumed["step"] == int(previous.rsplit("-", 1)[1])
-            assert resumed["adam_steps"] == [resumed["step"]]     # Adam state restored, not fresh
+            assert resumed["adam_steps"] == [resumed["step"]]  # Adam state restored, not fresh
             resumes += 1
         ckpt = last_valid_checkpoint(out)
-        assert ckpt is not None, f"kill {i} ({at!r}) left no valid checkpoint: {sorted(os.listdir(out))}"
+        assert ckpt is not None, (
+            f"kill {i} ({at!r}) left no valid checkpoint: {sorted(os.listdir(out))}"
+        )
         res = validate_checkpoint(ckpt, level="full")
         assert res.status == "valid" and res.resumable
         previous = ckpt

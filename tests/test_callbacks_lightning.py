@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 
+import callbackruns
 import pytest
 
-import callbackruns
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.validate import validate_checkpoint
 from checkpoint_strategy.formats.marker import MARKER_SUFFIX
+from checkpoint_strategy.validate import validate_checkpoint
 
 pytestmark = pytest.mark.slow
 TRIGGERS = ["loss_spike_detected", "gradient_norm_exceeded"]
@@ -32,10 +32,22 @@ def pl_run(tmp_path_factory):
             with open(path, "r+b") as fh:
                 fh.truncate(os.path.getsize(path) // 2)
 
-    policy = {"frequency": "every_10_steps", "keep_last": 2, "keep_milestone": [25], "emergency_save_on": TRIGGERS,
-              "async_save": True}
-    cb, trainer, _m = callbackruns.lightning_train(ckpts, policy, max_steps=60, spike_step=45, spike_scale=10.0,
-                                                   hooks={"after_save_hook": corrupt}, handoff_dir=str(root / "state"))
+    policy = {
+        "frequency": "every_10_steps",
+        "keep_last": 2,
+        "keep_milestone": [25],
+        "emergency_save_on": TRIGGERS,
+        "async_save": True,
+    }
+    cb, trainer, _m = callbackruns.lightning_train(
+        ckpts,
+        policy,
+        max_steps=60,
+        spike_step=45,
+        spike_scale=10.0,
+        hooks={"after_save_hook": corrupt},
+        handoff_dir=str(root / "state"),
+    )
     return ckpts, cb, trainer, root / "state", seen
 
 
@@ -49,13 +61,26 @@ def test_retention_emergency_and_corruption(pl_run):
     ckpts, cb, _t, state, seen = pl_run
     names = callbackruns.lightning_steps(ckpts)
     # milestone 25, invalid 30 (kept), rollback point 40, the emergency save, keep_last 2 = 50 and 60
-    assert names == sorted(["epoch=0-step=25.ckpt", "epoch=0-step=30.ckpt", "epoch=0-step=40.ckpt", EMERGENCY,
-                            "epoch=0-step=50.ckpt", "epoch=0-step=60.ckpt"])
+    assert names == sorted(
+        [
+            "epoch=0-step=25.ckpt",
+            "epoch=0-step=30.ckpt",
+            "epoch=0-step=40.ckpt",
+            EMERGENCY,
+            "epoch=0-step=50.ckpt",
+            "epoch=0-step=60.ckpt",
+        ]
+    )
     rec = {os.path.basename(r.path): r for r in cb.core.records}
-    assert rec["epoch=0-step=30.ckpt"].status == "invalid" and rec["epoch=0-step=30.ckpt"].deleted == []
+    assert (
+        rec["epoch=0-step=30.ckpt"].status == "invalid"
+        and rec["epoch=0-step=30.ckpt"].deleted == []
+    )
     assert validate_checkpoint(ckpts / "epoch=0-step=30.ckpt").status == "invalid"
     emergency = [r for r in cb.core.records if r.emergency]
-    assert [(os.path.basename(r.path), r.emergency) for r in emergency] == [(EMERGENCY, "loss_spike_detected")]
+    assert [(os.path.basename(r.path), r.emergency) for r in emergency] == [
+        (EMERGENCY, "loss_spike_detected")
+    ]
     mark = json.loads((ckpts / (EMERGENCY + MARKER_SUFFIX)).read_text())
     assert (mark["kind"], mark["event"], mark["step"]) == ("emergency", "loss_spike_detected", 46)
     doc = json.loads((state / "checkpoint-strategy.json").read_text())
@@ -68,7 +93,9 @@ def test_recover_does_not_choose_the_emergency_save(pl_run):
     ckpts, _cb, _t, _s, _seen = pl_run
     rep = advise(str(ckpts / ".checkpoint-strategy-metrics.jsonl"), checkpoints=str(ckpts))
     assert rep.status in ("wait", "rollback")
-    assert rep.resume_checkpoint.step == 40 and "emergency" not in (rep.resume_checkpoint.path or "")
+    assert rep.resume_checkpoint.step == 40 and "emergency" not in (
+        rep.resume_checkpoint.path or ""
+    )
 
 
 def test_torn_newest_skipped_and_fit_resumes_with_optimizer_state(pl_run, tmp_path):
@@ -81,7 +108,7 @@ def test_torn_newest_skipped_and_fit_resumes_with_optimizer_state(pl_run, tmp_pa
     ckpts = tmp_path / "ckpts"
     shutil.copytree(src, ckpts)
     newest = ckpts / "epoch=0-step=60.ckpt"
-    with open(newest, "r+b") as fh:                 # torn write of the newest file
+    with open(newest, "r+b") as fh:  # torn write of the newest file
         fh.truncate(os.path.getsize(newest) - 200)
     # the weights blew up at step 45 (unrecovered): the callback's loss log beside the checkpoints says so, and the
     # newest checkpoint before it is the resume point (issue 39: it was 50); the torn 60 is skipped either way
@@ -98,10 +125,15 @@ def test_torn_newest_skipped_and_fit_resumes_with_optimizer_state(pl_run, tmp_pa
                 seen["state"] = copy.deepcopy(trainer.optimizers[0].state_dict()["state"])
 
     policy = {"frequency": "every_10_steps", "keep_last": 2}
-    callbackruns.lightning_train(ckpts, policy, max_steps=60, resume=ckpt, extra_callbacks=[Peek()], handoff_dir=None)
+    callbackruns.lightning_train(
+        ckpts, policy, max_steps=60, resume=ckpt, extra_callbacks=[Peek()], handoff_dir=None
+    )
     assert seen["step"] == 50
     k = next(iter(saved))
-    assert torch.equal(seen["state"][k]["exp_avg"], saved[k]["exp_avg"]) and saved[k]["exp_avg"].abs().sum() > 0
+    assert (
+        torch.equal(seen["state"][k]["exp_avg"], saved[k]["exp_avg"])
+        and saved[k]["exp_avg"].abs().sum() > 0
+    )
 
 
 def test_save_checkpoint_unwrapped_after_fit(pl_run):
@@ -115,15 +147,18 @@ def test_best_model_path_survives_keep_last(tmp_path):
     (save_top_k=1: only its best is a best; widened to -1 every file it saved would be one)."""
     ckpts = tmp_path / "ckpts"
     policy = {"frequency": "every_10_steps", "keep_last": 1}
-    cb, trainer, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, monitor="train_loss",
-                                                   monitor_every=10, handoff_dir=None)
+    cb, trainer, _m = callbackruns.lightning_train(
+        ckpts, policy, max_steps=40, monitor="train_loss", monitor_every=10, handoff_dir=None
+    )
     mc = trainer.checkpoint_callback
     best = os.path.basename(mc.best_model_path)
     assert mc.save_top_k == 1 and best and not best.startswith("epoch=0-step=40")
     left = callbackruns.lightning_steps(ckpts)
     assert best in left and "epoch=0-step=40.ckpt" in left and len(left) == 2
-    assert any("best_model_path" in " ".join(r) or "top-k" in " ".join(r)
-               for r in cb.core.records[-1].kept_reasons.values())
+    assert any(
+        "best_model_path" in " ".join(r) or "top-k" in " ".join(r)
+        for r in cb.core.records[-1].kept_reasons.values()
+    )
 
 
 def test_async_checkpoint_io_validated_after_the_write(tmp_path):
@@ -133,11 +168,14 @@ def test_async_checkpoint_io_validated_after_the_write(tmp_path):
 
     ckpts = tmp_path / "ckpts"
     policy = {"frequency": "every_10_steps", "keep_last": 2, "async_save": True}
-    cb, _t, _m = callbackruns.lightning_train(ckpts, policy, max_steps=40, plugins=[AsyncCheckpointIO()],
-                                              handoff_dir=None)
+    cb, _t, _m = callbackruns.lightning_train(
+        ckpts, policy, max_steps=40, plugins=[AsyncCheckpointIO()], handoff_dir=None
+    )
     # "gone": pruned by an earlier job before its own validation ran (the worker starts slowly)
     assert len(cb.core.records) == 4 and not cb.core.problems
-    assert {r.status for r in cb.core.records} <= {"valid", "gone"} and cb.core.records[-1].status == "valid"
+    assert {r.status for r in cb.core.records} <= {"valid", "gone"} and cb.core.records[
+        -1
+    ].status == "valid"
     assert callbackruns.lightning_steps(ckpts) == ["epoch=0-step=30.ckpt", "epoch=0-step=40.ckpt"]
 
 
@@ -149,7 +187,9 @@ def test_nan_loss_triggers_no_emergency_save(tmp_path, caplog):
     ckpts = tmp_path / "ckpts"
     policy = {"frequency": "every_10_steps", "keep_last": 2, "emergency_save_on": TRIGGERS}
     with caplog.at_level(logging.WARNING, logger="checkpoint_strategy.callbacks"):
-        cb, trainer, module = callbackruns.lightning_train(ckpts, policy, max_steps=40, nan_step=25, handoff_dir=None)
+        cb, trainer, module = callbackruns.lightning_train(
+            ckpts, policy, max_steps=40, nan_step=25, handoff_dir=None
+        )
     assert all(p.isnan().all() for p in module.parameters()), "the run must really hold NaN weights"
     assert not any(r.emergency for r in cb.core.records)
     assert not [n for n in os.listdir(ckpts) if "emergency" in n or n.endswith(MARKER_SUFFIX)]
@@ -163,8 +203,14 @@ def test_join_timeout_is_reported_at_the_end(tmp_path, caplog):
 
     policy = {"frequency": "every_10_steps", "keep_last": 2, "async_save": True}
     with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
-        cb, _trainer, _m = callbackruns.lightning_train(tmp_path / "ckpts", policy, max_steps=20, join_timeout=0.5,
-                                                        hooks={"phase_delay": 3.0}, handoff_dir=None)
+        cb, _trainer, _m = callbackruns.lightning_train(
+            tmp_path / "ckpts",
+            policy,
+            max_steps=20,
+            join_timeout=0.5,
+            hooks={"phase_delay": 3.0},
+            handoff_dir=None,
+        )
     line = "validation of the last saves did not finish within 0.5 s"
     assert any(line in p for p in cb.core.problems), cb.core.problems
     assert any(r.levelno == logging.ERROR and line in r.getMessage() for r in caplog.records)
@@ -175,13 +221,24 @@ def test_export_plus_callback_leaves_the_milestone_checkpointer_alone(tmp_path):
     """Exactly what `export --framework lightning` prints, plus LightningCheckpointStrategy as its notes
     recommend: the milestone ModelCheckpoint keeps its period and its files, no false errors."""
     import realruns
+
     from checkpoint_strategy.callbacks import LightningCheckpointStrategy
     from checkpoint_strategy.export import export_plan, render_export
     from checkpoint_strategy.planning.options import validate_arguments
     from checkpoint_strategy.planning.planner import plan
 
-    report = plan(validate_arguments({"step_seconds": 1.0, "budget_gb": 10.0, "total_steps": 40, "frequency": 5,
-                                      "keep_last": 2, "milestones": [10, 20, 30, 40]}))
+    report = plan(
+        validate_arguments(
+            {
+                "step_seconds": 1.0,
+                "budget_gb": 10.0,
+                "total_steps": 40,
+                "frequency": 5,
+                "keep_last": 2,
+                "milestones": [10, 20, 30, 40],
+            }
+        )
+    )
     export = export_plan(report, "lightning", None)
     code = render_export(export, "python")
     assert "LightningCheckpointStrategy" in code and "milestones_kwargs" in code
@@ -194,13 +251,25 @@ def test_export_plus_callback_leaves_the_milestone_checkpointer_alone(tmp_path):
         mcs.extend(ns["checkpoint_callbacks"](dirpath))
         return [*mcs, cb]
 
-    run = realruns.run_lightning_with_callbacks(tmp_path, callbacks, max_steps=40, plugins=ns["trainer_plugins"]())
+    run = realruns.run_lightning_with_callbacks(
+        tmp_path, callbacks, max_steps=40, plugins=ns["trainer_plugins"]()
+    )
     assert cb.core.problems == []
     milestone = next(m for m in mcs if m.filename == "milestone-{step}")
-    assert (milestone._every_n_train_steps, milestone.save_top_k) == (10, -1)      # left alone
-    assert [n for n in run.names if n.startswith("milestone-") and n.endswith(".ckpt")] == [f"milestone-step={s}.ckpt" for s in (10, 20, 30, 40)]
+    assert (milestone._every_n_train_steps, milestone.save_top_k) == (10, -1)  # left alone
+    assert [n for n in run.names if n.startswith("milestone-") and n.endswith(".ckpt")] == [
+        f"milestone-step={s}.ckpt" for s in (10, 20, 30, 40)
+    ]
     rolling = sorted(n for n in run.names if n.startswith("step=") and n.endswith(".ckpt"))
-    assert rolling == ["step=10.ckpt", "step=20.ckpt", "step=30.ckpt", "step=35.ckpt", "step=40.ckpt"]
+    assert rolling == [
+        "step=10.ckpt",
+        "step=20.ckpt",
+        "step=30.ckpt",
+        "step=35.ckpt",
+        "step=40.ckpt",
+    ]
     deleted = {d for r in cb.core.records for d in r.deleted}
-    assert all(r.status == "valid" or (r.status == "gone" and os.path.basename(r.path) in deleted)
-               for r in cb.core.records), [(r.path, r.status) for r in cb.core.records]
+    assert all(
+        r.status == "valid" or (r.status == "gone" and os.path.basename(r.path) in deleted)
+        for r in cb.core.records
+    ), [(r.path, r.status) for r in cb.core.records]

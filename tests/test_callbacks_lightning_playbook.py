@@ -10,13 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
-from checkpoint_strategy.formats.runlog import METRICS_FILE  # noqa: E402
 from checkpoint_strategy.errors import UsageError  # noqa: E402
+from checkpoint_strategy.formats.runlog import METRICS_FILE  # noqa: E402
 
 STEPS = 600
-POISON = 300          # the step whose batch damages the weights
+POISON = 300  # the step whose batch damages the weights
 BATCH = 32
-EPOCH = 50            # batches an epoch: each save (every 50 steps) is at an epoch end, so a resume draws the same batches
+EPOCH = 50  # batches an epoch: each save (every 50 steps) is at an epoch end, so a resume draws the same batches
 
 
 class _Data(torch.utils.data.Dataset):
@@ -33,7 +33,11 @@ class _Data(torch.utils.data.Dataset):
         x = torch.randn(8, generator=g)
         y = (x @ torch.linspace(-1, 1, 8)).tanh().unsqueeze(0) + 0.3 * torch.randn(1, generator=g)
         step = i // BATCH + 1
-        return x, y * (30.0 if step == self.label_spike else 1.0), torch.tensor(float(step == self.poison))
+        return (
+            x,
+            y * (30.0 if step == self.label_spike else 1.0),
+            torch.tensor(float(step == self.poison)),
+        )
 
 
 class _EpochSampler(torch.utils.data.Sampler):
@@ -58,7 +62,9 @@ class _Net(pl.LightningModule):
     def __init__(self):
         super().__init__()
         torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
+        )
 
     def training_step(self, batch, _idx):
         x, y, poison = batch
@@ -78,11 +84,25 @@ def _fit_parts(out, *, poison=None, label_spike=None, with_strategy=True):
     from checkpoint_strategy.callbacks import LightningCheckpointStrategy
 
     torch.set_num_threads(1)
-    cbs = [LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20})] if with_strategy else []
+    cbs = (
+        [LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20})]
+        if with_strategy
+        else []
+    )
     mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
-    trainer = pl.Trainer(max_steps=STEPS, callbacks=[*cbs, mc], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1)
-    loader = torch.utils.data.DataLoader(_Data(poison, label_spike), batch_size=BATCH, sampler=_EpochSampler())
+    trainer = pl.Trainer(
+        max_steps=STEPS,
+        callbacks=[*cbs, mc],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        log_every_n_steps=1,
+    )
+    loader = torch.utils.data.DataLoader(
+        _Data(poison, label_spike), batch_size=BATCH, sampler=_EpochSampler()
+    )
     return trainer, _Net(), loader
 
 
@@ -98,7 +118,9 @@ def _eval(model) -> float:
 def lightning_baseline(tmp_path_factory):
     out = []
     for poison in (None, POISON):
-        trainer, model, loader = _fit_parts(tmp_path_factory.mktemp("plain"), poison=poison, with_strategy=False)
+        trainer, model, loader = _fit_parts(
+            tmp_path_factory.mktemp("plain"), poison=poison, with_strategy=False
+        )
         trainer.fit(model, loader)
         out.append(_eval(model))
     return tuple(out)
@@ -108,7 +130,7 @@ def test_a_poisoned_batch_is_rolled_back_and_the_fit_finishes(lightning_baseline
     from checkpoint_strategy.callbacks import fit_with_recovery, last_valid_checkpoint
 
     clean, diverged = lightning_baseline
-    assert diverged > 2 * clean                       # without the playbook the run ends diverged
+    assert diverged > 2 * clean  # without the playbook the run ends diverged
     trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
     with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):
         out = fit_with_recovery(trainer, model, train_dataloaders=loader)
@@ -117,18 +139,29 @@ def test_a_poisoned_batch_is_rolled_back_and_the_fit_finishes(lightning_baseline
     rb = out["rollbacks"][0]
     assert rb["onset"] == POISON and rb["resume_step"] == 250
     assert rb["checkpoint"] == str(tmp_path / "epoch=4-step=250.ckpt")
-    assert rb["skip"] == [251, POISON + 20] and out["skipped_steps"] == list(range(251, POISON + 21))
+    assert rb["skip"] == [251, POISON + 20] and out["skipped_steps"] == list(
+        range(251, POISON + 21)
+    )
     assert abs(_eval(model) - clean) <= 0.15 * clean
-    assert trainer.gradient_clip_val is None                 # the user's clipping is back after the call
+    assert trainer.gradient_clip_val is None  # the user's clipping is back after the call
     assert "training_step" not in model.__dict__
     assert any("rollback 1/3 to epoch=4-step=250.ckpt" in r.getMessage() for r in caplog.records)
-    events = [json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x]
-    assert [e["event"] for e in events] == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
-        "checkpoint-strategy:resume_check"] * 2
+    events = [
+        json.loads(x) for x in (tmp_path / METRICS_FILE).read_text().splitlines() if '"event"' in x
+    ]
+    assert [e["event"] for e in events] == [
+        "checkpoint-strategy:spike",
+        "checkpoint-strategy:rollback",
+    ] + ["checkpoint-strategy:resume_check"] * 2
     # the live resume check: the optimizer counter continued from the checkpoint's, the loss came back in the band
-    assert [(e["verdict"], e.get("counter")) for e in events[2:]] == [("ok", rb["resume_step"]), ("ok", None)]
+    assert [(e["verdict"], e.get("counter")) for e in events[2:]] == [
+        ("ok", rb["resume_step"]),
+        ("ok", None),
+    ]
     # the first pass's saves after the onset hold the spiked weights: never the resume point of a next launch
-    assert last_valid_checkpoint(str(tmp_path)) == str(tmp_path / f"epoch={STEPS // EPOCH - 1}-step={STEPS}.ckpt")
+    assert last_valid_checkpoint(str(tmp_path)) == str(
+        tmp_path / f"epoch={STEPS // EPOCH - 1}-step={STEPS}.ckpt"
+    )
     marked = sorted(p.name for p in tmp_path.glob("*.checkpoint-strategy.json"))
     assert marked and all("v1" not in m for m in marked)
 
@@ -136,18 +169,24 @@ def test_a_poisoned_batch_is_rolled_back_and_the_fit_finishes(lightning_baseline
 def test_the_lr_and_clipping_window_apply_in_the_resumed_fit(tmp_path):
     from checkpoint_strategy.callbacks import fit_with_recovery
 
-    seen = []   # (step, LR, clip) at each optimizer step
+    seen = []  # (step, LR, clip) at each optimizer step
 
     class Spy(pl.Callback):
         def on_before_optimizer_step(self, trainer, module, optimizer):
-            seen.append((trainer.global_step + 1, optimizer.param_groups[0]["lr"], trainer.gradient_clip_val))
+            seen.append(
+                (
+                    trainer.global_step + 1,
+                    optimizer.param_groups[0]["lr"],
+                    trainer.gradient_clip_val,
+                )
+            )
 
     trainer, model, loader = _fit_parts(tmp_path, poison=POISON)
     trainer.callbacks.append(Spy())
     out = fit_with_recovery(trainer, model, train_dataloaders=loader, lr_reduced_steps=100)
     rb = out["rollbacks"][0]
     assert rb["lr_until"] == 350
-    resumed = seen[seen.index((rb["step"], 3e-3, None)) + 1:]
+    resumed = seen[seen.index((rb["step"], 3e-3, None)) + 1 :]
     # a skipped step makes no forward or backward pass, but Lightning still calls the optimizer (no grad: no move)
     assert [s for s, _, _ in resumed] == list(range(251, STEPS + 1))
     assert all((lr, clip) == (1.5e-3, 0.5) for s, lr, clip in resumed if s <= 350)
@@ -163,7 +202,9 @@ def test_a_spike_that_recovers_is_not_rolled_back(tmp_path):
     events = [a["event"] for a in out["actions"]]
     assert out["global_step"] == STEPS and out["actions"][0]["onset"] == POISON
     # the label spike and its echo a few steps later (Adam's moments): each one back within the window
-    assert events == ["checkpoint-strategy:spike", "checkpoint-strategy:recovered"] * (len(events) // 2)
+    assert events == ["checkpoint-strategy:spike", "checkpoint-strategy:recovered"] * (
+        len(events) // 2
+    )
 
 
 def test_a_trainer_without_the_strategy_is_one_line(tmp_path):
@@ -184,6 +225,11 @@ def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, 
         out = fit_with_recovery(trainer, model, train_dataloaders=loader)
     rb = out["rollbacks"][0]
     assert out["fits"] == 2 and "did not restore the optimizer" in out["stopped"]
-    assert out["global_step"] == rb["resume_step"] + 1      # stopped at the first batch of the resumed fit
+    assert (
+        out["global_step"] == rb["resume_step"] + 1
+    )  # stopped at the first batch of the resumed fit
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 1 and "step counter is 0, the checkpoint's 250 (a fresh optimizer" in errors[0]
+    assert (
+        len(errors) == 1
+        and "step counter is 0, the checkpoint's 250 (a fresh optimizer" in errors[0]
+    )

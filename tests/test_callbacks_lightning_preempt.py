@@ -95,22 +95,37 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def _launch(tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None):
+def _launch(
+    tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None
+):
     """slow (seconds, grace): the first save (step 50) sleeps that long half-written; the signal is sent as it
     starts. Returns (exit code, stdout lines, stderr)."""
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT)
     at = f"step {at_step}" if slow is None else "saving"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "scripts"),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     extra = [] if slow is None else [str(slow[0]), str(slow[1])]
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), signals, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), str(STEPS), signals, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.strip())
-        if send is not None and line.strip().startswith(at) and (slow is not None or line.strip() == at):
+        if (
+            send is not None
+            and line.strip().startswith(at)
+            and (slow is not None or line.strip() == at)
+        ):
             proc.send_signal(send)
             send = None
     err = proc.stderr.read() if proc.stderr else ""
@@ -131,7 +146,9 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
-def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_continues(tmp_path, sig, uninterrupted):
+def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_continues(
+    tmp_path, sig, uninterrupted
+):
     from checkpoint_strategy.callbacks import last_valid_checkpoint
 
     out = tmp_path / "run"
@@ -140,24 +157,30 @@ def test_lightning_a_signal_mid_fit_saves_a_resume_point_exits_0_and_the_rerun_c
     done = lines[-1].split()
     assert done[0] == "done" and done[2] == "preempted" and 20 <= int(done[1]) < STEPS, lines[-3:]
     step = int(done[1])
-    assert max(_losses(lines)) == step            # no step trained after the preemption save
+    assert max(_losses(lines)) == step  # no step trained after the preemption save
     name = f"epoch={step - 1}-step={step}.ckpt"
     rec = read_record(out)
     assert rec is not None and rec["signal"] == sig.name and rec["step"] == step
     assert rec["checkpoint"] == str(out / name)
     assert last_valid_checkpoint(out, level="full") == str(out / name)
     assert f"{sig.name}: preemption save {name} (step {step})" in err
-    assert sorted(p.name for p in out.glob("*.ckpt")) == [name]   # ModelCheckpoint made no second file of it
-    rc2, lines2, err2 = _launch(tmp_path, out)                   # the next launch resumes from it
+    assert sorted(p.name for p in out.glob("*.ckpt")) == [
+        name
+    ]  # ModelCheckpoint made no second file of it
+    rc2, lines2, err2 = _launch(tmp_path, out)  # the next launch resumes from it
     assert rc2 == 0 and lines2[-1] == f"done {STEPS} finished", err2[-3000:]
     assert min(_losses(lines2)) == step + 1
     # the resumed launch is one interruption of the run, a preemption's, in the loss log
     recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines() if '"event"' in x]
     assert [(r["event"], r["kind"], r["at_step"], r["count"]) for r in recs] == [
-        ("checkpoint-strategy:interruption", "preemption", step, 1)]
+        ("checkpoint-strategy:interruption", "preemption", step, 1)
+    ]
     resumed, whole = {**_losses(lines), **_losses(lines2)}, uninterrupted
     assert set(resumed) == set(whole) == set(range(1, STEPS + 1))
-    assert all(resumed[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-7) for s in range(step + 1, STEPS + 1))
+    assert all(
+        resumed[s] == pytest.approx(whole[s], rel=1e-5, abs=1e-7)
+        for s in range(step + 1, STEPS + 1)
+    )
 
 
 def test_lightning_a_signal_during_a_save_finishes_that_save_as_the_preemption_save(tmp_path):

@@ -9,19 +9,25 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import cliresult
+import pytest
 from test_callbacks_multiproc import PROGRAM
 
 POLICY = {"frequency": "every_10_steps", "keep_last": 1, "async_save": True}
 
 
 def run(kind: str, tmp_path, **opts) -> str:
-    env = dict(cliresult.checkout_env(), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(
+        cliresult.checkout_env(), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1"
+    )
     opts = {"policy": POLICY, "max_steps": 20, "devices": 1, **opts}
-    res = subprocess.run([sys.executable, PROGRAM, kind, str(tmp_path / "out"), str(tmp_path), json.dumps(opts)],
-                         env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, PROGRAM, kind, str(tmp_path / "out"), str(tmp_path), json.dumps(opts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout + res.stderr
 

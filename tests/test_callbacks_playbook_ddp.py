@@ -17,11 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-import cliresult
 import callbackruns
+import cliresult
+import pytest
 from callbackruns import PB_POISON, PB_STEPS
+
 from checkpoint_strategy.formats.runlog import METRICS_FILE
 
 pytest.importorskip("torch")
@@ -38,26 +38,53 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run2(kind: str, out: Path, poison: bool, *extra: str, timeout: float = RUN_TIMEOUT) -> tuple[dict, dict, str]:
+def run2(
+    kind: str, out: Path, poison: bool, *extra: str, timeout: float = RUN_TIMEOUT
+) -> tuple[dict, dict, str]:
     """One 2-process run (kind hf_playbook: torchrun; pl_playbook: Lightning starts rank 1 itself), bounded by
     `timeout` (a hang fails the test); each rank's result. A run gloo's teardown abort ended after both ranks wrote
     their result counts (cliresult.TEARDOWN_ABORT)."""
     out.mkdir(parents=True, exist_ok=True)
     port = str(_free_port())
-    env = dict(cliresult.checkout_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=port, OMP_NUM_THREADS="1",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        cliresult.checkout_env(),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     argv = [PROGRAM, kind, str(out), "poison" if poison else "clean", *extra]
     if kind == "hf_playbook":
-        argv = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port, *argv]
+        argv = [
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            port,
+            *argv,
+        ]
     try:
-        res = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, timeout=timeout,
-                             start_new_session=True)
+        res = subprocess.run(
+            [sys.executable, *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the 2-process {kind} run did not end within {timeout} s: {str(exc.stderr)[-3000:]}")
+        pytest.fail(
+            f"the 2-process {kind} run did not end within {timeout} s: {str(exc.stderr)[-3000:]}"
+        )
     done = all((out / f"result-{r}.json").exists() for r in (0, 1))
-    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[-4000:]
+    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[
+        -4000:
+    ]
     r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
-    return r0, r1, res.stdout + res.stderr   # the package's lines: HF's ranks print them to stdout
+    return r0, r1, res.stdout + res.stderr  # the package's lines: HF's ranks print them to stdout
 
 
 def check_together(r0: dict, r1: dict, out: Path, ckpt_name) -> dict:
@@ -65,21 +92,41 @@ def check_together(r0: dict, r1: dict, out: Path, ckpt_name) -> dict:
     same weights; the rollback itself is the playbook's (onset at the poisoned step, skip to onset + 20)."""
     for r in (r0, r1):
         assert r["global_step"] == PB_STEPS and r["stopped"] is None, r["stopped"]
-        assert r["poisoned"] == [PB_POISON]          # each rank met its poisoned batch once: the resumed pass skips it
+        assert r["poisoned"] == [
+            PB_POISON
+        ]  # each rank met its poisoned batch once: the resumed pass skips it
     assert r0["rollbacks"] == r1["rollbacks"] and 1 <= len(r0["rollbacks"]) <= 2
     rb = r0["rollbacks"][0]
     assert rb["onset"] == PB_POISON and rb["resume_step"] < PB_POISON
     assert rb["checkpoint"] == str(out / ckpt_name(rb["resume_step"]))
-    assert r0["calls"] == r1["calls"] == [{"resume": None, "from_step": 0},
-                                            {"resume": rb["checkpoint"], "from_step": rb["resume_step"]}]
-    assert r0["skipped_steps"] == r1["skipped_steps"] == list(range(rb["resume_step"] + 1, PB_POISON + 21))
-    assert r0["forward"] == r1["forward"]           # the same steps trained, in the same order, on both ranks
-    second = r0["forward"][r0["forward"].index(rb["step"]) + 1:]
-    assert second == [s for s in range(rb["resume_step"] + 1, PB_STEPS + 1) if s not in r0["skipped_steps"]]
-    at = r0["at"]                                   # (JSON keys: the step, as text)
-    assert at[str(rb["resume_step"])] == at[str(PB_POISON + 20)]   # the skipped steps moved no weight
-    assert at[str(PB_POISON + 20)] != at[str(PB_POISON + 21)]      # the first trained one did
-    assert r0["weights"] == r1["weights"] and r0["at"] == r1["at"]   # DDP's ranks hold the same model throughout
+    assert (
+        r0["calls"]
+        == r1["calls"]
+        == [
+            {"resume": None, "from_step": 0},
+            {"resume": rb["checkpoint"], "from_step": rb["resume_step"]},
+        ]
+    )
+    assert (
+        r0["skipped_steps"]
+        == r1["skipped_steps"]
+        == list(range(rb["resume_step"] + 1, PB_POISON + 21))
+    )
+    assert (
+        r0["forward"] == r1["forward"]
+    )  # the same steps trained, in the same order, on both ranks
+    second = r0["forward"][r0["forward"].index(rb["step"]) + 1 :]
+    assert second == [
+        s for s in range(rb["resume_step"] + 1, PB_STEPS + 1) if s not in r0["skipped_steps"]
+    ]
+    at = r0["at"]  # (JSON keys: the step, as text)
+    assert (
+        at[str(rb["resume_step"])] == at[str(PB_POISON + 20)]
+    )  # the skipped steps moved no weight
+    assert at[str(PB_POISON + 20)] != at[str(PB_POISON + 21)]  # the first trained one did
+    assert (
+        r0["weights"] == r1["weights"] and r0["at"] == r1["at"]
+    )  # DDP's ranks hold the same model throughout
     return rb
 
 
@@ -87,8 +134,11 @@ def check_one_log(out: Path) -> None:
     """Rank 0 alone writes the loss log: each action once, each step's loss once per pass."""
     recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines()]
     events = [r["event"] for r in recs if "event" in r]
-    assert events == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"] + [
-        "checkpoint-strategy:resume_check"] * 2, events
+    assert (
+        events
+        == ["checkpoint-strategy:spike", "checkpoint-strategy:rollback"]
+        + ["checkpoint-strategy:resume_check"] * 2
+    ), events
     cut = next(i for i, r in enumerate(recs) if r.get("event") == "checkpoint-strategy:rollback")
     first = [r["step"] for r in recs[:cut] if "event" not in r]
     assert first == sorted(set(first)) and first[-1] >= PB_POISON, first[-5:]
@@ -103,7 +153,7 @@ def test_hf_torchrun_every_rank_rolls_back_to_the_same_checkpoint_at_the_same_st
     assert r0["trains"] == r1["trains"] == 2
     assert abs(r0["eval"] - clean0["eval"]) <= 0.15 * clean0["eval"], (r0["eval"], clean0["eval"])
     check_one_log(tmp_path / "out")
-    assert err.count("rollback 1/3 to checkpoint-") == 1      # rank 0 alone says it
+    assert err.count("rollback 1/3 to checkpoint-") == 1  # rank 0 alone says it
 
 
 @pytest.mark.slow
@@ -114,11 +164,13 @@ def test_lightning_ddp_every_rank_rolls_back_to_the_same_checkpoint_at_the_same_
     clean0, clean1, _ = run2("pl_playbook", tmp_path / "clean", poison=False)
     assert clean0["rollbacks"] == [] == clean1["rollbacks"] and clean0["global_step"] == PB_STEPS
     r0, r1, err = run2("pl_playbook", tmp_path / "out", poison=True)
-    rb = check_together(r0, r1, tmp_path / "out", lambda s: f"epoch={s // callbackruns.PB_EPOCH - 1}-step={s}.ckpt")
+    rb = check_together(
+        r0, r1, tmp_path / "out", lambda s: f"epoch={s // callbackruns.PB_EPOCH - 1}-step={s}.ckpt"
+    )
     assert r0["fits"] == r1["fits"] == 2
     assert abs(r0["eval"] - clean0["eval"]) <= 0.15 * clean0["eval"], (r0["eval"], clean0["eval"])
     check_one_log(tmp_path / "out")
-    assert err.count(f"rollback 1/3 to {Path(rb['checkpoint']).name}") == 1   # rank 0 alone says it
+    assert err.count(f"rollback 1/3 to {Path(rb['checkpoint']).name}") == 1  # rank 0 alone says it
 
 
 @pytest.mark.slow
@@ -130,11 +182,19 @@ def test_hf_torchrun_a_resume_check_failing_on_one_rank_stops_every_rank(tmp_pat
     r0, r1, err = run2("hf_playbook", tmp_path / "out", True, "1", timeout=240)
     rb = r0["rollbacks"][0]
     assert r0["rollbacks"] == r1["rollbacks"] and rb["onset"] == PB_POISON
-    assert r0["global_step"] == r1["global_step"] == rb["resume_step"] + 1     # the first step of the resumed train
-    assert "rank 1" in r0["stopped"] and "did not restore the optimizer" in r0["stopped"], r0["stopped"]
-    assert "did not restore the optimizer" in r1["stopped"] and "step counter is 0" in r1["stopped"], r1["stopped"]
+    assert (
+        r0["global_step"] == r1["global_step"] == rb["resume_step"] + 1
+    )  # the first step of the resumed train
+    assert "rank 1" in r0["stopped"] and "did not restore the optimizer" in r0["stopped"], r0[
+        "stopped"
+    ]
+    assert (
+        "did not restore the optimizer" in r1["stopped"] and "step counter is 0" in r1["stopped"]
+    ), r1["stopped"]
     assert r0["forward"] == r1["forward"]
-    assert err.count("rank 1's resume from") == 1       # rank 0 says why, once (the others' lines are DEBUG)
+    assert (
+        err.count("rank 1's resume from") == 1
+    )  # rank 0 says why, once (the others' lines are DEBUG)
 
 
 @pytest.mark.slow
@@ -150,18 +210,40 @@ def test_a_signal_reaching_only_rank_1_saves_and_stops_every_rank_together(tmp_p
     env = dict(cliresult.checkout_env(), OMP_NUM_THREADS="1")
     port = str(_free_port())
     try:
-        res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                              port, PROGRAM, "guard_preempt", str(out)], env=env, capture_output=True, text=True,
-                             timeout=180, start_new_session=True)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                port,
+                PROGRAM,
+                "guard_preempt",
+                str(out),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            start_new_session=True,
+        )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the 2-process preempted run did not end within 180 s: {str(exc.stderr)[-3000:]}")
+        pytest.fail(
+            f"the 2-process preempted run did not end within 180 s: {str(exc.stderr)[-3000:]}"
+        )
     done = all((out / f"result-{r}.json").exists() for r in (0, 1))
-    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[-3000:]
+    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[
+        -3000:
+    ]
     r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
     step = callbackruns.PREEMPT_STEP
     for r in (r0, r1):
         assert r["broken"] is None and r["last"] == step, r
-        assert r["stopped"].startswith("preempted by ") and r["stopped"].endswith(f"at step {step}"), r["stopped"]
+        assert r["stopped"].startswith("preempted by ") and r["stopped"].endswith(
+            f"at step {step}"
+        ), r["stopped"]
         assert r["saves"] == [[20, "scheduled"], [step, "preemption"]], r["saves"]
         assert r["preempted"]["checkpoint"] == str(out / f"checkpoint-{step}.pt")
     assert r1["preempted"]["signal"] == "SIGUSR1" and "another rank" in r0["preempted"]["signal"]
@@ -174,7 +256,11 @@ def test_lightning_ddp_a_resume_check_failing_on_one_rank_stops_every_rank(tmp_p
     r0, r1, err = run2("pl_playbook", tmp_path / "out", True, "1", timeout=240)
     rb = r0["rollbacks"][0]
     assert r0["rollbacks"] == r1["rollbacks"] and rb["onset"] == PB_POISON
-    assert r0["global_step"] == r1["global_step"] == rb["resume_step"] + 1     # the first batch of the resumed fit
-    assert "rank 1" in r0["stopped"] and "did not restore the optimizer" in r0["stopped"], r0["stopped"]
+    assert (
+        r0["global_step"] == r1["global_step"] == rb["resume_step"] + 1
+    )  # the first batch of the resumed fit
+    assert "rank 1" in r0["stopped"] and "did not restore the optimizer" in r0["stopped"], r0[
+        "stopped"
+    ]
     assert "step counter is 0" in r1["stopped"], r1["stopped"]
     assert err.count("rank 1's resume from") == 1

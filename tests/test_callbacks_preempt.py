@@ -19,7 +19,7 @@ from checkpoint_strategy.errors import UsageError  # noqa: E402
 
 STEPS = 120
 
-SCRIPT = textwrap.dedent('''
+SCRIPT = textwrap.dedent("""
     import sys, time, torch
     from transformers import Trainer, TrainingArguments, TrainerCallback
     from checkpoint_strategy.callbacks import HFCheckpointStrategy, last_valid_checkpoint
@@ -67,25 +67,40 @@ SCRIPT = textwrap.dedent('''
         tr._save_optimizer_and_scheduler = slowed
     tr.train(resume_from_checkpoint=last_valid_checkpoint(out))
     print("done", tr.state.global_step, "preempted" if cb.preempted else "finished", flush=True)
-''')
+""")
 
 
-def _launch(tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None):
+def _launch(
+    tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None
+):
     """slow (seconds, grace): the first save sleeps that long between the weights and the optimizer state, and
     the signal is sent as it starts."""
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     at = f"step {at_step}" if slow is None else "saving"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "scripts"),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
     extra = [] if slow is None else [str(slow[0]), str(slow[1])]
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), signals, *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), str(STEPS), signals, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line.strip())
-        if send is not None and line.strip().startswith(at) and (slow is not None or line.strip() == at):
+        if (
+            send is not None
+            and line.strip().startswith(at)
+            and (slow is not None or line.strip() == at)
+        ):
             proc.send_signal(send)
             send = None
     err = proc.stderr.read() if proc.stderr else ""
@@ -110,15 +125,21 @@ def test_a_signal_mid_run_saves_a_resume_point_exits_0_and_the_rerun_continues(t
     rec = read_record(out)
     assert rec is not None and rec["signal"] == sig.name and rec["step"] == step
     assert last_valid_checkpoint(out, level="full") == str(out / f"checkpoint-{step}")
-    assert any(f"{sig.name}: preemption save checkpoint-{step} (step {step})" in x for x in lines + err.splitlines())
-    rc2, lines2, err2 = _launch(tmp_path, out)               # the next launch resumes from it
+    assert any(
+        f"{sig.name}: preemption save checkpoint-{step} (step {step})" in x
+        for x in lines + err.splitlines()
+    )
+    rc2, lines2, err2 = _launch(tmp_path, out)  # the next launch resumes from it
     assert rc2 == 0 and lines2[-1] == f"done {STEPS} finished", err2[-2000:]
     assert [x for x in lines2 if x.startswith("step ")][0] == f"step {step + 1}"
     ref = tmp_path / "uninterrupted"
     assert _launch(tmp_path, ref)[0] == 0
     resumed, whole = _losses(out, STEPS), _losses(ref, STEPS)
     assert set(resumed) == set(whole) == set(range(1, STEPS + 1))
-    assert all(resumed[s] == pytest.approx(whole[s], rel=1e-4, abs=1e-6) for s in range(step + 1, STEPS + 1))
+    assert all(
+        resumed[s] == pytest.approx(whole[s], rel=1e-4, abs=1e-6)
+        for s in range(step + 1, STEPS + 1)
+    )
 
 
 def test_a_signal_during_a_save_finishes_that_save_as_the_preemption_save(tmp_path):
@@ -131,7 +152,9 @@ def test_a_signal_during_a_save_finishes_that_save_as_the_preemption_save(tmp_pa
     assert rc == 0, err[-2000:]
     assert lines[-1] == "done 50 preempted" and read_record(out)["step"] == 50
     assert last_valid_checkpoint(out, level="full") == str(out / "checkpoint-50")
-    assert "the grace period ended during a save" in "\n".join(lines) + err   # (the lines go through tqdm.write)
+    assert (
+        "the grace period ended during a save" in "\n".join(lines) + err
+    )  # (the lines go through tqdm.write)
 
 
 def test_a_save_that_outlasts_the_grace_is_moved_aside_never_left_looking_whole(tmp_path):
@@ -142,7 +165,10 @@ def test_a_save_that_outlasts_the_grace_is_moved_aside_never_left_looking_whole(
     out = tmp_path / "run"
     rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, slow=(8.0, 1.0))
     assert rc == -signal.SIGTERM
-    assert not (out / "checkpoint-50").exists() and (out / "checkpoint-50.abandoned-preemption").is_dir()
+    assert (
+        not (out / "checkpoint-50").exists()
+        and (out / "checkpoint-50.abandoned-preemption").is_dir()
+    )
     assert last_valid_checkpoint(out) is None and read_record(out) is None
     assert "moved to checkpoint-50.abandoned-preemption" in "\n".join(lines) + err
 
@@ -167,7 +193,7 @@ def test_auto_is_off_under_many_processes_named_signals_are_on_and_uninstall_put
     auto = Preemption("auto")
     assert auto.auto and [s.name for s in auto.signals] == ["SIGTERM", "SIGUSR1"]
     assert auto.install_for(2) is False and signal.getsignal(signal.SIGUSR1) == before
-    named = Preemption("SIGUSR1")       # one name is one signal
+    named = Preemption("SIGUSR1")  # one name is one signal
     assert [s.name for s in named.signals] == ["SIGUSR1"]
     try:
         assert named.install_for(2) is True and signal.getsignal(signal.SIGUSR1) == named._handler

@@ -16,25 +16,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.validate import validate_checkpoint, validate_paths
-from checkpoint_strategy.cli.main import main
 
 # what torch.load raises for an archive it cannot open (not Exception: a typo in the test must not pass)
-TORCH_REFUSES = (RuntimeError, pickle.UnpicklingError, EOFError, IndexError)  # IndexError: a truncated pickle
+TORCH_REFUSES = (
+    RuntimeError,
+    pickle.UnpicklingError,
+    EOFError,
+    IndexError,
+)  # IndexError: a truncated pickle
 
 torch = pytest.importorskip("torch")
 
 
 # ----------------------------------------------------------------------------- helpers (independent of the package)
 
+
 def _st_tensors(path: Path) -> dict[str, tuple[str, list, int]]:
     """safetensors name -> (dtype, shape, absolute byte offset), from the header."""
     raw = path.read_bytes()
     (hlen,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + hlen])
-    return {k: (v["dtype"], v["shape"], 8 + hlen + v["data_offsets"][0]) for k, v in header.items()
-            if k != "__metadata__"}
+    header = json.loads(raw[8 : 8 + hlen])
+    return {
+        k: (v["dtype"], v["shape"], 8 + hlen + v["data_offsets"][0])
+        for k, v in header.items()
+        if k != "__metadata__"
+    }
 
 
 def _poke(path: Path, offset: int, values, dtype) -> None:
@@ -57,14 +66,14 @@ def fix_zip_crcs(path: Path) -> None:
         infos, cd = zf.infolist(), zf.start_dir
     pos = cd
     for info in infos:
-        assert blob[pos:pos + 4] == b"PK\x01\x02"
-        nlen, xlen, clen = struct.unpack("<HHH", blob[pos + 28:pos + 34])
+        assert blob[pos : pos + 4] == b"PK\x01\x02"
+        nlen, xlen, clen = struct.unpack("<HHH", blob[pos + 28 : pos + 34])
         lh = info.header_offset
-        lnlen, lxlen = struct.unpack("<HH", blob[lh + 26:lh + 30])
+        lnlen, lxlen = struct.unpack("<HH", blob[lh + 26 : lh + 30])
         start = lh + 30 + lnlen + lxlen
-        crc = struct.pack("<I", zlib.crc32(bytes(blob[start:start + info.compress_size])))
-        blob[pos + 16:pos + 20] = crc
-        blob[lh + 14:lh + 18] = crc
+        crc = struct.pack("<I", zlib.crc32(bytes(blob[start : start + info.compress_size])))
+        blob[pos + 16 : pos + 20] = crc
+        blob[lh + 14 : lh + 18] = crc
         pos += 46 + nlen + xlen + clen
     path.write_bytes(bytes(blob))
 
@@ -76,9 +85,11 @@ def _entry_offset(path: Path, raw: bytes) -> int:
         for info in zf.infolist():
             if "/data/" not in info.filename:
                 continue
-            nlen, xlen = struct.unpack("<HH", blob[info.header_offset + 26:info.header_offset + 30])
+            nlen, xlen = struct.unpack(
+                "<HH", blob[info.header_offset + 26 : info.header_offset + 30]
+            )
             start = info.header_offset + 30 + nlen + xlen
-            if blob[start:start + len(raw)] == raw and info.file_size >= len(raw):
+            if blob[start : start + len(raw)] == raw and info.file_size >= len(raw):
                 return start
     raise AssertionError("tensor bytes not found in any data entry")
 
@@ -89,9 +100,16 @@ def _problems(result) -> list[tuple[str, str, str]]:
 
 # ----------------------------------------------------------------------------- real checkpoints: clean
 
+
 def test_real_checkpoints_pass_deep(hf_run, lightning_run, dcp_checkpoint):
-    report = validate_paths([str(hf_run.output_dir / "checkpoint-100"), str(lightning_run.ckpt_files[-1]),
-                             str(dcp_checkpoint)], level="deep")
+    report = validate_paths(
+        [
+            str(hf_run.output_dir / "checkpoint-100"),
+            str(lightning_run.ckpt_files[-1]),
+            str(dcp_checkpoint),
+        ],
+        level="deep",
+    )
     for c in report.checkpoints:
         assert c.status == "valid" and c.passes_deep(), (c.path, _problems(c))
         assert c.deep.nonfinite_values == 0 and c.deep.float_tensors > 0
@@ -106,11 +124,19 @@ def test_real_checkpoints_pass_deep(hf_run, lightning_run, dcp_checkpoint):
 def test_norms_and_counts_match_torch(hf_run, tmp_path):
     ckpt = hf_run.output_dir / "checkpoint-50"
     stats = tmp_path / "stats.json"
-    assert main(["validate", str(ckpt), "--level", "deep", "--stats", str(stats), "--format", "json"]) == 0
-    figures = {(t["file"], t["tensor"]): t for t in json.loads(stats.read_text())["checkpoints"][0]["tensors"]}
+    assert (
+        main(["validate", str(ckpt), "--level", "deep", "--stats", str(stats), "--format", "json"])
+        == 0
+    )
+    figures = {
+        (t["file"], t["tensor"]): t
+        for t in json.loads(stats.read_text())["checkpoints"][0]["tensors"]
+    }
     from safetensors.torch import load_file
 
-    expected = {("model.safetensors", k): v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+    expected = {
+        ("model.safetensors", k): v for k, v in load_file(str(ckpt / "model.safetensors")).items()
+    }
     opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
     for pid, st in opt["state"].items():
         for leaf, v in st.items():
@@ -120,8 +146,12 @@ def test_norms_and_counts_match_torch(hf_run, tmp_path):
         f = figures[key]
         d = t.double()
         assert f["numel"] == t.numel() and f["shape"] == list(t.shape) and f["nan"] == f["inf"] == 0
-        assert f["l2"] == pytest.approx(float(torch.linalg.vector_norm(d)), rel=1e-6, abs=1e-12), key
-        assert f["max_abs"] == pytest.approx(float(d.abs().max()) if t.numel() else 0.0, rel=1e-7), key
+        assert f["l2"] == pytest.approx(float(torch.linalg.vector_norm(d)), rel=1e-6, abs=1e-12), (
+            key
+        )
+        assert f["max_abs"] == pytest.approx(
+            float(d.abs().max()) if t.numel() else 0.0, rel=1e-7
+        ), key
     weights = [v.double() for (f, _k), v in expected.items() if f == "model.safetensors"]
     norm = float(torch.sqrt(sum((w * w).sum() for w in weights)))
     r = validate_checkpoint(ckpt, level="deep")
@@ -129,6 +159,7 @@ def test_norms_and_counts_match_torch(hf_run, tmp_path):
 
 
 # ----------------------------------------------------------------------------- values overwritten in place
+
 
 def test_nan_and_inf_in_weights_named_exactly(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-40")
@@ -140,7 +171,11 @@ def test_nan_and_inf_in_weights_named_exactly(hf_run, copy_of):
     _poke(st, off + 4 * 100, [np.inf, -np.inf], np.float32)
     r = validate_checkpoint(ckpt, level="deep")
     assert r.status == "invalid"
-    assert ("model.safetensors", f"invalid: 3 NaN and 2 Inf values in {name}", "invalid") in _problems(r)
+    assert (
+        "model.safetensors",
+        f"invalid: 3 NaN and 2 Inf values in {name}",
+        "invalid",
+    ) in _problems(r)
     assert r.deep.nonfinite == [f"model.safetensors: {name}: 3 NaN and 2 Inf"]
     from safetensors.torch import load_file
 
@@ -157,13 +192,17 @@ def test_nan_in_optimizer_moment_named_exactly(hf_run, copy_of):
     off = _entry_offset(ckpt / "optimizer.pt", target.numpy().tobytes())
     _poke(ckpt / "optimizer.pt", off + 4 * 3, [np.nan], np.float32)
     r = validate_checkpoint(ckpt, level="deep")
-    assert ("optimizer.pt", "invalid: 1 NaN values in state.5.exp_avg_sq", "invalid") in _problems(r)
+    assert ("optimizer.pt", "invalid: 1 NaN values in state.5.exp_avg_sq", "invalid") in _problems(
+        r
+    )
     again = torch.load(ckpt / "optimizer.pt", weights_only=True)
     assert int(torch.isnan(again["state"][5]["exp_avg_sq"]).sum()) == 1
 
 
 @pytest.mark.parametrize("way", ["numpy", "compiled"])
-def test_lightning_bf16_fp16_and_a_view_with_storage_offset(lightning_run, tmp_path, monkeypatch, way):
+def test_lightning_bf16_fp16_and_a_view_with_storage_offset(
+    lightning_run, tmp_path, monkeypatch, way
+):
     from checkpoint_strategy.formats import tensors as tensorscan
 
     if way == "compiled":
@@ -175,18 +214,22 @@ def test_lightning_bf16_fp16_and_a_view_with_storage_offset(lightning_run, tmp_p
     ck["state_dict"]["layer.weight"] = ck["state_dict"]["layer.weight"].to(torch.bfloat16)
     ck["state_dict"]["extra.half"] = torch.linspace(-2, 2, 40).to(torch.float16)
     ck["state_dict"]["extra.base"] = base
-    ck["state_dict"]["extra.view"] = base[10:30]              # shares base's storage, offset 10
-    ck["state_dict"]["extra.strided"] = base.view(8, 8).t()   # non-contiguous
+    ck["state_dict"]["extra.view"] = base[10:30]  # shares base's storage, offset 10
+    ck["state_dict"]["extra.strided"] = base.view(8, 8).t()  # non-contiguous
     path = tmp_path / "epoch=0-step=30.ckpt"
     torch.save(ck, path)
     clean = validate_checkpoint(path, level="deep")
     assert clean.status == "valid", _problems(clean)
-    off_bf16 = _entry_offset(path, ck["state_dict"]["layer.weight"].view(torch.int16).numpy().tobytes())
-    _poke(path, off_bf16 + 2 * 2, [0x7FC0], np.uint16)        # bfloat16 NaN
+    off_bf16 = _entry_offset(
+        path, ck["state_dict"]["layer.weight"].view(torch.int16).numpy().tobytes()
+    )
+    _poke(path, off_bf16 + 2 * 2, [0x7FC0], np.uint16)  # bfloat16 NaN
     off_half = _entry_offset(path, ck["state_dict"]["extra.half"].numpy().tobytes())
     _poke(path, off_half + 2 * 5, [np.inf, np.inf], np.float16)
     off_base = _entry_offset(path, base.numpy().tobytes())
-    _poke(path, off_base + 4 * 12, [np.nan], np.float32)       # inside extra.view (index 2) and extra.base
+    _poke(
+        path, off_base + 4 * 12, [np.nan], np.float32
+    )  # inside extra.view (index 2) and extra.base
     r = validate_checkpoint(path, level="deep")
     got = {reason for _f, reason, _k in _problems(r)}
     assert "invalid: 1 NaN values in state_dict.layer.weight" in got
@@ -213,7 +256,9 @@ def test_dcp_value_overwritten(dcp_checkpoint, copy_of, tmp_path):
 
     ckpt = copy_of(dcp_checkpoint)
     dcp_to_torch_save(str(ckpt), str(tmp_path / "full.pt"))
-    full = torch.load(tmp_path / "full.pt", weights_only=False)  # DCP's own converter output (test only)
+    full = torch.load(
+        tmp_path / "full.pt", weights_only=False
+    )  # DCP's own converter output (test only)
     weight = full["model"]["2.weight"]
     blob = (ckpt / "__0_0.distcp").read_bytes()
     at = blob.index(weight.numpy().tobytes())
@@ -221,11 +266,14 @@ def test_dcp_value_overwritten(dcp_checkpoint, copy_of, tmp_path):
     # a byte changed after the save: the CRC-32 of the torch archive that item is (level full) says so first
     for level in ("full", "deep"):
         r = validate_checkpoint(ckpt, level=level)
-        assert r.status == "invalid" and any("item model.2.weight" in p.reason and "CRC-32 mismatch" in p.reason
-                                             for p in r.problems), level
+        assert r.status == "invalid" and any(
+            "item model.2.weight" in p.reason and "CRC-32 mismatch" in p.reason for p in r.problems
+        ), level
     dcp_to_torch_save(str(ckpt), str(tmp_path / "after.pt"))
     after = torch.load(tmp_path / "after.pt", weights_only=False)
-    assert int(torch.isinf(after["model"]["2.weight"]).sum()) == 1   # (dcp.load does not check that CRC)
+    assert (
+        int(torch.isinf(after["model"]["2.weight"]).sum()) == 1
+    )  # (dcp.load does not check that CRC)
     # an Inf the training itself saved (CRC-32 whole): deep names it
     import torch.distributed.checkpoint as dcp
 
@@ -245,11 +293,14 @@ def test_dcp_norms_match_torch(dcp_checkpoint, tmp_path):
     validate_paths([str(dcp_checkpoint)], level="deep", stats=str(stats))
     fig = {t["tensor"]: t for t in json.loads(stats.read_text())["checkpoints"][0]["tensors"]}
     for name, t in full["model"].items():
-        assert fig[f"model.{name}"]["l2"] == pytest.approx(float(torch.linalg.vector_norm(t.double())), rel=1e-6)
+        assert fig[f"model.{name}"]["l2"] == pytest.approx(
+            float(torch.linalg.vector_norm(t.double())), rel=1e-6
+        )
     for pid, st in full["optimizer"]["state"].items():
         for leaf in ("exp_avg", "exp_avg_sq"):
             assert fig[f"optimizer.state.{pid}.{leaf}"]["l2"] == pytest.approx(
-                float(torch.linalg.vector_norm(st[leaf].double())), rel=1e-6)
+                float(torch.linalg.vector_norm(st[leaf].double())), rel=1e-6
+            )
 
 
 def test_dcp_deep_parses_each_item_archive_once(dcp_checkpoint, monkeypatch):
@@ -275,6 +326,7 @@ def test_dcp_deep_parses_each_item_archive_once(dcp_checkpoint, monkeypatch):
 
 # ----------------------------------------------------------------------------- optimizer state
 
+
 def test_optimizer_entries_removed(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-60")
     opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
@@ -295,8 +347,11 @@ def test_optimizer_step_ahead_of_the_trainer(hf_run, copy_of):
     state["global_step"] = 50
     (ckpt / "trainer_state.json").write_text(json.dumps(state))
     r = validate_checkpoint(ckpt, level="deep")
-    assert any(k == "not_resumable" and "optimizer step 60 is ahead of the trainer's global step 50" in reason
-               for _f, reason, k in _problems(r))
+    assert any(
+        k == "not_resumable"
+        and "optimizer step 60 is ahead of the trainer's global step 50" in reason
+        for _f, reason, k in _problems(r)
+    )
 
 
 def test_moments_of_another_model(hf_run, copy_of):
@@ -306,7 +361,9 @@ def test_moments_of_another_model(hf_run, copy_of):
     opt["state"][0]["exp_avg_sq"] = torch.zeros(3, 5)
     torch.save(opt, ckpt / "optimizer.pt")
     r = validate_checkpoint(ckpt, level="deep")
-    assert any("1 optimizer moments match no weight's shape" in reason for _f, reason, _k in _problems(r))
+    assert any(
+        "1 optimizer moments match no weight's shape" in reason for _f, reason, _k in _problems(r)
+    )
 
 
 def test_problems_of_a_single_file_checkpoint_name_the_file(tmp_path, capsys):
@@ -315,7 +372,9 @@ def test_problems_of_a_single_file_checkpoint_name_the_file(tmp_path, capsys):
     r = validate_checkpoint(evil)
     assert [(p.file, p.kind) for p in r.problems] == [("model.pt", "invalid")]
     assert main(["validate", str(evil)]) == 1
-    assert "- model.pt: unsafe pickle: would execute posix.getcwd on load" in capsys.readouterr().out
+    assert (
+        "- model.pt: unsafe pickle: would execute posix.getcwd on load" in capsys.readouterr().out
+    )
     weights = tmp_path / "w.safetensors"
     from safetensors.torch import save_file
 
@@ -328,16 +387,29 @@ def test_weights_only_checkpoints(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-60")
     (ckpt / "optimizer.pt").unlink()
     r = validate_checkpoint(ckpt, level="deep")
-    assert (".", "not resumable: model-only (float32 weights, no optimizer)", "not_resumable") in _problems(r)
+    assert (
+        ".",
+        "not resumable: model-only (float32 weights, no optimizer)",
+        "not_resumable",
+    ) in _problems(r)
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(ckpt / "model.safetensors"))
-    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, str(ckpt / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.bfloat16) for k, v in tensors.items()},
+        str(ckpt / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     r = validate_checkpoint(ckpt, level="deep")
-    assert (".", "not resumable: model-only (bfloat16 weights, no optimizer)", "not_resumable") in _problems(r)
+    assert (
+        ".",
+        "not resumable: model-only (bfloat16 weights, no optimizer)",
+        "not_resumable",
+    ) in _problems(r)
     assert r.deep.weights_dtype == "bfloat16"
-    norm = float(torch.sqrt(sum((v.to(torch.bfloat16).double() ** 2).sum() for v in tensors.values())))
+    norm = float(
+        torch.sqrt(sum((v.to(torch.bfloat16).double() ** 2).sum() for v in tensors.values()))
+    )
     assert r.deep.weights_norm == pytest.approx(norm, rel=1e-6)
     # a model-only export is reported, but validate's exit code and a release gate do not fail on it
     assert main(["validate", str(ckpt), "--level", "deep"]) == 0
@@ -348,15 +420,22 @@ def test_weights_only_checkpoints(hf_run, copy_of):
 def test_weight_norm_jump_between_consecutive_checkpoints(hf_run):
     """hf_run's weights get noise of 4x their std at the end of step 120: checkpoint-120 already holds them."""
     steps = [110, 120, 130]
-    report = validate_paths([str(hf_run.output_dir / f"checkpoint-{s}") for s in steps], level="deep")
+    report = validate_paths(
+        [str(hf_run.output_dir / f"checkpoint-{s}") for s in steps], level="deep"
+    )
     by_step = {c.step: c for c in report.checkpoints}
-    jump = [p for p in by_step[120].problems if p.kind == "suspicious" and "weights norm" in p.reason]
+    jump = [
+        p for p in by_step[120].problems if p.kind == "suspicious" and "weights norm" in p.reason
+    ]
     assert len(jump) == 1 and "the previous checkpoint's (checkpoint-110)" in jump[0].reason
     assert by_step[120].deep.norm_ratio > 2 and by_step[120].deep.previous == "checkpoint-110"
     assert not [p for p in by_step[130].problems if "weights norm" in p.reason]
     assert 0.5 < by_step[130].deep.norm_ratio < 2
-    one = validate_checkpoint(hf_run.output_dir / "checkpoint-120", level="deep",
-                              previous=hf_run.output_dir / "checkpoint-110")
+    one = validate_checkpoint(
+        hf_run.output_dir / "checkpoint-120",
+        level="deep",
+        previous=hf_run.output_dir / "checkpoint-110",
+    )
     assert not one.passes_deep() and any("weights norm" in p.reason for p in one.problems)
 
 
@@ -388,10 +467,13 @@ def test_prune_at_deep_a_norm_jump_never_justifies_a_deletion(hf_run, tmp_path):
     assert (root / "checkpoint-110").is_dir() and (root / "checkpoint-120").is_dir()
     assert not report.delete and report.newest_valid == "checkpoint-110"
     kept = {e.name: e for e in report.keep}
-    assert kept["checkpoint-120"].reason_kinds == ["not_valid"] and kept["checkpoint-110"].reason_kinds == ["newest"]
+    assert kept["checkpoint-120"].reason_kinds == ["not_valid"] and kept[
+        "checkpoint-110"
+    ].reason_kinds == ["newest"]
 
 
 # ----------------------------------------------------------------------------- the pickle reader and the allow-list
+
 
 class _Evil:
     def __init__(self, func, *args):
@@ -408,15 +490,20 @@ def _evil_zip(path: Path, obj) -> Path:
     return path
 
 
-@pytest.mark.parametrize("func,args,name", [
-    (os.system, ("touch {marker}",), "posix.system"),
-    (eval, ("open('{marker}', 'w')",), "builtins.eval"),
-    (__import__("subprocess").call, (["touch", "{marker}"],), "subprocess.call"),
-])
+@pytest.mark.parametrize(
+    "func,args,name",
+    [
+        (os.system, ("touch {marker}",), "posix.system"),
+        (eval, ("open('{marker}', 'w')",), "builtins.eval"),
+        (__import__("subprocess").call, (["touch", "{marker}"],), "subprocess.call"),
+    ],
+)
 def test_malicious_pickles_reported_never_run(tmp_path, capsys, func, args, name):
     marker = tmp_path / "pwned"
-    args = tuple(a.format(marker=marker) if isinstance(a, str) else [x.format(marker=marker) for x in a]
-                 for a in args)
+    args = tuple(
+        a.format(marker=marker) if isinstance(a, str) else [x.format(marker=marker) for x in a]
+        for a in args
+    )
     evil = _evil_zip(tmp_path / "model.pt", {"state_dict": {"w": 1}, "x": _Evil(func, *args)})
     legacy = tmp_path / "legacy.pt"
     legacy.write_bytes(pickle.dumps(_Evil(func, *args), protocol=2))
@@ -441,11 +528,24 @@ def test_allow_list_follows_weights_only():
     assert tp.classify_global("torch.BFloat16Storage") == "allowed"
     assert tp.classify_global("numpy._core.multiarray._reconstruct") == "allowed"
     assert tp.classify_global("transformers.training_args.TrainingArguments") == "framework"
-    for bad in ("posix.system", "builtins.eval", "builtins.exec", "subprocess.Popen", "os.system",
-                "torch.load", "torch.hub.load", "numpy.testing._private.utils.runstring", "builtins.getattr",
-                "torch.utils.cpp_extension.load_inline", "nt.system", "webbrowser.open"):
+    for bad in (
+        "posix.system",
+        "builtins.eval",
+        "builtins.exec",
+        "subprocess.Popen",
+        "os.system",
+        "torch.load",
+        "torch.hub.load",
+        "numpy.testing._private.utils.runstring",
+        "builtins.getattr",
+        "torch.utils.cpp_extension.load_inline",
+        "nt.system",
+        "webbrowser.open",
+    ):
         assert tp.classify_global(bad) == "unsafe", bad
-    assert tp.classify_global("torch.distributed.checkpoint.metadata.Metadata", dcp=True) == "allowed"
+    assert (
+        tp.classify_global("torch.distributed.checkpoint.metadata.Metadata", dcp=True) == "allowed"
+    )
     # what torch itself accepts with weights_only=True is allowed here too
     from torch._weights_only_unpickler import _get_allowed_globals
 
@@ -454,8 +554,13 @@ def test_allow_list_follows_weights_only():
 
 def test_reader_matches_torch_on_storages_and_views(tmp_path):
     base = torch.arange(30, dtype=torch.float64)
-    obj = {"a": base[5:17].view(3, 4), "b": torch.zeros(2, 3, dtype=torch.bfloat16).t(), "c": base,
-           "d": torch.zeros(4, dtype=torch.float8_e4m3fn), "p": torch.nn.Parameter(torch.ones(2))}
+    obj = {
+        "a": base[5:17].view(3, 4),
+        "b": torch.zeros(2, 3, dtype=torch.bfloat16).t(),
+        "c": base,
+        "d": torch.zeros(4, dtype=torch.float8_e4m3fn),
+        "p": torch.nn.Parameter(torch.ones(2)),
+    }
     torch.save(obj, tmp_path / "x.pt")
     with zipfile.ZipFile(tmp_path / "x.pt") as zf:
         scan = tp.read_pickle(zf.read("x/data.pkl"))
@@ -464,14 +569,30 @@ def test_reader_matches_torch_on_storages_and_views(tmp_path):
     for name in ("a", "b", "c", "d", "p"):
         t = obj[name]
         ref = found[name]
-        assert (ref.shape, ref.stride, ref.offset) == (tuple(t.shape), t.stride(), t.storage_offset()), name
+        assert (ref.shape, ref.stride, ref.offset) == (
+            tuple(t.shape),
+            t.stride(),
+            t.storage_offset(),
+        ), name
         assert ref.dtype == str(t.dtype).removeprefix("torch."), name
-    assert found["a"].storage is found["c"].storage or found["a"].storage.key == found["c"].storage.key
+    assert (
+        found["a"].storage is found["c"].storage or found["a"].storage.key == found["c"].storage.key
+    )
     assert found["a"].storage.nbytes == 30 * 8
 
 
-@pytest.mark.parametrize("case", ["empty-pkl", "garbage-pkl", "no-version", "missing-storage", "short-storage",
-                                  "duplicate-entry", "truncated-pkl"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "empty-pkl",
+        "garbage-pkl",
+        "no-version",
+        "missing-storage",
+        "short-storage",
+        "duplicate-entry",
+        "truncated-pkl",
+    ],
+)
 def test_full_level_archives_torch_cannot_open(lightning_run, tmp_path, case):
     src = lightning_run.ckpt_files[0]
     with zipfile.ZipFile(src) as zf:
@@ -505,14 +626,18 @@ def test_full_level_archives_torch_cannot_open(lightning_run, tmp_path, case):
                 zf.writestr(name, data)
     r = validate_checkpoint(out, level="full")
     assert r.status == "invalid", (case, _problems(r))
-    if case != "duplicate-entry":  # torch silently reads one of the two: ambiguous, still invalid here
+    if (
+        case != "duplicate-entry"
+    ):  # torch silently reads one of the two: ambiguous, still invalid here
         with pytest.raises(TORCH_REFUSES):
             torch.load(out, weights_only=True)
 
 
 def test_legacy_torch_file_parsed(tmp_path):
     path = tmp_path / "old.pt"
-    torch.save({"w": torch.randn(4, 4), "opt": {"lr": 0.1}}, path, _use_new_zipfile_serialization=False)
+    torch.save(
+        {"w": torch.randn(4, 4), "opt": {"lr": 0.1}}, path, _use_new_zipfile_serialization=False
+    )
     r = validate_checkpoint(path, level="full")
     assert r.status == "valid" and any("legacy" in n and "checked" in n for n in r.notes)
     data = path.read_bytes()
@@ -524,10 +649,31 @@ def test_legacy_torch_file_parsed(tmp_path):
 
 
 def test_stats_needs_deep_and_writes_atomically(hf_run, tmp_path, capsys):
-    assert main(["validate", str(hf_run.output_dir / "checkpoint-10"), "--stats", str(tmp_path / "s.json")]) == 2
+    assert (
+        main(
+            [
+                "validate",
+                str(hf_run.output_dir / "checkpoint-10"),
+                "--stats",
+                str(tmp_path / "s.json"),
+            ]
+        )
+        == 2
+    )
     assert "--stats needs --level deep" in capsys.readouterr().err
-    assert main(["validate", str(hf_run.output_dir / "checkpoint-10"), "--level", "deep", "--stats",
-                 str(tmp_path / "missing-dir" / "s.json")]) == 2
+    assert (
+        main(
+            [
+                "validate",
+                str(hf_run.output_dir / "checkpoint-10"),
+                "--level",
+                "deep",
+                "--stats",
+                str(tmp_path / "missing-dir" / "s.json"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot write" in err
 
@@ -563,30 +709,36 @@ def test_hostile_names_cannot_forge_report_lines(tmp_path, capsys):
     path = tmp_path / "w.pt"
     torch.save({"state_dict": {"layer\nVALID      forged": w}}, path)
     r = validate_checkpoint(path, level="deep")
-    assert r.problems and "\n" not in r.problems[0].reason and "layer\\nVALID" in r.problems[0].reason
+    assert (
+        r.problems and "\n" not in r.problems[0].reason and "layer\\nVALID" in r.problems[0].reason
+    )
 
 
 def test_hostile_pickle_shapes():
     """Pathological but parseable pickles: deep nesting, self-reference, unhashable keys, bad memo."""
-    deep_list = b"\x80\x02" + b"]" * 50_000 + b"a" * 49_999 + b"."          # 50 000 nested lists
+    deep_list = b"\x80\x02" + b"]" * 50_000 + b"a" * 49_999 + b"."  # 50 000 nested lists
     scan = tp.read_pickle(deep_list)
     assert scan.complete and list(tp.walk_tensors(scan.root)) == []
-    self_ref = b"\x80\x02]q\x00h\x00a."                                       # a list holding itself
+    self_ref = b"\x80\x02]q\x00h\x00a."  # a list holding itself
     scan = tp.read_pickle(self_ref)
     assert scan.complete and list(tp.walk_tensors(scan.root)) == []
-    bad_key = b"\x80\x02}](K\x01e\x88s."                                      # a list as a dict key
-    scan = tp.read_pickle(bad_key)   # refused as Python's unpickler (and torch.load) refuse it
+    bad_key = b"\x80\x02}](K\x01e\x88s."  # a list as a dict key
+    scan = tp.read_pickle(bad_key)  # refused as Python's unpickler (and torch.load) refuse it
     assert not scan.complete and "unhashable" in scan.error
-    assert not tp.read_pickle(b"\x80\x02h\x05.").complete                      # memo read before write
+    assert not tp.read_pickle(b"\x80\x02h\x05.").complete  # memo read before write
 
 
 def test_documented_layouts_have_no_false_positives_at_deep(tmp_path):
     """DeepSpeed ZeRO shards (flat partitions), Megatron TP ranks, Orbax, NeMo, torchtitan DCP."""
     import layouts
 
-    roots = [layouts.build_orbax(tmp_path / "orbax"), layouts.build_deepspeed(tmp_path / "ds"),
-             layouts.build_megatron(tmp_path / "meg", tp=2), layouts.build_nemo(tmp_path / "nemo"),
-             layouts.build_torchtitan(tmp_path / "tt")]
+    roots = [
+        layouts.build_orbax(tmp_path / "orbax"),
+        layouts.build_deepspeed(tmp_path / "ds"),
+        layouts.build_megatron(tmp_path / "meg", tp=2),
+        layouts.build_nemo(tmp_path / "nemo"),
+        layouts.build_torchtitan(tmp_path / "tt"),
+    ]
     report = validate_paths([str(r) for r in roots], level="deep")
     assert len(report.checkpoints) >= 10
     for c in report.checkpoints:
@@ -606,7 +758,7 @@ def test_view_past_its_storage_is_invalid(tmp_path):
     bad = tmp_path / "bad.pt"
     with zipfile.ZipFile(bad, "w") as zf:
         for name, blob in rows:
-            zf.writestr(name, blob[:i] + b"K\x07" + blob[i + 2:] if name == pkl else blob)
+            zf.writestr(name, blob[:i] + b"K\x07" + blob[i + 2 :] if name == pkl else blob)
     with pytest.raises(TORCH_REFUSES):
         torch.load(bad, weights_only=True)
     r = validate_checkpoint(bad)
@@ -616,18 +768,33 @@ def test_view_past_its_storage_is_invalid(tmp_path):
 
 def test_stats_output_checked_before_the_scan(hf_run, tmp_path, capsys):
     for bad in (tmp_path, tmp_path / "no" / "s.json"):
-        assert main(["validate", str(hf_run.output_dir / "checkpoint-10"), "--level", "deep", "--stats",
-                     str(bad)]) == 2
+        assert (
+            main(
+                [
+                    "validate",
+                    str(hf_run.output_dir / "checkpoint-10"),
+                    "--level",
+                    "deep",
+                    "--stats",
+                    str(bad),
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "--stats: cannot write" in err
 
 
 def test_hostile_weight_map_values_never_crash(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-10")
-    (ckpt / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": [1], "b": 5, "c": "../x"}}))
+    (ckpt / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": [1], "b": 5, "c": "../x"}})
+    )
     r = validate_checkpoint(ckpt)
     reasons = sorted(p.reason for p in r.problems)
-    assert r.status == "invalid" and len(reasons) == 3 and all("invalid shard" in x for x in reasons)
+    assert (
+        r.status == "invalid" and len(reasons) == 3 and all("invalid shard" in x for x in reasons)
+    )
 
 
 def test_deep_reads_a_torch_archive_once_and_checks_every_crc(hf_run, copy_of):
@@ -639,8 +806,14 @@ def test_deep_reads_a_torch_archive_once_and_checks_every_crc(hf_run, copy_of):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-40")
     opt = ckpt / "optimizer.pt"
     full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
-    assert deep.status == "valid" and deep.deep is not None and deep.deep.bytes_scanned > opt.stat().st_size // 2
-    assert deep.bytes_read <= full.bytes_read   # (before: full's pass over optimizer.pt, then the value scan's)
+    assert (
+        deep.status == "valid"
+        and deep.deep is not None
+        and deep.deep.bytes_scanned > opt.stat().st_size // 2
+    )
+    assert (
+        deep.bytes_read <= full.bytes_read
+    )  # (before: full's pass over optimizer.pt, then the value scan's)
     clean = opt.read_bytes()
     with zipfile.ZipFile(opt) as z:
         infos = [i for i in z.infolist() if i.file_size]
@@ -650,17 +823,27 @@ def test_deep_reads_a_torch_archive_once_and_checks_every_crc(hf_run, copy_of):
     for info in flips:
         raw = bytearray(clean)
         lh = info.header_offset
-        start = lh + 30 + struct.unpack_from("<H", raw, lh + 26)[0] + struct.unpack_from("<H", raw, lh + 28)[0]
+        start = (
+            lh
+            + 30
+            + struct.unpack_from("<H", raw, lh + 26)[0]
+            + struct.unpack_from("<H", raw, lh + 28)[0]
+        )
         at = start + info.file_size // 2
         raw[at] ^= 0x01
         opt.write_bytes(bytes(raw))
-        full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
+        full, deep = (
+            validate_checkpoint(ckpt, level="full"),
+            validate_checkpoint(ckpt, level="deep"),
+        )
         assert _problems(deep) == _problems(full), info.filename
         assert len(full.problems) == 1, full.problems
-        assert "CRC-32 mismatch" in full.problems[0].reason or info.filename.endswith("data.pkl")   # (or it does
+        assert "CRC-32 mismatch" in full.problems[0].reason or info.filename.endswith(
+            "data.pkl"
+        )  # (or it does
         #                                                                  not parse: found before any CRC)
         assert deep.deep is None
-    (ckpt / "trainer_state.json").write_text("{")   # another problem: the value scan does not run
+    (ckpt / "trainer_state.json").write_text("{")  # another problem: the value scan does not run
     full, deep = validate_checkpoint(ckpt, level="full"), validate_checkpoint(ckpt, level="deep")
     assert sorted(_problems(deep)) == sorted(_problems(full))
     assert any("CRC-32 mismatch" in reason for _f, reason, _k in _problems(deep))

@@ -11,11 +11,11 @@ import threading
 import time
 
 import pytest
-
-from checkpoint_strategy.validate import fanout, engine as validate
+from test_checkpoints_walkspeed import _damaged_run
 
 from checkpoint_strategy.retention import survey as prune_survey
-from test_checkpoints_walkspeed import _damaged_run
+from checkpoint_strategy.validate import engine as validate
+from checkpoint_strategy.validate import fanout
 
 torch = pytest.importorskip("torch", reason="real torch.save archives in the checkpoints")
 
@@ -70,8 +70,14 @@ def _report(root) -> dict:
 
 def _survey(root) -> tuple:
     s = prune_survey.survey(str(root))
-    return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes,
-            {k: (r.model_dump(mode="json"), validate.seen_data(r)) for k, r in s.results.items()})
+    return (
+        s.sizes,
+        s.best,
+        s.emergency,
+        [repr(c) for c in s.candidates],
+        s.notes,
+        {k: (r.model_dump(mode="json"), validate.seen_data(r)) for k, r in s.results.items()},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +104,18 @@ def test_split_over_processes_gives_what_one_process_gives(run, monkeypatch, wor
     assert _survey(run) == alone_survey
     n = len(alone[0]["checkpoints"])
     assert len(fanout._chunks(n, workers)) == n
-    assert len(forked) == 2 * (min(workers, n) - 1)   # validate, then prune's survey
+    assert len(forked) == 2 * (min(workers, n) - 1)  # validate, then prune's survey
     assert not _children_left()
     statuses = [c["status"] for c in alone[0]["checkpoints"]]
-    assert statuses.count("valid") == 2 and "invalid" in statuses   # the damaged run: real findings to carry
+    assert (
+        statuses.count("valid") == 2 and "invalid" in statuses
+    )  # the damaged run: real findings to carry
 
 
-@pytest.mark.parametrize("failure", ["raises", "killed", "garbled", "miscounted", "short", "no fork", "no pipe",
-                                     "no queue"])
+@pytest.mark.parametrize(
+    "failure",
+    ["raises", "killed", "garbled", "miscounted", "short", "no fork", "no pipe", "no queue"],
+)
 def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(run)
@@ -123,15 +133,22 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
 
     def encode(results):
         data = real_encode(results)
-        if os.getpid() != parent and failure == "garbled":      # each result line one that is not a result
+        if (
+            os.getpid() != parent and failure == "garbled"
+        ):  # each result line one that is not a result
             lines = data.split(b"\n")
             return b"\n".join([lines[0], *[b'{"path": 1}'] * (len(lines) - 1)])
-        if os.getpid() != parent and failure == "miscounted":   # a result line missing
+        if os.getpid() != parent and failure == "miscounted":  # a result line missing
             return data.rsplit(b"\n", 1)[0]
         return data
+
     monkeypatch.setattr(validate, "check_with_values", check)
     monkeypatch.setattr(validate, "encode_results", encode)
-    if failure in ("no fork", "no pipe", "no queue"):   # a child (or the queue, the first pipe) cannot be had
+    if failure in (
+        "no fork",
+        "no pipe",
+        "no queue",
+    ):  # a child (or the queue, the first pipe) cannot be had
         calls = []
         real = getattr(os, "fork" if failure == "no fork" else "pipe")
 
@@ -140,13 +157,20 @@ def test_a_child_that_fails_is_checked_again_here(run, monkeypatch, failure):
             if len(calls) == (1 if failure == "no queue" else 2):
                 raise OSError(11, "Resource temporarily unavailable")
             return real()
+
         monkeypatch.setattr(os, "fork" if failure == "no fork" else "pipe", second_fails)
     if failure == "short":
         real_work_split = fanout.map_split
 
         def short(items, work, enc, dec, progress=None):
-            return real_work_split(items, lambda part, here: work(part, here)[:len(part) - (not here)], enc, dec,
-                                   progress)
+            return real_work_split(
+                items,
+                lambda part, here: work(part, here)[: len(part) - (not here)],
+                enc,
+                dec,
+                progress,
+            )
+
         monkeypatch.setattr(validate, "map_split", short)
     assert _report(run) == alone
     assert not _children_left()
@@ -172,15 +196,20 @@ def test_held_up_workers_leave_the_rest_to_this_process(run, monkeypatch, tmp_pa
         if os.getpid() == parent:
             here.append(1)
             released.touch()
-            if len(here) == 1:   # (the workers may start after this process has claimed every chunk: wait for one)
+            if (
+                len(here) == 1
+            ):  # (the workers may start after this process has claimed every chunk: wait for one)
                 _until(lambda: any(took.iterdir()), "a worker to take a chunk")
         else:
             (took / f"{os.getpid()}-{time.monotonic_ns()}").touch()
             _until(released.exists, "this process to check a chunk")
         return real_check(*a, **k)
+
     monkeypatch.setattr(validate, "check_with_values", check)
     assert _report(run) == alone
-    assert 1 <= len(here) < n and len(here) + len(os.listdir(took)) == n   # each checkpoint checked once
+    assert (
+        1 <= len(here) < n and len(here) + len(os.listdir(took)) == n
+    )  # each checkpoint checked once
     assert not _children_left()
 
 
@@ -191,8 +220,16 @@ def test_results_with_any_path_cross_the_pipe():
 
     results = []
     for path in ("/r/a\nb", "/r/x | y z", "/r/caf\u00e9", "/r/bad\udcff", ""):
-        r = CheckpointResult(path=path, format="hf-trainer", status="valid", resumable=True, sharded=False,
-                             portability="p", level="quick", notes=[path])
+        r = CheckpointResult(
+            path=path,
+            format="hf-trainer",
+            status="valid",
+            resumable=True,
+            sharded=False,
+            portability="p",
+            level="quick",
+            notes=[path],
+        )
         r._seen = Seen(("zip",), (path + "\n",), 3, (path + "|",), None, path, True)
         results.append(r)
     back = validate.decode_results(validate.encode_results(results))
@@ -210,9 +247,17 @@ def test_a_run_under_a_folder_name_that_is_not_utf8_splits_as_usual(run, tmp_pat
         os.mkdir(root)
     except (OSError, UnicodeEncodeError):
         pytest.skip("this file system takes no such name")
-    for step in range(10, 70, 10):   # the sound checkpoint six times (the damaged ones hold FIFOs: no copy)
-        shutil.copytree(run / "checkpoint-10", os.fsdecode(os.path.join(root, b"checkpoint-%d" % step)), symlinks=True)
-    os.remove(os.path.join(root, b"checkpoint-30", b"trainer_state.json"))   # and one finding to carry
+    for step in range(
+        10, 70, 10
+    ):  # the sound checkpoint six times (the damaged ones hold FIFOs: no copy)
+        shutil.copytree(
+            run / "checkpoint-10",
+            os.fsdecode(os.path.join(root, b"checkpoint-%d" % step)),
+            symlinks=True,
+        )
+    os.remove(
+        os.path.join(root, b"checkpoint-30", b"trainer_state.json")
+    )  # and one finding to carry
     here = os.fsdecode(root)
     monkeypatch.setattr(fanout, "ENABLED", False)
     alone = _report(here)
@@ -225,22 +270,28 @@ def test_a_run_under_a_folder_name_that_is_not_utf8_splits_as_usual(run, tmp_pat
         got = real_decoded(*a)
         decoded.append(got is not None)
         return got
+
     monkeypatch.setattr(fanout, "_decoded", decoded_here)
     assert _report(here) == alone
-    assert all(decoded)   # every chunk a worker sent was taken (this process may have taken them all first)
+    assert all(
+        decoded
+    )  # every chunk a worker sent was taken (this process may have taken them all first)
     assert "\udcff" in alone[0]["checkpoints"][0]["path"]
     assert [c["status"] for c in alone[0]["checkpoints"]].count("valid") == 5
 
 
-@pytest.mark.parametrize(("payload", "taken"), [
-    (b"[3, 4]", True),
-    (None, False),              # the worker's work raised
-    (b"[3]", False),            # fewer results than the chunk has items
-    (b"[3, 4, 5]", False),      # more
-    (b"[3, 4", False),          # bytes that do not decode
-    (b'{"a": 1}', False),       # not a list
-    (b"", False),
-])
+@pytest.mark.parametrize(
+    ("payload", "taken"),
+    [
+        (b"[3, 4]", True),
+        (None, False),  # the worker's work raised
+        (b"[3]", False),  # fewer results than the chunk has items
+        (b"[3, 4, 5]", False),  # more
+        (b"[3, 4", False),  # bytes that do not decode
+        (b'{"a": 1}', False),  # not a list
+        (b"", False),
+    ],
+)
 def test_a_chunk_is_taken_only_when_it_decodes_to_one_result_an_item(payload, taken):
     assert (fanout._decoded(payload, json.loads, 2) is not None) == taken
 
@@ -258,15 +309,19 @@ def test_a_worker_that_sent_anything_wrong_is_not_trusted_with_any_chunk():
         else:
             f.set_result(result)
         return f
+
     told = []
     g = fanout._Gathered([2, 1, 1, 1], json.loads, told.append)
     g.take(0, future((11, "done", b"[1, 2]")))
     g.take(1, future((22, "done", b"[3]")))
-    g.take(2, future((11, "done", b"[4, 5]")))   # worker 11 goes wrong
+    g.take(2, future((11, "done", b"[4, 5]")))  # worker 11 goes wrong
     g.take(3, future(exc=RuntimeError("killed")))
-    g.take(3, future((33, "skipped", None)))     # this process took it first
+    g.take(3, future((33, "skipped", None)))  # this process took it first
     assert g.trusted() == {1: [3]} and not g.untrusted - {11}
-    assert g.counted == {0, 1} and told == [2, 1]   # what was counted is not counted again when redone
+    assert g.counted == {0, 1} and told == [
+        2,
+        1,
+    ]  # what was counted is not counted again when redone
 
 
 def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch, tmp_path):
@@ -282,6 +337,7 @@ def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch, tmp_pa
         # the children wait: this process gets a chunk whatever the order they start in
         _until(interrupted.exists, "this process to take a chunk")
         return real_check(*a, **k)
+
     monkeypatch.setattr(validate, "check_with_values", check)
     with pytest.raises(KeyboardInterrupt):
         validate.validate_paths([str(run)], level="quick", progress=False)
@@ -290,19 +346,28 @@ def test_an_interrupt_here_stops_and_reaps_the_children(run, monkeypatch, tmp_pa
 
 def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     real_count = threading.active_count
-    monkeypatch.setattr(threading, "active_count", lambda: 1)   # the test session may run threads of its own
+    monkeypatch.setattr(
+        threading, "active_count", lambda: 1
+    )  # the test session may run threads of its own
     monkeypatch.setattr(fanout, "usable_cores", lambda: 4)
     assert fanout.workers_for(10_000) == 4
     assert fanout.workers_for(fanout.MIN_ITEMS - 1) == 1
-    assert fanout.workers_for(fanout.MIN_ITEMS) == 2            # parts of at least MIN_ITEMS / 2
+    assert fanout.workers_for(fanout.MIN_ITEMS) == 2  # parts of at least MIN_ITEMS / 2
     monkeypatch.setattr(fanout, "usable_cores", lambda: 64)
     assert fanout.workers_for(10_000) == fanout.MAX_WORKERS
-    for value, expected in (("1", 1), ("3", 3), ("0", 1), ("99", fanout.MAX_WORKERS), ("x", fanout.MAX_WORKERS)):
+    for value, expected in (
+        ("1", 1),
+        ("3", 3),
+        ("0", 1),
+        ("99", fanout.MAX_WORKERS),
+        ("x", fanout.MAX_WORKERS),
+    ):
         monkeypatch.setenv("CHECKPOINT_STRATEGY_PROCESSES", value)
         assert fanout.workers_for(10_000) == expected, value
     monkeypatch.delenv("CHECKPOINT_STRATEGY_PROCESSES")
     from checkpoint_strategy.callbacks._worker import ONE_THREAD
-    with monkeypatch.context() as m:   # the callbacks' worker process: next to training, no split
+
+    with monkeypatch.context() as m:  # the callbacks' worker process: next to training, no split
         for key, value in ONE_THREAD.items():
             m.setenv(key, value)
         assert fanout.workers_for(10_000) == 1
@@ -314,7 +379,7 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert fanout.workers_for(10_000) == 1                  # another thread: no fork
+        assert fanout.workers_for(10_000) == 1  # another thread: no fork
     finally:
         stop.set()
         other.join()
@@ -326,7 +391,7 @@ def test_it_forks_only_where_safe_and_worth_it(monkeypatch):
     assert fanout.workers_for(10_000) == 1
 
 
-@pytest.mark.slow   # four commands on 260 checkpoints: in the full run (CI), not the quick loop
+@pytest.mark.slow  # four commands on 260 checkpoints: in the full run (CI), not the quick loop
 def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
     """End to end, as a user runs them: `validate` and a `prune` dry run on a folder of MIN_ITEMS + 4 checkpoints
     (a few damaged) print the same JSON with the split (the default on a 2-core machine) and without it
@@ -344,27 +409,38 @@ def test_the_commands_split_a_big_folder_and_report_the_same(run, tmp_path):
 
     def out(env_value, *argv):
         env = checkout_env(CHECKPOINT_STRATEGY_PROCESSES=env_value)
-        proc = subprocess.run([*CLI, *argv, "--format", "json"], capture_output=True, text=True, env=env, timeout=300)
+        proc = subprocess.run(
+            [*CLI, *argv, "--format", "json"], capture_output=True, text=True, env=env, timeout=300
+        )
         assert proc.returncode in (0, 1), proc.stderr
         data = json.loads(proc.stdout)
         if "summary" in data:
             data["summary"]["seconds"] = 0
         return data
-    for argv in (("validate", str(big)), ("prune", str(big), "--keep-last", "3", "--no-spike-check")):
+
+    for argv in (
+        ("validate", str(big)),
+        ("prune", str(big), "--keep-last", "3", "--no-spike-check"),
+    ):
         split, alone = out("8", *argv), out("1", *argv)
         assert split == alone, argv[0]
         if argv[0] == "validate":
             statuses = [c["status"] for c in alone["checkpoints"]]
-            assert len(statuses) == fanout.MIN_ITEMS + 4 and 0 < statuses.count("invalid") < 10, statuses
+            assert len(statuses) == fanout.MIN_ITEMS + 4 and 0 < statuses.count("invalid") < 10, (
+                statuses
+            )
     # --apply on two copies: the same report and the same folders left (deletions follow the same survey)
     other = tmp_path / "other"
     shutil.copytree(big, other, symlinks=True)
     applied = {}
     for value, root in (("8", big), ("1", other)):
         data = out(value, "prune", str(root), "--keep-last", "3", "--no-spike-check", "--apply")
-        applied[value] = (json.dumps(data).replace(str(root), "ROOT"), sorted(p.name for p in root.iterdir()))
+        applied[value] = (
+            json.dumps(data).replace(str(root), "ROOT"),
+            sorted(p.name for p in root.iterdir()),
+        )
     assert applied["8"] == applied["1"]
-    assert 3 <= len(applied["1"][1]) < fanout.MIN_ITEMS   # it did delete, and kept the window
+    assert 3 <= len(applied["1"][1]) < fanout.MIN_ITEMS  # it did delete, and kept the window
 
 
 def _until(done, what: str) -> None:
@@ -387,11 +463,14 @@ def _pid_work(cost, parent: int, child_done: tuple[int, int], forked: list):
         for x in part:
             fanout.clock.now += cost(x)
             if os.getpid() == parent and forked and x >= fanout.PROBE:
-                _until(lambda: select.select([child_done[0]], [], [], 0)[0], "a child to check an item")
+                _until(
+                    lambda: select.select([child_done[0]], [], [], 0)[0], "a child to check an item"
+                )
             out.append((x, os.getpid()))
             if os.getpid() != parent:
                 os.write(child_done[1], b"x")
         return out
+
     return work
 
 
@@ -407,7 +486,9 @@ class _FakeClock:
 
 def _pids(items, cost, monkeypatch, cores=2):
     """Which process checked each item; `cost`: seconds an item (a number, or a function of the item)."""
-    monkeypatch.setattr(threading, "active_count", lambda: 1)   # the test session may run threads of its own
+    monkeypatch.setattr(
+        threading, "active_count", lambda: 1
+    )  # the test session may run threads of its own
     monkeypatch.setattr(fanout, "usable_cores", lambda: cores)
     monkeypatch.setattr(fanout, "clock", _FakeClock())
     forked: list[int] = []
@@ -416,8 +497,12 @@ def _pids(items, cost, monkeypatch, cores=2):
     pipe = os.pipe()
     try:
         work = _pid_work(cost if callable(cost) else lambda x: cost, os.getpid(), pipe, forked)
-        got = fanout.map_split(items, work, lambda r: json.dumps(r).encode(),
-                               lambda b: [tuple(x) for x in json.loads(b)])
+        got = fanout.map_split(
+            items,
+            work,
+            lambda r: json.dumps(r).encode(),
+            lambda b: [tuple(x) for x in json.loads(b)],
+        )
     finally:
         os.close(pipe[0])
         os.close(pipe[1])
@@ -432,12 +517,12 @@ def test_fewer_items_split_when_they_are_slow(monkeypatch):
     the probe's clock's (injected): the machine's load changes nothing."""
     monkeypatch.setattr(fanout, "SLOW_REST", 0.125)
     here = os.getpid()
-    pids = _pids(list(range(10)), 1 / 64, monkeypatch)   # 8 left x 1/64 s = SLOW_REST: split
-    assert pids[:fanout.PROBE] == [here] * fanout.PROBE
+    pids = _pids(list(range(10)), 1 / 64, monkeypatch)  # 8 left x 1/64 s = SLOW_REST: split
+    assert pids[: fanout.PROBE] == [here] * fanout.PROBE
     assert set(pids) - {here}, "no item was checked by a child"
-    assert set(_pids(list(range(9)), 1 / 64, monkeypatch)) == {here}     # 7 x 1/64 s < SLOW_REST: here
-    assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {here}    # 2 ms in all: here
-    assert set(_pids(list(range(3)), 1.0, monkeypatch)) == {here}        # 1 left: never split
+    assert set(_pids(list(range(9)), 1 / 64, monkeypatch)) == {here}  # 7 x 1/64 s < SLOW_REST: here
+    assert set(_pids(list(range(12)), 0.0002, monkeypatch)) == {here}  # 2 ms in all: here
+    assert set(_pids(list(range(3)), 1.0, monkeypatch)) == {here}  # 1 left: never split
     # the quicker probe's pace: the first item's one-time cost (a cold cache) does not count
     assert set(_pids(list(range(10)), lambda x: 10.0 if x == 0 else 1 / 128, monkeypatch)) == {here}
     assert set(_pids(list(range(10)), lambda x: 10.0 if x == 1 else 1 / 64, monkeypatch)) - {here}
@@ -457,7 +542,7 @@ def test_slow_few_checkpoints_split_and_report_what_one_process_reports(run, mon
     monkeypatch.setattr(fanout, "ENABLED", True)
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(fanout, "usable_cores", lambda: 2)
-    monkeypatch.setattr(fanout, "SLOW_REST", 0.0)   # any pace is slow enough
+    monkeypatch.setattr(fanout, "SLOW_REST", 0.0)  # any pace is slow enough
     forks = []
     real_fork = os.fork
     monkeypatch.setattr(os, "fork", lambda: forks.append(1) or real_fork())
@@ -477,32 +562,40 @@ def test_progress_counts_every_item_once(monkeypatch, child_sends, tmp_path):
     a_child_sent = tmp_path / "sent"
 
     def work(part, is_here):
-        if is_here:   # (a child sends a chunk before this process checks one: however loaded the machine is)
+        if (
+            is_here
+        ):  # (a child sends a chunk before this process checks one: however loaded the machine is)
             _until(a_child_sent.exists, "a child to send a chunk")
             here.extend(part)
         return list(part)
 
     def encode(results):
-        sent[0] += 1   # (in the child: its own count)
+        sent[0] += 1  # (in the child: its own count)
         a_child_sent.touch()
         if child_sends == "garbled" or (child_sends == "good then garbled" and sent[0] > 1):
             return b"not json"
         return json.dumps(results).encode()
 
-    got = fanout.map_split(list(range(60)), work, encode, lambda b: json.loads(b), progress=told.append)
+    got = fanout.map_split(
+        list(range(60)), work, encode, lambda b: json.loads(b), progress=told.append
+    )
     assert got == list(range(60))
     assert len(here) + sum(told) == 60
-    assert sorted(set(here)) == sorted(here)   # nothing counted twice here
+    assert sorted(set(here)) == sorted(here)  # nothing counted twice here
     if child_sends == "good":
         assert sum(told) > 0
     if child_sends == "garbled":
         assert told == []
-    if child_sends == "good then garbled":   # the first chunk of each child counted, then redone here uncounted
+    if (
+        child_sends == "good then garbled"
+    ):  # the first chunk of each child counted, then redone here uncounted
         assert 0 < sum(told) < 60
     assert not _children_left()
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/task"), reason="PR_SET_PDEATHSIG and /proc are Linux's"
+)
 def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
     """A prune killed mid-survey (SIGKILL) must not leave its workers alive: they inherited its folder lock, and the
     next prune would wait on it forever (found by test_crash_safety_kill_prune_apply_at_random_points under -n 2)."""
@@ -523,7 +616,8 @@ def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
         "        open(os.path.join(sys.argv[1], str(os.getpid())), 'w').close()\n"
         "        time.sleep(600)\n"
         "    return list(part)\n"
-        "fanout.map_split(list(range(64)), work, lambda r: bytes(r), lambda b: list(b))\n")
+        "fanout.map_split(list(range(64)), work, lambda r: bytes(r), lambda b: list(b))\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=checkout_env())
     try:
         _until(lambda: len(os.listdir(tmp_path)) >= 1, "a worker to start a chunk")
@@ -538,4 +632,5 @@ def test_workers_end_when_the_process_that_forked_them_is_killed(tmp_path):
                 return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
         except OSError:
             return False
+
     _until(lambda: not any(alive(pid) for pid in workers), "the workers to end with their parent")

@@ -22,13 +22,24 @@ def model_states(tmp_path, state) -> str:
 
 
 def test_zero_stage_and_world_size_from_the_pickle(tmp_path):
-    state = {"module": {"w": [1, 2]}, "dp_world_size": 4, "ds_config": {
-        "pipeline": {"stage": 7}, "zero_optimization": {"offload": {"x": 1}, "stage": 2}}}
-    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, state))) == (2, 4)
+    state = {
+        "module": {"w": [1, 2]},
+        "dp_world_size": 4,
+        "ds_config": {
+            "pipeline": {"stage": 7},
+            "zero_optimization": {"offload": {"x": 1}, "stage": 2},
+        },
+    }
+    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, state))) == (
+        2,
+        4,
+    )
 
 
 def test_no_zero_config_means_unknown(tmp_path):
-    assert deepspeed.deepspeed_zero_layout(deepspeed.zip_pickle(model_states(tmp_path, {"module": {}}))) == (None, None)
+    assert deepspeed.deepspeed_zero_layout(
+        deepspeed.zip_pickle(model_states(tmp_path, {"module": {}}))
+    ) == (None, None)
 
 
 @settings(max_examples=200, deadline=None)
@@ -53,44 +64,87 @@ def test_zip_pickle_refuses_fifos_truncation_and_non_zips(tmp_path):
     assert deepspeed.zip_pickle(str(tmp_path / "missing.pt")) is None
 
 
-@pytest.mark.parametrize("meta, expected", [
-    ({"tree_metadata": {"('opt_state', 'mu')": {"key_metadata": [{"key": "opt_state"}, {"key": "mu"}]}}}, True),
-    ({"tree_metadata": {"('params', 'opt')": {"key_metadata": [{"key": "params"}, {"key": "opt"}]}}}, False),
-    ({"tree_metadata": {"x": {"key_metadata": "opt"}}}, False),
-    ({"tree_metadata": []}, False),
-    ([1, 2], False),
-    (None, False),
-])
+@pytest.mark.parametrize(
+    "meta, expected",
+    [
+        (
+            {
+                "tree_metadata": {
+                    "('opt_state', 'mu')": {"key_metadata": [{"key": "opt_state"}, {"key": "mu"}]}
+                }
+            },
+            True,
+        ),
+        (
+            {
+                "tree_metadata": {
+                    "('params', 'opt')": {"key_metadata": [{"key": "params"}, {"key": "opt"}]}
+                }
+            },
+            False,
+        ),
+        ({"tree_metadata": {"x": {"key_metadata": "opt"}}}, False),
+        ({"tree_metadata": []}, False),
+        ([1, 2], False),
+        (None, False),
+    ],
+)
 def test_orbax_optimizer_key_at_the_top_of_the_tree(meta, expected):
     assert orbax.orbax_item_has_optimizer(meta) is expected
 
 
 def test_torchtitan_reason_only_for_model_only_keys():
-    assert dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "optimizer", "train_state"}, 10) is None
+    assert (
+        dcp.torchtitan_model_only_reason(
+            {"tok_embeddings", "layers", "optimizer", "train_state"}, 10
+        )
+        is None
+    )
     assert dcp.torchtitan_model_only_reason(set(), 10) is None
     reason = dcp.torchtitan_model_only_reason({"tok_embeddings", "layers", "norm", "output"}, 20)
-    assert reason.startswith("not resumable") and "step-20" in reason and "last_save_model_only" in reason
+    assert (
+        reason.startswith("not resumable")
+        and "step-20" in reason
+        and "last_save_model_only" in reason
+    )
 
 
 def _orbax_entry(keys: list[tuple[str, int]], shape=(2, 3)) -> dict:
-    return {"key_metadata": [{"key": k, "key_type": t} for k, t in keys],
-            "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False, "write_shape": list(shape)}}
+    return {
+        "key_metadata": [{"key": k, "key_type": t} for k, t in keys],
+        "value_metadata": {
+            "value_type": "jax.Array",
+            "skip_deserialize": False,
+            "write_shape": list(shape),
+        },
+    }
 
 
 def test_orbax_params_are_a_value_or_a_refusal_by_type():
     """orbax_params: the params, a Refused with the reason, or None (a layout it does not judge); never a bare str."""
-    tree = {"('params', 'w')": _orbax_entry([("params", 2), ("w", 2)]), "('opt', '0')": _orbax_entry([("opt", 2),
-                                                                                                      ("0", 1)])}
-    assert orbax.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {"params.w": [2, 3], "opt.0": [2, 3]}
+    tree = {
+        "('params', 'w')": _orbax_entry([("params", 2), ("w", 2)]),
+        "('opt', '0')": _orbax_entry([("opt", 2), ("0", 1)]),
+    }
+    assert orbax.orbax_params({"use_ocdbt": True, "tree_metadata": tree}) == {
+        "params.w": [2, 3],
+        "opt.0": [2, 3],
+    }
     assert orbax.orbax_params({"use_ocdbt": True}) == orbax.Refused("no tree_metadata object")
-    assert orbax.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == orbax.Refused("use_ocdbt is not true or false")
+    assert orbax.orbax_params({"use_ocdbt": "yes", "tree_metadata": tree}) == orbax.Refused(
+        "use_ocdbt is not true or false"
+    )
     flipped = {"('opt', 'x')": _orbax_entry([("opt", 2), ("x", 1)])}
     got = orbax.orbax_params({"use_ocdbt": True, "tree_metadata": flipped})
     assert isinstance(got, orbax.Refused) and "sequence key 'x' that is not an index" in got.reason
-    assert orbax.orbax_params(["not", "a", "dict"]) is None and orbax.orbax_params({"tree_metadata": {"a": 1}}) is None
+    assert (
+        orbax.orbax_params(["not", "a", "dict"]) is None
+        and orbax.orbax_params({"tree_metadata": {"a": 1}}) is None
+    )
 
 
 # --------------------------------------------------------------------------- Orbax: zstd frames before OCDBT nodes
+
 
 def _ocdbt_node(payload: bytes) -> bytes:
     import struct
@@ -116,15 +170,19 @@ def test_an_ocdbt_data_file_of_a_zstd_frame_then_a_node_is_walked_to_its_node():
     damaged[len(frame) + 20] ^= 1
     assert "CRC-32C mismatch" in orbax.ocdbt_nodes(bytes(damaged), manifest=False)
     assert "truncated" in orbax.ocdbt_nodes(frame[:200], manifest=False)
-    assert "more than its 1 blocks can hold" in orbax.ocdbt_nodes(_zstd_raw_frame(bytes(300), 300 | 1 << 20) + node,
-                                                               manifest=False)
+    assert "more than its 1 blocks can hold" in orbax.ocdbt_nodes(
+        _zstd_raw_frame(bytes(300), 300 | 1 << 20) + node, manifest=False
+    )
     reserved = bytearray(frame)
-    reserved[9] |= 0b110   # block type 3
+    reserved[9] |= 0b110  # block type 3
     assert "reserved block type" in orbax.ocdbt_nodes(bytes(reserved) + node, manifest=False)
-    assert "neither a frame nor an OCDBT node" in orbax.ocdbt_nodes(frame + b"junk" * 10, manifest=False)
+    assert "neither a frame nor an OCDBT node" in orbax.ocdbt_nodes(
+        frame + b"junk" * 10, manifest=False
+    )
 
 
 # --------------------------------------------------------------------------- zstd frames decoded (optional zstandard)
+
 
 def _rle_frame(blocks: int, fcs: int | None = None) -> bytes:
     """A zstd frame of `blocks` RLE blocks of 128 KiB each (4 bytes a block): a tiny file that regenerates
@@ -134,7 +192,9 @@ def _rle_frame(blocks: int, fcs: int | None = None) -> bytes:
     else:
         header = b"\x28\xb5\x2f\xfd" + bytes([0x80, 0x38]) + fcs.to_bytes(4, "little")
     block = orbax.ZSTD_MAX_BLOCK << 3 | 1 << 1
-    body = b"".join(((block | (i == blocks - 1)).to_bytes(3, "little") + b"\x07") for i in range(blocks))
+    body = b"".join(
+        ((block | (i == blocks - 1)).to_bytes(3, "little") + b"\x07") for i in range(blocks)
+    )
     return header + body
 
 
@@ -161,7 +221,9 @@ def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_
     the compressed block flipped in turn: full refuses every flip zstandard's own decoder refuses (the oracle); with a
     checksum every flip is refused; without one, flips that decode to other bytes of the right size are the blind
     spot (docs/deep-validation.md)."""
-    zstandard = pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    zstandard = pytest.importorskip(
+        "zstandard", reason="optional: pip install zstandard (frameworks/test extras)"
+    )
     node = _ocdbt_node(b"n" * 40)
     content = bytes(range(256)) * 64 + b"values" * 500
     for checksum in (False, True):
@@ -182,7 +244,7 @@ def test_every_flip_zstandard_refuses_in_a_real_frame_is_refused_and_a_checksum_
             missed += ours is None
         assert refused > 0 and (missed == 0 if checksum else missed < len(frame))
     magic = bytearray(frame + node)
-    magic[2] ^= 4   # the frame's magic number: the bytes would read as uncompressed values
+    magic[2] ^= 4  # the frame's magic number: the bytes would read as uncompressed values
     assert "magic number has a flipped bit" in orbax.ocdbt_nodes(bytes(magic), manifest=False)
 
 
@@ -191,10 +253,12 @@ def test_hostile_zstd_frames_give_one_reason_in_bounded_memory():
     output, and stops one read past the declared size or the caller's limit."""
     import tracemalloc
 
-    pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    pytest.importorskip(
+        "zstandard", reason="optional: pip install zstandard (frameworks/test extras)"
+    )
     from checkpoint_strategy.formats import zstd
 
-    big = _rle_frame(512)   # 2 KB that decode to 64 MiB, no content size declared
+    big = _rle_frame(512)  # 2 KB that decode to 64 MiB, no content size declared
     tracemalloc.start()
     try:
         assert zstd.frame_problem(big, 0, len(big), -1, 1 << 30) is None
@@ -202,13 +266,19 @@ def test_hostile_zstd_frames_give_one_reason_in_bounded_memory():
     finally:
         tracemalloc.stop()
     assert peak < 8 << 20, peak
-    assert zstd.frame_problem(big, 0, len(big), -1, 1 << 20) == f"decodes to more than {1 << 20} bytes"
-    lying = _rle_frame(512, fcs=1000)   # declares 1000 bytes, its blocks hold 64 MiB
+    assert (
+        zstd.frame_problem(big, 0, len(big), -1, 1 << 20) == f"decodes to more than {1 << 20} bytes"
+    )
+    lying = _rle_frame(512, fcs=1000)  # declares 1000 bytes, its blocks hold 64 MiB
     reason = zstd.frame_problem(lying, 0, len(lying), 1000, 1 << 30)
     assert reason is not None and "\n" not in reason
     assert "more than its" not in (orbax.ocdbt_nodes(lying, manifest=False) or "more than its")
-    truncated = big[:len(big) // 2]
+    truncated = big[: len(big) // 2]
     assert "truncated" in orbax.ocdbt_nodes(truncated, manifest=False)
-    whole = _rle_frame(512, fcs=512 * orbax.ZSTD_MAX_BLOCK)   # (the walk finds a frame's end; cut, it decodes short)
+    whole = _rle_frame(
+        512, fcs=512 * orbax.ZSTD_MAX_BLOCK
+    )  # (the walk finds a frame's end; cut, it decodes short)
     assert orbax.ocdbt_nodes(whole, manifest=False) is None
-    assert zstd.frame_problem(whole, 0, len(whole) // 2, 512 * orbax.ZSTD_MAX_BLOCK, 1 << 30).startswith("decodes to ")
+    assert zstd.frame_problem(
+        whole, 0, len(whole) // 2, 512 * orbax.ZSTD_MAX_BLOCK, 1 << 30
+    ).startswith("decodes to ")

@@ -18,21 +18,29 @@ from checkpoint_strategy.formats.optstep import dcp_step_keys, judge, read_optim
 
 
 def _s(training, optimizer, skipped=None):
-    return OptimizerSteps(path="x", format="hf-trainer", training_step=training, optimizer_step=optimizer,
-                          skipped_steps=skipped)
+    return OptimizerSteps(
+        path="x",
+        format="hf-trainer",
+        training_step=training,
+        optimizer_step=optimizer,
+        skipped_steps=skipped,
+    )
 
 
-@pytest.mark.parametrize("training, optimizer, skipped, resume, verdict", [
-    (40, 40, None, None, "consistent"),
-    (40, 38, 2, None, "consistent"),      # DeepSpeed fp16 overflows: skipped steps do not count
-    (40, 10, None, 30, "reset"),          # counts only the 10 steps since the resume at 30
-    (40, 5, None, 30, "reset"),
-    (40, 11, None, 30, "behind"),         # more than the steps since the resume: not this resume
-    (40, 10, None, None, "behind"),       # no resume step given: a lag, not a verdict on a resume
-    (40, 41, None, 30, "ahead"),
-    (None, 40, None, 30, "unknown"),
-    (40, None, None, 30, "unknown"),
-])
+@pytest.mark.parametrize(
+    "training, optimizer, skipped, resume, verdict",
+    [
+        (40, 40, None, None, "consistent"),
+        (40, 38, 2, None, "consistent"),  # DeepSpeed fp16 overflows: skipped steps do not count
+        (40, 10, None, 30, "reset"),  # counts only the 10 steps since the resume at 30
+        (40, 5, None, 30, "reset"),
+        (40, 11, None, 30, "behind"),  # more than the steps since the resume: not this resume
+        (40, 10, None, None, "behind"),  # no resume step given: a lag, not a verdict on a resume
+        (40, 41, None, 30, "ahead"),
+        (None, 40, None, 30, "unknown"),
+        (40, None, None, 30, "unknown"),
+    ],
+)
 def test_judge_table(training, optimizer, skipped, resume, verdict):
     s = judge(_s(training, optimizer, skipped), resume)
     assert s.verdict == verdict
@@ -48,13 +56,25 @@ def test_judge_resume_at_or_after_the_training_step_is_not_a_reset():
 
 
 def test_dcp_step_keys_pick_optimizer_train_and_scheduler_entries():
-    fqns = ["model.0.weight", "optimizer.state.0.weight.step", "optimizer.state.0.weight.exp_avg",
-            "optimizer.param_groups.0.weight.lr", "optim.state.3.step", "train_state.step",
-            "train_state.ntokens_seen", "lr_scheduler.lr_scheduler_0.last_epoch", "dataloader.dp_rank_0.step",
-            "extra.deep.step", "model.step"]
+    fqns = [
+        "model.0.weight",
+        "optimizer.state.0.weight.step",
+        "optimizer.state.0.weight.exp_avg",
+        "optimizer.param_groups.0.weight.lr",
+        "optim.state.3.step",
+        "train_state.step",
+        "train_state.ntokens_seen",
+        "lr_scheduler.lr_scheduler_0.last_epoch",
+        "dataloader.dp_rank_0.step",
+        "extra.deep.step",
+        "model.step",
+    ]
     opt, train, sched = dcp_step_keys(fqns)
     assert opt == ["optimizer.state.0.weight.step", "optim.state.3.step"]
-    assert train in ("train_state.step", "model.step")      # the shortest non-optimizer, non-loader step
+    assert train in (
+        "train_state.step",
+        "model.step",
+    )  # the shortest non-optimizer, non-loader step
     assert sched == "lr_scheduler.lr_scheduler_0.last_epoch"
     assert dcp_step_keys(["model.0.weight"]) == ([], None, None)
 
@@ -92,7 +112,7 @@ def test_truncated_optimizer_file_gives_no_counter_and_no_error(hf_like):
 
 def test_fifo_and_symlinked_directory_are_not_read(hf_like, tmp_path):
     (hf_like / "optimizer.pt").unlink()
-    os.mkfifo(hf_like / "optimizer.pt")            # would block a reader that opened it
+    os.mkfifo(hf_like / "optimizer.pt")  # would block a reader that opened it
     s = read_optimizer_steps(str(hf_like))
     assert s.optimizer_step is None and s.training_step == 5
 
@@ -120,43 +140,75 @@ def test_garbage_dcp_metadata_is_unknown(tmp_path):
 
 # --------------------------------------------------------------------------- the command line, bad input
 
+
 def _log(tmp_path):
     p = tmp_path / "log.jsonl"
-    p.write_text("".join(json.dumps({"step": i, "loss": 2.0 + 0.001 * (i % 2)}) + "\n" for i in range(1, 41)))
+    p.write_text(
+        "".join(json.dumps({"step": i, "loss": 2.0 + 0.001 * (i % 2)}) + "\n" for i in range(1, 41))
+    )
     return p
 
 
 def test_checkpoints_that_do_not_exist_exit_2(tmp_path, cli_run):
-    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints",
-            tmp_path / "nope").usage_error("does not exist")
+    cli_run(
+        "verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints", tmp_path / "nope"
+    ).usage_error("does not exist")
 
 
 def test_checkpoints_folder_without_checkpoints_exits_2(tmp_path, cli_run):
     (tmp_path / "empty").mkdir()
-    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints",
-            tmp_path / "empty").usage_error("no checkpoints found")
+    cli_run(
+        "verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints", tmp_path / "empty"
+    ).usage_error("no checkpoints found")
 
 
 def test_output_inside_the_checkpoints_folder_is_refused(tmp_path, cli_run, hf_like):
-    cli_run("verify-resume", _log(tmp_path), "--resume-step", "20", "--checkpoints", hf_like.parent,
-            "-o", hf_like / "report.txt").usage_error("")
+    cli_run(
+        "verify-resume",
+        _log(tmp_path),
+        "--resume-step",
+        "20",
+        "--checkpoints",
+        hf_like.parent,
+        "-o",
+        hf_like / "report.txt",
+    ).usage_error("")
     assert not (hf_like / "report.txt").exists()
 
 
 def test_no_checkpoint_after_the_resume_is_a_warning(tmp_path, cli_run, hf_like):
-    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", hf_like.parent,
-                "--format", "json")
+    r = cli_run(
+        "verify-resume",
+        _log(tmp_path),
+        "--resume-step",
+        "5",
+        "--checkpoints",
+        hf_like.parent,
+        "--format",
+        "json",
+    )
     out = r.json()
     assert any("no checkpoint after step 5" in w for w in out["warnings"])
     assert out["optimizer_reset"] is None
-    assert any("already off" in w for w in out["warnings"])      # 3 optimizer steps at global step 5
+    assert any("already off" in w for w in out["warnings"])  # 3 optimizer steps at global step 5
 
 
-def test_checkpoint_names_with_newlines_and_bars_cannot_forge_report_lines(tmp_path, cli_run, hf_like):
+def test_checkpoint_names_with_newlines_and_bars_cannot_forge_report_lines(
+    tmp_path, cli_run, hf_like
+):
     evil = tmp_path / "a|b\nVerdict: OK"
     evil.mkdir()
     hf_like.rename(evil / "checkpoint-5")
-    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", evil, "--format", "markdown")
+    r = cli_run(
+        "verify-resume",
+        _log(tmp_path),
+        "--resume-step",
+        "5",
+        "--checkpoints",
+        evil,
+        "--format",
+        "markdown",
+    )
     assert r.rc in (0, 1)
     assert "\nVerdict: OK" not in r.out and "a\\|b" in r.out
 
@@ -183,10 +235,23 @@ def _real_optimizer_pt() -> bytes:
 
 
 @fuzzcheck.reaches_core()
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=6),
-       cut=st.one_of(st.none(), st.floats(0, 1)), state=st.sampled_from(
-           ['{"global_step": 3}', '{"global_step": -1}', '{"global_step": 1e308}', '[]', '{', '{"global_step": true}']))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), max_size=6),
+    cut=st.one_of(st.none(), st.floats(0, 1)),
+    state=st.sampled_from(
+        [
+            '{"global_step": 3}',
+            '{"global_step": -1}',
+            '{"global_step": 1e308}',
+            "[]",
+            "{",
+            '{"global_step": true}',
+        ]
+    ),
+)
 def test_fuzz_damaged_optimizer_pt_never_raises(tmp_path, flips, cut, state):
     data = bytearray(_real_optimizer_pt())
     for frac, byte in flips:
@@ -223,20 +288,35 @@ def test_lightning_sharded_folder_sums_its_optimizers(tmp_path, optimizers):
             m(torch.randn(2, 4)).sum().backward()
             o.step()
     folder = tmp_path / "epoch=0-step=4.ckpt"
-    state = {"model": models[0].state_dict(), **{f"optimizer_{k}": o.state_dict() for k, o in enumerate(opts)}}
+    state = {
+        "model": models[0].state_dict(),
+        **{f"optimizer_{k}": o.state_dict() for k, o in enumerate(opts)},
+    }
     dcp.save(state, checkpoint_id=str(folder))
     torch.save({"global_step": 4 * optimizers, "epoch": 0}, folder / "meta.pt")
     s = read_optimizer_steps(str(folder))
     assert s.format == "lightning"
-    assert (s.training_step, s.optimizer_step, s.verdict) == (4 * optimizers, 4 * optimizers, "consistent")
+    assert (s.training_step, s.optimizer_step, s.verdict) == (
+        4 * optimizers,
+        4 * optimizers,
+        "consistent",
+    )
     assert s.training_step_from == "meta.pt global_step"
 
 
 def test_a_save_still_in_flight_is_not_read(tmp_path, cli_run, hf_like):
     """tmp-checkpoint-N (the HF Trainer's name while it writes) after the resume: not judged, half-written."""
     (hf_like.parent / "tmp-checkpoint-9").mkdir()
-    r = cli_run("verify-resume", _log(tmp_path), "--resume-step", "5", "--checkpoints", hf_like.parent,
-                "--format", "json")
+    r = cli_run(
+        "verify-resume",
+        _log(tmp_path),
+        "--resume-step",
+        "5",
+        "--checkpoints",
+        hf_like.parent,
+        "--format",
+        "json",
+    )
     assert [c["path"] for c in r.json()["checkpoints"]] == [str(hf_like)]
 
 
@@ -255,9 +335,12 @@ def test_dcp_infinite_or_huge_counters_are_unknown_not_a_crash(tmp_path, bad):
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
     folder = tmp_path / "step-1"
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(),
-             "train_state": {"step": torch.tensor(bad, dtype=torch.float64)},
-             "lr_scheduler": {"last_epoch": torch.tensor(bad, dtype=torch.float64)}}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "train_state": {"step": torch.tensor(bad, dtype=torch.float64)},
+        "lr_scheduler": {"last_epoch": torch.tensor(bad, dtype=torch.float64)},
+    }
     dcp.save(state, checkpoint_id=str(folder))
     s = read_optimizer_steps(str(folder))
     assert s.optimizer_step == 1

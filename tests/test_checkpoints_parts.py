@@ -12,20 +12,27 @@ import zipfile
 
 import pytest
 
-from checkpoint_strategy.validate import parts
 from checkpoint_strategy.formats.manifest import list_files
+from checkpoint_strategy.validate import parts
 
 
 def test_assign_is_a_balanced_deterministic_partition():
     rng = random.Random(3)
     for _ in range(200):
-        files = {f"d{rng.randint(0, 3)}/f {i}|x": rng.choice([0, 1, rng.randint(1, 10**9)]) for i in range(rng.randint(0, 40))}
+        files = {
+            f"d{rng.randint(0, 3)}/f {i}|x": rng.choice([0, 1, rng.randint(1, 10**9)])
+            for i in range(rng.randint(0, 40))
+        }
         n = rng.randint(1, 9)
         owner = parts.assign(files, n)
         assert set(owner) == set(files) and set(owner.values()) <= set(range(n))
-        assert owner == parts.assign(dict(reversed(list(files.items()))), n)     # listing order does not matter
+        assert owner == parts.assign(
+            dict(reversed(list(files.items()))), n
+        )  # listing order does not matter
         loads = [sum(s for f, s in files.items() if owner[f] == k) for k in range(n)]
-        assert max(loads) - min(loads) <= max(files.values(), default=0)      # within one file of each other
+        assert max(loads) - min(loads) <= max(
+            files.values(), default=0
+        )  # within one file of each other
 
 
 @pytest.mark.parametrize("bad", ["0/2", "3/2", "1/0", "a/b", "2", "1/2/3", "-1/2", "1/100001"])
@@ -49,12 +56,20 @@ def _parts_verdict(cli_run, path, n: int) -> tuple[str, set]:
         assert c["level"] == "full" and any(f"part {k}/{n}" in note for note in c["notes"])
         statuses.append(c["status"])
         problems |= {(p["file"], p["reason"]) for p in c["problems"]}
-    worst = "invalid" if "invalid" in statuses else "incomplete" if "incomplete" in statuses else "valid"
+    worst = (
+        "invalid"
+        if "invalid" in statuses
+        else "incomplete"
+        if "incomplete" in statuses
+        else "valid"
+    )
     return worst, problems
 
 
 def _whole(cli_run, path) -> tuple[str, set]:
-    c = cli_run("validate", str(path), "--level", "full", "--format", "json").json()["checkpoints"][0]
+    c = cli_run("validate", str(path), "--level", "full", "--format", "json").json()["checkpoints"][
+        0
+    ]
     return c["status"], {(p["file"], p["reason"]) for p in c["problems"]}
 
 
@@ -63,7 +78,10 @@ def _flip_in_member(path, member_suffix=None) -> None:
     import struct
 
     with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if not i.filename.endswith(".pkl")), key=lambda i: i.compress_size)
+        info = max(
+            (i for i in z.infolist() if not i.filename.endswith(".pkl")),
+            key=lambda i: i.compress_size,
+        )
     with open(path, "r+b") as fh:
         fh.seek(info.header_offset)
         n, m = struct.unpack("<HH", fh.read(30)[26:30])
@@ -90,7 +108,9 @@ def test_parts_verdict_equals_whole_on_a_4_shard_dcp(cli_run, copy_of, dcp_shard
         os.truncate(shard, shard.stat().st_size // 2)
     elif damage == "remove":
         shard.unlink()
-    elif damage == "flip":       # the items of a .distcp are torch archives: their CRC-32 tells at full, whole or split
+    elif (
+        damage == "flip"
+    ):  # the items of a .distcp are torch archives: their CRC-32 tells at full, whole or split
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0xFF
         shard.write_bytes(bytes(data))
@@ -106,13 +126,13 @@ def test_parts_verdict_equals_whole_on_a_4_shard_dcp(cli_run, copy_of, dcp_shard
 def test_parts_verdict_equals_whole_on_an_hf_checkpoint(cli_run, copy_of, hf_run, target):
     path = copy_of(hf_run.output_dir / f"checkpoint-{hf_run.checkpoint_steps[-1]}")
     if target.endswith((".pt", ".pth")):
-        _flip_in_member(path / target)               # found by the part that reads it (zip CRC-32)
+        _flip_in_member(path / target)  # found by the part that reads it (zip CRC-32)
     else:
-        os.truncate(path / target, (path / target).stat().st_size - 7)   # found by every part (size)
+        os.truncate(path / target, (path / target).stat().st_size - 7)  # found by every part (size)
     whole = _whole(cli_run, path)
     assert whole[0] != "valid"
     for n in (2, 4):
         assert _parts_verdict(cli_run, path, n) == whole
-    if target.endswith((".pt", ".pth")):             # exactly one part of two sees a flipped byte
+    if target.endswith((".pt", ".pth")):  # exactly one part of two sees a flipped byte
         seen = [cli_run("validate", str(path), "--part", f"{k}/2").rc for k in (1, 2)]
         assert sorted(seen) == [0, 1]

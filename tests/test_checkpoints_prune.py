@@ -15,16 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-
-from checkpoint_strategy.retention import prune as _prune
-
-from checkpoint_strategy.validate import validate_paths
-from checkpoint_strategy.formats.models import CheckpointPolicy
-from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.cli.main import main
 from cliresult import checkout_env
 
-prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
+from checkpoint_strategy.cli.main import main
+from checkpoint_strategy.formats.models import CheckpointPolicy
+from checkpoint_strategy.recovery import advise
+from checkpoint_strategy.retention import prune as _prune
+from checkpoint_strategy.validate import validate_paths
+
+prune = functools.partial(
+    _prune, advise=advise
+)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 
 def _names(entries):
@@ -37,7 +38,13 @@ def test_dry_run_by_default_keeps_newest_and_milestones(hf_run, copy_of):
     report = prune(root, keep_last=3, milestones=[50, 100], spike_check=False)
     assert sorted(os.listdir(root)) == before and report.applied is False
     kept = _names(report.keep)
-    assert {"checkpoint-200", "checkpoint-190", "checkpoint-180", "checkpoint-50", "checkpoint-100"} <= set(kept)
+    assert {
+        "checkpoint-200",
+        "checkpoint-190",
+        "checkpoint-180",
+        "checkpoint-50",
+        "checkpoint-100",
+    } <= set(kept)
     assert len(report.delete) == len(hf_run.checkpoint_steps) - 5
     assert report.newest_valid == "checkpoint-200"
     assert all(r for r in report.reasons.values())
@@ -51,8 +58,9 @@ def test_apply_deletes_only_older_valid_ones(hf_run, copy_of, capsys):
     assert out["applied"] is True and all(e["deleted"] for e in out["delete"])
     # keep_last counts the checkpoints safe to resume from (100, 110: before the unrecovered spike at step
     # 121); the post-onset ones have their own window (190, 200), justified only among themselves
-    assert sorted(os.listdir(root)) == sorted(["checkpoint-100", "checkpoint-110", "checkpoint-190", "checkpoint-200",
-                                               "notes"])
+    assert sorted(os.listdir(root)) == sorted(
+        ["checkpoint-100", "checkpoint-110", "checkpoint-190", "checkpoint-200", "notes"]
+    )
     assert {c.status for c in validate_paths([str(root)]).checkpoints} == {"valid"}
 
 
@@ -92,27 +100,38 @@ def test_best_model_checkpoint_is_protected_when_the_trainer_state_holds_nan(hf_
 def test_policy_yaml_from_the_plan(hf_run, copy_of, tmp_path):
     root = copy_of(hf_run.output_dir, "run")
     policy = tmp_path / "policy.yaml"
-    policy.write_text("checkpoint_policy:\n  frequency: every_10_steps\n  keep_last: 4\n"
-                      "  keep_milestone: [40, 80, ...]\n  save_optimizer: true\n"
-                      "  save_formats:\n    - full_state_dict\n    - safetensors\n"
-                      "  validate_on_save: true\n  async_save: true\n"
-                      "  emergency_save_on:\n    - loss_spike_detected\n")
+    policy.write_text(
+        "checkpoint_policy:\n  frequency: every_10_steps\n  keep_last: 4\n"
+        "  keep_milestone: [40, 80, ...]\n  save_optimizer: true\n"
+        "  save_formats:\n    - full_state_dict\n    - safetensors\n"
+        "  validate_on_save: true\n  async_save: true\n"
+        "  emergency_save_on:\n    - loss_spike_detected\n"
+    )
     p = CheckpointPolicy.from_file(policy)
     assert p.keep_last == 4 and p.keep_milestone[:3] == [40, 80, 160]
     report = prune(root, policy=str(policy), spike_check=False)
     kept = set(_names(report.keep))
-    assert {"checkpoint-40", "checkpoint-80", "checkpoint-160", "checkpoint-200", "checkpoint-170"} <= kept
+    assert {
+        "checkpoint-40",
+        "checkpoint-80",
+        "checkpoint-160",
+        "checkpoint-200",
+        "checkpoint-170",
+    } <= kept
     assert len(kept) == 7
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("checkpoint_policy:\n  keep_last: 0\n", "keep_last"),
-    ("checkpoint_policy:\n  keep_last: 3\n  colour: red\n", "colour"),
-    ("checkpoint_policy:\n  frequency: hourly\n  keep_last: 3\n", "frequency"),
-    ("checkpoint_policy: [1, 2\n", "not valid YAML"),
-    ("- 1\n- 2\n", "expected a mapping"),
-    ("!!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("checkpoint_policy:\n  keep_last: 0\n", "keep_last"),
+        ("checkpoint_policy:\n  keep_last: 3\n  colour: red\n", "colour"),
+        ("checkpoint_policy:\n  frequency: hourly\n  keep_last: 3\n", "frequency"),
+        ("checkpoint_policy: [1, 2\n", "not valid YAML"),
+        ("- 1\n- 2\n", "expected a mapping"),
+        ("!!python/object/apply:os.system ['echo hi']\n", "not valid YAML"),
+    ],
+)
 def test_bad_policy_exits_2(text, expect, hf_run, copy_of, tmp_path, capsys):
     root = copy_of(hf_run.output_dir, "run")
     policy = tmp_path / "p.yaml"
@@ -160,7 +179,10 @@ def test_deleting_names_prune_did_not_create_are_never_touched(hf_run, copy_of):
     (root / ".deleting-my-notes" / "n.txt").write_text("mine")
     assert all(".deleting-" not in c.path for c in validate_paths([str(root)]).checkpoints)
     report = prune(root, keep_last=30)
-    assert report.foreign_leftovers == [".deleting-checkpoint-10", ".deleting-my-notes"] and not report.leftovers
+    assert (
+        report.foreign_leftovers == [".deleting-checkpoint-10", ".deleting-my-notes"]
+        and not report.leftovers
+    )
     report = prune(root, keep_last=2, apply=True, spike_check=False)
     assert report.state == "done" and report.deleted == len(hf_run.checkpoint_steps) - 3
     assert (root / ".deleting-my-notes" / "n.txt").read_text() == "mine"
@@ -205,12 +227,24 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         return work
 
     def cmd(work: Path):
-        return [sys.executable, "-m", "checkpoint_strategy", "prune", str(work / "run"), "--keep-last", "2",
-                "--apply", "--format", "json"]
+        return [
+            sys.executable,
+            "-m",
+            "checkpoint_strategy",
+            "prune",
+            str(work / "run"),
+            "--keep-last",
+            "2",
+            "--apply",
+            "--format",
+            "json",
+        ]
 
     work = fresh(0)
     t0 = time.perf_counter()
-    dry = subprocess.run(cmd(work)[:-3] + ["--format", "json"], capture_output=True, text=True, env=env, timeout=120)
+    dry = subprocess.run(
+        cmd(work)[:-3] + ["--format", "json"], capture_output=True, text=True, env=env, timeout=120
+    )
     dry_time = time.perf_counter() - t0  # start-up and validation, no deletion
     assert dry.returncode == 0, dry.stderr
     t0 = time.perf_counter()
@@ -231,7 +265,9 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
     while (kills < 20 or mid_deletion < 5) and i < 120:
         i += 1
         work = fresh(i)
-        proc = subprocess.Popen(cmd(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            cmd(work), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+        )
         time.sleep(rng.uniform(0.5 * dry_time, 1.1 * full_time))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
@@ -243,14 +279,24 @@ def test_crash_safety_kill_prune_apply_at_random_points(hf_run, tmp_path):
         report = validate_paths([str(work / "run")], progress=False)
         statuses = {os.path.basename(c.path): c.status for c in report.checkpoints}
         assert statuses[newest] == "valid"
-        assert set(statuses.values()) == {"valid"}, statuses   # nothing half-deleted looks like a checkpoint
+        assert set(statuses.values()) == {"valid"}, (
+            statuses
+        )  # nothing half-deleted looks like a checkpoint
         assert _snapshot(work / "outside") == outside_before
         # a later run finishes the job from whatever state the kill left
         after = subprocess.run(cmd(work), capture_output=True, text=True, env=env, timeout=120)
         assert after.returncode == 0, after.stderr
         left = sorted(n for n in os.listdir(work / "run"))
-        assert left == sorted(["checkpoint-1", "outside-link", "checkpoint-100", "checkpoint-110", newest,
-                               f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}"])
+        assert left == sorted(
+            [
+                "checkpoint-1",
+                "outside-link",
+                "checkpoint-100",
+                "checkpoint-110",
+                newest,
+                f"checkpoint-{sorted(hf_run.checkpoint_steps)[-2]}",
+            ]
+        )
         shutil.rmtree(work)
     assert kills >= 20 and mid_deletion >= 5, (kills, mid_deletion, i)
 
@@ -262,17 +308,27 @@ def test_unrecovered_spike_keeps_the_rollback_checkpoint(hf_run, copy_of, capsys
     root = copy_of(hf_run.output_dir, "run")
     report = prune(root, keep_last=2)
     assert report.spike_guard.status == "rollback" and report.spike_guard.onset_step == 121
-    assert report.spike_guard.protected == "checkpoint-110" and report.spike_guard.cutoff_step == 119
+    assert (
+        report.spike_guard.protected == "checkpoint-110" and report.spike_guard.cutoff_step == 119
+    )
     # keep_last counts safe checkpoints only: 100 and 110; spiked 120-200 never justify deleting them
     assert report.newest_valid == "checkpoint-110"
     assert {"checkpoint-100", "checkpoint-110"} <= set(_names(report.keep))
-    assert _names(report.delete) == sorted(f"checkpoint-{s}" for s in [*range(10, 100, 10), *range(120, 190, 10)])
-    for e in report.delete:   # a spiked checkpoint never justifies deleting a safe one
+    assert _names(report.delete) == sorted(
+        f"checkpoint-{s}" for s in [*range(10, 100, 10), *range(120, 190, 10)]
+    )
+    for e in report.delete:  # a spiked checkpoint never justifies deleting a safe one
         assert e.justified_by == ("checkpoint-110" if e.step < 120 else "checkpoint-200")
     for e in report.keep:
         if e.step is not None and e.step >= 120:
-            assert e.reason_kinds == ["post_onset"] and "after the spike at step 121: do not resume" in e.reasons[0]
-    assert {e.name for e in report.keep if e.step and e.step >= 120} == {"checkpoint-190", "checkpoint-200"}
+            assert (
+                e.reason_kinds == ["post_onset"]
+                and "after the spike at step 121: do not resume" in e.reasons[0]
+            )
+    assert {e.name for e in report.keep if e.step and e.step >= 120} == {
+        "checkpoint-190",
+        "checkpoint-200",
+    }
     assert any("loss spike at step 121" in r for r in report.reasons["checkpoint-110"])
     assert main(["prune", str(root), "--keep-last", "2", "--apply"]) == 0
     out = capsys.readouterr().out
@@ -283,7 +339,9 @@ def test_unrecovered_spike_keeps_the_rollback_checkpoint(hf_run, copy_of, capsys
 
 def test_spike_check_can_be_turned_off(hf_run, copy_of, capsys):
     root = copy_of(hf_run.output_dir, "run")
-    assert main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--format", "json"]) == 0
+    assert (
+        main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--format", "json"]) == 0
+    )
     out = json.loads(capsys.readouterr().out)
     assert out["spike_guard"] is None
     assert "checkpoint-110" in {e["name"] for e in out["delete"]}
@@ -300,7 +358,9 @@ def test_recovered_spike_protects_nothing_extra(hf_run_self_recovering, copy_of)
     assert _names(off.keep) == ["checkpoint-190", "checkpoint-200"]
 
 
-def test_emergency_save_is_held_only_while_its_spike_is_unresolved(hf_run, hf_run_self_recovering, copy_of):
+def test_emergency_save_is_held_only_while_its_spike_is_unresolved(
+    hf_run, hf_run_self_recovering, copy_of
+):
     """An emergency save (post-event weights, marked by the callbacks) is kept while the spike has not recovered,
     and is an ordinary old checkpoint once the log shows the run came back by itself."""
     from checkpoint_strategy.formats.marker import write_marker
@@ -316,7 +376,10 @@ def test_emergency_save_is_held_only_while_its_spike_is_unresolved(hf_run, hf_ru
     write_marker(diverged / "checkpoint-130", event="loss_spike_detected", step=121)
     report = prune(diverged, keep_last=2)
     assert "checkpoint-130" in _names(report.keep)
-    assert any("kept until the loss spike at step 121 recovers" in r for r in report.reasons["checkpoint-130"])
+    assert any(
+        "kept until the loss spike at step 121 recovers" in r
+        for r in report.reasons["checkpoint-130"]
+    )
     assert "checkpoint-130" in _names(prune(diverged, keep_last=2, spike_check=False).delete)
 
 
@@ -338,14 +401,19 @@ def test_unreadable_trainer_state_does_not_block_pruning(hf_run, copy_of):
     assert "no spike check" in report.spike_guard.note
 
 
-def test_spike_still_inside_its_wait_window_keeps_the_rollback_checkpoint(hf_run, copy_of, tmp_path):
+def test_spike_still_inside_its_wait_window_keeps_the_rollback_checkpoint(
+    hf_run, copy_of, tmp_path
+):
     """The log read 4 steps after the onset (status wait, issue 18): the spike may yet need a rollback, so the
     checkpoint before it survives a window of 2 exactly as for status rollback."""
     root = copy_of(hf_run.output_dir, "run")
     state = json.loads((root / "checkpoint-200" / "trainer_state.json").read_text())
     early = tmp_path / "trainer_state.json"
-    early.write_text(json.dumps({**state, "log_history": [e for e in state["log_history"]
-                                                           if e.get("step", 0) <= 125]}))
+    early.write_text(
+        json.dumps(
+            {**state, "log_history": [e for e in state["log_history"] if e.get("step", 0) <= 125]}
+        )
+    )
     report = prune(root, keep_last=2, log=str(early), apply=True)
     assert report.spike_guard.status == "wait" and report.spike_guard.onset_step == 121
     assert report.spike_guard.protected == "checkpoint-110"
@@ -354,13 +422,16 @@ def test_spike_still_inside_its_wait_window_keeps_the_rollback_checkpoint(hf_run
     assert not (root / "checkpoint-90").exists()
 
 
-def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothing(hf_run, copy_of, monkeypatch,
-                                                                                capsys):
+def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothing(
+    hf_run, copy_of, monkeypatch, capsys
+):
     """The newest valid checkpoint justifies every deletion; it is validated again right before the first one.
     Here it is truncated on disk just after the plan is made (the real plan, a real truncation): exit 1,
     nothing deleted, the reason names it."""
     root = copy_of(hf_run.output_dir, "run")
-    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
+    pm = sys.modules[
+        "checkpoint_strategy.retention.prune"
+    ]  # the module (the package exports the function)
     real_plan = pm.rt.plan_prune
 
     def plan_then_break(*args, **kwargs):
@@ -371,23 +442,44 @@ def test_newest_checkpoint_breaking_between_planning_and_deletion_deletes_nothin
 
     monkeypatch.setattr(pm.rt, "plan_prune", plan_then_break)
     before = sorted(os.listdir(root))
-    rc = main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply", "--format", "json"])
+    rc = main(
+        ["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply", "--format", "json"]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 1
     assert sorted(os.listdir(root)) == before and out["deleted"] == 0
-    assert any(e["file"] == "checkpoint-200" and "no longer validates" in e["reason"] for e in out["errors"])
+    assert any(
+        e["file"] == "checkpoint-200" and "no longer validates" in e["reason"]
+        for e in out["errors"]
+    )
 
 
-@pytest.mark.parametrize("failing_call, words", [
-    (2, ["cannot write .checkpoint-strategy-prune.json", "no space left", "nothing (more) deleted"]),              # the batch entry, before any rename
-    (3, ["could not update the journal", "no space left", "next prune --apply tidies it"]),  # after the deletions
-])
-def test_journal_write_failures_are_problems_that_say_what_happened(hf_run, copy_of, monkeypatch, failing_call, words):
+@pytest.mark.parametrize(
+    "failing_call, words",
+    [
+        (
+            2,
+            [
+                "cannot write .checkpoint-strategy-prune.json",
+                "no space left",
+                "nothing (more) deleted",
+            ],
+        ),  # the batch entry, before any rename
+        (
+            3,
+            ["could not update the journal", "no space left", "next prune --apply tidies it"],
+        ),  # after the deletions
+    ],
+)
+def test_journal_write_failures_are_problems_that_say_what_happened(
+    hf_run, copy_of, monkeypatch, failing_call, words
+):
     import errno
-
     import sys
 
-    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
+    pm = sys.modules[
+        "checkpoint_strategy.retention.prune"
+    ]  # the module (the package exports the function)
 
     root = copy_of(hf_run.output_dir, "run")
     real, calls = pm._write_journal, []
@@ -405,12 +497,15 @@ def test_journal_write_failures_are_problems_that_say_what_happened(hf_run, copy
     assert report.deleted == (0 if failing_call == 2 else len(report.delete))
 
 
-def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(hf_run, copy_of, monkeypatch):
+def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(
+    hf_run, copy_of, monkeypatch
+):
     import errno
-
     import sys
 
-    pm = sys.modules["checkpoint_strategy.retention.prune"]  # the module (the package exports the function)
+    pm = sys.modules[
+        "checkpoint_strategy.retention.prune"
+    ]  # the module (the package exports the function)
     from checkpoint_strategy.errors import UsageError
 
     root = copy_of(hf_run.output_dir, "run")
@@ -461,7 +556,9 @@ def test_on_start_runs_with_the_folder_locked_before_the_survey(hf_run, copy_of)
         seen.append(sorted(os.listdir(root)))
         _refused_a_second_lock(root)
 
-    report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=started)
+    report = prune(
+        root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=started
+    )
     assert seen == [before] and report.delete
     assert not any((root / name).exists() for name in _names(report.delete))
 
@@ -479,9 +576,16 @@ def test_on_end_runs_with_the_folder_still_locked_after_the_deletions(hf_run, co
         seen.append(sorted(os.listdir(root)))
         _refused_a_second_lock(root)
 
-    report = prune(root, keep_last=3, milestones=[], spike_check=False, apply=True, on_start=lambda: seen.append(0),
-                   on_end=ended)
+    report = prune(
+        root,
+        keep_last=3,
+        milestones=[],
+        spike_check=False,
+        apply=True,
+        on_start=lambda: seen.append(0),
+        on_end=ended,
+    )
     assert seen[0] == 0 and len(seen) == 2 and report.delete
-    assert not set(_names(report.delete)) & set(seen[1])   # the deletions were done
-    with locked(root, 0.05, "busy"):   # and released after
+    assert not set(_names(report.delete)) & set(seen[1])  # the deletions were done
+    with locked(root, 0.05, "busy"):  # and released after
         pass

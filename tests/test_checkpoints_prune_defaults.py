@@ -20,8 +20,13 @@ def test_dry_run_reports_bytes_per_checkpoint_and_total(hf_run, copy_of, cli_run
     assert rep["bytes_to_free"] == sum(_du(run / e["name"]) for e in rep["delete"]) > 0
     text = cli_run("prune", str(run), "--keep-last", "3").out
     mb = rep["bytes_to_free"] / 1e6
-    assert text.rstrip().endswith(f"14 to delete: frees {mb:.3g} MB.")   # 10-80, and post-onset 120-170
-    assert f"DELETE  checkpoint-10 [valid, resumable, {_du(run / 'checkpoint-10') / 1e3:.3g} KB]" in text
+    assert text.rstrip().endswith(
+        f"14 to delete: frees {mb:.3g} MB."
+    )  # 10-80, and post-onset 120-170
+    assert (
+        f"DELETE  checkpoint-10 [valid, resumable, {_du(run / 'checkpoint-10') / 1e3:.3g} KB]"
+        in text
+    )
     applied = cli_run("prune", str(run), "--keep-last", "3", "--apply", "--format", "json").json()
     assert applied["freed_bytes"] == rep["bytes_to_free"]
 
@@ -35,7 +40,10 @@ def test_without_keep_last_the_run_proposes_its_own(hf_run, copy_of, cli_run):
     state = str(run / "checkpoint-200" / "trainer_state.json")
     # 100-step wait window / save_steps 10 + 1: a pre-spike checkpoint survives until the spike is judged
     assert rep["keep_last"] == 11 and rep["milestones"] == []
-    assert f"save_steps 10 (from {state})" in rep["proposed"] and f"max_steps 200, from {state}" in rep["proposed"]
+    assert (
+        f"save_steps 10 (from {state})" in rep["proposed"]
+        and f"max_steps 200, from {state}" in rep["proposed"]
+    )
     text = cli_run("prune", str(run)).out
     assert "Proposed:      keep_last 11" in text.splitlines()[2]
     line = cli_run("prune", str(run), "--apply").usage_error("--keep-last")
@@ -50,4 +58,7 @@ def test_without_trainer_state_the_names_give_the_interval(hf_run, copy_of, cli_
         if ckpt.name in ("checkpoint-10", "checkpoint-30"):
             shutil.rmtree(ckpt)
     rep = cli_run("prune", str(run), "--format", "json").json()
-    assert rep["keep_last"] == 11 and "save_steps 10 (from the spacing of the checkpoint names)" in rep["proposed"]
+    assert (
+        rep["keep_last"] == 11
+        and "save_steps 10 (from the spacing of the checkpoint names)" in rep["proposed"]
+    )

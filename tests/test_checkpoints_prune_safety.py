@@ -13,18 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 import realruns
-
-from checkpoint_strategy.retention import prune as _prune
-
-from checkpoint_strategy.validate import validate_paths
-from checkpoint_strategy.recovery import advise
-from checkpoint_strategy.cli.main import main
-from checkpoint_strategy.errors import UsageError
 from cliresult import checkout_env
 
-prune = functools.partial(_prune, advise=advise)  # as prune_cli and the callbacks call it (the adviser is passed in)
+from checkpoint_strategy.cli.main import main
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.recovery import advise
+from checkpoint_strategy.retention import prune as _prune
+from checkpoint_strategy.validate import validate_paths
+
+prune = functools.partial(
+    _prune, advise=advise
+)  # as prune_cli and the callbacks call it (the adviser is passed in)
 
 ENV = checkout_env()
 
@@ -54,12 +54,17 @@ def test_weights_only_newest_never_justifies_deleting_resumable_ones(hf_run, cop
     valid and `--keep-last 1 --apply` deleted every resumable checkpoint."""
     root = copy_of(hf_run.output_dir, "run")
     _weights_only(root / "checkpoint-200")
-    rc, out, _err = _run_json(["prune", str(root), "--keep-last", "1", "--no-spike-check", "--apply"], capsys)
+    rc, out, _err = _run_json(
+        ["prune", str(root), "--keep-last", "1", "--no-spike-check", "--apply"], capsys
+    )
     assert rc == 0
     assert out["counts_resumable"] is True and out["newest_valid"] == "checkpoint-190"
     assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200"]
     by_name = {e["name"]: e for e in out["keep"] + out["delete"]}
-    assert by_name["checkpoint-200"]["resumable"] is False and by_name["checkpoint-190"]["resumable"] is True
+    assert (
+        by_name["checkpoint-200"]["resumable"] is False
+        and by_name["checkpoint-190"]["resumable"] is True
+    )
     assert by_name["checkpoint-200"]["reason_kinds"] == ["unjustified"]
     assert all(e["justified_by"] == "checkpoint-190" for e in out["delete"])
     assert validate_paths([str(root / "checkpoint-190")]).checkpoints[0].resumable
@@ -72,7 +77,10 @@ def test_each_line_says_resumable_or_weights_only(hf_run, copy_of, capsys):
     assert main(["prune", str(root), "--keep-last", "3", "--no-spike-check"]) == 0
     lines = capsys.readouterr().out.splitlines()
     line = {ln.split()[1]: ln for ln in lines if ln.startswith(("KEEP", "DELETE"))}
-    assert "[valid, weights-only, " in line["checkpoint-200"] and "[valid, weights-only, " in line["checkpoint-100"]
+    assert (
+        "[valid, weights-only, " in line["checkpoint-200"]
+        and "[valid, weights-only, " in line["checkpoint-100"]
+    )
     assert "[valid, resumable, " in line["checkpoint-190"]
     assert "weights-only; older than keep_last=3" in line["checkpoint-100"]
     assert any(ln.startswith("Keep last:") and "resumable" in ln for ln in lines)
@@ -89,7 +97,10 @@ def test_copy_in_progress_newest_is_kept_and_never_counts(hf_run, copy_of):
     assert report.newest_valid == "checkpoint-200"
     assert sorted(os.listdir(root)) == ["checkpoint-200", "checkpoint-210"]
     kept = {e.name: e for e in report.keep}
-    assert kept["checkpoint-210"].status == "incomplete" and kept["checkpoint-210"].reason_kinds[0] == "not_valid"
+    assert (
+        kept["checkpoint-210"].status == "incomplete"
+        and kept["checkpoint-210"].reason_kinds[0] == "not_valid"
+    )
 
 
 def test_run_with_only_weights_only_checkpoints_counts_valid_ones(hf_run, copy_of):
@@ -112,17 +123,26 @@ def test_loosely_named_copies_are_not_recognised_and_kept(hf_run, lightning_run,
     root = copy_of(hf_run.output_dir, "run")
     for name, step in zip(LOOSE, (50, 100, 100), strict=False):
         shutil.copytree(root / f"checkpoint-{step}", root / name)
-    shutil.copy2(root / "checkpoint-50" / "model.safetensors", root / "final-model-step=50.safetensors")
+    shutil.copy2(
+        root / "checkpoint-50" / "model.safetensors", root / "final-model-step=50.safetensors"
+    )
     shutil.copy2(lightning_run.ckpt_files[0], root / "epoch=0-step=10-val_loss=0.123.ckpt")
-    rc, out, _ = _run_json(["prune", str(root), "--keep-last", "1", "--no-spike-check", "--apply"], capsys)
+    rc, out, _ = _run_json(
+        ["prune", str(root), "--keep-last", "1", "--no-spike-check", "--apply"], capsys
+    )
     assert rc == 0
     left = set(os.listdir(root))
-    assert set(LOOSE) | {"final-model-step=50.safetensors", "epoch=0-step=10-val_loss=0.123.ckpt"} <= left
+    assert (
+        set(LOOSE) | {"final-model-step=50.safetensors", "epoch=0-step=10-val_loss=0.123.ckpt"}
+        <= left
+    )
     kinds = {e["name"]: e["reason_kinds"] for e in out["keep"]}
     for name in LOOSE + ["final-model-step=50.safetensors"]:
         assert kinds[name] == ["unrecognised"], name
     assert "trainer_best" in kinds["epoch=0-step=10-val_loss=0.123.ckpt"]
-    assert {e["name"] for e in out["delete"]} == {f"checkpoint-{s}" for s in hf_run.checkpoint_steps[:-1]}
+    assert {e["name"] for e in out["delete"]} == {
+        f"checkpoint-{s}" for s in hf_run.checkpoint_steps[:-1]
+    }
 
 
 def test_lightning_template_from_the_run_and_monitored_top_k(lightning_run, copy_of, capsys):
@@ -133,8 +153,12 @@ def test_lightning_template_from_the_run_and_monitored_top_k(lightning_run, copy
     rc, out, _ = _run_json(["prune", str(root), "--keep-last", "1", "--apply"], capsys)
     assert rc == 0, out
     assert out["lightning_templates"] == ["epoch={}-step={}", "epoch={}-step={}-val_loss={}"]
-    assert sorted(os.listdir(root)) == ["epoch=0-step=10 (1).ckpt", "epoch=0-step=30.ckpt",
-                                        "epoch=0-step=5-val_loss=0.500.ckpt", "last.ckpt"]
+    assert sorted(os.listdir(root)) == [
+        "epoch=0-step=10 (1).ckpt",
+        "epoch=0-step=30.ckpt",
+        "epoch=0-step=5-val_loss=0.500.ckpt",
+        "last.ckpt",
+    ]
     why = {e["name"]: e["reasons"] for e in out["keep"]}
     assert any("top-k by val_loss" in r for r in why["epoch=0-step=5-val_loss=0.500.ckpt"])
     assert out["newest_valid"] == "epoch=0-step=30.ckpt" and out["counts_resumable"] is True
@@ -211,8 +235,16 @@ def test_hf_output_dir_prunes_its_checkpoints_and_keeps_the_export(hf_run, copy_
     root = _output_dir_with_final_export(hf_run, copy_of)
     report = prune(root, keep_last=2, apply=True, spike_check=False)
     assert report.final_export == str(root) and report.state == "done"
-    assert sorted(os.listdir(root)) == sorted(["checkpoint-190", "checkpoint-200", "model.safetensors", "config.json",
-                                              "trainer_state.json", "generation_config.json"])
+    assert sorted(os.listdir(root)) == sorted(
+        [
+            "checkpoint-190",
+            "checkpoint-200",
+            "model.safetensors",
+            "config.json",
+            "trainer_state.json",
+            "generation_config.json",
+        ]
+    )
     export = next(e for e in report.keep if e.name == ".")
     assert export.reason_kinds == ["final_export"]
 
@@ -221,7 +253,10 @@ def test_hf_output_dir_handoff_counts_every_rollback_point(hf_run, copy_of, tmp_
     """Reproduced: handoff counted one rollback point for the whole output_dir."""
     root = _output_dir_with_final_export(hf_run, copy_of)
     state = tmp_path / "state"
-    assert main(["handoff", "--checkpoints", str(root), "--state-dir", str(state), "--format", "json"]) == 0
+    assert (
+        main(["handoff", "--checkpoints", str(root), "--state-dir", str(state), "--format", "json"])
+        == 0
+    )
     doc = json.loads((state / "checkpoint-strategy.json").read_text())
     steps = {c["step"] for c in doc["rollback_points"]}
     # rollback points are the checkpoints safe to resume from: 120-200 come after the unrecovered spike at 121
@@ -233,7 +268,9 @@ def test_hf_output_dir_handoff_counts_every_rollback_point(hf_run, copy_of, tmp_
 # --------------------------------------------------------------------------- item 5: journal
 
 
-def test_failed_deletion_is_half_deleted_then_finished_by_a_rerun(hf_run, copy_of, monkeypatch, capsys):
+def test_failed_deletion_is_half_deleted_then_finished_by_a_rerun(
+    hf_run, copy_of, monkeypatch, capsys
+):
     """A deletion that stops half-way (I/O error while removing) leaves a journalled
     .deleting-* folder: exit 1, "half deleted, rerun" in the report; the rerun finishes it."""
     root = copy_of(hf_run.output_dir, "run")
@@ -258,12 +295,16 @@ def test_failed_deletion_is_half_deleted_then_finished_by_a_rerun(hf_run, copy_o
     assert (root / half).is_dir() and not (root / half / "config.json").exists()
     assert "17 deleted" in out  # 18 planned, 17 really deleted
     monkeypatch.setattr(pm, "_remove", real_remove)
-    rc, rep, _ = _run_json(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys)
+    rc, rep, _ = _run_json(
+        ["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys
+    )
     assert rc == 0 and rep["state"] == "done" and rep["leftovers"] == [half]
     assert sorted(os.listdir(root)) == ["checkpoint-190", "checkpoint-200"]
 
 
-def test_rename_failure_leaves_the_checkpoint_intact_and_exits_1(hf_run, copy_of, monkeypatch, capsys):
+def test_rename_failure_leaves_the_checkpoint_intact_and_exits_1(
+    hf_run, copy_of, monkeypatch, capsys
+):
     root = copy_of(hf_run.output_dir, "run")
     real_rename = os.rename
 
@@ -273,7 +314,9 @@ def test_rename_failure_leaves_the_checkpoint_intact_and_exits_1(hf_run, copy_of
         return real_rename(src, dst, *a, **k)
 
     monkeypatch.setattr(pm.os, "rename", rename)
-    rc, out, _ = _run_json(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys)
+    rc, out, _ = _run_json(
+        ["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys
+    )
     assert rc == 1 and out["state"] == "failed" and out["failed"] == 1
     assert out["deleted"] == len(hf_run.checkpoint_steps) - 3
     bad = next(e for e in out["delete"] if e["name"] == "checkpoint-50")
@@ -282,12 +325,15 @@ def test_rename_failure_leaves_the_checkpoint_intact_and_exits_1(hf_run, copy_of
     assert not (root / pm.JOURNAL).exists()
 
 
-@pytest.mark.parametrize("pending", [
-    [{"name": "x", "renamed": "../outside"}],
-    [{"name": "x", "renamed": "checkpoint-200"}],
-    [{"name": "x", "renamed": ".deleting-0123456789abcdef", "sidecar": "../../etc"}],
-    "nope",
-])
+@pytest.mark.parametrize(
+    "pending",
+    [
+        [{"name": "x", "renamed": "../outside"}],
+        [{"name": "x", "renamed": "checkpoint-200"}],
+        [{"name": "x", "renamed": ".deleting-0123456789abcdef", "sidecar": "../../etc"}],
+        "nope",
+    ],
+)
 def test_forged_journal_is_refused_before_anything_is_deleted(pending, hf_run, copy_of, capsys):
     root = copy_of(hf_run.output_dir, "run")
     (root / pm.JOURNAL).write_text(json.dumps({"version": 1, "pending": pending}))
@@ -310,9 +356,13 @@ def test_deeply_nested_journal_is_one_line(hf_run, copy_of, capsys):
 
 
 def _hold_lock(root: Path, seconds: float) -> subprocess.Popen:
-    code = ("import sys,time\nfrom checkpoint_strategy.storage.locking import locked\n"
-            f"with locked({str(root)!r}, 1, 'busy'):\n    print('held', flush=True)\n    time.sleep({seconds})\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
+    code = (
+        "import sys,time\nfrom checkpoint_strategy.storage.locking import locked\n"
+        f"with locked({str(root)!r}, 1, 'busy'):\n    print('held', flush=True)\n    time.sleep({seconds})\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -324,7 +374,9 @@ def test_second_prune_waits_then_exits_2_with_one_line(hf_run, copy_of, capsys):
         t0 = time.monotonic()
         with pytest.raises(UsageError, match="being pruned by another"):
             prune(root, keep_last=2, apply=True, lock_timeout=0.3)
-        assert time.monotonic() - t0 >= 0.3   # it waited its lock_timeout (at least: a load can only add to it)
+        assert (
+            time.monotonic() - t0 >= 0.3
+        )  # it waited its lock_timeout (at least: a load can only add to it)
         assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
     finally:
         holder.kill()
@@ -334,10 +386,23 @@ def test_second_prune_waits_then_exits_2_with_one_line(hf_run, copy_of, capsys):
 
 def test_two_prunes_at_once_both_succeed_without_spurious_errors(hf_run, copy_of):
     root = copy_of(hf_run.output_dir, "run")
-    cmd = [sys.executable, "-m", "checkpoint_strategy", "prune", str(root), "--keep-last", "2", "--apply",
-           "--no-spike-check", "--format", "json"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-             for _ in range(2)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "checkpoint_strategy",
+        "prune",
+        str(root),
+        "--keep-last",
+        "2",
+        "--apply",
+        "--no-spike-check",
+        "--format",
+        "json",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        for _ in range(2)
+    ]
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
     for _out, err, rc in results:
         assert rc == 0 and err == "", err
@@ -364,7 +429,9 @@ def _run_readonly(root: Path, args: list[str]) -> subprocess.CompletedProcess:
         pytest.skip("needs unshare to make a read-only folder as root")
     quoted = " ".join(f"'{c}'" for c in cmd)
     script = f"mount --bind '{root}' '{root}' && mount -o remount,ro,bind '{root}' && exec {quoted}"
-    res = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=120)
+    res = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, env=ENV, timeout=120
+    )
     if "mount" in res.stderr and res.returncode not in (0, 1, 2):
         pytest.skip(f"cannot make a read-only mount here: {res.stderr.strip()}")
     return res
@@ -388,13 +455,25 @@ def test_read_only_root_dry_run_works_and_apply_exits_2(hf_run, copy_of):
 # --------------------------------------------------------------------------- hostile names
 
 
-@pytest.mark.parametrize("name", ["checkpoint-10\nKEEP checkpoint-20", "checkpoint-10 | rm", "my checkpoint 10",
-                                  "checkpoint-10\r", "checkpoint-10\n", " checkpoint-10", "checkpoint-１０",
-                                  "epoch=0-step=10.ckpt\n"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "checkpoint-10\nKEEP checkpoint-20",
+        "checkpoint-10 | rm",
+        "my checkpoint 10",
+        "checkpoint-10\r",
+        "checkpoint-10\n",
+        " checkpoint-10",
+        "checkpoint-１０",
+        "epoch=0-step=10.ckpt\n",
+    ],
+)
 def test_hostile_names_are_kept_and_reported(name, hf_run, copy_of, capsys):
     root = copy_of(hf_run.output_dir, "run")
     shutil.copytree(root / "checkpoint-10", root / name)
-    rc, out, _ = _run_json(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys)
+    rc, out, _ = _run_json(
+        ["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"], capsys
+    )
     assert rc == 0
     assert (root / name / "model.safetensors").exists()
     entry = next(e for e in out["keep"] if e["name"] == name)
@@ -404,7 +483,9 @@ def test_hostile_names_are_kept_and_reported(name, hf_run, copy_of, capsys):
 
 def test_summary_counts_real_deletions(hf_run, copy_of, capsys):
     root = copy_of(hf_run.output_dir, "run")
-    rc, out, _ = _run_json(["prune", str(root), "--keep-last", "5", "--milestones", "50", "--apply"], capsys)
+    rc, out, _ = _run_json(
+        ["prune", str(root), "--keep-last", "5", "--milestones", "50", "--apply"], capsys
+    )
     gone = set(os.listdir(hf_run.output_dir)) - set(os.listdir(root))
     assert rc == 0 and out["deleted"] == len(gone) == sum(e["deleted"] for e in out["delete"])
     assert out["freed_bytes"] > 0 and out["state"] == "done"
@@ -424,8 +505,20 @@ def test_kill_between_journal_and_rename_leaves_the_checkpoint_to_the_next_run(h
     """A journal entry whose .deleting-* name never appeared (killed right after the journal
     write): the checkpoint is intact, the entry is dropped, the next run deletes it normally."""
     root = copy_of(hf_run.output_dir, "run")
-    (root / pm.JOURNAL).write_text(json.dumps(
-        {"version": 1, "pending": [{"name": "checkpoint-10", "renamed": ".deleting-00112233445566ff", "sidecar": None}]}))
+    (root / pm.JOURNAL).write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "pending": [
+                    {
+                        "name": "checkpoint-10",
+                        "renamed": ".deleting-00112233445566ff",
+                        "sidecar": None,
+                    }
+                ],
+            }
+        )
+    )
     dry = prune(root, keep_last=2, spike_check=False)
     assert dry.leftovers == [] and "checkpoint-10" in _names(dry.delete)
     report = prune(root, keep_last=2, apply=True, spike_check=False)
@@ -441,8 +534,14 @@ def lightning_topk(tmp_path_factory):
     """A real Lightning run with two ModelCheckpoints in one folder: top-2 by a monitored `score`
     (best = oldest: score = -step) named epoch=E-step=N.ckpt, and every 5 steps named
     step=N-epoch=E.ckpt. The metric is not in the top-k names: only the state says they are best."""
-    return realruns.build_lightning_topk(tmp_path_factory.mktemp("pl-topk"), lambda step: -float(step), samples=64,
-                                         max_steps=30, top_name="{epoch}-{step}", every_name="{step}-{epoch}")
+    return realruns.build_lightning_topk(
+        tmp_path_factory.mktemp("pl-topk"),
+        lambda step: -float(step),
+        samples=64,
+        max_steps=30,
+        top_name="{epoch}-{step}",
+        every_name="{step}-{epoch}",
+    )
 
 
 def test_lightning_top_k_named_by_the_trainer_state_is_kept(lightning_topk, copy_of, capsys):
@@ -452,7 +551,11 @@ def test_lightning_top_k_named_by_the_trainer_state_is_kept(lightning_topk, copy
     rc, out, _ = _run_json(["prune", str(root), "--keep-last", "1", "--apply"], capsys)
     assert rc == 0 and out["newest_valid"] == "step=30-epoch=0.ckpt"
     left = sorted(os.listdir(root))
-    assert set(top_k) <= set(left) and "step=30-epoch=0.ckpt" in left and "step=5-epoch=0.ckpt" not in left
+    assert (
+        set(top_k) <= set(left)
+        and "step=30-epoch=0.ckpt" in left
+        and "step=5-epoch=0.ckpt" not in left
+    )
     why = {e["name"]: e for e in out["keep"]}
     for name in top_k:
         assert "trainer_best" in why[name]["reason_kinds"]

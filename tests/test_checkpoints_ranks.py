@@ -16,23 +16,38 @@ from pathlib import Path
 import pytest
 
 from checkpoint_strategy.callbacks import last_valid_checkpoint
-from checkpoint_strategy.validate import validate_checkpoint
 from checkpoint_strategy.formats.hf import expected_rank_files, rank_gap
+from checkpoint_strategy.validate import validate_checkpoint
 
-HF_NAMES = ["config.json", "generation_config.json", "model.safetensors", "optimizer.pt", "scheduler.pt",
-            "trainer_state.json", "training_args.bin"]
+HF_NAMES = [
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "trainer_state.json",
+    "training_args.bin",
+]
 
 
 # --------------------------------------------------------------------------- the real torn run
+
 
 def test_the_real_torn_save_is_what_the_issue_describes(torn_rank_run):
     names = {d.name: sorted(p.name for p in d.iterdir()) for d in torn_rank_run.iterdir()}
     assert set(names) == {"checkpoint-5", "checkpoint-10", "checkpoint-15"}, names
     for whole in ("checkpoint-5", "checkpoint-10"):
         assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(names[whole])
-    assert "rng_state_0.pth" in names["checkpoint-15"] and "rng_state_1.pth" not in names["checkpoint-15"]
-    assert "trainer_state.json" in names["checkpoint-15"]   # trainer_state.json is not the last file of a save
-    assert expected_rank_files(str(torn_rank_run)) == {str(torn_rank_run / "checkpoint-15"): ["rng_state_1.pth"]}
+    assert (
+        "rng_state_0.pth" in names["checkpoint-15"]
+        and "rng_state_1.pth" not in names["checkpoint-15"]
+    )
+    assert (
+        "trainer_state.json" in names["checkpoint-15"]
+    )  # trainer_state.json is not the last file of a save
+    assert expected_rank_files(str(torn_rank_run)) == {
+        str(torn_rank_run / "checkpoint-15"): ["rng_state_1.pth"]
+    }
 
 
 @pytest.mark.parametrize("level", ["quick", "full", "deep"])
@@ -45,8 +60,10 @@ def test_validate_calls_it_incomplete_at_every_level(torn_rank_run, cli_run, lev
     assert torn["status"] == "incomplete"
     (p,) = torn["problems"]
     assert p["file"] == "rng_state_1.pth" and p["kind"] == "incomplete"
-    assert ("the run was saved by 2 processes (training_args.bin records 2 processes; checkpoint-10 has "
-            "rng_state_0..1); rank 1 did not finish this save") in p["reason"]
+    assert (
+        "the run was saved by 2 processes (training_args.bin records 2 processes; checkpoint-10 has "
+        "rng_state_0..1); rank 1 did not finish this save"
+    ) in p["reason"]
     text = cli_run("validate", str(torn_rank_run), "--level", level).out
     assert f"Resume from: {torn_rank_run / 'checkpoint-10'} (step 10)" in text
     assert "INCOMPLETE " + str(torn_rank_run / "checkpoint-15") in text
@@ -69,47 +86,94 @@ def test_release_gate_scan_lists_it_as_bad(torn_rank_run):
 
 def test_recover_skips_it(torn_rank_run, cli_run):
     log = torn_rank_run / "checkpoint-15" / "trainer_state.json"
-    rep = cli_run("recover", str(log), "--checkpoints", str(torn_rank_run), "--format", "json").json()
+    rep = cli_run(
+        "recover", str(log), "--checkpoints", str(torn_rank_run), "--format", "json"
+    ).json()
     assert rep["checkpoints"]["count"] == 2 and rep["checkpoints"]["last_step"] == 10
-    assert any(w.startswith("checkpoint-15 skipped: incomplete: missing: the run was saved by 2 processes")
-               for w in rep["warnings"]), rep["warnings"]
+    assert any(
+        w.startswith("checkpoint-15 skipped: incomplete: missing: the run was saved by 2 processes")
+        for w in rep["warnings"]
+    ), rep["warnings"]
 
 
 def test_prune_never_deletes_for_it(torn_rank_run, cli_run, copy_of):
     rep = cli_run("prune", str(torn_rank_run), "--keep-last", "1", "--format", "json").json()
     assert rep["newest_valid"] == "checkpoint-10" and rep["justifiers"] == ["checkpoint-10"]
     kept = {k["name"]: k for k in rep["keep"]}
-    assert set(kept) == {"checkpoint-10", "checkpoint-15"} and kept["checkpoint-15"]["status"] == "incomplete"
-    assert [(d["name"], d["justified_by"]) for d in rep["delete"]] == [("checkpoint-5", "checkpoint-10")]
+    assert (
+        set(kept) == {"checkpoint-10", "checkpoint-15"}
+        and kept["checkpoint-15"]["status"] == "incomplete"
+    )
+    assert [(d["name"], d["justified_by"]) for d in rep["delete"]] == [
+        ("checkpoint-5", "checkpoint-10")
+    ]
     run = copy_of(torn_rank_run, "run")
     applied = cli_run("prune", str(run), "--keep-last", "1", "--apply", "--format", "json")
     assert applied.rc == 0, applied.out
     assert sorted(p.name for p in run.iterdir()) == ["checkpoint-10", "checkpoint-15"]
 
 
-def test_verify_resume_warns_of_the_torn_checkpoint_and_keeps_the_run_world_size(torn_rank_run, cli_run, copy_of):
+def test_verify_resume_warns_of_the_torn_checkpoint_and_keeps_the_run_world_size(
+    torn_rank_run, cli_run, copy_of
+):
     log = torn_rank_run / "checkpoint-15" / "trainer_state.json"
-    rep = cli_run("verify-resume", str(log), "--resume-step", "10", "--checkpoints", str(torn_rank_run),
-                  "--format", "json").json()
-    assert any(w.startswith("a checkpoint after the resume (checkpoint-15) is incomplete: rng_state_1.pth missing: "
-                            "the run was saved by 2 processes") for w in rep["warnings"]), rep["warnings"]
-    text = cli_run("verify-resume", str(log), "--resume-step", "10", "--checkpoints", str(torn_rank_run)).out
-    assert "World size / global batch: 2 / 32 before -> 2 / 32 after" in text   # not "-> 1 / 16"
+    rep = cli_run(
+        "verify-resume",
+        str(log),
+        "--resume-step",
+        "10",
+        "--checkpoints",
+        str(torn_rank_run),
+        "--format",
+        "json",
+    ).json()
+    assert any(
+        w.startswith(
+            "a checkpoint after the resume (checkpoint-15) is incomplete: rng_state_1.pth missing: "
+            "the run was saved by 2 processes"
+        )
+        for w in rep["warnings"]
+    ), rep["warnings"]
+    text = cli_run(
+        "verify-resume", str(log), "--resume-step", "10", "--checkpoints", str(torn_rank_run)
+    ).out
+    assert "World size / global batch: 2 / 32 before -> 2 / 32 after" in text  # not "-> 1 / 16"
     run = copy_of(torn_rank_run, "run")
-    (run / "checkpoint-10" / "rng_state_1.pth").unlink()     # as if the run had resumed from a torn checkpoint-10
-    resumed = cli_run("verify-resume", str(run / "checkpoint-15" / "trainer_state.json"), "--resume-step", "10",
-                      "--checkpoints", str(run), "--format", "json").json()
-    assert any(w.startswith("the checkpoint resumed from (checkpoint-10) is incomplete: rng_state_1.pth missing")
-               for w in resumed["warnings"]), resumed["warnings"]
+    (
+        run / "checkpoint-10" / "rng_state_1.pth"
+    ).unlink()  # as if the run had resumed from a torn checkpoint-10
+    resumed = cli_run(
+        "verify-resume",
+        str(run / "checkpoint-15" / "trainer_state.json"),
+        "--resume-step",
+        "10",
+        "--checkpoints",
+        str(run),
+        "--format",
+        "json",
+    ).json()
+    assert any(
+        w.startswith(
+            "the checkpoint resumed from (checkpoint-10) is incomplete: rng_state_1.pth missing"
+        )
+        for w in resumed["warnings"]
+    ), resumed["warnings"]
 
 
 def test_target_gpus_reports_the_run_world_size(torn_rank_run, cli_run):
-    for target in (torn_rank_run, torn_rank_run / "checkpoint-15"):   # the run, and the torn checkpoint alone
-        move = cli_run("validate", str(target), "--target-gpus", "2", "--format", "json").json()["hardware_move"]
+    for target in (
+        torn_rank_run,
+        torn_rank_run / "checkpoint-15",
+    ):  # the run, and the torn checkpoint alone
+        move = cli_run("validate", str(target), "--target-gpus", "2", "--format", "json").json()[
+            "hardware_move"
+        ]
         assert move["saved_world_size"] == 2, (target, move)
         assert "(saved: 16 x 1 x 2 = 32)" in move["keep_constant"][0]
-        assert move["set_on_target"] == ["on 2 GPUs set per-device batch x gradient accumulation = 16 (e.g. "
-                                         "per-device 16, accumulation 1)"]
+        assert move["set_on_target"] == [
+            "on 2 GPUs set per-device batch x gradient accumulation = 16 (e.g. "
+            "per-device 16, accumulation 1)"
+        ]
         assert any("same world size (2)" in c for c in move["changes"])
 
 
@@ -121,14 +185,21 @@ def test_one_complete_two_rank_checkpoint_alone_stays_valid(torn_rank_run, tmp_p
     assert last_valid_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
 
 
-def test_deleting_a_rank_file_from_a_copy_is_caught_with_or_without_training_args(torn_rank_run, tmp_path):
+def test_deleting_a_rank_file_from_a_copy_is_caught_with_or_without_training_args(
+    torn_rank_run, tmp_path
+):
     for name in ("checkpoint-5", "checkpoint-10"):
         shutil.copytree(torn_rank_run / name, tmp_path / name)
     (tmp_path / "checkpoint-10" / "rng_state_1.pth").unlink()
     res = validate_checkpoint(tmp_path / "checkpoint-10")
-    assert res.status == "incomplete" and "training_args.bin records 2 processes; checkpoint-5 has rng_state_0..1" \
+    assert (
+        res.status == "incomplete"
+        and "training_args.bin records 2 processes; checkpoint-5 has rng_state_0..1"
         in res.problems[0].reason
-    (tmp_path / "checkpoint-10" / "training_args.bin").unlink()   # no record of the launch: the run's other save
+    )
+    (
+        tmp_path / "checkpoint-10" / "training_args.bin"
+    ).unlink()  # no record of the launch: the run's other save
     res = validate_checkpoint(tmp_path / "checkpoint-10")
     assert [p.file for p in res.problems if p.kind == "incomplete"] == ["rng_state_1.pth"]
     assert "saved by 2 processes (checkpoint-5 has rng_state_0..1)" in res.problems[0].reason
@@ -136,6 +207,7 @@ def test_deleting_a_rank_file_from_a_copy_is_caught_with_or_without_training_arg
 
 
 # --------------------------------------------------------------------------- runs that must stay valid
+
 
 def test_a_single_process_run_has_no_rank_gap(hf_run, cli_run):
     assert expected_rank_files(str(hf_run.output_dir)) == {}
@@ -152,6 +224,7 @@ def test_a_run_resumed_on_fewer_processes_stays_valid(hf_world_change, cli_run):
 
 
 # --------------------------------------------------------------------------- rank_gap on listings
+
 
 def _run(tmp_path: Path, **checkpoints: list[str]) -> Path:
     for name, files in checkpoints.items():
@@ -171,42 +244,70 @@ def test_rank_gap_declared_world_size(tmp_path):
     assert rank_gap(me, _ranks(0, 1), 2) is None
     gap = rank_gap(me, _ranks(0), 2)
     assert gap.missing == ["rng_state_1.pth"] and gap.world == 2
-    assert gap.what() == ("the run was saved by 2 processes (training_args.bin records 2 processes); rank 1 did not "
-                          "finish this save (not a resume point)")
+    assert gap.what() == (
+        "the run was saved by 2 processes (training_args.bin records 2 processes); rank 1 did not "
+        "finish this save (not a resume point)"
+    )
     gap = rank_gap(me, _ranks(0, 2), 4)
     assert gap.missing == ["rng_state_1.pth", "rng_state_3.pth"]
-    assert gap.what().startswith("2 rank files (rng_state_1.pth, rng_state_3.pth): the run was saved by 4 processes")
-    assert rank_gap(me, HF_NAMES + ["rng_state.pth"], 1) is None        # one process
-    assert rank_gap(me, HF_NAMES, 2) is None                             # save_only_model: no rng files at all
-    assert rank_gap(me, _ranks(0, 1, 2, 3), 1) is None                   # more files than recorded: none missing
+    assert gap.what().startswith(
+        "2 rank files (rng_state_1.pth, rng_state_3.pth): the run was saved by 4 processes"
+    )
+    assert rank_gap(me, HF_NAMES + ["rng_state.pth"], 1) is None  # one process
+    assert rank_gap(me, HF_NAMES, 2) is None  # save_only_model: no rng files at all
+    assert rank_gap(me, _ranks(0, 1, 2, 3), 1) is None  # more files than recorded: none missing
 
 
 def test_rank_gap_from_the_run_when_nothing_is_recorded(tmp_path):
-    run = _run(tmp_path, checkpoint_5=_ranks(0, 1, 2, 3), checkpoint_10=_ranks(0, 1, 2, 3), checkpoint_15=_ranks(0, 1))
+    run = _run(
+        tmp_path,
+        checkpoint_5=_ranks(0, 1, 2, 3),
+        checkpoint_10=_ranks(0, 1, 2, 3),
+        checkpoint_15=_ranks(0, 1),
+    )
     gap = rank_gap(str(run / "checkpoint-15"), _ranks(0, 1))
     assert gap.missing == ["rng_state_2.pth", "rng_state_3.pth"] and gap.world == 4
-    assert "(checkpoint-10 has rng_state_0..3)" in gap.what() and "ranks 2, 3 did not finish" in gap.what()
+    assert (
+        "(checkpoint-10 has rng_state_0..3)" in gap.what()
+        and "ranks 2, 3 did not finish" in gap.what()
+    )
     assert rank_gap(str(run / "checkpoint-10"), _ranks(0, 1, 2, 3)) is None
-    assert expected_rank_files(str(run)) == {str(run / "checkpoint-15"): ["rng_state_2.pth", "rng_state_3.pth"]}
+    assert expected_rank_files(str(run)) == {
+        str(run / "checkpoint-15"): ["rng_state_2.pth", "rng_state_3.pth"]
+    }
 
 
 def test_rank_gap_never_takes_the_world_size_from_the_torn_folder_alone(tmp_path):
     alone = _run(tmp_path, checkpoint_15=_ranks(0))
-    gap = rank_gap(str(alone / "checkpoint-15"), _ranks(0))      # rng_state_0.pth: a save of 2 or more processes
-    assert gap.missing == ["rng_state_1.pth"] and "this folder holds rng_state_0.pth" in gap.evidence
-    assert rank_gap(str(alone / "checkpoint-15"), _ranks(0, 2)).missing == ["rng_state_1.pth"]   # a gap
+    gap = rank_gap(
+        str(alone / "checkpoint-15"), _ranks(0)
+    )  # rng_state_0.pth: a save of 2 or more processes
+    assert (
+        gap.missing == ["rng_state_1.pth"] and "this folder holds rng_state_0.pth" in gap.evidence
+    )
+    assert rank_gap(str(alone / "checkpoint-15"), _ranks(0, 2)).missing == [
+        "rng_state_1.pth"
+    ]  # a gap
 
 
 def test_siblings_that_are_links_torn_or_single_process_are_no_evidence(tmp_path):
-    run = _run(tmp_path, checkpoint_5=_ranks(0, 1, 2), checkpoint_10=["rng_state.pth"], checkpoint_15=_ranks(0, 1))
+    run = _run(
+        tmp_path,
+        checkpoint_5=_ranks(0, 1, 2),
+        checkpoint_10=["rng_state.pth"],
+        checkpoint_15=_ranks(0, 1),
+    )
     (tmp_path / "elsewhere").mkdir()
     elsewhere = _run(tmp_path / "elsewhere", checkpoint_1=_ranks(*range(8)))
     (run / "checkpoint-20").symlink_to(elsewhere / "checkpoint-1")
     gap = rank_gap(str(run / "checkpoint-15"), _ranks(0, 1))
-    assert gap.world == 3 and gap.missing == ["rng_state_2.pth"]   # checkpoint-5's three, not the link's eight
+    assert gap.world == 3 and gap.missing == [
+        "rng_state_2.pth"
+    ]  # checkpoint-5's three, not the link's eight
 
 
 # --------------------------------------------------------------------------- DeepSpeed ZeRO-3, 2 ranks
+
 
 @pytest.fixture(scope="module")
 def zero3_two_ranks(tmp_path_factory) -> Path:
@@ -227,5 +328,8 @@ def test_zero3_rank_shard_missing_is_incomplete(zero3_two_ranks, tmp_path, kind)
     assert res.status == "incomplete"
     (p,) = res.problems
     assert p.file == f"zero_pp_rank_1_mp_rank_00_{kind}_states.pt"
-    assert "ranks present: [0]; the run's data-parallel size is 2: dp_world_size 2 in the model states" in p.reason
+    assert (
+        "ranks present: [0]; the run's data-parallel size is 2: dp_world_size 2 in the model states"
+        in p.reason
+    )
     assert last_valid_checkpoint(run) is None

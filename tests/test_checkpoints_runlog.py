@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from checkpoint_strategy.retention import safety
-from checkpoint_strategy.formats.runlog import (METRICS_FILE, find_run_checkpoints, find_run_log,
-                                                    versioned_checkpoint_dirs)
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.runlog import (
+    METRICS_FILE,
+    find_run_checkpoints,
+    find_run_log,
+    versioned_checkpoint_dirs,
+)
 from checkpoint_strategy.recovery.logs import find_log
+from checkpoint_strategy.retention import safety
 
 
 def touch(path: Path, text: str = "") -> Path:
@@ -32,7 +36,7 @@ def hf_run(root: Path, steps=(10, 20)) -> None:
 def test_trainer_state_first_then_callback_log_then_metrics_csv_then_events(tmp_path):
     run = tmp_path / "run"
     events = touch(run / "events.out.tfevents.1.host")
-    assert find_run_log(run) == str(run)                                # TensorBoard: the folder holding the file
+    assert find_run_log(run) == str(run)  # TensorBoard: the folder holding the file
     csv = touch(run / "metrics.csv", "step,train_loss\n")
     assert find_run_log(run) == str(csv)
     ours = touch(run / METRICS_FILE, '{"step": 1, "loss": 1.0}\n')
@@ -45,10 +49,13 @@ def test_trainer_state_first_then_callback_log_then_metrics_csv_then_events(tmp_
 def test_given_checkpoints_the_newest_valid_ones_state_never_an_invalid_newer_one(tmp_path):
     run = tmp_path / "run"
     hf_run(run, (10, 20, 30))
-    valid = [(10, str(run / "checkpoint-10")), (20, str(run / "checkpoint-20"))]   # 30 did not validate
+    valid = [
+        (10, str(run / "checkpoint-10")),
+        (20, str(run / "checkpoint-20")),
+    ]  # 30 did not validate
     assert find_run_log(run, valid) == str(run / "checkpoint-20" / "trainer_state.json")
     assert safety.default_log(valid) == str(run / "checkpoint-20" / "trainer_state.json")
-    assert find_run_log(run, []) is None            # no valid checkpoint: no HF state, and no other log here
+    assert find_run_log(run, []) is None  # no valid checkpoint: no HF state, and no other log here
     touch(run / METRICS_FILE)
     assert safety.default_log([], str(run)) == str(run / METRICS_FILE)
 
@@ -57,7 +64,7 @@ def test_lightning_checkpoints_folder_reads_its_own_version_folder_and_nothing_a
     logger = tmp_path / "lightning_logs"
     ck = logger / "version_3" / "checkpoints"
     touch(ck / "epoch=0-step=10.ckpt")
-    touch(tmp_path / "metrics.csv")                   # above the run's own logger folder: never read
+    touch(tmp_path / "metrics.csv")  # above the run's own logger folder: never read
     touch(logger / "metrics.csv")
     assert find_run_log(ck) is None
     touch(logger / "version_3" / "events.out.tfevents.1.host")
@@ -65,15 +72,17 @@ def test_lightning_checkpoints_folder_reads_its_own_version_folder_and_nothing_a
     csv = touch(logger / "version_3" / "metrics.csv")
     assert find_run_log(ck) == str(csv)
     ours = touch(ck / METRICS_FILE)
-    assert find_run_log(ck) == str(ours)              # the callbacks' log beside the checkpoints comes first
-    assert safety.default_log([(10, str(ck / "epoch=0-step=10.ckpt"))]) == str(ours)   # the folder holding them
+    assert find_run_log(ck) == str(ours)  # the callbacks' log beside the checkpoints comes first
+    assert safety.default_log([(10, str(ck / "epoch=0-step=10.ckpt"))]) == str(
+        ours
+    )  # the folder holding them
 
 
 def test_a_folder_named_checkpoints_outside_lightning_reads_only_its_parents_own_entries(tmp_path):
     touch(tmp_path / "metrics.csv")
     ck = tmp_path / "exp" / "checkpoints"
     ck.mkdir(parents=True)
-    assert find_run_log(ck) is None                   # two levels up: not the run's
+    assert find_run_log(ck) is None  # two levels up: not the run's
     csv = touch(tmp_path / "exp" / "metrics.csv")
     assert find_run_log(ck) == str(csv)
 
@@ -83,7 +92,7 @@ def test_default_root_dir_logger_or_version_folder_reads_the_newest_version(tmp_
     logger = tmp_path / "lightning_logs"
     touch(logger / "version_0" / "metrics.csv")
     touch(logger / "version_0" / "checkpoints" / METRICS_FILE)
-    new = touch(logger / "version_10" / "metrics.csv")   # 10 > 9 > 2: numbers, not names
+    new = touch(logger / "version_10" / "metrics.csv")  # 10 > 9 > 2: numbers, not names
     touch(logger / "version_9" / "checkpoints" / METRICS_FILE)
     folder = {"root": tmp_path, "logger": logger, "version": logger / "version_10"}[named]
     assert find_run_log(folder) == str(new)
@@ -122,14 +131,14 @@ def test_versioned_checkpoint_dirs_for_a_rerun(tmp_path):
     logger = tmp_path / "lightning_logs"
     for v in (0, 1, 2):
         (logger / f"version_{v}" / "checkpoints").mkdir(parents=True)
-    (logger / "version_3").mkdir()                     # a rerun that has not saved yet
+    (logger / "version_3").mkdir()  # a rerun that has not saved yet
     every = [str(logger / f"version_{v}" / "checkpoints") for v in (2, 1, 0)]
     assert versioned_checkpoint_dirs(tmp_path) == every
     assert versioned_checkpoint_dirs(logger) == every
     assert versioned_checkpoint_dirs(logger / "version_3") == every
-    assert versioned_checkpoint_dirs(logger / "version_3" / "checkpoints") == every   # not made yet
+    assert versioned_checkpoint_dirs(logger / "version_3" / "checkpoints") == every  # not made yet
     assert versioned_checkpoint_dirs(logger / "version_4" / "checkpoints") == every
-    assert versioned_checkpoint_dirs(logger / "version_1") == every[1:]                # its own first
+    assert versioned_checkpoint_dirs(logger / "version_1") == every[1:]  # its own first
     assert versioned_checkpoint_dirs(logger / "version_1" / "checkpoints") == every[2:]
     assert versioned_checkpoint_dirs(tmp_path / "elsewhere") == []
     hf = tmp_path / "hf"

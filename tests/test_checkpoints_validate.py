@@ -10,13 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import layouts
-from checkpoint_strategy.validate import validate_checkpoint, validate_paths
-from checkpoint_strategy.cli.main import main
+import pytest
 from cliresult import CLI, checkout_env
 
+from checkpoint_strategy.cli.main import main
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +36,24 @@ def _statuses(report) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- real checkpoints
 
-def test_every_real_checkpoint_validates_quick_and_full(hf_run, lightning_run, dcp_checkpoint, safetensors_file):
-    paths = [str(hf_run.output_dir), str(lightning_run.ckpt_dir), str(dcp_checkpoint), str(safetensors_file)]
+
+def test_every_real_checkpoint_validates_quick_and_full(
+    hf_run, lightning_run, dcp_checkpoint, safetensors_file
+):
+    paths = [
+        str(hf_run.output_dir),
+        str(lightning_run.ckpt_dir),
+        str(dcp_checkpoint),
+        str(safetensors_file),
+    ]
     for level in ("quick", "full"):
         report = validate_paths(paths, level=level, progress=False)
         bad = [(c.path, c.problems) for c in report.checkpoints if c.status != "valid"]
         assert bad == [], bad
-        assert report.summary.checkpoints == len(hf_run.checkpoint_steps) + len(lightning_run.ckpt_files) + 2
+        assert (
+            report.summary.checkpoints
+            == len(hf_run.checkpoint_steps) + len(lightning_run.ckpt_files) + 2
+        )
 
 
 def test_accelerate_fsdp_sharded_state_is_said_to_reshard_on_load(hf_run, dcp_sharded, tmp_path):
@@ -58,8 +68,17 @@ def test_accelerate_fsdp_sharded_state_is_said_to_reshard_on_load(hf_run, dcp_sh
     shutil.copytree(dcp_sharded, ckpt / "pytorch_model_fsdp_0")
     shutil.copytree(dcp_sharded, ckpt / "optimizer_0")
     r = validate_checkpoint(ckpt, level="full")
-    assert (r.format, r.status, r.step, r.sharded, r.resumable) == ("hf-trainer", "valid", 110, True, True), r.problems
-    assert "re-shards to the new world size" in r.portability and "needs no conversion" in r.portability
+    assert (r.format, r.status, r.step, r.sharded, r.resumable) == (
+        "hf-trainer",
+        "valid",
+        110,
+        True,
+        True,
+    ), r.problems
+    assert (
+        "re-shards to the new world size" in r.portability
+        and "needs no conversion" in r.portability
+    )
     assert "hardware-specific" not in r.portability
     # the single-file copy is still named, for publishing
     assert "convert DIR/pytorch_model_fsdp_0 OUT.pt --to full" in r.portability
@@ -67,7 +86,13 @@ def test_accelerate_fsdp_sharded_state_is_said_to_reshard_on_load(hf_run, dcp_sh
 
 def test_real_checkpoint_properties(hf_run, lightning_run, dcp_checkpoint, safetensors_file):
     hf = validate_checkpoint(hf_run.output_dir / "checkpoint-200")
-    assert (hf.format, hf.step, hf.status, hf.resumable, hf.sharded) == ("hf-trainer", 200, "valid", True, False)
+    assert (hf.format, hf.step, hf.status, hf.resumable, hf.sharded) == (
+        "hf-trainer",
+        200,
+        "valid",
+        True,
+        False,
+    )
     assert "any hardware" in hf.portability
     pl = validate_checkpoint(lightning_run.ckpt_files[-1])
     assert (pl.format, pl.step, pl.resumable, pl.sharded) == ("lightning", 30, True, False)
@@ -83,7 +108,11 @@ def test_full_level_reads_every_byte_quick_reads_headers(hf_run):
     total = sum(p.stat().st_size for p in ckpt.iterdir())
     quick = validate_checkpoint(ckpt, level="quick")
     full = validate_checkpoint(ckpt, level="full")
-    assert full.bytes_read >= 0.95 * (ckpt / "model.safetensors").stat().st_size + (ckpt / "optimizer.pt").stat().st_size
+    assert (
+        full.bytes_read
+        >= 0.95 * (ckpt / "model.safetensors").stat().st_size
+        + (ckpt / "optimizer.pt").stat().st_size
+    )
     assert quick.bytes_read < full.bytes_read and full.bytes_read <= 2 * total
 
 
@@ -92,8 +121,11 @@ def _long_run_state(path: Path, entries: int, best: str | None = None) -> None:
     state = json.loads(path.read_text())
     state["best_model_checkpoint"] = best
     head, _sep, tail = json.dumps(state).partition('"log_history": [')
-    lines = ",".join(f'{{"epoch": {i / 4096:.6f}, "grad_norm": 0.958928346633911, "learning_rate": 0.0003, '
-                     f'"loss": {1 + (i % 997) / 1000:.6f}, "step": {i}}}' for i in range(1, entries + 1))
+    lines = ",".join(
+        f'{{"epoch": {i / 4096:.6f}, "grad_norm": 0.958928346633911, "learning_rate": 0.0003, '
+        f'"loss": {1 + (i % 997) / 1000:.6f}, "step": {i}}}'
+        for i in range(1, entries + 1)
+    )
     with open(path, "w") as fh:
         fh.write(head + '"log_history": [' + lines + "], " + tail.partition("], ")[2])
 
@@ -116,7 +148,10 @@ def test_documented_layouts_validate(layout_roots):
     for name, root in layout_roots.items():
         report = validate_paths([str(root)], progress=False)
         assert report.checkpoints, name
-        assert all(c.status == "valid" for c in report.checkpoints), (name, [c.problems for c in report.checkpoints])
+        assert all(c.status == "valid" for c in report.checkpoints), (
+            name,
+            [c.problems for c in report.checkpoints],
+        )
     ds = validate_paths([str(layout_roots["deepspeed"])]).checkpoints[-1]
     assert (ds.format, ds.step, ds.resumable, ds.sharded) == ("deepspeed", 20, True, True)
     assert "zero_to_fp32" in ds.portability
@@ -130,11 +165,21 @@ def test_python_api_after_a_save(hf_run, tmp_path):
     result = validate_checkpoint(str(hf_run.output_dir / "checkpoint-10"), level="quick")
     assert result.status == "valid" and result.problems == []
     data = result.model_dump()
-    for key in ("path", "format", "step", "status", "resumable", "sharded", "problems", "portability"):
+    for key in (
+        "path",
+        "format",
+        "step",
+        "status",
+        "resumable",
+        "sharded",
+        "problems",
+        "portability",
+    ):
         assert key in data
 
 
 # ----------------------------------------------------------------------------- corruption matrix
+
 
 def _truncate(p: Path) -> None:
     size = p.stat().st_size
@@ -152,6 +197,7 @@ def _flip(offset):
         i = offset(len(data), data)
         data[i] ^= 0xFF
         p.write_bytes(bytes(data))
+
     return op
 
 
@@ -178,13 +224,14 @@ def _st_header_offset(n, data):
 
 
 def _zip_data_offset(n, data):
-    import zipfile, io
+    import io
+    import zipfile
 
     zf = zipfile.ZipFile(io.BytesIO(bytes(data)))
     info = max(zf.infolist(), key=lambda i: i.compress_size)
     import struct
 
-    nlen, xlen = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])
+    nlen, xlen = struct.unpack("<HH", data[info.header_offset + 26 : info.header_offset + 30])
     return info.header_offset + 30 + nlen + xlen + info.compress_size // 2
 
 
@@ -195,24 +242,122 @@ def _zip_cd_offset(n, data):
 # (case id, source, checkpoint relative to the copied root, target relative to the root, op, level)
 MATRIX = [
     # Hugging Face Trainer
-    ("hf-truncated-safetensors", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _truncate, "quick"),
-    ("hf-truncated-optimizer", "hf", "checkpoint-20", "checkpoint-20/optimizer.pt", _truncate, "quick"),
-    ("hf-zero-safetensors", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _zero, "quick"),
+    (
+        "hf-truncated-safetensors",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _truncate,
+        "quick",
+    ),
+    (
+        "hf-truncated-optimizer",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/optimizer.pt",
+        _truncate,
+        "quick",
+    ),
+    (
+        "hf-zero-safetensors",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _zero,
+        "quick",
+    ),
     ("hf-zero-scheduler", "hf", "checkpoint-20", "checkpoint-20/scheduler.pt", _zero, "quick"),
-    ("hf-missing-weights", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _missing, "quick"),
-    ("hf-missing-trainer-state", "hf", "checkpoint-20", "checkpoint-20/trainer_state.json", _missing, "quick"),
-    ("hf-broken-st-header", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _broken_header, "quick"),
-    ("hf-flip-st-header", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _flip(_st_header_offset), "quick"),
-    ("hf-flip-zip-cd", "hf", "checkpoint-20", "checkpoint-20/optimizer.pt", _flip(_zip_cd_offset), "quick"),
-    ("hf-flip-zip-data", "hf", "checkpoint-20", "checkpoint-20/optimizer.pt", _flip(_zip_data_offset), "full"),
-    ("hf-flip-st-data", "hf", "checkpoint-20", "checkpoint-20/model.safetensors", _flip(_st_data_offset), "manifest"),
-    ("hf-broken-trainer-state", "hf", "checkpoint-20", "checkpoint-20/trainer_state.json", _broken_header, "quick"),
+    (
+        "hf-missing-weights",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _missing,
+        "quick",
+    ),
+    (
+        "hf-missing-trainer-state",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/trainer_state.json",
+        _missing,
+        "quick",
+    ),
+    (
+        "hf-broken-st-header",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _broken_header,
+        "quick",
+    ),
+    (
+        "hf-flip-st-header",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _flip(_st_header_offset),
+        "quick",
+    ),
+    (
+        "hf-flip-zip-cd",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/optimizer.pt",
+        _flip(_zip_cd_offset),
+        "quick",
+    ),
+    (
+        "hf-flip-zip-data",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/optimizer.pt",
+        _flip(_zip_data_offset),
+        "full",
+    ),
+    (
+        "hf-flip-st-data",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/model.safetensors",
+        _flip(_st_data_offset),
+        "manifest",
+    ),
+    (
+        "hf-broken-trainer-state",
+        "hf",
+        "checkpoint-20",
+        "checkpoint-20/trainer_state.json",
+        _broken_header,
+        "quick",
+    ),
     # Lightning
     ("pl-truncated", "pl", "epoch=0-step=20.ckpt", "epoch=0-step=20.ckpt", _truncate, "quick"),
     ("pl-zero", "pl", "epoch=0-step=20.ckpt", "epoch=0-step=20.ckpt", _zero, "quick"),
-    ("pl-broken-header", "pl", "epoch=0-step=20.ckpt", "epoch=0-step=20.ckpt", _broken_header, "quick"),
-    ("pl-flip-data", "pl", "epoch=0-step=20.ckpt", "epoch=0-step=20.ckpt", _flip(_zip_data_offset), "full"),
-    ("pl-flip-cd", "pl", "epoch=0-step=20.ckpt", "epoch=0-step=20.ckpt", _flip(_zip_cd_offset), "quick"),
+    (
+        "pl-broken-header",
+        "pl",
+        "epoch=0-step=20.ckpt",
+        "epoch=0-step=20.ckpt",
+        _broken_header,
+        "quick",
+    ),
+    (
+        "pl-flip-data",
+        "pl",
+        "epoch=0-step=20.ckpt",
+        "epoch=0-step=20.ckpt",
+        _flip(_zip_data_offset),
+        "full",
+    ),
+    (
+        "pl-flip-cd",
+        "pl",
+        "epoch=0-step=20.ckpt",
+        "epoch=0-step=20.ckpt",
+        _flip(_zip_cd_offset),
+        "quick",
+    ),
     # torch.distributed.checkpoint
     ("dcp-truncated-data", "dcp", ".", "__0_0.distcp", _truncate, "quick"),
     ("dcp-truncated-metadata", "dcp", ".", ".metadata", _truncate, "quick"),
@@ -225,36 +370,146 @@ MATRIX = [
     ("st-truncated", "st", "model.safetensors", "model.safetensors", _truncate, "quick"),
     ("st-zero", "st", "model.safetensors", "model.safetensors", _zero, "quick"),
     ("st-broken-header", "st", "model.safetensors", "model.safetensors", _broken_header, "quick"),
-    ("st-flip-header", "st", "model.safetensors", "model.safetensors", _flip(_st_header_offset), "quick"),
-    ("st-flip-data", "st", "model.safetensors", "model.safetensors", _flip(_st_data_offset), "manifest"),
+    (
+        "st-flip-header",
+        "st",
+        "model.safetensors",
+        "model.safetensors",
+        _flip(_st_header_offset),
+        "quick",
+    ),
+    (
+        "st-flip-data",
+        "st",
+        "model.safetensors",
+        "model.safetensors",
+        _flip(_st_data_offset),
+        "manifest",
+    ),
     # DeepSpeed (documented layout)
-    ("ds-truncated-optim", "deepspeed", "global_step20", "global_step20/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt", _truncate, "quick"),
-    ("ds-zero-model", "deepspeed", "global_step20", "global_step20/mp_rank_00_model_states.pt", _zero, "quick"),
-    ("ds-missing-model", "deepspeed", "global_step20", "global_step20/mp_rank_00_model_states.pt", _missing, "quick"),
-    ("ds-missing-rank0-optim", "deepspeed", "global_step20", "global_step20/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", _missing, "quick"),
+    (
+        "ds-truncated-optim",
+        "deepspeed",
+        "global_step20",
+        "global_step20/bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        _truncate,
+        "quick",
+    ),
+    (
+        "ds-zero-model",
+        "deepspeed",
+        "global_step20",
+        "global_step20/mp_rank_00_model_states.pt",
+        _zero,
+        "quick",
+    ),
+    (
+        "ds-missing-model",
+        "deepspeed",
+        "global_step20",
+        "global_step20/mp_rank_00_model_states.pt",
+        _missing,
+        "quick",
+    ),
+    (
+        "ds-missing-rank0-optim",
+        "deepspeed",
+        "global_step20",
+        "global_step20/bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        _missing,
+        "quick",
+    ),
     ("ds-missing-latest-target", "deepspeed", "global_step20", "global_step20", _missing, "quick"),
-    ("ds-flip-data", "deepspeed", "global_step20", "global_step20/mp_rank_00_model_states.pt", _flip(_zip_data_offset), "full"),
-    ("ds-broken-header", "deepspeed", "global_step20", "global_step20/mp_rank_00_model_states.pt", _broken_header, "quick"),
+    (
+        "ds-flip-data",
+        "deepspeed",
+        "global_step20",
+        "global_step20/mp_rank_00_model_states.pt",
+        _flip(_zip_data_offset),
+        "full",
+    ),
+    (
+        "ds-broken-header",
+        "deepspeed",
+        "global_step20",
+        "global_step20/mp_rank_00_model_states.pt",
+        _broken_header,
+        "quick",
+    ),
     # Megatron-LM (documented layout)
-    ("meg-truncated", "megatron", "iter_0001000", "iter_0001000/mp_rank_01/model_optim_rng.pt", _truncate, "quick"),
-    ("meg-zero", "megatron", "iter_0001000", "iter_0001000/mp_rank_00/model_optim_rng.pt", _zero, "quick"),
-    ("meg-missing", "megatron", "iter_0001000", "iter_0001000/mp_rank_00/model_optim_rng.pt", _missing, "quick"),
+    (
+        "meg-truncated",
+        "megatron",
+        "iter_0001000",
+        "iter_0001000/mp_rank_01/model_optim_rng.pt",
+        _truncate,
+        "quick",
+    ),
+    (
+        "meg-zero",
+        "megatron",
+        "iter_0001000",
+        "iter_0001000/mp_rank_00/model_optim_rng.pt",
+        _zero,
+        "quick",
+    ),
+    (
+        "meg-missing",
+        "megatron",
+        "iter_0001000",
+        "iter_0001000/mp_rank_00/model_optim_rng.pt",
+        _missing,
+        "quick",
+    ),
     ("meg-missing-tracked-iter", "megatron", "iter_0001000", "iter_0001000", _missing, "quick"),
-    ("meg-flip-data", "megatron", "iter_0001000", "iter_0001000/mp_rank_00/model_optim_rng.pt", _flip(_zip_data_offset), "full"),
-    ("meg-broken-header", "megatron", "iter_0001000", "iter_0001000/mp_rank_00/model_optim_rng.pt", _broken_header, "quick"),
+    (
+        "meg-flip-data",
+        "megatron",
+        "iter_0001000",
+        "iter_0001000/mp_rank_00/model_optim_rng.pt",
+        _flip(_zip_data_offset),
+        "full",
+    ),
+    (
+        "meg-broken-header",
+        "megatron",
+        "iter_0001000",
+        "iter_0001000/mp_rank_00/model_optim_rng.pt",
+        _broken_header,
+        "quick",
+    ),
     # Orbax (documented layout)
     ("orbax-missing-commit", "orbax", "200", "200/commit_success.txt", _missing, "quick"),
     ("orbax-broken-metadata", "orbax", "200", "200/_CHECKPOINT_METADATA", _broken_header, "quick"),
     ("orbax-zero-metadata", "orbax", "200", "200/_CHECKPOINT_METADATA", _zero, "quick"),
     ("orbax-truncated-item-metadata", "orbax", "200", "200/default/_METADATA", _truncate, "quick"),
     ("orbax-zero-ocdbt", "orbax", "200", "200/default/manifest.ocdbt", _zero, "quick"),
-    ("orbax-flip-data", "orbax", "200", "200/default/d/0a1b2c", _flip(lambda n, d: n // 2), "manifest"),
+    (
+        "orbax-flip-data",
+        "orbax",
+        "200",
+        "200/default/d/0a1b2c",
+        _flip(lambda n, d: n // 2),
+        "manifest",
+    ),
     ("orbax-truncated-data", "orbax", "200", "200/default/d/0a1b2c", _truncate, "manifest"),
     # NeMo (documented layout)
-    ("nemo-truncated", "nemo", "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
-     "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt", _truncate, "quick"),
-    ("nemo-flip-data", "nemo", "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
-     "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt", _flip(_zip_data_offset), "full"),
+    (
+        "nemo-truncated",
+        "nemo",
+        "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
+        "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
+        _truncate,
+        "quick",
+    ),
+    (
+        "nemo-flip-data",
+        "nemo",
+        "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
+        "megatron_gpt--val_loss=1.23-step=200-consumed_samples=1600.0.ckpt",
+        _flip(_zip_data_offset),
+        "full",
+    ),
     # torchtitan
     ("tt-missing-metadata", "torchtitan", "step-20", "step-20/.metadata", _missing, "quick"),
     ("tt-truncated-data", "torchtitan", "step-20", "step-20/__0_0.distcp", _truncate, "quick"),
@@ -262,14 +517,23 @@ MATRIX = [
 
 
 def _source(kind, hf_run, lightning_run, dcp_checkpoint, safetensors_file, layout_roots) -> Path:
-    return {"hf": hf_run.output_dir, "pl": lightning_run.ckpt_dir, "dcp": dcp_checkpoint,
-            "st": safetensors_file.parent, **layout_roots}[kind]
+    return {
+        "hf": hf_run.output_dir,
+        "pl": lightning_run.ckpt_dir,
+        "dcp": dcp_checkpoint,
+        "st": safetensors_file.parent,
+        **layout_roots,
+    }[kind]
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=[c[0] for c in MATRIX])
-def test_corruption_matrix(case, hf_run, lightning_run, dcp_checkpoint, safetensors_file, layout_roots, copy_of):
+def test_corruption_matrix(
+    case, hf_run, lightning_run, dcp_checkpoint, safetensors_file, layout_roots, copy_of
+):
     _id, kind, ckpt_rel, target_rel, op, level = case
-    root = copy_of(_source(kind, hf_run, lightning_run, dcp_checkpoint, safetensors_file, layout_roots), "root")
+    root = copy_of(
+        _source(kind, hf_run, lightning_run, dcp_checkpoint, safetensors_file, layout_roots), "root"
+    )
     ckpt = os.path.normpath(str(root / ckpt_rel))
     if level == "manifest":
         assert validate_checkpoint(ckpt, manifest="write").manifest == "written"
@@ -327,12 +591,16 @@ def test_missing_index_shard_is_incomplete(hf_run, copy_of, tmp_path):
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     keys = sorted(tensors)
     half = len(keys) // 2
-    shards = {"model-00001-of-00002.safetensors": keys[:half], "model-00002-of-00002.safetensors": keys[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": keys[:half],
+        "model-00002-of-00002.safetensors": keys[half:],
+    }
     for name, ks in shards.items():
         save_file({k: tensors[k].contiguous() for k in ks}, str(ckpt / name))
     (ckpt / "model.safetensors").unlink()
-    (ckpt / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {k: n for n, ks in shards.items() for k in ks}}))
+    (ckpt / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {k: n for n, ks in shards.items() for k in ks}})
+    )
     assert validate_checkpoint(ckpt).status == "valid"
     (ckpt / "model-00002-of-00002.safetensors").unlink()
     r = validate_checkpoint(ckpt)
@@ -341,6 +609,7 @@ def test_missing_index_shard_is_incomplete(hf_run, copy_of, tmp_path):
 
 
 # ----------------------------------------------------------------------------- manifests
+
 
 def test_manifest_write_then_verify(hf_run, copy_of, capsys):
     root = copy_of(hf_run.output_dir, "run")
@@ -364,6 +633,7 @@ def test_manifest_verify_without_manifest_is_a_problem(safetensors_file, copy_of
 
 
 # ----------------------------------------------------------------------------- bad input
+
 
 def _one_line(err: str) -> bool:
     return len(err.strip().splitlines()) == 1
@@ -389,25 +659,41 @@ def test_file_where_folder_expected(tmp_path, hf_run, capsys):
     assert main(["validate", str(root), "--format", "json"]) == 1
     out = json.loads(capsys.readouterr().out)
     bad = next(c for c in out["checkpoints"] if c["path"].endswith("checkpoint-20"))
-    assert bad["status"] == "invalid" and "expected a hf-trainer checkpoint folder" in bad["problems"][0]["reason"]
+    assert (
+        bad["status"] == "invalid"
+        and "expected a hf-trainer checkpoint folder" in bad["problems"][0]["reason"]
+    )
 
 
 def test_unreadable_files_give_problems(hf_run, copy_of, capsys):
     ckpt = copy_of(hf_run.output_dir / "checkpoint-10")
     (ckpt / "optimizer.pt").unlink()
-    (ckpt / "optimizer.pt").symlink_to(ckpt / "no-such-target")       # dangling
+    (ckpt / "optimizer.pt").symlink_to(ckpt / "no-such-target")  # dangling
     (ckpt / "scheduler.pt").unlink()
-    (ckpt / "scheduler.pt").mkdir()                                      # a folder where a file is expected
-    (ckpt / "rng_state.pth").chmod(0)                                    # unreadable
+    (ckpt / "scheduler.pt").mkdir()  # a folder where a file is expected
+    (ckpt / "rng_state.pth").chmod(0)  # unreadable
     if os.geteuid() != 0:
         rc = main(["validate", str(ckpt), "--format", "json"])
         out = json.loads(capsys.readouterr().out)
     else:  # root reads a mode-0 file: run without the capabilities that let it (setpriv, util-linux)
         if shutil.which("setpriv") is None:
             pytest.skip("running as root and setpriv is missing: cannot make a file unreadable")
-        proc = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *CLI, "validate",
-                               str(ckpt), "--format", "json"], capture_output=True, text=True, timeout=120,
-                              env=checkout_env())
+        proc = subprocess.run(
+            [
+                "setpriv",
+                "--bounding-set=-dac_override,-dac_read_search",
+                "--",
+                *CLI,
+                "validate",
+                str(ckpt),
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=checkout_env(),
+        )
         rc, out = proc.returncode, json.loads(proc.stdout)
     assert rc == 1
     reasons = {p["file"]: p["reason"] for p in out["checkpoints"][0]["problems"]}
@@ -419,11 +705,13 @@ def test_unreadable_files_give_problems(hf_run, copy_of, capsys):
 def test_symlink_loops_never_traceback(hf_run, tmp_path, capsys):
     root = tmp_path / "run"
     shutil.copytree(hf_run.output_dir / "checkpoint-10", root / "checkpoint-10")
-    (root / "loop").symlink_to(root)                     # folder loop
-    (root / "a.ckpt").symlink_to(root / "b.ckpt")        # file loop
+    (root / "loop").symlink_to(root)  # folder loop
+    (root / "a.ckpt").symlink_to(root / "b.ckpt")  # file loop
     (root / "b.ckpt").symlink_to(root / "a.ckpt")
     (root / "checkpoint-10" / "model.safetensors").unlink()
-    (root / "checkpoint-10" / "model.safetensors").symlink_to(root / "checkpoint-10" / "model.safetensors")
+    (root / "checkpoint-10" / "model.safetensors").symlink_to(
+        root / "checkpoint-10" / "model.safetensors"
+    )
     rc = main(["validate", str(root), "--format", "json"])
     captured = capsys.readouterr()
     assert rc == 1 and "Traceback" not in captured.err
@@ -441,6 +729,7 @@ def test_bad_arguments_exit_2(hf_run, capsys):
 
 # ----------------------------------------------------------------------------- CLI
 
+
 def test_text_and_markdown_output(hf_run, dcp_checkpoint, capsys):
     assert main(["validate", str(hf_run.output_dir / "checkpoint-200"), str(dcp_checkpoint)]) == 0
     out = capsys.readouterr().out
@@ -451,8 +740,21 @@ def test_text_and_markdown_output(hf_run, dcp_checkpoint, capsys):
 
 def test_cli_subprocess_quiet_when_piped(hf_run):
     env = checkout_env()
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "validate", str(hf_run.output_dir),
-                           "--level", "full"], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkpoint_strategy",
+            "validate",
+            str(hf_run.output_dir),
+            "--level",
+            "full",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # no progress bar when stderr is not a terminal
 
@@ -492,21 +794,30 @@ def test_deepspeed_tag_missing_a_ranks_shard_is_incomplete_even_without_ds_confi
     assert [p.file for p in c.problems] == [f"{prefix}zero_pp_rank_1_mp_rank_00_optim_states.pt"]
 
 
-@pytest.mark.slow   # five fresh interpreters
+@pytest.mark.slow  # five fresh interpreters
 def test_two_index_files_report_in_name_order_whatever_the_hash_seed(tmp_path):
     """An HF folder with a safetensors and a .bin index, each naming a missing shard: the problems come in the
     indexes' name order in every process (the checker walks its sorted listing, not a set)."""
     ckpt = tmp_path / "checkpoint-10"
     ckpt.mkdir()
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
-    for idx, shard in (("pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"),
-                       ("model.safetensors.index.json", "model-00001-of-00002.safetensors")):
+    for idx, shard in (
+        ("pytorch_model.bin.index.json", "pytorch_model-00001-of-00002.bin"),
+        ("model.safetensors.index.json", "model-00001-of-00002.safetensors"),
+    ):
         (ckpt / idx).write_text(json.dumps({"weight_map": {"w": shard}}))
     orders = set()
     for seed in ("1", "2", "3", "4", "5"):
-        out = subprocess.run([*CLI, "validate", str(ckpt), "--format", "json"], capture_output=True, text=True,
-                             env=checkout_env(PYTHONHASHSEED=seed), check=False)
+        out = subprocess.run(
+            [*CLI, "validate", str(ckpt), "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=checkout_env(PYTHONHASHSEED=seed),
+            check=False,
+        )
         assert out.returncode == 1, out.stderr
         problems = json.loads(out.stdout)["checkpoints"][0]["problems"]
         orders.add(tuple(p["file"] for p in problems if "shard listed in" in p["reason"]))
-    assert orders == {("model-00001-of-00002.safetensors", "pytorch_model-00001-of-00002.bin")}, orders
+    assert orders == {("model-00001-of-00002.safetensors", "pytorch_model-00001-of-00002.bin")}, (
+        orders
+    )

@@ -33,8 +33,17 @@ def _scan(path, monkeypatch, in_memory: bool):
             m.setattr(zr, "SMALL_ZIP_BYTES", -1)
         counter = zr.Counter()
         z = fc.scan_zip(str(path), counter)
-    entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
-    return [str(f) for f in z.findings], entries, z.keys(), z.legacy, counter.files, counter.bytes_read
+    entries = [
+        (e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries
+    ]
+    return (
+        [str(f) for f in z.findings],
+        entries,
+        z.keys(),
+        z.legacy,
+        counter.files,
+        counter.bytes_read,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +55,9 @@ def archives(tmp_path_factory):
     torch.save(opt.state_dict(), d / "optimizer.pt")
     torch.save({"last_epoch": 3, "_step_count": 4}, d / "scheduler.pt")
     torch.save({"a": torch.ones(2), "b": torch.zeros(2, dtype=torch.float64)}, d / "tensors.pt")
-    torch.save({"w": torch.arange(300_000, dtype=torch.float32)}, d / "big.pt")   # past SMALL_ZIP_BYTES
+    torch.save(
+        {"w": torch.arange(300_000, dtype=torch.float32)}, d / "big.pt"
+    )  # past SMALL_ZIP_BYTES
     torch.save({"a": torch.ones(3)}, d / "legacy.pt", _use_new_zipfile_serialization=False)
     return d
 
@@ -56,7 +67,7 @@ def test_real_archives_read_the_same_from_memory(archives, name, monkeypatch):
     path = archives / name
     fast = _scan(path, monkeypatch, True)
     assert fast == _scan(path, monkeypatch, False)
-    assert fast[0] == [], fast[0]   # a real archive is valid
+    assert fast[0] == [], fast[0]  # a real archive is valid
     assert (os.path.getsize(path) <= zr.SMALL_ZIP_BYTES) == (name != "big.pt")
 
 
@@ -77,7 +88,7 @@ def test_damaged_archives_give_the_same_findings_from_memory(archives, name, tmp
         fast = _scan(bad, monkeypatch, True)
         assert fast == _scan(bad, monkeypatch, False), at
         seen.update(fast[0])
-    assert len(seen) >= 5, seen   # the damage reached several different checks
+    assert len(seen) >= 5, seen  # the damage reached several different checks
 
 
 def _scan_bytes(data: bytes, in_memory: bool):
@@ -86,7 +97,9 @@ def _scan_bytes(data: bytes, in_memory: bool):
     z, counter = fc.ZipScan(), zr.Counter()
     src = zr.InMemory(data) if in_memory else zr.Window(io.BytesIO(data), 0, len(data))
     fc._scan_open_zip(src, "x.pt", z, counter, False, None)
-    entries = [(e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries]
+    entries = [
+        (e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start) for e in z.entries
+    ]
     return [str(f) for f in z.findings], entries, z.keys(), z.prefix, z.legacy, counter.bytes_read
 
 
@@ -97,7 +110,7 @@ def test_in_memory_agrees_on_every_byte_of_the_directory(archives, name):
     directory, the zip64 records, the end record and the last local header, each set to three other values; and
     every cut. Same findings, entries, pickle and byte count."""
     data = (archives / name).read_bytes()
-    assert _scan_bytes(data, True)[0] == []   # a real archive
+    assert _scan_bytes(data, True)[0] == []  # a real archive
     cd_at = data.find(b"PK\x01\x02")
     start = data.rfind(b"PK\x03\x04", 0, cd_at)
     valid = invalid = 0
@@ -112,7 +125,9 @@ def test_in_memory_agrees_on_every_byte_of_the_directory(archives, name):
             assert got == _scan_bytes(bad, False), (at, x)
     for cut in range(len(data)):
         assert _scan_bytes(data[:cut], True) == _scan_bytes(data[:cut], False), cut
-    assert valid and invalid   # both ways were exercised (a flipped CRC or data byte still reads as valid)
+    assert (
+        valid and invalid
+    )  # both ways were exercised (a flipped CRC or data byte still reads as valid)
 
 
 def _edits(data: bytes) -> dict[str, bytes]:
@@ -125,11 +140,14 @@ def _edits(data: bytes) -> dict[str, bytes]:
         b = bytearray(buf)
         struct.pack_into(fmt, b, at, *values)
         return bytes(b)
+
     return {
         "duplicate name": data.replace(b"/data/1", b"/data/0"),
         "no data.pkl": data.replace(b"data.pkl", b"data.pkx"),
         "zip64 record too short": put(data, z64 + 4, "<Q", 43),
-        "zip64 entries past 32 bits": put(put(data, z64 + 24, "<Q", 1 << 33), z64 + 32, "<Q", 1 << 33),
+        "zip64 entries past 32 bits": put(
+            put(data, z64 + 24, "<Q", 1 << 33), z64 + 32, "<Q", 1 << 33
+        ),
         "zip64 on disk 1 of 1": put(data, z64 + 16, "<II", 1, 1),
         "zip64 on disk 2": put(data, z64 + 16, "<II", 2, 0),
         "locator counts 2 disks": put(data, eocd - 4, "<I", 2),
@@ -171,7 +189,7 @@ def test_crc_threads_follow_the_usable_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     quota.write_text("max 100000\n")
     assert zr.usable_cores() == 16 and zr.crc_workers() == zr.MAX_CRC_WORKERS
-    quota.write_text("150000 100000\n")   # 1.5 CPUs of quota: 2 threads
+    quota.write_text("150000 100000\n")  # 1.5 CPUs of quota: 2 threads
     assert zr.usable_cores() == 2 and zr.crc_workers() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
     assert zr.crc_workers() == 1
@@ -195,7 +213,10 @@ def test_read_small_reads_whole_small_files_and_hands_back_big_ones(tmp_path):
     empty.write_bytes(b"")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    from checkpoint_strategy.storage import remote   # loaded, no object-storage view open: still read whole
+    from checkpoint_strategy.storage import (
+        remote,  # loaded, no object-storage view open: still read whole
+    )
+
     assert remote.view_count() == 0
     before = _open_fds()
     for _ in range(300):
@@ -203,7 +224,11 @@ def test_read_small_reads_whole_small_files_and_hands_back_big_ones(tmp_path):
         assert storage.read_small(empty, small=8) == b""
         with storage.read_small(big, small=99) as fh:
             assert fh.read() == b"x" * 100
-        for bad, reason in ((fifo, "is a FIFO"), (tmp_path, "is a folder"), (tmp_path / "gone", "does not exist")):
+        for bad, reason in (
+            (fifo, "is a FIFO"),
+            (tmp_path, "is a folder"),
+            (tmp_path / "gone", "does not exist"),
+        ):
             with pytest.raises(storage.ReadError, match=reason):
                 storage.read_small(bad)
     assert _open_fds() == before
@@ -218,7 +243,8 @@ def test_read_small_takes_the_file_as_it_is_when_its_size_changed(tmp_path, monk
 
     def stale_size(path, what, **kw):
         fd, size = real_open_fd(path, what, **kw)
-        return fd, size - 3   # as if the file had been 3 bytes shorter at fstat time
+        return fd, size - 3  # as if the file had been 3 bytes shorter at fstat time
+
     monkeypatch.setattr(storage, "_open_fd", stale_size)
     got = storage.read_small(p, small=100)
     assert not isinstance(got, bytes)
@@ -268,10 +294,16 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
     try:
         expected = _walk_size(str(ck))
         assert _size(str(ck)) == expected
-        assert expected < 5000   # the folder outside was not counted
+        assert expected < 5000  # the folder outside was not counted
         # the survey's link walk counts the same bytes (it stands in for _size in the report)
-        assert _links_under(str(ck), str(tmp_path), os.path.realpath(tmp_path), {"checkpoint-10"}, "checkpoint-10",
-                            recurse=True)[1:] == (True, expected)
+        assert _links_under(
+            str(ck),
+            str(tmp_path),
+            os.path.realpath(tmp_path),
+            {"checkpoint-10"},
+            "checkpoint-10",
+            recurse=True,
+        )[1:] == (True, expected)
     finally:
         locked.chmod(0o755)
     assert _size(str(ck)) == _walk_size(str(ck))
@@ -283,7 +315,11 @@ def test_prune_sizes_match_a_walk_on_links_fifos_and_nested_folders(tmp_path):
 def test_zip_entry_lookup_is_the_first_of_that_name_in_the_current_list():
     """ZipScan.entry looks names up through a dict (linear in storages): the first entry of a name, as a scan
     finds it, and the current list's when the entries are replaced or grown."""
-    a1, a2, b = (zr.ZipEntry("a", 0, 0, 1, 1, 0), zr.ZipEntry("a", 0, 0, 2, 2, 9), zr.ZipEntry("b", 0, 0, 3, 3, 5))
+    a1, a2, b = (
+        zr.ZipEntry("a", 0, 0, 1, 1, 0),
+        zr.ZipEntry("a", 0, 0, 2, 2, 9),
+        zr.ZipEntry("b", 0, 0, 3, 3, 5),
+    )
     z = fc.ZipScan(entries=[a1, a2])
     assert z.entry("a") is a1 and z.entry("b") is None
     z.entries.append(b)
@@ -310,12 +346,13 @@ def test_local_header_names_longer_in_bytes_than_in_characters(tmp_path, monkeyp
     z = fc.scan_zip(str(p), zr.Counter())
     assert [str(f) for f in z.findings] == [] and z.entry(name).data_start > 0
     data = bytearray(p.read_bytes())
-    at = data.index("données/é".encode())   # the local header's copy comes first
+    at = data.index("données/é".encode())  # the local header's copy comes first
     data[at] = ord("D")
     p.write_bytes(bytes(data))
     z = fc.scan_zip(str(p), zr.Counter())
-    assert [str(f) for f in z.findings] == [f"entry name mismatch: central directory {name!r}, local header "
-                                            f"{'archive/Données/é'!r}"]
+    assert [str(f) for f in z.findings] == [
+        f"entry name mismatch: central directory {name!r}, local header {'archive/Données/é'!r}"
+    ]
 
 
 def _archive(path, deflate_last: bool = False) -> bytes:
@@ -324,7 +361,11 @@ def _archive(path, deflate_last: bool = False) -> bytes:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
         zf.writestr("archive/version", b"3\n")
-        zf.writestr("archive/data/0", b"x" * 10, zipfile.ZIP_DEFLATED if deflate_last else zipfile.ZIP_STORED)
+        zf.writestr(
+            "archive/data/0",
+            b"x" * 10,
+            zipfile.ZIP_DEFLATED if deflate_last else zipfile.ZIP_STORED,
+        )
     return path.read_bytes()
 
 
@@ -335,14 +376,20 @@ def _cd_record(data: bytes, name: str) -> int:
 
 
 @pytest.mark.parametrize("small", [True, False])
-@pytest.mark.parametrize("damage, expected", [
-    ("signature", "broken local header for entry 'archive/data/0' at offset {lh}"),
-    ("past", "entry 'archive/data/0' (40 bytes) runs past the central directory: truncated"),
-    ("method", "entry 'archive/data/0' uses unsupported compression method 12"),
-    ("sizes", "entry 'archive/data/0': stored sizes disagree (10 vs 11)"),
-    ("bomb", "entry 'archive/data/0' is deflated to inflate to 11 bytes, more than the 0 GB this checker inflates "
-             "(torch.save stores entries uncompressed: a re-zipped archive or a zip bomb)"),
-])
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("signature", "broken local header for entry 'archive/data/0' at offset {lh}"),
+        ("past", "entry 'archive/data/0' (40 bytes) runs past the central directory: truncated"),
+        ("method", "entry 'archive/data/0' uses unsupported compression method 12"),
+        ("sizes", "entry 'archive/data/0': stored sizes disagree (10 vs 11)"),
+        (
+            "bomb",
+            "entry 'archive/data/0' is deflated to inflate to 11 bytes, more than the 0 GB this checker inflates "
+            "(torch.save stores entries uncompressed: a re-zipped archive or a zip bomb)",
+        ),
+    ],
+)
 def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
     """Each local-header finding, from memory (a small archive read whole) and from the file."""
     p = tmp_path / "archive.pt"
@@ -351,15 +398,15 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
     cd = _cd_record(bytes(data), "archive/data/0")
     full = False
     if damage == "signature":
-        data[lh:lh + 4] = b"PK\x00\x00"
+        data[lh : lh + 4] = b"PK\x00\x00"
     elif damage == "past":
-        data[cd + 20:cd + 28] = struct.pack("<II", 40, 40)
+        data[cd + 20 : cd + 28] = struct.pack("<II", 40, 40)
     elif damage == "method":
-        data[cd + 10:cd + 12] = struct.pack("<H", 12)
+        data[cd + 10 : cd + 12] = struct.pack("<H", 12)
     elif damage == "sizes":
-        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+        data[cd + 24 : cd + 28] = struct.pack("<I", 11)
     elif damage == "bomb":
-        data[cd + 24:cd + 28] = struct.pack("<I", 11)
+        data[cd + 24 : cd + 28] = struct.pack("<I", 11)
         monkeypatch.setattr(zr, "MAX_INFLATE_BYTES", 10)
         full = True
     p.write_bytes(bytes(data))
@@ -379,16 +426,24 @@ def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_p
     from cliresult import checkout_env
 
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(f'{{"step": {i}, "loss": {2.0 + (i % 5) / 100}}}\n' for i in range(1, 200)))
-    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['recover', sys.argv[1], '-o', "
-            "sys.argv[2]]); heavy = sorted(m for m in sys.modules if m.startswith(('checkpoint_strategy.validate.', 'checkpoint_strategy.formats.', 'checkpoint_strategy.retention.'))"
-            " and m.rsplit('.', 1)[1] in ('engine', 'prune', 'survey', 'deep', 'filechecks')); "
-            "import checkpoint_strategy.retention.prune as a; from checkpoint_strategy.retention import prune as b;"
-            " print(rc, heavy, callable(a) and a is b and a.__module__ == 'checkpoint_strategy.retention.prune')")
-    out = subprocess.run([sys.executable, "-c", code, str(log), str(tmp_path / "report.txt")], capture_output=True,
-                         text=True, timeout=120, env=checkout_env())
+    log.write_text(
+        "".join(f'{{"step": {i}, "loss": {2.0 + (i % 5) / 100}}}\n' for i in range(1, 200))
+    )
+    code = (
+        "import sys; from checkpoint_strategy.cli.main import main; rc = main(['recover', sys.argv[1], '-o', "
+        "sys.argv[2]]); heavy = sorted(m for m in sys.modules if m.startswith(('checkpoint_strategy.validate.', 'checkpoint_strategy.formats.', 'checkpoint_strategy.retention.'))"
+        " and m.rsplit('.', 1)[1] in ('engine', 'prune', 'survey', 'deep', 'filechecks')); "
+        "import checkpoint_strategy.retention.prune as a; from checkpoint_strategy.retention import prune as b;"
+        " print(rc, heavy, callable(a) and a is b and a.__module__ == 'checkpoint_strategy.retention.prune')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(log), str(tmp_path / "report.txt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=checkout_env(),
+    )
     assert out.stdout.split("\n")[0] == "0 [] True", out.stdout + out.stderr
-
 
 
 def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
@@ -404,17 +459,25 @@ def test_validate_loads_neither_the_planner_nor_the_keep_rules(tmp_path):
 
     folder = tmp_path / "checkpoint-10"
     _hf_checkpoint(folder)
-    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '--format', "
-            "'json', '-o', sys.argv[2]]); print(rc, sorted(m for m in sys.modules if m in ("
-            "'checkpoint_strategy.planning.models', 'checkpoint_strategy.planning.planner', "
-            "'checkpoint_strategy.retention.rules', 'checkpoint_strategy.validate.deep', "
-            "'checkpoint_strategy.formats.tensors')))")
-    out = subprocess.run([sys.executable, "-c", code, str(folder), str(tmp_path / "report.json")],
-                         capture_output=True, text=True, timeout=120, env=checkout_env())
+    code = (
+        "import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '--format', "
+        "'json', '-o', sys.argv[2]]); print(rc, sorted(m for m in sys.modules if m in ("
+        "'checkpoint_strategy.planning.models', 'checkpoint_strategy.planning.planner', "
+        "'checkpoint_strategy.retention.rules', 'checkpoint_strategy.validate.deep', "
+        "'checkpoint_strategy.formats.tensors')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder), str(tmp_path / "report.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=checkout_env(),
+    )
     assert out.stdout.split("\n")[0] == "0 []", out.stdout + out.stderr
 
 
 # --------------------------------------------------------------------------- the listing's hints (issue 30)
+
 
 def _hf_checkpoint(folder, step: int = 10, log_history=None):
     """An HF-Trainer-shaped checkpoint written by torch and safetensors themselves (no Trainer run)."""
@@ -429,7 +492,9 @@ def _hf_checkpoint(folder, step: int = 10, log_history=None):
     torch.save({"lr": 1e-3}, folder / "training_args.bin")
     import json
 
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": log_history or []}))
+    (folder / "trainer_state.json").write_text(
+        json.dumps({"global_step": step, "log_history": log_history or []})
+    )
     (folder / "config.json").write_text("{}")
     return folder
 
@@ -439,8 +504,20 @@ def _damaged_run(root):
     import shutil
 
     good = _hf_checkpoint(root / "checkpoint-10")
-    for step, damage in enumerate(("fifo-json", "fifo-zip", "link-out", "cut-zip", "no-pkl", "cut-st", "bad-json",
-                                   "dir-zip", "bom-json"), start=2):
+    for step, damage in enumerate(
+        (
+            "fifo-json",
+            "fifo-zip",
+            "link-out",
+            "cut-zip",
+            "no-pkl",
+            "cut-st",
+            "bad-json",
+            "dir-zip",
+            "bom-json",
+        ),
+        start=2,
+    ):
         d = root / f"checkpoint-{step * 10}"
         shutil.copytree(good, d)
         if damage == "fifo-json":
@@ -458,7 +535,7 @@ def _damaged_run(root):
         elif damage == "no-pkl":
             data = bytearray((d / "rng_state.pth").read_bytes())
             at = data.index(b"data.pkl")
-            data[at:at + 8] = b"data.pk_"   # the local header's copy of the name: a name mismatch
+            data[at : at + 8] = b"data.pk_"  # the local header's copy of the name: a name mismatch
             (d / "rng_state.pth").write_bytes(bytes(data))
         elif damage == "cut-st":
             data = (d / "model.safetensors").read_bytes()
@@ -477,8 +554,17 @@ def _report(root) -> list:
     from checkpoint_strategy.validate import validate_paths
 
     r = validate_paths([str(root)], level="quick", progress=False)
-    return [(c.path, c.status, c.files_checked, c.bytes_read, [(p.file, p.reason, p.kind) for p in c.problems], c.notes)
-            for c in r.checkpoints] + [r.blind_spots, [s.model_dump() for s in r.safety]]
+    return [
+        (
+            c.path,
+            c.status,
+            c.files_checked,
+            c.bytes_read,
+            [(p.file, p.reason, p.kind) for p in c.problems],
+            c.notes,
+        )
+        for c in r.checkpoints
+    ] + [r.blind_spots, [s.model_dump() for s in r.safety]]
 
 
 def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, monkeypatch):
@@ -492,19 +578,37 @@ def test_listing_hints_give_the_verdicts_of_a_stat_before_every_open(tmp_path, m
     root = _damaged_run(tmp_path / "run")
     hinted = _report(root)
     statuses = [c[1] for c in hinted[:-2]]
-    assert statuses[0] == "valid" and statuses.count("valid") == 2, hinted   # the good one and the link inside
+    assert statuses[0] == "valid" and statuses.count("valid") == 2, (
+        hinted
+    )  # the good one and the link inside
     real_listing = fm.listing_types
-    with monkeypatch.context() as m:   # discover's listing not handed on: the checker lists each folder itself
+    with (
+        monkeypatch.context() as m
+    ):  # discover's listing not handed on: the checker lists each folder itself
         real_discover = fm.discover
-        assert any(f.listing is not None for f in real_discover(str(root))[0])   # (what the patch takes away)
-        m.setattr(fm, "discover", lambda *a, **k: (lambda found, unrec: (
-            [dataclasses.replace(f, listing=None) for f in found], unrec))(*real_discover(*a, **k)))
+        assert any(
+            f.listing is not None for f in real_discover(str(root))[0]
+        )  # (what the patch takes away)
+        m.setattr(
+            fm,
+            "discover",
+            lambda *a, **k: (
+                lambda found, unrec: ([dataclasses.replace(f, listing=None) for f in found], unrec)
+            )(*real_discover(*a, **k)),
+        )
         assert _report(root) == hinted
-    monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)))
-    assert _report(root) == hinted   # no hint: a stat before every open, as before
-    monkeypatch.setattr(fm, "listing_types", lambda p: (lambda got: (got[0], set(got[0])) if got else got)(
-        real_listing(p)))
-    assert _report(root) == hinted   # every name claimed regular: the fstat after the open decides
+    monkeypatch.setattr(
+        fm,
+        "listing_types",
+        lambda p: (lambda got: (got[0], set()) if got else got)(real_listing(p)),
+    )
+    assert _report(root) == hinted  # no hint: a stat before every open, as before
+    monkeypatch.setattr(
+        fm,
+        "listing_types",
+        lambda p: (lambda got: (got[0], set(got[0])) if got else got)(real_listing(p)),
+    )
+    assert _report(root) == hinted  # every name claimed regular: the fstat after the open decides
 
 
 def test_read_small_with_the_hint_refuses_what_is_not_a_regular_file(tmp_path):
@@ -527,8 +631,11 @@ def test_read_small_takes_a_file_that_shrank_as_it_is(tmp_path, monkeypatch):
     p = tmp_path / "config.json"
     p.write_bytes(b'{"a": 1}')
     real_open_fd = storage._open_fd
-    monkeypatch.setattr(storage, "_open_fd", lambda path, what, **kw: (lambda fd, size: (fd, size + 3))(
-        *real_open_fd(path, what, **kw)))
+    monkeypatch.setattr(
+        storage,
+        "_open_fd",
+        lambda path, what, **kw: (lambda fd, size: (fd, size + 3))(*real_open_fd(path, what, **kw)),
+    )
     got = storage.read_small(p, small=100)
     assert not isinstance(got, bytes)
     with got as fh:
@@ -552,8 +659,12 @@ def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_pat
             with monkeypatch.context() as m:
                 m.setattr(fc, "ST_SMALL_BYTES", small)
                 counter = zr.Counter()
-                out.append(([str(r) for r in fc.check_safetensors(str(bad), counter, regular=True)],
-                            counter.bytes_read))
+                out.append(
+                    (
+                        [str(r) for r in fc.check_safetensors(str(bad), counter, regular=True)],
+                        counter.bytes_read,
+                    )
+                )
         return out
 
     seen = set()
@@ -572,8 +683,10 @@ def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_pat
     assert len(seen) >= 5, seen
 
 
-@pytest.mark.parametrize("text", ['{"a": NaN}', '\ufeff{"a": 1}', '{"a": Infinity}', '{"a": -Infinity}', "[1,", "",
-                                  '{"a": 1}'])
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": NaN}', '\ufeff{"a": 1}', '{"a": Infinity}', '{"a": -Infinity}', "[1,", "", '{"a": 1}'],
+)
 def test_strict_json_decoder_built_once_says_what_json_loads_says(text):
     """loads_json without allow_nan uses one decoder built once: the same objects and the same reasons as
     json.loads(parse_constant=...) built per call (a byte-order mark, NaN/Infinity refused, syntax errors)."""
@@ -602,13 +715,18 @@ def test_zip64_records_and_duplicate_names_read_the_same_from_memory(tmp_path, m
 
     p = tmp_path / "z64.pt"
     with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, data in (("archive/data.pkl", b"\x80\x02}q\x00."), ("archive/version", b"3\n"),
-                           ("archive/data/0", b"x" * 10)):
+        for name, data in (
+            ("archive/data.pkl", b"\x80\x02}q\x00."),
+            ("archive/version", b"3\n"),
+            ("archive/data/0", b"x" * 10),
+        ):
             with zf.open(name, "w", force_zip64=True) as fh:
                 fh.write(data)
     t = tmp_path / "torch.pt"
     torch.save({"w": torch.ones(3)}, t)
-    assert b"PK\x06\x06" in t.read_bytes() and b"\x01\x00\x10\x00" in p.read_bytes()   # the records tested
+    assert (
+        b"PK\x06\x06" in t.read_bytes() and b"\x01\x00\x10\x00" in p.read_bytes()
+    )  # the records tested
     for path in (p, t):
         fast = _scan(path, monkeypatch, small)
         assert fast == _scan(path, monkeypatch, False) and fast[0] == [], fast
@@ -616,21 +734,28 @@ def test_zip64_records_and_duplicate_names_read_the_same_from_memory(tmp_path, m
     assert z.entry("archive/data/0").data_start > 0 and z.entry("archive/data.pkl") is z.entries[0]
 
     d = tmp_path / "dup.pt"
-    with zipfile.ZipFile(d, "w", zipfile.ZIP_STORED) as zf, pytest.warns(UserWarning, match="Duplicate name"):
+    with (
+        zipfile.ZipFile(d, "w", zipfile.ZIP_STORED) as zf,
+        pytest.warns(UserWarning, match="Duplicate name"),
+    ):
         for name in ("archive/data.pkl", "archive/a", "archive/b", "archive/b", "archive/a"):
             zf.writestr(name, b"\x80\x02}q\x00.")
     z = fc.scan_zip(str(d), zr.Counter())
-    assert [str(f) for f in z.findings] == ["duplicate entry 'archive/a' in the central directory (torch.load would "
-                                            "refuse or read the wrong one)"]
-    assert z.entry("archive/a") is z.entries[1]   # the first of that name
+    assert [str(f) for f in z.findings] == [
+        "duplicate entry 'archive/a' in the central directory (torch.load would "
+        "refuse or read the wrong one)"
+    ]
+    assert z.entry("archive/a") is z.entries[1]  # the first of that name
 
 
-def test_an_empty_log_history_is_not_handed_to_the_adviser_and_says_what_it_says(tmp_path, monkeypatch):
+def test_an_empty_log_history_is_not_handed_to_the_adviser_and_says_what_it_says(
+    tmp_path, monkeypatch
+):
     """validate's spike check on a run whose newest trainer_state.json has an empty log_history: the same note as
     the adviser's, without loading the adviser (numpy); a log with entries (or log_history twice) still goes to
     it."""
-    from checkpoint_strategy.retention import safety
     from checkpoint_strategy.recovery import advise
+    from checkpoint_strategy.retention import safety
 
     run = tmp_path / "run"
     run.mkdir()
@@ -649,8 +774,12 @@ def test_an_empty_log_history_is_not_handed_to_the_adviser_and_says_what_it_says
     with monkeypatch.context() as m:
         m.setattr(safety, "_no_log_entries", lambda log: False)
         assert safety.read_spike(valid, None, counting) == quick and len(calls) == 1
-    for text in ('{"log_history": [], "log_history": [{"loss": 1.0, "step": 1}]}',
-                 '{"log_history": [{"loss": 1.0, "step": 1}]}', '[]', '{"log_history": {}}'):
+    for text in (
+        '{"log_history": [], "log_history": [{"loss": 1.0, "step": 1}]}',
+        '{"log_history": [{"loss": 1.0, "step": 1}]}',
+        "[]",
+        '{"log_history": {}}',
+    ):
         log.write_text(text)
         assert not safety._no_log_entries(str(log)), text
 
@@ -664,10 +793,17 @@ def test_validate_of_a_run_without_log_entries_does_not_import_numpy(tmp_path):
 
     run = tmp_path / "run"
     _hf_checkpoint(run / "checkpoint-10")
-    code = ("import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '-o', "
-            "sys.argv[2]]); print(rc, 'numpy' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "r.txt")], capture_output=True,
-                         text=True, timeout=120, env=checkout_env())
+    code = (
+        "import sys; from checkpoint_strategy.cli.main import main; rc = main(['validate', sys.argv[1], '-o', "
+        "sys.argv[2]]); print(rc, 'numpy' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(run), str(tmp_path / "r.txt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=checkout_env(),
+    )
     assert out.stdout.split("\n")[0] == "0 False", out.stdout + out.stderr
     assert "no log entries" in (tmp_path / "r.txt").read_text()
 
@@ -684,22 +820,24 @@ def test_an_entry_marked_a_folder_is_refused_as_torch_load_reads_nothing_from_it
     data = bytearray(p.read_bytes())
     name = next(n for n in zipfile.ZipFile(p).namelist() if "/data/" in n)
     cd = data.index(name.encode(), data.index(name.encode()) + 1) - 46
-    data[cd + 38:cd + 42] = struct.pack("<I", 0x10)
+    data[cd + 38 : cd + 42] = struct.pack("<I", 0x10)
     p.write_bytes(bytes(data))
     try:
         loaded = torch.load(io.BytesIO(bytes(data)), weights_only=True)
         same = torch.equal(loaded["w"], torch.arange(6, dtype=torch.float32))
     except Exception:  # noqa: BLE001 - any refusal is "not loadable"
         same = False
-    assert not same   # the oracle: torch.load does not give the tensor back
+    assert not same  # the oracle: torch.load does not give the tensor back
     for small in (True, False):
         counter = zr.Counter()
         with pytest.MonkeyPatch.context() as m:
             if not small:
                 m.setattr(zr, "SMALL_ZIP_BYTES", -1)
             z = fc.scan_zip(str(p), counter, full=not small)
-        assert [str(f) for f in z.findings] == [f"entry {name!r} is marked a folder (external attributes "
-                                                "0x00000010): torch.load reads no bytes from it"]
+        assert [str(f) for f in z.findings] == [
+            f"entry {name!r} is marked a folder (external attributes "
+            "0x00000010): torch.load reads no bytes from it"
+        ]
     q = tmp_path / "with-folder.pt"
     with zipfile.ZipFile(q, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
@@ -724,8 +862,19 @@ def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):
     (real / "loop").symlink_to(real / "loop")
     monkeypatch.chdir(tmp_path)
     cache: dict[str, str] = {}
-    names = ["checkpoint-1", "checkpoint-2", "checkpoint-3", "checkpoint-4", "checkpoint-9", "loop", "..", ".",
-             "checkpoint-1/", "checkpoint-1/..", "name with\nnewline|x"]
+    names = [
+        "checkpoint-1",
+        "checkpoint-2",
+        "checkpoint-3",
+        "checkpoint-4",
+        "checkpoint-9",
+        "loop",
+        "..",
+        ".",
+        "checkpoint-1/",
+        "checkpoint-1/..",
+        "name with\nnewline|x",
+    ]
     for folder in (str(real), str(tmp_path / "via"), "via", "real", "./via/../via"):
         for name in names:
             p = os.path.join(folder, name)
@@ -733,23 +882,28 @@ def test_run_folders_realpath_is_os_realpath(tmp_path, monkeypatch):
     assert _realpath("checkpoint-1", cache) == os.path.realpath("checkpoint-1")
     for n in (1, 2):
         (real / f"checkpoint-{n}" / "trainer_state.json").write_text("{}")
-    valid = [(1, str(real / "checkpoint-1")), (2, str(real / "checkpoint-2")), (4, str(real / "checkpoint-4"))]
+    valid = [
+        (1, str(real / "checkpoint-1")),
+        (2, str(real / "checkpoint-2")),
+        (4, str(real / "checkpoint-4")),
+    ]
     assert default_log(valid) == str(real / "checkpoint-2" / "trainer_state.json")
     assert default_log(valid[:1]) == str(real / "checkpoint-1" / "trainer_state.json")
     assert default_log([]) is None
 
 
-def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, tmp_path, monkeypatch):
+def test_prune_survey_takes_from_the_validator_what_it_would_read_again(
+    hf_run, tmp_path, monkeypatch
+):
     """prune's survey reuses what validation just read (the listing of a folder of regular files and the sizes of
     the files read whole, the emergency marker, trainer_state.json's best_model_checkpoint) instead of reading
     it again: the survey is the same as one that reads everything again, on flat checkpoints, one with a
     subfolder, a link into another checkpoint, an emergency marker, a damaged trainer_state.json, a FIFO."""
     import json
 
-    from checkpoint_strategy.retention import survey as prune_survey
-
-    from checkpoint_strategy.validate import engine as validate
     from checkpoint_strategy.formats.marker import write_marker
+    from checkpoint_strategy.retention import survey as prune_survey
+    from checkpoint_strategy.validate import engine as validate
 
     run = tmp_path / "run"
     src = hf_run.output_dir / "checkpoint-110"
@@ -757,40 +911,56 @@ def test_prune_survey_takes_from_the_validator_what_it_would_read_again(hf_run, 
         shutil.copytree(src, run / f"checkpoint-{step}")
     state = json.loads((src / "trainer_state.json").read_text())
     state["best_model_checkpoint"] = str(run / "checkpoint-20")
-    (run / "checkpoint-60" / "trainer_state.json").write_text(json.dumps(state))   # the newest valid state: best now
+    (run / "checkpoint-60" / "trainer_state.json").write_text(
+        json.dumps(state)
+    )  # the newest valid state: best now
     (run / "checkpoint-40" / "extra").mkdir()
     (run / "checkpoint-40" / "extra" / "notes.txt").write_text("x" * 123)
     (run / "checkpoint-50" / "training_args.bin").unlink()
-    (run / "checkpoint-50" / "training_args.bin").symlink_to(run / "checkpoint-10" / "training_args.bin")
+    (run / "checkpoint-50" / "training_args.bin").symlink_to(
+        run / "checkpoint-10" / "training_args.bin"
+    )
     write_marker(str(run / "checkpoint-60"), event="loss_spike_detected", step=60)
     (run / "checkpoint-20" / "trainer_state.json").write_text("{not json")
     (run / "checkpoint-10" / "README.md").write_text("not read by the checker")
     os.mkfifo(run / "checkpoint-10" / "pipe")
-    (run / "checkpoint-70").symlink_to(run / "checkpoint-60")      # an entry of ROOT that is a link (lstat'ed)
+    (run / "checkpoint-70").symlink_to(
+        run / "checkpoint-60"
+    )  # an entry of ROOT that is a link (lstat'ed)
 
     def picture(s):
         return (s.sizes, s.best, s.emergency, [repr(c) for c in s.candidates], s.notes)
 
     fresh = prune_survey.survey(str(run))
-    assert fresh.results["checkpoint-30"]._seen.flat_names and fresh.results["checkpoint-60"]._seen.marker
-    assert all(r.seen is r._seen for r in fresh.results.values())   # the fast read is the private attribute
+    assert (
+        fresh.results["checkpoint-30"]._seen.flat_names
+        and fresh.results["checkpoint-60"]._seen.marker
+    )
+    assert all(
+        r.seen is r._seen for r in fresh.results.values()
+    )  # the fast read is the private attribute
     assert "seen" not in fresh.results["checkpoint-30"].model_dump()
-    assert fresh.results["checkpoint-10"]._seen.flat_names is None   # the FIFO: walked as before
+    assert fresh.results["checkpoint-10"]._seen.flat_names is None  # the FIFO: walked as before
     real_check = validate.check_with_values
 
-    def forgetful(*a, **k):   # the results as they were before: nothing for the survey to take
+    def forgetful(*a, **k):  # the results as they were before: nothing for the survey to take
         r, outcome = real_check(*a, **k)
         r._seen = None
         return r, outcome
+
     monkeypatch.setattr(prune_survey, "check_with_values", forgetful)
     again = prune_survey.survey(str(run))
     assert picture(fresh) == picture(again)
     assert "checkpoint-20" in fresh.best and "checkpoint-60" in fresh.emergency
     assert fresh.sizes["checkpoint-30"] == _walk_size(str(run / "checkpoint-30"))
-    assert "model.safetensors" in fresh.results["checkpoint-30"].seen.flat_unread   # not read whole: its lstat counts
+    assert (
+        "model.safetensors" in fresh.results["checkpoint-30"].seen.flat_unread
+    )  # not read whole: its lstat counts
     assert fresh.results["checkpoint-30"].seen.flat_read > 0
     link = next(c for c in fresh.candidates if c.name == "checkpoint-70")
-    assert link.symlink and link.links_to == "checkpoint-60" and "checkpoint-70" not in fresh.results
+    assert (
+        link.symlink and link.links_to == "checkpoint-60" and "checkpoint-70" not in fresh.results
+    )
     linked = next(c for c in fresh.candidates if c.name == "checkpoint-50")
     assert linked.links_into and linked.links_into[0][0] == "checkpoint-10"
 
@@ -813,18 +983,27 @@ def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
     for name, f in by_name.items():
         alone = fm.identify(f.path)
         assert (f.format, f.step, f.is_dir) == (alone.format, alone.step, alone.is_dir), name
-    assert by_name["checkpoint-20"].format == "nemo" and by_name["megatron_gpt--step=40.ckpt"].format == "nemo"
+    assert (
+        by_name["checkpoint-20"].format == "nemo"
+        and by_name["megatron_gpt--step=40.ckpt"].format == "nemo"
+    )
     assert by_name["checkpoint-10"].listing == (["trainer_state.json"], {"trainer_state.json"})
-    assert by_name["checkpoint-50"].listing is None   # a link: listed by the checker when it checks it
+    assert (
+        by_name["checkpoint-50"].listing is None
+    )  # a link: listed by the checker when it checks it
 
 
 @settings(max_examples=300, deadline=None)
-@given(name=st.text(st.sampled_from("ab.-_/EMAckptnemo0"), min_size=1, max_size=16),
-       folder=st.sampled_from(["", "run", "/abs/run", "a/b/"]))
+@given(
+    name=st.text(st.sampled_from("ab.-_/EMAckptnemo0"), min_size=1, max_size=16),
+    folder=st.sampled_from(["", "run", "/abs/run", "a/b/"]),
+)
 def test_the_marker_name_discover_looks_for_is_the_marker_path_identify_looks_at(name, folder):
     """discover looks NeMo's -unfinished marker up by name among the names beside a folder (`unfinished_name`),
     identify alone by path (`unfinished_marker`): the same marker for every name a listing gives."""
     from checkpoint_strategy.formats import identify as fm
 
     assume("/" not in name and name not in (".", ".."))
-    assert fm.unfinished_name(name) == os.path.basename(fm.unfinished_marker(os.path.join(folder, name)))
+    assert fm.unfinished_name(name) == os.path.basename(
+        fm.unfinished_marker(os.path.join(folder, name))
+    )

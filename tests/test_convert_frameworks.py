@@ -10,9 +10,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 import convertruns
+import pytest
 
 torch = pytest.importorskip("torch")
 
@@ -48,7 +47,9 @@ def fsdp2(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=["zero1", "zero2", "zero3"])
 def zero(request, tmp_path_factory) -> Path:
     pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra")
-    return convertruns.build_zero(tmp_path_factory.mktemp(f"zero{request.param}"), stage=request.param, world=2)
+    return convertruns.build_zero(
+        tmp_path_factory.mktemp(f"zero{request.param}"), stage=request.param, world=2
+    )
 
 
 def _zero_moments(folder: Path, expected: dict, key: str) -> dict:
@@ -57,25 +58,38 @@ def _zero_moments(folder: Path, expected: dict, key: str) -> dict:
     at the same offset."""
     import math
 
-    osds = [torch.load(folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)
-            ["optimizer_state_dict"] for r in (0, 1)]
+    osds = [
+        torch.load(folder / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt", weights_only=False)[
+            "optimizer_state_dict"
+        ]
+        for r in (0, 1)
+    ]
     out, at = {}, 0
     if "fp32_flat_groups" in osds[0]:
         for name, v in expected.items():
             part = math.ceil(v.numel() / 2)
-            out[name] = torch.cat([o["optimizer_state_dict"]["state"][0][key][at:at + part] for o in osds]
-                                  )[:v.numel()].view(v.shape)
+            out[name] = torch.cat(
+                [o["optimizer_state_dict"]["state"][0][key][at : at + part] for o in osds]
+            )[: v.numel()].view(v.shape)
             at += part
         return out
-    flat = torch.cat([o["base_optimizer_state"]["state"][0][key][:o["single_partition_of_fp32_groups"][0].numel()]
-                      for o in osds])
+    flat = torch.cat(
+        [
+            o["base_optimizer_state"]["state"][0][key][
+                : o["single_partition_of_fp32_groups"][0].numel()
+            ]
+            for o in osds
+        ]
+    )
     for name, v in expected.items():
-        out[name] = flat[at:at + v.numel()].view(v.shape)
+        out[name] = flat[at : at + v.numel()].view(v.shape)
         at += v.numel()
     return out
 
 
-def test_hf_trainer_checkpoint_to_dcp_and_back_to_safetensors_same_logits(cli_run, hf_run, tmp_path):
+def test_hf_trainer_checkpoint_to_dcp_and_back_to_safetensors_same_logits(
+    cli_run, hf_run, tmp_path
+):
     ckpt = hf_run.output_dir / "checkpoint-100"
     r = cli_run("convert", ckpt, tmp_path / "dcp", "--to", "dcp", "--format", "json")
     assert r.rc == 0 and r.json()["check"]["ok"], r.out
@@ -84,7 +98,9 @@ def test_hf_trainer_checkpoint_to_dcp_and_back_to_safetensors_same_logits(cli_ru
     dcp_to_torch_save(str(tmp_path / "dcp"), str(tmp_path / "back.pt"))
     src = _st(ckpt)
     _equal(src, torch.load(tmp_path / "back.pt", weights_only=True))
-    r = cli_run("convert", tmp_path / "dcp", tmp_path / "st", "--to", "safetensors", "--format", "json")
+    r = cli_run(
+        "convert", tmp_path / "dcp", tmp_path / "st", "--to", "safetensors", "--format", "json"
+    )
     assert r.rc == 0, r.err
     _equal(src, _st(tmp_path / "st"))
     shutil.copy(ckpt / "config.json", tmp_path / "st" / "config.json")
@@ -138,7 +154,9 @@ def test_lightning_ckpt_to_safetensors_and_full(cli_run, lightning_run, tmp_path
     src = torch.load(ckpt, weights_only=False)
     r = cli_run("convert", ckpt, tmp_path / "st", "--to", "safetensors", "--format", "json")
     report = r.json()
-    assert r.rc == 0 and report["selected"] == "state_dict" and report["source_format"] == "lightning", r.out
+    assert (
+        r.rc == 0 and report["selected"] == "state_dict" and report["source_format"] == "lightning"
+    ), r.out
     assert "optimizer_states" in report["left_out"][0]
     _equal(src["state_dict"], _st(tmp_path / "st"))
     r = cli_run("convert", ckpt, tmp_path / "full.pt", "--to", "full", "--format", "json")
@@ -170,7 +188,9 @@ def test_fsdp2_dcp_from_two_ranks_to_full_and_safetensors(cli_run, fsdp2, tmp_pa
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     dcp_to_torch_save(str(folder), str(tmp_path / "torch-consolidated.pt"))
-    r = cli_run("convert", folder, tmp_path / "torch-consolidated.pt", "--check-only", "--format", "json")
+    r = cli_run(
+        "convert", folder, tmp_path / "torch-consolidated.pt", "--check-only", "--format", "json"
+    )
     assert r.rc == 0 and r.json()["check"]["equal"] == r.json()["check"]["compared"] == 16, r.out
 
 
@@ -181,7 +201,9 @@ def test_dcp_written_by_convert_loads_in_one_and_two_process_runs(cli_run, fsdp2
     assert r.rc == 0, r.err
     assert sorted(p.name for p in (tmp_path / "dcp").iterdir()) == [".metadata", "__0_0.distcp"]
     for world in (1, 2):
-        loaded = torch.load(convertruns.load_dcp_in_run(tmp_path, tmp_path / "dcp", world), weights_only=True)
+        loaded = torch.load(
+            convertruns.load_dcp_in_run(tmp_path, tmp_path / "dcp", world), weights_only=True
+        )
         _equal(ref["model"], loaded)
 
 
@@ -189,10 +211,14 @@ def test_zero_two_ranks_to_full_matches_zero_to_fp32_and_partitions(cli_run, zer
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     expected = get_fp32_state_dict_from_zero_checkpoint(str(zero.parent), tag=zero.name)
-    r = cli_run("convert", zero.parent, tmp_path / "full.pt", "--to", "full", "--format", "json")  # via `latest`
+    r = cli_run(
+        "convert", zero.parent, tmp_path / "full.pt", "--to", "full", "--format", "json"
+    )  # via `latest`
     report = r.json()
     assert r.rc == 0 and report["source_format"].startswith("deepspeed-zero"), r.out
-    assert report["check"]["optimizer"]["complete"] and report["check"]["optimizer"]["parameters"] == len(expected)
+    assert report["check"]["optimizer"]["complete"] and report["check"]["optimizer"][
+        "parameters"
+    ] == len(expected)
     full = torch.load(tmp_path / "full.pt", weights_only=True)
     _equal({k: v.contiguous() for k, v in expected.items()}, full["model"])
     deep = cli_run("validate", tmp_path / "full.pt", "--level", "deep", "--format", "json")
@@ -208,9 +234,12 @@ def test_zero_two_ranks_to_full_matches_zero_to_fp32_and_partitions(cli_run, zer
     # zero_to_fp32's own output (views of one flat vector, torch.save'd) checked against the rank files
     from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_fp32_state_dict
 
-    convert_zero_checkpoint_to_fp32_state_dict(str(zero.parent), str(tmp_path / "ds"), tag=zero.name,
-                                               safe_serialization=False)
-    r = cli_run("convert", zero, tmp_path / "ds" / "pytorch_model.bin", "--check-only", "--format", "json")
+    convert_zero_checkpoint_to_fp32_state_dict(
+        str(zero.parent), str(tmp_path / "ds"), tag=zero.name, safe_serialization=False
+    )
+    r = cli_run(
+        "convert", zero, tmp_path / "ds" / "pytorch_model.bin", "--check-only", "--format", "json"
+    )
     assert r.rc == 0 and r.json()["check"]["equal"] == len(expected), r.out
 
 
@@ -222,7 +251,9 @@ def test_validate_names_the_convert_command_and_it_runs(cli_run, zero, tmp_path,
     r = cli_run("validate", run / zero.name, "--target-gpus", "4", "--format", "json")
     command = r.json()["hardware_move"]["convert"]
     # written beside the run folder, never into it (issue 42)
-    assert command == f"checkpoint-strategy convert {run / zero.name} {run}-{zero.name}-dcp --to dcp"
+    assert (
+        command == f"checkpoint-strategy convert {run / zero.name} {run}-{zero.name}-dcp --to dcp"
+    )
     argv = shlex.split(command)
     assert cli_run(*argv[1:]).rc == 0
     assert (run.parent / f"run-{zero.name}-dcp" / ".metadata").is_file()
@@ -235,23 +266,31 @@ def test_validate_names_the_convert_command_and_it_runs(cli_run, zero, tmp_path,
 def test_zero_with_a_rank_file_missing_exit_2(cli_run, zero, copy_of, tmp_path):
     broken = copy_of(zero, "global_step4")
     (broken / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    cli_run("convert", broken, tmp_path / "out", "--to", "safetensors").usage_error("partition_count says 2")
+    cli_run("convert", broken, tmp_path / "out", "--to", "safetensors").usage_error(
+        "partition_count says 2"
+    )
     assert not (tmp_path / "out").exists()
     # validate sees the same tag as incomplete (dp_world_size 2 in the model states), never valid and resumable
     r = cli_run("validate", broken, "--format", "json")
     (c,) = r.json()["checkpoints"]
     assert r.rc == 1 and c["status"] == "incomplete", c
-    assert any("optimizer shard for ZeRO rank 1" in p["reason"] for p in c["problems"]), c["problems"]
+    assert any("optimizer shard for ZeRO rank 1" in p["reason"] for p in c["problems"]), c[
+        "problems"
+    ]
 
 
-def test_zero_buffer_or_shared_name_over_a_parameter_is_refused_by_name(cli_run, zero, copy_of, tmp_path):
+def test_zero_buffer_or_shared_name_over_a_parameter_is_refused_by_name(
+    cli_run, zero, copy_of, tmp_path
+):
     """The real run's model states with a buffer_names / shared_params entry naming a parameter (issue 40: it
     replaced that weight silently, PASS): refused by name, nothing written; the run itself converts."""
     for edit in ("buffer_names", "shared_params"):
         broken = copy_of(zero, f"global_step4-{edit}")
-        path = broken / "mp_rank_00_model_states.pt"    # ZeRO-3: each rank's own, convert reads rank 0's
+        path = (
+            broken / "mp_rank_00_model_states.pt"
+        )  # ZeRO-3: each rank's own, convert reads rank 0's
         path = path if path.exists() else broken / "zero_pp_rank_0_mp_rank_00_model_states.pt"
-        states = torch.load(path, weights_only=False)   # the test may unpickle DeepSpeed's own file
+        states = torch.load(path, weights_only=False)  # the test may unpickle DeepSpeed's own file
         first = next(iter(states["param_shapes"][0]))
         other = list(states["param_shapes"][0])[-1]
         if edit == "buffer_names":
@@ -260,5 +299,7 @@ def test_zero_buffer_or_shared_name_over_a_parameter_is_refused_by_name(cli_run,
         else:
             states["shared_params"] = {first: other}
         torch.save(states, path)
-        line = cli_run("convert", broken, tmp_path / f"{edit}.pt", "--to", "full").usage_error("replace the other")
+        line = cli_run("convert", broken, tmp_path / f"{edit}.pt", "--to", "full").usage_error(
+            "replace the other"
+        )
         assert first in line and not (tmp_path / f"{edit}.pt").exists()

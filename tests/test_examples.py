@@ -33,7 +33,14 @@ SIZE = ["100000", "2.5", "500", "--model-size-gb", "4"]
 EXAMPLES: dict[str, list[str]] = {
     "plan": ["plan", *SIZE],
     "simulate": ["simulate", *SIZE, "--runs", "2000"],
-    "tradeoffs": ["tradeoffs", *SIZE, "--sweep-frequencies", "500,1000,2000", "--sweep-keep-last", "2,5,10"],
+    "tradeoffs": [
+        "tradeoffs",
+        *SIZE,
+        "--sweep-frequencies",
+        "500,1000,2000",
+        "--sweep-keep-last",
+        "2,5,10",
+    ],
     "recover": ["recover", "train.jsonl", "--checkpoints", "run"],
     "verify-resume": ["verify-resume", "resumed.jsonl", "--resume-step", "2000"],
     "validate": ["validate", "run"],
@@ -49,19 +56,61 @@ MORE: dict[str, list[str]] = {
     "validate-damaged": ["validate", "damaged"],
     "prune-damaged": ["prune", "damaged", "--keep-last", "1"],
     "release-gate-fail": ["release-gate", "damaged/checkpoint-30"],
-    "handoff-json": ["handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl", "--dry-run", "--format", "json"],
-    "on-event-json": ["on-event", "events.json", "--log", "train.jsonl", "--checkpoints", "run", "--format", "json"],
+    "handoff-json": [
+        "handoff",
+        *SIZE,
+        "--checkpoints",
+        "run",
+        "--log",
+        "train.jsonl",
+        "--dry-run",
+        "--format",
+        "json",
+    ],
+    "on-event-json": [
+        "on-event",
+        "events.json",
+        "--log",
+        "train.jsonl",
+        "--checkpoints",
+        "run",
+        "--format",
+        "json",
+    ],
     "validate-target-gpus": ["validate", "run", "--target-gpus", "16"],
-    "export-hf-sharded": ["export", "--framework", "hf", "--framework-version", "4.46", *SIZE, "--formats",
-                          "sharded,full_state_dict"],
+    "export-hf-sharded": [
+        "export",
+        "--framework",
+        "hf",
+        "--framework-version",
+        "4.46",
+        *SIZE,
+        "--formats",
+        "sharded,full_state_dict",
+    ],
 }
 # Longer examples of the reference pages: the golden starts with the command line ("$ ...").
 G2048 = ["100000", "2.5", "500", "--model_size_gb", "4", "--gpus", "2048", "--spike-rate", "0.02"]
 SHOWN: dict[str, list[str]] = {
     "simulate-2048": ["simulate", *G2048, "--runs", "20000", "--seed", "1"],
-    "simulate-2048-keep1": ["simulate", *G2048, "--runs", "20000", "--seed", "1", "--keep-last", "1"],
-    "tradeoffs-2048": ["tradeoffs", *G2048, "--sweep-frequencies", "100,250,500,1000,2000,5000",
-                       "--sweep-keep-last", "1,2,3,5,10"],
+    "simulate-2048-keep1": [
+        "simulate",
+        *G2048,
+        "--runs",
+        "20000",
+        "--seed",
+        "1",
+        "--keep-last",
+        "1",
+    ],
+    "tradeoffs-2048": [
+        "tradeoffs",
+        *G2048,
+        "--sweep-frequencies",
+        "100,250,500,1000,2000,5000",
+        "--sweep-keep-last",
+        "1,2,3,5,10",
+    ],
 }
 
 
@@ -69,7 +118,9 @@ def _example_builder():
     """examples/make-example-run.py, the script the README tells a user to run (the repo ships it)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("make_example_run", ROOT / "examples" / "make-example-run.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_example_run", ROOT / "examples" / "make-example-run.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -107,7 +158,9 @@ def check_golden(name: str, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     assert path.is_file(), f"no golden {name}: run with UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8"), f"{name} changed: check it, then UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{name} changed: check it, then UPDATE_GOLDEN=1"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -131,14 +184,28 @@ def test_shown_example_output(name, inputs, cli_run, monkeypatch):
     monkeypatch.chdir(inputs)
     result = cli_run(*SHOWN[name])
     assert result.rc == 0 and result.err == "", result.err
-    check_golden(f"examples/{name}.txt", f"$ checkpoint-strategy {' '.join(SHOWN[name])}\n" + result.out)
+    check_golden(
+        f"examples/{name}.txt", f"$ checkpoint-strategy {' '.join(SHOWN[name])}\n" + result.out
+    )
 
 
-AGENT_STATE = {"schema_version": 1, "session_id": "sess-20250301-0900", "status": "in_progress",
-               "last_updated": "2025-03-01T09:00:00Z", "next_step": "launch the 1B run",
-               "completed_steps": ["tokenizer", "data pipeline"], "notes": [],
-               "pending_risks": ["eval set not frozen"], "changed_files": ["train.py"]}
-JSONL_LINE = {"ts": "2025-03-01T09:00:00Z", "step": "data pipeline", "status": "done", "detail": "shards verified"}
+AGENT_STATE = {
+    "schema_version": 1,
+    "session_id": "sess-20250301-0900",
+    "status": "in_progress",
+    "last_updated": "2025-03-01T09:00:00Z",
+    "next_step": "launch the 1B run",
+    "completed_steps": ["tokenizer", "data pipeline"],
+    "notes": [],
+    "pending_risks": ["eval set not frozen"],
+    "changed_files": ["train.py"],
+}
+JSONL_LINE = {
+    "ts": "2025-03-01T09:00:00Z",
+    "step": "data pipeline",
+    "status": "done",
+    "detail": "shards verified",
+}
 
 
 def test_handoff_into_a_session_handoff_state_folder(inputs, cli_run, monkeypatch, tmp_path):
@@ -151,8 +218,14 @@ def test_handoff_into_a_session_handoff_state_folder(inputs, cli_run, monkeypatc
     result = cli_run("handoff", *SIZE, "--checkpoints", "run", "--log", "train.jsonl")
     assert result.rc == 0 and result.err == "", result.err
     check_golden("examples/handoff-walkthrough.txt", normalise(result.out, inputs))
-    check_golden("examples/handoff-agent-state.txt", normalise((state / "agent-state.json").read_text(), inputs))
-    check_golden("examples/handoff-checkpoint-jsonl.txt", normalise((state / "checkpoint.jsonl").read_text(), inputs))
+    check_golden(
+        "examples/handoff-agent-state.txt",
+        normalise((state / "agent-state.json").read_text(), inputs),
+    )
+    check_golden(
+        "examples/handoff-checkpoint-jsonl.txt",
+        normalise((state / "checkpoint.jsonl").read_text(), inputs),
+    )
     assert "<!-- checkpoint-strategy:begin -->" in (state / "NEXT_ACTION.md").read_text()
 
 
@@ -162,15 +235,20 @@ def test_every_command_has_an_example():
     assert set(EXAMPLES) == set(COMMANDS)
 
 
-MARKER = re.compile(r"<!-- golden: (?P<name>\S+?)(?: lines=(?P<a>\d+)-(?P<b>\d+))? -->\n"
-                    r"(?P<fence>```[a-z]*\n)(?P<body>.*?)```", re.S)
+MARKER = re.compile(
+    r"<!-- golden: (?P<name>\S+?)(?: lines=(?P<a>\d+)-(?P<b>\d+))? -->\n"
+    r"(?P<fence>```[a-z]*\n)(?P<body>.*?)```",
+    re.S,
+)
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def expected_block(name: str, a: str | None, b: str | None) -> str:
-    text = (ROOT / name).read_text(encoding="utf-8")  # the marker names the file from the repository's root
+    text = (ROOT / name).read_text(
+        encoding="utf-8"
+    )  # the marker names the file from the repository's root
     if a is not None:
-        text = "".join(text.splitlines(keepends=True)[int(a) - 1:int(b)])
+        text = "".join(text.splitlines(keepends=True)[int(a) - 1 : int(b)])
     return text if text.endswith("\n") else text + "\n"
 
 
@@ -178,21 +256,30 @@ def expected_block(name: str, a: str | None, b: str | None) -> str:
 def test_pasted_blocks_match_their_golden(doc):
     text = doc.read_text(encoding="utf-8")
     if UPDATE:
-        new = MARKER.sub(lambda m: m.group(0).replace(m.group("fence") + m.group("body"),
-                                                      m.group("fence") + expected_block(m["name"], m["a"], m["b"]),
-                                                      1), text)
+        new = MARKER.sub(
+            lambda m: m.group(0).replace(
+                m.group("fence") + m.group("body"),
+                m.group("fence") + expected_block(m["name"], m["a"], m["b"]),
+                1,
+            ),
+            text,
+        )
         if new != text:
             doc.write_text(new, encoding="utf-8")
             text = new
     for m in MARKER.finditer(text):
-        assert m["name"].startswith("tests/golden/") and (ROOT / m["name"]).is_file(), \
+        assert m["name"].startswith("tests/golden/") and (ROOT / m["name"]).is_file(), (
             f"{doc.name}: no golden file {m['name']} (named from the repository's root: tests/golden/...)"
-        assert m["body"] == expected_block(m["name"], m["a"], m["b"]), \
+        )
+        assert m["body"] == expected_block(m["name"], m["a"], m["b"]), (
             f"{doc.name}: the block after <!-- golden: {m['name']} --> differs; run with UPDATE_GOLDEN=1"
+        )
 
 
 def test_markers_are_found():
-    assert any(MARKER.search(p.read_text(encoding="utf-8")) for p in DOCS), "no golden-checked example at all"
+    assert any(MARKER.search(p.read_text(encoding="utf-8")) for p in DOCS), (
+        "no golden-checked example at all"
+    )
 
 
 # --------------------------------------------------------------------------- the README, as a new user runs it
@@ -207,13 +294,15 @@ def fenced_blocks(text: str):
             j = i + 1
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
-            yield lines[i][3:].strip(), lines[i + 1:j], lines[j + 1] if j + 1 < len(lines) else ""
+            yield lines[i][3:].strip(), lines[i + 1 : j], lines[j + 1] if j + 1 < len(lines) else ""
             i = j + 1
         else:
             i += 1
 
 
-GOLDEN_MARK = re.compile(r"<!-- golden: tests/golden/examples/(?P<name>\S+?)\.txt(?: lines=\d+-\d+)? -->")
+GOLDEN_MARK = re.compile(
+    r"<!-- golden: tests/golden/examples/(?P<name>\S+?)\.txt(?: lines=\d+-\d+)? -->"
+)
 
 
 def readme_examples(text: str) -> tuple[list[str], list[tuple[str, str]]]:
@@ -246,7 +335,9 @@ def test_readme_has_one_example_per_command_and_they_are_the_golden_ones():
     assert sorted(names) == sorted(COMMANDS), "one README example per command"
     for line, name in examples:
         argv = shlex.split(line)[1:]
-        assert argv in (EXAMPLES[name], EXAMPLES[name][1:]), f"README's {name} example is not the golden-checked one"
+        assert argv in (EXAMPLES[name], EXAMPLES[name][1:]), (
+            f"README's {name} example is not the golden-checked one"
+        )
 
 
 def test_readme_is_read_in_five_minutes():
@@ -270,14 +361,28 @@ def _run_line(line: str, cwd: Path, copy: Path) -> tuple[Path, str]:
             cwd = cwd / argv[1]
             assert cwd.is_dir(), f"{line}: no folder {argv[1]}"
             continue
-        program = {"python3": [sys.executable],
-                   "checkpoint-strategy": [sys.executable, str(copy / "scripts" / "checkpoint-strategy")]}
-        if argv[:3] == ["python3", "-m", "checkpoint_strategy"]:   # the installed package: this copy's
+        program = {
+            "python3": [sys.executable],
+            "checkpoint-strategy": [sys.executable, str(copy / "scripts" / "checkpoint-strategy")],
+        }
+        if argv[:3] == [
+            "python3",
+            "-m",
+            "checkpoint_strategy",
+        ]:  # the installed package: this copy's
             argv = ["checkpoint-strategy", *argv[3:]]
         assert argv[0] in program, f"README command the test cannot run as written: {line}"
-        proc = subprocess.run(program[argv[0]] + argv[1:], cwd=cwd, capture_output=True, text=True, timeout=300,
-                              env=checkout_env(PYTHONPATH=str(copy / "scripts")))
-        assert proc.returncode in (0, 1) and proc.stderr == "", f"{line}: exit {proc.returncode}: {proc.stderr}"
+        proc = subprocess.run(
+            program[argv[0]] + argv[1:],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=checkout_env(PYTHONPATH=str(copy / "scripts")),
+        )
+        assert proc.returncode in (0, 1) and proc.stderr == "", (
+            f"{line}: exit {proc.returncode}: {proc.stderr}"
+        )
         out = proc.stdout
     return cwd, out
 
@@ -295,9 +400,16 @@ def test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo(tmp_path):
 
     copy = shipped_copy(tmp_path / "checkpoint-strategy")
     readme = (copy / "README.md").read_text(encoding="utf-8")
-    (quick,) = [line for _, body, _ in fenced_blocks(readme) for line in body if line.startswith(QUICK_START)]
+    (quick,) = [
+        line
+        for _, body, _ in fenced_blocks(readme)
+        for line in body
+        if line.startswith(QUICK_START)
+    ]
     _, out = _run_line(quick.split(" && ", 1)[1], copy, copy)
-    assert out == (GOLDEN / "examples" / "plan.txt").read_text(encoding="utf-8"), "the quick start's plan changed"
+    assert out == (GOLDEN / "examples" / "plan.txt").read_text(encoding="utf-8"), (
+        "the quick start's plan changed"
+    )
     setup, examples = readme_examples(readme)
     cwd = copy
     for line in setup:
@@ -306,15 +418,18 @@ def test_readme_examples_run_as_written_in_a_fresh_copy_of_the_repo(tmp_path):
     for line, name in examples:
         _, out = _run_line(line, cwd, copy)
         out = out.replace(launcher, 'python3 "${CLAUDE_SKILL_DIR}/scripts/checkpoint-strategy"')
-        assert normalise(out, cwd) == (GOLDEN / "examples" / f"{name}.txt").read_text(encoding="utf-8"), \
-            f"README example {line!r} in a fresh copy differs from its golden examples/{name}.txt"
+        assert normalise(out, cwd) == (GOLDEN / "examples" / f"{name}.txt").read_text(
+            encoding="utf-8"
+        ), f"README example {line!r} in a fresh copy differs from its golden examples/{name}.txt"
 
 
 # --------------------------------------------------------------------------- the sample builder itself
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
 
 
 def test_sample_is_the_same_bytes_every_time_and_small(tmp_path):
@@ -324,8 +439,15 @@ def test_sample_is_the_same_bytes_every_time_and_small(tmp_path):
     assert a == _tree(tmp_path / "b")
     assert sum(len(v) for v in a.values()) < 150_000
     names = {Path(k).name for k in a if k.startswith("run/checkpoint-2000/")}
-    assert names == {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
-                     "training_args.bin", "trainer_state.json"}
+    assert names == {
+        "model.safetensors",
+        "config.json",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "training_args.bin",
+        "trainer_state.json",
+    }
 
 
 def test_sample_pickles_are_what_torch_load_reads(tmp_path, cli_run):
@@ -336,18 +458,24 @@ def test_sample_pickles_are_what_torch_load_reads(tmp_path, cli_run):
     build_inputs(tmp_path)
     ckpt = tmp_path / "run" / "checkpoint-2000"
     opt = torch.load(ckpt / "optimizer.pt", weights_only=True)
-    assert set(opt["state"][0]) == {"step", "exp_avg", "exp_avg_sq"} and opt["param_groups"][0]["params"] == [0]
+    assert set(opt["state"][0]) == {"step", "exp_avg", "exp_avg_sq"} and opt["param_groups"][0][
+        "params"
+    ] == [0]
     assert float(opt["state"][0]["step"]) == 2000.0 and opt["state"][0]["exp_avg"].shape == (4,)
     assert torch.load(ckpt / "scheduler.pt", weights_only=True)["last_epoch"] == 2000
     assert torch.load(ckpt / "rng_state.pth", weights_only=True)["cpu"].dtype == torch.uint8
     with pytest.raises(Exception, match="TrainingArguments"):
         torch.load(ckpt / "training_args.bin", weights_only=True)
-    deep = cli_run("validate", str(ckpt), "--level", "deep", "--format", "json").json()["checkpoints"][0]
+    deep = cli_run("validate", str(ckpt), "--level", "deep", "--format", "json").json()[
+        "checkpoints"
+    ][0]
     assert deep["status"] == "valid" and deep["deep"]["optimizer"]["kind"] == "adam"
     from safetensors.torch import load_file
 
     weights = load_file(ckpt / "model.safetensors")["w"]
-    assert deep["deep"]["weights_norm"] == pytest.approx(float(torch.linalg.vector_norm(weights)), rel=1e-6)
+    assert deep["deep"]["weights_norm"] == pytest.approx(
+        float(torch.linalg.vector_norm(weights)), rel=1e-6
+    )
 
 
 def test_sample_builder_bad_target_is_one_line_exit_2(tmp_path):
@@ -357,6 +485,13 @@ def test_sample_builder_bad_target_is_one_line_exit_2(tmp_path):
     from cliresult import checkout_env
 
     (tmp_path / "a-file").write_text("x")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "make-example-run.py"), str(tmp_path / "a-file")],
-                          capture_output=True, text=True, timeout=60, env=checkout_env())
-    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make-example-run.py"), str(tmp_path / "a-file")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=checkout_env(),
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and len(proc.stderr.splitlines()) == 1, (
+        proc.stderr
+    )

@@ -14,14 +14,13 @@ import os
 import shutil
 
 import pytest
-
 import realruns
-from checkpoint_strategy.validate import validate_checkpoint, validate_paths
+
 from checkpoint_strategy.export import export_plan, render_export
 from checkpoint_strategy.export.common import grid_saves, kept_at_end
 from checkpoint_strategy.planning.options import validate_arguments
 from checkpoint_strategy.planning.planner import plan
-
+from checkpoint_strategy.validate import validate_checkpoint, validate_paths
 
 
 def exported(framework, version, **plan_args):
@@ -37,6 +36,7 @@ def run_code(code: str) -> dict:
 
 
 # --------------------------------------------------------------------------- hf
+
 
 def test_hf_exported_kwargs_build_training_arguments_and_keep_exactly_the_plan(tmp_path):
     from transformers import TrainingArguments
@@ -54,39 +54,62 @@ def test_hf_milestones_outside_the_window_leave_rotation_to_the_callback(tmp_pat
     export, code = exported("hf", None, total_steps=20, frequency=5, keep_last=2, milestones=[5])
     kwargs = run_code(code)["checkpoint_kwargs"]
     assert "save_total_limit" not in kwargs
-    assert "HFCheckpointStrategy" in code   # the emitted file says what holds the milestones
+    assert "HFCheckpointStrategy" in code  # the emitted file says what holds the milestones
     run = realruns.run_hf_with_kwargs(tmp_path, kwargs)
     assert run.saved == grid_saves(export.schedule) == [5, 10, 15, 20]
-    assert run.kept == [5, 10, 15, 20]       # nothing rotated natively: the callback's job
+    assert run.kept == [5, 10, 15, 20]  # nothing rotated natively: the callback's job
 
 
 # --------------------------------------------------------------------------- lightning
 
+
 def test_lightning_exported_callbacks_save_and_keep_exactly_the_plan(tmp_path):
-    export, code = exported("lightning", None, total_steps=25, frequency=5, keep_last=2, milestones=[10, 20])
+    export, code = exported(
+        "lightning", None, total_steps=25, frequency=5, keep_last=2, milestones=[10, 20]
+    )
     ns = run_code(code)
-    assert export.schedule.async_save   # the emitted AsyncCheckpointIO plugin is used too
-    run = realruns.run_lightning_with_callbacks(tmp_path, ns["checkpoint_callbacks"], max_steps=25,
-                                                plugins=ns["trainer_plugins"]())
+    assert export.schedule.async_save  # the emitted AsyncCheckpointIO plugin is used too
+    run = realruns.run_lightning_with_callbacks(
+        tmp_path, ns["checkpoint_callbacks"], max_steps=25, plugins=ns["trainer_plugins"]()
+    )
     assert sorted(set(run.saved)) == grid_saves(export.schedule) == [5, 10, 15, 20, 25]
     assert run.kept == kept_at_end(export.schedule) == [10, 20, 25]
-    assert run.names == ["milestone-step=10.ckpt", "milestone-step=20.ckpt", "step=20.ckpt", "step=25.ckpt"]
+    assert run.names == [
+        "milestone-step=10.ckpt",
+        "milestone-step=20.ckpt",
+        "step=20.ckpt",
+        "step=25.ckpt",
+    ]
     report = validate_paths([str(run.folder)])
     assert report.summary.valid == 4 and all(c.resumable for c in report.checkpoints)
 
 
 # --------------------------------------------------------------------------- orbax
 
+
 def _orbax():
-    return pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install "
-                                                          "orbax-checkpoint 'jax[cpu]' (or '.[test,frameworks]')")
+    return pytest.importorskip(
+        "orbax.checkpoint",
+        reason="Orbax is in the frameworks extra: pip install "
+        "orbax-checkpoint 'jax[cpu]' (or '.[test,frameworks]')",
+    )
 
 
-@pytest.mark.parametrize("plan_args, saved, kept", [
-    (dict(total_steps=22, frequency=4, keep_last=2, milestones=[6, 10]), [4, 6, 8, 10, 12, 16, 20, 22], [6, 10, 20, 22]),
-    (dict(total_steps=24, frequency=3, keep_last=2, milestones=[8, 16, 24]),
-     [3, 6, 8, 9, 12, 15, 16, 18, 21, 24], [8, 16, 21, 24]),
-])
+@pytest.mark.parametrize(
+    "plan_args, saved, kept",
+    [
+        (
+            dict(total_steps=22, frequency=4, keep_last=2, milestones=[6, 10]),
+            [4, 6, 8, 10, 12, 16, 20, 22],
+            [6, 10, 20, 22],
+        ),
+        (
+            dict(total_steps=24, frequency=3, keep_last=2, milestones=[8, 16, 24]),
+            [3, 6, 8, 9, 12, 15, 16, 18, 21, 24],
+            [8, 16, 21, 24],
+        ),
+    ],
+)
 def test_orbax_exported_options_save_and_keep_exactly_the_plan(plan_args, saved, kept, tmp_path):
     _orbax()
     export, code = exported("orbax", None, **plan_args)
@@ -98,14 +121,20 @@ def test_orbax_exported_options_save_and_keep_exactly_the_plan(plan_args, saved,
     # the validator reads the real layout: commit_success.txt, _CHECKPOINT_METADATA, ocdbt; optimizer state seen
     report = validate_paths([str(run.folder)], level="full")
     assert [c.step for c in report.checkpoints] == kept
-    assert all(c.status == "valid" and c.format == "orbax" and c.resumable for c in report.checkpoints)
+    assert all(
+        c.status == "valid" and c.format == "orbax" and c.resumable for c in report.checkpoints
+    )
 
 
 @pytest.fixture(scope="module")
 def orbax_folder(tmp_path_factory):
     _orbax()
-    export, code = exported("orbax", None, total_steps=8, frequency=4, keep_last=2, milestones="none")
-    return realruns.run_orbax_with_options(tmp_path_factory.mktemp("orbax"), run_code(code)["options"], 8).folder
+    export, code = exported(
+        "orbax", None, total_steps=8, frequency=4, keep_last=2, milestones="none"
+    )
+    return realruns.run_orbax_with_options(
+        tmp_path_factory.mktemp("orbax"), run_code(code)["options"], 8
+    ).folder
 
 
 def test_orbax_step_without_its_commit_file_is_incomplete(orbax_folder, tmp_path):
@@ -126,7 +155,10 @@ def test_orbax_truncated_item_metadata_is_invalid(orbax_folder, tmp_path):
     meta.write_bytes(meta.read_bytes()[:40])
     result = validate_checkpoint(root / "4")
     assert result.status == "invalid"
-    assert any(p.file == os.path.join("default", "_METADATA") and "JSON" in p.reason for p in result.problems)
+    assert any(
+        p.file == os.path.join("default", "_METADATA") and "JSON" in p.reason
+        for p in result.problems
+    )
 
 
 def test_orbax_save_killed_mid_write_is_in_flight(orbax_killed_save):
@@ -138,6 +170,7 @@ def test_orbax_save_killed_mid_write_is_in_flight(orbax_killed_save):
 
 
 # --------------------------------------------------------------------------- torchtitan layout (plain DCP)
+
 
 def test_torchtitan_full_step_resumes_and_model_only_final_does_not(torchtitan_layout):
     report = validate_paths([str(torchtitan_layout)], level="full")
@@ -160,11 +193,14 @@ def test_torchtitan_torn_copy_names_the_missing_shard(torchtitan_layout, copy_of
 
 # --------------------------------------------------------------------------- deepspeed
 
+
 def test_deepspeed_zero1_save_is_valid(deepspeed_run):
     report = validate_paths([str(deepspeed_run)], level="full")
     assert [c.step for c in report.checkpoints] == [3, 6]
-    assert all(c.status == "valid" and c.format == "deepspeed" and c.resumable and c.sharded
-               for c in report.checkpoints)
+    assert all(
+        c.status == "valid" and c.format == "deepspeed" and c.resumable and c.sharded
+        for c in report.checkpoints
+    )
     assert (deepspeed_run / "latest").read_text().strip() == "global_step6"
 
 
@@ -173,7 +209,7 @@ def test_deepspeed_torn_copies(deepspeed_run, tmp_path):
     shutil.copytree(deepspeed_run, root)
     optim = root / "global_step3" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     optim.write_bytes(optim.read_bytes()[: optim.stat().st_size // 2])
-    shutil.rmtree(root / "global_step6")            # `latest` still names it
+    shutil.rmtree(root / "global_step6")  # `latest` still names it
     report = validate_paths([str(root)])
     by_step = {c.step: c for c in report.checkpoints}
     assert by_step[3].status == "invalid"
@@ -196,7 +232,9 @@ def test_deepspeed_copy_without_its_zero_optimizer_shard_is_incomplete(deepspeed
     assert "ZeRO stage 1" in result.problems[0].reason
 
 
-def test_deepspeed_resume_target_is_what_a_plain_resume_loads_not_its_universal_twin(deepspeed_run, tmp_path, cli_run):
+def test_deepspeed_resume_target_is_what_a_plain_resume_loads_not_its_universal_twin(
+    deepspeed_run, tmp_path, cli_run
+):
     """ds_to_universal beside a real ZeRO-1 save: global_step6 and global_step6_universal are both valid at step 6;
     only global_step6 loads without `checkpoint.load_universal: true`, so validate, handoff and recover name it,
     whatever the listing order. An empty `latest` is shown as the resume pointer it is, not as a checkpoint."""

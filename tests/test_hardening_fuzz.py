@@ -22,11 +22,15 @@ from hypothesis import strategies as st
 
 from checkpoint_strategy.cli.main import main
 
-FUZZ = settings(max_examples=40, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 # --------------------------------------------------------------------------- strategies
+
 
 def _deep(n: int, kind: str) -> str:
     if kind == "list":
@@ -37,15 +41,29 @@ def _deep(n: int, kind: str) -> str:
 
 
 #: JSON text nested from harmless to far past the recursion limit
-nested_json = st.builds(_deep, st.one_of(st.integers(1, 50), st.integers(900, 1200), st.integers(100_000, 200_000)),
-                        st.sampled_from(["list", "object", "open"]))
+nested_json = st.builds(
+    _deep,
+    st.one_of(st.integers(1, 50), st.integers(900, 1200), st.integers(100_000, 200_000)),
+    st.sampled_from(["list", "object", "open"]),
+)
 #: integers far past float range, up to past Python's 4300-digit parsing limit
-huge_ints = st.builds(lambda digits, sign: sign + "9" * digits, st.integers(300, 6000), st.sampled_from(["", "-"]))
-json_leaf = st.one_of(st.none(), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
-                      st.integers(-(10 ** 30), 10 ** 30), st.text(max_size=10))
-json_values = st.recursive(json_leaf, lambda c: st.one_of(st.lists(c, max_size=4),
-                                                          st.dictionaries(st.text(max_size=6), c, max_size=4)),
-                           max_leaves=20)
+huge_ints = st.builds(
+    lambda digits, sign: sign + "9" * digits, st.integers(300, 6000), st.sampled_from(["", "-"])
+)
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**30), 10**30),
+    st.text(max_size=10),
+)
+json_values = st.recursive(
+    json_leaf,
+    lambda c: st.one_of(
+        st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c, max_size=4)
+    ),
+    max_leaves=20,
+)
 
 
 def _dump(v) -> str:
@@ -59,14 +77,39 @@ json_documents = st.one_of(
     json_values.map(_dump),
     st.text(max_size=60),
 )
-HOSTILE_PIECES = ["\n", "\r", "|", "`", "<!--", "-->", "\u2028", "\x00", " ", "- **x**", "#", "'", '"', "$(", "\\"]
-hostile_names = st.lists(st.one_of(st.sampled_from(HOSTILE_PIECES), st.text("abc-_.", min_size=1, max_size=3)),
-                         min_size=1, max_size=6).map("".join).filter(lambda s: "\x00" not in s and "/" not in s
-                                                                      and s not in (".", ".."))
-special_kinds = st.sampled_from(["fifo", "socket", "dev_zero", "dev_null", "folder", "dangling", "loop", "empty"])
+HOSTILE_PIECES = [
+    "\n",
+    "\r",
+    "|",
+    "`",
+    "<!--",
+    "-->",
+    "\u2028",
+    "\x00",
+    " ",
+    "- **x**",
+    "#",
+    "'",
+    '"',
+    "$(",
+    "\\",
+]
+hostile_names = (
+    st.lists(
+        st.one_of(st.sampled_from(HOSTILE_PIECES), st.text("abc-_.", min_size=1, max_size=3)),
+        min_size=1,
+        max_size=6,
+    )
+    .map("".join)
+    .filter(lambda s: "\x00" not in s and "/" not in s and s not in (".", ".."))
+)
+special_kinds = st.sampled_from(
+    ["fifo", "socket", "dev_zero", "dev_null", "folder", "dangling", "loop", "empty"]
+)
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _run(argv) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
@@ -125,12 +168,21 @@ def _make_special(path: Path, kind: str, keep: list) -> None:
 
 # --------------------------------------------------------------------------- fuzzers
 
-CHECKPOINT_JSON = ["trainer_state.json", "config.json", "generation_config.json", "integrity.json",
-                   "model.safetensors"]
+CHECKPOINT_JSON = [
+    "trainer_state.json",
+    "config.json",
+    "generation_config.json",
+    "integrity.json",
+    "model.safetensors",
+]
 
 
 @FUZZ
-@given(doc=json_documents, name=st.sampled_from(CHECKPOINT_JSON), level=st.sampled_from(["quick", "full"]))
+@given(
+    doc=json_documents,
+    name=st.sampled_from(CHECKPOINT_JSON),
+    level=st.sampled_from(["quick", "full"]),
+)
 def test_fuzz_hostile_json_inside_a_real_checkpoint(hf_run, tmp_path, doc, name, level):
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
         ck = Path(d) / "checkpoint-50"
@@ -142,12 +194,17 @@ def test_fuzz_hostile_json_inside_a_real_checkpoint(hf_run, tmp_path, doc, name,
         extra = ["--manifest", "verify"] if name == "integrity.json" else []
         rc, out, _err = _run(["validate", ck, "--level", level, "--format", "json", *extra])
         assert rc in (0, 1)
-        if name in ("trainer_state.json", "config.json", "model.safetensors") and doc.startswith("[" * 5000):
+        if name in ("trainer_state.json", "config.json", "model.safetensors") and doc.startswith(
+            "[" * 5000
+        ):
             assert rc == 1  # far too deep: reported, never "valid"
 
 
 @FUZZ
-@given(doc=json_documents, where=st.sampled_from(["event", "policy", "plan", "agent-state", "prune-policy"]))
+@given(
+    doc=json_documents,
+    where=st.sampled_from(["event", "policy", "plan", "agent-state", "prune-policy"]),
+)
 def test_fuzz_hostile_json_inputs_of_the_integrations(tmp_path, doc, where):
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
         p = Path(d) / "input.json"
@@ -172,7 +229,11 @@ def test_fuzz_hostile_json_inputs_of_the_integrations(tmp_path, doc, where):
         before = {q.name: q.read_bytes() for q in st_dir.iterdir()} if st_dir.exists() else {}
         rc, _out, _err = _run(argv)
         if rc == 2 and st_dir.exists():  # bad input: the state folder is as it was
-            after = {q.name: q.read_bytes() for q in st_dir.iterdir() if q.name != ".checkpoint-strategy.lock"}
+            after = {
+                q.name: q.read_bytes()
+                for q in st_dir.iterdir()
+                if q.name != ".checkpoint-strategy.lock"
+            }
             assert after == before
 
 
@@ -187,8 +248,11 @@ def test_fuzz_hostile_names_never_add_a_line(hf_run, tmp_path, name, fmt):
             shutil.copytree(hf_run.output_dir / "checkpoint-40", root / "checkpoint-40")
             shutil.copytree(hf_run.output_dir / "checkpoint-50", root / "checkpoint-50")
             lines = []
-            for argv in (["validate", root, "--format", fmt], ["prune", root, "--keep-last", "1", "--format", fmt],
-                         ["release-gate", root / "checkpoint-50", "--format", fmt]):
+            for argv in (
+                ["validate", root, "--format", fmt],
+                ["prune", root, "--keep-last", "1", "--format", fmt],
+                ["release-gate", root / "checkpoint-50", "--format", fmt],
+            ):
                 rc, out, err = _run(argv)
                 assert rc in (0, 1), err
                 lines.append(len(out.splitlines()))
@@ -196,13 +260,25 @@ def test_fuzz_hostile_names_never_add_a_line(hf_run, tmp_path, name, fmt):
     assert counts[0] == counts[1]
 
 
-HF_FILES = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin",
-            "trainer_state.json", "config.json", "generation_config.json"]
+HF_FILES = [
+    "model.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state.pth",
+    "training_args.bin",
+    "trainer_state.json",
+    "config.json",
+    "generation_config.json",
+]
 
 
 @FUZZ
-@given(name=st.sampled_from(HF_FILES), kind=special_kinds, level=st.sampled_from(["quick", "full"]),
-       command=st.sampled_from(["validate", "release-gate", "prune", "handoff"]))
+@given(
+    name=st.sampled_from(HF_FILES),
+    kind=special_kinds,
+    level=st.sampled_from(["quick", "full"]),
+    command=st.sampled_from(["validate", "release-gate", "prune", "handoff"]),
+)
 def test_fuzz_special_files_never_hang_and_never_pass(hf_run, tmp_path, name, kind, level, command):
     keep: list = []
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:
@@ -221,13 +297,28 @@ def test_fuzz_special_files_never_hang_and_never_pass(hf_run, tmp_path, name, ki
                     rc, _out, _ = _run(["release-gate", ck, "--level", level])
                     assert rc in (1, 2)
                 elif command == "prune":
-                    rc, _out, _ = _run(["prune", root, "--keep-last", "1", "--level", level, "--apply"])
+                    rc, _out, _ = _run(
+                        ["prune", root, "--keep-last", "1", "--level", level, "--apply"]
+                    )
                     assert ck.exists() or ck.is_symlink()  # not whole: never deleted
                     assert (root / "checkpoint-40").exists()  # the only whole one: kept
                 else:
-                    rc, out, _ = _run(["handoff", "--checkpoints", root, "--level", level, "--state-dir",
-                                       Path(d) / "st", "--format", "json"])
-                    assert rc == 0 and json.loads(out)["latest_valid_checkpoint"]["path"].endswith("checkpoint-40")
+                    rc, out, _ = _run(
+                        [
+                            "handoff",
+                            "--checkpoints",
+                            root,
+                            "--level",
+                            level,
+                            "--state-dir",
+                            Path(d) / "st",
+                            "--format",
+                            "json",
+                        ]
+                    )
+                    assert rc == 0 and json.loads(out)["latest_valid_checkpoint"]["path"].endswith(
+                        "checkpoint-40"
+                    )
         finally:
             for s, short in keep:
                 s.close()
@@ -236,10 +327,14 @@ def test_fuzz_special_files_never_hang_and_never_pass(hf_run, tmp_path, name, ki
 
 
 @FUZZ
-@given(target=st.sampled_from(["dcp:.metadata", "dcp:__0_0.distcp", "pl:epoch=0-step=20.ckpt"]), kind=special_kinds,
-       level=st.sampled_from(["quick", "full"]))
-def test_fuzz_special_files_in_dcp_and_lightning_checkpoints(dcp_checkpoint, lightning_run, tmp_path, target, kind,
-                                                             level):
+@given(
+    target=st.sampled_from(["dcp:.metadata", "dcp:__0_0.distcp", "pl:epoch=0-step=20.ckpt"]),
+    kind=special_kinds,
+    level=st.sampled_from(["quick", "full"]),
+)
+def test_fuzz_special_files_in_dcp_and_lightning_checkpoints(
+    dcp_checkpoint, lightning_run, tmp_path, target, kind, level
+):
     keep: list = []
     where, name = target.split(":")
     with tempfile.TemporaryDirectory(dir=tmp_path) as d:

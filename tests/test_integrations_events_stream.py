@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from checkpoint_strategy.formats import runfacts
 from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import runfacts
 from checkpoint_strategy.integrations import decide, decide_all
 from checkpoint_strategy.integrations.events import SPIKE_WAIT_STEPS, event_stream
 from checkpoint_strategy.recovery import records
@@ -36,13 +36,19 @@ def test_a_persistent_spike_stream_saves_at_its_first_event_and_says_so(tmp_path
     assert "the spike is confirmed (persistent or critical)" in d["reason"]
     assert f"(confirmed by the spike at step {SPIKE_WAIT_STEPS})" in d["reason"]
     assert d["reason"].endswith(f"({n} events ask for an emergency save; one save is enough)")
-    assert d["events_total"] == n and d["next_command"] is not None and " recover " in d["next_command"]
+    assert (
+        d["events_total"] == n
+        and d["next_command"] is not None
+        and " recover " in d["next_command"]
+    )
 
 
 def test_a_grad_norm_save_before_a_confirmed_spike_names_both(tmp_path, capsys):
     p = tmp_path / "events.jsonl"
-    p.write_text('{"event": "GRADIENT_NORM_EXCEEDED", "step": 10, "value": 12, "threshold": 10}\n'
-                 '{"event": "LOSS_SPIKE", "step": 20}\n{"event": "LOSS_SPIKE", "step": 90}\n')
+    p.write_text(
+        '{"event": "GRADIENT_NORM_EXCEEDED", "step": 10, "value": 12, "threshold": 10}\n'
+        '{"event": "LOSS_SPIKE", "step": 20}\n{"event": "LOSS_SPIKE", "step": 90}\n'
+    )
     rc, d = _on_event(capsys, p)
     assert rc == 0 and d["save_at_step"] == 10
     assert d["reason"].startswith("gradient norm exceeded at step 10 (value 12, threshold 10)")
@@ -52,10 +58,14 @@ def test_a_grad_norm_save_before_a_confirmed_spike_names_both(tmp_path, capsys):
 def test_a_critical_first_spike_reads_as_before(tmp_path, capsys):
     """The golden case (docs/integrations.md): the first saving event is itself confirmed."""
     p = tmp_path / "events.json"
-    p.write_text('[{"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"}, '
-                 '{"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"}]')
+    p.write_text(
+        '[{"event": "LOSS_SPIKE", "step": 2110, "magnitude": 3.1, "severity": "critical"}, '
+        '{"event": "LOSS_SPIKE", "step": 2210, "magnitude": 3.0, "severity": "critical"}]'
+    )
     rc, d = _on_event(capsys, p)
-    assert d["save_at_step"] == 2110 and d["reason"].startswith("loss spike at step 2110 (3.1x baseline)")
+    assert d["save_at_step"] == 2110 and d["reason"].startswith(
+        "loss spike at step 2110 (3.1x baseline)"
+    )
     assert "confirmed by the spike" not in d["reason"]
 
 
@@ -67,15 +77,36 @@ def test_a_loss_spike_with_a_non_finite_magnitude_never_saves(tmp_path, capsys, 
     p.write_text(f'{{"event": "LOSS_SPIKE", "step": 61, "magnitude": {magnitude}}}\n')
     rc, d = _on_event(capsys, p)
     assert rc == 0 and d["decision"] == "none" and d["save_at_step"] is None
-    assert "never save" in d["reason"] and "magnitude" in d["reason"] and " recover " in d["next_command"]
-    p.write_text('{"event": "LOSS_SPIKE", "step": 60, "magnitude": 3.0}\n'
-                 f'{{"event": "LOSS_SPIKE", "step": 61, "magnitude": {magnitude}}}\n')
-    rc, d = _on_event(capsys, p)   # an event that saw a NaN: nothing is saved afterwards
-    assert d["decision"] == "none" and [x["decision"] for x in d["decisions"]] == ["emergency_save", "none"]
-    assert decide({"event": "LOSS_SPIKE", "step": 3, "magnitude": float("inf")}).should_save is False
+    assert (
+        "never save" in d["reason"]
+        and "magnitude" in d["reason"]
+        and " recover " in d["next_command"]
+    )
+    p.write_text(
+        '{"event": "LOSS_SPIKE", "step": 60, "magnitude": 3.0}\n'
+        f'{{"event": "LOSS_SPIKE", "step": 61, "magnitude": {magnitude}}}\n'
+    )
+    rc, d = _on_event(capsys, p)  # an event that saw a NaN: nothing is saved afterwards
+    assert d["decision"] == "none" and [x["decision"] for x in d["decisions"]] == [
+        "emergency_save",
+        "none",
+    ]
+    assert (
+        decide({"event": "LOSS_SPIKE", "step": 3, "magnitude": float("inf")}).should_save is False
+    )
     # a grad norm's magnitude is not a loss: a finite grad norm over its threshold still saves
-    assert decide({"event": "GRADIENT_NORM_EXCEEDED", "step": 3, "magnitude": float("nan"), "value": 20,
-                   "threshold": 10}).should_save is True
+    assert (
+        decide(
+            {
+                "event": "GRADIENT_NORM_EXCEEDED",
+                "step": 3,
+                "magnitude": float("nan"),
+                "value": 20,
+                "threshold": 10,
+            }
+        ).should_save
+        is True
+    )
 
 
 def test_the_launcher_is_looked_up_once_per_run_not_per_event(monkeypatch):
@@ -86,7 +117,7 @@ def test_the_launcher_is_looked_up_once_per_run_not_per_event(monkeypatch):
     events += [{"event": "LOSS_PLATEAU", "step": 600 + i} for i in range(500)]
     d = decide_all(events)
     assert d.events_total == 1000 and d.decision == "emergency_save"
-    assert len(calls) == 2   # the recover command and the verify-resume command, each written once
+    assert len(calls) == 2  # the recover command and the verify-resume command, each written once
 
 
 HOSTILE_EVENT_FILES = {
@@ -95,12 +126,14 @@ HOSTILE_EVENT_FILES = {
     "lone surrogate": '{"event": "LOSS_SPIKE", "step": 5, "note": "\\ud800"}\n{"event": "LOSS_PLATEAU"}\n',
     "bad json line": '{"event": "LOSS_SPIKE", "step": 5}\n{"event": "LOSS_SPIKE", "step": }\n',
     "bad event before bad json": '{"event": "LOSS_SPIKE", "step": 5}\n{"event": "BOOM"}\n{"event": \n',
-    "bad event after spikes": "".join(f'{{"event": "LOSS_SPIKE", "step": {i}}}\n' for i in range(60))
-                              + '{"event": "LOSS_SPIKE", "step": -1}\n',
+    "bad event after spikes": "".join(
+        f'{{"event": "LOSS_SPIKE", "step": {i}}}\n' for i in range(60)
+    )
+    + '{"event": "LOSS_SPIKE", "step": -1}\n',
     "big integer step": '{"event": "LOSS_SPIKE", "step": 18446744073709551617}\n',
     "string step": '{"event": "LOSS_SPIKE", "step": "70"}\n{"event": "LOSS_SPIKE", "step": 5}\n',
     "deep nesting": '{"event": "LOSS_SPIKE", "step": 5, "x": ' + "[" * 5000 + "]" * 5000 + "}\n"
-                    '{"event": "LOSS_SPIKE", "step": 6}\n',
+    '{"event": "LOSS_SPIKE", "step": 6}\n',
     "magnitude infinity": '{"event": "LOSS_SPIKE", "step": 5, "magnitude": Infinity}\n',
 }
 

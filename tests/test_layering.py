@@ -43,8 +43,11 @@ def _matches(module: str, pattern: str) -> bool:
     """`x` is the module x and everything under it; `*.cli` / `*_cli` match the last name part."""
     if "*" in pattern:
         last = module.rsplit(".", 1)[-1]
-        return "." in module and fnmatch.fnmatchcase(last, pattern.rsplit(".", 1)[-1]) if pattern.startswith("*.") \
+        return (
+            "." in module and fnmatch.fnmatchcase(last, pattern.rsplit(".", 1)[-1])
+            if pattern.startswith("*.")
             else fnmatch.fnmatchcase(last, pattern)
+        )
     return module == pattern or module.startswith(pattern + ".")
 
 
@@ -81,19 +84,21 @@ def _resolve(name: str, known: set[str]) -> str | None:
 def _targets(node: ast.AST, module: str, is_package: bool, known: set[str]) -> list[str]:
     if isinstance(node, ast.Import):
         names = [a.name for a in node.names if a.name == PKG or a.name.startswith(PKG + ".")]
-        return [_resolve(n[len(PKG) + 1:], known) or ROOT for n in names]
+        return [_resolve(n[len(PKG) + 1 :], known) or ROOT for n in names]
     assert isinstance(node, ast.ImportFrom)
     if node.level:  # relative: from the module's package, one level up per extra dot
         base = [] if module == ROOT else module.split(".")
         base = base if is_package else base[:-1]
-        base = base[:len(base) - node.level + 1] if node.level > 1 else base
+        base = base[: len(base) - node.level + 1] if node.level > 1 else base
         source = ".".join(base + ([node.module] if node.module else []))
     elif node.module == PKG or (node.module or "").startswith(PKG + "."):
-        source = node.module[len(PKG) + 1:]
+        source = node.module[len(PKG) + 1 :]
     else:
         return []
     out = []
-    for alias in node.names:  # `from pkg import submodule` names the submodule, else the module itself
+    for (
+        alias
+    ) in node.names:  # `from pkg import submodule` names the submodule, else the module itself
         full = f"{source}.{alias.name}" if source else alias.name
         out.append(full if full in known else (_resolve(source, known) or ROOT))
     return out
@@ -172,8 +177,11 @@ def _cycle_in(graph, component: set[str]) -> list[str]:
 def violations(graph: dict[str, dict[str, int]], layers) -> list[str]:
     """Every broken rule, one line each: unplaced modules, cycles, upward and sideways imports."""
     names = [name for name, _groups in layers]
-    problems = [f"{m}: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"
-                for m in sorted(graph) if place(m, layers) is None]
+    problems = [
+        f"{m}: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"
+        for m in sorted(graph)
+        if place(m, layers) is None
+    ]
     problems += ["import cycle: " + " -> ".join(c) for c in cycles(graph)]
     for module in sorted(graph):
         here = place(module, layers)
@@ -182,11 +190,15 @@ def violations(graph: dict[str, dict[str, int]], layers) -> list[str]:
             if here is None or there is None:
                 continue
             if there[0] < here[0]:
-                problems.append(f"{module} (layer {names[here[0]]}) imports {target} (layer {names[there[0]]}, "
-                                f"above it), line {line}")
+                problems.append(
+                    f"{module} (layer {names[here[0]]}) imports {target} (layer {names[there[0]]}, "
+                    f"above it), line {line}"
+                )
             elif there[0] == here[0] and there[1] != here[1]:
-                problems.append(f"{module} imports {target}, line {line}: two groups of layer {names[here[0]]} "
-                                "import each other only through a lower layer")
+                problems.append(
+                    f"{module} imports {target}, line {line}: two groups of layer {names[here[0]]} "
+                    "import each other only through a lower layer"
+                )
     return problems
 
 
@@ -209,7 +221,12 @@ def test_the_layer_table_is_read_from_developing_md(layers):
     # the order the issue draws: retention over validate over formats, all below recovery; the leaves right
     # under the commands
     assert names.index("leaves") == 1
-    assert names.index("recovery") < names.index("retention") < names.index("validate") < names.index("formats")
+    assert (
+        names.index("recovery")
+        < names.index("retention")
+        < names.index("validate")
+        < names.index("formats")
+    )
     assert place("callbacks.hf", layers)[0] == place("export.orbax", layers)[0] == 1
     assert place("cli.prune", layers)[0] == 0  # a command module
     assert place("retention.prune", layers) == place("retention.request", layers)  # one group
@@ -225,8 +242,13 @@ def test_commands_live_only_in_cli(graph):
         if not module.startswith("cli") and "\ndef add_arguments(" in text and "\ndef run(" in text:
             outside.append(module)
     assert outside == []
-    importers = sorted(m for m, deps in graph.items() if not m.startswith("cli") and m != "__main__"
-                       and any(d == "cli" or d.startswith("cli.") for d in deps))
+    importers = sorted(
+        m
+        for m, deps in graph.items()
+        if not m.startswith("cli")
+        and m != "__main__"
+        and any(d == "cli" or d.startswith("cli.") for d in deps)
+    )
     assert importers == []
 
 
@@ -251,11 +273,19 @@ def test_lazy_and_relative_imports_are_edges(tmp_path):
     (pkg / "base.py").write_text("X = 1\n")
     (pkg / "sub" / "__init__.py").write_text("from . import leaf\n")
     (pkg / "sub" / "leaf.py").write_text("from ..base import X\n")
-    (pkg / "sub" / "lazy.py").write_text(f"def f():\n    from {PKG}.top import g\n    import {PKG}.sub.leaf\n")
+    (pkg / "sub" / "lazy.py").write_text(
+        f"def f():\n    from {PKG}.top import g\n    import {PKG}.sub.leaf\n"
+    )
     (pkg / "top.py").write_text(f"from {PKG} import __version__\nfrom {PKG}.sub import leaf\n")
     g = import_graph(pkg)
-    assert g == {ROOT: {}, "base": {}, "sub": {"sub.leaf": 1}, "sub.leaf": {"base": 1},
-                 "sub.lazy": {"top": 2, "sub.leaf": 3}, "top": {ROOT: 1, "sub.leaf": 2}}
+    assert g == {
+        ROOT: {},
+        "base": {},
+        "sub": {"sub.leaf": 1},
+        "sub.leaf": {"base": 1},
+        "sub.lazy": {"top": 2, "sub.leaf": 3},
+        "top": {ROOT: 1, "sub.leaf": 2},
+    }
     assert cycles({**g, "top": {**g["top"], "sub.lazy": 3}}) == [["sub.lazy", "top", "sub.lazy"]]
 
 
@@ -264,23 +294,30 @@ def test_the_checker_reports_an_injected_upward_import(graph, layers):
     both modules and both layers; the real graph alone is clean (test_imports_point_down)."""
     bad = {**graph, "validate.engine": {**graph["validate.engine"], "recovery.detect": 7}}
     assert violations(bad, layers) == [
-        "validate.engine (layer validate) imports recovery.detect (layer recovery, above it), line 7"]
+        "validate.engine (layer validate) imports recovery.detect (layer recovery, above it), line 7"
+    ]
 
 
 def test_the_checker_reports_an_injected_cycle_and_a_sideways_import(graph, layers):
-    bad = {**graph, "storage.base": {**graph["storage.base"], "storage": 3},
-           "callbacks.hf": {**graph["callbacks.hf"], "export.hf": 9}}
+    bad = {
+        **graph,
+        "storage.base": {**graph["storage.base"], "storage": 3},
+        "callbacks.hf": {**graph["callbacks.hf"], "export.hf": 9},
+    }
     problems = violations(bad, layers)
     assert "import cycle: storage -> storage.base -> storage" in problems
-    assert ("callbacks.hf imports export.hf, line 9: two groups of layer leaves import each other only "
-            "through a lower layer") in problems
+    assert (
+        "callbacks.hf imports export.hf, line 9: two groups of layer leaves import each other only "
+        "through a lower layer"
+    ) in problems
     assert len(problems) == 2
 
 
 def test_a_new_sub_package_must_be_placed(graph, layers):
     bad = {**graph, "newcapability.core": {"errors": 1}}
     assert violations(bad, layers) == [
-        "newcapability.core: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"]
+        "newcapability.core: in no layer of docs/DEVELOPING.md (Layers); place it explicitly"
+    ]
 
 
 # --------------------------------------------------------------------------- no re-export shims
@@ -298,7 +335,12 @@ def _module_level_imports(tree: ast.Module):
         elif isinstance(node, ast.If):
             stack += node.body + node.orelse
         elif isinstance(node, ast.Try):
-            stack += node.body + node.orelse + node.finalbody + [n for h in node.handlers for n in h.body]
+            stack += (
+                node.body
+                + node.orelse
+                + node.finalbody
+                + [n for h in node.handlers for n in h.body]
+            )
 
 
 def reexports(source: str) -> list[str]:
@@ -306,13 +348,22 @@ def reexports(source: str) -> list[str]:
     quoted annotation), with or without a `noqa: F401`. `__future__` imports are not names."""
     tree = ast.parse(source)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}   # docstrings name, they do not use
-    words = {w for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-             and id(n) not in prose for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value)}
+    prose = {
+        id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
+    }  # docstrings name, they do not use
+    words = {
+        w
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in prose
+        for w in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", n.value)
+    }
     exported: set[str] = set()
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets) \
-                and isinstance(node.value, (ast.List, ast.Tuple)):
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+            and isinstance(node.value, (ast.List, ast.Tuple))
+        ):
             exported |= {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
     found = []
     for node, name in _module_level_imports(tree):
@@ -341,7 +392,9 @@ def test_the_re_export_check_sees_each_kind_of_shim():
     assert reexports("from a import b\n__all__ = ['b']\nb()\n") == ["line 1: b"]
     assert reexports("from a import b\nfrom x import y\ny()\n") == ["line 1: b"]
     assert reexports("from __future__ import annotations\n") == []
-    assert reexports('"""Uses b."""\nfrom a import b\n') == ["line 2: b"]    # named in a docstring only
+    assert reexports('"""Uses b."""\nfrom a import b\n') == [
+        "line 2: b"
+    ]  # named in a docstring only
 
 
 # --------------------------------------------------------------------------- argparse only in cli/
@@ -351,11 +404,19 @@ def argparse_uses(source: str) -> list[str]:
     """Where a module touches argparse: an import of it, or a call of `.add_argument` / `.add_argument_group`."""
     found = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "argparse" for a in node.names) \
-                or isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "argparse":
+        if (
+            isinstance(node, ast.Import)
+            and any(a.name.split(".")[0] == "argparse" for a in node.names)
+            or isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] == "argparse"
+        ):
             found.append(f"line {node.lineno}: imports argparse")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("add_argument", "add_argument_group", "add_mutually_exclusive_group"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr
+            in ("add_argument", "add_argument_group", "add_mutually_exclusive_group")
+        ):
             found.append(f"line {node.lineno}: {node.func.attr}")
     return found
 
@@ -365,7 +426,9 @@ def test_only_the_command_line_knows_argparse():
     argparse types, option adders and argv handling are cli/'s (cli/options.py, cli/planoptions.py)."""
     found = {}
     for module, path in modules_of(PACKAGE).items():
-        if not (module == "cli" or module.startswith("cli.")) and (uses := argparse_uses(path.read_text("utf-8"))):
+        if not (module == "cli" or module.startswith("cli.")) and (
+            uses := argparse_uses(path.read_text("utf-8"))
+        ):
             found[module] = uses
     assert found == {}
 
@@ -375,7 +438,9 @@ def test_the_argparse_check_sees_imports_and_adders():
     assert argparse_uses("from argparse import ArgumentTypeError\n") == ["line 1: imports argparse"]
     assert argparse_uses("def f(p):\n    p.add_argument('--x')\n") == ["line 2: add_argument"]
     assert argparse_uses("def f(p):\n    import argparse\n    g = p.add_argument_group('g')\n") == [
-        "line 2: imports argparse", "line 3: add_argument_group"]
+        "line 2: imports argparse",
+        "line 3: add_argument_group",
+    ]
     assert argparse_uses("def f(ns):\n    return ns.total_steps\n") == []
 
 
@@ -384,9 +449,15 @@ def test_the_argparse_check_sees_imports_and_adders():
 
 def function_level_imports(source: str) -> int:
     """Import statements inside function bodies (bench/lazy_imports.py lists them)."""
-    return len({(n.lineno, n.col_offset) for fn in ast.walk(ast.parse(source))
-                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))})
+    return len(
+        {
+            (n.lineno, n.col_offset)
+            for fn in ast.walk(ast.parse(source))
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(fn)
+            if isinstance(n, (ast.Import, ast.ImportFrom))
+        }
+    )
 
 
 def test_imports_sit_at_module_level_but_for_the_lazy_few():
@@ -395,12 +466,15 @@ def test_imports_sit_at_module_level_but_for_the_lazy_few():
     texts = [p.read_text(encoding="utf-8") for p in PACKAGE.rglob("*.py")]
     lines = sum(len(t.splitlines()) for t in texts)
     count = sum(function_level_imports(t) for t in texts)
-    assert 1000 * count / lines <= 5.0, \
+    assert 1000 * count / lines <= 5.0, (
         f"{count} function-level imports in {lines} lines: python bench/lazy_imports.py -v"
+    )
 
 
 def test_the_count_sees_nested_and_conditional_imports():
-    code = ("import os\n\ndef f():\n    import json\n    if os:\n        from a import b\n"
-            "    def g():\n        import c\n")
+    code = (
+        "import os\n\ndef f():\n    import json\n    if os:\n        from a import b\n"
+        "    def g():\n        import c\n"
+    )
     assert function_level_imports(code) == 3
     assert function_level_imports("import os\nclass A:\n    import json\n") == 0

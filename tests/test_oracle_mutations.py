@@ -22,26 +22,25 @@ import shutil
 import struct
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable
 
 import pytest
 
-from checkpoint_strategy.formats import orbax
-from checkpoint_strategy.formats import zstd
-from checkpoint_strategy.validate.engine import validate_checkpoint
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import orbax, zstd
+from checkpoint_strategy.validate.engine import validate_checkpoint
 
-MUTATIONS = 320          # per format, in CI (seeds fixed: SEED + i)
+MUTATIONS = 320  # per format, in CI (seeds fixed: SEED + i)
 SEED = 40_000
-BIG_MUTATIONS = 120     # the Orbax step with values outside its nodes (a restore each: ~0.4 s)
-TRUNCATE_EVERY = 6       # one mutation in six truncates the file, the others flip one bit
+BIG_MUTATIONS = 120  # the Orbax step with values outside its nodes (a restore each: ~0.4 s)
+TRUNCATE_EVERY = 6  # one mutation in six truncates the file, the others flip one bit
 
 
 @dataclass
 class Region:
-    file: str            # relative to the checkpoint
+    file: str  # relative to the checkpoint
     name: str
     start: int
     end: int
@@ -51,17 +50,22 @@ class Region:
 class Tally:
     mutations: int = 0
     refused: int = 0
-    ours: Counter = field(default_factory=Counter)    # (level, status) -> count, over every mutation
-    missed: list = field(default_factory=list)        # (what, level, status) the oracle refused and we passed
-    crashed: list = field(default_factory=list)       # (what, level, error)
+    ours: Counter = field(default_factory=Counter)  # (level, status) -> count, over every mutation
+    missed: list = field(
+        default_factory=list
+    )  # (what, level, status) the oracle refused and we passed
+    crashed: list = field(default_factory=list)  # (what, level, error)
 
     def line(self, fmt: str) -> str:
-        return (f"{fmt}: {self.mutations} mutations, oracle refused {self.refused}; full invalid "
-                f"{self.ours['full', 'bad']}, deep invalid {self.ours['deep', 'bad']}; missed {len(self.missed)}, "
-                f"internal errors {len(self.crashed)}")
+        return (
+            f"{fmt}: {self.mutations} mutations, oracle refused {self.refused}; full invalid "
+            f"{self.ours['full', 'bad']}, deep invalid {self.ours['deep', 'bad']}; missed {len(self.missed)}, "
+            f"internal errors {len(self.crashed)}"
+        )
 
 
 # --------------------------------------------------------------------------- regions of a file
+
 
 def zip_regions(rel: str, data: bytes, base: int = 0, label: str = "") -> list[Region]:
     """Every part of a zip archive at `base` of a file: each entry's local header and data (data.pkl: pickle,
@@ -74,19 +78,30 @@ def zip_regions(rel: str, data: bytes, base: int = 0, label: str = "") -> list[R
         cd_start = min((i.header_offset for i in infos), default=0)
         for info in infos:
             start = info.header_offset
-            (nlen, xlen) = struct.unpack("<HH", data[start + 26:start + 30])
+            (nlen, xlen) = struct.unpack("<HH", data[start + 26 : start + 30])
             body = start + 30 + nlen + xlen
-            kind = ("pickle" if info.filename.endswith("data.pkl") else "data" if "/data/" in info.filename
-                    else "record")
+            kind = (
+                "pickle"
+                if info.filename.endswith("data.pkl")
+                else "data"
+                if "/data/" in info.filename
+                else "record"
+            )
             out.append(Region(rel, f"{label}local header", base + start, base + body))
             if info.compress_size:
-                out.append(Region(rel, f"{label}{kind} {info.filename.rsplit('/', 1)[-1]}", base + body,
-                                  base + body + info.compress_size))
+                out.append(
+                    Region(
+                        rel,
+                        f"{label}{kind} {info.filename.rsplit('/', 1)[-1]}",
+                        base + body,
+                        base + body + info.compress_size,
+                    )
+                )
         eocd = data.rfind(b"PK\x05\x06")
-        cd_start = struct.unpack("<I", data[eocd + 16:eocd + 20])[0]
+        cd_start = struct.unpack("<I", data[eocd + 16 : eocd + 20])[0]
         if cd_start == 0xFFFFFFFF:
             loc = data.rfind(b"PK\x06\x06")
-            cd_start = struct.unpack("<Q", data[loc + 48:loc + 56])[0]
+            cd_start = struct.unpack("<Q", data[loc + 48 : loc + 56])[0]
         end_records = data.rfind(b"PK\x06\x06") if b"PK\x06\x06" in data[cd_start:] else eocd
         out.append(Region(rel, f"{label}central directory", base + cd_start, base + end_records))
         out.append(Region(rel, f"{label}end records", base + end_records, base + len(data)))
@@ -95,8 +110,11 @@ def zip_regions(rel: str, data: bytes, base: int = 0, label: str = "") -> list[R
 
 def safetensors_regions(rel: str, data: bytes) -> list[Region]:
     (n,) = struct.unpack("<Q", data[:8])
-    return [Region(rel, "header length", 0, 8), Region(rel, "JSON header", 8, 8 + n),
-            Region(rel, "tensor data", 8 + n, len(data))]
+    return [
+        Region(rel, "header length", 0, 8),
+        Region(rel, "JSON header", 8, 8 + n),
+        Region(rel, "tensor data", 8 + n, len(data)),
+    ]
 
 
 def whole(rel: str, data: bytes, name: str) -> list[Region]:
@@ -105,18 +123,23 @@ def whole(rel: str, data: bytes, name: str) -> list[Region]:
 
 # --------------------------------------------------------------------------- the run
 
+
 @dataclass
 class Subject:
-    path: Path                          # the checkpoint (file or folder) as validate is given it
+    path: Path  # the checkpoint (file or folder) as validate is given it
     regions: list[Region]
-    oracle: Callable[[Path], None]       # raises when the framework's loader refuses the checkpoint
-    check: Callable[[Path, str], str] | None = None   # our verdict at a level (default: validate_checkpoint's status)
+    oracle: Callable[[Path], None]  # raises when the framework's loader refuses the checkpoint
+    check: Callable[[Path, str], str] | None = (
+        None  # our verdict at a level (default: validate_checkpoint's status)
+    )
 
 
 def mutate(subject: Subject, originals: dict[str, bytes], i: int) -> tuple[str, str, bytes]:
     """Apply mutation i (seeded); (description, file, new bytes)."""
     rng = random.Random(SEED + i)
-    kinds = sorted({r.name for r in subject.regions})   # every kind of region in turn, then one of that kind
+    kinds = sorted(
+        {r.name for r in subject.regions}
+    )  # every kind of region in turn, then one of that kind
     region = rng.choice([r for r in subject.regions if r.name == kinds[i % len(kinds)]])
     data = bytearray(originals[region.file])
     pos = rng.randrange(region.start, max(region.start + 1, region.end))
@@ -124,7 +147,11 @@ def mutate(subject: Subject, originals: dict[str, bytes], i: int) -> tuple[str, 
         return f"{region.file}: {region.name}: truncated at {pos}", region.file, bytes(data[:pos])
     bit = rng.randrange(8)
     data[pos] ^= 1 << bit
-    return f"{region.file}: {region.name}: bit {bit} of byte {pos} flipped", region.file, bytes(data)
+    return (
+        f"{region.file}: {region.name}: bit {bit} of byte {pos} flipped",
+        region.file,
+        bytes(data),
+    )
 
 
 def _target(subject: Subject, rel: str) -> Path:
@@ -186,7 +213,9 @@ def assert_rule(fmt: str, tally: Tally, record: dict) -> None:
     print(tally.line(fmt))
     assert not tally.crashed, f"{fmt}: internal errors: {tally.crashed[:5]}"
     where = Counter(f"{m[0].split(': ')[1]} @{m[1]}" for m in tally.missed)
-    assert not tally.missed, f"{fmt}: the loader refused, we said valid: {dict(where)}; first: {tally.missed[:6]}"
+    assert not tally.missed, (
+        f"{fmt}: the loader refused, we said valid: {dict(where)}; first: {tally.missed[:6]}"
+    )
     assert tally.mutations >= 300
 
 
@@ -201,6 +230,7 @@ def record():
 
 
 # --------------------------------------------------------------------------- checkpoints and their oracles
+
 
 def _model_and_optimizer():
     import torch
@@ -248,9 +278,18 @@ def oracle_lightning_ckpt(tmp_path_factory) -> Subject:
 
     torch.manual_seed(0)
     root = tmp_path_factory.mktemp("oracle-lightning")
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
-    trainer = pl.Trainer(max_steps=2, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                         enable_checkpointing=False, accelerator="cpu", default_root_dir=str(root))
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4
+    )
+    trainer = pl.Trainer(
+        max_steps=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        accelerator="cpu",
+        default_root_dir=str(root),
+    )
     trainer.fit(Tiny(), data)
     path = root / "epoch=0-step=2.ckpt"
     trainer.save_checkpoint(str(path))
@@ -305,7 +344,11 @@ def oracle_sharded(tmp_path_factory) -> Subject:
     regions: list[Region] = []
     for p in sorted(folder.iterdir()):
         data = p.read_bytes()
-        regions += (safetensors_regions(p.name, data) if p.suffix == ".safetensors" else whole(p.name, data, "index JSON"))
+        regions += (
+            safetensors_regions(p.name, data)
+            if p.suffix == ".safetensors"
+            else whole(p.name, data, "index JSON")
+        )
     assert len([p for p in folder.iterdir() if p.suffix == ".safetensors"]) >= 2
     return Subject(folder, regions, sharded_oracle)
 
@@ -331,12 +374,14 @@ def oracle_dcp(tmp_path_factory) -> Subject:
     folder = tmp_path_factory.mktemp("oracle-dcp") / "step-3"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(folder))
+        dcp.save(
+            {"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(folder)
+        )
     meta = FileSystemReader(str(folder)).read_metadata()
     regions = whole(".metadata", (folder / ".metadata").read_bytes(), ".metadata pickle")
     for info in sorted({(s.relative_path, s.offset, s.length) for s in meta.storage_data.values()}):
         rel, off, length = info
-        blob = (folder / rel).read_bytes()[off:off + length]
+        blob = (folder / rel).read_bytes()[off : off + length]
         if blob[:4] == b"PK\x03\x04":
             regions += zip_regions(rel, blob, base=off, label="embedded ")
         else:
@@ -358,22 +403,33 @@ def orbax_oracle(folder: Path) -> None:
 
 @pytest.fixture(scope="session")
 def oracle_orbax(tmp_path_factory) -> Subject:
-    pytest.importorskip("orbax.checkpoint", reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
-                                                   "'jax[cpu]' (or '.[test,frameworks]')")
+    pytest.importorskip(
+        "orbax.checkpoint",
+        reason="Orbax is in the frameworks extra: pip install orbax-checkpoint "
+        "'jax[cpu]' (or '.[test,frameworks]')",
+    )
     import jax.numpy as jnp
     import orbax.checkpoint as ocp
 
     root = tmp_path_factory.mktemp("oracle-orbax")
     with ocp.CheckpointManager(str(root)) as manager:
-        manager.save(3, args=ocp.args.StandardSave({"params": {"w": jnp.arange(64.0).reshape(8, 8),
-                                                              "b": jnp.ones(8)},
-                                                   "opt_state": {"mu": jnp.zeros(8)}}))
+        manager.save(
+            3,
+            args=ocp.args.StandardSave(
+                {
+                    "params": {"w": jnp.arange(64.0).reshape(8, 8), "b": jnp.ones(8)},
+                    "opt_state": {"mu": jnp.zeros(8)},
+                }
+            ),
+        )
         manager.wait_until_finished()
     folder = root / "3"
     regions: list[Region] = []
     # (Orbax names its OCDBT data files at random: ordered by folder and size, the seeds pick the same parts)
-    for p in sorted((x for x in folder.rglob("*") if x.is_file()), key=lambda x: (x.parent.name == "d", str(x.parent),
-                                                                                  x.stat().st_size, x.name)):
+    for p in sorted(
+        (x for x in folder.rglob("*") if x.is_file()),
+        key=lambda x: (x.parent.name == "d", str(x.parent), x.stat().st_size, x.name),
+    ):
         rel = str(p.relative_to(folder))
         data = p.read_bytes()
         regions += whole(rel, data, "JSON" if data[:1] == b"{" else "binary")
@@ -390,7 +446,7 @@ def zstd_regions(rel: str, data: bytes) -> list[Region]:
         at = orbax._zstd_header(data, pos)[0]
         out.append(Region(rel, "zstd frame header", pos, at))
         while True:
-            word = int.from_bytes(data[at:at + 3], "little")
+            word = int.from_bytes(data[at : at + 3], "little")
             out.append(Region(rel, "zstd block header", at, at + 3))
             size = 1 if (word >> 1) & 3 == 1 else word >> 3
             out.append(Region(rel, "compressed block content", at + 3, at + 3 + size))
@@ -413,11 +469,15 @@ def oracle_orbax_big(tmp_path_factory) -> Subject:
     root = tmp_path_factory.mktemp("oracle-orbax-big")
     w = np.random.RandomState(0).randn(256, 256).astype("float32")
     with ocp.CheckpointManager(str(root)) as manager:
-        manager.save(3, args=ocp.args.StandardSave({"params": {"w": jnp.asarray(w), "b": jnp.ones(8)}}))
+        manager.save(
+            3, args=ocp.args.StandardSave({"params": {"w": jnp.asarray(w), "b": jnp.ones(8)}})
+        )
         manager.wait_until_finished()
     folder = root / "3"
     (big,) = [p for p in folder.rglob("d/*") if p.stat().st_size > 100_000]
-    return Subject(folder, zstd_regions(str(big.relative_to(folder)), big.read_bytes()), orbax_oracle)
+    return Subject(
+        folder, zstd_regions(str(big.relative_to(folder)), big.read_bytes()), orbax_oracle
+    )
 
 
 # --------------------------------------------------------------------------- the rule, per format
@@ -428,11 +488,20 @@ ORBAX_LEFTOVERS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExc
 
 
 @ORBAX_LEFTOVERS
-@pytest.mark.parametrize("fixture", ["oracle_torch_zip", "oracle_lightning_ckpt", "oracle_safetensors",
-                                     "oracle_sharded", "oracle_dcp", "oracle_orbax"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "oracle_torch_zip",
+        "oracle_lightning_ckpt",
+        "oracle_safetensors",
+        "oracle_sharded",
+        "oracle_dcp",
+        "oracle_orbax",
+    ],
+)
 def test_every_mutation_the_loader_refuses_is_invalid_at_full_and_deep(fixture, request, record):
     subject: Subject = request.getfixturevalue(fixture)
-    subject.oracle(subject.path)   # the unmutated checkpoint loads
+    subject.oracle(subject.path)  # the unmutated checkpoint loads
     for level in ("full", "deep"):
         assert validate_checkpoint(subject.path, level).status == "valid", level
     assert_rule(fixture.removeprefix("oracle_"), run_mutations(subject), record)
@@ -448,8 +517,8 @@ def test_mutations_reach_every_region(oracle_torch_zip, oracle_dcp):
     assert any(n.startswith("embedded record") for n in dcp_names)
 
 
-
 # --------------------------------------------------------------------------- each break of issue 40, by name
+
 
 def _statuses(path: Path) -> dict[str, str]:
     return {level: validate_checkpoint(path, level).status for level in ("quick", "full", "deep")}
@@ -480,26 +549,48 @@ def _flip_at(path: Path, find: bytes, offset: int, bit: int, nth: int = 0) -> No
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("find, offset, bit, what", [
-    (b"TensorStorageMetadata", 3, 0, "a class name"),
-    (b"\x94h\x00\x8c\x15TensorStorageMetadata", 2, 0, "a memo index (BINGET 0 -> 1: the class name, not the module)"),
-    (b"\x95", 1, 6, "the frame length"),
-    (b"\x80\x04", 1, 1, "the protocol (4 -> 6: Python's unpickler, DCP's reader, refuses it; the symbolic reader before "
-                        "issue 41 read on)"),
-])
-def test_dcp_metadata_flips_dcp_refuses_are_invalid_at_every_level(oracle_dcp, tmp_path, find, offset, bit, what):
+@pytest.mark.parametrize(
+    "find, offset, bit, what",
+    [
+        (b"TensorStorageMetadata", 3, 0, "a class name"),
+        (
+            b"\x94h\x00\x8c\x15TensorStorageMetadata",
+            2,
+            0,
+            "a memo index (BINGET 0 -> 1: the class name, not the module)",
+        ),
+        (b"\x95", 1, 6, "the frame length"),
+        (
+            b"\x80\x04",
+            1,
+            1,
+            "the protocol (4 -> 6: Python's unpickler, DCP's reader, refuses it; the symbolic reader before "
+            "issue 41 read on)",
+        ),
+    ],
+)
+def test_dcp_metadata_flips_dcp_refuses_are_invalid_at_every_level(
+    oracle_dcp, tmp_path, find, offset, bit, what
+):
     folder = _dcp_copy(oracle_dcp, tmp_path)
     _flip_at(folder / ".metadata", find, offset, bit)
     assert _refused(dcp_oracle, folder), what
     assert _statuses(folder) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}, what
 
 
-@pytest.mark.parametrize("find, offset, what", [
-    (b"little", 1, "the byteorder record"), (b"PK\x03\x04", 0, "a local header's signature"),
-    (b"PK\x03\x04", 26, "a local header's name length"), (b"archive/data.pklFB", 34, "data.pkl's PROTO"),
-    (b"PK\x01\x02", 0, "a central directory record"),
-])
-def test_flips_in_archives_inside_a_distcp_are_invalid_at_full(oracle_dcp, tmp_path, find, offset, what):
+@pytest.mark.parametrize(
+    "find, offset, what",
+    [
+        (b"little", 1, "the byteorder record"),
+        (b"PK\x03\x04", 0, "a local header's signature"),
+        (b"PK\x03\x04", 26, "a local header's name length"),
+        (b"archive/data.pklFB", 34, "data.pkl's PROTO"),
+        (b"PK\x01\x02", 0, "a central directory record"),
+    ],
+)
+def test_flips_in_archives_inside_a_distcp_are_invalid_at_full(
+    oracle_dcp, tmp_path, find, offset, what
+):
     """torch refuses these archives (dcp.load torch.loads each item): full and deep read every item."""
     folder = _dcp_copy(oracle_dcp, tmp_path)
     _flip_at(folder / "__0_0.distcp", find, offset, 1, nth=2)
@@ -521,32 +612,37 @@ def _edit_metadata(folder: Path, edit) -> None:
 def test_a_size_flip_k_to_j_is_invalid_not_an_internal_error(oracle_dcp, tmp_path, cli_run):
     """BININT1 -> BININT inside a torch.Size (issue 40: TypeError, exit 3 at deep)."""
     folder = _dcp_copy(oracle_dcp, tmp_path)
-    _flip_at(folder / ".metadata", b"Size\x94\x93\x94K", 7, 0)   # K (0x4b) -> J (0x4a)
+    _flip_at(folder / ".metadata", b"Size\x94\x93\x94K", 7, 0)  # K (0x4b) -> J (0x4a)
     assert _refused(dcp_oracle, folder)
     for level in ("quick", "full", "deep"):
         r = cli_run("validate", str(folder), "--level", level)
         assert r.rc == 1 and "invalid" in r.out, (level, r.err)
 
 
-@pytest.mark.parametrize("path, why", [
-    (("model", "0.weight", "x"), "nested under another entry"),     # a path through a tensor
-    (("model", -1), "list index"),
-    (("model", 10 ** 10), "list index"),
-])
+@pytest.mark.parametrize(
+    "path, why",
+    [
+        (("model", "0.weight", "x"), "nested under another entry"),  # a path through a tensor
+        (("model", -1), "list index"),
+        (("model", 10**10), "list index"),
+    ],
+)
 def test_planner_data_paths_dcp_cannot_nest_are_invalid(oracle_dcp, tmp_path, cli_run, path, why):
     folder = _dcp_copy(oracle_dcp, tmp_path)
 
     def edit(meta) -> None:
         meta.planner_data["model.0.weight.x" if len(path) == 3 else "model.2.bias"] = path
-        if len(path) == 3:   # an entry that lives under the tensor model.0.weight
-            meta.state_dict_metadata["model.0.weight.x"] = meta.state_dict_metadata["optimizer.param_groups.0.lr"]
+        if len(path) == 3:  # an entry that lives under the tensor model.0.weight
+            meta.state_dict_metadata["model.0.weight.x"] = meta.state_dict_metadata[
+                "optimizer.param_groups.0.lr"
+            ]
             idx = next(k for k in meta.storage_data if k.fqn == "optimizer.param_groups.0.lr")
             from torch.distributed.checkpoint.metadata import MetadataIndex
 
             meta.storage_data[MetadataIndex("model.0.weight.x")] = meta.storage_data[idx]
 
     _edit_metadata(folder, edit)
-    if path[-1] != 10 ** 10:   # (dcp would build a list of 10**10 slots)
+    if path[-1] != 10**10:  # (dcp would build a list of 10**10 slots)
         assert _refused(dcp_oracle, folder)
     r = cli_run("validate", str(folder), "--level", "deep", "--format", "json")
     assert r.rc == 1
@@ -554,25 +650,33 @@ def test_planner_data_paths_dcp_cannot_nest_are_invalid(oracle_dcp, tmp_path, cl
     assert problem["file"] == ".metadata" and "planner_data" in problem["reason"]
 
 
-def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_walked(oracle_dcp, tmp_path):
-    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
-
+def test_a_metadata_of_more_chunks_than_the_files_hold_is_refused_before_it_is_walked(
+    oracle_dcp, tmp_path
+):
     import torch
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
 
     folder = _dcp_copy(oracle_dcp, tmp_path)
 
     def edit(meta) -> None:
         md = meta.state_dict_metadata["model.0.weight"]
-        md.chunks.extend(ChunkStorageMetadata(offsets=torch.Size([i, 0]), sizes=torch.Size([1, 1]))
-                         for i in range(120_000))
+        md.chunks.extend(
+            ChunkStorageMetadata(offsets=torch.Size([i, 0]), sizes=torch.Size([1, 1]))
+            for i in range(120_000)
+        )
 
     _edit_metadata(folder, edit)
     data = sum(p.stat().st_size for p in folder.iterdir() if p.name != ".metadata")
     from checkpoint_strategy.formats.dcp import DCP_METADATA_FLOOR, DCP_METADATA_PER_DATA_BYTE
 
-    assert (folder / ".metadata").stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
+    assert (
+        folder / ".metadata"
+    ).stat().st_size > DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data
     r = validate_checkpoint(folder, "quick")
-    assert r.status == "invalid" and "more entries than the data files can hold" in r.problems[0].reason
+    assert (
+        r.status == "invalid"
+        and "more entries than the data files can hold" in r.problems[0].reason
+    )
 
 
 def test_optimizer_state_torch_cannot_resume_from_fails_deep(tmp_path):
@@ -592,13 +696,17 @@ def test_optimizer_state_torch_cannot_resume_from_fails_deep(tmp_path):
     with pytest.raises(ValueError):
         fresh_opt.load_state_dict(torch.load(tmp_path / "empty.pt", weights_only=True)["optimizer"])
     r = validate_checkpoint(tmp_path / "nan-lr.pt", "deep")
-    assert r.status == "invalid" and any("param_groups[0].lr is nan" in p.reason for p in r.problems)
+    assert r.status == "invalid" and any(
+        "param_groups[0].lr is nan" in p.reason for p in r.problems
+    )
     r = validate_checkpoint(tmp_path / "empty.pt", "deep")
     assert not r.passes_deep() and not r.resumable
     assert any(p.kind == "not_resumable" and "in no group" in p.reason for p in r.problems)
 
 
-def test_a_sharded_folder_without_config_and_with_a_shard_missing_is_invalid(oracle_sharded, tmp_path):
+def test_a_sharded_folder_without_config_and_with_a_shard_missing_is_invalid(
+    oracle_sharded, tmp_path
+):
     folder = tmp_path / "final"
     shutil.copytree(oracle_sharded.path, folder)
     assert not (folder / "config.json").exists()
@@ -610,21 +718,39 @@ def test_a_sharded_folder_without_config_and_with_a_shard_missing_is_invalid(ora
     assert any(p.file == shard.name for p in validate_checkpoint(folder, "quick").problems)
 
 
-@pytest.mark.parametrize("record, value", [("version", b"99\n"), ("version", b"0\n"), ("byteorder", b"middle")])
-def test_a_torch_archive_torch_refuses_by_its_records_is_invalid(oracle_torch_zip, tmp_path, record, value):
+@pytest.mark.parametrize(
+    "record, value", [("version", b"99\n"), ("version", b"0\n"), ("byteorder", b"middle")]
+)
+def test_a_torch_archive_torch_refuses_by_its_records_is_invalid(
+    oracle_torch_zip, tmp_path, record, value
+):
     src = zipfile.ZipFile(oracle_torch_zip.path)
     path = tmp_path / "step-3.pt"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as out:   # CRCs whole: only torch's own reading refuses it
+    with zipfile.ZipFile(
+        path, "w", zipfile.ZIP_STORED
+    ) as out:  # CRCs whole: only torch's own reading refuses it
         for info in src.infolist():
-            out.writestr(info.filename, value if info.filename.endswith("/" + record) else src.read(info.filename))
+            out.writestr(
+                info.filename,
+                value if info.filename.endswith("/" + record) else src.read(info.filename),
+            )
     assert _refused(torch_load_oracle, path)
     assert _statuses(path) == {"quick": "invalid", "full": "invalid", "deep": "invalid"}
 
 
 @ORBAX_LEFTOVERS
-@pytest.mark.parametrize("old, new", [(b'"skip_deserialize"', b'"skip_deserializd"'), (b'"jax.Array"', b'"jax.Arrax"'),
-                                      (b'"key_type": 2', b'"key_type": 3'), (b'"key": "mu"', b'"key": "mt"')])
-def test_orbax_metadata_flipped_but_still_json_is_invalid_at_every_level(oracle_orbax, tmp_path, old, new):
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (b'"skip_deserialize"', b'"skip_deserializd"'),
+        (b'"jax.Array"', b'"jax.Arrax"'),
+        (b'"key_type": 2', b'"key_type": 3'),
+        (b'"key": "mu"', b'"key": "mt"'),
+    ],
+)
+def test_orbax_metadata_flipped_but_still_json_is_invalid_at_every_level(
+    oracle_orbax, tmp_path, old, new
+):
     folder = tmp_path / "3"
     shutil.copytree(oracle_orbax.path, folder)
     meta = folder / "default" / "_METADATA"
@@ -643,7 +769,9 @@ BLIND_SPOTS = ("compressed block content", "zstd frame header", "zstd block head
 
 
 @ORBAX_LEFTOVERS
-def test_orbax_values_outside_the_nodes_are_walked_and_only_undecoded_bytes_are_blind(oracle_orbax_big, record):
+def test_orbax_values_outside_the_nodes_are_walked_and_only_undecoded_bytes_are_blind(
+    oracle_orbax_big, record
+):
     """Issue 40's leftover: a big array's values live outside OCDBT's nodes, as zstd frames at the start of a data
     file, the file's nodes after them. Full walks each frame (header, block headers and sizes, the content size
     its blocks can hold) to reach and check the nodes after it, and decodes it when zstandard is installed. So every
@@ -654,39 +782,54 @@ def test_orbax_values_outside_the_nodes_are_walked_and_only_undecoded_bytes_are_
     for level in ("full", "deep"):
         assert validate_checkpoint(subject.path, level).status == "valid", level
     assert {r.name for r in subject.regions} >= {*BLIND_SPOTS, "OCDBT node after the values"}
-    tally = run_mutations(subject, BIG_MUTATIONS)   # (an Orbax restore a mutation: Orbax's 320 are the test above)
+    tally = run_mutations(
+        subject, BIG_MUTATIONS
+    )  # (an Orbax restore a mutation: Orbax's 320 are the test above)
     blind = [m for m in tally.missed if m[0].split(": ")[1] in BLIND_SPOTS and "flipped" in m[0]]
     tally.missed = [m for m in tally.missed if m not in blind]
     record["orbax-big"] = tally
     missed = Counter(m[0].split(": ")[1] for m in blind if m[1] == "full")
-    print(tally.line("orbax-big") + f"; refused flips inside zstd frames full misses: {dict(missed)}")
+    print(
+        tally.line("orbax-big") + f"; refused flips inside zstd frames full misses: {dict(missed)}"
+    )
     assert not tally.crashed and not tally.missed, (tally.crashed[:3], tally.missed[:6])
     assert sum(missed.values()) < tally.refused / 2
-    if zstd.available():   # full decodes each frame (formats/zstd.py): the rule holds with no blind spot
+    if (
+        zstd.available()
+    ):  # full decodes each frame (formats/zstd.py): the rule holds with no blind spot
         assert not blind, blind[:6]
 
 
 @ORBAX_LEFTOVERS
 @pytest.mark.parametrize("what", ["literals header", "block type turned raw"])
-def test_a_real_orbax_zstd_frame_that_does_not_decode_is_invalid_at_full_and_deep(oracle_orbax_big, tmp_path, what):
+def test_a_real_orbax_zstd_frame_that_does_not_decode_is_invalid_at_full_and_deep(
+    oracle_orbax_big, tmp_path, what
+):
     """A real Orbax save's big array (a zstd frame before the nodes of a data file): a flipped bit in its first
     compressed block's literals header, or the block's type turned raw (same size, so the walk alone passes it).
     Orbax's restore refuses both; with zstandard installed full and deep decode the frame and say invalid."""
-    pytest.importorskip("zstandard", reason="optional: pip install zstandard (frameworks/test extras)")
+    pytest.importorskip(
+        "zstandard", reason="optional: pip install zstandard (frameworks/test extras)"
+    )
     folder = tmp_path / "3"
     shutil.copytree(oracle_orbax_big.path, folder)
     (big,) = [p for p in folder.rglob("d/*") if p.stat().st_size > 100_000]
     data = bytearray(big.read_bytes())
-    at, end = orbax._zstd_header(bytes(data), 0)[0], orbax.zstd_frame_end(bytes(data), 0)   # the first block header
+    at, end = (
+        orbax._zstd_header(bytes(data), 0)[0],
+        orbax.zstd_frame_end(bytes(data), 0),
+    )  # the first block header
     assert (data[at] >> 1) & 3 == 2, "a compressed block"
     if what == "literals header":
         data[at + 3] ^= 4
     else:
-        data[at] &= ~0b110   # type 2 (compressed) -> 0 (raw), size kept
+        data[at] &= ~0b110  # type 2 (compressed) -> 0 (raw), size kept
     big.write_bytes(bytes(data))
-    assert orbax.zstd_frame_end(bytes(data), 0) == end   # the walk alone passes it
+    assert orbax.zstd_frame_end(bytes(data), 0) == end  # the walk alone passes it
     assert _refused(orbax_oracle, folder)
     for level in ("full", "deep"):
         r = validate_checkpoint(folder, level)
         assert r.status == "invalid", level
-        assert any("the zstd frame of array values at byte 0" in p.reason for p in r.problems), r.problems
+        assert any("the zstd frame of array values at byte 0" in p.reason for p in r.problems), (
+            r.problems
+        )

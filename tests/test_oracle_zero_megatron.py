@@ -40,18 +40,31 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from checkpoint_strategy.validate.engine import validate_paths
+import realruns
 from cliresult import checkout_env
 from convertruns import free_port
-import realruns
-from test_oracle_mutations import (Region, Subject, assert_rule, record, run_mutations,  # noqa: F401
-                                   whole, zip_regions)
+from test_oracle_mutations import (  # noqa: F401
+    Region,
+    Subject,
+    assert_rule,
+    record,
+    run_mutations,
+    whole,
+    zip_regions,
+)
 
-pytest.importorskip("deepspeed", reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
-                                        "deepspeed (or pip install -e '.[test,frameworks]')")
+from checkpoint_strategy.validate.engine import validate_paths
 
-SKIP = {"zero_to_fp32.py", "zero_to_torch.py"}   # DeepSpeed's scripts copied beside the steps: not the checkpoint
+pytest.importorskip(
+    "deepspeed",
+    reason="DeepSpeed is in the frameworks extra: pip install --no-build-isolation "
+    "deepspeed (or pip install -e '.[test,frameworks]')",
+)
+
+SKIP = {
+    "zero_to_fp32.py",
+    "zero_to_torch.py",
+}  # DeepSpeed's scripts copied beside the steps: not the checkpoint
 
 
 def run_status(run: Path, level: str) -> str:
@@ -64,7 +77,11 @@ def regions_of(run: Path) -> list[Region]:
     regions: list[Region] = []
     for p in sorted(x for x in run.rglob("*") if x.is_file() and x.name not in SKIP):
         rel, data = str(p.relative_to(run)), p.read_bytes()
-        regions += zip_regions(rel, data) if data[:4] == b"PK\x03\x04" else whole(rel, data, f"pointer {p.name}")
+        regions += (
+            zip_regions(rel, data)
+            if data[:4] == b"PK\x03\x04"
+            else whole(rel, data, f"pointer {p.name}")
+        )
     return regions
 
 
@@ -97,7 +114,9 @@ def zero_oracle(run: Path) -> None:
 
 
 def _zero_run(tmp_path_factory, stage: int, universal: bool = False) -> Path:
-    built = realruns.build_deepspeed_run(tmp_path_factory.mktemp(f"oracle-zero{stage}"), stage=stage)
+    built = realruns.build_deepspeed_run(
+        tmp_path_factory.mktemp(f"oracle-zero{stage}"), stage=stage
+    )
     shutil.rmtree(built / "global_step3")
     if not universal:
         return built
@@ -165,10 +184,21 @@ class EngineLoader:
         script.write_text(ENGINE_LOADER)
         env = checkout_env()
         env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        self.proc = subprocess.Popen([sys.executable, str(script), str(free_port()), str(self.stage),
-                                      "universal" if self.universal else "zero"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                                     cwd=self.root)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                str(free_port()),
+                str(self.stage),
+                "universal" if self.universal else "zero",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=self.root,
+        )
         assert self._answer(600) == "READY", "the DeepSpeed engine did not start"
 
     def _answer(self, timeout: float) -> str:
@@ -214,11 +244,14 @@ def oracle_universal(tmp_path_factory):
 
 # --------------------------------------------------------------------------- Megatron-LM (--ckpt-format torch)
 
+
 def _megatron_model():
     import torch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Embedding(32, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 32))
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(32, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 32)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     return model, opt
 
@@ -236,16 +269,42 @@ def build_megatron_run(root: Path, iteration: int = 3) -> Path:
         model(torch.randint(0, 32, (2, 5))).sum().backward()
         opt.step()
         opt.zero_grad()
-    args = argparse.Namespace(num_layers=1, hidden_size=16, padded_vocab_size=32, tensor_model_parallel_size=1,
-                              pipeline_model_parallel_size=1, lr=1e-3, save_interval=iteration, iteration=iteration,
-                              consumed_train_samples=iteration * 2, ckpt_format="torch")
-    state = {"args": args, "checkpoint_version": 3.0, "iteration": iteration, "model": model.state_dict(),
-             "optimizer": opt.state_dict(),
-             "opt_param_scheduler": {"max_lr": 1e-3, "lr_warmup_steps": 0, "num_steps": iteration * 2,
-                                     "lr_decay_style": "cosine", "lr_decay_steps": 100, "min_lr": 0.0},
-             "rng_state": [{"random_rng_state": random.getstate(), "np_rng_state": np.random.get_state(),
-                            "torch_rng_state": torch.get_rng_state(), "rng_tracker_states": {}}],
-             "num_floating_point_operations_so_far": 12345}
+    args = argparse.Namespace(
+        num_layers=1,
+        hidden_size=16,
+        padded_vocab_size=32,
+        tensor_model_parallel_size=1,
+        pipeline_model_parallel_size=1,
+        lr=1e-3,
+        save_interval=iteration,
+        iteration=iteration,
+        consumed_train_samples=iteration * 2,
+        ckpt_format="torch",
+    )
+    state = {
+        "args": args,
+        "checkpoint_version": 3.0,
+        "iteration": iteration,
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "opt_param_scheduler": {
+            "max_lr": 1e-3,
+            "lr_warmup_steps": 0,
+            "num_steps": iteration * 2,
+            "lr_decay_style": "cosine",
+            "lr_decay_steps": 100,
+            "min_lr": 0.0,
+        },
+        "rng_state": [
+            {
+                "random_rng_state": random.getstate(),
+                "np_rng_state": np.random.get_state(),
+                "torch_rng_state": torch.get_rng_state(),
+                "rng_tracker_states": {},
+            }
+        ],
+        "num_floating_point_operations_so_far": 12345,
+    }
     run = root / "megatron"
     folder = run / f"iter_{iteration:07d}" / "mp_rank_00"
     folder.mkdir(parents=True)
@@ -266,8 +325,11 @@ def megatron_oracle(run: Path) -> None:
         if text != "release":
             raise
         raise ValueError("release checkpoints are not in this test") from None
-    state = torch.load(run / f"iter_{iteration:07d}" / "mp_rank_00" / "model_optim_rng.pt", map_location="cpu",
-                       weights_only=False)   # (Megatron's own call; the package never loads)
+    state = torch.load(
+        run / f"iter_{iteration:07d}" / "mp_rank_00" / "model_optim_rng.pt",
+        map_location="cpu",
+        weights_only=False,
+    )  # (Megatron's own call; the package never loads)
     assert state["iteration"] == iteration or state["iteration"] >= 0
     model, opt = _megatron_model()
     model.load_state_dict(state["model"], strict=True)
@@ -286,24 +348,32 @@ def oracle_megatron(tmp_path_factory) -> Subject:
 
 # --------------------------------------------------------------------------- the rule, per format
 
+
 def _rule(subject: Subject, name: str, counts: dict) -> None:
-    subject.oracle(subject.path)   # the unmutated checkpoint loads
+    subject.oracle(subject.path)  # the unmutated checkpoint loads
     for level in ("full", "deep"):
         assert run_status(subject.path, level) == "valid", level
     assert_rule(name, run_mutations(subject), counts)
 
 
 @ZERO_GROUP
-def test_every_zero_mutation_the_loader_refuses_is_invalid_at_full_and_deep(oracle_zero, request, record):  # noqa: F811
+def test_every_zero_mutation_the_loader_refuses_is_invalid_at_full_and_deep(
+    oracle_zero,
+    request,
+    record,  # noqa: F811
+):
     _rule(oracle_zero, f"zero{request.node.callspec.params['oracle_zero']}", record)
 
 
-@pytest.mark.parametrize("fixture", [pytest.param("oracle_universal", marks=UNIVERSAL_GROUP), "oracle_megatron"])
+@pytest.mark.parametrize(
+    "fixture", [pytest.param("oracle_universal", marks=UNIVERSAL_GROUP), "oracle_megatron"]
+)
 def test_every_mutation_the_loader_refuses_is_invalid_at_full_and_deep(fixture, request, record):  # noqa: F811
     _rule(request.getfixturevalue(fixture), fixture.removeprefix("oracle_"), record)
 
 
 # --------------------------------------------------------------------------- what the oracles found
+
 
 def _refused(oracle, path: Path) -> bool:
     try:
@@ -316,7 +386,9 @@ def _refused(oracle, path: Path) -> bool:
 
 
 @pytest.mark.parametrize("text", ["", "\x13", "3a", "relase"])
-def test_a_megatron_tracker_that_is_no_iteration_is_invalid(oracle_megatron, tmp_path, text, cli_run):
+def test_a_megatron_tracker_that_is_no_iteration_is_invalid(
+    oracle_megatron, tmp_path, text, cli_run
+):
     """Megatron-LM's read_metadata exits on a tracker that is neither int(text) nor 'release' (the oracle found
     a flipped or truncated tracker VALID at every level: the pointer was skipped)."""
     run = tmp_path / "megatron"
@@ -342,8 +414,9 @@ def test_a_deepspeed_latest_that_names_no_tag_is_invalid(oracle_zero, tmp_path, 
     assert run_status(run, "full") == "invalid"
 
 
-def test_a_megatron_tracker_naming_a_missing_iteration_is_incomplete_and_release_is_left_alone(oracle_megatron,
-                                                                                               tmp_path):
+def test_a_megatron_tracker_naming_a_missing_iteration_is_incomplete_and_release_is_left_alone(
+    oracle_megatron, tmp_path
+):
     run = tmp_path / "megatron"
     shutil.copytree(oracle_megatron.path, run)
     (run / "latest_checkpointed_iteration.txt").write_text("2")

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from cliresult import checkout_env
 
 from checkpoint_strategy import render, resources
-from cliresult import checkout_env
 
 
 def test_checkout_layout_is_found(skill_root):
@@ -28,23 +28,94 @@ def test_strict_undefined_refuses_missing_values():
 def test_wheel_carries_templates_and_schemas(skill_root, tmp_path):
     pytest.importorskip("hatchling")
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(skill_root), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheel_dir)], check=True, capture_output=True, timeout=300, env=checkout_env())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(skill_root),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=checkout_env(),
+    )
     wheel = next(wheel_dir.glob("checkpoint_strategy-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, timeout=300, env=checkout_env())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=checkout_env(),
+    )
     env = dict(os.environ, PYTHONPATH=str(target), PYTHONNOUSERSITE="1")
-    code = ("import checkpoint_strategy.resources as r, json, sys; "
-            "print(json.dumps([str(r.data_dir('templates')), str(r.data_dir('schemas'))]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=60)
+    code = (
+        "import checkpoint_strategy.resources as r, json, sys; "
+        "print(json.dumps([str(r.data_dir('templates')), str(r.data_dir('schemas'))]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     templates, schemas = json.loads(proc.stdout)
     assert templates.startswith(str(target)) and schemas.startswith(str(target))
-    proc = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "100000", "2.5", "500", "--model_size_gb",
-                           "4", "--format", "json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkpoint_strategy",
+            "100000",
+            "2.5",
+            "500",
+            "--model_size_gb",
+            "4",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["checkpoint_size_gb"] == 12
-    text = subprocess.run([sys.executable, "-m", "checkpoint_strategy", "100000", "2.5", "500", "--model_size_gb",
-                           "4"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    text = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkpoint_strategy",
+            "100000",
+            "2.5",
+            "500",
+            "--model_size_gb",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert text.stdout.startswith("=== Checkpoint Strategy Report ===")

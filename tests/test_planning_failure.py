@@ -2,8 +2,8 @@
 
 import math
 
-import numpy as np
 import mpmath
+import numpy as np
 import pytest
 
 from checkpoint_strategy.planning import failure
@@ -26,7 +26,9 @@ def test_daly_published_vectors(mtbf, eq37_min, exact_min):
     for restart in (R, 0.0, 6 * R):
         wall = mtbf * math.exp(restart / mtbf) * np.expm1((tau + C) / mtbf) / tau
         assert tau[np.argmin(wall)] == pytest.approx(exact_min * MIN, abs=0.005 * MIN)
-        assert failure.expected_wall_time(1.0, float(tau[0]), C, restart, mtbf) == pytest.approx(wall[0], rel=1e-12)
+        assert failure.expected_wall_time(1.0, float(tau[0]), C, restart, mtbf) == pytest.approx(
+            wall[0], rel=1e-12
+        )
 
 
 def test_young_is_sqrt_2cm():
@@ -70,8 +72,14 @@ def test_overhead_grows_with_failure_rate():
 
 # --- Lambert W against independent oracles (mpmath's lambertw at 50 digits, known values, w e^w = z) ---
 
-KNOWN_W = [(0.0, 0.0), (math.e, 1.0), (1.0, 0.5671432904097838), (-1 / math.e, -1.0), (2 * math.exp(2), 2.0),
-           (-math.exp(-0.5) / 2, -0.5)]
+KNOWN_W = [
+    (0.0, 0.0),
+    (math.e, 1.0),
+    (1.0, 0.5671432904097838),
+    (-1 / math.e, -1.0),
+    (2 * math.exp(2), 2.0),
+    (-math.exp(-0.5) / 2, -0.5),
+]
 
 
 @pytest.mark.parametrize("z, w", KNOWN_W)
@@ -80,9 +88,29 @@ def test_lambert_w0_known_values(z, w):
     assert failure.lambert_w0(z) == pytest.approx(w, rel=1e-15, abs=1e-15)
 
 
-ZS = ([-1 / math.e + 10 ** (-k / 4) for k in range(64, 4, -1)]
-      + [-0.35, -0.33, -0.321, -0.3201, -0.32, -0.3199, -0.2, -1e-9, 1e-9, 0.5, 2.9, 2.99, 3.0, 3.01, 5.0, 50.0]
-      + [10.0**k for k in range(2, 301, 7)] + [1e300, 1e305])
+ZS = (
+    [-1 / math.e + 10 ** (-k / 4) for k in range(64, 4, -1)]
+    + [
+        -0.35,
+        -0.33,
+        -0.321,
+        -0.3201,
+        -0.32,
+        -0.3199,
+        -0.2,
+        -1e-9,
+        1e-9,
+        0.5,
+        2.9,
+        2.99,
+        3.0,
+        3.01,
+        5.0,
+        50.0,
+    ]
+    + [10.0**k for k in range(2, 301, 7)]
+    + [1e300, 1e305]
+)
 
 
 def test_lambert_w0_matches_a_50_digit_oracle_over_the_range():
@@ -92,7 +120,9 @@ def test_lambert_w0_matches_a_50_digit_oracle_over_the_range():
     mpmath.mp.dps = 50
     for z in ZS:
         exact = mpmath.lambertw(mpmath.mpf(z)).real
-        bound = 2 * 2.3e-16 * math.e / float(1 + exact) * (1 + abs(float(exact))) + 1e-15 * (1 + abs(float(exact)))
+        bound = 2 * 2.3e-16 * math.e / float(1 + exact) * (1 + abs(float(exact))) + 1e-15 * (
+            1 + abs(float(exact))
+        )
         w = failure.lambert_w0(z)
         assert abs(w - float(exact)) <= bound, (z, w, float(exact))
         if z > -0.36:  # away from the branch point w e^w is well conditioned
@@ -104,7 +134,9 @@ def test_lambert_w0_below_the_branch_point_says_why():
         with pytest.raises(ValueError) as err:
             failure.lambert_w0(z)
         assert str(err.value) == "lambert_w0 is real only for z >= -1/e"
-    assert failure.lambert_w0(math.nextafter(-1 / math.e, 0.0)) > -1.0  # the branch point itself is accepted
+    assert (
+        failure.lambert_w0(math.nextafter(-1 / math.e, 0.0)) > -1.0
+    )  # the branch point itself is accepted
 
 
 def test_exact_interval_without_save_cost_is_zero():
@@ -117,8 +149,11 @@ def test_expected_wall_time_is_daly_formula(W):
     """T = M e^(R/M) (e^((tau+C)/M) - 1) W / tau (docs/model.md), and W (tau + C) / tau without failures."""
     tau, C, R, M = 1800.0, 60.0, 600.0, 20 * HOUR
     assert failure.expected_wall_time(W, tau, C, R, M) == pytest.approx(
-        M * math.exp(R / M) * (math.exp((tau + C) / M) - 1) * W / tau, rel=1e-12)
-    assert failure.expected_wall_time(W, tau, C, R, math.inf) == pytest.approx(W * (tau + C) / tau, rel=1e-15)
+        M * math.exp(R / M) * (math.exp((tau + C) / M) - 1) * W / tau, rel=1e-12
+    )
+    assert failure.expected_wall_time(W, tau, C, R, math.inf) == pytest.approx(
+        W * (tau + C) / tau, rel=1e-15
+    )
 
 
 @pytest.mark.parametrize("tau", [0.0, -1.0])

@@ -7,12 +7,32 @@ import pytest
 
 from checkpoint_strategy.planning import PlanArguments, plan, planner
 
-LLAMA3 = dict(total_steps=1_000_000, step_seconds=6.2, budget_gb=1_000_000, params=405e9, precision="mixed",
-              gpus=16384)
-SEVENTY_B = dict(total_steps=500_000, step_seconds=8, budget_gb=200_000, params=70e9, precision="mixed", gpus=2048,
-                 write_gbps=0.1)
-BLOOM = dict(total_steps=115_311, step_seconds=105, budget_gb=100_000, params=176e9, precision="mixed", gpus=384,
-             async_save=False)
+LLAMA3 = dict(
+    total_steps=1_000_000,
+    step_seconds=6.2,
+    budget_gb=1_000_000,
+    params=405e9,
+    precision="mixed",
+    gpus=16384,
+)
+SEVENTY_B = dict(
+    total_steps=500_000,
+    step_seconds=8,
+    budget_gb=200_000,
+    params=70e9,
+    precision="mixed",
+    gpus=2048,
+    write_gbps=0.1,
+)
+BLOOM = dict(
+    total_steps=115_311,
+    step_seconds=105,
+    budget_gb=100_000,
+    params=176e9,
+    precision="mixed",
+    gpus=384,
+    async_save=False,
+)
 
 
 def mk(**kw):
@@ -30,15 +50,34 @@ def durable_ok(p) -> bool:
     return p.frequency_steps * p.step_seconds + fm.checkpoint_write_seconds >= lag - 1e-9
 
 
-@pytest.mark.parametrize("gpus, per_node, expected_gbps, nodes", [
-    (8, 8, 1.0, 1), (9, 8, 2.0, 2), (2048, 8, 256.0, 256), (16384, 8, 2000.0, 2048), (64, 4, 16.0, 16)])
-def test_write_rate_scales_with_nodes_and_is_capped_by_storage(gpus, per_node, expected_gbps, nodes):
-    p = mk(total_steps=10000, step_seconds=1, budget_gb=1e6, params=7e9, gpus=gpus, gpus_per_node=per_node)
+@pytest.mark.parametrize(
+    "gpus, per_node, expected_gbps, nodes",
+    [
+        (8, 8, 1.0, 1),
+        (9, 8, 2.0, 2),
+        (2048, 8, 256.0, 256),
+        (16384, 8, 2000.0, 2048),
+        (64, 4, 16.0, 16),
+    ],
+)
+def test_write_rate_scales_with_nodes_and_is_capped_by_storage(
+    gpus, per_node, expected_gbps, nodes
+):
+    p = mk(
+        total_steps=10000,
+        step_seconds=1,
+        budget_gb=1e6,
+        params=7e9,
+        gpus=gpus,
+        gpus_per_node=per_node,
+    )
     w = p.storage_writes
     assert (w.write_gbps, w.nodes, w.gpus_per_node) == (expected_gbps, nodes, per_node)
     assert f"x {nodes} node" in w.write_source
     assert ("capped by the storage's 2000 GB/s" in w.write_source) == (nodes > 2000)
-    assert p.failure_model.persist_seconds == pytest.approx(p.checkpoint_size_gb / expected_gbps, rel=1e-6)
+    assert p.failure_model.persist_seconds == pytest.approx(
+        p.checkpoint_size_gb / expected_gbps, rel=1e-6
+    )
 
 
 def test_write_rate_options_and_override():
@@ -114,8 +153,14 @@ def test_cap_is_kept_and_priced():
 
 def test_async_cap_subtracts_the_write_time():
     # 12 GB at 1 GB/s: 12 s to storage; cap 0.1 h = 360 s -> tau <= 348 s -> 348 steps -> nice 250
-    p = mk(total_steps=100000, step_seconds=1, budget_gb=1e5, model_size_gb=4, max_loss_hours=0.1,
-           min_interval_seconds=0)
+    p = mk(
+        total_steps=100000,
+        step_seconds=1,
+        budget_gb=1e5,
+        model_size_gb=4,
+        max_loss_hours=0.1,
+        min_interval_seconds=0,
+    )
     assert p.frequency_steps == 250
     assert p.max_data_loss_hours <= 0.1
 
@@ -124,16 +169,33 @@ def test_frequency_option_is_checked_against_the_cap():
     p = mk(**BLOOM, frequency=100)
     assert p.max_data_loss_hours == pytest.approx(100 * 105 / 3600)
     w = [w for w in p.warnings if w.startswith("max data loss")]
-    assert len(w) == 1 and "--frequency 100" in w[0] and f"every {p.interval.max_loss_cap_steps} steps" in w[0]
+    assert (
+        len(w) == 1
+        and "--frequency 100" in w[0]
+        and f"every {p.interval.max_loss_cap_steps} steps" in w[0]
+    )
     assert p.interval.reason == "frequency_option"
 
 
 def test_preset_result_is_checked_like_any_other():
-    p = mk(total_steps=100000, step_seconds=30, budget_gb=1e5, model_size_gb=100, gpus=1, preset="conservative",
-           max_loss_hours=2)
+    p = mk(
+        total_steps=100000,
+        step_seconds=30,
+        budget_gb=1e5,
+        model_size_gb=100,
+        gpus=1,
+        preset="conservative",
+        max_loss_hours=2,
+    )
     assert p.frequency_steps == 200  # the 2 h cap (240 steps) -> 200
-    q = mk(total_steps=100000, step_seconds=30, budget_gb=1e5, model_size_gb=1, preset="conservative",
-           max_loss_hours=0.001)
+    q = mk(
+        total_steps=100000,
+        step_seconds=30,
+        budget_gb=1e5,
+        model_size_gb=1,
+        preset="conservative",
+        max_loss_hours=0.001,
+    )
     assert any(w.startswith("max data loss") for w in q.warnings)
 
 
@@ -163,16 +225,31 @@ def test_default_milestones_align_with_the_interval():
     assert all(m % 2500 == 0 or m == 100000 for m in p.milestone_steps)
     assert 2500 in p.milestone_steps and 1000 not in p.milestone_steps
     assert not any("not multiples" in w for w in p.warnings)
-    given = mk(total_steps=100000, step_seconds=2, budget_gb=1e6, params=7e9, gpus=64, frequency=2500,
-               milestones=[1000, 5000])
+    given = mk(
+        total_steps=100000,
+        step_seconds=2,
+        budget_gb=1e6,
+        params=7e9,
+        gpus=64,
+        frequency=2500,
+        milestones=[1000, 5000],
+    )
     assert given.milestone_steps == [1000, 5000]
     assert any("not multiples" in w for w in given.warnings)
 
 
-@pytest.mark.parametrize("precision, per_param", [("fp32", 12), ("mixed", 14), ("mixed-no-master", 10)])
+@pytest.mark.parametrize(
+    "precision, per_param", [("fp32", 12), ("mixed", 14), ("mixed-no-master", 10)]
+)
 def test_precision_bytes_per_param(precision, per_param):
-    p = mk(total_steps=1000, step_seconds=1, budget_gb=1e6, params=175e9, precision=precision,
-           formats=["full_state_dict"])
+    p = mk(
+        total_steps=1000,
+        step_seconds=1,
+        budget_gb=1e6,
+        params=175e9,
+        precision=precision,
+        formats=["full_state_dict"],
+    )
     assert p.checkpoint_size_gb == pytest.approx(175 * per_param)
     assert p.model_size_gb == pytest.approx(175 * (4 if precision == "fp32" else 2))
 
@@ -189,7 +266,15 @@ def test_plan_function_is_split_into_short_steps():
 
 
 def test_nice_ceil():
-    assert [planner.nice_ceil(x) for x in (0.3, 1, 1.1, 37.5, 1102.5, 9001, 48.4)] == [1, 1, 2, 50, 2000, 10000, 50]
+    assert [planner.nice_ceil(x) for x in (0.3, 1, 1.1, 37.5, 1102.5, 9001, 48.4)] == [
+        1,
+        1,
+        2,
+        50,
+        2000,
+        10000,
+        50,
+    ]
     assert all(planner.nice_ceil(x) >= x for x in (3.3, 47, 121, 999.5, 12345))
     assert math.isclose(planner._ceil2(1.74), 1.8)
 
@@ -201,21 +286,44 @@ from checkpoint_strategy.errors import UsageError  # noqa: E402
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.integers(1, 10**7), secs=st.floats(0.01, 1e4), params=st.one_of(st.none(), st.floats(1e6, 1e13)),
-       gpus=st.integers(1, 100000), per_node=st.integers(1, 16), gbps=st.one_of(st.none(), st.floats(1e-3, 1e4)),
-       min_s=st.floats(0, 1e5), cap=st.floats(1e-3, 1e3), freq=st.one_of(st.none(), st.integers(1, 10**6)),
-       async_save=st.booleans(), tier=st.one_of(st.none(), st.tuples(st.floats(0.1, 1e5), st.floats(0.01, 100))))
-def test_final_policy_invariants_hold_for_any_input(steps, secs, params, gpus, per_node, gbps, min_s, cap, freq,
-                                                    async_save, tier):
-    kw = dict(total_steps=steps, step_seconds=secs, budget_gb=1e6, params=params, gpus=gpus, gpus_per_node=per_node,
-              write_gbps=gbps, min_interval_seconds=min_s, max_loss_hours=cap, frequency=freq, async_save=async_save)
+@given(
+    steps=st.integers(1, 10**7),
+    secs=st.floats(0.01, 1e4),
+    params=st.one_of(st.none(), st.floats(1e6, 1e13)),
+    gpus=st.integers(1, 100000),
+    per_node=st.integers(1, 16),
+    gbps=st.one_of(st.none(), st.floats(1e-3, 1e4)),
+    min_s=st.floats(0, 1e5),
+    cap=st.floats(1e-3, 1e3),
+    freq=st.one_of(st.none(), st.integers(1, 10**6)),
+    async_save=st.booleans(),
+    tier=st.one_of(st.none(), st.tuples(st.floats(0.1, 1e5), st.floats(0.01, 100))),
+)
+def test_final_policy_invariants_hold_for_any_input(
+    steps, secs, params, gpus, per_node, gbps, min_s, cap, freq, async_save, tier
+):
+    kw = dict(
+        total_steps=steps,
+        step_seconds=secs,
+        budget_gb=1e6,
+        params=params,
+        gpus=gpus,
+        gpus_per_node=per_node,
+        write_gbps=gbps,
+        min_interval_seconds=min_s,
+        max_loss_hours=cap,
+        frequency=freq,
+        async_save=async_save,
+    )
     if tier:
         kw["local_tier"] = {"gb_per_node": tier[0], "gbps_per_node": tier[1]}
     try:
         p = mk(**kw)
     except UsageError:
         return
-    if p.frequency_steps < steps:  # more than one save: none may start before the previous is on storage
+    if (
+        p.frequency_steps < steps
+    ):  # more than one save: none may start before the previous is on storage
         assert durable_ok(p)
     over = p.max_data_loss_hours > cap * (1 + 1e-9) + 1e-6
     assert over == any(w.startswith("max data loss") for w in p.warnings)

@@ -26,8 +26,16 @@ def _advise(entry, checkpoints):
 
 
 def _params(entries):
-    return [pytest.param(e, id=e["file"], marks=[pytest.mark.xfail(strict=True, reason=e["known_wrong"])]
-                         if "known_wrong" in e else []) for e in entries]
+    return [
+        pytest.param(
+            e,
+            id=e["file"],
+            marks=[pytest.mark.xfail(strict=True, reason=e["known_wrong"])]
+            if "known_wrong" in e
+            else [],
+        )
+        for e in entries
+    ]
 
 
 def test_the_corpus_is_big_enough_and_sourced():
@@ -37,11 +45,23 @@ def test_the_corpus_is_big_enough_and_sourced():
     assert {e["label"] for e in good} >= {"clean", "overfitting"}
     # the bad set is not one repository's one failure mode
     assert len({e["repo"] for e in bad}) >= 4
-    assert {k for e in bad for k in e["expect"]["kinds"]} >= {"divergence", "level_shift", "nonfinite"}
-    assert max(sum(e["repo"] == r for e in bad) for r in {e["repo"] for e in bad}) <= len(bad) // 2 + 1
+    assert {k for e in bad for k in e["expect"]["kinds"]} >= {
+        "divergence",
+        "level_shift",
+        "nonfinite",
+    }
+    assert (
+        max(sum(e["repo"] == r for e in bad) for r in {e["repo"] for e in bad}) <= len(bad) // 2 + 1
+    )
     for e in LOGS:
         assert (DATA / e["file"]).is_file()
-        assert len(e["commit"]) == 40 and int(e["commit"], 16) >= 0 and "/" in e["repo"] and e["path"] and e["reason"]
+        assert (
+            len(e["commit"]) == 40
+            and int(e["commit"], 16) >= 0
+            and "/" in e["repo"]
+            and e["path"]
+            and e["reason"]
+        )
         exp = e["expect"]
         if exp["rollback"]:
             # one kind, or two only where the log supports both
@@ -69,14 +89,24 @@ def test_recover_gives_the_right_answer(entry):
         # with checkpoints every 50 steps, the resume point is the newest one before the onset
         steps = list(range(0, r.log.last_step + 1, 50))[1:]
         r2 = _advise(entry, steps)
-        before = [s for s in steps if s <= r.checkpoints.cutoff_step] if r.checkpoints.cutoff_step else []
+        before = (
+            [s for s in steps if s <= r.checkpoints.cutoff_step]
+            if r.checkpoints.cutoff_step
+            else []
+        )
         if before:
-            assert r2.resume_checkpoint is not None and r2.resume_checkpoint.step < r2.spike.onset_step <= hi
+            assert (
+                r2.resume_checkpoint is not None
+                and r2.resume_checkpoint.step < r2.spike.onset_step <= hi
+            )
             if r2.resume_checkpoint.within_tolerance is not True:
                 # a curve still falling fast before the onset: no earlier checkpoint is within 10 % of the
                 # healthy level, and recover must say so
                 assert any("newest clean candidate" in w for w in r2.warnings), r2.warnings
-            assert all(c.step > r2.spike.onset_step - r2.checkpoints.margin_steps for c in r2.checkpoints.post_event)
+            assert all(
+                c.step > r2.spike.onset_step - r2.checkpoints.margin_steps
+                for c in r2.checkpoints.post_event
+            )
             assert r2.checkpoints.post_event and r2.checkpoints.post_event[-1].step == steps[-1]
     else:
         # a clean run is not headlined as an event: only a grad-norm event (a threshold crossed) has a status
@@ -109,7 +139,10 @@ def _checkpoint_sets(entry):
     every 5th and every 20th."""
     from checkpoint_strategy.recovery.logs import Columns, read_log
 
-    steps = [int(s) for s in read_log(DATA / entry["file"], columns=Columns(loss=entry.get("loss_key"))).steps]
+    steps = [
+        int(s)
+        for s in read_log(DATA / entry["file"], columns=Columns(loss=entry.get("loss_key"))).steps
+    ]
     return [(k, steps[::k]) for k in (1, 5, 20)]
 
 
@@ -139,4 +172,3 @@ def test_every_rollback_entry_has_a_latest_safe_step_and_how_it_was_read():
     for e in ROLLBACKS:
         assert isinstance(e["expect"]["latest_safe_step"], int) and e["safe_how"]
         assert e["expect"]["latest_safe_step"] < e["expect"]["onset"][1]
-

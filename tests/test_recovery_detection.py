@@ -62,14 +62,16 @@ def add_spike(rng: np.random.Generator, y: np.ndarray, curve: np.ndarray, sigma:
         y[at] = curve[at] * mag
         return y, at, at
     if shape == "nan":
-        y[at:at + int(rng.integers(1, 50))] = np.nan
+        y[at : at + int(rng.integers(1, 50))] = np.nan
         return y, at, at
     if shape == "sustained":
         y[at:] = y[at:] * mag
         return y, at, at
     if shape == "ramp":
         rise = int(rng.integers(3, 30))
-        prof = np.concatenate((np.linspace(1 / rise, 1, rise), np.exp(-np.arange(N) / 300.0)))[: N - at]
+        prof = np.concatenate((np.linspace(1 / rise, 1, rise), np.exp(-np.arange(N) / 300.0)))[
+            : N - at
+        ]
         y[at:] += curve[at] * (mag - 1) * prof
         return y, at, at + rise
     tau = rng.uniform(2, 15) if shape == "fast_decay" else rng.uniform(100, 2000)
@@ -114,7 +116,9 @@ def test_at_least_95_percent_of_spikes_found():
                 else:
                     missed.append((sigma, shape, onset))
     assert total == 240
-    assert missed == [] and found == total  # docs/recovery.md: all 240 found (the >= 95 % claim, with margin)
+    assert (
+        missed == [] and found == total
+    )  # docs/recovery.md: all 240 found (the >= 95 % claim, with margin)
 
 
 def test_nan_is_critical_and_onset_is_the_first_nan():
@@ -138,8 +142,14 @@ def test_grad_norm_spike_without_loss_spike_is_reported():
 
 def _series(loss, steps=None, grad=None, lr=None):
     steps = np.arange(1, len(loss) + 1) if steps is None else steps
-    return build_series(steps, loss, grad, lr, grad_norm_key="grad_norm" if grad is not None else None,
-                        lr_key="lr" if lr is not None else None)
+    return build_series(
+        steps,
+        loss,
+        grad,
+        lr,
+        grad_norm_key="grad_norm" if grad is not None else None,
+        lr_key="lr" if lr is not None else None,
+    )
 
 
 def _curve(n=2000, onset=1200, mag=4.0, tau=None, sigma=0.02, seed=0):
@@ -170,8 +180,16 @@ def test_sustained_spike_resumes_before_onset_with_playbook_numbers():
     assert r.resume_checkpoint.step == 1100 and r.resume_checkpoint.path == "/ck/checkpoint-1100"
     assert r.resume_checkpoint.within_tolerance is True
     assert r.skip_batches == [1101, 1221]
-    assert (r.lr_multiplier, r.lr_reduced_steps, r.lr_reduced_until_step, r.grad_clip) == (0.5, 500, 1600, 0.5)
-    assert "checkpoint-1100" in r.overrides.hf_trainer and "max_grad_norm = 0.5" in r.overrides.hf_trainer
+    assert (r.lr_multiplier, r.lr_reduced_steps, r.lr_reduced_until_step, r.grad_clip) == (
+        0.5,
+        500,
+        1600,
+        0.5,
+    )
+    assert (
+        "checkpoint-1100" in r.overrides.hf_trainer
+        and "max_grad_norm = 0.5" in r.overrides.hf_trainer
+    )
     assert "gradient_clip_val=0.5" in r.overrides.lightning
     # a checkpoint saved one step before the onset already holds the spiked weights
     r2 = advise_series(_series(y), [(1100, None), (1199, None), (1200, None)])
@@ -214,7 +232,9 @@ def test_restarts_latest_segment_wins_and_is_reported():
     loss = np.concatenate((y[:1000] * 1.0, y[800:1500]))
     loss[900:1000] = 50.0  # the first segment spiked near its end; the restart replaced those steps
     s = _series(loss, steps)
-    assert s.restarts == [{"step": 801, "previous_step": 1000, "repeated_steps": 200, "entry": 1000}]
+    assert s.restarts == [
+        {"step": 801, "previous_step": 1000, "repeated_steps": 200, "entry": 1000}
+    ]
     assert list(s.steps) == list(range(1, 1501))
     r = advise_series(s, [])
     assert r.status == "no_spike" and len(r.restarts) == 1
@@ -228,7 +248,9 @@ def test_unsorted_steps_are_rejected():
 def test_logging_interval_sets_the_margin():
     y = np.repeat(_curve(n=400, onset=250), 1)
     steps = np.arange(1, 401) * 10  # logged every 10 steps; onset at step 2510
-    r = advise_series(_series(y, steps), [(s, None) for s in range(500, 4001, 500)] + [(2490, None), (2500, None)])
+    r = advise_series(
+        _series(y, steps), [(s, None) for s in range(500, 4001, 500)] + [(2490, None), (2500, None)]
+    )
     assert r.spike.onset_step == 2510
     assert r.checkpoints.margin_steps == 11
     assert r.resume_checkpoint.step == 2490
@@ -257,7 +279,9 @@ def _found(y: np.ndarray) -> list[int]:
 @pytest.mark.parametrize("z, found", [(7.2, True), (6.8, False)])
 def test_z_rule_edge_at_seven_robust_sigmas(z, found):
     d = 0.01
-    y = _alternating(d, 1.0 + z * 1.4826 * d)  # z from the median/MAD of the pattern, 10 % rise (below 2.5x)
+    y = _alternating(
+        d, 1.0 + z * 1.4826 * d
+    )  # z from the median/MAD of the pattern, 10 % rise (below 2.5x)
     assert (_found(y) == [600]) is found and (found or _found(y) == [])
 
 
@@ -294,8 +318,8 @@ def test_spikes_are_sorted_and_disjoint_on_a_plateau_with_repeated_outliers():
         assert a.recovered_step is not None and a.recovered_step < b.onset_step
 
 
-
 # --- edges found by mutation testing (issue 18): each curve is built so the right answer is known by hand ---------
+
 
 def _flat(seed: int, n: int = 1000, level: float = 2.0, noise: float = 0.02) -> np.ndarray:
     return level + noise * np.random.default_rng(seed).standard_normal(n)
@@ -321,7 +345,9 @@ def test_a_spikes_peak_is_inside_the_spike_not_in_a_later_one():
 
 def test_never_trained_onset_is_where_the_loss_left_the_start_and_peak_is_the_maximum():
     x = _flat(0, 600, level=3.0, noise=0.03)
-    x[:4] = 2.0  # the untrained model's loss for four steps, then up for good (before any rolling history)
+    x[:4] = (
+        2.0  # the untrained model's loss for four steps, then up for good (before any rolling history)
+    )
     (ev,) = _analyse(x).events
     assert ev.kind == "divergence" and ev.end is None and "started from" in ev.rules[0]
     assert ev.onset == 4  # the first value above the start by more than the tolerance
@@ -356,7 +382,9 @@ def test_spike_in_the_last_few_values_is_recovering_inside_the_minimum_wait():
     x = _flat(5)
     x[-6:] = 8.0 + 0.1 * np.random.default_rng(6).standard_normal(6)
     a = _analyse(x)
-    assert [e.onset for e in a.events] == [994] and a.verdict == "recovering"  # 6 steps < min_wait_steps 50
+    assert [e.onset for e in a.events] == [
+        994
+    ] and a.verdict == "recovering"  # 6 steps < min_wait_steps 50
 
 
 def test_projected_excess_follows_the_exponential_decay_seen_since_the_onset():

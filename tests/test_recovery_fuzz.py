@@ -5,28 +5,40 @@ from __future__ import annotations
 import json
 import math
 
+import curves
 import numpy as np
+from cliresult import Result
+from fuzzcheck import LOSS_CURVES, MUTATE, assert_events_in_order, reached, reaches_core
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import detect_spikes
-from cliresult import Result
-import curves
-from fuzzcheck import LOSS_CURVES, MUTATE, assert_events_in_order, reached, reaches_core
 
-SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
-numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20))
-values = st.one_of(numbers, st.none(), st.booleans(), st.text(max_size=5), st.lists(st.integers(), max_size=2))
+numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**20), 10**20))
+values = st.one_of(
+    numbers, st.none(), st.booleans(), st.text(max_size=5), st.lists(st.integers(), max_size=2)
+)
 steps = st.one_of(st.integers(-5, 10**6), st.floats(allow_nan=True), st.text(max_size=3), st.none())
-record = st.fixed_dictionaries({"step": steps, "loss": values},
-                               optional={"grad_norm": values, "learning_rate": values, "eval_loss": values})
-series_records = st.lists(st.fixed_dictionaries({"step": st.integers(0, 3000),
-                                                 "loss": st.one_of(st.floats(-5, 1e6), st.sampled_from([math.nan, math.inf]))},
-                                                optional={"grad_norm": numbers, "learning_rate": numbers}),
-                          max_size=400)
+record = st.fixed_dictionaries(
+    {"step": steps, "loss": values},
+    optional={"grad_norm": values, "learning_rate": values, "eval_loss": values},
+)
+series_records = st.lists(
+    st.fixed_dictionaries(
+        {
+            "step": st.integers(0, 3000),
+            "loss": st.one_of(st.floats(-5, 1e6), st.sampled_from([math.nan, math.inf])),
+        },
+        optional={"grad_norm": numbers, "learning_rate": numbers},
+    ),
+    max_size=400,
+)
 
 
 def check(capsys, argv):
@@ -47,9 +59,15 @@ def _dump(obj) -> str:
 
 
 @SETTINGS
-@given(history=st.one_of(st.lists(record, max_size=60), series_records), wrap=st.booleans(),
-       cut=st.integers(0, 400), as_lines=st.booleans())
-def test_fuzz_bad_json_logs_exit_2_with_one_line(tmp_path_factory, capsys, history, wrap, cut, as_lines):
+@given(
+    history=st.one_of(st.lists(record, max_size=60), series_records),
+    wrap=st.booleans(),
+    cut=st.integers(0, 400),
+    as_lines=st.booleans(),
+)
+def test_fuzz_bad_json_logs_exit_2_with_one_line(
+    tmp_path_factory, capsys, history, wrap, cut, as_lines
+):
     d = tmp_path_factory.mktemp("fz")
     if as_lines:
         p = d / "m.jsonl"
@@ -64,11 +82,36 @@ def test_fuzz_bad_json_logs_exit_2_with_one_line(tmp_path_factory, capsys, histo
 
 
 @SETTINGS
-@given(header=st.lists(st.sampled_from(["step", "loss", "Step", "r - train/loss", "r - train/loss__MIN", "lr",
-                                         "grad_norm", "x", ""]), min_size=1, max_size=5),
-       rows=st.lists(st.lists(st.one_of(st.integers(-3, 500).map(str), st.floats().map(str),
-                                        st.sampled_from(["", "nan", "inf", "abc", '"', "1e400"])),
-                              max_size=6), max_size=80))
+@given(
+    header=st.lists(
+        st.sampled_from(
+            [
+                "step",
+                "loss",
+                "Step",
+                "r - train/loss",
+                "r - train/loss__MIN",
+                "lr",
+                "grad_norm",
+                "x",
+                "",
+            ]
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    rows=st.lists(
+        st.lists(
+            st.one_of(
+                st.integers(-3, 500).map(str),
+                st.floats().map(str),
+                st.sampled_from(["", "nan", "inf", "abc", '"', "1e400"]),
+            ),
+            max_size=6,
+        ),
+        max_size=80,
+    ),
+)
 def test_fuzz_bad_csv_logs_exit_2_with_one_line(tmp_path_factory, capsys, header, rows):
     p = tmp_path_factory.mktemp("fzc") / "log.csv"
     p.write_text("\n".join(",".join(r) for r in [header, *rows]))
@@ -76,12 +119,36 @@ def test_fuzz_bad_csv_logs_exit_2_with_one_line(tmp_path_factory, capsys, header
     check(capsys, ["verify-resume", str(p), "--resume-step", "10", "--format", "json"])
 
 
-ARG = st.sampled_from(["--window", "--z", "--ratio", "--max-ratio", "--min-rise", "--tolerance", "--wait",
-                       "--min-wait", "--margin", "--lr-multiplier", "--lr-steps", "--grad-clip",
-                       "--skip-past-onset", "--checkpoints", "--milestones", "--format", "--log-format",
-                       "--step-column", "--loss-column", "--run", "--tag"])
-ARGVAL = st.one_of(st.integers(-10, 10**7).map(str), st.floats().map(str),
-                   st.sampled_from(["", "json", "text", "csv", "1,2,3", "abc", "-1", "0", "nan", "1e308"]))
+ARG = st.sampled_from(
+    [
+        "--window",
+        "--z",
+        "--ratio",
+        "--max-ratio",
+        "--min-rise",
+        "--tolerance",
+        "--wait",
+        "--min-wait",
+        "--margin",
+        "--lr-multiplier",
+        "--lr-steps",
+        "--grad-clip",
+        "--skip-past-onset",
+        "--checkpoints",
+        "--milestones",
+        "--format",
+        "--log-format",
+        "--step-column",
+        "--loss-column",
+        "--run",
+        "--tag",
+    ]
+)
+ARGVAL = st.one_of(
+    st.integers(-10, 10**7).map(str),
+    st.floats().map(str),
+    st.sampled_from(["", "json", "text", "csv", "1,2,3", "abc", "-1", "0", "nan", "1e308"]),
+)
 
 
 @SETTINGS
@@ -96,15 +163,24 @@ def test_fuzz_bad_recover_arguments_exit_2_with_one_line(tmp_path_factory, capsy
     for k, v in opts:
         argv += [k, v]
     check(capsys, ["recover", *argv])
-    check(capsys, ["verify-resume", str(p), "--resume-step", resume, *[a for kv in opts[:1] for a in kv]])
+    check(
+        capsys,
+        ["verify-resume", str(p), "--resume-step", resume, *[a for kv in opts[:1] for a in kv]],
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(loss=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=300),
-       window=st.integers(8, 300))
+@given(
+    loss=st.lists(
+        st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=300
+    ),
+    window=st.integers(8, 300),
+)
 def test_detect_spikes_on_garbage_floats_never_crashes(loss, window):
     try:
-        spikes = detect_spikes(np.arange(len(loss)), np.array(loss, dtype=np.float64), window=window)
+        spikes = detect_spikes(
+            np.arange(len(loss)), np.array(loss, dtype=np.float64), window=window
+        )
     except UsageError:
         return
     for s in spikes:
@@ -140,7 +216,7 @@ def _mutate_records(records: list[dict], roll) -> list[dict]:
     elif how == 1:
         del out[i]["loss"]
     else:
-        out += [dict(r) for r in out[i // 2:i]]
+        out += [dict(r) for r in out[i // 2 : i]]
     return out
 
 
@@ -153,10 +229,21 @@ def _check_report(out: str, *, spikes_key: str = "spikes") -> None:
 
 @reaches_core()
 @SETTINGS
-@given(y=LOSS_CURVES, every=st.integers(1, 20), extras=st.booleans(), shape=st.sampled_from(["hf", "list", "jsonl"]),
-       roll=MUTATE)
+@given(
+    y=LOSS_CURVES,
+    every=st.integers(1, 20),
+    extras=st.booleans(),
+    shape=st.sampled_from(["hf", "list", "jsonl"]),
+    roll=MUTATE,
+)
 # found by this fuzzer: a grad-norm precursor moved two spikes' onsets back to the same step
-@example(y=curves.sample(17, "level_shift", 0.005, 150, 2), every=1, extras=True, shape="hf", roll=(0, 0, ""))
+@example(
+    y=curves.sample(17, "level_shift", 0.005, 150, 2),
+    every=1,
+    extras=True,
+    shape="hf",
+    roll=(0, 0, ""),
+)
 def test_fuzzed_json_logs(tmp_path_factory, capsys, y, every, extras, shape, roll):
     """Real log shapes (HF trainer_state.json, a JSON list, JSON lines) of real-looking curves, damaged one time in
     five: recover reports events in order and a resume point before the spike; verify-resume runs."""
@@ -179,13 +266,21 @@ CSV_GARBAGE = st.sampled_from(["", "nan", "inf", "abc", '"', "1e400", "-1"])
 
 @reaches_core()
 @SETTINGS
-@given(y=LOSS_CURVES, every=st.integers(1, 20), names=st.sampled_from([("step", "loss"), ("Step", "r - train/loss"),
-                                                                     ("step", "train/loss")]),
-       lr=st.booleans(), roll=MUTATE, cell=CSV_GARBAGE)
+@given(
+    y=LOSS_CURVES,
+    every=st.integers(1, 20),
+    names=st.sampled_from([("step", "loss"), ("Step", "r - train/loss"), ("step", "train/loss")]),
+    lr=st.booleans(),
+    roll=MUTATE,
+    cell=CSV_GARBAGE,
+)
 def test_fuzzed_csv_logs(tmp_path_factory, capsys, y, every, names, lr, roll, cell):
     """CSV logs as W&B and Lightning write them, one cell or row damaged one time in five."""
     header = [*names, *(["lr"] if lr else [])]
-    rows = [[str((i + 1) * every), repr(float(v)), *([repr(1e-3 / (1 + i))] if lr else [])] for i, v in enumerate(y)]
+    rows = [
+        [str((i + 1) * every), repr(float(v)), *([repr(1e-3 / (1 + i))] if lr else [])]
+        for i, v in enumerate(y)
+    ]
     chance, where, _ = roll
     if chance >= 16:
         row = rows[where % len(rows)]
@@ -198,7 +293,10 @@ def test_fuzzed_csv_logs(tmp_path_factory, capsys, y, every, names, lr, roll, ce
     r = run(capsys, ["recover", str(p), "--format", "json"])
     if reached(r.rc != 2):
         _check_report(r.out)
-    check(capsys, ["verify-resume", str(p), "--resume-step", str(every * len(y) // 2), "--format", "json"])
+    check(
+        capsys,
+        ["verify-resume", str(p), "--resume-step", str(every * len(y) // 2), "--format", "json"],
+    )
 
 
 RECOVER_OPTIONS = st.one_of(
@@ -217,7 +315,8 @@ RECOVER_OPTIONS = st.one_of(
     st.tuples(st.just("--skip-past-onset"), st.integers(0, 100).map(str)),
     st.tuples(st.just("--checkpoints"), st.sampled_from(["100,200,290", "50", "10,20,30,40"])),
     st.tuples(st.just("--milestones"), st.sampled_from(["50", "100,250"])),
-    st.tuples(st.just("--log-format"), st.sampled_from(["auto", "jsonl"])))
+    st.tuples(st.just("--log-format"), st.sampled_from(["auto", "jsonl"])),
+)
 
 
 @reaches_core()

@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from fuzzcheck import LOSS_CURVES, assert_events_in_order, reached, reaches_core
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -15,17 +16,22 @@ from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import OnlineDetector, advise
 from checkpoint_strategy.recovery.advice import advise_series
 from checkpoint_strategy.recovery.logs import build_series
-from fuzzcheck import LOSS_CURVES, assert_events_in_order, reached, reaches_core
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")  # no numpy warning reaches stderr
 
-values = st.one_of(st.floats(allow_nan=True, allow_infinity=True, width=64),
-                   st.sampled_from([0.0, -0.0, 1.0, 1e308, -1e308, 5e-324, math.nan, math.inf]))
+values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.sampled_from([0.0, -0.0, 1.0, 1e308, -1e308, 5e-324, math.nan, math.inf]),
+)
 
 
 @reaches_core()
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.lists(values, min_size=1, max_size=400), LOSS_CURVES.map(list)), st.integers(1, 60), st.booleans())
+@given(
+    st.one_of(st.lists(values, min_size=1, max_size=400), LOSS_CURVES.map(list)),
+    st.integers(1, 60),
+    st.booleans(),
+)
 # a NaN that came back and the never-trained rule (ends above the starting loss) share onset step 2: two detectors
 @example([-1.0, 0.0, math.nan] + [0.0] * 11 + [-1.0, 0.0, 0.0, -1.0, -1.0, 0.0], 1, False)
 def test_advice_never_crashes(loss, every, with_lr):
@@ -48,8 +54,10 @@ def test_advice_never_crashes(loss, every, with_lr):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.lists(values, min_size=1, max_size=600), LOSS_CURVES.map(list)),
-       st.lists(values, min_size=0, max_size=600))
+@given(
+    st.one_of(st.lists(values, min_size=1, max_size=600), LOSS_CURVES.map(list)),
+    st.lists(values, min_size=0, max_size=600),
+)
 def test_online_detector_never_crashes(loss, grad):
     """Events arrive in order: a new spike starts after the previous one was reported back (a collapse or level
     shift is another detector and may start inside a spike that "came back", as in the batch detector)."""
@@ -74,7 +82,11 @@ def test_online_detector_never_crashes(loss, grad):
 
 def test_booleans_are_not_numbers_in_documents(tmp_path):
     p = tmp_path / "trainer_state.json"
-    p.write_text(json.dumps({"log_history": [{"step": i, "loss": True if i == 5 else 1.0} for i in range(1, 50)]}))
+    p.write_text(
+        json.dumps(
+            {"log_history": [{"step": i, "loss": True if i == 5 else 1.0} for i in range(1, 50)]}
+        )
+    )
     try:
         advise(p, [])
     except UsageError as exc:

@@ -14,21 +14,25 @@ import random
 import re
 
 import pytest
-
 from test_recovery_corpus import DATA, LOGS
 
-TITLES = {"no_spike": "KEEP TRAINING", "self_recovered": "KEEP TRAINING (self-recovered)",
-          "wait": "WAIT (inside the wait window)", "rollback": "ROLL BACK",
-          "no_clean_checkpoint": "ROLL BACK IMPOSSIBLE (no checkpoint predates the spike)"}
+TITLES = {
+    "no_spike": "KEEP TRAINING",
+    "self_recovered": "KEEP TRAINING (self-recovered)",
+    "wait": "WAIT (inside the wait window)",
+    "rollback": "ROLL BACK",
+    "no_clean_checkpoint": "ROLL BACK IMPOSSIBLE (no checkpoint predates the spike)",
+}
 # words that name a decision or a verdict: the "Loss now" line is evidence and must use none of them
-DECISION_WORDS = re.compile(r"\b(roll(ed)? back|rollback|keep training|wait:|recovering|recovered|diverged|healthy:)",
-                            re.I)
+DECISION_WORDS = re.compile(
+    r"\b(roll(ed)? back|rollback|keep training|wait:|recovering|recovered|diverged|healthy:)", re.I
+)
 
 
 def check_headline(text: str, rep: dict) -> None:
     lines = text.splitlines()
     assert lines[0] == f"=== Loss-Spike Recovery: {TITLES[rep['status']]} ===", lines[0]
-    head = lines[:lines.index("")] if "" in lines else lines
+    head = lines[: lines.index("")] if "" in lines else lines
     assert not any(line.startswith(("Status:", "Verdict:")) for line in lines), head
     assert [line for line in lines if line.startswith("=> ")] == [f"=> {rep['summary']}"]
     loss_now = [line for line in head if line.startswith("Loss now:")]
@@ -61,7 +65,11 @@ def recover(cli_run, *args) -> tuple[str, dict]:
 
 @pytest.mark.parametrize("entry", LOGS, ids=[e["file"] for e in LOGS])
 def test_one_headline_on_every_corpus_log(entry, cli_run):
-    args = [str(DATA / entry["file"]), "--checkpoints", ",".join(str(s) for s in range(50, 100001, 50))]
+    args = [
+        str(DATA / entry["file"]),
+        "--checkpoints",
+        ",".join(str(s) for s in range(50, 100001, 50)),
+    ]
     if entry.get("loss_key"):
         args += ["--loss-key", entry["loss_key"]]
     text, rep = recover(cli_run, *args)
@@ -72,14 +80,24 @@ def test_a_spike_coming_down_too_slowly_is_rolled_back_without_saying_recovering
     """The case the issue saw: the loss is shrinking back (verdict "recovering") but would be back only
     after the wait window, so the decision is roll back. One headline; the evidence says "coming down"."""
     rng = random.Random(0)
-    rows = [{"step": s, "loss": round(1 + rng.gauss(0, 0.01) + (2 * math.exp(-0.01 * (s - 1000)) if s >= 1000
-                                                                 else 0), 4)} for s in range(1, 1071)]
+    rows = [
+        {
+            "step": s,
+            "loss": round(
+                1 + rng.gauss(0, 0.01) + (2 * math.exp(-0.01 * (s - 1000)) if s >= 1000 else 0), 4
+            ),
+        }
+        for s in range(1, 1071)
+    ]
     log = tmp_path / "slow.jsonl"
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     text, rep = recover(cli_run, str(log), "--checkpoints", "500,900,950")
     assert (rep["status"], rep["verdict"]) == ("rollback", "recovering")
     check_headline(text, rep)
-    assert rep["verdict_detail"].startswith("coming down: ") and "only by about step" in rep["verdict_detail"]
+    assert (
+        rep["verdict_detail"].startswith("coming down: ")
+        and "only by about step" in rep["verdict_detail"]
+    )
     assert "after the wait window (step 1100)" in rep["verdict_detail"]
     assert "RESUMED_LOG: the resumed run's log; slow.jsonl again" in rep["actions"][-1]
 
@@ -89,8 +107,11 @@ def test_held_in_spike_run_rolls_back_and_names_verify_resume(hf_run, cli_run):
     # the issue's case: the loss is shrinking back ("recovering"), too slowly, so the decision is roll back
     assert (rep["status"], rep["verdict"]) == ("rollback", "recovering")
     check_headline(text, rep)
-    assert cli_run("recover", str(hf_run.output_dir)).out == text      # what the command itself prints
-    assert rep["verdict_detail"].startswith("coming down: ") and "after the wait window" in rep["verdict_detail"]
+    assert cli_run("recover", str(hf_run.output_dir)).out == text  # what the command itself prints
+    assert (
+        rep["verdict_detail"].startswith("coming down: ")
+        and "after the wait window" in rep["verdict_detail"]
+    )
     # an HF log: the resumed run's log is the trainer_state.json of its first new checkpoint, not this one
     assert "trainer_state.json of the first checkpoint the resumed run saves" in rep["actions"][-1]
 
@@ -104,19 +125,34 @@ def test_held_in_self_recovering_run_says_keep_training_once(hf_run_self_recover
 def test_held_in_run_mid_spike_says_wait_once(hf_run_self_recovering, cli_run):
     """The same run as it stood at step 130, just after the onset (checkpoint-130's trainer_state.json):
     wait, and no verify-resume (nothing was resumed)."""
-    text, rep = recover(cli_run, str(hf_run_self_recovering.output_dir / "checkpoint-130" / "trainer_state.json"))
+    text, rep = recover(
+        cli_run, str(hf_run_self_recovering.output_dir / "checkpoint-130" / "trainer_state.json")
+    )
     assert rep["status"] == "wait"
     check_headline(text, rep)
 
 
-@pytest.mark.parametrize("log, fmt, words", [
-    ("run/checkpoint-300/trainer_state.json", "hf", "trainer_state.json of the first checkpoint the resumed run saves"),
-    ("logs/version_0", "tensorboard", "the resumed run's TensorBoard folder"),
-    ("metrics.csv", "csv", "the resumed run's log; metrics.csv again if the resumed run appends to it"),
-])
+@pytest.mark.parametrize(
+    "log, fmt, words",
+    [
+        (
+            "run/checkpoint-300/trainer_state.json",
+            "hf",
+            "trainer_state.json of the first checkpoint the resumed run saves",
+        ),
+        ("logs/version_0", "tensorboard", "the resumed run's TensorBoard folder"),
+        (
+            "metrics.csv",
+            "csv",
+            "the resumed run's log; metrics.csv again if the resumed run appends to it",
+        ),
+    ],
+)
 def test_the_resumed_log_is_named_per_log_kind(log, fmt, words):
     from checkpoint_strategy.recovery.complete import verify_resume_action
 
     line = verify_resume_action(log, fmt, 250)
     assert " verify-resume RESUMED_LOG --resume-step 250 " in line and words in line
-    assert log not in line.split("(RESUMED_LOG")[0]    # never the old run's log as the command's argument
+    assert (
+        log not in line.split("(RESUMED_LOG")[0]
+    )  # never the old run's log as the command's argument

@@ -27,7 +27,18 @@ def test_csv_with_custom_columns(tmp_path, cli_run):
     p = tmp_path / "log.csv"
     rows = ["iteration,train_nll,gnorm"] + [f"{i + 1},{v},{1.0}" for i, v in enumerate(curve())]
     p.write_text("\n".join(rows) + "\n")
-    rc, out, _ = cli_run("recover", str(p), "--step-column", "iteration", "--loss-column", "train_nll", "--checkpoints", "100,200,300,400,500", "--format", "json")
+    rc, out, _ = cli_run(
+        "recover",
+        str(p),
+        "--step-column",
+        "iteration",
+        "--loss-column",
+        "train_nll",
+        "--checkpoints",
+        "100,200,300,400,500",
+        "--format",
+        "json",
+    )
     rep = json.loads(out)
     assert rc == 0 and rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 300
     assert rep["log"]["format"] == "csv" and rep["log"]["loss_key"] == "train_nll"
@@ -51,7 +62,7 @@ def test_wandb_panel_export(tmp_path, cli_run):
 
 def test_wandb_export_with_two_runs_needs_run(tmp_path, cli_run):
     p = tmp_path / "two.csv"
-    rows = ['Step,a-1 - train/loss,a-1 - train/loss__MIN,b-2 - train/loss']
+    rows = ["Step,a-1 - train/loss,a-1 - train/loss__MIN,b-2 - train/loss"]
     rows += [f"{i},{v},{v},{v}" for i, v in enumerate(curve(onset=None))]
     p.write_text("\n".join(rows) + "\n")
     cli_run("recover", str(p)).usage_error("--run")
@@ -62,12 +73,17 @@ def test_wandb_export_with_two_runs_needs_run(tmp_path, cli_run):
 def test_jsonl_with_restart(tmp_path, cli_run):
     y = curve(onset=None)
     lines = [json.dumps({"step": i + 1, "loss": y[i], "lr": 1e-3}) for i in range(300)]
-    lines += [json.dumps({"step": i + 1, "loss": y[i] * (6 if i >= 500 else 1), "lr": 1e-3}) for i in range(250, 600)]
+    lines += [
+        json.dumps({"step": i + 1, "loss": y[i] * (6 if i >= 500 else 1), "lr": 1e-3})
+        for i in range(250, 600)
+    ]
     p = tmp_path / "metrics.jsonl"
     p.write_text("\n".join(lines) + "\n\n")
     rc, out, _ = cli_run("recover", str(p), "--checkpoints", "100,200,250,450", "--format", "json")
     rep = json.loads(out)
-    assert rep["restarts"] == [{"step": 251, "previous_step": 300, "repeated_steps": 50, "entry": 300}]
+    assert rep["restarts"] == [
+        {"step": 251, "previous_step": 300, "repeated_steps": 50, "entry": 300}
+    ]
     assert rep["spike"]["onset_step"] == 501 and rep["resume_checkpoint"]["step"] == 450
 
 
@@ -86,9 +102,15 @@ def test_tensorboard_events(tmp_path, cli_run):
         w.add_scalar("train/loss", v, i + 1)
         w.add_scalar("train/grad_norm", 1.0, i + 1)
     w.close()
-    rc, out, _ = cli_run("recover", str(tmp_path / "tb"), "--checkpoints", "390", "--format", "json")
+    rc, out, _ = cli_run(
+        "recover", str(tmp_path / "tb"), "--checkpoints", "390", "--format", "json"
+    )
     rep = json.loads(out)
-    assert rc == 0 and rep["log"]["format"] == "tensorboard" and rep["log"]["grad_norm_key"] == "train/grad_norm"
+    assert (
+        rc == 0
+        and rep["log"]["format"] == "tensorboard"
+        and rep["log"]["grad_norm_key"] == "train/grad_norm"
+    )
     assert rep["spike"]["onset_step"] == 401 and rep["resume_checkpoint"]["step"] == 390
     cli_run("recover", str(tmp_path / "tb"), "--tag", "nope").usage_error("no loss column 'nope'")
 
@@ -99,11 +121,24 @@ def test_tensorboard_missing_is_a_clear_exit_2(tmp_path, cli_run, monkeypatch):
     cli_run("recover", str(tmp_path)).usage_error("pip install 'checkpoint-strategy[tensorboard]'")
 
 
-@pytest.mark.parametrize("name,is_dir,step", [
-    ("checkpoint-500", True, 500), ("step-500", True, 500), ("step_500", True, 500), ("iter_0000500", True, 500),
-    ("global_step500", True, 500), ("epoch=3-step=500.ckpt", False, 500), ("epoch=0-step=10-v1.ckpt", False, 10),
-    ("500", True, 500), ("500", False, None), ("500.orbax-checkpoint-tmp-17", True, None),
-    ("tmp-checkpoint-500", True, None), ("latest", True, None), ("last.ckpt", False, None)])
+@pytest.mark.parametrize(
+    "name,is_dir,step",
+    [
+        ("checkpoint-500", True, 500),
+        ("step-500", True, 500),
+        ("step_500", True, 500),
+        ("iter_0000500", True, 500),
+        ("global_step500", True, 500),
+        ("epoch=3-step=500.ckpt", False, 500),
+        ("epoch=0-step=10-v1.ckpt", False, 10),
+        ("500", True, 500),
+        ("500", False, None),
+        ("500.orbax-checkpoint-tmp-17", True, None),
+        ("tmp-checkpoint-500", True, None),
+        ("latest", True, None),
+        ("last.ckpt", False, None),
+    ],
+)
 def test_checkpoint_names(name, is_dir, step):
     assert parse_step(name, is_dir) == step
 
@@ -117,8 +152,13 @@ def test_verify_resume_flags_jump_drop_and_lr(tmp_path, cli_run):
     y = curve(onset=None)
 
     def log(post_factor, lr_after):
-        lines = [{"step": i + 1, "loss": y[i], "learning_rate": 1e-3 - i * 1e-6} for i in range(300)]
-        lines += [{"step": i + 1, "loss": y[i] * post_factor, "learning_rate": lr_after(i)} for i in range(200, 260)]
+        lines = [
+            {"step": i + 1, "loss": y[i], "learning_rate": 1e-3 - i * 1e-6} for i in range(300)
+        ]
+        lines += [
+            {"step": i + 1, "loss": y[i] * post_factor, "learning_rate": lr_after(i)}
+            for i in range(200, 260)
+        ]
         p = tmp_path / f"r{post_factor}.jsonl"
         p.write_text("\n".join(json.dumps(r) for r in lines))
         return str(p)
@@ -126,13 +166,29 @@ def test_verify_resume_flags_jump_drop_and_lr(tmp_path, cli_run):
     ok = log(1.0, lambda i: 1e-3 - i * 1e-6)
     rc, out, _ = cli_run("verify-resume", ok, "--resume-step", "200", "--format", "json")
     rep = json.loads(out)
-    assert rc == 0 and rep["verdict"] == "ok" and rep["restart_found"] and rep["lr_discontinuity"] is False
-    rc, out, _ = cli_run("verify-resume", log(1.4, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200", "--format", "json")
+    assert (
+        rc == 0
+        and rep["verdict"] == "ok"
+        and rep["restart_found"]
+        and rep["lr_discontinuity"] is False
+    )
+    rc, out, _ = cli_run(
+        "verify-resume",
+        log(1.4, lambda i: 1e-3 - i * 1e-6),
+        "--resume-step",
+        "200",
+        "--format",
+        "json",
+    )
     rep = json.loads(out)
     assert rc == 1 and rep["jump"] and not rep["drop"]
-    rc, out, _ = cli_run("verify-resume", log(0.7, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200")
+    rc, out, _ = cli_run(
+        "verify-resume", log(0.7, lambda i: 1e-3 - i * 1e-6), "--resume-step", "200"
+    )
     assert rc == 1 and "DROP" in out and "optimizer reset" in out
-    rc, out, _ = cli_run("verify-resume", log(1.0, lambda i: 0.0), "--resume-step", "200", "--format", "json")
+    rc, out, _ = cli_run(
+        "verify-resume", log(1.0, lambda i: 0.0), "--resume-step", "200", "--format", "json"
+    )
     rep = json.loads(out)
     assert rc == 1 and rep["lr_discontinuity"] is True
 
@@ -149,11 +205,21 @@ BAD = {
     "empty_log_history": ('{"log_history": []}', "no log entries"),
     "zero_bytes": ("", "empty"),
     "whitespace": ("  \n ", "empty"),
-    "truncated_json": ('{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "lo', "not valid json"),
+    "truncated_json": (
+        '{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "lo',
+        "not valid json",
+    ),
     "no_loss_key": ('{"log_history": [{"step": 1, "eval_loss": 2.0}]}', "no loss column"),
-    "non_numeric": ('{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": "abc"}]}', "not a number"),
-    "unsorted": ('{"log_history": [' + ",".join(f'{{"step": {s}, "loss": 1.0}}' for s in (5, 4, 3, 2, 1)) + "]}",
-                 "out of order"),
+    "non_numeric": (
+        '{"log_history": [{"step": 1, "loss": 2.0}, {"step": 2, "loss": "abc"}]}',
+        "not a number",
+    ),
+    "unsorted": (
+        '{"log_history": ['
+        + ",".join(f'{{"step": {s}, "loss": 1.0}}' for s in (5, 4, 3, 2, 1))
+        + "]}",
+        "out of order",
+    ),
     "fractional_step": ('[{"step": 1.5, "loss": 1.0}]', "whole number"),
     "json_scalar": ("3", "neither"),
 }
@@ -168,14 +234,17 @@ def test_bad_json_input_exits_2_with_one_line(case, tmp_path, cli_run):
     cli_run("verify-resume", str(p), "--resume-step", "1").usage_error(match)
 
 
-@pytest.mark.parametrize("text,match", [
-    ("step,loss\n", "no rows"),
-    ("step,acc\n1,0.5\n", "no loss column"),
-    ("step,loss\n1,0.5\n2,abc\n", "not a number"),
-    ("step,loss\n1,\n2,\n", "no values"),
-    ("step,loss\n3,1\n2,1\n1,1\n", "out of order"),
-    ("step,loss\nx,1\n", "not a number"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("step,loss\n", "no rows"),
+        ("step,acc\n1,0.5\n", "no loss column"),
+        ("step,loss\n1,0.5\n2,abc\n", "not a number"),
+        ("step,loss\n1,\n2,\n", "no values"),
+        ("step,loss\n3,1\n2,1\n1,1\n", "out of order"),
+        ("step,loss\nx,1\n", "not a number"),
+    ],
+)
 def test_bad_csv_exits_2(text, match, tmp_path, cli_run):
     p = tmp_path / "log.csv"
     p.write_text(text)
@@ -191,7 +260,9 @@ def test_bad_paths_and_arguments_exit_2(tmp_path, cli_run):
     good = tmp_path / "good.jsonl"
     good.write_text("\n".join(json.dumps({"step": i, "loss": 1.0}) for i in range(50)))
     cli_run("recover", str(good), "--checkpoints", str(tmp_path / "nope")).usage_error("neither")
-    cli_run("recover", str(good), "--checkpoints", str(tmp_path / "empty_dir")).usage_error("no checkpoints found")
+    cli_run("recover", str(good), "--checkpoints", str(tmp_path / "empty_dir")).usage_error(
+        "no checkpoints found"
+    )
     cli_run("recover", str(good), "--window", "2").usage_error("--window")
     cli_run("recover", str(good), "--lr-multiplier", "0").usage_error("--lr-multiplier")
     cli_run("recover", str(good), "--z", "nan").usage_error("--z")
@@ -237,7 +308,7 @@ def _nan_in_safetensors(path) -> None:
 
     raw = path.read_bytes()
     (hlen,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + hlen])
+    header = json.loads(raw[8 : 8 + hlen])
     name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
     with open(path, "r+b") as fh:
         fh.seek(8 + hlen + header[name]["data_offsets"][0])
@@ -259,9 +330,12 @@ def test_recover_validates_its_candidates(hf_run, copy_of, cli_run):
     weights.write_bytes(weights.read_bytes()[:-100])
     path, warnings = resume()
     assert path == str(root / "checkpoint-100")
-    assert any(w.startswith("checkpoint-110 skipped: incomplete: truncated") and "model.safetensors" in w for w in warnings)
+    assert any(
+        w.startswith("checkpoint-110 skipped: incomplete: truncated") and "model.safetensors" in w
+        for w in warnings
+    )
     _nan_in_safetensors(root / "checkpoint-100" / "model.safetensors")
-    assert resume()[0] == str(root / "checkpoint-100")             # quick reads headers: a NaN is not seen
+    assert resume()[0] == str(root / "checkpoint-100")  # quick reads headers: a NaN is not seen
     path, warnings = resume("--level", "deep")
     assert path == str(root / "checkpoint-90")
     assert any(w.startswith("checkpoint-100 skipped: invalid: 1 NaN") for w in warnings), warnings
@@ -283,8 +357,14 @@ def test_torn_last_jsonl_line_is_left_out_with_a_note(tmp_path, cli_run):
     assert rep["status"] == "no_spike" and rep["log"]["last_step"] == 200
     assert any("line 201" in w and "incomplete" in w for w in rep["warnings"]), rep["warnings"]
     assert "line 201" in cli_run("recover", str(log)).out
-    log.write_bytes(b"\n".join(x.encode() for x in lines) + b"\n" + '{"step": 201, "loss": "\u00e9'.encode()[:-1])
-    assert cli_run("recover", str(log), "--format", "json").json()["log"]["last_step"] == 200   # cut mid-character
+    log.write_bytes(
+        b"\n".join(x.encode() for x in lines)
+        + b"\n"
+        + '{"step": 201, "loss": "\u00e9'.encode()[:-1]
+    )
+    assert (
+        cli_run("recover", str(log), "--format", "json").json()["log"]["last_step"] == 200
+    )  # cut mid-character
     middle = lines[:100] + ['{"step": 101, "lo'] + lines[101:]
     log.write_text("\n".join(middle) + "\n")
     cli_run("recover", str(log)).usage_error("line 101")
@@ -298,7 +378,10 @@ def test_advise_api_reads_the_grad_norm_column_it_is_given(tmp_path):
     gn = [1.0] * 600
     gn[450:453] = [40.0, 40.0, 40.0]
     p = tmp_path / "log.csv"
-    p.write_text("\n".join(["step,loss,size_of_gradients"] + [f"{i + 1},{y[i]},{gn[i]}" for i in range(600)]) + "\n")
+    p.write_text(
+        "\n".join(["step,loss,size_of_gradients"] + [f"{i + 1},{y[i]},{gn[i]}" for i in range(600)])
+        + "\n"
+    )
     named = advise(str(p), "100,200,300", grad_norm_key="size_of_gradients", level=None)
     assert named.log.grad_norm_key == "size_of_gradients"
     assert [s.kind for s in named.spikes] == ["grad_norm"] and named.spikes[0].onset_step == 451
@@ -325,7 +408,7 @@ def test_restart_reason_lists_five_and_counts_the_rest(tmp_path, restarts, tail)
     assert reason in r.reasons
 
 
-@pytest.mark.parametrize("entries", [3, 600_000])   # read whole, and streamed (over 16 MB)
+@pytest.mark.parametrize("entries", [3, 600_000])  # read whole, and streamed (over 16 MB)
 def test_a_document_with_text_after_it_is_invalid_json_not_empty(tmp_path, cli_run, entries):
     p = tmp_path / "trainer_state.json"
     history = [{"step": i, "loss": 2.0 + (i % 7) / 100} for i in range(1, entries + 1)]

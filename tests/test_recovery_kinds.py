@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from curves import CLEAN, TROUBLE, N, healthy, troubled
 
 from checkpoint_strategy.cli.main import main
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import OnlineDetector, RecoveryOptions, detect_spikes
 from checkpoint_strategy.recovery.advice import advise_series
 from checkpoint_strategy.recovery.logs import build_series
-from curves import CLEAN, TROUBLE, N, healthy, troubled
 
 CKPTS = [(s, None) for s in range(250, N + 1, 250)]
 ROLLBACK = ("rollback", "no_clean_checkpoint")
@@ -20,8 +20,13 @@ ROLLBACK = ("rollback", "no_clean_checkpoint")
 
 def report(y, steps=None, ckpts=CKPTS, **kw):
     steps = np.arange(1, len(y) + 1) if steps is None else steps
-    return advise_series(build_series(steps, y, kw.pop("grad", None), kw.pop("lr", None),
-                                      lr_key="lr" if "lr" in kw else None), ckpts, **kw)
+    return advise_series(
+        build_series(
+            steps, y, kw.pop("grad", None), kw.pop("lr", None), lr_key="lr" if "lr" in kw else None
+        ),
+        ckpts,
+        **kw,
+    )
 
 
 def test_clean_curves_give_no_rollback_in_at_least_99_percent():
@@ -57,12 +62,30 @@ def test_kinds_of_trouble_are_named_right_in_at_least_95_percent():
                     ok = r.spike is not None and r.spike.kind == want and r.status in ROLLBACK
                     # a slow climb has no sharp onset: it starts where it leaves the tolerance band
                     late = N // 4 if kind == "slow_climb" else 100
-                    ok = ok and -100 <= r.spike.onset_step - (at + 1) <= late and r.verdict == "diverged"
-                    ok = ok and r.resume_checkpoint is not None and r.resume_checkpoint.step < r.spike.onset_step
+                    ok = (
+                        ok
+                        and -100 <= r.spike.onset_step - (at + 1) <= late
+                        and r.verdict == "diverged"
+                    )
+                    ok = (
+                        ok
+                        and r.resume_checkpoint is not None
+                        and r.resume_checkpoint.step < r.spike.onset_step
+                    )
                     ok = ok and r.resume_checkpoint.within_tolerance is True
                 if not ok:
-                    wrong.append((sigma, kind, at + 1, r.status, kinds[:3], r.spike.onset_step if r.spike else None,
-                                  r.spike.kind if r.spike else None, r.verdict))
+                    wrong.append(
+                        (
+                            sigma,
+                            kind,
+                            at + 1,
+                            r.status,
+                            kinds[:3],
+                            r.spike.onset_step if r.spike else None,
+                            r.spike.kind if r.spike else None,
+                            r.verdict,
+                        )
+                    )
     assert total == 160
     assert len(wrong) / total <= 0.05, wrong
 
@@ -87,7 +110,7 @@ def test_slow_climb_before_a_late_detection_does_not_raise_the_level():
     rng = np.random.default_rng(4)
     y = 2.0 * (1 + 0.01 * rng.standard_normal(3000))
     y[1000:2000] *= np.linspace(1.0, 1.3, 1000)  # creeping up: the rolling median follows it
-    y[2000:2005] = 9.0                              # then a blow-up that comes back to the crept level
+    y[2000:2005] = 9.0  # then a blow-up that comes back to the crept level
     y[2005:] = 2.6 * (1 + 0.01 * rng.standard_normal(995))
     r = report(y)
     assert r.status in ROLLBACK and r.self_recovered is False
@@ -113,7 +136,10 @@ def test_lr_restart_is_named_as_the_cause():
     y = 2.0 * (1 + 0.01 * rng.standard_normal(n))
     y[1635:] *= 3.0
     r = report(y, lr=lr)
-    assert r.spike.cause == "LR restarted from 0 to 0.0014 at step 1501; the trouble followed at step 1636"
+    assert (
+        r.spike.cause
+        == "LR restarted from 0 to 0.0014 at step 1501; the trouble followed at step 1636"
+    )
     assert any("LR restarted" in line for line in r.reasons)
 
 
@@ -121,11 +147,18 @@ def test_post_event_checkpoints_are_tagged_and_never_chosen():
     rng = np.random.default_rng(7)
     y = 2.0 * (1 + 0.01 * rng.standard_normal(2000))
     y[1200:] *= 2.5
-    ck = [(1000, "/r/checkpoint-1000"), (1150, "/r/checkpoint-1150"), (1210, "/r/emergency-1210"),
-          (1999, "/r/last.ckpt")]
+    ck = [
+        (1000, "/r/checkpoint-1000"),
+        (1150, "/r/checkpoint-1150"),
+        (1210, "/r/emergency-1210"),
+        (1999, "/r/last.ckpt"),
+    ]
     r = report(y, ckpts=ck)
     assert r.resume_checkpoint.step == 1150 and r.resume_checkpoint.tag == "resume"
-    assert [(c.step, c.tag) for c in r.checkpoints.post_event] == [(1210, "post_event"), (1999, "post_event")]
+    assert [(c.step, c.tag) for c in r.checkpoints.post_event] == [
+        (1210, "post_event"),
+        (1999, "post_event"),
+    ]
     assert any("post-event, do not resume from them" in line for line in r.reasons)
 
 
@@ -210,9 +243,13 @@ def test_recovery_options_bounds_and_labels():
 
 def test_cli_flags_come_from_the_table(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(f'{{"step": {i}, "loss": {2.0 + 0.01 * (i % 3)}}}\n' for i in range(1, 300)))
+    log.write_text(
+        "".join(f'{{"step": {i}, "loss": {2.0 + 0.01 * (i % 3)}}}\n' for i in range(1, 300))
+    )
     assert main(["recover", str(log), "--z", "abc"]) == 2
-    assert capsys.readouterr().err.strip().endswith("--z: expected a number from 1 to 10^6, got 'abc'")
+    assert (
+        capsys.readouterr().err.strip().endswith("--z: expected a number from 1 to 10^6, got 'abc'")
+    )
     assert main(["recover", str(log), "--wait", "10", "--min-wait", "20"]) == 2
     assert "--min-wait" in capsys.readouterr().err
     assert main(["recover", str(log), "--z", "6", "--format", "json"]) == 0
@@ -224,7 +261,11 @@ def test_cli_flags_come_from_the_table(tmp_path, capsys):
 def _kinds_batch_and_online(y):
     steps = np.arange(1, len(y) + 1)
     det = OnlineDetector(RecoveryOptions(wait_steps=100))
-    online = {e.kind for e in (det.update(int(s), float(v)) for s, v in zip(steps, y, strict=True)) if e is not None}
+    online = {
+        e.kind
+        for e in (det.update(int(s), float(v)) for s, v in zip(steps, y, strict=True))
+        if e is not None
+    }
     spike = report(y).spike
     return {e.kind for e in detect_spikes(steps, y)} | ({spike.kind} if spike else set()), online
 
@@ -235,12 +276,18 @@ def test_collapse_needs_more_than_the_logs_rounding_step():
     even when its float32 mean wobbles by a few parts per million (a real Lightning log did this)."""
     rng = np.random.default_rng(5)
     t = np.arange(1500)
-    decay = np.round(0.5 * np.exp(-t / 120.0) + 0.0002 + 0.00003 * rng.standard_normal(1500).clip(-1, 1), 4)
-    assert (decay[-200:] == 0.0002).mean() > 0.5          # the rounded plateau the rule must not call collapse
+    decay = np.round(
+        0.5 * np.exp(-t / 120.0) + 0.0002 + 0.00003 * rng.standard_normal(1500).clip(-1, 1), 4
+    )
+    assert (
+        decay[-200:] == 0.0002
+    ).mean() > 0.5  # the rounded plateau the rule must not call collapse
     batch, online = _kinds_batch_and_online(decay)
     assert "collapse" not in batch and "collapse" not in online
     y = 0.5 * (1 + 0.02 * rng.standard_normal(1500))
-    y[1000:] = 0.58258 * (1 + 4e-6 * rng.standard_normal(500))   # pinned after a jump, float32 wobble
+    y[1000:] = 0.58258 * (
+        1 + 4e-6 * rng.standard_normal(500)
+    )  # pinned after a jump, float32 wobble
     batch, online = _kinds_batch_and_online(y)
     assert "collapse" in batch and "collapse" in online
 
@@ -255,12 +302,19 @@ def test_bad_from_the_first_logged_value_never_names_a_negative_step(ckpts):
     assert not any("step -" in line for line in r.reasons + r.warnings)
 
 
-@pytest.mark.parametrize("onset_index, wait_steps, named", [
-    (3000, None, True),    # onset step 3001: exactly LR_CAUSE_STEPS (2000) after the restart at step 1001
-    (3001, None, False),   # one step more
-    (3001, 150, True),     # 20 x wait_steps (3000) is the longer reach
-    (4001, 150, False),    # 3001 steps after the restart: past it too
-])
+@pytest.mark.parametrize(
+    "onset_index, wait_steps, named",
+    [
+        (
+            3000,
+            None,
+            True,
+        ),  # onset step 3001: exactly LR_CAUSE_STEPS (2000) after the restart at step 1001
+        (3001, None, False),  # one step more
+        (3001, 150, True),  # 20 x wait_steps (3000) is the longer reach
+        (4001, 150, False),  # 3001 steps after the restart: past it too
+    ],
+)
 def test_lr_restart_counts_as_the_cause_up_to_its_reach(onset_index, wait_steps, named):
     rng = np.random.default_rng(6)
     n = 4400
@@ -282,7 +336,11 @@ def _eval_case(train: dict, eval_loss=(2.0, 1.0, 1.2, 1.3, 1.4)):
     for s, v in train.items():
         loss[s // 10 - 1] = v
     series = build_series(steps, loss)
-    series.eval_steps, series.eval_loss, series.eval_key = np.arange(200, 1001, 200), np.array(eval_loss), "eval_loss"
+    series.eval_steps, series.eval_loss, series.eval_key = (
+        np.arange(200, 1001, 200),
+        np.array(eval_loss),
+        "eval_loss",
+    )
     return advise_series(series, [], options=RecoveryOptions(wait_steps=10, min_wait_steps=10)).eval
 
 
@@ -297,6 +355,19 @@ def test_eval_opinion_train_window_near_the_best_eval_step_is_five_wait_windows(
 def test_eval_opinion_train_window_at_the_last_eval_step_is_five_wait_windows():
     # near: 2 -> held if the median of [950, 1000] is <= 2.1: 1, 1, 1, 3, 3, 3 -> 2 (held: overfitting).
     # Without step 950 the median is 3; with step 940 (3) too it is 3: either way no overfitting.
-    ev = _eval_case({**{s: 2 for s in range(360, 401, 10)}, 940: 3, 950: 1, 960: 1, 970: 1, 980: 3, 990: 3, 1000: 3})
+    ev = _eval_case(
+        {
+            **{s: 2 for s in range(360, 401, 10)},
+            940: 3,
+            950: 1,
+            960: 1,
+            970: 1,
+            980: 3,
+            990: 3,
+            1000: 3,
+        }
+    )
     assert ev.overfitting is True
-    assert ev.note.startswith("eval loss rose from 1 (step 400) to 1.4 (step 1000) while the train loss fell or held")
+    assert ev.note.startswith(
+        "eval loss rose from 1 (step 400) to 1.4 (step 1000) while the train loss fell or held"
+    )

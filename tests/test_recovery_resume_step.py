@@ -22,7 +22,11 @@ from checkpoint_strategy.recovery.logs import build_series
 def _advise(steps, loss, checkpoints, eval_steps=None, eval_loss=None):
     series = build_series(np.asarray(steps), np.asarray(loss, dtype=float), None)
     if eval_steps is not None:
-        series.eval_steps, series.eval_loss, series.eval_key = np.asarray(eval_steps), np.asarray(eval_loss), "eval_loss"
+        series.eval_steps, series.eval_loss, series.eval_key = (
+            np.asarray(eval_steps),
+            np.asarray(eval_loss),
+            "eval_loss",
+        )
     return advise_series(series, [(int(c), None) for c in checkpoints])
 
 
@@ -50,10 +54,14 @@ def test_a_fine_tune_whose_first_logged_loss_is_its_lowest_trains_on(seed):
 def test_a_fine_tune_whose_first_loss_is_its_lowest_rolls_back_to_just_before_its_trouble(seed):
     steps, loss = _finetune(seed)
     trouble = steps >= 1510
-    loss[trouble] = np.linspace(0.6, 1.8, trouble.sum()) * (1 + 0.04 * np.random.default_rng(seed).standard_normal(
-        trouble.sum()))
+    loss[trouble] = np.linspace(0.6, 1.8, trouble.sum()) * (
+        1 + 0.04 * np.random.default_rng(seed).standard_normal(trouble.sum())
+    )
     r = _advise(steps, loss, range(100, 2001, 100))
-    assert r.status == "rollback" and 1510 <= r.spike.onset_step <= 1600, (r.summary, r.spike.detail)
+    assert r.status == "rollback" and 1510 <= r.spike.onset_step <= 1600, (
+        r.summary,
+        r.spike.detail,
+    )
     # the newest checkpoint before the trouble (1,500 good steps kept), at most one save interval earlier
     assert 1400 <= r.resume_checkpoint.step <= 1500
 
@@ -65,11 +73,13 @@ def _nan_in_a_noisy_run(seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     steps = np.arange(10, 3001, 10)
     n = len(steps)
-    loss = 0.5 * (1 + 0.5 * np.sin(np.arange(n) * 2 * np.pi / 5)) * (1 + 0.1 * rng.standard_normal(n))
+    loss = (
+        0.5 * (1 + 0.5 * np.sin(np.arange(n) * 2 * np.pi / 5)) * (1 + 0.1 * rng.standard_normal(n))
+    )
     at = 150
     loss[at] = np.nan
-    loss[at + 1:at + 60] *= 2.5
-    loss[at + 60:] *= np.linspace(2.5, 6, n - at - 60)
+    loss[at + 1 : at + 60] *= 2.5
+    loss[at + 60 :] *= np.linspace(2.5, 6, n - at - 60)
     return steps, loss
 
 
@@ -106,30 +116,38 @@ def test_train_and_eval_rising_together_before_a_nan_is_the_start_of_the_trouble
     steps, loss, es, ev = _joint_rise(seed)
     r = _advise(steps, loss, range(50, 2001, 50), es, ev)
     # before: "overfitting while the train loss fell or held" and a resume at step 1650, after the rise
-    assert r.eval.overfitting is False and "overfitting" not in " ".join(r.reasons).replace("not overfitting", "")
+    assert r.eval.overfitting is False and "overfitting" not in " ".join(r.reasons).replace(
+        "not overfitting", ""
+    )
     assert (r.eval.rose_with_train_step, r.eval.healthy_step) == (1800, 1600)
     assert r.status == "rollback" and r.resume_checkpoint.step == 1600
-    assert any("rose together at step 1800" in line and "after step 1600" in line for line in r.reasons)
+    assert any(
+        "rose together at step 1800" in line and "after step 1600" in line for line in r.reasons
+    )
 
 
 def test_eval_rising_while_train_holds_is_still_overfitting():
     steps, loss, es, ev = _joint_rise(0)
-    loss = 1.2 + 0.6 * np.exp(-steps / 300)   # the train loss keeps falling
+    loss = 1.2 + 0.6 * np.exp(-steps / 300)  # the train loss keeps falling
     ev = ev.copy()
     ev[es >= 1800] = ev[es == 1600][0] * 1.3
     r = _advise(steps, loss, [], es, ev)
-    assert r.eval.overfitting is True and r.eval.rose_with_train_step is None and r.status == "no_spike"
+    assert (
+        r.eval.overfitting is True
+        and r.eval.rose_with_train_step is None
+        and r.status == "no_spike"
+    )
 
 
 def test_a_recovered_blip_below_the_spike_thresholds_is_not_headlined():
     rng = np.random.default_rng(4)
     steps = np.arange(10, 3001, 10)
     loss = 2.0 * (1 + 0.005 * rng.standard_normal(len(steps)))
-    loss[150] *= 1.25           # z >= 7 on a quiet loss, far below 2.5x
+    loss[150] *= 1.25  # z >= 7 on a quiet loss, far below 2.5x
     r = _advise(steps, loss, [])
     assert r.status == "no_spike" and "keep training" in r.summary and r.spike.kind == "spike"
     assert r.summary.startswith("no loss spike past the thresholds")
-    loss[150] = 2.0 * 3.0      # a real spike: 3x, back at once
+    loss[150] = 2.0 * 3.0  # a real spike: 3x, back at once
     r = _advise(steps, loss, [])
     assert r.status == "self_recovered"
 
@@ -143,7 +161,7 @@ def _feed(y):
 def test_the_online_detector_catches_an_early_6x_jump_within_3_logged_steps(at):
     rng = np.random.default_rng(at)
     y = (2.5 + 8 * np.exp(-np.arange(400) / 40)) * (1 + 0.03 * rng.standard_normal(400))
-    y[at:at + 30] *= 6.0
+    y[at : at + 30] *= 6.0
     first = _feed(y)[0]
     # before: a jump at step 27 was caught at step 33 (the blocks of 16 values did not exist yet)
     assert first.kind == "spike" and first.onset_step == at + 1 and first.step - (at + 1) <= 2
@@ -152,8 +170,9 @@ def test_the_online_detector_catches_an_early_6x_jump_within_3_logged_steps(at):
 def test_the_online_warm_up_raises_no_alarm_on_clean_early_curves():
     for seed in range(100):
         r = np.random.default_rng(seed)
-        y = (2.5 + 8 * np.exp(-np.arange(120) / r.uniform(5, 100))) * (1 + r.uniform(0.01, 0.15)
-                                                                        * r.standard_normal(120))
+        y = (2.5 + 8 * np.exp(-np.arange(120) / r.uniform(5, 100))) * (
+            1 + r.uniform(0.01, 0.15) * r.standard_normal(120)
+        )
         assert _feed(y) == [], seed
 
 
@@ -181,7 +200,9 @@ def test_a_partial_return_names_one_peak():
     loss[150:155] = [9.0, 10.61, 9.5, 8.0, 7.0]
     loss[155:] = 3.0 * (1 + 0.01 * rng.standard_normal(len(steps) - 155))
     r = _advise(steps, loss, [])
-    assert r.spike.kind == "divergence" and r.spike.detail.startswith("came back only partly"), r.spike.detail
+    assert r.spike.kind == "divergence" and r.spike.detail.startswith("came back only partly"), (
+        r.spike.detail
+    )
     assert r.spike.peak_loss == pytest.approx(10.61)
     assert f"peak {r.spike.peak_loss:.4g}," in r.spike.detail
 
@@ -217,4 +238,8 @@ def test_an_abrupt_step_is_not_walked_back_into_the_noise(seed):
     steps = np.arange(50, 5001, 50)
     loss = (0.1 + 0.4 * (steps >= 3000)) * (1 + 0.1 * rng.standard_normal(len(steps)))
     r = _advise(steps, loss, steps)
-    assert (r.spike.kind, r.spike.onset_step, r.resume_checkpoint.step) == ("level_shift", 3000, 2900), r.summary
+    assert (r.spike.kind, r.spike.onset_step, r.resume_checkpoint.step) == (
+        "level_shift",
+        3000,
+        2900,
+    ), r.summary

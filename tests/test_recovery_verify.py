@@ -22,8 +22,10 @@ def _log(tmp_path, jump: float):
 
 
 # band = max(5 % x pre level, 3 standard errors); the noise here is 0.1 %, so the band is 5 % x 2.0 = 0.1
-@pytest.mark.parametrize("jump, verdict", [(0.07, "suspicious"), (0.10, "suspicious"), (0.03, "ok"),
-                                           (-0.07, "suspicious")])
+@pytest.mark.parametrize(
+    "jump, verdict",
+    [(0.07, "suspicious"), (0.10, "suspicious"), (0.03, "ok"), (-0.07, "suspicious")],
+)
 def test_jump_of_seven_to_ten_percent_is_suspicious_by_the_api(tmp_path, jump, verdict):
     r = verify_resume(str(_log(tmp_path, jump)), 100)
     assert r.band == pytest.approx(0.05 * LEVEL, rel=1e-6)

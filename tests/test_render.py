@@ -42,10 +42,14 @@ def test_templates_compile_once_then_load_from_the_cache(fresh_env, tmp_path, cl
     fresh_env(home)
     stamps = {p: p.stat().st_mtime_ns for p in files}
     assert cli_run(*PLAN).out == first.out
-    assert {p: p.stat().st_mtime_ns for p in cache_files(home)} == stamps, "the second run only reads"
+    assert {p: p.stat().st_mtime_ns for p in cache_files(home)} == stamps, (
+        "the second run only reads"
+    )
 
 
-@pytest.mark.parametrize("damage", [b"", b"garbage", b"checkpoint-strategy jinja bytecode 1\n", None])
+@pytest.mark.parametrize(
+    "damage", [b"", b"garbage", b"checkpoint-strategy jinja bytecode 1\n", None]
+)
 def test_damaged_cache_files_are_ignored(fresh_env, tmp_path, cli_run, damage):
     home = tmp_path / "cache"
     fresh_env(home)
@@ -85,7 +89,11 @@ def test_unusable_cache_home_falls_back_silently(fresh_env, tmp_path, cli_run, w
     try:
         fresh_env(home)
         result = cli_run(*PLAN)
-        assert result.rc == 0 and result.err == "" and "=== Checkpoint Strategy Report ===" in result.out
+        assert (
+            result.rc == 0
+            and result.err == ""
+            and "=== Checkpoint Strategy Report ===" in result.out
+        )
     finally:
         home.chmod(0o700)
 
@@ -133,7 +141,9 @@ def test_handoff_text_is_the_markdown_block(tmp_path, cli_run):
 
 def test_verify_resume_markdown(tmp_path, cli_run):
     rows = [{"step": i + 1, "loss": 2.0 - i / 1000, "learning_rate": 1e-3} for i in range(300)]
-    rows += [{"step": i + 1, "loss": 2.0 - i / 1000, "learning_rate": 1e-3} for i in range(200, 260)]
+    rows += [
+        {"step": i + 1, "loss": 2.0 - i / 1000, "learning_rate": 1e-3} for i in range(200, 260)
+    ]
     log = tmp_path / "train.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in rows))
     md = cli_run("verify-resume", str(log), "--resume-step", "200", "--format", "markdown")

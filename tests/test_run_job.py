@@ -4,7 +4,6 @@ gloo's teardown abort, and fails with every attempt's stderr otherwise."""
 import sys
 
 import pytest
-
 from cliresult import TEARDOWN_ABORT, checkout_env, run_job
 
 # fails when the last attempt's output was not removed; exits 134 with `message` on stderr while the counter file holds fewer than `fails` marks, then succeeds
@@ -30,7 +29,12 @@ def _run(tmp_path, fails: int, message: str) -> tuple[int, Exception | None]:
     out.mkdir()
     counter = tmp_path / "counter"
     try:
-        run_job([sys.executable, "-c", JOB, str(counter), str(fails), message, str(out)], "job", env=checkout_env(), clean=out)
+        run_job(
+            [sys.executable, "-c", JOB, str(counter), str(fails), message, str(out)],
+            "job",
+            env=checkout_env(),
+            clean=out,
+        )
         err = None
     except RuntimeError as exc:
         err = exc
@@ -48,7 +52,9 @@ def test_teardown_abort_twice_fails_with_both_stderrs(tmp_path):
     assert str(err).count(TEARDOWN_ABORT) == 2 and "--- then ---" in str(err)
 
 
-@pytest.mark.parametrize("message", ["Traceback: AssertionError", "RuntimeError: Connection reset by peer"])
+@pytest.mark.parametrize(
+    "message", ["Traceback: AssertionError", "RuntimeError: Connection reset by peer"]
+)
 def test_any_other_failure_is_not_tried_again(tmp_path, message):
     runs, err = _run(tmp_path, 1, message)
     assert runs == 1 and err is not None and message in str(err) and "job failed (134)" in str(err)

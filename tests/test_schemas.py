@@ -16,13 +16,16 @@ def test_every_generated_schema_matches_its_model():
         path = data_dir("schemas") / name
         assert path.exists(), f"{name} missing: run python -m checkpoint_strategy.schemagen"
         assert path.read_text(encoding="utf-8") == schemagen.render(model), (
-            f"{name} is out of sync with {model.__name__}: run python -m checkpoint_strategy.schemagen")
+            f"{name} is out of sync with {model.__name__}: run python -m checkpoint_strategy.schemagen"
+        )
 
 
 def test_schemagen_check_mode_reports_clean():
     assert schemagen.main(["--check"]) == 0
 
 
-@pytest.mark.parametrize("path", sorted(data_dir("schemas").glob("*.schema.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(data_dir("schemas").glob("*.schema.json")), ids=lambda p: p.name
+)
 def test_schema_files_are_valid_draft_2020_12(path):
     jsonschema.Draft202012Validator.check_schema(json.loads(path.read_text(encoding="utf-8")))

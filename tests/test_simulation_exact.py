@@ -10,7 +10,11 @@ import numpy as np
 
 from checkpoint_strategy.simulation.montecarlo import Setup, run_monte_carlo
 
-STEP, M, R = 1800.0, 3600.0, 600.0  # sync saves with no stall: checkpoint p is on storage at p x STEP
+STEP, M, R = (
+    1800.0,
+    3600.0,
+    600.0,
+)  # sync saves with no stall: checkpoint p is on storage at p x STEP
 N, K, MILESTONES, Q = 6, 1, (2,), 0.5
 
 
@@ -69,8 +73,18 @@ def exact_mean_wall(remember_all: bool) -> float:
 
 
 def test_corruption_drawn_once_matches_value_iteration_within_three_standard_errors():
-    setup = Setup(total_steps=N, step_seconds=STEP, frequency=1, keep_last=K, milestone_steps=MILESTONES,
-                  C=0.0, P=0.0, R=R, M=M, corrupt_prob=Q)
+    setup = Setup(
+        total_steps=N,
+        step_seconds=STEP,
+        frequency=1,
+        keep_last=K,
+        milestone_steps=MILESTONES,
+        C=0.0,
+        P=0.0,
+        R=R,
+        M=M,
+        corrupt_prob=Q,
+    )
     raw = run_monte_carlo(setup, runs=200_000, seed=2026, expected_failures=5.0)
     wall = raw.wall / 3600.0
     mean, se = float(wall.mean()), float(wall.std(ddof=1) / math.sqrt(wall.size))
@@ -86,15 +100,27 @@ def test_a_milestone_that_loaded_loads_again():
     """Spike rollbacks below the newest loaded checkpoint reach a milestone that loaded before: it loads."""
     from checkpoint_strategy.simulation.montecarlo import push_known, rollback
 
-    s = Setup(total_steps=1000, step_seconds=1.0, frequency=100, keep_last=2, milestone_steps=(300,), C=0.0,
-              P=0.0, R=0.0, M=1e9, corrupt_prob=0.999999)
+    s = Setup(
+        total_steps=1000,
+        step_seconds=1.0,
+        frequency=100,
+        keep_last=2,
+        milestone_steps=(300,),
+        C=0.0,
+        P=0.0,
+        R=0.0,
+        M=1e9,
+        corrupt_prob=0.999999,
+    )
     known = np.zeros((1, 1), dtype=np.int64)
     rng = np.random.default_rng(0)
     a = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
     known = push_known(known, a(0), a(3))  # milestone 3 loaded once
     known = push_known(known, a(0), a(6))  # then position 6
     assert known[0].tolist()[:3] == [0, 3, 6]
-    t, src, _ = rollback(s, rng, a(5), a(8), known)  # a spike needs <= 5, the window is 8..9: milestone 3
+    t, src, _ = rollback(
+        s, rng, a(5), a(8), known
+    )  # a spike needs <= 5, the window is 8..9: milestone 3
     assert (t.tolist(), src.tolist()) == ([3], [1])
     known = push_known(known, a(0), a(2))  # a rollback to 2 rewrites 3 and 6: forgotten
     assert [x for x in known[0].tolist() if x >= 0] == [0, 2]
@@ -105,16 +131,35 @@ import pytest  # noqa: E402
 from checkpoint_strategy.simulation.montecarlo import in_flight_wall_seconds  # noqa: E402
 
 
-@pytest.mark.parametrize("N, f, C, P, Mh, R", [
-    (2000, 5, 30.0, 300.0, 2.0, 600.0),     # frequent failures, the newest save in flight most of the time
-    (1003, 50, 10.0, 1500.0, 1.0, 120.0),   # a partial last segment, a long lag
-    (400, 100, 5.0, 5000.0, 3.0, 300.0),    # four segments, lag near the compute between saves
-    (230, 100, 5.0, 5000.0, 2.0, 300.0),    # the run ends before the second save is on storage
-    (90, 100, 20.0, 200.0, 0.5, 60.0),      # one save only: nothing in flight can be lost
-])
+@pytest.mark.parametrize(
+    "N, f, C, P, Mh, R",
+    [
+        (
+            2000,
+            5,
+            30.0,
+            300.0,
+            2.0,
+            600.0,
+        ),  # frequent failures, the newest save in flight most of the time
+        (1003, 50, 10.0, 1500.0, 1.0, 120.0),  # a partial last segment, a long lag
+        (400, 100, 5.0, 5000.0, 3.0, 300.0),  # four segments, lag near the compute between saves
+        (230, 100, 5.0, 5000.0, 2.0, 300.0),  # the run ends before the second save is on storage
+        (90, 100, 20.0, 200.0, 0.5, 60.0),  # one save only: nothing in flight can be lost
+    ],
+)
 def test_async_in_flight_expectation_is_exact_within_three_standard_errors(N, f, C, P, Mh, R):
-    setup = Setup(total_steps=N, step_seconds=60.0, frequency=f, keep_last=3, milestone_steps=(), C=C, P=P, R=R,
-                  M=Mh * 3600.0)
+    setup = Setup(
+        total_steps=N,
+        step_seconds=60.0,
+        frequency=f,
+        keep_last=3,
+        milestone_steps=(),
+        C=C,
+        P=P,
+        R=R,
+        M=Mh * 3600.0,
+    )
     exact = in_flight_wall_seconds(setup)
     assert exact is not None
     raw = run_monte_carlo(setup, runs=40_000, seed=7, expected_failures=50.0)
@@ -125,11 +170,31 @@ def test_async_in_flight_expectation_is_exact_within_three_standard_errors(N, f,
 def test_in_flight_expectation_is_dalys_without_a_lag_and_none_when_saves_overlap():
     from checkpoint_strategy.planning import failure
 
-    s = Setup(total_steps=1000, step_seconds=60.0, frequency=100, keep_last=2, milestone_steps=(), C=30.0, P=30.0,
-              R=600.0, M=7200.0)
-    assert in_flight_wall_seconds(s) == pytest.approx(failure.expected_wall_time(60000.0, 6000.0, 30.0, 600.0, 7200.0))
-    overlap = Setup(total_steps=1000, step_seconds=1.0, frequency=10, keep_last=2, milestone_steps=(), C=1.0, P=100.0,
-                    R=0.0, M=7200.0)
+    s = Setup(
+        total_steps=1000,
+        step_seconds=60.0,
+        frequency=100,
+        keep_last=2,
+        milestone_steps=(),
+        C=30.0,
+        P=30.0,
+        R=600.0,
+        M=7200.0,
+    )
+    assert in_flight_wall_seconds(s) == pytest.approx(
+        failure.expected_wall_time(60000.0, 6000.0, 30.0, 600.0, 7200.0)
+    )
+    overlap = Setup(
+        total_steps=1000,
+        step_seconds=1.0,
+        frequency=10,
+        keep_last=2,
+        milestone_steps=(),
+        C=1.0,
+        P=100.0,
+        R=0.0,
+        M=7200.0,
+    )
     assert in_flight_wall_seconds(overlap) is None
 
 
@@ -138,8 +203,18 @@ def test_tracking_memory_is_bounded_with_a_clear_error(monkeypatch):
     from checkpoint_strategy.simulation import montecarlo
 
     monkeypatch.setattr(montecarlo, "MAX_KNOWN_CELLS", 1000)
-    setup = Setup(total_steps=200, step_seconds=60.0, frequency=1, keep_last=2, milestone_steps=(), C=0.0, P=0.0,
-                  R=60.0, M=600.0, corrupt_prob=0.1)
+    setup = Setup(
+        total_steps=200,
+        step_seconds=60.0,
+        frequency=1,
+        keep_last=2,
+        milestone_steps=(),
+        C=0.0,
+        P=0.0,
+        R=60.0,
+        M=600.0,
+        corrupt_prob=0.1,
+    )
     with pytest.raises(UsageError, match="too many rollbacks"):
         run_monte_carlo(setup, runs=500, seed=1, expected_failures=30.0)
 
@@ -152,15 +227,25 @@ def test_failure_rollbacks_consult_the_runs_own_known_good_checkpoints_closed_fo
     P(K = k) = (p q)^k (1 - p q). A failure rollback that forgot what loaded (or read another table) would redraw
     checkpoint 1 on every failure: P(skip before the end) = p q / (1 - p + p q), far above p q."""
     T, MTBF, q = 1800.0, 1800.0, 0.5
-    setup = Setup(total_steps=2, step_seconds=T, frequency=1, keep_last=1, milestone_steps=(), C=0.0, P=0.0,
-                  R=300.0, M=MTBF, corrupt_prob=q)
+    setup = Setup(
+        total_steps=2,
+        step_seconds=T,
+        frequency=1,
+        keep_last=1,
+        milestone_steps=(),
+        C=0.0,
+        P=0.0,
+        R=300.0,
+        M=MTBF,
+        corrupt_prob=q,
+    )
     runs = 40_000
     raw = run_monte_carlo(setup, runs=runs, seed=18, expected_failures=5.0)
     p = -math.expm1(-T / MTBF)
     r = p * q
     skips = np.asarray(raw.corrupt_skips)
     for k in range(3):
-        expected = r ** k * (1 - r)
+        expected = r**k * (1 - r)
         se = math.sqrt(expected * (1 - expected) / runs)
         assert abs(np.mean(skips == k) - expected) <= 4 * se, (k, np.mean(skips == k), expected, se)
     se_mean = math.sqrt(r / (1 - r) ** 2 / runs)  # variance of a geometric count: r / (1 - r)^2

@@ -20,9 +20,17 @@ def daly_plan(mtbf_hours: float, segments: int = 20, **extra):
     """A synchronous plan whose interval is Daly's optimum (in whole 1-minute steps)."""
     tau = failure.exact_interval(C_SECONDS, mtbf_hours * 3600.0)
     frequency = round(tau / 60.0)
-    args = dict(total_steps=frequency * segments, step_seconds=60.0, budget_gb=1000.0,
-                checkpoint_write_seconds=C_SECONDS, restart_seconds=R_SECONDS, mtbf_hours=mtbf_hours,
-                async_save=False, frequency=frequency, max_loss_hours=1000.0)
+    args = dict(
+        total_steps=frequency * segments,
+        step_seconds=60.0,
+        budget_gb=1000.0,
+        checkpoint_write_seconds=C_SECONDS,
+        restart_seconds=R_SECONDS,
+        mtbf_hours=mtbf_hours,
+        async_save=False,
+        frequency=frequency,
+        max_loss_hours=1000.0,
+    )
     args.update(extra)
     return plan(validate_arguments(args))
 
@@ -50,9 +58,21 @@ def test_daly_scenarios_mean_wall_time_within_three_standard_errors(mtbf_hours, 
 def test_failures_during_saves_and_restarts_count_like_daly():
     """A save as long as the compute between saves and a restart of an hour against a 2 h MTBF:
     only a model where saves and restarts can fail matches Daly's e^(R/M) (e^((tau+C)/M) - 1)."""
-    report = plan(validate_arguments(dict(
-        total_steps=600, step_seconds=60.0, budget_gb=1000.0, checkpoint_write_seconds=3600.0,
-        restart_seconds=3600.0, mtbf_hours=2.0, async_save=False, frequency=60, max_loss_hours=1000.0)))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=600,
+                step_seconds=60.0,
+                budget_gb=1000.0,
+                checkpoint_write_seconds=3600.0,
+                restart_seconds=3600.0,
+                mtbf_hours=2.0,
+                async_save=False,
+                frequency=60,
+                max_loss_hours=1000.0,
+            )
+        )
+    )
     sim = simulate(report, runs=20000, seed=7)
     assert abs(sim.mean_wall_hours - sim.analytic_wall_hours) <= 3 * sim.wall_hours_stderr
     # a model where only compute can fail would expect 10 (M (e^(tau/M) - 1) + C + R (e^(tau/M) - 1)),
@@ -72,8 +92,18 @@ def test_same_seed_same_report_other_seed_differs():
 
 
 def test_no_failure_no_spike_is_exactly_the_failure_free_run():
-    report = plan(validate_arguments(dict(total_steps=1050, step_seconds=2.0, budget_gb=100.0,
-                                          checkpoint_write_seconds=10.0, mtbf_hours=1e9, frequency=100)))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=1050,
+                step_seconds=2.0,
+                budget_gb=100.0,
+                checkpoint_write_seconds=10.0,
+                mtbf_hours=1e9,
+                frequency=100,
+            )
+        )
+    )
     sim = simulate(report, runs=200, seed=0)
     # 10 full segments of 100 steps + one of 50, each followed by a 10 s stall
     assert sim.failure_free_wall_hours == pytest.approx((1050 * 2.0 + 11 * 10.0) / 3600.0)
@@ -84,8 +114,18 @@ def test_no_failure_no_spike_is_exactly_the_failure_free_run():
 
 
 def test_async_newest_checkpoint_in_flight_rolls_back_one_further():
-    base = dict(total_steps=20000, step_seconds=1.0, budget_gb=1e6, model_size_gb=100.0, write_gbps=0.5,
-                mtbf_hours=0.5, frequency=100, keep_last=5, restart_seconds=60.0, max_loss_hours=100)
+    base = dict(
+        total_steps=20000,
+        step_seconds=1.0,
+        budget_gb=1e6,
+        model_size_gb=100.0,
+        write_gbps=0.5,
+        mtbf_hours=0.5,
+        frequency=100,
+        keep_last=5,
+        restart_seconds=60.0,
+        max_loss_hours=100,
+    )
     # 300 GB at 0.5 GB/s: 600 s until a save is on storage, longer than the 100 s between saves: the planner
     # moves the interval so saves never overlap (540 s rounded up to 1000 steps): the newest save is in flight
     # 540 s of every 1060
@@ -97,7 +137,9 @@ def test_async_newest_checkpoint_in_flight_rolls_back_one_further():
     assert sim.in_flight_rollback_fraction > 0.2  # of all failures, those during restarts included
     # the analytic model counts only the 60 s stall: the in-flight window costs extra rework
     assert sim.mean_wall_hours > sim.analytic_wall_hours + 5 * sim.wall_hours_stderr
-    synchronous = simulate(plan(validate_arguments(dict(base, async_save=False))), runs=3000, seed=3)
+    synchronous = simulate(
+        plan(validate_arguments(dict(base, async_save=False))), runs=3000, seed=3
+    )
     assert synchronous.in_flight_rollback_fraction == 0
 
 
@@ -113,8 +155,17 @@ def test_corrupt_checkpoints_push_rollbacks_further_back():
 
 
 def _setup(**kw):
-    base = dict(total_steps=1000, step_seconds=1.0, frequency=100, keep_last=3, milestone_steps=(300, 1000),
-                C=0.0, P=0.0, R=0.0, M=1e9)
+    base = dict(
+        total_steps=1000,
+        step_seconds=1.0,
+        frequency=100,
+        keep_last=3,
+        milestone_steps=(300, 1000),
+        C=0.0,
+        P=0.0,
+        R=0.0,
+        M=1e9,
+    )
     base.update(kw)
     return Setup(**base)
 
@@ -153,11 +204,25 @@ def test_rollback_with_every_checkpoint_corrupt_but_the_known_good_one():
     assert (t.tolist(), src.tolist(), skips.tolist()) == ([0], [2], [4])
 
 
-@pytest.mark.parametrize("frequency, keep_last", [(1000, 1), (150, 2), (120, 2), (300, 1), (100, 3)])
+@pytest.mark.parametrize(
+    "frequency, keep_last", [(1000, 1), (150, 2), (120, 2), (300, 1), (100, 3)]
+)
 def test_spike_window_miss_rate_matches_the_analytic_probability(frequency, keep_last):
-    report = plan(validate_arguments(dict(total_steps=200000, step_seconds=1.0, budget_gb=1e6, model_size_gb=1.0,
-                                          mtbf_hours=1e9, async_save=False, frequency=frequency,
-                                          keep_last=keep_last, milestones="none")))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=200000,
+                step_seconds=1.0,
+                budget_gb=1e6,
+                model_size_gb=1.0,
+                mtbf_hours=1e9,
+                async_save=False,
+                frequency=frequency,
+                keep_last=keep_last,
+                milestones="none",
+            )
+        )
+    )
     sim = simulate(report, runs=4000, seed=11, spike_rate=0.01)
     assert (sim.spikes.wait_steps, sim.spikes.margin_steps) == (100, 100)  # the documented defaults
     expected = 1.0 - spike_window_rescue_probability(frequency, keep_last, 100, 100)
@@ -171,9 +236,15 @@ def test_spike_window_miss_rate_matches_the_analytic_probability(frequency, keep
 
 
 def test_spikes_after_best_only_a_milestone_saves_the_run():
-    common = dict(total_steps=100000, step_seconds=2.5, budget_gb=1e6, model_size_gb=4.0, frequency=1000)
-    narrow = simulate(plan(validate_arguments(dict(common, keep_last=1))), runs=4000, seed=2, spike_rate=0.02)
-    wide = simulate(plan(validate_arguments(dict(common, keep_last=10))), runs=4000, seed=2, spike_rate=0.02)
+    common = dict(
+        total_steps=100000, step_seconds=2.5, budget_gb=1e6, model_size_gb=4.0, frequency=1000
+    )
+    narrow = simulate(
+        plan(validate_arguments(dict(common, keep_last=1))), runs=4000, seed=2, spike_rate=0.02
+    )
+    wide = simulate(
+        plan(validate_arguments(dict(common, keep_last=10))), runs=4000, seed=2, spike_rate=0.02
+    )
     assert narrow.spikes.mean_spikes == pytest.approx(2.0, rel=0.05)
     assert 0.1 < narrow.spikes.window_miss_fraction < 0.3
     assert narrow.spikes.milestone_rescue_fraction > 0.1  # seed milestones 1000, 5000, 10000, ...
@@ -183,22 +254,48 @@ def test_spikes_after_best_only_a_milestone_saves_the_run():
 
 
 def test_setup_maps_off_grid_milestones_to_the_next_save():
-    report = plan(validate_arguments(dict(total_steps=10000, step_seconds=1.0, budget_gb=1e6,
-                                          frequency=2000, milestones=[1000, 4000, 9999])))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=10000,
+                step_seconds=1.0,
+                budget_gb=1e6,
+                frequency=2000,
+                milestones=[1000, 4000, 9999],
+            )
+        )
+    )
     s = setup_from_plan(report)
     assert s.milestone_positions == (1, 2, 5)  # 1000 -> 2000, 4000, 9999 -> 10000
 
 
 def test_percentiles_of_counts_are_order_statistics_and_in_flight_shares_the_failures_denominator():
-    report = plan(validate_arguments(dict(total_steps=2000, step_seconds=60.0, budget_gb=1e6, model_size_gb=100.0,
-                                          write_gbps=1.0, mtbf_hours=50.0, frequency=5, max_loss_hours=100)))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=2000,
+                step_seconds=60.0,
+                budget_gb=1e6,
+                model_size_gb=100.0,
+                write_gbps=1.0,
+                mtbf_hours=50.0,
+                frequency=5,
+                max_loss_hours=100,
+            )
+        )
+    )
     sim = simulate(report, runs=501, seed=4)
     for v in (sim.p50_failures, sim.p95_failures, sim.p99_failures):
         assert float(v).is_integer()
     assert sim.p50_failures in (0.0, 1.0, 2.0)
     # the in-flight share is of all failures (the Failures row): share x failures is a whole count
     total = round(sim.mean_failures * sim.runs)
-    assert abs(sim.in_flight_rollback_fraction * total - round(sim.in_flight_rollback_fraction * total)) < 1e-3
+    assert (
+        abs(
+            sim.in_flight_rollback_fraction * total - round(sim.in_flight_rollback_fraction * total)
+        )
+        < 1e-3
+    )
     assert any("async saves" in c for c in sim.analytic_caveats)
     assert "pure compute" in sim.lost_definition
     sync = simulate(daly_plan(6.0), runs=300, seed=1)
@@ -245,7 +342,9 @@ def test_spike_rollback_adds_its_skips_to_the_runs_count():
     ids = np.arange(2)
     t = np.array([s.E_scalar(8) + 1.0] * 2)  # position 8 on storage: window 6..8
     rescue = np.array([7, 7], dtype=np.int64)
-    target = _spike_rollback(s, _AllCorrupt(), known, tally, ids, t, np.zeros(2, dtype=np.int64), rescue)
+    target = _spike_rollback(
+        s, _AllCorrupt(), known, tally, ids, t, np.zeros(2, dtype=np.int64), rescue
+    )
     # 7 and 6 corrupt, nothing known in the window: step 0, two skips more for each run
     assert target.tolist() == [0, 0]
     assert tally.skips.tolist() == [5, 3]
@@ -261,40 +360,69 @@ def test_event_budget_error_names_the_events_and_the_advice():
     from checkpoint_strategy.errors import UsageError
     from checkpoint_strategy.simulation.montecarlo import run_monte_carlo
 
-    with pytest.raises(UsageError, match=r"failures and spikes per run expected.*lower --spike-rate"):
+    with pytest.raises(
+        UsageError, match=r"failures and spikes per run expected.*lower --spike-rate"
+    ):
         run_monte_carlo(_setup(), runs=10, seed=0, expected_failures=1e6)
 
 
 def test_async_caveat_without_an_exact_figure_when_saves_overlap():
     from checkpoint_strategy.simulation.montecarlo import analytic_caveats
 
-    overlap = Setup(total_steps=1000, step_seconds=1.0, frequency=10, keep_last=2, milestone_steps=(), C=1.0,
-                    P=100.0, R=0.0, M=7200.0)
+    overlap = Setup(
+        total_steps=1000,
+        step_seconds=1.0,
+        frequency=10,
+        keep_last=2,
+        milestone_steps=(),
+        C=1.0,
+        P=100.0,
+        R=0.0,
+        M=7200.0,
+    )
     (caveat,) = analytic_caveats(overlap, 0.0, 0.0, in_flight=3)
     assert caveat.startswith("async saves") and "async_wall_hours" not in caveat
     assert analytic_caveats(overlap, 0.0, 0.0, in_flight=0) == []
 
 
 def test_report_statistics_follow_their_definitions():
-    report = plan(validate_arguments(dict(total_steps=2000, step_seconds=60.0, budget_gb=1e6, model_size_gb=100.0,
-                                          write_gbps=1.0, mtbf_hours=20.0, frequency=50, max_loss_hours=100)))
+    report = plan(
+        validate_arguments(
+            dict(
+                total_steps=2000,
+                step_seconds=60.0,
+                budget_gb=1e6,
+                model_size_gb=100.0,
+                write_gbps=1.0,
+                mtbf_hours=20.0,
+                frequency=50,
+                max_loss_hours=100,
+            )
+        )
+    )
     sim = simulate(report, runs=2001, seed=8)
     assert sim.async_wall_hours is not None and sim.wall_hours_stderr > 0
     # the z scores are (mean - expectation) / standard error (fields of the same report, 6 and 9 decimals)
-    assert sim.async_z == pytest.approx((sim.mean_wall_hours - sim.async_wall_hours) / sim.wall_hours_stderr,
-                                        abs=0.01)
+    assert sim.async_z == pytest.approx(
+        (sim.mean_wall_hours - sim.async_wall_hours) / sim.wall_hours_stderr, abs=0.01
+    )
     assert sim.analytic_z == pytest.approx(
-        (sim.mean_wall_hours - sim.analytic_wall_hours) / sim.wall_hours_stderr, abs=0.01)
+        (sim.mean_wall_hours - sim.analytic_wall_hours) / sim.wall_hours_stderr, abs=0.01
+    )
     # lost = wall - compute for every run: the same order statistics, shifted by the compute
     for q in ("p50", "p95", "p99"):
         assert getattr(sim, f"{q}_lost_hours") == pytest.approx(
-            getattr(sim, f"{q}_wall_hours") - sim.compute_hours, abs=2e-6), q
+            getattr(sim, f"{q}_wall_hours") - sim.compute_hours, abs=2e-6
+        ), q
     assert sim.spikes is None  # no --spike-rate: no spike statistics
     one = simulate(report, runs=1, seed=8)
     assert one.wall_hours_stderr == 0 and one.analytic_z is None  # one run has no standard error
 
 
 def test_simulate_runs_ten_thousand_runs_by_default():
-    report = plan(validate_arguments(dict(total_steps=100, step_seconds=1.0, budget_gb=1e6, mtbf_hours=1e6,
-                                          frequency=50)))
+    report = plan(
+        validate_arguments(
+            dict(total_steps=100, step_seconds=1.0, budget_gb=1e6, mtbf_hours=1e6, frequency=50)
+        )
+    )
     assert simulate(report).runs == 10000  # docs/simulate.md: --runs, default 10 000

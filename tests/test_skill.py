@@ -11,9 +11,9 @@ from pathlib import Path
 
 import jsonschema
 import yaml
+from cliresult import BIN, checkout_env
 
 from checkpoint_strategy.cli.main import COMMANDS, available_commands
-from cliresult import BIN, checkout_env
 
 SPEC_FIELDS = {"name", "description", "license", "compatibility", "metadata", "allowed-tools"}
 
@@ -39,9 +39,16 @@ def test_frontmatter_uses_only_spec_fields(skill_root):
 
 def _agentskills(folder: Path) -> subprocess.CompletedProcess:
     exe = BIN / "agentskills"  # next to the running interpreter, not whichever is first on PATH
-    assert exe.is_file(), "skills-ref (its command is agentskills) must be installed by the test extra"
-    return subprocess.run([str(exe), "validate", str(folder)], capture_output=True, text=True, timeout=60,
-                          env=checkout_env())
+    assert exe.is_file(), (
+        "skills-ref (its command is agentskills) must be installed by the test extra"
+    )
+    return subprocess.run(
+        [str(exe), "validate", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=checkout_env(),
+    )
 
 
 def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
@@ -52,7 +59,9 @@ def test_reference_validator_passes_on_a_copy(skill_root, tmp_path):
     for name in ("SKILL.md", "skill.yaml"):
         shutil.copy2(skill_root / name, dest / name)
     for folder in ("scripts", "templates", "schemas"):
-        shutil.copytree(skill_root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            skill_root / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
     proc = _agentskills(dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -67,17 +76,24 @@ def test_readme_install_steps_hold_for_the_validator(tmp_path):
 
     assert any(str(f).endswith("bin/agentskills") for f in distribution("skills-ref").files or ())
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    install = readme[readme.index("## Install as a Claude Code skill"):]
-    install = install[:install.index("\n## ", 3)]
-    for said in ("must be named `checkpoint-strategy`", "pip install skills-ref", "`agentskills`",
-                 "agentskills validate ~/.claude/skills/checkpoint-strategy"):
+    install = readme[readme.index("## Install as a Claude Code skill") :]
+    install = install[: install.index("\n## ", 3)]
+    for said in (
+        "must be named `checkpoint-strategy`",
+        "pip install skills-ref",
+        "`agentskills`",
+        "agentskills validate ~/.claude/skills/checkpoint-strategy",
+    ):
         assert said in install, said
     copy = shipped_copy(tmp_path / "checkpoint-strategy")
     proc = _agentskills(copy)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     other = copy.rename(tmp_path / "my-skill")
     proc = _agentskills(other)
-    assert proc.returncode != 0 and "must match skill name 'checkpoint-strategy'" in proc.stdout + proc.stderr
+    assert (
+        proc.returncode != 0
+        and "must match skill name 'checkpoint-strategy'" in proc.stdout + proc.stderr
+    )
 
 
 def test_no_positional_placeholders_besides_arguments(skill_root):
@@ -98,11 +114,16 @@ def test_manifest_agrees_with_skill_md_and_cli(skill_root):
     assert m["name"] == meta["name"]
     slash = m["slash_commands"][0]
     assert slash["name"] == "/checkpoint-strategy"
-    assert slash["argument_hint"] == "[total_steps] [step_duration_seconds] [storage_budget_gb] [--model_size_gb N]"
+    assert (
+        slash["argument_hint"]
+        == "[total_steps] [step_duration_seconds] [storage_budget_gb] [--model_size_gb N]"
+    )
     assert meta["metadata"]["argument-hint"] == slash["argument_hint"]
     assert slash["command"] in body, "SKILL.md must give the manifest's command verbatim"
     listed = [s["name"] for s in m["subcommands"]]
-    assert listed and set(listed) <= set(available_commands()), "every listed subcommand must exist in the CLI"
+    assert listed and set(listed) <= set(available_commands()), (
+        "every listed subcommand must exist in the CLI"
+    )
     assert set(available_commands()) <= set(listed), "every CLI command must be in the manifest"
     for name in listed:
         assert name in body, f"SKILL.md does not mention {name}"
@@ -112,14 +133,18 @@ def test_manifest_agrees_with_skill_md_and_cli(skill_root):
 
 def test_manifest_lists_every_schema_and_template_that_exists(skill_root):
     m = manifest(skill_root)
-    schemas = {s["output_schema"] for s in m["subcommands"]} | {s.get("input_schema") for s in m["subcommands"]}
+    schemas = {s["output_schema"] for s in m["subcommands"]} | {
+        s.get("input_schema") for s in m["subcommands"]
+    }
     schemas |= set(m["input_schemas"].values()) | {i["schema"] for i in m.get("integrations", [])}
     schemas.discard(None)
     templates = {t for s in m["subcommands"] for t in s["templates"]}
     for rel in schemas | templates:
         assert (skill_root / rel).exists(), f"{rel} listed in skill.yaml but missing"
     on_disk = {f"schemas/{p.name}" for p in (skill_root / "schemas").glob("*.schema.json")}
-    assert on_disk - {"schemas/skill-manifest.schema.json"} <= schemas, "schema files missing from skill.yaml"
+    assert on_disk - {"schemas/skill-manifest.schema.json"} <= schemas, (
+        "schema files missing from skill.yaml"
+    )
     on_disk_t = {f"templates/{p.name}" for p in (skill_root / "templates").glob("*.j2")}
     assert on_disk_t <= templates, "template files missing from skill.yaml"
 
@@ -138,11 +163,19 @@ def expand(command: str, arguments: str, skill_root: Path) -> str:
     return command.replace("${CLAUDE_SKILL_DIR}", str(skill_root)).replace("$ARGUMENTS", arguments)
 
 
-def run_as_agent(skill_root: Path, arguments: str, command: str | None = None) -> subprocess.CompletedProcess:
+def run_as_agent(
+    skill_root: Path, arguments: str, command: str | None = None
+) -> subprocess.CompletedProcess:
     command = command or manifest(skill_root)["slash_commands"][0]["command"]
     line = expand(command, arguments, skill_root)
-    return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, cwd=skill_root,
-                          env=checkout_env())
+    return subprocess.run(
+        ["bash", "-c", line],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=skill_root,
+        env=checkout_env(),
+    )
 
 
 def test_scripted_slash_command_seed_example(skill_root):
@@ -153,8 +186,11 @@ def test_scripted_slash_command_seed_example(skill_root):
 
 
 def test_scripted_slash_command_json(skill_root):
-    proc = run_as_agent(skill_root, "50000 10 200 --params 1B --frequency 500 --keep-last 10 "
-                                    "--formats full_state_dict --format json")
+    proc = run_as_agent(
+        skill_root,
+        "50000 10 200 --params 1B --frequency 500 --keep-last 10 "
+        "--formats full_state_dict --format json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["total_storage_gb"] == 180
 

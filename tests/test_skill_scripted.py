@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from cliresult import checkout_env
 from test_skill import expand, frontmatter, manifest
 
@@ -31,8 +30,14 @@ def documented_commands(skill_root):
 @pytest.fixture
 def workdir(tmp_path, hf_run, copy_of):
     run_dir = copy_of(hf_run.output_dir, "run")
-    event = {"event": "LOSS_SPIKE", "step": 121, "value": 10.1, "threshold": 2.5, "severity": "critical",
-             "ts": "2026-11-29T08:00:00Z"}
+    event = {
+        "event": "LOSS_SPIKE",
+        "step": 121,
+        "value": 10.1,
+        "threshold": 2.5,
+        "severity": "critical",
+        "ts": "2026-11-29T08:00:00Z",
+    }
     (tmp_path / "events.json").write_text(json.dumps(event))
     return {
         "RUN_DIR": str(run_dir),
@@ -56,7 +61,7 @@ def fill(line: str, values: dict) -> str:
 
 
 def test_skill_md_documents_every_command(skill_root):
-    documented = {ln[len(PREFIX):].split()[0] for ln in documented_commands(skill_root)}
+    documented = {ln[len(PREFIX) :].split()[0] for ln in documented_commands(skill_root)}
     documented = {("plan" if d[0].isdigit() else d) for d in documented}
     assert documented == {s["name"] for s in manifest(skill_root)["subcommands"]}
 
@@ -65,16 +70,24 @@ def test_every_documented_command_runs_on_a_real_run(skill_root, workdir):
     ran = []
     for line in documented_commands(skill_root):
         command = fill(expand(line, "", skill_root), workdir)
-        args = command.split("checkpoint-strategy", 1)[1].split(" #", 1)[0]   # a shell comment may say "FSDP"
+        args = command.split("checkpoint-strategy", 1)[1].split(" #", 1)[
+            0
+        ]  # a shell comment may say "FSDP"
         assert not re.search(r"\b[A-Z][A-Z_]{3,}\b(?!\.)", args), command
-        proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300,
-                              cwd=workdir["cwd"], env=checkout_env())
-        word = line[len(PREFIX):].split()[0]
+        proc = subprocess.run(
+            ["bash", "-c", command],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=workdir["cwd"],
+            env=checkout_env(),
+        )
+        word = line[len(PREFIX) :].split()[0]
         name = "plan" if word[0].isdigit() else word
         assert proc.returncode in EXPECTED_RC.get(name, {0}), f"{command}\n{proc.stderr}"
         assert "Traceback" not in proc.stderr
         out = re.search(r"(?:^|\s)(?:-o|--output) (\S+)", args)
-        if out:   # the report went to the named file (written whole), not stdout
+        if out:  # the report went to the named file (written whole), not stdout
             written = Path(workdir["cwd"], out.group(1)).read_text()
             assert written.strip() and not proc.stdout.strip(), command
         else:
@@ -88,9 +101,14 @@ def test_every_documented_command_runs_on_a_real_run(skill_root, workdir):
 
 
 def test_slash_command_with_a_subcommand(skill_root, workdir):
-    command = expand(manifest(skill_root)["slash_commands"][0]["command"],
-                     f"recover {workdir['RUN_DIR']} --format json", skill_root)
-    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=checkout_env())
+    command = expand(
+        manifest(skill_root)["slash_commands"][0]["command"],
+        f"recover {workdir['RUN_DIR']} --format json",
+        skill_root,
+    )
+    proc = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, env=checkout_env()
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["resume_checkpoint"]["step"] == 110

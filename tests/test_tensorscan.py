@@ -58,7 +58,9 @@ def _values(n: int, seed: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("n", [1, 2, 3, ts.CHUNK16 - 1, ts.CHUNK16, ts.CHUNK16 + 1, 2 * ts.CHUNK16 + 3])
+@pytest.mark.parametrize(
+    "n", [1, 2, 3, ts.CHUNK16 - 1, ts.CHUNK16, ts.CHUNK16 + 1, 2 * ts.CHUNK16 + 3]
+)
 @pytest.mark.parametrize("pad", [0, 2])
 def test_16bit_norm_and_max_match_float64(tmp_path, dtype, n, pad):
     bits = _bits(dtype, _values(n))
@@ -71,33 +73,35 @@ def test_16bit_norm_and_max_match_float64(tmp_path, dtype, n, pad):
 def test_float16_subnormals_zeros_and_extremes(tmp_path):
     n = ts.CHUNK16 + 5
     rng = np.random.default_rng(1)
-    bits = rng.integers(0, 0x0400, n, dtype=np.uint16)            # every subnormal pattern (and +0)
-    bits[1::2] |= 0x8000                                           # negative subnormals, -0
-    bits[7] = 0x7BFF                                               # 65504, the largest finite float16
-    bits[8] = 0xFBFF                                               # -65504
-    bits[9] = 0x0001                                               # 2**-24, the smallest subnormal
+    bits = rng.integers(0, 0x0400, n, dtype=np.uint16)  # every subnormal pattern (and +0)
+    bits[1::2] |= 0x8000  # negative subnormals, -0
+    bits[7] = 0x7BFF  # 65504, the largest finite float16
+    bits[8] = 0xFBFF  # -65504
+    bits[9] = 0x0001  # 2**-24, the smallest subnormal
     ref = _as_f64("float16", bits)
     st = _scan(tmp_path, "float16", bits)
     _expect(st, ref)
     assert st.max_abs == 65504.0
-    small = rng.integers(1, 0x0400, 4097, dtype=np.uint16)        # subnormals only: the scale must be exact
+    small = rng.integers(
+        1, 0x0400, 4097, dtype=np.uint16
+    )  # subnormals only: the scale must be exact
     st = _scan(tmp_path, "float16", small)
     assert st.sumsq == pytest.approx(float(np.sum(_as_f64("float16", small) ** 2)), rel=1e-6)
 
 
-@pytest.mark.parametrize("dtype,nan,inf,ninf", [
-    ("bfloat16", 0x7FC0, 0x7F80, 0xFF80),
-    ("float16", 0x7E00, 0x7C00, 0xFC00),
-])
+@pytest.mark.parametrize(
+    "dtype,nan,inf,ninf",
+    [("bfloat16", 0x7FC0, 0x7F80, 0xFF80), ("float16", 0x7E00, 0x7C00, 0xFC00)],
+)
 def test_16bit_nonfinite_at_chunk_boundaries_counted_exactly(tmp_path, dtype, nan, inf, ninf):
     n = 2 * ts.CHUNK16 + 3
     bits = _bits(dtype, _values(n, seed=2))
     c = ts.CHUNK16
-    bits[c - 1] = nan               # last value of the first chunk
-    bits[c] = nan | 0x8000          # first value of the second (a negative NaN)
-    bits[c + 7] = ninf              # -Inf
-    bits[n - 1] = inf               # last value of the tensor (in the odd tail chunk)
-    bits[n - 2] = nan | 0x0001      # another NaN payload
+    bits[c - 1] = nan  # last value of the first chunk
+    bits[c] = nan | 0x8000  # first value of the second (a negative NaN)
+    bits[c + 7] = ninf  # -Inf
+    bits[n - 1] = inf  # last value of the tensor (in the odd tail chunk)
+    bits[n - 2] = nan | 0x0001  # another NaN payload
     st = _scan(tmp_path, dtype, bits)
     assert (st.nan, st.inf) == (3, 2)
     _expect(st, _as_f64(dtype, bits))
@@ -106,11 +110,13 @@ def test_16bit_nonfinite_at_chunk_boundaries_counted_exactly(tmp_path, dtype, na
 def test_bfloat16_only_ninf_and_pad(tmp_path):
     bits = _bits("bfloat16", [1.0, -2.0, float("-inf")])
     st = _scan(tmp_path, "bfloat16", bits, pad=2)
-    assert (st.nan, st.inf) == (0, 1) and st.l2 == pytest.approx(math.sqrt(5.0)) and st.max_abs == 2.0
+    assert (
+        (st.nan, st.inf) == (0, 1) and st.l2 == pytest.approx(math.sqrt(5.0)) and st.max_abs == 2.0
+    )
 
 
 def test_bfloat16_squares_beyond_float32_are_exact(tmp_path):
-    v = np.full(ts.CHUNK16 + 2, 3e30, dtype=np.float32)   # finite bfloat16, square overflows float32
+    v = np.full(ts.CHUNK16 + 2, 3e30, dtype=np.float32)  # finite bfloat16, square overflows float32
     v[::3] = -1e-30
     bits = _bits("bfloat16", v)
     st = _scan(tmp_path, "bfloat16", bits)

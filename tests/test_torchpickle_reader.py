@@ -15,7 +15,8 @@ import pickle
 import zipfile
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpoint_strategy.formats import safepickle as tp
 
@@ -40,14 +41,27 @@ def pickles(tmp_path_factory):
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(2, 6)).sum().backward()
     opt.step()
-    out = {"optimizer": _data_pkl(opt.state_dict()), "model": _data_pkl(model.state_dict()),
-           "rng": _data_pkl({"python": random.getstate(), "numpy": np.random.get_state(),
-                             "cpu": torch.random.get_rng_state()})}
+    out = {
+        "optimizer": _data_pkl(opt.state_dict()),
+        "model": _data_pkl(model.state_dict()),
+        "rng": _data_pkl(
+            {
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+                "cpu": torch.random.get_rng_state(),
+            }
+        ),
+    }
     folder = tmp_path_factory.mktemp("dcp")
     dcp.save({"w": torch.ones(4)}, checkpoint_id=str(folder))
     out["dcp_metadata"] = (folder / ".metadata").read_bytes()
-    value = {"a": [1, 2.5, -3, 2 ** 70, "x\u00e9", b"by", (1,), None, True, {1, 2}, frozenset([3])],
-             "b": "y" * 300, "c": b"q" * 70_000, "d": bytearray(b"z"), "r": "param_groups" * 3}
+    value = {
+        "a": [1, 2.5, -3, 2**70, "x\u00e9", b"by", (1,), None, True, {1, 2}, frozenset([3])],
+        "b": "y" * 300,
+        "c": b"q" * 70_000,
+        "d": bytearray(b"z"),
+        "r": "param_groups" * 3,
+    }
     for proto in range(6):
         out[f"protocol{proto}"] = pickle.dumps(value, protocol=proto)
     return out
@@ -70,18 +84,27 @@ class _Anything:
 
 
 def _python_refuses(data: bytes) -> bool:
-    class Plain(pickle.Unpickler):   # the oracle: Python's own unpickler, no global resolved (the tests' plain data
-        def find_class(self, module, name):   # has none but the builtins protocol 2 writes bytes and sets with)
-            return {"_codecs.encode": lambda s, enc="latin-1": s.encode(enc), "builtins.set": set,
-                    "builtins.frozenset": frozenset, "builtins.bytearray": bytearray,
-                    "builtins.bytes": bytes, "__builtin__.set": set}.get(f"{module}.{name}", _Anything)
+    class Plain(
+        pickle.Unpickler
+    ):  # the oracle: Python's own unpickler, no global resolved (the tests' plain data
+        def find_class(
+            self, module, name
+        ):  # has none but the builtins protocol 2 writes bytes and sets with)
+            return {
+                "_codecs.encode": lambda s, enc="latin-1": s.encode(enc),
+                "builtins.set": set,
+                "builtins.frozenset": frozenset,
+                "builtins.bytearray": bytearray,
+                "builtins.bytes": bytes,
+                "__builtin__.set": set,
+            }.get(f"{module}.{name}", _Anything)
 
         def persistent_load(self, pid):
             return pid
 
     try:
         Plain(io.BytesIO(data)).load()
-    except Exception:   # noqa: BLE001 - any refusal of Python's unpickler
+    except Exception:  # noqa: BLE001 - any refusal of Python's unpickler
         return True
     return False
 
@@ -92,14 +115,21 @@ def _agrees(data: bytes) -> None:
     frames: list[int] = []
     walked = tp._walk_refusal(data, frames)
     fast_frames: list[int] = []
-    assert tp._walk_refusal(data, fast_frames, fast=True) == walked and fast_frames == frames, data[:40]
+    assert tp._walk_refusal(data, fast_frames, fast=True) == walked and fast_frames == frames, data[
+        :40
+    ]
     if walked is not None:
         assert not scan.complete and scan.error is not None
         return
-    assert scan.error is None or "memo index" not in scan.error and "more than the" not in scan.error, scan.error
-    if not tp.read_pickle(data).globals or set(tp.read_pickle(data).globals) <= {"_codecs.encode", "builtins.set",
-                                                                                  "builtins.frozenset",
-                                                                                  "builtins.bytearray"}:
+    assert (
+        scan.error is None or "memo index" not in scan.error and "more than the" not in scan.error
+    ), scan.error
+    if not tp.read_pickle(data).globals or set(tp.read_pickle(data).globals) <= {
+        "_codecs.encode",
+        "builtins.set",
+        "builtins.frozenset",
+        "builtins.bytearray",
+    }:
         assert scan.complete == (not _python_refuses(data)), (scan.error, data[:40])
 
 
@@ -108,12 +138,17 @@ def test_real_pickles_read_whole(pickles):
         scan = tp.read_pickle(data)
         assert scan.complete and scan.error is None, name
         assert tp._walk_refusal(data) is None
-        assert repr(tp.read_pickle(io.BytesIO(data))) == repr(scan), name   # from a file: the same records
-    assert len(tp.read_pickle(pickles["optimizer"]).tensors) == 12   # 4 parameters: step, exp_avg, exp_avg_sq
+        assert repr(tp.read_pickle(io.BytesIO(data))) == repr(scan), (
+            name
+        )  # from a file: the same records
+    assert (
+        len(tp.read_pickle(pickles["optimizer"]).tensors) == 12
+    )  # 4 parameters: step, exp_avg, exp_avg_sq
 
 
-@pytest.mark.parametrize("name", ["optimizer", "rng", "dcp_metadata", "protocol0", "protocol2", "protocol4",
-                                  "protocol5"])
+@pytest.mark.parametrize(
+    "name", ["optimizer", "rng", "dcp_metadata", "protocol0", "protocol2", "protocol4", "protocol5"]
+)
 def test_damaged_pickles_are_refused_as_python_refuses_them(pickles, name):
     data = pickles[name][:1500]
     spots = [*range(min(200, len(data))), *range(200, len(data), 13)]
@@ -128,9 +163,9 @@ def test_damaged_pickles_are_refused_as_python_refuses_them(pickles, name):
 
 _P2 = b"\x80\x02"
 HOSTILE = {
-    "long_binput_huge": _P2 + b"K\x01r\xff\xff\xff\x7f.",                     # index 2**31 - 1: a 32 GB memo
+    "long_binput_huge": _P2 + b"K\x01r\xff\xff\xff\x7f.",  # index 2**31 - 1: a 32 GB memo
     "long_binput_after_strings": _P2 + b"X\x0c\x00\x00\x00param_groupsr\x00\x00\x00\x10.",
-    "put_text_huge": b"I1\np99999999999\n.",                                  # protocol 0 PUT
+    "put_text_huge": b"I1\np99999999999\n.",  # protocol 0 PUT
     "put_text_spaces": b"I1\np  4000000000 \n.",
     "long_binput_in_a_frame": b"\x80\x04\x95\x07\x00\x00\x00\x00\x00\x00\x00K\x01r\xff\xff\xff\x7f.",
     "binbytes8_huge": _P2 + b"\x8e\xff\xff\xff\xff\xff\xff\x00\x00.",
@@ -142,16 +177,27 @@ HOSTILE = {
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_a_pickle_that_would_allocate_without_bound_is_refused_first(name, capfd):
     scan = tp.read_pickle(HOSTILE[name])
-    assert not scan.complete and ("memo index" in scan.error or "more than the" in scan.error), scan.error
+    assert not scan.complete and ("memo index" in scan.error or "more than the" in scan.error), (
+        scan.error
+    )
     assert tp._walk_refusal(HOSTILE[name]) is not None
-    assert capfd.readouterr().err == ""   # (a MemoryError inside the unpickler prints a SystemError of its own)
+    assert (
+        capfd.readouterr().err == ""
+    )  # (a MemoryError inside the unpickler prints a SystemError of its own)
 
 
 def test_a_suspect_byte_inside_a_string_is_not_an_opcode(pickles):
     """'r' and 'p' followed by text, inside strings (short ones, stepped over in C, and one longer than a run takes):
     read whole, by the walk that tells them apart."""
-    data = pickle.dumps({"param_groups": "rrrr\x01\x02\x03\x04", "p": "p123456789\n" * 3, "x": [1] * 300,
-                         "long": "r\xff\xff\xff\x7f" * 40}, protocol=2)
+    data = pickle.dumps(
+        {
+            "param_groups": "rrrr\x01\x02\x03\x04",
+            "p": "p123456789\n" * 3,
+            "x": [1] * 300,
+            "long": "r\xff\xff\xff\x7f" * 40,
+        },
+        protocol=2,
+    )
     assert tp._suspect_in(data)
     scan = tp.read_pickle(data)
     assert scan.complete and scan.root == pickle.loads(data)
@@ -159,12 +205,12 @@ def test_a_suspect_byte_inside_a_string_is_not_an_opcode(pickles):
 
 def test_the_size_and_depth_bounds(pickles):
     assert "more than the 100" in tp.read_pickle(pickles["optimizer"], max_bytes=100).error
-    deep = _P2 + b")" + b"\x85" * 200_000 + b"."                             # ((((...)))) 200 000 deep
+    deep = _P2 + b")" + b"\x85" * 200_000 + b"."  # ((((...)))) 200 000 deep
     scan = tp.read_pickle(deep)
     assert not scan.complete and "nested more than" in scan.error
-    key = _P2 + b"}" + b")" + b"\x85" * 120_000 + b"Ns."                     # hashed as a dict key: read in a
-    assert "nested more than" in tp.read_pickle(key).error                      # thread with the stack for it
-    wide = _P2 + b"(" + b")" * 60_000 + b"t."                                # many tuples, none nested
+    key = _P2 + b"}" + b")" + b"\x85" * 120_000 + b"Ns."  # hashed as a dict key: read in a
+    assert "nested more than" in tp.read_pickle(key).error  # thread with the stack for it
+    wide = _P2 + b"(" + b")" * 60_000 + b"t."  # many tuples, none nested
     assert tp.read_pickle(wide).complete
 
 
@@ -175,22 +221,68 @@ def test_what_python_refuses_in_dcp_metadata_is_refused(pickles):
     odd = _P2 + b"}(K\x01K\x02K\x03u."
     assert "odd number of items" in tp.read_pickle(odd).error
     assert "unsupported pickle protocol" in tp.read_pickle(_P2 + b"K\x01\x80\x09.").error
-    for at in (11, 40, 200):   # a FRAME opcode inserted in mid-stream: as pickle.load of a file (DCP's) reads it
+    for at in (
+        11,
+        40,
+        200,
+    ):  # a FRAME opcode inserted in mid-stream: as pickle.load of a file (DCP's) reads it
         inner = meta[:at] + b"\x95" + (5).to_bytes(8, "little") + meta[at:]
         assert tp.read_pickle(inner).complete == (not _python_refuses(inner)), at
     state = _P2 + b"ccollections\nOrderedDict\n)RK\x05b."
     assert "state is not a dictionary" in tp.read_pickle(state).error
 
 
-_PIECES = [b"(", b"t", b"\x85", b"\x86", b")", b"}", b"]", b"N", b"\x88", b"0", b"K\x05", b"M\x01\x02",
-           b"J\xff\xff\xff\xff", b"q\x00", b"h\x00", b"r\x00\x00\x00\x00", b"r\x00\x00\x01\x00", b"r\xff\xff\xff\x7f",
-           b"j\x00\x00\x00\x00", b"X\x01\x00\x00\x00r", b"X\x05\x00\x00\x00r\x00\x00\x01", b"X\x09\x00\x00\x00a",
-           b"\x8c\x01r", b"C\x04rrrr", b"s", b"u", b"a", b"e", b"R", b"b", b"\x94", b"ccollections\nOrderedDict\n",
-           b"p99999999\n", b"p1\n", b"I12\n", b"\x95\x03\x00\x00\x00\x00\x00\x00\x00", b"\x8e\x03\x00\x00\x00\x00\x00",
-           b"\x96\x01\x00\x00\x00\x00\x00\x00\x00r", b".", b"\xff",
-           # the edges of what the fast walk's one expression steps over (tp._RUN_LENGTHS, 2**16, 4 digits)
-           b"X\x3f\x00\x00\x00" + b"r" * 63, b"X\x40\x00\x00\x00" + b"r" * 64, b"\x8c\x3fr" + b"\x00" * 62,
-           b"\x8c\x40" + b"r" * 64, b"r\xff\xff\x00\x00", b"p1234\n", b"p12345\n", b"p+12\n"]
+_PIECES = [
+    b"(",
+    b"t",
+    b"\x85",
+    b"\x86",
+    b")",
+    b"}",
+    b"]",
+    b"N",
+    b"\x88",
+    b"0",
+    b"K\x05",
+    b"M\x01\x02",
+    b"J\xff\xff\xff\xff",
+    b"q\x00",
+    b"h\x00",
+    b"r\x00\x00\x00\x00",
+    b"r\x00\x00\x01\x00",
+    b"r\xff\xff\xff\x7f",
+    b"j\x00\x00\x00\x00",
+    b"X\x01\x00\x00\x00r",
+    b"X\x05\x00\x00\x00r\x00\x00\x01",
+    b"X\x09\x00\x00\x00a",
+    b"\x8c\x01r",
+    b"C\x04rrrr",
+    b"s",
+    b"u",
+    b"a",
+    b"e",
+    b"R",
+    b"b",
+    b"\x94",
+    b"ccollections\nOrderedDict\n",
+    b"p99999999\n",
+    b"p1\n",
+    b"I12\n",
+    b"\x95\x03\x00\x00\x00\x00\x00\x00\x00",
+    b"\x8e\x03\x00\x00\x00\x00\x00",
+    b"\x96\x01\x00\x00\x00\x00\x00\x00\x00r",
+    b".",
+    b"\xff",
+    # the edges of what the fast walk's one expression steps over (tp._RUN_LENGTHS, 2**16, 4 digits)
+    b"X\x3f\x00\x00\x00" + b"r" * 63,
+    b"X\x40\x00\x00\x00" + b"r" * 64,
+    b"\x8c\x3fr" + b"\x00" * 62,
+    b"\x8c\x40" + b"r" * 64,
+    b"r\xff\xff\x00\x00",
+    b"p1234\n",
+    b"p12345\n",
+    b"p+12\n",
+]
 
 
 @settings(max_examples=300, deadline=None)
@@ -225,7 +317,10 @@ def test_a_frame_length_reaching_into_the_next_frame_is_read_as_torch_load_reads
     damaged[damaged.index(b"\x95") + 1] ^= 1 << 6
     damaged_bytes = bytes(damaged)
     assert tp._suspect_in(damaged_bytes) == ("r" in text)
-    assert pickle.Unpickler(io.BufferedReader(io.BytesIO(damaged_bytes), len(damaged_bytes))).load() == obj
+    assert (
+        pickle.Unpickler(io.BufferedReader(io.BytesIO(damaged_bytes), len(damaged_bytes))).load()
+        == obj
+    )
     refused = _bytesio_load(damaged_bytes)
     assert refused is not None
     scan = tp.read_pickle(damaged_bytes)
@@ -239,9 +334,11 @@ def test_a_view_past_its_storage_is_found_as_the_tensors_are_made():
     data = _data_pkl({"a": base[2:6], "b": base[0:0], "c": base[6:8]})
     scan = tp.read_pickle(data)
     assert scan.complete and scan.past_end is None and len(scan.tensors) == 3
-    at = data.index(b"K\x06")   # c's offset 6 -> 7: its 2 elements end at element 9 of 8
-    scan = tp.read_pickle(data[:at] + b"K\x07" + data[at + 2:])
+    at = data.index(b"K\x06")  # c's offset 6 -> 7: its 2 elements end at element 9 of 8
+    scan = tp.read_pickle(data[:at] + b"K\x07" + data[at + 2 :])
     assert scan.past_end is scan.tensors[2] and scan.past_end.offset == 7
-    empty = data.index(b"K\x00", data.index(b"X\x01\x00\x00\x00b"))   # b's offset 0 -> 9: an empty view past
-    scan = tp.read_pickle(data[:empty] + b"K\x09" + data[empty + 2:])       # the end reads nothing
+    empty = data.index(
+        b"K\x00", data.index(b"X\x01\x00\x00\x00b")
+    )  # b's offset 0 -> 9: an empty view past
+    scan = tp.read_pickle(data[:empty] + b"K\x09" + data[empty + 2 :])  # the end reads nothing
     assert scan.tensors[1].offset == 9 and scan.tensors[1].shape == (0,) and scan.past_end is None

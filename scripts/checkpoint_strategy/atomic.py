@@ -7,13 +7,13 @@ and break the whole machine.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import stat
 import tempfile
-from pathlib import Path
-import errno
-import fcntl
 import time
+from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:

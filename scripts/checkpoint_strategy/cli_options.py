@@ -18,7 +18,7 @@ from typing import Union
 def shown(text: object, limit: int = 60) -> str:
     """A value echoed in an error message: repr, cut to `limit` characters."""
     r = repr(str(text))
-    return r if len(r) <= limit else r[:limit - 4] + "...'"
+    return r if len(r) <= limit else r[: limit - 4] + "...'"
 
 
 def _fmt(n: float) -> str:
@@ -37,7 +37,9 @@ class Quantity:
 
     __slots__ = ("what", "lo", "hi", "whole", "lo_open")
 
-    def __init__(self, what: str, lo: float, hi: float, whole: bool = False, lo_open: bool = False) -> None:
+    def __init__(
+        self, what: str, lo: float, hi: float, whole: bool = False, lo_open: bool = False
+    ) -> None:
         self.what, self.lo, self.hi, self.whole, self.lo_open = what, lo, hi, whole, lo_open
 
     def __repr__(self) -> str:
@@ -51,7 +53,6 @@ class Quantity:
     def contains(self, value: float) -> bool:
         low_ok = value > self.lo if self.lo_open else value >= self.lo
         return low_ok and value <= self.hi and (not self.whole or float(value).is_integer())
-
 
 
 MAX_STEPS = 10**12
@@ -95,21 +96,13 @@ def field_bounds(quantity: str) -> dict:
     return {"gt" if q.lo_open else "ge": lo, "le": hi}
 
 
-
-
-
-
 # --- milestones -------------------------------------------------------------------------------
 
 MILESTONE_KEYWORDS = ("seed", "pow2", "none")
-MILESTONES_EXPECTED = f"seed, pow2, none or at most {MAX_LIST} steps like 1000,5000 (comma or space separated)"
+MILESTONES_EXPECTED = (
+    f"seed, pow2, none or at most {MAX_LIST} steps like 1000,5000 (comma or space separated)"
+)
 Milestones = Union[str, list[int]]
-
-
-
-
-
-
 
 
 # --- shared option adders ---------------------------------------------------------------------
@@ -118,45 +111,4 @@ FORMATS = ("text", "markdown", "json")
 POLICY_FORMATS = FORMATS + ("yaml",)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # --- argv normalisation -----------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -14,6 +14,7 @@ ready-to-paste code, the handoff markers) is marked with the ``trusted`` filter 
 from __future__ import annotations
 
 import json
+import marshal
 import math
 import os
 import re
@@ -24,12 +25,10 @@ from typing import Any, Optional
 
 from markupsafe import Markup
 
-from checkpoint_strategy.resources import data_dir
-import marshal
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_bytes
+from checkpoint_strategy.resources import data_dir
 from checkpoint_strategy.storage import read_bytes
-
 
 _CACHE_MAGIC = b"checkpoint-strategy jinja bytecode 1\n"
 
@@ -42,15 +41,23 @@ def _cache_dir() -> Optional[str]:
     import jinja2
 
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "checkpoint-strategy",
-                        f"jinja{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}")
+    path = os.path.join(
+        base,
+        "checkpoint-strategy",
+        f"jinja{jinja2.__version__}-py{sys.version_info[0]}{sys.version_info[1]}",
+    )
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
         st = os.stat(path)
     except (OSError, ValueError):
         return None
     owner_ok = not hasattr(os, "getuid") or st.st_uid == os.getuid()
-    if not stat.S_ISDIR(st.st_mode) or not owner_ok or st.st_mode & 0o022 or not os.access(path, os.W_OK):
+    if (
+        not stat.S_ISDIR(st.st_mode)
+        or not owner_ok
+        or st.st_mode & 0o022
+        or not os.access(path, os.W_OK)
+    ):
         return None
     return path
 
@@ -74,7 +81,7 @@ def _bytecode_cache():
             try:
                 data = read_bytes(self._file(bucket), "template cache", limit=8 << 20)
                 if data.startswith(head):
-                    bucket.code = marshal.loads(data[len(head):])
+                    bucket.code = marshal.loads(data[len(head) :])
             except Exception:  # noqa: BLE001 - a damaged cache only costs a compile
                 bucket.reset()
 
@@ -114,8 +121,15 @@ def _env():
 
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029|`]|<!--|-->")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "|": "\\|", "`": "\\x60", "<!--": "\\x3c!--",
-          "-->": "--\\x3e"}
+_NAMED = {
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "|": "\\|",
+    "`": "\\x60",
+    "<!--": "\\x3c!--",
+    "-->": "--\\x3e",
+}
 
 
 def _escape_one(m: re.Match) -> str:
@@ -222,7 +236,9 @@ def render(report: Any, fmt: str = "text", **context: Any) -> str:
     return render_template(f"{stem}.{suffix}.j2", **{name: report}, **context)
 
 
-def emit(report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (), **context: Any) -> None:
+def emit(
+    report: Any, fmt: str = "text", output: Any = None, inputs: tuple = (), **context: Any
+) -> None:
     """Render a report and write it to stdout, or whole to `output` (-o/--output FILE), which may
     not be one of the command's `inputs`."""
     write_output(render(report, fmt, **context), output, inputs)
@@ -264,7 +280,7 @@ class _NotPlain(Exception):
     """`_layout` met something only json.dumps words right."""
 
 
-_escape = json.encoder.encode_basestring_ascii   # the C escaper json.dumps uses (ensure_ascii)
+_escape = json.encoder.encode_basestring_ascii  # the C escaper json.dumps uses (ensure_ascii)
 _float_repr = float.__repr__
 _int_repr = int.__repr__
 
@@ -281,7 +297,7 @@ def _scalar(o: Any, t: type) -> str | None:
         return "true"
     if o is False:
         return "false"
-    if t is float and o - o == 0.0:   # finite (nan and inf: json.dumps raises)
+    if t is float and o - o == 0.0:  # finite (nan and inf: json.dumps raises)
         return _float_repr(o)
     if t is dict or t is list or t is tuple:
         return None
@@ -328,7 +344,7 @@ def _layout(o: Any, newline: str, out) -> None:
             sep = "," + inner
         out(newline + "]")
     else:
-        out(_scalar(o, t))   # (a scalar: containers are handled above)
+        out(_scalar(o, t))  # (a scalar: containers are handled above)
 
 
 def to_yaml(data: Any) -> str:

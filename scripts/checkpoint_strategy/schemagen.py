@@ -13,7 +13,15 @@ import sys
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.resources import data_dir
 
-CAPABILITIES = ("planning", "simulation", "recovery", "formats", "integrations", "export", "convert")
+CAPABILITIES = (
+    "planning",
+    "simulation",
+    "recovery",
+    "formats",
+    "integrations",
+    "export",
+    "convert",
+)
 
 
 def collect() -> dict[str, type]:

@@ -17,8 +17,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HFCheckpointStrategy", "LightningCheckpointStrategy", "TrainingGuard", "fit_with_recovery",
-           "last_valid_checkpoint", "train_with_recovery"]
+__all__ = [
+    "HFCheckpointStrategy",
+    "LightningCheckpointStrategy",
+    "TrainingGuard",
+    "fit_with_recovery",
+    "last_valid_checkpoint",
+    "train_with_recovery",
+]
 
 
 def __getattr__(name: str) -> Any:

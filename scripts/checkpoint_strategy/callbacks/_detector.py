@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Optional
+
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery.online import OnlineDetector as _Online
 
@@ -32,7 +33,7 @@ class Flag:
     value: float
     median: Optional[float]
     rules: list[str] = field(default_factory=list)
-    save: bool = False           # the caller should make an emergency save now
+    save: bool = False  # the caller should make an emergency save now
     new_event: bool = False
 
 
@@ -51,7 +52,7 @@ class OnlineDetector:
         try:
             ev = self._det.update(step, loss, grad_norm)
         except UsageError:
-            return None            # a repeated step (e.g. two logs at one step): nothing new to judge
+            return None  # a repeated step (e.g. two logs at one step): nothing new to judge
         if ev is None:
             return None
         ref = ev.reference if ev.reference is not None and math.isfinite(ev.reference) else None
@@ -64,7 +65,7 @@ class OnlineDetector:
             self.events += new
             return Flag("nonfinite", step, float(loss), ref, list(ev.rules), False, new)
         kind = _KIND.get(ev.kind)
-        if kind is None:           # divergence, level_shift, collapse: no new save
+        if kind is None:  # divergence, level_shift, collapse: no new save
             return None
         new = not self.event_open
         if new:

@@ -11,12 +11,12 @@ ranks when one exits).
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, NamedTuple, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
-import datetime
 
-TEXT_BYTES = 480      # one problem line per rank in a reduced verdict
+TEXT_BYTES = 480  # one problem line per rank in a reduced verdict
 
 
 class Pending(NamedTuple):
@@ -42,7 +42,7 @@ class Ranks:
         if dist.is_available() and dist.is_initialized():
             self._dist = dist
             self.rank, self.world = dist.get_rank(), dist.get_world_size()
-            if "nccl" in str(dist.get_backend()).lower():   # NCCL reduces device tensors only
+            if "nccl" in str(dist.get_backend()).lower():  # NCCL reduces device tensors only
                 import torch
 
                 self._device = torch.device("cuda", torch.cuda.current_device())
@@ -55,8 +55,14 @@ class Ranks:
     def ok(self) -> bool:
         return self.world > 1 and self.broken is None
 
-    def _run(self, values: list[float], what: str, op: str = "max", src: Optional[int] = None,
-             slack: float = 0.0) -> Optional[list]:
+    def _run(
+        self,
+        values: list[float],
+        what: str,
+        op: str = "max",
+        src: Optional[int] = None,
+        slack: float = 0.0,
+    ) -> Optional[list]:
         """all_reduce (op max/min/sum) or broadcast from src of a small vector; None when broken. Waits
         at most timeout + slack seconds (slack: what another rank may spend on its own bounded wait
         before it comes, e.g. for its worker)."""
@@ -64,7 +70,9 @@ class Ranks:
             return list(values)
         return self.finish(self.start(values, what, op, src), slack)
 
-    def start(self, values: list[float], what: str, op: str = "sum", src: Optional[int] = None) -> Optional[Pending]:
+    def start(
+        self, values: list[float], what: str, op: str = "sum", src: Optional[int] = None
+    ) -> Optional[Pending]:
         """Issue the collective of `values` without waiting for it (finish() takes the result); None when
         broken or single-process. Every rank must issue the same collectives in the same order."""
         if not self.multi or self.broken is not None:
@@ -96,15 +104,22 @@ class Ranks:
         return pending.tensor.tolist()
 
     def _break(self, what: str, exc: Exception, slack: float) -> None:
-        self.broken = f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-        log.error(PREFIX + f"rank {self.rank}: ranks did not meet within {self.timeout + slack:g} s ({self.broken}); "
-                  "no more validation verdicts, prunes or emergency saves from this rank")
+        self.broken = (
+            f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        )
+        log.error(
+            PREFIX
+            + f"rank {self.rank}: ranks did not meet within {self.timeout + slack:g} s ({self.broken}); "
+            "no more validation verdicts, prunes or emergency saves from this rank"
+        )
 
     def barrier(self, what: str, slack: float = 0.0) -> bool:
         """Every rank got here (e.g. finished writing its files). False when broken or timed out."""
         return self._run([0.0], what, slack=slack) is not None
 
-    def reduce(self, values: list[float], what: str, op: str = "max", slack: float = 0.0) -> Optional[list]:
+    def reduce(
+        self, values: list[float], what: str, op: str = "max", slack: float = 0.0
+    ) -> Optional[list]:
         return self._run(values, what, op, slack=slack)
 
     def broadcast(self, values: list[float], what: str, src: int = 0) -> Optional[list]:
@@ -123,6 +138,6 @@ class Ranks:
             return None
         lines = []
         for r in range(self.world):
-            chunk = bytes(int(v) for v in out[r * TEXT_BYTES:(r + 1) * TEXT_BYTES]).rstrip(b"\0")
+            chunk = bytes(int(v) for v in out[r * TEXT_BYTES : (r + 1) * TEXT_BYTES]).rstrip(b"\0")
             lines.append(chunk.decode("utf-8", "replace"))
         return lines

@@ -11,8 +11,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from checkpoint_strategy.formats import archive as zr, identify as fm, manifest
-from checkpoint_strategy.retention import PruneRequest, prune as _prune
+from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import manifest
+from checkpoint_strategy.retention import PruneRequest
+from checkpoint_strategy.retention import prune as _prune
 from checkpoint_strategy.validate import parts, validate_checkpoint
 
 if TYPE_CHECKING:
@@ -24,7 +27,9 @@ def validate(path: str, level: str = "quick", part: tuple[int, int] = (0, 1)):
     checkpoint of the same folder (a weights-norm jump is suspicious). part (K, N), 0-based K: at level
     full, read every byte of part K of N of the files only (validate/parts.py)."""
     with parts.splitting(*part):
-        return validate_checkpoint(path, level=level, previous=previous_checkpoint(path) if level == "deep" else None)
+        return validate_checkpoint(
+            path, level=level, previous=previous_checkpoint(path) if level == "deep" else None
+        )
 
 
 def write_manifest(path: str) -> str:
@@ -37,15 +42,27 @@ def previous_checkpoint(path: str) -> Optional[str]:
     step = fm.step_from_name(os.path.basename(os.path.normpath(path)))
     if step is None:
         return None
-    older = [(s, p) for s, p in checkpoints_newest_first(os.path.dirname(os.path.normpath(path)) or ".")
-             if s is not None and s < step and not os.path.islink(p)]
+    older = [
+        (s, p)
+        for s, p in checkpoints_newest_first(os.path.dirname(os.path.normpath(path)) or ".")
+        if s is not None and s < step and not os.path.islink(p)
+    ]
     return older[0][1] if older else None
 
 
-def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "quick",
-          protect: Optional[dict[str, str]] = None, log: Optional[str] = None, lock_timeout: float = 600.0,
-          on_start: Optional[Callable[[], None]] = None, on_end: Optional[Callable[[], None]] = None,
-          delete_invalid: bool = False):
+def prune(
+    root: str,
+    keep_last: int,
+    milestones: list[int],
+    *,
+    level: Level = "quick",
+    protect: Optional[dict[str, str]] = None,
+    log: Optional[str] = None,
+    lock_timeout: float = 600.0,
+    on_start: Optional[Callable[[], None]] = None,
+    on_end: Optional[Callable[[], None]] = None,
+    delete_invalid: bool = False,
+):
     """Apply the project's keep rules under root (deletes only after a newer checkpoint validated).
     Holds root's lock; waits up to lock_timeout for a save in progress (the callbacks hold it then).
     on_start: called once the lock is held, as the survey of the folder begins; on_end: the last thing before the
@@ -53,9 +70,22 @@ def prune(root: str, keep_last: int, milestones: list[int], *, level: Level = "q
     the newest entry; off by default, as in `prune`)."""
     from checkpoint_strategy.recovery import advise
 
-    return _prune(PruneRequest.of(root, keep_last=keep_last, milestones=list(milestones), apply=True, level=level,
-                                  log=log, protect=protect or None, advise=advise, lock_timeout=lock_timeout,
-                                  on_start=on_start, on_end=on_end, delete_invalid=delete_invalid))
+    return _prune(
+        PruneRequest.of(
+            root,
+            keep_last=keep_last,
+            milestones=list(milestones),
+            apply=True,
+            level=level,
+            log=log,
+            protect=protect or None,
+            advise=advise,
+            lock_timeout=lock_timeout,
+            on_start=on_start,
+            on_end=on_end,
+            delete_invalid=delete_invalid,
+        )
+    )
 
 
 def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:
@@ -80,7 +110,9 @@ def checkpoints_newest_first(root: str) -> list[tuple[Optional[int], str]]:
                 without.append(f.path)
             else:
                 with_step.append((step, f.path))
-    return sorted(with_step, reverse=True) + [(None, p) for p in sorted(without, key=mtime, reverse=True)]
+    return sorted(with_step, reverse=True) + [
+        (None, p) for p in sorted(without, key=mtime, reverse=True)
+    ]
 
 
 def _content_step(path: str) -> Optional[int]:

@@ -19,15 +19,18 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Optional
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Optional
+
 from checkpoint_strategy.callbacks import _retention
-from checkpoint_strategy.formats import archive, tensors as tensorscan
+from checkpoint_strategy.formats import archive
+from checkpoint_strategy.formats import tensors as tensorscan
 from checkpoint_strategy.storage.locking import locked
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 
 PhaseFn = Optional[Callable[[str, str], None]]
-_PARENT: Optional[int] = None     # the training process, when running as its worker process (main)
+_PARENT: Optional[int] = None  # the training process, when running as its worker process (main)
 
 
 def _orphaned() -> bool:
@@ -41,8 +44,16 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
     Pure function of the job (used inline when async_save is off, and by the worker process)."""
     started = time.perf_counter()
     path, delay = job["path"], float(job.get("phase_delay") or 0.0)
-    out: dict[str, Any] = {"id": job.get("id"), "status": None, "problem": None, "deleted": [], "kept_reasons": {},
-                           "prune_errors": [], "seconds": 0.0, "error": None}
+    out: dict[str, Any] = {
+        "id": job.get("id"),
+        "status": None,
+        "problem": None,
+        "deleted": [],
+        "kept_reasons": {},
+        "prune_errors": [],
+        "seconds": 0.0,
+        "error": None,
+    }
 
     def enter(name: str) -> None:
         if phase is not None:
@@ -51,7 +62,7 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
             time.sleep(delay)
 
     try:
-        if not os.path.lexists(path):     # pruned by an earlier job that ran late (or removed by hand)
+        if not os.path.lexists(path):  # pruned by an earlier job that ran late (or removed by hand)
             out["status"] = "gone"
             return out
         if job.get("validate"):
@@ -59,7 +70,7 @@ def process_job(job: dict, phase: PhaseFn = None) -> dict:
             _idle(_validate_into, out, path, job.get("level", "quick"))
             if out["status"] != "valid":
                 return out
-        elif job.get("verdict"):          # validated by every rank's part (many processes)
+        elif job.get("verdict"):  # validated by every rank's part (many processes)
             out["status"] = job["verdict"]
         if job.get("manifest") and out["status"] == "valid":
             enter("manifest")
@@ -81,14 +92,16 @@ def part_job(job: dict, phase: PhaseFn = None) -> dict:
     """This rank's part of a save's validation (validate/parts.py): {"id", "status", "problem"}."""
     out: dict[str, Any] = {"id": job.get("id"), "status": "valid", "problem": None, "error": None}
     part = job.get("part")
-    if part is None:                   # level deep: rank 0 checks the whole checkpoint
+    if part is None:  # level deep: rank 0 checks the whole checkpoint
         return out
     if phase is not None:
         phase("validate", job["path"])
     if job.get("phase_delay"):
         time.sleep(float(job["phase_delay"]))
     try:
-        if not os.path.lexists(job["path"]):   # pruned by a job that ran late (a newer save had validated)
+        if not os.path.lexists(
+            job["path"]
+        ):  # pruned by a job that ran late (a newer save had validated)
             out["status"], out["problem"] = "gone", "the checkpoint is gone"
         else:
             _idle(_validate_into, out, job["path"], job.get("level", "quick"), tuple(part))
@@ -119,7 +132,9 @@ def _manifest_into(out: dict[str, Any], path: str) -> None:
         out["manifest_error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, int] = (0, 1)) -> None:
+def _validate_into(
+    out: dict[str, Any], path: str, level: str, part: tuple[int, int] = (0, 1)
+) -> None:
     """The checkpoint's status and first problem, into the job's answer."""
     try:
         result = _retention.validate(path, level, part)
@@ -135,21 +150,27 @@ def _validate_into(out: dict[str, Any], path: str, level: str, part: tuple[int, 
 
 def _prune_into(out: dict[str, Any], job: dict, phase: PhaseFn = None) -> None:
     """Apply the keep rules under the job's root; what was deleted and why the rest was kept, into the answer."""
-    if _orphaned():    # the training died (mid-save?): delete nothing on its behalf
+    if _orphaned():  # the training died (mid-save?): delete nothing on its behalf
         out["error"] = "the training process is gone: prune skipped"
         return
 
     logfile = job.get("log")
     if logfile and not os.path.lexists(logfile):
-        logfile = None          # read when the prune runs, not when the job was queued
-    report = _retention.prune(job["root"], job["keep_last"], job.get("milestones") or [],
-                              level=job.get("level", "quick"), protect=job.get("protect") or None,
-                              log=logfile, lock_timeout=float(job.get("lock_timeout") or 600.0),
-                              delete_invalid=bool(job.get("delete_invalid")),
-                              on_start=None if phase is None else lambda: phase("prune", job["path"]),
-                              # the end stamped while the lock is held: a save waiting for it starts after the stamp
-                              # (stamped after, the report built in between could put it after the save's start)
-                              on_end=None if phase is None else lambda: phase("idle", job["path"]))
+        logfile = None  # read when the prune runs, not when the job was queued
+    report = _retention.prune(
+        job["root"],
+        job["keep_last"],
+        job.get("milestones") or [],
+        level=job.get("level", "quick"),
+        protect=job.get("protect") or None,
+        log=logfile,
+        lock_timeout=float(job.get("lock_timeout") or 600.0),
+        delete_invalid=bool(job.get("delete_invalid")),
+        on_start=None if phase is None else lambda: phase("prune", job["path"]),
+        # the end stamped while the lock is held: a save waiting for it starts after the stamp
+        # (stamped after, the report built in between could put it after the save's start)
+        on_end=None if phase is None else lambda: phase("idle", job["path"]),
+    )
     out["deleted"] = [e.name for e in report.delete if e.deleted]
     out["kept_reasons"] = {e.name: e.reasons for e in report.keep}
     out["prune_errors"] = [f"{p.file}: {p.reason}" for p in report.errors]
@@ -166,17 +187,27 @@ def handoff_job(job: dict) -> dict:
         doc = handoff.build(report, job["root"], level=job.get("level", "quick"))
         doc.pending_risks.extend(r for r in job.get("risks") or [] if r not in doc.pending_risks)
         doc.automatic_actions = list(job.get("actions") or [])
-        doc.pending_risks.extend(f"training callback stopped the run: {a.get('message')}" for a in doc.automatic_actions
-                                 if a.get("event") == "checkpoint-strategy:stop")
+        doc.pending_risks.extend(
+            f"training callback stopped the run: {a.get('message')}"
+            for a in doc.automatic_actions
+            if a.get("event") == "checkpoint-strategy:stop"
+        )
         handoff.write(job["state_dir"], doc)
     except Exception as exc:  # noqa: BLE001
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out
 
 
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1",
-              "CHECKPOINT_STRATEGY_PROCESSES": "1"}   # and no checks split over processes (validate/fanout.py)
-_IDLE: Any = None      # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
+ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "NUMBA_NUM_THREADS": "1",
+    "CHECKPOINT_STRATEGY_PROCESSES": "1",
+}  # and no checks split over processes (validate/fanout.py)
+_IDLE: Any = (
+    None  # the worker's reading thread (SCHED_IDLE), when running as the worker process (main)
+)
 
 
 #: seconds a job may wait for idle cycles; past it, this thread (normal class, nice 19) does it (a machine whose
@@ -229,17 +260,19 @@ def _yield_cpu() -> None:
 
     archive.CRC_WORKERS = 1
     tensorscan.WORKERS = 1
-    _IDLE = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-strategy-idle", initializer=_idle_class)
-    _IDLE.submit(_warm)     # the thread starts now; the first save's job finds the checkers imported
+    _IDLE = ThreadPoolExecutor(
+        1, thread_name_prefix="checkpoint-strategy-idle", initializer=_idle_class
+    )
+    _IDLE.submit(_warm)  # the thread starts now; the first save's job finds the checkers imported
 
 
 def _warm() -> None:
     """Import the checkers and the prune now, in idle cycles, not in the first save's job (~0.2 s of CPU)."""
     from checkpoint_strategy.callbacks import _retention  # noqa: F401
     from checkpoint_strategy.formats import manifest  # noqa: F401
+    from checkpoint_strategy.recovery import advise  # noqa: F401
     from checkpoint_strategy.retention import prune  # noqa: F401
     from checkpoint_strategy.validate import validate_checkpoint  # noqa: F401
-    from checkpoint_strategy.recovery import advise  # noqa: F401
 
 
 def _parent_gone() -> None:
@@ -266,14 +299,14 @@ def main() -> int:
         try:
             sys.stdout.write(json.dumps(msg) + "\n")
             sys.stdout.flush()
-        except (BrokenPipeError, ValueError):   # (ValueError: stdout closed)
+        except (BrokenPipeError, ValueError):  # (ValueError: stdout closed)
             gone = True
             _parent_gone()
 
     for line in sys.stdin:
         if not line.strip():
             continue
-        if not line.endswith("\n"):   # a job cut short: the training process died while writing it
+        if not line.endswith("\n"):  # a job cut short: the training process died while writing it
             break
         job = json.loads(line)
         if job.get("kind") == "handoff":
@@ -281,7 +314,9 @@ def main() -> int:
         elif job.get("kind") == "part":
             emit(part_job(job, lambda p, path: emit({"phase": p, "path": path, "t": time.time()})))
         else:
-            emit(process_job(job, lambda p, path: emit({"phase": p, "path": path, "t": time.time()})))
+            emit(
+                process_job(job, lambda p, path: emit({"phase": p, "path": path, "t": time.time()}))
+            )
     return 0
 
 

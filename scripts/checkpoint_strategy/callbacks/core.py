@@ -12,32 +12,34 @@ Log lines (logger ``checkpoint_strategy.callbacks``), one per event, all startin
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import IO, Any, Optional
-from collections.abc import Callable
 
-from checkpoint_strategy.callbacks._log import PREFIX, log
-from checkpoint_strategy.callbacks.policy import Settings, resolve
-from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log's name: the commands find it by it
-from checkpoint_strategy.formats.marker import write_marker
-import json
-import subprocess
-import sys
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.callbacks._detector import OnlineDetector
 from checkpoint_strategy.callbacks._dist import Ranks
+from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks._worker import ONE_THREAD, handoff_job, part_job, process_job
+from checkpoint_strategy.callbacks.policy import Settings, resolve
 from checkpoint_strategy.callbacks.resume import last_valid_checkpoint
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import write_marker
+from checkpoint_strategy.formats.runlog import (
+    METRICS_FILE,  # the loss log's name: the commands find it by it
+)
 from checkpoint_strategy.formats.runshape import check_resume_shape
 from checkpoint_strategy.storage import describe_os_error
 from checkpoint_strategy.storage.locking import locked
-from contextlib import ExitStack
 
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
 #: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")

@@ -68,13 +68,13 @@ from dataclasses import dataclass
 from typing import IO, Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
-from checkpoint_strategy.formats.marker import read_marker
 from checkpoint_strategy.callbacks.adaptive import for_settings, interruption
 from checkpoint_strategy.callbacks.core import read_actions
 from checkpoint_strategy.callbacks.policy import resolve
 from checkpoint_strategy.callbacks.preempt import Preemption
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.formats.runlog import METRICS_FILE   # the loss log the commands find
+from checkpoint_strategy.formats.marker import read_marker
+from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log the commands find
 
 ROLLBACK_ON = ("divergence", "nonfinite", "collapse")  # the detector's verdicts that a spike did not recover
 STABLE_RATIO = 1.1

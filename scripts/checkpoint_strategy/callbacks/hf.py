@@ -32,16 +32,22 @@ What it does to the Trainer (logged at start):
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Optional
 
 from transformers import TrainerCallback
 
-from checkpoint_strategy.callbacks.core import DEFAULT_HANDOFF_DIR, PREFIX, StrategyCore, log, show_lines
-import logging
-from checkpoint_strategy.callbacks.preempt import Preemption
 from checkpoint_strategy.callbacks.adaptive import for_settings, interruption
+from checkpoint_strategy.callbacks.core import (
+    DEFAULT_HANDOFF_DIR,
+    PREFIX,
+    StrategyCore,
+    log,
+    show_lines,
+)
+from checkpoint_strategy.callbacks.preempt import Preemption
 
 
 class HFCheckpointStrategy(TrainerCallback):
@@ -64,18 +70,37 @@ class HFCheckpointStrategy(TrainerCallback):
     adaptive_interval: with a policy from a plan, follow the measured save cost (adaptive.py).
     """
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
-                 handoff_every: Optional[int] = None, join_timeout: float = 600.0, manifest: bool = True,
-                 rank_timeout: float = 600.0, preemption_signals: Any = "auto", grace_seconds: float = 120.0,
-                 adaptive_interval: bool = True) -> None:
-        self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
-                                 join_timeout=join_timeout, manifest=manifest, rank_timeout=rank_timeout)
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        level: str = "quick",
+        handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
+        handoff_every: Optional[int] = None,
+        join_timeout: float = 600.0,
+        manifest: bool = True,
+        rank_timeout: float = 600.0,
+        preemption_signals: Any = "auto",
+        grace_seconds: float = 120.0,
+        adaptive_interval: bool = True,
+    ) -> None:
+        self.core = StrategyCore(
+            policy,
+            level=level,
+            handoff_dir=handoff_dir,
+            handoff_every=handoff_every,
+            join_timeout=join_timeout,
+            manifest=manifest,
+            rank_timeout=rank_timeout,
+        )
         self._configured = False
         self._pending: dict[int, str] = {}
         self.preemption = Preemption(preemption_signals, grace_seconds)
         self.adaptive = for_settings(self.core.settings, self.core.frequency, adaptive_interval)
         self._save_t0: Optional[float] = None
-        self.rollback_resume = False   # train_with_recovery's next train is a rollback's resume (no interruption)
+        self.rollback_resume = (
+            False  # train_with_recovery's next train is a rollback's resume (no interruption)
+        )
 
     @property
     def preempted(self) -> Optional[dict]:
@@ -87,29 +112,55 @@ class HFCheckpointStrategy(TrainerCallback):
     def _configure(self, args, state=None) -> None:
         freq = self.core.frequency
         if state is not None:
-            state.save_steps = freq   # the Trainer copied args.save_steps into the state already
+            state.save_steps = freq  # the Trainer copied args.save_steps into the state already
         self.core.root = os.path.abspath(args.output_dir)
         if self._configured:
             return
         self._configured = True
         strategy = getattr(args.save_strategy, "value", args.save_strategy)
         if args.save_total_limit is not None:
-            log.warning(PREFIX + f"save_total_limit={args.save_total_limit} turned off: the Trainer rotates by "
-                        "mtime before checking the new checkpoint; checkpoint-strategy validates it first and keeps "
-                        f"keep_last={self.core.settings.keep_last} valid checkpoints plus milestones and best")
+            log.warning(
+                PREFIX
+                + f"save_total_limit={args.save_total_limit} turned off: the Trainer rotates by "
+                "mtime before checking the new checkpoint; checkpoint-strategy validates it first and keeps "
+                f"keep_last={self.core.settings.keep_last} valid checkpoints plus milestones and best"
+            )
         if strategy != "steps" or args.save_steps not in (freq, 500):
-            log.warning(PREFIX + f"save_strategy={strategy!r} save_steps={args.save_steps} replaced by the policy: "
-                        f"every {freq} steps")
-        args.set_save(strategy="steps", steps=freq, total_limit=None, on_each_node=args.save_on_each_node)
+            log.warning(
+                PREFIX
+                + f"save_strategy={strategy!r} save_steps={args.save_steps} replaced by the policy: "
+                f"every {freq} steps"
+            )
+        args.set_save(
+            strategy="steps", steps=freq, total_limit=None, on_each_node=args.save_on_each_node
+        )
         if self.core.settings.save_optimizer and getattr(args, "save_only_model", False):
-            log.warning(PREFIX + "save_only_model=True: checkpoints carry no optimizer state, but the policy says "
-                        "save_optimizer; a resume will restart Adam's moments from zero")
-        log.info(PREFIX + f"saving every {freq} steps into {self.core.root}"
-                 + (f", milestones {list(self.core.settings.milestones)[:8]}" if self.core.settings.milestones else "")
-                 + (f", keep_last {self.core.settings.keep_last}" if self.core.settings.keep_last else "")
-                 + f", validation {self.core.level}" + (" in the background" if self.core.settings.async_save else "")
-                 + (f", emergency saves on {', '.join(self.core.settings.emergency_save_on)}"
-                    if self.core.settings.emergency_save_on else ""))
+            log.warning(
+                PREFIX
+                + "save_only_model=True: checkpoints carry no optimizer state, but the policy says "
+                "save_optimizer; a resume will restart Adam's moments from zero"
+            )
+        log.info(
+            PREFIX
+            + f"saving every {freq} steps into {self.core.root}"
+            + (
+                f", milestones {list(self.core.settings.milestones)[:8]}"
+                if self.core.settings.milestones
+                else ""
+            )
+            + (
+                f", keep_last {self.core.settings.keep_last}"
+                if self.core.settings.keep_last
+                else ""
+            )
+            + f", validation {self.core.level}"
+            + (" in the background" if self.core.settings.async_save else "")
+            + (
+                f", emergency saves on {', '.join(self.core.settings.emergency_save_on)}"
+                if self.core.settings.emergency_save_on
+                else ""
+            )
+        )
 
     def on_init_end(self, args, state, control, **kwargs):
         self._configure(args)
@@ -123,11 +174,15 @@ class HFCheckpointStrategy(TrainerCallback):
         self.preemption.install_for(int(args.world_size))
         if state.global_step > 0:
             self._interrupted(state)
-        if state.global_step > 0:   # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
-            self.core.check_resume(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
-                                   world_size=int(args.world_size),
-                                   per_device_batch=int(args.per_device_train_batch_size),
-                                   accumulation=int(args.gradient_accumulation_steps))
+        if (
+            state.global_step > 0
+        ):  # resumed: the Trainer loaded checkpoint-<global_step> (when it was this folder's)
+            self.core.check_resume(
+                os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
+                world_size=int(args.world_size),
+                per_device_batch=int(args.per_device_train_batch_size),
+                accumulation=int(args.gradient_accumulation_steps),
+            )
         return control
 
     def _interrupted(self, state) -> None:
@@ -136,9 +191,15 @@ class HFCheckpointStrategy(TrainerCallback):
         if self.rollback_resume:
             self.rollback_resume = False
             return
-        self.core.record_action(interruption(
-            self.core.root, state.global_step, self.core.previous_actions("checkpoint-strategy:interruption"),
-            self.core.ranks if self.adaptive is not None else None, self.adaptive))
+        self.core.record_action(
+            interruption(
+                self.core.root,
+                state.global_step,
+                self.core.previous_actions("checkpoint-strategy:interruption"),
+                self.core.ranks if self.adaptive is not None else None,
+                self.adaptive,
+            )
+        )
 
     # ------------------------------------------------------------------ hooks
 
@@ -149,7 +210,9 @@ class HFCheckpointStrategy(TrainerCallback):
             control.should_save = control.should_training_stop = True
         if control.should_save:
             self._save_t0 = time.monotonic()
-            self.preemption.begin_save(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+            self.preemption.begin_save(
+                os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            )
             self.core.before_save()
         return control
 
@@ -160,13 +223,17 @@ class HFCheckpointStrategy(TrainerCallback):
         # detector decides the same; on an event rank 0 writes the marker and broadcasts whether it
         # could: every rank saves or none does
         step = state.global_step
-        kind = self.core.decide_emergency(step, _num(logs.get("loss")), _num(logs.get("grad_norm")),
-                                          lambda: os.path.join(args.output_dir, f"checkpoint-{step}"))
+        kind = self.core.decide_emergency(
+            step,
+            _num(logs.get("loss")),
+            _num(logs.get("grad_norm")),
+            lambda: os.path.join(args.output_dir, f"checkpoint-{step}"),
+        )
         if kind is not None:
             self._pending[state.global_step] = kind
             if not control.should_save:
                 self.core.before_save()
-            control.should_save = True   # the Trainer saves right after on_log, in the same step
+            control.should_save = True  # the Trainer saves right after on_log, in the same step
             self.preemption.begin_save(os.path.join(args.output_dir, f"checkpoint-{step}"))
         return control
 
@@ -174,7 +241,9 @@ class HFCheckpointStrategy(TrainerCallback):
         # every rank: the callback meets the other ranks (all finished writing) before anything reads the files
         step = state.global_step
         path = os.path.join(args.output_dir, f"checkpoint-{step}")
-        if self.preemption.save_written(step):   # the preemption save (or the signal came during this save)
+        if self.preemption.save_written(
+            step
+        ):  # the preemption save (or the signal came during this save)
             control.should_training_stop = True
         self.core.saved(path, step, self._pending.pop(step, None))
         if self.adaptive is not None and self._save_t0 is not None:

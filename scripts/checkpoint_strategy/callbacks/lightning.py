@@ -59,7 +59,9 @@ def _callback_bases() -> tuple[type, ...]:
         except ImportError:
             continue
     if not bases:
-        raise ImportError("LightningCheckpointStrategy needs lightning or pytorch_lightning installed")
+        raise ImportError(
+            "LightningCheckpointStrategy needs lightning or pytorch_lightning installed"
+        )
     return tuple(bases)
 
 
@@ -67,7 +69,7 @@ def _async_io_executor(trainer):
     """The single-thread executor of Lightning's AsyncCheckpointIO (the save returns before the file
     is written), or None for a synchronous CheckpointIO."""
     io = getattr(getattr(trainer, "strategy", None), "checkpoint_io", None)
-    for _ in range(3):   # wrappers keep the inner plugin in .checkpoint_io
+    for _ in range(3):  # wrappers keep the inner plugin in .checkpoint_io
         if io is None:
             return None
         if type(io).__name__ == "AsyncCheckpointIO":
@@ -89,35 +91,61 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     HFCheckpointStrategy. detect_every: feed the detector every N steps (default: the Trainer's log_every_n_steps).
     """
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
-                 handoff_every: Optional[int] = None, join_timeout: float = 600.0,
-                 detect_every: Optional[int] = None, manifest: bool = True, rank_timeout: float = 600.0,
-                 preemption_signals: Any = "auto", grace_seconds: float = 120.0, adaptive_interval: bool = True) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        level: str = "quick",
+        handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
+        handoff_every: Optional[int] = None,
+        join_timeout: float = 600.0,
+        detect_every: Optional[int] = None,
+        manifest: bool = True,
+        rank_timeout: float = 600.0,
+        preemption_signals: Any = "auto",
+        grace_seconds: float = 120.0,
+        adaptive_interval: bool = True,
+    ) -> None:
         from checkpoint_strategy.callbacks.adaptive import for_settings
         from checkpoint_strategy.callbacks.preempt import Preemption
 
         super().__init__()
         if detect_every is not None and (not isinstance(detect_every, int) or detect_every < 1):
             raise UsageError(f"detect_every must be a whole number >= 1, got {detect_every!r}")
-        self.core = StrategyCore(policy, level=level, handoff_dir=handoff_dir, handoff_every=handoff_every,
-                                 join_timeout=join_timeout, framework_log=True, manifest=manifest,
-                                 rank_timeout=rank_timeout)
+        self.core = StrategyCore(
+            policy,
+            level=level,
+            handoff_dir=handoff_dir,
+            handoff_every=handoff_every,
+            join_timeout=join_timeout,
+            framework_log=True,
+            manifest=manifest,
+            rank_timeout=rank_timeout,
+        )
         self.core.protect = self._protect
         self.detect_every = detect_every
         self._mc: Any = None  # the trainer's ModelCheckpoint, once found
-        self._kept_mcs: list[Any] = []   # milestone ModelCheckpoints (save_top_k=-1 on their own period): left alone
-        self._own_interval = False       # a monitoring top-k ModelCheckpoint left alone: the interval saves are ours
+        self._kept_mcs: list[
+            Any
+        ] = []  # milestone ModelCheckpoints (save_top_k=-1 on their own period): left alone
+        self._own_interval = (
+            False  # a monitoring top-k ModelCheckpoint left alone: the interval saves are ours
+        )
         self._trainer = None
         self._orig_save = None
         self._pending: dict[str, str] = {}
         self._grad_norm: Optional[float] = None
         self._last_seen = -1
-        self._inflight: Optional[tuple[int, Any]] = None   # (step, the started loss average), many processes
+        self._inflight: Optional[tuple[int, Any]] = (
+            None  # (step, the started loss average), many processes
+        )
         self._want_grad = "gradient_norm_exceeded" in self.core.settings.emergency_save_on
         self._dir_given = True
         self.preemption = Preemption(preemption_signals, grace_seconds)
         self.adaptive = for_settings(self.core.settings, self.core.frequency, adaptive_interval)
-        self.rollback_resume = False   # the next fit is a rollback's resume (a playbook's): not an interruption
+        self.rollback_resume = (
+            False  # the next fit is a rollback's resume (a playbook's): not an interruption
+        )
         self._fits = 0
 
     @property
@@ -132,26 +160,38 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             return
         mcs = [cb for cb in trainer.callbacks if _is_model_checkpoint(cb)]
         if not mcs:
-            raise UsageError("LightningCheckpointStrategy: the Trainer has no ModelCheckpoint "
-                             "(enable_checkpointing=False?); add ModelCheckpoint(dirpath=...) or enable checkpointing")
+            raise UsageError(
+                "LightningCheckpointStrategy: the Trainer has no ModelCheckpoint "
+                "(enable_checkpointing=False?); add ModelCheckpoint(dirpath=...) or enable checkpointing"
+            )
         mc = _rolling(mcs)
         self._kept_mcs = [m for m in mcs if m is not mc]
         if len(mcs) > 1:
-            log.warning(PREFIX + f"{len(mcs)} ModelCheckpoint callbacks: configuring the one saving to "
-                        f"{mc.dirpath or 'the default folder'} as {mc.filename or '{epoch}-{step}'}; the others keep "
-                        "their own settings and their files are never pruned")
+            log.warning(
+                PREFIX + f"{len(mcs)} ModelCheckpoint callbacks: configuring the one saving to "
+                f"{mc.dirpath or 'the default folder'} as {mc.filename or '{epoch}-{step}'}; the others keep "
+                "their own settings and their files are never pruned"
+            )
         self._mc = mc
         if _keeps_top_k(mc):
             self._own_interval = True
-            log.info(PREFIX + f"ModelCheckpoint(monitor={mc.monitor}, save_top_k={mc.save_top_k}) left as you set it "
-                     f"(it keeps its own best); the policy's saves every {self.core.frequency} steps are written by "
-                     "checkpoint-strategy as epoch=E-step=N.ckpt in its dirpath")
+            log.info(
+                PREFIX
+                + f"ModelCheckpoint(monitor={mc.monitor}, save_top_k={mc.save_top_k}) left as you set it "
+                f"(it keeps its own best); the policy's saves every {self.core.frequency} steps are written by "
+                "checkpoint-strategy as epoch=E-step=N.ckpt in its dirpath"
+            )
         else:
             self._configure(mc)
         if self.core.settings.save_optimizer and getattr(mc, "save_weights_only", False):
-            log.warning(PREFIX + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
-                        "save_optimizer; a resume will restart Adam's moments from zero")
-        self._dir_given = bool(mc.dirpath)   # before Lightning fills in its default (logger's version_N/checkpoints)
+            log.warning(
+                PREFIX
+                + "ModelCheckpoint save_weights_only=True: no optimizer state, but the policy says "
+                "save_optimizer; a resume will restart Adam's moments from zero"
+            )
+        self._dir_given = bool(
+            mc.dirpath
+        )  # before Lightning fills in its default (logger's version_N/checkpoints)
         self._wrap_save(trainer)
 
     def _configure(self, mc) -> None:
@@ -159,13 +199,22 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         freq = self.core.frequency
         every = getattr(mc, "_every_n_train_steps", 0)
         epochs = getattr(mc, "_every_n_epochs", 0)
-        if every not in (0, freq) or getattr(mc, "_train_time_interval", None) is not None or \
-                (every == 0 and epochs not in (0, 1)):
-            log.warning(PREFIX + f"ModelCheckpoint every_n_train_steps={every} replaced by the policy: every {freq} steps")
+        if (
+            every not in (0, freq)
+            or getattr(mc, "_train_time_interval", None) is not None
+            or (every == 0 and epochs not in (0, 1))
+        ):
+            log.warning(
+                PREFIX
+                + f"ModelCheckpoint every_n_train_steps={every} replaced by the policy: every {freq} steps"
+            )
         if mc.save_top_k not in (-1, 1):
-            log.warning(PREFIX + f"ModelCheckpoint save_top_k={mc.save_top_k} turned off (-1): Lightning deletes old "
-                        "files after a save without checking the new one; checkpoint-strategy validates it first and "
-                        f"keeps keep_last={self.core.settings.keep_last} plus milestones and best_model_path")
+            log.warning(
+                PREFIX
+                + f"ModelCheckpoint save_top_k={mc.save_top_k} turned off (-1): Lightning deletes old "
+                "files after a save without checking the new one; checkpoint-strategy validates it first and "
+                f"keeps keep_last={self.core.settings.keep_last} plus milestones and best_model_path"
+            )
         mc._every_n_train_steps = freq
         mc._every_n_epochs = 0
         mc._train_time_interval = None
@@ -183,16 +232,24 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             path = os.path.abspath(os.fspath(filepath))
             self.preemption.begin_save(path)
             self.core.before_save()
-            out = orig(filepath, *args, **kwargs)   # ends with the strategy's barrier: every rank wrote its part
+            out = orig(
+                filepath, *args, **kwargs
+            )  # ends with the strategy's barrier: every rank wrote its part
             step = trainer.global_step
             after = (path, step, self._pending.pop(path, None))
             preempt = self.preemption.save_written(step, resumable=after[2] is None)
             pool = _async_io_executor(trainer)
             if pool is not None and not self.core.ranks.multi and not preempt:
-                pool.submit(self.core.saved, *after)   # AsyncCheckpointIO: its one thread writes in order
+                pool.submit(
+                    self.core.saved, *after
+                )  # AsyncCheckpointIO: its one thread writes in order
             else:
-                if pool is not None:   # many processes (the ranks meet on the training thread, after the write),
-                    _wait_for_writer(pool, self.core.join_timeout)   # or the preemption save: written before it stops
+                if (
+                    pool is not None
+                ):  # many processes (the ranks meet on the training thread, after the write),
+                    _wait_for_writer(
+                        pool, self.core.join_timeout
+                    )  # or the preemption save: written before it stops
                 self.core.saved(*after)
             self._measured(trainer, step, time.monotonic() - t0)
             if preempt:
@@ -205,7 +262,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
     def _unwrap(self) -> None:
         if self._trainer is not None and self._orig_save is not None:
             try:
-                del self._trainer.save_checkpoint   # back to the class method
+                del self._trainer.save_checkpoint  # back to the class method
             except AttributeError:
                 pass
         self._orig_save = self._trainer = None
@@ -228,7 +285,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         out = {}
         if best and mc.monitor is not None:
             out[os.path.basename(best)] = f"ModelCheckpoint best_model_path ({mc.monitor})"
-        for other in self._kept_mcs:    # e.g. export's milestone ModelCheckpoint: its files are its own to keep
+        for other in (
+            self._kept_mcs
+        ):  # e.g. export's milestone ModelCheckpoint: its files are its own to keep
             if not _keeps_top_k(other):
                 out.update(_files_of(other, self.core.root))
                 continue
@@ -250,7 +309,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         ckpt = getattr(trainer, "ckpt_path", None)
         # an interruption is a launch that resumes: the first fit of this callback (a playbook's refit after a
         # rollback is not one)
-        resumed = bool(ckpt) and trainer.global_step > 0 and not self.rollback_resume and not self._fits
+        resumed = (
+            bool(ckpt) and trainer.global_step > 0 and not self.rollback_resume and not self._fits
+        )
         self.rollback_resume = False
         self._fits += 1
         # the earlier launches' interruptions, from the loss log before it is set aside
@@ -261,21 +322,43 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if resumed:
             from checkpoint_strategy.callbacks.adaptive import interruption
 
-            self.core.record_action(interruption(self.core.root, trainer.global_step, previous,
-                                                 self.core.ranks if self.adaptive is not None else None, self.adaptive))
+            self.core.record_action(
+                interruption(
+                    self.core.root,
+                    trainer.global_step,
+                    previous,
+                    self.core.ranks if self.adaptive is not None else None,
+                    self.adaptive,
+                )
+            )
         self.preemption.rank_zero = bool(trainer.is_global_zero)
         # the signal's own action after the grace period: the handler from before the fit, not Lightning's (which
         # only sets a flag)
-        self.preemption.install_for(int(trainer.world_size),
-                                    getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None))
-        if ckpt:   # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
-            self.core.check_resume(os.fspath(ckpt), world_size=int(trainer.world_size),
-                                   accumulation=int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+        self.preemption.install_for(
+            int(trainer.world_size),
+            getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
+        )
+        if (
+            ckpt
+        ):  # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
+            self.core.check_resume(
+                os.fspath(ckpt),
+                world_size=int(trainer.world_size),
+                accumulation=int(getattr(trainer, "accumulate_grad_batches", 1) or 1),
+            )
         s = self.core.settings
-        log.info(PREFIX + f"saving every {s.frequency_steps} steps into {self.core.root}"
-                 + (f", keep_last {s.keep_last}" if s.keep_last else "") + f", validation {self.core.level}"
-                 + (" in the background" if s.async_save else "")
-                 + (f", emergency saves on {', '.join(s.emergency_save_on)}" if s.emergency_save_on else ""))
+        log.info(
+            PREFIX
+            + f"saving every {s.frequency_steps} steps into {self.core.root}"
+            + (f", keep_last {s.keep_last}" if s.keep_last else "")
+            + f", validation {self.core.level}"
+            + (" in the background" if s.async_save else "")
+            + (
+                f", emergency saves on {', '.join(s.emergency_save_on)}"
+                if s.emergency_save_on
+                else ""
+            )
+        )
         if trainer.is_global_zero and not ckpt and not self._dir_given:
             _say_where(self.core.root)
 
@@ -294,16 +377,20 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if not grads:
             self._grad_norm = None
             return
-        foreach = getattr(torch, "_foreach_norm", None)   # one kernel launch per dtype, as clip_grad_norm_ does
-        norms = foreach(grads) if foreach is not None else [torch.linalg.vector_norm(g) for g in grads]
+        foreach = getattr(
+            torch, "_foreach_norm", None
+        )  # one kernel launch per dtype, as clip_grad_norm_ does
+        norms = (
+            foreach(grads) if foreach is not None else [torch.linalg.vector_norm(g) for g in grads]
+        )
         self._grad_norm = float(torch.linalg.vector_norm(torch.stack(list(norms))))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step == self._last_seen:
-            return   # gradient accumulation: no optimizer step yet
+            return  # gradient accumulation: no optimizer step yet
         self._last_seen = step
-        if self._inflight is not None:      # the previous detection step's average (many processes)
+        if self._inflight is not None:  # the previous detection step's average (many processes)
             (seen, pending), self._inflight = self._inflight, None
             self._decide(trainer, seen, *self.core.finish_reduced(pending))
         if self._detect_now(trainer, step):
@@ -317,20 +404,34 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             else:
                 self._decide(trainer, step, loss, grad)
         if self.core.forced_save(step) or (self._own_interval and step % self.core.frequency == 0):
-            trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
-        if self.preemption.at_step_end(step):   # after the signal: the preemption save, at this step end
-            trainer.save_checkpoint(os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt"))
-            if self._mc is not None and not self._own_interval:   # the rolling ModelCheckpoint makes no second file
-                self._mc._last_global_step_saved = step               # of this step (the others keep their own saves)
+            trainer.save_checkpoint(
+                os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt")
+            )
+        if self.preemption.at_step_end(
+            step
+        ):  # after the signal: the preemption save, at this step end
+            trainer.save_checkpoint(
+                os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={step}.ckpt")
+            )
+            if (
+                self._mc is not None and not self._own_interval
+            ):  # the rolling ModelCheckpoint makes no second file
+                self._mc._last_global_step_saved = (
+                    step  # of this step (the others keep their own saves)
+                )
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self.preemption.uninstall()   # before Lightning puts its own originals back
+        self.preemption.uninstall()  # before Lightning puts its own originals back
 
     def _decide(self, trainer, seen: int, loss: Optional[float], grad: Optional[float]) -> None:
         """Feed the detector the values of step `seen`; on an event (rank 0 writes the marker and broadcasts
         whether it could: every rank takes part in the save or none does) save now, at the current step."""
+
         def path() -> str:
-            return os.path.join(self._dirpath(), f"epoch={trainer.current_epoch}-step={trainer.global_step}-emergency.ckpt")
+            return os.path.join(
+                self._dirpath(),
+                f"epoch={trainer.current_epoch}-step={trainer.global_step}-emergency.ckpt",
+            )
 
         kind = self.core.decide_emergency(seen, loss, grad, path)
         if kind is not None:
@@ -351,7 +452,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
 
     def teardown(self, trainer, pl_module, stage) -> None:
         if stage == "fit":
-            self._inflight = None     # a fit that raised: never wait on the ranks here
+            self._inflight = None  # a fit that raised: never wait on the ranks here
             self.preemption.uninstall()
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
@@ -362,13 +463,18 @@ def _say_where(root: str) -> None:
     """One WARNING at the start of a fit that saves into Lightning's versioned default folder
     (``<logger>/version_N/checkpoints``) without ckpt_path: a rerun makes version_N+1 and starts from step 0."""
     version = os.path.dirname(root)
-    if os.path.basename(root) != "checkpoints" or not re.match(r"version_\d+$", os.path.basename(version)):
+    if os.path.basename(root) != "checkpoints" or not re.match(
+        r"version_\d+$", os.path.basename(version)
+    ):
         return
     logger = os.path.dirname(version)
-    log.warning(PREFIX + f"checkpoints go to {root}, a new version_N folder each run (Lightning's default logger): "
-                f"a rerun starts from step 0; to resume, pass trainer.fit(..., ckpt_path=last_valid_checkpoint("
-                f"{logger!r})) (it finds the previous versions' checkpoints), or set ModelCheckpoint(dirpath=...) "
-                "and ckpt_path=last_valid_checkpoint(that dirpath)")
+    log.warning(
+        PREFIX
+        + f"checkpoints go to {root}, a new version_N folder each run (Lightning's default logger): "
+        f"a rerun starts from step 0; to resume, pass trainer.fit(..., ckpt_path=last_valid_checkpoint("
+        f"{logger!r})) (it finds the previous versions' checkpoints), or set ModelCheckpoint(dirpath=...) "
+        "and ckpt_path=last_valid_checkpoint(that dirpath)"
+    )
 
 
 def _wait_for_writer(pool, timeout: float) -> None:
@@ -378,7 +484,9 @@ def _wait_for_writer(pool, timeout: float) -> None:
     try:
         pool.submit(lambda: None).result(timeout=timeout)
     except concurrent.futures.TimeoutError:
-        log.warning(PREFIX + f"AsyncCheckpointIO still writing after {timeout:g} s: the ranks meet anyway")
+        log.warning(
+            PREFIX + f"AsyncCheckpointIO still writing after {timeout:g} s: the ranks meet anyway"
+        )
 
 
 def _loss_of(outputs) -> Optional[float]:
@@ -395,6 +503,7 @@ def _rolling(mcs: list) -> Any:
     """The ModelCheckpoint the policy configures: one without a monitor (or monitoring `step`, as
     `export --framework lightning` writes it) that is not a milestone keeper; a milestone keeper
     (save_top_k=-1 on its own period, beside another ModelCheckpoint) is left alone."""
+
     def keeper(m) -> bool:
         return len(mcs) > 1 and m.save_top_k == -1 and bool(getattr(m, "_every_n_train_steps", 0))
 
@@ -418,8 +527,11 @@ def _files_of(mc, root: Optional[str]) -> dict[str, str]:
         names = os.listdir(root)
     except OSError:
         return {}
-    return {n: f"kept by its own ModelCheckpoint ({mc.filename}, save_top_k=-1)" for n in names
-            if n.startswith(prefix) and n.endswith(".ckpt")}
+    return {
+        n: f"kept by its own ModelCheckpoint ({mc.filename}, save_top_k=-1)"
+        for n in names
+        if n.startswith(prefix) and n.endswith(".ckpt")
+    }
 
 
 def _show_lines(trainer) -> None:
@@ -430,5 +542,7 @@ def _show_lines(trainer) -> None:
     from checkpoint_strategy.callbacks.core import show_lines
 
     pkg = type(trainer).__module__.split(".trainer")[0]
-    level = logging.getLogger(pkg).getEffectiveLevel() if trainer.is_global_zero else logging.WARNING
+    level = (
+        logging.getLogger(pkg).getEffectiveLevel() if trainer.is_global_zero else logging.WARNING
+    )
     show_lines(level)

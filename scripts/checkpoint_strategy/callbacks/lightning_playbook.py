@@ -32,7 +32,11 @@ from typing import Any, Optional
 
 from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.callbacks.guard import Decision, TrainingGuard
-from checkpoint_strategy.callbacks.lightning import LightningCheckpointStrategy, _callback_bases, _loss_of
+from checkpoint_strategy.callbacks.lightning import (
+    LightningCheckpointStrategy,
+    _callback_bases,
+    _loss_of,
+)
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.marker import read_marker, write_marker
 

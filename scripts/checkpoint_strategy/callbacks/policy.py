@@ -12,16 +12,17 @@ Bad input raises ``UsageError`` with one line.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from pydantic import BaseModel
+
 from checkpoint_strategy.errors import UsageError
-import json
 from checkpoint_strategy.formats.models import CheckpointPolicy
 from checkpoint_strategy.integrations.handoff import load_plan_file
 from checkpoint_strategy.planning.models import PlanReport
-from pydantic import BaseModel
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
 
@@ -37,8 +38,12 @@ class Settings:
     async_save: bool = False
     emergency_save_on: tuple[str, ...] = ()
     save_optimizer: Optional[bool] = None
-    delete_invalid: bool = False        # the keep rules also delete an invalid checkpoint older than a newer valid one
-    report: Any = field(default=None, compare=False)   # the PlanReport when the policy came from a plan
+    delete_invalid: bool = (
+        False  # the keep rules also delete an invalid checkpoint older than a newer valid one
+    )
+    report: Any = field(
+        default=None, compare=False
+    )  # the PlanReport when the policy came from a plan
     source: str = field(default="policy", compare=False)
 
 
@@ -49,20 +54,33 @@ def _from_mapping(data: dict, source: str, report=None) -> Settings:
 def _settings(pol, source: str, report=None) -> Settings:
     """Settings of a formats.models.CheckpointPolicy (keep_milestone's "..." already continued)."""
     if pol.frequency is None:
-        raise UsageError(f"{source}: checkpoint_policy has no frequency; expected every_N_steps, e.g. every_500_steps")
-    n, unit = pol.frequency[len("every_"):].rsplit("_", 1)
+        raise UsageError(
+            f"{source}: checkpoint_policy has no frequency; expected every_N_steps, e.g. every_500_steps"
+        )
+    n, unit = pol.frequency[len("every_") :].rsplit("_", 1)
     if unit != "steps" or int(n) < 1:
-        raise UsageError(f"{source}: frequency {pol.frequency} cannot drive a training callback; "
-                         "expected every_N_steps with N >= 1")
+        raise UsageError(
+            f"{source}: frequency {pol.frequency} cannot drive a training callback; "
+            "expected every_N_steps with N >= 1"
+        )
     bad = [t for t in pol.emergency_save_on if t not in TRIGGERS]
     if bad:
-        raise UsageError(f"{source}: emergency_save_on has {bad[0]!r}; expected any of {', '.join(TRIGGERS)}")
+        raise UsageError(
+            f"{source}: emergency_save_on has {bad[0]!r}; expected any of {', '.join(TRIGGERS)}"
+        )
     milestones = sorted(set(pol.keep_milestone))
-    return Settings(frequency_steps=int(n), keep_last=pol.keep_last, milestones=tuple(milestones),
-                    validate_on_save=pol.validate_on_save is not False, async_save=bool(pol.async_save),
-                    emergency_save_on=tuple(dict.fromkeys(pol.emergency_save_on)),
-                    save_optimizer=pol.save_optimizer, delete_invalid=bool(pol.delete_invalid), report=report,
-                    source=source)
+    return Settings(
+        frequency_steps=int(n),
+        keep_last=pol.keep_last,
+        milestones=tuple(milestones),
+        validate_on_save=pol.validate_on_save is not False,
+        async_save=bool(pol.async_save),
+        emergency_save_on=tuple(dict.fromkeys(pol.emergency_save_on)),
+        save_optimizer=pol.save_optimizer,
+        delete_invalid=bool(pol.delete_invalid),
+        report=report,
+        source=source,
+    )
 
 
 def _from_plan_dict(data: dict, source: str) -> Settings:
@@ -90,12 +108,16 @@ def resolve(policy: Any) -> Settings:
             return _from_plan_dict(policy, "plan dict")
         inner = policy.get("checkpoint_policy", policy)
         if not isinstance(inner, dict):
-            raise UsageError("policy dict: checkpoint_policy is not a mapping; expected frequency, keep_last, ...")
+            raise UsageError(
+                "policy dict: checkpoint_policy is not a mapping; expected frequency, keep_last, ..."
+            )
         return _from_mapping(inner, "policy dict")
     if isinstance(policy, (str, os.PathLike)):
         return _from_file(os.fspath(policy))
-    raise UsageError(f"policy: got {type(policy).__name__}; expected a plan JSON/YAML file path, a PlanReport "
-                     "or a dict of checkpoint_policy keys")
+    raise UsageError(
+        f"policy: got {type(policy).__name__}; expected a plan JSON/YAML file path, a PlanReport "
+        "or a dict of checkpoint_policy keys"
+    )
 
 
 def _from_file(path: str) -> Settings:

@@ -22,21 +22,23 @@ once). ``"auto"``: SIGTERM and SIGUSR1 in a one-process run, none under torchrun
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 from typing import Any, Optional
 
-from checkpoint_strategy.callbacks._log import PREFIX, log
-import json
 from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.callbacks._log import PREFIX, log
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import read_json
 
 RECORD_FILE = ".checkpoint-strategy-preemption.json"
 DEFAULT_SIGNALS = ("SIGTERM", "SIGUSR1")
-HUNG_SECONDS = 10.0   # after the grace period: how long the main thread may take to run the signal's own action
+HUNG_SECONDS = (
+    10.0  # after the grace period: how long the main thread may take to run the signal's own action
+)
 
 
 def _signals(names) -> list[signal.Signals]:
@@ -46,7 +48,9 @@ def _signals(names) -> list[signal.Signals]:
         name = name if name.startswith("SIG") else "SIG" + name
         sig = getattr(signal, name, None)
         if not isinstance(sig, signal.Signals) or name in ("SIGKILL", "SIGSTOP"):
-            raise UsageError(f"preemption signal {n!r}: not a signal this system can catch; expected e.g. SIGTERM, SIGUSR1")
+            raise UsageError(
+                f"preemption signal {n!r}: not a signal this system can catch; expected e.g. SIGTERM, SIGUSR1"
+            )
         out.append(sig)
     return out
 
@@ -66,12 +70,14 @@ class Preemption:
         self.received_at: Optional[float] = None
         self._previous: dict[signal.Signals, Any] = {}
         self._timer: Optional[threading.Timer] = None
-        self.saving: Optional[str] = None     # the checkpoint being written now (begin_save .. save_written)
-        self.rank_zero = True                 # the rank that moves a half-written save aside
-        self.step: Optional[int] = None       # the preemption save's step, once chosen
-        self.record: Optional[dict] = None    # its record, once written and validated (finish_save)
+        self.saving: Optional[str] = (
+            None  # the checkpoint being written now (begin_save .. save_written)
+        )
+        self.rank_zero = True  # the rank that moves a half-written save aside
+        self.step: Optional[int] = None  # the preemption save's step, once chosen
+        self.record: Optional[dict] = None  # its record, once written and validated (finish_save)
         self.in_save: Any = lambda: self.saving is not None
-        self.abandon: Any = self._abandon     # move the save being written aside
+        self.abandon: Any = self._abandon  # move the save being written aside
         self._extended = False
         self._expired = False
 
@@ -97,7 +103,9 @@ class Preemption:
         one: no second save; never an emergency save, resumable=False). Stops the grace timer then (no timer
         during its validation)."""
         self.saving = None
-        if self._expired or not resumable:   # past the grace period (moved aside), or an emergency save
+        if (
+            self._expired or not resumable
+        ):  # past the grace period (moved aside), or an emergency save
             return False
         if self.requested is not None and self.step is None and step is not None:
             self.step = int(step)
@@ -106,7 +114,9 @@ class Preemption:
             return True
         return False
 
-    def finish_save(self, root: Optional[str], checkpoint: str, step: Optional[int], record: Any) -> Optional[dict]:
+    def finish_save(
+        self, root: Optional[str], checkpoint: str, step: Optional[int], record: Any
+    ) -> Optional[dict]:
         """After the preemption save (``save_written`` said so) is handed over: its record, once (``record`` writes
         it into the run's loss log); None for any other save."""
         if self.record is not None or self.step is None or step != self.step:
@@ -126,7 +136,9 @@ class Preemption:
         if not self.signals or self._previous:
             return bool(self._previous)
         if threading.current_thread() is not threading.main_thread():
-            log.warning(PREFIX + "preemption signals not caught: training does not run in the main thread")
+            log.warning(
+                PREFIX + "preemption signals not caught: training does not run in the main thread"
+            )
             return False
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handler)
@@ -144,7 +156,9 @@ class Preemption:
         self._cancel()
 
     def _handler(self, signum, frame) -> None:
-        if self._expired:   # the grace period is over (raised again by the timer): the signal's own action, here
+        if (
+            self._expired
+        ):  # the grace period is over (raised again by the timer): the signal's own action, here
             sig = signal.Signals(signum)
             signal.signal(sig, self._previous.get(sig) or signal.SIG_DFL)
             os.kill(os.getpid(), signum)
@@ -166,13 +180,19 @@ class Preemption:
         if self.in_save():
             if not self._extended:
                 self._extended = True
-                log.warning(PREFIX + f"{signal.Signals(signum).name}: the grace period ended during a save; it gets "
-                            f"{self.grace:g} s more to finish")
+                log.warning(
+                    PREFIX
+                    + f"{signal.Signals(signum).name}: the grace period ended during a save; it gets "
+                    f"{self.grace:g} s more to finish"
+                )
                 self._arm(signum)
                 return
             self.abandon()
-        log.error(PREFIX + f"{signal.Signals(signum).name}: no step boundary within the {self.grace:g} s grace "
-                  "period; the signal's own action now (no preemption save)")
+        log.error(
+            PREFIX
+            + f"{signal.Signals(signum).name}: no step boundary within the {self.grace:g} s grace "
+            "period; the signal's own action now (no preemption save)"
+        )
         self._expired = True
         os.kill(os.getpid(), signum)
         time.sleep(HUNG_SECONDS)
@@ -187,16 +207,24 @@ class Preemption:
         """The preemption save is written: stop the grace timer, record it, log one line."""
         self._cancel()
         took = time.monotonic() - self.received_at if self.received_at is not None else 0.0
-        rec = {"event": "checkpoint-strategy:preemption", "signal": self.requested, "step": int(step),
-               "checkpoint": os.fspath(checkpoint), "seconds_after_signal": round(took, 3)}
+        rec = {
+            "event": "checkpoint-strategy:preemption",
+            "signal": self.requested,
+            "step": int(step),
+            "checkpoint": os.fspath(checkpoint),
+            "seconds_after_signal": round(took, 3),
+        }
         if root is not None:
             try:
                 atomic_write_text(os.path.join(root, RECORD_FILE), json.dumps(rec) + "\n")
             except OSError as exc:
                 log.warning(PREFIX + f"cannot write the preemption record in {root}: {exc}")
-        log.warning(PREFIX + f"{self.requested}: preemption save {os.path.basename(os.fspath(checkpoint))} (step {step}) "
-                    f"{took:.1f} s after the signal; training stops; the next launch resumes from it "
-                    "(last_valid_checkpoint)")
+        log.warning(
+            PREFIX
+            + f"{self.requested}: preemption save {os.path.basename(os.fspath(checkpoint))} (step {step}) "
+            f"{took:.1f} s after the signal; training stops; the next launch resumes from it "
+            "(last_valid_checkpoint)"
+        )
         return rec
 
 
@@ -208,10 +236,16 @@ def abandon_checkpoint(path: str) -> Optional[str]:
     try:
         os.replace(path, target)
     except OSError as exc:
-        log.error(PREFIX + f"cannot move the half-written {os.path.basename(path)} aside: {exc}; it is not whole")
+        log.error(
+            PREFIX
+            + f"cannot move the half-written {os.path.basename(path)} aside: {exc}; it is not whole"
+        )
         return None
-    log.error(PREFIX + f"{os.path.basename(path)} was still being written at the end of the grace period: moved to "
-              f"{os.path.basename(target)} (not a checkpoint; nothing resumes from it)")
+    log.error(
+        PREFIX
+        + f"{os.path.basename(path)} was still being written at the end of the grace period: moved to "
+        f"{os.path.basename(target)} (not a checkpoint; nothing resumes from it)"
+    )
     return target
 
 

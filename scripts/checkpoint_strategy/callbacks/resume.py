@@ -6,16 +6,20 @@ import os
 from collections.abc import Iterator
 from typing import Optional
 
+from checkpoint_strategy.callbacks import _retention
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.marker import read_marker
-from checkpoint_strategy.callbacks import _retention
 from checkpoint_strategy.formats.runlog import versioned_checkpoint_dirs
 from checkpoint_strategy.retention.safety import after_onset, read_spike
 from checkpoint_strategy.validate.engine import usable
 
 
-def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
-                          include_emergency: bool = False, spike_check: bool = True) -> Optional[str]:
+def last_valid_checkpoint(
+    output_dir: str | os.PathLike,
+    level: str = "quick",
+    include_emergency: bool = False,
+    spike_check: bool = True,
+) -> Optional[str]:
     """Path of the newest *resumable* checkpoint under `output_dir` that validates, or None.
 
     For ``trainer.train(resume_from_checkpoint=...)`` (HF: pass the run's output_dir) and
@@ -45,19 +49,27 @@ def last_valid_checkpoint(output_dir: str | os.PathLike, level: str = "quick",
     if os.path.lexists(root) and not os.path.isdir(root):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
 
-    got = _last_valid_in(root, level, include_emergency, spike_check) if os.path.isdir(root) else None
-    for folder in ([] if got is not None else versioned_checkpoint_dirs(root)):   # listed only when needed
+    got = (
+        _last_valid_in(root, level, include_emergency, spike_check) if os.path.isdir(root) else None
+    )
+    for folder in (
+        [] if got is not None else versioned_checkpoint_dirs(root)
+    ):  # listed only when needed
         got = _last_valid_in(folder, level, include_emergency, spike_check)
         if got is not None:
             break
     return got
 
 
-def _last_valid_in(root: str, level: str, include_emergency: bool, spike_check: bool) -> Optional[str]:
+def _last_valid_in(
+    root: str, level: str, include_emergency: bool, spike_check: bool
+) -> Optional[str]:
     """last_valid_checkpoint in one folder that holds checkpoints."""
     found = _retention.checkpoints_newest_first(root)
-    spike_check = spike_check and not include_emergency   # asking for emergency saves asks for post-event weights
-    guard: list = []   # read once, when the first valid checkpoint is found
+    spike_check = (
+        spike_check and not include_emergency
+    )  # asking for emergency saves asks for post-event weights
+    guard: list = []  # read once, when the first valid checkpoint is found
     weights_only = None
     for step, path, resumable in _valid_newest_first(found, level, include_emergency):
         if spike_check and not guard:
@@ -70,7 +82,9 @@ def _last_valid_in(root: str, level: str, include_emergency: bool, spike_check: 
     return weights_only
 
 
-def _valid_newest_first(found, level: str, include_emergency: bool) -> Iterator[tuple[Optional[int], str, bool]]:
+def _valid_newest_first(
+    found, level: str, include_emergency: bool
+) -> Iterator[tuple[Optional[int], str, bool]]:
     """(step, path, resumable) of the checkpoints found that validate (at level deep: pass the deep
     check), newest first; emergency saves only with include_emergency; symlinks never."""
     for step, path in found:

@@ -5,7 +5,11 @@
 from __future__ import annotations
 
 from checkpoint_strategy.cli.options import add_output
-from checkpoint_strategy.cli.planoptions import add_optional_run, add_plan_options, optional_run_numbers
+from checkpoint_strategy.cli.planoptions import (
+    add_optional_run,
+    add_plan_options,
+    optional_run_numbers,
+)
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export import FRAMEWORKS, OUTPUTS, export_plan, render_export
 from checkpoint_strategy.export.common import load_plan_file
@@ -15,22 +19,56 @@ from checkpoint_strategy.render import write_output
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
 
-_PLAN_OPTIONS = ("model_size_gb", "weights_dtype", "params", "precision", "preset", "frequency", "keep_last",
-                 "milestones", "formats", "save_optimizer", "gpus", "gpu_mtbf_hours", "mtbf_hours",
-                 "checkpoint_write_seconds", "write_gbps", "restart_seconds", "async_save", "max_loss_hours")
+_PLAN_OPTIONS = (
+    "model_size_gb",
+    "weights_dtype",
+    "params",
+    "precision",
+    "preset",
+    "frequency",
+    "keep_last",
+    "milestones",
+    "formats",
+    "save_optimizer",
+    "gpus",
+    "gpu_mtbf_hours",
+    "mtbf_hours",
+    "checkpoint_write_seconds",
+    "write_gbps",
+    "restart_seconds",
+    "async_save",
+    "max_loss_hours",
+)
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--framework", required=True, choices=list(FRAMEWORKS),
-                        help="the training framework whose settings to write")
-    parser.add_argument("--framework-version", dest="framework_version", metavar="V",
-                        help="write for this version (default: the installed one, else the newest known)")
+    parser.add_argument(
+        "--framework",
+        required=True,
+        choices=list(FRAMEWORKS),
+        help="the training framework whose settings to write",
+    )
+    parser.add_argument(
+        "--framework-version",
+        dest="framework_version",
+        metavar="V",
+        help="write for this version (default: the installed one, else the newest known)",
+    )
     add_optional_run(parser)
-    parser.add_argument("--plan-file", dest="plan_file", metavar="PLAN.json",
-                        help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin")
-    parser.add_argument("--format", dest="format", choices=["text", "markdown", *OUTPUTS[1:]], default="text",
-                        help="text (default), markdown (the text report in a block), json (the report), python "
-                             "(hf, lightning, orbax, deepspeed), toml (torchtitan 0.1/0.2), args (torchtitan, megatron)")
+    parser.add_argument(
+        "--plan-file",
+        dest="plan_file",
+        metavar="PLAN.json",
+        help="the JSON printed by `plan --format json` (instead of plan options); - reads stdin",
+    )
+    parser.add_argument(
+        "--format",
+        dest="format",
+        choices=["text", "markdown", *OUTPUTS[1:]],
+        default="text",
+        help="text (default), markdown (the text report in a block), json (the report), python "
+        "(hf, lightning, orbax, deepspeed), toml (torchtitan 0.1/0.2), args (torchtitan, megatron)",
+    )
     add_output(parser)
     add_plan_options(parser, positionals=False)
 
@@ -40,21 +78,30 @@ def run(args) -> int:
     options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
     if args.plan_file is not None:
         if given or options:
-            raise UsageError("give either --plan-file or plan arguments (TOTAL_STEPS STEP_SECONDS BUDGET_GB ...), "
-                             "not both")
+            raise UsageError(
+                "give either --plan-file or plan arguments (TOTAL_STEPS STEP_SECONDS BUDGET_GB ...), "
+                "not both"
+            )
         report = load_plan_file(args.plan_file)
     elif len(given) == 3:
         report = plan(plan_arguments(args))
     elif given:
-        raise UsageError("plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB")
+        raise UsageError(
+            "plan arguments need all three of TOTAL_STEPS (or --duration) STEP_SECONDS BUDGET_GB"
+        )
     else:
-        raise UsageError("nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
-                         "or --plan-file PLAN.json")
+        raise UsageError(
+            "nothing to export: give TOTAL_STEPS STEP_SECONDS BUDGET_GB [plan options] "
+            "or --plan-file PLAN.json"
+        )
 
     export = export_plan(report, args.framework, args.framework_version)
     if args.format == "markdown":
-        text = (f"### checkpoint-strategy export: {export.framework} {export.framework_version}\n\n```\n"
-                + render_export(export, "text") + "```\n")
+        text = (
+            f"### checkpoint-strategy export: {export.framework} {export.framework_version}\n\n```\n"
+            + render_export(export, "text")
+            + "```\n"
+        )
     else:
         text = render_export(export, args.format)
     write_output(text, args.output)

@@ -8,36 +8,66 @@ Only the chosen subcommand's module is imported, so start-up stays cheap.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import importlib.util
 import os
 import re
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
-from collections.abc import Sequence
 
 from checkpoint_strategy import __version__
 from checkpoint_strategy.cli.options import join_milestones, normalise_underscores
 from checkpoint_strategy.errors import UsageError
-import difflib
 
 PROG = "checkpoint-strategy"
 
 # name -> (module, one-line help). "plan" is the default command.
 COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("checkpoint_strategy.cli.plan", "design a checkpointing policy (default command)"),
-    "simulate": ("checkpoint_strategy.cli.simulate", "Monte Carlo check of a policy under failures and spikes"),
-    "tradeoffs": ("checkpoint_strategy.cli.tradeoffs", "storage vs safety sweep with a Pareto front"),
-    "recover": ("checkpoint_strategy.cli.recover", "after a loss spike: which checkpoint to resume from"),
-    "verify-resume": ("checkpoint_strategy.cli.verify_resume", "check that a resume kept optimizer state"),
-    "validate": ("checkpoint_strategy.cli.validate", "check checkpoints are whole, without loading them"),
-    "prune": ("checkpoint_strategy.cli.prune", "apply retention; delete only after a newer one validated"),
+    "simulate": (
+        "checkpoint_strategy.cli.simulate",
+        "Monte Carlo check of a policy under failures and spikes",
+    ),
+    "tradeoffs": (
+        "checkpoint_strategy.cli.tradeoffs",
+        "storage vs safety sweep with a Pareto front",
+    ),
+    "recover": (
+        "checkpoint_strategy.cli.recover",
+        "after a loss spike: which checkpoint to resume from",
+    ),
+    "verify-resume": (
+        "checkpoint_strategy.cli.verify_resume",
+        "check that a resume kept optimizer state",
+    ),
+    "validate": (
+        "checkpoint_strategy.cli.validate",
+        "check checkpoints are whole, without loading them",
+    ),
+    "prune": (
+        "checkpoint_strategy.cli.prune",
+        "apply retention; delete only after a newer one validated",
+    ),
     "handoff": ("checkpoint_strategy.cli.handoff", "write checkpoint metadata for session-handoff"),
-    "release-gate": ("checkpoint_strategy.cli.release_gate", "release-readiness gate for one checkpoint"),
-    "on-event": ("checkpoint_strategy.cli.on_event", "emergency-save decision for a stability event"),
-    "convert": ("checkpoint_strategy.cli.convert", "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor"),
-    "export": ("checkpoint_strategy.cli.export", "the plan as hf/lightning/orbax/torchtitan/megatron/deepspeed settings"),
+    "release-gate": (
+        "checkpoint_strategy.cli.release_gate",
+        "release-readiness gate for one checkpoint",
+    ),
+    "on-event": (
+        "checkpoint_strategy.cli.on_event",
+        "emergency-save decision for a stability event",
+    ),
+    "convert": (
+        "checkpoint_strategy.cli.convert",
+        "convert checkpoints (torch, safetensors, DCP, ZeRO), checked tensor by tensor",
+    ),
+    "export": (
+        "checkpoint_strategy.cli.export",
+        "the plan as hf/lightning/orbax/torchtitan/megatron/deepspeed settings",
+    ),
 }
 
 
@@ -136,8 +166,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(module: ModuleType, namespace: argparse.Namespace) -> int:
-    options = getattr(namespace, "storage_options", None)  # --storage-option KEY=VALUE (object-storage paths)
-    if options or "checkpoint_strategy.storage.remote" in sys.modules:  # never left over from an earlier call
+    options = getattr(
+        namespace, "storage_options", None
+    )  # --storage-option KEY=VALUE (object-storage paths)
+    if (
+        options or "checkpoint_strategy.storage.remote" in sys.modules
+    ):  # never left over from an earlier call
         from checkpoint_strategy.storage import remote
 
         remote.set_options(options)
@@ -156,12 +190,16 @@ def _command(args: list[str]) -> str:
     close = difflib.get_close_matches(word, list(COMMANDS), n=1, cutoff=0.6)
     if close:
         raise UsageError(f"unknown command {word!r}; did you mean {close[0]!r}?")
-    raise UsageError(f"unknown command {word!r}; expected one of {', '.join(COMMANDS)}, or TOTAL_STEPS "
-                     "STEP_SECONDS BUDGET_GB for a plan")
+    raise UsageError(
+        f"unknown command {word!r}; expected one of {', '.join(COMMANDS)}, or TOTAL_STEPS "
+        "STEP_SECONDS BUDGET_GB for a plan"
+    )
 
 
 # a plan's run length in place of TOTAL_STEPS ("3w", "21d"; cli/planoptions.py checks it)
-_RUN_LENGTH = re.compile(r"^[0-9]*\.?[0-9]+\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)$", re.I)
+_RUN_LENGTH = re.compile(
+    r"^[0-9]*\.?[0-9]+\s*(w|wk|weeks?|d|days?|h|hr|hours?|min|minutes?)$", re.I
+)
 
 
 def _is_number(word: str) -> bool:
@@ -196,8 +234,10 @@ def missing_dependencies_line(exc: ModuleNotFoundError | None = None) -> str | N
         missing = [name]
     reqs = " ".join(f"'{DEPENDENCIES[m]}'" for m in missing)
     names = ", ".join("pyyaml" if m == "yaml" else m for m in missing)
-    return (f"missing Python packages for {sys.executable}: {names}; install them with: "
-            f"{sys.executable} -m pip install {reqs} (or pip install the checkpoint-strategy package)")
+    return (
+        f"missing Python packages for {sys.executable}: {names}; install them with: "
+        f"{sys.executable} -m pip install {reqs} (or pip install the checkpoint-strategy package)"
+    )
 
 
 def _err(message: str) -> None:

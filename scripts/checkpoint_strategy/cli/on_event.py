@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from checkpoint_strategy.cli.options import add_policy, add_report_options, path_arg
 import os
+
+from checkpoint_strategy.cli.options import add_policy, add_report_options, path_arg
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations.events import decide_all, event_stream, load_policy
 from checkpoint_strategy.render import emit
@@ -13,12 +14,28 @@ HELP = "emergency-save decision for a stability event"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("event_file", metavar="EVENT_FILE", type=path_arg,
-                        help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
-                             "or the monitor's text report; - reads stdin")
-    add_policy(parser, help="its emergency_save_on applies; default: both triggers, as the auto preset")
-    parser.add_argument("--log", metavar="LOG", type=path_arg, help="the training log, filled into the recovery command")
-    parser.add_argument("--checkpoints", metavar="DIR", type=path_arg, help="the checkpoint folder, filled into the recovery command")
+    parser.add_argument(
+        "event_file",
+        metavar="EVENT_FILE",
+        type=path_arg,
+        help="training-stability-monitor events: one JSON event, a JSON list, JSON lines, "
+        "or the monitor's text report; - reads stdin",
+    )
+    add_policy(
+        parser, help="its emergency_save_on applies; default: both triggers, as the auto preset"
+    )
+    parser.add_argument(
+        "--log",
+        metavar="LOG",
+        type=path_arg,
+        help="the training log, filled into the recovery command",
+    )
+    parser.add_argument(
+        "--checkpoints",
+        metavar="DIR",
+        type=path_arg,
+        help="the checkpoint folder, filled into the recovery command",
+    )
     add_report_options(parser)
 
 
@@ -30,9 +47,20 @@ def run(args) -> int:
     text, name = read_text(args.event_file, "event file")
     events, notes = event_stream(text, name)
     del text
-    result = decide_all(events, policy, log=args.log, checkpoints=args.checkpoints, notes=notes,
-                        log_report=_log_report(args.log, args.checkpoints))
-    emit(result, args.format, args.output, inputs=(args.event_file, args.policy, args.log, args.checkpoints))
+    result = decide_all(
+        events,
+        policy,
+        log=args.log,
+        checkpoints=args.checkpoints,
+        notes=notes,
+        log_report=_log_report(args.log, args.checkpoints),
+    )
+    emit(
+        result,
+        args.format,
+        args.output,
+        inputs=(args.event_file, args.policy, args.log, args.checkpoints),
+    )
     return 0
 
 

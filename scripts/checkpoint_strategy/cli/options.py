@@ -69,8 +69,10 @@ def number(quantity: str) -> Callable[[str], Union[int, float]]:
 def number_list(quantity: str) -> Callable[[str], list[int]]:
     """argparse type: comma- or space-separated numbers of one quantity, sorted, at most MAX_LIST."""
     q = BOUNDS[quantity]
-    expected = f"a comma-separated list of {q.expected().replace('a whole number of', 'whole numbers of')} " \
-               f"(at most {MAX_LIST})"
+    expected = (
+        f"a comma-separated list of {q.expected().replace('a whole number of', 'whole numbers of')} "
+        f"(at most {MAX_LIST})"
+    )
 
     def parse(text: str) -> list[int]:
         parts = [p for p in re.split(r"[,\s]+", str(text).strip()) if p]
@@ -98,8 +100,10 @@ def milestones(text: str) -> Milestones:
         return sorted({int(parse_quantity(BOUNDS["steps"], p)) for p in parts})
     except argparse.ArgumentTypeError:
         expected = MILESTONES_EXPECTED
-        if any(p.isdigit() for p in parts):   # a step out of range: say the range
-            expected = expected[:-1] + "; each step " + BOUNDS["steps"].expected().split(", ", 1)[1] + ")"
+        if any(p.isdigit() for p in parts):  # a step out of range: say the range
+            expected = (
+                expected[:-1] + "; each step " + BOUNDS["steps"].expected().split(", ", 1)[1] + ")"
+            )
         raise argparse.ArgumentTypeError(f"expected {expected}, got {shown(text)}") from None
 
 
@@ -116,17 +120,31 @@ def milestones_or_path(text: str) -> Milestones:
 milestones_or_path.__name__ = "milestones"
 
 
-def add_format(parser, *, yaml: bool = False, default: str = "text", help: str | None = None) -> None:
+def add_format(
+    parser, *, yaml: bool = False, default: str = "text", help: str | None = None
+) -> None:
     """--format text|markdown|json (and yaml where the output is a policy)."""
     choices = POLICY_FORMATS if yaml else FORMATS
-    parser.add_argument("--format", dest="format", choices=choices, default=default,
-                        help=help or f"report format (default {default})")
+    parser.add_argument(
+        "--format",
+        dest="format",
+        choices=choices,
+        default=default,
+        help=help or f"report format (default {default})",
+    )
 
 
 def add_output(parser) -> None:
     """-o/--output FILE: the report is written there atomically instead of stdout."""
-    parser.add_argument("-o", "--output", dest="output", metavar="FILE", default=None, type=path_arg,
-                        help="write the report to FILE (atomically) instead of stdout")
+    parser.add_argument(
+        "-o",
+        "--output",
+        dest="output",
+        metavar="FILE",
+        default=None,
+        type=path_arg,
+        help="write the report to FILE (atomically) instead of stdout",
+    )
 
 
 def add_report_options(parser, **format_kw) -> None:
@@ -136,53 +154,92 @@ def add_report_options(parser, **format_kw) -> None:
 
 def add_milestones(parser, *, paths: bool = False, help: str | None = None) -> None:
     """--milestones seed|pow2|none|STEPS (comma or space separated; a folder too when paths=True)."""
-    parser.add_argument("--milestones", dest="milestones", type=milestones_or_path if paths else milestones,
-                        default=None, metavar="SPEC",
-                        help=help or f"milestone steps never deleted: {MILESTONES_EXPECTED}")
+    parser.add_argument(
+        "--milestones",
+        dest="milestones",
+        type=milestones_or_path if paths else milestones,
+        default=None,
+        metavar="SPEC",
+        help=help or f"milestone steps never deleted: {MILESTONES_EXPECTED}",
+    )
 
 
-POLICY_HELP = ("the checkpoint policy, detected by content: the plan (--format yaml or json), the handoff state "
-               "file checkpoint-strategy.json, or a bare policy mapping")
+POLICY_HELP = (
+    "the checkpoint policy, detected by content: the plan (--format yaml or json), the handoff state "
+    "file checkpoint-strategy.json, or a bare policy mapping"
+)
 
 
 def add_policy(parser, help: str | None = None) -> None:
     """--policy FILE: the same forms wherever a command reads a policy."""
-    parser.add_argument("--policy", dest="policy", default=None, metavar="FILE", type=path_arg,
-                        help=POLICY_HELP + (f" ({help})" if help else ""))
+    parser.add_argument(
+        "--policy",
+        dest="policy",
+        default=None,
+        metavar="FILE",
+        type=path_arg,
+        help=POLICY_HELP + (f" ({help})" if help else ""),
+    )
 
 
 def add_level(parser, help: str | None = None) -> None:
-    parser.add_argument("--level", choices=("quick", "full", "deep"), default="quick",
-                        help=help or "validation level: quick reads headers (default), full reads every byte, "
-                                     "deep reads every tensor value and the optimizer state")
+    parser.add_argument(
+        "--level",
+        choices=("quick", "full", "deep"),
+        default="quick",
+        help=help
+        or "validation level: quick reads headers (default), full reads every byte, "
+        "deep reads every tensor value and the optimizer state",
+    )
 
 
 def add_storage_options(parser) -> None:
     """--storage-option KEY=VALUE (repeatable): passed to the object-storage driver (s3fs, gcsfs) for
     s3:// and gs:// paths; values are never printed."""
-    parser.add_argument("--storage-option", dest="storage_options", action="append", default=None,
-                        metavar="KEY=VALUE",
-                        help="for s3:// / gs:// paths: a driver option, e.g. endpoint_url=http://host:9000, "
-                             "anon=true, client_kwargs.region_name=eu-west-1 (repeatable; credentials otherwise "
-                             "come from the environment and config files, as for the AWS/GCS tools)")
+    parser.add_argument(
+        "--storage-option",
+        dest="storage_options",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="for s3:// / gs:// paths: a driver option, e.g. endpoint_url=http://host:9000, "
+        "anon=true, client_kwargs.region_name=eu-west-1 (repeatable; credentials otherwise "
+        "come from the environment and config files, as for the AWS/GCS tools)",
+    )
 
 
 def add_spike_check(parser, log_help: str | None = None) -> None:
     """--log LOG and --no-spike-check: the training log read for an unrecovered loss spike
     (retention/safety.py), wherever a command decides which checkpoints are safe to resume from."""
-    parser.add_argument("--log", default=None, metavar="LOG", type=path_arg,
-                        help=log_help or "training log checked for an unrecovered loss spike (default: the run folder's "
-                                         "log: the newest valid checkpoint's trainer_state.json, else the callbacks' "
-                                         "loss log, Lightning's metrics.csv, TensorBoard events)")
-    parser.add_argument("--no-spike-check", dest="spike_check", action="store_false",
-                        help="do not read the training log (checkpoints after a spike are then not flagged)")
+    parser.add_argument(
+        "--log",
+        default=None,
+        metavar="LOG",
+        type=path_arg,
+        help=log_help
+        or "training log checked for an unrecovered loss spike (default: the run folder's "
+        "log: the newest valid checkpoint's trainer_state.json, else the callbacks' "
+        "loss log, Lightning's metrics.csv, TensorBoard events)",
+    )
+    parser.add_argument(
+        "--no-spike-check",
+        dest="spike_check",
+        action="store_false",
+        help="do not read the training log (checkpoints after a spike are then not flagged)",
+    )
 
 
 def add_target_gpus(parser) -> None:
     """--target-gpus N: the world size the run moves to (what stays constant, what changes)."""
-    parser.add_argument("--target-gpus", dest="target_gpus", type=number("gpus"), default=None, metavar="N",
-                        help="GPUs the run will resume on: says what must stay constant (global batch) and what "
-                             "changes (shards to consolidate, per-rank RNG files)")
+    parser.add_argument(
+        "--target-gpus",
+        dest="target_gpus",
+        type=number("gpus"),
+        default=None,
+        metavar="N",
+        help="GPUs the run will resume on: says what must stay constant (global batch) and what "
+        "changes (shards to consolidate, per-rank RNG files)",
+    )
 
 
 # What tests/test_cli_vocabulary.py checks on every command that has the option.
@@ -213,7 +270,10 @@ def normalise_underscores(parser: argparse.ArgumentParser, argv: list[str]) -> l
         if tok.startswith("--") and len(tok) > 2:
             name, eq, value = tok.partition("=")
             if name not in known:
-                for alt in (name[:2] + name[2:].replace("_", "-"), name[:2] + name[2:].replace("-", "_")):
+                for alt in (
+                    name[:2] + name[2:].replace("_", "-"),
+                    name[:2] + name[2:].replace("-", "_"),
+                ):
                     if alt in known:
                         tok = alt + eq + value
                         break
@@ -233,7 +293,7 @@ def join_milestones(parser: argparse.ArgumentParser, argv: list[str]) -> list[st
     while end < len(argv) and _STEP_TOKEN.fullmatch(argv[end]):
         end += 1
     stop = end
-    if end - first <= MAX_LIST:   # more are refused by the type anyway: joined whole, it says so
+    if end - first <= MAX_LIST:  # more are refused by the type anyway: joined whole, it says so
         lacking = _positional_slots(parser) - _positional_words(parser, argv, range(first, end))
         stop = max(first + 1, end - max(lacking, 0))
     if stop - first < 2:
@@ -258,11 +318,19 @@ def _positional_slots(parser: argparse.ArgumentParser) -> int:
     slots = 0
     for action in parser._actions:  # noqa: SLF001 - argparse has no public list
         if not action.option_strings:
-            slots += action.nargs if isinstance(action.nargs, int) else 1 if action.nargs in (None, "?") else MAX_LIST
+            slots += (
+                action.nargs
+                if isinstance(action.nargs, int)
+                else 1
+                if action.nargs in (None, "?")
+                else MAX_LIST
+            )
     return slots
 
 
-_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$")   # argparse's own: a word, not an option, when no option looks like it
+_NEGATIVE = re.compile(
+    r"^-\d+$|^-\d*\.\d+$"
+)  # argparse's own: a word, not an option, when no option looks like it
 
 
 def _positional_words(parser: argparse.ArgumentParser, argv: list[str], run: range) -> int:
@@ -307,7 +375,9 @@ def byte_size(text: str) -> int:
     """argparse type: '5GB' (10**9, as Hugging Face counts), '500MiB' (2**20), '1000000' -> bytes (at least 1)."""
     m = _BYTE_SIZE.match(str(text))
     if not m:
-        raise argparse.ArgumentTypeError(f"{shown(text)} is not a size: expected e.g. 5GB, 500MB, 2GiB or a byte count")
+        raise argparse.ArgumentTypeError(
+            f"{shown(text)} is not a size: expected e.g. 5GB, 500MB, 2GiB or a byte count"
+        )
     power = "_KMGT".index(m.group(2).upper() or "_")
     value = int(float(m.group(1)) * ((1024 if m.group(3) else 1000) ** power))
     if value < 1 or value > 1 << 60:
@@ -316,15 +386,40 @@ def byte_size(text: str) -> int:
 
 
 def add_log_options(parser) -> None:
-    parser.add_argument("log", metavar="LOG", type=path_arg,
-                        help="trainer_state.json, CSV (W&B export too), JSON/JSON lines, TensorBoard events, "
-                             "or a run/checkpoint folder (newest trainer_state.json)")
+    parser.add_argument(
+        "log",
+        metavar="LOG",
+        type=path_arg,
+        help="trainer_state.json, CSV (W&B export too), JSON/JSON lines, TensorBoard events, "
+        "or a run/checkpoint folder (newest trainer_state.json)",
+    )
     g = parser.add_argument_group("log columns")
-    g.add_argument("--log-format", default="auto", choices=("auto", "hf", "json", "jsonl", "csv", "tensorboard"),
-                   help="default: from the file name and content")
-    g.add_argument("--step-column", "--step-key", dest="step_key", metavar="NAME",
-                   help="step column/key (default: step, global_step, _step, Step, ...)")
-    g.add_argument("--loss-column", "--loss-key", "--tag", dest="loss_key", metavar="NAME",
-                   help="loss column/key or TensorBoard scalar tag (default: loss, train/loss, lm loss, ...)")
-    g.add_argument("--lr-column", "--lr-key", dest="lr_key", metavar="NAME", help="learning-rate column (optional)")
+    g.add_argument(
+        "--log-format",
+        default="auto",
+        choices=("auto", "hf", "json", "jsonl", "csv", "tensorboard"),
+        help="default: from the file name and content",
+    )
+    g.add_argument(
+        "--step-column",
+        "--step-key",
+        dest="step_key",
+        metavar="NAME",
+        help="step column/key (default: step, global_step, _step, Step, ...)",
+    )
+    g.add_argument(
+        "--loss-column",
+        "--loss-key",
+        "--tag",
+        dest="loss_key",
+        metavar="NAME",
+        help="loss column/key or TensorBoard scalar tag (default: loss, train/loss, lm loss, ...)",
+    )
+    g.add_argument(
+        "--lr-column",
+        "--lr-key",
+        dest="lr_key",
+        metavar="NAME",
+        help="learning-rate column (optional)",
+    )
     g.add_argument("--run", metavar="NAME", help="W&B CSV export with several runs: which run")

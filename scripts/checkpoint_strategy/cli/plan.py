@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from checkpoint_strategy.cli.options import add_report_options
-from checkpoint_strategy.planning.options import plan_arguments
 from checkpoint_strategy.cli.planoptions import add_plan_options
+from checkpoint_strategy.planning.options import plan_arguments
 from checkpoint_strategy.planning.planner import plan
 from checkpoint_strategy.render import emit
 

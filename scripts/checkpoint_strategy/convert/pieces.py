@@ -9,16 +9,15 @@ each byte once, hashes it and writes it once, whatever the source layout.
 
 from __future__ import annotations
 
-import math
-
 import hashlib
+import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
-from collections.abc import Iterator
 
-from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.storage import open_regular
 
 CHUNK = 8 << 20
@@ -38,8 +37,8 @@ class Tensor:
     dtype: str
     shape: tuple
     pieces: list[Piece] = field(default_factory=list)
-    problem: str | None = None        # why it cannot be converted (non-contiguous, compressed, ...)
-    swap: int = 0                     # a big-endian source: swap each run of this many bytes (0: as stored)
+    problem: str | None = None  # why it cannot be converted (non-contiguous, compressed, ...)
+    swap: int = 0  # a big-endian source: swap each run of this many bytes (0: as stored)
 
     @property
     def numel(self) -> int:
@@ -53,7 +52,12 @@ class Tensor:
         """Same bytes of the same file with the same dtype and shape: a tied weight."""
         if not self.pieces:
             return None
-        return (tuple((p.path, p.src, p.dst, p.nbytes) for p in self.pieces), self.dtype, self.shape, self.swap)
+        return (
+            tuple((p.path, p.src, p.dst, p.nbytes) for p in self.pieces),
+            self.dtype,
+            self.shape,
+            self.swap,
+        )
 
     def check_tiling(self) -> None:
         """The pieces cover the tensor exactly once, in destination order (raises UsageError)."""
@@ -64,12 +68,16 @@ class Tensor:
         for p in self.pieces:
             if p.dst != at:
                 what = "overlap" if p.dst < at else f"a gap at byte {at}"
-                raise UsageError(f"tensor {tp.shown(self.name)}: its chunks {what}: the source does not hold "
-                                 "the whole tensor exactly once")
+                raise UsageError(
+                    f"tensor {tp.shown(self.name)}: its chunks {what}: the source does not hold "
+                    "the whole tensor exactly once"
+                )
             at += p.nbytes
         if at != self.nbytes:
-            raise UsageError(f"tensor {tp.shown(self.name)}: its chunks hold {at} bytes, {self.dtype}"
-                             f"{list(self.shape)} needs {self.nbytes}")
+            raise UsageError(
+                f"tensor {tp.shown(self.name)}: its chunks hold {at} bytes, {self.dtype}"
+                f"{list(self.shape)} needs {self.nbytes}"
+            )
 
 
 @dataclass
@@ -79,9 +87,13 @@ class Loaded:
     fmt: str
     tree: Any
     notes: list[str] = field(default_factory=list)
-    weights_key: str | None = None    # the subtree holding the model weights (None: the whole tree)
-    extra_weights: list[Tensor] = field(default_factory=list)   # DeepSpeed: consolidated weights besides the tree
-    byteorder: str = "little"         # a torch archive's byteorder record (its tensors carry `swap` when big)
+    weights_key: str | None = None  # the subtree holding the model weights (None: the whole tree)
+    extra_weights: list[Tensor] = field(
+        default_factory=list
+    )  # DeepSpeed: consolidated weights besides the tree
+    byteorder: str = (
+        "little"  # a torch archive's byteorder record (its tensors carry `swap` when big)
+    )
 
 
 class Unsupported:
@@ -120,15 +132,24 @@ def without_unsupported(tree: Any, depth: int = 0) -> Any:
     if depth > 200:
         return None
     if isinstance(tree, dict):
-        return {k: without_unsupported(v, depth + 1) for k, v in tree.items() if not isinstance(v, Unsupported)}
+        return {
+            k: without_unsupported(v, depth + 1)
+            for k, v in tree.items()
+            if not isinstance(v, Unsupported)
+        }
     if isinstance(tree, list):
-        return [None if isinstance(v, Unsupported) else without_unsupported(v, depth + 1) for v in tree]
+        return [
+            None if isinstance(v, Unsupported) else without_unsupported(v, depth + 1) for v in tree
+        ]
     if isinstance(tree, tuple):
-        return tuple(None if isinstance(v, Unsupported) else without_unsupported(v, depth + 1) for v in tree)
+        return tuple(
+            None if isinstance(v, Unsupported) else without_unsupported(v, depth + 1) for v in tree
+        )
     return tree
 
 
 # --------------------------------------------------------------------------- reading pieces
+
 
 class Files:
     """Open source files, one handle each, closed together."""
@@ -160,8 +181,10 @@ def _read_into(fh: BinaryIO, view: memoryview, t: Tensor, p: Piece) -> int:
     while got < len(view):
         n = fh.readinto(view[got:])  # type: ignore[attr-defined]
         if not n:
-            raise UsageError(f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
-                             f"{tp.shown(t.name)} needs: truncated")
+            raise UsageError(
+                f"{p.path}: ends before byte {p.src + p.nbytes} that tensor "
+                f"{tp.shown(t.name)} needs: truncated"
+            )
         got += n
     return got
 
@@ -188,7 +211,7 @@ def stream(t: Tensor, files: Files, buf: memoryview | list[memoryview]) -> Itera
         while left:
             b = bufs[turn % len(bufs)]
             turn += 1
-            n = _read_into(fh, b[:min(left, len(b))], t, p)
+            n = _read_into(fh, b[: min(left, len(b))], t, p)
             left -= n
             yield _little(b[:n], t.swap)
 
@@ -203,8 +226,8 @@ def fixed(t: Tensor, files: Files, buf: bytearray) -> Iterator[int]:
         done = 0
         while done < p.nbytes:
             fh.seek(p.src + done)
-            n = _read_into(fh, mv[filled:filled + min(p.nbytes - done, len(buf) - filled)], t, p)
-            _little(mv[filled:filled + n], t.swap)
+            n = _read_into(fh, mv[filled : filled + min(p.nbytes - done, len(buf) - filled)], t, p)
+            _little(mv[filled : filled + n], t.swap)
             filled += n
             done += n
             if filled == len(buf):
@@ -214,7 +237,9 @@ def fixed(t: Tensor, files: Files, buf: bytearray) -> Iterator[int]:
         yield filled
 
 
-def same_bytes(a: Tensor, b: Tensor, files: Files, bufs: tuple[bytearray, bytearray], h: Any = None) -> bool:
+def same_bytes(
+    a: Tensor, b: Tensor, files: Files, bufs: tuple[bytearray, bytearray], h: Any = None
+) -> bool:
     """True when the two tensors' bytes are identical (compared chunk by chunk with memcmp); `h` (a hashlib
     object) gets a's bytes on the way."""
     x, y = bufs

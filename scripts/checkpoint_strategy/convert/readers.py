@@ -11,15 +11,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor, Unsupported
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import dcp
 from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats.models import DcpItem
 from checkpoint_strategy.formats.torchfile import WEIGHT_KEYS
-from checkpoint_strategy.formats import tensors as ts
-from checkpoint_strategy.formats import safepickle as tp
-from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor, Unsupported
-from checkpoint_strategy.errors import UsageError
 
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
@@ -29,6 +29,7 @@ def _refuse(path: str, reason: str) -> UsageError:
 
 
 # --------------------------------------------------------------------------- torch zip archives
+
 
 def plain(obj: Any, resolve: Any, depth: int = 0) -> Any:  # noqa: C901 - one branch per symbolic kind
     """A pickle tree read by torchpickle as plain data: TensorRef -> resolve(ref), OrderedDict -> dict,
@@ -44,9 +45,10 @@ def plain(obj: Any, resolve: Any, depth: int = 0) -> Any:  # noqa: C901 - one br
         for k, v in obj.items():
             if _plain_key(k):
                 out[k] = plain(v, resolve, depth + 1)
-            else:   # a key no target can carry: kept as a named left-out entry, never dropped silently
-                out[f"<{_kind(k)} key>#{len(out)}"] = Unsupported(f"kept under a {_kind(k)} key, which no target "
-                                                                   "writes")
+            else:  # a key no target can carry: kept as a named left-out entry, never dropped silently
+                out[f"<{_kind(k)} key>#{len(out)}"] = Unsupported(
+                    f"kept under a {_kind(k)} key, which no target writes"
+                )
         return out
     if isinstance(obj, list):
         return [plain(v, resolve, depth + 1) for v in obj]
@@ -91,11 +93,18 @@ def byteorder(fh: Any, z: fc.ZipScan, where: str) -> str:
     if problems:
         raise _refuse(where, str(problems[0]))
     e = z.entry(f"{z.prefix}byteorder")
-    return "little" if e is None else "big" if zr.read_entry(fh, e, zr.Counter(), limit=1 << 10) == b"big" \
+    return (
+        "little"
+        if e is None
+        else "big"
+        if zr.read_entry(fh, e, zr.Counter(), limit=1 << 10) == b"big"
         else "little"
+    )
 
 
-def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef, order: str = "little") -> Tensor:
+def _zip_tensor(
+    path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef, order: str = "little"
+) -> Tensor:
     out = Tensor(name, t.dtype, tuple(t.shape))
     if order == "big" and swap_width(t.dtype) > 1:
         out.swap = swap_width(t.dtype)
@@ -107,9 +116,11 @@ def _zip_tensor(path: str, z: fc.ZipScan, base: int, name: str, t: tp.TensorRef,
         out.problem = f"its storage data/{t.storage.key} is missing from the archive"
     elif e.method != 0:
         out.problem = f"its storage data/{t.storage.key} is compressed (torch.save stores entries uncompressed)"
-    elif t.numel and not t.contiguous():   # a zero-size tensor has no bytes to lay out
-        out.problem = (f"it is a non-contiguous view (shape {list(t.shape)}, stride {list(t.stride)}): save "
-                       "it with .contiguous() first")
+    elif t.numel and not t.contiguous():  # a zero-size tensor has no bytes to lay out
+        out.problem = (
+            f"it is a non-contiguous view (shape {list(t.shape)}, stride {list(t.stride)}): save "
+            "it with .contiguous() first"
+        )
     elif (t.offset + t.numel) * item > e.usize:
         out.problem = f"its view runs past the end of its storage data/{t.storage.key}"
     elif t.numel:
@@ -136,8 +147,14 @@ def read_zip(path: str, shown_as: str | None = None, verify: bool = True) -> Loa
     names: dict[int, str] = {id(t): n for n, t in tp.walk_tensors(z.pickle.root)}
     tree = plain(z.pickle.root, lambda t: _zip_tensor(path, z, 0, names.get(id(t), "?"), t, order))
     fmt = "lightning" if isinstance(tree, dict) and "pytorch-lightning_version" in tree else "torch"
-    notes = [f"{os.path.basename(path)}: big-endian (byteorder record \"big\"): every value byte-swapped to "
-             "little-endian, as torch.load reads it"] if order == "big" else []
+    notes = (
+        [
+            f'{os.path.basename(path)}: big-endian (byteorder record "big"): every value byte-swapped to '
+            "little-endian, as torch.load reads it"
+        ]
+        if order == "big"
+        else []
+    )
     return Loaded(fmt, tree, notes=notes, weights_key=_weights_key(tree), byteorder=order)
 
 
@@ -171,6 +188,7 @@ def read_zips(paths: list[str], folder: str, verify: bool = True) -> Loaded:
 
 # --------------------------------------------------------------------------- safetensors
 
+
 def read_safetensors(path: str) -> dict[str, Tensor]:
     """One safetensors file: its tensors as pieces (the header checked against the file first)."""
     reasons = fc.check_safetensors(path, zr.Counter())
@@ -197,7 +215,9 @@ def read_safetensors_set(folder: str, files: list[str]) -> Loaded:
     for f in files:
         for name, t in read_safetensors(os.path.join(folder, f)).items():
             if name in tree:
-                raise _refuse(os.path.join(folder, f), f"tensor {tp.shown(name)} is also in another shard")
+                raise _refuse(
+                    os.path.join(folder, f), f"tensor {tp.shown(name)} is also in another shard"
+                )
             tree[name] = t
     return Loaded("safetensors", tree)
 
@@ -220,6 +240,7 @@ def index_files(index_path: str) -> list[str]:
 
 # --------------------------------------------------------------------------- DCP folders
 
+
 class Outside(UsageError):
     """A file or folder a source names that resolves outside the source folder."""
 
@@ -232,15 +253,24 @@ def within(folder: str, rel: str, named_by: str) -> str:
 
     path = os.path.join(folder, rel)
     if not inside(path, folder):
-        raise Outside(f"{named_by}: {tp.shown(rel)} resolves outside the source folder (a symbolic link): not read; "
-                      "give the folder or file it links to as SRC")
+        raise Outside(
+            f"{named_by}: {tp.shown(rel)} resolves outside the source folder (a symbolic link): not read; "
+            "give the folder or file it links to as SRC"
+        )
     return path
 
 
 def _inside_file(folder: str, rel: Any) -> str:
-    if not isinstance(rel, str) or not rel or os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
-        raise _refuse(os.path.join(folder, ".metadata"), f"a storage entry points outside the folder "
-                                                         f"({tp.shown(str(rel))})")
+    if (
+        not isinstance(rel, str)
+        or not rel
+        or os.path.isabs(rel)
+        or ".." in rel.replace("\\", "/").split("/")
+    ):
+        raise _refuse(
+            os.path.join(folder, ".metadata"),
+            f"a storage entry points outside the folder ({tp.shown(str(rel))})",
+        )
     return within(folder, rel, os.path.join(folder, ".metadata"))
 
 
@@ -250,7 +280,12 @@ _DCP = "torch.distributed.checkpoint."
 #: the globals a DCP .metadata may name besides torch dtypes: DCP's own classes (formats/dcp.py DCP_CLASSES) and the
 #: plain ones Python's unpickler builds for its values; any other name (a flipped letter of a class name) is one
 #: dcp.load cannot unpickle
-DCP_GLOBALS = dcp.DCP_CLASSES | {"collections.OrderedDict", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"}
+DCP_GLOBALS = dcp.DCP_CLASSES | {
+    "collections.OrderedDict",
+    "pathlib.PosixPath",
+    "pathlib.WindowsPath",
+    "pathlib.Path",
+}
 
 
 def _read_metadata(folder: str) -> tp.PickleScan:
@@ -262,8 +297,11 @@ def _read_metadata(folder: str) -> tp.PickleScan:
     if dcp.dcp_metadata_oversized(len(data), held):
         # every chunk of a .metadata names bytes of a data file (an archive of ~600 bytes at least): a .metadata
         # four times the size of every other file of the folder describes chunks the files cannot hold
-        raise _refuse(meta, f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
-                            "not read")
+        raise _refuse(
+            meta,
+            f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
+            "not read",
+        )
     framing = _framing(data)
     if framing:
         raise _refuse(meta, f"{framing}: dcp.load cannot unpickle it")
@@ -271,10 +309,17 @@ def _read_metadata(folder: str) -> tp.PickleScan:
     found = fc.pickle_findings(scan, ".metadata", dcp=True)
     if found:
         raise _refuse(meta, str(found[0]))
-    odd = [g for g in scan.globals if g not in DCP_GLOBALS and not (g.startswith("torch.") and g[6:] in tp.DTYPE_SIZE)]
+    odd = [
+        g
+        for g in scan.globals
+        if g not in DCP_GLOBALS and not (g.startswith("torch.") and g[6:] in tp.DTYPE_SIZE)
+    ]
     if odd:
-        raise _refuse(meta, f"names {tp.shown(odd[0], 80)}, not a class or dtype a DCP .metadata holds: dcp.load "
-                            "cannot read it")
+        raise _refuse(
+            meta,
+            f"names {tp.shown(odd[0], 80)}, not a class or dtype a DCP .metadata holds: dcp.load "
+            "cannot read it",
+        )
     bad = _odd_call(scan.root)
     if bad:
         raise _refuse(meta, f"{bad}: dcp.load cannot read it")
@@ -287,14 +332,14 @@ def _framing(data: bytes) -> str | None:
     Metadata in frames that follow each other (only a string or bytes value of 64 KB or more goes unframed, which
     no .metadata holds)."""
     if data[:1] != b"\x80" or len(data) < 2:
-        return None   # protocol 0/1: no PROTO, no frames (the symbolic read decides)
+        return None  # protocol 0/1: no PROTO, no frames (the symbolic read decides)
     if data[1] > 5:
         return f"pickle protocol {data[1]}: Python reads 0-5"
     at = 2
     while data[1] >= 4 and at < len(data) and data[at] == 0x95:
         if at + 9 > len(data):
             return "a FRAME record cut short"
-        at += 9 + int.from_bytes(data[at + 1:at + 9], "little")
+        at += 9 + int.from_bytes(data[at + 1 : at + 9], "little")
     if data[1] >= 4 and at != len(data):
         return f"its FRAME lengths end at byte {clip(at, 30)}, the pickle at {len(data)}"
     return None
@@ -351,13 +396,18 @@ class _Chunks:
 
     def locate(self, it: DcpItem) -> tuple[str, int, int]:
         if it.transformed:
-            raise _refuse(os.path.join(self.folder, ".metadata"), f"entry {tp.shown(it.fqn)} is transformed "
-                                                                 "(compressed or encrypted): not converted")
+            raise _refuse(
+                os.path.join(self.folder, ".metadata"),
+                f"entry {tp.shown(it.fqn)} is transformed (compressed or encrypted): not converted",
+            )
         path = _inside_file(self.folder, it.rel)
         size = os.fstat(self.files.get(path).fileno()).st_size
         if it.offset + it.length > size:
-            raise _refuse(path, f"entry {tp.shown(it.fqn)} needs bytes {clip(it.offset)}..{clip(it.offset)}+"
-                                f"{clip(it.length)}, the file holds {size}: truncated")
+            raise _refuse(
+                path,
+                f"entry {tp.shown(it.fqn)} needs bytes {clip(it.offset)}..{clip(it.offset)}+"
+                f"{clip(it.length)}, the file holds {size}: truncated",
+            )
         return path, it.offset, it.length
 
     def embedded(self, path: str, fqn: str, off: int, length: int) -> tuple[fc.ZipScan, str]:
@@ -378,8 +428,11 @@ class _Chunks:
         numel = ts._prod(sizes)
         if fh.read(4) != b"PK\x03\x04":
             if length != numel * item:
-                raise _refuse(path, f"entry {tp.shown(fqn)}: {length} bytes, {dtype}{clip(list(sizes))} needs "
-                                    f"{numel * item}")
+                raise _refuse(
+                    path,
+                    f"entry {tp.shown(fqn)}: {length} bytes, {dtype}{clip(list(sizes))} needs "
+                    f"{numel * item}",
+                )
             return path, off, 0
         z, order = self.embedded(path, fqn, off, length)
         refs = list(tp.walk_tensors(z.pickle.root if z.pickle else None))
@@ -387,7 +440,10 @@ class _Chunks:
             raise _refuse(path, f"entry {tp.shown(fqn)} holds {len(refs)} tensors, one expected")
         t = _zip_tensor(path, z, off, fqn, refs[0][1], order)
         if t.problem or t.dtype != dtype or tuple(t.shape) != tuple(sizes):
-            raise _refuse(path, f"entry {tp.shown(fqn)}: {t.problem or f'holds {t.dtype}{clip(list(t.shape))}, .metadata says {dtype}{clip(list(sizes))}'}")
+            raise _refuse(
+                path,
+                f"entry {tp.shown(fqn)}: {t.problem or f'holds {t.dtype}{clip(list(t.shape))}, .metadata says {dtype}{clip(list(sizes))}'}",
+            )
         return path, (t.pieces[0].src if t.pieces else off), t.swap
 
     def value(self, it: DcpItem) -> Any:
@@ -396,16 +452,24 @@ class _Chunks:
         path, off, length = self.locate(it)
         fh = self.files.get(path)
         fh.seek(off)
-        if fh.read(4) != b"PK\x03\x04":   # dcp.save writes every value with torch.save; dcp.load torch.loads it
-            raise _refuse(path, f"entry {tp.shown(fqn)} is not a torch archive at byte {off}: dcp.load cannot read it")
+        if (
+            fh.read(4) != b"PK\x03\x04"
+        ):  # dcp.save writes every value with torch.save; dcp.load torch.loads it
+            raise _refuse(
+                path,
+                f"entry {tp.shown(fqn)} is not a torch archive at byte {off}: dcp.load cannot read it",
+            )
         z, _order = self.embedded(path, fqn, off, length)
-        return plain(z.pickle.root if z.pickle else None, lambda t: Unsupported("a tensor inside a bytes entry"))
+        return plain(
+            z.pickle.root if z.pickle else None,
+            lambda t: Unsupported("a tensor inside a bytes entry"),
+        )
 
 
 def clip(v: Any, limit: int = 80) -> str:
     """A value from checkpoint content as printed in a one-line error: at most `limit` characters."""
     text = str(v)
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def runs(full: tuple, offsets: tuple, sizes: tuple, item: int) -> list[tuple[int, int, int]]:
@@ -416,7 +480,7 @@ def runs(full: tuple, offsets: tuple, sizes: tuple, item: int) -> list[tuple[int
     while j > 0 and sizes[j] == full[j] and offsets[j] == 0:
         j -= 1
     inner = item
-    for d in full[j + 1:]:
+    for d in full[j + 1 :]:
         inner *= d
     run = sizes[j] * inner if n else item
     strides = [0] * n
@@ -434,11 +498,11 @@ def runs(full: tuple, offsets: tuple, sizes: tuple, item: int) -> list[tuple[int
             idx.append(rest % d)
             rest //= d
         idx.reverse()
-        dst = sum((offsets[d] + idx[d]) * strides[d] for d in range(j)) + (offsets[j] * strides[j] if n else 0)
+        dst = sum((offsets[d] + idx[d]) * strides[d] for d in range(j)) + (
+            offsets[j] * strides[j] if n else 0
+        )
         out.append((flat * run, dst, run))
     return out
-
-
 
 
 def _set(root: dict, path: tuple, value: Any, where: str) -> None:
@@ -465,11 +529,14 @@ def _set(root: dict, path: tuple, value: Any, where: str) -> None:
             while len(cur) <= last:
                 cur.append(None)
         if isinstance(cur, (dict, list)) and (isinstance(cur, dict) or isinstance(last, int)):
-            if (last in cur if isinstance(cur, dict) else cur[last] is not None):
+            if last in cur if isinstance(cur, dict) else cur[last] is not None:
                 raise _refuse(where, f"planner_data puts two entries at {clip(list(path))}")
             cur[last] = value
             return
-    raise _refuse(where, f"planner_data path {clip(list(path))} nests under a value that is not a mapping or list")
+    raise _refuse(
+        where,
+        f"planner_data path {clip(list(path))} nests under a value that is not a mapping or list",
+    )
 
 
 def _odd_state(obj: tp.Call) -> str | None:
@@ -477,17 +544,41 @@ def _odd_state(obj: tp.Call) -> str | None:
     dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
     name = obj.name
     if name.endswith("._MEM_FORMAT_ENCODING"):
-        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in dcp.DCP_MEMORY_FORMATS
-        return None if ok else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
+        ok = (
+            len(obj.args) == 1
+            and type(obj.args[0]) is int
+            and obj.args[0] in dcp.DCP_MEMORY_FORMATS
+        )
+        return (
+            None
+            if ok
+            else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
+        )
     if not name.startswith(_DCP) or obj.state is None:
         return None
     if name != _STATE_IS_TUPLE:
-        return None if isinstance(obj.state, dict) else f"a {name.rsplit('.', 1)[-1]} whose state is not a mapping"
+        return (
+            None
+            if isinstance(obj.state, dict)
+            else f"a {name.rsplit('.', 1)[-1]} whose state is not a mapping"
+        )
     st = obj.state
-    ok = (isinstance(st, tuple) and len(st) == 5 and isinstance(st[0], tp.Global) and isinstance(st[1], tp.Call)
-          and st[1].name == "torch.serialization._get_layout" and type(st[2]) is bool and isinstance(st[3], tp.Call)
-          and st[3].name.endswith("._MEM_FORMAT_ENCODING") and type(st[4]) is bool)
-    return None if ok else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
+    ok = (
+        isinstance(st, tuple)
+        and len(st) == 5
+        and isinstance(st[0], tp.Global)
+        and isinstance(st[1], tp.Call)
+        and st[1].name == "torch.serialization._get_layout"
+        and type(st[2]) is bool
+        and isinstance(st[3], tp.Call)
+        and st[3].name.endswith("._MEM_FORMAT_ENCODING")
+        and type(st[4]) is bool
+    )
+    return (
+        None
+        if ok
+        else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
+    )
 
 
 def _check_bytes(folder: str, md: dcp.DcpMetadata) -> None:
@@ -495,13 +586,22 @@ def _check_bytes(folder: str, md: dcp.DcpMetadata) -> None:
     where = os.path.join(folder, ".metadata")
     for t in md.tensors:
         if len(t.size) > MAX_DIMS:
-            raise _refuse(where, f"entry {tp.shown(t.fqn)}: {len(t.size)} dimensions, torch allows {MAX_DIMS}")
+            raise _refuse(
+                where, f"entry {tp.shown(t.fqn)}: {len(t.size)} dimensions, torch allows {MAX_DIMS}"
+            )
     files = set(md.needed)
     held = sum(os.path.getsize(_inside_file(folder, rel)) for rel in files)
-    need = sum(ts._prod(c.sizes or ()) * tp.DTYPE_SIZE.get(t.dtype, 1) for t in md.tensors for c in t.chunks)
+    need = sum(
+        ts._prod(c.sizes or ()) * tp.DTYPE_SIZE.get(t.dtype, 1)
+        for t in md.tensors
+        for c in t.chunks
+    )
     if need > held:
-        raise _refuse(where, f"its chunks need {need} bytes, the data files hold {held}: truncated or not this "
-                             "checkpoint's .metadata")
+        raise _refuse(
+            where,
+            f"its chunks need {need} bytes, the data files hold {held}: truncated or not this "
+            "checkpoint's .metadata",
+        )
 
 
 def read_dcp(folder: str, verify: bool = True) -> Loaded:
@@ -527,13 +627,18 @@ def read_dcp(folder: str, verify: bool = True) -> Loaded:
         raise UsageError(oserror_line(exc, "read", exc.filename or folder)) from None
     finally:
         chunks.files.close()
-    return Loaded("dcp", tree, notes=chunks.notes, weights_key="model" if isinstance(tree.get("model"), dict) else None)
+    return Loaded(
+        "dcp",
+        tree,
+        notes=chunks.notes,
+        weights_key="model" if isinstance(tree.get("model"), dict) else None,
+    )
 
 
 def _dcp_tensor(chunks: _Chunks, md: dcp.DcpTensor) -> Tensor:
     fqn, size = md.fqn, md.size
     t = Tensor(fqn, md.dtype, tuple(size))
-    item = tp.DTYPE_SIZE[md.dtype]   # dcp_metadata takes only the dtypes DTYPE_SIZE holds
+    item = tp.DTYPE_SIZE[md.dtype]  # dcp_metadata takes only the dtypes DTYPE_SIZE holds
     where = os.path.join(chunks.folder, ".metadata")
     swaps = set()
     for c in md.chunks:
@@ -548,7 +653,9 @@ def _dcp_tensor(chunks: _Chunks, md: dcp.DcpTensor) -> Tensor:
         raise _refuse(where, f"the chunks of {tp.shown(fqn)} mix big- and little-endian archives")
     t.swap = swaps.pop() if swaps else 0
     if t.swap and not chunks.notes:
-        chunks.notes.append("big-endian chunks (byteorder record \"big\"): byte-swapped to little-endian, as "
-                            "torch.load reads them")
+        chunks.notes.append(
+            'big-endian chunks (byteorder record "big"): byte-swapped to little-endian, as '
+            "torch.load reads them"
+        )
     t.check_tiling()
     return t

@@ -17,7 +17,7 @@ import struct
 from typing import Any, BinaryIO
 
 from checkpoint_strategy.formats import safepickle as tp
-from checkpoint_strategy.formats.archive import crc32   # ISA-L's CRC-32 when installed, else zlib's
+from checkpoint_strategy.formats.archive import crc32  # ISA-L's CRC-32 when installed, else zlib's
 
 #: torch dtype name -> the legacy storage class torch.save names for it
 STORAGE_CLASS = {d: c for c, d in tp.STORAGE_DTYPE.items() if c != "UntypedStorage"}
@@ -55,6 +55,7 @@ class Obj:
 
 # --------------------------------------------------------------------------- pickle (protocol 2, plain opcodes)
 
+
 def _global(module: str, name: str) -> bytes:
     return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
 
@@ -85,9 +86,20 @@ def _tensor(t: TensorLeaf) -> bytes:
     for d in reversed(t.shape):
         stride.append(acc)
         acc *= d
-    pid = _tuple([_str("storage"), _global("torch", cls), _str(t.key), _str("cpu"), _int(t.numel)]) + b"Q"
-    args = _tuple([pid, _int(0), _tuple([_int(d) for d in t.shape]), _tuple([_int(s) for s in reversed(stride)]),
-                   b"\x89", _global("collections", "OrderedDict") + b")R"])
+    pid = (
+        _tuple([_str("storage"), _global("torch", cls), _str(t.key), _str("cpu"), _int(t.numel)])
+        + b"Q"
+    )
+    args = _tuple(
+        [
+            pid,
+            _int(0),
+            _tuple([_int(d) for d in t.shape]),
+            _tuple([_int(s) for s in reversed(stride)]),
+            b"\x89",
+            _global("collections", "OrderedDict") + b")R",
+        ]
+    )
     return _global("torch._utils", "_rebuild_tensor_v2") + args + b"R"
 
 
@@ -113,13 +125,21 @@ def _value(v: Any, depth: int = 0) -> bytes:  # noqa: C901 - one branch per valu
     if isinstance(v, str):
         return _str(v)
     if isinstance(v, (bytes, bytearray)):
-        return _global("_codecs", "encode") + _tuple([_str(bytes(v).decode("latin-1")), _str("latin1")]) + b"R"
+        return (
+            _global("_codecs", "encode")
+            + _tuple([_str(bytes(v).decode("latin-1")), _str("latin1")])
+            + b"R"
+        )
     if isinstance(v, tuple):
         return _tuple([_value(x, depth + 1) for x in v])
     if isinstance(v, list):
         return b"](" + b"".join(_value(x, depth + 1) for x in v) + b"e"
     if isinstance(v, dict):
-        return b"}(" + b"".join(_value(k, depth + 1) + _value(x, depth + 1) for k, x in v.items()) + b"u"
+        return (
+            b"}("
+            + b"".join(_value(k, depth + 1) + _value(x, depth + 1) for k, x in v.items())
+            + b"u"
+        )
     raise ValueError(f"cannot write a {type(v).__name__} value")
 
 
@@ -131,6 +151,7 @@ def pickle_bytes(tree: Any) -> bytes:
 
 # --------------------------------------------------------------------------- zip (stored entries, streamed)
 
+
 class ZipWriter:
     """Stored zip entries written to `fh` from its current position (`base`: the archive's own offset 0,
     so an archive embedded in a DCP .distcp file reads as a whole when sliced out)."""
@@ -139,7 +160,7 @@ class ZipWriter:
         self.fh = fh
         self.base = fh.tell()
         self.prefix = prefix
-        self.entries: list[tuple[bytes, int, int, int]] = []   # name, crc, size, local header offset
+        self.entries: list[tuple[bytes, int, int, int]] = []  # name, crc, size, local header offset
         self._open: tuple[bytes, int, int, int] | None = None
         self.crc = 0
 
@@ -153,9 +174,25 @@ class ZipWriter:
         z64 = size >= _Z64
         extra = struct.pack("<HHQQ", 1, 16, size, size) if z64 else b""
         pad = (-(at + 30 + len(raw) + len(extra) + 4)) % ALIGN
-        extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad   # torch's "FB" padding record
-        self.fh.write(struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 45 if z64 else 20, 0, 0, 0, 0x21, 0,
-                                  _Z64 if z64 else size, _Z64 if z64 else size, len(raw), len(extra)) + raw + extra)
+        extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # torch's "FB" padding record
+        self.fh.write(
+            struct.pack(
+                "<4sHHHHHIIIHH",
+                b"PK\x03\x04",
+                45 if z64 else 20,
+                0,
+                0,
+                0,
+                0x21,
+                0,
+                _Z64 if z64 else size,
+                _Z64 if z64 else size,
+                len(raw),
+                len(extra),
+            )
+            + raw
+            + extra
+        )
         self._open = (raw, size, at, self._pos())
         self.crc = 0
 
@@ -166,7 +203,9 @@ class ZipWriter:
     def end(self) -> None:
         raw, size, at, start = self._open  # type: ignore[misc]
         if self._pos() - start != size:
-            raise ValueError(f"entry {raw.decode()} got {self._pos() - start} bytes, {size} declared")
+            raise ValueError(
+                f"entry {raw.decode()} got {self._pos() - start} bytes, {size} declared"
+            )
         here = self.fh.tell()
         self.fh.seek(self.base + at + 14)
         self.fh.write(struct.pack("<I", self.crc))
@@ -185,17 +224,46 @@ class ZipWriter:
         cd = bytearray()
         for raw, crc, size, at in self.entries:
             z64 = [v for v in (size, size, at) if v >= _Z64] if (size >= _Z64 or at >= _Z64) else []
-            extra = struct.pack("<HH", 1, 8 * len(z64)) + b"".join(struct.pack("<Q", v) for v in z64) if z64 else b""
-            cd += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45 if z64 else 20, 45 if z64 else 20, 0, 0, 0,
-                              0x21, crc, _Z64 if size >= _Z64 else size, _Z64 if size >= _Z64 else size,
-                              len(raw), len(extra), 0, 0, 0, 0, _Z64 if at >= _Z64 else at) + raw + extra
+            extra = (
+                struct.pack("<HH", 1, 8 * len(z64)) + b"".join(struct.pack("<Q", v) for v in z64)
+                if z64
+                else b""
+            )
+            cd += (
+                struct.pack(
+                    "<4sHHHHHHIIIHHHHHII",
+                    b"PK\x01\x02",
+                    45 if z64 else 20,
+                    45 if z64 else 20,
+                    0,
+                    0,
+                    0,
+                    0x21,
+                    crc,
+                    _Z64 if size >= _Z64 else size,
+                    _Z64 if size >= _Z64 else size,
+                    len(raw),
+                    len(extra),
+                    0,
+                    0,
+                    0,
+                    0,
+                    _Z64 if at >= _Z64 else at,
+                )
+                + raw
+                + extra
+            )
         self.fh.write(cd)
         end_at = self._pos()
         n = len(self.entries)
         if n >= 0xFFFF or cd_at >= _Z64 or len(cd) >= _Z64 or end_at >= _Z64:
-            self.fh.write(struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n, len(cd), cd_at))
+            self.fh.write(
+                struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n, len(cd), cd_at)
+            )
             self.fh.write(struct.pack("<4sIQI", b"PK\x06\x07", 0, end_at, 1))
-            self.fh.write(struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, _Z64, _Z64, 0))
+            self.fh.write(
+                struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, _Z64, _Z64, 0)
+            )
         else:
             self.fh.write(struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, n, n, len(cd), cd_at, 0))
         return self._pos()

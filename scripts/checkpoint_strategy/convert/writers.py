@@ -11,15 +11,15 @@ import hashlib
 import json
 import os
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, BinaryIO
 
-from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import torchzip as tz
 from checkpoint_strategy.convert.pieces import CHUNK, Files, Tensor, stream, tensors
 from checkpoint_strategy.errors import UsageError
-from concurrent.futures import ThreadPoolExecutor
+from checkpoint_strategy.formats import safepickle as tp
 
 ST_CODE = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
            "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",

@@ -24,11 +24,11 @@ import math
 import os
 from typing import Any
 
-from checkpoint_strategy.formats import deepspeed as ds
-from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.convert import readers
 from checkpoint_strategy.convert.pieces import Loaded, Piece, Tensor
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import deepspeed as ds
+from checkpoint_strategy.formats import safepickle as tp
 
 F32 = 4
 
@@ -44,7 +44,7 @@ def is_zero_folder(src: str, names: set[str]) -> bool:
         tag = _step_folder(src)
         return tag != src and any(ds.zero_shard(n, "optim") for n in os.listdir(tag))
     except readers.Outside:
-        raise   # a tag leading out of src: refused, never followed
+        raise  # a tag leading out of src: refused, never followed
     except (OSError, UsageError):
         return False
 
@@ -53,7 +53,7 @@ class _Flat:
     """A virtual flat fp32 vector made of consecutive byte ranges (partitions of several files)."""
 
     def __init__(self) -> None:
-        self.parts: list[tuple[str, int, int, int]] = []   # (path, src, start element, elements)
+        self.parts: list[tuple[str, int, int, int]] = []  # (path, src, start element, elements)
         self.numel = 0
 
     def add(self, t: Tensor, elements: int | None = None) -> None:
@@ -67,7 +67,9 @@ class _Flat:
         for path, src, first, n in self.parts:
             lo, hi = max(start, first), min(start + count, first + n)
             if lo < hi:
-                out.append(Piece(path, src + (lo - first) * F32, dst + (lo - start) * F32, (hi - lo) * F32))
+                out.append(
+                    Piece(path, src + (lo - first) * F32, dst + (lo - start) * F32, (hi - lo) * F32)
+                )
         return out
 
 
@@ -77,14 +79,18 @@ def _ranked(src: str, names: set[str], kind: str) -> list[str]:
         m = ds.zero_shard(n, kind)
         if m:
             if m[1] != 0:
-                raise UsageError(f"{src}: {n}: tensor-parallel ZeRO (mp_rank > 0) is not converted; "
-                                 "consolidate with Megatron/DeepSpeed's own tools")
+                raise UsageError(
+                    f"{src}: {n}: tensor-parallel ZeRO (mp_rank > 0) is not converted; "
+                    "consolidate with Megatron/DeepSpeed's own tools"
+                )
             found[m[0]] = readers.within(src, n, src)
     ranks = sorted(found)
     if ranks != list(range(len(ranks))):
         missing = sorted(set(range(max(ranks) + 1)) - set(ranks)) if ranks else [0]
-        raise UsageError(f"{src}: the files of data-parallel rank(s) {missing} are missing: a ZeRO checkpoint "
-                         "needs every rank's partition")
+        raise UsageError(
+            f"{src}: the files of data-parallel rank(s) {missing} are missing: a ZeRO checkpoint "
+            "needs every rank's partition"
+        )
     return [found[r] for r in ranks]
 
 
@@ -109,24 +115,35 @@ def read_zero(src: str) -> Loaded:
     names = set(os.listdir(src))
     optim_files = _ranked(src, names, "optim")
     if not optim_files:
-        raise UsageError(f"{src}: no *_optim_states.pt: the fp32 weights of a ZeRO checkpoint live in the "
-                         "optimizer partitions (a model-states-only save cannot be consolidated)")
+        raise UsageError(
+            f"{src}: no *_optim_states.pt: the fp32 weights of a ZeRO checkpoint live in the "
+            "optimizer partitions (a model-states-only save cannot be consolidated)"
+        )
     optims = [_little_endian(readers.read_zip(p), p).tree for p in optim_files]
     model_path = os.path.join(src, ds.MODEL_STATES)
     if not os.path.exists(model_path):
         model_files = _ranked(src, names, "model")
         model_path = model_files[0] if model_files else model_path
-    model = _dict(_little_endian(readers.read_zip(readers.within(src, os.path.basename(model_path), src)),
-                                 model_path).tree, "model states", model_path)
+    model = _dict(
+        _little_endian(
+            readers.read_zip(readers.within(src, os.path.basename(model_path), src)), model_path
+        ).tree,
+        "model states",
+        model_path,
+    )
     stage = _stage(model, optims[0])
-    osds = [_dict(o.get("optimizer_state_dict"), "optimizer_state_dict", p) for o, p in zip(optims, optim_files,
-                                                                                            strict=True)]
+    osds = [
+        _dict(o.get("optimizer_state_dict"), "optimizer_state_dict", p)
+        for o, p in zip(optims, optim_files, strict=True)
+    ]
     shapes = model.get("param_shapes")
     if not isinstance(shapes, list) or not all(isinstance(g, dict) for g in shapes):
         raise UsageError(f"{model_path}: no param_shapes list (not a ZeRO model states file?)")
     world = _world(osds, optim_files)
-    notes = [f"DeepSpeed ZeRO-{stage}, {world} data-parallel rank(s): fp32 master weights consolidated as "
-             "zero_to_fp32 does"]
+    notes = [
+        f"DeepSpeed ZeRO-{stage}, {world} data-parallel rank(s): fp32 master weights consolidated as "
+        "zero_to_fp32 does"
+    ]
     if stage <= 2:
         weights, optimizer = _zero12(src, osds, shapes, world, notes)
     else:
@@ -138,8 +155,10 @@ def read_zero(src: str) -> Loaded:
 
 def _little_endian(loaded: Loaded, path: str) -> Loaded:
     if loaded.byteorder != "little":
-        raise UsageError(f"{path}: a big-endian DeepSpeed file (byteorder record \"big\"): not consolidated here; "
-                         "load it with DeepSpeed")
+        raise UsageError(
+            f'{path}: a big-endian DeepSpeed file (byteorder record "big"): not consolidated here; '
+            "load it with DeepSpeed"
+        )
     return loaded
 
 
@@ -149,7 +168,11 @@ def _step_folder(src: str) -> str:
     if not any(ds.zero_shard(n, "optim") for n in os.listdir(src)) and os.path.isfile(latest):
         from checkpoint_strategy.storage import read_bytes
 
-        tag = read_bytes(latest, "DeepSpeed latest file", limit=4096).decode("utf-8", "replace").strip()
+        tag = (
+            read_bytes(latest, "DeepSpeed latest file", limit=4096)
+            .decode("utf-8", "replace")
+            .strip()
+        )
         if not tag or "/" in tag or tag in (".", ".."):
             raise UsageError(f"{latest}: names no tag folder")
         return readers.within(src, tag, latest)
@@ -162,14 +185,18 @@ def _world(osds: list[dict], files: list[str]) -> int:
     if type(world) is not int or world < 1:
         raise UsageError(f"{files[0]}: no partition_count: not a ZeRO optimizer partition")
     if world != len(files):
-        raise UsageError(f"{os.path.dirname(files[0])}: {len(files)} *_optim_states.pt files, partition_count says "
-                         f"{world}: a rank's save is missing or left from another run")
+        raise UsageError(
+            f"{os.path.dirname(files[0])}: {len(files)} *_optim_states.pt files, partition_count says "
+            f"{world}: a rank's save is missing or left from another run"
+        )
     return world
 
 
 def _tensor_list(osd: dict, key: str, where: str) -> list[Tensor]:
     groups = osd.get(key)
-    if not isinstance(groups, list) or not all(isinstance(t, Tensor) and t.dtype == "float32" for t in groups):
+    if not isinstance(groups, list) or not all(
+        isinstance(t, Tensor) and t.dtype == "float32" for t in groups
+    ):
         raise UsageError(f"{where}: no float32 {key}: not a ZeRO partition this converter reads")
     for t in groups:
         if t.problem:
@@ -183,11 +210,15 @@ def _shape(v: Any) -> tuple:
     raise UsageError(f"param_shapes holds {tp.shown(str(v))[:60]}, not a shape")
 
 
-def _zero12(src: str, osds: list[dict], shapes: list[dict], world: int, notes: list[str]) -> tuple[list[Tensor], dict | None]:
+def _zero12(
+    src: str, osds: list[dict], shapes: list[dict], world: int, notes: list[str]
+) -> tuple[list[Tensor], dict | None]:
     parts = [_tensor_list(o, "single_partition_of_fp32_groups", src) for o in osds]
     if len({len(p) for p in parts}) != 1 or len(parts[0]) != len(shapes):
-        raise UsageError(f"{src}: the ranks' fp32 partitions hold {[len(p) for p in parts]} groups, param_shapes "
-                         f"{len(shapes)}")
+        raise UsageError(
+            f"{src}: the ranks' fp32 partitions hold {[len(p) for p in parts]} groups, param_shapes "
+            f"{len(shapes)}"
+        )
     paddings = osds[0].get("param_alignment_paddings")
     weights: list[Tensor] = []
     moments: dict[str, dict] = {}
@@ -202,8 +233,10 @@ def _zero12(src: str, osds: list[dict], shapes: list[dict], world: int, notes: l
             weights.append(Tensor(name, "float32", shape, flat.slice(start, numel)))
         got = _group_moments(osds, parts, g, spans, world)
         if got is None:
-            notes.append(f"parameter group {g}: no exp_avg/exp_avg_sq partitions: its optimizer moments are not "
-                         "converted")
+            notes.append(
+                f"parameter group {g}: no exp_avg/exp_avg_sq partitions: its optimizer moments are not "
+                "converted"
+            )
             continue
         moments.update(got[0])
         groups.append(got[1])
@@ -212,7 +245,9 @@ def _zero12(src: str, osds: list[dict], shapes: list[dict], world: int, notes: l
     return weights, {"state": moments, "param_groups": groups}
 
 
-def _spans(src: str, group_shapes: dict, avail: int, pads: Any, world: int) -> list[tuple[str, tuple, int, int]]:
+def _spans(
+    src: str, group_shapes: dict, avail: int, pads: Any, world: int
+) -> list[tuple[str, tuple, int, int]]:
     out, offset = [], 0
     for i, (name, shape) in enumerate(group_shapes.items()):
         shape = _shape(shape)
@@ -223,19 +258,24 @@ def _spans(src: str, group_shapes: dict, avail: int, pads: Any, world: int) -> l
             offset += pads[i]
     align = 2 * world
     if math.ceil(offset / align) * align != math.ceil(avail / align) * align:
-        raise UsageError(f"{src}: the parameters need {offset} fp32 values, the rank partitions hold {avail}: "
-                         "param_shapes and the partitions do not match (a rank file from another save?)")
+        raise UsageError(
+            f"{src}: the parameters need {offset} fp32 values, the rank partitions hold {avail}: "
+            "param_shapes and the partitions do not match (a rank file from another save?)"
+        )
     return out
 
 
-def _group_moments(osds: list[dict], parts: list[list[Tensor]], g: int, spans: list, world: int
-                   ) -> tuple[dict, dict] | None:
+def _group_moments(
+    osds: list[dict], parts: list[list[Tensor]], g: int, spans: list, world: int
+) -> tuple[dict, dict] | None:
     states = []
     for o in osds:
         base = o.get("base_optimizer_state")
         st = base.get("state") if isinstance(base, dict) else None
         st = st.get(g) if isinstance(st, dict) else None
-        if not isinstance(st, dict) or not all(isinstance(st.get(k), Tensor) for k in ("exp_avg", "exp_avg_sq")):
+        if not isinstance(st, dict) or not all(
+            isinstance(st.get(k), Tensor) for k in ("exp_avg", "exp_avg_sq")
+        ):
             return None
         states.append(st)
     out: dict[str, dict] = {}
@@ -247,8 +287,10 @@ def _group_moments(osds: list[dict], parts: list[list[Tensor]], g: int, spans: l
         flats[key] = flat
     step = states[0].get("step")
     for name, shape, start, numel in spans:
-        entry: dict[str, Any] = {k: Tensor(f"{name}.{k}", "float32", shape, flats[k].slice(start, numel))
-                                 for k in ("exp_avg", "exp_avg_sq")}
+        entry: dict[str, Any] = {
+            k: Tensor(f"{name}.{k}", "float32", shape, flats[k].slice(start, numel))
+            for k in ("exp_avg", "exp_avg_sq")
+        }
         if isinstance(step, Tensor) or isinstance(step, (int, float)):
             entry["step"] = step
         out[name] = entry
@@ -259,8 +301,9 @@ def _group_moments(osds: list[dict], parts: list[list[Tensor]], g: int, spans: l
     return out, group
 
 
-def _zero3(src: str, osds: list[dict], shapes: list[dict], world: int, notes: list[str]
-           ) -> tuple[list[Tensor], dict | None]:
+def _zero3(
+    src: str, osds: list[dict], shapes: list[dict], world: int, notes: list[str]
+) -> tuple[list[Tensor], dict | None]:
     groups = [_tensor_list(o, "fp32_flat_groups", src) for o in osds]
     flats = [_flat(g) for g in groups]
     spans, offset = [], 0
@@ -270,18 +313,27 @@ def _zero3(src: str, osds: list[dict], shapes: list[dict], world: int, notes: li
             spans.append((str(name), shape, offset, math.prod(shape)))
             offset += math.ceil(math.prod(shape) / world)
     if offset != flats[0].numel:
-        raise UsageError(f"{src}: the parameters take {offset} values per rank, the fp32 flat groups hold "
-                         f"{flats[0].numel}: param_shapes and the partitions do not match")
-    weights = [Tensor(name, "float32", shape, _gather3(flats, start, numel, world)) for name, shape, start, numel in spans]
+        raise UsageError(
+            f"{src}: the parameters take {offset} values per rank, the fp32 flat groups hold "
+            f"{flats[0].numel}: param_shapes and the partitions do not match"
+        )
+    weights = [
+        Tensor(name, "float32", shape, _gather3(flats, start, numel, world))
+        for name, shape, start, numel in spans
+    ]
     moments = _moments3(osds, groups)
     if moments is None:
-        notes.append("ZeRO-3 optimizer moments not found in the partitions' optimizer_state_dict: weights only")
+        notes.append(
+            "ZeRO-3 optimizer moments not found in the partitions' optimizer_state_dict: weights only"
+        )
         return weights, None
     flat_m, step, group = moments
     state = {}
     for name, shape, start, numel in spans:
-        entry: dict[str, Any] = {k: Tensor(f"{name}.{k}", "float32", shape, _gather3(flat_m[k], start, numel, world))
-                                 for k in ("exp_avg", "exp_avg_sq")}
+        entry: dict[str, Any] = {
+            k: Tensor(f"{name}.{k}", "float32", shape, _gather3(flat_m[k], start, numel, world))
+            for k in ("exp_avg", "exp_avg_sq")
+        }
         if step is not None:
             entry["step"] = step
         state[name] = entry
@@ -318,8 +370,11 @@ def _moments3(osds: list[dict], groups: list[list[Tensor]]) -> tuple[dict, Any, 
         if not isinstance(state, dict):
             return None
         subs = [state.get(i) for i in range(len(mine))]
-        if not all(isinstance(sg, dict) and all(isinstance(sg.get(k), Tensor) and sg[k].numel == t.numel
-                                                for k in flats) for sg, t in zip(subs, mine, strict=True)):
+        if not all(
+            isinstance(sg, dict)
+            and all(isinstance(sg.get(k), Tensor) and sg[k].numel == t.numel for k in flats)
+            for sg, t in zip(subs, mine, strict=True)
+        ):
             return None
         for k in flats:
             flats[k].append(_flat([sg[k] for sg in subs]))  # type: ignore[index]
@@ -339,23 +394,29 @@ def _buffers_and_shared(model: dict, weights: list[Tensor], notes: list[str]) ->
         for name in buffers:
             t = module.get(name)
             if str(name) in params:
-                raise UsageError(f"buffer_names lists {tp.shown(str(name))}, which is also a parameter's name: one "
-                                 "would replace the other; not converted")
+                raise UsageError(
+                    f"buffer_names lists {tp.shown(str(name))}, which is also a parameter's name: one "
+                    "would replace the other; not converted"
+                )
             if isinstance(t, Tensor):
                 out.append(Tensor(str(name), t.dtype, t.shape, list(t.pieces), t.problem))
     frozen = model.get("frozen_param_shapes")
     if isinstance(frozen, dict) and frozen:
-        notes.append(f"{len(frozen)} frozen parameter(s) are not converted (zero_to_fp32 reads them from "
-                     "frozen_param_fragments)")
+        notes.append(
+            f"{len(frozen)} frozen parameter(s) are not converted (zero_to_fp32 reads them from "
+            "frozen_param_fragments)"
+        )
     shared = model.get("shared_params")
     by_name = {t.name: t for t in weights + out}
     if isinstance(shared, dict):
         for name, twin in shared.items():
             t = by_name.get(twin)
             if isinstance(name, str) and name in by_name:
-                raise UsageError(f"shared_params names {tp.shown(name)} as a copy of {tp.shown(str(twin))}, but "
-                                 f"{tp.shown(name)} is a parameter or buffer of its own: one would replace the other; "
-                                 "not converted")
+                raise UsageError(
+                    f"shared_params names {tp.shown(name)} as a copy of {tp.shown(str(twin))}, but "
+                    f"{tp.shown(name)} is a parameter or buffer of its own: one would replace the other; "
+                    "not converted"
+                )
             if isinstance(name, str) and t is not None:
                 out.append(Tensor(name, t.dtype, t.shape, list(t.pieces)))
     return out

@@ -15,9 +15,9 @@ import importlib
 from typing import Optional
 
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.export.common import resolve_version, schedule_of
 from checkpoint_strategy.export.models import ExportReport
 from checkpoint_strategy.planning.models import PlanReport
-from checkpoint_strategy.export.common import resolve_version, schedule_of
 from checkpoint_strategy.render import render_template, to_json
 
 FRAMEWORKS = ("hf", "lightning", "orbax", "torchtitan", "megatron", "deepspeed")
@@ -26,7 +26,9 @@ OUTPUTS = ("text", "json", "python", "toml", "args")
 
 def _module(framework: str):
     if framework not in FRAMEWORKS:
-        raise UsageError(f"unknown framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
+        raise UsageError(
+            f"unknown framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}"
+        )
     return importlib.import_module(f"checkpoint_strategy.export.{framework}")
 
 
@@ -37,10 +39,17 @@ def export_plan(report: PlanReport, framework: str, version: Optional[str] = Non
     resolved = resolve_version(framework, mod.SPEC, version)
     settings, gaps, warnings = mod.build(report, schedule, resolved.key)
     return ExportReport(
-        framework=framework, package=resolved.package, framework_version=resolved.key,
-        version_source=resolved.source, version_note=resolved.note, schedule=schedule,
-        settings=settings, not_expressible=gaps, warnings=resolved.warnings + warnings,
-        sources=list(mod.SOURCES))
+        framework=framework,
+        package=resolved.package,
+        framework_version=resolved.key,
+        version_source=resolved.source,
+        version_note=resolved.note,
+        schedule=schedule,
+        settings=settings,
+        not_expressible=gaps,
+        warnings=resolved.warnings + warnings,
+        sources=list(mod.SOURCES),
+    )
 
 
 def formats_for(export: ExportReport) -> tuple[str, ...]:
@@ -50,8 +59,10 @@ def formats_for(export: ExportReport) -> tuple[str, ...]:
 def render_export(export: ExportReport, fmt: str) -> str:
     allowed = formats_for(export)
     if fmt not in allowed:
-        raise UsageError(f"--format {fmt} is not available for {export.framework} "
-                         f"{export.framework_version}: expected one of {', '.join(allowed)}")
+        raise UsageError(
+            f"--format {fmt} is not available for {export.framework} "
+            f"{export.framework_version}: expected one of {', '.join(allowed)}"
+        )
     if fmt == "json":
         return to_json(export.model_dump(mode="json"))
     if fmt == "text":

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Optional
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Optional
 
+from checkpoint_strategy import storage
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export.models import Schedule
 from checkpoint_strategy.planning.models import MAX_STEPS, PlanReport
-from checkpoint_strategy import storage
 from checkpoint_strategy.planning.planfile import report_from_data
 from checkpoint_strategy.planning.planner import saved_steps_tail
-from importlib import metadata
 
-MAX_KEEP_LAST = 100000      # the plan's own bound on --keep-last
-MAX_MILESTONES = 100000     # a plan file with more milestones than this is not a plan
+MAX_KEEP_LAST = 100000  # the plan's own bound on --keep-last
+MAX_MILESTONES = 100000  # a plan file with more milestones than this is not a plan
 
 CALLBACK_HF = "checkpoint_strategy.callbacks.HFCheckpointStrategy"
 CALLBACK_LIGHTNING = "checkpoint_strategy.callbacks.LightningCheckpointStrategy"
@@ -25,27 +25,42 @@ VALIDATE_API = "checkpoint_strategy.validate.validate_checkpoint(path)"
 
 # --------------------------------------------------------------------------- schedule
 
+
 def schedule_of(report: PlanReport) -> Schedule:
     """The plan in steps. Bad numbers in a hand-edited plan file are bad input (exit 2)."""
     total, every, keep = report.total_steps, report.frequency_steps, report.keep_last
     if not 1 <= total <= MAX_STEPS:
-        raise UsageError(f"plan: total_steps {total} is out of range: expected 1 to {MAX_STEPS:.0e}")
+        raise UsageError(
+            f"plan: total_steps {total} is out of range: expected 1 to {MAX_STEPS:.0e}"
+        )
     if not 1 <= every <= total:
-        raise UsageError(f"plan: frequency_steps {every} is out of range: expected 1 to total_steps {total}")
+        raise UsageError(
+            f"plan: frequency_steps {every} is out of range: expected 1 to total_steps {total}"
+        )
     if not 1 <= keep <= MAX_KEEP_LAST:
         raise UsageError(f"plan: keep_last {keep} is out of range: expected 1 to {MAX_KEEP_LAST}")
     milestones = report.milestone_steps
     if len(milestones) > MAX_MILESTONES:
-        raise UsageError(f"plan: {len(milestones)} milestone steps: expected at most {MAX_MILESTONES}")
+        raise UsageError(
+            f"plan: {len(milestones)} milestone steps: expected at most {MAX_MILESTONES}"
+        )
     bad = [m for m in milestones if not 1 <= m <= total]
     if bad:
-        raise UsageError(f"plan: milestone step {bad[0]} is outside the run: expected 1 to total_steps {total}")
+        raise UsageError(
+            f"plan: milestone step {bad[0]} is outside the run: expected 1 to total_steps {total}"
+        )
     milestones = sorted(set(milestones))
     extra = sorted({m for m in milestones if m % every} | ({total} if total % every else set()))
     return Schedule(
-        total_steps=total, every_steps=every, extra_save_steps=extra, keep_last=keep,
-        keep_steps=milestones, periodic_milestones=periodic(milestones, total),
-        save_optimizer=report.policy.save_optimizer, async_save=report.policy.async_save)
+        total_steps=total,
+        every_steps=every,
+        extra_save_steps=extra,
+        keep_last=keep,
+        keep_steps=milestones,
+        periodic_milestones=periodic(milestones, total),
+        save_optimizer=report.policy.save_optimizer,
+        async_save=report.policy.async_save,
+    )
 
 
 def periodic(milestones: list[int], total: int) -> Optional[int]:
@@ -64,7 +79,9 @@ def grid_saves(s: Schedule) -> list[int]:
     """Every step the plan saves at (multiples of every_steps, off-grid milestones, the final step).
 
     For tests and small runs: the list has total_steps / every_steps entries."""
-    return sorted(set(range(s.every_steps, s.total_steps + 1, s.every_steps)) | set(s.extra_save_steps))
+    return sorted(
+        set(range(s.every_steps, s.total_steps + 1, s.every_steps)) | set(s.extra_save_steps)
+    )
 
 
 def final_window(s: Schedule) -> list[int]:
@@ -93,14 +110,15 @@ def steps_text(steps: list[int], limit: int = 8) -> str:
 
 # --------------------------------------------------------------------------- versions
 
+
 @dataclass(frozen=True)
 class VersionSpec:
     """Which distributions carry the framework and which versions the exporter knows."""
 
     packages: tuple[str, ...]
-    known: tuple[str, ...]                 # oldest first; the last is "newest known"
+    known: tuple[str, ...]  # oldest first; the last is "newest known"
     key_of: Callable[[str], Optional[str]]
-    what: str                              # how a version is spelled, for messages
+    what: str  # how a version is spelled, for messages
 
 
 @dataclass
@@ -148,36 +166,60 @@ def resolve_version(framework: str, spec: VersionSpec, given: Optional[str]) -> 
     known = ", ".join(spec.known)
     if given is not None:
         if not _SAFE_VERSION.fullmatch(str(given)):
-            raise UsageError(f"--framework-version {str(given)[:40]!r} is not a version number: expected "
-                             f"{spec.what} {known}, e.g. {spec.known[-1]}")
+            raise UsageError(
+                f"--framework-version {str(given)[:40]!r} is not a version number: expected "
+                f"{spec.what} {known}, e.g. {spec.known[-1]}"
+            )
         key = spec.key_of(str(given))
         if key is None or key not in spec.known:
-            raise UsageError(f"--framework-version {given!r} is not a {framework} version this exporter knows: "
-                             f"expected {spec.what} {known}")
+            raise UsageError(
+                f"--framework-version {given!r} is not a {framework} version this exporter knows: "
+                f"expected {spec.what} {known}"
+            )
         warnings = []
         if inst is not None and spec.key_of(inst) != key:
-            warnings.append(f"{dist} {inst} is installed here, but the settings are written for {key} "
-                            "as --framework-version asked")
-        return Resolved(key, dist or spec.packages[0], "--framework-version",
-                        f"written for {spec.packages[0]} {key} (--framework-version {given})", warnings)
+            warnings.append(
+                f"{dist} {inst} is installed here, but the settings are written for {key} "
+                "as --framework-version asked"
+            )
+        return Resolved(
+            key,
+            dist or spec.packages[0],
+            "--framework-version",
+            f"written for {spec.packages[0]} {key} (--framework-version {given})",
+            warnings,
+        )
     if inst is not None:
         assert dist is not None, "installed_version names the distribution it read"
         key = spec.key_of(inst)
         if key in spec.known:
-            return Resolved(key, dist, "installed", f"written for {dist} {key} (installed here: {inst})")
+            return Resolved(
+                key, dist, "installed", f"written for {dist} {key} (installed here: {inst})"
+            )
         newest = spec.known[-1]
-        return Resolved(newest, dist, "newest known",
-                        f"written for {dist} {newest}, the newest known ({dist} {inst} is installed but not "
-                        f"a version this exporter knows)",
-                        [f"{dist} {inst} is not a known version ({known}): the option names were checked "
-                         f"against {newest}; verify them, or pass --framework-version"])
+        return Resolved(
+            newest,
+            dist,
+            "newest known",
+            f"written for {dist} {newest}, the newest known ({dist} {inst} is installed but not "
+            f"a version this exporter knows)",
+            [
+                f"{dist} {inst} is not a known version ({known}): the option names were checked "
+                f"against {newest}; verify them, or pass --framework-version"
+            ],
+        )
     newest = spec.known[-1]
-    return Resolved(newest, spec.packages[0], "newest known",
-                    f"written for {spec.packages[0]} {newest}, the newest known ({' / '.join(spec.packages)} "
-                    "is not installed here; pass --framework-version to choose)")
+    return Resolved(
+        newest,
+        spec.packages[0],
+        "newest known",
+        f"written for {spec.packages[0]} {newest}, the newest known ({' / '.join(spec.packages)} "
+        "is not installed here; pass --framework-version to choose)",
+    )
 
 
 # --------------------------------------------------------------------------- plan file
+
 
 def load_plan_file(path: str) -> PlanReport:
     """The JSON `plan --format json` prints (a file, or '-' for stdin), checked against plan.schema.json."""

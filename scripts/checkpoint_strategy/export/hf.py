@@ -33,19 +33,24 @@ def build(report, s, version: str):
     gaps_: list[NotExpressible] = []
     lost = milestones_lost_by_window(s)
     if lost:
-        gaps_.append(NotExpressible(
-            item="keep_milestone",
-            reason=f"save_total_limit keeps only the newest N checkpoints and the Trainer saves only every "
-                   f"save_steps: milestones {steps_text(lost)} would be deleted or never written",
-            instead=f"add {CALLBACK_HF} to Trainer(callbacks=[...]); it saves the milestones and prunes around "
-                    f"them, so save_total_limit is left unset here. Without the callback, set "
-                    f"save_total_limit={s.keep_last} and lose those milestones"))
+        gaps_.append(
+            NotExpressible(
+                item="keep_milestone",
+                reason=f"save_total_limit keeps only the newest N checkpoints and the Trainer saves only every "
+                f"save_steps: milestones {steps_text(lost)} would be deleted or never written",
+                instead=f"add {CALLBACK_HF} to Trainer(callbacks=[...]); it saves the milestones and prunes around "
+                f"them, so save_total_limit is left unset here. Without the callback, set "
+                f"save_total_limit={s.keep_last} and lose those milestones",
+            )
+        )
     else:
         kw["save_total_limit"] = s.keep_last
     if not s.save_optimizer:
         kw["save_only_model"] = True
-    note = ("pass with your own output_dir: TrainingArguments(output_dir=..., **checkpoint_kwargs); max_steps is "
-            "the plan's total_steps (the Trainer also saves there)")
+    note = (
+        "pass with your own output_dir: TrainingArguments(output_dir=..., **checkpoint_kwargs); max_steps is "
+        "the plan's total_steps (the Trainer also saves there)"
+    )
     if version == "4":
         if "safetensors" in report.policy.save_formats:
             kw["save_safetensors"] = True
@@ -53,10 +58,13 @@ def build(report, s, version: str):
         note += "; v5 always writes model.safetensors (save_safetensors was removed)"
     gaps_ += gaps.common_gaps(report, "hf")
     if s.async_save:
-        gaps_.append(NotExpressible(
-            item="async_save",
-            reason="the Trainer writes checkpoints synchronously: training waits for each save",
-            instead="re-plan with --no-async so the interval accounts for the blocking save"))
+        gaps_.append(
+            NotExpressible(
+                item="async_save",
+                reason="the Trainer writes checkpoints synchronously: training waits for each save",
+                instead="re-plan with --no-async so the interval accounts for the blocking save",
+            )
+        )
     settings = [Setting(name="TrainingArguments", kind="kwargs", values=kw, note=note)]
     if "sharded" in report.policy.save_formats:
         settings.append(fsdp_setting("full_state_dict" in report.policy.save_formats))
@@ -65,18 +73,30 @@ def build(report, s, version: str):
 
 def fsdp_setting(also_full: bool) -> Setting:
     """The plan saves sharded checkpoints: with FSDP that is fsdp_config's fsdp_state_dict_type."""
-    full = ("; the plan also asks for full_state_dict: before moving to other hardware, save one with "
+    full = (
+        (
+            "; the plan also asks for full_state_dict: before moving to other hardware, save one with "
             "fsdp_state_dict_type FULL_STATE_DICT (gathered on rank 0: portable, slower) or consolidate the "
-            "shards (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)") if also_full else ""
+            "shards (torch.distributed.checkpoint.format_utils.dcp_to_torch_save)"
+        )
+        if also_full
+        else ""
+    )
     return Setting(
-        name="fsdp_config", kind="config", values={"fsdp_state_dict_type": "SHARDED_STATE_DICT"},
+        name="fsdp_config",
+        kind="config",
+        values={"fsdp_state_dict_type": "SHARDED_STATE_DICT"},
         note="with FSDP: TrainingArguments(fsdp=..., fsdp_config=fsdp_config) (transformers drops the fsdp_ "
-             "prefix) or the fsdp_config block of the accelerate config file; SHARDED_STATE_DICT writes one shard "
-             "per rank (fast; resumes on the same world size, re-shards through torch.distributed.checkpoint), "
-             "FULL_STATE_DICT gathers one file" + full)
+        "prefix) or the fsdp_config block of the accelerate config file; SHARDED_STATE_DICT writes one shard "
+        "per rank (fast; resumes on the same world size, re-shards through torch.distributed.checkpoint), "
+        "FULL_STATE_DICT gathers one file" + full,
+    )
 
 
 def render(export, fmt: str) -> str:
     kwargs = export.settings[0].values
-    return render_template("export-hf.py.j2", export=export.model_dump(mode="json"),
-                           kwargs=[(k, py(v)) for k, v in kwargs.items()])
+    return render_template(
+        "export-hf.py.j2",
+        export=export.model_dump(mode="json"),
+        kwargs=[(k, py(v)) for k, v in kwargs.items()],
+    )

@@ -29,26 +29,36 @@ def build(report, s, version: str):
         values["--async-save"] = None
     if not s.save_optimizer:
         values["--no-save-optim"] = None
-    note = ("add --save DIR; --async-save needs --ckpt-format torch_dist (the default); Megatron also saves "
-            "at the last iteration")
+    note = (
+        "add --save DIR; --async-save needs --ckpt-format torch_dist (the default); Megatron also saves "
+        "at the last iteration"
+    )
     gaps_: list[NotExpressible] = []
     retain = ""
     if s.periodic_milestones and s.periodic_milestones % s.every_steps == 0:
-        retain = (f" (--save-retain-interval {s.periodic_milestones} would keep the milestones but only the "
-                  "newest checkpoint between them: a window of 1)")
-    gaps_.append(NotExpressible(
-        item="keep_last",
-        reason="Megatron keeps every checkpoint; its only retention flag, --save-retain-interval, deletes each "
-               "previous save that is not a multiple of it" + retain,
-        instead=f"run 'checkpoint-strategy prune' on the --save folder with the plan's policy (keep_last "
-                f"{s.keep_last}, milestones kept): it deletes only after a newer checkpoint validated"))
+        retain = (
+            f" (--save-retain-interval {s.periodic_milestones} would keep the milestones but only the "
+            "newest checkpoint between them: a window of 1)"
+        )
+    gaps_.append(
+        NotExpressible(
+            item="keep_last",
+            reason="Megatron keeps every checkpoint; its only retention flag, --save-retain-interval, deletes each "
+            "previous save that is not a multiple of it" + retain,
+            instead=f"run 'checkpoint-strategy prune' on the --save folder with the plan's policy (keep_last "
+            f"{s.keep_last}, milestones kept): it deletes only after a newer checkpoint validated",
+        )
+    )
     off_grid = [m for m in s.keep_steps if m % s.every_steps and m != s.total_steps]
     if off_grid:
-        gaps_.append(NotExpressible(
-            item="keep_milestone",
-            reason=f"Megatron saves only every --save-interval: milestones {steps_text(off_grid)} are never written",
-            instead="choose milestones that are multiples of the interval (re-plan with --milestones), or "
-                    "trigger an extra save at those iterations"))
+        gaps_.append(
+            NotExpressible(
+                item="keep_milestone",
+                reason=f"Megatron saves only every --save-interval: milestones {steps_text(off_grid)} are never written",
+                instead="choose milestones that are multiples of the interval (re-plan with --milestones), or "
+                "trigger an extra save at those iterations",
+            )
+        )
     gaps_ += gaps.common_gaps(report, "megatron")
     gaps_ += gaps.format_gaps(report, "megatron")
     return [Setting(name="command-line flags", kind="flags", values=values, note=note)], gaps_, []
@@ -59,5 +69,8 @@ def flags(values: dict) -> list[str]:
 
 
 def render(export, fmt: str) -> str:
-    return render_template("export-args.txt.j2", export=export.model_dump(mode="json"),
-                           flags=flags(export.settings[0].values))
+    return render_template(
+        "export-args.txt.j2",
+        export=export.model_dump(mode="json"),
+        flags=flags(export.settings[0].values),
+    )

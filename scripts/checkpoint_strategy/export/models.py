@@ -19,12 +19,16 @@ class Schedule(_Strict):
 
     total_steps: int
     every_steps: int = Field(description="a save at every multiple of this step")
-    extra_save_steps: list[int] = Field(description="saves off the grid: milestones that are not multiples, "
-                                                    "and the final step")
+    extra_save_steps: list[int] = Field(
+        description="saves off the grid: milestones that are not multiples, and the final step"
+    )
     keep_last: int = Field(description="rolling window: the newest N saves")
-    keep_steps: list[int] = Field(description="milestones kept for good, on top of the rolling window")
+    keep_steps: list[int] = Field(
+        description="milestones kept for good, on top of the rolling window"
+    )
     periodic_milestones: Optional[int] = Field(
-        None, description="P when the milestones (final step aside) are exactly every multiple of P")
+        None, description="P when the milestones (final step aside) are exactly every multiple of P"
+    )
     save_optimizer: bool
     async_save: bool
 
@@ -32,9 +36,13 @@ class Schedule(_Strict):
 class Setting(_Strict):
     """One native block: keyword arguments, a TOML table, a config mapping or command-line flags."""
 
-    name: str = Field(description="what the values configure, e.g. TrainingArguments or [checkpoint]")
+    name: str = Field(
+        description="what the values configure, e.g. TrainingArguments or [checkpoint]"
+    )
     kind: Literal["kwargs", "toml", "config", "flags", "code"]
-    values: dict[str, Any] = Field(description="option name -> value (flags: value null for a switch)")
+    values: dict[str, Any] = Field(
+        description="option name -> value (flags: value null for a switch)"
+    )
     note: str = ""
 
 

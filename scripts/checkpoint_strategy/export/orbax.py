@@ -13,6 +13,7 @@ from checkpoint_strategy.export.common import VersionSpec, py
 from checkpoint_strategy.export.models import NotExpressible, Setting
 from checkpoint_strategy.render import render_template
 
+
 def version_key(version: str) -> str | None:
     """0.11 (from 0.11.13, when CheckpointManager took preservation_policy) or 0.12; None otherwise."""
     m = re.match(r"^\s*v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?", version)
@@ -26,8 +27,12 @@ def version_key(version: str) -> str | None:
     return None
 
 
-SPEC = VersionSpec(("orbax-checkpoint",), ("0.11", "0.12"), version_key,
-                   "orbax-checkpoint version (0.11 means 0.11.13 or later)")
+SPEC = VersionSpec(
+    ("orbax-checkpoint",),
+    ("0.11", "0.12"),
+    version_key,
+    "orbax-checkpoint version (0.11 means 0.11.13 or later)",
+)
 MODULE = "orbax.checkpoint.checkpoint_managers"
 SOURCES = (
     "orbax-checkpoint 0.12.8 checkpoint_manager.py CheckpointManagerOptions: save_decision_policy and "
@@ -56,19 +61,31 @@ def build(report, s, version: str):
         keep["EveryNSteps"] = {"interval_steps": s.periodic_milestones}
     elif milestones:
         keep["CustomSteps"] = {"steps": milestones}
-    values = {"save_decision_policy": save, "preservation_policy": keep,
-              "enable_async_checkpointing": bool(s.async_save)}
-    note = (f"policies from {MODULE}; call manager.save(step, ...) for every step from 1 (the policy decides; "
-            "a save at step 0 would be kept by EveryNSteps) and manager.wait_until_finished() before exit")
+    values = {
+        "save_decision_policy": save,
+        "preservation_policy": keep,
+        "enable_async_checkpointing": bool(s.async_save),
+    }
+    note = (
+        f"policies from {MODULE}; call manager.save(step, ...) for every step from 1 (the policy decides; "
+        "a save at step 0 would be kept by EveryNSteps) and manager.wait_until_finished() before exit"
+    )
     gaps_: list[NotExpressible] = []
     if not s.save_optimizer:
-        gaps_.append(NotExpressible(
-            item="save_optimizer: false",
-            reason="Orbax saves whatever items the caller passes to manager.save",
-            instead="pass only the parameters, e.g. args=ocp.args.Composite(params=ocp.args.StandardSave(params))"))
+        gaps_.append(
+            NotExpressible(
+                item="save_optimizer: false",
+                reason="Orbax saves whatever items the caller passes to manager.save",
+                instead="pass only the parameters, e.g. args=ocp.args.Composite(params=ocp.args.StandardSave(params))",
+            )
+        )
     gaps_ += gaps.common_gaps(report, "orbax")
     gaps_ += gaps.format_gaps(report, "orbax")
-    return [Setting(name="CheckpointManagerOptions", kind="kwargs", values=values, note=note)], gaps_, []
+    return (
+        [Setting(name="CheckpointManagerOptions", kind="kwargs", values=values, note=note)],
+        gaps_,
+        [],
+    )
 
 
 def _policy(kind: str, values: dict) -> str:
@@ -86,7 +103,11 @@ def _policy(kind: str, values: dict) -> str:
 
 def render(export, fmt: str) -> str:
     v = export.settings[0].values
-    return render_template("export-orbax.py.j2", export=export.model_dump(mode="json"), module=MODULE,
-                           save_policy=_policy("save", v["save_decision_policy"]),
-                           keep_policy=_policy("keep", v["preservation_policy"]),
-                           enable_async=py(v["enable_async_checkpointing"]))
+    return render_template(
+        "export-orbax.py.j2",
+        export=export.model_dump(mode="json"),
+        module=MODULE,
+        save_policy=_policy("save", v["save_decision_policy"]),
+        keep_policy=_policy("keep", v["preservation_policy"]),
+        enable_async=py(v["enable_async_checkpointing"]),
+    )

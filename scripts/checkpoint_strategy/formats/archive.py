@@ -608,7 +608,7 @@ def crc_entries(path: str, src: Source, entries: list[ZipEntry], counter: Counte
 
     # largest entries first keeps the threads evenly loaded; results come back in archive order
     order = sorted(range(len(entries)), key=lambda i: -entries[i].csize)
-    from concurrent.futures import ThreadPoolExecutor   # big archives at level full only
+    from concurrent.futures import ThreadPoolExecutor  # big archives at level full only
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {i: pool.submit(work, entries[i]) for i in order}

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats.archive import Kind
 from checkpoint_strategy.formats.models import Problem
@@ -32,8 +32,18 @@ if TYPE_CHECKING:
     from checkpoint_strategy.formats.identify import Found
 
 ProgressFn = Callable[..., None]
-Portability = Literal["full", "weights", "fsdp", "dcp", "zero", "ds-universal", "megatron", "orbax",
-                      "lightning-sharded", "unknown"]
+Portability = Literal[
+    "full",
+    "weights",
+    "fsdp",
+    "dcp",
+    "zero",
+    "ds-universal",
+    "megatron",
+    "orbax",
+    "lightning-sharded",
+    "unknown",
+]
 #: what a file holds for the deep level (validate.deep reads by it)
 Role = Literal["weights", "optimizer", "mixed", "other"]
 
@@ -52,8 +62,10 @@ class Layout:
     sharded: bool = False
     portability: Portability = "unknown"
     step: int | None = None
-    dcp_keys: set[str] = field(default_factory=set)   # top-level state-dict keys of a DCP checkpoint
-    format: str | None = None   # what the content says it is, where the name alone could not (torchtitan)
+    dcp_keys: set[str] = field(default_factory=set)  # top-level state-dict keys of a DCP checkpoint
+    format: str | None = (
+        None  # what the content says it is, where the name alone could not (torchtitan)
+    )
 
 
 class Ctx:
@@ -62,25 +74,41 @@ class Ctx:
     The engine (validate/engine.py) builds it: `part` is the `validate --part K/N` split in force (validate/parts.py),
     `make_source` builds the deep level's `Source` (validate/deep.py); formats/ never imports validate/."""
 
-    def __init__(self, root: str, level: str, update: ProgressFn | None, want_commit: bool = False,
-                 part: Part | None = None, make_source: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        level: str,
+        update: ProgressFn | None,
+        want_commit: bool = False,
+        part: Part | None = None,
+        make_source: Callable[..., Any] | None = None,
+    ) -> None:
         self.root = root
-        self.want_commit = want_commit   # Orbax: the other steps have commit_success.txt, so this one must
+        self.want_commit = (
+            want_commit  # Orbax: the other steps have commit_success.txt, so this one must
+        )
         self.level = level
-        self.full = level in ("full", "deep")   # deep includes every check of full (CRC-32, every byte read)
+        self.full = level in (
+            "full",
+            "deep",
+        )  # deep includes every check of full (CRC-32, every byte read)
         self.deep = level == "deep"
         self.counter = zr.Counter()
         self.problems: list[Problem] = []
         self.update = update
-        self.sources: list[Any] = []   # validate.deep.Source, made by `make_source` (level deep)
+        self.sources: list[Any] = []  # validate.deep.Source, made by `make_source` (level deep)
         self.make_source = make_source
         self.global_step: int | None = None
-        self.listed: list[str] | None = None   # the checker's listing of the checkpoint folder (HF Trainer)
-        self.flat = False    # that listing saw only regular files, and the folder is no symlink
-        self.trainer_best: str | None = None   # trainer_state.json's best_model_checkpoint, once the checker read it
-        self.state_read = False                # the checker parsed trainer_state.json (a dict or not)
-        self.args_world: int | None = None     # the processes training_args.bin records (HF Trainer)
-        self.part = part   # validate --part K/N (validate/parts.py); the engine adds its note
+        self.listed: list[str] | None = (
+            None  # the checker's listing of the checkpoint folder (HF Trainer)
+        )
+        self.flat = False  # that listing saw only regular files, and the folder is no symlink
+        self.trainer_best: str | None = (
+            None  # trainer_state.json's best_model_checkpoint, once the checker read it
+        )
+        self.state_read = False  # the checker parsed trainer_state.json (a dict or not)
+        self.args_world: int | None = None  # the processes training_args.bin records (HF Trainer)
+        self.part = part  # validate --part K/N (validate/parts.py); the engine adds its note
 
     def reads(self, path: str) -> bool:
         """Level full reads every byte of `path` (in this process's part, when the files are split)."""
@@ -107,29 +135,43 @@ class Ctx:
         """At level deep the value scan reads every byte of the data (non-float tensors read through), which
         is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
         ``regular`` (here and below): the checker's listing (formats.listing_types) saw a regular file (no stat before the open)."""
-        reasons = fc.check_safetensors(path, self.counter, self.reads(path) and not self.deep, regular)
+        reasons = fc.check_safetensors(
+            path, self.counter, self.reads(path) and not self.deep, regular
+        )
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
             self.source(path, role, "safetensors")
         self._tick()
 
-    def zip(self, path: str, role: Role = "other", flat: bool = False, tensor: str | None = None,
-            regular: bool = False) -> fc.ZipScan:
+    def zip(
+        self,
+        path: str,
+        role: Role = "other",
+        flat: bool = False,
+        tensor: str | None = None,
+        regular: bool = False,
+    ) -> fc.ZipScan:
         """A torch zip archive; at level deep its tensors are scanned (`tensor`: the one name they all take,
         for DeepSpeed universal checkpoints' per-parameter files)."""
-        scanned = self.deep and role != "other"   # its CRC-32s are checked by the value scan (read once)
+        scanned = (
+            self.deep and role != "other"
+        )  # its CRC-32s are checked by the value scan (read once)
         z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular, crc=not scanned)
         for r in z.findings:
             self.bad(path, r)
         if scanned and not z.findings and not z.legacy:
             self.source(path, role, "zip", zip=z, flat=flat, tensor=tensor, crc=self.reads(path))
         elif self.deep and z.legacy and role != "other":
-            self.counter.notes.append(f"{os.path.basename(path)}: legacy torch file: values not checked (deep)")
+            self.counter.notes.append(
+                f"{os.path.basename(path)}: legacy torch file: values not checked (deep)"
+            )
         self._tick()
         return z
 
-    def json(self, path: str, limit: int = storage.MAX_JSON_BYTES, regular: bool = False) -> object | None:
+    def json(
+        self, path: str, limit: int = storage.MAX_JSON_BYTES, regular: bool = False
+    ) -> object | None:
         self.counter.files += 1
         try:
             raw = read_bytes(path, "JSON file", limit, regular)
@@ -186,7 +228,11 @@ class Ctx:
 
 def named(file: str, checkpoint: str) -> str:
     """A problem's file: '.' (the checkpoint itself) is the file's name for a single-file checkpoint."""
-    return os.path.basename(os.path.normpath(checkpoint)) if file == "." and not os.path.isdir(checkpoint) else file
+    return (
+        os.path.basename(os.path.normpath(checkpoint))
+        if file == "." and not os.path.isdir(checkpoint)
+        else file
+    )
 
 
 def ls(path: str) -> list[str]:

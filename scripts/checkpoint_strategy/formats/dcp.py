@@ -22,7 +22,6 @@ from checkpoint_strategy.formats.base import Checker, Ctx, Layout, Role, ls
 from checkpoint_strategy.formats.models import DcpItem
 from checkpoint_strategy.storage import ReadError, read_bytes
 
-
 TORCHTITAN_TRAIN_KEYS = ("optimizer", "lr_scheduler", "train_state", "dataloader")
 
 
@@ -39,10 +38,12 @@ def torchtitan_model_only_reason(keys: set[str], step: int | None) -> str | None
     if not keys or any(k in keys for k in TORCHTITAN_TRAIN_KEYS):
         return None
     name = f"step-{step}" if step is not None else "this step"
-    return (f"not resumable: {name} holds model weights only (no optimizer, lr_scheduler or train_state in "
-            ".metadata); torchtitan writes the final save model-only when checkpoint.last_save_model_only is "
-            "true (its default since 0.2): resume from the previous full step-N, and set "
-            "last_save_model_only = false for future runs")
+    return (
+        f"not resumable: {name} holds model weights only (no optimizer, lr_scheduler or train_state in "
+        ".metadata); torchtitan writes the final save model-only when checkpoint.last_save_model_only is "
+        "true (its default since 0.2): resume from the previous full step-N, and set "
+        "last_save_model_only = false for future runs"
+    )
 
 
 _DCP_META = "torch.distributed.checkpoint.metadata."
@@ -51,17 +52,45 @@ _DCP_META = "torch.distributed.checkpoint.metadata."
 #: every class a DCP .metadata may name (torch 2.x): DCP reads it with pickle.load, which fails on any other name
 #: under torch (a flipped letter in a class name is an AttributeError there)
 DCP_CLASSES = frozenset(
-    {_DCP_META + n for n in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                             "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")}
-    | {"torch.distributed.checkpoint.filesystem._StorageInfo", "torch.distributed.checkpoint.filesystem._StoragePrefix",
-       "torch.distributed.checkpoint.filesystem.SerializationFormat",
-       "torch.distributed.checkpoint._extension.ZStandard",
-       "torch.distributed.checkpoint._extension.StreamTransformExtension",
-       "torch.Size", "torch.serialization._get_layout", "torch.device"})
+    {
+        _DCP_META + n
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "MetadataIndex",
+            "StorageMeta",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
+    | {
+        "torch.distributed.checkpoint.filesystem._StorageInfo",
+        "torch.distributed.checkpoint.filesystem._StoragePrefix",
+        "torch.distributed.checkpoint.filesystem.SerializationFormat",
+        "torch.distributed.checkpoint._extension.ZStandard",
+        "torch.distributed.checkpoint._extension.StreamTransformExtension",
+        "torch.Size",
+        "torch.serialization._get_layout",
+        "torch.device",
+    }
+)
 
 
-DCP_LAYOUTS = frozenset(f"torch.{n}" for n in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr",
-                                               "sparse_bsc", "_mkldnn", "jagged"))
+DCP_LAYOUTS = frozenset(
+    f"torch.{n}"
+    for n in (
+        "strided",
+        "sparse_coo",
+        "sparse_csr",
+        "sparse_csc",
+        "sparse_bsr",
+        "sparse_bsc",
+        "_mkldnn",
+        "jagged",
+    )
+)
 
 
 #: DCP's _MEM_FORMAT_ENCODING values (contiguous, channels_last, preserve)
@@ -84,8 +113,10 @@ def dcp_metadata_oversized(meta_bytes: int, data_bytes: int) -> str | None:
     """Why a .metadata is too big for the data files beside it, or None."""
     if meta_bytes <= DCP_METADATA_FLOOR + DCP_METADATA_PER_DATA_BYTE * data_bytes:
         return None
-    return (f"broken .metadata: {meta_bytes} bytes describing {data_bytes} bytes of .distcp data (more entries than "
-            "the data files can hold): not read further")
+    return (
+        f"broken .metadata: {meta_bytes} bytes describing {data_bytes} bytes of .distcp data (more entries than "
+        "the data files can hold): not read further"
+    )
 
 
 class DcpBroken(Exception):
@@ -107,23 +138,37 @@ class DcpMetadata:
     """A DCP .metadata read as data (`dcp_metadata`): the one parse every command asks (validate's checker and deep
     level, convert, the optimizer step counters)."""
 
-    items: list[DcpItem]               # every stored item: tensor chunks and bytes entries, in .metadata's order
+    items: list[DcpItem]  # every stored item: tensor chunks and bytes entries, in .metadata's order
     tensors: list[DcpTensor]
-    values: dict[str, DcpItem]         # fqn -> the item of each bytes entry (a torch.save'd Python value)
-    fqns: list[str]                    # state_dict_metadata's names, in order
-    planner: dict[str, tuple]          # fqn -> the path dcp_to_torch_save nests it by (planner_data, checked)
-    needed: dict[str, int]             # relative path -> bytes its storage entries need (largest offset + length)
-    keys: set[str] = field(default_factory=set)   # the top-level state_dict keys (first part of each fqn)
+    values: dict[str, DcpItem]  # fqn -> the item of each bytes entry (a torch.save'd Python value)
+    fqns: list[str]  # state_dict_metadata's names, in order
+    planner: dict[
+        str, tuple
+    ]  # fqn -> the path dcp_to_torch_save nests it by (planner_data, checked)
+    needed: dict[
+        str, int
+    ]  # relative path -> bytes its storage entries need (largest offset + length)
+    keys: set[str] = field(
+        default_factory=set
+    )  # the top-level state_dict keys (first part of each fqn)
 
 
 def dcp_metadata(scan: Any, dtypes: frozenset | set | dict = tp.DTYPE_SIZE) -> DcpMetadata:
     """Every stored item of a DCP .metadata read as data (`scan`: safepickle's PickleScan), checked the way
     dcp.load / dcp_to_torch_save use it: only DCP's own classes, every tensor's properties, size and chunks whole,
     every chunk and bytes entry found in storage_data, the planner_data paths nestable. Raises DcpBroken."""
-    bad = [g for g in scan.globals if g.startswith("torch.") and g not in DCP_CLASSES
-           and (not g.startswith("torch.") or g[6:] not in dtypes) and g not in DCP_LAYOUTS]
+    bad = [
+        g
+        for g in scan.globals
+        if g.startswith("torch.")
+        and g not in DCP_CLASSES
+        and (not g.startswith("torch.") or g[6:] not in dtypes)
+        and g not in DCP_LAYOUTS
+    ]
     if bad:
-        raise DcpBroken(f"names {bad[0]!r}, not a class DCP's metadata holds (dcp.load cannot unpickle it)")
+        raise DcpBroken(
+            f"names {bad[0]!r}, not a class DCP's metadata holds (dcp.load cannot unpickle it)"
+        )
     root = scan.root
     if not (_is_call(root, _DCP_META + "Metadata") and isinstance(root.state, dict)):
         raise DcpBroken("the pickle is not a DCP Metadata record")
@@ -162,20 +207,33 @@ def _dcp_storage_infos(storage: dict) -> dict[tuple, tuple[str, int, int, bool]]
     out = {}
     for idx, info in storage.items():
         i = getattr(idx, "state", None) if _is_call(idx, _DCP_META + "MetadataIndex") else None
-        s = getattr(info, "state", None) if _is_call(info, "torch.distributed.checkpoint.filesystem._StorageInfo") \
+        s = (
+            getattr(info, "state", None)
+            if _is_call(info, "torch.distributed.checkpoint.filesystem._StorageInfo")
             else None
+        )
         if not isinstance(i, dict) or not isinstance(s, dict) or not isinstance(i.get("fqn"), str):
             raise DcpBroken("a storage_data entry is not a MetadataIndex -> _StorageInfo pair")
         rel, off, length = s.get("relative_path"), s.get("offset"), s.get("length")
-        if not isinstance(rel, str) or type(off) is not int or type(length) is not int or off < 0 or length < 0:
-            raise DcpBroken(f"storage_data entry of {i['fqn']!r} has no valid relative_path, offset and length")
+        if (
+            not isinstance(rel, str)
+            or type(off) is not int
+            or type(length) is not int
+            or off < 0
+            or length < 0
+        ):
+            raise DcpBroken(
+                f"storage_data entry of {i['fqn']!r} has no valid relative_path, offset and length"
+            )
         offsets = i.get("offset")
         key = (i["fqn"], tuple(offsets) if isinstance(offsets, (tuple, list)) else None)
         out[key] = (rel, off, length, bool(s.get("transform_descriptors")))
     return out
 
 
-def _dcp_entry(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict) -> DcpItem | DcpTensor:
+def _dcp_entry(
+    fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict
+) -> DcpItem | DcpTensor:
     if _is_call(md, _DCP_META + "BytesStorageMetadata"):
         info = infos.get((fqn, None))
         if info is None:
@@ -193,14 +251,22 @@ def _dcp_entry(fqn: str, md: Any, infos: dict, dtypes: frozenset | set | dict) -
     out = []
     for c in chunks:
         cs = c.state if _is_call(c, _DCP_META + "ChunkStorageMetadata") else None
-        offsets, sizes = (cs.get("offsets"), cs.get("sizes")) if isinstance(cs, dict) else (None, None)
-        if not (_ints(offsets) and _ints(sizes) and len(offsets) == len(sizes) == len(size)
-                and all(o + s <= d for o, s, d in zip(offsets, sizes, size, strict=True))):
+        offsets, sizes = (
+            (cs.get("offsets"), cs.get("sizes")) if isinstance(cs, dict) else (None, None)
+        )
+        if not (
+            _ints(offsets)
+            and _ints(sizes)
+            and len(offsets) == len(sizes) == len(size)
+            and all(o + s <= d for o, s, d in zip(offsets, sizes, size, strict=True))
+        ):
             raise DcpBroken(f"tensor {fqn!r}{list(size)} has a chunk outside it")
         info = infos.get((fqn, tuple(offsets)))
         if info is None:
             raise DcpBroken(f"chunk {list(offsets)} of tensor {fqn!r} has no storage_data entry")
-        out.append(DcpItem(fqn, info[0], info[1], info[2], tuple(sizes), dtype, info[3], tuple(offsets)))
+        out.append(
+            DcpItem(fqn, info[0], info[1], info[2], tuple(sizes), dtype, info[3], tuple(offsets))
+        )
     return DcpTensor(fqn, dtype, tuple(size), out)
 
 
@@ -215,13 +281,27 @@ def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
 
     st = props.state if _is_call(props, _DCP_META + "TensorProperties") else None
     if isinstance(st, dict):
-        st = (st.get("dtype"), st.get("layout"), st.get("requires_grad"), st.get("memory_format"),
-              st.get("pin_memory"))
-    if not (isinstance(st, tuple) and len(st) == 5 and isinstance(st[0], tp.Global) and st[0].name in dtypes):
+        st = (
+            st.get("dtype"),
+            st.get("layout"),
+            st.get("requires_grad"),
+            st.get("memory_format"),
+            st.get("pin_memory"),
+        )
+    if not (
+        isinstance(st, tuple)
+        and len(st) == 5
+        and isinstance(st[0], tp.Global)
+        and st[0].name in dtypes
+    ):
         raise DcpBroken(f"tensor {fqn!r} has no valid properties (dtype, layout, memory format)")
     layout, fmt = st[1], st[3]
-    if not (isinstance(layout, tp.Call) and layout.name == "torch.serialization._get_layout"
-            and layout.args and layout.args[0] in DCP_LAYOUTS):
+    if not (
+        isinstance(layout, tp.Call)
+        and layout.name == "torch.serialization._get_layout"
+        and layout.args
+        and layout.args[0] in DCP_LAYOUTS
+    ):
         raise DcpBroken(f"tensor {fqn!r} has an unknown layout")
     if not (_is_enum(fmt) and fmt.args[0] in DCP_MEMORY_FORMATS):
         raise DcpBroken(f"tensor {fqn!r} has an unknown memory format")
@@ -231,7 +311,9 @@ def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
 def _is_enum(v: Any) -> bool:
     from checkpoint_strategy.formats import safepickle as tp
 
-    return isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
+    return (
+        isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
+    )
 
 
 def _dcp_planner_paths(planner: Any, sdm: dict) -> dict[str, tuple]:
@@ -250,11 +332,15 @@ def _dcp_planner_paths(planner: Any, sdm: dict) -> dict[str, tuple]:
         path = planner.get(fqn)
         if path is None:
             continue
-        if not (isinstance(path, (tuple, list)) and path and all(type(k) in (str, int) for k in path)):
+        if not (
+            isinstance(path, (tuple, list)) and path and all(type(k) in (str, int) for k in path)
+        ):
             raise DcpBroken(f"planner_data path of {fqn!r} is not a list of names and indexes")
         if any(type(k) is int and not 0 <= k < limit for k in path):
             raise DcpBroken(f"planner_data path of {fqn!r} has a list index outside 0..{limit - 1}")
-        if ".".join(map(str, path)) != fqn:   # the loader flattens the nested state dict back by this join
+        if (
+            ".".join(map(str, path)) != fqn
+        ):  # the loader flattens the nested state dict back by this join
             raise DcpBroken(f"planner_data path of {fqn!r} leads to another name")
         _dcp_nest(tree, fqn, path)
         paths[fqn] = tuple(path)
@@ -270,7 +356,9 @@ def _dcp_nest(tree: dict, fqn: str, path: Any) -> None:
     for i, key in enumerate(path):
         kinds = node.setdefault("\0kind", type(key)) if i else str
         if i and kinds is not type(key):
-            raise DcpBroken(f"planner_data path of {fqn!r} mixes names and list indexes at one level")
+            raise DcpBroken(
+                f"planner_data path of {fqn!r} mixes names and list indexes at one level"
+            )
         nxt = node.get(key)
         if i == len(path) - 1:
             if nxt is not None:
@@ -282,8 +370,13 @@ def _dcp_nest(tree: dict, fqn: str, path: Any) -> None:
         node = node.setdefault(key, {})
 
 
-def check_dcp_dir(ctx: Ctx, path: str, out: Layout | None = None, require_metadata: bool = True,
-                   role: Role = "mixed") -> None:
+def check_dcp_dir(
+    ctx: Ctx,
+    path: str,
+    out: Layout | None = None,
+    require_metadata: bool = True,
+    role: Role = "mixed",
+) -> None:
     names = ls(path)
     meta = os.path.join(path, ".metadata")
     if ".metadata" not in names:
@@ -296,7 +389,9 @@ def check_dcp_dir(ctx: Ctx, path: str, out: Layout | None = None, require_metada
     data = _read_dcp_metadata(ctx, path, meta)
     if data is None:
         return
-    oversized = dcp_metadata_oversized(len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata"))
+    oversized = dcp_metadata_oversized(
+        len(data), sum(_size(os.path.join(path, n)) for n in names if n != ".metadata")
+    )
     if oversized:
         ctx.bad(meta, oversized)
         return
@@ -318,8 +413,14 @@ def check_dcp_dir(ctx: Ctx, path: str, out: Layout | None = None, require_metada
         ctx.source(path, role, "dcp", dcp=md, archives=archives)
 
 
-def _check_dcp_data_files(ctx: Ctx, path: str, names: list[str], needed: dict[str, int],
-                          items: list[DcpItem], archives: dict[tuple[str, int], fc.ZipScan]) -> None:
+def _check_dcp_data_files(
+    ctx: Ctx,
+    path: str,
+    names: list[str],
+    needed: dict[str, int],
+    items: list[DcpItem],
+    archives: dict[tuple[str, int], fc.ZipScan],
+) -> None:
     """The data files a .metadata names (`needed`: relative path -> bytes it must hold; `items`: what each stores),
     and no .distcp file it does not name. `archives` gets each item's torch archive level full read, by
     (relative path, offset)."""
@@ -333,7 +434,10 @@ def _check_dcp_data_files(ctx: Ctx, path: str, names: list[str], needed: dict[st
         _check_dcp_data_file(ctx, path, meta, rel, nbytes, by_file.get(rel, []), archives)
     for n in names:
         if n.endswith(".distcp") and n not in needed:
-            ctx.bad(os.path.join(path, n), "data file not referenced by .metadata (left from another save?)")
+            ctx.bad(
+                os.path.join(path, n),
+                "data file not referenced by .metadata (left from another save?)",
+            )
 
 
 def _size(path: str) -> int:
@@ -358,15 +462,21 @@ def _dcp_parsed(ctx: Ctx, meta: str, scan: tp.PickleScan) -> DcpMetadata | None:
 def _read_dcp_metadata(ctx: Ctx, path: str, meta: str) -> bytes | None:
     """The .metadata bytes, or None once its problem is recorded (outside the folder, unreadable, huge, empty)."""
     ctx.counter.files += 1
-    if not storage.inside(meta, path):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
+    if not storage.inside(
+        meta, path
+    ):  # never read outside the checkpoint (a link to /dev/zero, /etc/...)
         ctx.bad(meta, "a symbolic link to outside the checkpoint folder: not read")
         return None
     try:  # bounded: a .metadata that is a device or a huge sparse file is refused
         data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
         ctx.counter.bytes_read += len(data)
     except ReadError as exc:
-        ctx.bad(meta, fc._oserror(exc) if not exc.reason.startswith("larger") else
-                f"{exc.reason}: not a plausible DCP .metadata")
+        ctx.bad(
+            meta,
+            fc._oserror(exc)
+            if not exc.reason.startswith("larger")
+            else f"{exc.reason}: not a plausible DCP .metadata",
+        )
         return None
     if not data:
         ctx.bad(meta, "zero-byte file (expected a pickled DCP Metadata)", "incomplete")
@@ -374,13 +484,26 @@ def _read_dcp_metadata(ctx: Ctx, path: str, meta: str) -> bytes | None:
     return data
 
 
-def _check_dcp_data_file(ctx: Ctx, path: str, meta: str, rel: str, nbytes: int, items: list,
-                         archives: dict[tuple[str, int], fc.ZipScan]) -> None:
+def _check_dcp_data_file(
+    ctx: Ctx,
+    path: str,
+    meta: str,
+    rel: str,
+    nbytes: int,
+    items: list,
+    archives: dict[tuple[str, int], fc.ZipScan],
+) -> None:
     """One storage file .metadata names: inside the folder, a regular file, at least nbytes long."""
     p = os.path.join(path, rel)
-    if (os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or "\0" in rel
-            or not storage.inside(p, path)):
-        ctx.bad(meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)")
+    if (
+        os.path.isabs(rel)
+        or ".." in rel.replace("\\", "/").split("/")
+        or "\0" in rel
+        or not storage.inside(p, path)
+    ):
+        ctx.bad(
+            meta, f"storage path {rel!r} points outside the checkpoint folder: invalid (never read)"
+        )
         return
     try:
         st = os.stat(p)
@@ -397,7 +520,7 @@ def _check_dcp_data_file(ctx: Ctx, path: str, meta: str, rel: str, nbytes: int, 
     ctx.counter.files += 1
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
-    elif ctx.reads(p):   # every item: the torch archive dcp.load reads, CRC-32 included
+    elif ctx.reads(p):  # every item: the torch archive dcp.load reads, CRC-32 included
         for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update, archives):
             ctx.bad(p, r)
     ctx._tick()
@@ -409,11 +532,14 @@ def _check_dcp(ctx: Ctx, found: fm.Found) -> Layout:
     out = Layout(step=found.step, sharded=True, portability="dcp")
     check_dcp_dir(ctx, found.path, out)
     titan = torchtitan_marked(out.dcp_keys) or (
-        not out.resumable and bool(out.dcp_keys) and fm._STEP.match(os.path.basename(os.path.normpath(found.path)))
-        is not None and _torchtitan_sibling(found.path))
+        not out.resumable
+        and bool(out.dcp_keys)
+        and fm._STEP.match(os.path.basename(os.path.normpath(found.path))) is not None
+        and _torchtitan_sibling(found.path)
+    )
     out.format = "torchtitan" if titan else "dcp"
     if titan and ctx.sources and ctx.sources[-1].kind == "dcp":
-        ctx.sources[-1].flat_model = True   # torchtitan flattens the model to the top level
+        ctx.sources[-1].flat_model = True  # torchtitan flattens the model to the top level
     if titan and not out.resumable:
         reason = torchtitan_model_only_reason(out.dcp_keys, out.step)
         if reason:
@@ -425,7 +551,10 @@ def _torchtitan_sibling(path: str, limit: int = 3) -> bool:
     """True when one of the (at most `limit`) nearest other step-N folders beside `path` carries torchtitan's
     markers in its .metadata (read bounded, never through a link to outside that folder)."""
     parent, me = os.path.split(os.path.normpath(path))
-    steps = sorted(((int(m.group(1)), n) for n in ls(parent) if n != me and (m := fm._STEP.match(n))), reverse=True)
+    steps = sorted(
+        ((int(m.group(1)), n) for n in ls(parent) if n != me and (m := fm._STEP.match(n))),
+        reverse=True,
+    )
     for _step, name in steps[:limit]:
         folder = os.path.join(parent, name)
         meta = os.path.join(folder, ".metadata")
@@ -444,7 +573,9 @@ def _dcp_keys(folder: str, meta: str) -> set[str] | None:
         data = read_bytes(meta, ".metadata", limit=fc.MAX_DCP_METADATA)
     except ReadError:
         return None
-    if dcp_metadata_oversized(len(data), sum(_size(os.path.join(folder, n)) for n in ls(folder) if n != ".metadata")):
+    if dcp_metadata_oversized(
+        len(data), sum(_size(os.path.join(folder, n)) for n in ls(folder) if n != ".metadata")
+    ):
         return None
     scan = tp.read_pickle(data)
     if not scan.complete or scan.unsafe(dcp=True):

@@ -48,34 +48,53 @@ def _check_ds_universal(ctx: Ctx, path: str, out: Layout) -> None:
     for n in model:
         z = ctx.zip(os.path.join(path, n), "mixed")
         expected_params |= deepspeed_param_names(z.pickle.root if z.pickle is not None else None)
-        out.step = out.step if out.step is not None else deepspeed_global_steps(z.pickle.root if z.pickle else None)
+        out.step = (
+            out.step
+            if out.step is not None
+            else deepspeed_global_steps(z.pickle.root if z.pickle else None)
+        )
     inner = ls(zero)
     if "optimizer_state.pt" in inner:
         ctx.zip(os.path.join(zero, "optimizer_state.pt"))
     else:
-        ctx.missing(os.path.join(zero, "optimizer_state.pt"), "common optimizer state (ds_to_universal writes "
-                                                              "zero/optimizer_state.pt)")
+        ctx.missing(
+            os.path.join(zero, "optimizer_state.pt"),
+            "common optimizer state (ds_to_universal writes zero/optimizer_state.pt)",
+        )
     params = _universal_params(ctx, path, zero, inner)
     for name in sorted(expected_params - set(params)):
-        ctx.missing(os.path.join(zero, name, "fp32.pt"), f"folder of parameter {name} (listed in the model states)")
+        ctx.missing(
+            os.path.join(zero, name, "fp32.pt"),
+            f"folder of parameter {name} (listed in the model states)",
+        )
     wanted = _universal_files(params)
     for name, files in sorted(params.items()):
         for f in sorted(wanted - set(files)):
-            ctx.missing(os.path.join(zero, name, f), "optimizer state file every other parameter has"
-                        if f != "fp32.pt" else "fp32 weights of this parameter")
+            ctx.missing(
+                os.path.join(zero, name, f),
+                "optimizer state file every other parameter has"
+                if f != "fp32.pt"
+                else "fp32 weights of this parameter",
+            )
         for f in sorted(n for n in files if n.endswith(".pt")):
             p = os.path.join(zero, name, f)
             if storage.inside(p, path):
                 ctx.zip(p, "optimizer", tensor=f"{name}.{f[:-3]}")
             else:
                 ctx.bad(p, "a symbolic link to outside the checkpoint folder: not read")
-    out.resumable = bool(params) and any("exp_avg.pt" in f or "step.pt" in f for f in params.values())
+    out.resumable = bool(params) and any(
+        "exp_avg.pt" in f or "step.pt" in f for f in params.values()
+    )
     out.sharded, out.portability = False, "ds-universal"
-    ctx.counter.notes.append(f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/")
+    ctx.counter.notes.append(
+        f"DeepSpeed universal checkpoint: {len(params)} parameter folders under zero/"
+    )
     if expected_params and set(params) - expected_params:
         extra = sorted(set(params) - expected_params)
-        ctx.counter.notes.append(f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
-                                 f"(first: {extra[0]}): left from another model?")
+        ctx.counter.notes.append(
+            f"zero/ holds {len(extra)} folder(s) of parameters the model states do not list "
+            f"(first: {extra[0]}): left from another model?"
+        )
 
 
 def _universal_params(ctx: Ctx, path: str, zero: str, inner: list[str]) -> dict[str, list[str]]:
@@ -108,17 +127,23 @@ def check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
     if not model:
         ctx.missing(os.path.join(path, MODEL_STATES), "model states (mp_rank_XX_model_states.pt)")
     for n in sorted(model + optim):
-        ctx.zip(os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n)
+        ctx.zip(
+            os.path.join(path, n), "mixed" if n in model else "optimizer", flat="zero_pp_rank" in n
+        )
     states_pkl = zip_pickle(os.path.join(path, model[0])) if model else None
     ctx.counter.bytes_read += len(states_pkl or b"")
     stage, dp = deepspeed_zero_layout(states_pkl) if states_pkl else (None, None)
     if stage and not optim:
-        ctx.missing(os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
-                    f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
-                    "them cannot resume)")
+        ctx.missing(
+            os.path.join(path, "zero_pp_rank_0_mp_rank_00_optim_states.pt"),
+            f"ZeRO stage {stage} optimizer shards (the model states were saved with ZeRO; a copy without "
+            "them cannot resume)",
+        )
     if optim:
         out.resumable = True
-    gap = zero_rank_gap(names, dp, stage)   # the model states' dp_world_size says which rank files must be here
+    gap = zero_rank_gap(
+        names, dp, stage
+    )  # the model states' dp_world_size says which rank files must be here
     if gap is not None:
         ctx.missing(os.path.join(path, gap[0]), gap[1])
     out.sharded = bool(optim and any("zero_pp_rank" in n for n in optim)) or len(model) > 1
@@ -149,7 +174,9 @@ def zero_shard(name: str, kind: str) -> tuple[int, int] | None:
     return int(m.group(2)), int(m.group(3))
 
 
-def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tuple[str, str] | None:
+def zero_rank_gap(
+    names: Sequence[str], dp: int | None, stage: int | None
+) -> tuple[str, str] | None:
     """(file, what) of the first ZeRO per-rank file a DeepSpeed global_stepN folder lacks, or None. Each data-parallel
     rank writes ``zero_pp_rank_<rank>_mp_rank_<mp>_optim_states.pt`` (and, at ZeRO-3, ``..._model_states.pt``);
     the data-parallel size is ``dp_world_size`` in the model states (`dp`, DeepSpeed's own record), else one past
@@ -158,16 +185,26 @@ def zero_rank_gap(names: Sequence[str], dp: int | None, stage: int | None) -> tu
     for n in names:
         m = ZERO_FILE.match(n)
         if m:
-            by_kind.setdefault((m.group(1) or "", int(m.group(3)), m.group(4)), set()).add(int(m.group(2)))
-    for (prefix, mp, kind), ranks in sorted(by_kind.items(), key=lambda t: (t[0][2] != "optim", t[0][1], t[0][0])):
+            by_kind.setdefault((m.group(1) or "", int(m.group(3)), m.group(4)), set()).add(
+                int(m.group(2))
+            )
+    for (prefix, mp, kind), ranks in sorted(
+        by_kind.items(), key=lambda t: (t[0][2] != "optim", t[0][1], t[0][0])
+    ):
         world = max(max(ranks) + 1, dp if dp and (stage or kind == "optim") else 0)
         missing = sorted(set(range(world)) - ranks)
         if missing:
             what = "optimizer shard" if kind == "optim" else "ZeRO-3 model-state shard"
-            record = f"dp_world_size {dp} in the model states" if dp == world else f"rank {max(ranks)} wrote one"
-            return (f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_{mp:02d}_{kind}_states.pt",
-                    f"{what} for ZeRO rank {missing[0]} (ranks present: {sorted(ranks)}; the run's data-parallel "
-                    f"size is {world}: {record}); a rank did not finish this save")
+            record = (
+                f"dp_world_size {dp} in the model states"
+                if dp == world
+                else f"rank {max(ranks)} wrote one"
+            )
+            return (
+                f"{prefix}zero_pp_rank_{missing[0]}_mp_rank_{mp:02d}_{kind}_states.pt",
+                f"{what} for ZeRO rank {missing[0]} (ranks present: {sorted(ranks)}; the run's data-parallel "
+                f"size is {world}: {record}); a rank did not finish this save",
+            )
     return None
 
 
@@ -268,7 +305,10 @@ def zip_pickle(path: str) -> bytes | None:
             if isinstance(parsed, str):
                 return None
             entry = next((e for e in parsed[0] if e.name.endswith("data.pkl")), None)
-            if entry is None or zr.local_headers(fh, [entry], parsed[1], zr.Counter(), False) is not None:
+            if (
+                entry is None
+                or zr.local_headers(fh, [entry], parsed[1], zr.Counter(), False) is not None
+            ):
                 return None
             data = zr.read_entry(fh, entry, zr.Counter(), limit=MAX_MODEL_STATES_PICKLE)
         return data if isinstance(data, bytes) else None
@@ -278,5 +318,7 @@ def zip_pickle(path: str) -> bytes | None:
 
 CHECKERS: dict[str, Checker] = {"deepspeed": _check_deepspeed}
 FOLDER_FORMATS: tuple[str, ...] = ("deepspeed",)
-TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {LATEST: ("deepspeed", _ds_tracked),
-                                                               LATEST_UNIVERSAL: ("deepspeed", _ds_tracked)}
+TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    LATEST: ("deepspeed", _ds_tracked),
+    LATEST_UNIVERSAL: ("deepspeed", _ds_tracked),
+}

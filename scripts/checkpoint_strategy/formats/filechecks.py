@@ -26,7 +26,7 @@ from checkpoint_strategy.storage import ReadError, open_regular, read_small
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import DcpItem
 
-ST_SMALL_BYTES = 1 << 16     # a safetensors file no bigger is read whole in one read (quick level)
+ST_SMALL_BYTES = 1 << 16  # a safetensors file no bigger is read whole in one read (quick level)
 # A DCP .metadata is read whole: one of a 70B model sharded over 1024 ranks is a few MB; a link to /dev/zero
 # must not grow memory.
 MAX_DCP_METADATA = 64 << 20
@@ -44,7 +44,7 @@ def read_chunks(path: str, counter: Counter, update: Update | None = None) -> It
     view = memoryview(buf)
     with open_regular(path) as fh:
         while True:
-            n = cast(io.BufferedReader, fh).readinto(buf)   # (typeshed's BinaryIO names no readinto)
+            n = cast(io.BufferedReader, fh).readinto(buf)  # (typeshed's BinaryIO names no readinto)
             if not n:
                 return
             counter.bytes_read += n
@@ -65,13 +65,16 @@ def stream_file(path: str, counter: Counter, update: Update | None = None) -> li
 
 # --------------------------------------------------------------------------- safetensors
 
-def check_safetensors(path: str, counter: Counter, full: bool = False, regular: bool = False) -> list[str]:
+
+def check_safetensors(
+    path: str, counter: Counter, full: bool = False, regular: bool = False
+) -> list[str]:
     """8-byte length, JSON header, dtype x shape == offsets, offsets tile the buffer, file size. ``regular``:
     the caller's folder listing saw a regular file (storage.read_small)."""
     counter.files += 1
     try:
         got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
-        if isinstance(got, bytes):   # a small file read whole: the header is a slice of it
+        if isinstance(got, bytes):  # a small file read whole: the header is a slice of it
             counter.sizes[path] = len(got)
             head = zr.st_head(got, len(got))
         else:
@@ -96,6 +99,7 @@ def safetensors_header(path: str) -> dict | None:
 
 
 # --------------------------------------------------------------------------- torch archives (zip)
+
 
 @dataclass
 class ZipScan:
@@ -151,15 +155,26 @@ class ZipScan:
         return index[2].get(name)
 
 
-def check_zip(path: str, counter: Counter, full: bool = False, want_pickle: bool = False,
-              update: Update | None = None) -> tuple[list[str], list[str]]:
+def check_zip(
+    path: str,
+    counter: Counter,
+    full: bool = False,
+    want_pickle: bool = False,
+    update: Update | None = None,
+) -> tuple[list[str], list[str]]:
     """torch.save zip archive checks (see `scan_zip`). Returns (reasons, the pickle's strings if wanted)."""
     z = scan_zip(path, counter, full, update)
     return list(z.findings), z.strings() if want_pickle else []
 
 
-def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | None = None,
-             regular: bool = False, crc: bool | None = None) -> ZipScan:
+def scan_zip(
+    path: str,
+    counter: Counter,
+    full: bool = False,
+    update: Update | None = None,
+    regular: bool = False,
+    crc: bool | None = None,
+) -> ZipScan:
     """torch.save zip archive: end record, central directory (unique names), every local header and
     entry size, the `version` record; data.pkl read as opcodes (parses to STOP, globals against the
     weights_only allow-list, every persistent-id storage present with dtype x numel bytes);
@@ -171,7 +186,11 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
     try:
         # quick level: a file of at most SMALL_ZIP_BYTES is read in one call and served from memory: the same
         # bytes, one read instead of the end-record search's and two per entry
-        got = open_regular(path) if full else read_small(path, "file", zr.SMALL_ZIP_BYTES, regular=regular)
+        got = (
+            open_regular(path)
+            if full
+            else read_small(path, "file", zr.SMALL_ZIP_BYTES, regular=regular)
+        )
         if isinstance(got, bytes):
             counter.sizes[path] = len(got)
             _scan_open_zip(zr.InMemory(got), path, z, counter, full, update, crc)
@@ -183,8 +202,14 @@ def scan_zip(path: str, counter: Counter, full: bool = False, update: Update | N
     return z
 
 
-def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
-                      update: Update | None = None, crc: bool = True) -> ZipScan:
+def scan_embedded_zip(
+    fh: zr.Readable,
+    base: int,
+    length: int,
+    counter: Counter,
+    update: Update | None = None,
+    crc: bool = True,
+) -> ZipScan:
     """`scan_zip` at level full of the torch archive at [base, base+length) of an open file (each item of a DCP
     .distcp is one torch.save archive, which dcp.load reads with torch.load): directory, local headers, data.pkl
     and the CRC-32 of every entry (`crc=False`: left to the caller). A small archive is read once into memory. The
@@ -196,14 +221,18 @@ def scan_embedded_zip(fh: zr.Readable, base: int, length: int, counter: Counter,
         data = fh.read(length)
         counter.bytes_read += len(data)
         if len(data) != length:
-            z.findings.append(truncated(f"truncated: the file ends inside the archive at byte {base}"))
+            z.findings.append(
+                truncated(f"truncated: the file ends inside the archive at byte {base}")
+            )
             return z
         src: zr.Source = zr.InMemory(data)
     else:
         src = zr.Window(fh, base, length)
     _scan_open_zip(src, "archive", z, counter, True, update, None if crc else False)
     if z.legacy and not z.findings:
-        z.findings.append(Finding("not a torch zip archive (dcp.load reads each item with torch.load)"))
+        z.findings.append(
+            Finding("not a torch zip archive (dcp.load reads each item with torch.load)")
+        )
     return z
 
 
@@ -211,8 +240,15 @@ def _data_pkl(entries: list[ZipEntry]) -> ZipEntry | None:
     return next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
 
 
-def _scan_open_zip(src: zr.Source, path: str, z: ZipScan, counter: Counter, full: bool, update: Update | None,
-                   crc: bool | None = None) -> None:
+def _scan_open_zip(
+    src: zr.Source,
+    path: str,
+    z: ZipScan,
+    counter: Counter,
+    full: bool,
+    update: Update | None,
+    crc: bool | None = None,
+) -> None:
     """scan_zip's steps on the open file (or its bytes); each stops at the first finding (added to z)."""
     parsed = _zip_entries(src, path, z, counter)
     if parsed is None:
@@ -266,12 +302,18 @@ def _zip_entries(src: zr.Source, path: str, z: ZipScan, counter: Counter) -> zr.
     if not entries:
         z.findings.append(Finding("empty zip archive (no entries)"))
         return None
-    by_name = {e.name: e for e in reversed(entries)}   # the first entry of a name, as ZipScan.entry finds it
+    by_name = {
+        e.name: e for e in reversed(entries)
+    }  # the first entry of a name, as ZipScan.entry finds it
     if len(by_name) != len(entries):
         names = [e.name for e in entries]
         dup = next(n for n in names if names.count(n) > 1)
-        z.findings.append(Finding(f"duplicate entry {dup!r} in the central directory (torch.load would "
-                                  "refuse or read the wrong one)"))
+        z.findings.append(
+            Finding(
+                f"duplicate entry {dup!r} in the central directory (torch.load would "
+                "refuse or read the wrong one)"
+            )
+        )
         return None
     z._index = (entries, len(entries), by_name)
     return entries, cd_offset
@@ -294,7 +336,9 @@ def check_torch_pickle(src: zr.Source, z: ZipScan, counter: Counter) -> list[Fin
     if out:
         return out
     if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
-        out.append(Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)"))
+        out.append(
+            Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)")
+        )
     else:
         out.extend(record_findings(src, z, counter))
     view = _view_past_storage(scan)
@@ -309,18 +353,23 @@ def _view_past_storage(scan: tp.PickleScan) -> Finding | None:
     t = scan.past_end
     if t is None:
         return None
-    return Finding(f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
-                   f"of its storage data/{t.storage.key} (torch.load would fail)")
+    return Finding(
+        f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
+        f"of its storage data/{t.storage.key} (torch.load would fail)"
+    )
 
 
 def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int) -> list[Finding]:
     """Each storage the pickle names: its entry present, dtype x numel bytes long (at most `room` findings, and
     always the first one)."""
     out: list[Finding] = []
-    z.entry("")   # (builds the name index once: looked up directly below)
+    z.entry("")  # (builds the name index once: looked up directly below)
     assert z._index is not None
     by_name, at, size = z._index[2], f"{z.prefix}data/", tp.DTYPE_SIZE.get
-    for key, ref in scan.storages.items():   # (every storage whole, the usual case: one pass, unsorted)
+    for (
+        key,
+        ref,
+    ) in scan.storages.items():  # (every storage whole, the usual case: one pass, unsorted)
         e = by_name.get(at + key)
         if e is None or (ref.dtype != "unknown" and e.usize != ref.numel * size(ref.dtype, 1)):
             break
@@ -329,10 +378,16 @@ def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int)
     for key, ref in sorted(scan.storages.items()):
         e = by_name.get(at + key)
         if e is None:
-            out.append(Finding(f"storage data/{key} referenced by {pkl_name} is missing from the archive"))
+            out.append(
+                Finding(f"storage data/{key} referenced by {pkl_name} is missing from the archive")
+            )
         elif ref.dtype != "unknown" and e.usize != ref.nbytes:
-            out.append(Finding(f"storage data/{key}: {e.usize} bytes, {pkl_name} needs {ref.nbytes} "
-                               f"({ref.numel} x {ref.dtype})"))
+            out.append(
+                Finding(
+                    f"storage data/{key}: {e.usize} bytes, {pkl_name} needs {ref.nbytes} "
+                    f"({ref.numel} x {ref.dtype})"
+                )
+            )
         if len(out) >= max(1, room):
             break
     return out
@@ -351,13 +406,21 @@ def record_findings(src: zr.Source, z: ZipScan, counter: Counter) -> list[Findin
     m = _VERSION_TEXT.match(data) if isinstance(data, bytes) else None
     if m is None or int(m.group(1)) not in TORCH_FILE_VERSIONS:
         shown_text = data[:20] if isinstance(data, bytes) else data
-        return [Finding(f"{e.name if e else 'version'}: format version {shown_text!r}: torch.load reads versions "
-                        f"{TORCH_FILE_VERSIONS.start}-{TORCH_FILE_VERSIONS.stop - 1} only")]
+        return [
+            Finding(
+                f"{e.name if e else 'version'}: format version {shown_text!r}: torch.load reads versions "
+                f"{TORCH_FILE_VERSIONS.start}-{TORCH_FILE_VERSIONS.stop - 1} only"
+            )
+        ]
     bo = z.entry(z.prefix + "byteorder")
     order = zr.read_entry(src, bo, counter, limit=1 << 10) if bo is not None else b"little"
     if order not in (b"little", b"big"):
-        return [Finding(f"{bo.name if bo else 'byteorder'}: {order!r} is not an endianness torch.load knows "
-                        "(little or big)")]
+        return [
+            Finding(
+                f"{bo.name if bo else 'byteorder'}: {order!r} is not an endianness torch.load knows "
+                "(little or big)"
+            )
+        ]
     return []
 
 
@@ -373,15 +436,21 @@ def pickle_findings(scan: tp.PickleScan, what: str, dcp: bool = False) -> list[F
     if scan.text_persistent_ids:
         # torch.save(..., pickle_protocol=0) writes each storage id as text; torch.load asserts a tuple
         # ("saved_id must be a tuple") and cannot read the file at all, with or without weights_only
-        return [Finding(f"{what}: pickle protocol 0 (storage ids written as text): torch.load cannot read it; "
-                        "save with the default pickle protocol")]
+        return [
+            Finding(
+                f"{what}: pickle protocol 0 (storage ids written as text): torch.load cannot read it; "
+                "save with the default pickle protocol"
+            )
+        ]
     return []
 
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 
 
-def _check_legacy(fh: zr.Source, size: int, counter: Counter, name: str, z: ZipScan) -> list[Finding]:
+def _check_legacy(
+    fh: zr.Source, size: int, counter: Counter, name: str, z: ZipScan
+) -> list[Finding]:
     """Legacy (pre-1.6, non-zip) torch.save: five pickles (magic number, protocol, sys info, the
     object, the sorted storage keys) then, per key, an 8-byte element count and the raw bytes."""
     fh.seek(0)
@@ -404,11 +473,15 @@ def _check_legacy(fh: zr.Source, size: int, counter: Counter, name: str, z: ZipS
     counter.bytes_read += pos
     if pos != size:
         return [Finding(f"legacy torch file: {size - pos} trailing bytes after the last storage")]
-    counter.notes.append(f"{name}: legacy (pre-1.6) torch serialization; pickle and storage sizes checked")
+    counter.notes.append(
+        f"{name}: legacy (pre-1.6) torch serialization; pickle and storage sizes checked"
+    )
     return []
 
 
-def _legacy_pickles(reader: zr.Source | io.BufferedReader, name: str, z: ZipScan) -> list[tp.PickleScan] | Finding:
+def _legacy_pickles(
+    reader: zr.Source | io.BufferedReader, name: str, z: ZipScan
+) -> list[tp.PickleScan] | Finding:
     """The five pickles of a legacy file read as data (the object's is `z.pickle`), or the first finding."""
     scans = []
     for i in range(5):
@@ -423,8 +496,12 @@ def _legacy_pickles(reader: zr.Source | io.BufferedReader, name: str, z: ZipScan
     return scans
 
 
-def _legacy_storages(reader: zr.Source | io.BufferedReader, keys: list[str], refs: dict[str, tp.StorageRef],
-                     size: int) -> int | Finding:
+def _legacy_storages(
+    reader: zr.Source | io.BufferedReader,
+    keys: list[str],
+    refs: dict[str, tp.StorageRef],
+    size: int,
+) -> int | Finding:
     """Each storage's element count after the pickles, as the object's pickle says, within the file: the offset
     where the last one ends, or the first finding."""
     pos = reader.tell()
@@ -437,8 +514,10 @@ def _legacy_storages(reader: zr.Source | io.BufferedReader, keys: list[str], ref
         ref = refs.get(key)
         item = tp.DTYPE_SIZE.get(ref.dtype, 1) if ref is not None else 1
         if numel < 0 or (ref is not None and numel != ref.numel):
-            return Finding(f"legacy torch file: storage {key} holds {numel} elements, the pickle says "
-                           f"{ref.numel if ref else '?'}")
+            return Finding(
+                f"legacy torch file: storage {key} holds {numel} elements, the pickle says "
+                f"{ref.numel if ref else '?'}"
+            )
         pos += 8 + numel * item
         if pos > size:
             return truncated(f"truncated: legacy torch file ends inside storage {key}")
@@ -447,12 +526,17 @@ def _legacy_storages(reader: zr.Source | io.BufferedReader, keys: list[str], ref
 
 # --------------------------------------------------------------------------- pickles (opcodes only)
 
+
 def pickle_strings(data: bytes, limit: int = 200_000) -> list[str]:
     """String constants of a pickle, read from its opcodes (pickletools.genops): nothing runs."""
     out: list[str] = []
     try:
         for op, arg, _pos in pickletools.genops(data):
-            if isinstance(arg, str) and "UNICODE" in op.name or op.name in ("SHORT_BINSTRING", "BINSTRING"):
+            if (
+                isinstance(arg, str)
+                and "UNICODE" in op.name
+                or op.name in ("SHORT_BINSTRING", "BINSTRING")
+            ):
                 out.append(arg if isinstance(arg, str) else str(arg))
                 if len(out) >= limit:
                     break
@@ -461,8 +545,13 @@ def pickle_strings(data: bytes, limit: int = 200_000) -> list[str]:
     return out
 
 
-def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Update | None = None,
-                   archives: dict[tuple[str, int], ZipScan] | None = None) -> list[Finding]:
+def check_dcp_file(
+    path: str,
+    items: list[DcpItem],
+    counter: Counter,
+    update: Update | None = None,
+    archives: dict[tuple[str, int], ZipScan] | None = None,
+) -> list[Finding]:
     """Level full of one DCP data file: every item `.metadata` places in it (formats.models.DcpItem) is a torch
     archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
     chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
@@ -479,9 +568,14 @@ def check_dcp_file(path: str, items: list[DcpItem], counter: Counter, update: Up
     return []
 
 
-def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Update | None,
-                      archives: dict[tuple[str, int], ZipScan] | None = None) -> Finding | None:
-    if it.transformed:   # compressed / encrypted by a DCP extension: its bytes are read, not parsed
+def _dcp_item_finding(
+    fh: BinaryIO,
+    it: DcpItem,
+    counter: Counter,
+    update: Update | None,
+    archives: dict[tuple[str, int], ZipScan] | None = None,
+) -> Finding | None:
+    if it.transformed:  # compressed / encrypted by a DCP extension: its bytes are read, not parsed
         fh.seek(it.offset)
         counter.bytes_read += len(fh.read(min(it.length, CHUNK)))
         return None
@@ -490,7 +584,11 @@ def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Updat
     numel = 1
     for d in it.sizes or ():
         numel *= d
-    if it.sizes is not None and head != zr.LFH and it.length == numel * tp.DTYPE_SIZE.get(it.dtype or "", -1):
+    if (
+        it.sizes is not None
+        and head != zr.LFH
+        and it.length == numel * tp.DTYPE_SIZE.get(it.dtype or "", -1)
+    ):
         for _chunk in _window_chunks(fh, it.offset, it.length, counter, update):
             pass
         return None
@@ -499,16 +597,21 @@ def _dcp_item_finding(fh: BinaryIO, it: DcpItem, counter: Counter, update: Updat
     if z.findings:
         return Finding(f"{where}: {z.findings[0]}", getattr(z.findings[0], "kind", "invalid"))
     root = z.pickle.root if z.pickle is not None else None
-    if it.sizes is not None and not (isinstance(root, tp.TensorRef) and tuple(root.shape) == tuple(it.sizes)):
+    if it.sizes is not None and not (
+        isinstance(root, tp.TensorRef) and tuple(root.shape) == tuple(it.sizes)
+    ):
         shape = list(root.shape) if isinstance(root, tp.TensorRef) else type(root).__name__
-        return Finding(f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)")
+        return Finding(
+            f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)"
+        )
     if archives is not None:
         archives[(it.rel, it.offset)] = z
     return None
 
 
-def _window_chunks(fh: BinaryIO, base: int, length: int, counter: Counter,
-                   update: Update | None) -> Iterator[bytes]:
+def _window_chunks(
+    fh: BinaryIO, base: int, length: int, counter: Counter, update: Update | None
+) -> Iterator[bytes]:
     fh.seek(base)
     left = length
     while left > 0:

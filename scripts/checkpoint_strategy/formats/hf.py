@@ -13,17 +13,19 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats import dcp, deepspeed, filechecks as fc, identify as fm, safepickle as tp
+from checkpoint_strategy.formats import dcp, deepspeed
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import safepickle as tp
 from checkpoint_strategy.formats.base import Checker, Ctx, Layout
-import bisect
 from checkpoint_strategy.formats.optstep import TorchArchive
-
 
 _FSDP_OPTIM = re.compile(r"^optimizer_\d+$")
 
@@ -68,12 +70,16 @@ def _hf_names(listed: list[str], pre: str) -> _HfNames:
 def _check_hf(ctx: Ctx, found: fm.Found) -> Layout:
     path = found.path
     out = Layout(step=found.step)
-    got = found.listing if found.listing is not None else fm.listing_types(path)   # discover's, else one now
+    got = (
+        found.listing if found.listing is not None else fm.listing_types(path)
+    )  # discover's, else one now
     listed, files = got if got is not None else ([], set())
     ctx.listed = listed if got is not None else None
     ctx.flat = ctx.flat and got is not None and len(files) == len(listed)
     names = set(listed)
-    pre = os.path.join(path, "")   # pre + a listed name (never holds a separator) is os.path.join(path, name)
+    pre = os.path.join(
+        path, ""
+    )  # pre + a listed name (never holds a separator) is os.path.join(path, name)
     hf = _hf_names(listed, pre)
     for idx in hf.indexes:
         _check_hf_index(ctx, path, idx, names, idx in files)
@@ -89,8 +95,10 @@ def _check_hf(ctx: Ctx, found: fm.Found) -> Layout:
     for d in hf.ds_steps:
         deepspeed.check_deepspeed_dir(ctx, os.path.join(path, d), out)
     if not hf.weights and not hf.fsdp_model and not hf.ds_steps and not hf.indexes:
-        ctx.missing(os.path.join(path, "model.safetensors"),
-                    "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)")
+        ctx.missing(
+            os.path.join(path, "model.safetensors"),
+            "model weights (model.safetensors, model-0000k-of-0000n.safetensors, pytorch_model.bin or FSDP folder)",
+        )
     _check_hf_state_files(ctx, path, listed, names, files, out)
     out.resumable = "optimizer.pt" in names or bool(hf.fsdp_optim) or out.resumable
     if hf.fsdp_model or hf.fsdp_optim:
@@ -107,7 +115,7 @@ def _check_hf_index(ctx: Ctx, path: str, idx: str, names: set[str], regular: boo
     data = ctx.json(os.path.join(path, idx), regular=regular)
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict):
-        if data is not None:   # None: unreadable JSON, ctx.json recorded why
+        if data is not None:  # None: unreadable JSON, ctx.json recorded why
             ctx.bad(os.path.join(path, idx), "index without a weight_map object")
         return
     shards: list = []
@@ -121,8 +129,12 @@ def _check_hf_index(ctx: Ctx, path: str, idx: str, names: set[str], regular: boo
         if shard not in names:
             ctx.missing(os.path.join(path, shard), f"shard listed in {idx}")
         elif shard.endswith(".safetensors"):
-            _check_index_names(ctx, os.path.join(path, idx), os.path.join(path, shard),
-                               [k for k, v in wm.items() if v == shard])
+            _check_index_names(
+                ctx,
+                os.path.join(path, idx),
+                os.path.join(path, shard),
+                [k for k, v in wm.items() if v == shard],
+            )
 
 
 def _check_index_names(ctx: Ctx, index: str, shard: str, keys: list) -> None:
@@ -130,30 +142,41 @@ def _check_index_names(ctx: Ctx, index: str, shard: str, keys: list) -> None:
     there: a name the shard lacks is a failed load)."""
     header = fc.safetensors_header(shard)
     if header is None:
-        return   # an unreadable header is the shard's own problem (ctx.safetensors words it)
+        return  # an unreadable header is the shard's own problem (ctx.safetensors words it)
     lacking = [k for k in keys if k not in header or k == "__metadata__"]
     if lacking:
-        ctx.bad(index, f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
-                       f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
+        ctx.bad(
+            index,
+            f"weight_map places {tp.shown(str(lacking[0]))!r} in {os.path.basename(shard)}, which does "
+            f"not hold it{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}",
+        )
 
 
-def _check_hf_state_files(ctx: Ctx, path: str, listed: list[str], names: set[str], files: set[str],
-                          out: Layout) -> None:
+def _check_hf_state_files(
+    ctx: Ctx, path: str, listed: list[str], names: set[str], files: set[str], out: Layout
+) -> None:
     """The Trainer's other files: optimizer/scheduler/rng pickles, trainer_state.json (the step), the configs
     (`listed`: the folder's names sorted, `names` as a set; `files`: those its listing saw as regular files)."""
-    pre = os.path.join(path, "")   # as in _check_hf
+    pre = os.path.join(path, "")  # as in _check_hf
     for n in listed:
         if n in _HF_STATE_ZIPS or (n.startswith("rng_state") and _RNG_STATE.match(n)):
-            z = ctx.zip(pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files)
+            z = ctx.zip(
+                pre + n, "optimizer" if n == "optimizer.pt" else "other", regular=n in files
+            )
             if n == "training_args.bin" and z.pickle is not None:
                 ctx.args_world = hf_args_world_size(z.pickle.root)
-    gap = rank_gap(path, listed, ctx.args_world)   # the run's world size says which rng_state_<rank>.pth must be here
+    gap = rank_gap(
+        path, listed, ctx.args_world
+    )  # the run's world size says which rng_state_<rank>.pth must be here
     if gap is not None:
         ctx.missing(pre + gap.file, gap.what())
     if "trainer_state.json" in names:
         _check_trainer_state(ctx, pre + "trainer_state.json", "trainer_state.json" in files, out)
     elif fm._HF.match(os.path.basename(path)):
-        ctx.missing(os.path.join(path, "trainer_state.json"), "trainer_state.json (the Trainer writes it with every checkpoint)")
+        ctx.missing(
+            os.path.join(path, "trainer_state.json"),
+            "trainer_state.json (the Trainer writes it with every checkpoint)",
+        )
     for n in ("config.json", "generation_config.json", "adapter_config.json"):
         if n in names:
             ctx.json(pre + n, regular=n in files)
@@ -210,23 +233,34 @@ class RankGap:
         ranks = [int(m.group(1)) for f in self.missing if (m := _RNG_FILE.match(f))]
         files = f"{len(ranks)} rank files ({_span_files(ranks)}): " if len(ranks) > 1 else ""
         who = f"rank {ranks[0]} did" if len(ranks) == 1 else f"ranks {_ranks(ranks)} did"
-        return (f"{files}the run was saved by {self.world} processes ({self.evidence}); {who} not finish this "
-                "save (not a resume point)")
+        return (
+            f"{files}the run was saved by {self.world} processes ({self.evidence}); {who} not finish this "
+            "save (not a resume point)"
+        )
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+    return (
+        f"{ranks[0]}-{ranks[-1]}"
+        if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1))
         else ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    )
 
 
 def _span_files(ranks: Sequence[int]) -> str:
-    return f"rng_state_{ranks[0]}..{ranks[-1]}.pth" if ranks == list(range(ranks[0], ranks[-1] + 1)) else \
-        ", ".join(f"rng_state_{r}.pth" for r in ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+    return (
+        f"rng_state_{ranks[0]}..{ranks[-1]}.pth"
+        if ranks == list(range(ranks[0], ranks[-1] + 1))
+        else ", ".join(f"rng_state_{r}.pth" for r in ranks[:4])
+        + (", ..." if len(ranks) > 4 else "")
+    )
 
 
 def _hf_ranks(names: Sequence[str]) -> tuple[set[int], bool]:
     """(ranks of the rng_state_<rank>.pth files, a single rng_state.pth: saved by one process) of a listing."""
-    ranks = {int(m.group(1)) for n in names if n.startswith("rng_state_") and (m := _RNG_FILE.match(n))}
+    ranks = {
+        int(m.group(1)) for n in names if n.startswith("rng_state_") and (m := _RNG_FILE.match(n))
+    }
     return ranks, "rng_state.pth" in names
 
 
@@ -269,7 +303,11 @@ def sibling_ranks(path: str, limit: int = MAX_SIBLINGS) -> list[tuple[str, int]]
     except OSError:
         return []
     i = bisect.bisect_left(steps, (at, ""))
-    window = [(abs(step - at), -step, name) for step, name in steps[max(0, i - limit): i + limit + 1] if name != me]
+    window = [
+        (abs(step - at), -step, name)
+        for step, name in steps[max(0, i - limit) : i + limit + 1]
+        if name != me
+    ]
     out: list[tuple[str, int]] = []
     for _dist, _neg, name in sorted(window)[:limit]:
         folder = os.path.join(parent, name)
@@ -297,14 +335,16 @@ def rank_gap(path: str, names: Sequence[str], declared: int | None = None) -> Ra
     if not ranks:
         return None
     if declared is not None and declared > 1 and ranks >= set(range(declared)):
-        return None                                   # the common case: every rank's file, no listing of the run
+        return None  # the common case: every rank's file, no listing of the run
     siblings = sibling_ranks(path)
     if declared is not None and declared > 1:
         world, evidence = declared, [f"training_args.bin records {declared} processes"]
     else:
         best = max(siblings, key=lambda s: s[1], default=None)
         world = max(max(ranks) + 1, 2, best[1] if best else 0)
-        evidence = [] if best is None or best[1] < world else [f"{best[0]} has rng_state_0..{world - 1}"]
+        evidence = (
+            [] if best is None or best[1] < world else [f"{best[0]} has rng_state_0..{world - 1}"]
+        )
         evidence = evidence or [f"this folder holds rng_state_{max(ranks)}.pth"]
     missing = sorted(set(range(world)) - ranks)
     if not missing:
@@ -366,8 +406,11 @@ def _check_hf_folder(ctx: Ctx, found: fm.Found) -> Layout:
     _precheck, which stops at a missing, dangling or file path first)."""
     path = found.path
     if os.path.basename(path).startswith("tmp-checkpoint-"):
-        ctx.bad(path, "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
-                "incomplete")
+        ctx.bad(
+            path,
+            "in-flight temporary folder tmp-checkpoint-N (the Trainer renames it when the save ends)",
+            "incomplete",
+        )
         return Layout(step=found.step)
     return _check_hf(ctx, found)
 

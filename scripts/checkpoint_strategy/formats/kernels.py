@@ -35,12 +35,19 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-BLOCK = 1024          # float32 partial sums of this many squares, added up in float64
-_OPTS: dict[str, Any] = {"nogil": True, "cache": True, "error_model": "numpy", "boundscheck": False,
-                         # reordered sums and fused multiply-adds only: NaN and Inf still propagate
-                         "fastmath": {"reassoc", "contract"}}
-_SIGNATURES = [types.float64(types.Array(types.uint16, 1, "C", readonly=True)),
-               types.float64(types.Array(types.uint16, 1, "C"))]
+BLOCK = 1024  # float32 partial sums of this many squares, added up in float64
+_OPTS: dict[str, Any] = {
+    "nogil": True,
+    "cache": True,
+    "error_model": "numpy",
+    "boundscheck": False,
+    # reordered sums and fused multiply-adds only: NaN and Inf still propagate
+    "fastmath": {"reassoc", "contract"},
+}
+_SIGNATURES = [
+    types.float64(types.Array(types.uint16, 1, "C", readonly=True)),
+    types.float64(types.Array(types.uint16, 1, "C")),
+]
 
 
 def _bitcast_typer(typingctx: Any, bits: Any) -> Any:
@@ -90,7 +97,7 @@ def bf16_sumsq(raw: Any) -> float:
     """Sum of squares of bfloat16 values (their uint16 bits); NaN/Inf when any value is."""
     s = 0.0
     for start in range(0, raw.size, BLOCK):
-        s += _bf16_block(raw[start:start + BLOCK])
+        s += _bf16_block(raw[start : start + BLOCK])
     return s
 
 
@@ -99,5 +106,5 @@ def f16_sumsq(raw: Any) -> float:
     """Sum of squares of float16 values (their uint16 bits); NaN/Inf when any value is."""
     s = 0.0
     for start in range(0, raw.size, BLOCK):
-        s += _f16_block(raw[start:start + BLOCK])
+        s += _f16_block(raw[start : start + BLOCK])
     return s

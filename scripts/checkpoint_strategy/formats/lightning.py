@@ -34,7 +34,7 @@ def _check_lightning(ctx: Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(path, "mixed")
     out.resumable = "optimizer_states" in z.keys()
     out.portability = "full" if out.resumable else "weights"
-    out.step = _pickle_step(z) if out.step is None else out.step   # last.ckpt: no step in its name
+    out.step = _pickle_step(z) if out.step is None else out.step  # last.ckpt: no step in its name
     return out
 
 
@@ -68,5 +68,5 @@ def _check_nemo(ctx: Ctx, found: fm.Found) -> Layout:
 
 
 CHECKERS: dict[str, Checker] = {"lightning": _check_lightning, "nemo": _check_nemo}
-FOLDER_FORMATS: tuple[str, ...] = ()   # a .ckpt is a file or a folder
+FOLDER_FORMATS: tuple[str, ...] = ()  # a .ckpt is a file or a folder
 TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {}

@@ -17,11 +17,11 @@ import hashlib
 import json
 import os
 
-from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.atomic import atomic_write_text
+from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats.identify import MANIFEST_NAME, MANIFEST_SUFFIX
-from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, oserror_line, read_json
 
 ALGORITHM = "sha256"
@@ -34,7 +34,9 @@ def manifest_path(checkpoint: str) -> str:
 
 
 def _is_manifest(name: str) -> bool:
-    return name == MANIFEST_NAME or (name.startswith("." + MANIFEST_NAME + ".") and name.endswith(".tmp"))
+    return name == MANIFEST_NAME or (
+        name.startswith("." + MANIFEST_NAME + ".") and name.endswith(".tmp")
+    )
 
 
 def list_files(checkpoint: str) -> dict[str, str]:
@@ -68,7 +70,9 @@ def write_manifest(checkpoint: str, counter: zr.Counter, update=None) -> str:
     when a file cannot be read or the folder cannot be written (read-only, full)."""
     target = manifest_path(checkpoint)
     if os.path.islink(target):
-        raise UsageError(f"{target} is a symbolic link: refusing to write the manifest through it; remove it")
+        raise UsageError(
+            f"{target} is a symbolic link: refusing to write the manifest through it; remove it"
+        )
     files = {}
     try:
         for rel, full in list_files(checkpoint).items():
@@ -79,7 +83,9 @@ def write_manifest(checkpoint: str, counter: zr.Counter, update=None) -> str:
     try:
         atomic_write_text(target, text)
     except OSError as exc:
-        raise UsageError(oserror_line(exc, "write manifest", target) + ": nothing was written") from None
+        raise UsageError(
+            oserror_line(exc, "write manifest", target) + ": nothing was written"
+        ) from None
     return target
 
 
@@ -88,17 +94,28 @@ def verify_manifest(checkpoint: str, counter: zr.Counter, update=None) -> list[t
     target = manifest_path(checkpoint)
     mname = os.path.basename(target)
     if not os.path.lexists(target):
-        return [(mname, "no manifest to verify (write one with --manifest write after a good save)")]
+        return [
+            (mname, "no manifest to verify (write one with --manifest write after a good save)")
+        ]
     try:
         data = read_json(target, mname, expect=dict)
     except ReadError as exc:
         return [(mname, f"unreadable manifest: {exc.reason}")]
     if not isinstance(data.get("files"), dict):
-        return [(mname, "manifest is not {\"algorithm\", \"files\"}")]
+        return [(mname, 'manifest is not {"algorithm", "files"}')]
     algorithm = data.get("algorithm", ALGORITHM)
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-        shown = repr(algorithm) if isinstance(algorithm, str) and len(algorithm) < 40 else "a non-name value"
-        return [(mname, f"unknown hash algorithm {shown}; expected one of {', '.join(sorted(ALGORITHMS))}")]
+        shown = (
+            repr(algorithm)
+            if isinstance(algorithm, str) and len(algorithm) < 40
+            else "a non-name value"
+        )
+        return [
+            (
+                mname,
+                f"unknown hash algorithm {shown}; expected one of {', '.join(sorted(ALGORITHMS))}",
+            )
+        ]
     problems: list[tuple[str, str]] = []
     present = list_files(checkpoint)
     for rel, entry in sorted(data["files"].items()):
@@ -119,7 +136,9 @@ def verify_manifest(checkpoint: str, counter: zr.Counter, update=None) -> list[t
             problems.append((rel, fc._oserror(exc)))
             continue
         if digest != entry.get("hash"):
-            problems.append((rel, f"{algorithm} mismatch: content changed since the manifest was written"))
+            problems.append(
+                (rel, f"{algorithm} mismatch: content changed since the manifest was written")
+            )
     for rel in sorted(set(present) - set(data["files"])):
         problems.append((rel, "not in the manifest (added after it was written)"))
     return problems

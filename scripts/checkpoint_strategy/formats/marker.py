@@ -20,13 +20,13 @@ records has not recovered.
 
 from __future__ import annotations
 
+import json
 import os
+from datetime import datetime, timezone
 from typing import Optional
 
 from checkpoint_strategy.atomic import atomic_write_text
 from checkpoint_strategy.storage import ReadError, read_json
-import json
-from datetime import datetime, timezone
 
 MARKER_NAME = "checkpoint-strategy.json"
 MARKER_SUFFIX = "." + MARKER_NAME
@@ -40,13 +40,25 @@ def marker_path(checkpoint: str | os.PathLike) -> str:
     p = os.path.normpath(os.fspath(checkpoint))
     if os.path.isdir(p):
         return os.path.join(p, MARKER_NAME)
-    if os.path.lexists(p) or os.path.splitext(p)[1].lower() in (".ckpt", ".pt", ".pth", ".bin", ".safetensors"):
+    if os.path.lexists(p) or os.path.splitext(p)[1].lower() in (
+        ".ckpt",
+        ".pt",
+        ".pth",
+        ".bin",
+        ".safetensors",
+    ):
         return p + MARKER_SUFFIX
     return os.path.join(p, MARKER_NAME)
 
 
-def write_marker(checkpoint: str | os.PathLike, *, event: str, step: int, rules: list[str] | None = None,
-                 written_at: Optional[str] = None) -> str:
+def write_marker(
+    checkpoint: str | os.PathLike,
+    *,
+    event: str,
+    step: int,
+    rules: list[str] | None = None,
+    written_at: Optional[str] = None,
+) -> str:
     """Write the emergency marker (atomically); creates the checkpoint folder if it does not exist
     yet (the marker goes in first). Returns the marker path."""
     if event not in EVENTS:
@@ -54,9 +66,17 @@ def write_marker(checkpoint: str | os.PathLike, *, event: str, step: int, rules:
     path = marker_path(checkpoint)
     if path.endswith(os.sep + MARKER_NAME):
         os.makedirs(os.path.dirname(path), exist_ok=True)
-    when = written_at or datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    doc = {"producer": "checkpoint-strategy", "kind": "emergency", "event": event, "step": int(step),
-           "rules": list(rules or []), "written_at": when}
+    when = written_at or datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace(
+        "+00:00", "Z"
+    )
+    doc = {
+        "producer": "checkpoint-strategy",
+        "kind": "emergency",
+        "event": event,
+        "step": int(step),
+        "rules": list(rules or []),
+        "written_at": when,
+    }
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     return path
 
@@ -79,8 +99,13 @@ def read_marker(checkpoint: str | os.PathLike) -> Optional[dict]:
         return None
     step = data.get("step")
     event = data.get("event")
-    return {"kind": "emergency", "event": event if event in EVENTS else None,
-            "step": step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None}
+    return {
+        "kind": "emergency",
+        "event": event if event in EVENTS else None,
+        "step": step
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0
+        else None,
+    }
 
 
 def is_emergency(checkpoint: str | os.PathLike) -> bool:

@@ -29,9 +29,14 @@ def _check_megatron(ctx: Ctx, found: fm.Found) -> Layout:
             ctx.json(os.path.join(path, "metadata.json"))
         out.sharded, out.portability = True, "dcp"
         return out
-    ranks = sorted(n for n in names if n.startswith("mp_rank_") and os.path.isdir(os.path.join(path, n)))
+    ranks = sorted(
+        n for n in names if n.startswith("mp_rank_") and os.path.isdir(os.path.join(path, n))
+    )
     if not ranks:
-        ctx.missing(os.path.join(path, "mp_rank_00"), "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)")
+        ctx.missing(
+            os.path.join(path, "mp_rank_00"),
+            "model-parallel rank folders (mp_rank_XX/model_optim_rng.pt)",
+        )
     has_optim = False
     for r in ranks:
         inner = ls(os.path.join(path, r))
@@ -39,8 +44,11 @@ def _check_megatron(ctx: Ctx, found: fm.Found) -> Layout:
         if "model_optim_rng.pt" not in inner:
             ctx.missing(os.path.join(path, r, "model_optim_rng.pt"), "model_optim_rng.pt")
         for n in files:
-            z = ctx.zip(os.path.join(path, r, n), "optimizer" if n == "distrib_optim.pt" else "mixed",
-                        flat=n == "distrib_optim.pt")
+            z = ctx.zip(
+                os.path.join(path, r, n),
+                "optimizer" if n == "distrib_optim.pt" else "mixed",
+                flat=n == "distrib_optim.pt",
+            )
             has_optim = has_optim or "optimizer" in z.keys()
         if "distrib_optim.pt" in inner:
             has_optim = True
@@ -61,5 +69,6 @@ def _tracked(text: str) -> str | None:
 
 CHECKERS: dict[str, Checker] = {"megatron": _check_megatron}
 FOLDER_FORMATS: tuple[str, ...] = ("megatron",)
-TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {"latest_checkpointed_iteration.txt":
-                                                               ("megatron", _tracked)}
+TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    "latest_checkpointed_iteration.txt": ("megatron", _tracked)
+}

@@ -45,8 +45,16 @@ from checkpoint_strategy.formats.models import OptimizerCheck, OptimizerSteps
 MAX_READS = 4096
 MAX_METADATA = 512 << 20
 MAX_ITEM = 1 << 20
-_DECODE = {"float32": "<f", "float64": "<d", "float16": "<e", "int64": "<q", "int32": "<i", "int16": "<h",
-           "int8": "<b", "uint8": "<B"}
+_DECODE = {
+    "float32": "<f",
+    "float64": "<d",
+    "float16": "<e",
+    "int64": "<q",
+    "int32": "<i",
+    "int16": "<h",
+    "int8": "<b",
+    "uint8": "<B",
+}
 _TORCH_OPTIM_FILE = re.compile(r"^optimizer(?:_\d+)?\.(?:pt|bin)$")
 _TRAIN_LEAVES = ("step", "global_step", "global_steps", "iteration")
 
@@ -57,7 +65,7 @@ def _decode(raw: bytes, dtype: str) -> Optional[float]:
     fmt = _DECODE.get(dtype)
     if fmt is None or len(raw) < struct.calcsize(fmt):
         return None
-    return float(struct.unpack(fmt, raw[:struct.calcsize(fmt)])[0])
+    return float(struct.unpack(fmt, raw[: struct.calcsize(fmt)])[0])
 
 
 def _number(v: Any) -> Optional[float]:
@@ -65,6 +73,7 @@ def _number(v: Any) -> Optional[float]:
 
 
 # --------------------------------------------------------------------------- torch zip archives
+
 
 class TorchArchive:
     """A torch.save zip archive, its pickle read as data, and scalar tensor values read on demand."""
@@ -104,7 +113,9 @@ def _optimizer_dicts(root: Any) -> list[dict]:
             obj = obj.state
         if isinstance(obj, dict):
             st = obj.get("state")
-            if isinstance(st, dict) and any(isinstance(x, dict) and "step" in x for x in st.values()):
+            if isinstance(st, dict) and any(
+                isinstance(x, dict) and "step" in x for x in st.values()
+            ):
                 out.append(obj)
                 continue
             todo.extend((v, depth + 1) for v in obj.values())
@@ -125,7 +136,9 @@ def _max_step(arc: TorchArchive, od: dict, budget: list[int]) -> Optional[int]:
     return int(best) if best is not None and abs(best) < 2**53 else None
 
 
-def _archive_steps(path: str, sum_optimizers: bool = False) -> tuple[Optional[int], int, Optional[TorchArchive]]:
+def _archive_steps(
+    path: str, sum_optimizers: bool = False
+) -> tuple[Optional[int], int, Optional[TorchArchive]]:
     """(optimizer step, optimizers found, the archive) of one torch archive: the largest per-parameter step
     of its optimizer (of each, summed, with sum_optimizers)."""
     arc = TorchArchive(path)
@@ -146,6 +159,7 @@ def _root_int(root: Any, *keys: str) -> Optional[int]:
 
 
 # --------------------------------------------------------------------------- DCP
+
 
 def _dcp_meta(folder: str) -> Optional[DcpMetadata]:
     """The folder's .metadata read as data (formats/dcp.py `dcp_metadata`); None when it cannot be (unreadable,
@@ -169,7 +183,10 @@ def _small_zip_value(data: bytes) -> Optional[float]:
     archive cannot give it (damaged bytes, not a number)."""
     src = zr.InMemory(data)
     parsed = zr.read_directory(src, len(data))
-    if isinstance(parsed, str) or zr.local_headers(src, parsed[0], parsed[1], zr.Counter(), False) is not None:
+    if (
+        isinstance(parsed, str)
+        or zr.local_headers(src, parsed[0], parsed[1], zr.Counter(), False) is not None
+    ):
         return None
     infos = {e.name: e for e in reversed(parsed[0])}
     pkl = next((e for n, e in infos.items() if n.endswith("data.pkl")), None)
@@ -180,10 +197,14 @@ def _small_zip_value(data: bytes) -> Optional[float]:
     if not isinstance(root, tp.TensorRef):
         return _number(root)
     size = tp.DTYPE_SIZE.get(root.dtype, 0)
-    stored = _verified(src, infos.get(f"{pkl.name[:-len('data.pkl')]}data/{root.storage.key}")) if size else None
+    stored = (
+        _verified(src, infos.get(f"{pkl.name[: -len('data.pkl')]}data/{root.storage.key}"))
+        if size
+        else None
+    )
     if stored is None:
         return None
-    return _decode(stored[root.offset * size:(root.offset + 1) * size], root.dtype)
+    return _decode(stored[root.offset * size : (root.offset + 1) * size], root.dtype)
 
 
 def _verified(src: zr.InMemory, entry: zr.ZipEntry | None) -> bytes | None:
@@ -200,8 +221,12 @@ class _Dcp:
     def __init__(self, folder: str, meta: DcpMetadata) -> None:
         self.folder = folder
         dtypes = {t.fqn: t.dtype for t in meta.tensors}
-        self.dtypes = {fqn: dtypes.get(fqn, "bytes") for fqn in meta.fqns}   # fqn -> dtype ('bytes': a value)
-        self.where: dict[str, tuple[str, int, int]] = {}   # fqn -> its first stored untransformed chunk
+        self.dtypes = {
+            fqn: dtypes.get(fqn, "bytes") for fqn in meta.fqns
+        }  # fqn -> dtype ('bytes': a value)
+        self.where: dict[
+            str, tuple[str, int, int]
+        ] = {}  # fqn -> its first stored untransformed chunk
         for it in meta.items:
             if not it.transformed:
                 self.where.setdefault(it.fqn, (it.rel, it.offset, it.length))
@@ -235,12 +260,19 @@ def dcp_step_keys(fqns: list[str]) -> tuple[list[str], Optional[str], Optional[s
     opt, train, sched = [], [], []
     for fqn in fqns:
         parts = fqn.split(".")
-        if parts[-1] == "step" and "state" in parts[:-1] and _is_optim(parts[:parts.index("state")]):
+        if (
+            parts[-1] == "step"
+            and "state" in parts[:-1]
+            and _is_optim(parts[: parts.index("state")])
+        ):
             opt.append(fqn)
         elif parts[-1] == "last_epoch" and any(p.startswith(("lr_sched", "sched")) for p in parts):
             sched.append(fqn)
-        elif parts[-1] in _TRAIN_LEAVES and not _is_optim(parts) \
-                and not any(p.startswith(("lr_sched", "sched", "dataloader")) for p in parts):
+        elif (
+            parts[-1] in _TRAIN_LEAVES
+            and not _is_optim(parts)
+            and not any(p.startswith(("lr_sched", "sched", "dataloader")) for p in parts)
+        ):
             train.append(fqn)
     pick = min(train, key=lambda f: (f.count("."), f)) if train else None
     return opt, pick, min(sched) if sched else None
@@ -251,14 +283,20 @@ def _whole(v: Optional[float]) -> Optional[int]:
     return int(v) if v is not None and v == v and abs(v) < 2**53 else None
 
 
-def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False) -> None:
+def _dcp_read(
+    folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False
+) -> None:
     """sum_optimizers: Lightning's `optimizer_<k>` entries, whose counters its global_step adds up."""
     meta = _dcp_meta(folder)
     if meta is None:
         return
     d = _Dcp(folder, meta)
     opt, train, sched = dcp_step_keys(list(d.dtypes))
-    rel = os.path.relpath(os.path.join(folder, ".metadata"), out.path) if out.path != folder else ".metadata"
+    rel = (
+        os.path.relpath(os.path.join(folder, ".metadata"), out.path)
+        if out.path != folder
+        else ".metadata"
+    )
     per_optimizer: dict[str, float] = {}
     for fqn in opt[:MAX_READS]:
         v = d.value(fqn)
@@ -267,9 +305,12 @@ def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, su
             per_optimizer[key] = max(v, per_optimizer.get(key, v))
     if per_optimizer and out.optimizer_step is None:
         n = len(per_optimizer)
-        out.optimizer_step = int(sum(per_optimizer.values()) if sum_optimizers else max(per_optimizer.values()))
+        out.optimizer_step = int(
+            sum(per_optimizer.values()) if sum_optimizers else max(per_optimizer.values())
+        )
         out.optimizer_step_from = f"{'/'.join(sorted(per_optimizer))}.state.*.step in {rel}" + (
-            f" (summed over {n} optimizers)" if sum_optimizers and n > 1 else "")
+            f" (summed over {n} optimizers)" if sum_optimizers and n > 1 else ""
+        )
     if optimizer_only:
         return
     if train and out.training_step is None:
@@ -284,14 +325,22 @@ def _dcp_read(folder: str, out: OptimizerSteps, optimizer_only: bool = False, su
 
 # --------------------------------------------------------------------------- layouts
 
+
 def _hf(path: str, out: OptimizerSteps) -> None:
     try:
-        state = storage.read_json(os.path.join(path, "trainer_state.json"), "trainer_state.json",
-                                  allow_nan=True, expect=dict)
+        state = storage.read_json(
+            os.path.join(path, "trainer_state.json"),
+            "trainer_state.json",
+            allow_nan=True,
+            expect=dict,
+        )
     except storage.ReadError:
         state = {}
     if type(state.get("global_step")) is int:
-        out.training_step, out.training_step_from = state["global_step"], "trainer_state.json global_step"
+        out.training_step, out.training_step_from = (
+            state["global_step"],
+            "trainer_state.json global_step",
+        )
     opt = os.path.join(path, "optimizer.pt")
     if storage.is_regular(opt):
         step, _n, _arc = _archive_steps(opt)
@@ -313,7 +362,9 @@ def _hf(path: str, out: OptimizerSteps) -> None:
 
 def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
     names = sorted(os.listdir(path))
-    model = next((n for n in names if n.endswith("model_states.pt") and n.startswith("mp_rank_")), None)
+    model = next(
+        (n for n in names if n.endswith("model_states.pt") and n.startswith("mp_rank_")), None
+    )
     if model is not None:
         arc = TorchArchive(os.path.join(path, model))
         gs = _root_int(arc.root, "global_steps")
@@ -337,7 +388,7 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
 
 
 def _lightning(path: str, out: OptimizerSteps) -> None:
-    if os.path.isdir(path):   # a sharded strategy's folder: DCP shards, the loop state in meta.pt
+    if os.path.isdir(path):  # a sharded strategy's folder: DCP shards, the loop state in meta.pt
         _dcp_read(path, out, optimizer_only=True, sum_optimizers=True)
         meta = os.path.join(path, "meta.pt")
         gs = _root_int(TorchArchive(meta).root, "global_step") if storage.is_regular(meta) else None
@@ -351,8 +402,11 @@ def _lightning(path: str, out: OptimizerSteps) -> None:
         out.training_step, out.training_step_from = gs, "global_step"
     if step is not None:
         out.optimizer_step = step
-        out.optimizer_step_from = "optimizer_states[0]['state'][*]['step']" if n == 1 else \
-            f"optimizer_states[*]['state'][*]['step'] summed over {n} optimizers"
+        out.optimizer_step_from = (
+            "optimizer_states[0]['state'][*]['step']"
+            if n == 1
+            else f"optimizer_states[*]['state'][*]['step'] summed over {n} optimizers"
+        )
     scheds = root.get("lr_schedulers") if isinstance(root, dict) else None
     if isinstance(scheds, list) and scheds:
         last = _root_int(tp.state_of(scheds[0]), "last_epoch")
@@ -384,7 +438,10 @@ def read_optimizer_steps(path: str, fmt: Optional[str] = None) -> OptimizerSteps
             if gs is not None:
                 out.training_step, out.training_step_from = gs, "global_step in the archive"
             if step is not None:
-                out.optimizer_step, out.optimizer_step_from = step, "state[*]['step'] in the archive"
+                out.optimizer_step, out.optimizer_step_from = (
+                    step,
+                    "state[*]['step'] in the archive",
+                )
     except (OSError, storage.ReadError):
         pass
     return judge(out)
@@ -397,9 +454,11 @@ def judge(s: OptimizerSteps, resume_step: Optional[int] = None) -> OptimizerStep
     if s.optimizer_step is None or s.training_step is None:
         missing = "optimizer step counter" if s.optimizer_step is None else "training step"
         s.verdict = "unknown"
-        s.reason = f"no {missing} recorded" + (" (a model-only checkpoint, or an optimizer without a per-parameter "
-                                                "step such as SGD)" if s.optimizer_step is None
-                                                else " in the checkpoint's content")
+        s.reason = f"no {missing} recorded" + (
+            " (a model-only checkpoint, or an optimizer without a per-parameter step such as SGD)"
+            if s.optimizer_step is None
+            else " in the checkpoint's content"
+        )
         return s
     t, o = s.training_step, s.optimizer_step
     expected = t - (s.skipped_steps or 0)
@@ -409,21 +468,27 @@ def judge(s: OptimizerSteps, resume_step: Optional[int] = None) -> OptimizerStep
         s.reason = f"optimizer step counter {o} = training step {t}{skipped}"
     elif o > expected:
         s.verdict = "ahead"
-        s.reason = (f"optimizer step counter {o} is ahead of the training step {t}{skipped}: the training step "
-                    "restarted while the optimizer state carried on (the LR schedule and data position restarted "
-                    "too?), or the optimizer state comes from another save")
+        s.reason = (
+            f"optimizer step counter {o} is ahead of the training step {t}{skipped}: the training step "
+            "restarted while the optimizer state carried on (the LR schedule and data position restarted "
+            "too?), or the optimizer state comes from another save"
+        )
     else:
         s.restart_step = t - o
         if resume_step is not None and 0 < resume_step < t and o <= t - resume_step:
             s.verdict = "reset"
-            s.reason = (f"optimizer step counter {o} at training step {t}: it counts only the {o} steps since the "
-                        f"resume from step {resume_step}, so the optimizer started from nothing there (Adam's "
-                        "moments and step count were not restored)")
+            s.reason = (
+                f"optimizer step counter {o} at training step {t}: it counts only the {o} steps since the "
+                f"resume from step {resume_step}, so the optimizer started from nothing there (Adam's "
+                "moments and step count were not restored)"
+            )
         else:
             s.verdict = "behind"
-            s.reason = (f"optimizer step counter {o} is {expected - o} behind the training step {t}{skipped}: "
-                        f"a counter restarted at step {t - o} (a resume with a fresh optimizer there?), or steps "
-                        "the optimizer skipped (fp16 loss-scale overflows) that the checkpoint does not record")
+            s.reason = (
+                f"optimizer step counter {o} is {expected - o} behind the training step {t}{skipped}: "
+                f"a counter restarted at step {t - o} (a resume with a fresh optimizer there?), or steps "
+                "the optimizer skipped (fp16 loss-scale overflows) that the checkpoint does not record"
+            )
     return s
 
 

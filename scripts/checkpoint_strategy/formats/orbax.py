@@ -13,17 +13,18 @@ Checked against real saves made in tests/test_export_frameworks.py: ``<step>/<it
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable
-
-from checkpoint_strategy.formats import identify as fm, zstd
-from checkpoint_strategy.formats.base import Checker, Ctx, Layout, Refused, ls
-from checkpoint_strategy.storage import ReadError, read_bytes
 import base64
 import binascii
 import json
+import os
+import re
 import struct
+from collections.abc import Callable
+
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats import zstd
+from checkpoint_strategy.formats.base import Checker, Ctx, Layout, Refused, ls
+from checkpoint_strategy.storage import ReadError, read_bytes
 
 
 def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
@@ -41,7 +42,9 @@ def _check_orbax(ctx: Ctx, found: fm.Found) -> Layout:
         if _check_orbax_folder(ctx, os.path.join(path, item)):
             out.resumable = True
     if ctx.deep:
-        ctx.counter.notes.append("Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)")
+        ctx.counter.notes.append(
+            "Orbax/tensorstore arrays: values not checked at level deep (zarr/OCDBT chunks)"
+        )
     out.sharded, out.portability = True, "orbax"
     return out
 
@@ -52,12 +55,20 @@ def _check_orbax_commit(ctx: Ctx, path: str, names: set[str]) -> None:
     if "_CHECKPOINT_METADATA" in names:
         meta = ctx.json(os.path.join(path, "_CHECKPOINT_METADATA"))
         if isinstance(meta, dict) and meta.get("commit_timestamp_nsecs", 1) is None:
-            ctx.bad(os.path.join(path, "_CHECKPOINT_METADATA"), "no commit timestamp: save not finalised", "incomplete")
+            ctx.bad(
+                os.path.join(path, "_CHECKPOINT_METADATA"),
+                "no commit timestamp: save not finalised",
+                "incomplete",
+            )
     elif "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "_CHECKPOINT_METADATA"), "_CHECKPOINT_METADATA / commit_success.txt")
+        ctx.missing(
+            os.path.join(path, "_CHECKPOINT_METADATA"), "_CHECKPOINT_METADATA / commit_success.txt"
+        )
     if ctx.want_commit and "commit_success.txt" not in names:
-        ctx.missing(os.path.join(path, "commit_success.txt"),
-                    "commit marker commit_success.txt (the other steps have one; the save did not finish)")
+        ctx.missing(
+            os.path.join(path, "commit_success.txt"),
+            "commit marker commit_success.txt (the other steps have one; the save did not finish)",
+        )
 
 
 def _check_orbax_folder(ctx: Ctx, ip: str) -> bool:
@@ -95,11 +106,21 @@ def _check_orbax_item(ctx: Ctx, ip: str, inner: list[str], docs: dict[str, objec
     if "array_metadatas" in inner:
         for n in ls(os.path.join(ip, "array_metadatas")):
             doc = ctx.json(os.path.join(ip, "array_metadatas", n))
-            reason = orbax_array_metadatas(doc, params) if isinstance(params, dict) and doc is not None else None
+            reason = (
+                orbax_array_metadatas(doc, params)
+                if isinstance(params, dict) and doc is not None
+                else None
+            )
             if reason:
-                ctx.bad(os.path.join(ip, "array_metadatas", n), f"Orbax cannot restore from it: {reason}")
-    reason = orbax_sharding(docs["_sharding"], params) if isinstance(params, dict) and \
-        docs.get("_sharding") is not None else None
+                ctx.bad(
+                    os.path.join(ip, "array_metadatas", n),
+                    f"Orbax cannot restore from it: {reason}",
+                )
+    reason = (
+        orbax_sharding(docs["_sharding"], params)
+        if isinstance(params, dict) and docs.get("_sharding") is not None
+        else None
+    )
     if reason:
         ctx.bad(os.path.join(ip, "_sharding"), f"Orbax cannot restore from it: {reason}")
     if not ctx.full:
@@ -120,7 +141,7 @@ def _check_ocdbt(ctx: Ctx, path: str, manifest: bool) -> None:
     try:
         data = read_bytes(path, "OCDBT file", limit=MAX_OCDBT_NODE)
     except ReadError:
-        ctx.readable(path)   # a big data file (array values), or unreadable: readable() words it
+        ctx.readable(path)  # a big data file (array values), or unreadable: readable() words it
         return
     ctx.counter.files += 1
     ctx.counter.bytes_read += len(data)
@@ -151,14 +172,29 @@ def orbax_item_has_optimizer(metadata: object) -> bool:
 
 #: the value types Orbax's type handlers and empty values write in _METADATA (orbax.checkpoint _src/serialization,
 #: _src/metadata/empty_values.py); restore looks the handler up by this name
-ORBAX_VALUE_TYPES = frozenset({"jax.Array", "np.ndarray", "scalar", "string", "None", "Dict", "List", "Tuple",
-                               "NamedTuple", "Unknown", "placeholder"})
+ORBAX_VALUE_TYPES = frozenset(
+    {
+        "jax.Array",
+        "np.ndarray",
+        "scalar",
+        "string",
+        "None",
+        "Dict",
+        "List",
+        "Tuple",
+        "NamedTuple",
+        "Unknown",
+        "placeholder",
+    }
+)
 
 
-ORBAX_KEY_TYPES = (1, 2)   # KeyType.SEQUENCE, KeyType.DICT
+ORBAX_KEY_TYPES = (1, 2)  # KeyType.SEQUENCE, KeyType.DICT
 
 
-ORBAX_SHARDINGS = frozenset({"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"})
+ORBAX_SHARDINGS = frozenset(
+    {"SingleDeviceSharding", "NamedSharding", "PositionalSharding", "GSPMDSharding"}
+)
 
 
 #: an Orbax item's values: param name ('a.b') -> write_shape (None for a value without one)
@@ -197,8 +233,12 @@ def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | Ref
         return Refused(f"entry {name!r} has no key_metadata list and value_metadata object")
     parts = []
     for k in keys:
-        if not (isinstance(k, dict) and isinstance(k.get("key"), str) and k.get("key_type") in ORBAX_KEY_TYPES
-                and type(k.get("key_type")) is int):
+        if not (
+            isinstance(k, dict)
+            and isinstance(k.get("key"), str)
+            and k.get("key_type") in ORBAX_KEY_TYPES
+            and type(k.get("key_type")) is int
+        ):
             return Refused(f"entry {name!r} has a key that is not a name with key_type 1 or 2")
         if k["key_type"] == 1 and not k["key"].isdigit():
             return Refused(f"entry {name!r} has a sequence key {k['key']!r} that is not an index")
@@ -210,7 +250,9 @@ def _orbax_entry(name: str, entry: object) -> tuple[str, list[int] | None] | Ref
     if type(value.get("skip_deserialize")) is not bool:
         return Refused(f"entry {name!r}: skip_deserialize is not true or false")
     shape = value.get("write_shape")
-    if shape is not None and not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+    if shape is not None and not (
+        isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+    ):
         return Refused(f"entry {name!r} has an invalid write_shape")
     return ".".join(parts), shape
 
@@ -229,8 +271,14 @@ def orbax_array_metadatas(doc: object, params: OrbaxParams) -> str | None:
         write, chunk = am.get("write_shape"), am.get("chunk_shape")
         if params[name] is not None and write != params[name]:
             return f"write_shape of {name!r} is {write}, _METADATA says {params[name]}"
-        if not (isinstance(chunk, list) and isinstance(write, list) and len(chunk) == len(write)
-                and all(type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write, strict=True))):
+        if not (
+            isinstance(chunk, list)
+            and isinstance(write, list)
+            and len(chunk) == len(write)
+            and all(
+                type(c) is int and 0 < c <= max(w, 1) for c, w in zip(chunk, write, strict=True)
+            )
+        ):
             return f"chunk_shape of {name!r} does not fit its write_shape"
     return None
 
@@ -251,7 +299,8 @@ def orbax_sharding(doc: object, params: OrbaxParams) -> str | None:
         if not (isinstance(spec, dict) and spec.get("sharding_type") in ORBAX_SHARDINGS):
             return f"the sharding of {name!r} is not one Orbax knows"
         if spec["sharding_type"] == "SingleDeviceSharding" and not (
-                isinstance(spec.get("device_str"), str) and _ORBAX_DEVICE.match(spec["device_str"])):
+            isinstance(spec.get("device_str"), str) and _ORBAX_DEVICE.match(spec["device_str"])
+        ):
             return f"the sharding of {name!r} names no device jax knows (device_str)"
     return None
 
@@ -292,12 +341,18 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
     walked frame by frame (`zstd_frame_end`: headers and block structure; each frame decoded when the optional
     zstandard is installed, formats/zstd.py) to reach the nodes after them. Other bytes (uncompressed values) end the walk. The reason, or None."""
     pos = 0
-    while pos + 16 <= len(data) and data.startswith(_OCDBT_MAGIC, pos) or data.startswith(_ZSTD_MAGIC, pos):
+    while (
+        pos + 16 <= len(data)
+        and data.startswith(_OCDBT_MAGIC, pos)
+        or data.startswith(_ZSTD_MAGIC, pos)
+    ):
         if data.startswith(_ZSTD_MAGIC, pos) and not manifest:
             end = zstd_frame_end(data, pos)
             if isinstance(end, str):
                 return f"the zstd frame of array values at byte {pos}: {end}"
-            decoded = _zstd_decodes(data, pos, end)   # (with the optional zstandard: formats/zstd.py)
+            decoded = _zstd_decodes(
+                data, pos, end
+            )  # (with the optional zstandard: formats/zstd.py)
             if decoded:
                 return f"the zstd frame of array values at byte {pos}: {decoded}"
             pos = end
@@ -310,7 +365,7 @@ def ocdbt_nodes(data: bytes, manifest: bool) -> str | None:
         if length < 16 or pos + length > len(data) or length > MAX_OCDBT_NODE:
             return f"an OCDBT node at byte {pos} declares {length} bytes, the file holds {len(data) - pos}: truncated?"
         (stored,) = struct.unpack_from("<I", data, pos + length - 4)
-        if crc32c(data[pos:pos + length - 4]) != stored:
+        if crc32c(data[pos : pos + length - 4]) != stored:
             return f"the OCDBT node at byte {pos}: CRC-32C mismatch (data corrupted)"
         pos += length
         if manifest:
@@ -328,8 +383,10 @@ def _damaged_zstd_magic(data: bytes) -> str | None:
     off = int.from_bytes(data[:4], "little") ^ int.from_bytes(_ZSTD_MAGIC, "little")
     if off & (off - 1):
         return None
-    end = zstd_frame_end(data, 0)   # (the walk reads the header after the magic, not the magic)
-    if isinstance(end, int) and (end == len(data) or data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), end)):
+    end = zstd_frame_end(data, 0)  # (the walk reads the header after the magic, not the magic)
+    if isinstance(end, int) and (
+        end == len(data) or data.startswith((_OCDBT_MAGIC, _ZSTD_MAGIC), end)
+    ):
         return "the zstd frame of array values at byte 0: its magic number has a flipped bit"
     return None
 
@@ -361,7 +418,11 @@ def _zstd_header(data: bytes, pos: int) -> tuple[int, int, int, bool] | str:
     at += did_size
     if at + fcs_size > len(data):
         return "truncated header"
-    content = int.from_bytes(data[at:at + fcs_size], "little") + (256 if fcs_size == 2 else 0) if fcs_size else -1
+    content = (
+        int.from_bytes(data[at : at + fcs_size], "little") + (256 if fcs_size == 2 else 0)
+        if fcs_size
+        else -1
+    )
     window = window if not single else content
     return at + fcs_size, min(max(window, 1), ZSTD_MAX_BLOCK), content, bool(fhd & 0x04)
 
@@ -379,7 +440,7 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
     while True:
         if at + 3 > len(data):
             return f"truncated: no block header at byte {at}"
-        word = int.from_bytes(data[at:at + 3], "little")
+        word = int.from_bytes(data[at : at + 3], "little")
         kind, size = (word >> 1) & 3, word >> 3
         if kind == 3:
             return f"reserved block type at byte {at}"
@@ -391,7 +452,7 @@ def zstd_frame_end(data: bytes, pos: int) -> int | str:
             return f"truncated: a block runs past the end of the file ({len(data)} bytes)"
         if word & 1:
             break
-    if content > blocks * largest:   # (each block regenerates at most the block maximum)
+    if content > blocks * largest:  # (each block regenerates at most the block maximum)
         return f"declares {content} bytes of content, more than its {blocks} blocks can hold"
     if not checksum:
         return at
@@ -407,12 +468,16 @@ def _zstd_decodes(data: bytes, pos: int, end: int) -> str | None:
 
 
 def soft_deleted_note(root: str, deleted: list[fm.Found]) -> str:
-    where = sorted({os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted})
+    where = sorted(
+        {os.path.relpath(os.path.dirname(os.path.normpath(f.path)), root) for f in deleted}
+    )
     steps = sorted(f.step for f in deleted if f.step is not None)
     shown_steps = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
-    return (f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
-            f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
-            "points (prune and recover leave them out too)")
+    return (
+        f"{', '.join(w + '/' for w in where)}: {len(deleted)} Orbax step{'' if len(deleted) == 1 else 's'} "
+        f"({shown_steps}) the CheckpointManager soft-deleted (its todelete_subdir): not checked, not resume "
+        "points (prune and recover leave them out too)"
+    )
 
 
 def orbax_soft_deleted(found: list[fm.Found]) -> list[fm.Found]:
@@ -422,7 +487,9 @@ def orbax_soft_deleted(found: list[fm.Found]) -> list[fm.Found]:
     `prune` and `recover` look only at the root's own entries and never see them."""
     orbax = [f for f in found if f.format == "orbax"]
     parents = {os.path.dirname(os.path.normpath(f.path)) for f in orbax}
-    return [f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents]
+    return [
+        f for f in orbax if os.path.dirname(os.path.dirname(os.path.normpath(f.path))) in parents
+    ]
 
 
 def commit_marked(found: list[fm.Found], parent: str) -> bool:

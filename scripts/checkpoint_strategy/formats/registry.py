@@ -9,19 +9,13 @@ from collections.abc import Callable
 from checkpoint_strategy.formats import dcp, deepspeed, hf, lightning, megatron, orbax, torchfile
 from checkpoint_strategy.formats.base import Checker, Format
 
-MODULES: tuple[Format, ...] = (
-    hf,
-    dcp,
-    deepspeed,
-    lightning,
-    megatron,
-    orbax,
-    torchfile,
-)
+MODULES: tuple[Format, ...] = (hf, dcp, deepspeed, lightning, megatron, orbax, torchfile)
 
 #: format name -> its checker
 CHECKERS: dict[str, Checker] = {name: fn for m in MODULES for name, fn in m.CHECKERS.items()}
 #: the formats that are always a folder
 FOLDER_FORMATS: tuple[str, ...] = tuple(name for m in MODULES for name in m.FOLDER_FORMATS)
 #: tracker file beside checkpoints -> (format, the checkpoint name its text names, or None)
-TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {t: v for m in MODULES for t, v in m.TRACKERS.items()}
+TRACKERS: dict[str, tuple[str, Callable[[str], str | None]]] = {
+    t: v for m in MODULES for t, v in m.TRACKERS.items()
+}

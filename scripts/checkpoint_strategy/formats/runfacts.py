@@ -13,16 +13,23 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
 from checkpoint_strategy import storage
-import shlex
 
 _STATE_KEYS = ("max_steps", "save_steps", "global_step", "logging_steps", "train_batch_size")
-_ARGS_KEYS = ("max_grad_norm", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
-              "max_steps", "save_steps", "save_total_limit")
+_ARGS_KEYS = (
+    "max_grad_norm",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "save_steps",
+    "save_total_limit",
+)
 
 
 @dataclass
@@ -43,7 +50,13 @@ class Facts:
 def _numbers(data: dict, keys: Sequence[str], path: str, facts: Facts) -> Facts:
     for k in keys:
         v = data.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf") and v > 0:
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v == v
+            and abs(v) != float("inf")
+            and v > 0
+        ):
             facts.values.setdefault(k, v)
             facts.source.setdefault(k, path)
     return facts
@@ -86,8 +99,11 @@ def run_facts(log_path: Optional[str]) -> Facts:
     if log_path is None:
         return Facts()
     folder = log_path if os.path.isdir(log_path) else os.path.dirname(os.path.abspath(log_path))
-    facts = trainer_state_facts(log_path if os.path.basename(log_path) == "trainer_state.json"
-                                or os.path.isdir(log_path) else None)
+    facts = trainer_state_facts(
+        log_path
+        if os.path.basename(log_path) == "trainer_state.json" or os.path.isdir(log_path)
+        else None
+    )
     return training_args_facts([folder, os.path.dirname(folder)], facts)
 
 
@@ -104,7 +120,9 @@ def _quote(text: str) -> str:
 def launcher() -> str:
     """The command that runs checkpoint-strategy in any later shell: python3 and the skill
     launcher's absolute path when it exists, else `python3 -m checkpoint_strategy`."""
-    here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # .../scripts/checkpoint_strategy
+    here = os.path.dirname(
+        os.path.dirname(os.path.realpath(__file__))
+    )  # .../scripts/checkpoint_strategy
     path = os.path.join(os.path.dirname(here), "checkpoint-strategy")
     if os.path.isfile(path):
         return f"python3 {_quote(path)}"
@@ -122,7 +140,9 @@ def pin_command(path: str) -> str:
     return f"cp -a {_quote(os.path.abspath(path))} {_quote(pinned_name(path))}"
 
 
-def move_aside_command(paths: Sequence[str], root: Optional[str], onset: Optional[int]) -> Optional[str]:
+def move_aside_command(
+    paths: Sequence[str], root: Optional[str], onset: Optional[int]
+) -> Optional[str]:
     """mkdir + mv of the post-onset checkpoints into ROOT/post-spike-<onset>/ (outside the
     checkpoint-* namespace: no trainer resumes from them by accident)."""
     if not paths:

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats.steps import parse_step, scan
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.steps import parse_step, scan
 
 #: the callbacks' own loss log (Lightning writes none the checkpoints carry), beside the checkpoints
 METRICS_FILE = ".checkpoint-strategy-metrics.jsonl"
@@ -50,8 +50,9 @@ EVENTS = "events.out.tfevents"
 _VERSION = re.compile(r"version_(\d+)$")
 
 
-def find_run_log(folder: str | os.PathLike, checkpoints: Optional[Sequence[tuple[Optional[int], str]]] = None,
-                 ) -> Optional[str]:
+def find_run_log(
+    folder: str | os.PathLike, checkpoints: Optional[Sequence[tuple[Optional[int], str]]] = None
+) -> Optional[str]:
     """The training log of the run in `folder` (see the module docstring), or None.
 
     checkpoints: (step, path) of the run's valid checkpoints (the commands that validated them pass
@@ -62,7 +63,7 @@ def find_run_log(folder: str | os.PathLike, checkpoints: Optional[Sequence[tuple
     state = checkpoint_state(checkpoints) if checkpoints is not None else _state_under(p)
     if state is not None:
         return state
-    subs = _subfolders(p)   # listed once
+    subs = _subfolders(p)  # listed once
     places = log_places(p, subs)
     for name in (METRICS_FILE, LIGHTNING_CSV):
         for place in places:
@@ -89,7 +90,9 @@ def newest_version(folder: Path, subs: Optional[list[Path]] = None) -> Optional[
     (``lightning_logs/version_N``), or None."""
     subs = _subfolders(folder) if subs is None else subs
     best: Optional[tuple[int, str]] = None
-    for q in subs + [q for parent in subs if not _VERSION.match(parent.name) for q in _subfolders(parent, True)]:
+    for q in subs + [
+        q for parent in subs if not _VERSION.match(parent.name) for q in _subfolders(parent, True)
+    ]:
         m = _VERSION.match(q.name)
         if m and (best is None or (int(m.group(1)), str(q)) > best):
             best = (int(m.group(1)), str(q))
@@ -103,8 +106,13 @@ def _subfolders(folder: Path, numbered: bool = False) -> list[Path]:
     a logger named like ``exp2`` is found when it is named itself)."""
     try:
         with os.scandir(folder) as it:
-            return [Path(e.path) for e in it if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)
-                    and (numbered or not e.name[-1:].isdigit() or _VERSION.match(e.name) is not None)]
+            return [
+                Path(e.path)
+                for e in it
+                if not e.name.startswith(".")
+                and e.is_dir(follow_symlinks=False)
+                and (numbered or not e.name[-1:].isdigit() or _VERSION.match(e.name) is not None)
+            ]
     except OSError:
         return []
 
@@ -119,7 +127,9 @@ def _event_files(folder: Path) -> list[Path]:
 
 def checkpoint_state(checkpoints: Sequence[tuple[Optional[int], str]]) -> Optional[str]:
     """The newest of these checkpoints' trainer_state.json (one stat each, newest first)."""
-    for _s, path in sorted(checkpoints, key=lambda t: (t[0] is not None, t[0] or 0, t[1]), reverse=True):
+    for _s, path in sorted(
+        checkpoints, key=lambda t: (t[0] is not None, t[0] or 0, t[1]), reverse=True
+    ):
         state = os.path.join(path, TRAINER_STATE)
         if storage.is_regular(state):
             return state
@@ -191,13 +201,18 @@ def versioned_checkpoint_dirs(path: str | os.PathLike) -> list[str]:
             m = _VERSION.match(q.name)
             if m and (below < 0 or int(m.group(1)) < below):
                 versions.append((int(m.group(1)), str(q)))
-    dirs = ([own] if own is not None else []) + [Path(v) for _n, v in sorted(versions, reverse=True)]
+    dirs = ([own] if own is not None else []) + [
+        Path(v) for _n, v in sorted(versions, reverse=True)
+    ]
     return [str(d / "checkpoints") for d in dirs if (d / "checkpoints").is_dir()]
 
 
 # --------------------------------------------------------------------------- the converse: a log's checkpoints
 
-def find_run_checkpoints(log_path: str | os.PathLike) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+
+def find_run_checkpoints(
+    log_path: str | os.PathLike,
+) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
     """Checkpoints next to the log: the log folder, the run folder above a checkpoint folder, or the log
     folder's checkpoints/ (Lightning's metrics.csv or event files in ``version_N/``, its checkpoints in
     ``version_N/checkpoints``). A run folder with none there: next to the log found in it

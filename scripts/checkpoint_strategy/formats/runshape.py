@@ -23,9 +23,9 @@ import re
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats.models import RunShape
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.hf import hf_args_world_size
+from checkpoint_strategy.formats.models import RunShape
 from checkpoint_strategy.formats.optstep import TorchArchive
 from checkpoint_strategy.formats.worldsize import saved_world_size
 
@@ -42,18 +42,29 @@ def _archive_root(path: str) -> Any:
 
 def _hf_batch(path: str, out: RunShape) -> None:
     args = _archive_root(os.path.join(path, "training_args.bin"))
-    declared = hf_args_world_size(args)   # what the run was launched with, whatever rng files a torn save left
+    declared = hf_args_world_size(
+        args
+    )  # what the run was launched with, whatever rng files a torn save left
     if declared is not None and (out.world_size is None or "rng_state" in (out.world_from or "")):
-        out.world_size, out.world_from = declared, "training_args.bin distributed_state.num_processes"
+        out.world_size, out.world_from = (
+            declared,
+            "training_args.bin distributed_state.num_processes",
+        )
     state = args.state if hasattr(args, "state") else None
     if isinstance(state, dict) and _int(state.get("per_device_train_batch_size")):
         out.per_device_batch = state["per_device_train_batch_size"]
         out.accumulation = _int(state.get("gradient_accumulation_steps")) or 1
-        out.batch_from = "training_args.bin per_device_train_batch_size, gradient_accumulation_steps"
+        out.batch_from = (
+            "training_args.bin per_device_train_batch_size, gradient_accumulation_steps"
+        )
         return
     try:
-        ts = storage.read_json(os.path.join(path, "trainer_state.json"), "trainer_state.json", allow_nan=True,
-                               expect=dict)
+        ts = storage.read_json(
+            os.path.join(path, "trainer_state.json"),
+            "trainer_state.json",
+            allow_nan=True,
+            expect=dict,
+        )
     except storage.ReadError:
         return
     if _int(ts.get("train_batch_size")):
@@ -63,7 +74,9 @@ def _hf_batch(path: str, out: RunShape) -> None:
 
 def _deepspeed_batch(folder: str, out: RunShape) -> None:
     names = sorted(os.listdir(folder))
-    model = next((n for n in names if n.startswith("mp_rank_") and n.endswith("model_states.pt")), None)
+    model = next(
+        (n for n in names if n.startswith("mp_rank_") and n.endswith("model_states.pt")), None
+    )
     root = _archive_root(os.path.join(folder, model)) if model else None
     if not isinstance(root, dict):
         return
@@ -72,10 +85,15 @@ def _deepspeed_batch(folder: str, out: RunShape) -> None:
         out.world_size, out.world_from = dp, f"{model} dp_world_size"
     cfg = root.get("ds_config")
     cfg = cfg if isinstance(cfg, dict) else {}
-    micro, accum = _int(cfg.get("train_micro_batch_size_per_gpu")), _int(cfg.get("gradient_accumulation_steps"))
+    micro, accum = (
+        _int(cfg.get("train_micro_batch_size_per_gpu")),
+        _int(cfg.get("gradient_accumulation_steps")),
+    )
     if out.per_device_batch is None and micro:
         out.per_device_batch, out.accumulation = micro, accum or 1
-        out.batch_from = f"{model} ds_config train_micro_batch_size_per_gpu, gradient_accumulation_steps"
+        out.batch_from = (
+            f"{model} ds_config train_micro_batch_size_per_gpu, gradient_accumulation_steps"
+        )
     samples, steps = _int(root.get("global_samples")), _int(root.get("global_steps"))
     if samples and steps and samples % steps == 0 and out.global_batch is None:
         out.global_batch = samples // steps
@@ -96,13 +114,24 @@ def read_run_shape(path: str, fmt: Optional[str] = None) -> RunShape:
         if os.path.isdir(path) and not os.path.islink(path):
             if fmt == "hf-trainer":
                 _hf_batch(path, out)
-            ds = [path] if fmt == "deepspeed" else [os.path.join(path, n) for n in sorted(os.listdir(path))
-                                                    if re.match(r"^global_step\d+$", n)]
+            ds = (
+                [path]
+                if fmt == "deepspeed"
+                else [
+                    os.path.join(path, n)
+                    for n in sorted(os.listdir(path))
+                    if re.match(r"^global_step\d+$", n)
+                ]
+            )
             for folder in ds[:1]:
                 _deepspeed_batch(folder, out)
     except (OSError, storage.ReadError):
         pass
-    if out.global_batch is None and None not in (out.per_device_batch, out.accumulation, out.world_size):
+    if out.global_batch is None and None not in (
+        out.per_device_batch,
+        out.accumulation,
+        out.world_size,
+    ):
         out.global_batch = out.per_device_batch * out.accumulation * out.world_size  # type: ignore[operator]
     return out
 
@@ -123,17 +152,23 @@ def keep_schedule(before: RunShape, new_world: int) -> str:
     if old and pd and acc and before.global_batch:
         g = before.global_batch
         if g % new_world:
-            return (f"The global batch {g} is not divisible by {_procs(new_world)}: it cannot stay the same; "
-                    "choose a process count that divides it, or rescale the learning rate and step count")
+            return (
+                f"The global batch {g} is not divisible by {_procs(new_world)}: it cannot stay the same; "
+                "choose a process count that divides it, or rescale the learning rate and step count"
+            )
         per_rank = g // new_world
         if per_rank % pd == 0:
-            return (f"To keep the global batch {g} on {_procs(new_world)} set gradient accumulation to "
-                    f"{per_rank // pd} (= {acc} x {old}/{new_world}) with per-device batch {pd}, or per-device "
-                    f"batch x accumulation = {per_rank}")
+            return (
+                f"To keep the global batch {g} on {_procs(new_world)} set gradient accumulation to "
+                f"{per_rank // pd} (= {acc} x {old}/{new_world}) with per-device batch {pd}, or per-device "
+                f"batch x accumulation = {per_rank}"
+            )
         return f"To keep the global batch {g} on {_procs(new_world)} set per-device batch x accumulation = {per_rank}"
     if old:
-        return (f"To keep the global batch, scale gradient accumulation (or the per-device batch) by {old}/{new_world} "
-                "(old world size / new)")
+        return (
+            f"To keep the global batch, scale gradient accumulation (or the per-device batch) by {old}/{new_world} "
+            "(old world size / new)"
+        )
     return "Keep per-device batch x gradient accumulation x world size the same as the saved run's"
 
 
@@ -141,33 +176,59 @@ def shape_change(before: RunShape, after: RunShape) -> tuple[list[str], bool]:
     """(lines, global batch changed) comparing the checkpoint resumed from with the resumed run."""
     w0, w1, g0, g1 = before.world_size, after.world_size, before.global_batch, after.global_batch
     if g0 is not None and g1 is not None and g0 != g1:
-        advice = keep_schedule(before, w1) if w1 is not None else \
-            f"Keep per-device batch x gradient accumulation x world size = {g0}"
-        return [f"global batch changed at the resume: {g0}{_factors(before)} -> {g1}{_factors(after)}; the LR "
-                f"schedule (in optimizer steps) now sees {g1 / g0:.3g}x the samples per step and the data position "
-                f"moves {g1 / g0:.3g}x as fast. {advice}"], True
+        advice = (
+            keep_schedule(before, w1)
+            if w1 is not None
+            else f"Keep per-device batch x gradient accumulation x world size = {g0}"
+        )
+        return [
+            f"global batch changed at the resume: {g0}{_factors(before)} -> {g1}{_factors(after)}; the LR "
+            f"schedule (in optimizer steps) now sees {g1 / g0:.3g}x the samples per step and the data position "
+            f"moves {g1 / g0:.3g}x as fast. {advice}"
+        ], True
     if w0 is None or w1 is None or w0 == w1:
         return [], False
     if g0 is not None and g0 == g1:
-        return [f"world size changed at the resume ({w0} -> {_procs(w1)}) with the global batch kept at {g0}: "
-                "the LR schedule in steps is unchanged"], False
-    return [f"world size changed at the resume: {w0} -> {_procs(w1)}; unless per-device batch x gradient "
-            f"accumulation was scaled by {w0}/{w1}, the global batch changed by {w1}/{w0} and the LR schedule in "
-            f"steps no longer means the same training. {keep_schedule(before, w1)}"], False
+        return [
+            f"world size changed at the resume ({w0} -> {_procs(w1)}) with the global batch kept at {g0}: "
+            "the LR schedule in steps is unchanged"
+        ], False
+    return [
+        f"world size changed at the resume: {w0} -> {_procs(w1)}; unless per-device batch x gradient "
+        f"accumulation was scaled by {w0}/{w1}, the global batch changed by {w1}/{w0} and the LR schedule in "
+        f"steps no longer means the same training. {keep_schedule(before, w1)}"
+    ], False
 
 
-def check_resume_shape(checkpoint: str, *, world_size: int, per_device_batch: Optional[int] = None,
-                       accumulation: Optional[int] = None) -> list[str]:
+def check_resume_shape(
+    checkpoint: str,
+    *,
+    world_size: int,
+    per_device_batch: Optional[int] = None,
+    accumulation: Optional[int] = None,
+) -> list[str]:
     """For a training callback at resume time: warnings when the live world size or global batch differs from
     what `checkpoint` was saved with (empty: same, or the checkpoint does not record it). Never raises on the
     checkpoint's content; bad arguments raise ValueError."""
-    for name, v in (("world_size", world_size), ("per_device_batch", per_device_batch),
-                    ("accumulation", accumulation)):
+    for name, v in (
+        ("world_size", world_size),
+        ("per_device_batch", per_device_batch),
+        ("accumulation", accumulation),
+    ):
         if v is not None and (type(v) is not int or v < 1):
             raise ValueError(f"{name} must be a whole number >= 1, got {v!r}")
     before = read_run_shape(checkpoint)
     pd = per_device_batch if per_device_batch is not None else before.per_device_batch
-    acc = accumulation if accumulation is not None else (before.accumulation if per_device_batch is None else 1)
-    after = RunShape(path="(this run)", world_size=world_size, per_device_batch=pd, accumulation=acc,
-                     global_batch=pd * acc * world_size if pd and acc else None)
+    acc = (
+        accumulation
+        if accumulation is not None
+        else (before.accumulation if per_device_batch is None else 1)
+    )
+    after = RunShape(
+        path="(this run)",
+        world_size=world_size,
+        per_device_batch=pd,
+        accumulation=acc,
+        global_batch=pd * acc * world_size if pd and acc else None,
+    )
     return shape_change(before, after)[0]

@@ -41,80 +41,225 @@ from typing import Any, Literal
 
 #: torch dtype name -> bytes per element (sub-byte packed types count whole bytes as torch stores them)
 DTYPE_SIZE = {
-    "float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "complex32": 4, "complex64": 8, "complex128": 16,
-    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8,
-    "bool": 1, "qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1,
-    "float8_e4m3fn": 1, "float8_e4m3fnuz": 1, "float8_e5m2": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
-    "float4_e2m1fn_x2": 1, "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-    **{f"int{i}": 1 for i in range(1, 8)}, **{f"uint{i}": 1 for i in range(1, 8)},
+    "float32": 4,
+    "float64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "complex32": 4,
+    "complex64": 8,
+    "complex128": 16,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "bool": 1,
+    "qint8": 1,
+    "quint8": 1,
+    "qint32": 4,
+    "quint4x2": 1,
+    "quint2x4": 1,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+    "bits8": 1,
+    "bits16": 2,
+    "bits1x8": 1,
+    "bits2x4": 1,
+    "bits4x2": 1,
+    **{f"int{i}": 1 for i in range(1, 8)},
+    **{f"uint{i}": 1 for i in range(1, 8)},
 }
 
 #: legacy storage class (torch.FloatStorage ...) -> element dtype
 STORAGE_DTYPE = {
-    "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16",
-    "BFloat16Storage": "bfloat16", "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16",
-    "CharStorage": "int8", "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
-    "ComplexDoubleStorage": "complex128", "QInt8Storage": "qint8", "QUInt8Storage": "quint8",
-    "QInt32Storage": "qint32", "QUInt4x2Storage": "quint4x2", "QUInt2x4Storage": "quint2x4",
+    "FloatStorage": "float32",
+    "DoubleStorage": "float64",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
+    "ComplexDoubleStorage": "complex128",
+    "QInt8Storage": "qint8",
+    "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32",
+    "QUInt4x2Storage": "quint4x2",
+    "QUInt2x4Storage": "quint2x4",
     "UntypedStorage": "uint8",  # torch.save of an untyped storage: numel counts bytes
 }
 
 # --------------------------------------------------------------------------- allow-list
 
 _STORAGE_CLASSES = set(STORAGE_DTYPE) - {"UntypedStorage"}
-_TENSOR_CLASSES = {"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
-                   "ShortTensor", "CharTensor", "ByteTensor", "BoolTensor"}
-_REBUILD = {"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
-            "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_sparse_tensor",
-            "_rebuild_meta_tensor_no_storage", "_rebuild_nested_tensor", "_rebuild_wrapper_subclass",
-            "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy"}
-_QSCHEMES = {"per_tensor_affine", "per_tensor_symmetric", "per_channel_affine", "per_channel_symmetric",
-             "per_channel_affine_float_qparams"}
+_TENSOR_CLASSES = {
+    "FloatTensor",
+    "DoubleTensor",
+    "HalfTensor",
+    "BFloat16Tensor",
+    "LongTensor",
+    "IntTensor",
+    "ShortTensor",
+    "CharTensor",
+    "ByteTensor",
+    "BoolTensor",
+}
+_REBUILD = {
+    "_rebuild_tensor",
+    "_rebuild_tensor_v2",
+    "_rebuild_tensor_v3",
+    "_rebuild_parameter",
+    "_rebuild_parameter_with_state",
+    "_rebuild_qtensor",
+    "_rebuild_sparse_tensor",
+    "_rebuild_meta_tensor_no_storage",
+    "_rebuild_nested_tensor",
+    "_rebuild_wrapper_subclass",
+    "_rebuild_device_tensor_from_cpu_tensor",
+    "_rebuild_device_tensor_from_numpy",
+}
+_QSCHEMES = {
+    "per_tensor_affine",
+    "per_tensor_symmetric",
+    "per_channel_affine",
+    "per_channel_symmetric",
+    "per_channel_affine_float_qparams",
+}
 
 #: exactly what torch.load(weights_only=True) accepts by default (torch 2.13), as "module.name"
 WEIGHTS_ONLY = frozenset(
-    {"collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
-     "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device", "_codecs.encode",
-     "builtins.bytearray", "builtins.set", "builtins.complex", "torch._tensor._rebuild_from_type_v2",
-     "torch.storage.TypedStorage", "torch.storage.UntypedStorage"}
-    | {f"torch.{d}" for d in DTYPE_SIZE} | {f"torch.{q}" for q in _QSCHEMES}
+    {
+        "collections.OrderedDict",
+        "collections.Counter",
+        "torch.nn.parameter.Parameter",
+        "torch.serialization._get_layout",
+        "torch.Size",
+        "torch.Tensor",
+        "torch.device",
+        "_codecs.encode",
+        "builtins.bytearray",
+        "builtins.set",
+        "builtins.complex",
+        "torch._tensor._rebuild_from_type_v2",
+        "torch.storage.TypedStorage",
+        "torch.storage.UntypedStorage",
+    }
+    | {f"torch.{d}" for d in DTYPE_SIZE}
+    | {f"torch.{q}" for q in _QSCHEMES}
     | {f"torch._utils.{f}" for f in _REBUILD}
     | {f"{m}.{c}" for m in ("torch", "torch.cuda") for c in _STORAGE_CLASSES | _TENSOR_CLASSES}
-    | {f"{m}.{c}" for m in ("torch.sparse", "torch.cuda.sparse") for c in _TENSOR_CLASSES - {"BoolTensor"}})
+    | {
+        f"{m}.{c}"
+        for m in ("torch.sparse", "torch.cuda.sparse")
+        for c in _TENSOR_CLASSES - {"BoolTensor"}
+    }
+)
 
 #: what HF Trainer / Lightning add with torch.serialization.add_safe_globals for numpy RNG state
 NUMPY_ARRAYS = frozenset(
-    {f"{m}.{n}" for m in ("numpy.core.multiarray", "numpy._core.multiarray") for n in ("_reconstruct", "scalar")}
-    | {"numpy.ndarray", "numpy.dtype"})
+    {
+        f"{m}.{n}"
+        for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+        for n in ("_reconstruct", "scalar")
+    }
+    | {"numpy.ndarray", "numpy.dtype"}
+)
 _NUMPY_DTYPE_CLASS = re.compile(r"^numpy\.dtypes\.[A-Za-z0-9]+DType$")
 
 #: torch.distributed.checkpoint's .metadata (read by DCP with pickle.load): its own record classes
-DCP_METADATA = re.compile(r"^torch\.distributed\.checkpoint\.(metadata|filesystem|planner|_extension|"
-                          r"storage)\.[A-Za-z_][A-Za-z0-9_]*$")
-_DCP_EXTRA = frozenset({"pathlib.PosixPath", "pathlib.PurePosixPath", "pathlib.WindowsPath",
-                        "pathlib.PureWindowsPath", "pathlib.Path", "torch.contiguous_format",
-                        "torch.channels_last", "torch.preserve_format", "torch.strided"})
+DCP_METADATA = re.compile(
+    r"^torch\.distributed\.checkpoint\.(metadata|filesystem|planner|_extension|"
+    r"storage)\.[A-Za-z_][A-Za-z0-9_]*$"
+)
+_DCP_EXTRA = frozenset(
+    {
+        "pathlib.PosixPath",
+        "pathlib.PurePosixPath",
+        "pathlib.WindowsPath",
+        "pathlib.PureWindowsPath",
+        "pathlib.Path",
+        "torch.contiguous_format",
+        "torch.channels_last",
+        "torch.preserve_format",
+        "torch.strided",
+    }
+)
 
 #: packages whose *classes* a framework pickles as configuration (TrainingArguments, hparams,
 #: argparse.Namespace in Megatron): loading them needs weights_only=False, which imports the
 #: package, but constructs a data object rather than running a chosen function.
-FRAMEWORK_PACKAGES = ("torch", "numpy", "transformers", "accelerate", "pytorch_lightning", "lightning",
-                      "lightning_fabric", "deepspeed", "megatron", "nemo", "omegaconf", "peft", "trl",
-                      "torchmetrics", "torchtitan", "apex", "timm", "diffusers")
-HARMLESS_CLASSES = frozenset({"deepspeed.utils.tensor_fragment.fragment_address",  # a (numel, start) dataclass in every ZeRO save
-                              "argparse.Namespace", "pathlib.PosixPath", "pathlib.PurePosixPath",
-                              "pathlib.WindowsPath", "pathlib.PureWindowsPath", "pathlib.Path",
-                              "datetime.datetime", "datetime.date", "datetime.timedelta", "datetime.timezone",
-                              "decimal.Decimal", "uuid.UUID", "builtins.frozenset", "builtins.slice",
-                              "builtins.range", "builtins.object", "collections.defaultdict",
-                              "collections.deque", "copyreg._reconstructor", "copyreg.__newobj__",
-                              "copyreg.__newobj_ex__", "builtins.int", "builtins.float", "builtins.str",
-                              "builtins.bytes", "builtins.list", "builtins.dict", "builtins.tuple",
-                              "builtins.bool", "enum.Enum"})
+FRAMEWORK_PACKAGES = (
+    "torch",
+    "numpy",
+    "transformers",
+    "accelerate",
+    "pytorch_lightning",
+    "lightning",
+    "lightning_fabric",
+    "deepspeed",
+    "megatron",
+    "nemo",
+    "omegaconf",
+    "peft",
+    "trl",
+    "torchmetrics",
+    "torchtitan",
+    "apex",
+    "timm",
+    "diffusers",
+)
+HARMLESS_CLASSES = frozenset(
+    {
+        "deepspeed.utils.tensor_fragment.fragment_address",  # a (numel, start) dataclass in every ZeRO save
+        "argparse.Namespace",
+        "pathlib.PosixPath",
+        "pathlib.PurePosixPath",
+        "pathlib.WindowsPath",
+        "pathlib.PureWindowsPath",
+        "pathlib.Path",
+        "datetime.datetime",
+        "datetime.date",
+        "datetime.timedelta",
+        "datetime.timezone",
+        "decimal.Decimal",
+        "uuid.UUID",
+        "builtins.frozenset",
+        "builtins.slice",
+        "builtins.range",
+        "builtins.object",
+        "collections.defaultdict",
+        "collections.deque",
+        "copyreg._reconstructor",
+        "copyreg.__newobj__",
+        "copyreg.__newobj_ex__",
+        "builtins.int",
+        "builtins.float",
+        "builtins.str",
+        "builtins.bytes",
+        "builtins.list",
+        "builtins.dict",
+        "builtins.tuple",
+        "builtins.bool",
+        "enum.Enum",
+    }
+)
 #: inside a framework package, names that run code rather than build data: never "framework"
-_DANGEROUS_IN_FRAMEWORK = re.compile(r"(^|\.)(load|loads|load_inline|load_state_dict_from_url|hub|jit|_C|"
-                                     r"compile|run|runstring|exec|eval|system|popen|import_module|"
-                                     r"cpp_extension|_dynamo|_inductor|testing)(\.|$)", re.I)
+_DANGEROUS_IN_FRAMEWORK = re.compile(
+    r"(^|\.)(load|loads|load_inline|load_state_dict_from_url|hub|jit|_C|"
+    r"compile|run|runstring|exec|eval|system|popen|import_module|"
+    r"cpp_extension|_dynamo|_inductor|testing)(\.|$)",
+    re.I,
+)
 
 Verdict = Literal["allowed", "framework", "unsafe"]
 
@@ -130,8 +275,12 @@ def classify_global(qualname: str, dcp: bool = False) -> Verdict:
         return "framework"
     module, _, name = qualname.rpartition(".")
     top = module.split(".", 1)[0]
-    if (top in FRAMEWORK_PACKAGES and name[:1].isupper() and not _DANGEROUS_IN_FRAMEWORK.search(module)
-            and not _DANGEROUS_IN_FRAMEWORK.search(name)):
+    if (
+        top in FRAMEWORK_PACKAGES
+        and name[:1].isupper()
+        and not _DANGEROUS_IN_FRAMEWORK.search(module)
+        and not _DANGEROUS_IN_FRAMEWORK.search(name)
+    ):
         return "framework"
     return "unsafe"
 
@@ -145,6 +294,7 @@ def shown(name: str, limit: int = 200) -> str:
 
 # --------------------------------------------------------------------------- records: what a pickle builds
 
+
 class Global(type):
     """A global a pickle names (GLOBAL, STACK_GLOBAL, INST), as the inert class this module makes for it: its
     `module` and `name` are text, nothing is imported. Calling it (REDUCE, INST, OBJ) or NEWOBJ on it builds a `Call`
@@ -157,7 +307,9 @@ class Global(type):
         cls._where = (module, name, f"{module}.{name}")
         return cls
 
-    def __init__(cls, module: str, name: str) -> None:   # (type.__init__ wants a class statement's 3 arguments)
+    def __init__(
+        cls, module: str, name: str
+    ) -> None:  # (type.__init__ wants a class statement's 3 arguments)
         super().__init__("Record", (Call,), {})
 
     # __call__ (REDUCE, and INST / OBJ with arguments) is `_build`, set below
@@ -199,19 +351,21 @@ class Call:
 
     @property
     def func(self) -> Global:
-        return type(self)   # type: ignore[return-value]
+        return type(self)  # type: ignore[return-value]
 
     @property
     def name(self) -> str:
-        return type(self)._where[2]   # type: ignore[attr-defined]
+        return type(self)._where[2]  # type: ignore[attr-defined]
 
-    def __setstate__(self, state: Any) -> None:   # BUILD
+    def __setstate__(self, state: Any) -> None:  # BUILD
         self.state = state
 
-    def __setitem__(self, key: Any, value: Any) -> None:   # SETITEM(S) on an object (dict subclasses)
+    def __setitem__(
+        self, key: Any, value: Any
+    ) -> None:  # SETITEM(S) on an object (dict subclasses)
         self.items[key] = value
 
-    def append(self, value: Any) -> None:   # APPEND(S) on an object (list subclasses)
+    def append(self, value: Any) -> None:  # APPEND(S) on an object (list subclasses)
         self.listitems.append(value)
 
     def extend(self, values: list) -> None:
@@ -251,7 +405,9 @@ class StorageRef:
     def nbytes(self) -> int:
         return self.numel * DTYPE_SIZE.get(self.dtype, 1)
 
-    def __setstate__(self, state: Any) -> None:   # BUILD on it: nothing to set (as the walker before did)
+    def __setstate__(
+        self, state: Any
+    ) -> None:  # BUILD on it: nothing to set (as the walker before did)
         pass
 
 
@@ -284,22 +440,28 @@ class TensorRef:
             expected *= d
         return True
 
-    def __setstate__(self, state: Any) -> None:   # BUILD on a tensor: its state is not what this reader checks
+    def __setstate__(
+        self, state: Any
+    ) -> None:  # BUILD on a tensor: its state is not what this reader checks
         pass
 
 
 @dataclass
 class PickleScan:
     root: Any = None
-    globals: list[str] = field(default_factory=list)     # in first-use order, unique
-    calls: list[str] = field(default_factory=list)       # callables REDUCE/NEWOBJ'd, unique
+    globals: list[str] = field(default_factory=list)  # in first-use order, unique
+    calls: list[str] = field(default_factory=list)  # callables REDUCE/NEWOBJ'd, unique
     storages: dict[str, StorageRef] = field(default_factory=dict)
     tensors: list[TensorRef] = field(default_factory=list)
-    complete: bool = False                                # reached STOP
+    complete: bool = False  # reached STOP
     error: str | None = None
-    text_persistent_ids: int = 0      # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
-    records: int = 0                  # objects recorded (Call records, storages, tensors)
-    past_end: TensorRef | None = None   # the first tensor whose view runs past the end of its storage
+    text_persistent_ids: int = (
+        0  # PERSID (protocol 0): torch.load asserts its ids are tuples, plain pickle has none
+    )
+    records: int = 0  # objects recorded (Call records, storages, tensors)
+    past_end: TensorRef | None = (
+        None  # the first tensor whose view runs past the end of its storage
+    )
 
     def verdicts(self, dcp: bool = False) -> dict[str, Verdict]:
         return {g: classify_global(g, dcp) for g in self.globals}
@@ -313,6 +475,7 @@ class PickleScan:
 
 # --------------------------------------------------------------------------- building records
 
+
 class _Refused(Exception):
     """A pickle this reader will not read further (a bound it passes): the message says which."""
 
@@ -320,8 +483,10 @@ class _Refused(Exception):
 #: the read in progress on this thread (the records' classes are shared, so what they record goes here)
 _current = threading.local()
 _GLOBALS: dict[tuple[str, str], Global] = {}
-_GLOBALS_CACHED = 4096          # distinct globals kept across reads (a hostile pickle cannot grow the cache more)
-MAX_RECORDS = 20_000_000        # objects recorded in one pickle
+_GLOBALS_CACHED = (
+    4096  # distinct globals kept across reads (a hostile pickle cannot grow the cache more)
+)
+MAX_RECORDS = 20_000_000  # objects recorded in one pickle
 
 
 def _global(module: str, name: str) -> Global:
@@ -337,7 +502,7 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     """What calling (or NEWOBJ on) the recorded class `cls` with `args` gives: the value torch's few data-building
     callables would build, else a new inert `Call` record. Nothing named by the pickle runs. (It is Global.__call__
     and Call.__new__ itself: one Python call for each REDUCE or NEWOBJ the C unpickler makes.)"""
-    if type(cls) is _TensorGlobal:   # (NEWOBJ on a rebuild function: as calling it)
+    if type(cls) is _TensorGlobal:  # (NEWOBJ on a rebuild function: as calling it)
         return _tensor(cls, *args, **kwargs)
     scan: PickleScan = _current.scan
     scan.records += 1
@@ -346,7 +511,7 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
-    if q == "collections.OrderedDict" and not args and not kwargs:   # (INST / OBJ / NEWOBJ of one)
+    if q == "collections.OrderedDict" and not args and not kwargs:  # (INST / OBJ / NEWOBJ of one)
         return OrderedDictRecord()
     maker = _MAKERS.get(q)
     if maker is not None:
@@ -358,8 +523,8 @@ def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return rec
 
 
-Global.__call__ = _build   # type: ignore[method-assign,assignment]
-Call.__new__ = staticmethod(_build)   # type: ignore[method-assign]
+Global.__call__ = _build  # type: ignore[method-assign,assignment]
+Call.__new__ = staticmethod(_build)  # type: ignore[method-assign]
 
 
 def _record(cls: Any, args: tuple, kwargs: dict | None = None) -> Call:
@@ -383,24 +548,46 @@ def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
         scan.calls.append(q)
     if len(args) >= 4:
         st, offset, shape, stride = args[:4]
-        if type(shape) is not tuple or type(stride) is not tuple:   # (torch writes tuples: the rest is the slow way)
+        if (
+            type(shape) is not tuple or type(stride) is not tuple
+        ):  # (torch writes tuples: the rest is the slow way)
             shape, stride = _tuple_ints(shape), _tuple_ints(stride)
             if shape is None or stride is None:
                 return _record(cls, args, kwargs)
-        if type(st) is StorageRef and type(offset) is int and offset >= 0 and len(shape) == len(stride):
-            last = offset   # (TensorRef.span inlined: the last element the view reads)
+        if (
+            type(st) is StorageRef
+            and type(offset) is int
+            and offset >= 0
+            and len(shape) == len(stride)
+        ):
+            last = offset  # (TensorRef.span inlined: the last element the view reads)
             for d, s in zip(shape, stride):  # noqa: B905 - lengths equal; each an int (not a bool, nor a subclass), >= 0
                 if type(d) is not int or type(s) is not int or d < 0 or s < 0:
                     break
                 last += (d - 1) * s
             else:
-                t = _new_tensor(TensorRef)   # (its fields set here: a dataclass __init__ is one more Python call)
+                t = _new_tensor(
+                    TensorRef
+                )  # (its fields set here: a dataclass __init__ is one more Python call)
                 t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
-                t.dtype = dtype = args[6]._where[1] if len(args) >= 7 and isinstance(args[6], Global) else st.dtype
+                t.dtype = dtype = (
+                    args[6]._where[1]
+                    if len(args) >= 7 and isinstance(args[6], Global)
+                    else st.dtype
+                )
                 scan.tensors.append(t)
-                if scan.past_end is None and 0 not in shape and last >= (   # (an empty view reads nothing)
-                        st.numel if dtype is st.dtype else
-                        st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))):
+                if (
+                    scan.past_end is None
+                    and 0 not in shape
+                    and last
+                    >= (  # (an empty view reads nothing)
+                        st.numel
+                        if dtype is st.dtype
+                        else st.numel
+                        * DTYPE_SIZE.get(st.dtype, 1)
+                        // max(1, DTYPE_SIZE.get(dtype, 1))
+                    )
+                ):
                     scan.past_end = t
                 return t
     return _record(cls, args, kwargs)
@@ -417,12 +604,17 @@ def _make_from_type(scan: PickleScan, args: tuple) -> Any:
 
 
 _MAKERS: dict[str, Callable[[PickleScan, tuple], Any]] = {
-    **{f"torch._utils.{f}": (lambda scan, a: a[0] if a else _NOT_MADE)
-       for f in ("_rebuild_parameter", "_rebuild_parameter_with_state")},
+    **{
+        f"torch._utils.{f}": (lambda scan, a: a[0] if a else _NOT_MADE)
+        for f in ("_rebuild_parameter", "_rebuild_parameter_with_state")
+    },
     "torch._tensor._rebuild_from_type_v2": _make_from_type,
-    "torch.Size": lambda scan, a: tuple(a[0]) if a and isinstance(a[0], (tuple, list)) else _NOT_MADE,
-    "_codecs.encode": lambda scan, a: (a[0].encode("latin-1", "replace") if a and isinstance(a[0], str)
-                                       else _NOT_MADE),
+    "torch.Size": lambda scan, a: (
+        tuple(a[0]) if a and isinstance(a[0], (tuple, list)) else _NOT_MADE
+    ),
+    "_codecs.encode": lambda scan, a: (
+        a[0].encode("latin-1", "replace") if a and isinstance(a[0], str) else _NOT_MADE
+    ),
     "collections.OrderedDict": lambda scan, a: _NOT_MADE if a else OrderedDictRecord(),
 }
 
@@ -455,13 +647,16 @@ class _DictGlobal(Global):
 
 #: the globals whose class is not `Global` itself
 _KINDS: dict[str, type[Global]] = {
-    **{f"torch._utils.{f}": _TensorGlobal for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")},
+    **{
+        f"torch._utils.{f}": _TensorGlobal
+        for f in ("_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3")
+    },
     "collections.OrderedDict": _DictGlobal,
 }
 
 
 def _tuple_ints(v: Any) -> tuple | None:
-    if type(v) is tuple:   # (what torch writes: checked first)
+    if type(v) is tuple:  # (what torch writes: checked first)
         for x in v:
             if type(x) is not int or x < 0:
                 return None
@@ -469,7 +664,7 @@ def _tuple_ints(v: Any) -> tuple | None:
     if isinstance(v, Call) and v.name == "torch.Size" and v.args:
         v = v.args[0]
     if isinstance(v, (tuple, list)):
-        for x in v:   # every item an int (not a bool, nor an int subclass), none negative
+        for x in v:  # every item an int (not a bool, nor an int subclass), none negative
             if type(x) is not int or x < 0:
                 return None
         return v if type(v) is tuple else tuple(v)
@@ -500,14 +695,18 @@ class _Reader(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         scan = self.scan
         scan.records += 1
-        if type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage":   # 6: legacy view_metadata
+        if (
+            type(pid) is tuple and len(pid) in (5, 6) and pid[0] == "storage"
+        ):  # 6: legacy view_metadata
             key, numel = pid[2], pid[4]
             if isinstance(key, str) and type(numel) is int and numel >= 0:
                 stype, location = pid[1], pid[3]
                 name = stype._where[1] if isinstance(stype, Global) else str(stype)
-                ref = _new_tensor(StorageRef)   # (as in _tensor: no __init__ call)
+                ref = _new_tensor(StorageRef)  # (as in _tensor: no __init__ call)
                 ref.key, ref.numel = key, numel
-                ref.dtype = STORAGE_DTYPE.get(name) or ("uint8" if name == "TypedStorage" else "unknown")
+                ref.dtype = STORAGE_DTYPE.get(name) or (
+                    "uint8" if name == "TypedStorage" else "unknown"
+                )
                 ref.location = location if type(location) is str else str(location)
                 prev = scan.storages.get(key)
                 if prev is None or prev.nbytes < ref.nbytes:
@@ -534,7 +733,11 @@ _TUPLE_OPS = (b"t", b"\x85", b"\x86", b"\x87")
 #: (two expressions: each starts with its literal byte, which the regular expression engine searches for fast)
 _SUSPECT_R = re.compile(rb"r(?=[\s\S]{2}(?!\x00\x00))")
 _SUSPECT_P = re.compile(rb"p(?=[ \t\r\x0b\x0c]*[+-]?[0-9_]{5})")
-_SUSPECT_8 = (b"\x8d", b"\x8e", b"\x96")   # BINUNICODE8, BINBYTES8, BYTEARRAY8 (found with bytes.find: faster here)
+_SUSPECT_8 = (
+    b"\x8d",
+    b"\x8e",
+    b"\x96",
+)  # BINUNICODE8, BINBYTES8, BYTEARRAY8 (found with bytes.find: faster here)
 
 
 def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int], frozenset[int]]:
@@ -544,8 +747,12 @@ def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int],
     counted: dict[int, tuple[int, bool]] = {}
     lines: set[int] = set()
     pairs: set[int] = set()
-    widths = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False), pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
-              pickletools.TAKEN_FROM_ARGUMENT4U: (4, False), pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
+    widths = {
+        pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
+        pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+        pickletools.TAKEN_FROM_ARGUMENT4U: (4, False),
+        pickletools.TAKEN_FROM_ARGUMENT8U: (8, False),
+    }
     for op in pickletools.opcodes:
         code, n = op.code.encode("latin-1")[0], op.arg.n if op.arg else 0
         if n >= 0 and op.name not in ("LONG_BINPUT", "STOP", "FRAME"):
@@ -553,20 +760,27 @@ def _opcode_table() -> tuple[bytes, dict[int, tuple[int, bool]], frozenset[int],
         elif n in widths:
             counted[code] = widths[n]
         elif n == pickletools.UP_TO_NEWLINE:
-            (pairs if op.arg is not None and op.arg.name == "stringnl_noescape_pair" else lines).add(code)
+            (
+                pairs if op.arg is not None and op.arg.name == "stringnl_noescape_pair" else lines
+            ).add(code)
     return bytes(step), counted, frozenset(lines), frozenset(pairs)
 
 
 _STEP, _COUNTED, _LINES, _PAIRS = _opcode_table()
-_COUNTED8 = frozenset(op for op, (width, _signed) in _COUNTED.items() if width == 8)   # BINUNICODE8, BINBYTES8, ...
+_COUNTED8 = frozenset(
+    op for op, (width, _signed) in _COUNTED.items() if width == 8
+)  # BINUNICODE8, BINBYTES8, ...
 _OP_NAMES = {op.code.encode("latin-1")[0]: op.name for op in pickletools.opcodes}
 
 
 def _suspect_in(data: bytes) -> bool:
     """Whether `data` holds a byte that could be a LONG_BINPUT or PUT of an index past `_MEMO_FREE`, or an opcode with
     an 8-byte length (`_SUSPECT_R`, `_SUSPECT_P`, `_SUSPECT_8`; in a real pickle: text inside strings)."""
-    return (_SUSPECT_R.search(data) is not None or _SUSPECT_P.search(data) is not None
-            or any(byte in data for byte in _SUSPECT_8))
+    return (
+        _SUSPECT_R.search(data) is not None
+        or _SUSPECT_P.search(data) is not None
+        or any(byte in data for byte in _SUSPECT_8)
+    )
 
 
 #: string and integer arguments up to this long are stepped over inside `_RUN` (one branch per length)
@@ -580,6 +794,7 @@ def _run_expression() -> re.Pattern[bytes]:
     (an 8-byte length, FRAME, STOP, a longer argument, an opcode the unpickler refuses), which the walk takes.
     Each opcode's way starts with its own bytes (one way at most matches at a place): the engine's cost is per way
     tried, so the commonest in a torch.save pickle come first, and four opcodes are one turn of the loop."""
+
     def one_of(codes: Iterable[int]) -> bytes:
         return b"[" + b"".join(re.escape(bytes([c])) for c in sorted(codes)) + b"]"
 
@@ -590,16 +805,27 @@ def _run_expression() -> re.Pattern[bytes]:
     counted = {}
     for width in (1, 4):
         codes = [op for op, (w, _signed) in _COUNTED.items() if w == width]
-        lengths = b"|".join(re.escape(n.to_bytes(width, "little")) + (b".{%d}" % n if n else b"")
-                            for n in range(_RUN_LENGTHS))
+        lengths = b"|".join(
+            re.escape(n.to_bytes(width, "little")) + (b".{%d}" % n if n else b"")
+            for n in range(_RUN_LENGTHS)
+        )
         counted[width] = one_of(codes) + b"(?:" + lengths + b")"
-    hot = set(b"hKq")   # BINGET, BININT1, BINPUT
-    ways = [one_of(hot) + b".", b"r..\x00\x00",   # (0x72: LONG_BINPUT, its index < 2**16)
-            counted[4], one_of(sizes.pop(5)) + b".{4}", counted[1], one_of(sizes.pop(2) - hot) + b"."]
-    single = one_of(sizes.pop(1)) + b"*+"   # (a run of 1-byte opcodes: one tight loop in the engine)
+    hot = set(b"hKq")  # BINGET, BININT1, BINPUT
+    ways = [
+        one_of(hot) + b".",
+        b"r..\x00\x00",  # (0x72: LONG_BINPUT, its index < 2**16)
+        counted[4],
+        one_of(sizes.pop(5)) + b".{4}",
+        counted[1],
+        one_of(sizes.pop(2) - hot) + b".",
+    ]
+    single = one_of(sizes.pop(1)) + b"*+"  # (a run of 1-byte opcodes: one tight loop in the engine)
     ways += [one_of(codes) + b".{%d}" % (k - 1) for k, codes in sorted(sizes.items())]
-    ways += [one_of(_LINES - {0x70}) + b"[^\n]*\n", one_of(_PAIRS) + b"[^\n]*\n[^\n]*\n",
-             b"p[0-9]{1,4}\n"]   # (PUT, its index < 10**4)
+    ways += [
+        one_of(_LINES - {0x70}) + b"[^\n]*\n",
+        one_of(_PAIRS) + b"[^\n]*\n[^\n]*\n",
+        b"p[0-9]{1,4}\n",
+    ]  # (PUT, its index < 10**4)
     one = single + b"(?:" + b"|".join(ways) + b")"
     return re.compile(b"(?:" + one * 4 + b")*+(?:" + one + b")*+" + single, re.DOTALL)
 
@@ -618,7 +844,7 @@ def _walk_refusal(data: bytes, frames: list[int] | None = None, fast: bool = Fal
     run = _RUN.match if fast else None
     while i < n:
         if run is not None:
-            i = run(data, i).end()   # type: ignore[union-attr]   # (a possessive run: it matches, maybe empty)
+            i = run(data, i).end()  # type: ignore[union-attr]   # (a possessive run: it matches, maybe empty)
             if i >= n:
                 break
         k = step[data[i]]
@@ -627,7 +853,7 @@ def _walk_refusal(data: bytes, frames: list[int] | None = None, fast: bool = Fal
             continue
         got = _step(data, i, bound, frames)
         if type(got) is not int:
-            return got   # type: ignore[return-value]   # (a refusal, or None: the walk ends there)
+            return got  # type: ignore[return-value]   # (a refusal, or None: the walk ends there)
         i = got
     return None
 
@@ -636,16 +862,16 @@ def _step(data: bytes, i: int, bound: int, frames: list[int]) -> int | str | Non
     """`_walk_refusal`'s step over the opcode at `i` that has no fixed size: where the next one starts, why the pickle
     is refused, or None (the unpickler reads nothing after it: STOP, an opcode it refuses, a cut-short argument)."""
     op, n = data[i], len(data)
-    if op == 0x72:   # LONG_BINPUT
-        if int.from_bytes(data[i + 1:i + 5], "little") > bound:
-            return _too_big(int.from_bytes(data[i + 1:i + 5], "little"), i)
+    if op == 0x72:  # LONG_BINPUT
+        if int.from_bytes(data[i + 1 : i + 5], "little") > bound:
+            return _too_big(int.from_bytes(data[i + 1 : i + 5], "little"), i)
         return i + 5
-    if op == 0x95:   # FRAME (its 8-byte length: the opcodes inside are walked as they come)
+    if op == 0x95:  # FRAME (its 8-byte length: the opcodes inside are walked as they come)
         frames.append(i)
         return i + 9
     if op in _COUNTED:
         width, signed = _COUNTED[op]
-        size = int.from_bytes(data[i + 1:i + 1 + width], "little", signed=signed)
+        size = int.from_bytes(data[i + 1 : i + 1 + width], "little", signed=signed)
         if size < 0 or size > n - i - 1 - width:
             return _length_refusal(op, size, n - i - 1 - width, i)
         return i + 1 + width + size
@@ -654,10 +880,10 @@ def _step(data: bytes, i: int, bound: int, frames: list[int]) -> int | str | Non
         end = data.find(b"\n", end + 1) if op in _PAIRS and end >= 0 else end
         if end < 0:
             return None
-        if op == 0x70 and not _small_put(data[i + 1:end], bound):
-            return _too_big(data[i + 1:end], i)
+        if op == 0x70 and not _small_put(data[i + 1 : end], bound):
+            return _too_big(data[i + 1 : end], i)
         return end + 1
-    return None   # STOP, or an opcode the unpickler refuses: it reads nothing further
+    return None  # STOP, or an opcode the unpickler refuses: it reads nothing further
 
 
 def _length_refusal(op: int, size: int, left: int, at: int) -> str | None:
@@ -680,14 +906,16 @@ def _check_length(op: int, size: int, left: int, at: int) -> None:
     """An 8-byte length the unpickler would allocate before reading (a MemoryError there prints a SystemError of its
     own on stderr): refused when more than the pickle holds."""
     if size > left:
-        raise _Refused(f"{_OP_NAMES[op]} of {size} bytes at byte {at}: more than the {left} left in the pickle")
+        raise _Refused(
+            f"{_OP_NAMES[op]} of {size} bytes at byte {at}: more than the {left} left in the pickle"
+        )
 
 
 def _small_put(text: bytes, bound: int) -> bool:
     try:
         return int(text) <= bound
     except ValueError:
-        return False   # (a line Python's int() does not take: refused rather than guessed at)
+        return False  # (a line Python's int() does not take: refused rather than guessed at)
 
 
 def _tuple_depth(root: Any) -> int:
@@ -712,8 +940,19 @@ def _tuple_depth(root: Any) -> int:
 
 # --------------------------------------------------------------------------- reading
 
-_BROKEN = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
-           OverflowError, MemoryError, RecursionError, _Refused)
+_BROKEN = (
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    MemoryError,
+    RecursionError,
+    _Refused,
+)
 
 
 def read_pickle(data: Any, max_bytes: int = MAX_PICKLE_BYTES) -> PickleScan:
@@ -733,7 +972,7 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
         scan.error = f"a pickle of {len(data)} bytes: more than the {max_bytes} this reader takes"
         return scan, 0
     frames = [0] if b"\x95" in data else []
-    if _suspect_in(data):   # the opcodes walked (runs of them in C) before the unpickler runs
+    if _suspect_in(data):  # the opcodes walked (runs of them in C) before the unpickler runs
         frames = []
         scan.error = _walk_refusal(data, frames, fast=True)
         if scan.error is not None:
@@ -808,7 +1047,10 @@ def _read_file(fh: Any, max_bytes: int) -> PickleScan:
 
 # --------------------------------------------------------------------------- walking the tree
 
-def walk_tensors(obj: Any, prefix: str = "", _depth: int = 0, _seen: set | None = None) -> Iterable[tuple[str, TensorRef]]:
+
+def walk_tensors(
+    obj: Any, prefix: str = "", _depth: int = 0, _seen: set | None = None
+) -> Iterable[tuple[str, TensorRef]]:
     """(dotted name, tensor) for every tensor in the object tree (dict keys and list indexes
     joined with '.'), each tensor once."""
     if _seen is None:

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from checkpoint_strategy.formats.marker import is_emergency
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import is_emergency
 from checkpoint_strategy.storage import oserror_line
 
 _PATTERNS = (

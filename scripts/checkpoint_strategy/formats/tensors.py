@@ -36,30 +36,46 @@ from __future__ import annotations
 
 import mmap
 import os
-from dataclasses import dataclass, field
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.storage import ReadError, open_regular
-from concurrent.futures import ThreadPoolExecutor
 
-CHUNK_ELEMS = 1 << 18           # float32/float64 values per reduction (1 MB of float32: stays in L2)
-CHUNK16 = 1 << 17               # float16/bfloat16 values per reduction (256 KB raw + 512 KB widened, in L2)
-ROW = 4096                      # float32 partial sums of this many squares, added up in float64
-WINDOW = 16 << 20               # bytes mapped at once (mapped pages count in RSS: 16 MB keeps the compiled path < 200 MB)
-STRIDED_MAX = 32 << 20          # a non-contiguous view is gathered exactly up to this span
+CHUNK_ELEMS = 1 << 18  # float32/float64 values per reduction (1 MB of float32: stays in L2)
+CHUNK16 = 1 << 17  # float16/bfloat16 values per reduction (256 KB raw + 512 KB widened, in L2)
+ROW = 4096  # float32 partial sums of this many squares, added up in float64
+WINDOW = (
+    16 << 20
+)  # bytes mapped at once (mapped pages count in RSS: 16 MB keeps the compiled path < 200 MB)
+STRIDED_MAX = 32 << 20  # a non-contiguous view is gathered exactly up to this span
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # Importing numba and loading the compiled kernels costs about 1.2 s a process (bench/bench_validate.py);
 # they save about 0.14 s a GB of 16-bit values, so below this the numpy path is faster end to end.
 KERNEL_MIN_BYTES = 8 << 30
 
-_SAFETENSORS_DTYPE = {"F32": "float32", "F64": "float64", "F16": "float16", "BF16": "bfloat16",
-                      "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
-                      "U16": "uint16", "U32": "uint32", "U64": "uint64", "BOOL": "bool",
-                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "C64": "complex64"}
+_SAFETENSORS_DTYPE = {
+    "F32": "float32",
+    "F64": "float64",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "U16": "uint16",
+    "U32": "uint32",
+    "U64": "uint64",
+    "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "C64": "complex64",
+}
 _ITEM = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 _INT_ITEM = {"int64": "<i8", "int32": "<i4", "int16": "<i2", "int8": "i1", "uint8": "u1"}
 # the largest bit pattern of a negative 16-bit float that is not NaN (-Inf): 0x8000 is -0.0
@@ -74,18 +90,18 @@ def safetensors_dtype(code: str) -> str:
 class Job:
     """One tensor (or one chunk of a sharded tensor) to scan."""
 
-    file: str              # absolute path
-    rel: str               # as shown in messages (relative to the checkpoint)
-    name: str              # tensor name
-    role: str              # weights / optimizer / other
-    dtype: str             # torch dtype name
-    offset: int            # byte offset in `file` of element 0 of the view's storage range
+    file: str  # absolute path
+    rel: str  # as shown in messages (relative to the checkpoint)
+    name: str  # tensor name
+    role: str  # weights / optimizer / other
+    dtype: str  # torch dtype name
+    offset: int  # byte offset in `file` of element 0 of the view's storage range
     shape: tuple
-    stride: tuple | None = None     # elements; None = contiguous
+    stride: tuple | None = None  # elements; None = contiguous
     scalar_value: bool = False
-    span: int = 0                   # strided views: elements from the first to the last one
-    count_negative: bool = False    # count values below zero (second moments: never negative)
-    nbytes: int = 0                 # a non-float tensor's bytes, read through (not reduced) when set: the deep
+    span: int = 0  # strided views: elements from the first to the last one
+    count_negative: bool = False  # count values below zero (second moments: never negative)
+    nbytes: int = 0  # a non-float tensor's bytes, read through (not reduced) when set: the deep
     #                                 pass then reads every byte of a safetensors file, as full does
 
 
@@ -101,23 +117,27 @@ class Stat:
     inf: int = 0
     sumsq: float = 0.0
     max_abs: float | None = None
-    value: float | None = None      # the value of a one-element tensor (optimizer `step`; integer ones too)
-    negative: int = 0               # values below zero (counted for jobs with `count_negative`)
+    value: float | None = (
+        None  # the value of a one-element tensor (optimizer `step`; integer ones too)
+    )
+    negative: int = 0  # values below zero (counted for jobs with `count_negative`)
     checked: bool = False
     note: str | None = None
 
     @property
     def l2(self) -> float | None:
-        return self.sumsq ** 0.5 if self.checked else None
+        return self.sumsq**0.5 if self.checked else None
 
 
 @dataclass
 class ScanOutcome:
     stats: list[Stat] = field(default_factory=list)
     bytes_scanned: int = 0
-    problems: list[tuple[str, str]] = field(default_factory=list)   # (rel file, reason) read errors
-    crc_problems: list[tuple[str, str]] = field(default_factory=list)   # (rel file, the first entry's CRC finding)
-    bytes_crc: int = 0              # bytes read for the CRC alone (no tensor covers them)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (rel file, reason) read errors
+    crc_problems: list[tuple[str, str]] = field(
+        default_factory=list
+    )  # (rel file, the first entry's CRC finding)
+    bytes_crc: int = 0  # bytes read for the CRC alone (no tensor covers them)
 
 
 class _CrcCursor:
@@ -134,21 +154,21 @@ class _CrcCursor:
         self.crcs: dict[int, int] = {id(e): 0 for e in self.stored}
         self.k = 0
         self.pos = self.stored[0].data_start if self.stored else 0
-        self.extra = 0                  # bytes read here (no tensor covered them)
-        self.short: str | None = None   # the file ended inside an entry
+        self.extra = 0  # bytes read here (no tensor covered them)
+        self.short: str | None = None  # the file ended inside an entry
 
     def feed(self, off: int, buf: memoryview) -> None:
         end = off + len(buf)
         while self.k < len(self.stored) and end > self.pos:
             e = self.stored[self.k]
             e_end = e.data_start + e.csize
-            if off >= e_end or off > self.pos:   # bytes no tensor covered first
+            if off >= e_end or off > self.pos:  # bytes no tensor covered first
                 self._read_to(min(off, e_end))
                 if self.pos < e_end:
                     continue
             else:
                 b = min(end, e_end)
-                self.crcs[id(e)] = zr.crc32(buf[self.pos - off:b - off], self.crcs[id(e)])
+                self.crcs[id(e)] = zr.crc32(buf[self.pos - off : b - off], self.crcs[id(e)])
                 self.pos = b
             if self.pos >= e_end:
                 self._next()
@@ -163,7 +183,9 @@ class _CrcCursor:
         while self.pos < target:
             data = os.pread(self.fd, min(zr.CHUNK, target - self.pos), self.pos)
             if not data:
-                self.short = self.short or f"entry {e.name!r}: file ends inside its data (truncated)"
+                self.short = (
+                    self.short or f"entry {e.name!r}: file ends inside its data (truncated)"
+                )
                 self.pos = target
                 return
             self.crcs[id(e)] = zr.crc32(data, self.crcs[id(e)])
@@ -180,8 +202,11 @@ class _CrcCursor:
             return self.short
         counter = zr.Counter()
         for e in self.order:
-            reason = zr.crc_mismatch(e, self.crcs[id(e)]) if id(e) in self.crcs else \
-                zr.crc_entry(self.fh, e, counter)
+            reason = (
+                zr.crc_mismatch(e, self.crcs[id(e)])
+                if id(e) in self.crcs
+                else zr.crc_entry(self.fh, e, counter)
+            )
             if reason:
                 return reason
         self.extra += counter.bytes_read
@@ -200,10 +225,15 @@ class _Mapper:
 
     def __init__(self, path: str) -> None:
         self.fh = open_regular(path, "checkpoint file")
-        if not hasattr(self.fh, "raw"):  # an object-storage file (storage/remote.py): mmap would see no data
+        if not hasattr(
+            self.fh, "raw"
+        ):  # an object-storage file (storage/remote.py): mmap would see no data
             self.fh.close()
 
-            raise ReadError(f"{path}: level deep needs a local file", "level deep needs a local file (object storage)")
+            raise ReadError(
+                f"{path}: level deep needs a local file",
+                "level deep needs a local file (object storage)",
+            )
         self.size = os.fstat(self.fh.fileno()).st_size
         self.mm: mmap.mmap | None = None
         self.start = self.end = 0
@@ -211,7 +241,9 @@ class _Mapper:
     def view(self, offset: int, nbytes: int) -> tuple[mmap.mmap, int]:
         """(map, offset inside it) covering [offset, offset+nbytes); nbytes <= WINDOW."""
         if offset < 0 or offset + nbytes > self.size:
-            raise ValueError(f"bytes {offset}..{offset + nbytes} lie past the end of the file ({self.size} bytes)")
+            raise ValueError(
+                f"bytes {offset}..{offset + nbytes} lie past the end of the file ({self.size} bytes)"
+            )
         if self.mm is None or offset < self.start or offset + nbytes > self.end:
             self.close_map()
             start = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -219,7 +251,9 @@ class _Mapper:
             if end == start:
                 end = start + 1
             # not MAP_POPULATE: 5-10 % less CPU warm, but cold it reads the whole window before the scan starts
-            self.mm = mmap.mmap(self.fh.fileno(), end - start, access=mmap.ACCESS_READ, offset=start)
+            self.mm = mmap.mmap(
+                self.fh.fileno(), end - start, access=mmap.ACCESS_READ, offset=start
+            )
             if hasattr(self.mm, "madvise"):
                 try:
                     self.mm.madvise(mmap.MADV_SEQUENTIAL)
@@ -251,11 +285,15 @@ class _Reducer:
         self.np = np
         self.want_max = want_max
         self.kernels = kernels
-        self.m16 = np.empty(CHUNK16, dtype=np.uint16)     # 16-bit magnitudes (sign cleared)
-        self.u32 = np.empty(CHUNK16, dtype=np.uint32)     # 16-bit values widened to float32 bit patterns
+        self.m16 = np.empty(CHUNK16, dtype=np.uint16)  # 16-bit magnitudes (sign cleared)
+        self.u32 = np.empty(
+            CHUNK16, dtype=np.uint32
+        )  # 16-bit values widened to float32 bit patterns
         self.f32 = self.u32.view(np.float32)
-        self.f16_scale = np.float32(2.0 ** 112)
-        vecdot = getattr(np, "vecdot", None)  # numpy >= 2.0; before it, a batched matmul does the same
+        self.f16_scale = np.float32(2.0**112)
+        vecdot = getattr(
+            np, "vecdot", None
+        )  # numpy >= 2.0; before it, a batched matmul does the same
         self.rowdots = vecdot or (lambda a, b: np.matmul(a[:, None, :], b[:, :, None]).reshape(-1))
 
     def widen(self, raw, dtype: str):
@@ -288,7 +326,7 @@ class _Reducer:
                 return False
             st.sumsq += d
             if self.want_max:
-                m = self.m16[:len(raw)]
+                m = self.m16[: len(raw)]
                 np.bitwise_and(raw, 0x7FFF, out=m)
                 self._max_bits(st, int(m.max()) << 16, np.uint32, np.float32)
             return True
@@ -395,10 +433,17 @@ class _Reducer:
 
 
 def _np_dtype(np, dtype: str):
-    return {"float32": np.float32, "float64": np.float64, "float16": np.uint16, "bfloat16": np.uint16}[dtype]
+    return {
+        "float32": np.float32,
+        "float64": np.float64,
+        "float16": np.uint16,
+        "bfloat16": np.uint16,
+    }[dtype]
 
 
-def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None = None) -> int:
+def _scan_job(
+    mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None = None
+) -> int:
     """A float tensor's values, reduced chunk by chunk (each chunk's bytes through `crc` too): the bytes read."""
     item = _ITEM[job.dtype]
     numel = st.numel
@@ -419,14 +464,14 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCurso
         count = min(per_window, numel - pos)
         mm, off = mapper.view(job.offset + pos * item, count * item)
         arr = np.frombuffer(mm, dtype=npdt, count=count, offset=off)
-        mv = memoryview(mm)[off:off + count * item] if crc is not None else None
+        mv = memoryview(mm)[off : off + count * item] if crc is not None else None
         for i in range(0, count, step):
-            raw = arr[i:i + step]
+            raw = arr[i : i + step]
             red.feed(st, raw, job.dtype)
             if job.count_negative:
                 st.negative += red.negatives(raw, job.dtype)
-            if crc is not None and mv is not None:   # the same bytes, while they are in cache
-                crc.feed(job.offset + (pos + i) * item, mv[i * item:(i + step) * item])
+            if crc is not None and mv is not None:  # the same bytes, while they are in cache
+                crc.feed(job.offset + (pos + i) * item, mv[i * item : (i + step) * item])
         if job.scalar_value and numel == 1:
             st.value = float(red.widen(arr[:1], job.dtype)[0])
         del arr, raw, mv
@@ -435,7 +480,9 @@ def _scan_job(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCurso
     return numel * item
 
 
-def _scan_strided(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None) -> int:
+def _scan_strided(
+    mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCursor | None
+) -> int:
     """A non-contiguous view (its storage span up to STRIDED_MAX) gathered exactly, then reduced."""
     np = red.np
     item = _ITEM[job.dtype]
@@ -443,14 +490,16 @@ def _scan_strided(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcC
     nbytes = span * item
     mm, off = mapper.view(job.offset, nbytes)
     if crc is not None:
-        crc.feed(job.offset, memoryview(mm)[off:off + nbytes])
+        crc.feed(job.offset, memoryview(mm)[off : off + nbytes])
     base = np.frombuffer(mm, dtype=_np_dtype(np, job.dtype), count=span, offset=off)
-    view = np.lib.stride_tricks.as_strided(base, shape=job.shape, strides=tuple(s * item for s in job.stride or ()))
+    view = np.lib.stride_tricks.as_strided(
+        base, shape=job.shape, strides=tuple(s * item for s in job.stride or ())
+    )
     flat = np.ascontiguousarray(view).reshape(-1)
     del base, view
     step = CHUNK_ELEMS if item > 2 else CHUNK16
     for i in range(0, len(flat), step):
-        raw = flat[i:i + step]
+        raw = flat[i : i + step]
         red.feed(st, raw, job.dtype)
         if job.count_negative:
             st.negative += red.negatives(raw, job.dtype)
@@ -488,10 +537,16 @@ def _int_scalar(mapper: _Mapper, job: Job) -> float:
 def kernels(nbytes16: int) -> Any:
     """The compiled 16-bit kernels (module `kernels`) when a scan has enough 16-bit bytes to repay loading
     them and numba works here; else None (the numpy path)."""
-    if os.environ.get("CHECKPOINT_STRATEGY_KERNELS", "").lower() in ("0", "off", "no", "false", "numpy"):
+    if os.environ.get("CHECKPOINT_STRATEGY_KERNELS", "").lower() in (
+        "0",
+        "off",
+        "no",
+        "false",
+        "numpy",
+    ):
         return None
     if nbytes16 < KERNEL_MIN_BYTES and not _load_kernels.cache_info().currsize:
-        return None     # (once loaded in this process, e.g. by a training loop's callback, they cost nothing)
+        return None  # (once loaded in this process, e.g. by a training loop's callback, they cost nothing)
     return _load_kernels()
 
 
@@ -515,16 +570,26 @@ class _FileScan:
     crc_bytes: int = 0
 
 
-def _scan_file(path: str, jobs: list[Job], want_max: bool, kern: Any = None,
-               entries: list[zr.ZipEntry] | None = None) -> _FileScan:
+def _scan_file(
+    path: str,
+    jobs: list[Job],
+    want_max: bool,
+    kern: Any = None,
+    entries: list[zr.ZipEntry] | None = None,
+) -> _FileScan:
     """Every job of one file in offset order (`entries`: the archive's entries, CRC-checked in the same pass)."""
     red = _Reducer(want_max, kern)
     try:
         mapper = _Mapper(path)
     except Exception as exc:  # noqa: BLE001 - ReadError / OSError: reported as the file's problem
         reason = getattr(exc, "reason", None) or str(exc)
-        return _FileScan([Stat(j.file, j.name, j.role, j.dtype, j.shape, _prod(j.shape), note=reason)
-                          for j in jobs], error=reason)
+        return _FileScan(
+            [
+                Stat(j.file, j.name, j.role, j.dtype, j.shape, _prod(j.shape), note=reason)
+                for j in jobs
+            ],
+            error=reason,
+        )
     out = _FileScan([])
     crc = _CrcCursor(mapper.fh, entries) if entries else None
     try:
@@ -550,20 +615,29 @@ def _scan_one(mapper: _Mapper, red: _Reducer, job: Job, st: Stat, crc: _CrcCurso
         return _scan_job(mapper, red, job, st, crc)
     st.note = f"{job.dtype}: not a float, skipped"
     if job.scalar_value and job.dtype in _INT_ITEM and st.numel == 1:
-        st.value = _int_scalar(mapper, job)   # an integer step counter
+        st.value = _int_scalar(mapper, job)  # an integer step counter
     return _touch(mapper, job.offset, job.nbytes)
 
 
-def _scan_file_quiet(path: str, jobs: list[Job], want_max: bool, kern: Any = None,
-                     entries: list[zr.ZipEntry] | None = None) -> _FileScan:
+def _scan_file_quiet(
+    path: str,
+    jobs: list[Job],
+    want_max: bool,
+    kern: Any = None,
+    entries: list[zr.ZipEntry] | None = None,
+) -> _FileScan:
     import numpy as np
 
     with np.errstate(over="ignore", invalid="ignore"):  # a float32 overflow is re-checked exactly
         return _scan_file(path, jobs, want_max, kern, entries)
 
 
-def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None,
-         crc: dict[str, tuple[str, list[zr.ZipEntry]]] | None = None) -> ScanOutcome:
+def scan(
+    jobs: list[Job],
+    want_max: bool = False,
+    workers: int | None = None,
+    crc: dict[str, tuple[str, list[zr.ZipEntry]]] | None = None,
+) -> ScanOutcome:
     """Scan every job; files in parallel, each file in one pass in offset order. `crc`: path -> (its name in
     messages, the torch archive's entries), each file's entries CRC-checked in the same pass (a file without a
     job is read for its CRC alone)."""
@@ -583,6 +657,7 @@ def scan(jobs: list[Job], want_max: bool = False, workers: int | None = None,
 
     def one(f: str) -> _FileScan:
         return _scan_file_quiet(f, by_file[f], want_max, kern, (crc or {}).get(f, ("", None))[1])
+
     if n == 1:
         results = [one(f) for f in files]
     else:

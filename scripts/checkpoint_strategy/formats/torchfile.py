@@ -13,11 +13,17 @@ from collections.abc import Callable
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.base import Checker, Ctx, Layout
 
-
 #: the top-level keys of a checkpoint dict that hold optimizer state (Lightning "optimizer_states", a plain loop's
 #: "optimizer" / "optimizer_state_dict", ...) and those that hold the weights (a state dict under "state_dict",
 #: "model", DeepSpeed's "module", ...): the quick level tells resumable from these, deep and convert read by them
-OPTIM_KEYS = ("optimizer", "optimizer_states", "optimizer_state_dict", "optim", "opt_state", "optimizer_state")
+OPTIM_KEYS = (
+    "optimizer",
+    "optimizer_states",
+    "optimizer_state_dict",
+    "optim",
+    "opt_state",
+    "optimizer_state",
+)
 
 
 WEIGHT_KEYS = ("state_dict", "model", "module", "model_state_dict", "model_state")
@@ -32,10 +38,16 @@ def _check_torch_file(ctx: Ctx, found: fm.Found) -> Layout:
     z = ctx.zip(found.path, "mixed")
     keys = z.keys()
     resumable = any(k in OPTIM_KEYS for k in keys)
-    if ctx.deep and ctx.sources and ctx.sources[-1].zip is z and \
-            not any(k in WEIGHT_KEYS or k in OPTIM_KEYS for k in keys):
-        ctx.sources[-1].role = "weights"   # a plain state dict {name: tensor}
-    return Layout(step=found.step, resumable=resumable, portability="full" if resumable else "weights")
+    if (
+        ctx.deep
+        and ctx.sources
+        and ctx.sources[-1].zip is z
+        and not any(k in WEIGHT_KEYS or k in OPTIM_KEYS for k in keys)
+    ):
+        ctx.sources[-1].role = "weights"  # a plain state dict {name: tensor}
+    return Layout(
+        step=found.step, resumable=resumable, portability="full" if resumable else "weights"
+    )
 
 
 CHECKERS: dict[str, Checker] = {"safetensors": _check_safetensors_file, "torch": _check_torch_file}

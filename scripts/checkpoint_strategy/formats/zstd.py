@@ -10,7 +10,7 @@ hostile frame declares, and reading stops one buffer past the declared content s
 
 from __future__ import annotations
 
-_READ = 1 << 20   # bytes of output per read: the only memory a frame costs
+_READ = 1 << 20  # bytes of output per read: the only memory a frame costs
 
 
 def available() -> bool:
@@ -34,7 +34,9 @@ def frame_problem(data: bytes, start: int, end: int, declared: int, limit: int) 
     cap = min(declared, limit) if declared >= 0 else limit
     produced = 0
     try:
-        with zstandard.ZstdDecompressor().stream_reader(memoryview(data)[start:end], read_across_frames=False) as r:
+        with zstandard.ZstdDecompressor().stream_reader(
+            memoryview(data)[start:end], read_across_frames=False
+        ) as r:
             while produced <= cap:
                 chunk = r.read(_READ)
                 if not chunk:
@@ -43,7 +45,9 @@ def frame_problem(data: bytes, start: int, end: int, declared: int, limit: int) 
     except zstandard.ZstdError as exc:
         return f"does not decode ({str(exc).splitlines()[0][:160]})"
     if produced > cap:
-        return f"decodes to more than {cap} bytes" + (" (its declared content size)" if cap == declared else "")
+        return f"decodes to more than {cap} bytes" + (
+            " (its declared content size)" if cap == declared else ""
+        )
     if declared >= 0 and produced != declared:
         return f"decodes to {produced} bytes, its header declares {declared}"
     return None

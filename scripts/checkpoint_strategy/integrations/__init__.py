@@ -11,4 +11,11 @@ Python API for a training loop::
 from checkpoint_strategy.integrations.events import decide, decide_all, parse_events
 from checkpoint_strategy.integrations.models import Decision, EmergencyDecision, StabilityEvent
 
-__all__ = ["Decision", "EmergencyDecision", "StabilityEvent", "decide", "decide_all", "parse_events"]
+__all__ = [
+    "Decision",
+    "EmergencyDecision",
+    "StabilityEvent",
+    "decide",
+    "decide_all",
+    "parse_events",
+]

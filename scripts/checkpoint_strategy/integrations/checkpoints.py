@@ -30,8 +30,10 @@ def api():
         from checkpoint_strategy import validate
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.startswith("checkpoint_strategy.validate"):
-            raise UsageError("the checkpoint validator (checkpoint_strategy.validate) is not installed: "
-                             "cannot validate checkpoints; install the full checkpoint-strategy package") from None
+            raise UsageError(
+                "the checkpoint validator (checkpoint_strategy.validate) is not installed: "
+                "cannot validate checkpoints; install the full checkpoint-strategy package"
+            ) from None
         raise
     return validate
 
@@ -77,18 +79,29 @@ def first_problem(result) -> str:
 
 
 def to_ref(result, validated_at: str) -> CheckpointRef:
-    return CheckpointRef(path=result.path, step=result.step, layout=result.format, formats=formats_present(result),
-                         resumable=result.resumable, sharded=result.sharded, validated_at=validated_at,
-                         level=result.level)
+    return CheckpointRef(
+        path=result.path,
+        step=result.step,
+        layout=result.format,
+        formats=formats_present(result),
+        resumable=result.resumable,
+        sharded=result.sharded,
+        validated_at=validated_at,
+        level=result.level,
+    )
 
 
-def scan(root: str, level: str = "quick") -> tuple[list[CheckpointRef], list[BadCheckpoint], Optional[str]]:
+def scan(
+    root: str, level: str = "quick"
+) -> tuple[list[CheckpointRef], list[BadCheckpoint], Optional[str]]:
     """Validate every checkpoint under root. Returns (valid newest first, bad ones, note).
 
     A root with no checkpoint yet is not an error (a run that has not saved): note says so.
     """
     if not os.path.lexists(root):
-        raise UsageError(f"--checkpoints {root}: no such folder; expected the run's checkpoint folder")
+        raise UsageError(
+            f"--checkpoints {root}: no such folder; expected the run's checkpoint folder"
+        )
     ck = api()
     validated_at = now_iso()
     try:
@@ -102,8 +115,12 @@ def scan(root: str, level: str = "quick") -> tuple[list[CheckpointRef], list[Bad
         if r.status == "valid":
             valid.append(to_ref(r, validated_at))
         else:
-            bad.append(BadCheckpoint(path=r.path, step=r.step, status=r.status, reason=first_problem(r)))
-    valid.sort(key=lambda c: c.path, reverse=True)   # newest first; at one step, what a plain resume loads
+            bad.append(
+                BadCheckpoint(path=r.path, step=r.step, status=r.status, reason=first_problem(r))
+            )
+    valid.sort(
+        key=lambda c: c.path, reverse=True
+    )  # newest first; at one step, what a plain resume loads
     valid.sort(key=lambda c: (c.step is None, -(c.step or 0), fm.resume_order(c.path)[0]))
     bad.sort(key=lambda c: (c.step is not None, c.step or 0, c.path), reverse=True)
     return valid, bad, None

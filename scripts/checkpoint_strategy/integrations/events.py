@@ -13,8 +13,8 @@ import json
 import math
 import re
 import shlex
-from typing import Any, Optional, Union
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Optional, Union
 
 from checkpoint_strategy.errors import UsageError, pydantic_message
 from checkpoint_strategy.integrations.models import (
@@ -24,8 +24,8 @@ from checkpoint_strategy.integrations.models import (
     StabilityEvent,
 )
 from checkpoint_strategy.planning.models import CheckpointPolicy
-from checkpoint_strategy.recovery.settings import DEFAULTS as RECOVERY_DEFAULTS
 from checkpoint_strategy.recovery.records import loads_line
+from checkpoint_strategy.recovery.settings import DEFAULTS as RECOVERY_DEFAULTS
 from checkpoint_strategy.retention.safety import post_onset_note
 from checkpoint_strategy.storage import ReadError, loads_yaml
 

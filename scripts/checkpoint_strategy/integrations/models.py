@@ -42,15 +42,21 @@ class CheckpointRef(_Strict):
 
     path: str
     step: Optional[int] = Field(description="optimizer step, when the layout names it")
-    layout: str = Field(description="the validator's format: hf-trainer, lightning, torch, safetensors, dcp, ...")
-    formats: list[FormatPresent] = Field(description="save formats present: safetensors, full_state_dict, sharded")
+    layout: str = Field(
+        description="the validator's format: hf-trainer, lightning, torch, safetensors, dcp, ..."
+    )
+    formats: list[FormatPresent] = Field(
+        description="save formats present: safetensors, full_state_dict, sharded"
+    )
     resumable: bool = Field(description="optimizer state present: training can resume from it")
     sharded: bool
     validated_at: str = Field(description="UTC ISO 8601 time of the validation")
     level: Literal["quick", "full", "deep"]
     after_spike_onset: Optional[bool] = Field(
-        None, description="saved after the onset of the loss spike the recovery adviser found (holds spiked "
-                          "weights: not a rollback target); null when no spike is known")
+        None,
+        description="saved after the onset of the loss spike the recovery adviser found (holds spiked "
+        "weights: not a rollback target); null when no spike is known",
+    )
 
 
 class BadCheckpoint(_Strict):
@@ -77,7 +83,9 @@ class RecoveryNote(_Strict):
     summary: str
     spike_onset_step: Optional[int]
     wait_until_step: Optional[int]
-    resume_checkpoint: Optional[str] = Field(description="path (or step) of the checkpoint to resume from")
+    resume_checkpoint: Optional[str] = Field(
+        description="path (or step) of the checkpoint to resume from"
+    )
     resume_step: Optional[int]
 
 
@@ -87,26 +95,42 @@ class SessionHandoff(_Strict):
     schema_version: Literal["1.0"] = SCHEMA_VERSION
     producer: Producer = Field(default_factory=Producer)
     generated_at: str = Field(description="UTC ISO 8601")
-    policy: Optional[CheckpointPolicy] = Field(description="the checkpoint_policy mapping, when a plan was given")
+    policy: Optional[CheckpointPolicy] = Field(
+        description="the checkpoint_policy mapping, when a plan was given"
+    )
     plan: Optional[PlanSummary] = None
     checkpoints_root: Optional[str] = None
     latest_valid_checkpoint: Optional[CheckpointRef] = Field(
-        None, description="the checkpoint to resume from: the newest valid, resumable checkpoint not after the onset "
-                          "of an unrecovered loss spike (the newest weights-only one when none is resumable)")
+        None,
+        description="the checkpoint to resume from: the newest valid, resumable checkpoint not after the onset "
+        "of an unrecovered loss spike (the newest weights-only one when none is resumable)",
+    )
     rollback_points: list[CheckpointRef] = Field(
-        default_factory=list, description="the valid checkpoints safe to resume from (none after the onset of an "
-                                          "unrecovered loss spike), newest first (the latest included)")
+        default_factory=list,
+        description="the valid checkpoints safe to resume from (none after the onset of an "
+        "unrecovered loss spike), newest first (the latest included)",
+    )
     post_onset_checkpoints: list[CheckpointRef] = Field(
-        default_factory=list, description="valid checkpoints saved after the onset of an unrecovered loss spike: "
-                                          "do not resume from them")
+        default_factory=list,
+        description="valid checkpoints saved after the onset of an unrecovered loss spike: "
+        "do not resume from them",
+    )
     bad_checkpoints: list[BadCheckpoint] = Field(default_factory=list)
-    recovery: Optional[RecoveryNote] = Field(None, description="the recovery adviser on the training log")
-    recovery_commands: list[str] = Field(default_factory=list, description="commands to run next, in order")
-    pending_risks: list[str] = Field(default_factory=list, description="warnings for the next session")
+    recovery: Optional[RecoveryNote] = Field(
+        None, description="the recovery adviser on the training log"
+    )
+    recovery_commands: list[str] = Field(
+        default_factory=list, description="commands to run next, in order"
+    )
+    pending_risks: list[str] = Field(
+        default_factory=list, description="warnings for the next session"
+    )
     automatic_actions: list[dict[str, Any]] = Field(
-        default_factory=list, description="what the training callbacks did by themselves, oldest first (the last 50): "
-                                          "rollbacks, resume checks, stops, preemption saves, interval changes, "
-                                          "interruptions; each as recorded in the run's loss log")
+        default_factory=list,
+        description="what the training callbacks did by themselves, oldest first (the last 50): "
+        "rollbacks, resume checks, stops, preemption saves, interval changes, "
+        "interruptions; each as recorded in the run's loss log",
+    )
     next_step: str
 
 
@@ -167,7 +191,9 @@ class ValuesSummary(_Strict):
     optimizer: str = Field(description="adam / other / none")
     optimizer_parameters: int
     parameters_with_moments: int
-    verdicts: list[str] = Field(default_factory=list, description="not resumable / suspicious / invalid findings")
+    verdicts: list[str] = Field(
+        default_factory=list, description="not resumable / suspicious / invalid findings"
+    )
 
 
 class ReleaseGate(_Strict):
@@ -180,28 +206,40 @@ class ReleaseGate(_Strict):
     step: Optional[int]
     level: Literal["quick", "full", "deep"]
     validated_at: str
-    loads_ok: bool = Field(description="the validator found every file whole (nothing is unpickled or executed)")
+    loads_ok: bool = Field(
+        description="the validator found every file whole (nothing is unpickled or executed)"
+    )
     status: Literal["valid", "invalid", "incomplete"]
     formats_present: list[FormatPresent]
     required: list[RequireItem]
     resumable: bool
     sharded: bool
     integrity: Literal["manifest", "checksums"] = Field(
-        description="manifest: the checkpoint's own manifest was verified; checksums: sha256 of every file")
+        description="manifest: the checkpoint's own manifest was verified; checksums: sha256 of every file"
+    )
     manifest: Optional[str] = Field(None, description="path of the verified manifest")
     checksums: list[FileChecksum] = Field(default_factory=list)
     checks: list[GateCheck]
     not_for_release: list[NotForRelease] = Field(
-        default_factory=list, description="files in the checkpoint a model release should not ship: training state "
-                                          "(optimizer, scheduler, RNG, TrainingArguments pickles; trainer_state.json) "
-                                          "and pickled copies of weights that are also in safetensors")
+        default_factory=list,
+        description="files in the checkpoint a model release should not ship: training state "
+        "(optimizer, scheduler, RNG, TrainingArguments pickles; trainer_state.json) "
+        "and pickled copies of weights that are also in safetensors",
+    )
     release_set: list[str] = Field(
-        default_factory=list, description="--require safetensors: the files a release ships (the safetensors weights, "
-                                          "their index, configs, tokenizer): every file not in not_for_release")
-    values: Optional[ValuesSummary] = Field(None, description="level deep: what the value pass found")
-    notes: list[str] = Field(default_factory=list, description="what a release needs beyond the gate: tokenizer "
-                                                               "files missing from the release set; whether this is "
-                                                               "the trainer's eval-best checkpoint")
+        default_factory=list,
+        description="--require safetensors: the files a release ships (the safetensors weights, "
+        "their index, configs, tokenizer): every file not in not_for_release",
+    )
+    values: Optional[ValuesSummary] = Field(
+        None, description="level deep: what the value pass found"
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="what a release needs beyond the gate: tokenizer "
+        "files missing from the release set; whether this is "
+        "the trainer's eval-best checkpoint",
+    )
     gate: Literal["pass", "fail"]
     reasons: list[str] = Field(description="why the gate failed (empty on pass)")
 
@@ -217,7 +255,9 @@ class StabilityEvent(BaseModel):
     event: EventType
     step: Optional[int] = Field(None, ge=0)
     value: Optional[float] = Field(None, description="the observed loss or gradient norm")
-    magnitude: Optional[float] = Field(None, description="value / baseline (a spike of 3x has magnitude 3)")
+    magnitude: Optional[float] = Field(
+        None, description="value / baseline (a spike of 3x has magnitude 3)"
+    )
     threshold: Optional[float] = None
     severity: Severity = "warning"
     ts: Union[str, float, None] = Field(None, description="ISO 8601 or Unix seconds")
@@ -235,9 +275,13 @@ class Decision(_Strict):
 
     event: EventType
     step: Optional[int]
-    trigger: Optional[EmergencyTrigger] = Field(description="the emergency_save_on trigger it maps to")
+    trigger: Optional[EmergencyTrigger] = Field(
+        description="the emergency_save_on trigger it maps to"
+    )
     decision: Literal["emergency_save", "none"]
-    confirmed_spike: bool = Field(description="the spike is persistent or critical: roll back, do not wait")
+    confirmed_spike: bool = Field(
+        description="the spike is persistent or critical: roll back, do not wait"
+    )
     reason: str
     next_command: Optional[str] = Field(description="the command to run next, if any")
 
@@ -255,12 +299,20 @@ class EmergencyDecision(_Strict):
     decision: Literal["emergency_save", "none"]
     reason: str
     next_command: Optional[str]
-    save_at_step: Optional[int] = Field(description="the step to save at (the first triggering event's step)")
+    save_at_step: Optional[int] = Field(
+        description="the step to save at (the first triggering event's step)"
+    )
     decisions: list[Decision] = Field(description="per-event decisions, at most the first 1000")
-    events_total: Optional[int] = Field(None, description="events decided (may exceed the decisions listed)")
-    notes: list[str] = Field(default_factory=list, description="input that was read but is not an event")
-    warnings: list[str] = Field(default_factory=list,
-                                description="failing checks of a monitor report that this tool does not know")
+    events_total: Optional[int] = Field(
+        None, description="events decided (may exceed the decisions listed)"
+    )
+    notes: list[str] = Field(
+        default_factory=list, description="input that was read but is not an event"
+    )
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="failing checks of a monitor report that this tool does not know",
+    )
 
     @property
     def should_save(self) -> bool:

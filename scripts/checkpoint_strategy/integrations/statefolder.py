@@ -19,19 +19,19 @@ read and checked before the first write, so bad input leaves every file as it wa
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
+import stat as _stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
-from collections.abc import Iterator
 
+from checkpoint_strategy.atomic import atomic_write_bytes, atomic_write_text, fsync_dir, write_temp
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import ReadError, kind_of, loads_json, oserror_line, read_bytes
-import glob
-import stat as _stat
-from checkpoint_strategy.atomic import atomic_write_bytes, atomic_write_text, fsync_dir, write_temp
 from checkpoint_strategy.storage.locking import locked as _locked
 
 DEFAULT_STATE_DIR = ".claude/state"
@@ -47,6 +47,8 @@ def risk_tag(scope: Optional[str] = None) -> str:
     """The prefix of our pending_risks entries: one scope per checkpoint folder (or the plan)."""
     scope = " ".join(str(scope).split()).replace("]", ")") if scope else ""
     return f"[checkpoint-strategy {scope}] " if scope else RISK_TAG
+
+
 BEGIN = "<!-- checkpoint-strategy:begin -->"
 END = "<!-- checkpoint-strategy:end -->"
 CONTEXT_HEADING = "Context for Next Session"
@@ -62,7 +64,9 @@ def prepare_dir(state_dir: str | os.PathLike) -> Path:
     """The state folder, created if missing. UsageError if it is a file or cannot be made."""
     d = Path(state_dir)
     if d.exists() and not d.is_dir():
-        raise UsageError(f"state folder {d} is a file: expected a folder (default {DEFAULT_STATE_DIR})")
+        raise UsageError(
+            f"state folder {d} is a file: expected a folder (default {DEFAULT_STATE_DIR})"
+        )
     try:
         d.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
@@ -80,8 +84,10 @@ def prepare_dir(state_dir: str | os.PathLike) -> Path:
 def locked(state_dir: Path, timeout: float = LOCK_TIMEOUT_SECONDS) -> Iterator[None]:
     """Exclusive lock on the state folder for the duration of the block (storage.locking)."""
     path = state_dir / LOCK_FILE
-    busy = (f"state folder {state_dir} is locked by another checkpoint-strategy process for more than "
-            f"{timeout:g} s ({path})")
+    busy = (
+        f"state folder {state_dir} is locked by another checkpoint-strategy process for more than "
+        f"{timeout:g} s ({path})"
+    )
     with _locked(path, timeout, busy):
         yield
 
@@ -94,7 +100,9 @@ def _read_existing(path: Path, what: str) -> Optional[str]:
     try:
         data = read_bytes(path, what)
     except ReadError as exc:
-        raise UsageError(f"{what} {path}: {exc.reason}; fix or move it, nothing was written") from None
+        raise UsageError(
+            f"{what} {path}: {exc.reason}; fix or move it, nothing was written"
+        ) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -111,24 +119,42 @@ def _must_be_file_or_absent(path: Path, what: str) -> None:
         raise _oserr(exc, f"read {what}", path) from None
 
     if not _stat.S_ISREG(st.st_mode):
-        raise UsageError(f"{what} {path} is {kind_of(st.st_mode)}: expected a regular file; "
-                         "fix or move it, nothing was written")
+        raise UsageError(
+            f"{what} {path} is {kind_of(st.st_mode)}: expected a regular file; "
+            "fix or move it, nothing was written"
+        )
 
 
 # --------------------------------------------------------------------------- agent-state.json
 
 
-def merge_agent_state(existing: Optional[str], risks: list[str], next_step: str, now: str,
-                      where: str = AGENT_STATE, scope: Optional[str] = None) -> str:
+def merge_agent_state(
+    existing: Optional[str],
+    risks: list[str],
+    next_step: str,
+    now: str,
+    where: str = AGENT_STATE,
+    scope: Optional[str] = None,
+) -> str:
     """The new agent-state.json text. Unknown fields and other writers' risks are kept in order."""
     if existing is None or not existing.strip():
-        data: dict = {"schema_version": 1, "session_id": None, "status": "in_progress", "last_updated": now,
-                      "next_step": next_step, "completed_steps": [], "notes": [], "pending_risks": []}
+        data: dict = {
+            "schema_version": 1,
+            "session_id": None,
+            "status": "in_progress",
+            "last_updated": now,
+            "next_step": next_step,
+            "completed_steps": [],
+            "notes": [],
+            "pending_risks": [],
+        }
     else:
         try:  # the sibling's file: NaN written by Python's json is kept as it was
             data = loads_json(existing, where, allow_nan=True, expect=dict)
         except ReadError as exc:
-            raise UsageError(f"{where} is {exc.reason}; fix or move it, nothing was written") from None
+            raise UsageError(
+                f"{where} is {exc.reason}; fix or move it, nothing was written"
+            ) from None
     old = data.get("pending_risks")
     if old is None:
         old = []
@@ -154,9 +180,11 @@ def update_next_action(existing: Optional[str], block: str, where: str = NEXT_AC
     if begins or ends:
         start, stop = existing.find(BEGIN), existing.find(END)
         if begins != 1 or ends != 1 or stop < start:
-            raise UsageError(f"{where} has unmatched {BEGIN} / {END} markers; fix them, nothing was written")
+            raise UsageError(
+                f"{where} has unmatched {BEGIN} / {END} markers; fix them, nothing was written"
+            )
         stop += len(END)
-        if existing[stop:stop + 1] == "\n":
+        if existing[stop : stop + 1] == "\n":
             stop += 1
         return existing[:start] + block + existing[stop:]
     lines = existing.splitlines(keepends=True)
@@ -242,12 +270,27 @@ def write_state(state_dir: str | os.PathLike, w: StateWrite) -> list[str]:
         for name in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION):
             _must_be_file_or_absent(paths[name], name)
         # read and check everything first: nothing is written if any input is bad
-        state_text = merge_agent_state(_read_existing(paths[AGENT_STATE], AGENT_STATE), w.risks, w.next_step,
-                                       w.now, where=str(paths[AGENT_STATE]), scope=w.scope)
-        next_text = update_next_action(_read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block,
-                                       where=str(paths[NEXT_ACTION]))
-        _commit(d, [(paths[HANDOFF_FILE], w.handoff_json), (paths[AGENT_STATE], state_text),
-                    (paths[NEXT_ACTION], next_text)], paths[CHECKPOINT_LOG], w.log_record)
+        state_text = merge_agent_state(
+            _read_existing(paths[AGENT_STATE], AGENT_STATE),
+            w.risks,
+            w.next_step,
+            w.now,
+            where=str(paths[AGENT_STATE]),
+            scope=w.scope,
+        )
+        next_text = update_next_action(
+            _read_existing(paths[NEXT_ACTION], NEXT_ACTION), w.block, where=str(paths[NEXT_ACTION])
+        )
+        _commit(
+            d,
+            [
+                (paths[HANDOFF_FILE], w.handoff_json),
+                (paths[AGENT_STATE], state_text),
+                (paths[NEXT_ACTION], next_text),
+            ],
+            paths[CHECKPOINT_LOG],
+            w.log_record,
+        )
     w.written = [str(paths[n]) for n in (HANDOFF_FILE, AGENT_STATE, CHECKPOINT_LOG, NEXT_ACTION)]
     return w.written
 
@@ -267,7 +310,11 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
     in_memory: dict[str, bytes] = {}
 
     def _fail(exc: BaseException) -> UsageError:
-        reason = str(exc) if isinstance(exc, UsageError) else oserror_line(exc, "write to state folder", d)
+        reason = (
+            str(exc)
+            if isinstance(exc, UsageError)
+            else oserror_line(exc, "write to state folder", d)
+        )
         return UsageError(f"{reason}; nothing was written (every file of {d} is as it was)")
 
     try:
@@ -305,7 +352,9 @@ def _commit(d: Path, files: list[tuple[Path, str]], log_path: Path, record: dict
     _roll_back(d, plan, {}, only_backups=True)
 
 
-def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: bool = False) -> None:
+def _roll_back(
+    d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: bool = False
+) -> None:
     """Put back the previous version of every file in `plan` (or, only_backups, just drop the
     backup links), then remove the journal."""
     for name, how in plan.items():
@@ -319,7 +368,9 @@ def _roll_back(d: Path, plan: dict, in_memory: dict[str, bytes], only_backups: b
                     _unlink_quiet(backup)
             elif how.get("backup") and os.path.lexists(backup):
                 if os.path.lexists(path) and os.path.samefile(backup, path):
-                    os.unlink(backup)  # never replaced (rename of two links to one file does nothing)
+                    os.unlink(
+                        backup
+                    )  # never replaced (rename of two links to one file does nothing)
                 else:
                     os.replace(backup, path)
             elif how.get("new"):

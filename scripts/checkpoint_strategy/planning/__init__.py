@@ -18,5 +18,7 @@ _WHERE = {"PlanArguments": "models", "PlanReport": "models", "plan": "planner"}
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        return getattr(importlib.import_module(f"checkpoint_strategy.planning.{_WHERE[name]}"), name)
+        return getattr(
+            importlib.import_module(f"checkpoint_strategy.planning.{_WHERE[name]}"), name
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.models import Assumption, PlanArguments
 from checkpoint_strategy.planning.rounding import nice_floor

@@ -19,8 +19,10 @@ def report_from_data(data: Any, name: str) -> PlanReport:
     try:  # JSON nested a few hundred levels parses, but the schema walk recurses deeper
         error = jsonschema.exceptions.best_match(validator.iter_errors(data))
     except RecursionError:
-        raise UsageError(f"plan file {name} is nested too deeply: expected the output of "
-                         "`checkpoint-strategy plan ... --format json`") from None
+        raise UsageError(
+            f"plan file {name} is nested too deeply: expected the output of "
+            "`checkpoint-strategy plan ... --format json`"
+        ) from None
     if error is not None:
         where = ".".join(str(p) for p in error.absolute_path) or "top level"
         message = " ".join(error.message.split())

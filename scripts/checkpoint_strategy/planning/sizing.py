@@ -42,7 +42,9 @@ def parse_params(text: str) -> float:
     return value
 
 
-def resolve_params(params: float | None, model_size_gb: float | None, weights_dtype: str) -> float | None:
+def resolve_params(
+    params: float | None, model_size_gb: float | None, weights_dtype: str
+) -> float | None:
     if params is not None and model_size_gb is not None:
         raise UsageError("give the model size once: either --model_size_gb or --params, not both")
     if params is not None:

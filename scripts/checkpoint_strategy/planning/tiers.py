@@ -25,7 +25,13 @@ from __future__ import annotations
 import math
 
 from checkpoint_strategy.planning import failure
-from checkpoint_strategy.planning.models import LocalTierPlan, PlanArguments, PlanReport, TierPlan, TwoTierPlan
+from checkpoint_strategy.planning.models import (
+    LocalTierPlan,
+    PlanArguments,
+    PlanReport,
+    TierPlan,
+    TwoTierPlan,
+)
 from checkpoint_strategy.planning.policytiers import PolicyTier, PolicyTiers
 from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps
 

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import mmap
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
-from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.runlog import find_run_checkpoints
 from checkpoint_strategy.formats.steps import parse_step
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.planning.planner import milestone_steps
 from checkpoint_strategy.recovery import ckptsteps, detect, settings
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, build_series, read_log
 from checkpoint_strategy.recovery.models import (
@@ -28,10 +32,6 @@ from checkpoint_strategy.recovery.models import (
     Thresholds,
 )
 from checkpoint_strategy.recovery.settings import RecoveryOptions
-import dataclasses
-import json
-import mmap
-from checkpoint_strategy.planning.planner import milestone_steps
 from checkpoint_strategy.render import fmt_num, render_template
 
 CheckpointsArg = Union[None, str, os.PathLike, Sequence[Union[int, tuple]]]

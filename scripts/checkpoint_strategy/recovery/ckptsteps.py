@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from checkpoint_strategy.formats.marker import is_emergency
-from checkpoint_strategy.formats.steps import MAX_STEP, scan
 from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import is_emergency
 from checkpoint_strategy.formats.models import LEVELS
+from checkpoint_strategy.formats.steps import MAX_STEP, scan
 
 _LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
 
@@ -24,30 +24,43 @@ def parse_spec(spec: str) -> tuple[str, Optional[str], list[tuple[int, Optional[
     if _LIST.match(text):
         steps = sorted({int(s) for s in text.split(",") if s.strip()})
         if any(s > MAX_STEP for s in steps):
-            raise UsageError(f"--checkpoints: step {max(steps)} is too large in {shown(spec)}; expected "
-                             f"{BOUNDS['logged_step'].expected().replace('a whole number of', 'whole numbers of')}")
+            raise UsageError(
+                f"--checkpoints: step {max(steps)} is too large in {shown(spec)}; expected "
+                f"{BOUNDS['logged_step'].expected().replace('a whole number of', 'whole numbers of')}"
+            )
         return "list", None, [(s, None) for s in steps]
     root = Path(text)
     if not root.is_dir():
-        raise UsageError(f"--checkpoints {spec!r} is neither a folder nor a list of steps like 500,1000")
+        raise UsageError(
+            f"--checkpoints {spec!r} is neither a folder nor a list of steps like 500,1000"
+        )
     found = scan(root)
     if not found:
-        raise UsageError(f"no checkpoints found in {root}: expected entries named checkpoint-N, step-N, "
-                         "iter_0000500, global_stepN, epoch=E-step=N.ckpt or numeric Orbax folders")
+        raise UsageError(
+            f"no checkpoints found in {root}: expected entries named checkpoint-N, step-N, "
+            "iter_0000500, global_stepN, epoch=E-step=N.ckpt or numeric Orbax folders"
+        )
     return "folder", str(root), list(found)
 
 
-def resume_candidates(checkpoints: list[tuple[int, Optional[str]]]) -> list[tuple[int, Optional[str]]]:
+def resume_candidates(
+    checkpoints: list[tuple[int, Optional[str]]],
+) -> list[tuple[int, Optional[str]]]:
     """Drop emergency saves (marked post-event checkpoints) from a (step, path) list."""
     return [(s, p) for s, p in checkpoints if p is None or not is_emergency(p)]
 
 
-_WORDS = {"invalid": "invalid", "incomplete": "incomplete", "not_resumable": "not resumable",
-          "suspicious": "suspicious"}
+_WORDS = {
+    "invalid": "invalid",
+    "incomplete": "incomplete",
+    "not_resumable": "not resumable",
+    "suspicious": "suspicious",
+}
 
 
-def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str] = "quick",
-              ) -> tuple[list[tuple[int, Optional[str]]], list[str]]:
+def validated(
+    checkpoints: list[tuple[int, Optional[str]]], level: Optional[str] = "quick"
+) -> tuple[list[tuple[int, Optional[str]]], list[str]]:
     """The resume candidates the project's validator passes, and one line per candidate skipped
     ("checkpoint-200 skipped: invalid: 12 NaN values in ..."). `level`: quick, full or deep (deep also
     compares each checkpoint's weights norm with the previous one's); None: not validated (the caller
@@ -56,7 +69,7 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
     know are kept as they are, with one note."""
     if level is not None and level not in LEVELS:
         raise UsageError(f"level must be quick, full or deep, got {level!r}")
-    if level is None or not checkpoints:     # nothing to check: the validator is not even imported
+    if level is None or not checkpoints:  # nothing to check: the validator is not even imported
         return list(checkpoints), []
     from checkpoint_strategy.formats import identify as fm
     from checkpoint_strategy.validate.engine import check_with_values, compare_consecutive
@@ -83,8 +96,10 @@ def validated(checkpoints: list[tuple[int, Optional[str]]], level: Optional[str]
             notes.append(f"{os.path.basename(os.path.normpath(result.path))} skipped: {why}")
     shown = [os.path.basename(os.path.normpath(p)) for _s, p in unknown if p is not None]
     if shown:
-        notes.append(f"not validated (layout not recognised): {', '.join(shown[:5])}"
-                     + (f" and {len(shown) - 5} more" if len(shown) > 5 else ""))
+        notes.append(
+            f"not validated (layout not recognised): {', '.join(shown[:5])}"
+            + (f" and {len(shown) - 5} more" if len(shown) > 5 else "")
+        )
     return sorted(kept, key=lambda t: t[0]), notes
 
 
@@ -94,8 +109,11 @@ def _skip_reason(result) -> Optional[str]:
 
     if result.status == "valid" and usable(result):
         return None
-    bad = [p for p in result.problems if p.kind == result.status] if result.status != "valid" else \
-        [p for p in result.problems if p.kind in ("suspicious", "not_resumable")]
+    bad = (
+        [p for p in result.problems if p.kind == result.status]
+        if result.status != "valid"
+        else [p for p in result.problems if p.kind in ("suspicious", "not_resumable")]
+    )
     if not bad:
         return result.status
     p = bad[0]

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+
 from checkpoint_strategy.recovery.settings import RecoveryOptions, rule_labels
 
 DEFAULT_WINDOW = 128

@@ -6,19 +6,56 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Optional
 from collections.abc import Iterable, Sequence
+from typing import Any, Optional
 
 from checkpoint_strategy.errors import UsageError
 
-STEP_KEYS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step", "current_steps", "iteration",
-             "iter", "it")
-LOSS_KEYS = ("loss", "train/loss", "train_loss", "training_loss", "train/train_loss", "lm loss", "lm_loss",
-             "train/lm_loss", "train/loss_step", "train_loss_step", "loss_step", "train/lm loss")
-GRAD_KEYS = ("grad_norm", "train/grad_norm", "grad-norm", "gradient_norm", "train/gradient_norm",
-             "grad_norm/total", "train/grad-norm")
-LR_KEYS = ("learning_rate", "train/learning_rate", "lr", "learning-rate", "train/lr", "lr-AdamW", "lr-Adam",
-           "lr-SGD", "train/learning-rate")
+STEP_KEYS = (
+    "step",
+    "global_step",
+    "train/global_step",
+    "trainer/global_step",
+    "_step",
+    "current_steps",
+    "iteration",
+    "iter",
+    "it",
+)
+LOSS_KEYS = (
+    "loss",
+    "train/loss",
+    "train_loss",
+    "training_loss",
+    "train/train_loss",
+    "lm loss",
+    "lm_loss",
+    "train/lm_loss",
+    "train/loss_step",
+    "train_loss_step",
+    "loss_step",
+    "train/lm loss",
+)
+GRAD_KEYS = (
+    "grad_norm",
+    "train/grad_norm",
+    "grad-norm",
+    "gradient_norm",
+    "train/gradient_norm",
+    "grad_norm/total",
+    "train/grad-norm",
+)
+LR_KEYS = (
+    "learning_rate",
+    "train/learning_rate",
+    "lr",
+    "learning-rate",
+    "train/lr",
+    "lr-AdamW",
+    "lr-Adam",
+    "lr-SGD",
+    "train/learning-rate",
+)
 
 
 class LogProblem(UsageError):
@@ -34,8 +71,13 @@ class LogProblem(UsageError):
         return UsageError(f"log {log}{self.detail}")
 
 
-def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[str], what: str,
-          required: bool) -> Optional[str]:
+def _pick(
+    available: Iterable[str],
+    wanted: Optional[str],
+    candidates: Sequence[str],
+    what: str,
+    required: bool,
+) -> Optional[str]:
     names = list(available)
     if wanted is not None:
         if wanted in names:
@@ -49,8 +91,10 @@ def _pick(available: Iterable[str], wanted: Optional[str], candidates: Sequence[
             return lower[cand.lower()]
     if required:
         hint = "--step-column" if what == "step" else "--loss-column"
-        raise LogProblem(f" has no {what} column (looked for {', '.join(candidates[:4])}, ...); "
-                         f"columns: {_preview(names)}; name it with {hint}")
+        raise LogProblem(
+            f" has no {what} column (looked for {', '.join(candidates[:4])}, ...); "
+            f"columns: {_preview(names)}; name it with {hint}"
+        )
     return None
 
 

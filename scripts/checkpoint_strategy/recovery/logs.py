@@ -19,15 +19,18 @@ import io
 import math
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Optional, cast
-from collections.abc import Sequence
 
 import numpy as np
 
+from checkpoint_strategy import storage
 from checkpoint_strategy.cli_options import BOUNDS
 from checkpoint_strategy.errors import UsageError, no_log_entries
+from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log
+from checkpoint_strategy.recovery import records
 from checkpoint_strategy.recovery.logkeys import (
     GRAD_KEYS,
     LOSS_KEYS,
@@ -39,12 +42,10 @@ from checkpoint_strategy.recovery.logkeys import (
     _to_float,
 )
 
-from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log
-from checkpoint_strategy import storage
-from checkpoint_strategy.recovery import records
-
-NO_LOG = "no training log found"   # the words callers match (integrations/handoff.py)
-MAX_STEP = int(BOUNDS["logged_step"].hi)  # 2**53: steps beyond it are not exact as floats; no real run gets near it
+NO_LOG = "no training log found"  # the words callers match (integrations/handoff.py)
+MAX_STEP = int(
+    BOUNDS["logged_step"].hi
+)  # 2**53: steps beyond it are not exact as floats; no real run gets near it
 
 FORMATS = ("auto", "hf", "json", "jsonl", "csv", "tensorboard")
 
@@ -75,7 +76,9 @@ class LogSeries:
     raw_loss: Optional[np.ndarray] = None
     raw_lr: Optional[np.ndarray] = None
     raw_segment: Optional[np.ndarray] = None
-    notes: list[str] = field(default_factory=list)   # what the reader left out (a torn last JSONL line)
+    notes: list[str] = field(
+        default_factory=list
+    )  # what the reader left out (a torn last JSONL line)
     #: the usual steps between two logged values (the median of the last 10 000 gaps), set once by build_series:
     #: the adviser reads it as a value, it does not call back into the reader
     log_interval: int = 1
@@ -84,7 +87,7 @@ class LogSeries:
 def _log_interval(steps: np.ndarray) -> int:
     if len(steps) < 2:
         return 1
-    return max(1, int(np.median(np.diff(steps[-min(len(steps), 10001):]))))
+    return max(1, int(np.median(np.diff(steps[-min(len(steps), 10001) :]))))
 
 
 @dataclass
@@ -106,8 +109,10 @@ def find_log(path: str | os.PathLike) -> Path:
     Lightning's metrics.csv, TensorBoard event files)."""
     p = Path(path)
     if not p.exists():
-        raise UsageError(f"log not found: {p} (expected a trainer_state.json, CSV, JSON lines or "
-                         "TensorBoard file, or a run/checkpoint folder)")
+        raise UsageError(
+            f"log not found: {p} (expected a trainer_state.json, CSV, JSON lines or "
+            "TensorBoard file, or a run/checkpoint folder)"
+        )
     if p.is_file():
         return p
     if not p.is_dir():
@@ -115,9 +120,11 @@ def find_log(path: str | os.PathLike) -> Path:
     found = find_run_log(p)
     if found is not None:
         return Path(found)
-    raise UsageError(f"{NO_LOG} in {p}: expected trainer_state.json (HF Trainer), {METRICS_FILE} (the "
-                     "checkpoint-strategy callbacks), metrics.csv (Lightning) or events.out.tfevents.* (TensorBoard); "
-                     "pass a CSV or JSON lines log as a file")
+    raise UsageError(
+        f"{NO_LOG} in {p}: expected trainer_state.json (HF Trainer), {METRICS_FILE} (the "
+        "checkpoint-strategy callbacks), metrics.csv (Lightning) or events.out.tfevents.* (TensorBoard); "
+        "pass a CSV or JSON lines log as a file"
+    )
 
 
 def detect_format(path: Path, head: bytes) -> str:
@@ -138,10 +145,12 @@ def detect_format(path: Path, head: bytes) -> str:
 # Reading
 
 
-MAX_LOG_BYTES = 64 << 30   # a JSON document is read whole (bytes only); line formats are streamed
+MAX_LOG_BYTES = 64 << 30  # a JSON document is read whole (bytes only); line formats are streamed
 
 
-def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Optional[Columns] = None) -> LogSeries:
+def read_log(
+    path: str | os.PathLike, *, log_format: str = "auto", columns: Optional[Columns] = None
+) -> LogSeries:
     """Read a log (file or folder) into a LogSeries; UsageError on any bad input.
 
     Memory: JSON lines and CSV are streamed (the numeric columns only); a JSON document is held
@@ -154,19 +163,25 @@ def read_log(path: str | os.PathLike, *, log_format: str = "auto", columns: Opti
     p = find_log(path)
     try:
         return _read(p, log_format, columns)
-    except LogProblem as exc:   # the readers below word a problem without the log's name: it is named here
+    except (
+        LogProblem
+    ) as exc:  # the readers below word a problem without the log's name: it is named here
         raise exc.named(p) from None
 
 
 def _read(p: Path, log_format: str, columns: Columns) -> LogSeries:
-    if log_format == "tensorboard" or (log_format == "auto" and (p.is_dir() or "tfevents" in p.name)):
+    if log_format == "tensorboard" or (
+        log_format == "auto" and (p.is_dir() or "tfevents" in p.name)
+    ):
         return _finish(p, "tensorboard", *_read_tensorboard(p, columns))
     with storage.open_regular(p, "log") as fh:
         try:
             head = fh.read(1 << 16)
             fmt = detect_format(p, head) if log_format == "auto" else log_format
             if fmt in ("json", "hf"):
-                return _read_streamed(p, fh, head, fmt, columns) or _read_document(p, _whole(fh, head), fmt, columns)
+                return _read_streamed(p, fh, head, fmt, columns) or _read_document(
+                    p, _whole(fh, head), fmt, columns
+                )
             if fmt == "jsonl":
                 return _read_stream(p, fh, head, columns)
             return _read_csv(p, fh, head, columns)
@@ -174,7 +189,7 @@ def _read(p: Path, log_format: str, columns: Columns) -> LogSeries:
             raise UsageError(storage.oserror_line(exc, "read log", p)) from None
 
 
-STREAM_MIN_BYTES = 16 << 20   # a trainer_state.json this big is streamed (recovery/records.py)
+STREAM_MIN_BYTES = 16 << 20  # a trainer_state.json this big is streamed (recovery/records.py)
 
 
 def _read_streamed(p: Path, fh, head: bytes, fmt: str, columns: Columns) -> Optional[LogSeries]:
@@ -190,7 +205,9 @@ def _read_streamed(p: Path, fh, head: bytes, fmt: str, columns: Columns) -> Opti
     first_error: Optional[UsageError] = None
     try:
         for batch in records.stream_history_batches(fh, head, meta):
-            if first_error is None:  # a bad value counts once the document proves sliceable (checked last)
+            if (
+                first_error is None
+            ):  # a bad value counts once the document proves sliceable (checked last)
                 try:
                     col.add_many(batch)
                 except UsageError as exc:
@@ -215,9 +232,11 @@ def _read_rest(fh, head: bytes) -> bytearray:
     """head + the rest of the file in one buffer, without a second copy of a big document."""
     size = os.fstat(fh.fileno()).st_size
     if size > MAX_LOG_BYTES:
-        raise UsageError(f"log {fh.name} is larger than {MAX_LOG_BYTES >> 30} GB; expected a training log")
+        raise UsageError(
+            f"log {fh.name} is larger than {MAX_LOG_BYTES >> 30} GB; expected a training log"
+        )
     buf = bytearray(max(size, len(head)) + 1)
-    buf[:len(head)] = head
+    buf[: len(head)] = head
     view = memoryview(buf)
     n = len(head)
     while True:
@@ -246,7 +265,9 @@ def _series_from(p: Path, fmt: str, col, meta: Optional[dict] = None) -> LogSeri
 
 def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogSeries:
     if not re.search(rb"\S", data):
-        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
+        raise UsageError(
+            f"log {p} is empty (0 bytes or only whitespace); expected training log entries"
+        )
     if data.startswith(b"\xef\xbb\xbf"):
         del data[:3]
     for attempt in ("sliced", "whole"):
@@ -258,15 +279,26 @@ def _read_document(p: Path, data: bytearray, fmt: str, columns: Columns) -> LogS
             continue
         except records._JSONError as err:
             exc = err.exc
-            if fmt == "json" and exc.msg == "Extra data" and re.match(rb"\s*\{", data) and _on_next_line(data, exc.pos):
-                return _read_stream(p, io.BytesIO(data), b"", columns)   # JSON lines under a .json name
+            if (
+                fmt == "json"
+                and exc.msg == "Extra data"
+                and re.match(rb"\s*\{", data)
+                and _on_next_line(data, exc.pos)
+            ):
+                return _read_stream(
+                    p, io.BytesIO(data), b"", columns
+                )  # JSON lines under a .json name
             why = "text after the document" if exc.msg == "Extra data" else "truncated?"
-            raise UsageError(f"log {p} is not valid JSON ({why}): {exc.msg} at line {exc.lineno} "
-                             f"column {exc.colno}") from None
+            raise UsageError(
+                f"log {p} is not valid JSON ({why}): {exc.msg} at line {exc.lineno} "
+                f"column {exc.colno}"
+            ) from None
         kind = _document_kind(p, meta.get("_format"), fmt, col.count)
         del data  # the raw text goes before the series are built
         return _series_from(p, kind, col, meta)
-    raise UsageError(f"log {p} could not be read")  # pragma: no cover - the whole parse always decides
+    raise UsageError(
+        f"log {p} could not be read"
+    )  # pragma: no cover - the whole parse always decides
 
 
 def _on_next_line(data: bytearray, pos: int) -> bool:
@@ -288,18 +320,24 @@ def _collect_document(p: Path, data: bytearray, attempt: str, col, meta: dict) -
     items = _document_items(p, obj, meta)
     del obj
     for k in range(0, len(items), records.SLICE_RECORDS):
-        col.add_many(items[k:k + records.SLICE_RECORDS])
+        col.add_many(items[k : k + records.SLICE_RECORDS])
 
 
 def _document_kind(p: Path, kind: Optional[str], fmt: str, count: int) -> str:
     """The document's format ("hf" or "json") once it is known to fit --log-format and to hold entries."""
     if kind == "other":
         if fmt == "hf":
-            raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
-        raise UsageError(f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
-                         "records; expected one of those or JSON lines")
+            raise UsageError(
+                f"log {p} has no log_history list; expected a Hugging Face trainer_state.json"
+            )
+        raise UsageError(
+            f"log {p} is JSON but neither a trainer_state.json (no log_history) nor a list of "
+            "records; expected one of those or JSON lines"
+        )
     if kind == "json" and fmt == "hf":
-        raise UsageError(f"log {p} has no log_history list; expected a Hugging Face trainer_state.json")
+        raise UsageError(
+            f"log {p} has no log_history list; expected a Hugging Face trainer_state.json"
+        )
     if count == 0:
         raise no_log_entries(p)
     return str(kind)
@@ -310,7 +348,9 @@ def _document_items(p: Path, obj: Any, meta: dict) -> list:
         meta.update({k: v for k, v in obj.items() if k != "log_history"})
         meta["_format"] = "hf"
         if not isinstance(obj["log_history"], list):
-            raise UsageError(f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json")
+            raise UsageError(
+                f"log {p}: log_history is not a list; expected a Hugging Face trainer_state.json"
+            )
         return obj["log_history"]
     if isinstance(obj, list):
         meta["_format"] = "json"
@@ -323,16 +363,26 @@ def _read_stream(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     col = records.Collector(columns, what="line", offset=1)
     notes: list[str] = []
     for recs, linenos in records.jsonl_batches(fh, head, notes):
-        col.add_many(recs, range(linenos.start - 1, linenos.stop - 1) if isinstance(linenos, range)
-                     else [n - 1 for n in linenos])   # the collector counts lines from 0 (offset 1)
+        col.add_many(
+            recs,
+            range(linenos.start - 1, linenos.stop - 1)
+            if isinstance(linenos, range)
+            else [n - 1 for n in linenos],
+        )  # the collector counts lines from 0 (offset 1)
     if col.count == 0:
-        raise UsageError(f"log {p} is empty (0 bytes or only whitespace); expected training log entries")
+        raise UsageError(
+            f"log {p} is empty (0 bytes or only whitespace); expected training log entries"
+        )
     series = _series_from(p, "jsonl", col)
-    series.notes = [f"log {p}{note}" for note in notes]   # what follows "log NAME" (records.jsonl_batches)
+    series.notes = [
+        f"log {p}{note}" for note in notes
+    ]  # what follows "log NAME" (records.jsonl_batches)
     return series
 
 
-def _numbers(p: Path, values: list, name: str, index: Sequence[int], what: str, missing_ok: bool = False) -> np.ndarray:
+def _numbers(
+    p: Path, values: list, name: str, index: Sequence[int], what: str, missing_ok: bool = False
+) -> np.ndarray:
     """Fast path: numpy converts numbers (and numeric strings); anything else gets a one-line error."""
     try:
         return np.fromiter(values, dtype=np.float64, count=len(values))
@@ -359,10 +409,14 @@ def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     # a raw stream serves TextIOWrapper at run time; typeshed asks for a buffered one
     text = io.TextIOWrapper(cast(BinaryIO, _Prefixed(head, fh)), encoding="utf-8-sig", newline="")
     first = head.split(b"\n", 1)[0].decode("utf-8", "replace")
-    delimiter = "\t" if (p.name.lower().endswith(".tsv") or ("\t" in first and "," not in first)) else ","
+    delimiter = (
+        "\t" if (p.name.lower().endswith(".tsv") or ("\t" in first and "," not in first)) else ","
+    )
     reader = csv.reader(text, delimiter=delimiter)
     try:
-        header = next(([h.strip() for h in row] for row in reader if any(c.strip() for c in row)), None)
+        header = next(
+            ([h.strip() for h in row] for row in reader if any(c.strip() for c in row)), None
+        )
         if header is None:
             raise UsageError(f"log {p} is empty; expected a CSV header and rows")
         names = _wandb_names(header, columns.run, p)
@@ -371,7 +425,9 @@ def _read_csv(p: Path, fh, head: bytes, columns: Columns) -> LogSeries:
     except csv.Error as exc:
         raise UsageError(f"log {p} is not valid CSV: {exc}") from None
     except UnicodeDecodeError:
-        raise UsageError(f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
+        raise UsageError(
+            f"log {p} is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV"
+        ) from None
     if not rows:
         raise UsageError(f"log {p} has a header but no rows; expected training log rows")
     if col.keys is None:
@@ -417,7 +473,7 @@ class _Prefixed(io.RawIOBase):
             self.head = self.head[n:]
             return n
         data = self.fh.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
 
@@ -443,10 +499,16 @@ def _wandb_names(header: list[str], run: Optional[str], p: Path) -> dict[str, in
             raise UsageError(f"log {p} has no run {run!r}; runs: {_preview(sorted(by_run))}")
         chosen = run
     else:
-        with_loss = [r for r, m in by_run.items() if any(k.lower() in {c.lower() for c in LOSS_KEYS} for k in m)]
+        with_loss = [
+            r
+            for r, m in by_run.items()
+            if any(k.lower() in {c.lower() for c in LOSS_KEYS} for k in m)
+        ]
         pool = with_loss or list(by_run)
         if len(pool) > 1:
-            raise UsageError(f"log {p} holds several W&B runs ({_preview(sorted(pool), 4)}); pick one with --run")
+            raise UsageError(
+                f"log {p} holds several W&B runs ({_preview(sorted(pool), 4)}); pick one with --run"
+            )
         chosen = pool[0]
     names = dict(plain)
     for metric, i in by_run[chosen].items():
@@ -455,24 +517,34 @@ def _wandb_names(header: list[str], run: Optional[str], p: Path) -> dict[str, in
 
 
 def _read_tensorboard(p: Path, columns: Columns):
-    if storage.display(str(p)) != str(p):  # TensorBoard's reader opens files itself: not through storage/
-        raise UsageError(f"{storage.display(str(p))}: TensorBoard event files are read from local disk only; "
-                         "copy them down first (or export the scalars to CSV)")
+    if storage.display(str(p)) != str(
+        p
+    ):  # TensorBoard's reader opens files itself: not through storage/
+        raise UsageError(
+            f"{storage.display(str(p))}: TensorBoard event files are read from local disk only; "
+            "copy them down first (or export the scalars to CSV)"
+        )
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
-        raise UsageError("reading TensorBoard event files needs the optional 'tensorboard' package: "
-                         "pip install 'checkpoint-strategy[tensorboard]' (or export the scalars to CSV)") from None
+        raise UsageError(
+            "reading TensorBoard event files needs the optional 'tensorboard' package: "
+            "pip install 'checkpoint-strategy[tensorboard]' (or export the scalars to CSV)"
+        ) from None
     try:
         acc = EventAccumulator(str(p), size_guidance={"scalars": 0}, purge_orphaned_data=False)
         acc.Reload()
         tags = list(acc.Tags().get("scalars", []))
     except Exception as exc:  # noqa: BLE001 - corrupt files surface as assorted errors
-        raise UsageError(f"cannot read TensorBoard events {p}: {type(exc).__name__}: {exc}") from None
+        raise UsageError(
+            f"cannot read TensorBoard events {p}: {type(exc).__name__}: {exc}"
+        ) from None
     if not tags:
         raise UsageError(f"TensorBoard log {p} has no scalar tags; expected a training loss scalar")
     loss_tag = _pick(tags, columns.loss, LOSS_KEYS, "loss", required=True)
-    grad_tag = _pick(tags, columns.grad_norm, GRAD_KEYS, "grad-norm", required=columns.grad_norm is not None)
+    grad_tag = _pick(
+        tags, columns.grad_norm, GRAD_KEYS, "grad-norm", required=columns.grad_norm is not None
+    )
     lr_tag = _pick(tags, columns.lr, LR_KEYS, "learning-rate", required=columns.lr is not None)
 
     def scalars(tag):
@@ -501,10 +573,23 @@ def _read_tensorboard(p: Path, columns: Columns):
 # Validation and restart segments
 
 
-def _finish(p: Path, fmt: str, steps, loss, grad, lr, step_key, loss_key, grad_key, lr_key) -> LogSeries:
+def _finish(
+    p: Path, fmt: str, steps, loss, grad, lr, step_key, loss_key, grad_key, lr_key
+) -> LogSeries:
     """The series of a reader's own arrays (its float64 steps become the int64 ones in place)."""
-    return build_series(steps, loss, grad, lr, path=str(p), fmt=fmt, step_key=step_key, loss_key=loss_key,
-                        grad_norm_key=grad_key, lr_key=lr_key, reuse_steps=True)
+    return build_series(
+        steps,
+        loss,
+        grad,
+        lr,
+        path=str(p),
+        fmt=fmt,
+        step_key=step_key,
+        loss_key=loss_key,
+        grad_norm_key=grad_key,
+        lr_key=lr_key,
+        reuse_steps=True,
+    )
 
 
 def _merge_repeats(isteps, loss, grad_norm, lr):
@@ -536,10 +621,16 @@ def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.nd
     twice = down[1:] & down[:-1]
     if twice.any():
         k = int(np.flatnonzero(twice)[0])
-        raise UsageError(f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
-                         f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)")
+        raise UsageError(
+            f"log {path}: steps are out of order at entry {k + 1} ({isteps[k - 1]}, {isteps[k]}, "
+            f"{isteps[k + 1]}); expected increasing steps (a restart goes back once, then increases)"
+        )
     if not new_seg.any():
-        return np.zeros(n, dtype=np.int64), None, []   # calloc'd: no memory is touched for a log without restarts
+        return (
+            np.zeros(n, dtype=np.int64),
+            None,
+            [],
+        )  # calloc'd: no memory is touched for a log without restarts
     seg = np.cumsum(new_seg)
     starts_idx = np.concatenate(([0], np.flatnonzero(new_seg)))
     seg_start = isteps[starts_idx]
@@ -550,39 +641,67 @@ def _segments(isteps: np.ndarray, path: str) -> tuple[np.ndarray, Optional[np.nd
     restarts = []
     for i in starts_idx[1:]:
         prev = int(isteps[i - 1])
-        restarts.append({"step": int(isteps[i]), "previous_step": prev,
-                         "repeated_steps": int(max(0, prev - int(isteps[i]) + 1)), "entry": int(i)})
+        restarts.append(
+            {
+                "step": int(isteps[i]),
+                "previous_step": prev,
+                "repeated_steps": int(max(0, prev - int(isteps[i]) + 1)),
+                "entry": int(i),
+            }
+        )
     return seg, isteps < later_min[seg], restarts
 
 
-STEP_CHUNK = 1 << 13   # steps checked and converted at a time (64 KB temporaries: see detect.STATS_VALUES)
+STEP_CHUNK = (
+    1 << 13
+)  # steps checked and converted at a time (64 KB temporaries: see detect.STATS_VALUES)
 
 
 def _whole_steps(steps: np.ndarray, path: str, *, in_place: bool) -> np.ndarray:
     """The steps as int64; UsageError naming the first one that is not a whole number in 0..MAX_STEP. in_place: the
     float64 array's own memory becomes the int64 one (a chunk at a time: no second copy of a long series)."""
     n = len(steps)
-    own = in_place and steps.dtype == np.float64 and steps.flags.c_contiguous and steps.flags.writeable
+    own = (
+        in_place
+        and steps.dtype == np.float64
+        and steps.flags.c_contiguous
+        and steps.flags.writeable
+    )
     isteps = steps.view(np.int64) if own else np.empty(n, dtype=np.int64)
     for lo in range(0, n, STEP_CHUNK):
-        part = steps[lo:lo + STEP_CHUNK]
-        with np.errstate(invalid="ignore"):   # NaN/inf/huge steps cast to anything: they are refused below
+        part = steps[lo : lo + STEP_CHUNK]
+        with np.errstate(
+            invalid="ignore"
+        ):  # NaN/inf/huge steps cast to anything: they are refused below
             whole = part.astype(np.int64)
         bad = ~np.isfinite(part)
         bad |= part < 0
         bad |= part > MAX_STEP
-        bad |= whole != part   # not a whole number (the cast truncates; steps >= 0 here)
+        bad |= whole != part  # not a whole number (the cast truncates; steps >= 0 here)
         if bad.any():
             k = lo + int(np.flatnonzero(bad)[0])
             shown = "missing" if np.isnan(steps[k]) else repr(float(steps[k]))
-            raise UsageError(f"log {path}: step at entry {k + 1} is {shown}; expected {BOUNDS['logged_step'].expected()}")
-        isteps[lo:lo + STEP_CHUNK] = whole   # (in place: this chunk's floats are read already)
+            raise UsageError(
+                f"log {path}: step at entry {k + 1} is {shown}; expected {BOUNDS['logged_step'].expected()}"
+            )
+        isteps[lo : lo + STEP_CHUNK] = whole  # (in place: this chunk's floats are read already)
     return isteps
 
 
-def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>", fmt: str = "json",
-                 step_key: str = "step", loss_key: str = "loss", grad_norm_key: Optional[str] = None,
-                 lr_key: Optional[str] = None, reuse_steps: bool = False) -> LogSeries:
+def build_series(
+    steps,
+    loss,
+    grad_norm=None,
+    lr=None,
+    *,
+    path: str = "<memory>",
+    fmt: str = "json",
+    step_key: str = "step",
+    loss_key: str = "loss",
+    grad_norm_key: Optional[str] = None,
+    lr_key: Optional[str] = None,
+    reuse_steps: bool = False,
+) -> LogSeries:
     """Validate raw file-order arrays, merge restart segments (latest wins) and return the timeline.
     reuse_steps: a float64 `steps` array may become the int64 steps in place (a reader's own array)."""
     steps = np.asarray(steps, dtype=np.float64)
@@ -610,7 +729,22 @@ def build_series(steps, loss, grad_norm=None, lr=None, *, path: str = "<memory>"
         return a if keep is None else a[keep]
 
     steps_kept = sel(isteps)
-    return LogSeries(path=path, format=fmt, step_key=step_key, loss_key=loss_key, grad_norm_key=grad_norm_key,
-                     lr_key=lr_key, steps=steps_kept, loss=sel(loss), grad_norm=sel(grad_norm), lr=sel(lr),
-                     entries=read, restarts=restarts, raw_steps=isteps, raw_loss=loss, raw_lr=lr, raw_segment=seg,
-                     log_interval=_log_interval(steps_kept))
+    return LogSeries(
+        path=path,
+        format=fmt,
+        step_key=step_key,
+        loss_key=loss_key,
+        grad_norm_key=grad_norm_key,
+        lr_key=lr_key,
+        steps=steps_kept,
+        loss=sel(loss),
+        grad_norm=sel(grad_norm),
+        lr=sel(lr),
+        entries=read,
+        restarts=restarts,
+        raw_steps=isteps,
+        raw_loss=loss,
+        raw_lr=lr,
+        raw_segment=seg,
+        log_interval=_log_interval(steps_kept),
+    )

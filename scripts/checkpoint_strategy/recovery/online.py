@@ -28,9 +28,9 @@ from typing import Optional
 
 import numpy as np
 
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.recovery import detect, settings
 from checkpoint_strategy.recovery.settings import RecoveryOptions
-from checkpoint_strategy.errors import UsageError
 
 
 @dataclass

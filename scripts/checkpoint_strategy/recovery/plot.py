@@ -11,6 +11,7 @@ code as `tradeoffs --plot` (simulation.plot.require_matplotlib).
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -18,14 +19,25 @@ import numpy as np
 
 from checkpoint_strategy.recovery import detect
 from checkpoint_strategy.simulation.plot import require_matplotlib
-import warnings
 from checkpoint_strategy.storage import write_output
 
-MAX_DRAWN = 20000   # points per line: longer logs are drawn as block min/max envelopes
-KIND_COLORS = {"spike": "#f5a623", "divergence": "#d0021b", "level_shift": "#9013fe", "nonfinite": "#000000",
-               "collapse": "#4a4a4a", "grad_norm": "#4a90e2"}
-KIND_NAMES = {"spike": "spike", "divergence": "divergence", "level_shift": "level shift", "nonfinite": "NaN/inf",
-              "collapse": "collapse", "grad_norm": "grad-norm spike"}
+MAX_DRAWN = 20000  # points per line: longer logs are drawn as block min/max envelopes
+KIND_COLORS = {
+    "spike": "#f5a623",
+    "divergence": "#d0021b",
+    "level_shift": "#9013fe",
+    "nonfinite": "#000000",
+    "collapse": "#4a4a4a",
+    "grad_norm": "#4a90e2",
+}
+KIND_NAMES = {
+    "spike": "spike",
+    "divergence": "divergence",
+    "level_shift": "level shift",
+    "nonfinite": "NaN/inf",
+    "collapse": "collapse",
+    "grad_norm": "grad-norm spike",
+}
 
 
 def _thin(steps: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,8 +46,8 @@ def _thin(steps: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return steps, y
     k = -(-n // (MAX_DRAWN // 2))
     m = n // k
-    s = steps[:m * k].reshape(m, k)
-    v = y[:m * k].reshape(m, k)
+    s = steps[: m * k].reshape(m, k)
+    v = y[: m * k].reshape(m, k)
     with np.errstate(invalid="ignore"):
         lo, hi = np.nanmin(v, axis=1), np.nanmax(v, axis=1)
     xs = np.repeat(s[:, 0], 2)
@@ -59,8 +71,14 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
     last = float(steps[-1])
     for s in report.spikes:
         end = float(s.recovered_step) if s.recovered_step is not None else last
-        ax.axvspan(s.onset_step, max(end, s.onset_step + 0.5), color=KIND_COLORS[s.kind], alpha=0.18, lw=0,
-                   gid=f"event:{s.kind}:{s.onset_step}")
+        ax.axvspan(
+            s.onset_step,
+            max(end, s.onset_step + 0.5),
+            color=KIND_COLORS[s.kind],
+            alpha=0.18,
+            lw=0,
+            gid=f"event:{s.kind}:{s.onset_step}",
+        )
         shown_kinds[s.kind] = None
     post = {c.step for c in report.checkpoints.post_event}
     ck_steps = sorted({s for s, _ in checkpoints})
@@ -83,7 +101,7 @@ def build_figure(report, series, checkpoints: list[tuple[int, Optional[str]]]):
 
 
 def axis_label(name: str, key: Optional[str]) -> str:
-    """"loss (train_loss)", or "loss" when the log's column is called that (not "loss (loss)")."""
+    """ "loss (train_loss)", or "loss" when the log's column is called that (not "loss (loss)")."""
     return name if not key or key.strip().lower() == name else f"{name} ({key})"
 
 
@@ -110,7 +128,7 @@ def _draw_loss(ax, steps: np.ndarray, loss: np.ndarray) -> None:
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         sm = np.nanmedian(sliding_window_view(loss, k), axis=1)
-    sx, sy = _thin(steps[k - 1:], sm)
+    sx, sy = _thin(steps[k - 1 :], sm)
     ax.plot(sx, sy, color="#1f4e79", linewidth=1.4, label=f"loss (median of {k})", gid="smoothed")
 
 
@@ -119,34 +137,81 @@ def _draw_reference(ax, report, series, steps: np.ndarray) -> None:
     the band the loss must come back into)."""
     window = detect.effective_window(len(series.loss), report.thresholds.window)
     ref = detect._ffill(detect.healthy_reference(series.loss, window))
-    target = report.spike if (report.spike is not None and report.spike.recovered_step is None) else None
-    if target is not None and target.reference_loss is not None:  # frozen at the onset of the trouble
+    target = (
+        report.spike if (report.spike is not None and report.spike.recovered_step is None) else None
+    )
+    if (
+        target is not None and target.reference_loss is not None
+    ):  # frozen at the onset of the trouble
         at = int(np.searchsorted(series.steps, target.onset_step))
         ref[at:] = target.reference_loss
         band = target.reference_loss + report.thresholds.tolerance * abs(target.reference_loss)
-        ax.hlines(band, target.onset_step, float(steps[-1]), color="#2e7d32", linewidth=0.8,
-                  linestyle=":", label=f"back within {report.thresholds.tolerance:.0%}", gid="band")
+        ax.hlines(
+            band,
+            target.onset_step,
+            float(steps[-1]),
+            color="#2e7d32",
+            linewidth=0.8,
+            linestyle=":",
+            label=f"back within {report.thresholds.tolerance:.0%}",
+            gid="band",
+        )
     rx, ry = _thin(steps, ref)
-    ax.plot(rx, ry, color="#2e7d32", linewidth=1.2, linestyle="--", label="healthy level (reference)", gid="reference")
+    ax.plot(
+        rx,
+        ry,
+        color="#2e7d32",
+        linewidth=1.2,
+        linestyle="--",
+        label="healthy level (reference)",
+        gid="reference",
+    )
 
 
 def _draw_checkpoints(ax, ck_steps: list[int], post: set[int], res) -> None:
     """Checkpoints as ticks at the bottom, post-event ones marked x, the resume point as a line."""
     if ck_steps:
-        ax.vlines(ck_steps, 0, 0.035, transform=ax.get_xaxis_transform(), color="#555555", linewidth=0.8,
-                  gid="checkpoints")
+        ax.vlines(
+            ck_steps,
+            0,
+            0.035,
+            transform=ax.get_xaxis_transform(),
+            color="#555555",
+            linewidth=0.8,
+            gid="checkpoints",
+        )
         if post:
             ps = sorted(post)
-            ax.plot(ps, [0.05] * len(ps), "x", transform=ax.get_xaxis_transform(), color="#d0021b", markersize=5,
-                    gid="post_event")
+            ax.plot(
+                ps,
+                [0.05] * len(ps),
+                "x",
+                transform=ax.get_xaxis_transform(),
+                color="#d0021b",
+                markersize=5,
+                gid="post_event",
+            )
     if res is not None:
         ax.axvline(res.step, color="#2e7d32", linewidth=2.0, gid="resume")
-        ax.annotate(f"resume: step {res.step}", (res.step, 0.93), xycoords=ax.get_xaxis_transform(),
-                    xytext=(6, 0), textcoords="offset points", fontsize=8, color="#2e7d32")
+        ax.annotate(
+            f"resume: step {res.step}",
+            (res.step, 0.93),
+            xycoords=ax.get_xaxis_transform(),
+            xytext=(6, 0),
+            textcoords="offset points",
+            fontsize=8,
+            color="#2e7d32",
+        )
 
 
-def _legend_extras(handles: list, labels: list[str], shown_kinds: dict[str, None], ck_steps: list[int],
-                   post: set[int], res) -> None:
+def _legend_extras(
+    handles: list,
+    labels: list[str],
+    shown_kinds: dict[str, None],
+    ck_steps: list[int],
+    post: set[int],
+    res,
+) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -189,5 +254,9 @@ def render_curve(report, series, checkpoints, fmt: str) -> bytes:
 
 
 def write_curve(report, series, checkpoints, target: Path, fmt: str) -> None:
-    write_output(target, render_curve(report, series, checkpoints, fmt), "argument --plot",
-                 inputs=(report.log.path,))
+    write_output(
+        target,
+        render_curve(report, series, checkpoints, fmt),
+        "argument --plot",
+        inputs=(report.log.path,),
+    )

@@ -27,16 +27,16 @@ import math
 import mmap
 import re
 from array import array
-from typing import Any, BinaryIO, Optional
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Optional
 
 from checkpoint_strategy.errors import NO_LOG_ENTRIES, UsageError
 from checkpoint_strategy.recovery.logkeys import (
     GRAD_KEYS,
     LOSS_KEYS,
     LR_KEYS,
-    LogProblem,
     STEP_KEYS,
+    LogProblem,
     _pick,
     _show,
     _to_float,
@@ -44,14 +44,30 @@ from checkpoint_strategy.recovery.logkeys import (
 
 KEY_SAMPLE = 2000
 SLICE_RECORDS = 20000
-BATCH_LINES = 20000      # JSON lines parsed and converted at a time (bounded memory: one batch of records)
-BLOCK_BYTES = 1 << 16    # JSON lines read at a time (a small block: its records fit in the CPU cache)
-SPLIT_KEYS = ("split", "phase", "mode", "stage")   # a column saying which rows are train and which validation
+BATCH_LINES = (
+    20000  # JSON lines parsed and converted at a time (bounded memory: one batch of records)
+)
+BLOCK_BYTES = 1 << 16  # JSON lines read at a time (a small block: its records fit in the CPU cache)
+SPLIT_KEYS = (
+    "split",
+    "phase",
+    "mode",
+    "stage",
+)  # a column saying which rows are train and which validation
 EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation", "test", "dev")
-EVAL_KEYS = ("eval_loss", "val_loss", "eval/loss", "val/loss", "validation_loss", "valid_loss", "val_loss_epoch",
-             "validation/loss", "eval_loss_epoch")
+EVAL_KEYS = (
+    "eval_loss",
+    "val_loss",
+    "eval/loss",
+    "val/loss",
+    "validation_loss",
+    "valid_loss",
+    "val_loss_epoch",
+    "validation/loss",
+    "eval_loss_epoch",
+)
 
-SHORT_LINE = 2048   # bytes: a line this short cannot nest deeper than 1024 ('[' * 1024 + ']' * 1024)
+SHORT_LINE = 2048  # bytes: a line this short cannot nest deeper than 1024 ('[' * 1024 + ']' * 1024)
 
 
 def _orjson_module() -> tuple[Any, bool]:
@@ -100,8 +116,14 @@ _PLAIN_NUMBERS = {int, float}
 class Collector:
     """Numeric columns of a stream of records (see the module docstring)."""
 
-    def __init__(self, columns, *, what: str = "entry", offset: int = 0,
-                 known_keys: Optional[Iterable[str]] = None) -> None:
+    def __init__(
+        self,
+        columns,
+        *,
+        what: str = "entry",
+        offset: int = 0,
+        known_keys: Optional[Iterable[str]] = None,
+    ) -> None:
         self.columns, self.what, self.offset = columns, what, offset
         self.known_keys = list(known_keys) if known_keys is not None else None
         self.sample: list[tuple[int, dict]] = []
@@ -120,8 +142,9 @@ class Collector:
         self.count += 1
         if type(rec) is not dict:
             if self.what == "line":
-                raise LogProblem(f" line {i + self.offset} is not a JSON object; expected one record "
-                                 "per line")
+                raise LogProblem(
+                    f" line {i + self.offset} is not a JSON object; expected one record per line"
+                )
             return
         self.objects += 1
         if self.keys is None:
@@ -148,7 +171,9 @@ class Collector:
             recs, pos = recs[k:], pos[k:]
         if not recs:
             return
-        if type(recs) is not Dicts and set(map(type, recs)) != {dict}:   # not all plain dicts (C-speed check)
+        if type(recs) is not Dicts and set(map(type, recs)) != {
+            dict
+        }:  # not all plain dicts (C-speed check)
             for r, i in zip(recs, pos, strict=True):
                 self.add(r, i)
             return
@@ -166,8 +191,11 @@ class Collector:
         """Append a batch's columns (see _columns) and count its n records."""
         self.count += n
         self.objects += n
-        for target, values in zip((self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
-                                  columns, strict=True):
+        for target, values in zip(
+            (self.eval_steps, self.eval_loss, self.loss, self.steps, self.grad, self.lr),
+            columns,
+            strict=True,
+        ):
             if values is not None and len(values):
                 target.extend(values)
 
@@ -185,12 +213,14 @@ class Collector:
         def column(key: Optional[str], missing: float = math.nan):
             if key is None:
                 return None
-            return np.ascontiguousarray(table[:, where[key]]) if key in where else np.full(n, missing)
+            return (
+                np.ascontiguousarray(table[:, where[key]]) if key in where else np.full(n, missing)
+            )
 
         ev_steps = ev_loss = None
         if eval_key in where and step_key in where:
             ev_steps, ev_loss = column(step_key), column(eval_key)
-        lr = column(lr_key, self._last_lr)   # not logged: the last learning rate carried over
+        lr = column(lr_key, self._last_lr)  # not logged: the last learning rate carried over
         if lr is not None and n:
             self._last_lr = float(lr[-1])
         if loss_key not in where:
@@ -210,26 +240,39 @@ class Collector:
         losses = [r.get(loss_key) for r in recs]
         loss_types = set(map(type, losses))
         whole = type(None) not in loss_types
-        at: Sequence[int] = range(len(recs)) if whole else [i for i, v in enumerate(losses) if v is not None]
+        at: Sequence[int] = (
+            range(len(recs)) if whole else [i for i, v in enumerate(losses) if v is not None]
+        )
         if not at:
             return ev_steps, ev_loss, None, None, None, None
         rows = recs if whole else [recs[i] for i in at]
-        loss = self._floats(losses if whole else [losses[i] for i in at], "loss", pos, at,
-                            types=loss_types if whole else None)
+        loss = self._floats(
+            losses if whole else [losses[i] for i in at],
+            "loss",
+            pos,
+            at,
+            types=loss_types if whole else None,
+        )
         steps = self._floats([r.get(step_key) for r in rows], "step", pos, at, missing_ok=True)
         if grad_key is not None:
-            grad = self._floats([r.get(grad_key) for r in rows], "grad norm", pos, at, missing_ok=True)
+            grad = self._floats(
+                [r.get(grad_key) for r in rows], "grad norm", pos, at, missing_ok=True
+            )
         if lr_all is not None:
             lr = lr_all if whole else np.asarray(lr_all)[at]
         return ev_steps, ev_loss, loss, steps, grad, lr
 
     def _eval_many(self, recs: list, pos: Sequence[int], step_key: str, eval_key: str):
         evs = [r.get(eval_key) for r in recs]
-        ev_at = [i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None]
+        ev_at = [
+            i for i, v in enumerate(evs) if v is not None and recs[i].get(step_key) is not None
+        ]
         if not ev_at:
             return None, None
-        return (self._floats([recs[i][step_key] for i in ev_at], "step", pos, ev_at),
-                self._floats([evs[i] for i in ev_at], "eval loss", pos, ev_at))
+        return (
+            self._floats([recs[i][step_key] for i in ev_at], "step", pos, ev_at),
+            self._floats([evs[i] for i in ev_at], "eval loss", pos, ev_at),
+        )
 
     def _lr_many(self, recs: list, pos: Sequence[int], lr_key: str):
         """The learning rate of every record of a batch, the last logged one carried over where a record has none."""
@@ -250,8 +293,15 @@ class Collector:
             self._last_lr = float(lr_all[-1])
         return lr_all
 
-    def _floats(self, values: list, name: str, pos: Sequence[int], where, missing_ok: bool = False,
-                types: Optional[set] = None):
+    def _floats(
+        self,
+        values: list,
+        name: str,
+        pos: Sequence[int],
+        where,
+        missing_ok: bool = False,
+        types: Optional[set] = None,
+    ):
         """float64 values, as _num converts them one by one; numpy converts a batch of plain ints and floats
         (strings, booleans, None and the rest go through _num: numpy reads true as 1 and parses strings its way).
         types: the set of the values' types when the caller has it."""
@@ -277,9 +327,13 @@ class Collector:
         c = self.columns
         loss_key = _pick(keys, c.loss, LOSS_KEYS, "loss", required=True)
         step_key = _pick(keys, c.step, STEP_KEYS, "step", required=True)
-        grad_key = _pick(keys, c.grad_norm, GRAD_KEYS, "grad-norm", required=c.grad_norm is not None)
+        grad_key = _pick(
+            keys, c.grad_norm, GRAD_KEYS, "grad-norm", required=c.grad_norm is not None
+        )
         lr_key = _pick(keys, c.lr, LR_KEYS, "learning-rate", required=c.lr is not None)
-        assert loss_key is not None and step_key is not None, "required: _pick raises when they are missing"
+        assert loss_key is not None and step_key is not None, (
+            "required: _pick raises when they are missing"
+        )
         eval_key = next((k for k in EVAL_KEYS if k in keys and k != loss_key), None)
         self.keys = (step_key, loss_key, grad_key, lr_key, eval_key)
         self.split_key = next((k for k in SPLIT_KEYS if k in keys), None)
@@ -295,7 +349,10 @@ class Collector:
         step_key, loss_key, grad_key, lr_key, eval_key = self.keys
         split = self.split_key and rec.get(self.split_key)
         if isinstance(split, str) and split.strip().lower() in EVAL_SPLITS:
-            v, s = rec.get(loss_key), rec.get(step_key)   # a validation row of a "split" log: eval loss
+            v, s = (
+                rec.get(loss_key),
+                rec.get(step_key),
+            )  # a validation row of a "split" log: eval loss
             if v is not None and s is not None:
                 self.eval_steps.append(self._num(s, "step", i))
                 self.eval_loss.append(self._num(v, "eval loss", i))
@@ -352,8 +409,11 @@ class Collector:
     def eval_series(self):
         if not len(self.eval_loss):
             return None, None, None
-        key = self.keys[4] or (f"{self.eval_from_split} ({self.split_key} = validation)" if self.eval_from_split
-                               else "eval")
+        key = self.keys[4] or (
+            f"{self.eval_from_split} ({self.split_key} = validation)"
+            if self.eval_from_split
+            else "eval"
+        )
         return self.eval_steps.array().copy(), self.eval_loss.array().copy(), key
 
 
@@ -410,11 +470,11 @@ class _Column:
             except (BufferError, OSError, SystemError, ValueError):
                 # array() handed out a view of it, or no mremap (macOS): a new map, the values copied once
                 grown = _anonymous_map(size)
-                grown[:8 * self.n] = self.mm[:8 * self.n]
+                grown[: 8 * self.n] = self.mm[: 8 * self.n]
                 self.mm = grown
         view = np.frombuffer(self.mm, dtype=np.float64, count=k, offset=8 * self.n)
         view[:] = values
-        del view   # (no view may outlive a write: the map could not grow)
+        del view  # (no view may outlive a write: the map could not grow)
         self.n += k
 
     def array(self) -> Any:
@@ -451,7 +511,9 @@ def _parse_whole(data: bytes | bytearray) -> Any:
     except RecursionError:
         raise LogProblem(" is JSON nested too deeply to be a training log") from None
     except UnicodeDecodeError:
-        raise LogProblem(" is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV") from None
+        raise LogProblem(
+            " is not UTF-8 text (a binary file?); expected JSON, JSON lines or CSV"
+        ) from None
     except json.JSONDecodeError as exc:
         raise _JSONError(exc) from None
     except ValueError as exc:  # e.g. a 5000-digit integer
@@ -492,7 +554,7 @@ def _history_slices(data: bytes | bytearray, meta: dict) -> Optional[Iterator[An
         end_arr = close.end() - 1
         cuts = bounds + [end_arr]
     try:
-        rest = json.loads(data[:start - 1] + b"[]" + data[end_arr + 1:])
+        rest = json.loads(data[: start - 1] + b"[]" + data[end_arr + 1 :])
     except (ValueError, RecursionError):
         return None
     if not isinstance(rest, dict) or rest.get("log_history") != []:
@@ -521,8 +583,8 @@ def _slice(chunk: bytes | bytearray) -> list:
     return part
 
 
-STREAM_SLICE_BYTES = 1 << 20     # a streamed log_history is parsed about this many bytes at a time
-STREAM_PREFIX_BYTES = 16 << 20   # "log_history" must start within this much of a streamed document
+STREAM_SLICE_BYTES = 1 << 20  # a streamed log_history is parsed about this many bytes at a time
+STREAM_PREFIX_BYTES = 16 << 20  # "log_history" must start within this much of a streamed document
 
 
 def stream_history_batches(fh: BinaryIO, head: bytes, meta: dict) -> Iterator[list]:
@@ -541,8 +603,8 @@ def stream_history_batches(fh: BinaryIO, head: bytes, meta: dict) -> Iterator[li
         m = _HISTORY.search(buf)
     if re.match(rb"\s*\{", buf) is None:
         raise _SliceError()
-    prefix = bytes(buf[:m.end() - 1])
-    del buf[:m.end()]
+    prefix = bytes(buf[: m.end() - 1])
+    del buf[: m.end()]
     first = True
     while True:
         hit = _BOUNDARY.search(buf, min(len(buf), STREAM_SLICE_BYTES))
@@ -551,9 +613,9 @@ def stream_history_batches(fh: BinaryIO, head: bytes, meta: dict) -> Iterator[li
             if more:
                 buf += more
                 continue
-            break   # the array ends first (or an entry holds a list): the rest is one slice
-        yield _slice(buf[:hit.end()])
-        del buf[:hit.end()]
+            break  # the array ends first (or an entry holds a list): the rest is one slice
+        yield _slice(buf[: hit.end()])
+        del buf[: hit.end()]
         first = False
     buf += fh.read()
     yield from _history_end(buf, prefix, first, meta)
@@ -572,7 +634,7 @@ def _history_end(rest: bytearray, prefix: bytes, first: bool, meta: dict) -> Ite
         end_arr = close.end() - 1
         yield _slice(rest[:end_arr])
     try:
-        doc = json.loads(prefix + b"[]" + rest[end_arr + 1:])
+        doc = json.loads(prefix + b"[]" + rest[end_arr + 1 :])
     except (ValueError, RecursionError):
         raise _SliceError() from None
     if not isinstance(doc, dict) or doc.get("log_history") != []:
@@ -589,8 +651,9 @@ class _SliceError(Exception):
 # JSON lines
 
 
-def jsonl_batches(fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
-                  ) -> Iterator[tuple[list | Rows, Sequence[int]]]:
+def jsonl_batches(
+    fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] = None
+) -> Iterator[tuple[list | Rows, Sequence[int]]]:
     """The records of jsonl_records in batches, each with the records' line numbers (1-based). Lines are cut
     from blocks of BLOCK_BYTES (a long line is joined once, never re-split). With orjson installed, a block
     whose lines all have the first line's shape is Rows (_rows_block; after a block that is not, the try is
@@ -617,7 +680,7 @@ def jsonl_batches(fh: BinaryIO, first: bytes = b"", notes: Optional[list[str]] =
         if lineno == 1 and lines[0].startswith(b"\xef\xbb\xbf"):
             lines[0] = lines[0][3:]
         for k in range(0, len(lines), BATCH_LINES):
-            part = lines[k:k + BATCH_LINES]
+            part = lines[k : k + BATCH_LINES]
             start = lineno + k
             recs = _fast_lines(part)
             if recs is not None:
@@ -644,7 +707,7 @@ def _flat_block(block: bytes, n: int) -> Optional[list]:
         return None
     try:
         recs = _orjson.loads(b"[" + block.replace(b"\n", b",") + b"]")
-    except (ValueError, TypeError):   # NaN tokens, bad UTF-8, an error: line by line decides
+    except (ValueError, TypeError):  # NaN tokens, bad UTF-8, an error: line by line decides
         return None
     return Dicts(recs) if len(recs) == n and set(map(type, recs)) == {dict} else None
 
@@ -668,17 +731,21 @@ class Rows:
     def dicts(self) -> Dicts:
         """The records as the dicts a line-by-line parse gives (keys in line order)."""
         width, keys, values = len(self.keys), self.keys, self.values
-        return Dicts(dict(zip(keys, values[i * width:(i + 1) * width], strict=True)) for i in range(self.n))
+        return Dicts(
+            dict(zip(keys, values[i * width : (i + 1) * width], strict=True)) for i in range(self.n)
+        )
 
 
 # the shape of a line of numbers: `{"key": number, "key": number}` (JSON whitespace but newlines around any token;
 # keys without escapes, quotes or control bytes); a number here is what JSON numbers are made of (orjson decides)
 _SHAPE_OPEN = re.compile(rb"[ \t\r]*\{")
-_SHAPE_ITEM = re.compile(rb'[ \t\r]*"([^"\\\x00-\x1f]*)"[ \t\r]*:[ \t\r]*([-0-9][-+.0-9eE]*)[ \t\r]*([,}])')
+_SHAPE_ITEM = re.compile(
+    rb'[ \t\r]*"([^"\\\x00-\x1f]*)"[ \t\r]*:[ \t\r]*([-0-9][-+.0-9eE]*)[ \t\r]*([,}])'
+)
 _NUMBER_BYTES = b"-+.0123456789eE"
 # control bytes JSON text never holds raw (\t \n \r excepted): markers put in place of a shape's pieces
-_MARKS = bytes([*range(0x02, 0x09), 0x0b, 0x0c, *range(0x0e, 0x20)])
-_JOIN, _FILL = b"\x01", b"\x00"     # the marker of a line break (its piece's other bytes become _FILL)
+_MARKS = bytes([*range(0x02, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20)])
+_JOIN, _FILL = b"\x01", b"\x00"  # the marker of a line break (its piece's other bytes become _FILL)
 _TO_COMMAS = bytes.maketrans(_JOIN + _MARKS, b"," * (1 + len(_MARKS)))
 
 
@@ -696,7 +763,7 @@ def _line_shape(line: bytes) -> Optional[tuple[tuple[str, ...], list[bytes]]]:
         if item is None or len(keys) > len(_MARKS):
             return None
         keys.append(item.group(1))
-        pieces.append(line[start:item.start(2)])
+        pieces.append(line[start : item.start(2)])
         start, pos = item.end(2), item.end()
         if item.group(3) == b"}":
             break
@@ -731,15 +798,15 @@ def _rows_block(block: bytes, n: int) -> Optional[Rows]:
     head, inner, tail = pieces[0], pieces[1:-1], pieces[-1]
     if len(block) <= len(head) + len(tail) or not block.endswith(tail):
         return None
-    text = block[len(head):len(block) - len(tail)]
+    text = block[len(head) : len(block) - len(tail)]
     for k, piece in enumerate(inner):
-        text = text.replace(piece, _MARKS[k:k + 1])
+        text = text.replace(piece, _MARKS[k : k + 1])
     if len(block) - len(head) - len(tail) - len(text) != n * sum(len(piece) - 1 for piece in inner):
-        return None   # (a line of another shape mostly shows here, before the rest of the work)
+        return None  # (a line of another shape mostly shows here, before the rest of the work)
     join = tail + b"\n" + head
     joined = _JOIN + _FILL * (len(join) - 1)
-    text = text.replace(join, joined)    # same length: done in place
-    marks = _MARKS[:len(inner)]
+    text = text.replace(join, joined)  # same length: done in place
+    marks = _MARKS[: len(inner)]
     if text.translate(None, _NUMBER_BYTES) != (marks + joined) * (n - 1) + marks:
         return None
     try:
@@ -750,7 +817,9 @@ def _rows_block(block: bytes, n: int) -> Optional[Rows]:
 
 
 def _fast_lines(lines: list[bytes]) -> Optional[list]:
-    if _orjson is None or (not _ORJSON_LIMITS_DEPTH and max(map(len, lines), default=0) > SHORT_LINE):
+    if _orjson is None or (
+        not _ORJSON_LIMITS_DEPTH and max(map(len, lines), default=0) > SHORT_LINE
+    ):
         return None
     loads = _orjson.loads
     try:
@@ -759,8 +828,9 @@ def _fast_lines(lines: list[bytes]) -> Optional[list]:
         return None
 
 
-def _slow_lines(lines: list[bytes], start: int, terminated: bool,
-                notes: Optional[list[str]]) -> Iterator[tuple[list, list[int]]]:
+def _slow_lines(
+    lines: list[bytes], start: int, terminated: bool, notes: Optional[list[str]]
+) -> Iterator[tuple[list, list[int]]]:
     """Each non-blank line parsed alone (orjson first when installed, the standard library for what it
     refuses). The records before a bad line are yielded before its error is raised: whatever is wrong
     first, in file order, is what gets reported."""
@@ -776,8 +846,10 @@ def _slow_lines(lines: list[bytes], start: int, terminated: bool,
                 if recs:
                     yield recs, linenos
                 raise _bad_line(start + k, exc) from None
-            notes.append(f" line {start + k} is incomplete (no newline yet, not valid JSON: the trainer is "
-                         "probably still writing it): left out")
+            notes.append(
+                f" line {start + k} is incomplete (no newline yet, not valid JSON: the trainer is "
+                "probably still writing it): left out"
+            )
             continue
         linenos.append(start + k)
     yield recs, linenos
@@ -800,8 +872,9 @@ loads_line = _load_line
 def _bad_line(lineno: int, exc: Exception) -> LogProblem:
     if isinstance(exc, UnicodeDecodeError):
         return LogProblem(" is not UTF-8 text (a binary file?); expected JSON lines")
-    msg = getattr(exc, "msg", None) or ("too deeply nested" if isinstance(exc, RecursionError) else
-                                         " ".join(str(exc).split())[:80])
+    msg = getattr(exc, "msg", None) or (
+        "too deeply nested" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:80]
+    )
     return LogProblem(f" line {lineno} is not valid JSON (truncated?): {msg}")
 
 
@@ -817,11 +890,11 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, 
             break
         cut = chunk.rfind(b"\n")
         if cut == -1:
-            pending.append(chunk)   # a line longer than a block: joined once, when its end comes
+            pending.append(chunk)  # a line longer than a block: joined once, when its end comes
             continue
         pending.append(chunk[:cut])
         block = b"".join(pending)
-        pending = [chunk[cut + 1:]]
+        pending = [chunk[cut + 1 :]]
         n = block.count(b"\n") + 1
         yield block, lineno, n, True
         lineno += n
@@ -831,5 +904,5 @@ def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, 
         n = rest.count(b"\n", 0, cut) + 1
         yield rest[:cut], lineno, n, True
         lineno += n
-    if rest[cut + 1:]:
-        yield rest[cut + 1:], lineno, 1, False
+    if rest[cut + 1 :]:
+        yield rest[cut + 1 :], lineno, 1, False

@@ -24,26 +24,56 @@ class RecoveryOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window: int = Field(128, ge=8, le=10**6, description="rolling window, in logged values (llm.c: 128)")
-    z_threshold: float = Field(7.0, ge=1.0, le=1e6, description="robust z of a spike (OLMo 2: 7 sigma)")
-    ratio_threshold: float = Field(2.5, ge=1.0, le=1e6, description="x rolling median (training-stability-monitor)")
-    max_ratio: float = Field(10.0, ge=1.0, le=1e6, description="x window max (Megatron-LM spiky loss)")
-    min_rise: float = Field(0.05, ge=0.0, le=100.0, description="minimum rise over the median for the z rule")
-    tolerance: float = Field(0.10, ge=0.0, le=100.0,
-                             description="'back near the healthy level' = within this fraction (the spec's 10%)")
-    wait_steps: int = Field(SPIKE_WAIT_STEPS, ge=0, le=MAX_STEPS, description="the spec's wait window, in steps")
-    min_wait_steps: int = Field(50, ge=0, le=MAX_STEPS, description="the spec's minimum wait, in steps")
-    margin: Optional[int] = Field(None, ge=0, le=MAX_STEPS,
-                                  description="resume at or before onset - margin (default: log interval + 1)")
-    lr_multiplier: float = Field(0.5, gt=0.0, le=1.0, description="LR factor after the resume (the spec: 50%)")
-    lr_reduced_steps: int = Field(500, ge=0, le=MAX_STEPS, description="steps at the reduced LR (the spec: 500)")
-    grad_clip: float = Field(0.5, gt=0.0, le=1e6, description="gradient clipping after the resume (the spec: 0.5)")
+    window: int = Field(
+        128, ge=8, le=10**6, description="rolling window, in logged values (llm.c: 128)"
+    )
+    z_threshold: float = Field(
+        7.0, ge=1.0, le=1e6, description="robust z of a spike (OLMo 2: 7 sigma)"
+    )
+    ratio_threshold: float = Field(
+        2.5, ge=1.0, le=1e6, description="x rolling median (training-stability-monitor)"
+    )
+    max_ratio: float = Field(
+        10.0, ge=1.0, le=1e6, description="x window max (Megatron-LM spiky loss)"
+    )
+    min_rise: float = Field(
+        0.05, ge=0.0, le=100.0, description="minimum rise over the median for the z rule"
+    )
+    tolerance: float = Field(
+        0.10,
+        ge=0.0,
+        le=100.0,
+        description="'back near the healthy level' = within this fraction (the spec's 10%)",
+    )
+    wait_steps: int = Field(
+        SPIKE_WAIT_STEPS, ge=0, le=MAX_STEPS, description="the spec's wait window, in steps"
+    )
+    min_wait_steps: int = Field(
+        50, ge=0, le=MAX_STEPS, description="the spec's minimum wait, in steps"
+    )
+    margin: Optional[int] = Field(
+        None,
+        ge=0,
+        le=MAX_STEPS,
+        description="resume at or before onset - margin (default: log interval + 1)",
+    )
+    lr_multiplier: float = Field(
+        0.5, gt=0.0, le=1.0, description="LR factor after the resume (the spec: 50%)"
+    )
+    lr_reduced_steps: int = Field(
+        500, ge=0, le=MAX_STEPS, description="steps at the reduced LR (the spec: 500)"
+    )
+    grad_clip: float = Field(
+        0.5, gt=0.0, le=1e6, description="gradient clipping after the resume (the spec: 0.5)"
+    )
     skip_past_onset: int = Field(20, ge=0, le=MAX_STEPS, description="skip batches up to onset + N")
 
     @model_validator(mode="after")
     def _waits(self) -> RecoveryOptions:
         if self.min_wait_steps > self.wait_steps:
-            raise ValueError(f"min_wait_steps ({self.min_wait_steps}) must not exceed wait_steps ({self.wait_steps})")
+            raise ValueError(
+                f"min_wait_steps ({self.min_wait_steps}) must not exceed wait_steps ({self.wait_steps})"
+            )
         return self
 
 
@@ -64,8 +94,15 @@ FLAGS: dict[str, tuple[str, str]] = {
     "skip_past_onset": ("--skip-past-onset", "a whole number of steps, 0 to 10^12"),
 }
 DETECTION = ("window", "z_threshold", "ratio_threshold", "max_ratio", "min_rise", "tolerance")
-PLAYBOOK = ("wait_steps", "min_wait_steps", "margin", "lr_multiplier", "lr_reduced_steps", "grad_clip",
-            "skip_past_onset")
+PLAYBOOK = (
+    "wait_steps",
+    "min_wait_steps",
+    "margin",
+    "lr_multiplier",
+    "lr_reduced_steps",
+    "grad_clip",
+    "skip_past_onset",
+)
 DEFAULTS = RecoveryOptions()
 
 
@@ -79,12 +116,16 @@ def build(options: Any = None, **values: Any) -> RecoveryOptions:
     elif isinstance(options, dict):
         data.update(options)
     elif options is not None:
-        raise UsageError(f"recovery options: expected RecoveryOptions or a mapping, got {type(options).__name__}")
+        raise UsageError(
+            f"recovery options: expected RecoveryOptions or a mapping, got {type(options).__name__}"
+        )
     data.update(values)
     data = {k: v for k, v in data.items() if v is not None or k == "margin"}
     unknown = sorted(set(data) - set(FLAGS))
     if unknown:
-        raise UsageError(f"unknown recovery option {unknown[0]!r}; expected one of {', '.join(FLAGS)}")
+        raise UsageError(
+            f"unknown recovery option {unknown[0]!r}; expected one of {', '.join(FLAGS)}"
+        )
     for name, value in data.items():
         if isinstance(value, bool):
             raise UsageError(_bad(name, value))
@@ -106,10 +147,6 @@ def build(options: Any = None, **values: Any) -> RecoveryOptions:
 def _bad(name: str, value: Any) -> str:
     flag, expected = FLAGS[name]
     return f"{flag}: expected {expected}, got {value!r}"
-
-
-
-
 
 
 def from_args(args) -> RecoveryOptions:

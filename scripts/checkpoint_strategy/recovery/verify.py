@@ -16,22 +16,22 @@ standard error 1.2533 * noise / sqrt(post points) and noise = 1.4826 * MAD of th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
-from checkpoint_strategy.formats.models import OptimizerSteps, RunShape
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.hf import checkpoint_rank_gap
+from checkpoint_strategy.formats.models import OptimizerSteps, RunShape
+from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
+from checkpoint_strategy.formats.runshape import read_run_shape, shape_change
 from checkpoint_strategy.recovery.advice import _fin, _show, log_info
 from checkpoint_strategy.recovery.logs import Columns, LogSeries, read_log
 from checkpoint_strategy.recovery.models import VerifyResumeReport
-import os
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.hf import checkpoint_rank_gap
-from checkpoint_strategy.formats.optstep import judge, read_optimizer_steps
-from checkpoint_strategy.formats.runshape import read_run_shape, shape_change
 
 
 def verify_resume(log_path, resume_step: int, *, log_format: str = "auto", step_key: Optional[str] = None,

@@ -21,8 +21,14 @@ if TYPE_CHECKING:
 
 # The names come from their modules when first used (PEP 562): a command that needs one small module of this
 # package does not load prune and its imports.
-_WHERE = {"prune": "prune", "PruneRequest": "request", "plan_prune": "rules", "Candidate": "rules", "Retention": "rules",
-          "classify_name": "rules"}
+_WHERE = {
+    "prune": "prune",
+    "PruneRequest": "request",
+    "plan_prune": "rules",
+    "Candidate": "rules",
+    "Retention": "rules",
+    "classify_name": "rules",
+}
 
 __all__ = ["prune", "PruneRequest", "plan_prune", "Candidate", "Retention", "classify_name"]
 

@@ -26,12 +26,12 @@ import os
 from collections.abc import Iterator
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.retention import rules as rt
-from checkpoint_strategy.formats.models import Problem
-from checkpoint_strategy.retention.survey import Outcome, Survey, recheck, revalidator
-from checkpoint_strategy.retention.request import PruneRequest
 from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.models import Problem
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.retention.request import PruneRequest
+from checkpoint_strategy.retention.survey import Outcome, Survey, recheck, revalidator
 from checkpoint_strategy.storage import remote
 
 JOURNAL = ".checkpoint-strategy-prune-objects.json"
@@ -39,8 +39,14 @@ MARKERS = ("trainer_state.json", ".metadata", "commit_success.txt", "_CHECKPOINT
 
 
 def _safe_name(name: object) -> bool:
-    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\0" not in name
-            and not name.startswith(".") and rt.classify_name(name) is not None)
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "/" not in name
+        and "\0" not in name
+        and not name.startswith(".")
+        and rt.classify_name(name) is not None
+    )
 
 
 def read_journal(root: str) -> list[str]:
@@ -51,9 +57,13 @@ def read_journal(root: str) -> list[str]:
     what = "prune journal"
     data = storage.read_json(path, what, limit=16 << 20, expect=dict)
     pending = data.get("pending")
-    if not isinstance(pending, list) or not all(isinstance(e, dict) and _safe_name(e.get("name")) for e in pending):
-        raise UsageError(f"{what} {storage.display(path)}: not a list of checkpoint names; nothing was deleted "
-                         "(it records prune's half-deleted checkpoints: inspect it, then remove it)")
+    if not isinstance(pending, list) or not all(
+        isinstance(e, dict) and _safe_name(e.get("name")) for e in pending
+    ):
+        raise UsageError(
+            f"{what} {storage.display(path)}: not a list of checkpoint names; nothing was deleted "
+            "(it records prune's half-deleted checkpoints: inspect it, then remove it)"
+        )
     return [e["name"] for e in pending]
 
 
@@ -67,7 +77,9 @@ def _write_journal(view, names: list[str]) -> None:
 
 def _keys(view, root: str, name: str) -> list[str]:
     """Every listed object of one checkpoint (folder or file) and its integrity sidecar, markers first."""
-    keys = view.keys_under(os.path.join(root, name)) + view.keys_under(os.path.join(root, name + fm.MANIFEST_SUFFIX))
+    keys = view.keys_under(os.path.join(root, name)) + view.keys_under(
+        os.path.join(root, name + fm.MANIFEST_SUFFIX)
+    )
     return sorted(set(keys), key=lambda k: (k.rsplit("/", 1)[-1] not in MARKERS, k))
 
 
@@ -88,16 +100,29 @@ def _delete_checkpoint(view, root: str, name: str, out: Outcome) -> bool:
     return False
 
 
-def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[str], status: dict[str, str],
-                  notes: list[str]) -> Outcome:
+def apply_objects(
+    view,
+    root: str,
+    plan: rt.Plan,
+    revalidate,
+    journalled: list[str],
+    status: dict[str, str],
+    notes: list[str],
+) -> Outcome:
     """Finish the journalled deletions that are still due, then journal and delete what `plan` marks."""
     out = Outcome()
     planned = {d.candidate.name for d in plan.delete}
     # due: still planned, half deleted (no longer valid), or already gone; a valid one kept now is dropped
-    finish = [n for n in journalled if n in planned or status.get(n, "gone") in ("invalid", "incomplete", "gone")]
+    finish = [
+        n
+        for n in journalled
+        if n in planned or status.get(n, "gone") in ("invalid", "incomplete", "gone")
+    ]
     dropped = [n for n in journalled if n not in finish]
     if dropped:
-        notes.append(f"journalled by an interrupted prune but whole and kept now: {', '.join(dropped)} (not deleted)")
+        notes.append(
+            f"journalled by an interrupted prune but whole and kept now: {', '.join(dropped)} (not deleted)"
+        )
     order = {d.candidate.name: (d.candidate.step or 0) for d in plan.delete}
     todo = sorted(planned - set(finish), key=lambda n: (order.get(n, 0), n))
     for j, why in recheck(plan, revalidate):
@@ -108,15 +133,22 @@ def apply_objects(view, root: str, plan: rt.Plan, revalidate, journalled: list[s
         if batch or journalled:
             _write_journal(view, batch)
     except Exception as exc:  # noqa: BLE001
-        raise UsageError(f"cannot write the prune journal in {storage.display(root)}: {remote.describe(exc)}; prune "
-                         "--apply needs write access to ROOT (nothing deleted)") from None
+        raise UsageError(
+            f"cannot write the prune journal in {storage.display(root)}: {remote.describe(exc)}; prune "
+            "--apply needs write access to ROOT (nothing deleted)"
+        ) from None
     left = [n for n in batch if _delete_checkpoint(view, root, n, out)]
     out.finished = [n for n in finish if n not in left]
     try:
         _write_journal(view, left)
     except Exception as exc:  # noqa: BLE001
-        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: {remote.describe(exc)}; the next "
-                                  "prune --apply tidies it"))
+        out.errors.append(
+            Problem(
+                file=JOURNAL,
+                reason=f"could not update the journal: {remote.describe(exc)}; the next "
+                "prune --apply tidies it",
+            )
+        )
     for name, why in out.failed.items():
         out.errors.append(Problem(file=name, reason=why))
     out.half_deleted = left
@@ -135,14 +167,20 @@ class ObjectStore:
         self.journalled = read_journal(self.root)
         versioning = self.view.versioning()
         if versioning:
-            self.notes.append(f"bucket versioning is {versioning}: deleted objects stay as noncurrent versions "
-                              "(still stored and billed) until a lifecycle rule or a version delete removes them")
+            self.notes.append(
+                f"bucket versioning is {versioning}: deleted objects stay as noncurrent versions "
+                "(still stored and billed) until a lifecycle rule or a version delete removes them"
+            )
 
     def delete(self, s: Survey, plan: rt.Plan, level: str) -> Outcome:
-        revalidate = revalidator(s.found, level, before=lambda name: self.view.forget(s.found[name].path))
+        revalidate = revalidator(
+            s.found, level, before=lambda name: self.view.forget(s.found[name].path)
+        )
         status: dict[str, str] = {n: r.status for n, r in s.results.items()}
         status.update({n: "present" for n in s.found if n not in status})
-        return apply_objects(self.view, self.root, plan, revalidate, self.journalled, status, self.notes)
+        return apply_objects(
+            self.view, self.root, plan, revalidate, self.journalled, status, self.notes
+        )
 
     def leftovers(self, out: Outcome | None) -> tuple[list[str], list[str]]:
         return (out.half_deleted if out is not None else self.journalled), []
@@ -156,7 +194,9 @@ def object_store(req: PruneRequest) -> Iterator[ObjectStore]:
         assert view is not None
         found = fm.identify(root)
         if view.is_file or (found is not None and not fm.is_run_folder(found)):
-            raise UsageError(f"{remote.shown(req.root)}: is itself a checkpoint; pass the prefix that holds the "
-                             "checkpoints")
+            raise UsageError(
+                f"{remote.shown(req.root)}: is itself a checkpoint; pass the prefix that holds the "
+                "checkpoints"
+            )
         with storage.local_paths([req.log] if req.log else []) as logs:
             yield ObjectStore(view, root, logs[0] if logs else None)

@@ -40,9 +40,16 @@ from typing import Any
 
 from checkpoint_strategy import storage
 from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.retention import rules as rt, safety
 from checkpoint_strategy.formats.models import Problem, PruneReport, PruneSuggestion, SpikeGuard
+from checkpoint_strategy.formats.runfacts import trainer_state_facts
+from checkpoint_strategy.formats.steps import scan
+from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.retention import safety
+from checkpoint_strategy.retention.objects import object_store
+from checkpoint_strategy.retention.request import PruneRequest
 from checkpoint_strategy.retention.survey import (
     Outcome,
     PruneStore,
@@ -54,13 +61,7 @@ from checkpoint_strategy.retention.survey import (
     revalidator,
     survey,
 )
-from checkpoint_strategy.retention.request import PruneRequest
-from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.locking import locked
-from checkpoint_strategy.formats.runfacts import trainer_state_facts
-from checkpoint_strategy.formats.steps import scan
-from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
-from checkpoint_strategy.retention.objects import object_store
 
 JOURNAL = ".checkpoint-strategy-prune.json"
 _RENAMED = re.compile(r"^\.deleting-[0-9a-f]{16}$")
@@ -87,10 +88,14 @@ def check_root(root: str) -> str:
     if not os.path.isdir(real):
         raise UsageError(f"{root}: is a file; expected the folder that holds the checkpoints")
     if real in _home_folders():
-        raise UsageError(f"{root}: refusing to prune / or a home folder; pass the run's checkpoint folder")
+        raise UsageError(
+            f"{root}: refusing to prune / or a home folder; pass the run's checkpoint folder"
+        )
     found = fm.identify(real)
     if found is not None and not fm.is_run_folder(found):
-        raise UsageError(f"{root}: is itself a checkpoint; pass the folder that holds the checkpoints")
+        raise UsageError(
+            f"{root}: is itself a checkpoint; pass the folder that holds the checkpoints"
+        )
     return real
 
 
@@ -110,19 +115,28 @@ def read_journal(root: str) -> list[dict]:
     data = storage.read_json(path, what, limit=16 << 20, expect=dict)
     pending = data.get("pending")
     ok = isinstance(pending, list) and all(
-        isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("renamed"), str)
-        and _RENAMED.match(e["renamed"]) and e.get("sidecar") in (None, e["renamed"] + fm.MANIFEST_SUFFIX)
-        for e in pending)
+        isinstance(e, dict)
+        and isinstance(e.get("name"), str)
+        and isinstance(e.get("renamed"), str)
+        and _RENAMED.match(e["renamed"])
+        and e.get("sidecar") in (None, e["renamed"] + fm.MANIFEST_SUFFIX)
+        for e in pending
+    )
     if not ok:
-        raise UsageError(f"{what} {path}: not a list of .deleting-<16 hex> entries; nothing was deleted "
-                         "(it records prune's half-deleted checkpoints: inspect it, then move it away)")
+        raise UsageError(
+            f"{what} {path}: not a list of .deleting-<16 hex> entries; nothing was deleted "
+            "(it records prune's half-deleted checkpoints: inspect it, then move it away)"
+        )
     return list(pending)
 
 
 def _write_journal(root: str, pending: list[dict]) -> None:
     path = _journal_path(root)
     if pending or not os.path.lexists(path):
-        atomic_write_text(path, json.dumps({"version": 1, "pending": pending}, indent=1, ensure_ascii=False) + "\n")
+        atomic_write_text(
+            path,
+            json.dumps({"version": 1, "pending": pending}, indent=1, ensure_ascii=False) + "\n",
+        )
     if not pending:
         os.unlink(path)
         fsync_dir(root)
@@ -159,8 +173,13 @@ def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
                 if name and os.path.lexists(os.path.join(root, name)):
                     _remove(os.path.join(root, name))
         except OSError as exc:
-            out.errors.append(Problem(file=e["renamed"], reason=f"half deleted ({e['name']}): "
-                                      f"{storage.describe_os_error(exc)}; rerun prune --apply to finish"))
+            out.errors.append(
+                Problem(
+                    file=e["renamed"],
+                    reason=f"half deleted ({e['name']}): "
+                    f"{storage.describe_os_error(exc)}; rerun prune --apply to finish",
+                )
+            )
             left.append(e)
             continue
         out.finished.append(e["renamed"])
@@ -170,7 +189,11 @@ def _finish(root: str, pending: list[dict], out: Outcome) -> list[dict]:
 def _entry_for(root: str, name: str) -> dict:
     renamed = fm.DELETING_PREFIX + secrets.token_hex(8)
     sidecar = os.path.lexists(os.path.join(root, name + fm.MANIFEST_SUFFIX))
-    return {"name": name, "renamed": renamed, "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None}
+    return {
+        "name": name,
+        "renamed": renamed,
+        "sidecar": renamed + fm.MANIFEST_SUFFIX if sidecar else None,
+    }
 
 
 def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
@@ -181,7 +204,9 @@ def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
     try:
         os.rename(src, os.path.join(root, renamed))
     except OSError as exc:
-        out.failed[name] = f"could not delete: {storage.describe_os_error(exc)}; the checkpoint is intact"
+        out.failed[name] = (
+            f"could not delete: {storage.describe_os_error(exc)}; the checkpoint is intact"
+        )
         return False
     try:
         if entry["sidecar"]:
@@ -191,8 +216,10 @@ def _delete_one(root: str, entry: dict, out: Outcome) -> bool:
             if n:
                 _remove(os.path.join(root, n))
     except OSError as exc:
-        out.failed[name] = (f"half deleted (left as {renamed}): {storage.describe_os_error(exc)}; "
-                            "rerun prune --apply to finish")
+        out.failed[name] = (
+            f"half deleted (left as {renamed}): {storage.describe_os_error(exc)}; "
+            "rerun prune --apply to finish"
+        )
         return True
     out.deleted[name] = size
     return False
@@ -214,8 +241,10 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
             return out
         _write_journal(root, pending)  # also proves ROOT is writable before anything is touched
     except OSError as exc:
-        raise UsageError(storage.oserror_line(exc, "write the prune journal in", root)
-                         + "; prune --apply needs write access to ROOT (nothing deleted)") from None
+        raise UsageError(
+            storage.oserror_line(exc, "write the prune journal in", root)
+            + "; prune --apply needs write access to ROOT (nothing deleted)"
+        ) from None
     pending = _finish(root, pending, out)
     for j, why in recheck(plan, revalidate):
         out.errors.append(Problem(file=j, reason=why))
@@ -226,16 +255,25 @@ def apply_prune(root: str, plan: rt.Plan, revalidate, pending: list[dict]) -> Ou
     try:
         _write_journal(root, pending + entries)
     except OSError as exc:
-        out.errors.append(Problem(file=JOURNAL, reason=storage.oserror_line(exc, "write", JOURNAL)
-                                  + "; nothing (more) deleted"))
+        out.errors.append(
+            Problem(
+                file=JOURNAL,
+                reason=storage.oserror_line(exc, "write", JOURNAL) + "; nothing (more) deleted",
+            )
+        )
         entries = []
     half = [e for e in entries if _delete_one(root, e, out)]
     pending = pending + half
     try:
         _write_journal(root, pending)
     except OSError as exc:
-        out.errors.append(Problem(file=JOURNAL, reason=f"could not update the journal: "
-                                  f"{storage.describe_os_error(exc)}; the next prune --apply tidies it"))
+        out.errors.append(
+            Problem(
+                file=JOURNAL,
+                reason=f"could not update the journal: "
+                f"{storage.describe_os_error(exc)}; the next prune --apply tidies it",
+            )
+        )
     for name, why in out.failed.items():
         out.errors.append(Problem(file=name, reason=why))
     out.half_deleted = [e["renamed"] for e in pending]
@@ -272,8 +310,10 @@ class LocalStore:
 def local_store(req: PruneRequest) -> Iterator[LocalStore]:
     """ROOT checked (`check_root`) and locked for the whole prune."""
     root = check_root(req.root)
-    busy = (f"{root} is being pruned by another checkpoint-strategy process (still locked after "
-            f"{req.lock_timeout:g} s); wait for it to finish, then rerun")
+    busy = (
+        f"{root} is being pruned by another checkpoint-strategy process (still locked after "
+        f"{req.lock_timeout:g} s); wait for it to finish, then rerun"
+    )
     with locked(root, req.lock_timeout, busy):
         yield LocalStore(root, req.log)
 
@@ -284,17 +324,31 @@ def local_store(req: PruneRequest) -> Iterator[LocalStore]:
 def plan_survey(s: Survey, req: PruneRequest, log: str | None) -> tuple[rt.Plan, SpikeGuard | None]:
     """The keep rules of `req` on a survey (any store): the spike guard first (the training log `log`, as the
     store reads it), then `retention.plan_prune`."""
-    assert req.keep_last is not None and req.milestones is not None   # given, from the policy, or proposed
-    valid = [(c.step, c.path) for c in s.candidates
-             if c.status == "valid" and c.step is not None and c.layout and not c.symlink]
+    assert (
+        req.keep_last is not None and req.milestones is not None
+    )  # given, from the policy, or proposed
+    valid = [
+        (c.step, c.path)
+        for c in s.candidates
+        if c.status == "valid" and c.step is not None and c.layout and not c.symlink
+    ]
     guard = spike_guard(valid, log, req.advise, s.root) if req.spike_check else None
-    keep_emergency = req.spike_check and (guard is None or guard.status is None or guard.status in safety.UNRESOLVED)
-    why = ("kept, the spike's status is unknown (no training log read)" if guard is None or guard.status is None
-           else f"kept until the loss spike at step {guard.onset_step} recovers")
+    keep_emergency = req.spike_check and (
+        guard is None or guard.status is None or guard.status in safety.UNRESOLVED
+    )
+    why = (
+        "kept, the spike's status is unknown (no training log read)"
+        if guard is None or guard.status is None
+        else f"kept until the loss spike at step {guard.onset_step} recovers"
+    )
     held = {n: f"{d}: {why}" for n, d in s.emergency.items()} if keep_emergency else {}
-    retention = rt.Retention(keep_last=req.keep_last, milestones=frozenset(req.milestones),
-                             best={**s.best, **(req.protect or {}), **held}, **spike_retention(guard, s.candidates),
-                             delete_invalid=req.delete_invalid)
+    retention = rt.Retention(
+        keep_last=req.keep_last,
+        milestones=frozenset(req.milestones),
+        best={**s.best, **(req.protect or {}), **held},
+        **spike_retention(guard, s.candidates),
+        delete_invalid=req.delete_invalid,
+    )
     if s.latest:
         retention = replace(retention, latest=s.latest, latest_why=s.latest_why)
     plan = rt.plan_prune(s.candidates, retention)
@@ -309,21 +363,37 @@ def smaller_keep_last(s: Survey, retention: rt.Retention) -> PruneSuggestion | N
     with the bytes it would free. None when no smaller keep_last deletes anything."""
     must = {n for n in (retention.rollback, *retention.pre_spike) if n}
     best = {n for n in retention.best if n in {c.name for c in s.candidates}}
-    for k in range(1, min(retention.keep_last, len(s.candidates) + 1)):  # past the count every plan is the same
+    for k in range(
+        1, min(retention.keep_last, len(s.candidates) + 1)
+    ):  # past the count every plan is the same
         plan = rt.plan_prune(s.candidates, replace(retention, keep_last=k))
         kept = {d.candidate.name for d in plan.keep}
-        if not plan.delete or not must | best <= kept or (plan.newest is not None and plan.newest.name not in kept):
+        if (
+            not plan.delete
+            or not must | best <= kept
+            or (plan.newest is not None and plan.newest.name not in kept)
+        ):
             continue
         names = [d.candidate.name for d in plan.delete]
-        return PruneSuggestion(keep_last=k, delete=names, bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
-                               rollback_points=sorted(must), best=sorted(best))
+        return PruneSuggestion(
+            keep_last=k,
+            delete=names,
+            bytes=sum(_bytes(s, d.candidate) for d in plan.delete),
+            rollback_points=sorted(must),
+            best=sorted(best),
+        )
     return None
 
 
 # --------------------------------------------------------------------------- loss spike
 
-def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
-                advise: safety.Adviser | None = None, root: str | None = None) -> SpikeGuard | None:
+
+def spike_guard(
+    valid: list[tuple[int, str]],
+    log: str | None = None,
+    advise: safety.Adviser | None = None,
+    root: str | None = None,
+) -> SpikeGuard | None:
     """The training log read with the recovery adviser (`retention.safety.read_spike`). When a
     loss spike has not recovered, the checkpoint `recover` would resume from must survive: spikes
     come after "best", and a rolling window rotates past them.
@@ -335,8 +405,10 @@ def spike_guard(valid: list[tuple[int, str]], log: str | None = None,
     """
     guard = safety.read_spike(valid, log, advise, root)
     if guard is not None and guard.status is None and not _readable(guard.log):
-        raise UsageError(f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
-                         "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)")
+        raise UsageError(
+            f"training log {storage.display(guard.log)} disappeared (or became unreadable) while prune "
+            "read it: nothing deleted; rerun, or pass --log FILE (or --no-spike-check)"
+        )
     return guard
 
 
@@ -351,11 +423,18 @@ def spike_retention(guard: SpikeGuard | None, candidates: list[rt.Candidate]) ->
     if guard is None:
         return {}
     why = safety.do_not_resume(guard) + " (holds spiked weights); not counted by keep_last"
-    post = {c.name: why for c in candidates
-            if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)}
+    post = {
+        c.name: why
+        for c in candidates
+        if c.status == "valid" and c.layout and not c.symlink and safety.after_onset(c.step, guard)
+    }
     pre = {n: w for n, w in guard.pre_spike.items() if n != guard.protected and n not in post}
-    return dict(rollback=guard.protected, post_onset=post, pre_spike=pre,
-                rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}")
+    return dict(
+        rollback=guard.protected,
+        post_onset=post,
+        pre_spike=pre,
+        rollback_why=f"rollback point before the unrecovered loss spike at step {guard.onset_step}",
+    )
 
 
 # --------------------------------------------------------------------------- the command
@@ -377,21 +456,31 @@ def proposed_retention(req: PruneRequest, root: str) -> tuple[PruneRequest, str]
         gaps = sorted(b - a for (a, _), (b, _) in zip(found, found[1:], strict=False))
         every, where = max(1, gaps[len(gaps) // 2]), "the spacing of the checkpoint names"
     if every is None:
-        raise UsageError("no retention given and none can be read from the run: pass --keep-last N (and "
-                         "--milestones) or --policy FILE")
+        raise UsageError(
+            "no retention given and none can be read from the run: pass --keep-last N (and "
+            "--milestones) or --policy FILE"
+        )
     keep = max(2, math.ceil(SPIKE_WAIT_STEPS / every) + 1)
     last = facts.int("max_steps") or (found[-1][0] if found else 0)
     given = req.milestones
     ms = given if given is not None else milestone_schedule("pow2", last)
     shown = ", ".join(map(str, ms)) or "none"
-    note = (f"keep_last {keep}: save_steps {every} (from {where}); the window spans recover's "
-            f"{SPIKE_WAIT_STEPS}-step wait window, so a checkpoint before a spike survives until it is judged; "
-            f"milestones {shown}"
-            + ("" if given is not None else f" (the plan's pow2 schedule up to max_steps {last}"
-               + (f", from {facts.source['max_steps']})" if "max_steps" in facts.source else ")")))
+    note = (
+        f"keep_last {keep}: save_steps {every} (from {where}); the window spans recover's "
+        f"{SPIKE_WAIT_STEPS}-step wait window, so a checkpoint before a spike survives until it is judged; "
+        f"milestones {shown}"
+        + (
+            ""
+            if given is not None
+            else f" (the plan's pow2 schedule up to max_steps {last}"
+            + (f", from {facts.source['max_steps']})" if "max_steps" in facts.source else ")")
+        )
+    )
     if req.apply:
-        raise UsageError(f"--apply needs --keep-last N or --policy FILE: nothing deleted on proposed numbers "
-                         f"(the dry run proposes keep_last {keep}, milestones {shown})")
+        raise UsageError(
+            f"--apply needs --keep-last N or --policy FILE: nothing deleted on proposed numbers "
+            f"(the dry run proposes keep_last {keep}, milestones {shown})"
+        )
     return req.model_copy(update={"keep_last": keep, "milestones": sorted(set(ms))}), note
 
 
@@ -405,7 +494,9 @@ def prune(root: PruneRequest | str | os.PathLike[str], **options: Any) -> PruneR
     (`prune_objects.ObjectStore`); a local ROOT is locked for the whole run.
     """
     if isinstance(root, PruneRequest) and options:
-        raise TypeError(f"prune(request): the options belong in the PruneRequest, got {', '.join(options)} too")
+        raise TypeError(
+            f"prune(request): the options belong in the PruneRequest, got {', '.join(options)} too"
+        )
     req = root if isinstance(root, PruneRequest) else PruneRequest.of(root, **options)
     if req.is_url:
         opened: contextlib.AbstractContextManager[PruneStore] = object_store(req)
@@ -413,7 +504,7 @@ def prune(root: PruneRequest | str | os.PathLike[str], **options: Any) -> PruneR
         opened = local_store(req)
     with opened as store:
         proposed = None
-        if req.keep_last is None:   # a local dry run (the request refuses it on object storage)
+        if req.keep_last is None:  # a local dry run (the request refuses it on object storage)
             req, proposed = proposed_retention(req, store.root)
         if req.on_start is not None:
             req.on_start()

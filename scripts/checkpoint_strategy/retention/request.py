@@ -18,13 +18,15 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats.models import CheckpointPolicy, Level
 from checkpoint_strategy.errors import UsageError, pydantic_message
+from checkpoint_strategy.formats.models import CheckpointPolicy, Level
 
 #: seconds a second prune of the same ROOT waits for the first one's lock
 LOCK_TIMEOUT_SECONDS = 5.0
-NO_RETENTION = ("no retention given: pass --keep-last N or --policy FILE (the plan, YAML or JSON, or the handoff "
-                "state file) with a keep_last")
+NO_RETENTION = (
+    "no retention given: pass --keep-last N or --policy FILE (the plan, YAML or JSON, or the handoff "
+    "state file) with a keep_last"
+)
 
 
 class PruneRequest(BaseModel):
@@ -72,7 +74,9 @@ class PruneRequest(BaseModel):
     @field_validator("keep_last", mode="before")
     @classmethod
     def _keep_last(cls, value: object) -> object:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise UsageError(f"--keep-last must be an integer of at least 1, got {value}")
         return value
 

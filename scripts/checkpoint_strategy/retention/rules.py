@@ -57,15 +57,16 @@ Status = Literal["valid", "invalid", "incomplete"] | None
 
 # --------------------------------------------------------------------------- names
 
+
 @dataclass(frozen=True)
 class NameMatch:
     """A name that exactly matches a known layout's pattern."""
 
-    layout: str                       # hf-trainer, deepspeed, megatron, torchtitan, orbax, lightning
+    layout: str  # hf-trainer, deepspeed, megatron, torchtitan, orbax, lightning
     step: int | None
-    metrics: tuple[str, ...] = ()     # Lightning: metric keys in the name (top-k by that metric)
-    template: str | None = None    # Lightning: the filename template, e.g. "epoch={}-step={}"
-    in_flight: bool = False           # tmp-checkpoint-N / Orbax tmp folder
+    metrics: tuple[str, ...] = ()  # Lightning: metric keys in the name (top-k by that metric)
+    template: str | None = None  # Lightning: the filename template, e.g. "epoch={}-step={}"
+    in_flight: bool = False  # tmp-checkpoint-N / Orbax tmp folder
 
 
 _PATTERNS: tuple[tuple[re.Pattern[str], str, bool], ...] = (
@@ -134,6 +135,7 @@ def classify_name(name: str) -> NameMatch | None:
 
 
 # --------------------------------------------------------------------------- candidates and rules
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -204,9 +206,15 @@ class Retention:
     def rules(self) -> AnyOf:
         """The keep rules of this retention, composed (applied after `SAFETY_RULES`, in report order)."""
         rollback = {self.rollback: self.rollback_why} if self.rollback is not None else {}
-        return AnyOf(KeepNewest(), KeepLast(self.keep_last), KeepMilestones(self.milestones), KeepBest(self.best),
-                     KeepNamed("rollback", rollback), KeepNamed("pre_spike", self.pre_spike),
-                     KeepPostOnset(self.post_onset, self.keep_last))
+        return AnyOf(
+            KeepNewest(),
+            KeepLast(self.keep_last),
+            KeepMilestones(self.milestones),
+            KeepBest(self.best),
+            KeepNamed("rollback", rollback),
+            KeepNamed("pre_spike", self.pre_spike),
+            KeepPostOnset(self.post_onset, self.keep_last),
+        )
 
 
 @dataclass(frozen=True)
@@ -220,15 +228,23 @@ class Context:
     """What the rules know about the whole folder (built by plan_prune)."""
 
     retention: Retention
-    counts_resumable: bool                  # keep_last counts resumable checkpoints
-    ordered: tuple[Candidate, ...]          # the checkpoints keep_last counts, oldest first
+    counts_resumable: bool  # keep_last counts resumable checkpoints
+    ordered: tuple[Candidate, ...]  # the checkpoints keep_last counts, oldest first
     newest: Candidate | None
-    post_ordered: tuple[Candidate, ...] = ()    # the post-onset checkpoints, ordered like `ordered`
-    link_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # name -> symlinks resolving to it
-    in_flight: frozenset[str] = frozenset()     # newer than what Retention.latest names: a save in flight
-    newest_valid: Candidate | None = None        # the newest valid recognised checkpoint with a step (no symlink),
+    post_ordered: tuple[Candidate, ...] = ()  # the post-onset checkpoints, ordered like `ordered`
+    link_targets: Mapping[str, tuple[str, ...]] = field(
+        default_factory=dict
+    )  # name -> symlinks resolving to it
+    in_flight: frozenset[str] = (
+        frozenset()
+    )  # newer than what Retention.latest names: a save in flight
+    newest_valid: Candidate | None = (
+        None  # the newest valid recognised checkpoint with a step (no symlink),
+    )
     #                                              not one newer than the resume pointer (its ranks may still write)
-    _windows: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict, compare=False, repr=False)
+    _windows: dict[tuple[str, int], frozenset[str]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def what(self) -> str:
@@ -251,7 +267,9 @@ class Context:
     def _window(self, which: str, ordered: tuple[Candidate, ...], n: int) -> frozenset[str]:
         got = self._windows.get((which, n))
         if got is None:
-            got = self._windows[(which, n)] = frozenset(c.name for c in ordered[-n:]) if n > 0 else frozenset()
+            got = self._windows[(which, n)] = (
+                frozenset(c.name for c in ordered[-n:]) if n > 0 else frozenset()
+            )
         return got
 
     def newer_valid(self, c: Candidate) -> Candidate | None:
@@ -280,22 +298,32 @@ def _label(c: Candidate) -> str:
 
 def keep_unrecognised(c: Candidate, ctx: Context) -> Reason | None:
     if c.layout is None and not c.final_export:
-        return Reason("unrecognised", "not recognised (name matches no known checkpoint layout exactly): kept")
+        return Reason(
+            "unrecognised", "not recognised (name matches no known checkpoint layout exactly): kept"
+        )
     return None
 
 
 def keep_final_export(c: Candidate, ctx: Context) -> Reason | None:
     if c.final_export:
-        return Reason("final_export", "final export (the run folder's own top-level model files): never deleted")
+        return Reason(
+            "final_export",
+            "final export (the run folder's own top-level model files): never deleted",
+        )
     return None
 
 
 def keep_symlinked(c: Candidate, ctx: Context) -> Reason | None:
     if c.outside:
-        return Reason("symlink", "resolves outside ROOT: reported, not followed, never deleted, never counts as "
-                                 "the newer checkpoint")
+        return Reason(
+            "symlink",
+            "resolves outside ROOT: reported, not followed, never deleted, never counts as "
+            "the newer checkpoint",
+        )
     if c.symlink and c.links_to:
-        return Reason("symlink", f"symlink to {c.links_to} inside ROOT: never deleted (its target is kept)")
+        return Reason(
+            "symlink", f"symlink to {c.links_to} inside ROOT: never deleted (its target is kept)"
+        )
     if c.symlink:
         return Reason("symlink", "symlink: never deleted, never counts as the newer checkpoint")
     return None
@@ -304,7 +332,10 @@ def keep_symlinked(c: Candidate, ctx: Context) -> Reason | None:
 def keep_link_target(c: Candidate, ctx: Context) -> Reason | None:
     links = ctx.link_targets.get(c.name)
     if links:
-        return Reason("link_target", f"target of the symlink {', '.join(links)} in ROOT: kept while a link names it")
+        return Reason(
+            "link_target",
+            f"target of the symlink {', '.join(links)} in ROOT: kept while a link names it",
+        )
     return None
 
 
@@ -316,9 +347,12 @@ def keep_latest(c: Candidate, ctx: Context) -> Reason | None:
 
 def keep_in_flight(c: Candidate, ctx: Context) -> Reason | None:
     if c.name in ctx.in_flight:
-        return Reason("in_flight", f"newer than {ctx.retention.latest}, which the resume pointer names: a save "
-                                   "possibly still in flight (other ranks); kept and not counted until the pointer "
-                                   "moves")
+        return Reason(
+            "in_flight",
+            f"newer than {ctx.retention.latest}, which the resume pointer names: a save "
+            "possibly still in flight (other ranks); kept and not counted until the pointer "
+            "moves",
+        )
     return None
 
 
@@ -332,12 +366,22 @@ def keep_not_valid(c: Candidate, ctx: Context) -> Reason | None:
     what = c.status or "not validated"
     newer = ctx.newer_valid(c)
     m = classify_name(c.name)
-    if c.status is None or newer is None or (m is not None and m.in_flight) or c.name in ctx.in_flight:
-        return Reason("not_valid", f"{what}: not deleted automatically (a save may be in flight; inspect it)")
+    if (
+        c.status is None
+        or newer is None
+        or (m is not None and m.in_flight)
+        or c.name in ctx.in_flight
+    ):
+        return Reason(
+            "not_valid", f"{what}: not deleted automatically (a save may be in flight; inspect it)"
+        )
     if ctx.retention.delete_invalid:
-        return None    # no safety reason: the other rules may still keep it (a milestone, the trainer's best)
-    return Reason("old_invalid", f"{what}, older than the valid {newer.name}: not a save in flight; kept "
-                                 f"(prune --delete-invalid removes it)")
+        return None  # no safety reason: the other rules may still keep it (a milestone, the trainer's best)
+    return Reason(
+        "old_invalid",
+        f"{what}, older than the valid {newer.name}: not a save in flight; kept "
+        f"(prune --delete-invalid removes it)",
+    )
 
 
 def keep_unordered(c: Candidate, ctx: Context) -> Reason | None:
@@ -353,8 +397,16 @@ def keep_unjustified(c: Candidate, ctx: Context) -> Reason | None:
 
 
 #: Always applied first, whatever rules a caller passes: they can add keep reasons, never remove these.
-SAFETY_RULES: tuple[KeepRule, ...] = (keep_symlinked, keep_unrecognised, keep_final_export, keep_link_target,
-                                      keep_not_valid, keep_unordered, keep_latest, keep_in_flight)
+SAFETY_RULES: tuple[KeepRule, ...] = (
+    keep_symlinked,
+    keep_unrecognised,
+    keep_final_export,
+    keep_link_target,
+    keep_not_valid,
+    keep_unordered,
+    keep_latest,
+    keep_in_flight,
+)
 #: Reasons that stop every other consideration (the candidate is not a deletable checkpoint).
 _FINAL = frozenset({"unrecognised", "final_export", "symlink"})
 
@@ -424,7 +476,10 @@ class KeepBest(_Rule):
         if c.name in self.names:
             return Reason("trainer_best", self.names[c.name])
         if c.metrics:
-            return Reason("trainer_best", f"trainer's top-k by {', '.join(c.metrics)} (the metric is in its name)")
+            return Reason(
+                "trainer_best",
+                f"trainer's top-k by {', '.join(c.metrics)} (the metric is in its name)",
+            )
         return None
 
 
@@ -454,7 +509,10 @@ class KeepPostOnset(_Rule):
 
     def __call__(self, c: Candidate, ctx: Context) -> Reason | None:
         if c.name in self.names and c.name in ctx.post_last(self.n):
-            return Reason("post_onset", f"{self.names[c.name]}; within the keep_last={self.n} newest post-onset")
+            return Reason(
+                "post_onset",
+                f"{self.names[c.name]}; within the keep_last={self.n} newest post-onset",
+            )
         return None
 
 
@@ -471,7 +529,13 @@ class AnyOf(_Rule):
     def reasons(self, c: Candidate, ctx: Context) -> list[Reason]:
         out: list[Reason] = []
         for rule in self.rules:
-            got = rule.reasons(c, ctx) if isinstance(rule, AnyOf) else [r] if (r := rule(c, ctx)) else []
+            got = (
+                rule.reasons(c, ctx)
+                if isinstance(rule, AnyOf)
+                else [r]
+                if (r := rule(c, ctx))
+                else []
+            )
             out.extend(got)
             if any(r.kind in _FINAL for r in got):
                 break
@@ -506,10 +570,19 @@ class Plan:
         return [d for d in self.decisions if d.action == "delete"]
 
 
-def _counted(candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None = None
-             ) -> tuple[bool, tuple[Candidate, ...]]:
-    pool = [c for c in candidates if c.layout is not None and not c.final_export and not c.symlink
-            and c.status == "valid" and c.step is not None and c.name not in (unsafe or {})]
+def _counted(
+    candidates: Iterable[Candidate], unsafe: Mapping[str, str] | None = None
+) -> tuple[bool, tuple[Candidate, ...]]:
+    pool = [
+        c
+        for c in candidates
+        if c.layout is not None
+        and not c.final_export
+        and not c.symlink
+        and c.status == "valid"
+        and c.step is not None
+        and c.name not in (unsafe or {})
+    ]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable else pool
     return bool(resumable), _one_per_step(chosen)
@@ -522,16 +595,28 @@ def _one_per_step(chosen: Iterable[Candidate]) -> tuple[Candidate, ...]:
     newest step, because nothing newer stands in for it."""
     by_step: dict[int, Candidate] = {}
     for c in sorted(chosen, key=lambda c: (c.step, c.name)):
-        by_step[c.step] = c   # type: ignore[index]  # _counted keeps only candidates with a step
+        by_step[c.step] = c  # type: ignore[index]  # _counted keeps only candidates with a step
     return tuple(by_step.values())
 
 
-def _post_counted(candidates: Iterable[Candidate], post_onset: Mapping[str, str],
-                  counts_resumable: bool, in_flight: frozenset[str] = frozenset()) -> tuple[Candidate, ...]:
+def _post_counted(
+    candidates: Iterable[Candidate],
+    post_onset: Mapping[str, str],
+    counts_resumable: bool,
+    in_flight: frozenset[str] = frozenset(),
+) -> tuple[Candidate, ...]:
     """The post-onset checkpoints, ordered like the counted ones: resumable ones when the run has any
     (among the safe ones or the post-onset ones: a weights-only one never justifies deleting a resumable one)."""
-    pool = [c for c in candidates if c.name in post_onset and c.name not in in_flight and c.layout is not None
-            and not c.symlink and c.status == "valid" and c.step is not None]
+    pool = [
+        c
+        for c in candidates
+        if c.name in post_onset
+        and c.name not in in_flight
+        and c.layout is not None
+        and not c.symlink
+        and c.status == "valid"
+        and c.step is not None
+    ]
     resumable = [c for c in pool if c.resumable]
     chosen = resumable if resumable or counts_resumable else pool
     return _one_per_step(chosen)
@@ -554,23 +639,36 @@ def _in_flight(candidates: Iterable[Candidate], latest: str | None) -> frozenset
     m = classify_name(latest) if latest else None
     if m is None or m.step is None:
         return frozenset()
-    return frozenset(c.name for c in candidates if c.layout == m.layout and c.step is not None and c.step > m.step)
+    return frozenset(
+        c.name
+        for c in candidates
+        if c.layout == m.layout and c.step is not None and c.step > m.step
+    )
 
 
 def _delete_reason(c: Candidate, newer: Candidate, ctx: Context) -> Reason:
     retention = ctx.retention
     if c.status != "valid":
-        return Reason("delete_invalid", f"{c.status}, older than the valid {newer.name}: not a save in flight; "
-                                        f"deleted by --delete-invalid (newer {newer.name} ({_label(newer)}) validated)")
+        return Reason(
+            "delete_invalid",
+            f"{c.status}, older than the valid {newer.name}: not a save in flight; "
+            f"deleted by --delete-invalid (newer {newer.name} ({_label(newer)}) validated)",
+        )
     extra = "" if c.resumable or not ctx.counts_resumable else "weights-only; "
     if c.name in retention.post_onset:
         extra = "post-onset (spiked weights); " + extra
-    return Reason("superseded", f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
-                                f"({_label(newer)}) validated")
+    return Reason(
+        "superseded",
+        f"{extra}older than keep_last={retention.keep_last}; newer {newer.name} "
+        f"({_label(newer)}) validated",
+    )
 
 
-def plan_prune(candidates: Sequence[Candidate], retention: Retention, rules: KeepRule | Sequence[KeepRule] | None = None
-               ) -> Plan:
+def plan_prune(
+    candidates: Sequence[Candidate],
+    retention: Retention,
+    rules: KeepRule | Sequence[KeepRule] | None = None,
+) -> Plan:
     """Decide keep/delete for every candidate. Pure: reads nothing, deletes nothing.
 
     SAFETY_RULES run first, then ``rules`` (default ``retention.rules()``; pass more to keep more, e.g.
@@ -594,17 +692,39 @@ def plan_prune(candidates: Sequence[Candidate], retention: Retention, rules: Kee
             decisions.append(Decision(c, "keep", tuple(reasons)))
             continue
         assert newer is not None
-        decisions.append(Decision(c, "delete", (_delete_reason(c, newer, ctx),), justified_by=newer.name))
+        decisions.append(
+            Decision(c, "delete", (_delete_reason(c, newer, ctx),), justified_by=newer.name)
+        )
     return Plan(tuple(decisions), ctx.counts_resumable, ctx.newest, ctx.last(retention.keep_last))
 
 
 def _context(candidates: Sequence[Candidate], retention: Retention) -> Context:
     """What the rules know of the whole folder: what keep_last counts, in flight, link targets."""
     in_flight = _in_flight(candidates, retention.latest)
-    counts_resumable, ordered = _counted(candidates, {**retention.post_onset, **dict.fromkeys(in_flight, "")})
-    newest_valid = max((c for c in candidates if c.status == "valid" and c.layout is not None and not c.symlink
-                        and not c.final_export and c.step is not None and c.name not in in_flight),
-                       key=lambda c: (c.step, c.name), default=None)
-    return Context(retention, counts_resumable, ordered, ordered[-1] if ordered else None,
-                   _post_counted(candidates, retention.post_onset, counts_resumable, in_flight),
-                   _link_targets(candidates), in_flight, newest_valid)
+    counts_resumable, ordered = _counted(
+        candidates, {**retention.post_onset, **dict.fromkeys(in_flight, "")}
+    )
+    newest_valid = max(
+        (
+            c
+            for c in candidates
+            if c.status == "valid"
+            and c.layout is not None
+            and not c.symlink
+            and not c.final_export
+            and c.step is not None
+            and c.name not in in_flight
+        ),
+        key=lambda c: (c.step, c.name),
+        default=None,
+    )
+    return Context(
+        retention,
+        counts_resumable,
+        ordered,
+        ordered[-1] if ordered else None,
+        _post_counted(candidates, retention.post_onset, counts_resumable, in_flight),
+        _link_targets(candidates),
+        in_flight,
+        newest_valid,
+    )

@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats import identify as fm
-from checkpoint_strategy.formats.models import RunSafety, SpikeGuard
 from checkpoint_strategy.errors import UsageError, no_log_entries
+from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats import runlog
+from checkpoint_strategy.formats.models import RunSafety, SpikeGuard
 from checkpoint_strategy.formats.steps import scan
 
 #: recovery statuses that mean a loss event has not recovered
@@ -50,7 +50,9 @@ def default_log(valid: Sequence[tuple[int, str]], root: Optional[str] = None) ->
     no log."""
     if root is None:
         parents = {os.path.dirname(os.path.normpath(p)) for _s, p in valid}
-        if len(parents) != 1:   # none, or checkpoints of several folders: no one run folder to look in
+        if (
+            len(parents) != 1
+        ):  # none, or checkpoints of several folders: no one run folder to look in
             return runlog.checkpoint_state(valid)
         root = parents.pop()
     return runlog.find_run_log(root, valid)
@@ -61,18 +63,28 @@ def _no_log_entries(log: str) -> bool:
     finds no log entries in it. Anything else (bigger, unreadable, another shape) is left to the adviser."""
     try:
         got = storage.read_small(log, "log", 4096)
-        if not isinstance(got, bytes) or got.count(b'"log_history"') != 1:   # one key: no parser's choice
+        if (
+            not isinstance(got, bytes) or got.count(b'"log_history"') != 1
+        ):  # one key: no parser's choice
             if not isinstance(got, bytes):
                 got.close()
             return False
         doc = storage.loads_json(got, "log", allow_nan=True)
     except (OSError, storage.ReadError):
         return False
-    return isinstance(doc, dict) and doc.get("log_history") == [] and isinstance(doc["log_history"], list)
+    return (
+        isinstance(doc, dict)
+        and doc.get("log_history") == []
+        and isinstance(doc["log_history"], list)
+    )
 
 
-def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
-               advise: Optional[Adviser] = None, root: Optional[str] = None) -> Optional[SpikeGuard]:
+def read_spike(
+    valid: Sequence[tuple[int, str]],
+    log: Optional[str] = None,
+    advise: Optional[Adviser] = None,
+    root: Optional[str] = None,
+) -> Optional[SpikeGuard]:
     """Read the training log (default: `default_log`, the run folder's log as every command finds it) with the
     recovery adviser. None when no log is found; an explicit `log` that cannot be read is a
     UsageError, a default one only a note ("no spike check").
@@ -87,12 +99,20 @@ def read_spike(valid: Sequence[tuple[int, str]], log: Optional[str] = None,
     if log is None:
         return None
     if advise is None:
-        raise TypeError("read_spike: a training log was found but no adviser was passed; pass "
-                        "advise=checkpoint_strategy.recovery.advise (or spike_check=False)")
-    if not explicit and _no_log_entries(log):   # the adviser's verdict, without loading it (and numpy)
-        return SpikeGuard(log=log, note=f"training log not usable ({no_log_entries(Path(log))}); no spike check")
+        raise TypeError(
+            "read_spike: a training log was found but no adviser was passed; pass "
+            "advise=checkpoint_strategy.recovery.advise (or spike_check=False)"
+        )
+    if not explicit and _no_log_entries(
+        log
+    ):  # the adviser's verdict, without loading it (and numpy)
+        return SpikeGuard(
+            log=log, note=f"training log not usable ({no_log_entries(Path(log))}); no spike check"
+        )
     try:
-        report = advise(log, checkpoints=list(valid), level=None)  # the callers validated them (or need only the onset)
+        report = advise(
+            log, checkpoints=list(valid), level=None
+        )  # the callers validated them (or need only the onset)
     except UsageError as exc:
         if explicit:
             raise
@@ -106,33 +126,62 @@ def guard_from_report(report, log: str, valid: Sequence[tuple[int, str]] = ()) -
     onset = spike.onset_step if spike is not None else None
     pre = _pre_spike(report, valid)
     if report.status not in UNRESOLVED:
-        return SpikeGuard(log=log, status=report.status, onset_step=onset, pre_spike=pre,
-                          note=f"no unrecovered loss spike ({report.status})")
+        return SpikeGuard(
+            log=log,
+            status=report.status,
+            onset_step=onset,
+            pre_spike=pre,
+            note=f"no unrecovered loss spike ({report.status})",
+        )
     resume = report.resume_checkpoint
-    protected = os.path.basename(os.path.normpath(resume.path)) if resume is not None and resume.path else None
+    protected = (
+        os.path.basename(os.path.normpath(resume.path))
+        if resume is not None and resume.path
+        else None
+    )
     if protected:
-        note = (f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
-                "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further")
+        note = (
+            f"loss spike at step {onset} has not recovered ({report.status}): {protected} is the checkpoint "
+            "to resume from and is kept; run 'checkpoint-strategy recover' before pruning further"
+        )
     else:
-        note = (f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
-                "(run `checkpoint-strategy recover`)")
-    return SpikeGuard(log=log, status=report.status, onset_step=onset, cutoff_step=report.checkpoints.cutoff_step,
-                      protected=protected, pre_spike=pre, note=note)
+        note = (
+            f"loss spike at step {onset} has not recovered and no checkpoint before it is left "
+            "(run `checkpoint-strategy recover`)"
+        )
+    return SpikeGuard(
+        log=log,
+        status=report.status,
+        onset_step=onset,
+        cutoff_step=report.checkpoints.cutoff_step,
+        protected=protected,
+        pre_spike=pre,
+        note=note,
+    )
 
 
 def _pre_spike(report, valid: Sequence[tuple[int, str]]) -> dict[str, str]:
     """name -> why: the newest valid checkpoint before each loss event of the log (recovered ones
     too): the only copy of the weights from before it."""
     out: dict[str, str] = {}
-    margin = report.log.log_interval + 1   # the adviser's default margin: checkpoint N's loss is logged at N+1
+    margin = (
+        report.log.log_interval + 1
+    )  # the adviser's default margin: checkpoint N's loss is logged at N+1
     for s in report.spikes:
         if s.kind == "grad_norm":
             continue
         before = [(step, path) for step, path in valid if step <= s.onset_step - margin]
         if before:
             name = os.path.basename(os.path.normpath(max(before)[1]))
-            out.setdefault(name, f"last checkpoint before the loss spike at step {s.onset_step}"
-                                 + (f" (recovered by step {s.recovered_step})" if s.recovered_step is not None else ""))
+            out.setdefault(
+                name,
+                f"last checkpoint before the loss spike at step {s.onset_step}"
+                + (
+                    f" (recovered by step {s.recovered_step})"
+                    if s.recovered_step is not None
+                    else ""
+                ),
+            )
     return out
 
 
@@ -149,8 +198,12 @@ def after_onset(step: Optional[int], guard: Optional[SpikeGuard]) -> bool:
     return step > guard.cutoff_step
 
 
-def safe_to_resume(status: Optional[str], resumable: Optional[bool], step: Optional[int],
-                   guard: Optional[SpikeGuard]) -> bool:
+def safe_to_resume(
+    status: Optional[str],
+    resumable: Optional[bool],
+    step: Optional[int],
+    guard: Optional[SpikeGuard],
+) -> bool:
     """Valid, resumable and not after the onset of an unrecovered loss event."""
     return status == "valid" and bool(resumable) and not after_onset(step, guard)
 
@@ -162,11 +215,14 @@ def do_not_resume(guard: Optional[SpikeGuard]) -> str:
 
 # --------------------------------------------------------------------------- validate on a run folder
 
+
 def _run_folders(paths: Sequence[str], results) -> dict[str, list]:
     """run folder given on the command line -> the stepped results directly inside it."""
     runs: dict[str, list] = {}
-    reals: dict[str, str] = {}   # each result's realpath once (it walks every component: 2000 checkpoints)
-    folders: dict[str, str] = {}   # each folder holding results, resolved once
+    reals: dict[
+        str, str
+    ] = {}  # each result's realpath once (it walks every component: 2000 checkpoints)
+    folders: dict[str, str] = {}  # each folder holding results, resolved once
     for p in paths:
         real = os.path.realpath(p)
         if not os.path.isdir(real):
@@ -202,31 +258,64 @@ def _realpath(path: str, parents: dict[str, str]) -> str:
     return os.path.join(real, name)
 
 
-def run_safety(root: str, results, log: Optional[str] = None, spike_check: bool = True,
-               advise: Optional[Adviser] = None):
+def run_safety(
+    root: str,
+    results,
+    log: Optional[str] = None,
+    spike_check: bool = True,
+    advise: Optional[Adviser] = None,
+):
     """RunSafety for one run folder: read its log, mark post-onset results with a note."""
     valid = sorted((r.step, r.path) for r in results if r.status == "valid")
     guard = read_spike(valid, log, advise, root) if spike_check else None
-    safe = sorted((r for r in results if r.status == "valid" and not after_onset(r.step, guard)),
-                  key=lambda r: (r.step, r.path))
+    safe = sorted(
+        (r for r in results if r.status == "valid" and not after_onset(r.step, guard)),
+        key=lambda r: (r.step, r.path),
+    )
     resumable = [r for r in safe if r.resumable]
-    post = [r for r in sorted(results, key=lambda r: (r.step, r.path))
-            if r.status == "valid" and after_onset(r.step, guard)]
+    post = [
+        r
+        for r in sorted(results, key=lambda r: (r.step, r.path))
+        if r.status == "valid" and after_onset(r.step, guard)
+    ]
     for r in post:
         r.notes.append(do_not_resume(guard) + " (holds spiked weights)")
-    pool = resumable or safe     # newest first; at one step, what a plain resume loads (fm.resume_order)
-    newest = min(pool, key=lambda r: (r.step is None, -(r.step or 0), fm.resume_order(r.path))) if pool else None
-    note = ("spike check off (--no-spike-check)" if not spike_check else
-            "no training log found: not checked for loss spikes" if guard is None else guard.note)
-    return RunSafety(root=root, log=guard.log if guard else None, spike_status=guard.status if guard else None,
-                     onset_step=guard.onset_step if guard is not None and unresolved(guard) else None,
-                     newest_safe=newest.path if newest else None, newest_safe_step=newest.step if newest else None,
-                     newest_safe_resumable=bool(newest and newest.resumable),
-                     safe=len(safe), post_onset=[r.path for r in post], note=note)
+    pool = (
+        resumable or safe
+    )  # newest first; at one step, what a plain resume loads (fm.resume_order)
+    newest = (
+        min(pool, key=lambda r: (r.step is None, -(r.step or 0), fm.resume_order(r.path)))
+        if pool
+        else None
+    )
+    note = (
+        "spike check off (--no-spike-check)"
+        if not spike_check
+        else "no training log found: not checked for loss spikes"
+        if guard is None
+        else guard.note
+    )
+    return RunSafety(
+        root=root,
+        log=guard.log if guard else None,
+        spike_status=guard.status if guard else None,
+        onset_step=guard.onset_step if guard is not None and unresolved(guard) else None,
+        newest_safe=newest.path if newest else None,
+        newest_safe_step=newest.step if newest else None,
+        newest_safe_resumable=bool(newest and newest.resumable),
+        safe=len(safe),
+        post_onset=[r.path for r in post],
+        note=note,
+    )
 
 
-def annotate_validation(report, paths: Sequence[str], log: Optional[str] = None, spike_check: bool = True,
-                        advise: Optional[Adviser] = None):
+def annotate_validation(
+    report,
+    paths: Sequence[str],
+    log: Optional[str] = None,
+    spike_check: bool = True,
+    advise: Optional[Adviser] = None,
+):
     """Fill `report.safety` for every run folder among `paths` (a checkpoint given alone gets none)."""
     for root, results in _run_folders(paths, report.checkpoints).items():
         report.safety.append(run_safety(root, results, log, spike_check, advise))
@@ -235,8 +324,14 @@ def annotate_validation(report, paths: Sequence[str], log: Optional[str] = None,
 
 # --------------------------------------------------------------------------- one checkpoint (release-gate)
 
-def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
-                     spike_check: bool = True, advise: Optional[Adviser] = None) -> Optional[tuple[bool, str]]:
+
+def checkpoint_spike(
+    path: str,
+    step: Optional[int],
+    log: Optional[str] = None,
+    spike_check: bool = True,
+    advise: Optional[Adviser] = None,
+) -> Optional[tuple[bool, str]]:
     """(ok, detail) for one checkpoint against its run's training log: not ok when it was saved
     after the onset of an unrecovered loss event. None when there is no log to read (or
     spike_check is off). The run is the checkpoint's folder's parent; its siblings are offered to
@@ -253,11 +348,15 @@ def checkpoint_spike(path: str, step: Optional[int], log: Optional[str] = None,
     if guard is None or guard.status is None:
         return None
     if after_onset(step, guard):
-        return False, (f"{do_not_resume(guard)} or release: saved after the onset (recover's cut-off step "
-                       f"{guard.cutoff_step}); resume point: {guard.protected or 'none left'}")
+        return False, (
+            f"{do_not_resume(guard)} or release: saved after the onset (recover's cut-off step "
+            f"{guard.cutoff_step}); resume point: {guard.protected or 'none left'}"
+        )
     if unresolved(guard):
-        return True, (f"saved before the loss spike at step {guard.onset_step} (at or before recover's cut-off step "
-                      f"{guard.cutoff_step}; {guard.log})")
+        return True, (
+            f"saved before the loss spike at step {guard.onset_step} (at or before recover's cut-off step "
+            f"{guard.cutoff_step}; {guard.log})"
+        )
     return True, f"no unrecovered loss spike in {guard.log} ({guard.status})"
 
 
@@ -268,8 +367,12 @@ def post_onset_note(report) -> Optional[str]:
     post = report.checkpoints.post_event
     if not unresolved(guard) or not post:
         return None
-    names = [os.path.basename(os.path.normpath(c.path)) if c.path else f"step {c.step}" for c in post]
+    names = [
+        os.path.basename(os.path.normpath(c.path)) if c.path else f"step {c.step}" for c in post
+    ]
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
     resume = report.resume_checkpoint
-    where = (resume.path or f"step {resume.step}") if resume is not None else "no checkpoint before it"
+    where = (
+        (resume.path or f"step {resume.step}") if resume is not None else "no checkpoint before it"
+    )
     return f"{do_not_resume(guard)}: {shown}; the newest safe checkpoint is {where}"

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
-from checkpoint_strategy.formats import archive as zr, filechecks as fc, identify as fm
 from checkpoint_strategy import storage
-from checkpoint_strategy.formats.marker import describe as describe_marker, read_marker
-from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.formats import archive as zr
+from checkpoint_strategy.formats import filechecks as fc
+from checkpoint_strategy.formats import identify as fm
+from checkpoint_strategy.formats.marker import describe as describe_marker
+from checkpoint_strategy.formats.marker import read_marker
 from checkpoint_strategy.formats.models import (
     CheckpointResult,
     Level,
@@ -28,13 +30,20 @@ from checkpoint_strategy.formats.models import (
     PruneSuggestion,
     SpikeGuard,
 )
+from checkpoint_strategy.retention import rules as rt
+from checkpoint_strategy.validate.engine import (
+    check,
+    check_with_values,
+    compare_consecutive,
+    decode_results,
+    encode_results,
+    usable,
+)
 from checkpoint_strategy.validate.fanout import map_split
-from checkpoint_strategy.validate.engine import (check, check_with_values, compare_consecutive, decode_results,
-                                                      encode_results, usable)
 
 if TYPE_CHECKING:
-    from checkpoint_strategy.validate import deep as dp
     from checkpoint_strategy.retention.request import PruneRequest
+    from checkpoint_strategy.validate import deep as dp
 
 FINAL_EXPORT_NAME = "."
 

@@ -39,9 +39,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.simulation.restart import event_budget, restart_phase
 from checkpoint_strategy.simulation import twotier
-from checkpoint_strategy.simulation.models import SimulatedPolicy, SimulationReport, SpikeStats, TwoTierSimulation
+from checkpoint_strategy.simulation.models import (
+    SimulatedPolicy,
+    SimulationReport,
+    SpikeStats,
+    TwoTierSimulation,
+)
+from checkpoint_strategy.simulation.restart import event_budget, restart_phase
 
 # Work limits that keep a bad combination of arguments from running for hours or eating memory.
 MAX_SPIKE_CELLS = 50_000_000

@@ -15,8 +15,10 @@ def event_budget(expected_events: float, what: str, advice: str) -> int:
     """Iterations the event loop may take: refuses (UsageError) a run expecting more events than the simulation
     handles. `what` names the events ("failures and spikes"), `advice` the options that lower them."""
     if not math.isfinite(expected_events) or expected_events > MAX_EVENTS_PER_RUN:
-        raise UsageError(f"about {expected_events:.3g} {what} per run expected: the simulation "
-                         f"handles at most {MAX_EVENTS_PER_RUN}; {advice}")
+        raise UsageError(
+            f"about {expected_events:.3g} {what} per run expected: the simulation "
+            f"handles at most {MAX_EVENTS_PER_RUN}; {advice}"
+        )
     return int(100 * (expected_events + 1) + 10000)
 
 

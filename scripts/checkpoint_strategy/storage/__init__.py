@@ -33,9 +33,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from checkpoint_strategy.atomic import atomic_write_bytes, hold_fifo
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.base import ReadError, is_url  # noqa: F401 - part of this API (remote.py imports them from base)
-from checkpoint_strategy.atomic import atomic_write_bytes, hold_fifo
 
 #: Default cap on a JSON document read whole (policies, events, state files, headers).
 MAX_JSON_BYTES = 64 << 20
@@ -163,8 +163,9 @@ def _file_of(fd: int, p: str) -> BinaryIO:
         raise
 
 
-def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 << 16,
-               regular: bool = False) -> bytes | BinaryIO:
+def read_small(
+    path: str | os.PathLike[str], what: str = "file", small: int = 1 << 16, regular: bool = False
+) -> bytes | BinaryIO:
     """A regular file of at most ``small`` bytes read whole with plain reads on its descriptor (no file
     object: the quick walk reads thousands of small files); a larger one, one that changed size while
     read, or a file of an object-storage view comes back open at its start, as `open_regular` gives it
@@ -173,7 +174,7 @@ def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 
     p = os.fspath(path)
     remote = sys.modules.get("checkpoint_strategy.storage.remote")
     if remote is not None and remote.view_count():
-        return open_regular(p, what)   # shadows of a listing open: their bytes come from the store
+        return open_regular(p, what)  # shadows of a listing open: their bytes come from the store
     fd, size = _open_fd(p, what, blocking=False, regular=regular)
     if size > small:
         return _blocking_file(fd, p)
@@ -181,21 +182,29 @@ def read_small(path: str | os.PathLike[str], what: str = "file", small: int = 1 
     try:
         parts = []
         got = 0
-        while got <= size:   # one read of size + 1: size bytes (the end) or more (it grew); more reads if fewer
+        while (
+            got <= size
+        ):  # one read of size + 1: size bytes (the end) or more (it grew); more reads if fewer
             try:
                 chunk = os.read(fd, size + 1 - got)
-            except BlockingIOError:   # a file system that honours O_NONBLOCK on regular files: wait for it
+            except (
+                BlockingIOError
+            ):  # a file system that honours O_NONBLOCK on regular files: wait for it
                 os.set_blocking(fd, True)
                 continue
             if not chunk:
                 break
             parts.append(chunk)
             got += len(chunk)
-            if got == size:   # a regular file's read stops short only at its end: no second read to see it
+            if (
+                got == size
+            ):  # a regular file's read stops short only at its end: no second read to see it
                 break
         whole = got == size
         if not whole:
-            os.lseek(fd, 0, os.SEEK_SET)   # grown or shrunk meanwhile: read it as a file, as it is now
+            os.lseek(
+                fd, 0, os.SEEK_SET
+            )  # grown or shrunk meanwhile: read it as a file, as it is now
     except BaseException:
         os.close(fd)
         raise
@@ -223,9 +232,10 @@ def _remote_file(path: str) -> Any:
 
 # --------------------------------------------------------------------------- URLs (storage/remote.py)
 
+
 def plain_path(text: str) -> str:
     """``file:///x`` -> ``/x``; anything else unchanged."""
-    return text[len("file://"):] if text.lower().startswith("file://") else text
+    return text[len("file://") :] if text.lower().startswith("file://") else text
 
 
 def display(path: str | os.PathLike[str]) -> str:
@@ -276,8 +286,12 @@ def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> I
             remote.close_view(v)
 
 
-def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MAX_JSON_BYTES,
-               regular: bool = False) -> bytes:
+def read_bytes(
+    path: str | os.PathLike[str],
+    what: str = "file",
+    limit: int = MAX_JSON_BYTES,
+    regular: bool = False,
+) -> bytes:
     """The whole content of a regular file of at most ``limit`` bytes (ReadError otherwise). ``regular``: as
     `read_small`'s."""
     try:
@@ -291,7 +305,9 @@ def read_bytes(path: str | os.PathLike[str], what: str = "file", limit: int = MA
         size = os.fstat(fh.fileno()).st_size
         if size > limit:  # refused before reading (a 10 GB sparse file)
             reason = f"larger than {_size(limit)}"
-            raise ReadError(f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason)
+            raise ReadError(
+                f"{what} {os.fspath(path)} is {reason}: expected a smaller file", reason
+            )
         try:  # the size first: read(limit + 1) would allocate the whole limit (64 MB) for a 2 KB file
             data = fh.read(size + 1)
             if len(data) > size:  # grown since: read on to the limit, as before
@@ -317,8 +333,13 @@ def _reject_constant(name: str) -> Any:
 _STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False,
-               expect: type | tuple[type, ...] | None = None) -> Any:
+def loads_json(
+    data: bytes | str,
+    what: str = "JSON",
+    *,
+    allow_nan: bool = False,
+    expect: type | tuple[type, ...] | None = None,
+) -> Any:
     """Parse JSON from bytes or text; every failure is one ReadError line naming ``what``.
 
     ``allow_nan``: accept the NaN/Infinity tokens (HF Trainer writes them in trainer_state.json).
@@ -331,12 +352,14 @@ def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False
     try:
         if allow_nan:
             obj = json.loads(text)
-        elif text.startswith("\ufeff"):   # json.loads' own words for a byte-order mark
+        elif text.startswith("\ufeff"):  # json.loads' own words for a byte-order mark
             raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
         else:
             obj = _STRICT_JSON.decode(text)
     except RecursionError:
-        raise ReadError(f"{what} is nested too deeply: expected plain JSON", "nested too deeply") from None
+        raise ReadError(
+            f"{what} is nested too deeply: expected plain JSON", "nested too deeply"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, int digit limit, rejected constants
         if "digits" in str(exc) and "integer" in str(exc):
             reason = "not valid JSON (an integer with thousands of digits)"
@@ -344,7 +367,9 @@ def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False
             reason = f"not valid JSON ({_short(exc)})"
         raise ReadError(f"{what} is {reason}", reason) from None
     if expect is not None and not isinstance(obj, expect):
-        names = " or ".join(t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,)))
+        names = " or ".join(
+            t.__name__ for t in (expect if isinstance(expect, tuple) else (expect,))
+        )
         names = names.replace("dict", "a JSON object").replace("list", "a JSON list")
         reason = f"not {names} (top level is {_json_type(obj)})"
         raise ReadError(f"{what} is {reason}", reason)
@@ -352,8 +377,15 @@ def loads_json(data: bytes | str, what: str = "JSON", *, allow_nan: bool = False
 
 
 def _json_type(obj: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(obj), type(obj).__name__)
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(obj), type(obj).__name__)
 
 
 def _short(exc: Exception) -> str:
@@ -361,8 +393,14 @@ def _short(exc: Exception) -> str:
     return msg[:120]
 
 
-def read_json(path: str | os.PathLike[str], what: str = "JSON file", *, limit: int = MAX_JSON_BYTES,
-              allow_nan: bool = False, expect: type | tuple[type, ...] | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike[str],
+    what: str = "JSON file",
+    *,
+    limit: int = MAX_JSON_BYTES,
+    allow_nan: bool = False,
+    expect: type | tuple[type, ...] | None = None,
+) -> Any:
     """Read and parse a JSON file safely (regular file only, bounded size, one-line errors)."""
     data = read_bytes(path, what, limit)
     return loads_json(data, f"{what} {os.fspath(path)}", allow_nan=allow_nan, expect=expect)
@@ -376,8 +414,6 @@ def inside(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
     except (OSError, RuntimeError):
         return False
     return rp == rr or rr in rp.parents
-
-
 
 
 def read_input(path: str, what: str, limit: int = MAX_JSON_BYTES) -> tuple[bytes, str]:
@@ -425,12 +461,16 @@ def check_output(path: str | os.PathLike[str], what: str, inputs: tuple = ()) ->
         if inp is None or inp == "-":
             continue
         if same_file(p, inp) or os.path.abspath(p) == os.path.abspath(os.fspath(inp)):
-            raise UsageError(f"{what} {p} is also an input of this command: refusing to overwrite it; "
-                             "write the report to another file")
+            raise UsageError(
+                f"{what} {p} is also an input of this command: refusing to overwrite it; "
+                "write the report to another file"
+            )
     for inp in inputs:
         if inp is not None and inp != "-" and _lands_inside(p, inp):
-            raise UsageError(f"{what} {p} is inside {os.fspath(inp)}, which is also an input of this command: "
-                             "refusing to write there; write the report to another file")
+            raise UsageError(
+                f"{what} {p} is inside {os.fspath(inp)}, which is also an input of this command: "
+                "refusing to write there; write the report to another file"
+            )
     return p
 
 
@@ -445,14 +485,18 @@ def _refuse_special_output(p: str, what: str) -> None:
     except OSError:
         mode = 0
     if stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
-        raise UsageError(f"{what} {p} is {kind_of(mode)}: expected a file path to write (or /dev/null, a FIFO)")
+        raise UsageError(
+            f"{what} {p} is {kind_of(mode)}: expected a file path to write (or /dev/null, a FIFO)"
+        )
     if mode and not stat.S_ISREG(mode):
         return  # /dev/null, a terminal, a FIFO or pipe (/dev/stdout): written in place
     real = os.path.realpath(p)
     kernel = next((k for k in _KERNEL_FILESYSTEMS if real == k or real.startswith(k + "/")), None)
     if kernel is not None:
-        raise UsageError(f"{what} {p} is a kernel file under {kernel} (not ordinary storage, nothing can be "
-                         "written there): expected a file path to write")
+        raise UsageError(
+            f"{what} {p} is a kernel file under {kernel} (not ordinary storage, nothing can be "
+            "written there): expected a file path to write"
+        )
 
 
 def _lands_inside(path: str, folder: str | os.PathLike[str]) -> bool:
@@ -463,8 +507,9 @@ def _lands_inside(path: str, folder: str | os.PathLike[str]) -> bool:
     return inside(path, folder) or inside(os.path.dirname(os.path.abspath(path)), folder)
 
 
-def write_output(path: str | os.PathLike[str], data: bytes | str, what: str = "output",
-                 inputs: tuple = ()) -> None:
+def write_output(
+    path: str | os.PathLike[str], data: bytes | str, what: str = "output", inputs: tuple = ()
+) -> None:
     """Write a command's output file whole (atomic temp + rename; devices and FIFOs written in
     place, never replaced); every failure is one UsageError line."""
     p = check_output(path, what, inputs)
@@ -489,8 +534,10 @@ def _write_error(exc: OSError, p: str, what: str) -> UsageError:
     if exc.errno == errno.ENXIO and stat.S_ISFIFO(_mode(p)):
         from checkpoint_strategy.atomic import FIFO_READER_WAIT
 
-        return UsageError(f"{what} {p} is a FIFO that nobody reads (no reader opened it within "
-                          f"{FIFO_READER_WAIT:g} s): nothing written; start the reader first")
+        return UsageError(
+            f"{what} {p} is a FIFO that nobody reads (no reader opened it within "
+            f"{FIFO_READER_WAIT:g} s): nothing written; start the reader first"
+        )
     return UsageError(f"{what}: {oserror_line(exc, 'write', p)}")
 
 

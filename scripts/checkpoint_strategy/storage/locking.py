@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import time
 from collections.abc import Iterator
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage import oserror_line
-import fcntl
 
 _BUSY = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 POLL_SECONDS = 0.02
@@ -26,7 +26,9 @@ def _open(path: str) -> int:
     """A descriptor to lock: an existing folder is opened read-only, anything else is a lock
     file created if missing."""
     if os.path.isdir(path) and not os.path.islink(path):
-        return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        return os.open(
+            path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+        )
     return os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
 
 

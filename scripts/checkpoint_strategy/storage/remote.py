@@ -22,6 +22,7 @@ import atexit
 import errno
 import importlib
 import io
+import json
 import os
 import re
 import shutil
@@ -33,21 +34,25 @@ from typing import Any
 
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.storage.base import ReadError, is_url
-import json
 
 #: scheme -> (driver module, pip extra); None: built into fsspec.
 SCHEMES: dict[str, tuple[str | None, str]] = {
-    "s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
     "memory": (None, "s3"),
 }
 PREFETCH_WORKERS = 16
-READ_AHEAD_WORKERS = 8     # level full: one chunk ahead per open file (the CRC threads each have one)
-PREFETCH_BATCH = 64        # objects whose headers are fetched together (memory: about 64 x 320 KB)
-BLOCK = 256 << 10          # on-demand reads fetch at least this much (local zip headers sit close together)
-HEAD_BYTES = 256 << 10     # safetensors header / first zip entries fetched up front (quick level)
-TAIL_BYTES = 65535 + 22 + 20 + 1024   # zip end record, its comment and the zip64 locator
-WHOLE_BYTES = 1 << 20      # small objects (JSON, .metadata, markers) are fetched whole
-CACHE_BYTES = 64 << 20     # on-demand blocks kept per view (prefetched headers: until their file is closed)
+READ_AHEAD_WORKERS = 8  # level full: one chunk ahead per open file (the CRC threads each have one)
+PREFETCH_BATCH = 64  # objects whose headers are fetched together (memory: about 64 x 320 KB)
+BLOCK = 256 << 10  # on-demand reads fetch at least this much (local zip headers sit close together)
+HEAD_BYTES = 256 << 10  # safetensors header / first zip entries fetched up front (quick level)
+TAIL_BYTES = 65535 + 22 + 20 + 1024  # zip end record, its comment and the zip64 locator
+WHOLE_BYTES = 1 << 20  # small objects (JSON, .metadata, markers) are fetched whole
+CACHE_BYTES = (
+    64 << 20
+)  # on-demand blocks kept per view (prefetched headers: until their file is closed)
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 30
 
@@ -66,9 +71,15 @@ def parse_option(text: str) -> tuple[str, Any]:
     """``key=value`` -> (key, value); true/false/none and integers are typed, dotted keys nest one level."""
     key, sep, value = str(text).partition("=")
     key = key.strip()
-    if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", key):
-        raise UsageError(f"--storage-option {key or '?'}: expected key=value (e.g. endpoint_url=http://host:9000, "
-                         "anon=true, client_kwargs.region_name=us-east-1)")
+    if (
+        not sep
+        or not key
+        or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?", key)
+    ):
+        raise UsageError(
+            f"--storage-option {key or '?'}: expected key=value (e.g. endpoint_url=http://host:9000, "
+            "anon=true, client_kwargs.region_name=us-east-1)"
+        )
     low = value.strip().lower()
     typed: Any = value
     if low in ("true", "false"):
@@ -90,13 +101,17 @@ def set_options(pairs: list[str] | None) -> None:
     for text in pairs or ():
         key, value = parse_option(text)
         if key in GROUP_OPTIONS:
-            raise UsageError(f"--storage-option {key}: is a group of driver options; set its keys one by one as "
-                             f"{key}.KEY=VALUE (e.g. client_kwargs.region_name=us-east-1)")
+            raise UsageError(
+                f"--storage-option {key}: is a group of driver options; set its keys one by one as "
+                f"{key}.KEY=VALUE (e.g. client_kwargs.region_name=us-east-1)"
+            )
         if "." in key:
             outer, inner = key.split(".", 1)
             sub = _options.setdefault(outer, {})
             if not isinstance(sub, dict):
-                raise UsageError(f"--storage-option {key}: {outer} is given both as a value and as a group")
+                raise UsageError(
+                    f"--storage-option {key}: {outer} is given both as a value and as a group"
+                )
             sub[inner] = value
         else:
             _options[key] = value
@@ -121,29 +136,41 @@ def filesystem(url: str) -> Any:
     """The fsspec filesystem for ``url`` (UsageError naming the extra when its driver is missing)."""
     parts = split_url(url)
     if parts is None:
-        raise UsageError(f"{shown(url)}: not a URL; expected s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or memory://PATH")
+        raise UsageError(
+            f"{shown(url)}: not a URL; expected s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or memory://PATH"
+        )
     scheme = parts[0]
     if scheme not in SCHEMES:
-        raise UsageError(f"{shown(url)}: unknown scheme {scheme}://; expected s3://, gs://, memory:// or a local path")
+        raise UsageError(
+            f"{shown(url)}: unknown scheme {scheme}://; expected s3://, gs://, memory:// or a local path"
+        )
     driver, extra = SCHEMES[scheme]
     for module in ("fsspec", driver):
         if module is None:
             continue
         try:
-            importlib.import_module(module)  # the driver is present (fsspec, s3fs, gcsfs), nothing else
+            importlib.import_module(
+                module
+            )  # the driver is present (fsspec, s3fs, gcsfs), nothing else
         except ImportError:
-            raise UsageError(f"{scheme}:// needs the Python package {module}: install it with "
-                             f"pip install 'checkpoint-strategy[{extra}]' (or pip install {module})") from None
+            raise UsageError(
+                f"{scheme}:// needs the Python package {module}: install it with "
+                f"pip install 'checkpoint-strategy[{extra}]' (or pip install {module})"
+            ) from None
     import fsspec
 
     try:
         fs = fsspec.filesystem("s3" if scheme == "s3a" else scheme, **_driver_kwargs(scheme))
         if scheme in ("s3", "s3a") and "retries" not in _options:
-            fs.retries = 1  # s3fs's own retry loop (on top of botocore's two attempts): no retry storm
+            fs.retries = (
+                1  # s3fs's own retry loop (on top of botocore's two attempts): no retry storm
+            )
         return fs
     except (TypeError, ValueError, KeyError) as exc:
-        raise UsageError(f"{scheme}://: the storage options were refused by the driver ({type(exc).__name__}); "
-                         "check the --storage-option keys") from None
+        raise UsageError(
+            f"{scheme}://: the storage options were refused by the driver ({type(exc).__name__}); "
+            "check the --storage-option keys"
+        ) from None
 
 
 def shown(text: str) -> str:
@@ -162,7 +189,12 @@ def describe(exc: BaseException) -> str:
     low = (name + " " + text).lower()
     if "credential" in low:
         return "no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or --storage-option)"
-    if "connect" in low or "refused" in low or "endpoint" in low or isinstance(exc, ConnectionError):
+    if (
+        "connect" in low
+        or "refused" in low
+        or "endpoint" in low
+        or isinstance(exc, ConnectionError)
+    ):
         return "cannot connect to the storage endpoint (check AWS_ENDPOINT_URL / --storage-option endpoint_url)"
     if "timeout" in low or "timed out" in low:
         return "the storage endpoint did not answer in time"
@@ -170,7 +202,9 @@ def describe(exc: BaseException) -> str:
         return "no such bucket"
     if "invalid bucket name" in low:
         return "invalid bucket name (expected s3://BUCKET/PREFIX with a valid bucket name)"
-    if isinstance(exc, (AttributeError, TypeError)):  # an option of the wrong type reaches the driver's code
+    if isinstance(
+        exc, (AttributeError, TypeError)
+    ):  # an option of the wrong type reaches the driver's code
         return f"the driver refused the storage options ({name}); check the --storage-option keys and their types"
     for value in _secret_values():
         text = text.replace(value, "***")
@@ -178,10 +212,13 @@ def describe(exc: BaseException) -> str:
 
 
 def _secret_values() -> list[str]:
-    out = [os.environ[k] for k in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
-           if len(os.environ.get(k, "")) >= 4]
+    out = [
+        os.environ[k]
+        for k in ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID", "AWS_SESSION_TOKEN")
+        if len(os.environ.get(k, "")) >= 4
+    ]
     for v in _options.values():
-        for x in (v.values() if isinstance(v, dict) else (v,)):
+        for x in v.values() if isinstance(v, dict) else (v,):
             if isinstance(x, str) and len(x) >= 4:
                 out.append(x)
     return out
@@ -192,7 +229,7 @@ def _secret_values() -> list[str]:
 
 @dataclass
 class Entry:
-    key: str          # the object's full path as the driver names it (bucket/prefix/name)
+    key: str  # the object's full path as the driver names it (bucket/prefix/name)
     size: int
 
 
@@ -201,19 +238,21 @@ class View:
     """A listed prefix: its shadow root (local), its URL, and the objects under it."""
 
     fs: Any
-    url: str                       # the URL the user named (trailing '/' removed)
-    remote: str                    # the driver's path of the prefix (bucket/prefix)
-    tmp: str                       # temporary folder holding the shadow
-    local: str                     # shadow root (tmp/<basename>)
-    objects: dict[str, Entry] = field(default_factory=dict)     # local path -> object
-    skipped: list[str] = field(default_factory=list)            # keys that cannot be a local name
+    url: str  # the URL the user named (trailing '/' removed)
+    remote: str  # the driver's path of the prefix (bucket/prefix)
+    tmp: str  # temporary folder holding the shadow
+    local: str  # shadow root (tmp/<basename>)
+    objects: dict[str, Entry] = field(default_factory=dict)  # local path -> object
+    skipped: list[str] = field(default_factory=list)  # keys that cannot be a local name
     lock: threading.Lock = field(default_factory=threading.Lock)
-    blocks: dict[str, list[tuple[int, bytes]]] = field(default_factory=dict)  # local path -> fetched ranges
+    blocks: dict[str, list[tuple[int, bytes]]] = field(
+        default_factory=dict
+    )  # local path -> fetched ranges
     pinned: set[tuple[str, int]] = field(default_factory=set)
     cached: int = 0
     requests: int = 0
     is_file: bool = False
-    headers: bool = False                       # level quick: prefetch header ranges (see `prefetch`)
+    headers: bool = False  # level quick: prefetch header ranges (see `prefetch`)
     prefetched: set[str] = field(default_factory=set)
     siblings: dict[str, list[str]] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
@@ -230,10 +269,14 @@ class View:
     def keys_under(self, local: str) -> list[str]:
         """Every listed object at or under a shadow path (the object keys to delete)."""
         base = os.path.normpath(local)
-        return sorted(e.key for p, e in self.objects.items() if p == base or p.startswith(base + os.sep))
+        return sorted(
+            e.key for p, e in self.objects.items() if p == base or p.startswith(base + os.sep)
+        )
 
     # ------------------------------------------------------------ bytes
-    def fetch(self, local: str, start: int, end: int, keep: bool = True, pin: bool = False) -> bytes:
+    def fetch(
+        self, local: str, start: int, end: int, keep: bool = True, pin: bool = False
+    ) -> bytes:
         """Bytes [start, end) of the object behind a shadow file: one ranged GET."""
         entry = self.objects[local]
         with self.lock:
@@ -256,8 +299,15 @@ class View:
 
     def _evict(self) -> None:
         while self.cached > CACHE_BYTES:
-            victim = next(((p, i) for p, bl in self.blocks.items() for i, (s, _d) in enumerate(bl)
-                           if (p, s) not in self.pinned), None)
+            victim = next(
+                (
+                    (p, i)
+                    for p, bl in self.blocks.items()
+                    for i, (s, _d) in enumerate(bl)
+                    if (p, s) not in self.pinned
+                ),
+                None,
+            )
             if victim is None:
                 return
             p, i = victim
@@ -278,7 +328,7 @@ class View:
         with self.lock:
             for start, data in self.blocks.get(local, ()):
                 if start <= pos < start + len(data):
-                    return data[pos - start:pos - start + n]
+                    return data[pos - start : pos - start + n]
         return None
 
     def read(self, local: str, pos: int, n: int) -> bytes:
@@ -308,12 +358,22 @@ class View:
                 return
             siblings = self.siblings.get(folder)
             if siblings is None:
-                siblings = self.siblings[folder] = sorted(p for p in self.objects if os.path.dirname(p) == folder)
+                siblings = self.siblings[folder] = sorted(
+                    p for p in self.objects if os.path.dirname(p) == folder
+                )
             start = siblings.index(local) if local in siblings else 0
-            batch = [p for p in dict.fromkeys([local, *siblings[start:], *siblings[:start]]) if p not in self.prefetched]
+            batch = [
+                p
+                for p in dict.fromkeys([local, *siblings[start:], *siblings[:start]])
+                if p not in self.prefetched
+            ]
             batch = batch[:PREFETCH_BATCH]
             self.prefetched.update(batch)
-        jobs = [(p, a, b) for p in batch for a, b in header_ranges(os.path.basename(p), self.objects[p].size)]
+        jobs = [
+            (p, a, b)
+            for p in batch
+            for a, b in header_ranges(os.path.basename(p), self.objects[p].size)
+        ]
         if not jobs:
             return
         with ThreadPoolExecutor(max_workers=min(PREFETCH_WORKERS, len(jobs))) as pool:
@@ -368,8 +428,10 @@ def header_ranges(name: str, size: int) -> list[tuple[int, int]]:
     if size <= 0:
         return []
     low = name.lower()
-    if size <= WHOLE_BYTES and (low.endswith((".json", ".txt", ".yaml")) or low in (
-            ".metadata", "latest", "_checkpoint_metadata", "_metadata", "_sharding")):
+    if size <= WHOLE_BYTES and (
+        low.endswith((".json", ".txt", ".yaml"))
+        or low in (".metadata", "latest", "_checkpoint_metadata", "_metadata", "_sharding")
+    ):
         return [(0, size)]
     if low.endswith(".safetensors"):
         return [(0, min(size, HEAD_BYTES))]
@@ -414,11 +476,13 @@ class RemoteFile(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         view = memoryview(b).cast("B")
-        if len(view) >= BLOCK and not self.view.headers:  # streaming (level full, hashes): read ahead
+        if (
+            len(view) >= BLOCK and not self.view.headers
+        ):  # streaming (level full, hashes): read ahead
             data = self._stream(len(view))
         else:
             data = self.view.read(self.local, self.pos, len(view))
-        view[:len(data)] = data
+        view[: len(data)] = data
         self.pos += len(data)
         return len(data)
 
@@ -428,12 +492,19 @@ class RemoteFile(io.RawIOBase):
         if ahead is not None and ahead[0] == (self.pos, n):
             data = ahead[1].result()
         else:
-            data = self.view.fetch(self.local, self.pos, min(self.size, self.pos + n), keep=False) \
-                if self.pos < self.size else b""
+            data = (
+                self.view.fetch(self.local, self.pos, min(self.size, self.pos + n), keep=False)
+                if self.pos < self.size
+                else b""
+            )
         nxt = self.pos + len(data)
         if data and nxt < self.size:
-            self._ahead = ((nxt, n), self.view.pool().submit(self.view.fetch, self.local, nxt,
-                                                             min(self.size, nxt + n), False))
+            self._ahead = (
+                (nxt, n),
+                self.view.pool().submit(
+                    self.view.fetch, self.local, nxt, min(self.size, nxt + n), False
+                ),
+            )
         return data
 
     def close(self) -> None:
@@ -443,14 +514,16 @@ class RemoteFile(io.RawIOBase):
                     self._ahead[1].cancel()
                     self._ahead = None
                 os.close(self._fd)
-                self.view.forget(self.local)  # its headers were read: memory stays bounded on huge prefixes
+                self.view.forget(
+                    self.local
+                )  # its headers were read: memory stays bounded on huge prefixes
             finally:
                 super().close()
 
 
 # --------------------------------------------------------------------------- the registry
 
-_views: dict[str, View] = {}        # shadow root -> view
+_views: dict[str, View] = {}  # shadow root -> view
 _registry_lock = threading.Lock()
 
 
@@ -506,8 +579,12 @@ def above(url: str, parents: int) -> tuple[str, list[str]]:
 
 def _safe_rel(rel: str) -> bool:
     parts = rel.split("/")
-    return all(p not in ("", ".", "..") and "\0" not in p and len(p.encode("utf-8", "surrogateescape")) <= 255
-               for p in parts)
+    return all(
+        p not in ("", ".", "..")
+        and "\0" not in p
+        and len(p.encode("utf-8", "surrogateescape")) <= 255
+        for p in parts
+    )
 
 
 def _mtime(info: dict) -> float | None:
@@ -542,17 +619,26 @@ def _listing(fs: Any, remote: str, url: str) -> tuple[dict[str, int], bool, dict
         found = {}
     except Exception as exc:  # noqa: BLE001 - one line, exit 2
         raise UsageError(f"cannot list {shown(url)}: {describe(exc)}") from None
-    objects = {k.rstrip("/"): int(v.get("size") or 0) for k, v in found.items()
-               if v.get("type", "file") == "file" and not k.endswith("/")}
+    objects = {
+        k.rstrip("/"): int(v.get("size") or 0)
+        for k, v in found.items()
+        if v.get("type", "file") == "file" and not k.endswith("/")
+    }
     if not objects:
         bucket = _missing_bucket(fs, remote, url)
         if bucket is not None:
-            raise UsageError(f"{shown(url)}: no such bucket {bucket} (check the bucket name, the endpoint and the "
-                             "credentials' account)")
-        raise UsageError(f"{shown(url)}: no such object or prefix (empty listing); expected a checkpoint or a "
-                         "prefix holding checkpoints")
+            raise UsageError(
+                f"{shown(url)}: no such bucket {bucket} (check the bucket name, the endpoint and the "
+                "credentials' account)"
+            )
+        raise UsageError(
+            f"{shown(url)}: no such object or prefix (empty listing); expected a checkpoint or a "
+            "prefix holding checkpoints"
+        )
     is_file = list(objects) == [remote]
-    mtimes = {k: t for k in objects if (t := _mtime(found.get(k) or found.get(k + "/") or {})) is not None}
+    mtimes = {
+        k: t for k in objects if (t := _mtime(found.get(k) or found.get(k + "/") or {})) is not None
+    }
     return objects, is_file, mtimes
 
 
@@ -562,7 +648,7 @@ def _shadow(v: View, objects: dict[str, int], is_file: bool, mtimes: dict[str, f
         return
     os.mkdir(v.local)
     for key in sorted(objects):
-        rel = key[len(v.remote) + 1:] if key.startswith(v.remote + "/") else None
+        rel = key[len(v.remote) + 1 :] if key.startswith(v.remote + "/") else None
         if rel is None or not _safe_rel(rel):
             v.skipped.append(key)
             continue
@@ -570,7 +656,9 @@ def _shadow(v: View, objects: dict[str, int], is_file: bool, mtimes: dict[str, f
         try:
             os.makedirs(os.path.dirname(local), exist_ok=True)
             _make_file(v, local, key, objects[key], mtimes.get(key))
-        except OSError:  # a key that is also a "folder" (a and a/b), or a name the local disk refuses
+        except (
+            OSError
+        ):  # a key that is also a "folder" (a and a/b), or a name the local disk refuses
             v.skipped.append(key)
 
 
@@ -617,17 +705,29 @@ def open_view(url: str, prefetch: bool = False) -> View:
     clean = url.rstrip("/") if not url.endswith("://") else url
     names = parts[1].rstrip("/").split("/")
     if not names[0] or any(n in ("", ".", "..") for n in names) or "\0" in parts[1]:
-        raise UsageError(f"{shown(url)}: expected a bucket and a prefix without empty, '.' or '..' parts, e.g. "
-                         "s3://BUCKET/runs/RUN")
-    remote = fs._strip_protocol(clean).rstrip("/") if hasattr(fs, "_strip_protocol") else parts[1].rstrip("/")
+        raise UsageError(
+            f"{shown(url)}: expected a bucket and a prefix without empty, '.' or '..' parts, e.g. "
+            "s3://BUCKET/runs/RUN"
+        )
+    remote = (
+        fs._strip_protocol(clean).rstrip("/")
+        if hasattr(fs, "_strip_protocol")
+        else parts[1].rstrip("/")
+    )
     objects, is_file, mtimes = _listing(fs, remote, url)
     _remove_stale_shadows()
     tmp = tempfile.mkdtemp(prefix=f"{SHADOW_PREFIX}{os.getpid()}-")
     base = remote.rstrip("/").rsplit("/", 1)[-1] or "root"
     if not _safe_rel(base):
         base = "root"
-    v = View(fs=fs, url=clean, remote=remote, tmp=tmp, local=os.path.join(os.path.realpath(tmp), base),
-             is_file=is_file)
+    v = View(
+        fs=fs,
+        url=clean,
+        remote=remote,
+        tmp=tmp,
+        local=os.path.join(os.path.realpath(tmp), base),
+        is_file=is_file,
+    )
     try:
         _shadow(v, objects, is_file, mtimes)
         v.headers = prefetch

@@ -20,12 +20,12 @@ from typing import Any, BinaryIO, Literal
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
-from checkpoint_strategy.formats.dcp import TORCHTITAN_TRAIN_KEYS, DcpMetadata
-from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
-from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats import safepickle as tp
+from checkpoint_strategy.formats import tensors as ts
 from checkpoint_strategy.formats.base import Role
+from checkpoint_strategy.formats.dcp import TORCHTITAN_TRAIN_KEYS, DcpMetadata
 from checkpoint_strategy.formats.models import DcpItem, DeepCheck, OptimizerCheck, TensorStat
+from checkpoint_strategy.formats.torchfile import OPTIM_KEYS, WEIGHT_KEYS
 from checkpoint_strategy.storage import ReadError, open_regular
 
 BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")

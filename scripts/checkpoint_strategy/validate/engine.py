@@ -14,24 +14,32 @@ import json
 import os
 import stat
 import time
+from collections.abc import Iterable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Literal
-from collections.abc import Iterable, Sequence
 
+from checkpoint_strategy import storage
+from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import filechecks as fc
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats import orbax, registry
-from checkpoint_strategy.validate import parts
-from checkpoint_strategy.validate.fanout import map_split
-from checkpoint_strategy.formats.marker import MARKER_NAME
 from checkpoint_strategy.formats.archive import ZipEntry
 from checkpoint_strategy.formats.base import Ctx, Layout, ProgressFn, named
-from checkpoint_strategy.formats.models import (LEVELS, CheckpointResult, CheckpointStats, DeepStats, Problem, Seen,
-                                                    ValidationReport, ValidationSummary)
-from checkpoint_strategy import storage
-from checkpoint_strategy.errors import UsageError
+from checkpoint_strategy.formats.marker import MARKER_NAME
+from checkpoint_strategy.formats.models import (
+    LEVELS,
+    CheckpointResult,
+    CheckpointStats,
+    DeepStats,
+    Problem,
+    Seen,
+    ValidationReport,
+    ValidationSummary,
+)
 from checkpoint_strategy.storage import ReadError
+from checkpoint_strategy.validate import parts
+from checkpoint_strategy.validate.fanout import map_split
 
 if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
     from checkpoint_strategy.validate import deep as dp

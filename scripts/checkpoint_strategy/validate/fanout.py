@@ -23,8 +23,11 @@ started (no descriptor, no process left). Workers are always reaped; on an inter
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from checkpoint_strategy.formats.archive import usable_cores
-import ctypes
-import multiprocessing
-import signal
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ProcessPoolExecutor
@@ -63,7 +63,10 @@ MIN_CHUNK = 4
 Work = Callable[[Sequence[T], bool], list[R]]
 
 #: what the forked workers check: (items, chunks, work, encode), set here before the pool forks them
-_JOB: tuple[Sequence[Any], list[tuple[int, int]], Work[Any, Any], Callable[[list[Any]], bytes], Any] | None = None
+_JOB: (
+    tuple[Sequence[Any], list[tuple[int, int]], Work[Any, Any], Callable[[list[Any]], bytes], Any]
+    | None
+) = None
 
 
 def workers_for(n: int) -> int:
@@ -86,8 +89,13 @@ def _allowed() -> int:
     return max(1, min(cap, usable_cores()))
 
 
-def map_split(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], bytes],
-              decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None = None) -> list[R]:
+def map_split(
+    items: Sequence[T],
+    work: Work[T, R],
+    encode: Callable[[list[R]], bytes],
+    decode: Callable[[bytes], list[R]],
+    progress: Callable[[int], None] | None = None,
+) -> list[R]:
     """`work(items, True)`, the items split over `workers_for(len(items))` processes in chunks.
     `work(chunk, here)`: the results of one chunk (`here`: False in a worker, which must not touch the terminal,
     e.g. a progress bar, and here for a chunk `progress` already counted); `encode` turns a chunk's results into
@@ -100,8 +108,13 @@ def map_split(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], 
     return _split(items, n, _chunks(len(items), n), work, encode, decode, progress)
 
 
-def _probe(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], bytes],
-           decode: Callable[[bytes], list[R]], progress: Callable[[int], None] | None) -> list[R]:
+def _probe(
+    items: Sequence[T],
+    work: Work[T, R],
+    encode: Callable[[list[R]], bytes],
+    decode: Callable[[bytes], list[R]],
+    progress: Callable[[int], None] | None,
+) -> list[R]:
     """Fewer than MIN_ITEMS: the first PROBE items here, each timed; the rest split (a chunk an item) when they
     would take SLOW_REST seconds here at the quicker one's pace, else here too. (Two items: the first may pay a
     one-time cost, a model's first validation or a cold cache.)"""
@@ -112,12 +125,14 @@ def _probe(items: Sequence[T], work: Work[T, R], encode: Callable[[list[R]], byt
     pace = float("inf")
     for k in range(PROBE):
         start = clock()
-        done += work(items[k:k + 1], True)
+        done += work(items[k : k + 1], True)
         pace = min(pace, clock() - start)
     n = min(_allowed(), rest) if pace * rest >= SLOW_REST else 1
     if n == 1:
         return done + work(items[PROBE:], True)
-    return done + _split(items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode, progress)
+    return done + _split(
+        items[PROBE:], n, [(a, a + 1) for a in range(rest)], work, encode, decode, progress
+    )
 
 
 def _chunks(count: int, workers: int) -> list[tuple[int, int]]:
@@ -127,18 +142,20 @@ def _chunks(count: int, workers: int) -> list[tuple[int, int]]:
     return [(a, min(count, a + size)) for a in range(0, count, size)]
 
 
-Outcome = tuple[int, str, "bytes | None"]   # (worker pid, "done" / "failed" / "skipped", the results as bytes)
+Outcome = tuple[
+    int, str, "bytes | None"
+]  # (worker pid, "done" / "failed" / "skipped", the results as bytes)
 
 
 def _worker_chunk(i: int) -> Outcome:
     """In a worker: chunk i's results as bytes, with this worker's pid; "skipped" when this process took the chunk
     first, "failed" when the work raised."""
-    assert _JOB is not None   # (set before the fork)
+    assert _JOB is not None  # (set before the fork)
     items, chunks, work, encode, claims = _JOB
     if not _claim(claims, i):
         return os.getpid(), "skipped", None
     try:
-        return os.getpid(), "done", encode(work(items[chunks[i][0]:chunks[i][1]], False))
+        return os.getpid(), "done", encode(work(items[chunks[i][0] : chunks[i][1]], False))
     except Exception:  # noqa: BLE001 - any failure: this worker is not trusted, its chunks are redone
         return os.getpid(), "failed", None
 
@@ -172,7 +189,7 @@ class _Gathered(Generic[R]):
             pid, status, payload = fut.result()
         except Exception:  # noqa: BLE001 - BrokenProcessPool, a result that did not unpickle: redone here
             return
-        if status == "skipped":   # (this process checked it)
+        if status == "skipped":  # (this process checked it)
             return
         results = _decoded(payload, self.decode, self.size[i])
         if results is None:
@@ -188,7 +205,9 @@ class _Gathered(Generic[R]):
         return {i: res for i, (pid, res) in self.got.items() if pid not in self.untrusted}
 
 
-def _decoded(payload: bytes | None, decode: Callable[[bytes], list[R]], size: int) -> list[R] | None:
+def _decoded(
+    payload: bytes | None, decode: Callable[[bytes], list[R]], size: int
+) -> list[R] | None:
     """A worker's bytes for a chunk of `size` items decoded (validated again), or None when they are not that."""
     if payload is None:
         return None
@@ -199,9 +218,15 @@ def _decoded(payload: bytes | None, decode: Callable[[bytes], list[R]], size: in
     return results if isinstance(results, list) and len(results) == size else None
 
 
-def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Work[T, R],
-           encode: Callable[[list[R]], bytes], decode: Callable[[bytes], list[R]],
-           progress: Callable[[int], None] | None) -> list[R]:
+def _split(
+    items: Sequence[T],
+    n: int,
+    chunks: list[tuple[int, int]],
+    work: Work[T, R],
+    encode: Callable[[list[R]], bytes],
+    decode: Callable[[bytes], list[R]],
+    progress: Callable[[int], None] | None,
+) -> list[R]:
     """`work` over `chunks` of `items` by this process and a pool of up to n - 1 forked workers."""
     global _JOB
     done: dict[int, list[R]] = {}
@@ -212,16 +237,18 @@ def _split(items: Sequence[T], n: int, chunks: list[tuple[int, int]], work: Work
     try:
         futures = _submit(pool, len(chunks)) if pool is not None else {}
         shared = bool(futures)
-        for i in reversed(range(len(chunks))):   # this process takes chunks from the end, the workers from the start
+        for i in reversed(
+            range(len(chunks))
+        ):  # this process takes chunks from the end, the workers from the start
             if shared and not _claim(claims, i):
                 continue
-            done[i] = work(items[chunks[i][0]:chunks[i][1]], True)
+            done[i] = work(items[chunks[i][0] : chunks[i][1]], True)
             for k in [k for k, f in futures.items() if f.done()]:
                 gathered.take(k, futures.pop(k))
         for k, fut in futures.items():
-            gathered.take(k, fut)   # (waits for each)
+            gathered.take(k, fut)  # (waits for each)
         done.update({i: r for i, r in gathered.trusted().items() if i not in done})
-        for i, (a, b) in enumerate(chunks):   # what no trusted worker delivered (or no pool): here
+        for i, (a, b) in enumerate(chunks):  # what no trusted worker delivered (or no pool): here
             if i not in done:
                 done[i] = work(items[a:b], i not in gathered.counted)
         aborted = False
@@ -237,13 +264,17 @@ def _pool(workers: int, count: int) -> tuple[ProcessPoolExecutor | None, Any]:
     (None, None): none wanted, or no descriptor or shared memory for them."""
     if workers < 1:
         return None, None
-    from concurrent.futures import ProcessPoolExecutor   # only where a split happens (start-up time)
+    from concurrent.futures import ProcessPoolExecutor  # only where a split happens (start-up time)
 
     ctx = multiprocessing.get_context("fork")
     try:
         claims = ctx.Array("b", count, lock=True)
-        return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_die_with_parent,
-                                   initargs=(os.getpid(),)), claims
+        return ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=ctx,
+            initializer=_die_with_parent,
+            initargs=(os.getpid(),),
+        ), claims
     except OSError:
         return None, None
 
@@ -254,17 +285,17 @@ def _die_with_parent(parent: int) -> None:
     lock (the next prune would wait on it forever). Elsewhere the pool's own pipes end the workers."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != parent:   # the parent died before the signal was set up
+    if os.getppid() != parent:  # the parent died before the signal was set up
         os._exit(1)
 
 
 def _submit(pool: ProcessPoolExecutor, count: int) -> dict[int, Future[Outcome]]:
     """Every chunk submitted (the first submit forks the workers); {} when they cannot be forked (out of
     processes or descriptors): this process checks everything."""
-    gc.freeze()   # the objects this process has now are left alone by the workers' collections (no copy)
+    gc.freeze()  # the objects this process has now are left alone by the workers' collections (no copy)
     try:
         return {i: pool.submit(_worker_chunk, i) for i in range(count)}
     except OSError:
@@ -277,13 +308,17 @@ def _submit(pool: ProcessPoolExecutor, count: int) -> dict[int, Future[Outcome]]
 def _close(pool: ProcessPoolExecutor, kill: bool) -> None:
     """Shut the pool down and reap its workers; `kill`: an interrupt or an error here, or a pool that could not
     start: its workers are killed first (what was collected is done)."""
-    procs = list((getattr(pool, "_processes", None) or {}).values())   # (the executor drops them at shutdown)
+    procs = list(
+        (getattr(pool, "_processes", None) or {}).values()
+    )  # (the executor drops them at shutdown)
     if kill:
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
-    pool.shutdown(wait=True)   # (no future is cancelled: a pool that breaks then sets each one's exception)
-    for proc in procs:   # (a pool that broke may leave a worker waiting for work: it is killed)
+    pool.shutdown(
+        wait=True
+    )  # (no future is cancelled: a pool that breaks then sets each one's exception)
+    for proc in procs:  # (a pool that broke may leave a worker waiting for work: it is killed)
         if proc.is_alive():
             proc.kill()
         proc.join()

@@ -33,7 +33,9 @@ from checkpoint_strategy.formats.manifest import list_files
 MAX_PARTS = 100_000
 
 #: the (K, N) split in force for the checks started in this context (see `splitting`), 0-based K
-_ACTIVE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("checkpoint_part", default=None)
+_ACTIVE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "checkpoint_part", default=None
+)
 
 
 def parse_part(text: str) -> tuple[int, int]:
@@ -113,5 +115,7 @@ def for_checkpoint(checkpoint: str) -> Split | None:
 def describe(part: Split) -> str:
     """The note a part's result carries."""
     mine = part.files()
-    return (f"part {part.index + 1}/{part.count}: every byte of {len(mine)} of {len(part.owner)} files read, the "
-            "others' headers only; the checkpoint is valid when every part is")
+    return (
+        f"part {part.index + 1}/{part.count}: every byte of {len(mine)} of {len(part.owner)} files read, the "
+        "others' headers only; the checkpoint is valid when every part is"
+    )

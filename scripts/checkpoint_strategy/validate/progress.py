@@ -7,7 +7,9 @@ import time
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool | None = None, delay: float = 1.0, stream=None) -> None:
+    def __init__(
+        self, total: int, enabled: bool | None = None, delay: float = 1.0, stream=None
+    ) -> None:
         self.stream = stream or sys.stderr
         if enabled is None:
             try:
@@ -46,6 +48,8 @@ class Progress:
         frac = self.done / self.total if self.total else 1.0
         width = 30
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        self.stream.write(f"\rvalidating [{bar}] {self.done}/{self.total} checkpoints, {self.files} files, "
-                          f"{self.nbytes / 1e9:.1f} GB")
+        self.stream.write(
+            f"\rvalidating [{bar}] {self.done}/{self.total} checkpoints, {self.files} files, "
+            f"{self.nbytes / 1e9:.1f} GB"
+        )
         self.stream.flush()
