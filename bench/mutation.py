@@ -97,6 +97,19 @@ TARGETS = {
             "test_crash_safety_kill_prune_apply_at_random_points",
         ],
     ),
+    # the keep rules' safety half (issue 40: what counts as an unresolved spike, what justifies a deletion)
+    "safety": (
+        ["retention/safety.py"],
+        [
+            "tests/test_checkpoints_prune.py",
+            "tests/test_checkpoints_prune_safety.py",
+            "tests/test_checkpoints_prune_best.py",
+            "tests/test_checkpoints_prune_guards.py",
+            "tests/test_checkpoints_prune_defaults.py",
+            "--deselect=tests/test_checkpoints_prune.py::"
+            "test_crash_safety_kill_prune_apply_at_random_points",
+        ],
+    ),
     # (mutmut maps tests to functions in-process: a test that reaches a function only through a subprocess is
     # not run for its mutants; those subprocesses run the mutated copy all the same)
     "filechecks": (
