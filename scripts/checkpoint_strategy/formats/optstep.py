@@ -345,9 +345,7 @@ def _hf(path: str, out: OptimizerSteps) -> None:
 
 def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
     names = sorted(os.listdir(path))
-    model = next(
-        (n for n in names if n.endswith("model_states.pt") and n.startswith("mp_rank_")), None
-    )
+    model = next((n for n in names if ds.model_states(n)), None)
     if model is not None:
         arc = TorchArchive(os.path.join(path, model))
         gs = _root_int(arc.root, "global_steps")
