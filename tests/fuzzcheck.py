@@ -53,7 +53,7 @@ def reaches_core(max_rejected: float = 0.5):
 from hypothesis import strategies as st  # noqa: E402
 
 _pos = st.floats(0.01, 1e4, allow_nan=False).map(repr)
-# Every plan option with values inside its documented range (cli_options.BOUNDS), flags as one token.
+# Every plan option with values inside its documented range (vocabulary.BOUNDS), flags as one token.
 PLAN_OPTIONS = st.one_of(
     st.tuples(st.just("--model_size_gb"), _pos),
     st.tuples(st.just("--params"), st.sampled_from(["7B", "350M", "1.3e9"])),

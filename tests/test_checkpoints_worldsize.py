@@ -173,3 +173,22 @@ def test_flat_listing_fast_path_agrees_with_the_walk(tmp_path):
         ).world_size
         == 2
     )
+
+
+def test_deepspeed_model_states_names_one_predicate():
+    """`deepspeed.model_states`, asked by the checker, the optimizer-step reader and the run-shape reader: each
+    model-parallel rank's mp_rank_XX_model_states.pt; with shards, ZeRO-3's per-rank model-state shards too (the
+    checker checks them all), never the optimizer shards."""
+    from checkpoint_strategy.formats import deepspeed as ds
+
+    rank = "mp_rank_01_model_states.pt"
+    shard = "zero_pp_rank_3_mp_rank_00_model_states.pt"
+    assert ds.model_states(rank) and ds.model_states(rank, shards=True)
+    assert not ds.model_states(shard) and ds.model_states(shard, shards=True)
+    assert ds.zero_shard(shard, "model") == (3, 0)
+    for other in (
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "mp_rank_00_model_states.pt.tmp",
+        "latest",
+    ):
+        assert not ds.model_states(other, shards=True), other

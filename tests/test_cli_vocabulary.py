@@ -9,7 +9,7 @@ import pytest
 from checkpoint_strategy.cli import main as cli
 from checkpoint_strategy.cli import options as cli_opts
 from checkpoint_strategy.cli.options import VOCABULARY, number
-from checkpoint_strategy.cli_options import BOUNDS, FORMATS, POLICY_FORMATS
+from checkpoint_strategy.vocabulary import BOUNDS, FORMATS, POLICY_FORMATS
 
 # Formats beyond text/markdown/json/yaml: export writes code for the framework.
 EXTRA_FORMATS = {"export": {"python", "toml", "args"}}

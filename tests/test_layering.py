@@ -422,7 +422,7 @@ def argparse_uses(source: str) -> list[str]:
 
 
 def test_only_the_command_line_knows_argparse():
-    """The option vocabulary below cli/ (cli_options, planning/options, ...) holds values, bounds and wording;
+    """The option vocabulary below cli/ (vocabulary.py, planning/options, ...) holds values, bounds and wording;
     argparse types, option adders and argv handling are cli/'s (cli/options.py, cli/planoptions.py)."""
     found = {}
     for module, path in modules_of(PACKAGE).items():

@@ -342,3 +342,20 @@ def test_a_view_past_its_storage_is_found_as_the_tensors_are_made():
     )  # b's offset 0 -> 9: an empty view past
     scan = tp.read_pickle(data[:empty] + b"K\x09" + data[empty + 2 :])  # the end reads nothing
     assert scan.tensors[1].offset == 9 and scan.tensors[1].shape == (0,) and scan.past_end is None
+
+
+def test_frame_refusal_takes_whole_frames_and_protocols_python_reads():
+    """`frame_refusal` (what convert asks of a DCP .metadata): pickle.dumps' own frames chain to the end; one frame
+    length off, a FRAME cut short or protocol 6 are named; protocol 2 has no frames to check."""
+    data = pickle.dumps({"k": list(range(50)), "s": "x" * 200}, protocol=4)
+    assert data[2] == 0x95 and tp.frame_refusal(data) is None
+    assert tp.frame_refusal(pickle.dumps([1, 2], protocol=2)) is None
+    longer = data[:3] + (int.from_bytes(data[3:11], "little") + 1).to_bytes(8, "little") + data[11:]
+    assert (
+        tp.frame_refusal(longer)
+        == f"its FRAME lengths end at byte {len(data) + 1}, the pickle at {len(data)}"
+    )
+    assert tp.frame_refusal(data[:6]) == "a FRAME record cut short"
+    assert tp.frame_refusal(b"\x80\x06" + data[2:]) == "pickle protocol 6: Python reads 0-5"
+    with pytest.raises(ValueError, match="unsupported pickle protocol"):
+        pickle.loads(b"\x80\x06" + data[2:])

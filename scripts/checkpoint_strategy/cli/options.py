@@ -1,4 +1,4 @@
-"""The command line's options: the argparse side of the option vocabulary (`checkpoint_strategy.cli_options`:
+"""The command line's options: the argparse side of the option vocabulary (`checkpoint_strategy.vocabulary`:
 the bounds, the choices, the wording). The argparse ``type`` of each quantity (``number("steps")``), the shared
 option adders (``add_format`` / ``add_output`` / ``add_milestones`` / ``add_level`` ...: the same option spelled
 and checked the same way wherever a command has it; ``VOCABULARY`` lists what tests/test_cli_vocabulary.py checks
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Union
 
-from checkpoint_strategy.cli_options import (
+from checkpoint_strategy.vocabulary import (
     BOUNDS,
     FORMATS,
     MAX_LIST,

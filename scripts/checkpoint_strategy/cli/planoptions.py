@@ -10,11 +10,11 @@ import sys
 from typing import Union
 
 from checkpoint_strategy.cli.options import add_milestones, number
-from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import sizing
 from checkpoint_strategy.planning.options import FIELDS, RunLength
 from checkpoint_strategy.planning.planner import SPIKE_MARGIN_STEPS, SPIKE_WAIT_STEPS
+from checkpoint_strategy.vocabulary import BOUNDS, shown
 
 whole_number = number("steps")
 

@@ -11,7 +11,6 @@ from checkpoint_strategy.cli.options import (
     add_storage_options,
     path_arg,
 )
-from checkpoint_strategy.cli_options import MAX_STEPS
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.planning.planner import milestone_schedule
@@ -28,6 +27,7 @@ from checkpoint_strategy.recovery.settings import (
 from checkpoint_strategy.render import check_output_early, render, write_output
 from checkpoint_strategy.simulation.plot import check_plot_path, require_matplotlib
 from checkpoint_strategy.storage import check_output
+from checkpoint_strategy.vocabulary import MAX_STEPS
 
 HELP = "after a loss spike: which checkpoint to resume from"
 

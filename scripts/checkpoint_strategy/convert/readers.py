@@ -276,7 +276,6 @@ def _inside_file(folder: str, rel: Any) -> str:
 
 #: most dimensions a tensor of a DCP .metadata may have (torch allows 64)
 MAX_DIMS = 64
-_DCP = "torch.distributed.checkpoint."
 #: the globals a DCP .metadata may name besides torch dtypes: DCP's own classes (formats/dcp.py DCP_CLASSES) and the
 #: plain ones Python's unpickler builds for its values; any other name (a flipped letter of a class name) is one
 #: dcp.load cannot unpickle
@@ -302,7 +301,7 @@ def _read_metadata(folder: str) -> tp.PickleScan:
             f"{len(data)} bytes describe data the folder's other files ({held} bytes) cannot hold: "
             "not read",
         )
-    framing = _framing(data)
+    framing = tp.frame_refusal(data)
     if framing:
         raise _refuse(meta, f"{framing}: dcp.load cannot unpickle it")
     scan = tp.read_pickle(data)
@@ -320,58 +319,10 @@ def _read_metadata(folder: str) -> tp.PickleScan:
             f"names {tp.shown(odd[0], 80)}, not a class or dtype a DCP .metadata holds: dcp.load "
             "cannot read it",
         )
-    bad = _odd_call(scan.root)
+    bad = dcp.dcp_odd_call(scan.root)
     if bad:
         raise _refuse(meta, f"{bad}: dcp.load cannot read it")
     return scan
-
-
-def _framing(data: bytes) -> str | None:
-    """The pickle's protocol and frames as Python's unpickler takes them: protocol at most 5, and from protocol 4 on
-    FRAME records (opcode 0x95, an 8-byte length) that chain from byte 2 to the end: dcp.save pickles its
-    Metadata in frames that follow each other (only a string or bytes value of 64 KB or more goes unframed, which
-    no .metadata holds)."""
-    if data[:1] != b"\x80" or len(data) < 2:
-        return None  # protocol 0/1: no PROTO, no frames (the symbolic read decides)
-    if data[1] > 5:
-        return f"pickle protocol {data[1]}: Python reads 0-5"
-    at = 2
-    while data[1] >= 4 and at < len(data) and data[at] == 0x95:
-        if at + 9 > len(data):
-            return "a FRAME record cut short"
-        at += 9 + int.from_bytes(data[at + 1 : at + 9], "little")
-    if data[1] >= 4 and at != len(data):
-        return f"its FRAME lengths end at byte {clip(at, 30)}, the pickle at {len(data)}"
-    return None
-
-
-#: DCP's classes pickled with their __dict__ as state (TensorProperties pickles a 5-tuple)
-_STATE_IS_TUPLE = f"{_DCP}metadata.TensorProperties"
-
-
-def _odd_call(root: Any) -> str | None:
-    """The first object built from something that is not a class (a flipped memo index), or a tensor layout
-    other than torch.strided; None when there is none. Iterative, each object once."""
-    todo, seen = [root], set()
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, tp.Call):
-            if not isinstance(obj.func, tp.Global):
-                return f"an object is built from a {type(obj.func).__name__}, not a class"
-            if obj.name == "torch.serialization._get_layout" and obj.args != ("torch.strided",):
-                return f"tensor layout {clip(obj.args, 40)}, not torch.strided"
-            odd = _odd_state(obj)
-            if odd:
-                return odd
-            todo += [obj.state, *obj.args, *obj.items.keys(), *obj.items.values(), *obj.listitems]
-        elif isinstance(obj, dict):
-            todo += [*obj.keys(), *obj.values()]
-        elif isinstance(obj, (list, tuple)):
-            todo += obj
-    return None
 
 
 def _data_bytes_in(folder: str) -> int:
@@ -536,48 +487,6 @@ def _set(root: dict, path: tuple, value: Any, where: str) -> None:
     raise _refuse(
         where,
         f"planner_data path {clip(list(path))} nests under a value that is not a mapping or list",
-    )
-
-
-def _odd_state(obj: tp.Call) -> str | None:
-    """A DCP class whose state dcp.load's unpickling refuses: not a dict (TensorProperties: not its 5-tuple of
-    dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
-    name = obj.name
-    if name.endswith("._MEM_FORMAT_ENCODING"):
-        ok = (
-            len(obj.args) == 1
-            and type(obj.args[0]) is int
-            and obj.args[0] in dcp.DCP_MEMORY_FORMATS
-        )
-        return (
-            None
-            if ok
-            else f"memory format {clip(obj.args, 40)} is not one _MEM_FORMAT_ENCODING holds"
-        )
-    if not name.startswith(_DCP) or obj.state is None:
-        return None
-    if name != _STATE_IS_TUPLE:
-        return (
-            None
-            if isinstance(obj.state, dict)
-            else f"a {name.rsplit('.', 1)[-1]} whose state is not a mapping"
-        )
-    st = obj.state
-    ok = (
-        isinstance(st, tuple)
-        and len(st) == 5
-        and isinstance(st[0], tp.Global)
-        and isinstance(st[1], tp.Call)
-        and st[1].name == "torch.serialization._get_layout"
-        and type(st[2]) is bool
-        and isinstance(st[3], tp.Call)
-        and st[3].name.endswith("._MEM_FORMAT_ENCODING")
-        and type(st[4]) is bool
-    )
-    return (
-        None
-        if ok
-        else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
     )
 
 

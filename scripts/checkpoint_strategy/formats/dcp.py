@@ -97,6 +97,74 @@ DCP_LAYOUTS = frozenset(
 DCP_MEMORY_FORMATS = (0, 1, 2)
 
 
+#: the DCP class pickled with a tuple as its state (TensorProperties: a 5-tuple); DCP's others pickle their __dict__
+_STATE_IS_TUPLE = _DCP_META + "TensorProperties"
+
+
+def dcp_odd_call(root: Any) -> str | None:
+    """What in a .metadata's object tree dcp.load's unpickling refuses: the first object built from something that
+    is not a class (a flipped memo index), a tensor layout other than torch.strided, or a DCP class with a state it
+    cannot set (`_odd_state`); None when there is none. Iterative, each object once."""
+    todo, seen = [root], set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, tp.Call):
+            if not isinstance(obj.func, tp.Global):
+                return f"an object is built from a {type(obj.func).__name__}, not a class"
+            if obj.name == "torch.serialization._get_layout" and obj.args != ("torch.strided",):
+                return f"tensor layout {tp.shown(str(obj.args), 40)}, not torch.strided"
+            odd = _odd_state(obj)
+            if odd:
+                return odd
+            todo += [obj.state, *obj.args, *obj.items.keys(), *obj.items.values(), *obj.listitems]
+        elif isinstance(obj, dict):
+            todo += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple)):
+            todo += obj
+    return None
+
+
+def _odd_state(obj: tp.Call) -> str | None:
+    """A DCP class whose state dcp.load's unpickling refuses: not a dict (TensorProperties: not its 5-tuple of
+    dtype, layout, requires_grad, memory format, pin_memory), or a memory format enum value it does not know."""
+    name = obj.name
+    if name.endswith("._MEM_FORMAT_ENCODING"):
+        ok = len(obj.args) == 1 and type(obj.args[0]) is int and obj.args[0] in DCP_MEMORY_FORMATS
+        return (
+            None
+            if ok
+            else f"memory format {tp.shown(str(obj.args), 40)} is not one _MEM_FORMAT_ENCODING holds"
+        )
+    if not name.startswith("torch.distributed.checkpoint.") or obj.state is None:
+        return None
+    if name != _STATE_IS_TUPLE:
+        return (
+            None
+            if isinstance(obj.state, dict)
+            else f"a {name.rsplit('.', 1)[-1]} whose state is not a mapping"
+        )
+    st = obj.state
+    ok = (
+        isinstance(st, tuple)
+        and len(st) == 5
+        and isinstance(st[0], tp.Global)
+        and isinstance(st[1], tp.Call)
+        and st[1].name == "torch.serialization._get_layout"
+        and type(st[2]) is bool
+        and isinstance(st[3], tp.Call)
+        and st[3].name.endswith("._MEM_FORMAT_ENCODING")
+        and type(st[4]) is bool
+    )
+    return (
+        None
+        if ok
+        else "a TensorProperties that is not (dtype, layout, requires_grad, memory format, pin_memory)"
+    )
+
+
 #: a .metadata describes its data files: per stored item a few hundred bytes (fqn, chunk, storage entry), and each
 #: item holds a torch archive of ~1 KB at least (raw items of older DCP: the values, where a model's weights
 #: outweigh its metadata many times; the test DCP of a 4-layer MLP: 0.14 bytes of .metadata per byte of data).

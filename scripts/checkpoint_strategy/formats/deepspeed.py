@@ -41,7 +41,7 @@ def _check_ds_universal(ctx: Ctx, path: str, out: Layout) -> None:
     other parameter (Adam: exp_avg.pt with exp_avg_sq.pt; step.pt)."""
     names = ls(path)
     zero = os.path.join(path, "zero")
-    model = [n for n in names if n.endswith("_model_states.pt")]
+    model = [n for n in names if model_states(n, shards=True)]
     if not model:
         ctx.missing(os.path.join(path, MODEL_STATES), "model states (mp_rank_XX_model_states.pt)")
     expected_params: set[str] = set()
@@ -122,7 +122,7 @@ def _universal_files(params: dict[str, list[str]]) -> set[str]:
 
 def check_deepspeed_dir(ctx: Ctx, path: str, out: Layout) -> None:
     names = ls(path)
-    model = [n for n in names if n.endswith("_model_states.pt")]
+    model = [n for n in names if model_states(n, shards=True)]
     optim = [n for n in names if n.endswith("_optim_states.pt")]
     if not model:
         ctx.missing(os.path.join(path, MODEL_STATES), "model states (mp_rank_XX_model_states.pt)")
@@ -162,6 +162,12 @@ ZERO_FILE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_(optim|model)
 MODEL_STATES = "mp_rank_00_model_states.pt"
 LATEST = "latest"
 LATEST_UNIVERSAL = "latest_universal"
+
+
+def model_states(name: str, shards: bool = False) -> bool:
+    """A DeepSpeed model-states file: ``mp_rank_XX_model_states.pt`` (each model-parallel rank writes one); with
+    `shards`, ZeRO-3's per-rank ``zero_pp_rank_<dp>_mp_rank_<mp>_model_states.pt`` too (any ``*_model_states.pt``)."""
+    return name.endswith("_model_states.pt") and (shards or name.startswith("mp_rank_"))
 
 
 def zero_shard(name: str, kind: str) -> tuple[int, int] | None:

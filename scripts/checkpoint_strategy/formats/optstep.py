@@ -87,16 +87,24 @@ class TorchArchive:
     def value(self, v: Any) -> Optional[float]:
         if not isinstance(v, tp.TensorRef):
             return _number(v)
-        e = self.scan.entry(f"{self.scan.prefix}data/{v.storage.key}")
-        size = tp.DTYPE_SIZE.get(v.dtype, 0)
-        if e is None or not size or e.method != 0 or (v.offset + 1) * size > e.usize:
+        at = _scalar_at(self.scan, v)
+        if at is None:
             return None
         try:
             with storage.open_regular(self.path, "checkpoint file") as fh:
-                fh.seek(e.data_start + v.offset * size)
-                return _decode(fh.read(size), v.dtype)
+                fh.seek(at)
+                return _decode(fh.read(tp.DTYPE_SIZE[v.dtype]), v.dtype)
         except (OSError, storage.ReadError):
             return None
+
+
+def _scalar_at(z: fc.ZipScan, v: tp.TensorRef) -> Optional[int]:
+    """Where a tensor's first element lies in its archive (its storage entry stored, not deflated), or None."""
+    e = z.entry(f"{z.prefix}data/{v.storage.key}")
+    size = tp.DTYPE_SIZE.get(v.dtype, 0)
+    if e is None or not size or e.method != 0 or (v.offset + 1) * size > e.usize:
+        return None
+    return e.data_start + v.offset * size
 
 
 def _optimizer_dicts(root: Any) -> list[dict]:
@@ -178,41 +186,16 @@ def _dcp_meta(folder: str) -> Optional[DcpMetadata]:
         return None
 
 
-def _small_zip_value(data: bytes) -> Optional[float]:
-    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way); None when the
-    archive cannot give it (damaged bytes, not a number)."""
-    src = zr.InMemory(data)
-    parsed = zr.read_directory(src, len(data))
-    if (
-        isinstance(parsed, str)
-        or zr.local_headers(src, parsed[0], parsed[1], zr.Counter(), False) is not None
-    ):
-        return None
-    infos = {e.name: e for e in reversed(parsed[0])}
-    pkl = next((e for n, e in infos.items() if n.endswith("data.pkl")), None)
-    raw = _verified(src, pkl)
-    if raw is None or pkl is None:
-        return None
-    root = tp.read_pickle(raw).root
+def _archive_value(data: bytes) -> Optional[float]:
+    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way), the archive read by
+    the one reader of DCP's item archives (`filechecks.scan_embedded_zip`: directory, local headers, data.pkl, every
+    CRC-32); None when it cannot give it (damaged bytes, not a number)."""
+    z = fc.scan_embedded_zip(zr.InMemory(data), 0, len(data), zr.Counter())
+    root = z.pickle.root if z.pickle is not None and not z.findings else None
     if not isinstance(root, tp.TensorRef):
         return _number(root)
-    size = tp.DTYPE_SIZE.get(root.dtype, 0)
-    stored = (
-        _verified(src, infos.get(f"{pkl.name[: -len('data.pkl')]}data/{root.storage.key}"))
-        if size
-        else None
-    )
-    if stored is None:
-        return None
-    return _decode(stored[root.offset * size : (root.offset + 1) * size], root.dtype)
-
-
-def _verified(src: zr.InMemory, entry: zr.ZipEntry | None) -> bytes | None:
-    """A small entry's bytes when its CRC-32 is right (at most MAX_ITEM), else None."""
-    data = zr.read_entry(src, entry, zr.Counter(), limit=MAX_ITEM) if entry is not None else None
-    if not isinstance(data, bytes) or entry is None or zr.crc_mismatch(entry, zr.crc32(data)):
-        return None
-    return data
+    at = _scalar_at(z, root)
+    return None if at is None else _decode(data[at : at + tp.DTYPE_SIZE[root.dtype]], root.dtype)
 
 
 class _Dcp:
@@ -247,7 +230,7 @@ class _Dcp:
         if len(data) != length:
             return None
         if data[:4] == b"PK\x03\x04":
-            return _small_zip_value(data)
+            return _archive_value(data)
         return _decode(data, self.dtypes.get(fqn, "?"))
 
 
@@ -362,9 +345,7 @@ def _hf(path: str, out: OptimizerSteps) -> None:
 
 def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
     names = sorted(os.listdir(path))
-    model = next(
-        (n for n in names if n.endswith("model_states.pt") and n.startswith("mp_rank_")), None
-    )
+    model = next((n for n in names if ds.model_states(n)), None)
     if model is not None:
         arc = TorchArchive(os.path.join(path, model))
         gs = _root_int(arc.root, "global_steps")

@@ -23,6 +23,7 @@ import re
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
+from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.hf import hf_args_world_size
 from checkpoint_strategy.formats.models import RunShape
@@ -74,9 +75,7 @@ def _hf_batch(path: str, out: RunShape) -> None:
 
 def _deepspeed_batch(folder: str, out: RunShape) -> None:
     names = sorted(os.listdir(folder))
-    model = next(
-        (n for n in names if n.startswith("mp_rank_") and n.endswith("model_states.pt")), None
-    )
+    model = next((n for n in names if ds.model_states(n)), None)
     root = _archive_root(os.path.join(folder, model)) if model else None
     if not isinstance(root, dict):
         return

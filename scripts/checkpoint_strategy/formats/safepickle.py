@@ -1045,6 +1045,25 @@ def _read_file(fh: Any, max_bytes: int) -> PickleScan:
     return scan
 
 
+def frame_refusal(data: bytes) -> str | None:
+    """Why a pickle's protocol and frames are not what Python's unpickler takes from a writer that frames whole
+    (dcp.save's `.metadata`), or None: protocol at most 5, and from protocol 4 on FRAME records (opcode 0x95, an
+    8-byte length) that chain from byte 2 to the end (only a string or bytes value of 64 KB or more goes unframed,
+    which no .metadata holds). A protocol 0/1 pickle has no PROTO and no frames: None (the read decides)."""
+    if data[:1] != b"\x80" or len(data) < 2:
+        return None
+    if data[1] > 5:
+        return f"pickle protocol {data[1]}: Python reads 0-5"
+    at = 2
+    while data[1] >= 4 and at < len(data) and data[at] == 0x95:
+        if at + 9 > len(data):
+            return "a FRAME record cut short"
+        at += 9 + int.from_bytes(data[at + 1 : at + 9], "little")
+    if data[1] >= 4 and at != len(data):
+        return f"its FRAME lengths end at byte {at}, the pickle at {len(data)}"
+    return None
+
+
 # --------------------------------------------------------------------------- walking the tree
 
 

@@ -4,8 +4,8 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import Field, model_serializer
 
-from checkpoint_strategy.cli_options import BOUNDS, field_bounds
 from checkpoint_strategy.planning.policytiers import PolicyTiers, _Strict
+from checkpoint_strategy.vocabulary import BOUNDS, field_bounds
 
 Preset = Literal["conservative", "aggressive", "auto"]
 Precision = Literal["fp32", "mixed", "mixed-no-master"]
@@ -16,7 +16,7 @@ EmergencyTrigger = Literal["loss_spike_detected", "gradient_norm_exceeded"]
 
 # Upper bounds reject absurd input (typos such as a step time in milliseconds) while leaving
 # every real run far inside: 10^12 steps, a step of 11 days, an exabyte, a 10^15-parameter model.
-# The numbers live in one table, checkpoint_strategy.cli_options.BOUNDS (the command line uses it too).
+# The numbers live in one table, checkpoint_strategy.vocabulary.BOUNDS (the command line uses it too).
 MAX_STEPS = int(BOUNDS["steps"].hi)
 MAX_STEP_SECONDS = BOUNDS["step_seconds"].hi
 MAX_GB = BOUNDS["gb"].hi

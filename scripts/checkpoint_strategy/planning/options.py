@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from checkpoint_strategy.cli_options import BOUNDS, MILESTONES_EXPECTED
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning.models import PlanArguments
 from checkpoint_strategy.resources import load_schema
+from checkpoint_strategy.vocabulary import BOUNDS, MILESTONES_EXPECTED
 
 B = BOUNDS
 

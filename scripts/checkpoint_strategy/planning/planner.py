@@ -6,7 +6,6 @@ import functools
 import math
 from typing import Any
 
-from checkpoint_strategy.cli_options import MAX_STEPS, Milestones
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.planning import failure, inputs, sizing, tiers
 from checkpoint_strategy.planning.models import (
@@ -23,6 +22,7 @@ from checkpoint_strategy.planning.models import (
 )
 from checkpoint_strategy.planning.rounding import nice_ceil, nice_floor, nice_steps
 from checkpoint_strategy.planning.stages import Interval, SaveCost, Sizing
+from checkpoint_strategy.vocabulary import MAX_STEPS, Milestones
 
 # Llama 3 paper (Dubey et al. 2024, sec. 3.3.4): 419 unexpected interruptions in 54 days of
 # pre-training on up to 16,384 H100 GPUs: 16384 * 54 * 24 / 419 = 50,676 GPU-hours each.

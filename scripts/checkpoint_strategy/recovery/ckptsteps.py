@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from checkpoint_strategy.cli_options import BOUNDS, shown
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.marker import is_emergency
 from checkpoint_strategy.formats.models import LEVELS
 from checkpoint_strategy.formats.steps import MAX_STEP, scan
+from checkpoint_strategy.vocabulary import BOUNDS, shown
 
 _LIST = re.compile(r"^\s*\d+\s*(,\s*\d+\s*)*,?\s*$")
 

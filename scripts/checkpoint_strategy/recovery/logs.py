@@ -27,7 +27,6 @@ from typing import Any, BinaryIO, Optional, cast
 import numpy as np
 
 from checkpoint_strategy import storage
-from checkpoint_strategy.cli_options import BOUNDS
 from checkpoint_strategy.errors import UsageError, no_log_entries
 from checkpoint_strategy.formats.runlog import METRICS_FILE, find_run_log
 from checkpoint_strategy.recovery import records
@@ -41,6 +40,7 @@ from checkpoint_strategy.recovery.logkeys import (
     _show,
     _to_float,
 )
+from checkpoint_strategy.vocabulary import BOUNDS
 
 NO_LOG = "no training log found"  # the words callers match (integrations/handoff.py)
 MAX_STEP = int(
