@@ -78,6 +78,12 @@ DCP_CLASSES = frozenset(
 )
 
 
+#: the plain classes Python's unpickler builds for a .metadata's values besides DCP's own (`DCP_CLASSES`) and torch
+#: dtypes and layouts: any other name (a flipped letter of a class name) is one dcp.load cannot unpickle
+DCP_PLAIN = frozenset(
+    {"collections.OrderedDict", "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.Path"}
+)
+
 DCP_LAYOUTS = frozenset(
     f"torch.{n}"
     for n in (
@@ -228,16 +234,19 @@ def dcp_metadata(scan: Any, dtypes: frozenset | set | dict = tp.DTYPE_SIZE) -> D
     bad = [
         g
         for g in scan.globals
-        if g.startswith("torch.")
-        and g not in DCP_CLASSES
-        and (not g.startswith("torch.") or g[6:] not in dtypes)
+        if g not in DCP_CLASSES
+        and g not in DCP_PLAIN
         and g not in DCP_LAYOUTS
+        and not (g.startswith("torch.") and g[6:] in dtypes)
     ]
     if bad:
         raise DcpBroken(
-            f"names {bad[0]!r}, not a class DCP's metadata holds (dcp.load cannot unpickle it)"
+            f"names {tp.shown(bad[0], 80)}, not a class DCP's metadata holds (dcp.load cannot unpickle it)"
         )
     root = scan.root
+    odd = dcp_odd_call(root)
+    if odd:
+        raise DcpBroken(f"{odd} (dcp.load cannot unpickle it)")
     if not (_is_call(root, _DCP_META + "Metadata") and isinstance(root.state, dict)):
         raise DcpBroken("the pickle is not a DCP Metadata record")
     state = root.state
@@ -462,6 +471,10 @@ def check_dcp_dir(
     )
     if oversized:
         ctx.bad(meta, oversized)
+        return
+    framing = tp.frame_refusal(data)
+    if framing:
+        ctx.bad(meta, f"broken .metadata: {framing} (dcp.load cannot unpickle it)")
         return
     scan = tp.read_pickle(data)
     if scan.unsafe(dcp=True):
