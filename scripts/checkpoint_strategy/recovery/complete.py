@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from checkpoint_strategy.formats import runfacts
+from checkpoint_strategy.formats import runfacts, runlog
 from checkpoint_strategy.recovery.advice import overrides
 from checkpoint_strategy.recovery.models import RecoveryReport
 
@@ -141,7 +141,7 @@ def _sharded_note(path: str) -> list[str]:
 def complete(report: RecoveryReport) -> RecoveryReport:
     """Fill framework, max_steps, previous_grad_clip, run_facts and actions; clip the LR and skip
     windows to max_steps and rebuild the snippets with what is known (nothing invented)."""
-    facts = runfacts.run_facts(report.log.path)
+    facts = runlog.run_facts(report.log.path)
     report.framework = framework_of(report)  # type: ignore[assignment]
     report.max_steps = facts.int("max_steps")
     report.previous_grad_clip = facts.get("max_grad_norm")
