@@ -15,8 +15,7 @@ from checkpoint_strategy.cli_options import MAX_STEPS
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.planning.planner import milestone_schedule
-from checkpoint_strategy.recovery.advice import advise_with_series
-from checkpoint_strategy.recovery.complete import complete
+from checkpoint_strategy.recovery.advice import advise_with_series, complete
 from checkpoint_strategy.recovery.plot import write_curve
 from checkpoint_strategy.recovery.settings import (
     DETECTION,
