@@ -56,7 +56,9 @@ def follow(argv: list[str]) -> tuple[int, list[tuple[str, str]]]:
             return
         code, caller = frame.f_code, frame.f_back
         entry = caller is not None and not caller.f_globals.get("__name__", "").startswith(PACKAGE)
-        containers = mod == f"{PACKAGE}.cli" or (code.co_name == "run" and mod.endswith(".cli"))
+        containers = mod == f"{PACKAGE}.cli.main" or (
+            code.co_name == "run" and mod.startswith(f"{PACKAGE}.cli.")
+        )
         params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
         if (entry or id(caller) in custody) and any(
             holds(frame.f_locals.get(a), 0, containers) for a in params

@@ -419,7 +419,7 @@ def test_local_header_findings(tmp_path, monkeypatch, small, damage, expected):
 
 def test_recover_without_checkpoints_loads_neither_the_validator_nor_prune(tmp_path):
     """validate/__init__ and retention/__init__ name their API lazily (PEP 562): recover on a log reads formats.marker and
-    runfacts only; the package's `prune` stays the function whichever import comes first."""
+    formats.runlog (the run facts) only; the package's `prune` stays the function whichever import comes first."""
     import subprocess
     import sys
 

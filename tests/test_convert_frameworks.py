@@ -258,7 +258,7 @@ def test_validate_names_the_convert_command_and_it_runs(cli_run, zero, tmp_path,
     assert cli_run(*argv[1:]).rc == 0
     assert (run.parent / f"run-{zero.name}-dcp" / ".metadata").is_file()
     assert not (run / f"{zero.name}-dcp").exists()
-    from checkpoint_strategy.recovery.complete import _sharded_note
+    from checkpoint_strategy.recovery.advice import _sharded_note
 
     assert _sharded_note(str(run / zero.name)) and command in _sharded_note(str(run / zero.name))[0]
 

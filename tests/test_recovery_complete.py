@@ -1,4 +1,4 @@
-"""recover's advice completed for the run it read (recovery/complete.py), on the real HF run: spike at step
+"""recover's advice completed for the run it read (recovery/advice.py: complete), on the real HF run: spike at step
 121 never recovers, max_steps 200, checkpoints every 10 steps."""
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_held_in_run_mid_spike_says_wait_once(hf_run_self_recovering, cli_run):
     ],
 )
 def test_the_resumed_log_is_named_per_log_kind(log, fmt, words):
-    from checkpoint_strategy.recovery.complete import verify_resume_action
+    from checkpoint_strategy.recovery.advice import verify_resume_action
 
     line = verify_resume_action(log, fmt, 250)
     assert " verify-resume RESUMED_LOG --resume-step 250 " in line and words in line

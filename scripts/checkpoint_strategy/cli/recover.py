@@ -14,8 +14,7 @@ from checkpoint_strategy.cli.options import (
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.steps import parse_step
 from checkpoint_strategy.planning.planner import milestone_schedule
-from checkpoint_strategy.recovery.advice import advise_with_series
-from checkpoint_strategy.recovery.complete import complete
+from checkpoint_strategy.recovery.advice import advise_with_series, complete
 from checkpoint_strategy.recovery.plot import write_curve
 from checkpoint_strategy.recovery.settings import (
     DETECTION,
@@ -131,7 +130,7 @@ def run(args) -> int:
 
     ck_url = [args.checkpoints] if args.checkpoints and storage.is_url(args.checkpoints) else []
     with (
-        storage.local_paths([args.log], parents=log_parents(args.log)) as (log,),
+        storage.local_paths([args.log], parents=log_parents) as (log,),
         storage.local_paths(ck_url) as cks,
     ):
         report, series, checkpoints = advise_with_series(
@@ -157,11 +156,9 @@ def run(args) -> int:
 
 
 def log_parents(log: str) -> int:
-    """For a log URL: how many prefix levels above it hold its checkpoints (what auto-discovery looks
-    at on disk): 2 for RUN/checkpoint-N/trainer_state.json, 1 for RUN/log.jsonl, 0 for a run prefix."""
-    if not storage.is_url(log):
-        return 0
-
+    """For a log URL (`storage.local_paths` asks it of URLs only): how many prefix levels above it hold
+    its checkpoints (what auto-discovery looks at on disk): 2 for RUN/checkpoint-N/trainer_state.json,
+    1 for RUN/log.jsonl, 0 for a run prefix."""
     parts = log.split("://", 1)[1].rstrip("/").split("/")
     if "." not in parts[-1] or len(parts) < 3:
         return 0

@@ -25,8 +25,17 @@ global_stepN, ...; ``version_N`` excepted) are never listed. A set-aside loss lo
     versioned_checkpoint_dirs(path)          # Lightning rerun: the version folders' checkpoints/, newest first
     find_run_checkpoints(log)                # the converse: the checkpoints next to a log (recover's default)
 
+And what the run says about itself, from the JSON files next to its log (never ``training_args.bin``, a
+pickle; read through `storage`; missing or unreadable: no facts, never an error):
+
+    run_facts(log)                 # Facts: trainer_state.json's max_steps, save_steps, global_step, ...
+                                   # (when the log is one), then training_args.json's max_grad_norm,
+                                   # learning_rate, batch sizes next to it or in the run folder above
+    trainer_state_facts(path)      # the trainer_state.json part alone; still_running(facts)
+
 Below `recovery` (which reads the log) so that `retention.safety` can ask it too (docs/DEVELOPING.md,
-Layers). Names only: nothing is opened here (`find_run_checkpoints` lists folders with `formats.steps.scan`).
+Layers). Finding the log and the checkpoints opens nothing (`find_run_checkpoints` lists folders with
+`formats.steps.scan`); only the facts read files.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -242,3 +252,96 @@ def _next_to(p: Path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]
             if found:
                 return "folder", str(root), list(found)
     return "none", None, []
+
+
+_STATE_KEYS = ("max_steps", "save_steps", "global_step", "logging_steps", "train_batch_size")
+_ARGS_KEYS = (
+    "max_grad_norm",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "save_steps",
+    "save_total_limit",
+)
+
+
+@dataclass
+class Facts:
+    """Numbers a run's own files state, and the file each came from."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    source: dict[str, str] = field(default_factory=dict)
+
+    def get(self, key: str) -> Optional[float]:
+        return self.values.get(key)
+
+    def int(self, key: str) -> Optional[int]:
+        v = self.values.get(key)
+        return int(v) if v is not None and float(v).is_integer() and v > 0 else None
+
+
+def _numbers(data: dict, keys: Sequence[str], path: str, facts: Facts) -> Facts:
+    for k in keys:
+        v = data.get(k)
+        if (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and v == v
+            and abs(v) != float("inf")
+            and v > 0
+        ):
+            facts.values.setdefault(k, v)
+            facts.source.setdefault(k, path)
+    return facts
+
+
+def trainer_state_facts(path: Optional[str], facts: Optional[Facts] = None) -> Facts:
+    """max_steps, save_steps, global_step, logging_steps, train_batch_size of a trainer_state.json
+    (a folder: its trainer_state.json). Missing or unreadable: no facts (never an error)."""
+    facts = facts or Facts()
+    if path is None:
+        return facts
+    if os.path.isdir(path):
+        path = os.path.join(path, "trainer_state.json")
+    try:
+        data = storage.read_json(path, "trainer_state.json", allow_nan=True, expect=dict)
+    except storage.ReadError:
+        return facts
+    return _numbers(data, _STATE_KEYS, path, facts)
+
+
+def training_args_facts(folders: Sequence[str], facts: Optional[Facts] = None) -> Facts:
+    """max_grad_norm, learning_rate, batch sizes from the first training_args.json found in
+    `folders` (JSON only: training_args.bin is a pickle and is never read)."""
+    facts = facts or Facts()
+    for folder in folders:
+        path = os.path.join(folder, "training_args.json")
+        if not storage.is_regular(path):
+            continue
+        try:
+            data = storage.read_json(path, "training_args.json", allow_nan=True, expect=dict)
+        except storage.ReadError:
+            continue
+        return _numbers(data, _ARGS_KEYS, path, facts)
+    return facts
+
+
+def run_facts(log_path: Optional[str]) -> Facts:
+    """trainer_state.json facts of the log (when it is one), then training_args.json next to it
+    or in the run folder above it."""
+    if log_path is None:
+        return Facts()
+    folder = log_path if os.path.isdir(log_path) else os.path.dirname(os.path.abspath(log_path))
+    facts = trainer_state_facts(
+        log_path
+        if os.path.basename(log_path) == "trainer_state.json" or os.path.isdir(log_path)
+        else None
+    )
+    return training_args_facts([folder, os.path.dirname(folder)], facts)
+
+
+def still_running(facts: Facts) -> bool:
+    """The log's global_step is short of max_steps: the run is still writing checkpoints (or crashed)."""
+    g, m = facts.int("global_step"), facts.int("max_steps")
+    return g is not None and m is not None and g < m

@@ -21,7 +21,7 @@ from typing import Optional
 from checkpoint_strategy.formats import deepspeed as ds
 from checkpoint_strategy.formats.hf import declared_world
 from checkpoint_strategy.formats.models import HardwareMove, SavedWorldSize
-from checkpoint_strategy.formats.runfacts import run_facts
+from checkpoint_strategy.formats.runlog import run_facts
 
 _RNG = re.compile(r"^rng_state_(\d+)\.pth$")
 _DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")

@@ -10,7 +10,7 @@ from typing import Optional
 from markupsafe import Markup
 
 from checkpoint_strategy.errors import UsageError
-from checkpoint_strategy.formats import runfacts
+from checkpoint_strategy.formats import runfacts, runlog
 from checkpoint_strategy.integrations import statefolder
 from checkpoint_strategy.integrations.checkpoints import now_iso, scan
 from checkpoint_strategy.integrations.models import (
@@ -132,7 +132,7 @@ def next_commands(
     root, log = (os.path.abspath(p) if p is not None else None for p in (root, log))
     unresolved = recovery is not None and recovery.status in UNRESOLVED
     commands: list[str] = []
-    if latest is not None and (unresolved or runfacts.still_running(runfacts.run_facts(facts_log))):
+    if latest is not None and (unresolved or runlog.still_running(runlog.run_facts(facts_log))):
         commands.append(
             runfacts.pin_command(latest.path)
             + f"   # pin {os.path.basename(latest.path)} now: the "

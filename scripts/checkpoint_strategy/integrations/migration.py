@@ -13,7 +13,7 @@ import math
 import os
 from typing import Optional
 
-from checkpoint_strategy.formats.runfacts import run_facts
+from checkpoint_strategy.formats.runlog import run_facts
 from checkpoint_strategy.planning.planner import DEFAULT_GPU_MTBF_HOURS
 
 

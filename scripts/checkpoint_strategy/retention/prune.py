@@ -43,7 +43,7 @@ from checkpoint_strategy.atomic import atomic_write_text, fsync_dir
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import identify as fm
 from checkpoint_strategy.formats.models import Problem, PruneReport, PruneSuggestion, SpikeGuard
-from checkpoint_strategy.formats.runfacts import trainer_state_facts
+from checkpoint_strategy.formats.runlog import trainer_state_facts
 from checkpoint_strategy.formats.steps import scan
 from checkpoint_strategy.planning.planner import SPIKE_WAIT_STEPS, milestone_schedule
 from checkpoint_strategy.retention import rules as rt

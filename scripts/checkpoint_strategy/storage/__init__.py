@@ -29,7 +29,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -258,11 +258,14 @@ def unshadow_model(model: Any) -> Any:
 
 
 @contextlib.contextmanager
-def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> Iterator[list[str]]:
+def local_paths(
+    paths: list[str], prefetch: bool = False, parents: int | Callable[[str], int] = 0
+) -> Iterator[list[str]]:
     """Each path as something the local checkers can walk: a plain path unchanged, a URL as the
     shadow of its listing (storage/remote.py), removed at the end of the block. ``parents``: list
-    that many prefix levels above each URL (what sits next to a log); the path returned is still
-    the URL's own object. A UsageError raised inside names URLs, not shadow paths."""
+    that many prefix levels above each URL (what sits next to a log), or a function of the URL
+    giving that number (asked of URLs only); the path returned is still the URL's own object. A
+    UsageError raised inside names URLs, not shadow paths."""
     if not any(is_url(p) for p in paths):
         yield [plain_path(os.fspath(p)) for p in paths]
         return
@@ -273,7 +276,8 @@ def local_paths(paths: list[str], prefetch: bool = False, parents: int = 0) -> I
         out = []
         for p in paths:
             if is_url(p):
-                base, rel = remote.above(os.fspath(p), parents)
+                levels = parents(os.fspath(p)) if callable(parents) else parents
+                base, rel = remote.above(os.fspath(p), levels)
                 views.append(remote.open_view(base, prefetch=prefetch))
                 out.append(os.path.join(views[-1].local, *rel) if rel else views[-1].local)
             else:
