@@ -30,12 +30,15 @@ from checkpoint_strategy.retention.safety import post_onset_note
 from checkpoint_strategy.storage import ReadError, loads_yaml
 
 TRIGGERS = ("loss_spike_detected", "gradient_norm_exceeded")
-EVENT_TRIGGER = {"LOSS_SPIKE": "loss_spike_detected", "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded"}
+EVENT_TRIGGER = {
+    "LOSS_SPIKE": "loss_spike_detected",
+    "GRADIENT_NORM_EXCEEDED": "gradient_norm_exceeded",
+}
 # The spec's playbook: "wait 50-100 steps to see if it self-recovers". A spike still reported
 # this many steps after the first one has not recovered: it is confirmed. The number is recover's
 # minimum wait (recovery.settings.RecoveryOptions.min_wait_steps), so both commands agree.
-SPIKE_WAIT_STEPS = RECOVERY_DEFAULTS.min_wait_steps   # 50
-MAX_LISTED = 1000   # per-event decisions listed in the answer; the rest are counted (events_total)
+SPIKE_WAIT_STEPS = RECOVERY_DEFAULTS.min_wait_steps  # 50
+MAX_LISTED = 1000  # per-event decisions listed in the answer; the rest are counted (events_total)
 CONFIRMING_SEVERITIES = ("error", "critical")
 SEVERITIES = ("info", "warning", "error", "critical")
 REPORT_HEADER = "=== Training Stability Report ==="
@@ -63,8 +66,10 @@ def parse_events(text: str, source: str = "input") -> tuple[list[StabilityEvent]
     """Parse events from any accepted form. Returns (events, notes); raises UsageError."""
     items, notes = event_stream(text, source)
     raw = list(items())
-    return [event_from(item, f"{source} event {i + 1}" if len(raw) > 1 else source)
-            for i, item in enumerate(raw)], notes
+    return [
+        event_from(item, f"{source} event {i + 1}" if len(raw) > 1 else source)
+        for i, item in enumerate(raw)
+    ], notes
 
 
 def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterator[Any]], list[str]]:
@@ -72,12 +77,14 @@ def event_stream(text: str, source: str = "input") -> tuple[Callable[[], Iterato
     lazily, one line at a time, so a 2-million-line event file is never held as objects."""
     if text.startswith("\ufeff"):
         text = text[1:]
-    first = re.search(r"[^\s\ufeff]", text)   # no stripped/lowered copies of a big input
+    first = re.search(r"[^\s\ufeff]", text)  # no stripped/lowered copies of a big input
     if first is None:
         raise UsageError(f"{source} is empty: expected JSON events or a training-stability report")
     stripped = text
     if _HEADER.search(text) or (
-            text[first.start()] not in "[{" and any(_CHECK_LINE.match(line) for line in text.splitlines())):
+        text[first.start()] not in "[{"
+        and any(_CHECK_LINE.match(line) for line in text.splitlines())
+    ):
         events, notes = parse_report(text.strip())
         return (lambda: iter(events)), notes
     try:
@@ -132,10 +139,13 @@ def _json_line_error(text: str, source: str) -> Optional[UsageError]:
 
 def _line_error(exc: Exception, n: int, source: str) -> UsageError:
     what = "line 1" if n == 1 else f"line {n}"
-    msg = getattr(exc, "msg", None) or ("nested too deeply" if isinstance(exc, RecursionError) else
-                                        " ".join(str(exc).split())[:80])
-    return UsageError(f"{source} {what} is not valid JSON ({msg}): expected one JSON event, "
-                      "a JSON list, JSON lines or a training-stability report")
+    msg = getattr(exc, "msg", None) or (
+        "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:80]
+    )
+    return UsageError(
+        f"{source} {what} is not valid JSON ({msg}): expected one JSON event, "
+        "a JSON list, JSON lines or a training-stability report"
+    )
 
 
 def event_from(item: Any, where: str = "event") -> StabilityEvent:
@@ -143,21 +153,27 @@ def event_from(item: Any, where: str = "event") -> StabilityEvent:
     if isinstance(item, StabilityEvent):
         return item
     if not isinstance(item, dict):
-        raise UsageError(f"{where} is a JSON {_json_kind(item)}: expected an object such as "
-                         '{"event": "LOSS_SPIKE", "step": 1200, "magnitude": 3.1}')
+        raise UsageError(
+            f"{where} is a JSON {_json_kind(item)}: expected an object such as "
+            '{"event": "LOSS_SPIKE", "step": 1200, "magnitude": 3.1}'
+        )
     data = dict(item)
     kind = data.get("event")
     if kind is None:
-        raise UsageError(f"{where} has no \"event\" field: expected one of {', '.join(EVENT_TYPES)}")
+        raise UsageError(f'{where} has no "event" field: expected one of {", ".join(EVENT_TYPES)}')
     if isinstance(kind, str) and kind.strip().upper() in EVENT_TYPES:
         data["event"] = kind.strip().upper()
     else:
-        raise UsageError(f"{where}: unknown event type {_short(kind)}; expected one of {', '.join(EVENT_TYPES)}")
+        raise UsageError(
+            f"{where}: unknown event type {_short(kind)}; expected one of {', '.join(EVENT_TYPES)}"
+        )
     sev = data.get("severity")
     if isinstance(sev, str):
         if sev.strip().lower() not in SEVERITIES:
-            raise UsageError(f"{where}: unknown severity {_short(sev)}; expected one of {', '.join(SEVERITIES)} "
-                             "(any case)")
+            raise UsageError(
+                f"{where}: unknown severity {_short(sev)}; expected one of {', '.join(SEVERITIES)} "
+                "(any case)"
+            )
         data["severity"] = sev.strip().lower()
     try:
         return StabilityEvent(**{str(k): v for k, v in data.items()})
@@ -167,7 +183,8 @@ def event_from(item: Any, where: str = "event") -> StabilityEvent:
 
 def _json_kind(value: Any) -> str:
     return {list: "list", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__
+    )
 
 
 def _short(value: Any) -> str:
@@ -193,25 +210,31 @@ def parse_report(text: str) -> tuple[list[StabilityEvent], list[str]]:
         kind = next((ev for key, ev in _REPORT_CHECKS if key in name.lower()), None)
         if kind is None:
             if verdict == "FAIL":
-                notes.append(f"[FAIL] {name}: WARNING - a failing check this tool does not know; it is not an "
-                             "emergency-save trigger, but look at it before you continue training")
+                notes.append(
+                    f"[FAIL] {name}: WARNING - a failing check this tool does not know; it is not an "
+                    "emergency-save trigger, but look at it before you continue training"
+                )
             else:
                 notes.append(f"[{verdict}] {name}: not an emergency-save trigger (ignored)")
             continue
         detail = [name]  # the check line and the detail lines under it, up to the next check
-        for follow in lines[i + 1:]:
+        for follow in lines[i + 1 :]:
             if _CHECK_LINE.match(follow) or not follow.strip() or not follow[:1].isspace():
                 break
             detail.append(follow)
         blob = " ".join(detail)
         step = _STEP.search(blob)
         magnitude = _MAGNITUDE.search(blob)
-        events.append(StabilityEvent(
-            event=kind,
-            step=_report_step(step.group(1), i + 1) if step else None,
-            magnitude=_report_number(magnitude.group(1), i + 1, "magnitude") if magnitude else None,
-            severity="critical" if verdict == "FAIL" else "warning",
-        ))
+        events.append(
+            StabilityEvent(
+                event=kind,
+                step=_report_step(step.group(1), i + 1) if step else None,
+                magnitude=_report_number(magnitude.group(1), i + 1, "magnitude")
+                if magnitude
+                else None,
+                severity="critical" if verdict == "FAIL" else "warning",
+            )
+        )
     if not events and not notes and not any(_CHECK_LINE.match(line) for line in lines):
         raise UsageError("the training-stability report has no [PASS|WARN|FAIL] check lines")
     return events, notes
@@ -240,14 +263,18 @@ def policy_triggers(policy: PolicyLike) -> list[str]:
     else:
         raise UsageError("policy: expected a checkpoint_policy mapping or a list of triggers")
     if not isinstance(raw, list) or any(t not in TRIGGERS for t in raw):
-        raise UsageError(f"policy emergency_save_on: expected a list of {', '.join(TRIGGERS)}, got {_short(raw)}")
+        raise UsageError(
+            f"policy emergency_save_on: expected a list of {', '.join(TRIGGERS)}, got {_short(raw)}"
+        )
     return list(dict.fromkeys(raw))
 
 
 def _report_number(text: str, line: int, what: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise UsageError(f"training-stability report line {line}: {what} {text} is not a finite number")
+        raise UsageError(
+            f"training-stability report line {line}: {what} {text} is not a finite number"
+        )
     return value
 
 
@@ -263,7 +290,9 @@ def _report_step(text: str, line: int) -> int:
             f = math.nan
         value = int(f) if math.isfinite(f) and f.is_integer() else None
     if value is None or value < 0:
-        raise UsageError(f"training-stability report line {line}: step {text} is not a whole number >= 0")
+        raise UsageError(
+            f"training-stability report line {line}: step {text} is not a whole number >= 0"
+        )
     return value
 
 
@@ -272,11 +301,15 @@ def load_policy(text: str, source: str) -> list[str]:
     try:
         data = loads_yaml(text, source)
     except ReadError as exc:
-        raise UsageError(f"{source} is {exc.reason}: expected the plan's checkpoint_policy mapping "
-                         "(YAML or JSON)") from None
+        raise UsageError(
+            f"{source} is {exc.reason}: expected the plan's checkpoint_policy mapping "
+            "(YAML or JSON)"
+        ) from None
     if not isinstance(data, dict):
-        raise UsageError(f"{source}: expected a mapping with checkpoint_policy (or policy), "
-                         f"got a {_json_kind(data)}")
+        raise UsageError(
+            f"{source}: expected a mapping with checkpoint_policy (or policy), "
+            f"got a {_json_kind(data)}"
+        )
     return policy_triggers(data)
 
 
@@ -287,8 +320,10 @@ def recover_command(log: Optional[str] = None, checkpoints: Optional[str] = None
     """Runnable in any later shell (the launcher's path, as handoff writes it), not a bare name on PATH."""
     from checkpoint_strategy.formats.runfacts import launcher
 
-    return (f"{launcher()} recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
-            f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}")
+    return (
+        f"{launcher()} recover {shlex.quote(log) if log else 'TRAIN_LOG'} "
+        f"--checkpoints {shlex.quote(checkpoints) if checkpoints else 'CHECKPOINT_DIR'}"
+    )
 
 
 def verify_resume_command(log: Optional[str] = None, checkpoints: Optional[str] = None) -> str:
@@ -315,8 +350,14 @@ def _size(event: StabilityEvent) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def decide(event: Union[StabilityEvent, dict], policy: PolicyLike = None, *, confirmed: bool = False,
-           log: Optional[str] = None, checkpoints: Optional[str] = None) -> Decision:
+def decide(
+    event: Union[StabilityEvent, dict],
+    policy: PolicyLike = None,
+    *,
+    confirmed: bool = False,
+    log: Optional[str] = None,
+    checkpoints: Optional[str] = None,
+) -> Decision:
     """The decision for one event, for a training loop::
 
         d = decide({"event": "LOSS_SPIKE", "step": step, "magnitude": 3.2}, policy)
@@ -350,29 +391,48 @@ class _Commands:
         return self._verify
 
 
-def _decide(ev: StabilityEvent, triggers: list[str], confirmed: bool, commands: _Commands) -> Decision:
+def _decide(
+    ev: StabilityEvent, triggers: list[str], confirmed: bool, commands: _Commands
+) -> Decision:
     kind = ev.event
     if kind == "NAN_LOSS":
-        return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=True,
-                        reason=f"loss is NaN at {_at(ev)}: the weights or optimizer state are likely already "
-                               "non-finite, so an emergency save would only store them (and could rotate a good "
-                               "checkpoint out of keep_last); roll back to the last stable checkpoint instead",
-                        next_command=commands.recover)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=None,
+            decision="none",
+            confirmed_spike=True,
+            reason=f"loss is NaN at {_at(ev)}: the weights or optimizer state are likely already "
+            "non-finite, so an emergency save would only store them (and could rotate a good "
+            "checkpoint out of keep_last); roll back to the last stable checkpoint instead",
+            next_command=commands.recover,
+        )
     if kind == "LOSS_PLATEAU":
-        return Decision(event=kind, step=ev.step, trigger=None, decision="none", confirmed_spike=False,
-                        reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
-                               "began right after a resume, check that the optimizer state was restored",
-                        next_command=commands.verify)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=None,
+            decision="none",
+            confirmed_spike=False,
+            reason=f"loss plateau at {_at(ev)}{_size(ev)} is not an emergency-save trigger; if it "
+            "began right after a resume, check that the optimizer state was restored",
+            next_command=commands.verify,
+        )
     nonfinite = _nonfinite(ev)
     if nonfinite is not None:
         what = "loss" if kind == "LOSS_SPIKE" else "gradient norm"
-        return Decision(event=kind, step=ev.step, trigger=EVENT_TRIGGER[kind], decision="none",
-                        confirmed_spike=kind == "LOSS_SPIKE",
-                        reason=f"{what} is {nonfinite} at {_at(ev)}: a non-finite value means the weights or "
-                               "optimizer state may already be non-finite, so an emergency save would only store them "
-                               "(and could rotate a good checkpoint out of keep_last); never save it - roll back to "
-                               "the last stable checkpoint instead (recover's NaN/inf rule)",
-                        next_command=commands.recover if kind == "LOSS_SPIKE" else None)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=EVENT_TRIGGER[kind],
+            decision="none",
+            confirmed_spike=kind == "LOSS_SPIKE",
+            reason=f"{what} is {nonfinite} at {_at(ev)}: a non-finite value means the weights or "
+            "optimizer state may already be non-finite, so an emergency save would only store them "
+            "(and could rotate a good checkpoint out of keep_last); never save it - roll back to "
+            "the last stable checkpoint instead (recover's NaN/inf rule)",
+            next_command=commands.recover if kind == "LOSS_SPIKE" else None,
+        )
     enabled = EVENT_TRIGGER[kind] in triggers
     if kind == "GRADIENT_NORM_EXCEEDED":
         return _grad_norm_decision(ev, enabled)
@@ -392,59 +452,118 @@ def _nonfinite(ev: StabilityEvent) -> Optional[str]:
 def _grad_norm_decision(ev: StabilityEvent, enabled: bool) -> Decision:
     """GRADIENT_NORM_EXCEEDED: an emergency save when it really exceeds, is not info and the policy has the trigger."""
     kind, trigger = ev.event, EVENT_TRIGGER[ev.event]
-    below = (ev.value is not None and ev.threshold is not None and math.isfinite(ev.value)
-             and math.isfinite(ev.threshold) and ev.value <= ev.threshold)
+    below = (
+        ev.value is not None
+        and ev.threshold is not None
+        and math.isfinite(ev.value)
+        and math.isfinite(ev.threshold)
+        and ev.value <= ev.threshold
+    )
     if below:
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                        reason=f"gradient norm at {_at(ev)}{_size(ev)} does not exceed its threshold",
-                        next_command=None)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=trigger,
+            decision="none",
+            confirmed_spike=False,
+            reason=f"gradient norm at {_at(ev)}{_size(ev)} does not exceed its threshold",
+            next_command=None,
+        )
     if ev.severity == "info":
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                        reason=f"gradient norm event at {_at(ev)} has severity info: no action",
-                        next_command=None)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=trigger,
+            decision="none",
+            confirmed_spike=False,
+            reason=f"gradient norm event at {_at(ev)} has severity info: no action",
+            next_command=None,
+        )
     if not enabled:
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, but the policy's "
-                               "emergency_save_on does not include gradient_norm_exceeded",
-                        next_command=None)
-    return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=False,
-                    reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, trigger gradient_norm_exceeded: save now, "
-                           "outside the keep_last rotation, so the state before any loss spike is kept; "
-                           "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
-                    next_command=None)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=trigger,
+            decision="none",
+            confirmed_spike=False,
+            reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, but the policy's "
+            "emergency_save_on does not include gradient_norm_exceeded",
+            next_command=None,
+        )
+    return Decision(
+        event=kind,
+        step=ev.step,
+        trigger=trigger,
+        decision="emergency_save",
+        confirmed_spike=False,
+        reason=f"gradient norm exceeded at {_at(ev)}{_size(ev)}, trigger gradient_norm_exceeded: save now, "
+        "outside the keep_last rotation, so the state before any loss spike is kept; "
+        "if it keeps happening, clip tighter (0.5 instead of 1.0) or lower the LR",
+        next_command=None,
+    )
 
 
-_CONFIRMED_THEN = ("the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
-                   "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5")
+_CONFIRMED_THEN = (
+    "the spike is confirmed (persistent or critical): roll back to the last stable checkpoint "
+    "(loss within 10% of the pre-spike level), halve the LR for 500 steps, skip the batch, clip at 0.5"
+)
 
 
-def _loss_spike_decision(ev: StabilityEvent, enabled: bool, confirmed: bool, recover: str) -> Decision:
+def _loss_spike_decision(
+    ev: StabilityEvent, enabled: bool, confirmed: bool, recover: str
+) -> Decision:
     """LOSS_SPIKE: an emergency save when the policy has the trigger; confirmed (persistent or error/critical)
     spikes are rolled back, the others watched through the wait window."""
     kind, trigger = ev.event, EVENT_TRIGGER[ev.event]
     is_confirmed = confirmed or ev.severity in CONFIRMING_SEVERITIES
     if ev.severity == "info" and not confirmed:
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=False,
-                        reason=f"loss spike at {_at(ev)}{_size(ev)} has severity info: no action",
-                        next_command=None)
-    then = (_CONFIRMED_THEN if is_confirmed else
-            f"keep training {SPIKE_WAIT_STEPS}-{RECOVERY_DEFAULTS.wait_steps} steps: most spikes recover on their own; run the recovery "
-            "adviser if the loss has not come back")
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=trigger,
+            decision="none",
+            confirmed_spike=False,
+            reason=f"loss spike at {_at(ev)}{_size(ev)} has severity info: no action",
+            next_command=None,
+        )
+    then = (
+        _CONFIRMED_THEN
+        if is_confirmed
+        else f"keep training {SPIKE_WAIT_STEPS}-{RECOVERY_DEFAULTS.wait_steps} steps: most spikes recover on their own; run the recovery "
+        "adviser if the loss has not come back"
+    )
     if not enabled:
-        return Decision(event=kind, step=ev.step, trigger=trigger, decision="none", confirmed_spike=is_confirmed,
-                        reason=f"loss spike at {_at(ev)}{_size(ev)}, but the policy's emergency_save_on does not "
-                               f"include loss_spike_detected; {then}",
-                        next_command=recover if is_confirmed else None)
-    return Decision(event=kind, step=ev.step, trigger=trigger, decision="emergency_save", confirmed_spike=is_confirmed,
-                    reason=f"loss spike at {_at(ev)}{_size(ev)}, trigger loss_spike_detected: save now, outside the "
-                           f"keep_last rotation, so the pre-rollback state is kept; {then}",
-                    next_command=recover if is_confirmed else None)
+        return Decision(
+            event=kind,
+            step=ev.step,
+            trigger=trigger,
+            decision="none",
+            confirmed_spike=is_confirmed,
+            reason=f"loss spike at {_at(ev)}{_size(ev)}, but the policy's emergency_save_on does not "
+            f"include loss_spike_detected; {then}",
+            next_command=recover if is_confirmed else None,
+        )
+    return Decision(
+        event=kind,
+        step=ev.step,
+        trigger=trigger,
+        decision="emergency_save",
+        confirmed_spike=is_confirmed,
+        reason=f"loss spike at {_at(ev)}{_size(ev)}, trigger loss_spike_detected: save now, outside the "
+        f"keep_last rotation, so the pre-rollback state is kept; {then}",
+        next_command=recover if is_confirmed else None,
+    )
 
 
-def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[], Iterator[Any]]],
-               policy: PolicyLike = None, *,
-               log: Optional[str] = None, checkpoints: Optional[str] = None,
-               notes: Sequence[str] = (), log_report=None) -> EmergencyDecision:
+def decide_all(
+    events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[], Iterator[Any]]],
+    policy: PolicyLike = None,
+    *,
+    log: Optional[str] = None,
+    checkpoints: Optional[str] = None,
+    notes: Sequence[str] = (),
+    log_report=None,
+) -> EmergencyDecision:
     """One decision over a batch of events (what `on-event` prints). Memory stays bounded: events
     are decided one at a time and at most MAX_LISTED per-event decisions are listed.
 
@@ -462,7 +581,9 @@ def decide_all(events: Union[Iterable[Union[StabilityEvent, dict]], Callable[[],
     if log_report is not None:
         unresolved = log_report.status in ("rollback", "no_clean_checkpoint")
         confirmed_by_log = unresolved
-        notes.append(f"the training log, by recover's rules: {log_report.status} - {log_report.summary}")
+        notes.append(
+            f"the training log, by recover's rules: {log_report.status} - {log_report.summary}"
+        )
         notes.extend(n for n in [_post_onset_note(log_report)] if n)
     agg = _Aggregate(triggers, log, checkpoints)
     for i, e in enumerate(fresh()):
@@ -478,7 +599,7 @@ def _first_spike(items: Iterable[Any]) -> Optional[int]:
     for e in items:
         if type(e) is dict and type(e.get("step")) is int and isinstance(e.get("event"), str):
             if e["event"].strip().upper() != "LOSS_SPIKE" or e["step"] < 0:
-                continue   # not a spike, or refused (step >= 0) by the deciding pass
+                continue  # not a spike, or refused (step >= 0) by the deciding pass
             step = e["step"]
         else:
             try:
@@ -494,6 +615,16 @@ def _first_spike(items: Iterable[Any]) -> Optional[int]:
 
 def _post_onset_note(log_report) -> Optional[str]:
     return post_onset_note(log_report)
+
+
+def _nothing_decided(warnings: list[str], common: dict) -> EmergencyDecision:
+    """No event decided: nothing to do (noting failing checks this tool does not know)."""
+    reason = "no warning or failing stability event: nothing to do"
+    if warnings:
+        reason = f"no emergency-save trigger, but {len(warnings)} failing check(s) this tool does not know"
+    return EmergencyDecision(
+        decision="none", next_command=None, save_at_step=None, reason=reason, decisions=[], **common
+    )
 
 
 class _Aggregate:
@@ -514,15 +645,23 @@ class _Aggregate:
         self.first_next: Optional[Decision] = None
         self.first: Optional[Decision] = None
 
-    def add(self, ev: StabilityEvent, first_spike: Optional[int], confirmed_by_log: bool = False) -> None:
-        persisted = (ev.event == "LOSS_SPIKE" and first_spike is not None and ev.step is not None
-                     and ev.step - first_spike >= SPIKE_WAIT_STEPS) or (ev.event == "LOSS_SPIKE" and confirmed_by_log)
+    def add(
+        self, ev: StabilityEvent, first_spike: Optional[int], confirmed_by_log: bool = False
+    ) -> None:
+        persisted = (
+            ev.event == "LOSS_SPIKE"
+            and first_spike is not None
+            and ev.step is not None
+            and ev.step - first_spike >= SPIKE_WAIT_STEPS
+        ) or (ev.event == "LOSS_SPIKE" and confirmed_by_log)
         d = _decide(ev, self.triggers, persisted, self.commands)
         self.total += 1
         self.first = self.first or d
         if len(self.listed) < MAX_LISTED:
             self.listed.append(d)
-        if (d.event == "NAN_LOSS" or (d.event == "LOSS_SPIKE" and "non-finite" in d.reason)) and self.nan is None:
+        if (
+            d.event == "NAN_LOSS" or (d.event == "LOSS_SPIKE" and "non-finite" in d.reason)
+        ) and self.nan is None:
             self.nan = d
         if d.event == "LOSS_SPIKE" and d.confirmed_spike:
             self.persisted = True
@@ -533,7 +672,10 @@ class _Aggregate:
             if d.confirmed_spike and self.first_confirmed_save is None:
                 self.first_confirmed_save = d
             key = (d.step is None, d.step or 0)
-            if self.earliest_save is None or key < (self.earliest_save.step is None, self.earliest_save.step or 0):
+            if self.earliest_save is None or key < (
+                self.earliest_save.step is None,
+                self.earliest_save.step or 0,
+            ):
                 self.earliest_save, self.earliest_event = d, ev
         if d.next_command and self.first_next is None:
             self.first_next = d
@@ -546,41 +688,69 @@ class _Aggregate:
         if confirmed is None or lead.confirmed_spike:
             return lead.reason
         at = f"step {confirmed.step}" if confirmed.step is not None else "an unknown step"
-        if lead.event == "LOSS_SPIKE":   # the same episode: decided as confirmed
+        if lead.event == "LOSS_SPIKE":  # the same episode: decided as confirmed
             return f"{_decide(ev, self.triggers, True, self.commands).reason} (confirmed by the spike at {at})"
         return f"{lead.reason}; then a loss spike at {at}: {_CONFIRMED_THEN}"
+
+    def _listed_decisions(self) -> list:
+        """The listed decisions; in a confirmed episode every spike leads to the adviser."""
+        if not self.persisted:
+            return self.listed
+        return [
+            d.model_copy(update={"next_command": self.commands.recover})
+            if d.event == "LOSS_SPIKE" and d.next_command is None
+            else d
+            for d in self.listed
+        ]
 
     def result(self, notes: Sequence[str]) -> EmergencyDecision:
         notes = list(notes)
         warnings = [n for n in notes if n.startswith("[FAIL]")]
-        common = dict(policy_triggers=self.triggers, notes=notes, warnings=warnings, events_total=self.total)
+        common = dict(
+            policy_triggers=self.triggers, notes=notes, warnings=warnings, events_total=self.total
+        )
         recover = self.commands.recover
-        listed = self.listed
-        if self.persisted:  # every spike of a confirmed episode leads to the adviser
-            listed = [d.model_copy(update={"next_command": recover})
-                      if d.event == "LOSS_SPIKE" and d.next_command is None else d for d in listed]
+        listed = self._listed_decisions()
         if self.total > len(listed):
-            notes.append(f"{self.total - len(listed)} more events were decided but are not listed "
-                         f"(the first {len(listed)} are)")
+            notes.append(
+                f"{self.total - len(listed)} more events were decided but are not listed "
+                f"(the first {len(listed)} are)"
+            )
         if self.total == 0:
-            reason = "no warning or failing stability event: nothing to do"
-            if warnings:
-                reason = f"no emergency-save trigger, but {len(warnings)} failing check(s) this tool does not know"
-            return EmergencyDecision(decision="none", next_command=None, save_at_step=None, reason=reason,
-                                     decisions=[], **common)
-        next_command = recover if (self.persisted or self.nan) else (
-            self.first_next.next_command if self.first_next else None)
+            return _nothing_decided(warnings, common)
+        next_command = (
+            recover
+            if (self.persisted or self.nan)
+            else (self.first_next.next_command if self.first_next else None)
+        )
         if self.nan is not None:  # the state is non-finite now: never save it
-            return EmergencyDecision(decision="none", next_command=recover, save_at_step=None,
-                                     reason=self.nan.reason, decisions=listed, **common)
+            return EmergencyDecision(
+                decision="none",
+                next_command=recover,
+                save_at_step=None,
+                reason=self.nan.reason,
+                decisions=listed,
+                **common,
+            )
         if self.saving:
             reason = self._save_reason()
             if self.saving > 1:
                 reason += f" ({self.saving} events ask for an emergency save; one save is enough)"
-            return EmergencyDecision(decision="emergency_save", next_command=next_command,
-                                     save_at_step=self.save_steps[0] if self.save_steps else None, reason=reason,
-                                     decisions=listed, **common)
+            return EmergencyDecision(
+                decision="emergency_save",
+                next_command=next_command,
+                save_at_step=self.save_steps[0] if self.save_steps else None,
+                reason=reason,
+                decisions=listed,
+                **common,
+            )
         lead = self.first_next or self.first
         assert lead is not None, "total > 0: there is a first decision"
-        return EmergencyDecision(decision="none", next_command=next_command, save_at_step=None, reason=lead.reason,
-                                 decisions=listed, **common)
+        return EmergencyDecision(
+            decision="none",
+            next_command=next_command,
+            save_at_step=None,
+            reason=lead.reason,
+            decisions=listed,
+            **common,
+        )

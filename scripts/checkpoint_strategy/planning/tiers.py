@@ -44,7 +44,9 @@ def persistent_arguments(args: PlanArguments) -> PlanArguments:
     """The single-tier plan's arguments for the persistent tier: failures are the node losses only."""
     M = args.mtbf_hours if args.mtbf_hours is not None else args.gpu_mtbf_hours / args.gpus
     out = args.model_copy(update={"mtbf_hours": M / args.node_loss_fraction, "local_tier": None})
-    out.__pydantic_fields_set__ = set(args.model_fields_set)  # what the user gave (the plan lists the rest as assumed)
+    out.__pydantic_fields_set__ = set(
+        args.model_fields_set
+    )  # what the user gave (the plan lists the rest as assumed)
     return out
 
 
@@ -58,12 +60,7 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
     size = persistent.storage_breakdown.checkpoint_size_gb
     shard = None if size is None else size / nodes
     async_save = fm.async_save
-    if shard is None:
-        P_l = C_l = 1.0
-        warnings.append("model size missing: the local tier's save cost is assumed 1 s")
-    else:
-        P_l = shard / tier.gbps_per_node
-        C_l = P_l * (0.1 if async_save else 1.0)
+    P_l, C_l = _local_save_cost(shard, tier.gbps_per_node, async_save, warnings)
     lag_l = P_l if async_save else 0.0
     step = args.step_seconds
     opt = failure.exact_interval(C_l, M) / step
@@ -71,36 +68,77 @@ def two_tier(args: PlanArguments, persistent: PlanReport, warnings: list[str]) -
     durable = nice_ceil(max(0.0, lag_l - C_l) / step) if lag_l > C_l else 1
     pers_f = persistent.frequency_steps
     local_f = divisor_at_most(pers_f, max(min(local_f, pers_f), durable, 1))
-    keep_local = 1 if shard is None else int(tier.gb_per_node // shard) - 1
-    if keep_local < 1 and shard is not None:
-        warnings.append(f"the local tier holds no checkpoint: a {shard:.3g} GB shard per node needs at least "
-                        f"{2 * shard:.3g} GB of node-local space (one written before the oldest goes)")
-        keep_local = 0
-    elif keep_local == 1:
-        warnings.append("the local tier holds one checkpoint: a corrupt newest local save leaves only the "
-                        "persistent tier; give it room for two")
-    keep_local = min(keep_local, MAX_LOCAL_KEEP)
+    keep_local = _local_keep(shard, tier.gb_per_node, warnings)
     phi = args.node_loss_fraction
     tau_l, tau_p = local_f * step, pers_f * step
     C_p, lag_p = fm.checkpoint_write_seconds, (fm.persist_seconds or 0.0) if async_save else 0.0
-    overhead = (C_l / tau_l + C_p / tau_p + ((1 - phi) * (tau_l / 2 + lag_l) + phi * (tau_p / 2 + lag_p)
-                                              + fm.restart_seconds) / M)
+    lost = _lost_per_failure(phi, tau_l, lag_l, tau_p, lag_p, fm.restart_seconds)
+    overhead = C_l / tau_l + C_p / tau_p + lost / M
     local = LocalTierPlan(
-        frequency_steps=local_f, keep_last=keep_local, shard_gb=None if shard is None else _r(shard),
-        gb_per_node=tier.gb_per_node, gbps_per_node=tier.gbps_per_node,
+        frequency_steps=local_f,
+        keep_last=keep_local,
+        shard_gb=None if shard is None else _r(shard),
+        gb_per_node=tier.gb_per_node,
+        gbps_per_node=tier.gbps_per_node,
         storage_per_node_gb=None if shard is None else _r((keep_local + 1) * shard),
-        checkpoint_write_seconds=_r(C_l), persist_seconds=_r(P_l),
-        max_data_loss_hours=_r((tau_l + lag_l) / 3600.0), failures_covered_fraction=_r(1 - phi),
-        optimal_interval_steps=_r(opt, 3) if math.isfinite(opt) else float(pers_f))
+        checkpoint_write_seconds=_r(C_l),
+        persist_seconds=_r(P_l),
+        max_data_loss_hours=_r((tau_l + lag_l) / 3600.0),
+        failures_covered_fraction=_r(1 - phi),
+        optimal_interval_steps=_r(opt, 3) if math.isfinite(opt) else float(pers_f),
+    )
     pers = TierPlan(
-        frequency_steps=pers_f, keep_last=persistent.keep_last, storage_gb=persistent.total_storage_gb,
-        checkpoint_write_seconds=fm.checkpoint_write_seconds, persist_seconds=fm.persist_seconds,
-        max_data_loss_hours=persistent.max_data_loss_hours, failures_covered_fraction=_r(phi))
-    return TwoTierPlan(local=local, persistent=pers, node_loss_fraction=phi, job_mtbf_hours=_r(M / 3600.0),
-                       expected_overhead_fraction=_r(overhead),
-                       expected_lost_hours_per_failure=_r(((1 - phi) * (tau_l / 2 + lag_l)
-                                                           + phi * (tau_p / 2 + lag_p) + fm.restart_seconds)
-                                                          / 3600.0))
+        frequency_steps=pers_f,
+        keep_last=persistent.keep_last,
+        storage_gb=persistent.total_storage_gb,
+        checkpoint_write_seconds=fm.checkpoint_write_seconds,
+        persist_seconds=fm.persist_seconds,
+        max_data_loss_hours=persistent.max_data_loss_hours,
+        failures_covered_fraction=_r(phi),
+    )
+    return TwoTierPlan(
+        local=local,
+        persistent=pers,
+        node_loss_fraction=phi,
+        job_mtbf_hours=_r(M / 3600.0),
+        expected_overhead_fraction=_r(overhead),
+        expected_lost_hours_per_failure=_r(lost / 3600.0),
+    )
+
+
+def _local_save_cost(
+    shard: float | None, gbps_per_node: float, async_save: bool, warnings: list[str]
+) -> tuple[float, float]:
+    """The local save's time to disk and the stall it costs training (1 s each when the size is unknown)."""
+    if shard is None:
+        warnings.append("model size missing: the local tier's save cost is assumed 1 s")
+        return 1.0, 1.0
+    P_l = shard / gbps_per_node
+    return P_l, P_l * (0.1 if async_save else 1.0)
+
+
+def _local_keep(shard: float | None, gb_per_node: float, warnings: list[str]) -> int:
+    """How many local saves fit beside the one being written (capped), with a warning under two."""
+    keep_local = 1 if shard is None else int(gb_per_node // shard) - 1
+    if keep_local < 1 and shard is not None:
+        warnings.append(
+            f"the local tier holds no checkpoint: a {shard:.3g} GB shard per node needs at least "
+            f"{2 * shard:.3g} GB of node-local space (one written before the oldest goes)"
+        )
+        keep_local = 0
+    elif keep_local == 1:
+        warnings.append(
+            "the local tier holds one checkpoint: a corrupt newest local save leaves only the "
+            "persistent tier; give it room for two"
+        )
+    return min(keep_local, MAX_LOCAL_KEEP)
+
+
+def _lost_per_failure(
+    phi: float, tau_l: float, lag_l: float, tau_p: float, lag_p: float, restart: float
+) -> float:
+    """Seconds lost per failure: half an interval plus the persist lag of the tier that resumes, plus the restart."""
+    return (1 - phi) * (tau_l / 2 + lag_l) + phi * (tau_p / 2 + lag_p) + restart
 
 
 def divisor_at_most(n: int, cap: int) -> int:
@@ -125,13 +163,20 @@ def apply(report: PlanReport, plan2: TwoTierPlan) -> PlanReport:
     total = report.total_steps * report.step_seconds
     wall = total * (1 + plan2.expected_overhead_fraction)
     tiers = PolicyTiers(
-        local=PolicyTier(frequency=f"every_{plan2.local.frequency_steps}_steps", keep_last=plan2.local.keep_last),
-        persistent=PolicyTier(frequency=report.policy.frequency, keep_last=report.policy.keep_last))
-    return report.model_copy(update={
-        "two_tier": plan2, "policy": report.policy.model_copy(update={"tiers": tiers}),
-        "expected_overhead_fraction": plan2.expected_overhead_fraction, "expected_wall_hours": _r(wall / 3600.0),
-        "expected_failures": _r(wall / (plan2.job_mtbf_hours * 3600.0)),
-    })
+        local=PolicyTier(
+            frequency=f"every_{plan2.local.frequency_steps}_steps", keep_last=plan2.local.keep_last
+        ),
+        persistent=PolicyTier(frequency=report.policy.frequency, keep_last=report.policy.keep_last),
+    )
+    return report.model_copy(
+        update={
+            "two_tier": plan2,
+            "policy": report.policy.model_copy(update={"tiers": tiers}),
+            "expected_overhead_fraction": plan2.expected_overhead_fraction,
+            "expected_wall_hours": _r(wall / 3600.0),
+            "expected_failures": _r(wall / (plan2.job_mtbf_hours * 3600.0)),
+        }
+    )
 
 
 def _r(x: float, nd: int = 6) -> float:

@@ -57,18 +57,18 @@ class Survey:
 
     root: str
     candidates: list[rt.Candidate] = field(default_factory=list)
-    results: dict[str, CheckpointResult] = field(default_factory=dict)   # name -> validator result
-    found: dict[str, fm.Found] = field(default_factory=dict)             # name -> discovery
-    best: dict[str, str] = field(default_factory=dict)                   # name -> why it is the best
-    best_name: str | None = None                                         # the trainer's best now (report's Best:)
-    templates: list[str] = field(default_factory=list)                   # Lightning filename templates
-    emergency: dict[str, str] = field(default_factory=dict)              # name -> marker description
+    results: dict[str, CheckpointResult] = field(default_factory=dict)  # name -> validator result
+    found: dict[str, fm.Found] = field(default_factory=dict)  # name -> discovery
+    best: dict[str, str] = field(default_factory=dict)  # name -> why it is the best
+    best_name: str | None = None  # the trainer's best now (report's Best:)
+    templates: list[str] = field(default_factory=list)  # Lightning filename templates
+    emergency: dict[str, str] = field(default_factory=dict)  # name -> marker description
     final_export: str | None = None
-    latest: str | None = None                                            # what the resume pointer names
+    latest: str | None = None  # what the resume pointer names
     latest_why: str = ""
-    notes: list[str] = field(default_factory=list)                       # links out of ROOT, pointer trouble
-    sizes: dict[str, int] = field(default_factory=dict)                  # name -> bytes (_inner_links' walk)
-    suggestion: PruneSuggestion | None = None                           # nothing freed: a smaller keep_last
+    notes: list[str] = field(default_factory=list)  # links out of ROOT, pointer trouble
+    sizes: dict[str, int] = field(default_factory=dict)  # name -> bytes (_inner_links' walk)
+    suggestion: PruneSuggestion | None = None  # nothing freed: a smaller keep_last
 
 
 def _hf_best(survey: Survey) -> None:
@@ -77,9 +77,21 @@ def _hf_best(survey: Survey) -> None:
     its global_step is at least that checkpoint's step (or no valid checkpoint has one). A best an older
     checkpoint's state named is the past: every checkpoint names itself best when it was saved with an
     improving metric, and honouring those would keep them all."""
-    newest = max((c for c in survey.candidates if c.status == "valid" and c.step is not None and not c.symlink
-                  and not c.final_export and (f := survey.found.get(c.name)) is not None
-                  and f.format == "hf-trainer" and f.is_dir), key=lambda c: (c.step, c.name), default=None)
+    newest = max(
+        (
+            c
+            for c in survey.candidates
+            if c.status == "valid"
+            and c.step is not None
+            and not c.symlink
+            and not c.final_export
+            and (f := survey.found.get(c.name)) is not None
+            and f.format == "hf-trainer"
+            and f.is_dir
+        ),
+        key=lambda c: (c.step, c.name),
+        default=None,
+    )
     own = _read_state(survey.root)
     if own is not None and (newest is None or _int(own.get("global_step")) >= (newest.step or 0)):
         _name_best(survey, own.get("best_model_checkpoint"), "the run folder's trainer_state.json")
@@ -88,7 +100,9 @@ def _hf_best(survey: Survey) -> None:
         return
     r = survey.results.get(newest.name)
     seen = r.seen if r is not None else None
-    if seen is not None and seen.state_read:   # the checker read this checkpoint's trainer_state.json already
+    if (
+        seen is not None and seen.state_read
+    ):  # the checker read this checkpoint's trainer_state.json already
         best = seen.trainer_best
     else:
         state = _read_state(survey.found[newest.name].path)
@@ -102,8 +116,13 @@ def _int(x: object) -> int:
 
 def _read_state(folder: str) -> dict | None:
     try:
-        return storage.read_json(os.path.join(folder, "trainer_state.json"), "trainer_state.json",
-                                 limit=storage.MAX_TRAINER_STATE_BYTES, allow_nan=True, expect=dict)
+        return storage.read_json(
+            os.path.join(folder, "trainer_state.json"),
+            "trainer_state.json",
+            limit=storage.MAX_TRAINER_STATE_BYTES,
+            allow_nan=True,
+            expect=dict,
+        )
     except storage.ReadError:
         return None
 
@@ -126,9 +145,19 @@ def _lightning_best(survey: Survey) -> None:
     monitors a metric, the files its best_k_models and best_model_path name (the save_top_k best as the user
     configured it) are the trainer's best; its last_model_path is not a best. Once such a state is read, a
     metric in a file's name no longer makes it a best (only the state says which are the top-k now)."""
-    newest = max((c for c in survey.candidates if c.layout == "lightning" and c.status == "valid"
-                  and not c.symlink and c.step is not None and os.path.isfile(c.path)),
-                  key=lambda c: (c.step, _mtime(c.path), c.name), default=None)
+    newest = max(
+        (
+            c
+            for c in survey.candidates
+            if c.layout == "lightning"
+            and c.status == "valid"
+            and not c.symlink
+            and c.step is not None
+            and os.path.isfile(c.path)
+        ),
+        key=lambda c: (c.step, _mtime(c.path), c.name),
+        default=None,
+    )
     if newest is None:
         return
     z = fc.scan_zip(newest.path, zr.Counter())
@@ -149,12 +178,17 @@ def _lightning_best(survey: Survey) -> None:
             name = path.replace("\\", "/").rsplit("/", 1)[-1] if isinstance(path, str) else ""
             if name in names:
                 what = "best_model_path" if i == 0 else "best_k_models"
-                survey.best.setdefault(name, f"trainer's top-k by {m.group(1)} now: {what} of its ModelCheckpoint "
-                                             f"in {newest.name} (the newest valid checkpoint's state)")
+                survey.best.setdefault(
+                    name,
+                    f"trainer's top-k by {m.group(1)} now: {what} of its ModelCheckpoint "
+                    f"in {newest.name} (the newest valid checkpoint's state)",
+                )
                 if i == 0:
                     survey.best_name = survey.best_name or name
     if read:
-        survey.candidates = [replace(c, metrics=()) if c.layout == "lightning" else c for c in survey.candidates]
+        survey.candidates = [
+            replace(c, metrics=()) if c.layout == "lightning" else c for c in survey.candidates
+        ]
 
 
 def _mtime(path: str) -> int:
@@ -175,7 +209,9 @@ def _not_links(root: str) -> frozenset[str]:
         return frozenset()
 
 
-def _link(root: str, name: str, not_links: frozenset[str] = frozenset()) -> tuple[bool, str | None, bool]:
+def _link(
+    root: str, name: str, not_links: frozenset[str] = frozenset()
+) -> tuple[bool, str | None, bool]:
     """(symlink, the ROOT entry it resolves into, resolves outside ROOT) for the entry `name` of ROOT.
     Only the link text is resolved (os.path.realpath); nothing it points at is opened. `not_links`: names a
     listing of ROOT saw as no symlink (any other name is looked at with lstat)."""
@@ -183,10 +219,10 @@ def _link(root: str, name: str, not_links: frozenset[str] = frozenset()) -> tupl
         return False, None, False
     path = os.path.join(root, name)
     if not os.path.islink(path):
-        return False, None, False     # a real entry of ROOT (a real path): inside by construction
+        return False, None, False  # a real entry of ROOT (a real path): inside by construction
     real = os.path.realpath(path)
     if os.path.normpath(real) == os.path.normpath(os.path.realpath(root)):
-        return True, None, False      # a link to ROOT itself: kept, names no checkpoint
+        return True, None, False  # a link to ROOT itself: kept, names no checkpoint
     if not storage.inside(real, root):
         return True, None, True
     return True, os.path.relpath(real, os.path.realpath(root)).split(os.sep)[0], False
@@ -199,9 +235,13 @@ def _describe_links(s: Survey) -> None:
                 target = os.readlink(os.path.join(s.root, c.name))
             except OSError:
                 target = "?"
-            s.notes.append(f"{c.name} is a symlink to {target}, outside ROOT: reported, not followed, never deleted")
+            s.notes.append(
+                f"{c.name} is a symlink to {target}, outside ROOT: reported, not followed, never deleted"
+            )
         elif c.symlink and c.links_to and c.links_to not in {x.name for x in s.candidates}:
-            s.notes.append(f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept")
+            s.notes.append(
+                f"{c.name} is a symlink to {c.links_to}, which does not exist (dangling): kept"
+            )
 
 
 #: entries looked at per ROOT entry for symlinks into another entry; past it, a note says so
@@ -219,16 +259,29 @@ def _inner_links(s: Survey) -> None:
             continue
         r = s.results.get(c.name)
         seen = r.seen if r is not None else None
-        if seen is not None and seen.flat_names is not None and not c.final_export and len(seen.flat_names) <= MAX_LINK_SCAN:
-            s.sizes[c.name] = _flat_size(c.path, seen.flat_read, seen.flat_unread)   # regular files only: no link
+        if (
+            seen is not None
+            and seen.flat_names is not None
+            and not c.final_export
+            and len(seen.flat_names) <= MAX_LINK_SCAN
+        ):
+            s.sizes[c.name] = _flat_size(
+                c.path, seen.flat_read, seen.flat_unread
+            )  # regular files only: no link
             continue
         top = c.path if not c.final_export else s.root
-        found, complete, size = _links_under(top, s.root, root_real, names, c.name, recurse=not c.final_export)
+        found, complete, size = _links_under(
+            top, s.root, root_real, names, c.name, recurse=not c.final_export
+        )
         if not complete:
-            s.notes.append(f"{c.name}: more than {MAX_LINK_SCAN} entries, not all looked at for symlinks into "
-                           "other checkpoints")
+            s.notes.append(
+                f"{c.name}: more than {MAX_LINK_SCAN} entries, not all looked at for symlinks into "
+                "other checkpoints"
+            )
         elif not c.final_export and os.path.isdir(c.path):
-            s.sizes[c.name] = size      # the same walk counts what _size would (one walk per checkpoint, not two)
+            s.sizes[c.name] = (
+                size  # the same walk counts what _size would (one walk per checkpoint, not two)
+            )
         if found:
             s.candidates[i] = replace(c, links_into=tuple(found))
 
@@ -245,8 +298,9 @@ def _flat_size(folder: str, read: int, unread: tuple[str, ...]) -> int:
     return total
 
 
-def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
-                 recurse: bool) -> tuple[list[tuple[str, str]], bool, int]:
+def _links_under(
+    top: str, root: str, root_real: str, names: set[str], own: str, recurse: bool
+) -> tuple[list[tuple[str, str]], bool, int]:
     """([(ROOT entry a symlink under `top` resolves into, the link's path under ROOT)], all entries seen, bytes
     as `_size` counts them). recurse=False: ROOT's own files (a final export), not the entries that are
     candidates themselves."""
@@ -271,7 +325,7 @@ def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
                     first = rel.split(os.sep)[0]
                     if first not in (own, os.curdir, os.pardir) and first in names:
                         found.append((first, os.path.relpath(e.path, root)))
-                if e.is_dir():             # a link to a folder: neither entered nor counted (as _size)
+                if e.is_dir():  # a link to a folder: neither entered nor counted (as _size)
                     if recurse and not link:
                         stack.append(e.path)
                 else:
@@ -282,7 +336,10 @@ def _links_under(top: str, root: str, root_real: str, names: set[str], own: str,
 
 
 #: resume pointers: (file in ROOT, the framework, the layout of the names it holds)
-_POINTERS = (("latest", "DeepSpeed", "deepspeed"), ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"))
+_POINTERS = (
+    ("latest", "DeepSpeed", "deepspeed"),
+    ("latest_checkpointed_iteration.txt", "Megatron-LM", "megatron"),
+)
 
 
 def _resume_pointer(s: Survey) -> None:
@@ -299,23 +356,36 @@ def _resume_pointer(s: Survey) -> None:
         name = text if fname == "latest" else (f"iter_{int(text):07d}" if text.isdigit() else text)
         m = rt.classify_name(name)
         if m is None or m.step is None or m.layout != layout:
-            s.notes.append(f"{fname} names {text[:60]!r}, not a {framework} checkpoint name; ignored")
+            s.notes.append(
+                f"{fname} names {text[:60]!r}, not a {framework} checkpoint name; ignored"
+            )
             continue
         s.latest = name
         s.latest_why = f"named by {fname} ({framework} resumes from it)"
         if name not in {c.name for c in s.candidates}:
-            s.notes.append(f"{fname} names {name}, which is not in ROOT: resuming from {fname} fails until it "
-                           f"names a valid checkpoint; checkpoints newer than {name} are treated as in flight")
+            s.notes.append(
+                f"{fname} names {name}, which is not in ROOT: resuming from {fname} fails until it "
+                f"names a valid checkpoint; checkpoints newer than {name} are treated as in flight"
+            )
         return
 
 
-def _deep_verdicts(s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+def _deep_verdicts(
+    s: Survey, deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]
+) -> None:
     """Level deep: compare consecutive checkpoints (the norm jump needs the previous one), then a valid
     checkpoint failing the deep check (NaN/Inf, partial optimizer, norm jump) is invalid here: it never
     justifies a deletion."""
     compare_consecutive(deep)
-    s.candidates = [replace(c, status="invalid") if c.name in s.results and not c.final_export
-                    and c.status == "valid" and not usable(s.results[c.name]) else c for c in s.candidates]
+    s.candidates = [
+        replace(c, status="invalid")
+        if c.name in s.results
+        and not c.final_export
+        and c.status == "valid"
+        and not usable(s.results[c.name])
+        else c
+        for c in s.candidates
+    ]
 
 
 def _check_ahead(todo: list[fm.Found], level: str) -> dict[str, tuple[CheckpointResult, None]]:
@@ -326,7 +396,99 @@ def _check_ahead(todo: list[fm.Found], level: str) -> dict[str, tuple[Checkpoint
 
     def work(part: Sequence[fm.Found], _here: bool) -> list[CheckpointResult]:
         return [check_with_values(f, level)[0] for f in part]
-    return {f.path: (r, None) for f, r in zip(todo, map_split(todo, work, encode_results, decode_results), strict=True)}
+
+    return {
+        f.path: (r, None)
+        for f, r in zip(todo, map_split(todo, work, encode_results, decode_results), strict=True)
+    }
+
+
+_Named = tuple[str, rt.NameMatch | None, bool, str | None, bool]
+
+
+def _classify(root: str, found: list[fm.Found], not_links: frozenset[str]) -> dict[str, _Named]:
+    """path -> (name, its classification, symlink, links_to, outside ROOT), for every checkpoint but the
+    final export."""
+    named = {}
+    for f in found:
+        if f.role != fm.FINAL_EXPORT:
+            name = os.path.basename(f.path)
+            link, links_to, outside = (
+                _link(root, name, not_links)
+                if os.path.dirname(f.path) == root
+                else (False, None, True)
+            )
+            named[f.path] = (name, rt.classify_name(name), link or outside, links_to, outside)
+    return named
+
+
+def _add_final_export(s: Survey, f: fm.Found, level: str) -> None:
+    r = check(f, level)
+    s.final_export = f.path
+    s.found[FINAL_EXPORT_NAME], s.results[FINAL_EXPORT_NAME] = f, r
+    s.candidates.append(
+        rt.Candidate(
+            FINAL_EXPORT_NAME,
+            status=r.status,
+            resumable=r.resumable,
+            final_export=True,
+            format=f.format,
+            path=f.path,
+        )
+    )
+
+
+def _unvalidated(f: fm.Found, named: _Named) -> rt.Candidate:
+    """A candidate never validated (name not recognised, or a link): kept whatever it holds."""
+    name, m, symlink, links_to, outside = named
+    return rt.Candidate(
+        name,
+        m.step if m else None,
+        m.layout if m else None,
+        symlink=symlink,
+        format=f.format,
+        path=f.path,
+        links_to=links_to,
+        outside=outside,
+    )
+
+
+def _validated(
+    s: Survey, f: fm.Found, name: str, m: rt.NameMatch, r: CheckpointResult
+) -> rt.Candidate:
+    """A validated candidate; post-event weights (callbacks) never count towards keep_last/newest."""
+    mark = seen.marker if (seen := r.seen) is not None else read_marker(f.path)
+    if mark is not None:
+        s.emergency[name] = describe_marker(mark)
+    return rt.Candidate(
+        name,
+        m.step,
+        m.layout,
+        r.status,
+        r.resumable and mark is None,
+        False,
+        m.metrics,
+        format=f.format,
+        path=f.path,
+    )
+
+
+def _add_unrecognised(
+    s: Survey, root: str, unrecognised: Sequence[str], not_links: frozenset[str]
+) -> None:
+    for name in unrecognised:
+        link, links_to, outside = _link(root, name, not_links)
+        s.candidates.append(
+            rt.Candidate(
+                name,
+                None,
+                None,
+                symlink=link,
+                path=os.path.join(root, name),
+                links_to=links_to,
+                outside=outside,
+            )
+        )
 
 
 def survey(root: str, level: str = "quick") -> Survey:
@@ -334,31 +496,26 @@ def survey(root: str, level: str = "quick") -> Survey:
     s = Survey(root)
     found, unrecognised = fm.discover(root, max_depth=1)
     templates: set[str] = set()
-    deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []  # level deep: norm jumps
-    named = {}   # path -> (name, its classification, symlink, links_to, outside ROOT), for every checkpoint
+    # level deep: norm jumps
+    deep: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]] = []
     not_links = _not_links(root)
-    for f in found:
-        if f.role != fm.FINAL_EXPORT:
-            name = os.path.basename(f.path)
-            link, links_to, outside = (_link(root, name, not_links) if os.path.dirname(f.path) == root
-                                        else (False, None, True))
-            named[f.path] = (name, rt.classify_name(name), link or outside, links_to, outside)
-    checked = _check_ahead([f for f in found if f.path in named and named[f.path][1] is not None
-                            and not named[f.path][2]], level)
+    named = _classify(root, found, not_links)
+    checked = _check_ahead(
+        [
+            f
+            for f in found
+            if f.path in named and named[f.path][1] is not None and not named[f.path][2]
+        ],
+        level,
+    )
     for f in found:
         if f.role == fm.FINAL_EXPORT:
-            r = check(f, level)
-            s.final_export = f.path
-            s.found[FINAL_EXPORT_NAME], s.results[FINAL_EXPORT_NAME] = f, r
-            s.candidates.append(rt.Candidate(FINAL_EXPORT_NAME, status=r.status, resumable=r.resumable,
-                                             final_export=True, format=f.format, path=f.path))
+            _add_final_export(s, f, level)
             continue
-        name, m, symlink, links_to, outside = named[f.path]
+        name, m, symlink, _, _ = named[f.path]
         s.found[name] = f
         if m is None or symlink:  # never validated: kept whatever they hold
-            s.candidates.append(rt.Candidate(name, m.step if m else None, m.layout if m else None,
-                                             symlink=symlink, format=f.format, path=f.path, links_to=links_to,
-                                             outside=outside))
+            s.candidates.append(_unvalidated(f, named[f.path]))
             continue
         r, outcome = checked[f.path] if f.path in checked else check_with_values(f, level)
         s.results[name] = r
@@ -366,16 +523,9 @@ def survey(root: str, level: str = "quick") -> Survey:
             deep.append((m.step, name, r, outcome))
         if m.template and m.template != "last":
             templates.add(m.template)
-        mark = seen.marker if (seen := r.seen) is not None else read_marker(f.path)
-        if mark is not None:  # post-event weights (callbacks): never counts towards keep_last/newest
-            s.emergency[name] = describe_marker(mark)
-        s.candidates.append(rt.Candidate(name, m.step, m.layout, r.status, r.resumable and mark is None, False,
-                                         m.metrics, format=f.format, path=f.path))
+        s.candidates.append(_validated(s, f, name, m, r))
     _deep_verdicts(s, deep)
-    for name in unrecognised:
-        link, links_to, outside = _link(root, name, not_links)
-        s.candidates.append(rt.Candidate(name, None, None, symlink=link, path=os.path.join(root, name),
-                                         links_to=links_to, outside=outside))
+    _add_unrecognised(s, root, unrecognised, not_links)
     s.templates = sorted(templates)
     _describe_links(s)
     _inner_links(s)
@@ -400,7 +550,7 @@ def _size(path: str) -> int:
         return 0
     total = 0
     todo = [path]
-    while todo:   # one scandir per folder: its entries' lstat without joining paths (prune's report, 18k files)
+    while todo:  # one scandir per folder: its entries' lstat without joining paths (prune's report, 18k files)
         try:
             it = os.scandir(todo.pop())
         except OSError:
@@ -420,11 +570,11 @@ def _size(path: str) -> int:
 
 @dataclass
 class Outcome:
-    deleted: dict[str, int] = field(default_factory=dict)       # name -> bytes freed
-    failed: dict[str, str] = field(default_factory=dict)        # name -> why
-    finished: list[str] = field(default_factory=list)           # journalled leftovers removed
+    deleted: dict[str, int] = field(default_factory=dict)  # name -> bytes freed
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why
+    finished: list[str] = field(default_factory=list)  # journalled leftovers removed
     errors: list[Problem] = field(default_factory=list)
-    half_deleted: list[str] = field(default_factory=list)       # still in the journal
+    half_deleted: list[str] = field(default_factory=list)  # still in the journal
 
     @property
     def freed(self) -> int:
@@ -436,14 +586,30 @@ def _entry(d: rt.Decision, s: Survey, out: Outcome | None) -> PruneEntry:
     r = s.results.get(c.name)
     deleted = out is not None and c.name in out.deleted
     error = out.failed.get(c.name) if out is not None else None
-    size = (out.deleted[c.name] if deleted and out is not None else
-            _bytes(s, c) if c.layout and not c.symlink and c.path else None)
-    return PruneEntry(path=storage.display(c.path), name=c.name, format=c.format, step=c.step,
-                      status=r.status if r else None,
-                      resumable=r.resumable if r else None, layout=c.layout, symlink=c.symlink, action=d.action,
-                      bytes=size,
-                      reasons=[x.text for x in d.reasons], reason_kinds=[x.kind for x in d.reasons],
-                      justified_by=d.justified_by, deleted=deleted, error=error)
+    size = (
+        out.deleted[c.name]
+        if deleted and out is not None
+        else _bytes(s, c)
+        if c.layout and not c.symlink and c.path
+        else None
+    )
+    return PruneEntry(
+        path=storage.display(c.path),
+        name=c.name,
+        format=c.format,
+        step=c.step,
+        status=r.status if r else None,
+        resumable=r.resumable if r else None,
+        layout=c.layout,
+        symlink=c.symlink,
+        action=d.action,
+        bytes=size,
+        reasons=[x.text for x in d.reasons],
+        reason_kinds=[x.kind for x in d.reasons],
+        justified_by=d.justified_by,
+        deleted=deleted,
+        error=error,
+    )
 
 
 def recheck_level(level: str) -> Level:
@@ -460,8 +626,13 @@ def recheck(plan: rt.Plan, revalidate) -> list[tuple[str, str]]:
     for j in sorted({d.justified_by for d in plan.delete if d.justified_by}):
         problem = revalidate(j)
         if problem:
-            failed.append((j, f"the newer checkpoint that justifies the deletions no longer validates in the check "
-                              f"right before deleting ({problem}): nothing deleted"))
+            failed.append(
+                (
+                    j,
+                    f"the newer checkpoint that justifies the deletions no longer validates in the check "
+                    f"right before deleting ({problem}): nothing deleted",
+                )
+            )
     return failed
 
 
@@ -476,13 +647,22 @@ def revalidator(found: dict[str, fm.Found], level: str, before=None):
         if usable(r):
             return None
         first = next((p for p in r.problems), None)
-        return f"level {lvl}: {r.status}" + (f", {first.file}: {first.reason}" if first is not None else "")
+        return f"level {lvl}: {r.status}" + (
+            f", {first.file}: {first.reason}" if first is not None else ""
+        )
 
     return revalidate
 
 
-def report_of(store: PruneStore, s: Survey, plan: rt.Plan, guard: SpikeGuard | None, out: Outcome | None,
-              req: PruneRequest, proposed: str | None = None) -> PruneReport:
+def report_of(
+    store: PruneStore,
+    s: Survey,
+    plan: rt.Plan,
+    guard: SpikeGuard | None,
+    out: Outcome | None,
+    req: PruneRequest,
+    proposed: str | None = None,
+) -> PruneReport:
     """The PruneReport of a survey, its plan and (with --apply) what was deleted."""
     entries = [_entry(d, s, out) for d in plan.decisions]
     keep = [e for e in entries if e.action == "keep"]
@@ -496,29 +676,50 @@ def report_of(store: PruneStore, s: Survey, plan: rt.Plan, guard: SpikeGuard | N
         guard.log = storage.display(guard.log)
     leftovers = store.leftovers(out)
     return PruneReport(
-        root=storage.display(store.root), applied=req.apply, level=req.level, keep_last=req.keep_last,
-        milestones=req.milestones, best_checkpoint=best[0] if best else None,
-        newest_valid=plan.newest.name if plan.newest else None, counts_resumable=plan.counts_resumable,
-        final_export=storage.display(s.final_export) if s.final_export else None, lightning_templates=s.templates,
-        keep=keep, delete=delete, leftovers=leftovers[0], foreign_leftovers=leftovers[1],
+        root=storage.display(store.root),
+        applied=req.apply,
+        level=req.level,
+        keep_last=req.keep_last,
+        milestones=req.milestones,
+        best_checkpoint=best[0] if best else None,
+        newest_valid=plan.newest.name if plan.newest else None,
+        counts_resumable=plan.counts_resumable,
+        final_export=storage.display(s.final_export) if s.final_export else None,
+        lightning_templates=s.templates,
+        keep=keep,
+        delete=delete,
+        leftovers=leftovers[0],
+        foreign_leftovers=leftovers[1],
         reasons={e.name: e.reasons for e in entries},
-        deleted=len(out.deleted) if out else 0, failed=len(out.failed) if out else 0,
-        freed_bytes=out.freed if out else 0, state=state, proposed=proposed,
+        deleted=len(out.deleted) if out else 0,
+        failed=len(out.failed) if out else 0,
+        freed_bytes=out.freed if out else 0,
+        state=state,
+        proposed=proposed,
         bytes_to_free=sum(e.bytes or 0 for e in delete if not e.deleted),
-        errors=out.errors if out else [], spike_guard=guard, notes=[*s.notes, *store.notes],
-        recheck_level=recheck_level(req.level), suggestion=s.suggestion,
+        errors=out.errors if out else [],
+        spike_guard=guard,
+        notes=[*s.notes, *store.notes],
+        recheck_level=recheck_level(req.level),
+        suggestion=s.suggestion,
         justifiers=sorted({d.justified_by for d in plan.delete if d.justified_by}),
-        delete_invalid=req.delete_invalid, old_invalid=[e.name for e in old_invalid],
-        old_invalid_bytes=sum(e.bytes or 0 for e in old_invalid))
+        delete_invalid=req.delete_invalid,
+        old_invalid=[e.name for e in old_invalid],
+        old_invalid_bytes=sum(e.bytes or 0 for e in old_invalid),
+    )
 
 
 class PruneStore(Protocol):
     """Where the checkpoints are, as prune reads and deletes them (`prune.LocalStore`,
     `prune_objects.ObjectStore`). `survey(store.root)` lists and stats it; the rest:"""
 
-    root: str            # the folder the survey lists (object storage: its local view)
-    log: str | None      # the training log as the survey reads it (object storage: a local copy), or None
-    notes: list[str]     # what the store has to say in the report (bucket versioning, journal entries dropped)
+    root: str  # the folder the survey lists (object storage: its local view)
+    log: (
+        str | None
+    )  # the training log as the survey reads it (object storage: a local copy), or None
+    notes: list[
+        str
+    ]  # what the store has to say in the report (bucket versioning, journal entries dropped)
 
     def read_pending(self) -> None:
         """Read what an earlier prune left half done (its journal)."""

@@ -73,7 +73,9 @@ class Setup:
     def __post_init__(self) -> None:
         if self.P < self.C:
             object.__setattr__(self, "P", self.C)
-        pos = sorted({min(self.checkpoints, -(-s // self.frequency)) for s in self.milestone_steps if s > 0})
+        pos = sorted(
+            {min(self.checkpoints, -(-s // self.frequency)) for s in self.milestone_steps if s > 0}
+        )
         object.__setattr__(self, "milestone_positions", tuple(pos))
 
     # --- the failure-free time line --------------------------------------------------------
@@ -105,7 +107,11 @@ class Setup:
     def E_scalar(self, p: int) -> float:
         if p <= self.full_segments:
             return p * self.segment_seconds
-        return self.full_segments * self.segment_seconds + self.remainder_steps * self.step_seconds + self.C
+        return (
+            self.full_segments * self.segment_seconds
+            + self.remainder_steps * self.step_seconds
+            + self.C
+        )
 
     def E(self, p):
         """End of the p-th save's stall (p = 0: the start)."""
@@ -114,9 +120,13 @@ class Setup:
         p = np.asarray(p)
         full = np.minimum(p, self.full_segments) * self.segment_seconds
         if self.remainder_steps:
-            full = np.where(p > self.full_segments,
-                            self.full_segments * self.segment_seconds + self.remainder_steps * self.step_seconds
-                            + self.C, full)
+            full = np.where(
+                p > self.full_segments,
+                self.full_segments * self.segment_seconds
+                + self.remainder_steps * self.step_seconds
+                + self.C,
+                full,
+            )
         return full
 
     def newest_completed(self, t):
@@ -133,7 +143,9 @@ class Setup:
         import numpy as np
 
         lag = self.P - self.C
-        p = np.minimum(np.floor((t - lag) / self.segment_seconds), self.full_segments).astype(np.int64)
+        p = np.minimum(np.floor((t - lag) / self.segment_seconds), self.full_segments).astype(
+            np.int64
+        )
         if self.remainder_steps:
             p = np.where(t >= self.E_scalar(self.checkpoints) + lag, self.checkpoints, p)
         return np.maximum(p, 0)
@@ -195,7 +207,9 @@ class KnownGood:
     def top(self, ids):
         import numpy as np
 
-        return np.where(self.depth[ids] > 0, self.known[ids, np.maximum(self.depth[ids] - 1, 0)], -1)
+        return np.where(
+            self.depth[ids] > 0, self.known[ids, np.maximum(self.depth[ids] - 1, 0)], -1
+        )
 
     def highest(self, ids, c, ms=None):
         """Per run: the highest known position <= c (a milestone position when ms is given), -1 if none."""
@@ -235,10 +249,13 @@ class KnownGood:
             if int(self.depth[r].max()) >= self.known.shape[1]:
                 grow = max(4, self.known.shape[1] // 2)
                 if self.known.size + self.known.shape[0] * grow > MAX_KNOWN_CELLS:
-                    raise UsageError(f"too many rollbacks to track which checkpoints loaded (limit "
-                                     f"{MAX_KNOWN_CELLS:.0e} cells); lower --runs or --corrupt-prob")
+                    raise UsageError(
+                        f"too many rollbacks to track which checkpoints loaded (limit "
+                        f"{MAX_KNOWN_CELLS:.0e} cells); lower --runs or --corrupt-prob"
+                    )
                 self.known = np.concatenate(
-                    [self.known, np.full((self.known.shape[0], grow), -1, dtype=np.int64)], axis=1)
+                    [self.known, np.full((self.known.shape[0], grow), -1, dtype=np.int64)], axis=1
+                )
             self.known[r, self.depth[r]] = target[add]
             self.depth[r] += 1
 
@@ -309,6 +326,7 @@ def rollback(setup: Setup, rng, c, lo, known, ids=None):
 class _Spikes:
     """Loss spikes drawn up front, per run in onset order (one spare column past the last): when each is noticed
     (inf: none) and the newest checkpoint position early enough to rescue it."""
+
     det_time: Any
     rescue_pos: Any
 
@@ -321,8 +339,10 @@ def _draw_spikes(setup: Setup, rng, runs: int, lam: float) -> _Spikes | None:
     if lam > 0:
         cells = runs * (lam + 6 * math.sqrt(lam) + 10)
         if cells > MAX_SPIKE_CELLS:
-            raise UsageError(f"{runs} runs x about {lam:.3g} spikes each is too much to simulate at once "
-                             f"(limit {MAX_SPIKE_CELLS:.0e}); lower --runs or --spike-rate")
+            raise UsageError(
+                f"{runs} runs x about {lam:.3g} spikes each is too much to simulate at once "
+                f"(limit {MAX_SPIKE_CELLS:.0e}); lower --runs or --spike-rate"
+            )
         counts = rng.poisson(lam, runs)
         smax = int(counts.max()) if runs else 0
     if not smax:
@@ -333,9 +353,13 @@ def _draw_spikes(setup: Setup, rng, runs: int, lam: float) -> _Spikes | None:
     absent = onsets == np.iinfo(np.int64).max
     det_step = np.minimum(np.where(absent, N, onsets) + setup.wait, N)
     det_time = np.where(absent, np.inf, setup.step_time(det_step).astype(float))
-    rescue_pos = np.where(onsets >= setup.margin, (np.where(absent, 0, onsets) - setup.margin) // f, 0)
-    return _Spikes(det_time=np.concatenate([det_time, np.full((runs, 1), np.inf)], axis=1),
-                   rescue_pos=np.concatenate([rescue_pos, np.zeros((runs, 1), dtype=np.int64)], axis=1))
+    rescue_pos = np.where(
+        onsets >= setup.margin, (np.where(absent, 0, onsets) - setup.margin) // f, 0
+    )
+    return _Spikes(
+        det_time=np.concatenate([det_time, np.full((runs, 1), np.inf)], axis=1),
+        rescue_pos=np.concatenate([rescue_pos, np.zeros((runs, 1), dtype=np.int64)], axis=1),
+    )
 
 
 class _Tally:
@@ -352,10 +376,19 @@ class _Tally:
         self.fail_rollbacks = 0
 
     def result(self, events: int) -> RawResult:
-        return RawResult(wall=self.wall, failures=self.fail, corrupt_skips=self.skips, failure_scratch=self.scratch,
-                         in_flight_rollbacks=self.in_flight, failure_rollbacks=self.fail_rollbacks, spikes=self.sp_n,
-                         spike_window_miss=self.sp_miss, spike_milestone=self.sp_ms, spike_scratch=self.sp_scratch,
-                         events=events)
+        return RawResult(
+            wall=self.wall,
+            failures=self.fail,
+            corrupt_skips=self.skips,
+            failure_scratch=self.scratch,
+            in_flight_rollbacks=self.in_flight,
+            failure_rollbacks=self.fail_rollbacks,
+            spikes=self.sp_n,
+            spike_window_miss=self.sp_miss,
+            spike_milestone=self.sp_ms,
+            spike_scratch=self.sp_scratch,
+            events=events,
+        )
 
 
 def _fail_rollback(setup: Setup, rng, known: KnownGood, tally: _Tally, runs_f, t, p0):
@@ -392,14 +425,19 @@ def _spike_rollback(setup: Setup, rng, known: KnownGood, tally: _Tally, runs_s, 
     return target
 
 
-def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float = 0.0) -> RawResult:
+def run_monte_carlo(
+    setup: Setup, runs: int, seed: int, expected_failures: float = 0.0
+) -> RawResult:
     """`runs` whole training runs under `setup`, event by event (see the module docstring)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     lam = setup.spike_rate * setup.total_steps / 1000.0
-    max_iter = event_budget(expected_failures + lam, "failures and spikes",
-                            "lower --spike-rate, raise the MTBF or save more often")
+    max_iter = event_budget(
+        expected_failures + lam,
+        "failures and spikes",
+        "lower --spike-rate, raise the MTBF or save more often",
+    )
     spikes = _draw_spikes(setup, rng, runs, lam)
     end = setup.end_seconds
     tally = _Tally(runs)
@@ -412,26 +450,29 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
     while idx.size:
         it += 1
         if it > max_iter:
-            raise UsageError(f"the simulation did not finish after {max_iter} events per run: under these "
-                             "failure, spike and corruption rates the run barely makes progress")
-        X, need = restart_phase(rng.standard_exponential(idx.size) * setup.M, need, setup.R, wall, fails)
+            raise _stalled(max_iter)
+        X, need = restart_phase(
+            rng.standard_exponential(idx.size) * setup.M, need, setup.R, wall, fails
+        )
         comp = ~need
         start = setup.E(pos)
-        t_fail = np.where(comp, start + X, np.inf)
         t_sp = spikes.det_time[idx, ptr] if spikes else np.full(idx.size, np.inf)
-        done = comp & (end <= t_fail) & (end <= t_sp)
-        spike = comp & ~done & (t_sp <= t_fail)
-        fail = comp & ~done & ~spike
-        wall = np.where(done, wall + (end - start), wall)
-        wall = np.where(spike, wall + (t_sp - start), wall)
-        wall = np.where(fail, wall + X, wall)
+        t_fail, done, spike, fail, wall = _next_event(comp, start, X, t_sp, end, wall)
         fails += fail
         if fail.any():
             pos[fail] = _fail_rollback(setup, rng, known, tally, idx[fail], t_fail[fail], pos[fail])
             need[fail] = True
         if spikes and spike.any():
-            pos[spike] = _spike_rollback(setup, rng, known, tally, idx[spike], t_sp[spike], pos[spike],
-                                         spikes.rescue_pos[idx[spike], ptr[spike]])
+            pos[spike] = _spike_rollback(
+                setup,
+                rng,
+                known,
+                tally,
+                idx[spike],
+                t_sp[spike],
+                pos[spike],
+                spikes.rescue_pos[idx[spike], ptr[spike]],
+            )
             need[spike] = True
             ptr[spike] += 1
         if done.any():
@@ -440,6 +481,28 @@ def run_monte_carlo(setup: Setup, runs: int, seed: int, expected_failures: float
             keep = ~done
             idx, pos, ptr, wall, fails, need = (a[keep] for a in (idx, pos, ptr, wall, fails, need))
     return tally.result(it)
+
+
+def _stalled(max_iter: int) -> UsageError:
+    return UsageError(
+        f"the simulation did not finish after {max_iter} events per run: under these "
+        "failure, spike and corruption rates the run barely makes progress"
+    )
+
+
+def _next_event(comp, start, X, t_sp, end: float, wall):
+    """Each computing run's next event: the end of training, a detected spike or a failure, whichever comes
+    first; returns the failure times, the three masks and the wall time advanced to the event."""
+    import numpy as np
+
+    t_fail = np.where(comp, start + X, np.inf)
+    done = comp & (end <= t_fail) & (end <= t_sp)
+    spike = comp & ~done & (t_sp <= t_fail)
+    fail = comp & ~done & ~spike
+    wall = np.where(done, wall + (end - start), wall)
+    wall = np.where(spike, wall + (t_sp - start), wall)
+    wall = np.where(fail, wall + X, wall)
+    return t_fail, done, spike, fail, wall
 
 
 ASSUMPTIONS = [
@@ -456,17 +519,28 @@ ASSUMPTIONS = [
 ]
 
 
-def setup_from_plan(report, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
-                    wait: int = 100, margin: int = 100) -> Setup:
+def setup_from_plan(
+    report, corrupt_prob: float = 0.0, spike_rate: float = 0.0, wait: int = 100, margin: int = 100
+) -> Setup:
     """A Setup from a PlanReport (checkpoint_strategy.planning.models)."""
     fm = report.failure_model
     C = fm.checkpoint_write_seconds
     P = fm.persist_seconds if (fm.async_save and fm.persist_seconds is not None) else C
-    return Setup(total_steps=report.total_steps, step_seconds=report.step_seconds,
-                 frequency=report.frequency_steps, keep_last=report.keep_last,
-                 milestone_steps=tuple(report.milestone_steps), C=C, P=P, R=fm.restart_seconds,
-                 M=fm.mtbf_hours * 3600.0, corrupt_prob=corrupt_prob, spike_rate=spike_rate,
-                 wait=wait, margin=margin)
+    return Setup(
+        total_steps=report.total_steps,
+        step_seconds=report.step_seconds,
+        frequency=report.frequency_steps,
+        keep_last=report.keep_last,
+        milestone_steps=tuple(report.milestone_steps),
+        C=C,
+        P=P,
+        R=fm.restart_seconds,
+        M=fm.mtbf_hours * 3600.0,
+        corrupt_prob=corrupt_prob,
+        spike_rate=spike_rate,
+        wait=wait,
+        margin=margin,
+    )
 
 
 def _pct(values, qs):
@@ -507,22 +581,31 @@ def in_flight_wall_seconds(setup: Setup) -> float | None:
     return first + middle + _piece(E(m) - E(j) - L, E(m) - E(j), M, R)
 
 
-LOST_DEFINITION = ("lost = wall time beyond pure compute: save stalls, rework after failures, restarts and "
-                   "spike rollbacks (the same definition as tradeoffs' expected lost hours)")
+LOST_DEFINITION = (
+    "lost = wall time beyond pure compute: save stalls, rework after failures, restarts and "
+    "spike rollbacks (the same definition as tradeoffs' expected lost hours)"
+)
 
 
-def analytic_caveats(setup: Setup, corrupt_prob: float, spike_rate: float, in_flight: int) -> list[str]:
+def analytic_caveats(
+    setup: Setup, corrupt_prob: float, spike_rate: float, in_flight: int
+) -> list[str]:
     """Why the simulation may differ from the planner's Daly figure beyond sampling noise."""
     out = []
     if setup.P > setup.C and in_flight:
         exact = in_flight_wall_seconds(setup)
-        with_term = ("" if exact is None else
-                     f"; with that rework counted exactly (each save reaching storage a renewal point) the "
-                     f"expectation is {exact / 3600.0:.6g} h (async_wall_hours)")
-        out.append(f"async saves: a save is on storage {setup.P:.4g} s after it starts but stalls training "
-                   f"{setup.C:.4g} s; Daly's model counts the stall only, so a failure while the newest save is "
-                   f"still in flight (rolling back one interval further) is rework the planner's figure leaves "
-                   f"out{with_term}")
+        with_term = (
+            ""
+            if exact is None
+            else f"; with that rework counted exactly (each save reaching storage a renewal point) the "
+            f"expectation is {exact / 3600.0:.6g} h (async_wall_hours)"
+        )
+        out.append(
+            f"async saves: a save is on storage {setup.P:.4g} s after it starts but stalls training "
+            f"{setup.C:.4g} s; Daly's model counts the stall only, so a failure while the newest save is "
+            f"still in flight (rolling back one interval further) is rework the planner's figure leaves "
+            f"out{with_term}"
+        )
     if corrupt_prob > 0:
         out.append("corrupt checkpoints: the analytic model assumes every checkpoint loads")
     if spike_rate > 0:
@@ -544,8 +627,11 @@ def _spike_stats(raw: RawResult, spike_rate: float, wait: int, margin: int):
         return _r(a.sum() / total) if total else None
 
     return SpikeStats(
-        spike_rate_per_1000_steps=spike_rate, wait_steps=wait, margin_steps=margin,
-        mean_spikes=_r(raw.spikes.mean()), spikes=total,
+        spike_rate_per_1000_steps=spike_rate,
+        wait_steps=wait,
+        margin_steps=margin,
+        mean_spikes=_r(raw.spikes.mean()),
+        spikes=total,
         window_miss_fraction=frac(raw.spike_window_miss),
         milestone_rescue_fraction=frac(raw.spike_milestone),
         scratch_fraction=frac(raw.spike_scratch),
@@ -559,16 +645,29 @@ def _simulated_policy(report, setup: Setup, tiers):
     """The policy as simulated (a SimulatedPolicy): with two tiers the MTBF is the job's, not the tier's."""
     fm = report.failure_model
     return SimulatedPolicy(
-        total_steps=setup.total_steps, step_seconds=setup.step_seconds, frequency_steps=setup.frequency,
-        keep_last=setup.keep_last, milestone_steps=list(setup.milestone_steps),
+        total_steps=setup.total_steps,
+        step_seconds=setup.step_seconds,
+        frequency_steps=setup.frequency,
+        keep_last=setup.keep_last,
+        milestone_steps=list(setup.milestone_steps),
         checkpoints_per_run=setup.checkpoints,
         mtbf_hours=fm.mtbf_hours if tiers is None else report.two_tier.job_mtbf_hours,
-        checkpoint_write_seconds=setup.C, persist_seconds=setup.P, restart_seconds=setup.R,
-        async_save=fm.async_save)
+        checkpoint_write_seconds=setup.C,
+        persist_seconds=setup.P,
+        restart_seconds=setup.R,
+        async_save=fm.async_save,
+    )
 
 
-def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0, spike_rate: float = 0.0,
-             wait: int = 100, margin: int = 100):
+def simulate(
+    report,
+    runs: int = 10000,
+    seed: int = 0,
+    corrupt_prob: float = 0.0,
+    spike_rate: float = 0.0,
+    wait: int = 100,
+    margin: int = 100,
+):
     """Simulate `runs` whole training runs under the plan `report`; returns a SimulationReport."""
     setup = setup_from_plan(report, corrupt_prob, spike_rate, wait, margin)
     raw, failure_free_s, tiers = _run(report, setup, runs, seed)
@@ -583,56 +682,99 @@ def simulate(report, runs: int = 10000, seed: int = 0, corrupt_prob: float = 0.0
     exact = in_flight_wall_seconds(setup) if setup.P > setup.C and tiers is None else None
     async_h = None if exact is None else exact / H
     async_z = None if async_h is None or stderr <= 0 else (mean_wall - async_h) / stderr
-    w50, w95, w99 = _pct(wall_h, [50, 95, 99])
-    l50, l95, l99 = _pct(lost_h, [50, 95, 99])
-    f50, f95, f99 = _pct(fails, [50, 95, 99])
     compute_h = setup.compute_seconds / H
 
     return SimulationReport(
-        runs=runs, seed=seed, policy=_simulated_policy(report, setup, tiers), corrupt_prob=corrupt_prob,
-        compute_hours=_r(compute_h), failure_free_wall_hours=_r(failure_free_s / H),
-        mean_wall_hours=_r(mean_wall), wall_hours_stderr=_r(stderr, 9),
-        p50_wall_hours=_r(w50), p95_wall_hours=_r(w95), p99_wall_hours=_r(w99),
-        analytic_wall_hours=analytic, analytic_z=None if z is None else _r(z, 3),
+        runs=runs,
+        seed=seed,
+        policy=_simulated_policy(report, setup, tiers),
+        corrupt_prob=corrupt_prob,
+        compute_hours=_r(compute_h),
+        failure_free_wall_hours=_r(failure_free_s / H),
+        mean_wall_hours=_r(mean_wall),
+        wall_hours_stderr=_r(stderr, 9),
+        **_spread(wall_h, lost_h, fails),
+        analytic_wall_hours=analytic,
+        analytic_z=None if z is None else _r(z, 3),
         async_wall_hours=None if async_h is None else _r(async_h),
         async_z=None if async_z is None else _r(async_z, 3),
-        mean_lost_hours=_r(lost_h.mean()), p50_lost_hours=_r(l50), p95_lost_hours=_r(l95),
-        p99_lost_hours=_r(l99), max_lost_hours=_r(lost_h.max()),
-        mean_failures=_r(fails.mean()), p50_failures=_r(f50), p95_failures=_r(f95), p99_failures=_r(f99),
-        max_failures=int(fails.max()),
         overhead_fraction=_r(mean_wall / compute_h - 1.0),
         analytic_overhead_fraction=report.expected_overhead_fraction,
-        in_flight_rollback_fraction=(_r(raw.in_flight_rollbacks / int(fails.sum()))
-                                     if fails.sum() and tiers is None else None),
+        in_flight_rollback_fraction=(
+            _r(raw.in_flight_rollbacks / int(fails.sum()))
+            if fails.sum() and tiers is None
+            else None
+        ),
         corrupt_skips_per_run=_r(raw.corrupt_skips.mean()),
         failure_scratch_fraction=_r(raw.failure_scratch.mean()),
         spikes=_spike_stats(raw, spike_rate, wait, margin) if spike_rate > 0 else None,
-        plan_warnings=list(report.warnings), assumptions=list(ASSUMPTIONS),
+        plan_warnings=list(report.warnings),
+        assumptions=list(ASSUMPTIONS),
         lost_definition=LOST_DEFINITION,
-        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks) + (
-            [] if tiers is None else [TWO_TIER_CAVEAT]),
+        analytic_caveats=analytic_caveats(setup, corrupt_prob, spike_rate, raw.in_flight_rollbacks)
+        + ([] if tiers is None else [TWO_TIER_CAVEAT]),
         two_tier=tiers,
     )
 
 
-TWO_TIER_CAVEAT = ("two tiers: the planner's figure is first order (each failure loses half an interval of its "
-                   "tier on average), the simulation follows every save and failure")
+def _spread(wall_h, lost_h, fails) -> dict[str, Any]:
+    """The percentiles, means and maxima of the wall time, the time lost and the failure count."""
+    w50, w95, w99 = _pct(wall_h, [50, 95, 99])
+    l50, l95, l99 = _pct(lost_h, [50, 95, 99])
+    f50, f95, f99 = _pct(fails, [50, 95, 99])
+    return dict(
+        p50_wall_hours=_r(w50),
+        p95_wall_hours=_r(w95),
+        p99_wall_hours=_r(w99),
+        mean_lost_hours=_r(lost_h.mean()),
+        p50_lost_hours=_r(l50),
+        p95_lost_hours=_r(l95),
+        p99_lost_hours=_r(l99),
+        max_lost_hours=_r(lost_h.max()),
+        mean_failures=_r(fails.mean()),
+        p50_failures=_r(f50),
+        p95_failures=_r(f95),
+        p99_failures=_r(f99),
+        max_failures=int(fails.max()),
+    )
+
+
+TWO_TIER_CAVEAT = (
+    "two tiers: the planner's figure is first order (each failure loses half an interval of its "
+    "tier on average), the simulation follows every save and failure"
+)
 
 
 def _run(report, setup: Setup, runs: int, seed: int):
     """The Monte Carlo for one tier, or for two (simulation/twotier.py) when the plan has a local tier:
     (RawResult, failure-free wall seconds, TwoTierSimulation or None)."""
     if getattr(report, "two_tier", None) is None:
-        return run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures), setup.end_seconds, None
+        return (
+            run_monte_carlo(setup, runs, seed, expected_failures=report.expected_failures),
+            setup.end_seconds,
+            None,
+        )
     import numpy as np
 
     tts = twotier.setup_from_plan(report)
     wall, fails, losses = twotier.run_two_tier(tts, runs, seed, report.expected_failures)
     zeros = np.zeros(runs, dtype=np.int64)
-    raw = RawResult(wall=wall, failures=fails, corrupt_skips=zeros, failure_scratch=zeros.astype(bool),
-                    in_flight_rollbacks=0, failure_rollbacks=int(fails.sum()), spikes=zeros, spike_window_miss=zeros,
-                    spike_milestone=zeros, spike_scratch=zeros)
-    stats = TwoTierSimulation(local_frequency_steps=tts.f_local, persistent_frequency_steps=tts.f_persistent,
-                              node_loss_fraction=tts.node_loss_fraction,
-                              node_losses_per_run=_r(float(losses.mean())))
+    raw = RawResult(
+        wall=wall,
+        failures=fails,
+        corrupt_skips=zeros,
+        failure_scratch=zeros.astype(bool),
+        in_flight_rollbacks=0,
+        failure_rollbacks=int(fails.sum()),
+        spikes=zeros,
+        spike_window_miss=zeros,
+        spike_milestone=zeros,
+        spike_scratch=zeros,
+    )
+    stats = TwoTierSimulation(
+        local_frequency_steps=tts.f_local,
+        persistent_frequency_steps=tts.f_persistent,
+        node_loss_fraction=tts.node_loss_fraction,
+        node_losses_per_run=_r(float(losses.mean())),
+    )
     return raw, float(tts.timeline()[0][-1]), stats

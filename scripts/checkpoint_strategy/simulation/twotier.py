@@ -45,8 +45,10 @@ class TwoTierSetup:
         N, f = self.total_steps, self.f_local
         m = -(-N // f)
         if m > MAX_POSITIONS:
-            raise UsageError(f"{m} local saves per run is more than the two-tier simulation handles "
-                             f"({MAX_POSITIONS}); save the local tier less often or simulate fewer steps")
+            raise UsageError(
+                f"{m} local saves per run is more than the two-tier simulation handles "
+                f"({MAX_POSITIONS}); save the local tier less often or simulate fewer steps"
+            )
         p = np.arange(m + 1)
         steps = np.minimum(p * f, N).astype(float)
         r = max(1, self.f_persistent // f)
@@ -56,7 +58,9 @@ class TwoTierSetup:
         E = steps * self.step_seconds + np.cumsum(stall)
         start = E - stall
         local_ok = np.where(p > 0, start + max(self.P_local, self.C_local), 0.0)
-        pers_ok = np.where(persistent, start + max(self.P_persistent, self.C_local + self.C_persistent), np.inf)
+        pers_ok = np.where(
+            persistent, start + max(self.P_persistent, self.C_local + self.C_persistent), np.inf
+        )
         pers_ok[0] = 0.0
         return E, local_ok, pers_ok
 
@@ -64,13 +68,39 @@ class TwoTierSetup:
 def setup_from_plan(report) -> TwoTierSetup:
     """A TwoTierSetup from a two-tier PlanReport."""
     t, fm = report.two_tier, report.failure_model
-    lag_p = fm.persist_seconds if (fm.async_save and fm.persist_seconds is not None) else fm.checkpoint_write_seconds
-    return TwoTierSetup(total_steps=report.total_steps, step_seconds=report.step_seconds,
-                        f_local=t.local.frequency_steps, f_persistent=t.persistent.frequency_steps,
-                        C_local=t.local.checkpoint_write_seconds,
-                        P_local=t.local.persist_seconds if fm.async_save else t.local.checkpoint_write_seconds,
-                        C_persistent=fm.checkpoint_write_seconds, P_persistent=lag_p, R=fm.restart_seconds,
-                        M=t.job_mtbf_hours * 3600.0, node_loss_fraction=t.node_loss_fraction)
+    lag_p = (
+        fm.persist_seconds
+        if (fm.async_save and fm.persist_seconds is not None)
+        else fm.checkpoint_write_seconds
+    )
+    return TwoTierSetup(
+        total_steps=report.total_steps,
+        step_seconds=report.step_seconds,
+        f_local=t.local.frequency_steps,
+        f_persistent=t.persistent.frequency_steps,
+        C_local=t.local.checkpoint_write_seconds,
+        P_local=t.local.persist_seconds if fm.async_save else t.local.checkpoint_write_seconds,
+        C_persistent=fm.checkpoint_write_seconds,
+        P_persistent=lag_p,
+        R=fm.restart_seconds,
+        M=t.job_mtbf_hours * 3600.0,
+        node_loss_fraction=t.node_loss_fraction,
+    )
+
+
+def _rollback(tf, p0, pers_known, node, local_ok, pers_time, pers_pos):
+    """Where each failed run resumes: a node loss goes back to the newest persistent checkpoint on storage,
+    any other failure to the newest local one (never behind the position it resumed from). Returns the
+    persistent checkpoint each run now knows and the position it resumes at."""
+    import numpy as np
+
+    newest_local = np.searchsorted(local_ok, tf, side="right") - 1
+    j = np.searchsorted(pers_time, tf, side="right") - 1
+    newest_pers = pers_pos[np.maximum(j, 0)]
+    # copies from before p0: the remembered one
+    known = np.where(newest_pers > p0, newest_pers, pers_known)
+    target = np.where(node, known, np.maximum(newest_local, p0))
+    return np.minimum(known, target), target
 
 
 def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: float):
@@ -87,8 +117,16 @@ def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: f
     idx = np.arange(runs)
     pos = np.zeros(runs, dtype=np.int64)
     pers = np.zeros(runs, dtype=np.int64)  # newest persistent checkpoint known to be on storage
-    wall, fails, losses = np.zeros(runs), np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
-    out_wall, out_fail, out_loss = np.zeros(runs), np.zeros(runs, dtype=np.int64), np.zeros(runs, dtype=np.int64)
+    wall, fails, losses = (
+        np.zeros(runs),
+        np.zeros(runs, dtype=np.int64),
+        np.zeros(runs, dtype=np.int64),
+    )
+    out_wall, out_fail, out_loss = (
+        np.zeros(runs),
+        np.zeros(runs, dtype=np.int64),
+        np.zeros(runs, dtype=np.int64),
+    )
     need = np.zeros(runs, dtype=bool)
     for _ in range(max_iter):
         if not idx.size:
@@ -101,14 +139,10 @@ def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: f
         wall += np.where(done, end - E[pos], np.where(fail, X, 0.0))
         if fail.any():
             tf, p0 = t[fail], pos[fail]
-            newest_local = np.searchsorted(local_ok, tf, side="right") - 1
-            j = np.searchsorted(pers_time, tf, side="right") - 1
-            newest_pers = pers_pos[np.maximum(j, 0)]
-            known = np.where(newest_pers > p0, newest_pers, pers[fail])  # copies from before p0: the remembered one
             node = rng.random(tf.size) < phi
-            target = np.where(node, known, np.maximum(newest_local, p0))
-            pers[fail] = np.minimum(known, target)
-            pos[fail] = target
+            pers[fail], pos[fail] = _rollback(
+                tf, p0, pers[fail], node, local_ok, pers_time, pers_pos
+            )
             fails[fail] += 1
             losses[fail] += node
             need[fail] = True
@@ -116,9 +150,13 @@ def run_two_tier(setup: TwoTierSetup, runs: int, seed: int, expected_failures: f
             r = idx[done]
             out_wall[r], out_fail[r], out_loss[r] = wall[done], fails[done], losses[done]
             keep = ~done
-            idx, pos, pers, wall, fails, losses, need = (a[keep] for a in (idx, pos, pers, wall, fails, losses, need))
+            idx, pos, pers, wall, fails, losses, need = (
+                a[keep] for a in (idx, pos, pers, wall, fails, losses, need)
+            )
     else:
         if idx.size:
-            raise UsageError("the two-tier simulation did not finish: under this failure rate the run barely "
-                             "makes progress")
+            raise UsageError(
+                "the two-tier simulation did not finish: under this failure rate the run barely "
+                "makes progress"
+            )
     return out_wall, out_fail, out_loss
