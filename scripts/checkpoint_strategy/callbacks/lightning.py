@@ -30,7 +30,8 @@ What it does (logged at setup):
     interruption counted over the launches;
   * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save ``epoch=E-step=N.ckpt`` at the next
     ``on_train_batch_end`` and set ``trainer.should_stop``: ``fit`` returns, the process exits 0, and
-    ``last_valid_checkpoint`` resumes from that save (preempt.py); Lightning's own SIGTERM handler is replaced
+    ``last_valid_checkpoint`` resumes from that save (preempt.py; the Trainer's min_steps / min_epochs do not hold the
+    fit past it: lifted for the rest of that fit, warned at its start); Lightning's own SIGTERM handler is replaced
     for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
