@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +239,113 @@ def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, 
         len(errors) == 1
         and "step counter is 0, the checkpoint's 250 (a fresh optimizer" in errors[0]
     )
+
+
+# a preempted playbook fit and its resumed launch, in a subprocess (the signal): one batch an epoch, every save at
+# an epoch end; `handles` is how many open files of this process are the loss log, at the end of training
+PREEMPTED = textwrap.dedent("""
+    import os, sys, time, torch
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, fit_with_recovery, last_valid_checkpoint
+    from checkpoint_strategy.formats.runlog import METRICS_FILE
+
+    out, steps = sys.argv[1], int(sys.argv[2])
+    torch.set_num_threads(1)
+
+    class EpochSampler(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+        def __len__(self):
+            return 32
+        def __iter__(self):
+            return iter(range(self.epoch * 32 % 4096, self.epoch * 32 % 4096 + 32))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 8, generator=g)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, sampler=EpochSampler())
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        def training_step(self, batch, _idx):
+            xb, yb = batch
+            return torch.nn.functional.mse_loss(self.net(xb), yb)
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+    log = os.path.realpath(os.path.join(out, METRICS_FILE))
+
+    class Spy(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, idx):
+            print(f"step {trainer.global_step}", flush=True)
+            time.sleep(0.02)
+        def on_train_end(self, trainer, module):
+            fds = [os.path.join("/proc/self/fd", f) for f in os.listdir("/proc/self/fd")]
+            print("handles", sum(1 for f in fds if os.path.realpath(f) == log), flush=True)
+
+    cb = LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 3}, handoff_dir=None)
+    trainer = pl.Trainer(max_steps=steps, callbacks=[cb, ModelCheckpoint(dirpath=out, save_top_k=-1), Spy()],
+                         logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         devices=1, log_every_n_steps=1)
+    res = fit_with_recovery(trainer, Net(), train_dataloaders=loader, ckpt_path=last_valid_checkpoint(out))
+    print("done", res["global_step"], "preempted" if cb.preempted else "finished", flush=True)
+""")
+
+
+def _playbook_launch(tmp_path, out, send_at=None):
+    script = tmp_path / "playbook_fit.py"
+    script.write_text(PREEMPTED)
+    paths = [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if send_at is not None and line.strip() == f"step {send_at}":
+            proc.send_signal(signal.SIGTERM)
+    err = proc.stderr.read() if proc.stderr else ""
+    return proc.wait(timeout=300), lines, err
+
+
+def _log_lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc/self/fd")
+def test_the_strategys_records_go_through_the_guards_one_loss_log_writer(tmp_path):
+    """The playbook's loss log has one writer, the guard: the strategy's own records (the preemption save's, the
+    resumed launch's interruption) go through it, each once, in step order among the losses, and no second handle
+    on the file is open (the strategy used to open its own: two buffers on one file)."""
+    out = tmp_path / "run"
+    rc, lines, err = _playbook_launch(tmp_path, out, send_at=20)
+    assert rc == 0, err[-3000:]
+    done = lines[-1].split()
+    assert done[2] == "preempted" and 20 <= int(done[1]) < 120, lines[-3:]
+    step = int(done[1])
+    assert "handles 1" in lines, lines[-3:]
+    first = _log_lines(out / METRICS_FILE)
+    assert [r.get("step") for r in first[:-1]] == list(
+        range(1, step + 1)
+    )  # the guard's losses, in order
+    assert first[-1]["event"] == "checkpoint-strategy:preemption" and first[-1]["step"] == step
+    rc2, lines2, err2 = _playbook_launch(tmp_path, out)  # resumes from the preemption save
+    assert rc2 == 0 and lines2[-1] == "done 120 finished", err2[-3000:]
+    assert "handles 1" in lines2, lines2[-3:]
+    second = _log_lines(out / METRICS_FILE)  # this launch's (the first one's was set aside)
+    assert second[0]["event"] == "checkpoint-strategy:interruption", second[:2]
+    assert (second[0]["kind"], second[0]["at_step"], second[0]["count"]) == ("preemption", step, 1)
+    assert [r.get("step") for r in second[1:]] == list(range(step + 1, 121))

@@ -24,7 +24,7 @@ STEPS = 120
 # one batch an epoch, the epoch's own (a sampler that Lightning tells the epoch): every save is at an epoch end,
 # so a resumed fit draws the same batches as an uninterrupted one
 SCRIPT = textwrap.dedent('''
-    import io, sys, time, torch
+    import io, json, os, sys, time, torch
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
     from pytorch_lightning.plugins.io import TorchCheckpointIO
@@ -61,6 +61,8 @@ SCRIPT = textwrap.dedent('''
             return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
     class Progress(pl.Callback):
+        def on_train_start(self, trainer, module):
+            print("mins", trainer.min_steps, trainer.min_epochs, flush=True)
         def on_train_batch_end(self, trainer, module, outputs, batch, idx):
             print(f"loss {trainer.global_step} {float(outputs['loss']):.8f}", flush=True)
             print(f"step {trainer.global_step}", flush=True)
@@ -89,22 +91,30 @@ SCRIPT = textwrap.dedent('''
     mc = ModelCheckpoint(dirpath=out, save_top_k=-1)
     trainer = pl.Trainer(max_steps=steps, callbacks=[cb, Progress(), mc], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1,
-                         plugins=[SlowIO()], default_root_dir=out)
+                         plugins=[SlowIO()], default_root_dir=out, **json.loads(os.environ.get("FIT_MINS", "{}")))
     trainer.fit(Net(), loader, ckpt_path=last_valid_checkpoint(out))
+    print("mins", trainer.min_steps, trainer.min_epochs, flush=True)
     print("done", trainer.global_step, "preempted" if cb.preempted else "finished", flush=True)
 ''')
 
 
 def _launch(
-    tmp_path: Path, out: Path, signals: str = "auto", send=None, at_step: int = 20, slow=None
+    tmp_path: Path,
+    out: Path,
+    signals: str = "auto",
+    send=None,
+    at_step: int = 20,
+    slow=None,
+    mins: str = "{}",
 ):
     """slow (seconds, grace): the first save (step 50) sleeps that long half-written; the signal is sent as it
-    starts. Returns (exit code, stdout lines, stderr)."""
+    starts. mins: the Trainer's min_steps / min_epochs (JSON). Returns (exit code, stdout lines, stderr)."""
     script = tmp_path / "fit.py"
     script.write_text(SCRIPT)
     at = f"step {at_step}" if slow is None else "saving"
     env = {
         **os.environ,
+        "FIT_MINS": mins,
         "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
         ),
@@ -215,3 +225,31 @@ def test_lightning_preemption_off_leaves_the_signal_to_lightning(tmp_path):
     rc, lines, _ = _launch(tmp_path, tmp_path / "run", signals="", send=signal.SIGTERM)
     assert not (tmp_path / "run" / RECORD_FILE).exists()
     assert not any(x.startswith("done") and x.endswith("preempted") for x in lines)
+
+
+@pytest.mark.parametrize(
+    "mins, said",
+    [({"min_steps": STEPS}, "min_steps=120"), ({"min_epochs": STEPS}, "min_epochs=120")],
+    ids=["min_steps", "min_epochs"],
+)
+def test_lightning_a_preemption_stops_the_fit_before_min_steps_or_min_epochs(tmp_path, mins, said):
+    """Lightning ignores should_stop until min_steps / min_epochs are met (early stopping's floor): the fit would
+    train on past the preemption save and be killed after the grace. The save stops it there; the Trainer's limits
+    are back after the fit; one WARNING at the fit start says so."""
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, mins=json.dumps(mins))
+    assert rc == 0, err[-3000:]
+    done = lines[-1].split()
+    assert done[0] == "done" and done[2] == "preempted" and 20 <= int(done[1]) < STEPS, lines[-3:]
+    step = int(done[1])
+    assert max(_losses(lines)) == step  # no step trained after the preemption save
+    assert read_record(out)["step"] == step
+    at_start = [x for x in lines if x.startswith("mins ")]
+    assert (
+        len(at_start) == 2 and at_start[0] == at_start[1] == lines[-2]
+    )  # the Trainer's own, back after the fit
+    warned = [
+        x for x in err.splitlines() if "not met yet: a preemption signal still stops the fit" in x
+    ]
+    assert len(warned) == 1 and said in warned[0], err[-3000:]
+    assert "Training will continue" not in err

@@ -30,7 +30,8 @@ What it does (logged at setup):
     interruption counted over the launches;
   * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save ``epoch=E-step=N.ckpt`` at the next
     ``on_train_batch_end`` and set ``trainer.should_stop``: ``fit`` returns, the process exits 0, and
-    ``last_valid_checkpoint`` resumes from that save (preempt.py); Lightning's own SIGTERM handler is replaced
+    ``last_valid_checkpoint`` resumes from that save (preempt.py; the Trainer's min_steps / min_epochs do not hold the
+    fit past it: lifted for the rest of that fit, warned at its start); Lightning's own SIGTERM handler is replaced
     for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
@@ -147,6 +148,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             False  # the next fit is a rollback's resume (a playbook's): not an interruption
         )
         self._fits = 0
+        self._min_limits: Optional[tuple[Any, Any]] = (
+            None  # the Trainer's, lifted by a preemption save
+        )
 
     @property
     def preempted(self) -> Optional[dict]:
@@ -253,7 +257,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                 self.core.saved(*after)
             self._measured(trainer, step, time.monotonic() - t0)
             if preempt:
-                trainer.should_stop = True
+                self._stop(trainer)
                 self.preemption.finish_save(self.core.root, path, step, self.core.record_action)
             return out
 
@@ -334,10 +338,11 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         self.preemption.rank_zero = bool(trainer.is_global_zero)
         # the signal's own action after the grace period: the handler from before the fit, not Lightning's (which
         # only sets a flag)
-        self.preemption.install_for(
+        if self.preemption.install_for(
             int(trainer.world_size),
             getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
-        )
+        ):
+            _say_min_limits(trainer)
         if (
             ckpt
         ):  # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
@@ -420,8 +425,25 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                     step  # of this step (the others keep their own saves)
                 )
 
+    def _stop(self, trainer) -> None:
+        """The preemption save is written: the fit stops at this step. Lightning ignores ``should_stop`` until
+        the Trainer's min_steps / min_epochs are met (they are early stopping's floor); a preemption is no early
+        stop (Lightning's own SIGTERM ends the fit past them too): they are lifted for the rest of this fit and
+        put back at its end. The next launch resumes from the save and trains on to them."""
+        trainer.should_stop = True
+        loop = trainer.fit_loop
+        if self._min_limits is None and not loop._can_stop_early:
+            self._min_limits = (loop.min_epochs, loop.epoch_loop.min_steps)
+            loop.min_epochs, loop.epoch_loop.min_steps = None, None
+
+    def _restore_min_limits(self, trainer) -> None:
+        if self._min_limits is not None:
+            trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps = self._min_limits
+            self._min_limits = None
+
     def on_train_end(self, trainer, pl_module) -> None:
         self.preemption.uninstall()  # before Lightning puts its own originals back
+        self._restore_min_limits(trainer)
 
     def _decide(self, trainer, seen: int, loss: Optional[float], grad: Optional[float]) -> None:
         """Feed the detector the values of step `seen`; on an event (rank 0 writes the marker and broadcasts
@@ -454,9 +476,27 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if stage == "fit":
             self._inflight = None  # a fit that raised: never wait on the ranks here
             self.preemption.uninstall()
+            self._restore_min_limits(trainer)
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
+
+
+def _say_min_limits(trainer) -> None:
+    """One WARNING at the start of a fit that catches the preemption signals while the Trainer's min_steps /
+    min_epochs are not met yet: a preemption stops the fit before them (LightningCheckpointStrategy._stop)."""
+    steps, epochs = trainer.fit_loop.epoch_loop.min_steps, trainer.fit_loop.min_epochs
+    unmet = []
+    if steps and trainer.global_step < steps:
+        unmet.append(f"min_steps={steps}")
+    if epochs and trainer.current_epoch < epochs:
+        unmet.append(f"min_epochs={epochs}")
+    if unmet and trainer.is_global_zero:
+        log.warning(
+            PREFIX
+            + f"{' and '.join(unmet)} not met yet: a preemption signal still stops the fit at its save "
+            "(the next launch resumes from it and trains on to them)"
+        )
 
 
 def _say_where(root: str) -> None:

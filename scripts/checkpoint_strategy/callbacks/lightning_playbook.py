@@ -125,7 +125,7 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
         return plain_step(*args, **kwargs)
 
     guard.on_action = core.actions.append   # the guard's actions go to the handoff state
-    core.action_sink = guard._write          # the strategy's (preemption, interval) into the guard's loss log
+    core.action_sink = _sink(guard, core)    # the strategy's (preemption, interval) into the guard's loss log
     own_step = "training_step" in model.__dict__
     model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
@@ -156,6 +156,19 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
         trainer.callbacks.remove(cb)
         trainer.gradient_clip_val = cb.user_clip
     return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
+
+
+def _sink(guard: TrainingGuard, core: Any) -> Any:
+    """The strategy's records (preemption, interval, a resumed launch's interruption), written by the guard into its
+    loss log, the one handle on it. The interruption comes at on_train_start, before the guard's first batch gives
+    it the folder: it gets it here (record_action calls this on rank 0 alone)."""
+
+    def write(rec: dict) -> None:
+        if guard.root is None and core.root is not None:
+            guard.root, guard._metrics_on = core.root, True
+        guard._write(rec)
+
+    return write
 
 
 def _skipped_step(trainer, model, guard: TrainingGuard) -> Any:
