@@ -106,6 +106,7 @@ TARGETS = {
             "tests/test_checkpoints_prune_best.py",
             "tests/test_checkpoints_prune_guards.py",
             "tests/test_checkpoints_prune_defaults.py",
+            "tests/test_retention_safety.py",  # validate/release-gate/on-event's use of it, in-process
             "--deselect=tests/test_checkpoints_prune.py::"
             "test_crash_safety_kill_prune_apply_at_random_points",
         ],
