@@ -422,7 +422,7 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
     unpack, append, lh_unpack, new = _CD_RECORD.unpack_from, entries.append, _LH_RECORD.unpack_from, _new_entry
     cd_offset = p
     m32 = 0xFFFFFFFF
-    odd_flags = ZIP_REFUSED_FLAGS
+    odd_flags, folder = ZIP_REFUSED_FLAGS, ZIP_DOS_FOLDER
     for i in range(n_entries):
         if p + 46 > end:
             return f"broken central directory at entry {i}"
@@ -430,20 +430,28 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
         q = p + 46 + nlen
         raw = cd[p + 46:q] if q <= end else cd[p + 46:end]
         name = raw.decode("utf-8", "replace")
-        if (sig != _CDH or flags & odd_flags or attrs & ZIP_DOS_FOLDER or (e_disk != disk and e_disk != 1)
-                or m32 in (csize, usize, offset)):   # anything but the usual record
+        if (sig != _CDH or flags & odd_flags or attrs & folder or (e_disk != disk and e_disk != 1)
+                or csize == m32 or usize == m32 or offset == m32):   # anything but the usual record
             odd = _odd_record(i, sig, flags, e_disk, disk, attrs, name, cd[min(q, end):min(q + xlen, end)],
                               (csize, usize, offset))
             if isinstance(odd, str):
                 return odd
             csize, usize, offset = odd
         e = new(ZipEntry)   # (its fields set here: a dataclass __init__ is one more Python call an entry)
-        e.name, e.method, e.crc, e.csize, e.usize, e.offset, e.data_start, e.usual_start = \
-            name, method, crc, csize, usize, offset, 0, 0
+        e.name = name
+        e.method = method
+        e.crc = crc
+        e.csize = csize
+        e.usize = usize
+        e.offset = offset
+        e.data_start = e.usual_start = 0
+        # (a stored entry's usual local header: its name's bytes compared in place, `raw` cut short only when
+        # the directory is broken, which the loop reports below)
         if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
             start = offset + 30 + lnlen + lxlen
-            if lsig == LFH and start + csize <= cd_offset and whole[offset + 30:offset + 30 + lnlen] == raw:
+            if (lsig == LFH and lnlen == len(raw) and start + csize <= cd_offset
+                    and whole.startswith(raw, offset + 30)):
                 e.usual_start = start
         append(e)
         p = q + xlen + clen

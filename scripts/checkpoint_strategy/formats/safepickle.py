@@ -266,7 +266,20 @@ Verdict = Literal["allowed", "framework", "unsafe"]
 
 def classify_global(qualname: str, dcp: bool = False) -> Verdict:
     """'allowed' (torch weights_only accepts it), 'framework' (a framework's class: needs
-    weights_only=False but builds data) or 'unsafe' (anything else: loading would call it)."""
+    weights_only=False but builds data) or 'unsafe' (anything else: loading would call it).
+    (Every list it reads is frozen: the verdicts of up to `_GLOBALS_CACHED` names are kept.)"""
+    verdict = _VERDICTS.get((qualname, dcp))
+    if verdict is None:
+        verdict = _classify(qualname, dcp)
+        if len(_VERDICTS) < _GLOBALS_CACHED:
+            _VERDICTS[qualname, dcp] = verdict
+    return verdict
+
+
+_VERDICTS: dict[tuple[str, bool], Verdict] = {}
+
+
+def _classify(qualname: str, dcp: bool) -> Verdict:
     if qualname in WEIGHTS_ONLY or qualname in NUMPY_ARRAYS or _NUMPY_DTYPE_CLASS.match(qualname):
         return "allowed"
     if dcp and (DCP_METADATA.match(qualname) or qualname in _DCP_EXTRA or qualname in WEIGHTS_ONLY):
@@ -295,16 +308,23 @@ def shown(name: str, limit: int = 200) -> str:
 # --------------------------------------------------------------------------- records: what a pickle builds
 
 
+def _storage_dtype(name: str) -> str:
+    return STORAGE_DTYPE.get(name) or ("uint8" if name == "TypedStorage" else "unknown")
+
+
 class Global(type):
     """A global a pickle names (GLOBAL, STACK_GLOBAL, INST), as the inert class this module makes for it: its
     `module` and `name` are text, nothing is imported. Calling it (REDUCE, INST, OBJ) or NEWOBJ on it builds a `Call`
     record of the arguments (or, for the few data-building callables torch uses, the value they build: `_build`)."""
 
     _where: tuple[str, str, str]
+    _storage_dtype: str
 
     def __new__(mcs, module: str, name: str) -> Global:
         cls = super().__new__(mcs, "Record", (Call,), {"__slots__": ()})
         cls._where = (module, name, f"{module}.{name}")
+        # the dtype of a storage this global names as a persistent id's storage type (`_Reader.persistent_load`)
+        cls._storage_dtype = _storage_dtype(name)
         return cls
 
     def __init__(
@@ -546,51 +566,51 @@ def _tensor(cls: Any, *args: Any, **kwargs: Any) -> Any:
     q = cls._where[2]
     if q not in scan.calls:
         scan.calls.append(q)
-    if len(args) >= 4:
-        st, offset, shape, stride = args[:4]
-        if (
-            type(shape) is not tuple or type(stride) is not tuple
-        ):  # (torch writes tuples: the rest is the slow way)
-            shape, stride = _tuple_ints(shape), _tuple_ints(stride)
-            if shape is None or stride is None:
-                return _record(cls, args, kwargs)
-        if (
-            type(st) is StorageRef
-            and type(offset) is int
-            and offset >= 0
-            and len(shape) == len(stride)
-        ):
-            last = offset  # (TensorRef.span inlined: the last element the view reads)
-            for d, s in zip(shape, stride):  # noqa: B905 - lengths equal; each an int (not a bool, nor a subclass), >= 0
-                if type(d) is not int or type(s) is not int or d < 0 or s < 0:
-                    break
-                last += (d - 1) * s
-            else:
-                t = _new_tensor(
-                    TensorRef
-                )  # (its fields set here: a dataclass __init__ is one more Python call)
-                t.storage, t.offset, t.shape, t.stride = st, offset, shape, stride
-                t.dtype = dtype = (
-                    args[6]._where[1]
-                    if len(args) >= 7 and isinstance(args[6], Global)
-                    else st.dtype
-                )
-                scan.tensors.append(t)
-                if (
-                    scan.past_end is None
-                    and 0 not in shape
-                    and last
-                    >= (  # (an empty view reads nothing)
-                        st.numel
-                        if dtype is st.dtype
-                        else st.numel
-                        * DTYPE_SIZE.get(st.dtype, 1)
-                        // max(1, DTYPE_SIZE.get(dtype, 1))
-                    )
-                ):
-                    scan.past_end = t
-                return t
-    return _record(cls, args, kwargs)
+    if len(args) < 4:
+        return _record(cls, args, kwargs)
+    st, offset, shape, stride = args[0], args[1], args[2], args[3]
+    if (
+        type(shape) is not tuple or type(stride) is not tuple
+    ):  # (torch writes tuples: the rest is the slow way)
+        shape, stride = _tuple_ints(shape), _tuple_ints(stride)
+        if shape is None or stride is None:
+            return _record(cls, args, kwargs)
+    if (
+        type(st) is not StorageRef
+        or type(offset) is not int
+        or offset < 0
+        or len(shape) != len(stride)
+    ):
+        return _record(cls, args, kwargs)
+    last = offset  # (TensorRef.span inlined: the last element the view reads)
+    for d, s in zip(shape, stride):  # noqa: B905 - lengths equal; each an int (not a bool, nor a subclass), >= 0
+        if type(d) is not int or type(s) is not int or d < 0 or s < 0:
+            return _record(cls, args, kwargs)
+        last += (d - 1) * s
+    t = _new_tensor(
+        TensorRef
+    )  # (its fields set here: a dataclass __init__ is one more Python call)
+    t.storage = st
+    t.offset = offset
+    t.shape = shape
+    t.stride = stride
+    dtype = st.dtype
+    if len(args) >= 7 and isinstance(args[6], Global):
+        dtype = args[6]._where[1]
+    t.dtype = dtype
+    scan.tensors.append(t)
+    if (
+        scan.past_end is None
+        and 0 not in shape  # (an empty view reads nothing)
+        and last
+        >= (
+            st.numel
+            if dtype is st.dtype
+            else st.numel * DTYPE_SIZE.get(st.dtype, 1) // max(1, DTYPE_SIZE.get(dtype, 1))
+        )
+    ):
+        scan.past_end = t
+    return t
 
 
 _new_tensor = object.__new__
@@ -701,11 +721,13 @@ class _Reader(pickle.Unpickler):
             key, numel = pid[2], pid[4]
             if isinstance(key, str) and type(numel) is int and numel >= 0:
                 stype, location = pid[1], pid[3]
-                name = stype._where[1] if isinstance(stype, Global) else str(stype)
                 ref = _new_tensor(StorageRef)  # (as in _tensor: no __init__ call)
-                ref.key, ref.numel = key, numel
-                ref.dtype = STORAGE_DTYPE.get(name) or (
-                    "uint8" if name == "TypedStorage" else "unknown"
+                ref.key = key
+                ref.numel = numel
+                ref.dtype = (
+                    stype._storage_dtype
+                    if isinstance(stype, Global)
+                    else _storage_dtype(str(stype))
                 )
                 ref.location = location if type(location) is str else str(location)
                 prev = scan.storages.get(key)
