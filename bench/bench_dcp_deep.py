@@ -65,6 +65,20 @@ def counted(names: tuple[str, ...]) -> dict[str, int]:
     return calls
 
 
+def rchar() -> int:
+    with open("/proc/self/io") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("rchar:"))
+
+
+def read_through(path: Path, level: str) -> tuple[int, int]:
+    """Bytes one validate run reads through syscalls (rchar: read, pread; page-cache hits count) and the bytes its
+    value scan maps (deep: bytes_scanned)."""
+    before = rchar()
+    r = validate_checkpoint(str(path), level=level)
+    read = rchar() - before
+    return read, r.deep.bytes_scanned if r.deep is not None else 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=48)
@@ -98,6 +112,12 @@ def main() -> None:
             f"{min(cpus) * 1e3:.1f} ms CPU"
         )
         deep = sum(calls.values())
+        full_io, deep_io = read_through(path, "full"), read_through(path, "deep")
+        print(
+            f"  bytes read (read syscalls, /proc/self/io rchar; + bytes the value scan maps): level full "
+            f"{full_io[0] / size:.2f}x the folder, level deep {deep_io[0] / size:.2f}x + {deep_io[1] / size:.2f}x "
+            f"mapped = {sum(deep_io) / size:.2f}x"
+        )
         print(
             f"  embedded archive parses: level full {full} (one per item), level deep {deep} "
             f"({deep / max(1, full):.2f} per item)"
