@@ -14,8 +14,9 @@ import os
 import pickletools
 import re
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from checkpoint_strategy.formats import archive as zr
@@ -633,20 +634,24 @@ def dcp_crc_findings(
 
 def dcp_crc_entries(
     items: list[DcpItem], archives: dict[tuple[str, int], ZipScan]
-) -> dict[str, tuple[list[ZipEntry], dict[int, str]]]:
+) -> dict[str, tuple[list[ZipEntry], dict[int, Callable[[], str]]]]:
     """For the value scan's one pass: per storage file (relative path), the entries of its deferred archives at
     their offsets in the file (item order, then archive order: the order level full reports them in) and the
-    item each names (id(entry) -> `dcp_item_where`)."""
-    out: dict[str, tuple[list[ZipEntry], dict[int, str]]] = {}
+    item each is in (id(entry) -> its `dcp_item_where`, worded when a finding needs it)."""
+    out: dict[str, tuple[list[ZipEntry], dict[int, Callable[[], str]]]] = {}
     for it in sorted(items, key=lambda i: i.offset):
         z = archives.get((it.rel, it.offset))
         if z is None:
             continue
         entries, where = out.setdefault(it.rel, ([], {}))
+        label = partial(dcp_item_where, it)
+        base = it.offset
         for e in z.entries:
-            moved = replace(e, offset=it.offset + e.offset, data_start=it.offset + e.data_start)
+            moved = ZipEntry(
+                e.name, e.method, e.crc, e.csize, e.usize, base + e.offset, base + e.data_start
+            )
             entries.append(moved)
-            where[id(moved)] = dcp_item_where(it)
+            where[id(moved)] = label
     return out
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -150,7 +150,7 @@ class _CrcCursor:
     .distcp file)."""
 
     def __init__(
-        self, fh: Any, entries: list[zr.ZipEntry], where: dict[int, str] | None = None
+        self, fh: Any, entries: list[zr.ZipEntry], where: dict[int, Callable[[], str]] | None = None
     ) -> None:
         self.fh, self.fd = fh, fh.fileno()
         self.order = entries
@@ -213,7 +213,7 @@ class _CrcCursor:
                 else zr.crc_entry(self.fh, e, counter)
             )
             if reason:
-                return f"{self.where[id(e)]}: {reason}" if id(e) in self.where else reason
+                return f"{self.where[id(e)]()}: {reason}" if id(e) in self.where else reason
         self.extra += counter.bytes_read
         return None
 
@@ -565,7 +565,7 @@ def _load_kernels() -> Any:
 
 
 #: one file's CRC-32 work for `scan`: its name in messages, its entries, id(entry) -> what a finding names first
-CrcFile = tuple[str, list[zr.ZipEntry], dict[int, str] | None]
+CrcFile = tuple[str, list[zr.ZipEntry], dict[int, Callable[[], str]] | None]
 
 
 @dataclass
@@ -585,7 +585,7 @@ def _scan_file(
     want_max: bool,
     kern: Any = None,
     entries: list[zr.ZipEntry] | None = None,
-    where: dict[int, str] | None = None,
+    where: dict[int, Callable[[], str]] | None = None,
 ) -> _FileScan:
     """Every job of one file in offset order (`entries`: the archive's entries, CRC-checked in the same pass;
     `where`: see _CrcCursor)."""
@@ -636,7 +636,7 @@ def _scan_file_quiet(
     want_max: bool,
     kern: Any = None,
     entries: list[zr.ZipEntry] | None = None,
-    where: dict[int, str] | None = None,
+    where: dict[int, Callable[[], str]] | None = None,
 ) -> _FileScan:
     import numpy as np
 
