@@ -6,13 +6,17 @@ deep level read each again; now it takes the ones full read).
 
 The checkpoint is written by torch's own `dcp.save` (FileSystemWriter, `--shards` writer threads): a Sequential of
 `--layers` Linear(width, width) layers and its AdamW state after one step (every weight, bias and moment an item).
-Printed: best-of-N wall and CPU seconds of `validate_checkpoint(level="deep")`, and the embedded archive parses
+Printed: best-of-N wall and CPU seconds of `validate_checkpoint(level="deep")`, the bytes one run of each level reads
+(read syscalls, /proc/self/io rchar, and the bytes the value scan maps), and the embedded archive parses
 (`formats.filechecks` scan_embedded_zip, and embedded_torch_zip where a checkout has it) of one level full run (one
 per item) and of one level deep run. Run it from both checkouts with bench/compare.py for a before/after figure.
 
 Measured (issue 41, this machine, 2 shared cores; compare.py, 3 interleaved rounds, best of 5; 48 layers, 38.6 MB):
 before the deep level took level full's item archives, 1.97 archive parses per item and 490-563 ms wall /
 179-208 ms CPU; after, 1.00 parse per item and 286-294 ms wall / 108-165 ms CPU (0.51-0.60x wall, 0.60-0.79x CPU).
+Bytes read at level deep (issue 40: the tensor bytes read twice, full's CRC then the value scan; now the scan
+computes the CRC-32s from the bytes it reduces): 1.99x -> 1.15x the folder (read syscalls 1.01x -> 0.16x, mapped
+0.98x), CPU unchanged within the noise (114-127 -> 120-132 ms, load average 11-13; docs/benchmarks.md).
 """
 
 from __future__ import annotations
