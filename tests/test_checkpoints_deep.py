@@ -369,11 +369,17 @@ def test_dcp_deep_checks_the_archives_crc_in_the_value_scan_pass(dcp_sharded, co
     full = validate_checkpoint(folder, level="full")
     deep = validate_checkpoint(folder, level="deep")
     assert full.status == deep.status == "invalid"
-    assert [(p.file, p.reason) for p in deep.problems] == [(p.file, p.reason) for p in full.problems]
-    assert deep.problems[0].reason.startswith("item ") and "CRC-32 mismatch" in deep.problems[0].reason
+    assert [(p.file, p.reason) for p in deep.problems] == [
+        (p.file, p.reason) for p in full.problems
+    ]
+    assert (
+        deep.problems[0].reason.startswith("item ") and "CRC-32 mismatch" in deep.problems[0].reason
+    )
 
 
-def test_dcp_deep_checks_the_archives_crc_when_another_problem_stops_the_value_scan(dcp_sharded, copy_of):
+def test_dcp_deep_checks_the_archives_crc_when_another_problem_stops_the_value_scan(
+    dcp_sharded, copy_of
+):
     """Another file's problem: no value scan, and the CRC-32s it would have checked are checked as level full
     checks them (the same problems, worded the same)."""
     folder = copy_of(dcp_sharded)
