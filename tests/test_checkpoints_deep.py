@@ -328,6 +328,78 @@ def test_dcp_deep_parses_each_item_archive_once(dcp_checkpoint, monkeypatch):
     assert r.deep.tensors >= 4 and r.deep.weights_norm
 
 
+def _dcp_tensor_byte(folder: Path) -> tuple[Path, int]:
+    """A .distcp file of `folder` and the offset of a byte of the largest tensor item's values (inside its
+    archive's data/ entry)."""
+    from checkpoint_strategy.formats import filechecks as fc
+    from checkpoint_strategy.formats.dcp import dcp_metadata
+
+    md = dcp_metadata(tp.read_pickle((folder / ".metadata").read_bytes()))
+    it = max((c for t in md.tensors for c in t.chunks), key=lambda c: c.length)
+    with open(folder / it.rel, "rb") as fh:
+        z = fc.scan_embedded_zip(fh, it.offset, it.length, fc.Counter())
+    data = max(z.entries, key=lambda e: e.csize)
+    return folder / it.rel, it.offset + data.data_start + data.csize // 2
+
+
+def _flip(path: Path, offset: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+def test_dcp_deep_checks_the_archives_crc_in_the_value_scan_pass(dcp_sharded, copy_of, monkeypatch):
+    """Level deep reads each DCP storage file's bytes once (issue 40): full's CRC-32 pass over the item archives is
+    not made, the value scan computes the CRC-32s from the bytes it reduces; a flipped value byte is found by it
+    with level full's words (the item, the entry, the CRC-32s)."""
+    from checkpoint_strategy.formats import archive as zr
+
+    calls = {"n": 0}
+    real = zr.crc_entries
+
+    def counted(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(zr, "crc_entries", counted)
+    r = validate_checkpoint(dcp_sharded, level="deep")
+    assert r.status == "valid" and r.deep.tensors >= 4, r.problems
+    assert calls["n"] == 0
+    assert validate_checkpoint(dcp_sharded, level="full").status == "valid" and calls["n"] > 0
+
+    folder = copy_of(dcp_sharded)
+    path, offset = _dcp_tensor_byte(folder)
+    _flip(path, offset)
+    full = validate_checkpoint(folder, level="full")
+    deep = validate_checkpoint(folder, level="deep")
+    assert full.status == deep.status == "invalid"
+    assert [(p.file, p.reason) for p in deep.problems] == [
+        (p.file, p.reason) for p in full.problems
+    ]
+    assert (
+        deep.problems[0].reason.startswith("item ") and "CRC-32 mismatch" in deep.problems[0].reason
+    )
+
+
+def test_dcp_deep_checks_the_archives_crc_when_another_problem_stops_the_value_scan(
+    dcp_sharded, copy_of
+):
+    """Another file's problem: no value scan, and the CRC-32s it would have checked are checked as level full
+    checks them (the same problems, worded the same)."""
+    folder = copy_of(dcp_sharded)
+    path, offset = _dcp_tensor_byte(folder)
+    _flip(path, offset)
+    (folder / "__9_9.distcp").write_bytes(b"left over")
+    full = validate_checkpoint(folder, level="full")
+    deep = validate_checkpoint(folder, level="deep")
+    assert deep.status == full.status == "invalid" and deep.deep is None
+    assert sorted((p.file, p.reason) for p in deep.problems) == sorted(
+        (p.file, p.reason) for p in full.problems
+    )
+    assert any("CRC-32 mismatch" in p.reason for p in deep.problems)
+    assert any("not referenced" in p.reason for p in deep.problems)
+
+
 # ----------------------------------------------------------------------------- optimizer state
 
 

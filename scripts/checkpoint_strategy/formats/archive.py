@@ -297,6 +297,7 @@ _LH_LENS = struct.Struct("<HH")   # a local header's name and extra-field length
 # local header cost (a real Trainer's optimizer.pt of a small model: ~100 entries in 250 kB)
 ZIP_TAIL_BYTES = 22 + 65535 + 20
 SMALL_ZIP_BYTES = 1 << 20
+ZIP_SHORT_TAIL = 1 << 10   # the end-record search's first read of a file (`_tail`)
 # general-purpose flag bits torch.load refuses: encrypted (0), patched data (5), strong encryption (6),
 # masked local headers (13)
 ZIP_REFUSED_FLAGS = 0x2061
@@ -346,10 +347,17 @@ def read_directory(src: Source, size: int) -> Directory | str:
 
 
 def _tail(src: Source, size: int) -> tuple[bytes, int]:
-    """The last ZIP_TAIL_BYTES of the archive (its bytes when held whole) and their offset."""
+    """The last ZIP_TAIL_BYTES of the archive (its bytes when held whole) and their offset. From a file, its last
+    ZIP_SHORT_TAIL bytes first: when they hold an end record with its locator's 20 bytes before it, that is the one
+    the whole tail's last match finds (torch writes no comment), and the rest is not read."""
     tail_len = min(size, ZIP_TAIL_BYTES)
     if isinstance(src, InMemory) and tail_len == size:
         return src.data, 0
+    if tail_len > ZIP_SHORT_TAIL and not isinstance(src, InMemory):
+        src.seek(size - ZIP_SHORT_TAIL)
+        short = src.read(ZIP_SHORT_TAIL)
+        if short.rfind(_EOCD) >= 20:
+            return short, size - len(short)
     src.seek(size - tail_len)
     return src.read(tail_len), size - tail_len
 

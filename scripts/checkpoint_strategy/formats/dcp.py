@@ -489,9 +489,26 @@ def check_dcp_dir(
     problems_before = len(ctx.problems)
     archives: dict[tuple[str, int], fc.ZipScan] = {}
     _check_dcp_data_files(ctx, path, names, md.needed, md.items, archives)
-    if ctx.deep and len(ctx.problems) == problems_before and scan.complete:
-        # the item archives level full read (`archives`) go with it: the deep level does not parse them again
-        ctx.source(path, role, "dcp", dcp=md, archives=archives)
+    if ctx.deep:
+        _dcp_deep_source(ctx, path, role, md, archives, len(ctx.problems) == problems_before)
+
+
+def _dcp_deep_source(
+    ctx: Ctx,
+    path: str,
+    role: Role,
+    md: DcpMetadata,
+    archives: dict[tuple[str, int], fc.ZipScan],
+    whole: bool,
+) -> None:
+    """Level deep of a DCP folder level full found `whole`: the item archives it read (`archives`) go to the value
+    scan, which does not parse them again and checks their CRC-32s as it scans their values (each storage file's
+    bytes read once). Not whole: no value scan, level full's CRC-32s of the archives are checked here."""
+    if whole:
+        ctx.source(path, role, "dcp", dcp=md, archives=archives, crc=True)
+        return
+    for p, reason in fc.dcp_crc_findings(path, md.items, archives, ctx.counter, ctx.update):
+        ctx.bad(p, reason)
 
 
 def _check_dcp_data_files(
@@ -602,7 +619,7 @@ def _check_dcp_data_file(
     if size < nbytes:
         ctx.bad(p, f"truncated: .metadata needs {nbytes} bytes, file has {size}", "incomplete")
     elif ctx.reads(p):  # every item: the torch archive dcp.load reads, CRC-32 included
-        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update, archives):
+        for r in fc.check_dcp_file(p, items, ctx.counter, ctx.update, archives, ctx.deep):
             ctx.bad(p, r)
     ctx._tick()
 

@@ -14,8 +14,9 @@ import os
 import pickletools
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, BinaryIO, cast
 
 from checkpoint_strategy.formats import archive as zr
@@ -209,14 +210,16 @@ def scan_embedded_zip(
     counter: Counter,
     update: Update | None = None,
     crc: bool = True,
+    whole: bool | None = None,
 ) -> ZipScan:
     """`scan_zip` at level full of the torch archive at [base, base+length) of an open file (each item of a DCP
     .distcp is one torch.save archive, which dcp.load reads with torch.load): directory, local headers, data.pkl
-    and the CRC-32 of every entry (`crc=False`: left to the caller). A small archive is read once into memory. The
+    and the CRC-32 of every entry (`crc=False`: left to the caller). A small archive is read once into memory
+    (`whole=False`: never; level deep, whose value scan reads the entries' bytes and their CRC-32 in one pass). The
     one reader of these archives: validate's item checks, the deep level (the archives level full did not read) and
     convert ask it."""
     z = ZipScan()
-    if length <= zr.SMALL_ZIP_BYTES:
+    if length <= zr.SMALL_ZIP_BYTES if whole is None else whole:
         fh.seek(base)
         data = fh.read(length)
         counter.bytes_read += len(data)
@@ -551,21 +554,105 @@ def check_dcp_file(
     counter: Counter,
     update: Update | None = None,
     archives: dict[tuple[str, int], ZipScan] | None = None,
+    defer_crc: bool = False,
 ) -> list[Finding]:
     """Level full of one DCP data file: every item `.metadata` places in it (formats.models.DcpItem) is a torch
     archive torch.load reads (scan_embedded_zip, CRC-32 included) holding what the metadata says: a tensor of the
     chunk's sizes. Raw tensor bytes (an item exactly numel x itemsize long, not an archive) are read through. The
     first finding of the file, or none; `archives` gets each item's archive as read, by (item.rel, item.offset),
-    for the deep level (which reads their tensors, not their structure again)."""
+    for the deep level (which reads their tensors, not their structure again). `defer_crc` (level deep): the
+    archives' CRC-32s are left to the value scan (`dcp_crc_entries`: one pass over the bytes), or to
+    `dcp_crc_findings` when it does not run; an item's finding is reported after the CRC-32s of the archives
+    before it, as level full finds them; a file with a finding leaves none of its archives in `archives`."""
+    checked: list[DcpItem] = []
     try:
         with open_regular(path) as fh:
             for it in sorted(items, key=lambda i: i.offset):
-                reason = _dcp_item_finding(fh, it, counter, update, archives)
+                reason = _dcp_item_finding(fh, it, counter, update, archives, defer_crc)
+                if reason is not None and defer_crc and archives is not None:
+                    reason = _first_crc_finding(fh, checked, archives, counter, update) or reason
+                    for done in checked:
+                        archives.pop((done.rel, done.offset), None)
                 if reason is not None:
                     return [reason]
+                checked.append(it)
     except (OSError, ReadError) as exc:
         return [Finding(_oserror(exc))]
     return []
+
+
+def dcp_item_where(it: DcpItem) -> str:
+    """How a finding names a DCP item: its fqn and its bytes in the storage file."""
+    return f"item {tp.shown(it.fqn)} (bytes {it.offset}..{it.offset + it.length})"
+
+
+def _first_crc_finding(
+    fh: BinaryIO,
+    items: list[DcpItem],
+    archives: dict[tuple[str, int], ZipScan],
+    counter: Counter,
+    update: Update | None,
+) -> Finding | None:
+    """Level full's CRC-32 of the deferred archives of `items` (one file, offset order): the first finding."""
+    for it in items:
+        z = archives.get((it.rel, it.offset))
+        if z is None:
+            continue
+        reason = zr.crc_entries(
+            "archive", zr.Window(fh, it.offset, it.length), z.entries, counter, update
+        )
+        if reason:
+            return Finding(f"{dcp_item_where(it)}: {reason}")
+    return None
+
+
+def dcp_crc_findings(
+    folder: str,
+    items: list[DcpItem],
+    archives: dict[tuple[str, int], ZipScan],
+    counter: Counter,
+    update: Update | None = None,
+) -> list[tuple[str, Finding]]:
+    """Level full's CRC-32s of the archives `check_dcp_file(defer_crc=True)` left in `archives`, when the value
+    scan does not check them: (file path, its first finding) per storage file."""
+    by_file: dict[str, list[DcpItem]] = {}
+    for it in sorted(items, key=lambda i: i.offset):
+        if (it.rel, it.offset) in archives:
+            by_file.setdefault(it.rel, []).append(it)
+    out = []
+    for rel, its in sorted(by_file.items()):
+        path = os.path.join(folder, rel)
+        try:
+            with open_regular(path) as fh:
+                reason = _first_crc_finding(fh, its, archives, counter, update)
+        except (OSError, ReadError) as exc:
+            reason = Finding(_oserror(exc))
+        if reason is not None:
+            out.append((path, reason))
+    return out
+
+
+def dcp_crc_entries(
+    items: list[DcpItem], archives: dict[tuple[str, int], ZipScan]
+) -> dict[str, tuple[list[ZipEntry], dict[int, Callable[[], str]]]]:
+    """For the value scan's one pass: per storage file (relative path), the entries of its deferred archives at
+    their offsets in the file (item order, then archive order: the order level full reports them in) and the
+    item each is in (id(entry) -> its `dcp_item_where`, worded when a finding needs it)."""
+    out: dict[str, tuple[list[ZipEntry], dict[int, Callable[[], str]]]] = {}
+    for it in sorted(items, key=lambda i: i.offset):
+        z = archives.get((it.rel, it.offset))
+        if z is None:
+            continue
+        entries, where = out.setdefault(it.rel, ([], {}))
+        label = partial(dcp_item_where, it)
+        base = it.offset
+        for e in z.entries:
+            moved = ZipEntry(
+                e.name, e.method, e.crc, e.csize, e.usize, base + e.offset, base + e.data_start
+            )
+            entries.append(moved)
+            where[id(moved)] = label
+    return out
 
 
 def _dcp_item_finding(
@@ -574,6 +661,7 @@ def _dcp_item_finding(
     counter: Counter,
     update: Update | None,
     archives: dict[tuple[str, int], ZipScan] | None = None,
+    defer_crc: bool = False,
 ) -> Finding | None:
     if it.transformed:  # compressed / encrypted by a DCP extension: its bytes are read, not parsed
         fh.seek(it.offset)
@@ -592,8 +680,17 @@ def _dcp_item_finding(
         for _chunk in _window_chunks(fh, it.offset, it.length, counter, update):
             pass
         return None
-    z = scan_embedded_zip(fh, it.offset, it.length, counter, update)
-    where = f"item {tp.shown(it.fqn)} (bytes {it.offset}..{it.offset + it.length})"
+    deferred = defer_crc and archives is not None
+    z = scan_embedded_zip(
+        fh,
+        it.offset,
+        it.length,
+        counter,
+        update,
+        crc=not deferred,
+        whole=False if deferred else None,
+    )
+    where = dcp_item_where(it)
     if z.findings:
         return Finding(f"{where}: {z.findings[0]}", getattr(z.findings[0], "kind", "invalid"))
     root = z.pickle.root if z.pickle is not None else None
@@ -601,8 +698,17 @@ def _dcp_item_finding(
         isinstance(root, tp.TensorRef) and tuple(root.shape) == tuple(it.sizes)
     ):
         shape = list(root.shape) if isinstance(root, tp.TensorRef) else type(root).__name__
+        crc = (
+            zr.crc_entries(
+                "archive", zr.Window(fh, it.offset, it.length), z.entries, counter, update
+            )
+            if deferred
+            else None
+        )  # level full finds the archive's CRC-32 wrong first
         return Finding(
-            f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)"
+            f"{where}: {crc}"
+            if crc
+            else f"{where}: holds {shape}, .metadata says a tensor of {list(it.sizes)} (dcp.load refuses it)"
         )
     if archives is not None:
         archives[(it.rel, it.offset)] = z

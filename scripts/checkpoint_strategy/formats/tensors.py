@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -145,11 +145,16 @@ class _CrcCursor:
     the scan has in hand (increasing offsets; bytes before the cursor are done already), the bytes between are
     read here (`os.pread`, CHUNK at a time); `finish` reads the rest and returns the first entry (archive order)
     whose CRC is wrong, worded as level full words it. Deflated entries (torch.save stores every entry; a
-    re-zipped archive) are inflated and checked by `archive.crc_entry` at the end."""
+    re-zipped archive) are inflated and checked by `archive.crc_entry` at the end. `where`: id(entry) -> what a
+    finding names before the entry (the DCP item whose archive holds it, the entries at their offsets in the
+    .distcp file)."""
 
-    def __init__(self, fh: Any, entries: list[zr.ZipEntry]) -> None:
+    def __init__(
+        self, fh: Any, entries: list[zr.ZipEntry], where: dict[int, Callable[[], str]] | None = None
+    ) -> None:
         self.fh, self.fd = fh, fh.fileno()
         self.order = entries
+        self.where = where or {}
         self.stored = sorted((e for e in entries if e.method == 0), key=lambda e: e.data_start)
         self.crcs: dict[int, int] = {id(e): 0 for e in self.stored}
         self.k = 0
@@ -199,7 +204,7 @@ class _CrcCursor:
             self._read_to(e.data_start + e.csize)
             self._next()
         if self.short:
-            return self.short
+            return self.short  # (the file shrank since level full checked its size)
         counter = zr.Counter()
         for e in self.order:
             reason = (
@@ -208,7 +213,7 @@ class _CrcCursor:
                 else zr.crc_entry(self.fh, e, counter)
             )
             if reason:
-                return reason
+                return f"{self.where[id(e)]()}: {reason}" if id(e) in self.where else reason
         self.extra += counter.bytes_read
         return None
 
@@ -559,6 +564,10 @@ def _load_kernels() -> Any:
     return compiled
 
 
+#: one file's CRC-32 work for `scan`: its name in messages, its entries, id(entry) -> what a finding names first
+CrcFile = tuple[str, list[zr.ZipEntry], dict[int, Callable[[], str]] | None]
+
+
 @dataclass
 class _FileScan:
     """One file's part of a scan: its tensors' figures, the bytes they took, a read error; the CRC finding."""
@@ -576,8 +585,10 @@ def _scan_file(
     want_max: bool,
     kern: Any = None,
     entries: list[zr.ZipEntry] | None = None,
+    where: dict[int, Callable[[], str]] | None = None,
 ) -> _FileScan:
-    """Every job of one file in offset order (`entries`: the archive's entries, CRC-checked in the same pass)."""
+    """Every job of one file in offset order (`entries`: the archive's entries, CRC-checked in the same pass;
+    `where`: see _CrcCursor)."""
     red = _Reducer(want_max, kern)
     try:
         mapper = _Mapper(path)
@@ -591,7 +602,7 @@ def _scan_file(
             error=reason,
         )
     out = _FileScan([])
-    crc = _CrcCursor(mapper.fh, entries) if entries else None
+    crc = _CrcCursor(mapper.fh, entries, where) if entries else None
     try:
         for job in sorted(jobs, key=lambda j: j.offset):
             st = Stat(job.rel, job.name, job.role, job.dtype, tuple(job.shape), _prod(job.shape))
@@ -625,24 +636,26 @@ def _scan_file_quiet(
     want_max: bool,
     kern: Any = None,
     entries: list[zr.ZipEntry] | None = None,
+    where: dict[int, Callable[[], str]] | None = None,
 ) -> _FileScan:
     import numpy as np
 
     with np.errstate(over="ignore", invalid="ignore"):  # a float32 overflow is re-checked exactly
-        return _scan_file(path, jobs, want_max, kern, entries)
+        return _scan_file(path, jobs, want_max, kern, entries, where)
 
 
 def scan(
     jobs: list[Job],
     want_max: bool = False,
     workers: int | None = None,
-    crc: dict[str, tuple[str, list[zr.ZipEntry]]] | None = None,
+    crc: dict[str, CrcFile] | None = None,
 ) -> ScanOutcome:
     """Scan every job; files in parallel, each file in one pass in offset order. `crc`: path -> (its name in
-    messages, the torch archive's entries), each file's entries CRC-checked in the same pass (a file without a
-    job is read for its CRC alone)."""
+    messages, the torch archive's entries, what a finding names before each entry or None), each file's entries
+    CRC-checked in the same pass (a file without a job is read for its CRC alone). A DCP storage file's entries are
+    those of every item archive in it, at their offsets in the file."""
     by_file: dict[str, list[Job]] = {}
-    rel = {f: name for f, (name, _e) in (crc or {}).items()}
+    rel = {f: c[0] for f, c in (crc or {}).items()}
     for j in jobs:
         if j.stride is not None:
             j.span = _span(j)
@@ -656,7 +669,8 @@ def scan(
     kern = kernels(sum(2 * _prod(j.shape) for j in jobs if j.dtype in ("float16", "bfloat16")))
 
     def one(f: str) -> _FileScan:
-        return _scan_file_quiet(f, by_file[f], want_max, kern, (crc or {}).get(f, ("", None))[1])
+        _name, entries, where = (crc or {}).get(f, ("", None, None))
+        return _scan_file_quiet(f, by_file[f], want_max, kern, entries, where)
 
     if n == 1:
         results = [one(f) for f in files]

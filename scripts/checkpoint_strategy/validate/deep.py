@@ -53,7 +53,7 @@ class Source:
     flat_model: bool = False    # DCP with the model flattened to the top level (torchtitan): every top-level
     #                             key but the training state's is a weight
     crc: bool = False           # a torch archive whose entries' CRC-32 the value scan checks (level full's pass,
-    #                             not made: the archive is read once)
+    #                             not made: the archive is read once); DCP: those of `archives`
 
 
 def _dcp_role(src: Source, fqn: str) -> str:
@@ -173,7 +173,7 @@ def _dcp_chunk_jobs(src: Source, handles: dict[str, BinaryIO], name: str, dtype:
     if os.path.isabs(rel) or ".." in rel.split("/"):
         return [], []
     path = os.path.join(src.path, rel)
-    fsrc = Source(path, os.path.join(src.rel, rel) if src.rel != "." else rel, src.role, "zip")
+    fsrc = Source(path, _dcp_rel(src, rel), src.role, "zip")
     z = src.archives.get((rel, off)) if src.archives is not None else None
     if z is None:
         fh = handles.get(path)
@@ -377,8 +377,7 @@ def _check_universal_optimizer(stats: list[ts.Stat]) -> OptimizerCheck:
 def run(sources: list[Source], global_step: int | None = None, want_max: bool = False) -> DeepOutcome:
     started = time.perf_counter()
     jobs, notes, dcp_meta = _collect_jobs(sources)
-    crc = {src.path: (src.rel, src.zip.entries) for src in sources if src.crc and src.zip is not None}
-    outcome = ts.scan(jobs, want_max=want_max, crc=crc)
+    outcome = ts.scan(jobs, want_max=want_max, crc=_crc_files(sources))
     findings: list[Finding] = [Finding(f, r, "invalid") for f, r in outcome.problems]
     tally = _tally(outcome.stats, findings)
     have_weights = bool(tally.weight_bytes)
@@ -401,6 +400,24 @@ def run(sources: list[Source], global_step: int | None = None, want_max: bool = 
                           max_abs=s.max_abs, note=s.note) for s in outcome.stats]
     return DeepOutcome(check=check, findings=findings, tensors=tensors, per_tensor_l2=tally.per_tensor, notes=notes,
                        crc_problems=outcome.crc_problems, bytes_crc=outcome.bytes_crc)
+
+
+def _crc_files(sources: list[Source]) -> dict[str, ts.CrcFile]:
+    """The torch archives whose CRC-32 the value scan checks as it reads them (level full's, read once): a zip
+    source's entries; a DCP source's storage files, each with the entries of every item archive in it."""
+    crc: dict[str, ts.CrcFile] = {}
+    for src in sources:
+        if src.crc and src.zip is not None:
+            crc[src.path] = (src.rel, src.zip.entries, None)
+        elif src.crc and src.kind == "dcp" and src.dcp is not None and src.archives:
+            for rel, (entries, where) in fc.dcp_crc_entries(src.dcp.items, src.archives).items():
+                crc[os.path.join(src.path, rel)] = (_dcp_rel(src, rel), entries, where)
+    return crc
+
+
+def _dcp_rel(src: Source, rel: str) -> str:
+    """A DCP storage file's name in messages."""
+    return os.path.join(src.rel, rel) if src.rel != "." else rel
 
 
 def _collect_jobs(sources: list[Source]) -> tuple[list[ts.Job], list[str], list | None]:

@@ -130,6 +130,10 @@ def _deep_outcome(ctx: Ctx, stats: bool) -> dp.DeepOutcome | None:
         for src in ctx.sources:
             if src.crc and src.zip is not None:
                 _crc_here(ctx, src.path, src.zip.entries)
+            elif src.crc and src.kind == "dcp" and src.dcp is not None and src.archives:
+                for p, reason in fc.dcp_crc_findings(src.path, src.dcp.items, src.archives, ctx.counter,
+                                                     ctx.update):
+                    ctx.bad(p, reason)
         return None
     outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
     ctx.counter.bytes_read += outcome.bytes_crc
