@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -57,6 +58,8 @@ SCRIPT = textwrap.dedent('''
         def training_step(self, batch, _idx):
             xb, yb = batch
             return torch.nn.functional.mse_loss(self.net(xb), yb)
+        def validation_step(self, batch, _idx):
+            print(f"val {self.trainer.global_step}", flush=True)
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
@@ -67,6 +70,8 @@ SCRIPT = textwrap.dedent('''
             print(f"loss {trainer.global_step} {float(outputs['loss']):.8f}", flush=True)
             print(f"step {trainer.global_step}", flush=True)
             time.sleep(0.02)
+            if trainer.global_step == int(os.environ.get("FIT_STOP_AT", "0")):
+                trainer.should_stop = True  # an early stop (no signal)
 
     class SlowIO(TorchCheckpointIO):
         """The first save is slowed in its middle: half of the file written, the rest after `slow` seconds."""
@@ -89,10 +94,20 @@ SCRIPT = textwrap.dedent('''
     cb = LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 3}, handoff_dir=None,
                                      grace_seconds=grace, **kw)
     mc = ModelCheckpoint(dirpath=out, save_top_k=-1)
+    # FIT_VAL: a validation loader, checked every 1000 steps (never in this fit) but when should_stop is set
+    val = None
+    if os.environ.get("FIT_VAL"):
+        val = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:64], y[:64]), batch_size=32)
+    vkw = {"check_val_every_n_epoch": None, "val_check_interval": 1000, "num_sanity_val_steps": 0} if val else {}
     trainer = pl.Trainer(max_steps=steps, callbacks=[cb, Progress(), mc], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, accelerator="cpu", devices=1, log_every_n_steps=1,
-                         plugins=[SlowIO()], default_root_dir=out, **json.loads(os.environ.get("FIT_MINS", "{}")))
-    trainer.fit(Net(), loader, ckpt_path=last_valid_checkpoint(out))
+                         plugins=[SlowIO()], default_root_dir=out, **vkw,
+                         **json.loads(os.environ.get("FIT_MINS", "{}")))
+    if os.environ.get("FIT_NO_SKIP_FLAG"):  # as a Lightning before 2.5: no one-shot flag to skip a validation
+        trainer.fit_loop.epoch_loop._skip_next_val = None
+    trainer.fit(Net(), loader, val, ckpt_path=last_valid_checkpoint(out))
+    print("skip", trainer.fit_loop.epoch_loop._skip_next_val, "_should_check_val_fx" in vars(trainer.fit_loop.epoch_loop),
+          flush=True)
     print("mins", trainer.min_steps, trainer.min_epochs, flush=True)
     print("done", trainer.global_step, "preempted" if cb.preempted else "finished", flush=True)
 ''')
@@ -106,6 +121,7 @@ def _launch(
     at_step: int = 20,
     slow=None,
     mins: str = "{}",
+    env: Optional[dict] = None,
 ):
     """slow (seconds, grace): the first save (step 50) sleeps that long half-written; the signal is sent as it
     starts. mins: the Trainer's min_steps / min_epochs (JSON). Returns (exit code, stdout lines, stderr)."""
@@ -115,6 +131,7 @@ def _launch(
     env = {
         **os.environ,
         "FIT_MINS": mins,
+        **(env or {}),
         "PYTHONPATH": os.pathsep.join(
             [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
         ),
@@ -253,3 +270,50 @@ def test_lightning_a_preemption_stops_the_fit_before_min_steps_or_min_epochs(tmp
     ]
     assert len(warned) == 1 and said in warned[0], err[-3000:]
     assert "Training will continue" not in err
+
+
+@pytest.mark.parametrize(
+    "flag, after",
+    [("", "skip False False"), ("1", "skip None False")],
+    ids=["skip-flag", "before-2.5-no-flag"],
+)
+def test_lightning_a_preemption_stops_without_the_validation_pass_of_a_stop(tmp_path, flag, after):
+    """Lightning validates when should_stop is set (early stopping's last look at its metric): after the preemption
+    save that pass would spend the grace period (a long one is killed: exit code not 0). The validation loader is
+    checked every 1000 steps, so only that pass could run in this fit: none runs after the signal; exit 0; the
+    preemption save is the last checkpoint. With Lightning's one-shot skip flag, and without it (a Lightning before
+    2.5: the loop's check overridden for the fit); either is back to Lightning's own after the fit."""
+    from checkpoint_strategy.callbacks import last_valid_checkpoint
+
+    out = tmp_path / "run"
+    env = {"FIT_VAL": "1", "FIT_NO_SKIP_FLAG": flag}
+    rc, lines, err = _launch(tmp_path, out, send=signal.SIGTERM, env=env)
+    assert rc == 0, err[-3000:]
+    done = lines[-1].split()
+    assert done[0] == "done" and done[2] == "preempted" and 20 <= int(done[1]) < STEPS, lines[-3:]
+    step = int(done[1])
+    assert max(_losses(lines)) == step
+    assert not [x for x in lines if x.startswith("val ")], lines[
+        -6:
+    ]  # no validation step ran at all
+    name = f"epoch={step - 1}-step={step}.ckpt"
+    assert sorted(p.name for p in out.glob("*.ckpt")) == [name]
+    assert (
+        last_valid_checkpoint(out, level="full")
+        == str(out / name)
+        == read_record(out)["checkpoint"]
+    )
+    assert lines[-3] == after
+
+
+def test_lightning_an_early_stop_without_preemption_still_validates_at_the_stop(tmp_path):
+    """The control: the same fit, a callback sets should_stop at step 30 (no signal, preemption on): Lightning's
+    validation pass at the stop runs as before."""
+    out = tmp_path / "run"
+    rc, lines, err = _launch(tmp_path, out, env={"FIT_VAL": "1", "FIT_STOP_AT": "30"})
+    assert rc == 0, err[-3000:]
+    assert lines[-1] == "done 30 finished", lines[-3:]
+    assert read_record(out) is None
+    vals = [x for x in lines if x.startswith("val ")]
+    assert vals and set(vals) == {"val 30"}, lines[-8:]
+    assert lines.index(vals[0]) > lines.index("step 30")

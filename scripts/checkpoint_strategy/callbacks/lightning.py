@@ -31,7 +31,8 @@ What it does (logged at setup):
   * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save ``epoch=E-step=N.ckpt`` at the next
     ``on_train_batch_end`` and set ``trainer.should_stop``: ``fit`` returns, the process exits 0, and
     ``last_valid_checkpoint`` resumes from that save (preempt.py; the Trainer's min_steps / min_epochs do not hold the
-    fit past it: lifted for the rest of that fit, warned at its start); Lightning's own SIGTERM handler is replaced
+    fit past it: lifted for the rest of that fit, warned at its start; nor does the validation pass Lightning runs
+    when should_stop is set: skipped for that stop); Lightning's own SIGTERM handler is replaced
     for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
@@ -148,9 +149,9 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             False  # the next fit is a rollback's resume (a playbook's): not an interruption
         )
         self._fits = 0
-        self._min_limits: Optional[tuple[Any, Any]] = (
-            None  # the Trainer's, lifted by a preemption save
-        )
+        # lifted by a preemption save: the Trainer's min limits; how the stop's validation pass is skipped
+        self._min_limits: Optional[tuple[Any, Any]] = None
+        self._skipped_val: Optional[str] = None
 
     @property
     def preempted(self) -> Optional[dict]:
@@ -435,11 +436,16 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         if self._min_limits is None and not loop._can_stop_early:
             self._min_limits = (loop.min_epochs, loop.epoch_loop.min_steps)
             loop.min_epochs, loop.epoch_loop.min_steps = None, None
+        self._skipped_val = _skip_validation(loop.epoch_loop)
 
     def _restore_min_limits(self, trainer) -> None:
+        """The Trainer's min_steps / min_epochs and its validation check, as they were before the preemption."""
         if self._min_limits is not None:
             trainer.fit_loop.min_epochs, trainer.fit_loop.epoch_loop.min_steps = self._min_limits
             self._min_limits = None
+        if self._skipped_val is not None:
+            _unskip_validation(trainer.fit_loop.epoch_loop, self._skipped_val)
+            self._skipped_val = None
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.preemption.uninstall()  # before Lightning puts its own originals back
@@ -480,6 +486,29 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
             if not self.core._ended and self.core.root is not None:
                 self.core.end()
             self._unwrap()
+
+
+def _skip_validation(epoch_loop) -> str:
+    """No validation pass between the preemption save and the stop. Lightning validates when ``should_stop`` is
+    set and it may stop (``_should_check_val_fx``: early stopping's last look at the metric); after a preemption
+    save that pass spends the grace period, and a long one is killed by the signal's SIGKILL (exit code not 0).
+    Lightning >= 2.5 has a one-shot flag for it (``_skip_next_val``, which it clears when it has skipped the
+    check of this batch end, its own use on a resume saved at an epoch's last batch); before it, the loop's
+    check answers False for the rest of this fit (an instance attribute, deleted at the fit's end)."""
+    if isinstance(getattr(epoch_loop, "_skip_next_val", None), bool):
+        epoch_loop._skip_next_val = True
+        return "flag"
+    epoch_loop._should_check_val_fx = lambda *args, **kwargs: False
+    return "check"
+
+
+def _unskip_validation(epoch_loop, how: str) -> None:
+    if how == "flag":
+        epoch_loop._skip_next_val = (
+            False  # consumed already unless the fit ended before that batch's end
+        )
+    elif "_should_check_val_fx" in vars(epoch_loop):
+        del epoch_loop._should_check_val_fx  # back to the class method
 
 
 def _say_min_limits(trainer) -> None:
