@@ -216,15 +216,12 @@ class DcpMetadata:
     tensors: list[DcpTensor]
     values: dict[str, DcpItem]  # fqn -> the item of each bytes entry (a torch.save'd Python value)
     fqns: list[str]  # state_dict_metadata's names, in order
-    planner: dict[
-        str, tuple
-    ]  # fqn -> the path dcp_to_torch_save nests it by (planner_data, checked)
-    needed: dict[
-        str, int
-    ]  # relative path -> bytes its storage entries need (largest offset + length)
-    keys: set[str] = field(
-        default_factory=set
-    )  # the top-level state_dict keys (first part of each fqn)
+    # fqn -> the path dcp_to_torch_save nests it by (planner_data, checked)
+    planner: dict[str, tuple]
+    # relative path -> bytes its storage entries need (largest offset + length)
+    needed: dict[str, int]
+    # the top-level state_dict keys (first part of each fqn)
+    keys: set[str] = field(default_factory=set)
 
 
 def dcp_metadata(scan: Any, dtypes: frozenset | set | dict = tp.DTYPE_SIZE) -> DcpMetadata:
@@ -274,8 +271,6 @@ def dcp_metadata(scan: Any, dtypes: frozenset | set | dict = tp.DTYPE_SIZE) -> D
 
 
 def _is_call(obj: Any, name: str) -> bool:
-    from checkpoint_strategy.formats import safepickle as tp
-
     return isinstance(obj, tp.Call) and obj.name == name and not obj.args
 
 
@@ -354,8 +349,6 @@ def _ints(v: object) -> TypeGuard[tuple[int, ...]]:
 def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
     """The dtype of a TensorProperties record (its pickled state: (dtype, layout, requires_grad, memory_format,
     pin_memory), or a dict of those fields)."""
-    from checkpoint_strategy.formats import safepickle as tp
-
     st = props.state if _is_call(props, _DCP_META + "TensorProperties") else None
     if isinstance(st, dict):
         st = (
@@ -386,8 +379,6 @@ def _dcp_dtype(fqn: str, props: Any, dtypes: frozenset | set | dict) -> str:
 
 
 def _is_enum(v: Any) -> bool:
-    from checkpoint_strategy.formats import safepickle as tp
-
     return (
         isinstance(v, tp.Call) and v.name == _DCP_META + "_MEM_FORMAT_ENCODING" and len(v.args) == 1
     )
