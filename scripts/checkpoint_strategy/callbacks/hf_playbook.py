@@ -56,9 +56,15 @@ class PlaybookCallback(TrainerCallback):
         return control
 
     def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-        if self.guard.rollbacks and self.decision is None and self.guard.resumed(optimizer).action == "stop":
+        if (
+            self.guard.rollbacks
+            and self.decision is None
+            and self.guard.resumed(optimizer).action == "stop"
+        ):
             self.decision = Decision("stop", state.global_step, reason=str(self.guard.stopped))
-            control.should_training_stop = True   # the optimizer state did not come back: no training on
+            control.should_training_stop = (
+                True  # the optimizer state did not come back: no training on
+            )
         step = state.global_step + 1
         clip = self.guard.grad_clip(step)
         args.max_grad_norm = clip if clip is not None else self._user_clip
@@ -81,42 +87,85 @@ class PlaybookCallback(TrainerCallback):
             return control
         step = state.global_step
         if self.guard.skipped and self.guard.skipped[-1] > step - max(1, int(args.logging_steps)):
-            return control   # a log that averages skipped (zero) steps says nothing about the weights
+            return (
+                control  # a log that averages skipped (zero) steps says nothing about the weights
+            )
         d = self.guard.step(step, float(logs["loss"]), _num(logs.get("grad_norm")))
         if d.action in ("rollback", "stop"):
             self.decision = d
             control.should_training_stop = True
             if step not in getattr(self.strategy, "_pending", {}):
-                control.should_save = False   # this step's weights are the spiked ones
+                control.should_save = False  # this step's weights are the spiked ones
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        self.guard.saved(state.global_step, os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+        self.guard.saved(
+            state.global_step, os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        )
         return control
 
 
-def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None, max_rollbacks: int = 3,
-                        level: str = "full", **playbook: Any) -> dict:
+def train_with_recovery(
+    trainer,
+    *,
+    resume_from_checkpoint: Optional[str] = None,
+    max_rollbacks: int = 3,
+    level: str = "full",
+    **playbook: Any,
+) -> dict:
     """Run ``trainer.train`` to the end with the recovery playbook (see the module docstring).
 
     trainer: a ``transformers.Trainer`` with an ``HFCheckpointStrategy`` among its callbacks.
     playbook: the guard's keywords (wait_steps, lr_multiplier, lr_reduced_steps, grad_clip,
     skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
     """
-    strategy = next((c for c in trainer.callback_handler.callbacks if isinstance(c, HFCheckpointStrategy)), None)
-    if strategy is None:
-        raise UsageError("train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "
-                         "expected Trainer(..., callbacks=[HFCheckpointStrategy(policy)])")
+    strategy = _strategy(trainer)
     # the Trainer logs the loss averaged over the ranks already: every rank's guard decides the same
-    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)   # the ranks wait as long as the strategy's
-    guard = TrainingGuard(trainer.args.output_dir, None, max_rollbacks=max_rollbacks, level=level,
-                          average_loss=False, **playbook)
+    playbook.setdefault(
+        "rank_timeout", strategy.core.rank_timeout
+    )  # the ranks wait as long as the strategy's
+    guard = TrainingGuard(
+        trainer.args.output_dir,
+        None,
+        max_rollbacks=max_rollbacks,
+        level=level,
+        average_loss=False,
+        **playbook,
+    )
     cb = PlaybookCallback(guard, strategy)
     trainer.add_callback(cb)
     # the guard's actions go to the handoff state; the strategy's (preemption, interval) into the guard's loss log
     guard.on_action = strategy.core.actions.append
     strategy.core.action_sink = guard._write
     plain_step = trainer.training_step
+    trainer.training_step = _skipping_step(trainer, guard, plain_step)
+    try:
+        trains = _train_until_done(trainer, cb, strategy, resume_from_checkpoint)
+    finally:
+        trainer.training_step = plain_step
+        strategy.core.action_sink = None
+        trainer.remove_callback(cb)
+        trainer.args.max_grad_norm = (
+            cb._user_clip if cb._user_clip is not None else trainer.args.max_grad_norm
+        )
+    return {**guard.close(), "trains": trains, "global_step": int(trainer.state.global_step)}
+
+
+def _strategy(trainer) -> HFCheckpointStrategy:
+    """The Trainer's HFCheckpointStrategy callback; a UsageError when it has none."""
+    strategy = next(
+        (c for c in trainer.callback_handler.callbacks if isinstance(c, HFCheckpointStrategy)), None
+    )
+    if strategy is None:
+        raise UsageError(
+            "train_with_recovery: the Trainer has no HFCheckpointStrategy among its callbacks; "
+            "expected Trainer(..., callbacks=[HFCheckpointStrategy(policy)])"
+        )
+    return strategy
+
+
+def _skipping_step(trainer, guard: TrainingGuard, plain_step):
+    """The Trainer's ``training_step`` for the playbook: a step the guard skips makes no forward pass."""
 
     def training_step(model, inputs, num_items_in_batch=None):
         if guard.skip(trainer.state.global_step + 1):
@@ -128,26 +177,26 @@ def train_with_recovery(trainer, *, resume_from_checkpoint: Optional[str] = None
             return torch.tensor(last / accum, device=trainer.args.device)
         return plain_step(model, inputs, num_items_in_batch)
 
-    trainer.training_step = training_step
+    return training_step
+
+
+def _train_until_done(
+    trainer, cb: PlaybookCallback, strategy: HFCheckpointStrategy, resume: Optional[str]
+) -> int:
+    """``trainer.train`` again from the stable checkpoint after each rollback; how many calls it took."""
     trains = 0
-    resume = resume_from_checkpoint
-    try:
-        while True:
-            trains += 1
-            trainer.train(resume_from_checkpoint=resume)
-            d = cb.decision
-            if d is None or d.action != "rollback":
-                break
-            log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
-            strategy.core.restart()
-            strategy.rollback_resume = True
-            resume = d.checkpoint
-    finally:
-        trainer.training_step = plain_step
-        strategy.core.action_sink = None
-        trainer.remove_callback(cb)
-        trainer.args.max_grad_norm = cb._user_clip if cb._user_clip is not None else trainer.args.max_grad_norm
-    return {**guard.close(), "trains": trains, "global_step": int(trainer.state.global_step)}
+    while True:
+        trains += 1
+        trainer.train(resume_from_checkpoint=resume)
+        d = cb.decision
+        if d is None or d.action != "rollback":
+            return trains
+        log.info(
+            PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})"
+        )
+        strategy.core.restart()
+        strategy.rollback_resume = True
+        resume = d.checkpoint
 
 
 def _num(v) -> Optional[float]:
