@@ -58,13 +58,19 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
         self.decision = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.guard.root is None and self.core.root is not None:   # the strategy's on_train_start has run
+        if (
+            self.guard.root is None and self.core.root is not None
+        ):  # the strategy's on_train_start has run
             self.guard.root, self.guard._metrics_on = self.core.root, bool(trainer.is_global_zero)
         step = trainer.global_step + 1
         if self.guard.rollbacks and self.decision is None and trainer.optimizers:
-            d = self.guard.resumed(trainer.optimizers[0])   # the optimizer state back? (the guard's live check)
+            d = self.guard.resumed(
+                trainer.optimizers[0]
+            )  # the optimizer state back? (the guard's live check)
             if d.action == "stop":
-                self.decision = Decision("stop", trainer.global_step, reason=str(self.guard.stopped))
+                self.decision = Decision(
+                    "stop", trainer.global_step, reason=str(self.guard.stopped)
+                )
                 trainer.should_stop = True
         clip = self.guard.grad_clip(step)
         trainer.gradient_clip_val = clip if clip is not None else self.user_clip
@@ -76,8 +82,10 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
                     g["lr"] = g["lr"] * scale
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self.guard.skipped[-1:] == [trainer.global_step + 1]:   # a skipped step under DDP: its zero gradients
-            for p in pl_module.parameters():                       # go, the optimizer then steps no weight
+        if self.guard.skipped[-1:] == [
+            trainer.global_step + 1
+        ]:  # a skipped step under DDP: its zero gradients
+            for p in pl_module.parameters():  # go, the optimizer then steps no weight
                 p.grad = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -96,24 +104,64 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
             trainer.should_stop = True
 
 
-def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None, val_dataloaders=None,
-                      ckpt_path: Optional[str] = None, max_rollbacks: int = 3, level: str = "full",
-                      **playbook: Any) -> dict:
+def fit_with_recovery(
+    trainer,
+    model,
+    datamodule=None,
+    *,
+    train_dataloaders=None,
+    val_dataloaders=None,
+    ckpt_path: Optional[str] = None,
+    max_rollbacks: int = 3,
+    level: str = "full",
+    **playbook: Any,
+) -> dict:
     """Run ``trainer.fit`` to the end with the recovery playbook (see the module docstring).
 
     trainer: a Lightning ``Trainer`` with a ``LightningCheckpointStrategy`` among its callbacks.
     playbook: the guard's keywords (wait_steps, lr_multiplier, lr_reduced_steps, grad_clip,
     skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
     """
-    strategy = next((c for c in trainer.callbacks if isinstance(c, LightningCheckpointStrategy)), None)
-    if strategy is None:
-        raise UsageError("fit_with_recovery: the Trainer has no LightningCheckpointStrategy among its callbacks; "
-                         "expected Trainer(..., callbacks=[LightningCheckpointStrategy(policy)])")
-    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)   # the ranks wait as long as the strategy's
+    strategy = _strategy(trainer)
+    playbook.setdefault(
+        "rank_timeout", strategy.core.rank_timeout
+    )  # the ranks wait as long as the strategy's
     guard = TrainingGuard(None, None, max_rollbacks=max_rollbacks, level=level, **playbook)
-    core, plain_saved, plain_step = strategy.core, strategy.core.saved, model.training_step
+    core, plain_step = strategy.core, model.training_step
     cb = _Playbook(guard, core)
-    trainer.callbacks.insert(0, cb)   # first: the LR is restored before any callback saves the optimizer
+    trainer.callbacks.insert(
+        0, cb
+    )  # first: the LR is restored before any callback saves the optimizer
+    own_step = _install(trainer, model, guard, core, plain_step)
+    data = {
+        "train_dataloaders": train_dataloaders,
+        "val_dataloaders": val_dataloaders,
+        "datamodule": datamodule,
+    }
+    try:
+        fits = _fit_until_done(trainer, model, cb, data, ckpt_path)
+    finally:
+        _uninstall(trainer, model, cb, own_step, plain_step)
+    return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
+
+
+def _strategy(trainer) -> LightningCheckpointStrategy:
+    """The Trainer's LightningCheckpointStrategy callback; a UsageError when it has none."""
+    strategy = next(
+        (c for c in trainer.callbacks if isinstance(c, LightningCheckpointStrategy)), None
+    )
+    if strategy is None:
+        raise UsageError(
+            "fit_with_recovery: the Trainer has no LightningCheckpointStrategy among its callbacks; "
+            "expected Trainer(..., callbacks=[LightningCheckpointStrategy(policy)])"
+        )
+    return strategy
+
+
+def _install(trainer, model, guard: TrainingGuard, core: Any, plain_step: Any) -> bool:
+    """The guard wired into the strategy and the model: the strategy's saves reported to it, the skipped steps'
+    ``training_step``, one loss log (the guard's). Whether the model had its own ``training_step`` attribute."""
+    plain_saved = core.saved
 
     def saved(path, step, emergency=None):
         guard.saved(int(step), path, kind="emergency" if emergency else "scheduled")
@@ -124,38 +172,48 @@ def fit_with_recovery(trainer, model, datamodule=None, *, train_dataloaders=None
             return _skipped_step(trainer, model, guard)
         return plain_step(*args, **kwargs)
 
-    guard.on_action = core.actions.append   # the guard's actions go to the handoff state
-    core.action_sink = _sink(guard, core)    # the strategy's (preemption, interval) into the guard's loss log
+    guard.on_action = core.actions.append  # the guard's actions go to the handoff state
+    core.action_sink = _sink(
+        guard, core
+    )  # the strategy's (preemption, interval) into the guard's loss log
     own_step = "training_step" in model.__dict__
     model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
     vars(core).update(saved=saved, _log_metric=lambda *a, **k: None)
-    fits, resume = 0, ckpt_path
-    try:
-        while True:
-            fits += 1
-            trainer.should_stop = False
-            trainer.fit(model, train_dataloaders=train_dataloaders, val_dataloaders=val_dataloaders,
-                        datamodule=datamodule, ckpt_path=resume)
-            d = cb.decision
-            if d is None or d.action != "rollback":
-                break
-            _mark_after_onset(guard, core.root, d, trainer.is_global_zero)
-            log.info(PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})")
-            core.restart()
-            vars(core)["retire_old_metrics"] = lambda: None   # the log of this run, kept across its fits
-            resume = d.checkpoint
-    finally:
-        if own_step:
-            model.training_step = plain_step
-        else:
-            model.__dict__.pop("training_step", None)
-        for name in ("saved", "_log_metric", "retire_old_metrics"):
-            core.__dict__.pop(name, None)
-        core.action_sink = None
-        trainer.callbacks.remove(cb)
-        trainer.gradient_clip_val = cb.user_clip
-    return {**guard.close(), "fits": fits, "global_step": int(trainer.global_step)}
+    return own_step
+
+
+def _fit_until_done(trainer, model, cb: _Playbook, data: dict, resume: Optional[str]) -> int:
+    """``trainer.fit`` again from the stable checkpoint after each rollback; how many fits it took."""
+    guard, core = cb.guard, cb.core
+    fits = 0
+    while True:
+        fits += 1
+        trainer.should_stop = False
+        trainer.fit(model, **data, ckpt_path=resume)
+        d = cb.decision
+        if d is None or d.action != "rollback":
+            return fits
+        _mark_after_onset(guard, core.root, d, trainer.is_global_zero)
+        log.info(
+            PREFIX + f"resuming from {os.path.basename(str(d.checkpoint))} (step {d.resume_step})"
+        )
+        core.restart()
+        vars(core)["retire_old_metrics"] = lambda: None  # the log of this run, kept across its fits
+        resume = d.checkpoint
+
+
+def _uninstall(trainer, model, cb: _Playbook, own_step: bool, plain_step: Any) -> None:
+    """The model, the strategy and the Trainer as they were before the playbook (the user's clipping back)."""
+    if own_step:
+        model.training_step = plain_step
+    else:
+        model.__dict__.pop("training_step", None)
+    for name in ("saved", "_log_metric", "retire_old_metrics"):
+        cb.core.__dict__.pop(name, None)
+    cb.core.action_sink = None
+    trainer.callbacks.remove(cb)
+    trainer.gradient_clip_val = cb.user_clip
 
 
 def _sink(guard: TrainingGuard, core: Any) -> Any:
@@ -196,10 +254,23 @@ def _mark_after_onset(guard: TrainingGuard, root: Optional[str], d: Decision, ze
     for name in sorted(os.listdir(root)):
         step = fm.step_from_name(name)
         path = os.path.join(root, name)
-        if step is None or step < onset or not name.endswith(".ckpt") or read_marker(path) is not None:
+        if (
+            step is None
+            or step < onset
+            or not name.endswith(".ckpt")
+            or read_marker(path) is not None
+        ):
             continue
         try:
-            write_marker(path, event="loss_spike_detected", step=step, rules=[f"saved after the onset {onset} "
-                                    f"of a spike rolled back to step {d.resume_step}"])
+            write_marker(
+                path,
+                event="loss_spike_detected",
+                step=step,
+                rules=[
+                    f"saved after the onset {onset} of a spike rolled back to step {d.resume_step}"
+                ],
+            )
         except OSError as exc:
-            log.warning(PREFIX + f"cannot mark {name} (saved after the spike) as not a resume point: {exc}")
+            log.warning(
+                PREFIX + f"cannot mark {name} (saved after the spike) as not a resume point: {exc}"
+            )
