@@ -21,17 +21,31 @@ from checkpoint_strategy.convert.pieces import CHUNK, Files, Tensor, stream, ten
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats import safepickle as tp
 
-ST_CODE = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
-           "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
-           "uint64": "U64", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-           "complex64": "C64"}
+ST_CODE = {
+    "float32": "F32",
+    "float64": "F64",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "complex64": "C64",
+}
 DCP_MODULE = "torch.distributed.checkpoint.metadata"
 
 
 @dataclass
 class Written:
-    files: list[tuple[str, int]] = field(default_factory=list)    # (name relative to DST, bytes)
-    sha256: dict[int, str] = field(default_factory=dict)          # id(Tensor) -> hash of the bytes written
+    files: list[tuple[str, int]] = field(default_factory=list)  # (name relative to DST, bytes)
+    sha256: dict[int, str] = field(default_factory=dict)  # id(Tensor) -> hash of the bytes written
     bytes: int = 0
 
 
@@ -55,7 +69,7 @@ class _Copier:
         try:
             for chunk in stream(t, self.files, self.bufs):
                 if pending is not None:
-                    pending.result()   # its buffer is the one the next read fills
+                    pending.result()  # its buffer is the one the next read fills
                 pending = self.pool.submit(_hash_and_write, h, chunk, write)
         finally:
             if pending is not None:
@@ -81,6 +95,7 @@ def _finish(fh: BinaryIO) -> None:
 
 
 # --------------------------------------------------------------------------- safetensors
+
 
 def shards(items: list[tuple[str, Tensor]], max_bytes: int) -> list[list[tuple[str, Tensor]]]:
     """Hugging Face's split: in order, a new shard when the next tensor would pass max_bytes; a tensor
@@ -113,12 +128,17 @@ def _st_header(items: list[tuple[str, Tensor]]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def write_safetensors(folder: str, items: list[tuple[str, Tensor]], max_bytes: int, files: Files) -> Written:
+def write_safetensors(
+    folder: str, items: list[tuple[str, Tensor]], max_bytes: int, files: Files
+) -> Written:
     out = Written()
     groups = shards(items, max_bytes)
     copier = _Copier(files, out)
-    names = ["model.safetensors"] if len(groups) == 1 else [
-        f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    names = (
+        ["model.safetensors"]
+        if len(groups) == 1
+        else [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    )
     weight_map: dict[str, str] = {}
     for fname, group in zip(names, groups, strict=False):
         path = os.path.join(folder, fname)
@@ -132,7 +152,10 @@ def write_safetensors(folder: str, items: list[tuple[str, Tensor]], max_bytes: i
             _finish(fh) if not fh.closed else None
         out.files.append((fname, os.path.getsize(path)))
     if len(groups) > 1:
-        index = {"metadata": {"total_size": sum(t.nbytes for _n, t in items)}, "weight_map": weight_map}
+        index = {
+            "metadata": {"total_size": sum(t.nbytes for _n, t in items)},
+            "weight_map": weight_map,
+        }
         data = (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode()
         with _create(os.path.join(folder, "model.safetensors.index.json")) as fh:
             fh.write(data)
@@ -144,12 +167,15 @@ def write_safetensors(folder: str, items: list[tuple[str, Tensor]], max_bytes: i
 
 # --------------------------------------------------------------------------- full torch.save archive
 
+
 def _leaves(tree: Any, keys: dict, order: list, depth: int = 0) -> Any:
     """The tree with each Tensor replaced by a TensorLeaf; tied tensors (same bytes) share one storage."""
     if isinstance(tree, Tensor):
         if tree.dtype not in tz.STORAGE_CLASS:
-            raise UsageError(f"tensor {tp.shown(tree.name)}: dtype {tree.dtype} has no torch storage class "
-                             "this writer names")
+            raise UsageError(
+                f"tensor {tp.shown(tree.name)}: dtype {tree.dtype} has no torch storage class "
+                "this writer names"
+            )
         ak = tree.alias_key() or id(tree)
         if ak not in keys:
             keys[ak] = str(len(keys))
@@ -185,7 +211,7 @@ def write_full(path: str, tree: Any, files: Files) -> Written:
     finally:
         _finish(fh) if not fh.closed else None
     first = {id(t): out.sha256[id(t)] for t in order}
-    for _n, t in tensors(tree):   # a tied tensor's hash is its storage's
+    for _n, t in tensors(tree):  # a tied tensor's hash is its storage's
         ak = t.alias_key()
         if id(t) not in out.sha256 and ak is not None:
             twin = next((o for o in order if o.alias_key() == ak), None)
@@ -197,35 +223,47 @@ def write_full(path: str, tree: Any, files: Files) -> Written:
 
 # --------------------------------------------------------------------------- DCP
 
+
 def _terminal(value: Any) -> bool:
     """torch.distributed.checkpoint._traverse: a list holding no dict, list or tensor is one value."""
     if isinstance(value, dict):
         return False
     if not isinstance(value, list):
         return True
-    return all(not isinstance(v, (dict, list, Tensor)) or (isinstance(v, list) and _terminal(v)) for v in value)
+    return all(
+        not isinstance(v, (dict, list, Tensor)) or (isinstance(v, list) and _terminal(v))
+        for v in value
+    )
 
 
-def flatten(tree: Any, path: tuple = (), out: dict | None = None, depth: int = 0) -> dict[str, tuple[tuple, Any]]:
+def flatten(
+    tree: Any, path: tuple = (), out: dict | None = None, depth: int = 0
+) -> dict[str, tuple[tuple, Any]]:
     """fqn -> (path, leaf) the way dcp.save flattens a state dict (dict keys as str, list indexes as int)."""
     out = {} if out is None else out
     if depth > 200:
         raise UsageError("the state dict is nested more than 200 levels")
     if not path and not isinstance(tree, dict):
-        raise UsageError(f"the state is a {type(tree).__name__ if not isinstance(tree, Tensor) else 'tensor'} at the "
-                         "top, not a mapping of names: dcp.save and dcp_to_torch_save need a dict there (--to full "
-                         "keeps it as it is; --key picks a mapping inside it)")
+        raise UsageError(
+            f"the state is a {type(tree).__name__ if not isinstance(tree, Tensor) else 'tensor'} at the "
+            "top, not a mapping of names: dcp.save and dcp_to_torch_save need a dict there (--to full "
+            "keeps it as it is; --key picks a mapping inside it)"
+        )
     if isinstance(tree, dict):
         for k, v in tree.items():
             flatten(v, path + (str(k),), out, depth + 1)
     elif isinstance(tree, Tensor) or _terminal(tree):
         fqn = ".".join(map(str, path))
         if fqn in out:
-            raise UsageError(f"two entries are both named {tp.shown(fqn)} once flattened (DCP names an entry by its "
-                             "keys as strings joined with '.'): rename one, or convert --to full")
+            raise UsageError(
+                f"two entries are both named {tp.shown(fqn)} once flattened (DCP names an entry by its "
+                "keys as strings joined with '.'): rename one, or convert --to full"
+            )
         if isinstance(tree, tuple) and next(tensors(tree), None) is not None:
-            raise UsageError(f"entry {tp.shown(fqn)} is a tuple holding tensors: dcp.save keeps a tuple as one pickled "
-                             "value, which this writer does not build (--to full keeps it)")
+            raise UsageError(
+                f"entry {tp.shown(fqn)} is a tuple holding tensors: dcp.save keeps a tuple as one pickled "
+                "value, which this writer does not build (--to full keeps it)"
+            )
         out[fqn] = (path, tree)
     else:
         for i, v in enumerate(tree):
@@ -238,11 +276,27 @@ def _size(dims: tuple) -> tz.Reduce:
 
 
 def _tensor_md(t: Tensor) -> tz.Obj:
-    props = tz.Obj(DCP_MODULE, "TensorProperties", (
-        tz.Ref("torch", t.dtype), tz.Reduce("torch.serialization", "_get_layout", ("torch.strided",)), False,
-        tz.Reduce(DCP_MODULE, "_MEM_FORMAT_ENCODING", (0,)), False))
-    chunk = tz.Obj(DCP_MODULE, "ChunkStorageMetadata", {"offsets": _size((0,) * len(t.shape)), "sizes": _size(t.shape)})
-    return tz.Obj(DCP_MODULE, "TensorStorageMetadata", {"properties": props, "size": _size(t.shape), "chunks": [chunk]})
+    props = tz.Obj(
+        DCP_MODULE,
+        "TensorProperties",
+        (
+            tz.Ref("torch", t.dtype),
+            tz.Reduce("torch.serialization", "_get_layout", ("torch.strided",)),
+            False,
+            tz.Reduce(DCP_MODULE, "_MEM_FORMAT_ENCODING", (0,)),
+            False,
+        ),
+    )
+    chunk = tz.Obj(
+        DCP_MODULE,
+        "ChunkStorageMetadata",
+        {"offsets": _size((0,) * len(t.shape)), "sizes": _size(t.shape)},
+    )
+    return tz.Obj(
+        DCP_MODULE,
+        "TensorStorageMetadata",
+        {"properties": props, "size": _size(t.shape), "chunks": [chunk]},
+    )
 
 
 def write_dcp(folder: str, tree: Any, files: Files) -> Written:
@@ -260,30 +314,24 @@ def write_dcp(folder: str, tree: Any, files: Files) -> Written:
         for fqn, (path, leaf) in flat.items():
             at = fh.tell()
             planner[fqn] = path
-            if isinstance(leaf, Tensor):
-                if leaf.dtype not in tz.STORAGE_CLASS:
-                    raise UsageError(f"tensor {tp.shown(fqn)}: dtype {leaf.dtype} has no torch storage class")
-                z = tz.ZipWriter(fh)
-                z.add("data.pkl", tz.pickle_bytes(tz.TensorLeaf("0", leaf.dtype, leaf.shape, leaf.numel)))
-                z.add("byteorder", b"little")
-                z.begin("data/0", leaf.nbytes)
-                copier.copy(leaf, z.write)
-                z.end()
-                z.add("version", b"3\n")
-                length = z.finish()
-                sdm[fqn] = _tensor_md(leaf)
-                index = tz.Obj(DCP_MODULE, "MetadataIndex", {"fqn": fqn, "offset": _size((0,) * len(leaf.shape)),
-                                                             "index": 0})
-            else:
-                length = tz.write_small_archive(fh, leaf)
-                sdm[fqn] = tz.Obj(DCP_MODULE, "BytesStorageMetadata", {})
-                index = tz.Obj(DCP_MODULE, "MetadataIndex", {"fqn": fqn, "index": None})
-            storage[index] = tz.Obj("torch.distributed.checkpoint.filesystem", "_StorageInfo",
-                                    {"relative_path": data, "offset": at, "length": length})
+            sdm[fqn], index, length = _dcp_entry(fh, copier, fqn, leaf)
+            storage[index] = tz.Obj(
+                "torch.distributed.checkpoint.filesystem",
+                "_StorageInfo",
+                {"relative_path": data, "offset": at, "length": length},
+            )
     finally:
         _finish(fh) if not fh.closed else None
-    meta = tz.Obj(DCP_MODULE, "Metadata", {"state_dict_metadata": sdm, "planner_data": planner,
-                                           "storage_data": storage, "version": "1.0.0"})
+    meta = tz.Obj(
+        DCP_MODULE,
+        "Metadata",
+        {
+            "state_dict_metadata": sdm,
+            "planner_data": planner,
+            "storage_data": storage,
+            "version": "1.0.0",
+        },
+    )
     raw = tz.pickle_bytes(meta)
     with _create(os.path.join(folder, ".metadata")) as mh:
         mh.write(raw)
@@ -291,3 +339,32 @@ def write_dcp(folder: str, tree: Any, files: Files) -> Written:
         os.fsync(mh.fileno())
     out.files += [(data, os.path.getsize(os.path.join(folder, data))), (".metadata", len(raw))]
     return out
+
+
+def _dcp_entry(fh: BinaryIO, copier: _Copier, fqn: str, leaf: Any) -> tuple[tz.Obj, tz.Obj, int]:
+    """One entry of the `.distcp` file at its current end, as dcp.save writes it: a tensor as a torch.save
+    archive of its one whole chunk, any other value as an archive of plain data. Its storage metadata, its
+    MetadataIndex and the bytes written."""
+    if not isinstance(leaf, Tensor):
+        length = tz.write_small_archive(fh, leaf)
+        return (
+            tz.Obj(DCP_MODULE, "BytesStorageMetadata", {}),
+            tz.Obj(DCP_MODULE, "MetadataIndex", {"fqn": fqn, "index": None}),
+            length,
+        )
+    if leaf.dtype not in tz.STORAGE_CLASS:
+        raise UsageError(f"tensor {tp.shown(fqn)}: dtype {leaf.dtype} has no torch storage class")
+    z = tz.ZipWriter(fh)
+    z.add("data.pkl", tz.pickle_bytes(tz.TensorLeaf("0", leaf.dtype, leaf.shape, leaf.numel)))
+    z.add("byteorder", b"little")
+    z.begin("data/0", leaf.nbytes)
+    copier.copy(leaf, z.write)
+    z.end()
+    z.add("version", b"3\n")
+    length = z.finish()
+    index = tz.Obj(
+        DCP_MODULE,
+        "MetadataIndex",
+        {"fqn": fqn, "offset": _size((0,) * len(leaf.shape)), "index": 0},
+    )
+    return _tensor_md(leaf), index, length
