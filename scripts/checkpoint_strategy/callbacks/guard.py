@@ -76,7 +76,8 @@ from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.formats.marker import read_marker
 from checkpoint_strategy.formats.runlog import METRICS_FILE  # the loss log the commands find
 
-ROLLBACK_ON = ("divergence", "nonfinite", "collapse")  # the detector's verdicts that a spike did not recover
+# the detector's verdicts that a spike did not recover
+ROLLBACK_ON = ("divergence", "nonfinite", "collapse")
 STABLE_RATIO = 1.1
 
 
@@ -86,14 +87,16 @@ class Decision:
 
     action: str = "continue"
     step: int = 0
-    checkpoint: Optional[str] = None   # rollback: the path to load (model and optimizer state)
-    resume_step: Optional[int] = None  # rollback: the step of that checkpoint; the loop goes on at resume_step + 1
-    lr_scale: float = 1.0              # rollback: multiply the LR by this ...
-    lr_until: Optional[int] = None     # ... up to and including this step
+    checkpoint: Optional[str] = None  # rollback: the path to load (model and optimizer state)
+    # rollback: the step of that checkpoint; the loop goes on at resume_step + 1
+    resume_step: Optional[int] = None
+    lr_scale: float = 1.0  # rollback: multiply the LR by this ...
+    lr_until: Optional[int] = None  # ... up to and including this step
     grad_clip: Optional[float] = None  # rollback: clip the gradient norm to this in the same window
-    skip_steps: tuple[int, int] = (0, -1)   # rollback: the steps first..last whose batches are skipped
+    # rollback: the steps first..last whose batches are skipped
+    skip_steps: tuple[int, int] = (0, -1)
     reason: str = ""
-    stop: bool = False                 # save: a preemption save; stop training once it is written
+    stop: bool = False  # save: a preemption save; stop training once it is written
 
     @property
     def skipped(self) -> range:
@@ -105,7 +108,7 @@ class _Save:
     step: int
     path: str
     loss: Optional[float]
-    kind: str = "scheduled"   # scheduled | emergency | preemption
+    kind: str = "scheduled"  # scheduled | emergency | preemption
 
 
 @dataclass
@@ -114,14 +117,14 @@ class _ResumeCheck:
 
     checkpoint: str
     step: int
-    after: int                        # losses of steps after this one (the skip window's end) are compared
-    counter: Optional[int]            # the optimizer step counter the checkpoint records (None: unreadable)
-    pre: list[float]                  # the losses before the checkpoint (up to PRE_POINTS)
+    after: int  # losses of steps after this one (the skip window's end) are compared
+    counter: Optional[int]  # the optimizer step counter the checkpoint records (None: unreadable)
+    pre: list[float]  # the losses before the checkpoint (up to PRE_POINTS)
     post: list[float]
     optimizer_checked: bool = False
 
 
-PRE_POINTS, POST_POINTS, TOLERANCE = 20, 5, 0.05   # recovery/verify.py's defaults
+PRE_POINTS, POST_POINTS, TOLERANCE = 20, 5, 0.05  # recovery/verify.py's defaults
 
 
 @dataclass
@@ -136,25 +139,41 @@ class _Window:
 class TrainingGuard:
     """``step(step, loss, grad_norm=None) -> Decision``; see the module docstring."""
 
-    def __init__(self, root: Optional[str | os.PathLike] = None, policy: Any = None, *,
-                 frequency_steps: Optional[int] = None, max_rollbacks: int = 3, stable_ratio: float = STABLE_RATIO,
-                 level: str = "full", options: Any = None, metrics_log: bool = True,
-                 preemption_signals: Any = (), grace_seconds: float = 120.0, average_loss: bool = True,
-                 rank_timeout: float = 600.0, adaptive_interval: bool = True, **playbook: Any) -> None:
+    def __init__(
+        self,
+        root: Optional[str | os.PathLike] = None,
+        policy: Any = None,
+        *,
+        frequency_steps: Optional[int] = None,
+        max_rollbacks: int = 3,
+        stable_ratio: float = STABLE_RATIO,
+        level: str = "full",
+        options: Any = None,
+        metrics_log: bool = True,
+        preemption_signals: Any = (),
+        grace_seconds: float = 120.0,
+        average_loss: bool = True,
+        rank_timeout: float = 600.0,
+        adaptive_interval: bool = True,
+        **playbook: Any,
+    ) -> None:
         from checkpoint_strategy.recovery import settings
 
-        if not isinstance(max_rollbacks, int) or max_rollbacks < 0:
-            raise UsageError(f"max_rollbacks must be a whole number >= 0, got {max_rollbacks!r}")
-        if level not in ("quick", "full", "deep"):
-            raise UsageError(f"level must be quick, full or deep, got {level!r}")
+        _check_arguments(max_rollbacks, level)
         self.options = settings.build(options, **playbook)
         self.frequency = _frequency(policy, frequency_steps)
-        self.adaptive = (for_settings(resolve(policy), self.frequency, adaptive_interval)
-                         if policy is not None and frequency_steps is None and self.frequency else None)
-        self._save_asked: Optional[tuple[int, float]] = None   # (step, monotonic time) of the last save answer
+        self.adaptive = (
+            for_settings(resolve(policy), self.frequency, adaptive_interval)
+            if policy is not None and frequency_steps is None and self.frequency
+            else None
+        )
+        # (step, monotonic time) of the last save answer
+        self._save_asked: Optional[tuple[int, float]] = None
         self._first = True
         self.root = os.fspath(root) if root is not None else None
-        self.max_rollbacks, self.stable_ratio, self.level = max_rollbacks, float(stable_ratio), level
+        self.max_rollbacks = max_rollbacks
+        self.stable_ratio = float(stable_ratio)
+        self.level = level
         self.saves: list[_Save] = []
         self.used: set[str] = set()
         self.rollbacks: list[dict] = []
@@ -166,9 +185,11 @@ class TrainingGuard:
         self._metrics: Optional[IO[str]] = None
         self._metrics_on = metrics_log and self.root is not None
         self._detector = self._new_detector()
-        self._onset: Optional[tuple[int, float]] = None   # (onset step, spike value) of the open event
+        # (onset step, spike value) of the open event
+        self._onset: Optional[tuple[int, float]] = None
         self._check: Optional[_ResumeCheck] = None
-        self.on_action: Any = None   # a callable given each action record (the playbooks: the handoff state's list)
+        # a callable given each action record (the playbooks: the handoff state's list)
+        self.on_action: Any = None
         self.average_loss, self.rank_timeout = bool(average_loss), float(rank_timeout)
         self._ranks: Any = None
         self.preemption = Preemption(preemption_signals, grace_seconds)
@@ -190,7 +211,8 @@ class TrainingGuard:
         w = self._window(step)
         if w is None or not (w.skip[0] <= step <= w.skip[1]):
             return False
-        if not self.skipped or self.skipped[-1] != step:   # asked once per micro-batch under accumulation
+        # asked once per micro-batch under accumulation
+        if not self.skipped or self.skipped[-1] != step:
             self.skipped.append(int(step))
         return True
 
@@ -202,20 +224,30 @@ class TrainingGuard:
         step = int(step)
         if self._first:
             self._first = False
-            if step > 1 and self.adaptive is not None:   # the loop resumed: an interruption of the run
+            # the loop resumed: an interruption of the run
+            if step > 1 and self.adaptive is not None:
                 self._interrupted(step - 1)
         if self.stopped is not None:
             return Decision("stop", step, reason=self.stopped)
         together = self.average_loss and self.ranks.multi
-        if self.preemption.requested and not together:   # at this step boundary: save (a resume point) and stop
-            return self._ask_save(Decision("save", step, reason=f"preemption ({self.preemption.requested})", stop=True))
+        # at this step boundary: save (a resume point) and stop
+        if self.preemption.requested and not together:
+            return self._ask_save(
+                Decision(
+                    "save", step, reason=f"preemption ({self.preemption.requested})", stop=True
+                )
+            )
         loss_f = float(loss)
         gn = None if grad_norm is None else float(grad_norm)
         if together:
             loss_f, gn = self._mean(loss_f, gn)
-            if self.preemption.requested:   # this rank's signal or another's (the same all_reduce): every rank
-                return self._ask_save(Decision("save", step, reason=f"preemption ({self.preemption.requested})",
-                                               stop=True))
+            # this rank's signal or another's (the same all_reduce): every rank
+            if self.preemption.requested:
+                return self._ask_save(
+                    Decision(
+                        "save", step, reason=f"preemption ({self.preemption.requested})", stop=True
+                    )
+                )
         self.history.append((step, loss_f, gn))
         self._write({"step": step, "loss": loss_f, **({"grad_norm": gn} if gn is not None else {})})
         if self._check is not None and step > self._check.after:
@@ -233,8 +265,14 @@ class TrainingGuard:
         self._save_asked = (d.step, time.monotonic())
         return d
 
-    def saved(self, step: int, path: str | os.PathLike, *, kind: str = "scheduled",
-              seconds: Optional[float] = None) -> None:
+    def saved(
+        self,
+        step: int,
+        path: str | os.PathLike,
+        *,
+        kind: str = "scheduled",
+        seconds: Optional[float] = None,
+    ) -> None:
         """The loop saved `path` at `step` (kind: scheduled, emergency - never a rollback target - or preemption).
         seconds: how long the save blocked the loop (default: the time since this step's ``save`` answer)."""
         step = int(step)
@@ -251,7 +289,7 @@ class TrainingGuard:
             if new is not None:
                 self.frequency = new
                 self._record(self.adaptive.record(step))
-        zero = self._ranks is None or self._ranks.rank == 0   # rank 0 alone writes the record
+        zero = self._ranks is None or self._ranks.rank == 0  # rank 0 alone writes the record
         self.preemption.finish_save(self.root if zero else None, os.fspath(path), step, self._write)
         if self._metrics is not None:
             self._metrics.flush()
@@ -269,19 +307,28 @@ class TrainingGuard:
     # ------------------------------------------------------------------ events
 
     def _event(self, ev, step: int, loss: float) -> Optional[Decision]:
-        if ev.kind == "grad_norm":   # the detector opens no event for it: logged, the loss decides
+        if ev.kind == "grad_norm":  # the detector opens no event for it: logged, the loss decides
             self._act("grad_norm", step, ev.message + ": logged, the loss decides")
             return None
         if ev.kind == "spike" and self._onset is None:
             value = loss if math.isfinite(loss) else math.inf
             self._onset = (int(ev.onset_step), value)
-            self._act("spike", step, f"{ev.kind} at step {step} (onset {ev.onset_step}): waiting up to "
-                      f"{self.options.wait_steps} steps for it to come back", onset=int(ev.onset_step))
+            self._act(
+                "spike",
+                step,
+                f"{ev.kind} at step {step} (onset {ev.onset_step}): waiting up to "
+                f"{self.options.wait_steps} steps for it to come back",
+                onset=int(ev.onset_step),
+            )
             return None
         if ev.kind == "recovered":
             if self._onset is not None:
-                self._act("recovered", step, f"the loss came back by step {step} (onset {self._onset[0]}): "
-                          "no rollback", onset=self._onset[0])
+                self._act(
+                    "recovered",
+                    step,
+                    f"the loss came back by step {step} (onset {self._onset[0]}): no rollback",
+                    onset=self._onset[0],
+                )
             self._onset = None
             return None
         if ev.kind in ROLLBACK_ON:
@@ -291,33 +338,75 @@ class TrainingGuard:
         return None
 
     def _rollback(self, step: int, onset: int, value: float, why: str) -> Decision:
-        o = self.options
         if len(self.rollbacks) >= self.max_rollbacks:
-            return self._stop(step, f"{why} at step {step} (onset {onset}) after {len(self.rollbacks)} "
-                              f"rollbacks (max_rollbacks={self.max_rollbacks})")
+            return self._stop(
+                step,
+                f"{why} at step {step} (onset {onset}) after {len(self.rollbacks)} "
+                f"rollbacks (max_rollbacks={self.max_rollbacks})",
+            )
         # rank 0 validates and chooses; the others take its choice
         target = self._agreed(self._stable(onset, value) if self.ranks.rank == 0 else None)
         if target is None:
-            return self._stop(step, f"{why} at step {step} (onset {onset}) and no stable checkpoint left to roll "
-                              f"back to (saved before step {onset}, loss below {self.stable_ratio:g}x "
-                              f"{value:.4g}, valid at level {self.level}, not used before)")
-        self.used.add(target.path)
-        w = _Window(target.step, o.lr_multiplier, target.step + o.lr_reduced_steps, o.grad_clip,
-                    (target.step + 1, max(onset + o.skip_past_onset, target.step + 1)))
-        self.windows.append(w)
-        self.rollbacks.append({"step": step, "onset": onset, "checkpoint": target.path, "resume_step": target.step,
-                               "skip": list(w.skip), "lr_scale": w.lr_scale, "lr_until": w.lr_until,
-                               "grad_clip": w.grad_clip, "reason": why})
+            return self._stop(
+                step,
+                f"{why} at step {step} (onset {onset}) and no stable checkpoint left to roll "
+                f"back to (saved before step {onset}, loss below {self.stable_ratio:g}x "
+                f"{value:.4g}, valid at level {self.level}, not used before)",
+            )
+        w = self._open_window(step, onset, target, why)
         self._arm_check(target, w.skip[1])
         self._restart(target.step)
-        self._act("rollback", step, f"{why} at step {step} (onset {onset}): rollback {len(self.rollbacks)}/"
-                  f"{self.max_rollbacks} to {os.path.basename(target.path)} (step {target.step}); LR x{w.lr_scale:g} "
-                  f"and clipping {w.grad_clip:g} to step {w.lr_until}; skipping steps {w.skip[0]}-{w.skip[1]}",
-                  level="warning", **{k: v for k, v in self.rollbacks[-1].items() if k != "step"})
-        if target.loss is not None:   # the loss log restarts at the checkpoint: its timeline is the resumed one
+        self._act(
+            "rollback",
+            step,
+            f"{why} at step {step} (onset {onset}): rollback {len(self.rollbacks)}/"
+            f"{self.max_rollbacks} to {os.path.basename(target.path)} (step {target.step}); LR x{w.lr_scale:g} "
+            f"and clipping {w.grad_clip:g} to step {w.lr_until}; skipping steps {w.skip[0]}-{w.skip[1]}",
+            level="warning",
+            **{k: v for k, v in self.rollbacks[-1].items() if k != "step"},
+        )
+        # the loss log restarts at the checkpoint: its timeline is the resumed one
+        if target.loss is not None:
             self._write({"step": target.step, "loss": target.loss})
-        return Decision("rollback", step, target.path, target.step, w.lr_scale, w.lr_until, w.grad_clip, w.skip,
-                        f"{why} at step {step}, onset {onset}")
+        return Decision(
+            "rollback",
+            step,
+            target.path,
+            target.step,
+            w.lr_scale,
+            w.lr_until,
+            w.grad_clip,
+            w.skip,
+            f"{why} at step {step}, onset {onset}",
+        )
+
+    def _open_window(self, step: int, onset: int, target: _Save, why: str) -> _Window:
+        """The rollback's playbook window from `target` (LR, clipping, skipped batches), opened and recorded; the
+        target used."""
+        o = self.options
+        self.used.add(target.path)
+        w = _Window(
+            target.step,
+            o.lr_multiplier,
+            target.step + o.lr_reduced_steps,
+            o.grad_clip,
+            (target.step + 1, max(onset + o.skip_past_onset, target.step + 1)),
+        )
+        self.windows.append(w)
+        self.rollbacks.append(
+            {
+                "step": step,
+                "onset": onset,
+                "checkpoint": target.path,
+                "resume_step": target.step,
+                "skip": list(w.skip),
+                "lr_scale": w.lr_scale,
+                "lr_until": w.lr_until,
+                "grad_clip": w.grad_clip,
+                "reason": why,
+            }
+        )
+        return w
 
     def _stable(self, onset: int, value: float) -> Optional[_Save]:
         """The newest reported save before the onset with a loss below stable_ratio x the spike that validates."""
@@ -327,15 +416,19 @@ class TrainingGuard:
         for s in sorted(self.saves, key=lambda s: s.step, reverse=True):
             if s.kind == "emergency" or s.step >= onset or s.path in self.used:
                 continue
-            if s.loss is not None and not (math.isfinite(s.loss) and s.loss < self.stable_ratio * value):
+            if s.loss is not None and not (
+                math.isfinite(s.loss) and s.loss < self.stable_ratio * value
+            ):
                 continue
             if read_marker(s.path) is not None:
                 continue
             result = _retention.validate(s.path, self.level)
             if usable(result) and result.resumable:
                 return s
-            log.warning(PREFIX + f"{os.path.basename(s.path)} (step {s.step}) does not validate at level "
-                        f"{self.level} with optimizer state: not a rollback target")
+            log.warning(
+                PREFIX + f"{os.path.basename(s.path)} (step {s.step}) does not validate at level "
+                f"{self.level} with optimizer state: not a rollback target"
+            )
             self.used.add(s.path)
         return None
 
@@ -349,7 +442,7 @@ class TrainingGuard:
 
             self._ranks = Ranks(self.rank_timeout)
             if self._ranks.rank != 0:
-                self._metrics_on = False   # rank 0 alone writes the loss log
+                self._metrics_on = False  # rank 0 alone writes the loss log
         return self._ranks
 
     def _mean(self, loss: float, gn: Optional[float]) -> tuple[float, Optional[float]]:
@@ -359,7 +452,9 @@ class TrainingGuard:
         every rank's at this step boundary, so all save and stop together (alone, the signalled rank left the
         collective and the others waited for it up to rank_timeout)."""
         flag = float(self.preemption.requested is not None)
-        out = self.ranks.reduce([loss, 0.0 if gn is None else gn, float(gn is None), flag], "the guard's loss", "sum")
+        out = self.ranks.reduce(
+            [loss, 0.0 if gn is None else gn, float(gn is None), flag], "the guard's loss", "sum"
+        )
         if out is None:
             return loss, gn
         if out[3] > 0 and self.preemption.requested is None:
@@ -372,7 +467,9 @@ class TrainingGuard:
         """Rank 0's rollback target on every rank (one broadcast of its step): the same checkpoint everywhere."""
         if not self.ranks.multi:
             return target
-        out = self.ranks.broadcast([float(target.step) if target is not None else -1.0], "the rollback target")
+        out = self.ranks.broadcast(
+            [float(target.step) if target is not None else -1.0], "the rollback target"
+        )
         step = int(out[0]) if out is not None else -1
         return next((s for s in self.saves if s.step == step), None) if step >= 0 else None
 
@@ -392,26 +489,67 @@ class TrainingGuard:
         if c is None or c.optimizer_checked:
             return Decision("continue", c.step if c else 0)
         c.optimizer_checked = True
-        live = optimizer if optimizer is None or isinstance(optimizer, (int, float)) else optimizer_step_count(optimizer)
+        live = (
+            optimizer
+            if optimizer is None or isinstance(optimizer, (int, float))
+            else optimizer_step_count(optimizer)
+        )
         name = os.path.basename(c.checkpoint)
+        return self._resume_verdict(c.step, name, self._compare_counter(c, live, name))
+
+    def _compare_counter(self, c: _ResumeCheck, live: Any, name: str) -> Optional[str]:
+        """The optimizer's live step counter against the checkpoint's: one resume_check record (unknown, reset or
+        ok); the reason to stop when it does not continue from the checkpoint's."""
         bad: Optional[str] = None
         if c.counter is None or live is None:
-            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter not "
-                      "compared (" + ("the checkpoint records none" if c.counter is None else "the optimizer keeps none")
-                      + ")", checkpoint=c.checkpoint, counter=live, expected=c.counter, verdict="unknown")
+            self._act(
+                "resume_check",
+                c.step,
+                f"resumed from {name} (step {c.step}): optimizer step counter not "
+                "compared ("
+                + (
+                    "the checkpoint records none"
+                    if c.counter is None
+                    else "the optimizer keeps none"
+                )
+                + ")",
+                checkpoint=c.checkpoint,
+                counter=live,
+                expected=c.counter,
+                verdict="unknown",
+            )
         elif int(live) != c.counter:
-            why = ("a fresh optimizer: its state was not loaded" if int(live) == 0 else
-                   "the optimizer state is not the checkpoint's")
-            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
-                      f"{int(live)}, the checkpoint's is {c.counter}", checkpoint=c.checkpoint, counter=int(live),
-                      expected=c.counter, verdict="reset")
-            bad = (f"the resume from {name} (step {c.step}) did not restore the optimizer: its step counter is "
-                   f"{int(live)}, the checkpoint's {c.counter} ({why})")
+            why = (
+                "a fresh optimizer: its state was not loaded"
+                if int(live) == 0
+                else "the optimizer state is not the checkpoint's"
+            )
+            self._act(
+                "resume_check",
+                c.step,
+                f"resumed from {name} (step {c.step}): optimizer step counter "
+                f"{int(live)}, the checkpoint's is {c.counter}",
+                checkpoint=c.checkpoint,
+                counter=int(live),
+                expected=c.counter,
+                verdict="reset",
+            )
+            bad = (
+                f"the resume from {name} (step {c.step}) did not restore the optimizer: its step counter is "
+                f"{int(live)}, the checkpoint's {c.counter} ({why})"
+            )
         else:
-            self._act("resume_check", c.step, f"resumed from {name} (step {c.step}): optimizer step counter "
-                      f"{int(live)} continues from the checkpoint's", checkpoint=c.checkpoint, counter=int(live),
-                      expected=c.counter, verdict="ok")
-        return self._resume_verdict(c.step, name, bad)
+            self._act(
+                "resume_check",
+                c.step,
+                f"resumed from {name} (step {c.step}): optimizer step counter "
+                f"{int(live)} continues from the checkpoint's",
+                checkpoint=c.checkpoint,
+                counter=int(live),
+                expected=c.counter,
+                verdict="ok",
+            )
+        return bad
 
     def _resume_verdict(self, step: int, name: str, bad: Optional[str]) -> Decision:
         """The resume check is one verdict of every rank (issue 43): one bounded all_reduce (max) of the failing
@@ -423,8 +561,10 @@ class TrainingGuard:
             out = self.ranks.reduce([float(failing)], "the resume check", "max")
             failing = int(out[0]) if out is not None else failing
         if bad is None and failing >= 0:
-            bad = (f"rank {failing}'s resume from {name} (step {step}) did not restore the optimizer (its step "
-                   "counter does not continue from the checkpoint's)")
+            bad = (
+                f"rank {failing}'s resume from {name} (step {step}) did not restore the optimizer (its step "
+                "counter does not continue from the checkpoint's)"
+            )
         return self._stop(step, bad) if bad is not None else Decision("continue", step)
 
     def _check_loss(self, step: int, loss: float) -> None:
@@ -438,15 +578,34 @@ class TrainingGuard:
         if not c.pre:
             return
         pre_level = statistics.median(c.pre)
-        noise = 1.4826 * statistics.median(abs(v - pre_level) for v in c.pre) if len(c.pre) >= 3 else 0.0
+        noise = (
+            1.4826 * statistics.median(abs(v - pre_level) for v in c.pre)
+            if len(c.pre) >= 3
+            else 0.0
+        )
         band = max(TOLERANCE * abs(pre_level), 3.0 * 1.2533 * noise / math.sqrt(len(c.post)))
         post = statistics.median(c.post) if all(math.isfinite(v) for v in c.post) else math.inf
         ok = post - pre_level <= band
-        line = (f"after the rollback to step {c.step}: loss {post:.4g} over steps {step - len(c.post) + 1}-{step} vs "
-                f"{pre_level:.4g} before the checkpoint (band {band:.3g}): "
-                + ("back within the band" if ok else "a jump above the band; was the optimizer state loaded?"))
-        self._act("resume_check", step, line, level="info" if ok else "warning", checkpoint=c.checkpoint,
-                  loss_after=post, pre_level=pre_level, band=band, verdict="ok" if ok else "jump")
+        line = (
+            f"after the rollback to step {c.step}: loss {post:.4g} over steps {step - len(c.post) + 1}-{step} vs "
+            f"{pre_level:.4g} before the checkpoint (band {band:.3g}): "
+            + (
+                "back within the band"
+                if ok
+                else "a jump above the band; was the optimizer state loaded?"
+            )
+        )
+        self._act(
+            "resume_check",
+            step,
+            line,
+            level="info" if ok else "warning",
+            checkpoint=c.checkpoint,
+            loss_after=post,
+            pre_level=pre_level,
+            band=band,
+            verdict="ok" if ok else "jump",
+        )
 
     def _restart(self, resume: int) -> None:
         """A fresh detector fed the history up to the resume step (steps must increase in one detector)."""
@@ -464,14 +623,23 @@ class TrainingGuard:
 
     def _stop(self, step: int, what: str) -> Decision:
         self.stopped = what
-        self._act("stop", step, what + ": training stops; roll back by hand with `checkpoint-strategy recover`",
-                  level="error")
+        self._act(
+            "stop",
+            step,
+            what + ": training stops; roll back by hand with `checkpoint-strategy recover`",
+            level="error",
+        )
         return Decision("stop", step, reason=what)
 
     # ------------------------------------------------------------------ records
 
     def _act(self, action: str, step: int, line: str, level: str = "info", **extra: Any) -> None:
-        rec = {"event": f"checkpoint-strategy:{action}", "at_step": int(step), **extra, "message": line}
+        rec = {
+            "event": f"checkpoint-strategy:{action}",
+            "at_step": int(step),
+            **extra,
+            "message": line,
+        }
         zero = self._ranks is None or self._ranks.rank == 0
         getattr(log, level if zero else "debug")(PREFIX + line)
         self._record(rec)
@@ -488,18 +656,25 @@ class TrainingGuard:
             return
         if self._metrics is None:
             try:
-                os.makedirs(self.root, exist_ok=True)   # type: ignore[arg-type]
+                os.makedirs(self.root, exist_ok=True)  # type: ignore[arg-type]
                 self._metrics = open(os.path.join(self.root, METRICS_FILE), "a", encoding="utf-8")  # type: ignore[arg-type]
             except OSError as exc:
-                log.warning(PREFIX + f"cannot write the loss log in {self.root}: {exc}; actions are logged only")
+                log.warning(
+                    PREFIX
+                    + f"cannot write the loss log in {self.root}: {exc}; actions are logged only"
+                )
                 self._metrics_on = False
                 return
         self._metrics.write(json.dumps(rec) + "\n")
 
     def summary(self) -> dict:
         """What happened: rollbacks (step, onset, checkpoint, resume step, skip, LR window), skipped steps, stop."""
-        return {"rollbacks": [dict(r) for r in self.rollbacks], "skipped_steps": list(self.skipped),
-                "stopped": self.stopped, "actions": [dict(a) for a in self.actions]}
+        return {
+            "rollbacks": [dict(r) for r in self.rollbacks],
+            "skipped_steps": list(self.skipped),
+            "stopped": self.stopped,
+            "actions": [dict(a) for a in self.actions],
+        }
 
     def close(self) -> dict:
         self.preemption.uninstall()
@@ -521,10 +696,20 @@ def optimizer_step_count(optimizer: Any) -> Optional[int]:
     return int(max(float(x) for x in steps))
 
 
+def _check_arguments(max_rollbacks: Any, level: Any) -> None:
+    """The guard's own arguments: max_rollbacks a whole number >= 0, level quick, full or deep."""
+    if not isinstance(max_rollbacks, int) or max_rollbacks < 0:
+        raise UsageError(f"max_rollbacks must be a whole number >= 0, got {max_rollbacks!r}")
+    if level not in ("quick", "full", "deep"):
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
+
+
 def _frequency(policy: Any, frequency_steps: Optional[int]) -> Optional[int]:
     if frequency_steps is not None:
         if not isinstance(frequency_steps, int) or frequency_steps < 1:
-            raise UsageError(f"frequency_steps must be a whole number >= 1, got {frequency_steps!r}")
+            raise UsageError(
+                f"frequency_steps must be a whole number >= 1, got {frequency_steps!r}"
+            )
         return frequency_steps
     if policy is None:
         return None
