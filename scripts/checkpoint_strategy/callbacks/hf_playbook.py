@@ -62,9 +62,8 @@ class PlaybookCallback(TrainerCallback):
             and self.guard.resumed(optimizer).action == "stop"
         ):
             self.decision = Decision("stop", state.global_step, reason=str(self.guard.stopped))
-            control.should_training_stop = (
-                True  # the optimizer state did not come back: no training on
-            )
+            # the optimizer state did not come back: no training on
+            control.should_training_stop = True
         step = state.global_step + 1
         clip = self.guard.grad_clip(step)
         args.max_grad_norm = clip if clip is not None else self._user_clip
@@ -87,9 +86,8 @@ class PlaybookCallback(TrainerCallback):
             return control
         step = state.global_step
         if self.guard.skipped and self.guard.skipped[-1] > step - max(1, int(args.logging_steps)):
-            return (
-                control  # a log that averages skipped (zero) steps says nothing about the weights
-            )
+            # a log that averages skipped (zero) steps says nothing about the weights
+            return control
         d = self.guard.step(step, float(logs["loss"]), _num(logs.get("grad_norm")))
         if d.action in ("rollback", "stop"):
             self.decision = d
@@ -121,9 +119,8 @@ def train_with_recovery(
     """
     strategy = _strategy(trainer)
     # the Trainer logs the loss averaged over the ranks already: every rank's guard decides the same
-    playbook.setdefault(
-        "rank_timeout", strategy.core.rank_timeout
-    )  # the ranks wait as long as the strategy's
+    # the ranks wait as long as the strategy's
+    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)
     guard = TrainingGuard(
         trainer.args.output_dir,
         None,

@@ -58,15 +58,13 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
         self.decision = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if (
-            self.guard.root is None and self.core.root is not None
-        ):  # the strategy's on_train_start has run
+        # the strategy's on_train_start has run
+        if self.guard.root is None and self.core.root is not None:
             self.guard.root, self.guard._metrics_on = self.core.root, bool(trainer.is_global_zero)
         step = trainer.global_step + 1
         if self.guard.rollbacks and self.decision is None and trainer.optimizers:
-            d = self.guard.resumed(
-                trainer.optimizers[0]
-            )  # the optimizer state back? (the guard's live check)
+            # the optimizer state back? (the guard's live check)
+            d = self.guard.resumed(trainer.optimizers[0])
             if d.action == "stop":
                 self.decision = Decision(
                     "stop", trainer.global_step, reason=str(self.guard.stopped)
@@ -82,10 +80,9 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
                     g["lr"] = g["lr"] * scale
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self.guard.skipped[-1:] == [
-            trainer.global_step + 1
-        ]:  # a skipped step under DDP: its zero gradients
-            for p in pl_module.parameters():  # go, the optimizer then steps no weight
+        # a skipped step under DDP: its zero gradients go, the optimizer then steps no weight
+        if self.guard.skipped[-1:] == [trainer.global_step + 1]:
+            for p in pl_module.parameters():
                 p.grad = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -123,15 +120,13 @@ def fit_with_recovery(
     skip_past_onset, stable_ratio, the detection thresholds); numbers from recover's RecoveryOptions.
     """
     strategy = _strategy(trainer)
-    playbook.setdefault(
-        "rank_timeout", strategy.core.rank_timeout
-    )  # the ranks wait as long as the strategy's
+    # the ranks wait as long as the strategy's
+    playbook.setdefault("rank_timeout", strategy.core.rank_timeout)
     guard = TrainingGuard(None, None, max_rollbacks=max_rollbacks, level=level, **playbook)
     core, plain_step = strategy.core, model.training_step
     cb = _Playbook(guard, core)
-    trainer.callbacks.insert(
-        0, cb
-    )  # first: the LR is restored before any callback saves the optimizer
+    # first: the LR is restored before any callback saves the optimizer
+    trainer.callbacks.insert(0, cb)
     own_step = _install(trainer, model, guard, core, plain_step)
     data = {
         "train_dataloaders": train_dataloaders,
@@ -173,9 +168,8 @@ def _install(trainer, model, guard: TrainingGuard, core: Any, plain_step: Any) -
         return plain_step(*args, **kwargs)
 
     guard.on_action = core.actions.append  # the guard's actions go to the handoff state
-    core.action_sink = _sink(
-        guard, core
-    )  # the strategy's (preemption, interval) into the guard's loss log
+    # the strategy's (preemption, interval) into the guard's loss log
+    core.action_sink = _sink(guard, core)
     own_step = "training_step" in model.__dict__
     model.training_step = training_step
     # one loss log: the guard writes every loss and action to it (prune reads it); the strategy writes none
