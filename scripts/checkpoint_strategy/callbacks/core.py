@@ -44,7 +44,7 @@ from checkpoint_strategy.storage.locking import locked
 #: no session-handoff state unless asked for (handoff_dir="..."): nothing is written into the working folder or
 #: beside the checkpoints that the user did not name (docs/callbacks.md, "Handoff")
 DEFAULT_HANDOFF_DIR: Optional[str] = None
-HISTORY_LIMIT = 200_000   # logged values kept in memory before the first event (about 20 MB at most)
+HISTORY_LIMIT = 200_000  # logged values kept in memory before the first event (about 20 MB at most)
 
 
 class _LineHandler(logging.Handler):
@@ -84,8 +84,8 @@ class SaveRecord:
 
     step: Optional[int]
     path: str
-    emergency: Optional[str] = None       # the event, for an emergency save
-    status: Optional[str] = None          # valid | invalid | incomplete | None (not validated)
+    emergency: Optional[str] = None  # the event, for an emergency save
+    status: Optional[str] = None  # valid | invalid | incomplete | None (not validated)
     problem: Optional[str] = None
     deleted: list[str] = field(default_factory=list)
     kept_reasons: dict[str, list[str]] = field(default_factory=dict)
@@ -93,9 +93,14 @@ class SaveRecord:
     seconds: float = 0.0
 
 
-VERDICT_CODE = {"valid": 0, "incomplete": 1, "invalid": 2, "gone": 4}   # reduced with max over the ranks
+VERDICT_CODE = {
+    "valid": 0,
+    "incomplete": 1,
+    "invalid": 2,
+    "gone": 4,
+}  # reduced with max over the ranks
 NOT_DONE = 3
-PENDING = 9.0    # a rank's part still running at a meeting (max over the ranks: that verdict waits for the next)
+PENDING = 9.0  # a rank's part still running at a meeting (max over the ranks: that verdict waits for the next)
 CODE_VERDICT = {1: "incomplete", 2: "invalid", NOT_DONE: "unchecked", 4: "gone"}
 
 
@@ -106,33 +111,39 @@ class RankedState:
 
     seq: int = 0
     records: dict[int, SaveRecord] = field(default_factory=dict)
-    results: dict[int, Optional[dict]] = field(default_factory=dict)   # this rank's part: None until done
-    part_ids: dict[int, int] = field(default_factory=dict)              # worker job id -> save number
+    # this rank's part: None until done
+    results: dict[int, Optional[dict]] = field(default_factory=dict)
+    part_ids: dict[int, int] = field(default_factory=dict)  # worker job id -> save number
     cond: threading.Condition = field(default_factory=threading.Condition)
 
 
 class StrategyCore:
     """Shared logic. ``root`` (the folder the framework saves into) is set by the adapter."""
 
-    def __init__(self, policy: Any, *, level: str = "quick", handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
-                 handoff_every: Optional[int] = None, join_timeout: float = 600.0,
-                 framework_log: bool = False, manifest: bool = True, rank_timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        level: str = "quick",
+        handoff_dir: Optional[str] = DEFAULT_HANDOFF_DIR,
+        handoff_every: Optional[int] = None,
+        join_timeout: float = 600.0,
+        framework_log: bool = False,
+        manifest: bool = True,
+        rank_timeout: float = 600.0,
+    ) -> None:
         self.settings: Settings = resolve(policy)
-        if level not in ("quick", "full", "deep"):
-            raise UsageError(f"level must be quick, full or deep, got {level!r}")
-        if handoff_every is not None and (not isinstance(handoff_every, int) or handoff_every < 1):
-            raise UsageError(f"handoff_every must be a whole number >= 1, got {handoff_every!r}")
-        if handoff_every is not None and not handoff_dir:
-            raise UsageError("handoff_every needs handoff_dir (the folder to write the handoff state to; "
-                             "no handoff is written by default)")
+        _check_arguments(level, handoff_dir, handoff_every)
         self.level = level
         self.handoff_dir = handoff_dir
         self.handoff_every = handoff_every
         self.join_timeout = float(join_timeout)
-        self.manifest = bool(manifest)       # write the sha256 manifest of each valid save (formats/manifest.py)
+        # write the sha256 manifest of each valid save (formats/manifest.py)
+        self.manifest = bool(manifest)
         self.rank_timeout = float(rank_timeout)
         self._ranks: Any = None
-        self.framework_log = framework_log   # True: the framework writes no log we can read (Lightning)
+        # True: the framework writes no log we can read (Lightning)
+        self.framework_log = framework_log
         self.root: Optional[str] = None
         self.records: list[SaveRecord] = []
         self.flags: list[Any] = []
@@ -155,16 +166,20 @@ class StrategyCore:
         self._jobs: dict[int, SaveRecord] = {}
         self._deleted: set[str] = set()
         self._next_id = 0
-        self.phase_delay = 0.0   # test hook: seconds the worker lingers as it enters each phase
+        self.phase_delay = 0.0  # test hook: seconds the worker lingers as it enters each phase
         self._lock = threading.Lock()
         self._saves_done = 0
         self._ended = False
         self._ranked = RankedState()
-        self._holds: list[Any] = []   # the folder's lock, held from before_save to saved (rank 0)
-        self.resume_warnings: list[str] = []   # world size / global batch changed at the resume (check_resume)
-        self.frequency_override: Optional[int] = None   # the interval re-solved for the measured save cost (adaptive.py)
-        self.actions: list[dict] = []   # every automatic action (rollback, skip, preemption, interval, interruption)
-        self.action_sink: Optional[Callable[[dict], None]] = None   # a playbook's loss log writer, when one runs
+        self._holds: list[Any] = []  # the folder's lock, held from before_save to saved (rank 0)
+        # world size / global batch changed at the resume (check_resume)
+        self.resume_warnings: list[str] = []
+        # the interval re-solved for the measured save cost (adaptive.py)
+        self.frequency_override: Optional[int] = None
+        # every automatic action (rollback, skip, preemption, interval, interruption)
+        self.actions: list[dict] = []
+        # a playbook's loss log writer, when one runs
+        self.action_sink: Optional[Callable[[dict], None]] = None
 
     # ------------------------------------------------------------------ schedule
 
@@ -185,7 +200,13 @@ class StrategyCore:
 
     # ------------------------------------------------------------------ detection
 
-    def observe(self, step: int, loss: Optional[float], grad_norm: Optional[float] = None, saving: bool = True):
+    def observe(
+        self,
+        step: int,
+        loss: Optional[float],
+        grad_norm: Optional[float] = None,
+        saving: bool = True,
+    ):
         """Feed one logged loss (and grad norm). Returns the Flag when an emergency save is due. Under
         many processes every rank feeds the same values (so decides the same); rank 0 alone logs and
         writes the loss log. saving=False: training has ended, no save can follow (said so, None)."""
@@ -197,7 +218,9 @@ class StrategyCore:
         zero = self.rank_zero
         if self.framework_log and zero:
             if self._metrics_fh is None:
-                self._history.append((int(step), float(loss), None if grad_norm is None else float(grad_norm)))
+                self._history.append(
+                    (int(step), float(loss), None if grad_norm is None else float(grad_norm))
+                )
             if self._spike_seen or self._metrics_fh is not None:
                 self._log_metric(step, loss, grad_norm)
         if flag is None:
@@ -210,21 +233,32 @@ class StrategyCore:
         """Log a detector flag (rank 0); the flag when an emergency save is due now, else None."""
         if flag.kind == "nonfinite":
             if flag.new_event and zero:
-                log.warning(PREFIX + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
-                            "saved); roll back with `checkpoint-strategy recover`")
+                log.warning(
+                    PREFIX
+                    + f"loss is NaN/inf at step {step}: no emergency save (a NaN state is never "
+                    "saved); roll back with `checkpoint-strategy recover`"
+                )
             return None
         if flag.save and not saving:
             if zero:
-                log.warning(PREFIX + f"{flag.kind} at step {step}, the last step: no emergency save after training ended")
+                log.warning(
+                    PREFIX
+                    + f"{flag.kind} at step {step}, the last step: no emergency save after training ended"
+                )
             return None
         if flag.save:
             what = "loss" if flag.kind == "loss_spike_detected" else "grad norm"
             med = f" vs median {flag.median:.4g}" if flag.median is not None else ""
-            (log.warning if zero else log.debug)(PREFIX + f"emergency save at step {step}: {flag.kind} ({what} {flag.value:.4g}{med}; "
-                        f"{'; '.join(flag.rules)})")
+            (log.warning if zero else log.debug)(
+                PREFIX
+                + f"emergency save at step {step}: {flag.kind} ({what} {flag.value:.4g}{med}; "
+                f"{'; '.join(flag.rules)})"
+            )
             return flag
         if flag.new_event and zero:
-            log.warning(PREFIX + f"{flag.kind} at step {step} (not in emergency_save_on: no emergency save)")
+            log.warning(
+                PREFIX + f"{flag.kind} at step {step} (not in emergency_save_on: no emergency save)"
+            )
         return None
 
     def mark_emergency(self, checkpoint: str, flag) -> bool:
@@ -234,8 +268,10 @@ class StrategyCore:
         try:
             write_marker(checkpoint, event=flag.kind, step=flag.step, rules=flag.rules)
         except OSError as exc:
-            line = (f"emergency save at step {flag.step} skipped: cannot write its marker in "
-                    f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}")
+            line = (
+                f"emergency save at step {flag.step} skipped: cannot write its marker in "
+                f"{os.path.dirname(os.fspath(checkpoint))}: {describe_os_error(exc)}"
+            )
             with self._lock:
                 self.problems.append(line)
             log.error(PREFIX + line)
@@ -256,7 +292,7 @@ class StrategyCore:
             self.action_sink(rec)
         elif self.framework_log:
             if self._metrics_fh is None:
-                self._open_metrics()   # from now on every logged loss is written too
+                self._open_metrics()  # from now on every logged loss is written too
             if self._metrics_fh is not None:
                 self._metrics_fh.write(json.dumps(rec) + "\n")
                 self._flush_metrics()
@@ -292,11 +328,21 @@ class StrategyCore:
     def _prune_job(self, path: str, validate: bool) -> dict[str, Any]:
         """The worker's job after a save: validate (unless the ranks already did), manifest, prune."""
         s = self.settings
-        return {"kind": "save", "path": path, "root": self.root, "level": self.level, "validate": validate,
-                "keep_last": s.keep_last, "milestones": list(s.milestones), "protect": dict(self.protect() or {}),
-                "delete_invalid": s.delete_invalid,
-                "log": self._metrics_path(), "phase_delay": self.phase_delay, "manifest": self.manifest,
-                "lock_timeout": self.join_timeout}
+        return {
+            "kind": "save",
+            "path": path,
+            "root": self.root,
+            "level": self.level,
+            "validate": validate,
+            "keep_last": s.keep_last,
+            "milestones": list(s.milestones),
+            "protect": dict(self.protect() or {}),
+            "delete_invalid": s.delete_invalid,
+            "log": self._metrics_path(),
+            "phase_delay": self.phase_delay,
+            "manifest": self.manifest,
+            "lock_timeout": self.join_timeout,
+        }
 
     def _submit(self, job: dict[str, Any], rec: Optional[SaveRecord]) -> None:
         """To the background worker (async_save), else inline; the answer comes to _on_message."""
@@ -315,8 +361,14 @@ class StrategyCore:
 
     # ------------------------------------------------------------------ resume
 
-    def check_resume(self, checkpoint: Optional[str], *, world_size: int, per_device_batch: Optional[int] = None,
-                     accumulation: Optional[int] = None) -> list[str]:
+    def check_resume(
+        self,
+        checkpoint: Optional[str],
+        *,
+        world_size: int,
+        per_device_batch: Optional[int] = None,
+        accumulation: Optional[int] = None,
+    ) -> list[str]:
         """At the start of a resumed run: warnings (logged on rank 0, kept in `resume_warnings`) when this run's
         world size or global batch differs from what `checkpoint` was saved with, with what keeps the schedule
         the same (formats/runshape.py, the same lines `verify-resume --checkpoints` prints). Nothing when
@@ -325,9 +377,15 @@ class StrategyCore:
             return []
 
         try:
-            lines = check_resume_shape(checkpoint, world_size=world_size, per_device_batch=per_device_batch,
-                                       accumulation=accumulation)
-        except ValueError as e:   # a framework value that is not a whole number >= 1: say so, never stop training
+            lines = check_resume_shape(
+                checkpoint,
+                world_size=world_size,
+                per_device_batch=per_device_batch,
+                accumulation=accumulation,
+            )
+        except (
+            ValueError
+        ) as e:  # a framework value that is not a whole number >= 1: say so, never stop training
             lines = [f"resume shape not checked: {e}"]
         self.resume_warnings = lines
         if self.rank_zero:
@@ -361,7 +419,9 @@ class StrategyCore:
     def _hold_folder(self) -> None:
         stack = ExitStack()
         try:
-            stack.enter_context(locked(self.root or ".", self.join_timeout, "a prune still holds it"))
+            stack.enter_context(
+                locked(self.root or ".", self.join_timeout, "a prune still holds it")
+            )
         except UsageError as exc:
             log.warning(PREFIX + f"cannot hold {self.root} against a prune ({exc}); saving anyway")
             return
@@ -389,7 +449,8 @@ class StrategyCore:
         name = os.path.basename(path)
         s = self.settings
         checking = bool(s.validate_on_save or s.keep_last)
-        riding = checking and bool(s.async_save)     # the policy's, the same on every rank (not whether a worker started)
+        # the policy's, the same on every rank (not whether a worker started)
+        riding = checking and bool(s.async_save)
         seqs, codes = self._ready_parts(st.seq - 1) if riding else ([], [])
         met = self.ranks.reduce([0.0] + codes, f"after the save of {name}")
         self._release_folder()
@@ -399,13 +460,15 @@ class StrategyCore:
             self._flush_metrics()
             self._submit_part(path, rec)
         for q, code in zip(seqs, met[1:] if met else [], strict=False):
-            if code < PENDING:           # every rank's part is done: the verdict (the same on every rank)
+            if code < PENDING:  # every rank's part is done: the verdict (the same on every rank)
                 with st.cond:
                     mine = st.results.pop(q) or {}
                 self._verdict(st.records.pop(q), mine, code)
         if met is None:
-            self._problem(f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
-                          f"({self.ranks.broken})")
+            self._problem(
+                f"{name}: not validated and nothing pruned: the ranks did not all finish this save "
+                f"({self.ranks.broken})"
+            )
         elif not checking:
             if self.after_save_hook is not None:
                 self.after_save_hook(path)
@@ -418,12 +481,18 @@ class StrategyCore:
         st = self._ranked
         st.records[st.seq] = rec
         st.results[st.seq] = None
-        if self.level == "deep":     # deep compares across files: rank 0 checks it whole
+        if self.level == "deep":  # deep compares across files: rank 0 checks it whole
             part = [0, 1] if self.rank_zero else None
         else:
             part = [self.ranks.rank, self.ranks.world]
-        job = {"kind": "part", "seq": st.seq, "path": path, "level": self.level, "part": part,
-               "phase_delay": self.phase_delay}
+        job = {
+            "kind": "part",
+            "seq": st.seq,
+            "path": path,
+            "level": self.level,
+            "part": part,
+            "phase_delay": self.phase_delay,
+        }
         self._submit(job, None)
 
     def _problem(self, line: str) -> None:
@@ -453,8 +522,11 @@ class StrategyCore:
         with st.cond:
             while any(st.results[q] is None for q in seqs) and time.monotonic() < deadline:
                 st.cond.wait(max(0.01, deadline - time.monotonic()))
-            own = [st.results.pop(q) or {"status": None, "problem": "this rank's part did not finish in time"}
-                   for q in seqs]
+            own = [
+                st.results.pop(q)
+                or {"status": None, "problem": "this rank's part did not finish in time"}
+                for q in seqs
+            ]
         return seqs, own
 
     @staticmethod
@@ -475,13 +547,15 @@ class StrategyCore:
     def _verdict(self, rec: SaveRecord, mine: dict, code: Optional[float]) -> None:
         name = os.path.basename(rec.path)
         if code is None:
-            self._problem(f"{name}: no verdict: the ranks did not meet ({self.ranks.broken}); nothing pruned")
+            self._problem(
+                f"{name}: no verdict: the ranks did not meet ({self.ranks.broken}); nothing pruned"
+            )
             return
         if code == VERDICT_CODE["valid"]:
             if self.rank_zero:
                 self._submit(self._prune_job(rec.path, validate=False) | {"verdict": "valid"}, rec)
             return
-        if code == VERDICT_CODE["gone"]:    # a rank found it pruned already: as on one process
+        if code == VERDICT_CODE["gone"]:  # a rank found it pruned already: as on one process
             if self.rank_zero:
                 self._apply(rec, {"status": "gone"})
             return
@@ -490,9 +564,12 @@ class StrategyCore:
         if self.rank_zero:
             said = [f"rank {r}: {t}" for r, t in enumerate(lines or []) if t]
             rec.problem = "; ".join(said) or "a rank's part did not finish"
-            line = (f"{name}" + (f" (step {rec.step})" if rec.step is not None else "")
-                    + f" is {rec.status.upper()} right after its save: {rec.problem}; kept for inspection, "
-                    "nothing deleted")
+            line = (
+                f"{name}"
+                + (f" (step {rec.step})" if rec.step is not None else "")
+                + f" is {rec.status.upper()} right after its save: {rec.problem}; kept for inspection, "
+                "nothing deleted"
+            )
             self._problem(line)
 
     def start(self) -> None:
@@ -506,7 +583,9 @@ class StrategyCore:
                 self._worker = _ProcessWorker(self._on_message)
             except OSError as exc:
                 self._worker_failed = True
-                log.warning(PREFIX + f"cannot start the background worker ({exc}): validating inline")
+                log.warning(
+                    PREFIX + f"cannot start the background worker ({exc}): validating inline"
+                )
         return self._worker
 
     # the callback's own loss log, for frameworks whose checkpoints carry none (Lightning): written
@@ -531,7 +610,7 @@ class StrategyCore:
             rec["grad_norm"] = float(grad_norm)
         if self._metrics_fh is None:
             if self._spike_seen:
-                self._open_metrics()   # the history holds this value already
+                self._open_metrics()  # the history holds this value already
             return
         self._metrics_fh.write(json.dumps(rec) + "\n")
 
@@ -544,12 +623,18 @@ class StrategyCore:
 
         try:
             if not os.path.exists(path):
-                lines = [json.dumps({"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})})
-                         for s_, l_, g_ in self._history]
+                lines = [
+                    json.dumps(
+                        {"step": s_, "loss": l_, **({"grad_norm": g_} if g_ is not None else {})}
+                    )
+                    for s_, l_, g_ in self._history
+                ]
                 atomic_write_text(path, "".join(x + "\n" for x in lines))
             self._metrics_fh = open(path, "a", encoding="utf-8")
         except OSError as exc:
-            log.warning(PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off")
+            log.warning(
+                PREFIX + f"cannot write the loss log {path}: {exc}; the spike check of prune is off"
+            )
             self.framework_log = False
         self._history.clear()
 
@@ -568,20 +653,25 @@ class StrategyCore:
         """A phase or a result from the worker (or from an inline job)."""
         if "phase" in msg:
             t = msg.get("t")
-            self._phase(msg["phase"], msg.get("path", ""), float(t) if isinstance(t, (int, float)) else None)
+            self._phase(
+                msg["phase"], msg.get("path", ""), float(t) if isinstance(t, (int, float)) else None
+            )
             return
         with self._lock:
             jid = msg.get("id")
             rec = self._jobs.pop(jid, None) if isinstance(jid, int) else None
             seq = self._ranked.part_ids.pop(jid, None) if isinstance(jid, int) else None
-        if seq is not None:                  # this rank's part of a save (many processes)
+        if seq is not None:  # this rank's part of a save (many processes)
             with self._ranked.cond:
                 self._ranked.results[seq] = msg
                 self._ranked.cond.notify_all()
             return
-        if rec is None:                      # a handoff job's answer
+        if rec is None:  # a handoff job's answer
             if msg.get("error"):
-                log.error(PREFIX + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}")
+                log.error(
+                    PREFIX
+                    + f"could not write the handoff state to {self.handoff_dir}: {msg['error']}"
+                )
             return
         self._apply(rec, msg)
 
@@ -589,13 +679,22 @@ class StrategyCore:
         name = os.path.basename(rec.path)
         at = f" (step {rec.step})" if rec.step is not None else ""
         rec.status, rec.problem = res.get("status"), res.get("problem")
-        rec.deleted, rec.kept_reasons = list(res.get("deleted") or []), dict(res.get("kept_reasons") or {})
-        rec.prune_errors, rec.seconds = list(res.get("prune_errors") or []), float(res.get("seconds") or 0.0)
+        rec.deleted, rec.kept_reasons = (
+            list(res.get("deleted") or []),
+            dict(res.get("kept_reasons") or {}),
+        )
+        rec.prune_errors, rec.seconds = (
+            list(res.get("prune_errors") or []),
+            float(res.get("seconds") or 0.0),
+        )
         self._deleted.update(rec.deleted)
         if rec.status == "gone":
             if name in self._deleted:
-                log.info(PREFIX + f"{name}{at} was pruned before its own validation ran (a newer checkpoint had "
-                         "validated)")
+                log.info(
+                    PREFIX
+                    + f"{name}{at} was pruned before its own validation ran (a newer checkpoint had "
+                    "validated)"
+                )
             else:
                 line = f"{name}{at} disappeared before it was validated (removed by hand?)"
                 with self._lock:
@@ -607,8 +706,10 @@ class StrategyCore:
                 self.problems.append(line)
             log.error(PREFIX + line)
         elif rec.status not in (None, "valid"):
-            line = (f"{name}{at} is {str(rec.status).upper()} right after its save: {rec.problem}; kept for "
-                    "inspection, nothing deleted")
+            line = (
+                f"{name}{at} is {str(rec.status).upper()} right after its save: {rec.problem}; kept for "
+                "inspection, nothing deleted"
+            )
             with self._lock:
                 self.problems.append(line)
             log.error(PREFIX + line)
@@ -619,8 +720,10 @@ class StrategyCore:
                 log.warning(PREFIX + f"prune: {err}")
             pruned = f"; pruned {', '.join(rec.deleted)}" if rec.deleted else ""
             kind = f"emergency save ({rec.emergency})" if rec.emergency else "saved"
-            log.info(PREFIX + f"{kind} {name}{at}: {rec.status or 'not validated'} ({self.level}, "
-                     f"{rec.seconds:.2f} s){pruned}")
+            log.info(
+                PREFIX + f"{kind} {name}{at}: {rec.status or 'not validated'} ({self.level}, "
+                f"{rec.seconds:.2f} s){pruned}"
+            )
         with self._lock:
             self._saves_done += 1
             due = self.handoff_every is not None and self._saves_done % self.handoff_every == 0
@@ -650,14 +753,19 @@ class StrategyCore:
                 return {}
         finished = self.wait()
         if not finished:
-            line = (f"validation of the last saves did not finish within {self.join_timeout:g} s: they are not "
-                    "checked yet; run `checkpoint-strategy validate` on the folder")
+            line = (
+                f"validation of the last saves did not finish within {self.join_timeout:g} s: they are not "
+                "checked yet; run `checkpoint-strategy validate` on the folder"
+            )
             self.problems.append(line)
             log.error(PREFIX + line)
         summary = self.summary()
-        log.info(PREFIX + f"end of training: {summary['validated']} saves validated, {summary['invalid']} invalid, "
-                 f"{summary['pruned']} pruned, {summary['emergency_saves']} emergency; last valid "
-                 f"{summary['last_valid'] or 'none'}")
+        log.info(
+            PREFIX
+            + f"end of training: {summary['validated']} saves validated, {summary['invalid']} invalid, "
+            f"{summary['pruned']} pruned, {summary['emergency_saves']} emergency; last valid "
+            f"{summary['last_valid'] or 'none'}"
+        )
         self.write_handoff()
         if self._metrics_fh is not None:
             self._metrics_fh.close()
@@ -676,8 +784,13 @@ class StrategyCore:
             self._worker.wait(max(1.0, self.join_timeout - (time.monotonic() - started)))
             self._worker.close()
 
-    def decide_emergency(self, step: int, loss: Optional[float], grad_norm: Optional[float],
-                         checkpoint: str | Callable[[], str]) -> Optional[str]:
+    def decide_emergency(
+        self,
+        step: int,
+        loss: Optional[float],
+        grad_norm: Optional[float],
+        checkpoint: str | Callable[[], str],
+    ) -> Optional[str]:
         """Every rank at the same hook, with the same values (HF logs the loss averaged over the
         processes; Lightning's is averaged by `start_reduced` / `finish_reduced`), so every rank's detector
         decides the same. On an event rank 0 writes the marker first and broadcasts whether it could:
@@ -693,7 +806,9 @@ class StrategyCore:
             marked = bool(out and out[0])
         return flag.kind if marked else None
 
-    def reduced(self, loss: Optional[float], grad_norm: Optional[float]) -> tuple[Optional[float], Optional[float]]:
+    def reduced(
+        self, loss: Optional[float], grad_norm: Optional[float]
+    ) -> tuple[Optional[float], Optional[float]]:
         """The loss (and grad norm) averaged over the ranks, waiting for it; as is on one process. None when
         a rank has none, or the ranks did not meet."""
         if not self.ranks.multi:
@@ -703,8 +818,12 @@ class StrategyCore:
     def start_reduced(self, loss: Optional[float], grad_norm: Optional[float]):
         """Start averaging the loss (and grad norm) over the ranks without waiting (one all_reduce of four
         numbers); `finish_reduced` takes the result. Every rank calls both at the same hooks."""
-        vals = [0.0 if loss is None else loss, 0.0 if grad_norm is None else grad_norm,
-                float(loss is None), float(grad_norm is None)]
+        vals = [
+            0.0 if loss is None else loss,
+            0.0 if grad_norm is None else grad_norm,
+            float(loss is None),
+            float(grad_norm is None),
+        ]
         return self.ranks.start(vals, "the logged loss", "sum")
 
     def finish_reduced(self, pending) -> tuple[Optional[float], Optional[float]]:
@@ -725,12 +844,14 @@ class StrategyCore:
                 last = last_valid_checkpoint(self.root, level=self.level)
             except Exception:  # noqa: BLE001
                 last = None
-        return {"validated": sum(r.status is not None for r in recs),
-                "invalid": sum(r.status not in (None, "valid", "gone") for r in recs),
-                "pruned": sum(len(r.deleted) for r in recs),
-                "emergency_saves": sum(r.emergency is not None for r in recs),
-                "last_valid": os.path.basename(last) if last else None,
-                "problems": list(self.problems)}
+        return {
+            "validated": sum(r.status is not None for r in recs),
+            "invalid": sum(r.status not in (None, "valid", "gone") for r in recs),
+            "pruned": sum(len(r.deleted) for r in recs),
+            "emergency_saves": sum(r.emergency is not None for r in recs),
+            "last_valid": os.path.basename(last) if last else None,
+            "problems": list(self.problems),
+        }
 
     def write_handoff(self) -> None:
         """The session-handoff state the `handoff` command writes, plus this run's problems (on the
@@ -744,12 +865,32 @@ class StrategyCore:
             jid = self._next_id
             actions = [dict(a) for a in self.actions[-50:]]
         report = self.settings.report
-        job = {"kind": "handoff", "id": jid, "root": self.root, "level": self.level, "state_dir": self.handoff_dir,
-               "report": report.model_dump(mode="json") if report is not None else None, "risks": risks,
-               "actions": actions}
+        job = {
+            "kind": "handoff",
+            "id": jid,
+            "root": self.root,
+            "level": self.level,
+            "state_dir": self.handoff_dir,
+            "report": report.model_dump(mode="json") if report is not None else None,
+            "risks": risks,
+            "actions": actions,
+        }
         worker = self._worker if self.settings.async_save else None
         if worker is None or not worker.submit(job):
             self._on_message(handoff_job(job))
+
+
+def _check_arguments(level: Any, handoff_dir: Optional[str], handoff_every: Any) -> None:
+    """The core's own arguments: level quick, full or deep; handoff_every a whole number >= 1, with a handoff_dir."""
+    if level not in ("quick", "full", "deep"):
+        raise UsageError(f"level must be quick, full or deep, got {level!r}")
+    if handoff_every is not None and (not isinstance(handoff_every, int) or handoff_every < 1):
+        raise UsageError(f"handoff_every must be a whole number >= 1, got {handoff_every!r}")
+    if handoff_every is not None and not handoff_dir:
+        raise UsageError(
+            "handoff_every needs handoff_dir (the folder to write the handoff state to; "
+            "no handoff is written by default)"
+        )
 
 
 def read_actions(path: Optional[str], event: str) -> list[dict]:
@@ -781,18 +922,29 @@ class _ProcessWorker:
         scripts = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
         env = dict(os.environ, **ONE_THREAD)
-        env["PYTHONPATH"] = scripts + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = scripts + (
+            os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+        )
         self.on_message = on_message
-        self.proc = subprocess.Popen([sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                     encoding="utf-8", bufsize=1, close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "checkpoint_strategy.callbacks._worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            encoding="utf-8",
+            bufsize=1,
+            close_fds=True,
+        )
         assert self.proc.stdin is not None and self.proc.stdout is not None, "both are pipes"
         self._stdin: IO[str] = self.proc.stdin
         self._stdout: IO[str] = self.proc.stdout
         self._lock = threading.Lock()
         self.pending: dict[int, threading.Event] = {}
         self.dead = False
-        self.thread = threading.Thread(target=self._read, name="checkpoint-strategy-reader", daemon=True)
+        self.thread = threading.Thread(
+            target=self._read, name="checkpoint-strategy-reader", daemon=True
+        )
         self.thread.start()
 
     def submit(self, job: dict) -> bool:
@@ -831,7 +983,9 @@ class _ProcessWorker:
             left = list(self.pending.items())
             self.pending.clear()
         for jid, ev in left:
-            self.on_message({"id": jid, "error": "the background worker exited before finishing this job"})
+            self.on_message(
+                {"id": jid, "error": "the background worker exited before finishing this job"}
+            )
             ev.set()
 
     def wait(self, timeout: float) -> bool:
