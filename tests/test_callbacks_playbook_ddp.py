@@ -195,7 +195,15 @@ def test_hf_torchrun_a_second_rollback_then_max_rollbacks_stops_every_rank(tmp_p
         ), r["stopped"]
     assert r0["stopped"] == r1["stopped"] and r0["global_step"] == r1["global_step"]
     assert 450 < r0["global_step"] < PB_STEPS  # stopped, not run to the end
-    assert r0["forward"] == r1["forward"] and r0["weights"] == r1["weights"]
+    assert (
+        r0["forward"] == r1["forward"] and r0["weights"] == r1["weights"] and r0["at"] == r1["at"]
+    )
+    at = r0["at"]  # the weights before each step (JSON keys: the step, as text)
+    for resume, last_skipped in (
+        (100, 170),
+        (250, 320),
+    ):  # the skipped steps moved no weight, the next did
+        assert at[str(resume)] == at[str(last_skipped)] != at[str(last_skipped + 1)]
     assert err.count("rollback 1/2 to checkpoint-100") == 1
     assert err.count("rollback 2/2 to checkpoint-250") == 1
     assert err.count("after 2 rollbacks (max_rollbacks=2): training stops") == 1
