@@ -318,10 +318,17 @@ def _pb_finish(out: Path, rank: int, doc: dict) -> None:
     os._exit(0)
 
 
-def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
+def hf_playbook_ddp(
+    out: Path,
+    poison: bool,
+    forget_rank: Optional[int] = None,
+    poison_steps: tuple[int, ...] = (PB_POISON,),
+    max_rollbacks: int = 3,
+) -> None:
     """One rank of a 2-process torchrun (gloo, CPU) HF Trainer with train_with_recovery. Global batch b (rank b % 2,
     accelerate's sharding) belongs to step b // 2 + 1; poison: the batches of step PB_POISON (one on each rank)
-    multiply the first layer by -50 in the forward pass (every rank's weights damaged alike). Writes
+    multiply the first layer by -50 in the forward pass (every rank's weights damaged alike; poison_steps: the steps
+    so poisoned, PB_POISON alone by default; max_rollbacks: train_with_recovery's). Writes
     out/result-<rank>.json (forget_rank: that rank's resume loads no optimizer state, a fresh optimizer, as a
     broken per-rank resume would): train_with_recovery's answer, calls: each trainer.train call (its resume checkpoint and the
     step it started from), the steps whose forward pass ran, a fingerprint of the weights before each step ("at",
@@ -343,7 +350,7 @@ def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
         def __getitem__(self, i):
             x, y = _pb_item(i)
             step = (i // PB_BATCH) // 2 + 1
-            return {"x": x, "y": y, "poison": torch.tensor(float(poison and step == PB_POISON))}
+            return {"x": x, "y": y, "poison": torch.tensor(float(poison and step in poison_steps))}
 
     class Net(torch.nn.Module):
         def __init__(self):
@@ -408,7 +415,7 @@ def hf_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
             getattr(tr.optimizer, "optimizer", tr.optimizer).state.clear()
 
         tr._load_optimizer_and_scheduler = forgetful
-    result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS)
+    result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS, max_rollbacks=max_rollbacks)
     _pb_finish(
         out,
         rank,
@@ -620,4 +627,14 @@ if __name__ == "__main__":
     elif sys.argv[1] in ("hf_playbook", "pl_playbook"):
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         run = {"hf_playbook": hf_playbook_ddp, "pl_playbook": pl_playbook_ddp}[sys.argv[1]]
-        run(Path(sys.argv[2]), sys.argv[3] == "poison", *(int(a) for a in sys.argv[4:]))
+        # after the mode: a rank (forget_rank), then keyword=value options (poison_steps=200,350 max_rollbacks=2)
+        opts = dict(a.split("=", 1) for a in sys.argv[4:] if "=" in a)
+        run(
+            Path(sys.argv[2]),
+            sys.argv[3] == "poison",
+            *(int(a) for a in sys.argv[4:] if "=" not in a),
+            **{
+                k: tuple(map(int, v.split(","))) if k == "poison_steps" else int(v)
+                for k, v in opts.items()
+            },
+        )

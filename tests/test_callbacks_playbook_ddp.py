@@ -7,7 +7,8 @@ from and the step its first batch came at, the steps whose forward pass ran, whe
 held-out loss and a fingerprint of its weights. Asserted from them: both ranks roll back together (same step,
 same checkpoint, same skipped steps, same train calls), finish max_steps with the same weights, nothing hangs (the
 run is bounded by the subprocess timeout), and the final loss is within 15% of a clean 2-process run's; rank 0
-alone writes the loss log.
+alone writes the loss log. With three poisoned steps and max_rollbacks=2 (the runner's poison_steps= and
+max_rollbacks= options): a second rollback, then both ranks stop at the limit.
 """
 
 from __future__ import annotations
@@ -154,6 +155,61 @@ def test_hf_torchrun_every_rank_rolls_back_to_the_same_checkpoint_at_the_same_st
     assert abs(r0["eval"] - clean0["eval"]) <= 0.15 * clean0["eval"], (r0["eval"], clean0["eval"])
     check_one_log(tmp_path / "out")
     assert err.count("rollback 1/3 to checkpoint-") == 1  # rank 0 alone says it
+
+
+@pytest.mark.slow
+def test_hf_torchrun_a_second_rollback_then_max_rollbacks_stops_every_rank(tmp_path):
+    """Three poisoned steps (150, 300, 450) and max_rollbacks=2: both ranks roll back twice, each time to the
+    checkpoint before that onset (checkpoint-100, then checkpoint-250: each checkpoint once), skipping past each
+    onset; the third spike finds the limit reached, so both ranks stop at the same step, before max_steps, with
+    the reason, and rank 0 alone says so."""
+    out = tmp_path / "out"
+    r0, r1, err = run2("hf_playbook", out, True, "poison_steps=150,300,450", "max_rollbacks=2")
+    assert r0["rollbacks"] == r1["rollbacks"]
+    got = [(rb["onset"], rb["checkpoint"], rb["resume_step"], rb["skip"]) for rb in r0["rollbacks"]]
+    assert got == [
+        (150, str(out / "checkpoint-100"), 100, [101, 170]),
+        (300, str(out / "checkpoint-250"), 250, [251, 320]),
+    ]
+    assert all(rb["step"] > rb["onset"] for rb in r0["rollbacks"])
+    assert (
+        r0["calls"]
+        == r1["calls"]
+        == [
+            {"resume": None, "from_step": 0},
+            {"resume": str(out / "checkpoint-100"), "from_step": 100},
+            {"resume": str(out / "checkpoint-250"), "from_step": 250},
+        ]
+    )
+    assert r0["trains"] == r1["trains"] == 3
+    skipped = [*range(101, 171), *range(251, 321)]
+    for r in (r0, r1):
+        assert r["poisoned"] == [
+            150,
+            300,
+            450,
+        ]  # each poisoned batch met once: the resumed passes skip it
+        assert r["skipped_steps"] == skipped
+        assert r["stopped"] is not None and r["stopped"].endswith(
+            "(onset 450) after 2 rollbacks (max_rollbacks=2)"
+        ), r["stopped"]
+    assert r0["stopped"] == r1["stopped"] and r0["global_step"] == r1["global_step"]
+    assert 450 < r0["global_step"] < PB_STEPS  # stopped, not run to the end
+    assert (
+        r0["forward"] == r1["forward"] and r0["weights"] == r1["weights"] and r0["at"] == r1["at"]
+    )
+    at = r0["at"]  # the weights before each step (JSON keys: the step, as text)
+    for resume, last_skipped in (
+        (100, 170),
+        (250, 320),
+    ):  # the skipped steps moved no weight, the next did
+        assert at[str(resume)] == at[str(last_skipped)] != at[str(last_skipped + 1)]
+    assert err.count("rollback 1/2 to checkpoint-100") == 1
+    assert err.count("rollback 2/2 to checkpoint-250") == 1
+    assert err.count("after 2 rollbacks (max_rollbacks=2): training stops") == 1
+    recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines()]
+    events = [r["event"].split(":")[1] for r in recs if "event" in r]
+    assert events == ["spike", "rollback", "resume_check", "resume_check"] * 2 + ["spike", "stop"]
 
 
 @pytest.mark.slow

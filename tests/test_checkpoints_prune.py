@@ -516,7 +516,11 @@ def test_journal_that_cannot_be_written_names_the_root_and_deletes_nothing(
     monkeypatch.setattr(pm, "_write_journal", failing)
     with pytest.raises(UsageError, match="needs write access to ROOT") as err:
         prune(root, keep_last=2, apply=True, spike_check=False)
-    assert f"prune journal in {root}" in str(err.value)
+    # the OS error's own words, not only which file (EACCES here; a full disk says "no space left")
+    assert str(err.value) == (
+        f"cannot write the prune journal in {root}: permission denied; "
+        "prune --apply needs write access to ROOT (nothing deleted)"
+    )
     assert sorted(os.listdir(root)) == sorted(os.listdir(hf_run.output_dir))
 
 
@@ -589,3 +593,71 @@ def test_on_end_runs_with_the_folder_still_locked_after_the_deletions(hf_run, co
     assert not set(_names(report.delete)) & set(seen[1])  # the deletions were done
     with locked(root, 0.05, "busy"):  # and released after
         pass
+
+
+# --------------------------------------------------------------------------- mutation survivors (docs/mutation.md)
+
+
+def _nan_in_first_weight(weights: Path) -> None:
+    """One NaN written over the first float32 value of a safetensors file (its header read here, not by the
+    package): a value only level deep reads; the headers and sizes stay as they were."""
+    raw = weights.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    start = min(v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    weights.unlink()  # never write through a hard link to a shared copy
+    weights.write_bytes(raw[: 8 + size + start] + b"\x00\x00\xc0\x7f" + raw[8 + size + start + 4 :])
+
+
+def test_level_deep_surveys_at_deep_so_a_newest_only_deep_refuses_justifies_nothing(
+    hf_run, tmp_path, cli_run
+):
+    """prune --level deep validates the survey at deep, not at the default level. checkpoint-120 holds the
+    weights blown up by the spike (a norm jump against checkpoint-110, which only the survey sees: the check
+    right before deleting looks at one checkpoint): surveyed at quick it would be the newest valid and
+    checkpoint-110 would be deleted. A NaN in the newest's weights: surveyed at quick the dry run would promise
+    a deletion its own --apply refuses."""
+    root = tmp_path / "jump"
+    root.mkdir()
+    for s in (110, 120):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", root / f"checkpoint-{s}")
+    argv = ("prune", root, "--keep-last", "1", "--no-spike-check", "--level", "deep")
+    r = cli_run(*argv, "--apply", "--format", "json")
+    assert r.rc == 0, r.err
+    rep = r.json()
+    assert rep["delete"] == [] and rep["newest_valid"] == "checkpoint-110"
+    kept = {e["name"]: e["reason_kinds"] for e in rep["keep"]}
+    assert kept == {"checkpoint-110": ["newest"], "checkpoint-120": ["not_valid"]}
+    assert sorted(os.listdir(root)) == ["checkpoint-110", "checkpoint-120"]
+
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    for s in (30, 40):
+        shutil.copytree(hf_run.output_dir / f"checkpoint-{s}", nan / f"checkpoint-{s}")
+    _nan_in_first_weight(nan / "checkpoint-40" / "model.safetensors")
+    dry = cli_run(*argv[:1], nan, *argv[2:], "--format", "json").json()
+    assert dry["delete"] == [] and dry["newest_valid"] == "checkpoint-30"
+
+
+def test_refuses_another_users_home_folder_from_the_password_database(cli_run):
+    """Every home folder the password database names (not only /, /root, /home and $HOME) is refused: a
+    service account's home (/var/mail, /var/backups, ...) on this machine, dry run only (nothing is written
+    to it either way)."""
+    pwd = pytest.importorskip("pwd")
+    ours = {os.path.realpath(p) for p in ("/", "/root", "/home", os.path.expanduser("~"))}
+    homes = sorted(
+        {
+            e.pw_dir
+            for e in pwd.getpwall()
+            if e.pw_dir not in ("", "/nonexistent")
+            and os.path.isdir(e.pw_dir)
+            and os.path.realpath(e.pw_dir) not in ours
+        }
+    )
+    if not homes:
+        pytest.skip("no home folder in the password database besides /, /root, /home and $HOME")
+    home = min(homes, key=lambda h: len(os.listdir(h)) if os.access(h, os.R_OK | os.X_OK) else 0)
+    line = cli_run("prune", home, "--keep-last", "2").usage_error("home folder")
+    assert line.endswith(
+        f"{home}: refusing to prune / or a home folder; pass the run's checkpoint folder"
+    )

@@ -3,6 +3,7 @@ run itself (save_steps / max_steps in trainer_state.json) when --keep-last is no
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -61,4 +62,35 @@ def test_without_trainer_state_the_names_give_the_interval(hf_run, copy_of, cli_
     assert (
         rep["keep_last"] == 11
         and "save_steps 10 (from the spacing of the checkpoint names)" in rep["proposed"]
+    )
+
+
+def test_a_run_saved_every_step_proposes_a_window_of_101(hf_run, tmp_path, cli_run):
+    """No save_steps anywhere (no trainer_state.json): checkpoint-1, -2, -3 are a save every step, so the
+    window spans the 100-step wait window with 101 checkpoints (an interval read as 2 would keep 51)."""
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        shutil.copytree(hf_run.output_dir / "checkpoint-10", run / f"checkpoint-{step}")
+        (run / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    rep = cli_run("prune", run, "--format", "json").json()
+    assert rep["keep_last"] == 101 and rep["delete"] == []
+    assert "save_steps 1 (from the spacing of the checkpoint names)" in rep["proposed"]
+
+
+def test_proposed_retention_names_the_milestones_it_keeps(hf_run, copy_of, cli_run):
+    """The proposal's note prints the milestones: given ones, and the plan's pow2 schedule up to max_steps
+    (a longer run than the fixture's 200 steps, whose schedule is empty)."""
+    run = copy_of(hf_run.output_dir, "run")
+    rep = cli_run("prune", run, "--milestones", "50,100", "--format", "json").json()
+    assert rep["keep_last"] == 11 and rep["milestones"] == [50, 100]
+    assert rep["proposed"].endswith("milestones 50, 100")
+    state = run / "checkpoint-200" / "trainer_state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "max_steps": 5000}))
+    rep = cli_run("prune", run, "--format", "json").json()
+    ms = rep["milestones"]
+    assert ms and ms == sorted(ms) and ms[-1] <= 5000
+    shown = ", ".join(map(str, ms))
+    assert (
+        f"milestones {shown} (the plan's pow2 schedule up to max_steps 5000, from {state})"
+        in (rep["proposed"])
     )

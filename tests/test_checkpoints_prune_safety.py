@@ -352,6 +352,21 @@ def test_deeply_nested_journal_is_one_line(hf_run, copy_of, capsys):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_journal_over_16_mb_is_refused_with_one_line_before_anything_is_deleted(
+    hf_run, copy_of, capsys
+):
+    """The journal is read with its own 16 MB bound (not the 64 MB of other JSON inputs): a well-formed
+    journal of nothing pending, padded past 16 MB, is refused and nothing is deleted."""
+    root = copy_of(hf_run.output_dir, "run")
+    body = json.dumps({"version": 1, "pending": []}).encode()
+    (root / pm.JOURNAL).write_bytes(body + b" " * ((16 << 20) + 1 - len(body)))
+    before = sorted(os.listdir(root))
+    assert main(["prune", str(root), "--keep-last", "2", "--no-spike-check", "--apply"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"prune journal {root / pm.JOURNAL} is larger than 16 MB" in line
+    assert sorted(os.listdir(root)) == before
+
+
 # --------------------------------------------------------------------------- item 6: two at once
 
 
