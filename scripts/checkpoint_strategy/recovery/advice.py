@@ -1482,7 +1482,6 @@ def complete(report: RecoveryReport) -> RecoveryReport:
         report.previous_grad_clip,
     )
     report.reasons = [_then_line(report) if x.startswith(_THEN) else x for x in report.reasons]
-    report.actions = _actions(
-        report
-    )  # after framework: the wording names the framework's own setting
+    # after framework: the wording names the framework's own setting
+    report.actions = _actions(report)
     return report
