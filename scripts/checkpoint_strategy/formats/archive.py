@@ -31,6 +31,7 @@ from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
     from isal.isal_zlib import crc32 as _isal_crc32
+
     crc32: Callable[..., int] = _isal_crc32
     CRC32_IMPL = "isal"
 except Exception:  # noqa: BLE001 - stdlib fallback
@@ -53,14 +54,15 @@ CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 # Caps that keep memory bounded whatever a file declares (a zip bomb, a zip64 record pointing past a sparse
 # file's data). A zip central directory is ~100 bytes per entry; the data.pkl of a 7B-parameter torch.save is
 # about 100 KB (one record per tensor).
-MAX_PICKLE_BYTES = 256 << 20     # data.pkl inflated for the quick-level scan (read_entry's default limit)
-MAX_CD_BYTES = 64 << 20          # zip central directory (about 600k entries)
+# data.pkl inflated for the quick-level scan (read_entry's default limit)
+MAX_PICKLE_BYTES = 256 << 20
+MAX_CD_BYTES = 64 << 20  # zip central directory (about 600k entries)
 # torch.save writes every zip entry uncompressed (stored); a deflated entry means the archive was re-zipped.
 # Inflating is streamed (flat memory) but capped so a bomb cannot burn minutes of CPU.
 MAX_INFLATE_BYTES = 1 << 30
 
 Kind = Literal["invalid", "incomplete", "not_resumable", "suspicious"]
-Update = Callable[..., None]   # progress: update(update_bytes=n)
+Update = Callable[..., None]  # progress: update(update_bytes=n)
 
 
 class Finding(str):
@@ -85,7 +87,8 @@ class Counter:
     bytes_read: int = 0
     files: int = 0
     notes: list[str] = field(default_factory=list)
-    sizes: dict[str, int] = field(default_factory=dict)   # path -> bytes of each small file read whole
+    # path -> bytes of each small file read whole
+    sizes: dict[str, int] = field(default_factory=dict)
 
 
 def read_failure(exc: BaseException) -> str:
@@ -103,7 +106,7 @@ def usable_cores() -> int:
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         n = os.cpu_count() or 1
     try:
-        with open(CGROUP_CPU_MAX) as fh:   # a system file, not user input
+        with open(CGROUP_CPU_MAX) as fh:  # a system file, not user input
             quota, period = fh.read().split()[:2]
         if quota != "max":
             n = min(n, max(1, -(-int(quota) // int(period))))
@@ -118,6 +121,7 @@ def crc_workers() -> int:
 
 
 # --------------------------------------------------------------------------- sources
+
 
 class Readable(Protocol):
     def seek(self, pos: int, whence: int = 0, /) -> int: ...
@@ -146,7 +150,7 @@ class Window:
 
     def readinto(self, buf: memoryview | bytearray) -> int:
         data = self.read(len(buf))
-        buf[:len(data)] = data
+        buf[: len(data)] = data
         return len(data)
 
 
@@ -174,9 +178,26 @@ def source_size(src: Source) -> int:
 
 # safetensors dtype -> bits per element
 ST_DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
-    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "F64": 64, "I64": 64, "U64": 64,
-    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
 
@@ -185,13 +206,17 @@ def st_head(src: bytes | IO[bytes], size: int) -> tuple[bytes, int] | list[Findi
     """(the JSON header's bytes, the data's size) of a safetensors file (`src`: its bytes, or it open), or the
     reason it has none."""
     if size == 0:
-        return [Finding("zero-byte file (expected an 8-byte header length, a JSON header and tensor data)")]
+        return [
+            Finding(
+                "zero-byte file (expected an 8-byte header length, a JSON header and tensor data)"
+            )
+        ]
     if size < 8:
         return [truncated(f"truncated: {size} bytes, shorter than the 8-byte header length")]
     (hlen,) = struct.unpack_from("<Q", src[:8] if isinstance(src, bytes) else src.read(8))
     if hlen > ST_MAX_HEADER or 8 + hlen > size:
         return [Finding(f"broken header: header length {hlen} does not fit in a {size}-byte file")]
-    raw = src[8:8 + hlen] if isinstance(src, bytes) else src.read(hlen)
+    raw = src[8 : 8 + hlen] if isinstance(src, bytes) else src.read(hlen)
     return raw, size - 8 - hlen
 
 
@@ -205,17 +230,24 @@ def _st_entry(name: str, info: object) -> tuple[int, int] | str:
     if type(shape) is not list:
         return f"broken header: tensor {name!r} has an invalid shape {shape!r}"
     numel = 1
-    for d in shape:   # (one loop: each an int, not a bool, none negative; and their product)
+    for d in shape:  # (one loop: each an int, not a bool, none negative; and their product)
         if type(d) is not int or d < 0:
             return f"broken header: tensor {name!r} has an invalid shape {shape!r}"
         numel *= d
-    if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
-            or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
+    if (
+        type(offsets) is not list
+        or len(offsets) != 2
+        or type(offsets[0]) is not int
+        or type(offsets[1]) is not int
+        or not 0 <= offsets[0] <= offsets[1]
+    ):
         return f"broken header: tensor {name!r} has invalid data_offsets {offsets!r}"
     expected = (numel * ST_DTYPE_BITS[dtype] + 7) // 8
     if offsets[1] - offsets[0] != expected:
-        return (f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
-                f"data_offsets span {offsets[1] - offsets[0]}")
+        return (
+            f"broken header: tensor {name!r} {dtype}{shape} needs {expected} bytes, "
+            f"data_offsets span {offsets[1] - offsets[0]}"
+        )
     return offsets[0], offsets[1]
 
 
@@ -252,9 +284,15 @@ def _st_tiling(spans: list[tuple[int, int, str]], data_size: int) -> list[Findin
         pos = end
     if pos != data_size:
         if pos > data_size:
-            return [truncated(f"truncated: header describes {pos} data bytes, file holds {data_size}")]
-        return [Finding(f"file size mismatch: header describes {pos} data bytes, file holds {data_size} "
-                        "(trailing bytes)")]
+            return [
+                truncated(f"truncated: header describes {pos} data bytes, file holds {data_size}")
+            ]
+        return [
+            Finding(
+                f"file size mismatch: header describes {pos} data bytes, file holds {data_size} "
+                "(trailing bytes)"
+            )
+        ]
     return []
 
 
@@ -291,13 +329,13 @@ _CD_RECORD = struct.Struct("<4s4xHH4xIIIHHHH2xII")
 ZIP_DOS_FOLDER = 0x10
 # a local header's signature and its name and extra-field lengths (offsets 0, 26, 28): one unpack
 _LH_RECORD = struct.Struct("<4s22xHH")
-_LH_LENS = struct.Struct("<HH")   # a local header's name and extra-field lengths (offset 26)
+_LH_LENS = struct.Struct("<HH")  # a local header's name and extra-field lengths (offset 26)
 # the end-record search reads this much of a file's end; a file up to SMALL_ZIP_BYTES is read whole once and
 # every later read is served from memory: one read of 1 MiB costs about what the tail read and a seek + read per
 # local header cost (a real Trainer's optimizer.pt of a small model: ~100 entries in 250 kB)
 ZIP_TAIL_BYTES = 22 + 65535 + 20
 SMALL_ZIP_BYTES = 1 << 20
-ZIP_SHORT_TAIL = 1 << 10   # the end-record search's first read of a file (`_tail`)
+ZIP_SHORT_TAIL = 1 << 10  # the end-record search's first read of a file (`_tail`)
 # general-purpose flag bits torch.load refuses: encrypted (0), patched data (5), strong encryption (6),
 # masked local headers (13)
 ZIP_REFUSED_FLAGS = 0x2061
@@ -310,13 +348,14 @@ class ZipEntry:
     crc: int
     csize: int
     usize: int
-    offset: int       # local header offset
-    data_start: int = 0   # set by `local_headers`
+    offset: int  # local header offset
+    data_start: int = 0  # set by `local_headers`
     usual_start: int = 0  # an archive in memory: the data's start when `read_directory` found the usual local header
 
 
-Directory: TypeAlias = "tuple[list[ZipEntry], int]"   # the entries and the central directory's offset
-_End: TypeAlias = "tuple[int, int, int, int, int, int, int]"   # disk, cd disk, entries here, entries, size, offset, at
+# the entries and the central directory's offset
+Directory: TypeAlias = "tuple[list[ZipEntry], int]"
+_End: TypeAlias = "tuple[int, int, int, int, int, int, int]"  # disk, cd disk, entries here, entries, size, offset, at
 
 
 def read_directory(src: Source, size: int) -> Directory | str:
@@ -332,7 +371,9 @@ def read_directory(src: Source, size: int) -> Directory | str:
             return end
         disk, _cd_disk, _n_disk, n_entries, cd_size, cd_offset, _at = end
         if isinstance(src, InMemory):
-            parsed = _cd_entries(src.data, cd_offset, cd_offset + cd_size, n_entries, disk, src.data)
+            parsed = _cd_entries(
+                src.data, cd_offset, cd_offset + cd_size, n_entries, disk, src.data
+            )
         else:
             src.seek(cd_offset)
             cd = src.read(cd_size)
@@ -369,14 +410,17 @@ def _end_records(src: Source, size: int) -> _End | str:
     pos = tail.rfind(_EOCD)
     if pos < 0 or len(tail) - pos < 22:
         return "truncated or not a zip archive: no end-of-central-directory record"
-    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = _EOCD_RECORD.unpack_from(tail, pos)
+    (_sig, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, comment_len) = (
+        _EOCD_RECORD.unpack_from(tail, pos)
+    )
     if pos + 22 + comment_len != len(tail):
         return "trailing bytes after the zip end record (file changed after it was written?)"
     end: _End = (disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, base + pos)
-    z64 = _zip64_end(src, tail[pos - 20:pos] if pos >= 20 else b"", size)
+    z64 = _zip64_end(src, tail[pos - 20 : pos] if pos >= 20 else b"", size)
     if isinstance(z64, str):
         return z64
-    if z64 is not None:  # torch.save writes both records; torch.load's reader then takes every field from zip64
+    # torch.save writes both records; torch.load's reader then takes every field from zip64
+    if z64 is not None:
         end = z64
     elif n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
         return "broken zip64 end record locator"
@@ -386,13 +430,17 @@ def _end_records(src: Source, size: int) -> _End | str:
 def _end_problem(end: _End) -> str | None:
     disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, eocd_at = end
     if n_disk != n_entries or ((disk | cd_disk) and (disk, cd_disk) != (1, 1)):
-        return (f"multi-disk archive (disk {disk}, central directory on disk {cd_disk}, {n_disk} of {n_entries} "
-                "entries on this disk): torch.load cannot read it")
+        return (
+            f"multi-disk archive (disk {disk}, central directory on disk {cd_disk}, {n_disk} of {n_entries} "
+            "entries on this disk): torch.load cannot read it"
+        )
     if cd_offset + cd_size > eocd_at:
         return f"central directory ({cd_size} bytes at {cd_offset}) runs past its end record: truncated?"
     if cd_size > MAX_CD_BYTES:
-        return (f"central directory of {cd_size} bytes is larger than the {MAX_CD_BYTES >> 20} MB this "
-                "checker reads (a torch archive holds ~100 bytes per entry): not a plausible checkpoint")
+        return (
+            f"central directory of {cd_size} bytes is larger than the {MAX_CD_BYTES >> 20} MB this "
+            "checker reads (a torch archive holds ~100 bytes per entry): not a plausible checkpoint"
+        )
     if n_entries * 46 > cd_size:
         return f"broken central directory: {n_entries} entries cannot fit in {cd_size} bytes"
     return None
@@ -411,7 +459,9 @@ def _zip64_end(src: Source, loc: bytes, size: int) -> _End | str | None:
     rec = src.read(56)
     if not rec.startswith(_EOCD64):
         return None
-    (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = _EOCD64_RECORD.unpack(rec)
+    (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = (
+        _EOCD64_RECORD.unpack(rec)
+    )
     if rec_size < 44:
         return f"broken zip64 end record (declares {rec_size} bytes, at least 44 expected)"
     if disks != 1:
@@ -421,31 +471,59 @@ def _zip64_end(src: Source, loc: bytes, size: int) -> _End | str | None:
     return disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, at
 
 
-def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
-                whole: bytes | None) -> list[ZipEntry] | str:
+def _cd_entries(
+    cd: bytes, p: int, end: int, n_entries: int, disk: int, whole: bytes | None
+) -> list[ZipEntry] | str:
     """The central directory's records (`cd[p:end]`) as entries, or the first reason. `whole`: the archive's bytes
     (`cd` is then the same bytes): a stored entry whose local header carries its name, with its data before the
     directory, gets its `usual_start` here (`local_headers` takes it, and checks the others)."""
+    records = _cd_records(cd, p, end, n_entries, disk, whole)
+    if isinstance(records, str):
+        return records
+    entries, stop = records
+    if stop != end:
+        return f"central directory size mismatch ({stop - p} parsed, {end - p} declared)"
+    return entries
+
+
+def _cd_records(
+    cd: bytes, p: int, end: int, n_entries: int, disk: int, whole: bytes | None
+) -> tuple[list[ZipEntry], int] | str:
+    """`_cd_entries`' loop: the entries of the records from `cd[p:]` and where the last one ends, or the first
+    reason."""
     entries: list[ZipEntry] = []
-    unpack, append, lh_unpack, new = _CD_RECORD.unpack_from, entries.append, _LH_RECORD.unpack_from, _new_entry
+    unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
+    append, new = entries.append, _new_entry
     cd_offset = p
     m32 = 0xFFFFFFFF
     odd_flags, folder = ZIP_REFUSED_FLAGS, ZIP_DOS_FOLDER
     for i in range(n_entries):
         if p + 46 > end:
             return f"broken central directory at entry {i}"
-        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(cd, p)
+        sig, flags, method, crc, csize, usize, nlen, xlen, clen, e_disk, attrs, offset = unpack(
+            cd, p
+        )
         q = p + 46 + nlen
-        raw = cd[p + 46:q] if q <= end else cd[p + 46:end]
+        raw = cd[p + 46 : q] if q <= end else cd[p + 46 : end]
         name = raw.decode("utf-8", "replace")
-        if (sig != _CDH or flags & odd_flags or attrs & folder or (e_disk != disk and e_disk != 1)
-                or csize == m32 or usize == m32 or offset == m32):   # anything but the usual record
-            odd = _odd_record(i, sig, flags, e_disk, disk, attrs, name, cd[min(q, end):min(q + xlen, end)],
-                              (csize, usize, offset))
+        if (
+            sig != _CDH
+            or flags & odd_flags
+            or attrs & folder
+            or (e_disk != disk and e_disk != 1)
+            or csize == m32
+            or usize == m32
+            or offset == m32
+        ):  # anything but the usual record
+            extra = cd[min(q, end) : min(q + xlen, end)]
+            odd = _odd_record(
+                i, sig, flags, e_disk, disk, attrs, name, extra, (csize, usize, offset)
+            )
             if isinstance(odd, str):
                 return odd
             csize, usize, offset = odd
-        e = new(ZipEntry)   # (its fields set here: a dataclass __init__ is one more Python call an entry)
+        # (its fields set here: a dataclass __init__ is one more Python call an entry)
+        e = new(ZipEntry)
         e.name = name
         e.method = method
         e.crc = crc
@@ -454,35 +532,52 @@ def _cd_entries(cd: bytes, p: int, end: int, n_entries: int, disk: int,
         e.offset = offset
         e.data_start = e.usual_start = 0
         # (a stored entry's usual local header: its name's bytes compared in place, `raw` cut short only when
-        # the directory is broken, which the loop reports below)
+        # the directory is broken, which the next record's check or `_cd_entries` reports)
         if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
             start = offset + 30 + lnlen + lxlen
-            if (lsig == LFH and lnlen == len(raw) and start + csize <= cd_offset
-                    and whole.startswith(raw, offset + 30)):
+            if (
+                lsig == LFH
+                and lnlen == len(raw)
+                and start + csize <= cd_offset
+                and whole.startswith(raw, offset + 30)
+            ):
                 e.usual_start = start
         append(e)
         p = q + xlen + clen
-    if p != end:
-        return f"central directory size mismatch ({p - cd_offset} parsed, {end - cd_offset} declared)"
-    return entries
+    return entries, p
 
 
 _new_entry = object.__new__
 
 
-def _odd_record(i: int, sig: bytes, flags: int, e_disk: int, disk: int, attrs: int, name: str, extra: bytes,
-                sizes: tuple[int, int, int]) -> tuple[int, int, int] | str:
+def _odd_record(
+    i: int,
+    sig: bytes,
+    flags: int,
+    e_disk: int,
+    disk: int,
+    attrs: int,
+    name: str,
+    extra: bytes,
+    sizes: tuple[int, int, int],
+) -> tuple[int, int, int] | str:
     """A central directory record out of the usual: the reason torch.load's reader (miniz) refuses it, or its
     (compressed size, size, offset) with the zip64 extra field's values."""
     if sig != _CDH:
         return f"broken central directory at entry {i}"
     if flags & ZIP_REFUSED_FLAGS or (e_disk != disk and e_disk != 1):
-        what = f"on disk {e_disk} of a multi-disk archive" if e_disk not in (disk, 1) else "marked encrypted or patched"
+        what = (
+            f"on disk {e_disk} of a multi-disk archive"
+            if e_disk not in (disk, 1)
+            else "marked encrypted or patched"
+        )
         return f"entry {name!r} is {what} (general-purpose flags 0x{flags:04x}): torch.load cannot read it"
     if attrs & ZIP_DOS_FOLDER and not name.endswith("/"):
-        return (f"entry {name!r} is marked a folder (external attributes 0x{attrs:08x}): torch.load reads no "
-                "bytes from it")
+        return (
+            f"entry {name!r} is marked a folder (external attributes 0x{attrs:08x}): torch.load reads no "
+            "bytes from it"
+        )
     if 0xFFFFFFFF in sizes:
         return _zip64_extra(extra, *sizes)
     return sizes
@@ -491,9 +586,9 @@ def _odd_record(i: int, sig: bytes, flags: int, e_disk: int, disk: int, attrs: i
 def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int, int, int]:
     i = 0
     while i + 4 <= len(extra):
-        tag, ln = struct.unpack("<HH", extra[i:i + 4])
+        tag, ln = struct.unpack("<HH", extra[i : i + 4])
         if tag == 1:
-            vals = list(struct.unpack(f"<{ln // 8}Q", extra[i + 4:i + 4 + (ln // 8) * 8]))
+            vals = list(struct.unpack(f"<{ln // 8}Q", extra[i + 4 : i + 4 + (ln // 8) * 8]))
             if usize == 0xFFFFFFFF and vals:
                 usize = vals.pop(0)
             if csize == 0xFFFFFFFF and vals:
@@ -507,13 +602,15 @@ def _zip64_extra(extra: bytes, csize: int, usize: int, offset: int) -> tuple[int
 
 # --------------------------------------------------------------------------- zip: local headers
 
-def local_headers(src: Source, entries: list[ZipEntry], cd_offset: int, counter: Counter,
-                  full: bool) -> Finding | None:
+
+def local_headers(
+    src: Source, entries: list[ZipEntry], cd_offset: int, counter: Counter, full: bool
+) -> Finding | None:
     """Every entry's local header (sets e.data_start); the first finding, or None. Each header and the
     name after it are one read (a slice of an archive held in memory, whose usual headers `read_directory`
     checked already)."""
     in_memory = isinstance(src, InMemory)
-    if in_memory:   # the usual headers, checked by `read_directory`
+    if in_memory:  # the usual headers, checked by `read_directory`
         for e in entries:
             if not e.usual_start:
                 break
@@ -527,17 +624,25 @@ def local_headers(src: Source, entries: list[ZipEntry], cd_offset: int, counter:
             e.data_start = e.usual_start
             continue
         off = e.offset
-        want = 30 + len(e.name)   # the name's length in bytes when it is ASCII (else read again below)
+        # the name's length in bytes when it is ASCII (else read again below)
+        want = 30 + len(e.name)
         src.seek(off)
         lh = src.read(want)
-        if not in_memory and len(lh) == want and lh.startswith(LFH):   # the usual case: stored, all in order
+        # the usual case: stored, all in order
+        if not in_memory and len(lh) == want and lh.startswith(LFH):
             nlen, xlen = lens(lh, 26)
             start = off + 30 + nlen + xlen
-            if (nlen == want - 30 and e.method == 0 and e.csize == e.usize and start + e.csize <= cd_offset
-                    and lh[30:].decode("utf-8", "replace") == e.name):
+            if (
+                nlen == want - 30
+                and e.method == 0
+                and e.csize == e.usize
+                and start + e.csize <= cd_offset
+                and lh[30:].decode("utf-8", "replace") == e.name
+            ):
                 e.data_start = start
                 continue
-        finding = _local_header_finding(src, lh, e, cd_offset, full)   # every other case, and the finding's words
+        # every other case, and the finding's words
+        finding = _local_header_finding(src, lh, e, cd_offset, full)
         if finding is not None:
             counter.bytes_read += 30 * (i + 1)
             return finding
@@ -545,14 +650,16 @@ def local_headers(src: Source, entries: list[ZipEntry], cd_offset: int, counter:
     return None
 
 
-def _local_header_finding(src: Source, lh: bytes, e: ZipEntry, cd_offset: int, full: bool) -> Finding | None:
+def _local_header_finding(
+    src: Source, lh: bytes, e: ZipEntry, cd_offset: int, full: bool
+) -> Finding | None:
     """One entry's local header (`lh`: its bytes from the header on): present, same name, data before the
     central directory, a method torch reads with consistent sizes (sets e.data_start); the finding, or None."""
     if len(lh) < 30 or not lh.startswith(LFH):
         return Finding(f"broken local header for entry {e.name!r} at offset {e.offset}")
     nlen, xlen = _LH_LENS.unpack_from(lh, 26)
-    raw = lh[30:30 + nlen]
-    if len(lh) - 30 != nlen:   # a name of another length (or not ASCII): read exactly its nlen bytes
+    raw = lh[30 : 30 + nlen]
+    if len(lh) - 30 != nlen:  # a name of another length (or not ASCII): read exactly its nlen bytes
         src.seek(e.offset + 30)
         raw = src.read(nlen)
     name = raw.decode("utf-8", "replace")
@@ -560,26 +667,33 @@ def _local_header_finding(src: Source, lh: bytes, e: ZipEntry, cd_offset: int, f
         return Finding(f"entry name mismatch: central directory {e.name!r}, local header {name!r}")
     e.data_start = e.offset + 30 + nlen + xlen
     if e.data_start + e.csize > cd_offset:
-        return truncated(f"entry {e.name!r} ({e.csize} bytes) runs past the central directory: truncated")
+        return truncated(
+            f"entry {e.name!r} ({e.csize} bytes) runs past the central directory: truncated"
+        )
     if e.method not in (0, 8):
         return Finding(f"entry {e.name!r} uses unsupported compression method {e.method}")
     if e.method == 0 and e.csize != e.usize:
         return Finding(f"entry {e.name!r}: stored sizes disagree ({e.csize} vs {e.usize})")
     if e.method == 8 and full and e.usize > MAX_INFLATE_BYTES:
-        return Finding(f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
-                       f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
-                       "stores entries uncompressed: a re-zipped archive or a zip bomb)")
+        return Finding(
+            f"entry {e.name!r} is deflated to inflate to {e.usize} bytes, more than "
+            f"the {MAX_INFLATE_BYTES >> 30} GB this checker inflates (torch.save "
+            "stores entries uncompressed: a re-zipped archive or a zip bomb)"
+        )
     return None
 
 
 # --------------------------------------------------------------------------- zip: entry bytes and CRC-32
 
-def read_entry(src: Source, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE_BYTES) -> bytes | str:
+
+def read_entry(
+    src: Source, e: ZipEntry, counter: Counter, limit: int = MAX_PICKLE_BYTES
+) -> bytes | str:
     """A (small) entry's bytes, decompressed with a cap from its declared size; or a reason."""
     if e.usize > limit or e.csize > limit:
         return f"entry {e.name!r} declares {e.usize} bytes (more than {limit >> 20} MB): not read"
     if isinstance(src, InMemory):
-        data = src.data[e.data_start:e.data_start + e.csize]
+        data = src.data[e.data_start : e.data_start + e.csize]
     else:
         src.seek(e.data_start)
         data = src.read(e.csize)
@@ -591,13 +705,16 @@ def read_entry(src: Source, e: ZipEntry, counter: Counter, limit: int = MAX_PICK
         except zlib.error as exc:
             return f"entry {e.name!r}: corrupt compressed data ({exc})"
     if len(data) != e.usize:
-        return (f"entry {e.name!r}: size fields disagree ({'more than ' if len(data) > e.usize else ''}"
-                f"{len(data)} bytes, its header declares {e.usize}): a zip bomb or a corrupt size field")
+        return (
+            f"entry {e.name!r}: size fields disagree ({'more than ' if len(data) > e.usize else ''}"
+            f"{len(data)} bytes, its header declares {e.usize}): a zip bomb or a corrupt size field"
+        )
     return data
 
 
-def crc_entries(path: str, src: Source, entries: list[ZipEntry], counter: Counter,
-                update: Update | None = None) -> str | None:
+def crc_entries(
+    path: str, src: Source, entries: list[ZipEntry], counter: Counter, update: Update | None = None
+) -> str | None:
     """CRC-32 of every entry; the first failing entry (in archive order) is reported. A big archive on disk is
     checked on `crc_workers()` threads, each with its own handle on `path`."""
     workers = 1 if isinstance(src, (Window, InMemory)) else min(crc_workers(), len(entries))
@@ -618,7 +735,9 @@ def crc_entries(path: str, src: Source, entries: list[ZipEntry], counter: Counte
         own = Counter()
         try:
             with open_regular(path) as own_fh:
-                return crc_entry(own_fh, e, own, locked_update if update is not None else None), own.bytes_read
+                return crc_entry(
+                    own_fh, e, own, locked_update if update is not None else None
+                ), own.bytes_read
         except (OSError, ReadError) as exc:
             return f"entry {e.name!r}: {read_failure(exc)}", own.bytes_read
 
@@ -634,8 +753,10 @@ def crc_entries(path: str, src: Source, entries: list[ZipEntry], counter: Counte
 
 
 def _inflate_overrun(e: ZipEntry, produced: int) -> str:
-    return (f"entry {e.name!r} inflates to more than its declared {e.usize} bytes ({produced}+ produced): "
-            "invalid (a zip bomb or a corrupt size field)")
+    return (
+        f"entry {e.name!r} inflates to more than its declared {e.usize} bytes ({produced}+ produced): "
+        "invalid (a zip bomb or a corrupt size field)"
+    )
 
 
 def crc_mismatch(e: ZipEntry, crc: int) -> str | None:
@@ -649,17 +770,19 @@ def _readinto(src: Source, view: memoryview) -> int:
     """Read into `view` (a file object's own readinto: no copy), the bytes read."""
     if isinstance(src, (Window, InMemory)):
         return src.readinto(view)
-    return cast(io.BufferedReader, src).readinto(view)   # (typeshed's IO[bytes] names no readinto)
+    return cast(io.BufferedReader, src).readinto(view)  # (typeshed's IO[bytes] names no readinto)
 
 
-def _stored_chunks(src: Source, e: ZipEntry, counter: Counter, update: Update | None) -> Iterator[memoryview]:
+def _stored_chunks(
+    src: Source, e: ZipEntry, counter: Counter, update: Update | None
+) -> Iterator[memoryview]:
     """An entry's stored bytes as views of one reused buffer (at most CHUNK bytes); a short read ends them early."""
     src.seek(e.data_start)
     remaining = e.csize
     buf = bytearray(min(CHUNK, max(remaining, 1)))
     view = memoryview(buf)
     while remaining > 0:
-        n = _readinto(src, view[:min(len(buf), remaining)])
+        n = _readinto(src, view[: min(len(buf), remaining)])
         if not n:
             return
         remaining -= n
@@ -669,7 +792,9 @@ def _stored_chunks(src: Source, e: ZipEntry, counter: Counter, update: Update | 
         yield view[:n]
 
 
-def crc_entry(src: Source, e: ZipEntry, counter: Counter, update: Update | None = None) -> str | None:
+def crc_entry(
+    src: Source, e: ZipEntry, counter: Counter, update: Update | None = None
+) -> str | None:
     """CRC-32 of one entry, streamed. Deflated data is inflated at most CHUNK bytes at a time and
     never past its declared size, so memory stays flat even for a zip bomb."""
     crc = 0

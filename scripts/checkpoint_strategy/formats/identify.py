@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 DELETING_PREFIX = ".deleting-"
 MANIFEST_NAME = "integrity.json"
 MANIFEST_SUFFIX = ".integrity.json"
-EMERGENCY_SUFFIX = ".checkpoint-strategy.json"  # emergency marker beside a checkpoint file (formats/marker.py)
+# emergency marker beside a checkpoint file (formats/marker.py)
+EMERGENCY_SUFFIX = ".checkpoint-strategy.json"
 NEMO_UNFINISHED = "-unfinished"
 ORBAX_TMP = ".orbax-checkpoint-tmp"
 FINAL_EXPORT = "final-export"
@@ -37,8 +38,13 @@ _DS = re.compile(r"^global_step(\d+)$")
 _MEG = re.compile(r"^iter_(\d+)$")
 _ORBAX = re.compile(r"^(?:.*?_)?(\d+)$")
 _ORBAX_TMP = re.compile(r"^(?:.*?_)?(\d+)?\.orbax-checkpoint-tmp(?:-\d+)?$")
-_NUM_IN_NAME = [re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I), re.compile(r"checkpoint-(\d+)"),
-                re.compile(r"global_step(\d+)"), re.compile(r"iter_(\d+)"), re.compile(r"(?:^|[^a-z])epoch[=_-]?(\d+)", re.I)]
+_NUM_IN_NAME = [
+    re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),
+    re.compile(r"checkpoint-(\d+)"),
+    re.compile(r"global_step(\d+)"),
+    re.compile(r"iter_(\d+)"),
+    re.compile(r"(?:^|[^a-z])epoch[=_-]?(\d+)", re.I),
+]
 #: the stems of HF weight files (and of their *.index.json files)
 HF_MODEL_STEMS = ("model", "pytorch_model", "adapter_model")
 _HF_WEIGHTS = re.compile(rf"^({'|'.join(HF_MODEL_STEMS)})(-\d+-of-\d+)?\.(safetensors|bin)$")
@@ -70,8 +76,12 @@ def step_from_name(name: str) -> int | None:
 
 
 def ignored(name: str) -> bool:
-    return (name.startswith(".") or name.endswith(MANIFEST_SUFFIX) or name == MANIFEST_NAME
-            or name.endswith(EMERGENCY_SUFFIX))
+    return (
+        name.startswith(".")
+        or name.endswith(MANIFEST_SUFFIX)
+        or name == MANIFEST_NAME
+        or name.endswith(EMERGENCY_SUFFIX)
+    )
 
 
 def listdir(path: str) -> list[str] | None:
@@ -81,16 +91,26 @@ def listdir(path: str) -> list[str] | None:
         return None
 
 
-def identify(path: str, names: list[str] | None = None, is_dir: bool | None = None,
-             siblings: set[str] | None = None) -> Found | None:
+def identify(
+    path: str,
+    names: list[str] | None = None,
+    is_dir: bool | None = None,
+    siblings: set[str] | None = None,
+) -> Found | None:
     """What checkpoint `path` is, or None. Looks at the name and (for folders) one listing. A caller that listed
     the folder holding `path` passes what it saw: `is_dir` (a folder, not a link: no stat) and the folder's names
     (`siblings`: no lstat for NeMo's -unfinished marker beside it)."""
     return _identify(path, os.path.basename(os.path.normpath(path)), names, is_dir, siblings)
 
 
-def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None,  # noqa: C901 - see issue 10
-              siblings: set[str] | None, listing: tuple[list[str], set[str]] | None = None) -> Found | None:
+def _identify(
+    path: str,
+    base: str,
+    names: list[str] | None,
+    is_dir: bool | None,
+    siblings: set[str] | None,
+    listing: tuple[list[str], set[str]] | None = None,
+) -> Found | None:
     """`identify`, `base` the name of `path` (os.path.basename(os.path.normpath(path))), given; `listing`: the
     folder's (`listing_types`), kept on an hf-trainer Found for the checker (`names` is then its names)."""
     if base.startswith(DELETING_PREFIX):
@@ -108,10 +128,22 @@ def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None
             return None
     if not is_dir:
         return _identify_file(path, base)
+    return _identify_folder(path, base, names, siblings, listing)
+
+
+def _identify_folder(
+    path: str,
+    base: str,
+    names: list[str] | None,
+    siblings: set[str] | None,
+    listing: tuple[list[str], set[str]] | None,
+) -> Found | None:
+    """`identify` of a folder (`base`: its name), from its name, its names (listed here when not given) and
+    NeMo's -unfinished marker beside it (looked up in `siblings` when given)."""
     if names is None:
         names = listdir(path) or []
     nameset = set(names)
-    if (unfinished_name(base) in siblings if siblings is not None else os.path.lexists(unfinished_marker(path))):
+    if _unfinished_beside(path, base, siblings):
         return Found(path, "nemo", step_from_name(base), True)
     if base.lower().endswith(".ckpt"):
         return Found(path, "lightning", step_from_name(base), True)
@@ -119,7 +151,14 @@ def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None
         return Found(path, "nemo", step_from_name(base), True)
     m = _HF.match(base)
     if m or "trainer_state.json" in nameset:
-        return Found(path, "hf-trainer", int(m.group(1)) if m else step_from_name(base), True, "checkpoint", listing)
+        return Found(
+            path,
+            "hf-trainer",
+            int(m.group(1)) if m else step_from_name(base),
+            True,
+            "checkpoint",
+            listing,
+        )
     if _DS.match(base) or ("zero" in nameset and is_ds_universal(path)):
         return Found(path, "deepspeed", step_from_name(base), True)
     if _MEG.match(base):
@@ -130,16 +169,36 @@ def _identify(path: str, base: str, names: list[str] | None, is_dir: bool | None
     if ".metadata" in nameset or any(n.endswith(".distcp") for n in names):
         # torchtitan or a plain loop's DCP save: only the .metadata's keys tell (the checker reads them)
         return Found(path, "dcp", step_from_name(base), True)
-    if any(_HF_WEIGHTS.match(n) for n in names) and ("optimizer.pt" in nameset or "config.json" in nameset
-                                                     or any(n.endswith(".index.json") for n in names)):
-        # (a sharded save_pretrained / save_torch_state_dict folder: its index names every shard)
+    if _hf_weights_folder(names, nameset):
         return Found(path, "hf-trainer", step_from_name(base), True, "checkpoint", listing)
+    return _empty_step_folder(path, base, names)
+
+
+def _empty_step_folder(path: str, base: str, names: list[str]) -> Found | None:
+    """A folder named like a step (step_N, N) and empty: in-flight or broken, still a checkpoint slot."""
     if _STEP.match(base) or (_ORBAX.match(base) and base.isdigit()):
-        # an empty or unrecognisable step folder: in-flight or broken, still a checkpoint slot
         if not names:
             fmt = "orbax" if base.isdigit() else "dcp"
             return Found(path, fmt, step_from_name(base) if not base.isdigit() else int(base), True)
     return None
+
+
+def _hf_weights_folder(names: list[str], nameset: set[str]) -> bool:
+    """Whether a folder of `names` holds HF weights saved with an optimizer, a config or an index (a sharded
+    save_pretrained / save_torch_state_dict folder: its index names every shard)."""
+    return any(_HF_WEIGHTS.match(n) for n in names) and (
+        "optimizer.pt" in nameset
+        or "config.json" in nameset
+        or any(n.endswith(".index.json") for n in names)
+    )
+
+
+def _unfinished_beside(path: str, base: str, siblings: set[str] | None) -> bool:
+    """Whether NeMo's -unfinished marker sits beside `path` (named `base`): looked up in `siblings` (the names of
+    the folder holding it) when given, else one lstat."""
+    if siblings is not None:
+        return unfinished_name(base) in siblings
+    return os.path.lexists(unfinished_marker(path))
 
 
 def _identify_file(path: str, base: str) -> Found | None:
@@ -150,8 +209,11 @@ def _identify_file(path: str, base: str) -> Found | None:
     if low.endswith(".ckpt"):
         fmt = "nemo" if os.path.lexists(unfinished_marker(path)) else "lightning"
         return Found(path, fmt, step_from_name(base), False)
-    if low.endswith(_TORCH_EXT) and not _HF_WEIGHTS.match(base) and base not in (
-            "optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth"):
+    if (
+        low.endswith(_TORCH_EXT)
+        and not _HF_WEIGHTS.match(base)
+        and base not in ("optimizer.pt", "scheduler.pt", "training_args.bin", "rng_state.pth")
+    ):
         return Found(path, "torch", step_from_name(base), False)
     if _HF.match(base) or _DS.match(base) or _MEG.match(base):
         # a file where a checkpoint folder is expected: report it as that format
@@ -203,7 +265,11 @@ def is_run_folder(found: Found) -> bool:
     files (model.safetensors, config.json, trainer_state.json) that also holds checkpoint-N/
     folders. Its top-level files are the final export; the checkpoint-N/ folders are the run's
     checkpoints."""
-    if found.format != "hf-trainer" or not found.is_dir or _HF.match(os.path.basename(os.path.normpath(found.path))):
+    if (
+        found.format != "hf-trainer"
+        or not found.is_dir
+        or _HF.match(os.path.basename(os.path.normpath(found.path)))
+    ):
         return False
     try:
         with os.scandir(found.path) as it:
@@ -221,14 +287,22 @@ def discover(root: str, max_depth: int = 3) -> tuple[list[Found], list[str]]:
         if not is_run_folder(found):
             return [found], []
         # an HF output_dir: its own top-level weights are the final export, its children the checkpoints
-        if any(_HF_WEIGHTS.match(n) or n.endswith(".safetensors.index.json") for n in listdir(root) or []):
+        if any(
+            _HF_WEIGHTS.match(n) or n.endswith(".safetensors.index.json")
+            for n in listdir(root) or []
+        ):
             results.append(Found(found.path, found.format, None, True, FINAL_EXPORT))
     unrecognised: list[str] = []
     _walk(root, 0, max_depth, results, unrecognised)
     if found is not None:  # a run folder: its top-level weight files belong to the final export
         top = os.path.normpath(root)
-        results = [f for f in results if f.is_dir or os.path.dirname(os.path.normpath(f.path)) != top
-                   or not _HF_WEIGHTS.match(os.path.basename(f.path))]
+        results = [
+            f
+            for f in results
+            if f.is_dir
+            or os.path.dirname(os.path.normpath(f.path)) != top
+            or not _HF_WEIGHTS.match(os.path.basename(f.path))
+        ]
     results.sort(key=lambda f: (f.step is None, f.step if f.step is not None else 0, f.path))
     return results, unrecognised
 
@@ -242,7 +316,7 @@ def listing_types(path: str) -> tuple[list[str], set[str]] | None:
             entries = list(it)
     except OSError:
         return None
-    try:   # (is_file needs a stat only where the folder's file system gives no entry type; that can fail)
+    try:  # (is_file needs a stat only where the folder's file system gives no entry type; that can fail)
         files = {e.name for e in entries if e.is_file(follow_symlinks=False)}
     except OSError:
         files = set()
@@ -257,7 +331,9 @@ def listing_types(path: str) -> tuple[list[str], set[str]] | None:
     return names, files
 
 
-def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecognised: list[str]) -> None:
+def _walk(
+    folder: str, depth: int, max_depth: int, results: list[Found], unrecognised: list[str]
+) -> None:
     try:
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -268,16 +344,27 @@ def _walk(folder: str, depth: int, max_depth: int, results: list[Found], unrecog
         name = entry.name
         if name.startswith(DELETING_PREFIX):
             continue
-        if (name.startswith(".") and ORBAX_TMP not in name) or name.endswith(MANIFEST_SUFFIX) \
-                or name == MANIFEST_NAME or name.endswith(NEMO_UNFINISHED) or name.endswith(EMERGENCY_SUFFIX):
+        if (
+            (name.startswith(".") and ORBAX_TMP not in name)
+            or name.endswith(MANIFEST_SUFFIX)
+            or name == MANIFEST_NAME
+            or name.endswith(NEMO_UNFINISHED)
+            or name.endswith(EMERGENCY_SUFFIX)
+        ):
             continue
         try:
             is_dir = entry.is_dir(follow_symlinks=False)
         except OSError:
             is_dir = False
         listing = listing_types(entry.path) if is_dir else None
-        found = _identify(entry.path, name, listing[0] if listing else [] if is_dir else None, is_dir or None,
-                          siblings, listing)
+        found = _identify(
+            entry.path,
+            name,
+            listing[0] if listing else [] if is_dir else None,
+            is_dir or None,
+            siblings,
+            listing,
+        )
         if found is not None:
             results.append(found)
             continue

@@ -36,11 +36,16 @@ from checkpoint_strategy.recovery.settings import RecoveryOptions
 from checkpoint_strategy.render import fmt_num, render_template
 
 CheckpointsArg = Union[None, str, os.PathLike, Sequence[Union[int, tuple]]]
-SMOOTH_CHECKPOINT_POINTS = 11   # losses around a checkpoint whose median is its "smoothed loss"
-LR_CAUSE_STEPS = 2000           # an LR restart this close before an onset is named as its likely cause
+SMOOTH_CHECKPOINT_POINTS = 11  # losses around a checkpoint whose median is its "smoothed loss"
+LR_CAUSE_STEPS = 2000  # an LR restart this close before an onset is named as its likely cause
 # how reasons and summaries name each kind of event
-KIND_WORDS = {"spike": "loss spike", "divergence": "divergence", "level_shift": "level shift",
-              "nonfinite": "NaN/inf loss", "collapse": "collapse"}
+KIND_WORDS = {
+    "spike": "loss spike",
+    "divergence": "divergence",
+    "level_shift": "level shift",
+    "nonfinite": "NaN/inf loss",
+    "collapse": "collapse",
+}
 
 
 def _fin(v: Any) -> Optional[float]:
@@ -51,7 +56,9 @@ def _fin(v: Any) -> Optional[float]:
     return f if math.isfinite(f) else None
 
 
-def _checkpoint_list(checkpoints: CheckpointsArg, log_path) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
+def _checkpoint_list(
+    checkpoints: CheckpointsArg, log_path
+) -> tuple[str, Optional[str], list[tuple[int, Optional[str]]]]:
     if checkpoints is None:
         return find_run_checkpoints(log_path) if log_path is not None else ("none", None, [])
     if isinstance(checkpoints, (str, os.PathLike)):
@@ -76,13 +83,14 @@ def _milestone_list(milestones) -> list[tuple[int, Optional[str]]]:
     return _checkpoint_list(list(milestones), None)[2]
 
 
-
 def analysis_of(series: LogSeries, options: RecoveryOptions) -> detect.Analysis:
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
         return detect.analyse(series.steps, series.loss, series.grad_norm, options, lr=series.lr)
 
 
-def spikes_of(series: LogSeries, options: Optional[RecoveryOptions] = None, **values) -> list[Spike]:
+def spikes_of(
+    series: LogSeries, options: Optional[RecoveryOptions] = None, **values
+) -> list[Spike]:
     """Every event of a series as Spike models, oldest first (see recovery.detect for the kinds)."""
     o = settings.build(options, **values)
     an = analysis_of(series, o)
@@ -97,7 +105,7 @@ def _spike(series: LogSeries, ev: detect.Event, an: detect.Analysis, o: Recovery
     span = slice(onset, max(end, ev.peak + 1))
     peak_loss = _fin(loss[ev.peak])
     if ev.kind == "grad_norm":
-        pre = loss[max(0, onset - detect.BASELINE_POINTS):onset]
+        pre = loss[max(0, onset - detect.BASELINE_POINTS) : onset]
         pre = pre[np.isfinite(pre)]
         baseline = _fin(np.median(pre)) if len(pre) else None
         z = None
@@ -113,21 +121,34 @@ def _spike(series: LogSeries, ev: detect.Event, an: detect.Analysis, o: Recovery
         g = series.grad_norm[span]
         g = g[np.isfinite(g)]
         peak_gn = _fin(g.max()) if len(g) else None
-        gp = series.grad_norm[max(0, onset - detect.BASELINE_POINTS):onset]
+        gp = series.grad_norm[max(0, onset - detect.BASELINE_POINTS) : onset]
         gp = gp[np.isfinite(gp)]
         base_gn = _fin(np.median(gp)) if len(gp) else None
     recovered = int(steps[ev.end]) if ev.end is not None else None
     onset_step = int(steps[onset])
     return Spike(
-        kind=ev.kind, onset_step=onset_step, peak_step=int(steps[ev.peak]), peak_loss=peak_loss,
-        baseline_loss=baseline, magnitude=magnitude, z_score=None if z is None else round(z, 2),
-        recovered_step=recovered, recovery_steps=None if recovered is None else recovered - onset_step,
-        detected_by=list(ev.rules), peak_grad_norm=peak_gn, baseline_grad_norm=base_gn,
+        kind=ev.kind,
+        onset_step=onset_step,
+        peak_step=int(steps[ev.peak]),
+        peak_loss=peak_loss,
+        baseline_loss=baseline,
+        magnitude=magnitude,
+        z_score=None if z is None else round(z, 2),
+        recovered_step=recovered,
+        recovery_steps=None if recovered is None else recovered - onset_step,
+        detected_by=list(ev.rules),
+        peak_grad_norm=peak_gn,
+        baseline_grad_norm=base_gn,
         grad_norm_precursor_step=int(steps[ev.precursor]) if ev.precursor is not None else None,
-        reference_loss=reference, detail=ev.detail, cause=_lr_cause(series, an, onset_step, o))
+        reference_loss=reference,
+        detail=ev.detail,
+        cause=_lr_cause(series, an, onset_step, o),
+    )
 
 
-def _lr_cause(series: LogSeries, an: detect.Analysis, onset_step: int, o: RecoveryOptions) -> Optional[str]:
+def _lr_cause(
+    series: LogSeries, an: detect.Analysis, onset_step: int, o: RecoveryOptions
+) -> Optional[str]:
     steps = series.steps
     best = None
     for a, lr0, lr1, _ in an.lr_restarts:
@@ -140,21 +161,36 @@ def _lr_cause(series: LogSeries, an: detect.Analysis, onset_step: int, o: Recove
     return f"LR restarted from {lr0:.3g} to {lr1:.3g} at step {s}; the trouble followed at step {onset_step}"
 
 
-def detect_spikes(steps, loss, grad_norm=None, options: Optional[RecoveryOptions] = None, **values) -> list[Spike]:
+def detect_spikes(
+    steps, loss, grad_norm=None, options: Optional[RecoveryOptions] = None, **values
+) -> list[Spike]:
     """Events in raw arrays (file order; restarts are merged, latest segment wins). Oldest first.
 
     steps: whole numbers >= 0; loss: floats (NaN/inf allowed: critical events); grad_norm: optional,
     NaN where not logged. options: RecoveryOptions or its fields as keywords. UsageError on bad input.
     """
     o = settings.build(options, **values)
-    series = build_series(steps, loss, grad_norm, grad_norm_key="grad_norm" if grad_norm is not None else None)
+    series = build_series(
+        steps, loss, grad_norm, grad_norm_key="grad_norm" if grad_norm is not None else None
+    )
     return spikes_of(series, o)
 
 
-def advise(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
-           step_key: Optional[str] = None, loss_key: Optional[str] = None, grad_norm_key: Optional[str] = None,
-           lr_key: Optional[str] = None, run: Optional[str] = None, options: Optional[RecoveryOptions] = None,
-           level: Optional[str] = "quick", **values) -> RecoveryReport:
+def advise(
+    log_path,
+    checkpoints: CheckpointsArg = None,
+    *,
+    milestones=None,
+    log_format: str = "auto",
+    step_key: Optional[str] = None,
+    loss_key: Optional[str] = None,
+    grad_norm_key: Optional[str] = None,
+    lr_key: Optional[str] = None,
+    run: Optional[str] = None,
+    options: Optional[RecoveryOptions] = None,
+    level: Optional[str] = "quick",
+    **values,
+) -> RecoveryReport:
     """Read a training log, find trouble and compute the recovery playbook.
 
     Stable API (used by the training-stability-monitor integration, prune and handoff):
@@ -175,35 +211,70 @@ def advise(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log
     Returns a RecoveryReport. Raises checkpoint_strategy.errors.UsageError (one line) on bad input;
     never loads a checkpoint.
     """
-    return advise_with_series(log_path, checkpoints, milestones=milestones, log_format=log_format, step_key=step_key,
-                              loss_key=loss_key, grad_norm_key=grad_norm_key, lr_key=lr_key, run=run,
-                              options=options, level=level, **values)[0]
+    return advise_with_series(
+        log_path,
+        checkpoints,
+        milestones=milestones,
+        log_format=log_format,
+        step_key=step_key,
+        loss_key=loss_key,
+        grad_norm_key=grad_norm_key,
+        lr_key=lr_key,
+        run=run,
+        options=options,
+        level=level,
+        **values,
+    )[0]
 
 
-def advise_with_series(log_path, checkpoints: CheckpointsArg = None, *, milestones=None, log_format: str = "auto",
-                       step_key=None, loss_key=None, grad_norm_key=None, lr_key=None, run=None,
-                       options: Optional[RecoveryOptions] = None, level: Optional[str] = "quick", **values):
+def advise_with_series(
+    log_path,
+    checkpoints: CheckpointsArg = None,
+    *,
+    milestones=None,
+    log_format: str = "auto",
+    step_key=None,
+    loss_key=None,
+    grad_norm_key=None,
+    lr_key=None,
+    run=None,
+    options: Optional[RecoveryOptions] = None,
+    level: Optional[str] = "quick",
+    **values,
+):
     """`advise`, also returning the LogSeries and the checkpoint list it used (for --plot)."""
     o = settings.build(options, **values)
     if isinstance(log_path, str) and not log_path.strip():
         raise UsageError("LOG: empty path: expected a training log file or a run folder")
-    series = read_log(log_path, log_format=log_format,
-                      columns=Columns(step=step_key, loss=loss_key, grad_norm=grad_norm_key, lr=lr_key, run=run))
+    series = read_log(
+        log_path,
+        log_format=log_format,
+        columns=Columns(step=step_key, loss=loss_key, grad_norm=grad_norm_key, lr=lr_key, run=run),
+    )
     rollbacks = rollback_records(series.path)
     series = after_rollbacks(series, rollbacks)
-    ck_source, ck_root, ck_list = _checkpoint_list(checkpoints, series.path if log_path is None else log_path)
+    ck_source, ck_root, ck_list = _checkpoint_list(
+        checkpoints, series.path if log_path is None else log_path
+    )
     miles = _milestone_list(milestones)
     ck_list, skipped = ckptsteps.validated(ck_list, level)
     miles, skipped_miles = ckptsteps.validated(miles, level)
-    report = advise_series(series, ck_list, checkpoints_source=ck_source, checkpoints_root=ck_root, milestones=miles,
-                           options=o)
+    report = advise_series(
+        series,
+        ck_list,
+        checkpoints_source=ck_source,
+        checkpoints_root=ck_root,
+        milestones=miles,
+        options=o,
+    )
     if rollbacks:
         report.reasons.insert(0, _rollbacks_line(rollbacks))
     report.warnings.extend(series.notes + skipped + skipped_miles)
     return report, series, ck_list + [(s, p) for s, p in miles]
 
 
-ROLLBACK_EVENT = b'"checkpoint-strategy:rollback"'   # the records callbacks/guard.py writes into its loss log
+# the records callbacks/guard.py writes into its loss log
+ROLLBACK_EVENT = b'"checkpoint-strategy:rollback"'
 
 
 def rollback_records(path: str) -> list[dict]:
@@ -225,8 +296,11 @@ def rollback_records(path: str) -> list[dict]:
                         rec = json.loads(mm[start:end])
                     except ValueError:
                         rec = None
-                    if isinstance(rec, dict) and isinstance(rec.get("resume_step"), int) and \
-                            isinstance(rec.get("at_step"), int):
+                    if (
+                        isinstance(rec, dict)
+                        and isinstance(rec.get("resume_step"), int)
+                        and isinstance(rec.get("at_step"), int)
+                    ):
                         out.append(rec)
                     i = mm.find(ROLLBACK_EVENT, end)
     except OSError:
@@ -243,7 +317,11 @@ def after_rollbacks(series: LogSeries, rollbacks: list[dict]) -> LogSeries:
         return series
     drop = np.zeros(len(series.steps), dtype=bool)
     for rb in rollbacks:
-        after = [r for r in series.restarts if r["previous_step"] >= rb["at_step"] and r["step"] > rb["resume_step"]]
+        after = [
+            r
+            for r in series.restarts
+            if r["previous_step"] >= rb["at_step"] and r["step"] > rb["resume_step"]
+        ]
         if after:
             drop |= (series.steps > rb["resume_step"]) & (series.steps < after[0]["step"])
     if not drop.any():
@@ -253,24 +331,46 @@ def after_rollbacks(series: LogSeries, rollbacks: list[dict]) -> LogSeries:
     def sel(a):
         return None if a is None else a[keep]
 
-    return dataclasses.replace(series, steps=series.steps[keep], loss=series.loss[keep],
-                               grad_norm=sel(series.grad_norm), lr=sel(series.lr))
+    return dataclasses.replace(
+        series,
+        steps=series.steps[keep],
+        loss=series.loss[keep],
+        grad_norm=sel(series.grad_norm),
+        lr=sel(series.lr),
+    )
 
 
 def _rollbacks_line(rollbacks: list[dict]) -> str:
-    shown = "; ".join(f"at step {rb['at_step']} ({rb.get('reason', 'unrecovered spike')}, onset {rb.get('onset')}) to "
-                      f"{os.path.basename(str(rb.get('checkpoint', '?')))} (step {rb['resume_step']})"
-                      + (f", steps {rb['skip'][0]}-{rb['skip'][1]} skipped" if isinstance(rb.get("skip"), list)
-                         and len(rb["skip"]) == 2 else "") for rb in rollbacks[-5:])
-    return (f"the run rolled back by itself {len(rollbacks)} time(s) (checkpoint-strategy's playbook): {shown}; "
-            "judged on the curve after the last rollback")
+    shown = "; ".join(
+        f"at step {rb['at_step']} ({rb.get('reason', 'unrecovered spike')}, onset {rb.get('onset')}) to "
+        f"{os.path.basename(str(rb.get('checkpoint', '?')))} (step {rb['resume_step']})"
+        + (
+            f", steps {rb['skip'][0]}-{rb['skip'][1]} skipped"
+            if isinstance(rb.get("skip"), list) and len(rb["skip"]) == 2
+            else ""
+        )
+        for rb in rollbacks[-5:]
+    )
+    return (
+        f"the run rolled back by itself {len(rollbacks)} time(s) (checkpoint-strategy's playbook): {shown}; "
+        "judged on the curve after the last rollback"
+    )
 
 
 def log_info(series: LogSeries) -> LogInfo:
-    return LogInfo(path=series.path, format=series.format, step_key=series.step_key, loss_key=series.loss_key,
-                   grad_norm_key=series.grad_norm_key, lr_key=series.lr_key, entries=series.entries,
-                   points=len(series.steps), first_step=int(series.steps[0]), last_step=int(series.steps[-1]),
-                   log_interval=series.log_interval)
+    return LogInfo(
+        path=series.path,
+        format=series.format,
+        step_key=series.step_key,
+        loss_key=series.loss_key,
+        grad_norm_key=series.grad_norm_key,
+        lr_key=series.lr_key,
+        entries=series.entries,
+        points=len(series.steps),
+        first_step=int(series.steps[0]),
+        last_step=int(series.steps[-1]),
+        log_interval=series.log_interval,
+    )
 
 
 def _smoothed_loss(series: LogSeries, step: int, onset_idx: int) -> Optional[float]:
@@ -291,36 +391,69 @@ def _smoothed_loss(series: LogSeries, step: int, onset_idx: int) -> Optional[flo
 
 
 def _interval_before(series: LogSeries, idx: int) -> int:
-    seg = series.steps[max(0, idx - detect.BASELINE_POINTS):idx + 1]
+    seg = series.steps[max(0, idx - detect.BASELINE_POINTS) : idx + 1]
     if len(seg) < 2:
         return series.log_interval
     return max(1, int(np.median(np.diff(seg))))
 
 
-def overrides(resume_path: Optional[str], resume_step: int, skip: list[int], lr_multiplier: float,
-              lr_steps: int, grad_clip: float, previous_clip: Optional[float] = None) -> Overrides:
+def overrides(
+    resume_path: Optional[str],
+    resume_step: int,
+    skip: list[int],
+    lr_multiplier: float,
+    lr_steps: int,
+    grad_clip: float,
+    previous_clip: Optional[float] = None,
+) -> Overrides:
     """Ready-to-paste HF Trainer and Lightning code for this resume (templates/recover-hf.py.j2,
     recover-lightning.py.j2). previous_clip: the run's own max_grad_norm when a file says so
     (training_args.json); never guessed."""
-    values = dict(path=resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>",
-                  resume_step=resume_step, lr_lo=resume_step + 1, lr_hi=resume_step + lr_steps, skip=skip,
-                  lr_multiplier=lr_multiplier, grad_clip=grad_clip, previous_clip=previous_clip)
-    return Overrides(hf_trainer=render_template("recover-hf.py.j2", **values),
-                     lightning=render_template("recover-lightning.py.j2", **values))
+    values = dict(
+        path=resume_path if resume_path is not None else f"<checkpoint of step {resume_step}>",
+        resume_step=resume_step,
+        lr_lo=resume_step + 1,
+        lr_hi=resume_step + lr_steps,
+        skip=skip,
+        lr_multiplier=lr_multiplier,
+        grad_clip=grad_clip,
+        previous_clip=previous_clip,
+    )
+    return Overrides(
+        hf_trainer=render_template("recover-hf.py.j2", **values),
+        lightning=render_template("recover-lightning.py.j2", **values),
+    )
 
 
-def _common(series: LogSeries, o: RecoveryOptions, an: detect.Analysis, spikes: list[Spike], ck_info: CheckpointsInfo,
-            reasons: list[str], warnings: list[str]) -> dict:
+def _common(
+    series: LogSeries,
+    o: RecoveryOptions,
+    an: detect.Analysis,
+    spikes: list[Spike],
+    ck_info: CheckpointsInfo,
+    reasons: list[str],
+    warnings: list[str],
+) -> dict:
     restarts = [Restart(**r) for r in series.restarts]
     if restarts:
         shown = ", ".join(f"{r.previous_step}->{r.step}" for r in restarts[:5])
         more = f" and {len(restarts) - 5} more" if len(restarts) > 5 else ""
-        reasons.append(f"the log restarts {len(restarts)} time(s) ({shown}{more}); the latest segment wins "
-                       "for repeated steps")
+        reasons.append(
+            f"the log restarts {len(restarts)} time(s) ({shown}{more}); the latest segment wins "
+            "for repeated steps"
+        )
     thresholds = Thresholds(**{k: getattr(o, k) for k in Thresholds.model_fields})
-    return dict(log=log_info(series), spikes=spikes, checkpoints=ck_info, restarts=restarts, thresholds=thresholds,
-                warnings=warnings, reasons=reasons, verdict=an.verdict,
-                best_model_checkpoint=getattr(series, "best_model_checkpoint", None))
+    return dict(
+        log=log_info(series),
+        spikes=spikes,
+        checkpoints=ck_info,
+        restarts=restarts,
+        thresholds=thresholds,
+        warnings=warnings,
+        reasons=reasons,
+        verdict=an.verdict,
+        best_model_checkpoint=getattr(series, "best_model_checkpoint", None),
+    )
 
 
 def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion]:
@@ -337,27 +470,52 @@ def _eval_opinion(series: LogSeries, o: RecoveryOptions) -> Optional[EvalOpinion
     near = _train_median(series, best_step - max(o.wait_steps, 1) * 5, best_step, closed_low=False)
     after = _train_median(series, last_step - max(o.wait_steps, 1) * 5, last_step)
     joint = _joint_rise(series, es, ev, b, o) if rose else None
-    train_held = near is not None and after is not None and after <= near * (1 + o.tolerance) and joint is None
+    train_held = (
+        near is not None
+        and after is not None
+        and after <= near * (1 + o.tolerance)
+        and joint is None
+    )
     over = bool(rose and train_held)
     key = getattr(series, "eval_key", None) or "eval_loss"
     if over:
-        note = (f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) while the "
-                f"train loss fell or held: overfitting, not a spike; no rollback for it, but release the checkpoint "
-                f"nearest step {best_step} (lowest eval loss), or stop earlier / regularise")
+        note = (
+            f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) while the "
+            f"train loss fell or held: overfitting, not a spike; no rollback for it, but release the checkpoint "
+            f"nearest step {best_step} (lowest eval loss), or stop earlier / regularise"
+        )
     elif rose:
-        both = "" if joint is None else (
-            f" (both past the tolerance first at step {joint[0]}: eval {joint[2]:+.0%}, train {joint[3]:+.0%}; the "
-            f"last eval step both were healthy is {joint[1]}; not overfitting)")
-        note = (f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) together "
-                f"with the train loss{both}: it confirms the train-loss trouble")
+        both = (
+            ""
+            if joint is None
+            else (
+                f" (both past the tolerance first at step {joint[0]}: eval {joint[2]:+.0%}, train {joint[3]:+.0%}; the "
+                f"last eval step both were healthy is {joint[1]}; not overfitting)"
+            )
+        )
+        note = (
+            f"eval loss rose from {_show(best)} (step {best_step}) to {_show(last)} (step {last_step}) together "
+            f"with the train loss{both}: it confirms the train-loss trouble"
+        )
     else:
         note = f"eval loss {_show(last)} at step {last_step} is within {o.tolerance:.0%} of its best {_show(best)}"
-    return EvalOpinion(key=key, points=len(ev), best_step=best_step, best_loss=best, last_step=last_step,
-                       last_loss=last, overfitting=over, rose_with_train_step=joint[0] if joint else None,
-                       healthy_step=joint[1] if joint else None, note=note)
+    return EvalOpinion(
+        key=key,
+        points=len(ev),
+        best_step=best_step,
+        best_loss=best,
+        last_step=last_step,
+        last_loss=last,
+        overfitting=over,
+        rose_with_train_step=joint[0] if joint else None,
+        healthy_step=joint[1] if joint else None,
+        note=note,
+    )
 
 
-def _train_median(series: LogSeries, lo: float, hi: int, closed_low: bool = True) -> Optional[float]:
+def _train_median(
+    series: LogSeries, lo: float, hi: int, closed_low: bool = True
+) -> Optional[float]:
     """Median of the finite train losses logged at steps lo..hi (lo excluded unless closed_low)."""
     steps, loss = series.steps, series.loss
     sel = loss[((steps >= lo) if closed_low else (steps > lo)) & (steps <= hi)]
@@ -380,7 +538,7 @@ def _joint_rise(series: LogSeries, es: np.ndarray, ev: np.ndarray, b: int, o: Re
     band = best + max(o.tolerance * abs(best), 3.0 * noise, 1e-12)
     above = ev > band
     for k in range(b + 1, len(ev)):
-        if not above[k:].all():   # the rise holds to the last eval: the trouble, not a noisy eval
+        if not above[k:].all():  # the rise holds to the last eval: the trouble, not a noisy eval
             continue
         now = _train_since(series, int(es[k - 1]), int(es[k]))
         if now is not None and now > base * (1 + o.tolerance):
@@ -395,57 +553,81 @@ def _train_since(series: LogSeries, lo: int, hi: int) -> Optional[float]:
     sel = loss[(steps > lo) & (steps <= hi)]
     sel = sel[np.isfinite(sel)]
     if len(sel) < detect.SMOOTH_POINTS:
-        sel = loss[steps <= hi][-detect.SMOOTH_POINTS:]
+        sel = loss[steps <= hi][-detect.SMOOTH_POINTS :]
         sel = sel[np.isfinite(sel)]
     return float(np.median(sel)) if len(sel) else None
 
 
-def _verdict_text(an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions) -> str:
+def _verdict_text(
+    an: detect.Analysis, target: Optional[Spike], series: LogSeries, o: RecoveryOptions
+) -> str:
     """Where the loss is at the end of the log, as evidence for the decision (the decision itself is the
     report's status and summary: this line never names a competing one)."""
     if target is None or an.target is None:
         return "no event has left the loss above its healthy level"
     r = target.reference_loss if target.reference_loss is not None else target.baseline_loss
-    now = series.loss[-detect.SMOOTH_POINTS:]
+    now = series.loss[-detect.SMOOTH_POINTS :]
     now_v = float(np.median(now)) if np.isfinite(now).all() else None
     if an.verdict == "recovering":
         if an.rate is not None and an.eta_step is not None:
             late = an.eta_step > target.onset_step + o.wait_steps
-            return (f"coming down: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
-                    f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} "
-                    + (f"only by about step {an.eta_step}, after the wait window (step {target.onset_step + o.wait_steps})"
-                       if late else f"by about step {an.eta_step}"))
-        return f"too early to tell: {int(series.steps[-1]) - target.onset_step} steps since the onset"
+            return (
+                f"coming down: {_show(now_v)} now vs the healthy level {_show(r)}; the excess shrinks "
+                f"{(1 - math.exp(-an.rate * 100)):.0%} per 100 steps: back within {o.tolerance:.0%} "
+                + (
+                    f"only by about step {an.eta_step}, after the wait window (step {target.onset_step + o.wait_steps})"
+                    if late
+                    else f"by about step {an.eta_step}"
+                )
+            )
+        return (
+            f"too early to tell: {int(series.steps[-1]) - target.onset_step} steps since the onset"
+        )
     if now_v is None:
         return "NaN/inf at the end of the log"
     if target.kind == "collapse":
         return f"collapsed ({target.detail})"
     ratio = f" ({now_v / r:.2f}x)" if r and r > 0 else ""
-    return (f"{_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level {_show(r)} before step "
-            f"{target.onset_step}, and not coming back")
+    return (
+        f"{_show(now_v)} at step {int(series.steps[-1])}{ratio} vs the healthy level {_show(r)} before step "
+        f"{target.onset_step}, and not coming back"
+    )
 
 
-def advise_series(series: LogSeries, checkpoints: list[tuple[int, Optional[str]]], *,
-                  checkpoints_source: str = "list", checkpoints_root: Optional[str] = None,
-                  milestones: Optional[list[tuple[int, Optional[str]]]] = None,
-                  options: Optional[RecoveryOptions] = None, **values) -> RecoveryReport:
+def advise_series(
+    series: LogSeries,
+    checkpoints: list[tuple[int, Optional[str]]],
+    *,
+    checkpoints_source: str = "list",
+    checkpoints_root: Optional[str] = None,
+    milestones: Optional[list[tuple[int, Optional[str]]]] = None,
+    options: Optional[RecoveryOptions] = None,
+    **values,
+) -> RecoveryReport:
     """`advise` on an already-read LogSeries and checkpoint list."""
     with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-        return _advise_series(series, checkpoints, checkpoints_source, checkpoints_root, milestones,
-                              settings.build(options, **values))
+        return _advise_series(
+            series,
+            checkpoints,
+            checkpoints_source,
+            checkpoints_root,
+            milestones,
+            settings.build(options, **values),
+        )
 
 
-def _advise_series(series: LogSeries, checkpoints, checkpoints_source: str, checkpoints_root: Optional[str],
-                   milestones, o: RecoveryOptions) -> RecoveryReport:
+def _advise_series(
+    series: LogSeries,
+    checkpoints,
+    checkpoints_source: str,
+    checkpoints_root: Optional[str],
+    milestones,
+    o: RecoveryOptions,
+) -> RecoveryReport:
     milestones = milestones or []
     an = analysis_of(series, o)
     spikes = [_spike(series, e, an, o) for e in an.events]
-    steps = series.steps
-    last_step = int(steps[-1])
-    ck_steps = [s for s, _ in checkpoints]
-    ck_info = CheckpointsInfo(source=checkpoints_source if checkpoints else "none", root=checkpoints_root,
-                              count=len(checkpoints), first_step=min(ck_steps) if ck_steps else None,
-                              last_step=max(ck_steps) if ck_steps else None)
+    ck_info = _checkpoints_info(checkpoints, checkpoints_source, checkpoints_root)
     warnings: list[str] = []
     reasons: list[str] = []
     common = _common(series, o, an, spikes, ck_info, reasons, warnings)
@@ -455,15 +637,18 @@ def _advise_series(series: LogSeries, checkpoints, checkpoints_source: str, chec
     common["verdict_detail"] = _verdict_text(an, target, series, o)
     if an.verdict == "recovering" and an.rate is not None:
         common.update(recovery_rate=round(an.rate, 8), back_by_step=an.eta_step)
-    none = dict(resume_checkpoint=None, skip_batches=None, lr_multiplier=None, lr_reduced_steps=None, grad_clip=None)
+    none = dict(
+        resume_checkpoint=None,
+        skip_batches=None,
+        lr_multiplier=None,
+        lr_reduced_steps=None,
+        grad_clip=None,
+    )
     loss_spikes = [s for s in spikes if s.kind != "grad_norm"]
     if evo is not None and (evo.overfitting or not loss_spikes):
         reasons.append(evo.note)
     if not spikes:
-        extra = "; eval loss says overfitting (no rollback for it)" if evo is not None and evo.overfitting else ""
-        return RecoveryReport(status="no_spike", summary=f"no loss spike in {len(steps)} logged steps "
-                              f"({int(steps[0])}-{last_step}): keep training{extra}", spike=None, self_recovered=None,
-                              wait_until_step=None, **none, **common)
+        return _no_spike(series, evo, none, common)
     if not loss_spikes:
         return _grad_only(spikes[-1], o, reasons, none, common)
     spike = target if target is not None else loss_spikes[-1]
@@ -471,61 +656,143 @@ def _advise_series(series: LogSeries, checkpoints, checkpoints_source: str, chec
         reasons.append(spike.cause)
     if spike.recovered_step is not None:
         return _recovered(spike, o, reasons, warnings, none, common)
-    return _unrecovered(series, spike, an, checkpoints, milestones, o, reasons, warnings, ck_info, common)
+    return _unrecovered(
+        series, spike, an, checkpoints, milestones, o, reasons, warnings, ck_info, common
+    )
 
 
-def _grad_only(spike: Spike, o: RecoveryOptions, reasons: list[str], none: dict, common: dict) -> RecoveryReport:
+def _checkpoints_info(
+    checkpoints, checkpoints_source: str, checkpoints_root: Optional[str]
+) -> CheckpointsInfo:
+    """What the report says of the checkpoints it chose among: where they came from, how many, which steps."""
+    ck_steps = [s for s, _ in checkpoints]
+    return CheckpointsInfo(
+        source=checkpoints_source if checkpoints else "none",
+        root=checkpoints_root,
+        count=len(checkpoints),
+        first_step=min(ck_steps) if ck_steps else None,
+        last_step=max(ck_steps) if ck_steps else None,
+    )
+
+
+def _no_spike(
+    series: LogSeries, evo: Optional[EvalOpinion], none: dict, common: dict
+) -> RecoveryReport:
+    """The report of a log without a spike: keep training (the eval loss's overfitting said, not rolled back)."""
+    steps = series.steps
+    extra = (
+        "; eval loss says overfitting (no rollback for it)"
+        if evo is not None and evo.overfitting
+        else ""
+    )
+    return RecoveryReport(
+        status="no_spike",
+        summary=f"no loss spike in {len(steps)} logged steps "
+        f"({int(steps[0])}-{int(steps[-1])}): keep training{extra}",
+        spike=None,
+        self_recovered=None,
+        wait_until_step=None,
+        **none,
+        **common,
+    )
+
+
+def _grad_only(
+    spike: Spike, o: RecoveryOptions, reasons: list[str], none: dict, common: dict
+) -> RecoveryReport:
     done = spike.recovered_step is not None
     base_l, peak_l = spike.baseline_loss, spike.peak_loss
-    rose = (base_l is not None and peak_l is not None and math.isfinite(peak_l) and base_l > 0
-            and peak_l > base_l * (1 + o.tolerance))
-    if rose and base_l is not None and peak_l is not None:  # early in training the rolling median is still high,
-        # so the loss rules may not fire
-        reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
-                       f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
-                       f"its median {_show(base_l)}) without crossing the loss-spike thresholds")
+    rose = (
+        base_l is not None
+        and peak_l is not None
+        and math.isfinite(peak_l)
+        and base_l > 0
+        and peak_l > base_l * (1 + o.tolerance)
+    )
+    # early in training the rolling median is still high, so the loss rules may not fire
+    if rose and base_l is not None and peak_l is not None:
+        reasons.append(
+            f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+            f"{spike.baseline_grad_norm}); the loss rose to {_show(peak_l)} ({peak_l / base_l:.2f}x "
+            f"its median {_show(base_l)}) without crossing the loss-spike thresholds"
+        )
         loss_words = "loss rise below the spike thresholds"
     else:
-        reasons.append(f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
-                       f"{spike.baseline_grad_norm}) but the loss stayed near its baseline")
+        reasons.append(
+            f"grad norm spiked at step {spike.onset_step} (peak {spike.peak_grad_norm} vs median "
+            f"{spike.baseline_grad_norm}) but the loss stayed near its baseline"
+        )
         loss_words = "loss unaffected"
     # a grad-norm spike that is over and left the loss alone is not headlined as an event: keep training
     quiet = done and not rose
-    return RecoveryReport(status="no_spike" if quiet else "self_recovered" if done else "wait",
-                          summary=(f"no loss spike: keep training (a grad-norm spike at step {spike.onset_step}, "
-                                   f"{loss_words})") if quiet else
-                          f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
-                          + ("" if done else " and watch the grad norm and loss"),
-                          spike=spike, self_recovered=done, wait_until_step=spike.onset_step + o.wait_steps,
-                          **none, **common)
+    return RecoveryReport(
+        status="no_spike" if quiet else "self_recovered" if done else "wait",
+        summary=(
+            f"no loss spike: keep training (a grad-norm spike at step {spike.onset_step}, "
+            f"{loss_words})"
+        )
+        if quiet
+        else f"grad-norm spike at step {spike.onset_step}, {loss_words}: keep training"
+        + ("" if done else " and watch the grad norm and loss"),
+        spike=spike,
+        self_recovered=done,
+        wait_until_step=spike.onset_step + o.wait_steps,
+        **none,
+        **common,
+    )
 
 
-def _recovered(spike: Spike, o: RecoveryOptions, reasons: list[str], warnings: list[str], none: dict,
-               common: dict) -> RecoveryReport:
+def _recovered(
+    spike: Spike,
+    o: RecoveryOptions,
+    reasons: list[str],
+    warnings: list[str],
+    none: dict,
+    common: dict,
+) -> RecoveryReport:
     onset = spike.onset_step
     _describe(spike, reasons)
     took = spike.recovery_steps or 0
     if took <= o.wait_steps:
-        reasons.append(f"the loss was back within {o.tolerance:.0%} of the healthy level by step "
-                       f"{spike.recovered_step}, {took} steps after the onset (inside the {o.min_wait_steps}-"
-                       f"{o.wait_steps}-step wait window): the optimizer absorbed it")
+        reasons.append(
+            f"the loss was back within {o.tolerance:.0%} of the healthy level by step "
+            f"{spike.recovered_step}, {took} steps after the onset (inside the {o.min_wait_steps}-"
+            f"{o.wait_steps}-step wait window): the optimizer absorbed it"
+        )
     else:
-        warnings.append(f"the loss took {took} steps to come back (longer than the {o.wait_steps}-step wait "
-                        "window); no rollback needed now, but compare evals before and after the spike")
+        warnings.append(
+            f"the loss took {took} steps to come back (longer than the {o.wait_steps}-step wait "
+            "window); no rollback needed now, but compare evals before and after the spike"
+        )
         reasons.append(f"the loss is back near the healthy level since step {spike.recovered_step}")
     what = {"level_shift": "level shift", "collapse": "collapse"}.get(spike.kind, "loss spike")
     if _minor(spike, o):
         shown = f" ({spike.magnitude:.3g}x)" if spike.magnitude else ""
-        reasons.append(f"no loss spike past the spike thresholds (>= {o.ratio_threshold:g}x the rolling median, "
-                       f">= {o.max_ratio:g}x the window max, NaN/inf): the {what} at step {onset}{shown} is a blip "
-                       "inside the run's own noise band, noted, not an event")
-        return RecoveryReport(status="no_spike", summary=f"no loss spike past the thresholds: keep training (a "
-                              f"{what} of {spike.magnitude or 0:.3g}x at step {onset} came back by step "
-                              f"{spike.recovered_step})", spike=spike, self_recovered=True,
-                              wait_until_step=None, **none, **common)
-    return RecoveryReport(status="self_recovered", summary=f"{what} at step {onset} recovered by step "
-                          f"{spike.recovered_step}: keep training", spike=spike, self_recovered=True,
-                          wait_until_step=onset + o.wait_steps, **none, **common)
+        reasons.append(
+            f"no loss spike past the spike thresholds (>= {o.ratio_threshold:g}x the rolling median, "
+            f">= {o.max_ratio:g}x the window max, NaN/inf): the {what} at step {onset}{shown} is a blip "
+            "inside the run's own noise band, noted, not an event"
+        )
+        return RecoveryReport(
+            status="no_spike",
+            summary=f"no loss spike past the thresholds: keep training (a "
+            f"{what} of {spike.magnitude or 0:.3g}x at step {onset} came back by step "
+            f"{spike.recovered_step})",
+            spike=spike,
+            self_recovered=True,
+            wait_until_step=None,
+            **none,
+            **common,
+        )
+    return RecoveryReport(
+        status="self_recovered",
+        summary=f"{what} at step {onset} recovered by step {spike.recovered_step}: keep training",
+        spike=spike,
+        self_recovered=True,
+        wait_until_step=onset + o.wait_steps,
+        **none,
+        **common,
+    )
 
 
 def _minor(spike: Spike, o: RecoveryOptions) -> bool:
@@ -535,7 +802,11 @@ def _minor(spike: Spike, o: RecoveryOptions) -> bool:
     within a small excess: the headline does not report those as events (the report still names them)."""
     if spike.kind not in ("spike", "level_shift") or spike.magnitude is None:
         return False
-    loud = {k for k in ("ratio", "max") if any(r == settings.rule_labels(o)[k] for r in spike.detected_by)}
+    loud = {
+        k
+        for k in ("ratio", "max")
+        if any(r == settings.rule_labels(o)[k] for r in spike.detected_by)
+    }
     return not loud and spike.magnitude < o.ratio_threshold
 
 
@@ -543,12 +814,16 @@ def _describe(spike: Spike, reasons: list[str]) -> None:
     what = KIND_WORDS[spike.kind]
     ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
     detail = f" ({spike.detail})" if spike.detail else ""
-    reasons.append(f"{what} at step {spike.onset_step}{detail}: peak {_show(spike.peak_loss)} at step "
-                   f"{spike.peak_step} vs healthy level {_show(ref)}"
-                   + (f" ({spike.magnitude:.3g}x the pre-spike level)" if spike.magnitude else "")
-                   + f"; detected by {'; '.join(spike.detected_by) or 'the rolling baseline'}")
+    reasons.append(
+        f"{what} at step {spike.onset_step}{detail}: peak {_show(spike.peak_loss)} at step "
+        f"{spike.peak_step} vs healthy level {_show(ref)}"
+        + (f" ({spike.magnitude:.3g}x the pre-spike level)" if spike.magnitude else "")
+        + f"; detected by {'; '.join(spike.detected_by) or 'the rolling baseline'}"
+    )
     if spike.grad_norm_precursor_step is not None:
-        reasons.append(f"the grad norm spiked first, at step {spike.grad_norm_precursor_step}: onset moved there")
+        reasons.append(
+            f"the grad norm spiked first, at step {spike.grad_norm_precursor_step}: onset moved there"
+        )
 
 
 @dataclass
@@ -557,8 +832,9 @@ class _Trouble:
 
     onset: int
     onset_idx: int
-    ref: Optional[float]      # the healthy level
-    level: Optional[float]    # healthy level + tolerance: a resume point's smoothed loss must be at or below it
+    ref: Optional[float]  # the healthy level
+    # healthy level + tolerance: a resume point's smoothed loss must be at or below it
+    level: Optional[float]
     wait_until: int
     margin: int
     last_step: int
@@ -570,67 +846,159 @@ class _Trouble:
         return self.onset - self.margin
 
 
-def _unrecovered(series: LogSeries, spike: Spike, an: detect.Analysis, checkpoints, milestones, o: RecoveryOptions,
-                 reasons: list[str], warnings: list[str], ck_info: CheckpointsInfo, common: dict) -> RecoveryReport:
+def _unrecovered(
+    series: LogSeries,
+    spike: Spike,
+    an: detect.Analysis,
+    checkpoints,
+    milestones,
+    o: RecoveryOptions,
+    reasons: list[str],
+    warnings: list[str],
+    ck_info: CheckpointsInfo,
+    common: dict,
+) -> RecoveryReport:
+    _describe(spike, reasons)
+    t = _trouble(series, spike, o, reasons, common)
+    t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
+    reasons.append(f"the loss now: {common['verdict_detail']}")
+    ck_info.cutoff_step, ck_info.margin_steps = t.cutoff, t.margin
+    pre = series.steps[: t.onset_idx]
+    common["last_good_step"] = int(pre[-1]) if len(pre) else None
+    ck_info.post_event = [
+        CheckpointRef(step=s, path=p, tag="post_event") for s, p in checkpoints if s > t.cutoff
+    ]
+    earlier = [s for s in common["spikes"] if s.onset_step < t.onset and s.kind != "grad_norm"]
+    chosen = _resume_point(series, t, checkpoints, milestones, earlier, o, warnings)
+    _best_model_note(series, t.cutoff, t.onset, reasons, warnings)
+    nearest = _nearest_milestone(series, milestones, t)
+    playbook = dict(
+        lr_multiplier=o.lr_multiplier, lr_reduced_steps=o.lr_reduced_steps, grad_clip=o.grad_clip
+    )
+    if chosen is None:
+        status, summary, policy = _no_resume_point(
+            t,
+            KIND_WORDS[spike.kind],
+            checkpoints,
+            milestones,
+            nearest,
+            o,
+            reasons,
+            warnings,
+            common,
+        )
+        return RecoveryReport(
+            status=status,
+            summary=summary,
+            spike=spike,
+            self_recovered=False,
+            wait_until_step=t.wait_until,
+            resume_checkpoint=None,
+            nearest_milestone=nearest,
+            skip_batches=None,
+            policy_advice=policy,
+            **playbook,
+            **common,
+        )
+    return _resume_report(spike, t, chosen, nearest, ck_info, o, reasons, playbook, common)
+
+
+def _trouble(
+    series: LogSeries, spike: Spike, o: RecoveryOptions, reasons: list[str], common: dict
+) -> _Trouble:
+    """Where the unrecovered `spike`'s trouble starts (moved back to the last eval step both losses were healthy
+    at when they rose together, saying why), its healthy level and the margin before it."""
     steps = series.steps
     onset = spike.onset_step
     onset_idx = int(np.searchsorted(steps, onset))
     ref = spike.reference_loss if spike.reference_loss is not None else spike.baseline_loss
     interval = _interval_before(series, onset_idx)
     margin = o.margin if o.margin is not None else interval + 1
-    _describe(spike, reasons)
     sharp = spike.kind in ("nonfinite", "collapse") or (spike.magnitude or 0.0) >= o.ratio_threshold
     healthy = _eval_healthy_step(common.get("eval"), onset, margin, sharp)
-    if healthy is not None:   # the eval and train losses rose together before the train-loss onset
+    # the eval and train losses rose together before the train-loss onset
+    if healthy is not None:
         onset_idx = int(np.searchsorted(steps, healthy, side="right"))
         onset, margin = int(steps[onset_idx]), int(steps[onset_idx]) - healthy
-        reasons.append(f"the eval and train losses rose together at step {common['eval'].rose_with_train_step}, "
-                       f"before the {KIND_WORDS[spike.kind]}: the trouble began after step {healthy}, the last eval "
-                       f"step both were healthy at (eval at step N judges the weights of checkpoint N)")
-    t = _Trouble(onset=onset, onset_idx=onset_idx, ref=ref, level=_resume_level(series, onset_idx, ref, o),
-                 wait_until=onset + o.wait_steps, margin=margin, last_step=int(steps[-1]))
-    t.waiting = _wait_or_roll_back(series, spike, t, o, reasons)
-    reasons.append(f"the loss now: {common['verdict_detail']}")
-    ck_info.cutoff_step, ck_info.margin_steps = t.cutoff, t.margin
-    pre = series.steps[:onset_idx]
-    common["last_good_step"] = int(pre[-1]) if len(pre) else None
-    ck_info.post_event = [CheckpointRef(step=s, path=p, tag="post_event") for s, p in checkpoints if s > t.cutoff]
-    earlier = [s for s in common["spikes"] if s.onset_step < onset and s.kind != "grad_norm"]
-    chosen = _resume_point(series, t, checkpoints, milestones, earlier, o, warnings)
-    _best_model_note(series, t.cutoff, onset, reasons, warnings)
-    nearest = None
-    if milestones:
-        m = min(milestones, key=lambda c: (abs(c[0] - t.cutoff), c[0]))
-        nearest = CheckpointRef(step=m[0], path=m[1], kind="milestone",
-                                smoothed_loss=_smoothed_loss(series, m[0], onset_idx) if m[0] <= t.cutoff else None)
-    playbook = dict(lr_multiplier=o.lr_multiplier, lr_reduced_steps=o.lr_reduced_steps, grad_clip=o.grad_clip)
-    if chosen is None:
-        status, summary, policy = _no_resume_point(t, KIND_WORDS[spike.kind], checkpoints, milestones, nearest, o,
-                                                   reasons, warnings, common)
-        return RecoveryReport(status=status, summary=summary, spike=spike, self_recovered=False,
-                              wait_until_step=t.wait_until, resume_checkpoint=None, nearest_milestone=nearest,
-                              skip_batches=None, policy_advice=policy, **playbook, **common)
+        reasons.append(
+            f"the eval and train losses rose together at step {common['eval'].rose_with_train_step}, "
+            f"before the {KIND_WORDS[spike.kind]}: the trouble began after step {healthy}, the last eval "
+            f"step both were healthy at (eval at step N judges the weights of checkpoint N)"
+        )
+    return _Trouble(
+        onset=onset,
+        onset_idx=onset_idx,
+        ref=ref,
+        level=_resume_level(series, onset_idx, ref, o),
+        wait_until=onset + o.wait_steps,
+        margin=margin,
+        last_step=int(steps[-1]),
+    )
+
+
+def _nearest_milestone(series: LogSeries, milestones, t: _Trouble) -> Optional[CheckpointRef]:
+    """The milestone nearest the cutoff (the older of two as near), with its smoothed loss when it is at or
+    before the cutoff; None without milestones."""
+    if not milestones:
+        return None
+    m = min(milestones, key=lambda c: (abs(c[0] - t.cutoff), c[0]))
+    return CheckpointRef(
+        step=m[0],
+        path=m[1],
+        kind="milestone",
+        smoothed_loss=_smoothed_loss(series, m[0], t.onset_idx) if m[0] <= t.cutoff else None,
+    )
+
+
+def _resume_report(
+    spike: Spike,
+    t: _Trouble,
+    chosen: CheckpointRef,
+    nearest: Optional[CheckpointRef],
+    ck_info: CheckpointsInfo,
+    o: RecoveryOptions,
+    reasons: list[str],
+    playbook: dict,
+    common: dict,
+) -> RecoveryReport:
+    """The report of a resume from `chosen` (now, or if the loss is not back by the end of the wait): the
+    batches to skip, the lowered learning rate, the overrides that do it."""
+    onset = t.onset
     r = chosen.step
     skip = [r + 1, onset + o.skip_past_onset]
     _resume_reasons(t, chosen, skip, ck_info, o, reasons)
     where = chosen.path or f"step {r}"
-    summary = (f"{KIND_WORDS[spike.kind]} at step {onset} not recovered: resume from {where}" if not t.waiting else
-               f"loss spike at step {onset}: keep training until step {t.wait_until}; if not back below "
-               f"{_show(t.level)}, resume from {where}")
-    return RecoveryReport(status="wait" if t.waiting else "rollback", summary=summary, spike=spike,
-                          self_recovered=False, wait_until_step=t.wait_until, resume_checkpoint=chosen,
-                          nearest_milestone=nearest, skip_batches=skip, lr_reduced_until_step=r + o.lr_reduced_steps,
-                          overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
-                          **playbook, **common)
+    summary = (
+        f"{KIND_WORDS[spike.kind]} at step {onset} not recovered: resume from {where}"
+        if not t.waiting
+        else f"loss spike at step {onset}: keep training until step {t.wait_until}; if not back below "
+        f"{_show(t.level)}, resume from {where}"
+    )
+    return RecoveryReport(
+        status="wait" if t.waiting else "rollback",
+        summary=summary,
+        spike=spike,
+        self_recovered=False,
+        wait_until_step=t.wait_until,
+        resume_checkpoint=chosen,
+        nearest_milestone=nearest,
+        skip_batches=skip,
+        lr_reduced_until_step=r + o.lr_reduced_steps,
+        overrides=overrides(chosen.path, r, skip, o.lr_multiplier, o.lr_reduced_steps, o.grad_clip),
+        **playbook,
+        **common,
+    )
 
 
-def _resume_level(series: LogSeries, onset_idx: int, ref: Optional[float], o: RecoveryOptions) -> Optional[float]:
+def _resume_level(
+    series: LogSeries, onset_idx: int, ref: Optional[float], o: RecoveryOptions
+) -> Optional[float]:
     """The highest smoothed loss (median of SMOOTH_CHECKPOINT_POINTS) a resume point may have: the healthy level
     + the tolerance, or + 3 noise units of such a median when the loss before the onset is noisier than that
     (a noisy run's checkpoints one interval before the onset are not all outside a 10 % band by chance)."""
     if ref is None:
         return None
-    pre = series.loss[max(0, onset_idx - 5 * detect.BASELINE_POINTS):onset_idx]
+    pre = series.loss[max(0, onset_idx - 5 * detect.BASELINE_POINTS) : onset_idx]
     pre = pre[np.isfinite(pre)]
     noise = 0.0
     if len(pre) >= SMOOTH_CHECKPOINT_POINTS:
@@ -639,7 +1007,9 @@ def _resume_level(series: LogSeries, onset_idx: int, ref: Optional[float], o: Re
     return ref + max(o.tolerance * abs(ref), noise)
 
 
-def _eval_healthy_step(evo: Optional[EvalOpinion], onset: int, margin: int, sharp: bool) -> Optional[int]:
+def _eval_healthy_step(
+    evo: Optional[EvalOpinion], onset: int, margin: int, sharp: bool
+) -> Optional[int]:
     """The last eval step both losses were healthy at, when the eval and train losses rose together and the
     train-loss event cannot place the trouble better: the rise was seen at an eval before its onset, or the event
     is a mild one (below the spike magnitude thresholds, no NaN: a noisy train loss places a +15 % rise late);
@@ -652,7 +1022,9 @@ def _eval_healthy_step(evo: Optional[EvalOpinion], onset: int, margin: int, shar
     return evo.healthy_step if (evo.rose_with_train_step < onset or not sharp) else None
 
 
-def _wait_or_roll_back(series: LogSeries, spike: Spike, t: _Trouble, o: RecoveryOptions, reasons: list[str]) -> bool:
+def _wait_or_roll_back(
+    series: LogSeries, spike: Spike, t: _Trouble, o: RecoveryOptions, reasons: list[str]
+) -> bool:
     """True while a plain spike is young enough to wait for (inside the wait window and not projected to stay
     above tolerance); says why either way."""
     elapsed = t.last_step - t.onset
@@ -663,109 +1035,205 @@ def _wait_or_roll_back(series: LogSeries, spike: Spike, t: _Trouble, o: Recovery
         if projected is not None and projected > o.tolerance * abs(t.ref):
             waiting = False
     if spike.kind in ("nonfinite", "collapse"):
-        reasons.append("the loss is NaN/inf or pinned: it does not come back on its own, roll back now")
+        reasons.append(
+            "the loss is NaN/inf or pinned: it does not come back on its own, roll back now"
+        )
     elif waiting:
-        reasons.append(f"only {elapsed} steps since the onset: the spec says wait {o.min_wait_steps}-{o.wait_steps} "
-                       f"steps before rolling back; the plan below is ready if it is still above "
-                       f"{_show(t.level)} at step {t.wait_until}")
+        reasons.append(
+            f"only {elapsed} steps since the onset: the spec says wait {o.min_wait_steps}-{o.wait_steps} "
+            f"steps before rolling back; the plan below is ready if it is still above "
+            f"{_show(t.level)} at step {t.wait_until}"
+        )
     elif projected is not None:
-        reasons.append(f"{elapsed} steps after the onset (past the {o.min_wait_steps}-step minimum wait) the loss is "
-                       f"still {_show(float(np.median(series.loss[-detect.SMOOTH_POINTS:])))}; at its current rate "
-                       f"of decay it would still be {_show(projected)} above the healthy level at step "
-                       f"{t.wait_until}, more than the {o.tolerance:.0%} tolerance: roll back now")
+        reasons.append(
+            f"{elapsed} steps after the onset (past the {o.min_wait_steps}-step minimum wait) the loss is "
+            f"still {_show(float(np.median(series.loss[-detect.SMOOTH_POINTS :])))}; at its current rate "
+            f"of decay it would still be {_show(projected)} above the healthy level at step "
+            f"{t.wait_until}, more than the {o.tolerance:.0%} tolerance: roll back now"
+        )
     else:
-        reasons.append(f"not back within {o.tolerance:.0%} of the healthy level {_show(t.ref)} {elapsed} steps after "
-                       f"the onset (last step {t.last_step}; wait window {o.wait_steps})")
+        reasons.append(
+            f"not back within {o.tolerance:.0%} of the healthy level {_show(t.ref)} {elapsed} steps after "
+            f"the onset (last step {t.last_step}; wait window {o.wait_steps})"
+        )
     return waiting
 
 
-def _resume_point(series: LogSeries, t: _Trouble, checkpoints, milestones, earlier: list[Spike], o: RecoveryOptions,
-                  warnings: list[str]) -> Optional[CheckpointRef]:
+def _resume_point(
+    series: LogSeries,
+    t: _Trouble,
+    checkpoints,
+    milestones,
+    earlier: list[Spike],
+    o: RecoveryOptions,
+    warnings: list[str],
+) -> Optional[CheckpointRef]:
     """The newest checkpoint or milestone at or before the cutoff, outside earlier events, whose smoothed loss is
     within tolerance; else the newest such candidate (with a warning); None when there is none."""
     mg = t.margin
 
     def inside_earlier(s: int) -> bool:
-        return any(e.onset_step - mg < s < (e.recovered_step if e.recovered_step is not None else math.inf)
-                   for e in earlier)
+        return any(
+            e.onset_step - mg < s < (e.recovered_step if e.recovered_step is not None else math.inf)
+            for e in earlier
+        )
 
     fallback = None
-    cands = [(s, p, "checkpoint") for s, p in checkpoints] + [(s, p, "milestone") for s, p in milestones]
-    ordered = sorted({c for c in cands if c[0] <= t.cutoff}, key=lambda c: (-c[0], c[2], fm.resume_order(c[1])))
+    cands = [(s, p, "checkpoint") for s, p in checkpoints] + [
+        (s, p, "milestone") for s, p in milestones
+    ]
+    ordered = sorted(
+        {c for c in cands if c[0] <= t.cutoff}, key=lambda c: (-c[0], c[2], fm.resume_order(c[1]))
+    )
     for s, p, kind in ordered:
         if inside_earlier(s):
             continue
         sm = _smoothed_loss(series, s, t.onset_idx)
         ok = None if (sm is None or t.level is None) else bool(sm <= t.level)
-        ref_ck = CheckpointRef(step=s, path=p, kind=kind, smoothed_loss=sm, within_tolerance=ok, tag="resume")
+        ref_ck = CheckpointRef(
+            step=s, path=p, kind=kind, smoothed_loss=sm, within_tolerance=ok, tag="resume"
+        )
         if ok:
             return ref_ck
         if fallback is None:
             fallback = ref_ck
     if fallback is not None:
-        warnings.append(f"no checkpoint at or before step {t.cutoff} has a smoothed loss within {o.tolerance:.0%} of "
-                        f"the healthy level {_show(t.ref)}; step {fallback.step} is the newest clean candidate "
-                        f"(smoothed loss {_show(fallback.smoothed_loss)})")
+        warnings.append(
+            f"no checkpoint at or before step {t.cutoff} has a smoothed loss within {o.tolerance:.0%} of "
+            f"the healthy level {_show(t.ref)}; step {fallback.step} is the newest clean candidate "
+            f"(smoothed loss {_show(fallback.smoothed_loss)})"
+        )
     return fallback
 
 
-def _no_resume_point(t: _Trouble, what: str, checkpoints, milestones, nearest: Optional[CheckpointRef],
-                     o: RecoveryOptions, reasons: list[str], warnings: list[str],
-                     common: dict) -> tuple[str, str, Optional[str]]:
+def _no_resume_point(
+    t: _Trouble,
+    what: str,
+    checkpoints,
+    milestones,
+    nearest: Optional[CheckpointRef],
+    o: RecoveryOptions,
+    reasons: list[str],
+    warnings: list[str],
+    common: dict,
+) -> tuple[str, str, Optional[str]]:
     """Nothing to resume from: (status, summary, policy advice), with the reasons and warnings why."""
-    status = "wait" if t.waiting else "rollback"
-    cutoff, onset = t.cutoff, t.onset
-    if common["last_good_step"] is None or cutoff < 0:
-        reasons.append(f"no logged step before the onset at step {onset} is healthy: the run was in trouble from "
-                       "its first logged values, so no checkpoint of it is a safe resume point")
-        if checkpoints and not t.waiting:
-            status = "no_clean_checkpoint"
-        return status, (f"{what} at step {onset} not recovered and nothing before it is healthy: restart from "
-                        "scratch (or the initial weights) after checking the data, the learning rate and the loss "
-                        "scaling"), None
+    if common["last_good_step"] is None or t.cutoff < 0:
+        return _nothing_healthy(t, what, checkpoints, reasons)
     if not checkpoints and not milestones:
-        warnings.append("no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
-                        "such as 500,1000")
-        policy_m = _policy_milestone(cutoff)
-        if policy_m is not None:
-            reasons.append(f"last good step {common['last_good_step']}; if the run kept the policy's milestones "
-                           f"(1000 x 2^k), the nearest at or before step {cutoff} is step {policy_m}")
-        return status, (f"{what} at step {onset} not recovered: resume from the newest checkpoint at or before "
-                        f"step {cutoff} (none given; last good step {common['last_good_step']})"), None
-    if not t.waiting:
-        status = "no_clean_checkpoint"
-    policy = _policy_advice(sorted(ck_info_steps(checkpoints)), cutoff, t.last_step, onset, o.wait_steps)
+        return _none_given(t, what, reasons, warnings, common)
+    cutoff, onset = t.cutoff, t.onset
+    status = "wait" if t.waiting else "no_clean_checkpoint"
+    policy = _policy_advice(
+        sorted(ck_info_steps(checkpoints)), cutoff, t.last_step, onset, o.wait_steps
+    )
     oldest = min(s for s, _ in checkpoints) if checkpoints else None
-    reasons.append(f"no checkpoint predates the trouble: the resume point must be at or before step {cutoff} "
-                   f"(onset {onset} - margin {t.margin})" + (f", but the oldest kept is step {oldest}"
-                                                             if oldest is not None else ""))
+    reasons.append(
+        f"no checkpoint predates the trouble: the resume point must be at or before step {cutoff} "
+        f"(onset {onset} - margin {t.margin})"
+        + (f", but the oldest kept is step {oldest}" if oldest is not None else "")
+    )
     if nearest is not None:
-        reasons.append(f"nearest milestone: step {nearest.step}" + (f" ({nearest.path})" if nearest.path else ""))
-    summary = (f"{what} at step {onset} not recovered and no checkpoint predates it: "
-               + ("restart from the nearest milestone or from scratch" if nearest is None or nearest.step > cutoff
-                  else f"use milestone {nearest.step}"))
+        reasons.append(
+            f"nearest milestone: step {nearest.step}"
+            + (f" ({nearest.path})" if nearest.path else "")
+        )
+    summary = f"{what} at step {onset} not recovered and no checkpoint predates it: " + (
+        "restart from the nearest milestone or from scratch"
+        if nearest is None or nearest.step > cutoff
+        else f"use milestone {nearest.step}"
+    )
     return status, summary, policy
 
 
-def _resume_reasons(t: _Trouble, chosen: CheckpointRef, skip: list[int], ck_info: CheckpointsInfo,
-                    o: RecoveryOptions, reasons: list[str]) -> None:
+def _nothing_healthy(
+    t: _Trouble, what: str, checkpoints, reasons: list[str]
+) -> tuple[str, str, Optional[str]]:
+    """No logged step before the onset is healthy: restart from scratch (no checkpoint of the run is safe)."""
+    status = "wait" if t.waiting else "rollback"
+    reasons.append(
+        f"no logged step before the onset at step {t.onset} is healthy: the run was in trouble from "
+        "its first logged values, so no checkpoint of it is a safe resume point"
+    )
+    if checkpoints and not t.waiting:
+        status = "no_clean_checkpoint"
+    return (
+        status,
+        (
+            f"{what} at step {t.onset} not recovered and nothing before it is healthy: restart from "
+            "scratch (or the initial weights) after checking the data, the learning rate and the loss "
+            "scaling"
+        ),
+        None,
+    )
+
+
+def _none_given(
+    t: _Trouble, what: str, reasons: list[str], warnings: list[str], common: dict
+) -> tuple[str, str, Optional[str]]:
+    """No checkpoints given or found: resume from the newest at or before the cutoff (the policy's milestone
+    there named, in case the run kept them)."""
+    warnings.append(
+        "no checkpoints given or found next to the log: pass --checkpoints ROOT or a list "
+        "such as 500,1000"
+    )
+    policy_m = _policy_milestone(t.cutoff)
+    if policy_m is not None:
+        reasons.append(
+            f"last good step {common['last_good_step']}; if the run kept the policy's milestones "
+            f"(1000 x 2^k), the nearest at or before step {t.cutoff} is step {policy_m}"
+        )
+    return (
+        "wait" if t.waiting else "rollback",
+        (
+            f"{what} at step {t.onset} not recovered: resume from the newest checkpoint at or before "
+            f"step {t.cutoff} (none given; last good step {common['last_good_step']})"
+        ),
+        None,
+    )
+
+
+def _resume_reasons(
+    t: _Trouble,
+    chosen: CheckpointRef,
+    skip: list[int],
+    ck_info: CheckpointsInfo,
+    o: RecoveryOptions,
+    reasons: list[str],
+) -> None:
     r = chosen.step
-    reasons.append(f"resume from step {r}: the newest checkpoint at or before step {t.cutoff} (onset {t.onset} - "
-                   f"margin {t.margin}; checkpoint N holds the weights whose loss is logged at N+1)"
-                   + (f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(t.level)} (healthy level "
-                      f"{_show(t.ref)} + {_band_words(t, o)})" if chosen.within_tolerance else ""))
+    reasons.append(
+        f"resume from step {r}: the newest checkpoint at or before step {t.cutoff} (onset {t.onset} - "
+        f"margin {t.margin}; checkpoint N holds the weights whose loss is logged at N+1)"
+        + (
+            f" with smoothed loss {_show(chosen.smoothed_loss)} <= {_show(t.level)} (healthy level "
+            f"{_show(t.ref)} + {_band_words(t, o)})"
+            if chosen.within_tolerance
+            else ""
+        )
+    )
     if ck_info.post_event:
-        reasons.append(f"checkpoints {_steps_text([c.step for c in ck_info.post_event])} were saved after the onset: "
-                       "post-event, do not resume from them")
-    reasons.append(f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
-                   f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
-                   f"gradient clipping {o.grad_clip:g}")
+        reasons.append(
+            f"checkpoints {_steps_text([c.step for c in ck_info.post_event])} were saved after the onset: "
+            "post-event, do not resume from them"
+        )
+    reasons.append(
+        f"then: LR x{o.lr_multiplier:g} for steps {r + 1}-{r + o.lr_reduced_steps}, skip or reshuffle the "
+        f"batches of steps {skip[0]}-{skip[1]} ({skip[1] - skip[0] + 1} batches; PaLM skipped ~200-500), "
+        f"gradient clipping {o.grad_clip:g}"
+    )
 
 
 def _band_words(t: _Trouble, o: RecoveryOptions) -> str:
-    if t.ref is None or t.level is None or t.level - t.ref <= o.tolerance * abs(t.ref) * (1 + 1e-12):
+    if (
+        t.ref is None
+        or t.level is None
+        or t.level - t.ref <= o.tolerance * abs(t.ref) * (1 + 1e-12)
+    ):
         return f"{o.tolerance:.0%}"
-    return "3 noise units of a median of 11: the loss before the onset is noisier than the tolerance"
+    return (
+        "3 noise units of a median of 11: the loss before the onset is noisier than the tolerance"
+    )
 
 
 def ck_info_steps(checkpoints) -> list[int]:
@@ -780,7 +1248,9 @@ def _policy_milestone(cutoff: int) -> Optional[int]:
     return max(found) if found else None
 
 
-def _best_model_note(series: LogSeries, cutoff: int, onset: int, reasons: list[str], warnings: list[str]) -> None:
+def _best_model_note(
+    series: LogSeries, cutoff: int, onset: int, reasons: list[str], warnings: list[str]
+) -> None:
     best = getattr(series, "best_model_checkpoint", None)
     if not best:
         return
@@ -788,14 +1258,20 @@ def _best_model_note(series: LogSeries, cutoff: int, onset: int, reasons: list[s
     if step is None:
         return
     if step <= cutoff:
-        reasons.append(f"the log names best_model_checkpoint {best} (step {step}), which predates the trouble: "
-                       "a clean resume point too")
+        reasons.append(
+            f"the log names best_model_checkpoint {best} (step {step}), which predates the trouble: "
+            "a clean resume point too"
+        )
     else:
-        warnings.append(f"the log's best_model_checkpoint {best} (step {step}) was saved after the onset at step "
-                        f"{onset}: do not resume from it")
+        warnings.append(
+            f"the log's best_model_checkpoint {best} (step {step}) was saved after the onset at step "
+            f"{onset}: do not resume from it"
+        )
 
 
-def _projected_excess(series: LogSeries, onset_idx: int, base: float, until_step: int) -> Optional[float]:
+def _projected_excess(
+    series: LogSeries, onset_idx: int, base: float, until_step: int
+) -> Optional[float]:
     """Excess loss over the healthy level projected to `until_step`, assuming it keeps decaying at the
     exponential rate seen since the onset (at most the last 50 logged values); None if unknown."""
     seg_s = series.steps[onset_idx:][-50:]
@@ -813,18 +1289,24 @@ def _projected_excess(series: LogSeries, onset_idx: int, base: float, until_step
     return e2 * math.exp(-rate * remaining)
 
 
-def _policy_advice(ck_steps: list[int], cutoff: int, last_step: int, onset: int, wait_steps: int) -> str:
+def _policy_advice(
+    ck_steps: list[int], cutoff: int, last_step: int, onset: int, wait_steps: int
+) -> str:
     span = max(1, last_step - cutoff)
     if len(ck_steps) >= 2:
         freq = max(1, int(np.median(np.diff(sorted(ck_steps)))))
         need = math.ceil(span / freq) + 1
-        return (f"the rolling window rotated past the spike: {len(ck_steps)} checkpoints every {freq} steps cover "
-                f"{max(ck_steps) - min(ck_steps)} steps, but rolling back needs {span} (detection at step {last_step} "
-                f"minus resume point {cutoff}). Keep at least {need} (keep_last >= {need}) so the window spans the "
-                f"{wait_steps}-step wait window plus the time to notice, and keep milestones so an older clean "
-                "point always survives")
-    return (f"only {len(ck_steps)} checkpoint(s) kept: keep a rolling window spanning at least {span} steps "
-            f"(the {wait_steps}-step wait window plus the time to notice) and milestones")
+        return (
+            f"the rolling window rotated past the spike: {len(ck_steps)} checkpoints every {freq} steps cover "
+            f"{max(ck_steps) - min(ck_steps)} steps, but rolling back needs {span} (detection at step {last_step} "
+            f"minus resume point {cutoff}). Keep at least {need} (keep_last >= {need}) so the window spans the "
+            f"{wait_steps}-step wait window plus the time to notice, and keep milestones so an older clean "
+            "point always survives"
+        )
+    return (
+        f"only {len(ck_steps)} checkpoint(s) kept: keep a rolling window spanning at least {span} steps "
+        f"(the {wait_steps}-step wait window plus the time to notice) and milestones"
+    )
 
 
 def _steps_text(steps: list[int], limit: int = 6) -> str:
@@ -1000,7 +1482,6 @@ def complete(report: RecoveryReport) -> RecoveryReport:
         report.previous_grad_clip,
     )
     report.reasons = [_then_line(report) if x.startswith(_THEN) else x for x in report.reasons]
-    report.actions = _actions(
-        report
-    )  # after framework: the wording names the framework's own setting
+    # after framework: the wording names the framework's own setting
+    report.actions = _actions(report)
     return report

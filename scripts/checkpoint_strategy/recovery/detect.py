@@ -71,12 +71,12 @@ DEFAULT_TOLERANCE = 0.10
 BASELINE_POINTS = 20
 SMOOTH_POINTS = 5
 
-REFERENCE_BLOCKS = 64          # long window of the healthy reference, in blocks (8 x window values)
-REFERENCE_QUANTILE = 20.0      # percent: a low quantile of the block medians, not the minimum
-SHIFT_NOISE_UNITS = 4.0        # a level shift's block medians stand this many noise units above
-SHIFT_MIN_BLOCKS = 4           # ... for at least this many blocks (and the wait window)
-COLLAPSE_POINTS = 8            # identical logged values that make a collapse
-COLLAPSE_RELATIVE = 1e-5       # "identical": within this fraction of each other
+REFERENCE_BLOCKS = 64  # long window of the healthy reference, in blocks (8 x window values)
+REFERENCE_QUANTILE = 20.0  # percent: a low quantile of the block medians, not the minimum
+SHIFT_NOISE_UNITS = 4.0  # a level shift's block medians stand this many noise units above
+SHIFT_MIN_BLOCKS = 4  # ... for at least this many blocks (and the wait window)
+COLLAPSE_POINTS = 8  # identical logged values that make a collapse
+COLLAPSE_RELATIVE = 1e-5  # "identical": within this fraction of each other
 
 
 @dataclass
@@ -86,22 +86,23 @@ class Event:
     kind: str
     onset: int
     peak: int
-    end: Optional[int]            # index of the recovery point, None if never
-    baseline: Optional[float]     # pre-spike level (median of the values before onset)
-    median: float                 # rolling median at detection
-    scale: float                  # rolling robust scale at detection
+    end: Optional[int]  # index of the recovery point, None if never
+    baseline: Optional[float]  # pre-spike level (median of the values before onset)
+    median: float  # rolling median at detection
+    scale: float  # rolling robust scale at detection
     z_peak: Optional[float]
     rules: list[str] = field(default_factory=list)
     precursor: Optional[int] = None
-    reference: Optional[float] = None   # the healthy level it must come back to (frozen at the onset)
-    detected: Optional[int] = None      # index of the first flagged value
+    # the healthy level it must come back to (frozen at the onset)
+    reference: Optional[float] = None
+    detected: Optional[int] = None  # index of the first flagged value
     detail: str = ""
 
 
 def _all_finite(x: np.ndarray) -> bool:
     """np.isfinite(x).all() without a mask of the whole series (a chunk at a time, stopping at the first miss)."""
     step = max(1, min(FLAG_VALUES, STATS_VALUES))
-    return all(np.isfinite(x[lo:lo + step]).all() for lo in range(0, len(x), step))
+    return all(np.isfinite(x[lo : lo + step]).all() for lo in range(0, len(x), step))
 
 
 def _ffill(x: np.ndarray) -> np.ndarray:
@@ -137,12 +138,17 @@ def _rolling_blocks(x: np.ndarray, window: int, shared: Optional[SharedBlocks] =
     xf = _ffill(np.asarray(x, dtype=np.float64))
     b = max(2, window // 8)
     k = max(2, window // b)
-    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
+    if n == 0 or not math.isfinite(xf[0]):  # _ffill leaves no NaN/inf unless every value is one
         return None
     nb = -(-n // b)
-    stats = list(_block_stats(xf, nb, b, medians=shared.bmed if shared is not None and shared.b == b else None))
+    stats = list(
+        _block_stats(
+            xf, nb, b, medians=shared.bmed if shared is not None and shared.b == b else None
+        )
+    )
     rolled = []
-    for reduce in (_row_nanmedian, _row_nanmedian, _row_nanmax):   # median, MAD, max; each block's own freed
+    # median, MAD, max; each block's own freed
+    for reduce in (_row_nanmedian, _row_nanmedian, _row_nanmax):
         out = np.full(nb, np.nan)
         if nb > 2:
             from numpy.lib.stride_tricks import sliding_window_view
@@ -154,7 +160,7 @@ def _rolling_blocks(x: np.ndarray, window: int, shared: Optional[SharedBlocks] =
             stats.pop(0)
         rolled.append(out)
     med_b, scale_b, max_b = rolled
-    scale_b *= 1.4826   # the MAD's robust scale, in place
+    scale_b *= 1.4826  # the MAD's robust scale, in place
     # the floor: a part in 10^4 of the level, and the log's own rounding step (a loss near 0.0002 logged
     # with 4 decimals moves by 50% in one rounding step; that is not a spike)
     floor = np.abs(med_b)
@@ -173,7 +179,7 @@ def _by_rows(reduce, rows: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         for lo in range(0, len(rows), step):
-            out[lo:lo + step] = reduce(rows[lo:lo + step])
+            out[lo : lo + step] = reduce(rows[lo : lo + step])
     return out
 
 
@@ -186,7 +192,8 @@ def _row_median(rows: np.ndarray) -> np.ndarray:
     holding NaN), from one sort of the rows: several times faster than median's partition on short rows."""
     k = rows.shape[1]
     srt = np.sort(rows, axis=1)
-    med = 0.0 + srt[:, k // 2] if k % 2 else (0.0 + srt[:, k // 2 - 1] + srt[:, k // 2]) / 2   # a sum from +0.0
+    # a sum from +0.0
+    med = 0.0 + srt[:, k // 2] if k % 2 else (0.0 + srt[:, k // 2 - 1] + srt[:, k // 2]) / 2
     med[np.isnan(srt[:, -1])] = np.nan
     return med
 
@@ -197,8 +204,8 @@ def _row_nanmedian(rows: np.ndarray) -> np.ndarray:
     k = rows.shape[1]
     srt = np.sort(rows, axis=1)
     lo, hi = (k // 2, k // 2) if k % 2 else (k // 2 - 1, k // 2)
-    med = (0.0 + srt[:, lo] + srt[:, hi]) / 2   # a sum from +0.0, as median's: -0.0 comes out +0.0
-    nan = np.flatnonzero(np.isnan(srt[:, -1]))   # sort puts NaN last
+    med = (0.0 + srt[:, lo] + srt[:, hi]) / 2  # a sum from +0.0, as median's: -0.0 comes out +0.0
+    nan = np.flatnonzero(np.isnan(srt[:, -1]))  # sort puts NaN last
     if len(nan):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -208,19 +215,25 @@ def _row_nanmedian(rows: np.ndarray) -> np.ndarray:
 
 def _per_value(a_b: np.ndarray, b: int, lo: int, hi: int) -> np.ndarray:
     """Values lo..hi-1 of np.repeat(a_b, b) without building the whole repeat."""
-    return np.repeat(a_b[lo // b:(hi - 1) // b + 1], b)[lo % b:lo % b + (hi - lo)]
+    return np.repeat(a_b[lo // b : (hi - 1) // b + 1], b)[lo % b : lo % b + (hi - lo)]
 
 
 # Chunks of 8192 values (64 KB of float64): a chunk's temporaries stay under glibc's 128 KB mmap threshold, so they
 # come from the heap and are reused chunk after chunk. At 65536 values (512 KB) each was a fresh mapping whose
 # pages faulted in every chunk: 421 mappings, ~217 MB of page faults on a 1M-value log (the analysis 0.36 s
 # instead of 0.24 s in a fresh process), and a peak RSS 2.7 MB higher.
-STATS_ROWS = 1 << 9   # blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
-STATS_VALUES = 1 << 13   # values of a sliding window partitioned at a time
+# blocks whose medians are taken at a time (bounded temporaries: np.median copies them)
+STATS_ROWS = 1 << 9
+STATS_VALUES = 1 << 13  # values of a sliding window partitioned at a time
 
 
-def _block_stats(xf: np.ndarray, nb: int, b: int, medians: Optional[np.ndarray] = None,
-                 only_medians: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _block_stats(
+    xf: np.ndarray,
+    nb: int,
+    b: int,
+    medians: Optional[np.ndarray] = None,
+    only_medians: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per block of b values of xf (nb blocks; a last partial block padded with the last value): median, median
     absolute deviation from it, maximum; STATS_ROWS rows at a time (no padded copy of the series). `medians`: the
     blocks' medians, already known (returned as they are); only_medians: the other two are left empty."""
@@ -230,10 +243,12 @@ def _block_stats(xf: np.ndarray, nb: int, b: int, medians: Optional[np.ndarray] 
     for lo in range(0, nb, STATS_ROWS):
         hi = min(nb, lo + STATS_ROWS)
         if hi <= full:
-            part = xf[lo * b:hi * b].reshape(hi - lo, b)
+            part = xf[lo * b : hi * b].reshape(hi - lo, b)
         else:
-            tail = xf[lo * b:]
-            part = np.concatenate((tail, np.repeat(tail[-1], (hi - lo) * b - len(tail)))).reshape(hi - lo, b)
+            tail = xf[lo * b :]
+            part = np.concatenate((tail, np.repeat(tail[-1], (hi - lo) * b - len(tail)))).reshape(
+                hi - lo, b
+            )
         if medians is None:
             med = bmed[lo:hi] = _row_median(part)
             if only_medians:
@@ -255,9 +270,10 @@ class SharedBlocks:
 
     def __init__(self, xf: np.ndarray, b: int) -> None:
         self.b = b
-        self.bmed = _block_stats(xf, -(-len(xf) // b), b, only_medians=True)[0]   # the last block padded
+        # the last block padded
+        self.bmed = _block_stats(xf, -(-len(xf) // b), b, only_medians=True)[0]
         self.bmed.flags.writeable = False
-        self.ref_b: Optional[np.ndarray] = None   # reference_blocks' per block, once it ran
+        self.ref_b: Optional[np.ndarray] = None  # reference_blocks' per block, once it ran
 
 
 def shared_blocks(x: np.ndarray, window: int) -> Optional[SharedBlocks]:
@@ -268,7 +284,9 @@ def shared_blocks(x: np.ndarray, window: int) -> Optional[SharedBlocks]:
     return SharedBlocks(xf, block_size(window))
 
 
-def _first_recovery(x_inf: np.ndarray, start: int, level: float, smooth_level: Optional[float] = None) -> Optional[int]:
+def _first_recovery(
+    x_inf: np.ndarray, start: int, level: float, smooth_level: Optional[float] = None
+) -> Optional[int]:
     """First j >= start with x[j] <= level and median(x[j-4..j]) <= smooth_level (default: level; chunked,
     vectorised)."""
     smooth_level = level if smooth_level is None else smooth_level
@@ -301,14 +319,12 @@ def recovery_level(baseline: float, scale: float, tolerance: float = DEFAULT_TOL
     return baseline + max(tolerance * abs(baseline), 3.0 * s)
 
 
-
-
 def _sliding(a: np.ndarray, k: int, fill: float) -> np.ndarray:
     """Row j = a[j-k .. j-1] (the k values before j), padded with `fill`."""
     from numpy.lib.stride_tricks import sliding_window_view
 
     padded = np.concatenate((np.full(k, fill), a))
-    return sliding_window_view(padded, k)[:len(a)]
+    return sliding_window_view(padded, k)[: len(a)]
 
 
 def effective_window(n: int, window: int) -> int:
@@ -317,16 +333,22 @@ def effective_window(n: int, window: int) -> int:
     return window if n >= 4 * window else max(16, min(window, n // 4))
 
 
-START_STEPS = 100   # a log that starts at or before this step shows the loss of the untrained model
+START_STEPS = 100  # a log that starts at or before this step shows the loss of the untrained model
 
 
-def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, labels: dict) -> Optional[Event]:
+def _never_trained(
+    x: np.ndarray, steps: np.ndarray, events: list[Event], o, labels: dict
+) -> Optional[Event]:
     """A run that ends above the loss it started from (the untrained model's) has diverged, even when
     no rule fired because the rolling baseline sat inside the bad stretch from the start."""
     n = len(x)
-    if n < 4 * SMOOTH_POINTS or steps[0] > START_STEPS or any(e.end is None and e.kind != "grad_norm" for e in events):
+    if (
+        n < 4 * SMOOTH_POINTS
+        or steps[0] > START_STEPS
+        or any(e.end is None and e.kind != "grad_norm" for e in events)
+    ):
         return None
-    tail = x[-max(SMOOTH_POINTS, n // 10):]
+    tail = x[-max(SMOOTH_POINTS, n // 10) :]
     s0 = _start_level(x, o.max_ratio)
     if s0 is None or not np.isfinite(tail).all():
         return None
@@ -334,8 +356,9 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
     spread = 1.4826 * float(np.median(np.abs(tail - now)))
     if not (now > s0 + max(o.tolerance * abs(s0), 3 * spread / math.sqrt(len(tail)))):
         return None
-    lowest, last_low = math.inf, -1   # over the medians of 5 (NaN/inf as +inf): the least after the first, and
-    for at, sm in _smooth_chunks(x, nonfinite=np.inf):   # the last one not above the start
+    # over the medians of 5 (NaN/inf as +inf): the least after the first, and the last one not above the start
+    lowest, last_low = math.inf, -1
+    for at, sm in _smooth_chunks(x, nonfinite=np.inf):
         rest = sm[1:] if at == 0 else sm
         if len(rest):
             lowest = min(lowest, float(rest.min()))
@@ -346,11 +369,27 @@ def _never_trained(x: np.ndarray, steps: np.ndarray, events: list[Event], o, lab
         return None  # it did get below where it started: the other rules judge it
     onset = last_low + SMOOTH_POINTS - 1 + 1 if last_low >= 0 else 1
     onset = min(max(onset, 1), n - 1)
-    onset = max(1, int(np.flatnonzero(x[:onset + 1] > s0 * (1 + o.tolerance))[0]) if (x[:onset + 1] > s0 * (1 + o.tolerance)).any() else onset)
+    onset = max(
+        1,
+        int(np.flatnonzero(x[: onset + 1] > s0 * (1 + o.tolerance))[0])
+        if (x[: onset + 1] > s0 * (1 + o.tolerance)).any()
+        else onset,
+    )
     peak = onset + int(np.argmax(np.where(np.isfinite(x[onset:]), x[onset:], -np.inf)))
-    return Event(kind="divergence", onset=onset, peak=peak, end=None, baseline=s0, median=now, scale=spread,
-                 z_peak=None, rules=[labels["start"]], reference=s0, detected=n - 1,
-                 detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now")
+    return Event(
+        kind="divergence",
+        onset=onset,
+        peak=peak,
+        end=None,
+        baseline=s0,
+        median=now,
+        scale=spread,
+        z_peak=None,
+        rules=[labels["start"]],
+        reference=s0,
+        detected=n - 1,
+        detail=f"never back below the starting loss {s0:.4g}: {now:.4g} now",
+    )
 
 
 def _start_level(x: np.ndarray, max_ratio: float) -> Optional[float]:
@@ -376,7 +415,7 @@ def _smooth_chunks(x: np.ndarray, nonfinite: Optional[float] = None):
     count = len(x) - SMOOTH_POINTS + 1
     step = max(1, STATS_VALUES)
     for at in range(0, count, step):
-        part = x[at:min(count, at + step) + SMOOTH_POINTS - 1]
+        part = x[at : min(count, at + step) + SMOOTH_POINTS - 1]
         if nonfinite is not None:
             part = np.where(np.isfinite(part), part, nonfinite)
         yield at, np.median(sliding_window_view(part, SMOOTH_POINTS), axis=1)
@@ -405,12 +444,14 @@ def _low_quantile_before(bmed: np.ndarray, k: int) -> np.ndarray:
     if nb > k:
         from numpy.lib.stride_tricks import sliding_window_view
 
-        win = sliding_window_view(bmed, k)[:nb - k]          # row j-k holds bmed[j-k .. j-1]
+        win = sliding_window_view(bmed, k)[: nb - k]  # row j-k holds bmed[j-k .. j-1]
         idx = int(REFERENCE_QUANTILE / 100.0 * (k - 1))
-        if _all_finite(bmed[:nb - 1]):   # the values the rows cover (np.isfinite(win) would be k x nb bytes)
-            rows = max(1, STATS_VALUES // k)   # the partition copies its rows: STATS_VALUES values at a time
+        # the values the rows cover (np.isfinite(win) would be k x nb bytes)
+        if _all_finite(bmed[: nb - 1]):
+            # the partition copies its rows: STATS_VALUES values at a time
+            rows = max(1, STATS_VALUES // k)
             for lo in range(0, nb - k, rows):
-                out[k + lo:k + lo + rows] = np.partition(win[lo:lo + rows], idx, axis=1)[:, idx]
+                out[k + lo : k + lo + rows] = np.partition(win[lo : lo + rows], idx, axis=1)[:, idx]
         else:
             out[k:] = [low_quantile(row) for row in win]
     return out
@@ -438,44 +479,61 @@ class Blocked:
         return float(self.per_block[i // self.b])
 
     def values(self) -> np.ndarray:
-        return np.repeat(self.per_block, self.b)[:self.n]
+        return np.repeat(self.per_block, self.b)[: self.n]
 
 
-def reference_blocks(x: np.ndarray, window: int = DEFAULT_WINDOW, shared: Optional[SharedBlocks] = None) -> Blocked:
+def reference_blocks(
+    x: np.ndarray, window: int = DEFAULT_WINDOW, shared: Optional[SharedBlocks] = None
+) -> Blocked:
     """healthy_reference, held per block (n/b floats). `shared`: x's block statistics (its full blocks' medians
     are taken from there; the reference is left there for level_shifts)."""
     n = len(x)
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if n == 0 or not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
+    if n == 0 or not math.isfinite(xf[0]):  # _ffill leaves no NaN/inf unless every value is one
         return Blocked(np.full(n, np.nan), 1, n)
     b = block_size(window)
     nb = -(-n // b)
     full = n // b
     if shared is not None and shared.b == b and full == nb:
-        bmed = shared.bmed   # read only here
+        bmed = shared.bmed  # read only here
     elif shared is not None and shared.b == b:
         bmed = np.empty(nb)
         bmed[:full] = shared.bmed[:full]
     else:
         bmed = np.empty(nb)
-        for lo in range(0, full, STATS_ROWS):   # bounded temporaries, as _block_stats
+        for lo in range(0, full, STATS_ROWS):  # bounded temporaries, as _block_stats
             hi = min(full, lo + STATS_ROWS)
-            bmed[lo:hi] = _row_median(xf[lo * b:hi * b].reshape(hi - lo, b))
-    if n % b:  # the last, partial block is not a block median yet (alone: padded with its last value)
-        tail = xf[full * b:]
-        bmed[-1] = np.median(tail) if nb >= 2 else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
+            bmed[lo:hi] = _row_median(xf[lo * b : hi * b].reshape(hi - lo, b))
+    # the last, partial block is not a block median yet (alone: padded with its last value)
+    if n % b:
+        tail = xf[full * b :]
+        bmed[-1] = (
+            np.median(tail)
+            if nb >= 2
+            else np.median(np.concatenate((tail, np.repeat(tail[-1], b - len(tail)))))
+        )
     ref_b = _low_quantile_before(bmed, REFERENCE_BLOCKS)
     ref_b[:2] = np.nan
     if shared is not None and shared.b == b:
-        shared.ref_b = ref_b   # row j covers blocks before j only: the same rows as level_shifts' full blocks
+        # row j covers blocks before j only: the same rows as level_shifts' full blocks
+        shared.ref_b = ref_b
     return Blocked(ref_b, b, n)
 
 
-def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: float = DEFAULT_Z,
-                ratio_threshold: float = DEFAULT_RATIO, max_ratio: float = DEFAULT_MAX_RATIO,
-                min_rise: float = DEFAULT_MIN_RISE, tolerance: float = DEFAULT_TOLERANCE,
-                grad: bool = False, reference: Optional[np.ndarray | Blocked] = None,
-                labels: Optional[dict] = None, shared: Optional[SharedBlocks] = None) -> list[Event]:
+def find_events(
+    x: np.ndarray,
+    *,
+    window: int = DEFAULT_WINDOW,
+    z_threshold: float = DEFAULT_Z,
+    ratio_threshold: float = DEFAULT_RATIO,
+    max_ratio: float = DEFAULT_MAX_RATIO,
+    min_rise: float = DEFAULT_MIN_RISE,
+    tolerance: float = DEFAULT_TOLERANCE,
+    grad: bool = False,
+    reference: Optional[np.ndarray | Blocked] = None,
+    labels: Optional[dict] = None,
+    shared: Optional[SharedBlocks] = None,
+) -> list[Event]:
     """Flagged events in one series (loss, or grad norm with ``grad=True``), oldest first (`shared`: x's block
     statistics, when the caller has them).
 
@@ -483,31 +541,78 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
     shifts and collapses. An event that does not come back ends the search (what follows is part of
     the same bad stretch)."""
     if labels is None:
-        labels = rule_labels(RecoveryOptions(window=window, z_threshold=z_threshold, ratio_threshold=ratio_threshold,
-                                             max_ratio=max_ratio, min_rise=min_rise, tolerance=tolerance))
+        labels = rule_labels(
+            RecoveryOptions(
+                window=window,
+                z_threshold=z_threshold,
+                ratio_threshold=ratio_threshold,
+                max_ratio=max_ratio,
+                min_rise=min_rise,
+                tolerance=tolerance,
+            )
+        )
     x = np.asarray(x, dtype=np.float64)
     if len(x) == 0:
         return []
+    rules = dict(
+        z_threshold=z_threshold,
+        ratio_threshold=ratio_threshold,
+        max_ratio=max_ratio,
+        min_rise=min_rise,
+        grad=grad,
+    )
+    sc = _scan_of(x, _series_blocks(x, window, shared), rules, reference, labels)
+    return _walk_events(sc, min_rise=min_rise, window=window, tolerance=tolerance)
+
+
+def _series_blocks(x: np.ndarray, window: int, shared: Optional[SharedBlocks]) -> tuple:
+    """`_rolling_blocks` of x, or all-NaN blocks when x has no finite value."""
     st = _rolling_blocks(x, window, shared)
     if st is None:
         b = max(2, window // 8)
         nan = np.full(-(-len(x) // b), np.nan)
         st = (nan, nan, nan, b)
+    return st
+
+
+def _scan_of(
+    x: np.ndarray, st: tuple, rules: dict, reference: Optional[np.ndarray | Blocked], labels: dict
+) -> _Scan:
+    """x prepared for the event search from its block statistics `st` and the spike `rules` (grad: a grad norm,
+    no reference)."""
+    grad = rules["grad"]
     med_b, scale_b, max_b, b = st
-    flags = _Flags(x, st, dict(z_threshold=z_threshold, ratio_threshold=ratio_threshold, max_ratio=max_ratio,
-                               min_rise=min_rise, grad=grad))
+    flags = _Flags(x, st, rules)
     xv = _ffill(x) if grad else x
-    x_inf = xv if _all_finite(xv) else np.where(np.isfinite(xv), xv, np.inf)   # shared when all finite
-    sc = _Scan(x=x, xv=xv, x_inf=x_inf, med=med_b, scale=scale_b, b=b, flags=flags,
-               reference=reference if not grad else None, grad=grad, labels=labels)
-    cand = flags.flagged()
+    # shared when all finite
+    x_inf = xv if _all_finite(xv) else np.where(np.isfinite(xv), xv, np.inf)
+    return _Scan(
+        x=x,
+        xv=xv,
+        x_inf=x_inf,
+        med=med_b,
+        scale=scale_b,
+        b=b,
+        flags=flags,
+        reference=reference if not grad else None,
+        grad=grad,
+        labels=labels,
+    )
+
+
+def _walk_events(sc: _Scan, *, min_rise: float, window: int, tolerance: float) -> list[Event]:
+    """The events from the first flagged value on, each search starting after the previous event came back;
+    one that does not come back ends it."""
+    cand = sc.flags.flagged()
     events: list[Event] = []
     pos = 0
     while True:
         k = int(np.searchsorted(cand, pos))
         if k >= len(cand):
             break
-        ev = _event_at(sc, int(cand[k]), min_rise=min_rise, window=window, tolerance=tolerance, floor=pos)
+        ev = _event_at(
+            sc, int(cand[k]), min_rise=min_rise, window=window, tolerance=tolerance, floor=pos
+        )
         events.append(ev)
         if ev.end is None:
             break
@@ -519,34 +624,35 @@ def find_events(x: np.ndarray, *, window: int = DEFAULT_WINDOW, z_threshold: flo
 class _Scan:
     """One series prepared for the event search."""
 
-    x: np.ndarray        # as logged
-    xv: np.ndarray       # a grad norm's NaN/inf forward-filled (it is not an event on its own)
-    x_inf: np.ndarray    # xv with NaN/inf as +inf: never back, always the peak
-    med: np.ndarray      # rolling median, scale: per block of b values (value i: [i // b])
+    x: np.ndarray  # as logged
+    xv: np.ndarray  # a grad norm's NaN/inf forward-filled (it is not an event on its own)
+    x_inf: np.ndarray  # xv with NaN/inf as +inf: never back, always the peak
+    med: np.ndarray  # rolling median, scale: per block of b values (value i: [i // b])
     scale: np.ndarray
     b: int
-    flags: _Flags      # the spike rules of any value
-    reference: Optional[np.ndarray | Blocked]   # the healthy reference (loss only)
+    flags: _Flags  # the spike rules of any value
+    reference: Optional[np.ndarray | Blocked]  # the healthy reference (loss only)
     grad: bool
     labels: dict
 
 
-def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: float, floor: int = 0) -> Event:
+def _event_at(
+    sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: float, floor: int = 0
+) -> Event:
     """The event flagged first at value i: its onset (walked back, never below `floor`: the previous
     event ended at floor - 1), healthy level, recovery point and peak."""
     n = len(sc.x)
     xv = sc.xv
     m0, s0 = float(sc.med[i // sc.b]), float(sc.scale[i // sc.b])
     if not math.isfinite(m0):  # no rolling history yet: use what came before
-        prior = xv[max(0, i - BASELINE_POINTS):i]
+        prior = xv[max(0, i - BASELINE_POINTS) : i]
         prior = prior[np.isfinite(prior)]
         m0 = float(np.median(prior)) if len(prior) else math.nan
         s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
     r_i = float(sc.reference[i]) if sc.reference is not None else math.nan
-    onset = walk_back(xv, i, m0, s0, min_rise, window,
-                      cap=_walk_cap(r_i, m0, s0, tolerance))
+    onset = walk_back(xv, i, m0, s0, min_rise, window, cap=_walk_cap(r_i, m0, s0, tolerance))
     onset = max(onset, floor)  # never back into the previous event
-    pre = xv[max(0, onset - BASELINE_POINTS):onset]
+    pre = xv[max(0, onset - BASELINE_POINTS) : onset]
     pre = pre[np.isfinite(pre)]
     base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
     ref = base
@@ -556,18 +662,40 @@ def _event_at(sc: _Scan, i: int, *, min_rise: float, window: int, tolerance: flo
             ref = r
     end = _recovery_of(sc, i, onset, ref, s0, pre, tolerance)
     stop = end if end is not None else n
-    span = sc.x_inf[onset:max(stop, i + 1)]
+    span = sc.x_inf[onset : max(stop, i + 1)]
     peak = onset + int(np.argmax(span))
     pv = xv[peak]
     zp = float((pv - m0) / s0) if (math.isfinite(pv) and math.isfinite(m0) and s0 > 0) else None
     rules = _rules({i, peak}, sc.flags, sc.labels, sc.grad)
-    kind = "grad_norm" if sc.grad else ("loss" if np.isfinite(sc.x[onset:max(stop, i + 1)]).all() else "nonfinite")
-    return Event(kind=kind, onset=onset, peak=peak, end=end, baseline=base, median=m0, scale=s0,
-                 z_peak=zp, rules=rules, reference=ref, detected=i)
+    kind = (
+        "grad_norm"
+        if sc.grad
+        else ("loss" if np.isfinite(sc.x[onset : max(stop, i + 1)]).all() else "nonfinite")
+    )
+    return Event(
+        kind=kind,
+        onset=onset,
+        peak=peak,
+        end=end,
+        baseline=base,
+        median=m0,
+        scale=s0,
+        z_peak=zp,
+        rules=rules,
+        reference=ref,
+        detected=i,
+    )
 
 
-def _recovery_of(sc: _Scan, i: int, onset: int, ref: Optional[float], s0: float, pre: np.ndarray,
-                 tolerance: float) -> Optional[int]:
+def _recovery_of(
+    sc: _Scan,
+    i: int,
+    onset: int,
+    ref: Optional[float],
+    s0: float,
+    pre: np.ndarray,
+    tolerance: float,
+) -> Optional[int]:
     """Where the event flagged at i is back near the healthy level `ref` (None: never). A NaN/inf is back only
     when the loss is within the healthy band: the noise allowance is the healthy stretch's own (the values before
     the onset), not the rolling scale at the NaN, which a noisy or climbing stretch before it inflates, and the
@@ -575,12 +703,14 @@ def _recovery_of(sc: _Scan, i: int, onset: int, ref: Optional[float], s0: float,
     its healthy level is not back because single values dip into the noise)."""
     if ref is None:
         return None
-    if sc.grad or np.isfinite(sc.x[onset:i + 1]).all():
+    if sc.grad or np.isfinite(sc.x[onset : i + 1]).all():
         return _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s0, tolerance))
     s_pre = 1.4826 * float(np.median(np.abs(pre - np.median(pre)))) if len(pre) >= 3 else s0
     s_h = min(s0, s_pre) if math.isfinite(s0) else s_pre
     smooth = ref + max(tolerance * abs(ref), 3.0 * 1.2533 * s_h / math.sqrt(SMOOTH_POINTS))
-    return _first_recovery(sc.x_inf, i + 1, recovery_level(ref, s_h, tolerance), smooth_level=smooth)
+    return _first_recovery(
+        sc.x_inf, i + 1, recovery_level(ref, s_h, tolerance), smooth_level=smooth
+    )
 
 
 def _walk_cap(r_i: float, m0: float, s0: float, tolerance: float) -> Optional[float]:
@@ -595,8 +725,18 @@ def _walk_cap(r_i: float, m0: float, s0: float, tolerance: float) -> Optional[fl
     return cap
 
 
-def spike_flags(x, med, scale, wmax, *, z_threshold: float, ratio_threshold: float, max_ratio: float,
-                min_rise: float, grad: bool = False):
+def spike_flags(
+    x,
+    med,
+    scale,
+    wmax,
+    *,
+    z_threshold: float,
+    ratio_threshold: float,
+    max_ratio: float,
+    min_rise: float,
+    grad: bool = False,
+):
     """The four spike rules on arrays or scalars (the batch and the online detector share them):
     (z rule, ratio rule, Megatron max rule, non-finite)."""
     x = np.asarray(x, dtype=np.float64)
@@ -624,22 +764,37 @@ def _ieee_div(a: float, b: float) -> float:
     return math.copysign(math.inf, a) * math.copysign(1.0, b)
 
 
-def spike_flags_one(x: float, med: float, scale: float, wmax: float, *, z_threshold: float, ratio_threshold: float,
-                    max_ratio: float, min_rise: float, grad: bool = False) -> tuple[bool, bool, bool, bool]:
+def spike_flags_one(
+    x: float,
+    med: float,
+    scale: float,
+    wmax: float,
+    *,
+    z_threshold: float,
+    ratio_threshold: float,
+    max_ratio: float,
+    min_rise: float,
+    grad: bool = False,
+) -> tuple[bool, bool, bool, bool]:
     """spike_flags for one value, in float arithmetic (the online detector's every step: about 1 us instead of
     about 20 us through numpy); the same IEEE-754 double results, tested against spike_flags value by value."""
     finite = math.isfinite(x)
     ok = finite and math.isfinite(med)
     z = _ieee_div(x - med, scale) if ok else math.nan
     if grad:
-        return ok and z >= z_threshold and x >= ratio_threshold * med and med > 0, False, False, False
+        return (
+            ok and z >= z_threshold and x >= ratio_threshold * med and med > 0,
+            False,
+            False,
+            False,
+        )
     a = ok and z >= z_threshold and (x - med) >= min_rise * abs(med)
     b = ok and med > 0 and x >= ratio_threshold * med and z >= 3.0
     c = finite and math.isfinite(med) and wmax > 0 and x >= max_ratio * wmax
     return a, b, c, not finite
 
 
-FLAG_VALUES = 1 << 13   # values whose spike rules are computed at a time (at most STATS_VALUES)
+FLAG_VALUES = 1 << 13  # values whose spike rules are computed at a time (at most STATS_VALUES)
 
 
 class _Flags:
@@ -652,8 +807,13 @@ class _Flags:
 
     def _rows(self, lo: int, hi: int) -> tuple:
         med_b, scale_b, max_b, b = self.stats
-        return spike_flags(self.x[lo:hi], _per_value(med_b, b, lo, hi), _per_value(scale_b, b, lo, hi),
-                           _per_value(max_b, b, lo, hi), **self.rules)
+        return spike_flags(
+            self.x[lo:hi],
+            _per_value(med_b, b, lo, hi),
+            _per_value(scale_b, b, lo, hi),
+            _per_value(max_b, b, lo, hi),
+            **self.rules,
+        )
 
     def flagged(self) -> np.ndarray:
         n = len(self.x)
@@ -672,8 +832,15 @@ class _Flags:
         return bool(a[0]), bool(b[0]), bool(c[0]), bool(nf[0])
 
 
-def walk_back(xv: np.ndarray, i: int, m0: float, s0: float, min_rise: float, window: int,
-              cap: Optional[float] = None) -> int:
+def walk_back(
+    xv: np.ndarray,
+    i: int,
+    m0: float,
+    s0: float,
+    min_rise: float,
+    window: int,
+    cap: Optional[float] = None,
+) -> int:
     """The onset: back from the first flagged value over the contiguous values already high (above
     the rolling median + 3 noise units, or above the healthy level + 2 x tolerance when the rolling
     median is already inside a blow-up)."""
@@ -707,8 +874,17 @@ def _rules(at, flags: _Flags, labels: dict, grad: bool) -> list[str]:
 # Level shifts, collapses, LR restarts
 
 
-def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: float, wait_steps: int,
-                 skip: list[tuple[int, int]], labels: dict, shared: Optional[SharedBlocks] = None) -> list[Event]:
+def level_shifts(
+    x: np.ndarray,
+    steps: np.ndarray,
+    *,
+    window: int,
+    tolerance: float,
+    wait_steps: int,
+    skip: list[tuple[int, int]],
+    labels: dict,
+    shared: Optional[SharedBlocks] = None,
+) -> list[Event]:
     """Sustained rises with no single spike: runs of block medians above the healthy level."""
     n = len(x)
     b = max(3, block_size(window))
@@ -716,13 +892,57 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
     if nb < SHIFT_MIN_BLOCKS + 2:
         return []
     xf = _ffill(np.asarray(x, dtype=np.float64))
-    if not math.isfinite(xf[0]):   # _ffill leaves no NaN/inf unless every value is one
+    if not math.isfinite(xf[0]):  # _ffill leaves no NaN/inf unless every value is one
         return []
     bmed, ref_b, noise_b, above = _shift_blocks(xf, nb, b, window, tolerance, skip, shared)
     bstart = np.arange(nb) * b
     out: list[Event] = []
+    after = 0  # the first value after the previous shift came back: the next one starts later
+    for j, j2, r0, thr0 in _runs_above(bmed, ref_b, noise_b, above, nb, tolerance):
+        first, last = int(bstart[j]), min(n - 1, int(bstart[j2]) + b - 1)
+        long_enough = (j2 - j + 1) >= SHIFT_MIN_BLOCKS and steps[last] - steps[first] >= wait_steps
+        if not long_enough:
+            continue
+        s_raw = float(noise_b[j]) * math.sqrt(b) / 1.2533
+        end = int(bstart[j2 + 1]) if j2 + 1 < nb else None
+        onset = _shift_onset(xf, first, b, thr0, r0, s_raw, tolerance, window, skip, after)
+        peak = onset + int(np.argmax(xf[onset : (end if end is not None else n)]))
+        climbing = _climbing(bmed, j, j2, r0, float(noise_b[j]))
+        kind = "divergence" if (climbing and end is None) else "level_shift"
+        out.append(
+            Event(
+                kind=kind,
+                onset=onset,
+                peak=peak,
+                end=end,
+                baseline=r0,
+                median=float(bmed[j]),
+                scale=s_raw,
+                z_peak=None,
+                rules=[labels["level"]],
+                reference=r0,
+                detected=last,
+                detail="slow climb, no single spike" if climbing else "plateau, no single spike",
+            )
+        )
+        if end is None:
+            break
+        after = end + 1
+    return out
+
+
+def _runs_above(
+    bmed: np.ndarray,
+    ref_b: np.ndarray,
+    noise_b: np.ndarray,
+    above: np.ndarray,
+    nb: int,
+    tolerance: float,
+) -> list[tuple[int, int, float, float]]:
+    """The runs of block medians above the healthy level, oldest first: (first block, last block, the healthy
+    level at the first, the threshold every block of the run is above)."""
+    runs: list[tuple[int, int, float, float]] = []
     j = 0
-    after = 0   # the first value after the previous shift came back: the next one starts later
     while j < nb:
         if not above[j]:
             j += 1
@@ -732,35 +952,49 @@ def level_shifts(x: np.ndarray, steps: np.ndarray, *, window: int, tolerance: fl
         thr0 = r0 + max(tolerance * abs(r0), SHIFT_NOISE_UNITS * float(noise_b[j]))
         while j2 + 1 < nb and bmed[j2 + 1] > thr0:
             j2 += 1
-        first, last = int(bstart[j]), min(n - 1, int(bstart[j2]) + b - 1)
-        long_enough = (j2 - j + 1) >= SHIFT_MIN_BLOCKS and steps[last] - steps[first] >= wait_steps
-        if long_enough:
-            s_raw = float(noise_b[j]) * math.sqrt(b) / 1.2533
-            end = int(bstart[j2 + 1]) if j2 + 1 < nb else None
-            onset = first
-            seg = xf[max(0, first - b):first + b]  # refine: first value of the rise above the threshold
-            sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1):t + 1]) for t in range(len(seg))])
-            hits = np.flatnonzero(sm > thr0)
-            if len(hits):
-                onset = max(0, first - b) + int(hits[0])
-            floor = max([after] + [hi + 1 for lo_, hi in skip if hi <= onset])
-            onset = max(climb_start(xf, onset, healthy_top(r0, xf, onset, s_raw, tolerance), window, floor, trend=True),
-                        after)
-            peak = onset + int(np.argmax(xf[onset:(end if end is not None else n)]))
-            third = max(1, (j2 - j + 1) // 3)
-            lo_m, hi_m = float(np.median(bmed[j:j + third])), float(np.median(bmed[j2 + 1 - third:j2 + 1]))
-            climbing = hi_m - lo_m > max(0.5 * (lo_m - r0), 2 * float(noise_b[j]))
-            kind = "divergence" if (climbing and end is None) else "level_shift"
-            out.append(Event(kind=kind, onset=onset, peak=peak, end=end, baseline=r0, median=float(bmed[j]),
-                             scale=s_raw, z_peak=None, rules=[labels["level"]], reference=r0, detected=last,
-                             detail="slow climb, no single spike" if climbing else "plateau, no single spike"))
-            if end is None:
-                break
-            after = end + 1
-            j = j2 + 1
-        else:
-            j = j2 + 1
-    return out
+        runs.append((j, j2, r0, thr0))
+        j = j2 + 1
+    return runs
+
+
+def _shift_onset(
+    xf: np.ndarray,
+    first: int,
+    b: int,
+    thr0: float,
+    r0: float,
+    s_raw: float,
+    tolerance: float,
+    window: int,
+    skip: list[tuple[int, int]],
+    after: int,
+) -> int:
+    """Where a shift whose run starts at value `first` began: the first value of the rise whose smoothed loss is
+    above the threshold, walked back to where the loss left the healthy level (not into an earlier event, nor
+    before `after`)."""
+    onset = first
+    seg = xf[max(0, first - b) : first + b]
+    sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1) : t + 1]) for t in range(len(seg))])
+    hits = np.flatnonzero(sm > thr0)
+    if len(hits):
+        onset = max(0, first - b) + int(hits[0])
+    floor = max([after] + [hi + 1 for lo_, hi in skip if hi <= onset])
+    return max(
+        climb_start(
+            xf, onset, healthy_top(r0, xf, onset, s_raw, tolerance), window, floor, trend=True
+        ),
+        after,
+    )
+
+
+def _climbing(bmed: np.ndarray, j: int, j2: int, r0: float, noise: float) -> bool:
+    """Whether the run of blocks j..j2 still climbs: its last third's median well above its first third's."""
+    third = max(1, (j2 - j + 1) // 3)
+    lo_m, hi_m = (
+        float(np.median(bmed[j : j + third])),
+        float(np.median(bmed[j2 + 1 - third : j2 + 1])),
+    )
+    return hi_m - lo_m > max(0.5 * (lo_m - r0), 2 * noise)
 
 
 def healthy_top(ref: float, xf: np.ndarray, onset: int, scale: float, tolerance: float) -> float:
@@ -768,7 +1002,7 @@ def healthy_top(ref: float, xf: np.ndarray, onset: int, scale: float, tolerance:
     BASELINE_POINTS to SMOOTH_POINTS before it: not the last few, where a climb is; never below the reference, a
     low quantile) + half the tolerance or 3 noise units (the smaller of `scale` and the step noise there: each
     is inflated by something the other is not). A value above that, next to the trouble, is part of it."""
-    pre = xf[max(0, onset - BASELINE_POINTS):max(0, onset - SMOOTH_POINTS)]
+    pre = xf[max(0, onset - BASELINE_POINTS) : max(0, onset - SMOOTH_POINTS)]
     pre = pre[np.isfinite(pre)]
     level = max(ref, float(np.median(pre))) if len(pre) else ref
     s = min(scale if math.isfinite(scale) else math.inf, step_noise(pre)) if len(pre) >= 3 else 0.0
@@ -784,7 +1018,9 @@ def step_noise(values: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(np.diff(v)))) / math.sqrt(2)
 
 
-def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int = 0, trend: bool = False) -> int:
+def climb_start(
+    xf: np.ndarray, onset: int, top: float, window: int, floor: int = 0, trend: bool = False
+) -> int:
     """Where a rise first detected at `onset` left the healthy band (values at or below `top`): back over the
     contiguous logged values above it (each with its two neighbours' median; at most `window`), never into a stretch whose median of SMOOTH_POINTS is
     higher than at the onset (a run's early fall). A slow climb or a plateau crosses the detection threshold
@@ -793,17 +1029,22 @@ def climb_start(xf: np.ndarray, onset: int, top: float, window: int, floor: int 
     lo = max(0, floor, onset - window)
     if lo >= onset:
         return onset
-    seg = xf[max(0, lo - SMOOTH_POINTS + 1):onset + 1]
-    sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1):t + 1]) for t in range(len(seg))])[-(onset - lo + 1):]
+    seg = xf[max(0, lo - SMOOTH_POINTS + 1) : onset + 1]
+    sm = np.array([np.median(seg[max(0, t - SMOOTH_POINTS + 1) : t + 1]) for t in range(len(seg))])[
+        -(onset - lo + 1) :
+    ]
     j = len(sm) - 1
     while j > 0 and _centred3(xf, lo + j - 1) > top and sm[j - 1] <= sm[-1]:
         j -= 1
     return trend_start(xf, lo + j, lo) if trend else lo + j
 
 
-TREND_NOISE_UNITS = 1.0   # the healthy band over the trough before a rise: this many step-noise units ...
-TREND_TOLERANCE = 0.5     # ... or this share of the tolerance, the larger
-TREND_STEP_UNITS = 3.0    # a rise that steps up by more than this many step-noise units at its onset is abrupt
+# the healthy band over the trough before a rise: this many step-noise units (TREND_NOISE_UNITS) or this share
+# of the tolerance (TREND_TOLERANCE), the larger
+TREND_NOISE_UNITS = 1.0
+TREND_TOLERANCE = 0.5
+# a rise that steps up by more than this many step-noise units at its onset is abrupt
+TREND_STEP_UNITS = 3.0
 
 
 def trend_start(xf: np.ndarray, onset: int, lo: int, tolerance: float = DEFAULT_TOLERANCE) -> int:
@@ -820,12 +1061,12 @@ def trend_start(xf: np.ndarray, onset: int, lo: int, tolerance: float = DEFAULT_
     c3 = np.array([_centred3(xf, k) for k in range(lo, onset)])
     if not np.isfinite(c3).any():
         return onset
-    t = lo + int(np.flatnonzero(c3 == np.nanmin(c3))[-1])   # the last trough
+    t = lo + int(np.flatnonzero(c3 == np.nanmin(c3))[-1])  # the last trough
     level = float(c3[t - lo])
-    noise = step_noise(xf[t:onset + 1])
+    noise = step_noise(xf[t : onset + 1])
     top = level + max(TREND_NOISE_UNITS * noise, TREND_TOLERANCE * tolerance * abs(level))
-    if not np.max(np.diff(xf[onset - 1:onset + 3])) <= TREND_STEP_UNITS * noise:
-        return onset   # an abrupt step at or just after the onset: the values before it are the healthy noise
+    if not np.max(np.diff(xf[onset - 1 : onset + 3])) <= TREND_STEP_UNITS * noise:
+        return onset  # an abrupt step at or just after the onset: the values before it are the healthy noise
     k = onset
     while k - 1 > t and xf[k - 1] > top and _centred3(xf, k - 1) > top:
         k -= 1
@@ -835,18 +1076,27 @@ def trend_start(xf: np.ndarray, onset: int, lo: int, tolerance: float = DEFAULT_
 def _centred3(xf: np.ndarray, k: int) -> float:
     """The median of value k and its two neighbours (the ones that exist): one noisy value does not end a climb
     or start one."""
-    v = xf[max(0, k - 1):k + 2]
+    v = xf[max(0, k - 1) : k + 2]
     v = v[np.isfinite(v)]
     return float(np.median(v)) if len(v) else math.inf
 
 
-def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float, skip: list[tuple[int, int]],
-                  shared: Optional[SharedBlocks] = None):
+def _shift_blocks(
+    xf: np.ndarray,
+    nb: int,
+    b: int,
+    window: int,
+    tolerance: float,
+    skip: list[tuple[int, int]],
+    shared: Optional[SharedBlocks] = None,
+):
     """Per block of b values: (median, healthy reference, noise of a block median, above the reference by more
     than the tolerance or SHIFT_NOISE_UNITS noise units; never inside a spike's bad stretch in `skip`). `shared`:
     the full blocks' figures come from there when its block size is b and its reference is there."""
     known = shared if shared is not None and shared.b == b and shared.ref_b is not None else None
-    bmed, bmad, _bmax = _block_stats(xf[:nb * b], nb, b, medians=None if known is None else known.bmed[:nb])
+    bmed, bmad, _bmax = _block_stats(
+        xf[: nb * b], nb, b, medians=None if known is None else known.bmed[:nb]
+    )
     del _bmax
     if known is not None and known.ref_b is not None:
         ref_b = known.ref_b[:nb].copy()
@@ -855,19 +1105,22 @@ def _shift_blocks(xf: np.ndarray, nb: int, b: int, window: int, tolerance: float
     kk = max(2, window // b)
     noise_b = _by_rows(_row_nanmedian, _sliding(bmad, kk, np.nan))
     del bmad
-    noise_b *= 1.4826   # in place, in the order of `x * 1.4826 * 1.2533 / sqrt(b)`: the same bits
+    noise_b *= 1.4826  # in place, in the order of `x * 1.4826 * 1.2533 / sqrt(b)`: the same bits
     noise_b *= 1.2533
     noise_b /= math.sqrt(b)
     ref_b[:2] = np.nan
-    with np.errstate(invalid="ignore"):   # bmed > ref_b + max(tolerance |ref_b|, SHIFT_NOISE_UNITS noise), in place
+    # bmed > ref_b + max(tolerance |ref_b|, SHIFT_NOISE_UNITS noise), in place
+    with np.errstate(invalid="ignore"):
         thr = np.abs(ref_b)
         thr *= tolerance
         np.maximum(thr, SHIFT_NOISE_UNITS * noise_b, out=thr)
         thr += ref_b
         above = bmed > thr
         del thr
-    for lo, hi in skip:  # a run does not start inside a spike's bad stretch (it belongs to that event)
-        above[max(0, (lo - b) // b + 1):max(0, -(-hi // b))] = False   # blocks j with j*b + b > lo and j*b < hi
+    # a run does not start inside a spike's bad stretch (it belongs to that event)
+    for lo, hi in skip:
+        # blocks j with j*b + b > lo and j*b < hi
+        above[max(0, (lo - b) // b + 1) : max(0, -(-hi // b))] = False
     return bmed, ref_b, noise_b, above
 
 
@@ -877,8 +1130,11 @@ def _in(spans: list[tuple[int, int]], i: int) -> bool:
 
 def pinned_to(value: float, pinned: float) -> bool:
     """The collapse rule's "the same value" (batch and online)."""
-    return math.isfinite(value) and math.isfinite(pinned) and \
-        abs(value - pinned) <= COLLAPSE_RELATIVE * abs(value) + 1e-12
+    return (
+        math.isfinite(value)
+        and math.isfinite(pinned)
+        and abs(value - pinned) <= COLLAPSE_RELATIVE * abs(value) + 1e-12
+    )
 
 
 def collapse_is_abrupt(value: float, pre: np.ndarray, tolerance: float) -> bool:
@@ -892,13 +1148,13 @@ def collapse_is_abrupt(value: float, pre: np.ndarray, tolerance: float) -> bool:
     return abs(value - p) > max(tolerance * abs(p), 3.0 * sp, 1.5 * _quantum(pre)) and abs(p) > 0
 
 
-ROUNDING_DECIMALS = 8   # a log whose values all have at most this many decimals was rounded (HF: 4)
+ROUNDING_DECIMALS = 8  # a log whose values all have at most this many decimals was rounded (HF: 4)
 
 
 def value_decimals(value: float) -> int:
     """The fewest decimals that write `value` exactly (0-8), or 9: not a rounded number."""
     for k in range(ROUNDING_DECIMALS + 1):
-        scaled = value * 10.0 ** k
+        scaled = value * 10.0**k
         if abs(scaled - round(scaled)) <= 1e-6:
             return k
     return ROUNDING_DECIMALS + 1
@@ -906,7 +1162,7 @@ def value_decimals(value: float) -> int:
 
 def quantum_of(decimals: int) -> float:
     """The rounding step of a log whose values need at most `decimals` decimals (0.0: not rounded)."""
-    return 10.0 ** -decimals if decimals <= ROUNDING_DECIMALS else 0.0
+    return 10.0**-decimals if decimals <= ROUNDING_DECIMALS else 0.0
 
 
 def _quantum(values: np.ndarray) -> float:
@@ -919,7 +1175,8 @@ def _quantum(values: np.ndarray) -> float:
     return 0.0
 
 
-QUANTUM_CHUNK = 1 << 13   # values checked at a time (bounded temporaries; the first chunk that fails decides)
+# values checked at a time (bounded temporaries; the first chunk that fails decides)
+QUANTUM_CHUNK = 1 << 13
 
 
 def _has_decimals(v: np.ndarray, k: int) -> bool:
@@ -927,19 +1184,26 @@ def _has_decimals(v: np.ndarray, k: int) -> bool:
     is at least one finite value."""
     seen = False
     for lo in range(0, len(v), QUANTUM_CHUNK):
-        part = v[lo:lo + QUANTUM_CHUNK]
+        part = v[lo : lo + QUANTUM_CHUNK]
         part = part[np.isfinite(part)]
         if not len(part):
             continue
         seen = True
-        scaled = part * 10.0 ** k
+        scaled = part * 10.0**k
         if not bool(np.all(np.abs(scaled - np.round(scaled)) <= 1e-6)):
             return False
     return seen
 
 
-def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event: list[int], wait_steps: int,
-              labels: dict) -> list[Event]:
+def collapses(
+    x: np.ndarray,
+    steps: np.ndarray,
+    *,
+    tolerance: float,
+    after_event: list[int],
+    wait_steps: int,
+    labels: dict,
+) -> list[Event]:
     """The loss pinned at one value for COLLAPSE_POINTS logged values or more, reached abruptly or
     right after a blow-up (a model predicting a constant, or exactly 0.0 after an fp16 overflow)."""
     x = np.asarray(x, dtype=np.float64)
@@ -950,21 +1214,32 @@ def collapses(x: np.ndarray, steps: np.ndarray, *, tolerance: float, after_event
     # digits (a real collapse at 0.58258 varied by 4e-6), while real training noise is far larger
     starts, ends = _same_runs(x)
     out = []
-    for s, e in zip(starts, ends, strict=False):   # values s .. e are equal
+    for s, e in zip(starts, ends, strict=False):  # values s .. e are equal
         if e - s + 1 < COLLAPSE_POINTS or s == 0:
             continue
         v = float(x[s])
-        pre = x[max(0, s - BASELINE_POINTS):s]
+        pre = x[max(0, s - BASELINE_POINTS) : s]
         pre = pre[np.isfinite(pre)]
         blown = any(0 <= steps[s] - steps[o] <= max(wait_steps, 1) * 10 for o in after_event)
         if not (blown or collapse_is_abrupt(v, pre, tolerance)):
             continue
         end = None if e >= n - 1 else int(e) + 1
-        out.append(Event(kind="collapse", onset=int(s), peak=int(s), end=end,
-                         baseline=float(np.median(pre)) if len(pre) else None, median=v, scale=0.0, z_peak=None,
-                         rules=[labels["collapse"]], reference=float(np.median(pre)) if len(pre) else None,
-                         detected=int(s + COLLAPSE_POINTS - 1),
-                         detail=f"pinned at {v:g} for {e - s + 1} logged values"))
+        out.append(
+            Event(
+                kind="collapse",
+                onset=int(s),
+                peak=int(s),
+                end=end,
+                baseline=float(np.median(pre)) if len(pre) else None,
+                median=v,
+                scale=0.0,
+                z_peak=None,
+                rules=[labels["collapse"]],
+                reference=float(np.median(pre)) if len(pre) else None,
+                detected=int(s + COLLAPSE_POINTS - 1),
+                detail=f"pinned at {v:g} for {e - s + 1} logged values",
+            )
+        )
     return out
 
 
@@ -979,8 +1254,10 @@ def _same_runs(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(invalid="ignore"):
         for lo in range(0, n - 1, step):
             hi = min(n - 1, lo + step)
-            nxt = x[lo + 1:hi + 1]
-            same = (np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12) & np.isfinite(nxt)
+            nxt = x[lo + 1 : hi + 1]
+            same = (
+                np.abs(nxt - x[lo:hi]) <= COLLAPSE_RELATIVE * np.abs(nxt) + 1e-12
+            ) & np.isfinite(nxt)
             edges = np.diff(np.concatenate((prev, same.view(np.int8))))
             starts.append(np.flatnonzero(edges == 1) + lo)
             ends.append(np.flatnonzero(edges == -1) + lo)
@@ -1002,7 +1279,10 @@ def lr_restarts(steps: np.ndarray, lr: Optional[np.ndarray]) -> list[tuple[int, 
     out = []
     n = len(v)
     with np.errstate(invalid="ignore"):
-        cand = np.flatnonzero((v[1:] > v[:-1]) & (v[:-1] <= 0.5 * run_max[:-1]) & (run_max[:-1] > 0)) + 1
+        cand = (
+            np.flatnonzero((v[1:] > v[:-1]) & (v[:-1] <= 0.5 * run_max[:-1]) & (run_max[:-1] > 0))
+            + 1
+        )
     nxt = 0
     for i in cand:
         if i < nxt:
@@ -1026,12 +1306,12 @@ class Analysis:
     """Events of every kind (oldest first), the healthy reference, and the end-of-log verdict."""
 
     events: list[Event]
-    reference_blocks: Blocked          # the healthy reference, per block of values (see reference)
-    verdict: str                       # healthy | recovering | diverged
-    target: Optional[int] = None       # index in events of the first event that has not come back
-    rate: Optional[float] = None       # fraction of the excess shed per step (recovering)
-    eta_step: Optional[int] = None     # step at which it would be back within tolerance
-    excess: Optional[float] = None     # smoothed loss now minus the healthy level
+    reference_blocks: Blocked  # the healthy reference, per block of values (see reference)
+    verdict: str  # healthy | recovering | diverged
+    target: Optional[int] = None  # index in events of the first event that has not come back
+    rate: Optional[float] = None  # fraction of the excess shed per step (recovering)
+    eta_step: Optional[int] = None  # step at which it would be back within tolerance
+    excess: Optional[float] = None  # smoothed loss now minus the healthy level
     lr_restarts: list = field(default_factory=list)
 
     @property
@@ -1040,36 +1320,52 @@ class Analysis:
         return self.reference_blocks.values()
 
 
-def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray], options,
-            lr: Optional[np.ndarray] = None) -> Analysis:
+def analyse(
+    steps: np.ndarray,
+    loss: np.ndarray,
+    grad_norm: Optional[np.ndarray],
+    options,
+    lr: Optional[np.ndarray] = None,
+) -> Analysis:
     """Every event of a timeline, classified, and the verdict at the end of the log."""
     o = options
     labels = rule_labels(o)
     window = effective_window(len(steps), o.window)
-    kw = dict(window=window, z_threshold=o.z_threshold, ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
-              min_rise=o.min_rise, tolerance=o.tolerance, labels=labels)
-    shared = shared_blocks(loss, window)   # the block figures the three passes over the loss share
+    kw = dict(
+        window=window,
+        z_threshold=o.z_threshold,
+        ratio_threshold=o.ratio_threshold,
+        max_ratio=o.max_ratio,
+        min_rise=o.min_rise,
+        tolerance=o.tolerance,
+        labels=labels,
+    )
+    shared = shared_blocks(loss, window)  # the block figures the three passes over the loss share
     ref = reference_blocks(loss, window, shared)
     n = len(steps)
-    last_step = int(steps[-1])
     loss_events = find_events(loss, reference=ref, shared=shared, **kw)
-    floor = 0   # the first value after the previous event came back: a walk back stops there
-    for ev in loss_events:
-        gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
-        if ev.kind == "loss":
-            ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
-        if (gone or (ev.kind == "nonfinite" and ev.end is None)) and ev.reference is not None \
-                and math.isfinite(ev.reference):   # not back: the trouble began where the loss left the band
-            xf = _ffill(loss)
-            ev.onset = climb_start(xf, ev.onset, healthy_top(ev.reference, xf, ev.onset, ev.scale, o.tolerance), window,
-                                   floor, trend=ev.kind in ("divergence", "level_shift"))
-        floor = ev.end + 1 if ev.end is not None else floor
+    _settle_loss_events(loss_events, loss, steps, window, o)
     spans = [(ev.onset, ev.end if ev.end is not None else n) for ev in loss_events]
-    shifts = level_shifts(loss, steps, window=window, tolerance=o.tolerance, wait_steps=o.wait_steps, skip=spans,
-                          labels=labels, shared=shared)
+    shifts = level_shifts(
+        loss,
+        steps,
+        window=window,
+        tolerance=o.tolerance,
+        wait_steps=o.wait_steps,
+        skip=spans,
+        labels=labels,
+        shared=shared,
+    )
     del shared
     blowups = [ev.onset for ev in loss_events] + [ev.onset for ev in shifts]
-    pinned = collapses(loss, steps, tolerance=o.tolerance, after_event=blowups, wait_steps=o.wait_steps, labels=labels)
+    pinned = collapses(
+        loss,
+        steps,
+        tolerance=o.tolerance,
+        after_event=blowups,
+        wait_steps=o.wait_steps,
+        labels=labels,
+    )
     events = loss_events + shifts + pinned
     never = _never_trained(loss, steps, events, o, labels)
     if never is not None:
@@ -1077,11 +1373,67 @@ def analyse(steps: np.ndarray, loss: np.ndarray, grad_norm: Optional[np.ndarray]
     if grad_norm is not None:
         grads = find_events(grad_norm, grad=True, **kw)
         events += _unmatched_grads(grads, loss_events, n)
-    events.sort(key=lambda e: (e.onset, {"collapse": 0, "nonfinite": 1}.get(e.kind, 2), e.kind == "grad_norm"))
+    return _conclude(events, ref, steps, loss, lr, o)
+
+
+def _settle_loss_events(
+    loss_events: list[Event], loss: np.ndarray, steps: np.ndarray, window: int, o
+) -> None:
+    """Name each loss event (a spike, or what `_unrecovered_kind` says of one not back within the wait) and walk
+    the onset of one not back (or NaN/inf to the end) back to where the loss left the band."""
+    last_step = int(steps[-1])
+    floor = 0  # the first value after the previous event came back: a walk back stops there
+    for ev in loss_events:
+        gone = ev.end is None and last_step - int(steps[ev.onset]) >= o.wait_steps
+        if ev.kind == "loss":
+            ev.kind, ev.detail = _unrecovered_kind(ev, loss, steps, o) if gone else ("spike", "")
+        # not back: the trouble began where the loss left the band
+        if (
+            (gone or (ev.kind == "nonfinite" and ev.end is None))
+            and ev.reference is not None
+            and math.isfinite(ev.reference)
+        ):
+            xf = _ffill(loss)
+            ev.onset = climb_start(
+                xf,
+                ev.onset,
+                healthy_top(ev.reference, xf, ev.onset, ev.scale, o.tolerance),
+                window,
+                floor,
+                trend=ev.kind in ("divergence", "level_shift"),
+            )
+        floor = ev.end + 1 if ev.end is not None else floor
+
+
+def _conclude(
+    events: list[Event],
+    ref: Blocked,
+    steps: np.ndarray,
+    loss: np.ndarray,
+    lr: Optional[np.ndarray],
+    o,
+) -> Analysis:
+    """The analysis of every event found: in onset order (at one onset a collapse, then a NaN/inf, a grad norm
+    last), a collapse's lead-in merged into it, what follows the first unrecovered one trimmed
+    (`_trim_after_first_unrecovered`); that one is the target, and the verdict is about it."""
+    events.sort(
+        key=lambda e: (
+            e.onset,
+            {"collapse": 0, "nonfinite": 1}.get(e.kind, 2),
+            e.kind == "grad_norm",
+        )
+    )
     events = _trim_after_first_unrecovered(_collapse_leads(events))
-    target = next((k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None)
-    a = Analysis(events=events, reference_blocks=ref, verdict="healthy", target=target,
-                 lr_restarts=lr_restarts(steps, lr))
+    target = next(
+        (k for k, e in enumerate(events) if e.end is None and e.kind != "grad_norm"), None
+    )
+    a = Analysis(
+        events=events,
+        reference_blocks=ref,
+        verdict="healthy",
+        target=target,
+        lr_restarts=lr_restarts(steps, lr),
+    )
     if target is not None:
         _verdict(a, events[target], steps, loss, o)
     return a
@@ -1092,8 +1444,8 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
     only partly, or keeps climbing; a level shift when it stepped to a plateau and stayed there.
     "early" is the median over the first 2 wait windows after the onset, "now" over the last one."""
 
-    seg = x[ev.onset:]
-    seg_s = steps[ev.onset:]
+    seg = x[ev.onset :]
+    seg_s = steps[ev.onset :]
     r = ev.reference if ev.reference is not None else ev.baseline
     if r is None or len(seg) < 2 * SMOOTH_POINTS or not np.isfinite(seg).all():
         return "divergence", "not back within the wait window"
@@ -1108,21 +1460,24 @@ def _unrecovered_kind(ev: Event, x: np.ndarray, steps: np.ndarray, o) -> tuple[s
     peak = max(float(sm.max()) for _at, sm in _smooth_chunks(seg))
     early, now = float(np.median(early_v)), float(np.median(tail))
     noise = 3 * ev.scale / math.sqrt(max(1, len(tail)))
-    ratio = f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"
+    ratio = (
+        f"{now / r:.2f}x the healthy level" if r > 0 else f"{now - r:+.3g} over the healthy level"
+    )
     if now - early > max(0.5 * (early - r), noise):
         return "divergence", f"still climbing: {now:.4g} now, {ratio}"
     if early <= r or peak - r > 1.5 * (early - r):
-        shown = float(x[ev.peak]) if math.isfinite(x[ev.peak]) else peak   # the one peak the report shows
+        # the one peak the report shows
+        shown = float(x[ev.peak]) if math.isfinite(x[ev.peak]) else peak
         return "divergence", f"came back only partly: peak {shown:.4g}, now {now:.4g} ({ratio})"
     return "level_shift", f"plateau at {now:.4g} ({ratio})"
 
 
-PRECURSOR_POINTS = 5   # a grad-norm spike this many logged values before a loss onset leads it
+PRECURSOR_POINTS = 5  # a grad-norm spike this many logged values before a loss onset leads it
 
 
 def _unmatched_grads(grads: list[Event], loss_events: list[Event], n: int) -> list[Event]:
     used = set()
-    before = -1   # where the previous loss event ended: a precursor never reaches back into it
+    before = -1  # where the previous loss event ended: a precursor never reaches back into it
     for ev in sorted(loss_events, key=lambda e: e.onset):
         for gi, g in enumerate(grads):
             if ev.onset - PRECURSOR_POINTS <= g.onset <= ev.onset:
@@ -1140,8 +1495,14 @@ def _collapse_leads(events: list[Event]) -> list[Event]:
     collapse, from the rise's onset (not a level shift whose kind hides the pinned loss)."""
     out = list(events)
     for c in [e for e in events if e.kind == "collapse"]:
-        lead = [e for e in out if e is not c and e.kind in ("level_shift", "divergence") and e.end is None
-                and 0 < c.onset - e.onset <= SMOOTH_POINTS]
+        lead = [
+            e
+            for e in out
+            if e is not c
+            and e.kind in ("level_shift", "divergence")
+            and e.end is None
+            and 0 < c.onset - e.onset <= SMOOTH_POINTS
+        ]
         for e in lead:
             c.onset = min(c.onset, e.onset)
             out.remove(e)
@@ -1176,7 +1537,9 @@ def _verdict(a: Analysis, ev: Event, steps: np.ndarray, loss: np.ndarray, o) -> 
         return
     band = recovery_level(r, ev.scale, o.tolerance) - r
     k = SMOOTH_POINTS
-    interval = max(1, int(np.median(np.diff(steps[-min(len(steps), 50):]))) if len(steps) > 1 else 1)
+    interval = max(
+        1, int(np.median(np.diff(steps[-min(len(steps), 50) :]))) if len(steps) > 1 else 1
+    )
     span = max(o.wait_steps, 10 * interval)
     lo = int(np.searchsorted(steps, last_step - span))
     lo = max(ev.detected if ev.detected is not None else ev.onset, min(lo, len(steps) - 2 * k))

@@ -37,16 +37,16 @@ from checkpoint_strategy.recovery.settings import RecoveryOptions
 class OnlineEvent:
     """One change of state of the run."""
 
-    kind: str                   # spike | divergence | level_shift | nonfinite | collapse | grad_norm | recovered
-    step: int                   # the step at which it was decided
-    onset_step: int             # where the event began
-    loss: float                 # the loss logged at `step`
+    kind: str  # spike | divergence | level_shift | nonfinite | collapse | grad_norm | recovered
+    step: int  # the step at which it was decided
+    onset_step: int  # where the event began
+    loss: float  # the loss logged at `step`
     reference: Optional[float]  # the healthy level it is judged against
     rules: list[str] = field(default_factory=list)
     message: str = ""
 
 
-WARMUP_POINTS = 8   # finite values logged before the warm-up statistics judge the next one
+WARMUP_POINTS = 8  # finite values logged before the warm-up statistics judge the next one
 
 
 class _Rolling:
@@ -60,13 +60,14 @@ class _Rolling:
         self.k = max(2, window // self.b)
         self.warmup = warmup
         self.warm = False
-        self.seen: list[float] = []     # the finite values before the second block closed (warm-up only)
+        # the finite values before the second block closed (warm-up only)
+        self.seen: list[float] = []
         self.cur: list[float] = []
         self.blocks = 0
-        self.stats: deque = deque(maxlen=self.k)        # (median, MAD, max) of finished blocks
+        self.stats: deque = deque(maxlen=self.k)  # (median, MAD, max) of finished blocks
         self.medians: deque = deque(maxlen=detect.REFERENCE_BLOCKS)
         self.last = math.nan
-        self.decimals = 0   # the most decimals a logged value needed so far (9: not a rounded log)
+        self.decimals = 0  # the most decimals a logged value needed so far (9: not a rounded log)
         self.med = self.scale = self.wmax = self.ref = math.nan
 
     def push(self, x: float) -> tuple[float, float, float, float]:
@@ -75,7 +76,8 @@ class _Rolling:
         if not math.isfinite(v):
             v = math.nan
         else:
-            if self.decimals <= detect.ROUNDING_DECIMALS:   # the log's rounding step, as the batch floor
+            # the log's rounding step, as the batch floor
+            if self.decimals <= detect.ROUNDING_DECIMALS:
                 self.decimals = max(self.decimals, detect.value_decimals(v))
             self.last = v
         out = (self.med, self.scale, self.wmax, self.ref)
@@ -94,17 +96,20 @@ class _Rolling:
         """(median, robust scale, maximum, no reference) of the finite values seen so far."""
         self.warm = True
         m = _median(self.seen)
-        scale = max(1.4826 * _median([abs(v - m) for v in self.seen]), 1e-4 * abs(m) + 1e-12,
-                    detect.quantum_of(self.decimals))
+        scale = max(
+            1.4826 * _median([abs(v - m) for v in self.seen]),
+            1e-4 * abs(m) + 1e-12,
+            detect.quantum_of(self.decimals),
+        )
         return m, scale, max(self.seen), math.nan
 
     def _close(self) -> None:
         """The block's (median, MAD, max) and the rolling figures over the last k blocks, in float arithmetic
         on a few dozen values (numpy's call overhead was most of an update); the same doubles as numpy's
         median / nanmedian / nanmax (`_median`; tests/test_recovery_online_arith.py)."""
-        cur = self.cur            # finite values and NaN only (push)
+        cur = self.cur  # finite values and NaN only (push)
         finite = [v for v in cur if v == v]
-        if finite:                # values before the first finite one are filled with it, as the batch does
+        if finite:  # values before the first finite one are filled with it, as the batch does
             first = finite[0]
             arr = [v if v == v else first for v in cur]
             m = _median(arr)
@@ -119,8 +124,11 @@ class _Rolling:
             meds = [t[0] for t in self.stats if t[0] == t[0]]
             mads = [t[1] for t in self.stats if t[1] == t[1]]
             self.med = _median(meds) if meds else math.nan
-            self.scale = max(1.4826 * _median(mads) if mads else math.nan,
-                             1e-4 * abs(self.med) + 1e-12, detect.quantum_of(self.decimals))
+            self.scale = max(
+                1.4826 * _median(mads) if mads else math.nan,
+                1e-4 * abs(self.med) + 1e-12,
+                detect.quantum_of(self.decimals),
+            )
             self.wmax = max(t[2] for t in self.stats if t[2] == t[2]) if meds else math.nan
             self.ref = _low_quantile(self.medians)
 
@@ -154,14 +162,15 @@ class OnlineDetector:
         self.labels = settings.rule_labels(o)
         self.loss_stats = _Rolling(o.window, warmup=True)
         self.grad_stats = _Rolling(o.window)
-        self.recent: deque = deque(maxlen=max(o.window, detect.BASELINE_POINTS + 1))   # (step, loss)
-        self.state = "healthy"          # healthy | event | diverged
+        self.recent: deque = deque(maxlen=max(o.window, detect.BASELINE_POINTS + 1))  # (step, loss)
+        self.state = "healthy"  # healthy | event | diverged
         self.current: Optional[OnlineEvent] = None
         self.level = math.nan
         self.events: list[OnlineEvent] = []
         self.last_step: Optional[int] = None
         self._shift_blocks = 0
-        self._shift_start = 0  # step the run of high blocks began (read only while _shift_blocks > 0)
+        # step the run of high blocks began (read only while _shift_blocks > 0)
+        self._shift_start = 0
         self._shift_thr = math.nan
         self._shift_ref = math.nan
         self._pinned = 0
@@ -170,7 +179,9 @@ class OnlineDetector:
 
     # ------------------------------------------------------------------ public
 
-    def update(self, step: int, loss: float, grad_norm: Optional[float] = None) -> Optional[OnlineEvent]:
+    def update(
+        self, step: int, loss: float, grad_norm: Optional[float] = None
+    ) -> Optional[OnlineEvent]:
         """One logged value. Steps must increase. Returns an OnlineEvent on a change of state."""
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             return self._update(step, loss, grad_norm)
@@ -178,8 +189,10 @@ class OnlineDetector:
     def _update(self, step: int, loss: float, grad_norm: Optional[float]) -> Optional[OnlineEvent]:
         step = int(step)
         if self.last_step is not None and step <= self.last_step:
-            raise UsageError(f"OnlineDetector.update: step {step} after step {self.last_step}; expected increasing "
-                             "steps (start a new detector after a resume)")
+            raise UsageError(
+                f"OnlineDetector.update: step {step} after step {self.last_step}; expected increasing "
+                "steps (start a new detector after a resume)"
+            )
         self.last_step = step
         x = float(loss)
         med, scale, wmax, ref = self.loss_stats.push(x)
@@ -187,12 +200,27 @@ class OnlineDetector:
         if grad_norm is not None:
             g = float(grad_norm)
             gm, gs, gw, _ = self.grad_stats.push(g)
-            ga = detect.spike_flags_one(g, gm, gs, gw, z_threshold=self.options.z_threshold,
-                                        ratio_threshold=self.options.ratio_threshold, max_ratio=self.options.max_ratio,
-                                        min_rise=self.options.min_rise, grad=True)[0]
+            ga = detect.spike_flags_one(
+                g,
+                gm,
+                gs,
+                gw,
+                z_threshold=self.options.z_threshold,
+                ratio_threshold=self.options.ratio_threshold,
+                max_ratio=self.options.max_ratio,
+                min_rise=self.options.min_rise,
+                grad=True,
+            )[0]
             if ga and self.state == "healthy":
-                g_event = OnlineEvent("grad_norm", step, step, x, None, [self.labels["grad"]],
-                                      f"grad norm {g:g} at step {step} vs median {gm:g}")
+                g_event = OnlineEvent(
+                    "grad_norm",
+                    step,
+                    step,
+                    x,
+                    None,
+                    [self.labels["grad"]],
+                    f"grad norm {g:g} at step {step} vs median {gm:g}",
+                )
         out = self._loss(step, x, med, scale, wmax, ref)
         self.recent.append((step, x))
         out = out or self._collapse(step, x) or self._shift(step, x)
@@ -207,34 +235,71 @@ class OnlineDetector:
     def _loss(self, step, x, med, scale, wmax, ref) -> Optional[OnlineEvent]:
         o = self.options
         if self.state == "healthy":
-            flags = detect.spike_flags_one(x, med, scale, wmax, z_threshold=o.z_threshold,
-                                           ratio_threshold=o.ratio_threshold, max_ratio=o.max_ratio,
-                                           min_rise=o.min_rise)
-            if self.loss_stats.warm:   # a few values' MAD is too rough for the z rule alone: magnitude rules only
+            flags = detect.spike_flags_one(
+                x,
+                med,
+                scale,
+                wmax,
+                z_threshold=o.z_threshold,
+                ratio_threshold=o.ratio_threshold,
+                max_ratio=o.max_ratio,
+                min_rise=o.min_rise,
+            )
+            # a few values' MAD is too rough for the z rule alone: magnitude rules only
+            if self.loss_stats.warm:
                 flags = (False, flags[1], flags[2], flags[3])
             if not any(flags):
                 return None
             return self._start(step, x, med, scale, ref, flags)
         if self.state != "event" or self.current is None:
             return None
-        ev = self.current
+        return self._follow(step, x, self.current)
+
+    def _follow(self, step, x, ev: OnlineEvent) -> Optional[OnlineEvent]:
+        """The event `ev` under way, at loss `x`: recovered (the smoothed loss back at the healthy level), turned
+        non-finite, or diverged (a spike not back within wait_steps); None while it stays open."""
+        o = self.options
         if math.isfinite(x) and x <= self.level:
-            window = [v for _, v in list(self.recent)[-(detect.SMOOTH_POINTS - 1):]] + [x]
-            if len(window) >= detect.SMOOTH_POINTS and all(math.isfinite(v) for v in window) \
-                    and float(np.median(window)) <= self.level:
+            window = [v for _, v in list(self.recent)[-(detect.SMOOTH_POINTS - 1) :]] + [x]
+            if (
+                len(window) >= detect.SMOOTH_POINTS
+                and all(math.isfinite(v) for v in window)
+                and float(np.median(window)) <= self.level
+            ):
                 self.state = "healthy"
                 self.current = None
-                return OnlineEvent("recovered", step, ev.onset_step, x, ev.reference, [],
-                                   f"back within {o.tolerance:.0%} of the healthy level by step {step}")
+                return OnlineEvent(
+                    "recovered",
+                    step,
+                    ev.onset_step,
+                    x,
+                    ev.reference,
+                    [],
+                    f"back within {o.tolerance:.0%} of the healthy level by step {step}",
+                )
         if not math.isfinite(x) and ev.kind != "nonfinite":
             self.state = "diverged"
-            return OnlineEvent("nonfinite", step, ev.onset_step, x, ev.reference, [self.labels["nonfinite"]],
-                               f"loss NaN/inf at step {step}")
+            return OnlineEvent(
+                "nonfinite",
+                step,
+                ev.onset_step,
+                x,
+                ev.reference,
+                [self.labels["nonfinite"]],
+                f"loss NaN/inf at step {step}",
+            )
         if ev.kind == "spike" and step - ev.onset_step >= o.wait_steps:
             self.state = "diverged"
-            return OnlineEvent("divergence", step, ev.onset_step, x, ev.reference, ev.rules,
-                               f"not back within {o.tolerance:.0%} of {ev.reference:g} {o.wait_steps} steps after "
-                               f"the onset at step {ev.onset_step}")
+            return OnlineEvent(
+                "divergence",
+                step,
+                ev.onset_step,
+                x,
+                ev.reference,
+                ev.rules,
+                f"not back within {o.tolerance:.0%} of {ev.reference:g} {o.wait_steps} steps after "
+                f"the onset at step {ev.onset_step}",
+            )
         return None
 
     def _start(self, step, x, med, scale, ref, flags) -> OnlineEvent:
@@ -244,26 +309,40 @@ class OnlineDetector:
         i = len(vals) - 1
         m0, s0 = med, scale
         if not math.isfinite(m0):
-            prior = vals[max(0, i - detect.BASELINE_POINTS):i]
+            prior = vals[max(0, i - detect.BASELINE_POINTS) : i]
             prior = prior[np.isfinite(prior)]
             m0 = float(np.median(prior)) if len(prior) else math.nan
             s0 = float(1.4826 * np.median(np.abs(prior - m0))) if len(prior) >= 3 else 0.0
         onset = detect.walk_back(vals, i, m0, s0, o.min_rise, o.window)
-        back = max((e.step for e in self.events if e.kind == "recovered"), default=-1)  # never into the last event
+        # never into the last event
+        back = max((e.step for e in self.events if e.kind == "recovered"), default=-1)
         onset = max(onset, int(np.searchsorted(steps, back, side="right")))
-        pre = vals[max(0, onset - detect.BASELINE_POINTS):onset]
+        pre = vals[max(0, onset - detect.BASELINE_POINTS) : onset]
         pre = pre[np.isfinite(pre)]
         base = float(np.median(pre)) if len(pre) >= 3 else (m0 if math.isfinite(m0) else None)
         level_ref = base
         if base is not None and math.isfinite(ref) and ref < base:
             level_ref = ref
-        self.level = detect.recovery_level(level_ref, s0, o.tolerance) if level_ref is not None else math.inf
+        self.level = (
+            detect.recovery_level(level_ref, s0, o.tolerance) if level_ref is not None else math.inf
+        )
         a, b, c, nf = flags
-        rules = [self.labels[k] for k, on in (("nonfinite", nf), ("z", a), ("ratio", b), ("max", c)) if on]
+        rules = [
+            self.labels[k]
+            for k, on in (("nonfinite", nf), ("z", a), ("ratio", b), ("max", c))
+            if on
+        ]
         kind = "nonfinite" if nf else "spike"
-        ev = OnlineEvent(kind, step, int(steps[onset]), x, level_ref, rules,
-                         f"{'NaN/inf loss' if nf else 'loss spike'} at step {steps[onset]}"
-                         + (f" vs healthy level {level_ref:g}" if level_ref is not None else ""))
+        ev = OnlineEvent(
+            kind,
+            step,
+            int(steps[onset]),
+            x,
+            level_ref,
+            rules,
+            f"{'NaN/inf loss' if nf else 'loss spike'} at step {steps[onset]}"
+            + (f" vs healthy level {level_ref:g}" if level_ref is not None else ""),
+        )
         self.current = ev
         self.state = "diverged" if nf else "event"
         return ev
@@ -276,14 +355,27 @@ class OnlineDetector:
         if self._pinned != detect.COLLAPSE_POINTS:
             return None
         vals = [v for _, v in self.recent]
-        pre = np.array(vals[:-detect.COLLAPSE_POINTS][-detect.BASELINE_POINTS:], dtype=np.float64)
+        pre = np.array(vals[: -detect.COLLAPSE_POINTS][-detect.BASELINE_POINTS :], dtype=np.float64)
         pre = pre[np.isfinite(pre)]
-        if not (detect.collapse_is_abrupt(x, pre, self.options.tolerance) or self.state != "healthy"):
+        if not (
+            detect.collapse_is_abrupt(x, pre, self.options.tolerance) or self.state != "healthy"
+        ):
             return None
-        onset = list(self.recent)[-detect.COLLAPSE_POINTS][0] if len(self.recent) >= detect.COLLAPSE_POINTS else step
+        onset = (
+            list(self.recent)[-detect.COLLAPSE_POINTS][0]
+            if len(self.recent) >= detect.COLLAPSE_POINTS
+            else step
+        )
         self.state = "diverged"
-        return OnlineEvent("collapse", step, int(onset), x, float(np.median(pre)) if len(pre) else None,
-                           [self.labels["collapse"]], f"loss pinned at {x:g} since step {onset}")
+        return OnlineEvent(
+            "collapse",
+            step,
+            int(onset),
+            x,
+            float(np.median(pre)) if len(pre) else None,
+            [self.labels["collapse"]],
+            f"loss pinned at {x:g} since step {onset}",
+        )
 
     def _shift(self, step, x) -> Optional[OnlineEvent]:
         """At each finished block: is its median above the healthy level for long enough?"""
@@ -303,20 +395,32 @@ class OnlineDetector:
         noise = st.noise()
         o = self.options
         if self._shift_blocks == 0:
-            thr = ref + max(o.tolerance * abs(ref), detect.SHIFT_NOISE_UNITS * (noise if math.isfinite(noise) else 0))
+            thr = ref + max(
+                o.tolerance * abs(ref),
+                detect.SHIFT_NOISE_UNITS * (noise if math.isfinite(noise) else 0),
+            )
             if bmed > thr:
                 self._shift_blocks, self._shift_start = 1, block[0][0]
                 self._shift_thr, self._shift_ref = thr, ref
             return None
         if bmed > self._shift_thr:
             self._shift_blocks += 1
-            if self._shift_blocks >= detect.SHIFT_MIN_BLOCKS and step - self._shift_start >= o.wait_steps:
+            if (
+                self._shift_blocks >= detect.SHIFT_MIN_BLOCKS
+                and step - self._shift_start >= o.wait_steps
+            ):
                 self._shift_blocks = 0
                 self.state = "diverged"
-                return OnlineEvent("level_shift", step, int(self._shift_start), x, self._shift_ref,
-                                   [self.labels["level"]],
-                                   f"loss held above {self._shift_thr:g} (healthy level {self._shift_ref:g}) since "
-                                   f"step {self._shift_start}")
+                return OnlineEvent(
+                    "level_shift",
+                    step,
+                    int(self._shift_start),
+                    x,
+                    self._shift_ref,
+                    [self.labels["level"]],
+                    f"loss held above {self._shift_thr:g} (healthy level {self._shift_ref:g}) since "
+                    f"step {self._shift_start}",
+                )
         else:
             self._shift_blocks = 0
         return None

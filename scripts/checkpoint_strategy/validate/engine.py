@@ -41,7 +41,8 @@ from checkpoint_strategy.storage import ReadError
 from checkpoint_strategy.validate import parts
 from checkpoint_strategy.validate.fanout import map_split
 
-if TYPE_CHECKING:   # imported where level deep runs (`_deep`): the quick and full levels never load its scanner
+# imported where level deep runs (`_deep`): the quick and full levels never load its scanner
+if TYPE_CHECKING:
     from checkpoint_strategy.validate import deep as dp
 
 
@@ -56,53 +57,64 @@ def _deep() -> ModuleType:
 PORTABILITY = {
     "full": "full state dict: loads on any hardware; re-shard after loading on the new hardware",
     "weights": "weights only (no optimizer state): fine for inference or fine-tuning, a resume would reset "
-               "the optimizer (watch for a sudden loss drop)",
+    "the optimizer (watch for a sudden loss drop)",
     # accelerate's SHARDED_STATE_DICT (utils/fsdp_utils.py save_fsdp_model/load_fsdp_model: dist_cp.save with a
     # FileSystemWriter into pytorch_model_fsdp_0/, dist_cp.load on resume) is DCP, which re-shards on load
     "fsdp": "FSDP sharded state (pytorch_model_fsdp_0/, optimizer_0/) is torch.distributed.checkpoint: accelerate "
-            "loads it with dcp.load, which re-shards to the new world size, so a resume on other hardware needs no "
-            "conversion (keep fsdp_state_dict_type SHARDED_STATE_DICT); a single file for publishing or a run "
-            "without FSDP: checkpoint-strategy convert DIR/pytorch_model_fsdp_0 OUT.pt --to full (or --to "
-            "safetensors: the weights), as accelerate merge-weights does",
+    "loads it with dcp.load, which re-shards to the new world size, so a resume on other hardware needs no "
+    "conversion (keep fsdp_state_dict_type SHARDED_STATE_DICT); a single file for publishing or a run "
+    "without FSDP: checkpoint-strategy convert DIR/pytorch_model_fsdp_0 OUT.pt --to full (or --to "
+    "safetensors: the weights), as accelerate merge-weights does",
     "dcp": "torch.distributed.checkpoint shards: dcp.load re-shards to a new world size; for a full state dict "
-           "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish); a file "
-           "dcp_to_torch_save wrote is checked against its shards by convert DIR OUT.pt --check-only",
+    "checkpoint-strategy convert DIR OUT.pt --to full (--to safetensors: the weights to publish); a file "
+    "dcp_to_torch_save wrote is checked against its shards by convert DIR OUT.pt --check-only",
     "zero": "DeepSpeed ZeRO shards are tied to the data-parallel size: checkpoint-strategy convert DIR OUT --to dcp "
-            "(fp32 weights + Adam moments, any world size loads it) or --to safetensors (weights), as "
-            "zero_to_fp32.py does but checked tensor by tensor; validate --target-gpus N names the command",
+    "(fp32 weights + Adam moments, any world size loads it) or --to safetensors (weights), as "
+    "zero_to_fp32.py does but checked tensor by tensor; validate --target-gpus N names the command",
     "ds-universal": "DeepSpeed universal checkpoint (per-parameter fp32 weights and optimizer state): loads at any "
-                    "data/tensor/pipeline-parallel degree with checkpoint.load_universal: true (the file "
-                    "latest_universal names it)",
+    "data/tensor/pipeline-parallel degree with checkpoint.load_universal: true (the file "
+    "latest_universal names it)",
     "megatron": "Megatron tensor/pipeline-parallel shards: convert with Megatron-LM tools/checkpoint/convert.py "
-                "(or save with --ckpt-format torch_dist, which re-shards on load) before changing parallelism",
+    "(or save with --ckpt-format torch_dist, which re-shards on load) before changing parallelism",
     "orbax": "Orbax/tensorstore arrays: restore on the new mesh with a target sharding (ArrayRestoreArgs); "
-             "the saved sharding is only the default",
+    "the saved sharding is only the default",
     "lightning-sharded": "sharded Lightning checkpoint: consolidate with python -m pytorch_lightning."
-                         "utilities.consolidate_checkpoint PATH.ckpt (FSDP) or "
-                         "convert_zero_checkpoint_to_fp32_state_dict (DeepSpeed) before moving hardware",
+    "utilities.consolidate_checkpoint PATH.ckpt (FSDP) or "
+    "convert_zero_checkpoint_to_fp32_state_dict (DeepSpeed) before moving hardware",
     "unknown": "unknown layout: cannot say",
 }
 
 # --------------------------------------------------------------------------- before the checker (every format alike)
 
+
 def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
     """Problems that stop a checker before it starts (missing, dangling, a file for a folder format)."""
     path, fmt = found.path, found.format
     try:
-        mode: int | None = os.lstat(path).st_mode   # one lstat: exists, a link, a folder (os.path's three calls)
+        # one lstat: exists, a link, a folder (os.path's three calls)
+        mode: int | None = os.lstat(path).st_mode
     except (OSError, ValueError):
         mode = None
     link = mode is not None and stat.S_ISLNK(mode)
-    ctx.flat = mode is not None and stat.S_ISDIR(mode)   # until the checker's listing tells otherwise
+    # a folder until the checker's listing tells otherwise
+    ctx.flat = mode is not None and stat.S_ISDIR(mode)
     if mode is None:
         ctx.missing(path, "checkpoint")
     elif link and not os.path.exists(path):
         ctx.bad(path, "dangling symlink")
     elif found.role == POINTER:
-        ctx.bad(path, "resume pointer names no checkpoint: " + ("its text is no iteration number nor 'release' "
-                "(Megatron-LM reads int(text))" if fmt == "megatron" else "an empty tag, '.' or '..' (DeepSpeed "
-                "loads the folder the tag names)"))
-    elif fmt in registry.FOLDER_FORMATS and not (os.path.isdir(path) if link else stat.S_ISDIR(mode)):
+        ctx.bad(
+            path,
+            "resume pointer names no checkpoint: "
+            + (
+                "its text is no iteration number nor 'release' (Megatron-LM reads int(text))"
+                if fmt == "megatron"
+                else "an empty tag, '.' or '..' (DeepSpeed loads the folder the tag names)"
+            ),
+        )
+    elif fmt in registry.FOLDER_FORMATS and not (
+        os.path.isdir(path) if link else stat.S_ISDIR(mode)
+    ):
         ctx.bad(path, f"is a file, expected a {fmt} checkpoint folder")
     elif fmt not in registry.CHECKERS:
         ctx.bad(path, f"no checker for format {fmt!r}")
@@ -113,8 +125,15 @@ def _precheck(ctx: Ctx, found: fm.Found) -> Layout | None:
 
 # --------------------------------------------------------------------------- public API
 
-def check(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
-          want_commit: bool = False, manifest: str | None = None, root: str | None = None) -> CheckpointResult:
+
+def check(
+    found: fm.Found,
+    level: str = "quick",
+    update: ProgressFn | None = None,
+    want_commit: bool = False,
+    manifest: str | None = None,
+    root: str | None = None,
+) -> CheckpointResult:
     """Validate one recognised checkpoint. ``root``: the folder the user named; a manifest is never
     written outside it (a symlinked checkpoint pointing elsewhere is left alone)."""
     return check_with_values(found, level, update, want_commit, manifest, root=root)[0]
@@ -131,8 +150,9 @@ def _deep_outcome(ctx: Ctx, stats: bool) -> dp.DeepOutcome | None:
             if src.crc and src.zip is not None:
                 _crc_here(ctx, src.path, src.zip.entries)
             elif src.crc and src.kind == "dcp" and src.dcp is not None and src.archives:
-                for p, reason in fc.dcp_crc_findings(src.path, src.dcp.items, src.archives, ctx.counter,
-                                                     ctx.update):
+                for p, reason in fc.dcp_crc_findings(
+                    src.path, src.dcp.items, src.archives, ctx.counter, ctx.update
+                ):
                     ctx.bad(p, reason)
         return None
     outcome = _deep().run(ctx.sources, global_step=ctx.global_step, want_max=stats)
@@ -156,9 +176,15 @@ def _crc_here(ctx: Ctx, path: str, entries: list[ZipEntry]) -> None:
         ctx.bad(path, reason)
 
 
-def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn | None = None,
-                      want_commit: bool = False, manifest: str | None = None,
-                      stats: bool = False, root: str | None = None) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
+def check_with_values(
+    found: fm.Found,
+    level: str = "quick",
+    update: ProgressFn | None = None,
+    want_commit: bool = False,
+    manifest: str | None = None,
+    stats: bool = False,
+    root: str | None = None,
+) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """`check`, plus the deep level's per-tensor outcome (None below level deep)."""
     path = found.path
     part = parts.for_checkpoint(path) if level in ("full", "deep") else None
@@ -178,12 +204,25 @@ def check_with_values(found: fm.Found, level: str = "quick", update: ProgressFn 
     kinds = {p.kind for p in ctx.problems}
     status = "invalid" if "invalid" in kinds else "incomplete" if "incomplete" in kinds else "valid"
     result = CheckpointResult(
-        path=str(path), format=layout.format or found.format, step=layout.step, status=status, resumable=layout.resumable,
-        sharded=layout.sharded, portability=PORTABILITY[layout.portability], pointer=found.role == POINTER,
+        path=str(path),
+        format=layout.format or found.format,
+        step=layout.step,
+        status=status,
+        resumable=layout.resumable,
+        sharded=layout.sharded,
+        portability=PORTABILITY[layout.portability],
+        pointer=found.role == POINTER,
         level=level,
-        files_checked=ctx.counter.files, bytes_read=ctx.counter.bytes_read, manifest=manifest_state,
-        problems=ctx.problems, notes=ctx.counter.notes, deep=outcome.check if outcome else None)
-    seen = result._seen = Seen(marker=mark, trainer_best=ctx.trainer_best, state_read=ctx.state_read)
+        files_checked=ctx.counter.files,
+        bytes_read=ctx.counter.bytes_read,
+        manifest=manifest_state,
+        problems=ctx.problems,
+        notes=ctx.counter.notes,
+        deep=outcome.check if outcome else None,
+    )
+    seen = result._seen = Seen(
+        marker=mark, trainer_best=ctx.trainer_best, state_read=ctx.state_read
+    )
     if ctx.listed is not None:
         from checkpoint_strategy.validate.coverage import families
 
@@ -198,7 +237,8 @@ def _apply_deep(ctx: Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutco
     """Level deep's outcome (`_deep_outcome`) into the context: its findings, notes and bytes."""
     from checkpoint_strategy.formats.optstep import fill_deep_check
 
-    mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer)  # DCP, DeepSpeed step counters
+    # DCP, DeepSpeed step counters
+    mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer)
     if mismatch is not None:
         outcome.findings.append(_deep().Finding(".", mismatch[1], mismatch[0]))
     for f in outcome.findings:
@@ -209,15 +249,19 @@ def _apply_deep(ctx: Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutco
         layout.resumable = False
 
 
-def _manifest(ctx: Ctx, path: str, manifest: str, root: str | None) -> Literal["written", "verified"] | None:
+def _manifest(
+    ctx: Ctx, path: str, manifest: str, root: str | None
+) -> Literal["written", "verified"] | None:
     """validate --manifest write|verify on a checkpoint that is not incomplete; the state it leaves."""
     from checkpoint_strategy.formats import manifest as mf
 
     if manifest == "write" and not ctx.problems:
         target = mf.manifest_path(path)
         if root is not None and not storage.inside(os.path.dirname(target) or ".", root):
-            ctx.counter.notes.append(f"{os.path.basename(path)}: a symlink to outside {root}: "
-                                     "manifest not written there (validate the target itself to write one)")
+            ctx.counter.notes.append(
+                f"{os.path.basename(path)}: a symlink to outside {root}: "
+                "manifest not written there (validate the target itself to write one)"
+            )
             return None
         mf.write_manifest(path, ctx.counter, ctx.update)
         return "written"
@@ -228,7 +272,9 @@ def _manifest(ctx: Ctx, path: str, manifest: str, root: str | None) -> Literal["
     return None
 
 
-def _flat_parts(folder: str, names: tuple[str, ...], sizes: dict[str, int]) -> tuple[int, tuple[str, ...]]:
+def _flat_parts(
+    folder: str, names: tuple[str, ...], sizes: dict[str, int]
+) -> tuple[int, tuple[str, ...]]:
     """(bytes of the files of a flat folder read whole, the names of the others): `sizes` as the checks keep it,
     by os.path.join(folder, name)."""
     prefix = os.path.join(folder, "")
@@ -263,8 +309,12 @@ def _check_level(level: str, manifest: str | None) -> str:
     return "full" if manifest and level == "quick" else level
 
 
-def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest: str | None = None,
-                        previous: str | os.PathLike | None = None) -> CheckpointResult:
+def validate_checkpoint(
+    path: str | os.PathLike,
+    level: str = "quick",
+    manifest: str | None = None,
+    previous: str | os.PathLike | None = None,
+) -> CheckpointResult:
     """Check one checkpoint is whole without loading it (the spec's `validate_on_save`).
 
     Call it right after a save, e.g. ``validate_checkpoint("out/checkpoint-500").status == "valid"``.
@@ -292,39 +342,73 @@ def validate_checkpoint(path: str | os.PathLike, level: str = "quick", manifest:
     """
     level = _check_level(level, manifest)
     p = os.fspath(path)
-    if storage.is_url(p):  # one listing, then the same checks through ranged reads (storage/remote.py)
+    # one listing, then the same checks through ranged reads (storage/remote.py)
+    if storage.is_url(p):
         refuse_remote_deep([p], level)
         if manifest == "write":
-            raise UsageError(f"{p}: manifest write is local only; manifest verify works on object storage")
+            raise UsageError(
+                f"{p}: manifest write is local only; manifest verify works on object storage"
+            )
         with storage.local_paths([p], prefetch=level == "quick") as (local,):
             return storage.unshadow_model(validate_checkpoint(local, level, manifest))
     if not os.path.lexists(p):
         raise UsageError(f"{p}: no such file or folder; expected a checkpoint folder or file")
     found = fm.identify(p)
     if found is None:
-        return CheckpointResult(path=p, format="unknown", step=fm.step_from_name(os.path.basename(p)),
-                                status="invalid", resumable=False, sharded=False,
-                                portability=PORTABILITY["unknown"], level=level,
-                                problems=[Problem(file=".", reason="not a recognised checkpoint layout "
-                                                  "(see the formats table in the README)")])
+        return _unrecognised(p, level)
     result, outcome = check_with_values(found, level, manifest=manifest)
-    if outcome is not None and previous is not None and os.path.lexists(os.fspath(previous)):
-        prev_found = fm.identify(os.fspath(previous))
-        if prev_found is not None:
-            _prev, prev_outcome = check_with_values(prev_found, level)
-            if prev_outcome is not None:
-                _compare(result, outcome, prev_outcome, os.path.basename(os.path.normpath(os.fspath(previous))))
+    if outcome is not None and previous is not None:
+        _against_previous(result, outcome, os.fspath(previous), level)
     return result
 
 
-def _compare(result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str) -> None:
+def _unrecognised(p: str, level: str) -> CheckpointResult:
+    """The result for a path no format recognises: invalid, one problem."""
+    return CheckpointResult(
+        path=p,
+        format="unknown",
+        step=fm.step_from_name(os.path.basename(p)),
+        status="invalid",
+        resumable=False,
+        sharded=False,
+        portability=PORTABILITY["unknown"],
+        level=level,
+        problems=[
+            Problem(
+                file=".",
+                reason="not a recognised checkpoint layout (see the formats table in the README)",
+            )
+        ],
+    )
+
+
+def _against_previous(
+    result: CheckpointResult, outcome: dp.DeepOutcome, previous: str, level: str
+) -> None:
+    """Level deep: check the `previous` checkpoint of the run too and compare `result` with it (when it exists
+    and gives deep values)."""
+    if not os.path.lexists(previous):
+        return
+    prev_found = fm.identify(previous)
+    if prev_found is not None:
+        _prev, prev_outcome = check_with_values(prev_found, level)
+        if prev_outcome is not None:
+            _compare(result, outcome, prev_outcome, os.path.basename(os.path.normpath(previous)))
+
+
+def _compare(
+    result: CheckpointResult, outcome: dp.DeepOutcome, prev: dp.DeepOutcome, prev_name: str
+) -> None:
     finding = _deep().compare(outcome, prev, prev_name)
     if finding is not None:
-        result.problems.append(Problem(file=named(finding.file, result.path), reason=finding.reason,
-                                       kind=finding.kind))
+        result.problems.append(
+            Problem(file=named(finding.file, result.path), reason=finding.reason, kind=finding.kind)
+        )
 
 
-def compare_consecutive(checked: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]]) -> None:
+def compare_consecutive(
+    checked: list[tuple[int, str, CheckpointResult, dp.DeepOutcome | None]],
+) -> None:
     """Level deep over one run's checkpoints, (step, name, result, deep outcome): each one's global weight
     norm against the previous one with a deep outcome (next lower step), as `validate_paths` does; a jump
     adds the "suspicious" problem to the result."""
@@ -344,8 +428,11 @@ def deep_ok(result: CheckpointResult) -> bool:
         return False
     if result.deep is None:
         return True
-    return not any(p.kind == "suspicious" or (p.kind == "not_resumable" and result.deep.optimizer.kind != "none")
-                   for p in result.problems)
+    return not any(
+        p.kind == "suspicious"
+        or (p.kind == "not_resumable" and result.deep.optimizer.kind != "none")
+        for p in result.problems
+    )
 
 
 def usable(result: CheckpointResult) -> bool:
@@ -353,7 +440,9 @@ def usable(result: CheckpointResult) -> bool:
     return deep_ok(result)
 
 
-def deep_check(path: str | os.PathLike, previous: str | os.PathLike | None = None) -> CheckpointResult:
+def deep_check(
+    path: str | os.PathLike, previous: str | os.PathLike | None = None
+) -> CheckpointResult:
     """The deep verdict on one checkpoint (for validate-on-save callbacks and `recover`):
     ``deep_check(p).passes_deep()`` is False for NaN/Inf anywhere, partial or missing optimizer state,
     an optimizer step ahead of the trainer's, or (with `previous`) a weight norm that jumped."""
@@ -376,21 +465,25 @@ def _tracker_entries(folder: str, found: list[fm.Found]) -> list[fm.Found]:
         except (OSError, storage.ReadError):
             continue
         name = pointer_target(text)
-        if name is None:   # the framework's resume reads nothing from this text: the pointer itself is broken
+        # the framework's resume reads nothing from this text: the pointer itself is broken
+        if name is None:
             extra.append(fm.Found(tpath, fmt, None, False, role=POINTER))
             continue
         if not name or "/" in name:
             continue  # Megatron's 'release'; a path is the symlink rule's (storage.inside), not a step's name
         target = os.path.normpath(os.path.join(folder, name))
-        if target not in present and not os.path.lexists(target):  # (one on disk the user did not name: not ours)
+        # (one on disk the user did not name: not ours)
+        if target not in present and not os.path.lexists(target):
             extra.append(fm.Found(target, fmt, fm.step_from_name(name), True))
     return extra
 
 
-POINTER = "resume-pointer"   # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
+POINTER = "resume-pointer"  # fm.Found.role of a DeepSpeed `latest` / Megatron tracker that names no checkpoint
 
 
-def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], set[str], dict[str, str]]:
+def _discover_jobs(
+    paths: list[str], notes: list[str]
+) -> tuple[list[fm.Found], set[str], dict[str, str]]:
     """Every checkpoint at or under the paths, the folders whose Orbax steps carry commit markers, and
     checkpoint -> the path the user named. Orbax steps soft-deleted into a todelete_subdir are left out, with a
     line in `notes`."""
@@ -401,9 +494,13 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     for raw in paths:
         p = os.fspath(raw)
         if not os.path.lexists(p):
-            raise UsageError(f"{p}: no such file or folder; expected a checkpoint or a folder of checkpoints")
+            raise UsageError(
+                f"{p}: no such file or folder; expected a checkpoint or a folder of checkpoints"
+            )
         if os.path.islink(p) and not os.path.exists(p):
-            raise UsageError(f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints")
+            raise UsageError(
+                f"{p}: dangling or looping symlink; expected a checkpoint or a folder of checkpoints"
+            )
         found, _unrec = fm.discover(p)
         deleted = orbax.orbax_soft_deleted(found)
         if deleted:
@@ -411,13 +508,17 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
             notes.append(orbax.soft_deleted_note(p, deleted))
         if not found and not deleted:
             kind = "folder" if os.path.isdir(p) else "file"
-            raise UsageError(f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
-                             "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them")
+            raise UsageError(
+                f"{p}: no checkpoint recognised in this {kind}; expected checkpoint-N/, *.ckpt, "
+                "*.safetensors, a DCP/Orbax/DeepSpeed/Megatron step folder, or a folder of them"
+            )
         parents = sorted({os.path.dirname(f.path) for f in found if f.role != fm.FINAL_EXPORT})
         for f in found:
             roots.setdefault(f.path, p)
         for parent in parents:
-            found += _tracker_entries(parent, [f for f in found if os.path.dirname(f.path) == parent])
+            found += _tracker_entries(
+                parent, [f for f in found if os.path.dirname(f.path) == parent]
+            )
             if orbax.commit_marked(found, parent):
                 orbax_commit_roots.add(parent)
         for f in found:  # once each: `latest` beside two given checkpoints names one of them
@@ -427,42 +528,78 @@ def _discover_jobs(paths: list[str], notes: list[str]) -> tuple[list[fm.Found], 
     return jobs, orbax_commit_roots, roots
 
 
-def _check_quick(jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: set[str],
-                 roots: dict[str, str]) -> list[CheckpointResult]:
+def _check_quick(
+    jobs: list[fm.Found], update: ProgressFn, orbax_commit_roots: set[str], roots: dict[str, str]
+) -> list[CheckpointResult]:
     """`validate_paths` at the quick level: every job's result, in order, split over processes (fanout; the
     progress bar's `update` is called in this process only)."""
+
     def work(part: Sequence[int], here: bool) -> list[CheckpointResult]:
         out = []
         for i in part:
-            out.append(_check_job(jobs[i], "quick", update if here else None, orbax_commit_roots, roots)[0])
+            out.append(
+                _check_job(jobs[i], "quick", update if here else None, orbax_commit_roots, roots)[0]
+            )
             if here:
                 update(checkpoints=1)
         return out
-    return map_split(range(len(jobs)), work, encode_results, decode_results,
-                     progress=lambda k: update(checkpoints=k))   # the children's checkpoints on the bar too
+
+    return map_split(
+        range(len(jobs)),
+        work,
+        encode_results,
+        decode_results,
+        progress=lambda k: update(checkpoints=k),  # the children's checkpoints on the bar too
+    )
 
 
-def _check_job(f: fm.Found, level: str, update: ProgressFn | None, orbax_commit_roots: set[str],
-               roots: dict[str, str], manifest: str | None = None,
-               stats: bool = False) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
+def _check_job(
+    f: fm.Found,
+    level: str,
+    update: ProgressFn | None,
+    orbax_commit_roots: set[str],
+    roots: dict[str, str],
+    manifest: str | None = None,
+    stats: bool = False,
+) -> tuple[CheckpointResult, dp.DeepOutcome | None]:
     """One checkpoint of `validate_paths`: its result and (level deep) its outcome."""
-    export = f.role == fm.FINAL_EXPORT   # a manifest there would cover every checkpoint-N/
-    result, outcome = check_with_values(f, level, update, os.path.dirname(f.path) in orbax_commit_roots,
-                                        None if export else manifest, stats=stats, root=roots.get(f.path))
+    export = f.role == fm.FINAL_EXPORT  # a manifest there would cover every checkpoint-N/
+    result, outcome = check_with_values(
+        f,
+        level,
+        update,
+        os.path.dirname(f.path) in orbax_commit_roots,
+        None if export else manifest,
+        stats=stats,
+        root=roots.get(f.path),
+    )
     if export:
         result.notes.append(FINAL_EXPORT_NOTE)
     return result, outcome
 
 
-FINAL_EXPORT_NOTE = ("final export: the run folder's own top-level model files "
-                     "(its checkpoint-N/ folders are checked one by one)")
+FINAL_EXPORT_NOTE = (
+    "final export: the run folder's own top-level model files "
+    "(its checkpoint-N/ folders are checked one by one)"
+)
 
 
 def seen_data(r: CheckpointResult) -> list | None:
     """What the checker saw of a result (`Seen`) as JSON data, or None."""
     seen = r.seen
-    return None if seen is None else [seen.families, seen.flat_names, seen.flat_read, seen.flat_unread,
-                                      seen.marker, seen.trainer_best, seen.state_read]
+    return (
+        None
+        if seen is None
+        else [
+            seen.families,
+            seen.flat_names,
+            seen.flat_read,
+            seen.flat_unread,
+            seen.marker,
+            seen.trainer_best,
+            seen.state_read,
+        ]
+    )
 
 
 def encode_results(results: list[CheckpointResult]) -> bytes:
@@ -476,8 +613,10 @@ def encode_results(results: list[CheckpointResult]) -> bytes:
     for r in results:
         try:
             lines.append(dump(r))
-        except ValueError:   # PydanticSerializationError: surrogates not allowed
-            lines.append(b"!" + json.dumps(r.model_dump(mode="json"), separators=(",", ":")).encode())
+        except ValueError:  # PydanticSerializationError: surrogates not allowed
+            lines.append(
+                b"!" + json.dumps(r.model_dump(mode="json"), separators=(",", ":")).encode()
+            )
     return b"\n".join(lines)
 
 
@@ -487,15 +626,26 @@ def decode_results(data: bytes) -> list[CheckpointResult]:
     lines = data.split(b"\n")
     seen = json.loads(lines[0])
     load = CheckpointResult.__pydantic_validator__.validate_json
-    results = [CheckpointResult.model_validate(json.loads(line[1:])) if line.startswith(b"!") else load(line)
-               for line in lines[1:]]
+    results = [
+        CheckpointResult.model_validate(json.loads(line[1:]))
+        if line.startswith(b"!")
+        else load(line)
+        for line in lines[1:]
+    ]
     if len(seen) != len(results):
         raise ValueError(f"{len(seen)} records of what was seen for {len(results)} results")
     for r, s in zip(results, seen, strict=True):
         if s is not None:
             fam, flat, read, unread, marker, best, state_read = s
-            r._seen = Seen(tuple(fam) if fam is not None else None, tuple(flat) if flat is not None else None,
-                           int(read), tuple(unread), marker, best, bool(state_read))
+            r._seen = Seen(
+                tuple(fam) if fam is not None else None,
+                tuple(flat) if flat is not None else None,
+                int(read),
+                tuple(unread),
+                marker,
+                best,
+                bool(state_read),
+            )
     return results
 
 
@@ -509,12 +659,19 @@ def refuse_remote_deep(paths: Iterable[str | None], level: str) -> None:
     """Level deep maps tensor data into memory (mmap): a URL is refused with one line (exit 2)."""
     urls = [p for p in paths if p is not None and storage.is_url(p)]
     if urls and level == "deep":
-        raise UsageError(f"{urls[0]}: --level deep maps tensor data into memory and needs a local copy; on object "
-                         "storage use --level quick or full (or copy the checkpoint to local disk first)")
+        raise UsageError(
+            f"{urls[0]}: --level deep maps tensor data into memory and needs a local copy; on object "
+            "storage use --level quick or full (or copy the checkpoint to local disk first)"
+        )
 
 
-def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | None = None,
-                   progress: bool | None = None, stats: str | None = None) -> ValidationReport:
+def validate_paths(
+    paths: Iterable[str],
+    level: str = "quick",
+    manifest: str | None = None,
+    progress: bool | None = None,
+    stats: str | None = None,
+) -> ValidationReport:
     """Validate every checkpoint at or under each path (roots with many checkpoints allowed).
 
     A path may be a URL (s3://BUCKET/PREFIX, gs://..., memory://...): one listing of the prefix,
@@ -531,7 +688,8 @@ def validate_paths(paths: Iterable[str], level: str = "quick", manifest: str | N
     urls = refuse_remote(paths, level, manifest)
     with storage.local_paths(paths, prefetch=level == "quick") as local:
         report = _validate_local(local, level, manifest, progress, stats, started)
-        return storage.unshadow_model(report) if urls else report  # a caller inside a view keeps its paths
+        # a caller inside a view keeps its paths
+        return storage.unshadow_model(report) if urls else report
 
 
 def refuse_remote(paths: list[str], level: str, manifest: str | None) -> list[str]:
@@ -539,40 +697,109 @@ def refuse_remote(paths: list[str], level: str, manifest: str | None) -> list[st
     urls = [p for p in paths if storage.is_url(p)]
     refuse_remote_deep(urls, level)
     if urls and manifest == "write":
-        raise UsageError(f"{urls[0]}: --manifest write is local only (it writes integrity.json beside each "
-                         "checkpoint); --manifest verify works on object storage")
+        raise UsageError(
+            f"{urls[0]}: --manifest write is local only (it writes integrity.json beside each "
+            "checkpoint); --manifest verify works on object storage"
+        )
     return urls
 
 
-def _validate_local(paths: list[str], level: str, manifest: str | None, progress: bool | None,
-                    stats: str | None, started: float) -> ValidationReport:
-    from checkpoint_strategy.validate.progress import Progress
-
-    if stats is not None and level != "deep":
-        raise UsageError("--stats needs --level deep (the per-tensor figures come from the deep pass)")
-    if stats is not None and stats.strip() == "":
-        raise UsageError("--stats: empty path; expected a JSON file to write")
-    if stats is not None and (os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats)))):
-        raise UsageError(f"--stats: cannot write {stats}: " + ("is a folder" if os.path.isdir(stats) else
-                                                               "its folder does not exist") + "; expected a JSON file path")
-    if stats is not None:  # never inside a checkpoint this command reads
-        storage.check_output(stats, "--stats", inputs=tuple(paths))
+def _validate_local(
+    paths: list[str],
+    level: str,
+    manifest: str | None,
+    progress: bool | None,
+    stats: str | None,
+    started: float,
+) -> ValidationReport:
+    if stats is not None:
+        _check_stats_path(stats, level, paths)
     notes: list[str] = []
     jobs, orbax_commit_roots, roots = _discover_jobs(paths, notes)
-    results: list[CheckpointResult] = []
+    results, per_ckpt = _check_jobs(
+        jobs, level, manifest, progress, stats is not None, orbax_commit_roots, roots
+    )
+    if stats is not None:
+        from checkpoint_strategy.render import to_json
+
+        storage.write_output(
+            stats,
+            to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")),
+            "--stats",
+            inputs=tuple(paths),
+        )
+    counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
+    from checkpoint_strategy.validate.coverage import blind_spots, families
+
+    return ValidationReport(
+        level=level,
+        manifest=manifest,
+        hash_algorithm=_hash_algorithm() if manifest else None,
+        checkpoints=results,
+        blind_spots=blind_spots(
+            ((seen := r.seen) and seen.families or families(r.format, r.path) for r in results),
+            level,
+            manifest,
+        ),
+        notes=notes,
+        summary=ValidationSummary(
+            checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts
+        ),
+    )
+
+
+def _check_stats_path(stats: str, level: str, paths: list[str]) -> None:
+    """--stats: level deep, a JSON file path in an existing folder, never inside a checkpoint this command reads."""
+    if level != "deep":
+        raise UsageError(
+            "--stats needs --level deep (the per-tensor figures come from the deep pass)"
+        )
+    if stats.strip() == "":
+        raise UsageError("--stats: empty path; expected a JSON file to write")
+    if os.path.isdir(stats) or not os.path.isdir(os.path.dirname(os.path.abspath(stats))):
+        raise UsageError(
+            f"--stats: cannot write {stats}: "
+            + ("is a folder" if os.path.isdir(stats) else "its folder does not exist")
+            + "; expected a JSON file path"
+        )
+    storage.check_output(stats, "--stats", inputs=tuple(paths))
+
+
+def _check_jobs(
+    jobs: list[fm.Found],
+    level: str,
+    manifest: str | None,
+    progress: bool | None,
+    want_stats: bool,
+    orbax_commit_roots: set[str],
+    roots: dict[str, str],
+) -> tuple[list[CheckpointResult], list[CheckpointStats]]:
+    """Check every job, its results in the jobs' order; level deep goes through each run folder by step and
+    compares each checkpoint with the one before (`want_stats`: and keeps their per-tensor figures)."""
+    from checkpoint_strategy.validate.progress import Progress
+
     per_ckpt: list[CheckpointStats] = []
-    previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}   # run folder -> last deep outcome
-    order = sorted(range(len(jobs)), key=lambda i: (os.path.dirname(jobs[i].path), jobs[i].step is None,
-                                                    jobs[i].step or 0)) if level == "deep" else range(len(jobs))
+    previous: dict[str, tuple[int, str, dp.DeepOutcome]] = {}  # run folder -> last deep outcome
+    order = (
+        sorted(
+            range(len(jobs)),
+            key=lambda i: (os.path.dirname(jobs[i].path), jobs[i].step is None, jobs[i].step or 0),
+        )
+        if level == "deep"
+        else range(len(jobs))
+    )
     by_index: dict[int, CheckpointResult] = {}
     with Progress(total=len(jobs), enabled=progress) as bar:
-        if level == "quick" and manifest is None:   # nothing carried from one checkpoint to the next: split
+        # nothing carried from one checkpoint to the next: split
+        if level == "quick" and manifest is None:
             order = []
             by_index = dict(enumerate(_check_quick(jobs, bar.update, orbax_commit_roots, roots)))
         for i in order:
             f = jobs[i]
             export = f.role == fm.FINAL_EXPORT
-            result, outcome = _check_job(f, level, bar.update, orbax_commit_roots, roots, manifest, stats is not None)
+            result, outcome = _check_job(
+                f, level, bar.update, orbax_commit_roots, roots, manifest, want_stats
+            )
             if outcome is not None:
                 run = os.path.dirname(f.path)
                 prev = previous.get(run)
@@ -580,21 +807,15 @@ def _validate_local(paths: list[str], level: str, manifest: str | None, progress
                     _compare(result, outcome, prev[2], prev[1])
                 if f.step is not None and not export:
                     previous[run] = (f.step, os.path.basename(f.path), outcome)
-                if stats is not None:
-                    per_ckpt.append(CheckpointStats(path=result.path, step=result.step,
-                                                    weights_norm=outcome.check.weights_norm, tensors=outcome.tensors))
+                if want_stats:
+                    per_ckpt.append(
+                        CheckpointStats(
+                            path=result.path,
+                            step=result.step,
+                            weights_norm=outcome.check.weights_norm,
+                            tensors=outcome.tensors,
+                        )
+                    )
             by_index[i] = result
             bar.update(checkpoints=1)
-    results = [by_index[i] for i in range(len(jobs))]
-    if stats is not None:
-        from checkpoint_strategy.render import to_json
-
-        storage.write_output(stats, to_json(DeepStats(checkpoints=per_ckpt).model_dump(mode="json")), "--stats",
-                             inputs=tuple(paths))
-    counts = {s: sum(r.status == s for r in results) for s in ("valid", "invalid", "incomplete")}
-    from checkpoint_strategy.validate.coverage import blind_spots, families
-
-    return ValidationReport(
-        level=level, manifest=manifest, hash_algorithm=_hash_algorithm() if manifest else None, checkpoints=results,
-        blind_spots=blind_spots(((seen := r.seen) and seen.families or families(r.format, r.path) for r in results), level, manifest), notes=notes,
-        summary=ValidationSummary(checkpoints=len(results), seconds=round(time.perf_counter() - started, 3), **counts))
+    return [by_index[i] for i in range(len(jobs))], per_ckpt
