@@ -5,7 +5,8 @@ deep level read each again; now it takes the ones full read).
     python bench/bench_dcp_deep.py [--layers 48] [--width 256] [--shards 4] [--repeat 5]
 
 The checkpoint is written by torch's own `dcp.save` (FileSystemWriter, `--shards` writer threads): a Sequential of
-`--layers` Linear(width, width) layers and its AdamW state after one step (every weight, bias and moment an item).
+`--layers` Linear(width, width) layers and its AdamW state after one step (every weight, bias and moment an item;
+tests/realruns.py `build_dcp_sharded`, the tests' `dcp_sharded` folder at another size).
 Printed: best-of-N wall and CPU seconds of `validate_checkpoint(level="deep")`, the bytes one run of each level reads
 (read syscalls, /proc/self/io rchar, and the bytes the value scan maps), and the embedded archive parses
 (`formats.filechecks` scan_embedded_zip, and embedded_torch_zip where a checkout has it) of one level full run (one
@@ -30,27 +31,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from realruns import build_dcp_sharded  # noqa: E402
 
 from checkpoint_strategy.formats import filechecks as fc  # noqa: E402
 from checkpoint_strategy.validate import validate_checkpoint  # noqa: E402
-
-
-def build(root: Path, layers: int, width: int, shards: int) -> Path:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(layers)))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model(torch.randn(2, width)).sum().backward()
-    opt.step()
-    path = root / "dcp" / "step-1"
-    dcp.save(
-        {"model": model.state_dict(), "optimizer": opt.state_dict()},
-        storage_writer=FileSystemWriter(str(path), thread_count=shards),
-    )
-    return path
 
 
 def counted(names: tuple[str, ...]) -> dict[str, int]:
@@ -92,7 +78,7 @@ def main() -> None:
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-dcp-deep-"))
     try:
-        path = build(tmp, a.layers, a.width, a.shards)
+        path = build_dcp_sharded(tmp, shards=a.shards, width=a.width, layers=a.layers)
         size = sum(f.stat().st_size for f in path.iterdir())
         validate_checkpoint(str(path), level="deep")  # imports, page cache
         walls, cpus = [], []

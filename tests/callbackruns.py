@@ -8,10 +8,84 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
 import realruns
+from cliresult import checkout_env
+
+
+def run_signalled(
+    script: Path,
+    text: str,
+    argv: list[str],
+    send=None,
+    when: Optional[Callable[[str], bool]] = None,
+    env: Optional[dict] = None,
+) -> tuple[int, list[str], str]:
+    """A training script in a subprocess (the preemption tests): `text` written to `script` and run with argv,
+    this checkout's scripts/ on its PYTHONPATH (env: more variables); signal `send` goes to it at the first
+    stdout line (stripped) `when` accepts. Returns (exit code, its stdout lines stripped, its stderr)."""
+    script.write_text(text)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=checkout_env(**(env or {})),
+    )
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.strip())
+        if send is not None and when is not None and when(line.strip()):
+            proc.send_signal(send)
+            send = None
+    err = proc.stderr.read() if proc.stderr else ""
+    return proc.wait(timeout=300), lines, err
+
+
+# The Lightning fit of the preemption scripts (tests/test_callbacks_lightning_preempt.py, the playbook's in
+# tests/test_callbacks_lightning_playbook.py), inserted after their imports (torch, pytorch_lightning as pl): one
+# batch an epoch, the epoch's own (a sampler Lightning tells the epoch), so every save is at an epoch end and a resumed
+# fit draws the same batches as an uninterrupted one; `loader` and the module `Net` (AdamW; no validation step).
+PL_PREEMPT_FIT = textwrap.dedent("""
+    class EpochSampler(torch.utils.data.Sampler):
+        def __init__(self):
+            self.epoch = 0
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+        def __len__(self):
+            return 32
+        def __iter__(self):
+            return iter(range(self.epoch * 32 % 4096, self.epoch * 32 % 4096 + 32))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 8, generator=g)
+    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, sampler=EpochSampler())
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        def training_step(self, batch, _idx):
+            xb, yb = batch
+            return torch.nn.functional.mse_loss(self.net(xb), yb)
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+""")
+
+
+def signal_at(step: int, slowed: bool = False) -> Callable[[str], bool]:
+    """Where run_signalled's signal goes in the preemption scripts: at the line `step N`, or (slowed) as the slowed
+    save starts (`saving ...`)."""
+    return (lambda x: x.startswith("saving")) if slowed else (lambda x: x == f"step {step}")
 
 
 def nan_callback(nan_step: int):
@@ -278,7 +352,7 @@ def _pb_item(i: int):
     return x, (x @ torch.linspace(-1, 1, 8)).tanh().unsqueeze(0) + 0.3 * torch.randn(1, generator=g)
 
 
-def _pb_eval(net) -> float:
+def pb_eval(net) -> float:
     import torch
 
     items = [_pb_item(10**7 + i) for i in range(512)]
@@ -417,14 +491,13 @@ def hf_playbook_ddp(
         tr._load_optimizer_and_scheduler = forgetful
     result = train_with_recovery(tr, lr_reduced_steps=PB_LR_STEPS, max_rollbacks=max_rollbacks)
     _pb_finish(
-        out,
-        rank,
-        {**result, **seen, "eval": _pb_eval(net.net), "weights": _pb_fingerprint(net.net)},
+        out, rank, {**result, **seen, "eval": pb_eval(net.net), "weights": _pb_fingerprint(net.net)}
     )
 
 
-def _pl_data(poison: bool):
-    """Rank r's items: r * PB_STEPS * PB_BATCH onwards, PB_BATCH a step; the batch of step PB_POISON flagged."""
+def pl_data(poison: bool, label_spike: Optional[int] = None):
+    """Rank r's items: r * PB_STEPS * PB_BATCH onwards, PB_BATCH a step; the batch of step PB_POISON flagged
+    (poison), the labels of step label_spike x30 (a spike that recovers)."""
     import torch
 
     class Data(torch.utils.data.Dataset):
@@ -434,13 +507,16 @@ def _pl_data(poison: bool):
         def __getitem__(self, i):
             x, y = _pb_item(i)
             step = (i % (PB_STEPS * PB_BATCH)) // PB_BATCH + 1
-            return x, y, torch.tensor(float(poison and step == PB_POISON))
+            spike = 30.0 if step == label_spike else 1.0
+            return x, y * spike, torch.tensor(float(poison and step == PB_POISON))
 
     return Data()
 
 
-def _pl_sampler():
-    """Epoch e on rank r: the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH of rank r's items."""
+def pl_sampler():
+    """Epoch e on rank r (0 without a process group): the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH of rank
+    r's items (Lightning calls set_epoch): each save, every 50 steps, is at an epoch end, so a resume draws the same
+    batches."""
     import torch
 
     class Sampler(torch.utils.data.Sampler):
@@ -456,10 +532,67 @@ def _pl_sampler():
         def __iter__(self):
             import torch.distributed as dist
 
-            base = dist.get_rank() * PB_STEPS * PB_BATCH + self.epoch * PB_EPOCH * PB_BATCH
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            base = rank * PB_STEPS * PB_BATCH + self.epoch * PB_EPOCH * PB_BATCH
             return iter(range(base, base + PB_EPOCH * PB_BATCH))
 
     return Sampler()
+
+
+def pl_net(seen: Optional[dict] = None):
+    """The playbook's Lightning module: a batch flagged poison multiplies the first layer by -50 in its forward
+    pass. seen: gets the steps whose forward pass ran ("forward") and those a poisoned batch came at."""
+    import pytorch_lightning as lightning
+    import torch
+
+    class Net(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = _pb_net()
+
+        def training_step(self, batch, _idx):
+            x, y, p = batch
+            step = self.trainer.global_step + 1
+            if seen is not None:
+                seen["forward"].append(step)
+            if p.any():
+                if seen is not None:
+                    seen["poisoned"].append(step)
+                with torch.no_grad():
+                    self.net[0].weight.mul_(-50)
+                    self.net[0].bias.mul_(-50)
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.0)
+
+    return Net()
+
+
+def pl_trainer(out: Path, with_strategy: bool = True, extra_callbacks=(), **trainer_kw):
+    """The playbook's Lightning Trainer: PB_STEPS steps, LightningCheckpointStrategy (every 50 steps, keep 20) unless
+    with_strategy=False, a ModelCheckpoint saving every 50 steps into `out`, then extra_callbacks."""
+    import pytorch_lightning as lightning
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from checkpoint_strategy.callbacks import LightningCheckpointStrategy
+
+    ours = (
+        [LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20})]
+        if with_strategy
+        else []
+    )
+    mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
+    return lightning.Trainer(
+        max_steps=PB_STEPS,
+        callbacks=[*ours, mc, *extra_callbacks],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        log_every_n_steps=1,
+        **trainer_kw,
+    )
 
 
 def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
@@ -472,31 +605,11 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
     trainer.fit call's ckpt_path and first step)."""
     import pytorch_lightning as lightning
     import torch
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
-    from checkpoint_strategy.callbacks import LightningCheckpointStrategy, fit_with_recovery
+    from checkpoint_strategy.callbacks import fit_with_recovery
 
     torch.set_num_threads(1)
     seen: dict = {"forward": [], "poisoned": [], "calls": [], "at": {}}
-
-    class Net(lightning.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = _pb_net()
-
-        def training_step(self, batch, _idx):
-            x, y, p = batch
-            step = self.trainer.global_step + 1
-            seen["forward"].append(step)
-            if p.any():
-                seen["poisoned"].append(step)
-                with torch.no_grad():
-                    self.net[0].weight.mul_(-50)
-                    self.net[0].bias.mul_(-50)
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.0)
 
     class FirstStep(lightning.Callback):
         def on_train_batch_start(self, trainer, module, batch, idx):
@@ -506,22 +619,8 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
                 module.net
             )  # the weights before this step
 
-    mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
-    trainer = lightning.Trainer(
-        max_steps=PB_STEPS,
-        callbacks=[
-            LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20}),
-            mc,
-            FirstStep(),
-        ],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        use_distributed_sampler=False,
-        log_every_n_steps=1,
+    trainer = pl_trainer(
+        out, extra_callbacks=[FirstStep()], devices=2, strategy="ddp", use_distributed_sampler=False
     )
     plain_fit = trainer.fit
 
@@ -533,17 +632,15 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
     if forget_rank is not None and forget_rank == int(os.environ.get("LOCAL_RANK", "0")):
         # that rank's resume restores the weights, not the optimizers (the fresh ones configure_optimizers made)
         trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
-    model = Net()
-    loader = torch.utils.data.DataLoader(
-        _pl_data(poison), batch_size=PB_BATCH, sampler=_pl_sampler()
-    )
+    model = pl_net(seen)
+    loader = torch.utils.data.DataLoader(pl_data(poison), batch_size=PB_BATCH, sampler=pl_sampler())
     result = fit_with_recovery(
         trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS
     )
     _pb_finish(
         out,
         trainer.global_rank,
-        {**result, **seen, "eval": _pb_eval(model.net), "weights": _pb_fingerprint(model.net)},
+        {**result, **seen, "eval": pb_eval(model.net), "weights": _pb_fingerprint(model.net)},
     )
 
 

@@ -404,15 +404,20 @@ def build_dcp_checkpoint(root: Path) -> Path:
     return path
 
 
-def build_dcp_sharded(root: Path, shards: int = 4, width: int = 64) -> Path:
+def build_dcp_sharded(
+    root: Path, shards: int = 4, width: int = 64, layers: Optional[int] = None
+) -> Path:
     """A real torch.distributed.checkpoint folder with `shards` data files (FileSystemWriter writes one
-    file per writer thread: __0_0.distcp .. __0_{shards-1}.distcp), model + optimizer."""
+    file per writer thread: __0_0.distcp .. __0_{shards-1}.distcp): a Sequential of `layers` (default `shards`)
+    Linear(width, width) and its AdamW state after one step (also bench/bench_dcp_deep.py's folder)."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
     _seed(0)
-    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(shards)))
+    model = torch.nn.Sequential(
+        *(torch.nn.Linear(width, width) for _ in range(shards if layers is None else layers))
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(2, width)).sum().backward()
     opt.step()

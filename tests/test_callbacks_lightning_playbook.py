@@ -6,118 +6,37 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
+import callbackruns  # noqa: E402
+from callbackruns import PB_EPOCH as EPOCH  # noqa: E402
+from callbackruns import PB_POISON as POISON  # noqa: E402
+from callbackruns import PB_STEPS as STEPS  # noqa: E402
+from callbackruns import PL_PREEMPT_FIT, run_signalled, signal_at  # noqa: E402
+
 from checkpoint_strategy.errors import UsageError  # noqa: E402
 from checkpoint_strategy.formats.runlog import METRICS_FILE  # noqa: E402
 
-STEPS = 600
-POISON = 300  # the step whose batch damages the weights
-BATCH = 32
-EPOCH = 50  # batches an epoch: each save (every 50 steps) is at an epoch end, so a resume draws the same batches
-
-
-class _Data(torch.utils.data.Dataset):
-    """Item i belongs to step i // BATCH + 1; label_spike: that step's labels x30 (a spike that recovers)."""
-
-    def __init__(self, poison=None, label_spike=None):
-        self.poison, self.label_spike = poison, label_spike
-
-    def __len__(self):
-        return STEPS * BATCH
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(1000 + i)
-        x = torch.randn(8, generator=g)
-        y = (x @ torch.linspace(-1, 1, 8)).tanh().unsqueeze(0) + 0.3 * torch.randn(1, generator=g)
-        step = i // BATCH + 1
-        return (
-            x,
-            y * (30.0 if step == self.label_spike else 1.0),
-            torch.tensor(float(step == self.poison)),
-        )
-
-
-class _EpochSampler(torch.utils.data.Sampler):
-    """Epoch e draws the items of steps e*EPOCH+1 .. (e+1)*EPOCH, in order (Lightning calls set_epoch)."""
-
-    def __init__(self):
-        self.epoch = 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-
-    def __len__(self):
-        return EPOCH * BATCH
-
-    def __iter__(self):
-        return iter(range(self.epoch * EPOCH * BATCH, (self.epoch + 1) * EPOCH * BATCH))
-
-
-class _Net(pl.LightningModule):
-    """A bad shard: a batch flagged poison multiplies the first layer by -50 in its forward pass."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)
-        )
-
-    def training_step(self, batch, _idx):
-        x, y, poison = batch
-        if poison.any():
-            with torch.no_grad():
-                self.net[0].weight.mul_(-50)
-                self.net[0].bias.mul_(-50)
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=0.0)
-
 
 def _fit_parts(out, *, poison=None, label_spike=None, with_strategy=True):
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    from checkpoint_strategy.callbacks import LightningCheckpointStrategy
-
+    """The playbook's fit (tests/callbackruns.py, as its 2-process run): trainer, module, loader; one epoch every
+    EPOCH batches, so each save (every 50 steps) is at an epoch end and a resume draws the same batches."""
     torch.set_num_threads(1)
-    cbs = (
-        [LightningCheckpointStrategy({"frequency": "every_50_steps", "keep_last": 20})]
-        if with_strategy
-        else []
-    )
-    mc = ModelCheckpoint(dirpath=str(out), save_top_k=-1, every_n_train_steps=50)
-    trainer = pl.Trainer(
-        max_steps=STEPS,
-        callbacks=[*cbs, mc],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        devices=1,
-        log_every_n_steps=1,
-    )
+    data = callbackruns.pl_data(poison == POISON, label_spike)
     loader = torch.utils.data.DataLoader(
-        _Data(poison, label_spike), batch_size=BATCH, sampler=_EpochSampler()
+        data, batch_size=callbackruns.PB_BATCH, sampler=callbackruns.pl_sampler()
     )
-    return trainer, _Net(), loader
+    trainer = callbackruns.pl_trainer(out, with_strategy=with_strategy, devices=1)
+    return trainer, callbackruns.pl_net(), loader
 
 
 def _eval(model) -> float:
-    data = _Data()
-    x = torch.stack([data[10**5 + i][0] for i in range(512)])
-    y = torch.stack([data[10**5 + i][1] for i in range(512)])
-    with torch.no_grad():
-        return float(torch.nn.functional.mse_loss(model.net(x), y))
+    return callbackruns.pb_eval(model.net)
 
 
 @pytest.fixture(scope="module")
@@ -241,9 +160,9 @@ def test_a_resume_that_drops_the_optimizer_state_stops_with_one_error(tmp_path, 
     )
 
 
-# a preempted playbook fit and its resumed launch, in a subprocess (the signal): one batch an epoch, every save at
-# an epoch end; `handles` is how many open files of this process are the loss log, at the end of training
-PREEMPTED = textwrap.dedent("""
+# a preempted playbook fit and its resumed launch, in a subprocess (the signal): tests/callbackruns.py PL_PREEMPT_FIT; `handles` is how many open files of this process are the loss log, at the end of training
+PREEMPTED = (
+    textwrap.dedent("""
     import os, sys, time, torch
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -253,31 +172,9 @@ PREEMPTED = textwrap.dedent("""
     out, steps = sys.argv[1], int(sys.argv[2])
     torch.set_num_threads(1)
 
-    class EpochSampler(torch.utils.data.Sampler):
-        def __init__(self):
-            self.epoch = 0
-        def set_epoch(self, epoch):
-            self.epoch = epoch
-        def __len__(self):
-            return 32
-        def __iter__(self):
-            return iter(range(self.epoch * 32 % 4096, self.epoch * 32 % 4096 + 32))
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4096, 8, generator=g)
-    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, sampler=EpochSampler())
-
-    class Net(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        def training_step(self, batch, _idx):
-            xb, yb = batch
-            return torch.nn.functional.mse_loss(self.net(xb), yb)
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=3e-3)
+""")
+    + PL_PREEMPT_FIT
+    + textwrap.dedent("""
 
     log = os.path.realpath(os.path.join(out, METRICS_FILE))
 
@@ -296,28 +193,17 @@ PREEMPTED = textwrap.dedent("""
     res = fit_with_recovery(trainer, Net(), train_dataloaders=loader, ckpt_path=last_valid_checkpoint(out))
     print("done", res["global_step"], "preempted" if cb.preempted else "finished", flush=True)
 """)
+)
 
 
 def _playbook_launch(tmp_path, out, send_at=None):
-    script = tmp_path / "playbook_fit.py"
-    script.write_text(PREEMPTED)
-    paths = [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(out), "120"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    return run_signalled(
+        tmp_path / "playbook_fit.py",
+        PREEMPTED,
+        [str(out), "120"],
+        signal.SIGTERM if send_at is not None else None,
+        signal_at(send_at or 0),
     )
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line.strip())
-        if send_at is not None and line.strip() == f"step {send_at}":
-            proc.send_signal(signal.SIGTERM)
-    err = proc.stderr.read() if proc.stderr else ""
-    return proc.wait(timeout=300), lines, err
 
 
 def _log_lines(path) -> list[dict]:

@@ -4,15 +4,13 @@ SIGTERM / SIGUSR1 mid-run, or during a save."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Optional
 
 import pytest
+from callbackruns import PL_PREEMPT_FIT, run_signalled, signal_at
 
 pytest.importorskip("pytorch_lightning")
 
@@ -22,9 +20,10 @@ from checkpoint_strategy.callbacks.preempt import RECORD_FILE, read_record  # no
 pytestmark = pytest.mark.slow
 STEPS = 120
 
-# one batch an epoch, the epoch's own (a sampler that Lightning tells the epoch): every save is at an epoch end,
-# so a resumed fit draws the same batches as an uninterrupted one
-SCRIPT = textwrap.dedent('''
+# the fit of tests/callbackruns.py PL_PREEMPT_FIT (one batch an epoch: every save at an epoch end), its module with a
+# validation step
+SCRIPT = (
+    textwrap.dedent("""
     import io, json, os, sys, time, torch
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint
@@ -35,33 +34,12 @@ SCRIPT = textwrap.dedent('''
     slow, grace = (float(sys.argv[4]), float(sys.argv[5])) if len(sys.argv) > 5 else (0.0, 120.0)
     torch.set_num_threads(1)
 
-    class EpochSampler(torch.utils.data.Sampler):
-        def __init__(self):
-            self.epoch = 0
-        def set_epoch(self, epoch):
-            self.epoch = epoch
-        def __len__(self):
-            return 32
-        def __iter__(self):
-            return iter(range(self.epoch * 32 % 4096, self.epoch * 32 % 4096 + 32))
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(4096, 8, generator=g)
-    y = torch.sin(x.sum(dim=1, keepdim=True)) + 0.3 * torch.randn(4096, 1, generator=g)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32, sampler=EpochSampler())
-
-    class Net(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
-        def training_step(self, batch, _idx):
-            xb, yb = batch
-            return torch.nn.functional.mse_loss(self.net(xb), yb)
+""")
+    + PL_PREEMPT_FIT
+    + textwrap.dedent('''
+    class ValNet(Net):
         def validation_step(self, batch, _idx):
             print(f"val {self.trainer.global_step}", flush=True)
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=3e-3)
 
     class Progress(pl.Callback):
         def on_train_start(self, trainer, module):
@@ -105,12 +83,13 @@ SCRIPT = textwrap.dedent('''
                          **json.loads(os.environ.get("FIT_MINS", "{}")))
     if os.environ.get("FIT_NO_SKIP_FLAG"):  # as a Lightning before 2.5: no one-shot flag to skip a validation
         trainer.fit_loop.epoch_loop._skip_next_val = None
-    trainer.fit(Net(), loader, val, ckpt_path=last_valid_checkpoint(out))
+    trainer.fit(ValNet(), loader, val, ckpt_path=last_valid_checkpoint(out))
     print("skip", trainer.fit_loop.epoch_loop._skip_next_val, "_should_check_val_fx" in vars(trainer.fit_loop.epoch_loop),
           flush=True)
     print("mins", trainer.min_steps, trainer.min_epochs, flush=True)
     print("done", trainer.global_step, "preempted" if cb.preempted else "finished", flush=True)
 ''')
+)
 
 
 def _launch(
@@ -125,38 +104,15 @@ def _launch(
 ):
     """slow (seconds, grace): the first save (step 50) sleeps that long half-written; the signal is sent as it
     starts. mins: the Trainer's min_steps / min_epochs (JSON). Returns (exit code, stdout lines, stderr)."""
-    script = tmp_path / "fit.py"
-    script.write_text(SCRIPT)
-    at = f"step {at_step}" if slow is None else "saving"
-    env = {
-        **os.environ,
-        "FIT_MINS": mins,
-        **(env or {}),
-        "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
     extra = [] if slow is None else [str(slow[0]), str(slow[1])]
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(out), str(STEPS), signals, *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    return run_signalled(
+        tmp_path / "fit.py",
+        SCRIPT,
+        [str(out), str(STEPS), signals, *extra],
+        send,
+        signal_at(at_step, slow is not None),
+        {"FIT_MINS": mins, **(env or {})},
     )
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.strip())
-        if (
-            send is not None
-            and line.strip().startswith(at)
-            and (slow is not None or line.strip() == at)
-        ):
-            proc.send_signal(send)
-            send = None
-    err = proc.stderr.read() if proc.stderr else ""
-    return proc.wait(timeout=300), lines, err
 
 
 def _losses(lines: list[str]) -> dict[int, float]:

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from callbackruns import run_signalled, signal_at
 
 pytest.importorskip("transformers")
 
@@ -75,36 +73,14 @@ def _launch(
 ):
     """slow (seconds, grace): the first save sleeps that long between the weights and the optimizer state, and
     the signal is sent as it starts."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    at = f"step {at_step}" if slow is None else "saving"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).parents[1] / "scripts"), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
     extra = [] if slow is None else [str(slow[0]), str(slow[1])]
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(out), str(STEPS), signals, *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
+    return run_signalled(
+        tmp_path / "train.py",
+        SCRIPT,
+        [str(out), str(STEPS), signals, *extra],
+        send,
+        signal_at(at_step, slow is not None),
     )
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.strip())
-        if (
-            send is not None
-            and line.strip().startswith(at)
-            and (slow is not None or line.strip() == at)
-        ):
-            proc.send_signal(send)
-            send = None
-    err = proc.stderr.read() if proc.stderr else ""
-    return proc.wait(timeout=300), lines, err
 
 
 def _losses(out: Path, step: int) -> dict[int, float]:

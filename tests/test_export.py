@@ -550,6 +550,14 @@ def test_plan_file_fifo_folder_and_both_inputs(tmp_path, cli_run):
     path = _plan_json(tmp_path, cli_run, *PLAN)
     rc, _, err = cli_run(*(["export", "--framework", "hf", "--plan-file", str(path)] + PLAN))
     assert rc == 2 and "not both" in err
+    # every plan option counts, the two-tier and node-rate ones too (they were once left out of export's list)
+    for option in (
+        ["--gpus-per-node", "4"],
+        ["--local-tier", "100,5"],
+        ["--min-interval-seconds", "60"],
+    ):
+        rc, out, err = cli_run("export", "--framework", "hf", "--plan-file", str(path), *option)
+        assert rc == 2 and out == "" and "not both" in err, option
 
 
 # --------------------------------------------------------------------------- what each exporter writes

@@ -9,6 +9,7 @@ from checkpoint_strategy.cli.planoptions import (
     add_optional_run,
     add_plan_options,
     optional_run_numbers,
+    plan_options_given,
 )
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.export import FRAMEWORKS, OUTPUTS, export_plan, render_export
@@ -18,27 +19,6 @@ from checkpoint_strategy.planning.planner import plan
 from checkpoint_strategy.render import write_output
 
 HELP = "the plan as a framework's own checkpoint settings (hf, lightning, orbax, torchtitan, megatron, deepspeed)"
-
-_PLAN_OPTIONS = (
-    "model_size_gb",
-    "weights_dtype",
-    "params",
-    "precision",
-    "preset",
-    "frequency",
-    "keep_last",
-    "milestones",
-    "formats",
-    "save_optimizer",
-    "gpus",
-    "gpu_mtbf_hours",
-    "mtbf_hours",
-    "checkpoint_write_seconds",
-    "write_gbps",
-    "restart_seconds",
-    "async_save",
-    "max_loss_hours",
-)
 
 
 def add_arguments(parser) -> None:
@@ -75,7 +55,7 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     given = optional_run_numbers(args)
-    options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
+    options = plan_options_given(args)
     if args.plan_file is not None:
         if given or options:
             raise UsageError(

@@ -14,6 +14,7 @@ from checkpoint_strategy.cli.planoptions import (
     add_optional_run,
     add_plan_options,
     optional_run_numbers,
+    plan_options_given,
 )
 from checkpoint_strategy.errors import UsageError
 from checkpoint_strategy.integrations import handoff
@@ -70,40 +71,12 @@ def add_arguments(parser) -> None:
     add_plan_options(parser, positionals=False)
 
 
-_PLAN_OPTIONS = (
-    "model_size_gb",
-    "weights_dtype",
-    "params",
-    "precision",
-    "preset",
-    "frequency",
-    "keep_last",
-    "milestones",
-    "formats",
-    "save_optimizer",
-    "gpus",
-    "gpu_mtbf_hours",
-    "mtbf_hours",
-    "checkpoint_write_seconds",
-    "write_gbps",
-    "gpus_per_node",
-    "node_write_gbps",
-    "storage_gbps",
-    "min_interval_seconds",
-    "restart_seconds",
-    "async_save",
-    "max_loss_hours",
-    "local_tier",
-    "node_loss_fraction",
-)
-
-
 def run(args) -> int:
     inputs = (args.checkpoints, args.plan_file, args.log)
     check_output_early(args.output, inputs)
 
     given = optional_run_numbers(args)
-    options = [name for name in _PLAN_OPTIONS if getattr(args, name, None) is not None]
+    options = plan_options_given(args)
     report = None
     if args.plan_file:
         if given or options:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import re
 import sys
 from typing import Union
@@ -347,6 +348,20 @@ def add_plan_options(parser: argparse.ArgumentParser, positionals: bool = True) 
         metavar="F",
         help="share of failures that lose a node's local checkpoints (default 0.78, Llama 3)",
     )
+
+
+@functools.cache
+def _plan_option_names() -> tuple[str, ...]:
+    """The namespace names of add_plan_options's options (TOTAL_STEPS / --duration aside), in declared order."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_plan_options(parser, positionals=False)
+    return tuple(vars(parser.parse_args([])))
+
+
+def plan_options_given(ns: argparse.Namespace) -> list[str]:
+    """The plan options given on the command line (each add_plan_options option whose value is not None), in the
+    order add_plan_options declares them: a command taking --plan-file refuses them next to it."""
+    return [name for name in _plan_option_names() if getattr(ns, name, None) is not None]
 
 
 runs_count = number("runs")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from checkpoint_strategy import storage
@@ -57,6 +58,9 @@ _DECODE = {
 }
 _TORCH_OPTIM_FILE = re.compile(r"^optimizer(?:_\d+)?\.(?:pt|bin)$")
 _TRAIN_LEAVES = ("step", "global_step", "global_steps", "iteration")
+#: DCP folders level full already read (`validate --level deep`): normalised folder path -> its `.metadata` as
+#: data and the item archives it parsed, by (relative path, offset) (formats/dcp.py `check_dcp_dir`)
+DcpParsed = Mapping[str, tuple[DcpMetadata, Mapping[tuple[str, int], fc.ZipScan]]]
 
 
 def _decode(raw: bytes, dtype: str) -> Optional[float]:
@@ -186,23 +190,45 @@ def _dcp_meta(folder: str) -> Optional[DcpMetadata]:
         return None
 
 
-def _archive_value(data: bytes) -> Optional[float]:
-    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way), the archive read by
-    the one reader of DCP's item archives (`filechecks.scan_embedded_zip`: directory, local headers, data.pkl, every
-    CRC-32); None when it cannot give it (damaged bytes, not a number)."""
-    z = fc.scan_embedded_zip(zr.InMemory(data), 0, len(data), zr.Counter())
+def _zip_value(z: fc.ZipScan, read: Callable[[int, int], bytes]) -> Optional[float]:
+    """The value of a torch.save'd int/float/scalar tensor (DCP writes non-tensor items this way) from its parsed
+    archive `z`; `read(at, n)`: n bytes at offset `at` of the archive. None when it cannot give it (damaged bytes,
+    not a number)."""
     root = z.pickle.root if z.pickle is not None and not z.findings else None
     if not isinstance(root, tp.TensorRef):
         return _number(root)
     at = _scalar_at(z, root)
-    return None if at is None else _decode(data[at : at + tp.DTYPE_SIZE[root.dtype]], root.dtype)
+    return None if at is None else _decode(read(at, tp.DTYPE_SIZE[root.dtype]), root.dtype)
+
+
+def _archive_value(data: bytes) -> Optional[float]:
+    """`_zip_value` of an item archive nobody parsed yet, read by the one reader of DCP's item archives
+    (`filechecks.scan_embedded_zip`: directory, local headers, data.pkl, every CRC-32)."""
+    z = fc.scan_embedded_zip(zr.InMemory(data), 0, len(data), zr.Counter())
+    return _zip_value(z, lambda at, n: data[at : at + n])
+
+
+def _read_at(path: str, at: int, n: int) -> bytes:
+    try:
+        with storage.open_regular(path, "DCP data file") as fh:
+            fh.seek(at)
+            return fh.read(n)
+    except (OSError, storage.ReadError):
+        return b""
 
 
 class _Dcp:
-    """One DCP folder: its entries and the values of scalar items, read on demand."""
+    """One DCP folder: its entries and the values of scalar items, read on demand (from the item archives level
+    full parsed, `archives`, when given: only the value's bytes are read)."""
 
-    def __init__(self, folder: str, meta: DcpMetadata) -> None:
+    def __init__(
+        self,
+        folder: str,
+        meta: DcpMetadata,
+        archives: Optional[Mapping[tuple[str, int], fc.ZipScan]] = None,
+    ) -> None:
         self.folder = folder
+        self.archives = archives or {}
         dtypes = {t.fqn: t.dtype for t in meta.tensors}
         self.dtypes = {
             fqn: dtypes.get(fqn, "bytes") for fqn in meta.fqns
@@ -221,6 +247,10 @@ class _Dcp:
         rel, off, length = loc
         if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/"):
             return None
+        parsed = self.archives.get((rel, off))
+        if parsed is not None:
+            path = os.path.join(self.folder, rel)
+            return _zip_value(parsed, lambda at, n: _read_at(path, off + at, n))
         try:
             with storage.open_regular(os.path.join(self.folder, rel), "DCP data file") as fh:
                 fh.seek(off)
@@ -267,13 +297,19 @@ def _whole(v: Optional[float]) -> Optional[int]:
 
 
 def _dcp_read(
-    folder: str, out: OptimizerSteps, optimizer_only: bool = False, sum_optimizers: bool = False
+    folder: str,
+    out: OptimizerSteps,
+    optimizer_only: bool = False,
+    sum_optimizers: bool = False,
+    parsed: Optional[DcpParsed] = None,
 ) -> None:
-    """sum_optimizers: Lightning's `optimizer_<k>` entries, whose counters its global_step adds up."""
-    meta = _dcp_meta(folder)
+    """sum_optimizers: Lightning's `optimizer_<k>` entries, whose counters its global_step adds up. parsed: the
+    folders level full read (their .metadata and item archives are not read again)."""
+    known = (parsed or {}).get(os.path.normpath(folder))
+    meta = known[0] if known is not None else _dcp_meta(folder)
     if meta is None:
         return
-    d = _Dcp(folder, meta)
+    d = _Dcp(folder, meta, known[1] if known is not None else None)
     opt, train, sched = dcp_step_keys(list(d.dtypes))
     rel = (
         os.path.relpath(os.path.join(folder, ".metadata"), out.path)
@@ -309,7 +345,7 @@ def _dcp_read(
 # --------------------------------------------------------------------------- layouts
 
 
-def _hf(path: str, out: OptimizerSteps) -> None:
+def _hf(path: str, out: OptimizerSteps, parsed: Optional[DcpParsed] = None) -> None:
     try:
         state = storage.read_json(
             os.path.join(path, "trainer_state.json"),
@@ -340,7 +376,7 @@ def _hf(path: str, out: OptimizerSteps) -> None:
             if re.match(r"^global_step\d+$", name):
                 _deepspeed(sub, out, rel=name + "/")
             elif os.path.isfile(os.path.join(sub, ".metadata")) and name.startswith("optimizer"):
-                _dcp_read(sub, out, optimizer_only=True)
+                _dcp_read(sub, out, optimizer_only=True, parsed=parsed)
 
 
 def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
@@ -368,9 +404,9 @@ def _deepspeed(path: str, out: OptimizerSteps, rel: str = "") -> None:
         out.optimizer_step_from = f"{rel}*_optim_states.pt optimizer_state_dict state[*]['step']"
 
 
-def _lightning(path: str, out: OptimizerSteps) -> None:
+def _lightning(path: str, out: OptimizerSteps, parsed: Optional[DcpParsed] = None) -> None:
     if os.path.isdir(path):  # a sharded strategy's folder: DCP shards, the loop state in meta.pt
-        _dcp_read(path, out, optimizer_only=True, sum_optimizers=True)
+        _dcp_read(path, out, optimizer_only=True, sum_optimizers=True, parsed=parsed)
         meta = os.path.join(path, "meta.pt")
         gs = _root_int(TorchArchive(meta).root, "global_step") if storage.is_regular(meta) else None
         if gs is not None:
@@ -395,9 +431,13 @@ def _lightning(path: str, out: OptimizerSteps) -> None:
             out.scheduler_step, out.scheduler_step_from = last, "lr_schedulers[0]['last_epoch']"
 
 
-def read_optimizer_steps(path: str, fmt: Optional[str] = None) -> OptimizerSteps:
+def read_optimizer_steps(
+    path: str, fmt: Optional[str] = None, parsed: Optional[DcpParsed] = None
+) -> OptimizerSteps:
     """Both counters of one checkpoint (a folder or a .ckpt/.pt file); unreadable parts stay None.
-    fmt: the format `formats.identify` gives; found from the path when None. Never raises on content."""
+    fmt: the format `formats.identify` gives; found from the path when None. parsed: the DCP folders level full
+    read (`validate --level deep`); without them each DCP folder's .metadata and step entries are read here.
+    Never raises on content."""
     from checkpoint_strategy.formats import identify as fm
 
     if fmt is None:
@@ -406,13 +446,13 @@ def read_optimizer_steps(path: str, fmt: Optional[str] = None) -> OptimizerSteps
     out = OptimizerSteps(path=path, format=fmt)
     try:
         if fmt == "hf-trainer" and os.path.isdir(path):
-            _hf(path, out)
+            _hf(path, out, parsed)
         elif fmt == "deepspeed" and os.path.isdir(path):
             _deepspeed(path, out)
         elif fmt in ("lightning", "nemo"):
-            _lightning(path, out)
+            _lightning(path, out, parsed)
         elif fmt in ("dcp", "torchtitan") and os.path.isdir(path):
-            _dcp_read(path, out)
+            _dcp_read(path, out, parsed=parsed)
         elif fmt == "torch" and not os.path.isdir(path):
             step, _n, arc = _archive_steps(path)
             gs = _root_int(arc.root if arc else None, "global_step", "step", "iteration")
@@ -473,14 +513,16 @@ def judge(s: OptimizerSteps, resume_step: Optional[int] = None) -> OptimizerStep
     return s
 
 
-def fill_deep_check(path: str, fmt: str, opt: OptimizerCheck) -> Optional[tuple[str, str]]:
+def fill_deep_check(
+    path: str, fmt: str, opt: OptimizerCheck, parsed: Optional[DcpParsed] = None
+) -> Optional[tuple[str, str]]:
     """For `validate --level deep`: where its own pass left the optimizer's step or the training step unread
     (DCP / torchtitan train_state, DeepSpeed's partitioned optimizer and global_steps), read them here and fill
-    `opt`. Returns (problem kind, reason) for a counter behind ("suspicious") or ahead ("not_resumable") of the
+    `opt` (a DCP folder in `parsed`, from the archives level full parsed). Returns (problem kind, reason) for a counter behind ("suspicious") or ahead ("not_resumable") of the
     training step, worded as the deep level words it for HF and Lightning; None otherwise."""
     if opt.kind == "none" or (opt.step is not None and opt.global_step is not None):
         return None
-    s = read_optimizer_steps(path, fmt)
+    s = read_optimizer_steps(path, fmt, parsed)
     if opt.step is None:
         opt.step = s.optimizer_step
     if opt.global_step is None:

@@ -237,8 +237,13 @@ def _apply_deep(ctx: Ctx, found: fm.Found, layout: Layout, outcome: dp.DeepOutco
     """Level deep's outcome (`_deep_outcome`) into the context: its findings, notes and bytes."""
     from checkpoint_strategy.formats.optstep import fill_deep_check
 
+    parsed = {
+        os.path.normpath(s.path): (s.dcp, s.archives)
+        for s in ctx.sources
+        if s.kind == "dcp" and s.dcp is not None and s.archives is not None
+    }
     # DCP, DeepSpeed step counters
-    mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer)
+    mismatch = fill_deep_check(found.path, found.format, outcome.check.optimizer, parsed)
     if mismatch is not None:
         outcome.findings.append(_deep().Finding(".", mismatch[1], mismatch[0]))
     for f in outcome.findings:
