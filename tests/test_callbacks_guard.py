@@ -188,6 +188,33 @@ def test_recover_shows_the_rollbacks_done_and_judges_the_curve_after_the_last(tm
         assert report.log.points == MAX_STEPS - skipped
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 64, 4096])
+def test_rollback_records_are_read_across_chunk_edges_and_past_long_lines(
+    tmp_path, monkeypatch, chunk
+):
+    """recover's scan of a real guard log for its rollback records reads the log a chunk at a time (a map of the
+    whole log put all of it in recover's resident memory): every record is found whatever the chunk edges cut,
+    a line longer than any record (one holding the event name inside a string) is passed over, and the last line
+    without its newline is still read."""
+    from checkpoint_strategy.recovery import advice
+
+    guard = TrainingGuard(tmp_path, frequency_steps=50)
+    _run(tmp_path, guard, poison=POISON)
+    guard.close()
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()
+    event = advice.ROLLBACK_EVENT.decode()
+    long_line = json.dumps({"note": event + "x" * (3 * advice._RECORD_MAX), "step": 1})
+    last = next(x for x in lines if event in x)
+    log = tmp_path / "scanned.jsonl"
+    # not JSON as a whole line; its tail alone is a record (a scan that carried on past the cut would take it)
+    hidden = "#" * (advice._RECORD_MAX + 1) + last
+    log.write_text("\n".join([long_line, *lines, hidden, long_line, hidden]) + "\n" + last)
+    want = [json.loads(x) for x in lines if event in x] + [json.loads(last)]
+    assert [r["at_step"] for r in want] == [guard.rollbacks[0]["step"]] * 2
+    monkeypatch.setattr(advice, "_SCAN_CHUNK", chunk)
+    assert advice.rollback_records(str(log)) == want
+
+
 def test_a_spike_that_recovers_within_the_window_is_not_rolled_back(tmp_path, caplog):
     guard = TrainingGuard(tmp_path, frequency_steps=50)
     with caplog.at_level(logging.INFO, logger="checkpoint_strategy.callbacks"):

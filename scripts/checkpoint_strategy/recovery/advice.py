@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -277,34 +276,59 @@ def advise_with_series(
 ROLLBACK_EVENT = b'"checkpoint-strategy:rollback"'
 
 
+#: the rollback scan reads the log this much at a time (a map of the whole log would put all of it in the
+#: process's resident memory: recover's peak RSS on a 34 MB log went from 1.9x to 2.7x the file)
+_SCAN_CHUNK = 1 << 20
+#: a line longer than this is not a guard record (they are a few hundred bytes): the scan does not carry it
+_RECORD_MAX = 1 << 16
+
+
 def rollback_records(path: str) -> list[dict]:
     """The automatic rollbacks a training callback recorded in its JSON-lines loss log (callbacks/guard.py), in
-    file order; [] for any other log. Only the lines holding the event name are parsed (one scan of the bytes)."""
+    file order; [] for any other log. Only the lines holding the event name are parsed (one pass over the bytes,
+    a chunk at a time)."""
     if not isinstance(path, str) or not path.endswith(".jsonl") or not os.path.isfile(path):
         return []
     out: list[dict] = []
     try:
         with open(path, "rb") as fh:
-            if os.fstat(fh.fileno()).st_size == 0:
-                return []
-            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                i = mm.find(ROLLBACK_EVENT)
-                while i >= 0:
-                    start, end = mm.rfind(b"\n", 0, i) + 1, mm.find(b"\n", i)
-                    end = len(mm) if end < 0 else end
-                    try:
-                        rec = json.loads(mm[start:end])
-                    except ValueError:
-                        rec = None
-                    if (
-                        isinstance(rec, dict)
-                        and isinstance(rec.get("resume_step"), int)
-                        and isinstance(rec.get("at_step"), int)
-                    ):
-                        out.append(rec)
-                    i = mm.find(ROLLBACK_EVENT, end)
+            carry, skip = b"", False
+            while True:
+                block = fh.read(_SCAN_CHUNK)
+                buf = carry + block if carry else block
+                if skip:  # (the rest of a line too long to be a record)
+                    cut = buf.find(b"\n")
+                    skip = cut < 0 and bool(block)
+                    buf = b"" if cut < 0 else buf[cut + 1 :]
+                whole = len(buf) if not block else buf.rfind(b"\n") + 1
+                out.extend(_records_in(buf, whole))
+                if not block:
+                    return out
+                carry = buf[whole:]
+                if len(carry) > _RECORD_MAX:
+                    carry, skip = b"", True
     except OSError:
         return []
+
+
+def _records_in(buf: bytes, whole: int) -> list[dict]:
+    """The rollback records among the whole lines in buf[:whole]."""
+    out: list[dict] = []
+    i = buf.find(ROLLBACK_EVENT, 0, whole)
+    while i >= 0:
+        start, end = buf.rfind(b"\n", 0, i) + 1, buf.find(b"\n", i, whole)
+        end = whole if end < 0 else end
+        try:
+            rec = json.loads(buf[start:end])
+        except ValueError:
+            rec = None
+        if (
+            isinstance(rec, dict)
+            and isinstance(rec.get("resume_step"), int)
+            and isinstance(rec.get("at_step"), int)
+        ):
+            out.append(rec)
+        i = buf.find(ROLLBACK_EVENT, end, whole)
     return out
 
 
