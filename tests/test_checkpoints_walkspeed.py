@@ -1007,3 +1007,41 @@ def test_the_marker_name_discover_looks_for_is_the_marker_path_identify_looks_at
     assert fm.unfinished_name(name) == os.path.basename(
         fm.unfinished_marker(os.path.join(folder, name))
     )
+
+
+def test_an_archive_seen_before_gets_its_verdict_again_without_a_second_parse(
+    archives, tmp_path, monkeypatch
+):
+    """The quick level keeps what it found in a small archive by its bytes (filechecks._SCANNED): a copy of
+    an archive checked already gives the same findings, entries, pickle and bytes read without being parsed
+    again, a damaged copy is parsed (its own findings), and the store stays bounded."""
+    monkeypatch.setattr(fc, "_SCANNED", {})
+    parsed: list[str] = []
+    real = fc._scan_open_zip
+
+    def counting(src, path, *args, **kwargs):
+        parsed.append(path)
+        return real(src, path, *args, **kwargs)
+
+    monkeypatch.setattr(fc, "_scan_open_zip", counting)
+    good = (archives / "scheduler.pt").read_bytes()
+    damaged = good[:-10]  # cut short
+    first = (
+        b"\0" + good[1:]
+    )  # the first local header broken: the same last bytes (the store's key) as `good`
+    for i, data in enumerate((good, good, damaged, damaged, good, first)):
+        (tmp_path / f"{i}.pt").write_bytes(data)
+    got = [_scan(tmp_path / f"{i}.pt", monkeypatch, in_memory=True) for i in range(6)]
+    assert parsed == [str(tmp_path / f"{i}.pt") for i in (0, 2, 5)]
+    assert got[0] == got[1] == got[4] and got[0][0] == []
+    assert got[2] == got[3] and got[2][0] and got[2][0] != got[0][0]
+    assert got[5][0] and got[5][0] != got[2][0]
+    assert got[5][:4] == _scan(tmp_path / "5.pt", monkeypatch, in_memory=False)[:4]
+    # the same verdicts as a parse from the file
+    assert got[1][:4] == _scan(tmp_path / "1.pt", monkeypatch, in_memory=False)[:4]
+    assert got[3][:4] == _scan(tmp_path / "3.pt", monkeypatch, in_memory=False)[:4]
+    monkeypatch.setattr(fc, "SCANNED_MAX", 2)
+    for i in range(5):
+        (tmp_path / f"o{i}.pt").write_bytes(good[:-22] + good[-22:-2] + bytes([0, i]))
+        fc.scan_zip(str(tmp_path / f"o{i}.pt"), zr.Counter())
+        assert len(fc._SCANNED) <= 2

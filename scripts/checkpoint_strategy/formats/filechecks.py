@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, TypeAlias, cast
 
 from checkpoint_strategy.formats import archive as zr
 from checkpoint_strategy.formats import safepickle as tp
@@ -194,13 +194,55 @@ def scan_zip(
         )
         if isinstance(got, bytes):
             counter.sizes[path] = len(got)
-            _scan_open_zip(zr.InMemory(got), path, z, counter, full, update, crc)
+            _scan_small_zip(got, path, z, counter)
         else:
             with got as fh:
                 _scan_open_zip(fh, path, z, counter, full, update, crc)
     except (OSError, ReadError) as exc:
         z.findings.append(Finding(_oserror(exc)))
     return z
+
+
+#: the quick level's verdicts on small archives, by their bytes: an archive byte for byte the same as one checked
+#: already (the Trainer's training_args.bin in every checkpoint of a run, a tree of copies) gets that check's
+#: findings, directory and pickle again, not a second parse of them. Looked up by the archive's last SCANNED_KEY
+#: bytes (its end records and the end of its directory: hashing them costs a miss ~1k instructions, the whole
+#: archive ~10k), then its whole bytes compared. Bounded: archives of at most SCANNED_BYTES, SCANNED_MAX of them
+#: (then it starts again empty); a legacy file is not kept (its note names the file).
+SCANNED_BYTES = 1 << 16
+SCANNED_KEY = 128
+SCANNED_MAX = 32
+_Kept: TypeAlias = "tuple[bytes, tuple[Finding, ...], list[ZipEntry], str, tp.PickleScan | None, tuple | None, int]"
+_SCANNED: dict[bytes, _Kept] = {}
+
+
+def _scan_small_zip(data: bytes, path: str, z: ZipScan, counter: Counter) -> None:
+    """`_scan_open_zip` at the quick level on an archive read whole (what it finds depends on its bytes alone:
+    kept in `_SCANNED`, shared read-only)."""
+    if len(data) > SCANNED_BYTES:
+        _scan_open_zip(zr.InMemory(data), path, z, counter, False, None)
+        return
+    key = data[-SCANNED_KEY:]
+    kept = _SCANNED.get(key)
+    if kept is not None and kept[0] == data:
+        _data, findings, z.entries, z.prefix, z.pickle, z._index, read = kept
+        z.findings.extend(findings)
+        counter.bytes_read += read
+        return
+    start = counter.bytes_read
+    _scan_open_zip(zr.InMemory(data), path, z, counter, False, None)
+    if not z.legacy:
+        if len(_SCANNED) >= SCANNED_MAX:
+            _SCANNED.clear()
+        _SCANNED[key] = (
+            data,
+            tuple(z.findings),
+            z.entries,
+            z.prefix,
+            z.pickle,
+            z._index,
+            counter.bytes_read - start,
+        )
 
 
 def scan_embedded_zip(
