@@ -60,17 +60,26 @@ def _torch_zip(path: Path, entries: dict[str, bytes]) -> None:
         zf.writestr("archive/version", b"3\n")
 
 
-def build_tree(root: Path, n_ckpt: int, shards: int = 92) -> int:
-    # each shard holds the names the index places in it (validate checks the index against the shards' headers)
-    st = [_safetensors(prefix=f"s{s}.") for s in range(shards)]
+def _zips(root: Path) -> dict[str, bytes]:
     zips = {}
     for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin"):
         tmp = root / f".{name}"
         _torch_zip(tmp, {str(i): os.urandom(256) for i in range(8)})
         zips[name] = tmp.read_bytes()
         tmp.unlink()
+    return zips
+
+
+def build_tree(root: Path, n_ckpt: int, shards: int = 92, distinct: bool = False) -> int:
+    """distinct: every checkpoint's torch archives drawn anew (as a real run's optimizer.pt, scheduler.pt and
+    rng_state.pth differ), not one set copied into every checkpoint (a verdict kept by content serves copies)."""
+    # each shard holds the names the index places in it (validate checks the index against the shards' headers)
+    st = [_safetensors(prefix=f"s{s}.") for s in range(shards)]
+    zips = _zips(root)
     files = 0
     for c in range(n_ckpt):
+        if distinct and c:
+            zips = _zips(root)
         d = root / f"checkpoint-{(c + 1) * 10}"
         d.mkdir()
         wm = {}

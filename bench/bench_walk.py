@@ -39,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +107,15 @@ def _cli(argv: list[str], pycache: Path):
     return run
 
 
+def _tree(tmp: Path, n: int, distinct: bool) -> tuple[Path, int]:
+    """The bench's tree of n checkpoints (distinct: every torch archive different) and its file count."""
+    tree = tmp / f"tree{n}{'-distinct' if distinct else ''}"
+    tree.mkdir()
+    files = build_tree(tree, n, shards=1, distinct=distinct)
+    stat_walk(tree)  # warm the dentry/inode cache for every measurement
+    return tree, files
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="500,1000,2000")
@@ -143,10 +153,7 @@ def main() -> int:
     try:
         floors = _startup_floors(tmp, args.repeat)
         for n in sizes:
-            tree = tmp / f"tree{n}"
-            tree.mkdir()
-            files = build_tree(tree, n, shards=1)
-            stat_walk(tree)  # warm the dentry/inode cache for every measurement
+            (tree, files), (distinct, _) = _tree(tmp, n, False), _tree(tmp, n, True)
 
             def quick(t=tree, n=n):
                 r = validate_paths([str(t)], level="quick", progress=False)
@@ -177,6 +184,9 @@ def main() -> int:
                 "floor": lambda t=tree: read_walk(t),
                 "validate --level quick (in process)": quick,
                 "  the same, one process": one_process(quick),
+                "  the same, every archive different, one process": one_process(
+                    partial(quick, distinct, n)
+                ),
                 "prune dry run (in process)": dry,
                 "  the same, one process ": one_process(dry),
                 "validate --level quick (command)": _cli(
@@ -218,6 +228,7 @@ def main() -> int:
             if args.profile and n == max(sizes):
                 _profile(quick)
             shutil.rmtree(tree)
+            shutil.rmtree(distinct)
         _print_slopes(per_size, floors)
         _real_optimizer(tmp, args.repeat)
     finally:
