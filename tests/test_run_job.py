@@ -46,10 +46,15 @@ def test_teardown_abort_once_is_run_again_and_passes(tmp_path):
     assert (runs, err) == (2, None)
 
 
-def test_teardown_abort_twice_fails_with_both_stderrs(tmp_path):
+def test_teardown_abort_twice_is_run_a_third_time_and_passes(tmp_path):
     runs, err = _run(tmp_path, 2, TEARDOWN_ABORT)
-    assert runs == 2 and err is not None
-    assert str(err).count(TEARDOWN_ABORT) == 2 and "--- then ---" in str(err)
+    assert (runs, err) == (3, None)
+
+
+def test_teardown_abort_every_time_fails_with_every_stderr(tmp_path):
+    runs, err = _run(tmp_path, 3, TEARDOWN_ABORT)
+    assert runs == 3 and err is not None
+    assert str(err).count(TEARDOWN_ABORT) == 3 and str(err).count("--- then ---") == 2
 
 
 @pytest.mark.parametrize(
