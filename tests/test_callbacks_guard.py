@@ -196,22 +196,22 @@ def test_rollback_records_are_read_across_chunk_edges_and_past_long_lines(
     whole log put all of it in recover's resident memory): every record is found whatever the chunk edges cut,
     a line longer than any record (one holding the event name inside a string) is passed over, and the last line
     without its newline is still read."""
-    from checkpoint_strategy.recovery import advice
+    from checkpoint_strategy.recovery import advice, records
 
     guard = TrainingGuard(tmp_path, frequency_steps=50)
     _run(tmp_path, guard, poison=POISON)
     guard.close()
     lines = (tmp_path / METRICS_FILE).read_text().splitlines()
     event = advice.ROLLBACK_EVENT.decode()
-    long_line = json.dumps({"note": event + "x" * (3 * advice._RECORD_MAX), "step": 1})
+    long_line = json.dumps({"note": event + "x" * (3 * records.BLOCK_BYTES), "step": 1})
     last = next(x for x in lines if event in x)
     log = tmp_path / "scanned.jsonl"
     # not JSON as a whole line; its tail alone is a record (a scan that carried on past the cut would take it)
-    hidden = "#" * (advice._RECORD_MAX + 1) + last
+    hidden = "#" * (records.BLOCK_BYTES + 1) + last
     log.write_text("\n".join([long_line, *lines, hidden, long_line, hidden]) + "\n" + last)
     want = [json.loads(x) for x in lines if event in x] + [json.loads(last)]
     assert [r["at_step"] for r in want] == [guard.rollbacks[0]["step"]] * 2
-    monkeypatch.setattr(advice, "_SCAN_CHUNK", chunk)
+    monkeypatch.setattr(records, "BLOCK_BYTES", chunk)
     assert advice.rollback_records(str(log)) == want
 
 

@@ -663,7 +663,7 @@ def jsonl_batches(
     tokens, a BOM, a lone surrogate, an error) with the standard library deciding each line orjson refuses,
     so the records are the same either way."""
     wait, gap = 0, 1
-    for block, lineno, n, terminated in _line_blocks(fh, first):
+    for block, lineno, n, terminated in line_blocks(fh, first):
         recs: Optional[list | Rows] = None
         if terminated:
             if wait:
@@ -878,7 +878,7 @@ def _bad_line(lineno: int, exc: Exception) -> LogProblem:
     return LogProblem(f" line {lineno} is not valid JSON (truncated?): {msg}")
 
 
-def _line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, bool]]:
+def line_blocks(fh: BinaryIO, first: bytes) -> Iterator[tuple[bytes, int, int, bool]]:
     """(lines joined by newlines - no final one -, the first line's number, the number of lines, the last one
     ended by a newline) of an open binary file, read BLOCK_BYTES at a time; only a file's unterminated last line
     comes with False."""
