@@ -988,9 +988,9 @@ def test_discover_passes_what_it_listed_and_finds_what_identify_finds(tmp_path):
         and by_name["megatron_gpt--step=40.ckpt"].format == "nemo"
     )
     assert by_name["checkpoint-10"].listing == (["trainer_state.json"], {"trainer_state.json"})
-    assert (
-        by_name["checkpoint-50"].listing is None
-    )  # a link: listed by the checker when it checks it
+    # a link: discover does not list through it; identify lists it once and keeps that listing for the checker
+    assert by_name["checkpoint-50"].listing == (["trainer_state.json"], {"trainer_state.json"})
+    assert fm.identify(str(root / "checkpoint-10")).listing == by_name["checkpoint-10"].listing
 
 
 @settings(max_examples=300, deadline=None)
@@ -1045,3 +1045,24 @@ def test_an_archive_seen_before_gets_its_verdict_again_without_a_second_parse(
         (tmp_path / f"o{i}.pt").write_bytes(good[:-22] + good[-22:-2] + bytes([0, i]))
         fc.scan_zip(str(tmp_path / f"o{i}.pt"), zr.Counter())
         assert len(fc._SCANNED) <= 2
+
+
+def test_validate_checkpoint_given_a_path_lists_its_folder_once(tmp_path, monkeypatch):
+    """validate_checkpoint(folder): identify's listing is the checker's (an HF Trainer folder is listed once, not
+    once to identify it and again to check it), with the same verdict as the checker listing it itself."""
+    from checkpoint_strategy.validate.engine import validate_checkpoint
+
+    root = _damaged_run(tmp_path / "run")
+    folder = str(next(p for p in sorted(root.iterdir()) if p.is_dir() and not p.is_symlink()))
+    want = validate_checkpoint(folder)
+    listed: list[str] = []
+    real_scandir, real_listdir = os.scandir, os.listdir
+    monkeypatch.setattr(
+        os, "scandir", lambda p=".": (listed.append(os.fspath(p)), real_scandir(p))[1]
+    )
+    monkeypatch.setattr(
+        os, "listdir", lambda p=".": (listed.append(os.fspath(p)), real_listdir(p))[1]
+    )
+    got = validate_checkpoint(folder)
+    assert listed.count(folder) == 1, listed
+    assert got.model_dump() == want.model_dump() and got.status == "valid"
