@@ -140,7 +140,8 @@ def _identify_folder(
 ) -> Found | None:
     """`identify` of a folder (`base`: its name), from its name, its names (listed here when not given) and
     NeMo's -unfinished marker beside it (looked up in `siblings` when given)."""
-    if names is None:  # (listed here: the listing is kept on an hf-trainer Found, the checker lists no more)
+    # listed here: the listing is kept on an hf-trainer Found, so the checker lists no more
+    if names is None:
         listing = listing_types(path)
         names = listing[0] if listing is not None else []
     nameset = set(names)
