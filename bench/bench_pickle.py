@@ -10,7 +10,12 @@ rng_state.pth; the rng state under transformers' own `safe_globals()` as the Tra
 archive's data.pkl with the package's pickle reader alone; the least of `--repeat` rounds of each. training_args.bin
 is validated but not in the torch.load column: torch.load(weights_only=True) refuses it and a resume does not load it.
 
-    python bench/bench_pickle.py [--repeat 30] [--steps 6] [--save-steps 2] [--scripts PATH]
+    python bench/bench_pickle.py [--repeat 30] [--steps 6] [--save-steps 2] [--scripts PATH] [--model 32x2]
+
+--model: the GPT-2's width and depth, n_embd x n_layer (default 32x2: the tests' tiny model, ~30 K parameters, an
+optimizer.pt of 250 kB). The quick level's cost grows with the number of tensors, torch.load's also with their
+bytes, so the ratio falls as the model grows: `--model 256x4` (3.2 M parameters, optimizer.pt 25 MB) shows where
+a still small real model stands.
 
 --scripts: the package to measure (default: this checkout's scripts/; give another checkout's to measure the code
 before a change with the same checkpoints, e.g. a `git worktree add /tmp/main main`).
@@ -36,11 +41,14 @@ def cpu(fn, n: int = 1) -> float:
     return (time.process_time() - t) / n
 
 
-def build(root: Path, steps: int, save_steps: int) -> list[Path]:
+def build(root: Path, steps: int, save_steps: int, model: str) -> list[Path]:
     sys.path.insert(0, str(ROOT / "tests"))
     import realruns
 
-    run = realruns.run_hf_with_kwargs(root, {"max_steps": steps, "save_steps": save_steps})
+    width, depth = (int(x) for x in model.split("x"))
+    run = realruns.run_hf_with_kwargs(
+        root, {"max_steps": steps, "save_steps": save_steps}, model=(width, depth)
+    )
     return [run.folder / name for name in run.names]
 
 
@@ -61,6 +69,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--save-steps", type=int, default=2)
     ap.add_argument("--scripts", default=str(ROOT / "scripts"))
+    ap.add_argument("--model", default="32x2", help="the GPT-2's n_embd x n_layer (default 32x2)")
     ap.add_argument(
         "--keep", help="build the checkpoints here (and reuse them when it already holds some)"
     )
@@ -74,7 +83,7 @@ def main() -> int:
 
     where = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-pickle-"))
     ckpts = sorted((where / "hf-export").glob("checkpoint-*")) or build(
-        where, args.steps, args.save_steps
+        where, args.steps, args.save_steps, args.model
     )
     pkls = []
     for c in ckpts:
@@ -106,7 +115,8 @@ def main() -> int:
             best[name] = min(best[name], cpu(fn))
     n = len(ckpts)
     print(
-        f"{n} real HF Trainer checkpoints ({args.scripts}), least of {args.repeat} interleaved rounds, CPU per "
+        f"{n} real HF Trainer checkpoints ({args.scripts}; optimizer.pt {(ckpts[0] / 'optimizer.pt').stat().st_size}"
+        f" bytes), least of {args.repeat} interleaved rounds, CPU per "
         f"checkpoint: validate quick {best['quick'] / n * 1e3:.2f} ms, torch.load(weights_only=True) of "
         f"{', '.join(LOADED)} {best['load'] / n * 1e3:.2f} ms, read_pickle of its {len(pkls) // n} data.pkl "
         f"{best['reader'] / n * 1e3:.2f} ms; quick / torch.load = {best['quick'] / best['load']:.3f}x "

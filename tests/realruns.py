@@ -67,15 +67,16 @@ class _TokenDataset:
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-def _tiny_gpt2():
-    """The seeded 2-layer GPT-2 (64-token vocabulary) every HF run here starts from."""
+def _tiny_gpt2(n_embd: int = 32, n_layer: int = 2):
+    """The seeded 2-layer GPT-2 (64-token vocabulary) every HF run here starts from (bench/bench_pickle.py also
+    builds wider and deeper ones)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     _seed(0)
     torch.set_num_threads(1)
     return GPT2LMHeadModel(
-        GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+        GPT2Config(vocab_size=64, n_positions=32, n_embd=n_embd, n_layer=n_layer, n_head=2)
     )
 
 
@@ -451,8 +452,9 @@ class SaveRun:
     names: list[str] = field(default_factory=list)  # what is on disk at the end
 
 
-def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
-    """The tiny GPT-2 trained by the real Trainer with exported TrainingArguments keywords."""
+def run_hf_with_kwargs(root: Path, kwargs: dict, model: tuple[int, int] = (32, 2)) -> SaveRun:
+    """The tiny GPT-2 trained by the real Trainer with exported TrainingArguments keywords (`model`: its n_embd
+    and n_layer)."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     saved: list[int] = []
@@ -475,7 +477,7 @@ def run_hf_with_kwargs(root: Path, kwargs: dict) -> SaveRun:
         **kwargs,
     )
     trainer = Trainer(
-        model=_tiny_gpt2(),
+        model=_tiny_gpt2(*model),
         args=args,
         train_dataset=_TokenDataset(512, 16, 64),
         callbacks=[Record()],
