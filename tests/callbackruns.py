@@ -495,9 +495,11 @@ def hf_playbook_ddp(
     )
 
 
-def pl_data(poison: bool, label_spike: Optional[int] = None):
-    """Rank r's items: r * PB_STEPS * PB_BATCH onwards, PB_BATCH a step; the batch of step PB_POISON flagged
-    (poison), the labels of step label_spike x30 (a spike that recovers)."""
+def pl_data(
+    poison: bool, label_spike: Optional[int] = None, poison_steps: tuple[int, ...] = (PB_POISON,)
+):
+    """Rank r's items: r * PB_STEPS * PB_BATCH onwards, PB_BATCH a step; the batches of poison_steps (PB_POISON
+    alone by default) flagged (poison), the labels of step label_spike x30 (a spike that recovers)."""
     import torch
 
     class Data(torch.utils.data.Dataset):
@@ -508,7 +510,7 @@ def pl_data(poison: bool, label_spike: Optional[int] = None):
             x, y = _pb_item(i)
             step = (i % (PB_STEPS * PB_BATCH)) // PB_BATCH + 1
             spike = 30.0 if step == label_spike else 1.0
-            return x, y * spike, torch.tensor(float(poison and step == PB_POISON))
+            return x, y * spike, torch.tensor(float(poison and step in poison_steps))
 
     return Data()
 
@@ -595,12 +597,19 @@ def pl_trainer(out: Path, with_strategy: bool = True, extra_callbacks=(), **trai
     )
 
 
-def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) -> None:
+def pl_playbook_ddp(
+    out: Path,
+    poison: bool,
+    forget_rank: Optional[int] = None,
+    poison_steps: tuple[int, ...] = (PB_POISON,),
+    max_rollbacks: int = 3,
+) -> None:
     """One rank of a 2-process Lightning DDP fit (Trainer(strategy="ddp", devices=2), gloo, CPU; Lightning starts
     rank 1 by running this program again) with fit_with_recovery. Each rank draws its own batches (rank r: the
     items of its own half), epoch e the batches of steps e*PB_EPOCH+1 .. (e+1)*PB_EPOCH (each save, every 50
     steps, is at an epoch end: a resume draws the same batches); poison: the batch of step PB_POISON on every rank
-    multiplies the first layer by -50 (forget_rank: that rank's resume restores no optimizer state). Writes
+    multiplies the first layer by -50 (poison_steps: the steps so poisoned, PB_POISON alone by default;
+    max_rollbacks: fit_with_recovery's; forget_rank: that rank's resume restores no optimizer state). Writes
     out/result-<rank>.json as hf_playbook_ddp does (calls: each
     trainer.fit call's ckpt_path and first step)."""
     import pytorch_lightning as lightning
@@ -633,9 +642,15 @@ def pl_playbook_ddp(out: Path, poison: bool, forget_rank: Optional[int] = None) 
         # that rank's resume restores the weights, not the optimizers (the fresh ones configure_optimizers made)
         trainer._checkpoint_connector.restore_optimizers_and_schedulers = lambda: None
     model = pl_net(seen)
-    loader = torch.utils.data.DataLoader(pl_data(poison), batch_size=PB_BATCH, sampler=pl_sampler())
+    loader = torch.utils.data.DataLoader(
+        pl_data(poison, poison_steps=poison_steps), batch_size=PB_BATCH, sampler=pl_sampler()
+    )
     result = fit_with_recovery(
-        trainer, model, train_dataloaders=loader, lr_reduced_steps=PB_LR_STEPS
+        trainer,
+        model,
+        train_dataloaders=loader,
+        lr_reduced_steps=PB_LR_STEPS,
+        max_rollbacks=max_rollbacks,
     )
     _pb_finish(
         out,

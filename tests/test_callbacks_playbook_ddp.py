@@ -320,3 +320,82 @@ def test_lightning_ddp_a_resume_check_failing_on_one_rank_stops_every_rank(tmp_p
     ]
     assert "step counter is 0" in r1["stopped"], r1["stopped"]
     assert err.count("rank 1's resume from") == 1
+
+
+def _pl_ckpt(step: int, version: str = "") -> str:
+    """ModelCheckpoint's name for the save at `step` (an epoch is PB_EPOCH steps); version "-v1": the second save
+    at that step (the first name was taken by the rolled-back pass)."""
+    return f"epoch={step // callbackruns.PB_EPOCH - 1}-step={step}{version}.ckpt"
+
+
+@pytest.mark.slow
+def test_lightning_ddp_a_second_rollback_then_max_rollbacks_stops_every_rank(tmp_path, cli_run):
+    """The HF journey above under Lightning DDP: poisoned steps 150, 300, 450 and max_rollbacks=2. Both ranks roll
+    back twice, to the checkpoint before each onset, skip past it, and stop together at the third spike (onset 450)
+    with the limit's reason; rank 0 alone writes the loss log and says each action once; recover on that log reports
+    both rollbacks. A finding: the first pass decided its rollback at step 250 and ModelCheckpoint then saved its
+    spiked weights there as epoch=4-step=250.ckpt (marked); the second pass's clean save at 250 is
+    epoch=4-step=250-v1.ckpt. The playbook told the guard of the spiked save too, and the ranks agree on a target by
+    its step alone, so the second rollback loaded the spiked checkpoint on every rank (its resume check a jump, the
+    third spike at 321, not 450). The second rollback must load the -v1 save and its resume check pass."""
+    out = tmp_path / "out"
+    r0, r1, err = run2("pl_playbook", out, True, "poison_steps=150,300,450", "max_rollbacks=2")
+    assert r0["rollbacks"] == r1["rollbacks"]
+    got = [(rb["onset"], rb["checkpoint"], rb["resume_step"], rb["skip"]) for rb in r0["rollbacks"]]
+    first, second = str(out / _pl_ckpt(100)), str(out / _pl_ckpt(250, "-v1"))
+    assert got == [(150, first, 100, [101, 170]), (300, second, 250, [251, 320])], got
+    assert all(rb["step"] > rb["onset"] for rb in r0["rollbacks"])
+    assert (
+        r0["calls"]
+        == r1["calls"]
+        == [
+            {"resume": None, "from_step": 0},
+            {"resume": first, "from_step": 100},
+            {"resume": second, "from_step": 250},
+        ]
+    )
+    assert r0["fits"] == r1["fits"] == 3
+    skipped = [*range(101, 171), *range(251, 321)]
+    for r in (r0, r1):
+        # each poisoned batch met once: the resumed fits skip it
+        assert r["poisoned"] == [150, 300, 450]
+        assert r["skipped_steps"] == skipped
+        assert r["stopped"] is not None and r["stopped"].endswith(
+            "(onset 450) after 2 rollbacks (max_rollbacks=2)"
+        ), r["stopped"]
+        checks = [a for a in r["actions"] if a["event"].endswith(":resume_check")]
+        assert [(a["checkpoint"], a["verdict"]) for a in checks] == [
+            (first, "ok"),
+            (first, "ok"),
+            (second, "ok"),
+            (second, "ok"),
+        ], checks  # each resume: the optimizer's step counter, then the loss back within the band
+    assert r0["stopped"] == r1["stopped"] and r0["global_step"] == r1["global_step"]
+    assert 450 < r0["global_step"] < PB_STEPS  # stopped, not run to the end
+    assert (
+        r0["forward"] == r1["forward"] and r0["weights"] == r1["weights"] and r0["at"] == r1["at"]
+    )
+    at = r0["at"]  # the weights before each step (JSON keys: the step, as text)
+    # the skipped steps moved no weight, the next did
+    for resume, last_skipped in ((100, 170), (250, 320)):
+        assert at[str(resume)] == at[str(last_skipped)] != at[str(last_skipped + 1)]
+    assert err.count(f"rollback 1/2 to {_pl_ckpt(100)} ") == 1  # rank 0 alone says it
+    assert err.count(f"rollback 2/2 to {_pl_ckpt(250, '-v1')} ") == 1
+    assert err.count("after 2 rollbacks (max_rollbacks=2): training stops") == 1
+    recs = [json.loads(x) for x in (out / METRICS_FILE).read_text().splitlines()]
+    events = [r["event"].split(":")[1] for r in recs if "event" in r]
+    assert events == ["spike", "rollback", "resume_check", "resume_check"] * 2 + ["spike", "stop"]
+    cuts = [i for i, r in enumerate(recs) if r.get("event") == "checkpoint-strategy:rollback"]
+    # each fit's losses, each step once (rank 0's alone)
+    for a, b in zip([0, *cuts], [*cuts, len(recs)], strict=True):
+        steps = [r["step"] for r in recs[a:b] if "event" not in r]
+        assert steps == sorted(set(steps)), steps
+    rec = cli_run("recover", str(out / METRICS_FILE), "--format", "json")
+    assert rec.rc == 0, rec.err
+    line = rec.json()["reasons"][0]
+    assert line.startswith("the run rolled back by itself 2 time(s)"), line
+    for rb in r0["rollbacks"]:
+        assert (
+            f"at step {rb['step']} (divergence, onset {rb['onset']}) to {Path(rb['checkpoint']).name} "
+            f"(step {rb['resume_step']}), steps {rb['skip'][0]}-{rb['skip'][1]} skipped"
+        ) in line, line

@@ -20,9 +20,10 @@ guard's window:
 
 Checkpoints the first pass saved after the onset (spiked weights) get the emergency marker (not a
 resume point for ``last_valid_checkpoint``, not a rollback target). The data order of the resumed fit
-is Lightning's: a checkpoint at an epoch end (or a resumable loader) continues with the same batches;
-a mid-epoch checkpoint with a plain DataLoader restarts the epoch (Lightning warns), and the skipped
-steps are then other batches. Returns the guard's summary plus ``fits`` and ``global_step``.
+is Lightning's: a checkpoint at an epoch end (or a resumable loader) continues with the same batches (one
+a resumed fit saved too: the playbook counts the epoch Lightning 2.6 leaves uncounted there, which a later
+resume from it would draw again); a mid-epoch checkpoint with a plain DataLoader restarts the epoch
+(Lightning warns), and the skipped steps are then other batches. Returns the guard's summary plus ``fits`` and ``global_step``.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
         if not self._clip_read:
             self.user_clip, self._clip_read = trainer.gradient_clip_val, True
         self.decision = None
+        _count_resumed_epoch(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         # the strategy's on_train_start has run
@@ -101,6 +103,22 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
             trainer.should_stop = True
 
 
+def _count_resumed_epoch(trainer) -> None:
+    """Lightning (2.6.6) resuming from a save at an epoch's last batch (restarted mid-epoch) finishes that epoch,
+    then starts the next without counting it ready and started: every save of the resumed fit says that epoch was
+    never begun, and a fit resumed from one of them (a second rollback's target) draws it again (the samplers'
+    set_epoch one behind: other batches at every step, the skipped steps not the batches of the first pass). Counted
+    here, at the start of the fit, before its first epoch; a Lightning that counts it leaves nothing to count."""
+    loop = getattr(trainer, "fit_loop", None)
+    progress = getattr(loop, "epoch_progress", None)
+    if progress is None or getattr(loop, "restarted_mid_epoch", False) is not True:
+        return
+    total = progress.total
+    if total.ready == total.started == total.processed:
+        progress.increment_ready()
+        progress.increment_started()
+
+
 def fit_with_recovery(
     trainer,
     model,
@@ -127,7 +145,7 @@ def fit_with_recovery(
     cb = _Playbook(guard, core)
     # first: the LR is restored before any callback saves the optimizer
     trainer.callbacks.insert(0, cb)
-    own_step = _install(trainer, model, guard, core, plain_step)
+    own_step = _install(trainer, model, cb, plain_step)
     data = {
         "train_dataloaders": train_dataloaders,
         "val_dataloaders": val_dataloaders,
@@ -153,13 +171,19 @@ def _strategy(trainer) -> LightningCheckpointStrategy:
     return strategy
 
 
-def _install(trainer, model, guard: TrainingGuard, core: Any, plain_step: Any) -> bool:
+def _install(trainer, model, cb: _Playbook, plain_step: Any) -> bool:
     """The guard wired into the strategy and the model: the strategy's saves reported to it, the skipped steps'
     ``training_step``, one loss log (the guard's). Whether the model had its own ``training_step`` attribute."""
+    guard, core = cb.guard, cb.core
     plain_saved = core.saved
 
     def saved(path, step, emergency=None):
-        guard.saved(int(step), path, kind="emergency" if emergency else "scheduled")
+        # not a save after this fit's rollback decision (its batch end, the checkpoint callbacks after ours): spiked
+        # weights, marked after the fit; the resumed fit saves that step again under another name (ModelCheckpoint's
+        # -v1), and the ranks agree on a rollback target by its step alone (guard._agreed): told of both, every
+        # rank took the first, the spiked one
+        if cb.decision is None or cb.decision.action != "rollback":
+            guard.saved(int(step), path, kind="emergency" if emergency else "scheduled")
         return plain_saved(path, step, emergency)
 
     def training_step(*args, **kwargs):
