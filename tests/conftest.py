@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from cliresult import Result, invoke
 from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+_STATE_BEFORE = pytest.StashKey[dict]()
 
 # The fuzzers draw the same examples on every run, here and in CI (no random seed, no example database: a red run
 # is a regression of the code, not a new draw, and a -n worker draws what a serial run draws).
@@ -140,6 +142,36 @@ SHARED_REAL_RUNS = {"hf_run", "dcp_checkpoint", "lightning_run", "safetensors_fi
 
 
 @pytest.hookimpl(tryfirst=True)  # (before xdist's, which reads the xdist_group marks)
+def _checkout_state() -> dict[str, tuple[int, int]]:
+    """The files under the checkout's .claude/ (where handoff writes by default, `--state-dir .claude/state`, for the
+    session-handoff skill of the project it runs in): size and mtime of each."""
+    top = ROOT / ".claude"
+    return {
+        str(p.relative_to(ROOT)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in (top.rglob("*") if top.is_dir() else ())
+        if p.is_file()
+    }
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_STATE_BEFORE] = _checkout_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that wrote into the checkout (a command run with the repository as its working folder and its default
+    output place, e.g. handoff without --state-dir) fails the run: tests write under their tmp_path only."""
+    if hasattr(
+        session.config, "workerinput"
+    ):  # (an xdist worker: the controller looks once, after all)
+        return
+    before = session.config.stash.get(_STATE_BEFORE, None)
+    after = _checkout_state()
+    if before is not None and after != before:
+        changed = sorted(set(after) ^ set(before) | {k for k in after if after[k] != before.get(k)})
+        print(f"\ntests wrote into the checkout: {', '.join(changed)}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = getattr(item, "originalname", item.name)

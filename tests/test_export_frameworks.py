@@ -249,5 +249,7 @@ def test_deepspeed_resume_target_is_what_a_plain_resume_loads_not_its_universal_
     assert pointer["pointer"] is True and pointer["status"] == "invalid"
     assert "resume pointer (what resuming loads), not a checkpoint" in cli_run("validate", root).out
     assert not any(c["pointer"] for c in out["checkpoints"] if not c["path"].endswith("latest"))
-    handoff = cli_run("handoff", "--checkpoints", root, "--format", "json").json()
+    handoff = cli_run(
+        "handoff", "--checkpoints", root, "--state-dir", tmp_path / "state", "--format", "json"
+    ).json()
     assert handoff["latest_valid_checkpoint"]["path"] == str(root / "global_step6")
