@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import realruns
-from cliresult import checkout_env
+from cliresult import checkout_env, end_job
 
 
 def run_signalled(
@@ -280,6 +280,7 @@ def guard_ddp(out: Path) -> None:
 
     from checkpoint_strategy.callbacks.guard import TrainingGuard
 
+    out.mkdir(parents=True, exist_ok=True)  # a retried run's folder was removed (cliresult.run_job)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -331,9 +332,7 @@ def guard_ddp(out: Path) -> None:
         elif d.action == "stop":
             break
     summary = guard.close()
-    (out / f"result-{rank}.json").write_text(json.dumps({"last": last, **summary}, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
+    end_job({out / f"result-{rank}.json": json.dumps({"last": last, **summary}, default=str)})
 
 
 # ----------------------------------------------------------------- the playbooks under 2 processes (issue 43)
@@ -378,18 +377,10 @@ def _pb_net():
 
 
 def _pb_finish(out: Path, rank: int, doc: dict) -> None:
-    """Write out/result-<rank>.json, meet, and leave without gloo's C++ teardown (see tests/multiprocruns.py)."""
+    """Write out/result-<rank>.json and leave as every real multi-process job does (cliresult.end_job)."""
     import json
-    import sys
 
-    import torch.distributed as dist
-
-    (out / f"result-{rank}.json").write_text(json.dumps(doc, default=str))
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_job({out / f"result-{rank}.json": json.dumps(doc, default=str)})
 
 
 def hf_playbook_ddp(
@@ -659,6 +650,7 @@ def guard_preempt_ddp(out: Path) -> None:
 
     from checkpoint_strategy.callbacks.guard import TrainingGuard
 
+    out.mkdir(parents=True, exist_ok=True)  # a retried run's folder was removed (cliresult.run_job)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -698,20 +690,14 @@ def guard_preempt_ddp(out: Path) -> None:
             break
     broken = guard.ranks.broken
     summary = guard.close()
-    (out / f"result-{rank}.json").write_text(
-        json.dumps(
-            {
-                "last": last,
-                "stopped": summary["stopped"],
-                "preempted": guard.preempted,
-                "broken": broken,
-                "saves": [(s.step, s.kind) for s in guard.saves],
-            },
-            default=str,
-        )
-    )
-    dist.barrier()
-    dist.destroy_process_group()
+    doc = {
+        "last": last,
+        "stopped": summary["stopped"],
+        "preempted": guard.preempted,
+        "broken": broken,
+        "saves": [(s.step, s.kind) for s in guard.saves],
+    }
+    end_job({out / f"result-{rank}.json": json.dumps(doc, default=str)})
 
 
 if __name__ == "__main__":
