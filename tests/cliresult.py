@@ -80,9 +80,7 @@ def run_once(
     argv: list[str], timeout: float, env: dict[str, str], **kw: Any
 ) -> subprocess.CompletedProcess[str]:
     """subprocess.run(argv) in a session of its own, its output captured (text); past `timeout` every process of the
-    session is killed, then TimeoutExpired is raised with what it printed."""
-    import signal
-
+    session is ended (_end_session), then TimeoutExpired is raised with what it printed."""
     with subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
@@ -95,11 +93,31 @@ def run_once(
         try:
             out, err = popen.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(popen.pid, signal.SIGKILL)
-            out, err = popen.communicate()
+            out, err = _end_session(popen)
             raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
     return subprocess.CompletedProcess(argv, popen.returncode, out, err)
+
+
+def _end_session(popen: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM to the job's session (torchrun's agent then stops its ranks, which it started in sessions of their
+    own), SIGKILL to what is left of it 30 s later; what the job printed (what it had printed 30 s after that, when
+    a process outside the session still holds its pipes)."""
+    import signal
+
+    waited = None
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, sig)
+        try:
+            return popen.communicate(timeout=30)
+        except subprocess.TimeoutExpired as exc:
+            waited = exc
+    assert waited is not None
+    out, err = (
+        x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+        for x in (waited.stdout, waited.stderr)
+    )
+    return out, err
 
 
 def write_atomic(path: Path, text: str) -> None:
