@@ -29,7 +29,11 @@ def run_signalled(
 ) -> tuple[int, list[str], str]:
     """A training script in a subprocess (the preemption tests): `text` written to `script` and run with argv,
     this checkout's scripts/ on its PYTHONPATH (env: more variables); signal `send` goes to it at the first
-    stdout line (stripped) `when` accepts. Returns (exit code, its stdout lines stripped, its stderr)."""
+    stdout line (stripped) `when` accepts. Returns (exit code, its stdout lines stripped, its stderr). Bounded: a
+    script still running after 300 s is killed (exit -9; reading its stdout had no bound of its own); its stderr is
+    read beside its stdout (a script that fills the stderr pipe while we wait for stdout would block for ever)."""
+    import threading
+
     script.write_text(text)
     proc = subprocess.Popen(
         [sys.executable, str(script), *argv],
@@ -38,15 +42,23 @@ def run_signalled(
         text=True,
         env=checkout_env(**(env or {})),
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
     lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.strip())
-        if send is not None and when is not None and when(line.strip()):
-            proc.send_signal(send)
-            send = None
-    err = proc.stderr.read() if proc.stderr else ""
-    return proc.wait(timeout=300), lines, err
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if send is not None and when is not None and when(line.strip()):
+                proc.send_signal(send)
+                send = None
+        reader.join(60)
+        return proc.wait(timeout=60), lines, "".join(err)
+    finally:
+        watchdog.cancel()
 
 
 # The Lightning fit of the preemption scripts (tests/test_callbacks_lightning_preempt.py, the playbook's in
