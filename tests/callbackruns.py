@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import realruns
-from cliresult import checkout_env
+from cliresult import checkout_env, end_job
 
 
 def run_signalled(
@@ -29,7 +29,11 @@ def run_signalled(
 ) -> tuple[int, list[str], str]:
     """A training script in a subprocess (the preemption tests): `text` written to `script` and run with argv,
     this checkout's scripts/ on its PYTHONPATH (env: more variables); signal `send` goes to it at the first
-    stdout line (stripped) `when` accepts. Returns (exit code, its stdout lines stripped, its stderr)."""
+    stdout line (stripped) `when` accepts. Returns (exit code, its stdout lines stripped, its stderr). Bounded: a
+    script still running after 300 s is killed (exit -9; reading its stdout had no bound of its own); its stderr is
+    read beside its stdout (a script that fills the stderr pipe while we wait for stdout would block for ever)."""
+    import threading
+
     script.write_text(text)
     proc = subprocess.Popen(
         [sys.executable, str(script), *argv],
@@ -38,15 +42,23 @@ def run_signalled(
         text=True,
         env=checkout_env(**(env or {})),
     )
+    assert proc.stdout is not None and proc.stderr is not None
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True)
+    reader.start()
     lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line.strip())
-        if send is not None and when is not None and when(line.strip()):
-            proc.send_signal(send)
-            send = None
-    err = proc.stderr.read() if proc.stderr else ""
-    return proc.wait(timeout=300), lines, err
+    try:
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if send is not None and when is not None and when(line.strip()):
+                proc.send_signal(send)
+                send = None
+        reader.join(60)
+        return proc.wait(timeout=60), lines, "".join(err)
+    finally:
+        watchdog.cancel()
 
 
 # The Lightning fit of the preemption scripts (tests/test_callbacks_lightning_preempt.py, the playbook's in
@@ -280,6 +292,7 @@ def guard_ddp(out: Path) -> None:
 
     from checkpoint_strategy.callbacks.guard import TrainingGuard
 
+    out.mkdir(parents=True, exist_ok=True)  # a retried run's folder was removed (cliresult.run_job)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -331,9 +344,7 @@ def guard_ddp(out: Path) -> None:
         elif d.action == "stop":
             break
     summary = guard.close()
-    (out / f"result-{rank}.json").write_text(json.dumps({"last": last, **summary}, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
+    end_job({out / f"result-{rank}.json": json.dumps({"last": last, **summary}, default=str)})
 
 
 # ----------------------------------------------------------------- the playbooks under 2 processes (issue 43)
@@ -378,18 +389,10 @@ def _pb_net():
 
 
 def _pb_finish(out: Path, rank: int, doc: dict) -> None:
-    """Write out/result-<rank>.json, meet, and leave without gloo's C++ teardown (see tests/multiprocruns.py)."""
+    """Write out/result-<rank>.json and leave as every real multi-process job does (cliresult.end_job)."""
     import json
-    import sys
 
-    import torch.distributed as dist
-
-    (out / f"result-{rank}.json").write_text(json.dumps(doc, default=str))
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_job({out / f"result-{rank}.json": json.dumps(doc, default=str)})
 
 
 def hf_playbook_ddp(
@@ -674,6 +677,7 @@ def guard_preempt_ddp(out: Path) -> None:
 
     from checkpoint_strategy.callbacks.guard import TrainingGuard
 
+    out.mkdir(parents=True, exist_ok=True)  # a retried run's folder was removed (cliresult.run_job)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
@@ -713,20 +717,14 @@ def guard_preempt_ddp(out: Path) -> None:
             break
     broken = guard.ranks.broken
     summary = guard.close()
-    (out / f"result-{rank}.json").write_text(
-        json.dumps(
-            {
-                "last": last,
-                "stopped": summary["stopped"],
-                "preempted": guard.preempted,
-                "broken": broken,
-                "saves": [(s.step, s.kind) for s in guard.saves],
-            },
-            default=str,
-        )
-    )
-    dist.barrier()
-    dist.destroy_process_group()
+    doc = {
+        "last": last,
+        "stopped": summary["stopped"],
+        "preempted": guard.preempted,
+        "broken": broken,
+        "saves": [(s.step, s.kind) for s in guard.saves],
+    }
+    end_job({out / f"result-{rank}.json": json.dumps(doc, default=str)})
 
 
 if __name__ == "__main__":

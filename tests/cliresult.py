@@ -7,12 +7,15 @@ streams when the command did not print JSON); `.usage_error()` asserts the bad-i
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple, NoReturn, Optional, Union
 
 from checkpoint_strategy.cli.main import ERROR_PREFIX, main
 
@@ -48,27 +51,98 @@ def run_job(
     argv: list[str],
     what: str,
     env: dict[str, str],
-    clean: Optional[Path] = None,
+    clean: Union[None, Path, Sequence[Path]] = None,
     timeout: float = 600,
     **kw: Any,
-) -> None:
-    """Run a real framework job that makes a test's inputs; raise RuntimeError with its stderr when it fails.
-    The one failure tried again (up to JOB_ATTEMPTS in all, after removing `clean`) is gloo's teardown abort, and
-    only that one: any other failure, and the abort every time, fail the test with every attempt's stderr."""
+) -> subprocess.CompletedProcess[str]:
+    """Run a real framework job that makes a test's inputs; return the attempt that exited 0 (its stdout, stderr),
+    raise RuntimeError with its stderr when it fails. The one failure tried again (up to JOB_ATTEMPTS in all, after
+    removing `clean`: a folder or several) is gloo's teardown abort, and only that one: any other failure, and the
+    abort every time, fail the test with every attempt's stderr. The job runs in a session of its own: past
+    `timeout` every process of it (torchrun's ranks too) is killed before TimeoutExpired is raised, so a hung job
+    leaves no rank behind to load the machine for the tests after it."""
     import shutil
-    import subprocess
 
     errors = []
     for _ in range(JOB_ATTEMPTS):
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kw)
+        proc = run_once(argv, timeout, env, **kw)
         if proc.returncode == 0:
-            return
+            return proc
         errors.append(f"{what} failed ({proc.returncode}): {proc.stderr[-3000:]}")
         if TEARDOWN_ABORT not in proc.stderr:
             break
-        if clean is not None:
-            shutil.rmtree(clean, ignore_errors=True)
+        for folder in [clean] if isinstance(clean, Path) else clean or ():
+            shutil.rmtree(folder, ignore_errors=True)
     raise RuntimeError("\n--- then ---\n".join(errors))
+
+
+def run_once(
+    argv: list[str], timeout: float, env: dict[str, str], **kw: Any
+) -> subprocess.CompletedProcess[str]:
+    """subprocess.run(argv) in a session of its own, its output captured (text); past `timeout` every process of the
+    session is ended (_end_session), then TimeoutExpired is raised with what it printed."""
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        **kw,
+    ) as popen:
+        try:
+            out, err = popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = _end_session(popen)
+            raise subprocess.TimeoutExpired(argv, timeout, out, err) from None
+    return subprocess.CompletedProcess(argv, popen.returncode, out, err)
+
+
+def _end_session(popen: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM to the job's session (torchrun's agent then stops its ranks, which it started in sessions of their
+    own), SIGKILL to what is left of it 30 s later; what the job printed (what it had printed 30 s after that, when
+    a process outside the session still holds its pipes)."""
+    import signal
+
+    waited = None
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, sig)
+        try:
+            return popen.communicate(timeout=30)
+        except subprocess.TimeoutExpired as exc:
+            waited = exc
+    assert waited is not None
+    out, err = (
+        x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+        for x in (waited.stdout, waited.stderr)
+    )
+    return out, err
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A job's result file, written temp-then-rename: a reader sees all of it or nothing."""
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def end_job(results: Optional[dict[Path, str]] = None) -> NoReturn:
+    """The end of a real multi-process job whose work is on disk: write `results` (path -> text, write_atomic),
+    meet the other ranks (when a process group is up: no rank leaves while another still talks to it), flush
+    stdout and stderr, and leave with os._exit(0). No process-group teardown is left for gloo to abort in
+    ('terminate called without an active exception', TEARDOWN_ABORT, met under load after the work was done,
+    after destroy_process_group too). Atexit handlers do not run: a job that needs one calls it first."""
+    for path, text in (results or {}).items():
+        write_atomic(path, text)
+    if "torch.distributed" in sys.modules:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class Result(NamedTuple):
@@ -106,8 +180,6 @@ def invoke(capsys, monkeypatch, argv, stdin: Optional[str] = None) -> Result:
 
 def run_captured(argv) -> Result:
     """For hypothesis tests (no function-scoped fixtures): the same Result, streams captured here."""
-    import contextlib
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main([str(a) for a in argv])
@@ -119,7 +191,6 @@ def shipped_copy(dest: Path) -> Path:
     fixture made at run time) into `dest`, as a fresh clone would have it. Skips when this checkout is not a
     git work tree (an unpacked sdist)."""
     import shutil
-    import subprocess
 
     import pytest
 

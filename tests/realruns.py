@@ -616,13 +616,16 @@ def build_torchtitan_layout(root: Path) -> Path:
     return folder
 
 
+# One process: MASTER_PORT 0 has the store bind a free port itself (a port picked by the test and bound seconds later,
+# after the imports, could be taken by then). It ends with os._exit once its saves are on disk (as tests/convertruns.py's
+# jobs do): no gloo teardown to abort ('terminate called without an active exception').
 DEEPSPEED_RUN = """
 import os, sys
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import torch, deepspeed
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[3])},
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[2])},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
           "checkpoint": {"tag_validation": "Fail", "load_universal": False, "use_node_local_storage": False}}
 deepspeed.init_distributed(dist_backend="gloo")
@@ -634,21 +637,18 @@ for step in range(1, 7):
     engine.step()
     if step % 3 == 0:
         engine.save_checkpoint(sys.argv[1], tag=f"global_step{step}")
+torch.distributed.barrier(); sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """
 
 
 def build_deepspeed_run(root: Path, stage: int = 1) -> Path:
     """A real DeepSpeed ZeRO run (stage 1 or 2) on CPU (gloo): global_step3/, global_step6/, latest.
     The first engine start on a machine compiles an op (minutes); later runs reuse the build cache."""
-    import socket
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     folder = root / "deepspeed"
     run_job(
-        [sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(port), str(stage)],
+        [sys.executable, "-c", DEEPSPEED_RUN, str(folder), str(stage)],
         "DeepSpeed run",
         clean=folder,
         timeout=1800,
@@ -692,14 +692,15 @@ def build_deepspeed_universal(folder: Path, tag: str = "global_step6") -> Path:
 
 
 FSDP2_RUN = """
-import os, socket, sys
+import os, sys
 import torch, torch.distributed as dist
 import torch.multiprocessing as mp
 
 
 def run(rank, world, out, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # the parent's store server already holds the port: no free port picked here and bound later (taken by then)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -719,15 +720,17 @@ def run(rank, world, out, port):
         if step % 2 == 0:   # a plain loop's save, in step-N folders
             msd, osd = get_state_dict(model, opt)
             dcp.save({"model": msd, "optim": osd}, checkpoint_id=f"{out}/step-{step}")
-    dist.barrier()          # neither rank tears gloo down while the other still talks to it
-    dist.destroy_process_group()
+    # the saves are on disk once both ranks meet; then leave without gloo's teardown, which can abort a rank
+    # whose work is done ('terminate called without an active exception', CI on this job, after
+    # destroy_process_group too)
+    dist.barrier()
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(run, args=(2, sys.argv[1], port), nprocs=2)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # binds a free port itself
+    mp.spawn(run, args=(2, sys.argv[1], server.port), nprocs=2)
 """
 
 

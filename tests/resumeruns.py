@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,9 +194,12 @@ def build_lightning_resumes(root: Path, resume_step: int = 10, until: int = 20) 
 
 # --------------------------------------------------------------------------- DeepSpeed
 
+# One process: MASTER_PORT 0 has the store bind a free port itself (a port picked by the test and bound seconds later,
+# after the imports, could be taken by then). It ends with os._exit once its saves and logs are on disk (as
+# tests/convertruns.py's jobs do): no gloo teardown to abort ('terminate called without an active exception').
 DEEPSPEED_RESUMES = """
 import os, sys
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[2], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import torch, deepspeed
 config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
@@ -228,20 +230,15 @@ for kind in ("intact", "reset"):
     e.save_checkpoint(os.path.join(root, kind), tag="global_step6")
     with open(os.path.join(root, kind + ".jsonl"), "w") as f:
         f.write("\\n".join(mine) + "\\n")
+torch.distributed.barrier(); sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_deepspeed_resumes(root: Path) -> Resumes:
     """DeepSpeed ZeRO-1 on CPU: base/global_step3, resumed to global_step6 with and without its optimizer states."""
     folder = root / "ds-resumes"
     run_job(
-        [sys.executable, "-c", DEEPSPEED_RESUMES, str(folder), str(free_port())],
+        [sys.executable, "-c", DEEPSPEED_RESUMES, str(folder)],
         "DeepSpeed resumes",
         clean=folder,
         timeout=1800,
@@ -268,6 +265,10 @@ out, max_steps, resume = Path(sys.argv[2]), int(sys.argv[3]), (sys.argv[4] if le
 args = realruns._training_args(out, max_steps=max_steps, save_steps=2)
 trainer = Trainer(model=realruns._tiny_gpt2(), args=args, train_dataset=realruns._TokenDataset(512, 16, 64))
 trainer.train(resume_from_checkpoint=resume)
+import torch.distributed as dist
+if dist.is_initialized():  # under torchrun: its saves are on disk once both ranks meet; leave without gloo's teardown
+    dist.barrier(); sys.stdout.flush(); sys.stderr.flush()
+    import os; os._exit(0)
 """
 
 
