@@ -171,7 +171,7 @@ class HFCheckpointStrategy(TrainerCallback):
         _show_lines(args, state)
         self.core.start()
         self.preemption.rank_zero = self.core.rank_zero
-        self.preemption.install_for(int(args.world_size))
+        self.preemption.install_for(int(args.world_size), ranks=self.core.ranks)
         if state.global_step > 0:
             self._interrupted(state)
         if (

@@ -336,14 +336,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                     self.adaptive,
                 )
             )
-        self.preemption.rank_zero = bool(trainer.is_global_zero)
-        # the signal's own action after the grace period: the handler from before the fit, not Lightning's (which
-        # only sets a flag)
-        if self.preemption.install_for(
-            int(trainer.world_size),
-            getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
-        ):
-            _say_min_limits(trainer)
+        self._install_preemption(trainer)
         if (
             ckpt
         ):  # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
@@ -367,6 +360,17 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         )
         if trainer.is_global_zero and not ckpt and not self._dir_given:
             _say_where(self.core.root)
+
+    def _install_preemption(self, trainer) -> None:
+        """The preemption signals caught for this fit (exchanged over the ranks under DDP). The signal's own
+        action after the grace period: the handler from before the fit, not Lightning's (which only sets a flag)."""
+        self.preemption.rank_zero = bool(trainer.is_global_zero)
+        if self.preemption.install_for(
+            int(trainer.world_size),
+            getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
+            ranks=self.core.ranks,
+        ):
+            _say_min_limits(trainer)
 
     # ------------------------------------------------------------------ hooks
 
