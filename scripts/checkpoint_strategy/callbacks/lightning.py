@@ -33,7 +33,8 @@ What it does (logged at setup):
     ``last_valid_checkpoint`` resumes from that save (preempt.py; the Trainer's min_steps / min_epochs do not hold the
     fit past it: lifted for the rest of that fit, warned at its start; nor does the validation pass Lightning runs
     when should_stop is set: skipped for that stop); Lightning's own SIGTERM handler is replaced
-    for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
+    for the fit; on by default; under DDP the request is exchanged over the ranks at each step end (every rank
+    saves at the same step and stops);
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
     thread does not wait on it: an emergency save comes one step after the spiked loss), every

@@ -21,8 +21,9 @@ once). ``"auto"``: SIGTERM and SIGUSR1 (``install_for``).
 
 Many processes (torchrun, Lightning DDP): a signal may reach some ranks only (a node's agent signalling its own
 processes, ``kill -USR1 <pid>``). The request is exchanged at every step end (``at_step_end``: one all_reduce, max, of
-this rank's signal number, on the run's process group, bounded by the callback's ``rank_timeout``; or a playbook's
-loss all_reduce that carries it, ``agreed``), so every rank makes the preemption save at the same step and stops;
+this rank's signal number, on the run's process group, started at a step end and taken at the next, bounded by the
+callback's ``rank_timeout``; or a playbook's loss all_reduce that carries it, ``agreed``), so every rank makes the
+preemption save at the same step (the step end after the one the signal came in) and stops;
 rank 0 alone writes the record. A signal during a save is then no preemption save by itself (each rank would
 decide alone): the next step end's exchange makes the save.
 """
@@ -91,6 +92,9 @@ class Preemption:
         self.ranks: Any = (
             None  # the run's ranks (callbacks/_dist.Ranks) when the request is exchanged
         )
+        self._pending: Any = (
+            None  # the exchange started at the last step end (callbacks/_dist.Pending)
+        )
         self._agreed: Optional[tuple[int, bool]] = (
             None  # (step, any rank's request), a playbook's exchange
         )
@@ -127,18 +131,27 @@ class Preemption:
         return True
 
     def _exchange(self, step: int) -> bool:
-        """Any rank's request at this step end: one all_reduce (max) of the signal numbers, or the playbook's.
-        A signal that comes on this rank after it goes at the next step end. This rank's own request when the
-        ranks did not meet (broken: the framework's collectives end the run)."""
+        """Any rank's request: the all_reduce (max of the signal numbers) started at the previous step end, taken
+        now (DDP's gradient all_reduce of this step has completed it: the training thread does not wait on the
+        other rank), or the playbook's own of this step. Without an answer here, this rank's request now goes
+        into a new one, taken at the next step end: the save comes at most two step ends after the signal, at
+        the same step on every rank. This rank's own request when the ranks no longer meet (the framework's
+        collectives end the run)."""
+        signum, found = 0, False
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            out = self.ranks.finish(pending)
+            if out is not None:
+                signum = int(out[0])
+                found = signum > 0
         agreed, self._agreed = self._agreed, None
         if agreed is not None and agreed[0] == step:
-            signum, found = 0, agreed[1]
-        else:
+            found = found or agreed[1]
+        elif not found:
             mine = float(self._signum if self.requested is not None else 0)
-            out = self.ranks.reduce([mine], "the preemption request", "max")
-            if out is None:
-                return self.requested is not None
-            signum, found = int(out[0]), out[0] > 0
+            self._pending = self.ranks.start([mine], "the preemption request", "max")
+        if self.ranks.broken is not None:
+            return self.requested is not None
         if found and self.requested is None:
             name = signal.Signals(signum).name if signum > 0 else "a preemption signal"
             self.requested = f"{name} on another rank"
