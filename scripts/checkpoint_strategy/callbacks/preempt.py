@@ -88,16 +88,13 @@ class Preemption:
         self.abandon: Any = self._abandon  # move the save being written aside
         self._extended = False
         self._expired = False
-        self._signum = 0  # the signal caught on this rank (its number: what the exchange carries)
-        self.ranks: Any = (
-            None  # the run's ranks (callbacks/_dist.Ranks) when the request is exchanged
-        )
-        self._pending: Any = (
-            None  # the exchange started at the last step end (callbacks/_dist.Pending)
-        )
-        self._agreed: Optional[tuple[int, bool]] = (
-            None  # (step, any rank's request), a playbook's exchange
-        )
+        # many processes: the signal caught on this rank (its number: what the exchange carries), the run's ranks
+        # (callbacks/_dist.Ranks) when the request is exchanged, the exchange started at the last step end
+        # (callbacks/_dist.Pending), a playbook's answer for one step (step, any rank's request)
+        self._signum = 0
+        self.ranks: Any = None
+        self._pending: Any = None
+        self._agreed: Optional[tuple[int, bool]] = None
 
     def install_for(
         self, world_size: int, previous: Optional[dict] = None, ranks: Any = None
