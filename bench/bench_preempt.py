@@ -6,7 +6,7 @@ float64 on the run's process group, bounded by rank_timeout, through callbacks/_
 two, and each is timed on rank 0 (wall per step, median and least of the rounds' medians); the exchange alone is
 also timed per call. Prints us per step and the ratio against the baseline step.
 
-Usage: python bench/bench_preempt.py [--steps N] [--rounds R] [--width W]
+Usage: python bench/bench_preempt.py [--steps N] [--rounds R] [--width W] [--step-sleep S]
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 
 
-def _rank(rank: int, port: int, steps: int, rounds: int, width: int, out: str) -> None:
+def _rank(
+    rank: int, port: int, steps: int, rounds: int, width: int, out: str, sleep: float
+) -> None:
     import json
 
     import torch
@@ -53,6 +55,8 @@ def _rank(rank: int, port: int, steps: int, rounds: int, width: int, out: str) -
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if sleep:
+                time.sleep(sleep)  # the CPU idle, as a step waiting for its GPU
             if exchange:
                 t1 = time.perf_counter()
                 pre.at_step_end(step)
@@ -76,18 +80,25 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--width", type=int, default=256, help="the MLP's hidden width")
+    ap.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.0,
+        help="seconds each step waits with the CPU idle, as a step waiting for its GPU does",
+    )
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = os.path.join(tempfile.mkdtemp(prefix="bench-preempt-"), "rank0.json")
-    mp.spawn(_rank, args=(port, a.steps, a.rounds, a.width, out), nprocs=2, join=True)
+    mp.spawn(_rank, args=(port, a.steps, a.rounds, a.width, out, a.step_sleep), nprocs=2, join=True)
     res = json.loads(Path(out).read_text())
     w, wo = min(res["with"]), min(res["without"])
     ex = res["exchange"]
     print(
-        f"2 processes (gloo, CPU), DDP MLP 64-{a.width}-1, {a.steps} steps x {a.rounds} rounds each way, "
-        "rank 0, least of the rounds' median step:"
+        f"2 processes (gloo, CPU), DDP MLP 64-{a.width}-1, {a.steps} steps x {a.rounds} rounds each way"
+        + (f", each step {a.step_sleep * 1e3:g} ms idle" if a.step_sleep else "")
+        + ", rank 0, least of the rounds' median step:"
     )
     print(
         f"  step without the exchange {wo * 1e6:.0f} us, with {w * 1e6:.0f} us = {w / wo:.3f}x "
