@@ -12,6 +12,8 @@ until the grace period ran out twice (HF) and no preemption save; the subprocess
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -62,23 +64,26 @@ def launch(kind: str, out: Path, mode: str, signal_step: int) -> tuple[dict, dic
             port,
             *argv,
         ]
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        res = subprocess.run(
-            [sys.executable, *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT,
-            start_new_session=True,
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks: no worker left hanging
+        stdout, stderr = proc.communicate()
+        pytest.fail(
+            f"the 2-process {kind} {mode} run did not end within {RUN_TIMEOUT} s: {stderr[-3000:]}"
         )
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the 2-process {kind} {mode} run did not end within {RUN_TIMEOUT} s: {exc}")
     done = all((out / f"result-{r}.json").exists() for r in (0, 1))
-    assert res.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in res.stderr), res.stderr[
-        -4000:
-    ]
+    assert proc.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in stderr), stderr[-4000:]
     r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
-    return r0, r1, res.stdout + res.stderr
+    return r0, r1, stdout + stderr
 
 
 def _checkpoint(kind: str, out: Path, step: int) -> Path:
@@ -147,8 +152,6 @@ class TwoRanks:
 
 
 def test_the_exchange_started_at_a_step_end_decides_at_the_next_on_every_rank():
-    import signal
-
     from checkpoint_strategy.callbacks.preempt import Preemption
 
     pre = Preemption(("SIGUSR1",))
@@ -196,8 +199,6 @@ def test_a_playbooks_agreement_replaces_the_exchange_and_a_save_is_no_preemption
 
 
 def test_auto_is_on_under_many_processes_when_the_request_is_exchanged():
-    import signal
-
     from checkpoint_strategy.callbacks.preempt import Preemption
 
     before = signal.getsignal(signal.SIGUSR1)
