@@ -23,7 +23,8 @@ What it does to the Trainer (logged at start):
     interval is re-solved with the plan's model and applied from the next save, logged once (adaptive.py);
   * preemption: SIGTERM / SIGUSR1 (``preemption_signals``) make it save at the next step end and stop
     training, a whole checkpoint that ``last_valid_checkpoint`` resumes from (preempt.py); on by
-    default in a one-process run, off under torchrun unless the signals are named;
+    default; under torchrun the request is exchanged over the ranks at each step end, so a signal that
+    reached one rank makes every rank save at the same step and stop;
   * under torchrun every rank runs it: the ranks meet after each save, each checks its part of the
     files, the verdict is reduced over the run's process group; rank 0 alone prunes, writes the
     marker, the manifest and the handoff; an emergency save is rank 0's decision, broadcast
@@ -64,8 +65,8 @@ class HFCheckpointStrategy(TrainerCallback):
         `checkpoint-strategy validate --manifest verify` catches a byte that changes later.
     rank_timeout: under torchrun, seconds a rank waits for the others at the callback's own
         meeting points (after a save, the emergency decision) before it gives up coordinating.
-    preemption_signals: the signals that mean "save now and stop" ("auto": SIGTERM and SIGUSR1 in a
-        one-process run, none under torchrun; () turns it off); grace_seconds: how long after the
+    preemption_signals: the signals that mean "save now and stop" ("auto": SIGTERM and SIGUSR1;
+        () turns it off); grace_seconds: how long after the
         signal a step end may take before the signal's own action runs.
     adaptive_interval: with a policy from a plan, follow the measured save cost (adaptive.py).
     """
@@ -171,7 +172,7 @@ class HFCheckpointStrategy(TrainerCallback):
         _show_lines(args, state)
         self.core.start()
         self.preemption.rank_zero = self.core.rank_zero
-        self.preemption.install_for(int(args.world_size))
+        self.preemption.install_for(int(args.world_size), ranks=self.core.ranks)
         if state.global_step > 0:
             self._interrupted(state)
         if (

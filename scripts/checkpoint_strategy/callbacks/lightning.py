@@ -33,7 +33,8 @@ What it does (logged at setup):
     ``last_valid_checkpoint`` resumes from that save (preempt.py; the Trainer's min_steps / min_epochs do not hold the
     fit past it: lifted for the rest of that fit, warned at its start; nor does the validation pass Lightning runs
     when should_stop is set: skipped for that stop); Lightning's own SIGTERM handler is replaced
-    for the fit; on by default in a one-process fit, off under DDP unless the signals are named;
+    for the fit; on by default; under DDP the request is exchanged over the ranks at each step end (every rank
+    saves at the same step and stops);
   * under DDP / FSDP / DeepSpeed every rank runs it: the loss is averaged over the ranks (an
     all_reduce started at the detection step and taken at the next step's end, so the training
     thread does not wait on it: an emergency save comes one step after the spiked loss), every
@@ -336,14 +337,7 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
                     self.adaptive,
                 )
             )
-        self.preemption.rank_zero = bool(trainer.is_global_zero)
-        # the signal's own action after the grace period: the handler from before the fit, not Lightning's (which
-        # only sets a flag)
-        if self.preemption.install_for(
-            int(trainer.world_size),
-            getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
-        ):
-            _say_min_limits(trainer)
+        self._install_preemption(trainer)
         if (
             ckpt
         ):  # resumed: a DeepSpeed/DCP folder records its world size; a plain .ckpt records neither
@@ -367,6 +361,17 @@ class LightningCheckpointStrategy(*_callback_bases()):  # type: ignore[misc]
         )
         if trainer.is_global_zero and not ckpt and not self._dir_given:
             _say_where(self.core.root)
+
+    def _install_preemption(self, trainer) -> None:
+        """The preemption signals caught for this fit (exchanged over the ranks under DDP). The signal's own
+        action after the grace period: the handler from before the fit, not Lightning's (which only sets a flag)."""
+        self.preemption.rank_zero = bool(trainer.is_global_zero)
+        if self.preemption.install_for(
+            int(trainer.world_size),
+            getattr(getattr(trainer, "_signal_connector", None), "_original_handlers", None),
+            ranks=self.core.ranks,
+        ):
+            _say_min_limits(trainer)
 
     # ------------------------------------------------------------------ hooks
 

@@ -45,9 +45,9 @@ from checkpoint_strategy.formats.marker import read_marker, write_marker
 class _Playbook(*_callback_bases()):  # type: ignore[misc]
     """Feeds the guard each step's loss; applies its LR and clipping window; stops the fit on a rollback."""
 
-    def __init__(self, guard: TrainingGuard, core: Any) -> None:
+    def __init__(self, guard: TrainingGuard, core: Any, preemption: Any = None) -> None:
         super().__init__()
-        self.guard, self.core = guard, core
+        self.guard, self.core, self.preemption = guard, core, preemption
         self.decision: Optional[Decision] = None
         self.user_clip: Any = None
         self._clip_read = False
@@ -97,10 +97,26 @@ class _Playbook(*_callback_bases()):  # type: ignore[misc]
         loss = _loss_of(outputs)
         if self.decision is not None or loss is None or self.guard.skipped[-1:] == [step]:
             return
-        d = self.guard.step(step, loss)
+        d = self._step(step, loss)
         if d.action in ("rollback", "stop"):
             self.decision = d
             trainer.should_stop = True
+
+    def _step(self, step: int, loss: float) -> Decision:
+        """The guard's step. Under many processes the strategy's preemption request rides on the guard's loss
+        all_reduce (its 4th number, as in a plain loop): whether any rank had one goes to the strategy, whose
+        step end then saves on every rank or on none, without an all_reduce of its own."""
+        pre, guard = self.preemption, self.guard
+        if pre is None or not pre.exchanges or guard.stopped is not None or not guard.average_loss:
+            return guard.step(step, loss)
+        carried = guard.preemption
+        carried.requested = pre.requested  # this rank's request now (a later signal: the next step)
+        try:
+            d = guard.step(step, loss)
+            pre.agreed(step, carried.requested is not None)
+        finally:
+            carried.requested = carried.received_at = None
+        return d
 
 
 def _count_resumed_epoch(trainer) -> None:
@@ -142,7 +158,7 @@ def fit_with_recovery(
     playbook.setdefault("rank_timeout", strategy.core.rank_timeout)
     guard = TrainingGuard(None, None, max_rollbacks=max_rollbacks, level=level, **playbook)
     core, plain_step = strategy.core, model.training_step
-    cb = _Playbook(guard, core)
+    cb = _Playbook(guard, core, strategy.preemption)
     # first: the LR is restored before any callback saves the optimizer
     trainer.callbacks.insert(0, cb)
     own_step = _install(trainer, model, cb, plain_step)

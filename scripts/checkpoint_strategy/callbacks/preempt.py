@@ -17,7 +17,15 @@ resumes from it or counts it as whole; nothing is deleted) before the signal's o
 
 The adapters (hf.py, lightning.py, guard.py) share the bookkeeping here: ``at_step_end`` (the step to save at),
 ``begin_save`` / ``save_written`` around every save (which one is the preemption save), ``finish_save`` (its record,
-once). ``"auto"``: SIGTERM and SIGUSR1 in a one-process run, none under torchrun / DDP (``install_for``).
+once). ``"auto"``: SIGTERM and SIGUSR1 (``install_for``).
+
+Many processes (torchrun, Lightning DDP): a signal may reach some ranks only (a node's agent signalling its own
+processes, ``kill -USR1 <pid>``). The request is exchanged at every step end (``at_step_end``: one all_reduce, max, of
+this rank's signal number, on the run's process group, started at a step end and taken at the next, bounded by the
+callback's ``rank_timeout``; or a playbook's loss all_reduce that carries it, ``agreed``), so every rank makes the
+preemption save at the same step (the step end after the one the signal came in) and stops;
+rank 0 alone writes the record. A signal during a save is then no preemption save by itself (each rank would
+decide alone): the next step end's exchange makes the save.
 """
 
 from __future__ import annotations
@@ -80,20 +88,72 @@ class Preemption:
         self.abandon: Any = self._abandon  # move the save being written aside
         self._extended = False
         self._expired = False
+        # many processes: the signal caught on this rank (its number: what the exchange carries), the run's ranks
+        # (callbacks/_dist.Ranks) when the request is exchanged, the exchange started at the last step end
+        # (callbacks/_dist.Pending), a playbook's answer for one step (step, any rank's request)
+        self._signum = 0
+        self.ranks: Any = None
+        self._pending: Any = None
+        self._agreed: Optional[tuple[int, bool]] = None
 
-    def install_for(self, world_size: int, previous: Optional[dict] = None) -> bool:
-        """install(), except for "auto" in a run of many processes (each rank would save on its own: a preemption
-        save coordinated over the ranks is not built; naming the signals turns it on anyway)."""
-        if self.auto and int(world_size) > 1:
-            return False
+    def install_for(
+        self, world_size: int, previous: Optional[dict] = None, ranks: Any = None
+    ) -> bool:
+        """install(); in a run of many processes the request is exchanged at every step end over `ranks`
+        (callbacks/_dist.Ranks): without them "auto" stays off there (each rank would save on its own)."""
+        if int(world_size) > 1 and self.signals:
+            if ranks is None and self.auto:
+                return False
+            self.ranks = ranks
         return self.install(previous)
 
+    @property
+    def exchanges(self) -> bool:
+        """The request goes over the ranks at each step end (many processes, the ranks still meeting)."""
+        return self.ranks is not None and bool(self.ranks.ok)
+
+    def agreed(self, step: int, any_rank: bool) -> None:
+        """A playbook's per-step all_reduce carried this rank's request (``requested`` then) for `step`: whether
+        any rank had one. at_step_end(step) takes it instead of exchanging again."""
+        self._agreed = (int(step), bool(any_rank))
+
     def at_step_end(self, step: int) -> bool:
-        """True once: at the first step end after the signal, the step whose save is the preemption save."""
-        if self.requested is not None and self.step is None:
-            self.step = int(step)
-            return True
-        return False
+        """True once: at the first step end after the signal, the step whose save is the preemption save. Under
+        many processes: the first step end whose exchange says a rank had the signal, the same on every rank."""
+        if self.step is not None:
+            return False
+        if not (self._exchange(int(step)) if self.exchanges else self.requested is not None):
+            return False
+        self.step = int(step)
+        return True
+
+    def _exchange(self, step: int) -> bool:
+        """Any rank's request: the all_reduce (max of the signal numbers) started at the previous step end, taken
+        now (DDP's gradient all_reduce of this step has completed it: the training thread does not wait on the
+        other rank), or the playbook's own of this step. Without an answer here, this rank's request now goes
+        into a new one, taken at the next step end: the save comes at most two step ends after the signal, at
+        the same step on every rank. This rank's own request when the ranks no longer meet (the framework's
+        collectives end the run)."""
+        signum, found = 0, False
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            out = self.ranks.finish(pending)
+            if out is not None:
+                signum = int(out[0])
+                found = signum > 0
+        agreed, self._agreed = self._agreed, None
+        if agreed is not None and agreed[0] == step:
+            found = found or agreed[1]
+        elif not found:
+            mine = float(self._signum if self.requested is not None else 0)
+            self._pending = self.ranks.start([mine], "the preemption request", "max")
+        if self.ranks.broken is not None:
+            return self.requested is not None
+        if found and self.requested is None:
+            name = signal.Signals(signum).name if signum > 0 else "a preemption signal"
+            self.requested = f"{name} on another rank"
+            self.received_at = time.monotonic()
+        return found
 
     def begin_save(self, path: str) -> None:
         self.saving = os.fspath(path)
@@ -107,7 +167,13 @@ class Preemption:
             self._expired or not resumable
         ):  # past the grace period (moved aside), or an emergency save
             return False
-        if self.requested is not None and self.step is None and step is not None:
+        # one process: a signal during this save makes it the preemption save; many: the next step end's exchange
+        if (
+            self.requested is not None
+            and self.step is None
+            and step is not None
+            and not self.exchanges
+        ):
             self.step = int(step)
         if self.step is not None and step == self.step:
             self._cancel()
@@ -166,6 +232,7 @@ class Preemption:
         if self.requested is not None:
             return
         self.requested = signal.Signals(signum).name
+        self._signum = int(signum)
         self.received_at = time.monotonic()
         self._arm(signum)
 
@@ -214,7 +281,7 @@ class Preemption:
             "checkpoint": os.fspath(checkpoint),
             "seconds_after_signal": round(took, 3),
         }
-        if root is not None:
+        if root is not None and self.rank_zero:  # one record, rank 0's
             try:
                 atomic_write_text(os.path.join(root, RECORD_FILE), json.dumps(rec) + "\n")
             except OSError as exc:
