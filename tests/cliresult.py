@@ -53,6 +53,7 @@ def run_job(
     env: dict[str, str],
     clean: Union[None, Path, Sequence[Path]] = None,
     timeout: float = 600,
+    remake: bool = False,
     **kw: Any,
 ) -> subprocess.CompletedProcess[str]:
     """Run a real framework job that makes a test's inputs; return the attempt that exited 0 (its stdout, stderr),
@@ -60,7 +61,8 @@ def run_job(
     removing `clean`: a folder or several) is gloo's teardown abort, and only that one: any other failure, and the
     abort every time, fail the test with every attempt's stderr. The job runs in a session of its own: past
     `timeout` every process of it (torchrun's ranks too) is killed before TimeoutExpired is raised, so a hung job
-    leaves no rank behind to load the machine for the tests after it."""
+    leaves no rank behind to load the machine for the tests after it. remake: each `clean` folder is made again,
+    empty, after its removal (a job that writes into a folder it does not make itself: a Trainer's output_dir)."""
     import shutil
 
     errors = []
@@ -73,6 +75,8 @@ def run_job(
             break
         for folder in [clean] if isinstance(clean, Path) else clean or ():
             shutil.rmtree(folder, ignore_errors=True)
+            if remake:
+                folder.mkdir(parents=True)
     raise RuntimeError("\n--- then ---\n".join(errors))
 
 

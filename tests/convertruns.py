@@ -12,9 +12,9 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
+from typing import Optional
 
 from cliresult import checkout_env, run_job
 
@@ -36,10 +36,10 @@ dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=sys.argv[1])
 full_m, full_o = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if dist.get_rank() == 0:
     torch.save({"model": full_m, "optimizer": full_o}, sys.argv[2])
-# the job's work is on disk once every rank passes the barrier: leave without the teardown (gloo's threads
-# abort in their destructors under load, 'terminate called without an active exception', twice in a row
-# in a loaded CI run)
-dist.barrier(); os._exit(0)
+# the job's work is on disk once every rank passes the barrier: flush what it printed, leave without the teardown
+# (gloo's threads abort in their destructors under load, 'terminate called without an active exception', twice in
+# a row in a loaded CI run; tests/cliresult.end_job)
+dist.barrier(); sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """
 
 LOAD_DCP = r"""
@@ -59,11 +59,11 @@ set_model_state_dict(model, sd)
 full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 if not dist.is_initialized() or dist.get_rank() == 0:
     torch.save(full, sys.argv[2])
-# the job's work is on disk once every rank passes the barrier: leave without the teardown (gloo's threads
-# abort in their destructors under load, 'terminate called without an active exception', twice in a row
-# in a loaded CI run)
+# the job's work is on disk once every rank passes the barrier: flush what it printed, leave without the teardown
+# (gloo's threads abort in their destructors under load, 'terminate called without an active exception', twice in
+# a row in a loaded CI run; tests/cliresult.end_job)
 if dist.is_initialized():
-    dist.barrier(); os._exit(0)
+    dist.barrier(); sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """
 
 ZERO = r"""
@@ -82,49 +82,48 @@ for step in range(1, 5):
     engine.backward(loss)
     engine.step()
 engine.save_checkpoint(sys.argv[1], tag="global_step4")
-# the job's work is on disk once every rank passes the barrier: leave without the teardown (gloo's threads
-# abort in their destructors under load, 'terminate called without an active exception', twice in a row
-# in a loaded CI run)
-torch.distributed.barrier(); os._exit(0)
+# the job's work is on disk once every rank passes the barrier: flush what it printed, leave without the teardown
+# (gloo's threads abort in their destructors under load, 'terminate called without an active exception', twice in
+# a row in a loaded CI run; tests/cliresult.end_job)
+torch.distributed.barrier(); sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(root: Path, script: str, args: list[str], world: int) -> None:
-    """`python -m torch.distributed.run --nproc-per-node world script args` (CPU, a free port, bounded)."""
+def torchrun(
+    root: Path, script: str, args: list[str], world: int, clean: Optional[Path] = None
+) -> None:
+    """`python -m torch.distributed.run --standalone --nproc-per-node world script args` (CPU, bounded;
+    cliresult.run_job: `clean`, the job's output folder, removed before an attempt after gloo's teardown abort; a
+    file the job writes whole is overwritten). --standalone: the rendezvous store binds a free port itself (a port
+    picked here and bound by torchrun later could be taken by then)."""
     path = root / f"script-{abs(hash(script)) % 10**8}.py"
     path.write_text(script)
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",
         f"--nproc-per-node={world}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={free_port()}",
         str(path),
         *args,
     ]
     env = checkout_env()
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    run_job(cmd, "torchrun", timeout=TIMEOUT, env=env)
+    env.pop("MASTER_PORT", None)
+    run_job(cmd, "torchrun", timeout=TIMEOUT, env=env, clean=clean)
 
 
 def build_dcp_fsdp2(root: Path) -> tuple[Path, Path]:
     """(the DCP folder written by 2 FSDP2 ranks, the full state dict torch.save'd by rank 0)."""
     folder, full = root / "dcp-fsdp2" / "step-3", root / "reference-full.pt"
-    torchrun(root, DCP_FSDP2, [str(folder), str(full)], 2)
+    torchrun(root, DCP_FSDP2, [str(folder), str(full)], 2, folder.parent)
     return folder, full
 
 
 def build_zero(root: Path, stage: int, world: int) -> Path:
     """global_step4/ of a DeepSpeed ZeRO-`stage` run with `world` processes."""
     folder = root / f"zero{stage}-w{world}"
-    torchrun(root, ZERO, [str(folder), str(stage)], world)
+    torchrun(root, ZERO, [str(folder), str(stage)], world, folder)
     return folder / "global_step4"
 
 

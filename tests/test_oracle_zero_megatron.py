@@ -42,7 +42,6 @@ from pathlib import Path
 import pytest
 import realruns
 from cliresult import checkout_env
-from convertruns import free_port
 from test_oracle_mutations import (  # noqa: F401
     Region,
     Subject,
@@ -146,15 +145,17 @@ def oracle_zero(request, tmp_path_factory):
     loader.close()
 
 
+# One process: MASTER_PORT 0 has the store bind a free port itself (a port picked by the test and bound seconds later,
+# after the imports, could be taken by then; as tests/realruns.py's DeepSpeed run does).
 ENGINE_LOADER = r"""
 import os, sys
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 import logging, torch, deepspeed
 torch.manual_seed(1)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[2])},
+config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": int(sys.argv[1])},
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
-          "checkpoint": {"load_universal": sys.argv[3] == "universal", "use_node_local_storage": False}}
+          "checkpoint": {"load_universal": sys.argv[2] == "universal", "use_node_local_storage": False}}
 deepspeed.init_distributed(dist_backend="gloo")
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
 logging.disable(logging.CRITICAL)
@@ -188,7 +189,6 @@ class EngineLoader:
             [
                 sys.executable,
                 str(script),
-                str(free_port()),
                 str(self.stage),
                 "universal" if self.universal else "zero",
             ],
