@@ -80,6 +80,43 @@ def run_job(
     raise RuntimeError("\n--- then ---\n".join(errors))
 
 
+def two_ranks(
+    program: str,
+    args: list[str],
+    out: Path,
+    what: str,
+    torchrun: bool,
+    timeout: float,
+    clean: bool = True,
+) -> tuple[dict, dict, str]:
+    """A 2-process run of `program args` on gloo (torchrun --standalone when `torchrun`: it binds its store's port
+    itself; else the program starts rank 1 itself, as Lightning does, picking its port as it starts it: no port is
+    picked here and bound later), through run_job (must exit 0: its ranks end with end_job; tried again only after
+    gloo's teardown abort, from an emptied `out` when `clean`); a hang or a failure fails the test. Each rank's
+    out/result-<rank>.json, and the run's output (HF's ranks print the package's lines to stdout)."""
+    import pytest
+
+    env = checkout_env(
+        MASTER_ADDR="127.0.0.1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.pop("MASTER_PORT", None)
+    argv = [program, *args]
+    if torchrun:
+        argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
+    try:
+        res = run_job([sys.executable, *argv], what, env, out if clean else None, timeout, True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{what} did not end within {timeout} s: {str(exc.stderr)[-3000:]}")
+    except RuntimeError as exc:
+        pytest.fail(str(exc)[-6000:])
+    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
+    return r0, r1, res.stdout + res.stderr
+
+
 def run_once(
     argv: list[str], timeout: float, env: dict[str, str], **kw: Any
 ) -> subprocess.CompletedProcess[str]:

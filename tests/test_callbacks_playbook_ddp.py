@@ -14,8 +14,6 @@ max_rollbacks= options): a second rollback, then both ranks stop at the limit.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import callbackruns
@@ -35,41 +33,11 @@ def run2(
     kind: str, out: Path, poison: bool, *extra: str, timeout: float = RUN_TIMEOUT
 ) -> tuple[dict, dict, str]:
     """One 2-process run (kind hf_playbook: torchrun; pl_playbook: Lightning starts rank 1 itself), bounded by
-    `timeout` (a hang fails the test, every process of the run killed); each rank's result. It must exit 0: every
-    rank ends with cliresult.end_job (its result written whole, then no gloo teardown); cliresult.run_job tries
-    again only on gloo's teardown abort, from an empty `out`. No port is picked here and bound later (another
-    process may take it in between): torchrun --standalone binds its store's port itself, Lightning picks its port
-    as it starts the second rank."""
+    `timeout` (a hang fails the test, every process of the run killed): cliresult.two_ranks. Each rank's result."""
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(
-        cliresult.checkout_env(),
-        MASTER_ADDR="127.0.0.1",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("MASTER_PORT", None)
-    argv = [PROGRAM, kind, str(out), "poison" if poison else "clean", *extra]
-    if kind == "hf_playbook":
-        argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
-    res = _job([sys.executable, *argv], f"the 2-process {kind} run", env, out, timeout)
-    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
-    return r0, r1, res.stdout + res.stderr  # the package's lines: HF's ranks print them to stdout
-
-
-def _job(
-    argv: list[str], what: str, env: dict[str, str], out: Path, timeout: float
-) -> subprocess.CompletedProcess[str]:
-    """cliresult.run_job: the attempt that exited 0 (no other exit passes), or the test fails with every attempt's
-    stderr; past `timeout` the test fails."""
-    try:
-        res = cliresult.run_job(argv, what, env, out, timeout, remake=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{what} did not end within {timeout} s: {str(exc.stderr)[-3000:]}")
-    except RuntimeError as exc:
-        pytest.fail(str(exc)[-6000:])
-    return res  # the attempt that exited 0
+    args = [kind, str(out), "poison" if poison else "clean", *extra]
+    what = f"the 2-process {kind} run"
+    return cliresult.two_ranks(PROGRAM, args, out, what, kind == "hf_playbook", timeout)
 
 
 def check_together(r0: dict, r1: dict, out: Path, ckpt_name) -> dict:
@@ -247,12 +215,8 @@ def test_a_signal_reaching_only_rank_1_saves_and_stops_every_rank_together(tmp_p
 
     out = tmp_path / "out"
     out.mkdir()
-    env = dict(cliresult.checkout_env(), OMP_NUM_THREADS="1")
-    env.pop("MASTER_PORT", None)
-    argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    argv += [PROGRAM, "guard_preempt", str(out)]
-    _job([sys.executable, *argv], "the 2-process preempted run", env, out, 180)
-    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
+    what = "the 2-process preempted run"
+    r0, r1, _ = cliresult.two_ranks(PROGRAM, ["guard_preempt", str(out)], out, what, True, 180)
     step = callbackruns.PREEMPT_STEP
     for r in (r0, r1):
         assert r["broken"] is None and r["last"] == step, r

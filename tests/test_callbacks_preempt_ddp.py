@@ -11,11 +11,7 @@ until the grace period ran out twice (HF) and no preemption save; the subprocess
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import cliresult
@@ -29,61 +25,18 @@ RUN_TIMEOUT = 200  # a run takes ~30 s on an idle machine; a hang meets this
 PROGRAM = str(Path(preemptruns.__file__).resolve())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch(kind: str, out: Path, mode: str, signal_step: int) -> tuple[dict, dict, str]:
-    """One 2-process launch (hf: torchrun; pl: Lightning starts rank 1), bounded by RUN_TIMEOUT; each rank's
-    result and the output (a run gloo's teardown abort ended after both ranks wrote theirs passes)."""
+def launch(
+    kind: str, out: Path, mode: str, signal_step: int, clean: bool = True
+) -> tuple[dict, dict, str]:
+    """One 2-process launch (hf: torchrun; pl: Lightning starts rank 1), bounded by RUN_TIMEOUT
+    (cliresult.two_ranks: it must exit 0); each rank's result and the output. clean=False: `out` holds the
+    first launch's checkpoints (the rerun resumes from them): a retry after gloo's teardown abort keeps them."""
     out.mkdir(parents=True, exist_ok=True)
     for r in (0, 1):
         (out / f"result-{r}.json").unlink(missing_ok=True)
-    port = str(_free_port())
-    env = dict(
-        cliresult.checkout_env(),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=port,
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    argv = [PROGRAM, kind, str(out), mode, str(signal_step)]
-    if kind == "hf":
-        argv = [
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            port,
-            *argv,
-        ]
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks: no worker left hanging
-        stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"the 2-process {kind} {mode} run did not end within {RUN_TIMEOUT} s: {stderr[-3000:]}"
-        )
-    done = all((out / f"result-{r}.json").exists() for r in (0, 1))
-    assert proc.returncode == 0 or (done and cliresult.TEARDOWN_ABORT in stderr), stderr[-4000:]
-    r0, r1 = (json.loads((out / f"result-{r}.json").read_text()) for r in (0, 1))
-    return r0, r1, stdout + stderr
+    args = [kind, str(out), mode, str(signal_step)]
+    what = f"the 2-process {kind} {mode} run"
+    return cliresult.two_ranks(PROGRAM, args, out, what, kind == "hf", RUN_TIMEOUT, clean)
 
 
 def _checkpoint(kind: str, out: Path, step: int) -> Path:
@@ -123,7 +76,7 @@ def test_sigusr1_to_rank_1_alone_saves_on_every_rank_at_one_step_stops_and_the_r
     assert last_valid_checkpoint(out) == str(path)
     assert text.count(f"preemption save {path.name} (step {step})") == 2  # one line a rank
 
-    r0, r1, _ = launch(kind, out, mode, 0)  # the next launch resumes from it
+    r0, r1, _ = launch(kind, out, mode, 0, clean=False)  # the next launch resumes from it
     for r in (r0, r1):
         assert r["resumed_from"] == str(path) and r["preempted"] is None, r
         assert r["first"] == step + 1 and r["last"] == r["global_step"] == STEPS, r
