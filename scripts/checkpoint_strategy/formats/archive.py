@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Literal, Protocol, TypeAlias, cast
 
-from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
+from checkpoint_strategy.storage import (
+    ReadError,
+    describe_os_error,
+    loads_json,
+    open_regular,
+    read_small,
+)
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
     from isal.isal_zlib import crc32 as _isal_crc32
@@ -200,6 +206,7 @@ ST_DTYPE_BITS = {
     "F6_E3M2": 6,
 }
 ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+ST_SMALL_BYTES = 1 << 16  # a safetensors file no bigger is read whole in one read (quick level)
 
 
 def st_head(src: bytes | IO[bytes], size: int) -> tuple[bytes, int] | list[Finding]:
@@ -296,10 +303,18 @@ def _st_tiling(spans: list[tuple[int, int, str]], data_size: int) -> list[Findin
     return []
 
 
-def safetensors_header(path: str) -> tuple[dict, int] | None:
-    """The parsed header and the offset of the data after it, or None (index.json cross-checks, deep's jobs)."""
+def safetensors_header(path: str, regular: bool = False) -> tuple[dict, int] | None:
+    """The parsed header and the offset of the data after it, or None (index.json cross-checks, deep's jobs). A
+    file of at most ST_SMALL_BYTES is read whole with plain reads on its descriptor (storage.read_small: no file
+    object); a bigger one is read from its start. ``regular``: the caller's listing saw a regular file."""
     try:
-        with open_regular(path) as fh:
+        got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
+        if isinstance(got, bytes):
+            (hlen,) = struct.unpack_from("<Q", got)  # (struct.error: fewer than 8 bytes)
+            if hlen > ST_MAX_HEADER:
+                return None
+            return loads_json(got[8 : 8 + hlen], "safetensors header", expect=dict), 8 + hlen
+        with got as fh:
             (hlen,) = struct.unpack("<Q", fh.read(8))
             if hlen > ST_MAX_HEADER:
                 return None
@@ -349,8 +364,9 @@ class ZipEntry:
     csize: int
     usize: int
     offset: int  # local header offset
-    data_start: int = 0  # set by `local_headers`
-    usual_start: int = 0  # an archive in memory: the data's start when `read_directory` found the usual local header
+    # the data's start, set by `local_headers`; in an archive held in memory, by `read_directory` for the usual local
+    # headers it checks (`local_headers` checks the others, and leaves 0 where a file's check would: `unread`)
+    data_start: int = 0
 
 
 # the entries and the central directory's offset
@@ -364,7 +380,7 @@ def read_directory(src: Source, size: int) -> Directory | str:
     Every offset and size a record declares is checked against the real file size (and the
     central directory against MAX_CD_BYTES) before anything is read: a zip64 record pointing far
     past the data of a sparse file never turns into a huge allocation. From an `InMemory` source each
-    stored entry's local header is checked on the way (`usual_start` set when it is the usual one)."""
+    stored entry's local header is checked on the way (`data_start` set when it is the usual one)."""
     try:
         end = _end_records(src, size)
         if isinstance(end, str):
@@ -478,7 +494,7 @@ def _cd_records(
 ) -> list[ZipEntry] | str:
     """The central directory's records (`cd[p:end]`) as entries, or the first reason. `whole`: the archive's bytes
     (`cd` is then the same bytes): a stored entry whose local header carries its name, with its data before the
-    directory, gets its `usual_start` here (`local_headers` takes it, and checks the others)."""
+    directory, gets its `data_start` here (`local_headers` checks the others)."""
     entries: list[ZipEntry] = []
     unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
     append, new = entries.append, _new_entry
@@ -515,7 +531,7 @@ def _cd_records(
         e.csize = csize
         e.usize = usize
         e.offset = offset
-        e.data_start = e.usual_start = 0
+        e.data_start = 0
         # (a stored entry's usual local header: its name's bytes compared in place; `raw` is shorter than nlen
         # only when the name runs past the directory, which the next record's check or the size check reports)
         if whole is not None and not method and csize == usize and offset + 30 <= top:
@@ -523,7 +539,7 @@ def _cd_records(
             start = offset + 30 + lnlen + lxlen
             if lsig == LFH and lnlen == nlen and start + csize <= top:
                 if whole.startswith(raw, offset + 30):
-                    e.usual_start = start
+                    e.data_start = start
         append(e)
         p = q + xlen + clen
     if p != end:
@@ -593,18 +609,16 @@ def local_headers(
     name after it are one read (a slice of an archive held in memory, whose usual headers `read_directory`
     checked already)."""
     in_memory = isinstance(src, InMemory)
-    if in_memory:  # the usual headers, checked by `read_directory`
+    if in_memory:  # the usual headers, checked by `read_directory` (their data_start set)
         for e in entries:
-            if not e.usual_start:
+            if not e.data_start:
                 break
-            e.data_start = e.usual_start
         else:
             counter.bytes_read += 30 * len(entries)
             return None
     lens = _LH_LENS.unpack_from
     for i, e in enumerate(entries):
-        if in_memory and e.usual_start:
-            e.data_start = e.usual_start
+        if in_memory and e.data_start:
             continue
         off = e.offset
         # the name's length in bytes when it is ASCII (else read again below)
@@ -628,9 +642,17 @@ def local_headers(
         finding = _local_header_finding(src, lh, e, cd_offset, full)
         if finding is not None:
             counter.bytes_read += 30 * (i + 1)
+            unread(entries[i + 1 :])
             return finding
     counter.bytes_read += 30 * len(entries)
     return None
+
+
+def unread(entries: list[ZipEntry]) -> None:
+    """Entries whose local headers were not read (the scan stopped before them): no data_start, as from a file (an
+    archive in memory had its usual headers' set by `read_directory`)."""
+    for e in entries:
+        e.data_start = 0
 
 
 def _local_header_finding(

@@ -27,7 +27,6 @@ from checkpoint_strategy.storage import ReadError, open_regular, read_small
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import DcpItem
 
-ST_SMALL_BYTES = 1 << 16  # a safetensors file no bigger is read whole in one read (quick level)
 # A DCP .metadata is read whole: one of a 70B model sharded over 1024 ranks is a few MB; a link to /dev/zero
 # must not grow memory.
 MAX_DCP_METADATA = 64 << 20
@@ -74,7 +73,7 @@ def check_safetensors(
     the caller's folder listing saw a regular file (storage.read_small)."""
     counter.files += 1
     try:
-        got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
+        got = read_small(path, "file", zr.ST_SMALL_BYTES, regular=regular)
         if isinstance(got, bytes):  # a small file read whole: the header is a slice of it
             counter.sizes[path] = len(got)
             head = zr.st_head(got, len(got))
@@ -93,9 +92,10 @@ def check_safetensors(
     return reasons
 
 
-def safetensors_header(path: str) -> dict | None:
-    """The parsed header, or None (used for index.json cross-checks)."""
-    got = zr.safetensors_header(path)
+def safetensors_header(path: str, regular: bool = False) -> dict | None:
+    """The parsed header, or None (used for index.json cross-checks; ``regular``: the caller's listing saw a
+    regular file)."""
+    got = zr.safetensors_header(path, regular)
     return got[0] if got is not None else None
 
 
@@ -307,6 +307,7 @@ def _scan_open_zip(
         pkl = None
     if pkl is None and len({e.name.split("/", 1)[0] for e in entries}) == 1:
         z.findings.append(Finding("torch archive without data.pkl"))
+        zr.unread(entries)
         return
     finding = zr.local_headers(src, entries, cd_offset, counter, full)
     if finding is not None:
@@ -366,6 +367,7 @@ def _zip_entries(src: zr.Source, path: str, z: ZipScan, counter: Counter) -> zr.
                 "refuse or read the wrong one)"
             )
         )
+        zr.unread(entries)
         return None
     z._index = (entries, len(entries), by_name)
     return entries, cd_offset
