@@ -436,7 +436,7 @@ def _end_records(src: Source, size: int) -> _End | str:
     eocd_at = base + pos
     # torch.save writes both records; torch.load's reader then takes every field from zip64 (the locator: the 20
     # bytes before the end record)
-    if pos >= 20 and tail.startswith(_EOCD64_LOC, pos - 20):
+    if pos >= 20 and tail[pos - 20 : pos - 16] == _EOCD64_LOC:
         z64 = _zip64_end(src, tail[pos - 20 : pos], size)
         if isinstance(z64, str):
             return z64
@@ -532,13 +532,14 @@ def _cd_records(
         e.usize = usize
         e.offset = offset
         e.data_start = 0
-        # (a stored entry's usual local header: its name's bytes compared in place; `raw` is shorter than nlen
-        # only when the name runs past the directory, which the next record's check or the size check reports)
+        # (a stored entry's usual local header, its name's bytes compared with a slice: bytes.startswith parses
+        # its arguments the slow way; `raw` is shorter than nlen only when the name runs past the directory, which
+        # the next record's check or the size check reports)
         if whole is not None and not method and csize == usize and offset + 30 <= top:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
             start = offset + 30 + lnlen + lxlen
             if lsig == LFH and lnlen == nlen and start + csize <= top:
-                if whole.startswith(raw, offset + 30):
+                if whole[offset + 30 : start - lxlen] == raw:
                     e.data_start = start
         append(e)
         p = q + xlen + clen
