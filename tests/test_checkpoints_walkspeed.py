@@ -644,8 +644,8 @@ def test_read_small_takes_a_file_that_shrank_as_it_is(tmp_path, monkeypatch):
 
 def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_path, monkeypatch):
     """A safetensors file up to ST_SMALL_BYTES is read in one read and its header sliced; ST_SMALL_BYTES = -1
-    forces the file path. Same findings and bytes counted on a real file cut short anywhere and with a byte
-    flipped anywhere."""
+    forces the file path. Same findings and bytes counted (and the same parsed header from safetensors_header, the
+    index cross-check's reader) on a real file cut short anywhere and with a byte flipped anywhere."""
     from safetensors.torch import save_file
 
     src = tmp_path / "src.safetensors"
@@ -655,19 +655,20 @@ def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_pat
 
     def both():
         out = []
-        for small in (fc.ST_SMALL_BYTES, -1):
+        for small in (zr.ST_SMALL_BYTES, -1):
             with monkeypatch.context() as m:
-                m.setattr(fc, "ST_SMALL_BYTES", small)
+                m.setattr(zr, "ST_SMALL_BYTES", small)
                 counter = zr.Counter()
                 out.append(
                     (
                         [str(r) for r in fc.check_safetensors(str(bad), counter, regular=True)],
                         counter.bytes_read,
+                        zr.safetensors_header(str(bad)),
                     )
                 )
         return out
 
-    seen = set()
+    seen, headers = set(), set()
     for cut in range(0, len(data) + 1):
         bad.write_bytes(data[:cut])
         fast, slow = both()
@@ -680,7 +681,9 @@ def test_small_safetensors_read_whole_give_the_findings_of_the_file_path(tmp_pat
         fast, slow = both()
         assert fast == slow, at
         seen.update(fast[0])
+        headers.add(fast[2] is None)
     assert len(seen) >= 5, seen
+    assert headers == {True, False}  # flips the header reader refuses, and others it reads
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Literal, Protocol, TypeAlias, cast
 
-from checkpoint_strategy.storage import ReadError, describe_os_error, loads_json, open_regular
+from checkpoint_strategy.storage import (
+    ReadError,
+    describe_os_error,
+    loads_json,
+    open_regular,
+    read_small,
+)
 
 try:  # optional accelerator: ISA-L's CRC-32 is ~3x zlib's (same polynomial, same values)
     from isal.isal_zlib import crc32 as _isal_crc32
@@ -200,6 +206,7 @@ ST_DTYPE_BITS = {
     "F6_E3M2": 6,
 }
 ST_MAX_HEADER = 100_000_000  # the safetensors library refuses larger headers
+ST_SMALL_BYTES = 1 << 16  # a safetensors file no bigger is read whole in one read (quick level)
 
 
 def st_head(src: bytes | IO[bytes], size: int) -> tuple[bytes, int] | list[Finding]:
@@ -296,10 +303,18 @@ def _st_tiling(spans: list[tuple[int, int, str]], data_size: int) -> list[Findin
     return []
 
 
-def safetensors_header(path: str) -> tuple[dict, int] | None:
-    """The parsed header and the offset of the data after it, or None (index.json cross-checks, deep's jobs)."""
+def safetensors_header(path: str, regular: bool = False) -> tuple[dict, int] | None:
+    """The parsed header and the offset of the data after it, or None (index.json cross-checks, deep's jobs). A
+    file of at most ST_SMALL_BYTES is read whole with plain reads on its descriptor (storage.read_small: no file
+    object); a bigger one is read from its start. ``regular``: the caller's listing saw a regular file."""
     try:
-        with open_regular(path) as fh:
+        got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
+        if isinstance(got, bytes):
+            (hlen,) = struct.unpack_from("<Q", got)  # (struct.error: fewer than 8 bytes)
+            if hlen > ST_MAX_HEADER:
+                return None
+            return loads_json(got[8 : 8 + hlen], "safetensors header", expect=dict), 8 + hlen
+        with got as fh:
             (hlen,) = struct.unpack("<Q", fh.read(8))
             if hlen > ST_MAX_HEADER:
                 return None
@@ -349,8 +364,9 @@ class ZipEntry:
     csize: int
     usize: int
     offset: int  # local header offset
-    data_start: int = 0  # set by `local_headers`
-    usual_start: int = 0  # an archive in memory: the data's start when `read_directory` found the usual local header
+    # the data's start, set by `local_headers`; in an archive held in memory, by `read_directory` for the usual local
+    # headers it checks (`local_headers` checks the others, and leaves 0 where a file's check would: `unread`)
+    data_start: int = 0
 
 
 # the entries and the central directory's offset
@@ -364,22 +380,21 @@ def read_directory(src: Source, size: int) -> Directory | str:
     Every offset and size a record declares is checked against the real file size (and the
     central directory against MAX_CD_BYTES) before anything is read: a zip64 record pointing far
     past the data of a sparse file never turns into a huge allocation. From an `InMemory` source each
-    stored entry's local header is checked on the way (`usual_start` set when it is the usual one)."""
+    stored entry's local header is checked on the way (`data_start` set when it is the usual one)."""
     try:
         end = _end_records(src, size)
         if isinstance(end, str):
             return end
         disk, _cd_disk, _n_disk, n_entries, cd_size, cd_offset, _at = end
         if isinstance(src, InMemory):
-            parsed = _cd_entries(
-                src.data, cd_offset, cd_offset + cd_size, n_entries, disk, src.data
-            )
+            whole = src.data
+            parsed = _cd_records(whole, cd_offset, cd_offset + cd_size, n_entries, disk, whole)
         else:
             src.seek(cd_offset)
             cd = src.read(cd_size)
             if len(cd) != cd_size:
                 return "truncated central directory"
-            parsed = _cd_entries(cd, 0, cd_size, n_entries, disk, None)
+            parsed = _cd_records(cd, 0, cd_size, n_entries, disk, None)
     except struct.error:
         return "broken central directory (a record is cut short)"
     if isinstance(parsed, str):
@@ -388,12 +403,11 @@ def read_directory(src: Source, size: int) -> Directory | str:
 
 
 def _tail(src: Source, size: int) -> tuple[bytes, int]:
-    """The last ZIP_TAIL_BYTES of the archive (its bytes when held whole) and their offset. From a file, its last
-    ZIP_SHORT_TAIL bytes first: when they hold an end record with its locator's 20 bytes before it, that is the one
-    the whole tail's last match finds (torch writes no comment), and the rest is not read."""
+    """The last ZIP_TAIL_BYTES of a file, or of a window on one, and their offset (an archive in memory no longer
+    than that is its own tail: `_end_records`). The file's last ZIP_SHORT_TAIL bytes first: when they hold an end
+    record with its locator's 20 bytes before it, that is the one the whole tail's last match finds (torch writes
+    no comment), and the rest is not read."""
     tail_len = min(size, ZIP_TAIL_BYTES)
-    if isinstance(src, InMemory) and tail_len == size:
-        return src.data, 0
     if tail_len > ZIP_SHORT_TAIL and not isinstance(src, InMemory):
         src.seek(size - ZIP_SHORT_TAIL)
         short = src.read(ZIP_SHORT_TAIL)
@@ -405,8 +419,12 @@ def _tail(src: Source, size: int) -> tuple[bytes, int]:
 
 def _end_records(src: Source, size: int) -> _End | str:
     """The end record's fields (from the zip64 record when there is one, as torch.load's reader takes them),
-    checked against the file; or a reason."""
-    tail, base = _tail(src, size)
+    checked against the file; or a reason. (One function with the checks: a small archive's directory step is a
+    few Python calls, each one counts.)"""
+    if size <= ZIP_TAIL_BYTES and isinstance(src, InMemory):  # (its bytes are its tail)
+        tail, base = src.data, 0
+    else:
+        tail, base = _tail(src, size)
     pos = tail.rfind(_EOCD)
     if pos < 0 or len(tail) - pos < 22:
         return "truncated or not a zip archive: no end-of-central-directory record"
@@ -415,20 +433,19 @@ def _end_records(src: Source, size: int) -> _End | str:
     )
     if pos + 22 + comment_len != len(tail):
         return "trailing bytes after the zip end record (file changed after it was written?)"
-    end: _End = (disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, base + pos)
-    z64 = _zip64_end(src, tail[pos - 20 : pos] if pos >= 20 else b"", size)
-    if isinstance(z64, str):
-        return z64
-    # torch.save writes both records; torch.load's reader then takes every field from zip64
-    if z64 is not None:
-        end = z64
-    elif n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+    eocd_at = base + pos
+    # torch.save writes both records; torch.load's reader then takes every field from zip64 (the locator: the 20
+    # bytes before the end record)
+    if pos >= 20 and tail[pos - 20 : pos - 16] == _EOCD64_LOC:
+        z64 = _zip64_end(src, tail[pos - 20 : pos], size)
+        if isinstance(z64, str):
+            return z64
+        if z64 is not None:
+            disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, eocd_at = z64
+    else:
+        z64 = None
+    if z64 is None and (n_entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF):
         return "broken zip64 end record locator"
-    return _end_problem(end) or end
-
-
-def _end_problem(end: _End) -> str | None:
-    disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, eocd_at = end
     if n_disk != n_entries or ((disk | cd_disk) and (disk, cd_disk) != (1, 1)):
         return (
             f"multi-disk archive (disk {disk}, central directory on disk {cd_disk}, {n_disk} of {n_entries} "
@@ -443,20 +460,21 @@ def _end_problem(end: _End) -> str | None:
         )
     if n_entries * 46 > cd_size:
         return f"broken central directory: {n_entries} entries cannot fit in {cd_size} bytes"
-    return None
+    return disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, eocd_at
 
 
 def _zip64_end(src: Source, loc: bytes, size: int) -> _End | str | None:
     """The zip64 end record the locator `loc` (the 20 bytes before the end record) points at, read as torch.load's
     reader (miniz) reads it: (disk, cd disk, entries on this disk, entries, cd size, cd offset, record offset);
-    None when there is no locator or no record at its offset, a reason when miniz refuses the archive."""
-    if len(loc) != 20 or not loc.startswith(_EOCD64_LOC):
-        return None
+    None when there is no record at its offset, a reason when miniz refuses the archive."""
     (_s, _d, at, disks) = _EOCD64_LOCATOR.unpack(loc)
     if at + 56 > size:
         return "broken zip64 end record offset"
-    src.seek(at)
-    rec = src.read(56)
+    if isinstance(src, InMemory):
+        rec = src.data[at : at + 56]
+    else:
+        src.seek(at)
+        rec = src.read(56)
     if not rec.startswith(_EOCD64):
         return None
     (_s, rec_size, _v1, _v2, disk, cd_disk, n_disk, n_entries, cd_size, cd_offset) = (
@@ -471,32 +489,16 @@ def _zip64_end(src: Source, loc: bytes, size: int) -> _End | str | None:
     return disk, cd_disk, n_disk, n_entries, cd_size, cd_offset, at
 
 
-def _cd_entries(
+def _cd_records(
     cd: bytes, p: int, end: int, n_entries: int, disk: int, whole: bytes | None
 ) -> list[ZipEntry] | str:
     """The central directory's records (`cd[p:end]`) as entries, or the first reason. `whole`: the archive's bytes
     (`cd` is then the same bytes): a stored entry whose local header carries its name, with its data before the
-    directory, gets its `usual_start` here (`local_headers` takes it, and checks the others)."""
-    records = _cd_records(cd, p, end, n_entries, disk, whole)
-    if isinstance(records, str):
-        return records
-    entries, stop = records
-    if stop != end:
-        return f"central directory size mismatch ({stop - p} parsed, {end - p} declared)"
-    return entries
-
-
-def _cd_records(
-    cd: bytes, p: int, end: int, n_entries: int, disk: int, whole: bytes | None
-) -> tuple[list[ZipEntry], int] | str:
-    """`_cd_entries`' loop: the entries of the records from `cd[p:]` and where the last one ends, or the first
-    reason."""
+    directory, gets its `data_start` here (`local_headers` checks the others)."""
     entries: list[ZipEntry] = []
     unpack, lh_unpack = _CD_RECORD.unpack_from, _LH_RECORD.unpack_from
     append, new = entries.append, _new_entry
-    cd_offset = p
-    m32 = 0xFFFFFFFF
-    odd_flags, folder = ZIP_REFUSED_FLAGS, ZIP_DOS_FOLDER
+    top, m32, odd_flags, folder = p, 0xFFFFFFFF, ZIP_REFUSED_FLAGS, ZIP_DOS_FOLDER
     for i in range(n_entries):
         if p + 46 > end:
             return f"broken central directory at entry {i}"
@@ -522,30 +524,28 @@ def _cd_records(
             if isinstance(odd, str):
                 return odd
             csize, usize, offset = odd
-        # (its fields set here: a dataclass __init__ is one more Python call an entry)
-        e = new(ZipEntry)
+        e = new(ZipEntry)  # (its fields set here: a dataclass __init__ is one more call an entry)
         e.name = name
         e.method = method
         e.crc = crc
         e.csize = csize
         e.usize = usize
         e.offset = offset
-        e.data_start = e.usual_start = 0
-        # (a stored entry's usual local header: its name's bytes compared in place, `raw` cut short only when
-        # the directory is broken, which the next record's check or `_cd_entries` reports)
-        if whole is not None and not method and csize == usize and offset + 30 <= cd_offset:
+        e.data_start = 0
+        # (a stored entry's usual local header, its name's bytes compared with a slice: bytes.startswith parses
+        # its arguments the slow way; `raw` is shorter than nlen only when the name runs past the directory, which
+        # the next record's check or the size check reports)
+        if whole is not None and not method and csize == usize and offset + 30 <= top:
             lsig, lnlen, lxlen = lh_unpack(whole, offset)
             start = offset + 30 + lnlen + lxlen
-            if (
-                lsig == LFH
-                and lnlen == len(raw)
-                and start + csize <= cd_offset
-                and whole.startswith(raw, offset + 30)
-            ):
-                e.usual_start = start
+            if lsig == LFH and lnlen == nlen and start + csize <= top:
+                if whole[offset + 30 : start - lxlen] == raw:
+                    e.data_start = start
         append(e)
         p = q + xlen + clen
-    return entries, p
+    if p != end:
+        return f"central directory size mismatch ({p - top} parsed, {end - top} declared)"
+    return entries
 
 
 _new_entry = object.__new__
@@ -610,18 +610,16 @@ def local_headers(
     name after it are one read (a slice of an archive held in memory, whose usual headers `read_directory`
     checked already)."""
     in_memory = isinstance(src, InMemory)
-    if in_memory:  # the usual headers, checked by `read_directory`
+    if in_memory:  # the usual headers, checked by `read_directory` (their data_start set)
         for e in entries:
-            if not e.usual_start:
+            if not e.data_start:
                 break
-            e.data_start = e.usual_start
         else:
             counter.bytes_read += 30 * len(entries)
             return None
     lens = _LH_LENS.unpack_from
     for i, e in enumerate(entries):
-        if in_memory and e.usual_start:
-            e.data_start = e.usual_start
+        if in_memory and e.data_start:
             continue
         off = e.offset
         # the name's length in bytes when it is ASCII (else read again below)
@@ -645,9 +643,17 @@ def local_headers(
         finding = _local_header_finding(src, lh, e, cd_offset, full)
         if finding is not None:
             counter.bytes_read += 30 * (i + 1)
+            unread(entries[i + 1 :])
             return finding
     counter.bytes_read += 30 * len(entries)
     return None
+
+
+def unread(entries: list[ZipEntry]) -> None:
+    """Entries whose local headers were not read (the scan stopped before them): no data_start, as from a file (an
+    archive in memory had its usual headers' set by `read_directory`)."""
+    for e in entries:
+        e.data_start = 0
 
 
 def _local_header_finding(

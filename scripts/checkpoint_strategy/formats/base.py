@@ -135,14 +135,15 @@ class Ctx:
         """At level deep the value scan reads every byte of the data (non-float tensors read through), which
         is all full's pass over a safetensors file does (the format has no checksum): it is not read twice.
         ``regular`` (here and below): the checker's listing (formats.listing_types) saw a regular file (no stat before the open)."""
-        reasons = fc.check_safetensors(
-            path, self.counter, self.reads(path) and not self.deep, regular
-        )
+        # (`reads` and `_tick` spelled out here and in `zip` and `json`: a method call a file counts in a walk)
+        full = self.full and not self.deep and self.reads(path)
+        reasons = fc.check_safetensors(path, self.counter, full, regular)
         for r in reasons:
             self.bad(path, r)
         if not reasons and self.deep:
             self.source(path, role, "safetensors")
-        self._tick()
+        if self.update is not None:
+            self.update(files=1)
 
     def zip(
         self,
@@ -157,16 +158,18 @@ class Ctx:
         scanned = (
             self.deep and role != "other"
         )  # its CRC-32s are checked by the value scan (read once)
-        z = fc.scan_zip(path, self.counter, self.reads(path), self.update, regular, crc=not scanned)
+        reads = self.full and self.reads(path)
+        z = fc.scan_zip(path, self.counter, reads, self.update, regular, crc=not scanned)
         for r in z.findings:
             self.bad(path, r)
         if scanned and not z.findings and not z.legacy:
-            self.source(path, role, "zip", zip=z, flat=flat, tensor=tensor, crc=self.reads(path))
+            self.source(path, role, "zip", zip=z, flat=flat, tensor=tensor, crc=reads)
         elif self.deep and z.legacy and role != "other":
             self.counter.notes.append(
                 f"{os.path.basename(path)}: legacy torch file: values not checked (deep)"
             )
-        self._tick()
+        if self.update is not None:
+            self.update(files=1)
         return z
 
     def json(
@@ -181,7 +184,8 @@ class Ctx:
             return None
         self.counter.bytes_read += len(raw)
         self.counter.sizes[path] = len(raw)
-        self._tick()
+        if self.update is not None:
+            self.update(files=1)
         if not raw:
             self.bad(path, "zero-byte file (expected JSON)")
             return None

@@ -27,7 +27,6 @@ from checkpoint_strategy.storage import ReadError, open_regular, read_small
 if TYPE_CHECKING:
     from checkpoint_strategy.formats.models import DcpItem
 
-ST_SMALL_BYTES = 1 << 16  # a safetensors file no bigger is read whole in one read (quick level)
 # A DCP .metadata is read whole: one of a 70B model sharded over 1024 ranks is a few MB; a link to /dev/zero
 # must not grow memory.
 MAX_DCP_METADATA = 64 << 20
@@ -74,7 +73,7 @@ def check_safetensors(
     the caller's folder listing saw a regular file (storage.read_small)."""
     counter.files += 1
     try:
-        got = read_small(path, "file", ST_SMALL_BYTES, regular=regular)
+        got = read_small(path, "file", zr.ST_SMALL_BYTES, regular=regular)
         if isinstance(got, bytes):  # a small file read whole: the header is a slice of it
             counter.sizes[path] = len(got)
             head = zr.st_head(got, len(got))
@@ -93,9 +92,10 @@ def check_safetensors(
     return reasons
 
 
-def safetensors_header(path: str) -> dict | None:
-    """The parsed header, or None (used for index.json cross-checks)."""
-    got = zr.safetensors_header(path)
+def safetensors_header(path: str, regular: bool = False) -> dict | None:
+    """The parsed header, or None (used for index.json cross-checks; ``regular``: the caller's listing saw a
+    regular file)."""
+    got = zr.safetensors_header(path, regular)
     return got[0] if got is not None else None
 
 
@@ -147,13 +147,17 @@ class ZipScan:
     def entry(self, name: str) -> ZipEntry | None:
         """The entry of that name (the first, as a scan would find it): a dict built once per entry list, so
         looking up every storage of a big archive stays linear."""
+        return self.by_name().get(name)
+
+    def by_name(self) -> dict[str, ZipEntry]:
+        """Entry name -> the first entry of that name (`entry`'s dict: built once per entry list)."""
         index = self._index
         if index is None or index[0] is not self.entries or index[1] != len(self.entries):
             by_name: dict[str, ZipEntry] = {}
             for e in self.entries:
                 by_name.setdefault(e.name, e)
             index = self._index = (self.entries, len(self.entries), by_name)
-        return index[2].get(name)
+        return index[2]
 
 
 def check_zip(
@@ -281,10 +285,6 @@ def scan_embedded_zip(
     return z
 
 
-def _data_pkl(entries: list[ZipEntry]) -> ZipEntry | None:
-    return next((e for e in entries if e.name.endswith("/data.pkl") or e.name == "data.pkl"), None)
-
-
 def _scan_open_zip(
     src: zr.Source,
     path: str,
@@ -299,9 +299,15 @@ def _scan_open_zip(
     if parsed is None:
         return
     entries, cd_offset = parsed
-    pkl = _data_pkl(entries)
+    for pkl in entries:  # (the first data.pkl, at the top or in one folder)
+        name = pkl.name
+        if name == "data.pkl" or name.endswith("/data.pkl"):
+            break
+    else:
+        pkl = None
     if pkl is None and len({e.name.split("/", 1)[0] for e in entries}) == 1:
         z.findings.append(Finding("torch archive without data.pkl"))
+        zr.unread(entries)
         return
     finding = zr.local_headers(src, entries, cd_offset, counter, full)
     if finding is not None:
@@ -321,15 +327,17 @@ def _scan_open_zip(
 def _zip_entries(src: zr.Source, path: str, z: ZipScan, counter: Counter) -> zr.Directory | None:
     """The central directory's entries (non-empty, unique names) and its offset; None once a finding is
     added (too short, not a zip archive, empty, a duplicate name) or a legacy torch file was checked instead."""
-    size = zr.source_size(src)
+    if isinstance(src, zr.InMemory):
+        size, magic = len(src.data), src.data[:2]
+    else:
+        size = zr.source_size(src)
+        magic = b""
+        if size:
+            src.seek(0)
+            magic = src.read(2)
     if size == 0:
         z.findings.append(Finding("zero-byte file (expected a torch zip archive)"))
         return None
-    if isinstance(src, zr.InMemory):
-        magic = src.data[:2]
-    else:
-        src.seek(0)
-        magic = src.read(2)
     if size < 22 and magic[:1] != b"\x80":
         z.findings.append(Finding(f"truncated: {size} bytes, too short for a zip archive"))
         return None
@@ -359,6 +367,7 @@ def _zip_entries(src: zr.Source, path: str, z: ZipScan, counter: Counter) -> zr.
                 "refuse or read the wrong one)"
             )
         )
+        zr.unread(entries)
         return None
     z._index = (entries, len(entries), by_name)
     return entries, cd_offset
@@ -367,9 +376,10 @@ def _zip_entries(src: zr.Source, path: str, z: ZipScan, counter: Counter) -> zr.
 def check_torch_pickle(src: zr.Source, z: ZipScan, counter: Counter) -> list[Finding]:
     """data.pkl read as data (`z.pickle`), then the version and byteorder records and every storage the pickle
     names, as torch.load needs them; the findings (at most 5)."""
-    pkl = z.entry(z.prefix + "data.pkl")
+    by_name, prefix = z.by_name(), z.prefix
+    pkl = by_name.get(prefix + "data.pkl")
     if pkl is None:
-        return [Finding(f"no {z.prefix}data.pkl in the archive")]
+        return [Finding(f"no {prefix}data.pkl in the archive")]
     data = zr.read_entry(src, pkl, counter)
     if isinstance(data, str):
         return [Finding(data)]
@@ -380,24 +390,20 @@ def check_torch_pickle(src: zr.Source, z: ZipScan, counter: Counter) -> list[Fin
     out = pickle_findings(scan, pkl.name)
     if out:
         return out
-    if z.entry(z.prefix + "version") is None and z.entry(z.prefix + ".data/version") is None:
-        out.append(
-            Finding(f"no {z.prefix}version record (torch.load refuses an archive without it)")
-        )
+    if prefix + "version" not in by_name and prefix + ".data/version" not in by_name:
+        out.append(Finding(f"no {prefix}version record (torch.load refuses an archive without it)"))
     else:
         out.extend(record_findings(src, z, counter))
-    view = _view_past_storage(scan)
-    if view is not None:
-        return [*out, view]
+    if scan.past_end is not None:
+        return [*out, _view_past_storage(scan.past_end)]
+    if not scan.storages:  # (nothing to look up: a pickle of plain values)
+        return out
     return out + _storage_findings(scan, z, pkl.name, 5 - len(out))
 
 
-def _view_past_storage(scan: tp.PickleScan) -> Finding | None:
-    """The first tensor view that runs past the end of its storage (torch.load fails on it; the reader finds it as
-    it makes the tensors), or None."""
-    t = scan.past_end
-    if t is None:
-        return None
+def _view_past_storage(t: tp.TensorRef) -> Finding:
+    """The first tensor view that runs past the end of its storage (`PickleScan.past_end`: torch.load fails on it;
+    the reader finds it as it makes the tensors)."""
     return Finding(
         f"a tensor view ({t.dtype}{list(t.shape)} at offset {t.offset}) runs past the end "
         f"of its storage data/{t.storage.key} (torch.load would fail)"
@@ -408,9 +414,7 @@ def _storage_findings(scan: tp.PickleScan, z: ZipScan, pkl_name: str, room: int)
     """Each storage the pickle names: its entry present, dtype x numel bytes long (at most `room` findings, and
     always the first one)."""
     out: list[Finding] = []
-    z.entry("")  # (builds the name index once: looked up directly below)
-    assert z._index is not None
-    by_name, at, size = z._index[2], f"{z.prefix}data/", tp.DTYPE_SIZE.get
+    by_name, at, size = z.by_name(), f"{z.prefix}data/", tp.DTYPE_SIZE.get
     for (
         key,
         ref,
@@ -446,7 +450,8 @@ _VERSION_TEXT = re.compile(rb"^\s*\+?(\d+)")
 
 def record_findings(src: zr.Source, z: ZipScan, counter: Counter) -> list[Finding]:
     """The version and byteorder records as torch.load reads them: a version it supports, an endianness it knows."""
-    e = z.entry(z.prefix + "version") or z.entry(z.prefix + ".data/version")
+    by_name, prefix = z.by_name(), z.prefix
+    e = by_name.get(prefix + "version") or by_name.get(prefix + ".data/version")
     data = zr.read_entry(src, e, counter, limit=1 << 10) if e is not None else b""
     m = _VERSION_TEXT.match(data) if isinstance(data, bytes) else None
     if m is None or int(m.group(1)) not in TORCH_FILE_VERSIONS:
@@ -457,7 +462,7 @@ def record_findings(src: zr.Source, z: ZipScan, counter: Counter) -> list[Findin
                 f"{TORCH_FILE_VERSIONS.start}-{TORCH_FILE_VERSIONS.stop - 1} only"
             )
         ]
-    bo = z.entry(z.prefix + "byteorder")
+    bo = by_name.get(prefix + "byteorder")
     order = zr.read_entry(src, bo, counter, limit=1 << 10) if bo is not None else b"little"
     if order not in (b"little", b"big"):
         return [

@@ -487,6 +487,8 @@ class PickleScan:
         return {g: classify_global(g, dcp) for g in self.globals}
 
     def unsafe(self, dcp: bool = False) -> list[str]:
+        if not self.globals:  # (a pickle of plain values: no verdict to make)
+            return []
         return [g for g, v in self.verdicts(dcp).items() if v == "unsafe"]
 
     def framework(self, dcp: bool = False) -> list[str]:
@@ -982,6 +984,8 @@ def read_pickle(data: Any, max_bytes: int = MAX_PICKLE_BYTES) -> PickleScan:
     `data`: bytes, or a seekable binary file positioned at the pickle (left just after its STOP). Refused with one
     reason in `error`: more than `max_bytes`, a memo index past what the pickle could hold, tuples nested deeper than
     MAX_TUPLE_DEPTH, more than MAX_RECORDS objects, or anything Python's unpickler refuses."""
+    if type(data) is bytes:
+        return _read(data, max_bytes)[0]
     if isinstance(data, (bytes, bytearray)):
         return _read(bytes(data), max_bytes)[0]
     return _read_file(data, max_bytes)
@@ -1005,7 +1009,10 @@ def _read(data: bytes, max_bytes: int) -> tuple[PickleScan, int]:
     # (from _BUFFERED_FROM bytes: the buffer costs a tiny pickle more than its few reads)
     buffered = not frames and len(data) >= _BUFFERED_FROM
     fh = io.BufferedReader(io.BytesIO(data), len(data)) if buffered else io.BytesIO(data)
-    _load(fh, scan, data)
+    if len(data) <= _TUPLE_OPS_FREE:  # (`_load`'s first case: too short to count its tuple opcodes)
+        _unpickle(fh, scan)
+    else:
+        _load(fh, scan, data)
     return scan, fh.tell() if scan.complete else 0
 
 
@@ -1013,9 +1020,9 @@ _BUFFERED_FROM = 512
 
 
 def _load(fh: Any, scan: PickleScan, data: bytes) -> None:
-    """Unpickle from `fh` into `scan` within the depth bound."""
-    # (a pickle no longer than _TUPLE_OPS_FREE bytes cannot hold more tuple opcodes: not counted)
-    tuple_ops = sum(data.count(b) for b in _TUPLE_OPS) if len(data) > _TUPLE_OPS_FREE else 0
+    """Unpickle from `fh` into `scan` within the depth bound (a pickle longer than _TUPLE_OPS_FREE bytes: a shorter
+    one cannot hold more tuple opcodes, `_read` unpickles it)."""
+    tuple_ops = sum(data.count(b) for b in _TUPLE_OPS)
     if tuple_ops > _TUPLE_OPS_MAX:
         scan.error = f"{tuple_ops} tuple opcodes: more than the {_TUPLE_OPS_MAX} this reader takes"
         return
