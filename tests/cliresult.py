@@ -80,6 +80,26 @@ def run_job(
     raise RuntimeError("\n--- then ---\n".join(errors))
 
 
+def two_rank_launch(
+    program: str, args: list[str], torchrun: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a 2-process run of `program args` on gloo: under torchrun --standalone (it
+    binds its store's port itself), else the program alone (it starts rank 1 itself, as Lightning does, picking its
+    port as it starts it): no port is picked here and bound later."""
+    env = checkout_env(
+        MASTER_ADDR="127.0.0.1",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.pop("MASTER_PORT", None)
+    argv = [program, *args]
+    if torchrun:
+        argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
+    return [sys.executable, *argv], env
+
+
 def two_ranks(
     program: str,
     args: list[str],
@@ -96,19 +116,9 @@ def two_ranks(
     out/result-<rank>.json, and the run's output (HF's ranks print the package's lines to stdout)."""
     import pytest
 
-    env = checkout_env(
-        MASTER_ADDR="127.0.0.1",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("MASTER_PORT", None)
-    argv = [program, *args]
-    if torchrun:
-        argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
+    argv, env = two_rank_launch(program, args, torchrun)
     try:
-        res = run_job([sys.executable, *argv], what, env, out if clean else None, timeout, True)
+        res = run_job(argv, what, env, out if clean else None, timeout, True)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{what} did not end within {timeout} s: {str(exc.stderr)[-3000:]}")
     except RuntimeError as exc:

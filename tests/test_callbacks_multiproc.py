@@ -37,24 +37,12 @@ def launch(
     fails the test with every attempt's stderr; a run with a rank killed (kill_step) runs once, and the test reads
     how it ended. No port is picked here and bound later (another process may take it in between): torchrun
     --standalone binds its store's port itself, Lightning picks its port as it starts the second rank."""
-    env = dict(
-        cliresult.checkout_env(),
-        MASTER_ADDR="127.0.0.1",
-        OMP_NUM_THREADS="1",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("MASTER_PORT", None)
-    argv = [PROGRAM, kind, str(out), str(work), json.dumps(opts)]
-    if kind == "hf":
-        argv = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *argv]
+    args = [kind, str(out), str(work), json.dumps(opts)]
+    argv, env = cliresult.two_rank_launch(PROGRAM, args, kind == "hf")
     try:
         if opts.get("kill_step") is None:
-            return cliresult.run_job(
-                [sys.executable, *argv], f"the 2-process {kind} run", env, (out, work), timeout
-            )
-        return cliresult.run_once([sys.executable, *argv], timeout, env)
+            return cliresult.run_job(argv, f"the 2-process {kind} run", env, (out, work), timeout)
+        return cliresult.run_once(argv, timeout, env)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(
             f"the 2-process {kind} run did not end within {timeout} s: {str(exc.stderr)[-3000:]}"
