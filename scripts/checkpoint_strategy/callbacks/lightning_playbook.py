@@ -23,7 +23,8 @@ resume point for ``last_valid_checkpoint``, not a rollback target). The data ord
 is Lightning's: a checkpoint at an epoch end (or a resumable loader) continues with the same batches (one
 a resumed fit saved too: the playbook counts the epoch Lightning 2.6 leaves uncounted there, which a later
 resume from it would draw again); a mid-epoch checkpoint with a plain DataLoader restarts the epoch
-(Lightning warns), and the skipped steps are then other batches. Returns the guard's summary plus ``fits`` and ``global_step``.
+(Lightning warns), and the skipped steps are then other batches. Returns the guard's summary plus ``fits``
+and ``global_step``.
 """
 
 from __future__ import annotations
